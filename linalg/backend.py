@@ -1,0 +1,151 @@
+"""Backends: one object per device, built from a device name and passed explicitly.
+
+A backend owns the device placement (``to_device``), synchronisation, and a record of
+what actually ran (``kernels_used``), so results and benchmarks can state it. There is
+no module-global backend and nothing is read from the environment at import time.
+
+Device names: ``cpu``, ``cuda``, ``cuda:N``, ``trn1``, ``trn2``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import DeviceUnavailableError
+
+DEVICE_NAMES = ("cpu", "cuda", "trn1", "trn2")
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+
+
+@dataclass
+class Backend:
+    """Base class. ``name`` is the user's device name, ``engine`` what executes the ops."""
+
+    name: str
+    engine: str
+    kernels_used: dict = field(default_factory=dict)
+
+    def record(self, op: str, kernel: str) -> None:
+        """Note that ``op`` ran through ``kernel`` (counts calls)."""
+        key = f"{op}:{kernel}"
+        self.kernels_used[key] = self.kernels_used.get(key, 0) + 1
+
+    def describe(self) -> dict:
+        """What ran, for results and benchmark rows."""
+        return {"device": self.name, "engine": self.engine,
+                "kernels": dict(sorted(self.kernels_used.items()))}
+
+
+class TorchBackend(Backend):
+    """CPU and CUDA through PyTorch."""
+
+    def __init__(self, name: str = "cpu"):
+        super().__init__(name=name, engine="torch")
+        self.device = torch.device(name)
+
+    def to_device(self, x, dtype=None) -> torch.Tensor:
+        """Host array or tensor -> tensor on this backend's device."""
+        t = torch.as_tensor(x)
+        return t.to(device=self.device, dtype=dtype if dtype is not None else t.dtype)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ---- ops (torch implementations; see linalg.ops for the contracts) ----
+    def gemm(self, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
+        self.record("gemm", "torch.matmul")
+        A = a.mT if trans_a else a
+        B = b.mT if trans_b else b
+        if out is not None and beta != 0.0:
+            return torch.addmm(out, A, B, beta=beta, alpha=alpha, out=out)
+        c = torch.matmul(A, B, out=out)
+        if alpha != 1.0:
+            c.mul_(alpha)
+        return c
+
+    def syrk(self, a, *, trans=False, alpha=1.0, uplo="lower", full=True):
+        self.record("syrk", "torch.matmul")
+        A = a.mT if trans else a
+        c = torch.matmul(A, A.mT)
+        if alpha != 1.0:
+            c.mul_(alpha)
+        if not full:
+            c = torch.tril(c) if uplo == "lower" else torch.triu(c)
+        return c
+
+    def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
+        self.record("trsm", "torch.linalg.solve_triangular")
+        upper = (uplo == "upper")
+        A = a
+        if trans:
+            A, upper = a.mT, not upper
+        return torch.linalg.solve_triangular(A, b, upper=upper, left=(side == "left"),
+                                             unitriangular=unit_diagonal)
+
+    def cholesky(self, a):
+        self.record("cholesky", "torch.linalg.cholesky")
+        return torch.linalg.cholesky(a)
+
+    def inv_sqrt_spd(self, a, method="eigh", threshold=1e-10):
+        if method != "eigh":
+            raise NotImplementedError(method)
+        self.record("inv_sqrt_spd", "torch.linalg.eigh")
+        w, v = torch.linalg.eigh(a)
+        keep = w > threshold
+        v = v[:, keep]
+        x = (v * w[keep].rsqrt()) @ v.mT
+        return x, {"method": "eigh", "dropped": int((~keep).sum()), "threshold": threshold}
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["torch"] = torch.__version__
+        if self.device.type == "cuda":
+            d["gpu"] = torch.cuda.get_device_name(self.device)
+        return d
+
+
+def _check_cuda(name: str) -> None:
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            f"device '{name}' requested but no CUDA GPU is usable here "
+            f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}); "
+            "install a CUDA build of PyTorch on a machine with an NVIDIA GPU, or use --device cpu")
+    idx = torch.device(name).index
+    if idx is not None and idx >= torch.cuda.device_count():
+        raise DeviceUnavailableError(
+            f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+
+def _check_neuron(name: str) -> None:
+    """The Trainium kernels need the real Neuron SDK; say exactly what to install."""
+    raise DeviceUnavailableError(
+        f"device '{name}' needs the AWS Neuron SDK (neuronx-cc, nki) and a Trainium instance, "
+        "and they are not available here; install them from AWS's index "
+        "(pip install --extra-index-url https://pip.repos.neuron.amazonaws.com neuronx-cc nki) "
+        "on a trn1/trn2 instance, or use --device cpu")
+
+
+def get_backend(name: str) -> Backend:
+    """Build the backend for a device name, or raise DeviceUnavailableError before any work."""
+    if not isinstance(name, str):
+        raise ValueError(f"device name must be a string, got {name!r}")
+    base = name.split(":", 1)[0]
+    if base == "cpu" and name == "cpu":
+        return TorchBackend("cpu")
+    if base == "cuda":
+        try:
+            torch.device(name)
+        except RuntimeError:
+            raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
+        _check_cuda(name)
+        return TorchBackend(name)
+    if name in ("trn1", "trn2"):
+        _check_neuron(name)
+    raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2")
+
+
+def backend_for(t: torch.Tensor) -> Backend:
+    """A torch backend for a tensor's own device (used when no backend is passed)."""
+    return TorchBackend(str(t.device))

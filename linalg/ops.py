@@ -1,0 +1,43 @@
+"""Device-neutral linear-algebra ops.
+
+Each op takes torch tensors and an optional ``backend``; without one, a torch backend
+for the first operand's device is used. The backend executes the op and records the
+kernel that ran. Shapes follow BLAS conventions; see each docstring.
+"""
+from __future__ import annotations
+
+import torch
+
+from .backend import Backend, backend_for
+
+
+def _be(backend: Backend | None, t: torch.Tensor) -> Backend:
+    return backend if backend is not None else backend_for(t)
+
+
+def gemm(a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, backend=None):
+    """C = alpha * op(a) @ op(b) + beta * out.   op(a): (m, k), op(b): (k, n) -> (m, n)."""
+    return _be(backend, a).gemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, out=out)
+
+
+def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True, backend=None):
+    """C = alpha * a @ a.T (trans=False, a: (n, k)) or alpha * a.T @ a (trans=True, a: (k, n)) -> (n, n).
+
+    Only the ``uplo`` triangle is computed; ``full=True`` mirrors it into a symmetric result.
+    """
+    return _be(backend, a).syrk(a, trans=trans, alpha=alpha, uplo=uplo, full=full)
+
+
+def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, backend=None):
+    """Solve op(a) X = b (side='left') or X op(a) = b (side='right') for triangular a (n, n)."""
+    return _be(backend, a).trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal)
+
+
+def cholesky(a, *, backend=None):
+    """Lower-triangular L with a = L L^T for SPD a (n, n)."""
+    return _be(backend, a).cholesky(a)
+
+
+def inv_sqrt_spd(a, method="eigh", *, backend=None, **kwargs):
+    """a^{-1/2} for SPD a (n, n). Returns (X, info) with info a dict (see the backend)."""
+    return _be(backend, a).inv_sqrt_spd(a, method=method, **kwargs)

@@ -1,0 +1,44 @@
+"""Test channels (see DESIGN.md): default, slow, cuda, nki_sim, neuron.
+
+A channel that cannot run here is reported as *skipped* with the reason, never as passed.
+"""
+import importlib.util
+
+import pytest
+import torch
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="run the slow channel (full regression set, large shapes)")
+
+
+def _real_nki_available() -> bool:
+    """True only for AWS's real nki package (PyPI's 'nki' is an empty placeholder)."""
+    if importlib.util.find_spec("nki") is None:
+        return False
+    try:
+        import nki  # noqa: F401
+        return hasattr(nki, "simulate") or hasattr(nki, "simulate_kernel")
+    except Exception:
+        return False
+
+
+def _neuron_device_available() -> bool:
+    import glob
+    return bool(glob.glob("/dev/neuron*")) and _real_nki_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = {
+        "slow": None if config.getoption("--slow") else "slow channel: run with --slow",
+        "cuda": None if torch.cuda.is_available() else "cuda channel: no CUDA GPU on this machine",
+        "nki_sim": None if _real_nki_available() else
+        "nki_sim channel: AWS's nki package (with nki.simulate) is not installed",
+        "neuron": None if _neuron_device_available() else
+        "neuron channel: no Trainium device / Neuron SDK on this machine",
+    }
+    for item in items:
+        for mark, reason in skip.items():
+            if reason and mark in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
