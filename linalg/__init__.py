@@ -1,8 +1,8 @@
 """dfmp2's linear-algebra layer: device-neutral ops over torch tensors, one backend per device."""
 from .backend import Backend, TorchBackend, get_backend, backend_for, DEVICE_NAMES, DTYPES
 from .errors import DeviceUnavailableError, ConvergenceError
-from .ops import gemm, syrk, trsm, cholesky, inv_sqrt_spd
+from .ops import gemm, syrk, trsm, cholesky, inv_sqrt_spd, mp2_pair_energy
 
 __all__ = ["Backend", "TorchBackend", "get_backend", "backend_for", "DEVICE_NAMES", "DTYPES",
            "DeviceUnavailableError", "ConvergenceError",
-           "gemm", "syrk", "trsm", "cholesky", "inv_sqrt_spd"]
+           "gemm", "syrk", "trsm", "cholesky", "inv_sqrt_spd", "mp2_pair_energy"]

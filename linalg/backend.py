@@ -98,6 +98,38 @@ class TorchBackend(Backend):
         x = (v * w[keep].rsqrt()) @ v.mT
         return x, {"method": "eigh", "dropped": int((~keep).sum()), "threshold": threshold}
 
+    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
+        """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J.
+
+        Bi: (ni, nvir, naux), Bj: (nj, nvir, naux) fitted integrals B_ia^P in working precision.
+        eps_i (ni,), eps_j (nj,), eps_vir (nvir,): orbital energies in Hartree, fp64.
+        symmetric=True means Bj is Bi (a diagonal block): only i >= j is computed, i > j
+        counted twice, and the result is still the full I x I sum.
+        Returns (e_os, e_ss) as Python floats in Hartree, accumulated in fp64:
+            e_os = sum_ij sum_ab K_ab^2 / D,   e_ss = sum_ij sum_ab K_ab (K_ab - K_ba) / D,
+            K = B_i B_j^T, D = eps_i + eps_j - eps_a - eps_b.
+        """
+        self.record("mp2_pair_energy", "torch.bmm")
+        ni, nvir, _ = Bi.shape
+        ev = eps_vir.to(torch.float64)
+        dvv = ev[:, None] + ev[None, :]
+        e_os = torch.zeros((), dtype=torch.float64, device=Bi.device)
+        e_ss = torch.zeros((), dtype=torch.float64, device=Bi.device)
+        for i in range(ni):
+            js = slice(0, i + 1) if symmetric else slice(None)
+            bj = Bj[js]
+            K = torch.matmul(Bi[i].unsqueeze(0), bj.mT).to(torch.float64)   # (nj, nvir, nvir)
+            D = (eps_i[i] + eps_j[js].to(torch.float64))[:, None, None] - dvv
+            os_ = (K * K / D).sum(dim=(1, 2))
+            ss_ = (K * (K - K.mT) / D).sum(dim=(1, 2))
+            if symmetric:
+                w = torch.full((bj.shape[0],), 2.0, dtype=torch.float64, device=Bi.device)
+                w[i] = 1.0
+                os_, ss_ = os_ * w, ss_ * w
+            e_os += os_.sum()
+            e_ss += ss_.sum()
+        return float(e_os), float(e_ss)
+
     def describe(self) -> dict:
         d = super().describe()
         d["torch"] = torch.__version__
@@ -118,17 +150,12 @@ def _check_cuda(name: str) -> None:
             f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
 
 
-def _check_neuron(name: str) -> None:
-    """The Trainium kernels need the real Neuron SDK; say exactly what to install."""
-    raise DeviceUnavailableError(
-        f"device '{name}' needs the AWS Neuron SDK (neuronx-cc, nki) and a Trainium instance, "
-        "and they are not available here; install them from AWS's index "
-        "(pip install --extra-index-url https://pip.repos.neuron.amazonaws.com neuronx-cc nki) "
-        "on a trn1/trn2 instance, or use --device cpu")
+def get_backend(name: str, *, simulate: bool = False) -> Backend:
+    """Build the backend for a device name, or raise DeviceUnavailableError before any work.
 
-
-def get_backend(name: str) -> Backend:
-    """Build the backend for a device name, or raise DeviceUnavailableError before any work."""
+    ``simulate`` (trn1/trn2 only) runs the NKI kernels on this CPU through ``nki.simulate``
+    or the project's NumPy execution of NKI; the backend's ``engine`` says which.
+    """
     if not isinstance(name, str):
         raise ValueError(f"device name must be a string, got {name!r}")
     base = name.split(":", 1)[0]
@@ -142,7 +169,10 @@ def get_backend(name: str) -> Backend:
         _check_cuda(name)
         return TorchBackend(name)
     if name in ("trn1", "trn2"):
-        _check_neuron(name)
+        from .neuron import make_neuron_backend
+        return make_neuron_backend(name, simulate=simulate)
+    if simulate:
+        raise ValueError("--simulate applies only to trn1/trn2")
     raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2")
 
 

@@ -41,3 +41,8 @@ def cholesky(a, *, backend=None):
 def inv_sqrt_spd(a, method="eigh", *, backend=None, **kwargs):
     """a^{-1/2} for SPD a (n, n). Returns (X, info) with info a dict (see the backend)."""
     return _be(backend, a).inv_sqrt_spd(a, method=method, **kwargs)
+
+
+def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, backend=None):
+    """(e_os, e_ss) in Hartree over all pairs in I x J; see Backend.mp2_pair_energy."""
+    return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
