@@ -1,0 +1,137 @@
+"""The ``dfmp2`` command line (click). User mistakes print one ``error:`` line and exit 2."""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import click
+from rich.console import Console
+
+from linalg import DeviceUnavailableError
+
+from .errors import InputError
+
+DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
+EXIT_USER_ERROR = 2
+
+
+def user_errors(fn):
+    """Turn expected failures into one line on stderr and exit code 2 (no traceback)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, DeviceUnavailableError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+class _LazyProgress:
+    """A rich progress bar that appears only once the work has run longer than ``after`` s."""
+
+    def __init__(self, console, label: str, after: float = 2.0, enabled: bool = True):
+        self.console, self.label, self.after, self.enabled = console, label, after, enabled
+        self.t0, self.bar, self.task = time.perf_counter(), None, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < self.after or done >= total:
+                return
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                                console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done)
+        if done >= total:
+            self.close()
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def parse_memory(value: str | None) -> float | None:
+    """'4000', '4000MB', '4GB', '512MiB' -> MB (10^6 bytes)."""
+    if value is None:
+        return None
+    s = value.strip().upper().replace(" ", "")
+    units = {"GIB": 1024**3 / 1e6, "MIB": 1024**2 / 1e6, "GB": 1e3, "MB": 1.0, "G": 1e3, "M": 1.0}
+    for u, f in units.items():
+        if s.endswith(u):
+            s, factor = s[: -len(u)], f
+            break
+    else:
+        factor = 1.0
+    try:
+        mb = float(s) * factor
+    except ValueError:
+        raise InputError(f"--memory: cannot read '{value}'; give e.g. 4000MB or 4GB") from None
+    if mb <= 0:
+        raise InputError(f"--memory must be positive, got '{value}'")
+    return mb
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dfmp2")
+def main():
+    """DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium."""
+
+
+@main.command()
+@click.argument("xyz_file", type=click.Path(dir_okay=False))
+@click.option("--basis", default="cc-pvdz", show_default=True, help="orbital basis set")
+@click.option("--auxbasis", default=None,
+              help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri]")
+@click.option("--charge", type=int, default=None, help="molecular charge [default: XYZ comment, else 0]")
+@click.option("--multiplicity", type=int, default=None, help="spin multiplicity (only 1 is supported)")
+@click.option("--device", default="cpu", show_default=True, metavar="|".join(DEVICE_CHOICES),
+              help="where the linear algebra runs")
+@click.option("--simulate", is_flag=True,
+              help="trn1/trn2 only: run the NKI kernels on this CPU (nki.simulate or dfmp2's NumPy execution)")
+@click.option("--precision", type=click.Choice(["fp64", "fp32"]), default=None,
+              help="working precision of the GEMMs; energies are summed in fp64 [default: fp64, fp32 on trn]")
+@click.option("--frozen-core/--all-electron", default=False, show_default=True,
+              help="freeze the chemical core orbitals in MP2")
+@click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
+              help="RHF with density fitting (JK-fit basis) or exact integrals")
+@click.option("--memory", default=None, help="memory limit, e.g. 8GB [default: 80% of available]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write the result as JSON to this path")
+@click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
+@user_errors
+def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision,
+        frozen_core, scf_mode, memory, json_path, quiet):
+    """Compute the DF-MP2 energy of the molecule in XYZ_FILE (coordinates in Ångström)."""
+    from .pipeline import RunOptions, run as run_pipeline
+
+    console = Console()
+    err = Console(stderr=True)
+    options = RunOptions(basis=basis, auxbasis=auxbasis, charge=charge, multiplicity=multiplicity,
+                         device=device, simulate=simulate, precision=precision,
+                         frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory))
+    progress = _LazyProgress(err, "pair energies", enabled=not quiet)
+    log = None if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    try:
+        result = run_pipeline(xyz_file, options, progress=progress, log=log)
+    finally:
+        progress.close()
+    result.render(console)
+    if json_path:
+        result.write_json(json_path)
+        if not quiet:
+            err.print(f"[dim]wrote {json_path}[/dim]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The DF-MP2 pipeline: XYZ -> RHF -> integrals -> metric -> transforms -> fit -> pair energies.
+
+Everything after the raw integrals runs through ``linalg`` on the chosen backend. The
+energy sums are carried in fp64 in both precisions.
+
+    B_ia^P = sum_Q (ia|Q) [L^-T]_QP,   L L^T = (P|Q)
+    K_ab   = sum_P B_ia^P B_jb^P,      D = e_i + e_j - e_a - e_b
+    E_OS   = sum_ij sum_ab K_ab^2 / D,   E_SS = sum_ij sum_ab K_ab (K_ab - K_ba) / D
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import linalg
+from linalg import DTYPES
+
+from . import integrals, scf
+from .errors import InputError
+from .memory import MemoryPlan, plan_memory
+from .result import Result, software_versions
+from .xyz import Geometry, read_xyz
+
+PRECISIONS = tuple(DTYPES)
+
+
+@dataclass
+class RunOptions:
+    """What the user asked for. ``precision=None``: fp64 on cpu/cuda, fp32 on trn (no fp64 there)."""
+
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None          # None: the MP2-fit set matched to ``basis``
+    charge: int | None = None            # None: from the XYZ comment line, else 0
+    multiplicity: int | None = None
+    device: str = "cpu"
+    simulate: bool = False
+    precision: str | None = None
+    frozen_core: bool = False
+    scf_mode: str = "df"
+    memory_mb: float | None = None       # None: a safe fraction of available memory
+
+    def resolved_precision(self) -> str:
+        p = self.precision or ("fp32" if self.device.startswith("trn") else "fp64")
+        if p not in PRECISIONS:
+            raise InputError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}")
+        if p == "fp64" and self.device.startswith("trn"):
+            raise InputError(f"{self.device} has no fp64 arithmetic; use --precision fp32 "
+                             "(energies are still accumulated in fp64)")
+        return p
+
+
+class _Timer:
+    """Wall-clock seconds per stage, synchronising the device before each reading."""
+
+    def __init__(self, backend):
+        self.backend, self.seconds = backend, {}
+
+    def add(self, stage: str, t0: float) -> float:
+        self.backend.synchronize()
+        t1 = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + (t1 - t0)
+        return t1
+
+
+def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
+    """Factor the fitting metric (naux, naux) fp64. Returns (M, kind, info) where kind is
+    'cholesky' (M = L, lower) or 'eigh' (M = j2c^-1/2 with near-null eigenvalues dropped,
+    shape (naux, naux_kept)); B = (ia|P) L^-T or (ia|P) M respectively."""
+    try:
+        L = linalg.cholesky(j2c, backend=backend)
+        if torch.isfinite(L).all():
+            return L, "cholesky", {}
+    except (RuntimeError, torch.linalg.LinAlgError):
+        pass
+    w, v = torch.linalg.eigh(j2c)
+    keep = w > 1e-10
+    M = v[:, keep] * w[keep].rsqrt()
+    backend.record("metric_inv_sqrt", "torch.linalg.eigh")
+    return M, "eigh", {"dropped": int((~keep).sum()), "threshold": 1e-10}
+
+
+def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer):
+    """Fitted integrals B (nocc*nvir, naux') in ``dtype`` on the backend's device.
+
+    (μν|P) is streamed from libcint in aux-shell blocks; each block is half-transformed
+    with C_occ then C_vir (gemm) into (ia|P); then B = (ia|P) L^-T (trsm).
+    """
+    nao, nocc = C_occ.shape
+    nvir = C_vir.shape[1]
+    naux = auxmol.nao_nr()
+    t0 = time.perf_counter()
+    j2c = backend.to_device(integrals.metric_2c(auxmol), torch.float64)
+    t0 = timer.add("integrals", t0)
+    M, metric_kind, metric_info = fit_metric(j2c, backend)
+    t0 = timer.add("metric", t0)
+    co = backend.to_device(C_occ, dtype)
+    cv = backend.to_device(C_vir, dtype)
+    iaP = torch.empty((nocc * nvir, naux), dtype=dtype, device=co.device)
+    blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
+    for p0, p1, j3c in integrals.iter_j3c(mol, auxmol, blocks):
+        t0 = timer.add("integrals", t0)
+        nb = p1 - p0
+        x = backend.to_device(j3c, dtype).reshape(nb * nao, nao)
+        half = linalg.gemm(x, co, backend=backend)                       # (P μ, i)
+        half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
+        ia = linalg.gemm(half, cv, backend=backend)                      # (P i, a)
+        iaP[:, p0:p1] = ia.reshape(nb, nocc * nvir).T
+        t0 = timer.add("transform", t0)
+    if metric_kind == "cholesky":
+        B = linalg.trsm(M.to(dtype), iaP, side="right", uplo="lower", trans=True, backend=backend)
+    else:
+        B = linalg.gemm(iaP, M.to(dtype), backend=backend)
+    del iaP
+    timer.add("fit", t0)
+    return B, metric_kind, metric_info
+
+
+def pair_energies(B, eps_occ, eps_vir, backend, occ_block: int, progress=None):
+    """E_OS, E_SS (Hartree, fp64) over occupied blocks I >= J; off-diagonal blocks count twice.
+
+    B: (nocc, nvir, naux) in working precision. eps_*: fp64 tensors on the device.
+    ``progress(done, total)`` is called after each block pair.
+    """
+    nocc = B.shape[0]
+    starts = list(range(0, nocc, occ_block))
+    pairs = [(I, J) for I in starts for J in starts if J <= I]
+    e_os = e_ss = 0.0
+    for n, (I, J) in enumerate(pairs, start=1):
+        Bi, Bj = B[I:I + occ_block], B[J:J + occ_block]
+        os_, ss_ = linalg.mp2_pair_energy(Bi, Bj, eps_occ[I:I + occ_block],
+                                          eps_occ[J:J + occ_block], eps_vir,
+                                          symmetric=(I == J), backend=backend)
+        w = 1.0 if I == J else 2.0
+        e_os += w * os_
+        e_ss += w * ss_
+        if progress is not None:
+            progress(n, len(pairs))
+    return e_os, e_ss
+
+
+def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None) -> Result:
+    """Run DF-MP2 on a parsed geometry. Checks everything cheap before the heavy work."""
+    say = log or (lambda msg: None)
+    precision = options.resolved_precision()
+    if options.scf_mode not in scf.SCF_MODES:
+        raise InputError(f"unknown SCF mode '{options.scf_mode}'; use one of {', '.join(scf.SCF_MODES)}")
+    try:
+        backend = linalg.get_backend(options.device, simulate=options.simulate)
+    except ValueError as e:        # an unknown device name or a misplaced --simulate
+        raise InputError(str(e)) from None
+    dtype = DTYPES[precision]
+    mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
+    auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
+    auxmol = scf.make_auxmol(mol, auxbasis)
+    nocc_all = mol.nelectron // 2
+    nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    nmo = nao  # spherical basis without linear dependence; checked after SCF
+    plan = plan_memory(nao=nao, nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux,
+                       itemsize=torch.finfo(dtype).bits // 8, limit_mb=options.memory_mb,
+                       device=options.device)
+    say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
+        f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB")
+
+    timer = _Timer(backend)
+    t0 = time.perf_counter()
+    say("RHF ...")
+    ref = scf.run_rhf(mol, options.scf_mode)
+    timer.add("scf", t0)
+    nmo = ref.mo_coeff.shape[1]
+    nocc = ref.nocc - nfrozen
+    nvir = nmo - ref.nocc
+    if nocc <= 0 or nvir <= 0:
+        raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc} active "
+                         f"occupied and {nvir} virtual orbitals")
+    C = ref.mo_coeff
+    C_occ, C_vir = C[:, nfrozen:ref.nocc], C[:, ref.nocc:]
+    say("integrals, transforms and fit ...")
+    B, metric_kind, metric_info = build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan, timer)
+    naux_fit = B.shape[1]
+    B = B.reshape(nocc, nvir, naux_fit)
+    eps_occ = backend.to_device(ref.mo_energy[nfrozen:ref.nocc], torch.float64)
+    eps_vir = backend.to_device(ref.mo_energy[ref.nocc:], torch.float64)
+    t0 = time.perf_counter()
+    e_os, e_ss = pair_energies(B, eps_occ, eps_vir, backend, plan.occ_block, progress)
+    timer.add("pair", t0)
+    ran = backend.describe()
+    ran["precision"] = precision
+    ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"
+    return Result(
+        molecule=geom.source, natm=geom.natm, formula=_formula(geom.symbols),
+        charge=mol.charge, basis=options.basis, auxbasis=scf.describe_auxbasis(auxbasis),
+        scf_mode=options.scf_mode, jk_auxbasis=ref.jk_auxbasis, frozen_core=options.frozen_core,
+        nbasis=nao, nmo=nmo, nocc=nocc, nfrozen=nfrozen, nvir=nvir, naux=naux,
+        e_hf=ref.e_hf, e_os=e_os, e_ss=e_ss,
+        timings=timer.seconds, ran=ran, memory=plan.to_dict(),
+        versions=software_versions())
+
+
+def run(path, options: RunOptions, progress=None, log=None) -> Result:
+    """Read an XYZ file and run DF-MP2 on it."""
+    return run_geometry(read_xyz(path), options, progress=progress, log=log)
+
+
+def _formula(symbols) -> str:
+    counts = {}
+    for s in symbols:
+        counts[s] = counts.get(s, 0) + 1
+    order = (["C", "H"] if "C" in counts else []) + sorted(k for k in counts if k not in ("C", "H") or "C" not in counts)
+    return "".join(f"{k}{counts[k] if counts[k] > 1 else ''}" for k in order)

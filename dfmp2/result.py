@@ -1,0 +1,123 @@
+"""The result of a run: energies (Hartree), shapes, timings (s), what ran; table and JSON."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, asdict, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
+SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
+
+
+def software_versions() -> dict:
+    import numpy, pyscf, torch
+    import dfmp2
+    return {"dfmp2": dfmp2.__version__, "pyscf": pyscf.__version__, "torch": torch.__version__,
+            "numpy": numpy.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "platform": platform.platform()}
+
+
+@dataclass
+class Result:
+    molecule: str
+    natm: int
+    formula: str
+    charge: int
+    basis: str
+    auxbasis: str
+    scf_mode: str
+    jk_auxbasis: str | None
+    frozen_core: bool
+    nbasis: int
+    nmo: int
+    nocc: int          # active occupied
+    nfrozen: int
+    nvir: int
+    naux: int
+    e_hf: float        # Hartree
+    e_os: float        # opposite-spin correlation, Hartree
+    e_ss: float        # same-spin correlation, Hartree
+    timings: dict      # seconds per stage
+    ran: dict          # device, engine, kernels, precision, metric factorisation
+    memory: dict
+    versions: dict
+    date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def e_corr(self) -> float:
+        return self.e_os + self.e_ss
+
+    @property
+    def e_mp2(self) -> float:
+        return self.e_hf + self.e_corr
+
+    @property
+    def e_corr_scs(self) -> float:
+        return SCS_OS * self.e_os + SCS_SS * self.e_ss
+
+    @property
+    def e_corr_sos(self) -> float:
+        return SOS_OS * self.e_os
+
+    def energies(self) -> dict:
+        return {"e_hf": self.e_hf, "e_corr_os": self.e_os, "e_corr_ss": self.e_ss,
+                "e_corr": self.e_corr, "e_mp2": self.e_mp2,
+                "e_corr_scs": self.e_corr_scs, "e_scs_mp2": self.e_hf + self.e_corr_scs,
+                "e_corr_sos": self.e_corr_sos, "e_sos_mp2": self.e_hf + self.e_corr_sos}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("e_hf", "e_os", "e_ss"):
+            d.pop(k)
+        d["energies"] = self.energies()
+        d["units"] = {"energies": "hartree", "timings": "s", "memory": "MB"}
+        d["shapes"] = {k: d.pop(k) for k in ("nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux")}
+        return d
+
+    def write_json(self, path) -> None:
+        """Write atomically: a half-written file never appears under ``path``."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=2)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def render(self, console) -> None:
+        """Print the human-readable tables with rich."""
+        from rich.table import Table
+        e = self.energies()
+        t = Table(title=f"DF-MP2  {self.formula}  ({self.molecule})", title_justify="left")
+        t.add_column("quantity")
+        t.add_column("energy / Eh", justify="right")
+        rows = [("E(HF)", "e_hf"), ("E_corr opposite-spin", "e_corr_os"),
+                ("E_corr same-spin", "e_corr_ss"), ("E_corr MP2", "e_corr"), ("E(MP2)", "e_mp2"),
+                ("E_corr SCS-MP2", "e_corr_scs"), ("E(SCS-MP2)", "e_scs_mp2"),
+                ("E_corr SOS-MP2", "e_corr_sos"), ("E(SOS-MP2)", "e_sos_mp2")]
+        for label, key in rows:
+            t.add_row(label, f"{e[key]:.10f}")
+        console.print(t)
+        s = Table(title="problem and what ran", title_justify="left", show_header=False)
+        s.add_column("k")
+        s.add_column("v")
+        s.add_row("basis / aux (MP2) / SCF", f"{self.basis} / {self.auxbasis} / "
+                  f"{'DF-RHF (' + str(self.jk_auxbasis) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
+        s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
+                  f"nvir {self.nvir}, naux {self.naux}")
+        s.add_row("device / engine / precision",
+                  f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}")
+        s.add_row("metric", self.ran.get("metric", ""))
+        s.add_row("kernels", ", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items()))
+        s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
+                  + f"; total {sum(self.timings.values()):.3f}")
+        s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
+        console.print(s)
