@@ -148,6 +148,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None) -
     precision = options.resolved_precision()
     if options.scf_mode not in scf.SCF_MODES:
         raise InputError(f"unknown SCF mode '{options.scf_mode}'; use one of {', '.join(scf.SCF_MODES)}")
+    if options.simulate and not options.device.startswith("trn"):
+        raise InputError(f"--simulate applies only to trn1/trn2, not to device '{options.device}'")
     try:
         backend = linalg.get_backend(options.device, simulate=options.simulate)
     except ValueError as e:        # an unknown device name or a misplaced --simulate

@@ -1,0 +1,134 @@
+"""The command line: a good run writes table and JSON; each bad input gives one error line,
+exit code 2, no traceback, and no result file."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dfmp2.cli import main, parse_memory
+from dfmp2.errors import InputError
+
+INPUTS = Path(__file__).resolve().parent.parent / "inputs"
+WATER = "3\n{comment}\nO 0.0 0.0 0.0\nH 0.0 0.757 0.587\nH 0.0 -0.757 0.587\n"
+
+
+def write(tmp_path, text, name="mol.xyz"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run_cli(args):
+    return CliRunner().invoke(main, args)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.output   # progress notes may precede it
+    assert "Traceback" not in result.output and result.exc_info[0] is SystemExit
+    for f in fragments:
+        assert f in errors[0], (f, errors[0])
+
+
+def test_run_writes_table_and_json(tmp_path):
+    out = tmp_path / "water.json"
+    res = run_cli(["run", str(INPUTS / "water.xyz"), "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "E(MP2)" in res.output and "Eh" in res.output
+    d = json.loads(out.read_text())
+    assert d["ran"]["device"] == "cpu" and d["ran"]["precision"] == "fp64"
+    assert d["energies"]["e_corr"] < -0.1
+    assert d["versions"]["pyscf"]
+
+
+BAD_XYZ = {
+    "bad count line": ("three\nwater\nO 0 0 0\n", [":1:", "atom count"]),
+    "non-numeric coordinate": (WATER.format(comment="x").replace("0.757", "0.7x7"), [":4:", "numbers"]),
+    "missing column": ("2\n\nH 0 0 0\nH 0 0\n", [":4:", "symbol x y z"]),
+    "unknown element": ("2\n\nH 0 0 0\nQq 0 0 0.74\n", [":4:", "unknown element 'Qq'"]),
+    "atom count mismatch": ("4\n\nH 0 0 0\nH 0 0 0.74\n", ["atom count mismatch", "4 atoms", "found 2"]),
+    "odd electrons": ("1\n\nH 0 0 0\n", ["1 electrons", "open-shell"]),
+    "multiplicity 3 in comment": (WATER.format(comment="multiplicity=3"), ["multiplicity 3", "open-shell"]),
+    "empty file": ("", [":1:"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_XYZ))
+def test_bad_xyz(tmp_path, case):
+    text, fragments = BAD_XYZ[case]
+    out = tmp_path / "out.json"
+    res = run_cli(["run", write(tmp_path, text), "--json", str(out)])
+    assert_one_line_error(res, *fragments)
+    assert not out.exists()
+
+
+def test_missing_file(tmp_path):
+    assert_one_line_error(run_cli(["run", str(tmp_path / "nope.xyz")]), "no such file")
+
+
+def test_charge_option_makes_odd(tmp_path):
+    assert_one_line_error(run_cli(["run", write(tmp_path, WATER.format(comment="")), "--charge", "1"]),
+                          "9 electrons", "open-shell")
+
+
+def test_basis_missing_for_element(tmp_path):
+    res = run_cli(["run", write(tmp_path, "2\n\nI 0 0 0\nI 0 0 2.67\n")])
+    assert_one_line_error(res, "basis 'cc-pvdz' is not defined for I", "--basis")
+
+
+def test_auxbasis_missing_for_element(tmp_path):
+    res = run_cli(["run", write(tmp_path, "2\n\nK 0 0 0\nH 0 0 2.24\n"), "--basis", "def2-svp",
+                   "--auxbasis", "cc-pvdz-ri"])
+    assert_one_line_error(res, "auxiliary basis 'cc-pvdz-ri' is not defined for K", "--auxbasis")
+
+
+def test_scf_not_converged(tmp_path, monkeypatch):
+    import dfmp2.scf as scf
+    monkeypatch.setattr(scf, "SCF_MAX_CYCLE", 2)
+    out = tmp_path / "out.json"
+    res = run_cli(["run", str(INPUTS / "water.xyz"), "--json", str(out)])
+    assert_one_line_error(res, "RHF did not converge")
+    assert not out.exists()
+
+
+def test_memory_limit_checked_before_scf(tmp_path, monkeypatch):
+    import dfmp2.scf as scf
+
+    def no_scf(*a, **k):
+        raise AssertionError("SCF must not start when the memory plan does not fit")
+    monkeypatch.setattr(scf, "run_rhf", no_scf)
+    res = run_cli(["run", str(INPUTS / "water.xyz"), "--memory", "0.1MB"])
+    assert_one_line_error(res, "needs at least", "--memory")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--device", "cuda"], "no CUDA GPU"),
+    (["--device", "trn1"], "Neuron SDK"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--simulate"], "--simulate applies only to trn1/trn2"),
+    (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
+    (["--memory", "lots"], "--memory"),
+])
+def test_device_and_option_errors(args, fragment):
+    res = run_cli(["run", str(INPUTS / "water.xyz")] + args)
+    assert_one_line_error(res, fragment)
+
+
+def test_parse_memory():
+    assert parse_memory("4GB") == 4000 and parse_memory("512") == 512
+    assert parse_memory("1GiB") == pytest.approx(1073.741824)
+    with pytest.raises(InputError):
+        parse_memory("-1GB")
+
+
+def test_real_process_error_has_no_traceback(tmp_path):
+    """The installed entry point, as a user runs it: stderr has one line, exit code 2."""
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", write(tmp_path, "2\n\nH 0 0 0\nXx 0 0 1\n")],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [f"error: {tmp_path / 'mol.xyz'}:4: unknown element 'Xx'"]
