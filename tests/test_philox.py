@@ -1,0 +1,158 @@
+"""Philox4x32-10: Random123 known answers, stream layout, exact float mappings, CPU == CUDA bits."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from linalg import philox
+from linalg.philox import (PhiloxStream, det_cos_sin_2pi, det_log, normal, philox4x32, random_bits,
+                           uniform, words_for)
+
+# Random123 tests/kat_vectors, "philox4x32 10" lines: counter, key, expected output.
+KAT = [
+    ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
+     (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+    ((0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff), (0xffffffff, 0xffffffff),
+     (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+    ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+     (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1)),
+]
+
+
+def ref_philox(ctr, key, rounds=10):
+    """Plain-Python Philox4x32 (arbitrary-precision ints), independent of the torch version."""
+    M = 0xFFFFFFFF
+    c = list(ctr)
+    k0, k1 = key
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & M, (k1 + 0xBB67AE85) & M
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & M, (p0 >> 32) ^ c[3] ^ k1, p0 & M]
+    return tuple(c)
+
+
+@pytest.mark.parametrize("ctr,key,expected", KAT)
+def test_known_answer_vectors(ctr, key, expected):
+    out = philox4x32(torch.tensor(ctr, dtype=torch.int64), key)
+    assert tuple(out.tolist()) == expected
+    assert ref_philox(ctr, key) == expected
+    # key given as a tensor too
+    out_t = philox4x32(torch.tensor(ctr, dtype=torch.int64), torch.tensor(key, dtype=torch.int64))
+    assert tuple(out_t.tolist()) == expected
+
+
+words32 = st.integers(0, 2 ** 32 - 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(words32, words32, words32, words32), min_size=1, max_size=8), words32, words32)
+def test_vectorised_matches_python_reference(ctrs, k0, k1):
+    out = philox4x32(torch.tensor(ctrs, dtype=torch.int64), (k0, k1))
+    assert [tuple(r) for r in out.tolist()] == [ref_philox(c, (k0, k1)) for c in ctrs]
+
+
+def test_stream_layout_seed_stream_offset():
+    seed, stream = 0x0123456789ABCDEF, 0xFEDCBA9876543210
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    bits = random_bits(13, seed, offset=6, stream=stream).tolist()
+    expect = []
+    for w in range(6, 19):
+        b = w // 4
+        blk = ref_philox((b & 0xFFFFFFFF, b >> 32, stream & 0xFFFFFFFF, stream >> 32), key)
+        expect.append(blk[w % 4])
+    assert bits == expect
+
+
+def test_offsets_split_anywhere():
+    full = random_bits(101, 42)
+    parts = torch.cat([random_bits(n, 42, offset=o) for o, n in ((0, 3), (3, 1), (4, 50), (54, 47))])
+    assert torch.equal(full, parts)
+    g = PhiloxStream(seed=42)
+    assert torch.equal(torch.cat([g.bits(7), g.bits(94)]), full)
+    assert random_bits(0, 1).numel() == 0
+
+
+def test_large_block_index_uses_high_counter_word():
+    off = 4 * (2 ** 32 + 5)
+    w = random_bits(4, 9, offset=off).tolist()
+    assert tuple(w) == ref_philox((5, 1, 0, 0), (9, 0))
+
+
+def test_uint32_output_and_bad_arguments():
+    x = random_bits(8, 1, dtype=torch.uint32)
+    assert x.dtype == torch.uint32
+    assert x.to(torch.int64).tolist() == random_bits(8, 1).tolist()
+    with pytest.raises(ValueError):
+        random_bits(4, -1)
+    with pytest.raises(ValueError):
+        random_bits(4, 2 ** 64)
+    with pytest.raises(ValueError):
+        random_bits(4, 1, offset=-1)
+
+
+def test_uniform_exact_mappings():
+    x = random_bits(64, 5)
+    u32 = uniform(64, 5, dtype=torch.float32)
+    expect32 = [((v >> 9) * 2 + 1) * 2.0 ** -24 for v in x.tolist()]
+    assert u32.dtype == torch.float32 and u32.tolist() == expect32
+    u64 = uniform(32, 5)
+    xs = x.tolist()
+    expect64 = [(2 * (((xs[2 * i] >> 6) << 26) | (xs[2 * i + 1] >> 6)) + 1) * 2.0 ** -53 for i in range(32)]
+    assert u64.dtype == torch.float64 and u64.tolist() == expect64
+
+
+def test_uniform_open_interval_extremes():
+    # the extreme words map strictly inside (0, 1) in both precisions
+    lo, hi = torch.tensor([[0, 0]]), torch.tensor([[2 ** 32 - 1, 2 ** 32 - 1]])
+    assert philox._u64_from_words(lo).item() == 2.0 ** -53
+    assert philox._u64_from_words(hi).item() == 1 - 2.0 ** -53
+    u = uniform((200, 50), 11, dtype=torch.float32)
+    assert u.shape == (200, 50) and 0 < u.min() and u.max() < 1
+
+
+def test_uniform_and_normal_statistics():
+    u = uniform(200_000, 3)
+    assert abs(u.mean().item() - 0.5) < 4 * math.sqrt(1 / 12 / 2e5)
+    z = normal(200_001, 3)
+    assert z.shape == (200_001,)
+    assert abs(z.mean().item()) < 0.01 and abs(z.var().item() - 1) < 0.015
+    from scipy import stats
+    assert stats.kstest(z[:20_000].numpy(), "norm").pvalue > 1e-4
+
+
+def test_normal_offsets_and_dtypes():
+    z = normal(10, 8)
+    assert torch.equal(normal(4, 8, offset=words_for("normal", 6)), z[6:])
+    z32 = normal(10, 8, dtype=torch.float32)
+    assert z32.dtype == torch.float32 and torch.equal(z32, z.to(torch.float32))
+    g = PhiloxStream(8)
+    a, b = g.normal(6), g.uniform(3)
+    assert torch.equal(a, z[:6]) and torch.equal(b, uniform(3, 8, offset=12))
+
+
+def test_deterministic_transcendentals_close_to_libm():
+    x = torch.cat([torch.logspace(-300, 300, 2001, dtype=torch.float64),
+                   1 + torch.linspace(-1e-6, 1e-6, 101, dtype=torch.float64),
+                   uniform(5000, 1)])
+    ref = torch.log(x)
+    ulp = torch.from_numpy(np.spacing(np.abs(ref.numpy())))
+    err = (det_log(x) - ref).abs()
+    assert (err <= 4 * ulp + 1e-300).all(), float((err / ulp).max())
+    u = uniform(20_000, 2)
+    c, s = det_cos_sin_2pi(u)
+    assert (c - torch.cos(2 * math.pi * u)).abs().max() < 2e-15
+    assert (s - torch.sin(2 * math.pi * u)).abs().max() < 2e-15
+    assert ((c * c + s * s) - 1).abs().max() < 1e-15
+
+
+@pytest.mark.cuda
+def test_cpu_and_cuda_bits_identical():
+    for seed, off, n in ((0, 0, 1000), (2 ** 63 + 12345, 7, 4099)):
+        assert torch.equal(random_bits(n, seed, off, device="cuda").cpu(), random_bits(n, seed, off))
+        for dt in (torch.float32, torch.float64):
+            assert torch.equal(uniform(n, seed, off, dtype=dt, device="cuda").cpu(), uniform(n, seed, off, dtype=dt))
+            # normals are built from exactly rounded ops only, so they are bitwise equal too
+            assert torch.equal(normal(n, seed, off, dtype=dt, device="cuda").cpu(), normal(n, seed, off, dtype=dt))
