@@ -246,6 +246,8 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
     from linalg import DeviceUnavailableError, get_backend
 
     console, err = Console(), Console(stderr=True)
+    if not console.is_terminal:          # piped or captured: don't squeeze the table to 80 columns
+        console = Console(width=160)
     try:
         precision = precision or ("fp32" if device.startswith("trn") else "fp64")
         if precision == "fp64" and device.startswith("trn"):

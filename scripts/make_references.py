@@ -1,0 +1,299 @@
+#!/usr/bin/env python
+"""Reference DF-MP2 energies from an independent code: PySCF's own DF-MP2.
+
+    python scripts/make_references.py                    # (re)compute every case -> inputs/references.json
+    python scripts/make_references.py --subset fast      # only the fast cases (others kept as stored)
+    python scripts/make_references.py --check            # recompute and compare with the stored file
+    python scripts/make_references.py --check water      # ... only the cases of molecule 'water'
+
+The molecule and the RHF come from the program's own PySCF bridge (``dfmp2.xyz.read_xyz``,
+``dfmp2.scf.build_molecule``, ``dfmp2.scf.run_rhf``), so both codes start from the same SCF set-up
+(PySCF's RHF, same thresholds). The MP2 energy itself comes from ``pyscf.mp.dfmp2.DFMP2``, never
+from this program's pipeline. Because a density-fitted SCF would hand DFMP2 its JK-fit basis, the
+MP2-fit basis is set explicitly: ``pt.with_df = pyscf.df.DF(mol, auxbasis=...)``.
+
+Each case is keyed ``molecule|basis|auxbasis|scf_mode|ae|fc`` (see ``case_key``) and stores
+E_HF, E_OS, E_SS, E_corr, E_MP2 (Hartree) with the basis, auxiliary bases, SCF mode and
+thresholds, frozen-core setting, shapes, PySCF version, date and seconds taken.
+
+Subsets: ``fast`` (seconds; the default test channel), ``full`` (the slow channel: everything
+else that is checked against the program), ``large`` (reference only, for benchmarks; not part of
+the regression run). ``--subset all`` means every case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_OUTPUT = ROOT / "inputs" / "references.json"
+CHECK_TOL = 1e-10          # Hartree: regenerated references must reproduce the stored ones
+ENERGY_FIELDS = ("e_hf", "e_os", "e_ss", "e_corr", "e_mp2")
+SCHEMA = 1
+
+# ---------------------------------------------------------------------------------------------
+# The cases. (path relative to the repository, scf_mode, frozen_core, subset); basis cc-pVDZ and
+# its MP2-fit auxiliary basis unless stated.
+# ---------------------------------------------------------------------------------------------
+SMALL = ["water", "ammonia", "methane", "hydrogen_fluoride", "dinitrogen", "carbon_monoxide",
+         "ethylene", "formaldehyde", "benzene", "glycine", "hydrogen_cyanide", "acetylene",
+         "methanol", "hydrogen_chloride", "hydrogen_sulfide", "pyridine", "acetamide",
+         "formic_acid"]
+# Cluster sizes checked against the program in the slow channel; LARGE_CLUSTERS are reference-only.
+CLUSTERS = [1, 2, 3, 4, 6, 8, 12, 16]
+LARGE_CLUSTERS = [24, 32]
+
+FAST = [  # (molecule path, scf_mode, frozen_core): both SCF modes, both frozen-core settings
+    ("inputs/water.xyz", "df", False),
+    ("inputs/water.xyz", "df", True),
+    ("inputs/water.xyz", "exact", False),
+    ("inputs/water.xyz", "exact", True),
+    ("inputs/ammonia.xyz", "df", False),
+    ("inputs/methane.xyz", "df", False),
+    ("inputs/hydrogen_fluoride.xyz", "df", False),
+    ("inputs/hydrogen_chloride.xyz", "df", True),     # second row: 5 frozen core orbitals
+    ("inputs/hydrogen_chloride.xyz", "exact", False),
+]
+FULL_VARIANTS = [  # non-default settings on larger molecules
+    ("inputs/ammonia.xyz", "exact", True),
+    ("inputs/hydrogen_sulfide.xyz", "df", True),
+    ("inputs/hydrogen_sulfide.xyz", "exact", True),
+    ("inputs/glycine.xyz", "df", True),
+    ("inputs/glycine.xyz", "exact", False),
+    ("inputs/benzene.xyz", "df", True),
+    ("inputs/benzene.xyz", "exact", True),
+    ("inputs/s22/s22_02_water_dimer.xyz", "exact", False),
+    ("inputs/s22/s22_02_water_dimer.xyz", "df", True),
+    ("inputs/water_clusters/h2o_04.xyz", "exact", True),
+]
+
+
+def _s22_paths() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "inputs" / "s22").glob("s22_*.xyz"))
+
+
+def all_cases(basis: str = "cc-pvdz", auxbasis: str | None = None) -> list[dict]:
+    """Every reference case, in a fixed order, as dicts with path/molecule/options/subset."""
+    seen, out = set(), []
+
+    def add(path, scf_mode, frozen_core, subset):
+        key = (path, scf_mode, frozen_core)
+        if key in seen:
+            return
+        seen.add(key)
+        out.append({"molecule": Path(path).stem, "path": path, "basis": basis,
+                    "auxbasis_requested": auxbasis, "scf_mode": scf_mode,
+                    "frozen_core": frozen_core, "subset": subset})
+
+    for path, mode, fc in FAST:
+        add(path, mode, fc, "fast")
+    for name in SMALL:
+        add(f"inputs/{name}.xyz", "df", False, "full")
+    for path in _s22_paths():
+        add(path, "df", False, "full")
+    for n in CLUSTERS:
+        add(f"inputs/water_clusters/h2o_{n:02d}.xyz", "df", False, "full")
+    for path, mode, fc in FULL_VARIANTS:
+        add(path, mode, fc, "full")
+    for n in LARGE_CLUSTERS:
+        add(f"inputs/water_clusters/h2o_{n:02d}.xyz", "df", False, "large")
+    return out
+
+
+def case_key(molecule: str, basis: str, auxbasis: str, scf_mode: str, frozen_core: bool) -> str:
+    """The key of a reference: 'molecule|basis|auxbasis|scf_mode|fc' (or '|ae'), names lower-case."""
+    return "|".join([molecule, basis.lower(), auxbasis.lower(), scf_mode,
+                     "fc" if frozen_core else "ae"])
+
+
+# ---------------------------------------------------------------------------------------------
+def compute_reference(case: dict) -> dict:
+    """Run PySCF RHF + PySCF DF-MP2 for one case; returns the stored entry (energies in Hartree)."""
+    import numpy as np
+    import pyscf
+    from pyscf import df
+    from pyscf.mp.dfmp2 import DFMP2
+
+    from dfmp2 import scf as bridge
+    from dfmp2.xyz import read_xyz
+
+    t0 = time.perf_counter()
+    geom = read_xyz(ROOT / case["path"])
+    mol = bridge.build_molecule(geom, case["basis"])
+    auxbasis = bridge.mp2_auxbasis(mol, case["auxbasis_requested"])
+    aux_name = bridge.describe_auxbasis(auxbasis)
+    ref = bridge.run_rhf(mol, case["scf_mode"])
+    mf = ref.mf
+    t_scf = time.perf_counter() - t0
+
+    nfrozen = bridge.frozen_core_count(mol) if case["frozen_core"] else 0
+    pt = DFMP2(mf, frozen=nfrozen if nfrozen else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pt.with_df = df.DF(mol, auxbasis=auxbasis)   # the MP2-fit basis, not the SCF's JK-fit one
+    pt.verbose = 0
+    e_corr, _ = pt.kernel(with_t2=False)
+    e_os, e_ss = float(pt.e_corr_os), float(pt.e_corr_ss)
+    if abs(e_os + e_ss - float(e_corr)) > 1e-12:
+        raise RuntimeError(f"{case['path']}: PySCF E_OS + E_SS != E_corr")
+    naux = pt.with_df.get_naoaux()
+    nocc_all = int(np.count_nonzero(mf.mo_occ > 0))
+    entry = {
+        "key": case_key(case["molecule"], case["basis"], aux_name, case["scf_mode"],
+                        case["frozen_core"]),
+        "molecule": case["molecule"],
+        "path": case["path"],
+        "subset": case["subset"],
+        "natm": mol.natm,
+        "nelectron": mol.nelectron,
+        "basis": case["basis"].lower(),
+        "auxbasis": aux_name.lower(),
+        "auxbasis_requested": case["auxbasis_requested"],
+        "scf_mode": case["scf_mode"],
+        "scf_jk_auxbasis": ref.jk_auxbasis,
+        "scf": {"conv_tol": mf.conv_tol, "conv_tol_grad": mf.conv_tol_grad,
+                "max_cycle": mf.max_cycle, "init_guess": mf.init_guess,
+                "cycles": ref.cycles, "converged": bool(mf.converged)},
+        "frozen_core": case["frozen_core"],
+        "nfrozen": nfrozen,
+        "nbasis": mol.nao_nr(),
+        "nmo": int(mf.mo_coeff.shape[1]),
+        "nocc": nocc_all - nfrozen,
+        "nvir": int(mf.mo_coeff.shape[1]) - nocc_all,
+        "naux": int(naux),
+        "e_hf": float(ref.e_hf),
+        "e_os": e_os,
+        "e_ss": e_ss,
+        "e_corr": float(e_corr),
+        "e_mp2": float(ref.e_hf) + float(e_corr),
+        "units": "hartree",
+        "method": "pyscf.scf.RHF (via dfmp2.scf.run_rhf) + pyscf.mp.dfmp2.DFMP2, "
+                  "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)",
+        "pyscf_version": pyscf.__version__,
+        "numpy_version": np.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": {"scf": round(t_scf, 2), "total": round(time.perf_counter() - t0, 2)},
+    }
+    return entry
+
+
+def load(path: Path) -> dict:
+    """The stored reference file ({'meta': ..., 'references': {key: entry}}), or an empty one."""
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"meta": {}, "references": {}}
+
+
+def save(data: dict, path: Path) -> None:
+    """Write atomically (temp file + rename): never a half-written reference file."""
+    import pyscf
+    data["meta"] = {
+        "schema": SCHEMA,
+        "description": "DF-MP2 reference energies from PySCF's own DF-MP2 (pyscf.mp.dfmp2.DFMP2), "
+                       "an independent code; written by scripts/make_references.py",
+        "units": "hartree",
+        "generator": "scripts/make_references.py",
+        "pyscf_version": pyscf.__version__,
+        "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "key": "molecule|basis|auxbasis|scf_mode|ae-or-fc",
+        "subsets": {"fast": "default test channel", "full": "slow channel",
+                    "large": "reference only (benchmarks), not in the regression run"},
+    }
+    data["references"] = dict(sorted(data["references"].items(),
+                                     key=lambda kv: _order(kv[1])))
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _order(entry: dict):
+    return ({"fast": 0, "full": 1, "large": 2}.get(entry.get("subset"), 3), entry.get("nbasis", 0),
+            entry["key"])
+
+
+def select(cases: list[dict], subset: str, names: list[str]) -> list[dict]:
+    """Cases in ``subset`` ('fast', 'full', 'large', 'all'; 'full' includes 'fast'), filtered by
+    molecule names (exact name or shell-style pattern)."""
+    from fnmatch import fnmatch
+    wanted = {"fast": {"fast"}, "full": {"fast", "full"}, "large": {"large"},
+              "all": {"fast", "full", "large"}}[subset]
+    out = [c for c in cases if c["subset"] in wanted]
+    if names:
+        out = [c for c in out if any(c["molecule"] == n or fnmatch(c["molecule"], n) for n in names)]
+    return out
+
+
+def compare(stored: dict, new: dict, tol: float = CHECK_TOL) -> list[str]:
+    """Mismatches between a stored entry and a recomputed one ([] when they agree)."""
+    bad = []
+    for f in ENERGY_FIELDS:
+        d = new[f] - stored[f]
+        if not abs(d) <= tol:
+            bad.append(f"{f}: stored {stored[f]:.12f}, recomputed {new[f]:.12f}, diff {d:+.2e}")
+    for f in ("nbasis", "naux", "nocc", "nvir", "nfrozen", "auxbasis", "scf_jk_auxbasis"):
+        if stored.get(f) != new.get(f):
+            bad.append(f"{f}: stored {stored.get(f)!r}, recomputed {new.get(f)!r}")
+    return bad
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("molecules", nargs="*", help="molecule names or patterns (default: all in subset)")
+    ap.add_argument("--subset", choices=("fast", "full", "large", "all"), default="all")
+    ap.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="reference file")
+    ap.add_argument("--check", action="store_true",
+                    help="recompute and compare with the stored file; write nothing")
+    ap.add_argument("--tol", type=float, default=CHECK_TOL, help="--check tolerance (Hartree)")
+    ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    args = ap.parse_args(argv)
+
+    cases = select(all_cases(), args.subset, args.molecules)
+    if not cases:
+        print("no case matches", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c['subset']:5s} {c['scf_mode']:5s} {'fc' if c['frozen_core'] else 'ae'} {c['path']}")
+        return 0
+    data = load(args.output)
+    stored_by_case = {(e["path"], e["basis"], e["auxbasis_requested"], e["scf_mode"], e["frozen_core"]): e
+                      for e in data["references"].values()}
+    failures, t_all = 0, time.perf_counter()
+    for n, case in enumerate(cases, 1):
+        entry = compute_reference(case)
+        tag = f"[{n}/{len(cases)}] {entry['key']}"
+        info = (f"nbasis {entry['nbasis']:4d} naux {entry['naux']:5d}  E_HF {entry['e_hf']:.10f}  "
+                f"E_corr {entry['e_corr']:.10f}  {entry['seconds']['total']:.1f} s")
+        if args.check:
+            stored = stored_by_case.get((case["path"], case["basis"].lower(), case["auxbasis_requested"],
+                                         case["scf_mode"], case["frozen_core"]))
+            if stored is None:
+                print(f"{tag}: MISSING from {args.output}")
+                failures += 1
+                continue
+            bad = compare(stored, entry, args.tol)
+            print(f"{tag}: {'ok' if not bad else 'MISMATCH'}  {info}")
+            for b in bad:
+                print(f"    {b}")
+            failures += bool(bad)
+        else:
+            data["references"][entry["key"]] = entry
+            save(data, args.output)      # after each case: an interrupted run keeps what it did
+            print(f"{tag}  {info}", flush=True)
+    print(f"{len(cases)} case(s) in {time.perf_counter() - t_all:.1f} s"
+          + (f", {failures} failed the check (tol {args.tol:.0e} Eh)" if args.check else
+             f", written to {args.output}"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
