@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import torch_ops
 from .errors import DeviceUnavailableError
+from .newton_schulz import newton_schulz_inv_sqrt
 
 DEVICE_NAMES = ("cpu", "cuda", "trn1", "trn2")
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
@@ -53,50 +55,34 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    # ---- ops (torch implementations; see linalg.ops for the contracts) ----
+    # ---- ops (implementations in linalg.torch_ops; contracts in linalg.ops) ----
     def gemm(self, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
         self.record("gemm", "torch.matmul")
-        A = a.mT if trans_a else a
-        B = b.mT if trans_b else b
-        if out is not None and beta != 0.0:
-            return torch.addmm(out, A, B, beta=beta, alpha=alpha, out=out)
-        c = torch.matmul(A, B, out=out)
-        if alpha != 1.0:
-            c.mul_(alpha)
-        return c
+        return torch_ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, out=out)
 
     def syrk(self, a, *, trans=False, alpha=1.0, uplo="lower", full=True):
-        self.record("syrk", "torch.matmul")
-        A = a.mT if trans else a
-        c = torch.matmul(A, A.mT)
-        if alpha != 1.0:
-            c.mul_(alpha)
-        if not full:
-            c = torch.tril(c) if uplo == "lower" else torch.triu(c)
-        return c
+        n = a.shape[-1] if trans else a.shape[-2]
+        self.record("syrk", "torch.matmul" if len(torch_ops.syrk_blocks(n)) == 1 else "torch.matmul(block-triangle)")
+        return torch_ops.syrk(a, trans=trans, alpha=alpha, uplo=uplo, full=full)
 
     def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
         self.record("trsm", "torch.linalg.solve_triangular")
-        upper = (uplo == "upper")
-        A = a
-        if trans:
-            A, upper = a.mT, not upper
-        return torch.linalg.solve_triangular(A, b, upper=upper, left=(side == "left"),
-                                             unitriangular=unit_diagonal)
+        return torch_ops.trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal)
 
     def cholesky(self, a):
-        self.record("cholesky", "torch.linalg.cholesky")
-        return torch.linalg.cholesky(a)
+        self.record("cholesky", "torch.linalg.cholesky_ex")
+        return torch_ops.cholesky(a)
 
-    def inv_sqrt_spd(self, a, method="eigh", threshold=1e-10):
-        if method != "eigh":
-            raise NotImplementedError(method)
-        self.record("inv_sqrt_spd", "torch.linalg.eigh")
-        w, v = torch.linalg.eigh(a)
-        keep = w > threshold
-        v = v[:, keep]
-        x = (v * w[keep].rsqrt()) @ v.mT
-        return x, {"method": "eigh", "dropped": int((~keep).sum()), "threshold": threshold}
+    def inv_sqrt_spd(self, a, method="eigh", threshold=1e-10, **kwargs):
+        """a^{-1/2}: method 'eigh' (kwargs: relative) or 'newton_schulz' (kwargs: tol, max_iter,
+        check_every, cond_max, scaled, check; see linalg.newton_schulz). Returns (X, info)."""
+        if method == "eigh":
+            self.record("inv_sqrt_spd", "torch.linalg.eigh")
+            return torch_ops.inv_sqrt_eigh(a, threshold=threshold, **kwargs)
+        if method == "newton_schulz":
+            self.record("inv_sqrt_spd", "newton_schulz(torch.matmul)")
+            return newton_schulz_inv_sqrt(a, matmul=torch.matmul, **kwargs)
+        raise ValueError(f"inv_sqrt_spd: method must be 'eigh' or 'newton_schulz', got {method!r}")
 
     def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
         """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J.
@@ -109,30 +95,14 @@ class TorchBackend(Backend):
             e_os = sum_ij sum_ab K_ab^2 / D,   e_ss = sum_ij sum_ab K_ab (K_ab - K_ba) / D,
             K = B_i B_j^T, D = eps_i + eps_j - eps_a - eps_b.
         """
-        self.record("mp2_pair_energy", "torch.bmm")
-        ni, nvir, _ = Bi.shape
-        ev = eps_vir.to(torch.float64)
-        dvv = ev[:, None] + ev[None, :]
-        e_os = torch.zeros((), dtype=torch.float64, device=Bi.device)
-        e_ss = torch.zeros((), dtype=torch.float64, device=Bi.device)
-        for i in range(ni):
-            js = slice(0, i + 1) if symmetric else slice(None)
-            bj = Bj[js]
-            K = torch.matmul(Bi[i].unsqueeze(0), bj.mT).to(torch.float64)   # (nj, nvir, nvir)
-            D = (eps_i[i] + eps_j[js].to(torch.float64))[:, None, None] - dvv
-            os_ = (K * K / D).sum(dim=(1, 2))
-            ss_ = (K * (K - K.mT) / D).sum(dim=(1, 2))
-            if symmetric:
-                w = torch.full((bj.shape[0],), 2.0, dtype=torch.float64, device=Bi.device)
-                w[i] = 1.0
-                os_, ss_ = os_ * w, ss_ * w
-            e_os += os_.sum()
-            e_ss += ss_.sum()
-        return float(e_os), float(e_ss)
+        self.record("mp2_pair_energy", "torch.matmul(batched)")
+        return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
 
     def describe(self) -> dict:
         d = super().describe()
         d["torch"] = torch.__version__
+        if self.device.type == "cpu":
+            d["threads"] = torch.get_num_threads()
         if self.device.type == "cuda":
             d["gpu"] = torch.cuda.get_device_name(self.device)
         return d

@@ -1,4 +1,5 @@
 """Errors raised by the linear-algebra layer."""
+import torch
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -7,3 +8,8 @@ class DeviceUnavailableError(RuntimeError):
 
 class ConvergenceError(RuntimeError):
     """An iterative method (Newton–Schulz) did not converge."""
+
+
+class NotPositiveDefiniteError(torch.linalg.LinAlgError):
+    """Cholesky met a non-positive leading minor. A torch.linalg.LinAlgError, so callers that
+    catch torch's error (e.g. to fall back to an eigendecomposition) keep working."""

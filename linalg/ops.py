@@ -23,23 +23,37 @@ def gemm(a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, b
 def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True, backend=None):
     """C = alpha * a @ a.T (trans=False, a: (n, k)) or alpha * a.T @ a (trans=True, a: (k, n)) -> (n, n).
 
-    Only the ``uplo`` triangle is computed; ``full=True`` mirrors it into a symmetric result.
+    Only a block triangle is computed (about half the GEMM's flops for n >= 256);
+    ``full=True`` mirrors it into an exactly symmetric result, ``full=False`` returns the
+    ``uplo`` triangle with zeros elsewhere.
     """
     return _be(backend, a).syrk(a, trans=trans, alpha=alpha, uplo=uplo, full=full)
 
 
 def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, backend=None):
-    """Solve op(a) X = b (side='left') or X op(a) = b (side='right') for triangular a (n, n)."""
+    """Solve op(a) X = b (side='left') or X op(a) = b (side='right') for triangular a (n, n).
+
+    uplo names the triangle of a that is read; op(a) = a^T when trans; unit_diagonal takes diag(a) = 1.
+    b: (n, m) or (n,) for side='left', (m, n) for side='right'; X has b's shape.
+    """
     return _be(backend, a).trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal)
 
 
 def cholesky(a, *, backend=None):
-    """Lower-triangular L with a = L L^T for SPD a (n, n)."""
+    """Lower-triangular L with a = L L^T for SPD a (n, n); NotPositiveDefiniteError otherwise."""
     return _be(backend, a).cholesky(a)
 
 
 def inv_sqrt_spd(a, method="eigh", *, backend=None, **kwargs):
-    """a^{-1/2} for SPD a (n, n). Returns (X, info) with info a dict (see the backend)."""
+    """a^{-1/2} for SPD a (n, n). Returns (X, info) with info a dict.
+
+    method="eigh": eigendecomposition; eigenvalues <= threshold (default 1e-10, absolute as in
+    PySCF; relative=True makes it relative to the largest, as in Psi4) are dropped and
+    info["dropped"] says how many (X is then the pseudo-inverse square root).
+    method="newton_schulz": coupled, scaled Newton–Schulz iteration, GEMMs only
+    (linalg.newton_schulz): info has iterations, residual = ||X A X - I||_F / sqrt(n), converged;
+    raises ConvergenceError when it does not converge (check=False returns anyway).
+    """
     return _be(backend, a).inv_sqrt_spd(a, method=method, **kwargs)
 
 

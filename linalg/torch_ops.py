@@ -1,0 +1,193 @@
+"""Torch implementations of the linalg ops (CPU and CUDA). TorchBackend delegates here.
+
+Each function states shapes; all take and return torch tensors on one device. Argument
+checks raise ValueError with one line naming the op, the argument and the shapes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import NotPositiveDefiniteError
+
+SYRK_MIN_BLOCK = 128          # below 2 blocks of this, a single GEMM is faster than the triangle
+SYRK_MAX_BLOCKS = 8           # 8 block rows: (8 + 1) / 16 = 56% of the full GEMM's flops
+
+
+def _check_side_uplo(op: str, side: str | None, uplo: str) -> None:
+    if side is not None and side not in ("left", "right"):
+        raise ValueError(f"{op}: side must be 'left' or 'right', got {side!r}")
+    if uplo not in ("lower", "upper"):
+        raise ValueError(f"{op}: uplo must be 'lower' or 'upper', got {uplo!r}")
+
+
+def _check_square(op: str, a: torch.Tensor) -> None:
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"{op}: needs a square matrix, got shape {tuple(a.shape)}")
+
+
+def gemm(a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
+    """C = alpha op(a) op(b) + beta C.  op(a): (..., m, k), op(b): (..., k, n) -> (..., m, n).
+
+    With ``out`` given the result is written there (and beta scales its old content);
+    without ``out``, beta is ignored (there is no C to scale).
+    """
+    A = a.mT if trans_a else a
+    B = b.mT if trans_b else b
+    if A.shape[-1] != B.shape[-2]:
+        raise ValueError(f"gemm: inner dimensions differ: op(a) {tuple(A.shape)}, op(b) {tuple(B.shape)}")
+    if out is None:
+        c = torch.matmul(A, B)
+        return c.mul_(alpha) if alpha != 1.0 else c
+    if beta == 0.0:
+        torch.matmul(A, B, out=out)
+        return out.mul_(alpha) if alpha != 1.0 else out
+    if A.ndim == 2 and B.ndim == 2:
+        return out.addmm_(A, B, beta=beta, alpha=alpha)
+    if A.ndim == 3 and B.ndim == 3:
+        return out.baddbmm_(A, B, beta=beta, alpha=alpha)
+    return out.mul_(beta).add_(torch.matmul(A, B), alpha=alpha)
+
+
+def syrk_blocks(n: int) -> list[tuple[int, int]]:
+    """Row blocks [(r0, r1), ...] of the blocked lower-triangle SYRK for an (n, n) result."""
+    if n < 2 * SYRK_MIN_BLOCK:
+        return [(0, n)]
+    nb = max(SYRK_MIN_BLOCK, -(-n // SYRK_MAX_BLOCKS))
+    nb = -(-nb // 32) * 32
+    return [(r0, min(n, r0 + nb)) for r0 in range(0, n, nb)]
+
+
+def syrk_work_fraction(n: int) -> float:
+    """Flops of the blocked SYRK relative to the full GEMM a a^T (0.5 would be the exact triangle)."""
+    return sum((r1 - r0) * r1 for r0, r1 in syrk_blocks(n)) / float(n * n) if n else 0.0
+
+
+def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True):
+    """C = alpha a a^T (a: (n, k)) or, trans=True, alpha a^T a (a: (k, n)) -> (n, n).
+
+    Computes only the block lower triangle: block row I is A[I] A[:end(I)]^T, one GEMM per
+    block row, about (1 + 1/nblocks)/2 of the full product's flops (see syrk_blocks). The
+    result is exactly symmetric (the strict upper part is the mirror of the lower).
+    full=False returns only the ``uplo`` triangle (the other is zero).
+    """
+    _check_side_uplo("syrk", None, uplo)
+    if a.ndim != 2:
+        raise ValueError(f"syrk: needs a 2-D matrix, got shape {tuple(a.shape)}")
+    A = a.mT if trans else a
+    n = A.shape[0]
+    blocks = syrk_blocks(n)
+    if len(blocks) == 1:
+        c = torch.matmul(A, A.mT)
+        low = torch.tril(c)
+    else:
+        low = torch.zeros((n, n), dtype=A.dtype, device=A.device)
+        for r0, r1 in blocks:
+            low[r0:r1, :r1] = torch.matmul(A[r0:r1], A[:r1].mT)
+        low = torch.tril(low)
+    if alpha != 1.0:
+        low.mul_(alpha)
+    if full:
+        return low + torch.tril(low, -1).mT
+    return low if uplo == "lower" else low.mT.contiguous()
+
+
+def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
+    """Solve op(a) X = b (side='left', b: (n, m) or (n,)) or X op(a) = b (side='right', b: (m, n)).
+
+    a: (n, n) triangular ('lower' or 'upper' says which triangle of a is read; the other is
+    ignored), op(a) = a^T when trans; unit_diagonal treats diag(a) as ones.
+    """
+    _check_side_uplo("trsm", side, uplo)
+    _check_square("trsm", a)
+    n = a.shape[-1]
+    vec = b.ndim == 1
+    if vec:
+        if side != "left":
+            raise ValueError("trsm: a 1-D right-hand side needs side='left'")
+        b = b.unsqueeze(-1)
+    dim = -2 if side == "left" else -1
+    if b.shape[dim] != n:
+        raise ValueError(f"trsm: a is {tuple(a.shape)} but b is {tuple(b.shape)} for side={side!r}")
+    upper = uplo == "upper"
+    A = a                     # solve_triangular reads only the named triangle (documented)
+    if trans:
+        A, upper = a.mT, not upper
+    x = torch.linalg.solve_triangular(A, b, upper=upper, left=(side == "left"), unitriangular=unit_diagonal)
+    return x.squeeze(-1) if vec else x
+
+
+def cholesky(a):
+    """Lower-triangular L (n, n) with a = L L^T for SPD a (only the lower triangle of a is read).
+
+    Raises NotPositiveDefiniteError (a torch.linalg.LinAlgError) naming the failing minor.
+    """
+    _check_square("cholesky", a)
+    L, info = torch.linalg.cholesky_ex(a)
+    bad = int(info.max()) if info.numel() > 1 else int(info)
+    if bad > 0:
+        raise NotPositiveDefiniteError(
+            f"cholesky: the matrix ({tuple(a.shape)}, {a.dtype}) is not positive definite: the leading "
+            f"minor of order {bad} is not positive; use inv_sqrt_spd(method='eigh') for near-singular matrices")
+    return L
+
+
+def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
+    """a^{-1/2} (n, n) of symmetric PSD ``a`` by eigendecomposition, dropping eigenvalues <= cutoff.
+
+    cutoff = threshold (absolute, as PySCF's DF metric) or threshold * max eigenvalue (relative=True,
+    as Psi4's fitting metric). The result is the pseudo-inverse square root on the kept space.
+    Returns (X, info): info = {method, dropped, kept, threshold, relative, cutoff, eig_min, eig_max}.
+    """
+    _check_square("inv_sqrt_spd", a)
+    w, v = torch.linalg.eigh(a)
+    wmax = float(w[-1]) if w.numel() else 0.0
+    cutoff = threshold * wmax if relative else threshold
+    keep = w > cutoff
+    nkeep = int(keep.sum())
+    v = v[:, keep]
+    x = (v * w[keep].rsqrt()) @ v.mT
+    return x, {"method": "eigh", "dropped": int(w.numel() - nkeep), "kept": nkeep, "threshold": threshold,
+               "relative": relative, "cutoff": cutoff, "eig_min": float(w[0]) if w.numel() else math.nan,
+               "eig_max": wmax}
+
+
+def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block_elems=1 << 22):
+    """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (see Backend contract).
+
+    Per i, the K_ij = B_i B_j^T for a chunk of j are one batched GEMM in the working precision
+    (at most ``max_block_elems`` elements of K at a time); K, D and the sums are fp64.
+    E_SS uses sum K (K - K^T) / D = sum K^2 / D - sum K K^T / D (D is symmetric in a, b).
+    """
+    ni, nvir, naux = Bi.shape
+    nj = Bj.shape[0]
+    if Bj.shape[1:] != Bi.shape[1:]:
+        raise ValueError(f"mp2_pair_energy: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in (nvir, naux)")
+    if symmetric and nj != ni:
+        raise ValueError("mp2_pair_energy: symmetric=True needs Bj to be Bi")
+    f64 = torch.float64
+    dev = Bi.device
+    ei, ej = eps_i.to(device=dev, dtype=f64), eps_j.to(device=dev, dtype=f64)
+    ev = eps_vir.to(device=dev, dtype=f64)
+    dvv = ev[:, None] + ev[None, :]
+    e_os = torch.zeros((), dtype=f64, device=dev)
+    e_ss = torch.zeros((), dtype=f64, device=dev)
+    jchunk = max(1, max_block_elems // max(1, nvir * nvir))
+    for i in range(ni):
+        jend = i + 1 if symmetric else nj
+        for j0 in range(0, jend, jchunk):
+            j1 = min(jend, j0 + jchunk)
+            K = torch.matmul(Bi[i], Bj[j0:j1].mT).to(f64)                  # (nb, nvir, nvir)
+            D = (ei[i] + ej[j0:j1])[:, None, None] - dvv
+            Kd = K / D
+            os_ = (K * Kd).sum(dim=(1, 2))
+            ss_ = os_ - (Kd * K.mT).sum(dim=(1, 2))
+            if symmetric:
+                w = torch.full((j1 - j0,), 2.0, dtype=f64, device=dev)
+                if j0 <= i < j1:
+                    w[i - j0] = 1.0
+                os_, ss_ = os_ * w, ss_ * w
+            e_os += os_.sum()
+            e_ss += ss_.sum()
+    return float(e_os), float(e_ss)
