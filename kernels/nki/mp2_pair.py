@@ -1,0 +1,151 @@
+"""Fused NKI MP2 pair-energy kernel: K = B_i B_j^T tile by tile on chip, divided by the
+denominators and reduced, without writing any nvir x nvir block back to HBM.
+
+For a pair (i, j), with K_ab = sum_P B_ia^P B_jb^P and D_ab = e_i + e_j - e_a - e_b:
+
+    OS_ij = sum_ab K_ab^2 / D_ab,      X_ij = sum_ab K_ab K_ba / D_ab,      SS_ij = OS_ij - X_ij
+
+Tiles of K are 128 rows (a, on partitions) x up to 512 columns (b, one PSUM bank). Row
+block A only visits columns b >= start of A. Each visited tile is formed twice on the
+Tensor Engine, with the operands' roles swapped:
+
+    M1[a, b] = sum_P B_ia^P B_jb^P = K_ab        M2[a, b] = sum_P B_ja^P B_ib^P = K_ba
+
+so both the (a, b) tile and the transposed (b, a) tile sit element-aligned in PSUM. A tile
+strictly right of the diagonal block stands for itself and its mirror:
+OS += sum (M1^2 + M2^2)/D, X += 2 sum M1 M2 / D. On the diagonal block (columns of A
+itself) M2 is the transpose of M1 and OS += sum M1^2/D, X += sum M1 M2/D. The matmul work
+is therefore K's own flops plus one extra diagonal block per row block, about
+(1 + 128/nvir) x nvir^2 naux per pair.
+
+Per-partition partial sums are accumulated in SBUF (fp32, each a sum over <= nvir terms)
+and written out once; the host adds partitions and pairs in fp64.
+"""
+from kernels.nki.lang import nisa, nl
+
+TILE_P = 128    # aux (contraction) rows per matmul: nl.tile_size.pmax
+TILE_A = 128    # virtual rows a per K tile: nl.tile_size.gemm_stationary_fmax
+TILE_B = 512    # virtual columns b per K tile: nl.tile_size.gemm_moving_fmax (one fp32 PSUM bank)
+
+
+def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetric=False):
+    """biT: HBM (ni, naux, nvir) fp32 = B_i with the aux index before the virtual one;
+    bjT: HBM (nj, naux, nvir) fp32 likewise (the same array as biT when symmetric);
+    e_i_rows: HBM (128, ni) fp32, occupied energies of I repeated on every partition;
+    e_j_rows: HBM (128, nj) fp32, the same for J;
+    e_vir_col: HBM (nvir, 1) fp32, virtual energies one per partition;
+    e_vir_rows: HBM (128, nvir) fp32, virtual energies repeated on every partition;
+    symmetric: compile-time flag, I == J: only pairs i >= j are computed (others stay 0).
+    Energies in Hartree. Returns HBM (128, 2 ni nj) fp32: column 2(i nj + j) holds the
+    per-partition partial sums of OS_ij, column 2(i nj + j) + 1 those of X_ij."""
+    ni, naux, nvir = biT.shape
+    nj = bjT.shape[0]
+    assert TILE_P <= nl.tile_size.pmax and TILE_A <= nl.tile_size.gemm_stationary_fmax
+    assert TILE_B <= nl.tile_size.gemm_moving_fmax
+    npart = TILE_P
+    nk = (naux + TILE_P - 1) // TILE_P
+
+    out = nl.ndarray((npart, 2 * ni * nj), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((npart, 2 * ni * nj), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+
+    # Orbital energies, loaded once per launch.
+    e_i = nl.ndarray((npart, ni), dtype=nl.float32, buffer=nl.sbuf)
+    e_j = nl.ndarray((npart, nj), dtype=nl.float32, buffer=nl.sbuf)
+    e_b = nl.ndarray((npart, nvir), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=e_i, src=e_i_rows)
+    nisa.dma_copy(dst=e_j, src=e_j_rows)
+    nisa.dma_copy(dst=e_b, src=e_vir_rows)
+    e_a = []
+    for a0 in range(0, nvir, TILE_A):
+        at = min(TILE_A, nvir - a0)
+        t = nl.ndarray((at, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=e_vir_col[a0:a0 + at, :])
+        e_a.append(t)
+
+    # B_i and B_j live in SBUF as aux chunks (aux on partitions, all virtuals free).
+    bi = []
+    bj = []
+    for k0 in range(0, naux, TILE_P):
+        kt = min(TILE_P, naux - k0)
+        bi.append(nl.ndarray((kt, nvir), dtype=nl.float32, buffer=nl.sbuf))
+        bj.append(nl.ndarray((kt, nvir), dtype=nl.float32, buffer=nl.sbuf))
+
+    # Work tiles, allocated once at full tile size and used through views.
+    m1 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
+    m2 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
+    rden = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)    # 1 / D
+    kd = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)      # M1 / D
+    prod = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+    row_c = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)        # e_i + e_j - e_a
+    part = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)
+
+    for i in range(ni):
+        for k in range(nk):
+            k0 = k * TILE_P
+            nisa.dma_copy(dst=bi[k], src=biT[i, k0:k0 + bi[k].shape[0], :])
+        j_end = i + 1 if symmetric else nj
+        for j in range(j_end):
+            for k in range(nk):
+                k0 = k * TILE_P
+                nisa.dma_copy(dst=bj[k], src=bjT[j, k0:k0 + bj[k].shape[0], :])
+            c_os = 2 * (i * nj + j)
+            c_x = c_os + 1
+            for ab in range(len(e_a)):
+                a0 = ab * TILE_A
+                at = min(TILE_A, nvir - a0)
+                rc = row_c[0:at, :]
+                pt = part[0:at, :]
+                nisa.tensor_tensor(dst=rc, data1=e_i[0:at, i:i + 1], data2=e_j[0:at, j:j + 1], op=nl.add)
+                nisa.tensor_tensor(dst=rc, data1=rc, data2=e_a[ab], op=nl.subtract)
+                for b0 in range(a0, nvir, TILE_B):
+                    bt = min(TILE_B, nvir - b0)
+                    t1 = m1[0:at, 0:bt]
+                    t2 = m2[0:at, 0:bt]
+                    for k in range(nk):
+                        nisa.nc_matmul(dst=t1, stationary=bi[k][:, a0:a0 + at],
+                                       moving=bj[k][:, b0:b0 + bt], accumulate=(k > 0))
+                    for k in range(nk):
+                        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
+                                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
+                    r = rden[0:at, 0:bt]
+                    q = kd[0:at, 0:bt]
+                    p = prod[0:at, 0:bt]
+                    # D = (e_i + e_j - e_a) - e_b, then 1/D on the Vector Engine.
+                    nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
+                                       operand0=rc, reverse0=True)
+                    nisa.reciprocal(dst=r, data=r)
+                    nisa.tensor_tensor(dst=q, data1=t1, data2=r, op=nl.multiply)
+                    # OS += sum_b M1^2 / D
+                    nisa.tensor_tensor(dst=p, data1=q, data2=t1, op=nl.multiply)
+                    nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
+                    nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
+                                       data2=pt, op=nl.add)
+                    # X += sum_b M1 M2 / D
+                    nisa.tensor_tensor(dst=p, data1=q, data2=t2, op=nl.multiply)
+                    nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
+                    nisa.tensor_tensor(dst=acc[0:at, c_x:c_x + 1], data1=acc[0:at, c_x:c_x + 1],
+                                       data2=pt, op=nl.add)
+                    # Columns right of the diagonal block also stand for their mirror tile.
+                    d = at if b0 == a0 else 0
+                    if d < bt:
+                        po = prod[0:at, d:bt]
+                        nisa.tensor_tensor(dst=po, data1=q[:, d:bt], data2=t2[:, d:bt], op=nl.multiply)
+                        nisa.tensor_reduce(dst=pt, op=nl.add, data=po, axis=1, keepdims=True)
+                        nisa.tensor_tensor(dst=acc[0:at, c_x:c_x + 1], data1=acc[0:at, c_x:c_x + 1],
+                                           data2=pt, op=nl.add)
+                        nisa.tensor_tensor(dst=po, data1=t2[:, d:bt], data2=r[:, d:bt], op=nl.multiply)
+                        nisa.tensor_tensor(dst=po, data1=po, data2=t2[:, d:bt], op=nl.multiply)
+                        nisa.tensor_reduce(dst=pt, op=nl.add, data=po, axis=1, keepdims=True)
+                        nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
+                                           data2=pt, op=nl.add)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+def sbuf_bytes_per_partition(ni: int, nj: int, naux: int, nvir: int) -> int:
+    """SBUF the kernel keeps live per partition (fp32), for choosing launch sizes on the host."""
+    nk = (naux + TILE_P - 1) // TILE_P
+    na = (nvir + TILE_A - 1) // TILE_A
+    words = (2 * ni * nj + ni + nj + nvir + na + 2 * nk * nvir + 3 * TILE_B + 2)
+    return 4 * words
