@@ -116,16 +116,16 @@ def newton_schulz_inv_sqrt(a: torch.Tensor, *, matmul: Callable = torch.matmul, 
             z = matmul(t, z)
         history += res_buf[it:chunk_end].tolist()        # the one host sync of this chunk
         syncs += 1
-        for k in range(it, chunk_end):
-            r = history[k]
-            if not math.isfinite(r) or r > 1e6:
-                stop = "diverged"
-            elif r <= floor:
-                stop = "floor"
-            elif k > 0 and history[k - 1] < 1e-2 and r > 0.5 * history[k - 1]:
-                stop = "stagnated"
-            if stop != "max_iter":
-                break
+        # Decide from the latest residuals only: the iterate is now at chunk_end (the scaled
+        # growth phase is not monotone, so early small values say nothing about the current one).
+        chunk = history[it:chunk_end]
+        last, prev = history[-1], (history[-2] if len(history) > 1 else math.inf)
+        if not all(math.isfinite(r) and r <= 1e6 for r in chunk):
+            stop = "diverged"
+        elif last <= floor:
+            stop = "floor"
+        elif prev < 1e-2 and last > 0.5 * prev:
+            stop = "stagnated"
         it = chunk_end
     x = z / torch.sqrt(s)
     res = residual(x, a, matmul) if stop != "diverged" else math.inf
@@ -135,7 +135,7 @@ def newton_schulz_inv_sqrt(a: torch.Tensor, *, matmul: Callable = torch.matmul, 
     info = {"method": "newton_schulz", "iterations": it, "residual": res,
             "residual_norm": "||X A X - I||_F / sqrt(n)", "iteration_residual": history[-1],
             "converged": converged, "stop": stop, "scale": float(s), "scaled": scaled, "tol": tol,
-            "check_every": check_every, "cond_max": cond_max, "host_syncs": syncs + 1,
+            "check_every": check_every, "cond_max": cond_max, "host_syncs": syncs + 2,
             "dtype": str(dtype).replace("torch.", "")}
     if check and not converged:
         why = {"diverged": "the iteration diverged (the matrix is not SPD?)",

@@ -1,0 +1,67 @@
+"""Backends from device names: clear errors for devices that cannot run, no silent fallback."""
+import pytest
+import torch
+
+import linalg
+from linalg import DeviceUnavailableError, TorchBackend, backend_for, get_backend
+
+
+def test_cpu_backend_describes_what_ran():
+    be = get_backend("cpu")
+    assert isinstance(be, TorchBackend) and be.engine == "torch"
+    linalg.gemm(torch.ones(2, 2), torch.ones(2, 2), backend=be)
+    d = be.describe()
+    assert d["device"] == "cpu" and d["kernels"] == {"gemm:torch.matmul": 1} and d["torch"] == torch.__version__
+    # backends are separate objects: no module-global state
+    assert get_backend("cpu").kernels_used == {}
+    assert backend_for(torch.zeros(1)).name == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_gpu_is_one_clear_error(name):
+    with pytest.raises(DeviceUnavailableError) as e:
+        get_backend(name)
+    msg = str(e.value)
+    assert "\n" not in msg and f"'{name}'" in msg and "CUDA" in msg
+
+
+def test_trainium_without_neuron_sdk_is_one_clear_error():
+    import importlib.util
+    if importlib.util.find_spec("neuronxcc") is not None:
+        pytest.skip("a Neuron SDK is installed here")
+    for name in ("trn1", "trn2"):
+        with pytest.raises(DeviceUnavailableError) as e:
+            get_backend(name)
+        assert "\n" not in str(e.value) and "Neuron" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["gpu", "cpu:1", "trn3", "", "cuda:x"])
+def test_unknown_device_names(name):
+    with pytest.raises(ValueError, match="unknown device"):
+        get_backend(name)
+    with pytest.raises(ValueError):
+        get_backend(3)
+
+
+@pytest.mark.cuda
+def test_ops_on_cuda_match_cpu():
+    be = get_backend("cuda")
+    a = linalg.random_matrix((300, 70), 1)
+    ag = a.cuda()
+    assert torch.allclose(linalg.gemm(ag, ag, trans_b=True, backend=be).cpu(), a @ a.T, atol=1e-10)
+    assert torch.allclose(linalg.syrk(ag, backend=be).cpu(), a @ a.T, atol=1e-10)
+    s = linalg.random_spd(200, 1e6, 2)
+    L = linalg.cholesky(s.cuda(), backend=be)
+    assert torch.allclose(L.cpu(), torch.linalg.cholesky(s), atol=1e-10)
+    x = linalg.trsm(L, ag[:200], backend=be)
+    assert torch.allclose(x.cpu(), torch.linalg.solve_triangular(L.cpu(), a[:200], upper=False), atol=1e-8)
+    xn, info = linalg.inv_sqrt_spd(s.cuda(), method="newton_schulz", backend=be)
+    assert info["converged"] and xn.device.type == "cuda"
+    p = linalg.synthetic_problem(4, 20, 50, seed=1, device="cuda")
+    q = linalg.synthetic_problem(4, 20, 50, seed=1)
+    assert torch.equal(p.B.cpu(), q.B)            # bit-identical generation on both devices
+    e_gpu = linalg.mp2_pair_energy(p.B, p.B, p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True, backend=be)
+    e_cpu = linalg.mp2_pair_energy(q.B, q.B, q.eps_occ, q.eps_occ, q.eps_vir, symmetric=True)
+    assert e_gpu == pytest.approx(e_cpu, rel=1e-12)
+    assert be.describe()["gpu"]
