@@ -1,0 +1,32 @@
+"""Water / cc-pVDZ through the whole DF-MP2 pipeline on trn1 with the NKI kernels run on
+this CPU (nki.simulate when AWS's nki package is installed, else the NumPy emulator),
+against the fp64 CPU run: the fp32 Trainium path must stay within 1 µEh."""
+import pytest
+import torch
+
+from dfmp2.pipeline import RunOptions, run
+from kernels.nki import engines
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_water_trn1_simulate_within_1uEh_of_fp64_cpu():
+    ref = run("inputs/water.xyz", RunOptions(device="cpu"))
+    got = run("inputs/water.xyz", RunOptions(device="trn1", simulate=True))
+    e_ref, e_got = ref.e_os + ref.e_ss, got.e_os + got.e_ss
+    assert abs(e_got - e_ref) < 1e-6, (e_got, e_ref)
+    ran = got.ran
+    expected = engines.NKI_SIMULATE if engines.real_nki()[0] is not None else engines.EMULATOR
+    assert ran["device"] == "trn1" and ran["engine"] == expected
+    kernels = ran["kernels"]
+    for k in ("cholesky:host-fp64", "gemm:nki.gemm", "trsm:nki.trsm", "mp2_pair_energy:nki.mp2_pair"):
+        assert k in kernels, kernels
+    assert not any(k.split(":")[1].startswith("torch") for k in kernels), kernels
+    # water compiles 4 kernel shapes: two GEMMs (the two transform halves), one TRSM, one pair kernel
+    assert ran["compiled_shapes"] == 4, ran["shapes"]
