@@ -44,13 +44,15 @@ def spd_eigenvalues(n: int, cond: float, lmax: float = 1.0) -> torch.Tensor:
 
 
 def random_spd(n: int, cond: float, seed: int, *, dtype=torch.float64, device="cpu",
-               lmax: float = 1.0) -> torch.Tensor:
+               lmax: float = 1.0, return_eig: bool = False):
     """SPD matrix Q diag(lambda) Q^T with eigenvalues spd_eigenvalues(n, cond, lmax).
 
     Q is the orthogonal factor of a Philox normal (n, n) matrix (signs fixed so diag(R) > 0).
     Built on the CPU in fp64 and exactly symmetrised, then rounded to ``dtype`` and moved, so the
     fp64 matrix has condition number cond to ~cond * 1e-16 relative; an fp32 copy only keeps the
-    spectrum to ~6e-8 * lmax absolute (for cond >~ 1e7 the fp32 matrix may even be indefinite).
+    spectrum to ~6e-8 * lmax absolute (for cond >~ 1e8 the fp32 matrix may even be indefinite).
+    return_eig=True returns (A, Q, lambda) with the fp64 CPU factors A was built from, so that
+    exact functions of the intended matrix (e.g. Q diag(lambda^-1/2) Q^T) can serve as references.
     """
     g = normal((n, n), seed, stream=_STREAM_SPD, dtype=torch.float64, device="cpu")
     q, r = torch.linalg.qr(g)
@@ -58,7 +60,8 @@ def random_spd(n: int, cond: float, seed: int, *, dtype=torch.float64, device="c
     lam = spd_eigenvalues(n, cond, lmax)
     a = (q * lam) @ q.T
     a = 0.5 * (a + a.T)
-    return a.to(dtype).to(device)
+    a = a.to(dtype).to(device)
+    return (a, q, lam) if return_eig else a
 
 
 @dataclass
