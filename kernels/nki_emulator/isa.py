@@ -160,7 +160,9 @@ def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
             raise NkiEmulatorError(
                 f"{what}: accumulate=True on a PSUM region not initialised by an earlier nc_matmul "
                 "(undefined behaviour on NeuronCore-v2/v3; start with accumulate=False)")
-    prod = np.matmul(stationary.read(what).T, moving.read(what))        # fp32 x fp32 -> fp32
+    # einsum without BLAS: one thread, fp32 sums of at most 128 products, and predictable
+    # speed on a loaded machine (threaded BLAS on tiny tiles thrashes there).
+    prod = np.einsum("km,kn->mn", stationary.read(what), moving.read(what), optimize=False)
     dst.write(dst._data + prod if accumulate else prod, by_matmul=True)
     current_core().count("nc_matmul", flops=2 * K * M * N)
 
