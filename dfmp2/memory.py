@@ -48,10 +48,12 @@ def _stages(nao, nocc, nvir, naux, w, aux_block, occ_block) -> dict:
     nov = nocc * nvir
     return {
         "metric": 2 * naux * naux * 8 / MB,
-        # host packed + unpacked fp64 block, device copy, two half-transformed blocks
-        "j3c_block": (aux_block * nao * nao * (16 + w) + 2 * aux_block * nao * nocc * w
-                      + aux_block * nov * w) / MB,
-        "iaP_and_B": 2 * nov * naux * w / MB,
+        # host packed + unpacked fp64 block, its device copy and the half-transformed blocks,
+        # all at most fp64 (the fit precision)
+        "j3c_block": (aux_block * nao * nao * 24 + 2 * aux_block * nao * nocc * 8
+                      + aux_block * nov * 8) / MB,
+        # (P|ia) and B in fp64 (the fit precision) plus B in the pair step's precision
+        "iaP_and_B": nov * naux * (16 + (w if w != 8 else 0)) / MB,
         "pair_workspace": 6 * occ_block * nvir * nvir * 8 / MB,
     }
 
