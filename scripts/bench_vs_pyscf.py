@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Benchmark: the DF-MP2 stage after the SCF (integrals, metric, transforms, fit, pair
+energies) against PySCF's ``mp.dfmp2.DFMP2`` on the same molecule, SCF and auxiliary basis,
+in the same process. Reports median/min/max wall times and the ratio PySCF / ours.
+
+    python scripts/bench_vs_pyscf.py                       # (H2O)16 / cc-pVDZ, fp64 and fp32
+    python scripts/bench_vs_pyscf.py inputs/benzene.xyz --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from pyscf import df, lib
+from pyscf.mp import dfmp2 as pyscf_dfmp2
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import linalg  # noqa: E402
+from dfmp2 import scf  # noqa: E402
+from dfmp2.memory import plan_memory  # noqa: E402
+from dfmp2.pipeline import _Timer, mp2_energy  # noqa: E402
+from dfmp2.result import software_versions  # noqa: E402
+from dfmp2.xyz import read_xyz  # noqa: E402
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def time_pyscf(mol, ref, auxbasis, nfrozen):
+    pt = pyscf_dfmp2.DFMP2(ref.mf, frozen=nfrozen or None)
+    pt.with_df = df.DF(mol, auxbasis=auxbasis)
+    pt.verbose = 0
+    pt.max_memory = 16000  # MB: keep PySCF incore (its default 4000 MB would go out of core)
+    t0 = time.perf_counter()
+    pt.kernel(with_t2=False)
+    return time.perf_counter() - t0, float(pt.e_corr)
+
+
+def time_ours(mol, auxmol, ref, nfrozen, precision, device):
+    backend = linalg.get_backend(device)
+    nocc = ref.nocc - nfrozen
+    nvir = ref.mo_coeff.shape[1] - ref.nocc
+    plan = plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
+                       itemsize=linalg.DTYPES[precision].itemsize, limit_mb=None, device=device)
+    timer = _Timer(backend)
+    t0 = time.perf_counter()
+    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
+                                 precision=precision, plan=plan, timer=timer)
+    backend.synchronize()
+    return time.perf_counter() - t0, e_os + e_ss, timer.seconds, ran
+
+
+def _display_path(p) -> str:
+    p = Path(p).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def stats(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--frozen-core", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
+                    help="output path without extension (.json and .md are written)")
+    args = ap.parse_args(argv)
+
+    mol = scf.build_molecule(read_xyz(args.xyz), args.basis)
+    auxbasis = scf.mp2_auxbasis(mol)
+    auxmol = scf.make_auxmol(mol, auxbasis)
+    nfrozen = scf.frozen_core_count(mol) if args.frozen_core else 0
+    ref = scf.run_rhf(mol, "df")
+    shapes = {"nbasis": mol.nao_nr(), "nocc": ref.nocc - nfrozen, "nvir": mol.nao_nr() - ref.nocc,
+              "naux": auxmol.nao_nr()}
+    print(f"{args.xyz}: {shapes}; torch threads {torch.get_num_threads()}, "
+          f"pyscf threads {lib.num_threads()}", flush=True)
+
+    times = {"pyscf_fp64": [], "ours_fp64": [], "ours_fp32": []}
+    energies, stage_times, ran = {}, {}, {}
+    time_ours(mol, auxmol, ref, nfrozen, "fp64", args.device)  # warm-up (allocations, libraries)
+    for rep in range(args.repeats):
+        t, energies["pyscf_fp64"] = time_pyscf(mol, ref, auxbasis, nfrozen)
+        times["pyscf_fp64"].append(t)
+        for prec in ("fp64", "fp32"):
+            t, e, st, r = time_ours(mol, auxmol, ref, nfrozen, prec, args.device)
+            times[f"ours_{prec}"].append(t)
+            energies[f"ours_{prec}"], stage_times[f"ours_{prec}"], ran[f"ours_{prec}"] = e, st, r
+        print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+
+    summary = {k: stats(v) for k, v in times.items()}
+    base = summary["pyscf_fp64"]["median"]
+    ratios = {k: base / summary[k]["median"] for k in ("ours_fp64", "ours_fp32")}
+    report = {
+        "what": "DF-MP2 stage after SCF (integrals, metric, transforms, fit, pair energies)",
+        "molecule": _display_path(args.xyz),
+        "basis": args.basis, "auxbasis": scf.describe_auxbasis(auxbasis), "frozen_core": args.frozen_core,
+        "shapes": shapes, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "cores": torch.get_num_threads(), "platform": platform.platform()},
+        "versions": software_versions(), "times_s": summary,
+        "speedup_vs_pyscf": ratios, "stage_times_s": stage_times, "ran": ran,
+        "e_corr": energies,
+        "e_corr_diff_vs_pyscf": {k: energies[k] - energies["pyscf_fp64"] for k in ("ours_fp64", "ours_fp32")},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    md = [f"# DF-MP2 stage after SCF vs PySCF ({report['molecule']}, {args.basis}/{report['auxbasis']})", "",
+          f"{report['date']}, {report['machine']['cpu']}, {report['machine']['cores']} threads, "
+          f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; shapes {shapes}", "",
+          "| run | device / engine | median s | min s | max s | PySCF / this | ΔE_corr vs PySCF / Eh |",
+          "|---|---|---|---|---|---|---|"]
+    for k, s in summary.items():
+        eng = "cpu / PySCF (C, fp64)" if k.startswith("pyscf") else f"{ran[k]['device']} / {ran[k]['engine']}"
+        ratio = "1.00" if k.startswith("pyscf") else f"{ratios[k]:.2f}"
+        d = "—" if k.startswith("pyscf") else f"{report['e_corr_diff_vs_pyscf'][k]:.1e}"
+        md.append(f"| {k} | {eng} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {ratio} | {d} |")
+    md += ["", "Stage times of the last repeat (s): " + "; ".join(
+        f"{k}: " + ", ".join(f"{s} {v:.2f}" for s, v in st.items()) for k, st in stage_times.items())]
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
