@@ -249,3 +249,18 @@ def test_mp2_pair_energy_splits_large_blocks(be, monkeypatch):
 def test_pair_kernel_too_big_for_sbuf_is_a_clear_error(be):
     with pytest.raises(ValueError, match="do not fit"):
         be._occ_block_cap(naux=128 * 40, nvir=1000)
+
+
+@pytest.mark.nki_sim
+def test_backend_on_aws_nki_simulate():
+    b = make_neuron_backend("trn2", simulate=True, engine=engines.NKI_SIMULATE)
+    assert b.engine == engines.NKI_SIMULATE
+    a = m32((150, 40), 21)
+    assert rel(b.gemm(a, a, trans_b=True), a.double() @ a.double().T) < 4 * math.sqrt(40) * U
+    L = torch_ops.cholesky(random_spd(140, 1e3, seed=22)).float()
+    B = m32((140, 9), 23)
+    assert rel(b.trsm(L, B), torch_ops.trsm(L.double(), B.double())) < 1e-4
+    p = synthetic_problem(5, 19, 84, seed=24, dtype=torch.float32)
+    got = b.mp2_pair_energy(p.B, p.B, p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True)
+    ref = torch_ops.mp2_pair_energy(p.B.double(), p.B.double(), p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True)
+    assert abs(got[0] - ref[0]) <= 1e-6 * abs(ref[0]) and abs(got[1] - ref[1]) <= 1e-6 * abs(ref[0])
