@@ -61,8 +61,9 @@ class TorchBackend(Backend):
         return torch_ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, out=out)
 
     def syrk(self, a, *, trans=False, alpha=1.0, uplo="lower", full=True):
-        n = a.shape[-1] if trans else a.shape[-2]
-        self.record("syrk", "torch.matmul" if len(torch_ops.syrk_blocks(n)) == 1 else "torch.matmul(block-triangle)")
+        n, k = (a.shape[-1], a.shape[-2]) if trans else (a.shape[-2], a.shape[-1])
+        blocked = len(torch_ops.syrk_blocks(n, k)) > 1
+        self.record("syrk", "torch.matmul(block-triangle)" if blocked else "torch.matmul")
         return torch_ops.syrk(a, trans=trans, alpha=alpha, uplo=uplo, full=full)
 
     def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):

@@ -67,7 +67,8 @@ def test_gemm_beta_out_and_batched(be, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", [(1, 1), (1, 9), (5, 1), (100, 37), (255, 64), (300, 7), (777, 50)])
+@pytest.mark.parametrize("n,k", [(1, 1), (1, 9), (5, 1), (100, 37), (255, 64), (300, 7), (777, 50), (300, 130),
+                                 (700, 128)])
 @pytest.mark.parametrize("trans", [False, True])
 def test_syrk_equals_a_at(be, dtype, n, k, trans):
     a = mat((k, n) if trans else (n, k), n + 7 * k, dtype)
@@ -83,14 +84,14 @@ def test_syrk_equals_a_at(be, dtype, n, k, trans):
 
 
 def test_syrk_does_about_half_the_work():
-    assert syrk_blocks(100) == [(0, 100)]
+    assert syrk_blocks(100) == [(0, 100)] and syrk_blocks(1000, 64) == [(0, 1000)]
     for n, bound in ((512, 0.63), (1000, 0.6), (4096, 0.57)):
         blocks = syrk_blocks(n)
         assert blocks[0][0] == 0 and blocks[-1][1] == n
         assert all(b[1] == c[0] for b, c in zip(blocks, blocks[1:]))
         assert syrk_work_fraction(n) <= bound
     be = get_backend("cpu")
-    syrk(mat((600, 10), 1, torch.float64), backend=be)
+    syrk(mat((600, 130), 1, torch.float64), backend=be)
     assert "syrk:torch.matmul(block-triangle)" in be.describe()["kernels"]
 
 
