@@ -1,0 +1,144 @@
+"""Triton MP2 pair-energy epilogue: the OS and SS sums from K blocks that a GEMM (cuBLAS through
+torch.matmul) has already written to GPU memory. One read of K, no temporaries.
+
+This is the labelled alternative to kernels/triton/fused_pair_energy.py for a GPU where Triton's
+own dot is slower than the vendor GEMM (fp64 on some parts): K costs one extra write and read of
+nvir^2 elements per pair, against 2 nvir^2 naux flops to form it.
+
+K for a chunk of pairs is addressed through strides: K_ij[a, b] sits at
+    k_ptr + ii * s_i + jj * s_j + a * s_a + b * s_b
+with (ii, jj) local to the chunk. The tile scheme and the per-program fp64 partials are those of
+the fused kernel: a program owns a pair and a tile pair A <= B, loads X = K[A, B] and
+Y = K[B, A]^T, and adds sum (X^2 + Y^2)/D, sum (X - Y)^2/D (A < B) or sum X^2/D, sum X (X - X^T)/D
+(A = B). K in fp32 is converted to fp64 before the division.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 64          # virtual orbitals per square tile
+NUM_WARPS = 4
+GEMM_MAX_ELEMS = 1 << 26   # elements of K formed per GEMM (512 MiB in fp64)
+
+
+def _pair_energy_epilogue_kernel(
+        k_ptr, s_i, s_j, s_a, s_b,
+        pair_i_ptr, pair_j_ptr,               # (npairs,) int64 local indices into the K chunk
+        eps_i_ptr, eps_j_ptr, eps_vir_ptr,    # fp64, indexed by the same local indices
+        tile_a_ptr, tile_b_ptr,
+        os_ptr, ss_ptr,                       # (npairs, ntile_pairs) fp64 partial sums
+        nvir, ntile_pairs,
+        DIAG: tl.constexpr, BLOCK: tl.constexpr):
+    pid_tile = tl.program_id(0)
+    pid_pair = tl.program_id(1)
+    i = tl.load(pair_i_ptr + pid_pair)
+    j = tl.load(pair_j_ptr + pid_pair)
+    ta = tl.load(tile_a_ptr + pid_tile)
+    tb = tl.load(tile_b_ptr + pid_tile)
+    offs = tl.arange(0, BLOCK).to(tl.int64)
+    offs_a = ta * BLOCK + offs
+    offs_b = tb * BLOCK + offs
+    mask_a = offs_a < nvir
+    mask_b = offs_b < nvir
+    mask = mask_a[:, None] & mask_b[None, :]
+    base = k_ptr + i * s_i + j * s_j
+    x = tl.load(base + offs_a[:, None] * s_a + offs_b[None, :] * s_b, mask=mask, other=0.0).to(tl.float64)
+    if DIAG:
+        y = tl.trans(x)
+    else:
+        y = tl.load(base + offs_b[None, :] * s_a + offs_a[:, None] * s_b, mask=mask, other=0.0).to(tl.float64)
+    eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
+    ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
+    eb = tl.load(eps_vir_ptr + offs_b, mask=mask_b, other=0.0)
+    d = eij - (ea[:, None] + eb[None, :])
+    d = tl.where(mask, d, 1.0)
+    xd = x / d
+    if DIAG:
+        e_os = tl.sum(tl.sum(x * xd, axis=1), axis=0)
+        e_ss = e_os - tl.sum(tl.sum(y * xd, axis=1), axis=0)
+    else:
+        yd = y / d
+        e_os = tl.sum(tl.sum(x * xd + y * yd, axis=1), axis=0)
+        e_ss = tl.sum(tl.sum((x - y) * (xd - yd), axis=1), axis=0)
+    out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
+    tl.store(os_ptr + out, e_os)
+    tl.store(ss_ptr + out, e_ss)
+
+
+_JIT = {}
+
+
+def kernel():
+    """The jitted kernel for the current TRITON_INTERPRET setting (built once per setting)."""
+    from .launch import interpreting
+    interp = interpreting()
+    k = _JIT.get(interp)
+    if k is None:
+        k = _JIT[interp] = triton.jit(_pair_energy_epilogue_kernel)
+    return k
+
+
+def _as_rows(B: torch.Tensor) -> torch.Tensor:
+    """(n, nvir, naux) -> (n*nvir, naux); a view for both the contiguous layout and the pipeline's
+    permuted view of Bt (naux, nocc*nvir)."""
+    n, nvir, naux = B.shape
+    return B.reshape(n * nvir, naux)
+
+
+def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, block=BLOCK,
+                              num_warps=NUM_WARPS, max_elems=GEMM_MAX_ELEMS):
+    """MP2 (e_os, e_ss) in Hartree over all pairs in I x J (the mp2_pair_energy contract): K for a
+    chunk of occupied rows i and columns j is one GEMM, M = Bi[i-chunk] Bj[j-chunk]^T of shape
+    (ni_c nvir, nj_c nvir) through torch.matmul (cuBLAS), then the Triton epilogue reduces it.
+    With symmetric=True the columns of a row chunk stop at its last i (only the chunk's own
+    triangle is formed twice). Returns Python floats, reduced in fp64 in a fixed order.
+    """
+    from .launch import check_device, check_pair_args, pair_lists, tile_pairs, MAX_GRID_Y
+
+    op = "gemm_epilogue_pair_energy"
+    ni, nj, nvir, naux = check_pair_args(op, Bi, Bj, eps_i, eps_j, eps_vir, symmetric)
+    dev = check_device(op, Bi, Bj)
+    f64 = torch.float64
+    ei = eps_i.to(device=dev, dtype=f64).contiguous()
+    ej = eps_j.to(device=dev, dtype=f64).contiguous()
+    ev = eps_vir.to(device=dev, dtype=f64).contiguous()
+    ri, rj = _as_rows(Bi), _as_rows(Bj)
+    tiles = [(d, *tile_pairs(nvir, block, d, dev)) for d in (True, False)]
+    # Row chunk: ci occupied orbitals; columns: all of J (or up to the chunk's end if symmetric).
+    ci = max(1, min(ni, max_elems // max(1, nvir * nvir * (nj if not symmetric else ni))))
+    k = kernel()
+    os_parts, ss_parts, weights = [], [], []
+    for i0 in range(0, ni, ci):
+        i1 = min(ni, i0 + ci)
+        jend = i1 if symmetric else nj
+        M = torch.matmul(ri[i0 * nvir:i1 * nvir], rj[:jend * nvir].mT)       # (ci nvir, jend nvir)
+        pi, pj, w = pair_lists(i1 - i0, jend, False, dev)
+        if symmetric:                    # keep i >= j (global indices), weight 2 off the diagonal
+            keep = (pi + i0) >= pj
+            pi, pj = pi[keep], pj[keep]
+            w = torch.where(pi + i0 == pj, 1.0, 2.0).to(f64)
+        s_i, s_a = nvir * M.stride(0), M.stride(0)
+        s_j, s_b = nvir * M.stride(1), M.stride(1)
+        for diag, ta, tb in tiles:
+            ntp = ta.numel()
+            if ntp == 0:
+                continue
+            os_buf = torch.empty((pi.numel(), ntp), dtype=f64, device=dev)
+            ss_buf = torch.empty_like(os_buf)
+            for p0 in range(0, pi.numel(), MAX_GRID_Y):
+                p1 = min(pi.numel(), p0 + MAX_GRID_Y)
+                k[(ntp, p1 - p0)](M, s_i, s_j, s_a, s_b, pi[p0:p1], pj[p0:p1], ei[i0:], ej, ev, ta, tb,
+                                  os_buf[p0:p1], ss_buf[p0:p1], nvir, ntp,
+                                  DIAG=diag, BLOCK=block, num_warps=num_warps)
+            os_parts.append((os_buf, w))
+            ss_parts.append(ss_buf)
+        del M
+    # Fixed order: per chunk and tile kind, tiles then weighted pairs.
+    tot_os = torch.zeros((), dtype=f64, device=dev)
+    tot_ss = torch.zeros((), dtype=f64, device=dev)
+    for (o, w), s in zip(os_parts, ss_parts):
+        tot_os += (o.sum(dim=1) * w).sum()
+        tot_ss += (s.sum(dim=1) * w).sum()
+    return float(tot_os), float(tot_ss)
