@@ -14,12 +14,14 @@ the hardware engine is acceptable and its absence is a DeviceUnavailableError; w
 Nothing falls back silently: the engine is fixed when the backend is built and reported.
 
 Compiles: each distinct (kernel, argument shapes, constants) is one compiled kernel on
-hardware. GEMM/SYRK/TRSM pad every dimension up to a bucket (``bucket``: powers of two up
-to 128, multiples of 128 up to 1024, then four steps per octave), so the number of
-compiled shapes grows with the number of distinct buckets a run touches, not with the
-number of calls. The pair kernel is compiled per (occupied block sizes, naux, nvir,
-symmetric): at most four shapes per run (full/ragged occupied blocks, diagonal or not).
-``describe()`` lists them.
+hardware (nki.jit caches by shapes and compile-time values). Within a run only the GEMM row
+count varies call to call (it follows the aux-shell block size), so GEMM rows are padded
+up to a bucket (``bucket``: powers of two up to 128, multiples of 128 up to 1024, then four
+steps per octave); K, N and the TRSM, SYRK and pair-kernel sizes are fixed by the molecule
+and run unpadded (the kernels take ragged edge tiles). The pair kernel compiles per
+(occupied block sizes, naux, nvir, symmetric): at most four shapes for each occupied
+block size (full or ragged blocks, diagonal or not). Water/cc-pVDZ compiles 4 kernels
+(2 GEMM, 1 TRSM, 1 pair). ``describe()`` lists the shapes and counts them.
 """
 from __future__ import annotations
 
@@ -93,19 +95,30 @@ class NeuronBackend(Backend):
 
     # ---- GEMM ----
     def _gemm2d(self, A: np.ndarray, B: np.ndarray, a_is_T: bool) -> np.ndarray:
-        """(M, K) @ (K, N) through the kernel; A given as its transpose when a_is_T."""
+        """(M, K) @ (K, N) through the kernel; A given as its transpose when a_is_T.
+
+        The kernel's stationary tiles are 128 wide and its moving tiles 512, so the product is
+        oriented to need fewer nc_matmul instructions: C directly, or C^T = B^T A^T (the long
+        dimension streams as the moving operand; e.g. the (nb*nao, nao) x (nao, nocc)
+        transform). Only M is padded to its bucket: it varies with the aux-shell block size
+        within a run, while K and N are fixed per molecule."""
         from kernels.nki.gemm import gemm_kernel
         lhsT = A if a_is_T else A.T
         K, M = lhsT.shape
         N = B.shape[1]
-        if 0 in (M, N):
+        if 0 in (M, N, K):
             return np.zeros((M, N), dtype=np.float32)
-        if K == 0:
-            return np.zeros((M, N), dtype=np.float32)
-        Kp, Mp, Np = bucket(K), bucket(M), bucket(N)
-        out = self.runner(gemm_kernel, _pad2(lhsT, Kp, Mp), _pad2(B, Kp, Np))
+        Mp = bucket(M)
+        direct = -(-Mp // 128) * -(-N // 512)
+        swapped = -(-N // 128) * -(-Mp // 512)
+        if swapped < direct:
+            out = self.runner(gemm_kernel, np.ascontiguousarray(B), _pad2(lhsT, K, Mp))
+            out = out[:, :M].T
+        else:
+            out = self.runner(gemm_kernel, _pad2(lhsT, K, Mp), np.ascontiguousarray(B))
+            out = out[:M]
         self.record("gemm", "nki.gemm")
-        return out[:M, :N]
+        return out
 
     def gemm(self, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
         """C = alpha op(a) op(b) + beta out, fp32. 2-D operands, or a batched ``a`` (..., m, k)
@@ -148,7 +161,7 @@ class NeuronBackend(Backend):
             return torch.zeros((0, 0), dtype=torch.float32)
         if k == 0:
             return torch.zeros((n, n), dtype=torch.float32)
-        C = self.runner(syrk_lower_kernel, _pad2(aT, bucket(k), bucket(n)))
+        C = self.runner(syrk_lower_kernel, np.ascontiguousarray(aT))
         self.record("syrk", "nki.syrk")
         L = np.tril(C[:n, :n])                     # upper blocks were never written
         if alpha != 1.0:
@@ -160,20 +173,20 @@ class NeuronBackend(Backend):
         return torch.from_numpy(np.ascontiguousarray(R, dtype=np.float32))
 
     # ---- TRSM ----
-    def _diag_inverses(self, Lp: np.ndarray) -> np.ndarray:
-        """(nblk, 128, 128) transposed inverses of Lp's diagonal blocks, fp64 on the host,
+    def _diag_inverses(self, L: np.ndarray) -> np.ndarray:
+        """(nblk, 128, 128) transposed inverses of L's diagonal blocks, fp64 on the host,
         cached per matrix (the fitting metric's factor is solved against many times)."""
-        key = (Lp.shape, hashlib.blake2b(Lp.tobytes(), digest_size=16).hexdigest())
+        key = (L.shape, hashlib.blake2b(L.tobytes(), digest_size=16).hexdigest())
         dinvT = self._dinv_cache.get(key)
         if dinvT is None:
             import scipy.linalg
-            n = Lp.shape[0]
+            n = L.shape[0]
             nblk = -(-n // PMAX)
             dinvT = np.zeros((nblk, PMAX, PMAX), dtype=np.float32)
             for kb in range(nblk):
                 k0 = kb * PMAX
                 kt = min(PMAX, n - k0)
-                blk = Lp[k0:k0 + kt, k0:k0 + kt].astype(np.float64)
+                blk = L[k0:k0 + kt, k0:k0 + kt].astype(np.float64)
                 inv = scipy.linalg.solve_triangular(blk, np.eye(kt), lower=True)
                 dinvT[kb, :kt, :kt] = inv.T
             self._dinv_cache = {key: dinvT}          # keep only the latest matrix
@@ -204,12 +217,9 @@ class NeuronBackend(Backend):
         if n == 0 or m == 0:
             X = np.zeros((n, m), dtype=np.float32)
         else:
-            npad, mpad = bucket(n), bucket(m)
-            Lp = np.eye(npad, dtype=np.float32)    # identity padding keeps Lp nonsingular
-            Lp[:n, :n] = T
-            dinvT = self._diag_inverses(Lp)
-            X = self.runner(trsm_lower_kernel, np.ascontiguousarray(Lp.T), dinvT, _pad2(Bm, npad, mpad))
-            X = X[:n, :m]
+            Lc = np.ascontiguousarray(T)
+            dinvT = self._diag_inverses(Lc)
+            X = self.runner(trsm_lower_kernel, np.ascontiguousarray(Lc.T), dinvT, np.ascontiguousarray(Bm))
             self.record("trsm", "nki.trsm")
         if not tri_lower:
             X = X[::-1]
