@@ -20,6 +20,15 @@ is therefore K's own flops plus one extra diagonal block per row block, about
 
 Per-partition partial sums are accumulated in SBUF (fp32, each a sum over <= nvir terms)
 and written out once; the host adds partitions and pairs in fp64.
+
+NKI constructs and the reference pages they follow: nl.ndarray with buffer=nl.sbuf / nl.psum /
+nl.shared_hbm and views by slicing (NKI Language Guide, "Tensor Values", "Tensor Indexing");
+nisa.dma_copy (HBM <-> SBUF); nisa.nc_matmul with accumulate=(k > 0) (nki.isa.nc_matmul,
+"Accumulation mode"); nisa.tensor_scalar with a (P, 1) tile operand and reverse0
+(nki.isa.tensor_scalar); nisa.reciprocal (Vector Engine, fp32); nisa.tensor_tensor with at
+most one PSUM input (nki.isa.tensor_tensor); nisa.tensor_reduce over the free axis
+(nki.isa.tensor_reduce); nisa.memset; loops are Python range, unrolled at specialisation
+(NKI Language Guide, "Compilation Model"; nl.affine_range is a deprecated alias of range).
 """
 from kernels.nki.lang import nisa, nl
 

@@ -5,6 +5,9 @@ are computed (in moving tiles of up to 512 columns), so the work is about half a
 The diagonal tiles are computed whole (both triangles); the strictly-upper tile blocks
 of the output are never written (HBM is uninitialised there: nki.simulate fills it with
 NaN) and the host mirrors or masks the lower blocks.
+
+NKI constructs: as kernels/nki/gemm.py (nl.ndarray, nisa.dma_copy, nisa.nc_matmul with
+accumulate, nisa.tensor_copy PSUM -> SBUF).
 """
 from kernels.nki.lang import nisa, nl
 

@@ -10,6 +10,11 @@ solved row blocks of a chunk stay in SBUF as the moving operands of later blocks
 holds ceil(n/128) x 512 fp32 per partition for them (2 KiB per block: n up to several
 thousand fits). Every side/uplo/trans case maps onto this one form on the host
 (transposes and index reversal), so one kernel serves all of them.
+
+NKI constructs: nl.ndarray (sbuf / psum / shared_hbm), nisa.dma_copy, nisa.nc_matmul with
+accumulate (nki.isa.nc_matmul), nisa.tensor_tensor(op=nl.subtract) with one PSUM input
+(nki.isa.tensor_tensor), nisa.tensor_copy PSUM -> SBUF (nki.isa.tensor_copy), Python lists
+of tiles (NKI Language Guide, "NKI Values").
 """
 from kernels.nki.lang import nisa, nl
 
