@@ -98,10 +98,21 @@ class _FakeNki:
         raise AssertionError("hardware must not use nki.simulate")
 
 
+def test_hardware_engine_refuses_kernels_bound_to_the_emulator(monkeypatch):
+    if engines.real_nki()[0] is not None:
+        pytest.skip("AWS's nki package is installed: the kernels are bound to it")
+    monkeypatch.setattr(engines, "real_nki", lambda: (_FakeNki(), None))
+    monkeypatch.setattr(engines, "neuron_devices", lambda: ["/dev/neuron0"])
+    with pytest.raises(RuntimeError, match="refusing"):
+        linalg.get_backend("trn1")
+
+
 def test_hardware_engine_runs_nki_jit_and_never_the_emulator(monkeypatch):
     fake = _FakeNki()
     monkeypatch.setattr(engines, "real_nki", lambda: (fake, None))
     monkeypatch.setattr(engines, "neuron_devices", lambda: ["/dev/neuron0"])
+    from kernels.nki import lang
+    monkeypatch.setattr(lang, "REAL_NKI", True)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     b = linalg.get_backend("trn2")
     assert b.engine == engines.HARDWARE

@@ -87,6 +87,10 @@ class KernelRunner:
             self._nki, why = real_nki()
             if self._nki is None:
                 raise RuntimeError(f"engine {engine} needs AWS's nki package: {why}")
+            from kernels.nki import lang
+            if not lang.REAL_NKI:       # the kernels would be bound to the emulator's nl/nisa
+                raise RuntimeError(f"engine {engine}: kernels/nki/lang.py bound the emulator "
+                                   f"({lang.REAL_NKI_ERROR}); refusing to run emulator code as {engine}")
 
     def signature(self, kernel, arrays, constants) -> tuple:
         return (kernel.__name__, tuple(tuple(a.shape) for a in arrays),
