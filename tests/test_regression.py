@@ -1,0 +1,160 @@
+"""Energy regression: the program's DF-MP2 against PySCF's own DF-MP2 (inputs/references.json).
+
+Default channel: the fast subset (both SCF modes, both frozen-core settings) in fp64 and fp32.
+Slow channel (--slow): every other regression case, fp64 and fp32.
+Tolerances on E_corr and E_HF: 1e-9 Eh (fp64), 1e-6 Eh (fp32). The largest errors seen per precision
+are printed in the terminal summary and written to <pytest basetemp>/regression_errors.json.
+
+The fp32 run of a case reuses the converged RHF of its fp64 run (the SCF is PySCF's, in fp64, in
+both precisions), which halves the slow channel's time; the MP2 part runs afresh.
+"""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import dfmp2.scf
+from dfmp2.regress import (REFERENCES, TOLERANCES, find_reference, load_references, regress_command,
+                           run_case, select_cases)
+
+REFS = load_references()
+_ERRORS = []            # one record per (case, precision) that ran
+
+
+def _params(subset, marks=()):
+    return [pytest.param(e["key"], p, id=f"{e['key']}-{p}", marks=marks)
+            for e in REFS.values() if e["subset"] == subset for p in ("fp64", "fp32")]
+
+
+# --- one RHF per case shared by its fp64 and fp32 runs ------------------------------------------
+@pytest.fixture(scope="module")
+def shared_rhf():
+    real = dfmp2.scf.run_rhf
+    last = {}
+
+    def run_rhf(mol, scf_mode="df"):
+        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, scf_mode)
+        if key not in last:
+            last.clear()                     # keep one: a DF-SCF object can hold GBs of integrals
+            last[key] = real(mol, scf_mode)
+        return last[key]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(dfmp2.scf, "run_rhf", run_rhf)
+    yield
+    mp.undo()
+
+
+# --- report of the largest errors --------------------------------------------------------------
+class _Report:
+    def __init__(self, path):
+        self.path = path
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not _ERRORS:
+            return
+        tr = terminalreporter
+        tr.section("DF-MP2 regression vs PySCF references")
+        doc = {}
+        for prec in ("fp64", "fp32"):
+            rows = [r for r in _ERRORS if r["precision"] == prec]
+            if not rows:
+                continue
+            worst = max(rows, key=lambda r: abs(r["d_e_corr"]))
+            worst_hf = max(rows, key=lambda r: abs(r["d_e_hf"]))
+            doc[prec] = {"cases": len(rows), "tolerance": TOLERANCES[prec],
+                         "max_abs_d_e_corr": abs(worst["d_e_corr"]), "case": worst["key"],
+                         "max_abs_d_e_hf": abs(worst_hf["d_e_hf"]), "case_hf": worst_hf["key"]}
+            tr.write_line(f"{prec}: {len(rows)} case(s); largest |dE_corr| = {abs(worst['d_e_corr']):.2e} Eh "
+                          f"({worst['key']}), largest |dE_HF| = {abs(worst_hf['d_e_hf']):.2e} Eh; "
+                          f"tolerance {TOLERANCES[prec]:.0e} Eh")
+        self.path.write_text(json.dumps({"summary": doc, "cases": _ERRORS}, indent=1) + "\n")
+        tr.write_line(f"details: {self.path}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _regression_report(request, tmp_path_factory):
+    plugin = _Report(tmp_path_factory.getbasetemp() / "regression_errors.json")
+    request.config.pluginmanager.register(plugin, "dfmp2-regression-report")
+    yield
+
+
+def _check(key, precision):
+    res = run_case(REFS[key], device="cpu", precision=precision)
+    assert res.error is None, res.error
+    _ERRORS.append({"key": key, "precision": precision, "d_e_corr": res.diff["e_corr"],
+                    "d_e_hf": res.diff["e_hf"], "d_e_os": res.diff["e_os"], "d_e_ss": res.diff["e_ss"],
+                    "nbasis": res.nbasis, "seconds": round(res.seconds, 2)})
+    tol = TOLERANCES[precision]
+    assert abs(res.diff["e_hf"]) <= tol, f"E_HF off by {res.diff['e_hf']:+.3e} Eh"
+    assert abs(res.diff["e_corr"]) <= tol, f"E_corr off by {res.diff['e_corr']:+.3e} Eh"
+    assert res.passed
+
+
+@pytest.mark.parametrize("key,precision", _params("fast"))
+def test_fast_subset(key, precision, shared_rhf):
+    _check(key, precision)
+
+
+@pytest.mark.parametrize("key,precision", _params("full", marks=pytest.mark.slow))
+def test_full_set(key, precision, shared_rhf):
+    _check(key, precision)
+
+
+# --- the reference lookup ----------------------------------------------------------------------
+def test_find_reference_by_settings():
+    e = find_reference(REFS, "water", scf_mode="exact", frozen_core=True)
+    assert e["key"] == "water|cc-pvdz|cc-pvdz-ri|exact|fc"
+    assert find_reference(REFS, "water", auxbasis="cc-pVDZ-RI")["key"] == "water|cc-pvdz|cc-pvdz-ri|df|ae"
+    with pytest.raises(KeyError):
+        find_reference(REFS, "water", basis="cc-pvtz")
+
+
+def test_subsets_nest():
+    fast = {e["key"] for e in select_cases(REFS, "fast")}
+    full = {e["key"] for e in select_cases(REFS, "full")}
+    every = {e["key"] for e in select_cases(REFS, "all")}
+    assert fast < full <= every
+    assert {e["key"] for e in select_cases(REFS, "all", ["h2o_0?"])} >= {
+        "h2o_01|cc-pvdz|cc-pvdz-ri|df|ae", "h2o_08|cc-pvdz|cc-pvdz-ri|df|ae"}
+
+
+# --- the `dfmp2 regress` command ---------------------------------------------------------------
+ONE = "water|cc-pvdz|cc-pvdz-ri|df|fc"
+
+
+def test_regress_command_passes_and_writes_json(tmp_path):
+    out = tmp_path / "regress.json"
+    r = CliRunner().invoke(regress_command, [ONE, "--device", "cpu", "--precision", "fp32",
+                                             "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "water" in r.output and "pass" in r.output and "1/1 passed" in r.output
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["precision"] == "fp32" and doc["summary"]["failed"] == 0
+    case = doc["cases"][0]
+    assert case["key"] == ONE and abs(case["diff"]["e_corr"]) <= 1e-6
+    assert case["ran"]["precision"] == "fp32" and case["ran"]["device"] == "cpu"
+
+
+def test_regress_command_fails_on_a_wrong_reference(tmp_path):
+    data = json.loads(REFERENCES.read_text())
+    data["references"][ONE]["e_corr"] += 1e-6
+    bad = tmp_path / "inputs" / "references.json"       # entry paths resolve against tmp_path
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(data))
+    (tmp_path / "inputs" / "water.xyz").write_text(
+        (REFERENCES.parent / "water.xyz").read_text())
+    r = CliRunner().invoke(regress_command, [ONE, "--references", str(bad)])
+    assert r.exit_code == 1, r.output
+    assert "FAIL" in r.output and "0/1 passed" in r.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device", "nonsense"], "unknown device"),
+    (["no_such_molecule"], "no reference case matches"),
+    (["--references", "/nonexistent/references.json"], "no reference file"),
+])
+def test_regress_command_user_errors(args, message):
+    r = CliRunner().invoke(regress_command, args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
