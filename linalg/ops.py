@@ -23,7 +23,8 @@ def gemm(a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, b
 def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True, backend=None):
     """C = alpha * a @ a.T (trans=False, a: (n, k)) or alpha * a.T @ a (trans=True, a: (k, n)) -> (n, n).
 
-    Only a block triangle is computed (about half the GEMM's flops for n >= 256);
+    Only a block triangle is computed (about half the GEMM's flops for n >= 256 and k >= 128;
+    thinner products are memory-bound and use one GEMM);
     ``full=True`` mirrors it into an exactly symmetric result, ``full=False`` returns the
     ``uplo`` triangle with zeros elsewhere.
     """
