@@ -133,5 +133,8 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
             err.print(f"[dim]wrote {json_path}[/dim]")
 
 
+from .regress import regress_command  # noqa: E402
+main.add_command(regress_command, "regress")
+
 if __name__ == "__main__":
     main()
