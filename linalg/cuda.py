@@ -1,0 +1,237 @@
+"""CUDA backend: torch (cuBLAS, cuSOLVER) for the dense ops, the fused Triton kernel for the MP2
+pair step, and pinned, double-buffered host-to-device staging on a side stream.
+
+    backend = CudaBackend("cuda")            # what get_backend("cuda") builds (make_cuda_backend)
+    e_os, e_ss = backend.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=True)
+
+Pair-step paths (chosen per precision, recorded in kernels_used; never switched silently):
+  "fused"          kernels/triton/fused_pair_energy.py: K tiles, denominators and OS/SS sums in
+                   one pass; fp64 dot for fp64, fp32 dot with input_precision="ieee" (not TF32) for
+                   fp32; the energy terms and sums are fp64 in both.
+  "gemm+epilogue"  K blocks by torch.matmul (cuBLAS DGEMM/SGEMM), then the Triton epilogue
+                   kernels/triton/pair_energy_epilogue.py: for a GPU where Triton's fp64 dot is
+                   slower than cuBLAS (scripts/bench_cuda.py measures both).
+A Triton failure raises; nothing falls back to torch.
+
+Helpers for a GPU-resident pipeline (used by scripts/bench_cuda.py; see the module's functions):
+``pinned_empty`` for host buffers that libcint can fill and that transfer asynchronously,
+``b_fits_on_device`` to decide whether B stays on the GPU, and ``stream_pair_blocks`` to stream B
+by occupied block from host memory when it does not.
+"""
+from __future__ import annotations
+
+import torch
+
+from .backend import TorchBackend
+from .errors import DeviceUnavailableError
+
+PAIR_PATHS = ("fused", "gemm+epilogue")
+DEFAULT_PAIR_PATH = {"fp64": "fused", "fp32": "fused"}
+PIN_MIN_BYTES = 1 << 20      # smaller transfers go through torch's plain .to()
+B_DEVICE_FRACTION = 0.6      # B stays resident if it needs at most this share of free GPU memory
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float64:
+        return "fp64"
+    if dtype == torch.float32:
+        return "fp32"
+    raise ValueError(f"mp2_pair_energy: B must be fp32 or fp64, got {dtype}")
+
+
+class _Staging:
+    """One pinned host buffer and the event that marks the end of its last transfer."""
+
+    def __init__(self):
+        self.buf = None
+        self.event = None
+        self.src = None           # keeps an already-pinned source alive until its copy is done
+
+    def ready(self):
+        if self.event is not None:
+            self.event.synchronize()
+        self.src = None
+
+    def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if self.buf is None or self.buf.numel() < nbytes:
+            self.buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return self.buf[:nbytes].view(dtype)
+
+
+class CudaBackend(TorchBackend):
+    """CUDA GPU: torch ops plus the Triton pair kernel. ``pair_path`` maps 'fp64'/'fp32' to one of
+    PAIR_PATHS; ``pair_config`` overrides the fused kernel's tile sizes and launch options."""
+
+    def __init__(self, name: str = "cuda", *, pair_path: dict | None = None, pair_config: dict | None = None,
+                 pin_min_bytes: int = PIN_MIN_BYTES):
+        super().__init__(name)
+        self.engine = "torch+triton"
+        self.pair_path = {**DEFAULT_PAIR_PATH, **(pair_path or {})}
+        for prec, path in self.pair_path.items():
+            if prec not in DEFAULT_PAIR_PATH or path not in PAIR_PATHS:
+                raise ValueError(f"pair_path: expected {{'fp64'|'fp32': one of {PAIR_PATHS}}}, got {pair_path!r}")
+        self.pair_config = dict(pair_config or {})
+        self.pin_min_bytes = pin_min_bytes
+        self.transfers = {"pinned": 0, "pinned_bytes": 0, "plain": 0}
+        self._slots = None
+        self._next_slot = 0
+        self._copy_stream = None
+
+    # ---- transfers ----
+    def to_device(self, x, dtype=None) -> torch.Tensor:
+        """Host array or tensor -> tensor on this GPU. Large host arrays go through one of two pinned
+        staging buffers and are copied on a side stream; the current stream waits on that copy
+        (an event), so the host can go on producing the next block while the copy runs and the
+        GPU's compute on the previous block is not held up. A dtype cast happens on the GPU."""
+        t = torch.as_tensor(x)
+        nbytes = t.numel() * t.element_size()
+        if self.device.type != "cuda" or t.device.type != "cpu" or nbytes < self.pin_min_bytes:
+            self.transfers["plain"] += 1
+            return super().to_device(t, dtype)
+        if self._slots is None:
+            self._slots = (_Staging(), _Staging())
+            self._copy_stream = torch.cuda.Stream(self.device)
+        slot = self._slots[self._next_slot]
+        self._next_slot ^= 1
+        slot.ready()                              # its previous transfer has finished
+        if t.is_pinned():
+            src, slot.src = t, t
+        else:
+            src = slot.view(t.numel(), t.dtype).view(t.shape)
+            src.copy_(t)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+            out.copy_(src, non_blocking=True)
+            slot.event = torch.cuda.Event()
+            slot.event.record(self._copy_stream)
+        compute.wait_event(slot.event)
+        out.record_stream(compute)                # allocated on the copy stream, used on compute
+        self.transfers["pinned"] += 1
+        self.transfers["pinned_bytes"] += nbytes
+        return out if dtype is None or dtype == out.dtype else out.to(dtype)
+
+    def to_host(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Device tensor -> host tensor (into ``out``, pinned, when given; synchronises)."""
+        if out is None:
+            return t.cpu()
+        out.copy_(t)
+        return out
+
+    # ---- the pair step ----
+    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
+        """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision."""
+        prec = _precision(Bi.dtype)
+        path = self.pair_path[prec]
+        where = "" if Bi.device.type == "cuda" else f" [Triton interpreter on {Bi.device.type}]"
+        if path == "fused":
+            from kernels.triton.fused_pair_energy import fused_pair_energy
+            dot = "fp64 dot" if prec == "fp64" else "fp32 ieee dot"
+            self.record("mp2_pair_energy", f"triton.fused_pair_energy({prec}: {dot}, fp64 sums){where}")
+            return fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
+                                     config=self.pair_config or None)
+        from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+        gemm = "DGEMM" if prec == "fp64" else ("SGEMM, TF32 ON" if torch.backends.cuda.matmul.allow_tf32
+                                               else "SGEMM")
+        self.record("mp2_pair_energy", f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums){where}")
+        return gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
+
+    def describe(self) -> dict:
+        import triton
+        from .backend import Backend
+        d = Backend.describe(self)
+        d["torch"] = torch.__version__
+        d["torch_cuda"] = torch.version.cuda
+        d["gpu"] = (torch.cuda.get_device_name(self.device) if torch.cuda.is_available()
+                    else "none (kernels ran under Triton's CPU interpreter)")
+        d["triton"] = triton.__version__
+        d["pair_path"] = dict(self.pair_path)
+        if self.pair_config:
+            d["pair_config"] = dict(self.pair_config)
+        d["transfers"] = dict(self.transfers)
+        return d
+
+
+def make_cuda_backend(name: str = "cuda", **kwargs) -> CudaBackend:
+    """CudaBackend for an already-checked CUDA device name; a clear error when Triton is missing."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise DeviceUnavailableError(
+            f"device '{name}' needs Triton for its pair-energy kernel; install it with "
+            "pip install 'dfmp2[cuda]' (CUDA builds of PyTorch on Linux normally include it)") from None
+    return CudaBackend(name, **kwargs)
+
+
+# ---- helpers for a GPU-resident pipeline ----
+def pinned_empty(shape, dtype=torch.float64) -> torch.Tensor:
+    """A page-locked host tensor (e.g. the target of one libcint aux-shell block), so that
+    CudaBackend.to_device can copy it asynchronously without a staging memcpy."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+def b_fits_on_device(nbytes: int, device, fraction: float = B_DEVICE_FRACTION) -> bool:
+    """True when B (nbytes) fits in ``fraction`` of the GPU's free memory (the rest is left for the
+    transform temporaries and the pair step's workspace)."""
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return nbytes <= fraction * free
+
+
+def pair_block_order(nocc: int, occ_block: int) -> list[tuple[int, int]]:
+    """Block pairs (I, J), J <= I, row by row with the diagonal block first: the row's first
+    upload is block I itself, which then serves as Bi for the rest of the row."""
+    starts = list(range(0, nocc, occ_block))
+    return [(I, J) for I in starts for J in [I] + [s for s in starts if s < I]]
+
+
+def stream_pair_blocks(Bt_host: torch.Tensor, nocc: int, nvir: int, occ_block: int, backend):
+    """Yield (I, J, Bi, Bj) for occupied blocks I >= J with B streamed from host memory.
+
+    Bt_host: (naux, nocc*nvir) host tensor, Bt[P, i*nvir + a] = B_ia^P (the pipeline's layout).
+    Bi, Bj: (n, nvir, naux) device views of (naux, n*nvir) blocks, the layout the pair kernel reads.
+    Order: pair_block_order. Each block is uploaded through one of three pinned staging buffers on
+    a side stream; the upload of the next block is issued before the current one is yielded, so
+    the DMA overlaps the caller's pair kernel. At most three blocks (naux * occ_block * nvir
+    elements each) are on the device at once; nblocks (nblocks + 1) / 2 uploads in all.
+    On a non-CUDA backend the blocks are plain copies (so the order and views can be tested on CPU).
+    """
+    naux = Bt_host.shape[0]
+    order = pair_block_order(nocc, occ_block)
+    dev = backend.device
+    cuda = dev.type == "cuda"
+    copy_stream = torch.cuda.Stream(dev) if cuda else None
+    slots = [_Staging() for _ in range(3)]
+    counter = [0]
+
+    def upload(s):
+        n = min(occ_block, nocc - s)
+        host = Bt_host[:, s * nvir:(s + n) * nvir]
+        if not cuda:
+            return host.to(dev).reshape(naux, n, nvir).permute(1, 2, 0), None
+        slot = slots[counter[0] % 3]
+        counter[0] += 1
+        slot.ready()
+        src = slot.view(host.numel(), host.dtype).view(host.shape)
+        src.copy_(host)                                   # strided host slice -> pinned, contiguous
+        with torch.cuda.stream(copy_stream):
+            d = torch.empty((naux, n * nvir), dtype=host.dtype, device=dev)
+            d.copy_(src, non_blocking=True)
+            slot.event = torch.cuda.Event()
+            slot.event.record(copy_stream)
+        d.record_stream(torch.cuda.current_stream(dev))
+        return d.view(naux, n, nvir).permute(1, 2, 0), slot.event
+
+    def wait(event):
+        if event is not None:
+            torch.cuda.current_stream(dev).wait_event(event)
+
+    Bi = None
+    pending = upload(order[0][1]) if order else None
+    for k, (I, J) in enumerate(order):
+        Bj, event = pending
+        wait(event)
+        if I == J:
+            Bi = Bj                                        # the row's first block is block I
+        pending = upload(order[k + 1][1]) if k + 1 < len(order) else None
+        yield I, J, Bi, Bj
