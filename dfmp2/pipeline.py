@@ -219,6 +219,8 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     timer.add("pair", t0)
     ran = backend.describe()
     ran["precision"] = precision
+    # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
+    ran["simulated"] = backend.name.startswith("trn") and backend.engine != "neuron-hardware"
     ran["stage_precision"] = {"transform_fit": str(fit_dtype).replace("torch.float", "fp"),
                               "pair": precision, "energy_sums": "fp64"}
     ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"

@@ -121,3 +121,6 @@ class Result:
                   + f"; total {sum(self.timings.values()):.3f}")
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         console.print(s)
+        if self.ran.get("simulated"):
+            console.print(f"[bold yellow]note:[/] {self.ran['device']} was simulated on this CPU "
+                          f"({self.ran['engine']}); the timings are not Trainium timings.")

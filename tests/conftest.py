@@ -2,8 +2,6 @@
 
 A channel that cannot run here is reported as *skipped* with the reason, never as passed.
 """
-import importlib.util
-
 import pytest
 import torch
 
@@ -14,19 +12,15 @@ def pytest_addoption(parser):
 
 
 def _real_nki_available() -> bool:
-    """True only for AWS's real nki package (PyPI's 'nki' is an empty placeholder)."""
-    if importlib.util.find_spec("nki") is None:
-        return False
-    try:
-        import nki  # noqa: F401
-        return hasattr(nki, "simulate") or hasattr(nki, "simulate_kernel")
-    except Exception:
-        return False
+    """True only for AWS's real nki package with nki.jit and nki.simulate (PyPI's 'nki' is an
+    empty placeholder); the same test the trn backend uses to pick its engine."""
+    from kernels.nki.engines import real_nki
+    return real_nki()[0] is not None
 
 
 def _neuron_device_available() -> bool:
-    import glob
-    return bool(glob.glob("/dev/neuron*")) and _real_nki_available()
+    from kernels.nki.engines import neuron_devices
+    return bool(neuron_devices()) and _real_nki_available()
 
 
 def pytest_collection_modifyitems(config, items):

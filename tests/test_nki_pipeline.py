@@ -30,3 +30,18 @@ def test_water_trn1_simulate_within_1uEh_of_fp64_cpu():
     assert not any(k.split(":")[1].startswith("torch") for k in kernels), kernels
     # water compiles 4 kernel shapes: two GEMMs (the two transform halves), one TRSM, one pair kernel
     assert ran["compiled_shapes"] == 4, ran["shapes"]
+    assert ran["simulated"] is True   # every simulated result says so
+
+
+def test_cli_trn1_simulate_json_says_simulated(tmp_path):
+    import json
+    from click.testing import CliRunner
+    from dfmp2.cli import main
+    out = tmp_path / "w.json"
+    res = CliRunner().invoke(main, ["run", "inputs/water.xyz", "--device", "trn1", "--simulate",
+                                    "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "simulated on this CPU" in res.output
+    d = json.loads(out.read_text())
+    assert d["ran"]["simulated"] is True and d["ran"]["precision"] == "fp32"
+    assert d["ran"]["stage_precision"]["transform_fit"] == "fp32"
