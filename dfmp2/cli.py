@@ -136,5 +136,9 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
 from .regress import regress_command  # noqa: E402
 main.add_command(regress_command, "regress")
 
+from .compare import compare_command  # noqa: E402
+main.add_command(compare_command, "compare")
+
+
 if __name__ == "__main__":
     main()

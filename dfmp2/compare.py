@@ -1,0 +1,285 @@
+"""Cross-device check: ``dfmp2 compare``. The same problem on each device from identical inputs.
+
+    dfmp2 compare inputs/water.xyz --devices cpu,cuda
+    dfmp2 compare --synthetic 16,120,400 --seed 3 --devices cpu,cuda --precision fp32
+    dfmp2 compare inputs/water.xyz --devices cpu,trn1 --simulate --precision fp32
+
+For each device: the energies (Hartree), their difference from the first device that ran, whether
+the bits are identical to it (float.hex of E_OS, E_SS and E_corr), and whether ``--repeat`` runs on
+the same device gave bit-identical energies. Molecules go through the whole pipeline
+(``dfmp2.pipeline``) from the same parsed geometry; E_HF is compared too, since it is computed on
+the host by PySCF and so shows that every device started from the same reference. Synthetic
+problems (``linalg.synthetic_problem``, Philox) are generated once on the CPU and copied to each
+device exactly, then the pair step runs there (``linalg.mp2_pair_energy``, symmetric over all pairs).
+
+A device that cannot run (no GPU, no Neuron SDK, no fp64 on Trainium) is reported as not run
+with the reason; no row is ever filled from another device.
+Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a difference beyond
+--tol or a device whose repeated runs differ in their bits; 2 bad input or a device that could not run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from .errors import InputError
+
+TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
+ENERGY_KEYS = ("e_os", "e_ss", "e_corr")
+EXIT_DIFFERENT, EXIT_NOT_RUN = 1, 2
+
+
+@dataclass
+class DeviceRun:
+    """One device's outcome. ``energies``: the first run's values (Hartree); ``hex``: float.hex of
+    each energy for every repeat; ``reason``: why it did not run (status 'not run')."""
+
+    device: str
+    status: str = "ran"                      # 'ran' | 'not run'
+    reason: str = ""
+    energies: dict = field(default_factory=dict)
+    hex: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    ran: dict = field(default_factory=dict)
+    # filled by compare_runs
+    delta: dict = field(default_factory=dict)
+    identical_to_first: bool | None = None
+    repeat_identical: bool | None = None
+
+
+def parse_devices(text: str) -> list[str]:
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise InputError("--devices: give a comma-separated list, e.g. cpu,cuda")
+    if len(set(devices)) != len(devices):
+        raise InputError(f"--devices: a device is listed twice in '{text}'")
+    return devices
+
+
+def parse_synthetic(text: str) -> tuple[int, int, int]:
+    try:
+        nocc, nvir, naux = (int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise InputError(f"--synthetic: expected NOCC,NVIR,NAUX (e.g. 16,120,400), got '{text}'") from None
+    if min(nocc, nvir, naux) < 1:
+        raise InputError(f"--synthetic: sizes must be positive, got '{text}'")
+    return nocc, nvir, naux
+
+
+def _hex(energies: dict) -> dict:
+    return {k: float.hex(float(energies[k])) for k in energies}
+
+
+def check_device(device: str, precision: str, simulate: bool):
+    """The backend for ``device``, or the one-line reason it cannot run (never raises for that)."""
+    import linalg
+    from linalg import DeviceUnavailableError
+    if precision == "fp64" and device.startswith("trn"):
+        return None, f"{device} has no fp64 arithmetic; use --precision fp32"
+    try:
+        return linalg.get_backend(device, simulate=simulate and device.startswith("trn")), ""
+    except DeviceUnavailableError as e:
+        return None, str(e)
+    except ValueError as e:          # unknown device name: a user mistake, not a device state
+        raise InputError(str(e)) from None
+
+
+def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
+    """``repeat`` full pipeline runs of ``geom`` on ``device`` (options.device is replaced)."""
+    from dataclasses import replace
+    from .pipeline import run_geometry
+    out = DeviceRun(device)
+    opts = replace(options, device=device, simulate=options.simulate and device.startswith("trn"))
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        r = run_geometry(geom, opts)
+        out.seconds.append(time.perf_counter() - t0)
+        e = {"e_hf": r.e_hf, "e_os": r.e_os, "e_ss": r.e_ss, "e_corr": r.e_corr}
+        out.energies = out.energies or e
+        out.hex.append(_hex(e))
+        out.ran = out.ran or dict(r.ran)
+    return out
+
+
+def run_synthetic(device: str, backend, problem, repeat: int) -> DeviceRun:
+    """``repeat`` pair steps of a synthetic problem (host tensors, copied exactly) on ``backend``."""
+    import linalg
+    out = DeviceRun(device)
+    B = backend.to_device(problem.B)
+    eo = backend.to_device(problem.eps_occ)
+    ev = backend.to_device(problem.eps_vir)
+    for _ in range(repeat):
+        backend.synchronize()
+        t0 = time.perf_counter()
+        e_os, e_ss = linalg.mp2_pair_energy(B, B, eo, eo, ev, symmetric=True, backend=backend)
+        backend.synchronize()
+        out.seconds.append(time.perf_counter() - t0)
+        e = {"e_os": e_os, "e_ss": e_ss, "e_corr": e_os + e_ss}
+        out.energies = out.energies or e
+        out.hex.append(_hex(e))
+    out.ran = backend.describe()
+    return out
+
+
+def compare_runs(runs: list[DeviceRun], tol: float) -> dict:
+    """Fill delta / identical_to_first / repeat_identical; return the summary."""
+    ran = [r for r in runs if r.status == "ran"]
+    first = ran[0] if ran else None
+    for r in ran:
+        r.repeat_identical = all(h == r.hex[0] for h in r.hex)
+        r.delta = {k: r.energies[k] - first.energies[k] for k in r.energies}
+        r.identical_to_first = r.hex[0] == first.hex[0]
+    beyond = [r.device for r in ran if abs(r.delta["e_corr"]) > tol]
+    unstable = [r.device for r in ran if not r.repeat_identical]
+    not_run = [r.device for r in runs if r.status != "ran"]
+    return {"reference_device": first.device if first else None, "tolerance": tol,
+            "beyond_tolerance": beyond, "not_bit_reproducible": unstable, "not_run": not_run,
+            "passed": bool(ran) and not beyond and not unstable and not not_run}
+
+
+def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
+    from rich.table import Table
+    t = Table(title=title, title_justify="left")
+    for col, just in (("device", "left"), ("engine", "left"), ("E_corr / Eh", "right"),
+                      ("ΔE_corr / Eh", "right"), ("ΔE_HF / Eh", "right"), ("bits = first", "center"),
+                      ("run-to-run", "center"), ("time / s", "right")):
+        t.add_column(col, justify=just)
+    for r in runs:
+        if r.status != "ran":
+            t.add_row(r.device, "[red]not run[/red]", "—", "—", "—", "—", "—", "—")
+            continue
+        dhf = f"{r.delta['e_hf']:+.2e}" if "e_hf" in r.delta else "—"
+        t.add_row(r.device, r.ran.get("engine", ""), f"{r.energies['e_corr']:.12f}",
+                  "(reference)" if r.device == summary["reference_device"] else f"{r.delta['e_corr']:+.2e}",
+                  dhf if r.device != summary["reference_device"] else "",
+                  "—" if r.device == summary["reference_device"] else ("yes" if r.identical_to_first else "no"),
+                  f"identical ×{len(r.hex)}" if r.repeat_identical else f"[red]DIFFER ×{len(r.hex)}[/red]",
+                  f"{min(r.seconds):.3f}")
+    console.print(t)
+    for r in runs:
+        if r.status != "ran":
+            console.print(f"[red]{r.device}: not run: {r.reason}[/red]")
+    for r in runs:
+        if r.status == "ran" and r.ran.get("kernels"):
+            ks = ", ".join(f"{k} ×{n}" for k, n in r.ran["kernels"].items() if "mp2_pair_energy" in k)
+            console.print(f"[dim]{r.device}: {ks}[/dim]")
+    verdict = "[green]PASS[/green]" if summary["passed"] else "[red]FAIL[/red]"
+    console.print(f"{verdict}  |ΔE_corr| ≤ {summary['tolerance']:.0e} Eh against "
+                  f"{summary['reference_device']}; beyond: {summary['beyond_tolerance'] or 'none'}; "
+                  f"not bit-reproducible: {summary['not_bit_reproducible'] or 'none'}; "
+                  f"not run: {summary['not_run'] or 'none'}")
+
+
+def write_json(path, doc: dict) -> None:
+    """Atomically: a half-written file never appears under ``path``."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@click.command("compare")
+@click.argument("xyz_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--devices", default="cpu,cuda", show_default=True,
+              help="comma-separated devices; the first that runs is the reference")
+@click.option("--synthetic", default=None, metavar="NOCC,NVIR,NAUX",
+              help="a Philox synthetic pair-step problem instead of a molecule")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the synthetic problem")
+@click.option("--precision", type=click.Choice(["fp64", "fp32"]), default="fp64", show_default=True,
+              help="working precision on every device (trn needs fp32)")
+@click.option("--basis", default="cc-pvdz", show_default=True)
+@click.option("--auxbasis", default=None, help="[default: the MP2-fit set matched to --basis]")
+@click.option("--frozen-core/--all-electron", default=False, show_default=True)
+@click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True)
+@click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on this CPU")
+@click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
+              help="runs per device, to check that its energies are bit-identical run to run")
+@click.option("--tol", "tolerance", type=float, default=None,
+              help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write every device's energies (with float.hex) as JSON")
+def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbasis, frozen_core, scf_mode,
+                    simulate, repeat, tolerance, json_path):
+    """Run one problem on several devices from identical inputs and compare the energies bit by bit.
+
+    XYZ_FILE is a molecule (coordinates in Ångström); or give --synthetic NOCC,NVIR,NAUX.
+    Exit status: 0 agreement, 1 a difference beyond --tol or a device not bit-reproducible run to
+    run, 2 bad input or a requested device that could not run.
+    """
+    from rich.console import Console
+
+    from linalg import DeviceUnavailableError
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    try:
+        if (xyz_file is None) == (synthetic is None):
+            raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
+        names = parse_devices(devices)
+        tol = TOLERANCES[precision] if tolerance is None else tolerance
+        if not tol > 0:
+            raise InputError(f"--tol must be positive, got {tolerance}")
+        backends = {d: check_device(d, precision, simulate) for d in names}    # before any work
+        runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
+                if be is None]
+        if synthetic is not None:
+            import torch
+            from linalg import synthetic_problem
+            nocc, nvir, naux = parse_synthetic(synthetic)
+            dtype = torch.float64 if precision == "fp64" else torch.float32
+            problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")
+            title = (f"synthetic nocc={nocc} nvir={nvir} naux={naux} seed={seed}, {precision}, "
+                     f"pair step only")
+            problem_doc = {"synthetic": {"nocc": nocc, "nvir": nvir, "naux": naux, "seed": seed}}
+            for d, (be, _) in backends.items():
+                if be is not None:
+                    runs.append(run_synthetic(d, be, problem, repeat))
+        else:
+            from .pipeline import RunOptions
+            from .xyz import read_xyz
+            geom = read_xyz(xyz_file)
+            options = RunOptions(basis=basis, auxbasis=auxbasis, precision=precision, frozen_core=frozen_core,
+                                 scf_mode=scf_mode, simulate=simulate)
+            title = (f"{xyz_file} {basis}/{auxbasis or 'MP2-fit'}, {scf_mode} SCF, "
+                     f"{'frozen core' if frozen_core else 'all-electron'}, {precision}")
+            problem_doc = {"molecule": str(xyz_file), "basis": basis, "auxbasis": auxbasis,
+                           "scf_mode": scf_mode, "frozen_core": frozen_core}
+            for d, (be, _) in backends.items():
+                if be is not None:
+                    runs.append(run_molecule(d, geom, options, repeat))
+        runs.sort(key=lambda r: names.index(r.device))
+        summary = compare_runs(runs, tol)
+        render(runs, summary, title, console)
+        if json_path:
+            from .result import software_versions
+            write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                   "problem": problem_doc, "precision": precision, "repeat": repeat,
+                                   "summary": summary, "devices": [asdict(r) for r in runs],
+                                   "versions": software_versions(), "units": {"energies": "hartree"}})
+    except (InputError, DeviceUnavailableError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_NOT_RUN)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(130)
+    if summary["not_run"]:
+        click.echo(f"error: not run on {', '.join(summary['not_run'])} (reasons above)", err=True)
+        sys.exit(EXIT_NOT_RUN)
+    if not summary["passed"]:
+        sys.exit(EXIT_DIFFERENT)

@@ -1,0 +1,110 @@
+"""``dfmp2 compare``: devices compared from identical inputs, bits checked, devices that cannot run
+reported as not run (never filled from another device), exit codes."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dfmp2.cli import main
+from dfmp2.compare import DeviceRun, compare_runs, parse_synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+WATER = str(ROOT / "inputs" / "water.xyz")
+
+
+def _invoke(args, tmp_path=None):
+    res = CliRunner().invoke(main, ["compare", *args])
+    doc = None
+    if tmp_path is not None and (tmp_path / "c.json").exists():
+        doc = json.loads((tmp_path / "c.json").read_text())
+    return res, doc
+
+
+def test_synthetic_cpu_is_bit_identical_run_to_run(tmp_path):
+    res, doc = _invoke(["--synthetic", "5,24,40", "--seed", "4", "--devices", "cpu", "--repeat", "3",
+                        "--json", str(tmp_path / "c.json")], tmp_path)
+    assert res.exit_code == 0, res.output
+    (cpu,) = doc["devices"]
+    assert cpu["status"] == "ran" and len(cpu["hex"]) == 3 and cpu["repeat_identical"]
+    assert len({json.dumps(h, sort_keys=True) for h in cpu["hex"]}) == 1
+    assert cpu["hex"][0]["e_corr"] == float.hex(cpu["energies"]["e_corr"])
+    assert doc["summary"]["passed"] and doc["problem"]["synthetic"]["nocc"] == 5
+
+
+def test_synthetic_cpu_vs_trn1_emulator_fp32(tmp_path):
+    """Two devices that both run here: the differences are reported, bits compared."""
+    res, doc = _invoke(["--synthetic", "4,20,30", "--devices", "cpu,trn1", "--simulate", "--precision", "fp32",
+                        "--json", str(tmp_path / "c.json")], tmp_path)
+    assert res.exit_code == 0, res.output
+    cpu, trn = doc["devices"]
+    assert trn["ran"]["device"] == "trn1" and "mp2_pair_energy:nki.mp2_pair" in trn["ran"]["kernels"]
+    assert abs(trn["delta"]["e_corr"]) <= 1e-6 and cpu["delta"]["e_corr"] == 0.0
+    assert trn["identical_to_first"] == (trn["hex"][0] == cpu["hex"][0])
+
+
+def test_molecule_cpu_and_a_device_that_cannot_run(tmp_path):
+    """trn1 in fp64 cannot run anywhere: reported with its reason, no energies, exit 2; the CPU row
+    is the full pipeline, repeated bit-identically."""
+    res, doc = _invoke([WATER, "--devices", "cpu,trn1", "--json", str(tmp_path / "c.json")], tmp_path)
+    assert res.exit_code == 2, res.output
+    cpu, trn = doc["devices"]
+    assert cpu["status"] == "ran" and cpu["repeat_identical"] and cpu["hex"][0]["e_hf"] == cpu["hex"][1]["e_hf"]
+    assert cpu["ran"]["device"] == "cpu" and cpu["ran"]["precision"] == "fp64"
+    assert abs(cpu["energies"]["e_corr"] - (-0.2047684304)) < 1e-8
+    assert trn["status"] == "not run" and "no fp64" in trn["reason"]
+    assert trn["energies"] == {} and trn["hex"] == []
+    assert doc["summary"]["not_run"] == ["trn1"] and not doc["summary"]["passed"]
+    assert "not run" in res.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU report")
+def test_cuda_without_gpu_is_not_run_with_reason(tmp_path):
+    res, doc = _invoke(["--synthetic", "3,10,12", "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")],
+                       tmp_path)
+    assert res.exit_code == 2
+    cuda = doc["devices"][1]
+    assert cuda["device"] == "cuda" and cuda["status"] == "not run" and "CUDA" in cuda["reason"]
+    assert cuda["energies"] == {}
+
+
+@pytest.mark.parametrize("args,msg", [
+    ([], "either an XYZ file or --synthetic"),
+    ([WATER, "--synthetic", "2,3,4"], "either an XYZ file or --synthetic"),
+    (["--synthetic", "2,3"], "NOCC,NVIR,NAUX"),
+    (["--synthetic", "2,0,4"], "positive"),
+    (["--synthetic", "2,3,4", "--devices", "cpu,cpu"], "listed twice"),
+    (["--synthetic", "2,3,4", "--devices", "cpu,tpu"], "unknown device"),
+    (["--synthetic", "2,3,4", "--tol", "0"], "--tol"),
+    (["missing.xyz", "--devices", "cpu"], "missing.xyz"),
+])
+def test_bad_input_is_one_error_line(args, msg):
+    res, _ = _invoke(args)
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error:") and msg in res.output
+    assert "Traceback" not in res.output
+
+
+def _run(device, e_corr_hex_list, e_corr=-0.2):
+    r = DeviceRun(device)
+    r.energies = {"e_os": e_corr, "e_ss": 0.0, "e_corr": e_corr}
+    r.hex = [{"e_os": h, "e_ss": "0x0.0p+0", "e_corr": h} for h in e_corr_hex_list]
+    r.seconds = [0.0] * len(e_corr_hex_list)
+    return r
+
+
+def test_compare_runs_flags_differences():
+    a = _run("cpu", [float.hex(-0.2)] * 2)
+    b = _run("cuda", [float.hex(-0.2 + 1e-12)] * 2, -0.2 + 1e-12)
+    c = _run("trn1", [float.hex(-0.2), float.hex(-0.2 + 1e-16)], -0.2 + 1e-9)
+    s = compare_runs([a, b, c, DeviceRun("trn2", status="not run", reason="no SDK")], tol=1e-10)
+    assert s["reference_device"] == "cpu" and a.identical_to_first and not b.identical_to_first
+    assert abs(b.delta["e_corr"] - 1e-12) < 1e-15 and b.repeat_identical
+    assert s["beyond_tolerance"] == ["trn1"] and s["not_bit_reproducible"] == ["trn1"]
+    assert s["not_run"] == ["trn2"] and not s["passed"]
+
+
+def test_parse_synthetic_forms():
+    assert parse_synthetic("8,60,150") == parse_synthetic("8x60x150") == (8, 60, 150)
