@@ -138,7 +138,8 @@ def get_backend(name: str, *, simulate: bool = False) -> Backend:
         except RuntimeError:
             raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
         _check_cuda(name)
-        return TorchBackend(name)
+        from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel
+        return make_cuda_backend(name)
     if name in ("trn1", "trn2"):
         from .neuron import make_neuron_backend
         return make_neuron_backend(name, simulate=simulate)

@@ -36,6 +36,20 @@ def test_trainium_without_neuron_sdk_is_one_clear_error():
         assert "\n" not in str(e.value) and "Neuron" in str(e.value)
 
 
+def test_cuda_name_builds_the_cuda_backend(monkeypatch):
+    # Only the wiring is checked (a usable GPU is faked). make_cuda_backend is replaced by a spy so
+    # that Triton is not imported here: importing it early changes how later interpreter tests run.
+    import linalg.cuda
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    built = []
+    monkeypatch.setattr(linalg.cuda, "make_cuda_backend", lambda name: built.append(name) or f"cuda backend {name}")
+    assert get_backend("cuda") == "cuda backend cuda" and get_backend("cuda:1") == "cuda backend cuda:1"
+    assert built == ["cuda", "cuda:1"]
+    with pytest.raises(DeviceUnavailableError, match="only 2 CUDA"):
+        get_backend("cuda:2")
+
+
 @pytest.mark.parametrize("name", ["gpu", "cpu:1", "trn3", "", "cuda:x"])
 def test_unknown_device_names(name):
     with pytest.raises(ValueError, match="unknown device"):
