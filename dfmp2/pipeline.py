@@ -67,20 +67,14 @@ class _Timer:
 
 
 def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
-    """Factor the fitting metric (naux, naux) fp64. Returns (M, kind, info) where kind is
-    'cholesky' (M = L, lower) or 'eigh' (M = j2c^-1/2 with near-null eigenvalues dropped,
-    shape (naux, naux_kept)); B = (ia|P) L^-T or (ia|P) M respectively."""
+    """Factor the fitting metric j2c (naux, naux) fp64. Returns (M, kind, info): kind 'cholesky'
+    with M = L (lower, j2c = L L^T), or, when j2c is numerically not positive definite, kind
+    'eigh' with M = j2c^-1/2 (eigenvalues below 1e-10 dropped, as PySCF and Psi4 do)."""
     try:
-        L = linalg.cholesky(j2c, backend=backend)
-        if torch.isfinite(L).all():
-            return L, "cholesky", {}
-    except (RuntimeError, torch.linalg.LinAlgError):
-        pass
-    w, v = torch.linalg.eigh(j2c)
-    keep = w > 1e-10
-    M = v[:, keep] * w[keep].rsqrt()
-    backend.record("metric_inv_sqrt", "torch.linalg.eigh")
-    return M, "eigh", {"dropped": int((~keep).sum()), "threshold": 1e-10}
+        return linalg.cholesky(j2c, backend=backend), "cholesky", {}
+    except torch.linalg.LinAlgError:   # linalg.NotPositiveDefiniteError among them
+        M, info = linalg.inv_sqrt_spd(j2c, method="eigh", threshold=1e-10, backend=backend)
+        return M, "eigh", info
 
 
 def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer):
@@ -114,8 +108,8 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
         t0 = timer.add("transform", t0)
     if metric_kind == "cholesky":
         Bt = linalg.trsm(M.to(dtype), Pia, side="left", uplo="lower", backend=backend)
-    else:
-        Bt = linalg.gemm(M.to(dtype), Pia, trans_a=True, backend=backend)
+    else:                      # M = j2c^-1/2 is symmetric
+        Bt = linalg.gemm(M.to(dtype), Pia, backend=backend)
     del Pia
     timer.add("fit", t0)
     return Bt, metric_kind, metric_info

@@ -90,7 +90,7 @@ def test_forced_eigh_metric_matches_cholesky(monkeypatch):
     chol = run(path, RunOptions())
 
     def failing_cholesky(a, *, backend=None):
-        raise RuntimeError("forced failure to take the eigh path")
+        raise linalg.NotPositiveDefiniteError("forced failure to take the eigh path")
     monkeypatch.setattr(pipeline.linalg, "cholesky", failing_cholesky)
     eig = run(path, RunOptions())
     assert chol.ran["metric"] == "cholesky" and eig.ran["metric"].startswith("eigh")
