@@ -124,7 +124,8 @@ class CudaBackend(TorchBackend):
         """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision."""
         prec = _precision(Bi.dtype)
         path = self.pair_path[prec]
-        where = "" if Bi.device.type == "cuda" else f" [Triton interpreter on {Bi.device.type}]"
+        from kernels.triton.launch import interpreting
+        where = f" [Triton interpreter, {Bi.device.type} tensors]" if interpreting() else ""
         if path == "fused":
             from kernels.triton.fused_pair_energy import fused_pair_energy
             dot = "fp64 dot" if prec == "fp64" else "fp32 ieee dot"

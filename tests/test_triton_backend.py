@@ -1,5 +1,6 @@
 """linalg.cuda.CudaBackend's pair step and the B-streaming helper, on CPU tensors: the Triton
-kernels run under the interpreter (TRITON_INTERPRET=1 set per test); no GPU is needed here.
+kernels run under the interpreter (``@interpreted``: see test_triton_interpreter.py); no GPU is
+needed here.
 The GPU itself is exercised in tests/test_cuda.py (cuda channel)."""
 import pytest
 import torch
@@ -7,11 +8,7 @@ import torch
 import linalg
 from linalg.cuda import CudaBackend, pair_block_order, stream_pair_blocks
 from linalg.synthetic import synthetic_problem
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+from test_triton_interpreter import in_interpreter, interpreted
 
 
 def _bt_problem(nocc=6, nvir=24, naux=20, seed=11):
@@ -33,9 +30,10 @@ def _pipeline_pairs(B, eo, ev, backend, occ_block):
     return e_os, e_ss
 
 
+@interpreted
 @pytest.mark.parametrize("path", ["fused", "gemm+epilogue"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cuda_backend_pair_step_matches_torch(interpret, path, dtype):
+def test_cuda_backend_pair_step_matches_torch(path, dtype):
     Bt, B, eo, ev = _bt_problem()
     B = B.to(dtype) if dtype != torch.float64 else B
     prec = "fp64" if dtype == torch.float64 else "fp32"
@@ -47,6 +45,7 @@ def test_cuda_backend_pair_step_matches_torch(interpret, path, dtype):
     kernels = be.describe()["kernels"]
     assert sum(kernels.values()) == 3                      # block pairs (0,0), (4,0), (4,4)
     (label,) = kernels
+    assert "[Triton interpreter, cpu tensors]" in label
     assert label.startswith("mp2_pair_energy:")
     if path == "fused":
         assert f"triton.fused_pair_energy({prec}" in label
@@ -58,6 +57,7 @@ def test_cuda_backend_pair_step_matches_torch(interpret, path, dtype):
     assert d["engine"] == "torch+triton" and d["pair_path"][prec] == path and "triton" in d
 
 
+@pytest.mark.skipif(in_interpreter(), reason="checks a process that compiles (TRITON_INTERPRET unset)")
 def test_cuda_backend_never_falls_back(monkeypatch):
     """Without a GPU and without the interpreter, the Triton pair step raises (no torch fallback)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

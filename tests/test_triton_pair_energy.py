@@ -1,6 +1,6 @@
-"""The Triton pair-energy kernels on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1,
-set per test with monkeypatch so CUDA tests in the same session still compile for the GPU),
-against the unfused torch computation written out below.
+"""The Triton pair-energy kernels on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1;
+``@interpreted`` runs them in a child process unless this one already interprets, see
+test_triton_interpreter.py), against the unfused torch computation written out below.
 
 Accuracy asserted: fp64 within 64 ulp-scale of the fp64 reference (|dE| <= 1e-14 |E_OS|; the
 observed differences are a few 1e-17 Eh), fp32 within 1e-6 relative of the same computation with
@@ -10,15 +10,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
 
 from linalg import torch_ops
 from linalg.synthetic import synthetic_problem
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+from test_triton_interpreter import interpreted
 
 
 def torch_reference(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=False):
@@ -64,9 +59,10 @@ def _close32(got, ref):
 CASES = [(3, 20, 37, None), (3, 70, 50, None), (4, 37, 45, {"BLOCK": 16, "BLOCK_P": 16})]
 
 
+@interpreted
 @pytest.mark.parametrize("nocc,nvir,naux,config", CASES)
 @pytest.mark.parametrize("layout", ["contiguous", "pipeline"])
-def test_fused_fp64_equals_torch(interpret, nocc, nvir, naux, config, layout):
+def test_fused_fp64_equals_torch(nocc, nvir, naux, config, layout):
     from kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(nocc, nvir, naux)
     if layout == "pipeline":
@@ -78,7 +74,8 @@ def test_fused_fp64_equals_torch(interpret, nocc, nvir, naux, config, layout):
         _close64(got, torch_ops.mp2_pair_energy(B, B, eo, eo, ev, symmetric=sym))
 
 
-def test_fused_off_diagonal_blocks_fp64(interpret):
+@interpreted
+def test_fused_off_diagonal_blocks_fp64():
     """Bi and Bj different blocks of one B (ni != nj), as the pipeline's I > J blocks."""
     from kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(7, 33, 40)
@@ -87,8 +84,9 @@ def test_fused_off_diagonal_blocks_fp64(interpret):
     _close64(fused_pair_energy(*args, config={"BLOCK": 16, "BLOCK_P": 16}), torch_reference(*args))
 
 
+@interpreted
 @pytest.mark.parametrize("nocc,nvir,naux,config", CASES[1:])
-def test_fused_fp32_equals_torch(interpret, nocc, nvir, naux, config):
+def test_fused_fp32_equals_torch(nocc, nvir, naux, config):
     from kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(nocc, nvir, naux)
     B32 = pipeline_layout(B).to(torch.float32)
@@ -99,7 +97,8 @@ def test_fused_fp32_equals_torch(interpret, nocc, nvir, naux, config):
     assert abs(sum(got) - sum(ref64)) <= 1e-6 * abs(sum(ref64))
 
 
-def test_fused_bit_identical_run_to_run(interpret):
+@interpreted
+def test_fused_bit_identical_run_to_run():
     from kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(3, 40, 30)
     runs = {tuple(float.hex(e) for e in fused_pair_energy(B, B, eo, eo, ev, symmetric=True,
@@ -108,33 +107,32 @@ def test_fused_bit_identical_run_to_run(interpret):
     assert len(runs) == 1
 
 
-@settings(max_examples=6, deadline=None)
-@given(ni=st.integers(1, 3), nj=st.integers(1, 3), nvir=st.integers(1, 40), naux=st.integers(1, 40),
-       block=st.sampled_from([16, 32]), seed=st.integers(0, 2**32 - 1))
-def test_fused_property_any_shape(ni, nj, nvir, naux, block, seed):
-    import os
+def _random_shapes(n=6, seed=2024):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))
+    return [(r(1, 3), r(1, 3), r(1, 40), r(1, 40), (16, 32)[r(0, 1)], r(0, 2**31)) for _ in range(n)]
+
+
+@interpreted
+@pytest.mark.parametrize("ni,nj,nvir,naux,block,seed", _random_shapes())
+def test_fused_random_shapes(ni, nj, nvir, naux, block, seed):
+    """Random sizes (1..40, ragged against every tile), Bi != Bj, normal B, random energies."""
     from kernels.triton.fused_pair_energy import fused_pair_energy
-    Bi = torch.randn(ni, nvir, naux, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    Bj = torch.randn(nj, nvir, naux, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    ei = -1.0 - torch.rand(ni, dtype=torch.float64)
-    ej = -1.0 - torch.rand(nj, dtype=torch.float64)
-    ev = 0.5 + torch.rand(nvir, dtype=torch.float64)
-    old = os.environ.get("TRITON_INTERPRET")          # hypothesis does not mix with fixtures
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        got = fused_pair_energy(Bi, Bj, ei, ej, ev, config={"BLOCK": block, "BLOCK_P": 16})
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    g = torch.Generator().manual_seed(seed)
+    Bi = torch.randn(ni, nvir, naux, dtype=torch.float64, generator=g)
+    Bj = torch.randn(nj, nvir, naux, dtype=torch.float64, generator=g)
+    ei = -1.0 - torch.rand(ni, dtype=torch.float64, generator=g)
+    ej = -1.0 - torch.rand(nj, dtype=torch.float64, generator=g)
+    ev = 0.5 + torch.rand(nvir, dtype=torch.float64, generator=g)
+    got = fused_pair_energy(Bi, Bj, ei, ej, ev, config={"BLOCK": block, "BLOCK_P": 16})
     ref = torch_reference(Bi, Bj, ei, ej, ev)
     scale = sum(abs(x) for x in ref) + 1e-300
-    assert all(math.isfinite(g) for g in got)
+    assert all(math.isfinite(x) for x in got)
     assert abs(got[0] - ref[0]) <= 1e-13 * scale and abs(got[1] - ref[1]) <= 1e-13 * scale
 
 
-def test_epilogue_equals_torch(interpret):
+@interpreted
+def test_epilogue_equals_torch():
     from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
     B, eo, ev = _problem(5, 37, 30)
     B = pipeline_layout(B)
@@ -150,15 +148,8 @@ def test_epilogue_equals_torch(interpret):
              torch_reference(B32, B32, eo, eo, ev, symmetric=True))
 
 
-def test_cpu_tensors_without_interpreter_is_an_error(monkeypatch):
-    from kernels.triton.fused_pair_energy import fused_pair_energy
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    B, eo, ev = _problem(2, 5, 6)
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        fused_pair_energy(B, B, eo, eo, ev)
-
-
-def test_bad_arguments(interpret):
+@interpreted
+def test_bad_arguments():
     from kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(3, 5, 6)
     with pytest.raises(ValueError, match="differ"):

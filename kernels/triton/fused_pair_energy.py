@@ -28,9 +28,10 @@ Precision: fp64 inputs use an fp64 dot (tensor-core DMMA on sm80+ where Triton l
 fp64 epilogue. fp32 inputs use an fp32 dot with input_precision="ieee" (true fp32 products with
 fp32 accumulation, not TF32), then X and Y are converted to fp64 for the division and the sums.
 
-The kernel is built from the plain Python function at first launch (``triton.jit`` then reads
-TRITON_INTERPRET), not at import, so one process can run it both on a GPU and, with
-TRITON_INTERPRET=1 set around the call, on CPU tensors through Triton's interpreter.
+The kernel is built from the plain Python function at first launch, not at import (no environment
+is read when this module is imported). Triton itself fixes at its own import whether a process
+interprets (TRITON_INTERPRET=1: CPU tensors through Triton's interpreter) or compiles for the GPU;
+launch.interpreting() checks that the two agree.
 """
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ _JIT = {}
 
 def kernel():
     """The jitted kernel for the current TRITON_INTERPRET setting (built once per setting)."""
-    interpret = bool(triton.knobs.runtime.interpret)
+    from .launch import interpreting
+    interpret = interpreting()
     k = _JIT.get(interpret)
     if k is None:
         k = _JIT[interpret] = triton.jit(_fused_pair_energy_kernel)

@@ -9,8 +9,24 @@ MAX_GRID_Y = 65535      # CUDA's limit on gridDim.y (and z); gridDim.x allows 2*
 
 
 def interpreting() -> bool:
-    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
-    return bool(triton.knobs.runtime.interpret)
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1).
+
+    Triton fixes the mode of its own library functions (tl.zeros, tl.sum, ...) when
+    triton.language is first imported, so a process either interprets or compiles; a
+    TRITON_INTERPRET setting that disagrees with that import is an error here rather than a
+    confusing failure inside the kernel.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    import triton.language as tl
+    env = bool(triton.knobs.runtime.interpret)
+    lang = isinstance(tl.zeros, InterpretedFunction)
+    if env != lang:
+        raise RuntimeError(
+            f"TRITON_INTERPRET is {'set' if env else 'unset'} but triton was imported "
+            f"{'with' if lang else 'without'} it: Triton's interpreter mode is fixed when triton is "
+            "first imported; set TRITON_INTERPRET=1 before the process imports triton (CPU), "
+            "or leave it unset for GPU runs")
+    return env
 
 
 def check_device(op: str, *tensors: torch.Tensor) -> torch.device:

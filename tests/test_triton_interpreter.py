@@ -1,0 +1,121 @@
+"""Running Triton-kernel tests on the CPU through Triton's interpreter, in any pytest session.
+
+Triton fixes whether a process interprets (TRITON_INTERPRET=1) when triton.language is first
+imported: its own library functions (tl.zeros, tl.sum, ...) are built then. A pytest session that
+also compiles kernels for a GPU (the cuda channel), or that imported triton earlier, therefore
+cannot switch to the interpreter in-process. Tests decorated with ``@interpreted`` run in-process
+when this process already interprets; otherwise the first of them starts ONE child pytest with
+TRITON_INTERPRET=1 over all the interpreter test files, and each test reports the outcome of its
+own run there (passed, failed with the child's message, or skipped with its reason).
+"""
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+# The modules whose @interpreted tests the child runs (one child for all of them).
+INTERPRETER_MODULES = ("test_triton_pair_energy.py", "test_triton_backend.py")
+CHILD_TIMEOUT_S = 900
+
+
+def in_interpreter() -> bool:
+    """This process interprets Triton: TRITON_INTERPRET=1 and triton (if imported) was imported so."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True"):
+        return False
+    if "triton.language" not in sys.modules:
+        return True
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.zeros, InterpretedFunction)
+
+
+_outcomes = None
+
+
+def _run_child() -> dict:
+    """{(module, test name): (outcome, message)} from one child pytest under TRITON_INTERPRET=1."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "interpreter.xml"
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        env.pop("PYTEST_ADDOPTS", None)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+               *(str(TESTS / m) for m in INTERPRETER_MODULES)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        if not xml.exists():
+            return {"__crash__": ("failed", f"child pytest (exit {proc.returncode}) wrote no report:\n"
+                                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")}
+        out = {}
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            module = case.get("classname", "").rsplit(".", 1)[-1]
+            outcome, message = "passed", ""
+            for tag in ("failure", "error", "skipped"):
+                el = case.find(tag)
+                if el is not None:
+                    outcome = "skipped" if tag == "skipped" else "failed"
+                    message = (el.get("message") or "") + ("\n" + el.text if el.text and tag != "skipped" else "")
+                    break
+            out[(module, case.get("name"))] = (outcome, message)
+        return out
+
+
+def child_outcomes() -> dict:
+    global _outcomes
+    if _outcomes is None:
+        _outcomes = _run_child()
+    return _outcomes
+
+
+def interpreted(fn):
+    """Run the test under Triton's interpreter: in-process if this process interprets, else in the
+    shared child (see the module docstring)."""
+    if in_interpreter():
+        return fn
+
+    @functools.wraps(fn)
+    def from_child(*args, **kwargs):
+        nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+        path, name = nodeid.split("::", 1)
+        outcomes = child_outcomes()
+        if "__crash__" in outcomes:
+            pytest.fail(outcomes["__crash__"][1], pytrace=False)
+        key = (Path(path).stem, name)
+        if key not in outcomes:
+            pytest.fail(f"{name}: not reported by the TRITON_INTERPRET=1 child run", pytrace=False)
+        outcome, message = outcomes[key]
+        if outcome == "skipped":
+            pytest.skip(message)
+        if outcome == "failed":
+            pytest.fail(f"under TRITON_INTERPRET=1 (child process):\n{message}", pytrace=False)
+    return from_child
+
+
+@pytest.mark.skipif(in_interpreter(), reason="checks a process that compiles (TRITON_INTERPRET unset)")
+def test_interpreter_setting_after_import_is_a_clear_error(monkeypatch):
+    """TRITON_INTERPRET=1 set after triton was imported to compile: a clear error, not a crash
+    deep in the kernel."""
+    import triton.language  # noqa: F401  (this process now compiles)
+    from kernels.triton.launch import interpreting
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="before the process imports triton"):
+        interpreting()
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert interpreting() is False
+
+
+@pytest.mark.skipif(in_interpreter(), reason="checks a process that compiles (TRITON_INTERPRET unset)")
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    """Without the interpreter a CPU tensor is an error naming TRITON_INTERPRET (no torch fallback)."""
+    import torch
+    from kernels.triton.fused_pair_energy import fused_pair_energy
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    B = torch.ones(2, 5, 6, dtype=torch.float64)
+    e = -torch.ones(2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        fused_pair_energy(B, B, e, e, torch.ones(5, dtype=torch.float64))
