@@ -24,9 +24,11 @@ Every element of K is therefore formed exactly once: nvir^2 naux multiply-adds p
 Each program writes one fp64 partial sum per term into a (npairs, ntile_pairs) buffer; the
 caller reduces it in a fixed order (no atomics), so a launch is bit-identical run to run.
 
-Precision: fp64 inputs use an fp64 dot (tensor-core DMMA on sm80+ where Triton lowers it) and an
-fp64 epilogue. fp32 inputs use an fp32 dot with input_precision="ieee" (true fp32 products with
-fp32 accumulation, not TF32), then X and Y are converted to fp64 for the division and the sums.
+Precision: every dot has input_precision="ieee". fp64 inputs: an fp64 dot (Triton 3.9 lowers it to
+mma.sync m8n8k4 f64 tensor-core instructions on sm80/sm90, FMA elsewhere; cuBLAS uses the larger
+m16n8k* shapes on Hopper, so scripts/bench_cuda.py measures both this and the cuBLAS path) and an
+fp64 epilogue. fp32 inputs: true fp32 products with fp32 accumulation (not TF32), then X and Y are
+converted to fp64 for the division and the sums.
 
 The kernel is built from the plain Python function at first launch, not at import (no environment
 is read when this module is imported). Triton itself fixes at its own import whether a process
@@ -39,10 +41,12 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 64          # virtual orbitals per square K tile (rows a and columns b)
-BLOCK_P = 32        # auxiliary functions per dot step (contraction chunk)
-NUM_WARPS = 8       # two BLOCK x BLOCK accumulators per program
-NUM_STAGES = 3      # software-pipelining depth of the operand loads
+BLOCK = 64                              # virtual orbitals per square K tile (rows a and columns b)
+BLOCK_P = {"fp64": 16, "fp32": 32}      # auxiliary functions per dot step (contraction chunk): four
+                                        # BLOCK x BLOCK_P operand tiles x NUM_STAGES = 96 KiB of shared
+                                        # memory in both precisions (fits A100's 164 KiB and H100's 227 KiB)
+NUM_WARPS = 8                           # two BLOCK x BLOCK accumulators per program
+NUM_STAGES = 3                          # software-pipelining depth of the operand loads
 
 
 def _fused_pair_energy_kernel(
@@ -84,17 +88,11 @@ def _fused_pair_energy_kernel(
         mp = (p0 + offs_p) < naux
         u = tl.load(bi_a, mask=mask_a[:, None] & mp[None, :], other=0.0)
         v = tl.load(bj_b, mask=mp[:, None] & mask_b[None, :], other=0.0)
-        if FP32:
-            x = tl.dot(u, v, x, input_precision="ieee")
-        else:
-            x = tl.dot(u, v, x)
+        x = tl.dot(u, v, x, input_precision="ieee")     # fp32: true fp32 products, not TF32
         if not DIAG:
             u2 = tl.load(bj_a, mask=mask_a[:, None] & mp[None, :], other=0.0)
             v2 = tl.load(bi_b, mask=mp[:, None] & mask_b[None, :], other=0.0)
-            if FP32:
-                y = tl.dot(u2, v2, y, input_precision="ieee")
-            else:
-                y = tl.dot(u2, v2, y)
+            y = tl.dot(u2, v2, y, input_precision="ieee")
             bj_a += BLOCK_P * s_bj_p
             bi_b += BLOCK_P * s_bi_p
         bi_a += BLOCK_P * s_bi_p
@@ -138,7 +136,8 @@ def kernel():
 
 def default_config(dtype) -> dict:
     """Launch configuration (tile sizes and Triton launch options) for a working dtype."""
-    return {"BLOCK": BLOCK, "BLOCK_P": BLOCK_P, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+    prec = "fp32" if dtype == torch.float32 else "fp64"
+    return {"BLOCK": BLOCK, "BLOCK_P": BLOCK_P[prec], "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
 
 def fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, config=None):
