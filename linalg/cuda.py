@@ -15,8 +15,9 @@ A Triton failure raises; nothing falls back to torch.
 
 Helpers for a GPU-resident pipeline (used by scripts/bench_cuda.py; see the module's functions):
 ``pinned_empty`` for host buffers that libcint can fill and that transfer asynchronously,
-``b_fits_on_device`` to decide whether B stays on the GPU, and ``stream_pair_blocks`` to stream B
-by occupied block from host memory when it does not.
+``b_fits_on_device`` to decide whether B stays on the GPU; when it does not, ``fit_streamed`` fits
+(P|ia) held in host memory one occupied block of columns at a time, and ``stream_pair_blocks``
+streams the resulting B by occupied block to the pair kernel.
 """
 from __future__ import annotations
 
@@ -236,3 +237,29 @@ def stream_pair_blocks(Bt_host: torch.Tensor, nocc: int, nvir: int, occ_block: i
             Bi = Bj                                        # the row's first block is block I
         pending = upload(order[k + 1][1]) if k + 1 < len(order) else None
         yield I, J, Bi, Bj
+
+
+def fit_streamed(M: torch.Tensor, Pia_host: torch.Tensor, nvir: int, occ_block: int, backend, *,
+                 kind: str = "cholesky", out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fit B = L^-1 (P|ia) (kind 'cholesky', M = L lower (naux, naux)) or B = M^T (P|ia) (kind
+    'eigh', M (naux, naux')) when (P|ia) and B stay in host memory: both are column-separable, so
+    each occupied block's columns (naux, occ_block*nvir) are uploaded, solved on the device and
+    copied back. M: on the device, in the working dtype. Pia_host: (naux, nocc*nvir) host tensor.
+    out: host (naux', nocc*nvir) tensor to write into (allocated, pinned on CUDA, if None).
+    Returns Bt on the host, ready for stream_pair_blocks."""
+    import linalg
+    naux, ncol = Pia_host.shape
+    nout = M.shape[0] if kind == "cholesky" else M.shape[1]
+    cuda = backend.device.type == "cuda"
+    if out is None:
+        out = torch.empty((nout, ncol), dtype=M.dtype, pin_memory=cuda)
+    width = occ_block * nvir
+    for c0 in range(0, ncol, width):
+        c1 = min(ncol, c0 + width)
+        cols = backend.to_device(Pia_host[:, c0:c1].contiguous(), M.dtype)
+        if kind == "cholesky":
+            blk = linalg.trsm(M, cols, side="left", uplo="lower", backend=backend)
+        else:
+            blk = linalg.gemm(M, cols, trans_a=True, backend=backend)
+        out[:, c0:c1].copy_(blk)            # device -> host (synchronises)
+    return out

@@ -120,6 +120,19 @@ def test_streamed_B_equals_resident():
     assert abs(e_os - ref[0]) <= 1e-13 * abs(ref[0]) and abs(e_ss - ref[1]) <= 1e-13 * abs(ref[0])
 
 
+def test_fit_streamed_on_gpu_equals_resident():
+    from linalg.cuda import CudaBackend, fit_streamed
+    from linalg.synthetic import random_matrix, random_spd
+    naux, nocc, nvir = 300, 9, 50
+    L = torch.linalg.cholesky(random_spd(naux, 1e6, 3)).cuda()
+    Pia = random_matrix((naux, nocc * nvir), 4)
+    be = CudaBackend("cuda")
+    got = fit_streamed(L, Pia, nvir, 4, be)
+    assert got.is_pinned()
+    ref = torch.linalg.solve_triangular(L, Pia.cuda(), upper=False).cpu()
+    assert torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("precision,tol", [("fp64", 1e-10), ("fp32", 1e-6)])
 def test_regression_molecules_cpu_vs_cuda(wired, precision, tol):
     from dfmp2.regress import load_references, run_case, select_cases
