@@ -2,6 +2,8 @@
 kernels run under the interpreter (``@interpreted``: see test_triton_interpreter.py); no GPU is
 needed here.
 The GPU itself is exercised in tests/test_cuda.py (cuda channel)."""
+import importlib.util
+
 import pytest
 import torch
 
@@ -58,6 +60,7 @@ def test_cuda_backend_pair_step_matches_torch(path, dtype):
 
 
 @pytest.mark.skipif(in_interpreter(), reason="checks a process that compiles (TRITON_INTERPRET unset)")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_cuda_backend_never_falls_back(monkeypatch):
     """Without a GPU and without the interpreter, the Triton pair step raises (no torch fallback)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'dfmp2[test]')")
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_cuda.py"
 

@@ -9,6 +9,7 @@ TRITON_INTERPRET=1 over all the interpreter test files, and each test reports th
 own run there (passed, failed with the child's message, or skipped with its reason).
 """
 import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -75,6 +76,8 @@ def child_outcomes() -> dict:
 def interpreted(fn):
     """Run the test under Triton's interpreter: in-process if this process interprets, else in the
     shared child (see the module docstring)."""
+    if importlib.util.find_spec("triton") is None:
+        return pytest.mark.skip(reason="Triton is not installed (pip install 'dfmp2[test]')")(fn)
     if in_interpreter():
         return fn
 
@@ -96,6 +99,10 @@ def interpreted(fn):
     return from_child
 
 
+NO_TRITON = importlib.util.find_spec("triton") is None
+
+
+@pytest.mark.skipif(NO_TRITON, reason="Triton is not installed (pip install 'dfmp2[test]')")
 @pytest.mark.skipif(in_interpreter(), reason="checks a process that compiles (TRITON_INTERPRET unset)")
 def test_interpreter_setting_after_import_is_a_clear_error(monkeypatch):
     """TRITON_INTERPRET=1 set after triton was imported to compile: a clear error, not a crash
@@ -109,6 +116,7 @@ def test_interpreter_setting_after_import_is_a_clear_error(monkeypatch):
     assert interpreting() is False
 
 
+@pytest.mark.skipif(NO_TRITON, reason="Triton is not installed (pip install 'dfmp2[test]')")
 @pytest.mark.skipif(in_interpreter(), reason="checks a process that compiles (TRITON_INTERPRET unset)")
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     """Without the interpreter a CPU tensor is an error naming TRITON_INTERPRET (no torch fallback)."""
