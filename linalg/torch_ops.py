@@ -158,11 +158,13 @@ def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
                "eig_max": wmax}
 
 
-def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block_elems=1 << 22):
+def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block_elems=1 << 20):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (see Backend contract).
 
-    Per i, the K_ij = B_i B_j^T for a chunk of j are one batched GEMM in the working precision
-    (at most ``max_block_elems`` elements of K at a time); K, D and the sums are fp64.
+    Per i and chunk of j, K[a, j, b] = sum_P B_ia^P B_jb^P is ONE 2-D GEMM (nvir x naux) @
+    (naux x nj*nvir) in the working precision: with B stored as Bt (naux, nocc*nvir) (the
+    pipeline's layout) both operands are views, nothing is copied. K, D and the sums are fp64,
+    at most ``max_block_elems`` elements of K at a time.
     E_SS uses sum K (K - K^T) / D = sum K^2 / D - sum K K^T / D (D is symmetric in a, b).
     """
     ni, nvir, naux = Bi.shape
@@ -175,19 +177,20 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
     dev = Bi.device
     ei, ej = eps_i.to(device=dev, dtype=f64), eps_j.to(device=dev, dtype=f64)
     ev = eps_vir.to(device=dev, dtype=f64)
-    dvv = ev[:, None] + ev[None, :]
+    bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvir)      # a view when Bj comes from Bt
     e_os = torch.zeros((), dtype=f64, device=dev)
     e_ss = torch.zeros((), dtype=f64, device=dev)
     jchunk = max(1, max_block_elems // max(1, nvir * nvir))
     for i in range(ni):
         jend = i + 1 if symmetric else nj
+        e_ia = ei[i] - ev                                            # (a,)
         for j0 in range(0, jend, jchunk):
             j1 = min(jend, j0 + jchunk)
-            K = torch.matmul(Bi[i], Bj[j0:j1].mT).to(f64)                  # (nb, nvir, nvir)
-            D = (ei[i] + ej[j0:j1])[:, None, None] - dvv
+            K = torch.matmul(Bi[i], bj2[:, j0 * nvir:j1 * nvir]).view(nvir, j1 - j0, nvir).to(f64)
+            D = e_ia[:, None, None] + (ej[j0:j1, None] - ev[None, :])   # (a, j, b)
             Kd = K / D
-            os_ = (K * Kd).sum(dim=(1, 2))
-            ss_ = os_ - (Kd * K.mT).sum(dim=(1, 2))
+            os_ = (K * Kd).sum(dim=(0, 2))
+            ss_ = os_ - (Kd * K.permute(2, 1, 0)).sum(dim=(0, 2))
             if symmetric:
                 w = torch.full((j1 - j0,), 2.0, dtype=f64, device=dev)
                 if j0 <= i < j1:
