@@ -1,8 +1,11 @@
 """The ``dfmp2`` command line (click). User mistakes print one ``error:`` line and exit 2."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
+import threading
 import time
 
 import click
@@ -88,6 +91,55 @@ def main():
     """DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium."""
 
 
+@contextlib.contextmanager
+def _terminate_raises():
+    """While the run goes on, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread (as
+    Ctrl-C does), so every ``finally`` runs: temporary files are removed, a checkpoint is closed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, raise_interrupt) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _plan_table(plan):
+    """The memory plan as a rich table (verbose mode)."""
+    from rich.table import Table
+    t = Table(title="memory plan", title_justify="left")
+    t.add_column("stage")
+    t.add_column("peak / MB", justify="right")
+    t.add_column("what is resident")
+    what = {
+        "metric": "j2c, its factor",
+        "transform": "L, one (μν|P) block and its transforms, "
+                     + ("queued disk writes" if plan.out_of_core else "all of (P|ia)"),
+        "fit": "L, " + ("read-ahead column blocks, queued writes" if plan.out_of_core
+                        else "(P|ia) becoming B block by block"),
+        "pair": ("Bi, Bj and read-ahead blocks" if plan.out_of_core else "B") + ", pair workspace",
+    }
+    for stage, mb in plan.stages_mb.items():
+        t.add_row(stage, f"{mb:,.1f}", what.get(stage, ""))
+    t.add_section()
+    t.add_row("peak", f"{plan.peak_mb:,.1f}", f"limit {plan.limit_mb:,.1f} MB")
+    t.add_row("B", f"{plan.b_mb:,.1f}",
+              f"on disk (HDF5), {plan.disk_mb:,.1f} MB of disk" if plan.out_of_core
+              else "in memory")
+    t.add_row("in memory would need", f"{plan.in_memory_mb:,.1f}", "")
+    t.add_row("smallest feasible", f"{plan.min_mb:,.1f}", "B on disk, smallest blocks"
+              if plan.storage != "memory" else "B in memory, smallest blocks")
+    t.caption = (f"blocks: {plan.aux_block} auxiliary functions per (μν|P) block, "
+                 f"{plan.occ_block} occupied orbitals per fit / pair block; storage {plan.storage}")
+    return t
+
+
 @main.command()
 @click.argument("xyz_file", type=click.Path(dir_okay=False))
 @click.option("--basis", default="cc-pvdz", show_default=True, help="orbital basis set")
@@ -106,12 +158,22 @@ def main():
 @click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
               help="RHF with density fitting (JK-fit basis) or exact integrals")
 @click.option("--memory", default=None, help="memory limit, e.g. 8GB [default: 80% of available]")
+@click.option("--storage", type=click.Choice(["auto", "memory", "disk"]), default="auto", show_default=True,
+              help="where B lives: in memory if the plan fits, else on disk (auto), or forced")
+@click.option("--scratch", "scratch_dir", type=click.Path(file_okay=False), default=None,
+              help="directory for out-of-core files, removed when the run ends [default: $TMPDIR or /tmp]")
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(dir_okay=False), default=None,
+              help="write a checkpoint (HDF5: SCF, B, finished pair blocks) to this new file as the run goes")
+@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), default=None,
+              help="continue the interrupted run in this checkpoint (same molecule and options)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the result as JSON to this path")
+@click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
 def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision,
-        frozen_core, scf_mode, memory, json_path, quiet):
+        frozen_core, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
+        json_path, verbose, quiet):
     """Compute the DF-MP2 energy of the molecule in XYZ_FILE (coordinates in Ångström)."""
     from .pipeline import RunOptions, run as run_pipeline
 
@@ -119,11 +181,21 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
     err = Console(stderr=True)
     options = RunOptions(basis=basis, auxbasis=auxbasis, charge=charge, multiplicity=multiplicity,
                          device=device, simulate=simulate, precision=precision,
-                         frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory))
+                         frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory),
+                         storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
+                         resume=resume_path)
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose else None
     try:
-        result = run_pipeline(xyz_file, options, progress=progress, log=log)
+        with _terminate_raises():
+            result = run_pipeline(xyz_file, options, progress=progress, log=log, on_plan=on_plan)
+    except KeyboardInterrupt:
+        progress.close()
+        ck = resume_path or checkpoint_path
+        hint = f"; continue with: dfmp2 run {xyz_file} ... --resume {ck}" if ck else ""
+        click.echo(f"error: interrupted{hint}", err=True)
+        sys.exit(130)
     finally:
         progress.close()
     result.render(console)

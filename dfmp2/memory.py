@@ -1,18 +1,31 @@
-"""Memory planning: estimate the peak of each stage from the shapes and pick block sizes.
+"""Memory planning: estimate the peak of each stage from the shapes, choose block sizes, and decide
+whether B (the fitted integrals) stays in memory or goes to disk (HDF5, ``dfmp2.outofcore``).
 
-Estimates are in MB (10^6 bytes). The plan is checked before the heavy work, so a run
-that cannot fit fails at once with the minimum it needs.
+Estimates are in MB (10^6 bytes) of the memory the big arrays live in (host for cpu and trn, the
+GPU for cuda). The plan is made before the SCF, so a run that cannot fit fails at once with the
+minimum it needs. Not modelled: PySCF's own SCF memory (its ``max_memory``) and the interpreter
+and libraries (~0.5 GB resident), which the default limit's safety fraction leaves room for.
+
+Block sizes are chosen from the shapes first (``OCC_BLOCK_MAX``, ``J3C_BLOCK_MB``) and shrunk only
+when the limit forces it; whether B is on disk never changes them. Same blocks means the same
+arithmetic in the same order, which is what makes the out-of-core energy bitwise equal to the
+in-memory one (``dfmp2.outofcore``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, field
 
 from .errors import MemoryLimitError
 
 MB = 1e6
 DEFAULT_FRACTION = 0.8        # of available memory when no limit is given
-J3C_SHARE = 0.25              # share of the limit the streamed integral blocks may use
-OCC_BLOCK_MAX = 16            # occupied block of the pair step (progress granularity)
+OCC_BLOCK_MAX = 16            # occupied orbitals per block of the fit and the pair step
+J3C_BLOCK_MB = 512.0          # target size of one streamed (μν|P) block and its transforms
+PREFETCH_DEPTH = 2            # out-of-core blocks read ahead of the one in use (outofcore.py)
+WRITE_DEPTH = 2               # out-of-core writes queued behind the one in flight
+PAIR_CHUNK_ELEMS = 1 << 20    # linalg.torch_ops.mp2_pair_energy: K elements per chunk
+STORAGE_CHOICES = ("auto", "memory", "disk")
+STAGES = ("metric", "transform", "fit", "pair")
 
 
 def available_mb(device: str) -> float:
@@ -34,54 +47,146 @@ def available_mb(device: str) -> float:
 
 @dataclass
 class MemoryPlan:
+    """What the run will do and what it needs. Memory in MB; blocks in functions / orbitals."""
+
     limit_mb: float
     peak_mb: float
     aux_block: int            # max auxiliary functions per streamed (μν|P) block
-    occ_block: int            # occupied orbitals per pair-step block
-    stages_mb: dict
+    occ_block: int            # occupied orbitals per block of the fit and the pair step
+    stages_mb: dict           # peak of each stage (metric, transform, fit, pair) with these blocks
+    out_of_core: bool = False  # B (and (P|ia)) on disk in HDF5 rather than in memory
+    disk_mb: float = 0.0      # scratch disk the out-of-core arrays need (0 in memory)
+    in_memory_mb: float = 0.0  # what keeping B in memory would need with these blocks
+    min_mb: float = 0.0       # the smallest feasible plan (out of core, smallest blocks)
+    storage: str = "auto"     # what was asked: auto, memory or disk
+    shapes: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def b_mb(self) -> float:
+        """Size of B in the pair step's precision."""
+        s = self.shapes
+        return s.get("naux", 0) * s.get("nocc", 0) * s.get("nvir", 0) * s.get("itemsize", 8) / MB
 
-def _stages(nao, nocc, nvir, naux, w, aux_block, occ_block) -> dict:
+
+def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int, fit_itemsize: int,
+                    aux_block: int, occ_block: int, out_of_core: bool) -> dict:
+    """Peak MB of each stage with what is resident during it.
+
+    metric:    j2c on the host and the device, its factor (eigh needs about one more).
+    transform: L, the streamed (μν|P) block (packed, unpacked, device copy), its half-transform
+               (and the transposed copy), its (P|ia) rows; plus all of (P|ia) in memory, or the
+               queued disk writes out of core.
+    fit:       L, (P|ia) being replaced block by block by B in memory (or the read-ahead blocks out
+               of core), one column block's trsm output and its cast, queued writes.
+    pair:      B in memory (or the blocks Bi, Bj and those read ahead), the pair kernel's workspace.
+    """
+    fw, w = fit_itemsize, itemsize
     nov = nocc * nvir
-    return {
-        "metric": 2 * naux * naux * 8 / MB,
-        # host packed + unpacked fp64 block, its device copy and the half-transformed blocks,
-        # all at most fp64 (the fit precision)
-        "j3c_block": (aux_block * nao * nao * 24 + 2 * aux_block * nao * nocc * 8
-                      + aux_block * nov * 8) / MB,
-        # (P|ia) and B in fp64 (the fit precision) plus B in the pair step's precision
-        "iaP_and_B": nov * naux * (16 + (w if w != 8 else 0)) / MB,
-        "pair_workspace": 6 * occ_block * nvir * nvir * 8 / MB,
-    }
+    bcols = occ_block * nvir
+    ab = aux_block
+    mo = 2 * nao * nao * 8                                   # C (host and device)
+    L = naux * naux * 8 + (naux * naux * fw if fw != 8 else 0)
+    pia_all = naux * nov * fw
+    b_all = naux * nov * w
+    blk_f, blk_w = naux * bcols * fw, naux * bcols * w
+    j3c = ab * (nao * (nao + 1) // 2 * 8 + nao * nao * 8 + nao * nao * fw
+                + 2 * nao * nocc * fw + 2 * nov * fw)
+    nblk = -(-nocc // occ_block)
+    ahead = min(PREFETCH_DEPTH, nblk)                        # blocks read ahead
+    ws = 7 * 8 * min(occ_block * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir))
+    st = {"metric": 4 * naux * naux * 8 + mo}
+    if out_of_core:
+        st["transform"] = mo + L + j3c + WRITE_DEPTH * ab * bcols * fw    # queued row pieces
+        st["fit"] = mo + L + (ahead + 2) * blk_f + (min(WRITE_DEPTH, nblk) + 1) * blk_w
+        st["pair"] = mo + (ahead + min(2, nblk)) * blk_w + ws
+    else:
+        st["transform"] = mo + L + j3c + pia_all
+        st["fit"] = mo + L + max(pia_all, b_all) + blk_f + blk_w
+        st["pair"] = mo + b_all + ws
+    return {k: v / MB for k, v in st.items()}
+
+
+def _fit(shapes, aux_block, occ_block, aux_min, out_of_core, limit, occ_fixed=False):
+    """Shrink the blocks of the stage at the peak until the plan fits; (aux_block, occ_block, stages,
+    fits) of the first plan that fits, or of the smallest one when none does."""
+    a, o = aux_block, occ_block
+    o_min = occ_block if occ_fixed else 1
+    while True:
+        st = stage_estimates(**shapes, aux_block=a, occ_block=o, out_of_core=out_of_core)
+        peak = max(st.values())
+        if peak <= limit:
+            return a, o, st, True
+        top = max(st, key=st.get)
+        if top == "transform" and a > aux_min:
+            a = max(aux_min, a // 2)
+        elif top in ("fit", "pair") and o > o_min:
+            o = max(o_min, o // 2)
+        elif a > aux_min and top != "metric":
+            a = max(aux_min, a // 2)
+        elif o > o_min and top != "metric":
+            o = max(o_min, o // 2)
+        else:
+            return a, o, st, False
 
 
 def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
-                limit_mb: float | None, device: str = "cpu") -> MemoryPlan:
-    """Choose block sizes that fit ``limit_mb`` (default: a safe fraction of what is free).
+                limit_mb: float | None, device: str = "cpu", fit_itemsize: int = 8,
+                storage: str = "auto", aux_shell_max: int = 1,
+                occ_block: int | None = None) -> MemoryPlan:
+    """Choose block sizes and where B lives so the run fits ``limit_mb`` (default: a safe fraction
+    of what is free on ``device``).
 
-    Raises MemoryLimitError, naming the minimum needed, when even the smallest blocks do not fit.
+    itemsize: bytes per element of B in the pair step (8 fp64, 4 fp32); fit_itemsize: of (P|ia)
+    and the fit (8, or 4 on trn). storage: 'auto' (in memory when it fits, else on disk),
+    'memory' or 'disk' (forced). aux_shell_max: functions in the largest auxiliary shell (a shell
+    is never split). occ_block: fixed occupied block (a resumed checkpoint's), else chosen.
+    Raises MemoryLimitError, naming the minimum needed, when even the smallest plan does not fit.
     """
+    if storage not in STORAGE_CHOICES:
+        raise ValueError(f"storage must be one of {STORAGE_CHOICES}, got {storage!r}")
     limit = limit_mb if limit_mb is not None else DEFAULT_FRACTION * available_mb(device)
-    w = itemsize
-    occ_block = max(1, min(nocc, OCC_BLOCK_MAX))
-    per_aux_fn = _stages(nao, nocc, nvir, naux, w, 1, occ_block)["j3c_block"]
-    aux_block = int(max(1, min(naux, J3C_SHARE * limit / max(per_aux_fn, 1e-12))))
-    aux_block = max(aux_block, min(naux, 64))  # at least one shell-sized block; checked below
-    while True:
-        st = _stages(nao, nocc, nvir, naux, w, aux_block, occ_block)
-        peak = st["metric"] + st["j3c_block"] + st["iaP_and_B"] + st["pair_workspace"]
-        if peak <= limit or (aux_block <= 16 and occ_block == 1):
-            break
-        if aux_block > 16:
-            aux_block = max(16, aux_block // 2)
+    nocc, nvir, naux = max(1, nocc), max(1, nvir), max(1, naux)
+    shapes = dict(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=itemsize, fit_itemsize=fit_itemsize)
+    aux_min = max(1, min(naux, aux_shell_max))
+    per_aux_fn = stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"] \
+        - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
+    aux0 = int(max(aux_min, min(naux, J3C_BLOCK_MB / max(per_aux_fn, 1e-12))))
+    occ0 = max(1, min(nocc, occ_block if occ_block else OCC_BLOCK_MAX))
+    fixed_occ = occ_block is not None
+    # auto: in memory with the shape-chosen blocks, else on disk with the same blocks (shrunk only
+    # if even that does not fit), so the memory limit changes the bits of the energy only when it
+    # is below what those blocks need out of core.
+    attempts = {"auto": ((False, False), (True, True)), "memory": ((False, True),),
+                "disk": ((True, True),)}[storage]
+    for ooc, shrink in attempts:
+        if shrink:
+            a, o, st, ok = _fit(shapes, aux0, occ0, aux_min, ooc, limit, occ_fixed=fixed_occ)
         else:
-            occ_block = max(1, occ_block // 2)
-    if peak > limit:
-        raise MemoryLimitError(
-            f"this run needs at least {peak:.3g} MB but the memory limit is {limit:.3g} MB "
-            f"(nocc {nocc}, nvir {nvir}, naux {naux}); raise --memory or use a smaller basis")
-    return MemoryPlan(limit_mb=limit, peak_mb=peak, aux_block=aux_block,
-                      occ_block=occ_block, stages_mb=st)
+            a, o = aux0, occ0
+            st = stage_estimates(**shapes, aux_block=a, occ_block=o, out_of_core=ooc)
+            ok = max(st.values()) <= limit
+        if ok:
+            im = max(stage_estimates(**shapes, aux_block=a, occ_block=o, out_of_core=False).values())
+            disk = 0.0
+            if ooc:
+                disk = naux * nocc * nvir * (itemsize + (fit_itemsize if fit_itemsize != itemsize else 0)) / MB
+            return MemoryPlan(limit_mb=limit, peak_mb=max(st.values()), aux_block=a, occ_block=o,
+                              stages_mb=st, out_of_core=ooc, disk_mb=disk, in_memory_mb=im,
+                              min_mb=_min_mb(shapes, aux_min, occ0 if fixed_occ else 1, storage),
+                              storage=storage, shapes=shapes)
+    need = _min_mb(shapes, aux_min, occ0 if fixed_occ else 1, storage)
+    where = {"memory": "with B in memory (--storage memory)",
+             "disk": "with B on disk", "auto": "with B on disk"}[storage]
+    blocks = f"occupied block {occ0} (from the checkpoint)" if fixed_occ else "occupied block 1"
+    raise MemoryLimitError(
+        f"this run needs at least {need:.3g} MB ({where}, auxiliary block {aux_min}, {blocks}) "
+        f"but the memory limit is {limit:.3g} MB (nocc {nocc}, nvir {nvir}, naux {naux}); "
+        f"raise --memory or use a smaller basis")
+
+
+def _min_mb(shapes, aux_min, occ_min, storage) -> float:
+    ooc = storage != "memory"
+    return max(stage_estimates(**shapes, aux_block=aux_min, occ_block=occ_min, out_of_core=ooc).values())

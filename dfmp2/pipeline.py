@@ -9,7 +9,11 @@ energy sums are carried in fp64 in both precisions.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
+from contextlib import closing
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
@@ -19,9 +23,9 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import integrals, scf
+from . import checkpoint, integrals, outofcore, scf
 from .errors import InputError
-from .memory import MemoryPlan, plan_memory
+from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
 from .xyz import Geometry, read_xyz
 
@@ -42,6 +46,10 @@ class RunOptions:
     frozen_core: bool = False
     scf_mode: str = "df"
     memory_mb: float | None = None       # None: a safe fraction of available memory
+    storage: str = "auto"                # where B lives: auto (memory if it fits), memory, disk
+    scratch_dir: str | None = None       # out-of-core files; None: the system's temp directory
+    checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
+    resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
 
     def resolved_precision(self) -> str:
         p = self.precision or ("fp32" if self.device.startswith("trn") else "fp64")
@@ -80,87 +88,119 @@ def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
         return M, "eigh", info
 
 
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer):
-    """Fitted integrals, stored transposed: Bt (naux', nocc*nvir) in ``dtype`` on the device,
-    Bt[P, i*nvir + a] = B_ia^P.
+def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, *,
+            out_dtype=None, blocks: outofcore.OccBlocks | None = None, scratch=None, b_dataset=None,
+            b_crc=None):
+    """Fitted integrals B by occupied block (``dfmp2.outofcore``): returns (store, metric_kind,
+    metric_info) with store an InMemoryB (plan.out_of_core False) or an HDF5B, block k holding
+    B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``out_dtype``.
 
     (μν|P) is streamed from libcint in aux-shell blocks; each block is half-transformed with
-    C_occ then C_vir (gemm) into rows of (P|ia); then Bt = L^-1 (P|ia) (trsm, left). Keeping
-    the auxiliary index outermost makes every write a contiguous row block and is the layout
-    the pair step contracts over (the partition axis on Trainium).
+    C_occ then C_vir (gemm) into rows of (P|ia) in ``dtype``; then, one occupied block of columns
+    at a time, B_k = L^-1 (P|ia)_k (trsm, left). The auxiliary index stays outermost (the
+    partition axis on Trainium, the contraction of the pair step). Out of core, (P|ia) and B go
+    to HDF5: ``b_dataset`` (a checkpoint's /B) or a file in ``scratch``; (P|ia) is fitted in place
+    when it has B's dtype, else it lives in its own scratch file, removed after the fit.
     """
     nao, nocc = C_occ.shape
     nvir = C_vir.shape[1]
     naux = auxmol.nao_nr()
+    out_dtype = out_dtype or dtype
+    blocks = blocks or outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
     t0 = time.perf_counter()
     j2c = backend.to_device(integrals.metric_2c(auxmol), torch.float64)
     t0 = timer.add("integrals", t0)
     M, metric_kind, metric_info = fit_metric(j2c, backend)
+    del j2c
     t0 = timer.add("metric", t0)
     co = backend.to_device(C_occ, dtype)
     cv = backend.to_device(C_vir, dtype)
-    Pia = torch.empty((naux, nocc * nvir), dtype=dtype, device=co.device)
-    blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
-    t_loop, t_int = t0, 0.0
-    for p0, p1, j3c in integrals.iter_j3c(mol, auxmol, blocks):
-        t1 = time.perf_counter()
-        t_int += t1 - t0                      # host libcint time; device work may still run
-        nb = p1 - p0
-        # two 2-D GEMMs (one launch each on Trainium) rather than a batch over P
-        x = backend.to_device(j3c, dtype).reshape(nb * nao, nao)          # (P μ, ν)
-        half = linalg.gemm(x, co, backend=backend)                       # (P μ, i)
-        half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
-        Pia[p0:p1] = linalg.gemm(half, cv, backend=backend).reshape(nb, nocc * nvir)
-        t0 = time.perf_counter()
-    t0 = timer.add("transform", t_loop)
-    timer.seconds["transform"] -= t_int
-    timer.seconds["integrals"] += t_int
-    if metric_kind == "cholesky":
-        Bt = linalg.trsm(M.to(dtype), Pia, side="left", uplo="lower", backend=backend)
-    else:                      # M = j2c^-1/2 is symmetric
-        Bt = linalg.gemm(M.to(dtype), Pia, backend=backend)
-    del Pia
-    timer.add("fit", t0)
-    return Bt, metric_kind, metric_info
+    stores = []
+    ok = False
+    try:
+        if plan.out_of_core:
+            if b_dataset is None:
+                b_dataset = outofcore.create_flat(scratch.open("B"), "B", blocks, out_dtype)
+            if out_dtype == dtype:
+                pia_dset = b_dataset
+            else:
+                pia_dset = outofcore.create_flat(scratch.open("Pia"), "Pia", blocks, dtype)
+            pia = outofcore.HDF5B(pia_dset, blocks)
+            B = outofcore.HDF5B(b_dataset, blocks, crc=b_crc)
+            stores += [pia, B]
+        else:
+            pia = outofcore.InMemoryB(blocks, dtype, co.device)
+            B = outofcore.InMemoryB(blocks, out_dtype, co.device, allocate=False)
+        aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
+        t_loop, t_int = t0, 0.0
+        for p0, p1, j3c in integrals.iter_j3c(mol, auxmol, aux_blocks):
+            t1 = time.perf_counter()
+            t_int += t1 - t0                      # host libcint time; device work may still run
+            nb = p1 - p0
+            # two 2-D GEMMs (one launch each on Trainium) rather than a batch over P
+            x = backend.to_device(j3c, dtype).reshape(nb * nao, nao)          # (P μ, ν)
+            half = linalg.gemm(x, co, backend=backend)                       # (P μ, i)
+            half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
+            pia.write_rows(p0, p1, linalg.gemm(half, cv, backend=backend).reshape(nb, nocc * nvir))
+            t0 = time.perf_counter()
+        pia.flush()
+        t0 = timer.add("transform", t_loop)
+        timer.seconds["transform"] -= t_int
+        timer.seconds["integrals"] += t_int
+        fit_M = M.to(dtype)
+        outofcore.fit_blocks(fit_M, metric_kind, pia, B, backend, out_dtype)
+        del fit_M, M
+        pia.close()
+        if plan.out_of_core and pia_dset is not b_dataset:
+            scratch.remove(pia_dset.file)        # (P|ia) in fp64 next to an fp32 B: free its disk now
+        timer.add("fit", t0)
+        ok = True
+        return B, metric_kind, metric_info
+    finally:
+        if not ok:
+            for st in stores:
+                st.close()
 
 
 def pair_energies(B, eps_occ, eps_vir, backend, occ_block: int, progress=None):
     """E_OS, E_SS (Hartree, fp64) over occupied blocks I >= J; off-diagonal blocks count twice.
 
-    B: (nocc, nvir, naux) in working precision (may be a strided view of Bt). eps_*: fp64
-    tensors on the device.
+    B: an outofcore store (InMemoryB / HDF5B), or a (nocc, nvir, naux) tensor in working
+    precision (copied into occupied blocks of ``occ_block``). eps_*: fp64 tensors on the device.
     ``progress(done, total)`` is called after each block pair.
     """
-    nocc = B.shape[0]
-    starts = list(range(0, nocc, occ_block))
-    pairs = [(I, J) for I in starts for J in starts if J <= I]
-    e_os = e_ss = 0.0
-    for n, (I, J) in enumerate(pairs, start=1):
-        Bi, Bj = B[I:I + occ_block], B[J:J + occ_block]
-        os_, ss_ = linalg.mp2_pair_energy(Bi, Bj, eps_occ[I:I + occ_block],
-                                          eps_occ[J:J + occ_block], eps_vir,
-                                          symmetric=(I == J), backend=backend)
-        w = 1.0 if I == J else 2.0
-        e_os += w * os_
-        e_ss += w * ss_
-        if progress is not None:
-            progress(n, len(pairs))
-    return e_os, e_ss
+    if isinstance(B, torch.Tensor):
+        nocc, nvir, naux = B.shape
+        blocks = outofcore.OccBlocks(nocc, nvir, naux, occ_block)
+        store = outofcore.InMemoryB(blocks, B.dtype, B.device, allocate=False)
+        for k in range(blocks.count):
+            o0, o1 = blocks.orbitals(k)
+            store.set_block(k, B[o0:o1].permute(2, 0, 1).reshape(naux, (o1 - o0) * nvir).contiguous())
+        B = store
+    sums = outofcore.pair_block_sums(B, eps_occ, eps_vir, backend, progress=progress)
+    return outofcore.combine(sums, B.blocks.pairs())
 
 
-def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None) -> Result:
-    """Run DF-MP2 on a parsed geometry. Checks everything cheap before the heavy work."""
+def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:
+    """Run DF-MP2 on a parsed geometry. Checks everything cheap before the heavy work: options,
+    device, basis sets, the memory plan (``on_plan(plan)`` sees it), scratch disk, checkpoint."""
     say = log or (lambda msg: None)
     precision = options.resolved_precision()
     if options.scf_mode not in scf.SCF_MODES:
         raise InputError(f"unknown SCF mode '{options.scf_mode}'; use one of {', '.join(scf.SCF_MODES)}")
+    if options.storage not in STORAGE_CHOICES:
+        raise InputError(f"unknown storage '{options.storage}'; use one of {', '.join(STORAGE_CHOICES)}")
     if options.simulate and not options.device.startswith("trn"):
         raise InputError(f"--simulate applies only to trn1/trn2, not to device '{options.device}'")
+    if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
+        raise InputError("--checkpoint and --resume name different files; --resume PATH goes on "
+                         "writing to PATH, so give only --resume")
     try:
         backend = linalg.get_backend(options.device, simulate=options.simulate)
     except ValueError as e:        # an unknown device name or a misplaced --simulate
         raise InputError(str(e)) from None
     dtype = DTYPES[precision]
+    fit_dtype = torch.float32 if backend.name.startswith("trn") else torch.float64
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
@@ -168,26 +208,62 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None) -
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     nmo = nao  # spherical basis without linear dependence; checked after SCF
-    plan = plan_memory(nao=nao, nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux,
-                       itemsize=torch.finfo(dtype).bits // 8, limit_mb=options.memory_mb,
-                       device=options.device)
-    say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
-        f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB")
+    ck_path = options.resume or options.checkpoint
+    fp = None
+    if ck_path:
+        fp = checkpoint.fingerprint(
+            mol=mol, basis=options.basis, auxbasis=scf.describe_auxbasis(auxbasis),
+            scf_mode=options.scf_mode, frozen_core=options.frozen_core, precision=precision,
+            device=options.device, simulate=options.simulate, nfrozen=nfrozen,
+            nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux)
+    ck = checkpoint.Checkpoint.resume(options.resume, fp) if options.resume else None
+    try:
+        if options.checkpoint and not options.resume and Path(options.checkpoint).exists():
+            raise checkpoint.CheckpointError(
+                f"checkpoint {options.checkpoint} already exists; continue it with --resume "
+                f"{options.checkpoint} or remove it to start afresh")
+        plan = plan_memory(nao=nao, nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux,
+                           itemsize=torch.finfo(dtype).bits // 8, limit_mb=options.memory_mb,
+                           device=options.device, fit_itemsize=torch.finfo(fit_dtype).bits // 8,
+                           storage=options.storage, aux_shell_max=_largest_shell(auxmol),
+                           occ_block=ck.occ_block if ck is not None else None)
+        if on_plan is not None:
+            on_plan(plan)
+        say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
+            f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB, B "
+            f"{'on disk' if plan.out_of_core else 'in memory'}")
+        _check_disk(plan, options, ck_path, b_done=ck is not None and ck.b_complete,
+                    b_mb=plan.b_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0)
+        if ck is None and options.checkpoint:
+            ck = checkpoint.Checkpoint.create(options.checkpoint, fp, occ_block=plan.occ_block)
 
-    timer = _Timer(backend)
-    t0 = time.perf_counter()
-    say("RHF ...")
-    ref = scf.run_rhf(mol, options.scf_mode)
-    timer.add("scf", t0)
-    nmo = ref.mo_coeff.shape[1]
-    nocc = ref.nocc - nfrozen
-    nvir = nmo - ref.nocc
-    if nocc <= 0 or nvir <= 0:
-        raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc} active "
-                         f"occupied and {nvir} virtual orbitals")
-    say("integrals, transforms, fit and pair energies ...")
-    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
-                                 precision=precision, plan=plan, timer=timer, progress=progress)
+        timer = _Timer(backend)
+        t0 = time.perf_counter()
+        if ck is not None and ck.has_scf:
+            say(f"RHF from checkpoint {ck.path}")
+            ref = ck.load_scf()
+            timer.add("checkpoint", t0)
+        else:
+            say("RHF ...")
+            ref = scf.run_rhf(mol, options.scf_mode)
+            timer.add("scf", t0)
+            if ck is not None:
+                ck.save_scf(ref)
+        nmo = ref.mo_coeff.shape[1]
+        nocc = ref.nocc - nfrozen
+        nvir = nmo - ref.nocc
+        if nocc <= 0 or nvir <= 0:
+            raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc} active "
+                             f"occupied and {nvir} virtual orbitals")
+        say("integrals, transforms, fit and pair energies ...")
+        e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
+                                     precision=precision, plan=plan, timer=timer, progress=progress,
+                                     scratch_dir=options.scratch_dir, checkpoint=ck)
+        if ck is not None:
+            ck.mark_complete(e_os, e_ss)
+    finally:
+        if ck is not None:
+            ck.close()
     return Result(
         molecule=geom.source, natm=geom.natm, formula=_formula(geom.symbols),
         charge=mol.charge, basis=options.basis, auxbasis=scf.describe_auxbasis(auxbasis),
@@ -198,28 +274,122 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None) -
         versions=software_versions())
 
 
+def _largest_shell(auxmol) -> int:
+    loc = auxmol.ao_loc_nr()
+    return int(max(loc[1:] - loc[:-1])) if auxmol.nbas else 1
+
+
+def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool, b_mb: float,
+                pia_mb: float) -> None:
+    """Before any heavy work: is there disk for what goes to disk? A checkpoint holds B (in memory
+    or not); out of core without a checkpoint, B goes to the scratch directory, and (P|ia) does
+    when its dtype differs from B's."""
+    need: dict = {}
+
+    def add(directory, mb, what):
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise InputError(f"{what}: directory {directory} does not exist")
+        dev = os.stat(directory).st_dev
+        d, total, names = need.get(dev, (directory, 0.0, []))
+        need[dev] = (d, total + mb, names + [what])
+
+    scratch = Path(options.scratch_dir) if options.scratch_dir else Path(tempfile.gettempdir())
+    if ck_path and not b_done:
+        add(Path(ck_path).resolve().parent, b_mb, "checkpoint")
+    if plan.out_of_core:
+        if not ck_path:
+            add(scratch, b_mb, "scratch (--scratch)")
+        if pia_mb > 0:
+            add(scratch, pia_mb, "scratch (--scratch)")
+    for directory, mb, names in need.values():
+        free = shutil.disk_usage(directory).free / MB
+        if mb * 1.02 > free:
+            raise InputError(f"this run needs {mb:.4g} MB of disk in {directory} ({' and '.join(sorted(set(names)))}) "
+                             f"but only {free:.4g} MB are free; choose another --scratch or checkpoint "
+                             "directory, or raise --memory")
+
+
 def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan: MemoryPlan,
-               timer: _Timer, progress=None):
+               timer: _Timer, progress=None, scratch_dir=None, checkpoint=None):
     """The DF-MP2 stage after the SCF: integrals, metric, transforms, fit and pair energies.
 
+    B stays in memory or goes to HDF5 on disk as ``plan.out_of_core`` says (the same arithmetic
+    either way, so the same bits); out-of-core files without a checkpoint go to a private directory
+    under ``scratch_dir`` (default: the system's temp dir) that is removed however this returns.
+    ``checkpoint`` (dfmp2.checkpoint.Checkpoint): B and each finished block pair are written to it,
+    and what it already has is reused.
     Returns (e_os, e_ss, ran): correlation energies in Hartree and what ran.
     """
+    ck = checkpoint
     nocc = ref.nocc - nfrozen
     nvir = ref.mo_coeff.shape[1] - ref.nocc
+    naux = auxmol.nao_nr()
     C = ref.mo_coeff
     C_occ, C_vir = C[:, nfrozen:ref.nocc], C[:, ref.nocc:]
     # fp32 rounding of (P|ia) is amplified by L^-1 (the metric's condition number): measured on
     # (H2O)4 it costs 2e-7 Eh against 1e-8 Eh with an fp64 fit. The transforms and the fit are
     # O(N^4) next to the O(N^5) pair step, so they stay fp64 wherever the device has fp64.
     fit_dtype = torch.float32 if backend.name.startswith("trn") else torch.float64
-    Bt, metric_kind, metric_info = build_B(mol, auxmol, C_occ, C_vir, backend, fit_dtype, plan, timer)
-    Bt = Bt.to(DTYPES[precision])
-    B = Bt.view(Bt.shape[0], nocc, nvir).permute(1, 2, 0)    # (nocc, nvir, naux') view, no copy
-    eps_occ = backend.to_device(ref.mo_energy[nfrozen:ref.nocc], torch.float64)
-    eps_vir = backend.to_device(ref.mo_energy[ref.nocc:], torch.float64)
-    t0 = time.perf_counter()
-    e_os, e_ss = pair_energies(B, eps_occ, eps_vir, backend, plan.occ_block, progress)
-    timer.add("pair", t0)
+    b_dtype = DTYPES[precision]
+    blocks = outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
+    pairs = blocks.pairs()
+    storage = {"B": "disk (HDF5)" if plan.out_of_core else "memory", "occ_blocks": blocks.count,
+               "block_pairs": len(pairs), "checkpoint": str(ck.path) if ck is not None else None,
+               "from_checkpoint": {"scf": ref.mf is None and ck is not None, "B": False, "pairs": 0}}
+    B = None
+    with outofcore.Scratch(scratch_dir) as scratch:
+        try:
+            if ck is not None and ck.b_complete:
+                t0 = time.perf_counter()
+                metric_kind, metric_info = ck.metric()
+                disk = outofcore.HDF5B(ck.b_dataset(blocks, b_dtype), blocks, crc=ck.crc_dataset())
+                if plan.out_of_core:
+                    B = disk
+                else:
+                    B = outofcore.InMemoryB(blocks, b_dtype, _device_of(backend), allocate=False)
+                    with closing(disk.iter_blocks(range(blocks.count), backend)) as it:
+                        for k, blk in it:
+                            B.set_block(k, blk.contiguous())
+                    disk.close()
+                storage["from_checkpoint"]["B"] = True
+                timer.add("checkpoint", t0)
+            else:
+                b_dset = ck.b_dataset(blocks, b_dtype) if ck is not None and plan.out_of_core else None
+                B, metric_kind, metric_info = build_B(
+                    mol, auxmol, C_occ, C_vir, backend, fit_dtype, plan, timer, out_dtype=b_dtype,
+                    blocks=blocks, scratch=scratch, b_dataset=b_dset,
+                    b_crc=ck.crc_dataset() if b_dset is not None else None)
+                if ck is not None:
+                    t0 = time.perf_counter()
+                    if not plan.out_of_core:
+                        disk = outofcore.HDF5B(ck.b_dataset(blocks, b_dtype), blocks, crc=ck.crc_dataset())
+                        try:
+                            for k in range(blocks.count):
+                                disk.set_block(k, B.data[k])
+                            disk.flush()
+                        finally:
+                            disk.close()
+                    ck.mark_b_complete(metric_kind, metric_info)
+                    timer.add("checkpoint", t0)
+            if plan.out_of_core:
+                storage["B_file"] = B.path if ck is not None else "temporary (removed at the end)"
+            eps_occ = backend.to_device(ref.mo_energy[nfrozen:ref.nocc], torch.float64)
+            eps_vir = backend.to_device(ref.mo_energy[ref.nocc:], torch.float64)
+            done = on_pair = None
+            if ck is not None:
+                ck.init_pairs(len(pairs))
+                done = ck.load_pairs()
+                storage["from_checkpoint"]["pairs"] = int(done[0].sum())
+                on_pair = ck.save_pair
+            t0 = time.perf_counter()
+            sums = outofcore.pair_block_sums(B, eps_occ, eps_vir, backend, done=done,
+                                             on_pair=on_pair, progress=progress)
+            timer.add("pair", t0)
+            e_os, e_ss = outofcore.combine(sums, pairs)
+        finally:
+            if B is not None:
+                B.close()
     ran = backend.describe()
     ran["precision"] = precision
     # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
@@ -227,12 +397,17 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     ran["stage_precision"] = {"transform_fit": str(fit_dtype).replace("torch.float", "fp"),
                               "pair": precision, "energy_sums": "fp64"}
     ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"
+    ran["storage"] = storage
     return e_os, e_ss, ran
 
 
-def run(path, options: RunOptions, progress=None, log=None) -> Result:
+def _device_of(backend) -> torch.device:
+    return getattr(backend, "device", torch.device("cpu"))
+
+
+def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:
     """Read an XYZ file and run DF-MP2 on it."""
-    return run_geometry(read_xyz(path), options, progress=progress, log=log)
+    return run_geometry(read_xyz(path), options, progress=progress, log=log, on_plan=on_plan)
 
 
 def _formula(symbols) -> str:

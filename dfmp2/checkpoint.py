@@ -1,0 +1,305 @@
+"""Checkpoint and resume: one HDF5 file per run with what was asked (a fingerprint), the SCF,
+B, and the (e_os, e_ss) of every finished block pair.
+
+    /                attrs: format, format_version, fingerprint (JSON), occ_block, complete
+    /scf/mo_coeff    (nao, nmo) fp64      attrs: e_hf, nocc, scf_mode, jk_auxbasis, cycles
+    /scf/mo_energy   (nmo,) fp64
+    /B               flat block-major B (dfmp2.outofcore), the pair step's dtype
+                     attrs: complete, metric, metric_dropped
+    /B_crc           (nblocks,) int64: crc32 of each block of B as written, -1 before
+    /pairs/sums      (npairs, 2) fp64: e_os, e_ss of each block pair (OccBlocks.pairs order)
+    /pairs/done      (npairs,) uint8
+
+Written as the run goes: the SCF once converged, B once fitted (out of core, B is written there
+directly and is the run's only copy), then each block pair's sums (written, flushed, then its
+done flag written and flushed, so a pair is either finished with its sums or not at all). Every
+dataset is allocated when the file is created, so the later writes change no HDF5 metadata: a
+run killed at any point (SIGKILL included) leaves a file that opens. HDF5's superblock-v3
+"open for writing" flag is not used (default libver), since it would make a killed run's file
+unreadable without h5clear.
+
+On resume the fingerprint must match field by field (molecule, basis sets, charge, SCF mode,
+frozen core, precision, device, dfmp2 version, shapes); the SCF and a complete B are read back,
+finished pairs are not recomputed, and the final energy adds all pairs' sums in the same fixed
+order as an uninterrupted run (outofcore.combine), so it is bitwise the same.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+FORMAT = "dfmp2-checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(InputError):
+    """A checkpoint that cannot be used: missing, not HDF5, incomplete, corrupted or mismatched."""
+
+
+def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, precision: str,
+                device: str, simulate: bool, nfrozen: int, nocc: int, nvir: int, naux: int) -> dict:
+    """What must be equal for a checkpoint to be reused (JSON-able; floats exactly)."""
+    import dfmp2
+    coords = np.asarray(mol.atom_coords(unit="Angstrom"), dtype=np.float64)
+    return {
+        "dfmp2_version": dfmp2.__version__,
+        "geometry": [[mol.atom_pure_symbol(i), *map(float, coords[i])] for i in range(mol.natm)],
+        "charge": int(mol.charge),
+        "spin": int(mol.spin),
+        "basis": basis.lower() if isinstance(basis, str) else json.dumps(basis, sort_keys=True),
+        "auxbasis": auxbasis.lower(),
+        "scf_mode": scf_mode,
+        "frozen_core": bool(frozen_core),
+        "precision": precision,
+        "device": device,
+        "simulate": bool(simulate),
+        "shapes": {"nbasis": int(mol.nao_nr()), "naux": int(naux), "nocc": int(nocc),
+                   "nvir": int(nvir), "nfrozen": int(nfrozen)},
+    }
+
+
+def _describe(value) -> str:
+    s = json.dumps(value)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _mismatch(path, stored: dict, current: dict) -> str | None:
+    for key in current:
+        if key not in stored:
+            return f"checkpoint {path} has no '{key}' in its fingerprint (written by another dfmp2 version?)"
+        if stored[key] != current[key]:
+            if key == "geometry":
+                what = "the molecule differs (atoms or coordinates)"
+                if len(stored[key]) == len(current[key]):
+                    n = next(i for i, (a, b) in enumerate(zip(stored[key], current[key])) if a != b)
+                    what = (f"the molecule differs at atom {n + 1}: {_describe(stored[key][n])} in the "
+                            f"checkpoint, {_describe(current[key][n])} here")
+                else:
+                    what = (f"the molecule differs: {len(stored[key])} atoms in the checkpoint, "
+                            f"{len(current[key])} here")
+            else:
+                what = f"{key} is {_describe(stored[key])} in the checkpoint but {_describe(current[key])} here"
+            return (f"checkpoint {path} was written for another run: {what}; resume with the same "
+                    "molecule and options, or start afresh without --resume")
+    return None
+
+
+class Checkpoint:
+    """An open checkpoint file (h5py, read-write). Use ``create`` or ``resume``."""
+
+    def __init__(self, path: Path, f):
+        self.path, self.f = Path(path), f
+
+    # ---- opening
+    @classmethod
+    def create(cls, path, fp: dict, *, occ_block: int) -> "Checkpoint":
+        """A new checkpoint at ``path``; refuses to overwrite an existing file."""
+        import h5py
+        path = Path(path)
+        if path.exists():
+            raise CheckpointError(f"checkpoint {path} already exists; continue it with --resume {path} "
+                                  "or remove it to start afresh")
+        if not path.parent.is_dir():
+            raise CheckpointError(f"checkpoint {path}: directory {path.parent} does not exist")
+        try:
+            f = h5py.File(path, "w-")
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {path} cannot be created: {e}") from None
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["fingerprint"] = json.dumps(fp)
+        f.attrs["occ_block"] = int(occ_block)
+        f.attrs["complete"] = 0
+        f.flush()
+        return cls(path, f)
+
+    @classmethod
+    def resume(cls, path, fp: dict) -> "Checkpoint":
+        """Open ``path`` for resuming a run with fingerprint ``fp``; CheckpointError (one line)
+        when it is missing, not a dfmp2 checkpoint, corrupted or written for another run."""
+        import h5py
+        path = Path(path)
+        if not path.exists():
+            raise CheckpointError(f"checkpoint {path} does not exist; start the run with --checkpoint {path}")
+        try:
+            f = h5py.File(path, "r+")
+        except OSError as e:
+            reason = "not an HDF5 file" if not h5py.is_hdf5(path) else f"unreadable ({e})"
+            raise CheckpointError(f"checkpoint {path} is corrupted or not a dfmp2 checkpoint: {reason}") from None
+        ok = False
+        try:
+            if f.attrs.get("format") != FORMAT:
+                raise CheckpointError(f"checkpoint {path} is not a dfmp2 checkpoint (no '{FORMAT}' format mark)")
+            if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
+                raise CheckpointError(f"checkpoint {path} has format version {f.attrs.get('format_version')}, "
+                                      f"this dfmp2 reads {FORMAT_VERSION}")
+            try:
+                stored = json.loads(f.attrs["fingerprint"])
+                int(f.attrs["occ_block"])
+            except (KeyError, ValueError, TypeError):
+                raise CheckpointError(f"checkpoint {path} is corrupted: its fingerprint is missing or unreadable") from None
+            msg = _mismatch(path, stored, fp)
+            if msg:
+                raise CheckpointError(msg)
+            ck = cls(path, f)
+            ck._check_structure()
+            ok = True
+            return ck
+        finally:
+            if not ok:
+                f.close()
+
+    def _require(self, name: str, shape=None):
+        if name not in self.f:
+            raise CheckpointError(f"checkpoint {self.path} is corrupted: dataset '{name}' is missing")
+        d = self.f[name]
+        if shape is not None and d.shape != tuple(shape):
+            raise CheckpointError(f"checkpoint {self.path} is corrupted: '{name}' has shape {d.shape}, "
+                                  f"expected {tuple(shape)}")
+        return d
+
+    def _check_structure(self) -> None:
+        """What was written must be whole: SCF both arrays, B with its checksums, pairs both."""
+        try:
+            if "scf" in self.f:
+                c = self._require("scf/mo_coeff")
+                self._require("scf/mo_energy", (c.shape[1],))
+                for a in ("e_hf", "nocc"):
+                    if a not in self.f["scf"].attrs:
+                        raise CheckpointError(f"checkpoint {self.path} is corrupted: scf has no '{a}'")
+            if "pairs" in self.f:
+                s = self._require("pairs/sums")
+                self._require("pairs/done", (s.shape[0],))
+            if "B" in self.f:
+                self._require("B_crc")
+            # touch the data so a truncated file fails here, not mid-run
+            for name in ("scf/mo_coeff", "scf/mo_energy", "pairs/sums", "pairs/done", "B_crc"):
+                if name in self.f:
+                    self.f[name][...]
+        except CheckpointError:
+            raise
+        except (OSError, KeyError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {self.path} is corrupted: {e}") from None
+
+    @property
+    def occ_block(self) -> int:
+        return int(self.f.attrs["occ_block"])
+
+    # ---- SCF
+    @property
+    def has_scf(self) -> bool:
+        return "scf" in self.f
+
+    def _fresh_group(self, name: str):
+        if name in self.f:                  # left by a run killed between create and move
+            del self.f[name]
+        return self.f.create_group(name)
+
+    def save_scf(self, ref) -> None:
+        g = self._fresh_group("scf_tmp")
+        g.create_dataset("mo_coeff", data=np.asarray(ref.mo_coeff, dtype=np.float64))
+        g.create_dataset("mo_energy", data=np.asarray(ref.mo_energy, dtype=np.float64))
+        g.attrs["e_hf"] = float(ref.e_hf)
+        g.attrs["nocc"] = int(ref.nocc)
+        g.attrs["scf_mode"] = ref.scf_mode
+        g.attrs["jk_auxbasis"] = ref.jk_auxbasis or ""
+        g.attrs["cycles"] = int(ref.cycles or 0)
+        self.f.flush()
+        self.f.move("scf_tmp", "scf")           # appears whole or not at all
+        self.f.flush()
+
+    def load_scf(self):
+        from .scf import RHFReference
+        g = self.f["scf"]
+        try:
+            return RHFReference(mf=None, e_hf=float(g.attrs["e_hf"]), mo_coeff=g["mo_coeff"][...],
+                                mo_energy=g["mo_energy"][...], nocc=int(g.attrs["nocc"]),
+                                scf_mode=str(g.attrs["scf_mode"]),
+                                jk_auxbasis=str(g.attrs["jk_auxbasis"]) or None,
+                                cycles=int(g.attrs["cycles"]) or None)
+        except (OSError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {self.path} is corrupted: scf: {e}") from None
+
+    # ---- B
+    def b_dataset(self, blocks, dtype):
+        """The /B dataset for ``blocks`` in ``dtype`` (torch), allocated in full now; an incomplete
+        one from an interrupted build is replaced."""
+        import h5py
+        import torch
+        npdt = torch.empty(0, dtype=dtype).numpy().dtype
+        if "B" in self.f and self.b_complete:
+            return self._require("B", (blocks.size,))
+        for name in ("B", "B_crc"):
+            if name in self.f:
+                del self.f[name]
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)   # no metadata change at the first write
+        d = self.f.create_dataset("B", shape=(blocks.size,), dtype=npdt, dcpl=dcpl, fill_time="never")
+        d.attrs["complete"] = 0
+        self.f.create_dataset("B_crc", data=np.full(blocks.count, -1, dtype=np.int64))
+        self.f.flush()
+        return d
+
+    @property
+    def b_complete(self) -> bool:
+        return "B" in self.f and bool(self.f["B"].attrs.get("complete", 0))
+
+    def mark_b_complete(self, metric_kind: str, metric_info: dict) -> None:
+        d = self.f["B"]
+        d.attrs["metric"] = metric_kind
+        d.attrs["metric_dropped"] = int(metric_info.get("dropped", 0))
+        self.f.flush()
+        d.attrs["complete"] = 1
+        self.f.flush()
+
+    def metric(self) -> tuple[str, dict]:
+        d = self.f["B"]
+        kind = str(d.attrs.get("metric", "cholesky"))
+        return kind, ({"dropped": int(d.attrs.get("metric_dropped", 0))} if kind == "eigh" else {})
+
+    def crc_dataset(self):
+        return self.f["B_crc"]
+
+    # ---- pair sums
+    def init_pairs(self, npairs: int) -> None:
+        if "pairs" in self.f:
+            self._require("pairs/sums", (npairs, 2))
+            return
+        g = self._fresh_group("pairs_tmp")
+        g.create_dataset("sums", data=np.zeros((npairs, 2), dtype=np.float64))
+        g.create_dataset("done", data=np.zeros(npairs, dtype=np.uint8))
+        self.f.flush()
+        self.f.move("pairs_tmp", "pairs")
+        self.f.flush()
+
+    def load_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(done (npairs,) bool, sums (npairs, 2))."""
+        return self.f["pairs/done"][...].astype(bool), self.f["pairs/sums"][...]
+
+    def save_pair(self, p: int, e_os: float, e_ss: float) -> None:
+        self.f["pairs/sums"][p] = (e_os, e_ss)
+        self.f.flush()
+        self.f["pairs/done"][p] = 1
+        self.f.flush()
+
+    def mark_complete(self, e_os: float, e_ss: float) -> None:
+        self.f.attrs["e_os"] = e_os
+        self.f.attrs["e_ss"] = e_ss
+        self.f.attrs["complete"] = 1
+        self.f.flush()
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+        except Exception:      # closing after an interrupt: nothing more to save
+            pass
+
+
+def block_crc(arr: np.ndarray) -> int:
+    """crc32 of a block's bytes (zlib releases the GIL on large buffers)."""
+    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))

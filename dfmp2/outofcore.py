@@ -1,0 +1,494 @@
+"""B by occupied block, in memory or on disk (HDF5), and the column-blocked fit and block-streamed
+pair step that use it. One code path for both places: only where a block lives differs.
+
+Layout. (P|ia) and B are stored as one block per occupied block k (orbitals o0:o1, columns
+c0:c1 = o0*nvir:o1*nvir of the pipeline's (naux, nocc*nvir) layout): block k is a row-major
+(naux, (o1-o0)*nvir) array, the columns the fit solves together and the operand the pair kernel
+reads for block k (``pair_view``). On disk the blocks lie back to back in one 1-D contiguous
+HDF5 dataset, block k at element offset naux*c0, so
+
+  * the integral loop writes rows p0:p1 of block k as one contiguous piece,
+  * the fit reads and rewrites block k as one contiguous piece (in place when (P|ia) and B have
+    the same dtype),
+  * the pair step reads block I once per row of block pairs and block J once per pair, each one
+    contiguous read: nblocks (nblocks + 1) / 2 block reads in all.
+
+Why bitwise equal. Every block, in memory or read from disk, is its own torch allocation with
+the same shape, strides and (torch's 64-byte) alignment, the fit solves the same columns
+together, the pair kernel sees the same operands in the same order, and the pair sums are
+combined in one fixed order (``combine``). MKL (torch's CPU BLAS) may take a different code
+path for different shapes or alignments, and GEMMs of different shapes may sum in a different
+order, so the in-memory path uses exactly this blocking too rather than one big trsm on a
+strided B.
+
+Overlap. A background thread reads ahead (``PREFETCH_DEPTH`` blocks in flight) and another
+writes behind (``WRITE_DEPTH`` queued). h5py 3.16 / HDF5 2.0 releases the GIL inside H5Dread:
+measured here, a pure-Python loop in the main thread kept running during 400 MB reads on another
+thread with at most ~10 ms stalls (the interpreter's switch interval), not the ~50 ms of a read.
+h5py serialises HDF5 calls with its own lock, so the reader and writer threads take turns in
+the library but the main thread's torch work runs meanwhile.
+
+The same idea for a GPU-only pipeline is linalg/cuda.py's ``fit_streamed`` (host-resident (P|ia))
+and ``stream_pair_blocks``; ``pair_order`` here is the same block order as its
+``pair_block_order``.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import zlib
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import linalg
+
+from . import memory
+from .errors import InputError
+
+H5_SUFFIX = ".h5"
+
+
+# ---------------------------------------------------------------- blocking
+@dataclass(frozen=True)
+class OccBlocks:
+    """The occupied blocking shared by the fit and the pair step."""
+
+    nocc: int
+    nvir: int
+    naux: int
+    occ_block: int
+
+    @property
+    def count(self) -> int:
+        return -(-self.nocc // self.occ_block)
+
+    @property
+    def size(self) -> int:
+        """Elements of (P|ia) or B: naux * nocc * nvir."""
+        return self.naux * self.nocc * self.nvir
+
+    def orbitals(self, k: int) -> tuple[int, int]:
+        o0 = k * self.occ_block
+        return o0, min(self.nocc, o0 + self.occ_block)
+
+    def columns(self, k: int) -> tuple[int, int]:
+        o0, o1 = self.orbitals(k)
+        return o0 * self.nvir, o1 * self.nvir
+
+    def shape(self, k: int) -> tuple[int, int]:
+        c0, c1 = self.columns(k)
+        return self.naux, c1 - c0
+
+    def span(self, k: int) -> tuple[int, int]:
+        """Element range of block k in the flat block-major storage."""
+        c0, c1 = self.columns(k)
+        return self.naux * c0, self.naux * c1
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Block pairs (I, J), J <= I, row by row with the diagonal first (so block I, read
+        first, serves as Bi for its whole row); the same order as linalg.cuda.pair_block_order."""
+        return [(i, j) for i in range(self.count) for j in [i] + list(range(i))]
+
+
+def pair_view(block: torch.Tensor, nvir: int) -> torch.Tensor:
+    """(naux, n*nvir) block -> (n, nvir, naux) view, the operand of linalg.mp2_pair_energy."""
+    naux, ncol = block.shape
+    return block.view(naux, ncol // nvir, nvir).permute(1, 2, 0)
+
+
+def combine(sums: np.ndarray, pairs) -> tuple[float, float]:
+    """E_OS, E_SS from per-pair block sums (npairs, 2), in pair order; off-diagonal blocks count
+    twice. The one place the block sums are added, so every path adds them in the same order."""
+    e_os = e_ss = 0.0
+    for (i, j), (os_, ss_) in zip(pairs, sums.tolist()):
+        w = 1.0 if i == j else 2.0
+        e_os += w * os_
+        e_ss += w * ss_
+    return e_os, e_ss
+
+
+# ---------------------------------------------------------------- background threads
+class _Writer:
+    """Runs write jobs in order on one background thread; at most ``depth`` queued."""
+
+    def __init__(self, depth: int = memory.WRITE_DEPTH):
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="dfmp2-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            job = self._q.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    job()
+            except BaseException as e:          # reported to the main thread at its next call
+                self._error = e
+            finally:
+                self._q.task_done()
+
+    def _check(self):
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+    def submit(self, job) -> None:
+        self._check()
+        self._q.put(job)
+
+    def wait(self) -> None:
+        """Block until every submitted write is done; re-raise a write error."""
+        self._q.join()
+        self._check()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
+
+
+class _Prefetcher:
+    """Yields (k, block) for k in ``order``, read on a background thread ahead of use.
+
+    ``read(k)`` returns a fresh host tensor. At most ``depth`` blocks are read ahead of the one
+    the caller holds (one being read, depth - 1 waiting)."""
+
+    def __init__(self, read, order, depth: int = memory.PREFETCH_DEPTH):
+        self._read, self._order = read, list(order)
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth - 1))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dfmp2-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self):
+        try:
+            for k in self._order:
+                if self._stop.is_set() or not self._put((k, self._read(k))):
+                    return
+        except BaseException as e:
+            self._put((None, e))
+            return
+        self._put((None, None))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        k, item = self._q.get()
+        if k is None:
+            if item is not None:
+                raise item
+            raise StopIteration
+        return k, item
+
+    def close(self):
+        self._stop.set()
+        while True:
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join()
+
+
+# ---------------------------------------------------------------- stores
+class InMemoryB:
+    """(P|ia) or B held as one device tensor per occupied block (each its own allocation)."""
+
+    on_disk = False
+
+    def __init__(self, blocks: OccBlocks, dtype: torch.dtype, device, *, allocate: bool = True):
+        self.blocks, self.dtype, self.device = blocks, dtype, torch.device(device)
+        self.data: list[torch.Tensor | None] = [
+            torch.empty(blocks.shape(k), dtype=dtype, device=self.device) if allocate else None
+            for k in range(blocks.count)]
+
+    def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
+        """Rows p0:p1 of (P|ia), rows (p1 - p0, nocc*nvir) on the device."""
+        for k in range(self.blocks.count):
+            c0, c1 = self.blocks.columns(k)
+            self.data[k][p0:p1] = rows[:, c0:c1]
+
+    def set_block(self, k: int, block: torch.Tensor) -> None:
+        if block.dtype != self.dtype or not block.is_contiguous():
+            raise ValueError(f"block {k}: expected a contiguous {self.dtype} tensor")
+        self.data[k] = block
+
+    def release(self, k: int) -> None:
+        """Free block k (a (P|ia) block once the fit has read it)."""
+        self.data[k] = None
+
+    def iter_blocks(self, order, backend):
+        """(k, block on the device) for k in order."""
+        for k in order:
+            yield k, self.data[k]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.data = []
+
+
+class HDF5B:
+    """(P|ia) or B in one flat, contiguous HDF5 dataset, block-major (module docstring).
+
+    Reads go through a prefetch thread, writes through a writer thread. ``evict=True`` drops each
+    block from the OS page cache after reading it (posix_fadvise), so a benchmark on a machine
+    whose RAM could cache the whole file still reads from the disk, as a B larger than RAM would.
+    """
+
+    on_disk = True
+
+    def __init__(self, dset, blocks: OccBlocks, *, crc=None, evict: bool = False):
+        if dset.shape != (blocks.size,):
+            raise ValueError(f"B dataset {dset.name} has shape {dset.shape}, expected ({blocks.size},)")
+        self.dset, self.blocks = dset, blocks
+        self.dtype = torch.from_numpy(np.empty(0, dtype=dset.dtype)).dtype
+        self.crc = crc                  # (nblocks,) int64 dataset: crc32 per block (checkpoints)
+        self._verified: set[int] = set()
+        self.evict = evict
+        self._writer: _Writer | None = None
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> str:
+        return self.dset.file.filename
+
+    def _submit(self, job) -> None:
+        if self._writer is None:
+            self._writer = _Writer()
+        self._writer.submit(job)
+
+    def _write(self, a: int, arr: np.ndarray) -> None:
+        self.dset.write_direct(arr, dest_sel=np.s_[a:a + arr.size])
+
+    def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
+        """Rows p0:p1 of (P|ia): one contiguous piece per occupied block, written behind."""
+        host = rows.detach().to("cpu", self.dtype).numpy()
+        for k in range(self.blocks.count):
+            c0, c1 = self.blocks.columns(k)
+            piece = np.ascontiguousarray(host[:, c0:c1]).reshape(-1)
+            a = self.blocks.span(k)[0] + p0 * (c1 - c0)
+            self._submit(lambda a=a, piece=piece: self._write(a, piece))
+
+    def set_block(self, k: int, block: torch.Tensor) -> None:
+        arr = block.detach().to("cpu", self.dtype).contiguous().numpy().reshape(-1)
+
+        def job(a=self.blocks.span(k)[0], arr=arr):
+            self._write(a, arr)
+            if self.crc is not None:
+                self.crc[k] = zlib.crc32(memoryview(arr).cast("B"))
+                self._verified.add(k)
+        self._submit(job)
+
+    def release(self, k: int) -> None:
+        pass
+
+    def read_block(self, k: int) -> torch.Tensor:
+        """Block k as a fresh host tensor (naux, width); checked against its crc32 the first
+        time it is read when the store has checksums."""
+        a, b = self.blocks.span(k)
+        out = torch.empty(self.blocks.shape(k), dtype=self.dtype)
+        self.dset.read_direct(out.view(-1).numpy(), source_sel=np.s_[a:b])
+        if self.crc is not None and k not in self._verified:
+            want = int(self.crc[k])
+            got = zlib.crc32(memoryview(out.view(-1).numpy()).cast("B"))
+            if want != got:
+                from .checkpoint import CheckpointError
+                raise CheckpointError(f"checkpoint {self.path} is corrupted: block {k} of B fails its "
+                                      "checksum; remove the file and run again")
+            self._verified.add(k)
+        if self.evict:
+            self._drop_cache(a, b)
+        return out
+
+    def _drop_cache(self, a: int, b: int) -> None:
+        base = self.dset.id.get_offset()
+        if base is None or not hasattr(os, "posix_fadvise"):
+            return
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        isz = self.dset.dtype.itemsize
+        os.posix_fadvise(self._fd, base + a * isz, (b - a) * isz, os.POSIX_FADV_DONTNEED)
+
+    def iter_blocks(self, order, backend):
+        """(k, block on the backend's device) for k in order, read ahead on a background thread."""
+        self.flush()
+        pf = _Prefetcher(self.read_block, order)
+        try:
+            for k, host in pf:
+                yield k, backend.to_device(host)
+        finally:
+            pf.close()
+
+    def flush(self) -> None:
+        """Wait for the queued writes and push them to the file."""
+        if self._writer is not None:
+            self._writer.wait()
+        self.dset.file.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# ---------------------------------------------------------------- scratch files
+class Scratch:
+    """A private scratch directory for one run's out-of-core files, removed on close whatever
+    happened (success, error, Ctrl-C or SIGTERM turned into KeyboardInterrupt by the CLI)."""
+
+    def __init__(self, parent: str | os.PathLike | None = None):
+        self.parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+        self.path: Path | None = None
+        self._files: list = []
+
+    def check_space(self, need_mb: float) -> None:
+        """InputError before any heavy work when the scratch disk is too small."""
+        if not self.parent.is_dir():
+            raise InputError(f"scratch directory {self.parent} does not exist; give an existing "
+                             "directory with --scratch")
+        free = shutil.disk_usage(self.parent).free / memory.MB
+        if need_mb * 1.02 > free:
+            raise InputError(f"B out of core needs {need_mb:.4g} MB on disk in {self.parent} but only "
+                             f"{free:.4g} MB are free; use --scratch DIR on a larger disk or raise --memory")
+
+    def open(self, name: str):
+        """A new HDF5 file in the scratch directory (created on first use)."""
+        import h5py
+        if self.path is None:
+            self.path = Path(tempfile.mkdtemp(prefix="dfmp2-", dir=self.parent))
+        f = h5py.File(self.path / f"{name}{H5_SUFFIX}", "w")
+        self._files.append(f)
+        return f
+
+    def remove(self, h5file) -> None:
+        """Close and delete one of this scratch directory's files now."""
+        name = h5file.filename
+        h5file.close()
+        self._files = [f for f in self._files if f is not h5file]
+        Path(name).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for f in self._files:
+            try:
+                f.close()
+            except Exception:      # a file already closed or broken: it is removed below anyway
+                pass
+        self._files = []
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def create_flat(h5file, name: str, blocks: OccBlocks, dtype: torch.dtype):
+    """A contiguous 1-D dataset for (P|ia) or B (no fill: every element is written before read)."""
+    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    if name in h5file:
+        del h5file[name]
+    return h5file.create_dataset(name, shape=(blocks.size,), dtype=npdt, fill_time="never")
+
+
+# ---------------------------------------------------------------- the two heavy loops
+def fit_blocks(M: torch.Tensor, kind: str, src, dst, backend, out_dtype: torch.dtype) -> None:
+    """B_k = L^-1 (P|ia)_k (kind 'cholesky', M = L lower) or M (P|ia)_k (kind 'eigh', M = j2c^-1/2,
+    symmetric), one occupied block of columns at a time, cast to ``out_dtype`` and stored in
+    ``dst`` (which may be ``src``: each block is replaced after it is read). M: on the device in
+    the fit dtype (naux, naux)."""
+    with closing(src.iter_blocks(range(src.blocks.count), backend)) as it:
+        for k, cols in it:
+            src.release(k)
+            cols = cols.contiguous()
+            if kind == "cholesky":
+                blk = linalg.trsm(M, cols, side="left", uplo="lower", backend=backend)
+            else:
+                blk = linalg.gemm(M, cols, backend=backend)
+            del cols
+            dst.set_block(k, blk.to(out_dtype).contiguous())
+    dst.flush()
+
+
+def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None, progress=None) -> np.ndarray:
+    """(e_os, e_ss) of every block pair (``OccBlocks.pairs`` order), shape (npairs, 2), fp64.
+
+    store: InMemoryB or HDF5B holding B. eps_*: fp64 orbital energies (Hartree) on the device.
+    done: (npairs,) bool and ``sums`` of pairs already finished (from a checkpoint) as a tuple
+    (done, sums); those are not recomputed and their blocks not read. on_pair(p, e_os, e_ss) after
+    each computed pair (a checkpoint writes it); progress(done, total) after each pair.
+    """
+    blocks = store.blocks
+    pairs = blocks.pairs()
+    npairs = len(pairs)
+    sums = np.zeros((npairs, 2), dtype=np.float64)
+    finished = np.zeros(npairs, dtype=bool)
+    if done is not None:
+        finished[:] = done[0]
+        sums[finished] = done[1][finished]
+    todo = [p for p in range(npairs) if not finished[p]]
+    # the blocks each remaining pair needs, in order: block I once per row, then each J != I
+    reads, rows = [], {}
+    for p in todo:
+        i, j = pairs[p]
+        if i not in rows:
+            rows[i] = True
+            reads.append(i)
+        if j != i:
+            reads.append(j)
+    ndone = int(finished.sum())
+    if progress is not None and ndone:
+        progress(ndone, npairs)
+    with closing(store.iter_blocks(reads, backend)) as it:
+        nvir = blocks.nvir
+        cur_i, Bi = None, None
+        for p in todo:
+            i, j = pairs[p]
+            if i != cur_i:
+                k, blk = next(it)
+                assert k == i
+                cur_i, Bi = i, pair_view(blk, nvir)
+            if j == i:
+                Bj = Bi
+            else:
+                k, blk = next(it)
+                assert k == j
+                Bj = pair_view(blk, nvir)
+            (i0, i1), (j0, j1) = blocks.orbitals(i), blocks.orbitals(j)
+            os_, ss_ = linalg.mp2_pair_energy(Bi, Bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir,
+                                              symmetric=(i == j), backend=backend)
+            sums[p] = (os_, ss_)
+            finished[p] = True
+            ndone += 1
+            if on_pair is not None:
+                on_pair(p, os_, ss_)
+            if progress is not None:
+                progress(ndone, npairs)
+    return sums
