@@ -1,0 +1,316 @@
+"""Checkpoint and resume: a run killed mid pair-loop (a real subprocess and a signal) resumes to
+the bitwise energy of an uninterrupted run; finished work is not redone; missing, corrupted and
+mismatched checkpoints are refused with one clear line."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import linalg
+from dfmp2 import checkpoint, integrals, memory, scf
+from dfmp2.checkpoint import CheckpointError
+from dfmp2.cli import main
+from dfmp2.pipeline import RunOptions, run
+
+ROOT = Path(__file__).resolve().parent.parent
+INPUTS = ROOT / "inputs"
+WATER = INPUTS / "water.xyz"
+DIMER = INPUTS / "water_clusters" / "h2o_02.xyz"
+OCC_BLOCK, J3C_MB = 2, 0.05           # the dimer (nocc 10) in 5 occupied blocks: 15 block pairs
+NPAIRS = 15
+PAIR_KERNEL = linalg.mp2_pair_energy
+
+# A dfmp2 run in its own process with the test's blocking, one thread (as the tests here), and
+# each pair kernel call announced on stdout and slowed down, so a signal lands mid pair-loop.
+CHILD = """
+import sys, time, torch
+torch.set_num_threads(1)
+from dfmp2 import memory
+memory.OCC_BLOCK_MAX, memory.J3C_BLOCK_MB = {occ}, {j3c}
+import linalg
+_orig = linalg.mp2_pair_energy
+def slow(*a, **k):
+    r = _orig(*a, **k)
+    print("PAIR", flush=True)
+    time.sleep(0.25)
+    return r
+linalg.mp2_pair_energy = slow
+from dfmp2.cli import main
+main(sys.argv[1:], prog_name="dfmp2")
+""".format(occ=OCC_BLOCK, j3c=J3C_MB)
+
+
+@pytest.fixture(autouse=True)
+def blocking(monkeypatch):
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setattr(memory, "OCC_BLOCK_MAX", OCC_BLOCK)
+    monkeypatch.setattr(memory, "J3C_BLOCK_MB", J3C_MB)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The dimer's energies without any checkpoint, per (storage, precision)."""
+    cache = {}
+
+    def get(precision="fp64"):
+        if precision not in cache:
+            mp = pytest.MonkeyPatch()
+            mp.setattr(memory, "OCC_BLOCK_MAX", OCC_BLOCK)
+            mp.setattr(memory, "J3C_BLOCK_MB", J3C_MB)
+            old = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                cache[precision] = run(DIMER, RunOptions(precision=precision))
+            finally:
+                torch.set_num_threads(old)
+                mp.undo()
+        return cache[precision]
+    return get
+
+
+def count_pair_calls(monkeypatch, fail_after=None, exc=KeyboardInterrupt):
+    calls = []
+
+    def counted(*a, **k):
+        if fail_after is not None and len(calls) == fail_after:
+            raise exc("interrupted by the test")
+        calls.append(1)
+        return PAIR_KERNEL(*a, **k)
+    monkeypatch.setattr(linalg, "mp2_pair_energy", counted)
+    return calls
+
+
+def same_bits(a, b):
+    return a.e_os.hex() == b.e_os.hex() and a.e_ss.hex() == b.e_ss.hex() and a.e_hf.hex() == b.e_hf.hex()
+
+
+# ------------------------------------------------------------------ in-process interruption
+@pytest.mark.parametrize("storage", ["memory", "disk"])
+def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path, monkeypatch,
+                                                                     uninterrupted, storage):
+    ref = uninterrupted()
+    ck = tmp_path / "run.h5"
+    count_pair_calls(monkeypatch, fail_after=6)
+    with pytest.raises(KeyboardInterrupt):
+        run(DIMER, RunOptions(storage=storage, checkpoint=str(ck), scratch_dir=str(tmp_path)))
+    with h5py.File(ck, "r") as f:
+        assert f["pairs/done"][...].sum() == 6 and f["B"].attrs["complete"] == 1
+        assert f.attrs["complete"] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
+
+    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(integrals, "iter_j3c", lambda *a, **k: pytest.fail("B is in the checkpoint"))
+    calls = count_pair_calls(monkeypatch)
+    # resumed with the other storage: where B lives does not change the bits
+    other = "disk" if storage == "memory" else "memory"
+    r = run(DIMER, RunOptions(storage=other, resume=str(ck)))
+    assert len(calls) == NPAIRS - 6
+    assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": True, "pairs": 6}
+    assert same_bits(r, ref)
+    with h5py.File(ck, "r") as f:
+        assert f.attrs["complete"] == 1 and f["pairs/done"][...].all()
+
+
+def test_interrupt_during_fit_rebuilds_b_but_keeps_the_scf(tmp_path, monkeypatch, uninterrupted):
+    ref = uninterrupted()
+    ck = tmp_path / "run.h5"
+    from dfmp2 import outofcore
+    orig = outofcore.fit_blocks
+    monkeypatch.setattr(outofcore, "fit_blocks", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run(DIMER, RunOptions(storage="disk", checkpoint=str(ck)))
+    monkeypatch.setattr(outofcore, "fit_blocks", orig)
+    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    r = run(DIMER, RunOptions(storage="disk", resume=str(ck)))
+    assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": False, "pairs": 0}
+    assert same_bits(r, ref)
+
+
+def test_fp32_checkpoint_resumes_bitwise(tmp_path, monkeypatch, uninterrupted):
+    ck = tmp_path / "run.h5"
+    count_pair_calls(monkeypatch, fail_after=9)
+    with pytest.raises(KeyboardInterrupt):
+        run(DIMER, RunOptions(precision="fp32", storage="disk", checkpoint=str(ck)))
+    count_pair_calls(monkeypatch)
+    r = run(DIMER, RunOptions(precision="fp32", resume=str(ck)))
+    assert same_bits(r, uninterrupted("fp32"))
+    with h5py.File(ck, "r") as f:
+        assert f["B"].dtype == np.float32
+
+
+# ------------------------------------------------------------------ a real process and a signal
+def start_child(args, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return subprocess.Popen([sys.executable, str(script), "run", str(DIMER)] + args, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_after_pairs(proc, npairs, sig):
+    seen = 0
+    for line in proc.stdout:
+        if line.strip() == "PAIR":
+            seen += 1
+            if seen == npairs:
+                proc.send_signal(sig)
+                break
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_process_resumes_to_the_uninterrupted_energy(tmp_path, uninterrupted, sig):
+    ck = tmp_path / "run.h5"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = start_child(["--storage", "disk", "--checkpoint", str(ck), "--scratch", str(scratch), "-q"], tmp_path)
+    code, err = kill_after_pairs(proc, 4, sig)
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+    else:
+        assert code == 130, err
+        assert err.strip().splitlines()[-1].startswith("error: interrupted; continue with:")
+        assert f"--resume {ck}" in err
+    with h5py.File(ck, "r") as f:                   # opens after SIGKILL too
+        ndone = int(f["pairs/done"][...].sum())
+    assert 3 <= ndone < NPAIRS
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["run", str(DIMER), "--resume", str(ck), "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    e = json.loads(out.read_text())["energies"]
+    ref = uninterrupted()
+    assert (e["e_corr_os"], e["e_corr_ss"], e["e_hf"]) == (ref.e_os, ref.e_ss, ref.e_hf)
+    if sig == signal.SIGTERM:
+        assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_removes_temporary_files(tmp_path, sig):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = start_child(["--storage", "disk", "--precision", "fp32", "--scratch", str(scratch)], tmp_path)
+    code, err = kill_after_pairs(proc, 2, sig)
+    assert code == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
+    assert "Traceback" not in err
+    assert list(scratch.iterdir()) == []
+
+
+# ------------------------------------------------------------------ refused checkpoints
+@pytest.fixture(scope="module")
+def water_checkpoint(tmp_path_factory):
+    ck = tmp_path_factory.mktemp("ck") / "water.h5"
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first = run(WATER, RunOptions(checkpoint=str(ck)))
+    finally:
+        torch.set_num_threads(old)
+    return ck, first
+
+
+def copy(src, dst):
+    dst.write_bytes(Path(src).read_bytes())
+    return dst
+
+
+def test_complete_checkpoint_gives_the_result_again(water_checkpoint, monkeypatch, tmp_path):
+    ck, first = water_checkpoint
+    ck = copy(ck, tmp_path / "c.h5")
+    calls = count_pair_calls(monkeypatch)
+    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    r = run(WATER, RunOptions(resume=str(ck)))
+    assert calls == [] and same_bits(r, first)
+    assert "checkpoint" in r.timings and "scf" not in r.timings
+
+
+def cli_error(args):
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ") and "Traceback" not in res.output
+    return lines[-1]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--basis", "cc-pvtz"], "basis is \"cc-pvdz\" in the checkpoint but \"cc-pvtz\" here"),
+    (["--precision", "fp32"], "precision is \"fp64\" in the checkpoint but \"fp32\" here"),
+    (["--frozen-core"], "frozen_core is false in the checkpoint but true here"),
+    (["--scf", "exact"], "scf_mode is \"df\""),
+    (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
+])
+def test_mismatched_settings_are_refused(water_checkpoint, tmp_path, args, fragment):
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    msg = cli_error(["run", str(WATER), "--resume", str(ck)] + args)
+    assert "was written for another run" in msg and fragment in msg, msg
+
+
+def test_other_molecule_is_refused(water_checkpoint, tmp_path):
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    moved = tmp_path / "w.xyz"
+    moved.write_text(WATER.read_text().replace("0.763239", "0.763240"))
+    msg = cli_error(["run", str(moved), "--resume", str(ck)])
+    assert "the molecule differs at atom 2" in msg
+    msg = cli_error(["run", str(INPUTS / "ammonia.xyz"), "--resume", str(ck)])
+    assert "the molecule differs" in msg
+
+
+def test_corrupted_checkpoints_are_refused(water_checkpoint, tmp_path):
+    good = water_checkpoint[0]
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(b"not an hdf5 file at all" * 100)
+    assert "not an HDF5 file" in cli_error(["run", str(WATER), "--resume", str(garbage)])
+
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(good.read_bytes()[:1500])
+    assert "is corrupted" in cli_error(["run", str(WATER), "--resume", str(truncated)])
+
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = 1
+    assert "not a dfmp2 checkpoint" in cli_error(["run", str(WATER), "--resume", str(other)])
+
+    missing = copy(good, tmp_path / "missing.h5")
+    with h5py.File(missing, "r+") as f:
+        del f["scf/mo_energy"]
+    assert "dataset 'scf/mo_energy' is missing" in cli_error(["run", str(WATER), "--resume", str(missing)])
+
+    flipped = copy(good, tmp_path / "flipped.h5")
+    with h5py.File(flipped, "r+") as f:
+        offset = f["B"].id.get_offset()
+        f["pairs/done"][...] = 0                # so that the resumed run reads B
+    with open(flipped, "r+b") as fh:            # one byte of B changed behind HDF5's back
+        fh.seek(offset + 100)
+        b = fh.read(1)
+        fh.seek(offset + 100)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    msg = cli_error(["run", str(WATER), "--resume", str(flipped), "--storage", "disk"])
+    assert "block 0 of B fails its checksum" in msg
+
+
+def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
+    ck = water_checkpoint[0]
+    assert "does not exist" in cli_error(["run", str(WATER), "--resume", str(tmp_path / "nope.h5")])
+    assert "already exists; continue it with --resume" in cli_error(
+        ["run", str(WATER), "--checkpoint", str(ck)])
+    assert "name different files" in cli_error(
+        ["run", str(WATER), "--checkpoint", str(tmp_path / "a.h5"), "--resume", str(ck)])
+
+
+def test_fingerprint_fields(water_checkpoint):
+    with h5py.File(water_checkpoint[0], "r") as f:
+        fp = json.loads(f.attrs["fingerprint"])
+    assert set(fp) >= {"dfmp2_version", "geometry", "charge", "basis", "auxbasis", "scf_mode",
+                       "frozen_core", "precision", "device", "shapes"}
+    assert fp["auxbasis"] == "cc-pvdz-ri" and fp["device"] == "cpu"
+    assert checkpoint.FORMAT == "dfmp2-checkpoint"

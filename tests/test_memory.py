@@ -1,0 +1,96 @@
+"""The memory planner: stage estimates, block choice, the in-memory / out-of-core decision and
+the minimum-feasible error, all from shapes (no SCF here)."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dfmp2 import memory
+from dfmp2.errors import MemoryLimitError
+from dfmp2.memory import plan_memory, stage_estimates
+
+# (H2O)4 / cc-pVDZ / cc-pVDZ-RI and a (H2O)40-sized problem
+SMALL = dict(nao=96, nocc=20, nvir=76, naux=336, itemsize=8)
+LARGE = dict(nao=960, nocc=160, nvir=760, naux=3360, itemsize=8)
+
+
+def test_plenty_of_memory_keeps_b_in_memory():
+    p = plan_memory(**LARGE, limit_mb=1e6, aux_shell_max=9)
+    assert not p.out_of_core and p.disk_mb == 0
+    assert set(p.stages_mb) == set(memory.STAGES)
+    assert p.peak_mb == max(p.stages_mb.values()) == p.in_memory_mb
+    assert p.occ_block == memory.OCC_BLOCK_MAX
+    b_mb = 3360 * 160 * 760 * 8 / 1e6
+    assert p.b_mb == pytest.approx(b_mb)
+    assert p.stages_mb["pair"] > b_mb                # B is resident in the pair step
+    d = p.to_dict()
+    assert d["out_of_core"] is False and d["storage"] == "auto" and d["shapes"]["naux"] == 3360
+
+
+def test_b_goes_to_disk_with_the_same_blocks_when_it_does_not_fit():
+    im = plan_memory(**LARGE, limit_mb=1e6, aux_shell_max=9)
+    disk = plan_memory(**LARGE, limit_mb=1e6, aux_shell_max=9, storage="disk")
+    assert disk.peak_mb < 0.75 * im.peak_mb
+    p = plan_memory(**LARGE, limit_mb=disk.peak_mb, aux_shell_max=9)
+    assert p.out_of_core and p.peak_mb <= disk.peak_mb
+    assert (p.aux_block, p.occ_block) == (im.aux_block, im.occ_block)   # same arithmetic
+    assert p.disk_mb == pytest.approx(p.b_mb)                           # fp64: fitted in place
+    assert p.stages_mb["pair"] < 0.5 * p.b_mb          # Bi, Bj and two read ahead of 10 blocks
+
+
+def test_fp32_out_of_core_needs_disk_for_fp64_pia_too():
+    p = plan_memory(**dict(LARGE, itemsize=4), limit_mb=2000, aux_shell_max=9)
+    assert p.out_of_core
+    assert p.disk_mb == pytest.approx(3360 * 160 * 760 * (4 + 8) / 1e6)
+
+
+def test_tight_limit_shrinks_blocks_and_below_minimum_fails_with_it():
+    p = plan_memory(**LARGE, limit_mb=600, aux_shell_max=9)
+    assert p.out_of_core and p.peak_mb <= 600
+    assert p.occ_block < memory.OCC_BLOCK_MAX or p.aux_block < plan_memory(**LARGE, limit_mb=1e6).aux_block
+    at_min = plan_memory(**LARGE, limit_mb=p.min_mb, aux_shell_max=9)
+    assert at_min.peak_mb <= p.min_mb
+    with pytest.raises(MemoryLimitError, match=r"needs at least 376 MB .*with B on disk.*--memory"):
+        plan_memory(**LARGE, limit_mb=0.99 * p.min_mb, aux_shell_max=9)
+
+
+def test_forced_storage():
+    assert plan_memory(**SMALL, limit_mb=1e6, storage="disk").out_of_core
+    assert not plan_memory(**SMALL, limit_mb=1e6, storage="memory").out_of_core
+    im = plan_memory(**SMALL, limit_mb=1e6)
+    with pytest.raises(MemoryLimitError, match="with B in memory"):
+        plan_memory(**SMALL, limit_mb=im.b_mb, storage="memory")
+    with pytest.raises(ValueError):
+        plan_memory(**SMALL, limit_mb=1e6, storage="tape")
+
+
+def test_fixed_occ_block_from_a_checkpoint():
+    p = plan_memory(**LARGE, limit_mb=3000, occ_block=5, aux_shell_max=9)
+    assert p.occ_block == 5
+    with pytest.raises(MemoryLimitError, match="occupied block 64 \\(from the checkpoint\\)"):
+        plan_memory(**LARGE, limit_mb=500, occ_block=64, aux_shell_max=9)
+
+
+def test_estimates_grow_with_blocks():
+    base = dict(LARGE, fit_itemsize=8, out_of_core=True)
+    a = stage_estimates(**base, aux_block=20, occ_block=4)
+    b = stage_estimates(**base, aux_block=40, occ_block=8)
+    assert all(b[k] >= a[k] for k in a) and b["transform"] > a["transform"] and b["pair"] > a["pair"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(nao=st.integers(2, 2000), nocc=st.integers(1, 400), vir_extra=st.integers(1, 2000),
+       aux_ratio=st.floats(1.0, 6.0), itemsize=st.sampled_from([4, 8]),
+       limit=st.floats(0.01, 1e5), storage=st.sampled_from(["auto", "memory", "disk"]))
+def test_plan_fits_or_fails_below_the_minimum(nao, nocc, vir_extra, aux_ratio, itemsize, limit, storage):
+    shapes = dict(nao=nao, nocc=nocc, nvir=vir_extra, naux=max(1, int(aux_ratio * nao)), itemsize=itemsize)
+    try:
+        p = plan_memory(**shapes, limit_mb=limit, storage=storage, aux_shell_max=7)
+    except MemoryLimitError as e:
+        smallest = plan_memory(**shapes, limit_mb=1e12, storage=storage, aux_shell_max=7).min_mb
+        assert limit < smallest
+        assert f"{smallest:.3g} MB" in str(e)
+        plan_memory(**shapes, limit_mb=smallest, storage=storage, aux_shell_max=7)   # feasible
+        return
+    assert p.peak_mb <= limit
+    assert 1 <= p.occ_block <= min(nocc, memory.OCC_BLOCK_MAX)
+    assert 1 <= p.aux_block <= shapes["naux"]
+    assert p.out_of_core == (storage == "disk" or (storage == "auto" and p.in_memory_mb > limit))
