@@ -228,7 +228,7 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
               help="working precision [default: fp64, fp32 on trn]")
 @click.option("--subset", type=click.Choice(list(SUBSETS)), default=None,
               help="fast (seconds), full (fast + slow channel) or all (adds large reference-only "
-                   "cases) [default: fast; all when NAMES are given]")
+                   "cases) [default: fast; with NAMES: full, plus large cases named exactly]")
 @click.option("--tol", "tolerance", type=float, default=None,
               help="tolerance in Hartree on E_corr and E_HF [default: 1e-9 fp64, 1e-6 fp32]")
 @click.option("--references", "ref_path", type=click.Path(dir_okay=False), default=None,
@@ -256,7 +256,12 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
         if not tol > 0:
             raise InputError(f"--tol must be positive, got {tolerance}")
         refs = load_references(ref_path)
-        cases = select_cases(refs, subset or ("all" if names else "fast"), names)
+        if subset or not names:
+            cases = select_cases(refs, subset or "fast", names)
+        else:   # patterns stay within 'full'; an exact name also finds a large reference-only case
+            cases = select_cases(refs, "full", names) + [
+                e for e in select_cases(refs, "all", names)
+                if e["subset"] == "large" and (e["molecule"] in names or e["key"] in names)]
         if not cases:
             raise InputError(f"no reference case matches {' '.join(names) or 'the subset'}; "
                              "see --list")

@@ -158,3 +158,10 @@ def test_regress_command_user_errors(args, message):
     r = CliRunner().invoke(regress_command, args)
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
+
+
+def test_regress_list_patterns_stay_within_full_but_exact_names_reach_large():
+    r = CliRunner().invoke(regress_command, ["--list", "h2o_*"])
+    assert r.exit_code == 0 and "h2o_16|" in r.output and "h2o_24|" not in r.output
+    r = CliRunner().invoke(regress_command, ["--list", "h2o_24"])
+    assert r.exit_code == 0 and "h2o_24|" in r.output
