@@ -211,6 +211,9 @@ main.add_command(regress_command, "regress")
 from .compare import compare_command  # noqa: E402
 main.add_command(compare_command, "compare")
 
+from .bench import bench_command  # noqa: E402
+main.add_command(bench_command, "bench")
+
 
 if __name__ == "__main__":
     main()

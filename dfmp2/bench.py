@@ -1,0 +1,134 @@
+"""``dfmp2 bench``: per-shape timing reports (terminal table, JSON, markdown, PNG).
+
+    dfmp2 bench                                    # CPU report: small/medium/large + (H2O)1-24
+    dfmp2 bench --out scripts/results --name bench_cpu
+    dfmp2 bench --shapes "small;32,300,1000" --precisions fp32 --waters none
+    dfmp2 bench --devices cpu,cuda --waters 1-16   # on a GPU machine (see also scripts/bench_cuda.py)
+
+What it measures (details in dfmp2/benchmarks/):
+- the GEMM peak of each device and precision, in the same run;
+- each linalg op (gemm, syrk, trsm, cholesky, A^-1/2 by eigh and by Newton-Schulz, the fused
+  pair energy) at the size one call of the DF-MP2 stage has for each shape, against
+  torch.linalg, scipy.linalg and PySCF's pair kernel on identical (Philox) inputs;
+- the whole DF-MP2 stage after the SCF on water clusters against PySCF's DFMP2, and the fitted
+  cost exponent of each stage;
+- for trn1/trn2 without hardware: ESTIMATES from the NKI kernels' work and published rates,
+  in their own section, never mixed with measured times.
+A device that cannot run is listed as not run with the reason. Exit status 0 when the report
+was written, 2 for bad options.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .errors import InputError
+
+
+def _split(text: str, what: str, allowed=None) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--{what}: give a comma-separated list")
+    if allowed is not None:
+        bad = [t for t in items if t not in allowed]
+        if bad:
+            raise InputError(f"--{what}: unknown {', '.join(bad)}; choose from {', '.join(allowed)}")
+    return items
+
+
+@click.command("bench")
+@click.option("--shapes", default="small,medium,large", show_default=True,
+              help="named shapes (small, medium, large, xlarge, h2o32, xxlarge), comma-separated; explicit "
+                   "NOCC,NVIR,NAUX shapes separated by ';', e.g. 'small;32,300,1000'")
+@click.option("--devices", default="cpu,cuda,trn1,trn2", show_default=True,
+              help="devices to report; one that cannot run is listed as not run (trn1/trn2 without hardware "
+                   "get estimates instead)")
+@click.option("--precisions", default="fp64,fp32", show_default=True)
+@click.option("--ops", "ops_", default=None,
+              help="comma list of gemm, syrk, trsm, cholesky, inv_sqrt_eigh, inv_sqrt_newton_schulz, "
+                   "mp2_pair_energy [default: all]")
+@click.option("--waters", default="1-24", show_default=True,
+              help="water clusters for the scaling series, e.g. 1-32, 1,2,4,8 or none")
+@click.option("--water-precisions", default="fp64", show_default=True)
+@click.option("--pyscf-max-waters", type=int, default=24, show_default=True,
+              help="run PySCF's DF-MP2 baseline for clusters up to this size")
+@click.option("--fit-min-nbasis", type=int, default=192, show_default=True,
+              help="fit cost exponents over clusters with at least this many basis functions")
+@click.option("--repeats", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="minimum timed calls per op (fewer when a call exceeds --max-time)")
+@click.option("--warmup", type=click.IntRange(0, 10), default=1, show_default=True)
+@click.option("--min-time", type=float, default=0.2, show_default=True,
+              help="keep repeating a call until this many seconds were timed")
+@click.option("--max-time", type=float, default=2.0, show_default=True,
+              help="stop adding timed calls after this many seconds (at least one call runs)")
+@click.option("--single-above", type=float, default=3.0, show_default=True,
+              help="calls expected to take longer than this (s, from flops / GEMM peak) run once without warm-up")
+@click.option("--threads", type=int, default=None, help="torch and PySCF threads [default: the libraries' own]")
+@click.option("--peak-n", type=int, default=None, help="size of the square GEMM for the peak [cpu 2048, cuda 8192]")
+@click.option("--trn-validate/--no-trn-validate", default=True, show_default=True,
+              help="check the Trainium work model against the NKI emulator's counters at the smallest shape")
+@click.option("--out", "out_dir", default="bench-results", show_default=True, type=click.Path(file_okay=False),
+              help="output directory")
+@click.option("--name", default="bench", show_default=True, help="file stem: NAME.json, NAME.md, NAME.png")
+@click.option("-q", "--quiet", is_flag=True, help="no progress lines, only the final tables")
+def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, pyscf_max_waters, fit_min_nbasis,
+                  repeats, warmup, min_time, max_time, single_above, threads, peak_n, trn_validate, out_dir,
+                  name, quiet):
+    """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
+    from rich.console import Console
+    try:
+        from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
+        from .benchmarks.run import BenchOptions, run_bench
+        import linalg
+        if threads:
+            import torch
+            from pyscf import lib
+            torch.set_num_threads(threads)
+            lib.num_threads(threads)
+        prec = _split(precisions, "precisions", ("fp64", "fp32"))
+        devs = _split(devices, "devices")
+        for d in devs:
+            base = d.split(":", 1)[0]
+            if base not in linalg.DEVICE_NAMES or (":" in d and base != "cuda"):
+                raise InputError(f"--devices: unknown device '{d}'; use cpu, cuda, cuda:N, trn1 or trn2")
+        opts = BenchOptions(
+            shapes=shapes_mod.parse_shapes(shapes), devices=devs, precisions=prec,
+            ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),
+            waters=waters_mod.parse_waters(waters),
+            water_precisions=_split(water_precisions, "water-precisions", ("fp64", "fp32")),
+            pyscf_max_waters=pyscf_max_waters, fit_min_nbasis=fit_min_nbasis, warmup=warmup, repeats=repeats,
+            min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,
+            trn_validate=trn_validate, command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+            if len(sys.argv) > 1 and sys.argv[1] == "bench" else "dfmp2 bench (called from Python)")
+    except InputError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    console = Console()
+    err = Console(stderr=True)
+    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False))
+    try:
+        rep = run_bench(opts, log=log)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted (nothing written)", err=True)
+        sys.exit(130)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    png = out / f"{name}.png"
+    if report.plot(rep, png):
+        rep["plot"] = str(png)
+    else:
+        rep["plot"] = None
+        log("matplotlib is not installed: no plot (pip install matplotlib)")
+    rep["meta"]["report_s"] = time.perf_counter() - t0
+    report.write_json(rep, out / f"{name}.json")
+    report.atomic_write(out / f"{name}.md", report.markdown(rep))
+    report.terminal(rep, console)
+    err.print(f"wrote {out / name}.json, .md" + (", .png" if rep["plot"] else "")
+              + f" in {rep['meta']['wall_s']:.0f} s"
+              + (f"; machine loaded (1-min load {max(rep['meta']['load_average_before'][0], rep['meta']['load_average_after'][0]):.1f})"
+                 if rep["meta"]["machine_loaded"] else ""))

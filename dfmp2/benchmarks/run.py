@@ -1,0 +1,256 @@
+"""The ``dfmp2 bench`` driver: devices, GEMM peaks, per-shape ops, Trainium estimates, water series.
+
+Rules it keeps (DESIGN.md, "Benchmarks" and "Devices"):
+- every measured row names the device, engine and kernels that ran it;
+- a device that cannot run is reported as 'not run' with the reason and has no times;
+- Trainium rows are estimates in their own section, never measured columns, and a CPU run of
+  the NKI kernels is never timed as Trainium;
+- baselines run in the same process, on identical inputs, with the same timer.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import ops as ops_mod
+from . import shapes as shapes_mod
+from . import timing, trn_estimate, waters as waters_mod
+
+TRN = ("trn1", "trn2")
+PEAK_N = {"cpu": 2048, "cuda": 8192}
+LOADED_THRESHOLD = 1.5          # 1-minute load average above which the report says "loaded"
+
+
+@dataclass
+class BenchOptions:
+    shapes: list = field(default_factory=lambda: [shapes_mod.parse_shape(s) for s in shapes_mod.DEFAULT_SHAPES])
+    devices: list = field(default_factory=lambda: ["cpu", "cuda", "trn1", "trn2"])
+    precisions: list = field(default_factory=lambda: ["fp64", "fp32"])
+    ops: list = field(default_factory=lambda: list(ops_mod.OPS))
+    waters: list = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 12, 16, 24])
+    water_precisions: list = field(default_factory=lambda: ["fp64"])
+    pyscf_max_waters: int = 24
+    fit_min_nbasis: int = 192
+    warmup: int = 1
+    repeats: int = 3
+    min_time: float = 0.2
+    max_time: float = 2.0
+    single_above_s: float = 3.0
+    water_repeats: int = 3
+    peak_n: int | None = None
+    trn_validate: bool = True
+    command: str = "dfmp2 bench"
+
+
+def device_status(name: str):
+    """(backend or None, status dict). Never raises for a device that cannot run."""
+    import linalg
+    try:
+        be = linalg.get_backend(name)
+    except linalg.DeviceUnavailableError as e:
+        return None, {"device": name, "status": "not run", "reason": str(e)}
+    d = be.describe()
+    return be, {"device": name, "status": "ran", "engine": d["engine"],
+                **({"gpu": d["gpu"]} if "gpu" in d else {})}
+
+
+def _kernels_delta(before: dict, after: dict, calls: int) -> dict:
+    out = {}
+    for k, v in after.items():
+        dv = v - before.get(k, 0)
+        if dv:
+            out[k] = round(dv / max(calls, 1), 2)
+    return out
+
+
+def run_ops(opts: BenchOptions, backends: dict, peaks: dict, log) -> list[dict]:
+    rows = []
+    pyscf_cache: dict = {}
+    for shp in opts.shapes:
+        sizes = shapes_mod.op_sizes(shp)
+        for dev, be in backends.items():
+            for prec in opts.precisions:
+                for op in opts.ops:
+                    args, call = sizes[op]
+                    base = {"shape": shp.name, "dims": shp.dims(), "op": op, "call": call, "args": list(args),
+                            "device": dev, "precision": prec, "kind": "measured"}
+                    if be is None:
+                        rows.append({**base, "status": "not run", "reason": backends_reason[dev]})
+                        continue
+                    if dev.startswith("trn") and prec == "fp64":
+                        rows.append({**base, "status": "not run", "reason": f"{dev} has no fp64 arithmetic"})
+                        continue
+                    rows.append(run_case(base, op, args, prec, be, peaks.get((dev, prec)), pyscf_cache, opts, log))
+    return rows
+
+
+backends_reason: dict = {}
+
+
+def run_case(base: dict, op: str, args, prec: str, be, peak: dict | None, pyscf_cache: dict,
+             opts: BenchOptions, log) -> dict:
+    dtype = torch.float64 if prec == "fp64" else torch.float32
+    want_pyscf = op == "mp2_pair_energy" and be.name == "cpu"
+    key = (base["shape"], tuple(args))
+    case = ops_mod.make_case(op, args, dtype, be, pyscf_baseline=want_pyscf and prec == "fp64")
+    timer = timing.Timer(be.synchronize, opts.warmup, opts.repeats, opts.min_time,
+                         max_time=opts.max_time, single_above_s=opts.single_above_s)
+    expected = case.flops / (peak["gflops"] * 1e9) if peak else None
+    before = dict(be.kernels_used)
+    t = timer(case.ours, expected_s=expected)
+    kernels = _kernels_delta(before, dict(be.kernels_used), t["repeats"] + t["warmup"])
+    row = {**base, "status": "ran", "engine": be.engine, "kernels": kernels, "flops": case.flops,
+           "linalg": t, "note": case.note, **case.extra}
+    if case.baseline_flops:
+        row["baseline_flops"] = case.baseline_flops
+    for name in ops_mod.BASELINES:
+        fn = case.baselines.get(name)
+        if name == "pyscf" and want_pyscf and prec == "fp32":
+            cached = pyscf_cache.get(key)
+            if cached:
+                row["pyscf"] = {**cached, "precision": "fp64",
+                                "note": "PySCF has no fp32 path: its fp64 time on the same shape"}
+            else:
+                row["pyscf"] = {"status": "not run", "reason": "PySCF has no fp32 path and its fp64 row did not run"}
+            continue
+        if fn is None:
+            continue
+        if isinstance(fn, str):
+            row[name] = {"status": "not run", "reason": fn}
+            continue
+        exp_b = (row.get("baseline_flops", {}).get(name, case.flops)) / (peak["gflops"] * 1e9) if peak else None
+        row[name] = {**timer(fn, expected_s=exp_b), "precision": "fp64" if name == "pyscf" else prec}
+        if name == "pyscf":
+            pyscf_cache[key] = dict(row[name])
+    ops_mod.derive(row, peak["gflops"] if peak else None)
+    if isinstance(row.get("pyscf"), dict) and "median_s" in row["pyscf"]:
+        row["pyscf_over_this"] = row["pyscf"]["median_s"] / t["median_s"]
+    lr = row["linalg"]
+    log(f"{base['shape']:>8s} {op:24s} {be.name} {prec} {'x'.join(map(str, args)):>18s} "
+        f"{lr['median_s'] * 1e3:10.3f} ms {lr['gflops']:8.1f} GFLOP/s "
+        f"{(lr['pct_peak'] or 0):5.0f}% peak" + (f"  PySCF/this {row['pyscf_over_this']:.2f}"
+                                                 if "pyscf_over_this" in row else ""))
+    del case
+    return row
+
+
+def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
+    targets = [d for d in opts.devices if d in TRN]
+    if not targets:
+        return {}
+    ns_iters = {r["shape"]: r["iterations"] for r in op_rows
+                if r["op"] == "inv_sqrt_newton_schulz" and r["status"] == "ran" and r["precision"] == "fp32"}
+    rows = []
+    for shp in opts.shapes:
+        sizes = shapes_mod.op_sizes(shp)
+        for target in targets:
+            for op in opts.ops:
+                args, call = sizes[op]
+                f = None if op == "inv_sqrt_newton_schulz" else ops_mod.flops(op, args)
+                it = ns_iters.get(shp.name)
+                if op == "inv_sqrt_newton_schulz" and it is not None:
+                    f = ops_mod.flops(op, args, it)
+                r = trn_estimate.estimate(op, args, target, flops=f, iterations=it)
+                if op == "inv_sqrt_newton_schulz" and it is not None:
+                    r["iterations"] = it
+                    r["iterations_from"] = "the measured cpu fp32 run of the same matrix"
+                if op == "inv_sqrt_newton_schulz" and it is None and r["status"] != "estimate":
+                    r["reason"] = "needs the Newton-Schulz iteration count of a cpu fp32 run (not run)"
+                rows.append({"shape": shp.name, "call": call, **r})
+    out = {"method": trn_estimate.describe_method(), "rows": rows,
+           "rate_lines": [trn_estimate.fmt_rate_line(t) for t in targets]}
+    if opts.trn_validate:
+        shp = min(opts.shapes, key=lambda s: s.nbasis * s.naux)
+        if shp.nbasis * shp.naux <= 128 * 384:
+            sizes = shapes_mod.op_sizes(shp)
+            checks = []
+            for op in ("gemm", "syrk", "trsm", "mp2_pair_energy"):
+                if op in opts.ops:
+                    t0 = time.perf_counter()
+                    checks.append(trn_estimate.check_against_emulator(op, sizes[op][0], targets[0]))
+                    checks[-1]["seconds"] = time.perf_counter() - t0
+            out["validation"] = checks
+            out["validation_shape"] = shp.label()
+            log(f"trn work model vs NKI emulator at {shp.label()}: "
+                + ", ".join(f"{c['op']} {'ok' if c['match'] else 'MISMATCH'}" for c in checks))
+        else:
+            out["validation_note"] = "skipped: the smallest shape is larger than 'small' (emulator too slow)"
+    return out
+
+
+def run_waters(opts: BenchOptions, backends: dict, peaks: dict, log) -> dict:
+    if not opts.waters:
+        return {}
+    devs = [(d, (lambda d=d: __import__("linalg").get_backend(d))) for d, be in backends.items()
+            if be is not None and not d.startswith("trn")]
+    peak = {p: v["gflops"] for (d, p), v in peaks.items() if d == "cpu"}
+    rows = []
+    for n in opts.waters:
+        rows.append(waters_mod.run_cluster(n, devs, opts.water_precisions, pyscf=n <= opts.pyscf_max_waters,
+                                           repeats=opts.water_repeats, single_above_s=opts.single_above_s,
+                                           peak_gflops=peak, log=log))
+    what = ("Each row: one (H2O)n cluster, cc-pVDZ / cc-pVDZ-RI, DF-RHF once (SCF s, not part of the stage), "
+            "then the stage after the SCF (integrals, metric, transform, fit, pair energies) timed per device "
+            "and precision, and PySCF's DFMP2 kernel (its own integrals, fit and pair energies: the same stage) on "
+            "the same SCF and auxiliary basis. Clusters whose stage is expected to take more than "
+            f"{opts.single_above_s:g} s run once without warm-up; smaller ones take the median of "
+            f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters.")
+    return {"what": what, "rows": rows, "fit_min_nbasis": opts.fit_min_nbasis,
+            "fits": waters_mod.fits(rows, opts.fit_min_nbasis)}
+
+
+def run_bench(opts: BenchOptions, log=print) -> dict:
+    """Run everything ``opts`` asks for and return the report dict (nothing written here)."""
+    t_start = time.perf_counter()
+    load_before = list(os.getloadavg())
+    backends: dict = {}
+    devices = []
+    for d in opts.devices:
+        if d in TRN:
+            be, st = device_status(d)
+            if be is None:
+                st["estimate"] = "see the Trainium ESTIMATES section (not measured)"
+        else:
+            be, st = device_status(d)
+        backends[d] = be
+        if be is None:
+            backends_reason[d] = st["reason"]
+        devices.append(st)
+        log(f"{d}: {st['status']}" + (f" ({st['engine']})" if be is not None else f" — {st['reason']}"))
+
+    peak_timer = timing.Timer(warmup=1, repeats=3, min_time=0.5)
+    peaks: dict = {}
+    gemm_peak = []
+    for d, be in backends.items():
+        if be is None or d.startswith("trn"):
+            continue
+        for prec in opts.precisions:
+            dtype = torch.float64 if prec == "fp64" else torch.float32
+            n = opts.peak_n or PEAK_N.get(be.device.type, 2048)
+            p = timing.gemm_peak(be.device, dtype, n, peak_timer, sync=be.synchronize)
+            peaks[(d, prec)] = p
+            gemm_peak.append({"device": d, "precision": prec, **p})
+            log(f"GEMM peak {d} {prec}: n={n} {p['gflops']:.1f} GFLOP/s")
+
+    op_rows = run_ops(opts, backends, peaks, log)
+    trn = run_trn_estimates(opts, op_rows, log)
+    wat = run_waters(opts, backends, peaks, log)
+    load_after = list(os.getloadavg())
+    loaded = max(load_before[0], load_after[0]) > LOADED_THRESHOLD
+    meta = {"date": timing.now(), "command": opts.command, "machine": timing.machine(),
+            "versions": timing.versions(), "load_average_before": load_before, "load_average_after": load_after,
+            "machine_loaded": loaded, "loaded_threshold": LOADED_THRESHOLD,
+            "wall_s": time.perf_counter() - t_start, "single_above_s": opts.single_above_s,
+            "timer": {"warmup": opts.warmup, "min_repeats": opts.repeats, "min_time_s": opts.min_time,
+                      "max_time_s": opts.max_time, "single_above_s": opts.single_above_s},
+            "aux_block": shapes_mod.AUX_BLOCK, "occ_block": shapes_mod.OCC_BLOCK}
+    return {"schema": "dfmp2-bench/1", "meta": meta, "devices": devices,
+            "shapes": [{"name": s.name, **s.dims()} for s in opts.shapes], "gemm_peak": gemm_peak,
+            "ops": op_rows, "trn_estimate": trn, "waters": wat}
+
+
+__all__ = ["BenchOptions", "run_bench", "device_status", "statistics"]

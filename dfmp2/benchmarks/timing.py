@@ -1,0 +1,129 @@
+"""Timing: warm-up, device synchronisation, repeats; median with min and max. GEMM peak of the
+same run. Machine, library and load metadata kept with every result.
+
+The timer is the one used by every benchmark in the project (scripts/bench_linalg.py,
+``dfmp2 bench``): a result never comes from a different timing rule than its baseline.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+
+
+class Timer:
+    """Time a callable: ``warmup`` untimed calls, then timed calls with the device synchronised
+    before and after each, until at least ``repeats`` calls AND ``min_time`` seconds (at most
+    ``max_repeats`` calls), but stop adding calls once ``max_time`` seconds were spent timing
+    (at least one timed call always runs).
+
+    ``expected_s`` (optional, per call): when the caller's estimate of one call exceeds
+    ``single_above_s``, the call is run exactly once, untimed warm-up skipped: a minutes-long
+    call gains nothing from a warm-up, and the report marks it (``warmup`` 0, ``repeats`` 1).
+
+    Returns {median_s, min_s, max_s, repeats, warmup}.
+    """
+
+    def __init__(self, sync=lambda: None, warmup: int = 1, repeats: int = 3, min_time: float = 0.3,
+                 max_repeats: int = 50, max_time: float = float("inf"), single_above_s: float = float("inf")):
+        self.sync, self.warmup, self.repeats, self.min_time = sync, warmup, repeats, min_time
+        self.max_repeats, self.max_time, self.single_above_s = max_repeats, max_time, single_above_s
+
+    def __call__(self, fn, expected_s: float | None = None, sync=None) -> dict:
+        sync = sync or self.sync
+        single = expected_s is not None and expected_s > self.single_above_s
+        warmup = 0 if single else self.warmup
+        for _ in range(warmup):
+            fn()
+        sync()
+        times: list[float] = []
+        total = 0.0
+        while True:
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            total += dt
+            if single or len(times) >= self.max_repeats or total >= self.max_time:
+                break
+            if len(times) >= self.repeats and total >= self.min_time:
+                break
+        return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+                "repeats": len(times), "warmup": warmup}
+
+
+def gemm_peak(device, dtype, n: int, timer: Timer, sync=None) -> dict:
+    """The machine's measured GEMM peak: a square n x n torch.matmul in ``dtype`` on ``device``
+    (median of the timer's repeats). Returns {n, gflops, median_s, min_s, max_s, repeats, warmup}."""
+    import torch
+    from linalg import random_matrix
+    a = random_matrix((n, n), 11, dtype=dtype, device=device)
+    b = random_matrix((n, n), 12, dtype=dtype, device=device)
+    t = timer(lambda: torch.matmul(a, b), sync=sync)
+    return {"n": n, "gflops": 2.0 * n ** 3 / t["median_s"] / 1e9, **t}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def scipy_blas() -> str:
+    import numpy as np
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{cfg.get('name')} {cfg.get('version')}"
+    except Exception:
+        return "unknown"
+
+
+def torch_blas() -> str:
+    import torch
+    cfg = torch.__config__.show()
+    if "BLAS_INFO=" in cfg:
+        return cfg.split("BLAS_INFO=", 1)[1].split(",", 1)[0]
+    return "unknown"
+
+
+def versions() -> dict:
+    """Library versions that affect the timings."""
+    import numpy
+    import pyscf
+    import scipy
+    import torch
+    import dfmp2
+    v = {"dfmp2": dfmp2.__version__, "torch": torch.__version__, "torch_blas": torch_blas(),
+         "numpy": numpy.__version__, "scipy": scipy.__version__, "scipy_blas": scipy_blas(),
+         "pyscf": pyscf.__version__, "python": platform.python_version()}
+    try:
+        import matplotlib
+        v["matplotlib"] = matplotlib.__version__
+    except ImportError:
+        pass
+    return v
+
+
+def machine() -> dict:
+    """Host, CPU model, core count, threads the libraries use, and the 1/5/15-minute load."""
+    import torch
+    from pyscf import lib
+    m = {"host": platform.node(), "platform": platform.platform(), "cpu": cpu_model(),
+         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+         "pyscf_threads": lib.num_threads(), "load_average": list(os.getloadavg())}
+    if torch.cuda.is_available():
+        m["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return m
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,216 @@
+"""The water-cluster scaling series: the whole DF-MP2 stage after the SCF, ours against PySCF's
+DF-MP2 in the same process, per cluster size, and the fitted cost exponent of each stage.
+
+For each (H2O)n (inputs/water_clusters/h2o_NN.xyz, cc-pVDZ / cc-pVDZ-RI, DF-RHF, all-electron):
+the RHF is run once (its time is reported, not part of the stage); then the stage
+(integrals, metric, transform, fit, pair; dfmp2.pipeline.mp2_energy with its own stage timer)
+is timed on each device and precision, and PySCF's ``mp.dfmp2.DFMP2`` kernel (its integrals,
+fit and pair energies: the same stage) on the same SCF and auxiliary basis.
+
+Cost exponents: least squares of log(time) on log(nbasis) over the clusters with nbasis >=
+``fit_min_nbasis`` (out of the fixed-overhead regime). nbasis = 24 x waters exactly for
+cc-pVDZ, so the exponent against the number of waters is the same number.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = ROOT / "inputs" / "water_clusters"
+STAGES = ("integrals", "metric", "transform", "fit", "pair")
+# The series converges the RHF less tightly than ``dfmp2 run`` (dfmp2.scf: 1e-12 / 1e-8): the
+# SCF is set-up here, not what is timed, and ours and PySCF's stage start from the same orbitals.
+SCF_CONV_TOL, SCF_CONV_TOL_GRAD = 1e-10, 1e-6
+
+
+@contextlib.contextmanager
+def scf_tolerance(conv_tol: float = SCF_CONV_TOL, conv_tol_grad: float = SCF_CONV_TOL_GRAD):
+    """Run dfmp2.scf.run_rhf with these tolerances (its module constants, restored after)."""
+    from .. import scf
+    old = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD
+    scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD = conv_tol, conv_tol_grad
+    try:
+        yield
+    finally:
+        scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD = old
+
+
+def available_clusters() -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in CLUSTER_DIR.glob("h2o_*.xyz"))
+
+
+def parse_waters(text: str) -> list[int]:
+    """'1-24' (every available size in the range), '1,2,4,8' or 'none'."""
+    from ..errors import InputError
+    t = text.strip().lower()
+    if t in ("", "none", "0"):
+        return []
+    have = available_clusters()
+    out: list[int] = []
+    for part in t.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-"))
+                out += [n for n in have if lo <= n <= hi]
+            else:
+                n = int(part)
+                if n not in have:
+                    raise InputError(f"--waters: no inputs/water_clusters/h2o_{n:02d}.xyz; "
+                                     f"available: {', '.join(map(str, have))}")
+                out.append(n)
+        except ValueError:
+            raise InputError(f"--waters: cannot read '{part}'; give e.g. 1-24 or 1,2,4,8") from None
+    return sorted(set(out))
+
+
+def fit_exponent(sizes, times) -> dict:
+    """Least-squares slope of log(time) on log(size): time ~ c * size^p. Returns {p, c, stderr,
+    r2, points}; p is None with a reason when fewer than two usable points."""
+    pts = [(float(s), float(t)) for s, t in zip(sizes, times) if s and t and t > 0 and s > 0]
+    if len(pts) < 2 or len({s for s, _ in pts}) < 2:
+        return {"p": None, "points": len(pts), "reason": "fewer than two sizes"}
+    x = np.log([s for s, _ in pts])
+    y = np.log([t for _, t in pts])
+    A = np.vstack([x, np.ones_like(x)]).T
+    (p, logc), res, *_ = np.linalg.lstsq(A, y, rcond=None)
+    yhat = A @ np.array([p, logc])
+    ss_res = float(((y - yhat) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    n = len(pts)
+    stderr = math.sqrt(ss_res / (n - 2) / float(((x - x.mean()) ** 2).sum())) if n > 2 else None
+    return {"p": float(p), "c": float(math.exp(logc)), "stderr": stderr,
+            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, "points": n}
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs), "repeats": len(xs)}
+
+
+def pair_flops(nocc: int, nvir: int, naux: int) -> float:
+    return nocc * (nocc + 1) / 2 * 2.0 * nvir * nvir * naux
+
+
+def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, repeats: int,
+                single_above_s: float, peak_gflops: dict, log=print) -> dict:
+    """One cluster: SCF once, our stage per (device backend, precision), PySCF's stage.
+
+    ``devices``: [(name, backend factory)] of devices that can run. ``repeats`` timed runs
+    (plus one untimed warm-up) for clusters whose expected stage time is below
+    ``single_above_s``; a single run (no warm-up) above it."""
+    import linalg
+    from pyscf import df
+    from pyscf.mp import dfmp2 as pyscf_dfmp2
+    from .. import scf
+    from ..memory import plan_memory
+    from ..pipeline import _Timer, mp2_energy
+    from ..xyz import read_xyz
+
+    path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
+    mol = scf.build_molecule(read_xyz(path), "cc-pvdz")
+    auxbasis = scf.mp2_auxbasis(mol)
+    auxmol = scf.make_auxmol(mol, auxbasis)
+    t0 = time.perf_counter()
+    with scf_tolerance():
+        ref = scf.run_rhf(mol, "df")
+    scf_s = time.perf_counter() - t0
+    nocc, nvir, naux = ref.nocc, ref.mo_coeff.shape[1] - ref.nocc, auxmol.nao_nr()
+    row = {"waters": n, "molecule": f"inputs/water_clusters/{path.name}", "basis": "cc-pvdz",
+           "auxbasis": scf.describe_auxbasis(auxbasis), "nbasis": mol.nao_nr(), "nocc": nocc,
+           "nvir": nvir, "naux": naux, "pair_flops": pair_flops(nocc, nvir, naux),
+           "scf_s": scf_s, "scf_cycles": ref.cycles,
+           "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD], "runs": []}
+    log(f"(H2O){n}: nbasis {row['nbasis']}, nocc {nocc}, nvir {nvir}, naux {naux}; SCF {scf_s:.1f} s")
+
+    def expected(prec):
+        g = peak_gflops.get(prec) or 10.0
+        return row["pair_flops"] / (g * 1e9)
+
+    for dev_name, make_backend in devices:
+        for prec in precisions:
+            if dev_name.startswith("trn"):
+                continue
+            single = expected(prec) > single_above_s
+            times, stage_runs, e = [], [], None
+            ran = None
+            for k in range((0 if single else 1) + (1 if single else repeats)):
+                backend = make_backend()
+                plan = plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=naux,
+                                   itemsize=linalg.DTYPES[prec].itemsize, limit_mb=None, device=dev_name)
+                timer = _Timer(backend)
+                backend.synchronize()
+                t0 = time.perf_counter()
+                e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=0, backend=backend, precision=prec,
+                                             plan=plan, timer=timer)
+                backend.synchronize()
+                dt = time.perf_counter() - t0
+                if single or k > 0:                   # k == 0 is the warm-up
+                    times.append(dt)
+                    stage_runs.append(dict(timer.seconds))
+                e = e_os + e_ss
+            stages = {s: statistics.median([r.get(s, 0.0) for r in stage_runs]) for s in STAGES}
+            run = {"who": "dfmp2", "device": dev_name, "precision": prec, "status": "ran",
+                   "engine": ran["engine"], "kernels": ran["kernels"], "metric": ran.get("metric"),
+                   "stage_precision": ran.get("stage_precision"), "e_corr": e,
+                   "time": {**_stats(times), "warmup": 0 if single else 1}, "stages_s": stages}
+            row["runs"].append(run)
+            log(f"  dfmp2 {dev_name} {prec}: {run['time']['median_s']:.2f} s "
+                f"({', '.join(f'{s} {v:.2f}' for s, v in stages.items())})")
+
+    if pyscf:
+        single = expected("fp64") > single_above_s
+        times, e = [], None
+        for k in range((0 if single else 1) + (1 if single else repeats)):
+            pt = pyscf_dfmp2.DFMP2(ref.mf)
+            pt.with_df = df.DF(mol, auxbasis=auxbasis)
+            pt.verbose = 0
+            pt.max_memory = 16000     # MB: keep PySCF in core (its default 4000 MB goes out of core)
+            t0 = time.perf_counter()
+            pt.kernel(with_t2=False)
+            dt = time.perf_counter() - t0
+            if single or k > 0:
+                times.append(dt)
+            e = float(pt.e_corr)
+        from pyscf import lib
+        row["runs"].append({"who": "pyscf", "device": "cpu", "precision": "fp64", "status": "ran",
+                            "engine": f"PySCF DFMP2 (libmp, {lib.num_threads()} OpenMP threads)",
+                            "e_corr": e, "time": {**_stats(times), "warmup": 0 if single else 1}})
+        log(f"  PySCF fp64: {statistics.median(times):.2f} s")
+        base = statistics.median(times)
+        for run in row["runs"]:
+            if run["who"] == "dfmp2":
+                run["pyscf_over_this"] = base / run["time"]["median_s"]
+                run["e_corr_minus_pyscf"] = run["e_corr"] - e
+    else:
+        row["runs"].append({"who": "pyscf", "device": "cpu", "precision": "fp64", "status": "not run",
+                            "reason": "above --pyscf-max-waters (time budget)"})
+    return row
+
+
+def fits(rows: list[dict], fit_min_nbasis: int) -> dict:
+    """Cost exponents vs nbasis per (who, device, precision) and stage, over clusters with
+    nbasis >= fit_min_nbasis."""
+    out: dict = {}
+    keys = sorted({(r["who"], r["device"], r["precision"]) for row in rows for r in row["runs"]
+                   if r["status"] == "ran"})
+    for who, dev, prec in keys:
+        sel = [(row["nbasis"], r) for row in rows for r in row["runs"]
+               if (r["who"], r["device"], r["precision"]) == (who, dev, prec) and r["status"] == "ran"
+               and row["nbasis"] >= fit_min_nbasis]
+        label = f"{who} {dev} {prec}" if who == "dfmp2" else "pyscf cpu fp64"
+        entry = {"total": fit_exponent([s for s, _ in sel], [r["time"]["median_s"] for _, r in sel]),
+                 "nbasis": [s for s, _ in sel]}
+        if who == "dfmp2":
+            for st in STAGES:
+                entry[st] = fit_exponent([s for s, _ in sel], [r["stages_s"].get(st, 0.0) for _, r in sel])
+        out[label] = entry
+    scf_pts = [(row["nbasis"], row["scf_s"]) for row in rows if row["nbasis"] >= fit_min_nbasis]
+    out["scf (DF-RHF, PySCF)"] = {"total": fit_exponent([s for s, _ in scf_pts], [t for _, t in scf_pts]),
+                                  "nbasis": [s for s, _ in scf_pts]}
+    return out
