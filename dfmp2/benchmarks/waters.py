@@ -97,6 +97,39 @@ def pair_flops(nocc: int, nvir: int, naux: int) -> float:
     return nocc * (nocc + 1) / 2 * 2.0 * nvir * nvir * naux
 
 
+def time_ours(mol, auxmol, ref, precision: str, backend, nfrozen: int = 0):
+    """One run of our DF-MP2 stage after the SCF (dfmp2.pipeline.mp2_energy, the approach of
+    scripts/bench_vs_pyscf.py). Returns (seconds, e_corr in Hartree, {stage: seconds}, what ran)."""
+    import linalg
+    from ..memory import plan_memory
+    from ..pipeline import _Timer, mp2_energy
+    nocc = ref.nocc - nfrozen
+    nvir = ref.mo_coeff.shape[1] - ref.nocc
+    plan = plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
+                       itemsize=linalg.DTYPES[precision].itemsize, limit_mb=None, device=backend.name)
+    timer = _Timer(backend)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
+                                 plan=plan, timer=timer)
+    backend.synchronize()
+    return time.perf_counter() - t0, e_os + e_ss, dict(timer.seconds), ran
+
+
+def time_pyscf(mol, ref, auxbasis, nfrozen: int = 0):
+    """One run of PySCF's DF-MP2 (mp.dfmp2.DFMP2 kernel: its 3-index integrals, fit and pair
+    energies) on our SCF and auxiliary basis. Returns (seconds, e_corr in Hartree)."""
+    from pyscf import df
+    from pyscf.mp import dfmp2 as pyscf_dfmp2
+    pt = pyscf_dfmp2.DFMP2(ref.mf, frozen=nfrozen or None)
+    pt.with_df = df.DF(mol, auxbasis=auxbasis)
+    pt.verbose = 0
+    pt.max_memory = 16000     # MB: keep PySCF in core (its default 4000 MB goes out of core)
+    t0 = time.perf_counter()
+    pt.kernel(with_t2=False)
+    return time.perf_counter() - t0, float(pt.e_corr)
+
+
 def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, repeats: int,
                 single_above_s: float, peak_gflops: dict, log=print) -> dict:
     """One cluster: SCF once, our stage per (device backend, precision), PySCF's stage.
@@ -104,12 +137,7 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     ``devices``: [(name, backend factory)] of devices that can run. ``repeats`` timed runs
     (plus one untimed warm-up) for clusters whose expected stage time is below
     ``single_above_s``; a single run (no warm-up) above it."""
-    import linalg
-    from pyscf import df
-    from pyscf.mp import dfmp2 as pyscf_dfmp2
     from .. import scf
-    from ..memory import plan_memory
-    from ..pipeline import _Timer, mp2_energy
     from ..xyz import read_xyz
 
     path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
@@ -134,26 +162,13 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
 
     for dev_name, make_backend in devices:
         for prec in precisions:
-            if dev_name.startswith("trn"):
-                continue
             single = expected(prec) > single_above_s
-            times, stage_runs, e = [], [], None
-            ran = None
+            times, stage_runs, e, ran = [], [], None, None
             for k in range((0 if single else 1) + (1 if single else repeats)):
-                backend = make_backend()
-                plan = plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=naux,
-                                   itemsize=linalg.DTYPES[prec].itemsize, limit_mb=None, device=dev_name)
-                timer = _Timer(backend)
-                backend.synchronize()
-                t0 = time.perf_counter()
-                e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=0, backend=backend, precision=prec,
-                                             plan=plan, timer=timer)
-                backend.synchronize()
-                dt = time.perf_counter() - t0
+                dt, e, stage_s, ran = time_ours(mol, auxmol, ref, prec, make_backend())
                 if single or k > 0:                   # k == 0 is the warm-up
                     times.append(dt)
-                    stage_runs.append(dict(timer.seconds))
-                e = e_os + e_ss
+                    stage_runs.append(stage_s)
             stages = {s: statistics.median([r.get(s, 0.0) for r in stage_runs]) for s in STAGES}
             run = {"who": "dfmp2", "device": dev_name, "precision": prec, "status": "ran",
                    "engine": ran["engine"], "kernels": ran["kernels"], "metric": ran.get("metric"),
@@ -164,20 +179,13 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
                 f"({', '.join(f'{s} {v:.2f}' for s, v in stages.items())})")
 
     if pyscf:
+        from pyscf import lib
         single = expected("fp64") > single_above_s
         times, e = [], None
         for k in range((0 if single else 1) + (1 if single else repeats)):
-            pt = pyscf_dfmp2.DFMP2(ref.mf)
-            pt.with_df = df.DF(mol, auxbasis=auxbasis)
-            pt.verbose = 0
-            pt.max_memory = 16000     # MB: keep PySCF in core (its default 4000 MB goes out of core)
-            t0 = time.perf_counter()
-            pt.kernel(with_t2=False)
-            dt = time.perf_counter() - t0
+            dt, e = time_pyscf(mol, ref, auxbasis)
             if single or k > 0:
                 times.append(dt)
-            e = float(pt.e_corr)
-        from pyscf import lib
         row["runs"].append({"who": "pyscf", "device": "cpu", "precision": "fp64", "status": "ran",
                             "engine": f"PySCF DFMP2 (libmp, {lib.num_threads()} OpenMP threads)",
                             "e_corr": e, "time": {**_stats(times), "warmup": 0 if single else 1}})

@@ -1,0 +1,178 @@
+"""``dfmp2 bench`` (dfmp2/bench.py, dfmp2/benchmarks/): tiny shapes only, numbers not judged.
+
+What is checked: rows record what ran; a device that cannot run is 'not run' with its reason and
+no times; Trainium rows are estimates kept apart from measured rows; the JSON, markdown and PNG
+are written; flop counts; the Trainium work model against the NKI emulator's own counters; the
+PySCF pair baseline computes the same energies as ours; the exponent fit.
+"""
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dfmp2.benchmarks import ops, report, shapes, timing, trn_estimate, waters
+from dfmp2.benchmarks.run import BenchOptions, run_bench
+
+TINY = "4,20,60"
+
+
+def _tiny_opts(**kw):
+    base = dict(shapes=[shapes.parse_shape(TINY)], devices=["cpu", "cuda", "trn1", "trn2"], precisions=["fp64"],
+                ops=["gemm", "cholesky", "mp2_pair_energy"], waters=[], warmup=0, repeats=1, min_time=0.0,
+                max_time=0.5, peak_n=64, trn_validate=False)
+    base.update(kw)
+    return BenchOptions(**base)
+
+
+@pytest.fixture(scope="module")
+def tiny_report():
+    return run_bench(_tiny_opts(), log=lambda m: None)
+
+
+def test_rows_record_what_ran(tiny_report):
+    ran = [r for r in tiny_report["ops"] if r["status"] == "ran"]
+    assert {r["op"] for r in ran} == {"gemm", "cholesky", "mp2_pair_energy"}
+    for r in ran:
+        assert r["device"] == "cpu" and r["engine"] == "torch" and r["kind"] == "measured"
+        assert r["kernels"], r                     # the kernel that ran, per call
+        assert r["linalg"]["median_s"] > 0 and r["linalg"]["repeats"] >= 1
+        assert r["flops"] == ops.flops(r["op"], r["args"])
+    pair = next(r for r in ran if r["op"] == "mp2_pair_energy")
+    assert "mp2_pair_energy:torch.matmul(batched)" in pair["kernels"]
+    assert pair["pyscf"]["median_s"] > 0 and pair["pyscf_over_this"] > 0
+    peak = tiny_report["gemm_peak"][0]
+    assert peak["device"] == "cpu" and peak["n"] == 64 and peak["gflops"] > 0
+    m = tiny_report["meta"]
+    for key in ("date", "machine", "versions", "load_average_before", "load_average_after", "command"):
+        assert key in m
+    assert m["machine"]["cpu"] and m["versions"]["torch"] and m["versions"]["pyscf"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_unavailable_device_is_not_run_without_times(tiny_report):
+    dev = {d["device"]: d for d in tiny_report["devices"]}
+    assert dev["cuda"]["status"] == "not run" and "CUDA" in dev["cuda"]["reason"]
+    cuda_rows = [r for r in tiny_report["ops"] if r["device"] == "cuda"]
+    assert len(cuda_rows) == 3
+    for r in cuda_rows:
+        assert r["status"] == "not run" and r["reason"]
+        assert not any(k in r for k in ("linalg", "torch", "scipy", "pyscf", "flops", "gflops"))
+    assert all(r["device"] == "cpu" for r in tiny_report["gemm_peak"])
+
+
+def test_trn_rows_are_estimates_kept_apart(tiny_report):
+    # No Trainium here: the measured table has trn rows only as 'not run'.
+    for r in tiny_report["ops"]:
+        if r["device"] in ("trn1", "trn2"):
+            assert r["status"] == "not run" and "linalg" not in r
+    est = tiny_report["trn_estimate"]["rows"]
+    assert {r["device"] for r in est} == {"trn1", "trn2"}
+    for r in est:
+        assert r["kind"] == "estimate" and r["status"] in ("estimate", "not estimated")
+        assert "linalg" not in r and "median_s" not in r
+    chol = [r for r in est if r["op"] == "cholesky"]
+    assert chol and all(r["status"] == "not estimated" and "host" in r["reason"] for r in chol)
+    pair = next(r for r in est if r["op"] == "mp2_pair_energy" and r["device"] == "trn1")
+    assert pair["status"] == "estimate" and pair["estimate_s"] > 0
+    assert pair["estimate_s"] == max(pair["tensor_engine_s"], pair["vector_engine_s"], pair["dma_s"])
+    md = report.markdown(tiny_report)
+    measured, estimates = md.split("## Trainium ESTIMATES (not measured)")
+    assert "(estimate)" not in measured and "(estimate)" in estimates
+    assert "**not run**" in measured
+
+
+def test_cli_writes_json_markdown_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = CliRunner().invoke(__import__("dfmp2.cli", fromlist=["main"]).main, [
+        "bench", "--shapes", TINY, "--ops", "gemm,trsm,mp2_pair_energy", "--precisions", "fp32",
+        "--waters", "1", "--water-precisions", "fp32", "--repeats", "1", "--warmup", "0", "--min-time", "0", "--peak-n", "64",
+        "--no-trn-validate", "--fit-min-nbasis", "1", "--out", str(tmp_path), "--name", "b", "-q"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["schema"] == "dfmp2-bench/1" and data["plot"].endswith("b.png")
+    assert (tmp_path / "b.png").stat().st_size > 1000
+    md = (tmp_path / "b.md").read_text()
+    assert "## Per-shape ops (measured)" in md and "## Water clusters" in md and "![time vs size](b.png)" in md
+    row = data["waters"]["rows"][0]
+    assert row["waters"] == 1 and row["nbasis"] == 24
+    ours = next(x for x in row["runs"] if x["who"] == "dfmp2")
+    pyscf = next(x for x in row["runs"] if x["who"] == "pyscf")
+    assert ours["engine"] == "torch" and ours["precision"] == "fp32" and set(waters.STAGES) <= set(ours["stages_s"])
+    assert abs(ours["e_corr"] - pyscf["e_corr"]) < 1e-6
+
+
+def test_cli_bad_option_is_one_line(tmp_path):
+    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    r = CliRunner().invoke(main, ["bench", "--devices", "tpu", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "unknown device 'tpu'" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["bench", "--waters", "5", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "h2o_05" in r.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_flop_counts_known_cases():
+    assert ops.flops("gemm", (2, 3, 4)) == 48
+    assert ops.flops("syrk", (3, 5)) == 3 * 4 * 5
+    assert ops.flops("trsm", (4, 7)) == 16 * 7
+    assert ops.flops("cholesky", (3,)) == 9
+    assert ops.flops("inv_sqrt_newton_schulz", (10,), iterations=4) == 14 * 2000
+    assert ops.flops("mp2_pair_energy", (3, 40, 200)) == 6 * 2 * 1600 * 200       # 6 pairs i >= j
+    assert ops.flops("mp2_pair_energy", (2, 3, 40, 200)) == 6 * 2 * 1600 * 200    # a 2 x 3 block
+    # The Trainium model issues exactly the GEMM's flops when nothing is padded.
+    w = trn_estimate.op_work("gemm", (256, 128, 512), "trn1")
+    assert w.matmul_flops == ops.flops("gemm", (256, 128, 512)) and w.matmuls == 2
+    # A full 128x128x512 fp32 tile stream runs at the published FP32 peak.
+    t = w.times("trn1")
+    assert math.isclose(w.matmul_flops / t["tensor_engine_s"], 47.5e12 / 2, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("op,shape", [("gemm", (300, 70, 90)), ("syrk", (200, 150)), ("trsm", (300, 600)),
+                                      ("mp2_pair_energy", (3, 40, 200)), ("mp2_pair_energy", (2, 3, 140, 130))])
+def test_trn_work_model_matches_emulator_counters(op, shape):
+    c = trn_estimate.check_against_emulator(op, shape, "trn1")
+    assert c["engine"] == "nki-numpy-emulator"
+    assert c["match"], (c["model"], c["emulator"])
+
+
+def test_pair_kernel_limit_is_not_estimated():
+    r = trn_estimate.estimate("mp2_pair_energy", (16, 16, 896, 3072), "trn1")
+    assert r["status"] == "not estimated" and "SBUF" in r["reason"] and "estimate_s" not in r
+
+
+def test_pyscf_pair_baseline_matches_ours():
+    import linalg
+    from linalg import synthetic_problem
+    p = synthetic_problem(5, 30, 70, seed=3)
+    B = p.B.numpy()
+    eo, ev = p.eps_occ.numpy(), p.eps_vir.numpy()
+    ours = linalg.mp2_pair_energy(p.B, p.B, p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True)
+    theirs = ops.pyscf_pair_energy(B, B, eo, eo, ev, symmetric=True)
+    assert ours == pytest.approx(theirs, rel=1e-12)
+    ours = linalg.mp2_pair_energy(p.B[2:], p.B[:2], p.eps_occ[2:], p.eps_occ[:2], p.eps_vir)
+    theirs = ops.pyscf_pair_energy(B[2:].copy(), B[:2].copy(), eo[2:], eo[:2], ev, symmetric=False)
+    assert ours == pytest.approx(theirs, rel=1e-12)
+
+
+def test_exponent_fit_recovers_known_exponent():
+    sizes = [100, 200, 300, 400, 800]
+    times = [3e-9 * s ** 4.3 * (1 + 0.01 * (-1) ** k) for k, s in enumerate(sizes)]
+    f = waters.fit_exponent(sizes, times)
+    assert f["p"] == pytest.approx(4.3, abs=0.02) and f["r2"] > 0.999 and f["points"] == 5
+    assert waters.fit_exponent([100], [1.0])["p"] is None
+
+
+def test_timer_single_run_rule_and_shapes():
+    calls = []
+    t = timing.Timer(warmup=2, repeats=3, min_time=0.0, single_above_s=1.0)
+    r = t(lambda: calls.append(1), expected_s=5.0)
+    assert r["repeats"] == 1 and r["warmup"] == 0 and len(calls) == 1
+    r = t(lambda: calls.append(1), expected_s=0.1)
+    assert r["repeats"] == 3 and r["warmup"] == 2
+    s = shapes.parse_shapes("small,large;32,200,800")
+    assert [x.name for x in s] == ["small", "large", "32,200,800"]
+    assert (s[1].nbasis, s[1].nocc, s[1].nvir, s[1].naux) == (768, 96, 672, 2304)
+    sizes = shapes.op_sizes(s[1])
+    assert sizes["mp2_pair_energy"][0] == (16, 16, 672, 2304) and sizes["gemm"][0] == (256 * 96, 768, 672)
+    assert shapes.op_sizes(s[0])["mp2_pair_energy"][0] == (16, 112, 384)   # nocc 16: one diagonal block
