@@ -20,7 +20,7 @@ TINY = "4,20,60"
 
 def _tiny_opts(**kw):
     base = dict(shapes=[shapes.parse_shape(TINY)], devices=["cpu", "cuda", "trn1", "trn2"], precisions=["fp64"],
-                ops=["gemm", "cholesky", "mp2_pair_energy"], waters=[], warmup=0, repeats=1, min_time=0.0,
+                ops=["gemm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy"], waters=[], warmup=0, repeats=1, min_time=0.0,
                 max_time=0.5, peak_n=64, trn_validate=False)
     base.update(kw)
     return BenchOptions(**base)
@@ -33,12 +33,16 @@ def tiny_report():
 
 def test_rows_record_what_ran(tiny_report):
     ran = [r for r in tiny_report["ops"] if r["status"] == "ran"]
-    assert {r["op"] for r in ran} == {"gemm", "cholesky", "mp2_pair_energy"}
+    assert {r["op"] for r in ran} == {"gemm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz",
+                                      "mp2_pair_energy"}
     for r in ran:
         assert r["device"] == "cpu" and r["engine"] == "torch" and r["kind"] == "measured"
         assert r["kernels"], r                     # the kernel that ran, per call
         assert r["linalg"]["median_s"] > 0 and r["linalg"]["repeats"] >= 1
-        assert r["flops"] == ops.flops(r["op"], r["args"])
+        assert r["flops"] == ops.flops(r["op"], r["args"], r.get("iterations"))
+    ns = next(r for r in ran if r["op"] == "inv_sqrt_newton_schulz")
+    assert ns["iterations"] > 3 and ns["residual"] < 1e-6
+    assert "inv_sqrt_eigh row" in ns["torch"]["note"] and ns["torch"]["gflops"] > 0
     pair = next(r for r in ran if r["op"] == "mp2_pair_energy")
     assert "mp2_pair_energy:torch.matmul(batched)" in pair["kernels"]
     assert pair["pyscf"]["median_s"] > 0 and pair["pyscf_over_this"] > 0
@@ -55,7 +59,7 @@ def test_unavailable_device_is_not_run_without_times(tiny_report):
     dev = {d["device"]: d for d in tiny_report["devices"]}
     assert dev["cuda"]["status"] == "not run" and "CUDA" in dev["cuda"]["reason"]
     cuda_rows = [r for r in tiny_report["ops"] if r["device"] == "cuda"]
-    assert len(cuda_rows) == 3
+    assert len(cuda_rows) == 5
     for r in cuda_rows:
         assert r["status"] == "not run" and r["reason"]
         assert not any(k in r for k in ("linalg", "torch", "scipy", "pyscf", "flops", "gflops"))

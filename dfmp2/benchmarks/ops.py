@@ -25,6 +25,8 @@ import torch
 OPS = ("gemm", "syrk", "trsm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy")
 BASELINES = ("torch", "scipy", "pyscf")
 BASELINE_LABELS = {"torch": "torch.linalg", "scipy": "scipy.linalg", "pyscf": "PySCF"}
+# Newton-Schulz iterations assumed for the expected time before a run (the count is read after it).
+NS_ITERATIONS_GUESS = {torch.float64: 25, torch.float32: 15}
 # A torch einsum baseline of the pair energy materialises (ni, nj, nvir, nvir) in fp64.
 EINSUM_LIMIT_BYTES = 512e6
 
@@ -43,6 +45,14 @@ class Case:
     baseline_flops: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     note: str = ""
+    finalize: Callable | None = None
+
+    def settle(self) -> None:
+        """After ``ours`` has run: flops and extras that depend on the run (Newton-Schulz iterations)."""
+        if self.finalize is not None:
+            self.flops, extra = self.finalize()
+            self.extra.update(extra)
+            self.finalize = None
 
 
 def flops(op: str, shape, iterations: int | None = None) -> float:
@@ -163,13 +173,20 @@ def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True) ->
         eigh_flops = flops("inv_sqrt_eigh", shape)
         if op == "inv_sqrt_eigh":
             return Case(op, shape, eigh_flops, lambda: linalg.inv_sqrt_spd(s, backend=backend), base)
-        # One untimed run to learn the iteration count (the flop count depends on it).
-        _, info = linalg.inv_sqrt_spd(s, method="newton_schulz", backend=backend)
-        return Case(op, shape, flops(op, shape, info["iterations"]),
-                    lambda: linalg.inv_sqrt_spd(s, method="newton_schulz", backend=backend), base,
+        # The flop count depends on the iterations: known after the timed calls (``settle``).
+        last: dict = {}
+
+        def newton_schulz():
+            x, info = linalg.inv_sqrt_spd(s, method="newton_schulz", backend=backend)
+            last.update(info)
+            return x
+
+        guess = NS_ITERATIONS_GUESS[dtype]
+        return Case(op, shape, flops(op, shape, guess), newton_schulz, base,
                     baseline_flops={"torch": eigh_flops, "scipy": eigh_flops},
-                    extra={"iterations": info["iterations"], "residual": info["residual"]},
-                    note="baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)")
+                    note="baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)",
+                    finalize=lambda: (flops(op, shape, last["iterations"]),
+                                      {"iterations": last["iterations"], "residual": last["residual"]}))
     if op == "mp2_pair_energy":
         if len(shape) == 3:
             nocc, nvir, naux = shape

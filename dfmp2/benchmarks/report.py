@@ -278,13 +278,16 @@ def terminal(rep: dict, console) -> None:
         e = Table(title="Trainium ESTIMATES (not measured; no Trainium hardware ran)", title_justify="left")
         for c in ("shape", "op", "device", "estimate ms", "bound", "est. GFLOP/s"):
             e.add_column(c)
+        skipped = {}
         for r in est["rows"]:
             if r["status"] == "estimate":
                 e.add_row(r["shape"], r["op"], f"{r['device']} (estimate)", f"{r['estimate_s'] * 1e3:.3g}",
                           r["bound"], f"{(r.get('gflops') or 0):.0f}")
             else:
-                e.add_row(r["shape"], r["op"], r["device"], "not estimated", r["reason"][:60], "")
+                skipped.setdefault((r["op"], r["reason"]), []).append(f"{r['shape']}/{r['device']}")
         console.print(e)
+        for (op, reason), where in skipped.items():
+            console.print(f"[dim]not estimated: {op} ({', '.join(where)}): {reason}[/dim]")
     w = rep.get("waters")
     if w and w.get("rows"):
         s = Table(title="Water clusters: DF-MP2 stage after SCF (s)", title_justify="left")
