@@ -229,6 +229,8 @@ def _waters_lines(rep: dict) -> list[str]:
             de = f"{r['e_corr_minus_pyscf']:.1e}" if "e_corr_minus_pyscf" in r else "—"
             lines.append(head + f"{r['device']} / {r['engine']} | {r['precision']} | {t['median_s']:.2f} | "
                          f"{t['min_s']:.2f}–{t['max_s']:.2f} (n={t['repeats']}) | {cells} | {rr} | {de} |")
+    for nr in w.get("not_run", []):
+        lines.append(f"| all | | | | | | dfmp2 | {nr['device']} | | **not run**: {nr['reason']} | | | | | | | | |")
     lines += ["", f"### Fitted cost exponents (time ∝ nbasis^p, clusters with nbasis ≥ {w['fit_min_nbasis']})", "",
               "| run | stage | p | ± stderr | R² | points (nbasis) |", "|---|---|---:|---:|---:|---|"]
     for label, entry in w["fits"].items():
@@ -342,11 +344,13 @@ def plot(rep: dict, path: Path) -> bool:
         if r["status"] == "estimate" and r["op"] in ("mp2_pair_energy", "gemm", "trsm"):
             series.setdefault((r["op"], f"{r['device']} fp32 ESTIMATE", True), []).append(
                 (dims[r["shape"]], r["estimate_s"]))
-    for (op, who, is_est), pts in sorted(series.items()):
+    colors: dict = {}
+    for (op, who, is_est), pts in sorted(series.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         pts = sorted(set(pts))
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, linestyle="--" if is_est else "-", marker=markers.get(op, "o"),
-                fillstyle="none" if is_est else "full", label=f"{op}: {who}")
+        color = colors.setdefault(who, f"C{len(colors) % 10}")
+        ax.plot(xs, ys, linestyle="--" if is_est else "-", marker=markers.get(op, "o"), color=color,
+                fillstyle="none" if is_est else "full", label=f"{who}: {op}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("nbasis of the shape")

@@ -196,11 +196,12 @@ def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
     return out
 
 
-def run_waters(opts: BenchOptions, backends: dict, peaks: dict, log) -> dict:
+def run_waters(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log) -> dict:
     if not opts.waters:
         return {}
-    devs = [(d, (lambda d=d: __import__("linalg").get_backend(d))) for d, be in backends.items()
-            if be is not None and not d.startswith("trn")]
+    import linalg
+    devs = [(d, (lambda d=d: linalg.get_backend(d))) for d, be in backends.items() if be is not None]
+    not_run = [{"device": d, "reason": state.reasons[d]} for d, be in backends.items() if be is None]
     peak = {p: v["gflops"] for (d, p), v in peaks.items() if d == "cpu"}
     rows = []
     for n in opts.waters:
@@ -213,7 +214,7 @@ def run_waters(opts: BenchOptions, backends: dict, peaks: dict, log) -> dict:
             "the same SCF and auxiliary basis. Clusters whose stage is expected to take more than "
             f"{opts.single_above_s:g} s run once without warm-up; smaller ones take the median of "
             f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters.")
-    return {"what": what, "rows": rows, "fit_min_nbasis": opts.fit_min_nbasis,
+    return {"what": what, "rows": rows, "not_run": not_run, "fit_min_nbasis": opts.fit_min_nbasis,
             "fits": waters_mod.fits(rows, opts.fit_min_nbasis)}
 
 
@@ -253,7 +254,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
 
     op_rows = run_ops(opts, backends, peaks, state, log)
     trn = run_trn_estimates(opts, op_rows, log)
-    wat = run_waters(opts, backends, peaks, log)
+    wat = run_waters(opts, backends, peaks, state, log)
     load_after = list(os.getloadavg())
     loaded = max(load_before[0], load_after[0]) > LOADED_THRESHOLD
     meta = {"date": timing.now(), "command": opts.command, "machine": timing.machine(),

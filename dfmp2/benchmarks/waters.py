@@ -162,6 +162,10 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
 
     for dev_name, make_backend in devices:
         for prec in precisions:
+            if dev_name.startswith("trn") and prec == "fp64":
+                row["runs"].append({"who": "dfmp2", "device": dev_name, "precision": prec, "status": "not run",
+                                    "reason": f"{dev_name} has no fp64 arithmetic"})
+                continue
             single = expected(prec) > single_above_s
             times, stage_runs, e, ran = [], [], None, None
             for k in range((0 if single else 1) + (1 if single else repeats)):
