@@ -257,3 +257,20 @@ def test_cli_memory_below_minimum_names_the_minimum(tmp_path):
     res = CliRunner().invoke(main, ["run", str(WATER), "--memory", "0.01MB"])
     assert res.exit_code == 2
     assert "needs at least 0.235 MB (with B on disk" in res.output and "--memory" in res.output
+
+
+def test_benchmark_script_smoke(tmp_path):
+    """scripts/bench_outofcore.py end to end on (H2O)2 (seconds): bitwise check passes, files written."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "b"
+    p = subprocess.run([sys.executable, "scripts/bench_outofcore.py", "--waters", "2", "--occ-block", "3",
+                        "--threads", "1", "--scratch", str(tmp_path), "--out", str(out)],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = json.loads(out.with_suffix(".json").read_text())
+    assert d["out_of_core_cold"]["bitwise_equal_to_memory"] is True
+    assert d["problem"]["occ_blocks"] == 3 and d["out_of_core_cold"]["block_reads"] == 6
+    assert "| B in memory" in out.with_suffix(".md").read_text()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["b.json", "b.md"]

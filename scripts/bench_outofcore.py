@@ -1,0 +1,319 @@
+#!/usr/bin/env python
+"""Benchmark: the DF-MP2 pair step with B in memory against B out of core (HDF5 on disk, read by
+occupied block on a prefetch thread), on the same B, with a bitwise check of the block sums.
+
+    python scripts/bench_outofcore.py                       # (H2O)40 / cc-pVDZ, frozen core: B 3.3 GB
+    python scripts/bench_outofcore.py --waters 4 --out /tmp/smoke   # seconds
+
+What it does, in one process:
+  1. the molecule ((H2O)n from inputs/make_water_clusters.py, or --xyz) and its orbitals;
+  2. builds B out of core with the pipeline's own build_B (integrals, transforms, column-blocked
+     fit) into an HDF5 file under --scratch, and times those stages;
+  3. measures the disk: one sequential read of the whole file after dropping it from the page cache;
+  4. pair step in memory: all blocks loaded into RAM first (load time reported apart), then
+     outofcore.pair_block_sums;
+  5. pair step out of core, cold: the file dropped from the page cache before the run and each
+     block dropped again after it is read (posix_fadvise DONTNEED), so every read comes from the
+     disk as it would for a B larger than RAM (on this machine RAM could cache the whole file);
+     optionally (--warm) also with the page cache left alone;
+  6. checks the per-pair sums of 4 and 5 are bitwise identical and reports time / ratio, the
+     time the pair loop waited for reads, the pair step's GFLOP/s against a DGEMM/SGEMM measured in
+     the same run.
+
+Orbitals (--orbitals): 'core' (default) takes the eigenvectors of the core Hamiltonian (h C = S C e)
+as C and a fixed spread of orbital energies (occupied -1.5..-0.5 Eh, virtual 0.2..3 Eh): the pair
+step's cost depends only on the shapes, and a DF-SCF on (H2O)40 (18 GB of JK-fit 3-index
+integrals) would dominate the run. The energies are therefore NOT MP2 energies of the molecule.
+'scf' runs the real RHF (slow for large n).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import closing
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "inputs"))
+
+import linalg  # noqa: E402
+from dfmp2 import outofcore, scf  # noqa: E402
+from dfmp2.memory import plan_memory  # noqa: E402
+from dfmp2.pipeline import _Timer, build_B, _largest_shell  # noqa: E402
+from dfmp2.result import software_versions  # noqa: E402
+from dfmp2.scf import RHFReference  # noqa: E402
+from dfmp2.xyz import read_xyz  # noqa: E402
+
+GB = 1e9
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def drop_cache(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd) if os.access(path, os.W_OK) else None
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def gemm_peak(dtype, n=2048, repeats=3) -> dict:
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        ts.append(time.perf_counter() - t0)
+    return {"n": n, "gflops": 2 * n**3 / statistics.median(ts) / GB, "median_s": statistics.median(ts),
+            "min_s": min(ts), "max_s": max(ts)}
+
+
+def core_orbitals(mol, nocc):
+    """Core-Hamiltonian eigenvectors (orthonormal in S) and a fixed, well-separated spread of orbital
+    energies (so no denominator is near zero); see the module docstring."""
+    import scipy.linalg
+    h = mol.intor("int1e_kin") + mol.intor("int1e_nuc")
+    s = mol.intor("int1e_ovlp")
+    _, c = scipy.linalg.eigh(h, s)
+    nmo = c.shape[1]
+    e = np.concatenate([np.linspace(-1.5, -0.5, nocc), np.linspace(0.2, 3.0, nmo - nocc)])
+    return RHFReference(mf=None, e_hf=float("nan"), mo_coeff=c, mo_energy=e, nocc=nocc, scf_mode="core-guess",
+                        jk_auxbasis=None, cycles=None)
+
+
+class TimedStore:
+    """Wraps a store so the pair loop's waits for the next block are timed."""
+
+    def __init__(self, store):
+        self.store, self.blocks, self.wait_s = store, store.blocks, 0.0
+
+    def iter_blocks(self, order, backend):
+        it = self.store.iter_blocks(order, backend)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                self.wait_s += time.perf_counter() - t0
+                yield item
+        finally:
+            it.close()
+
+
+def pair_step(store, eps_occ, eps_vir, backend):
+    ts = TimedStore(store)
+    t0 = time.perf_counter()
+    sums = outofcore.pair_block_sums(ts, eps_occ, eps_vir, backend)
+    return sums, time.perf_counter() - t0, ts.wait_s
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--waters", type=int, default=40, help="(H2O)n cluster from inputs/make_water_clusters.py")
+    ap.add_argument("--xyz", default=None, help="a molecule instead of --waters")
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--all-electron", action="store_true", help="default: frozen core")
+    ap.add_argument("--precision", choices=["fp64", "fp32"], default="fp64")
+    ap.add_argument("--orbitals", choices=["core", "scf"], default="core")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads [default: torch's]")
+    ap.add_argument("--occ-block", type=int, default=None, help="default: the memory plan's")
+    ap.add_argument("--scratch", default=None, help="where B's HDF5 file goes [default: temp dir]")
+    ap.add_argument("--warm", action="store_true", help="also time out of core with the page cache warm")
+    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_outofcore_cpu"),
+                    help="output path without suffix (.json and .md are written)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    backend = linalg.get_backend("cpu")
+    dtype = linalg.DTYPES[args.precision]
+    load_before = os.getloadavg()
+
+    if args.xyz:
+        geom = read_xyz(args.xyz)
+        label = Path(args.xyz).name
+    else:
+        from make_water_clusters import xyz_text
+        with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as tmp:
+            (Path(tmp) / f"h2o_{args.waters:02d}.xyz").write_text(xyz_text(args.waters))
+            geom = read_xyz(Path(tmp) / f"h2o_{args.waters:02d}.xyz")
+        label = f"(H2O){args.waters}"
+    mol = scf.build_molecule(geom, args.basis)
+    auxbasis = scf.mp2_auxbasis(mol)
+    auxmol = scf.make_auxmol(mol, auxbasis)
+    nfrozen = 0 if args.all_electron else scf.frozen_core_count(mol)
+    nocc_all = mol.nelectron // 2
+    t0 = time.perf_counter()
+    ref = core_orbitals(mol, nocc_all) if args.orbitals == "core" else scf.run_rhf(mol, "df")
+    t_orb = time.perf_counter() - t0
+    nocc, nvir, naux, nao = nocc_all - nfrozen, ref.mo_coeff.shape[1] - nocc_all, auxmol.nao_nr(), mol.nao_nr()
+    plan = plan_memory(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=dtype.itemsize, limit_mb=None,
+                       storage="disk", aux_shell_max=_largest_shell(auxmol), occ_block=args.occ_block)
+    blocks = outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
+    b_bytes = blocks.size * dtype.itemsize
+    npairs = len(blocks.pairs())
+    flops = nocc * (nocc + 1) // 2 * 2 * nvir * nvir * naux
+    print(f"{label} {args.basis}: nbasis {nao}, nocc {nocc} (+{nfrozen} frozen), nvir {nvir}, naux {naux}; "
+          f"B {b_bytes / GB:.2f} GB ({b_bytes / 2**30:.2f} GiB) {args.precision}; occ block {plan.occ_block}, "
+          f"{blocks.count} blocks, {npairs} block pairs; {flops / 1e12:.1f} TFLOP in the pair step", flush=True)
+
+    peaks = {"fp64": gemm_peak(torch.float64), "fp32": gemm_peak(torch.float32)}
+    print(f"GEMM peak: fp64 {peaks['fp64']['gflops']:.1f}, fp32 {peaks['fp32']['gflops']:.1f} GFLOP/s", flush=True)
+    C = ref.mo_coeff
+    eps_occ = torch.as_tensor(ref.mo_energy[nfrozen:nocc_all], dtype=torch.float64)
+    eps_vir = torch.as_tensor(ref.mo_energy[nocc_all:], dtype=torch.float64)
+    rec = {}
+    with outofcore.Scratch(args.scratch) as scratch:
+        scratch.check_space(b_bytes * 1.6 / 1e6)
+        timer = _Timer(backend)
+        t0 = time.perf_counter()
+        B_disk, metric_kind, _ = build_B(mol, auxmol, C[:, nfrozen:nocc_all], C[:, nocc_all:], backend,
+                                         torch.float64, plan, timer, out_dtype=dtype, blocks=blocks,
+                                         scratch=scratch)
+        rec["build_B_s"] = time.perf_counter() - t0
+        rec["build_B_stages_s"] = dict(timer.seconds)
+        path = B_disk.path
+        rec["b_file"] = {"path": path, "bytes": os.path.getsize(path)}
+        print(f"B built out of core in {rec['build_B_s']:.1f} s {rec['build_B_stages_s']}; file {path}", flush=True)
+
+        drop_cache(path)
+        t0 = time.perf_counter()
+        for k in range(blocks.count):
+            B_disk.read_block(k)
+        t = time.perf_counter() - t0
+        rec["disk_read_cold"] = {"s": t, "GB_per_s": b_bytes / t / GB}
+        print(f"cold sequential read of B: {t:.1f} s, {b_bytes / t / GB:.2f} GB/s", flush=True)
+
+        # warm-up: one small pair-kernel call (first-call costs are not the pair step's)
+        b0 = outofcore.pair_view(B_disk.read_block(0), nvir)[:1]
+        linalg.mp2_pair_energy(b0, b0, eps_occ[:1], eps_occ[:1], eps_vir, symmetric=True, backend=backend)
+        del b0
+        # in memory
+        t0 = time.perf_counter()
+        mem = outofcore.InMemoryB(blocks, dtype, "cpu", allocate=False)
+        for k in range(blocks.count):
+            mem.set_block(k, B_disk.read_block(k))
+        rec["load_into_memory_s"] = time.perf_counter() - t0
+        sums_mem, t_mem, _ = pair_step(mem, eps_occ, eps_vir, backend)
+        rec["in_memory"] = {"pair_s": t_mem, "gflops": flops / t_mem / GB}
+        print(f"pair step, B in memory: {t_mem:.1f} s ({flops / t_mem / GB:.1f} GFLOP/s)", flush=True)
+        mem.close()
+        del mem
+
+        runs = [("out_of_core_cold", True)] + ([("out_of_core_warm", False)] if args.warm else [])
+        for name, cold in runs:
+            if cold:
+                drop_cache(path)
+            B_disk.evict = cold
+            sums, t, wait = pair_step(B_disk, eps_occ, eps_vir, backend)
+            reads = sum(1 for i, j in blocks.pairs() if i != j) + blocks.count
+            rec[name] = {"pair_s": t, "gflops": flops / t / GB, "ratio_vs_memory": t / t_mem,
+                         "wait_for_reads_s": wait, "block_reads": reads,
+                         "bytes_read": int(sum(np.prod(blocks.shape(j)) for i, j in blocks.pairs() if i != j)
+                                           + blocks.size) * dtype.itemsize,
+                         "bitwise_equal_to_memory": sums.tobytes() == sums_mem.tobytes()}
+            print(f"pair step, B out of core ({'cold: every read from disk' if cold else 'page cache warm'}): "
+                  f"{t:.1f} s, {t / t_mem:.3f}x in-memory, waited {wait:.2f} s for reads; "
+                  f"bitwise equal: {rec[name]['bitwise_equal_to_memory']}", flush=True)
+        B_disk.close()
+    e_os, e_ss = outofcore.combine(sums_mem, blocks.pairs())
+    meta = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + (argv if argv is not None else sys.argv[1:])),
+        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB,
+                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "versions": software_versions(),
+        "backend": backend.describe(),
+    }
+    import h5py
+    meta["versions"]["h5py"], meta["versions"]["hdf5"] = h5py.__version__, h5py.version.hdf5_version
+    result = {
+        "meta": meta,
+        "problem": {"molecule": label, "basis": args.basis, "auxbasis": scf.describe_auxbasis(auxbasis),
+                    "frozen_core": not args.all_electron, "precision": args.precision, "nbasis": nao,
+                    "nocc": nocc, "nfrozen": nfrozen, "nvir": nvir, "naux": naux,
+                    "orbitals": args.orbitals, "orbitals_s": t_orb, "metric": metric_kind,
+                    "b_bytes": b_bytes, "b_gib": b_bytes / 2**30, "occ_block": plan.occ_block,
+                    "occ_blocks": blocks.count, "block_pairs": npairs, "pair_flops": flops,
+                    "e_os_e_ss_not_mp2_energies" if args.orbitals == "core" else "e_os_e_ss": [e_os, e_ss]},
+        "plan": plan.to_dict(),
+        "gemm_peak": peaks,
+        **rec,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(render(result) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    cold = result["out_of_core_cold"]
+    ok = cold["bitwise_equal_to_memory"]
+    return 0 if ok else 1
+
+
+def render(r) -> str:
+    p, m = r["problem"], r["meta"]
+    peak = r["gemm_peak"][p["precision"]]["gflops"]
+    lines = [
+        "# Out-of-core pair step vs in-memory",
+        "",
+        f"`{m['command']}` on {m['date']}: {m['machine']['cpu']}, {m['machine']['cpu_count']} CPUs, "
+        f"{m['machine']['mem_total_gb']:.0f} GB RAM, torch {m['versions']['torch']} "
+        f"({m['machine']['torch_threads']} threads), h5py {m['versions']['h5py']} / HDF5 {m['versions']['hdf5']}. "
+        f"Load average before/after: {m['machine']['load_average_before'][0]:.1f} / "
+        f"{m['machine']['load_average_after'][0]:.1f} (a machine shared with other work).",
+        "",
+        f"Problem: {p['molecule']} / {p['basis']} / {p['auxbasis']}, "
+        f"{'frozen core' if p['frozen_core'] else 'all electrons'}, {p['precision']}: nbasis {p['nbasis']}, "
+        f"nocc {p['nocc']}, nvir {p['nvir']}, naux {p['naux']}. **B = {p['b_bytes'] / 1e9:.2f} GB "
+        f"({p['b_gib']:.2f} GiB)**, {p['occ_blocks']} occupied blocks of {p['occ_block']}, "
+        f"{p['block_pairs']} block pairs, {p['pair_flops'] / 1e12:.1f} TFLOP in the pair step.",
+        "",
+        f"Orbitals: {p['orbitals']}" + (" (core-Hamiltonian eigenvectors with a fixed spread of orbital "
+                                        "energies: the timings are those of the real shapes, the energies are not "
+                                        "the molecule's MP2 energy)" if p["orbitals"] == "core" else " (RHF)") + ".",
+        "",
+        f"B was built out of core in {r['build_B_s']:.1f} s; its file is {r['b_file']['bytes'] / 1e9:.2f} GB. "
+        f"Cold sequential read of the whole file: {r['disk_read_cold']['GB_per_s']:.2f} GB/s.",
+        "",
+        "| pair step | time / s | × in-memory | GFLOP/s | % of GEMM peak | waited for reads / s | bitwise = in-memory |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        f"| B in memory (loaded in {r['load_into_memory_s']:.1f} s, not counted) | {r['in_memory']['pair_s']:.1f} | 1.000 "
+        f"| {r['in_memory']['gflops']:.1f} | {100 * r['in_memory']['gflops'] / peak:.0f} | – | – |",
+    ]
+    for name, label in (("out_of_core_cold", "B on disk, every read from the disk (page cache dropped)"),
+                        ("out_of_core_warm", "B on disk, page cache warm")):
+        if name in r:
+            x = r[name]
+            lines.append(f"| {label}; {x['block_reads']} block reads, {x['bytes_read'] / 1e9:.1f} GB | {x['pair_s']:.1f} "
+                         f"| {x['ratio_vs_memory']:.3f} | {x['gflops']:.1f} | {100 * x['gflops'] / peak:.0f} "
+                         f"| {x['wait_for_reads_s']:.2f} | {'yes' if x['bitwise_equal_to_memory'] else 'NO'} |")
+    lines += ["", f"GEMM peak in the same run ({p['precision']}, n={r['gemm_peak'][p['precision']]['n']}): {peak:.1f} GFLOP/s."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
