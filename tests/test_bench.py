@@ -180,3 +180,12 @@ def test_timer_single_run_rule_and_shapes():
     sizes = shapes.op_sizes(s[1])
     assert sizes["mp2_pair_energy"][0] == (16, 16, 672, 2304) and sizes["gemm"][0] == (256 * 96, 768, 672)
     assert shapes.op_sizes(s[0])["mp2_pair_energy"][0] == (16, 112, 384)   # nocc 16: one diagonal block
+
+
+def test_shared_inputs_are_bit_identical_to_per_precision_ones():
+    from linalg import random_spd, synthetic_problem
+    inputs = ops.Inputs()
+    assert torch.equal(inputs.spd(40, 1e3, 4, torch.float32, "cpu"), random_spd(40, 1e3, 4, dtype=torch.float32))
+    p = inputs.problem(3, 20, 40, 8, torch.float32, "cpu")
+    q = synthetic_problem(3, 20, 40, seed=8, dtype=torch.float32)
+    assert torch.equal(p.B, q.B) and torch.equal(p.eps_occ, q.eps_occ) and torch.equal(p.eps_vir, q.eps_vir)

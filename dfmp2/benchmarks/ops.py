@@ -108,23 +108,51 @@ def pyscf_pair_energy(iaL: np.ndarray, jbL: np.ndarray, eo_i: np.ndarray, eo_j: 
     return float(ed[0]), float(ed[0] + ex[0])
 
 
-def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True) -> Case:
+class Inputs:
+    """Philox inputs shared by the cases of one shape: each SPD matrix and synthetic problem is
+    built once in fp64 on the CPU and rounded to each precision and moved to each device.
+    Bit-identical to building them per precision: linalg.random_spd and synthetic_problem both
+    compute in fp64 and round to the requested dtype as their last step."""
+
+    def __init__(self):
+        self._spd: dict = {}
+        self._problem: dict = {}
+
+    def spd(self, n: int, cond: float, seed: int, dtype, device) -> torch.Tensor:
+        from linalg import random_spd
+        key = (n, cond, seed)
+        if key not in self._spd:
+            self._spd[key] = random_spd(n, cond, seed, dtype=torch.float64)
+        return self._spd[key].to(dtype).to(device)
+
+    def problem(self, nocc: int, nvir: int, naux: int, seed: int, dtype, device):
+        from linalg import synthetic_problem
+        from linalg.synthetic import SyntheticProblem
+        key = (nocc, nvir, naux, seed)
+        if key not in self._problem:
+            self._problem = {key: synthetic_problem(nocc, nvir, naux, seed=seed, dtype=torch.float64)}
+        p = self._problem[key]
+        return SyntheticProblem(B=p.B.to(dtype).to(device), eps_occ=p.eps_occ.to(device),
+                                eps_vir=p.eps_vir.to(device), seed=p.seed, e_target=p.e_target)
+
+
+def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True, inputs: Inputs | None = None) -> Case:
     """Inputs (Philox, identical on every device) and callables for one op and shape.
 
     The scipy and PySCF baselines run on the host: on a GPU backend they are reported as not run
     (they would time a different device). On Trainium no baseline runs (torch has no Trainium
     device here; a host time in a trn row would read as a Trainium time)."""
-    case = _make_case(op, shape, dtype, backend, pyscf_baseline=pyscf_baseline)
+    case = _make_case(op, shape, dtype, backend, pyscf_baseline, inputs or Inputs())
     if backend.name.startswith("trn"):
         case.baselines = {k: f"baselines run on the host, not on {backend.name}; see the cpu rows"
                           for k in case.baselines}
     return case
 
 
-def _make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True) -> Case:
+def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inputs) -> Case:
     import scipy.linalg as sla
     import linalg
-    from linalg import random_matrix, random_spd, synthetic_problem
+    from linalg import random_matrix
     dev = backend.to_device(torch.zeros(0)).device
     on_cpu = backend.name == "cpu"
     host_only = "" if on_cpu else f"host library; not run on {backend.name}"
@@ -152,7 +180,7 @@ def _make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True) -
             "scipy": host(lambda: syrk(1.0, an, lower=1))})
     if op == "trsm":
         n, m = shape
-        L = torch.linalg.cholesky(random_spd(n, 1e3, 4, dtype=torch.float64)).to(dtype).to(dev)
+        L = torch.linalg.cholesky(inputs.spd(n, 1e3, 4, torch.float64, "cpu")).to(dtype).to(dev)
         b = random_matrix((n, m), 5, dtype=dtype, device=dev)
         Ln, bn = L.cpu().numpy(), b.cpu().numpy()
         return Case(op, shape, flops(op, shape), lambda: linalg.trsm(L, b, backend=backend), {
@@ -160,14 +188,14 @@ def _make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True) -
             "scipy": host(lambda: sla.solve_triangular(Ln, bn, lower=True, check_finite=False))})
     if op == "cholesky":
         (n,) = shape
-        s = random_spd(n, 1e4, 6, dtype=dtype, device=dev)
+        s = inputs.spd(n, 1e4, 6, dtype, dev)
         sn = s.cpu().numpy()
         return Case(op, shape, flops(op, shape), lambda: linalg.cholesky(s, backend=backend), {
             "torch": lambda: torch.linalg.cholesky(s),
             "scipy": host(lambda: sla.cholesky(sn, lower=True, check_finite=False))})
     if op in ("inv_sqrt_eigh", "inv_sqrt_newton_schulz"):
         (n,) = shape
-        s = random_spd(n, 1e6 if dtype == torch.float64 else 1e3, 7, dtype=dtype, device=dev)
+        s = inputs.spd(n, 1e6 if dtype == torch.float64 else 1e3, 7, dtype, dev)
         sn = s.cpu().numpy()
 
         def torch_eigh():
@@ -201,14 +229,14 @@ def _make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True) -
             nocc, nvir, naux = shape
             ni = nj = nocc
             symmetric = True
-            p = synthetic_problem(nocc, nvir, naux, seed=8, dtype=dtype, device=dev)
+            p = inputs.problem(nocc, nvir, naux, 8, dtype, dev)
             Bi = Bj = p.B
             ei = ej = p.eps_occ
         else:
             ni, nj, nvir, naux = shape
             symmetric = False
             # An off-diagonal block: I = occupied [nj, nj + ni), J = [0, nj) of one problem.
-            p = synthetic_problem(ni + nj, nvir, naux, seed=8, dtype=dtype, device=dev)
+            p = inputs.problem(ni + nj, nvir, naux, 8, dtype, dev)
             Bi, Bj = p.B[nj:], p.B[:nj]
             ei, ej = p.eps_occ[nj:], p.eps_occ[:nj]
         ev = p.eps_vir

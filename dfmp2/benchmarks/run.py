@@ -73,12 +73,14 @@ class _State:
     reasons: dict = field(default_factory=dict)        # device -> why it cannot run
     pyscf: dict = field(default_factory=dict)          # (shape, args) -> PySCF fp64 pair timing
     eigh_rows: dict = field(default_factory=dict)      # (shape, device, precision) -> inv_sqrt_eigh row
+    inputs: ops_mod.Inputs | None = None               # the current shape's Philox inputs
 
 
 def run_ops(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log) -> list[dict]:
     rows = []
     for shp in opts.shapes:
         sizes = shapes_mod.op_sizes(shp)
+        state.inputs = ops_mod.Inputs()               # one shape's inputs at a time in memory
         for dev, be in backends.items():
             for prec in opts.precisions:
                 for op in opts.ops:
@@ -100,7 +102,8 @@ def run_case(base: dict, op: str, args, prec: str, be, peak: dict | None, state:
     dtype = torch.float64 if prec == "fp64" else torch.float32
     want_pyscf = op == "mp2_pair_energy" and be.name == "cpu"
     key = (base["shape"], tuple(args))
-    case = ops_mod.make_case(op, args, dtype, be, pyscf_baseline=want_pyscf and prec == "fp64")
+    case = ops_mod.make_case(op, args, dtype, be, pyscf_baseline=want_pyscf and prec == "fp64",
+                             inputs=state.inputs)
     timer = timing.Timer(be.synchronize, opts.warmup, opts.repeats, opts.min_time,
                          max_time=opts.max_time, single_above_s=opts.single_above_s)
     expected = case.flops / (peak["gflops"] * 1e9) if peak else None
