@@ -74,8 +74,11 @@ def _meta_lines(rep: dict) -> list[str]:
     lines = [f"`{m['command']}` — {m['date']}, wall time {m['wall_s']:.0f} s.", "",
              f"Machine: {mach['cpu']}, {mach['cpu_count']} CPUs (torch threads {mach['torch_threads']}, "
              f"PySCF threads {mach['pyscf_threads']}), host {mach['host']}. Load average (1 min) before / after: "
-             f"{load[0]:.2f} / {load[1]:.2f}" + (" — **the machine was loaded by other work during this run; "
-                                                  "times are pessimistic.**" if m.get("machine_loaded") else "."),
+             f"{load[0]:.2f} / {load[1]:.2f}, highest sampled during the run "
+             f"{max([x['load1'] for x in m.get('load_samples', [])] + list(load)):.2f}"
+             + (" — **the machine was loaded by other work during this run (1-min load above "
+                f"{m.get('loaded_threshold', 1.5)} on {mach['cpu_count']} CPUs); times are pessimistic.**"
+                if m.get("machine_loaded") else "."),
              "",
              f"Versions: dfmp2 {v['dfmp2']}, torch {v['torch']} ({v['torch_blas']}), numpy {v['numpy']}, "
              f"scipy {v['scipy']} ({v['scipy_blas']}), PySCF {v['pyscf']}, Python {v['python']}.", ""]

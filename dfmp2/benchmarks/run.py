@@ -71,6 +71,12 @@ class _State:
     """What one run shares between rows: why devices did not run, measurements reused by later rows."""
 
     reasons: dict = field(default_factory=dict)        # device -> why it cannot run
+    t0: float = field(default_factory=time.perf_counter)
+    loads: list = field(default_factory=list)          # 1-minute load average sampled per phase
+
+    def sample_load(self, phase: str) -> None:
+        self.loads.append({"phase": phase, "t_s": round(time.perf_counter() - self.t0, 1),
+                           "load1": os.getloadavg()[0]})
     pyscf: dict = field(default_factory=dict)          # (shape, args) -> PySCF fp64 pair timing
     eigh_rows: dict = field(default_factory=dict)      # (shape, device, precision) -> inv_sqrt_eigh row
     inputs: ops_mod.Inputs | None = None               # the current shape's Philox inputs
@@ -80,6 +86,7 @@ def run_ops(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log)
     rows = []
     for shp in opts.shapes:
         sizes = shapes_mod.op_sizes(shp)
+        state.sample_load(f"ops {shp.name}")
         state.inputs = ops_mod.Inputs()               # one shape's inputs at a time in memory
         for dev, be in backends.items():
             for prec in opts.precisions:
@@ -208,6 +215,7 @@ def run_waters(opts: BenchOptions, backends: dict, peaks: dict, state: _State, l
     peak = {p: v["gflops"] for (d, p), v in peaks.items() if d == "cpu"}
     rows = []
     for n in opts.waters:
+        state.sample_load(f"(H2O){n}")
         rows.append(waters_mod.run_cluster(n, devs, opts.water_precisions, pyscf=n <= opts.pyscf_max_waters,
                                            repeats=opts.water_repeats, single_above_s=opts.single_above_s,
                                            peak_gflops=peak, log=log))
@@ -259,10 +267,11 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     trn = run_trn_estimates(opts, op_rows, log)
     wat = run_waters(opts, backends, peaks, state, log)
     load_after = list(os.getloadavg())
-    loaded = max(load_before[0], load_after[0]) > LOADED_THRESHOLD
+    state.sample_load("end")
+    loaded = max([load_before[0], load_after[0]] + [x["load1"] for x in state.loads]) > LOADED_THRESHOLD
     meta = {"date": timing.now(), "command": opts.command, "machine": timing.machine(),
             "versions": timing.versions(), "load_average_before": load_before, "load_average_after": load_after,
-            "machine_loaded": loaded, "loaded_threshold": LOADED_THRESHOLD,
+            "machine_loaded": loaded, "loaded_threshold": LOADED_THRESHOLD, "load_samples": state.loads,
             "wall_s": time.perf_counter() - t_start, "single_above_s": opts.single_above_s,
             "timer": {"warmup": opts.warmup, "min_repeats": opts.repeats, "min_time_s": opts.min_time,
                       "max_time_s": opts.max_time, "single_above_s": opts.single_above_s},
