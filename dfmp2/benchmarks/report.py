@@ -226,12 +226,12 @@ def _waters_lines(rep: dict) -> list[str]:
                 continue
             t = r["time"]
             st = r.get("stages_s", {})
-            cells = " | ".join(f"{st[s]:.2f}" if s in st else "—" for s in ("integrals", "metric", "transform",
+            cells = " | ".join(f"{st[s]:.3g}" if s in st else "—" for s in ("integrals", "metric", "transform",
                                                                              "fit", "pair"))
             rr = f"{r['pyscf_over_this']:.2f}" if "pyscf_over_this" in r else ("1.00" if r["who"] == "pyscf" else "—")
             de = f"{r['e_corr_minus_pyscf']:.1e}" if "e_corr_minus_pyscf" in r else "—"
-            lines.append(head + f"{r['device']} / {r['engine']} | {r['precision']} | {t['median_s']:.2f} | "
-                         f"{t['min_s']:.2f}–{t['max_s']:.2f} (n={t['repeats']}) | {cells} | {rr} | {de} |")
+            lines.append(head + f"{r['device']} / {r['engine']} | {r['precision']} | {t['median_s']:.3g} | "
+                         f"{t['min_s']:.3g}–{t['max_s']:.3g} (n={t['repeats']}) | {cells} | {rr} | {de} |")
     for nr in w.get("not_run", []):
         lines.append(f"| all | | | | | | dfmp2 | {nr['device']} | | **not run**: {nr['reason']} | | | | | | | | |")
     lines += ["", f"### Fitted cost exponents (time ∝ nbasis^p, clusters with nbasis ≥ {w['fit_min_nbasis']})", "",
