@@ -163,8 +163,10 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
 
     Per i and chunk of j, K[a, j, b] = sum_P B_ia^P B_jb^P is ONE 2-D GEMM (nvir x naux) @
     (naux x nj*nvir) in the working precision: with B stored as Bt (naux, nocc*nvir) (the
-    pipeline's layout) both operands are views, nothing is copied. K, D and the sums are fp64,
-    at most ``max_block_elems`` elements of K at a time.
+    pipeline's layout) both operands are views, nothing is copied. The terms K^2/D and K K^T/D
+    are formed in the working precision (fp32 terms carry ~1 ulp each, far below the fp32
+    GEMM's own error) and every sum is accumulated in fp64; at most ``max_block_elems``
+    elements of K at a time.
     E_SS uses sum K (K - K^T) / D = sum K^2 / D - sum K K^T / D (D is symmetric in a, b).
     """
     ni, nvir, naux = Bi.shape
@@ -186,11 +188,11 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
         e_ia = ei[i] - ev                                            # (a,)
         for j0 in range(0, jend, jchunk):
             j1 = min(jend, j0 + jchunk)
-            K = torch.matmul(Bi[i], bj2[:, j0 * nvir:j1 * nvir]).view(nvir, j1 - j0, nvir).to(f64)
-            D = e_ia[:, None, None] + (ej[j0:j1, None] - ev[None, :])   # (a, j, b)
+            K = torch.matmul(Bi[i], bj2[:, j0 * nvir:j1 * nvir]).view(nvir, j1 - j0, nvir)
+            D = (e_ia[:, None, None] + (ej[j0:j1, None] - ev[None, :])).to(K.dtype)   # (a, j, b)
             Kd = K / D
-            os_ = (K * Kd).sum(dim=(0, 2))
-            ss_ = os_ - (Kd * K.permute(2, 1, 0)).sum(dim=(0, 2))
+            os_ = (K * Kd).sum(dim=(0, 2), dtype=f64)
+            ss_ = os_ - (Kd * K.permute(2, 1, 0)).sum(dim=(0, 2), dtype=f64)
             if symmetric:
                 w = torch.full((j1 - j0,), 2.0, dtype=f64, device=dev)
                 if j0 <= i < j1:
