@@ -242,6 +242,10 @@ def compare(stored: dict, new: dict, tol: float = CHECK_TOL) -> list[str]:
     for f in ("nbasis", "naux", "nocc", "nvir", "nfrozen", "auxbasis", "scf_jk_auxbasis"):
         if stored.get(f) != new.get(f):
             bad.append(f"{f}: stored {stored.get(f)!r}, recomputed {new.get(f)!r}")
+    for f in ("conv_tol", "conv_tol_grad"):     # the program's SCF thresholds changed: regenerate
+        if stored["scf"].get(f) != new["scf"].get(f):
+            bad.append(f"scf.{f}: stored with {stored['scf'].get(f)!r}, the program now uses "
+                       f"{new['scf'].get(f)!r}; regenerate the references")
     return bad
 
 

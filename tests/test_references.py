@@ -107,6 +107,17 @@ def test_entries_carry_provenance_and_are_consistent(refs):
         assert e["e_hf"] + e["e_corr"] == pytest.approx(e["e_mp2"], abs=1e-9)
 
 
+def test_references_use_the_programs_scf_thresholds(refs):
+    """The references share the program's SCF set-up; after a threshold change, regenerate them."""
+    import dfmp2.scf as bridge
+    for key, e in refs["references"].items():
+        assert (e["scf"]["conv_tol"], e["scf"]["conv_tol_grad"]) == (
+            bridge.SCF_CONV_TOL, bridge.SCF_CONV_TOL_GRAD), (
+            f"{key} was computed with SCF thresholds {e['scf']['conv_tol']}/{e['scf']['conv_tol_grad']}, "
+            f"the program now uses {bridge.SCF_CONV_TOL}/{bridge.SCF_CONV_TOL_GRAD}: "
+            "run python scripts/make_references.py")
+
+
 def test_exact_and_df_scf_agree_roughly(refs):
     """Sanity of the SCF modes: the JK fitting error in E_HF is small but not zero."""
     r = refs["references"]
