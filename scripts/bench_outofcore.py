@@ -124,11 +124,37 @@ class TimedStore:
             it.close()
 
 
+LABELS = {"memory": "B in memory", "disk": "B on disk, every read from the disk (page cache dropped)",
+          "warm": "B on disk, page cache warm"}
+
+
 def pair_step(store, eps_occ, eps_vir, backend):
+    """(sums, record): wall s, s waited for blocks, main-thread CPU s (the compute: torch runs in the
+    main thread with --threads 1), and the 1-minute load average sampled after every block pair."""
     ts = TimedStore(store)
-    t0 = time.perf_counter()
-    sums = outofcore.pair_block_sums(ts, eps_occ, eps_vir, backend)
-    return sums, time.perf_counter() - t0, ts.wait_s
+    loads = []
+    c0, t0 = time.thread_time(), time.perf_counter()
+    sums = outofcore.pair_block_sums(ts, eps_occ, eps_vir, backend,
+                                     progress=lambda d, n: loads.append(os.getloadavg()[0]))
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    return sums, {"pair_s": wall, "wait_for_reads_s": ts.wait_s, "main_thread_cpu_s": cpu,
+                  "load_mean": statistics.mean(loads), "load_max": max(loads)}
+
+
+def summarise(rec) -> None:
+    """Out-of-core runs against the in-memory runs: ratio to their mean (and to the slowest and
+    fastest), and the same for the main thread's CPU time."""
+    mem = [r for r in rec["runs"] if r["kind"] == "memory"]
+    if not mem:
+        return
+    t_mem = statistics.mean(r["pair_s"] for r in mem)
+    c_mem = statistics.mean(r["main_thread_cpu_s"] for r in mem)
+    rec["in_memory_mean_s"] = t_mem
+    for r in rec["runs"]:
+        r["ratio_vs_memory_mean"] = r["pair_s"] / t_mem
+        r["ratio_vs_memory_range"] = [r["pair_s"] / max(x["pair_s"] for x in mem),
+                                      r["pair_s"] / min(x["pair_s"] for x in mem)]
+        r["cpu_ratio_vs_memory_mean"] = r["main_thread_cpu_s"] / c_mem
 
 
 def main(argv=None):
@@ -142,7 +168,11 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="torch threads [default: torch's]")
     ap.add_argument("--occ-block", type=int, default=None, help="default: the memory plan's")
     ap.add_argument("--scratch", default=None, help="where B's HDF5 file goes [default: temp dir]")
-    ap.add_argument("--warm", action="store_true", help="also time out of core with the page cache warm")
+    ap.add_argument("--runs", default="memory,disk,memory",
+                    help="pair steps in order: memory, disk (cold reads), warm (page cache left alone); "
+                         "the default brackets the out-of-core run by two in-memory runs, so a change in "
+                         "the machine's load during the benchmark shows up")
+    ap.add_argument("--previous", nargs="*", default=[], help="earlier result JSON files to keep in the output")
     ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_outofcore_cpu"),
                     help="output path without suffix (.json and .md are written)")
     args = ap.parse_args(argv)
@@ -211,34 +241,39 @@ def main(argv=None):
         b0 = outofcore.pair_view(B_disk.read_block(0), nvir)[:1]
         linalg.mp2_pair_energy(b0, b0, eps_occ[:1], eps_occ[:1], eps_vir, symmetric=True, backend=backend)
         del b0
-        # in memory
         t0 = time.perf_counter()
         mem = outofcore.InMemoryB(blocks, dtype, "cpu", allocate=False)
         for k in range(blocks.count):
             mem.set_block(k, B_disk.read_block(k))
         rec["load_into_memory_s"] = time.perf_counter() - t0
-        sums_mem, t_mem, _ = pair_step(mem, eps_occ, eps_vir, backend)
-        rec["in_memory"] = {"pair_s": t_mem, "gflops": flops / t_mem / GB}
-        print(f"pair step, B in memory: {t_mem:.1f} s ({flops / t_mem / GB:.1f} GFLOP/s)", flush=True)
+        reads = sum(1 for i, j in blocks.pairs() if i != j) + blocks.count
+        read_bytes = int(sum(np.prod(blocks.shape(j)) for i, j in blocks.pairs() if i != j)
+                         + blocks.size) * dtype.itemsize
+        rec["runs"] = []
+        sums_mem = None
+        for name in args.runs.split(","):
+            if name == "memory":
+                store = mem
+            else:
+                if name == "disk":
+                    drop_cache(path)
+                B_disk.evict = name == "disk"
+                store = B_disk
+            sums, x = pair_step(store, eps_occ, eps_vir, backend)
+            x.update(kind=name, gflops=flops / x["pair_s"] / GB)
+            if name != "memory":
+                x.update(block_reads=reads, bytes_read=read_bytes)
+            if sums_mem is None:
+                sums_mem = sums
+            x["bitwise_equal_to_first"] = sums.tobytes() == sums_mem.tobytes()
+            rec["runs"].append(x)
+            print(f"pair step, {LABELS[name]}: {x['pair_s']:.1f} s ({x['gflops']:.1f} GFLOP/s), main-thread CPU "
+                  f"{x['main_thread_cpu_s']:.1f} s, waited {x['wait_for_reads_s']:.2f} s for blocks, mean load "
+                  f"{x['load_mean']:.2f}; bitwise equal to the first run: {x['bitwise_equal_to_first']}", flush=True)
         mem.close()
         del mem
-
-        runs = [("out_of_core_cold", True)] + ([("out_of_core_warm", False)] if args.warm else [])
-        for name, cold in runs:
-            if cold:
-                drop_cache(path)
-            B_disk.evict = cold
-            sums, t, wait = pair_step(B_disk, eps_occ, eps_vir, backend)
-            reads = sum(1 for i, j in blocks.pairs() if i != j) + blocks.count
-            rec[name] = {"pair_s": t, "gflops": flops / t / GB, "ratio_vs_memory": t / t_mem,
-                         "wait_for_reads_s": wait, "block_reads": reads,
-                         "bytes_read": int(sum(np.prod(blocks.shape(j)) for i, j in blocks.pairs() if i != j)
-                                           + blocks.size) * dtype.itemsize,
-                         "bitwise_equal_to_memory": sums.tobytes() == sums_mem.tobytes()}
-            print(f"pair step, B out of core ({'cold: every read from disk' if cold else 'page cache warm'}): "
-                  f"{t:.1f} s, {t / t_mem:.3f}x in-memory, waited {wait:.2f} s for reads; "
-                  f"bitwise equal: {rec[name]['bitwise_equal_to_memory']}", flush=True)
         B_disk.close()
+    summarise(rec)
     e_os, e_ss = outofcore.combine(sums_mem, blocks.pairs())
     meta = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -264,14 +299,14 @@ def main(argv=None):
         "gemm_peak": peaks,
         **rec,
     }
+    if args.previous:
+        result["previous_runs"] = [json.loads(Path(f).read_text()) for f in args.previous]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(render(result) + "\n")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
-    cold = result["out_of_core_cold"]
-    ok = cold["bitwise_equal_to_memory"]
-    return 0 if ok else 1
+    return 0 if all(r["bitwise_equal_to_first"] for r in result["runs"]) else 1
 
 
 def render(r) -> str:
@@ -299,19 +334,38 @@ def render(r) -> str:
         f"B was built out of core in {r['build_B_s']:.1f} s; its file is {r['b_file']['bytes'] / 1e9:.2f} GB. "
         f"Cold sequential read of the whole file: {r['disk_read_cold']['GB_per_s']:.2f} GB/s.",
         "",
-        "| pair step | time / s | × in-memory | GFLOP/s | % of GEMM peak | waited for reads / s | bitwise = in-memory |",
-        "|---|---:|---:|---:|---:|---:|---|",
-        f"| B in memory (loaded in {r['load_into_memory_s']:.1f} s, not counted) | {r['in_memory']['pair_s']:.1f} | 1.000 "
-        f"| {r['in_memory']['gflops']:.1f} | {100 * r['in_memory']['gflops'] / peak:.0f} | – | – |",
+        f"In-memory pair steps: B loaded into RAM first ({r['load_into_memory_s']:.1f} s, not counted). "
+        f"Out of core: {next((x['block_reads'] for x in r['runs'] if 'block_reads' in x), 0)} block reads, "
+        f"{next((x['bytes_read'] for x in r['runs'] if 'bytes_read' in x), 0) / 1e9:.1f} GB, on a prefetch thread. "
+        "Runs in the order listed; × = wall time / mean of the in-memory runs (range: against the slowest and "
+        "the fastest of them); CPU = the main thread's CPU time (the compute, 1 torch thread), which the "
+        "machine's other load inflates far less than the wall time.",
+        "",
+        "| # | pair step | wall / s | × in-memory (range) | GFLOP/s | % of GEMM peak | waited for blocks / s "
+        "| main-thread CPU / s | CPU × in-memory | load avg 1-min mean (max) | bitwise = run 1 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for name, label in (("out_of_core_cold", "B on disk, every read from the disk (page cache dropped)"),
-                        ("out_of_core_warm", "B on disk, page cache warm")):
-        if name in r:
-            x = r[name]
-            lines.append(f"| {label}; {x['block_reads']} block reads, {x['bytes_read'] / 1e9:.1f} GB | {x['pair_s']:.1f} "
-                         f"| {x['ratio_vs_memory']:.3f} | {x['gflops']:.1f} | {100 * x['gflops'] / peak:.0f} "
-                         f"| {x['wait_for_reads_s']:.2f} | {'yes' if x['bitwise_equal_to_memory'] else 'NO'} |")
+    for n, x in enumerate(r["runs"], 1):
+        lo, hi = x["ratio_vs_memory_range"]
+        lines.append(f"| {n} | {LABELS[x['kind']]} | {x['pair_s']:.1f} | {x['ratio_vs_memory_mean']:.3f} "
+                     f"({lo:.3f}–{hi:.3f}) | {x['gflops']:.1f} | {100 * x['gflops'] / peak:.0f} "
+                     f"| {x['wait_for_reads_s']:.2f} | {x['main_thread_cpu_s']:.1f} | {x['cpu_ratio_vs_memory_mean']:.3f} "
+                     f"| {x['load_mean']:.2f} ({x['load_max']:.2f}) | {'yes' if x['bitwise_equal_to_first'] else 'NO'} |")
     lines += ["", f"GEMM peak in the same run ({p['precision']}, n={r['gemm_peak'][p['precision']]['n']}): {peak:.1f} GFLOP/s."]
+    for prev in r.get("previous_runs", []):
+        pm = prev["meta"]
+        lines += ["", f"Earlier run, `{pm['command']}` on {pm['date']} (load average before/after "
+                      f"{pm['machine']['load_average_before'][0]:.1f} / {pm['machine']['load_average_after'][0]:.1f}):"]
+        if "runs" in prev:
+            for x in prev["runs"]:
+                lines.append(f"- {LABELS[x['kind']]}: {x['pair_s']:.1f} s, × {x['ratio_vs_memory_mean']:.3f}, "
+                             f"waited {x['wait_for_reads_s']:.2f} s for blocks")
+        else:                                  # the first version of this script: one run each
+            lines.append(f"- B in memory: {prev['in_memory']['pair_s']:.1f} s")
+            c = prev["out_of_core_cold"]
+            lines.append(f"- B on disk, cold: {c['pair_s']:.1f} s, × {c['ratio_vs_memory']:.3f}, waited "
+                         f"{c['wait_for_reads_s']:.2f} s for blocks, bitwise equal: "
+                         f"{'yes' if c['bitwise_equal_to_memory'] else 'NO'}")
     return "\n".join(lines)
 
 

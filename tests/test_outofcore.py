@@ -270,7 +270,8 @@ def test_benchmark_script_smoke(tmp_path):
                        cwd=root, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     d = json.loads(out.with_suffix(".json").read_text())
-    assert d["out_of_core_cold"]["bitwise_equal_to_memory"] is True
-    assert d["problem"]["occ_blocks"] == 3 and d["out_of_core_cold"]["block_reads"] == 6
+    assert [r["kind"] for r in d["runs"]] == ["memory", "disk", "memory"]
+    assert all(r["bitwise_equal_to_first"] for r in d["runs"])
+    assert d["problem"]["occ_blocks"] == 3 and d["runs"][1]["block_reads"] == 6
     assert "| B in memory" in out.with_suffix(".md").read_text()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["b.json", "b.md"]
