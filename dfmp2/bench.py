@@ -80,11 +80,23 @@ def _split(text: str, what: str, allowed=None) -> list[str]:
               help="output directory")
 @click.option("--name", default="bench", show_default=True, help="file stem: NAME.json, NAME.md, NAME.png")
 @click.option("-q", "--quiet", is_flag=True, help="no progress lines, only the final tables")
+@click.option("--rerender", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="no timing: rewrite the .md and .png (and the terminal table) of a saved NAME.json")
 def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, pyscf_max_waters, fit_min_nbasis,
                   repeats, warmup, min_time, max_time, single_above, threads, peak_n, trn_validate, out_dir,
-                  name, quiet):
+                  name, quiet, rerender):
     """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
     from rich.console import Console
+    if rerender:
+        import json
+        from .benchmarks import report
+        path = Path(rerender)
+        rep = json.loads(path.read_text())
+        png = path.with_suffix(".png")
+        rep["plot"] = str(png) if report.plot(rep, png) else None
+        report.atomic_write(path.with_suffix(".md"), report.markdown(rep))
+        report.terminal(rep, Console())
+        return
     try:
         from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
         from .benchmarks.run import BenchOptions, run_bench

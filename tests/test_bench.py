@@ -189,3 +189,12 @@ def test_shared_inputs_are_bit_identical_to_per_precision_ones():
     p = inputs.problem(3, 20, 40, 8, torch.float32, "cpu")
     q = synthetic_problem(3, 20, 40, seed=8, dtype=torch.float32)
     assert torch.equal(p.B, q.B) and torch.equal(p.eps_occ, q.eps_occ) and torch.equal(p.eps_vir, q.eps_vir)
+
+
+def test_rerender_rewrites_markdown_without_timing(tmp_path, tiny_report):
+    path = tmp_path / "r.json"
+    report.write_json(tiny_report, path)
+    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    r = CliRunner().invoke(main, ["bench", "--rerender", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "## Headline: per shape" in (tmp_path / "r.md").read_text()
