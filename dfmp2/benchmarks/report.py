@@ -16,14 +16,19 @@ HEADLINE_OPS = ("mp2_pair_energy", "gemm", "trsm")
 
 
 # ---------- small formatting helpers ----------
+def _ms(seconds: float) -> str:
+    v = seconds * 1e3
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def ms(t: dict | None) -> str:
-    return "—" if not t or "median_s" not in t else f"{t['median_s'] * 1e3:.3g}"
+    return "—" if not t or "median_s" not in t else _ms(t["median_s"])
 
 
 def spread(t: dict | None) -> str:
     if not t or "median_s" not in t:
         return "—"
-    return f"{t['min_s'] * 1e3:.3g}–{t['max_s'] * 1e3:.3g} (n={t['repeats']})"
+    return f"{_ms(t['min_s'])}–{_ms(t['max_s'])} (n={t['repeats']})"
 
 
 def gf(t: dict | None) -> str:
@@ -136,6 +141,21 @@ def _headline_lines(rep: dict) -> list[str]:
             f"{baseline_cell(p.get('pyscf'))} | {ratio(p)} | "
             f"{gf(g.get('linalg'))} ({pct(g.get('linalg'))}) | {gf(t.get('linalg'))} ({pct(t.get('linalg'))}) |")
     lines.append("")
+    w = rep.get("waters") or {}
+    big = [row for row in w.get("rows", []) if row["nbasis"] >= w.get("fit_min_nbasis", 0)]
+    if big:
+        lines += ["Whole DF-MP2 stage after the SCF (water clusters, details below):", "",
+                  "| cluster | nbasis | run | median s | PySCF s | PySCF / this |", "|---|---:|---|---:|---:|---:|"]
+        for row in big:
+            py = next((r for r in row["runs"] if r["who"] == "pyscf" and r["status"] == "ran"), None)
+            for r in row["runs"]:
+                if r["who"] == "dfmp2" and r["status"] == "ran":
+                    lines.append(f"| (H2O){row['waters']} | {row['nbasis']} | {r['device']} {r['precision']} | "
+                                 f"{r['time']['median_s']:.3g} | {py['time']['median_s']:.3g} | "
+                                 f"{r['pyscf_over_this']:.2f} |" if py else
+                                 f"| (H2O){row['waters']} | {row['nbasis']} | {r['device']} {r['precision']} | "
+                                 f"{r['time']['median_s']:.3g} | not run | — |")
+        lines.append("")
     return lines
 
 
