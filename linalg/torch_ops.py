@@ -167,7 +167,11 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
     are formed in the working precision (fp32 terms carry ~1 ulp each, far below the fp32
     GEMM's own error) and every sum is accumulated in fp64; at most ``max_block_elems``
     elements of K at a time.
-    E_SS uses sum K (K - K^T) / D = sum K^2 / D - sum K K^T / D (D is symmetric in a, b).
+
+    On the CPU the rows i are shared among torch's threads, each running its GEMMs on one
+    thread (as PySCF's MP2 kernel does with OpenMP): this keeps both cores busy on the
+    elementwise work too and degrades gracefully when another job holds a core. Per-row sums
+    are combined in row order, so the result does not depend on the thread count.
     """
     ni, nvir, naux = Bi.shape
     nj = Bj.shape[0]
@@ -180,10 +184,11 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
     ei, ej = eps_i.to(device=dev, dtype=f64), eps_j.to(device=dev, dtype=f64)
     ev = eps_vir.to(device=dev, dtype=f64)
     bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvir)      # a view when Bj comes from Bt
-    e_os = torch.zeros((), dtype=f64, device=dev)
-    e_ss = torch.zeros((), dtype=f64, device=dev)
     jchunk = max(1, max_block_elems // max(1, nvir * nvir))
-    for i in range(ni):
+
+    def row(i):
+        e_os = torch.zeros((), dtype=f64, device=dev)
+        e_ss = torch.zeros((), dtype=f64, device=dev)
         jend = i + 1 if symmetric else nj
         e_ia = ei[i] - ev                                            # (a,)
         for j0 in range(0, jend, jchunk):
@@ -200,4 +205,24 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
                 os_, ss_ = os_ * w, ss_ * w
             e_os += os_.sum()
             e_ss += ss_.sum()
+        return e_os, e_ss
+
+    nthreads = torch.get_num_threads()
+    if dev.type != "cpu" or nthreads == 1 or ni == 1:
+        rows = [row(i) for i in range(ni)]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+        order = sorted(range(ni), key=lambda i: -(i + 1 if symmetric else nj))   # longest rows first
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(max_workers=min(nthreads, ni)) as pool:
+                done = dict(zip(order, pool.map(row, order)))
+        finally:
+            torch.set_num_threads(nthreads)
+        rows = [done[i] for i in range(ni)]
+    e_os = torch.zeros((), dtype=f64, device=dev)
+    e_ss = torch.zeros((), dtype=f64, device=dev)
+    for os_, ss_ in rows:
+        e_os += os_
+        e_ss += ss_
     return float(e_os), float(e_ss)
