@@ -32,7 +32,7 @@ class BenchOptions:
     ops: list = field(default_factory=lambda: list(ops_mod.OPS))
     waters: list = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 12, 16, 24])
     water_precisions: list = field(default_factory=lambda: ["fp64"])
-    pyscf_max_waters: int = 16
+    pyscf_max_waters: int = 24
     fit_min_nbasis: int = 192
     warmup: int = 1
     repeats: int = 3
