@@ -42,7 +42,10 @@ def pct(t: dict | None) -> str:
 def baseline_cell(b) -> str:
     if isinstance(b, dict) and "median_s" in b:
         s = ms(b)
-        if b.get("precision") and b.get("note"):
+        note = b.get("note", "")
+        if "inv_sqrt_eigh row" in note:
+            s += " (eigh row)"
+        elif b.get("precision") and note:
             s += f" ({b['precision']})"
         return s
     if isinstance(b, dict) and b.get("status") == "not run":
