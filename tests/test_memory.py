@@ -93,4 +93,9 @@ def test_plan_fits_or_fails_below_the_minimum(nao, nocc, vir_extra, aux_ratio, i
     assert p.peak_mb <= limit
     assert 1 <= p.occ_block <= min(nocc, memory.OCC_BLOCK_MAX)
     assert 1 <= p.aux_block <= shapes["naux"]
-    assert p.out_of_core == (storage == "disk" or (storage == "auto" and p.in_memory_mb > limit))
+    # auto keeps B in memory when the shape-chosen blocks fit; otherwise it goes to disk, where
+    # the blocks may then shrink (so in_memory_mb of the final blocks can be below the limit).
+    if storage == "disk":
+        assert p.out_of_core
+    elif storage == "memory" or p.in_memory_mb > limit:
+        assert p.out_of_core == (storage != "memory")
