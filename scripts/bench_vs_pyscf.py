@@ -25,21 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import linalg  # noqa: E402
+from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2 import scf  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
 from dfmp2.pipeline import _Timer, mp2_energy  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def time_pyscf(mol, ref, auxbasis, nfrozen):

@@ -25,20 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import linalg  # noqa: E402
+from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd  # noqa: E402
 from linalg.newton_schulz import DEFAULT_COND_MAX, DEFAULT_TOL  # noqa: E402
 
 CONDS = [10.0 ** k for k in range(2, 11)]
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rows_for(n: int, cond: float, dtype, be, seed: int):
