@@ -129,8 +129,11 @@ class Checkpoint:
         try:
             f = h5py.File(path, "r+")
         except OSError as e:
-            reason = "not an HDF5 file" if not h5py.is_hdf5(path) else f"unreadable ({e})"
-            raise CheckpointError(f"checkpoint {path} is corrupted or not a dfmp2 checkpoint: {reason}") from None
+            if not h5py.is_hdf5(path):
+                raise CheckpointError(f"checkpoint {path} is corrupted or not a dfmp2 checkpoint: "
+                                      "not an HDF5 file") from None
+            raise CheckpointError(f"checkpoint {path} is corrupted, or in use by another run: HDF5 cannot "
+                                  f"open it ({e})") from None
         ok = False
         try:
             if f.attrs.get("format") != FORMAT:
