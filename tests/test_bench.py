@@ -48,6 +48,10 @@ def test_rows_record_what_ran(tiny_report):
     assert pair["pyscf"]["median_s"] > 0 and pair["pyscf_over_this"] > 0
     peak = tiny_report["gemm_peak"][0]
     assert peak["device"] == "cpu" and peak["n"] == 64 and peak["gflops"] > 0
+    assert peak["before"] == f"ops {TINY}"
+    for r in ran:                        # % of peak against the peak measured before its block
+        assert r["peak_gflops"] == peak["gflops"]
+        assert r["linalg"]["pct_peak"] == pytest.approx(100 * r["linalg"]["gflops"] / peak["gflops"])
     m = tiny_report["meta"]
     for key in ("date", "machine", "versions", "load_average_before", "load_average_after", "command"):
         assert key in m

@@ -80,9 +80,25 @@ class _State:
     pyscf: dict = field(default_factory=dict)          # (shape, args) -> PySCF fp64 pair timing
     eigh_rows: dict = field(default_factory=dict)      # (shape, device, precision) -> inv_sqrt_eigh row
     inputs: ops_mod.Inputs | None = None               # the current shape's Philox inputs
+    peaks: list = field(default_factory=list)          # every GEMM peak measured, in order
+    peak_timer: timing.Timer = field(default_factory=lambda: timing.Timer(warmup=1, repeats=3, min_time=0.5))
 
 
-def run_ops(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log) -> list[dict]:
+def measure_peak(dev: str, be, prec: str, opts: BenchOptions, state: _State, when: str, log) -> dict:
+    """The GEMM peak of ``dev`` in ``prec`` now (a square torch.matmul), recorded in state.peaks."""
+    dtype = torch.float64 if prec == "fp64" else torch.float32
+    n = opts.peak_n or PEAK_N.get(be.device.type, 2048)
+    p = {"device": dev, "precision": prec, "before": when,
+         **timing.gemm_peak(be.device, dtype, n, state.peak_timer, sync=be.synchronize)}
+    state.peaks.append(p)
+    log(f"GEMM peak {dev} {prec} (before {when}): n={n} {p['gflops']:.1f} GFLOP/s")
+    return p
+
+
+def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict]:
+    """Each shape's ops per device and precision. The GEMM peak that a row's % of peak uses is
+    measured right before that (shape, device, precision) block, so a machine whose load
+    changes during the run is compared against its capacity at the time."""
     rows = []
     for shp in opts.shapes:
         sizes = shapes_mod.op_sizes(shp)
@@ -90,6 +106,9 @@ def run_ops(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log)
         state.inputs = ops_mod.Inputs()               # one shape's inputs at a time in memory
         for dev, be in backends.items():
             for prec in opts.precisions:
+                peak = None
+                if be is not None and not dev.startswith("trn"):
+                    peak = measure_peak(dev, be, prec, opts, state, f"ops {shp.name}", log)
                 for op in opts.ops:
                     args, call = sizes[op]
                     base = {"shape": shp.name, "dims": shp.dims(), "op": op, "call": call, "args": list(args),
@@ -100,7 +119,7 @@ def run_ops(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log)
                     if dev.startswith("trn") and prec == "fp64":
                         rows.append({**base, "status": "not run", "reason": f"{dev} has no fp64 arithmetic"})
                         continue
-                    rows.append(run_case(base, op, args, prec, be, peaks.get((dev, prec)), state, opts, log))
+                    rows.append(run_case(base, op, args, prec, be, peak, state, opts, log))
     return rows
 
 
@@ -119,7 +138,8 @@ def run_case(base: dict, op: str, args, prec: str, be, peak: dict | None, state:
     kernels = _kernels_delta(before, dict(be.kernels_used), t["repeats"] + t["warmup"])
     case.settle()
     row = {**base, "status": "ran", "engine": be.engine, "kernels": kernels, "flops": case.flops,
-           "linalg": t, "note": case.note, **case.extra}
+           "linalg": t, "note": case.note, **case.extra,
+           "peak_gflops": peak["gflops"] if peak else None}
     if case.baseline_flops:
         row["baseline_flops"] = case.baseline_flops
     eigh_row = state.eigh_rows.get((base["shape"], base["device"], prec)) if op == "inv_sqrt_newton_schulz" else None
@@ -206,13 +226,19 @@ def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
     return out
 
 
-def run_waters(opts: BenchOptions, backends: dict, peaks: dict, state: _State, log) -> dict:
+def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
     if not opts.waters:
         return {}
     import linalg
     devs = [(d, (lambda d=d: linalg.get_backend(d))) for d, be in backends.items() if be is not None]
     not_run = [{"device": d, "reason": state.reasons[d]} for d, be in backends.items() if be is None]
-    peak = {p: v["gflops"] for (d, p), v in peaks.items() if d == "cpu"}
+    # Only for the expected stage time (single-run rule): the latest CPU peak per precision,
+    # measured now when no op section ran.
+    peak = {p["precision"]: p["gflops"] for p in state.peaks if p["device"] == "cpu"}
+    if "cpu" in backends and backends["cpu"] is not None:
+        for prec in opts.water_precisions:
+            if prec not in peak:
+                peak[prec] = measure_peak("cpu", backends["cpu"], prec, opts, state, "water clusters", log)["gflops"]
     rows = []
     for n in opts.waters:
         state.sample_load(f"(H2O){n}")
@@ -249,23 +275,9 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         devices.append(st)
         log(f"{d}: {st['status']}" + (f" ({st['engine']})" if be is not None else f" — {st['reason']}"))
 
-    peak_timer = timing.Timer(warmup=1, repeats=3, min_time=0.5)
-    peaks: dict = {}
-    gemm_peak = []
-    for d, be in backends.items():
-        if be is None or d.startswith("trn"):
-            continue
-        for prec in opts.precisions:
-            dtype = torch.float64 if prec == "fp64" else torch.float32
-            n = opts.peak_n or PEAK_N.get(be.device.type, 2048)
-            p = timing.gemm_peak(be.device, dtype, n, peak_timer, sync=be.synchronize)
-            peaks[(d, prec)] = p
-            gemm_peak.append({"device": d, "precision": prec, **p})
-            log(f"GEMM peak {d} {prec}: n={n} {p['gflops']:.1f} GFLOP/s")
-
-    op_rows = run_ops(opts, backends, peaks, state, log)
+    op_rows = run_ops(opts, backends, state, log)
     trn = run_trn_estimates(opts, op_rows, log)
-    wat = run_waters(opts, backends, peaks, state, log)
+    wat = run_waters(opts, backends, state, log)
     load_after = list(os.getloadavg())
     state.sample_load("end")
     loaded = max([load_before[0], load_after[0]] + [x["load1"] for x in state.loads]) > LOADED_THRESHOLD
@@ -277,7 +289,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                       "max_time_s": opts.max_time, "single_above_s": opts.single_above_s},
             "aux_block": shapes_mod.AUX_BLOCK, "occ_block": shapes_mod.OCC_BLOCK}
     return {"schema": "dfmp2-bench/1", "meta": meta, "devices": devices,
-            "shapes": [{"name": s.name, **s.dims()} for s in opts.shapes], "gemm_peak": gemm_peak,
+            "shapes": [{"name": s.name, **s.dims()} for s in opts.shapes], "gemm_peak": state.peaks,
             "ops": op_rows, "trn_estimate": trn, "waters": wat}
 
 
