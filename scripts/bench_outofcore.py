@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -49,6 +48,7 @@ sys.path.insert(0, str(ROOT / "inputs"))
 
 import linalg  # noqa: E402
 from dfmp2 import outofcore, scf  # noqa: E402
+from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
 from dfmp2.pipeline import _Timer, build_B, _largest_shell  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
@@ -56,16 +56,6 @@ from dfmp2.scf import RHFReference  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
 
 GB = 1e9
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def drop_cache(path) -> None:

@@ -202,3 +202,34 @@ def test_rerender_rewrites_markdown_without_timing(tmp_path, tiny_report):
     r = CliRunner().invoke(main, ["bench", "--rerender", str(path)])
     assert r.exit_code == 0, r.output
     assert "## Headline: per shape" in (tmp_path / "r.md").read_text()
+
+
+def test_other_cpu_counts_other_processes_not_this_one():
+    """The 'loaded' rule: a busy loop in THIS process is not other load; the arithmetic of
+    timing.OtherCPU.cores on known readings; the report states the measured figure."""
+    a = {"wall": 0.0, "busy": 10.0, "steal": 1.0, "own": 5.0}
+    b = {"wall": 2.0, "busy": 14.0, "steal": 1.2, "own": 7.0}    # 4 s busy, 2 s ours -> 1 core other
+    assert timing.OtherCPU.cores(a, b) == {"other_cores": 1.0, "steal_cores": 0.1, "wall_s": 2.0}
+    assert timing.OtherCPU.cores(b, a) is None and timing.OtherCPU.cores(None, b) is None
+    m0 = timing.OtherCPU.mark()
+    if m0 is None:
+        pytest.skip("no /proc/stat on this system")
+    x, t_end = 0, m0["wall"] + 0.3
+    import time
+    while time.perf_counter() < t_end:      # 0.3 s of our own CPU
+        x += 1
+    m1 = timing.OtherCPU.mark()
+    assert m1["own"] - m0["own"] >= 0.1     # our CPU time was counted as ours
+    c = timing.OtherCPU.cores(m0, m1)
+    assert c["other_cores"] >= 0 and c["wall_s"] >= 0.3
+
+
+def test_report_says_measured_other_load(tiny_report):
+    m = tiny_report["meta"]
+    assert m["other_cpu"] is None or set(m["other_cpu"]) == {"other_cores", "steal_cores", "wall_s"}
+    assert m["machine_loaded"] == (m["other_cpu"]["other_cores"] > m["other_cores_threshold"]
+                                   if m["other_cpu"] else m["machine_loaded"])
+    text = report.markdown(tiny_report)
+    assert ("Other processes took" in text) == (m["other_cpu"] is not None)
+    loaded = {**m, "other_cpu": {"other_cores": 1.3, "steal_cores": 0.0, "wall_s": 9.0}, "machine_loaded": True}
+    assert "times are pessimistic" in report._load_text(loaded) and "1.30" in report._load_text(loaded)

@@ -81,16 +81,36 @@ def _meta_lines(rep: dict) -> list[str]:
     load = m["load_average_before"][0], m["load_average_after"][0]
     lines = [f"`{m['command']}` — {m['date']}, wall time {m['wall_s']:.0f} s.", "",
              f"Machine: {mach['cpu']}, {mach['cpu_count']} CPUs (torch threads {mach['torch_threads']}, "
-             f"PySCF threads {mach['pyscf_threads']}), host {mach['host']}. Load average (1 min) before / after: "
-             f"{load[0]:.2f} / {load[1]:.2f}, highest sampled during the run "
-             f"{max([x['load1'] for x in m.get('load_samples', [])] + list(load)):.2f}"
-             + (" — **the machine was loaded by other work during this run (1-min load above "
-                f"{m.get('loaded_threshold', 1.5)} on {mach['cpu_count']} CPUs); times are pessimistic.**"
-                if m.get("machine_loaded") else "."),
-             "",
+             f"PySCF threads {mach['pyscf_threads']}), host {mach['host']}. " + _load_text(m), "",
              f"Versions: dfmp2 {v['dfmp2']}, torch {v['torch']} ({v['torch_blas']}), numpy {v['numpy']}, "
              f"scipy {v['scipy']} ({v['scipy_blas']}), PySCF {v['pyscf']}, Python {v['python']}.", ""]
     return lines
+
+
+def _load_text(m: dict) -> str:
+    """What else the machine ran during the benchmark: other processes' CPU (measured from
+    /proc/stat against this run's own CPU time) where known, else the load average."""
+    load = m["load_average_before"][0], m["load_average_after"][0]
+    other = m.get("other_cpu")
+    if other is not None:
+        phases = [x for x in m.get("load_samples", []) if "other_cores" in x]
+        worst = max(phases, key=lambda x: x["other_cores"]) if phases else None
+        text = (f"Other processes took {other['other_cores']:.2f} CPU cores on average during the run"
+                + (f" (most during '{worst['phase']}': {worst['other_cores']:.2f})" if worst else "")
+                + f", hypervisor steal {other['steal_cores']:.2f} cores (/proc/stat busy time minus this "
+                f"run's own CPU time). Load average (1 min, this run's threads included) before / after: "
+                f"{load[0]:.2f} / {load[1]:.2f}")
+        if m.get("machine_loaded"):
+            return text + (f" — **other work took more than {m.get('other_cores_threshold', 0.25)} cores on "
+                           "average: times are pessimistic.**")
+        return text + "."
+    text = (f"Load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}, highest sampled during "
+            f"the run {max([x['load1'] for x in m.get('load_samples', [])] + list(load)):.2f}")
+    if m.get("machine_loaded"):
+        return text + (f" — **the machine was loaded by other work during this run (1-min load above "
+                       f"{m.get('loaded_threshold', 1.5)} on {m['machine']['cpu_count']} CPUs); times are "
+                       "pessimistic.**")
+    return text + "."
 
 
 def _devices_lines(rep: dict) -> list[str]:

@@ -78,6 +78,42 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+class OtherCPU:
+    """CPU time taken by OTHER processes while this one runs: the busy time of all CPUs
+    (/proc/stat: user, nice, system, irq, softirq) minus this process's own CPU time (os.times:
+    every thread, and waited-for children), per second of wall time, i.e. in cores.
+
+    The load average cannot tell this: a benchmark that runs 2 threads on 2 cores shows a load
+    of 2 by itself. ``mark()`` returns a reading; ``cores(a, b)`` the other processes' mean cores
+    between two readings (None where /proc/stat does not exist). Hypervisor steal time, which
+    a shared VM also loses, is reported separately.
+    """
+
+    HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    @classmethod
+    def mark(cls) -> dict | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+        t = os.times()
+        return {"wall": time.perf_counter(), "busy": (user + nice + system + irq + softirq) / cls.HZ,
+                "steal": steal / cls.HZ, "own": t.user + t.system + t.children_user + t.children_system}
+
+    @staticmethod
+    def cores(a: dict | None, b: dict | None) -> dict | None:
+        """{other_cores, steal_cores, wall_s} between readings a and b (b later)."""
+        if a is None or b is None or b["wall"] <= a["wall"]:
+            return None
+        wall = b["wall"] - a["wall"]
+        other = ((b["busy"] - a["busy"]) - (b["own"] - a["own"])) / wall
+        return {"other_cores": round(max(other, 0.0), 3),
+                "steal_cores": round((b["steal"] - a["steal"]) / wall, 3), "wall_s": round(wall, 1)}
+
+
 def scipy_blas() -> str:
     import numpy as np
     try:
