@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import linalg  # noqa: E402
-from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2 import scf  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
 from dfmp2.pipeline import _Timer, mp2_energy  # noqa: E402
@@ -71,7 +71,7 @@ def main(argv=None):
     ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frozen-core", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
                     help="output path without extension (.json and .md are written)")
@@ -88,14 +88,19 @@ def main(argv=None):
           f"pyscf threads {lib.num_threads()}", flush=True)
 
     times = {"pyscf_fp64": [], "ours_fp64": [], "ours_fp32": []}
+    other = {k: [] for k in times}        # other processes' CPU cores during each timed run
     energies, stage_times, ran = {}, {}, {}
     time_ours(mol, auxmol, ref, nfrozen, "fp64", args.device)  # warm-up (allocations, libraries)
     for rep in range(args.repeats):
+        m0 = OtherCPU.mark()
         t, energies["pyscf_fp64"] = time_pyscf(mol, ref, auxbasis, nfrozen)
         times["pyscf_fp64"].append(t)
+        other["pyscf_fp64"].append(OtherCPU.cores(m0, OtherCPU.mark()))
         for prec in ("fp64", "fp32"):
+            m0 = OtherCPU.mark()
             t, e, st, r = time_ours(mol, auxmol, ref, nfrozen, prec, args.device)
             times[f"ours_{prec}"].append(t)
+            other[f"ours_{prec}"].append(OtherCPU.cores(m0, OtherCPU.mark()))
             energies[f"ours_{prec}"], stage_times[f"ours_{prec}"], ran[f"ours_{prec}"] = e, st, r
         print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
 
@@ -109,7 +114,8 @@ def main(argv=None):
         "shapes": shapes, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": torch.get_num_threads(), "platform": platform.platform()},
         "versions": software_versions(), "times_s": summary,
-        "speedup_vs_pyscf": ratios, "stage_times_s": stage_times, "ran": ran,
+        "speedup_vs_pyscf": ratios,
+        "other_processes_cores": {k: [c and c["other_cores"] for c in v] for k, v in other.items()}, "stage_times_s": stage_times, "ran": ran,
         "e_corr": energies,
         "e_corr_diff_vs_pyscf": {k: energies[k] - energies["pyscf_fp64"] for k in ("ours_fp64", "ours_fp32")},
     }
@@ -119,13 +125,16 @@ def main(argv=None):
     md = [f"# DF-MP2 stage after SCF vs PySCF ({report['molecule']}, {args.basis}/{report['auxbasis']})", "",
           f"{report['date']}, {report['machine']['cpu']}, {report['machine']['cores']} threads, "
           f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; shapes {shapes}", "",
-          "| run | device / engine | median s | min s | max s | PySCF / this | ΔE_corr vs PySCF / Eh |",
-          "|---|---|---|---|---|---|---|"]
+          "| run | device / engine | median s | min s | max s | PySCF / this | ΔE_corr vs PySCF / Eh "
+          "| other processes' CPU cores (max) |",
+          "|---|---|---|---|---|---|---|---|"]
     for k, s in summary.items():
         eng = "cpu / PySCF (C, fp64)" if k.startswith("pyscf") else f"{ran[k]['device']} / {ran[k]['engine']}"
         ratio = "1.00" if k.startswith("pyscf") else f"{ratios[k]:.2f}"
         d = "—" if k.startswith("pyscf") else f"{report['e_corr_diff_vs_pyscf'][k]:.1e}"
-        md.append(f"| {k} | {eng} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {ratio} | {d} |")
+        busy = [c for c in report["other_processes_cores"][k] if c is not None]
+        md.append(f"| {k} | {eng} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {ratio} | {d} | "
+                  + (f"{max(busy):.2f}" if busy else "unknown") + " |")
     md += ["", "Stage times of the last repeat (s): " + "; ".join(
         f"{k}: " + ", ".join(f"{s} {v:.2f}" for s, v in st.items()) for k, st in stage_times.items())]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
