@@ -75,6 +75,11 @@ class _State:
     t0: float = field(default_factory=time.perf_counter)
     loads: list = field(default_factory=list)          # per phase: start time, 1-min load, other processes' cores
     cpu_marks: list = field(default_factory=list)      # timing.OtherCPU readings at each phase start
+    pyscf: dict = field(default_factory=dict)          # (shape, args) -> PySCF fp64 pair timing
+    eigh_rows: dict = field(default_factory=dict)      # (shape, device, precision) -> inv_sqrt_eigh row
+    inputs: ops_mod.Inputs | None = None               # the current shape's Philox inputs
+    peaks: list = field(default_factory=list)          # every GEMM peak measured, in order
+    peak_timer: timing.Timer = field(default_factory=lambda: timing.Timer(warmup=1, repeats=3, min_time=0.5))
 
     def sample_load(self, phase: str) -> None:
         """Start a phase: record the time and load, and the CPU other processes took during the
@@ -91,11 +96,6 @@ class _State:
     def other_cpu(self) -> dict | None:
         """Other processes' mean CPU cores over the whole run (first to last phase mark)."""
         return timing.OtherCPU.cores(self.cpu_marks[0], self.cpu_marks[-1]) if self.cpu_marks else None
-    pyscf: dict = field(default_factory=dict)          # (shape, args) -> PySCF fp64 pair timing
-    eigh_rows: dict = field(default_factory=dict)      # (shape, device, precision) -> inv_sqrt_eigh row
-    inputs: ops_mod.Inputs | None = None               # the current shape's Philox inputs
-    peaks: list = field(default_factory=list)          # every GEMM peak measured, in order
-    peak_timer: timing.Timer = field(default_factory=lambda: timing.Timer(warmup=1, repeats=3, min_time=0.5))
 
 
 def measure_peak(dev: str, be, prec: str, opts: BenchOptions, state: _State, when: str, log) -> dict:
