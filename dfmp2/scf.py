@@ -18,7 +18,7 @@ from .errors import InputError, SCFNotConvergedError
 from .xyz import Geometry
 
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
-SCF_CONV_TOL_GRAD = 1e-8   # orbital-gradient norm
+SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 SCF_MAX_CYCLE = 100
 SCF_MODES = ("df", "exact")
 
