@@ -115,7 +115,8 @@ def main(argv=None):
         "machine": {"cpu": cpu_model(), "cores": torch.get_num_threads(), "platform": platform.platform()},
         "versions": software_versions(), "times_s": summary,
         "speedup_vs_pyscf": ratios,
-        "other_processes_cores": {k: [c and c["other_cores"] for c in v] for k, v in other.items()}, "stage_times_s": stage_times, "ran": ran,
+        "other_processes_cores": {k: [c and c["other_cores"] for c in v] for k, v in other.items()},
+        "stage_times_s": stage_times, "ran": ran,
         "e_corr": energies,
         "e_corr_diff_vs_pyscf": {k: energies[k] - energies["pyscf_fp64"] for k in ("ours_fp64", "ours_fp32")},
     }

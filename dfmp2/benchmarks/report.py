@@ -78,7 +78,6 @@ def write_json(report: dict, path: Path) -> None:
 # ---------- markdown ----------
 def _meta_lines(rep: dict) -> list[str]:
     m, v, mach = rep["meta"], rep["meta"]["versions"], rep["meta"]["machine"]
-    load = m["load_average_before"][0], m["load_average_after"][0]
     lines = [f"`{m['command']}` — {m['date']}, wall time {m['wall_s']:.0f} s.", "",
              f"Machine: {mach['cpu']}, {mach['cpu_count']} CPUs (torch threads {mach['torch_threads']}, "
              f"PySCF threads {mach['pyscf_threads']}), host {mach['host']}. " + _load_text(m), "",
