@@ -16,7 +16,8 @@ What it measures (details in dfmp2/benchmarks/):
   clusters over --single-above seconds, to stay under 15 minutes on 2 quiet cores: (H2O)24 is
   the most expensive point (its SCF, our stage and PySCF's stage each cost about as much as all
   the per-shape ops together) and (H2O)32 (nbasis 768, pair step 2.5e13 flop) about four times
-  that, so it is opt-in (scripts/results/bench_cpu.md has the measured times);
+  that, so it is opt-in (measured: scripts/results/bench_cpu.md, 12 min, and
+  scripts/results/bench_cpu_waters1-32.md, 23 min);
 - for trn1/trn2 without hardware: ESTIMATES from the NKI kernels' work and published rates,
   in their own section, never mixed with measured times.
 A device that cannot run is listed as not run with the reason. Exit status 0 when the report
@@ -145,7 +146,8 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     report.write_json(rep, out / f"{name}.json")
     report.atomic_write(out / f"{name}.md", report.markdown(rep))
     report.terminal(rep, console)
+    m = rep["meta"]
+    busy = (f"other processes took {m['other_cpu']['other_cores']:.2f} cores" if m.get("other_cpu")
+            else f"1-min load {max(m['load_average_before'][0], m['load_average_after'][0]):.1f}")
     err.print(f"wrote {out / name}.json, .md" + (", .png" if rep["plot"] else "")
-              + f" in {rep['meta']['wall_s']:.0f} s"
-              + (f"; machine loaded (1-min load {max(rep['meta']['load_average_before'][0], rep['meta']['load_average_after'][0]):.1f})"
-                 if rep["meta"]["machine_loaded"] else ""))
+              + f" in {m['wall_s']:.0f} s" + (f"; machine loaded ({busy})" if m["machine_loaded"] else ""))
