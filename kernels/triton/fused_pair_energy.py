@@ -24,10 +24,11 @@ Every element of K is therefore formed exactly once: nvir^2 naux multiply-adds p
 Each program writes one fp64 partial sum per term into a (npairs, ntile_pairs) buffer; the
 caller reduces it in a fixed order (no atomics), so a launch is bit-identical run to run.
 
-Precision: every dot has input_precision="ieee". fp64 inputs: an fp64 dot (Triton 3.9 lowers it to
-mma.sync m8n8k4 f64 tensor-core instructions on sm80/sm90, FMA elsewhere; cuBLAS uses the larger
-m16n8k* shapes on Hopper, so scripts/bench_cuda.py measures both this and the cuBLAS path) and an
-fp64 epilogue. fp32 inputs: true fp32 products with fp32 accumulation (not TF32), then X and Y are
+Precision: every dot has input_precision="ieee" and out_dtype set to the accumulator's dtype.
+fp64 inputs: an fp64 dot (mma.sync f64 tensor-core instructions on sm80/sm90, read from the PTX of
+tests/test_triton_compile.py: m8n8k4 under Triton 3.9, m16n8k16 on sm90 under 3.6; FMA elsewhere;
+scripts/bench_cuda.py measures this against the cuBLAS path) and an fp64 epilogue. fp32 inputs:
+true fp32 products with fp32 accumulation (not TF32), then X and Y are
 converted to fp64 for the division and the sums.
 
 The kernel is built from the plain Python function at first launch, not at import (no environment
@@ -88,11 +89,13 @@ def _fused_pair_energy_kernel(
         mp = (p0 + offs_p) < naux
         u = tl.load(bi_a, mask=mask_a[:, None] & mp[None, :], other=0.0)
         v = tl.load(bj_b, mask=mp[:, None] & mask_b[None, :], other=0.0)
-        x = tl.dot(u, v, x, input_precision="ieee")     # fp32: true fp32 products, not TF32
+        # out_dtype must name the accumulator's dtype: Triton >= 3.6 asserts acc dtype == out_dtype,
+        # whose default is fp32, so an fp64 accumulator without it does not compile there.
+        x = tl.dot(u, v, x, input_precision="ieee", out_dtype=acc_dtype)   # fp32: true fp32, not TF32
         if not DIAG:
             u2 = tl.load(bj_a, mask=mask_a[:, None] & mp[None, :], other=0.0)
             v2 = tl.load(bi_b, mask=mp[:, None] & mask_b[None, :], other=0.0)
-            y = tl.dot(u2, v2, y, input_precision="ieee")
+            y = tl.dot(u2, v2, y, input_precision="ieee", out_dtype=acc_dtype)
             bj_a += BLOCK_P * s_bj_p
             bi_b += BLOCK_P * s_bi_p
         bi_a += BLOCK_P * s_bi_p
