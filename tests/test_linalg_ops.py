@@ -175,7 +175,10 @@ def test_inv_sqrt_eigh_vs_scipy(be, dtype, n):
 def test_inv_sqrt_eigh_drops_near_singular_directions(be):
     n = 12
     q, _ = torch.linalg.qr(random_matrix((n, n), 3))
-    w = torch.tensor([1e-14, 1e-12, 1e-11] + [10.0 ** -k for k in range(n - 3)], dtype=torch.float64)
+    # Kept spectrum 1, 3e-1, ..., 3e-8: no eigenvalue within a factor 3 of either cutoff (absolute
+    # 1e-10, relative 1e-6 * 1), so rounding in eigh cannot move one across (with 10^-k, one sat
+    # exactly on the relative cutoff and the count depended on the last bit).
+    w = torch.tensor([1e-14, 1e-12, 1e-11, 1.0] + [3.0 * 10.0 ** -k for k in range(1, n - 3)], dtype=torch.float64)
     a = (q * w) @ q.T
     x, info = inv_sqrt_spd(a, backend=be)
     assert info["dropped"] == 3 and info["kept"] == n - 3 and info["threshold"] == 1e-10
@@ -184,7 +187,7 @@ def test_inv_sqrt_eigh_drops_near_singular_directions(be):
     # X is the inverse square root on the kept space: X A X = projector onto it
     assert torch.allclose(x @ a @ x, keep @ keep.T, atol=1e-8)
     _, info_rel = inv_sqrt_spd(a, threshold=1e-6, relative=True, backend=be)
-    assert info_rel["dropped"] == 5 and info_rel["cutoff"] == pytest.approx(1e-6)
+    assert info_rel["dropped"] == 5 and info_rel["kept"] == n - 5 and info_rel["cutoff"] == pytest.approx(1e-6)
     with pytest.raises(ValueError, match="method"):
         inv_sqrt_spd(a, method="magic", backend=be)
 
