@@ -11,11 +11,13 @@ import time
 import click
 from rich.console import Console
 
-from linalg import DeviceUnavailableError
+from linalg import DeviceUnavailableError, KernelError
+from linalg.cuda import AUTO_RULE, PAIR_KERNELS
 
 from .errors import InputError
 
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
+PAIR_KERNEL_HELP = f"cuda only: the MP2 pair-step path; auto: {AUTO_RULE} (the result's 'ran' says which ran and why)"
 EXIT_USER_ERROR = 2
 
 
@@ -25,7 +27,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (InputError, DeviceUnavailableError) as e:
+        except (InputError, DeviceUnavailableError, KernelError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:
@@ -153,6 +155,8 @@ def _plan_table(plan):
               help="trn1/trn2 only: run the NKI kernels on this CPU (nki.simulate or dfmp2's NumPy execution)")
 @click.option("--precision", type=click.Choice(["fp64", "fp32"]), default=None,
               help="working precision of the GEMMs; energies are summed in fp64 [default: fp64, fp32 on trn]")
+@click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
+              help=PAIR_KERNEL_HELP)
 @click.option("--frozen-core/--all-electron", default=False, show_default=True,
               help="freeze the chemical core orbitals in MP2")
 @click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
@@ -171,7 +175,7 @@ def _plan_table(plan):
 @click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
-def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision,
+def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision, pair_kernel,
         frozen_core, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
         json_path, verbose, quiet):
     """Compute the DF-MP2 energy of the molecule in XYZ_FILE (coordinates in Ångström)."""
@@ -183,7 +187,7 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
                          device=device, simulate=simulate, precision=precision,
                          frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory),
                          storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
-                         resume=resume_path)
+                         resume=resume_path, pair_kernel=pair_kernel)
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose else None

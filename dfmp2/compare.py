@@ -30,6 +30,8 @@ from pathlib import Path
 
 import click
 
+from linalg.cuda import AUTO_RULE, PAIR_KERNELS
+
 from .errors import InputError
 
 TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
@@ -78,14 +80,20 @@ def _hex(energies: dict) -> dict:
     return {k: float.hex(float(energies[k])) for k in energies}
 
 
-def check_device(device: str, precision: str, simulate: bool):
+def _pair_kernel(device: str, pair_kernel: str) -> str:
+    """--pair-kernel applies to the cuda devices of the list; the others keep their one path."""
+    return pair_kernel if device.startswith("cuda") else "auto"
+
+
+def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto"):
     """The backend for ``device``, or the one-line reason it cannot run (never raises for that)."""
     import linalg
     from linalg import DeviceUnavailableError
     if precision == "fp64" and device.startswith("trn"):
         return None, f"{device} has no fp64 arithmetic; use --precision fp32"
     try:
-        return linalg.get_backend(device, simulate=simulate and device.startswith("trn")), ""
+        return linalg.get_backend(device, simulate=simulate and device.startswith("trn"),
+                                  pair_kernel=_pair_kernel(device, pair_kernel)), ""
     except DeviceUnavailableError as e:
         return None, str(e)
     except ValueError as e:          # unknown device name: a user mistake, not a device state
@@ -97,7 +105,8 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
     from dataclasses import replace
     from .pipeline import run_geometry
     out = DeviceRun(device)
-    opts = replace(options, device=device, simulate=options.simulate and device.startswith("trn"))
+    opts = replace(options, device=device, simulate=options.simulate and device.startswith("trn"),
+                   pair_kernel=_pair_kernel(device, options.pair_kernel))
     for _ in range(repeat):
         t0 = time.perf_counter()
         r = run_geometry(geom, opts)
@@ -207,6 +216,8 @@ def write_json(path, doc: dict) -> None:
 @click.option("--frozen-core/--all-electron", default=False, show_default=True)
 @click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True)
 @click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on this CPU")
+@click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
+              help=f"the cuda devices' MP2 pair-step path; auto: {AUTO_RULE}")
 @click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
               help="runs per device, to check that its energies are bit-identical run to run")
 @click.option("--tol", "tolerance", type=float, default=None,
@@ -214,7 +225,7 @@ def write_json(path, doc: dict) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write every device's energies (with float.hex) as JSON")
 def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbasis, frozen_core, scf_mode,
-                    simulate, repeat, tolerance, json_path):
+                    simulate, pair_kernel, repeat, tolerance, json_path):
     """Run one problem on several devices from identical inputs and compare the energies bit by bit.
 
     XYZ_FILE is a molecule (coordinates in Ångström); or give --synthetic NOCC,NVIR,NAUX.
@@ -223,7 +234,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
     """
     from rich.console import Console
 
-    from linalg import DeviceUnavailableError
+    from linalg import DeviceUnavailableError, KernelError
 
     console = Console()
     if not console.is_terminal:
@@ -235,7 +246,10 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
         tol = TOLERANCES[precision] if tolerance is None else tolerance
         if not tol > 0:
             raise InputError(f"--tol must be positive, got {tolerance}")
-        backends = {d: check_device(d, precision, simulate) for d in names}    # before any work
+        if pair_kernel != "auto" and not any(d.startswith("cuda") for d in names):
+            raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and --devices "
+                             f"'{devices}' has none; leave it at auto")
+        backends = {d: check_device(d, precision, simulate, pair_kernel) for d in names}    # before any work
         runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
                 if be is None]
         if synthetic is not None:
@@ -255,7 +269,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             from .xyz import read_xyz
             geom = read_xyz(xyz_file)
             options = RunOptions(basis=basis, auxbasis=auxbasis, precision=precision, frozen_core=frozen_core,
-                                 scf_mode=scf_mode, simulate=simulate)
+                                 scf_mode=scf_mode, simulate=simulate, pair_kernel=pair_kernel)
             title = (f"{xyz_file} {basis}/{auxbasis or 'MP2-fit'}, {scf_mode} SCF, "
                      f"{'frozen core' if frozen_core else 'all-electron'}, {precision}")
             problem_doc = {"molecule": str(xyz_file), "basis": basis, "auxbasis": auxbasis,
@@ -272,7 +286,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
                                    "problem": problem_doc, "precision": precision, "repeat": repeat,
                                    "summary": summary, "devices": [asdict(r) for r in runs],
                                    "versions": software_versions(), "units": {"energies": "hartree"}})
-    except (InputError, DeviceUnavailableError) as e:
+    except (InputError, DeviceUnavailableError, KernelError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_NOT_RUN)
     except KeyboardInterrupt:

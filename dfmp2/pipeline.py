@@ -50,6 +50,7 @@ class RunOptions:
     scratch_dir: str | None = None       # out-of-core files; None: the system's temp directory
     checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
     resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
+    pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
 
     def resolved_precision(self) -> str:
         p = self.precision or ("fp32" if self.device.startswith("trn") else "fp64")
@@ -196,8 +197,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         raise InputError("--checkpoint and --resume name different files; --resume PATH goes on "
                          "writing to PATH, so give only --resume")
     try:
-        backend = linalg.get_backend(options.device, simulate=options.simulate)
-    except ValueError as e:        # an unknown device name or a misplaced --simulate
+        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+    except ValueError as e:        # an unknown device name, a misplaced --simulate or --pair-kernel
         raise InputError(str(e)) from None
     dtype = DTYPES[precision]
     fit_dtype = torch.float32 if backend.name.startswith("trn") else torch.float64

@@ -243,7 +243,7 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
     """
     from rich.console import Console
 
-    from linalg import DeviceUnavailableError, get_backend
+    from linalg import DeviceUnavailableError, KernelError, get_backend
 
     console, err = Console(), Console(stderr=True)
     if not console.is_terminal:          # piped or captured: don't squeeze the table to 80 columns
@@ -290,7 +290,7 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
                                             "references": str(Path(ref_path) if ref_path else REFERENCES),
                                             "subset": subset, "names": list(names)})
             err.print(f"[dim]wrote {json_path}[/dim]")
-    except (InputError, DeviceUnavailableError) as e:
+    except (InputError, DeviceUnavailableError, KernelError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:

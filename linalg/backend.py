@@ -121,15 +121,23 @@ def _check_cuda(name: str) -> None:
             f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
 
 
-def get_backend(name: str, *, simulate: bool = False) -> Backend:
+def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto") -> Backend:
     """Build the backend for a device name, or raise DeviceUnavailableError before any work.
 
     ``simulate`` (trn1/trn2 only) runs the NKI kernels on this CPU through ``nki.simulate``
     or the project's NumPy execution of NKI; the backend's ``engine`` says which.
+    ``pair_kernel`` (cuda only): the MP2 pair-step path, 'auto', 'fused' or 'gemm+epilogue'
+    (linalg.cuda); any other device has one path, so a choice other than 'auto' is an error there.
     """
     if not isinstance(name, str):
         raise ValueError(f"device name must be a string, got {name!r}")
     base = name.split(":", 1)[0]
+    from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
+    if pair_kernel not in PAIR_KERNELS:
+        raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(PAIR_KERNELS)}")
+    if pair_kernel != "auto" and base != "cuda":
+        raise ValueError(f"--pair-kernel {pair_kernel} applies only to cuda devices, not to '{name}' "
+                         "(its pair step has one path); leave it at auto")
     if base == "cpu" and name == "cpu":
         return TorchBackend("cpu")
     if base == "cuda":
@@ -139,7 +147,7 @@ def get_backend(name: str, *, simulate: bool = False) -> Backend:
             raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
         _check_cuda(name)
         from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel
-        return make_cuda_backend(name)
+        return make_cuda_backend(name, pair_kernel=pair_kernel)
     if name in ("trn1", "trn2"):
         from .neuron import make_neuron_backend
         return make_neuron_backend(name, simulate=simulate)

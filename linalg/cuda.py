@@ -4,14 +4,17 @@ pair step, and pinned, double-buffered host-to-device staging on a side stream.
     backend = CudaBackend("cuda")            # what get_backend("cuda") builds (make_cuda_backend)
     e_os, e_ss = backend.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=True)
 
-Pair-step paths (chosen per precision, recorded in kernels_used; never switched silently):
+Pair-step paths (chosen per precision, recorded with the reason in describe(); never switched silently):
+  "gemm+epilogue"  K blocks by torch.matmul (cuBLAS DGEMM/SGEMM), then the Triton epilogue
+                   kernels/triton/pair_energy_epilogue.py (fp64 sums).
   "fused"          kernels/triton/fused_pair_energy.py: K tiles, denominators and OS/SS sums in
                    one pass; fp64 dot for fp64, fp32 dot with input_precision="ieee" (not TF32) for
                    fp32; the energy terms and sums are fp64 in both.
-  "gemm+epilogue"  K blocks by torch.matmul (cuBLAS DGEMM/SGEMM), then the Triton epilogue
-                   kernels/triton/pair_energy_epilogue.py: for a GPU where Triton's fp64 dot is
-                   slower than cuBLAS (scripts/bench_cuda.py measures both).
-A Triton failure raises; nothing falls back to torch.
+The rule for pair_kernel="auto": gemm+epilogue, unless scripts/bench_cuda.py has measured the fused
+kernel faster on the GPU's class (compute capability) in that precision: PAIR_PATH_MEASUREMENTS
+holds those numbers. pair_kernel="fused" or "gemm+epilogue" (dfmp2 run/compare --pair-kernel) is
+the user's choice for both precisions. A kernel that fails to compile or launch raises KernelError
+(one line: kernel, GPU or interpreter, Triton version); nothing falls back to another kernel.
 
 Helpers for a GPU-resident pipeline (used by scripts/bench_cuda.py; see the module's functions):
 ``pinned_empty`` for host buffers that libcint can fill and that transfer asynchronously,
@@ -24,12 +27,40 @@ from __future__ import annotations
 import torch
 
 from .backend import TorchBackend
-from .errors import DeviceUnavailableError
+from .errors import DeviceUnavailableError, KernelError
 
-PAIR_PATHS = ("fused", "gemm+epilogue")
-DEFAULT_PAIR_PATH = {"fp64": "fused", "fp32": "fused"}
+PAIR_PATHS = ("gemm+epilogue", "fused")
+PAIR_KERNELS = ("auto",) + PAIR_PATHS        # what a user may ask for (--pair-kernel)
+AUTO_RULE = "cuBLAS gemm+epilogue unless the fused Triton kernel was measured faster on this GPU class"
+PRECISIONS = ("fp64", "fp32")
+# Pair-step seconds measured by scripts/bench_cuda.py, per GPU class (compute capability): the data
+# the "auto" rule reads. Shape: the (H2O)32/cc-pVDZ synthetic pair step, nocc 160, nvir 608,
+# naux 2688, one symmetric call over all i >= j pairs.
+PAIR_PATH_MEASUREMENTS = {
+    (9, 0): {"gpu": "NVIDIA H100 80GB", "date": "2026-11", "versions": "torch 2.11.0+cu130, Triton 3.6.0",
+             "shape": (160, 608, 2688),
+             "fp64": {"gemm+epilogue": 0.656, "fused": 1.357},     # DGEMM peak 59.0 TFLOP/s: 66.1 %, 32.0 %
+             "fp32": {"gemm+epilogue": 0.669, "fused": 0.793}},
+}
 PIN_MIN_BYTES = 1 << 20      # smaller transfers go through torch's plain .to()
 B_DEVICE_FRACTION = 0.6      # B stays resident if it needs at most this share of free GPU memory
+
+
+def auto_pair_path(prec: str, capability: tuple[int, int] | None) -> tuple[str, str]:
+    """(path, why) for pair_kernel="auto": gemm+epilogue unless the fused kernel was measured faster
+    on this GPU class (capability (major, minor); None: no GPU, kernels under Triton's interpreter)."""
+    if capability is None:
+        return "gemm+epilogue", "auto: gemm+epilogue (no GPU: Triton interpreter; no measurement applies)"
+    cls = f"sm_{capability[0]}{capability[1]}"
+    m = PAIR_PATH_MEASUREMENTS.get(tuple(capability))
+    if m is None:
+        return "gemm+epilogue", f"auto: gemm+epilogue (the fused kernel has not been measured faster on {cls})"
+    t = m[prec]
+    path = "fused" if t["fused"] < t["gemm+epilogue"] else "gemm+epilogue"
+    nocc, nvir, naux = m["shape"]
+    return path, (f"auto: {path} (measured on {cls}, {m['gpu']}, {m['date']}, {m['versions']}, "
+                  f"nocc/nvir/naux {nocc}/{nvir}/{naux}: gemm+epilogue {t['gemm+epilogue']:.3f} s, "
+                  f"fused {t['fused']:.3f} s)")
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -61,23 +92,53 @@ class _Staging:
 
 
 class CudaBackend(TorchBackend):
-    """CUDA GPU: torch ops plus the Triton pair kernel. ``pair_path`` maps 'fp64'/'fp32' to one of
-    PAIR_PATHS; ``pair_config`` overrides the fused kernel's tile sizes and launch options."""
+    """CUDA GPU: torch ops plus the Triton pair kernels.
 
-    def __init__(self, name: str = "cuda", *, pair_path: dict | None = None, pair_config: dict | None = None,
-                 pin_min_bytes: int = PIN_MIN_BYTES):
+    pair_kernel: one of PAIR_KERNELS for both precisions ("auto": auto_pair_path for this GPU).
+    pair_path: {'fp64'|'fp32': one of PAIR_PATHS}, per-precision choices on top (the benchmark's).
+    pair_config: overrides the fused kernel's tile sizes and launch options.
+    The resolved path per precision is ``pair_path``, its reason ``pair_path_why`` (both in describe()).
+    """
+
+    def __init__(self, name: str = "cuda", *, pair_kernel: str = "auto", pair_path: dict | None = None,
+                 pair_config: dict | None = None, pin_min_bytes: int = PIN_MIN_BYTES):
         super().__init__(name)
         self.engine = "torch+triton"
-        self.pair_path = {**DEFAULT_PAIR_PATH, **(pair_path or {})}
-        for prec, path in self.pair_path.items():
-            if prec not in DEFAULT_PAIR_PATH or path not in PAIR_PATHS:
+        if pair_kernel not in PAIR_KERNELS:
+            raise ValueError(f"pair_kernel: expected one of {PAIR_KERNELS}, got {pair_kernel!r}")
+        for prec, path in (pair_path or {}).items():
+            if prec not in PRECISIONS or path not in PAIR_PATHS:
                 raise ValueError(f"pair_path: expected {{'fp64'|'fp32': one of {PAIR_PATHS}}}, got {pair_path!r}")
+        self.pair_path, self.pair_path_why = {}, {}
+        for prec in PRECISIONS:
+            if prec in (pair_path or {}):
+                self.pair_path[prec], self.pair_path_why[prec] = pair_path[prec], "chosen by the caller"
+            elif pair_kernel != "auto":
+                self.pair_path[prec], self.pair_path_why[prec] = pair_kernel, f"user choice (--pair-kernel {pair_kernel})"
+            else:
+                self.pair_path[prec], self.pair_path_why[prec] = auto_pair_path(prec, self.capability())
         self.pair_config = dict(pair_config or {})
         self.pin_min_bytes = pin_min_bytes
         self.transfers = {"pinned": 0, "pinned_bytes": 0, "plain": 0}
         self._slots = None
         self._next_slot = 0
         self._copy_stream = None
+
+    def capability(self) -> tuple[int, int] | None:
+        """The GPU's compute capability, or None without a usable GPU (Triton's interpreter)."""
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        return tuple(torch.cuda.get_device_capability(self.device))
+
+    def where(self) -> str:
+        """The GPU a kernel runs on (name and sm_XY), or Triton's interpreter."""
+        from kernels.triton.launch import interpreting
+        if interpreting():
+            return "the Triton interpreter (CPU)"
+        cap = self.capability()
+        if cap is None:
+            return f"{self.device} (no CUDA GPU)"
+        return f"{torch.cuda.get_device_name(self.device)} (sm_{cap[0]}{cap[1]})"
 
     # ---- transfers ----
     def to_device(self, x, dtype=None) -> torch.Tensor:
@@ -122,7 +183,8 @@ class CudaBackend(TorchBackend):
 
     # ---- the pair step ----
     def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
-        """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision."""
+        """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision.
+        A kernel that fails to compile or launch raises KernelError; no other path is tried."""
         prec = _precision(Bi.dtype)
         path = self.pair_path[prec]
         from kernels.triton.launch import interpreting
@@ -130,14 +192,26 @@ class CudaBackend(TorchBackend):
         if path == "fused":
             from kernels.triton.fused_pair_energy import fused_pair_energy
             dot = "fp64 dot" if prec == "fp64" else "fp32 ieee dot"
-            self.record("mp2_pair_energy", f"triton.fused_pair_energy({prec}: {dot}, fp64 sums){where}")
-            return fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
-                                     config=self.pair_config or None)
-        from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
-        gemm = "DGEMM" if prec == "fp64" else ("SGEMM, TF32 ON" if torch.backends.cuda.matmul.allow_tf32
-                                               else "SGEMM")
-        self.record("mp2_pair_energy", f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums){where}")
-        return gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
+            kernel = f"triton.fused_pair_energy({prec}: {dot}, fp64 sums)"
+            self.record("mp2_pair_energy", kernel + where)
+            run = lambda: fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,  # noqa: E731
+                                            config=self.pair_config or None)
+        else:
+            from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+            gemm = "DGEMM" if prec == "fp64" else ("SGEMM, TF32 ON" if torch.backends.cuda.matmul.allow_tf32
+                                                   else "SGEMM")
+            kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"
+            self.record("mp2_pair_energy", kernel + where)
+            run = lambda: gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)  # noqa: E731
+        try:
+            return run()
+        except ValueError:              # the contract's argument checks: the caller's mistake
+            raise
+        except Exception as exc:        # Triton CompilationError, OutOfResources, a CUDA launch error
+            import triton
+            raise KernelError(f"pair-step kernel {kernel} failed on {self.where()} with Triton "
+                              f"{triton.__version__}: {one_line(exc)}; no other kernel was run "
+                              f"(pair path '{path}': {self.pair_path_why[prec]})") from exc
 
     def describe(self) -> dict:
         import triton
@@ -149,10 +223,27 @@ class CudaBackend(TorchBackend):
                     else "none (kernels ran under Triton's CPU interpreter)")
         d["triton"] = triton.__version__
         d["pair_path"] = dict(self.pair_path)
+        d["pair_path_why"] = dict(self.pair_path_why)
         if self.pair_config:
             d["pair_config"] = dict(self.pair_config)
         d["transfers"] = dict(self.transfers)
         return d
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception as one line. Triton's CompilationError spreads a source excerpt over several
+    lines: keep the offending statement and the reason (its message, or the chained cause)."""
+    node = getattr(exc, "node", None)
+    if hasattr(exc, "error_message") and getattr(node, "lineno", None):      # a Triton CompilationError
+        src = (getattr(exc, "src", None) or "").split("\n")
+        stmt = src[node.lineno - 1].strip() if node.lineno <= len(src) else "?"
+        cause = exc.__cause__
+        why = exc.error_message or (f"{type(cause).__name__} {cause}".strip() if cause else "")
+        text = f"line {node.lineno} of the kernel function, `{stmt}`: {why}"
+    else:
+        text = str(exc)
+    text = f"{type(exc).__name__}: {' '.join(text.split())}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def make_cuda_backend(name: str = "cuda", **kwargs) -> CudaBackend:

@@ -13,3 +13,8 @@ class ConvergenceError(RuntimeError):
 class NotPositiveDefiniteError(torch.linalg.LinAlgError):
     """Cholesky met a non-positive leading minor. A torch.linalg.LinAlgError, so callers that
     catch torch's error (e.g. to fall back to an eigendecomposition) keep working."""
+
+
+class KernelError(RuntimeError):
+    """A device kernel failed to compile or launch. One line naming the kernel, the device (GPU or
+    Triton interpreter) and the compiler version; nothing else was run in its place."""

@@ -22,6 +22,12 @@ linalg.torch_ops path, cuBLAS batched GEMM + torch elementwise ops) for referenc
 
 --dry-run-cpu runs the script's logic on this CPU through Triton's interpreter at a tiny shape and
 writes to /tmp unless --out is given; every output line then says CPU INTERPRETER, NOT A GPU.
+
+The script runs to the end whatever one measurement does: a path, a configuration, the PTX probe,
+a GEMM peak or the pipeline that fails (a kernel that does not compile, a launch error, no memory)
+becomes an error entry in the JSON and markdown (``failures`` lists them all), and the other
+paths are still measured. Exit status 1 when a default path, a probe or the pipeline failed (a
+swept configuration that does not fit the GPU is expected to fail and does not count), else 0.
 """
 from __future__ import annotations
 
@@ -201,7 +207,7 @@ def main(argv=None):
                  "GPU benchmark (or use --dry-run-cpu)")
     import torch
     import linalg
-    from linalg.cuda import CudaBackend
+    from linalg.cuda import CudaBackend, auto_pair_path, one_line
     from linalg.synthetic import synthetic_problem
 
     dry = args.dry_run_cpu
@@ -239,12 +245,23 @@ def main(argv=None):
 
     # 1. GEMM peaks, same run.
     sizes = [256, 512] if dry else [4096, 8192, 12288]
-    peaks = {}
+    peaks, failures = {}, []
+
+    def failed(what: str, exc: Exception, counts: bool = True) -> str:
+        """Record a failed measurement (one line); ``counts``: it makes the exit status 1."""
+        msg = one_line(exc)
+        failures.append({"what": what, "error": msg, "counts": counts})
+        return msg
+
     for prec, dt in (("fp64", torch.float64), ("fp32", torch.float32)):
         if prec in precisions:
-            peaks[prec] = gemm_peak(torch, dt, device, sizes, sync, 2 if dry else 5)
-            say(f"{'DGEMM' if prec == 'fp64' else 'SGEMM (TF32 off)'} peak: {peaks[prec]['tflops']:.2f} TFLOP/s "
-                f"(n={peaks[prec]['n']})")
+            name = "DGEMM" if prec == "fp64" else "SGEMM (TF32 off)"
+            try:
+                peaks[prec] = gemm_peak(torch, dt, device, sizes, sync, 2 if dry else 5)
+                say(f"{name} peak: {peaks[prec]['tflops']:.2f} TFLOP/s (n={peaks[prec]['n']})")
+            except Exception as exc:
+                peaks[prec] = {"tflops": None, "n": None, "error": failed(f"{prec} GEMM peak", exc)}
+                say(f"{name} peak FAILED: {peaks[prec]['error']}")
 
     # 2. The synthetic problem, generated once on the device (bit-identical to the CPU's).
     t0 = time.perf_counter()
@@ -259,28 +276,30 @@ def main(argv=None):
     rows, sweep_rows = [], []
     for prec in precisions:
         B = B64 if prec == "fp64" else B64.to(torch.float32)   # .to() keeps the Bt-view strides
-        peak = peaks[prec]["tflops"]
+        peak = peaks[prec]["tflops"]           # None if the peak failed: no % of peak then
         ref = None
         candidates = [("torch", None), ("gemm+epilogue", None), ("fused", None)]
         if sweep:
             candidates += [("fused", c) for c in SWEEP[prec][1:]]
         for path, config in candidates:
-            if path == "torch":
-                be = linalg.TorchBackend(device)
-            else:
-                be = CudaBackend(args.device, pair_path={prec: path}, pair_config=config)
-            try:
+            be = None
+            try:                                # a path or config that fails is reported, not hidden
+                be = (linalg.TorchBackend(device) if path == "torch"
+                      else CudaBackend(args.device, pair_path={prec: path}, pair_config=config))
                 st, (e_os, e_ss) = timed(lambda: pair_step(torch, linalg, be, B, eo, ev, args.occ_block),
                                          sync, repeats)
                 again = pair_step(torch, linalg, be, B, eo, ev, args.occ_block)
                 error = None
-            except Exception as exc:            # a config that does not compile is reported, not hidden
-                st, e_os, e_ss, again, error = None, float("nan"), float("nan"), None, f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                st, e_os, e_ss, again = None, float("nan"), float("nan"), None
+                error = failed(f"{prec} {path} {json.dumps(config) if config else 'default'}", exc,
+                               counts=config is None)
             row = {"precision": prec, "path": path, "config": config or ("default" if path == "fused" else None),
-                   "kernels": sorted(be.kernels_used), "error": error}
+                   "kernels": sorted(be.kernels_used) if be is not None else [], "error": error}
             if st is not None:
                 gf = flops / st["median_s"] / 1e9
-                row.update(st, gflops=gf, pct_of_gemm_peak=100.0 * gf / (peak * 1e3), e_os=e_os, e_ss=e_ss,
+                row.update(st, gflops=gf, pct_of_gemm_peak=100.0 * gf / (peak * 1e3) if peak else None,
+                           e_os=e_os, e_ss=e_ss,
                            hex=[float.hex(e_os), float.hex(e_ss)],
                            run_to_run_identical=(float.hex(again[0]), float.hex(again[1])) == (float.hex(e_os), float.hex(e_ss)))
                 if path == "torch":
@@ -291,7 +310,7 @@ def main(argv=None):
             if config is not None and sweep:
                 row["sweep"] = True
             say(f"{prec} {path:14s} {json.dumps(config) if config else '':60s} "
-                + (f"{st['median_s']:.4f} s  {row['gflops']:9.1f} GFLOP/s  {row['pct_of_gemm_peak']:5.1f}% of "
+                + (f"{st['median_s']:.4f} s  {row['gflops']:9.1f} GFLOP/s  {row['pct_of_gemm_peak'] or 0:5.1f}% of "
                    f"{'DGEMM' if prec == 'fp64' else 'SGEMM'}  Δ={row.get('abs_diff_vs_torch', 0):.1e}  "
                    f"bits {'stable' if row['run_to_run_identical'] else 'DIFFER'}"
                    if st is not None else f"FAILED: {error}"))
@@ -302,14 +321,19 @@ def main(argv=None):
             if sweep:
                 rows.append(best_row)
         if prec == "fp64":
-            meta["fp64_dot_lowering"] = fp64_dot_lowering(torch, B, eo, ev, None, dry)
+            try:
+                meta["fp64_dot_lowering"] = fp64_dot_lowering(torch, B, eo, ev, None, dry)
+            except Exception as exc:
+                meta["fp64_dot_lowering"] = f"probe failed: {failed('fp64 dot lowering probe (fused kernel PTX)', exc)}"
             say(f"fp64 dot lowering: {meta['fp64_dot_lowering']}")
 
-    # 3. Verdicts.
+    # 3. Verdicts, and the path that CudaBackend's auto rule takes on this GPU today: where the two
+    # differ, this run's numbers belong in linalg.cuda.PAIR_PATH_MEASUREMENTS.
+    capability = None if dry else tuple(torch.cuda.get_device_capability(device))
     verdict = {}
     for prec in precisions:
         ok = [r for r in rows if r["precision"] == prec and r.get("gflops")]
-        if not ok:
+        if not ok or not peaks[prec]["tflops"]:
             continue
         ours = [r for r in ok if r["path"] != "torch"]          # the paths CudaBackend can take
         fastest = max(ours or ok, key=lambda r: r["gflops"])
@@ -319,7 +343,8 @@ def main(argv=None):
                          "fastest_pct_of_gemm_peak": fastest["pct_of_gemm_peak"],
                          "fused_default_pct_of_gemm_peak": fused_default and fused_default["pct_of_gemm_peak"],
                          "torch_unfused_pct_of_gemm_peak": torch_row and torch_row["pct_of_gemm_peak"],
-                         "recommended_pair_path": fastest["path"].split(" ")[0]}
+                         "recommended_pair_path": fastest["path"].split(" ")[0],
+                         "auto_pair_path": auto_pair_path(prec, capability)[0]}
         if prec == "fp64":
             verdict[prec]["target_pct_dgemm"] = TARGET_PCT_DGEMM
             verdict[prec]["target_met_by"] = [f"{r['path']} {r['config']}" for r in ok
@@ -329,12 +354,13 @@ def main(argv=None):
     # 4. Optional whole pipeline.
     pipeline = None
     if args.molecule and not dry:
-        pipeline = run_pipeline(args.molecule, device, say)
+        pipeline = run_pipeline(args.molecule, device, say, failed)
 
     out = Path(args.out) if args.out else (
         Path("/tmp/bench_cuda_dry_run") if dry else ROOT / "scripts" / "results" / f"bench_cuda_{slug(meta['gpu']['name'])}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta, "peaks": peaks, "pair": rows, "sweep": sweep_rows, "pipeline": pipeline}
+    doc = {"meta": meta, "peaks": peaks, "pair": rows, "sweep": sweep_rows, "pipeline": pipeline,
+           "failures": failures}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))
     say(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
@@ -342,36 +368,35 @@ def main(argv=None):
         say(f"{prec}: fastest {v['fastest_path']} {v['fastest_config'] or ''} at {v['fastest_pct_of_gemm_peak']:.1f}% "
             f"of the same-precision GEMM peak"
             + (f"; ≥{TARGET_PCT_DGEMM:.0f}% DGEMM met by: {v['target_met_by'] or 'NONE'}" if prec == "fp64" else ""))
+    for f in failures:
+        say(f"FAILED{'' if f['counts'] else ' (swept configuration)'}: {f['what']}: {f['error']}")
+    if any(f["counts"] for f in failures):
+        sys.exit(1)
     return doc
 
 
-def run_pipeline(xyz: str, device: str, say) -> dict:
-    """The whole pipeline on CUDA (CudaBackend) and on the CPU: stage timings and ΔE_corr."""
-    import linalg
-    from linalg.cuda import CudaBackend, make_cuda_backend
+def run_pipeline(xyz: str, device: str, say, failed) -> dict:
+    """The whole pipeline on CUDA (CudaBackend, auto pair path) and on the CPU: stage timings and
+    ΔE_corr. A device whose run fails gets an error entry (``failed`` records it)."""
     from dfmp2.pipeline import RunOptions, run
-    original = linalg.get_backend
-
-    def get_backend(name, *, simulate=False):          # CudaBackend until get_backend builds it itself
-        be = original(name, simulate=simulate)
-        return make_cuda_backend(name) if name.startswith("cuda") and not isinstance(be, CudaBackend) else be
-
-    linalg.get_backend = get_backend
-    try:
-        out = {"molecule": xyz}
-        for dev in (device, "cpu"):
-            t0 = time.perf_counter()
+    out = {"molecule": xyz}
+    for dev in (device, "cpu"):
+        t0 = time.perf_counter()
+        try:
             r = run(xyz, RunOptions(device=dev))
-            out[dev] = {"seconds": time.perf_counter() - t0, "timings": r.timings, "e_corr": r.e_corr,
-                        "e_corr_hex": float.hex(r.e_corr), "e_hf": r.e_hf, "ran": r.ran,
-                        "shapes": {"nbasis": r.nbasis, "nocc": r.nocc, "nvir": r.nvir, "naux": r.naux}}
-            say(f"pipeline {xyz} on {dev}: E_corr {r.e_corr:.12f} Eh, "
-                + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
+        except Exception as exc:
+            out[dev] = {"error": failed(f"pipeline {xyz} on {dev}", exc)}
+            say(f"pipeline {xyz} on {dev} FAILED: {out[dev]['error']}")
+            continue
+        out[dev] = {"seconds": time.perf_counter() - t0, "timings": r.timings, "e_corr": r.e_corr,
+                    "e_corr_hex": float.hex(r.e_corr), "e_hf": r.e_hf, "ran": r.ran,
+                    "shapes": {"nbasis": r.nbasis, "nocc": r.nocc, "nvir": r.nvir, "naux": r.naux}}
+        say(f"pipeline {xyz} on {dev}: E_corr {r.e_corr:.12f} Eh, "
+            + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
+    if "e_corr" in out[device] and "e_corr" in out["cpu"]:
         out["abs_diff_e_corr"] = abs(out[device]["e_corr"] - out["cpu"]["e_corr"])
         say(f"pipeline |ΔE_corr| {device} vs cpu: {out['abs_diff_e_corr']:.2e} Eh")
-        return out
-    finally:
-        linalg.get_backend = original
+    return out
 
 
 def markdown(doc: dict) -> str:
@@ -391,7 +416,8 @@ def markdown(doc: dict) -> str:
              "## GEMM peaks measured in this run (torch.matmul, square, TF32 off)", "",
              "| precision | TFLOP/s | n |", "|---|---:|---:|"]
     for prec, p in peaks.items():
-        lines.append(f"| {prec} | {p['tflops']:.2f} | {p['n']} |")
+        lines.append(f"| {prec} | {p['tflops']:.2f} | {p['n']} |" if p.get("tflops")
+                     else f"| {prec} | failed: {_cell(p.get('error'))} | |")
     lines += ["", "## Pair step", "",
               "| precision | path | config | median s | min s | max s | GFLOP/s | % of GEMM peak | abs ΔE vs torch / Eh | bits run to run | kernel |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -399,10 +425,10 @@ def markdown(doc: dict) -> str:
         cfg = r["config"] if isinstance(r["config"], str) or r["config"] is None else \
             ",".join(f"{k}={v}" for k, v in r["config"].items())
         if r.get("gflops") is None:
-            lines.append(f"| {r['precision']} | {r['path']} | {cfg or ''} | failed: {r['error']} |||||||| |")
+            lines.append(f"| {r['precision']} | {r['path']} | {cfg or ''} | failed: {_cell(r['error'])} |||||||| |")
             continue
         lines.append(f"| {r['precision']} | {r['path']} | {cfg or ''} | {r['median_s']:.4f} | {r['min_s']:.4f} | "
-                     f"{r['max_s']:.4f} | {r['gflops']:.1f} | {r['pct_of_gemm_peak']:.1f} | "
+                     f"{r['max_s']:.4f} | {r['gflops']:.1f} | {r['pct_of_gemm_peak'] or float('nan'):.1f} | "
                      f"{r.get('abs_diff_vs_torch', 0.0):.1e} | {'identical' if r['run_to_run_identical'] else 'DIFFER'} | "
                      f"{'; '.join(k.split(':', 1)[1] for k in r['kernels'])} |")
     lines += ["", "## Verdict", ""]
@@ -412,7 +438,9 @@ def markdown(doc: dict) -> str:
         line = (f"- {prec}: fastest CudaBackend path **{v['fastest_path']}** ({cfg or '-'}) at "
                 f"{v['fastest_pct_of_gemm_peak']:.1f}% of the same-precision GEMM peak (torch unfused: "
                 f"{v['torch_unfused_pct_of_gemm_peak'] or 0:.1f}%); recommended pair_path['{prec}'] = "
-                f"'{v['recommended_pair_path']}'")
+                f"'{v['recommended_pair_path']}'; the auto rule (linalg.cuda) takes '{v['auto_pair_path']}'"
+                + ("" if v["auto_pair_path"] == v["recommended_pair_path"] or m["dry_run_cpu"] else
+                   " (**differs**: add this run to linalg.cuda.PAIR_PATH_MEASUREMENTS)"))
         if prec == "fp64":
             line += (f"; target ≥ {v['target_pct_dgemm']:.0f}% of DGEMM met by: "
                      f"{', '.join(v['target_met_by']) or '**none**'}")
@@ -423,10 +451,23 @@ def markdown(doc: dict) -> str:
                   "| device | E_corr / Eh | total s | stages (s) |", "|---|---:|---:|---|"]
         for dev in [k for k in p if isinstance(p[k], dict)]:
             d = p[dev]
+            if "error" in d:
+                lines.append(f"| {dev} | failed: {_cell(d['error'])} | | |")
+                continue
             lines.append(f"| {dev} | {d['e_corr']:.12f} | {d['seconds']:.1f} | "
                          + ", ".join(f"{k} {v:.2f}" for k, v in d["timings"].items()) + " |")
-        lines.append(f"\n|ΔE_corr| = {p['abs_diff_e_corr']:.2e} Eh")
+        if "abs_diff_e_corr" in p:
+            lines.append(f"\n|ΔE_corr| = {p['abs_diff_e_corr']:.2e} Eh")
+    if doc.get("failures"):
+        lines += ["", "## Failures (the other measurements ran)", ""]
+        lines += [f"- {f['what']}{'' if f['counts'] else ' (swept configuration)'}: {f['error']}"
+                  for f in doc["failures"]]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text) -> str:
+    """Text for a markdown table cell (one line, no column separators)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 if __name__ == "__main__":

@@ -20,21 +20,6 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
 triton = pytest.importorskip("triton")
 
 
-@pytest.fixture
-def wired(monkeypatch):
-    """get_backend('cuda') -> CudaBackend (a no-op once linalg.get_backend builds it itself)."""
-    from linalg.cuda import CudaBackend, make_cuda_backend
-    original = linalg.get_backend
-
-    def get_backend(name, *, simulate=False):
-        be = original(name, simulate=simulate)
-        if name.startswith("cuda") and not isinstance(be, CudaBackend):
-            be = make_cuda_backend(name)
-        return be
-
-    monkeypatch.setattr(linalg, "get_backend", get_backend)
-
-
 def _problem(nocc, nvir, naux, seed=5, layout="pipeline"):
     p = synthetic_problem(nocc, nvir, naux, seed, device="cuda")
     B = p.B
@@ -134,7 +119,7 @@ def test_fit_streamed_on_gpu_equals_resident():
 
 
 @pytest.mark.parametrize("precision,tol", [("fp64", 1e-10), ("fp32", 1e-6)])
-def test_regression_molecules_cpu_vs_cuda(wired, precision, tol):
+def test_regression_molecules_cpu_vs_cuda(precision, tol):
     from dfmp2.regress import load_references, run_case, select_cases
     cases = select_cases(load_references(), "fast")
     for entry in cases:
@@ -145,7 +130,7 @@ def test_regression_molecules_cpu_vs_cuda(wired, precision, tol):
         assert any("triton" in k for k in gpu.ran["kernels"]), gpu.ran["kernels"]
 
 
-def test_compare_command_cpu_cuda(wired, tmp_path):
+def test_compare_command_cpu_cuda(tmp_path):
     import json
     from pathlib import Path
     from click.testing import CliRunner

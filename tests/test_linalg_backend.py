@@ -17,9 +17,9 @@ def test_cpu_backend_describes_what_ran():
     assert backend_for(torch.zeros(1)).name == "cpu"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 @pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
-def test_cuda_without_gpu_is_one_clear_error(name):
+def test_cuda_without_gpu_is_one_clear_error(name, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # no GPU, on any machine
     with pytest.raises(DeviceUnavailableError) as e:
         get_backend(name)
     msg = str(e.value)
@@ -43,9 +43,11 @@ def test_cuda_name_builds_the_cuda_backend(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     built = []
-    monkeypatch.setattr(linalg.cuda, "make_cuda_backend", lambda name: built.append(name) or f"cuda backend {name}")
-    assert get_backend("cuda") == "cuda backend cuda" and get_backend("cuda:1") == "cuda backend cuda:1"
-    assert built == ["cuda", "cuda:1"]
+    monkeypatch.setattr(linalg.cuda, "make_cuda_backend",
+                        lambda name, **kw: built.append((name, kw)) or f"cuda backend {name}")
+    assert get_backend("cuda") == "cuda backend cuda"
+    assert get_backend("cuda:1", pair_kernel="fused") == "cuda backend cuda:1"
+    assert built == [("cuda", {"pair_kernel": "auto"}), ("cuda:1", {"pair_kernel": "fused"})]
     with pytest.raises(DeviceUnavailableError, match="only 2 CUDA"):
         get_backend("cuda:2")
 

@@ -49,3 +49,51 @@ def test_real_run_without_gpu_refuses(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env())
     assert p.returncode != 0 and "no CUDA GPU" in p.stderr
     assert not (tmp_path / "b.json").exists()
+
+
+# Loads the script as a module, breaks the fused kernel in fp64 (as Triton 3.6 did) and the PTX
+# probe, then runs its CPU dry run: the interpreter is chosen before anything imports triton.
+_INJECT = """
+import importlib.util, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {root!r})
+import kernels.triton.fused_pair_energy as fpe
+real = fpe.fused_pair_energy
+def broken(Bi, *args, **kwargs):
+    if Bi.dtype.is_floating_point and Bi.element_size() == 8:
+        raise RuntimeError("injected: fp64 dot does not compile\\nsecond line")
+    return real(Bi, *args, **kwargs)
+fpe.fused_pair_energy = broken
+spec = importlib.util.spec_from_file_location("bench_cuda", {script!r})
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+def probe(*args, **kwargs):
+    raise ValueError("injected probe failure")
+bench.fp64_dot_lowering = probe
+bench.main(["--dry-run-cpu", "--out", {out!r}])
+"""
+
+
+def test_dry_run_reports_failures_and_measures_the_rest(tmp_path):
+    out = tmp_path / "bench"
+    code = _INJECT.format(root=str(ROOT), script=str(SCRIPT), out=str(out))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env=_env())
+    assert p.returncode == 1, p.stderr[-3000:]          # a default path and a probe failed
+    assert "Traceback" not in p.stderr
+    doc = json.loads(out.with_suffix(".json").read_text())
+    rows = {(r["precision"], r["path"]): r for r in doc["pair"]}
+    assert set(rows) == {(p, q) for p in ("fp64", "fp32") for q in ("torch", "gemm+epilogue", "fused")}
+    bad = rows[("fp64", "fused")]
+    assert bad["error"].startswith("KernelError: pair-step kernel triton.fused_pair_energy(fp64")
+    assert "injected: fp64 dot does not compile second line" in bad["error"] and "\n" not in bad["error"]
+    assert "Triton interpreter" in bad["error"] and "gflops" not in bad
+    for key, r in rows.items():                         # every other path was still measured
+        if key != ("fp64", "fused"):
+            assert r["error"] is None and r["gflops"] > 0 and r["run_to_run_identical"], key
+    assert doc["meta"]["fp64_dot_lowering"] == "probe failed: ValueError: injected probe failure"
+    assert [f["what"] for f in doc["failures"]] == ["fp64 fused default", "fp64 dot lowering probe (fused kernel PTX)"]
+    assert doc["meta"]["verdict"]["fp64"]["fastest_path"] == "gemm+epilogue"
+    md = out.with_suffix(".md").read_text()
+    assert "| fp64 | fused | default | failed: KernelError" in md and "## Failures" in md
+    assert "FAILED: fp64 fused default: KernelError" in p.stdout

@@ -22,7 +22,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 # The modules whose @interpreted tests the child runs (one child for all of them).
-INTERPRETER_MODULES = ("test_triton_pair_energy.py", "test_triton_backend.py")
+INTERPRETER_MODULES = ("test_triton_pair_energy.py", "test_triton_backend.py", "test_cuda_pair_path.py")
 CHILD_TIMEOUT_S = 900
 
 
