@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from dfmp2.cli import main, parse_memory
@@ -114,7 +115,8 @@ def test_memory_limit_checked_before_scf(tmp_path, monkeypatch):
     (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
     (["--memory", "lots"], "--memory"),
 ])
-def test_device_and_option_errors(args, fragment):
+def test_device_and_option_errors(args, fragment, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # "no CUDA GPU" on any machine
     res = run_cli(["run", str(INPUTS / "water.xyz")] + args)
     assert_one_line_error(res, fragment)
 

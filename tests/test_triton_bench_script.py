@@ -1,13 +1,13 @@
 """scripts/bench_cuda.py stays runnable: its CPU dry run (Triton interpreter, tiny shape) writes a
 JSON and markdown that say on every line they are not GPU numbers; without a GPU the real run
-refuses with one clear line instead of producing numbers."""
+refuses with one clear line instead of producing numbers; a probe or path that fails is reported
+and the rest is still measured."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'dfmp2[test]')")
 
@@ -16,13 +16,24 @@ SCRIPT = ROOT / "scripts" / "bench_cuda.py"
 
 
 def _env():
+    """The script's environment: it decides about the interpreter itself, and sees no GPU (a CPU
+    dry run, or the refusal without a GPU, on any machine)."""
     import os
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
+    env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
-def test_dry_run_cpu_is_labelled_and_complete(tmp_path):
+@pytest.fixture
+def working_interpreter():
+    from test_triton_interpreter import interpreter_defect
+    reason = interpreter_defect()
+    if reason:
+        pytest.skip(reason)
+
+
+def test_dry_run_cpu_is_labelled_and_complete(tmp_path, working_interpreter):
     out = tmp_path / "bench"
     p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run-cpu", "--out", str(out)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env())
@@ -43,7 +54,6 @@ def test_dry_run_cpu_is_labelled_and_complete(tmp_path):
     assert "NOT A GPU MEASUREMENT" in md and "% of GEMM peak" in md
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_real_run_without_gpu_refuses(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "b")],
                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env())
@@ -74,7 +84,7 @@ bench.main(["--dry-run-cpu", "--out", {out!r}])
 """
 
 
-def test_dry_run_reports_failures_and_measures_the_rest(tmp_path):
+def test_dry_run_reports_failures_and_measures_the_rest(tmp_path, working_interpreter):
     out = tmp_path / "bench"
     code = _INJECT.format(root=str(ROOT), script=str(SCRIPT), out=str(out))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
