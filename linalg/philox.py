@@ -1,8 +1,13 @@
 """Philox4x32-10 counter-based random numbers in PyTorch integer arithmetic.
 
-Bit-exact with the Random123 known-answer vectors (Salmon et al., SC11) and bit-identical
-on every torch device: only integer ops (add, multiply of 16-bit halves, xor, shift, mask)
-and correctly rounded float ops are used; no device RNG, no transcendental library calls.
+Bit-exact with the Random123 known-answer vectors (Salmon et al., SC11) and identical on every
+torch device by construction: every value is computed on the host (CPU) and then moved to the
+requested ``device``, so a device receives the host's bits and does no arithmetic of its own.
+(Running the same exactly specified ops on the GPU was tried and is not enough: on an H100 with
+torch 2.11 CUDA's normals differed from the CPU's in the last bits. The host cost is negligible
+for test and benchmark data.) Only integer ops (add, multiply of 16-bit halves, xor, shift, mask)
+and correctly rounded float ops are used: no library RNG, no transcendental library calls, no
+BLAS, so the host values do not depend on libm or the BLAS either.
 
 Mapping from (seed, stream, offset) to Philox inputs
 ----------------------------------------------------
@@ -13,8 +18,8 @@ Mapping from (seed, stream, offset) to Philox inputs
   A draw of ``n`` words at ``offset`` is words offset .. offset + n - 1, so a long draw and
   the same draw split at any word boundary give the same bits.
 
-Exact float mappings (every step exact, hence identical on every device)
--------------------------------------------------------------------------
+Exact float mappings (every step exactly specified)
+---------------------------------------------------
 * fp32 uniform from one word x:  u = (2 * (x >> 9) + 1) * 2**-24      in [2**-24, 1 - 2**-24]
 * fp64 uniform from two words (x0, x1), x0 first:
   u = (2 * ((x0 >> 6) * 2**26 + (x1 >> 6)) + 1) * 2**-53             in [2**-53, 1 - 2**-53]
@@ -22,8 +27,8 @@ Exact float mappings (every step exact, hence identical on every device)
 * normals (any dtype): Box–Muller in fp64 from the fp64 uniforms of 4 words (u1, u2):
   z0 = r cos(2 pi u2), z1 = r sin(2 pi u2), r = sqrt(-2 log u1), rounded to the dtype at the end.
   log, sin and cos are evaluated here by range reduction (exact) and fixed polynomials using
-  only +, -, *, / and sqrt on tensors, each a separate correctly rounded IEEE op, so normals
-  are bit-identical across devices too (they are within ~1e-15 relative of libm's values).
+  only +, -, *, / and sqrt on tensors, each a separate correctly rounded IEEE op (within ~1e-15
+  relative of libm's values).
   One normal consumes 2 words; a draw of n normals consumes 4 * ceil(n / 2) words.
 """
 from __future__ import annotations
@@ -97,7 +102,8 @@ def _check_index(name: str, v: int) -> int:
 
 def random_bits(n: int, seed: int, offset: int = 0, *, stream: int = 0, device="cpu",
                 dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """Words offset .. offset + n - 1 of the uint32 stream (seed, stream), as a 1-D tensor.
+    """Words offset .. offset + n - 1 of the uint32 stream (seed, stream), as a 1-D tensor on
+    ``device`` (computed on the host, then moved).
 
     dtype int64 (default, values in [0, 2**32)) or torch.uint32.
     """
@@ -110,13 +116,18 @@ def random_bits(n: int, seed: int, offset: int = 0, *, stream: int = 0, device="
     if n == 0:
         return torch.empty(0, dtype=dtype, device=device)
     b0, b1 = offset // 4, (offset + n + 3) // 4
-    blocks = torch.arange(b0, b1, dtype=torch.int64, device=device)
+    blocks = torch.arange(b0, b1, dtype=torch.int64)
     ctr = torch.stack((blocks & M32, blocks >> 32,
                        torch.full_like(blocks, stream & M32), torch.full_like(blocks, stream >> 32)), dim=-1)
     words = philox4x32(ctr, k).reshape(-1)
     s = offset - 4 * b0
     out = words[s:s + n]
-    return out if dtype == torch.int64 else out.to(dtype)
+    return _to(out if dtype == torch.int64 else out.to(dtype), device)
+
+
+def _to(t: torch.Tensor, device) -> torch.Tensor:
+    """A host result on ``device``: an exact copy, the only thing a device does here."""
+    return t.to(torch.device(device))
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -142,16 +153,17 @@ def _u64_from_words(w: torch.Tensor) -> torch.Tensor:
 
 def uniform(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.float64,
             device="cpu") -> torch.Tensor:
-    """Uniforms in the open interval (0, 1); fp32 uses 1 word per value, fp64 2 (see module doc)."""
+    """Uniforms in the open interval (0, 1); fp32 uses 1 word per value, fp64 2 (see module doc).
+    Computed on the host, then moved to ``device``."""
     shape = _shape(shape)
     n = math.prod(shape)
     if dtype == torch.float32:
-        x = random_bits(n, seed, offset, stream=stream, device=device)
-        return ((x >> 9) * 2 + 1).to(torch.float32).mul_(2.0 ** -24).reshape(shape)
+        x = random_bits(n, seed, offset, stream=stream)
+        return _to(((x >> 9) * 2 + 1).to(torch.float32).mul_(2.0 ** -24).reshape(shape), device)
     if dtype != torch.float64:
         raise ValueError(f"uniform supports float32 and float64, got {dtype}")
-    x = random_bits(2 * n, seed, offset, stream=stream, device=device).reshape(n, 2)
-    return _u64_from_words(x).reshape(shape)
+    x = random_bits(2 * n, seed, offset, stream=stream).reshape(n, 2)
+    return _to(_u64_from_words(x).reshape(shape), device)
 
 
 # ---- fp64 log, sin, cos from +, -, *, / only (deterministic on every device) ----------------
@@ -176,7 +188,8 @@ def _horner(coeffs, x):
 def det_log(u: torch.Tensor) -> torch.Tensor:
     """Natural log of positive finite fp64 u, from exact range reduction and a polynomial.
 
-    Within a few ulp of torch.log; bit-identical on every device.
+    Within a few ulp of torch.log; the same bits wherever torch's elementwise ops are correctly
+    rounded and not fused (the host's; philox evaluates it only there).
     """
     m, e = torch.frexp(u)                                 # u = m * 2**e, m in [0.5, 1): exact
     small = m < _SQRT_HALF
@@ -192,7 +205,7 @@ def det_cos_sin_2pi(u: torch.Tensor):
     """(cos 2 pi u, sin 2 pi u) for fp64 u in [0, 1) given as multiples of 2**-53.
 
     Quadrant reduction is exact (4u and its rounding are exact); the remainder angle is within
-    [-pi/4, pi/4] where fixed Taylor polynomials are used. Bit-identical on every device.
+    [-pi/4, pi/4] where fixed Taylor polynomials are used (evaluated on the host, as det_log).
     """
     t = u * 4.0
     q = torch.floor(t + 0.5)                              # nearest quadrant; exact
@@ -208,16 +221,17 @@ def det_cos_sin_2pi(u: torch.Tensor):
 
 def normal(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.float64,
            device="cpu") -> torch.Tensor:
-    """Standard normals by Box–Muller in fp64 (see module doc), rounded to ``dtype`` at the end."""
+    """Standard normals by Box–Muller in fp64 (see module doc), rounded to ``dtype`` at the end.
+    Computed on the host, then moved to ``device``."""
     shape = _shape(shape)
     n = math.prod(shape)
     npair = (n + 1) // 2
-    w = random_bits(4 * npair, seed, offset, stream=stream, device=device).reshape(npair, 2, 2)
+    w = random_bits(4 * npair, seed, offset, stream=stream).reshape(npair, 2, 2)
     u1, u2 = _u64_from_words(w[:, 0]), _u64_from_words(w[:, 1])
     r = torch.sqrt(det_log(u1) * -2.0)
     c, s = det_cos_sin_2pi(u2)
     z = torch.stack((r * c, r * s), dim=-1).reshape(-1)[:n]
-    return z.reshape(shape).to(dtype)
+    return _to(z.reshape(shape).to(dtype), device)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 condition number, and synthetic DF-MP2 problems (no chemistry needed).
 
 Reproducibility: ``random_matrix`` and ``synthetic_problem`` are bit-identical on every device
-for the same arguments (Philox bits and exactly specified float ops, see linalg.philox).
-``random_spd`` needs a QR factorisation and a GEMM, whose rounding depends on the BLAS, so it is
+for the same arguments: they are computed on the host (CPU) from Philox bits with exactly
+specified float ops (see linalg.philox) and then copied to the device. ``random_spd`` needs a QR factorisation and a GEMM, whose rounding depends on the BLAS, so it is
 always built on the CPU in fp64 and then rounded to ``dtype`` and moved: bit-identical across
 devices on one machine, equal to rounding across machines.
 """
@@ -29,7 +29,8 @@ _STREAM_B_SIGN = 20
 
 def random_matrix(shape, seed: int, *, dtype=torch.float64, device="cpu", offset: int = 0,
                   stream: int = _STREAM_MATRIX) -> torch.Tensor:
-    """Standard-normal matrix (any shape) from Philox normals; bit-identical on every device."""
+    """Standard-normal matrix (any shape) from Philox normals; computed on the host and moved, so
+    bit-identical on every device."""
     return normal(shape, seed, offset, stream=stream, dtype=dtype, device=device)
 
 
@@ -123,11 +124,12 @@ def synthetic_problem(nocc: int, nvir: int, naux: int, seed: int, *, dtype=torch
     measured E / e_target 0.93-1.22 for nocc * nvir >= 500; tiny problems fluctuate more.
     eps_occ and eps_vir are always fp64 (energies are carried in fp64); B has ``dtype``.
 
-    Bit-identical on every device for the same arguments: B is generated on ``device`` from Philox
+    Bit-identical on every device for the same arguments: B is computed on the host from Philox
     bits and normals in fp64, one occupied orbital at a time (B[i] uses words from offset
-    i * words_for('normal', nvir * naux) of stream 19 and i * naux of stream 20), scaled by fp64
-    vectors computed on the CPU with an exactly specified sequence of elementwise ops, and
-    rounded to ``dtype`` at the end.
+    i * words_for('normal', nvir * naux) of stream 19 and i * naux of stream 20), scaled with an
+    exactly specified sequence of elementwise ops, rounded to ``dtype`` and copied to ``device``
+    (a GPU's own elementwise kernels need not round as the CPU's do). Host memory: a few
+    nvir * naux fp64 blocks; the whole B exists only on ``device``.
     """
     for name, v in (("nocc", nocc), ("nvir", nvir), ("naux", naux)):
         if int(v) < 1:
@@ -158,15 +160,15 @@ def synthetic_problem(nocc: int, nvir: int, naux: int, seed: int, *, dtype=torch
     G2, G4 = float((g ** 2).sum()), float((g ** 4).sum())
     sigma = (e_target / ((2.0 - c * c) * G4 * S + G2 * G2 * S_diag)) ** 0.25
 
-    sg = (sigma * g).to(device)                          # (naux,)
-    wv = (w[:, None] * v[None, :]).to(device)            # (nocc, nvir)
-    shared = normal((nvir, naux), seed, stream=_STREAM_B_SHARED, device=device) * math.sqrt(c)
+    sg = sigma * g                                       # (naux,)
+    wv = w[:, None] * v[None, :]                         # (nocc, nvir)
+    shared = normal((nvir, naux), seed, stream=_STREAM_B_SHARED) * math.sqrt(c)
     B = torch.empty((nocc, nvir, naux), dtype=dtype, device=device)
     per_i = words_for("normal", nvir * naux)
-    for i in range(nocc):
-        xi = normal((nvir, naux), seed, i * per_i, stream=_STREAM_B_PAIR, device=device)
-        sign = 1.0 - 2.0 * (random_bits(naux, seed, i * naux, stream=_STREAM_B_SIGN, device=device) & 1).to(torch.float64)
+    for i in range(nocc):                                # on the host, then one copy per orbital
+        xi = normal((nvir, naux), seed, i * per_i, stream=_STREAM_B_PAIR)
+        sign = 1.0 - 2.0 * (random_bits(naux, seed, i * naux, stream=_STREAM_B_SIGN) & 1).to(torch.float64)
         bi = (xi * math.sqrt(1.0 - c) + shared * sign) * sg
-        B[i] = (bi * wv[i][:, None]).to(dtype)
+        B[i].copy_((bi * wv[i][:, None]).to(dtype))
     return SyntheticProblem(B=B, eps_occ=eps_occ.to(device), eps_vir=eps_vir.to(device), seed=int(seed),
                             e_target=e_target)

@@ -263,7 +263,7 @@ def main(argv=None):
                 peaks[prec] = {"tflops": None, "n": None, "error": failed(f"{prec} GEMM peak", exc)}
                 say(f"{name} peak FAILED: {peaks[prec]['error']}")
 
-    # 2. The synthetic problem, generated once on the device (bit-identical to the CPU's).
+    # 2. The synthetic problem, generated on the host and copied (bit-identical to the CPU's).
     t0 = time.perf_counter()
     prob = synthetic_problem(nocc, nvir, naux, seed=2024, device=device)
     Bt = prob.B.permute(2, 0, 1).reshape(naux, nocc * nvir).contiguous()       # the pipeline's layout

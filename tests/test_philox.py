@@ -1,4 +1,5 @@
-"""Philox4x32-10: Random123 known answers, stream layout, exact float mappings, CPU == CUDA bits."""
+"""Philox4x32-10: Random123 known answers, stream layout, exact float mappings, normals against an
+independent Python Box–Muller, CPU == CUDA bits (values are computed on the host and moved)."""
 import math
 
 import numpy as np
@@ -148,11 +149,42 @@ def test_deterministic_transcendentals_close_to_libm():
     assert ((c * c + s * s) - 1).abs().max() < 1e-15
 
 
+def test_normals_match_python_box_muller_from_reference_words():
+    """Known answers for the normals: Box–Muller in plain Python (libm's log, cos, sin) over the
+    words of the plain-Python Philox above, at a seed, stream and odd offset."""
+    seed, stream, offset, n = 0x0123456789ABCDEF, 5, 6, 101
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+
+    def word(w):
+        b = w // 4
+        return ref_philox((b & 0xFFFFFFFF, b >> 32, stream, 0), key)[w % 4]
+
+    def u64(x0, x1):
+        return (2 * (((x0 >> 6) << 26) | (x1 >> 6)) + 1) * 2.0 ** -53
+
+    expect = []
+    for k in range((n + 1) // 2):
+        w = [word(offset + 4 * k + j) for j in range(4)]
+        u1, u2 = u64(w[0], w[1]), u64(w[2], w[3])
+        r = math.sqrt(-2.0 * math.log(u1))
+        expect += [r * math.cos(2 * math.pi * u2), r * math.sin(2 * math.pi * u2)]
+    got = normal(n, seed, offset, stream=stream)
+    ref = torch.tensor(expect[:n], dtype=torch.float64)
+    assert got.dtype == torch.float64 and got.shape == (n,)
+    assert ((got - ref).abs() <= 4e-15 * ref.abs().clamp(min=1.0)).all(), float((got - ref).abs().max())
+
+
 @pytest.mark.cuda
 def test_cpu_and_cuda_bits_identical():
     for seed, off, n in ((0, 0, 1000), (2 ** 63 + 12345, 7, 4099)):
         assert torch.equal(random_bits(n, seed, off, device="cuda").cpu(), random_bits(n, seed, off))
         for dt in (torch.float32, torch.float64):
             assert torch.equal(uniform(n, seed, off, dtype=dt, device="cuda").cpu(), uniform(n, seed, off, dtype=dt))
-            # normals are built from exactly rounded ops only, so they are bitwise equal too
+            # normals are computed on the host and copied, so they are bitwise equal too
             assert torch.equal(normal(n, seed, off, dtype=dt, device="cuda").cpu(), normal(n, seed, off, dtype=dt))
+    from linalg.synthetic import random_matrix, synthetic_problem
+    assert torch.equal(random_matrix((37, 29), 3, device="cuda").cpu(), random_matrix((37, 29), 3))
+    for dt in (torch.float32, torch.float64):
+        g, c = synthetic_problem(5, 33, 47, 9, dtype=dt, device="cuda"), synthetic_problem(5, 33, 47, 9, dtype=dt)
+        assert g.B.device.type == "cuda" and torch.equal(g.B.cpu(), c.B)
+        assert torch.equal(g.eps_occ.cpu(), c.eps_occ) and torch.equal(g.eps_vir.cpu(), c.eps_vir)
