@@ -1,5 +1,5 @@
-"""CUDA backend: torch (cuBLAS, cuSOLVER) for the dense ops, the fused Triton kernel for the MP2
-pair step, and pinned, double-buffered host-to-device staging on a side stream.
+"""CUDA backend: torch (cuBLAS, cuSOLVER) for the dense ops, Triton kernels for the MP2 pair step
+(after a cuBLAS GEMM, or fused), and pinned, double-buffered host-to-device staging on a side stream.
 
     backend = CudaBackend("cuda")            # what get_backend("cuda") builds (make_cuda_backend)
     e_os, e_ss = backend.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=True)
@@ -112,11 +112,12 @@ class CudaBackend(TorchBackend):
         self.pair_path, self.pair_path_why = {}, {}
         for prec in PRECISIONS:
             if prec in (pair_path or {}):
-                self.pair_path[prec], self.pair_path_why[prec] = pair_path[prec], "chosen by the caller"
+                chosen = pair_path[prec], "chosen by the caller"
             elif pair_kernel != "auto":
-                self.pair_path[prec], self.pair_path_why[prec] = pair_kernel, f"user choice (--pair-kernel {pair_kernel})"
+                chosen = pair_kernel, f"user choice (--pair-kernel {pair_kernel})"
             else:
-                self.pair_path[prec], self.pair_path_why[prec] = auto_pair_path(prec, self.capability())
+                chosen = auto_pair_path(prec, self.capability())
+            self.pair_path[prec], self.pair_path_why[prec] = chosen
         self.pair_config = dict(pair_config or {})
         self.pin_min_bytes = pin_min_bytes
         self.transfers = {"pinned": 0, "pinned_bytes": 0, "plain": 0}

@@ -3,9 +3,10 @@ condition number, and synthetic DF-MP2 problems (no chemistry needed).
 
 Reproducibility: ``random_matrix`` and ``synthetic_problem`` are bit-identical on every device
 for the same arguments: they are computed on the host (CPU) from Philox bits with exactly
-specified float ops (see linalg.philox) and then copied to the device. ``random_spd`` needs a QR factorisation and a GEMM, whose rounding depends on the BLAS, so it is
-always built on the CPU in fp64 and then rounded to ``dtype`` and moved: bit-identical across
-devices on one machine, equal to rounding across machines.
+specified float ops (see linalg.philox) and then copied to the device. ``random_spd`` needs a
+QR factorisation and a GEMM, whose rounding depends on the BLAS, so it is always built on the
+CPU in fp64 and then rounded to ``dtype`` and moved: bit-identical across devices on one
+machine, equal to rounding across machines.
 """
 from __future__ import annotations
 
