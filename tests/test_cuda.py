@@ -144,3 +144,27 @@ def test_compare_command_cpu_cuda(tmp_path):
     assert cuda["delta"]["e_hf"] == 0.0                        # identical SCF inputs
     res = CliRunner().invoke(main, ["compare", "--synthetic", "16,200,500", "--devices", "cpu,cuda"])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("pair_kernel", ["auto", "fused", "gemm+epilogue"])
+def test_h2o_08_run_and_compare_on_each_pair_path(pair_kernel, tmp_path):
+    """The issue's acceptance: dfmp2 run --device cuda and dfmp2 compare --devices cpu,cuda on
+    (H2O)8 agree to 1e-10 Eh, on the auto path and on each forced one; 'ran' says which and why."""
+    import json
+    from pathlib import Path
+    from click.testing import CliRunner
+    from dfmp2.cli import main
+    from linalg.cuda import auto_pair_path
+    h2o8 = str(Path(__file__).resolve().parents[1] / "inputs" / "water_clusters" / "h2o_08.xyz")
+    res = CliRunner().invoke(main, ["run", h2o8, "--device", "cuda", "--pair-kernel", pair_kernel,
+                                    "--json", str(tmp_path / "r.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    ran = json.loads((tmp_path / "r.json").read_text())["ran"]
+    expect = auto_pair_path("fp64", torch.cuda.get_device_capability())[0] if pair_kernel == "auto" else pair_kernel
+    assert ran["pair_path"]["fp64"] == expect
+    assert ran["pair_path_why"]["fp64"].startswith("auto:" if pair_kernel == "auto" else "user choice")
+    res = CliRunner().invoke(main, ["compare", h2o8, "--devices", "cpu,cuda", "--repeat", "1",
+                                    "--pair-kernel", pair_kernel, "--json", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    cpu, cuda = json.loads((tmp_path / "c.json").read_text())["devices"]
+    assert abs(cuda["delta"]["e_corr"]) <= 1e-10 and cuda["ran"]["pair_path"]["fp64"] == expect
