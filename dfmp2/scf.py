@@ -26,7 +26,7 @@ SCF_MAX_CYCLE = 100
 SCF_MODES = ("df", "exact")
 
 
-MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms are a typo (ghost atoms are not supported)
+MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms are an input mistake (no ghost atoms yet)
 
 # Default auxiliary bases. Per element: the fitting set matched to the orbital basis (PySCF's rule,
 # pyscf.df.addons.predefined_auxbasis: Psi4's table, then the Basis Set Exchange metadata; Pople
@@ -83,7 +83,7 @@ def check_geometry(geom: Geometry) -> None:
 
 def minimal_basis_size(symbols) -> int:
     """Orbitals in the atoms' occupied ground-state shells (1s; 1s2s2p for C-Ne; ...): the size of
-    a minimal basis. 2x this is the most electrons the atoms' valence shells can hold."""
+    a minimal basis. 2x this is the most electrons the atoms' occupied shells can hold."""
     n = 0
     for sym in symbols:
         for l, nel in enumerate(CONFIGURATION[gto.charge(sym)]):
