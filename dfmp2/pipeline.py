@@ -208,7 +208,12 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     nocc_all = mol.nelectron // 2
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    nmo = nao  # spherical basis without linear dependence; checked after SCF
+    nmo, lindep_thr, _ = scf.linear_dependence(mol)     # the orbitals the RHF will keep
+    if nocc_all >= nmo or nfrozen >= nocc_all:
+        raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc_all - nfrozen} "
+                         f"active occupied and {nmo - nocc_all} virtual orbitals (nbasis {nao}"
+                         f"{f', {nao - nmo} dropped as linearly dependent' if nmo < nao else ''})")
+    warnings = _input_warnings(mol, auxbasis, options, naux)
     ck_path = options.resume or options.checkpoint
     fp = None
     if ck_path:
@@ -251,6 +256,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             if ck is not None:
                 ck.save_scf(ref)
         nmo = ref.mo_coeff.shape[1]
+        if nmo < nao:
+            warnings.append(f"linear dependence: {nao - nmo} of {nao} basis functions dropped "
+                            f"(overlap eigenvalues below {lindep_thr:g}); nmo {nmo}")
         nocc = ref.nocc - nfrozen
         nvir = nmo - ref.nocc
         if nocc <= 0 or nvir <= 0:
@@ -272,7 +280,27 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         nbasis=nao, nmo=nmo, nocc=nocc, nfrozen=nfrozen, nvir=nvir, naux=naux,
         e_hf=ref.e_hf, e_os=e_os, e_ss=e_ss,
         timings=timer.seconds, ran=ran, memory=plan.to_dict(),
-        versions=software_versions())
+        versions=software_versions(), warnings=warnings)
+
+
+def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
+    """What the user should know about the auxiliary bases before trusting the energies:
+    fallback sets for elements the matched set lacks, and a user's --auxbasis that is not a
+    fitting set or has fewer functions than the orbital basis (DF error then grows to %)."""
+    out = []
+    if options.auxbasis is None:
+        out.append(scf.auxbasis_note(mol, auxbasis, "mp2"))
+    else:
+        if not scf.is_fitting_set(options.auxbasis):
+            out.append(f"--auxbasis {options.auxbasis} is not a density-fitting set; use an "
+                       "MP2-fit (RI) set such as the default")
+        if naux < mol.nao_nr():
+            out.append(f"--auxbasis {options.auxbasis} has fewer functions (naux {naux}) than the "
+                       f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may "
+                       "be large")
+    if options.scf_mode == "df":
+        out.append(scf.auxbasis_note(mol, scf.default_auxbasis(mol, "jk"), "jk"))
+    return [w for w in out if w]
 
 
 def _largest_shell(auxmol) -> int:

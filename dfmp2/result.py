@@ -45,6 +45,7 @@ class Result:
     ran: dict          # device, engine, kernels, precision, metric factorisation
     memory: dict
     versions: dict
+    warnings: list = field(default_factory=list)   # one line each: what to check before trusting this
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -121,6 +122,13 @@ class Result:
                   + f"; total {sum(self.timings.values()):.3f}")
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         console.print(s)
+        self.render_warnings(console)
         if self.ran.get("simulated"):
             console.print(f"[bold yellow]note:[/] {self.ran['device']} was simulated on this CPU "
                           f"({self.ran['engine']}); the timings are not Trainium timings.")
+
+    def render_warnings(self, console) -> None:
+        """One 'warning:' line per entry of ``warnings`` (user text escaped for rich)."""
+        from rich.markup import escape
+        for w in self.warnings:
+            console.print(f"[bold yellow]warning:[/] {escape(w)}")
