@@ -20,13 +20,10 @@ Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a d
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
@@ -179,18 +176,9 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
 
 
 def write_json(path, doc: dict) -> None:
-    """Atomically: a half-written file never appears under ``path``."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-            f.write("\n")
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Atomically: a half-written file never appears under ``path`` (dfmp2.outputs.write_text)."""
+    from .outputs import write_text
+    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
 @click.command("compare")

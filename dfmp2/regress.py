@@ -12,7 +12,6 @@ compares E_HF and E_corr (Hartree) within a tolerance that depends on the workin
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -210,10 +209,8 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
                     "versions": software_versions(), "units": {"energies": "hartree", "seconds": "s"}},
            "summary": summary(results),
            "cases": [asdict(r) for r in results]}
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, p)
+    from .outputs import write_text
+    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from dataclasses import dataclass, asdict, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
 SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
@@ -79,18 +76,10 @@ class Result:
         return d
 
     def write_json(self, path) -> None:
-        """Write atomically: a half-written file never appears under ``path``."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=2)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Write atomically (dfmp2.outputs.write_text: a half-written file never appears under
+        ``path``, and a device such as /dev/null is written into, not replaced)."""
+        from .outputs import write_text
+        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def render(self, console) -> None:
         """Print the human-readable tables with rich."""

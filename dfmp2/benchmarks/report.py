@@ -6,8 +6,6 @@ not run appears as 'not run' with its reason and never with numbers.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from .ops import BASELINE_LABELS
@@ -59,16 +57,11 @@ def ratio(row: dict, name: str = "pyscf") -> str:
 
 
 def atomic_write(path: Path, text: str) -> None:
+    """``text`` to ``path`` by dfmp2.outputs.write_text (atomic over a regular file), making the
+    directory first."""
+    from ..outputs import write_text
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text(path, text)
 
 
 def write_json(report: dict, path: Path) -> None:
