@@ -83,9 +83,10 @@ class Result:
 
     def render(self, console) -> None:
         """Print the human-readable tables with rich."""
+        from rich.markup import escape     # user text (file names, basis names) is not markup
         from rich.table import Table
         e = self.energies()
-        t = Table(title=f"DF-MP2  {self.formula}  ({self.molecule})", title_justify="left")
+        t = Table(title=f"DF-MP2  {self.formula}  ({escape(self.molecule)})", title_justify="left")
         t.add_column("quantity")
         t.add_column("energy / Eh", justify="right")
         rows = [("E(HF)", "e_hf"), ("E_corr opposite-spin", "e_corr_os"),
@@ -98,12 +99,12 @@ class Result:
         s = Table(title="problem and what ran", title_justify="left", show_header=False)
         s.add_column("k")
         s.add_column("v")
-        s.add_row("basis / aux (MP2) / SCF", f"{self.basis} / {self.auxbasis} / "
-                  f"{'DF-RHF (' + str(self.jk_auxbasis) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
+        s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
+                  + f"{'DF-RHF (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
         s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
                   f"nvir {self.nvir}, naux {self.naux}")
         s.add_row("device / engine / precision",
-                  f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}")
+                  escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"))
         s.add_row("metric", self.ran.get("metric", ""))
         s.add_row("kernels", ", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items()))
         s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
@@ -111,5 +112,5 @@ class Result:
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         console.print(s)
         if self.ran.get("simulated"):
-            console.print(f"[bold yellow]note:[/] {self.ran['device']} was simulated on this CPU "
-                          f"({self.ran['engine']}); the timings are not Trainium timings.")
+            console.print(f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
+                          f"({escape(self.ran['engine'])}); the timings are not Trainium timings.")

@@ -299,6 +299,7 @@ def markdown(rep: dict) -> str:
 
 # ---------- terminal ----------
 def terminal(rep: dict, console) -> None:
+    from rich.markup import escape      # reasons are exception texts, not markup
     from rich.table import Table
     t = Table(title="dfmp2 bench: per-shape ops (measured)", title_justify="left")
     for c in ("shape", "op", "device", "prec", "median ms", "min–max ms", "GFLOP/s", "% peak",
@@ -315,7 +316,7 @@ def terminal(rep: dict, console) -> None:
     console.print(t)
     for d in rep["devices"]:
         if d["status"] != "ran":
-            console.print(f"[yellow]{d['device']}: not run[/] — {d['reason']}")
+            console.print(f"[yellow]{escape(d['device'])}: not run[/] — {escape(d['reason'])}")
     est = rep.get("trn_estimate")
     if est and est["rows"]:
         e = Table(title="Trainium ESTIMATES (not measured; no Trainium hardware ran)", title_justify="left")
@@ -330,7 +331,7 @@ def terminal(rep: dict, console) -> None:
                 skipped.setdefault((r["op"], r["reason"]), []).append(f"{r['shape']}/{r['device']}")
         console.print(e)
         for (op, reason), where in skipped.items():
-            console.print(f"[dim]not estimated: {op} ({', '.join(where)}): {reason}[/dim]")
+            console.print(f"[dim]not estimated: {op} ({escape(', '.join(where))}): {escape(reason)}[/dim]")
     w = rep.get("waters")
     if w and w.get("rows"):
         s = Table(title="Water clusters: DF-MP2 stage after SCF (s)", title_justify="left")
