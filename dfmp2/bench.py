@@ -25,6 +25,7 @@ was written, 2 for bad options.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -44,6 +45,19 @@ def _split(text: str, what: str, allowed=None) -> list[str]:
         if bad:
             raise InputError(f"--{what}: unknown {', '.join(bad)}; choose from {', '.join(allowed)}")
     return items
+
+
+def check_outputs(out_dir, name: str) -> None:
+    """Before any timing: ``name`` is a plain file stem (NAME.json, .md, .png go into ``out_dir``,
+    nowhere else) and ``out_dir`` is, or can be made, a directory that takes files."""
+    from .outputs import check_output_dir, check_output_file
+    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if name in ("", ".", "..") or any(c in name for c in seps | {"\0"}):
+        raise InputError(f"--name '{name}': give a file stem without '/' or '..' (the files go into --out)")
+    out = check_output_dir(out_dir, "--out", create=True)
+    if out.is_dir():
+        for suffix in (".json", ".md", ".png"):
+            check_output_file(out / f"{name}{suffix}", "--out/--name")
 
 
 @click.command("bench")
@@ -88,6 +102,7 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
                   name, quiet, rerender):
     """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
     from rich.console import Console
+    from rich.markup import escape
     if rerender:
         import json
         from .benchmarks import report
@@ -122,12 +137,13 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
             min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,
             trn_validate=trn_validate, command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
             if len(sys.argv) > 1 and sys.argv[1] == "bench" else "dfmp2 bench (called from Python)")
+        check_outputs(out_dir, name)
     except InputError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     console = Console()
     err = Console(stderr=True)
-    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False))
+    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
     try:
         rep = run_bench(opts, log=log)
     except KeyboardInterrupt:
@@ -149,5 +165,5 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     m = rep["meta"]
     busy = (f"other processes took {m['other_cpu']['other_cores']:.2f} cores" if m.get("other_cpu")
             else f"1-min load {max(m['load_average_before'][0], m['load_average_after'][0]):.1f}")
-    err.print(f"wrote {out / name}.json, .md" + (", .png" if rep["plot"] else "")
+    err.print(f"wrote {escape(str(out / name))}.json, .md" + (", .png" if rep["plot"] else "")
               + f" in {m['wall_s']:.0f} s" + (f"; machine loaded ({busy})" if m["machine_loaded"] else ""))

@@ -1,14 +1,17 @@
 """Checkpoint and resume: one HDF5 file per run with what was asked (a fingerprint), the SCF,
 B, and the (e_os, e_ss) of every finished block pair.
 
-    /                attrs: format, format_version, fingerprint (JSON), occ_block, complete
-    /scf/mo_coeff    (nao, nmo) fp64      attrs: e_hf, nocc, scf_mode, jk_auxbasis, cycles
-    /scf/mo_energy   (nmo,) fp64
+    /                attrs: format, format_version, fingerprint (JSON), occ_block, complete,
+                            crc32 (of fingerprint and occ_block)
+    /scf             attrs: e_hf, nocc, scf_mode, jk_auxbasis, cycles, crc32 (of those)
+    /scf/mo_coeff    (nao, nmo) fp64      attrs: crc32
+    /scf/mo_energy   (nmo,) fp64          attrs: crc32
     /B               flat block-major B (dfmp2.outofcore), the pair step's dtype
-                     attrs: complete, metric, metric_dropped
+                     attrs: complete, metric, metric_dropped, info_crc32 (of metric, metric_dropped)
     /B_crc           (nblocks,) int64: crc32 of each block of B as written, -1 before
     /pairs/sums      (npairs, 2) fp64: e_os, e_ss of each block pair (OccBlocks.pairs order)
-    /pairs/done      (npairs,) uint8
+    /pairs/crc       (npairs,) int64: crc32 of each finished pair's row of sums, -1 before
+    /pairs/done      (npairs,) uint8: 1 once the pair's sums and crc are written, else 0
 
 Written as the run goes: the SCF once converged, B once fitted (out of core, B is written there
 directly and is the run's only copy), then each block pair's sums (written, flushed, then its
@@ -22,6 +25,13 @@ On resume the fingerprint must match field by field (molecule, basis sets, charg
 frozen core, precision, device, dfmp2 version, shapes); the SCF and a complete B are read back,
 finished pairs are not recomputed, and the final energy adds all pairs' sums in the same fixed
 order as an uninterrupted run (outofcore.combine), so it is bitwise the same.
+
+Integrity. Everything that is read back carries a crc32 (zlib) written with it and checked when
+the checkpoint is opened for resuming: the fingerprint and blocking, the SCF arrays and numbers,
+the metric, each finished pair's sums (its own entry, written before its done flag; a flag must
+be 0 or 1), and every block of B (B_crc; all of B is read through once on resume, even when no
+pair needs it, so a damaged file is refused rather than passed over). A mismatch is one
+CheckpointError line: a flipped bit on disk never turns into a wrong energy.
 """
 from __future__ import annotations
 
@@ -34,7 +44,7 @@ import numpy as np
 from .errors import InputError
 
 FORMAT = "dfmp2-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                  # 2: crc32 on every dataset read back
 
 
 class CheckpointError(InputError):
@@ -110,12 +120,18 @@ class Checkpoint:
             f = h5py.File(path, "w-")
         except OSError as e:
             raise CheckpointError(f"checkpoint {path} cannot be created: {e}") from None
-        f.attrs["format"] = FORMAT
-        f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["fingerprint"] = json.dumps(fp)
-        f.attrs["occ_block"] = int(occ_block)
-        f.attrs["complete"] = 0
-        f.flush()
+        try:
+            f.attrs["format"] = FORMAT
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["fingerprint"] = json.dumps(fp)
+            f.attrs["occ_block"] = int(occ_block)
+            f.attrs["crc32"] = attrs_crc(f.attrs, ROOT_ATTRS)
+            f.attrs["complete"] = 0
+            f.flush()
+        except BaseException:
+            f.close()
+            path.unlink(missing_ok=True)
+            raise
         return cls(path, f)
 
     @classmethod
@@ -141,6 +157,13 @@ class Checkpoint:
             if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
                 raise CheckpointError(f"checkpoint {path} has format version {f.attrs.get('format_version')}, "
                                       f"this dfmp2 reads {FORMAT_VERSION}")
+            try:
+                ok_crc = f.attrs["crc32"] == attrs_crc(f.attrs, ROOT_ATTRS)
+            except (KeyError, ValueError, TypeError):
+                ok_crc = False
+            if not ok_crc:
+                raise CheckpointError(f"checkpoint {path} is corrupted: its fingerprint or blocking fails "
+                                      "its checksum; remove the file and run again")
             try:
                 stored = json.loads(f.attrs["fingerprint"])
                 int(f.attrs["occ_block"])
@@ -178,16 +201,50 @@ class Checkpoint:
             if "pairs" in self.f:
                 s = self._require("pairs/sums")
                 self._require("pairs/done", (s.shape[0],))
+                self._require("pairs/crc", (s.shape[0],))
             if "B" in self.f:
                 self._require("B_crc")
             # touch the data so a truncated file fails here, not mid-run
-            for name in ("scf/mo_coeff", "scf/mo_energy", "pairs/sums", "pairs/done", "B_crc"):
+            for name in ("scf/mo_coeff", "scf/mo_energy", "pairs/sums", "pairs/done", "pairs/crc", "B_crc"):
                 if name in self.f:
                     self.f[name][...]
+            self._verify()
         except CheckpointError:
             raise
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"checkpoint {self.path} is corrupted: {e}") from None
+
+    def _corrupted(self, what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {self.path} is corrupted: {what} fails its checksum; "
+                               "remove the file and run again")
+
+    def _verify(self) -> None:
+        """Check the crc32 of everything read back except B's blocks (checked as they are read:
+        outofcore.HDF5B): the SCF, the metric of a complete B, the finished pairs."""
+        if "scf" in self.f:
+            g = self.f["scf"]
+            for name in ("mo_coeff", "mo_energy"):
+                if g[name].attrs.get("crc32") != block_crc(g[name][...]):
+                    raise self._corrupted(f"scf/{name}")
+            if g.attrs.get("crc32") != attrs_crc(g.attrs, SCF_ATTRS):
+                raise self._corrupted("the SCF energy or occupation (scf attributes)")
+        if self.b_complete:
+            d = self.f["B"]
+            if d.attrs.get("info_crc32") != attrs_crc(d.attrs, B_ATTRS):
+                raise self._corrupted("the metric of B (B attributes)")
+        if "pairs" in self.f:
+            done, sums, crc = (self.f[f"pairs/{n}"][...] for n in ("done", "sums", "crc"))
+            bad = np.flatnonzero(done > 1)
+            if bad.size:
+                raise CheckpointError(f"checkpoint {self.path} is corrupted: pair {bad[0]} has done flag "
+                                      f"{done[bad[0]]} (0 or 1 expected); remove the file and run again")
+            for p in np.flatnonzero(done):
+                if crc[p] != block_crc(sums[p]):
+                    raise self._corrupted(f"the sums of block pair {p}")
+            if int(self.f.attrs.get("complete", 0)) and not done.all():
+                raise CheckpointError(f"checkpoint {self.path} is corrupted: it is marked complete but "
+                                      f"{int((done == 0).sum())} block pairs are not done; remove the "
+                                      "file and run again")
 
     @property
     def occ_block(self) -> int:
@@ -205,13 +262,15 @@ class Checkpoint:
 
     def save_scf(self, ref) -> None:
         g = self._fresh_group("scf_tmp")
-        g.create_dataset("mo_coeff", data=np.asarray(ref.mo_coeff, dtype=np.float64))
-        g.create_dataset("mo_energy", data=np.asarray(ref.mo_energy, dtype=np.float64))
+        for name in ("mo_coeff", "mo_energy"):
+            a = np.ascontiguousarray(getattr(ref, name), dtype=np.float64)
+            g.create_dataset(name, data=a).attrs["crc32"] = block_crc(a)
         g.attrs["e_hf"] = float(ref.e_hf)
         g.attrs["nocc"] = int(ref.nocc)
         g.attrs["scf_mode"] = ref.scf_mode
         g.attrs["jk_auxbasis"] = ref.jk_auxbasis or ""
         g.attrs["cycles"] = int(ref.cycles or 0)
+        g.attrs["crc32"] = attrs_crc(g.attrs, SCF_ATTRS)
         self.f.flush()
         self.f.move("scf_tmp", "scf")           # appears whole or not at all
         self.f.flush()
@@ -256,6 +315,7 @@ class Checkpoint:
         d = self.f["B"]
         d.attrs["metric"] = metric_kind
         d.attrs["metric_dropped"] = int(metric_info.get("dropped", 0))
+        d.attrs["info_crc32"] = attrs_crc(d.attrs, B_ATTRS)
         self.f.flush()
         d.attrs["complete"] = 1
         self.f.flush()
@@ -275,6 +335,7 @@ class Checkpoint:
             return
         g = self._fresh_group("pairs_tmp")
         g.create_dataset("sums", data=np.zeros((npairs, 2), dtype=np.float64))
+        g.create_dataset("crc", data=np.full(npairs, -1, dtype=np.int64))
         g.create_dataset("done", data=np.zeros(npairs, dtype=np.uint8))
         self.f.flush()
         self.f.move("pairs_tmp", "pairs")
@@ -285,7 +346,9 @@ class Checkpoint:
         return self.f["pairs/done"][...].astype(bool), self.f["pairs/sums"][...]
 
     def save_pair(self, p: int, e_os: float, e_ss: float) -> None:
-        self.f["pairs/sums"][p] = (e_os, e_ss)
+        row = np.array([e_os, e_ss], dtype=np.float64)
+        self.f["pairs/sums"][p] = row
+        self.f["pairs/crc"][p] = block_crc(row)
         self.f.flush()
         self.f["pairs/done"][p] = 1
         self.f.flush()
@@ -302,7 +365,29 @@ class Checkpoint:
         except Exception:      # closing after an interrupt: nothing more to save
             pass
 
+    def discard(self) -> None:
+        """Close and delete the file (a run that failed before it held anything to resume)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
 
 def block_crc(arr: np.ndarray) -> int:
-    """crc32 of a block's bytes (zlib releases the GIL on large buffers)."""
+    """crc32 of an array's bytes (zlib releases the GIL on large buffers)."""
     return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+
+ROOT_ATTRS = ("fingerprint", "occ_block")
+SCF_ATTRS = ("e_hf", "nocc", "scf_mode", "jk_auxbasis", "cycles")
+B_ATTRS = ("metric", "metric_dropped")
+
+
+def attrs_crc(attrs, names) -> int:
+    """crc32 of the HDF5 attributes ``names`` (floats by their exact hex form); KeyError when one
+    is missing."""
+    def plain(v):
+        if isinstance(v, (float, np.floating)):
+            return float(v).hex()
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+        return v.decode() if isinstance(v, bytes) else str(v)
+    return zlib.crc32(json.dumps([plain(attrs[n]) for n in names]).encode())

@@ -7,14 +7,17 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE, PAIR_KERNELS
 
 from .errors import InputError
+from .outputs import check_output_file
 
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
 PAIR_KERNEL_HELP = f"cuda only: the MP2 pair-step path; auto: {AUTO_RULE} (the result's 'ran' says which ran and why)"
@@ -188,8 +191,11 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
                          frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory),
                          storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
                          resume=resume_path, pair_kernel=pair_kernel)
+    if json_path:       # before any work: a JSON that cannot be written fails now, not after the run
+        check_output_file(json_path, "--json", not_same_as=[
+            ("input", xyz_file), ("checkpoint", checkpoint_path), ("checkpoint", resume_path)])
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
-    log = None if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose else None
     try:
         with _terminate_raises():
@@ -197,7 +203,8 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
     except KeyboardInterrupt:
         progress.close()
         ck = resume_path or checkpoint_path
-        hint = f"; continue with: dfmp2 run {xyz_file} ... --resume {ck}" if ck else ""
+        # a checkpoint that held nothing to resume was removed (pipeline.run_geometry)
+        hint = f"; continue with: dfmp2 run {xyz_file} ... --resume {ck}" if ck and Path(ck).exists() else ""
         click.echo(f"error: interrupted{hint}", err=True)
         sys.exit(130)
     finally:
@@ -206,7 +213,7 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
     if json_path:
         result.write_json(json_path)
         if not quiet:
-            err.print(f"[dim]wrote {json_path}[/dim]")
+            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
 
 
 from .regress import regress_command  # noqa: E402

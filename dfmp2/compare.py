@@ -20,13 +20,10 @@ Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a d
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
@@ -155,18 +152,20 @@ def compare_runs(runs: list[DeviceRun], tol: float) -> dict:
 
 
 def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
+    """The table and verdict; ``title`` and device names and reasons are plain text, not markup."""
+    from rich.markup import escape
     from rich.table import Table
-    t = Table(title=title, title_justify="left")
+    t = Table(title=escape(title), title_justify="left")
     for col, just in (("device", "left"), ("engine", "left"), ("E_corr / Eh", "right"),
                       ("ΔE_corr / Eh", "right"), ("ΔE_HF / Eh", "right"), ("bits = first", "center"),
                       ("run-to-run", "center"), ("time / s", "right")):
         t.add_column(col, justify=just)
     for r in runs:
         if r.status != "ran":
-            t.add_row(r.device, "[red]not run[/red]", "—", "—", "—", "—", "—", "—")
+            t.add_row(escape(r.device), "[red]not run[/red]", "—", "—", "—", "—", "—", "—")
             continue
         dhf = f"{r.delta['e_hf']:+.2e}" if "e_hf" in r.delta else "—"
-        t.add_row(r.device, r.ran.get("engine", ""), f"{r.energies['e_corr']:.12f}",
+        t.add_row(escape(r.device), escape(r.ran.get("engine", "")), f"{r.energies['e_corr']:.12f}",
                   "(reference)" if r.device == summary["reference_device"] else f"{r.delta['e_corr']:+.2e}",
                   dhf if r.device != summary["reference_device"] else "",
                   "—" if r.device == summary["reference_device"] else ("yes" if r.identical_to_first else "no"),
@@ -175,31 +174,22 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
     console.print(t)
     for r in runs:
         if r.status != "ran":
-            console.print(f"[red]{r.device}: not run: {r.reason}[/red]")
+            console.print(f"[red]{escape(r.device)}: not run: {escape(r.reason)}[/red]")
     for r in runs:
         if r.status == "ran" and r.ran.get("kernels"):
             ks = ", ".join(f"{k} ×{n}" for k, n in r.ran["kernels"].items() if "mp2_pair_energy" in k)
-            console.print(f"[dim]{r.device}: {ks}[/dim]")
+            console.print(f"[dim]{escape(r.device)}: {escape(ks)}[/dim]")
     verdict = "[green]PASS[/green]" if summary["passed"] else "[red]FAIL[/red]"
-    console.print(f"{verdict}  |ΔE_corr| ≤ {summary['tolerance']:.0e} Eh against "
+    console.print(f"{verdict}  " + escape(f"|ΔE_corr| ≤ {summary['tolerance']:.0e} Eh against "
                   f"{summary['reference_device']}; beyond: {summary['beyond_tolerance'] or 'none'}; "
                   f"not bit-reproducible: {summary['not_bit_reproducible'] or 'none'}; "
-                  f"not run: {summary['not_run'] or 'none'}")
+                  f"not run: {summary['not_run'] or 'none'}"))
 
 
 def write_json(path, doc: dict) -> None:
-    """Atomically: a half-written file never appears under ``path``."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-            f.write("\n")
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Atomically: a half-written file never appears under ``path`` (dfmp2.outputs.write_text)."""
+    from .outputs import write_text
+    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
 @click.command("compare")
@@ -249,6 +239,9 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
         if pair_kernel != "auto" and not any(d.startswith("cuda") for d in names):
             raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and --devices "
                              f"'{devices}' has none; leave it at auto")
+        if json_path:               # before any work: a JSON that cannot be written fails now
+            from .outputs import check_output_file
+            check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
         backends = {d: check_device(d, precision, simulate, pair_kernel) for d in names}    # before any work
         runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
                 if be is None]

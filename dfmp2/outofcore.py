@@ -322,6 +322,14 @@ class HDF5B:
             self._drop_cache(a, b)
         return out
 
+    def verify(self) -> None:
+        """Read every block not yet checked against its crc32 (CheckpointError on a mismatch):
+        a resumed checkpoint is checked whole, also where no remaining pair reads a block."""
+        if self.crc is not None:
+            for k in range(self.blocks.count):
+                if k not in self._verified:
+                    self.read_block(k)
+
     def _drop_cache(self, a: int, b: int) -> None:
         base = self.dset.id.get_offset()
         if base is None or not hasattr(os, "posix_fadvise"):

@@ -23,7 +23,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, integrals, outofcore, scf
+from . import checkpoint, integrals, outofcore, outputs, scf
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
@@ -196,6 +196,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
         raise InputError("--checkpoint and --resume name different files; --resume PATH goes on "
                          "writing to PATH, so give only --resume")
+    if options.scratch_dir is not None:      # a given --scratch must take files, used or not
+        outputs.check_output_dir(options.scratch_dir, "--scratch")
     try:
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     except ValueError as e:        # an unknown device name, a misplaced --simulate or --pair-kernel
@@ -223,6 +225,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             device=options.device, simulate=options.simulate, nfrozen=nfrozen,
             nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux)
     ck = checkpoint.Checkpoint.resume(options.resume, fp) if options.resume else None
+    created = False
     try:
         if options.checkpoint and not options.resume and Path(options.checkpoint).exists():
             raise checkpoint.CheckpointError(
@@ -242,6 +245,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                     b_mb=plan.b_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0)
         if ck is None and options.checkpoint:
             ck = checkpoint.Checkpoint.create(options.checkpoint, fp, occ_block=plan.occ_block)
+            created = True
 
         timer = _Timer(backend)
         t0 = time.perf_counter()
@@ -270,6 +274,18 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                                      scratch_dir=options.scratch_dir, checkpoint=ck)
         if ck is not None:
             ck.mark_complete(e_os, e_ss)
+    except BaseException as exc:
+        # A checkpoint this run created stays only when it holds work to resume (the SCF at
+        # least) and the failure is not a refusal that the same command would meet again;
+        # otherwise it is removed, so the same command can be run again (no "already exists").
+        if created:
+            try:
+                keep = ck.has_scf and not isinstance(exc, InputError)
+            except Exception:          # unreadable after the failure: nothing to resume
+                keep = False
+            if not keep:
+                ck.discard()
+        raise
     finally:
         if ck is not None:
             ck.close()
@@ -316,9 +332,7 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
     need: dict = {}
 
     def add(directory, mb, what):
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise InputError(f"{what}: directory {directory} does not exist")
+        directory = outputs.check_output_dir(directory, what)
         dev = os.stat(directory).st_dev
         d, total, names = need.get(dev, (directory, 0.0, []))
         need[dev] = (d, total + mb, names + [what])
@@ -374,6 +388,7 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
                 metric_kind, metric_info = ck.metric()
                 disk = outofcore.HDF5B(ck.b_dataset(blocks, b_dtype), blocks, crc=ck.crc_dataset())
                 if plan.out_of_core:
+                    disk.verify()           # all of B once, so any damaged block is refused
                     B = disk
                 else:
                     B = outofcore.InMemoryB(blocks, b_dtype, _device_of(backend), allocate=False)

@@ -12,7 +12,6 @@ compares E_HF and E_corr (Hartree) within a tolerance that depends on the workin
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -165,9 +164,10 @@ def summary(results: list[CaseResult]) -> dict:
 
 def render(results: list[CaseResult], console, device: str, precision: str, tolerance: float) -> None:
     """The rich table: molecule, settings, reference, ours, difference, pass/fail."""
+    from rich.markup import escape      # names and messages from the reference file are not markup
     from rich.table import Table
 
-    t = Table(title=f"DF-MP2 regression vs PySCF references — device {device}, {precision}, "
+    t = Table(title=f"DF-MP2 regression vs PySCF references — device {escape(device)}, {precision}, "
                     f"tolerance {tolerance:.0e} Eh", title_justify="left")
     t.add_column("molecule")
     t.add_column("SCF")
@@ -187,17 +187,17 @@ def render(results: list[CaseResult], console, device: str, precision: str, tole
             ours = dc = dh = "—"
         status = "[green]pass[/green]" if r.passed else f"[red]FAIL[/red]"
         if r.error:
-            status += f" [red]{r.error}[/red]"
-        t.add_row(r.molecule, r.scf_mode, core, str(r.nbasis), f"{r.reference['e_corr']:.10f}", ours,
+            status += f" [red]{escape(r.error)}[/red]"
+        t.add_row(escape(r.molecule), r.scf_mode, core, str(r.nbasis), f"{r.reference['e_corr']:.10f}", ours,
                   dc, dh, f"{r.seconds:.1f}", status)
     console.print(t)
     s = summary(results)
     engines = sorted({f"{r.ran.get('device', '?')}/{r.ran.get('engine', '?')}/{r.ran.get('precision', '?')}"
                       for r in results if r.ran})
     line = (f"{s['passed']}/{s['cases']} passed in {s['seconds']:.1f} s; ran on "
-            f"{', '.join(engines) or 'nothing'}")
+            f"{escape(', '.join(engines)) or 'nothing'}")
     if s["max_abs_diff_e_corr"] is not None:
-        line += (f"; largest |ΔE_corr| {s['max_abs_diff_e_corr']:.2e} Eh ({s['max_abs_diff_e_corr_case']}), "
+        line += (f"; largest |ΔE_corr| {s['max_abs_diff_e_corr']:.2e} Eh ({escape(s['max_abs_diff_e_corr_case'])}), "
                  f"largest |ΔE_HF| {s['max_abs_diff_e_hf']:.2e} Eh")
     console.print(("[green]" if s["failed"] == 0 else "[red]") + line)
 
@@ -210,10 +210,8 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
                     "versions": software_versions(), "units": {"energies": "hartree", "seconds": "s"}},
            "summary": summary(results),
            "cases": [asdict(r) for r in results]}
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, p)
+    from .outputs import write_text
+    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +240,11 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
     NAMES are molecule names or shell patterns (e.g. water 'h2o_*' 's22_0?_*').
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from linalg import DeviceUnavailableError, KernelError, get_backend
+
+    from .outputs import check_output_file
 
     console, err = Console(), Console(stderr=True)
     if not console.is_terminal:          # piped or captured: don't squeeze the table to 80 columns
@@ -267,8 +268,12 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
                              "see --list")
         if list_only:
             for e in cases:
-                console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}")
+                console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}",
+                              markup=False)
             return
+        if json_path:               # before any case runs: a JSON that cannot be written fails now
+            check_output_file(json_path, "--json",
+                              not_same_as=[("reference file", ref_path if ref_path else REFERENCES)])
         try:
             get_backend(device, simulate=simulate)        # fail before any work
         except ValueError as e:
@@ -279,7 +284,7 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
                       console=err, transient=True) as bar:
             task = bar.add_task("", total=len(cases))
             for n, e in enumerate(cases, 1):
-                bar.update(task, description=f"[{n}/{len(cases)}] {e['key']} (nbasis {e['nbasis']})")
+                bar.update(task, description=f"[{n}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
                 results.append(run_case(e, device=device, precision=precision, simulate=simulate,
                                         tolerance=tol))
                 bar.advance(task)
@@ -289,7 +294,7 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
                                             "precision": precision, "tolerance": tol,
                                             "references": str(Path(ref_path) if ref_path else REFERENCES),
                                             "subset": subset, "names": list(names)})
-            err.print(f"[dim]wrote {json_path}[/dim]")
+            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
     except (InputError, DeviceUnavailableError, KernelError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

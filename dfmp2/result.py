@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from dataclasses import dataclass, asdict, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
 SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
@@ -80,24 +77,17 @@ class Result:
         return d
 
     def write_json(self, path) -> None:
-        """Write atomically: a half-written file never appears under ``path``."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=2)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Write atomically (dfmp2.outputs.write_text: a half-written file never appears under
+        ``path``, and a device such as /dev/null is written into, not replaced)."""
+        from .outputs import write_text
+        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def render(self, console) -> None:
         """Print the human-readable tables with rich."""
+        from rich.markup import escape     # user text (file names, basis names) is not markup
         from rich.table import Table
         e = self.energies()
-        t = Table(title=f"DF-MP2  {self.formula}  ({self.molecule})", title_justify="left")
+        t = Table(title=f"DF-MP2  {self.formula}  ({escape(self.molecule)})", title_justify="left")
         t.add_column("quantity")
         t.add_column("energy / Eh", justify="right")
         rows = [("E(HF)", "e_hf"), ("E_corr opposite-spin", "e_corr_os"),
@@ -110,22 +100,22 @@ class Result:
         s = Table(title="problem and what ran", title_justify="left", show_header=False)
         s.add_column("k")
         s.add_column("v")
-        s.add_row("basis / aux (MP2) / SCF", f"{self.basis} / {self.auxbasis} / "
-                  f"{'DF-RHF (' + str(self.jk_auxbasis) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
+        s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
+                  + f"{'DF-RHF (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
         s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
                   f"nvir {self.nvir}, naux {self.naux}")
         s.add_row("device / engine / precision",
-                  f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}")
+                  escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"))
         s.add_row("metric", self.ran.get("metric", ""))
-        s.add_row("kernels", ", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items()))
+        s.add_row("kernels", escape(", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items())))
         s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
                   + f"; total {sum(self.timings.values()):.3f}")
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         console.print(s)
         self.render_warnings(console)
         if self.ran.get("simulated"):
-            console.print(f"[bold yellow]note:[/] {self.ran['device']} was simulated on this CPU "
-                          f"({self.ran['engine']}); the timings are not Trainium timings.")
+            console.print(f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
+                          f"({escape(self.ran['engine'])}); the timings are not Trainium timings.")
 
     def render_warnings(self, console) -> None:
         """One 'warning:' line per entry of ``warnings`` (user text escaped for rich)."""

@@ -287,8 +287,7 @@ def test_corrupted_checkpoints_are_refused(water_checkpoint, tmp_path):
 
     flipped = copy(good, tmp_path / "flipped.h5")
     with h5py.File(flipped, "r+") as f:
-        offset = f["B"].id.get_offset()
-        f["pairs/done"][...] = 0                # so that the resumed run reads B
+        offset = f["B"].id.get_offset()         # all pairs done: B is still checked whole
     with open(flipped, "r+b") as fh:            # one byte of B changed behind HDF5's back
         fh.seek(offset + 100)
         b = fh.read(1)
@@ -296,6 +295,76 @@ def test_corrupted_checkpoints_are_refused(water_checkpoint, tmp_path):
         fh.write(bytes([b[0] ^ 0xFF]))
     msg = cli_error(["run", str(WATER), "--resume", str(flipped), "--storage", "disk"])
     assert "block 0 of B fails its checksum" in msg
+
+
+# every dataset of a finished checkpoint: if one is added, it must be added here (and checksummed)
+DATASETS = ["B", "B_crc", "pairs/crc", "pairs/done", "pairs/sums", "scf/mo_coeff", "scf/mo_energy"]
+
+
+def test_every_dataset_is_listed_for_the_flip_test(water_checkpoint):
+    with h5py.File(water_checkpoint[0], "r") as f:
+        names = []
+        f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    assert sorted(names) == DATASETS
+
+
+def flip_byte(path, dataset, where=0.5):
+    """Invert one byte of ``dataset``'s data in the file, behind HDF5's back."""
+    with h5py.File(path, "r") as f:
+        d = f[dataset]
+        offset, nbytes = d.id.get_offset(), d.id.get_storage_size()
+    assert offset is not None and nbytes > 0, dataset
+    pos = offset + min(nbytes - 1, int(nbytes * where))
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        b = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+# B out of core is read block by block (HDF5B.verify), in memory copied whole: both ways for B
+@pytest.mark.parametrize("dataset,storage", [(d, "memory") for d in DATASETS] + [("B", "disk"), ("B_crc", "disk")])
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
+def test_any_flipped_byte_of_a_finished_checkpoint_is_refused(water_checkpoint, tmp_path, monkeypatch,
+                                                             dataset, where, storage):
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    flip_byte(ck, dataset, where)
+    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    msg = cli_error(["run", str(WATER), "--resume", str(ck), "--storage", storage])
+    assert "is corrupted" in msg and "remove the file" in msg, msg
+
+
+@pytest.mark.parametrize("obj,attr,value", [
+    ("scf", "e_hf", lambda v: v + 1e-9), ("scf", "nocc", lambda v: v - 1),
+    ("scf", "jk_auxbasis", lambda v: "def2-universal-jkfit"), ("scf", "cycles", lambda v: v + 1),
+    ("B", "metric", lambda v: "eigh"), ("B", "metric_dropped", lambda v: v + 1),
+    ("/", "occ_block", lambda v: v + 1),
+    ("/", "fingerprint", lambda v: json.dumps(json.loads(v), indent=1)),   # same content, other bytes
+])
+def test_changed_attributes_are_refused(water_checkpoint, tmp_path, obj, attr, value):
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    with h5py.File(ck, "r+") as f:
+        f[obj].attrs[attr] = value(f[obj].attrs[attr])
+    msg = cli_error(["run", str(WATER), "--resume", str(ck)])
+    assert "is corrupted" in msg and "checksum" in msg, msg
+
+
+def test_pair_sums_overwritten_as_in_the_issue_are_refused(water_checkpoint, tmp_path):
+    """The issue's case: 4 bytes of /pairs/sums overwritten, then --resume (was exit 0, wrong E_corr)."""
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    with h5py.File(ck, "r") as f:
+        offset = f["pairs/sums"].id.get_offset()
+    with open(ck, "r+b") as fh:
+        fh.seek(offset + 4)
+        fh.write(b"\x00\x00\x80\x3f")
+    assert "the sums of block pair 0 fails its checksum" in cli_error(["run", str(WATER), "--resume", str(ck)])
+
+
+def test_checkpoint_of_an_older_format_is_refused(water_checkpoint, tmp_path):
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    with h5py.File(ck, "r+") as f:
+        f.attrs["format_version"] = 1
+    assert "format version 1, this dfmp2 reads 2" in cli_error(["run", str(WATER), "--resume", str(ck)])
 
 
 def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):

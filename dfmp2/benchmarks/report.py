@@ -6,8 +6,6 @@ not run appears as 'not run' with its reason and never with numbers.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from .ops import BASELINE_LABELS
@@ -59,16 +57,11 @@ def ratio(row: dict, name: str = "pyscf") -> str:
 
 
 def atomic_write(path: Path, text: str) -> None:
+    """``text`` to ``path`` by dfmp2.outputs.write_text (atomic over a regular file), making the
+    directory first."""
+    from ..outputs import write_text
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text(path, text)
 
 
 def write_json(report: dict, path: Path) -> None:
@@ -306,6 +299,7 @@ def markdown(rep: dict) -> str:
 
 # ---------- terminal ----------
 def terminal(rep: dict, console) -> None:
+    from rich.markup import escape      # reasons are exception texts, not markup
     from rich.table import Table
     t = Table(title="dfmp2 bench: per-shape ops (measured)", title_justify="left")
     for c in ("shape", "op", "device", "prec", "median ms", "min–max ms", "GFLOP/s", "% peak",
@@ -322,7 +316,7 @@ def terminal(rep: dict, console) -> None:
     console.print(t)
     for d in rep["devices"]:
         if d["status"] != "ran":
-            console.print(f"[yellow]{d['device']}: not run[/] — {d['reason']}")
+            console.print(f"[yellow]{escape(d['device'])}: not run[/] — {escape(d['reason'])}")
     est = rep.get("trn_estimate")
     if est and est["rows"]:
         e = Table(title="Trainium ESTIMATES (not measured; no Trainium hardware ran)", title_justify="left")
@@ -337,7 +331,7 @@ def terminal(rep: dict, console) -> None:
                 skipped.setdefault((r["op"], r["reason"]), []).append(f"{r['shape']}/{r['device']}")
         console.print(e)
         for (op, reason), where in skipped.items():
-            console.print(f"[dim]not estimated: {op} ({', '.join(where)}): {reason}[/dim]")
+            console.print(f"[dim]not estimated: {op} ({escape(', '.join(where))}): {escape(reason)}[/dim]")
     w = rep.get("waters")
     if w and w.get("rows"):
         s = Table(title="Water clusters: DF-MP2 stage after SCF (s)", title_justify="left")

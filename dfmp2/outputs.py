@@ -1,0 +1,135 @@
+"""Output files: checked before the heavy work, written without clobbering anything else.
+
+Every command that writes a file (``run --json``, ``regress --json``, ``compare --json``,
+``bench --out``, the scratch and checkpoint directories) checks its paths with
+``check_output_file`` / ``check_output_dir`` first, so a path that cannot be written is one
+``error:`` line and exit 2 before the SCF, not a traceback after it.
+
+Writing rules (``write_text``):
+
+* a regular file, or nothing, at the path: written to a temporary file in the same directory,
+  then renamed over the path, so a half-written file never appears under the name. The new file
+  gets the mode the user's umask gives (0644 with umask 022), as a plain ``open`` would. A
+  symbolic link is followed: the file it points at is replaced, the link stays;
+* anything else that exists (a character device such as /dev/null or /dev/stdout, a FIFO):
+  written into directly, never replaced: renaming over /dev/null would make it a regular file;
+* a directory, a path whose parent is missing or not a directory, or a directory where no file
+  can be created (read-only file system, permissions): refused;
+* the run's own input or checkpoint: refused, so ``--json mol.xyz`` cannot overwrite the input.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from pathlib import Path
+
+from .errors import InputError
+
+
+def _probe_writable(directory: Path, what: str) -> None:
+    """InputError unless a file can be created in ``directory``. Tried for real (a probe file,
+    removed at once) since permission bits say nothing for root, and a read-only mount, /proc or
+    a full inode table refuse even root."""
+    probe = directory / f".dfmp2-probe-{uuid.uuid4().hex}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        raise InputError(f"{what}: cannot create files in {directory} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _same(a, b) -> bool:
+    """Do paths ``a`` and ``b`` name the same file (the same inode, or the same path once
+    resolved when either does not exist yet)?"""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def check_output_file(path, what: str, *, not_same_as=()) -> Path:
+    """Check, before any heavy work, that ``write_text(path, ...)`` can succeed; return the path.
+
+    what: the option, for the message (e.g. '--json'). not_same_as: (label, path) pairs of
+    files this run reads or writes otherwise (the input, the checkpoint), which must not be
+    overwritten; None paths are skipped. Raises InputError (one line).
+    """
+    p = Path(path)
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise InputError(f"{what}: '{path}' is not a file name")
+    for label, other in not_same_as:
+        if other is not None and _same(p, other):
+            raise InputError(f"{what} {path} is the {label}; it would be overwritten: give another path")
+    try:
+        st = os.stat(p)                         # follows a symbolic link, as the write does
+    except FileNotFoundError:
+        st = None
+    except OSError as e:                        # a parent that is a file, a loop of links ...
+        raise InputError(f"{what} {path}: {e.strerror}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{what} {path} is a directory; give a file name")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if not os.access(p, os.W_OK):           # a device or FIFO: written into, not replaced
+            raise InputError(f"{what} {path}: not writable")
+        return p
+    parent = Path(os.path.realpath(p)).parent
+    if not parent.exists():
+        raise InputError(f"{what} {path}: directory {p.parent} does not exist")
+    if not parent.is_dir():
+        raise InputError(f"{what} {path}: {p.parent} is not a directory")
+    _probe_writable(parent, what)
+    return p
+
+
+def check_output_dir(directory, what: str, *, create: bool = False) -> Path:
+    """Check that files can be created in ``directory`` (InputError otherwise); return it.
+    create=True: the directory may not exist yet (it is made later, with its parents), so its
+    nearest existing ancestor must be a directory that takes new entries."""
+    d = Path(directory)
+    if d.is_dir():
+        _probe_writable(d, what)
+        return d
+    if d.exists() or os.path.lexists(d):
+        raise InputError(f"{what} {directory} is not a directory")
+    if not create:
+        raise InputError(f"{what}: directory {directory} does not exist")
+    base = Path(os.path.abspath(d))
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise InputError(f"{what} {directory}: {base} is not a directory")
+    _probe_writable(base, what)
+    return d
+
+
+def write_text(path, text: str) -> None:
+    """Write ``text`` to ``path`` by the rules in the module docstring; a failure (disk full,
+    /dev/full, a vanished directory) is an InputError naming the path, and leaves no temporary
+    file and no half-written file behind."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError:
+        st = None
+    try:
+        if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            with open(p, "w") as f:             # a device or FIFO: into it, never replacing it
+                f.write(text)
+            return
+        target = Path(os.path.realpath(p))      # replace a link's file, not the link
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        # O_EXCL and mode 0o666: the umask applies, as for any new file (mkstemp would give 0600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
