@@ -253,8 +253,8 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
         if precision == "fp64" and device.startswith("trn"):
             raise InputError(f"{device} has no fp64 arithmetic; use --precision fp32")
         tol = TOLERANCES[precision] if tolerance is None else tolerance
-        if not tol > 0:
-            raise InputError(f"--tol must be positive, got {tolerance}")
+        if not 0 < tol < float("inf"):
+            raise InputError(f"--tol must be a positive finite number, got {tolerance}")
         refs = load_references(ref_path)
         if subset or not names:
             cases = select_cases(refs, subset or "fast", names)

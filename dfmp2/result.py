@@ -92,8 +92,9 @@ class Result:
                 os.unlink(tmp)
             raise
 
-    def render(self, console) -> None:
-        """Print the human-readable tables with rich."""
+    def render(self, console, quiet: bool = False) -> None:
+        """Print the human-readable tables with rich; ``quiet`` (``-q``): the energies table and
+        any notes, without the 'problem and what ran' table."""
         from rich.table import Table
         e = self.energies()
         t = Table(title=f"DF-MP2  {self.formula}  ({self.molecule})", title_justify="left")
@@ -120,7 +121,8 @@ class Result:
         s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
                   + f"; total {sum(self.timings.values()):.3f}")
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
-        console.print(s)
+        if not quiet:
+            console.print(s)
         if self.ran.get("simulated"):
             console.print(f"[bold yellow]note:[/] {self.ran['device']} was simulated on this CPU "
                           f"({self.ran['engine']}); the timings are not Trainium timings.")
