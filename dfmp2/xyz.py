@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from pyscf.data.elements import ELEMENTS
 
-from .errors import InputError
+from .errors import InputError, shown
 
 _KNOWN = {s.upper(): s for s in ELEMENTS[1:]}
 # the value is everything up to a space, comma or semicolon, so 'charge=2.5' is seen whole and
@@ -52,7 +52,7 @@ def _symbol(token: str, where: str) -> str:
             return ELEMENTS[z]
     elif key in _KNOWN:
         return _KNOWN[key]
-    raise InputError(f"{where}: unknown element '{_shown(token, 20)}'")
+    raise InputError(f"{where}: unknown element '{shown(token, 20)}'")
 
 
 def parse_xyz(text: str, source: str = "<string>") -> Geometry:
@@ -67,7 +67,7 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     count = lines[0].split()[0]
     if not _COUNT_RE.fullmatch(count):
         raise InputError(f"{source}:1: expected the atom count on the first line, "
-                         f"found '{_shown(lines[0])}'")
+                         f"found '{shown(lines[0])}'")
     natm = int(count)
     if natm <= 0:
         raise InputError(f"{source}:1: atom count must be positive, found {natm}")
@@ -83,34 +83,27 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
         where = f"{source}:{k}"
         parts = line.split()
         if len(parts) < 4:
-            raise InputError(f"{where}: expected 'symbol x y z', found '{_shown(line)}'")
+            raise InputError(f"{where}: expected 'symbol x y z', found '{shown(line)}'")
         if len(parts) > 4:
             raise InputError(f"{where}: expected 'symbol x y z' (4 fields), found {len(parts)} "
-                             f"fields in '{_shown(line)}'; remove the extra columns")
+                             f"fields in '{shown(line)}'; remove the extra columns")
         symbols.append(_symbol(parts[0], where))
         try:
             if any("_" in v for v in parts[1:]):      # float() would read '1_0' as 10
                 raise ValueError
             xyz = [float(v) for v in parts[1:4]]
         except ValueError:
-            raise InputError(f"{where}: coordinates must be numbers, found '{_shown(line)}'") from None
+            raise InputError(f"{where}: coordinates must be numbers, found '{shown(line)}'") from None
         if not all(np.isfinite(xyz)):
-            raise InputError(f"{where}: coordinates must be finite, found '{_shown(line)}'")
+            raise InputError(f"{where}: coordinates must be finite, found '{shown(line)}'")
         if max(abs(v) for v in xyz) > MAX_COORD_ANGSTROM:
             raise InputError(f"{where}: coordinates must be within ±{MAX_COORD_ANGSTROM:g} Å, "
-                             f"found '{_shown(line)}'")
+                             f"found '{shown(line)}'")
         coords.append(xyz)
     return Geometry(symbols=tuple(symbols), coords_angstrom=np.array(coords, dtype=np.float64),
                     charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
                     multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
                     comment=comment.strip(), source=source)
-
-
-def _shown(line: str, limit: int = 60) -> str:
-    """A line as quoted in an error: stripped, control characters escaped, shortened."""
-    t = line.strip()
-    t = "".join(c if c.isprintable() else repr(c)[1:-1] for c in t)
-    return t if len(t) <= limit else t[:limit] + "..."
 
 
 def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
@@ -121,7 +114,7 @@ def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
         return None
     value = m.group(1)
     if not _INT_RE.fullmatch(value):
-        raise InputError(f"{where}: {what} must be an integer, found '{_shown(value, 30)}'")
+        raise InputError(f"{where}: {what} must be an integer, found '{shown(value, 30)}'")
     n = int(value)
     if what == "multiplicity" and n < 1:
         raise InputError(f"{where}: multiplicity must be 1 or more (2S+1), found {n}")
