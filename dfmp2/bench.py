@@ -25,6 +25,7 @@ was written, 2 for bad options.
 """
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -60,6 +61,51 @@ def check_outputs(out_dir, name: str) -> None:
             check_output_file(out / f"{name}{suffix}", "--out/--name")
 
 
+def _rerender(path: Path, console) -> None:
+    """Rewrite NAME.md and NAME.png of a saved bench report and print its tables. A file that is
+    not a bench report is an InputError before anything is written: it must be JSON with the
+    report's schema tag, and the markdown and tables must render from it."""
+    import io
+    import json
+    import os
+    import tempfile
+
+    from rich.console import Console
+    from .benchmarks import report
+    try:
+        rep = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{path}: not a dfmp2 bench report (cannot read it as JSON: "
+                         f"{' '.join(str(e).split())[:80]})") from None
+    if not isinstance(rep, dict) or rep.get("schema") != report.SCHEMA:
+        raise InputError(f"{path}: not a dfmp2 bench report (no \"schema\": \"{report.SCHEMA}\"); "
+                         "give a NAME.json written by dfmp2 bench")
+    # the tables read many fields; rendering them into memory first finds any that is missing or
+    # of the wrong type before a file is touched
+    try:
+        report.markdown(rep)
+        report.terminal(rep, Console(file=io.StringIO(), width=160))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+        raise InputError(f"{path}: damaged dfmp2 bench report ({e.__class__.__name__}: "
+                         f"{' '.join(str(e).split())[:60]})") from None
+    png = path.with_suffix(".png")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{png.name}.", suffix=".tmp.png")
+        os.close(fd)
+        try:
+            plotted = report.plot(rep, Path(tmp))
+            if plotted:
+                os.replace(tmp, png)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        rep["plot"] = str(png) if plotted else None
+        report.atomic_write(path.with_suffix(".md"), report.markdown(rep))
+    except OSError as e:
+        raise InputError(f"{path.parent}: cannot write the report there ({e.strerror or e})") from None
+    report.terminal(rep, console)
+
+
 @click.command("bench")
 @click.option("--shapes", default="small,medium,large", show_default=True,
               help="named shapes (small, medium, large, xlarge, h2o32, xxlarge), comma-separated; explicit "
@@ -87,8 +133,8 @@ def check_outputs(out_dir, name: str) -> None:
               help="stop adding timed calls after this many seconds (at least one call runs)")
 @click.option("--single-above", type=float, default=3.0, show_default=True,
               help="calls expected to take longer than this (s, from flops / GEMM peak) run once without warm-up")
-@click.option("--threads", type=int, default=None, help="torch and PySCF threads [default: the libraries' own]")
-@click.option("--peak-n", type=int, default=None, help="size of the square GEMM for the peak [cpu 2048, cuda 8192]")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch and PySCF threads [default: the libraries' own]")
+@click.option("--peak-n", type=click.IntRange(16, 32768), default=None, help="size of the square GEMM for the peak, 16-32768 [cpu 2048, cuda 8192]")
 @click.option("--trn-validate/--no-trn-validate", default=True, show_default=True,
               help="check the Trainium work model against the NKI emulator's counters at the smallest shape")
 @click.option("--out", "out_dir", default="bench-results", show_default=True, type=click.Path(file_okay=False),
@@ -104,19 +150,19 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     from rich.console import Console
     from rich.markup import escape
     if rerender:
-        import json
-        from .benchmarks import report
-        path = Path(rerender)
-        rep = json.loads(path.read_text())
-        png = path.with_suffix(".png")
-        rep["plot"] = str(png) if report.plot(rep, png) else None
-        report.atomic_write(path.with_suffix(".md"), report.markdown(rep))
-        report.terminal(rep, Console())
+        try:
+            _rerender(Path(rerender), Console())
+        except InputError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
         return
     try:
         from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
         from .benchmarks.run import BenchOptions, run_bench
         import linalg
+        for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
+            if not (math.isfinite(v) and v >= 0):
+                raise InputError(f"{opt} must be a finite number of seconds >= 0, got {v}")
         if threads:
             import torch
             from pyscf import lib

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import signal
 import sys
 import threading
@@ -82,15 +83,50 @@ def parse_memory(value: str | None) -> float | None:
     else:
         factor = 1.0
     try:
+        if "_" in s:                  # float() would read '4_000' as 4000
+            raise ValueError
         mb = float(s) * factor
     except ValueError:
         raise InputError(f"--memory: cannot read '{value}'; give e.g. 4000MB or 4GB") from None
+    if not math.isfinite(mb):         # 'nan', 'inf' and '1e400' all parse as floats
+        raise InputError(f"--memory must be a finite size, got '{value}'; give e.g. 4000MB or 4GB")
     if mb <= 0:
         raise InputError(f"--memory must be positive, got '{value}'")
     return mb
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrorGroup(click.Group):
+    """A click group whose usage errors (unknown option, bad choice, missing argument) are one
+    ``error:`` line with the help hint in it, exit code 2, instead of click's usage block.
+
+    Click shows a usage error only in ``main``'s standalone mode, so this runs click
+    non-standalone and shows the exceptions itself; everything else is click's behaviour.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:     # bare 'dfmp2': the help, as click does
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            msg = " ".join(e.format_message().split())
+            ctx = getattr(e, "ctx", None)
+            if ctx is not None:
+                msg += f" (see '{ctx.command_path} --help')"
+            click.echo(f"error: {msg}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:                                   # Ctrl-C or EOF outside a command
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        # non-standalone click returns the exit code of --help/--version (ctx.exit) and the
+        # command's return value otherwise (None for every dfmp2 command)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=OneLineErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dfmp2")
 def main():
     """DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium."""
@@ -209,7 +245,7 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
         sys.exit(130)
     finally:
         progress.close()
-    result.render(console)
+    result.render(console, quiet=quiet)
     if json_path:
         result.write_json(json_path)
         if not quiet:

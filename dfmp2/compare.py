@@ -20,10 +20,12 @@ Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a d
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import click
 
@@ -61,6 +63,68 @@ def parse_devices(text: str) -> list[str]:
     if len(set(devices)) != len(devices):
         raise InputError(f"--devices: a device is listed twice in '{text}'")
     return devices
+
+
+def present_devices(precision: str) -> tuple[list[str], dict]:
+    """What ``--devices`` defaults to: the devices present here that can run ``precision``, and
+    {device: why not} for the others. Decided as ``linalg.get_backend`` decides (torch sees a CUDA
+    GPU; AWS's nki package imports and a /dev/neuron* device exists), which ``check_device``
+    then confirms. Trainium hardware is added only when the instance type (DMI product name)
+    says which generation it is; it is never simulated by default."""
+    import torch
+    from kernels.nki import engines
+    present, absent = ["cpu"], {}
+    if torch.cuda.is_available():
+        present.append("cuda")
+    else:
+        absent["cuda"] = "no CUDA GPU visible to torch"
+    nki, why = engines.real_nki()
+    if nki is None:
+        trn_why = "no AWS Neuron SDK"
+    elif not engines.neuron_devices():
+        trn_why = "no /dev/neuron* device"
+    elif precision == "fp64":
+        trn_why = "Trainium has no fp64 (use --precision fp32)"
+    else:
+        try:
+            product = Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip().lower()
+        except OSError:
+            product = ""
+        gen = next((t for t in engines.TARGETS if product.startswith(t)), None)
+        if gen:
+            present.append(gen)
+        trn_why = (f"this is a {gen} instance" if gen else
+                   "a Neuron device of unknown generation (name trn1 or trn2 with --devices)")
+    for t in engines.TARGETS:
+        if t not in present:
+            absent[t] = trn_why
+    return present, absent
+
+
+def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:
+    """MB (10^6 bytes) a synthetic problem needs: 'generate' (host: B in the working precision
+    plus a few fp64 (nvir, naux) Philox work arrays) and 'pair' (on the device: B plus the
+    pair step's K workspace, ~7 (nvir, nvir) chunks per thread as ``dfmp2.memory`` models it)."""
+    from .memory import MB, PAIR_CHUNK_ELEMS
+    b = nocc * nvir * naux * itemsize
+    ws = min(max(1, nthreads), nocc) * 7 * 8 * min(nocc * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir))
+    return {"b": b / MB, "generate": (b + 6 * nvir * naux * 8) / MB, "pair": (b + ws) / MB}
+
+
+def check_synthetic_memory(text: str, nocc: int, nvir: int, naux: int, itemsize: int, devices) -> None:
+    """Refuse (InputError, before anything is allocated) a synthetic problem larger than the free
+    memory: the host, where it is generated, and each device that will run it (cpu and trn run
+    on the host)."""
+    import torch
+    from .memory import DEFAULT_FRACTION, available_mb
+    need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
+    for where, mb in [("host", need["generate"])] + [(d, need["pair"]) for d in devices]:
+        have = DEFAULT_FRACTION * available_mb(where if where.startswith("cuda") else "cpu")
+        if mb > have:
+            raise InputError(
+                f"--synthetic {text}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
+                f"but {have:.3g} MB is available ({DEFAULT_FRACTION:.0%} of free memory); "
+                f"choose smaller sizes")
 
 
 def parse_synthetic(text: str) -> tuple[int, int, int]:
@@ -194,11 +258,13 @@ def write_json(path, doc: dict) -> None:
 
 @click.command("compare")
 @click.argument("xyz_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--devices", default="cpu,cuda", show_default=True,
-              help="comma-separated devices; the first that runs is the reference")
+@click.option("--devices", default=None,
+              help="comma-separated devices; the first that runs is the reference [default: the "
+                   "devices present here: cpu, plus cuda with a GPU, trn1/trn2 on Trainium in fp32]")
 @click.option("--synthetic", default=None, metavar="NOCC,NVIR,NAUX",
               help="a Philox synthetic pair-step problem instead of a molecule")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the synthetic problem")
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
+              help="seed of the synthetic problem (Philox, 0 to 2^64-1)")
 @click.option("--precision", type=click.Choice(["fp64", "fp32"]), default="fp64", show_default=True,
               help="working precision on every device (trn needs fp32)")
 @click.option("--basis", default="cc-pvdz", show_default=True)
@@ -232,13 +298,21 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
     try:
         if (xyz_file is None) == (synthetic is None):
             raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
-        names = parse_devices(devices)
+        absent = {}
+        if devices is None:
+            names, absent = present_devices(precision)
+            console.print(f"devices: {', '.join(names)} (present here)"
+                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
+                             if absent else "")
+                          + ". Name devices with --devices to require them.", highlight=False)
+        else:
+            names = parse_devices(devices)
         tol = TOLERANCES[precision] if tolerance is None else tolerance
-        if not tol > 0:
-            raise InputError(f"--tol must be positive, got {tolerance}")
+        if not 0 < tol < math.inf:
+            raise InputError(f"--tol must be a positive finite number, got {tolerance}")
         if pair_kernel != "auto" and not any(d.startswith("cuda") for d in names):
-            raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and --devices "
-                             f"'{devices}' has none; leave it at auto")
+            raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and the devices "
+                             f"({', '.join(names)}) include none; leave it at auto")
         if json_path:               # before any work: a JSON that cannot be written fails now
             from .outputs import check_output_file
             check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
@@ -250,6 +324,8 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             from linalg import synthetic_problem
             nocc, nvir, naux = parse_synthetic(synthetic)
             dtype = torch.float64 if precision == "fp64" else torch.float32
+            check_synthetic_memory(synthetic, nocc, nvir, naux, dtype.itemsize,
+                                   [d for d, (be, _) in backends.items() if be is not None])
             problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")
             title = (f"synthetic nocc={nocc} nvir={nvir} naux={naux} seed={seed}, {precision}, "
                      f"pair step only")
@@ -277,6 +353,8 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             from .result import software_versions
             write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                    "problem": problem_doc, "precision": precision, "repeat": repeat,
+                                   "devices_requested": devices or "present (default)",
+                                   "devices_not_present": absent,
                                    "summary": summary, "devices": [asdict(r) for r in runs],
                                    "versions": software_versions(), "units": {"energies": "hartree"}})
     except (InputError, DeviceUnavailableError, KernelError) as e:

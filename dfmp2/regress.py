@@ -12,6 +12,7 @@ compares E_HF and E_corr (Hartree) within a tolerance that depends on the workin
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,10 +43,38 @@ def load_references(path=None) -> dict:
         refs = data["references"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{p}: not a reference file ({e.__class__.__name__}: {e})") from None
+    _check_references(p, refs)
     base = p.resolve().parent.parent           # entry paths are relative to the repository root
     for entry in refs.values():
         entry["_xyz"] = str(base / entry["path"])
     return refs
+
+
+# what every entry must hold (as scripts/make_references.py writes it) for select_cases and run_case
+_ENTRY_FIELDS = {"key": str, "molecule": str, "path": str, "basis": str, "auxbasis": str,
+                 "scf_mode": str, "subset": str, "frozen_core": bool,
+                 **{f: int for f in ("nbasis", "naux", "nocc", "nvir")},
+                 **{f: float for f in ENERGY_FIELDS}}
+
+
+def _check_references(p: Path, refs) -> None:
+    """Valid JSON of the wrong shape is an InputError naming the first entry and field that is
+    wrong, not a KeyError half-way through the run."""
+    def bad(what):
+        return InputError(f"{p}: not a dfmp2 reference file: {what}; see scripts/make_references.py")
+    if not isinstance(refs, dict) or not refs:
+        raise bad("'references' must be a non-empty object of entries")
+    for name, e in refs.items():
+        if not isinstance(e, dict):
+            raise bad(f"entry {json.dumps(name)[:60]} is not an object")
+        for f, kind in _ENTRY_FIELDS.items():
+            v = e.get(f)
+            ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                  if kind is float else isinstance(v, kind) and (kind is not int or not isinstance(v, bool)))
+            if not ok:
+                raise bad(f"entry {json.dumps(name)[:60]} field '{f}' must be {kind.__name__}, found {json.dumps(v)[:40]}")
+        if not (e.get("auxbasis_requested") is None or isinstance(e.get("auxbasis_requested"), str)):
+            raise bad(f"entry {json.dumps(name)[:60]} field 'auxbasis_requested' must be a string or null")
 
 
 def find_reference(refs: dict, molecule: str, basis: str = "cc-pvdz", auxbasis: str | None = None,
@@ -254,8 +283,8 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
         if precision == "fp64" and device.startswith("trn"):
             raise InputError(f"{device} has no fp64 arithmetic; use --precision fp32")
         tol = TOLERANCES[precision] if tolerance is None else tolerance
-        if not tol > 0:
-            raise InputError(f"--tol must be positive, got {tolerance}")
+        if not 0 < tol < float("inf"):
+            raise InputError(f"--tol must be a positive finite number, got {tolerance}")
         refs = load_references(ref_path)
         if subset or not names:
             cases = select_cases(refs, subset or "fast", names)

@@ -82,8 +82,9 @@ class Result:
         from .outputs import write_text
         write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def render(self, console) -> None:
-        """Print the human-readable tables with rich."""
+    def render(self, console, quiet: bool = False) -> None:
+        """Print the human-readable tables with rich; ``quiet`` (``-q``): the energies table and
+        any notes, without the 'problem and what ran' table."""
         from rich.markup import escape     # user text (file names, basis names) is not markup
         from rich.table import Table
         e = self.energies()
@@ -111,7 +112,8 @@ class Result:
         s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
                   + f"; total {sum(self.timings.values()):.3f}")
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
-        console.print(s)
+        if not quiet:
+            console.print(s)
         self.render_warnings(console)
         if self.ran.get("simulated"):
             console.print(f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "

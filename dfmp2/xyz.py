@@ -1,7 +1,11 @@
 """XYZ reader.
 
 Format: line 1 the atom count, line 2 a comment (may hold ``charge=N`` and
-``multiplicity=M``), then one ``symbol x y z`` line per atom, coordinates in Ångström.
+``multiplicity=M``, integers), then one ``symbol x y z`` line per atom, coordinates in Ångström.
+The symbol may be an atomic number. A line with more than four fields is refused rather than
+guessed at: extended-XYZ files put other things in those columns (``O 8 0.0 0.0 0.119`` is an
+atomic number before the coordinates, other writers append charges or forces). Coordinates
+must be finite and within ``MAX_COORD_ANGSTROM``.
 """
 from __future__ import annotations
 
@@ -12,11 +16,16 @@ from pathlib import Path
 import numpy as np
 from pyscf.data.elements import ELEMENTS
 
-from .errors import InputError
+from .errors import InputError, shown
 
 _KNOWN = {s.upper(): s for s in ELEMENTS[1:]}
-_CHARGE_RE = re.compile(r"\bcharge\s*=\s*([+-]?\d+)\b", re.IGNORECASE)
-_MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([+-]?\d+)\b", re.IGNORECASE)
+# the value is everything up to a space, comma or semicolon, so 'charge=2.5' is seen whole and
+# refused instead of being read as 2
+_CHARGE_RE = re.compile(r"\bcharge\s*=\s*([^\s,;]*)", re.IGNORECASE)
+_MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([^\s,;]*)", re.IGNORECASE)
+_INT_RE = re.compile(r"[+-]?[0-9]{1,6}", re.ASCII)
+_COUNT_RE = re.compile(r"[+-]?[0-9]{1,9}", re.ASCII)
+MAX_COORD_ANGSTROM = 1e5   # 10 µm: far beyond any molecule, well inside where r² stays finite
 
 
 @dataclass(frozen=True)
@@ -37,26 +46,29 @@ class Geometry:
 
 def _symbol(token: str, where: str) -> str:
     key = token.strip().upper()
-    if key.isdigit():
+    if key.isascii() and key.isdigit():
         z = int(key)
         if 1 <= z < len(ELEMENTS):
             return ELEMENTS[z]
     elif key in _KNOWN:
         return _KNOWN[key]
-    raise InputError(f"{where}: unknown element '{token}'")
+    raise InputError(f"{where}: unknown element '{shown(token, 20)}'")
 
 
 def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     """Parse XYZ text; errors name the file and line."""
-    lines = text.splitlines()
+    # only \n (and \r\n, \r) end a line, so line numbers are the ones an editor shows
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     if not lines or not lines[0].strip():
         raise InputError(f"{source}:1: expected the atom count on the first line, found "
                          f"{'an empty file' if not lines else 'an empty line'}")
-    try:
-        natm = int(lines[0].split()[0])
-    except ValueError:
+    count = lines[0].split()[0]
+    if not _COUNT_RE.fullmatch(count):
         raise InputError(f"{source}:1: expected the atom count on the first line, "
-                         f"found '{lines[0].strip()}'") from None
+                         f"found '{shown(lines[0])}'")
+    natm = int(count)
     if natm <= 0:
         raise InputError(f"{source}:1: atom count must be positive, found {natm}")
     comment = lines[1] if len(lines) > 1 else ""
@@ -71,20 +83,42 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
         where = f"{source}:{k}"
         parts = line.split()
         if len(parts) < 4:
-            raise InputError(f"{where}: expected 'symbol x y z', found '{line.strip()}'")
+            raise InputError(f"{where}: expected 'symbol x y z', found '{shown(line)}'")
+        if len(parts) > 4:
+            raise InputError(f"{where}: expected 'symbol x y z' (4 fields), found {len(parts)} "
+                             f"fields in '{shown(line)}'; remove the extra columns")
         symbols.append(_symbol(parts[0], where))
         try:
+            if any("_" in v for v in parts[1:]):      # float() would read '1_0' as 10
+                raise ValueError
             xyz = [float(v) for v in parts[1:4]]
         except ValueError:
-            raise InputError(f"{where}: coordinates must be numbers, found '{line.strip()}'") from None
+            raise InputError(f"{where}: coordinates must be numbers, found '{shown(line)}'") from None
         if not all(np.isfinite(xyz)):
-            raise InputError(f"{where}: coordinates must be finite, found '{line.strip()}'")
+            raise InputError(f"{where}: coordinates must be finite, found '{shown(line)}'")
+        if max(abs(v) for v in xyz) > MAX_COORD_ANGSTROM:
+            raise InputError(f"{where}: coordinates must be within ±{MAX_COORD_ANGSTROM:g} Å, "
+                             f"found '{shown(line)}'")
         coords.append(xyz)
-    m_c, m_m = _CHARGE_RE.search(comment), _MULT_RE.search(comment)
     return Geometry(symbols=tuple(symbols), coords_angstrom=np.array(coords, dtype=np.float64),
-                    charge=int(m_c.group(1)) if m_c else None,
-                    multiplicity=int(m_m.group(1)) if m_m else None,
+                    charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
+                    multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
                     comment=comment.strip(), source=source)
+
+
+def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
+    """The integer after ``what=`` on the comment line, None when absent; anything but an
+    integer (2.5, 2e0, +) is an error rather than a truncation."""
+    m = regex.search(comment)
+    if m is None:
+        return None
+    value = m.group(1)
+    if not _INT_RE.fullmatch(value):
+        raise InputError(f"{where}: {what} must be an integer, found '{shown(value, 30)}'")
+    n = int(value)
+    if what == "multiplicity" and n < 1:
+        raise InputError(f"{where}: multiplicity must be 1 or more (2S+1), found {n}")
+    return n
 
 
 def read_xyz(path) -> Geometry:
@@ -95,7 +129,9 @@ def read_xyz(path) -> Geometry:
     if p.is_dir():
         raise InputError(f"{path}: is a directory, expected an .xyz file")
     try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read the file ({e.__class__.__name__})") from None
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
     return parse_xyz(text, source=str(path))

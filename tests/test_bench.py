@@ -234,3 +234,53 @@ def test_report_says_measured_other_load(tiny_report):
     assert ("Other processes took" in text) == (m["other_cpu"] is not None)
     loaded = {**m, "other_cpu": {"other_cores": 1.3, "steal_cores": 0.0, "wall_s": 9.0}, "machine_loaded": True}
     assert "times are pessimistic" in report._load_text(loaded) and "1.30" in report._load_text(loaded)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("5-1", "reversed"), ("1-", "cannot read"), ("-3", "cannot read"), ("1-2-3", "cannot read"),
+    ("100-200", "no water cluster in 100-200"), ("1,,2", "cannot read"), ("7", "h2o_07"),
+])
+def test_waters_ranges_that_give_nothing_are_errors(text, message):
+    from dfmp2.errors import InputError
+    with pytest.raises(InputError, match=message):
+        waters.parse_waters(text)
+
+
+def test_waters_ranges_select_available_clusters():
+    have = waters.available_clusters()
+    assert waters.parse_waters("1-4") == [n for n in have if n <= 4]
+    assert waters.parse_waters("4,1, 2") == [1, 2, 4] and waters.parse_waters("none") == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--waters", "5-1"], "reversed"),
+    (["--min-time", "nan"], "--min-time must be a finite"),
+    (["--max-time", "inf"], "--max-time must be a finite"),
+    (["--single-above", "-1"], "--single-above"),
+    (["--threads", "0"], "'--threads'"),
+    (["--peak-n", "1000000"], "'--peak-n'"),
+])
+def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
+    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    r = CliRunner().invoke(main, ["bench", *args, "--out", str(tmp_path / "out")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content,message", [
+    ("not json at all", "cannot read it as JSON"),
+    ('{"references": {}}', "no \"schema\""),
+    ('[1, 2]', "no \"schema\""),
+    ('{"schema": "dfmp2-bench/1", "meta": {}}', "damaged dfmp2 bench report"),
+    ('{"schema": "dfmp2-bench/1", "meta": {"versions": {}, "machine": {}}, "ops": 3}', "damaged"),
+])
+def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message):
+    """One error line, exit 2, and no .md or .png written next to it (issue 18: JSONDecodeError)."""
+    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    r = CliRunner().invoke(main, ["bench", "--rerender", str(path)])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

@@ -56,6 +56,23 @@ BAD_XYZ = {
     "odd electrons": ("1\n\nH 0 0 0\n", ["1 electrons", "open-shell"]),
     "multiplicity 3 in comment": (WATER.format(comment="multiplicity=3"), ["multiplicity 3", "open-shell"]),
     "empty file": ("", [":1:"]),
+    # issue 18: nothing is guessed at or truncated
+    "extra column (atomic number)": ("1\n\nO 8 0.0 0.0 0.119\n", [":3:", "5 fields", "extra columns"]),
+    "extra column on line 5": (WATER.format(comment="") .replace("H 0.0 -0.757 0.587", "H 0.0 -0.757 0.587 0.1"),
+                               [":5:", "5 fields"]),
+    "non-integer charge": (WATER.format(comment="charge=2.5"), [":2:", "charge must be an integer", "'2.5'"]),
+    "non-integer multiplicity": (WATER.format(comment="charge=0 multiplicity=1.0"),
+                                 [":2:", "multiplicity must be an integer"]),
+    "multiplicity 0": (WATER.format(comment="multiplicity=0"), [":2:", "multiplicity must be 1 or more"]),
+    "nan coordinate": (WATER.format(comment="").replace("0.757", "nan", 1), [":4:", "finite"]),
+    "inf coordinate": (WATER.format(comment="").replace("0.587", "-inf", 1), [":4:", "finite"]),
+    "overflowing coordinate": (WATER.format(comment="").replace("0.587", "1e400", 1), [":4:", "finite"]),
+    "absurd coordinate": (WATER.format(comment="").replace("0.587", "1e200", 1), [":4:", "within"]),
+    "underscore in a number": (WATER.format(comment="").replace("0.757", "0_757", 1), [":4:", "numbers"]),
+    "huge atom count": ("123456789\n\nH 0 0 0\n", ["123456789 atoms", "found 1"]),
+    "atom count beyond reason": ("9" * 5000 + "\n\nH 0 0 0\n", [":1:", "atom count"]),
+    "binary junk": ("\x00\x01\x02\x7f\n\x00\n", [":1:", "atom count", "\\x00"]),
+    "superscript digit as element": ("1\n\n\u00b2 0 0 0\n", [":3:", "unknown element"]),
 }
 
 
@@ -66,6 +83,12 @@ def test_bad_xyz(tmp_path, case):
     res = run_cli(["run", write(tmp_path, text), "--json", str(out)])
     assert_one_line_error(res, *fragments)
     assert not out.exists()
+
+
+def test_non_utf8_file(tmp_path):
+    p = tmp_path / "mol.xyz"
+    p.write_bytes(b"1\n\xff\xfe comment\nH 0 0 0\n")
+    assert_one_line_error(run_cli(["run", str(p)]), "not a text file", "UTF-8")
 
 
 def test_missing_file(tmp_path):
@@ -114,6 +137,11 @@ def test_memory_limit_checked_before_scf(tmp_path, monkeypatch):
     (["--simulate"], "--simulate applies only to trn1/trn2"),
     (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
     (["--memory", "lots"], "--memory"),
+    (["--memory", "nan"], "--memory must be a finite size"),
+    (["--memory", "inf"], "--memory must be a finite size"),
+    (["--memory", "1e400"], "--memory must be a finite size"),
+    (["--memory", "infGB"], "--memory must be a finite size"),
+    (["--memory", "4_000"], "--memory: cannot read"),
 ])
 def test_device_and_option_errors(args, fragment, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # "no CUDA GPU" on any machine
@@ -124,8 +152,51 @@ def test_device_and_option_errors(args, fragment, monkeypatch):
 def test_parse_memory():
     assert parse_memory("4GB") == 4000 and parse_memory("512") == 512
     assert parse_memory("1GiB") == pytest.approx(1073.741824)
-    with pytest.raises(InputError):
-        parse_memory("-1GB")
+    for bad in ("-1GB", "nan", "-inf", "1e400", "1e400MB", "NaNGiB"):
+        with pytest.raises(InputError):
+            parse_memory(bad)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["run", "x.xyz", "--precision", "fp16"], "Invalid value for '--precision'"),
+    (["run"], "Missing argument 'XYZ_FILE'"),
+    (["run", "x.xyz", "--no-such-option"], "--no-such-option"),
+    (["run", "x.xyz", "--charge", "2.5"], "'--charge'"),
+    (["rn"], "No such command 'rn'"),
+    (["compare", "--synthetic", "2,3,4", "--seed", "-1"], "'--seed'"),
+    (["bench", "--threads", "0"], "'--threads'"),
+])
+def test_usage_errors_are_one_line(args, fragment):
+    """Click's usage block (Usage:, Try ..., Error:) becomes one error line naming the help."""
+    res = run_cli(args)
+    assert_one_line_error(res, fragment, "--help")
+    assert "Usage:" not in res.output
+
+
+def test_help_and_version_still_exit_0():
+    assert run_cli(["--version"]).exit_code == 0
+    res = run_cli(["run", "--help"])
+    assert res.exit_code == 0 and "Usage:" in res.output and "error" not in res.output
+
+
+def test_quiet_prints_only_the_energies_table(tmp_path):
+    loud = run_cli(["run", str(INPUTS / "water.xyz")])
+    quiet = run_cli(["run", str(INPUTS / "water.xyz"), "-q"])
+    assert loud.exit_code == quiet.exit_code == 0, (loud.output, quiet.output)
+    assert "problem and what ran" in loud.output and "problem and what ran" not in quiet.output
+    assert "E(MP2)" in quiet.output and "kernels" not in quiet.output
+    assert quiet.stderr == ""
+
+
+def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
+    """PySCF warns 'Basis may be available in basis-set-exchange ... pip install' whenever a basis
+    lacks an element (here cc-pVDZ for I, and the MP2-fit lookup); the user gets our error line
+    only, in a real process (where Python shows warnings on stderr)."""
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", write(tmp_path, "2\n\nI 0 0 0\nI 0 0 2.67\n")],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: basis 'cc-pvdz' is not defined for I; choose another with --basis"], p.stderr
 
 
 def test_real_process_error_has_no_traceback(tmp_path):

@@ -108,3 +108,53 @@ def test_compare_runs_flags_differences():
 
 def test_parse_synthetic_forms():
     assert parse_synthetic("8,60,150") == parse_synthetic("8x60x150") == (8, 60, 150)
+
+
+def test_default_devices_are_the_ones_present(tmp_path):
+    """No --devices: cpu plus what is present here; the output and the JSON say what was left out
+    and why, and a machine without a GPU is not an error (issue 18)."""
+    from dfmp2.compare import present_devices
+    present, absent = present_devices("fp64")
+    assert present[0] == "cpu" and ("cuda" in present) == torch.cuda.is_available()
+    assert "trn1" in absent and "trn2" in absent and "no fp64" not in absent.get("cuda", "")
+    res, doc = _invoke(["--synthetic", "3,10,12", "--json", str(tmp_path / "c.json")], tmp_path)
+    assert res.exit_code == 0, res.output
+    assert [d["device"] for d in doc["devices"]] == present
+    assert all(d["status"] == "ran" for d in doc["devices"]) and doc["summary"]["passed"]
+    assert doc["devices_requested"] == "present (default)" and doc["devices_not_present"] == absent
+    assert "(present here)" in res.output and "not present" in res.output and "trn1" in res.output
+    if not torch.cuda.is_available():
+        assert "cuda (no CUDA GPU" in res.output
+
+
+def test_explicit_devices_are_still_required(tmp_path):
+    res, doc = _invoke(["--synthetic", "3,10,12", "--devices", "cpu,trn1", "--json", str(tmp_path / "c.json")],
+                       tmp_path)
+    assert res.exit_code == 2 and doc["summary"]["not_run"] == ["trn1"]
+    assert doc["devices_requested"] == "cpu,trn1" and "present here" not in res.output
+
+
+def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
+    import linalg
+    from dfmp2.compare import synthetic_memory_mb
+
+    def no_alloc(*a, **k):
+        raise AssertionError("synthetic_problem must not run")
+    monkeypatch.setattr(linalg, "synthetic_problem", no_alloc)
+    res, _ = _invoke(["--synthetic", "100000,100000,100000", "--devices", "cpu"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert "needs about 8e+09 MB on host" in line and "MB is available" in line
+    need = synthetic_memory_mb(2, 10, 30, 8)
+    assert need["b"] == 2 * 10 * 30 * 8 / 1e6 and need["pair"] > need["b"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--synthetic", "2,3,4", "--devices", "cpu", "--tol", "inf"], "finite"),
+    (["--synthetic", "2,3,4", "--devices", "cpu", "--tol", "nan"], "finite"),
+    (["--synthetic", "2,3,4", "--devices", "cpu", "--seed", str(2**64)], "--seed"),
+])
+def test_bad_numbers_are_one_error_line(args, msg):
+    res, _ = _invoke(args)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], res.output

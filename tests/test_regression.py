@@ -165,3 +165,31 @@ def test_regress_list_patterns_stay_within_full_but_exact_names_reach_large():
     assert r.exit_code == 0 and "h2o_16|" in r.output and "h2o_24|" not in r.output
     r = CliRunner().invoke(regress_command, ["--list", "h2o_24"])
     assert r.exit_code == 0 and "h2o_24|" in r.output
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({"references": {"a": {"x": 1}}}, "entry \"a\" field 'key' must be str"),
+    ({"references": [1, 2]}, "non-empty object"),
+    ({"references": {}}, "non-empty object"),
+    ({"references": {"a": 5}}, "entry \"a\" is not an object"),
+    ([], "not a reference file"),
+    ("CHANGE_E_CORR", "field 'e_corr' must be float"),
+    ("CHANGE_NBASIS", "field 'nbasis' must be int"),
+])
+def test_references_of_the_wrong_shape_are_one_error_line(tmp_path, doc, message):
+    """Valid JSON that is not a reference file: one error line and exit 2 before any case runs
+    (issue 18: it was a KeyError)."""
+    if isinstance(doc, str):
+        data = json.loads(REFERENCES.read_text())
+        entry = data["references"][ONE]
+        if doc == "CHANGE_E_CORR":
+            entry["e_corr"] = "-0.2"
+        else:
+            entry["nbasis"] = True
+        doc = data
+    bad = tmp_path / "refs.json"
+    bad.write_text(json.dumps(doc))
+    r = CliRunner().invoke(regress_command, [ONE, "--references", str(bad)])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and lines == [ln for ln in lines if ln.startswith("error:")], r.output
+    assert len(lines) == 1 and message in lines[0], r.output

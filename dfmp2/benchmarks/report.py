@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .ops import BASELINE_LABELS
 
+SCHEMA = "dfmp2-bench/1"          # the "schema" tag of a report (run.run_bench writes it)
 HEADLINE_OPS = ("mp2_pair_energy", "gemm", "trsm")
 
 

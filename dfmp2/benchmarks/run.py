@@ -17,7 +17,7 @@ import torch
 
 from . import ops as ops_mod
 from . import shapes as shapes_mod
-from . import timing, trn_estimate, waters as waters_mod
+from . import report, timing, trn_estimate, waters as waters_mod
 
 TRN = ("trn1", "trn2")
 PEAK_N = {"cpu": 2048, "cuda": 8192}
@@ -308,7 +308,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
             "timer": {"warmup": opts.warmup, "min_repeats": opts.repeats, "min_time_s": opts.min_time,
                       "max_time_s": opts.max_time, "single_above_s": opts.single_above_s},
             "aux_block": shapes_mod.AUX_BLOCK, "occ_block": shapes_mod.OCC_BLOCK}
-    return {"schema": "dfmp2-bench/1", "meta": meta, "devices": devices,
+    return {"schema": report.SCHEMA, "meta": meta, "devices": devices,
             "shapes": [{"name": s.name, **s.dims()} for s in opts.shapes], "gemm_peak": state.peaks,
             "ops": op_rows, "trn_estimate": trn, "waters": wat}
 

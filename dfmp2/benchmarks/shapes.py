@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, shown
 from ..memory import OCC_BLOCK_MAX
 
 AUX_BLOCK = 256
@@ -62,10 +62,10 @@ def parse_shape(text: str) -> Shape:
     try:
         nocc, nvir, naux = (int(x) for x in t.replace("x", ",").split(","))
     except ValueError:
-        raise InputError(f"--shapes: '{text}' is neither a named shape ({', '.join(NAMED)}) "
+        raise InputError(f"--shapes: '{shown(text, 30)}' is neither a named shape ({', '.join(NAMED)}) "
                          "nor NOCC,NVIR,NAUX (e.g. 16,112,384)") from None
     if min(nocc, nvir, naux) < 1:
-        raise InputError(f"--shapes: sizes must be positive, got '{text}'")
+        raise InputError(f"--shapes: sizes must be positive, got '{shown(text, 30)}'")
     return Shape(f"{nocc},{nvir},{naux}", nocc + nvir, nocc, nvir, naux)
 
 

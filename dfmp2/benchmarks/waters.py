@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -46,27 +47,33 @@ def available_clusters() -> list[int]:
 
 
 def parse_waters(text: str) -> list[int]:
-    """'1-24' (every available size in the range), '1,2,4,8' or 'none'."""
-    from ..errors import InputError
+    """'1-24' (every available size in the range), '1,2,4,8' or 'none'. A reversed range (5-1),
+    a malformed one (1-, 1-2-3) and a range holding no available cluster are errors, not an
+    empty series."""
+    from ..errors import InputError, shown
     t = text.strip().lower()
     if t in ("", "none", "0"):
         return []
     have = available_clusters()
+    listed = f"available: {', '.join(map(str, have))}"
     out: list[int] = []
     for part in t.split(","):
         part = part.strip()
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-"))
-                out += [n for n in have if lo <= n <= hi]
-            else:
-                n = int(part)
-                if n not in have:
-                    raise InputError(f"--waters: no inputs/water_clusters/h2o_{n:02d}.xyz; "
-                                     f"available: {', '.join(map(str, have))}")
-                out.append(n)
-        except ValueError:
-            raise InputError(f"--waters: cannot read '{part}'; give e.g. 1-24 or 1,2,4,8") from None
+        if not re.fullmatch(r"[0-9]{1,6}(-[0-9]{1,6})?", part, re.ASCII):
+            raise InputError(f"--waters: cannot read '{shown(part, 30)}'; give e.g. 1-24 or 1,2,4,8")
+        if "-" in part:
+            lo, hi = (int(x) for x in part.split("-"))
+            if lo > hi:
+                raise InputError(f"--waters: range '{part}' is reversed; write {hi}-{lo}")
+            sizes = [n for n in have if lo <= n <= hi]
+            if not sizes:
+                raise InputError(f"--waters: no water cluster in {part}; {listed}")
+            out += sizes
+        else:
+            n = int(part)
+            if n not in have:
+                raise InputError(f"--waters: no inputs/water_clusters/h2o_{n:02d}.xyz; {listed}")
+            out.append(n)
     return sorted(set(out))
 
 
