@@ -8,6 +8,8 @@ and exit 2 before the SCF.
 """
 import json
 
+import dataclasses
+
 import pytest
 from click.testing import CliRunner
 from pyscf import df, gto
@@ -171,8 +173,13 @@ def test_impossible_electron_counts_refused_before_scf(tmp_path, no_scf, args, f
 
 
 def test_multiplicity_from_comment_line_checked(no_scf):
+    """The XYZ reader refuses multiplicity=0 on the comment line; a Geometry made by a program
+    (no reader involved) meets the same refusal in build_molecule."""
+    with pytest.raises(InputError, match="multiplicity must be 1 or more"):
+        geometry(WATER, comment="multiplicity=0")
+    geom = dataclasses.replace(geometry(WATER), multiplicity=0)
     with pytest.raises(InputError, match="multiplicity 0 is not valid"):
-        run_geometry(geometry(WATER, comment="multiplicity=0"), RunOptions())
+        run_geometry(geom, RunOptions())
 
 
 def test_largest_allowed_anion_and_cation_run():
