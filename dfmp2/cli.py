@@ -185,7 +185,7 @@ def _plan_table(plan):
 @click.argument("xyz_file", type=click.Path(dir_okay=False))
 @click.option("--basis", default="cc-pvdz", show_default=True, help="orbital basis set")
 @click.option("--auxbasis", default=None,
-              help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri]")
+              help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri; def2-tzvpp-ri (to Kr) or AutoAux for elements it lacks, stated in the output]")
 @click.option("--charge", type=int, default=None, help="molecular charge [default: XYZ comment, else 0]")
 @click.option("--multiplicity", type=int, default=None, help="spin multiplicity (only 1 is supported)")
 @click.option("--device", default="cpu", show_default=True, metavar="|".join(DEVICE_CHOICES),

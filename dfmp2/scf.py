@@ -61,6 +61,26 @@ def _check_basis(name: str, elements, kind: str, option: str) -> None:
                          f"choose another with {option}")
 
 
+def _refuse_ecp(name: str, elements) -> None:
+    """Raise InputError if basis ``name`` is meant to be used with an effective core potential
+    for any of ``elements`` (def2-* beyond Kr, *-pp, LANL2DZ): run all-electron without its ECP,
+    such a basis is short of core functions and the energies are meaningless. ECPs are not
+    supported yet."""
+    with_ecp = []
+    for el in sorted(set(elements)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if gto.basis.load_ecp(name, el):
+                    with_ecp.append(el)
+        except (BasisNotFoundError, KeyError, RuntimeError, OSError, ValueError):
+            pass
+    if with_ecp:
+        raise InputError(f"basis '{name}' uses an effective core potential for {', '.join(with_ecp)}, "
+                         "and ECPs are not supported yet; choose an all-electron basis (e.g. "
+                         "dyall-v2z or sto-3g for heavy elements)")
+
+
 def check_geometry(geom: Geometry) -> None:
     """Refuse atoms closer than MIN_ATOM_DISTANCE Å (coincident atoms make S and j2c singular)."""
     xyz = np.asarray(geom.coords_angstrom, dtype=np.float64).reshape(-1, 3)
@@ -123,6 +143,7 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
                          f"{capacity} that the atoms' occupied shells hold; check the charge (--charge)")
     if isinstance(basis, str):
         _check_basis(basis, geom.symbols, "basis", "--basis")
+        _refuse_ecp(basis, geom.symbols)
     mol = gto.Mole()
     mol.atom = [(s, tuple(c)) for s, c in zip(geom.symbols, geom.coords_angstrom)]
     mol.unit = "Angstrom"
