@@ -111,10 +111,10 @@ def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads
     return {"b": b / MB, "generate": (b + 6 * nvir * naux * 8) / MB, "pair": (b + ws) / MB}
 
 
-def check_synthetic_memory(text: str, nocc: int, nvir: int, naux: int, itemsize: int, devices) -> None:
+def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize: int, devices) -> None:
     """Refuse (InputError, before anything is allocated) a synthetic problem larger than the free
     memory: the host, where it is generated, and each device that will run it (cpu and trn run
-    on the host)."""
+    on the host). ``what``: the option and value, for the message (e.g. '--synthetic 8,40,120')."""
     import torch
     from .memory import DEFAULT_FRACTION, available_mb
     need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
@@ -122,7 +122,7 @@ def check_synthetic_memory(text: str, nocc: int, nvir: int, naux: int, itemsize:
         have = DEFAULT_FRACTION * available_mb(where if where.startswith("cuda") else "cpu")
         if mb > have:
             raise InputError(
-                f"--synthetic {text}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
+                f"{what}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
                 f"but {have:.3g} MB is available ({DEFAULT_FRACTION:.0%} of free memory); "
                 f"choose smaller sizes")
 
@@ -324,7 +324,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             from linalg import synthetic_problem
             nocc, nvir, naux = parse_synthetic(synthetic)
             dtype = torch.float64 if precision == "fp64" else torch.float32
-            check_synthetic_memory(synthetic, nocc, nvir, naux, dtype.itemsize,
+            check_synthetic_memory(f"--synthetic {synthetic}", nocc, nvir, naux, dtype.itemsize,
                                    [d for d, (be, _) in backends.items() if be is not None])
             problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")
             title = (f"synthetic nocc={nocc} nvir={nvir} naux={naux} seed={seed}, {precision}, "

@@ -259,6 +259,7 @@ def test_waters_ranges_select_available_clusters():
     (["--single-above", "-1"], "--single-above"),
     (["--threads", "0"], "'--threads'"),
     (["--peak-n", "1000000"], "'--peak-n'"),
+    (["--shapes", "100000,100000,100000"], "needs about"),     # B alone 8e15 bytes: refused, not allocated
 ])
 def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
     main = __import__("dfmp2.cli", fromlist=["main"]).main
