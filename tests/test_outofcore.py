@@ -60,14 +60,13 @@ def memory_store(B, occ_block):
 
 
 # ------------------------------------------------------------------ layout and stores
-def test_blocks_tile_the_flat_layout_and_pair_order_matches_cuda_helper():
-    from linalg.cuda import pair_block_order
+def test_blocks_tile_the_flat_layout_and_pair_order_is_by_row_diagonal_first():
     b = OccBlocks(nocc=11, nvir=3, naux=5, occ_block=4)
     assert b.count == 3 and b.orbitals(2) == (8, 11) and b.shape(2) == (5, 9)
     spans = [b.span(k) for k in range(b.count)]
     assert spans[0][0] == 0 and spans[-1][1] == b.size == 5 * 11 * 3
     assert all(spans[k][1] == spans[k + 1][0] for k in range(b.count - 1))
-    assert [(4 * i, 4 * j) for i, j in b.pairs()] == pair_block_order(11, 4)
+    assert b.pairs() == [(0, 0), (1, 1), (1, 0), (2, 2), (2, 0), (2, 1)]
 
 
 @pytest.mark.parametrize("occ_block", [1, 3, 7])
