@@ -1,6 +1,6 @@
 """The ``dfmp2 bench`` driver: devices, GEMM peaks, per-shape ops, Trainium estimates, water series.
 
-Rules it keeps (DESIGN.md, "Benchmarks" and "Devices"):
+Rules it keeps (ARCHITECTURE.md, "Rules the code keeps"):
 - every measured row names the device, engine and kernels that ran it;
 - a device that cannot run is reported as 'not run' with the reason and has no times;
 - Trainium rows are estimates in their own section, never measured columns, and a CPU run of
