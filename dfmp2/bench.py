@@ -171,9 +171,10 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
         prec = _split(precisions, "precisions", ("fp64", "fp32"))
         devs = _split(devices, "devices")
         for d in devs:
-            base = d.split(":", 1)[0]
-            if base not in linalg.DEVICE_NAMES or (":" in d and base != "cuda"):
-                raise InputError(f"--devices: unknown device '{d}'; use cpu, cuda, cuda:N, trn1 or trn2")
+            try:
+                linalg.device_capabilities(d)
+            except ValueError:
+                raise InputError(f"--devices: unknown device '{d}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
         opts = BenchOptions(
             shapes=shapes_mod.parse_shapes(shapes), devices=devs, precisions=prec,
             ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),

@@ -17,7 +17,7 @@ from rich.markup import escape
 from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE, PAIR_KERNELS
 
-from .errors import InputError
+from .errors import InputError, error_line
 from .outputs import check_output_file
 
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
@@ -32,7 +32,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (InputError, DeviceUnavailableError, KernelError) as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {error_line(e)}", err=True)
             sys.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:
             click.echo("error: interrupted", err=True)

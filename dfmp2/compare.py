@@ -25,13 +25,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
+import linalg
 from linalg.cuda import AUTO_RULE, PAIR_KERNELS
 
-from .errors import InputError
+from .errors import InputError, error_line
 
 TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
 ENERGY_KEYS = ("e_os", "e_ss", "e_corr")
@@ -66,39 +66,9 @@ def parse_devices(text: str) -> list[str]:
 
 
 def present_devices(precision: str) -> tuple[list[str], dict]:
-    """What ``--devices`` defaults to: the devices present here that can run ``precision``, and
-    {device: why not} for the others. Decided as ``linalg.get_backend`` decides (torch sees a CUDA
-    GPU; AWS's nki package imports and a /dev/neuron* device exists), which ``check_device``
-    then confirms. Trainium hardware is added only when the instance type (DMI product name)
-    says which generation it is; it is never simulated by default."""
-    import torch
-    from kernels.nki import engines
-    present, absent = ["cpu"], {}
-    if torch.cuda.is_available():
-        present.append("cuda")
-    else:
-        absent["cuda"] = "no CUDA GPU visible to torch"
-    nki, why = engines.real_nki()
-    if nki is None:
-        trn_why = "no AWS Neuron SDK"
-    elif not engines.neuron_devices():
-        trn_why = "no /dev/neuron* device"
-    elif precision == "fp64":
-        trn_why = "Trainium has no fp64 (use --precision fp32)"
-    else:
-        try:
-            product = Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip().lower()
-        except OSError:
-            product = ""
-        gen = next((t for t in engines.TARGETS if product.startswith(t)), None)
-        if gen:
-            present.append(gen)
-        trn_why = (f"this is a {gen} instance" if gen else
-                   "a Neuron device of unknown generation (name trn1 or trn2 with --devices)")
-    for t in engines.TARGETS:
-        if t not in present:
-            absent[t] = trn_why
-    return present, absent
+    """What ``--devices`` defaults to: ``linalg.present_devices`` (the devices present here that
+    can run ``precision``, and {device: why not} for the others), which ``check_device`` confirms."""
+    return linalg.present_devices(precision)
 
 
 def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:
@@ -119,7 +89,7 @@ def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize:
     from .memory import DEFAULT_FRACTION, available_mb
     need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
     for where, mb in [("host", need["generate"])] + [(d, need["pair"]) for d in devices]:
-        have = DEFAULT_FRACTION * available_mb(where if where.startswith("cuda") else "cpu")
+        have = DEFAULT_FRACTION * available_mb(where if where != "host" else "cpu")
         if mb > have:
             raise InputError(
                 f"{what}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
@@ -143,20 +113,28 @@ def _hex(energies: dict) -> dict:
 
 def _pair_kernel(device: str, pair_kernel: str) -> str:
     """--pair-kernel applies to the cuda devices of the list; the others keep their one path."""
-    return pair_kernel if device.startswith("cuda") else "auto"
+    return pair_kernel if pair_kernel in _caps(device).pair_kernels else "auto"
+
+
+def _caps(device: str):
+    """linalg's capabilities of a device name; an unknown name is the user's mistake."""
+    try:
+        return linalg.device_capabilities(device)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto"):
     """The backend for ``device``, or the one-line reason it cannot run (never raises for that)."""
-    import linalg
     from linalg import DeviceUnavailableError
-    if precision == "fp64" and device.startswith("trn"):
-        return None, f"{device} has no fp64 arithmetic; use --precision fp32"
     try:
-        return linalg.get_backend(device, simulate=simulate and device.startswith("trn"),
+        caps = linalg.device_capabilities(device)
+        if caps.precision_problem(precision):
+            return None, f"{device}: {caps.precision_problem(precision)}; use --precision fp32"
+        return linalg.get_backend(device, simulate=simulate and caps.simulable,
                                   pair_kernel=_pair_kernel(device, pair_kernel)), ""
     except DeviceUnavailableError as e:
-        return None, str(e)
+        return None, error_line(e)
     except ValueError as e:          # unknown device name: a user mistake, not a device state
         raise InputError(str(e)) from None
 
@@ -166,7 +144,8 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
     from dataclasses import replace
     from .pipeline import run_geometry
     out = DeviceRun(device)
-    opts = replace(options, device=device, simulate=options.simulate and device.startswith("trn"),
+    opts = replace(options, device=device,
+                   simulate=options.simulate and _caps(device).simulable,
                    pair_kernel=_pair_kernel(device, options.pair_kernel))
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -310,7 +289,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
         tol = TOLERANCES[precision] if tolerance is None else tolerance
         if not 0 < tol < math.inf:
             raise InputError(f"--tol must be a positive finite number, got {tolerance}")
-        if pair_kernel != "auto" and not any(d.startswith("cuda") for d in names):
+        if pair_kernel != "auto" and not any(len(_caps(d).pair_kernels) > 1 for d in names):
             raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and the devices "
                              f"({', '.join(names)}) include none; leave it at auto")
         if json_path:               # before any work: a JSON that cannot be written fails now
@@ -358,7 +337,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
                                    "summary": summary, "devices": [asdict(r) for r in runs],
                                    "versions": software_versions(), "units": {"energies": "hartree"}})
     except (InputError, DeviceUnavailableError, KernelError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {error_line(e)}", err=True)
         sys.exit(EXIT_NOT_RUN)
     except KeyboardInterrupt:
         click.echo("error: interrupted", err=True)

@@ -16,6 +16,19 @@ class MemoryLimitError(InputError):
     """The run's memory estimate exceeds the limit; raised before the heavy work."""
 
 
+# What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
+OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)"}
+
+
+def error_line(e: Exception) -> str:
+    """The one line the CLI prints for an expected error: the library's message (what is wrong)
+    followed by the options that would help."""
+    if isinstance(e, MemoryLimitError):
+        return f"{e} (the limit is set with --memory)"
+    hints = [OPTION_HINTS[a] for a in getattr(e, "alternatives", ()) if a in OPTION_HINTS]
+    return f"{e}; or use {' or '.join(hints)}" if hints else str(e)
+
+
 def shown(text: str, limit: int = 60) -> str:
     """User text as quoted in an error line: stripped, control characters (newlines included)
     escaped so the message stays one line, and shortened to ``limit`` characters."""

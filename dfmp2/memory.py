@@ -30,7 +30,8 @@ STAGES = ("metric", "transform", "fit", "pair")
 
 def available_mb(device: str) -> float:
     """Available memory on the device the big arrays live on (host for cpu and trn)."""
-    if device.startswith("cuda"):
+    import linalg
+    if not linalg.device_capabilities(device).host_memory:
         import torch
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free / MB
@@ -178,13 +179,13 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
                               min_mb=_min_mb(shapes, aux_min, occ0 if fixed_occ else 1, storage),
                               storage=storage, shapes=shapes)
     need = _min_mb(shapes, aux_min, occ0 if fixed_occ else 1, storage)
-    where = {"memory": "with B in memory (--storage memory)",
+    where = {"memory": "with B in memory (storage 'memory')",
              "disk": "with B on disk", "auto": "with B on disk"}[storage]
     blocks = f"occupied block {occ0} (from the checkpoint)" if fixed_occ else "occupied block 1"
     raise MemoryLimitError(
         f"this run needs at least {need:.3g} MB ({where}, auxiliary block {aux_min}, {blocks}) "
         f"but the memory limit is {limit:.3g} MB (nocc {nocc}, nvir {nvir}, naux {naux}); "
-        f"raise --memory or use a smaller basis")
+        f"raise the memory limit or use a smaller basis")
 
 
 def _min_mb(shapes, aux_min, occ_min, storage) -> float:

@@ -27,10 +27,6 @@ measured here, a pure-Python loop in the main thread kept running during 400 MB 
 thread with at most ~10 ms stalls (the interpreter's switch interval), not the ~50 ms of a read.
 h5py serialises HDF5 calls with its own lock, so the reader and writer threads take turns in
 the library but the main thread's torch work runs meanwhile.
-
-The same idea for a GPU-only pipeline is linalg/cuda.py's ``fit_streamed`` (host-resident (P|ia))
-and ``stream_pair_blocks``; ``pair_order`` here is the same block order as its
-``pair_block_order``.
 """
 from __future__ import annotations
 
@@ -93,7 +89,7 @@ class OccBlocks:
 
     def pairs(self) -> list[tuple[int, int]]:
         """Block pairs (I, J), J <= I, row by row with the diagonal first (so block I, read
-        first, serves as Bi for its whole row); the same order as linalg.cuda.pair_block_order."""
+        first, serves as Bi for its whole row)."""
         return [(i, j) for i in range(self.count) for j in [i] + list(range(i))]
 
 

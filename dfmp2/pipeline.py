@@ -53,11 +53,15 @@ class RunOptions:
     pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
 
     def resolved_precision(self) -> str:
-        p = self.precision or ("fp32" if self.device.startswith("trn") else "fp64")
+        try:
+            caps = linalg.device_capabilities(self.device)
+        except ValueError as e:        # an unknown device name
+            raise InputError(str(e)) from None
+        p = self.precision or caps.default_precision
         if p not in PRECISIONS:
             raise InputError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}")
-        if p == "fp64" and self.device.startswith("trn"):
-            raise InputError(f"{self.device} has no fp64 arithmetic; use --precision fp32 "
+        if caps.precision_problem(p):
+            raise InputError(f"{self.device}: {caps.precision_problem(p)}; use --precision fp32 "
                              "(energies are still accumulated in fp64)")
         return p
 
@@ -191,7 +195,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         raise InputError(f"unknown SCF mode '{options.scf_mode}'; use one of {', '.join(scf.SCF_MODES)}")
     if options.storage not in STORAGE_CHOICES:
         raise InputError(f"unknown storage '{options.storage}'; use one of {', '.join(STORAGE_CHOICES)}")
-    if options.simulate and not options.device.startswith("trn"):
+    if options.simulate and not linalg.device_capabilities(options.device).simulable:
         raise InputError(f"--simulate applies only to trn1/trn2, not to device '{options.device}'")
     if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
         raise InputError("--checkpoint and --resume name different files; --resume PATH goes on "
@@ -200,10 +204,10 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         outputs.check_output_dir(options.scratch_dir, "--scratch")
     try:
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
-    except ValueError as e:        # an unknown device name, a misplaced --simulate or --pair-kernel
+    except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e)) from None
     dtype = DTYPES[precision]
-    fit_dtype = torch.float32 if backend.name.startswith("trn") else torch.float64
+    fit_dtype = backend.fit_dtype(precision)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
@@ -373,7 +377,7 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     # fp32 rounding of (P|ia) is amplified by L^-1 (the metric's condition number): measured on
     # (H2O)4 it costs 2e-7 Eh against 1e-8 Eh with an fp64 fit. The transforms and the fit are
     # O(N^4) next to the O(N^5) pair step, so they stay fp64 wherever the device has fp64.
-    fit_dtype = torch.float32 if backend.name.startswith("trn") else torch.float64
+    fit_dtype = backend.fit_dtype(precision)
     b_dtype = DTYPES[precision]
     blocks = outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
     pairs = blocks.pairs()
@@ -391,7 +395,7 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
                     disk.verify()           # all of B once, so any damaged block is refused
                     B = disk
                 else:
-                    B = outofcore.InMemoryB(blocks, b_dtype, _device_of(backend), allocate=False)
+                    B = outofcore.InMemoryB(blocks, b_dtype, backend.device, allocate=False)
                     with closing(disk.iter_blocks(range(blocks.count), backend)) as it:
                         for k, blk in it:
                             B.set_block(k, blk.contiguous())
@@ -437,16 +441,12 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     ran = backend.describe()
     ran["precision"] = precision
     # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
-    ran["simulated"] = backend.name.startswith("trn") and backend.engine != "neuron-hardware"
+    ran["simulated"] = backend.caps.simulable and backend.engine != "neuron-hardware"
     ran["stage_precision"] = {"transform_fit": str(fit_dtype).replace("torch.float", "fp"),
                               "pair": precision, "energy_sums": "fp64"}
     ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"
     ran["storage"] = storage
     return e_os, e_ss, ran
-
-
-def _device_of(backend) -> torch.device:
-    return getattr(backend, "device", torch.device("cpu"))
 
 
 def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:

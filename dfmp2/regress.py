@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from .errors import InputError
+from .errors import InputError, error_line
 
 REFERENCES = Path(__file__).resolve().parent.parent / "inputs" / "references.json"
 TOLERANCES = {"fp64": 1e-9, "fp32": 1e-6}     # Hartree, on E_corr and E_HF
@@ -279,9 +279,8 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
     if not console.is_terminal:          # piped or captured: don't squeeze the table to 80 columns
         console = Console(width=160)
     try:
-        precision = precision or ("fp32" if device.startswith("trn") else "fp64")
-        if precision == "fp64" and device.startswith("trn"):
-            raise InputError(f"{device} has no fp64 arithmetic; use --precision fp32")
+        from .pipeline import RunOptions
+        precision = RunOptions(device=device, precision=precision).resolved_precision()
         tol = TOLERANCES[precision] if tolerance is None else tolerance
         if not 0 < tol < float("inf"):
             raise InputError(f"--tol must be a positive finite number, got {tolerance}")
@@ -325,7 +324,7 @@ def regress_command(names, device, simulate, precision, subset, tolerance, ref_p
                                             "subset": subset, "names": list(names)})
             err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
     except (InputError, DeviceUnavailableError, KernelError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {error_line(e)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("error: interrupted", err=True)

@@ -1,11 +1,13 @@
 """dfmp2's linear-algebra layer: device-neutral ops over torch tensors, one backend per device."""
-from .backend import Backend, TorchBackend, get_backend, backend_for, DEVICE_NAMES, DTYPES
+from .backend import (Backend, Capabilities, TorchBackend, get_backend, backend_for, device_capabilities,
+                      present_devices, DEVICE_NAMES, DTYPES)
 from .errors import DeviceUnavailableError, ConvergenceError, KernelError, NotPositiveDefiniteError
 from .ops import gemm, syrk, trsm, cholesky, inv_sqrt_spd, mp2_pair_energy
 from . import philox
 from .synthetic import random_matrix, random_spd, synthetic_problem, SyntheticProblem
 
-__all__ = ["Backend", "TorchBackend", "get_backend", "backend_for", "DEVICE_NAMES", "DTYPES",
+__all__ = ["Backend", "Capabilities", "TorchBackend", "get_backend", "backend_for", "device_capabilities",
+           "present_devices", "DEVICE_NAMES", "DTYPES",
            "DeviceUnavailableError", "ConvergenceError", "KernelError", "NotPositiveDefiniteError",
            "gemm", "syrk", "trsm", "cholesky", "inv_sqrt_spd", "mp2_pair_energy",
            "philox", "random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"]

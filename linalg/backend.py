@@ -4,7 +4,10 @@ A backend owns the device placement (``to_device``), synchronisation, and a reco
 what actually ran (``kernels_used``), so results and benchmarks can state it. There is
 no module-global backend and nothing is read from the environment at import time.
 
-Device names: ``cpu``, ``cuda``, ``cuda:N``, ``trn1``, ``trn2``.
+Device names: ``cpu``, ``cuda``, ``cuda:N``, ``trn1``, ``trn2``. What a device can do (fp64, the fit
+dtype, the default precision, simulation, pair-step paths) is its ``Capabilities``
+(``device_capabilities(name)``, also ``backend.caps``): code outside linalg asks them and never
+compares device names. Errors say what is wrong; the CLI adds its options (``alternatives``).
 """
 from __future__ import annotations
 
@@ -18,6 +21,62 @@ from .newton_schulz import newton_schulz_inv_sqrt
 
 DEVICE_NAMES = ("cpu", "cuda", "trn1", "trn2")
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+OPS = ("gemm", "syrk", "trsm", "cholesky", "inv_sqrt_spd", "mp2_pair_energy")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can do, known from its name alone (no hardware is probed). Stages ask this,
+    never the device's name; a new device is one more entry in ``device_capabilities``."""
+
+    has_fp64: bool               # fp64 arithmetic on the device
+    simulable: bool              # its kernels can also run on this CPU (get_backend(simulate=True))
+    pair_kernels: tuple          # MP2 pair-step paths one may ask for; ('auto',) when it has one
+    host_memory: bool            # its arrays live in host memory (cpu, and trn through the host)
+    torch_device: bool           # torch itself computes on it (a torch.matmul peak means something)
+
+    @property
+    def is_host(self) -> bool:
+        """The host CPU itself: host libraries (scipy, PySCF) time this same device."""
+        return self.host_memory and self.torch_device
+
+    @property
+    def default_precision(self) -> str:
+        """The pair-step precision when none is asked for."""
+        return "fp64" if self.has_fp64 else "fp32"
+
+    def fit_dtype(self, precision: str) -> torch.dtype:
+        """dtype of the transforms and the fit: fp64 wherever the device has it, whatever the pair
+        step's ``precision`` (fp32 rounding of (P|ia) is amplified by the metric's condition number)."""
+        return torch.float64 if self.has_fp64 else torch.float32
+
+    def precision_problem(self, precision: str) -> str | None:
+        """Why this device cannot run the pair step in ``precision``, or None when it can."""
+        return None if precision != "fp64" or self.has_fp64 else "it has no fp64 arithmetic"
+
+    def supports(self, op: str) -> bool:
+        """Whether the backend implements ``op`` (one of OPS); every device implements them all."""
+        return op in OPS
+
+
+def device_capabilities(name: str) -> Capabilities:
+    """Capabilities of a device name (cpu, cuda, cuda:N, trn1, trn2); ValueError for another name."""
+    if not isinstance(name, str):
+        raise ValueError(f"device name must be a string, got {name!r}")
+    if name == "cpu":
+        return Capabilities(True, False, ("auto",), True, True)
+    if name.split(":", 1)[0] == "cuda":
+        try:
+            torch.device(name)
+        except RuntimeError:
+            raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
+        from .cuda import PAIR_KERNELS            # plain constants; Triton is imported only when needed
+        return Capabilities(True, False, PAIR_KERNELS, False, True)
+    if name in ("trn1", "trn2"):
+        return Capabilities(False, True, ("auto",), True, False)
+    raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2")
+
+
 
 
 @dataclass
@@ -27,6 +86,24 @@ class Backend:
     name: str
     engine: str
     kernels_used: dict = field(default_factory=dict)
+
+    @property
+    def caps(self) -> Capabilities:
+        return device_capabilities(self.name)
+
+    @property
+    def has_fp64(self) -> bool:
+        return self.caps.has_fp64
+
+    @property
+    def default_precision(self) -> str:
+        return self.caps.default_precision
+
+    def fit_dtype(self, precision: str) -> torch.dtype:
+        return self.caps.fit_dtype(precision)
+
+    def supports(self, op: str) -> bool:
+        return self.caps.supports(op)
 
     def record(self, op: str, kernel: str) -> None:
         """Note that ``op`` ran through ``kernel`` (counts calls)."""
@@ -114,7 +191,7 @@ def _check_cuda(name: str) -> None:
         raise DeviceUnavailableError(
             f"device '{name}' requested but no CUDA GPU is usable here "
             f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}); "
-            "install a CUDA build of PyTorch on a machine with an NVIDIA GPU, or use --device cpu")
+            "install a CUDA build of PyTorch on a machine with an NVIDIA GPU", alternatives=("cpu",))
     idx = torch.device(name).index
     if idx is not None and idx >= torch.cuda.device_count():
         raise DeviceUnavailableError(
@@ -129,31 +206,59 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto")
     ``pair_kernel`` (cuda only): the MP2 pair-step path, 'auto', 'fused' or 'gemm+epilogue'
     (linalg.cuda); any other device has one path, so a choice other than 'auto' is an error there.
     """
-    if not isinstance(name, str):
-        raise ValueError(f"device name must be a string, got {name!r}")
-    base = name.split(":", 1)[0]
+    caps = device_capabilities(name)
     from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
     if pair_kernel not in PAIR_KERNELS:
         raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(PAIR_KERNELS)}")
-    if pair_kernel != "auto" and base != "cuda":
-        raise ValueError(f"--pair-kernel {pair_kernel} applies only to cuda devices, not to '{name}' "
+    if pair_kernel not in caps.pair_kernels:
+        raise ValueError(f"pair kernel '{pair_kernel}' applies only to cuda devices, not to '{name}' "
                          "(its pair step has one path); leave it at auto")
-    if base == "cpu" and name == "cpu":
+    if simulate and not caps.simulable:
+        raise ValueError(f"simulation applies only to trn1/trn2, not to device '{name}'")
+    if name == "cpu":
         return TorchBackend("cpu")
-    if base == "cuda":
-        try:
-            torch.device(name)
-        except RuntimeError:
-            raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
+    if name.split(":", 1)[0] == "cuda":
         _check_cuda(name)
         from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel
         return make_cuda_backend(name, pair_kernel=pair_kernel)
-    if name in ("trn1", "trn2"):
-        from .neuron import make_neuron_backend
-        return make_neuron_backend(name, simulate=simulate)
-    if simulate:
-        raise ValueError("--simulate applies only to trn1/trn2")
-    raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2")
+    from .neuron import make_neuron_backend
+    return make_neuron_backend(name, simulate=simulate)
+
+
+def present_devices(precision: str) -> tuple[list[str], dict]:
+    """The devices present here that can run ``precision``, and {device: why not} for the others.
+    Decided as ``get_backend`` decides (torch sees a CUDA GPU; AWS's nki package imports and a
+    /dev/neuron* device exists). Trainium hardware is listed only when the instance type (DMI
+    product name) says which generation it is; it is never simulated."""
+    from kernels.nki import engines
+    present, absent = ["cpu"], {}
+    if torch.cuda.is_available():
+        present.append("cuda")
+    else:
+        absent["cuda"] = "no CUDA GPU visible to torch"
+    nki, why = engines.real_nki()
+    trn_problem = device_capabilities(engines.TARGETS[0]).precision_problem(precision)
+    if nki is None:
+        trn_why = "no AWS Neuron SDK"
+    elif not engines.neuron_devices():
+        trn_why = "no /dev/neuron* device"
+    elif trn_problem:
+        trn_why = f"Trainium: {trn_problem}"
+    else:
+        try:
+            with open("/sys/devices/virtual/dmi/id/product_name") as f:
+                product = f.read().strip().lower()
+        except OSError:
+            product = ""
+        gen = next((t for t in engines.TARGETS if product.startswith(t)), None)
+        if gen:
+            present.append(gen)
+        trn_why = (f"this is a {gen} instance" if gen else
+                   "a Neuron device of unknown generation (name trn1 or trn2 explicitly)")
+    for t in engines.TARGETS:
+        if t not in present:
+            absent[t] = trn_why
+    return present, absent
 
 
 def backend_for(t: torch.Tensor) -> Backend:

@@ -16,11 +16,6 @@ holds those numbers. pair_kernel="fused" or "gemm+epilogue" (dfmp2 run/compare -
 the user's choice for both precisions. A kernel that fails to compile or launch raises KernelError
 (one line: kernel, GPU or interpreter, Triton version); nothing falls back to another kernel.
 
-Helpers for a GPU-resident pipeline (used by scripts/bench_cuda.py; see the module's functions):
-``pinned_empty`` for host buffers that libcint can fill and that transfer asynchronously,
-``b_fits_on_device`` to decide whether B stays on the GPU; when it does not, ``fit_streamed`` fits
-(P|ia) held in host memory one occupied block of columns at a time, and ``stream_pair_blocks``
-streams the resulting B by occupied block to the pair kernel.
 """
 from __future__ import annotations
 
@@ -43,7 +38,6 @@ PAIR_PATH_MEASUREMENTS = {
              "fp32": {"gemm+epilogue": 0.669, "fused": 0.793}},
 }
 PIN_MIN_BYTES = 1 << 20      # smaller transfers go through torch's plain .to()
-B_DEVICE_FRACTION = 0.6      # B stays resident if it needs at most this share of free GPU memory
 
 
 def auto_pair_path(prec: str, capability: tuple[int, int] | None) -> tuple[str, str]:
@@ -175,13 +169,6 @@ class CudaBackend(TorchBackend):
         self.transfers["pinned_bytes"] += nbytes
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
-    def to_host(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Device tensor -> host tensor (into ``out``, pinned, when given; synchronises)."""
-        if out is None:
-            return t.cpu()
-        out.copy_(t)
-        return out
-
     # ---- the pair step ----
     def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
         """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision.
@@ -256,102 +243,3 @@ def make_cuda_backend(name: str = "cuda", **kwargs) -> CudaBackend:
             f"device '{name}' needs Triton for its pair-energy kernel; install it with "
             "pip install 'dfmp2[cuda]' (CUDA builds of PyTorch on Linux normally include it)") from None
     return CudaBackend(name, **kwargs)
-
-
-# ---- helpers for a GPU-resident pipeline ----
-def pinned_empty(shape, dtype=torch.float64) -> torch.Tensor:
-    """A page-locked host tensor (e.g. the target of one libcint aux-shell block), so that
-    CudaBackend.to_device can copy it asynchronously without a staging memcpy."""
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
-
-
-def b_fits_on_device(nbytes: int, device, fraction: float = B_DEVICE_FRACTION) -> bool:
-    """True when B (nbytes) fits in ``fraction`` of the GPU's free memory (the rest is left for the
-    transform temporaries and the pair step's workspace)."""
-    free, _ = torch.cuda.mem_get_info(torch.device(device))
-    return nbytes <= fraction * free
-
-
-def pair_block_order(nocc: int, occ_block: int) -> list[tuple[int, int]]:
-    """Block pairs (I, J), J <= I, row by row with the diagonal block first: the row's first
-    upload is block I itself, which then serves as Bi for the rest of the row."""
-    starts = list(range(0, nocc, occ_block))
-    return [(I, J) for I in starts for J in [I] + [s for s in starts if s < I]]
-
-
-def stream_pair_blocks(Bt_host: torch.Tensor, nocc: int, nvir: int, occ_block: int, backend):
-    """Yield (I, J, Bi, Bj) for occupied blocks I >= J with B streamed from host memory.
-
-    Bt_host: (naux, nocc*nvir) host tensor, Bt[P, i*nvir + a] = B_ia^P (the pipeline's layout).
-    Bi, Bj: (n, nvir, naux) device views of (naux, n*nvir) blocks, the layout the pair kernel reads.
-    Order: pair_block_order. Each block is uploaded through one of three pinned staging buffers on
-    a side stream; the upload of the next block is issued before the current one is yielded, so
-    the DMA overlaps the caller's pair kernel. At most three blocks (naux * occ_block * nvir
-    elements each) are on the device at once; nblocks (nblocks + 1) / 2 uploads in all.
-    On a non-CUDA backend the blocks are plain copies (so the order and views can be tested on CPU).
-    """
-    naux = Bt_host.shape[0]
-    order = pair_block_order(nocc, occ_block)
-    dev = backend.device
-    cuda = dev.type == "cuda"
-    copy_stream = torch.cuda.Stream(dev) if cuda else None
-    slots = [_Staging() for _ in range(3)]
-    counter = [0]
-
-    def upload(s):
-        n = min(occ_block, nocc - s)
-        host = Bt_host[:, s * nvir:(s + n) * nvir]
-        if not cuda:
-            return host.to(dev).reshape(naux, n, nvir).permute(1, 2, 0), None
-        slot = slots[counter[0] % 3]
-        counter[0] += 1
-        slot.ready()
-        src = slot.view(host.numel(), host.dtype).view(host.shape)
-        src.copy_(host)                                   # strided host slice -> pinned, contiguous
-        with torch.cuda.stream(copy_stream):
-            d = torch.empty((naux, n * nvir), dtype=host.dtype, device=dev)
-            d.copy_(src, non_blocking=True)
-            slot.event = torch.cuda.Event()
-            slot.event.record(copy_stream)
-        d.record_stream(torch.cuda.current_stream(dev))
-        return d.view(naux, n, nvir).permute(1, 2, 0), slot.event
-
-    def wait(event):
-        if event is not None:
-            torch.cuda.current_stream(dev).wait_event(event)
-
-    Bi = None
-    pending = upload(order[0][1]) if order else None
-    for k, (I, J) in enumerate(order):
-        Bj, event = pending
-        wait(event)
-        if I == J:
-            Bi = Bj                                        # the row's first block is block I
-        pending = upload(order[k + 1][1]) if k + 1 < len(order) else None
-        yield I, J, Bi, Bj
-
-
-def fit_streamed(M: torch.Tensor, Pia_host: torch.Tensor, nvir: int, occ_block: int, backend, *,
-                 kind: str = "cholesky", out: torch.Tensor | None = None) -> torch.Tensor:
-    """The fit B = L^-1 (P|ia) (kind 'cholesky', M = L lower (naux, naux)) or B = M^T (P|ia) (kind
-    'eigh', M (naux, naux')) when (P|ia) and B stay in host memory: both are column-separable, so
-    each occupied block's columns (naux, occ_block*nvir) are uploaded, solved on the device and
-    copied back. M: on the device, in the working dtype. Pia_host: (naux, nocc*nvir) host tensor.
-    out: host (naux', nocc*nvir) tensor to write into (allocated, pinned on CUDA, if None).
-    Returns Bt on the host, ready for stream_pair_blocks."""
-    import linalg
-    naux, ncol = Pia_host.shape
-    nout = M.shape[0] if kind == "cholesky" else M.shape[1]
-    cuda = backend.device.type == "cuda"
-    if out is None:
-        out = torch.empty((nout, ncol), dtype=M.dtype, pin_memory=cuda)
-    width = occ_block * nvir
-    for c0 in range(0, ncol, width):
-        c1 = min(ncol, c0 + width)
-        cols = backend.to_device(Pia_host[:, c0:c1].contiguous(), M.dtype)
-        if kind == "cholesky":
-            blk = linalg.trsm(M, cols, side="left", uplo="lower", backend=backend)
-        else:
-            blk = linalg.gemm(M, cols, trans_a=True, backend=backend)
-        out[:, c0:c1].copy_(blk)            # device -> host (synchronises)
-    return out

@@ -3,7 +3,13 @@ import torch
 
 
 class DeviceUnavailableError(RuntimeError):
-    """The requested device cannot run here. Raised before any work; the message names what is missing."""
+    """The requested device cannot run here. Raised before any work; the message names what is
+    missing. ``alternatives`` says what else would run: 'cpu' (another device), 'simulate' (its
+    kernels on this CPU); the CLI turns them into its options."""
+
+    def __init__(self, message: str, alternatives: tuple = ()):
+        super().__init__(message)
+        self.alternatives = tuple(alternatives)
 
 
 class ConvergenceError(RuntimeError):

@@ -75,6 +75,7 @@ class NeuronBackend(Backend):
 
     def __init__(self, name: str, runner):
         super().__init__(name=name, engine=runner.engine)
+        self.device = torch.device("cpu")      # host tensors stand for device memory
         self.target = name
         self.runner = runner
         self.precision = "fp32"
@@ -345,12 +346,11 @@ def make_neuron_backend(name: str, *, simulate: bool = False, engine: str | None
         if nki is None:
             raise DeviceUnavailableError(
                 f"device '{name}' needs the AWS Neuron SDK, but {why}; install it on a {name} "
-                f"instance with: {E.INSTALL_HINT}; or run the NKI kernels on this CPU with "
-                f"--simulate, or use --device cpu")
+                f"instance with: {E.INSTALL_HINT}", alternatives=("simulate", "cpu"))
         if not E.neuron_devices():
             raise DeviceUnavailableError(
                 f"device '{name}' needs a Trainium NeuronCore but no /dev/neuron* device exists "
-                f"on this machine; run on a {name} instance, or use --simulate or --device cpu")
+                f"on this machine; run on a {name} instance", alternatives=("simulate", "cpu"))
     elif engine == E.NKI_SIMULATE:
         nki, why = E.real_nki()
         if nki is None:

@@ -78,7 +78,7 @@ def main(argv=None):
         be = linalg.get_backend(args.device)     # before any work: a device that cannot run is one line
     except (linalg.DeviceUnavailableError, ValueError) as e:
         raise SystemExit(f"bench_linalg: {e}") from None
-    on_cpu = be.device.type == "cpu"
+    on_cpu = be.caps.is_host                 # host baselines (scipy) time this same device
     timer = timing.Timer(be.synchronize, args.warmup, args.repeats, args.min_time)
     shapes = QUICK if args.quick else SHAPES
     ops = [o for o in args.ops.split(",") if o]
@@ -93,8 +93,8 @@ def main(argv=None):
             "host": platform.node(), "command": " ".join(["python", "scripts/bench_linalg.py"] + (argv or sys.argv[1:])),
             "warmup": args.warmup, "min_repeats": args.repeats, "min_time_s": args.min_time,
             "load_average_before": os.getloadavg(), "cpu_count": os.cpu_count()}
-    if be.device.type == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name(be.device)
+    if "gpu" in meta["backend"]:
+        meta["gpu"] = meta["backend"]["gpu"]
     print(json.dumps(meta, indent=1), flush=True)
 
     peaks, rows = {}, []

@@ -1,4 +1,4 @@
-"""Test channels (see DESIGN.md): default, slow, cuda, nki_sim, neuron.
+"""Test channels (see ARCHITECTURE.md): default, slow, cuda, nki_sim, neuron.
 
 A channel that cannot run here is reported as *skipped* with the reason, never as passed.
 """

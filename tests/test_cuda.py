@@ -89,35 +89,6 @@ def test_pinned_to_device_and_cast():
     assert be.transfers["plain"] == 1 and small.device.type == "cuda"
 
 
-def test_streamed_B_equals_resident():
-    from linalg.cuda import CudaBackend, stream_pair_blocks
-    B, eo, ev = _problem(11, 90, 120)
-    naux, nocc, nvir = 120, 11, 90
-    Bt_host = B.permute(2, 0, 1).reshape(naux, nocc * nvir).cpu()
-    be = CudaBackend("cuda")
-    e_os = e_ss = 0.0
-    for I, J, Bi, Bj in stream_pair_blocks(Bt_host, nocc, nvir, 4, be):
-        assert Bi.device.type == "cuda"
-        o, s = be.mp2_pair_energy(Bi, Bj, eo[I:I + 4], eo[J:J + 4], ev, symmetric=(I == J))
-        w = 1.0 if I == J else 2.0
-        e_os, e_ss = e_os + w * o, e_ss + w * s
-    ref = be.mp2_pair_energy(B, B, eo, eo, ev, symmetric=True)
-    assert abs(e_os - ref[0]) <= 1e-13 * abs(ref[0]) and abs(e_ss - ref[1]) <= 1e-13 * abs(ref[0])
-
-
-def test_fit_streamed_on_gpu_equals_resident():
-    from linalg.cuda import CudaBackend, fit_streamed
-    from linalg.synthetic import random_matrix, random_spd
-    naux, nocc, nvir = 300, 9, 50
-    L = torch.linalg.cholesky(random_spd(naux, 1e6, 3)).cuda()
-    Pia = random_matrix((naux, nocc * nvir), 4)
-    be = CudaBackend("cuda")
-    got = fit_streamed(L, Pia, nvir, 4, be)
-    assert got.is_pinned()
-    ref = torch.linalg.solve_triangular(L, Pia.cuda(), upper=False).cpu()
-    assert torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
-
-
 @pytest.mark.parametrize("precision,tol", [("fp64", 1e-10), ("fp32", 1e-6)])
 def test_regression_molecules_cpu_vs_cuda(precision, tol):
     from dfmp2.regress import load_references, run_case, select_cases

@@ -76,7 +76,7 @@ def test_pair_kernel_is_for_cuda_only(device):
 
 
 def test_cli_pair_kernel_on_a_non_cuda_device_is_one_error_line():
-    _one_error_line(_cli(["run", WATER, "--pair-kernel", "fused"]), "--pair-kernel fused", "only to cuda", "'cpu'")
+    _one_error_line(_cli(["run", WATER, "--pair-kernel", "fused"]), "pair kernel 'fused'", "only to cuda", "'cpu'")
     _one_error_line(_cli(["compare", "--synthetic", "2,3,4", "--devices", "cpu,trn1", "--pair-kernel",
                           "gemm+epilogue"]), "only to cuda devices")
 

@@ -81,3 +81,33 @@ def test_ops_on_cuda_match_cpu():
     e_cpu = linalg.mp2_pair_energy(q.B, q.B, q.eps_occ, q.eps_occ, q.eps_vir, symmetric=True)
     assert e_gpu == pytest.approx(e_cpu, rel=1e-12)
     assert be.describe()["gpu"]
+
+
+def test_capabilities_come_from_the_device_name_without_hardware():
+    """What a stage asks the backend (issue 19): fp64, the fit dtype, the default precision."""
+    from linalg import device_capabilities
+    for name, fp64 in (("cpu", True), ("cuda", True), ("cuda:1", True), ("trn1", False), ("trn2", False)):
+        caps = device_capabilities(name)
+        assert caps.has_fp64 == fp64 and caps.default_precision == ("fp64" if fp64 else "fp32")
+        for prec in ("fp64", "fp32"):      # the fit stays fp64 wherever the device has it
+            assert caps.fit_dtype(prec) == (torch.float64 if fp64 else torch.float32)
+        assert (caps.precision_problem("fp64") is None) == fp64 and caps.precision_problem("fp32") is None
+        assert caps.supports("mp2_pair_energy") and not caps.supports("fft")
+    assert device_capabilities("trn1").simulable and not device_capabilities("cpu").simulable
+    assert len(device_capabilities("cuda").pair_kernels) > 1 and device_capabilities("cpu").pair_kernels == ("auto",)
+    for bad in ("gpu", "cpu:0", "trn3", "cuda:x"):
+        with pytest.raises(ValueError, match="unknown device"):
+            device_capabilities(bad)
+    be = get_backend("cpu")
+    assert be.has_fp64 and be.fit_dtype("fp32") == torch.float64 and be.device == torch.device("cpu")
+
+
+def test_no_device_name_comparisons_outside_linalg():
+    """Stages ask the backend's capabilities; only linalg knows what a device name means."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r'startswith\("(trn|cuda)|== "(cpu|cuda|trn1|trn2)"|name\.startswith')
+    hits = [f"{p.relative_to(root)}:{n}" for d in ("dfmp2", "scripts") for p in sorted((root / d).rglob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import linalg
+from dfmp2.errors import error_line
 from kernels.nki import engines
 from linalg import DeviceUnavailableError, torch_ops
 from linalg.neuron import NeuronBackend, bucket, make_neuron_backend
@@ -54,7 +55,10 @@ def test_trn_without_sdk_is_one_clear_line(name):
         linalg.get_backend(name)
     msg = str(e.value)
     assert "\n" not in msg and name in msg
-    assert "neuronx-cc nki" in msg and "pip.repos.neuron.amazonaws.com" in msg and "--simulate" in msg
+    assert "neuronx-cc nki" in msg and "pip.repos.neuron.amazonaws.com" in msg
+    assert "--simulate" not in msg and "--device" not in msg
+    assert e.value.alternatives == ("simulate", "cpu")       # the library names no CLI option...
+    assert "--simulate" in error_line(e.value) and "--device cpu" in error_line(e.value)   # ...the CLI does
 
 
 def test_simulate_picks_nki_simulate_or_the_emulator_and_says_which():

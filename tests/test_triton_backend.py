@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import linalg
-from linalg.cuda import CudaBackend, pair_block_order, stream_pair_blocks
+from linalg.cuda import CudaBackend
 from linalg.synthetic import synthetic_problem
 from test_triton_interpreter import in_interpreter, interpreted
 
@@ -78,36 +78,3 @@ def test_cuda_backend_rejects_unknown_paths():
         CudaBackend("cuda", pair_path={"bf16": "fused"})
 
 
-def test_pair_block_order_covers_lower_triangle_diagonal_first():
-    order = pair_block_order(10, 3)
-    assert order == [(0, 0), (3, 3), (3, 0), (6, 6), (6, 0), (6, 3), (9, 9), (9, 0), (9, 3), (9, 6)]
-    assert pair_block_order(4, 8) == [(0, 0)]
-
-
-def test_stream_pair_blocks_yields_the_pipeline_views():
-    Bt, B, eo, ev = _bt_problem(7, 9, 5)
-    seen = []
-    for I, J, Bi, Bj in stream_pair_blocks(Bt, 7, 9, 3, linalg.TorchBackend("cpu")):
-        assert torch.equal(Bi, B[I:I + 3]) and torch.equal(Bj, B[J:J + 3])
-        assert Bi.stride(1) == 1                                    # virtual index contiguous
-        seen.append((I, J))
-    assert seen == pair_block_order(7, 3)
-
-
-@pytest.mark.parametrize("kind", ["cholesky", "eigh"])
-def test_fit_streamed_equals_the_resident_fit(kind):
-    from linalg.cuda import fit_streamed
-    from linalg.synthetic import random_matrix, random_spd
-    naux, nocc, nvir = 30, 5, 7
-    j2c = random_spd(naux, 1e4, 3)
-    Pia = random_matrix((naux, nocc * nvir), 4)
-    be = linalg.TorchBackend("cpu")
-    if kind == "cholesky":
-        M = torch.linalg.cholesky(j2c)
-        ref = torch.linalg.solve_triangular(M, Pia, upper=False)
-    else:
-        w, v = torch.linalg.eigh(j2c)
-        M = v * w.rsqrt()
-        ref = M.mT @ Pia
-    got = fit_streamed(M, Pia, nvir, 2, be, kind=kind)
-    assert got.shape == ref.shape and torch.allclose(got, ref, rtol=1e-12, atol=1e-12)

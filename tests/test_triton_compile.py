@@ -67,10 +67,12 @@ def _signature(fn, prec: str, constexprs: dict) -> dict:
 
 
 def compile_kernel(pyfn, cc: int, prec: str, constexprs: dict, options: dict):
-    """triton.compile of a kernel's plain Python function for sm_<cc>; returns the CompiledKernel."""
+    """triton.compile of a kernel's plain Python function for sm_<cc>, jitted as the kernel module
+    jits it (with the shared tile_sums helper); returns the CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    fn = triton.jit(pyfn)
+    from kernels.triton.tile_sums import jit_kernel
+    fn = jit_kernel(pyfn)
     src = ASTSource(fn, _signature(fn, prec, constexprs), constexprs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 

@@ -1,6 +1,6 @@
 """The Triton pair-energy kernels on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1;
 ``@interpreted`` runs them in a child process unless this one already interprets, see
-test_triton_interpreter.py), against the unfused torch computation written out below.
+test_triton_interpreter.py), against linalg.reference (the unfused einsum).
 
 Accuracy asserted: fp64 within 64 ulp-scale of the fp64 reference (|dE| <= 1e-14 |E_OS|; the
 observed differences are a few 1e-17 Eh), fp32 within 1e-6 relative of the same computation with
@@ -12,23 +12,9 @@ import pytest
 import torch
 
 from linalg import torch_ops
+from linalg.reference import mp2_pair_energy_reference
 from linalg.synthetic import synthetic_problem
 from test_triton_interpreter import interpreted
-
-
-def torch_reference(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=False):
-    """Unfused: every K_ij = B_i B_j^T formed in Bi's dtype, then the sums in fp64."""
-    f64 = torch.float64
-    K = torch.einsum("iaP,jbP->ijab", Bi, Bj).to(f64)                     # (ni, nj, nvir, nvir)
-    ev = eps_vir.to(f64)
-    D = (eps_i.to(f64)[:, None, None, None] + eps_j.to(f64)[None, :, None, None]
-         - ev[None, None, :, None] - ev[None, None, None, :])
-    os_ij = (K * K / D).sum(dim=(2, 3))
-    ss_ij = (K * (K - K.transpose(2, 3)) / D).sum(dim=(2, 3))
-    if symmetric:
-        w = torch.tril(torch.full(os_ij.shape, 2.0, dtype=f64), -1) + torch.eye(os_ij.shape[0], dtype=f64)
-        os_ij, ss_ij = os_ij * w, ss_ij * w
-    return float(os_ij.sum()), float(ss_ij.sum())
 
 
 def pipeline_layout(B):
@@ -68,7 +54,7 @@ def test_fused_fp64_equals_torch(nocc, nvir, naux, config, layout):
     if layout == "pipeline":
         B = pipeline_layout(B)
     for sym in (True, False):
-        ref = torch_reference(B, B, eo, eo, ev, symmetric=sym)
+        ref = mp2_pair_energy_reference(B, B, eo, eo, ev)
         got = fused_pair_energy(B, B, eo, eo, ev, symmetric=sym, config=config)
         _close64(got, ref)
         _close64(got, torch_ops.mp2_pair_energy(B, B, eo, eo, ev, symmetric=sym))
@@ -81,7 +67,7 @@ def test_fused_off_diagonal_blocks_fp64():
     B, eo, ev = _problem(7, 33, 40)
     B = pipeline_layout(B)
     args = (B[4:7], B[0:2], eo[4:7], eo[0:2], ev)
-    _close64(fused_pair_energy(*args, config={"BLOCK": 16, "BLOCK_P": 16}), torch_reference(*args))
+    _close64(fused_pair_energy(*args, config={"BLOCK": 16, "BLOCK_P": 16}), mp2_pair_energy_reference(*args))
 
 
 @interpreted
@@ -90,10 +76,10 @@ def test_fused_fp32_equals_torch(nocc, nvir, naux, config):
     from kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(nocc, nvir, naux)
     B32 = pipeline_layout(B).to(torch.float32)
-    ref32 = torch_reference(B32, B32, eo, eo, ev, symmetric=True)
+    ref32 = mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32)
     got = fused_pair_energy(B32, B32, eo, eo, ev, symmetric=True, config=config)
     _close32(got, ref32)
-    ref64 = torch_reference(B, B, eo, eo, ev, symmetric=True)
+    ref64 = mp2_pair_energy_reference(B, B, eo, eo, ev)
     assert abs(sum(got) - sum(ref64)) <= 1e-6 * abs(sum(ref64))
 
 
@@ -125,7 +111,7 @@ def test_fused_random_shapes(ni, nj, nvir, naux, block, seed):
     ej = -1.0 - torch.rand(nj, dtype=torch.float64, generator=g)
     ev = 0.5 + torch.rand(nvir, dtype=torch.float64, generator=g)
     got = fused_pair_energy(Bi, Bj, ei, ej, ev, config={"BLOCK": block, "BLOCK_P": 16})
-    ref = torch_reference(Bi, Bj, ei, ej, ev)
+    ref = mp2_pair_energy_reference(Bi, Bj, ei, ej, ev)
     scale = sum(abs(x) for x in ref) + 1e-300
     assert all(math.isfinite(x) for x in got)
     assert abs(got[0] - ref[0]) <= 1e-13 * scale and abs(got[1] - ref[1]) <= 1e-13 * scale
@@ -137,15 +123,15 @@ def test_epilogue_equals_torch():
     B, eo, ev = _problem(5, 37, 30)
     B = pipeline_layout(B)
     for sym in (True, False):
-        ref = torch_reference(B, B, eo, eo, ev, symmetric=sym)
+        ref = mp2_pair_energy_reference(B, B, eo, eo, ev)
         for max_elems in (1 << 26, 2 * 37 * 37 * 5):     # one GEMM, or row chunks of 2 orbitals
             _close64(gemm_epilogue_pair_energy(B, B, eo, eo, ev, symmetric=sym, block=16,
                                                max_elems=max_elems), ref)
     args = (B[3:5], B[0:3], eo[3:5], eo[0:3], ev)
-    _close64(gemm_epilogue_pair_energy(*args, block=16), torch_reference(*args))
+    _close64(gemm_epilogue_pair_energy(*args, block=16), mp2_pair_energy_reference(*args))
     B32 = B.to(torch.float32)
     _close32(gemm_epilogue_pair_energy(B32, B32, eo, eo, ev, symmetric=True, block=16),
-             torch_reference(B32, B32, eo, eo, ev, symmetric=True))
+             mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32))
 
 
 @interpreted

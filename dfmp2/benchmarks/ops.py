@@ -143,7 +143,7 @@ def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True, in
     (they would time a different device). On Trainium no baseline runs (torch has no Trainium
     device here; a host time in a trn row would read as a Trainium time)."""
     case = _make_case(op, shape, dtype, backend, pyscf_baseline, inputs or Inputs())
-    if backend.name.startswith("trn"):
+    if not backend.caps.torch_device:
         case.baselines = {k: f"baselines run on the host, not on {backend.name}; see the cpu rows"
                           for k in case.baselines}
     return case
@@ -154,7 +154,7 @@ def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inp
     import linalg
     from linalg import random_matrix
     dev = backend.to_device(torch.zeros(0)).device
-    on_cpu = backend.name == "cpu"
+    on_cpu = backend.caps.is_host
     host_only = "" if on_cpu else f"host library; not run on {backend.name}"
     shape = tuple(int(s) for s in shape)
 

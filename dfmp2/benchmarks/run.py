@@ -1,6 +1,6 @@
 """The ``dfmp2 bench`` driver: devices, GEMM peaks, per-shape ops, Trainium estimates, water series.
 
-Rules it keeps (DESIGN.md, "Benchmarks" and "Devices"):
+Rules it keeps (ARCHITECTURE.md, "Rules the code keeps"):
 - every measured row names the device, engine and kernels that ran it;
 - a device that cannot run is reported as 'not run' with the reason and has no times;
 - Trainium rows are estimates in their own section, never measured columns, and a CPU run of
@@ -52,7 +52,8 @@ def device_status(name: str):
     try:
         be = linalg.get_backend(name)
     except linalg.DeviceUnavailableError as e:
-        return None, {"device": name, "status": "not run", "reason": str(e)}
+        from ..errors import error_line
+        return None, {"device": name, "status": "not run", "reason": error_line(e)}
     d = be.describe()
     return be, {"device": name, "status": "ran", "engine": d["engine"],
                 **({"gpu": d["gpu"]} if "gpu" in d else {})}
@@ -121,7 +122,7 @@ def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict
         for dev, be in backends.items():
             for prec in opts.precisions:
                 peak = None
-                if be is not None and not dev.startswith("trn"):
+                if be is not None and be.caps.torch_device:
                     peak = measure_peak(dev, be, prec, opts, state, f"ops {shp.name}", log)
                 for op in opts.ops:
                     args, call = sizes[op]
@@ -130,8 +131,8 @@ def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict
                     if be is None:
                         rows.append({**base, "status": "not run", "reason": state.reasons[dev]})
                         continue
-                    if dev.startswith("trn") and prec == "fp64":
-                        rows.append({**base, "status": "not run", "reason": f"{dev} has no fp64 arithmetic"})
+                    if be.caps.precision_problem(prec):
+                        rows.append({**base, "status": "not run", "reason": f"{dev}: {be.caps.precision_problem(prec)}"})
                         continue
                     rows.append(run_case(base, op, args, prec, be, peak, state, opts, log))
     return rows
@@ -140,7 +141,7 @@ def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict
 def run_case(base: dict, op: str, args, prec: str, be, peak: dict | None, state: _State,
              opts: BenchOptions, log) -> dict:
     dtype = torch.float64 if prec == "fp64" else torch.float32
-    want_pyscf = op == "mp2_pair_energy" and be.name == "cpu"
+    want_pyscf = op == "mp2_pair_energy" and be.caps.is_host
     key = (base["shape"], tuple(args))
     case = ops_mod.make_case(op, args, dtype, be, pyscf_baseline=want_pyscf and prec == "fp64",
                              inputs=state.inputs)
@@ -248,7 +249,7 @@ def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
     not_run = [{"device": d, "reason": state.reasons[d]} for d, be in backends.items() if be is None]
     # Only for the expected stage time (single-run rule): the latest CPU peak per precision,
     # measured now when no op section ran.
-    peak = {p["precision"]: p["gflops"] for p in state.peaks if p["device"] == "cpu"}
+    peak = {p["precision"]: p["gflops"] for p in state.peaks if linalg.device_capabilities(p["device"]).is_host}
     if "cpu" in backends and backends["cpu"] is not None:
         for prec in opts.water_precisions:
             if prec not in peak:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+import linalg
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "inputs" / "water_clusters"
 STAGES = ("integrals", "metric", "transform", "fit", "pair")
@@ -169,9 +171,10 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
 
     for dev_name, make_backend in devices:
         for prec in precisions:
-            if dev_name.startswith("trn") and prec == "fp64":
+            problem = linalg.device_capabilities(dev_name).precision_problem(prec)
+            if problem:
                 row["runs"].append({"who": "dfmp2", "device": dev_name, "precision": prec, "status": "not run",
-                                    "reason": f"{dev_name} has no fp64 arithmetic"})
+                                    "reason": f"{dev_name}: {problem}"})
                 continue
             single = expected(prec) > single_above_s
             times, stage_runs, e, ran = [], [], None, None

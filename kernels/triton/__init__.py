@@ -2,4 +2,5 @@
 
 fused_pair_energy: the fused MP2 pair step (K tiles, denominators, OS/SS sums in one pass).
 pair_energy_epilogue: the same sums from K blocks that a cuBLAS GEMM has written.
+tile_sums: the OS/SS reduction over one tile pair that both kernels call.
 """

@@ -39,8 +39,9 @@ launch.interpreting() checks that the two agree.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
+
+from .tile_sums import jit_kernel
 
 BLOCK = 64                              # virtual orbitals per square K tile (rows a and columns b)
 BLOCK_P = {"fp64": 16, "fp32": 32}      # auxiliary functions per dot step (contraction chunk): four
@@ -107,18 +108,7 @@ def _fused_pair_energy_kernel(
     else:
         y = y.to(tl.float64)
     eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
-    ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
-    eb = tl.load(eps_vir_ptr + offs_b, mask=mask_b, other=0.0)
-    d = eij - (ea[:, None] + eb[None, :])
-    d = tl.where(mask_a[:, None] & mask_b[None, :], d, 1.0)    # padding: X = Y = 0 there
-    xd = x / d
-    if DIAG:
-        e_os = tl.sum(tl.sum(x * xd, axis=1), axis=0)
-        e_ss = e_os - tl.sum(tl.sum(y * xd, axis=1), axis=0)
-    else:
-        yd = y / d
-        e_os = tl.sum(tl.sum(x * xd + y * yd, axis=1), axis=0)
-        e_ss = tl.sum(tl.sum((x - y) * (xd - yd), axis=1), axis=0)
+    e_os, e_ss = pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG)  # noqa: F821
     out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
     tl.store(os_ptr + out, e_os)
     tl.store(ss_ptr + out, e_ss)
@@ -133,7 +123,7 @@ def kernel():
     interpret = interpreting()
     k = _JIT.get(interpret)
     if k is None:
-        k = _JIT[interpret] = triton.jit(_fused_pair_energy_kernel)
+        k = _JIT[interpret] = jit_kernel(_fused_pair_energy_kernel)
     return k
 
 

@@ -15,8 +15,9 @@ Y = K[B, A]^T, and adds sum (X^2 + Y^2)/D, sum (X - Y)^2/D (A < B) or sum X^2/D,
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
+
+from .tile_sums import jit_kernel
 
 BLOCK = 64          # virtual orbitals per square tile
 NUM_WARPS = 4
@@ -50,18 +51,7 @@ def _pair_energy_epilogue_kernel(
     else:
         y = tl.load(base + offs_b[None, :] * s_a + offs_a[:, None] * s_b, mask=mask, other=0.0).to(tl.float64)
     eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
-    ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
-    eb = tl.load(eps_vir_ptr + offs_b, mask=mask_b, other=0.0)
-    d = eij - (ea[:, None] + eb[None, :])
-    d = tl.where(mask, d, 1.0)
-    xd = x / d
-    if DIAG:
-        e_os = tl.sum(tl.sum(x * xd, axis=1), axis=0)
-        e_ss = e_os - tl.sum(tl.sum(y * xd, axis=1), axis=0)
-    else:
-        yd = y / d
-        e_os = tl.sum(tl.sum(x * xd + y * yd, axis=1), axis=0)
-        e_ss = tl.sum(tl.sum((x - y) * (xd - yd), axis=1), axis=0)
+    e_os, e_ss = pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG)  # noqa: F821
     out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
     tl.store(os_ptr + out, e_os)
     tl.store(ss_ptr + out, e_ss)
@@ -76,7 +66,7 @@ def kernel():
     interp = interpreting()
     k = _JIT.get(interp)
     if k is None:
-        k = _JIT[interp] = triton.jit(_pair_energy_epilogue_kernel)
+        k = _JIT[interp] = jit_kernel(_pair_energy_epilogue_kernel)
     return k
 
 
