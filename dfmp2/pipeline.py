@@ -22,7 +22,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, integrals, outofcore, outputs, scf
+from . import checkpoint, integrals, memory, outofcore, outputs, scf
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
@@ -50,6 +50,9 @@ class RunOptions:
     checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
     resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
     pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
+    occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
+    j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
+    scf_max_cycle: int = scf.SCF_MAX_CYCLE
 
     def resolved_precision(self) -> str:
         try:
@@ -214,7 +217,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                            itemsize=torch.finfo(dtype).bits // 8, limit_mb=options.memory_mb,
                            device=options.device, fit_itemsize=torch.finfo(fit_dtype).bits // 8,
                            storage=options.storage, aux_shell_max=_largest_shell(auxmol),
-                           occ_block=ck.occ_block if ck is not None else None)
+                           occ_block=ck.occ_block if ck is not None else None,
+                           occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -234,7 +238,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             timer.add("checkpoint", t0)
         else:
             say("RHF ...")
-            ref = scf.run_rhf(mol, options.scf_mode)
+            ref = scf.run_rhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             if ck is not None:
                 ck.save_scf(ref)
