@@ -184,8 +184,6 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e)) from None
-    dtype = DTYPES[precision]
-    fit_dtype = backend.fit_dtype(precision)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
@@ -213,12 +211,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             raise checkpoint.CheckpointError(
                 f"checkpoint {options.checkpoint} already exists; continue it with --resume "
                 f"{options.checkpoint} or remove it to start afresh")
-        plan = plan_memory(nao=nao, nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux,
-                           itemsize=torch.finfo(dtype).bits // 8, limit_mb=options.memory_mb,
-                           device=options.device, fit_itemsize=torch.finfo(fit_dtype).bits // 8,
-                           storage=options.storage, aux_shell_max=_largest_shell(auxmol),
-                           occ_block=ck.occ_block if ck is not None else None,
-                           occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
+        plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
+                          nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -300,6 +294,37 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     if options.scf_mode == "df":
         out.append(scf.auxbasis_note(mol, scf.default_auxbasis(mol, "jk"), "jk"))
     return [w for w in out if w]
+
+
+def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, nocc: int, nvir: int,
+               occ_block: int | None = None) -> MemoryPlan:
+    """The memory plan ``dfmp2 run`` makes for ``nocc`` active occupied and ``nvir`` virtual
+    orbitals with these options (``occ_block``: a resumed checkpoint's fixed block)."""
+    return plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
+                       itemsize=torch.finfo(DTYPES[precision]).bits // 8, limit_mb=options.memory_mb,
+                       device=options.device, fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
+                       storage=options.storage, aux_shell_max=_largest_shell(auxmol), occ_block=occ_block,
+                       occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
+
+
+def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):
+    """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it (its memory
+    plan, precision, frozen core, storage and scratch from ``options``; no checkpoint), for the
+    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one).
+    Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
+    precision = options.resolved_precision()
+    if backend is None:
+        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+    nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
+    plan = stage_plan(mol, auxmol, options, backend, precision, nocc=ref.nocc - nfrozen,
+                      nvir=ref.mo_coeff.shape[1] - ref.nocc)
+    timer = _Timer(backend)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
+                                 plan=plan, timer=timer, scratch_dir=options.scratch_dir)
+    backend.synchronize()
+    return time.perf_counter() - t0, e_os, e_ss, dict(timer.seconds), ran
 
 
 def _largest_shell(auxmol) -> int:
