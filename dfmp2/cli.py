@@ -211,12 +211,16 @@ def _plan_table(plan):
               help="continue the interrupted run in this checkpoint (same molecule and options)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the result as JSON to this path")
+# tuning (tests, benchmarks), not in --help: RunOptions' defaults when not given
+@click.option("--occ-block-max", type=click.IntRange(min=1), default=None, hidden=True)
+@click.option("--j3c-block-mb", type=click.FloatRange(min=0, min_open=True), default=None, hidden=True)
+@click.option("--scf-max-cycle", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
 def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision, pair_kernel,
         frozen_core, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
-        json_path, verbose, quiet):
+        json_path, verbose, quiet, **tuning):
     """Compute the DF-MP2 energy of the molecule in XYZ_FILE (coordinates in Ångström)."""
     from .pipeline import RunOptions, run as run_pipeline
 
@@ -226,7 +230,8 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
                          device=device, simulate=simulate, precision=precision,
                          frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory),
                          storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
-                         resume=resume_path, pair_kernel=pair_kernel)
+                         resume=resume_path, pair_kernel=pair_kernel,
+                         **{k: v for k, v in tuning.items() if v is not None})
     if json_path:       # before any work: a JSON that cannot be written fails now, not after the run
         check_output_file(json_path, "--json", not_same_as=[
             ("input", xyz_file), ("checkpoint", checkpoint_path), ("checkpoint", resume_path)])

@@ -6,7 +6,8 @@ GPU for cuda). The plan is made before the SCF, so a run that cannot fit fails a
 minimum it needs. Not modelled: PySCF's own SCF memory (its ``max_memory``) and the interpreter
 and libraries (~0.5 GB resident), which the default limit's safety fraction leaves room for.
 
-Block sizes are chosen from the shapes first (``OCC_BLOCK_MAX``, ``J3C_BLOCK_MB``) and shrunk only
+Block sizes are chosen from the shapes first (``occ_block_max``, ``j3c_block_mb``: by default
+``OCC_BLOCK_MAX``, ``J3C_BLOCK_MB``) and shrunk only
 when the limit forces it; whether B is on disk never changes them. Same blocks means the same
 arithmetic in the same order, which is what makes the out-of-core energy bitwise equal to the
 in-memory one (``dfmp2.outofcore``).
@@ -14,6 +15,8 @@ in-memory one (``dfmp2.outofcore``).
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict, field
+
+from linalg.torch_ops import PAIR_CHUNK_ELEMS
 
 from .errors import MemoryLimitError
 
@@ -23,7 +26,6 @@ OCC_BLOCK_MAX = 16            # occupied orbitals per block of the fit and the p
 J3C_BLOCK_MB = 512.0          # target size of one streamed (μν|P) block and its transforms
 PREFETCH_DEPTH = 2            # out-of-core blocks read ahead of the one in use (outofcore.py)
 WRITE_DEPTH = 2               # out-of-core writes queued behind the one in flight
-PAIR_CHUNK_ELEMS = 1 << 20    # linalg.torch_ops.mp2_pair_energy: K elements per chunk
 STORAGE_CHOICES = ("auto", "memory", "disk")
 STAGES = ("metric", "transform", "fit", "pair")
 
@@ -136,14 +138,16 @@ def _fit(shapes, aux_block, occ_block, aux_min, out_of_core, limit, occ_fixed=Fa
 def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
                 limit_mb: float | None, device: str = "cpu", fit_itemsize: int = 8,
                 storage: str = "auto", aux_shell_max: int = 1,
-                occ_block: int | None = None) -> MemoryPlan:
+                occ_block: int | None = None, occ_block_max: int = OCC_BLOCK_MAX,
+                j3c_block_mb: float = J3C_BLOCK_MB) -> MemoryPlan:
     """Choose block sizes and where B lives so the run fits ``limit_mb`` (default: a safe fraction
     of what is free on ``device``).
 
     itemsize: bytes per element of B in the pair step (8 fp64, 4 fp32); fit_itemsize: of (P|ia)
     and the fit (8, or 4 on trn). storage: 'auto' (in memory when it fits, else on disk),
     'memory' or 'disk' (forced). aux_shell_max: functions in the largest auxiliary shell (a shell
-    is never split). occ_block: fixed occupied block (a resumed checkpoint's), else chosen.
+    is never split). occ_block: fixed occupied block (a resumed checkpoint's), else chosen, at
+    most occ_block_max; j3c_block_mb: target MB of one streamed (μν|P) block.
     Raises MemoryLimitError, naming the minimum needed, when even the smallest plan does not fit.
     """
     if storage not in STORAGE_CHOICES:
@@ -154,8 +158,8 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     aux_min = max(1, min(naux, aux_shell_max))
     per_aux_fn = stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"] \
         - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
-    aux0 = int(max(aux_min, min(naux, J3C_BLOCK_MB / max(per_aux_fn, 1e-12))))
-    occ0 = max(1, min(nocc, occ_block if occ_block else OCC_BLOCK_MAX))
+    aux0 = int(max(aux_min, min(naux, j3c_block_mb / max(per_aux_fn, 1e-12))))
+    occ0 = max(1, min(nocc, occ_block if occ_block else occ_block_max))
     fixed_occ = occ_block is not None
     # auto: in memory with the shape-chosen blocks, else on disk with the same blocks (shrunk only
     # if even that does not fit), so the memory limit changes the bits of the energy only when it

@@ -46,6 +46,7 @@ import torch
 import linalg
 
 from . import memory
+from .checkpoint import CheckpointError
 from .errors import InputError
 
 H5_SUFFIX = ".h5"
@@ -310,7 +311,6 @@ class HDF5B:
             want = int(self.crc[k])
             got = zlib.crc32(memoryview(out.view(-1).numpy()).cast("B"))
             if want != got:
-                from .checkpoint import CheckpointError
                 raise CheckpointError(f"checkpoint {self.path} is corrupted: block {k} of B fails its "
                                       "checksum; remove the file and run again")
             self._verified.add(k)
@@ -358,6 +358,92 @@ class HDF5B:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# ---------------------------------------------------------------- the store factory
+def open_b_store(plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkpoint=None,
+                 scratch=None) -> "BStore":
+    """B (block k a (naux, nk*nvir) array in ``dtype``) wherever ``plan`` and ``checkpoint`` put it,
+    behind one interface (the role of PySCF's ``_make_df_eris``): in memory on the backend's
+    device (plan.out_of_core False), else HDF5 on disk: the checkpoint's /B (crc32 per block) or a
+    file in a private directory under ``scratch`` (default: the system's temp dir), removed by
+    ``close()``. A checkpoint that already holds a complete B gives a ``complete`` store: on disk
+    every block is checked against its crc32 now, in memory every block as it is copied in; a
+    damaged block is a CheckpointError. ``checkpoint``: a dfmp2.checkpoint.Checkpoint."""
+    ck, tmp = checkpoint, Scratch(scratch)
+    store = None
+    try:
+        if ck is not None and (plan.out_of_core or ck.b_complete):
+            disk = HDF5B(ck.b_dataset(blocks, dtype), blocks, crc=ck.crc_dataset())
+        elif plan.out_of_core:
+            disk = HDF5B(create_flat(tmp.open("B"), "B", blocks, dtype), blocks)
+        if plan.out_of_core:
+            store = BStore(disk, ck, tmp)
+            if ck is not None and ck.b_complete:
+                disk.verify()           # all of B once, so any damaged block is refused
+        else:
+            store = BStore(InMemoryB(blocks, dtype, backend.device, allocate=False), ck, tmp)
+            if ck is not None and ck.b_complete:
+                with closing(disk.iter_blocks(range(blocks.count), backend)) as it:
+                    for k, blk in it:
+                        store.data.set_block(k, blk.contiguous())
+                disk.close()
+        if ck is not None and ck.b_complete:
+            store.complete, store.metric = True, ck.metric()
+        return store
+    except BaseException:
+        (store or tmp).close()
+        raise
+
+
+class BStore:
+    """B for the DF-MP2 stage (``open_b_store``). Block access (blocks, dtype, on_disk, path,
+    write_rows, set_block, read_block, iter_blocks, flush) is that of ``data``, an InMemoryB or
+    HDF5B. ``complete``: B holds a finished B; ``metric`` is then the (kind, info) of its fit."""
+
+    def __init__(self, data, checkpoint, scratch: "Scratch"):
+        self.data, self.checkpoint, self.scratch = data, checkpoint, scratch
+        self.complete, self.metric = False, None
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def open_pia(self, dtype: torch.dtype):
+        """A store for (P|ia) in ``dtype`` that ``fit_blocks`` turns into this B: in memory beside
+        it; on disk, B's own dataset (fitted in place) when the dtypes match, else a scratch file
+        (its disk freed by ``close_pia``)."""
+        if not self.on_disk:
+            return InMemoryB(self.blocks, dtype, self.device)
+        if dtype == self.dtype:
+            return HDF5B(self.data.dset, self.blocks)
+        return HDF5B(create_flat(self.scratch.open("Pia"), "Pia", self.blocks, dtype), self.blocks)
+
+    def close_pia(self, pia) -> None:
+        pia.close()
+        if pia.on_disk and pia.dset is not self.data.dset:
+            self.scratch.remove(pia.dset.file)   # (P|ia) in fp64 next to an fp32 B: free its disk now
+
+    def mark_complete(self, metric_kind: str, metric_info: dict) -> None:
+        """B is built by a fit of ``metric_kind``: a checkpoint records it (B copied in when B is
+        in memory, crc32 per block), so a resumed run reads it back."""
+        ck = self.checkpoint
+        if ck is not None:
+            if not self.on_disk:
+                disk = HDF5B(ck.b_dataset(self.blocks, self.dtype), self.blocks, crc=ck.crc_dataset())
+                try:
+                    for k in range(self.blocks.count):
+                        disk.set_block(k, self.data.data[k])
+                    disk.flush()
+                finally:
+                    disk.close()
+            ck.mark_b_complete(metric_kind, metric_info)
+        self.complete, self.metric = True, (metric_kind, metric_info)
+
+    def close(self) -> None:
+        try:
+            self.data.close()
+        finally:
+            self.scratch.close()
 
 
 # ---------------------------------------------------------------- scratch files

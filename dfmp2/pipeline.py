@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import closing
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, integrals, outofcore, outputs, scf
+from . import checkpoint, integrals, memory, outofcore, outputs, scf
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
@@ -51,6 +50,9 @@ class RunOptions:
     checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
     resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
     pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
+    occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
+    j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
+    scf_max_cycle: int = scf.SCF_MAX_CYCLE
 
     def resolved_precision(self) -> str:
         try:
@@ -93,25 +95,19 @@ def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
         return M, "eigh", info
 
 
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, *,
-            out_dtype=None, blocks: outofcore.OccBlocks | None = None, scratch=None, b_dataset=None,
-            b_crc=None):
-    """Fitted integrals B by occupied block (``dfmp2.outofcore``): returns (store, metric_kind,
-    metric_info) with store an InMemoryB (plan.out_of_core False) or an HDF5B, block k holding
-    B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``out_dtype``.
+def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B) -> None:
+    """Fit B into the store ``B`` (``outofcore.open_b_store``): block k holds
+    B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``B.dtype``; then
+    ``B.mark_complete`` (a checkpoint records B and its metric, ``B.metric``).
 
     (μν|P) is streamed from libcint in aux-shell blocks; each block is half-transformed with
     C_occ then C_vir (gemm) into rows of (P|ia) in ``dtype``; then, one occupied block of columns
     at a time, B_k = L^-1 (P|ia)_k (trsm, left). The auxiliary index stays outermost (the
-    partition axis on Trainium, the contraction of the pair step). Out of core, (P|ia) and B go
-    to HDF5: ``b_dataset`` (a checkpoint's /B) or a file in ``scratch``; (P|ia) is fitted in place
-    when it has B's dtype, else it lives in its own scratch file, removed after the fit.
+    partition axis on Trainium, the contraction of the pair step). (P|ia) lives where the store
+    puts it (``B.open_pia``: out of core, in place in B's file when the dtypes match).
     """
     nao, nocc = C_occ.shape
     nvir = C_vir.shape[1]
-    naux = auxmol.nao_nr()
-    out_dtype = out_dtype or dtype
-    blocks = blocks or outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
     t0 = time.perf_counter()
     j2c = backend.to_device(integrals.metric_2c(auxmol), torch.float64)
     t0 = timer.add("integrals", t0)
@@ -120,22 +116,8 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
     t0 = timer.add("metric", t0)
     co = backend.to_device(C_occ, dtype)
     cv = backend.to_device(C_vir, dtype)
-    stores = []
-    ok = False
+    pia = B.open_pia(dtype)
     try:
-        if plan.out_of_core:
-            if b_dataset is None:
-                b_dataset = outofcore.create_flat(scratch.open("B"), "B", blocks, out_dtype)
-            if out_dtype == dtype:
-                pia_dset = b_dataset
-            else:
-                pia_dset = outofcore.create_flat(scratch.open("Pia"), "Pia", blocks, dtype)
-            pia = outofcore.HDF5B(pia_dset, blocks)
-            B = outofcore.HDF5B(b_dataset, blocks, crc=b_crc)
-            stores += [pia, B]
-        else:
-            pia = outofcore.InMemoryB(blocks, dtype, co.device)
-            B = outofcore.InMemoryB(blocks, out_dtype, co.device, allocate=False)
         aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
         t_loop, t_int = t0, 0.0
         for p0, p1, j3c in integrals.iter_j3c(mol, auxmol, aux_blocks):
@@ -153,18 +135,14 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
         timer.seconds["transform"] -= t_int
         timer.seconds["integrals"] += t_int
         fit_M = M.to(dtype)
-        outofcore.fit_blocks(fit_M, metric_kind, pia, B, backend, out_dtype)
+        outofcore.fit_blocks(fit_M, metric_kind, pia, B, backend, B.dtype)
         del fit_M, M
-        pia.close()
-        if plan.out_of_core and pia_dset is not b_dataset:
-            scratch.remove(pia_dset.file)        # (P|ia) in fp64 next to an fp32 B: free its disk now
-        timer.add("fit", t0)
-        ok = True
-        return B, metric_kind, metric_info
     finally:
-        if not ok:
-            for st in stores:
-                st.close()
+        B.close_pia(pia)
+    t0 = timer.add("fit", t0)
+    B.mark_complete(metric_kind, metric_info)
+    if B.checkpoint is not None:
+        timer.add("checkpoint", t0)
 
 
 def pair_energies(B, eps_occ, eps_vir, backend, occ_block: int, progress=None):
@@ -206,8 +184,6 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e)) from None
-    dtype = DTYPES[precision]
-    fit_dtype = backend.fit_dtype(precision)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
@@ -235,11 +211,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             raise checkpoint.CheckpointError(
                 f"checkpoint {options.checkpoint} already exists; continue it with --resume "
                 f"{options.checkpoint} or remove it to start afresh")
-        plan = plan_memory(nao=nao, nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux,
-                           itemsize=torch.finfo(dtype).bits // 8, limit_mb=options.memory_mb,
-                           device=options.device, fit_itemsize=torch.finfo(fit_dtype).bits // 8,
-                           storage=options.storage, aux_shell_max=_largest_shell(auxmol),
-                           occ_block=ck.occ_block if ck is not None else None)
+        plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
+                          nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -259,7 +232,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             timer.add("checkpoint", t0)
         else:
             say("RHF ...")
-            ref = scf.run_rhf(mol, options.scf_mode)
+            ref = scf.run_rhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             if ck is not None:
                 ck.save_scf(ref)
@@ -323,6 +296,37 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     return [w for w in out if w]
 
 
+def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, nocc: int, nvir: int,
+               occ_block: int | None = None) -> MemoryPlan:
+    """The memory plan ``dfmp2 run`` makes for ``nocc`` active occupied and ``nvir`` virtual
+    orbitals with these options (``occ_block``: a resumed checkpoint's fixed block)."""
+    return plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
+                       itemsize=torch.finfo(DTYPES[precision]).bits // 8, limit_mb=options.memory_mb,
+                       device=options.device, fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
+                       storage=options.storage, aux_shell_max=_largest_shell(auxmol), occ_block=occ_block,
+                       occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
+
+
+def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):
+    """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it (its memory
+    plan, precision, frozen core, storage and scratch from ``options``; no checkpoint), for the
+    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one).
+    Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
+    precision = options.resolved_precision()
+    if backend is None:
+        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+    nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
+    plan = stage_plan(mol, auxmol, options, backend, precision, nocc=ref.nocc - nfrozen,
+                      nvir=ref.mo_coeff.shape[1] - ref.nocc)
+    timer = _Timer(backend)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
+                                 plan=plan, timer=timer, scratch_dir=options.scratch_dir)
+    backend.synchronize()
+    return time.perf_counter() - t0, e_os, e_ss, dict(timer.seconds), ran
+
+
 def _largest_shell(auxmol) -> int:
     loc = auxmol.ao_loc_nr()
     return int(max(loc[1:] - loc[:-1])) if auxmol.nbas else 1
@@ -384,60 +388,32 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     storage = {"B": "disk (HDF5)" if plan.out_of_core else "memory", "occ_blocks": blocks.count,
                "block_pairs": len(pairs), "checkpoint": str(ck.path) if ck is not None else None,
                "from_checkpoint": {"scf": ref.mf is None and ck is not None, "B": False, "pairs": 0}}
-    B = None
-    with outofcore.Scratch(scratch_dir) as scratch:
-        try:
-            if ck is not None and ck.b_complete:
-                t0 = time.perf_counter()
-                metric_kind, metric_info = ck.metric()
-                disk = outofcore.HDF5B(ck.b_dataset(blocks, b_dtype), blocks, crc=ck.crc_dataset())
-                if plan.out_of_core:
-                    disk.verify()           # all of B once, so any damaged block is refused
-                    B = disk
-                else:
-                    B = outofcore.InMemoryB(blocks, b_dtype, backend.device, allocate=False)
-                    with closing(disk.iter_blocks(range(blocks.count), backend)) as it:
-                        for k, blk in it:
-                            B.set_block(k, blk.contiguous())
-                    disk.close()
-                storage["from_checkpoint"]["B"] = True
-                timer.add("checkpoint", t0)
-            else:
-                b_dset = ck.b_dataset(blocks, b_dtype) if ck is not None and plan.out_of_core else None
-                B, metric_kind, metric_info = build_B(
-                    mol, auxmol, C_occ, C_vir, backend, fit_dtype, plan, timer, out_dtype=b_dtype,
-                    blocks=blocks, scratch=scratch, b_dataset=b_dset,
-                    b_crc=ck.crc_dataset() if b_dset is not None else None)
-                if ck is not None:
-                    t0 = time.perf_counter()
-                    if not plan.out_of_core:
-                        disk = outofcore.HDF5B(ck.b_dataset(blocks, b_dtype), blocks, crc=ck.crc_dataset())
-                        try:
-                            for k in range(blocks.count):
-                                disk.set_block(k, B.data[k])
-                            disk.flush()
-                        finally:
-                            disk.close()
-                    ck.mark_b_complete(metric_kind, metric_info)
-                    timer.add("checkpoint", t0)
-            if plan.out_of_core:
-                storage["B_file"] = B.path if ck is not None else "temporary (removed at the end)"
-            eps_occ = backend.to_device(ref.mo_energy[nfrozen:ref.nocc], torch.float64)
-            eps_vir = backend.to_device(ref.mo_energy[ref.nocc:], torch.float64)
-            done = on_pair = None
-            if ck is not None:
-                ck.init_pairs(len(pairs))
-                done = ck.load_pairs()
-                storage["from_checkpoint"]["pairs"] = int(done[0].sum())
-                on_pair = ck.save_pair
-            t0 = time.perf_counter()
-            sums = outofcore.pair_block_sums(B, eps_occ, eps_vir, backend, done=done,
-                                             on_pair=on_pair, progress=progress)
-            timer.add("pair", t0)
-            e_os, e_ss = outofcore.combine(sums, pairs)
-        finally:
-            if B is not None:
-                B.close()
+    t0 = time.perf_counter()
+    B = outofcore.open_b_store(plan, blocks, b_dtype, backend, checkpoint=ck, scratch=scratch_dir)
+    try:
+        if B.complete:
+            storage["from_checkpoint"]["B"] = True
+            timer.add("checkpoint", t0)
+        else:
+            build_B(mol, auxmol, C_occ, C_vir, backend, fit_dtype, plan, timer, B)
+        metric_kind, metric_info = B.metric
+        if plan.out_of_core:
+            storage["B_file"] = B.path if ck is not None else "temporary (removed at the end)"
+        eps_occ = backend.to_device(ref.mo_energy[nfrozen:ref.nocc], torch.float64)
+        eps_vir = backend.to_device(ref.mo_energy[ref.nocc:], torch.float64)
+        done = on_pair = None
+        if ck is not None:
+            ck.init_pairs(len(pairs))
+            done = ck.load_pairs()
+            storage["from_checkpoint"]["pairs"] = int(done[0].sum())
+            on_pair = ck.save_pair
+        t0 = time.perf_counter()
+        sums = outofcore.pair_block_sums(B, eps_occ, eps_vir, backend, done=done,
+                                         on_pair=on_pair, progress=progress)
+        timer.add("pair", t0)
+        e_os, e_ss = outofcore.combine(sums, pairs)
+    finally:
+        B.close()
     ran = backend.describe()
     ran["precision"] = precision
     # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.

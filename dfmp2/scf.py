@@ -285,7 +285,7 @@ class RHFReference:
     cycles: int | None
 
 
-def run_rhf(mol: gto.Mole, scf_mode: str = "df") -> RHFReference:
+def run_rhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE) -> RHFReference:
     """Converge RHF with PySCF: density-fitted (``default_auxbasis(mol, 'jk')``: the JK-fit set
     matched to the basis, with fallbacks for the elements it lacks) or exact."""
     if scf_mode not in SCF_MODES:
@@ -301,14 +301,14 @@ def run_rhf(mol: gto.Mole, scf_mode: str = "df") -> RHFReference:
         jk_aux = describe_auxbasis(jk_spec)
     mf.conv_tol = SCF_CONV_TOL
     mf.conv_tol_grad = SCF_CONV_TOL_GRAD
-    mf.max_cycle = SCF_MAX_CYCLE
+    mf.max_cycle = max_cycle
     mf.verbose = 0
     cycles = []
     mf.callback = lambda envs: cycles.append(envs.get("cycle"))
     mf.kernel()
     if not mf.converged:
         raise SCFNotConvergedError(
-            f"RHF did not converge in {SCF_MAX_CYCLE} cycles (last energy {mf.e_tot:.10f} Eh); "
+            f"RHF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); "
             "check the geometry, charge and multiplicity")
     nocc = int(np.count_nonzero(mf.mo_occ > 0))
     return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),

@@ -40,13 +40,15 @@ PAIR_PATH_MEASUREMENTS = {
 PIN_MIN_BYTES = 1 << 20      # smaller transfers go through torch's plain .to()
 
 
-def auto_pair_path(prec: str, capability: tuple[int, int] | None) -> tuple[str, str]:
+def auto_pair_path(prec: str, capability: tuple[int, int] | None,
+                   measurements: dict = PAIR_PATH_MEASUREMENTS) -> tuple[str, str]:
     """(path, why) for pair_kernel="auto": gemm+epilogue unless the fused kernel was measured faster
-    on this GPU class (capability (major, minor); None: no GPU, kernels under Triton's interpreter)."""
+    on this GPU class (capability (major, minor); None: no GPU, kernels under Triton's interpreter)
+    in ``measurements`` (PAIR_PATH_MEASUREMENTS's layout)."""
     if capability is None:
         return "gemm+epilogue", "auto: gemm+epilogue (no GPU: Triton interpreter; no measurement applies)"
     cls = f"sm_{capability[0]}{capability[1]}"
-    m = PAIR_PATH_MEASUREMENTS.get(tuple(capability))
+    m = measurements.get(tuple(capability))
     if m is None:
         return "gemm+epilogue", f"auto: gemm+epilogue (the fused kernel has not been measured faster on {cls})"
     t = m[prec]

@@ -11,6 +11,7 @@ import torch
 
 from .errors import NotPositiveDefiniteError
 
+PAIR_CHUNK_ELEMS = 1 << 20    # mp2_pair_energy: K elements per chunk (dfmp2.memory plans with it)
 SYRK_MIN_BLOCK = 128          # below 2 blocks of this, a single GEMM is faster than the triangle
 SYRK_MAX_BLOCKS = 8           # 8 block rows: (8 + 1) / 16 = 56% of the full GEMM's flops
 SYRK_MIN_K = 128              # below this the GEMM is memory-bound: halving flops does not pay
@@ -158,7 +159,7 @@ def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
                "eig_max": wmax}
 
 
-def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block_elems=1 << 20):
+def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block_elems=PAIR_CHUNK_ELEMS):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (see Backend contract).
 
     Per i and chunk of j, K[a, j, b] = sum_P B_ia^P B_jb^P is ONE 2-D GEMM (nvir x naux) @

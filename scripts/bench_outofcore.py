@@ -206,13 +206,13 @@ def main(argv=None):
     eps_occ = torch.as_tensor(ref.mo_energy[nfrozen:nocc_all], dtype=torch.float64)
     eps_vir = torch.as_tensor(ref.mo_energy[nocc_all:], dtype=torch.float64)
     rec = {}
-    with outofcore.Scratch(args.scratch) as scratch:
-        scratch.check_space(b_bytes * 1.6 / 1e6)
+    outofcore.Scratch(args.scratch).check_space(b_bytes * 1.6 / 1e6)
+    B_disk = outofcore.open_b_store(plan, blocks, dtype, backend, scratch=args.scratch)
+    try:
         timer = _Timer(backend)
         t0 = time.perf_counter()
-        B_disk, metric_kind, _ = build_B(mol, auxmol, C[:, nfrozen:nocc_all], C[:, nocc_all:], backend,
-                                         torch.float64, plan, timer, out_dtype=dtype, blocks=blocks,
-                                         scratch=scratch)
+        build_B(mol, auxmol, C[:, nfrozen:nocc_all], C[:, nocc_all:], backend, torch.float64, plan,
+                timer, B_disk)
         rec["build_B_s"] = time.perf_counter() - t0
         rec["build_B_stages_s"] = dict(timer.seconds)
         path = B_disk.path
@@ -262,6 +262,7 @@ def main(argv=None):
                   f"{x['load_mean']:.2f}; bitwise equal to the first run: {x['bitwise_equal_to_first']}", flush=True)
         mem.close()
         del mem
+    finally:
         B_disk.close()
     summarise(rec)
     e_os, e_ss = outofcore.combine(sums_mem, blocks.pairs())
@@ -281,7 +282,7 @@ def main(argv=None):
         "problem": {"molecule": label, "basis": args.basis, "auxbasis": scf.describe_auxbasis(auxbasis),
                     "frozen_core": not args.all_electron, "precision": args.precision, "nbasis": nao,
                     "nocc": nocc, "nfrozen": nfrozen, "nvir": nvir, "naux": naux,
-                    "orbitals": args.orbitals, "orbitals_s": t_orb, "metric": metric_kind,
+                    "orbitals": args.orbitals, "orbitals_s": t_orb, "metric": B_disk.metric[0],
                     "b_bytes": b_bytes, "b_gib": b_bytes / 2**30, "occ_block": plan.occ_block,
                     "occ_blocks": blocks.count, "block_pairs": npairs, "pair_flops": flops,
                     "e_os_e_ss_not_mp2_energies" if args.orbitals == "core" else "e_os_e_ss": [e_os, e_ss]},

@@ -24,11 +24,9 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import linalg  # noqa: E402
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2 import scf  # noqa: E402
-from dfmp2.memory import plan_memory  # noqa: E402
-from dfmp2.pipeline import _Timer, mp2_energy  # noqa: E402
+from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
 
@@ -43,18 +41,10 @@ def time_pyscf(mol, ref, auxbasis, nfrozen):
     return time.perf_counter() - t0, float(pt.e_corr)
 
 
-def time_ours(mol, auxmol, ref, nfrozen, precision, device):
-    backend = linalg.get_backend(device)
-    nocc = ref.nocc - nfrozen
-    nvir = ref.mo_coeff.shape[1] - ref.nocc
-    plan = plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
-                       itemsize=linalg.DTYPES[precision].itemsize, limit_mb=None, device=device)
-    timer = _Timer(backend)
-    t0 = time.perf_counter()
-    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
-                                 precision=precision, plan=plan, timer=timer)
-    backend.synchronize()
-    return time.perf_counter() - t0, e_os + e_ss, timer.seconds, ran
+def time_ours(mol, auxmol, ref, options):
+    """(seconds, e_corr in Hartree, {stage: seconds}, what ran) of ``dfmp2 run``'s DF-MP2 stage."""
+    t, e_os, e_ss, stages, ran = time_mp2_stage(mol, auxmol, ref, options)
+    return t, e_os + e_ss, stages, ran
 
 
 def _display_path(p) -> str:
@@ -90,7 +80,9 @@ def main(argv=None):
     times = {"pyscf_fp64": [], "ours_fp64": [], "ours_fp32": []}
     other = {k: [] for k in times}        # other processes' CPU cores during each timed run
     energies, stage_times, ran = {}, {}, {}
-    time_ours(mol, auxmol, ref, nfrozen, "fp64", args.device)  # warm-up (allocations, libraries)
+    opts = {p: RunOptions(basis=args.basis, device=args.device, precision=p, frozen_core=args.frozen_core)
+            for p in ("fp64", "fp32")}
+    time_ours(mol, auxmol, ref, opts["fp64"])  # warm-up (allocations, libraries)
     for rep in range(args.repeats):
         m0 = OtherCPU.mark()
         t, energies["pyscf_fp64"] = time_pyscf(mol, ref, auxbasis, nfrozen)
@@ -98,7 +90,7 @@ def main(argv=None):
         other["pyscf_fp64"].append(OtherCPU.cores(m0, OtherCPU.mark()))
         for prec in ("fp64", "fp32"):
             m0 = OtherCPU.mark()
-            t, e, st, r = time_ours(mol, auxmol, ref, nfrozen, prec, args.device)
+            t, e, st, r = time_ours(mol, auxmol, ref, opts[prec])
             times[f"ours_{prec}"].append(t)
             other[f"ours_{prec}"].append(OtherCPU.cores(m0, OtherCPU.mark()))
             energies[f"ours_{prec}"], stage_times[f"ours_{prec}"], ran[f"ours_{prec}"] = e, st, r

@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 import linalg
-from dfmp2 import checkpoint, integrals, memory, scf
+from dfmp2 import checkpoint, integrals, scf
 from dfmp2.checkpoint import CheckpointError
 from dfmp2.cli import main
 from dfmp2.pipeline import RunOptions, run
@@ -25,6 +25,8 @@ INPUTS = ROOT / "inputs"
 WATER = INPUTS / "water.xyz"
 DIMER = INPUTS / "water_clusters" / "h2o_02.xyz"
 OCC_BLOCK, J3C_MB = 2, 0.05           # the dimer (nocc 10) in 5 occupied blocks: 15 block pairs
+BLOCKS = dict(occ_block_max=OCC_BLOCK, j3c_block_mb=J3C_MB)
+BLOCK_ARGS = ["--occ-block-max", str(OCC_BLOCK), "--j3c-block-mb", str(J3C_MB)]
 NPAIRS = 15
 PAIR_KERNEL = linalg.mp2_pair_energy
 
@@ -33,8 +35,6 @@ PAIR_KERNEL = linalg.mp2_pair_energy
 CHILD = """
 import sys, time, torch
 torch.set_num_threads(1)
-from dfmp2 import memory
-memory.OCC_BLOCK_MAX, memory.J3C_BLOCK_MB = {occ}, {j3c}
 import linalg
 _orig = linalg.mp2_pair_energy
 def slow(*a, **k):
@@ -45,15 +45,13 @@ def slow(*a, **k):
 linalg.mp2_pair_energy = slow
 from dfmp2.cli import main
 main(sys.argv[1:], prog_name="dfmp2")
-""".format(occ=OCC_BLOCK, j3c=J3C_MB)
+"""
 
 
 @pytest.fixture(autouse=True)
-def blocking(monkeypatch):
+def one_thread():
     old = torch.get_num_threads()
     torch.set_num_threads(1)
-    monkeypatch.setattr(memory, "OCC_BLOCK_MAX", OCC_BLOCK)
-    monkeypatch.setattr(memory, "J3C_BLOCK_MB", J3C_MB)
     yield
     torch.set_num_threads(old)
 
@@ -65,16 +63,12 @@ def uninterrupted():
 
     def get(precision="fp64"):
         if precision not in cache:
-            mp = pytest.MonkeyPatch()
-            mp.setattr(memory, "OCC_BLOCK_MAX", OCC_BLOCK)
-            mp.setattr(memory, "J3C_BLOCK_MB", J3C_MB)
             old = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                cache[precision] = run(DIMER, RunOptions(precision=precision))
+                cache[precision] = run(DIMER, RunOptions(**BLOCKS, precision=precision))
             finally:
                 torch.set_num_threads(old)
-                mp.undo()
         return cache[precision]
     return get
 
@@ -103,7 +97,7 @@ def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path,
     ck = tmp_path / "run.h5"
     count_pair_calls(monkeypatch, fail_after=6)
     with pytest.raises(KeyboardInterrupt):
-        run(DIMER, RunOptions(storage=storage, checkpoint=str(ck), scratch_dir=str(tmp_path)))
+        run(DIMER, RunOptions(**BLOCKS, storage=storage, checkpoint=str(ck), scratch_dir=str(tmp_path)))
     with h5py.File(ck, "r") as f:
         assert f["pairs/done"][...].sum() == 6 and f["B"].attrs["complete"] == 1
         assert f.attrs["complete"] == 0
@@ -114,7 +108,7 @@ def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path,
     calls = count_pair_calls(monkeypatch)
     # resumed with the other storage: where B lives does not change the bits
     other = "disk" if storage == "memory" else "memory"
-    r = run(DIMER, RunOptions(storage=other, resume=str(ck)))
+    r = run(DIMER, RunOptions(**BLOCKS, storage=other, resume=str(ck)))
     assert len(calls) == NPAIRS - 6
     assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": True, "pairs": 6}
     assert same_bits(r, ref)
@@ -129,10 +123,10 @@ def test_interrupt_during_fit_rebuilds_b_but_keeps_the_scf(tmp_path, monkeypatch
     orig = outofcore.fit_blocks
     monkeypatch.setattr(outofcore, "fit_blocks", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        run(DIMER, RunOptions(storage="disk", checkpoint=str(ck)))
+        run(DIMER, RunOptions(**BLOCKS, storage="disk", checkpoint=str(ck)))
     monkeypatch.setattr(outofcore, "fit_blocks", orig)
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
-    r = run(DIMER, RunOptions(storage="disk", resume=str(ck)))
+    r = run(DIMER, RunOptions(**BLOCKS, storage="disk", resume=str(ck)))
     assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": False, "pairs": 0}
     assert same_bits(r, ref)
 
@@ -141,9 +135,9 @@ def test_fp32_checkpoint_resumes_bitwise(tmp_path, monkeypatch, uninterrupted):
     ck = tmp_path / "run.h5"
     count_pair_calls(monkeypatch, fail_after=9)
     with pytest.raises(KeyboardInterrupt):
-        run(DIMER, RunOptions(precision="fp32", storage="disk", checkpoint=str(ck)))
+        run(DIMER, RunOptions(**BLOCKS, precision="fp32", storage="disk", checkpoint=str(ck)))
     count_pair_calls(monkeypatch)
-    r = run(DIMER, RunOptions(precision="fp32", resume=str(ck)))
+    r = run(DIMER, RunOptions(**BLOCKS, precision="fp32", resume=str(ck)))
     assert same_bits(r, uninterrupted("fp32"))
     with h5py.File(ck, "r") as f:
         assert f["B"].dtype == np.float32
@@ -153,7 +147,7 @@ def test_fp32_checkpoint_resumes_bitwise(tmp_path, monkeypatch, uninterrupted):
 def start_child(args, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    return subprocess.Popen([sys.executable, str(script), "run", str(DIMER)] + args, cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(script), "run", str(DIMER)] + BLOCK_ARGS + args, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -213,7 +207,7 @@ def water_checkpoint(tmp_path_factory):
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        first = run(WATER, RunOptions(checkpoint=str(ck)))
+        first = run(WATER, RunOptions(**BLOCKS, checkpoint=str(ck)))
     finally:
         torch.set_num_threads(old)
     return ck, first
@@ -229,7 +223,7 @@ def test_complete_checkpoint_gives_the_result_again(water_checkpoint, monkeypatc
     ck = copy(ck, tmp_path / "c.h5")
     calls = count_pair_calls(monkeypatch)
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
-    r = run(WATER, RunOptions(resume=str(ck)))
+    r = run(WATER, RunOptions(**BLOCKS, resume=str(ck)))
     assert calls == [] and same_bits(r, first)
     assert "checkpoint" in r.timings and "scf" not in r.timings
 

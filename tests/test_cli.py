@@ -111,12 +111,10 @@ def test_auxbasis_missing_for_element(tmp_path):
     assert_one_line_error(res, "auxiliary basis 'cc-pvdz-ri' is not defined for K", "--auxbasis")
 
 
-def test_scf_not_converged(tmp_path, monkeypatch):
-    import dfmp2.scf as scf
-    monkeypatch.setattr(scf, "SCF_MAX_CYCLE", 2)
+def test_scf_not_converged(tmp_path):
     out = tmp_path / "out.json"
-    res = run_cli(["run", str(INPUTS / "water.xyz"), "--json", str(out)])
-    assert_one_line_error(res, "RHF did not converge")
+    res = run_cli(["run", str(INPUTS / "water.xyz"), "--json", str(out), "--scf-max-cycle", "2"])
+    assert_one_line_error(res, "RHF did not converge in 2 cycles")
     assert not out.exists()
 
 

@@ -34,7 +34,7 @@ def _one_error_line(res, *fragments):
     return lines[-1]
 
 
-def test_auto_rule_takes_cublas_unless_the_fused_kernel_was_measured_faster(monkeypatch):
+def test_auto_rule_takes_cublas_unless_the_fused_kernel_was_measured_faster():
     for prec, (gemm, fused) in (("fp64", ("0.656", "1.357")), ("fp32", ("0.669", "0.793"))):
         path, why = auto_pair_path(prec, (9, 0))                 # H100: measured, gemm+epilogue faster
         assert path == "gemm+epilogue" and "sm_90" in why and gemm in why and fused in why, why
@@ -42,11 +42,11 @@ def test_auto_rule_takes_cublas_unless_the_fused_kernel_was_measured_faster(monk
         assert path == "gemm+epilogue" and "not been measured faster on sm_80" in why
         assert auto_pair_path(prec, None)[0] == "gemm+epilogue"  # no GPU (interpreter)
     # a GPU class where the fused kernel was faster in fp32 only
-    monkeypatch.setitem(lcuda.PAIR_PATH_MEASUREMENTS, (12, 0), {
+    measured = {**lcuda.PAIR_PATH_MEASUREMENTS, (12, 0): {
         "gpu": "test GPU", "date": "2026-11", "versions": "-", "shape": (1, 2, 3),
-        "fp64": {"gemm+epilogue": 1.0, "fused": 1.5}, "fp32": {"gemm+epilogue": 1.0, "fused": 0.5}})
-    assert auto_pair_path("fp64", (12, 0))[0] == "gemm+epilogue"
-    path, why = auto_pair_path("fp32", (12, 0))
+        "fp64": {"gemm+epilogue": 1.0, "fused": 1.5}, "fp32": {"gemm+epilogue": 1.0, "fused": 0.5}}}
+    assert auto_pair_path("fp64", (12, 0), measured)[0] == "gemm+epilogue"
+    path, why = auto_pair_path("fp32", (12, 0), measured)
     assert path == "fused" and why.startswith("auto: fused (measured on sm_120, test GPU")
 
 

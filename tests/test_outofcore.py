@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 import linalg
-from dfmp2 import memory, outofcore
+from dfmp2 import outofcore
 from linalg.reference import mp2_pair_energy_reference
 from dfmp2.cli import main
 from dfmp2.errors import InputError
@@ -161,21 +161,17 @@ def test_writer_error_is_raised_at_the_next_call():
 
 
 # ------------------------------------------------------------------ the pipeline out of core
-def small_blocks(monkeypatch, occ=2, j3c_mb=0.05):
-    """Several occupied and auxiliary blocks on a small molecule."""
-    monkeypatch.setattr(memory, "OCC_BLOCK_MAX", occ)
-    monkeypatch.setattr(memory, "J3C_BLOCK_MB", j3c_mb)
+SMALL = dict(occ_block_max=2, j3c_block_mb=0.05)   # several occupied and auxiliary blocks
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
 def test_tiny_memory_limit_goes_out_of_core_bitwise_equal(tmp_path, monkeypatch, precision):
-    small_blocks(monkeypatch)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    im = run(DIMER, RunOptions(precision=precision))
+    im = run(DIMER, RunOptions(**SMALL, precision=precision))
     assert not im.memory["out_of_core"]
     limit = run_plan_limit(precision)
-    ooc = run(DIMER, RunOptions(precision=precision, memory_mb=limit, scratch_dir=str(scratch)))
+    ooc = run(DIMER, RunOptions(**SMALL, precision=precision, memory_mb=limit, scratch_dir=str(scratch)))
     assert ooc.memory["out_of_core"] and ooc.memory["peak_mb"] <= limit < im.memory["peak_mb"]
     assert (ooc.memory["aux_block"], ooc.memory["occ_block"]) == (im.memory["aux_block"], im.memory["occ_block"])
     assert ooc.ran["storage"]["B"] == "disk (HDF5)" and ooc.ran["storage"]["occ_blocks"] == 5
@@ -187,25 +183,23 @@ def run_plan_limit(precision):
     """The out-of-core peak of the dimer's plan: below the in-memory peak, same blocks."""
     from dfmp2.memory import plan_memory
     shapes = dict(nao=48, nocc=10, nvir=38, naux=168, itemsize=8 if precision == "fp64" else 4)
-    return plan_memory(**shapes, limit_mb=1e6, storage="disk", aux_shell_max=7).peak_mb
+    return plan_memory(**shapes, **SMALL, limit_mb=1e6, storage="disk", aux_shell_max=7).peak_mb
 
 
 def test_forced_disk_on_eigh_metric_is_bitwise_equal(monkeypatch):
     import dfmp2.pipeline as pipeline
-    small_blocks(monkeypatch)
 
     def failing_cholesky(a, *, backend=None):
         raise linalg.NotPositiveDefiniteError("forced eigh")
     monkeypatch.setattr(pipeline.linalg, "cholesky", failing_cholesky)
-    a = run(WATER, RunOptions(storage="memory"))
-    b = run(WATER, RunOptions(storage="disk"))
+    a = run(WATER, RunOptions(**SMALL, storage="memory"))
+    b = run(WATER, RunOptions(**SMALL, storage="disk"))
     assert a.ran["metric"].startswith("eigh") and b.memory["out_of_core"]
     assert (a.e_os, a.e_ss) == (b.e_os, b.e_ss)
 
 
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_temporary_files_removed_on_failure_and_interrupt(tmp_path, monkeypatch, exc):
-    small_blocks(monkeypatch)
     calls = []
 
     def failing(*a, **k):
@@ -219,7 +213,7 @@ def test_temporary_files_removed_on_failure_and_interrupt(tmp_path, monkeypatch,
     monkeypatch.setattr(outofcore.Scratch, "open",
                         lambda self, name, _o=outofcore.Scratch.open: seen.append(name) or _o(self, name))
     with pytest.raises(exc):
-        run(WATER, RunOptions(storage="disk", precision="fp32", scratch_dir=str(tmp_path)))
+        run(WATER, RunOptions(**SMALL, storage="disk", precision="fp32", scratch_dir=str(tmp_path)))
     assert seen == ["B", "Pia"] and list(tmp_path.iterdir()) == []
     assert not any(t.name.startswith("dfmp2-") and t.is_alive() for t in threading.enumerate())
 

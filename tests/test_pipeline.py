@@ -71,13 +71,11 @@ def test_benzene_and_larger_cluster_slow(scf_mode):
     check(INPUTS / "water_clusters" / "h2o_08.xyz", scf_mode, True)
 
 
-def test_small_occ_blocks_give_same_energy(monkeypatch):
+def test_small_occ_blocks_give_same_energy():
     """Several occupied blocks (off-diagonal blocks counted twice) equal one block."""
-    import dfmp2.memory as memory
     path = INPUTS / "water_clusters" / "h2o_02.xyz"
     one = run(path, RunOptions())
-    monkeypatch.setattr(memory, "OCC_BLOCK_MAX", 3)
-    many = run(path, RunOptions())
+    many = run(path, RunOptions(occ_block_max=3))
     assert many.memory["occ_block"] == 3
     assert abs(one.e_corr - many.e_corr) < 1e-12
 

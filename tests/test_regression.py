@@ -32,11 +32,11 @@ def shared_rhf():
     real = dfmp2.scf.run_rhf
     last = {}
 
-    def run_rhf(mol, scf_mode="df"):
-        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, scf_mode)
+    def run_rhf(mol, scf_mode="df", max_cycle=dfmp2.scf.SCF_MAX_CYCLE):
+        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, scf_mode, max_cycle)
         if key not in last:
             last.clear()                     # keep one: a DF-SCF object can hold GBs of integrals
-            last[key] = real(mol, scf_mode)
+            last[key] = real(mol, scf_mode, max_cycle=max_cycle)
         return last[key]
 
     mp = pytest.MonkeyPatch()

@@ -106,25 +106,6 @@ def pair_flops(nocc: int, nvir: int, naux: int) -> float:
     return nocc * (nocc + 1) / 2 * 2.0 * nvir * nvir * naux
 
 
-def time_ours(mol, auxmol, ref, precision: str, backend, nfrozen: int = 0):
-    """One run of our DF-MP2 stage after the SCF (dfmp2.pipeline.mp2_energy, the approach of
-    scripts/bench_vs_pyscf.py). Returns (seconds, e_corr in Hartree, {stage: seconds}, what ran)."""
-    import linalg
-    from ..memory import plan_memory
-    from ..pipeline import _Timer, mp2_energy
-    nocc = ref.nocc - nfrozen
-    nvir = ref.mo_coeff.shape[1] - ref.nocc
-    plan = plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
-                       itemsize=linalg.DTYPES[precision].itemsize, limit_mb=None, device=backend.name)
-    timer = _Timer(backend)
-    backend.synchronize()
-    t0 = time.perf_counter()
-    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
-                                 plan=plan, timer=timer)
-    backend.synchronize()
-    return time.perf_counter() - t0, e_os + e_ss, dict(timer.seconds), ran
-
-
 def time_pyscf(mol, ref, auxbasis, nfrozen: int = 0):
     """One run of PySCF's DF-MP2 (mp.dfmp2.DFMP2 kernel: its 3-index integrals, fit and pair
     energies) on our SCF and auxiliary basis. Returns (seconds, e_corr in Hartree)."""
@@ -147,6 +128,7 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     (plus one untimed warm-up) for clusters whose expected stage time is below
     ``single_above_s``; a single run (no warm-up) above it."""
     from .. import scf
+    from ..pipeline import RunOptions, time_mp2_stage
     from ..xyz import read_xyz
 
     path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
@@ -179,7 +161,9 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
             single = expected(prec) > single_above_s
             times, stage_runs, e, ran = [], [], None, None
             for k in range((0 if single else 1) + (1 if single else repeats)):
-                dt, e, stage_s, ran = time_ours(mol, auxmol, ref, prec, make_backend())
+                dt, e_os, e_ss, stage_s, ran = time_mp2_stage(
+                    mol, auxmol, ref, RunOptions(device=dev_name, precision=prec), make_backend())
+                e = e_os + e_ss
                 if single or k > 0:                   # k == 0 is the warm-up
                     times.append(dt)
                     stage_runs.append(stage_s)
