@@ -13,10 +13,9 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import linalg
