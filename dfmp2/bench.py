@@ -67,8 +67,6 @@ def _rerender(path: Path, console) -> None:
     report's schema tag, and the markdown and tables must render from it."""
     import io
     import json
-    import os
-    import tempfile
 
     from rich.console import Console
     from .benchmarks import report
@@ -89,20 +87,8 @@ def _rerender(path: Path, console) -> None:
         raise InputError(f"{path}: damaged dfmp2 bench report ({e.__class__.__name__}: "
                          f"{' '.join(str(e).split())[:60]})") from None
     png = path.with_suffix(".png")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{png.name}.", suffix=".tmp.png")
-        os.close(fd)
-        try:
-            plotted = report.plot(rep, Path(tmp))
-            if plotted:
-                os.replace(tmp, png)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        rep["plot"] = str(png) if plotted else None
-        report.atomic_write(path.with_suffix(".md"), report.markdown(rep))
-    except OSError as e:
-        raise InputError(f"{path.parent}: cannot write the report there ({e.strerror or e})") from None
+    rep["plot"] = str(png) if report.plot(rep, png) else None    # written atomically (outputs)
+    report.atomic_write(path.with_suffix(".md"), report.markdown(rep))
     report.terminal(rep, console)
 
 

@@ -5,7 +5,7 @@ Every command that writes a file (``run --json``, ``regress --json``, ``compare 
 ``check_output_file`` / ``check_output_dir`` first, so a path that cannot be written is one
 ``error:`` line and exit 2 before the SCF, not a traceback after it.
 
-Writing rules (``write_text``):
+Writing rules (``write_text``, ``write_bytes``):
 
 * a regular file, or nothing, at the path: written to a temporary file in the same directory,
   then renamed over the path, so a half-written file never appears under the name. The new file
@@ -108,6 +108,15 @@ def write_text(path, text: str) -> None:
     """Write ``text`` to ``path`` by the rules in the module docstring; a failure (disk full,
     /dev/full, a vanished directory) is an InputError naming the path, and leaves no temporary
     file and no half-written file behind."""
+    _write(path, text, "w")
+
+
+def write_bytes(path, data: bytes) -> None:
+    """``write_text`` for binary content (a plot)."""
+    _write(path, data, "wb")
+
+
+def _write(path, data, mode: str) -> None:
     p = Path(path)
     try:
         st = os.stat(p)
@@ -115,16 +124,16 @@ def write_text(path, text: str) -> None:
         st = None
     try:
         if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-            with open(p, "w") as f:             # a device or FIFO: into it, never replacing it
-                f.write(text)
+            with open(p, mode) as f:            # a device or FIFO: into it, never replacing it
+                f.write(data)
             return
         target = Path(os.path.realpath(p))      # replace a link's file, not the link
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
         # O_EXCL and mode 0o666: the umask applies, as for any new file (mkstemp would give 0600)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            with os.fdopen(fd, mode) as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)

@@ -5,6 +5,7 @@ not run appears as 'not run' with its reason and never with numbers.
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -362,7 +363,8 @@ def terminal(rep: dict, console) -> None:
 def plot(rep: dict, path: Path) -> bool:
     """Time vs size, log-log: left, per-op calls vs nbasis of the shape for each device/precision
     (Trainium estimates dashed, hollow, labelled 'estimate'); right, the water-cluster stage vs
-    nbasis with the fitted power laws. Returns False (and writes nothing) without matplotlib."""
+    nbasis with the fitted power laws. Returns False (and writes nothing) without matplotlib.
+    Written by dfmp2.outputs.write_bytes: a half-written plot never appears under ``path``."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -440,9 +442,12 @@ def plot(rep: dict, path: Path) -> bool:
     fig.suptitle(f"dfmp2 bench {m['date']} — {m['machine']['cpu']}, {m['machine']['torch_threads']} threads"
                  + (" (machine loaded)" if m.get("machine_loaded") else ""), fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    from ..outputs import write_bytes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes(path, buf.getvalue())       # atomic, with the umask's mode, as the JSON and markdown
     return True
 
 
