@@ -65,12 +65,6 @@ def parse_devices(text: str) -> list[str]:
     return devices
 
 
-def present_devices(precision: str) -> tuple[list[str], dict]:
-    """What ``--devices`` defaults to: ``linalg.present_devices`` (the devices present here that
-    can run ``precision``, and {device: why not} for the others), which ``check_device`` confirms."""
-    return linalg.present_devices(precision)
-
-
 def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:
     """MB (10^6 bytes) a synthetic problem needs: 'generate' (host: B in the working precision
     plus a few fp64 (nvir, naux) Philox work arrays) and 'pair' (on the device: B plus the
@@ -279,7 +273,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
         absent = {}
         if devices is None:
-            names, absent = present_devices(precision)
+            names, absent = linalg.present_devices(precision)   # --devices' default
             console.print(f"devices: {', '.join(names)} (present here)"
                           + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
                              if absent else "")

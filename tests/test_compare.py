@@ -113,7 +113,7 @@ def test_parse_synthetic_forms():
 def test_default_devices_are_the_ones_present(tmp_path):
     """No --devices: cpu plus what is present here; the output and the JSON say what was left out
     and why, and a machine without a GPU is not an error (issue 18)."""
-    from dfmp2.compare import present_devices
+    from linalg import present_devices
     present, absent = present_devices("fp64")
     assert present[0] == "cpu" and ("cuda" in present) == torch.cuda.is_available()
     assert "trn1" in absent and "trn2" in absent and "no fp64" not in absent.get("cuda", "")
