@@ -114,17 +114,9 @@ def _fused_pair_energy_kernel(
     tl.store(ss_ptr + out, e_ss)
 
 
-_JIT = {}
-
-
 def kernel():
     """The jitted kernel for the current TRITON_INTERPRET setting (built once per setting)."""
-    from .launch import interpreting
-    interpret = interpreting()
-    k = _JIT.get(interpret)
-    if k is None:
-        k = _JIT[interpret] = jit_kernel(_fused_pair_energy_kernel)
-    return k
+    return jit_kernel(_fused_pair_energy_kernel)
 
 
 def default_config(dtype) -> dict:

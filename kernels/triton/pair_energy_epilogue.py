@@ -57,17 +57,9 @@ def _pair_energy_epilogue_kernel(
     tl.store(ss_ptr + out, e_ss)
 
 
-_JIT = {}
-
-
 def kernel():
     """The jitted kernel for the current TRITON_INTERPRET setting (built once per setting)."""
-    from .launch import interpreting
-    interp = interpreting()
-    k = _JIT.get(interp)
-    if k is None:
-        k = _JIT[interp] = jit_kernel(_pair_energy_epilogue_kernel)
-    return k
+    return jit_kernel(_pair_energy_epilogue_kernel)
 
 
 def _as_rows(B: torch.Tensor) -> torch.Tensor:
@@ -99,7 +91,7 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
     # Row chunk: ci occupied orbitals; columns: all of J (or up to the chunk's end if symmetric).
     ci = max(1, min(ni, max_elems // max(1, nvir * nvir * (nj if not symmetric else ni))))
     k = kernel()
-    os_parts, ss_parts, weights = [], [], []
+    os_parts, ss_parts = [], []
     for i0 in range(0, ni, ci):
         i1 = min(ni, i0 + ci)
         jend = i1 if symmetric else nj

@@ -8,7 +8,8 @@ Padding (a or b >= nvir) has X = Y = 0 and D set to 1, so it adds nothing.
 
 Like the kernels, the helper is jitted when a kernel is first built, not at import (Triton fixes
 at its own import whether the process interprets); ``jit_kernel`` puts it, jitted for the same
-setting, into the kernel module's globals, where Triton looks the callee up.
+setting, into the kernel module's globals, where Triton looks the callee up; it also keeps the
+jitted kernels, one per function and setting.
 """
 from __future__ import annotations
 
@@ -34,16 +35,17 @@ def _pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG
     return e_os, e_ss
 
 
-_JIT = {}
+_JIT = {}      # (python function, interpreting) -> its triton.jit
 
 
 def jit_kernel(pyfn):
-    """triton.jit of a kernel function that calls ``pair_tile_sums``, with the helper jitted once
-    per interpreter setting and bound in the kernel's module globals."""
+    """triton.jit of a kernel function that calls ``pair_tile_sums``, built once per interpreter
+    setting, with the helper jitted for the same setting and bound in the kernel's module globals."""
     from .launch import interpreting
     interp = interpreting()
-    helper = _JIT.get(interp)
-    if helper is None:
-        helper = _JIT[interp] = triton.jit(_pair_tile_sums)
-    pyfn.__globals__["pair_tile_sums"] = helper
-    return triton.jit(pyfn)
+    if (pyfn, interp) not in _JIT:
+        if (_pair_tile_sums, interp) not in _JIT:
+            _JIT[_pair_tile_sums, interp] = triton.jit(_pair_tile_sums)
+        pyfn.__globals__["pair_tile_sums"] = _JIT[_pair_tile_sums, interp]
+        _JIT[pyfn, interp] = triton.jit(pyfn)
+    return _JIT[pyfn, interp]
