@@ -221,6 +221,15 @@ JSON_VALUE = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.
                           max_leaves=12)
 
 
+def _json_or_bytes(path: Path, doc, raw) -> Path:
+    """``doc`` as JSON in ``path``, or the bytes ``raw`` when given; returns the path."""
+    if raw is None:
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_bytes(raw)
+    return path
+
+
 @FUZZ
 @given(doc=st.one_of(JSON_VALUE, st.dictionaries(st.sampled_from(["references", "meta"]), JSON_VALUE),
                      st.builds(lambda e: {"references": {"w": e}}, st.dictionaries(
@@ -231,11 +240,7 @@ JSON_VALUE = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.
 def test_regress_references_file(doc, raw):
     """--references with any JSON (or bytes) and --list: listed or one error line; no case runs."""
     with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "refs.json"
-        if raw is None:
-            p.write_text(json.dumps(doc))
-        else:
-            p.write_bytes(raw)
+        p = _json_or_bytes(Path(d) / "refs.json", doc, raw)
         check(["regress", "--references", str(p), "--list"], Path(d))
 
 
@@ -247,11 +252,7 @@ def test_regress_references_file(doc, raw):
        raw=st.one_of(st.none(), st.binary(max_size=40)))
 def test_bench_rerender_file(doc, raw):
     with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "r.json"
-        if raw is None:
-            p.write_text(json.dumps(doc))
-        else:
-            p.write_bytes(raw)
+        p = _json_or_bytes(Path(d) / "r.json", doc, raw)
         check(["bench", "--rerender", str(p)], Path(d), allowed={"r.md", "r.png"})
 
 
