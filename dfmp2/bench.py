@@ -170,7 +170,7 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
             min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,
             trn_validate=trn_validate, command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
             if len(sys.argv) > 1 and sys.argv[1] == "bench" else "dfmp2 bench (called from Python)")
-        from .compare import check_synthetic_memory
+        from .memory import check_synthetic_memory
         for s in opts.shapes:        # before any allocation: a shape larger than host memory is one line
             for p in prec:
                 check_synthetic_memory(f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}", s.nocc, s.nvir,

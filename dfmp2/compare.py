@@ -65,32 +65,6 @@ def parse_devices(text: str) -> list[str]:
     return devices
 
 
-def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:
-    """MB (10^6 bytes) a synthetic problem needs: 'generate' (host: B in the working precision
-    plus a few fp64 (nvir, naux) Philox work arrays) and 'pair' (on the device: B plus the
-    pair step's K workspace, ~7 (nvir, nvir) chunks per thread as ``dfmp2.memory`` models it)."""
-    from .memory import MB, PAIR_CHUNK_ELEMS
-    b = nocc * nvir * naux * itemsize
-    ws = min(max(1, nthreads), nocc) * 7 * 8 * min(nocc * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir))
-    return {"b": b / MB, "generate": (b + 6 * nvir * naux * 8) / MB, "pair": (b + ws) / MB}
-
-
-def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize: int, devices) -> None:
-    """Refuse (InputError, before anything is allocated) a synthetic problem larger than the free
-    memory: the host, where it is generated, and each device that will run it (cpu and trn run
-    on the host). ``what``: the option and value, for the message (e.g. '--synthetic 8,40,120')."""
-    import torch
-    from .memory import DEFAULT_FRACTION, available_mb
-    need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
-    for where, mb in [("host", need["generate"])] + [(d, need["pair"]) for d in devices]:
-        have = DEFAULT_FRACTION * available_mb(where if where != "host" else "cpu")
-        if mb > have:
-            raise InputError(
-                f"{what}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
-                f"but {have:.3g} MB is available ({DEFAULT_FRACTION:.0%} of free memory); "
-                f"choose smaller sizes")
-
-
 def parse_synthetic(text: str) -> tuple[int, int, int]:
     try:
         nocc, nvir, naux = (int(x) for x in text.replace("x", ",").split(","))
@@ -297,6 +271,7 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             from linalg import synthetic_problem
             nocc, nvir, naux = parse_synthetic(synthetic)
             dtype = torch.float64 if precision == "fp64" else torch.float32
+            from .memory import check_synthetic_memory
             check_synthetic_memory(f"--synthetic {synthetic}", nocc, nvir, naux, dtype.itemsize,
                                    [d for d, (be, _) in backends.items() if be is not None])
             problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, asdict, field
 
 from linalg.torch_ops import PAIR_CHUNK_ELEMS
 
-from .errors import MemoryLimitError
+from .errors import InputError, MemoryLimitError
 
 MB = 1e6
 DEFAULT_FRACTION = 0.8        # of available memory when no limit is given
@@ -46,6 +46,38 @@ def available_mb(device: str) -> float:
         pass
     import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / MB
+
+
+def pair_workspace_bytes(nrows: int, nvir: int) -> int:
+    """Bytes of one thread's pair-step workspace for rows of ``nrows`` occupied orbitals: ~7 fp64
+    chunks of K, each at most PAIR_CHUNK_ELEMS elements (linalg.torch_ops.mp2_pair_energy's
+    chunk) but at least one nvir x nvir block."""
+    return 7 * 8 * min(nrows * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir))
+
+
+def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:
+    """MB (10^6 bytes) a synthetic problem needs: 'generate' (host: B in the working precision
+    plus a few fp64 (nvir, naux) Philox work arrays) and 'pair' (on the device: B plus the
+    pair step's workspace for each thread, ``pair_workspace_bytes``)."""
+    b = nocc * nvir * naux * itemsize
+    ws = min(max(1, nthreads), nocc) * pair_workspace_bytes(nocc, nvir)
+    return {"b": b / MB, "generate": (b + 6 * nvir * naux * 8) / MB, "pair": (b + ws) / MB}
+
+
+def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize: int, devices) -> None:
+    """Refuse (InputError, before anything is allocated) a synthetic problem (dfmp2 compare
+    --synthetic, dfmp2 bench --shapes) larger than the free memory: the host, where it is
+    generated, and each device that will run it (cpu and trn run on the host). ``what``: the
+    option and value, for the message (e.g. '--synthetic 8,40,120')."""
+    import torch
+    need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
+    for where, mb in [("host", need["generate"])] + [(d, need["pair"]) for d in devices]:
+        have = DEFAULT_FRACTION * available_mb(where if where != "host" else "cpu")
+        if mb > have:
+            raise InputError(
+                f"{what}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
+                f"but {have:.3g} MB is available ({DEFAULT_FRACTION:.0%} of free memory); "
+                f"choose smaller sizes")
 
 
 @dataclass
@@ -99,7 +131,7 @@ def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
                 + 2 * nao * nocc * fw + 2 * nov * fw)
     nblk = -(-nocc // occ_block)
     ahead = min(PREFETCH_DEPTH, nblk)                        # blocks read ahead
-    ws = 7 * 8 * min(occ_block * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir))
+    ws = pair_workspace_bytes(occ_block, nvir)
     st = {"metric": 4 * naux * naux * 8 + mo}
     if out_of_core:
         st["transform"] = mo + L + j3c + WRITE_DEPTH * ab * bcols * fw    # queued row pieces

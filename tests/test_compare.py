@@ -136,7 +136,7 @@ def test_explicit_devices_are_still_required(tmp_path):
 
 def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
     import linalg
-    from dfmp2.compare import synthetic_memory_mb
+    from dfmp2.memory import synthetic_memory_mb
 
     def no_alloc(*a, **k):
         raise AssertionError("synthetic_problem must not run")
