@@ -43,12 +43,13 @@ AUX_FALLBACK_MAX_Z = 36
 AUTOAUX = "autoaux"
 
 
-def _defines(name: str, element: str) -> bool:
-    """Whether PySCF can load basis ``name`` for ``element`` (a missing name or element: False)."""
+def _defines(name: str, element: str, load=gto.basis.load) -> bool:
+    """Whether PySCF's ``load`` (the basis loader, or ``gto.basis.load_ecp``) finds something for
+    ``element`` in ``name`` (a missing name or element: False)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return bool(gto.basis.load(name, element))
+            return bool(load(name, element))
     except (BasisNotFoundError, KeyError, RuntimeError, OSError, ValueError):
         return False
 
@@ -66,15 +67,7 @@ def _refuse_ecp(name: str, elements) -> None:
     for any of ``elements`` (def2-* beyond Kr, *-pp, LANL2DZ): run all-electron without its ECP,
     such a basis is short of core functions and the energies are meaningless. ECPs are not
     supported yet."""
-    with_ecp = []
-    for el in sorted(set(elements)):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if gto.basis.load_ecp(name, el):
-                    with_ecp.append(el)
-        except (BasisNotFoundError, KeyError, RuntimeError, OSError, ValueError):
-            pass
+    with_ecp = [el for el in sorted(set(elements)) if _defines(name, el, gto.basis.load_ecp)]
     if with_ecp:
         raise InputError(f"basis '{name}' uses an effective core potential for {', '.join(with_ecp)}, "
                          "and ECPs are not supported yet; choose an all-electron basis (e.g. "
