@@ -52,11 +52,14 @@ class CheckpointError(InputError):
 
 
 def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, precision: str,
-                device: str, simulate: bool, nfrozen: int, nocc: int, nvir: int, naux: int) -> dict:
-    """What must be equal for a checkpoint to be reused (JSON-able; floats exactly)."""
+                device: str, simulate: bool, nfrozen: int, nocc: int, nvir: int, naux: int,
+                ecp: dict | None = None) -> dict:
+    """What must be equal for a checkpoint to be reused (JSON-able; floats exactly). ``ecp``
+    (``scf.ecp_info``) is recorded only when there is one, so all-electron checkpoints written
+    before ECPs were supported still resume (an ECP changes nocc, which the shapes hold)."""
     import dfmp2
     coords = np.asarray(mol.atom_coords(unit="Angstrom"), dtype=np.float64)
-    return {
+    fp = {
         "dfmp2_version": dfmp2.__version__,
         "geometry": [[mol.atom_pure_symbol(i), *map(float, coords[i])] for i in range(mol.natm)],
         "charge": int(mol.charge),
@@ -71,6 +74,9 @@ def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, 
         "shapes": {"nbasis": int(mol.nao_nr()), "naux": int(naux), "nocc": int(nocc),
                    "nvir": int(nvir), "nfrozen": int(nfrozen)},
     }
+    if ecp:
+        fp["ecp"] = ecp
+    return fp
 
 
 def _describe(value) -> str:

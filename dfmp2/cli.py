@@ -198,6 +198,8 @@ def _plan_table(plan):
               help=PAIR_KERNEL_HELP)
 @click.option("--frozen-core/--all-electron", default=False, show_default=True,
               help="freeze the chemical core orbitals in MP2")
+@click.option("--ecp", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: the effective core potential the basis comes with (def2-* beyond Kr, *-pp, LANL2DZ), stated in the output; none: all-electron (warned for a basis made for an ECP)")
 @click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
               help="RHF with density fitting (JK-fit basis) or exact integrals")
 @click.option("--memory", default=None, help="memory limit, e.g. 8GB [default: 80% of available]")
@@ -219,7 +221,7 @@ def _plan_table(plan):
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
 def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision, pair_kernel,
-        frozen_core, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
+        frozen_core, ecp, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
         json_path, verbose, quiet, **tuning):
     """Compute the DF-MP2 energy of the molecule in XYZ_FILE (coordinates in Ångström)."""
     from .pipeline import RunOptions, run as run_pipeline
@@ -228,7 +230,7 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
     err = Console(stderr=True)
     options = RunOptions(basis=basis, auxbasis=auxbasis, charge=charge, multiplicity=multiplicity,
                          device=device, simulate=simulate, precision=precision,
-                         frozen_core=frozen_core, scf_mode=scf_mode, memory_mb=parse_memory(memory),
+                         frozen_core=frozen_core, ecp=ecp, scf_mode=scf_mode, memory_mb=parse_memory(memory),
                          storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
                          resume=resume_path, pair_kernel=pair_kernel,
                          **{k: v for k, v in tuning.items() if v is not None})

@@ -42,6 +42,7 @@ class RunOptions:
     simulate: bool = False
     precision: str | None = None
     frozen_core: bool = False
+    ecp: str = "auto"                    # auto: the ECP the basis comes with (scf.build_molecule); none
     scf_mode: str = "df"
     memory_mb: float | None = None       # None: a safe fraction of available memory
     storage: str = "auto"                # where B lives: auto (memory if it fits), memory, disk
@@ -183,7 +184,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e)) from None
-    mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
+    mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
     nocc_all = mol.nelectron // 2
@@ -202,7 +203,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             mol=mol, basis=options.basis, auxbasis=scf.describe_auxbasis(auxbasis),
             scf_mode=options.scf_mode, frozen_core=options.frozen_core, precision=precision,
             device=options.device, simulate=options.simulate, nfrozen=nfrozen,
-            nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux)
+            nocc=nocc_all - nfrozen, nvir=nmo - nocc_all, naux=naux, ecp=scf.ecp_info(mol))
     ck = checkpoint.Checkpoint.resume(options.resume, fp) if options.resume else None
     created = False
     try:
@@ -272,7 +273,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         nbasis=nao, nmo=nmo, nocc=nocc, nfrozen=nfrozen, nvir=nvir, naux=naux,
         e_hf=ref.e_hf, e_os=e_os, e_ss=e_ss,
         timings=timer.seconds, ran=ran, memory=plan.to_dict(),
-        versions=software_versions(), warnings=warnings)
+        versions=software_versions(), warnings=warnings, ecp=scf.ecp_info(mol))
 
 
 def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
@@ -280,6 +281,8 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     fallback sets for elements the matched set lacks, and a user's --auxbasis that is not a
     fitting set or has fewer functions than the orbital basis (DF error then grows to %)."""
     out = []
+    if options.ecp == "none":
+        out.append(scf.ecp_off_warning(options.basis, [mol.atom_pure_symbol(i) for i in range(mol.natm)]))
     if options.auxbasis is None:
         out.append(scf.auxbasis_note(mol, auxbasis, "mp2"))
     else:

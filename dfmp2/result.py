@@ -43,6 +43,7 @@ class Result:
     memory: dict
     versions: dict
     warnings: list = field(default_factory=list)   # one line each: what to check before trusting this
+    ecp: dict | None = None   # scf.ecp_info: the effective core potential and its elements; None: all-electron
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -87,6 +88,7 @@ class Result:
         any notes, without the 'problem and what ran' table."""
         from rich.markup import escape     # user text (file names, basis names) is not markup
         from rich.table import Table
+        from .scf import describe_ecp
         e = self.energies()
         t = Table(title=f"DF-MP2  {self.formula}  ({escape(self.molecule)})", title_justify="left")
         t.add_column("quantity")
@@ -103,6 +105,7 @@ class Result:
         s.add_column("v")
         s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
                   + f"{'DF-RHF (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
+        s.add_row("ECP", escape(describe_ecp(self.ecp)))
         s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
                   f"nvir {self.nvir}, naux {self.naux}")
         s.add_row("device / engine / precision",

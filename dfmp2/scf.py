@@ -34,9 +34,10 @@ MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms are an input mistake (no gh
 # cc-pvdz-*), where that set defines the element. Otherwise a fallback: Weigend's
 # def2-universal-JKFIT for the DF-SCF and Hättig's def2-TZVPP-RI for MP2, both all-electron
 # through Kr and defined for every element there (cc-pvdz-jkfit lacks He, Li, Be, Na, Mg, Ca,
-# Sc-Zn; cc-pvdz-ri lacks Ca, Sc-Zn). Beyond Kr these sets are built for the def2 ECPs, so an
-# all-electron orbital basis gets PySCF's AutoAux (Stoychev, Auer, Neese, JCTC 13, 554 (2017)),
-# generated from the orbital basis itself, instead.
+# Sc-Zn; cc-pvdz-ri lacks Ca, Sc-Zn). Beyond Kr these sets are built for the def2 ECPs: an
+# element carrying an ECP gets them where PySCF has them (def2-universal-jkfit does, PySCF's
+# def2-*-ri files stop at Kr), an all-electron one gets PySCF's AutoAux (Stoychev, Auer, Neese,
+# JCTC 13, 554 (2017)), generated from the orbital basis itself, instead.
 AUX_KINDS = {"jk": "JK-fit", "mp2": "MP2-fit"}
 AUX_FALLBACK = {"jk": "def2-universal-jkfit", "mp2": "def2-tzvpp-ri"}
 AUX_FALLBACK_MAX_Z = 36
@@ -62,16 +63,57 @@ def _check_basis(name: str, elements, kind: str, option: str) -> None:
                          f"choose another with {option}")
 
 
-def _refuse_ecp(name: str, elements) -> None:
-    """Raise InputError if basis ``name`` is meant to be used with an effective core potential
-    for any of ``elements`` (def2-* beyond Kr, *-pp, LANL2DZ): run all-electron without its ECP,
-    such a basis is short of core functions and the energies are meaningless. ECPs are not
-    supported yet."""
-    with_ecp = [el for el in sorted(set(elements)) if _defines(name, el, gto.basis.load_ecp)]
-    if with_ecp:
-        raise InputError(f"basis '{name}' uses an effective core potential for {', '.join(with_ecp)}, "
-                         "and ECPs are not supported yet; choose an all-electron basis (e.g. "
-                         "dyall-v2z or sto-3g for heavy elements)")
+ECP_CHOICES = ("auto", "none")
+
+
+def ecp_core_electrons(basis, elements) -> dict:
+    """{element: core electrons} for the elements of ``elements`` that basis ``basis`` comes with
+    an effective core potential for, as PySCF's ECP loader finds them (def2-* beyond Kr, *-pp,
+    LANL2DZ; {} for an all-electron basis or a basis given as a dict)."""
+    if not isinstance(basis, str):
+        return {}
+    out = {}
+    for el in sorted(set(elements)):
+        if _defines(basis, el, gto.basis.load_ecp):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out[el] = int(gto.basis.load_ecp(basis, el)[0])
+    return out
+
+
+def ecp_info(mol: gto.Mole) -> dict | None:
+    """The ECP a molecule carries, for the table and the JSON: {'name': the ECP's name,
+    'elements': [El, ...], 'core_electrons': {El: n}} (electrons the ECP replaces, per atom of
+    that element), or None for an all-electron molecule."""
+    core = {}
+    for i in range(mol.natm):
+        n = int(mol.atom_nelec_core(i))
+        if n:
+            core[mol.atom_pure_symbol(i)] = n
+    if not core:
+        return None
+    ecp = mol.ecp
+    names = sorted({str(ecp[el]) for el in core if el in ecp}) if isinstance(ecp, dict) else [str(ecp)]
+    return {"name": " + ".join(names), "elements": sorted(core), "core_electrons": core}
+
+
+def describe_ecp(info: dict | None) -> str:
+    """One line of ``ecp_info``: 'def2-svp for I (28 core electrons)', or 'none (all-electron)'."""
+    if not info:
+        return "none (all-electron)"
+    cores = ", ".join(f"{el} {n}" for el, n in info["core_electrons"].items())
+    return f"{info['name']} for {', '.join(info['elements'])} (core electrons replaced: {cores})"
+
+
+def ecp_off_warning(basis, elements) -> str | None:
+    """With ``--ecp none``: a warning when ``basis`` is made for an ECP on any of ``elements``
+    (run all-electron it lacks core functions, and the energies mean nothing)."""
+    with_ecp = ecp_core_electrons(basis, elements)
+    if not with_ecp:
+        return None
+    return (f"--ecp none: basis {basis} is made for an effective core potential on "
+            f"{', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
+            "are meaningless (drop --ecp none, or choose an all-electron basis)")
 
 
 def check_geometry(geom: Geometry) -> None:
@@ -105,8 +147,13 @@ def minimal_basis_size(symbols) -> int:
 
 
 def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = None,
-                   multiplicity: int | None = None) -> gto.Mole:
+                   multiplicity: int | None = None, ecp: str = "auto") -> gto.Mole:
     """PySCF molecule for a closed-shell RHF. Options override the XYZ comment; default charge 0.
+
+    ``ecp``: 'auto' attaches the effective core potential that basis ``basis`` comes with, for
+    the elements PySCF's ECP loader finds one for (def2-* beyond Kr, *-pp, LANL2DZ), as ORCA and
+    Psi4 do; 'none' runs all-electron (the caller warns: ``ecp_off_warning``). Electron counts
+    below are of the electrons left outside the ECP cores.
 
     Refuses (InputError, before any integral) a multiplicity that is not a positive integer or
     not 1, no electrons, an odd count, more electrons than the atoms' occupied shells can hold
@@ -119,28 +166,33 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
         geom.multiplicity if geom.multiplicity is not None else 1)
     where = geom.source or "molecule"
     check_geometry(geom)
+    if ecp not in ECP_CHOICES:
+        raise InputError(f"unknown ECP setting '{ecp}'; use one of {', '.join(ECP_CHOICES)}")
     if mult < 1:
         raise InputError(f"{where}: multiplicity {mult} is not valid (it is 2S+1, a positive "
                          "integer); only 1, the closed-shell singlet, is supported")
-    nelec = sum(gto.charge(s) for s in geom.symbols) - charge
+    if isinstance(basis, str):
+        _check_basis(basis, geom.symbols, "basis", "--basis")
+    ecp_core = ecp_core_electrons(basis, geom.symbols) if ecp == "auto" else {}
+    n_ecp = sum(ecp_core.get(s, 0) for s in geom.symbols)
+    nelec = sum(gto.charge(s) for s in geom.symbols) - n_ecp - charge
+    outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""
     if nelec <= 0:
-        raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons; check the charge "
+        raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge "
                          "(--charge)")
     if nelec % 2 or mult != 1:
         raise InputError(f"{where}: {nelec} electrons with multiplicity {mult}: open-shell "
                          "molecules are not supported yet (closed-shell RHF only); check the "
                          "charge (--charge) and multiplicity")
-    capacity = 2 * minimal_basis_size(geom.symbols)
+    capacity = 2 * minimal_basis_size(geom.symbols) - n_ecp     # ECP cores are filled shells
     if nelec > capacity:
-        raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons, more than the "
+        raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons{outside}, more than the "
                          f"{capacity} that the atoms' occupied shells hold; check the charge (--charge)")
-    if isinstance(basis, str):
-        _check_basis(basis, geom.symbols, "basis", "--basis")
-        _refuse_ecp(basis, geom.symbols)
     mol = gto.Mole()
     mol.atom = [(s, tuple(c)) for s, c in zip(geom.symbols, geom.coords_angstrom)]
     mol.unit = "Angstrom"
     mol.basis = basis
+    mol.ecp = {el: basis for el in ecp_core}
     mol.charge = charge
     mol.spin = 0
     mol.verbose = 0
@@ -181,7 +233,8 @@ def _matched_auxbases(mol: gto.Mole, kind: str) -> list[str]:
 def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
     """The default auxiliary basis for ``kind`` ('jk': the DF-SCF, 'mp2': the MP2 fit), per
     element symbol: the matched set if it defines the element, else AUX_FALLBACK[kind] (through
-    Kr), else AutoAux (see the rule above AUX_KINDS)."""
+    Kr, and beyond Kr for an element carrying an ECP: the def2 fitting sets are made for the def2
+    ECPs), else AutoAux (see the rule above AUX_KINDS)."""
     matched = _matched_auxbases(mol, kind)
     out = {}
     for i in range(mol.natm):
@@ -189,7 +242,8 @@ def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
         if el in out:
             continue
         name = next((m for m in matched if _defines(m, el)), None)
-        if name is None and gto.charge(el) <= AUX_FALLBACK_MAX_Z and _defines(AUX_FALLBACK[kind], el):
+        if (name is None and (gto.charge(el) <= AUX_FALLBACK_MAX_Z or mol.atom_nelec_core(i))
+                and _defines(AUX_FALLBACK[kind], el)):
             name = AUX_FALLBACK[kind]
         out[el] = name or AUTOAUX
     return out

@@ -240,16 +240,3 @@ def test_distance_limit_is_0_1_angstrom():
 def test_compare_refuses_coincident_atoms(tmp_path, no_scf):
     res = CliRunner().invoke(main, ["compare", write(tmp_path, "H 0 0 0\nH 0 0 0.01"), "--devices", "cpu"])
     assert_one_line_error(res, "atoms 1 (H) and 2 (H)")
-
-
-@pytest.mark.parametrize("basis, atoms, element", [
-    ("def2-svp", "I 0 0 0\nI 0 0 2.67", "I"),
-    ("lanl2dz", "Cu 0 0 0\nH 0 0 1.46", "Cu"),
-])
-def test_basis_meant_for_an_ecp_refused(tmp_path, no_scf, basis, atoms, element):
-    """A basis built for an effective core potential, run all-electron without it, is short of
-    core functions (I2 in def2-SVP: 106 electrons in 52 functions): refused, naming the ECP."""
-    out = tmp_path / "out.json"
-    res = CliRunner().invoke(main, ["run", write(tmp_path, atoms), "--basis", basis, "--json", str(out)])
-    assert_one_line_error(res, "effective core potential", element)
-    assert not out.exists()

@@ -1,0 +1,109 @@
+"""Effective core potentials (issue 17): a basis that comes with an ECP gets it (--ecp auto),
+stated in the table and the JSON; electron counts and the frozen core count the electrons the
+ECP replaced; --ecp none runs all-electron with a warning. Energies against PySCF run with the
+same ECP and auxiliary bases, spelled out independently in scripts/make_ecp_references.py
+(inputs/references_ecp.json)."""
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dfmp2 import scf
+from dfmp2.cli import main
+from dfmp2.errors import InputError
+from dfmp2.pipeline import RunOptions, run_geometry
+from dfmp2.xyz import parse_xyz, read_xyz
+
+ROOT = Path(__file__).resolve().parent.parent
+REFS = json.loads((ROOT / "inputs" / "references_ecp.json").read_text())["references"]
+HI = ROOT / "inputs" / "hydrogen_iodide.xyz"
+
+
+def geometry(atoms: str, name="mol.xyz"):
+    lines = atoms.strip().splitlines()
+    return parse_xyz(f"{len(lines)}\n\n" + "\n".join(lines) + "\n", name)
+
+
+@pytest.mark.parametrize("key", sorted(REFS))
+def test_ecp_energies_match_pyscf_with_the_same_ecp(key):
+    ref = REFS[key]
+    r = run_geometry(read_xyz(ROOT / ref["path"]), RunOptions(basis=ref["basis"], frozen_core=ref["frozen_core"]))
+    for f, ours in (("e_hf", r.e_hf), ("e_os", r.e_os), ("e_ss", r.e_ss), ("e_corr", r.e_corr)):
+        assert abs(ours - ref[f]) <= 1e-9, (f, ours - ref[f])
+    assert (r.nbasis, r.naux, r.nocc, r.nfrozen, r.nvir) == (
+        ref["nbasis"], ref["naux"], ref["nocc"], ref["nfrozen"], ref["nvir"])
+    heavy = sorted(ref["ecp_core_electrons"])
+    assert r.ecp == {"name": ref["basis"], "elements": heavy, "core_electrons": ref["ecp_core_electrons"]}
+    assert "autoaux" in r.auxbasis                     # PySCF's def2-*-ri files stop at Kr
+
+
+def test_cli_states_the_ecp_in_table_and_json(tmp_path):
+    out = tmp_path / "hi.json"
+    res = CliRunner().invoke(main, ["run", str(HI), "--basis", "def2-svp", "--frozen-core", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "def2-svp for I (core electrons replaced: I 28)" in text
+    d = json.loads(out.read_text())
+    assert d["ecp"] == {"name": "def2-svp", "elements": ["I"], "core_electrons": {"I": 28}}
+    assert d["shapes"]["nfrozen"] == 4 and d["shapes"]["nocc"] == 9      # 26 electrons: 13 pairs
+    ref = REFS["hydrogen_iodide|def2-svp|fc"]
+    assert abs(d["energies"]["e_corr"] - ref["e_corr"]) <= 1e-9
+
+
+def test_all_electron_basis_has_no_ecp(tmp_path):
+    r = run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions())
+    assert r.ecp is None and r.to_dict()["ecp"] is None
+
+
+def test_ecp_none_runs_all_electron_with_a_warning():
+    r = run_geometry(read_xyz(HI), RunOptions(basis="def2-svp", ecp="none"))
+    assert r.ecp is None and r.nocc == 27                 # 54 electrons
+    assert any("--ecp none" in w and "effective core potential on I" in w and "meaningless" in w
+               for w in r.to_dict()["warnings"])
+
+
+def test_ecp_none_with_too_few_functions_is_one_error_line(tmp_path):
+    """I2 in def2-SVP all-electron: 106 electrons in 52 functions."""
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(main, ["run", str(ROOT / "inputs" / "diiodine.xyz"), "--basis", "def2-svp",
+                                    "--ecp", "none", "--json", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "no virtual orbitals" in errors[0], res.output
+    assert not out.exists()
+
+
+def test_electron_counts_and_frozen_core_count_the_ecp_cores():
+    g = geometry("H 0 0 0\nI 0 0 1.6092")
+    mol = scf.build_molecule(g, "def2-svp")
+    assert mol.nelectron == 26 and scf.frozen_core_count(mol) == 4     # 4s4p; 1s-3d are in the ECP
+    ae = scf.build_molecule(g, "def2-svp", ecp="none")
+    assert ae.nelectron == 54 and scf.frozen_core_count(ae) == 18
+    # the occupied shells of H and I hold 56 electrons, 28 of them in the ECP core
+    assert scf.build_molecule(g, "def2-svp", charge=-2).nelectron == 28
+    with pytest.raises(InputError, match="30 electrons outside the ECP cores .28 electrons., more than the 28"):
+        scf.build_molecule(g, "def2-svp", charge=-4)
+    with pytest.raises(InputError, match="unknown ECP setting 'yes'"):
+        scf.build_molecule(g, "def2-svp", ecp="yes")
+
+
+def test_other_ecp_bases_get_their_ecp():
+    """LANL2DZ on Cu (10-electron core) and cc-pVDZ-PP on I come with PySCF's ECPs too."""
+    mol = scf.build_molecule(geometry("Cu 0 0 0\nH 0 0 1.46"), "lanl2dz")
+    assert scf.ecp_info(mol) == {"name": "lanl2dz", "elements": ["Cu"], "core_electrons": {"Cu": 10}}
+    assert mol.nelectron == 20
+    assert scf.ecp_core_electrons("cc-pvdz-pp", ["I", "Cs"]) == {"I": 28}   # PySCF has no Cs in it
+    assert scf.ecp_core_electrons("cc-pvdz", ["O", "H"]) == {}
+
+
+def test_fallback_aux_beyond_krypton_only_with_the_ecp():
+    """LANL2DZ has no matched fitting set: with its ECP on I, the def2 fallbacks apply beyond Kr
+    (def2-universal-jkfit; PySCF's def2-tzvpp-ri lacks I, so AutoAux for the MP2 fit). All-electron,
+    I gets AutoAux for the MP2 fit (test_chemistry_inputs.test_autoaux_beyond_krypton_matches_pyscf)."""
+    g = geometry("H 0 0 0\nI 0 0 1.6092")
+    with_ecp = scf.build_molecule(g, "lanl2dz")
+    assert scf.default_auxbasis(with_ecp, "jk") == {"H": "def2-universal-jkfit", "I": "def2-universal-jkfit"}
+    assert scf.default_auxbasis(with_ecp, "mp2") == {"H": "def2-tzvpp-ri", "I": "autoaux"}
+    ae = scf.build_molecule(g, "sto-3g")
+    assert scf.ecp_info(ae) is None and scf.default_auxbasis(ae, "mp2")["I"] == "autoaux"
