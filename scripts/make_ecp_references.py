@@ -60,7 +60,7 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
     from dfmp2.scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE   # the same thresholds
 
     t0 = time.perf_counter()
-    path = ROOT / "inputs" / f"{molecule}.xyz"
+    path = ROOT / "inputs" / "ecp" / f"{molecule}.xyz"
     lines = path.read_text().splitlines()
     atoms = "\n".join(lines[2:2 + int(lines[0])])
     mol = gto.M(atom=atoms, unit="Angstrom", basis=basis, ecp=basis, verbose=0)
@@ -87,7 +87,7 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
             if mol.atom_nelec_core(i)}
     return {
         "key": key(molecule, basis, frozen_core), "molecule": molecule, "subset": subset,
-        "path": f"inputs/{molecule}.xyz", "basis": basis, "ecp": basis, "ecp_core_electrons": core,
+        "path": f"inputs/ecp/{molecule}.xyz", "basis": basis, "ecp": basis, "ecp_core_electrons": core,
         "nelectron": mol.nelectron, "jk_auxbasis": jk, "mp2_auxbasis": mp2,
         "frozen_core": frozen_core, "nfrozen": nfrozen, "nbasis": mol.nao_nr(),
         "nmo": int(mf.mo_coeff.shape[1]), "nocc": nocc_all - nfrozen,

@@ -3,6 +3,7 @@ stated in the table and the JSON; electron counts and the frozen core count the 
 ECP replaced; --ecp none runs all-electron with a warning. Energies against PySCF run with the
 same ECP and auxiliary bases, spelled out independently in scripts/make_ecp_references.py
 (inputs/references_ecp.json)."""
+import importlib.util
 import json
 from pathlib import Path
 
@@ -17,12 +18,22 @@ from dfmp2.xyz import parse_xyz, read_xyz
 
 ROOT = Path(__file__).resolve().parent.parent
 REFS = json.loads((ROOT / "inputs" / "references_ecp.json").read_text())["references"]
-HI = ROOT / "inputs" / "hydrogen_iodide.xyz"
+HI = ROOT / "inputs" / "ecp" / "hydrogen_iodide.xyz"
 
 
 def geometry(atoms: str, name="mol.xyz"):
     lines = atoms.strip().splitlines()
     return parse_xyz(f"{len(lines)}\n\n" + "\n".join(lines) + "\n", name)
+
+
+def test_every_case_of_the_script_is_stored_with_provenance():
+    spec = importlib.util.spec_from_file_location("mkecp", ROOT / "scripts" / "make_ecp_references.py")
+    mkecp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mkecp)
+    assert sorted(REFS) == sorted(mkecp.key(m, b, fc) for m, b, fc, _ in mkecp.CASES)
+    for e in REFS.values():
+        assert "DFMP2" in e["method"] and "ecp=B" in e["method"] and e["pyscf_version"] and e["date"]
+        assert e["ecp"] == e["basis"] and e["ecp_core_electrons"]
 
 
 @pytest.mark.parametrize("key", sorted(REFS))
@@ -66,7 +77,7 @@ def test_ecp_none_runs_all_electron_with_a_warning():
 def test_ecp_none_with_too_few_functions_is_one_error_line(tmp_path):
     """I2 in def2-SVP all-electron: 106 electrons in 52 functions."""
     out = tmp_path / "out.json"
-    res = CliRunner().invoke(main, ["run", str(ROOT / "inputs" / "diiodine.xyz"), "--basis", "def2-svp",
+    res = CliRunner().invoke(main, ["run", str(ROOT / "inputs" / "ecp" / "diiodine.xyz"), "--basis", "def2-svp",
                                     "--ecp", "none", "--json", str(out)])
     assert res.exit_code == 2 and "Traceback" not in res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]
