@@ -1,0 +1,228 @@
+"""The Python API: a PySCF drop-in DF-MP2 and a one-call energy.
+
+    from pyscf import gto, scf
+    import dfmp2
+    mol = gto.M(atom="O 0 0 0.119; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="cc-pvdz")
+    mf = scf.RHF(mol).density_fit().run()
+    pt = dfmp2.DFMP2(mf, frozen=1).run()           # instead of pyscf.mp.dfmp2.DFMP2(mf, frozen=1)
+    pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_tot, pt.e_tot_scs
+
+    r = dfmp2.energy("water.xyz", basis="cc-pvtz", frozen_core=True)   # the Result `dfmp2 run` prints
+
+``DFMP2`` runs this program's DF-MP2 stage (``pipeline.time_mp2_stage``: the same memory plan,
+devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF; the SCF is not
+run again. Energies in Hartree.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputError
+
+
+class DFMP2:
+    """DF-MP2 on a converged PySCF RHF, with ``pyscf.mp.dfmp2.DFMP2``'s names.
+
+    mf: a converged ``pyscf.scf.RHF`` (density-fitted or not; its orbitals and orbital energies
+        are used as they are). UHF/ROHF/GHF and Kohn-Sham references are refused (InputError).
+    frozen: None (all orbitals correlated), an int n (the n lowest orbitals frozen), or a list of
+        orbital indices (0-based, occupied or virtual) left out of the MP2 — PySCF's meaning.
+    auxbasis: the MP2 fitting basis (a name, or a per-element dict); None: the MP2-fit set matched
+        to the orbital basis (``scf.default_auxbasis(mol, 'mp2')``, e.g. cc-pVDZ-RI). Unlike
+        PySCF's DFMP2, which on a density-fitted ``mf`` reuses its JK-fit basis, the default is
+        always the MP2-fit set.
+    device, precision, memory_mb, simulate, pair_kernel: as ``dfmp2 run``'s options.
+
+    After ``run()``: e_hf, e_corr, e_corr_os, e_corr_ss, e_tot, emp2, emp2_scs, e_tot_scs
+    (Grimme's SCS: 1.2 OS + SS/3), e_corr_sos, e_tot_sos (1.3 OS), and auxbasis (its
+    description), naux, timings (s per stage) and ran (device, engine, kernels, precisions).
+    """
+
+    def __init__(self, mf, frozen=None, auxbasis=None, device: str = "cpu", precision: str | None = None,
+                 memory_mb: float | None = None, simulate: bool = False, pair_kernel: str = "auto"):
+        self._scf, self.mol = mf, getattr(mf, "mol", None)
+        self.frozen, self.auxbasis_requested = frozen, auxbasis
+        self.device, self.precision, self.memory_mb = device, precision, memory_mb
+        self.simulate, self.pair_kernel = simulate, pair_kernel
+        self.e_hf = self.e_corr_os = self.e_corr_ss = None
+        self.auxbasis = self.naux = self.timings = self.ran = None
+
+    # --- energies, as PySCF names them -----------------------------------------------------
+    @property
+    def e_corr(self):
+        return None if self.e_corr_os is None else self.e_corr_os + self.e_corr_ss
+
+    emp2 = e_corr
+
+    @property
+    def e_tot(self):
+        return None if self.e_corr_os is None else self.e_hf + self.e_corr
+
+    @property
+    def emp2_scs(self):
+        from .result import SCS_OS, SCS_SS
+        return None if self.e_corr_os is None else SCS_OS * self.e_corr_os + SCS_SS * self.e_corr_ss
+
+    @property
+    def e_tot_scs(self):
+        return None if self.e_corr_os is None else self.e_hf + self.emp2_scs
+
+    @property
+    def e_corr_sos(self):
+        from .result import SOS_OS
+        return None if self.e_corr_os is None else SOS_OS * self.e_corr_os
+
+    @property
+    def e_tot_sos(self):
+        return None if self.e_corr_os is None else self.e_hf + self.e_corr_sos
+
+    # --- running -----------------------------------------------------------------------------
+    def run(self) -> "DFMP2":
+        """Compute the energies (the MP2 stage only); returns self, as PySCF's ``run``."""
+        from . import scf
+        from .pipeline import RunOptions, time_mp2_stage
+
+        ref = _reference_from_scf(self._scf, self.frozen)
+        mol = self.mol
+        options = RunOptions(device=self.device, precision=self.precision, memory_mb=self.memory_mb,
+                             simulate=self.simulate, pair_kernel=self.pair_kernel)
+        options.resolved_precision()      # an impossible device or precision: before any work
+        auxbasis = scf.mp2_auxbasis(mol, self.auxbasis_requested)
+        auxmol = scf.make_auxmol(mol, auxbasis)
+        backend = _backend(options)
+        _, e_os, e_ss, timings, ran = time_mp2_stage(mol, auxmol, ref, options, backend=backend)
+        self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
+        self.auxbasis, self.naux = scf.describe_auxbasis(auxbasis), auxmol.nao_nr()
+        self.timings, self.ran = timings, ran
+        return self
+
+    def kernel(self):
+        """PySCF's ``kernel``: returns (e_corr, t2) with t2 None (amplitudes are never stored)."""
+        self.run()
+        return self.e_corr, None
+
+
+def _backend(options):
+    import linalg
+    try:
+        return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+    except ValueError as e:          # a pair kernel unknown or not for this device
+        raise InputError(str(e)) from None
+
+
+def _reference_from_scf(mf, frozen):
+    """The orbitals of a converged PySCF SCF as the MP2 stage reads them (``scf.RHFReference``),
+    with the ``frozen`` orbitals taken out: the active occupied orbitals first, then the active
+    virtuals, nocc the active occupied count. One branch per kind of reference; UHF is refused
+    until DF-UMP2 exists."""
+    from pyscf.scf import ghf, hf, rohf, uhf
+
+    from .scf import RHFReference
+
+    try:
+        from pyscf.dft.rks import KohnShamDFT
+    except ImportError:                          # pragma: no cover - every PySCF 2.x has it
+        KohnShamDFT = ()
+    if not isinstance(mf, hf.SCF):
+        raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got "
+                         f"{type(mf).__name__}")
+    kind = type(mf).__name__
+    if isinstance(mf, (uhf.UHF, rohf.ROHF, ghf.GHF)):
+        raise InputError(f"DFMP2 needs a closed-shell RHF reference; {kind} (open-shell) is not "
+                         "supported yet")
+    if KohnShamDFT and isinstance(mf, KohnShamDFT):
+        raise InputError(f"DFMP2 needs a Hartree-Fock reference; {kind} is Kohn-Sham DFT")
+    if not isinstance(mf, hf.RHF):
+        raise InputError(f"DFMP2 needs a closed-shell RHF reference, got {kind}")
+    if getattr(mf, "mo_coeff", None) is None or not getattr(mf, "converged", False):
+        raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
+                         "first); MP2 on unconverged orbitals is meaningless")
+    occ = np.asarray(mf.mo_occ)
+    if not np.all((np.abs(occ - 2) < 1e-12) | (np.abs(occ) < 1e-12)) or not np.all(np.diff(occ) <= 0):
+        raise InputError(f"the {kind} reference is not a closed-shell aufbau occupation "
+                         "(occupations must be 2 then 0)")
+    C, eps = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy)
+    nmo, nocc = C.shape[1], int(np.count_nonzero(occ > 0))
+    keep = _active_mask(frozen, nmo, nocc)
+    n_occ_active = int(np.count_nonzero(keep[:nocc]))
+    n_vir_active = int(np.count_nonzero(keep[nocc:]))
+    if n_occ_active == 0 or n_vir_active == 0:
+        raise InputError(f"frozen={frozen!r} leaves {n_occ_active} active occupied and {n_vir_active} "
+                         "virtual orbitals; no MP2 correlation possible")
+    return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=C[:, keep], mo_energy=eps[keep],
+                        nocc=n_occ_active, scf_mode="pyscf", jk_auxbasis=None, cycles=None)
+
+
+def _active_mask(frozen, nmo: int, nocc: int) -> np.ndarray:
+    """Boolean (nmo,) mask of the correlated orbitals for PySCF's ``frozen`` (None, an int n:
+    the n lowest, or a list of orbital indices)."""
+    keep = np.ones(nmo, dtype=bool)
+    if frozen is None:
+        return keep
+    if isinstance(frozen, (bool, np.bool_)):
+        raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
+    if isinstance(frozen, (int, np.integer)):
+        if not 0 <= frozen < nocc:
+            raise InputError(f"frozen={frozen} must be between 0 and {nocc - 1} (nocc {nocc})")
+        keep[:frozen] = False
+        return keep
+    try:
+        idx = [int(i) for i in frozen if isinstance(i, (int, np.integer)) and not isinstance(i, bool)]
+        ok = len(idx) == len(frozen)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
+    bad = [i for i in idx if not 0 <= i < nmo]
+    if bad or len(set(idx)) != len(idx):
+        raise InputError(f"frozen orbital indices must be distinct and within 0..{nmo - 1}, got {list(frozen)}")
+    keep[idx] = False
+    return keep
+
+
+def energy(molecule, **options):
+    """DF-MP2 from a molecule: an XYZ file path (str or Path, Ångström) or a PySCF ``gto.Mole``
+    (its atoms, charge and spin; its basis name unless ``basis=`` is given). ``options`` are
+    ``pipeline.RunOptions``' fields (basis, auxbasis, frozen_core, ecp, device, precision,
+    scf_mode, memory_mb, ...). Returns the ``result.Result`` that ``dfmp2 run`` prints (energies
+    in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``)."""
+    import dataclasses
+    from pathlib import Path
+
+    from .pipeline import RunOptions, run, run_geometry
+
+    fields = {f.name for f in dataclasses.fields(RunOptions)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise InputError(f"unknown option(s) {', '.join(unknown)}; use {', '.join(sorted(fields))}")
+    if isinstance(molecule, (str, Path)):
+        return run(molecule, RunOptions(**options))
+    from pyscf import gto
+    if not isinstance(molecule, gto.Mole):
+        raise InputError(f"energy() takes an XYZ file path or a pyscf.gto.Mole, got {type(molecule).__name__}")
+    geom, basis = geometry_from_mole(molecule)
+    if "basis" not in options:
+        if basis is None:
+            raise InputError("the Mole's basis is not one basis name; give basis='...' to energy()")
+        options["basis"] = basis
+    return run_geometry(geom, RunOptions(**options))
+
+
+def geometry_from_mole(mol):
+    """(Geometry, basis name or None) of a PySCF Mole: element symbols, coordinates in Ångström,
+    charge, multiplicity 2S+1. An ECP set by hand on the Mole is refused unless it is the
+    basis's own (``ecp=`` the basis name), which ``ecp='auto'`` attaches anyway."""
+    from .xyz import Geometry
+    if not mol._built:
+        mol.build()
+    basis = mol.basis if isinstance(mol.basis, str) else None
+    ecp = mol.ecp
+    names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())
+    if names and names != {basis}:
+        raise InputError(f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
+                         "basis's own ECP (ecp='auto') or none (ecp='none')")
+    symbols = tuple(mol.atom_pure_symbol(i) for i in range(mol.natm))
+    geom = Geometry(symbols=symbols, coords_angstrom=np.asarray(mol.atom_coords(unit="Angstrom")),
+                    charge=int(mol.charge), multiplicity=int(mol.spin) + 1,
+                    source=f"pyscf.gto.Mole ({mol.natm} atoms)")
+    return geom, basis
