@@ -18,7 +18,7 @@ from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE, PAIR_KERNELS
 
 from .errors import InputError, error_line
-from .outputs import check_output_file
+from .outputs import check_output_file, write_text
 
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
 PAIR_KERNEL_HELP = f"cuda only: the MP2 pair-step path; auto: {AUTO_RULE} (the result's 'ran' says which ran and why)"
@@ -182,7 +182,7 @@ def _plan_table(plan):
 
 
 @main.command()
-@click.argument("xyz_file", type=click.Path(dir_okay=False))
+@click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False))
 @click.option("--basis", default="cc-pvdz", show_default=True, help="orbital basis set")
 @click.option("--auxbasis", default=None,
               help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri; def2-tzvpp-ri (to Kr) or AutoAux for elements it lacks, stated in the output]")
@@ -213,6 +213,8 @@ def _plan_table(plan):
               help="continue the interrupted run in this checkpoint (same molecule and options)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the result as JSON to this path")
+@click.option("--qcschema", "qcschema_path", type=click.Path(dir_okay=False), default=None,
+              help="also write a QCSchema AtomicResult (a FailedOperation on error) to this path; needs qcelemental")
 # tuning (tests, benchmarks), not in --help: RunOptions' defaults when not given
 @click.option("--occ-block-max", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("--j3c-block-mb", type=click.FloatRange(min=0, min_open=True), default=None, hidden=True)
@@ -222,9 +224,11 @@ def _plan_table(plan):
 @user_errors
 def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision, pair_kernel,
         frozen_core, ecp, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
-        json_path, verbose, quiet, **tuning):
-    """Compute the DF-MP2 energy of the molecule in XYZ_FILE (coordinates in Ångström)."""
-    from .pipeline import RunOptions, run as run_pipeline
+        json_path, qcschema_path, verbose, quiet, **tuning):
+    """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
+    or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords)."""
+    from .pipeline import RunOptions, run_geometry
+    from .xyz import read_xyz
 
     console = Console()
     err = Console(stderr=True)
@@ -237,12 +241,26 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
     if json_path:       # before any work: a JSON that cannot be written fails now, not after the run
         check_output_file(json_path, "--json", not_same_as=[
             ("input", xyz_file), ("checkpoint", checkpoint_path), ("checkpoint", resume_path)])
+    qc = _qcschema_path(xyz_file, qcschema_path, json_path, checkpoint_path, resume_path)
+    ctx = click.get_current_context()
+    given = {"memory_mb" if p == "memory" else p for p in ctx.params
+             if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE}
+    failures = qc.FailedOperationOnError(qcschema_path) if qc else contextlib.nullcontext()
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose else None
     try:
-        with _terminate_raises():
-            result = run_pipeline(xyz_file, options, progress=progress, log=log, on_plan=on_plan)
+        with _terminate_raises(), failures:
+            if qc and qc.is_qcschema_path(xyz_file):
+                failures.input_data = qc.read_raw(xyz_file)
+                inp, geom, options = qc.parse_input(failures.input_data, xyz_file, options, given)
+                inp = failures.input_data
+            else:
+                geom = read_xyz(xyz_file)
+                inp = qc.input_from_run(geom, options) if qc else None
+                if qc:
+                    failures.input_data = inp
+            result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan)
     except KeyboardInterrupt:
         progress.close()
         ck = resume_path or checkpoint_path
@@ -252,11 +270,30 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
         sys.exit(130)
     finally:
         progress.close()
+    qc_text = qc.atomic_result(inp, result) if qcschema_path else None   # validated before any output
     result.render(console, quiet=quiet)
     if json_path:
         result.write_json(json_path)
         if not quiet:
             err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+    if qcschema_path:
+        write_text(qcschema_path, qc_text)
+        if not quiet:
+            err.print(f"[dim]wrote {escape(str(qcschema_path))}[/dim]")
+
+
+def _qcschema_path(input_path, qcschema_path, *others):
+    """The qcschema module when the run reads or writes QCSchema (qcelemental checked now, before
+    any work), else None; ``--qcschema`` is checked like ``--json``."""
+    from . import qcschema
+    if not (qcschema_path or qcschema.is_qcschema_path(input_path)):
+        return None
+    qcschema.models()
+    if qcschema_path:
+        json_path, ck, resume = others
+        check_output_file(qcschema_path, "--qcschema", not_same_as=[
+            ("input", input_path), ("--json", json_path), ("checkpoint", ck), ("checkpoint", resume)])
+    return qcschema
 
 
 from .regress import regress_command  # noqa: E402
