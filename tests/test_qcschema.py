@@ -1,0 +1,131 @@
+"""QCSchema in and out (issue 17): an AtomicInput for water round-trips to an AtomicResult that
+qcelemental validates, with the energies of `dfmp2 run water.xyz` (and PySCF's reference);
+errors on this path are one error line and a FailedOperation with the same message."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+qcel = pytest.importorskip("qcelemental", reason="QCSchema path: qcelemental is not installed "
+                           "(pip install -e \".[qcschema]\")")
+from qcelemental.models import AtomicResult, FailedOperation  # noqa: E402
+from pyscf.lib.parameters import BOHR  # noqa: E402
+
+from dfmp2 import scf  # noqa: E402
+from dfmp2.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WATER_XYZ = ROOT / "inputs" / "water.xyz"
+
+
+def water_input(**changes) -> dict:
+    """water.xyz as an AtomicInput: the same coordinates in Bohr (PySCF's Bohr radius)."""
+    lines = WATER_XYZ.read_text().splitlines()[2:]
+    doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
+           "model": {"method": "mp2", "basis": "cc-pvdz"}, "keywords": {"frozen_core": True},
+           "molecule": {"symbols": [ln.split()[0] for ln in lines],
+                        "geometry": [float(x) / BOHR for ln in lines for x in ln.split()[1:]],
+                        "molecular_charge": 0, "molecular_multiplicity": 1}}
+    for key, value in changes.items():
+        doc[key] = value
+    return doc
+
+
+def write(tmp_path, doc, name="in.json") -> str:
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(p)
+
+
+def one_error_line(res) -> str:
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    assert "Traceback" not in res.output and res.exc_info[0] is SystemExit
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    return lines[0][len("error: "):]
+
+
+def test_water_atomic_input_round_trips_to_a_valid_atomic_result(tmp_path):
+    out, ours, plain = tmp_path / "out.json", tmp_path / "ours.json", tmp_path / "plain.json"
+    res = CliRunner().invoke(main, ["run", write(tmp_path, water_input()), "--qcschema", str(out),
+                                    "--json", str(ours), "-q"])
+    assert res.exit_code == 0, res.output
+    r = AtomicResult.parse_file(out)                                  # qcelemental validates it
+    assert r.success and r.driver == "energy" and r.model.method == "mp2" and r.model.basis == "cc-pvdz"
+    assert r.provenance.creator == "dfmp2" and r.extras["dfmp2"]["ran"]["device"] == "cpu"
+    res = CliRunner().invoke(main, ["run", str(WATER_XYZ), "--frozen-core", "--json", str(plain), "-q"])
+    assert res.exit_code == 0, res.output
+    e = json.loads(plain.read_text())["energies"]
+    p = r.properties
+    pairs = [(r.return_result, e["e_mp2"]), (p.return_energy, e["e_mp2"]), (p.mp2_total_energy, e["e_mp2"]),
+             (p.scf_total_energy, e["e_hf"]), (p.mp2_correlation_energy, e["e_corr"]),
+             (p.mp2_doubles_energy, e["e_corr"]), (p.mp2_same_spin_correlation_energy, e["e_corr_ss"]),
+             (p.mp2_opposite_spin_correlation_energy, e["e_corr_os"]),
+             (r.extras["qcvars"]["SCS-MP2 TOTAL ENERGY"], e["e_scs_mp2"]),
+             (r.extras["qcvars"]["SOS-MP2 CORRELATION ENERGY"], e["e_corr_sos"])]
+    for got, want in pairs:
+        assert abs(got - want) <= 1e-11, (got, want)
+    assert p.mp2_singles_energy == 0.0 and p.calcinfo_nbasis == 24 and p.calcinfo_nalpha == 5
+    assert json.loads(ours.read_text())["energies"] == e                # --json of both runs agree
+    ref = json.loads((ROOT / "inputs" / "references.json").read_text())["references"]["water|cc-pvdz|cc-pvdz-ri|df|fc"]
+    assert abs(p.mp2_correlation_energy - ref["e_corr"]) <= 1e-9        # and PySCF
+
+
+def test_xyz_input_with_qcschema_output(tmp_path):
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(main, ["run", str(WATER_XYZ), "--basis", "sto-3g", "--qcschema", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    r = AtomicResult.parse_file(out)
+    lines = WATER_XYZ.read_text().splitlines()[2:]
+    angstrom = np.array([[float(x) for x in ln.split()[1:]] for ln in lines])
+    assert np.allclose(r.molecule.geometry * BOHR, angstrom, atol=1e-8)   # written in Bohr
+    assert r.model.basis == "sto-3g" and r.keywords["frozen_core"] is False
+    assert r.properties.mp2_correlation_energy < -1e-3
+
+
+@pytest.fixture
+def no_scf(monkeypatch):
+    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF must not start"))
+
+
+@pytest.mark.parametrize("doc, args, fragment", [
+    ("{not json", [], "not valid JSON"),
+    ("[1, 2]", [], "is a JSON object"),
+    (water_input(driver="gradient"), [], "driver 'gradient' is not supported"),
+    (water_input(driver="nonsense"), [], "not a valid QCSchema AtomicInput: driver"),
+    (water_input(model={"method": "ccsd", "basis": "cc-pvdz"}), [], "model.method 'ccsd' is not supported"),
+    (water_input(keywords={"freeze": True}), [], "unknown keyword 'freeze'"),
+    (water_input(keywords={"frozen_core": "yes"}), [], "keyword frozen_core must be true or false"),
+    (water_input(keywords={"precision": "fp16"}), [], "keyword precision must be 'fp64' or 'fp32'"),
+    (water_input(), ["--basis", "sto-3g"], "already sets --basis (model.basis)"),
+    (water_input(), ["--frozen-core"], "already sets --frozen-core (keywords.frozen_core)"),
+    (water_input(model={"method": "mp2", "basis": "no-such-basis"}), [], "basis 'no-such-basis' is not defined"),
+    (dict(water_input(), molecule={**water_input()["molecule"], "molecular_charge": 1,
+                                    "molecular_multiplicity": 2}), [], "open-shell"),
+])
+def test_errors_are_one_line_and_a_failed_operation(tmp_path, no_scf, doc, args, fragment):
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(main, ["run", write(tmp_path, doc), "--qcschema", str(out), *args])
+    message = one_error_line(res)
+    assert fragment in message, message
+    f = FailedOperation.parse_file(out)                                  # qcelemental validates it
+    assert not f.success and f.error.error_message == message
+    assert f.error.error_type == "input_error"
+    if not isinstance(doc, str):
+        assert f.input_data == doc                                       # the input as given
+
+
+def test_an_unwritable_qcschema_path_is_refused_before_the_run(tmp_path, no_scf):
+    res = CliRunner().invoke(main, ["run", str(WATER_XYZ), "--qcschema", str(tmp_path / "nodir" / "out.json")])
+    assert "--qcschema" in one_error_line(res)
+
+
+def test_missing_qcelemental_is_one_line_naming_the_install(tmp_path, no_scf, monkeypatch):
+    monkeypatch.setitem(sys.modules, "qcelemental", None)            # import qcelemental -> ImportError
+    for args in (["run", write(tmp_path, water_input())], ["run", str(WATER_XYZ), "--qcschema", str(tmp_path / "o.json")]):
+        message = one_error_line(CliRunner().invoke(main, args))
+        assert "qcelemental" in message and 'pip install -e ".[qcschema]"' in message
+    assert not (tmp_path / "o.json").exists()
