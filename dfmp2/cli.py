@@ -214,7 +214,7 @@ def _plan_table(plan):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the result as JSON to this path")
 @click.option("--qcschema", "qcschema_path", type=click.Path(dir_okay=False), default=None,
-              help="also write a QCSchema AtomicResult (a FailedOperation on error) to this path; needs qcelemental")
+              help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails); needs qcelemental")
 # tuning (tests, benchmarks), not in --help: RunOptions' defaults when not given
 @click.option("--occ-block-max", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("--j3c-block-mb", type=click.FloatRange(min=0, min_open=True), default=None, hidden=True)

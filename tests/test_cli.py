@@ -157,7 +157,7 @@ def test_parse_memory():
 
 @pytest.mark.parametrize("args,fragment", [
     (["run", "x.xyz", "--precision", "fp16"], "Invalid value for '--precision'"),
-    (["run"], "Missing argument 'XYZ_FILE'"),
+    (["run"], "Missing argument 'INPUT'"),
     (["run", "x.xyz", "--no-such-option"], "--no-such-option"),
     (["run", "x.xyz", "--charge", "2.5"], "'--charge'"),
     (["rn"], "No such command 'rn'"),
