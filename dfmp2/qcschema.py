@@ -85,14 +85,19 @@ def parse_input(data: dict, where: str, options, given=()):
     import numpy as np
     from pyscf.lib.parameters import BOHR
 
-    from .xyz import Geometry
+    from .xyz import MAX_COORD_ANGSTROM, Geometry
 
     qcmodels = models()
+    from qcelemental import exceptions as qcex
     try:
         inp = qcmodels.AtomicInput(**data)
-    except (ValueError, TypeError) as e:       # pydantic's ValidationError is a ValueError
+    # pydantic's ValidationError is a ValueError; qcelemental's own errors (an unknown element,
+    # inconsistent masses, no atoms) are Exceptions of its own
+    except (ValueError, TypeError, KeyError, qcex.ValidationError, qcex.NotAnElementError,
+            qcex.MoleculeFormatError, qcex.ChoicesError, qcex.DataUnavailableError) as e:
         errs = getattr(e, "errors", lambda: [])()
-        first = errs[0] if errs else {"loc": (), "msg": str(e).splitlines()[0]}
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = errs[0] if errs else {"loc": (), "msg": f"{type(e).__name__}: {text}"}
         loc = ".".join(str(x) for x in first.get("loc", ()))
         raise InputError(f"{where}: not a valid QCSchema AtomicInput: {loc + ': ' if loc else ''}"
                          f"{shown(first.get('msg', ''), 160)}") from None
@@ -131,6 +136,9 @@ def parse_input(data: dict, where: str, options, given=()):
     # E_HF by 2e-10 Eh). Bohr -> Ångström with PySCF's own constant, so PySCF (which converts
     # back with it) sees the Bohr coordinates given.
     coords = np.asarray(data["molecule"]["geometry"], dtype=np.float64).reshape(-1, 3) * BOHR
+    if not np.all(np.isfinite(coords)) or np.abs(coords).max() > MAX_COORD_ANGSTROM:
+        raise InputError(f"{where}: molecule.geometry must be finite and within "
+                         f"±{MAX_COORD_ANGSTROM / BOHR:.3g} Bohr")
     geom = Geometry(symbols=tuple(s.capitalize() for s in mol.symbols), coords_angstrom=coords,
                     charge=settings["charge"], multiplicity=settings["multiplicity"], source=str(where))
     return inp, geom, dataclasses.replace(options, **settings)

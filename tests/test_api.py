@@ -103,6 +103,14 @@ def test_energy_from_an_xyz_file_and_a_mole_give_the_reference():
     assert abs(dfmp2.energy(bohr, frozen_core=True).e_hf - r.e_hf) <= 1e-9      # units carried over
 
 
+def test_energy_of_a_mole_with_its_basis_ecp_matches_the_ecp_reference():
+    ref = json.loads((ROOT / "inputs" / "references_ecp.json").read_text())["references"]["hydrogen_iodide|def2-svp|fc"]
+    mol = gto.M(atom="H 0 0 0; I 0 0 1.6092", basis="def2-svp", ecp="def2-svp", verbose=0)
+    r = dfmp2.energy(mol, frozen_core=True)
+    assert r.ecp["elements"] == ["I"] and r.nfrozen == 4
+    assert abs(r.e_corr - ref["e_corr"]) <= 1e-9 and abs(r.e_hf - ref["e_hf"]) <= 1e-9
+
+
 def test_energy_refusals():
     with pytest.raises(InputError, match="unknown option.*nonsense"):
         dfmp2.energy("water.xyz", nonsense=1)

@@ -129,3 +129,45 @@ def test_missing_qcelemental_is_one_line_naming_the_install(tmp_path, no_scf, mo
         message = one_error_line(CliRunner().invoke(main, args))
         assert "qcelemental" in message and 'pip install -e ".[qcschema]"' in message
     assert not (tmp_path / "o.json").exists()
+
+
+# --- fuzz: every document is a result or one line + a FailedOperation, never a traceback -------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
+                       st.sampled_from(["", "mp2", "cc-pvdz", "fp32", "auto", "none", "df", "cuda", "x" * 80]),
+                       st.lists(st.integers(-1, 1), max_size=3))
+DOCUMENTS = st.fixed_dictionaries({}, optional={
+    "driver": st.sampled_from(["energy", "gradient", "Energy", "", None, 3]),
+    "model": st.one_of(JSON_VALUE, st.fixed_dictionaries(
+        {"method": st.sampled_from(["mp2", "MP2", "hf", "", None]),
+         "basis": st.sampled_from(["cc-pvdz", "sto-3g", "def2-svp", "no-such", "", None, 5])})),
+    "keywords": st.dictionaries(st.sampled_from(["auxbasis", "frozen_core", "ecp", "scf_mode", "device",
+                                                 "precision", "memory_mb", "freeze_core", ""]), JSON_VALUE, max_size=3),
+    "molecule": st.fixed_dictionaries({}, optional={
+        "symbols": st.lists(st.sampled_from(["O", "H", "I", "Xx", "h", "", "Gh"]), min_size=0, max_size=4),
+        "geometry": st.lists(st.one_of(st.floats(-5, 5), st.floats(allow_nan=True, allow_infinity=True),
+                                       st.just("a")), max_size=10),
+        "molecular_charge": JSON_VALUE, "molecular_multiplicity": JSON_VALUE,
+        "real": st.lists(st.booleans(), max_size=4)}),
+    "schema_name": st.sampled_from(["qcschema_input", "qcschema_output", "x"]),
+    "extra_field": JSON_VALUE,
+})
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=60,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(changes=DOCUMENTS)
+def test_fuzzed_atomic_inputs_fail_cleanly(tmp_path, changes):
+    """Mutations of the water input; --memory far below need stops a valid one before the SCF."""
+    doc = water_input()
+    for key, value in changes.items():
+        doc[key] = ({**doc["molecule"], **value} if key == "molecule" else value)
+    path, out = write(tmp_path, json.dumps(doc, allow_nan=True)), tmp_path / "out.json"
+    out.unlink(missing_ok=True)
+    res = CliRunner().invoke(main, ["run", path, "--memory", "0.001MB", "--qcschema", str(out), "-q"])
+    message = one_error_line(res)
+    assert "Warning" not in res.output
+    f = FailedOperation.parse_file(out)
+    assert not f.success and f.error.error_message == message
