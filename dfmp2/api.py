@@ -34,8 +34,9 @@ class DFMP2:
     device, precision, memory_mb, simulate, pair_kernel: as ``dfmp2 run``'s options.
 
     After ``run()``: e_hf, e_corr, e_corr_os, e_corr_ss, e_tot, emp2, emp2_scs, e_tot_scs
-    (Grimme's SCS: 1.2 OS + SS/3), e_corr_sos, e_tot_sos (1.3 OS), and auxbasis (its
-    description), naux, timings (s per stage) and ran (device, engine, kernels, precisions).
+    (Grimme's SCS: 1.2 OS + SS/3), e_corr_sos, e_tot_sos (1.3 OS); nocc and nmo (active, as
+    PySCF counts them); auxbasis (its description), naux, timings (s per stage), ran (device,
+    engine, kernels, precisions) and warnings (a fallback auxiliary basis for some element).
     """
 
     def __init__(self, mf, frozen=None, auxbasis=None, device: str = "cpu", precision: str | None = None,
@@ -45,7 +46,8 @@ class DFMP2:
         self.device, self.precision, self.memory_mb = device, precision, memory_mb
         self.simulate, self.pair_kernel = simulate, pair_kernel
         self.e_hf = self.e_corr_os = self.e_corr_ss = None
-        self.auxbasis = self.naux = self.timings = self.ran = None
+        self.auxbasis = self.naux = self.timings = self.ran = self.nocc = self.nmo = None
+        self.warnings = []
 
     # --- energies, as PySCF names them -----------------------------------------------------
     @property
@@ -94,6 +96,9 @@ class DFMP2:
         self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
         self.auxbasis, self.naux = scf.describe_auxbasis(auxbasis), auxmol.nao_nr()
         self.timings, self.ran = timings, ran
+        self.nocc, self.nmo = ref.nocc, ref.mo_coeff.shape[1]
+        note = scf.auxbasis_note(mol, auxbasis, "mp2") if self.auxbasis_requested is None else None
+        self.warnings = [note] if note else []
         return self
 
     def kernel(self):

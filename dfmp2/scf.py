@@ -98,7 +98,8 @@ def ecp_info(mol: gto.Mole) -> dict | None:
 
 
 def describe_ecp(info: dict | None) -> str:
-    """One line of ``ecp_info``: 'def2-svp for I (28 core electrons)', or 'none (all-electron)'."""
+    """One line of ``ecp_info``: 'def2-svp for I (core electrons replaced: I 28)', or
+    'none (all-electron)'."""
     if not info:
         return "none (all-electron)"
     cores = ", ".join(f"{el} {n}" for el, n in info["core_electrons"].items())

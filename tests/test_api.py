@@ -54,6 +54,8 @@ def test_drop_in_matches_pyscf_dfmp2_on_the_same_mf(atom, basis, density_fit, fr
     assert pt.e_hf == mf.e_tot and pt.e_corr < -1e-3
     assert pt.e_corr_sos == pytest.approx(1.3 * ref.e_corr_os, abs=1e-12)
     assert pt.ran["device"] == "cpu" and pt.ran["precision"] == "fp64" and pt.naux > 0
+    assert (pt.nocc, pt.nmo) == (ref.nocc, ref.nmo)                   # active counts, as PySCF's
+    assert bool(pt.warnings) == (kw.get("ecp") is not None)           # AutoAux for I is stated
 
 
 def test_kernel_returns_e_corr_and_no_amplitudes():
