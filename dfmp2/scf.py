@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, gto, scf
-from pyscf.data.elements import CONFIGURATION, chemcore
+from pyscf.data.elements import CONFIGURATION, _std_symbol_without_ghost, chemcore
 from pyscf.df.addons import predefined_auxbasis
 from pyscf.gto.basis import _format_basis_name, _is_pople_basis
 from pyscf.lib.exceptions import BasisNotFoundError
@@ -26,7 +26,19 @@ SCF_MAX_CYCLE = 100
 SCF_MODES = ("df", "exact")
 
 
-MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms are an input mistake (no ghost atoms yet)
+MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
+
+# Ghost atoms (counterpoise corrections, dfmp2.interaction): a Geometry atom with ghost=True
+# becomes PySCF's 'GHOST-<El>' atom: no nuclear charge, no electrons, no frozen core
+# (pyscf.data.elements.chemcore counts them as Z = 0), but the orbital basis and, through
+# default_auxbasis (keyed by the real element), both fitting sets of its element. Everything
+# that reads the Mole (hcore, energy_nuc, any SCF engine, the MP2 stage) sees them that way.
+GHOST_PREFIX = "GHOST-"
+
+
+def element(mol: gto.Mole, i: int) -> str:
+    """The element of atom ``i`` whether it is a ghost or not ('GHOST-O' -> 'O')."""
+    return _std_symbol_without_ghost(mol.atom_pure_symbol(i))
 
 # Default auxiliary bases. Per element: the fitting set matched to the orbital basis (PySCF's rule,
 # pyscf.df.addons.predefined_auxbasis: Psi4's table, then the Basis Set Exchange metadata; Pople
@@ -88,9 +100,12 @@ def check_geometry(geom: Geometry) -> None:
         k = int(np.lexsort((pairs[:, 1], pairs[:, 0], d))[0])
         i, j = sorted(int(x) for x in pairs[k])
         more = f" ({len(pairs) - 1} more such pairs)" if len(pairs) > 1 else ""
+
+        def name(n):
+            return f"ghost {geom.symbols[n]}" if geom.is_ghost(n) else geom.symbols[n]
         raise InputError(
-            f"{geom.source or 'molecule'}: atoms {i + 1} ({geom.symbols[i]}) and {j + 1} "
-            f"({geom.symbols[j]}) are {d[k]:.4f} Å apart, closer than {MIN_ATOM_DISTANCE} Å"
+            f"{geom.source or 'molecule'}: atoms {i + 1} ({name(i)}) and {j + 1} "
+            f"({name(j)}) are {d[k]:.4f} Å apart, closer than {MIN_ATOM_DISTANCE} Å"
             f"{more}; check the coordinates (Ångström)")
 
 
@@ -107,6 +122,8 @@ def minimal_basis_size(symbols) -> int:
 def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = None,
                    multiplicity: int | None = None) -> gto.Mole:
     """PySCF molecule for a closed-shell RHF. Options override the XYZ comment; default charge 0.
+    Ghost atoms (``geom.ghost``) carry the basis of their element and nothing else; the electron
+    counts below are over the real atoms.
 
     Refuses (InputError, before any integral) a multiplicity that is not a positive integer or
     not 1, no electrons, an odd count, more electrons than the atoms' occupied shells can hold
@@ -122,7 +139,10 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     if mult < 1:
         raise InputError(f"{where}: multiplicity {mult} is not valid (it is 2S+1, a positive "
                          "integer); only 1, the closed-shell singlet, is supported")
-    nelec = sum(gto.charge(s) for s in geom.symbols) - charge
+    real = geom.real_symbols
+    if not real:
+        raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
+    nelec = sum(gto.charge(s) for s in real) - charge
     if nelec <= 0:
         raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons; check the charge "
                          "(--charge)")
@@ -130,7 +150,7 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
         raise InputError(f"{where}: {nelec} electrons with multiplicity {mult}: open-shell "
                          "molecules are not supported yet (closed-shell RHF only); check the "
                          "charge (--charge) and multiplicity")
-    capacity = 2 * minimal_basis_size(geom.symbols)
+    capacity = 2 * minimal_basis_size(real)
     if nelec > capacity:
         raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons, more than the "
                          f"{capacity} that the atoms' occupied shells hold; check the charge (--charge)")
@@ -138,7 +158,8 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
         _check_basis(basis, geom.symbols, "basis", "--basis")
         _refuse_ecp(basis, geom.symbols)
     mol = gto.Mole()
-    mol.atom = [(s, tuple(c)) for s, c in zip(geom.symbols, geom.coords_angstrom)]
+    mol.atom = [(GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
+                for i, (s, c) in enumerate(zip(geom.symbols, geom.coords_angstrom))]
     mol.unit = "Angstrom"
     mol.basis = basis
     mol.charge = charge
@@ -185,7 +206,7 @@ def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
     matched = _matched_auxbases(mol, kind)
     out = {}
     for i in range(mol.natm):
-        el = mol.atom_pure_symbol(i)
+        el = element(mol, i)       # a ghost atom gets its element's set (make_auxmol finds it)
         if el in out:
             continue
         name = next((m for m in matched if _defines(m, el)), None)
@@ -220,7 +241,7 @@ def mp2_auxbasis(mol: gto.Mole, auxbasis: str | None = None):
     (cc-pVDZ -> cc-pVDZ-RI, with fallbacks for the elements it lacks)."""
     if auxbasis is None:
         return default_auxbasis(mol, "mp2")
-    elements = [mol.atom_pure_symbol(i) for i in range(mol.natm)]
+    elements = [element(mol, i) for i in range(mol.natm)]
     _check_basis(auxbasis, elements, "auxiliary basis", "--auxbasis")
     return auxbasis
 

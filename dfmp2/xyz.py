@@ -6,6 +6,10 @@ The symbol may be an atomic number. A line with more than four fields is refused
 guessed at: extended-XYZ files put other things in those columns (``O 8 0.0 0.0 0.119`` is an
 atomic number before the coordinates, other writers append charges or forces). Coordinates
 must be finite and within ``MAX_COORD_ANGSTROM``.
+
+Fragments (``dfmp2 interaction``), Psi4's convention: a line ``--`` between the atom lines of two
+fragments. Such lines are not atoms (line 1 counts atoms only); ``Geometry.fragments`` then holds
+each fragment's atom indices (0-based). Other commands run the whole molecule.
 """
 from __future__ import annotations
 
@@ -38,10 +42,20 @@ class Geometry:
     multiplicity: int | None = None
     comment: str = ""
     source: str = ""
+    fragments: tuple = ()      # ((0-based atom indices), ...) from '--' lines; () when none
+    ghost: tuple = ()          # per atom, True for a ghost atom (basis functions only); () when none
 
     @property
     def natm(self) -> int:
         return len(self.symbols)
+
+    def is_ghost(self, i: int) -> bool:
+        return bool(self.ghost) and bool(self.ghost[i])
+
+    @property
+    def real_symbols(self) -> tuple:
+        """The symbols of the atoms that are not ghosts (they carry the charge and electrons)."""
+        return tuple(s for i, s in enumerate(self.symbols) if not self.is_ghost(i))
 
 
 def _symbol(token: str, where: str) -> str:
@@ -75,11 +89,15 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     body = lines[2:]
     while body and not body[-1].strip():
         body.pop()
-    if len(body) != natm:
+    numbered = list(enumerate(body, start=3))
+    separators = [k for k, line in numbered if line.strip() == "--"]
+    atom_lines = [(k, line) for k, line in numbered if line.strip() != "--"]
+    if len(atom_lines) != natm:
         raise InputError(f"{source}: atom count mismatch: line 1 says {natm} atoms, "
-                         f"found {len(body)} atom lines")
+                         f"found {len(atom_lines)} atom lines")
+    fragments = _fragments(numbered, source) if separators else ()
     symbols, coords = [], []
-    for k, line in enumerate(body, start=3):
+    for k, line in atom_lines:
         where = f"{source}:{k}"
         parts = line.split()
         if len(parts) < 4:
@@ -103,7 +121,28 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     return Geometry(symbols=tuple(symbols), coords_angstrom=np.array(coords, dtype=np.float64),
                     charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
                     multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
-                    comment=comment.strip(), source=source)
+                    comment=comment.strip(), source=source, fragments=fragments)
+
+
+def _fragments(numbered, source: str) -> tuple:
+    """Atom indices (0-based) of each fragment between '--' lines; a '--' first, last or right
+    after another leaves a fragment without atoms, which is refused with its line number."""
+    out, current, natm = [], [], 0
+    for k, line in numbered:
+        if line.strip() == "--":
+            if not current:
+                where = "before it" if not out else "between it and the '--' above"
+                raise InputError(f"{source}:{k}: fragment separator '--' with no atom lines {where}")
+            out.append(tuple(current))
+            current = []
+            last = k
+        else:
+            current.append(natm)
+            natm += 1
+    if not current:
+        raise InputError(f"{source}:{last}: fragment separator '--' with no atom lines after it")
+    out.append(tuple(current))
+    return tuple(out)
 
 
 def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
