@@ -108,9 +108,10 @@ def parse_fragments(text: str, natm: int) -> tuple:
                                      "(atoms are numbered from 1)")
             for a in range(lo - 1, hi):
                 if a in owner:
-                    where = "twice in" if owner[a] == k else f"in fragments {owner[a] + 1} and"
-                    raise InputError(f"{opt}: atom {a + 1} is {where} fragment {k + 1}; each atom "
-                                     "belongs to exactly one fragment")
+                    where = (f"twice in fragment {k + 1}" if owner[a] == k
+                             else f"in fragments {owner[a] + 1} and {k + 1}")
+                    raise InputError(f"{opt}: atom {a + 1} is {where}; each atom belongs to exactly "
+                                     "one fragment")
                 owner[a] = k
                 atoms.append(a)
         out.append(tuple(sorted(atoms)))
@@ -133,7 +134,8 @@ def parse_int_list(text: str, option: str, n: int) -> tuple:
         raise InputError(f"{option}: '{shown(bad, 20)}' is not an integer; give one integer per "
                          "fragment, separated by commas")
     if len(values) != n:
-        raise InputError(f"{option}: {len(values)} values for {n} fragments; give one per fragment")
+        raise InputError(f"{option}: {len(values)} value{'s' if len(values) > 1 else ''} for {n} "
+                         "fragments; give one per fragment")
     return tuple(int(v) for v in values)
 
 
@@ -161,16 +163,16 @@ def resolve_fragments(geom: Geometry, fragments: str | None = None, charges: str
     if charges is not None:
         qs = parse_int_list(charges, "--fragment-charges", n)
     elif total:
-        raise InputError(f"the total charge is {total:+d}; say which fragments carry it with "
-                         f"--fragment-charges (one integer per fragment, adding up to {total:+d})")
+        raise InputError(f"the total charge is {_signed(total)}; say which fragments carry it with "
+                         f"--fragment-charges (one integer per fragment, adding up to {_signed(total)})")
     else:
         qs = (0,) * n
     if total is None:
         total = sum(qs)
     if sum(qs) != total:
         where = "--charge" if charge is not None else "the XYZ comment line"
-        raise InputError(f"--fragment-charges {charges} add up to {sum(qs):+d}, but the total charge "
-                         f"is {total:+d} ({where}); the fragment charges must add up to it")
+        raise InputError(f"--fragment-charges {charges} add up to {_signed(sum(qs))}, but the total "
+                         f"charge is {_signed(total)} ({where}); the fragment charges must add up to it")
     ms = parse_int_list(multiplicities, "--fragment-multiplicities", n) if multiplicities else (1,) * n
     bad = next((m for m in ms if m < 1), None)
     if bad is not None:
@@ -186,6 +188,10 @@ def resolve_fragments(geom: Geometry, fragments: str | None = None, charges: str
                          "check --multiplicity and --fragment-multiplicities")
     return Fragments(atoms=tuple(atoms), charges=qs, multiplicities=ms, total_charge=total,
                      total_multiplicity=mult, source=how)
+
+
+def _signed(n: int) -> str:
+    return f"{n:+d}" if n else "0"
 
 
 def run_geometries(geom: Geometry, frags: Fragments) -> list[tuple[str, int | None, Geometry]]:
@@ -281,19 +287,21 @@ class InteractionResult:
         t.caption = f"1 Eh = {HARTREE_TO_KCAL} kcal/mol (CODATA 2018)"
         console.print(t)
         if not quiet:
+            f = self.fragments
+            console.print("fragments: " + "; ".join(
+                f"{k + 1} = atoms {format_atoms(a)} (charge {_signed(f.charges[k])}, multiplicity "
+                f"{f.multiplicities[k]})" for k, a in enumerate(f.atoms)), highlight=False)
             r = Table(title="runs", title_justify="left")
-            for col, just in (("run", "left"), ("charge, mult", "right"), ("nbasis", "right"),
-                              ("naux", "right"), ("E(HF) / Eh", "right"), ("E(MP2) / Eh", "right"),
+            for col, just in (("run", "left"), ("nbasis", "right"), ("naux", "right"),
+                              ("E(HF) / Eh", "right"), ("E(MP2) / Eh", "right"),
                               ("E(SCS-MP2) / Eh", "right"), ("time / s", "right")):
                 r.add_column(col, justify=just)
             for run in self.runs:
                 e, res = run.result.energies(), run.result
-                f = self.fragments
-                q, m = ((f.total_charge, f.total_multiplicity) if run.fragment is None
-                        else (f.charges[run.fragment], f.multiplicities[run.fragment]))
-                r.add_row(escape(self.run_label(run)), f"{q:+d}, {m}", str(res.nbasis), str(res.naux),
-                          f"{e['e_hf']:.10f}", f"{e['e_mp2']:.10f}", f"{e['e_scs_mp2']:.10f}",
-                          f"{run.seconds:.2f}")
+                short = ("full system" if run.kind == "full" else
+                         f"fragment {run.fragment + 1}, {'full' if run.kind == 'cp' else 'own'} basis")
+                r.add_row(short, str(res.nbasis), str(res.naux), f"{e['e_hf']:.10f}",
+                          f"{e['e_mp2']:.10f}", f"{e['e_scs_mp2']:.10f}", f"{run.seconds:.2f}")
             r.caption = (escape(f"{full.basis} / {full.auxbasis} / "
                                 f"{'DF-RHF (' + str(full.jk_auxbasis) + ')' if full.scf_mode == 'df' else 'RHF'}"
                                 f"; {'frozen core' if full.frozen_core else 'all-electron'}; "
@@ -361,8 +369,9 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
                               if c - before.get(key, 0)}
         runs.append(Run(kind, k, res, time.perf_counter() - t1))
         warnings += [w for w in res.warnings if w not in warnings]
-    ran = dict(runs[0].result.ran)
-    ran["kernels"] = dict(sorted(backend.kernels_used.items()))     # all runs
+    # what ran, for all runs (one backend); the metric and where B lived are per run, in 'runs'
+    ran = {k: v for k, v in runs[0].result.ran.items() if k not in ("metric", "storage")}
+    ran["kernels"] = dict(sorted(backend.kernels_used.items()))
     return InteractionResult(molecule=geom.source, fragments=frags, runs=runs,
                              deltas=interaction_energies(runs), seconds=time.perf_counter() - t0,
                              ran=ran, versions=software_versions(), warnings=warnings)
