@@ -61,7 +61,8 @@ class Fragments:
 
     def label(self, k: int) -> str:
         """'fragment 2 (atoms 4-6)', atoms 1-based, consecutive runs as ranges."""
-        return f"fragment {k + 1} (atoms {format_atoms(self.atoms[k])})"
+        atoms = self.atoms[k]
+        return f"fragment {k + 1} (atom{'s' if len(atoms) > 1 else ''} {format_atoms(atoms)})"
 
 
 def format_atoms(atoms) -> str:
