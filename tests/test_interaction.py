@@ -1,11 +1,11 @@
 """``dfmp2 interaction`` and ghost atoms (issue 16).
 
 The counterpoise-corrected interaction energies are checked against PySCF computed the same way,
-independently of this program: ``pyscf.gto`` molecules with PySCF's own 'ghost-' atoms, PySCF's
-DF-RHF (cc-pVDZ-JKFIT) and ``pyscf.mp.dfmp2.DFMP2`` (cc-pVDZ-RI), on S22 dimers.
+independently of this program (``scripts/s22_interaction.py``'s ``pyscf_interaction``: ``pyscf.gto``
+molecules with PySCF's own 'ghost-' atoms, PySCF's DF-RHF (cc-pVDZ-JKFIT) and
+``pyscf.mp.dfmp2.DFMP2`` (cc-pVDZ-RI)), on S22 dimers.
 """
 import json
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,39 +42,13 @@ def write(tmp_path, text, name="mol.xyz"):
     return str(p)
 
 
-# ---- PySCF, the same way, on its own ---------------------------------------------------------
-def pyscf_totals(atoms: str, charge: int = 0) -> dict:
-    """E(HF), E(MP2), E(SCS-MP2) in Eh from PySCF alone: DF-RHF (cc-pVDZ-JKFIT, our SCF
-    thresholds) then pyscf.mp.dfmp2.DFMP2 with cc-pVDZ-RI. ``atoms``: PySCF atom text, ghosts
-    written 'ghost-O'."""
-    from pyscf import df, gto, scf as pscf
-    from pyscf.mp.dfmp2 import DFMP2
-    mol = gto.M(atom=atoms, basis="cc-pvdz", charge=charge, unit="Angstrom", verbose=0)
-    mf = pscf.RHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
-    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
-    mf.kernel()
-    assert mf.converged
-    pt = DFMP2(mf)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pt.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
-        pt.kernel()
-    os_, ss = pt.e_corr_os, pt.e_corr_ss
-    return {"HF": mf.e_tot, "MP2": mf.e_tot + os_ + ss, "SCS-MP2": mf.e_tot + 1.2 * os_ + ss / 3}
-
-
-def pyscf_interaction(path, fragments) -> dict:
-    """{'cp': {method: ΔE}, 'nocp': {...}} from PySCF for the fragments (0-based atom lists)."""
-    lines = path.read_text().splitlines()[2:]
-
-    def atoms(keep, ghost=()):
-        return "\n".join(("ghost-" if i in ghost else "") + lines[i] for i in sorted(keep))
-    every = range(len(lines))
-    full = pyscf_totals(atoms(every))
-    cp = [pyscf_totals(atoms(every, ghost=set(every) - set(f))) for f in fragments]
-    own = [pyscf_totals(atoms(f)) for f in fragments]
-    return {key: {m: full[m] - sum(p[m] for p in parts) for m in full}
-            for key, parts in (("cp", cp), ("nocp", own))}
+# ---- PySCF, the same way, on its own: scripts/s22_interaction.py's reference -----------------
+def _s22_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("s22_interaction", ROOT / "scripts" / "s22_interaction.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.mark.parametrize("name,fragments", [
@@ -92,7 +66,7 @@ def test_interaction_energies_match_pyscf_with_ghost_atoms(tmp_path, name, fragm
     assert "CP-corrected" in res.output and "kcal/mol" in res.output
     d = json.loads(out.read_text())
     frag_atoms = [[a - 1 for a in f["atoms"]] for f in d["fragments"]]
-    ref = pyscf_interaction(path, frag_atoms)
+    ref = _s22_script().pyscf_interaction(path, frag_atoms)
     for key in ("cp", "nocp"):
         for m in interaction.METHODS:
             got = d["interaction_energies"][key][m]
