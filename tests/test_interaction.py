@@ -135,6 +135,19 @@ def test_ghosted_fragment_through_trn1_simulate_matches_cpu():
     assert abs(got.e_corr - ref.e_corr) < 1e-6
 
 
+@pytest.mark.cuda
+def test_interaction_on_cuda_matches_cpu():
+    """The 5 runs of the water dimer on one CUDA backend (fp64): the same ΔE as on the CPU."""
+    geom = read_xyz(WATER_DIMER)
+    frags = interaction.resolve_fragments(geom, "1-3,4-6")
+    cpu = interaction.run_interaction(geom, frags, RunOptions(device="cpu"))
+    gpu = interaction.run_interaction(geom, frags, RunOptions(device="cuda"))
+    assert gpu.ran["device"].startswith("cuda")
+    for key in ("cp", "nocp"):
+        for m in interaction.METHODS:
+            assert abs(gpu.deltas[key][m] - cpu.deltas[key][m]) < 1e-10, (key, m)
+
+
 # ---- fragments: the XYZ convention and the options ------------------------------------------
 def test_xyz_fragment_lines():
     g = parse_xyz(H2_DIMER, "h2h2.xyz")
