@@ -263,9 +263,10 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
               help="atoms of each fragment, 1-based; commas separate fragments, '+' joins parts of "
                    "one (1-3+7,4-6) [default: the '--' lines of the XYZ file]")
 @click.option("--fragment-charges", default=None, metavar="0,0",
-              help="charge of each fragment; they must add up to the total charge [default: 0 each]")
+              help="charge of each fragment; they must add up to the total charge [default: the "
+                   "XYZ's 'charge multiplicity' fragment lines, else 0 each]")
 @click.option("--fragment-multiplicities", default=None, metavar="1,1",
-              help="multiplicity (2S+1) of each fragment [default: 1 each]")
+              help="multiplicity (2S+1) of each fragment [default: the XYZ's fragment lines, else 1 each]")
 @click.option("--charge", type=int, default=None,
               help="total charge [default: XYZ comment, else the sum of --fragment-charges]")
 @click.option("--multiplicity", type=int, default=None,

@@ -18,8 +18,9 @@ for E = E(HF), E(MP2) and E(SCS-MP2), in Eh and kcal/mol (``HARTREE_TO_KCAL``).
 Fragments: ``--fragments 1-3,4-6`` (1-based atoms; a comma separates fragments, '+' joins ranges
 and atoms of one fragment: ``1-3+7,4-6+8``), or ``--`` lines in the XYZ (``dfmp2.xyz``). Every
 atom belongs to exactly one fragment. Charges and multiplicities per fragment come from
-``--fragment-charges`` and ``--fragment-multiplicities`` (default: 0 and 1 each); the total charge
-(``--charge`` or the XYZ comment, else the sum of the fragments') must be their sum.
+``--fragment-charges`` and ``--fragment-multiplicities`` (default: 0 and 1 each), or from Psi4's
+``charge multiplicity`` line opening each '--' fragment in the XYZ; the total charge (``--charge``
+or the XYZ comment, else the sum of the fragments') must be their sum.
 Everything is checked, and every molecule of the 2N+1 runs is built, before the first SCF.
 """
 from __future__ import annotations
@@ -153,13 +154,20 @@ def resolve_fragments(geom: Geometry, fragments: str | None = None, charges: str
     if fragments is not None:
         atoms, how = parse_fragments(fragments, geom.natm), "--fragments"
     elif geom.fragments:
-        atoms, how = geom.fragments, "XYZ (-- lines)"
-        if len(atoms) < 2:      # a lone fragment cannot come from '--' lines, kept for safety
-            raise InputError(f"{geom.source}: only one fragment; an interaction energy needs two or more")
+        atoms, how = geom.fragments, "XYZ (-- lines)"      # two or more (dfmp2.xyz)
     else:
         raise InputError(f"{geom.source}: no fragments; give --fragments (e.g. 1-3,4-6, 1-based "
                          "atoms) or separate the fragments by '--' lines in the XYZ file")
     n = len(atoms)
+    if geom.fragment_states and (charges is not None or multiplicities is not None):
+        raise InputError(f"{geom.source}: the fragment charges and multiplicities are given twice, "
+                         "by 'charge multiplicity' lines in the file and by --fragment-charges / "
+                         "--fragment-multiplicities; give one")
+    named = f"--fragment-charges {charges}"
+    if geom.fragment_states:          # Psi4's 'charge multiplicity' lines opening each fragment
+        named = "the fragments' 'charge multiplicity' lines"
+        charges = ",".join(str(q) for q, _ in geom.fragment_states)
+        multiplicities = ",".join(str(m) for _, m in geom.fragment_states)
     total = charge if charge is not None else geom.charge
     if charges is not None:
         qs = parse_int_list(charges, "--fragment-charges", n)
@@ -172,7 +180,7 @@ def resolve_fragments(geom: Geometry, fragments: str | None = None, charges: str
         total = sum(qs)
     if sum(qs) != total:
         where = "--charge" if charge is not None else "the XYZ comment line"
-        raise InputError(f"--fragment-charges {charges} add up to {_signed(sum(qs))}, but the total "
+        raise InputError(f"{named} add up to {_signed(sum(qs))}, but the total "
                          f"charge is {_signed(total)} ({where}); the fragment charges must add up to it")
     ms = parse_int_list(multiplicities, "--fragment-multiplicities", n) if multiplicities else (1,) * n
     bad = next((m for m in ms if m < 1), None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """S22 counterpoise-corrected DF-MP2/cc-pVDZ interaction energies: this program against PySCF.
 
-    python scripts/s22_interaction.py                  # the 7 smallest dimers (1 2 3 4 8 9 16)
+    python scripts/s22_interaction.py                  # S11: the 11 smaller dimers (Psi4's subset)
     python scripts/s22_interaction.py --all            # the whole S22 set, one command
     python scripts/s22_interaction.py --dimers 2,8 --threads 2
 
@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 S22_DIR = ROOT / "inputs" / "s22"
 DEFAULT_OUT = ROOT / "scripts" / "results" / "s22_interaction_cpu"
-SMALL = (1, 2, 3, 4, 8, 9, 16)        # the dimers with at most 12 atoms (nbasis <= 100)
+SMALL = (1, 2, 3, 4, 8, 9, 10, 16, 17, 18, 19)   # S11, Psi4's 'smaller systems in S22' (<= 17 atoms)
 TOL = 1e-9                            # Hartree: |ΔE(this) - ΔE(PySCF)|
 # CCSD(T)/CBS interaction energies, kcal/mol, by S22 number (Psi4's S22.py, see the docstring)
 S22B = {1: -3.133, 2: -4.989, 3: -18.753, 4: -16.062, 5: -20.641, 6: -16.934, 7: -16.660,
@@ -76,17 +76,19 @@ def fragments_of(path: Path) -> list[list[int]]:
 # ---- PySCF on its own -----------------------------------------------------------------------
 def pyscf_totals(atoms: str) -> dict:
     """E(HF), E(MP2), E(SCS-MP2) in Eh from PySCF alone (DF-RHF cc-pVDZ-JKFIT, DFMP2 cc-pVDZ-RI;
-    SCF thresholds as dfmp2.scf's). ``atoms``: PySCF atom text in Ångström, ghosts 'ghost-O'."""
+    SCF thresholds and cycle limit as dfmp2.scf's). ``atoms``: PySCF atom text in Ångström,
+    ghosts 'ghost-O'."""
     from pyscf import df, gto, scf
     from pyscf.mp.dfmp2 import DFMP2
 
-    from dfmp2.scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD
+    from dfmp2.scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
     mol = gto.M(atom=atoms, basis=BASIS, unit="Angstrom", verbose=0)
     mf = scf.RHF(mol).density_fit(auxbasis=JK)
-    mf.conv_tol, mf.conv_tol_grad = SCF_CONV_TOL, SCF_CONV_TOL_GRAD
+    mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
     mf.kernel()
     if not mf.converged:
-        raise SystemExit("PySCF's RHF did not converge")
+        raise SystemExit(f"PySCF's RHF did not converge in {SCF_MAX_CYCLE} cycles "
+                         f"({mol.natm} atoms, {mol.nelectron} electrons, nbasis {mol.nao_nr()})")
     pt = DFMP2(mf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -156,7 +158,8 @@ def markdown(report: dict) -> str:
            f"Command: `{report['command']}`; whole table {report['seconds']:.1f} s "
            f"(dfmp2 {sum(r['seconds']['dfmp2'] for r in report['rows']):.1f} s, PySCF "
            f"{sum(r['seconds']['pyscf'] for r in report['rows']):.1f} s). Dimers: "
-           f"{', '.join(map(str, s['dimers']))}{' (the whole S22 set)' if len(s['dimers']) == 22 else ''}.",
+           f"{', '.join(map(str, s['dimers']))}{' (the whole S22 set)' if len(s['dimers']) == 22 else ''}"
+           f"{' (S11, the smaller half of S22)' if tuple(s['dimers']) == SMALL else ''}.",
            "",
            "cc-pVDZ, DF-RHF (cc-pVDZ-JKFIT), DF-MP2 (cc-pVDZ-RI), all-electron, fp64, CPU. Fragments: "
            "monomer A then B (inputs/s22 `_A`, `_B`). CP: Boys-Bernardi, each monomer in the dimer "
@@ -191,7 +194,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--all", action="store_true", help="the whole S22 set")
-    ap.add_argument("--dimers", default=None, help="S22 numbers, e.g. 1,2,8 [default: the 7 smallest]")
+    ap.add_argument("--dimers", default=None, help="S22 numbers, e.g. 1,2,8 [default: S11, the 11 smaller]")
     ap.add_argument("--threads", type=int, default=1, help="torch and PySCF threads [default: 1]")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output stem (.md and .json are written)")
     args = ap.parse_args(argv)

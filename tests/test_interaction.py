@@ -166,6 +166,34 @@ def test_xyz_fragment_line_errors(text, match):
         parse_xyz(text, "x.xyz")
 
 
+H2_DIMER_STATES = ("4\n(H2)2 with Psi4's fragment lines\n0 1\nH 0 0 0\nH 0 0 0.74\n--\n"
+                   "+1 2\nH 0 3.0 0\nH 0 3.0 0.74\n")
+
+
+def test_xyz_charge_multiplicity_lines_per_fragment():
+    g = parse_xyz(H2_DIMER_STATES, "x.xyz")
+    assert g.natm == 4 and g.fragments == ((0, 1), (2, 3)) and g.fragment_states == ((0, 1), (1, 2))
+    f = interaction.resolve_fragments(g)
+    assert f.charges == (0, 1) and f.multiplicities == (1, 2)
+    assert f.total_charge == 1 and f.total_multiplicity == 2
+    with pytest.raises(InputError, match="given twice"):
+        interaction.resolve_fragments(g, charges="0,1")
+    with pytest.raises(InputError, match="the fragments' 'charge multiplicity' lines add up to "
+                                         r"\+1, but the total charge is 0 \(--charge\)"):
+        interaction.resolve_fragments(g, charge=0)
+
+
+@pytest.mark.parametrize("text,match", [
+    (H2_DIMER_STATES.replace("0 1\n", ""), r"x\.xyz:6: fragment 1 has no 'charge multiplicity' line"),
+    (H2_DIMER_STATES.replace("+1 2", "1 0"), r"x\.xyz:7: multiplicity must be 1 or more"),
+    # only a fragment's first line may be 'charge multiplicity'
+    (H2_DIMER_STATES.replace("H 0 0 0.74\n", "0 1\n"), r"x\.xyz:5: expected 'symbol x y z'"),
+])
+def test_xyz_charge_multiplicity_line_errors(text, match):
+    with pytest.raises(InputError, match=match):
+        parse_xyz(text, "x.xyz")
+
+
 def test_fragments_from_xyz_lines_equal_the_option(tmp_path):
     path = write(tmp_path, H2_DIMER)
     geom = read_xyz(path)
