@@ -151,7 +151,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def markdown(report: dict) -> str:
     s, v = report["summary"], report["versions"]
-    out = [f"# S22: CP-corrected DF-MP2/cc-pVDZ interaction energies, dfmp2 vs PySCF", "",
+    out = ["# S22: CP-corrected DF-MP2/cc-pVDZ interaction energies, dfmp2 vs PySCF", "",
            f"{report['date']}; {report['machine']}; {report['threads']} thread(s); dfmp2 "
            f"{v['dfmp2']}, PySCF {v['pyscf']}, torch {v['torch']}, numpy {v['numpy']}, Python "
            f"{v['python']}.", "",

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dfmp2 import interaction, scf
 from dfmp2.cli import main
@@ -287,3 +289,45 @@ def test_open_shell_fragments_refused_before_any_work_UNTIL_DF_UMP2(monkeypatch)
     res = CliRunner().invoke(main, ["interaction", str(WATER_DIMER), "--fragments", "1-3,4-6",
                                     "--fragment-charges", "1,-1", "--fragment-multiplicities", "2,2"])
     assert_one_line_error(res, "fragment 1 (atoms 1-3)", "open-shell")
+
+
+# ---- fuzz: whatever the fragment options and lines hold, exit 0 or one error line ------------
+
+FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=60,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+REFUSED_MEMORY = "0.001MB"      # below any memory plan: a run that passes every check stops before the SCF
+
+
+def _fuzz_check(args):
+    res = CliRunner().invoke(main, ["interaction", *args, "-q", "--memory", REFUSED_MEMORY])
+    assert res.exit_code == 2, (args, res.exit_code, res.output, res.exc_info)   # never reaches an SCF
+    assert res.exception is None or isinstance(res.exception, SystemExit), (args, res.exc_info)
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in res.output, (args, res.stderr)
+
+
+OPTION_TEXT = st.text(alphabet="0123456789-+, x", max_size=12)
+
+
+@FUZZ
+@given(frags=st.one_of(st.none(), OPTION_TEXT), charges=st.one_of(st.none(), OPTION_TEXT),
+       mults=st.one_of(st.none(), OPTION_TEXT), charge=st.one_of(st.none(), st.integers(-3, 3)))
+def test_fuzz_fragment_options(frags, charges, mults, charge):
+    args = [str(WATER_DIMER)]
+    for opt, v in (("--fragments", frags), ("--fragment-charges", charges),
+                   ("--fragment-multiplicities", mults), ("--charge", charge)):
+        if v is not None:
+            args += [opt, str(v)]
+    _fuzz_check(args)
+
+
+@FUZZ
+@given(extra=st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["--", "0 1", "1 2", "-1 1", "0 0", " -- ", "1"])),
+                      max_size=4))
+def test_fuzz_fragment_lines(tmp_path_factory, extra):
+    lines = H2_DIMER_STATES.splitlines()
+    for pos, text in extra:
+        lines.insert(2 + min(pos, len(lines) - 2), text)
+    path = tmp_path_factory.mktemp("fz") / "x.xyz"
+    path.write_text("\n".join(lines) + "\n")
+    _fuzz_check([str(path)])
