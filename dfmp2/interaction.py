@@ -251,7 +251,7 @@ class InteractionResult:
         f = self.fragments
         frags = []
         for k, atoms in enumerate(f.atoms):
-            e = {kind: r.result.energies() for r in self.runs for kind in (r.kind,) if r.fragment == k}
+            e = {r.kind: r.result.energies() for r in self.runs if r.fragment == k}
             frags.append({"atoms": [a + 1 for a in atoms], "charge": f.charges[k],
                           "multiplicity": f.multiplicities[k],
                           "energies_full_basis": e["cp"], "energies_own_basis": e["own"]})

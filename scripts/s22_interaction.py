@@ -152,7 +152,9 @@ def summarise(rows: list[dict]) -> dict:
 def markdown(report: dict) -> str:
     s, v = report["summary"], report["versions"]
     out = ["# S22: CP-corrected DF-MP2/cc-pVDZ interaction energies, dfmp2 vs PySCF", "",
-           f"{report['date']}; {report['machine']}; {report['threads']} thread(s); dfmp2 "
+           f"{report['date']}; {report['machine']}; {report['threads']} thread(s); load average "
+           f"{report['load_average_1min']['start']:.1f} at the start, "
+           f"{report['load_average_1min']['end']:.1f} at the end (timings are this machine's, shared); dfmp2 "
            f"{v['dfmp2']}, PySCF {v['pyscf']}, torch {v['torch']}, numpy {v['numpy']}, Python "
            f"{v['python']}.", "",
            f"Command: `{report['command']}`; whole table {report['seconds']:.1f} s "
@@ -220,6 +222,7 @@ def main(argv=None) -> int:
         check_output_file(args.out + ext, "--out")
     torch.set_num_threads(args.threads)
     lib.num_threads(args.threads)
+    load_start = os.getloadavg()
     t0 = time.perf_counter()
     rows = []
     for n in chosen:
@@ -232,6 +235,8 @@ def main(argv=None) -> int:
               "command": "python scripts/s22_interaction.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": f"{os.uname().machine}, {os.cpu_count()} cores visible",
               "threads": args.threads, "seconds": time.perf_counter() - t0,
+              # other processes share this machine: its 1-minute load average at start and end
+              "load_average_1min": {"start": load_start[0], "end": os.getloadavg()[0]},
               "hartree_to_kcal": HARTREE_TO_KCAL, "units": {"energies": "hartree unless *_kcal", "seconds": "s"},
               "method": {"basis": BASIS, "jk_auxbasis": JK, "mp2_auxbasis": RI, "frozen_core": False,
                          "precision": "fp64", "device": "cpu"},
