@@ -217,6 +217,9 @@ def geometry_from_mole(mol):
     """(Geometry, basis name or None) of a PySCF Mole: element symbols, coordinates in Ångström,
     charge, multiplicity 2S+1. An ECP set by hand on the Mole is refused unless it is the
     basis's own (``ecp=`` the basis name), which ``ecp='auto'`` attaches anyway."""
+    from pyscf import gto
+
+    from . import scf
     from .xyz import Geometry
     if not mol._built:
         mol.build()
@@ -226,8 +229,10 @@ def geometry_from_mole(mol):
     if names and names != {basis}:
         raise InputError(f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
                          "basis's own ECP (ecp='auto') or none (ecp='none')")
-    symbols = tuple(mol.atom_pure_symbol(i) for i in range(mol.natm))
+    symbols = tuple(scf.element(mol, i) for i in range(mol.natm))
+    ghost = tuple(bool(gto.is_ghost_atom(mol.atom_symbol(i))) for i in range(mol.natm))
     geom = Geometry(symbols=symbols, coords_angstrom=np.asarray(mol.atom_coords(unit="Angstrom")),
+                    ghost=ghost if any(ghost) else (),
                     charge=int(mol.charge), multiplicity=int(mol.spin) + 1,
                     source=f"pyscf.gto.Mole ({mol.natm} atoms)")
     return geom, basis

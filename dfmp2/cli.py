@@ -296,6 +296,82 @@ def _qcschema_path(input_path, qcschema_path, *others):
     return qcschema
 
 
+@main.command()
+@click.argument("xyz_file", type=click.Path(dir_okay=False))
+@click.option("--fragments", default=None, metavar="1-3,4-6",
+              help="atoms of each fragment, 1-based; commas separate fragments, '+' joins parts of "
+                   "one (1-3+7,4-6) [default: the '--' lines of the XYZ file]")
+@click.option("--fragment-charges", default=None, metavar="0,0",
+              help="charge of each fragment; they must add up to the total charge [default: the "
+                   "XYZ's 'charge multiplicity' fragment lines, else 0 each]")
+@click.option("--fragment-multiplicities", default=None, metavar="1,1",
+              help="multiplicity (2S+1) of each fragment [default: the XYZ's fragment lines, else 1 each]")
+@click.option("--charge", type=int, default=None,
+              help="total charge [default: XYZ comment, else the sum of --fragment-charges]")
+@click.option("--multiplicity", type=int, default=None,
+              help="total multiplicity [default: XYZ comment, else the fragments' high-spin coupling]")
+@click.option("--basis", default="cc-pvdz", show_default=True, help="orbital basis set")
+@click.option("--auxbasis", default=None, help="MP2 fitting basis [default: the MP2-fit set matched to --basis]")
+@click.option("--device", default="cpu", show_default=True, metavar="|".join(DEVICE_CHOICES),
+              help="where the linear algebra of every run goes")
+@click.option("--simulate", is_flag=True, help="trn1/trn2 only: run the NKI kernels on this CPU")
+@click.option("--precision", type=click.Choice(["fp64", "fp32"]), default=None,
+              help="working precision of the GEMMs [default: fp64, fp32 on trn]")
+@click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
+              help=PAIR_KERNEL_HELP)
+@click.option("--frozen-core/--all-electron", default=False, show_default=True,
+              help="freeze the chemical core orbitals in MP2 (ghost atoms have none)")
+@click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
+              help="RHF with density fitting (JK-fit basis) or exact integrals")
+@click.option("--memory", default=None, help="memory limit per run, e.g. 8GB [default: 80% of available]")
+@click.option("--storage", type=click.Choice(["auto", "memory", "disk"]), default="auto", show_default=True,
+              help="where B lives in each run")
+@click.option("--scratch", "scratch_dir", type=click.Path(file_okay=False), default=None,
+              help="directory for out-of-core files [default: $TMPDIR or /tmp]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write the interaction energies, every run's energies and what ran as JSON")
+@click.option("-q", "--quiet", is_flag=True, help="print only the interaction energies")
+@user_errors
+def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, charge, multiplicity,
+                basis, auxbasis, device, simulate, precision, pair_kernel, frozen_core, scf_mode,
+                memory, storage, scratch_dir, json_path, quiet):
+    """Interaction energy of the fragments in XYZ_FILE (Ångström), counterpoise-corrected and not.
+
+    Runs DF-MP2 on the full system, on each fragment in the full basis (the other atoms as ghost
+    atoms with their orbital and fitting basis sets) and on each fragment in its own basis, all
+    on one device; prints ΔE(HF), ΔE(MP2), ΔE(SCS-MP2) in Eh and kcal/mol.
+    """
+    from .interaction import resolve_fragments, run_interaction
+    from .pipeline import RunOptions
+    from .xyz import read_xyz
+
+    console = Console()
+    if not console.is_terminal:      # files and pipes get the whole table
+        console = Console(width=120)
+    err = Console(stderr=True)
+    geom = read_xyz(xyz_file)
+    frags = resolve_fragments(geom, fragments, fragment_charges, fragment_multiplicities,
+                              charge, multiplicity)
+    options = RunOptions(basis=basis, auxbasis=auxbasis, device=device, simulate=simulate,
+                         precision=precision, frozen_core=frozen_core, scf_mode=scf_mode,
+                         memory_mb=parse_memory(memory), storage=storage, scratch_dir=scratch_dir,
+                         pair_kernel=pair_kernel)
+    if json_path:       # before any work
+        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+    progress = _LazyProgress(err, "pair energies", enabled=not quiet)
+    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+    try:
+        with _terminate_raises():
+            result = run_interaction(geom, frags, options, log=log, progress=progress)
+    finally:
+        progress.close()
+    result.render(console, quiet=quiet)
+    if json_path:
+        result.write_json(json_path)
+        if not quiet:
+            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+
+
 from .regress import regress_command  # noqa: E402
 main.add_command(regress_command, "regress")
 

@@ -164,9 +164,12 @@ def pair_energies(B, eps_occ, eps_vir, backend, occ_block: int, progress=None):
     return outofcore.combine(sums, B.blocks.pairs())
 
 
-def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:
+def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None,
+                 backend=None) -> Result:
     """Run DF-MP2 on a parsed geometry. Checks everything cheap before the heavy work: options,
-    device, basis sets, the memory plan (``on_plan(plan)`` sees it), scratch disk, checkpoint."""
+    device, basis sets, the memory plan (``on_plan(plan)`` sees it), scratch disk, checkpoint.
+    ``backend``: one already made for ``options`` (several runs sharing a device, as
+    ``dfmp2 interaction`` does); default a new one."""
     say = log or (lambda msg: None)
     precision = options.resolved_precision()
     if options.scf_mode not in scf.SCF_MODES:
@@ -180,10 +183,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                          "writing to PATH, so give only --resume")
     if options.scratch_dir is not None:      # a given --scratch must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "--scratch")
-    try:
-        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
-    except ValueError as e:        # a pair kernel unknown or not for this device
-        raise InputError(str(e)) from None
+    if backend is None:
+        backend = make_backend(options)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
@@ -267,7 +268,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         if ck is not None:
             ck.close()
     return Result(
-        molecule=geom.source, natm=geom.natm, formula=_formula(geom.symbols),
+        molecule=geom.source, natm=geom.natm, formula=_formula(geom.real_symbols) + _ghosts(geom),
         charge=mol.charge, basis=options.basis, auxbasis=scf.describe_auxbasis(auxbasis),
         scf_mode=options.scf_mode, jk_auxbasis=ref.jk_auxbasis, frozen_core=options.frozen_core,
         nbasis=nao, nmo=nmo, nocc=nocc, nfrozen=nfrozen, nvir=nvir, naux=naux,
@@ -276,13 +277,22 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         versions=software_versions(), warnings=warnings, ecp=scf.ecp_info(mol))
 
 
+def make_backend(options: RunOptions):
+    """The backend ``options`` ask for (``linalg.get_backend``: DeviceUnavailableError when the
+    device cannot run, before any work)."""
+    try:
+        return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+    except ValueError as e:        # a pair kernel unknown or not for this device
+        raise InputError(str(e)) from None
+
+
 def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     """What the user should know about the auxiliary bases before trusting the energies:
     fallback sets for elements the matched set lacks, and a user's --auxbasis that is not a
     fitting set or has fewer functions than the orbital basis (DF error then grows to %)."""
     out = []
     if options.ecp == "none":
-        out.append(scf.ecp_off_warning(options.basis, [mol.atom_pure_symbol(i) for i in range(mol.natm)]))
+        out.append(scf.ecp_off_warning(options.basis, [scf.element(mol, i) for i in range(mol.natm)]))
     if options.auxbasis is None:
         out.append(scf.auxbasis_note(mol, auxbasis, "mp2"))
     else:
@@ -430,6 +440,12 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
 def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:
     """Read an XYZ file and run DF-MP2 on it."""
     return run_geometry(read_xyz(path), options, progress=progress, log=log, on_plan=on_plan)
+
+
+def _ghosts(geom: Geometry) -> str:
+    """' + 3 ghost atoms' after the formula of the real atoms; '' without ghosts."""
+    n = geom.natm - len(geom.real_symbols)
+    return f" + {n} ghost atom{'s' if n > 1 else ''}" if n else ""
 
 
 def _formula(symbols) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, gto, scf
-from pyscf.data.elements import CONFIGURATION, chemcore
+from pyscf.data.elements import CONFIGURATION, _std_symbol_without_ghost, chemcore
 from pyscf.df.addons import predefined_auxbasis
 from pyscf.gto.basis import _format_basis_name, _is_pople_basis
 from pyscf.lib.exceptions import BasisNotFoundError
@@ -26,7 +26,19 @@ SCF_MAX_CYCLE = 100
 SCF_MODES = ("df", "exact")
 
 
-MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms are an input mistake (no ghost atoms yet)
+MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
+
+# Ghost atoms (counterpoise corrections, dfmp2.interaction): a Geometry atom with ghost=True
+# becomes PySCF's 'GHOST-<El>' atom: no nuclear charge, no electrons, no frozen core
+# (pyscf.data.elements.chemcore counts them as Z = 0), but the orbital basis and, through
+# default_auxbasis (keyed by the real element), both fitting sets of its element. Everything
+# that reads the Mole (hcore, energy_nuc, any SCF engine, the MP2 stage) sees them that way.
+GHOST_PREFIX = "GHOST-"
+
+
+def element(mol: gto.Mole, i: int) -> str:
+    """The element of atom ``i`` whether it is a ghost or not ('GHOST-O' -> 'O')."""
+    return _std_symbol_without_ghost(mol.atom_pure_symbol(i))
 
 # Default auxiliary bases. Per element: the fitting set matched to the orbital basis (PySCF's rule,
 # pyscf.df.addons.predefined_auxbasis: Psi4's table, then the Basis Set Exchange metadata; Pople
@@ -131,9 +143,12 @@ def check_geometry(geom: Geometry) -> None:
         k = int(np.lexsort((pairs[:, 1], pairs[:, 0], d))[0])
         i, j = sorted(int(x) for x in pairs[k])
         more = f" ({len(pairs) - 1} more such pairs)" if len(pairs) > 1 else ""
+
+        def name(n):
+            return f"ghost {geom.symbols[n]}" if geom.is_ghost(n) else geom.symbols[n]
         raise InputError(
-            f"{geom.source or 'molecule'}: atoms {i + 1} ({geom.symbols[i]}) and {j + 1} "
-            f"({geom.symbols[j]}) are {d[k]:.4f} Å apart, closer than {MIN_ATOM_DISTANCE} Å"
+            f"{geom.source or 'molecule'}: atoms {i + 1} ({name(i)}) and {j + 1} "
+            f"({name(j)}) are {d[k]:.4f} Å apart, closer than {MIN_ATOM_DISTANCE} Å"
             f"{more}; check the coordinates (Ångström)")
 
 
@@ -150,6 +165,8 @@ def minimal_basis_size(symbols) -> int:
 def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = None,
                    multiplicity: int | None = None, ecp: str = "auto") -> gto.Mole:
     """PySCF molecule for a closed-shell RHF. Options override the XYZ comment; default charge 0.
+    Ghost atoms (``geom.ghost``) carry the basis of their element and nothing else; the electron
+    counts below are over the real atoms.
 
     ``ecp``: 'auto' attaches the effective core potential that basis ``basis`` comes with, for
     the elements PySCF's ECP loader finds one for (def2-* beyond Kr, *-pp, LANL2DZ), as ORCA and
@@ -174,9 +191,12 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
                          "integer); only 1, the closed-shell singlet, is supported")
     if isinstance(basis, str):
         _check_basis(basis, geom.symbols, "basis", "--basis")
-    ecp_core = ecp_core_electrons(basis, geom.symbols) if ecp == "auto" else {}
-    n_ecp = sum(ecp_core.get(s, 0) for s in geom.symbols)
-    nelec = sum(gto.charge(s) for s in geom.symbols) - n_ecp - charge
+    real = geom.real_symbols          # ghosts carry neither electrons nor an ECP
+    if not real:
+        raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
+    ecp_core = ecp_core_electrons(basis, real) if ecp == "auto" else {}
+    n_ecp = sum(ecp_core.get(s, 0) for s in real)
+    nelec = sum(gto.charge(s) for s in real) - n_ecp - charge
     outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""
     if nelec <= 0:
         raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge "
@@ -185,12 +205,13 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
         raise InputError(f"{where}: {nelec} electrons with multiplicity {mult}: open-shell "
                          "molecules are not supported yet (closed-shell RHF only); check the "
                          "charge (--charge) and multiplicity")
-    capacity = 2 * minimal_basis_size(geom.symbols) - n_ecp     # ECP cores are filled shells
+    capacity = 2 * minimal_basis_size(real) - n_ecp     # ECP cores are filled shells
     if nelec > capacity:
         raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons{outside}, more than the "
                          f"{capacity} that the atoms' occupied shells hold; check the charge (--charge)")
     mol = gto.Mole()
-    mol.atom = [(s, tuple(c)) for s, c in zip(geom.symbols, geom.coords_angstrom)]
+    mol.atom = [(GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
+                for i, (s, c) in enumerate(zip(geom.symbols, geom.coords_angstrom))]
     mol.unit = "Angstrom"
     mol.basis = basis
     mol.ecp = {el: basis for el in ecp_core}
@@ -237,13 +258,14 @@ def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
     Kr, and beyond Kr for an element carrying an ECP: the def2 fitting sets are made for the def2
     ECPs), else AutoAux (see the rule above AUX_KINDS)."""
     matched = _matched_auxbases(mol, kind)
+    with_ecp = {element(mol, i) for i in range(mol.natm) if mol.atom_nelec_core(i)}
     out = {}
     for i in range(mol.natm):
-        el = mol.atom_pure_symbol(i)
+        el = element(mol, i)       # a ghost atom gets its element's set (make_auxmol finds it)
         if el in out:
             continue
         name = next((m for m in matched if _defines(m, el)), None)
-        if (name is None and (gto.charge(el) <= AUX_FALLBACK_MAX_Z or mol.atom_nelec_core(i))
+        if (name is None and (gto.charge(el) <= AUX_FALLBACK_MAX_Z or el in with_ecp)
                 and _defines(AUX_FALLBACK[kind], el)):
             name = AUX_FALLBACK[kind]
         out[el] = name or AUTOAUX
@@ -275,7 +297,7 @@ def mp2_auxbasis(mol: gto.Mole, auxbasis: str | None = None):
     (cc-pVDZ -> cc-pVDZ-RI, with fallbacks for the elements it lacks)."""
     if auxbasis is None:
         return default_auxbasis(mol, "mp2")
-    elements = [mol.atom_pure_symbol(i) for i in range(mol.natm)]
+    elements = [element(mol, i) for i in range(mol.natm)]
     _check_basis(auxbasis, elements, "auxiliary basis", "--auxbasis")
     return auxbasis
 

@@ -6,6 +6,12 @@ The symbol may be an atomic number. A line with more than four fields is refused
 guessed at: extended-XYZ files put other things in those columns (``O 8 0.0 0.0 0.119`` is an
 atomic number before the coordinates, other writers append charges or forces). Coordinates
 must be finite and within ``MAX_COORD_ANGSTROM``.
+
+Fragments (``dfmp2 interaction``), Psi4's convention: a line ``--`` between the atom lines of two
+fragments; each fragment may open with a line ``charge multiplicity`` (two integers, e.g. ``-1 1``),
+for every fragment or for none. These lines are not atoms (line 1 counts atoms only);
+``Geometry.fragments`` then holds each fragment's atom indices (0-based) and
+``Geometry.fragment_states`` their (charge, multiplicity). Other commands run the whole molecule.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ _CHARGE_RE = re.compile(r"\bcharge\s*=\s*([^\s,;]*)", re.IGNORECASE)
 _MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([^\s,;]*)", re.IGNORECASE)
 _INT_RE = re.compile(r"[+-]?[0-9]{1,6}", re.ASCII)
 _COUNT_RE = re.compile(r"[+-]?[0-9]{1,9}", re.ASCII)
+_STATE_RE = re.compile(r"\s*([+-]?[0-9]{1,6})\s+([+-]?[0-9]{1,6})\s*", re.ASCII)   # 'charge mult' 
 MAX_COORD_ANGSTROM = 1e5   # 10 µm: far beyond any molecule, well inside where r² stays finite
 
 
@@ -38,10 +45,21 @@ class Geometry:
     multiplicity: int | None = None
     comment: str = ""
     source: str = ""
+    fragments: tuple = ()      # ((0-based atom indices), ...) from '--' lines; () when none
+    fragment_states: tuple = ()   # ((charge, multiplicity), ...) from the fragments' lines; () when none
+    ghost: tuple = ()          # per atom, True for a ghost atom (basis functions only); () when none
 
     @property
     def natm(self) -> int:
         return len(self.symbols)
+
+    def is_ghost(self, i: int) -> bool:
+        return bool(self.ghost) and bool(self.ghost[i])
+
+    @property
+    def real_symbols(self) -> tuple:
+        """The symbols of the atoms that are not ghosts (they carry the charge and electrons)."""
+        return tuple(s for i, s in enumerate(self.symbols) if not self.is_ghost(i))
 
 
 def _symbol(token: str, where: str) -> str:
@@ -75,11 +93,15 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     body = lines[2:]
     while body and not body[-1].strip():
         body.pop()
-    if len(body) != natm:
+    numbered = list(enumerate(body, start=3))
+    fragments = states = ()
+    if any(line.strip() == "--" for _, line in numbered):
+        numbered, fragments, states = _fragments(numbered, source)
+    if len(numbered) != natm:
         raise InputError(f"{source}: atom count mismatch: line 1 says {natm} atoms, "
-                         f"found {len(body)} atom lines")
+                         f"found {len(numbered)} atom lines")
     symbols, coords = [], []
-    for k, line in enumerate(body, start=3):
+    for k, line in numbered:
         where = f"{source}:{k}"
         parts = line.split()
         if len(parts) < 4:
@@ -103,7 +125,47 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     return Geometry(symbols=tuple(symbols), coords_angstrom=np.array(coords, dtype=np.float64),
                     charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
                     multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
-                    comment=comment.strip(), source=source)
+                    comment=comment.strip(), source=source, fragments=fragments,
+                    fragment_states=states)
+
+
+def _fragments(numbered, source: str) -> tuple:
+    """Split (line number, text) body lines at '--' lines. Returns (atom lines, the atom indices
+    (0-based) of each fragment, each fragment's (charge, multiplicity) from a 'charge mult' line
+    opening it, or () when no fragment has one). A '--' first, last or right after another leaves
+    a fragment without atoms; a 'charge mult' line on some fragments only; both refused with the
+    line number."""
+    atom_lines, out, states = [], [], []
+    current, state, opening, last = [], None, True, None
+    for k, line in numbered:
+        if line.strip() == "--":
+            if not current:
+                where = "before it" if not out else "between it and the '--' above"
+                raise InputError(f"{source}:{k}: fragment separator '--' with no atom lines {where}")
+            out.append(tuple(current))
+            states.append(state)
+            current, state, opening, last = [], None, True, k
+            continue
+        m = _STATE_RE.fullmatch(line) if opening else None
+        opening = False
+        if m is not None:
+            mult = int(m.group(2))
+            if mult < 1:
+                raise InputError(f"{source}:{k}: multiplicity must be 1 or more (2S+1), found {mult}")
+            state = (int(m.group(1)), mult, k)
+            continue
+        current.append(len(atom_lines))
+        atom_lines.append((k, line))
+    if not current:
+        raise InputError(f"{source}:{last}: fragment separator '--' with no atom lines after it")
+    out.append(tuple(current))
+    states.append(state)
+    given = [st for st in states if st is not None]
+    if given and len(given) < len(states):
+        n = next(i for i, st in enumerate(states) if st is None)
+        raise InputError(f"{source}:{given[0][2]}: fragment {n + 1} has no 'charge multiplicity' "
+                         "line; give one at the start of every fragment or of none")
+    return atom_lines, tuple(out), tuple((q, m) for q, m, _ in given)
 
 
 def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
