@@ -339,7 +339,7 @@ def _import_gpu4pyscf():
         import gpu4pyscf
         raise EngineUnavailableError(
             f"integral engine gpu4pyscf {getattr(gpu4pyscf, '__version__', '?')} lacks "
-            f"int3c2e_bdiv.{', '.join(missing)} (written against gpu4pyscf 1.8-1.9); install it with "
+            f"int3c2e_bdiv.{', '.join(missing)} (the engine needs gpu4pyscf 1.6 or later); install it with "
             f"{INSTALL_GPU4PYSCF}")
     return cupy, int3c2e_bdiv
 
@@ -371,9 +371,9 @@ class Gpu4pyscfEngine(IntegralEngine):
         super().__init__(mol, backend, why)
         if not backend.caps.cuda_memory:
             raise EngineUnavailableError(
-                f"integral engine gpu4pyscf computes on a CUDA GPU; device '{backend.name}' is not one")
+                f"integral engine gpu4pyscf needs a CUDA device, and '{backend.name}' is not a CUDA GPU "
+                f"(on a machine with one: {INSTALL_GPU4PYSCF.split(' on a machine')[0]})")
         self.cupy, self.bdiv = _import_gpu4pyscf()
-        self._scatter = None               # (pair rows kept, packed positions), per screening
 
     def _settings(self) -> dict:
         import gpu4pyscf
@@ -392,22 +392,19 @@ class Gpu4pyscfEngine(IntegralEngine):
         self.stats["compute_s"] += time.perf_counter() - t0
         return j2c.to(self.backend.device, torch.float64)
 
-    def _scatter_index(self, rows, cols, device):
-        """Which compressed rows to keep and where they go in the packed layout."""
-        if self._scatter is None or self._scatter[0] != len(rows):
-            r = np.asarray(rows.get() if hasattr(rows, "get") else rows, dtype=np.int64)
-            c = np.asarray(cols.get() if hasattr(cols, "get") else cols, dtype=np.int64)
-            nao = self.nao
-            transposed_present = np.isin(c * nao + r, r * nao + c)
-            keep = np.flatnonzero((r >= c) | ~transposed_present)
-            hi, lo = np.maximum(r[keep], c[keep]), np.minimum(r[keep], c[keep])
-            pos = hi * (hi + 1) // 2 + lo
-            if len(np.unique(pos)) != len(pos):
-                raise RuntimeError("gpu4pyscf compressed_aux_e2: a packed pair appears twice after "
-                                   "removing transposed duplicates (unexpected pair list)")
-            self._scatter = (len(rows), torch.as_tensor(keep, device=device),
-                             torch.as_tensor(pos, device=device))
-        return self._scatter[1], self._scatter[2]
+    def _scatter_index(self, rows: torch.Tensor, cols: torch.Tensor):
+        """Which compressed rows to keep and their packed positions (on the device, per block:
+        the pair list is gpu4pyscf's to choose)."""
+        r, c = rows.to(torch.int64), cols.to(torch.int64)
+        nao = self.nao
+        transposed_present = torch.isin(c * nao + r, r * nao + c)
+        keep = torch.nonzero((r >= c) | ~transposed_present).flatten()
+        hi, lo = torch.maximum(r[keep], c[keep]), torch.minimum(r[keep], c[keep])
+        pos = hi * (hi + 1) // 2 + lo
+        if torch.unique(pos).numel() != pos.numel():
+            raise RuntimeError("gpu4pyscf compressed_aux_e2: a packed pair appears twice after "
+                               "removing transposed duplicates (unexpected pair list)")
+        return keep, pos
 
     def block(self, auxmol, s0: int, s1: int) -> torch.Tensor:
         """Packed (nb, npair) fp64 on the device for aux shells [s0, s1)."""
@@ -416,7 +413,8 @@ class Gpu4pyscfEngine(IntegralEngine):
         with self.cupy.cuda.Device(self.backend.device.index or 0), self._stream():
             j3c, rows, cols = self.bdiv.compressed_aux_e2(self.mol, sub)
             j3c = to_torch(self.cupy.ascontiguousarray(j3c))             # (npair_nz, nb)
-        keep, pos = self._scatter_index(rows, cols, j3c.device)
+            rows, cols = to_torch(rows), to_torch(cols)
+            keep, pos = self._scatter_index(rows, cols)
         packed = torch.zeros((j3c.shape[1], npair(self.nao)), dtype=torch.float64, device=j3c.device)
         packed[:, pos] = j3c.index_select(0, keep).T
         self.stats["compute_s"] += time.perf_counter() - t0
