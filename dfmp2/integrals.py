@@ -482,9 +482,8 @@ def select_engine(choice: str, mol: gto.Mole, backend, *, depth: int = QUEUE_DEP
     if choice == "gpu4pyscf":
         return Gpu4pyscfEngine(mol, backend, "asked for")
     if not backend.caps.cuda_memory:
-        return HostEngine(mol, backend, f"auto: host (device '{backend.name}' is not a CUDA GPU)", depth=depth)
+        return HostEngine(mol, backend, f"auto: device '{backend.name}' is not a CUDA GPU", depth=depth)
     problem = gpu4pyscf_problem(backend)
     if problem:
-        return HostEngine(mol, backend, f"auto: host (gpu4pyscf not usable: {problem.split(';')[0]})",
-                          depth=depth)
-    return Gpu4pyscfEngine(mol, backend, "auto: gpu4pyscf (importable, CUDA device)")
+        return HostEngine(mol, backend, f"auto: gpu4pyscf not usable: {problem.split(';')[0]}", depth=depth)
+    return Gpu4pyscfEngine(mol, backend, "auto: gpu4pyscf importable and a CUDA device")

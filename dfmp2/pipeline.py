@@ -326,16 +326,17 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
 
 
-def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):
+def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None, engine=None):
     """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it (its memory
     plan, precision, frozen core, storage and scratch from ``options``; no checkpoint), for the
-    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one).
+    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one);
+    ``engine``: an integral engine for that backend (default: ``options.integrals``'s).
     Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
     precision = options.resolved_precision()
     if backend is None:
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
-    engine = select_integrals(options, mol, backend)
+    engine = engine or select_integrals(options, mol, backend)
     plan = stage_plan(mol, auxmol, options, backend, precision, nocc=ref.nocc - nfrozen,
                       nvir=ref.mo_coeff.shape[1] - ref.nocc, engine=engine)
     timer = _Timer(backend)

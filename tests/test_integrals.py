@@ -202,10 +202,10 @@ def test_keyboard_interrupt_in_the_loop_stops_the_producer(water, cpu):
 def test_auto_is_host_on_cpu_and_recorded(tmp_path):
     res = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
-    assert "integrals: host (auto: host" in res.output
+    assert "integrals: host (auto: device 'cpu' is not a CUDA GPU)" in res.output
     import json
     ran = json.loads((tmp_path / "r.json").read_text())["ran"]["integrals"]
-    assert ran["engine"] == "host" and ran["why"].startswith("auto: host") and ran["blocks"] >= 1
+    assert ran["engine"] == "host" and ran["why"].startswith("auto: device 'cpu'") and ran["blocks"] >= 1
 
 
 def test_cli_choices_are_the_engines():
@@ -336,7 +336,7 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
     calls = fake_gpu4pyscf(monkeypatch)
     mol, auxmol = water
     eng = integrals.select_engine("auto", mol, FakeCudaBackend())
-    assert eng.name == "gpu4pyscf" and eng.why.startswith("auto: gpu4pyscf")
+    assert eng.name == "gpu4pyscf" and eng.why.startswith("auto: gpu4pyscf importable")
     blocks = integrals.aux_shell_blocks(auxmol, 23)
     ref = libcint_blocks(mol, auxmol, blocks)
     got = engine_blocks(eng, auxmol, blocks)
