@@ -48,6 +48,7 @@ from linalg import DeviceUnavailableError
 
 ENGINES = ("auto", "host", "gpu4pyscf")
 QUEUE_DEPTH = 2            # host engine: packed blocks in the ring (double buffering)
+GPU4PYSCF_BLOCK_MB = 4096.0  # gpu4pyscf: target MB of a block (see Gpu4pyscfEngine.block_mb)
 # The optional extra per CUDA major version: gpu4pyscf's wheels are built per CUDA major
 # (gpu4pyscf-cuda12x, gpu4pyscf-cuda13x) and must match the CUDA that torch and CuPy use.
 INSTALL_GPU4PYSCF = ('pip install -e ".[cuda13]" (gpu4pyscf-cuda13x; ".[cuda12]" for CUDA 12) '
@@ -156,6 +157,11 @@ class IntegralEngine:
         self.mol, self.backend, self.why = mol, backend, why
         self.nao = mol.nao_nr()
         self.stats = {"blocks": 0, "compute_s": 0.0, "wait_s": 0.0}
+
+    def block_mb(self, asked: float) -> float:
+        """Target MB of one streamed block and its transforms (memory.plan_memory's j3c_block_mb)
+        for the ``asked`` target: the engine's preference."""
+        return asked
 
     def metric(self, auxmol: gto.Mole) -> torch.Tensor:
         raise NotImplementedError
@@ -285,11 +291,9 @@ class _HostStream:
             p0, p1, slot = item
             packed = slot.tensor[: (p1 - p0) * self.npair].view(p1 - p0, self.npair)
             dev = self.engine.backend.to_device(packed, self.dtype)
-            if self.engine.pinned:
-                # the copy (on the backend's staging stream) is ordered before the current
-                # stream's next work; once this fence has passed, the buffer may be refilled
-                slot.fence = torch.cuda.Event()
-                slot.fence.record()
+            # a GPU copies from the pinned buffer asynchronously (linalg.cuda: a side stream);
+            # the buffer is refilled only after that copy, not after the compute queued before it
+            slot.fence = getattr(self.engine.backend, "last_transfer", None) if self.engine.pinned else None
             self.held = slot
         except BaseException:
             self.close()
@@ -374,6 +378,12 @@ class Gpu4pyscfEngine(IntegralEngine):
                 f"integral engine gpu4pyscf needs a CUDA device, and '{backend.name}' is not a CUDA GPU "
                 f"(on a machine with one: {INSTALL_GPU4PYSCF.split(' on a machine')[0]})")
         self.cupy, self.bdiv = _import_gpu4pyscf()
+
+    def block_mb(self, asked: float) -> float:
+        """At least GPU4PYSCF_BLOCK_MB: each call sorts the basis and screens the shell pairs
+        again (milliseconds), so fewer, larger blocks; GPU memory has room for them (the plan
+        still shrinks them when it must)."""
+        return max(asked, GPU4PYSCF_BLOCK_MB)
 
     def _settings(self) -> dict:
         import gpu4pyscf

@@ -321,7 +321,8 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        itemsize=torch.finfo(DTYPES[precision]).bits // 8, limit_mb=options.memory_mb,
                        device=options.device, fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
                        storage=options.storage, aux_shell_max=_largest_shell(auxmol), occ_block=occ_block,
-                       occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb,
+                       occ_block_max=options.occ_block_max,
+                       j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
                        engine=engine.name if engine is not None else "host",
                        queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
 

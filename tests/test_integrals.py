@@ -347,6 +347,7 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
     assert calls["compressed"] == len(blocks)
     assert torch.allclose(eng.metric(auxmol), torch.from_numpy(auxmol.intor("int2c2e")), rtol=0, atol=1e-12)
     assert "gpu4pyscf fake" in eng.describe()["library"]
+    assert eng.block_mb(512.0) == integrals.GPU4PYSCF_BLOCK_MB          # fewer, larger blocks
     assert [b for *_, b in engine_blocks(eng, auxmol, blocks, torch.float32)][0].dtype == torch.float32
 
 
@@ -380,3 +381,38 @@ def test_aux_subset_is_those_shells(water):
     sub = integrals._aux_subset(auxmol, s0, s1)
     assert sub.nao_nr() == p1 - p0 and auxmol.nbas > s1 - s0
     np.testing.assert_allclose(incore.aux_e2(mol, sub), incore.aux_e2(mol, auxmol)[:, :, p0:p1], rtol=0, atol=1e-13)
+
+
+def test_cuda_protocol_refills_a_buffer_only_after_its_copy(water, monkeypatch):
+    """With a GPU the copy from a pinned buffer is asynchronous: the producer may write into a
+    buffer again only after the event that ends its last copy (the backend's last_transfer) has
+    been waited for. Checked with a stand-in backend that records those events."""
+    mol, auxmol = water
+    real_slot, real_call = integrals._Slot, integrals._Libcint.__call__
+    monkeypatch.setattr(integrals, "_Slot", lambda numel, pinned: real_slot(numel, False))   # no CUDA here
+    copies = []                                   # (buffer address, event) per transfer
+
+    class Event:
+        done = False
+
+        def synchronize(self):
+            self.done = True
+
+    class Backend(FakeCudaBackend):
+        def to_device(self, x, dtype=None):
+            self.last_transfer = Event()
+            copies.append((x.data_ptr(), self.last_transfer))
+            return self._be.to_device(x, dtype).clone()
+
+    def checked(self, s0, s1, out=None):
+        if out is not None:                       # the engine's ring (None: the reference below)
+            assert all(ev.done for ptr, ev in copies if ptr == out.ctypes.data), "buffer refilled during its copy"
+        return real_call(self, s0, s1, out)
+    monkeypatch.setattr(integrals._Libcint, "__call__", checked)
+    eng = integrals.HostEngine(mol, Backend(), depth=2)
+    assert eng.pinned
+    blocks = integrals.aux_shell_blocks(auxmol, 10)
+    got = engine_blocks(eng, auxmol, blocks)
+    assert len(got) == len(blocks) > 2 and len({p for p, _ in copies}) == 2
+    for (_, _, full, _), (_, _, r) in zip(got, libcint_blocks(mol, auxmol, blocks)):
+        assert torch.equal(full, torch.from_numpy(r))
