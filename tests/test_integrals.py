@@ -416,3 +416,42 @@ def test_cuda_protocol_refills_a_buffer_only_after_its_copy(water, monkeypatch):
     assert len(got) == len(blocks) > 2 and len({p for p, _ in copies}) == 2
     for (_, _, full, _), (_, _, r) in zip(got, libcint_blocks(mol, auxmol, blocks)):
         assert torch.equal(full, torch.from_numpy(r))
+
+
+# ---------------------------------------------------------------- on a GPU (cuda channel)
+
+@pytest.mark.cuda
+def test_cuda_host_engine_pinned_blocks_bit_identical(water):
+    mol, auxmol = water
+    eng = integrals.HostEngine(mol, linalg.get_backend("cuda"))
+    assert eng.pinned
+    blocks = integrals.aux_shell_blocks(auxmol, 17)
+    for (p0, p1, full, _), (q0, q1, r) in zip(engine_blocks(eng, auxmol, blocks), libcint_blocks(mol, auxmol, blocks)):
+        assert (p0, p1) == (q0, q1) and full.is_cuda and torch.equal(full.cpu(), torch.from_numpy(r))
+
+
+@pytest.mark.cuda
+def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
+    pytest.importorskip("gpu4pyscf", reason="cuda channel: gpu4pyscf is not installed (pip install -e '.[cuda13]')")
+    geom = pipeline.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
+    mol = scf.build_molecule(geom, "cc-pvdz")
+    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
+    be = linalg.get_backend("cuda")
+    eng = integrals.select_engine("auto", mol, be)
+    assert eng.name == "gpu4pyscf"
+    blocks = integrals.aux_shell_blocks(auxmol, 40)
+    for (_, _, full, _), (_, _, r) in zip(engine_blocks(eng, auxmol, blocks), libcint_blocks(mol, auxmol, blocks)):
+        r = torch.from_numpy(r)
+        assert (full.cpu() - r).abs().max() <= 1e-12 * r.abs().max()
+    j2c = torch.from_numpy(auxmol.intor("int2c2e"))
+    assert (eng.metric(auxmol).cpu() - j2c).abs().max() <= 1e-12 * j2c.abs().max()
+    ref = scf.run_rhf(mol, "df")
+    e = {}
+    for engine in (integrals.HostEngine(mol, be), eng):
+        _, e_os, e_ss, _, ran = time_mp2_stage_with(mol, auxmol, ref, be, engine)
+        e[ran["integrals"]["engine"]] = e_os + e_ss
+    assert abs(e["gpu4pyscf"] - e["host"]) < 1e-10
+
+
+def time_mp2_stage_with(mol, auxmol, ref, backend, engine):
+    return pipeline.time_mp2_stage(mol, auxmol, ref, RunOptions(device=backend.name), backend, engine=engine)
