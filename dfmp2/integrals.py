@@ -140,10 +140,18 @@ def unpack_index(nao: int, device) -> torch.Tensor:
 
 
 def unpack(packed: torch.Tensor, nao: int) -> torch.Tensor:
-    """(nb, npair) -> (nb, nao, nao) symmetric, on packed's device and in its dtype: a gather,
-    so every element is an exact copy (bit for bit what PySCF's unpack_tril gives)."""
-    nb = packed.shape[0]
-    return packed.index_select(1, unpack_index(nao, packed.device)).reshape(nb, nao, nao)
+    """(nb, npair) -> (nb, nao, nao) symmetric, on packed's device and in its dtype; every element
+    is an exact copy (bit for bit what PySCF's unpack_tril gives). On the host, fp64, PySCF's C
+    unpack_tril itself (measured 4x faster than torch's gather on 2 cores: 0.13 s against 0.55 s
+    for 133 x 384^2); elsewhere torch's gather (index_select) on the device."""
+    if packed.is_cpu and packed.dtype == torch.float64:
+        return torch.from_numpy(lib.unpack_tril(packed.contiguous().numpy()))
+    return gather_unpack(packed, nao)
+
+
+def gather_unpack(packed: torch.Tensor, nao: int) -> torch.Tensor:
+    """``unpack`` by torch's gather on any device (what a GPU runs)."""
+    return packed.index_select(1, unpack_index(nao, packed.device)).reshape(packed.shape[0], nao, nao)
 
 
 # ---------------------------------------------------------------- engines

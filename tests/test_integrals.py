@@ -85,10 +85,12 @@ def test_any_aux_basis_and_metric(water, cpu):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_unpack_is_pyscf_unpack_tril(dtype):
+    """Both ways (PySCF's C unpack on the host in fp64, torch's gather elsewhere) copy exactly."""
     nao = 11
     packed = torch.randn(3, integrals.npair(nao), dtype=torch.float64)
     ref = torch.from_numpy(lib.unpack_tril(packed.numpy())).to(dtype)
     assert torch.equal(integrals.unpack(packed.to(dtype), nao), ref)
+    assert torch.equal(integrals.gather_unpack(packed.to(dtype), nao), ref)
 
 
 def test_energy_through_thread_equals_same_thread(tmp_path):
