@@ -178,6 +178,9 @@ def _plan_table(plan):
               f"on disk (HDF5), {plan.disk_mb:,.1f} MB of disk" if plan.out_of_core
               else "in memory")
     t.add_row("in memory would need", f"{plan.in_memory_mb:,.1f}", "")
+    if plan.integrals.get("host_mb"):
+        t.add_row("integral buffers", f"{plan.integrals['host_mb']:,.1f}",
+                  f"host memory (pinned), outside the plan: {plan.integrals['queue_depth']} packed blocks")
     t.add_row("smallest feasible", f"{plan.min_mb:,.1f}", "B on disk, smallest blocks"
               if plan.storage != "memory" else "B in memory, smallest blocks")
     t.caption = (f"blocks: {plan.aux_block} auxiliary functions per (μν|P) block, "
