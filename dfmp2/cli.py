@@ -22,6 +22,10 @@ from .outputs import check_output_file, write_text
 
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
 PAIR_KERNEL_HELP = f"cuda only: the MP2 pair-step path; auto: {AUTO_RULE} (the result's 'ran' says which ran and why)"
+INTEGRALS_HELP = ("3-center integral engine: host (libcint in a background thread, overlapping the device "
+                  "work) or gpu4pyscf (CUDA kernels; pip install -e '.[cuda13]'); auto: gpu4pyscf when it "
+                  "is importable and the device is cuda, else host")
+INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")     # dfmp2.integrals.ENGINES (not imported: PySCF is slow to import)
 EXIT_USER_ERROR = 2
 
 
@@ -174,6 +178,9 @@ def _plan_table(plan):
               f"on disk (HDF5), {plan.disk_mb:,.1f} MB of disk" if plan.out_of_core
               else "in memory")
     t.add_row("in memory would need", f"{plan.in_memory_mb:,.1f}", "")
+    if plan.integrals.get("host_mb"):
+        t.add_row("integral buffers", f"{plan.integrals['host_mb']:,.1f}",
+                  f"host memory (pinned), outside the plan: {plan.integrals['queue_depth']} packed blocks")
     t.add_row("smallest feasible", f"{plan.min_mb:,.1f}", "B on disk, smallest blocks"
               if plan.storage != "memory" else "B in memory, smallest blocks")
     t.caption = (f"blocks: {plan.aux_block} auxiliary functions per (μν|P) block, "
@@ -196,6 +203,8 @@ def _plan_table(plan):
               help="working precision of the GEMMs; energies are summed in fp64 [default: fp64, fp32 on trn]")
 @click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
               help=PAIR_KERNEL_HELP)
+@click.option("--integrals", type=click.Choice(INTEGRAL_ENGINES), default="auto", show_default=True,
+              help=INTEGRALS_HELP)
 @click.option("--frozen-core/--all-electron", default=False, show_default=True,
               help="freeze the chemical core orbitals in MP2")
 @click.option("--ecp", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
@@ -223,7 +232,7 @@ def _plan_table(plan):
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
 def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision, pair_kernel,
-        frozen_core, ecp, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
+        integrals, frozen_core, ecp, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
         json_path, qcschema_path, verbose, quiet, **tuning):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
     or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords)."""
@@ -236,7 +245,7 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
                          device=device, simulate=simulate, precision=precision,
                          frozen_core=frozen_core, ecp=ecp, scf_mode=scf_mode, memory_mb=parse_memory(memory),
                          storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
-                         resume=resume_path, pair_kernel=pair_kernel,
+                         resume=resume_path, pair_kernel=pair_kernel, integrals=integrals,
                          **{k: v for k, v in tuning.items() if v is not None})
     if json_path:       # before any work: a JSON that cannot be written fails now, not after the run
         check_output_file(json_path, "--json", not_same_as=[

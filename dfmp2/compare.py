@@ -107,6 +107,11 @@ def check_device(device: str, precision: str, simulate: bool, pair_kernel: str =
         raise InputError(str(e)) from None
 
 
+def _integrals(device: str, engine: str) -> str:
+    """--integrals gpu4pyscf applies to the cuda devices of the list; the others keep auto (host)."""
+    return engine if engine != "gpu4pyscf" or _caps(device).cuda_memory else "auto"
+
+
 def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
     """``repeat`` full pipeline runs of ``geom`` on ``device`` (options.device is replaced)."""
     from dataclasses import replace
@@ -114,7 +119,8 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
     out = DeviceRun(device)
     opts = replace(options, device=device,
                    simulate=options.simulate and _caps(device).simulable,
-                   pair_kernel=_pair_kernel(device, options.pair_kernel))
+                   pair_kernel=_pair_kernel(device, options.pair_kernel),
+                   integrals=_integrals(device, options.integrals))
     for _ in range(repeat):
         t0 = time.perf_counter()
         r = run_geometry(geom, opts)
@@ -221,6 +227,9 @@ def write_json(path, doc: dict) -> None:
 @click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on this CPU")
 @click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
               help=f"the cuda devices' MP2 pair-step path; auto: {AUTO_RULE}")
+@click.option("--integrals", type=click.Choice(("auto", "host", "gpu4pyscf")), default="auto", show_default=True,
+              help="molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
+                   "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran")
 @click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
               help="runs per device, to check that its energies are bit-identical run to run")
 @click.option("--tol", "tolerance", type=float, default=None,
@@ -228,7 +237,7 @@ def write_json(path, doc: dict) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write every device's energies (with float.hex) as JSON")
 def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbasis, frozen_core, scf_mode,
-                    simulate, pair_kernel, repeat, tolerance, json_path):
+                    simulate, pair_kernel, integrals, repeat, tolerance, json_path):
     """Run one problem on several devices from identical inputs and compare the energies bit by bit.
 
     XYZ_FILE is a molecule (coordinates in Ångström); or give --synthetic NOCC,NVIR,NAUX.
@@ -260,6 +269,9 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
         if pair_kernel != "auto" and not any(len(_caps(d).pair_kernels) > 1 for d in names):
             raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and the devices "
                              f"({', '.join(names)}) include none; leave it at auto")
+        if integrals == "gpu4pyscf" and not any(_caps(d).cuda_memory for d in names):
+            raise InputError(f"--integrals gpu4pyscf applies only to cuda devices, and the devices "
+                             f"({', '.join(names)}) include none; leave it at auto")
         if json_path:               # before any work: a JSON that cannot be written fails now
             from .outputs import check_output_file
             check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
@@ -286,7 +298,8 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
             from .xyz import read_xyz
             geom = read_xyz(xyz_file)
             options = RunOptions(basis=basis, auxbasis=auxbasis, precision=precision, frozen_core=frozen_core,
-                                 scf_mode=scf_mode, simulate=simulate, pair_kernel=pair_kernel)
+                                 scf_mode=scf_mode, simulate=simulate, pair_kernel=pair_kernel,
+                                 integrals=integrals)
             title = (f"{xyz_file} {basis}/{auxbasis or 'MP2-fit'}, {scf_mode} SCF, "
                      f"{'frozen core' if frozen_core else 'all-electron'}, {precision}")
             problem_doc = {"molecule": str(xyz_file), "basis": basis, "auxbasis": auxbasis,

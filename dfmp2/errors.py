@@ -17,7 +17,8 @@ class MemoryLimitError(InputError):
 
 
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
-OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)"}
+OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)",
+                "integrals-host": "--integrals host"}
 
 
 def error_line(e: Exception) -> str:

@@ -26,6 +26,7 @@ OCC_BLOCK_MAX = 16            # occupied orbitals per block of the fit and the p
 J3C_BLOCK_MB = 512.0          # target size of one streamed (μν|P) block and its transforms
 PREFETCH_DEPTH = 2            # out-of-core blocks read ahead of the one in use (outofcore.py)
 WRITE_DEPTH = 2               # out-of-core writes queued behind the one in flight
+QUEUE_DEPTH = 2               # the host integral engine's packed (μν|P) buffers (dfmp2.integrals)
 STORAGE_CHOICES = ("auto", "memory", "disk")
 STAGES = ("metric", "transform", "fit", "pair")
 
@@ -95,6 +96,7 @@ class MemoryPlan:
     min_mb: float = 0.0       # the smallest feasible plan (out of core, smallest blocks)
     storage: str = "auto"     # what was asked: auto, memory or disk
     shapes: dict = field(default_factory=dict)
+    integrals: dict = field(default_factory=dict)   # engine, queue_depth, host_mb outside the plan
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,14 +108,39 @@ class MemoryPlan:
         return s.get("naux", 0) * s.get("nocc", 0) * s.get("nvir", 0) * s.get("itemsize", 8) / MB
 
 
+def j3c_engine_bytes(engine: str, *, nao: int, fit_itemsize: int, host_memory: bool,
+                     depth: int = QUEUE_DEPTH) -> tuple[int, int]:
+    """Bytes per auxiliary function of one streamed (μν|P) block before its transforms, for an
+    integral engine (dfmp2.integrals): (in the plan's memory, in host memory outside the plan).
+    The second is nonzero only when the plan's memory is a GPU's (``host_memory`` False).
+
+    host:      ``depth`` packed fp64 buffers on the host (pinned for a GPU), the packed block on
+               the device (a GPU's copy; on a host device only a cast to a narrower fit dtype
+               copies), the unpacked square in the fit dtype.
+    gpu4pyscf: on the GPU, about three packed-sized fp64 arrays (CuPy's compressed block before and
+               after its auxiliary contraction, torch's packed block) and the unpacked square.
+    """
+    pair = nao * (nao + 1) // 2
+    square = nao * nao * fit_itemsize
+    if engine == "gpu4pyscf":
+        return 3 * pair * 8 + square, 0
+    if engine != "host":
+        raise ValueError(f"unknown integral engine {engine!r}")
+    ring = depth * pair * 8
+    if host_memory:
+        return ring + (pair * fit_itemsize if fit_itemsize != 8 else 0) + square, 0
+    return pair * 8 + square, ring
+
+
 def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int, fit_itemsize: int,
-                    aux_block: int, occ_block: int, out_of_core: bool) -> dict:
+                    aux_block: int, occ_block: int, out_of_core: bool, j3c_per_aux: int | None = None) -> dict:
     """Peak MB of each stage with what is resident during it.
 
     metric:    j2c on the host and the device, its factor (eigh needs about one more).
-    transform: L, the streamed (μν|P) block (packed, unpacked, device copy), its half-transform
-               (and the transposed copy), its (P|ia) rows; plus all of (P|ia) in memory, or the
-               queued disk writes out of core.
+    transform: L, the streamed (μν|P) block (the integral engine's working memory per auxiliary
+               function, ``j3c_per_aux`` bytes, see ``j3c_engine_bytes``; default: packed on the
+               host, unpacked, device copy), its half-transform (and the transposed copy), its
+               (P|ia) rows; plus all of (P|ia) in memory, or the queued disk writes out of core.
     fit:       L, (P|ia) being replaced block by block by B in memory (or the read-ahead blocks out
                of core), one column block's trsm output and its cast, queued writes.
     pair:      B in memory (or the blocks Bi, Bj and those read ahead), the pair kernel's workspace.
@@ -127,8 +154,9 @@ def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     pia_all = naux * nov * fw
     b_all = naux * nov * w
     blk_f, blk_w = naux * bcols * fw, naux * bcols * w
-    j3c = ab * (nao * (nao + 1) // 2 * 8 + nao * nao * 8 + nao * nao * fw
-                + 2 * nao * nocc * fw + 2 * nov * fw)
+    if j3c_per_aux is None:
+        j3c_per_aux = nao * (nao + 1) // 2 * 8 + nao * nao * 8 + nao * nao * fw
+    j3c = ab * (j3c_per_aux + 2 * nao * nocc * fw + 2 * nov * fw)
     nblk = -(-nocc // occ_block)
     ahead = min(PREFETCH_DEPTH, nblk)                        # blocks read ahead
     ws = pair_workspace_bytes(occ_block, nvir)
@@ -171,7 +199,8 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
                 limit_mb: float | None, device: str = "cpu", fit_itemsize: int = 8,
                 storage: str = "auto", aux_shell_max: int = 1,
                 occ_block: int | None = None, occ_block_max: int = OCC_BLOCK_MAX,
-                j3c_block_mb: float = J3C_BLOCK_MB) -> MemoryPlan:
+                j3c_block_mb: float = J3C_BLOCK_MB, engine: str = "host",
+                queue_depth: int = QUEUE_DEPTH) -> MemoryPlan:
     """Choose block sizes and where B lives so the run fits ``limit_mb`` (default: a safe fraction
     of what is free on ``device``).
 
@@ -179,7 +208,11 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     and the fit (8, or 4 on trn). storage: 'auto' (in memory when it fits, else on disk),
     'memory' or 'disk' (forced). aux_shell_max: functions in the largest auxiliary shell (a shell
     is never split). occ_block: fixed occupied block (a resumed checkpoint's), else chosen, at
-    most occ_block_max; j3c_block_mb: target MB of one streamed (μν|P) block.
+    most occ_block_max; j3c_block_mb: target MB of one streamed (μν|P) block (the block size
+    follows from it as before any engine existed, so the blocks, hence the bits, do not depend on
+    the engine). engine ('host' or 'gpu4pyscf', dfmp2.integrals) and queue_depth: whose working
+    memory the transform stage holds (``j3c_engine_bytes``); host memory outside the plan (the
+    host engine's pinned buffers for a GPU) is ``plan.integrals['host_mb']``.
     Raises MemoryLimitError, naming the minimum needed, when even the smallest plan does not fit.
     """
     if storage not in STORAGE_CHOICES:
@@ -190,6 +223,11 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     aux_min = max(1, min(naux, aux_shell_max))
     per_aux_fn = stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"] \
         - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
+    import linalg
+    host_memory = linalg.device_capabilities(device).host_memory
+    in_plan, outside = j3c_engine_bytes(engine, nao=nao, fit_itemsize=fit_itemsize,
+                                        host_memory=host_memory, depth=queue_depth)
+    est = dict(shapes, j3c_per_aux=in_plan)      # what the stages hold with this engine
     aux0 = int(max(aux_min, min(naux, j3c_block_mb / max(per_aux_fn, 1e-12))))
     occ0 = max(1, min(nocc, occ_block if occ_block else occ_block_max))
     fixed_occ = occ_block is not None
@@ -200,21 +238,23 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
                 "disk": ((True, True),)}[storage]
     for ooc, shrink in attempts:
         if shrink:
-            a, o, st, ok = _fit(shapes, aux0, occ0, aux_min, ooc, limit, occ_fixed=fixed_occ)
+            a, o, st, ok = _fit(est, aux0, occ0, aux_min, ooc, limit, occ_fixed=fixed_occ)
         else:
             a, o = aux0, occ0
-            st = stage_estimates(**shapes, aux_block=a, occ_block=o, out_of_core=ooc)
+            st = stage_estimates(**est, aux_block=a, occ_block=o, out_of_core=ooc)
             ok = max(st.values()) <= limit
         if ok:
-            im = max(stage_estimates(**shapes, aux_block=a, occ_block=o, out_of_core=False).values())
+            im = max(stage_estimates(**est, aux_block=a, occ_block=o, out_of_core=False).values())
             disk = 0.0
             if ooc:
                 disk = naux * nocc * nvir * (itemsize + (fit_itemsize if fit_itemsize != itemsize else 0)) / MB
             return MemoryPlan(limit_mb=limit, peak_mb=max(st.values()), aux_block=a, occ_block=o,
                               stages_mb=st, out_of_core=ooc, disk_mb=disk, in_memory_mb=im,
-                              min_mb=_min_mb(shapes, aux_min, occ0 if fixed_occ else 1, storage),
-                              storage=storage, shapes=shapes)
-    need = _min_mb(shapes, aux_min, occ0 if fixed_occ else 1, storage)
+                              min_mb=_min_mb(est, aux_min, occ0 if fixed_occ else 1, storage),
+                              storage=storage, shapes=shapes,
+                              integrals={"engine": engine, "queue_depth": queue_depth if engine == "host" else 0,
+                                         "host_mb": a * outside / MB})
+    need = _min_mb(est, aux_min, occ0 if fixed_occ else 1, storage)
     where = {"memory": "with B in memory (storage 'memory')",
              "disk": "with B on disk", "auto": "with B on disk"}[storage]
     blocks = f"occupied block {occ0} (from the checkpoint)" if fixed_occ else "occupied block 1"

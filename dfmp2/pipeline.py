@@ -50,6 +50,7 @@ class RunOptions:
     checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
     resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
     pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
+    integrals: str = "auto"              # integral engine (dfmp2.integrals.ENGINES): auto, host, gpu4pyscf
     occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = scf.SCF_MAX_CYCLE
@@ -95,21 +96,24 @@ def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
         return M, "eigh", info
 
 
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B) -> None:
+def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B,
+            engine: integrals.IntegralEngine | None = None) -> None:
     """Fit B into the store ``B`` (``outofcore.open_b_store``): block k holds
     B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``B.dtype``; then
     ``B.mark_complete`` (a checkpoint records B and its metric, ``B.metric``).
 
-    (μν|P) is streamed from libcint in aux-shell blocks; each block is half-transformed with
-    C_occ then C_vir (gemm) into rows of (P|ia) in ``dtype``; then, one occupied block of columns
+    (μν|P) is streamed from the integral ``engine`` (dfmp2.integrals; default: the host engine,
+    libcint) in aux-shell blocks, packed, and unpacked on the device; each block is half-transformed
+    with C_occ then C_vir (gemm) into rows of (P|ia) in ``dtype``; then, one occupied block of columns
     at a time, B_k = L^-1 (P|ia)_k (trsm, left). The auxiliary index stays outermost (the
     partition axis on Trainium, the contraction of the pair step). (P|ia) lives where the store
     puts it (``B.open_pia``: out of core, in place in B's file when the dtypes match).
     """
     nao, nocc = C_occ.shape
     nvir = C_vir.shape[1]
+    engine = engine or integrals.HostEngine(mol, backend)
     t0 = time.perf_counter()
-    j2c = backend.to_device(integrals.metric_2c(auxmol), torch.float64)
+    j2c = engine.metric(auxmol)
     t0 = timer.add("integrals", t0)
     M, metric_kind, metric_info = fit_metric(j2c, backend)
     del j2c
@@ -120,16 +124,17 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
     try:
         aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
         t_loop, t_int = t0, 0.0
-        for p0, p1, j3c in integrals.iter_j3c(mol, auxmol, aux_blocks):
-            t1 = time.perf_counter()
-            t_int += t1 - t0                      # host libcint time; device work may still run
-            nb = p1 - p0
-            # two 2-D GEMMs (one launch each on Trainium) rather than a batch over P
-            x = backend.to_device(j3c, dtype).reshape(nb * nao, nao)          # (P μ, ν)
-            half = linalg.gemm(x, co, backend=backend)                       # (P μ, i)
-            half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
-            pia.write_rows(p0, p1, linalg.gemm(half, cv, backend=backend).reshape(nb, nocc * nvir))
-            t0 = time.perf_counter()
+        with engine.blocks(auxmol, aux_blocks, dtype) as stream:
+            for p0, p1, packed in stream:
+                t1 = time.perf_counter()
+                t_int += t1 - t0                  # waiting for the engine; device work may still run
+                nb = p1 - p0
+                # two 2-D GEMMs (one launch each on Trainium) rather than a batch over P
+                x = integrals.unpack(packed, nao).reshape(nb * nao, nao)      # (P μ, ν)
+                half = linalg.gemm(x, co, backend=backend)                   # (P μ, i)
+                half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
+                pia.write_rows(p0, p1, linalg.gemm(half, cv, backend=backend).reshape(nb, nocc * nvir))
+                t0 = time.perf_counter()
         pia.flush()
         t0 = timer.add("transform", t_loop)
         timer.seconds["transform"] -= t_int
@@ -186,6 +191,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     if backend is None:
         backend = make_backend(options)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
+    engine = select_integrals(options, mol, backend)
+    say(f"integrals: {engine.name} ({engine.why})")
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
     nocc_all = mol.nelectron // 2
@@ -213,7 +220,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                 f"checkpoint {options.checkpoint} already exists; continue it with --resume "
                 f"{options.checkpoint} or remove it to start afresh")
         plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
-                          nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None)
+                          nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None,
+                          engine=engine)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -249,7 +257,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         say("integrals, transforms, fit and pair energies ...")
         e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
                                      precision=precision, plan=plan, timer=timer, progress=progress,
-                                     scratch_dir=options.scratch_dir, checkpoint=ck)
+                                     scratch_dir=options.scratch_dir, checkpoint=ck, engine=engine)
         if ck is not None:
             ck.mark_complete(e_os, e_ss)
     except BaseException as exc:
@@ -308,33 +316,48 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     return [w for w in out if w]
 
 
+def select_integrals(options: RunOptions, mol, backend) -> integrals.IntegralEngine:
+    """The integral engine for ``options.integrals``, decided before any work (an explicit engine
+    that cannot run raises EngineUnavailableError; an unknown name is an InputError)."""
+    try:
+        return integrals.select_engine(options.integrals, mol, backend)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
 def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, nocc: int, nvir: int,
-               occ_block: int | None = None) -> MemoryPlan:
+               occ_block: int | None = None, engine: integrals.IntegralEngine | None = None) -> MemoryPlan:
     """The memory plan ``dfmp2 run`` makes for ``nocc`` active occupied and ``nvir`` virtual
-    orbitals with these options (``occ_block``: a resumed checkpoint's fixed block)."""
+    orbitals with these options (``occ_block``: a resumed checkpoint's fixed block; ``engine``:
+    whose working memory the transform holds, default the host engine)."""
     return plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
                        itemsize=torch.finfo(DTYPES[precision]).bits // 8, limit_mb=options.memory_mb,
                        device=options.device, fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
                        storage=options.storage, aux_shell_max=_largest_shell(auxmol), occ_block=occ_block,
-                       occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
+                       occ_block_max=options.occ_block_max,
+                       j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
+                       engine=engine.name if engine is not None else "host",
+                       queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
 
 
-def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):
+def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None, engine=None):
     """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it (its memory
     plan, precision, frozen core, storage and scratch from ``options``; no checkpoint), for the
-    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one).
+    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one);
+    ``engine``: an integral engine for that backend (default: ``options.integrals``'s).
     Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
     precision = options.resolved_precision()
     if backend is None:
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
+    engine = engine or select_integrals(options, mol, backend)
     plan = stage_plan(mol, auxmol, options, backend, precision, nocc=ref.nocc - nfrozen,
-                      nvir=ref.mo_coeff.shape[1] - ref.nocc)
+                      nvir=ref.mo_coeff.shape[1] - ref.nocc, engine=engine)
     timer = _Timer(backend)
     backend.synchronize()
     t0 = time.perf_counter()
     e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
-                                 plan=plan, timer=timer, scratch_dir=options.scratch_dir)
+                                 plan=plan, timer=timer, scratch_dir=options.scratch_dir, engine=engine)
     backend.synchronize()
     return time.perf_counter() - t0, e_os, e_ss, dict(timer.seconds), ran
 
@@ -374,14 +397,14 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
 
 
 def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan: MemoryPlan,
-               timer: _Timer, progress=None, scratch_dir=None, checkpoint=None):
+               timer: _Timer, progress=None, scratch_dir=None, checkpoint=None, engine=None):
     """The DF-MP2 stage after the SCF: integrals, metric, transforms, fit and pair energies.
 
     B stays in memory or goes to HDF5 on disk as ``plan.out_of_core`` says (the same arithmetic
     either way, so the same bits); out-of-core files without a checkpoint go to a private directory
     under ``scratch_dir`` (default: the system's temp dir) that is removed however this returns.
     ``checkpoint`` (dfmp2.checkpoint.Checkpoint): B and each finished block pair are written to it,
-    and what it already has is reused.
+    and what it already has is reused. ``engine``: the integral engine (default: host).
     Returns (e_os, e_ss, ran): correlation energies in Hartree and what ran.
     """
     ck = checkpoint
@@ -400,6 +423,7 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     storage = {"B": "disk (HDF5)" if plan.out_of_core else "memory", "occ_blocks": blocks.count,
                "block_pairs": len(pairs), "checkpoint": str(ck.path) if ck is not None else None,
                "from_checkpoint": {"scf": ref.mf is None and ck is not None, "B": False, "pairs": 0}}
+    engine = engine or integrals.HostEngine(mol, backend)
     t0 = time.perf_counter()
     B = outofcore.open_b_store(plan, blocks, b_dtype, backend, checkpoint=ck, scratch=scratch_dir)
     try:
@@ -407,7 +431,7 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
             storage["from_checkpoint"]["B"] = True
             timer.add("checkpoint", t0)
         else:
-            build_B(mol, auxmol, C_occ, C_vir, backend, fit_dtype, plan, timer, B)
+            build_B(mol, auxmol, C_occ, C_vir, backend, fit_dtype, plan, timer, B, engine=engine)
         metric_kind, metric_info = B.metric
         if plan.out_of_core:
             storage["B_file"] = B.path if ck is not None else "temporary (removed at the end)"
@@ -434,6 +458,9 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
                               "pair": precision, "energy_sums": "fp64"}
     ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"
     ran["storage"] = storage
+    ran["integrals"] = engine.describe()
+    if storage["from_checkpoint"]["B"]:
+        ran["integrals"]["note"] = "not run: B came from the checkpoint"
     return e_os, e_ss, ran
 
 

@@ -112,6 +112,9 @@ class Result:
                   escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"))
         s.add_row("metric", self.ran.get("metric", ""))
         s.add_row("kernels", escape(", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items())))
+        if self.ran.get("integrals"):
+            i = self.ran["integrals"]
+            s.add_row("integrals", escape(f"{i['engine']} ({i.get('note') or i.get('why', '')})"))
         s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
                   + f"; total {sum(self.timings.values()):.3f}")
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")

@@ -34,6 +34,8 @@ class Capabilities:
     pair_kernels: tuple          # MP2 pair-step paths one may ask for; ('auto',) when it has one
     host_memory: bool            # its arrays live in host memory (cpu, and trn through the host)
     torch_device: bool           # torch itself computes on it (a torch.matmul peak means something)
+    cuda_memory: bool = False    # its tensors are CUDA memory: CUDA libraries (cupy, gpu4pyscf) can
+                                 # compute into them (DLPack), and host staging should be pinned
 
     @property
     def is_host(self) -> bool:
@@ -71,7 +73,7 @@ def device_capabilities(name: str) -> Capabilities:
         except RuntimeError:
             raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
         from .cuda import PAIR_KERNELS            # plain constants; Triton is imported only when needed
-        return Capabilities(True, False, PAIR_KERNELS, False, True)
+        return Capabilities(True, False, PAIR_KERNELS, False, True, cuda_memory=True)
     if name in ("trn1", "trn2"):
         return Capabilities(False, True, ("auto",), True, False)
     raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2")

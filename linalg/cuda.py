@@ -117,6 +117,7 @@ class CudaBackend(TorchBackend):
         self.pair_config = dict(pair_config or {})
         self.pin_min_bytes = pin_min_bytes
         self.transfers = {"pinned": 0, "pinned_bytes": 0, "plain": 0}
+        self.last_transfer = None      # event ending the latest to_device copy (None: it was synchronous)
         self._slots = None
         self._next_slot = 0
         self._copy_stream = None
@@ -147,6 +148,7 @@ class CudaBackend(TorchBackend):
         nbytes = t.numel() * t.element_size()
         if self.device.type != "cuda" or t.device.type != "cpu" or nbytes < self.pin_min_bytes:
             self.transfers["plain"] += 1
+            self.last_transfer = None
             return super().to_device(t, dtype)
         if self._slots is None:
             self._slots = (_Staging(), _Staging())
@@ -167,6 +169,7 @@ class CudaBackend(TorchBackend):
             slot.event.record(self._copy_stream)
         compute.wait_event(slot.event)
         out.record_stream(compute)                # allocated on the copy stream, used on compute
+        self.last_transfer = slot.event           # a pinned source may be reused once it has passed
         self.transfers["pinned"] += 1
         self.transfers["pinned_bytes"] += nbytes
         return out if dtype is None or dtype == out.dtype else out.to(dtype)

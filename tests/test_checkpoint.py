@@ -104,7 +104,7 @@ def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
 
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
-    monkeypatch.setattr(integrals, "iter_j3c", lambda *a, **k: pytest.fail("B is in the checkpoint"))
+    monkeypatch.setattr(integrals.HostEngine, "blocks", lambda *a, **k: pytest.fail("B is in the checkpoint"))
     calls = count_pair_calls(monkeypatch)
     # resumed with the other storage: where B lives does not change the bits
     other = "disk" if storage == "memory" else "memory"
