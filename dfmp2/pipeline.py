@@ -52,6 +52,7 @@ class RunOptions:
     occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = scf.SCF_MAX_CYCLE
+    reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
 
     def resolved_precision(self) -> str:
         try:
@@ -179,21 +180,30 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                          "writing to PATH, so give only --resume")
     if options.scratch_dir is not None:      # a given --scratch must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "--scratch")
+    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    if uhf and (options.checkpoint or options.resume):
+        raise InputError("--checkpoint and --resume are not supported with a UHF reference yet; "
+                         "run without them")
     try:
-        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel,
+                                     **({"unrestricted": True} if uhf else {}))
     except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e)) from None
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity)
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
-    nocc_all = mol.nelectron // 2
+    nocc_all = (mol.nelectron + mol.spin) // 2          # alpha (all of them for a closed shell)
+    nocc_b = nocc_all - mol.spin
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    nmo, lindep_thr, _ = scf.linear_dependence(mol)     # the orbitals the RHF will keep
+    nmo, lindep_thr, _ = scf.linear_dependence(mol)     # the orbitals the SCF will keep
     if nocc_all >= nmo or nfrozen >= nocc_all:
         raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc_all - nfrozen} "
                          f"active occupied and {nmo - nocc_all} virtual orbitals (nbasis {nao}"
                          f"{f', {nao - nmo} dropped as linearly dependent' if nmo < nao else ''})")
+    if nfrozen > nocc_b:
+        raise InputError(f"{geom.source}: the frozen core ({nfrozen} orbitals per spin) is more than "
+                         f"the {nocc_b} occupied beta orbitals; use --all-electron")
     warnings = _input_warnings(mol, auxbasis, options, naux)
     ck_path = options.resume or options.checkpoint
     fp = None
@@ -210,8 +220,13 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             raise checkpoint.CheckpointError(
                 f"checkpoint {options.checkpoint} already exists; continue it with --resume "
                 f"{options.checkpoint} or remove it to start afresh")
-        plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
-                          nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None)
+        # UHF: B^alpha and B^beta are both resident; the plan counts them as one B of
+        # n_alpha + n_beta occupied orbitals by max(nvir_alpha, nvir_beta) = nvir_beta virtuals
+        # (an upper bound on both stores together, and the widest pair workspace)
+        plan = stage_plan(mol, auxmol, options, backend, precision,
+                          nocc=nocc_all - nfrozen + (nocc_b - nfrozen if uhf else 0),
+                          nvir=nmo - (nocc_b if uhf else nocc_all),
+                          occ_block=ck.occ_block if ck is not None else None)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -229,13 +244,19 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             say(f"RHF from checkpoint {ck.path}")
             ref = ck.load_scf()
             timer.add("checkpoint", t0)
+        elif uhf:
+            say("UHF ...")
+            ref = scf.run_uhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
+            timer.add("scf", t0)
+            warnings.append(ref.contamination_warning())
+            warnings = [w for w in warnings if w]
         else:
             say("RHF ...")
             ref = scf.run_rhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             if ck is not None:
                 ck.save_scf(ref)
-        nmo = ref.mo_coeff.shape[1]
+        nmo = ref.mo_coeff.shape[-1]
         if nmo < nao:
             warnings.append(f"linear dependence: {nao - nmo} of {nao} basis functions dropped "
                             f"(overlap eigenvalues below {lindep_thr:g}); nmo {nmo}")
@@ -245,9 +266,15 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc} active "
                              f"occupied and {nvir} virtual orbitals")
         say("integrals, transforms, fit and pair energies ...")
-        e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
-                                     precision=precision, plan=plan, timer=timer, progress=progress,
-                                     scratch_dir=options.scratch_dir, checkpoint=ck)
+        spin = None
+        if uhf:
+            e_os, e_ss, ran, spin = ump2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
+                                                precision=precision, plan=plan, timer=timer,
+                                                progress=progress, scratch_dir=options.scratch_dir)
+        else:
+            e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
+                                         precision=precision, plan=plan, timer=timer, progress=progress,
+                                         scratch_dir=options.scratch_dir, checkpoint=ck)
         if ck is not None:
             ck.mark_complete(e_os, e_ss)
     except BaseException as exc:
@@ -272,7 +299,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         nbasis=nao, nmo=nmo, nocc=nocc, nfrozen=nfrozen, nvir=nvir, naux=naux,
         e_hf=ref.e_hf, e_os=e_os, e_ss=e_ss,
         timings=timer.seconds, ran=ran, memory=plan.to_dict(),
-        versions=software_versions(), warnings=warnings)
+        versions=software_versions(), warnings=warnings, spin=spin)
 
 
 def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
@@ -413,6 +440,11 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
         e_os, e_ss = outofcore.combine(sums, pairs)
     finally:
         B.close()
+    return e_os, e_ss, _ran(backend, precision, fit_dtype, metric_kind, metric_info, storage)
+
+
+def _ran(backend, precision: str, fit_dtype, metric_kind: str, metric_info: dict, storage: dict) -> dict:
+    """What ran, for the result: the backend's record, precisions per stage, metric, storage."""
     ran = backend.describe()
     ran["precision"] = precision
     # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
@@ -421,7 +453,74 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
                               "pair": precision, "energy_sums": "fp64"}
     ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"
     ran["storage"] = storage
-    return e_os, e_ss, ran
+    return ran
+
+
+def ump2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan: MemoryPlan,
+                timer: _Timer, progress=None, scratch_dir=None):
+    """DF-UMP2 after a UHF (``scf.UHFReference``): B^alpha and B^beta are built by ``build_B``
+    into two stores (``open_b_store``, the same plan and blocking), then three spin blocks:
+
+        E_aa = 1/2 sum_{ij in a} sum_ab K_ab (K_ab - K_ba) / D   (pair_block_sums on B^a: e_ss / 2)
+        E_bb likewise on B^b,   E_ab = sum_{i in a, j in b} sum_ab K_ab^2 / D   (cross_block_sums)
+
+    E_OS = E_ab, E_SS = E_aa + E_bb; for a closed shell these are RHF's E_OS and E_SS. ``nfrozen``
+    core orbitals are frozen in each spin. Returns (e_os, e_ss, ran, spin): Hartree; ``spin`` has
+    the per-spin shapes, the three blocks and <S^2>.
+    """
+    fit_dtype, b_dtype = backend.fit_dtype(precision), DTYPES[precision]
+    naux, nmo = auxmol.nao_nr(), ref.mo_coeff.shape[-1]
+    stores, eps, blocks = [], [], []
+    storage = {"B": "disk (HDF5)" if plan.out_of_core else "memory", "checkpoint": None}
+    metric = ("cholesky", {})
+    try:
+        for s in (0, 1):
+            C, e, nocc_s = ref.spin(s)
+            blk = outofcore.OccBlocks(nocc_s - nfrozen, nmo - nocc_s, naux, plan.occ_block)
+            blocks.append(blk)
+            if blk.nocc == 0:            # e.g. the H atom's beta spin: nothing to correlate
+                stores.append(None)
+                eps.append(None)
+                continue
+            B = outofcore.open_b_store(plan, blk, b_dtype, backend, scratch=scratch_dir)
+            stores.append(B)
+            build_B(mol, auxmol, C[:, nfrozen:nocc_s], C[:, nocc_s:], backend, fit_dtype, plan, timer, B)
+            metric = B.metric
+            eps.append((backend.to_device(e[nfrozen:nocc_s], torch.float64),
+                        backend.to_device(e[nocc_s:], torch.float64)))
+        npairs = [len(b.pairs()) if st is not None else 0 for b, st in zip(blocks, stores)]
+        ncross = blocks[0].count * blocks[1].count if None not in stores else 0
+        total = sum(npairs) + ncross
+
+        def offset(base):
+            return None if progress is None else (lambda done, _n: progress(base + done, total))
+        t0 = time.perf_counter()
+        e_same = []
+        for s in (0, 1):
+            if stores[s] is None:
+                e_same.append(0.0)
+                continue
+            sums = outofcore.pair_block_sums(stores[s], *eps[s], backend, progress=offset(sum(npairs[:s])))
+            e_same.append(0.5 * outofcore.combine(sums, blocks[s].pairs())[1])
+        e_ab = 0.0
+        if ncross:
+            sums = outofcore.cross_block_sums(stores[0], stores[1], *eps[0], *eps[1], backend,
+                                              progress=offset(sum(npairs)))
+            e_ab = float(sum(sums.tolist()))
+        timer.add("pair", t0)
+    finally:
+        for B in stores:
+            if B is not None:
+                B.close()
+    storage.update({"occ_blocks": [b.count for b in blocks], "block_pairs": sum(npairs) + ncross,
+                    "from_checkpoint": {"scf": False, "B": False, "pairs": 0}})
+    ran = _ran(backend, precision, fit_dtype, *metric, storage)
+    spin = {"reference": "UHF", "multiplicity": mol.spin + 1,
+            "s2": ref.s2, "s2_exact": ref.s2_exact, "s2_warn_above": scf.S2_WARN,
+            "nocc_alpha": blocks[0].nocc, "nocc_beta": blocks[1].nocc,
+            "nvir_alpha": blocks[0].nvir, "nvir_beta": blocks[1].nvir,
+            "e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
+    return e_ab, e_same[0] + e_same[1], ran, spin
 
 
 def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:

@@ -97,7 +97,8 @@ class CudaBackend(TorchBackend):
     """
 
     def __init__(self, name: str = "cuda", *, pair_kernel: str = "auto", pair_path: dict | None = None,
-                 pair_config: dict | None = None, pin_min_bytes: int = PIN_MIN_BYTES):
+                 pair_config: dict | None = None, pin_min_bytes: int = PIN_MIN_BYTES,
+                 unrestricted: bool = False):
         super().__init__(name)
         self.engine = "torch+triton"
         if pair_kernel not in PAIR_KERNELS:
@@ -105,10 +106,15 @@ class CudaBackend(TorchBackend):
         for prec, path in (pair_path or {}).items():
             if prec not in PRECISIONS or path not in PAIR_PATHS:
                 raise ValueError(f"pair_path: expected {{'fp64'|'fp32': one of {PAIR_PATHS}}}, got {pair_path!r}")
+        if unrestricted and (pair_kernel == "fused" or "fused" in (pair_path or {}).values()):
+            raise ValueError("pair kernel 'fused' has no opposite-spin (UHF alpha-beta) form; use "
+                             "--pair-kernel gemm+epilogue or auto for an open-shell run")
         self.pair_path, self.pair_path_why = {}, {}
         for prec in PRECISIONS:
             if prec in (pair_path or {}):
                 chosen = pair_path[prec], "chosen by the caller"
+            elif unrestricted and pair_kernel == "auto":
+                chosen = "gemm+epilogue", "auto: gemm+epilogue (UHF: the fused kernel has no opposite-spin form)"
             elif pair_kernel != "auto":
                 chosen = pair_kernel, f"user choice (--pair-kernel {pair_kernel})"
             else:
