@@ -178,11 +178,15 @@ class CudaBackend(TorchBackend):
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
     # ---- the pair step ----
-    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
+    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None):
         """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision.
-        A kernel that fails to compile or launch raises KernelError; no other path is tried."""
+        A kernel that fails to compile or launch raises KernelError; no other path is tried.
+        Opposite spins (``eps_vir_j``) run only on gemm+epilogue (the epilogue's RECT form)."""
         prec = _precision(Bi.dtype)
         path = self.pair_path[prec]
+        if eps_vir_j is not None and path == "fused":
+            raise ValueError("mp2_pair_energy: the fused kernel has no opposite-spin form; build the "
+                             "backend with unrestricted=True (gemm+epilogue)")
         from kernels.triton.launch import interpreting
         where = f" [Triton interpreter, {Bi.device.type} tensors]" if interpreting() else ""
         if path == "fused":
@@ -198,7 +202,8 @@ class CudaBackend(TorchBackend):
                                                    else "SGEMM")
             kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
-            run = lambda: gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)  # noqa: E731
+            run = lambda: gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,  # noqa: E731
+                                                    eps_vir_j=eps_vir_j)
         try:
             return run()
         except ValueError:              # the contract's argument checks: the caller's mistake

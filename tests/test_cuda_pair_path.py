@@ -160,3 +160,35 @@ def test_result_records_the_path_that_ran_and_why(monkeypatch, tmp_path):
         assert ("fused_pair_energy" in kernel) == (choice == "fused") and "[Triton interpreter" in kernel
         # water/cc-pVDZ DF-MP2, PySCF's own value (the same check as tests/test_compare.py)
         assert abs(doc["energies"]["e_corr"] - (-0.2047684304)) < 1e-8
+
+
+def test_unrestricted_backend_takes_gemm_epilogue_and_refuses_fused(monkeypatch):
+    """UHF runs have opposite-spin pair blocks, which only gemm+epilogue computes: auto resolves to
+    it (saying why, also where the fused kernel was measured faster) and an explicit fused is
+    refused when the backend is built, before any work; a fused backend refuses an opposite-spin call."""
+    measured = {(12, 0): {"gpu": "test GPU", "date": "2026-11", "versions": "-", "shape": (1, 2, 3),
+                          "fp64": {"gemm+epilogue": 1.0, "fused": 0.5}, "fp32": {"gemm+epilogue": 1.0, "fused": 0.5}}}
+    monkeypatch.setattr(lcuda, "PAIR_PATH_MEASUREMENTS", measured)
+    monkeypatch.setattr(CudaBackend, "capability", lambda self: (12, 0))
+    monkeypatch.setattr(lcuda, "auto_pair_path", lambda prec, cap, m=measured: auto_pair_path(prec, cap, m))
+    assert CudaBackend("cuda").pair_path["fp64"] == "fused"
+    b = CudaBackend("cuda", unrestricted=True)
+    assert b.pair_path == {"fp64": "gemm+epilogue", "fp32": "gemm+epilogue"}
+    assert all("UHF" in w for w in b.pair_path_why.values())
+    with pytest.raises(ValueError, match="no opposite-spin"):
+        CudaBackend("cuda", pair_kernel="fused", unrestricted=True)
+    B = torch.zeros(1, 2, 3, dtype=torch.float64)
+    e = torch.zeros(1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="no opposite-spin form"):
+        CudaBackend("cuda", pair_kernel="fused").mp2_pair_energy(B, B, e, e, e[:1].repeat(2), eps_vir_j=e.repeat(2))
+
+
+def test_fused_with_an_open_shell_is_one_error_line(tmp_path):
+    """--pair-kernel fused with a UHF run is refused before the work (no silent switch)."""
+    p = tmp_path / "oh.xyz"
+    p.write_text("2\ncharge=0 multiplicity=2\nO 0 0 0\nH 0 0 0.97\n")
+    res = _cli(["run", str(p), "--device", "cuda", "--pair-kernel", "fused"])
+    assert res.exit_code == 2, res.output
+    line = [ln for ln in res.output.splitlines() if ln.strip()][-1]
+    # without a GPU the device is refused first; with one, the fused kernel is
+    assert line.startswith("error: ") and ("no opposite-spin" in line or "no CUDA GPU" in line), line
