@@ -205,6 +205,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         raise InputError(f"{geom.source}: the frozen core ({nfrozen} orbitals per spin) is more than "
                          f"the {nocc_b} occupied beta orbitals; use --all-electron")
     warnings = _input_warnings(mol, auxbasis, options, naux)
+    if options.multiplicity is None and geom.multiplicity is None and mol.spin:
+        warnings.append(f"no multiplicity given (--multiplicity or the XYZ comment): {mol.nelectron} "
+                        f"electrons taken as a doublet (multiplicity {mol.spin + 1}, the lowest)")
     ck_path = options.resume or options.checkpoint
     fp = None
     if ck_path:

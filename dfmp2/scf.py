@@ -110,11 +110,13 @@ S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORC
 
 
 def electron_count(geom: Geometry, charge: int | None = None, multiplicity: int | None = None):
-    """(charge, multiplicity, electrons): options override the XYZ comment; defaults 0 and 1."""
+    """(charge, multiplicity, electrons): options override the XYZ comment. Defaults: charge 0;
+    multiplicity the lowest the electron count allows (1 for even, 2 for odd), as Psi4 takes it."""
     charge = charge if charge is not None else (geom.charge if geom.charge is not None else 0)
+    nelec = sum(gto.charge(s) for s in geom.symbols) - charge
     mult = multiplicity if multiplicity is not None else (
-        geom.multiplicity if geom.multiplicity is not None else 1)
-    return charge, mult, sum(gto.charge(s) for s in geom.symbols) - charge
+        geom.multiplicity if geom.multiplicity is not None else 1 + nelec % 2)
+    return charge, mult, nelec
 
 
 def resolve_reference(reference: str, geom: Geometry, charge: int | None = None,
@@ -139,7 +141,7 @@ def resolve_reference(reference: str, geom: Geometry, charge: int | None = None,
 def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = None,
                    multiplicity: int | None = None) -> gto.Mole:
     """PySCF molecule (``mol.spin`` = multiplicity - 1). Options override the XYZ comment;
-    default charge 0, multiplicity 1.
+    default charge 0, multiplicity the lowest for the electron count (``electron_count``).
 
     Refuses (InputError, before any integral) a multiplicity that is not a positive integer or is
     impossible for the electron count (parity: an even count has an odd multiplicity and an odd
