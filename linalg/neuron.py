@@ -294,7 +294,7 @@ class NeuronBackend(Backend):
         ev = _f32(eps_vir)
         ev_col = np.ascontiguousarray(ev[:, None])
         ev_rows = np.ascontiguousarray(np.broadcast_to(_f32(eps_vir_j) if mixed else ev, (PMAX, nvj)))
-        cap = self._occ_block_cap(naux, nvir, nvj)
+        cap = self._occ_block_cap(naux, nvir, nvj) if mixed else self._occ_block_cap(naux, nvir)
         e_os = e_ss = 0.0
         for i0 in range(0, ni, cap):
             i1 = min(ni, i0 + cap)
