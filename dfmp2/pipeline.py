@@ -338,20 +338,24 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
 
 def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):
     """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it (its memory
-    plan, precision, frozen core, storage and scratch from ``options``; no checkpoint), for the
-    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one).
+    plan, precision, frozen core, storage and scratch from ``options``; no checkpoint; DF-UMP2 for
+    a ``scf.UHFReference``), for the benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one).
     Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
     precision = options.resolved_precision()
     if backend is None:
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
-    plan = stage_plan(mol, auxmol, options, backend, precision, nocc=ref.nocc - nfrozen,
-                      nvir=ref.mo_coeff.shape[1] - ref.nocc)
+    uhf = isinstance(ref, scf.UHFReference)
+    nmo = ref.mo_coeff.shape[-1]
+    plan = stage_plan(mol, auxmol, options, backend, precision,          # both spins, as run_geometry
+                      nocc=ref.nocc - nfrozen + (ref.nocc_b - nfrozen if uhf else 0),
+                      nvir=nmo - (ref.nocc_b if uhf else ref.nocc))
     timer = _Timer(backend)
     backend.synchronize()
     t0 = time.perf_counter()
-    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
-                                 plan=plan, timer=timer, scratch_dir=options.scratch_dir)
+    stage = ump2_energy if uhf else mp2_energy
+    e_os, e_ss, ran, *_ = stage(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
+                                plan=plan, timer=timer, scratch_dir=options.scratch_dir)
     backend.synchronize()
     return time.perf_counter() - t0, e_os, e_ss, dict(timer.seconds), ran
 

@@ -168,3 +168,15 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
     geom = parse_xyz("1\ncharge=3 multiplicity=3\nB 0 0 0\n", "b.xyz")
     with pytest.raises(InputError, match=r"frozen core \(1 orbitals per spin\) is more than the 0 occupied beta"):
         run_geometry(geom, RunOptions(frozen_core=True))
+
+
+def test_time_mp2_stage_runs_ump2_as_run_does():
+    """The benchmarks' stage timer takes a UHF reference: the same energies as ``dfmp2 run``."""
+    from dfmp2.pipeline import time_mp2_stage
+    from dfmp2.xyz import read_xyz
+    mol = scf.build_molecule(read_xyz(OH))
+    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
+    ref = scf.run_uhf(mol)
+    seconds, e_os, e_ss, stages, ran = time_mp2_stage(mol, auxmol, ref, RunOptions())
+    r = run(OH, RunOptions())
+    assert (e_os, e_ss) == (r.e_os, r.e_ss) and seconds > 0 and "pair" in stages
