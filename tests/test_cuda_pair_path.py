@@ -183,12 +183,25 @@ def test_unrestricted_backend_takes_gemm_epilogue_and_refuses_fused(monkeypatch)
         CudaBackend("cuda", pair_kernel="fused").mp2_pair_energy(B, B, e, e, e[:1].repeat(2), eps_vir_j=e.repeat(2))
 
 
-def test_fused_with_an_open_shell_is_one_error_line(tmp_path):
-    """--pair-kernel fused with a UHF run is refused before the work (no silent switch)."""
-    p = tmp_path / "oh.xyz"
-    p.write_text("2\ncharge=0 multiplicity=2\nO 0 0 0\nH 0 0 0.97\n")
-    res = _cli(["run", str(p), "--device", "cuda", "--pair-kernel", "fused"])
-    assert res.exit_code == 2, res.output
-    line = [ln for ln in res.output.splitlines() if ln.strip()][-1]
-    # without a GPU the device is refused first; with one, the fused kernel is
-    assert line.startswith("error: ") and ("no opposite-spin" in line or "no CUDA GPU" in line), line
+@interpreted
+def test_open_shell_through_the_pipeline_on_the_epilogue(monkeypatch, tmp_path):
+    """OH (DF-UMP2) through the whole pipeline on the CUDA backend under Triton's interpreter:
+    auto takes gemm+epilogue and says why, the alpha-beta block runs the epilogue's RECT form,
+    E_corr matches PySCF's DFUMP2 (inputs/references.json) to 1e-9 Eh; an explicit fused is one
+    error line before any work."""
+    from dfmp2.regress import find_reference, load_references
+    monkeypatch.setattr(linalg, "get_backend", lambda name, *, simulate=False, pair_kernel="auto", unrestricted=False:
+                        CudaBackend("cpu", pair_kernel=pair_kernel, unrestricted=unrestricted))
+    oh = str(Path(WATER).parent / "open_shell" / "hydroxyl.xyz")
+    out = tmp_path / "oh.json"
+    res = _cli(["run", oh, "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["ran"]["pair_path"]["fp64"] == "gemm+epilogue" and "UHF" in doc["ran"]["pair_path_why"]["fp64"]
+    assert doc["ran"]["kernels"]["mp2_pair_energy:torch.matmul(DGEMM)+triton.pair_energy_epilogue(fp64 sums)"
+                                 " [Triton interpreter, cpu tensors]"] == 3
+    ref = find_reference(load_references(), "hydroxyl")
+    assert abs(doc["energies"]["e_corr"] - ref["e_corr"]) <= 1e-9
+    _one_error_line(_cli(["run", oh, "--pair-kernel", "fused", "--json", str(tmp_path / "f.json")]),
+                    "pair kernel 'fused' has no opposite-spin (UHF alpha-beta) form")
+    assert not (tmp_path / "f.json").exists()
