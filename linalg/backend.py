@@ -227,7 +227,7 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
     if name.split(":", 1)[0] == "cuda":
         _check_cuda(name)
         from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel
-        return make_cuda_backend(name, pair_kernel=pair_kernel, unrestricted=unrestricted)
+        return make_cuda_backend(name, pair_kernel=pair_kernel, **({"unrestricted": True} if unrestricted else {}))
     from .neuron import make_neuron_backend
     return make_neuron_backend(name, simulate=simulate)
 
