@@ -95,7 +95,18 @@ def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
         return M, "eigh", info
 
 
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B) -> None:
+def metric_factor(auxmol, backend, timer: _Timer):
+    """(M, kind, info) of ``fit_metric`` for the aux basis' j2c, timed as integrals and metric."""
+    t0 = time.perf_counter()
+    j2c = backend.to_device(integrals.metric_2c(auxmol), torch.float64)
+    t0 = timer.add("integrals", t0)
+    out = fit_metric(j2c, backend)
+    del j2c
+    timer.add("metric", t0)
+    return out
+
+
+def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B, metric=None) -> None:
     """Fit B into the store ``B`` (``outofcore.open_b_store``): block k holds
     B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``B.dtype``; then
     ``B.mark_complete`` (a checkpoint records B and its metric, ``B.metric``).
@@ -105,15 +116,12 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
     at a time, B_k = L^-1 (P|ia)_k (trsm, left). The auxiliary index stays outermost (the
     partition axis on Trainium, the contraction of the pair step). (P|ia) lives where the store
     puts it (``B.open_pia``: out of core, in place in B's file when the dtypes match).
+    ``metric``: the factored metric ``metric_factor`` made, when it is shared (UHF: both spins).
     """
     nao, nocc = C_occ.shape
     nvir = C_vir.shape[1]
+    M, metric_kind, metric_info = metric if metric is not None else metric_factor(auxmol, backend, timer)
     t0 = time.perf_counter()
-    j2c = backend.to_device(integrals.metric_2c(auxmol), torch.float64)
-    t0 = timer.add("integrals", t0)
-    M, metric_kind, metric_info = fit_metric(j2c, backend)
-    del j2c
-    t0 = timer.add("metric", t0)
     co = backend.to_device(C_occ, dtype)
     cv = backend.to_device(C_vir, dtype)
     pia = B.open_pia(dtype)
@@ -480,6 +488,7 @@ def ump2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan
     stores, eps, blocks = [], [], []
     storage = {"B": "disk (HDF5)" if plan.out_of_core else "memory", "checkpoint": None}
     metric = ("cholesky", {})
+    factor = None                 # j2c and its factor, once for both spins
     try:
         for s in (0, 1):
             C, e, nocc_s = ref.spin(s)
@@ -491,7 +500,9 @@ def ump2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan
                 continue
             B = outofcore.open_b_store(plan, blk, b_dtype, backend, scratch=scratch_dir)
             stores.append(B)
-            build_B(mol, auxmol, C[:, nfrozen:nocc_s], C[:, nocc_s:], backend, fit_dtype, plan, timer, B)
+            factor = factor or metric_factor(auxmol, backend, timer)
+            build_B(mol, auxmol, C[:, nfrozen:nocc_s], C[:, nocc_s:], backend, fit_dtype, plan, timer, B,
+                    metric=factor)
             metric = B.metric
             eps.append((backend.to_device(e[nfrozen:nocc_s], torch.float64),
                         backend.to_device(e[nocc_s:], torch.float64)))
@@ -516,6 +527,7 @@ def ump2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan
             e_ab = float(sum(sums.tolist()))
         timer.add("pair", t0)
     finally:
+        factor = None
         for B in stores:
             if B is not None:
                 B.close()
