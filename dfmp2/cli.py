@@ -194,7 +194,11 @@ def _plan_table(plan):
 @click.option("--auxbasis", default=None,
               help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri; def2-tzvpp-ri (to Kr) or AutoAux for elements it lacks, stated in the output]")
 @click.option("--charge", type=int, default=None, help="molecular charge [default: XYZ comment, else 0]")
-@click.option("--multiplicity", type=int, default=None, help="spin multiplicity (only 1 is supported)")
+@click.option("--multiplicity", type=int, default=None,
+              help="spin multiplicity 2S+1 [default: XYZ comment, else 1]")
+@click.option("--reference", type=click.Choice(["auto", "rhf", "uhf", "rohf"]), default="auto",
+              show_default=True,
+              help="SCF reference: auto is RHF for a closed shell, UHF (DF-UMP2) otherwise; rohf is not supported")
 @click.option("--device", default="cpu", show_default=True, metavar="|".join(DEVICE_CHOICES),
               help="where the linear algebra runs")
 @click.option("--simulate", is_flag=True,
@@ -231,7 +235,7 @@ def _plan_table(plan):
 @click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
-def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, precision, pair_kernel,
+def run(xyz_file, basis, auxbasis, charge, multiplicity, reference, device, simulate, precision, pair_kernel,
         integrals, frozen_core, ecp, scf_mode, memory, storage, scratch_dir, checkpoint_path, resume_path,
         json_path, qcschema_path, verbose, quiet, **tuning):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
@@ -242,7 +246,7 @@ def run(xyz_file, basis, auxbasis, charge, multiplicity, device, simulate, preci
     console = Console()
     err = Console(stderr=True)
     options = RunOptions(basis=basis, auxbasis=auxbasis, charge=charge, multiplicity=multiplicity,
-                         device=device, simulate=simulate, precision=precision,
+                         reference=reference, device=device, simulate=simulate, precision=precision,
                          frozen_core=frozen_core, ecp=ecp, scf_mode=scf_mode, memory_mb=parse_memory(memory),
                          storage=storage, scratch_dir=scratch_dir, checkpoint=checkpoint_path,
                          resume=resume_path, pair_kernel=pair_kernel, integrals=integrals,

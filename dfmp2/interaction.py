@@ -349,7 +349,7 @@ def check_runs(jobs, options) -> None:
     program cannot run: electron counts, open shells until DF-UMP2, coincident atoms, basis
     sets lacking an element), so a fragment that cannot run stops the command before any SCF."""
     for _, _, g in jobs:
-        mol = scf.build_molecule(g, options.basis, g.charge, g.multiplicity)
+        mol = scf.build_molecule(g, options.basis, g.charge, g.multiplicity, ecp=options.ecp)
         scf.mp2_auxbasis(mol, options.auxbasis)
 
 
@@ -365,7 +365,10 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
     options.resolved_precision()
     jobs = run_geometries(geom, frags)
     check_runs(jobs, options)
-    backend = make_backend(options)          # one device for all runs (no fallback in between)
+    # one device for all runs (no fallback in between); open-shell runs need the backend's
+    # opposite-spin pair path (cuda: gemm+epilogue)
+    unrestricted = any(scf.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
+    backend = make_backend(options, unrestricted=unrestricted)
     t0 = time.perf_counter()
     runs, warnings = [], []
     for n, (kind, k, g) in enumerate(jobs, start=1):

@@ -582,3 +582,34 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
             if progress is not None:
                 progress(ndone, npairs)
     return sums
+
+
+def cross_block_sums(store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_b, backend, *,
+                     progress=None) -> np.ndarray:
+    """UMP2's opposite-spin sums: (na * nb,) fp64, one per block pair (I of ``store_a``, J of
+    ``store_b``), I-major; their plain sum in this order is E_OS (no i >= j symmetry between spins).
+
+    store_a, store_b: InMemoryB or HDF5B holding B^alpha and B^beta over the same naux (different
+    nocc and nvir). eps_*: fp64 orbital energies (Hartree) on the device. Each alpha block is read
+    once, the beta blocks once per alpha block. ``progress(done, total)`` after each pair.
+    """
+    ba, bb = store_a.blocks, store_b.blocks
+    total = ba.count * bb.count
+    sums = np.zeros(total, dtype=np.float64)
+    order_b = [j for _ in range(ba.count) for j in range(bb.count)]
+    with closing(store_a.iter_blocks(range(ba.count), backend)) as it_a, \
+            closing(store_b.iter_blocks(order_b, backend)) as it_b:
+        p = 0
+        for i, blk_a in it_a:
+            Bi = pair_view(blk_a, ba.nvir)
+            i0, i1 = ba.orbitals(i)
+            for _ in range(bb.count):
+                j, blk_b = next(it_b)
+                j0, j1 = bb.orbitals(j)
+                sums[p], _ss = linalg.mp2_pair_energy(
+                    Bi, pair_view(blk_b, bb.nvir), eps_occ_a[i0:i1], eps_occ_b[j0:j1], eps_vir_a,
+                    eps_vir_j=eps_vir_b, backend=backend)
+                p += 1
+                if progress is not None:
+                    progress(p, total)
+    return sums

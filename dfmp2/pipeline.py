@@ -54,6 +54,7 @@ class RunOptions:
     occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = scf.SCF_MAX_CYCLE
+    reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
 
     def resolved_precision(self) -> str:
         try:
@@ -96,8 +97,20 @@ def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
         return M, "eigh", info
 
 
+def metric_factor(auxmol, backend, timer: _Timer, engine: integrals.IntegralEngine):
+    """(M, kind, info) of ``fit_metric`` for the aux basis' j2c from ``engine``, timed as
+    integrals and metric."""
+    t0 = time.perf_counter()
+    j2c = engine.metric(auxmol)
+    t0 = timer.add("integrals", t0)
+    out = fit_metric(j2c, backend)
+    del j2c
+    timer.add("metric", t0)
+    return out
+
+
 def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B,
-            engine: integrals.IntegralEngine | None = None) -> None:
+            engine: integrals.IntegralEngine | None = None, metric=None) -> None:
     """Fit B into the store ``B`` (``outofcore.open_b_store``): block k holds
     B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``B.dtype``; then
     ``B.mark_complete`` (a checkpoint records B and its metric, ``B.metric``).
@@ -108,16 +121,13 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
     at a time, B_k = L^-1 (P|ia)_k (trsm, left). The auxiliary index stays outermost (the
     partition axis on Trainium, the contraction of the pair step). (P|ia) lives where the store
     puts it (``B.open_pia``: out of core, in place in B's file when the dtypes match).
+    ``metric``: the factored metric ``metric_factor`` made, when it is shared (UHF: both spins).
     """
     nao, nocc = C_occ.shape
     nvir = C_vir.shape[1]
     engine = engine or integrals.HostEngine(mol, backend)
+    M, metric_kind, metric_info = metric if metric is not None else metric_factor(auxmol, backend, timer, engine)
     t0 = time.perf_counter()
-    j2c = engine.metric(auxmol)
-    t0 = timer.add("integrals", t0)
-    M, metric_kind, metric_info = fit_metric(j2c, backend)
-    del j2c
-    t0 = timer.add("metric", t0)
     co = backend.to_device(C_occ, dtype)
     cv = backend.to_device(C_vir, dtype)
     pia = B.open_pia(dtype)
@@ -188,22 +198,33 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                          "writing to PATH, so give only --resume")
     if options.scratch_dir is not None:      # a given --scratch must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "--scratch")
+    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    if uhf and (options.checkpoint or options.resume):
+        raise InputError("--checkpoint and --resume are not supported with a UHF reference yet; "
+                         "run without them")
     if backend is None:
-        backend = make_backend(options)
+        backend = make_backend(options, unrestricted=uhf)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     engine = select_integrals(options, mol, backend)
     say(f"integrals: {engine.name} ({engine.why})")
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
-    nocc_all = mol.nelectron // 2
+    nocc_all = (mol.nelectron + mol.spin) // 2          # alpha (all of them for a closed shell)
+    nocc_b = nocc_all - mol.spin
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    nmo, lindep_thr, _ = scf.linear_dependence(mol)     # the orbitals the RHF will keep
+    nmo, lindep_thr, _ = scf.linear_dependence(mol)     # the orbitals the SCF will keep
     if nocc_all >= nmo or nfrozen >= nocc_all:
         raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc_all - nfrozen} "
                          f"active occupied and {nmo - nocc_all} virtual orbitals (nbasis {nao}"
                          f"{f', {nao - nmo} dropped as linearly dependent' if nmo < nao else ''})")
+    if nfrozen > nocc_b:
+        raise InputError(f"{geom.source}: the frozen core ({nfrozen} orbitals per spin) is more than "
+                         f"the {nocc_b} occupied beta orbitals; use --all-electron")
     warnings = _input_warnings(mol, auxbasis, options, naux)
+    if options.multiplicity is None and geom.multiplicity is None and mol.spin:
+        warnings.append(f"no multiplicity given (--multiplicity or the XYZ comment): {mol.nelectron} "
+                        f"electrons taken as a doublet (multiplicity {mol.spin + 1}, the lowest)")
     ck_path = options.resume or options.checkpoint
     fp = None
     if ck_path:
@@ -219,9 +240,13 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             raise checkpoint.CheckpointError(
                 f"checkpoint {options.checkpoint} already exists; continue it with --resume "
                 f"{options.checkpoint} or remove it to start afresh")
-        plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
-                          nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None,
-                          engine=engine)
+        # UHF: B^alpha and B^beta are both resident; the plan counts them as one B of
+        # n_alpha + n_beta occupied orbitals by max(nvir_alpha, nvir_beta) = nvir_beta virtuals
+        # (an upper bound on both stores together, and the widest pair workspace)
+        plan = stage_plan(mol, auxmol, options, backend, precision,
+                          nocc=nocc_all - nfrozen + (nocc_b - nfrozen if uhf else 0),
+                          nvir=nmo - (nocc_b if uhf else nocc_all),
+                          occ_block=ck.occ_block if ck is not None else None, engine=engine)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -239,13 +264,19 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             say(f"RHF from checkpoint {ck.path}")
             ref = ck.load_scf()
             timer.add("checkpoint", t0)
+        elif uhf:
+            say("UHF ...")
+            ref = scf.run_uhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
+            timer.add("scf", t0)
+            warnings.append(ref.contamination_warning())
+            warnings = [w for w in warnings if w]
         else:
             say("RHF ...")
             ref = scf.run_rhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             if ck is not None:
                 ck.save_scf(ref)
-        nmo = ref.mo_coeff.shape[1]
+        nmo = ref.mo_coeff.shape[-1]
         if nmo < nao:
             warnings.append(f"linear dependence: {nao - nmo} of {nao} basis functions dropped "
                             f"(overlap eigenvalues below {lindep_thr:g}); nmo {nmo}")
@@ -255,9 +286,16 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             raise InputError(f"{geom.source}: no MP2 correlation possible with {nocc} active "
                              f"occupied and {nvir} virtual orbitals")
         say("integrals, transforms, fit and pair energies ...")
-        e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
-                                     precision=precision, plan=plan, timer=timer, progress=progress,
-                                     scratch_dir=options.scratch_dir, checkpoint=ck, engine=engine)
+        spin = None
+        if uhf:
+            e_os, e_ss, ran, spin = ump2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
+                                                precision=precision, plan=plan, timer=timer,
+                                                progress=progress, scratch_dir=options.scratch_dir,
+                                                engine=engine)
+        else:
+            e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
+                                         precision=precision, plan=plan, timer=timer, progress=progress,
+                                         scratch_dir=options.scratch_dir, checkpoint=ck, engine=engine)
         if ck is not None:
             ck.mark_complete(e_os, e_ss)
     except BaseException as exc:
@@ -282,14 +320,16 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         nbasis=nao, nmo=nmo, nocc=nocc, nfrozen=nfrozen, nvir=nvir, naux=naux,
         e_hf=ref.e_hf, e_os=e_os, e_ss=e_ss,
         timings=timer.seconds, ran=ran, memory=plan.to_dict(),
-        versions=software_versions(), warnings=warnings, ecp=scf.ecp_info(mol))
+        versions=software_versions(), warnings=warnings, ecp=scf.ecp_info(mol), spin=spin)
 
 
-def make_backend(options: RunOptions):
+def make_backend(options: RunOptions, unrestricted: bool = False):
     """The backend ``options`` ask for (``linalg.get_backend``: DeviceUnavailableError when the
-    device cannot run, before any work)."""
+    device cannot run, before any work); ``unrestricted``: for a UHF reference (the CUDA pair
+    path then takes the opposite-spin form into account)."""
     try:
-        return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
+        return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel,
+                                  **({"unrestricted": True} if unrestricted else {}))
     except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e)) from None
 
@@ -342,22 +382,27 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
 
 def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None, engine=None):
     """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it (its memory
-    plan, precision, frozen core, storage and scratch from ``options``; no checkpoint), for the
-    benchmarks. ``backend``: an existing one for ``options.device`` (default: a new one);
-    ``engine``: an integral engine for that backend (default: ``options.integrals``'s).
+    plan, precision, frozen core, storage and scratch from ``options``; no checkpoint; DF-UMP2 for
+    a ``scf.UHFReference``), for the benchmarks. ``backend``: an existing one for
+    ``options.device`` (default: a new one); ``engine``: an integral engine for that backend
+    (default: ``options.integrals``'s).
     Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
     precision = options.resolved_precision()
     if backend is None:
         backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
     nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
+    uhf = isinstance(ref, scf.UHFReference)
+    nmo = ref.mo_coeff.shape[-1]
     engine = engine or select_integrals(options, mol, backend)
-    plan = stage_plan(mol, auxmol, options, backend, precision, nocc=ref.nocc - nfrozen,
-                      nvir=ref.mo_coeff.shape[1] - ref.nocc, engine=engine)
+    plan = stage_plan(mol, auxmol, options, backend, precision,          # both spins, as run_geometry
+                      nocc=ref.nocc - nfrozen + (ref.nocc_b - nfrozen if uhf else 0),
+                      nvir=nmo - (ref.nocc_b if uhf else ref.nocc), engine=engine)
     timer = _Timer(backend)
     backend.synchronize()
     t0 = time.perf_counter()
-    e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
-                                 plan=plan, timer=timer, scratch_dir=options.scratch_dir, engine=engine)
+    stage = ump2_energy if uhf else mp2_energy
+    e_os, e_ss, ran, *_ = stage(mol, auxmol, ref, nfrozen=nfrozen, backend=backend, precision=precision,
+                                plan=plan, timer=timer, scratch_dir=options.scratch_dir, engine=engine)
     backend.synchronize()
     return time.perf_counter() - t0, e_os, e_ss, dict(timer.seconds), ran
 
@@ -450,6 +495,13 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
         e_os, e_ss = outofcore.combine(sums, pairs)
     finally:
         B.close()
+    return e_os, e_ss, _ran(backend, precision, fit_dtype, metric_kind, metric_info, storage, engine)
+
+
+def _ran(backend, precision: str, fit_dtype, metric_kind: str, metric_info: dict, storage: dict,
+         engine: integrals.IntegralEngine) -> dict:
+    """What ran, for the result: the backend's record, precisions per stage, metric, storage,
+    the integral engine."""
     ran = backend.describe()
     ran["precision"] = precision
     # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
@@ -461,7 +513,79 @@ def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan:
     ran["integrals"] = engine.describe()
     if storage["from_checkpoint"]["B"]:
         ran["integrals"]["note"] = "not run: B came from the checkpoint"
-    return e_os, e_ss, ran
+    return ran
+
+
+def ump2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan: MemoryPlan,
+                timer: _Timer, progress=None, scratch_dir=None, engine=None):
+    """DF-UMP2 after a UHF (``scf.UHFReference``): B^alpha and B^beta are built by ``build_B``
+    into two stores (``open_b_store``, the same plan and blocking), then three spin blocks:
+
+        E_aa = 1/2 sum_{ij in a} sum_ab K_ab (K_ab - K_ba) / D   (pair_block_sums on B^a: e_ss / 2)
+        E_bb likewise on B^b,   E_ab = sum_{i in a, j in b} sum_ab K_ab^2 / D   (cross_block_sums)
+
+    E_OS = E_ab, E_SS = E_aa + E_bb; for a closed shell these are RHF's E_OS and E_SS. ``nfrozen``
+    core orbitals are frozen in each spin. Returns (e_os, e_ss, ran, spin): Hartree; ``spin`` has
+    the per-spin shapes, the three blocks and <S^2>.
+    """
+    fit_dtype, b_dtype = backend.fit_dtype(precision), DTYPES[precision]
+    naux, nmo = auxmol.nao_nr(), ref.mo_coeff.shape[-1]
+    stores, eps, blocks = [], [], []
+    storage = {"B": "disk (HDF5)" if plan.out_of_core else "memory", "checkpoint": None}
+    metric = ("cholesky", {})
+    factor = None                 # j2c and its factor, once for both spins
+    engine = engine or integrals.HostEngine(mol, backend)
+    try:
+        for s in (0, 1):
+            C, e, nocc_s = ref.spin(s)
+            blk = outofcore.OccBlocks(nocc_s - nfrozen, nmo - nocc_s, naux, plan.occ_block)
+            blocks.append(blk)
+            if blk.nocc == 0:            # e.g. the H atom's beta spin: nothing to correlate
+                stores.append(None)
+                eps.append(None)
+                continue
+            B = outofcore.open_b_store(plan, blk, b_dtype, backend, scratch=scratch_dir)
+            stores.append(B)
+            factor = factor or metric_factor(auxmol, backend, timer, engine)
+            build_B(mol, auxmol, C[:, nfrozen:nocc_s], C[:, nocc_s:], backend, fit_dtype, plan, timer, B,
+                    engine=engine, metric=factor)
+            metric = B.metric
+            eps.append((backend.to_device(e[nfrozen:nocc_s], torch.float64),
+                        backend.to_device(e[nocc_s:], torch.float64)))
+        npairs = [len(b.pairs()) if st is not None else 0 for b, st in zip(blocks, stores)]
+        ncross = blocks[0].count * blocks[1].count if None not in stores else 0
+        total = sum(npairs) + ncross
+
+        def offset(base):
+            return None if progress is None else (lambda done, _n: progress(base + done, total))
+        t0 = time.perf_counter()
+        e_same = []
+        for s in (0, 1):
+            if stores[s] is None:
+                e_same.append(0.0)
+                continue
+            sums = outofcore.pair_block_sums(stores[s], *eps[s], backend, progress=offset(sum(npairs[:s])))
+            e_same.append(0.5 * outofcore.combine(sums, blocks[s].pairs())[1])
+        e_ab = 0.0
+        if ncross:
+            sums = outofcore.cross_block_sums(stores[0], stores[1], *eps[0], *eps[1], backend,
+                                              progress=offset(sum(npairs)))
+            e_ab = float(sum(sums.tolist()))
+        timer.add("pair", t0)
+    finally:
+        factor = None
+        for B in stores:
+            if B is not None:
+                B.close()
+    storage.update({"occ_blocks": [b.count for b in blocks], "block_pairs": sum(npairs) + ncross,
+                    "from_checkpoint": {"scf": False, "B": False, "pairs": 0}})
+    ran = _ran(backend, precision, fit_dtype, *metric, storage, engine)
+    spin = {"reference": "UHF", "multiplicity": mol.spin + 1,
+            "s2": ref.s2, "s2_exact": ref.s2_exact, "s2_warn_above": scf.S2_WARN,
+            "nocc_alpha": blocks[0].nocc, "nocc_beta": blocks[1].nocc,
+            "nvir_alpha": blocks[0].nvir, "nvir_beta": blocks[1].nvir,
+            "e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
+    return e_ab, e_same[0] + e_same[1], ran, spin
 
 
 def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:

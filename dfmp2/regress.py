@@ -164,7 +164,10 @@ def run_case(entry: dict, device: str = "cpu", precision: str = "fp64", simulate
     cr.diff = {f: cr.ours[f] - cr.reference[f] for f in ENERGY_FIELDS}
     setup = {"nbasis": (res.nbasis, entry["nbasis"]), "naux": (res.naux, entry["naux"]),
              "nocc": (res.nocc, entry["nocc"]), "nvir": (res.nvir, entry["nvir"]),
-             "auxbasis": (str(res.auxbasis).lower(), entry["auxbasis"])}
+             "auxbasis": (str(res.auxbasis).lower(), entry["auxbasis"]),
+             "reference": ("UHF" if res.spin else "RHF", entry.get("reference", "RHF"))}
+    if res.spin and "nocc_beta" in entry:      # an open shell: the beta shapes too
+        setup.update({f: (res.spin[f], entry[f]) for f in ("nocc_beta", "nvir_beta")})
     mismatched = [f"{k} {a} vs reference {b}" for k, (a, b) in setup.items() if a != b]
     if mismatched:
         cr.error = "set-up differs from the reference: " + "; ".join(mismatched)

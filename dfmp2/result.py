@@ -45,6 +45,14 @@ class Result:
     warnings: list = field(default_factory=list)   # one line each: what to check before trusting this
     ecp: dict | None = None   # scf.ecp_info: the effective core potential and its elements; None: all-electron
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # open shell (UHF reference): reference, multiplicity, <S^2> and S(S+1), alpha/beta nocc and
+    # nvir, E_corr per spin block (aa, bb, ab; Hartree); nocc/nvir above are then the alpha ones.
+    # None: a closed-shell RHF reference.
+    spin: dict | None = None
+
+    @property
+    def _hf(self) -> str:
+        return "UHF" if self.spin else "RHF"
 
     @property
     def e_corr(self) -> float:
@@ -90,7 +98,8 @@ class Result:
         from rich.table import Table
         from .scf import describe_ecp
         e = self.energies()
-        t = Table(title=f"DF-MP2  {self.formula}  ({escape(self.molecule)})", title_justify="left")
+        method = "DF-UMP2" if self.spin else "DF-MP2"
+        t = Table(title=f"{method}  {self.formula}  ({escape(self.molecule)})", title_justify="left")
         t.add_column("quantity")
         t.add_column("energy / Eh", justify="right")
         rows = [("E(HF)", "e_hf"), ("E_corr opposite-spin", "e_corr_os"),
@@ -104,10 +113,20 @@ class Result:
         s.add_column("k")
         s.add_column("v")
         s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
-                  + f"{'DF-RHF (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
+                  + f"{'DF-' + self._hf + ' (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else self._hf + ' (exact integrals)'}")
         s.add_row("ECP", escape(describe_ecp(self.ecp)))
-        s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
-                  f"nvir {self.nvir}, naux {self.naux}")
+        if self.spin:
+            sp = self.spin
+            s.add_row("reference", f"UHF, multiplicity {sp['multiplicity']}, <S²> {sp['s2']:.4f} "
+                      f"(exact {sp['s2_exact']:.4f})")
+            s.add_row("shapes", f"nbasis {self.nbasis}, nocc α {sp['nocc_alpha']} β {sp['nocc_beta']} "
+                      f"(+{self.nfrozen} frozen each), nvir α {sp['nvir_alpha']} β {sp['nvir_beta']}, "
+                      f"naux {self.naux}")
+            s.add_row("E_corr αα / ββ / αβ", f"{sp['e_corr_aa']:.10f} / {sp['e_corr_bb']:.10f} / "
+                      f"{sp['e_corr_ab']:.10f}")
+        else:
+            s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
+                      f"nvir {self.nvir}, naux {self.naux}")
         s.add_row("device / engine / precision",
                   escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"))
         s.add_row("metric", self.ran.get("metric", ""))

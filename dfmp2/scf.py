@@ -162,9 +162,44 @@ def minimal_basis_size(symbols) -> int:
     return n
 
 
+REFERENCES = ("auto", "rhf", "uhf", "rohf")
+S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
+                 # for a UHF reference whose spin contamination makes (U)MP2 unreliable
+
+
+def electron_count(geom: Geometry, charge: int | None = None, multiplicity: int | None = None):
+    """(charge, multiplicity, electrons): options override the XYZ comment. Defaults: charge 0;
+    multiplicity the lowest the electron count allows (1 for even, 2 for odd), as Psi4 takes it."""
+    charge = charge if charge is not None else (geom.charge if geom.charge is not None else 0)
+    nelec = sum(gto.charge(s) for s in geom.real_symbols) - charge     # ghosts have none
+    mult = multiplicity if multiplicity is not None else (
+        geom.multiplicity if geom.multiplicity is not None else 1 + nelec % 2)
+    return charge, mult, nelec
+
+
+def resolve_reference(reference: str, geom: Geometry, charge: int | None = None,
+                      multiplicity: int | None = None) -> str:
+    """'rhf' or 'uhf' for ``--reference`` (auto: RHF for a closed shell, UHF otherwise). ROHF is
+    refused, and so is RHF for an open shell (InputError, before any integral)."""
+    if reference not in REFERENCES:
+        raise InputError(f"unknown reference '{reference}'; use one of {', '.join(REFERENCES)}")
+    if reference == "rohf":
+        raise InputError("ROHF references are not supported (ROHF-MP2 needs semicanonical orbitals "
+                         "and a singles term); use --reference uhf (the default for open shells)")
+    _, mult, nelec = electron_count(geom, charge, multiplicity)
+    open_shell = mult != 1 or nelec % 2 == 1
+    if reference == "rhf" and open_shell:
+        raise InputError(f"{geom.source or 'molecule'}: RHF needs a closed shell, but {nelec} electrons "
+                         f"with multiplicity {mult} is open-shell; use --reference uhf (or auto)")
+    if reference == "auto":
+        return "uhf" if open_shell else "rhf"
+    return reference
+
+
 def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = None,
                    multiplicity: int | None = None, ecp: str = "auto") -> gto.Mole:
-    """PySCF molecule for a closed-shell RHF. Options override the XYZ comment; default charge 0.
+    """PySCF molecule (``mol.spin`` = multiplicity - 1). Options override the XYZ comment;
+    default charge 0, multiplicity the lowest for the electron count (``electron_count``).
     Ghost atoms (``geom.ghost``) carry the basis of their element and nothing else; the electron
     counts below are over the real atoms.
 
@@ -173,38 +208,42 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     Psi4 do; 'none' runs all-electron (the caller warns: ``ecp_off_warning``). Electron counts
     below are of the electrons left outside the ECP cores.
 
-    Refuses (InputError, before any integral) a multiplicity that is not a positive integer or
-    not 1, no electrons, an odd count, more electrons than the atoms' occupied shells can hold
-    (2 x ``minimal_basis_size``: the rest would sit in diffuse/Rydberg functions and the RHF
-    energy is meaningless), no virtual orbital (nocc >= nbasis), and atoms closer than
-    MIN_ATOM_DISTANCE Å.
+    Refuses (InputError, before any integral) a multiplicity that is not a positive integer or is
+    impossible for the electron count (parity: an even count has an odd multiplicity and an odd
+    count an even one; more unpaired electrons than electrons), no electrons, more electrons than
+    the atoms' occupied shells can hold (2 x ``minimal_basis_size``: the rest would sit in
+    diffuse/Rydberg functions and the SCF energy is meaningless), no virtual orbital (n_alpha >=
+    nbasis), and atoms closer than MIN_ATOM_DISTANCE Å.
     """
-    charge = charge if charge is not None else (geom.charge if geom.charge is not None else 0)
-    mult = multiplicity if multiplicity is not None else (
-        geom.multiplicity if geom.multiplicity is not None else 1)
+    charge, mult, nelec = electron_count(geom, charge, multiplicity)
     where = geom.source or "molecule"
     check_geometry(geom)
     if ecp not in ECP_CHOICES:
         raise InputError(f"unknown ECP setting '{ecp}'; use one of {', '.join(ECP_CHOICES)}")
     if mult < 1:
         raise InputError(f"{where}: multiplicity {mult} is not valid (it is 2S+1, a positive "
-                         "integer); only 1, the closed-shell singlet, is supported")
+                         "integer; 1 for a closed shell, 2 for a doublet, 3 for a triplet)")
     if isinstance(basis, str):
         _check_basis(basis, geom.symbols, "basis", "--basis")
     real = geom.real_symbols          # ghosts carry neither electrons nor an ECP
     if not real:
         raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
     ecp_core = ecp_core_electrons(basis, real) if ecp == "auto" else {}
-    n_ecp = sum(ecp_core.get(s, 0) for s in real)
-    nelec = sum(gto.charge(s) for s in real) - n_ecp - charge
+    n_ecp = sum(ecp_core.get(s, 0) for s in real)     # even per atom: parity and multiplicity unchanged
+    nelec -= n_ecp
     outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""
     if nelec <= 0:
         raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge "
                          "(--charge)")
-    if nelec % 2 or mult != 1:
-        raise InputError(f"{where}: {nelec} electrons with multiplicity {mult}: open-shell "
-                         "molecules are not supported yet (closed-shell RHF only); check the "
-                         "charge (--charge) and multiplicity")
+    unpaired = mult - 1
+    if unpaired > nelec:
+        raise InputError(f"{where}: multiplicity {mult} needs {unpaired} unpaired electrons but the "
+                         f"molecule has only {nelec}{outside}; check the charge (--charge) and multiplicity")
+    if (nelec - unpaired) % 2:
+        raise InputError(f"{where}: {nelec} electrons cannot have multiplicity {mult}: an "
+                         f"{'even' if nelec % 2 == 0 else 'odd'} electron count needs an "
+                         f"{'odd' if nelec % 2 == 0 else 'even'} multiplicity (2S+1); check the "
+                         "charge (--charge) and multiplicity (--multiplicity)")
     capacity = 2 * minimal_basis_size(real) - n_ecp     # ECP cores are filled shells
     if nelec > capacity:
         raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons{outside}, more than the "
@@ -216,10 +255,10 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     mol.basis = basis
     mol.ecp = {el: basis for el in ecp_core}
     mol.charge = charge
-    mol.spin = 0
+    mol.spin = unpaired
     mol.verbose = 0
     mol.build()
-    if nelec // 2 >= mol.nao_nr():
+    if (nelec + unpaired) // 2 >= mol.nao_nr():
         raise InputError(f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
                          f"'{basis}': no virtual orbitals for MP2; use a larger basis (--basis)")
     return mol
@@ -358,9 +397,18 @@ class RHFReference:
 def run_rhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE) -> RHFReference:
     """Converge RHF with PySCF: density-fitted (``default_auxbasis(mol, 'jk')``: the JK-fit set
     matched to the basis, with fallbacks for the elements it lacks) or exact."""
+    mf, jk_aux, cycles = _converge(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF")
+    nocc = int(np.count_nonzero(mf.mo_occ > 0))
+    return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
+                        mo_energy=np.asarray(mf.mo_energy), nocc=nocc, scf_mode=scf_mode,
+                        jk_auxbasis=jk_aux, cycles=cycles)
+
+
+def _converge(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str):
+    """Density-fit (JK-fit set ``default_auxbasis(mol, 'jk')``) or not, converge to SCF_CONV_TOL /
+    SCF_CONV_TOL_GRAD; (mf, JK-fit description or None, cycles). SCFNotConvergedError if not."""
     if scf_mode not in SCF_MODES:
         raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}")
-    mf = scf.RHF(mol)
     jk_aux = None
     if scf_mode == "df":
         jk_spec = default_auxbasis(mol, "jk")
@@ -378,9 +426,51 @@ def run_rhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE)
     mf.kernel()
     if not mf.converged:
         raise SCFNotConvergedError(
-            f"RHF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); "
+            f"{what} did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); "
             "check the geometry, charge and multiplicity")
-    nocc = int(np.count_nonzero(mf.mo_occ > 0))
-    return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
-                        mo_energy=np.asarray(mf.mo_energy), nocc=nocc, scf_mode=scf_mode,
-                        jk_auxbasis=jk_aux, cycles=len(cycles) or None)
+    return mf, jk_aux, len(cycles) or None
+
+
+@dataclass
+class UHFReference:
+    """The converged UHF reference. Energies in Hartree. mo_coeff (2, nao, nmo), mo_energy
+    (2, nmo): alpha then beta; nocc / nocc_b: occupied alpha / beta orbitals. s2: <S^2> of the
+    UHF determinant, s2_exact: S(S+1) of the multiplicity asked for (dimensionless)."""
+
+    mf: object
+    e_hf: float
+    mo_coeff: np.ndarray
+    mo_energy: np.ndarray
+    nocc: int
+    nocc_b: int
+    scf_mode: str
+    jk_auxbasis: str | None
+    cycles: int | None
+    s2: float
+    s2_exact: float
+
+    def spin(self, s: int):
+        """(C (nao, nmo), eps (nmo,), nocc) of spin s (0 alpha, 1 beta)."""
+        return self.mo_coeff[s], self.mo_energy[s], (self.nocc, self.nocc_b)[s]
+
+    def contamination_warning(self) -> str | None:
+        """One line when <S^2> exceeds S(S+1) by more than S2_WARN, else None."""
+        d = self.s2 - self.s2_exact
+        if d <= S2_WARN:
+            return None
+        return (f"spin contamination: UHF <S^2> = {self.s2:.4f}, exact S(S+1) = {self.s2_exact:.4f} "
+                f"(excess {d:.3f} > {S2_WARN}); UMP2 energies of such a reference are unreliable "
+                "(check for a lower-spin or broken-symmetry state)")
+
+
+def run_uhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE) -> UHFReference:
+    """Converge UHF with PySCF (``scf.UHF``; density-fitted as ``run_rhf``, same JK-fit set and
+    thresholds, or exact), for ``mol.spin`` = n_alpha - n_beta."""
+    mf, jk_aux, cycles = _converge(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF")
+    occ = np.asarray(mf.mo_occ)
+    s2, _ = mf.spin_square()
+    S = mol.spin / 2
+    return UHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
+                        mo_energy=np.asarray(mf.mo_energy), nocc=int(np.count_nonzero(occ[0] > 0)),
+                        nocc_b=int(np.count_nonzero(occ[1] > 0)), scf_mode=scf_mode,
+                        jk_auxbasis=jk_aux, cycles=cycles, s2=float(s2), s2_exact=S * (S + 1))

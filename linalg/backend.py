@@ -164,7 +164,7 @@ class TorchBackend(Backend):
             return newton_schulz_inv_sqrt(a, matmul=torch.matmul, **kwargs)
         raise ValueError(f"inv_sqrt_spd: method must be 'eigh' or 'newton_schulz', got {method!r}")
 
-    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
+    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None):
         """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J.
 
         Bi: (ni, nvir, naux), Bj: (nj, nvir, naux) fitted integrals B_ia^P in working precision.
@@ -174,9 +174,13 @@ class TorchBackend(Backend):
         Returns (e_os, e_ss) as Python floats in Hartree, accumulated in fp64:
             e_os = sum_ij sum_ab K_ab^2 / D,   e_ss = sum_ij sum_ab K_ab (K_ab - K_ba) / D,
             K = B_i B_j^T, D = eps_i + eps_j - eps_a - eps_b.
+        eps_vir_j (nvir_j,): i and j have opposite spins (UMP2's alpha-beta block): Bj is
+        (nj, nvir_j, naux) over its own virtuals b, K is (nvir, nvir_j), symmetric must be False,
+        and the result is (e_os, NaN): the exchange term does not exist between spins.
         """
         self.record("mp2_pair_energy", "torch.matmul(batched)")
-        return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
+        return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
+                                         eps_vir_j=eps_vir_j)
 
     def describe(self) -> dict:
         d = super().describe()
@@ -200,13 +204,16 @@ def _check_cuda(name: str) -> None:
             f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
 
 
-def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto") -> Backend:
+def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
+                unrestricted: bool = False) -> Backend:
     """Build the backend for a device name, or raise DeviceUnavailableError before any work.
 
     ``simulate`` (trn1/trn2 only) runs the NKI kernels on this CPU through ``nki.simulate``
     or the project's NumPy execution of NKI; the backend's ``engine`` says which.
     ``pair_kernel`` (cuda only): the MP2 pair-step path, 'auto', 'fused' or 'gemm+epilogue'
     (linalg.cuda); any other device has one path, so a choice other than 'auto' is an error there.
+    ``unrestricted``: the run has opposite-spin pair blocks (UMP2, ``eps_vir_j``); on cuda 'auto'
+    then resolves to gemm+epilogue and 'fused' (which has no opposite-spin form) is refused.
     """
     caps = device_capabilities(name)
     from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
@@ -222,7 +229,7 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto")
     if name.split(":", 1)[0] == "cuda":
         _check_cuda(name)
         from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel
-        return make_cuda_backend(name, pair_kernel=pair_kernel)
+        return make_cuda_backend(name, pair_kernel=pair_kernel, **({"unrestricted": True} if unrestricted else {}))
     from .neuron import make_neuron_backend
     return make_neuron_backend(name, simulate=simulate)
 

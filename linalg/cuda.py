@@ -97,7 +97,8 @@ class CudaBackend(TorchBackend):
     """
 
     def __init__(self, name: str = "cuda", *, pair_kernel: str = "auto", pair_path: dict | None = None,
-                 pair_config: dict | None = None, pin_min_bytes: int = PIN_MIN_BYTES):
+                 pair_config: dict | None = None, pin_min_bytes: int = PIN_MIN_BYTES,
+                 unrestricted: bool = False):
         super().__init__(name)
         self.engine = "torch+triton"
         if pair_kernel not in PAIR_KERNELS:
@@ -105,10 +106,15 @@ class CudaBackend(TorchBackend):
         for prec, path in (pair_path or {}).items():
             if prec not in PRECISIONS or path not in PAIR_PATHS:
                 raise ValueError(f"pair_path: expected {{'fp64'|'fp32': one of {PAIR_PATHS}}}, got {pair_path!r}")
+        if unrestricted and (pair_kernel == "fused" or "fused" in (pair_path or {}).values()):
+            raise ValueError("pair kernel 'fused' has no opposite-spin (UHF alpha-beta) form; use "
+                             "--pair-kernel gemm+epilogue or auto for an open-shell run")
         self.pair_path, self.pair_path_why = {}, {}
         for prec in PRECISIONS:
             if prec in (pair_path or {}):
                 chosen = pair_path[prec], "chosen by the caller"
+            elif unrestricted and pair_kernel == "auto":
+                chosen = "gemm+epilogue", "auto: gemm+epilogue (UHF: the fused kernel has no opposite-spin form)"
             elif pair_kernel != "auto":
                 chosen = pair_kernel, f"user choice (--pair-kernel {pair_kernel})"
             else:
@@ -175,11 +181,15 @@ class CudaBackend(TorchBackend):
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
     # ---- the pair step ----
-    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
+    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None):
         """The linalg.Backend.mp2_pair_energy contract on the Triton path chosen for B's precision.
-        A kernel that fails to compile or launch raises KernelError; no other path is tried."""
+        A kernel that fails to compile or launch raises KernelError; no other path is tried.
+        Opposite spins (``eps_vir_j``) run only on gemm+epilogue (the epilogue's RECT form)."""
         prec = _precision(Bi.dtype)
         path = self.pair_path[prec]
+        if eps_vir_j is not None and path == "fused":
+            raise ValueError("mp2_pair_energy: the fused kernel has no opposite-spin form; build the "
+                             "backend with unrestricted=True (gemm+epilogue)")
         from kernels.triton.launch import interpreting
         where = f" [Triton interpreter, {Bi.device.type} tensors]" if interpreting() else ""
         if path == "fused":
@@ -195,7 +205,8 @@ class CudaBackend(TorchBackend):
                                                    else "SGEMM")
             kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
-            run = lambda: gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)  # noqa: E731
+            run = lambda: gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,  # noqa: E731
+                                                    eps_vir_j=eps_vir_j)
         try:
             return run()
         except ValueError:              # the contract's argument checks: the caller's mistake

@@ -261,10 +261,10 @@ class NeuronBackend(Backend):
         return torch.from_numpy(np.ascontiguousarray(self._gemm2d(_f32(x), _f32(y), a_is_T=False)))
 
     # ---- fused pair energies ----
-    def _occ_block_cap(self, naux: int, nvir: int) -> int:
+    def _occ_block_cap(self, naux: int, nvir: int, nvir_j: int | None = None) -> int:
         budget = int(0.9 * self.sbuf_partition_bytes)
         s = PAIR_MAX_OCC
-        while s >= 1 and self._pair_sbuf(s, s, naux, nvir) > budget:
+        while s >= 1 and self._pair_sbuf(s, s, naux, nvir, nvir_j) > budget:
             s //= 2
         if s < 1:
             raise ValueError(
@@ -274,23 +274,27 @@ class NeuronBackend(Backend):
                 f"{budget // 8 // 4}")
         return s
 
-    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False):
+    def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None):
         """Contract of Backend.mp2_pair_energy, through the fused NKI pair kernel.
         K tiles, denominators and the per-partition sums are fp32 on the device; the sums
-        over partitions, pairs and launches are fp64 on the host."""
+        over partitions, pairs and launches are fp64 on the host. ``eps_vir_j``: opposite
+        spins (the kernel's ``opposite`` form): returns (e_os, NaN)."""
         from kernels.nki.mp2_pair import mp2_pair_kernel
+        from .torch_ops import check_pair_shapes
+        mixed = eps_vir_j is not None
+        check_pair_shapes("mp2_pair_energy", Bi, Bj, symmetric, mixed)
         ni, nvir, naux = Bi.shape
-        nj = Bj.shape[0]
-        if 0 in (ni, nj, nvir):
-            return 0.0, 0.0
+        nj, nvj = Bj.shape[0], Bj.shape[1]
+        if 0 in (ni, nj, nvir, nvj):
+            return 0.0, (math.nan if mixed else 0.0)
         biT = np.ascontiguousarray(_f32(Bi).transpose(0, 2, 1))
         bjT = biT if symmetric else np.ascontiguousarray(_f32(Bj).transpose(0, 2, 1))
         ei = _f32(eps_i)
         ej = ei if symmetric else _f32(eps_j)
         ev = _f32(eps_vir)
         ev_col = np.ascontiguousarray(ev[:, None])
-        ev_rows = np.ascontiguousarray(np.broadcast_to(ev, (PMAX, nvir)))
-        cap = self._occ_block_cap(naux, nvir)
+        ev_rows = np.ascontiguousarray(np.broadcast_to(_f32(eps_vir_j) if mixed else ev, (PMAX, nvj)))
+        cap = self._occ_block_cap(naux, nvir, nvj) if mixed else self._occ_block_cap(naux, nvir)
         e_os = e_ss = 0.0
         for i0 in range(0, ni, cap):
             i1 = min(ni, i0 + cap)
@@ -301,7 +305,7 @@ class NeuronBackend(Backend):
                     mp2_pair_kernel, biT[i0:i1], bjT[j0:j1],
                     np.ascontiguousarray(np.broadcast_to(ei[i0:i1], (PMAX, i1 - i0))),
                     np.ascontiguousarray(np.broadcast_to(ej[j0:j1], (PMAX, j1 - j0))),
-                    ev_col, ev_rows, symmetric=diag)
+                    ev_col, ev_rows, symmetric=diag, **({"opposite": True} if mixed else {}))
                 self.record("mp2_pair_energy", "nki.mp2_pair")
                 s = part.astype(np.float64).sum(axis=0).reshape(i1 - i0, j1 - j0, 2)
                 os_, x_ = s[..., 0], s[..., 1]
@@ -313,7 +317,7 @@ class NeuronBackend(Backend):
                     w = np.ones(os_.shape)
                 e_os += float((w * os_).sum())
                 e_ss += float((w * (os_ - x_)).sum())
-        return e_os, e_ss
+        return e_os, (math.nan if mixed else e_ss)
 
     def describe(self) -> dict:
         d = super().describe()

@@ -58,6 +58,10 @@ def inv_sqrt_spd(a, method="eigh", *, backend=None, **kwargs):
     return _be(backend, a).inv_sqrt_spd(a, method=method, **kwargs)
 
 
-def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, backend=None):
-    """(e_os, e_ss) in Hartree over all pairs in I x J; see Backend.mp2_pair_energy."""
-    return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
+def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None, backend=None):
+    """(e_os, e_ss) in Hartree over all pairs in I x J; see Backend.mp2_pair_energy.
+    ``eps_vir_j``: j of the other spin (UMP2 alpha-beta), e_ss is then NaN."""
+    if eps_vir_j is None:       # backends without the opposite-spin form keep working
+        return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
+    return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
+                                            eps_vir_j=eps_vir_j)

@@ -159,8 +159,13 @@ def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
                "eig_max": wmax}
 
 
-def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block_elems=PAIR_CHUNK_ELEMS):
+def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
+                    max_block_elems=PAIR_CHUNK_ELEMS):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (see Backend contract).
+
+    ``eps_vir_j`` (nvir_j,): i and j have different spins (UMP2's alpha-beta block): Bj is
+    (nj, nvir_j, naux) with its own virtuals, K is rectangular (nvir, nvir_j), only e_os is
+    defined and e_ss is returned as NaN.
 
     Per i and chunk of j, K[a, j, b] = sum_P B_ia^P B_jb^P is ONE 2-D GEMM (nvir x naux) @
     (naux x nj*nvir) in the working precision: with B stored as Bt (naux, nocc*nvir) (the
@@ -175,17 +180,16 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
     are combined in row order, so the result does not depend on the thread count.
     """
     ni, nvir, naux = Bi.shape
-    nj = Bj.shape[0]
-    if Bj.shape[1:] != Bi.shape[1:]:
-        raise ValueError(f"mp2_pair_energy: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in (nvir, naux)")
-    if symmetric and nj != ni:
-        raise ValueError("mp2_pair_energy: symmetric=True needs Bj to be Bi")
+    nj, nvj = Bj.shape[0], Bj.shape[1]
+    mixed = eps_vir_j is not None
+    check_pair_shapes("mp2_pair_energy", Bi, Bj, symmetric, mixed)
     f64 = torch.float64
     dev = Bi.device
     ei, ej = eps_i.to(device=dev, dtype=f64), eps_j.to(device=dev, dtype=f64)
     ev = eps_vir.to(device=dev, dtype=f64)
-    bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvir)      # a view when Bj comes from Bt
-    jchunk = max(1, max_block_elems // max(1, nvir * nvir))
+    evj = eps_vir_j.to(device=dev, dtype=f64) if mixed else ev
+    bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvj)       # a view when Bj comes from Bt
+    jchunk = max(1, max_block_elems // max(1, nvir * nvj))
 
     def row(i):
         e_os = torch.zeros((), dtype=f64, device=dev)
@@ -194,10 +198,13 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
         e_ia = ei[i] - ev                                            # (a,)
         for j0 in range(0, jend, jchunk):
             j1 = min(jend, j0 + jchunk)
-            K = torch.matmul(Bi[i], bj2[:, j0 * nvir:j1 * nvir]).view(nvir, j1 - j0, nvir)
-            D = (e_ia[:, None, None] + (ej[j0:j1, None] - ev[None, :])).to(K.dtype)   # (a, j, b)
+            K = torch.matmul(Bi[i], bj2[:, j0 * nvj:j1 * nvj]).view(nvir, j1 - j0, nvj)
+            D = (e_ia[:, None, None] + (ej[j0:j1, None] - evj[None, :])).to(K.dtype)  # (a, j, b)
             Kd = K / D
             os_ = (K * Kd).sum(dim=(0, 2), dtype=f64)
+            if mixed:                   # alpha-beta: no exchange term
+                e_os += os_.sum()
+                continue
             ss_ = os_ - (Kd * K.permute(2, 1, 0)).sum(dim=(0, 2), dtype=f64)
             if symmetric:
                 w = torch.full((j1 - j0,), 2.0, dtype=f64, device=dev)
@@ -226,4 +233,17 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, max_block
     for os_, ss_ in rows:
         e_os += os_
         e_ss += ss_
-    return float(e_os), float(e_ss)
+    return float(e_os), (math.nan if mixed else float(e_ss))
+
+
+def check_pair_shapes(op: str, Bi, Bj, symmetric: bool, mixed: bool) -> None:
+    """The shape rules of the mp2_pair_energy contract: Bi (ni, nvir, naux), Bj (nj, nvir_j, naux)
+    with nvir_j = nvir unless the spins differ (``mixed``: eps_vir_j given); symmetric means Bj is
+    Bi, so not with mixed spins."""
+    if Bi.ndim != 3 or Bj.ndim != 3:
+        raise ValueError(f"{op}: Bi and Bj must be (n, nvir, naux), got {tuple(Bi.shape)} and {tuple(Bj.shape)}")
+    if (Bj.shape[2] != Bi.shape[2]) if mixed else (Bj.shape[1:] != Bi.shape[1:]):
+        raise ValueError(f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in "
+                         f"{'naux' if mixed else '(nvir, naux)'}")
+    if symmetric and (mixed or Bj.shape[0] != Bi.shape[0]):
+        raise ValueError(f"{op}: symmetric=True needs Bj to be Bi (same spin)")

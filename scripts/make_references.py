@@ -12,6 +12,11 @@ The molecule and the RHF come from the program's own PySCF bridge (``dfmp2.xyz.r
 from this program's pipeline. Because a density-fitted SCF would hand DFMP2 its JK-fit basis, the
 MP2-fit basis is set explicitly: ``pt.with_df = pyscf.df.DF(mol, auxbasis=...)``.
 
+Open shells (inputs/open_shell/, charge and multiplicity on the XYZ comment line) start from the
+program's UHF (``dfmp2.scf.run_uhf``: PySCF's DF-UHF, or UHF with exact integrals) and take the
+energy from ``pyscf.mp.dfump2.DFUMP2`` on the same MP2-fit basis; their entries add the reference
+('UHF'), the beta shapes and <S^2>.
+
 Each case is keyed ``molecule|basis|auxbasis|scf_mode|ae|fc`` (see ``case_key``) and stores
 E_HF, E_OS, E_SS, E_corr, E_MP2 (Hartree) with the basis, auxiliary bases, SCF mode and
 thresholds, frozen-core setting, shapes, PySCF version, date and seconds taken.
@@ -77,6 +82,19 @@ FULL_VARIANTS = [  # non-default settings on larger molecules
 ]
 
 
+# Open shells (UHF + DF-UMP2): doublet radicals, a vertical cation and anion, triplets, and larger
+# doublets. FAST_OPEN are seconds each; the rest go to the slow channel.
+FAST_OPEN = [
+    ("inputs/open_shell/hydroxyl.xyz", "df", False),
+    ("inputs/open_shell/hydroxyl.xyz", "df", True),
+    ("inputs/open_shell/hydroxyl.xyz", "exact", False),
+    ("inputs/open_shell/methylene_triplet.xyz", "df", False),
+    ("inputs/open_shell/water_cation.xyz", "df", False),
+    ("inputs/open_shell/superoxide.xyz", "df", False),
+]
+FULL_OPEN = ["methyl", "nitric_oxide", "cyano", "dioxygen_triplet", "allyl", "tert_butyl", "glycyl"]
+
+
 def _s22_paths() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "inputs" / "s22").glob("s22_*.xyz"))
 
@@ -104,6 +122,10 @@ def all_cases(basis: str = "cc-pvdz", auxbasis: str | None = None) -> list[dict]
         add(f"inputs/water_clusters/h2o_{n:02d}.xyz", "df", False, "full")
     for path, mode, fc in FULL_VARIANTS:
         add(path, mode, fc, "full")
+    for path, mode, fc in FAST_OPEN:
+        add(path, mode, fc, "fast")
+    for name in FULL_OPEN:
+        add(f"inputs/open_shell/{name}.xyz", "df", False, "full")
     for n in LARGE_CLUSTERS:
         add(f"inputs/water_clusters/h2o_{n:02d}.xyz", "df", False, "large")
     return out
@@ -117,11 +139,13 @@ def case_key(molecule: str, basis: str, auxbasis: str, scf_mode: str, frozen_cor
 
 # ---------------------------------------------------------------------------------------------
 def compute_reference(case: dict) -> dict:
-    """Run PySCF RHF + PySCF DF-MP2 for one case; returns the stored entry (energies in Hartree)."""
+    """Run PySCF RHF + PySCF DF-MP2 (UHF + DF-UMP2 for an open shell) for one case; returns the
+    stored entry (energies in Hartree)."""
     import numpy as np
     import pyscf
     from pyscf import df
     from pyscf.mp.dfmp2 import DFMP2
+    from pyscf.mp.dfump2 import DFUMP2
 
     from dfmp2 import scf as bridge
     from dfmp2.xyz import read_xyz
@@ -131,12 +155,13 @@ def compute_reference(case: dict) -> dict:
     mol = bridge.build_molecule(geom, case["basis"])
     auxbasis = bridge.mp2_auxbasis(mol, case["auxbasis_requested"])
     aux_name = bridge.describe_auxbasis(auxbasis)
-    ref = bridge.run_rhf(mol, case["scf_mode"])
+    uhf = bridge.resolve_reference("auto", geom) == "uhf"
+    ref = (bridge.run_uhf if uhf else bridge.run_rhf)(mol, case["scf_mode"])
     mf = ref.mf
     t_scf = time.perf_counter() - t0
 
     nfrozen = bridge.frozen_core_count(mol) if case["frozen_core"] else 0
-    pt = DFMP2(mf, frozen=nfrozen if nfrozen else None)
+    pt = (DFUMP2 if uhf else DFMP2)(mf, frozen=nfrozen if nfrozen else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pt.with_df = df.DF(mol, auxbasis=auxbasis)   # the MP2-fit basis, not the SCF's JK-fit one
@@ -146,7 +171,9 @@ def compute_reference(case: dict) -> dict:
     if abs(e_os + e_ss - float(e_corr)) > 1e-12:
         raise RuntimeError(f"{case['path']}: PySCF E_OS + E_SS != E_corr")
     naux = pt.with_df.get_naoaux()
-    nocc_all = int(np.count_nonzero(mf.mo_occ > 0))
+    occ = np.asarray(mf.mo_occ)
+    nmo = int(np.asarray(mf.mo_coeff).shape[-1])
+    nocc_all = int(np.count_nonzero((occ[0] if uhf else occ) > 0))
     entry = {
         "key": case_key(case["molecule"], case["basis"], aux_name, case["scf_mode"],
                         case["frozen_core"]),
@@ -166,9 +193,9 @@ def compute_reference(case: dict) -> dict:
         "frozen_core": case["frozen_core"],
         "nfrozen": nfrozen,
         "nbasis": mol.nao_nr(),
-        "nmo": int(mf.mo_coeff.shape[1]),
+        "nmo": nmo,
         "nocc": nocc_all - nfrozen,
-        "nvir": int(mf.mo_coeff.shape[1]) - nocc_all,
+        "nvir": nmo - nocc_all,
         "naux": int(naux),
         "e_hf": float(ref.e_hf),
         "e_os": e_os,
@@ -178,11 +205,20 @@ def compute_reference(case: dict) -> dict:
         "units": "hartree",
         "method": "pyscf.scf.RHF (via dfmp2.scf.run_rhf) + pyscf.mp.dfmp2.DFMP2, "
                   "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)",
+        "reference": "RHF",
         "pyscf_version": pyscf.__version__,
         "numpy_version": np.__version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": {"scf": round(t_scf, 2), "total": round(time.perf_counter() - t0, 2)},
     }
+    if uhf:
+        nocc_b = int(np.count_nonzero(occ[1] > 0))
+        entry.update({
+            "reference": "UHF", "charge": mol.charge, "multiplicity": mol.spin + 1,
+            "nocc_beta": nocc_b - nfrozen, "nvir_beta": nmo - nocc_b,
+            "s2": ref.s2, "s2_exact": ref.s2_exact,
+            "method": "pyscf.scf.UHF (via dfmp2.scf.run_uhf) + pyscf.mp.dfump2.DFUMP2, "
+                      "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)"})
     return entry
 
 
@@ -239,7 +275,8 @@ def compare(stored: dict, new: dict, tol: float = CHECK_TOL) -> list[str]:
         d = new[f] - stored[f]
         if not abs(d) <= tol:
             bad.append(f"{f}: stored {stored[f]:.12f}, recomputed {new[f]:.12f}, diff {d:+.2e}")
-    for f in ("nbasis", "naux", "nocc", "nvir", "nfrozen", "auxbasis", "scf_jk_auxbasis"):
+    for f in ("nbasis", "naux", "nocc", "nvir", "nfrozen", "auxbasis", "scf_jk_auxbasis",
+              "nocc_beta", "nvir_beta"):
         if stored.get(f) != new.get(f):
             bad.append(f"{f}: stored {stored.get(f)!r}, recomputed {new.get(f)!r}")
     for f in ("conv_tol", "conv_tol_grad"):     # the program's SCF thresholds changed: regenerate

@@ -74,22 +74,23 @@ def fragments_of(path: Path) -> list[list[int]]:
 
 
 # ---- PySCF on its own -----------------------------------------------------------------------
-def pyscf_totals(atoms: str) -> dict:
+def pyscf_totals(atoms: str, charge: int = 0, spin: int = 0) -> dict:
     """E(HF), E(MP2), E(SCS-MP2) in Eh from PySCF alone (DF-RHF cc-pVDZ-JKFIT, DFMP2 cc-pVDZ-RI;
-    SCF thresholds and cycle limit as dfmp2.scf's). ``atoms``: PySCF atom text in Ångström,
-    ghosts 'ghost-O'."""
+    DF-UHF and DFUMP2 for ``spin`` = 2S > 0; SCF thresholds and cycle limit as dfmp2.scf's).
+    ``atoms``: PySCF atom text in Ångström, ghosts 'ghost-O'."""
     from pyscf import df, gto, scf
     from pyscf.mp.dfmp2 import DFMP2
+    from pyscf.mp.dfump2 import DFUMP2
 
     from dfmp2.scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
-    mol = gto.M(atom=atoms, basis=BASIS, unit="Angstrom", verbose=0)
-    mf = scf.RHF(mol).density_fit(auxbasis=JK)
+    mol = gto.M(atom=atoms, basis=BASIS, unit="Angstrom", charge=charge, spin=spin, verbose=0)
+    mf = (scf.UHF(mol) if spin else scf.RHF(mol)).density_fit(auxbasis=JK)
     mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
     mf.kernel()
     if not mf.converged:
         raise SystemExit(f"PySCF's RHF did not converge in {SCF_MAX_CYCLE} cycles "
                          f"({mol.natm} atoms, {mol.nelectron} electrons, nbasis {mol.nao_nr()})")
-    pt = DFMP2(mf)
+    pt = DFUMP2(mf) if spin else DFMP2(mf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pt.with_df = df.DF(mol, auxbasis=RI)
@@ -99,16 +100,18 @@ def pyscf_totals(atoms: str) -> dict:
             "SCS-MP2": float(mf.e_tot + 1.2 * os_ + ss / 3)}
 
 
-def pyscf_interaction(path: Path, fragments) -> dict:
-    """{'cp': {method: ΔE}, 'nocp': {...}} (Eh) from PySCF for fragments given as 0-based atoms."""
+def pyscf_interaction(path: Path, fragments, states=None, total=(0, 0)) -> dict:
+    """{'cp': {method: ΔE}, 'nocp': {...}} (Eh) from PySCF for fragments given as 0-based atoms;
+    ``states``: each fragment's (charge, 2S), ``total``: the full system's (default all (0, 0))."""
     lines = [ln for ln in path.read_text().splitlines()[2:] if ln.strip()]
+    states = states or [(0, 0)] * len(fragments)
 
     def atoms(keep, ghost=()):
         return "\n".join(("ghost-" if i in ghost else "") + lines[i] for i in sorted(keep))
     every = set(range(len(lines)))
-    full = pyscf_totals(atoms(every))
-    cp = [pyscf_totals(atoms(every, ghost=every - set(f))) for f in fragments]
-    own = [pyscf_totals(atoms(f)) for f in fragments]
+    full = pyscf_totals(atoms(every), *total)
+    cp = [pyscf_totals(atoms(every, ghost=every - set(f)), *st) for f, st in zip(fragments, states)]
+    own = [pyscf_totals(atoms(f), *st) for f, st in zip(fragments, states)]
     return {key: {m: full[m] - sum(p[m] for p in parts) for m in full}
             for key, parts in (("cp", cp), ("nocp", own))}
 

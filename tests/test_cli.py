@@ -53,8 +53,11 @@ BAD_XYZ = {
     "missing column": ("2\n\nH 0 0 0\nH 0 0\n", [":4:", "symbol x y z"]),
     "unknown element": ("2\n\nH 0 0 0\nQq 0 0 0.74\n", [":4:", "unknown element 'Qq'"]),
     "atom count mismatch": ("4\n\nH 0 0 0\nH 0 0 0.74\n", ["atom count mismatch", "4 atoms", "found 2"]),
-    "odd electrons": ("1\n\nH 0 0 0\n", ["1 electrons", "open-shell"]),
-    "multiplicity 3 in comment": (WATER.format(comment="multiplicity=3"), ["multiplicity 3", "open-shell"]),
+    "odd electrons as a singlet": ("1\nmultiplicity=1\nH 0 0 0\n", ["1 electrons cannot have multiplicity 1",
+                                                                   "odd electron count needs an even"]),
+    "multiplicity 2 in comment": (WATER.format(comment="multiplicity=2"), ["10 electrons cannot have multiplicity 2"]),
+    "multiplicity beyond the electrons": (WATER.format(comment="multiplicity=13"),
+                                          ["multiplicity 13 needs 12 unpaired electrons", "only 10"]),
     "empty file": ("", [":1:"]),
     # issue 18: nothing is guessed at or truncated
     "extra column (atomic number)": ("1\n\nO 8 0.0 0.0 0.119\n", [":3:", "5 fields", "extra columns"]),
@@ -96,8 +99,8 @@ def test_missing_file(tmp_path):
 
 
 def test_charge_option_makes_odd(tmp_path):
-    assert_one_line_error(run_cli(["run", write(tmp_path, WATER.format(comment="")), "--charge", "1"]),
-                          "9 electrons", "open-shell")
+    assert_one_line_error(run_cli(["run", write(tmp_path, WATER.format(comment="")), "--charge", "1",
+                                   "--multiplicity", "1"]), "9 electrons cannot have multiplicity 1")
 
 
 def test_basis_missing_for_element(tmp_path):

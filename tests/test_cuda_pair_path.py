@@ -160,3 +160,48 @@ def test_result_records_the_path_that_ran_and_why(monkeypatch, tmp_path):
         assert ("fused_pair_energy" in kernel) == (choice == "fused") and "[Triton interpreter" in kernel
         # water/cc-pVDZ DF-MP2, PySCF's own value (the same check as tests/test_compare.py)
         assert abs(doc["energies"]["e_corr"] - (-0.2047684304)) < 1e-8
+
+
+def test_unrestricted_backend_takes_gemm_epilogue_and_refuses_fused(monkeypatch):
+    """UHF runs have opposite-spin pair blocks, which only gemm+epilogue computes: auto resolves to
+    it (saying why, also where the fused kernel was measured faster) and an explicit fused is
+    refused when the backend is built, before any work; a fused backend refuses an opposite-spin call."""
+    measured = {(12, 0): {"gpu": "test GPU", "date": "2026-11", "versions": "-", "shape": (1, 2, 3),
+                          "fp64": {"gemm+epilogue": 1.0, "fused": 0.5}, "fp32": {"gemm+epilogue": 1.0, "fused": 0.5}}}
+    monkeypatch.setattr(lcuda, "PAIR_PATH_MEASUREMENTS", measured)
+    monkeypatch.setattr(CudaBackend, "capability", lambda self: (12, 0))
+    monkeypatch.setattr(lcuda, "auto_pair_path", lambda prec, cap, m=measured: auto_pair_path(prec, cap, m))
+    assert CudaBackend("cuda").pair_path["fp64"] == "fused"
+    b = CudaBackend("cuda", unrestricted=True)
+    assert b.pair_path == {"fp64": "gemm+epilogue", "fp32": "gemm+epilogue"}
+    assert all("UHF" in w for w in b.pair_path_why.values())
+    with pytest.raises(ValueError, match="no opposite-spin"):
+        CudaBackend("cuda", pair_kernel="fused", unrestricted=True)
+    B = torch.zeros(1, 2, 3, dtype=torch.float64)
+    e = torch.zeros(1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="no opposite-spin form"):
+        CudaBackend("cuda", pair_kernel="fused").mp2_pair_energy(B, B, e, e, e[:1].repeat(2), eps_vir_j=e.repeat(2))
+
+
+@interpreted
+def test_open_shell_through_the_pipeline_on_the_epilogue(monkeypatch, tmp_path):
+    """OH (DF-UMP2) through the whole pipeline on the CUDA backend under Triton's interpreter:
+    auto takes gemm+epilogue and says why, the alpha-beta block runs the epilogue's RECT form,
+    E_corr matches PySCF's DFUMP2 (inputs/references.json) to 1e-9 Eh; an explicit fused is one
+    error line before any work."""
+    from dfmp2.regress import find_reference, load_references
+    monkeypatch.setattr(linalg, "get_backend", lambda name, *, simulate=False, pair_kernel="auto", unrestricted=False:
+                        CudaBackend("cpu", pair_kernel=pair_kernel, unrestricted=unrestricted))
+    oh = str(Path(WATER).parent / "open_shell" / "hydroxyl.xyz")
+    out = tmp_path / "oh.json"
+    res = _cli(["run", oh, "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["ran"]["pair_path"]["fp64"] == "gemm+epilogue" and "UHF" in doc["ran"]["pair_path_why"]["fp64"]
+    assert doc["ran"]["kernels"]["mp2_pair_energy:torch.matmul(DGEMM)+triton.pair_energy_epilogue(fp64 sums)"
+                                 " [Triton interpreter, cpu tensors]"] == 3
+    ref = find_reference(load_references(), "hydroxyl")
+    assert abs(doc["energies"]["e_corr"] - ref["e_corr"]) <= 1e-9
+    _one_error_line(_cli(["run", oh, "--pair-kernel", "fused", "--json", str(tmp_path / "f.json")]),
+                    "pair kernel 'fused' has no opposite-spin (UHF alpha-beta) form")
+    assert not (tmp_path / "f.json").exists()

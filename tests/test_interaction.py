@@ -281,14 +281,23 @@ def test_a_fragment_that_cannot_run_stops_before_the_first_scf(monkeypatch):
     assert_one_line_error(res, "fragment 2 (atoms 5-6)", "6 electrons")
 
 
-def test_open_shell_fragments_refused_before_any_work_UNTIL_DF_UMP2(monkeypatch):
-    """OPEN-SHELL (issue 15): today scf.build_molecule refuses open shells, so doublet fragments
-    (H2O+ / H2O-) are refused up front. When DF-UMP2 lands, this becomes a run of these
-    fragments against PySCF's DF-UMP2 (the refusal must then be gone)."""
-    monkeypatch.setattr(scf, "run_rhf", _no_scf)
-    res = CliRunner().invoke(main, ["interaction", str(WATER_DIMER), "--fragments", "1-3,4-6",
-                                    "--fragment-charges", "1,-1", "--fragment-multiplicities", "2,2"])
-    assert_one_line_error(res, "fragment 1 (atoms 1-3)", "open-shell")
+def test_open_shell_fragment_matches_pyscf_dfump2(tmp_path):
+    """A radical fragment (OH, doublet) with water: the OH runs and the full system (a doublet)
+    run DF-UMP2 on UHF, the water runs DF-MP2 on RHF; CP and uncorrected ΔE within 1e-9 Eh of
+    PySCF (DF-UHF + DFUMP2 / DF-RHF + DFMP2, ghost atoms) computed the same way."""
+    lines = WATER_DIMER.read_text().splitlines()
+    path = tmp_path / "water_hydroxyl.xyz"        # the water dimer less one H of its second water
+    path.write_text("5\nH2O...OH charge=0 multiplicity=2\n" + "\n".join(lines[2:7]) + "\n")
+    out = tmp_path / "ie.json"
+    res = CliRunner().invoke(main, ["interaction", str(path), "--fragments", "1-3,4-5",
+                                    "--fragment-multiplicities", "1,2", "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    ref = _s22_script().pyscf_interaction(path, [[0, 1, 2], [3, 4]], states=[(0, 0), (0, 1)], total=(0, 1))
+    for key in ("cp", "nocp"):
+        for m in interaction.METHODS:
+            got = d["interaction_energies"][key][m]["hartree"]
+            assert abs(got - ref[key][m]) <= TOL, (key, m, got, ref[key][m])
 
 
 # ---- fuzz: whatever the fragment options and lines hold, exit 0 or one error line ------------

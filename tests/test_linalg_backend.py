@@ -48,6 +48,8 @@ def test_cuda_name_builds_the_cuda_backend(monkeypatch):
     assert get_backend("cuda") == "cuda backend cuda"
     assert get_backend("cuda:1", pair_kernel="fused") == "cuda backend cuda:1"
     assert built == [("cuda", {"pair_kernel": "auto"}), ("cuda:1", {"pair_kernel": "fused"})]
+    get_backend("cuda", unrestricted=True)             # a UHF run: opposite-spin pair blocks
+    assert built[-1] == ("cuda", {"pair_kernel": "auto", "unrestricted": True})
     with pytest.raises(DeviceUnavailableError, match="only 2 CUDA"):
         get_backend("cuda:2")
 

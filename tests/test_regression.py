@@ -5,7 +5,7 @@ Slow channel (--slow): every other regression case, fp64 and fp32.
 Tolerances on E_corr and E_HF: 1e-9 Eh (fp64), 1e-6 Eh (fp32). The largest errors seen per precision
 are printed in the terminal summary and written to <pytest basetemp>/regression_errors.json.
 
-The fp32 run of a case reuses the converged RHF of its fp64 run (the SCF is PySCF's, in fp64, in
+The fp32 run of a case reuses the converged RHF (or UHF) of its fp64 run (the SCF is PySCF's, in fp64, in
 both precisions), which halves the slow channel's time; the MP2 part runs afresh.
 """
 import json
@@ -29,18 +29,21 @@ def _params(subset, marks=()):
 # --- one RHF per case shared by its fp64 and fp32 runs ------------------------------------------
 @pytest.fixture(scope="module")
 def shared_rhf():
-    real = dfmp2.scf.run_rhf
     last = {}
 
-    def run_rhf(mol, scf_mode="df", max_cycle=dfmp2.scf.SCF_MAX_CYCLE):
-        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, scf_mode, max_cycle)
-        if key not in last:
-            last.clear()                     # keep one: a DF-SCF object can hold GBs of integrals
-            last[key] = real(mol, scf_mode, max_cycle=max_cycle)
-        return last[key]
+    def shared(real):
+        def run(mol, scf_mode="df", max_cycle=dfmp2.scf.SCF_MAX_CYCLE):
+            key = (real.__name__, mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, scf_mode, max_cycle)
+            if key not in last:
+                last.clear()                 # keep one: a DF-SCF object can hold GBs of integrals
+                last[key] = real(mol, scf_mode, max_cycle=max_cycle)
+            return last[key]
+        return run
+    run_rhf, run_uhf = shared(dfmp2.scf.run_rhf), shared(dfmp2.scf.run_uhf)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(dfmp2.scf, "run_rhf", run_rhf)
+    mp.setattr(dfmp2.scf, "run_uhf", run_uhf)
     yield
     mp.undo()
 

@@ -38,7 +38,7 @@ PRECISIONS = {"fp64": torch.float64, "fp32": torch.float32}
 # strides of the shapes we run fit; the kernels widen offsets to int64 themselves).
 OPERANDS = ("bi_ptr", "bj_ptr", "k_ptr")                  # B or K in the working precision
 INDEX_LISTS = ("pair_i_ptr", "pair_j_ptr", "tile_a_ptr", "tile_b_ptr")
-FP64_POINTERS = ("eps_i_ptr", "eps_j_ptr", "eps_vir_ptr", "os_ptr", "ss_ptr")
+FP64_POINTERS = ("eps_i_ptr", "eps_j_ptr", "eps_vir_ptr", "eps_vir_b_ptr", "os_ptr", "ss_ptr")
 
 
 def _bench_sweep() -> dict:
@@ -107,9 +107,9 @@ def test_fused_pair_energy_compiles(cc, prec, cfg, diags):
 @pytest.mark.parametrize("cc", CAPABILITIES)
 @pytest.mark.parametrize("prec", PRECISIONS)
 def test_pair_energy_epilogue_compiles(cc, prec):
-    for diag in (True, False):
-        k = compile_kernel(pee._pair_energy_epilogue_kernel, cc, prec, {"DIAG": diag, "BLOCK": pee.BLOCK},
-                           {"num_warps": pee.NUM_WARPS})
+    for diag, rect in ((True, False), (False, False), (False, True)):     # RECT: UMP2 alpha-beta
+        k = compile_kernel(pee._pair_energy_epilogue_kernel, cc, prec,
+                           {"DIAG": diag, "BLOCK": pee.BLOCK, "RECT": rect}, {"num_warps": pee.NUM_WARPS})
         assert k.asm.get("cubin"), "ptxas produced no cubin"
 
 

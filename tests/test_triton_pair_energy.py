@@ -134,6 +134,33 @@ def test_epilogue_equals_torch():
              mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32))
 
 
+def _opposite_spin_problem(ni=3, nj=2, nvir=37, nvir_j=45, naux=41, seed=5):
+    """Alpha and beta blocks of different occupied and virtual counts (UMP2's alpha-beta block)."""
+    g = torch.Generator().manual_seed(seed)
+    Bi = torch.randn(ni, nvir, naux, generator=g, dtype=torch.float64) * 0.1
+    Bj = torch.randn(nj, nvir_j, naux, generator=g, dtype=torch.float64) * 0.1
+    ei, ej = -1 - torch.rand(ni, generator=g, dtype=torch.float64), -1 - torch.rand(nj, generator=g, dtype=torch.float64)
+    ev, evj = torch.rand(nvir, generator=g, dtype=torch.float64), torch.rand(nvir_j, generator=g, dtype=torch.float64)
+    return Bi, Bj, ei, ej, ev, evj
+
+
+@interpreted
+def test_epilogue_opposite_spin_equals_reference():
+    """The RECT form (rectangular K, b over j's own virtuals, e_os only) against the einsum, fp64
+    and fp32, with ragged tiles both ways and in the pipeline's layout."""
+    from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+    Bi, Bj, ei, ej, ev, evj = _opposite_spin_problem()
+    ref = mp2_pair_energy_reference(Bi, Bj, ei, ej, ev, eps_vir_j=evj)
+    for bi, bj in ((Bi, Bj), (pipeline_layout(Bi), pipeline_layout(Bj))):
+        got = gemm_epilogue_pair_energy(bi, bj, ei, ej, ev, eps_vir_j=evj, block=16)
+        assert abs(got[0] - ref[0]) <= 1e-14 * abs(ref[0]) and math.isnan(got[1]), (got, ref)
+    got = gemm_epilogue_pair_energy(Bi.float(), Bj.float(), ei, ej, ev, eps_vir_j=evj)
+    ref32 = mp2_pair_energy_reference(Bi.float(), Bj.float(), ei, ej, ev, eps_vir_j=evj, k_dtype=torch.float32)
+    assert abs(got[0] - ref32[0]) <= 1e-6 * abs(ref32[0]), (got, ref32)
+    with pytest.raises(ValueError, match="symmetric=True needs Bj to be Bi"):
+        gemm_epilogue_pair_energy(Bi, Bi, ei, ei, ev, eps_vir_j=ev, symmetric=True)
+
+
 @interpreted
 def test_bad_arguments():
     from kernels.triton.fused_pair_energy import fused_pair_energy

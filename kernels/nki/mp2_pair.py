@@ -18,6 +18,10 @@ itself) M2 is the transpose of M1 and OS += sum M1^2/D, X += sum M1 M2/D. The ma
 is therefore K's own flops plus one extra diagonal block per row block, about
 (1 + 128/nvir) x nvir^2 naux per pair.
 
+Opposite spins (``opposite=True``, UMP2's alpha-beta block): B_j has its own virtuals (nvir_j
+columns, e_vir_rows over them), K is rectangular and has no mirror, so every tile (A, B) over
+all b is formed once (M1 only) and only OS = sum_ab K_ab^2 / D is summed (the X column stays 0).
+
 Per-partition partial sums are accumulated in SBUF (fp32, each a sum over <= nvir terms)
 and written out once; the host adds partitions and pairs in fp64.
 
@@ -37,7 +41,7 @@ TILE_A = 128    # virtual rows a per K tile: nl.tile_size.gemm_stationary_fmax
 TILE_B = 512    # virtual columns b per K tile: nl.tile_size.gemm_moving_fmax (one fp32 PSUM bank)
 
 
-def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetric=False):
+def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetric=False, opposite=False):
     """biT: HBM (ni, naux, nvir) fp32 = B_i with the aux index before the virtual one;
     bjT: HBM (nj, naux, nvir) fp32 likewise (the same array as biT when symmetric);
     e_i_rows: HBM (128, ni) fp32, occupied energies of I repeated on every partition;
@@ -45,10 +49,14 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
     e_vir_col: HBM (nvir, 1) fp32, virtual energies one per partition;
     e_vir_rows: HBM (128, nvir) fp32, virtual energies repeated on every partition;
     symmetric: compile-time flag, I == J: only pairs i >= j are computed (others stay 0).
+    opposite: compile-time flag, i and j of opposite spins: bjT is (nj, naux, nvir_j) and
+    e_vir_rows (128, nvir_j) hold j's virtuals; only OS is summed (X stays 0).
     Energies in Hartree. Returns HBM (128, 2 ni nj) fp32: column 2(i nj + j) holds the
     per-partition partial sums of OS_ij, column 2(i nj + j) + 1 those of X_ij."""
     ni, naux, nvir = biT.shape
-    nj = bjT.shape[0]
+    nj, nvir_j = bjT.shape[0], bjT.shape[2]
+    assert opposite or nvir_j == nvir
+    assert not (opposite and symmetric)
     assert TILE_P <= nl.tile_size.pmax and TILE_A <= nl.tile_size.gemm_stationary_fmax
     assert TILE_B <= nl.tile_size.gemm_moving_fmax
     npart = TILE_P
@@ -61,7 +69,7 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
     # Orbital energies, loaded once per launch.
     e_i = nl.ndarray((npart, ni), dtype=nl.float32, buffer=nl.sbuf)
     e_j = nl.ndarray((npart, nj), dtype=nl.float32, buffer=nl.sbuf)
-    e_b = nl.ndarray((npart, nvir), dtype=nl.float32, buffer=nl.sbuf)
+    e_b = nl.ndarray((npart, nvir_j), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=e_i, src=e_i_rows)
     nisa.dma_copy(dst=e_j, src=e_j_rows)
     nisa.dma_copy(dst=e_b, src=e_vir_rows)
@@ -78,7 +86,7 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
     for k0 in range(0, naux, TILE_P):
         kt = min(TILE_P, naux - k0)
         bi.append(nl.ndarray((kt, nvir), dtype=nl.float32, buffer=nl.sbuf))
-        bj.append(nl.ndarray((kt, nvir), dtype=nl.float32, buffer=nl.sbuf))
+        bj.append(nl.ndarray((kt, nvir_j), dtype=nl.float32, buffer=nl.sbuf))
 
     # Work tiles, allocated once at full tile size and used through views.
     m1 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
@@ -107,19 +115,29 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
                 pt = part[0:at, :]
                 nisa.tensor_tensor(dst=rc, data1=e_i[0:at, i:i + 1], data2=e_j[0:at, j:j + 1], op=nl.add)
                 nisa.tensor_tensor(dst=rc, data1=rc, data2=e_a[ab], op=nl.subtract)
-                for b0 in range(a0, nvir, TILE_B):
-                    bt = min(TILE_B, nvir - b0)
+                for b0 in range(0 if opposite else a0, nvir_j, TILE_B):
+                    bt = min(TILE_B, nvir_j - b0)
                     t1 = m1[0:at, 0:bt]
                     t2 = m2[0:at, 0:bt]
                     for k in range(nk):
                         nisa.nc_matmul(dst=t1, stationary=bi[k][:, a0:a0 + at],
                                        moving=bj[k][:, b0:b0 + bt], accumulate=(k > 0))
-                    for k in range(nk):
-                        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
-                                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
                     r = rden[0:at, 0:bt]
                     q = kd[0:at, 0:bt]
                     p = prod[0:at, 0:bt]
+                    if opposite:        # no mirror tile, no exchange: OS += sum_b M1^2 / D
+                        nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
+                                           operand0=rc, reverse0=True)
+                        nisa.reciprocal(dst=r, data=r)
+                        nisa.tensor_tensor(dst=q, data1=t1, data2=r, op=nl.multiply)
+                        nisa.tensor_tensor(dst=p, data1=q, data2=t1, op=nl.multiply)
+                        nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
+                        nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
+                                           data2=pt, op=nl.add)
+                        continue
+                    for k in range(nk):
+                        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
+                                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
                     # D = (e_i + e_j - e_a) - e_b, then 1/D on the Vector Engine.
                     nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
                                        operand0=rc, reverse0=True)
@@ -152,9 +170,11 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
     return out
 
 
-def sbuf_bytes_per_partition(ni: int, nj: int, naux: int, nvir: int) -> int:
-    """SBUF the kernel keeps live per partition (fp32), for choosing launch sizes on the host."""
+def sbuf_bytes_per_partition(ni: int, nj: int, naux: int, nvir: int, nvir_j: int | None = None) -> int:
+    """SBUF the kernel keeps live per partition (fp32), for choosing launch sizes on the host
+    (``nvir_j``: j's virtuals when the spins differ, default nvir)."""
+    nvir_j = nvir if nvir_j is None else nvir_j
     nk = (naux + TILE_P - 1) // TILE_P
     na = (nvir + TILE_A - 1) // TILE_A
-    words = (2 * ni * nj + ni + nj + nvir + na + 2 * nk * nvir + 3 * TILE_B + 2)
+    words = (2 * ni * nj + ni + nj + nvir_j + na + nk * (nvir + nvir_j) + 3 * TILE_B + 2)
     return 4 * words

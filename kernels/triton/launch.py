@@ -48,16 +48,21 @@ def check_device(op: str, *tensors: torch.Tensor) -> torch.device:
                        "under Triton's interpreter (TRITON_INTERPRET=1 in the environment)")
 
 
-def check_pair_args(op: str, Bi, Bj, eps_i, eps_j, eps_vir, symmetric: bool):
-    """Validate the mp2_pair_energy contract's arguments; returns (ni, nj, nvir, naux)."""
+def check_pair_args(op: str, Bi, Bj, eps_i, eps_j, eps_vir, symmetric: bool, eps_vir_j=None):
+    """Validate the mp2_pair_energy contract's arguments (``eps_vir_j``: opposite spins, Bj over
+    its own virtuals); returns (ni, nj, nvir, naux)."""
+    mixed = eps_vir_j is not None
     if Bi.ndim != 3 or Bj.ndim != 3:
         raise ValueError(f"{op}: Bi and Bj must be (n, nvir, naux), got {tuple(Bi.shape)} and {tuple(Bj.shape)}")
     ni, nvir, naux = Bi.shape
     nj = Bj.shape[0]
-    if Bj.shape[1:] != Bi.shape[1:]:
-        raise ValueError(f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in (nvir, naux)")
-    if symmetric and nj != ni:
-        raise ValueError(f"{op}: symmetric=True needs Bj to be Bi")
+    if (Bj.shape[2] != naux) if mixed else (Bj.shape[1:] != Bi.shape[1:]):
+        raise ValueError(f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in "
+                         f"{'naux' if mixed else '(nvir, naux)'}")
+    if symmetric and (mixed or nj != ni):
+        raise ValueError(f"{op}: symmetric=True needs Bj to be Bi (same spin)")
+    if mixed and tuple(eps_vir_j.shape) != (Bj.shape[1],):
+        raise ValueError(f"{op}: eps_vir_j must have shape ({Bj.shape[1]},), got {tuple(eps_vir_j.shape)}")
     if Bi.dtype != Bj.dtype or Bi.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"{op}: Bi and Bj must both be fp32 or both fp64, got {Bi.dtype} and {Bj.dtype}")
     for name, e, n in (("eps_i", eps_i, ni), ("eps_j", eps_j, nj), ("eps_vir", eps_vir, nvir)):

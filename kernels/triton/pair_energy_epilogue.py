@@ -11,6 +11,10 @@ with (ii, jj) local to the chunk. The tile scheme and the per-program fp64 parti
 the fused kernel: a program owns a pair and a tile pair A <= B, loads X = K[A, B] and
 Y = K[B, A]^T, and adds sum (X^2 + Y^2)/D, sum (X - Y)^2/D (A < B) or sum X^2/D, sum X (X - X^T)/D
 (A = B). K in fp32 is converted to fp64 before the division.
+
+Opposite spins (RECT, UMP2's alpha-beta block): K_ij is (nvir, nvir_b) with b over j's own
+virtuals (energies at eps_vir_b_ptr); it has no mirror, so a program owns one tile (A, B) of the
+whole rectangle and adds only OS = sum X^2/D (the SS partial is written as 0).
 """
 from __future__ import annotations
 
@@ -28,10 +32,11 @@ def _pair_energy_epilogue_kernel(
         k_ptr, s_i, s_j, s_a, s_b,
         pair_i_ptr, pair_j_ptr,               # (npairs,) int64 local indices into the K chunk
         eps_i_ptr, eps_j_ptr, eps_vir_ptr,    # fp64, indexed by the same local indices
+        eps_vir_b_ptr,                        # fp64: j's virtuals (RECT), else eps_vir_ptr again
         tile_a_ptr, tile_b_ptr,
         os_ptr, ss_ptr,                       # (npairs, ntile_pairs) fp64 partial sums
-        nvir, ntile_pairs,
-        DIAG: tl.constexpr, BLOCK: tl.constexpr):
+        nvir, nvir_b, ntile_pairs,
+        DIAG: tl.constexpr, BLOCK: tl.constexpr, RECT: tl.constexpr = False):
     pid_tile = tl.program_id(0)
     pid_pair = tl.program_id(1)
     i = tl.load(pair_i_ptr + pid_pair)
@@ -42,17 +47,24 @@ def _pair_energy_epilogue_kernel(
     offs_a = ta * BLOCK + offs
     offs_b = tb * BLOCK + offs
     mask_a = offs_a < nvir
-    mask_b = offs_b < nvir
+    mask_b = offs_b < nvir_b
     mask = mask_a[:, None] & mask_b[None, :]
     base = k_ptr + i * s_i + j * s_j
     x = tl.load(base + offs_a[:, None] * s_a + offs_b[None, :] * s_b, mask=mask, other=0.0).to(tl.float64)
+    eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
+    out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
+    if RECT:
+        ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
+        eb = tl.load(eps_vir_b_ptr + offs_b, mask=mask_b, other=0.0)
+        d = tl.where(mask, eij - (ea[:, None] + eb[None, :]), 1.0)     # padding: X = 0 there
+        tl.store(os_ptr + out, tl.sum(tl.sum(x * (x / d), axis=1), axis=0))
+        tl.store(ss_ptr + out, tl.zeros((), dtype=tl.float64))
+        return
     if DIAG:
         y = tl.trans(x)
     else:
         y = tl.load(base + offs_b[None, :] * s_a + offs_a[:, None] * s_b, mask=mask, other=0.0).to(tl.float64)
-    eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
     e_os, e_ss = pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG)  # noqa: F821
-    out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
     tl.store(os_ptr + out, e_os)
     tl.store(ss_ptr + out, e_ss)
 
@@ -69,40 +81,54 @@ def _as_rows(B: torch.Tensor) -> torch.Tensor:
     return B.reshape(n * nvir, naux)
 
 
-def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, block=BLOCK,
-                              num_warps=NUM_WARPS, max_elems=GEMM_MAX_ELEMS):
+def _rect_tiles(nvir: int, nvir_b: int, block: int, device):
+    """(tile_a, tile_b) int64 over the whole (nvir, nvir_b) rectangle, A-major."""
+    ta, tb = -(-nvir // block), -(-nvir_b // block)
+    a = torch.arange(ta).repeat_interleave(tb)
+    b = torch.arange(tb).repeat(ta)
+    return a.to(device), b.to(device)
+
+
+def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
+                              block=BLOCK, num_warps=NUM_WARPS, max_elems=GEMM_MAX_ELEMS):
     """MP2 (e_os, e_ss) in Hartree over all pairs in I x J (the mp2_pair_energy contract): K for a
     chunk of occupied rows i and columns j is one GEMM, M = Bi[i-chunk] Bj[j-chunk]^T of shape
     (ni_c nvir, nj_c nvir) through torch.matmul (cuBLAS), then the Triton epilogue reduces it.
     With symmetric=True the columns of a row chunk stop at its last i (only the chunk's own
     triangle is formed twice). Returns Python floats, reduced in fp64 in a fixed order.
+    ``eps_vir_j``: opposite spins (Bj over its own nvir_j virtuals, rectangular K, the RECT
+    kernel): returns (e_os, NaN).
     """
     from .launch import check_device, check_pair_args, pair_lists, tile_pairs, MAX_GRID_Y
 
     op = "gemm_epilogue_pair_energy"
-    ni, nj, nvir, naux = check_pair_args(op, Bi, Bj, eps_i, eps_j, eps_vir, symmetric)
+    rect = eps_vir_j is not None
+    ni, nj, nvir, naux = check_pair_args(op, Bi, Bj, eps_i, eps_j, eps_vir, symmetric, eps_vir_j)
+    nvj = Bj.shape[1]
     dev = check_device(op, Bi, Bj)
     f64 = torch.float64
     ei = eps_i.to(device=dev, dtype=f64).contiguous()
     ej = eps_j.to(device=dev, dtype=f64).contiguous()
     ev = eps_vir.to(device=dev, dtype=f64).contiguous()
+    evj = eps_vir_j.to(device=dev, dtype=f64).contiguous() if rect else ev
     ri, rj = _as_rows(Bi), _as_rows(Bj)
-    tiles = [(d, *tile_pairs(nvir, block, d, dev)) for d in (True, False)]
+    tiles = ([(False, *_rect_tiles(nvir, nvj, block, dev))] if rect else
+             [(d, *tile_pairs(nvir, block, d, dev)) for d in (True, False)])
     # Row chunk: ci occupied orbitals; columns: all of J (or up to the chunk's end if symmetric).
-    ci = max(1, min(ni, max_elems // max(1, nvir * nvir * (nj if not symmetric else ni))))
+    ci = max(1, min(ni, max_elems // max(1, nvir * nvj * (nj if not symmetric else ni))))
     k = kernel()
     os_parts, ss_parts = [], []
     for i0 in range(0, ni, ci):
         i1 = min(ni, i0 + ci)
         jend = i1 if symmetric else nj
-        M = torch.matmul(ri[i0 * nvir:i1 * nvir], rj[:jend * nvir].mT)       # (ci nvir, jend nvir)
+        M = torch.matmul(ri[i0 * nvir:i1 * nvir], rj[:jend * nvj].mT)        # (ci nvir, jend nvj)
         pi, pj, w = pair_lists(i1 - i0, jend, False, dev)
         if symmetric:                    # keep i >= j (global indices), weight 2 off the diagonal
             keep = (pi + i0) >= pj
             pi, pj = pi[keep], pj[keep]
             w = torch.where(pi + i0 == pj, 1.0, 2.0).to(f64)
         s_i, s_a = nvir * M.stride(0), M.stride(0)
-        s_j, s_b = nvir * M.stride(1), M.stride(1)
+        s_j, s_b = nvj * M.stride(1), M.stride(1)
         for diag, ta, tb in tiles:
             ntp = ta.numel()
             if ntp == 0:
@@ -111,9 +137,9 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
             ss_buf = torch.empty_like(os_buf)
             for p0 in range(0, pi.numel(), MAX_GRID_Y):
                 p1 = min(pi.numel(), p0 + MAX_GRID_Y)
-                k[(ntp, p1 - p0)](M, s_i, s_j, s_a, s_b, pi[p0:p1], pj[p0:p1], ei[i0:], ej, ev, ta, tb,
-                                  os_buf[p0:p1], ss_buf[p0:p1], nvir, ntp,
-                                  DIAG=diag, BLOCK=block, num_warps=num_warps)
+                k[(ntp, p1 - p0)](M, s_i, s_j, s_a, s_b, pi[p0:p1], pj[p0:p1], ei[i0:], ej, ev, evj, ta, tb,
+                                  os_buf[p0:p1], ss_buf[p0:p1], nvir, nvj, ntp,
+                                  DIAG=diag, BLOCK=block, RECT=rect, num_warps=num_warps)
             os_parts.append((os_buf, w))
             ss_parts.append(ss_buf)
         del M
@@ -123,4 +149,4 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
     for (o, w), s in zip(os_parts, ss_parts):
         tot_os += (o.sum(dim=1) * w).sum()
         tot_ss += (s.sum(dim=1) * w).sum()
-    return float(tot_os), float(tot_ss)
+    return float(tot_os), (float("nan") if rect else float(tot_ss))
