@@ -282,18 +282,21 @@ def test_a_fragment_that_cannot_run_stops_before_the_first_scf(monkeypatch):
 
 
 def test_open_shell_fragment_matches_pyscf_dfump2(tmp_path):
-    """A radical fragment (OH, doublet) with water: the OH runs and the full system (a doublet)
-    run DF-UMP2 on UHF, the water runs DF-MP2 on RHF; CP and uncorrected ΔE within 1e-9 Eh of
-    PySCF (DF-UHF + DFUMP2 / DF-RHF + DFMP2, ghost atoms) computed the same way."""
-    lines = WATER_DIMER.read_text().splitlines()
-    path = tmp_path / "water_hydroxyl.xyz"        # the water dimer less one H of its second water
-    path.write_text("5\nH2O...OH charge=0 multiplicity=2\n" + "\n".join(lines[2:7]) + "\n")
+    """A radical fragment with water: HO...OH2 (the water dimer less the donor's free H, so OH
+    donates the hydrogen bond). The OH runs and the full system (doublets) run DF-UMP2 on UHF,
+    the water runs DF-MP2 on RHF; CP and uncorrected ΔE within 1e-9 Eh of PySCF (DF-UHF + DFUMP2,
+    DF-RHF + DFMP2, ghost atoms) computed the same way."""
+    lines = WATER_DIMER.read_text().splitlines()[2:8]
+    path = tmp_path / "hydroxyl_water.xyz"
+    path.write_text("5\nHO...OH2 charge=0 multiplicity=2\n"
+                    + "\n".join([lines[0], lines[2], *lines[3:6]]) + "\n")
     out = tmp_path / "ie.json"
-    res = CliRunner().invoke(main, ["interaction", str(path), "--fragments", "1-3,4-5",
-                                    "--fragment-multiplicities", "1,2", "--json", str(out), "-q"])
+    res = CliRunner().invoke(main, ["interaction", str(path), "--fragments", "1-2,3-5",
+                                    "--fragment-multiplicities", "2,1", "--json", str(out), "-q"])
     assert res.exit_code == 0, res.output
     d = json.loads(out.read_text())
-    ref = _s22_script().pyscf_interaction(path, [[0, 1, 2], [3, 4]], states=[(0, 0), (0, 1)], total=(0, 1))
+    assert [r["result"].get("spin") is not None for r in d["runs"]][:2] == [True, True]
+    ref = _s22_script().pyscf_interaction(path, [[0, 1], [2, 3, 4]], states=[(0, 1), (0, 0)], total=(0, 1))
     for key in ("cp", "nocp"):
         for m in interaction.METHODS:
             got = d["interaction_energies"][key][m]["hartree"]

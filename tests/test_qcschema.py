@@ -40,6 +40,24 @@ def write(tmp_path, doc, name="in.json") -> str:
     return str(p)
 
 
+def test_open_shell_atomic_input_runs_dfump2(tmp_path):
+    """H2O+ (doublet) as an AtomicInput: DF-UMP2 on UHF, a valid AtomicResult whose energies are
+    `dfmp2 run`'s on the same molecule, and the UHF spin record in extras."""
+    doc = dict(water_input(), molecule={**water_input()["molecule"], "molecular_charge": 1,
+                                        "molecular_multiplicity": 2})
+    out, ours = tmp_path / "out.json", tmp_path / "ours.json"
+    res = CliRunner().invoke(main, ["run", write(tmp_path, doc), "--qcschema", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    r = AtomicResult.parse_file(out)
+    assert r.success and r.extras["dfmp2"]["spin"]["reference"] == "UHF"
+    res = CliRunner().invoke(main, ["run", str(WATER_XYZ), "--frozen-core", "--charge", "1",
+                                    "--multiplicity", "2", "--json", str(ours), "-q"])
+    assert res.exit_code == 0, res.output
+    plain = json.loads(ours.read_text())["energies"]
+    assert abs(r.properties.mp2_total_energy - plain["e_mp2"]) <= 1e-10
+    assert abs(r.properties.scf_total_energy - plain["e_hf"]) <= 1e-10
+
+
 def one_error_line(res) -> str:
     assert res.exit_code == 2, (res.exit_code, res.output)
     assert "Traceback" not in res.output and res.exc_info[0] is SystemExit
@@ -104,7 +122,7 @@ def no_scf(monkeypatch):
     (water_input(), ["--frozen-core"], "already sets --frozen-core (keywords.frozen_core)"),
     (water_input(model={"method": "mp2", "basis": "no-such-basis"}), [], "basis 'no-such-basis' is not defined"),
     (dict(water_input(), molecule={**water_input()["molecule"], "molecular_charge": 1,
-                                    "molecular_multiplicity": 2}), [], "open-shell"),
+                                    "molecular_multiplicity": 1}), [], "cannot have multiplicity 1"),
 ])
 def test_errors_are_one_line_and_a_failed_operation(tmp_path, no_scf, doc, args, fragment):
     out = tmp_path / "out.json"
