@@ -122,7 +122,7 @@ def no_scf(monkeypatch):
     (water_input(), ["--frozen-core"], "already sets --frozen-core (keywords.frozen_core)"),
     (water_input(model={"method": "mp2", "basis": "no-such-basis"}), [], "basis 'no-such-basis' is not defined"),
     (dict(water_input(), molecule={**water_input()["molecule"], "molecular_charge": 1,
-                                    "molecular_multiplicity": 1}), [], "cannot have multiplicity 1"),
+                                    "molecular_multiplicity": 1}), [], "Inconsistent or unspecified chg/mult"),
 ])
 def test_errors_are_one_line_and_a_failed_operation(tmp_path, no_scf, doc, args, fragment):
     out = tmp_path / "out.json"
