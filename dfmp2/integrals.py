@@ -28,11 +28,10 @@ def aux_shell_blocks(auxmol: gto.Mole, max_functions: int) -> list[tuple[int, in
     return blocks
 
 
-def iter_j3c(mol: gto.Mole, auxmol: gto.Mole, blocks) -> Iterator[tuple[int, int, np.ndarray]]:
-    """Yield (p0, p1, j3c) with j3c = (μν|P) for P in [p0, p1), shape (p1 - p0, nao, nao), fp64.
-
-    libcint computes only μ >= ν (aosym s2ij); the block is unpacked to the full square.
-    """
+def iter_j3c_packed(mol: gto.Mole, auxmol: gto.Mole, blocks) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Yield (p0, p1, j3c) with j3c = (μν|P) for μ >= ν only, packed in PySCF's order (the lower
+    triangle row by row, ``lib.pack_tril``; pair index μ(μ+1)/2 + ν), shape (p1 - p0,
+    nao(nao+1)/2), fp64: what libcint computes (aosym s2ij)."""
     intor = mol._add_suffix("int3c2e")
     atm, bas, env = gto.mole.conc_env(mol._atm, mol._bas, mol._env,
                                       auxmol._atm, auxmol._bas, auxmol._env)
@@ -40,4 +39,11 @@ def iter_j3c(mol: gto.Mole, auxmol: gto.Mole, blocks) -> Iterator[tuple[int, int
     for s0, s1, p0, p1 in blocks:
         shls = (0, mol.nbas, 0, mol.nbas, mol.nbas + s0, mol.nbas + s1)
         packed = moleintor.getints(intor, atm, bas, env, shls, None, 0, "s2ij", None, cintopt)
-        yield p0, p1, lib.unpack_tril(np.ascontiguousarray(packed.T))
+        yield p0, p1, np.ascontiguousarray(packed.T)
+
+
+def iter_j3c(mol: gto.Mole, auxmol: gto.Mole, blocks) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Yield (p0, p1, j3c) with j3c = (μν|P) for P in [p0, p1), shape (p1 - p0, nao, nao), fp64
+    (``iter_j3c_packed``'s blocks unpacked to the full square)."""
+    for p0, p1, packed in iter_j3c_packed(mol, auxmol, blocks):
+        yield p0, p1, lib.unpack_tril(packed)

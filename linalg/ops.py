@@ -58,6 +58,12 @@ def inv_sqrt_spd(a, method="eigh", *, backend=None, **kwargs):
     return _be(backend, a).inv_sqrt_spd(a, method=method, **kwargs)
 
 
+def eigh(a, *, backend=None):
+    """Eigenvalues (ascending, (n,)) and orthonormal eigenvectors (columns, (n, n)) of symmetric
+    a (n, n); only the lower triangle is read."""
+    return _be(backend, a).eigh(a)
+
+
 def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, backend=None):
     """(e_os, e_ss) in Hartree over all pairs in I x J; see Backend.mp2_pair_energy."""
     return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
