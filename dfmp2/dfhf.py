@@ -48,6 +48,7 @@ ENGINE = "dfmp2.dfhf"
 JK_BLOCK_MB = 64.0        # target MB of one unpacked factor block in the exchange build
 DIIS_SPACE = 8            # PySCF's default diis_space
 DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
+OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
 DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
 
 
@@ -62,14 +63,17 @@ def jk_block(nao: int, naux: int, itemsize: int, block_mb: float = JK_BLOCK_MB) 
 
 def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize) and
-    'peak': the factor while it is fitted (the raw integrals and the solution, 2x), or in the
-    cycles the factor, one unpacked block and its half-transform (2 nocc columns at most), and
-    about 24 dense nao x nao fp64 matrices (S, hcore, Fock, DIIS history, ...)."""
+    'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
+    when that differs), or in the cycles the factor (and its fp64 copy for the final energy
+    when itemsize is not 8), one unpacked block and its half-transform (2 nocc columns at
+    most); plus about 24 dense nao x nao fp64 matrices (S, hcore, Fock, DIIS history, ...)."""
     fac = naux * npair(nao) * itemsize
+    fac64 = naux * npair(nao) * 8
+    fit = 2 * fac64 + (fac if itemsize != 8 else 0)
     nb = jk_block(nao, naux, itemsize, block_mb)
-    cycle = fac + nb * nao * nao * itemsize + 2 * nb * nao * 2 * nocc * itemsize
+    cycle = fac + (fac64 if itemsize != 8 else 0) + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
     dense = 24 * nao * nao * 8
-    return {"factor": fac / 1e6, "peak": (max(2 * fac, cycle) + dense) / 1e6}
+    return {"factor": fac / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
 
 
 def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float) -> dict:
@@ -145,10 +149,11 @@ class JKFactor:
 
 
 def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB,
-                    fit_backend=None) -> JKFactor:
+                    fit_backend=None) -> tuple[JKFactor, JKFactor | None]:
     """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
     when it is not positive definite), streamed from libcint in aux-shell blocks, in fp64 on
-    ``fit_backend`` (default: ``backend``), then kept on ``backend`` in ``dtype``.
+    ``fit_backend`` (default: ``backend``), then kept on ``backend`` in ``dtype``. Returns
+    (factor on backend, the fp64 factor on fit_backend when ``dtype`` is not fp64, else None).
 
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
     metric's conditioning (measured on water/cc-pVDZ-JKFIT: B off by 1e-5 relative, E(HF) by
@@ -171,10 +176,13 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
     else:
         B = linalg.gemm(M, raw, backend=fb)
     del raw, M
+    metric = kind if kind == "cholesky" else f"eigh (dropped {info['dropped']})"
+    fac64 = None
+    if dtype != torch.float64:
+        fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric)
     B = backend.to_device(B, dtype).contiguous()
     timer.add("scf_fit", t0)
-    metric = kind if kind == "cholesky" else f"eigh (dropped {info['dropped']})"
-    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric)
+    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric), fac64
 
 
 class _DIIS:
@@ -230,7 +238,7 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     nocc = mol.nelectron // 2
 
-    fac = build_jk_factor(mol, auxmol, backend, jk_dtype, timer, block_mb, fit_backend=dense)
+    fac, fac64 = build_jk_factor(mol, auxmol, backend, jk_dtype, timer, block_mb, fit_backend=dense)
     t0 = time.perf_counter()
     todev = dense.to_device
     S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
@@ -247,10 +255,10 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     X = U[:, keep] / torch.sqrt(s[keep])
     nmo = X.shape[1]
 
-    def two_electron(Dm, C, split=None):
+    def two_electron(Dm, C, split=None, f=fac):
         """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
-        J = fac.coulomb(Dm.to(backend.device if hasattr(backend, "device") else Dm.device))
-        K = fac.exchange(C.to(J.device), split)
+        J = f.coulomb(Dm.to(f.B.device))
+        K = f.exchange(C.to(f.B.device), split)
         return todev(J.to(f64) - 0.5 * K, f64)
 
     def density_factor(C_occ):
@@ -320,13 +328,21 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
         raise SCFNotConvergedError(
             f"RHF did not converge in {max_cycle} cycles (last energy {e_tot:.10f} Eh); "
             "check the geometry, charge and multiplicity")
-    # PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild, re-evaluate
+    # PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild, re-evaluate.
+    # Incremental (fp32 device): this last J/K is of the whole density with the fp64 factor on
+    # the host. The fp32 builds' rounding stays in the accumulated Fock matrix (water: E(HF)
+    # 2e-7 Eh off); the energy is stationary in D, so evaluated with fp64 J/K it carries that
+    # error squared, and this build is recorded as host work.
     e_last, D_last = e_tot, D
     mo_e, C = diagonalize(F)
     D = occupied_density(C)
+    e_device = None
     if incremental:
         Cd, split = delta_factor(D - D_last)
-        G = G + two_electron(D - D_last, Cd, split)
+        e_device = energy(D, G + two_electron(D - D_last, Cd, split))
+        t1 = time.perf_counter()
+        G = two_electron(D, density_factor(C[:, :nocc]), f=fac64 if fac64 is not None else fac)
+        t0 -= timer.add("scf_final_fp64_host", t1, sync=False) - t1    # not charged to 'scf'
     else:
         G = two_electron(D, density_factor(C[:, :nocc]))
     e_tot = energy(D, G)
@@ -341,7 +357,12 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
            "jk_factor": {"naux": naux, "shape": list(fac.B.shape), "mb": fac.B.numel() * fac.B.element_size() / 1e6,
                          "metric": fac.metric, "exchange_block": fac.block},
            "kernels": dict(sorted(used.items())), "times": times,
+           "final_energy": ("J/K of the converged density with the fp64 factor on the host "
+                            "(the energy's error from the fp32 cycles enters squared)"
+                            if fac64 is not None else "the last J/K of the whole density on the device"),
            "host": "PySCF: S, hcore, E_nuc, the 'minao' guess, (P|Q) and (μν|P) (libcint); DIIS's small solve"}
+    if e_device is not None:
+        ran["e_hf_device_fock"] = e_device     # Hartree, with the fp32-built Fock matrix
     if dense is not backend:
         ran["host_kernels"] = dict(sorted(dense.kernels_used.items()))
         ran["host"] += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"

@@ -21,7 +21,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, integrals, memory, outofcore, outputs, scf
+from . import checkpoint, dfhf, integrals, memory, outofcore, outputs, scf
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
@@ -212,6 +212,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                 f"{options.checkpoint} or remove it to start afresh")
         plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
                           nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None)
+        if options.scf_mode == "df" and not (ck is not None and ck.has_scf):
+            _plan_scf(mol, backend, plan)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -229,8 +231,13 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             say(f"RHF from checkpoint {ck.path}")
             ref = ck.load_scf()
             timer.add("checkpoint", t0)
+        elif options.scf_mode == "df":
+            say(f"DF-RHF on {backend.name} ...")
+            ref = dfhf.run_dfhf(mol, backend, max_cycle=options.scf_max_cycle, timer=timer)
+            if ck is not None:
+                ck.save_scf(ref)
         else:
-            say("RHF ...")
+            say("RHF (PySCF) ...")
             ref = scf.run_rhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             if ck is not None:
@@ -248,6 +255,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
                                      precision=precision, plan=plan, timer=timer, progress=progress,
                                      scratch_dir=options.scratch_dir, checkpoint=ck)
+        ran["scf"] = ref.ran if ref.ran is not None else {
+            "engine": dfhf.ENGINE if ref.scf_mode == "df" else "pyscf", "iterations": ref.cycles,
+            "from_checkpoint": str(ck.path)}
         if ck is not None:
             ck.mark_complete(e_os, e_ss)
     except BaseException as exc:
@@ -290,7 +300,7 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
             out.append(f"--auxbasis {options.auxbasis} has fewer functions (naux {naux}) than the "
                        f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may "
                        "be large")
-    if options.scf_mode == "df":
+    if options.scf_mode in scf.SCF_DF_MODES:
         out.append(scf.auxbasis_note(mol, scf.default_auxbasis(mol, "jk"), "jk"))
     return [w for w in out if w]
 
@@ -304,6 +314,22 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        device=options.device, fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
                        storage=options.storage, aux_shell_max=_largest_shell(auxmol), occ_block=occ_block,
                        occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
+
+
+def _plan_scf(mol, backend, plan: MemoryPlan) -> None:
+    """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, resident during the cycles
+    and freed before the MP2 stage); MemoryLimitError before any integral when it does not fit.
+    Also refuses a backend that lacks an op the SCF needs (none does today)."""
+    missing = [op for op in dfhf.OPS if not backend.supports(op)]
+    if missing:
+        raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
+                                            f"{', '.join(missing)}", alternatives=("cpu",))
+    naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
+    itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
+    need = dfhf.check_memory(mol.nao_nr(), naux_jk, mol.nelectron // 2, itemsize, plan.limit_mb)
+    plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
+    plan.peak_mb = max(plan.peak_mb, need["peak"])
+    plan.shapes["naux_jk"] = naux_jk
 
 
 def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):

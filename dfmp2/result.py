@@ -102,7 +102,12 @@ class Result:
         s.add_column("k")
         s.add_column("v")
         s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
-                  + f"{'DF-RHF (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else 'RHF (exact integrals)'}")
+                  + f"{'DF-RHF (' + escape(str(self.jk_auxbasis)) + ')' if self.jk_auxbasis else 'RHF (exact integrals)'}")
+        sr = self.ran.get("scf") or {}
+        if sr:
+            where = sr.get("device", "host")
+            s.add_row("SCF", escape(f"{sr.get('engine')} on {where}, {sr.get('iterations')} iterations"
+                                    + (", from the checkpoint" if sr.get("from_checkpoint") else "")))
         s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
                   f"nvir {self.nvir}, naux {self.naux}")
         s.add_row("device / engine / precision",
