@@ -244,6 +244,7 @@ def cli_error(args):
     (["--precision", "fp32"], "precision is \"fp64\" in the checkpoint but \"fp32\" here"),
     (["--frozen-core"], "frozen_core is false in the checkpoint but true here"),
     (["--scf", "exact"], "scf_mode is \"df\""),
+    (["--scf", "pyscf-df"], "scf_mode is \"df\" in the checkpoint but \"pyscf-df\" here"),
     (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
 ])
 def test_mismatched_settings_are_refused(water_checkpoint, tmp_path, args, fragment):
