@@ -216,8 +216,7 @@ class _DIIS:
 
 
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
-             block_mb: float = JK_BLOCK_MB, guess: str = "minao",
-             incremental: bool | None = None) -> scf.RHFReference:
+             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None) -> scf.RHFReference:
     """Converge DF-RHF on ``backend`` (see the module docstring). Returns RHFReference with
     scf_mode 'df', mf None, mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy, and ``ran``
     (engine, device, precision, iterations, kernels of this stage, host work, times).
@@ -244,7 +243,7 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
     H = todev(pyscf_hf.get_hcore(mol), f64)
     e_nuc = float(mol.energy_nuc())
-    dm0 = pyscf_hf.init_guess_by_minao(mol) if guess == "minao" else pyscf_hf.init_guess_by_1e(mol)
+    dm0 = pyscf_hf.init_guess_by_minao(mol)                     # PySCF's RHF default guess
     D = todev(np.asarray(dm0), f64)
     t0 = timer.add("scf_integrals", t0, sync=False)
 
@@ -252,8 +251,7 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     s, U = linalg.eigh(S, backend=dense)
     cutoff = scf.overlap_cutoff()
     keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
-    X = U[:, keep] / torch.sqrt(s[keep])
-    nmo = X.shape[1]
+    X = U[:, keep] / torch.sqrt(s[keep])                         # (nao, nmo)
 
     def two_electron(Dm, C, split=None, f=fac):
         """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
