@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 import torch
+from pyscf import lib
 from pyscf.scf import hf as pyscf_hf
 
 import linalg
@@ -109,12 +110,17 @@ class JKFactor:
         return D.reshape(-1)[self.lower].to(self.B.dtype) * self.offdiag_weight
 
     def unpack(self, p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., npair) -> (..., nao, nao) symmetric."""
+        """(..., npair) -> (..., nao, nao) symmetric (a layout step, no arithmetic). In host memory
+        PySCF's C unpack (lib.unpack_tril) does it: measured 2.5-3x faster than torch's two
+        index_copy_ passes, which took as long as the exchange GEMMs ((H2O)8, 1 thread)."""
         lead = p.shape[:-1]
         full = out if out is not None else torch.empty(lead + (self.nao * self.nao,), dtype=p.dtype, device=p.device)
         full = full.view(lead + (self.nao * self.nao,))
-        full.index_copy_(-1, self.upper, p)
-        full.index_copy_(-1, self.lower, p)
+        if p.device.type == "cpu" and p.is_contiguous() and full.is_contiguous():
+            lib.unpack_tril(p.numpy(), out=full.numpy().reshape(lead + (self.nao, self.nao)))
+        else:
+            full.index_copy_(-1, self.upper, p)
+            full.index_copy_(-1, self.lower, p)
         return full.view(lead + (self.nao, self.nao))
 
     def coulomb(self, D: torch.Tensor) -> torch.Tensor:
