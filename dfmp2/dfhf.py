@@ -78,15 +78,18 @@ def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = J
 
 
 def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float) -> dict:
-    """``memory_mb``; MemoryLimitError (one line, before any integral) when its peak exceeds
-    limit_mb. The factor stays in memory (no out-of-core SCF yet)."""
-    need = memory_mb(nao, naux, nocc, itemsize)
-    if need["peak"] > limit_mb:
-        raise MemoryLimitError(
-            f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
-            f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
-            f"{limit_mb:.4g} MB; raise the memory limit, or run PySCF's DF-SCF (--scf pyscf-df)")
-    return need
+    """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
+    auxiliary function per block), and that block as 'block_mb'; MemoryLimitError (one line,
+    before any integral) when even that does not fit. The factor stays in memory (no
+    out-of-core SCF yet)."""
+    for block_mb in (JK_BLOCK_MB, 1e-9):
+        need = memory_mb(nao, naux, nocc, itemsize, block_mb)
+        if need["peak"] <= limit_mb:
+            return {**need, "block_mb": block_mb}
+    raise MemoryLimitError(
+        f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
+        f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
+        f"{limit_mb:.4g} MB; raise the memory limit, or run PySCF's DF-SCF (--scf pyscf-df)")
 
 
 class JKFactor:
@@ -95,6 +98,7 @@ class JKFactor:
 
     def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str):
         self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
+        self.host_memory = backend.caps.host_memory          # B's tensors are host arrays
         dev = B.device
         r, c = torch.tril_indices(nao, nao, device=dev)
         self.lower = (r * nao + c)                       # flat index of (μ, ν), μ >= ν
@@ -116,7 +120,7 @@ class JKFactor:
         lead = p.shape[:-1]
         full = out if out is not None else torch.empty(lead + (self.nao * self.nao,), dtype=p.dtype, device=p.device)
         full = full.view(lead + (self.nao * self.nao,))
-        if p.device.type == "cpu" and p.is_contiguous() and full.is_contiguous():
+        if self.host_memory and p.is_contiguous() and full.is_contiguous():
             lib.unpack_tril(p.numpy(), out=full.numpy().reshape(lead + (self.nao, self.nao)))
         else:
             full.index_copy_(-1, self.upper, p)

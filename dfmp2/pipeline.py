@@ -212,8 +212,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                 f"{options.checkpoint} or remove it to start afresh")
         plan = stage_plan(mol, auxmol, options, backend, precision, nocc=nocc_all - nfrozen,
                           nvir=nmo - nocc_all, occ_block=ck.occ_block if ck is not None else None)
+        scf_block_mb = dfhf.JK_BLOCK_MB
         if options.scf_mode == "df" and not (ck is not None and ck.has_scf):
-            _plan_scf(mol, backend, plan)
+            scf_block_mb = _plan_scf(mol, backend, plan)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -233,7 +234,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             timer.add("checkpoint", t0)
         elif options.scf_mode == "df":
             say(f"DF-RHF on {backend.name} ...")
-            ref = dfhf.run_dfhf(mol, backend, max_cycle=options.scf_max_cycle, timer=timer)
+            ref = dfhf.run_dfhf(mol, backend, max_cycle=options.scf_max_cycle, timer=timer,
+                                block_mb=scf_block_mb)
             if ck is not None:
                 ck.save_scf(ref)
         else:
@@ -316,9 +318,10 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        occ_block_max=options.occ_block_max, j3c_block_mb=options.j3c_block_mb)
 
 
-def _plan_scf(mol, backend, plan: MemoryPlan) -> None:
+def _plan_scf(mol, backend, plan: MemoryPlan) -> float:
     """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, resident during the cycles
     and freed before the MP2 stage); MemoryLimitError before any integral when it does not fit.
+    Returns the SCF's block size in MB (smaller when the limit needs it).
     Also refuses a backend that lacks an op the SCF needs (none does today)."""
     missing = [op for op in dfhf.OPS if not backend.supports(op)]
     if missing:
@@ -330,6 +333,7 @@ def _plan_scf(mol, backend, plan: MemoryPlan) -> None:
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = naux_jk
+    return need["block_mb"]
 
 
 def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None):

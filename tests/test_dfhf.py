@@ -122,6 +122,10 @@ def test_memory_estimate_and_refusal():
     assert need["peak"] >= 2 * need["factor"]            # the fit holds raw integrals and solution
     with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*--scf pyscf-df"):
         dfhf.check_memory(384, 1856, 80, 8, limit_mb=1000)
+    # a limit below the default exchange block's peak: one auxiliary function per block
+    small = dfhf.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
+    assert small < dfhf.memory_mb(24, 116, 5, 8)["peak"]
+    assert dfhf.check_memory(24, 116, 5, 8, small)["block_mb"] < 1e-6
 
 
 def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
@@ -147,7 +151,7 @@ def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
 def test_scf_memory_refused_before_the_scf(monkeypatch):
     """A limit that the MP2 plan fits but the JK factor does not: one error before any SCF."""
     monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
-    need = dfhf.memory_mb(nao=24, naux=116, nocc=5, itemsize=8)["peak"]
+    need = dfhf.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]   # the smallest
     geom = read_xyz(INPUTS / "water.xyz")
     with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
         run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
