@@ -130,7 +130,9 @@ def main(argv=None):
         print("  whole runs: " + ", ".join(f"{r['who']} {r['device']} {r['seconds']:.2f} s" for r in rows if "e_mp2" in r))
 
     base = next(r["seconds"] for r in rows if r["who"] == "pyscf DF-RHF")
-    report = {"what": "DF-RHF: ours (dfmp2.dfhf) vs PySCF's, same process", "molecule": args.xyz,
+    xyz = Path(args.xyz).resolve()
+    report = {"what": "DF-RHF: ours (dfmp2.dfhf) vs PySCF's, same process",
+              "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
               "basis": args.basis, "jk_auxbasis": scf.describe_auxbasis(jk),
               "shapes": {"nbasis": nao, "naux_jk": naux, "nocc": nocc},
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
