@@ -163,6 +163,7 @@ def _plan_table(plan):
     t.add_column("peak / MB", justify="right")
     t.add_column("what is resident")
     what = {
+        "scf": "the DF-SCF's JK factor (fitted in fp64), one unpacked block, dense matrices",
         "metric": "j2c, its factor",
         "transform": "L, one (μν|P) block and its transforms, "
                      + ("queued disk writes" if plan.out_of_core else "all of (P|ia)"),
@@ -213,8 +214,9 @@ def _plan_table(plan):
               help="freeze the chemical core orbitals in MP2")
 @click.option("--ecp", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: the effective core potential the basis comes with (def2-* beyond Kr, *-pp, LANL2DZ), stated in the output; none: all-electron (warned for a basis made for an ECP)")
-@click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
-              help="RHF with density fitting (JK-fit basis) or exact integrals")
+@click.option("--scf", "scf_mode", type=click.Choice(["df", "pyscf-df", "exact"]), default="df", show_default=True,
+              help="RHF: df, ours with density fitting (JK-fit basis) on --device; pyscf-df, PySCF's "
+                   "DF-RHF on the host (the cross-check); exact, PySCF's RHF with exact integrals")
 @click.option("--memory", default=None, help="memory limit, e.g. 8GB [default: 80% of available]")
 @click.option("--storage", type=click.Choice(["auto", "memory", "disk"]), default="auto", show_default=True,
               help="where B lives: in memory if the plan fits, else on disk (auto), or forced")

@@ -223,7 +223,7 @@ def write_json(path, doc: dict) -> None:
 @click.option("--basis", default="cc-pvdz", show_default=True)
 @click.option("--auxbasis", default=None, help="[default: the MP2-fit set matched to --basis]")
 @click.option("--frozen-core/--all-electron", default=False, show_default=True)
-@click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True)
+@click.option("--scf", "scf_mode", type=click.Choice(["df", "pyscf-df", "exact"]), default="df", show_default=True)
 @click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on this CPU")
 @click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
               help=f"the cuda devices' MP2 pair-step path; auto: {AUTO_RULE}")

@@ -21,7 +21,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, integrals, memory, outofcore, outputs, scf
+from . import checkpoint, dfhf, integrals, memory, outofcore, outputs, scf
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
@@ -247,6 +247,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                           nocc=nocc_all - nfrozen + (nocc_b - nfrozen if uhf else 0),
                           nvir=nmo - (nocc_b if uhf else nocc_all),
                           occ_block=ck.occ_block if ck is not None else None, engine=engine)
+        scf_block_mb = dfhf.JK_BLOCK_MB
+        if options.scf_mode == "df" and not uhf and not (ck is not None and ck.has_scf):
+            scf_block_mb = _plan_scf(mol, backend, plan)
         if on_plan is not None:
             on_plan(plan)
         say(f"{geom.natm} atoms, {mol.nelectron} electrons, nbasis {nao}, naux {naux}; "
@@ -265,13 +268,19 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             ref = ck.load_scf()
             timer.add("checkpoint", t0)
         elif uhf:
-            say("UHF ...")
+            say("UHF (PySCF) ...")
             ref = scf.run_uhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             warnings.append(ref.contamination_warning())
             warnings = [w for w in warnings if w]
+        elif options.scf_mode == "df":
+            say(f"DF-RHF on {backend.name} ...")
+            ref = dfhf.run_dfhf(mol, backend, max_cycle=options.scf_max_cycle, timer=timer,
+                                block_mb=scf_block_mb)
+            if ck is not None:
+                ck.save_scf(ref)
         else:
-            say("RHF ...")
+            say("RHF (PySCF) ...")
             ref = scf.run_rhf(mol, options.scf_mode, max_cycle=options.scf_max_cycle)
             timer.add("scf", t0)
             if ck is not None:
@@ -296,6 +305,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             e_os, e_ss, ran = mp2_energy(mol, auxmol, ref, nfrozen=nfrozen, backend=backend,
                                          precision=precision, plan=plan, timer=timer, progress=progress,
                                          scratch_dir=options.scratch_dir, checkpoint=ck, engine=engine)
+        ran["scf"] = ref.ran if ref.ran is not None else {
+            "engine": dfhf.ENGINE if ref.scf_mode == "df" else "pyscf", "iterations": ref.cycles,
+            "from_checkpoint": str(ck.path)}
         if ck is not None:
             ck.mark_complete(e_os, e_ss)
     except BaseException as exc:
@@ -351,7 +363,7 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
             out.append(f"--auxbasis {options.auxbasis} has fewer functions (naux {naux}) than the "
                        f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may "
                        "be large")
-    if options.scf_mode == "df":
+    if options.scf_mode in scf.SCF_DF_MODES:
         out.append(scf.auxbasis_note(mol, scf.default_auxbasis(mol, "jk"), "jk"))
     return [w for w in out if w]
 
@@ -378,6 +390,24 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
                        engine=engine.name if engine is not None else "host",
                        queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
+
+
+def _plan_scf(mol, backend, plan: MemoryPlan) -> float:
+    """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, resident during the cycles
+    and freed before the MP2 stage); MemoryLimitError before any integral when it does not fit.
+    Returns the SCF's block size in MB (smaller when the limit needs it).
+    Also refuses a backend that lacks an op the SCF needs (none does today)."""
+    missing = [op for op in dfhf.OPS if not backend.supports(op)]
+    if missing:
+        raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
+                                            f"{', '.join(missing)}", alternatives=("cpu",))
+    naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
+    itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
+    need = dfhf.check_memory(mol.nao_nr(), naux_jk, mol.nelectron // 2, itemsize, plan.limit_mb)
+    plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
+    plan.peak_mb = max(plan.peak_mb, need["peak"])
+    plan.shapes["naux_jk"] = naux_jk
+    return need["block_mb"]
 
 
 def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None, engine=None):

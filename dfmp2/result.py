@@ -113,7 +113,12 @@ class Result:
         s.add_column("k")
         s.add_column("v")
         s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
-                  + f"{'DF-' + self._hf + ' (' + escape(str(self.jk_auxbasis)) + ')' if self.scf_mode == 'df' else self._hf + ' (exact integrals)'}")
+                  + f"{'DF-' + self._hf + ' (' + escape(str(self.jk_auxbasis)) + ')' if self.jk_auxbasis else self._hf + ' (exact integrals)'}")
+        sr = self.ran.get("scf") or {}
+        if sr:
+            where = sr.get("device", "host")
+            s.add_row("SCF", escape(f"{sr.get('engine')} on {where}, {sr.get('iterations')} iterations"
+                                    + (", from the checkpoint" if sr.get("from_checkpoint") else "")))
         s.add_row("ECP", escape(describe_ecp(self.ecp)))
         if self.spin:
             sp = self.spin

@@ -23,7 +23,8 @@ from .xyz import Geometry
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 SCF_MAX_CYCLE = 100
-SCF_MODES = ("df", "exact")
+SCF_MODES = ("df", "pyscf-df", "exact")   # df: our DF-RHF (dfmp2.dfhf); pyscf-df: PySCF's; exact: PySCF's RHF
+SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
 
 
 MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
@@ -269,9 +270,18 @@ def linear_dependence(mol: gto.Mole) -> tuple[int, float, float]:
     drops overlap eigenvectors with eigenvalues below ``pyscf.scf.hf.
     overlap_zero_eigenvalue_threshold`` (canonical orthogonalisation); nmo < nbasis then."""
     e = np.linalg.eigvalsh(mol.intor_symmetric("int1e_ovlp"))
+    cutoff = overlap_cutoff()
     thr = float(pyscf_hf.overlap_zero_eigenvalue_threshold)
-    nmo = int(np.count_nonzero(e > thr)) if pyscf_hf.remove_overlap_zero_eigenvalue else len(e)
+    nmo = int(np.count_nonzero(e > cutoff)) if cutoff is not None else len(e)
     return nmo, thr, float(e[0])
+
+
+def overlap_cutoff() -> float | None:
+    """PySCF's canonical-orthogonalisation rule: overlap eigenvalues at or below this are dropped
+    (None: PySCF is set to keep them all). Our DF-RHF (dfmp2.dfhf) keeps the same orbitals."""
+    if not pyscf_hf.remove_overlap_zero_eigenvalue:
+        return None
+    return float(pyscf_hf.overlap_zero_eigenvalue_threshold)
 
 
 def _matched_auxbases(mol: gto.Mole, kind: str) -> list[str]:
@@ -392,16 +402,25 @@ class RHFReference:
     scf_mode: str
     jk_auxbasis: str | None
     cycles: int | None
+    ran: dict | None = None     # what ran the SCF (engine, device, kernels, times); None from a checkpoint
 
 
-def run_rhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE) -> RHFReference:
-    """Converge RHF with PySCF: density-fitted (``default_auxbasis(mol, 'jk')``: the JK-fit set
-    matched to the basis, with fallbacks for the elements it lacks) or exact."""
+def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> RHFReference:
+    """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
+    JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
+    'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
+    'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this."""
     mf, jk_aux, cycles = _converge(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF")
     nocc = int(np.count_nonzero(mf.mo_occ > 0))
     return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
                         mo_energy=np.asarray(mf.mo_energy), nocc=nocc, scf_mode=scf_mode,
-                        jk_auxbasis=jk_aux, cycles=cycles)
+                        jk_auxbasis=jk_aux, cycles=cycles, ran=_pyscf_ran(jk_aux, cycles, "RHF"))
+
+
+def _pyscf_ran(jk_aux, cycles, what: str) -> dict:
+    """What ran an SCF converged by PySCF on the host, for ``ran['scf']``."""
+    return {"engine": "pyscf", "reference": what, "device": "host", "precision": "fp64",
+            "iterations": cycles, "jk": "pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"}
 
 
 def _converge(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str):
@@ -410,7 +429,7 @@ def _converge(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str):
     if scf_mode not in SCF_MODES:
         raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}")
     jk_aux = None
-    if scf_mode == "df":
+    if scf_mode in SCF_DF_MODES:
         jk_spec = default_auxbasis(mol, "jk")
         mf = mf.density_fit(auxbasis=_copy(jk_spec))
         with warnings.catch_warnings():
@@ -448,6 +467,7 @@ class UHFReference:
     cycles: int | None
     s2: float
     s2_exact: float
+    ran: dict | None = None     # what ran the SCF (PySCF's UHF on the host)
 
     def spin(self, s: int):
         """(C (nao, nmo), eps (nmo,), nocc) of spin s (0 alpha, 1 beta)."""
@@ -463,9 +483,10 @@ class UHFReference:
                 "(check for a lower-spin or broken-symmetry state)")
 
 
-def run_uhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE) -> UHFReference:
-    """Converge UHF with PySCF (``scf.UHF``; density-fitted as ``run_rhf``, same JK-fit set and
-    thresholds, or exact), for ``mol.spin`` = n_alpha - n_beta."""
+def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> UHFReference:
+    """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
+    JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
+    far; or exact), for ``mol.spin`` = n_alpha - n_beta."""
     mf, jk_aux, cycles = _converge(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF")
     occ = np.asarray(mf.mo_occ)
     s2, _ = mf.spin_square()
@@ -473,4 +494,5 @@ def run_uhf(mol: gto.Mole, scf_mode: str = "df", max_cycle: int = SCF_MAX_CYCLE)
     return UHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
                         mo_energy=np.asarray(mf.mo_energy), nocc=int(np.count_nonzero(occ[0] > 0)),
                         nocc_b=int(np.count_nonzero(occ[1] > 0)), scf_mode=scf_mode,
-                        jk_auxbasis=jk_aux, cycles=cycles, s2=float(s2), s2_exact=S * (S + 1))
+                        jk_auxbasis=jk_aux, cycles=cycles, s2=float(s2), s2_exact=S * (S + 1),
+                        ran=_pyscf_ran(jk_aux, cycles, "UHF"))

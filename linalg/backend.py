@@ -21,7 +21,7 @@ from .newton_schulz import newton_schulz_inv_sqrt
 
 DEVICE_NAMES = ("cpu", "cuda", "trn1", "trn2")
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
-OPS = ("gemm", "syrk", "trsm", "cholesky", "inv_sqrt_spd", "mp2_pair_energy")
+OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh", "inv_sqrt_spd", "mp2_pair_energy")
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,10 @@ class TorchBackend(Backend):
     def cholesky(self, a):
         self.record("cholesky", "torch.linalg.cholesky_ex")
         return torch_ops.cholesky(a)
+
+    def eigh(self, a):
+        self.record("eigh", "torch.linalg.eigh")
+        return torch_ops.eigh(a)
 
     def inv_sqrt_spd(self, a, method="eigh", threshold=1e-10, **kwargs):
         """a^{-1/2}: method 'eigh' (kwargs: relative) or 'newton_schulz' (kwargs: tol, max_iter,

@@ -238,6 +238,14 @@ class NeuronBackend(Backend):
         t = torch.as_tensor(a)
         return torch_ops.cholesky(t.to(torch.float64)).to(t.dtype)
 
+    def eigh(self, a):
+        """Symmetric eigendecomposition on the host in fp64 (no NKI eigensolver), returned in
+        a's dtype; same contract as linalg.torch_ops.eigh."""
+        self.record("eigh", "host-fp64")
+        t = torch.as_tensor(a)
+        w, v = torch_ops.eigh(t.to(torch.float64))
+        return w.to(t.dtype), v.to(t.dtype)
+
     def inv_sqrt_spd(self, a, method="eigh", threshold=1e-10, **kwargs):
         """a^-1/2 for SPD a. 'eigh': host fp64 eigendecomposition (linalg.torch_ops.inv_sqrt_eigh,
         kwargs: relative), returned in a's dtype. 'newton_schulz': linalg.newton_schulz with every

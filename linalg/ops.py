@@ -58,6 +58,12 @@ def inv_sqrt_spd(a, method="eigh", *, backend=None, **kwargs):
     return _be(backend, a).inv_sqrt_spd(a, method=method, **kwargs)
 
 
+def eigh(a, *, backend=None):
+    """Eigenvalues (ascending, (n,)) and orthonormal eigenvectors (columns, (n, n)) of symmetric
+    a (n, n); only the lower triangle is read."""
+    return _be(backend, a).eigh(a)
+
+
 def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None, backend=None):
     """(e_os, e_ss) in Hartree over all pairs in I x J; see Backend.mp2_pair_energy.
     ``eps_vir_j``: j of the other spin (UMP2 alpha-beta), e_ss is then NaN."""

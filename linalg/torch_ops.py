@@ -139,6 +139,13 @@ def cholesky(a):
     return L
 
 
+def eigh(a):
+    """(w, v): eigenvalues ascending (n,) and eigenvectors as columns (n, n) of symmetric a (n, n)
+    (only its lower triangle is read)."""
+    _check_square("eigh", a)
+    return torch.linalg.eigh(a)
+
+
 def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
     """a^{-1/2} (n, n) of symmetric PSD ``a`` by eigendecomposition, dropping eigenvalues <= cutoff.
 

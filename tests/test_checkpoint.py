@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 import linalg
-from dfmp2 import checkpoint, integrals, scf
+from dfmp2 import checkpoint, dfhf, integrals, scf
 from dfmp2.checkpoint import CheckpointError
 from dfmp2.cli import main
 from dfmp2.pipeline import RunOptions, run
@@ -104,6 +104,7 @@ def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
 
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
     monkeypatch.setattr(integrals.HostEngine, "blocks", lambda *a, **k: pytest.fail("B is in the checkpoint"))
     calls = count_pair_calls(monkeypatch)
     # resumed with the other storage: where B lives does not change the bits
@@ -126,6 +127,7 @@ def test_interrupt_during_fit_rebuilds_b_but_keeps_the_scf(tmp_path, monkeypatch
         run(DIMER, RunOptions(**BLOCKS, storage="disk", checkpoint=str(ck)))
     monkeypatch.setattr(outofcore, "fit_blocks", orig)
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
     r = run(DIMER, RunOptions(**BLOCKS, storage="disk", resume=str(ck)))
     assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": False, "pairs": 0}
     assert same_bits(r, ref)
@@ -223,6 +225,7 @@ def test_complete_checkpoint_gives_the_result_again(water_checkpoint, monkeypatc
     ck = copy(ck, tmp_path / "c.h5")
     calls = count_pair_calls(monkeypatch)
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
     r = run(WATER, RunOptions(**BLOCKS, resume=str(ck)))
     assert calls == [] and same_bits(r, first)
     assert "checkpoint" in r.timings and "scf" not in r.timings
@@ -241,6 +244,7 @@ def cli_error(args):
     (["--precision", "fp32"], "precision is \"fp64\" in the checkpoint but \"fp32\" here"),
     (["--frozen-core"], "frozen_core is false in the checkpoint but true here"),
     (["--scf", "exact"], "scf_mode is \"df\""),
+    (["--scf", "pyscf-df"], "scf_mode is \"df\" in the checkpoint but \"pyscf-df\" here"),
     (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
 ])
 def test_mismatched_settings_are_refused(water_checkpoint, tmp_path, args, fragment):
@@ -324,6 +328,7 @@ def test_any_flipped_byte_of_a_finished_checkpoint_is_refused(water_checkpoint, 
     ck = copy(water_checkpoint[0], tmp_path / "c.h5")
     flip_byte(ck, dataset, where)
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
     msg = cli_error(["run", str(WATER), "--resume", str(ck), "--storage", storage])
     assert "is corrupted" in msg and "remove the file" in msg, msg
 

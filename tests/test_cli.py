@@ -123,10 +123,12 @@ def test_scf_not_converged(tmp_path):
 
 def test_memory_limit_checked_before_scf(tmp_path, monkeypatch):
     import dfmp2.scf as scf
+    import dfmp2.dfhf as dfhf
 
     def no_scf(*a, **k):
         raise AssertionError("SCF must not start when the memory plan does not fit")
     monkeypatch.setattr(scf, "run_rhf", no_scf)
+    monkeypatch.setattr(dfhf, "run_dfhf", no_scf)
     res = run_cli(["run", str(INPUTS / "water.xyz"), "--memory", "0.1MB"])
     assert_one_line_error(res, "needs at least", "--memory")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2 import bench as bench_mod, compare as compare_mod, outputs, regress, scf
+from dfmp2 import bench as bench_mod, compare as compare_mod, dfhf, outputs, regress, scf
 from dfmp2.cli import main
 from dfmp2.errors import InputError, SCFNotConvergedError
 
@@ -242,6 +242,7 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
     def not_converged(*a, **k):
         raise SCFNotConvergedError("RHF did not converge (test)")
     monkeypatch.setattr(scf, "run_rhf", not_converged)
+    monkeypatch.setattr(dfhf, "run_dfhf", not_converged)
     args = ["run", str(WATER), "--checkpoint", str(ck)]
     for _ in range(2):                      # the same command again: the same error, not "already exists"
         one_error(CliRunner().invoke(main, args), "did not converge")
@@ -250,6 +251,7 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
     def interrupted(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(scf, "run_rhf", interrupted)
+    monkeypatch.setattr(dfhf, "run_dfhf", interrupted)
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 130 and res.output.strip().splitlines()[-1] == "error: interrupted", res.output
     assert not ck.exists()

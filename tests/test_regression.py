@@ -5,14 +5,16 @@ Slow channel (--slow): every other regression case, fp64 and fp32.
 Tolerances on E_corr and E_HF: 1e-9 Eh (fp64), 1e-6 Eh (fp32). The largest errors seen per precision
 are printed in the terminal summary and written to <pytest basetemp>/regression_errors.json.
 
-The fp32 run of a case reuses the converged RHF (or UHF) of its fp64 run (the SCF is PySCF's, in fp64, in
-both precisions), which halves the slow channel's time; the MP2 part runs afresh.
+The fp32 run of a case reuses the converged RHF (or UHF) of its fp64 run (the SCF is fp64 in both
+precisions on the CPU: ours for 'df' RHF, PySCF's for UHF and 'exact'), which halves the slow
+channel's time; the MP2 part runs afresh.
 """
 import json
 
 import pytest
 from click.testing import CliRunner
 
+import dfmp2.dfhf
 import dfmp2.scf
 from dfmp2.regress import (REFERENCES, TOLERANCES, find_reference, load_references, regress_command,
                            run_case, select_cases)
@@ -41,9 +43,19 @@ def shared_rhf():
         return run
     run_rhf, run_uhf = shared(dfmp2.scf.run_rhf), shared(dfmp2.scf.run_uhf)
 
+    real_df = dfmp2.dfhf.run_dfhf
+
+    def run_dfhf(mol, backend, max_cycle=dfmp2.scf.SCF_MAX_CYCLE, **kw):
+        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, "dfhf", backend.name, max_cycle)
+        if key not in last:
+            last.clear()
+            last[key] = real_df(mol, backend, max_cycle=max_cycle, **kw)
+        return last[key]
+
     mp = pytest.MonkeyPatch()
     mp.setattr(dfmp2.scf, "run_rhf", run_rhf)
     mp.setattr(dfmp2.scf, "run_uhf", run_uhf)
+    mp.setattr(dfmp2.dfhf, "run_dfhf", run_dfhf)
     yield
     mp.undo()
 

@@ -1,0 +1,379 @@
+"""Our DF-RHF on the run's device, through ``linalg`` (``dfmp2 run --scf df``, the default).
+
+A peer of the MP2 stage: it takes the backend, asks its capabilities and times itself with the
+pipeline's timer. It returns the same ``scf.RHFReference`` the MP2 stage consumes (mf None).
+
+Host (PySCF, fp64, O(N^2) or one-off): the overlap S, hcore (``pyscf.scf.hf.get_hcore``, so
+ECPs and ghost atoms come with it), E_nuc, the initial guess (PySCF's default 'minao', so the
+iteration counts compare), and the raw integrals (P|Q) and packed (μν|P) (dfmp2.integrals) over
+the JK-fit set ``scf.default_auxbasis(mol, 'jk')``, exactly PySCF's DF-RHF's.
+
+Device (linalg, the heavy part):
+    JK factor  B = L^-1 (P|μν), L L^T = (P|Q), packed μ >= ν: (naux, nao(nao+1)/2), kept resident
+    J:  γ = B d,  J = unpack(B^T γ)        d = packed D, off-diagonal elements doubled (two GEMMs)
+    K:  per block of P, Z[(i,P), μ] = Σ_ν C_νi B_Pμν  (one GEMM on the unpacked block),
+        K += Z^T Z                         (SYRK); D = C C^T (columns scaled by the occupation)
+Dense O(N^3) algebra (canonical orthogonalisation, Fock diagonalisation, density, commutator,
+DIIS) in fp64: on the device where it has fp64, on the host where it has not (Trainium; recorded
+in ``ran['scf']['host_kernels']``).
+
+Precision. fp64 devices build J and K of the whole density each cycle. A device without fp64
+(trn, fp32 NKI GEMM/SYRK) builds the J and K of the density change ΔD = D_n - D_(n-1) and the
+Fock matrix is accumulated in fp64 on the host (as the MP2 stage carries its sums): the fp32
+noise then shrinks with ΔD and the SCF converges to the fp64 thresholds. ΔD = P - Q with P, Q
+positive semidefinite of rank nocc, so its eigenvectors give K(ΔD) = K(V+ λ+^1/2) - K(V- |λ-|^1/2)
+with at most nocc columns each (padded to nocc: one kernel shape). What stays is the fp32
+rounding of the first build (the guess's J and K) and of the factor: see the module's tests
+and scripts/results for the measured E(HF) difference to fp64.
+
+Convergence as PySCF's RHF with our thresholds (scf.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
+on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors; converged when |ΔE| < 1e-12 Eh
+and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (PySCF's check).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+from pyscf import lib
+from pyscf.scf import hf as pyscf_hf
+
+import linalg
+
+from . import integrals, scf
+from .errors import MemoryLimitError, SCFNotConvergedError
+
+ENGINE = "dfmp2.dfhf"
+JK_BLOCK_MB = 64.0        # target MB of one unpacked factor block in the exchange build
+DIIS_SPACE = 8            # PySCF's default diis_space
+DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
+OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
+DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
+
+
+def npair(nao: int) -> int:
+    return nao * (nao + 1) // 2
+
+
+def jk_block(nao: int, naux: int, itemsize: int, block_mb: float = JK_BLOCK_MB) -> int:
+    """Auxiliary functions per exchange block: the unpacked block (nb, nao, nao) near block_mb."""
+    return max(1, min(naux, int(block_mb * 1e6 // max(1, nao * nao * itemsize))))
+
+
+def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB) -> dict:
+    """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize) and
+    'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
+    when that differs), or in the cycles the factor (and its fp64 copy for the final energy
+    when itemsize is not 8), one unpacked block and its half-transform (2 nocc columns at
+    most); plus about 24 dense nao x nao fp64 matrices (S, hcore, Fock, DIIS history, ...)."""
+    fac = naux * npair(nao) * itemsize
+    fac64 = naux * npair(nao) * 8
+    fit = 2 * fac64 + (fac if itemsize != 8 else 0)
+    nb = jk_block(nao, naux, itemsize, block_mb)
+    cycle = fac + (fac64 if itemsize != 8 else 0) + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
+    dense = 24 * nao * nao * 8
+    return {"factor": fac / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
+
+
+def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float) -> dict:
+    """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
+    auxiliary function per block), and that block as 'block_mb'; MemoryLimitError (one line,
+    before any integral) when even that does not fit. The factor stays in memory (no
+    out-of-core SCF yet)."""
+    for block_mb in (JK_BLOCK_MB, 1e-9):
+        need = memory_mb(nao, naux, nocc, itemsize, block_mb)
+        if need["peak"] <= limit_mb:
+            return {**need, "block_mb": block_mb}
+    raise MemoryLimitError(
+        f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
+        f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
+        f"{limit_mb:.4g} MB; raise the memory limit, or run PySCF's DF-SCF (--scf pyscf-df)")
+
+
+class JKFactor:
+    """The fitted JK factor B (naux, nao(nao+1)/2), packed μ >= ν in PySCF's order, on the
+    backend's device in ``dtype``; J and K of a density from it (see the module docstring)."""
+
+    def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str):
+        self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
+        self.host_memory = backend.caps.host_memory          # B's tensors are host arrays
+        dev = B.device
+        r, c = torch.tril_indices(nao, nao, device=dev)
+        self.lower = (r * nao + c)                       # flat index of (μ, ν), μ >= ν
+        self.upper = (c * nao + r)
+        self.offdiag_weight = torch.where(r == c, 1.0, 2.0).to(dtype=B.dtype)
+
+    @property
+    def naux(self) -> int:
+        return self.B.shape[0]
+
+    def pack(self, D: torch.Tensor) -> torch.Tensor:
+        """(nao, nao) symmetric -> (npair,) lower triangle with off-diagonal elements doubled."""
+        return D.reshape(-1)[self.lower].to(self.B.dtype) * self.offdiag_weight
+
+    def unpack(self, p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., npair) -> (..., nao, nao) symmetric (a layout step, no arithmetic). In host memory
+        PySCF's C unpack (lib.unpack_tril) does it: measured 2.5-3x faster than torch's two
+        index_copy_ passes, which took as long as the exchange GEMMs ((H2O)8, 1 thread)."""
+        lead = p.shape[:-1]
+        full = out if out is not None else torch.empty(lead + (self.nao * self.nao,), dtype=p.dtype, device=p.device)
+        full = full.view(lead + (self.nao * self.nao,))
+        if self.host_memory and p.is_contiguous() and full.is_contiguous():
+            lib.unpack_tril(p.numpy(), out=full.numpy().reshape(lead + (self.nao, self.nao)))
+        else:
+            full.index_copy_(-1, self.upper, p)
+            full.index_copy_(-1, self.lower, p)
+        return full.view(lead + (self.nao, self.nao))
+
+    def coulomb(self, D: torch.Tensor) -> torch.Tensor:
+        """J(D)_μν = Σ_λσ (μν|λσ) D_λσ (nao, nao) in the factor's dtype: two GEMMs (matrix-vector)."""
+        be = self.backend
+        gamma = linalg.gemm(self.B, self.pack(D)[:, None], backend=be)              # (naux, 1)
+        jp = linalg.gemm(self.B, gamma, trans_a=True, backend=be)                   # (npair, 1)
+        return self.unpack(jp[:, 0])
+
+    def exchange(self, C: torch.Tensor, split: int | None = None) -> torch.Tensor:
+        """K(D)_μν = Σ_λσ (μλ|νσ) D_λσ for D = C[:, :split] C[:, :split]^T - C[:, split:] C[:, split:]^T
+        (split None: D = C C^T). C (nao, m); returns (nao, nao) fp64 (the blocks' SYRKs are summed
+        in fp64). Per block of P: Z = C^T B_P (one GEMM), K += Z^T Z (SYRK)."""
+        be, nao, m = self.backend, self.nao, C.shape[1]
+        Cd = C.to(self.B.dtype)
+        K = torch.zeros((nao, nao), dtype=torch.float64, device=self.B.device)
+        buf = torch.empty((min(self.block, self.naux), nao * nao), dtype=self.B.dtype, device=self.B.device)
+        for p0 in range(0, self.naux, self.block):
+            p1 = min(self.naux, p0 + self.block)
+            nb = p1 - p0
+            Bf = self.unpack(self.B[p0:p1], out=buf[:nb]).reshape(nb * nao, nao)
+            Z = linalg.gemm(Cd, Bf, trans_a=True, trans_b=True, backend=be)         # (m, nb*nao)
+            Z = Z.reshape(m, nb, nao)
+            if split is None:
+                K += linalg.syrk(Z.reshape(m * nb, nao), trans=True, backend=be).to(torch.float64)
+            else:
+                if split > 0:
+                    K += linalg.syrk(Z[:split].reshape(split * nb, nao), trans=True, backend=be).to(torch.float64)
+                if split < m:
+                    K -= linalg.syrk(Z[split:].reshape((m - split) * nb, nao), trans=True, backend=be).to(torch.float64)
+        return K
+
+
+def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB,
+                    fit_backend=None) -> tuple[JKFactor, JKFactor | None]:
+    """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
+    when it is not positive definite), streamed from libcint in aux-shell blocks, in fp64 on
+    ``fit_backend`` (default: ``backend``), then kept on ``backend`` in ``dtype``. Returns
+    (factor on backend, the fp64 factor on fit_backend when ``dtype`` is not fp64, else None).
+
+    The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
+    metric's conditioning (measured on water/cc-pVDZ-JKFIT: B off by 1e-5 relative, E(HF) by
+    5e-3 Eh), while B rounded to fp32 after an fp64 fit is off by 6e-8 relative."""
+    from .pipeline import fit_metric                         # the MP2 stage's metric factorisation
+    fb = fit_backend if fit_backend is not None else backend
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    itemsize = torch.finfo(dtype).bits // 8
+    t0 = time.perf_counter()
+    raw = fb.to_device(torch.empty((naux, npair(nao)), dtype=torch.float64))
+    blocks = integrals.aux_shell_blocks(auxmol, max(1, int(block_mb * 1e6 // max(1, npair(nao) * 8))))
+    for p0, p1, j3c in integrals.iter_j3c_packed(mol, auxmol, blocks):
+        raw[p0:p1] = fb.to_device(j3c, torch.float64)
+    j2c = fb.to_device(integrals.metric_2c(auxmol), torch.float64)
+    t0 = timer.add("scf_integrals", t0)
+    M, kind, info = fit_metric(j2c, fb)
+    del j2c
+    if kind == "cholesky":
+        B = linalg.trsm(M, raw, side="left", uplo="lower", backend=fb)
+    else:
+        B = linalg.gemm(M, raw, backend=fb)
+    del raw, M
+    metric = kind if kind == "cholesky" else f"eigh (dropped {info['dropped']})"
+    fac64 = None
+    if dtype != torch.float64:
+        fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric)
+    B = backend.to_device(B, dtype).contiguous()
+    timer.add("scf_fit", t0)
+    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric), fac64
+
+
+class _DIIS:
+    """Pulay's DIIS (PySCF's lib.diis.DIIS): extrapolate Fock matrices with error vectors e_k,
+    coefficients c minimising |Σ c_k e_k| under Σ c_k = 1 (eigen-solve of the small B matrix on
+    the host, dropping |eigenvalue| < 1e-14 as PySCF does)."""
+
+    def __init__(self, space: int = DIIS_SPACE):
+        self.space, self.F, self.e = space, [], []
+
+    def update(self, F: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        self.F.append(F)
+        self.e.append(e.reshape(-1))
+        if len(self.F) > self.space:
+            self.F.pop(0)
+            self.e.pop(0)
+        n = len(self.F)
+        h = np.zeros((n + 1, n + 1))
+        h[0, 1:] = h[1:, 0] = 1.0
+        E = torch.stack(self.e)
+        h[1:, 1:] = (E @ E.mT).cpu().numpy()
+        g = np.zeros(n + 1)
+        g[0] = 1.0
+        w, v = np.linalg.eigh(h)
+        keep = np.abs(w) > 1e-14
+        c = v[:, keep] @ ((v[:, keep].T @ g) / w[keep])
+        out = torch.zeros_like(F)
+        for ck, Fk in zip(c[1:], self.F):
+            out += float(ck) * Fk
+        return out
+
+
+def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
+             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None) -> scf.RHFReference:
+    """Converge DF-RHF on ``backend`` (see the module docstring). Returns RHFReference with
+    scf_mode 'df', mf None, mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy, and ``ran``
+    (engine, device, precision, iterations, kernels of this stage, host work, times).
+    SCFNotConvergedError when it does not converge in max_cycle cycles. ``incremental``: the
+    Fock build (None: incremental exactly when the device lacks fp64)."""
+    if timer is None:
+        from .pipeline import _Timer
+        timer = _Timer(backend)
+    f64 = torch.float64
+    jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
+    if incremental is None:                                      # tests may force either build
+        incremental = jk_dtype != f64
+    dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
+    before = dict(backend.kernels_used)
+    seconds0 = dict(timer.seconds)
+    jk_spec = scf.default_auxbasis(mol, "jk")
+    auxmol = scf.make_auxmol(mol, jk_spec)
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    nocc = mol.nelectron // 2
+
+    fac, fac64 = build_jk_factor(mol, auxmol, backend, jk_dtype, timer, block_mb, fit_backend=dense)
+    t0 = time.perf_counter()
+    todev = dense.to_device
+    S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
+    H = todev(pyscf_hf.get_hcore(mol), f64)
+    e_nuc = float(mol.energy_nuc())
+    dm0 = pyscf_hf.init_guess_by_minao(mol)                     # PySCF's RHF default guess
+    D = todev(np.asarray(dm0), f64)
+    t0 = timer.add("scf_integrals", t0, sync=False)
+
+    # canonical orthogonalisation, PySCF's cutoff on the overlap eigenvalues
+    s, U = linalg.eigh(S, backend=dense)
+    cutoff = scf.overlap_cutoff()
+    keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
+    X = U[:, keep] / torch.sqrt(s[keep])                         # (nao, nmo)
+
+    def two_electron(Dm, C, split=None, f=fac):
+        """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
+        J = f.coulomb(Dm.to(f.B.device))
+        K = f.exchange(C.to(f.B.device), split)
+        return todev(J.to(f64) - 0.5 * K, f64)
+
+    def density_factor(C_occ):
+        return math.sqrt(2.0) * C_occ                 # D = 2 C_occ C_occ^T = Cf Cf^T
+
+    def delta_factor(dD, width=nocc):
+        """(Cf, split) with dD = Cf[:, :split] Cf[:, :split]^T - Cf[:, split:] Cf[:, split:]^T,
+        ``width`` columns each, zero-padded (one kernel shape) or widened when dD needs more, from
+        the eigenvectors of dD (dense fp64). A difference of two rank-nocc densities has at most
+        nocc of each sign; the first one, from the guess, may have more."""
+        w, V = linalg.eigh(dD, backend=dense)
+        pos = torch.nonzero(w > DELTA_CUTOFF).flatten()
+        neg = torch.nonzero(w < -DELTA_CUTOFF).flatten()
+        width = max(width, len(pos), len(neg))
+        Cf = torch.zeros((nao, 2 * width), dtype=f64, device=dD.device)
+        Cf[:, :len(pos)] = V[:, pos] * torch.sqrt(w[pos])
+        Cf[:, width:width + len(neg)] = V[:, neg] * torch.sqrt(-w[neg])
+        return Cf, width
+
+    def energy(Dm, G):
+        return float((Dm * (H + 0.5 * G)).sum()) + e_nuc
+
+    def diagonalize(F):
+        Fo = linalg.gemm(X, linalg.gemm(F, X, backend=dense), trans_a=True, backend=dense)
+        e, V = linalg.eigh(Fo, backend=dense)
+        return e, linalg.gemm(X, V, backend=dense)
+
+    def occupied_density(C):
+        return linalg.syrk(C[:, :nocc], alpha=2.0, backend=dense)
+
+    # the guess density's G: 'minao' comes with its orbitals and (fractional) occupations
+    occ0 = getattr(dm0, "mo_occ", None)
+    if occ0 is not None and np.all(np.asarray(occ0) >= 0):
+        occ0 = np.asarray(occ0)
+        Cg = todev(np.asarray(dm0.mo_coeff)[:, occ0 > 0] * np.sqrt(occ0[occ0 > 0]), f64)
+        G = two_electron(D, Cg)
+    else:
+        Cg, split_g = delta_factor(D, nao)
+        G = two_electron(D, Cg, split_g)
+    e_tot = energy(D, G)
+    diis = _DIIS()
+    converged, cycles = False, 0
+    mo_e = C = None
+    for cycle in range(max_cycle):
+        cycles = cycle + 1
+        e_last, D_last = e_tot, D
+        F = H + G
+        if cycle >= DIIS_START_CYCLE:
+            FDS = linalg.gemm(F, linalg.gemm(D, S, backend=dense), backend=dense)
+            err = linalg.gemm(X, linalg.gemm(FDS - FDS.mT, X, backend=dense), trans_a=True, backend=dense)
+            F = diis.update(F, err)
+        mo_e, C = diagonalize(F)
+        D = occupied_density(C)
+        if incremental:
+            Cd, split = delta_factor(D - D_last)
+            G = G + two_electron(D - D_last, Cd, split)
+        else:
+            G = two_electron(D, density_factor(C[:, :nocc]))
+        e_tot = energy(D, G)
+        F = H + G
+        g = 2.0 * linalg.gemm(C[:, nocc:], linalg.gemm(F, C[:, :nocc], backend=dense), trans_a=True, backend=dense)
+        gnorm = float(torch.linalg.norm(g))
+        if abs(e_tot - e_last) < scf.SCF_CONV_TOL and gnorm < scf.SCF_CONV_TOL_GRAD:
+            converged = True
+            break
+    if not converged:
+        raise SCFNotConvergedError(
+            f"RHF did not converge in {max_cycle} cycles (last energy {e_tot:.10f} Eh); "
+            "check the geometry, charge and multiplicity")
+    # PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild, re-evaluate.
+    # Incremental (fp32 device): this last J/K is of the whole density with the fp64 factor on
+    # the host. The fp32 builds' rounding stays in the accumulated Fock matrix (water: E(HF)
+    # 2e-7 Eh off); the energy is stationary in D, so evaluated with fp64 J/K it carries that
+    # error squared, and this build is recorded as host work.
+    e_last, D_last = e_tot, D
+    mo_e, C = diagonalize(F)
+    D = occupied_density(C)
+    e_device = None
+    if incremental:
+        Cd, split = delta_factor(D - D_last)
+        e_device = energy(D, G + two_electron(D - D_last, Cd, split))
+        t1 = time.perf_counter()
+        G = two_electron(D, density_factor(C[:, :nocc]), f=fac64 if fac64 is not None else fac)
+        t0 -= timer.add("scf_final_fp64_host", t1, sync=False) - t1    # not charged to 'scf'
+    else:
+        G = two_electron(D, density_factor(C[:, :nocc]))
+    e_tot = energy(D, G)
+    timer.add("scf", t0)
+    used = {k: v - before.get(k, 0) for k, v in backend.kernels_used.items() if v != before.get(k, 0)}
+    times = {k: v - seconds0.get(k, 0.0) for k, v in timer.seconds.items() if v != seconds0.get(k, 0.0)}
+    ran = {"engine": ENGINE, "device": backend.name, "backend_engine": backend.engine,
+           "iterations": cycles,
+           "precision": {"jk": str(jk_dtype).replace("torch.float", "fp"), "fock_energy": "fp64",
+                         "fock_build": "incremental (J/K of ΔD, Fock summed in fp64)" if incremental
+                         else "full (J/K of D each cycle)"},
+           "jk_factor": {"naux": naux, "shape": list(fac.B.shape), "mb": fac.B.numel() * fac.B.element_size() / 1e6,
+                         "metric": fac.metric, "exchange_block": fac.block},
+           "kernels": dict(sorted(used.items())), "times": times,
+           "final_energy": ("J/K of the converged density with the fp64 factor on the host "
+                            "(the energy's error from the fp32 cycles enters squared)"
+                            if fac64 is not None else "the last J/K of the whole density on the device"),
+           "host": "PySCF: S, hcore, E_nuc, the 'minao' guess, (P|Q) and (μν|P) (libcint); DIIS's small solve"}
+    if e_device is not None:
+        ran["e_hf_device_fock"] = e_device     # Hartree, with the fp32-built Fock matrix
+    if dense is not backend:
+        ran["host_kernels"] = dict(sorted(dense.kernels_used.items()))
+        ran["host"] += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
+    return scf.RHFReference(mf=None, e_hf=e_tot, mo_coeff=C.detach().cpu().numpy(),
+                            mo_energy=mo_e.detach().cpu().numpy(), nocc=nocc, scf_mode="df",
+                            jk_auxbasis=scf.describe_auxbasis(jk_spec), cycles=cycles, ran=ran)

@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Benchmark: our DF-RHF (dfmp2.dfhf, ``--scf df``) against PySCF's DF-RHF (``--scf pyscf-df``),
+same molecule, basis, JK-fit set and thresholds, in the same process; iteration counts beside
+the times. CPU always; CUDA when torch sees a GPU (ours on it, and gpu4pyscf's DF-RHF when it is
+installed), else a 'not run' row with the reason. ``--whole`` also times the whole ``dfmp2 run``
+against PySCF's DF-RHF + DF-MP2.
+
+    python scripts/bench_scf.py                                  # (H2O)16 / cc-pVDZ, 2 threads
+    python scripts/bench_scf.py inputs/water_clusters/h2o_32.xyz --whole --threads 16
+
+Writes scripts/results/bench_scf[_<tag>].json and .md. Speed is a same-process ratio: every
+row records the other processes' CPU use while it ran (a shared machine slows both sides).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from pyscf import lib
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import linalg  # noqa: E402
+from dfmp2 import dfhf, scf  # noqa: E402
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
+from dfmp2.pipeline import RunOptions, _Timer, run  # noqa: E402
+from dfmp2.result import software_versions  # noqa: E402
+from dfmp2.xyz import read_xyz  # noqa: E402
+from linalg.torch_ops import syrk_work_fraction  # noqa: E402
+
+GFLOPS_ASSUMED = 90.0      # the prediction's rate (a 2-core fp64 CPU's DGEMM, roughly)
+
+
+def predict(nao: int, naux: int, nocc: int, block: int) -> dict:
+    """Flops of one cycle of our DF-RHF: J two matrix-vector products over the packed factor,
+    K one GEMM (nocc x nao x nao per P) and the SYRK (blocked triangle) per aux block."""
+    npair = nao * (nao + 1) // 2
+    j = 4.0 * naux * npair
+    k_gemm = 2.0 * naux * nao * nao * nocc
+    k_syrk = 2.0 * nao * nao * nocc * naux * syrk_work_fraction(nao, block * nocc)
+    pyscf_k = 4.0 * naux * nao * nao * nocc          # PySCF: half-transform, then a full GEMM
+    tot = j + k_gemm + k_syrk
+    return {"J_gflop": j / 1e9, "K_gemm_gflop": k_gemm / 1e9, "K_syrk_gflop": k_syrk / 1e9,
+            "per_cycle_gflop": tot / 1e9, "seconds_per_cycle_at": {f"{GFLOPS_ASSUMED:g} GFLOP/s": tot / 1e9 / GFLOPS_ASSUMED},
+            "pyscf_K_gflop": pyscf_k / 1e9}
+
+
+def timed(fn):
+    m0 = OtherCPU.mark()
+    t0 = time.perf_counter()
+    out = fn()
+    t = time.perf_counter() - t0
+    busy = OtherCPU.cores(m0, OtherCPU.mark())
+    return t, out, (busy or {}).get("other_cores")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--threads", type=int, default=2, help="torch and PySCF threads")
+    ap.add_argument("--whole", action="store_true", help="also the whole dfmp2 run vs PySCF DF-RHF + DF-MP2")
+    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_scf"),
+                    help="output path without extension (.json and .md are written)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    lib.num_threads(args.threads)
+
+    mol = scf.build_molecule(read_xyz(args.xyz), args.basis)
+    jk = scf.default_auxbasis(mol, "jk")
+    naux = scf.make_auxmol(mol, jk).nao_nr()
+    nao, nocc = mol.nao_nr(), mol.nelectron // 2
+    pred = predict(nao, naux, nocc, dfhf.jk_block(nao, naux, 8))
+    print(f"{args.xyz}: nbasis {nao}, naux(JK) {naux}, nocc {nocc}; {args.threads} threads; "
+          f"predicted {pred['per_cycle_gflop']:.1f} GFLOP per cycle", flush=True)
+    rows = []
+
+    def row(who, device, t, ref, busy, **extra):
+        rows.append({"who": who, "device": device, "seconds": t, "iterations": ref.cycles if ref else None,
+                     "e_hf": ref.e_hf if ref else None, "other_processes_cores": busy, **extra})
+        print(f"  {who} on {device}: {t:.2f} s, {ref.cycles} cycles, E(HF) {ref.e_hf:.10f}", flush=True)
+
+    t, ref_p, busy = timed(lambda: scf.run_rhf(mol, "pyscf-df"))
+    row("pyscf DF-RHF", "cpu", t, ref_p, busy)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        be = linalg.get_backend(dev)
+        timer = _Timer(be)
+        t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer))
+        row("ours (dfmp2.dfhf)", dev, t, ref, busy, stages=dict(timer.seconds),
+            kernels=ref.ran["kernels"], d_e_hf_vs_pyscf=ref.e_hf - ref_p.e_hf)
+    if "cuda" not in devices:
+        rows.append({"who": "ours (dfmp2.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
+        rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
+    else:
+        try:
+            from gpu4pyscf import scf as gscf
+            mf = gscf.RHF(mol).density_fit(auxbasis=jk)
+            mf.conv_tol, mf.conv_tol_grad, mf.verbose = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD, 0
+            t, _, busy = timed(mf.kernel)
+            rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "seconds": t, "iterations": getattr(mf, "cycles", None),
+                         "e_hf": float(mf.e_tot), "other_processes_cores": busy, "note": "first call, JIT included"})
+        except ImportError as e:
+            rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "not_run": f"gpu4pyscf not installed ({e})"})
+    if args.whole:
+        from pyscf import df
+        from pyscf.mp import dfmp2 as pyscf_dfmp2
+
+        def pyscf_whole():
+            r = scf.run_rhf(mol, "pyscf-df")
+            pt = pyscf_dfmp2.DFMP2(r.mf)
+            pt.with_df = df.DF(mol, auxbasis=scf.mp2_auxbasis(mol))
+            pt.verbose, pt.max_memory = 0, 16000
+            pt.kernel(with_t2=False)
+            return r.e_hf + pt.e_corr
+        t, e, busy = timed(pyscf_whole)
+        rows.append({"who": "pyscf DF-RHF + DF-MP2", "device": "cpu", "seconds": t, "e_mp2": e, "other_processes_cores": busy})
+        for dev in devices:
+            t, res, busy = timed(lambda: run(args.xyz, RunOptions(basis=args.basis, device=dev)))
+            rows.append({"who": "dfmp2 run (--scf df)", "device": dev, "seconds": t, "e_mp2": res.e_mp2,
+                         "iterations": res.ran["scf"]["iterations"], "timings": res.timings,
+                         "other_processes_cores": busy})
+        print("  whole runs: " + ", ".join(f"{r['who']} {r['device']} {r['seconds']:.2f} s" for r in rows if "e_mp2" in r))
+
+    base = next(r["seconds"] for r in rows if r["who"] == "pyscf DF-RHF")
+    xyz = Path(args.xyz).resolve()
+    report = {"what": "DF-RHF: ours (dfmp2.dfhf) vs PySCF's, same process",
+              "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
+              "basis": args.basis, "jk_auxbasis": scf.describe_auxbasis(jk),
+              "shapes": {"nbasis": nao, "naux_jk": naux, "nocc": nocc},
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpu": cpu_model(), "threads": args.threads, "platform": platform.platform(),
+                          "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+              "versions": software_versions(), "prediction": pred, "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    md = [f"# DF-RHF: ours vs PySCF ({report['molecule']}, {args.basis}/{report['jk_auxbasis']})", "",
+          f"{report['date']}, {report['machine']['cpu']}, {args.threads} threads, GPU {report['machine']['gpu']}, "
+          f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; nbasis {nao}, naux(JK) {naux}, "
+          f"nocc {nocc}", "",
+          f"Prediction per cycle: J {pred['J_gflop']:.2f} GFLOP, K {pred['K_gemm_gflop']:.1f} (GEMM) + "
+          f"{pred['K_syrk_gflop']:.1f} (SYRK) GFLOP = {pred['per_cycle_gflop']:.1f} GFLOP, "
+          f"{pred['per_cycle_gflop'] / GFLOPS_ASSUMED:.2f} s at {GFLOPS_ASSUMED:g} GFLOP/s "
+          f"(PySCF's K: {pred['pyscf_K_gflop']:.1f} GFLOP).", "",
+          "| run | device | s | iterations | s / iteration | PySCF DF-RHF / this | other processes' cores |",
+          "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "not_run" in r:
+            md.append(f"| {r['who']} | {r['device']} | not run: {r['not_run']} | | | | |")
+            continue
+        it = r.get("iterations")
+        per = f"{r['seconds'] / it:.2f}" if it else ""
+        ratio = f"{base / r['seconds']:.2f}" if "e_hf" in r else ""
+        busy = r.get("other_processes_cores")
+        md.append(f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {it or ''} | {per} | {ratio} | "
+                  f"{busy:.2f} |" if busy is not None else
+                  f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {it or ''} | {per} | {ratio} | unknown |")
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Our DF-RHF (dfmp2.dfhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
+thresholds (scf.run_rhf 'pyscf-df', computed here: an independent code), and what it records."""
+from pathlib import Path
+
+import pytest
+import torch
+
+import linalg
+from dfmp2 import dfhf, scf
+from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
+from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.xyz import parse_xyz, read_xyz
+
+INPUTS = Path(__file__).resolve().parent.parent / "inputs"
+H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z in (0, 0.35))
+LIH = "Li 0 0 0\nH 0 0 1.595"
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def geometry(atoms: str, name: str):
+    lines = atoms.strip().splitlines()
+    return parse_xyz(f"{len(lines)}\n\n" + "\n".join(lines) + "\n", name)
+
+
+def molecule(case):
+    if case == "h8_cube_lindep":        # aug-cc-pVDZ on an H8 cube of edge 0.35 Å: 4 of 72 dropped
+        return scf.build_molecule(geometry(H8_CUBE, "h8.xyz"), "aug-cc-pvdz")
+    if case == "lih_fallback":          # cc-pVDZ-JKFIT lacks Li: def2-universal-jkfit for it
+        return scf.build_molecule(geometry(LIH, "lih.xyz"))
+    return scf.build_molecule(read_xyz(INPUTS / case))
+
+
+@pytest.mark.parametrize("case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback",
+                                  "water_clusters/h2o_02.xyz"])
+def test_e_hf_matches_pyscf_df_rhf(case):
+    mol = molecule(case)
+    theirs = scf.run_rhf(mol, "pyscf-df")
+    ours = dfhf.run_dfhf(mol, linalg.get_backend("cpu"))
+    assert abs(ours.e_hf - theirs.e_hf) <= 1e-10, ours.e_hf - theirs.e_hf
+    assert ours.mo_coeff.shape == theirs.mo_coeff.shape and ours.nocc == theirs.nocc
+    assert ours.jk_auxbasis == theirs.jk_auxbasis
+    # orbital energies of a converged SCF agree to the gradient threshold's order
+    assert abs(ours.mo_energy - theirs.mo_energy).max() < 1e-7
+    # the same guess, DIIS and thresholds: the same iteration count within a few
+    assert abs(ours.cycles - theirs.cycles) <= 3, (ours.cycles, theirs.cycles)
+    if case == "h8_cube_lindep":
+        assert ours.mo_coeff.shape == (72, 68)
+    if case == "lih_fallback":
+        assert "def2-universal-jkfit" in ours.jk_auxbasis
+
+
+def test_incremental_fock_build_equals_full_build_in_fp64():
+    """The fp32 devices' Fock build (J/K of ΔD from its eigenvectors, Fock summed) is exact
+    arithmetic: in fp64 it gives the full build's energy."""
+    mol = molecule("water_clusters/h2o_02.xyz")
+    cpu = linalg.get_backend("cpu")
+    full = dfhf.run_dfhf(mol, cpu, incremental=False)
+    inc = dfhf.run_dfhf(mol, cpu, incremental=True)
+    assert abs(full.e_hf - inc.e_hf) < 1e-10
+    assert inc.ran["precision"]["fock_build"].startswith("incremental")
+
+
+def test_jk_match_pyscf_on_a_density():
+    """J and K of one density (not an SCF one) against PySCF's DF-J/K with the same factor."""
+    import numpy as np
+    from dfmp2.pipeline import _Timer
+    mol = molecule("water.xyz")
+    ref = scf.run_rhf(mol, "pyscf-df")
+    cpu = linalg.get_backend("cpu")
+    aux = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    fac, fac64 = dfhf.build_jk_factor(mol, aux, cpu, torch.float64, _Timer(cpu))
+    assert fac64 is None
+    C = np.random.default_rng(7).standard_normal((mol.nao_nr(), 6))
+    D = C @ C.T
+    vj, vk = ref.mf.get_jk(mol, D)
+    J = fac.coulomb(torch.from_numpy(D)).numpy()
+    K = fac.exchange(torch.from_numpy(C)).numpy()
+    K2 = fac.exchange(torch.from_numpy(np.hstack([C, C[:, :2]])), split=6).numpy()   # C C^T - c c^T
+    vk2 = ref.mf.get_jk(mol, D - C[:, :2] @ C[:, :2].T)[1]
+    assert abs(J - vj).max() < 1e-11 * abs(vj).max()
+    assert abs(K - vk).max() < 1e-11 * abs(vk).max()
+    assert abs(K2 - vk2).max() < 1e-11 * abs(vk2).max()
+
+
+def test_trn1_simulate_water_runs_the_jk_on_nki_kernels():
+    """Trainium (NKI kernels on this CPU): the cycles' J/K in fp32 on the kernels, the Fock matrix
+    in fp64 on the host, the final energy with the fp64 factor on the host (recorded). Measured:
+    E(HF) 3e-11 Eh from CPU fp64; with the fp32-built Fock matrix alone 2.3e-7 Eh."""
+    mol = molecule("water.xyz")
+    cpu = dfhf.run_dfhf(mol, linalg.get_backend("cpu"))
+    be = linalg.get_backend("trn1", simulate=True)
+    trn = dfhf.run_dfhf(mol, be)
+    assert abs(trn.e_hf - cpu.e_hf) < 1e-8, trn.e_hf - cpu.e_hf
+    ran = trn.ran
+    assert ran["device"] == "trn1" and ran["precision"]["jk"] == "fp32"
+    assert set(ran["kernels"]) == {"gemm:nki.gemm", "syrk:nki.syrk"}, ran["kernels"]
+    assert ran["kernels"]["syrk:nki.syrk"] >= trn.cycles            # K each cycle on the device
+    # what ran on the host is listed as such: the fp64 fit, the dense algebra, the final J/K
+    for k in ("cholesky:torch.linalg.cholesky_ex", "trsm:torch.linalg.solve_triangular",
+              "eigh:torch.linalg.eigh"):
+        assert k in ran["host_kernels"], ran["host_kernels"]
+    assert "host" in ran["final_energy"] and "scf_final_fp64_host" in ran["times"]
+    # the fp32 Fock matrix's own energy: honest, off by more than the final one
+    assert 1e-9 < abs(ran["e_hf_device_fock"] - cpu.e_hf) < 1e-5
+
+
+def test_not_converged_raises():
+    with pytest.raises(SCFNotConvergedError, match="did not converge in 3 cycles"):
+        dfhf.run_dfhf(molecule("water.xyz"), linalg.get_backend("cpu"), max_cycle=3)
+
+
+def test_memory_estimate_and_refusal():
+    need = dfhf.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
+    assert need["factor"] == pytest.approx(1856 * 384 * 385 / 2 * 8 / 1e6)
+    assert need["peak"] >= 2 * need["factor"]            # the fit holds raw integrals and solution
+    with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*--scf pyscf-df"):
+        dfhf.check_memory(384, 1856, 80, 8, limit_mb=1000)
+    # a limit below the default exchange block's peak: one auxiliary function per block
+    small = dfhf.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
+    assert small < dfhf.memory_mb(24, 116, 5, 8)["peak"]
+    assert dfhf.check_memory(24, 116, 5, 8, small)["block_mb"] < 1e-6
+
+
+def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
+    path = INPUTS / "water.xyz"
+    ours = run(path, RunOptions())
+    s = ours.ran["scf"]
+    assert s["engine"] == dfhf.ENGINE and s["device"] == "cpu" and s["iterations"] == ours.to_dict()["ran"]["scf"]["iterations"]
+    for op in ("gemm", "syrk", "trsm", "cholesky", "eigh"):
+        assert any(k.startswith(op + ":") for k in s["kernels"]), s["kernels"]
+    assert {"scf_integrals", "scf_fit", "scf"} <= set(ours.timings)
+    assert ours.memory["stages_mb"]["scf"] > 0 and ours.memory["shapes"]["naux_jk"] == 116
+    for mode in ("pyscf-df", "exact"):
+        r = run(path, RunOptions(scf_mode=mode))
+        assert r.ran["scf"]["engine"] == "pyscf" and r.scf_mode == mode
+        assert "scf" in r.timings and "scf_fit" not in r.timings
+        if mode == "pyscf-df":
+            assert abs(r.e_hf - ours.e_hf) < 1e-10 and abs(r.e_corr - ours.e_corr) < 1e-10
+            assert r.jk_auxbasis == ours.jk_auxbasis == "cc-pvdz-jkfit"
+        else:
+            assert r.jk_auxbasis is None and abs(r.e_hf - ours.e_hf) > 1e-6
+
+
+def test_scf_memory_refused_before_the_scf(monkeypatch):
+    """A limit that the MP2 plan fits but the JK factor does not: one error before any SCF."""
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
+    need = dfhf.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]   # the smallest
+    geom = read_xyz(INPUTS / "water.xyz")
+    with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
+        run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
