@@ -159,10 +159,12 @@ class JKFactor:
 
 
 def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB,
-                    fit_backend=None) -> tuple[JKFactor, JKFactor | None]:
+                    fit_backend=None, engine=None) -> tuple[JKFactor, JKFactor | None]:
     """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
-    when it is not positive definite), streamed from libcint in aux-shell blocks, in fp64 on
-    ``fit_backend`` (default: ``backend``), then kept on ``backend`` in ``dtype``. Returns
+    when it is not positive definite), streamed in aux-shell blocks from the integral engine
+    ``engine`` (dfmp2.integrals, as the MP2 stage's; default: the host engine, libcint in a
+    background thread), fitted in fp64 on ``fit_backend`` (default: ``backend``), then kept on
+    ``backend`` in ``dtype``. Returns
     (factor on backend, the fp64 factor on fit_backend when ``dtype`` is not fp64, else None).
 
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
@@ -170,14 +172,16 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
     5e-3 Eh), while B rounded to fp32 after an fp64 fit is off by 6e-8 relative."""
     from .pipeline import fit_metric                         # the MP2 stage's metric factorisation
     fb = fit_backend if fit_backend is not None else backend
+    engine = engine or integrals.HostEngine(mol, fb)
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     itemsize = torch.finfo(dtype).bits // 8
     t0 = time.perf_counter()
     raw = fb.to_device(torch.empty((naux, npair(nao)), dtype=torch.float64))
     blocks = integrals.aux_shell_blocks(auxmol, max(1, int(block_mb * 1e6 // max(1, npair(nao) * 8))))
-    for p0, p1, j3c in integrals.iter_j3c_packed(mol, auxmol, blocks):
-        raw[p0:p1] = fb.to_device(j3c, torch.float64)
-    j2c = fb.to_device(integrals.metric_2c(auxmol), torch.float64)
+    with engine.blocks(auxmol, blocks, torch.float64) as stream:
+        for p0, p1, packed in stream:
+            raw[p0:p1] = packed.to(raw.device)
+    j2c = engine.metric(auxmol).to(raw.device)
     t0 = timer.add("scf_integrals", t0)
     M, kind, info = fit_metric(j2c, fb)
     del j2c
@@ -226,12 +230,14 @@ class _DIIS:
 
 
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
-             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None) -> scf.RHFReference:
+             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None,
+             engine=None) -> scf.RHFReference:
     """Converge DF-RHF on ``backend`` (see the module docstring). Returns RHFReference with
     scf_mode 'df', mf None, mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy, and ``ran``
     (engine, device, precision, iterations, kernels of this stage, host work, times).
     SCFNotConvergedError when it does not converge in max_cycle cycles. ``incremental``: the
-    Fock build (None: incremental exactly when the device lacks fp64)."""
+    Fock build (None: incremental exactly when the device lacks fp64). ``engine``: the integral
+    engine for the JK-fit integrals (dfmp2.integrals; default: the host engine)."""
     if timer is None:
         from .pipeline import _Timer
         timer = _Timer(backend)
@@ -247,7 +253,9 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     nocc = mol.nelectron // 2
 
-    fac, fac64 = build_jk_factor(mol, auxmol, backend, jk_dtype, timer, block_mb, fit_backend=dense)
+    engine = engine or integrals.HostEngine(mol, backend)
+    fac, fac64 = build_jk_factor(mol, auxmol, backend, jk_dtype, timer, block_mb, fit_backend=dense,
+                                 engine=engine)
     t0 = time.perf_counter()
     todev = dense.to_device
     S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
@@ -368,7 +376,9 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
            "final_energy": ("J/K of the converged density with the fp64 factor on the host "
                             "(the energy's error from the fp32 cycles enters squared)"
                             if fac64 is not None else "the last J/K of the whole density on the device"),
-           "host": "PySCF: S, hcore, E_nuc, the 'minao' guess, (P|Q) and (μν|P) (libcint); DIIS's small solve"}
+           "integrals": engine.describe(),
+           "host": "PySCF: S, hcore, E_nuc, the 'minao' guess; DIIS's small solve"
+                   + ("; (P|Q) and (μν|P) by libcint" if engine.name == "host" else "")}
     if e_device is not None:
         ran["e_hf_device_fock"] = e_device     # Hartree, with the fp32-built Fock matrix
     if dense is not backend:

@@ -276,7 +276,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         elif options.scf_mode == "df":
             say(f"DF-RHF on {backend.name} ...")
             ref = dfhf.run_dfhf(mol, backend, max_cycle=options.scf_max_cycle, timer=timer,
-                                block_mb=scf_block_mb)
+                                block_mb=scf_block_mb, engine=select_integrals(options, mol, backend))
             if ck is not None:
                 ck.save_scf(ref)
         else:
