@@ -19,7 +19,7 @@ from pyscf import gto, lib
 from pyscf.df import incore
 
 import linalg
-from dfmp2 import integrals, memory, pipeline, scf
+from dfmp2 import dfhf, integrals, memory, pipeline, scf
 from dfmp2.cli import INTEGRAL_ENGINES, main
 from dfmp2.pipeline import RunOptions
 
@@ -216,6 +216,8 @@ def test_cli_choices_are_the_engines():
 
 def test_explicit_gpu4pyscf_fails_before_the_work(monkeypatch):
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF ran"))
     res = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--integrals", "gpu4pyscf"])
     assert res.exit_code == 2, res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]

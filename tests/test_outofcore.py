@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 import linalg
-from dfmp2 import outofcore
+from dfmp2 import dfhf, outofcore
 from linalg.reference import mp2_pair_energy_reference
 from dfmp2.cli import main
 from dfmp2.errors import InputError
@@ -224,6 +224,8 @@ def test_not_enough_disk_fails_before_scf(tmp_path, monkeypatch):
     import shutil
     import dfmp2.scf as scf
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("SCF must not start"))
+    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("SCF must not start"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("SCF must not start"))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 1000))
     with pytest.raises(InputError, match=r"needs .* MB of disk in .* only 0.001 MB are free"):
         run(WATER, RunOptions(storage="disk", scratch_dir=str(tmp_path)))

@@ -48,6 +48,8 @@ def no_heavy_work(monkeypatch):
     def fail(*a, **k):
         pytest.fail("heavy work started before the output path was checked")
     monkeypatch.setattr(scf, "run_rhf", fail)
+    monkeypatch.setattr(scf, "run_uhf", fail)
+    monkeypatch.setattr(dfhf, "run_dfhf", fail)
     monkeypatch.setattr(regress, "run_case", fail)
     monkeypatch.setattr(compare_mod, "run_molecule", fail)
     monkeypatch.setattr(compare_mod, "run_synthetic", fail)

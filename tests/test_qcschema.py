@@ -14,7 +14,7 @@ qcel = pytest.importorskip("qcelemental", reason="QCSchema path: qcelemental is 
 from qcelemental.models import AtomicResult, FailedOperation  # noqa: E402
 from pyscf.lib.parameters import BOHR  # noqa: E402
 
-from dfmp2 import scf  # noqa: E402
+from dfmp2 import dfhf, scf  # noqa: E402
 from dfmp2.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +107,8 @@ def test_xyz_input_with_qcschema_output(tmp_path):
 @pytest.fixture
 def no_scf(monkeypatch):
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF must not start"))
+    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF must not start"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
 
 
 @pytest.mark.parametrize("doc, args, fragment", [
