@@ -18,7 +18,9 @@ Engines:
   host       libcint through PySCF on the host CPU. ONE background thread computes the packed
              blocks (ctypes releases the GIL inside libcint) into a ring of ``depth`` buffers
              (pinned host memory when the device's memory is CUDA memory) while the caller
-             transforms the previous block on its device. A block crosses to the device packed,
+             transforms the previous block on its device (when the device is the host CPU itself,
+             libcint runs in the caller's thread instead, depth 0: ``host_default_depth`` says
+             why). A block crosses to the device packed,
              half the bytes of the square, and is unpacked there. The values are libcint's, bit for
              bit: the energies on the CPU are those of computing and unpacking on the host.
              Screening: libcint's own (primitive pairs below PySCF's exponent cutoff are skipped);
@@ -192,16 +194,18 @@ class HostEngine(IntegralEngine):
 
     name = "host"
 
-    def __init__(self, mol, backend, why: str = "", depth: int = QUEUE_DEPTH):
+    def __init__(self, mol, backend, why: str = "", depth: int | None = None):
         super().__init__(mol, backend, why)
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
+        if depth is None:
+            depth = host_default_depth(backend)
+        if depth < 0:
+            raise ValueError(f"depth must be >= 0, got {depth}")
         self.depth = depth
         self.pinned = bool(backend.caps.cuda_memory)
         self.threads = lib.num_threads()   # OpenMP threads for libcint, as the caller has them
 
     def _settings(self) -> dict:
-        return {"library": "libcint (PySCF getints, int3c2e s2ij)", "producer_threads": 1,
+        return {"library": "libcint (PySCF getints, int3c2e s2ij)", "producer_threads": 1 if self.depth else 0,
                 "libcint_omp_threads": self.threads, "queue_depth": self.depth,
                 "pinned": self.pinned, "transfer": "packed (mu >= nu), unpacked on the device"}
 
@@ -211,8 +215,49 @@ class HostEngine(IntegralEngine):
         self.stats["compute_s"] += time.perf_counter() - t0
         return self.backend.to_device(j2c, torch.float64)
 
-    def blocks(self, auxmol, shell_blocks, dtype=torch.float64) -> "_HostStream":
+    def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
+        if self.depth == 0:
+            return _CallerStream(self, _Libcint(self.mol, auxmol), list(shell_blocks), dtype)
         return _HostStream(self, _Libcint(self.mol, auxmol), list(shell_blocks), dtype)
+
+
+def host_default_depth(backend) -> int:
+    """The host engine's ring depth for ``backend``: QUEUE_DEPTH (a producer thread) when the
+    device is not the host CPU; 0 (libcint in the caller's thread) when it is. On the host the
+    producer shares the cores with the transform it would overlap: measured on (H2O)16 with 2
+    threads (scripts/results/MEASUREMENTS.md, issue 14), the thread made the stage 3 % slower
+    and integrals + transform 1.78 -> 2.13 s, the transform being 6 % of the stage."""
+    return 0 if backend.caps.is_host else QUEUE_DEPTH
+
+
+class _CallerStream:
+    """The host engine with depth 0: each packed block computed in the caller's thread when it
+    is asked for (nothing runs in the background; the same values, bit for bit)."""
+
+    def __init__(self, engine: HostEngine, cint: "_Libcint", shell_blocks, dtype):
+        self.engine, self.cint, self.dtype = engine, cint, dtype
+        self.it = iter(shell_blocks)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        s0, s1, p0, p1 = next(self.it)
+        t0 = time.perf_counter()
+        packed = self.cint(s0, s1)
+        self.engine.stats["compute_s"] += time.perf_counter() - t0
+        self.engine.stats["blocks"] += 1
+        return p0, p1, self.engine.backend.to_device(torch.from_numpy(packed), self.dtype)
+
+    def close(self):
+        self.it = iter(())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 class _Slot:
@@ -489,7 +534,7 @@ def gpu4pyscf_problem(backend) -> str | None:
     return None
 
 
-def select_engine(choice: str, mol: gto.Mole, backend, *, depth: int = QUEUE_DEPTH) -> IntegralEngine:
+def select_engine(choice: str, mol: gto.Mole, backend, *, depth: int | None = None) -> IntegralEngine:
     """The engine for ``choice`` (one of ENGINES), decided before any work. 'auto': gpu4pyscf when
     it is importable and the device is a CUDA GPU, else host. An explicit engine that cannot run
     raises EngineUnavailableError with the install command; nothing falls back."""

@@ -126,7 +126,7 @@ def j3c_engine_bytes(engine: str, *, nao: int, fit_itemsize: int, host_memory: b
         return 3 * pair * 8 + square, 0
     if engine != "host":
         raise ValueError(f"unknown integral engine {engine!r}")
-    ring = depth * pair * 8
+    ring = max(depth, 1) * pair * 8            # depth 0: one block, made in the caller's thread
     if host_memory:
         return ring + (pair * fit_itemsize if fit_itemsize != 8 else 0) + square, 0
     return pair * 8 + square, ring

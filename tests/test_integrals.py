@@ -53,7 +53,7 @@ def engine_blocks(engine, auxmol, blocks, dtype=torch.float64):
 
 # ---------------------------------------------------------------- host engine: the values
 
-@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("depth", [0, 1, 2, 3])
 def test_host_blocks_bit_identical_to_libcint_in_order(water, cpu, depth):
     mol, auxmol = water
     blocks = integrals.aux_shell_blocks(auxmol, 17)
@@ -65,6 +65,19 @@ def test_host_blocks_bit_identical_to_libcint_in_order(water, cpu, depth):
     for (_, _, full, packed), (_, _, r) in zip(got, ref):
         assert torch.equal(full, torch.from_numpy(r))                  # bit for bit
         assert packed.shape == (r.shape[0], integrals.npair(mol.nao_nr()))
+
+
+def test_host_engine_runs_in_the_callers_thread_on_a_host_device(water, cpu):
+    """On the host CPU the engine starts no thread (depth 0: the producer would share the cores
+    with the transform it overlaps); a device that is not the host gets the producer thread."""
+    mol, auxmol = water
+    eng = integrals.select_engine("auto", mol, cpu)
+    assert eng.name == "host" and eng.depth == 0 and eng.describe()["producer_threads"] == 0
+    before = threading.active_count()
+    with eng.blocks(auxmol, integrals.aux_shell_blocks(auxmol, 17)) as stream:
+        next(stream)
+        assert threading.active_count() == before
+    assert integrals.host_default_depth(linalg.get_backend("trn1", simulate=True)) == integrals.QUEUE_DEPTH
 
 
 def test_any_aux_basis_and_metric(water, cpu):
@@ -114,7 +127,7 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
     be = linalg.get_backend("cpu")
     opts = RunOptions(j3c_block_mb=0.5)            # several blocks
     res = {}
-    for eng in (integrals.HostEngine(mol, be), SameThread(mol, be)):
+    for eng in (integrals.HostEngine(mol, be, depth=integrals.QUEUE_DEPTH), SameThread(mol, be)):
         plan = pipeline.stage_plan(mol, auxmol, opts, be, "fp64", nocc=ref.nocc, nvir=ref.mo_coeff.shape[1] - ref.nocc)
         e_os, e_ss, ran = pipeline.mp2_energy(mol, auxmol, ref, nfrozen=0, backend=be, precision="fp64",
                                               plan=plan, timer=pipeline._Timer(be), engine=eng)
@@ -140,7 +153,7 @@ def test_consumer_raises_producer_stops(water, cpu):
     before = set(threading.enumerate())
     blocks = integrals.aux_shell_blocks(auxmol, 10)
     with pytest.raises(ValueError, match="consumer"):
-        with integrals.HostEngine(mol, cpu).blocks(auxmol, blocks) as stream:
+        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(auxmol, blocks) as stream:
             for i, _ in enumerate(stream):
                 if i == 1:
                     raise ValueError("consumer failed")
@@ -160,7 +173,7 @@ def test_producer_raises_same_exception_reaches_caller(water, cpu, monkeypatch):
     monkeypatch.setattr(integrals._Libcint, "__call__", failing)
     seen = []
     with pytest.raises(OSError) as info:
-        with integrals.HostEngine(mol, cpu).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
+        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
             for p0, p1, _ in stream:
                 seen.append(p0)
     assert info.value is raised[0] and seen == [0]
@@ -181,7 +194,7 @@ def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch):
     timer = threading.Timer(0.1, lambda: signal.pthread_kill(main_id, signal.SIGINT))
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
-        with integrals.HostEngine(mol, cpu).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
+        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
             timer.start()
             for _ in stream:
                 pass
