@@ -216,9 +216,15 @@ class HostEngine(IntegralEngine):
         return self.backend.to_device(j2c, torch.float64)
 
     def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
+        cint = _Libcint(self.mol, auxmol)
         if self.depth == 0:
-            return _CallerStream(self, _Libcint(self.mol, auxmol), list(shell_blocks), dtype)
-        return _HostStream(self, _Libcint(self.mol, auxmol), list(shell_blocks), dtype)
+            def block(s0, s1):
+                t0 = time.perf_counter()
+                packed = cint(s0, s1)
+                self.stats["compute_s"] += time.perf_counter() - t0
+                return self.backend.to_device(torch.from_numpy(packed), dtype)
+            return _OnDemandStream(self, block, list(shell_blocks))
+        return _HostStream(self, cint, list(shell_blocks), dtype)
 
 
 def host_default_depth(backend) -> int:
@@ -228,36 +234,6 @@ def host_default_depth(backend) -> int:
     threads (scripts/results/MEASUREMENTS.md, issue 14), the thread made the stage 3 % slower
     and integrals + transform 1.78 -> 2.13 s, the transform being 6 % of the stage."""
     return 0 if backend.caps.is_host else QUEUE_DEPTH
-
-
-class _CallerStream:
-    """The host engine with depth 0: each packed block computed in the caller's thread when it
-    is asked for (nothing runs in the background; the same values, bit for bit)."""
-
-    def __init__(self, engine: HostEngine, cint: "_Libcint", shell_blocks, dtype):
-        self.engine, self.cint, self.dtype = engine, cint, dtype
-        self.it = iter(shell_blocks)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        s0, s1, p0, p1 = next(self.it)
-        t0 = time.perf_counter()
-        packed = self.cint(s0, s1)
-        self.engine.stats["compute_s"] += time.perf_counter() - t0
-        self.engine.stats["blocks"] += 1
-        return p0, p1, self.engine.backend.to_device(torch.from_numpy(packed), self.dtype)
-
-    def close(self):
-        self.it = iter(())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class _Slot:
@@ -484,14 +460,15 @@ class Gpu4pyscfEngine(IntegralEngine):
         return packed
 
     def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
-        return _SyncStream(self, auxmol, list(shell_blocks), dtype)
+        return _OnDemandStream(self, lambda s0, s1: self.block(auxmol, s0, s1).to(dtype), list(shell_blocks))
 
 
-class _SyncStream:
-    """Blocks computed on demand in the caller's thread (the GPU queues them in order)."""
+class _OnDemandStream:
+    """Blocks made in the caller's thread when asked for: ``block(s0, s1)`` gives the packed
+    block on the device (gpu4pyscf: the GPU queues them in order; the host engine with depth 0)."""
 
-    def __init__(self, engine, auxmol, shell_blocks, dtype):
-        self.engine, self.auxmol, self.dtype = engine, auxmol, dtype
+    def __init__(self, engine, block, shell_blocks):
+        self.engine, self.block = engine, block
         self.it = iter(shell_blocks)
 
     def __iter__(self):
@@ -499,9 +476,9 @@ class _SyncStream:
 
     def __next__(self):
         s0, s1, p0, p1 = next(self.it)
-        packed = self.engine.block(self.auxmol, s0, s1)
+        packed = self.block(s0, s1)
         self.engine.stats["blocks"] += 1
-        return p0, p1, packed if packed.dtype == self.dtype else packed.to(self.dtype)
+        return p0, p1, packed
 
     def close(self):
         self.it = iter(())
