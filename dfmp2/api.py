@@ -21,10 +21,11 @@ from .errors import InputError
 
 
 class DFMP2:
-    """DF-MP2 on a converged PySCF RHF, with ``pyscf.mp.dfmp2.DFMP2``'s names.
+    """DF-MP2 on a converged PySCF RHF (DF-UMP2 on a UHF), with ``pyscf.mp.dfmp2.DFMP2``'s names.
 
-    mf: a converged ``pyscf.scf.RHF`` (density-fitted or not; its orbitals and orbital energies
-        are used as they are). UHF/ROHF/GHF and Kohn-Sham references are refused (InputError).
+    mf: a converged ``pyscf.scf.RHF``, or ``pyscf.scf.UHF`` for DF-UMP2 (density-fitted or not;
+        its orbitals and orbital energies are used as they are). ROHF/GHF and Kohn-Sham
+        references are refused (InputError).
     frozen: None (all orbitals correlated), an int n (the n lowest orbitals frozen), or a list of
         orbital indices (0-based, occupied or virtual) left out of the MP2 — PySCF's meaning.
     auxbasis: the MP2 fitting basis (a name, or a per-element dict); None: the MP2-fit set matched
@@ -96,7 +97,7 @@ class DFMP2:
         self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
         self.auxbasis, self.naux = scf.describe_auxbasis(auxbasis), auxmol.nao_nr()
         self.timings, self.ran = timings, ran
-        self.nocc, self.nmo = ref.nocc, ref.mo_coeff.shape[1]
+        self.nocc, self.nmo = ref.nocc, ref.mo_coeff.shape[-1]
         note = scf.auxbasis_note(mol, auxbasis, "mp2") if self.auxbasis_requested is None else None
         self.warnings = [note] if note else []
         return self
@@ -118,8 +119,7 @@ def _backend(options):
 def _reference_from_scf(mf, frozen):
     """The orbitals of a converged PySCF SCF as the MP2 stage reads them (``scf.RHFReference``),
     with the ``frozen`` orbitals taken out: the active occupied orbitals first, then the active
-    virtuals, nocc the active occupied count. One branch per kind of reference; UHF is refused
-    until DF-UMP2 exists."""
+    virtuals, nocc the active occupied count. A UHF gives ``scf.UHFReference`` (DF-UMP2)."""
     from pyscf.scf import ghf, hf, rohf, uhf
 
     from .scf import RHFReference
@@ -132,16 +132,16 @@ def _reference_from_scf(mf, frozen):
         raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got "
                          f"{type(mf).__name__}")
     kind = type(mf).__name__
-    if isinstance(mf, (uhf.UHF, rohf.ROHF, ghf.GHF)):
-        raise InputError(f"DFMP2 needs a closed-shell RHF reference; {kind} (open-shell) is not "
-                         "supported yet")
     if KohnShamDFT and isinstance(mf, KohnShamDFT):
         raise InputError(f"DFMP2 needs a Hartree-Fock reference; {kind} is Kohn-Sham DFT")
+    if isinstance(mf, uhf.UHF) and not isinstance(mf, ghf.GHF):
+        return _uhf_reference(mf, frozen, kind)
+    if isinstance(mf, (rohf.ROHF, ghf.GHF)):
+        raise InputError(f"DFMP2 needs an RHF or UHF reference; {kind} is not supported (ROHF-MP2 "
+                         "needs semicanonical orbitals and a singles term)")
     if not isinstance(mf, hf.RHF):
         raise InputError(f"DFMP2 needs a closed-shell RHF reference, got {kind}")
-    if getattr(mf, "mo_coeff", None) is None or not getattr(mf, "converged", False):
-        raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
-                         "first); MP2 on unconverged orbitals is meaningless")
+    _converged(mf, kind)
     occ = np.asarray(mf.mo_occ)
     if not np.all((np.abs(occ - 2) < 1e-12) | (np.abs(occ) < 1e-12)) or not np.all(np.diff(occ) <= 0):
         raise InputError(f"the {kind} reference is not a closed-shell aufbau occupation "
@@ -156,6 +156,37 @@ def _reference_from_scf(mf, frozen):
                          "virtual orbitals; no MP2 correlation possible")
     return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=C[:, keep], mo_energy=eps[keep],
                         nocc=n_occ_active, scf_mode="pyscf", jk_auxbasis=None, cycles=None)
+
+
+def _converged(mf, kind: str) -> None:
+    if getattr(mf, "mo_coeff", None) is None or not getattr(mf, "converged", False):
+        raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
+                         "first); MP2 on unconverged orbitals is meaningless")
+
+
+def _uhf_reference(mf, frozen, kind: str):
+    """A converged PySCF UHF as ``scf.UHFReference`` (DF-UMP2), the ``frozen`` orbitals (PySCF's
+    meaning, the same in both spins) taken out of both spins."""
+    from .scf import UHFReference
+    _converged(mf, kind)
+    occ = np.asarray(mf.mo_occ)
+    if not np.all((np.abs(occ - 1) < 1e-12) | (np.abs(occ) < 1e-12)) or not np.all(np.diff(occ, axis=1) <= 0):
+        raise InputError(f"the {kind} reference is not an aufbau occupation in each spin "
+                         "(occupations must be 1 then 0)")
+    C, eps = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy)
+    nmo = C.shape[2]
+    nocc_a, nocc_b = (int(np.count_nonzero(o > 0)) for o in occ)
+    keep = _active_mask(frozen, nmo, nocc_a)
+    act_a, act_b = int(np.count_nonzero(keep[:nocc_a])), int(np.count_nonzero(keep[:nocc_b]))
+    nvir_b = int(np.count_nonzero(keep[nocc_b:]))
+    if act_a == 0 or nvir_b == 0:
+        raise InputError(f"frozen={frozen!r} leaves {act_a} active occupied alpha and {nvir_b} virtual "
+                         "beta orbitals; no MP2 correlation possible")
+    s2 = float(mf.spin_square()[0])
+    S = mf.mol.spin / 2
+    return UHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=C[:, :, keep], mo_energy=eps[:, keep],
+                        nocc=act_a, nocc_b=act_b, scf_mode="pyscf", jk_auxbasis=None, cycles=None,
+                        s2=s2, s2_exact=S * (S + 1))
 
 
 def _active_mask(frozen, nmo: int, nocc: int) -> np.ndarray:

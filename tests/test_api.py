@@ -64,6 +64,24 @@ def test_kernel_returns_e_corr_and_no_amplitudes():
     assert t2 is None and e == pytest.approx(pyscf_dfmp2(mf, None, "cc-pvdz-ri").e_corr, abs=1e-10)
 
 
+@pytest.mark.parametrize("frozen", [None, 1])
+def test_uhf_reference_runs_dfump2_like_pyscf(frozen):
+    """A converged PySCF DF-UHF (OH, doublet): DFMP2(mf) runs our DF-UMP2 on its orbitals and
+    matches PySCF's DFUMP2 on the same mf with the same MP2-fit basis to 1e-10 Eh."""
+    from pyscf.mp.dfump2 import DFUMP2
+    mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
+    mf = pyscf_scf.UHF(mol).density_fit()
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
+    mf.kernel()
+    assert mf.converged
+    ours = dfmp2.DFMP2(mf, frozen=frozen).run()
+    ref = DFUMP2(mf, frozen=frozen)
+    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    ref.kernel()
+    assert abs(ours.e_corr - ref.e_corr) <= 1e-10, (ours.e_corr, ref.e_corr)
+    assert abs(ours.e_tot - ref.e_tot) <= 1e-10
+
+
 def test_refusals_are_one_clear_error():
     mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
     unconverged = pyscf_scf.RHF(mol)
@@ -75,8 +93,8 @@ def test_refusals_are_one_clear_error():
     with pytest.raises(InputError, match="has not converged"):
         dfmp2.DFMP2(pyscf_scf.RHF(mol)).run()                       # never run
     oh = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="sto-3g", spin=1, verbose=0)
-    with pytest.raises(InputError, match="UHF .open-shell. is not supported yet"):
-        dfmp2.DFMP2(pyscf_scf.UHF(oh).run()).run()
+    with pytest.raises(InputError, match="ROHF.* is not supported"):
+        dfmp2.DFMP2(pyscf_scf.ROHF(oh).run()).run()
     with pytest.raises(InputError, match="Kohn-Sham"):
         dfmp2.DFMP2(dft.RKS(mol).run()).run()
     with pytest.raises(InputError, match="PySCF SCF object"):
