@@ -36,3 +36,14 @@ def pytest_collection_modifyitems(config, items):
         for mark, reason in skip.items():
             if reason and mark in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch's intra-op threads set to 1 for a test module (``pytestmark =
+    pytest.mark.usefixtures("one_torch_thread")``): small tests stay fast on a loaded 2-core
+    machine (torch's threads fighting over the cores crawl); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

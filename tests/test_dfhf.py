@@ -16,12 +16,7 @@ H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z
 LIH = "Li 0 0 0\nH 0 0 1.595"
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def geometry(atoms: str, name: str):

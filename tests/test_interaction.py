@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,12 +29,7 @@ H2_DIMER = ("4\n(H2)2 charge=0 multiplicity=1\nH 0 0 0\nH 0 0 0.74\n--\n"
             "H 0 3.0 0\nH 0 3.0 0.74\n")
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write(tmp_path, text, name="mol.xyz"):

@@ -32,14 +32,7 @@ U = 2.0 ** -24
 ENGINES = [engines.EMULATOR, pytest.param(engines.NKI_SIMULATE, marks=pytest.mark.nki_sim)]
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Philox generation in torch integer ops crawls when torch's intra-op threads fight for
-    # a loaded 2-core machine; one thread keeps these small tests fast.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(params=ENGINES)

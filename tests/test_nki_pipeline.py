@@ -2,18 +2,12 @@
 this CPU (nki.simulate when AWS's nki package is installed, else the NumPy emulator),
 against the fp64 CPU run: the fp32 Trainium path must stay within 1 µEh."""
 import pytest
-import torch
 
 from dfmp2.pipeline import RunOptions, run
 from kernels.nki import engines
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_water_trn1_simulate_within_1uEh_of_fp64_cpu():
