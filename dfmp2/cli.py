@@ -233,7 +233,8 @@ def _plan_table(plan):
 # tuning (tests, benchmarks), not in --help: RunOptions' defaults when not given
 @click.option("--occ-block-max", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("--j3c-block-mb", type=click.FloatRange(min=0, min_open=True), default=None, hidden=True)
-@click.option("--scf-max-cycle", type=click.IntRange(min=1), default=None, hidden=True)
+@click.option("--scf-max-cycle", type=click.IntRange(min=1), default=None,
+              help="most SCF iterations; a run whose SCF has not converged by then stops [default: 100]; raise it for a slowly converging open shell")
 @click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors
