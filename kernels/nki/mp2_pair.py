@@ -125,19 +125,6 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
                     r = rden[0:at, 0:bt]
                     q = kd[0:at, 0:bt]
                     p = prod[0:at, 0:bt]
-                    if opposite:        # no mirror tile, no exchange: OS += sum_b M1^2 / D
-                        nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
-                                           operand0=rc, reverse0=True)
-                        nisa.reciprocal(dst=r, data=r)
-                        nisa.tensor_tensor(dst=q, data1=t1, data2=r, op=nl.multiply)
-                        nisa.tensor_tensor(dst=p, data1=q, data2=t1, op=nl.multiply)
-                        nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
-                        nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
-                                           data2=pt, op=nl.add)
-                        continue
-                    for k in range(nk):
-                        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
-                                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
                     # D = (e_i + e_j - e_a) - e_b, then 1/D on the Vector Engine.
                     nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
                                        operand0=rc, reverse0=True)
@@ -148,6 +135,11 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
                     nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
                     nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
                                        data2=pt, op=nl.add)
+                    if opposite:        # no mirror tile M2, no exchange term
+                        continue
+                    for k in range(nk):
+                        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
+                                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
                     # X += sum_b M1 M2 / D
                     nisa.tensor_tensor(dst=p, data1=q, data2=t2, op=nl.multiply)
                     nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
