@@ -47,3 +47,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def no_scf(monkeypatch):
+    """Refusals must come before the SCF: every SCF entry point (our DF-RHF, PySCF's RHF and
+    UHF) fails the test if it is called."""
+    from dfmp2 import dfhf, scf
+
+    def fail(*a, **k):
+        pytest.fail("the SCF must not start")
+    monkeypatch.setattr(scf, "run_rhf", fail)
+    monkeypatch.setattr(scf, "run_uhf", fail)
+    monkeypatch.setattr(dfhf, "run_dfhf", fail)

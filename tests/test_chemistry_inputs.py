@@ -16,7 +16,8 @@ from pyscf import df, gto
 from pyscf import scf as pyscf_scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
-from dfmp2 import dfhf, scf
+from cli_checks import assert_one_line_error
+from dfmp2 import scf
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
@@ -63,23 +64,6 @@ def assert_matches_pyscf(r, atoms, basis, jk_aux, mp2_aux, e_hf_tol=1e-9):
     assert abs(r.e_hf - e_hf) <= e_hf_tol, r.e_hf - e_hf
     assert abs(r.e_corr - e_corr) <= 1e-9, r.e_corr - e_corr
     assert r.e_corr < -1e-3
-
-
-def assert_one_line_error(res, *fragments):
-    assert res.exit_code == 2, (res.exit_code, res.output)
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], res.output
-    assert "Traceback" not in res.output and res.exc_info[0] is SystemExit
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
-
-
-@pytest.fixture
-def no_scf(monkeypatch):
-    """Refusals must come before the SCF."""
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF must not start"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
 
 
 # --- default auxiliary bases for elements the matched sets lack -----------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli_checks import assert_one_line_error
 from dfmp2.cli import main, parse_memory
 from dfmp2.errors import InputError
 
@@ -24,16 +25,6 @@ def write(tmp_path, text, name="mol.xyz"):
 
 def run_cli(args):
     return CliRunner().invoke(main, args)
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.output   # progress notes may precede it
-    assert "Traceback" not in result.output and result.exc_info[0] is SystemExit
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
 
 
 def test_run_writes_table_and_json(tmp_path):
@@ -121,14 +112,7 @@ def test_scf_not_converged(tmp_path):
     assert not out.exists()
 
 
-def test_memory_limit_checked_before_scf(tmp_path, monkeypatch):
-    import dfmp2.scf as scf
-    import dfmp2.dfhf as dfhf
-
-    def no_scf(*a, **k):
-        raise AssertionError("SCF must not start when the memory plan does not fit")
-    monkeypatch.setattr(scf, "run_rhf", no_scf)
-    monkeypatch.setattr(dfhf, "run_dfhf", no_scf)
+def test_memory_limit_checked_before_scf(tmp_path, no_scf):
     res = run_cli(["run", str(INPUTS / "water.xyz"), "--memory", "0.1MB"])
     assert_one_line_error(res, "needs at least", "--memory")
 

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dfmp2 import dfhf, interaction, scf
+from cli_checks import assert_one_line_error
+from dfmp2 import interaction, scf
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
@@ -238,33 +239,12 @@ ERRORS = [  # (extra arguments, words in the one error line)
 
 
 @pytest.mark.parametrize("args,words", ERRORS, ids=[" ".join(a) for a, _ in ERRORS])
-def test_wrong_fragments_are_one_error_line_before_any_work(args, words, monkeypatch):
-    monkeypatch.setattr(scf, "run_rhf", _no_scf)
-    monkeypatch.setattr(scf, "run_uhf", _no_scf)
-    monkeypatch.setattr(dfhf, "run_dfhf", _no_scf)
+def test_wrong_fragments_are_one_error_line_before_any_work(args, words, no_scf):
     res = CliRunner().invoke(main, ["interaction", str(WATER_DIMER), *args])
     assert_one_line_error(res, *words)
 
 
-def assert_one_line_error(result, *words):
-    """Exit 2, one 'error:' line last (progress notes may precede it), no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.output
-    assert "Traceback" not in result.output and result.exc_info[0] is SystemExit
-    for w in words:
-        assert w in errors[0], (w, errors[0])
-
-
-def _no_scf(*a, **k):
-    raise AssertionError("an SCF ran before the input was refused")
-
-
-def test_no_fragments_and_fragments_twice(tmp_path, monkeypatch):
-    monkeypatch.setattr(scf, "run_rhf", _no_scf)
-    monkeypatch.setattr(scf, "run_uhf", _no_scf)
-    monkeypatch.setattr(dfhf, "run_dfhf", _no_scf)
+def test_no_fragments_and_fragments_twice(tmp_path, no_scf):
     assert_one_line_error(CliRunner().invoke(main, ["interaction", str(WATER_DIMER)]),
                           "no fragments", "--fragments", "'--' lines")
     path = write(tmp_path, H2_DIMER)
@@ -272,12 +252,9 @@ def test_no_fragments_and_fragments_twice(tmp_path, monkeypatch):
                           "fragments are given twice")
 
 
-def test_a_fragment_that_cannot_run_stops_before_the_first_scf(monkeypatch):
+def test_a_fragment_that_cannot_run_stops_before_the_first_scf(no_scf):
     """H2 with charge -4 (6 electrons, more than its 1s shells hold) as the last fragment:
     refused before the full system's SCF, though the full system and fragment 1 could run."""
-    monkeypatch.setattr(scf, "run_rhf", _no_scf)
-    monkeypatch.setattr(scf, "run_uhf", _no_scf)
-    monkeypatch.setattr(dfhf, "run_dfhf", _no_scf)
     res = CliRunner().invoke(main, ["interaction", str(WATER_DIMER), "--fragments", "1-4,5-6",
                                     "--fragment-charges", "4,-4"])
     assert_one_line_error(res, "fragment 2 (atoms 5-6)", "6 electrons")

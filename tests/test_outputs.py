@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2 import bench as bench_mod, compare as compare_mod, dfhf, outputs, regress, scf
+from dfmp2 import compare as compare_mod, dfhf, outputs, regress, scf
 from dfmp2.cli import main
 from dfmp2.errors import InputError, SCFNotConvergedError
 

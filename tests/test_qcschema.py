@@ -14,7 +14,6 @@ qcel = pytest.importorskip("qcelemental", reason="QCSchema path: qcelemental is 
 from qcelemental.models import AtomicResult, FailedOperation  # noqa: E402
 from pyscf.lib.parameters import BOHR  # noqa: E402
 
-from dfmp2 import dfhf, scf  # noqa: E402
 from dfmp2.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,11 +103,6 @@ def test_xyz_input_with_qcschema_output(tmp_path):
     assert r.properties.mp2_correlation_energy < -1e-3
 
 
-@pytest.fixture
-def no_scf(monkeypatch):
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF must not start"))
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF must not start"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
 
 
 @pytest.mark.parametrize("doc, args, fragment", [
