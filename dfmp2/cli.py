@@ -44,6 +44,14 @@ def user_errors(fn):
     return wrapper
 
 
+# The SCF choice of every command that runs molecules (dfmp2.scf.SCF_MODES; a test holds them equal)
+scf_option = click.option(
+    "--scf", "scf_mode", type=click.Choice(["df", "pyscf-df", "exact"]), default="df", show_default=True,
+    help="RHF: df, ours with density fitting (JK-fit basis) on --device; pyscf-df, PySCF's DF-RHF on "
+         "the host (the cross-check); exact, PySCF's RHF with exact integrals. Open shells: PySCF's "
+         "DF-UHF (df, pyscf-df) or UHF (exact)")
+
+
 class _LazyProgress:
     """A rich progress bar that appears only once the work has run longer than ``after`` s."""
 
@@ -214,9 +222,7 @@ def _plan_table(plan):
               help="freeze the chemical core orbitals in MP2")
 @click.option("--ecp", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: the effective core potential the basis comes with (def2-* beyond Kr, *-pp, LANL2DZ), stated in the output; none: all-electron (warned for a basis made for an ECP)")
-@click.option("--scf", "scf_mode", type=click.Choice(["df", "pyscf-df", "exact"]), default="df", show_default=True,
-              help="RHF: df, ours with density fitting (JK-fit basis) on --device; pyscf-df, PySCF's "
-                   "DF-RHF on the host (the cross-check); exact, PySCF's RHF with exact integrals")
+@scf_option
 @click.option("--memory", default=None, help="memory limit, e.g. 8GB [default: 80% of available]")
 @click.option("--storage", type=click.Choice(["auto", "memory", "disk"]), default="auto", show_default=True,
               help="where B lives: in memory if the plan fits, else on disk (auto), or forced")
@@ -337,8 +343,7 @@ def _qcschema_path(input_path, qcschema_path, *others):
               help=PAIR_KERNEL_HELP)
 @click.option("--frozen-core/--all-electron", default=False, show_default=True,
               help="freeze the chemical core orbitals in MP2 (ghost atoms have none)")
-@click.option("--scf", "scf_mode", type=click.Choice(["df", "exact"]), default="df", show_default=True,
-              help="RHF with density fitting (JK-fit basis) or exact integrals")
+@scf_option
 @click.option("--memory", default=None, help="memory limit per run, e.g. 8GB [default: 80% of available]")
 @click.option("--storage", type=click.Choice(["auto", "memory", "disk"]), default="auto", show_default=True,
               help="where B lives in each run")

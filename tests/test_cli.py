@@ -192,3 +192,12 @@ def test_real_process_error_has_no_traceback(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [f"error: {tmp_path / 'mol.xyz'}:4: unknown element 'Xx'"]
+
+
+def test_every_command_offers_every_scf_mode():
+    """run, interaction and compare take the same --scf choices as dfmp2.scf.SCF_MODES (the
+    interaction command once lagged behind when pyscf-df was added)."""
+    from dfmp2 import scf
+    for name in ("run", "interaction", "compare"):
+        opt = next(p for p in main.commands[name].params if p.name == "scf_mode")
+        assert tuple(opt.type.choices) == scf.SCF_MODES, name
