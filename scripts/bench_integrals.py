@@ -4,17 +4,20 @@ in one process, variants interleaved repeat by repeat:
 
   today      the path before the engines: libcint in the caller's thread, each block unpacked on
              the host (PySCF's unpack_tril) and the full square copied to the device
-  serial     libcint in the caller's thread, the packed block to the device, unpacked there
-  host       the host engine: one background libcint thread, a ring of packed buffers (pinned on
-             CUDA), overlapping the device transform; packed to the device, unpacked there
+  serial     the host engine at depth 0: libcint in the caller's thread, the packed block to the
+             device, unpacked there
+  thread     the host engine with its producer: one background libcint thread, a ring of packed
+             buffers (pinned on CUDA), overlapping the device transform
+  host       what `dfmp2 run --integrals host` uses: serial on a host device, thread otherwise
+             (``integrals.host_default_depth``)
   gpu4pyscf  gpu4pyscf's CUDA kernels (cuda only)
 
 For each: the stage time, its integrals / transform split (integrals = the time the stage waited
 for blocks, plus the metric), the seconds the engine computed (libcint or the GPU kernels), the
-energies (float.hex: today, serial and host must agree bit for bit), and the CPU cores other
+energies (float.hex: today, serial, thread and host must agree bit for bit), and the CPU cores other
 processes took meanwhile (a shared machine makes the numbers indicative only).
 
-    python scripts/bench_integrals.py                    # CPU, (H2O)16/cc-pVDZ, today/serial/host
+    python scripts/bench_integrals.py                    # CPU, (H2O)16/cc-pVDZ, today/serial/thread
     # the GPU acceptance of issue 14, one command on a CUDA machine with gpu4pyscf (shared/GPU.md):
     python scripts/bench_integrals.py --device cuda --molecules h2o_32,h2o_48 \\
         --variants today,host,gpu4pyscf --gpu4pyscf-dfmp2 --scf gpu4pyscf
@@ -80,31 +83,6 @@ class TodayEngine(integrals.IntegralEngine):
         yield gen()
 
 
-class SerialEngine(integrals.IntegralEngine):
-    """libcint in the caller's thread; the packed block goes to the device and is unpacked there."""
-
-    name = "host"
-    variant = "serial"
-
-    def metric(self, auxmol):
-        return self.backend.to_device(integrals.metric_2c(auxmol), torch.float64)
-
-    @contextlib.contextmanager
-    def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
-        def gen():
-            it = integrals.iter_j3c_packed(self.mol, auxmol, shell_blocks)
-            while True:
-                t0 = time.perf_counter()
-                item = next(it, None)                 # libcint
-                self.stats["compute_s"] += time.perf_counter() - t0
-                if item is None:
-                    return
-                p0, p1, packed = item
-                self.stats["blocks"] += 1
-                yield p0, p1, self.backend.to_device(packed, dtype)
-        yield gen()
-
-
 @contextlib.contextmanager
 def square_passes_through():
     """For 'today': the pipeline's unpack leaves an already full (nb, nao, nao) block as it is."""
@@ -120,7 +98,9 @@ def make_engine(variant, mol, backend):
     if variant == "today":
         return TodayEngine(mol, backend, "benchmark: the path before issue 14")
     if variant == "serial":
-        return SerialEngine(mol, backend, "benchmark: packed, no thread")
+        return integrals.HostEngine(mol, backend, "benchmark: packed, no thread", depth=0)
+    if variant == "thread":
+        return integrals.HostEngine(mol, backend, "benchmark: producer thread", depth=integrals.QUEUE_DEPTH)
     return integrals.select_engine(variant, mol, backend)
 
 
@@ -173,8 +153,8 @@ def main(argv=None):
     ap.add_argument("--molecules", default="h2o_16", help="comma-separated names in inputs/water_clusters or XYZ paths")
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--variants", default=None, help="comma-separated: today, serial, host, gpu4pyscf "
-                    "[default: today,serial,host on cpu; today,host,gpu4pyscf on cuda]")
+    ap.add_argument("--variants", default=None, help="comma-separated: today, serial, thread, host, "
+                    "gpu4pyscf [default: today,serial,thread on cpu; today,host,gpu4pyscf on cuda]")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scf", choices=("pyscf", "gpu4pyscf"), default="pyscf")
     ap.add_argument("--gpu4pyscf-dfmp2", action="store_true", help="also time gpu4pyscf's DF-MP2 (cuda)")
@@ -187,7 +167,7 @@ def main(argv=None):
     backend = linalg.get_backend(args.device)
     caps = backend.caps
     variants = (args.variants.split(",") if args.variants else
-                ["today", "host", "gpu4pyscf"] if caps.cuda_memory else ["today", "serial", "host"])
+                ["today", "host", "gpu4pyscf"] if caps.cuda_memory else ["today", "serial", "thread"])
     gpu = torch.cuda.get_device_name(backend.device) if caps.cuda_memory else None
     from pyscf import lib
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": args.device,
@@ -231,7 +211,8 @@ def main(argv=None):
         print(f"{path.name}: nbasis {mol.nao_nr()}, naux {auxmol.nao_nr()}, SCF ({args.scf}) {t_scf:.1f} s", flush=True)
         opts = RunOptions(basis=args.basis, device=args.device)
         rows = {v: [] for v in variants}
-        engines = {v: make_engine(v, mol, backend) for v in variants}     # fails before any timing
+        for v in variants:                                                  # fails before any timing
+            make_engine(v, mol, backend)
         for v in variants:                                                  # warm-up
             with square_passes_through() if v == "today" else contextlib.nullcontext():
                 time_mp2_stage(mol, auxmol, ref, opts, backend, engine=make_engine(v, mol, backend))
@@ -265,7 +246,7 @@ def main(argv=None):
                 "hex": rs[0]["hex"], "bits_stable": all(r["hex"] == rs[0]["hex"] for r in rs),
                 "e_corr": rs[0]["e_corr"], "other_cores_max": max((r["other_cores"] or 0) for r in rs),
                 "ran_integrals": rs[-1]["ran_integrals"], "runs": rs}
-        host_like = [v for v in ("today", "serial", "host") if v in rows]
+        host_like = [v for v in ("today", "serial", "thread", "host") if v in rows]
         mrow["bits_identical_today_serial_host"] = len({tuple(mrow["variants"][v]["hex"]) for v in host_like}) <= 1
         if args.gpu4pyscf_dfmp2:
             try:
