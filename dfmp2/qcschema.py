@@ -19,9 +19,9 @@ which QCSchema has no field for, in ``extras["qcvars"]`` under Psi4's names; and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from .errors import InputError, SCFNotConvergedError, shown
+from .xyz import read_input_text
 
 INSTALL = 'pip install -e ".[qcschema]"'
 METHODS = ("mp2",)
@@ -58,19 +58,11 @@ def is_qcschema_path(path) -> bool:
 
 def read_raw(path) -> dict:
     """The JSON document at ``path`` (InputError for a missing, unreadable or non-JSON file)."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, expected a QCSchema AtomicInput (.json)")
+    text = read_input_text(path, "a QCSchema AtomicInput (.json)")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a QCSchema AtomicInput is a JSON object, found {type(data).__name__}")
     return data

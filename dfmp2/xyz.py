@@ -183,17 +183,22 @@ def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
     return n
 
 
-def read_xyz(path) -> Geometry:
-    """Read an XYZ file; a missing or unreadable file is an InputError."""
+def read_input_text(path, expected: str) -> str:
+    """The UTF-8 text of an input file; a missing file, a directory (``expected`` names what was
+    expected instead, e.g. 'an .xyz file'), non-UTF-8 bytes or a read error is an InputError."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{path}: no such file")
     if p.is_dir():
-        raise InputError(f"{path}: is a directory, expected an .xyz file")
+        raise InputError(f"{path}: is a directory, expected {expected}")
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
-    return parse_xyz(text, source=str(path))
+
+
+def read_xyz(path) -> Geometry:
+    """Read an XYZ file; a missing or unreadable file is an InputError."""
+    return parse_xyz(read_input_text(path, "an .xyz file"), source=str(path))
