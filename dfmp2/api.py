@@ -92,8 +92,7 @@ class DFMP2:
         options.resolved_precision()      # an impossible device or precision: before any work
         auxbasis = scf.mp2_auxbasis(mol, self.auxbasis_requested)
         auxmol = scf.make_auxmol(mol, auxbasis)
-        backend = _backend(options)
-        _, e_os, e_ss, timings, ran = time_mp2_stage(mol, auxmol, ref, options, backend=backend)
+        _, e_os, e_ss, timings, ran = time_mp2_stage(mol, auxmol, ref, options)
         self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
         self.auxbasis, self.naux = scf.describe_auxbasis(auxbasis), auxmol.nao_nr()
         self.timings, self.ran = timings, ran
@@ -106,14 +105,6 @@ class DFMP2:
         """PySCF's ``kernel``: returns (e_corr, t2) with t2 None (amplitudes are never stored)."""
         self.run()
         return self.e_corr, None
-
-
-def _backend(options):
-    import linalg
-    try:
-        return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
-    except ValueError as e:          # a pair kernel unknown or not for this device
-        raise InputError(str(e)) from None
 
 
 def _reference_from_scf(mf, frozen):

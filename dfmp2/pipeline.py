@@ -418,10 +418,10 @@ def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None, engine=N
     (default: ``options.integrals``'s).
     Returns (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
     precision = options.resolved_precision()
-    if backend is None:
-        backend = linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel)
-    nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
     uhf = isinstance(ref, scf.UHFReference)
+    if backend is None:
+        backend = make_backend(options, unrestricted=uhf)
+    nfrozen = scf.frozen_core_count(mol) if options.frozen_core else 0
     nmo = ref.mo_coeff.shape[-1]
     engine = engine or select_integrals(options, mol, backend)
     plan = stage_plan(mol, auxmol, options, backend, precision,          # both spins, as run_geometry
