@@ -44,6 +44,8 @@ import linalg
 
 from . import integrals, scf
 from .errors import MemoryLimitError, SCFNotConvergedError
+from .fitting import apply_metric, describe_metric, fit_metric
+from .timing import Timer
 
 ENGINE = "dfmp2.dfhf"
 JK_BLOCK_MB = 64.0        # target MB of one unpacked factor block in the exchange build
@@ -170,7 +172,6 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
     metric's conditioning (measured on water/cc-pVDZ-JKFIT: B off by 1e-5 relative, E(HF) by
     5e-3 Eh), while B rounded to fp32 after an fp64 fit is off by 6e-8 relative."""
-    from .pipeline import fit_metric                         # the MP2 stage's metric factorisation
     fb = fit_backend if fit_backend is not None else backend
     engine = engine or integrals.HostEngine(mol, fb)
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
@@ -185,12 +186,9 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
     t0 = timer.add("scf_integrals", t0)
     M, kind, info = fit_metric(j2c, fb)
     del j2c
-    if kind == "cholesky":
-        B = linalg.trsm(M, raw, side="left", uplo="lower", backend=fb)
-    else:
-        B = linalg.gemm(M, raw, backend=fb)
+    B = apply_metric(M, kind, raw, fb)
     del raw, M
-    metric = kind if kind == "cholesky" else f"eigh (dropped {info['dropped']})"
+    metric = describe_metric(kind, info)
     fac64 = None
     if dtype != torch.float64:
         fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric)
@@ -239,8 +237,7 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     Fock build (None: incremental exactly when the device lacks fp64). ``engine``: the integral
     engine for the JK-fit integrals (dfmp2.integrals; default: the host engine)."""
     if timer is None:
-        from .pipeline import _Timer
-        timer = _Timer(backend)
+        timer = Timer(backend)
     f64 = torch.float64
     jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
     if incremental is None:                                      # tests may force either build

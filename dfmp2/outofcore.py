@@ -47,6 +47,7 @@ import linalg
 
 from . import memory
 from .checkpoint import CheckpointError
+from .fitting import apply_metric
 from .errors import InputError
 
 H5_SUFFIX = ".h5"
@@ -518,10 +519,7 @@ def fit_blocks(M: torch.Tensor, kind: str, src, dst, backend, out_dtype: torch.d
         for k, cols in it:
             src.release(k)
             cols = cols.contiguous()
-            if kind == "cholesky":
-                blk = linalg.trsm(M, cols, side="left", uplo="lower", backend=backend)
-            else:
-                blk = linalg.gemm(M, cols, backend=backend)
+            blk = apply_metric(M, kind, cols, backend)
             del cols
             dst.set_block(k, blk.to(out_dtype).contiguous())
     dst.flush()

@@ -22,6 +22,8 @@ import linalg
 from linalg import DTYPES
 
 from . import checkpoint, dfhf, integrals, memory, outofcore, outputs, scf
+from .fitting import describe_metric, metric_factor
+from .timing import Timer
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
 from .result import Result, software_versions
@@ -70,46 +72,7 @@ class RunOptions:
         return p
 
 
-class _Timer:
-    """Wall-clock seconds per stage, synchronising the device before each reading."""
-
-    def __init__(self, backend):
-        self.backend, self.seconds = backend, {}
-
-    def add(self, stage: str, t0: float, sync: bool = True) -> float:
-        """Charge the time since t0 to ``stage``; sync=False for host-only work, so queued
-        device work (and its overlap with the host) is not interrupted."""
-        if sync:
-            self.backend.synchronize()
-        t1 = time.perf_counter()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + (t1 - t0)
-        return t1
-
-
-def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
-    """Factor the fitting metric j2c (naux, naux) fp64. Returns (M, kind, info): kind 'cholesky'
-    with M = L (lower, j2c = L L^T), or, when j2c is numerically not positive definite, kind
-    'eigh' with M = j2c^-1/2 (eigenvalues below 1e-10 dropped, as PySCF and Psi4 do)."""
-    try:
-        return linalg.cholesky(j2c, backend=backend), "cholesky", {}
-    except torch.linalg.LinAlgError:   # linalg.NotPositiveDefiniteError among them
-        M, info = linalg.inv_sqrt_spd(j2c, method="eigh", threshold=1e-10, backend=backend)
-        return M, "eigh", info
-
-
-def metric_factor(auxmol, backend, timer: _Timer, engine: integrals.IntegralEngine):
-    """(M, kind, info) of ``fit_metric`` for the aux basis' j2c from ``engine``, timed as
-    integrals and metric."""
-    t0 = time.perf_counter()
-    j2c = engine.metric(auxmol)
-    t0 = timer.add("integrals", t0)
-    out = fit_metric(j2c, backend)
-    del j2c
-    timer.add("metric", t0)
-    return out
-
-
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: _Timer, B,
+def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: Timer, B,
             engine: integrals.IntegralEngine | None = None, metric=None) -> None:
     """Fit B into the store ``B`` (``outofcore.open_b_store``): block k holds
     B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``B.dtype``; then
@@ -261,7 +224,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
             ck = checkpoint.Checkpoint.create(options.checkpoint, fp, occ_block=plan.occ_block)
             created = True
 
-        timer = _Timer(backend)
+        timer = Timer(backend)
         t0 = time.perf_counter()
         if ck is not None and ck.has_scf:
             say(f"RHF from checkpoint {ck.path}")
@@ -427,7 +390,7 @@ def time_mp2_stage(mol, auxmol, ref, options: RunOptions, backend=None, engine=N
     plan = stage_plan(mol, auxmol, options, backend, precision,          # both spins, as run_geometry
                       nocc=ref.nocc - nfrozen + (ref.nocc_b - nfrozen if uhf else 0),
                       nvir=nmo - (ref.nocc_b if uhf else ref.nocc), engine=engine)
-    timer = _Timer(backend)
+    timer = Timer(backend)
     backend.synchronize()
     t0 = time.perf_counter()
     stage = ump2_energy if uhf else mp2_energy
@@ -472,7 +435,7 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
 
 
 def mp2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan: MemoryPlan,
-               timer: _Timer, progress=None, scratch_dir=None, checkpoint=None, engine=None):
+               timer: Timer, progress=None, scratch_dir=None, checkpoint=None, engine=None):
     """The DF-MP2 stage after the SCF: integrals, metric, transforms, fit and pair energies.
 
     B stays in memory or goes to HDF5 on disk as ``plan.out_of_core`` says (the same arithmetic
@@ -538,7 +501,7 @@ def _ran(backend, precision: str, fit_dtype, metric_kind: str, metric_info: dict
     ran["simulated"] = backend.caps.simulable and backend.engine != "neuron-hardware"
     ran["stage_precision"] = {"transform_fit": str(fit_dtype).replace("torch.float", "fp"),
                               "pair": precision, "energy_sums": "fp64"}
-    ran["metric"] = metric_kind if metric_kind == "cholesky" else f"eigh (dropped {metric_info['dropped']})"
+    ran["metric"] = describe_metric(metric_kind, metric_info)
     ran["storage"] = storage
     ran["integrals"] = engine.describe()
     if storage["from_checkpoint"]["B"]:
@@ -547,7 +510,7 @@ def _ran(backend, precision: str, fit_dtype, metric_kind: str, metric_info: dict
 
 
 def ump2_energy(mol, auxmol, ref, *, nfrozen: int, backend, precision: str, plan: MemoryPlan,
-                timer: _Timer, progress=None, scratch_dir=None, engine=None):
+                timer: Timer, progress=None, scratch_dir=None, engine=None):
     """DF-UMP2 after a UHF (``scf.UHFReference``): B^alpha and B^beta are built by ``build_B``
     into two stores (``open_b_store``, the same plan and blocking), then three spin blocks:
 

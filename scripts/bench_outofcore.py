@@ -50,7 +50,8 @@ import linalg  # noqa: E402
 from dfmp2 import outofcore, scf  # noqa: E402
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
-from dfmp2.pipeline import _Timer, build_B, _largest_shell  # noqa: E402
+from dfmp2.pipeline import build_B, _largest_shell  # noqa: E402
+from dfmp2.timing import Timer  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.scf import RHFReference  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
@@ -209,7 +210,7 @@ def main(argv=None):
     outofcore.Scratch(args.scratch).check_space(b_bytes * 1.6 / 1e6)
     B_disk = outofcore.open_b_store(plan, blocks, dtype, backend, scratch=args.scratch)
     try:
-        timer = _Timer(backend)
+        timer = Timer(backend)
         t0 = time.perf_counter()
         build_B(mol, auxmol, C[:, nfrozen:nocc_all], C[:, nocc_all:], backend, torch.float64, plan,
                 timer, B_disk)

@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 import linalg  # noqa: E402
 from dfmp2 import dfhf, scf  # noqa: E402
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
-from dfmp2.pipeline import RunOptions, _Timer, run  # noqa: E402
+from dfmp2.pipeline import RunOptions, run  # noqa: E402
+from dfmp2.timing import Timer  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
 from linalg.torch_ops import syrk_work_fraction  # noqa: E402
@@ -92,7 +93,7 @@ def main(argv=None):
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for dev in devices:
         be = linalg.get_backend(dev)
-        timer = _Timer(be)
+        timer = Timer(be)
         t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer))
         row("ours (dfmp2.dfhf)", dev, t, ref, busy, stages=dict(timer.seconds),
             kernels=ref.ran["kernels"], d_e_hf_vs_pyscf=ref.e_hf - ref_p.e_hf)

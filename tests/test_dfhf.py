@@ -65,12 +65,12 @@ def test_incremental_fock_build_equals_full_build_in_fp64():
 def test_jk_match_pyscf_on_a_density():
     """J and K of one density (not an SCF one) against PySCF's DF-J/K with the same factor."""
     import numpy as np
-    from dfmp2.pipeline import _Timer
+    from dfmp2.timing import Timer
     mol = molecule("water.xyz")
     ref = scf.run_rhf(mol, "pyscf-df")
     cpu = linalg.get_backend("cpu")
     aux = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
-    fac, fac64 = dfhf.build_jk_factor(mol, aux, cpu, torch.float64, _Timer(cpu))
+    fac, fac64 = dfhf.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu))
     assert fac64 is None
     C = np.random.default_rng(7).standard_normal((mol.nao_nr(), 6))
     D = C @ C.T

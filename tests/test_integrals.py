@@ -22,6 +22,7 @@ import linalg
 from dfmp2 import dfhf, integrals, memory, pipeline, scf
 from dfmp2.cli import INTEGRAL_ENGINES, main
 from dfmp2.pipeline import RunOptions
+from dfmp2.timing import Timer
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 
@@ -130,7 +131,7 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
     for eng in (integrals.HostEngine(mol, be, depth=integrals.QUEUE_DEPTH), SameThread(mol, be)):
         plan = pipeline.stage_plan(mol, auxmol, opts, be, "fp64", nocc=ref.nocc, nvir=ref.mo_coeff.shape[1] - ref.nocc)
         e_os, e_ss, ran = pipeline.mp2_energy(mol, auxmol, ref, nfrozen=0, backend=be, precision="fp64",
-                                              plan=plan, timer=pipeline._Timer(be), engine=eng)
+                                              plan=plan, timer=Timer(be), engine=eng)
         res[eng.name] = (float.hex(e_os), float.hex(e_ss))
         assert ran["integrals"]["engine"] == eng.name
     assert plan.aux_block < auxmol.nao_nr()
@@ -380,7 +381,7 @@ def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
         plan = pipeline.stage_plan(mol, auxmol, RunOptions(j3c_block_mb=0.3), be, "fp64", nocc=ref.nocc,
                                    nvir=ref.mo_coeff.shape[1] - ref.nocc, engine=eng)
         e_os, e_ss, ran = pipeline.mp2_energy(mol, auxmol, ref, nfrozen=0, backend=be, precision="fp64",
-                                              plan=plan, timer=pipeline._Timer(be), engine=eng)
+                                              plan=plan, timer=Timer(be), engine=eng)
         e[eng.name] = e_os + e_ss
         assert ran["integrals"]["engine"] == eng.name
     assert abs(e["gpu4pyscf"] - e["host"]) < 1e-12
