@@ -5,7 +5,14 @@ The CLI prints ``error: <message>`` for these and exits non-zero, without a trac
 
 
 class InputError(Exception):
-    """Bad user input (file, molecule, options). Raised before heavy work where possible."""
+    """Bad user input (file, molecule, options). Raised before heavy work where possible.
+
+    ``option``: the ``dfmp2.options.RunOptions`` field the error is about (None: not one option).
+    The message says what is wrong in the library's words; the CLI adds its flag for ``option``."""
+
+    def __init__(self, *args, option: str | None = None):
+        super().__init__(*args)
+        self.option = option
 
 
 class SCFNotConvergedError(InputError):

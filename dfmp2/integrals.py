@@ -48,7 +48,9 @@ from pyscf.gto import moleintor
 
 from linalg import DeviceUnavailableError
 
-ENGINES = ("auto", "host", "gpu4pyscf")
+from .options import INTEGRAL_ENGINES
+
+ENGINES = INTEGRAL_ENGINES           # dfmp2.options: auto, host, gpu4pyscf
 QUEUE_DEPTH = 2            # host engine: packed blocks in the ring (double buffering)
 GPU4PYSCF_BLOCK_MB = 4096.0  # gpu4pyscf: target MB of a block (see Gpu4pyscfEngine.block_mb)
 # The optional extra per CUDA major version: gpu4pyscf's wheels are built per CUDA major

@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,51 +25,9 @@ from .fitting import describe_metric, metric_factor
 from .timing import Timer
 from .errors import InputError
 from .memory import MB, STORAGE_CHOICES, MemoryPlan, plan_memory
+from .options import PRECISIONS, RunOptions  # noqa: F401 (PRECISIONS: pipeline's public name)
 from .result import Result, software_versions
 from .xyz import Geometry, read_xyz
-
-PRECISIONS = tuple(DTYPES)
-
-
-@dataclass
-class RunOptions:
-    """What the user asked for. ``precision=None``: fp64 on cpu/cuda, fp32 on trn (no fp64 there)."""
-
-    basis: str = "cc-pvdz"
-    auxbasis: str | None = None          # None: the MP2-fit set matched to ``basis``
-    charge: int | None = None            # None: from the XYZ comment line, else 0
-    multiplicity: int | None = None
-    device: str = "cpu"
-    simulate: bool = False
-    precision: str | None = None
-    frozen_core: bool = False
-    ecp: str = "auto"                    # auto: the ECP the basis comes with (scf.build_molecule); none
-    scf_mode: str = "df"
-    memory_mb: float | None = None       # None: a safe fraction of available memory
-    storage: str = "auto"                # where B lives: auto (memory if it fits), memory, disk
-    scratch_dir: str | None = None       # out-of-core files; None: the system's temp directory
-    checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
-    resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
-    pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
-    integrals: str = "auto"              # integral engine (dfmp2.integrals.ENGINES): auto, host, gpu4pyscf
-    occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
-    j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
-    scf_max_cycle: int = scf.SCF_MAX_CYCLE
-    reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
-
-    def resolved_precision(self) -> str:
-        try:
-            caps = linalg.device_capabilities(self.device)
-        except ValueError as e:        # an unknown device name
-            raise InputError(str(e)) from None
-        p = self.precision or caps.default_precision
-        if p not in PRECISIONS:
-            raise InputError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}")
-        if caps.precision_problem(p):
-            raise InputError(f"{self.device}: {caps.precision_problem(p)}; use --precision fp32 "
-                             "(energies are still accumulated in fp64)")
-        return p
-
 
 def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: Timer, B,
             engine: integrals.IntegralEngine | None = None, metric=None) -> None:

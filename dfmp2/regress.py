@@ -217,7 +217,7 @@ def render(results: list[CaseResult], console, device: str, precision: str, tole
             ours, dc, dh = f"{r.ours['e_corr']:.10f}", f"{r.diff['e_corr']:+.2e}", f"{r.diff['e_hf']:+.2e}"
         else:
             ours = dc = dh = "—"
-        status = "[green]pass[/green]" if r.passed else f"[red]FAIL[/red]"
+        status = "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
         if r.error:
             status += f" [red]{escape(r.error)}[/red]"
         t.add_row(escape(r.molecule), r.scf_mode, core, str(r.nbasis), f"{r.reference['e_corr']:.10f}", ours,
@@ -262,7 +262,7 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
 @click.option("--tol", "tolerance", type=float, default=None,
               help="tolerance in Hartree on E_corr and E_HF [default: 1e-9 fp64, 1e-6 fp32]")
 @click.option("--references", "ref_path", type=click.Path(dir_okay=False), default=None,
-              help=f"reference file [default: inputs/references.json]")
+              help="reference file [default: inputs/references.json]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write every case and the summary as JSON to this path")
 @click.option("--list", "list_only", is_flag=True, help="list the selected cases and exit")

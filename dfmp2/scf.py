@@ -18,13 +18,11 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import hf as pyscf_hf
 
 from .errors import InputError, SCFNotConvergedError
+from .options import ECP_CHOICES, REFERENCES, SCF_DF_MODES, SCF_MAX_CYCLE, SCF_MODES  # noqa: F401
 from .xyz import Geometry
 
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
-SCF_MAX_CYCLE = 100
-SCF_MODES = ("df", "pyscf-df", "exact")   # df: our DF-RHF (dfmp2.dfhf); pyscf-df: PySCF's; exact: PySCF's RHF
-SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
 
 
 MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
@@ -74,9 +72,6 @@ def _check_basis(name: str, elements, kind: str, option: str) -> None:
     if missing:
         raise InputError(f"{kind} '{name}' is not defined for {', '.join(missing)}; "
                          f"choose another with {option}")
-
-
-ECP_CHOICES = ("auto", "none")
 
 
 def ecp_core_electrons(basis, elements) -> dict:
@@ -163,7 +158,6 @@ def minimal_basis_size(symbols) -> int:
     return n
 
 
-REFERENCES = ("auto", "rhf", "uhf", "rohf")
 S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
                  # for a UHF reference whose spin contamination makes (U)MP2 unreliable
 

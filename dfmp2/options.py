@@ -1,0 +1,84 @@
+"""What a user may ask for: the choices of every option and ``RunOptions``, defined once.
+
+The CLI's options (dfmp2.cli_options), the Python API and the QCSchema keywords are all built from
+this module; nothing here imports PySCF, so the CLI starts fast. Library errors name the
+``RunOptions`` field they are about (``InputError.option``) and never a CLI flag; the CLI adds
+its flag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import linalg
+from linalg import DTYPES
+from linalg.cuda import PAIR_KERNELS
+
+from . import memory
+from .errors import InputError
+
+PRECISIONS = tuple(DTYPES)                 # fp64, fp32
+DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
+SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.dfhf); pyscf-df: PySCF's; exact: PySCF's
+SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
+SCF_MAX_CYCLE = 100
+REFERENCES = ("auto", "rhf", "uhf", "rohf")
+ECP_CHOICES = ("auto", "none")
+STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
+INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
+PAIR_KERNEL_CHOICES = PAIR_KERNELS         # cuda only (linalg.cuda)
+
+
+@dataclass
+class RunOptions:
+    """What the user asked for. ``precision=None``: fp64 on cpu/cuda, fp32 on trn (no fp64 there)."""
+
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None          # None: the MP2-fit set matched to ``basis``
+    charge: int | None = None            # None: from the XYZ comment line, else 0
+    multiplicity: int | None = None
+    device: str = "cpu"
+    simulate: bool = False
+    precision: str | None = None
+    frozen_core: bool = False
+    ecp: str = "auto"                    # auto: the ECP the basis comes with (scf.build_molecule); none
+    scf_mode: str = "df"
+    memory_mb: float | None = None       # None: a safe fraction of available memory
+    storage: str = "auto"                # where B lives: auto (memory if it fits), memory, disk
+    scratch_dir: str | None = None       # out-of-core files; None: the system's temp directory
+    checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
+    resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
+    pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
+    integrals: str = "auto"              # integral engine (INTEGRAL_ENGINES): auto, host, gpu4pyscf
+    occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
+    j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
+    scf_max_cycle: int = SCF_MAX_CYCLE
+    reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
+
+    def resolved_precision(self) -> str:
+        """The working precision: ``precision``, or the device's default; InputError for an
+        unknown device or precision, or one the device cannot run."""
+        try:
+            caps = linalg.device_capabilities(self.device)
+        except ValueError as e:        # an unknown device name
+            raise InputError(str(e), option="device") from None
+        p = self.precision or caps.default_precision
+        if p not in PRECISIONS:
+            raise InputError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}",
+                             option="precision")
+        if caps.precision_problem(p):
+            raise InputError(f"{self.device}: {caps.precision_problem(p)}; use precision fp32 "
+                             "(energies are still accumulated in fp64)", option="precision")
+        return p
+
+    def check_choices(self) -> None:
+        """InputError (naming the option) for a value outside its choices."""
+        for name, choices in (("scf_mode", SCF_MODES), ("storage", STORAGE_CHOICES),
+                              ("reference", REFERENCES), ("ecp", ECP_CHOICES),
+                              ("integrals", INTEGRAL_ENGINES), ("pair_kernel", PAIR_KERNEL_CHOICES)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise InputError(f"unknown {name.replace('_', ' ')} '{value}'; use one of "
+                                 f"{', '.join(choices)}", option=name)
+        if self.simulate and not linalg.device_capabilities(self.device).simulable:
+            raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'",
+                             option="simulate")
