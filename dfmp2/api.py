@@ -84,8 +84,9 @@ class DFMP2:
         """Compute the energies (the MP2 stage only); returns self, as PySCF's ``run``."""
         from . import scf
         from .pipeline import RunOptions, time_mp2_stage
+        from .reference import from_pyscf
 
-        ref = _reference_from_scf(self._scf, self.frozen)
+        ref = from_pyscf(self._scf, self.frozen)
         mol = self.mol
         options = RunOptions(device=self.device, precision=self.precision, memory_mb=self.memory_mb,
                              simulate=self.simulate, pair_kernel=self.pair_kernel)
@@ -96,7 +97,8 @@ class DFMP2:
         self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
         self.auxbasis, self.naux = scf.describe_auxbasis(auxbasis), auxmol.nao_nr()
         self.timings, self.ran = timings, ran
-        self.nocc, self.nmo = ref.nocc, ref.mo_coeff.shape[-1]
+        self.nocc = ref.channels[0].nocc_active
+        self.nmo = int(np.count_nonzero(~ref.channels[0].frozen))
         note = scf.auxbasis_note(mol, auxbasis, "mp2") if self.auxbasis_requested is None else None
         self.warnings = [note] if note else []
         return self
@@ -105,106 +107,6 @@ class DFMP2:
         """PySCF's ``kernel``: returns (e_corr, t2) with t2 None (amplitudes are never stored)."""
         self.run()
         return self.e_corr, None
-
-
-def _reference_from_scf(mf, frozen):
-    """The orbitals of a converged PySCF SCF as the MP2 stage reads them (``scf.RHFReference``),
-    with the ``frozen`` orbitals taken out: the active occupied orbitals first, then the active
-    virtuals, nocc the active occupied count. A UHF gives ``scf.UHFReference`` (DF-UMP2)."""
-    from pyscf.scf import ghf, hf, rohf, uhf
-
-    from .scf import RHFReference
-
-    try:
-        from pyscf.dft.rks import KohnShamDFT
-    except ImportError:                          # pragma: no cover - every PySCF 2.x has it
-        KohnShamDFT = ()
-    if not isinstance(mf, hf.SCF):
-        raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got "
-                         f"{type(mf).__name__}")
-    kind = type(mf).__name__
-    if KohnShamDFT and isinstance(mf, KohnShamDFT):
-        raise InputError(f"DFMP2 needs a Hartree-Fock reference; {kind} is Kohn-Sham DFT")
-    if isinstance(mf, uhf.UHF) and not isinstance(mf, ghf.GHF):
-        return _uhf_reference(mf, frozen, kind)
-    if isinstance(mf, (rohf.ROHF, ghf.GHF)):
-        raise InputError(f"DFMP2 needs an RHF or UHF reference; {kind} is not supported (ROHF-MP2 "
-                         "needs semicanonical orbitals and a singles term)")
-    if not isinstance(mf, hf.RHF):
-        raise InputError(f"DFMP2 needs a closed-shell RHF reference, got {kind}")
-    _converged(mf, kind)
-    occ = np.asarray(mf.mo_occ)
-    if not np.all((np.abs(occ - 2) < 1e-12) | (np.abs(occ) < 1e-12)) or not np.all(np.diff(occ) <= 0):
-        raise InputError(f"the {kind} reference is not a closed-shell aufbau occupation "
-                         "(occupations must be 2 then 0)")
-    C, eps = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy)
-    nmo, nocc = C.shape[1], int(np.count_nonzero(occ > 0))
-    keep = _active_mask(frozen, nmo, nocc)
-    n_occ_active = int(np.count_nonzero(keep[:nocc]))
-    n_vir_active = int(np.count_nonzero(keep[nocc:]))
-    if n_occ_active == 0 or n_vir_active == 0:
-        raise InputError(f"frozen={frozen!r} leaves {n_occ_active} active occupied and {n_vir_active} "
-                         "virtual orbitals; no MP2 correlation possible")
-    return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=C[:, keep], mo_energy=eps[keep],
-                        nocc=n_occ_active, scf_mode="pyscf", jk_auxbasis=None, cycles=None)
-
-
-def _converged(mf, kind: str) -> None:
-    if getattr(mf, "mo_coeff", None) is None or not getattr(mf, "converged", False):
-        raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
-                         "first); MP2 on unconverged orbitals is meaningless")
-
-
-def _uhf_reference(mf, frozen, kind: str):
-    """A converged PySCF UHF as ``scf.UHFReference`` (DF-UMP2), the ``frozen`` orbitals (PySCF's
-    meaning, the same in both spins) taken out of both spins."""
-    from .scf import UHFReference
-    _converged(mf, kind)
-    occ = np.asarray(mf.mo_occ)
-    if not np.all((np.abs(occ - 1) < 1e-12) | (np.abs(occ) < 1e-12)) or not np.all(np.diff(occ, axis=1) <= 0):
-        raise InputError(f"the {kind} reference is not an aufbau occupation in each spin "
-                         "(occupations must be 1 then 0)")
-    C, eps = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy)
-    nmo = C.shape[2]
-    nocc_a, nocc_b = (int(np.count_nonzero(o > 0)) for o in occ)
-    keep = _active_mask(frozen, nmo, nocc_a)
-    act_a, act_b = int(np.count_nonzero(keep[:nocc_a])), int(np.count_nonzero(keep[:nocc_b]))
-    nvir_b = int(np.count_nonzero(keep[nocc_b:]))
-    if act_a == 0 or nvir_b == 0:
-        raise InputError(f"frozen={frozen!r} leaves {act_a} active occupied alpha and {nvir_b} virtual "
-                         "beta orbitals; no MP2 correlation possible")
-    s2 = float(mf.spin_square()[0])
-    S = mf.mol.spin / 2
-    return UHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=C[:, :, keep], mo_energy=eps[:, keep],
-                        nocc=act_a, nocc_b=act_b, scf_mode="pyscf", jk_auxbasis=None, cycles=None,
-                        s2=s2, s2_exact=S * (S + 1))
-
-
-def _active_mask(frozen, nmo: int, nocc: int) -> np.ndarray:
-    """Boolean (nmo,) mask of the correlated orbitals for PySCF's ``frozen`` (None, an int n:
-    the n lowest, or a list of orbital indices)."""
-    keep = np.ones(nmo, dtype=bool)
-    if frozen is None:
-        return keep
-    if isinstance(frozen, (bool, np.bool_)):
-        raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
-    if isinstance(frozen, (int, np.integer)):
-        if not 0 <= frozen < nocc:
-            raise InputError(f"frozen={frozen} must be between 0 and {nocc - 1} (nocc {nocc})")
-        keep[:frozen] = False
-        return keep
-    try:
-        idx = [int(i) for i in frozen if isinstance(i, (int, np.integer)) and not isinstance(i, bool)]
-        ok = len(idx) == len(frozen)
-    except TypeError:
-        ok = False
-    if not ok:
-        raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
-    bad = [i for i in idx if not 0 <= i < nmo]
-    if bad or len(set(idx)) != len(idx):
-        raise InputError(f"frozen orbital indices must be distinct and within 0..{nmo - 1}, got {list(frozen)}")
-    keep[idx] = False
-    return keep
 
 
 def energy(molecule, **options):

@@ -266,30 +266,40 @@ class Checkpoint:
             del self.f[name]
         return self.f.create_group(name)
 
-    def save_scf(self, ref) -> None:
+    def save_scf(self, ref, scf_mode: str) -> None:
+        """Write the RHF ``ref`` (dfmp2.reference.Reference, nothing frozen) of ``scf_mode``."""
+        (ch,) = ref.channels
         g = self._fresh_group("scf_tmp")
         for name in ("mo_coeff", "mo_energy"):
-            a = np.ascontiguousarray(getattr(ref, name), dtype=np.float64)
+            a = np.ascontiguousarray(getattr(ch, name), dtype=np.float64)
             g.create_dataset(name, data=a).attrs["crc32"] = block_crc(a)
         g.attrs["e_hf"] = float(ref.e_hf)
-        g.attrs["nocc"] = int(ref.nocc)
-        g.attrs["scf_mode"] = ref.scf_mode
+        g.attrs["nocc"] = int(ch.nocc)
+        g.attrs["scf_mode"] = scf_mode
         g.attrs["jk_auxbasis"] = ref.jk_auxbasis or ""
-        g.attrs["cycles"] = int(ref.cycles or 0)
+        g.attrs["cycles"] = int(ref.scf.iterations or 0)
         g.attrs["crc32"] = attrs_crc(g.attrs, SCF_ATTRS)
         self.f.flush()
         self.f.move("scf_tmp", "scf")           # appears whole or not at all
         self.f.flush()
 
     def load_scf(self):
-        from .scf import RHFReference
+        """The RHF Reference written by ``save_scf`` (source 'checkpoint'; its ScfRecord says
+        which engine converged it, on which device, in how many iterations)."""
+        from .provenance import ScfRecord
+        from .reference import restricted
         g = self.f["scf"]
         try:
-            return RHFReference(mf=None, e_hf=float(g.attrs["e_hf"]), mo_coeff=g["mo_coeff"][...],
-                                mo_energy=g["mo_energy"][...], nocc=int(g.attrs["nocc"]),
-                                scf_mode=str(g.attrs["scf_mode"]),
-                                jk_auxbasis=str(g.attrs["jk_auxbasis"]) or None,
-                                cycles=int(g.attrs["cycles"]) or None)
+            mode, cycles = str(g.attrs["scf_mode"]), int(g.attrs["cycles"]) or None
+            jk_aux = str(g.attrs["jk_auxbasis"]) or None
+            ours = mode == "df"
+            record = ScfRecord(engine="dfmp2.dfhf" if ours else "pyscf", reference="RHF",
+                               device=json.loads(self.f.attrs["fingerprint"]).get("device", "host") if ours else "host",
+                               source="checkpoint", iterations=cycles, jk_auxbasis=jk_aux,
+                               jk="dfmp2.dfhf (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
+                               checkpoint=str(self.path))
+            return restricted(g["mo_coeff"][...], g["mo_energy"][...], int(g.attrs["nocc"]),
+                              e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)
         except (OSError, KeyError) as e:
             raise CheckpointError(f"checkpoint {self.path} is corrupted: scf: {e}") from None
 

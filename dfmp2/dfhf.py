@@ -45,6 +45,8 @@ import linalg
 from . import integrals, scf
 from .errors import MemoryLimitError, SCFNotConvergedError
 from .fitting import apply_metric, describe_metric, fit_metric
+from .provenance import ScfRecord
+from .reference import Reference, restricted
 from .timing import Timer
 
 ENGINE = "dfmp2.dfhf"
@@ -228,159 +230,195 @@ class _DIIS:
 
 
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
-             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None,
-             engine=None) -> scf.RHFReference:
-    """Converge DF-RHF on ``backend`` (see the module docstring). Returns RHFReference with
-    scf_mode 'df', mf None, mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy, and ``ran``
-    (engine, device, precision, iterations, kernels of this stage, host work, times).
-    SCFNotConvergedError when it does not converge in max_cycle cycles. ``incremental``: the
-    Fock build (None: incremental exactly when the device lacks fp64). ``engine``: the integral
-    engine for the JK-fit integrals (dfmp2.integrals; default: the host engine)."""
-    if timer is None:
-        timer = Timer(backend)
-    f64 = torch.float64
-    jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
-    if incremental is None:                                      # tests may force either build
-        incremental = jk_dtype != f64
-    dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
-    before = dict(backend.kernels_used)
-    seconds0 = dict(timer.seconds)
-    jk_spec = scf.default_auxbasis(mol, "jk")
-    auxmol = scf.make_auxmol(mol, jk_spec)
-    nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    nocc = mol.nelectron // 2
+             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None) -> Reference:
+    """Converge DF-RHF on ``backend`` (see the module docstring). Returns the Reference (source
+    'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
+    precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
+    does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
+    exactly when the device lacks fp64). ``engine``: the integral engine for the JK-fit
+    integrals (dfmp2.integrals; default: the host engine)."""
+    return DFRHF(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
+                 incremental=incremental, engine=engine).run(max_cycle)
 
-    engine = engine or integrals.HostEngine(mol, backend)
-    fac, fac64 = build_jk_factor(mol, auxmol, backend, jk_dtype, timer, block_mb, fit_backend=dense,
-                                 engine=engine)
-    t0 = time.perf_counter()
-    todev = dense.to_device
-    S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
-    H = todev(pyscf_hf.get_hcore(mol), f64)
-    e_nuc = float(mol.energy_nuc())
-    dm0 = pyscf_hf.init_guess_by_minao(mol)                     # PySCF's RHF default guess
-    D = todev(np.asarray(dm0), f64)
-    t0 = timer.add("scf_integrals", t0, sync=False)
 
-    # canonical orthogonalisation, PySCF's cutoff on the overlap eigenvalues
-    s, U = linalg.eigh(S, backend=dense)
-    cutoff = scf.overlap_cutoff()
-    keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
-    X = U[:, keep] / torch.sqrt(s[keep])                         # (nao, nmo)
+class DFRHF:
+    """Our DF-RHF, one step a method: the J/K build (``two_electron``, ``delta_factor``), the Fock
+    matrix and its energy, diagonalisation, the density, DIIS and the convergence test. A DF-UHF
+    overrides the spin-dependent ones (density, two_electron per spin) and keeps the rest.
 
-    def two_electron(Dm, C, split=None, f=fac):
+    Dense O(N^3) algebra runs on ``dense``: the backend where it has fp64, else the host CPU."""
+
+    reference = "RHF"
+
+    def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
+                 incremental: bool | None = None, engine=None):
+        self.mol, self.backend, self.timer = mol, backend, timer
+        self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
+        self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
+        self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
+        self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
+        self.jk_spec = scf.default_auxbasis(mol, "jk")
+        self.auxmol = scf.make_auxmol(mol, self.jk_spec)
+        self.nao, self.nocc = mol.nao_nr(), mol.nelectron // 2
+        self.engine = engine or integrals.HostEngine(mol, backend)
+        self.fac, self.fac64 = build_jk_factor(mol, self.auxmol, backend, self.jk_dtype, timer, block_mb,
+                                               fit_backend=self.dense, engine=self.engine)
+        self.t0 = time.perf_counter()
+        self._one_electron()
+
+    # ---- set-up: PySCF's one-electron part and guess, canonical orthogonalisation
+    def _one_electron(self) -> None:
+        todev, f64, mol = self.dense.to_device, torch.float64, self.mol
+        self.S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
+        self.H = todev(pyscf_hf.get_hcore(mol), f64)
+        self.e_nuc = float(mol.energy_nuc())
+        self.dm0 = pyscf_hf.init_guess_by_minao(mol)                # PySCF's RHF default guess
+        self.t0 = self.timer.add("scf_integrals", self.t0, sync=False)
+        s, U = linalg.eigh(self.S, backend=self.dense)              # PySCF's cutoff on S's eigenvalues
+        cutoff = scf.overlap_cutoff()
+        keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
+        self.X = U[:, keep] / torch.sqrt(s[keep])                    # (nao, nmo)
+
+    def guess(self):
+        """(D, G) of the guess: 'minao' comes with its orbitals and (fractional) occupations."""
+        D = self.dense.to_device(np.asarray(self.dm0), torch.float64)
+        occ0 = getattr(self.dm0, "mo_occ", None)
+        if occ0 is not None and np.all(np.asarray(occ0) >= 0):
+            occ0 = np.asarray(occ0)
+            Cg = self.dense.to_device(np.asarray(self.dm0.mo_coeff)[:, occ0 > 0] * np.sqrt(occ0[occ0 > 0]),
+                                      torch.float64)
+            return D, self.two_electron(D, Cg)
+        Cg, split = self.delta_factor(D, self.nao)
+        return D, self.two_electron(D, Cg, split)
+
+    # ---- J/K
+    def two_electron(self, Dm, C, split=None, f=None):
         """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
+        f = f or self.fac
         J = f.coulomb(Dm.to(f.B.device))
         K = f.exchange(C.to(f.B.device), split)
-        return todev(J.to(f64) - 0.5 * K, f64)
+        return self.dense.to_device(J.to(torch.float64) - 0.5 * K, torch.float64)
 
-    def density_factor(C_occ):
-        return math.sqrt(2.0) * C_occ                 # D = 2 C_occ C_occ^T = Cf Cf^T
-
-    def delta_factor(dD, width=nocc):
+    def delta_factor(self, dD, width=None):
         """(Cf, split) with dD = Cf[:, :split] Cf[:, :split]^T - Cf[:, split:] Cf[:, split:]^T,
-        ``width`` columns each, zero-padded (one kernel shape) or widened when dD needs more, from
-        the eigenvectors of dD (dense fp64). A difference of two rank-nocc densities has at most
-        nocc of each sign; the first one, from the guess, may have more."""
-        w, V = linalg.eigh(dD, backend=dense)
+        ``width`` (default nocc) columns each, zero-padded (one kernel shape) or widened when dD
+        needs more, from the eigenvectors of dD (dense fp64). A difference of two rank-nocc
+        densities has at most nocc of each sign; the first one, from the guess, may have more."""
+        w, V = linalg.eigh(dD, backend=self.dense)
         pos = torch.nonzero(w > DELTA_CUTOFF).flatten()
         neg = torch.nonzero(w < -DELTA_CUTOFF).flatten()
-        width = max(width, len(pos), len(neg))
-        Cf = torch.zeros((nao, 2 * width), dtype=f64, device=dD.device)
+        width = max(width or self.nocc, len(pos), len(neg))
+        Cf = torch.zeros((self.nao, 2 * width), dtype=torch.float64, device=dD.device)
         Cf[:, :len(pos)] = V[:, pos] * torch.sqrt(w[pos])
         Cf[:, width:width + len(neg)] = V[:, neg] * torch.sqrt(-w[neg])
         return Cf, width
 
-    def energy(Dm, G):
-        return float((Dm * (H + 0.5 * G)).sum()) + e_nuc
+    def new_G(self, D, D_last, G, C, f=None):
+        """G of the new density D: of ΔD added to G (incremental) or of the whole D."""
+        if self.incremental and f is None:
+            Cd, split = self.delta_factor(D - D_last)
+            return G + self.two_electron(D - D_last, Cd, split)
+        return self.two_electron(D, math.sqrt(2.0) * C[:, :self.nocc], f=f)   # D = 2 C_occ C_occ^T
 
-    def diagonalize(F):
+    # ---- dense steps
+    def energy(self, Dm, G) -> float:
+        return float((Dm * (self.H + 0.5 * G)).sum()) + self.e_nuc
+
+    def diagonalize(self, F):
+        dense, X = self.dense, self.X
         Fo = linalg.gemm(X, linalg.gemm(F, X, backend=dense), trans_a=True, backend=dense)
         e, V = linalg.eigh(Fo, backend=dense)
         return e, linalg.gemm(X, V, backend=dense)
 
-    def occupied_density(C):
-        return linalg.syrk(C[:, :nocc], alpha=2.0, backend=dense)
+    def density(self, C):
+        return linalg.syrk(C[:, :self.nocc], alpha=2.0, backend=self.dense)
 
-    # the guess density's G: 'minao' comes with its orbitals and (fractional) occupations
-    occ0 = getattr(dm0, "mo_occ", None)
-    if occ0 is not None and np.all(np.asarray(occ0) >= 0):
-        occ0 = np.asarray(occ0)
-        Cg = todev(np.asarray(dm0.mo_coeff)[:, occ0 > 0] * np.sqrt(occ0[occ0 > 0]), f64)
-        G = two_electron(D, Cg)
-    else:
-        Cg, split_g = delta_factor(D, nao)
-        G = two_electron(D, Cg, split_g)
-    e_tot = energy(D, G)
-    diis = _DIIS()
-    converged, cycles = False, 0
-    mo_e = C = None
-    for cycle in range(max_cycle):
-        cycles = cycle + 1
-        e_last, D_last = e_tot, D
-        F = H + G
-        if cycle >= DIIS_START_CYCLE:
-            FDS = linalg.gemm(F, linalg.gemm(D, S, backend=dense), backend=dense)
-            err = linalg.gemm(X, linalg.gemm(FDS - FDS.mT, X, backend=dense), trans_a=True, backend=dense)
-            F = diis.update(F, err)
-        mo_e, C = diagonalize(F)
-        D = occupied_density(C)
-        if incremental:
-            Cd, split = delta_factor(D - D_last)
-            G = G + two_electron(D - D_last, Cd, split)
-        else:
-            G = two_electron(D, density_factor(C[:, :nocc]))
-        e_tot = energy(D, G)
-        F = H + G
-        g = 2.0 * linalg.gemm(C[:, nocc:], linalg.gemm(F, C[:, :nocc], backend=dense), trans_a=True, backend=dense)
-        gnorm = float(torch.linalg.norm(g))
-        if abs(e_tot - e_last) < scf.SCF_CONV_TOL and gnorm < scf.SCF_CONV_TOL_GRAD:
-            converged = True
-            break
-    if not converged:
+    def diis_error(self, F, D):
+        """FDS - SDF in the orthogonal basis."""
+        dense, X = self.dense, self.X
+        FDS = linalg.gemm(F, linalg.gemm(D, self.S, backend=dense), backend=dense)
+        return linalg.gemm(X, linalg.gemm(FDS - FDS.mT, X, backend=dense), trans_a=True, backend=dense)
+
+    def orbital_gradient(self, F, C) -> float:
+        g = 2.0 * linalg.gemm(C[:, self.nocc:], linalg.gemm(F, C[:, :self.nocc], backend=self.dense),
+                              trans_a=True, backend=self.dense)
+        return float(torch.linalg.norm(g))
+
+    @staticmethod
+    def converged(e_tot: float, e_last: float, gnorm: float) -> bool:
+        return abs(e_tot - e_last) < scf.SCF_CONV_TOL and gnorm < scf.SCF_CONV_TOL_GRAD
+
+    # ---- the iterations
+    def iterate(self, max_cycle: int):
+        """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
+        D, G = self.guess()
+        e_tot = self.energy(D, G)
+        diis = _DIIS()
+        for cycle in range(max_cycle):
+            e_last, D_last = e_tot, D
+            F = self.H + G
+            if cycle >= DIIS_START_CYCLE:
+                F = diis.update(F, self.diis_error(F, D))
+            _, C = self.diagonalize(F)
+            D = self.density(C)
+            G = self.new_G(D, D_last, G, C)
+            e_tot = self.energy(D, G)
+            F = self.H + G
+            if self.converged(e_tot, e_last, self.orbital_gradient(F, C)):
+                return cycle + 1, D, G, F
         raise SCFNotConvergedError(
-            f"RHF did not converge in {max_cycle} cycles (last energy {e_tot:.10f} Eh); "
+            f"{self.reference} did not converge in {max_cycle} cycles (last energy {e_tot:.10f} Eh); "
             "check the geometry, charge and multiplicity")
-    # PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild, re-evaluate.
-    # Incremental (fp32 device): this last J/K is of the whole density with the fp64 factor on
-    # the host. The fp32 builds' rounding stays in the accumulated Fock matrix (water: E(HF)
-    # 2e-7 Eh off); the energy is stationary in D, so evaluated with fp64 J/K it carries that
-    # error squared, and this build is recorded as host work.
-    e_last, D_last = e_tot, D
-    mo_e, C = diagonalize(F)
-    D = occupied_density(C)
-    e_device = None
-    if incremental:
-        Cd, split = delta_factor(D - D_last)
-        e_device = energy(D, G + two_electron(D - D_last, Cd, split))
-        t1 = time.perf_counter()
-        G = two_electron(D, density_factor(C[:, :nocc]), f=fac64 if fac64 is not None else fac)
-        t0 -= timer.add("scf_final_fp64_host", t1, sync=False) - t1    # not charged to 'scf'
-    else:
-        G = two_electron(D, density_factor(C[:, :nocc]))
-    e_tot = energy(D, G)
-    timer.add("scf", t0)
-    used = {k: v - before.get(k, 0) for k, v in backend.kernels_used.items() if v != before.get(k, 0)}
-    times = {k: v - seconds0.get(k, 0.0) for k, v in timer.seconds.items() if v != seconds0.get(k, 0.0)}
-    ran = {"engine": ENGINE, "device": backend.name, "backend_engine": backend.engine,
-           "iterations": cycles,
-           "precision": {"jk": str(jk_dtype).replace("torch.float", "fp"), "fock_energy": "fp64",
-                         "fock_build": "incremental (J/K of ΔD, Fock summed in fp64)" if incremental
-                         else "full (J/K of D each cycle)"},
-           "jk_factor": {"naux": naux, "shape": list(fac.B.shape), "mb": fac.B.numel() * fac.B.element_size() / 1e6,
-                         "metric": fac.metric, "exchange_block": fac.block},
-           "kernels": dict(sorted(used.items())), "times": times,
-           "final_energy": ("J/K of the converged density with the fp64 factor on the host "
-                            "(the energy's error from the fp32 cycles enters squared)"
-                            if fac64 is not None else "the last J/K of the whole density on the device"),
-           "integrals": engine.describe(),
-           "host": "PySCF: S, hcore, E_nuc, the 'minao' guess; DIIS's small solve"
-                   + ("; (P|Q) and (μν|P) by libcint" if engine.name == "host" else "")}
-    if e_device is not None:
-        ran["e_hf_device_fock"] = e_device     # Hartree, with the fp32-built Fock matrix
-    if dense is not backend:
-        ran["host_kernels"] = dict(sorted(dense.kernels_used.items()))
-        ran["host"] += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
-    return scf.RHFReference(mf=None, e_hf=e_tot, mo_coeff=C.detach().cpu().numpy(),
-                            mo_energy=mo_e.detach().cpu().numpy(), nocc=nocc, scf_mode="df",
-                            jk_auxbasis=scf.describe_auxbasis(jk_spec), cycles=cycles, ran=ran)
+
+    def finish(self, D, G, F):
+        """PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild,
+        re-evaluate. Incremental (fp32 device): this last J/K is of the whole density with the
+        fp64 factor on the host. The fp32 builds' rounding stays in the accumulated Fock matrix
+        (water: E(HF) 2e-7 Eh off); the energy is stationary in D, so evaluated with fp64 J/K it
+        carries that error squared, and this build is recorded as host work.
+        Returns (mo_energy, C, e_tot, e_device: the fp32-Fock energy or None)."""
+        D_last = D
+        mo_e, C = self.diagonalize(F)
+        D = self.density(C)
+        e_device = None
+        if self.incremental:
+            e_device = self.energy(D, self.new_G(D, D_last, G, C))
+            t1 = time.perf_counter()
+            G = self.new_G(D, D_last, G, C, f=self.fac64 if self.fac64 is not None else self.fac)
+            self.t0 -= self.timer.add("scf_final_fp64_host", t1, sync=False) - t1    # not charged to 'scf'
+        else:
+            G = self.new_G(D, D_last, G, C)
+        return mo_e, C, self.energy(D, G), e_device
+
+    def run(self, max_cycle: int) -> Reference:
+        cycles, D, G, F = self.iterate(max_cycle)
+        mo_e, C, e_tot, e_device = self.finish(D, G, F)
+        self.timer.add("scf", self.t0)
+        return restricted(C.detach().cpu().numpy(), mo_e.detach().cpu().numpy(), self.nocc, e_hf=e_tot,
+                          source=ENGINE, scf=self.record(cycles, e_device),
+                          jk_auxbasis=scf.describe_auxbasis(self.jk_spec))
+
+    def record(self, cycles: int, e_device: float | None) -> ScfRecord:
+        """What ran this SCF (kernels and times of this stage only)."""
+        be, fac, timer = self.backend, self.fac, self.timer
+        used = {k: v - self.kernels0.get(k, 0) for k, v in be.kernels_used.items() if v != self.kernels0.get(k, 0)}
+        times = {k: v - self.seconds0.get(k, 0.0) for k, v in timer.seconds.items() if v != self.seconds0.get(k, 0.0)}
+        host = ("PySCF: S, hcore, E_nuc, the 'minao' guess; DIIS's small solve"
+                + ("; (P|Q) and (μν|P) by libcint" if self.engine.name == "host" else ""))
+        if self.dense is not be:
+            host += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
+        return ScfRecord(
+            engine=ENGINE, reference=self.reference, device=be.name, source="ran", iterations=cycles,
+            jk="J by GEMVs, K by GEMM + SYRK over the packed JK factor",
+            jk_auxbasis=scf.describe_auxbasis(self.jk_spec), backend_engine=be.engine,
+            precision={"jk": str(self.jk_dtype).replace("torch.float", "fp"), "fock_energy": "fp64",
+                       "fock_build": "incremental (J/K of ΔD, Fock summed in fp64)" if self.incremental
+                       else "full (J/K of D each cycle)"},
+            kernels=dict(sorted(used.items())), times=times,
+            host_kernels=dict(sorted(self.dense.kernels_used.items())) if self.dense is not be else {},
+            jk_factor={"naux": fac.naux, "shape": list(fac.B.shape), "mb": fac.B.numel() * fac.B.element_size() / 1e6,
+                       "metric": fac.metric, "exchange_block": fac.block},
+            integrals=self.engine.describe(), e_hf_device_fock=e_device, host=host,
+            final_energy=("J/K of the converged density with the fp64 factor on the host "
+                          "(the energy's error from the fp32 cycles enters squared)"
+                          if self.fac64 is not None else "the last J/K of the whole density on the device"))

@@ -6,6 +6,7 @@ import platform
 from dataclasses import dataclass, asdict, field
 from datetime import datetime, timezone
 
+SCHEMA_VERSION = "2"                  # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF)
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
 SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
 
@@ -77,7 +78,7 @@ class Result:
                 "e_corr_sos": self.e_corr_sos, "e_sos_mp2": self.e_hf + self.e_corr_sos}
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {"schema_version": SCHEMA_VERSION, **asdict(self)}
         for k in ("e_hf", "e_os", "e_ss"):
             d.pop(k)
         d["energies"] = self.energies()
@@ -118,7 +119,7 @@ class Result:
         if sr:
             where = sr.get("device", "host")
             s.add_row("SCF", escape(f"{sr.get('engine')} on {where}, {sr.get('iterations')} iterations"
-                                    + (", from the checkpoint" if sr.get("from_checkpoint") else "")))
+                                    + (", from the checkpoint" if sr.get("source") == "checkpoint" else "")))
         s.add_row("ECP", escape(describe_ecp(self.ecp)))
         if self.spin:
             sp = self.spin

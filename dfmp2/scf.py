@@ -7,7 +7,6 @@ errors and we compare to 1e-9 Eh.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, gto, scf
@@ -18,6 +17,8 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import hf as pyscf_hf
 
 from .errors import InputError, SCFNotConvergedError
+from .provenance import ScfRecord
+from .reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
 from .options import ECP_CHOICES, REFERENCES, SCF_DF_MODES, SCF_MAX_CYCLE, SCF_MODES  # noqa: F401
 from .xyz import Geometry
 
@@ -158,8 +159,6 @@ def minimal_basis_size(symbols) -> int:
     return n
 
 
-S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
-                 # for a UHF reference whose spin contamination makes (U)MP2 unreliable
 
 
 def electron_count(geom: Geometry, charge: int | None = None, multiplicity: int | None = None):
@@ -384,44 +383,27 @@ def describe_auxbasis(auxbasis) -> str:
     return " + ".join(f"{name} ({', '.join(by_name[name])})" for name in order)
 
 
-@dataclass
-class RHFReference:
-    """The converged RHF reference. Energies in Hartree; mo_coeff (nao, nmo); nocc doubly occupied."""
-
-    mf: object
-    e_hf: float
-    mo_coeff: np.ndarray
-    mo_energy: np.ndarray
-    nocc: int
-    scf_mode: str
-    jk_auxbasis: str | None
-    cycles: int | None
-    ran: dict | None = None     # what ran the SCF (engine, device, kernels, times); None from a checkpoint
-
-
-def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> RHFReference:
+def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> Reference:
     """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
     JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
     'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
     'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this."""
-    mf, jk_aux, cycles = _converge(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF")
-    nocc = int(np.count_nonzero(mf.mo_occ > 0))
-    return RHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
-                        mo_energy=np.asarray(mf.mo_energy), nocc=nocc, scf_mode=scf_mode,
-                        jk_auxbasis=jk_aux, cycles=cycles, ran=_pyscf_ran(jk_aux, cycles, "RHF"))
+    return _run_pyscf(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF")
 
 
-def _pyscf_ran(jk_aux, cycles, what: str) -> dict:
-    """What ran an SCF converged by PySCF on the host, for ``ran['scf']``."""
-    return {"engine": "pyscf", "reference": what, "device": "host", "precision": "fp64",
-            "iterations": cycles, "jk": "pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"}
+def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> Reference:
+    """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
+    JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
+    far; or exact), for ``mol.spin`` = n_alpha - n_beta."""
+    return _run_pyscf(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF")
 
 
-def _converge(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str):
+def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str) -> Reference:
     """Density-fit (JK-fit set ``default_auxbasis(mol, 'jk')``) or not, converge to SCF_CONV_TOL /
-    SCF_CONV_TOL_GRAD; (mf, JK-fit description or None, cycles). SCFNotConvergedError if not."""
+    SCF_CONV_TOL_GRAD, and return the Reference (``reference.from_pyscf``) with its record.
+    SCFNotConvergedError if it does not converge."""
     if scf_mode not in SCF_MODES:
-        raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}")
+        raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}", option="scf_mode")
     jk_aux = None
     if scf_mode in SCF_DF_MODES:
         jk_spec = default_auxbasis(mol, "jk")
@@ -441,52 +423,7 @@ def _converge(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str):
         raise SCFNotConvergedError(
             f"{what} did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); "
             "check the geometry, charge and multiplicity")
-    return mf, jk_aux, len(cycles) or None
-
-
-@dataclass
-class UHFReference:
-    """The converged UHF reference. Energies in Hartree. mo_coeff (2, nao, nmo), mo_energy
-    (2, nmo): alpha then beta; nocc / nocc_b: occupied alpha / beta orbitals. s2: <S^2> of the
-    UHF determinant, s2_exact: S(S+1) of the multiplicity asked for (dimensionless)."""
-
-    mf: object
-    e_hf: float
-    mo_coeff: np.ndarray
-    mo_energy: np.ndarray
-    nocc: int
-    nocc_b: int
-    scf_mode: str
-    jk_auxbasis: str | None
-    cycles: int | None
-    s2: float
-    s2_exact: float
-    ran: dict | None = None     # what ran the SCF (PySCF's UHF on the host)
-
-    def spin(self, s: int):
-        """(C (nao, nmo), eps (nmo,), nocc) of spin s (0 alpha, 1 beta)."""
-        return self.mo_coeff[s], self.mo_energy[s], (self.nocc, self.nocc_b)[s]
-
-    def contamination_warning(self) -> str | None:
-        """One line when <S^2> exceeds S(S+1) by more than S2_WARN, else None."""
-        d = self.s2 - self.s2_exact
-        if d <= S2_WARN:
-            return None
-        return (f"spin contamination: UHF <S^2> = {self.s2:.4f}, exact S(S+1) = {self.s2_exact:.4f} "
-                f"(excess {d:.3f} > {S2_WARN}); UMP2 energies of such a reference are unreliable "
-                "(check for a lower-spin or broken-symmetry state)")
-
-
-def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> UHFReference:
-    """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
-    JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
-    far; or exact), for ``mol.spin`` = n_alpha - n_beta."""
-    mf, jk_aux, cycles = _converge(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF")
-    occ = np.asarray(mf.mo_occ)
-    s2, _ = mf.spin_square()
-    S = mol.spin / 2
-    return UHFReference(mf=mf, e_hf=float(mf.e_tot), mo_coeff=np.asarray(mf.mo_coeff),
-                        mo_energy=np.asarray(mf.mo_energy), nocc=int(np.count_nonzero(occ[0] > 0)),
-                        nocc_b=int(np.count_nonzero(occ[1] > 0)), scf_mode=scf_mode,
-                        jk_auxbasis=jk_aux, cycles=cycles, s2=float(s2), s2_exact=S * (S + 1),
-                        ran=_pyscf_ran(jk_aux, cycles, "UHF"))
+    record = ScfRecord(engine="pyscf", reference=what, device="host", source="ran",
+                       iterations=len(cycles) or None, jk_auxbasis=jk_aux,
+                       jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)")
+    return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux)

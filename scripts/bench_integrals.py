@@ -50,6 +50,8 @@ import linalg  # noqa: E402
 from dfmp2 import integrals, scf  # noqa: E402
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
+from dfmp2.provenance import ScfRecord  # noqa: E402
+from dfmp2.reference import from_pyscf, restricted  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
 
@@ -112,13 +114,13 @@ def reference(mol, how: str, jk_auxbasis):
     mf = gscf.RHF(mol).density_fit(auxbasis=jk_auxbasis)
     mf.conv_tol = 1e-10
     mf.verbose = 0
-    e = mf.kernel()
+    mf.kernel()
     if not mf.converged:
         raise RuntimeError("gpu4pyscf DF-RHF did not converge")
     mf = mf.to_cpu()
-    nocc = mol.nelectron // 2
-    return scf.RHFReference(mf=mf, e_hf=float(e), mo_coeff=mf.mo_coeff, mo_energy=mf.mo_energy, nocc=nocc,
-                            scf_mode="df", jk_auxbasis=str(jk_auxbasis), cycles=None)
+    return from_pyscf(mf, jk_auxbasis=str(jk_auxbasis),
+                      scf=ScfRecord(engine="gpu4pyscf", reference="RHF", device="cuda", source="ran",
+                                    iterations=None, jk="gpu4pyscf DF-J/K", jk_auxbasis=str(jk_auxbasis)))
 
 
 def time_gpu4pyscf_dfmp2(ref, auxbasis):
@@ -197,8 +199,9 @@ def main(argv=None):
         if cache is not None and cache.exists():
             import numpy as np
             z = np.load(cache)
-            ref = scf.RHFReference(mf=None, e_hf=float(z["e_hf"]), mo_coeff=z["mo_coeff"], mo_energy=z["mo_energy"],
-                                   nocc=int(z["nocc"]), scf_mode="df", jk_auxbasis=None, cycles=None)
+            ref = restricted(z["mo_coeff"], z["mo_energy"], int(z["nocc"]), e_hf=float(z["e_hf"]), source="given",
+                             scf=ScfRecord(engine="cache", reference="RHF", device="host", source="given",
+                                           iterations=None, jk=f"read from {cache}"))
             if args.gpu4pyscf_dfmp2:
                 raise SystemExit("--gpu4pyscf-dfmp2 needs the SCF object: run without --scf-cache")
         else:
@@ -206,7 +209,8 @@ def main(argv=None):
             if cache is not None:
                 import numpy as np
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                np.savez(cache, e_hf=ref.e_hf, mo_coeff=ref.mo_coeff, mo_energy=ref.mo_energy, nocc=ref.nocc)
+                ch = ref.channels[0]
+                np.savez(cache, e_hf=ref.e_hf, mo_coeff=ch.mo_coeff, mo_energy=ch.mo_energy, nocc=ch.nocc)
         t_scf = time.perf_counter() - t0
         print(f"{path.name}: nbasis {mol.nao_nr()}, naux {auxmol.nao_nr()}, SCF ({args.scf}) {t_scf:.1f} s", flush=True)
         opts = RunOptions(basis=args.basis, device=args.device)

@@ -53,7 +53,8 @@ from dfmp2.memory import plan_memory  # noqa: E402
 from dfmp2.pipeline import build_B, _largest_shell  # noqa: E402
 from dfmp2.timing import Timer  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
-from dfmp2.scf import RHFReference  # noqa: E402
+from dfmp2.provenance import ScfRecord  # noqa: E402
+from dfmp2.reference import restricted  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
 
 GB = 1e9
@@ -90,8 +91,9 @@ def core_orbitals(mol, nocc):
     _, c = scipy.linalg.eigh(h, s)
     nmo = c.shape[1]
     e = np.concatenate([np.linspace(-1.5, -0.5, nocc), np.linspace(0.2, 3.0, nmo - nocc)])
-    return RHFReference(mf=None, e_hf=float("nan"), mo_coeff=c, mo_energy=e, nocc=nocc, scf_mode="core-guess",
-                        jk_auxbasis=None, cycles=None)
+    return restricted(c, e, nocc, e_hf=float("nan"), source="given",
+                      scf=ScfRecord(engine="core-guess", reference="RHF", device="host", source="given",
+                                    iterations=None, jk="none (core-Hamiltonian orbitals)"))
 
 
 class TimedStore:
@@ -190,7 +192,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     ref = core_orbitals(mol, nocc_all) if args.orbitals == "core" else scf.run_rhf(mol, "df")
     t_orb = time.perf_counter() - t0
-    nocc, nvir, naux, nao = nocc_all - nfrozen, ref.mo_coeff.shape[1] - nocc_all, auxmol.nao_nr(), mol.nao_nr()
+    nocc, nvir, naux, nao = nocc_all - nfrozen, ref.nmo - nocc_all, auxmol.nao_nr(), mol.nao_nr()
     plan = plan_memory(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=dtype.itemsize, limit_mb=None,
                        storage="disk", aux_shell_max=_largest_shell(auxmol), occ_block=args.occ_block)
     blocks = outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
@@ -203,9 +205,9 @@ def main(argv=None):
 
     peaks = {"fp64": gemm_peak(torch.float64), "fp32": gemm_peak(torch.float32)}
     print(f"GEMM peak: fp64 {peaks['fp64']['gflops']:.1f}, fp32 {peaks['fp32']['gflops']:.1f} GFLOP/s", flush=True)
-    C = ref.mo_coeff
-    eps_occ = torch.as_tensor(ref.mo_energy[nfrozen:nocc_all], dtype=torch.float64)
-    eps_vir = torch.as_tensor(ref.mo_energy[nocc_all:], dtype=torch.float64)
+    C, mo_energy = ref.channels[0].mo_coeff, ref.channels[0].mo_energy
+    eps_occ = torch.as_tensor(mo_energy[nfrozen:nocc_all], dtype=torch.float64)
+    eps_vir = torch.as_tensor(mo_energy[nocc_all:], dtype=torch.float64)
     rec = {}
     outofcore.Scratch(args.scratch).check_space(b_bytes * 1.6 / 1e6)
     B_disk = outofcore.open_b_store(plan, blocks, dtype, backend, scratch=args.scratch)

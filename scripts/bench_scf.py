@@ -84,9 +84,9 @@ def main(argv=None):
     rows = []
 
     def row(who, device, t, ref, busy, **extra):
-        rows.append({"who": who, "device": device, "seconds": t, "iterations": ref.cycles if ref else None,
+        rows.append({"who": who, "device": device, "seconds": t, "iterations": ref.scf.iterations if ref else None,
                      "e_hf": ref.e_hf if ref else None, "other_processes_cores": busy, **extra})
-        print(f"  {who} on {device}: {t:.2f} s, {ref.cycles} cycles, E(HF) {ref.e_hf:.10f}", flush=True)
+        print(f"  {who} on {device}: {t:.2f} s, {ref.scf.iterations} cycles, E(HF) {ref.e_hf:.10f}", flush=True)
 
     t, ref_p, busy = timed(lambda: scf.run_rhf(mol, "pyscf-df"))
     row("pyscf DF-RHF", "cpu", t, ref_p, busy)
@@ -96,7 +96,7 @@ def main(argv=None):
         timer = Timer(be)
         t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer))
         row("ours (dfmp2.dfhf)", dev, t, ref, busy, stages=dict(timer.seconds),
-            kernels=ref.ran["kernels"], d_e_hf_vs_pyscf=ref.e_hf - ref_p.e_hf)
+            kernels=ref.scf.kernels, d_e_hf_vs_pyscf=ref.e_hf - ref_p.e_hf)
     if "cuda" not in devices:
         rows.append({"who": "ours (dfmp2.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
         rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})

@@ -72,7 +72,7 @@ def main(argv=None):
     auxmol = scf.make_auxmol(mol, auxbasis)
     nfrozen = scf.frozen_core_count(mol) if args.frozen_core else 0
     ref = scf.run_rhf(mol, "df")
-    shapes = {"nbasis": mol.nao_nr(), "nocc": ref.nocc - nfrozen, "nvir": mol.nao_nr() - ref.nocc,
+    shapes = {"nbasis": mol.nao_nr(), "nocc": ref.channels[0].nocc - nfrozen, "nvir": mol.nao_nr() - ref.channels[0].nocc,
               "naux": auxmol.nao_nr()}
     print(f"{args.xyz}: {shapes}; torch threads {torch.get_num_threads()}, "
           f"pyscf threads {lib.num_threads()}", flush=True)

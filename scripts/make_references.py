@@ -189,7 +189,7 @@ def compute_reference(case: dict) -> dict:
         "scf_jk_auxbasis": ref.jk_auxbasis,
         "scf": {"conv_tol": mf.conv_tol, "conv_tol_grad": mf.conv_tol_grad,
                 "max_cycle": mf.max_cycle, "init_guess": mf.init_guess,
-                "cycles": ref.cycles, "converged": bool(mf.converged)},
+                "cycles": ref.scf.iterations, "converged": bool(mf.converged)},
         "frozen_core": case["frozen_core"],
         "nfrozen": nfrozen,
         "nbasis": mol.nao_nr(),

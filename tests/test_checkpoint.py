@@ -369,9 +369,9 @@ def test_checkpoint_of_an_older_format_is_refused(water_checkpoint, tmp_path):
 def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
     ck = water_checkpoint[0]
     assert "does not exist" in cli_error(["run", str(WATER), "--resume", str(tmp_path / "nope.h5")])
-    assert "already exists; continue it with --resume" in cli_error(
+    assert "already exists; resume it" in cli_error(
         ["run", str(WATER), "--checkpoint", str(ck)])
-    assert "name different files" in cli_error(
+    assert "to resume are different files" in cli_error(
         ["run", str(WATER), "--checkpoint", str(tmp_path / "a.h5"), "--resume", str(ck)])
 
 

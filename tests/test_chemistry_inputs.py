@@ -193,8 +193,8 @@ def test_auxbasis_not_a_fitting_set_and_too_small_warned(tmp_path):
     res = CliRunner().invoke(main, ["run", write(tmp_path, WATER), "--auxbasis", "sto-3g", "--json", str(out)])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
-    assert "warning: --auxbasis sto-3g is not a density-fitting set" in text
-    assert "warning: --auxbasis sto-3g has fewer functions (naux 7) than the orbital basis (nbasis 24)" in text
+    assert "warning: auxiliary basis sto-3g is not a density-fitting set" in text
+    assert "warning: auxiliary basis sto-3g has fewer functions (naux 7) than the orbital basis (nbasis 24)" in text
     w = json.loads(out.read_text())["warnings"]
     assert len(w) == 2 and "not a density-fitting set" in w[0] and "naux 7" in w[1]
 

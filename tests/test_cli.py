@@ -121,7 +121,7 @@ def test_memory_limit_checked_before_scf(tmp_path, no_scf):
     (["--device", "cuda"], "no CUDA GPU"),
     (["--device", "trn1"], "Neuron SDK"),
     (["--device", "tpu"], "unknown device 'tpu'"),
-    (["--simulate"], "--simulate applies only to trn1/trn2"),
+    (["--simulate"], "simulation applies only to trn1/trn2"),
     (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
     (["--memory", "lots"], "--memory"),
     (["--memory", "nan"], "--memory must be a finite size"),

@@ -129,11 +129,12 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
     opts = RunOptions(j3c_block_mb=0.5)            # several blocks
     res = {}
     for eng in (integrals.HostEngine(mol, be, depth=integrals.QUEUE_DEPTH), SameThread(mol, be)):
-        plan = pipeline.stage_plan(mol, auxmol, opts, be, "fp64", nocc=ref.nocc, nvir=ref.mo_coeff.shape[1] - ref.nocc)
-        e_os, e_ss, ran = pipeline.mp2_energy(mol, auxmol, ref, nfrozen=0, backend=be, precision="fp64",
-                                              plan=plan, timer=Timer(be), engine=eng)
-        res[eng.name] = (float.hex(e_os), float.hex(e_ss))
-        assert ran["integrals"]["engine"] == eng.name
+        plan = pipeline.stage_plan(mol, auxmol, opts, be, "fp64", nocc=ref.channels[0].nocc,
+                                   nvir=ref.nmo - ref.channels[0].nocc)
+        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be),
+                                 engine=eng)
+        res[eng.name] = (float.hex(got.e_os), float.hex(got.e_ss))
+        assert got.integrals["engine"] == eng.name
     assert plan.aux_block < auxmol.nao_nr()
     assert res["host"] == res["same-thread"]
 
@@ -378,12 +379,12 @@ def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
     be = linalg.get_backend("cpu")
     e = {}
     for eng in (integrals.HostEngine(mol, be), integrals.Gpu4pyscfEngine(mol, FakeCudaBackend())):
-        plan = pipeline.stage_plan(mol, auxmol, RunOptions(j3c_block_mb=0.3), be, "fp64", nocc=ref.nocc,
-                                   nvir=ref.mo_coeff.shape[1] - ref.nocc, engine=eng)
-        e_os, e_ss, ran = pipeline.mp2_energy(mol, auxmol, ref, nfrozen=0, backend=be, precision="fp64",
-                                              plan=plan, timer=Timer(be), engine=eng)
-        e[eng.name] = e_os + e_ss
-        assert ran["integrals"]["engine"] == eng.name
+        plan = pipeline.stage_plan(mol, auxmol, RunOptions(j3c_block_mb=0.3), be, "fp64", nocc=ref.channels[0].nocc,
+                                   nvir=ref.nmo - ref.channels[0].nocc, engine=eng)
+        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be),
+                                 engine=eng)
+        e[eng.name] = got.e_os + got.e_ss
+        assert got.integrals["engine"] == eng.name
     assert abs(e["gpu4pyscf"] - e["host"]) < 1e-12
 
 

@@ -267,7 +267,7 @@ def test_checkpoint_after_scf_kept_unless_a_refusal(tmp_path, monkeypatch, exc, 
 
     def fail(*a, **k):
         raise exc
-    monkeypatch.setattr(pipeline, "mp2_energy", fail)
+    monkeypatch.setattr(pipeline, "mp2_stage", fail)
     with pytest.raises(type(exc)):
         pipeline.run(WATER, pipeline.RunOptions(checkpoint=str(ck)))
     assert ck.exists() == kept

@@ -139,11 +139,11 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     with scf_tolerance():
         ref = scf.run_rhf(mol, "df")
     scf_s = time.perf_counter() - t0
-    nocc, nvir, naux = ref.nocc, ref.mo_coeff.shape[1] - ref.nocc, auxmol.nao_nr()
+    nocc, nvir, naux = ref.channels[0].nocc, ref.nmo - ref.channels[0].nocc, auxmol.nao_nr()
     row = {"waters": n, "molecule": f"inputs/water_clusters/{path.name}", "basis": "cc-pvdz",
            "auxbasis": scf.describe_auxbasis(auxbasis), "nbasis": mol.nao_nr(), "nocc": nocc,
            "nvir": nvir, "naux": naux, "pair_flops": pair_flops(nocc, nvir, naux),
-           "scf_s": scf_s, "scf_cycles": ref.cycles,
+           "scf_s": scf_s, "scf_cycles": ref.scf.iterations,
            "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD], "runs": []}
     log(f"(H2O){n}: nbasis {row['nbasis']}, nocc {nocc}, nvir {nvir}, naux {naux}; SCF {scf_s:.1f} s")
 

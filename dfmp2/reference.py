@@ -1,0 +1,227 @@
+"""The SCF reference, one type for both spins: what the DF-MP2 stage (and later gradients) reads.
+
+    Reference.channels    one SpinChannel for RHF, two (alpha, beta) for UHF
+    SpinChannel           mo_coeff (nao, nmo), mo_energy (nmo,) Hartree, nocc occupied orbitals,
+                          frozen (nmo,) bool: orbitals left out of the correlation
+                          -> C_occ (nao, nocc_active), C_vir (nao, nvir_active), eps_occ, eps_vir
+    Reference.source      who made it: 'dfmp2.dfhf' (our DF-SCF), 'pyscf' (PySCF's SCF, run by us
+                          or converged by the caller), 'checkpoint' (read back from a checkpoint),
+                          'given' (orbitals a benchmark made, e.g. core-Hamiltonian ones)
+
+``from_pyscf`` is the one way from a converged PySCF ``mf`` (RHF or UHF) to a Reference: the SCF
+bridge (dfmp2.scf) and the Python API (dfmp2.api) both use it. Frozen orbitals are always a mask;
+``freeze_lowest`` and ``frozen_mask`` turn a count or PySCF's index list into one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .errors import InputError
+from .provenance import ScfRecord
+
+S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
+                 # for a UHF reference whose spin contamination makes (U)MP2 unreliable
+SOURCES = ("dfmp2.dfhf", "pyscf", "checkpoint", "given")   # given: orbitals a script made
+
+
+@dataclass(frozen=True)
+class SpinChannel:
+    """One spin's canonical orbitals. mo_coeff (nao, nmo); mo_energy (nmo,) Hartree, ascending
+    within occupied and virtual; the first ``nocc`` orbitals occupied; ``frozen`` (nmo,) bool."""
+
+    mo_coeff: np.ndarray
+    mo_energy: np.ndarray
+    nocc: int
+    frozen: np.ndarray
+
+    @property
+    def nmo(self) -> int:
+        return self.mo_coeff.shape[1]
+
+    @property
+    def _occ(self) -> np.ndarray:
+        return (np.arange(self.nmo) < self.nocc) & ~self.frozen
+
+    @property
+    def _vir(self) -> np.ndarray:
+        return (np.arange(self.nmo) >= self.nocc) & ~self.frozen
+
+    @property
+    def C_occ(self) -> np.ndarray:
+        """(nao, nocc_active) active occupied orbitals."""
+        return self.mo_coeff[:, self._occ]
+
+    @property
+    def C_vir(self) -> np.ndarray:
+        """(nao, nvir_active) active virtual orbitals."""
+        return self.mo_coeff[:, self._vir]
+
+    @property
+    def eps_occ(self) -> np.ndarray:
+        return self.mo_energy[self._occ]
+
+    @property
+    def eps_vir(self) -> np.ndarray:
+        return self.mo_energy[self._vir]
+
+    @property
+    def nocc_active(self) -> int:
+        return int(np.count_nonzero(self._occ))
+
+    @property
+    def nvir_active(self) -> int:
+        return int(np.count_nonzero(self._vir))
+
+    @property
+    def nfrozen_occ(self) -> int:
+        return int(np.count_nonzero(self.frozen[:self.nocc]))
+
+
+@dataclass
+class Reference:
+    """A converged RHF (one channel) or UHF (alpha, beta) reference. e_hf in Hartree; s2 <S^2>
+    and s2_exact S(S+1) (dimensionless; UHF only); ``scf``: what ran it; ``mf``: PySCF's object
+    when PySCF converged it (None for ours and from a checkpoint)."""
+
+    channels: tuple
+    e_hf: float
+    source: str
+    scf: ScfRecord
+    jk_auxbasis: str | None = None
+    s2: float | None = None
+    s2_exact: float | None = None
+    mf: object = field(default=None, repr=False)
+
+    def __post_init__(self):
+        assert len(self.channels) in (1, 2) and self.source in SOURCES, (len(self.channels), self.source)
+
+    @property
+    def restricted(self) -> bool:
+        return len(self.channels) == 1
+
+    @property
+    def kind(self) -> str:
+        return "RHF" if self.restricted else "UHF"
+
+    @property
+    def nmo(self) -> int:
+        return self.channels[0].nmo
+
+    def freeze(self, frozen: np.ndarray) -> "Reference":
+        """The same reference with ``frozen`` (nmo,) bool left out of the correlation in every
+        channel (PySCF's meaning: the same orbital indices in both spins)."""
+        return replace(self, channels=tuple(replace(c, frozen=np.asarray(frozen, dtype=bool))
+                                            for c in self.channels))
+
+    def contamination_warning(self) -> str | None:
+        """One line when a UHF's <S^2> exceeds S(S+1) by more than S2_WARN, else None."""
+        if self.restricted or self.s2 - self.s2_exact <= S2_WARN:
+            return None
+        d = self.s2 - self.s2_exact
+        return (f"spin contamination: UHF <S^2> = {self.s2:.4f}, exact S(S+1) = {self.s2_exact:.4f} "
+                f"(excess {d:.3f} > {S2_WARN}); UMP2 energies of such a reference are unreliable "
+                "(check for a lower-spin or broken-symmetry state)")
+
+
+def restricted(mo_coeff, mo_energy, nocc: int, *, e_hf: float, source: str, scf: ScfRecord,
+               jk_auxbasis=None, mf=None) -> Reference:
+    """An RHF Reference with nothing frozen."""
+    C, e = np.asarray(mo_coeff), np.asarray(mo_energy)
+    return Reference((SpinChannel(C, e, int(nocc), np.zeros(C.shape[1], dtype=bool)),), float(e_hf),
+                     source, scf, jk_auxbasis, mf=mf)
+
+
+def freeze_lowest(nmo: int, n: int) -> np.ndarray:
+    """The (nmo,) mask freezing the ``n`` lowest orbitals (the chemical frozen core)."""
+    mask = np.zeros(nmo, dtype=bool)
+    mask[:n] = True
+    return mask
+
+
+def frozen_mask(frozen, nmo: int, nocc: int) -> np.ndarray:
+    """(nmo,) bool of the orbitals PySCF's ``frozen`` leaves out: None (none), an int n (the n
+    lowest) or a list of distinct orbital indices (occupied or virtual). InputError otherwise."""
+    if frozen is None:
+        return np.zeros(nmo, dtype=bool)
+    if isinstance(frozen, (bool, np.bool_)):
+        raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
+    if isinstance(frozen, (int, np.integer)):
+        if not 0 <= frozen < nocc:
+            raise InputError(f"frozen={frozen} must be between 0 and {nocc - 1} (nocc {nocc})")
+        return freeze_lowest(nmo, int(frozen))
+    try:
+        idx = [int(i) for i in frozen if isinstance(i, (int, np.integer)) and not isinstance(i, bool)]
+        ok = len(idx) == len(frozen)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
+    if any(not 0 <= i < nmo for i in idx) or len(set(idx)) != len(idx):
+        raise InputError(f"frozen orbital indices must be distinct and within 0..{nmo - 1}, got {list(frozen)}")
+    mask = np.zeros(nmo, dtype=bool)
+    mask[idx] = True
+    return mask
+
+
+def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=None) -> Reference:
+    """A converged PySCF RHF or UHF as a Reference (source 'pyscf'), ``frozen`` (PySCF's meaning,
+    the same in both spins) taken out. ``scf``: the record of the SCF when we ran it (default:
+    converged by the caller). InputError for anything else (ROHF, GHF, Kohn-Sham, unconverged, a
+    non-aufbau occupation, nothing left to correlate)."""
+    kind = _check_pyscf_reference(mf)
+    unrestricted = kind == "UHF"
+    C, eps, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy), np.asarray(mf.mo_occ)
+    full = 1.0 if unrestricted else 2.0
+    occs = occ if unrestricted else occ[None]
+    if not all(np.all((np.abs(o - full) < 1e-12) | (np.abs(o) < 1e-12)) and np.all(np.diff(o) <= 0)
+               for o in occs):
+        what = "an aufbau occupation in each spin" if unrestricted else "a closed-shell aufbau occupation"
+        raise InputError(f"the {type(mf).__name__} reference is not {what} (occupations must be "
+                         f"{full:g} then 0)")
+    Cs, es = (C, eps) if unrestricted else (C[None], eps[None])
+    noccs = [int(np.count_nonzero(o > 0)) for o in occs]
+    mask = frozen_mask(frozen, Cs.shape[2], noccs[0])
+    channels = tuple(SpinChannel(c, e, n, mask) for c, e, n in zip(Cs, es, noccs))
+    occ_left = channels[0].nocc_active
+    vir_left = channels[-1].nvir_active
+    if occ_left == 0 or vir_left == 0:
+        raise InputError(f"frozen={frozen!r} leaves {occ_left} active occupied and {vir_left} virtual "
+                         "orbitals; no MP2 correlation possible")
+    s2 = s2_exact = None
+    if unrestricted:
+        s2 = float(mf.spin_square()[0])
+        S = mf.mol.spin / 2
+        s2_exact = S * (S + 1)
+    if scf is None:
+        scf = ScfRecord(engine="pyscf", reference=kind, device="host", source="given",
+                        iterations=None, jk="as the caller ran it")
+    return Reference(channels, float(mf.e_tot), "pyscf", scf, jk_auxbasis, s2, s2_exact, mf=mf)
+
+
+def _check_pyscf_reference(mf) -> str:
+    """'RHF' or 'UHF' for a converged PySCF Hartree-Fock object; InputError otherwise."""
+    from pyscf.scf import ghf, hf, rohf, uhf
+    try:
+        from pyscf.dft.rks import KohnShamDFT
+    except ImportError:                          # pragma: no cover - every PySCF 2.x has it
+        KohnShamDFT = ()
+    kind = type(mf).__name__
+    if not isinstance(mf, hf.SCF):
+        raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got {kind}")
+    if KohnShamDFT and isinstance(mf, KohnShamDFT):
+        raise InputError(f"DFMP2 needs a Hartree-Fock reference; {kind} is Kohn-Sham DFT")
+    if isinstance(mf, uhf.UHF) and not isinstance(mf, ghf.GHF):
+        out = "UHF"
+    elif isinstance(mf, (rohf.ROHF, ghf.GHF)):
+        raise InputError(f"DFMP2 needs an RHF or UHF reference; {kind} is not supported (ROHF-MP2 "
+                         "needs semicanonical orbitals and a singles term)")
+    elif isinstance(mf, hf.RHF):
+        out = "RHF"
+    else:
+        raise InputError(f"DFMP2 needs a closed-shell RHF reference, got {kind}")
+    if getattr(mf, "mo_coeff", None) is None or not getattr(mf, "converged", False):
+        raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
+                         "first); MP2 on unconverged orbitals is meaningless")
+    return out
