@@ -194,85 +194,100 @@ def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inp
             "torch": lambda: torch.linalg.cholesky(s),
             "scipy": host(lambda: sla.cholesky(sn, lower=True, check_finite=False))})
     if op in ("inv_sqrt_eigh", "inv_sqrt_newton_schulz"):
-        (n,) = shape
-        s = inputs.spd(n, 1e6 if dtype == torch.float64 else 1e3, 7, dtype, dev)
-        sn = s.cpu().numpy()
-
-        def torch_eigh():
-            w, v = torch.linalg.eigh(s)
-            return (v * w.rsqrt()) @ v.mT
-
-        def scipy_eigh():
-            w, v = sla.eigh(sn, check_finite=False)
-            return (v / np.sqrt(w)) @ v.T
-
-        base = {"torch": torch_eigh, "scipy": host(scipy_eigh)}
-        eigh_flops = flops("inv_sqrt_eigh", shape)
-        if op == "inv_sqrt_eigh":
-            return Case(op, shape, eigh_flops, lambda: linalg.inv_sqrt_spd(s, backend=backend), base)
-        # The flop count depends on the iterations: known after the timed calls (``settle``).
-        last: dict = {}
-
-        def newton_schulz():
-            x, info = linalg.inv_sqrt_spd(s, method="newton_schulz", backend=backend)
-            last.update(info)
-            return x
-
-        guess = NS_ITERATIONS_GUESS[dtype]
-        return Case(op, shape, flops(op, shape, guess), newton_schulz, base,
-                    baseline_flops={"torch": eigh_flops, "scipy": eigh_flops},
-                    note="baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)",
-                    finalize=lambda: (flops(op, shape, last["iterations"]),
-                                      {"iterations": last["iterations"], "residual": last["residual"]}))
+        return _inv_sqrt_case(op, shape, dtype, backend, dev, inputs, host)
     if op == "mp2_pair_energy":
-        if len(shape) == 3:
-            nocc, nvir, naux = shape
-            ni = nj = nocc
-            symmetric = True
-            p = inputs.problem(nocc, nvir, naux, 8, dtype, dev)
-            Bi = Bj = p.B
-            ei = ej = p.eps_occ
-        else:
-            ni, nj, nvir, naux = shape
-            symmetric = False
-            # An off-diagonal block: I = occupied [nj, nj + ni), J = [0, nj) of one problem.
-            p = inputs.problem(ni + nj, nvir, naux, 8, dtype, dev)
-            Bi, Bj = p.B[nj:], p.B[:nj]
-            ei, ej = p.eps_occ[nj:], p.eps_occ[:nj]
-        ev = p.eps_vir
-
-        def ours():
-            return linalg.mp2_pair_energy(Bi, Bj, ei, ej, ev, symmetric=symmetric, backend=backend)
-
-        kbytes = ni * nj * nvir * nvir * 8.0
-        if kbytes <= EINSUM_LIMIT_BYTES:
-            def einsum_ref():
-                K = torch.einsum("iaP,jbP->ijab", Bi, Bj).to(torch.float64)
-                D = (ei[:, None, None, None] + ej[None, :, None, None]
-                     - ev[:, None] - ev)
-                return float((K * (2 * K - K.transpose(2, 3)) / D).sum())
-            torch_base = einsum_ref
-        else:
-            torch_base = (f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K "
-                          f"(limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)")
-        pyscf_base = "not requested"
-        if pyscf_baseline:
-            if not on_cpu:
-                pyscf_base = host_only
-            else:
-                iaL = np.ascontiguousarray(Bi.to(torch.float64).cpu().numpy())
-                jbL = iaL if symmetric else np.ascontiguousarray(Bj.to(torch.float64).cpu().numpy())
-                eoi, eoj, evn = (x.cpu().numpy() for x in (ei, ej, ev))
-                pyscf_base = lambda: pyscf_pair_energy(iaL, jbL, eoi, eoj, evn, symmetric)  # noqa: E731
-        all_pairs = ni * nj * 2.0 * nvir * nvir * naux
-        return Case(op, shape, flops(op, shape), ours,
-                    {"torch": torch_base, "scipy": "no scipy routine for this op", "pyscf": pyscf_base},
-                    baseline_flops={"torch": all_pairs} if symmetric else {},
-                    extra={"symmetric": symmetric},
-                    note=("torch baseline: one einsum over all pairs (no i >= j symmetry); "
-                          "PySCF: libmp.MP2_contract_d in fp64" if symmetric else
-                          "torch baseline: one einsum over the block; PySCF: libmp.MP2_contract_d in fp64"))
+        return _pair_case(op, shape, dtype, backend, dev, inputs, pyscf_baseline, on_cpu, host_only)
     raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
+
+
+def _inv_sqrt_case(op: str, shape, dtype, backend, dev, inputs: Inputs, host) -> Case:
+    """A^-1/2 by eigh or Newton-Schulz against the eigh-based baselines."""
+    import scipy.linalg as sla
+    import linalg
+    (n,) = shape
+    s = inputs.spd(n, 1e6 if dtype == torch.float64 else 1e3, 7, dtype, dev)
+    sn = s.cpu().numpy()
+
+    def torch_eigh():
+        w, v = torch.linalg.eigh(s)
+        return (v * w.rsqrt()) @ v.mT
+
+    def scipy_eigh():
+        w, v = sla.eigh(sn, check_finite=False)
+        return (v / np.sqrt(w)) @ v.T
+
+    base = {"torch": torch_eigh, "scipy": host(scipy_eigh)}
+    eigh_flops = flops("inv_sqrt_eigh", shape)
+    if op == "inv_sqrt_eigh":
+        return Case(op, shape, eigh_flops, lambda: linalg.inv_sqrt_spd(s, backend=backend), base)
+    # The flop count depends on the iterations: known after the timed calls (``settle``).
+    last: dict = {}
+
+    def newton_schulz():
+        x, info = linalg.inv_sqrt_spd(s, method="newton_schulz", backend=backend)
+        last.update(info)
+        return x
+
+    guess = NS_ITERATIONS_GUESS[dtype]
+    return Case(op, shape, flops(op, shape, guess), newton_schulz, base,
+                baseline_flops={"torch": eigh_flops, "scipy": eigh_flops},
+                note="baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)",
+                finalize=lambda: (flops(op, shape, last["iterations"]),
+                                  {"iterations": last["iterations"], "residual": last["residual"]}))
+
+
+def _pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseline: bool, on_cpu: bool,
+               host_only: str) -> Case:
+    """The MP2 pair energy of one block (nocc, nvir, naux: symmetric) or an off-diagonal one
+    (ni, nj, nvir, naux) against one einsum and PySCF's contraction."""
+    import linalg
+    if len(shape) == 3:
+        nocc, nvir, naux = shape
+        ni = nj = nocc
+        symmetric = True
+        p = inputs.problem(nocc, nvir, naux, 8, dtype, dev)
+        Bi = Bj = p.B
+        ei = ej = p.eps_occ
+    else:
+        ni, nj, nvir, naux = shape
+        symmetric = False
+        # An off-diagonal block: I = occupied [nj, nj + ni), J = [0, nj) of one problem.
+        p = inputs.problem(ni + nj, nvir, naux, 8, dtype, dev)
+        Bi, Bj = p.B[nj:], p.B[:nj]
+        ei, ej = p.eps_occ[nj:], p.eps_occ[:nj]
+    ev = p.eps_vir
+
+    def ours():
+        return linalg.mp2_pair_energy(Bi, Bj, ei, ej, ev, symmetric=symmetric, backend=backend)
+
+    kbytes = ni * nj * nvir * nvir * 8.0
+    if kbytes <= EINSUM_LIMIT_BYTES:
+        def einsum_ref():
+            K = torch.einsum("iaP,jbP->ijab", Bi, Bj).to(torch.float64)
+            D = (ei[:, None, None, None] + ej[None, :, None, None]
+                 - ev[:, None] - ev)
+            return float((K * (2 * K - K.transpose(2, 3)) / D).sum())
+        torch_base = einsum_ref
+    else:
+        torch_base = (f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K "
+                      f"(limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)")
+    pyscf_base = "not requested"
+    if pyscf_baseline:
+        if not on_cpu:
+            pyscf_base = host_only
+        else:
+            iaL = np.ascontiguousarray(Bi.to(torch.float64).cpu().numpy())
+            jbL = iaL if symmetric else np.ascontiguousarray(Bj.to(torch.float64).cpu().numpy())
+            eoi, eoj, evn = (x.cpu().numpy() for x in (ei, ej, ev))
+            pyscf_base = lambda: pyscf_pair_energy(iaL, jbL, eoi, eoj, evn, symmetric)  # noqa: E731
+    all_pairs = ni * nj * 2.0 * nvir * nvir * naux
+    return Case(op, shape, flops(op, shape), ours,
+                {"torch": torch_base, "scipy": "no scipy routine for this op", "pyscf": pyscf_base},
+                baseline_flops={"torch": all_pairs} if symmetric else {},
+                extra={"symmetric": symmetric},
+                note=("torch baseline: one einsum over all pairs (no i >= j symmetry); "
+                      "PySCF: libmp.MP2_contract_d in fp64" if symmetric else
+                      "torch baseline: one einsum over the block; PySCF: libmp.MP2_contract_d in fp64"))
 
 
 def derive(row: dict, peak_gflops: float | None, columns=("linalg",) + BASELINES) -> None:
