@@ -93,7 +93,7 @@ def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float)
     raise MemoryLimitError(
         f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
         f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
-        f"{limit_mb:.4g} MB; raise the memory limit, or run PySCF's DF-SCF (--scf pyscf-df)")
+        f"{limit_mb:.4g} MB; raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')")
 
 
 class JKFactor:

@@ -116,7 +116,7 @@ def test_memory_estimate_and_refusal():
     need = dfhf.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
     assert need["factor"] == pytest.approx(1856 * 384 * 385 / 2 * 8 / 1e6)
     assert need["peak"] >= 2 * need["factor"]            # the fit holds raw integrals and solution
-    with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*--scf pyscf-df"):
+    with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*pyscf-df"):
         dfhf.check_memory(384, 1856, 80, 8, limit_mb=1000)
     # a limit below the default exchange block's peak: one auxiliary function per block
     small = dfhf.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
