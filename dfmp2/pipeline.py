@@ -131,7 +131,8 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
     warnings = _input_warnings(mol, auxbasis, options, space.naux) + notes
     if options.multiplicity is None and geom.multiplicity is None and mol.spin:
-        warnings.append(f"no multiplicity given: {mol.nelectron} electrons taken as a doublet "
+        warnings.append(f"no multiplicity given (as an option or in the XYZ comment): {mol.nelectron} "
+                        f"electrons taken as a doublet "
                         f"(multiplicity {mol.spin + 1}, the lowest)")
     return Job(geom, options, precision, backend, mol, auxbasis, auxmol, engine, space, warnings)
 
