@@ -230,15 +230,17 @@ class _DIIS:
 
 
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
-             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None) -> Reference:
+             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
+             progress=None) -> Reference:
     """Converge DF-RHF on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
     does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
     exactly when the device lacks fp64). ``engine``: the integral engine for the JK-fit
-    integrals (dfmp2.integrals; default: the host engine)."""
+    integrals (dfmp2.integrals; default: the host engine). ``progress(cycle, e_tot, d_e, gnorm)``
+    after each cycle (timing.CycleLog prints it)."""
     return DFRHF(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
-                 incremental=incremental, engine=engine).run(max_cycle)
+                 incremental=incremental, engine=engine, progress=progress).run(max_cycle)
 
 
 class DFRHF:
@@ -251,8 +253,9 @@ class DFRHF:
     reference = "RHF"
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
-                 incremental: bool | None = None, engine=None):
+                 incremental: bool | None = None, engine=None, progress=None):
         self.mol, self.backend, self.timer = mol, backend, timer
+        self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
         self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
@@ -364,7 +367,9 @@ class DFRHF:
             G = self.new_G(D, D_last, G, C)
             e_tot = self.energy(D, G)
             F = self.H + G
-            if self.converged(e_tot, e_last, self.orbital_gradient(F, C)):
+            gnorm = self.orbital_gradient(F, C)
+            self.progress(cycle + 1, e_tot, e_tot - e_last, gnorm)
+            if self.converged(e_tot, e_last, gnorm):
                 return cycle + 1, D, G, F
         raise SCFNotConvergedError(
             f"{self.reference} did not converge in {max_cycle} cycles (last energy {e_tot:.10f} Eh); "

@@ -32,7 +32,7 @@ from .options import PRECISIONS, RunOptions  # noqa: F401 (PRECISIONS: pipeline'
 from .provenance import RunRecord
 from .reference import Reference, freeze_lowest
 from .result import Result, software_versions
-from .timing import Timer
+from .timing import CycleLog, Timer
 from .xyz import Geometry, read_xyz
 
 
@@ -347,21 +347,20 @@ def reference_stage(job: Job, ck, timer: Timer, scf_block_mb: float, say) -> Ref
     """The converged reference with the frozen core marked: the checkpoint's when it holds one,
     else the SCF engine ``options.scf_mode`` picks (written to the checkpoint when there is one)."""
     options, t0 = job.options, time.perf_counter()
+    kind = "UHF" if job.unrestricted else "RHF"
+    cycles = CycleLog(say, kind)
     if ck is not None and ck.has_scf:
         say(f"RHF from checkpoint {ck.path}")
         ref = ck.load_scf()
         timer.add("checkpoint", t0)
-    elif job.unrestricted:
-        say("UHF (PySCF) ...")
-        ref = scf.run_uhf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle)
-        timer.add("scf", t0)
-    elif options.scf_mode == "df":
+    elif options.scf_mode == "df" and not job.unrestricted:
         say(f"DF-RHF on {job.backend.name} ...")
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
-                            block_mb=scf_block_mb, engine=job.engine)
+                            block_mb=scf_block_mb, engine=job.engine, progress=cycles)
     else:
-        say("RHF (PySCF) ...")
-        ref = scf.run_rhf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle)
+        say(f"{kind} (PySCF) ...")
+        run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
+        ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles)
         timer.add("scf", t0)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)

@@ -383,22 +383,23 @@ def describe_auxbasis(auxbasis) -> str:
     return " + ".join(f"{name} ({', '.join(by_name[name])})" for name in order)
 
 
-def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> Reference:
+def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None) -> Reference:
     """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
     JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
     'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
-    'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this."""
-    return _run_pyscf(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF")
+    'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this.
+    ``progress(cycle, e_tot, d_e, gnorm)`` after each cycle (PySCF's gradient norm)."""
+    return _run_pyscf(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF", progress)
 
 
-def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE) -> Reference:
+def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None) -> Reference:
     """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
     JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
-    far; or exact), for ``mol.spin`` = n_alpha - n_beta."""
-    return _run_pyscf(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF")
+    far; or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress`` as ``run_rhf``'s."""
+    return _run_pyscf(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF", progress)
 
 
-def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str) -> Reference:
+def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None) -> Reference:
     """Density-fit (JK-fit set ``default_auxbasis(mol, 'jk')``) or not, converge to SCF_CONV_TOL /
     SCF_CONV_TOL_GRAD, and return the Reference (``reference.from_pyscf``) with its record.
     SCFNotConvergedError if it does not converge."""
@@ -417,7 +418,13 @@ def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str) -> R
     mf.max_cycle = max_cycle
     mf.verbose = 0
     cycles = []
-    mf.callback = lambda envs: cycles.append(envs.get("cycle"))
+
+    def callback(envs):
+        cycles.append(envs.get("cycle"))
+        if progress is not None:
+            progress(envs["cycle"] + 1, float(envs["e_tot"]), float(envs["e_tot"] - envs["last_hf_e"]),
+                     float(envs["norm_gorb"]))
+    mf.callback = callback
     mf.kernel()
     if not mf.converged:
         raise SCFNotConvergedError(

@@ -19,3 +19,28 @@ class Timer:
         t1 = time.perf_counter()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + (t1 - t0)
         return t1
+
+
+class CycleLog:
+    """Progress of an SCF: one line per cycle through ``say`` (cycle, E in Hartree, ΔE, orbital
+    gradient norm, seconds since the SCF began). Lines are held back until the SCF has run
+    ``after`` seconds, then the held ones and every later one go out, so a short SCF prints
+    nothing and a long one every cycle."""
+
+    def __init__(self, say, what: str, after: float = 2.0):
+        self.say, self.what, self.after = say, what, after
+        self.t0, self.held, self.open = time.perf_counter(), [], after <= 0
+
+    def __call__(self, cycle: int, e_tot: float, d_e: float, gnorm: float) -> None:
+        dt = time.perf_counter() - self.t0
+        line = (f"{self.what} cycle {cycle:3d}: E = {e_tot:.10f} Eh, ΔE = {d_e:+.2e} Eh, "
+                f"|g| = {gnorm:.2e}, {dt:.1f} s")
+        if not self.open and dt >= self.after:
+            self.open = True
+            for held in self.held:
+                self.say(held)
+            self.held = []
+        if self.open:
+            self.say(line)
+        else:
+            self.held.append(line)

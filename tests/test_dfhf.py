@@ -151,3 +151,28 @@ def test_scf_memory_refused_before_the_scf(monkeypatch):
     geom = read_xyz(INPUTS / "water.xyz")
     with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
         run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
+
+
+def test_scf_progress_one_call_per_cycle_from_both_engines():
+    """Our DF-RHF and PySCF's SCF report every cycle (cycle, E, ΔE, |g|) to ``progress``; the last
+    one is the converged state (the thresholds of scf.SCF_CONV_TOL and SCF_CONV_TOL_GRAD)."""
+    mol = molecule("water.xyz")
+    for run in (lambda p: dfhf.run_dfhf(mol, linalg.get_backend("cpu"), progress=p),
+                lambda p: scf.run_rhf(mol, "pyscf-df", progress=p)):
+        calls = []
+        ref = run(lambda *a: calls.append(a))
+        assert [c[0] for c in calls] == list(range(1, ref.scf.iterations + 1))
+        cycle, e_tot, d_e, gnorm = calls[-1]
+        assert abs(d_e) < scf.SCF_CONV_TOL and abs(e_tot - ref.e_hf) < 1e-9 and gnorm < 1e-6
+
+
+def test_cycle_log_holds_lines_of_a_short_scf_and_prints_a_long_one():
+    from dfmp2.timing import CycleLog
+    out = []
+    log = CycleLog(out.append, "RHF", after=3600)
+    log(1, -76.0, -1e-3, 0.1)
+    assert out == []                                   # a short SCF prints nothing
+    log.after, log.t0 = 0.0, log.t0 - 1.0              # the SCF has now run longer than 'after'
+    log(2, -76.1, -1e-1, 0.01)
+    assert len(out) == 2 and out[0].startswith("RHF cycle   1: E = -76.0000000000 Eh")
+    assert "ΔE = -1.00e-01 Eh" in out[1] and "|g| = 1.00e-02" in out[1]

@@ -34,11 +34,11 @@ def shared_rhf():
     last = {}
 
     def shared(real):
-        def run(mol, scf_mode="df", max_cycle=dfmp2.scf.SCF_MAX_CYCLE):
+        def run(mol, scf_mode="df", max_cycle=dfmp2.scf.SCF_MAX_CYCLE, **kw):
             key = (real.__name__, mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, scf_mode, max_cycle)
             if key not in last:
                 last.clear()                 # keep one: a DF-SCF object can hold GBs of integrals
-                last[key] = real(mol, scf_mode, max_cycle=max_cycle)
+                last[key] = real(mol, scf_mode, max_cycle=max_cycle, **kw)
             return last[key]
         return run
     run_rhf, run_uhf = shared(dfmp2.scf.run_rhf), shared(dfmp2.scf.run_uhf)
