@@ -87,6 +87,7 @@ class DFMP2:
         from .reference import from_pyscf
 
         ref = from_pyscf(self._scf, self.frozen)
+        check_scf_solution(self._scf, self.mol)
         mol = self.mol
         options = RunOptions(device=self.device, precision=self.precision, memory_mb=self.memory_mb,
                              simulate=self.simulate, pair_kernel=self.pair_kernel)
@@ -107,6 +108,38 @@ class DFMP2:
         """PySCF's ``kernel``: returns (e_corr, t2) with t2 None (amplitudes are never stored)."""
         self.run()
         return self.e_corr, None
+
+
+SOLUTION_TOL = 1e-4    # Hartree: largest off-diagonal MO Fock element of a converged, canonical mf
+                       # (PySCF's default conv_tol_grad leaves ~1e-5; a 0.3 rad rotation ~1e-1)
+
+
+def check_scf_solution(mf, mol=None) -> None:
+    """Refuse (InputError) orbitals that are not the mf's canonical SCF solution: a ``mol`` that
+    does not belong to them (another size, or orbitals not orthonormal in its overlap), or a Fock
+    matrix (of mf.make_rdm1(), in the MO basis) with an off-diagonal element above SOLUTION_TOL
+    or a diagonal that is not mo_energy. ``mol``: the molecule the MP2 will use (default
+    mf.mol). One Fock build of the caller's mf."""
+    mol = mf.mol if mol is None else mol
+    C = np.asarray(mf.mo_coeff)
+    Cs = C if C.ndim == 3 else C[None]
+    if Cs.shape[1] != mol.nao_nr():
+        raise InputError(f"the mf's orbitals span {Cs.shape[1]} basis functions but its molecule has "
+                         f"{mol.nao_nr()}: the mf and the molecule do not belong together")
+    S = mol.intor_symmetric("int1e_ovlp")
+    if max(abs(c.T @ S @ c - np.eye(c.shape[1])).max() for c in Cs) > 1e-6:
+        raise InputError("the mf's orbitals are not orthonormal in its molecule's overlap: was the "
+                         "molecule replaced after the SCF?")
+    fock = np.asarray(mf.get_fock(dm=mf.make_rdm1()))
+    focks = fock if fock.ndim == 3 else fock[None]
+    eps = np.asarray(mf.mo_energy).reshape(len(Cs), -1)
+    for c, f, e in zip(Cs, focks, eps):
+        fmo = c.T @ f @ c
+        off = abs(fmo - np.diag(np.diag(fmo))).max()
+        if off > SOLUTION_TOL or abs(np.diag(fmo) - e).max() > SOLUTION_TOL:
+            raise InputError(f"the mf's orbitals are not its canonical SCF solution (largest off-diagonal "
+                             f"Fock element {off:.2e} Eh in the MO basis, above {SOLUTION_TOL:g}): were "
+                             "they rotated or changed after the SCF? Converge the SCF again")
 
 
 def energy(molecule, **options):
@@ -137,6 +170,25 @@ def energy(molecule, **options):
     return run_geometry(geom, RunOptions(**options))
 
 
+def _refuse_what_is_not_carried(mol) -> None:
+    """energy(mol) rebuilds the molecule from its atoms, charge, spin, basis name and ECP; a Mole
+    attribute that changes the basis or the Hamiltonian beyond those would be dropped, so it is
+    refused (one InputError) instead of giving another molecule's energy. DFMP2(mf) takes the
+    mf's orbitals and integrals as they are and honours them all."""
+    changed = []
+    if mol.cart:
+        changed.append("cart=True (Cartesian d and f functions)")
+    if mol.nucmod:
+        changed.append(f"nucmod={mol.nucmod!r} (finite nuclei)")
+    if mol.nucprop:
+        changed.append(f"nucprop={mol.nucprop!r}")
+    if float(mol.omega or 0.0) != 0.0:
+        changed.append(f"omega={mol.omega} (range-separated Coulomb)")
+    if changed:
+        raise InputError(f"energy() rebuilds the molecule and cannot carry the Mole's {', '.join(changed)}; "
+                         "run the SCF in PySCF and use dfmp2.DFMP2(mf), which honours it")
+
+
 def geometry_from_mole(mol):
     """(Geometry, basis name or None) of a PySCF Mole: element symbols, coordinates in Ångström,
     charge, multiplicity 2S+1. An ECP set by hand on the Mole is refused unless it is the
@@ -147,6 +199,7 @@ def geometry_from_mole(mol):
     from .xyz import Geometry
     if not mol._built:
         mol.build()
+    _refuse_what_is_not_carried(mol)
     basis = mol.basis if isinstance(mol.basis, str) else None
     ecp = mol.ecp
     names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())

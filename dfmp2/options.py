@@ -7,7 +7,10 @@ its flag.
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import linalg
 from linalg import DTYPES
@@ -26,6 +29,33 @@ ECP_CHOICES = ("auto", "none")
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
 INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
 PAIR_KERNEL_CHOICES = PAIR_KERNELS         # cuda only (linalg.cuda)
+
+
+_PATH = (str, os.PathLike, type(None))
+# (field, allowed types, what the error says): bool only where listed (it is an int to Python)
+_FIELD_TYPES = (
+    ("basis", (str,), "a basis set name"),
+    ("auxbasis", (str, dict, type(None)), "a basis set name, a {element: name} dict or None"),
+    ("charge", (Integral, type(None)), "an integer or None"),
+    ("multiplicity", (Integral, type(None)), "an integer (2S+1) or None"),
+    ("device", (str,), f"one of {', '.join(DEVICE_CHOICES)}"),
+    ("simulate", (bool,), "True or False"),
+    ("precision", (str, type(None)), f"one of {', '.join(PRECISIONS)} or None"),
+    ("frozen_core", (bool,), "True or False"),
+    ("ecp", (str,), f"one of {', '.join(ECP_CHOICES)}"),
+    ("scf_mode", (str,), f"one of {', '.join(SCF_MODES)}"),
+    ("memory_mb", (Real, type(None)), "a number of MB or None"),
+    ("storage", (str,), f"one of {', '.join(STORAGE_CHOICES)}"),
+    ("scratch_dir", _PATH, "a directory path or None"),
+    ("checkpoint", _PATH, "a file path or None"),
+    ("resume", _PATH, "a file path or None"),
+    ("pair_kernel", (str,), f"one of {', '.join(PAIR_KERNEL_CHOICES)}"),
+    ("integrals", (str,), f"one of {', '.join(INTEGRAL_ENGINES)}"),
+    ("occ_block_max", (Integral,), "a positive integer"),
+    ("j3c_block_mb", (Real,), "a positive number of MB"),
+    ("scf_max_cycle", (Integral,), "a positive integer"),
+    ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
+)
 
 
 @dataclass
@@ -53,6 +83,25 @@ class RunOptions:
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
+
+    def __post_init__(self):
+        """Every field's type and range, as the CLI's parser checks them: a Python caller's
+        ``frozen_core='no'`` or ``memory_mb='4GB'`` is one InputError naming the option."""
+        for name, kinds, what in _FIELD_TYPES:
+            value = getattr(self, name)
+            ok = (value is None and type(None) in kinds) or (
+                isinstance(value, tuple(k for k in kinds if k is not type(None)))
+                and not (isinstance(value, bool) and bool not in kinds))
+            if not ok:
+                raise InputError(f"option {name} must be {what}, got {value!r}", option=name)
+        for name, low in (("memory_mb", 0.0), ("j3c_block_mb", 0.0)):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > low):
+                raise InputError(f"option {name} must be a finite number above {low:g}, got {value!r}", option=name)
+        for name in ("occ_block_max", "scf_max_cycle"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"option {name} must be at least 1, got {value!r}", option=name)
 
     def resolved_precision(self) -> str:
         """The working precision: ``precision``, or the device's default; InputError for an

@@ -189,11 +189,13 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     if options.auxbasis is None:
         out.append(scf.auxbasis_note(mol, auxbasis, "mp2"))
     else:
-        if not scf.is_fitting_set(options.auxbasis):
-            out.append(f"auxiliary basis {options.auxbasis} is not a density-fitting set; use an "
+        given = scf.describe_auxbasis(auxbasis)
+        names = auxbasis.values() if isinstance(auxbasis, dict) else [auxbasis]
+        if any(isinstance(n, str) and not scf.is_fitting_set(n) for n in names):
+            out.append(f"auxiliary basis {given} is not a density-fitting set; use an "
                        "MP2-fit (RI) set such as the default")
         if naux < mol.nao_nr():
-            out.append(f"auxiliary basis {options.auxbasis} has fewer functions (naux {naux}) than the "
+            out.append(f"auxiliary basis {given} has fewer functions (naux {naux}) than the "
                        f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may be large")
     if options.scf_mode in scf.SCF_DF_MODES:
         out.append(scf.auxbasis_note(mol, scf.default_auxbasis(mol, "jk"), "jk"))

@@ -334,12 +334,22 @@ def auxbasis_note(mol: gto.Mole, auxbasis, kind: str) -> str | None:
             f"{lacking}: {used} (fallback)")
 
 
-def mp2_auxbasis(mol: gto.Mole, auxbasis: str | None = None):
-    """The MP2-fit auxiliary basis: the one given, or ``default_auxbasis(mol, 'mp2')``
-    (cc-pVDZ -> cc-pVDZ-RI, with fallbacks for the elements it lacks)."""
+def mp2_auxbasis(mol: gto.Mole, auxbasis: str | dict | None = None):
+    """The MP2-fit auxiliary basis: the one given (a name, or {element: name or PySCF shells}
+    covering every element), or ``default_auxbasis(mol, 'mp2')`` (cc-pVDZ -> cc-pVDZ-RI, with
+    fallbacks for the elements it lacks)."""
     if auxbasis is None:
         return default_auxbasis(mol, "mp2")
     elements = [element(mol, i) for i in range(mol.natm)]
+    if isinstance(auxbasis, dict):
+        missing = sorted(set(elements) - set(auxbasis))
+        if missing:
+            raise InputError(f"the auxiliary basis given per element has no entry for {', '.join(missing)}",
+                             option="auxbasis")
+        for el in sorted(set(elements)):
+            if isinstance(auxbasis[el], str):
+                _check_basis(auxbasis[el], [el], "auxiliary basis", "--auxbasis")
+        return {el: auxbasis[el] for el in dict.fromkeys(elements)}
     _check_basis(auxbasis, elements, "auxiliary basis", "--auxbasis")
     return auxbasis
 

@@ -150,3 +150,68 @@ def test_import_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout.split()
     assert out == ["False", "False", "True"]
+
+
+# --- hardening (issue 29, items 1-4 and 11): the API refuses what it cannot honour ------------
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(frozen_core="no"), "option frozen_core must be True or False, got 'no'"),
+    (dict(frozen_core="false"), "option frozen_core must be True or False"),
+    (dict(memory_mb=-5), "option memory_mb must be a finite number above 0, got -5"),
+    (dict(memory_mb=float("nan")), "option memory_mb must be a finite number above 0"),
+    (dict(memory_mb="4GB"), "option memory_mb must be a number of MB or None, got '4GB'"),
+    (dict(charge="1"), "option charge must be an integer or None, got '1'"),
+    (dict(charge=True), "option charge must be an integer or None"),
+    (dict(basis=123), "option basis must be a basis set name, got 123"),
+    (dict(scf_max_cycle=0), "option scf_max_cycle must be at least 1"),
+])
+def test_python_options_are_type_checked_before_any_work(kw, fragment, monkeypatch):
+    import dfmp2.pipeline
+    monkeypatch.setattr(dfmp2.pipeline, "prepare", lambda *a, **k: pytest.fail("the run started"))
+    with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")) as e:
+        dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), **kw)
+    assert e.value.option == next(iter(kw)) and "--" not in str(e.value)
+
+
+@pytest.mark.parametrize("attr", [dict(cart=True), dict(nucmod="G")])
+def test_energy_of_a_mole_refuses_what_it_would_drop_and_dfmp2_honours_it(attr):
+    """cart=True gave the spherical result (3.5e-3 Eh off) and nucmod='G' was ignored (1.3e-5 Eh):
+    energy(mol) now refuses them, and DFMP2(mf) on such an mf matches PySCF's DFMP2."""
+    mf = converged_rhf(WATER, **attr)
+    with pytest.raises(InputError, match=f"cannot carry the Mole's {next(iter(attr))}"):
+        dfmp2.energy(mf.mol)
+    ours = dfmp2.DFMP2(mf, auxbasis="cc-pvdz-ri").run()
+    theirs = pyscf_dfmp2(mf, None, "cc-pvdz-ri")
+    assert abs(ours.e_corr - theirs.e_corr) <= 1e-9, (ours.e_corr, theirs.e_corr)
+    if "cart" in attr:
+        assert ours.nmo == 25
+
+
+def test_rotated_orbitals_and_a_swapped_mol_are_refused():
+    import numpy as np
+    mf = converged_rhf(WATER)
+    c = mf.mo_coeff.copy()
+    i, a, t = 4, 5, 0.3                               # HOMO and LUMO rotated by 0.3 rad
+    c[:, i], c[:, a] = np.cos(t) * mf.mo_coeff[:, i] + np.sin(t) * mf.mo_coeff[:, a], \
+        -np.sin(t) * mf.mo_coeff[:, i] + np.cos(t) * mf.mo_coeff[:, a]
+    mf.mo_coeff = c
+    with pytest.raises(InputError, match="not its canonical SCF solution"):
+        dfmp2.DFMP2(mf).run()
+    mf = converged_rhf(WATER)
+    mf.mol = gto.M(atom="N 0 0 0; H 0 0 1; H 0 1 0; H 1 0 0", basis="cc-pvdz", verbose=0)
+    with pytest.raises(InputError, match="do not belong together"):
+        dfmp2.DFMP2(mf).run()
+    mf = converged_rhf(WATER)
+    mf.mol = gto.M(atom="O 0 0 0.2; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="cc-pvdz", verbose=0)
+    with pytest.raises(InputError, match="not orthonormal"):   # same size, another geometry
+        dfmp2.DFMP2(mf).run()
+
+
+def test_auxbasis_per_element_dict():
+    mf = converged_rhf(WATER)
+    per_element = {"O": "cc-pvdz-ri", "H": "cc-pvdz-ri"}
+    ours = dfmp2.DFMP2(mf, auxbasis=per_element).run()
+    assert abs(ours.e_corr - pyscf_dfmp2(mf, None, "cc-pvdz-ri").e_corr) <= 1e-10
+    path = str(ROOT / "inputs" / "water.xyz")
+    assert dfmp2.energy(path, auxbasis=per_element).e_corr == dfmp2.energy(path).e_corr
+    with pytest.raises(InputError, match="no entry for H"):
+        dfmp2.energy(path, auxbasis={"O": "cc-pvdz-ri"})
