@@ -53,7 +53,7 @@ class CheckpointError(InputError):
 
 def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, precision: str,
                 device: str, simulate: bool, nfrozen: int, nocc: int, nvir: int, naux: int,
-                ecp: dict | None = None) -> dict:
+                ecp: dict | None = None, scf_conv_tol_grad: float | None = None) -> dict:
     """What must be equal for a checkpoint to be reused (JSON-able; floats exactly). ``ecp``
     (``scf.ecp_info``) is recorded only when there is one, so all-electron checkpoints written
     before ECPs were supported still resume (an ECP changes nocc, which the shapes hold)."""
@@ -76,6 +76,8 @@ def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, 
     }
     if ecp:
         fp["ecp"] = ecp
+    if scf_conv_tol_grad is not None:      # a threshold other than the default (older checkpoints lack it)
+        fp["scf_conv_tol_grad"] = float(scf_conv_tol_grad)
     return fp
 
 
@@ -286,15 +288,18 @@ class Checkpoint:
     def load_scf(self):
         """The RHF Reference written by ``save_scf`` (source 'checkpoint'; its ScfRecord says
         which engine converged it, on which device, in how many iterations)."""
+        from .options import SCF_CONV_TOL_GRAD
         from .provenance import ScfRecord
         from .reference import restricted
         g = self.f["scf"]
         try:
             mode, cycles = str(g.attrs["scf_mode"]), int(g.attrs["cycles"]) or None
+            fp = json.loads(self.f.attrs["fingerprint"])
             jk_aux = str(g.attrs["jk_auxbasis"]) or None
             ours = mode == "df"
             record = ScfRecord(engine="dfmp2.dfhf" if ours else "pyscf", reference="RHF",
-                               device=json.loads(self.f.attrs["fingerprint"]).get("device", "host") if ours else "host",
+                               device=fp.get("device", "host") if ours else "host",
+                               conv_tol_grad=fp.get("scf_conv_tol_grad", SCF_CONV_TOL_GRAD),
                                source="checkpoint", iterations=cycles, jk_auxbasis=jk_aux,
                                jk="dfmp2.dfhf (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
                                checkpoint=str(self.path))

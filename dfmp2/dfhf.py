@@ -43,7 +43,7 @@ from pyscf.scf import hf as pyscf_hf
 import linalg
 
 from . import integrals, scf
-from .errors import MemoryLimitError, SCFNotConvergedError
+from .errors import MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
 from .provenance import ScfRecord
 from .reference import Reference, restricted
@@ -231,16 +231,17 @@ class _DIIS:
 
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
-             progress=None) -> Reference:
+             progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD) -> Reference:
     """Converge DF-RHF on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
     does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
     exactly when the device lacks fp64). ``engine``: the integral engine for the JK-fit
     integrals (dfmp2.integrals; default: the host engine). ``progress(cycle, e_tot, d_e, gnorm)``
-    after each cycle (timing.CycleLog prints it)."""
+    after each cycle (timing.CycleLog prints it); ``conv_tol_grad``: the orbital-gradient threshold."""
     return DFRHF(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
-                 incremental=incremental, engine=engine, progress=progress).run(max_cycle)
+                 incremental=incremental, engine=engine, progress=progress,
+                 conv_tol_grad=conv_tol_grad).run(max_cycle)
 
 
 class DFRHF:
@@ -253,8 +254,9 @@ class DFRHF:
     reference = "RHF"
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
-                 incremental: bool | None = None, engine=None, progress=None):
-        self.mol, self.backend, self.timer = mol, backend, timer
+                 incremental: bool | None = None, engine=None, progress=None,
+                 conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD):
+        self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
@@ -347,9 +349,8 @@ class DFRHF:
                               trans_a=True, backend=self.dense)
         return float(torch.linalg.norm(g))
 
-    @staticmethod
-    def converged(e_tot: float, e_last: float, gnorm: float) -> bool:
-        return abs(e_tot - e_last) < scf.SCF_CONV_TOL and gnorm < scf.SCF_CONV_TOL_GRAD
+    def converged(self, e_tot: float, e_last: float, gnorm: float) -> bool:
+        return abs(e_tot - e_last) < scf.SCF_CONV_TOL and gnorm < self.conv_tol_grad
 
     # ---- the iterations
     def iterate(self, max_cycle: int):
@@ -371,9 +372,7 @@ class DFRHF:
             self.progress(cycle + 1, e_tot, e_tot - e_last, gnorm)
             if self.converged(e_tot, e_last, gnorm):
                 return cycle + 1, D, G, F
-        raise SCFNotConvergedError(
-            f"{self.reference} did not converge in {max_cycle} cycles (last energy {e_tot:.10f} Eh); "
-            "check the geometry, charge and multiplicity")
+        raise scf.not_converged(self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.conv_tol_grad)
 
     def finish(self, D, G, F):
         """PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild,
@@ -414,6 +413,7 @@ class DFRHF:
             host += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
         return ScfRecord(
             engine=ENGINE, reference=self.reference, device=be.name, source="ran", iterations=cycles,
+            conv_tol_grad=self.conv_tol_grad,
             jk="J by GEMVs, K by GEMM + SYRK over the packed JK factor",
             jk_auxbasis=scf.describe_auxbasis(self.jk_spec), backend_engine=be.engine,
             precision={"jk": str(self.jk_dtype).replace("torch.float", "fp"), "fock_energy": "fp64",

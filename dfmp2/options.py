@@ -24,6 +24,8 @@ DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
 SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.dfhf); pyscf-df: PySCF's; exact: PySCF's
 SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
 SCF_MAX_CYCLE = 100
+SCF_CONV_TOL = 1e-12       # Hartree, energy change
+SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 REFERENCES = ("auto", "rhf", "uhf", "rohf")
 ECP_CHOICES = ("auto", "none")
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
@@ -54,6 +56,7 @@ _FIELD_TYPES = (
     ("occ_block_max", (Integral,), "a positive integer"),
     ("j3c_block_mb", (Real,), "a positive number of MB"),
     ("scf_max_cycle", (Integral,), "a positive integer"),
+    ("scf_conv_tol_grad", (Real,), "a positive number"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
 )
 
@@ -82,6 +85,7 @@ class RunOptions:
     occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
+    scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
 
     def __post_init__(self):
@@ -94,7 +98,7 @@ class RunOptions:
                 and not (isinstance(value, bool) and bool not in kinds))
             if not ok:
                 raise InputError(f"option {name} must be {what}, got {value!r}", option=name)
-        for name, low in (("memory_mb", 0.0), ("j3c_block_mb", 0.0)):
+        for name, low in (("memory_mb", 0.0), ("j3c_block_mb", 0.0), ("scf_conv_tol_grad", 0.0)):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > low):
                 raise InputError(f"option {name} must be a finite number above {low:g}, got {value!r}", option=name)

@@ -220,7 +220,8 @@ class CheckpointSession:
             mol=job.mol, basis=o.basis, auxbasis=scf.describe_auxbasis(job.auxbasis), scf_mode=o.scf_mode,
             frozen_core=o.frozen_core, precision=job.precision, device=o.device, simulate=o.simulate,
             nfrozen=space.nfrozen, nocc=space.nocc[0] - space.nfrozen, nvir=space.nmo - space.nocc[0],
-            naux=space.naux, ecp=scf.ecp_info(job.mol))
+            naux=space.naux, ecp=scf.ecp_info(job.mol),
+            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != scf.SCF_CONV_TOL_GRAD else None)
 
     def __enter__(self) -> "CheckpointSession":
         o = self.options
@@ -358,11 +359,13 @@ def reference_stage(job: Job, ck, timer: Timer, scf_block_mb: float, say) -> Ref
     elif options.scf_mode == "df" and not job.unrestricted:
         say(f"DF-RHF on {job.backend.name} ...")
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
-                            block_mb=scf_block_mb, engine=job.engine, progress=cycles)
+                            block_mb=scf_block_mb, engine=job.engine, progress=cycles,
+                            conv_tol_grad=options.scf_conv_tol_grad)
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
-        ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles)
+        ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
+                        conv_tol_grad=options.scf_conv_tol_grad)
         timer.add("scf", t0)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)

@@ -28,6 +28,7 @@ class ScfRecord:
     source: str
     iterations: int | None
     jk: str
+    conv_tol_grad: float | None = None       # the orbital-gradient threshold it converged to (energy: 1e-12 Eh)
     jk_auxbasis: str | None = None
     precision: dict = field(default_factory=lambda: {"jk": "fp64", "fock_energy": "fp64",
                                                      "fock_build": "full (J/K of D each cycle)"})
@@ -45,7 +46,7 @@ class ScfRecord:
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""
         return ScfRecord(engine=self.engine, reference=self.reference, device=self.device,
-                         source="checkpoint", iterations=iterations, jk=self.jk,
+                         source="checkpoint", iterations=iterations, jk=self.jk, conv_tol_grad=self.conv_tol_grad,
                          jk_auxbasis=self.jk_auxbasis, precision=dict(self.precision), checkpoint=str(path))
 
     def to_dict(self) -> dict:

@@ -19,11 +19,10 @@ from pyscf.scf import hf as pyscf_hf
 from .errors import InputError, SCFNotConvergedError
 from .provenance import ScfRecord
 from .reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
-from .options import ECP_CHOICES, REFERENCES, SCF_DF_MODES, SCF_MAX_CYCLE, SCF_MODES  # noqa: F401
+from .options import (ECP_CHOICES, REFERENCES, SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_DF_MODES,  # noqa: F401
+                      SCF_MAX_CYCLE, SCF_MODES)
 from .xyz import Geometry
 
-SCF_CONV_TOL = 1e-12       # Hartree, energy change
-SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 
 
 MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
@@ -393,23 +392,41 @@ def describe_auxbasis(auxbasis) -> str:
     return " + ".join(f"{name} ({', '.join(by_name[name])})" for name in order)
 
 
-def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None) -> Reference:
+def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
+            conv_tol_grad: float = SCF_CONV_TOL_GRAD) -> Reference:
     """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
     JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
     'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
     'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this.
     ``progress(cycle, e_tot, d_e, gnorm)`` after each cycle (PySCF's gradient norm)."""
-    return _run_pyscf(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF", progress)
+    return _run_pyscf(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad)
 
 
-def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None) -> Reference:
+def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
+            conv_tol_grad: float = SCF_CONV_TOL_GRAD) -> Reference:
     """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
     JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
     far; or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress`` as ``run_rhf``'s."""
-    return _run_pyscf(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF", progress)
+    return _run_pyscf(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad)
 
 
-def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None) -> Reference:
+def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float,
+                  conv_tol_grad: float) -> SCFNotConvergedError:
+    """The error of an SCF that stopped unconverged after ``cycles``: what did not converge and by
+    how much (never the input's fault). Its option: the gradient threshold when the energy had
+    converged (a gradient that stalls just above it), else the cycle limit."""
+    energy_ok = abs(d_e) < SCF_CONV_TOL
+    return SCFNotConvergedError(
+        f"{what} did not converge in {cycles} cycles: the last energy change {d_e:.1e} Eh "
+        f"({'below' if energy_ok else 'above'} the threshold {SCF_CONV_TOL:g}) and orbital-gradient norm "
+        f"{gnorm:.1e} (threshold {conv_tol_grad:g}), last energy {e_tot:.10f} Eh; "
+        + ("loosen the gradient threshold if that energy is converged enough for you"
+           if energy_ok else "raise the cycle limit"),
+        option="scf_conv_tol_grad" if energy_ok else "scf_max_cycle")
+
+
+def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None,
+               conv_tol_grad: float = SCF_CONV_TOL_GRAD) -> Reference:
     """Density-fit (JK-fit set ``default_auxbasis(mol, 'jk')``) or not, converge to SCF_CONV_TOL /
     SCF_CONV_TOL_GRAD, and return the Reference (``reference.from_pyscf``) with its record.
     SCFNotConvergedError if it does not converge."""
@@ -424,23 +441,22 @@ def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, prog
             mf.with_df.build()
         jk_aux = describe_auxbasis(jk_spec)
     mf.conv_tol = SCF_CONV_TOL
-    mf.conv_tol_grad = SCF_CONV_TOL_GRAD
+    mf.conv_tol_grad = conv_tol_grad
     mf.max_cycle = max_cycle
     mf.verbose = 0
     cycles = []
 
     def callback(envs):
-        cycles.append(envs.get("cycle"))
+        cycles.append((envs["cycle"] + 1, float(envs["e_tot"]), float(envs["e_tot"] - envs["last_hf_e"]),
+                       float(envs["norm_gorb"])))
         if progress is not None:
-            progress(envs["cycle"] + 1, float(envs["e_tot"]), float(envs["e_tot"] - envs["last_hf_e"]),
-                     float(envs["norm_gorb"]))
+            progress(*cycles[-1])
     mf.callback = callback
     mf.kernel()
     if not mf.converged:
-        raise SCFNotConvergedError(
-            f"{what} did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); "
-            "check the geometry, charge and multiplicity")
-    record = ScfRecord(engine="pyscf", reference=what, device="host", source="ran",
+        raise not_converged(what, *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))),
+                            conv_tol_grad)
+    record = ScfRecord(engine="pyscf", reference=what, device="host", source="ran", conv_tol_grad=conv_tol_grad,
                        iterations=len(cycles) or None, jk_auxbasis=jk_aux,
                        jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)")
     return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux)

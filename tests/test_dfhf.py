@@ -176,3 +176,21 @@ def test_cycle_log_holds_lines_of_a_short_scf_and_prints_a_long_one():
     log(2, -76.1, -1e-1, 0.01)
     assert len(out) == 2 and out[0].startswith("RHF cycle   1: E = -76.0000000000 Eh")
     assert "ΔE = -1.00e-01 Eh" in out[1] and "|g| = 1.00e-02" in out[1]
+
+
+def test_not_converged_says_what_did_not_converge_and_a_looser_threshold_helps():
+    """An SCF whose energy has converged but whose gradient stalls above the threshold is told so
+    (option: the gradient threshold), not blamed on the input; a looser threshold converges."""
+    import dfmp2
+    water = str(INPUTS / "water.xyz")
+    for mode in ("df", "pyscf-df"):
+        with pytest.raises(SCFNotConvergedError, match=r"energy change .* \(below the threshold 1e-12\)") as e:
+            dfmp2.energy(water, scf_mode=mode, scf_conv_tol_grad=1e-15, scf_max_cycle=40)
+        assert e.value.option == "scf_conv_tol_grad" and "geometry" not in str(e.value)
+    with pytest.raises(SCFNotConvergedError, match=r"\(above the threshold 1e-12\).*raise the cycle limit") as e:
+        dfmp2.energy(water, scf_max_cycle=3)
+    assert e.value.option == "scf_max_cycle"
+    loose, tight = dfmp2.energy(water, scf_conv_tol_grad=1e-6), dfmp2.energy(water)
+    assert loose.ran["scf"]["conv_tol_grad"] == 1e-6 and tight.ran["scf"]["conv_tol_grad"] == 1e-9
+    assert loose.ran["scf"]["iterations"] < tight.ran["scf"]["iterations"]
+    assert abs(loose.e_hf - tight.e_hf) < 1e-9
