@@ -32,8 +32,12 @@ PAIR_KERNEL = linalg.mp2_pair_energy
 
 # A dfmp2 run in its own process with the test's blocking, one thread (as the tests here), and
 # each pair kernel call announced on stdout and slowed down, so a signal lands mid pair-loop.
+# SIGINT gets Python's default handler back, as a run started from a terminal has it: a shell
+# without job control starts background jobs with SIGINT ignored and the ignore is inherited
+# (pytest run as `... &` from a script), and dfmp2 rightly keeps a user's ignored SIGINT.
 CHILD = """
-import sys, time, torch
+import signal, sys, time, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)
 torch.set_num_threads(1)
 import linalg
 _orig = linalg.mp2_pair_energy

@@ -181,7 +181,16 @@ def test_producer_raises_same_exception_reaches_caller(water, cpu, monkeypatch):
     assert not stream.thread.is_alive()
 
 
-def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch):
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt for the test's duration, as in an interactive run: pytest
+    started as a background job of a shell without job control inherits SIGINT ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch, sigint_raises):
     """A real SIGINT while the caller waits for a slow block: KeyboardInterrupt in the caller at
     once, the producer stops after the block it is on, nothing hangs."""
     mol, auxmol = water
