@@ -99,12 +99,24 @@ def test_any_aux_basis_and_metric(water, cpu):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_unpack_is_pyscf_unpack_tril(dtype):
-    """Both ways (PySCF's C unpack on the host in fp64, torch's gather elsewhere) copy exactly."""
+    """Both ways (PySCF's C unpack on the host in fp64, torch's gather elsewhere) copy exactly,
+    with any leading dimensions, into a reused buffer, and for the SCF's JK factor."""
     nao = 11
     packed = torch.randn(3, integrals.npair(nao), dtype=torch.float64)
     ref = torch.from_numpy(lib.unpack_tril(packed.numpy())).to(dtype)
-    assert torch.equal(integrals.unpack(packed.to(dtype), nao), ref)
-    assert torch.equal(integrals.gather_unpack(packed.to(dtype), nao), ref)
+    p = packed.to(dtype)
+    assert torch.equal(integrals.unpack(p, nao), ref)
+    gather = torch.index_select(p, 1, integrals.unpack_index(nao, p.device)).reshape(3, nao, nao)
+    assert torch.equal(gather, ref)                                  # the path a GPU takes
+    assert torch.equal(integrals.unpack(p[1], nao), ref[1])          # (npair,) -> (nao, nao)
+    assert torch.equal(integrals.unpack(p.reshape(3, 1, -1), nao), ref[:, None])
+    assert torch.equal(integrals.unpack(p.T.contiguous().T, nao), ref)   # a strided input
+    buf = torch.full((5, nao * nao), -1.0, dtype=dtype)
+    full = integrals.unpack(p[:2], nao, out=buf[:2])
+    assert torch.equal(full, ref[:2]) and full.data_ptr() == buf.data_ptr()
+    assert (buf[2:] == -1).all()
+    jk = dfhf.JKFactor(p, nao, linalg.get_backend("cpu"), block=2, metric="cholesky")
+    assert torch.equal(jk.unpack(p), ref) and torch.equal(jk.unpack(p[0]), ref[0])
 
 
 def test_energy_through_thread_equals_same_thread(tmp_path):
