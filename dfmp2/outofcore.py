@@ -48,7 +48,7 @@ from . import memory
 from .background import Background
 from .checkpoint import CheckpointError
 from .fitting import apply_metric
-from .errors import InputError
+from .outputs import check_disk
 
 H5_SUFFIX = ".h5"
 
@@ -363,14 +363,8 @@ class Scratch:
         self._files: list = []
 
     def check_space(self, need_mb: float) -> None:
-        """InputError before any heavy work when the scratch disk is too small."""
-        if not self.parent.is_dir():
-            raise InputError(f"scratch directory {self.parent} does not exist; give an existing "
-                             "directory with --scratch")
-        free = shutil.disk_usage(self.parent).free / memory.MB
-        if need_mb * 1.02 > free:
-            raise InputError(f"B out of core needs {need_mb:.4g} MB on disk in {self.parent} but only "
-                             f"{free:.4g} MB are free; use --scratch DIR on a larger disk or raise --memory")
+        """InputError before any heavy work when the scratch disk is too small (outputs.check_disk)."""
+        check_disk([(self.parent, need_mb, "scratch_dir")])
 
     def open(self, name: str):
         """A new HDF5 file in the scratch directory (created on first use)."""
