@@ -1,6 +1,6 @@
 """Raw integrals: the fitting metric (P|Q) and 3-center (μν|P) in aux-shell blocks, from an engine.
 
-An integral engine (``select_engine``; ``dfmp2 run --integrals auto|host|gpu4pyscf``) gives, for
+An integral engine (``select_engine``; ``RunOptions.integrals``: auto, host, gpu4pyscf) gives, for
 the orbital basis it was made with and ANY auxiliary basis (the MP2-fit set, the JK-fit set):
 
     engine.metric(auxmol)                      (P|Q), (naux, naux) fp64 on the backend's device

@@ -373,6 +373,17 @@ def test_checkpoint_of_an_older_format_is_refused(water_checkpoint, tmp_path):
 def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
     ck = water_checkpoint[0]
     assert "does not exist" in cli_error(["run", str(WATER), "--resume", str(tmp_path / "nope.h5")])
+    # the library's words name no CLI flag; ``option`` is the RunOptions field (the CLI adds its flag)
+    with pytest.raises(CheckpointError, match="does not exist; start a run that writes a checkpoint") as info:
+        checkpoint.Checkpoint.resume(tmp_path / "nope.h5", {})
+    assert info.value.option == "resume" and " --" not in str(info.value)
+    with pytest.raises(CheckpointError, match="already exists; resume it, or remove it") as info:
+        checkpoint.Checkpoint.create(ck, {}, occ_block=OCC_BLOCK)
+    assert info.value.option == "checkpoint" and " --" not in str(info.value)
+    with pytest.raises(CheckpointError, match="written for another run: .*start afresh without resuming") as info:
+        checkpoint.Checkpoint.resume(copy(ck, tmp_path / "c.h5"), {"charge": 1})
+    assert info.value.option == "resume" and " --" not in str(info.value)
+    # from pipeline.run_geometry's own check (dfmp2/pipeline.py), which still names the flag
     assert "already exists; continue it with --resume" in cli_error(
         ["run", str(WATER), "--checkpoint", str(ck)])
     assert "name different files" in cli_error(

@@ -156,7 +156,7 @@ def test_check_disk_adds_up_one_file_system_with_a_margin(tmp_path, monkeypatch)
         outputs.check_disk([(tmp_path, 50.0, "scratch_dir"), (tmp_path / "ck", 49.0, "checkpoint")])
     msg = str(info.value)
     assert msg.startswith(f"this run needs 99 MB of disk in {tmp_path} (checkpoint and scratch) "
-                          "but only 100 MB are free") and "--" not in msg
+                          "but only 100 MB are free") and " --" not in msg
     assert info.value.option == "scratch_dir"
     with pytest.raises(InputError) as info:
         outputs.check_disk([(tmp_path / "ck", 99.0, "checkpoint")])
