@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 from typing import Callable, Iterable, Iterator
 
 
@@ -82,12 +83,8 @@ class Background:
         it = iter(items)
 
         def top_up(n: int) -> None:
-            while len(self._pending) < n:
-                for item in it:
-                    self._submit(fn, item)
-                    break
-                else:
-                    return
+            for item in islice(it, max(0, n - len(self._pending))):
+                self._submit(fn, item)
         try:
             while True:
                 top_up(max(1, self.depth))

@@ -17,11 +17,10 @@ same exception.
 Engines:
   host       libcint through PySCF on the host CPU. ONE background thread (dfmp2.background)
              computes the packed blocks (ctypes releases the GIL inside libcint) into a ring of
-             ``depth`` buffers (memory.QUEUE_DEPTH)
-             (pinned host memory when the device's memory is CUDA memory) while the caller
-             transforms the previous block on its device (when the device is the host CPU itself,
-             libcint runs in the caller's thread instead, depth 0: ``host_default_depth`` says
-             why). A block crosses to the device packed,
+             ``depth`` buffers (memory.QUEUE_DEPTH; pinned host memory when the device's memory
+             is CUDA memory) while the caller transforms the previous block on its device (when
+             the device is the host CPU itself, libcint runs in the caller's thread instead,
+             depth 0: ``host_default_depth`` says why). A block crosses to the device packed,
              half the bytes of the square, and is unpacked there. The values are libcint's, bit for
              bit: the energies on the CPU are those of computing and unpacking on the host.
              Screening: libcint's own (primitive pairs below PySCF's exponent cutoff are skipped);
