@@ -103,7 +103,7 @@ def _mismatch(path, stored: dict, current: dict) -> str | None:
             else:
                 what = f"{key} is {_describe(stored[key])} in the checkpoint but {_describe(current[key])} here"
             return (f"checkpoint {path} was written for another run: {what}; resume with the same "
-                    "molecule and options, or start afresh without --resume")
+                    "molecule and options, or start afresh without resuming")
     return None
 
 
@@ -120,8 +120,8 @@ class Checkpoint:
         import h5py
         path = Path(path)
         if path.exists():
-            raise CheckpointError(f"checkpoint {path} already exists; continue it with --resume {path} "
-                                  "or remove it to start afresh")
+            raise CheckpointError(f"checkpoint {path} already exists; resume it, or remove it to start "
+                                  "afresh", option="checkpoint")
         if not path.parent.is_dir():
             raise CheckpointError(f"checkpoint {path}: directory {path.parent} does not exist")
         try:
@@ -149,7 +149,8 @@ class Checkpoint:
         import h5py
         path = Path(path)
         if not path.exists():
-            raise CheckpointError(f"checkpoint {path} does not exist; start the run with --checkpoint {path}")
+            raise CheckpointError(f"checkpoint {path} does not exist; start a run that writes a checkpoint "
+                                  "there, then resume it", option="resume")
         try:
             f = h5py.File(path, "r+")
         except OSError as e:
@@ -179,7 +180,7 @@ class Checkpoint:
                 raise CheckpointError(f"checkpoint {path} is corrupted: its fingerprint is missing or unreadable") from None
             msg = _mismatch(path, stored, fp)
             if msg:
-                raise CheckpointError(msg)
+                raise CheckpointError(msg, option="resume")
             ck = cls(path, f)
             ck._check_structure()
             ok = True

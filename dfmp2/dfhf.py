@@ -37,7 +37,6 @@ import time
 
 import numpy as np
 import torch
-from pyscf import lib
 from pyscf.scf import hf as pyscf_hf
 
 import linalg
@@ -106,7 +105,6 @@ class JKFactor:
         dev = B.device
         r, c = torch.tril_indices(nao, nao, device=dev)
         self.lower = (r * nao + c)                       # flat index of (μ, ν), μ >= ν
-        self.upper = (c * nao + r)
         self.offdiag_weight = torch.where(r == c, 1.0, 2.0).to(dtype=B.dtype)
 
     @property
@@ -118,18 +116,9 @@ class JKFactor:
         return D.reshape(-1)[self.lower].to(self.B.dtype) * self.offdiag_weight
 
     def unpack(self, p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., npair) -> (..., nao, nao) symmetric (a layout step, no arithmetic). In host memory
-        PySCF's C unpack (lib.unpack_tril) does it: measured 2.5-3x faster than torch's two
-        index_copy_ passes, which took as long as the exchange GEMMs ((H2O)8, 1 thread)."""
-        lead = p.shape[:-1]
-        full = out if out is not None else torch.empty(lead + (self.nao * self.nao,), dtype=p.dtype, device=p.device)
-        full = full.view(lead + (self.nao * self.nao,))
-        if self.host_memory and p.is_contiguous() and full.is_contiguous():
-            lib.unpack_tril(p.numpy(), out=full.numpy().reshape(lead + (self.nao, self.nao)))
-        else:
-            full.index_copy_(-1, self.upper, p)
-            full.index_copy_(-1, self.lower, p)
-        return full.view(lead + (self.nao, self.nao))
+        """(..., npair) -> (..., nao, nao) symmetric (a layout step, no arithmetic):
+        ``dfmp2.integrals.unpack``, into ``out`` when given."""
+        return integrals.unpack(p, self.nao, out=out)
 
     def coulomb(self, D: torch.Tensor) -> torch.Tensor:
         """J(D)_μν = Σ_λσ (μν|λσ) D_λσ (nao, nao) in the factor's dtype: two GEMMs (matrix-vector)."""

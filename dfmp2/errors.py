@@ -28,13 +28,25 @@ OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on t
                 "integrals-host": "--integrals host"}
 
 
+# The CLI flag of a RunOptions field where it is not '--' + the field with '-' for '_'.
+FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
+         "frozen_core": "--frozen-core/--all-electron"}
+
+
+def flag(option: str) -> str:
+    """The CLI flag of RunOptions field ``option``."""
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def error_line(e: Exception) -> str:
     """The one line the CLI prints for an expected error: the library's message (what is wrong)
-    followed by the options that would help."""
+    followed by the flag of the option it is about (``InputError.option``) and the options that
+    would help."""
     if isinstance(e, MemoryLimitError):
         return f"{e} (the limit is set with --memory)"
+    text = f"{e} ({flag(e.option)})" if getattr(e, "option", None) else str(e)
     hints = [OPTION_HINTS[a] for a in getattr(e, "alternatives", ()) if a in OPTION_HINTS]
-    return f"{e}; or use {' or '.join(hints)}" if hints else str(e)
+    return f"{text}; or use {' or '.join(hints)}" if hints else text
 
 
 def shown(text: str, limit: int = 60) -> str:

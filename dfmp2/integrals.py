@@ -1,6 +1,6 @@
 """Raw integrals: the fitting metric (P|Q) and 3-center (μν|P) in aux-shell blocks, from an engine.
 
-An integral engine (``select_engine``; ``dfmp2 run --integrals auto|host|gpu4pyscf``) gives, for
+An integral engine (``select_engine``; ``RunOptions.integrals``: auto, host, gpu4pyscf) gives, for
 the orbital basis it was made with and ANY auxiliary basis (the MP2-fit set, the JK-fit set):
 
     engine.metric(auxmol)                      (P|Q), (naux, naux) fp64 on the backend's device
@@ -15,12 +15,12 @@ ends (an exception in the caller's loop, Ctrl-C); an error in the engine reaches
 same exception.
 
 Engines:
-  host       libcint through PySCF on the host CPU. ONE background thread computes the packed
-             blocks (ctypes releases the GIL inside libcint) into a ring of ``depth`` buffers
-             (pinned host memory when the device's memory is CUDA memory) while the caller
-             transforms the previous block on its device (when the device is the host CPU itself,
-             libcint runs in the caller's thread instead, depth 0: ``host_default_depth`` says
-             why). A block crosses to the device packed,
+  host       libcint through PySCF on the host CPU. ONE background thread (dfmp2.background)
+             computes the packed blocks (ctypes releases the GIL inside libcint) into a ring of
+             ``depth`` buffers (memory.QUEUE_DEPTH; pinned host memory when the device's memory
+             is CUDA memory) while the caller transforms the previous block on its device (when
+             the device is the host CPU itself, libcint runs in the caller's thread instead,
+             depth 0: ``host_default_depth`` says why). A block crosses to the device packed,
              half the bytes of the square, and is unpacked there. The values are libcint's, bit for
              bit: the energies on the CPU are those of computing and unpacking on the host.
              Screening: libcint's own (primitive pairs below PySCF's exponent cutoff are skipped);
@@ -36,8 +36,6 @@ Host-only helpers kept for callers that want numpy on the host: ``metric_2c``, `
 """
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import Iterator
 
@@ -48,10 +46,11 @@ from pyscf.gto import moleintor
 
 from linalg import DeviceUnavailableError
 
+from .background import Background
+from .memory import QUEUE_DEPTH
 from .options import INTEGRAL_ENGINES
 
 ENGINES = INTEGRAL_ENGINES           # dfmp2.options: auto, host, gpu4pyscf
-QUEUE_DEPTH = 2            # host engine: packed blocks in the ring (double buffering)
 GPU4PYSCF_BLOCK_MB = 4096.0  # gpu4pyscf: target MB of a block (see Gpu4pyscfEngine.block_mb)
 # The optional extra per CUDA major version: gpu4pyscf's wheels are built per CUDA major
 # (gpu4pyscf-cuda12x, gpu4pyscf-cuda13x) and must match the CUDA that torch and CuPy use.
@@ -143,19 +142,26 @@ def unpack_index(nao: int, device) -> torch.Tensor:
     return idx
 
 
-def unpack(packed: torch.Tensor, nao: int) -> torch.Tensor:
-    """(nb, npair) -> (nb, nao, nao) symmetric, on packed's device and in its dtype; every element
-    is an exact copy (bit for bit what PySCF's unpack_tril gives). On the host, fp64, PySCF's C
-    unpack_tril itself (measured 4x faster than torch's gather on 2 cores: 0.13 s against 0.55 s
-    for 133 x 384^2); elsewhere torch's gather (index_select) on the device."""
+def unpack(packed: torch.Tensor, nao: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., npair) packed μ >= ν (PySCF's order) -> (..., nao, nao) symmetric, on packed's device
+    and in its dtype; every element is an exact copy (bit for bit what PySCF's unpack_tril gives).
+
+    ``out``: a contiguous tensor of the same dtype and device holding (..., nao*nao) elements in
+    any shape (a reused buffer); the result is a view of it. fp64 in host memory: PySCF's C
+    unpack_tril (measured 4x faster than torch's gather on 2 cores: 0.13 s against 0.55 s for
+    133 x 384^2); otherwise torch's gather (index_select) on the device, which in host memory in
+    fp32 is 3-10x faster than PySCF's (numpy indexing outside fp64; 200 x 100^2 to 20 x 384^2,
+    one thread)."""
+    lead = packed.shape[:-1]
+    rows = packed.reshape(-1, packed.shape[-1])
+    if out is None:
+        out = torch.empty(lead + (nao, nao), dtype=packed.dtype, device=packed.device)
+    full = out.view(rows.shape[0], nao * nao)
     if packed.is_cpu and packed.dtype == torch.float64:
-        return torch.from_numpy(lib.unpack_tril(packed.contiguous().numpy()))
-    return gather_unpack(packed, nao)
-
-
-def gather_unpack(packed: torch.Tensor, nao: int) -> torch.Tensor:
-    """``unpack`` by torch's gather on any device (what a GPU runs)."""
-    return packed.index_select(1, unpack_index(nao, packed.device)).reshape(packed.shape[0], nao, nao)
+        lib.unpack_tril(rows.contiguous().numpy(), out=full.numpy())
+    else:
+        torch.index_select(rows, 1, unpack_index(nao, packed.device), out=full)
+    return full.view(lead + (nao, nao))
 
 
 # ---------------------------------------------------------------- engines
@@ -252,102 +258,53 @@ class _Slot:
             self.fence = None
 
 
-_DONE = object()
-
-
-class _Failed:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
 class _HostStream:
-    """The host engine's block stream: a producer thread and the consumer's iterator."""
-
-    POLL_S = 0.05                          # how often a waiting producer looks at the stop flag
+    """The host engine's block stream: libcint on one background thread (dfmp2.background) into
+    a ring of ``depth`` packed buffers, ``depth - 1`` blocks ahead of the one the caller holds."""
 
     def __init__(self, engine: HostEngine, cint: _Libcint, shell_blocks, dtype):
-        self.engine, self.cint, self.shell_blocks, self.dtype = engine, cint, shell_blocks, dtype
-        self.nao = engine.nao
-        self.npair = npair(self.nao)
+        self.engine, self.cint, self.dtype = engine, cint, dtype
+        self.npair = npair(engine.nao)
         nb_max = max((p1 - p0 for _, _, p0, p1 in shell_blocks), default=0)
         self.slots = [_Slot(nb_max * self.npair, engine.pinned) for _ in range(engine.depth)]
-        self.free: queue.Queue = queue.Queue()
-        for s in self.slots:
-            self.free.put(s)
-        self.ready: queue.Queue = queue.Queue()
-        self.stop = threading.Event()
-        self.held = None
-        self.thread = threading.Thread(target=self._produce, name="dfmp2-libcint", daemon=True)
-        self.thread.start()
+        self.producer = Background("dfmp2-libcint", depth=engine.depth - 1)
+        self.items = self.producer.map(self._compute, enumerate(shell_blocks))
 
-    # ---- producer (background thread) ----
-    def _produce(self):
-        try:
-            lib.num_threads(self.engine.threads)   # OpenMP settings are per thread
-            for s0, s1, p0, p1 in self.shell_blocks:
-                slot = self._free_slot()
-                if slot is None:
-                    return
-                t0 = time.perf_counter()
-                self.cint(s0, s1, out=slot.array)
-                self.engine.stats["compute_s"] += time.perf_counter() - t0
-                self.ready.put((p0, p1, slot))
-            self.ready.put(_DONE)
-        except BaseException as exc:       # to the consumer, as the same exception
-            self.ready.put(_Failed(exc))
+    def _compute(self, item):
+        """Block i into buffer i % depth (on the producer thread). The ring never hands out a
+        buffer the caller still holds: at most depth - 1 blocks are ahead of its block."""
+        i, (s0, s1, p0, p1) = item
+        slot = self.slots[i % len(self.slots)]
+        slot.wait()                            # CUDA: the copy out of it has finished
+        lib.num_threads(self.engine.threads)   # OpenMP settings are per thread
+        t0 = time.perf_counter()
+        self.cint(s0, s1, out=slot.array)
+        self.engine.stats["compute_s"] += time.perf_counter() - t0
+        return p0, p1, slot
 
-    def _free_slot(self):
-        while not self.stop.is_set():
-            try:
-                return self.free.get(timeout=self.POLL_S)
-            except queue.Empty:
-                pass
-        return None
-
-    # ---- consumer (the caller's thread) ----
     def __iter__(self):
         return self
 
     def __next__(self):
-        self._release()
-        if self.stop.is_set():             # finished, failed or closed: nothing more comes
-            raise StopIteration
         t0 = time.perf_counter()
         try:
-            item = self.ready.get()
-            if item is _DONE:
-                raise StopIteration
-            if isinstance(item, _Failed):
-                raise item.exc
-            p0, p1, slot = item
-            packed = slot.tensor[: (p1 - p0) * self.npair].view(p1 - p0, self.npair)
-            dev = self.engine.backend.to_device(packed, self.dtype)
-            # a GPU copies from the pinned buffer asynchronously (linalg.cuda: a side stream);
-            # the buffer is refilled only after that copy, not after the compute queued before it
-            slot.fence = getattr(self.engine.backend, "last_transfer", None) if self.engine.pinned else None
-            self.held = slot
-        except BaseException:
-            self.close()
-            raise
+            p0, p1, slot = next(self.items)
         finally:
             self.engine.stats["wait_s"] += time.perf_counter() - t0
+        packed = slot.tensor[: (p1 - p0) * self.npair].view(p1 - p0, self.npair)
+        dev = self.engine.backend.to_device(packed, self.dtype)
+        # a GPU copies from the pinned buffer asynchronously (linalg.cuda: a side stream); the
+        # buffer is refilled only after that copy, not after the compute queued before it
+        slot.fence = getattr(self.engine.backend, "last_transfer", None) if self.engine.pinned else None
         self.engine.stats["blocks"] += 1
         return p0, p1, dev
 
-    def _release(self):
-        """Give the block the caller had back to the producer (host memory: the caller is done
-        with it when it asks for the next; CUDA: once the copy from it has finished)."""
-        slot, self.held = self.held, None
-        if slot is not None:
-            slot.wait()
-            self.free.put(slot)
-
     def close(self):
-        """Stop the producer and wait for it (at most the block it is computing)."""
-        self.stop.set()
-        self.thread.join()
-        slot, self.held = self.held, None
-        if slot is not None:
+        """Stop the producer and wait for it (at most the block it is computing) and for the
+        device's copies out of the buffers."""
+        self.items.close()
+        self.producer.close()
+        for slot in self.slots:
             slot.wait()
 
     def __enter__(self):

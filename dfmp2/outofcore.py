@@ -22,19 +22,18 @@ order, so the in-memory path uses exactly this blocking too rather than one big 
 strided B.
 
 Overlap. A background thread reads ahead (``PREFETCH_DEPTH`` blocks in flight) and another
-writes behind (``WRITE_DEPTH`` queued). h5py 3.16 / HDF5 2.0 releases the GIL inside H5Dread:
-measured here, a pure-Python loop in the main thread kept running during 400 MB reads on another
-thread with at most ~10 ms stalls (the interpreter's switch interval), not the ~50 ms of a read.
+writes behind (``WRITE_DEPTH`` queued), both ``dfmp2.background.Background``. h5py 3.16 /
+HDF5 2.0 releases the GIL inside H5Dread: measured here, a pure-Python loop in the main thread
+kept running during 400 MB reads on another thread with at most ~10 ms stalls (the
+interpreter's switch interval), not the ~50 ms of a read.
 h5py serialises HDF5 calls with its own lock, so the reader and writer threads take turns in
 the library but the main thread's torch work runs meanwhile.
 """
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import tempfile
-import threading
 import zlib
 from contextlib import closing
 from dataclasses import dataclass
@@ -46,9 +45,10 @@ import torch
 import linalg
 
 from . import memory
+from .background import Background
 from .checkpoint import CheckpointError
 from .fitting import apply_metric
-from .errors import InputError
+from .outputs import check_disk
 
 H5_SUFFIX = ".h5"
 
@@ -112,102 +112,6 @@ def combine(sums: np.ndarray, pairs) -> tuple[float, float]:
     return e_os, e_ss
 
 
-# ---------------------------------------------------------------- background threads
-class _Writer:
-    """Runs write jobs in order on one background thread; at most ``depth`` queued."""
-
-    def __init__(self, depth: int = memory.WRITE_DEPTH):
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="dfmp2-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while True:
-            job = self._q.get()
-            try:
-                if job is None:
-                    return
-                if self._error is None:
-                    job()
-            except BaseException as e:          # reported to the main thread at its next call
-                self._error = e
-            finally:
-                self._q.task_done()
-
-    def _check(self):
-        if self._error is not None:
-            e, self._error = self._error, None
-            raise e
-
-    def submit(self, job) -> None:
-        self._check()
-        self._q.put(job)
-
-    def wait(self) -> None:
-        """Block until every submitted write is done; re-raise a write error."""
-        self._q.join()
-        self._check()
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join()
-
-
-class _Prefetcher:
-    """Yields (k, block) for k in ``order``, read on a background thread ahead of use.
-
-    ``read(k)`` returns a fresh host tensor. At most ``depth`` blocks are read ahead of the one
-    the caller holds (one being read, depth - 1 waiting)."""
-
-    def __init__(self, read, order, depth: int = memory.PREFETCH_DEPTH):
-        self._read, self._order = read, list(order)
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth - 1))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dfmp2-prefetch", daemon=True)
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self):
-        try:
-            for k in self._order:
-                if self._stop.is_set() or not self._put((k, self._read(k))):
-                    return
-        except BaseException as e:
-            self._put((None, e))
-            return
-        self._put((None, None))
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        k, item = self._q.get()
-        if k is None:
-            if item is not None:
-                raise item
-            raise StopIteration
-        return k, item
-
-    def close(self):
-        self._stop.set()
-        while True:
-            try:
-                self._q.get_nowait()
-            except queue.Empty:
-                break
-        self._thread.join()
-
-
 # ---------------------------------------------------------------- stores
 class InMemoryB:
     """(P|ia) or B held as one device tensor per occupied block (each its own allocation)."""
@@ -265,17 +169,18 @@ class HDF5B:
         self.crc = crc                  # (nblocks,) int64 dataset: crc32 per block (checkpoints)
         self._verified: set[int] = set()
         self.evict = evict
-        self._writer: _Writer | None = None
+        self._writer: Background | None = None     # write-behind thread, made at the first write
         self._fd: int | None = None
 
     @property
     def path(self) -> str:
         return self.dset.file.filename
 
-    def _submit(self, job) -> None:
+    def _submit(self, fn, *args) -> None:
+        """fn(*args) behind the caller: WRITE_DEPTH queued behind the one in flight."""
         if self._writer is None:
-            self._writer = _Writer()
-        self._writer.submit(job)
+            self._writer = Background("dfmp2-writer", depth=memory.WRITE_DEPTH + 1)
+        self._writer.put(fn, *args)
 
     def _write(self, a: int, arr: np.ndarray) -> None:
         self.dset.write_direct(arr, dest_sel=np.s_[a:a + arr.size])
@@ -287,7 +192,7 @@ class HDF5B:
             c0, c1 = self.blocks.columns(k)
             piece = np.ascontiguousarray(host[:, c0:c1]).reshape(-1)
             a = self.blocks.span(k)[0] + p0 * (c1 - c0)
-            self._submit(lambda a=a, piece=piece: self._write(a, piece))
+            self._submit(self._write, a, piece)
 
     def set_block(self, k: int, block: torch.Tensor) -> None:
         arr = block.detach().to("cpu", self.dtype).contiguous().numpy().reshape(-1)
@@ -339,12 +244,11 @@ class HDF5B:
     def iter_blocks(self, order, backend):
         """(k, block on the backend's device) for k in order, read ahead on a background thread."""
         self.flush()
-        pf = _Prefetcher(self.read_block, order)
-        try:
-            for k, host in pf:
+        order = list(order)
+        reader = Background("dfmp2-prefetch", depth=memory.PREFETCH_DEPTH)
+        with closing(reader.map(self.read_block, order)) as reads:
+            for k, host in zip(order, reads):
                 yield k, backend.to_device(host)
-        finally:
-            pf.close()
 
     def flush(self) -> None:
         """Wait for the queued writes and push them to the file."""
@@ -353,6 +257,7 @@ class HDF5B:
         self.dset.file.flush()
 
     def close(self) -> None:
+        """Stop the writer: writes not yet started are dropped (``flush`` first keeps them)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -458,14 +363,8 @@ class Scratch:
         self._files: list = []
 
     def check_space(self, need_mb: float) -> None:
-        """InputError before any heavy work when the scratch disk is too small."""
-        if not self.parent.is_dir():
-            raise InputError(f"scratch directory {self.parent} does not exist; give an existing "
-                             "directory with --scratch")
-        free = shutil.disk_usage(self.parent).free / memory.MB
-        if need_mb * 1.02 > free:
-            raise InputError(f"B out of core needs {need_mb:.4g} MB on disk in {self.parent} but only "
-                             f"{free:.4g} MB are free; use --scratch DIR on a larger disk or raise --memory")
+        """InputError before any heavy work when the scratch disk is too small (outputs.check_disk)."""
+        check_disk([(self.parent, need_mb, "scratch_dir")])
 
     def open(self, name: str):
         """A new HDF5 file in the scratch directory (created on first use)."""

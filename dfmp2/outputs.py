@@ -3,7 +3,8 @@
 Every command that writes a file (``run --json``, ``regress --json``, ``compare --json``,
 ``bench --out``, the scratch and checkpoint directories) checks its paths with
 ``check_output_file`` / ``check_output_dir`` first, so a path that cannot be written is one
-``error:`` line and exit 2 before the SCF, not a traceback after it.
+``error:`` line and exit 2 before the SCF, not a traceback after it; ``check_disk`` checks that
+the scratch files and the checkpoint fit on their disks.
 
 Writing rules (``write_text``, ``write_bytes``):
 
@@ -20,6 +21,7 @@ Writing rules (``write_text``, ``write_bytes``):
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import uuid
 from pathlib import Path
@@ -102,6 +104,40 @@ def check_output_dir(directory, what: str, *, create: bool = False) -> Path:
         raise InputError(f"{what} {directory}: {base} is not a directory")
     _probe_writable(base, what)
     return d
+
+
+DISK_MARGIN = 1.02            # what goes to disk must fit the free space with 2 % to spare
+DISK_USES = {"scratch_dir": "scratch", "checkpoint": "checkpoint"}   # RunOptions field: words
+
+
+def _disk_use(option: str) -> str:
+    return DISK_USES.get(option, option.replace("_", " "))
+
+
+def check_disk(needs) -> None:
+    """Before any heavy work: is there disk for what a run writes? ``needs``: (directory, MB,
+    option) items, option the ``RunOptions`` field that chose the directory ('scratch_dir',
+    'checkpoint'). Each directory must take new files (``check_output_dir``); the MB of the
+    directories on one file system are added up and must fit its free space with a 2 % margin.
+    InputError (one line; ``option`` 'scratch_dir' when scratch files are among those that do
+    not fit, else the item's option)."""
+    groups: dict = {}
+    for directory, mb, option in needs:
+        try:
+            d = check_output_dir(directory, f"{_disk_use(option)} directory")
+        except InputError as e:
+            e.option = e.option or option
+            raise
+        fs = os.stat(d).st_dev
+        first, total, options = groups.get(fs, (d, 0.0, []))
+        groups[fs] = (first, total + mb, options + [option])
+    for d, mb, options in groups.values():
+        free = shutil.disk_usage(d).free / 1e6
+        if mb * DISK_MARGIN > free:
+            what = " and ".join(sorted({_disk_use(o) for o in options}))
+            raise InputError(f"this run needs {mb:.4g} MB of disk in {d} ({what}) but only {free:.4g} MB "
+                             "are free; choose a directory on a larger disk, or allow more memory",
+                             option="scratch_dir" if "scratch_dir" in options else options[0])
 
 
 def write_text(path, text: str) -> None:

@@ -12,8 +12,6 @@ manager, ``CheckpointSession``.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ from linalg import DTYPES
 
 from . import checkpoint, dfhf, integrals, memory, outputs, scf
 from .errors import InputError
-from .memory import MB, MemoryPlan, plan_memory
+from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, build_B, mp2_stage, pair_energies  # noqa: F401 (the stage's public names)
 from .options import PRECISIONS, RunOptions  # noqa: F401 (PRECISIONS: pipeline's public name)
 from .provenance import RunRecord
@@ -117,7 +115,10 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
                          "a resumed run goes on writing to the file it resumes, so give only that one",
                          option="resume")
     if options.scratch_dir is not None:      # a given scratch directory must take files, used or not
-        outputs.check_output_dir(options.scratch_dir, "--scratch")
+        try:
+            outputs.check_output_dir(options.scratch_dir, "scratch directory")
+        except InputError as e:
+            raise InputError(str(e), option="scratch_dir") from None
     uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     if uhf and (options.checkpoint or options.resume):
         raise InputError("checkpoints are not supported with a UHF reference yet; run without one",
@@ -230,7 +231,7 @@ class CheckpointSession:
         elif o.checkpoint and Path(o.checkpoint).exists():
             raise checkpoint.CheckpointError(
                 f"checkpoint {o.checkpoint} already exists; resume it, or remove it to start afresh",
-                option="resume")
+                option="checkpoint")
         return self
 
     def start(self, plan: MemoryPlan) -> None:
@@ -318,31 +319,19 @@ def _largest_shell(auxmol) -> int:
 
 def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool, b_mb: float,
                 pia_mb: float) -> None:
-    """Before any heavy work: is there disk for what goes to disk? A checkpoint holds B (in memory
-    or not); out of core without a checkpoint, B goes to the scratch directory, and (P|ia) does
-    when its dtype differs from B's."""
-    need: dict = {}
-
-    def add(directory, mb, what):
-        directory = outputs.check_output_dir(directory, what)
-        dev = os.stat(directory).st_dev
-        d, total, names = need.get(dev, (directory, 0.0, []))
-        need[dev] = (d, total + mb, names + [what])
-
+    """Before any heavy work: is there disk for what goes to disk (``outputs.check_disk``)? A
+    checkpoint holds B (in memory or not); out of core without a checkpoint, B goes to the scratch
+    directory, and (P|ia) does when its dtype differs from B's."""
     scratch = Path(options.scratch_dir) if options.scratch_dir else Path(tempfile.gettempdir())
+    needs = []
     if ck_path and not b_done:
-        add(Path(ck_path).resolve().parent, b_mb, "checkpoint")
+        needs.append((Path(ck_path).resolve().parent, b_mb, "checkpoint"))
     if plan.out_of_core:
         if not ck_path:
-            add(scratch, b_mb, "scratch (--scratch)")
+            needs.append((scratch, b_mb, "scratch_dir"))
         if pia_mb > 0:
-            add(scratch, pia_mb, "scratch (--scratch)")
-    for directory, mb, names in need.values():
-        free = shutil.disk_usage(directory).free / MB
-        if mb * 1.02 > free:
-            raise InputError(f"this run needs {mb:.4g} MB of disk in {directory} ({' and '.join(sorted(set(names)))}) "
-                             f"but only {free:.4g} MB are free; choose another --scratch or checkpoint "
-                             "directory, or raise --memory")
+            needs.append((scratch, pia_mb, "scratch_dir"))
+    outputs.check_disk(needs)
 
 
 # ---------------------------------------------------------------------------- reference

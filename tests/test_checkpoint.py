@@ -32,8 +32,12 @@ PAIR_KERNEL = linalg.mp2_pair_energy
 
 # A dfmp2 run in its own process with the test's blocking, one thread (as the tests here), and
 # each pair kernel call announced on stdout and slowed down, so a signal lands mid pair-loop.
+# SIGINT gets Python's default handler back, as a run started from a terminal has it: a shell
+# without job control starts background jobs with SIGINT ignored and the ignore is inherited
+# (pytest run as `... &` from a script), and dfmp2 rightly keeps a user's ignored SIGINT.
 CHILD = """
-import sys, time, torch
+import signal, sys, time, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)
 torch.set_num_threads(1)
 import linalg
 _orig = linalg.mp2_pair_energy
@@ -369,6 +373,17 @@ def test_checkpoint_of_an_older_format_is_refused(water_checkpoint, tmp_path):
 def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
     ck = water_checkpoint[0]
     assert "does not exist" in cli_error(["run", str(WATER), "--resume", str(tmp_path / "nope.h5")])
+    # the library's words name no CLI flag; ``option`` is the RunOptions field (the CLI adds its flag)
+    with pytest.raises(CheckpointError, match="does not exist; start a run that writes a checkpoint") as info:
+        checkpoint.Checkpoint.resume(tmp_path / "nope.h5", {})
+    assert info.value.option == "resume" and " --" not in str(info.value)
+    with pytest.raises(CheckpointError, match="already exists; resume it, or remove it") as info:
+        checkpoint.Checkpoint.create(ck, {}, occ_block=OCC_BLOCK)
+    assert info.value.option == "checkpoint" and " --" not in str(info.value)
+    with pytest.raises(CheckpointError, match="written for another run: .*start afresh without resuming") as info:
+        checkpoint.Checkpoint.resume(copy(ck, tmp_path / "c.h5"), {"charge": 1})
+    assert info.value.option == "resume" and " --" not in str(info.value)
+    # the same refusal from run_geometry, before any work
     assert "already exists; resume it" in cli_error(
         ["run", str(WATER), "--checkpoint", str(ck)])
     assert "to resume are different files" in cli_error(

@@ -99,12 +99,24 @@ def test_any_aux_basis_and_metric(water, cpu):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_unpack_is_pyscf_unpack_tril(dtype):
-    """Both ways (PySCF's C unpack on the host in fp64, torch's gather elsewhere) copy exactly."""
+    """Both ways (PySCF's C unpack on the host in fp64, torch's gather elsewhere) copy exactly,
+    with any leading dimensions, into a reused buffer, and for the SCF's JK factor."""
     nao = 11
     packed = torch.randn(3, integrals.npair(nao), dtype=torch.float64)
     ref = torch.from_numpy(lib.unpack_tril(packed.numpy())).to(dtype)
-    assert torch.equal(integrals.unpack(packed.to(dtype), nao), ref)
-    assert torch.equal(integrals.gather_unpack(packed.to(dtype), nao), ref)
+    p = packed.to(dtype)
+    assert torch.equal(integrals.unpack(p, nao), ref)
+    gather = torch.index_select(p, 1, integrals.unpack_index(nao, p.device)).reshape(3, nao, nao)
+    assert torch.equal(gather, ref)                                  # the path a GPU takes
+    assert torch.equal(integrals.unpack(p[1], nao), ref[1])          # (npair,) -> (nao, nao)
+    assert torch.equal(integrals.unpack(p.reshape(3, 1, -1), nao), ref[:, None])
+    assert torch.equal(integrals.unpack(p.T.contiguous().T, nao), ref)   # a strided input
+    buf = torch.full((5, nao * nao), -1.0, dtype=dtype)
+    full = integrals.unpack(p[:2], nao, out=buf[:2])
+    assert torch.equal(full, ref[:2]) and full.data_ptr() == buf.data_ptr()
+    assert (buf[2:] == -1).all()
+    jk = dfhf.JKFactor(p, nao, linalg.get_backend("cpu"), block=2, metric="cholesky")
+    assert torch.equal(jk.unpack(p), ref) and torch.equal(jk.unpack(p[0]), ref[0])
 
 
 def test_energy_through_thread_equals_same_thread(tmp_path):
@@ -141,25 +153,22 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
 
 # ---------------------------------------------------------------- host engine: shutdown
 
-def _no_producer_left(before):
-    deadline = time.time() + 5
-    while time.time() < deadline:
-        if not [t for t in threading.enumerate() if t.name == "dfmp2-libcint" and t not in before]:
-            return True
-        time.sleep(0.01)
-    return False
+def _producers():
+    """The host engine's producer threads alive now: none once a stream is closed (its close
+    joins the thread, it does not leave it to finish later)."""
+    return [t for t in threading.enumerate() if t.name.startswith("dfmp2-libcint") and t.is_alive()]
 
 
 def test_consumer_raises_producer_stops(water, cpu):
     mol, auxmol = water
-    before = set(threading.enumerate())
     blocks = integrals.aux_shell_blocks(auxmol, 10)
     with pytest.raises(ValueError, match="consumer"):
         with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(auxmol, blocks) as stream:
             for i, _ in enumerate(stream):
+                assert len(_producers()) == 1
                 if i == 1:
                     raise ValueError("consumer failed")
-    assert not stream.thread.is_alive() and _no_producer_left(before)
+    assert _producers() == []
 
 
 def test_producer_raises_same_exception_reaches_caller(water, cpu, monkeypatch):
@@ -179,10 +188,19 @@ def test_producer_raises_same_exception_reaches_caller(water, cpu, monkeypatch):
             for p0, p1, _ in stream:
                 seen.append(p0)
     assert info.value is raised[0] and seen == [0]
-    assert not stream.thread.is_alive()
+    assert _producers() == []
 
 
-def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch):
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt for the test's duration, as in an interactive run: pytest
+    started as a background job of a shell without job control inherits SIGINT ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch, sigint_raises):
     """A real SIGINT while the caller waits for a slow block: KeyboardInterrupt in the caller at
     once, the producer stops after the block it is on, nothing hangs."""
     mol, auxmol = water
@@ -201,7 +219,7 @@ def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch):
             for _ in stream:
                 pass
     assert time.perf_counter() - t0 < 3
-    assert not stream.thread.is_alive()
+    assert _producers() == []
     timer.join()
 
 
@@ -211,7 +229,7 @@ def test_keyboard_interrupt_in_the_loop_stops_the_producer(water, cpu):
         with integrals.HostEngine(mol, cpu, depth=1).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
             for _ in stream:
                 raise KeyboardInterrupt
-    assert not stream.thread.is_alive()
+    assert _producers() == []
 
 
 # ---------------------------------------------------------------- choice and errors

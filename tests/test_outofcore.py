@@ -136,30 +136,6 @@ def test_fit_blocks_in_place_and_cross_dtype_match_memory(tmp_path):
     assert torch.allclose(results[torch.float64], whole, rtol=1e-12, atol=1e-14)
 
 
-def test_reader_error_reaches_the_caller_and_threads_stop():
-    def read(k):
-        if k == 2:
-            raise OSError("disk on fire")
-        return torch.zeros(3)
-    pf = outofcore._Prefetcher(read, range(5))
-    assert next(pf)[0] == 0 and next(pf)[0] == 1
-    with pytest.raises(OSError, match="disk on fire"):
-        next(pf)
-    pf.close()
-    slow = outofcore._Prefetcher(lambda k: torch.zeros(3), range(1000), depth=2)
-    next(slow)
-    slow.close()                                   # stops though 998 reads are left
-    assert not any(t.name in ("dfmp2-prefetch",) and t.is_alive() for t in threading.enumerate())
-
-
-def test_writer_error_is_raised_at_the_next_call():
-    w = outofcore._Writer()
-    w.submit(lambda: (_ for _ in ()).throw(OSError("no space left")))
-    with pytest.raises(OSError, match="no space"):
-        w.wait()
-    w.close()
-
-
 # ------------------------------------------------------------------ the pipeline out of core
 SMALL = dict(occ_block_max=2, j3c_block_mb=0.05)   # several occupied and auxiliary blocks
 

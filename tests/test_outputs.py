@@ -145,6 +145,27 @@ def test_scratch_unwritable_fails_before_scf(tmp_path, no_heavy_work):
                       "--scratch", fragment)
 
 
+def test_check_disk_adds_up_one_file_system_with_a_margin(tmp_path, monkeypatch):
+    import shutil
+    (tmp_path / "ck").mkdir()
+    free_mb = {"now": 100.0}
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(10**9, 10**9, int(free_mb["now"] * 1e6)))
+    outputs.check_disk([(tmp_path, 49.0, "scratch_dir"), (tmp_path / "ck", 49.0, "checkpoint")])
+    with pytest.raises(InputError) as info:        # 99 MB with 2 % to spare do not fit in 100 MB
+        outputs.check_disk([(tmp_path, 50.0, "scratch_dir"), (tmp_path / "ck", 49.0, "checkpoint")])
+    msg = str(info.value)
+    assert msg.startswith(f"this run needs 99 MB of disk in {tmp_path} (checkpoint and scratch) "
+                          "but only 100 MB are free") and " --" not in msg
+    assert info.value.option == "scratch_dir"
+    with pytest.raises(InputError) as info:
+        outputs.check_disk([(tmp_path / "ck", 99.0, "checkpoint")])
+    assert info.value.option == "checkpoint" and "(checkpoint)" in str(info.value)
+    with pytest.raises(InputError, match="scratch directory: directory .* does not exist") as info:
+        outputs.check_disk([(tmp_path / "nodir", 1.0, "scratch_dir")])
+    assert info.value.option == "scratch_dir"
+
+
 # ------------------------------------------------------------------ 2. what the write replaces
 def test_json_refuses_the_input_and_the_checkpoint(tmp_path, no_heavy_work):
     xyz = tmp_path / "w.xyz"
