@@ -29,7 +29,8 @@ SOURCES = ("dfmp2.dfhf", "pyscf", "checkpoint", "given")   # given: orbitals a s
 @dataclass(frozen=True)
 class SpinChannel:
     """One spin's canonical orbitals. mo_coeff (nao, nmo); mo_energy (nmo,) Hartree, ascending
-    within occupied and virtual; the first ``nocc`` orbitals occupied; ``frozen`` (nmo,) bool."""
+    within occupied and virtual; the first ``nocc`` orbitals occupied; ``frozen`` (nmo,) bool.
+    The active ones: C_occ (nao, nocc_active), C_vir (nao, nvir_active), eps_occ, eps_vir."""
 
     mo_coeff: np.ndarray
     mo_energy: np.ndarray
@@ -40,43 +41,15 @@ class SpinChannel:
     def nmo(self) -> int:
         return self.mo_coeff.shape[1]
 
-    @property
-    def _occ(self) -> np.ndarray:
-        return (np.arange(self.nmo) < self.nocc) & ~self.frozen
+    def _active(self, occupied: bool) -> np.ndarray:
+        return ((np.arange(self.nmo) < self.nocc) == occupied) & ~self.frozen
 
-    @property
-    def _vir(self) -> np.ndarray:
-        return (np.arange(self.nmo) >= self.nocc) & ~self.frozen
-
-    @property
-    def C_occ(self) -> np.ndarray:
-        """(nao, nocc_active) active occupied orbitals."""
-        return self.mo_coeff[:, self._occ]
-
-    @property
-    def C_vir(self) -> np.ndarray:
-        """(nao, nvir_active) active virtual orbitals."""
-        return self.mo_coeff[:, self._vir]
-
-    @property
-    def eps_occ(self) -> np.ndarray:
-        return self.mo_energy[self._occ]
-
-    @property
-    def eps_vir(self) -> np.ndarray:
-        return self.mo_energy[self._vir]
-
-    @property
-    def nocc_active(self) -> int:
-        return int(np.count_nonzero(self._occ))
-
-    @property
-    def nvir_active(self) -> int:
-        return int(np.count_nonzero(self._vir))
-
-    @property
-    def nfrozen_occ(self) -> int:
-        return int(np.count_nonzero(self.frozen[:self.nocc]))
+    C_occ = property(lambda self: self.mo_coeff[:, self._active(True)])
+    C_vir = property(lambda self: self.mo_coeff[:, self._active(False)])
+    eps_occ = property(lambda self: self.mo_energy[self._active(True)])
+    eps_vir = property(lambda self: self.mo_energy[self._active(False)])
+    nocc_active = property(lambda self: int(np.count_nonzero(self._active(True))))
+    nvir_active = property(lambda self: int(np.count_nonzero(self._active(False))))
 
 
 @dataclass
