@@ -183,7 +183,7 @@ def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: basis 'cc-pvdz' is not defined for I; choose another with --basis"], p.stderr
+        "error: basis 'cc-pvdz' is not defined for I; choose another basis (--basis)"], p.stderr
 
 
 def test_real_process_error_has_no_traceback(tmp_path):
