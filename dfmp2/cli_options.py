@@ -1,7 +1,7 @@
 """The options the commands share, defined once, and every command's error handling.
 
 Groups (click decorators; the choices come from dfmp2.options, the flags from
-dfmp2.errors.option_flag, the defaults from RunOptions):
+dfmp2.errors.flag, the defaults from RunOptions):
 
     @molecule_options()    --basis --auxbasis --charge --multiplicity --reference --ecp --frozen-core
     @device_options()      --device --simulate --precision --pair-kernel --integrals
@@ -27,7 +27,7 @@ import click
 from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE
 
-from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, error_line, option_flag
+from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, error_line, flag
 from .options import (DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
                       REFERENCES, SCF_MODES, STORAGE_CHOICES, RunOptions)
 
@@ -98,7 +98,7 @@ def shared_option(field: str, **changes):
     kw = {**SPECS[field], **changes}
     kw.setdefault("default", getattr(_DEFAULT, field))
     kw.setdefault("show_default", kw["default"] is not None and not kw.get("is_flag"))
-    return click.option(option_flag(field), field, **kw)
+    return click.option(flag(field), field, **kw)
 
 
 def _group(name: str):

@@ -13,7 +13,7 @@ class InputError(Exception):
 
     ``option``: the ``dfmp2.options.RunOptions`` field the error is about, or a tuple of them
     (None: no option), or a parameter of the function that raised (e.g. ``fragments``). The message
-    says what is wrong in the library's words; the CLI adds the flag (``option_flag``)."""
+    says what is wrong in the library's words; the CLI adds the flag (``flag``)."""
 
     def __init__(self, *args, option: str | None = None):
         super().__init__(*args)
@@ -33,16 +33,16 @@ class MemoryLimitError(InputError):
 
 # The CLI flag of an option (a RunOptions field or a command's parameter): '--' + the name with
 # '-' for '_', but for these. dfmp2.cli_options declares every shared option with this flag.
-OPTION_FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
+FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
                 "frozen_core": "--frozen-core/--all-electron"}
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
 OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)",
                 "integrals-host": "--integrals host"}
 
 
-def option_flag(option: str) -> str:
+def flag(option: str) -> str:
     """The CLI flag of an option: 'scf_max_cycle' -> '--scf-max-cycle', 'memory_mb' -> '--memory'."""
-    return OPTION_FLAGS.get(option, "--" + option.replace("_", "-"))
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
 def error_line(e: Exception) -> str:
@@ -50,7 +50,7 @@ def error_line(e: Exception) -> str:
     the flag of the option it is about (``InputError.option``) and the options that would help."""
     option = getattr(e, "option", None)
     options = (option,) if isinstance(option, str) else tuple(option or ())
-    line = str(e) + (f" ({', '.join(option_flag(o) for o in options)})" if options else "")
+    line = str(e) + (f" ({', '.join(flag(o) for o in options)})" if options else "")
     hints = [OPTION_HINTS[a] for a in getattr(e, "alternatives", ()) if a in OPTION_HINTS]
     return f"{line}; or use {' or '.join(hints)}" if hints else line
 

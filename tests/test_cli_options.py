@@ -12,7 +12,8 @@ from cli_checks import assert_one_line_error
 import dfmp2
 from dfmp2 import cli_options, interaction, pipeline
 from dfmp2.cli import main
-from dfmp2.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line, option_flag
+from dfmp2.errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line,
+                          flag)
 from dfmp2.options import (ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS, REFERENCES,
                            SCF_MODES, STORAGE_CHOICES, RunOptions)
 
@@ -52,16 +53,16 @@ def test_commands_offer_the_library_options(command):
     default = RunOptions()
     for name in OFFERED[command]:
         p = params[name]
-        assert "/".join(p.opts + p.secondary_opts) == option_flag(name), name
+        assert "/".join(p.opts + p.secondary_opts) == flag(name), name
         if name in CHOICES:
             assert tuple(p.type.choices) == tuple(CHOICES[name]), name
         assert p.default == DEFAULTS_DIFFER.get((command, name), getattr(default, name)), name
 
 
 def test_option_flags():
-    assert option_flag("memory_mb") == "--memory" and option_flag("scratch_dir") == "--scratch"
-    assert option_flag("scf_mode") == "--scf" and option_flag("frozen_core") == "--frozen-core/--all-electron"
-    assert option_flag("scf_max_cycle") == "--scf-max-cycle" and option_flag("fragments") == "--fragments"
+    assert flag("memory_mb") == "--memory" and flag("scratch_dir") == "--scratch"
+    assert flag("scf_mode") == "--scf" and flag("frozen_core") == "--frozen-core/--all-electron"
+    assert flag("scf_max_cycle") == "--scf-max-cycle" and flag("fragments") == "--fragments"
 
 
 def test_run_options_takes_the_fields_and_reads_the_memory_limit():
@@ -132,7 +133,7 @@ def test_interrupt_is_one_line_and_130(monkeypatch):
     assert res.exit_code == EXIT_INTERRUPTED == 130 and res.output.strip() == "error: interrupted"
 
 
-@pytest.mark.parametrize("options,option,flag", [
+@pytest.mark.parametrize("options,option,line_end", [
     ({"charge": 12}, "charge", "check the charge (--charge)"),
     ({"charge": 1, "multiplicity": 1}, ("charge", "multiplicity"), "multiplicity (--charge, --multiplicity)"),
     ({"basis": "no-such-basis"}, "basis", "choose another basis (--basis)"),
@@ -140,13 +141,13 @@ def test_interrupt_is_one_line_and_130(monkeypatch):
     ({"multiplicity": 0}, "multiplicity", "3 for a triplet) (--multiplicity)"),
     ({"memory_mb": 0.01}, "memory_mb", "or use a smaller basis (--memory)"),
 ])
-def test_library_errors_name_no_flag_but_the_cli_line_does(no_scf, options, option, flag):
+def test_library_errors_name_no_flag_but_the_cli_line_does(no_scf, options, option, line_end):
     with pytest.raises(InputError) as e:
         dfmp2.energy(WATER, **options)
     assert "--" not in str(e.value) and e.value.option == option
-    assert error_line(e.value).endswith(flag)
-    args = [a for k, v in options.items() for a in (option_flag(k).split("/")[0], str(v))]
-    assert_one_line_error(CliRunner().invoke(main, ["run", WATER, *args]), flag)
+    assert error_line(e.value).endswith(line_end)
+    args = [a for k, v in options.items() for a in (flag(k).split("/")[0], str(v))]
+    assert_one_line_error(CliRunner().invoke(main, ["run", WATER, *args]), line_end)
 
 
 def test_error_line_adds_the_flags_of_the_options():
