@@ -34,7 +34,9 @@ from pathlib import Path
 
 import click
 
+from .cli_options import user_errors
 from .errors import InputError
+from .options import DEVICE_CHOICES, PRECISIONS
 
 
 def _split(text: str, what: str, allowed=None) -> list[str]:
@@ -99,7 +101,7 @@ def _rerender(path: Path, console) -> None:
 @click.option("--devices", default="cpu,cuda,trn1,trn2", show_default=True,
               help="devices to report; one that cannot run is listed as not run (trn1/trn2 without hardware "
                    "get estimates instead)")
-@click.option("--precisions", default="fp64,fp32", show_default=True)
+@click.option("--precisions", default=",".join(PRECISIONS), show_default=True)
 @click.option("--ops", "ops_", default=None,
               help="comma list of gemm, syrk, trsm, cholesky, inv_sqrt_eigh, inv_sqrt_newton_schulz, "
                    "mp2_pair_energy [default: all]")
@@ -129,6 +131,7 @@ def _rerender(path: Path, console) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="no progress lines, only the final tables")
 @click.option("--rerender", type=click.Path(dir_okay=False, exists=True), default=None,
               help="no timing: rewrite the .md and .png (and the terminal table) of a saved NAME.json")
+@user_errors(interrupted=lambda params: " (nothing written)")
 def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, pyscf_max_waters, fit_min_nbasis,
                   repeats, warmup, min_time, max_time, single_above, threads, peak_n, trn_validate, out_dir,
                   name, quiet, rerender):
@@ -136,57 +139,45 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     from rich.console import Console
     from rich.markup import escape
     if rerender:
-        try:
-            _rerender(Path(rerender), Console())
-        except InputError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+        _rerender(Path(rerender), Console())
         return
-    try:
-        from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
-        from .benchmarks.run import BenchOptions, run_bench
-        import linalg
-        for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
-            if not (math.isfinite(v) and v >= 0):
-                raise InputError(f"{opt} must be a finite number of seconds >= 0, got {v}")
-        if threads:
-            import torch
-            from pyscf import lib
-            torch.set_num_threads(threads)
-            lib.num_threads(threads)
-        prec = _split(precisions, "precisions", ("fp64", "fp32"))
-        devs = _split(devices, "devices")
-        for d in devs:
-            try:
-                linalg.device_capabilities(d)
-            except ValueError:
-                raise InputError(f"--devices: unknown device '{d}'; use cpu, cuda, cuda:N, trn1 or trn2") from None
-        opts = BenchOptions(
-            shapes=shapes_mod.parse_shapes(shapes), devices=devs, precisions=prec,
-            ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),
-            waters=waters_mod.parse_waters(waters),
-            water_precisions=_split(water_precisions, "water-precisions", ("fp64", "fp32")),
-            pyscf_max_waters=pyscf_max_waters, fit_min_nbasis=fit_min_nbasis, warmup=warmup, repeats=repeats,
-            min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,
-            trn_validate=trn_validate, command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-            if len(sys.argv) > 1 and sys.argv[1] == "bench" else "dfmp2 bench (called from Python)")
-        from .memory import check_synthetic_memory
-        for s in opts.shapes:        # before any allocation: a shape larger than host memory is one line
-            for p in prec:
-                check_synthetic_memory(f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}", s.nocc, s.nvir,
-                                       s.naux, 8 if p == "fp64" else 4, [])    # host; a GPU's own check is its run's
-        check_outputs(out_dir, name)
-    except InputError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
+    from .benchmarks.run import BenchOptions, run_bench
+    import linalg
+    for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
+        if not (math.isfinite(v) and v >= 0):
+            raise InputError(f"{opt} must be a finite number of seconds >= 0, got {v}")
+    if threads:
+        import torch
+        from pyscf import lib
+        torch.set_num_threads(threads)
+        lib.num_threads(threads)
+    prec = _split(precisions, "precisions", PRECISIONS)
+    devs = _split(devices, "devices")
+    for d in devs:
+        try:
+            linalg.device_capabilities(d)
+        except ValueError:
+            raise InputError(f"--devices: unknown device '{d}'; use {', '.join(DEVICE_CHOICES)}") from None
+    opts = BenchOptions(
+        shapes=shapes_mod.parse_shapes(shapes), devices=devs, precisions=prec,
+        ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),
+        waters=waters_mod.parse_waters(waters),
+        water_precisions=_split(water_precisions, "water-precisions", PRECISIONS),
+        pyscf_max_waters=pyscf_max_waters, fit_min_nbasis=fit_min_nbasis, warmup=warmup, repeats=repeats,
+        min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,
+        trn_validate=trn_validate, command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 1 and sys.argv[1] == "bench" else "dfmp2 bench (called from Python)")
+    from .memory import check_synthetic_memory
+    for s in opts.shapes:        # before any allocation: a shape larger than host memory is one line
+        for p in prec:
+            check_synthetic_memory(f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}", s.nocc, s.nvir,
+                                   s.naux, 8 if p == "fp64" else 4, [])    # host; a GPU's own check is its run's
+    check_outputs(out_dir, name)
     console = Console()
     err = Console(stderr=True)
     log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
-    try:
-        rep = run_bench(opts, log=log)
-    except KeyboardInterrupt:
-        click.echo("error: interrupted (nothing written)", err=True)
-        sys.exit(130)
+    rep = run_bench(opts, log=log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -29,13 +28,15 @@ from datetime import datetime, timezone
 import click
 
 import linalg
-from linalg.cuda import AUTO_RULE, PAIR_KERNELS
+from linalg.cuda import AUTO_RULE
 
+from .cli_options import (device_options, fail, molecule_options, resource_options, run_options,
+                          scf_options, user_errors)
 from .errors import InputError, error_line
 
 TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
 ENERGY_KEYS = ("e_os", "e_ss", "e_corr")
-EXIT_DIFFERENT, EXIT_NOT_RUN = 1, 2
+EXIT_DIFFERENT = 1            # a difference beyond --tol, or a device not bit-reproducible
 
 
 @dataclass
@@ -89,7 +90,7 @@ def _caps(device: str):
     try:
         return linalg.device_capabilities(device)
     except ValueError as e:
-        raise InputError(str(e)) from None
+        raise InputError(str(e), option="devices") from None
 
 
 def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto"):
@@ -104,7 +105,7 @@ def check_device(device: str, precision: str, simulate: bool, pair_kernel: str =
     except DeviceUnavailableError as e:
         return None, error_line(e)
     except ValueError as e:          # unknown device name: a user mistake, not a device state
-        raise InputError(str(e)) from None
+        raise InputError(str(e), option="devices") from None
 
 
 def _integrals(device: str, engine: str) -> str:
@@ -218,26 +219,23 @@ def write_json(path, doc: dict) -> None:
               help="a Philox synthetic pair-step problem instead of a molecule")
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
               help="seed of the synthetic problem (Philox, 0 to 2^64-1)")
-@click.option("--precision", type=click.Choice(["fp64", "fp32"]), default="fp64", show_default=True,
-              help="working precision on every device (trn needs fp32)")
-@click.option("--basis", default="cc-pvdz", show_default=True)
-@click.option("--auxbasis", default=None, help="[default: the MP2-fit set matched to --basis]")
-@click.option("--frozen-core/--all-electron", default=False, show_default=True)
-@click.option("--scf", "scf_mode", type=click.Choice(["df", "pyscf-df", "exact"]), default="df", show_default=True)
-@click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on this CPU")
-@click.option("--pair-kernel", type=click.Choice(PAIR_KERNELS), default="auto", show_default=True,
-              help=f"the cuda devices' MP2 pair-step path; auto: {AUTO_RULE}")
-@click.option("--integrals", type=click.Choice(("auto", "host", "gpu4pyscf")), default="auto", show_default=True,
-              help="molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
-                   "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran")
+@molecule_options()
+@device_options(
+    skip=("device",),
+    precision={"default": "fp64", "help": "working precision on every device (trn needs fp32)"},
+    pair_kernel={"help": f"the cuda devices' MP2 pair-step path; auto: {AUTO_RULE}"},
+    integrals={"help": "molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
+                       "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran"})
+@scf_options()
+@resource_options(memory_mb={"help": "memory limit of each run, e.g. 8GB [default: 80% of available]"})
 @click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
               help="runs per device, to check that its energies are bit-identical run to run")
 @click.option("--tol", "tolerance", type=float, default=None,
               help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write every device's energies (with float.hex) as JSON")
-def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbasis, frozen_core, scf_mode,
-                    simulate, pair_kernel, integrals, repeat, tolerance, json_path):
+@user_errors
+def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, **params):
     """Run one problem on several devices from identical inputs and compare the energies bit by bit.
 
     XYZ_FILE is a molecule (coordinates in Ångström); or give --synthetic NOCC,NVIR,NAUX.
@@ -246,86 +244,91 @@ def compare_command(xyz_file, devices, synthetic, seed, precision, basis, auxbas
     """
     from rich.console import Console
 
-    from linalg import DeviceUnavailableError, KernelError
-
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    try:
-        if (xyz_file is None) == (synthetic is None):
-            raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
-        absent = {}
-        if devices is None:
-            names, absent = linalg.present_devices(precision)   # --devices' default
-            console.print(f"devices: {', '.join(names)} (present here)"
-                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
-                             if absent else "")
-                          + ". Name devices with --devices to require them.", highlight=False)
-        else:
-            names = parse_devices(devices)
-        tol = TOLERANCES[precision] if tolerance is None else tolerance
-        if not 0 < tol < math.inf:
-            raise InputError(f"--tol must be a positive finite number, got {tolerance}")
-        if pair_kernel != "auto" and not any(len(_caps(d).pair_kernels) > 1 for d in names):
-            raise InputError(f"--pair-kernel {pair_kernel} applies only to cuda devices, and the devices "
-                             f"({', '.join(names)}) include none; leave it at auto")
-        if integrals == "gpu4pyscf" and not any(_caps(d).cuda_memory for d in names):
-            raise InputError(f"--integrals gpu4pyscf applies only to cuda devices, and the devices "
-                             f"({', '.join(names)}) include none; leave it at auto")
-        if json_path:               # before any work: a JSON that cannot be written fails now
-            from .outputs import check_output_file
-            check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
-        backends = {d: check_device(d, precision, simulate, pair_kernel) for d in names}    # before any work
-        runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
-                if be is None]
-        if synthetic is not None:
-            import torch
-            from linalg import synthetic_problem
-            nocc, nvir, naux = parse_synthetic(synthetic)
-            dtype = torch.float64 if precision == "fp64" else torch.float32
-            from .memory import check_synthetic_memory
-            check_synthetic_memory(f"--synthetic {synthetic}", nocc, nvir, naux, dtype.itemsize,
-                                   [d for d, (be, _) in backends.items() if be is not None])
-            problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")
-            title = (f"synthetic nocc={nocc} nvir={nvir} naux={naux} seed={seed}, {precision}, "
-                     f"pair step only")
-            problem_doc = {"synthetic": {"nocc": nocc, "nvir": nvir, "naux": naux, "seed": seed}}
-            for d, (be, _) in backends.items():
-                if be is not None:
-                    runs.append(run_synthetic(d, be, problem, repeat))
-        else:
-            from .pipeline import RunOptions
-            from .xyz import read_xyz
-            geom = read_xyz(xyz_file)
-            options = RunOptions(basis=basis, auxbasis=auxbasis, precision=precision, frozen_core=frozen_core,
-                                 scf_mode=scf_mode, simulate=simulate, pair_kernel=pair_kernel,
-                                 integrals=integrals)
-            title = (f"{xyz_file} {basis}/{auxbasis or 'MP2-fit'}, {scf_mode} SCF, "
-                     f"{'frozen core' if frozen_core else 'all-electron'}, {precision}")
-            problem_doc = {"molecule": str(xyz_file), "basis": basis, "auxbasis": auxbasis,
-                           "scf_mode": scf_mode, "frozen_core": frozen_core}
-            for d, (be, _) in backends.items():
-                if be is not None:
-                    runs.append(run_molecule(d, geom, options, repeat))
-        runs.sort(key=lambda r: names.index(r.device))
-        summary = compare_runs(runs, tol)
-        render(runs, summary, title, console)
-        if json_path:
-            from .result import software_versions
-            write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                   "problem": problem_doc, "precision": precision, "repeat": repeat,
-                                   "devices_requested": devices or "present (default)",
-                                   "devices_not_present": absent,
-                                   "summary": summary, "devices": [asdict(r) for r in runs],
-                                   "versions": software_versions(), "units": {"energies": "hartree"}})
-    except (InputError, DeviceUnavailableError, KernelError) as e:
-        click.echo(f"error: {error_line(e)}", err=True)
-        sys.exit(EXIT_NOT_RUN)
-    except KeyboardInterrupt:
-        click.echo("error: interrupted", err=True)
-        sys.exit(130)
+    if (xyz_file is None) == (synthetic is None):
+        raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
+    options = run_options(params)           # options.device: each of the devices in turn
+    precision = options.precision
+    absent = {}
+    if devices is None:
+        names, absent = linalg.present_devices(precision)   # --devices' default
+        console.print(f"devices: {', '.join(names)} (present here)"
+                      + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
+                         if absent else "")
+                      + ". Name devices with --devices to require them.", highlight=False)
+    else:
+        names = parse_devices(devices)
+    tol = TOLERANCES[precision] if tolerance is None else tolerance
+    if not 0 < tol < math.inf:
+        raise InputError(f"--tol must be a positive finite number, got {tolerance}")
+    _check_cuda_only(options, names)
+    if json_path:               # before any work: a JSON that cannot be written fails now
+        from .outputs import check_output_file
+        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel) for d in names}
+    runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
+            if be is None]
+    ready = [d for d, (be, _) in backends.items() if be is not None]
+    if synthetic is not None:
+        title, problem_doc, ran = _compare_synthetic(synthetic, seed, precision, repeat,
+                                                     {d: backends[d][0] for d in ready})
+    else:
+        title, problem_doc, ran = _compare_molecule(xyz_file, options, repeat, ready)
+    runs = sorted(runs + ran, key=lambda r: names.index(r.device))
+    summary = compare_runs(runs, tol)
+    render(runs, summary, title, console)
+    if json_path:
+        from .result import software_versions
+        write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                               "problem": problem_doc, "precision": precision, "repeat": repeat,
+                               "devices_requested": devices or "present (default)",
+                               "devices_not_present": absent,
+                               "summary": summary, "devices": [asdict(r) for r in runs],
+                               "versions": software_versions(), "units": {"energies": "hartree"}})
     if summary["not_run"]:
-        click.echo(f"error: not run on {', '.join(summary['not_run'])} (reasons above)", err=True)
-        sys.exit(EXIT_NOT_RUN)
+        fail(f"not run on {', '.join(summary['not_run'])} (reasons above)")
     if not summary["passed"]:
-        sys.exit(EXIT_DIFFERENT)
+        raise SystemExit(EXIT_DIFFERENT)
+
+
+def _check_cuda_only(options, names) -> None:
+    """A pair kernel or the gpu4pyscf engine asked for devices that include no cuda device is the
+    user's mistake (InputError naming the option)."""
+    if options.pair_kernel != "auto" and not any(len(_caps(d).pair_kernels) > 1 for d in names):
+        raise InputError(f"pair kernel '{options.pair_kernel}' applies only to cuda devices, and the devices "
+                         f"({', '.join(names)}) include none; leave it at auto", option="pair_kernel")
+    if options.integrals == "gpu4pyscf" and not any(_caps(d).cuda_memory for d in names):
+        raise InputError(f"integral engine gpu4pyscf applies only to cuda devices, and the devices "
+                         f"({', '.join(names)}) include none; leave it at auto", option="integrals")
+
+
+def _compare_synthetic(text, seed, precision, repeat, backends):
+    """(title, problem for the JSON, runs) of a synthetic problem made once on the CPU and run on
+    each of ``backends`` ({device: backend})."""
+    import torch
+    from linalg import synthetic_problem
+
+    from .memory import check_synthetic_memory
+    nocc, nvir, naux = parse_synthetic(text)
+    dtype = torch.float64 if precision == "fp64" else torch.float32
+    check_synthetic_memory(f"--synthetic {text}", nocc, nvir, naux, dtype.itemsize, list(backends))
+    problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")
+    title = f"synthetic nocc={nocc} nvir={nvir} naux={naux} seed={seed}, {precision}, pair step only"
+    problem_doc = {"synthetic": {"nocc": nocc, "nvir": nvir, "naux": naux, "seed": seed}}
+    return title, problem_doc, [run_synthetic(d, be, problem, repeat) for d, be in backends.items()]
+
+
+def _compare_molecule(xyz_file, options, repeat, devices):
+    """(title, problem for the JSON, runs) of the molecule in ``xyz_file``, parsed once and run
+    through the whole pipeline with ``options`` on each of ``devices``."""
+    from .xyz import read_xyz
+    geom = read_xyz(xyz_file)
+    o = options
+    title = (f"{xyz_file} {o.basis}/{o.auxbasis or 'MP2-fit'}, {o.scf_mode} SCF, "
+             f"{'frozen core' if o.frozen_core else 'all-electron'}, {o.precision}")
+    problem_doc = {"molecule": str(xyz_file), "basis": o.basis, "auxbasis": o.auxbasis,
+                   "scf_mode": o.scf_mode, "frozen_core": o.frozen_core, "ecp": o.ecp,
+                   "reference": o.reference, "charge": o.charge, "multiplicity": o.multiplicity}
+    return title, problem_doc, [run_molecule(d, geom, options, repeat) for d in devices]

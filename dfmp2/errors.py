@@ -1,14 +1,19 @@
 """User-facing errors: each carries one line saying what is wrong, where, and what to do.
 
-The CLI prints ``error: <message>`` for these and exits non-zero, without a traceback.
+The CLI prints ``error: <message>`` for these and exits ``EXIT_USER_ERROR``, without a traceback
+(dfmp2.cli_options.user_errors).
 """
+
+EXIT_USER_ERROR = 2        # every command: bad input, a device that cannot run, a kernel that failed
+EXIT_INTERRUPTED = 130     # Ctrl-C, SIGTERM, SIGHUP (128 + SIGINT)
 
 
 class InputError(Exception):
     """Bad user input (file, molecule, options). Raised before heavy work where possible.
 
-    ``option``: the ``dfmp2.options.RunOptions`` field the error is about (None: not one option).
-    The message says what is wrong in the library's words; the CLI adds its flag for ``option``."""
+    ``option``: the ``dfmp2.options.RunOptions`` field the error is about, or a tuple of them
+    (None: no option), or a parameter of the function that raised (e.g. ``fragments``). The message
+    says what is wrong in the library's words; the CLI adds the flag (``flag``)."""
 
     def __init__(self, *args, option: str | None = None):
         super().__init__(*args)
@@ -22,31 +27,32 @@ class SCFNotConvergedError(InputError):
 class MemoryLimitError(InputError):
     """The run's memory estimate exceeds the limit; raised before the heavy work."""
 
+    def __init__(self, *args, option: str | None = "memory_mb"):
+        super().__init__(*args, option=option)
 
+
+# The CLI flag of an option (a RunOptions field or a command's parameter): '--' + the name with
+# '-' for '_', but for these. dfmp2.cli_options declares every shared option with this flag.
+FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
+                "frozen_core": "--frozen-core/--all-electron"}
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
 OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)",
                 "integrals-host": "--integrals host"}
 
 
-# The CLI flag of a RunOptions field where it is not '--' + the field with '-' for '_'.
-FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
-         "frozen_core": "--frozen-core/--all-electron"}
-
-
 def flag(option: str) -> str:
-    """The CLI flag of RunOptions field ``option``."""
+    """The CLI flag of an option: 'scf_max_cycle' -> '--scf-max-cycle', 'memory_mb' -> '--memory'."""
     return FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
 def error_line(e: Exception) -> str:
-    """The one line the CLI prints for an expected error: the library's message (what is wrong)
-    followed by the flag of the option it is about (``InputError.option``) and the options that
-    would help."""
-    if isinstance(e, MemoryLimitError):
-        return f"{e} (the limit is set with --memory)"
-    text = f"{e} ({flag(e.option)})" if getattr(e, "option", None) else str(e)
+    """The one line the CLI prints for an expected error: the library's message (what is wrong),
+    the flag of the option it is about (``InputError.option``) and the options that would help."""
+    option = getattr(e, "option", None)
+    options = (option,) if isinstance(option, str) else tuple(option or ())
+    line = str(e) + (f" ({', '.join(flag(o) for o in options)})" if options else "")
     hints = [OPTION_HINTS[a] for a in getattr(e, "alternatives", ()) if a in OPTION_HINTS]
-    return f"{text}; or use {' or '.join(hints)}" if hints else text
+    return f"{line}; or use {' or '.join(hints)}" if hints else line
 
 
 def shown(text: str, limit: int = 60) -> str:

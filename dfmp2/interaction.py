@@ -87,105 +87,113 @@ def _range(run) -> str:
 def parse_fragments(text: str, natm: int) -> tuple:
     """'1-3,4-6' (1-based) -> ((0, 1, 2), (3, 4, 5)). Refuses (InputError) a malformed item, an
     empty range, an atom out of range, an atom in two fragments, an atom in none, one fragment."""
-    opt = "--fragments"
+    def bad(msg):
+        return InputError(f"fragments '{shown(text)}': {msg}", option="fragments")
     out = []
     owner: dict = {}
     for k, part in enumerate(text.split(",")):
         atoms = []
         if not part.strip():
-            raise InputError(f"{opt}: fragment {k + 1} of '{shown(text)}' is empty; give atom ranges "
-                             "separated by commas, e.g. 1-3,4-6")
+            raise bad(f"fragment {k + 1} is empty; give atom ranges separated by commas, e.g. 1-3,4-6")
         for item in part.split("+"):
             m = _ITEM_RE.fullmatch(item.strip())
             if m is None:
-                raise InputError(f"{opt}: '{shown(item, 20)}' is not an atom number or range (1-based, "
-                                 "e.g. 1-3,4-6; '+' joins parts of one fragment: 1-3+7,4-6)")
+                raise bad(f"'{shown(item, 20)}' is not an atom number or range (1-based, e.g. 1-3,4-6; "
+                          "'+' joins parts of one fragment: 1-3+7,4-6)")
             lo = int(m.group(1))
             hi = int(m.group(2)) if m.group(2) is not None else lo
             if hi < lo:
-                raise InputError(f"{opt}: range '{shown(item, 20)}' is empty; write it low-high")
+                raise bad(f"range '{shown(item, 20)}' is empty; write it low-high")
             for a in (lo, hi):
                 if not 1 <= a <= natm:
-                    raise InputError(f"{opt}: atom {a} is out of range; the molecule has {natm} atoms "
-                                     "(atoms are numbered from 1)")
+                    raise bad(f"atom {a} is out of range; the molecule has {natm} atoms (atoms are "
+                              "numbered from 1)")
             for a in range(lo - 1, hi):
                 if a in owner:
                     where = (f"twice in fragment {k + 1}" if owner[a] == k
                              else f"in fragments {owner[a] + 1} and {k + 1}")
-                    raise InputError(f"{opt}: atom {a + 1} is {where}; each atom belongs to exactly "
-                                     "one fragment")
+                    raise bad(f"atom {a + 1} is {where}; each atom belongs to exactly one fragment")
                 owner[a] = k
                 atoms.append(a)
         out.append(tuple(sorted(atoms)))
     missing = [a for a in range(natm) if a not in owner]
     if missing:
-        raise InputError(f"{opt}: atom{'s' if len(missing) > 1 else ''} {format_atoms(missing)} "
-                         f"{'are' if len(missing) > 1 else 'is'} in no fragment; every atom must "
-                         "belong to one")
+        raise bad(f"atom{'s' if len(missing) > 1 else ''} {format_atoms(missing)} "
+                  f"{'are' if len(missing) > 1 else 'is'} in no fragment; every atom must belong to one")
     if len(out) < 2:
-        raise InputError(f"{opt}: only one fragment; an interaction energy needs two or more "
-                         "(e.g. 1-3,4-6)")
+        raise bad("only one fragment; an interaction energy needs two or more (e.g. 1-3,4-6)")
     return tuple(out)
 
 
 def parse_int_list(text: str, option: str, n: int) -> tuple:
-    """'0,-1' -> (0, -1): exactly ``n`` integers (one per fragment)."""
+    """'0,-1' -> (0, -1): exactly ``n`` integers (one per fragment). ``option``: the parameter
+    the text came from ('fragment_charges'), for the InputError."""
     values = [v.strip() for v in text.split(",")]
+    what = f"{option.replace('_', ' ')} '{shown(text)}'"
     bad = next((v for v in values if not _INT_RE.fullmatch(v)), None)
     if bad is not None:
-        raise InputError(f"{option}: '{shown(bad, 20)}' is not an integer; give one integer per "
-                         "fragment, separated by commas")
+        raise InputError(f"{what}: '{shown(bad, 20)}' is not an integer; give one integer per "
+                         "fragment, separated by commas", option=option)
     if len(values) != n:
-        raise InputError(f"{option}: {len(values)} value{'s' if len(values) > 1 else ''} for {n} "
-                         "fragments; give one per fragment")
+        raise InputError(f"{what}: {len(values)} value{'s' if len(values) > 1 else ''} for {n} "
+                         "fragments; give one per fragment", option=option)
     return tuple(int(v) for v in values)
 
 
 def resolve_fragments(geom: Geometry, fragments: str | None = None, charges: str | None = None,
                       multiplicities: str | None = None, charge: int | None = None,
                       multiplicity: int | None = None) -> Fragments:
-    """The fragments of ``geom`` from ``--fragments`` text or the XYZ's '--' lines (not both),
-    with their charges and multiplicities. ``charge`` / ``multiplicity``: the full system's
-    (options), else the XYZ comment's, else the sum of the fragments' charges and the high-spin
-    coupling of their spins. Raises InputError (one line) for anything inconsistent."""
+    """The fragments of ``geom`` from ``fragments`` text ('1-3,4-6') or the XYZ's '--' lines (not
+    both), with their charges and multiplicities (text: '0,0', '1,1'). ``charge`` /
+    ``multiplicity``: the full system's (options), else the XYZ comment's, else the sum of the
+    fragments' charges and the high-spin coupling of their spins. Raises InputError (one line,
+    ``option`` 'fragments', 'fragment_charges', 'fragment_multiplicities', 'charge' or
+    'multiplicity') for anything inconsistent."""
     if fragments is not None and geom.fragments:
         raise InputError(f"{geom.source}: the fragments are given twice, by '--' lines in the file "
-                         "and by --fragments; give one")
+                         f"and as '{shown(fragments)}'; give one", option="fragments")
     if fragments is not None:
         atoms, how = parse_fragments(fragments, geom.natm), "--fragments"
     elif geom.fragments:
         atoms, how = geom.fragments, "XYZ (-- lines)"      # two or more (dfmp2.xyz)
     else:
-        raise InputError(f"{geom.source}: no fragments; give --fragments (e.g. 1-3,4-6, 1-based "
-                         "atoms) or separate the fragments by '--' lines in the XYZ file")
+        raise InputError(f"{geom.source}: no fragments; give them as atom ranges (e.g. 1-3,4-6, "
+                         "1-based) or separate the fragments by '--' lines in the XYZ file",
+                         option="fragments")
     n = len(atoms)
-    if geom.fragment_states and (charges is not None or multiplicities is not None):
+    given = tuple(o for o, v in (("fragment_charges", charges), ("fragment_multiplicities", multiplicities))
+                  if v is not None)
+    if geom.fragment_states and given:
         raise InputError(f"{geom.source}: the fragment charges and multiplicities are given twice, "
-                         "by 'charge multiplicity' lines in the file and by --fragment-charges / "
-                         "--fragment-multiplicities; give one")
-    named = f"--fragment-charges {charges}"
+                         "by 'charge multiplicity' lines in the file and as options; give one",
+                         option=given)
+    named = f"the fragment charges {charges}"
     if geom.fragment_states:          # Psi4's 'charge multiplicity' lines opening each fragment
         named = "the fragments' 'charge multiplicity' lines"
         charges = ",".join(str(q) for q, _ in geom.fragment_states)
         multiplicities = ",".join(str(m) for _, m in geom.fragment_states)
     total = charge if charge is not None else geom.charge
     if charges is not None:
-        qs = parse_int_list(charges, "--fragment-charges", n)
+        qs = parse_int_list(charges, "fragment_charges", n)
     elif total:
         raise InputError(f"the total charge is {_signed(total)}; say which fragments carry it with "
-                         f"--fragment-charges (one integer per fragment, adding up to {_signed(total)})")
+                         f"fragment charges (one integer per fragment, adding up to {_signed(total)})",
+                         option="fragment_charges")
     else:
         qs = (0,) * n
     if total is None:
         total = sum(qs)
     if sum(qs) != total:
-        where = "--charge" if charge is not None else "the XYZ comment line"
+        where = "the given charge" if charge is not None else "the XYZ comment line"
         raise InputError(f"{named} add up to {_signed(sum(qs))}, but the total "
-                         f"charge is {_signed(total)} ({where}); the fragment charges must add up to it")
-    ms = parse_int_list(multiplicities, "--fragment-multiplicities", n) if multiplicities else (1,) * n
+                         f"charge is {_signed(total)} ({where}); the fragment charges must add up to it",
+                         option=tuple(o for o, typed in (("fragment_charges", not geom.fragment_states),
+                                                         ("charge", charge is not None)) if typed))
+    ms = parse_int_list(multiplicities, "fragment_multiplicities", n) if multiplicities else (1,) * n
     bad = next((m for m in ms if m < 1), None)
     if bad is not None:
-        raise InputError(f"--fragment-multiplicities: {bad} is not a multiplicity (2S+1, 1 or more)")
+        raise InputError(f"fragment multiplicities: {bad} is not a multiplicity (2S+1, 1 or more)",
+                         option="fragment_multiplicities")
     unpaired = sum(m - 1 for m in ms)
     mult = multiplicity if multiplicity is not None else geom.multiplicity
     if mult is None:
@@ -194,7 +202,8 @@ def resolve_fragments(geom: Geometry, fragments: str | None = None, charges: str
         raise InputError(f"total multiplicity {mult} cannot come from fragments of multiplicities "
                          f"{','.join(map(str, ms))} (possible: "
                          f"{', '.join(str(u + 1) for u in range(unpaired % 2, unpaired + 1, 2))}); "
-                         "check --multiplicity and --fragment-multiplicities")
+                         "check the total multiplicity and the fragments' multiplicities",
+                         option=("multiplicity", "fragment_multiplicities"))
     return Fragments(atoms=tuple(atoms), charges=qs, multiplicities=ms, total_charge=total,
                      total_multiplicity=mult, source=how)
 
@@ -360,7 +369,8 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
     from .pipeline import make_backend, run_geometry
     say = log or (lambda msg: None)
     if options.checkpoint or options.resume:
-        raise InputError("dfmp2 interaction does not write or resume checkpoints")
+        raise InputError("interaction energies are not checkpointed; run without a checkpoint",
+                         option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)))
     options = replace(options, charge=None, multiplicity=None)
     options.resolved_precision()
     jobs = run_geometries(geom, frags)

@@ -20,6 +20,7 @@ Writing rules (``write_text``, ``write_bytes``):
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -27,6 +28,19 @@ import uuid
 from pathlib import Path
 
 from .errors import InputError
+
+
+def _naming_option(fn):
+    """``fn(..., option=None)``: the InputError it raises names ``option`` (the RunOptions field
+    the path came from, e.g. 'scratch_dir'), so the CLI can add its flag."""
+    @functools.wraps(fn)
+    def wrapper(*args, option: str | None = None, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError as e:
+            e.option = e.option or option
+            raise
+    return wrapper
 
 
 def _probe_writable(directory: Path, what: str) -> None:
@@ -51,12 +65,14 @@ def _same(a, b) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
+@_naming_option
 def check_output_file(path, what: str, *, not_same_as=()) -> Path:
     """Check, before any heavy work, that ``write_text(path, ...)`` can succeed; return the path.
 
-    what: the option, for the message (e.g. '--json'). not_same_as: (label, path) pairs of
-    files this run reads or writes otherwise (the input, the checkpoint), which must not be
-    overwritten; None paths are skipped. Raises InputError (one line).
+    what: the file, for the message (e.g. 'checkpoint', or a CLI's '--json'). not_same_as:
+    (label, path) pairs of files this run reads or writes otherwise (the input, the checkpoint),
+    which must not be overwritten; None paths are skipped. Raises InputError (one line;
+    ``option=``: the field it is about, ``_naming_option``).
     """
     p = Path(path)
     if str(path) == "" or p.name in ("", ".", ".."):
@@ -85,6 +101,7 @@ def check_output_file(path, what: str, *, not_same_as=()) -> Path:
     return p
 
 
+@_naming_option
 def check_output_dir(directory, what: str, *, create: bool = False) -> Path:
     """Check that files can be created in ``directory`` (InputError otherwise); return it.
     create=True: the directory may not exist yet (it is made later, with its parents), so its

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 
 from .errors import InputError, SCFNotConvergedError, shown
+from .options import ECP_CHOICES, PRECISIONS
 from .xyz import read_input_text
 
 INSTALL = 'pip install -e ".[qcschema]"'
@@ -29,10 +30,10 @@ METHODS = ("mp2",)
 KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
     "frozen_core": lambda v: None if isinstance(v, bool) else "true or false",
-    "ecp": lambda v: None if v in ("auto", "none") else "'auto' or 'none'",
+    "ecp": lambda v: None if v in ECP_CHOICES else " or ".join(map(repr, ECP_CHOICES)),
     "scf_mode": lambda v: None if v in ("df", "exact") else "'df' or 'exact'",
     "device": lambda v: None if isinstance(v, str) and v.strip() else "a device name (cpu, cuda, cuda:N, trn1, trn2)",
-    "precision": lambda v: None if v in ("fp64", "fp32") else "'fp64' or 'fp32'",
+    "precision": lambda v: None if v in PRECISIONS else " or ".join(map(repr, PRECISIONS)),
     "memory_mb": lambda v: None if (isinstance(v, (int, float)) and not isinstance(v, bool)
                                     and 0 < v < float("inf")) else "a positive number of MB",
 }
@@ -121,9 +122,9 @@ def parse_input(data: dict, where: str, options, given=()):
         settings[key] = value.strip() if isinstance(value, str) else value
     clash = sorted(set(settings) & set(given))
     if clash:
-        what = ", ".join(f"--{c.replace('_', '-')} ({FROM_MOLECULE_AND_MODEL.get(c, 'keywords.' + c)})"
-                         for c in clash)
-        raise InputError(f"{where} already sets {what}; give it in the input or on the command line, not both")
+        what = ", ".join(f"{c} ({FROM_MOLECULE_AND_MODEL.get(c, 'keywords.' + c)})" for c in clash)
+        raise InputError(f"{where} already sets {what}; give it in the input or as an option, not both",
+                         option=tuple(clash))
     # The coordinates as written: qcelemental's Molecule rounds them to 1e-8 Bohr (enough to move
     # E_HF by 2e-10 Eh). Bohr -> Ångström with PySCF's own constant, so PySCF (which converts
     # back with it) sees the Bohr coordinates given.

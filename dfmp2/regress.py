@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
 
 import click
 
-from .errors import InputError, error_line
+from .cli_options import device_options, resource_options, run_options, scf_options, user_errors
+from .errors import InputError
+from .options import RunOptions
 
 REFERENCES = Path(__file__).resolve().parent.parent / "inputs" / "references.json"
 TOLERANCES = {"fp64": 1e-9, "fp32": 1e-6}     # Hartree, on E_corr and E_HF
@@ -135,21 +136,23 @@ class CaseResult:
         return max(abs(self.diff["e_hf"]), abs(self.diff["e_corr"]))
 
 
-def run_case(entry: dict, device: str = "cpu", precision: str = "fp64", simulate: bool = False,
-             tolerance: float | None = None, progress=None) -> CaseResult:
+def run_case(entry: dict, options: RunOptions | None = None, tolerance: float | None = None,
+             progress=None) -> CaseResult:
     """Run the pipeline on one reference case and compare E_HF and E_corr within ``tolerance``
-    (default ``TOLERANCES[precision]``). Errors of the case (SCF not converged, ...) are recorded
-    in the result, not raised; a device that cannot run raises before any work."""
-    from .pipeline import RunOptions, run
+    (default ``TOLERANCES[precision]``). ``options``: the device, precision and resources (default
+    RunOptions(): cpu, fp64); the molecule, basis sets, SCF mode and frozen core are the
+    reference's. Errors of the case (SCF not converged, ...) are recorded in the result, not
+    raised; a device that cannot run raises before any work."""
+    from .pipeline import run
 
+    options = replace(options or RunOptions(), basis=entry["basis"], auxbasis=entry["auxbasis_requested"],
+                      frozen_core=entry["frozen_core"], scf_mode=entry["scf_mode"])
+    precision = options.resolved_precision()
     tol = TOLERANCES[precision] if tolerance is None else tolerance
     cr = CaseResult(key=entry["key"], molecule=entry["molecule"], scf_mode=entry["scf_mode"],
                     frozen_core=entry["frozen_core"], nbasis=entry["nbasis"], naux=entry["naux"],
                     precision=precision, tolerance=tol,
                     reference={f: entry[f] for f in ENERGY_FIELDS})
-    options = RunOptions(basis=entry["basis"], auxbasis=entry["auxbasis_requested"], device=device,
-                         simulate=simulate, precision=precision, frozen_core=entry["frozen_core"],
-                         scf_mode=entry["scf_mode"])
     t0 = time.perf_counter()
     try:
         res = run(entry["_xyz"], options, progress=progress)
@@ -251,11 +254,9 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 @click.command("regress")
 @click.argument("names", nargs=-1)
-@click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N|trn1|trn2",
-              help="where the linear algebra runs")
-@click.option("--simulate", is_flag=True, help="trn1/trn2 only: run the NKI kernels on this CPU")
-@click.option("--precision", type=click.Choice(["fp64", "fp32"]), default=None,
-              help="working precision [default: fp64, fp32 on trn]")
+@device_options(precision={"help": "working precision [default: fp64, fp32 on trn]"})
+@scf_options(skip=("scf_mode",))     # the SCF mode is each reference's
+@resource_options()
 @click.option("--subset", type=click.Choice(list(SUBSETS)), default=None,
               help="fast (seconds), full (fast + slow channel) or all (adds large reference-only "
                    "cases) [default: fast; with NAMES: full, plus large cases named exactly]")
@@ -266,71 +267,61 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write every case and the summary as JSON to this path")
 @click.option("--list", "list_only", is_flag=True, help="list the selected cases and exit")
-def regress_command(names, device, simulate, precision, subset, tolerance, ref_path, json_path, list_only):
+@user_errors
+def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **params):
     """Rerun molecules with PySCF reference energies and compare (exit 1 on any failure).
 
-    NAMES are molecule names or shell patterns (e.g. water 'h2o_*' 's22_0?_*').
+    NAMES are molecule names or shell patterns (e.g. water 'h2o_*' 's22_0?_*'); each case runs
+    with its reference's basis sets, SCF mode and frozen core, and the options given here.
     """
     from rich.console import Console
     from rich.markup import escape
-
-    from linalg import DeviceUnavailableError, KernelError, get_backend
 
     from .outputs import check_output_file
 
     console, err = Console(), Console(stderr=True)
     if not console.is_terminal:          # piped or captured: don't squeeze the table to 80 columns
         console = Console(width=160)
-    try:
-        from .pipeline import RunOptions
-        precision = RunOptions(device=device, precision=precision).resolved_precision()
-        tol = TOLERANCES[precision] if tolerance is None else tolerance
-        if not 0 < tol < float("inf"):
-            raise InputError(f"--tol must be a positive finite number, got {tolerance}")
-        refs = load_references(ref_path)
-        if subset or not names:
-            cases = select_cases(refs, subset or "fast", names)
-        else:   # patterns stay within 'full'; an exact name also finds a large reference-only case
-            cases = select_cases(refs, "full", names) + [
-                e for e in select_cases(refs, "all", names)
-                if e["subset"] == "large" and (e["molecule"] in names or e["key"] in names)]
-        if not cases:
-            raise InputError(f"no reference case matches {' '.join(names) or 'the subset'}; "
-                             "see --list")
-        if list_only:
-            for e in cases:
-                console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}",
-                              markup=False)
-            return
-        if json_path:               # before any case runs: a JSON that cannot be written fails now
-            check_output_file(json_path, "--json",
-                              not_same_as=[("reference file", ref_path if ref_path else REFERENCES)])
-        try:
-            get_backend(device, simulate=simulate)        # fail before any work
-        except ValueError as e:
-            raise InputError(str(e)) from None
-        results = []
-        from rich.progress import Progress, TimeElapsedColumn
-        with Progress("[progress.description]{task.description}", TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            task = bar.add_task("", total=len(cases))
-            for n, e in enumerate(cases, 1):
-                bar.update(task, description=f"[{n}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
-                results.append(run_case(e, device=device, precision=precision, simulate=simulate,
-                                        tolerance=tol))
-                bar.advance(task)
-        render(results, console, device, precision, tol)
-        if json_path:
-            write_json(json_path, results, {"device": device, "simulate": simulate,
-                                            "precision": precision, "tolerance": tol,
-                                            "references": str(Path(ref_path) if ref_path else REFERENCES),
-                                            "subset": subset, "names": list(names)})
-            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
-    except (InputError, DeviceUnavailableError, KernelError) as e:
-        click.echo(f"error: {error_line(e)}", err=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo("error: interrupted", err=True)
-        sys.exit(130)
+    options = run_options(params)
+    options.precision = precision = options.resolved_precision()
+    tol = TOLERANCES[precision] if tolerance is None else tolerance
+    if not 0 < tol < float("inf"):
+        raise InputError(f"--tol must be a positive finite number, got {tolerance}")
+    refs = load_references(ref_path)
+    if subset or not names:
+        cases = select_cases(refs, subset or "fast", names)
+    else:   # patterns stay within 'full'; an exact name also finds a large reference-only case
+        cases = select_cases(refs, "full", names) + [
+            e for e in select_cases(refs, "all", names)
+            if e["subset"] == "large" and (e["molecule"] in names or e["key"] in names)]
+    if not cases:
+        raise InputError(f"no reference case matches {' '.join(names) or 'the subset'}; see --list")
+    if list_only:
+        for e in cases:
+            console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}",
+                          markup=False)
+        return
+    if json_path:               # before any case runs: a JSON that cannot be written fails now
+        check_output_file(json_path, "--json",
+                          not_same_as=[("reference file", ref_path if ref_path else REFERENCES)])
+    from .pipeline import make_backend
+    options.check_choices()
+    make_backend(options)                 # fail before any work
+    results = []
+    from rich.progress import Progress, TimeElapsedColumn
+    with Progress("[progress.description]{task.description}", TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("", total=len(cases))
+        for n, e in enumerate(cases, 1):
+            bar.update(task, description=f"[{n}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
+            results.append(run_case(e, options, tolerance=tol))
+            bar.advance(task)
+    render(results, console, options.device, precision, tol)
+    if json_path:
+        write_json(json_path, results, {"device": options.device, "simulate": options.simulate,
+                                        "precision": precision, "tolerance": tol,
+                                        "references": str(Path(ref_path) if ref_path else REFERENCES),
+                                        "subset": subset, "names": list(names)})
+        err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
     if any(not r.passed for r in results):
-        sys.exit(1)
+        raise SystemExit(1)

@@ -67,11 +67,12 @@ def _defines(name: str, element: str, load=gto.basis.load) -> bool:
 
 
 def _check_basis(name: str, elements, kind: str, option: str) -> None:
-    """Raise InputError if basis ``name`` lacks any of ``elements``."""
+    """Raise InputError (about RunOptions field ``option``) if basis ``name`` lacks any of
+    ``elements``."""
     missing = [el for el in sorted(set(elements)) if not _defines(name, el)]
     if missing:
         raise InputError(f"{kind} '{name}' is not defined for {', '.join(missing)}; "
-                         f"choose another with {option}")
+                         f"choose another {kind}", option=option)
 
 
 def ecp_core_electrons(basis, elements) -> dict:
@@ -115,14 +116,14 @@ def describe_ecp(info: dict | None) -> str:
 
 
 def ecp_off_warning(basis, elements) -> str | None:
-    """With ``--ecp none``: a warning when ``basis`` is made for an ECP on any of ``elements``
+    """With ``ecp='none'``: a warning when ``basis`` is made for an ECP on any of ``elements``
     (run all-electron it lacks core functions, and the energies mean nothing)."""
     with_ecp = ecp_core_electrons(basis, elements)
     if not with_ecp:
         return None
-    return (f"--ecp none: basis {basis} is made for an effective core potential on "
+    return (f"ECP off (ecp 'none'): basis {basis} is made for an effective core potential on "
             f"{', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
-            "are meaningless (drop --ecp none, or choose an all-electron basis)")
+            "are meaningless (keep the basis's ECP, ecp 'auto', or choose an all-electron basis)")
 
 
 def check_geometry(geom: Geometry) -> None:
@@ -172,18 +173,21 @@ def electron_count(geom: Geometry, charge: int | None = None, multiplicity: int 
 
 def resolve_reference(reference: str, geom: Geometry, charge: int | None = None,
                       multiplicity: int | None = None) -> str:
-    """'rhf' or 'uhf' for ``--reference`` (auto: RHF for a closed shell, UHF otherwise). ROHF is
+    """'rhf' or 'uhf' for the ``reference`` option (auto: RHF for a closed shell, UHF otherwise). ROHF is
     refused, and so is RHF for an open shell (InputError, before any integral)."""
     if reference not in REFERENCES:
-        raise InputError(f"unknown reference '{reference}'; use one of {', '.join(REFERENCES)}")
+        raise InputError(f"unknown reference '{reference}'; use one of {', '.join(REFERENCES)}",
+                         option="reference")
     if reference == "rohf":
         raise InputError("ROHF references are not supported (ROHF-MP2 needs semicanonical orbitals "
-                         "and a singles term); use --reference uhf (the default for open shells)")
+                         "and a singles term); use a UHF reference (the default for open shells)",
+                         option="reference")
     _, mult, nelec = electron_count(geom, charge, multiplicity)
     open_shell = mult != 1 or nelec % 2 == 1
     if reference == "rhf" and open_shell:
         raise InputError(f"{geom.source or 'molecule'}: RHF needs a closed shell, but {nelec} electrons "
-                         f"with multiplicity {mult} is open-shell; use --reference uhf (or auto)")
+                         f"with multiplicity {mult} is open-shell; use a UHF reference (uhf or auto)",
+                         option="reference")
     if reference == "auto":
         return "uhf" if open_shell else "rhf"
     return reference
@@ -212,12 +216,13 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     where = geom.source or "molecule"
     check_geometry(geom)
     if ecp not in ECP_CHOICES:
-        raise InputError(f"unknown ECP setting '{ecp}'; use one of {', '.join(ECP_CHOICES)}")
+        raise InputError(f"unknown ECP setting '{ecp}'; use one of {', '.join(ECP_CHOICES)}", option="ecp")
     if mult < 1:
         raise InputError(f"{where}: multiplicity {mult} is not valid (it is 2S+1, a positive "
-                         "integer; 1 for a closed shell, 2 for a doublet, 3 for a triplet)")
+                         "integer; 1 for a closed shell, 2 for a doublet, 3 for a triplet)",
+                         option="multiplicity")
     if isinstance(basis, str):
-        _check_basis(basis, geom.symbols, "basis", "--basis")
+        _check_basis(basis, geom.symbols, "basis", "basis")
     real = geom.real_symbols          # ghosts carry neither electrons nor an ECP
     if not real:
         raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
@@ -226,21 +231,23 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     nelec -= n_ecp
     outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""
     if nelec <= 0:
-        raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge "
-                         "(--charge)")
+        raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge",
+                         option="charge")
     unpaired = mult - 1
     if unpaired > nelec:
         raise InputError(f"{where}: multiplicity {mult} needs {unpaired} unpaired electrons but the "
-                         f"molecule has only {nelec}{outside}; check the charge (--charge) and multiplicity")
+                         f"molecule has only {nelec}{outside}; check the charge and multiplicity",
+                         option=("charge", "multiplicity"))
     if (nelec - unpaired) % 2:
         raise InputError(f"{where}: {nelec} electrons cannot have multiplicity {mult}: an "
                          f"{'even' if nelec % 2 == 0 else 'odd'} electron count needs an "
                          f"{'odd' if nelec % 2 == 0 else 'even'} multiplicity (2S+1); check the "
-                         "charge (--charge) and multiplicity (--multiplicity)")
+                         "charge and multiplicity", option=("charge", "multiplicity"))
     capacity = 2 * minimal_basis_size(real) - n_ecp     # ECP cores are filled shells
     if nelec > capacity:
         raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons{outside}, more than the "
-                         f"{capacity} that the atoms' occupied shells hold; check the charge (--charge)")
+                         f"{capacity} that the atoms' occupied shells hold; check the charge",
+                         option="charge")
     mol = gto.Mole()
     mol.atom = [(GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
                 for i, (s, c) in enumerate(zip(geom.symbols, geom.coords_angstrom))]
@@ -253,7 +260,7 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     mol.build()
     if (nelec + unpaired) // 2 >= mol.nao_nr():
         raise InputError(f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
-                         f"'{basis}': no virtual orbitals for MP2; use a larger basis (--basis)")
+                         f"'{basis}': no virtual orbitals for MP2; use a larger basis", option="basis")
     return mol
 
 
@@ -347,9 +354,9 @@ def mp2_auxbasis(mol: gto.Mole, auxbasis: str | dict | None = None):
                              option="auxbasis")
         for el in sorted(set(elements)):
             if isinstance(auxbasis[el], str):
-                _check_basis(auxbasis[el], [el], "auxiliary basis", "--auxbasis")
+                _check_basis(auxbasis[el], [el], "auxiliary basis", "auxbasis")
         return {el: auxbasis[el] for el in dict.fromkeys(elements)}
-    _check_basis(auxbasis, elements, "auxiliary basis", "--auxbasis")
+    _check_basis(auxbasis, elements, "auxiliary basis", "auxbasis")
     return auxbasis
 
 

@@ -10,7 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from cli_checks import assert_one_line_error
-from dfmp2.cli import main, parse_memory
+from dfmp2.cli import main
+from dfmp2.cli_options import parse_memory
 from dfmp2.errors import InputError
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
@@ -123,12 +124,12 @@ def test_memory_limit_checked_before_scf(tmp_path, no_scf):
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--simulate"], "simulation applies only to trn1/trn2"),
     (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
-    (["--memory", "lots"], "--memory"),
-    (["--memory", "nan"], "--memory must be a finite size"),
-    (["--memory", "inf"], "--memory must be a finite size"),
-    (["--memory", "1e400"], "--memory must be a finite size"),
-    (["--memory", "infGB"], "--memory must be a finite size"),
-    (["--memory", "4_000"], "--memory: cannot read"),
+    (["--memory", "lots"], "(--memory)"),
+    (["--memory", "nan"], "memory limit must be a finite size"),
+    (["--memory", "inf"], "memory limit must be a finite size"),
+    (["--memory", "1e400"], "memory limit must be a finite size"),
+    (["--memory", "infGB"], "memory limit must be a finite size"),
+    (["--memory", "4_000"], "cannot read the memory limit '4_000'"),
 ])
 def test_device_and_option_errors(args, fragment, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # "no CUDA GPU" on any machine
@@ -183,7 +184,7 @@ def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: basis 'cc-pvdz' is not defined for I; choose another with --basis"], p.stderr
+        "error: basis 'cc-pvdz' is not defined for I; choose another basis (--basis)"], p.stderr
 
 
 def test_real_process_error_has_no_traceback(tmp_path):

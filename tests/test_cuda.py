@@ -91,11 +91,12 @@ def test_pinned_to_device_and_cast():
 
 @pytest.mark.parametrize("precision,tol", [("fp64", 1e-10), ("fp32", 1e-6)])
 def test_regression_molecules_cpu_vs_cuda(precision, tol):
+    from dfmp2.options import RunOptions
     from dfmp2.regress import load_references, run_case, select_cases
     cases = select_cases(load_references(), "fast")
     for entry in cases:
-        cpu = run_case(entry, device="cpu", precision=precision)
-        gpu = run_case(entry, device="cuda", precision=precision)
+        cpu = run_case(entry, RunOptions(device="cpu", precision=precision))
+        gpu = run_case(entry, RunOptions(device="cuda", precision=precision))
         assert gpu.error is None and gpu.passed, (entry["key"], gpu.diff)
         assert abs(gpu.ours["e_corr"] - cpu.ours["e_corr"]) <= tol, entry["key"]
         assert any("triton" in k for k in gpu.ran["kernels"]), gpu.ran["kernels"]

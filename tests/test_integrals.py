@@ -20,7 +20,8 @@ from pyscf.df import incore
 
 import linalg
 from dfmp2 import dfhf, integrals, memory, pipeline, scf
-from dfmp2.cli import INTEGRAL_ENGINES, main
+from dfmp2.cli import main
+from dfmp2.options import INTEGRAL_ENGINES
 from dfmp2.pipeline import RunOptions
 from dfmp2.timing import Timer
 

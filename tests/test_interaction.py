@@ -178,8 +178,9 @@ def test_xyz_charge_multiplicity_lines_per_fragment():
     with pytest.raises(InputError, match="given twice"):
         interaction.resolve_fragments(g, charges="0,1")
     with pytest.raises(InputError, match="the fragments' 'charge multiplicity' lines add up to "
-                                         r"\+1, but the total charge is 0 \(--charge\)"):
+                                         r"\+1, but the total charge is 0 \(the given charge\)") as e:
         interaction.resolve_fragments(g, charge=0)
+    assert e.value.option == ("charge",)
 
 
 @pytest.mark.parametrize("text,match", [
@@ -226,7 +227,7 @@ ERRORS = [  # (extra arguments, words in the one error line)
     (["--fragments", "0-3,4-6"], ["atom 0 is out of range"]),
     (["--fragments", "3-1,4-6"], ["range '3-1' is empty"]),
     (["--fragments", "1-3,x"], ["'x' is not an atom number or range"]),
-    (["--fragments", "1-3,,4-6"], ["fragment 2 of '1-3,,4-6' is empty"]),
+    (["--fragments", "1-3,,4-6"], ["fragments '1-3,,4-6': fragment 2 is empty", "(--fragments)"]),
     (["--fragments", "1-3,4-6", "--fragment-charges", "1,0"], ["add up to +1", "total charge is 0"]),
     (["--fragments", "1-3,4-6", "--fragment-charges", "0"], ["1 value for 2 fragments"]),
     (["--fragments", "1-3,4-6", "--fragment-charges", "0,a"], ["'a' is not an integer"]),

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 import dfmp2.dfhf
 import dfmp2.scf
+from dfmp2.options import RunOptions
 from dfmp2.regress import (REFERENCES, TOLERANCES, find_reference, load_references, regress_command,
                            run_case, select_cases)
 
@@ -95,7 +96,7 @@ def _regression_report(request, tmp_path_factory):
 
 
 def _check(key, precision):
-    res = run_case(REFS[key], device="cpu", precision=precision)
+    res = run_case(REFS[key], RunOptions(device="cpu", precision=precision))
     assert res.error is None, res.error
     _ERRORS.append({"key": key, "precision": precision, "d_e_corr": res.diff["e_corr"],
                     "d_e_hf": res.diff["e_hf"], "d_e_os": res.diff["e_os"], "d_e_ss": res.diff["e_ss"],

@@ -146,7 +146,7 @@ def test_one_electron_has_no_correlation():
 
 # --- refusals --------------------------------------------------------------------------------
 @pytest.mark.parametrize("args,fragments", [
-    (["--reference", "rohf"], ["ROHF references are not supported", "--reference uhf"]),
+    (["--reference", "rohf"], ["ROHF references are not supported", "use a UHF reference", "(--reference)"]),
     (["--reference", "rhf"], ["RHF needs a closed shell", "9 electrons with multiplicity 2"]),
     (["--multiplicity", "3"], ["9 electrons cannot have multiplicity 3", "even multiplicity"]),
     (["--multiplicity", "11"], ["multiplicity 11 needs 10 unpaired electrons", "only 9"]),
