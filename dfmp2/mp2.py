@@ -95,25 +95,6 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
         timer.add("checkpoint", t0)
 
 
-def pair_energies(B, eps_occ, eps_vir, backend, occ_block: int, progress=None):
-    """E_OS, E_SS (Hartree, fp64) over occupied blocks I >= J; off-diagonal blocks count twice.
-
-    B: an outofcore store (InMemoryB / HDF5B), or a (nocc, nvir, naux) tensor in working
-    precision (copied into occupied blocks of ``occ_block``). eps_*: fp64 tensors on the device.
-    ``progress(done, total)`` is called after each block pair.
-    """
-    if isinstance(B, torch.Tensor):
-        nocc, nvir, naux = B.shape
-        blocks = outofcore.OccBlocks(nocc, nvir, naux, occ_block)
-        store = outofcore.InMemoryB(blocks, B.dtype, B.device, allocate=False)
-        for k in range(blocks.count):
-            o0, o1 = blocks.orbitals(k)
-            store.set_block(k, B[o0:o1].permute(2, 0, 1).reshape(naux, (o1 - o0) * nvir).contiguous())
-        B = store
-    sums = outofcore.pair_block_sums(B, eps_occ, eps_vir, backend, progress=progress)
-    return outofcore.combine(sums, B.blocks.pairs())
-
-
 def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, timer: Timer,
               engine: integrals.IntegralEngine, progress=None, scratch_dir=None,
               checkpoint=None) -> MP2Energies:

@@ -25,8 +25,8 @@ from linalg import DTYPES
 from . import checkpoint, dfhf, integrals, memory, outputs, scf
 from .errors import InputError
 from .memory import MemoryPlan, plan_memory
-from .mp2 import MP2Energies, build_B, mp2_stage, pair_energies  # noqa: F401 (the stage's public names)
-from .options import PRECISIONS, RunOptions  # noqa: F401 (PRECISIONS: pipeline's public name)
+from .mp2 import MP2Energies, mp2_stage
+from .options import RunOptions
 from .provenance import RunRecord
 from .reference import Reference, freeze_lowest
 from .result import Result, software_versions

@@ -35,7 +35,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -50,7 +49,8 @@ import linalg  # noqa: E402
 from dfmp2 import outofcore, scf  # noqa: E402
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
-from dfmp2.pipeline import build_B, _largest_shell  # noqa: E402
+from dfmp2.mp2 import build_B  # noqa: E402
+from dfmp2.pipeline import _largest_shell  # noqa: E402
 from dfmp2.timing import Timer  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.provenance import ScfRecord  # noqa: E402

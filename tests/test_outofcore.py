@@ -17,7 +17,7 @@ from linalg.reference import mp2_pair_energy_reference
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.outofcore import HDF5B, InMemoryB, OccBlocks
-from dfmp2.pipeline import RunOptions, pair_energies, run
+from dfmp2.pipeline import RunOptions, run
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 WATER = INPUTS / "water.xyz"
@@ -60,6 +60,18 @@ def test_blocks_tile_the_flat_layout_and_pair_order_is_by_row_diagonal_first():
     assert spans[0][0] == 0 and spans[-1][1] == b.size == 5 * 11 * 3
     assert all(spans[k][1] == spans[k + 1][0] for k in range(b.count - 1))
     assert b.pairs() == [(0, 0), (1, 1), (1, 0), (2, 2), (2, 0), (2, 1)]
+
+
+def pair_energies(B, eps_occ, eps_vir, backend, occ_block: int):
+    """E_OS, E_SS (Hartree) of a (nocc, nvir, naux) tensor B through the stage's blocked store and
+    pair loop (outofcore.pair_block_sums over blocks of ``occ_block``, combined in pair order)."""
+    nocc, nvir, naux = B.shape
+    blocks = OccBlocks(nocc, nvir, naux, occ_block)
+    store = InMemoryB(blocks, B.dtype, B.device, allocate=False)
+    for k in range(blocks.count):
+        o0, o1 = blocks.orbitals(k)
+        store.set_block(k, B[o0:o1].permute(2, 0, 1).reshape(naux, (o1 - o0) * nvir).contiguous())
+    return outofcore.combine(outofcore.pair_block_sums(store, eps_occ, eps_vir, backend), blocks.pairs())
 
 
 @pytest.mark.parametrize("occ_block", [1, 3, 7])

@@ -20,7 +20,7 @@ def _bt_problem(nocc=6, nvir=24, naux=20, seed=11):
 
 
 def _pipeline_pairs(B, eo, ev, backend, occ_block):
-    """pair_energies' loop (dfmp2.pipeline), in-line so this test does not import the pipeline."""
+    """The MP2 stage's pair loop over blocks I >= J, in-line so this test does not import dfmp2."""
     nocc = B.shape[0]
     e_os = e_ss = 0.0
     for I in range(0, nocc, occ_block):

@@ -13,7 +13,7 @@ work of the stage rather than to arbitrary squares:
     cholesky      (naux,): the fitting metric j2c = L L^T
     inv_sqrt_*    (naux,): j2c^-1/2 by eigh (the near-singular fallback) or Newton-Schulz
     mp2_pair_energy  one off-diagonal occupied block pair (OCC_BLOCK x OCC_BLOCK pairs,
-                  as pipeline.pair_energies calls it), or all i >= j pairs when
+                  as the MP2 stage's pair loop calls it), or all i >= j pairs when
                   nocc <= OCC_BLOCK (then the only call is the diagonal block)
 """
 from __future__ import annotations
