@@ -115,10 +115,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
                          "a resumed run goes on writing to the file it resumes, so give only that one",
                          option="resume")
     if options.scratch_dir is not None:      # a given scratch directory must take files, used or not
-        try:
-            outputs.check_output_dir(options.scratch_dir, "scratch directory")
-        except InputError as e:
-            raise InputError(str(e), option="scratch_dir") from None
+        outputs.check_output_dir(options.scratch_dir, "scratch", option="scratch_dir")
     uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     if uhf and (options.checkpoint or options.resume):
         raise InputError("checkpoints are not supported with a UHF reference yet; run without one",
