@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from .cli_options import (checkpoint_options, device_options, molecule_options, resource_options,
                           run_options, scf_options, user_errors)
-from .errors import EXIT_INTERRUPTED
+from .errors import EXIT_INTERRUPTED, Terminated
 from .outputs import check_output_file, write_text
 
 
@@ -87,14 +87,15 @@ def main():
 
 @contextlib.contextmanager
 def _terminate_raises():
-    """While the run goes on, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread (as
-    Ctrl-C does), so every ``finally`` runs: temporary files are removed, a checkpoint is closed."""
+    """While the run goes on, SIGTERM and SIGHUP raise ``errors.Terminated`` (a KeyboardInterrupt)
+    in the main thread, as Ctrl-C does, so every ``finally`` runs: temporary files are removed, a
+    checkpoint is closed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def raise_interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        raise Terminated(signum, signal.Signals(signum).name)
     sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
     old = {s: signal.signal(s, raise_interrupt) for s in sigs}
     try:

@@ -27,7 +27,7 @@ import click
 from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE
 
-from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, error_line, flag
+from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag
 from .options import (DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
                       REFERENCES, SCF_MODES, STORAGE_CHOICES, RunOptions)
 
@@ -173,9 +173,9 @@ def fail(message: str, code: int = EXIT_USER_ERROR):
 def user_errors(fn=None, *, interrupted=None):
     """Decorator of every command: an expected error (bad input, a device that cannot run, a
     kernel that failed) is one ``error:`` line (``error_line``: the message and the flag it is
-    about) and exit EXIT_USER_ERROR, no traceback; Ctrl-C, SIGTERM or SIGHUP is 'error:
-    interrupted' and EXIT_INTERRUPTED. ``interrupted(params)``: text after 'interrupted' (what
-    is left, how to go on)."""
+    about) and exit EXIT_USER_ERROR, no traceback; Ctrl-C is 'error: interrupted' and
+    EXIT_INTERRUPTED (130), SIGTERM or SIGHUP 'error: interrupted by SIGTERM' and 128 + its number
+    (143, 129). ``interrupted(params)``: text after that (what is left, how to go on)."""
     if fn is None:
         return functools.partial(user_errors, interrupted=interrupted)
 
@@ -185,6 +185,8 @@ def user_errors(fn=None, *, interrupted=None):
             return fn(*args, **kwargs)
         except (InputError, DeviceUnavailableError, KernelError) as e:
             fail(error_line(e))
-        except KeyboardInterrupt:
-            fail("interrupted" + (interrupted(kwargs) if interrupted else ""), EXIT_INTERRUPTED)
+        except KeyboardInterrupt as e:
+            by = f" by {e.name}" if isinstance(e, Terminated) else ""
+            fail(f"interrupted{by}" + (interrupted(kwargs) if interrupted else ""),
+                 e.exit_code if isinstance(e, Terminated) else EXIT_INTERRUPTED)
     return wrapper

@@ -5,7 +5,20 @@ The CLI prints ``error: <message>`` for these and exits ``EXIT_USER_ERROR``, wit
 """
 
 EXIT_USER_ERROR = 2        # every command: bad input, a device that cannot run, a kernel that failed
-EXIT_INTERRUPTED = 130     # Ctrl-C, SIGTERM, SIGHUP (128 + SIGINT)
+EXIT_INTERRUPTED = 130     # Ctrl-C (128 + SIGINT); SIGTERM and SIGHUP exit 128 + their number (143, 129)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while a run goes on (raised in the main thread, as Ctrl-C raises
+    KeyboardInterrupt, so every ``finally`` runs); the CLI exits ``exit_code`` = 128 + signum."""
+
+    def __init__(self, signum: int, name: str):
+        super().__init__(name)
+        self.signum, self.name = int(signum), name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class InputError(Exception):
