@@ -46,7 +46,8 @@ SPECS = {
                            "rohf is not supported"),
     "ecp": dict(type=click.Choice(ECP_CHOICES),
                 help="auto: the effective core potential the basis comes with (def2-* beyond Kr, *-pp, "
-                     "LANL2DZ), stated in the output; none: all-electron (warned for a basis made for an ECP)"),
+                     "LANL2DZ), stated in the output; none: all-electron, refused for a basis made for an "
+                     "ECP; none-for-testing: such a basis all-electron all the same, warned"),
     "frozen_core": dict(help="freeze the chemical core orbitals in MP2"),
     "device": dict(metavar="|".join(DEVICE_CHOICES), help="where the linear algebra runs"),
     "simulate": dict(is_flag=True, help="trn1/trn2 only: run the NKI kernels on this CPU (nki.simulate or "

@@ -27,7 +27,7 @@ SCF_MAX_CYCLE = 100
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 REFERENCES = ("auto", "rhf", "uhf", "rohf")
-ECP_CHOICES = ("auto", "none")
+ECP_CHOICES = ("auto", "none", "none-for-testing")   # scf.build_molecule says what each does
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
 INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
 PAIR_KERNEL_CHOICES = PAIR_KERNELS         # cuda only (linalg.cuda)
@@ -73,7 +73,7 @@ class RunOptions:
     simulate: bool = False
     precision: str | None = None
     frozen_core: bool = False
-    ecp: str = "auto"                    # auto: the ECP the basis comes with (scf.build_molecule); none
+    ecp: str = "auto"                    # auto: the ECP the basis comes with (scf.build_molecule); none; none-for-testing
     scf_mode: str = "df"
     memory_mb: float | None = None       # None: a safe fraction of available memory
     storage: str = "auto"                # where B lives: auto (memory if it fits), memory, disk

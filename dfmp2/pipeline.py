@@ -182,7 +182,7 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
     or has fewer functions than the orbital basis (the DF error then grows to %), no ECP for a
     basis made for one."""
     out = []
-    if options.ecp == "none":
+    if options.ecp == "none-for-testing":
         out.append(scf.ecp_off_warning(options.basis, [scf.element(mol, i) for i in range(mol.natm)]))
     if options.auxbasis is None:
         out.append(scf.auxbasis_note(mol, auxbasis, "mp2"))

@@ -116,13 +116,13 @@ def describe_ecp(info: dict | None) -> str:
 
 
 def ecp_off_warning(basis, elements) -> str | None:
-    """With ``ecp='none'``: a warning when ``basis`` is made for an ECP on any of ``elements``
-    (run all-electron it lacks core functions, and the energies mean nothing)."""
+    """With ``ecp='none-for-testing'``: a warning when ``basis`` is made for an ECP on any of
+    ``elements`` (run all-electron it lacks core functions, and the energies mean nothing)."""
     with_ecp = ecp_core_electrons(basis, elements)
     if not with_ecp:
         return None
-    return (f"ECP off (ecp 'none'): basis {basis} is made for an effective core potential on "
-            f"{', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
+    return (f"ECP off (ecp 'none-for-testing'): basis {basis} is made for an effective core potential "
+            f"on {', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
             "are meaningless (keep the basis's ECP, ecp 'auto', or choose an all-electron basis)")
 
 
@@ -202,8 +202,10 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
 
     ``ecp``: 'auto' attaches the effective core potential that basis ``basis`` comes with, for
     the elements PySCF's ECP loader finds one for (def2-* beyond Kr, *-pp, LANL2DZ), as ORCA and
-    Psi4 do; 'none' runs all-electron (the caller warns: ``ecp_off_warning``). Electron counts
-    below are of the electrons left outside the ECP cores.
+    Psi4 do; 'none' runs all-electron, and is refused for a basis made for an ECP (its energies
+    are meaningless: HI/def2-SVP gives E(HF) -1996.9 Eh against about -7117 all-electron);
+    'none-for-testing' runs such a basis all-electron all the same (the caller warns:
+    ``ecp_off_warning``). Electron counts below are of the electrons left outside the ECP cores.
 
     Refuses (InputError, before any integral) a multiplicity that is not a positive integer or is
     impossible for the electron count (parity: an even count has an odd multiplicity and an odd
@@ -226,7 +228,13 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     real = geom.real_symbols          # ghosts carry neither electrons nor an ECP
     if not real:
         raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
-    ecp_core = ecp_core_electrons(basis, real) if ecp == "auto" else {}
+    ecp_core = ecp_core_electrons(basis, real)
+    if ecp == "none" and ecp_core:
+        raise InputError(f"{where}: basis {basis} is made for an effective core potential on "
+                         f"{', '.join(ecp_core)}; all-electron it lacks core functions and its energies are "
+                         "meaningless; keep its ECP (auto), choose an all-electron basis, or, to run it "
+                         "anyway for a test, ecp 'none-for-testing'", option="ecp")
+    ecp_core = ecp_core if ecp == "auto" else {}
     n_ecp = sum(ecp_core.get(s, 0) for s in real)     # even per atom: parity and multiplicity unchanged
     nelec -= n_ecp
     outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""

@@ -67,18 +67,26 @@ def test_all_electron_basis_has_no_ecp(tmp_path):
     assert r.ecp is None and r.to_dict()["ecp"] is None
 
 
-def test_ecp_none_runs_all_electron_with_a_warning():
-    r = run_geometry(read_xyz(HI), RunOptions(basis="def2-svp", ecp="none"))
+def test_ecp_none_refuses_a_basis_made_for_an_ecp_and_none_for_testing_runs_it_with_a_warning(tmp_path):
+    """HI/def2-SVP all-electron gave E(HF) -1996.9 Eh (about -7117 all-electron in a real basis)
+    with a warning and exit 0: 'none' now refuses it before any SCF; the option whose name says
+    it is for testing runs it, warned."""
+    res = CliRunner().invoke(main, ["run", str(HI), "--basis", "def2-svp", "--ecp", "none"])
+    assert res.exit_code == 2 and res.output.count("error: ") == 1 and "Traceback" not in res.output
+    assert "made for an effective core potential on I" in res.output and "(--ecp)" in res.output
+    r = run_geometry(read_xyz(HI), RunOptions(basis="def2-svp", ecp="none-for-testing"))
     assert r.ecp is None and r.nocc == 27                 # 54 electrons
-    assert any("ecp 'none'" in w and "--" not in w and "effective core potential on I" in w and "meaningless" in w
-               for w in r.to_dict()["warnings"])
+    assert any("none-for-testing" in w and "--" not in w and "effective core potential on I" in w
+               and "meaningless" in w for w in r.to_dict()["warnings"])
+    water = run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(ecp="none"))   # nothing to drop
+    assert water.ecp is None and water.warnings == []
 
 
 def test_ecp_none_with_too_few_functions_is_one_error_line(tmp_path):
     """I2 in def2-SVP all-electron: 106 electrons in 52 functions."""
     out = tmp_path / "out.json"
     res = CliRunner().invoke(main, ["run", str(ROOT / "inputs" / "ecp" / "diiodine.xyz"), "--basis", "def2-svp",
-                                    "--ecp", "none", "--json", str(out)])
+                                    "--ecp", "none-for-testing", "--json", str(out)])
     assert res.exit_code == 2 and "Traceback" not in res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "no virtual orbitals" in errors[0], res.output
@@ -89,7 +97,7 @@ def test_electron_counts_and_frozen_core_count_the_ecp_cores():
     g = geometry("H 0 0 0\nI 0 0 1.6092")
     mol = scf.build_molecule(g, "def2-svp")
     assert mol.nelectron == 26 and scf.frozen_core_count(mol) == 4     # 4s4p; 1s-3d are in the ECP
-    ae = scf.build_molecule(g, "def2-svp", ecp="none")
+    ae = scf.build_molecule(g, "def2-svp", ecp="none-for-testing")
     assert ae.nelectron == 54 and scf.frozen_core_count(ae) == 18
     # the occupied shells of H and I hold 56 electrons, 28 of them in the ECP core
     assert scf.build_molecule(g, "def2-svp", charge=-2).nelectron == 28
