@@ -312,7 +312,10 @@ def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
     """The default auxiliary basis for ``kind`` ('jk': the DF-SCF, 'mp2': the MP2 fit), per
     element symbol: the matched set if it defines the element, else AUX_FALLBACK[kind] (through
     Kr, and beyond Kr for an element carrying an ECP: the def2 fitting sets are made for the def2
-    ECPs), else AutoAux (see the rule above AUX_KINDS)."""
+    ECPs), else AutoAux (see the rule above AUX_KINDS), else, where PySCF's AutoAux cannot be
+    generated from the orbital basis (LANL2DZ's s/p-only shells of I and Sn: an IndexError
+    inside it), PySCF's own default for an unknown basis, the even-tempered set of
+    ``df.addons.aug_etb``. The result's warnings name every fallback (``auxbasis_note``)."""
     matched = _matched_auxbases(mol, kind)
     with_ecp = {element(mol, i) for i in range(mol.natm) if mol.atom_nelec_core(i)}
     out = {}
@@ -325,6 +328,13 @@ def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
                 and _defines(AUX_FALLBACK[kind], el)):
             name = AUX_FALLBACK[kind]
         out[el] = name or AUTOAUX
+    if AUTOAUX in out.values():
+        try:
+            make_auxmol(mol, out)
+        except (IndexError, KeyError, ValueError, RuntimeError):
+            etb = df.addons.aug_etb(mol)
+            out = {el: name if name != AUTOAUX else etb.get(el, etb.get(GHOST_PREFIX + el))
+                   for el, name in out.items()}
     return out
 
 
@@ -337,7 +347,7 @@ def auxbasis_note(mol: gto.Mole, auxbasis, kind: str) -> str | None:
     by_name: dict = {}
     for el, name in auxbasis.items():
         if name not in matched:
-            by_name.setdefault(name, []).append(el)
+            by_name.setdefault(name if isinstance(name, str) else "even-tempered", []).append(el)
     if not by_name:
         return None
     used = "; ".join(f"{name} used for {', '.join(els)}" for name, els in by_name.items())

@@ -118,11 +118,34 @@ def test_other_ecp_bases_get_their_ecp():
 
 def test_fallback_aux_beyond_krypton_only_with_the_ecp():
     """LANL2DZ has no matched fitting set: with its ECP on I, the def2 fallbacks apply beyond Kr
-    (def2-universal-jkfit; PySCF's def2-tzvpp-ri lacks I, so AutoAux for the MP2 fit). All-electron,
-    I gets AutoAux for the MP2 fit (test_chemistry_inputs.test_autoaux_beyond_krypton_matches_pyscf)."""
+    (def2-universal-jkfit; PySCF's def2-tzvpp-ri lacks I, and AutoAux fails on LANL2DZ's shells, so
+    the even-tempered set for the MP2 fit). All-electron, I gets AutoAux for the MP2 fit
+    (test_chemistry_inputs.test_autoaux_beyond_krypton_matches_pyscf)."""
     g = geometry("H 0 0 0\nI 0 0 1.6092")
     with_ecp = scf.build_molecule(g, "lanl2dz")
     assert scf.default_auxbasis(with_ecp, "jk") == {"H": "def2-universal-jkfit", "I": "def2-universal-jkfit"}
-    assert scf.default_auxbasis(with_ecp, "mp2") == {"H": "def2-tzvpp-ri", "I": "autoaux"}
+    mp2 = scf.default_auxbasis(with_ecp, "mp2")
+    assert mp2["H"] == "def2-tzvpp-ri" and isinstance(mp2["I"], list)        # even-tempered shells
     ae = scf.build_molecule(g, "sto-3g")
     assert scf.ecp_info(ae) is None and scf.default_auxbasis(ae, "mp2")["I"] == "autoaux"
+
+
+def test_lanl2dz_gets_an_even_tempered_mp2_fit_where_autoaux_fails():
+    """PySCF's AutoAux raises IndexError on LANL2DZ's s/p-only shells of I (the run exited 1
+    with a traceback); the fallback chain ends in PySCF's own default for an unknown basis, the
+    even-tempered set, named in the warnings. Energies against PySCF with the same fitting sets."""
+    from pyscf import df as pyscf_df
+    from pyscf import scf as pyscf_scf
+    from pyscf.mp.dfmp2 import DFMP2
+    r = run_geometry(read_xyz(HI), RunOptions(basis="lanl2dz"))
+    assert r.auxbasis == "def2-tzvpp-ri (H) + even-tempered (I)" and r.ecp["core_electrons"] == {"I": 46}
+    assert any("even-tempered used for I (fallback)" in w for w in r.warnings)
+    mol = scf.build_molecule(read_xyz(HI), "lanl2dz")
+    mf = pyscf_scf.RHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-9, 0
+    mf.kernel()
+    pt = DFMP2(mf)
+    pt.with_df = pyscf_df.DF(mol, auxbasis=scf.default_auxbasis(mol, "mp2"))
+    pt.verbose = 0
+    pt.kernel()
+    assert abs(r.e_hf - mf.e_tot) <= 1e-9 and abs(r.e_corr - pt.e_corr) <= 1e-9, (r.e_hf - mf.e_tot, r.e_corr - pt.e_corr)
