@@ -382,10 +382,14 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
     t0 = time.perf_counter()
     runs, warnings = [], []
     for n, (kind, k, g) in enumerate(jobs, start=1):
-        say(f"run {n}/{len(jobs)}: {run_label(frags, kind, k)} ...")
+        label = f"run {n}/{len(jobs)} ({run_label(frags, kind, k)})"
+        say(f"{label} ...")
         before = dict(backend.kernels_used)
         t1 = time.perf_counter()
-        res = run_geometry(g, options, progress=progress, backend=backend)
+        try:
+            res = run_geometry(g, options, progress=progress, backend=backend)
+        except InputError as e:          # which of the 2N+1 runs failed, with the same option
+            raise type(e)(f"{label}: {e}", option=getattr(e, "option", None)) from None
         # the backend counts kernels over its life; each run keeps its own calls
         res.ran["kernels"] = {key: c - before.get(key, 0) for key, c in res.ran["kernels"].items()
                               if c - before.get(key, 0)}

@@ -323,3 +323,12 @@ def test_fuzz_fragment_lines(tmp_path_factory, extra):
     path = tmp_path_factory.mktemp("fz") / "x.xyz"
     path.write_text("\n".join(lines) + "\n")
     _fuzz_check([str(path)])
+
+
+def test_a_failing_run_is_named(tmp_path):
+    """Which of the 2N+1 runs failed: an SCF that does not converge in the full system says so,
+    with the option that would help (issue 29, item 13)."""
+    res = CliRunner().invoke(main, ["interaction", str(WATER_DIMER), "--fragments", "1-3,4-6",
+                                    "--scf-max-cycle", "3"])
+    assert_one_line_error(res, "run 1/5 (full system): RHF did not converge in 3 cycles")
+    assert "(--scf-max-cycle)" in res.output
