@@ -152,6 +152,9 @@ def orbital_space(mol, auxmol, frozen_core: bool, uhf: bool, source: str) -> tup
                          f"{nocc_b} occupied beta orbitals; correlate all electrons", option="frozen_core")
     notes = [f"linear dependence: {nao - nmo} of {nao} basis functions dropped (overlap eigenvalues "
              f"below {lindep_thr:g}); nmo {nmo}"] if nmo < nao else []
+    if frozen_core and nfrozen == 0:
+        notes.append("frozen core asked for, but these atoms have no core orbitals to freeze (PySCF's "
+                     "chemcore rule, outside any ECP core): every electron is correlated")
     nocc = (nocc_a, nocc_b) if uhf else (nocc_a,)
     return OrbitalSpace(nocc, nmo, nao, nfrozen, auxmol.nao_nr()), notes
 

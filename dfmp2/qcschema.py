@@ -7,7 +7,8 @@ Both are validated with ``qcelemental``'s models, an optional dependency importe
 AtomicInput accepted: driver ``energy``; model ``{"method": "mp2", "basis": <orbital basis>}``;
 the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
 molecular_multiplicity; keywords (all optional, the CLI's defaults otherwise) ``auxbasis``,
-``frozen_core`` (bool), ``ecp`` (auto|none), ``scf_mode`` (df|exact), ``device``, ``precision``
+``frozen_core`` (bool), ``ecp`` (auto|none|none-for-testing), ``scf_mode`` (df|pyscf-df|exact),
+``device``, ``precision``
 (fp64|fp32), ``memory_mb``. The AtomicResult: ``return_energy`` = E(MP2); the standard
 properties (scf_total_energy, mp2_same_spin_correlation_energy,
 mp2_opposite_spin_correlation_energy, mp2_singles_energy = 0 (canonical RHF),
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 
 from .errors import InputError, SCFNotConvergedError, shown
-from .options import ECP_CHOICES, PRECISIONS
+from .options import ECP_CHOICES, PRECISIONS, SCF_MODES
 from .xyz import read_input_text
 
 INSTALL = 'pip install -e ".[qcschema]"'
@@ -31,7 +32,7 @@ KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
     "frozen_core": lambda v: None if isinstance(v, bool) else "true or false",
     "ecp": lambda v: None if v in ECP_CHOICES else " or ".join(map(repr, ECP_CHOICES)),
-    "scf_mode": lambda v: None if v in ("df", "exact") else "'df' or 'exact'",
+    "scf_mode": lambda v: None if v in SCF_MODES else " or ".join(map(repr, SCF_MODES)),
     "device": lambda v: None if isinstance(v, str) and v.strip() else "a device name (cpu, cuda, cuda:N, trn1, trn2)",
     "precision": lambda v: None if v in PRECISIONS else " or ".join(map(repr, PRECISIONS)),
     "memory_mb": lambda v: None if (isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -215,3 +215,13 @@ def test_auxbasis_per_element_dict():
     assert dfmp2.energy(path, auxbasis=per_element).e_corr == dfmp2.energy(path).e_corr
     with pytest.raises(InputError, match="no entry for H"):
         dfmp2.energy(path, auxbasis={"O": "cc-pvdz-ri"})
+
+
+def test_frozen_core_that_freezes_nothing_says_so():
+    """Li2 has no core orbitals by PySCF's chemcore rule: --frozen-core freezes nothing, and the
+    result says so instead of nothing (issue 29, item 16)."""
+    mol = gto.M(atom="Li 0 0 0; Li 0 0 2.67", basis="cc-pvdz", verbose=0)
+    r = dfmp2.energy(mol, frozen_core=True)
+    assert r.nfrozen == 0 and any("no core orbitals to freeze" in w for w in r.warnings)
+    assert not any("no core orbitals" in w for w in dfmp2.energy(str(ROOT / "inputs" / "water.xyz"),
+                                                                 frozen_core=True).warnings)

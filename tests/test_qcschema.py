@@ -185,3 +185,13 @@ def test_fuzzed_atomic_inputs_fail_cleanly(tmp_path, changes):
     assert "Warning" not in res.output
     f = FailedOperation.parse_file(out)
     assert not f.success and f.error.error_message == message
+
+
+def test_scf_mode_keyword_takes_every_scf_mode(tmp_path):
+    """The scf_mode keyword lacked pyscf-df (issue 29, item 16): it takes dfmp2.options.SCF_MODES."""
+    out = tmp_path / "out.json"
+    doc = water_input(keywords={"frozen_core": True, "scf_mode": "pyscf-df"})
+    res = CliRunner().invoke(main, ["run", write(tmp_path, doc), "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    assert d["scf_mode"] == "pyscf-df" and d["ran"]["scf"]["engine"] == "pyscf"
