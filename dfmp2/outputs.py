@@ -152,8 +152,11 @@ def check_disk(needs) -> None:
         free = shutil.disk_usage(d).free / 1e6
         if mb * DISK_MARGIN > free:
             what = " and ".join(sorted({_disk_use(o) for o in options}))
-            raise InputError(f"this run needs {mb:.4g} MB of disk in {d} ({what}) but only {free:.4g} MB "
-                             "are free; choose a directory on a larger disk, or allow more memory",
+            # more memory keeps B off the scratch disk; a checkpoint holds B whatever the memory
+            more = ", or allow more memory (B stays off disk)" if "scratch_dir" in options else ""
+            raise InputError(f"this run needs {mb * DISK_MARGIN:.4g} MB of disk in {d} ({what}: "
+                             f"{mb:.4g} MB and a {DISK_MARGIN - 1:.0%} margin) but only {free:.4g} MB are "
+                             f"free; choose a directory on a larger disk{more}",
                              option="scratch_dir" if "scratch_dir" in options else options[0])
 
 

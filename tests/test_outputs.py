@@ -155,12 +155,14 @@ def test_check_disk_adds_up_one_file_system_with_a_margin(tmp_path, monkeypatch)
     with pytest.raises(InputError) as info:        # 99 MB with 2 % to spare do not fit in 100 MB
         outputs.check_disk([(tmp_path, 50.0, "scratch_dir"), (tmp_path / "ck", 49.0, "checkpoint")])
     msg = str(info.value)
-    assert msg.startswith(f"this run needs 99 MB of disk in {tmp_path} (checkpoint and scratch) "
-                          "but only 100 MB are free") and " --" not in msg
-    assert info.value.option == "scratch_dir"
+    assert msg.startswith(f"this run needs 101 MB of disk in {tmp_path} (checkpoint and scratch: 99 MB "
+                          "and a 2% margin) but only 100 MB are free") and " --" not in msg
+    assert info.value.option == "scratch_dir" and msg.endswith("or allow more memory (B stays off disk)")
     with pytest.raises(InputError) as info:
         outputs.check_disk([(tmp_path / "ck", 99.0, "checkpoint")])
-    assert info.value.option == "checkpoint" and "(checkpoint)" in str(info.value)
+    # a checkpoint holds B however much memory there is: no advice to raise the memory limit
+    assert info.value.option == "checkpoint" and "(checkpoint: 99 MB" in str(info.value)
+    assert "memory" not in str(info.value)
     with pytest.raises(InputError, match="scratch directory: directory .* does not exist") as info:
         outputs.check_disk([(tmp_path / "nodir", 1.0, "scratch_dir")])
     assert info.value.option == "scratch_dir"
