@@ -94,12 +94,15 @@ def _caps(device: str):
 
 
 def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto"):
-    """The backend for ``device``, or the one-line reason it cannot run (never raises for that)."""
+    """The backend for ``device``, or the one-line reason it cannot run here (never raises for
+    that). A precision the device can never run is the user's mistake: InputError, before any
+    device runs (``compare --devices cpu,trn1`` at the default fp64 used to fail after the CPU's run)."""
     from linalg import DeviceUnavailableError
     try:
         caps = linalg.device_capabilities(device)
         if caps.precision_problem(precision):
-            return None, f"{device}: {caps.precision_problem(precision)}; use --precision fp32"
+            raise InputError(f"{device}: {caps.precision_problem(precision)}; compare every device in "
+                             "fp32 (energies are still summed in fp64)", option="precision")
         return linalg.get_backend(device, simulate=simulate and caps.simulable,
                                   pair_kernel=_pair_kernel(device, pair_kernel)), ""
     except DeviceUnavailableError as e:
@@ -198,8 +201,9 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
             ks = ", ".join(f"{k} ×{n}" for k, n in r.ran["kernels"].items() if "mp2_pair_energy" in k)
             console.print(f"[dim]{escape(r.device)}: {escape(ks)}[/dim]")
     verdict = "[green]PASS[/green]" if summary["passed"] else "[red]FAIL[/red]"
-    console.print(f"{verdict}  " + escape(f"|ΔE_corr| ≤ {summary['tolerance']:.0e} Eh against "
-                  f"{summary['reference_device']}; beyond: {summary['beyond_tolerance'] or 'none'}; "
+    against = f"against {summary['reference_device']}" if summary["reference_device"] else "(no device ran)"
+    console.print(f"{verdict}  " + escape(f"|ΔE_corr| ≤ {summary['tolerance']:.0e} Eh {against}; "
+                  f"beyond: {summary['beyond_tolerance'] or 'none'}; "
                   f"not bit-reproducible: {summary['not_bit_reproducible'] or 'none'}; "
                   f"not run: {summary['not_run'] or 'none'}"))
 
@@ -287,8 +291,8 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
                                "devices_not_present": absent,
                                "summary": summary, "devices": [asdict(r) for r in runs],
                                "versions": software_versions(), "units": {"energies": "hartree"}})
-    if summary["not_run"]:
-        fail(f"not run on {', '.join(summary['not_run'])} (reasons above)")
+    if summary["not_run"]:               # the reasons on stderr too, not only in the table above
+        fail("not run: " + "; ".join(f"{r.device} ({r.reason})" for r in runs if r.status != "ran"))
     if not summary["passed"]:
         raise SystemExit(EXIT_DIFFERENT)
 

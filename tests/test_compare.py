@@ -7,6 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli_checks import assert_one_line_error
 from dfmp2.cli import main
 from dfmp2.compare import DeviceRun, compare_runs, parse_synthetic
 
@@ -44,19 +45,13 @@ def test_synthetic_cpu_vs_trn1_emulator_fp32(tmp_path):
     assert trn["identical_to_first"] == (trn["hex"][0] == cpu["hex"][0])
 
 
-def test_molecule_cpu_and_a_device_that_cannot_run(tmp_path):
-    """trn1 in fp64 cannot run anywhere: reported with its reason, no energies, exit 2; the CPU row
-    is the full pipeline, repeated bit-identically."""
-    res, doc = _invoke([WATER, "--devices", "cpu,trn1", "--json", str(tmp_path / "c.json")], tmp_path)
-    assert res.exit_code == 2, res.output
-    cpu, trn = doc["devices"]
-    assert cpu["status"] == "ran" and cpu["repeat_identical"] and cpu["hex"][0]["e_hf"] == cpu["hex"][1]["e_hf"]
-    assert cpu["ran"]["device"] == "cpu" and cpu["ran"]["precision"] == "fp64"
-    assert abs(cpu["energies"]["e_corr"] - (-0.2047684304)) < 1e-8
-    assert trn["status"] == "not run" and "no fp64" in trn["reason"]
-    assert trn["energies"] == {} and trn["hex"] == []
-    assert doc["summary"]["not_run"] == ["trn1"] and not doc["summary"]["passed"]
-    assert "not run" in res.output
+def test_molecule_cpu_and_a_precision_a_device_never_runs(tmp_path, no_scf):
+    """trn1 in fp64 cannot run anywhere: refused in one line before any device runs (it used to
+    be reported after the CPU's whole run); nothing is written."""
+    out = tmp_path / "c.json"
+    res, doc = _invoke([WATER, "--devices", "cpu,trn1", "--json", str(out)], tmp_path)
+    assert_one_line_error(res, "trn1: ", "no fp64", "compare every device in fp32", "(--precision)")
+    assert doc is None and not out.exists()
 
 
 def test_cuda_without_gpu_is_not_run_with_reason(tmp_path, monkeypatch):
@@ -127,11 +122,14 @@ def test_default_devices_are_the_ones_present(tmp_path):
         assert "cuda (no CUDA GPU" in res.output
 
 
-def test_explicit_devices_are_still_required(tmp_path):
-    res, doc = _invoke(["--synthetic", "3,10,12", "--devices", "cpu,trn1", "--json", str(tmp_path / "c.json")],
+def test_explicit_devices_are_still_required(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # no GPU, on any machine
+    res, doc = _invoke(["--synthetic", "3,10,12", "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")],
                        tmp_path)
-    assert res.exit_code == 2 and doc["summary"]["not_run"] == ["trn1"]
-    assert doc["devices_requested"] == "cpu,trn1" and "present here" not in res.output
+    assert res.exit_code == 2 and doc["summary"]["not_run"] == ["cuda"]
+    assert doc["devices_requested"] == "cpu,cuda" and "present here" not in res.output
+    # the reason is in the error line on stderr, not only in the table on stdout
+    assert res.output.strip().splitlines()[-1].startswith("error: not run: cuda (")
 
 
 def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
@@ -158,3 +156,9 @@ def test_bad_numbers_are_one_error_line(args, msg):
     res, _ = _invoke(args)
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], res.output
+
+
+def test_verdict_when_no_device_ran(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res, _ = _invoke(["--synthetic", "3,10,12", "--devices", "cuda"])
+    assert res.exit_code == 2 and "(no device ran)" in res.output and "against None" not in res.output
