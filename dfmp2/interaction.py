@@ -322,7 +322,8 @@ class InteractionResult:
                           f"{e['e_mp2']:.10f}", f"{e['e_scs_mp2']:.10f}", f"{run.seconds:.2f}")
             r.caption = (escape(f"{full.basis} / {full.auxbasis} / "
                                 f"{'DF-RHF (' + str(full.jk_auxbasis) + ')' if full.scf_mode == 'df' else 'RHF'}"
-                                f"; {'frozen core' if full.frozen_core else 'all-electron'}; "
+                                f"; {'frozen core' if full.frozen_core else 'all electrons correlated'}"
+                                f"{'; ECP ' + full.ecp['name'] if full.ecp else ''}; "
                                 f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}; "
                                 f"total {self.seconds:.2f} s"))
             console.print(r)
