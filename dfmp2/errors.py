@@ -38,10 +38,13 @@ class SCFNotConvergedError(InputError):
 
 
 class MemoryLimitError(InputError):
-    """The run's memory estimate exceeds the limit; raised before the heavy work."""
+    """The run's memory estimate exceeds the limit; raised before the heavy work. ``need_mb``:
+    the least memory (MB) the refusing stage could run in; ``limit_mb``: the limit it met."""
 
-    def __init__(self, *args, option: str | None = "memory_mb"):
+    def __init__(self, *args, option: str | None = "memory_mb", need_mb: float | None = None,
+                 limit_mb: float | None = None):
         super().__init__(*args, option=option)
+        self.need_mb, self.limit_mb = need_mb, limit_mb
 
 
 # The CLI flag of an option (a RunOptions field or a command's parameter): '--' + the name with

@@ -261,7 +261,7 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     raise MemoryLimitError(
         f"this run needs at least {need:.3g} MB ({where}, auxiliary block {aux_min}, {blocks}) "
         f"but the memory limit is {limit:.3g} MB (nocc {nocc}, nvir {nvir}, naux {naux}); "
-        f"raise the memory limit or use a smaller basis")
+        f"raise the memory limit or use a smaller basis", need_mb=need, limit_mb=limit)
 
 
 def _min_mb(shapes, aux_min, occ_min, storage) -> float:

@@ -23,7 +23,7 @@ import linalg
 from linalg import DTYPES
 
 from . import checkpoint, dfhf, integrals, memory, outputs, scf
-from .errors import InputError
+from .errors import InputError, MemoryLimitError
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
 from .options import RunOptions
@@ -264,11 +264,19 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     # UHF: B^alpha and B^beta are both resident; the plan counts them as one B of all active
     # occupied orbitals by the widest channel's virtuals (an upper bound on both stores together,
     # and the widest pair workspace)
-    plan = stage_plan(job.mol, job.auxmol, options, job.backend, job.precision, nocc=space.nocc_active,
-                      nvir=space.nvir_max, occ_block=ck.occ_block if ck is not None else None, engine=job.engine)
-    scf_block_mb = dfhf.JK_BLOCK_MB
-    if options.scf_mode == "df" and not job.unrestricted and not (ck is not None and ck.has_scf):
-        scf_block_mb = _plan_scf(job.mol, job.backend, plan)
+    ours = options.scf_mode == "df" and not job.unrestricted and not (ck is not None and ck.has_scf)
+    try:
+        plan = stage_plan(job.mol, job.auxmol, options, job.backend, job.precision, nocc=space.nocc_active,
+                          nvir=space.nvir_max, occ_block=ck.occ_block if ck is not None else None,
+                          engine=job.engine)
+    except MemoryLimitError as e:       # the whole run's minimum, not the first stage's that refused
+        scf_mb = _scf_memory(job.mol, job.backend, 1e-9)["peak"] if ours else 0.0
+        if e.need_mb is None or scf_mb <= e.need_mb:
+            raise
+        raise MemoryLimitError(f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
+                               f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
+                               "memory limit", need_mb=scf_mb, limit_mb=e.limit_mb) from None
+    scf_block_mb = _plan_scf(job.mol, job.backend, plan) if ours else dfhf.JK_BLOCK_MB
     if on_plan is not None:
         on_plan(plan)
     say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
@@ -303,13 +311,22 @@ def _plan_scf(mol, backend, plan: MemoryPlan) -> float:
     if missing:
         raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
                                             f"{', '.join(missing)}", alternatives=("cpu",))
-    naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
-    itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
-    need = dfhf.check_memory(mol.nao_nr(), naux_jk, mol.nelectron // 2, itemsize, plan.limit_mb)
+    need = _scf_memory(mol, backend, limit_mb=plan.limit_mb)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
-    plan.shapes["naux_jk"] = naux_jk
+    plan.shapes["naux_jk"] = need["naux_jk"]
     return need["block_mb"]
+
+
+def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float | None = None) -> dict:
+    """Our DF-SCF's memory (dfhf.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
+    ``block_mb``, or, given ``limit_mb``, the largest block that fits (dfhf.check_memory:
+    MemoryLimitError when none does)."""
+    naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
+    itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
+    args = (mol.nao_nr(), naux_jk, mol.nelectron // 2, itemsize)
+    need = dfhf.check_memory(*args, limit_mb) if limit_mb is not None else dfhf.memory_mb(*args, block_mb)
+    return {**need, "naux_jk": naux_jk}
 
 
 def _largest_shell(auxmol) -> int:

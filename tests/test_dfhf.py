@@ -194,3 +194,18 @@ def test_not_converged_says_what_did_not_converge_and_a_looser_threshold_helps()
     assert loose.ran["scf"]["conv_tol_grad"] == 1e-6 and tight.ran["scf"]["conv_tol_grad"] == 1e-9
     assert loose.ran["scf"]["iterations"] < tight.ran["scf"]["iterations"]
     assert abs(loose.e_hf - tight.e_hf) < 1e-9
+
+
+def test_memory_refusal_gives_the_whole_runs_minimum(no_scf):
+    """--memory 5MB on benzene said 5.85 MB (the MP2 stage), then at 6 MB that the SCF needs 61 MB:
+    the first refusal now gives the whole run's minimum (issue 29, item 16)."""
+    path = INPUTS / "benzene.xyz"
+    with pytest.raises(MemoryLimitError) as e:
+        run(path, RunOptions(memory_mb=5.0))
+    scf_min = e.value.need_mb
+    assert str(e.value).startswith(f"this run needs at least {scf_min:.3g} MB (the DF-SCF; the MP2 stage after it")
+    assert scf_min > 50 and e.value.limit_mb == 5.0
+    with pytest.raises(MemoryLimitError, match="the DF-SCF needs about"):     # just above the MP2 stage's
+        run(path, RunOptions(memory_mb=6.0))
+    with pytest.raises(MemoryLimitError, match=r"^this run needs at least 5.85 MB \(with B on disk"):
+        run(path, RunOptions(memory_mb=5.0, scf_mode="pyscf-df"))          # no DF-SCF of ours: the MP2 stage's
