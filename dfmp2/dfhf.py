@@ -101,9 +101,7 @@ class JKFactor:
 
     def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str):
         self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
-        self.host_memory = backend.caps.host_memory          # B's tensors are host arrays
-        dev = B.device
-        r, c = torch.tril_indices(nao, nao, device=dev)
+        r, c = torch.tril_indices(nao, nao, device=B.device)
         self.lower = (r * nao + c)                       # flat index of (μ, ν), μ >= ν
         self.offdiag_weight = torch.where(r == c, 1.0, 2.0).to(dtype=B.dtype)
 
