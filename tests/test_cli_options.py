@@ -139,7 +139,7 @@ def test_interrupt_is_one_line_and_130(monkeypatch):
     ({"basis": "no-such-basis"}, "basis", "choose another basis (--basis)"),
     ({"reference": "rohf"}, "reference", "use a UHF reference (the default for open shells) (--reference)"),
     ({"multiplicity": 0}, "multiplicity", "3 for a triplet) (--multiplicity)"),
-    ({"memory_mb": 0.01}, "memory_mb", "or use a smaller basis (--memory)"),
+    ({"memory_mb": 0.01}, "memory_mb", "raise the memory limit (--memory)"),
 ])
 def test_library_errors_name_no_flag_but_the_cli_line_does(no_scf, options, option, line_end):
     with pytest.raises(InputError) as e:
