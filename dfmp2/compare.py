@@ -30,8 +30,8 @@ import click
 import linalg
 from linalg.cuda import AUTO_RULE
 
-from .cli_options import (device_options, fail, molecule_options, resource_options, run_options,
-                          scf_options, user_errors)
+from .cli_options import (device_options, fail, molecule_options, printing, resource_options,
+                          run_options, scf_options, stdout_console, user_errors)
 from .errors import InputError, error_line
 
 TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
@@ -242,11 +242,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     Exit status: 0 agreement, 1 a difference beyond --tol or a device not bit-reproducible run to
     run, 2 bad input or a requested device that could not run.
     """
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = stdout_console(width=160)
     if (xyz_file is None) == (synthetic is None):
         raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
     options = run_options(params)           # options.device: each of the devices in turn
@@ -254,10 +250,11 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     absent = {}
     if devices is None:
         names, absent = linalg.present_devices(precision)   # --devices' default
-        console.print(f"devices: {', '.join(names)} (present here)"
-                      + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
-                         if absent else "")
-                      + ". Name devices with --devices to require them.", highlight=False)
+        with printing():
+            console.print(f"devices: {', '.join(names)} (present here)"
+                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
+                             if absent else "")
+                          + ". Name devices with --devices to require them.", highlight=False)
     else:
         names = parse_devices(devices)
     tol = TOLERANCES[precision] if tolerance is None else tolerance
@@ -278,8 +275,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
         title, problem_doc, ran = _compare_molecule(xyz_file, options, repeat, ready)
     runs = sorted(runs + ran, key=lambda r: names.index(r.device))
     summary = compare_runs(runs, tol)
-    render(runs, summary, title, console)
-    if json_path:
+    if json_path:               # before the table: a stdout that fails must not lose the result
         from .result import software_versions
         write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                "problem": problem_doc, "precision": precision, "repeat": repeat,
@@ -287,6 +283,8 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
                                "devices_not_present": absent,
                                "summary": summary, "devices": [asdict(r) for r in runs],
                                "versions": software_versions(), "units": {"energies": "hartree"}})
+    with printing(written=(json_path,)):
+        render(runs, summary, title, console)
     if summary["not_run"]:
         fail(f"not run on {', '.join(summary['not_run'])} (reasons above)")
     if not summary["passed"]:
