@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, file_kind
 
 FORMAT = "dfmp2-checkpoint"
 FORMAT_VERSION = 2                  # 2: crc32 on every dataset read back
@@ -109,15 +109,6 @@ def _mismatch(path, stored: dict, current: dict) -> str | None:
     return None
 
 
-def _kind(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
 def check_regular(path, option: str) -> None:
     """CheckpointError (one line, ``option``: 'checkpoint' or 'resume') when ``path`` exists and
     is not a regular file (after links): HDF5 cannot keep a checkpoint in /dev/null, a FIFO or a
@@ -129,7 +120,7 @@ def check_regular(path, option: str) -> None:
     except OSError as e:
         raise CheckpointError(f"checkpoint {path}: {e.strerror}", option=option) from None
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"checkpoint {path} is {_kind(st.st_mode)}, not a regular file; give the "
+        raise CheckpointError(f"checkpoint {path} is {file_kind(st.st_mode)}, not a regular file; give the "
                               "path of a checkpoint file", option=option)
 
 

@@ -15,14 +15,16 @@ for every fragment or for none. These lines are not atoms (line 1 counts atoms o
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from pyscf.data.elements import ELEMENTS
 
-from .errors import InputError, shown
+from .errors import InputError, file_kind, shown
 
 _KNOWN = {s.upper(): s for s in ELEMENTS[1:]}
 # the value is everything up to a space, comma or semicolon, so 'charge=2.5' is seen whole and
@@ -32,6 +34,7 @@ _MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([^\s,;]*)", re.IGNORECASE
 _INT_RE = re.compile(r"[+-]?[0-9]{1,6}", re.ASCII)
 _COUNT_RE = re.compile(r"[+-]?[0-9]{1,9}", re.ASCII)
 _STATE_RE = re.compile(r"\s*([+-]?[0-9]{1,6})\s+([+-]?[0-9]{1,6})\s*", re.ASCII)   # 'charge mult' 
+MAX_INPUT_BYTES = 64 * 1000**2   # 64 MB: a million atom lines; an input is read whole, so bounded
 MAX_COORD_ANGSTROM = 1e5   # 10 µm: far beyond any molecule, well inside where r² stays finite
 
 
@@ -183,20 +186,39 @@ def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
     return n
 
 
-def read_input_text(path, expected: str) -> str:
-    """The UTF-8 text of an input file; a missing file, a directory (``expected`` names what was
-    expected instead, e.g. 'an .xyz file'), non-UTF-8 bytes or a read error is an InputError."""
+def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of an input file, at most ``max_bytes`` bytes; a missing file, a directory
+    (``expected`` names what was expected instead, e.g. 'an .xyz file'), a device or socket
+    (/dev/zero would be read until memory runs out), a larger file, non-UTF-8 bytes or a read error
+    is an InputError. A FIFO is read (``<(...)``, ``/dev/stdin`` from a pipe), up to the bound."""
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, expected {expected}")
     try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory, expected {expected}")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        raise InputError(f"{path}: is {file_kind(st.st_mode)}, not a file; expected {expected}")
+    too_big = f"{path}: larger than {max_bytes / 1e6:g} MB, far more than any molecule; expected {expected}"
+    if st.st_size > max_bytes:             # a regular file's size is known before reading it
+        raise InputError(too_big)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to read the file") from None
+    if len(data) > max_bytes:
+        raise InputError(too_big)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")    # as text mode reads it
 
 
 def read_xyz(path) -> Geometry:

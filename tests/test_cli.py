@@ -90,6 +90,42 @@ def test_missing_file(tmp_path):
     assert_one_line_error(run_cli(["run", str(tmp_path / "nope.xyz")]), "no such file")
 
 
+def test_devices_are_refused_without_reading_them():
+    """`dfmp2 run /dev/zero` read until the OOM killer came (issue 29, round 3)."""
+    for dev in ("/dev/zero", "/dev/urandom"):
+        assert_one_line_error(run_cli(["run", dev]), f"{dev}: is a character device, not a file")
+
+
+def test_inputs_larger_than_the_bound_are_refused_unread(tmp_path):
+    from dfmp2 import xyz
+    big = tmp_path / "big.xyz"
+    with open(big, "wb") as f:           # sparse: 4 GB on paper, nothing on disk
+        f.truncate(4 * 1024**3)
+    import resource
+    # as in the issue: under a 3 GB address-space limit the whole read was a MemoryError traceback
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(big)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30,) * 2))
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == f"error: {big}: larger than 64 MB, far more than any " \
+        "molecule; expected an .xyz file"
+    big.rename(big.with_suffix(".json"))
+    assert_one_line_error(run_cli(["run", str(big.with_suffix(".json"))]), "larger than 64 MB")
+    with pytest.raises(InputError, match="larger than 1e-05 MB"):   # a FIFO's bound is on what is read
+        xyz.read_input_text(write(tmp_path, WATER.format(comment="")), "an .xyz file", max_bytes=10)
+
+
+def test_fifo_input_is_read(tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "mol.xyz"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(WATER.format(comment="")))
+    writer.start()
+    from dfmp2.xyz import read_xyz
+    assert read_xyz(fifo).natm == 3
+    writer.join()
+
+
 def test_charge_option_makes_odd(tmp_path):
     assert_one_line_error(run_cli(["run", write(tmp_path, WATER.format(comment="")), "--charge", "1",
                                    "--multiplicity", "1"]), "9 electrons cannot have multiplicity 1")
