@@ -170,7 +170,7 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     err = Console(stderr=True)
     options = run_options(params)
     ck, resume = options.checkpoint, options.resume
-    if json_path:       # before any work: a JSON that cannot be written fails now, not after the run
+    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
         check_output_file(json_path, "--json", not_same_as=[
             ("input", xyz_file), ("checkpoint", ck), ("checkpoint", resume)])
     qc = _qcschema_path(xyz_file, qcschema_path, json_path, ck, resume)
@@ -211,10 +211,10 @@ def _qcschema_path(input_path, qcschema_path, *others):
     """The qcschema module when the run reads or writes QCSchema (qcelemental checked now, before
     any work), else None; ``--qcschema`` is checked like ``--json``."""
     from . import qcschema
-    if not (qcschema_path or qcschema.is_qcschema_path(input_path)):
+    if qcschema_path is None and not qcschema.is_qcschema_path(input_path):
         return None
     qcschema.models()
-    if qcschema_path:
+    if qcschema_path is not None:       # '' too: refused as no file name
         json_path, ck, resume = others
         check_output_file(qcschema_path, "--qcschema", not_same_as=[
             ("input", input_path), ("--json", json_path), ("checkpoint", ck), ("checkpoint", resume)])
@@ -260,7 +260,7 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
     frags = resolve_fragments(geom, fragments, fragment_charges, fragment_multiplicities,
                               params["charge"], params["multiplicity"])
     options = run_options(params)
-    if json_path:       # before any work
+    if json_path is not None:       # before any work ('' too: refused as no file name)
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))

@@ -31,7 +31,8 @@ from rich.console import Console
 from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE
 
-from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag
+from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
+                     one_line)
 from .options import (DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
                       REFERENCES, SCF_MODES, STORAGE_CHOICES, RunOptions)
 
@@ -132,11 +133,12 @@ checkpoint_options = _group("checkpoint")
 
 
 def parse_memory(value: str | None) -> float | None:
-    """'4000', '4000MB', '4GB', '512MiB' -> MB (10^6 bytes)."""
+    """'4000', '4000MB', '4GB', '512MiB', '1TB', '1TiB' -> MB (10^6 bytes)."""
     if value is None:
         return None
     s = value.strip().upper().replace(" ", "")
-    units = {"GIB": 1024**3 / 1e6, "MIB": 1024**2 / 1e6, "GB": 1e3, "MB": 1.0, "G": 1e3, "M": 1.0}
+    units = {"TIB": 1024**4 / 1e6, "GIB": 1024**3 / 1e6, "MIB": 1024**2 / 1e6, "TB": 1e6, "GB": 1e3,
+             "MB": 1.0, "T": 1e6, "G": 1e3, "M": 1.0}
     for u, f in units.items():
         if s.endswith(u):
             s, factor = s[: -len(u)], f
@@ -169,8 +171,9 @@ def run_options(params: dict, **fixed) -> RunOptions:
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR):
-    """End the command with one ``error:`` line on stderr and exit status ``code``."""
-    click.echo(f"error: {message}", err=True)
+    """End the command with one ``error:`` line on stderr and exit status ``code``; a newline in
+    the message (from a path or a basis name) is escaped, so the line stays one."""
+    click.echo(f"error: {one_line(message)}", err=True)
     sys.exit(code)
 
 

@@ -261,7 +261,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     if not 0 < tol < math.inf:
         raise InputError(f"--tol must be a positive finite number, got {tolerance}")
     _check_cuda_only(options, names)
-    if json_path:               # before any work: a JSON that cannot be written fails now
+    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
         from .outputs import check_output_file
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     backends = {d: check_device(d, precision, options.simulate, options.pair_kernel) for d in names}

@@ -70,10 +70,15 @@ def error_line(e: Exception) -> str:
     return f"{line}; or use {' or '.join(hints)}" if hints else line
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters (newlines included) escaped as Python writes them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def shown(text: str, limit: int = 60) -> str:
     """User text as quoted in an error line: stripped, control characters (newlines included)
     escaped so the message stays one line, and shortened to ``limit`` characters."""
-    t = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text).strip())
+    t = one_line(str(text).strip())
     return t if len(t) <= limit else t[:limit] + "..."
 
 

@@ -301,7 +301,7 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
                 console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}",
                               markup=False)
         return
-    if json_path:               # before any case runs: a JSON that cannot be written fails now
+    if json_path is not None:   # before any case runs: a JSON that cannot be written fails now ('' too)
         check_output_file(json_path, "--json",
                           not_same_as=[("reference file", ref_path if ref_path else REFERENCES)])
     from .pipeline import make_backend
