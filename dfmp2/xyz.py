@@ -180,8 +180,8 @@ def _fragments(numbered, source: str) -> tuple:
 
 def _check_comment_keys(comment: str, where: str) -> None:
     """Refuse the ``key=value`` words that look like a molecule's state but would be ignored:
-    ``spin=`` (2S in PySCF, S in other programs: ambiguous) and near-misses of charge and multiplicity
-    (``chrage=``). Other ``key=value`` words are free text (extended-XYZ writers put
+    ``spin=`` (2S in PySCF, S in other programs: ambiguous) and near-misses of charge and
+    multiplicity (``chrage=``). Other ``key=value`` words are free text (extended-XYZ writers put
     ``Lattice=``, ``Properties=`` or ``energy=`` there), as is everything else."""
     for key in _KEY_RE.findall(comment):
         k = key.lower()
