@@ -36,12 +36,14 @@ CheckpointError line: a flipped bit on disk never turns into a wrong energy.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, file_kind
 
 FORMAT = "dfmp2-checkpoint"
 FORMAT_VERSION = 2                  # 2: crc32 on every dataset read back
@@ -107,6 +109,21 @@ def _mismatch(path, stored: dict, current: dict) -> str | None:
     return None
 
 
+def check_regular(path, option: str) -> None:
+    """CheckpointError (one line, ``option``: 'checkpoint' or 'resume') when ``path`` exists and
+    is not a regular file (after links): HDF5 cannot keep a checkpoint in /dev/null, a FIFO or a
+    directory, and fails there with an internal error rather than a message."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: {e.strerror}", option=option) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"checkpoint {path} is {file_kind(st.st_mode)}, not a regular file; give the "
+                              "path of a checkpoint file", option=option)
+
+
 class Checkpoint:
     """An open checkpoint file (h5py, read-write). Use ``create`` or ``resume``."""
 
@@ -119,6 +136,7 @@ class Checkpoint:
         """A new checkpoint at ``path``; refuses to overwrite an existing file."""
         import h5py
         path = Path(path)
+        check_regular(path, "checkpoint")
         if path.exists():
             raise CheckpointError(f"checkpoint {path} already exists; resume it, or remove it to start "
                                   "afresh", option="checkpoint")
@@ -145,12 +163,14 @@ class Checkpoint:
     @classmethod
     def resume(cls, path, fp: dict) -> "Checkpoint":
         """Open ``path`` for resuming a run with fingerprint ``fp``; CheckpointError (one line)
-        when it is missing, not a dfmp2 checkpoint, corrupted or written for another run."""
+        when it is missing, not a regular file, not a dfmp2 checkpoint, corrupted or written for
+        another run."""
         import h5py
         path = Path(path)
         if not path.exists():
             raise CheckpointError(f"checkpoint {path} does not exist; start a run that writes a checkpoint "
                                   "there, then resume it", option="resume")
+        check_regular(path, "resume")
         try:
             f = h5py.File(path, "r+")
         except OSError as e:

@@ -12,8 +12,8 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .cli_options import (checkpoint_options, device_options, molecule_options, resource_options,
-                          run_options, scf_options, user_errors)
+from .cli_options import (checkpoint_options, device_options, molecule_options, printing,
+                          resource_options, run_options, scf_options, stdout_console, user_errors)
 from .errors import EXIT_INTERRUPTED, Terminated
 from .outputs import check_output_file, write_text
 
@@ -166,11 +166,11 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     from .pipeline import run_geometry
     from .xyz import read_xyz
 
-    console = Console()
+    console = stdout_console()
     err = Console(stderr=True)
     options = run_options(params)
     ck, resume = options.checkpoint, options.resume
-    if json_path:       # before any work: a JSON that cannot be written fails now, not after the run
+    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
         check_output_file(json_path, "--json", not_same_as=[
             ("input", xyz_file), ("checkpoint", ck), ("checkpoint", resume)])
     qc = _qcschema_path(xyz_file, qcschema_path, json_path, ck, resume)
@@ -195,25 +195,26 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     finally:
         progress.close()
     qc_text = qc.atomic_result(inp, result) if qcschema_path else None   # validated before any output
-    result.render(console, quiet=quiet)
+    # the files first: a stdout that fails (full, or a reader gone) must not lose the result
     if json_path:
         result.write_json(json_path)
-        if not quiet:
-            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
     if qcschema_path:
         write_text(qcschema_path, qc_text)
-        if not quiet:
-            err.print(f"[dim]wrote {escape(str(qcschema_path))}[/dim]")
+    with printing(written=(json_path, qcschema_path)):
+        result.render(console, quiet=quiet)
+    for path in (json_path, qcschema_path):
+        if path and not quiet:
+            err.print(f"[dim]wrote {escape(str(path))}[/dim]")
 
 
 def _qcschema_path(input_path, qcschema_path, *others):
     """The qcschema module when the run reads or writes QCSchema (qcelemental checked now, before
     any work), else None; ``--qcschema`` is checked like ``--json``."""
     from . import qcschema
-    if not (qcschema_path or qcschema.is_qcschema_path(input_path)):
+    if qcschema_path is None and not qcschema.is_qcschema_path(input_path):
         return None
     qcschema.models()
-    if qcschema_path:
+    if qcschema_path is not None:       # '' too: refused as no file name
         json_path, ck, resume = others
         check_output_file(qcschema_path, "--qcschema", not_same_as=[
             ("input", input_path), ("--json", json_path), ("checkpoint", ck), ("checkpoint", resume)])
@@ -253,15 +254,13 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
     from .interaction import resolve_fragments, run_interaction
     from .xyz import read_xyz
 
-    console = Console()
-    if not console.is_terminal:      # files and pipes get the whole table
-        console = Console(width=120)
+    console = stdout_console(width=120)      # files and pipes get the whole table
     err = Console(stderr=True)
     geom = read_xyz(xyz_file)
     frags = resolve_fragments(geom, fragments, fragment_charges, fragment_multiplicities,
                               params["charge"], params["multiplicity"])
     options = run_options(params)
-    if json_path:       # before any work
+    if json_path is not None:       # before any work ('' too: refused as no file name)
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
@@ -270,11 +269,12 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
             result = run_interaction(geom, frags, options, log=log, progress=progress)
     finally:
         progress.close()
-    result.render(console, quiet=quiet)
-    if json_path:
+    if json_path:       # before the table: a stdout that fails must not lose the result
         result.write_json(json_path)
-        if not quiet:
-            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+    with printing(written=(json_path,)):
+        result.render(console, quiet=quiet)
+    if json_path and not quiet:
+        err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
 
 
 from .regress import regress_command  # noqa: E402

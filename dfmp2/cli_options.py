@@ -17,17 +17,22 @@ a field out with ``skip=(field, ...)`` and changes what differs for it with ``fi
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import math
+import os
 import sys
 
 import click
+from rich.console import Console
 
 from linalg import DeviceUnavailableError, KernelError
 from linalg.cuda import AUTO_RULE
 
-from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag
+from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
+                     one_line)
 from .options import (DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
                       REFERENCES, SCF_MODES, STORAGE_CHOICES, RunOptions)
 
@@ -129,11 +134,12 @@ checkpoint_options = _group("checkpoint")
 
 
 def parse_memory(value: str | None) -> float | None:
-    """'4000', '4000MB', '4GB', '512MiB' -> MB (10^6 bytes)."""
+    """'4000', '4000MB', '4GB', '512MiB', '1TB', '1TiB' -> MB (10^6 bytes)."""
     if value is None:
         return None
     s = value.strip().upper().replace(" ", "")
-    units = {"GIB": 1024**3 / 1e6, "MIB": 1024**2 / 1e6, "GB": 1e3, "MB": 1.0, "G": 1e3, "M": 1.0}
+    units = {"TIB": 1024**4 / 1e6, "GIB": 1024**3 / 1e6, "MIB": 1024**2 / 1e6, "TB": 1e6, "GB": 1e3,
+             "MB": 1.0, "T": 1e6, "G": 1e3, "M": 1.0}
     for u, f in units.items():
         if s.endswith(u):
             s, factor = s[: -len(u)], f
@@ -166,9 +172,61 @@ def run_options(params: dict, **fixed) -> RunOptions:
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR):
-    """End the command with one ``error:`` line on stderr and exit status ``code``."""
-    click.echo(f"error: {message}", err=True)
+    """End the command with one ``error:`` line on stderr and exit status ``code``; a newline in
+    the message (from a path or a basis name) is escaped, so the line stays one."""
+    click.echo(f"error: {one_line(message)}", err=True)
     sys.exit(code)
+
+
+class StdoutConsole(Console):
+    """A rich Console on stdout whose broken pipe raises BrokenPipeError (for ``printing``)
+    instead of rich's own ``SystemExit(1)``."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def stdout_console(**kw) -> StdoutConsole:
+    """The Console a command prints its tables with: 120 columns (``width``) when stdout is not a
+    terminal (files and pipes get the whole table), else the terminal's."""
+    console = StdoutConsole()
+    return console if console.is_terminal or "width" not in kw else StdoutConsole(**kw)
+
+
+STDOUT_FULL = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so the interpreter's last flush of what stdout still
+    buffers does not fail again (Python's advice for SIGPIPE); not possible on a captured stdout."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+@contextlib.contextmanager
+def printing(written=()):
+    """Around what a command prints on stdout, once the files it was asked for (``written``) are
+    written: a reader that went away (``| head``, EPIPE) ends the printing quietly and the command
+    goes on to its own exit status (0 for a finished run, compare's and regress's verdict), as
+    ``head`` users expect; a stdout that cannot take the text (/dev/full, a full disk: ENOSPC,
+    EIO) is one ``error:`` line on stderr and exit EXIT_USER_ERROR, the files already written stay."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+    except OSError as e:
+        if e.errno not in STDOUT_FULL:
+            raise
+        _stdout_to_devnull()
+        done = [str(p) for p in written if p]
+        fail(f"cannot write to standard output ({e.strerror})"
+             + (f"; {', '.join(done)} written" if done else ""))
 
 
 def user_errors(fn=None, *, interrupted=None):

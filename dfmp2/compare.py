@@ -30,8 +30,8 @@ import click
 import linalg
 from linalg.cuda import AUTO_RULE
 
-from .cli_options import (device_options, fail, molecule_options, resource_options, run_options,
-                          scf_options, user_errors)
+from .cli_options import (device_options, fail, molecule_options, printing, resource_options,
+                          run_options, scf_options, stdout_console, user_errors)
 from .errors import InputError, error_line
 
 TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
@@ -246,11 +246,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     Exit status: 0 agreement, 1 a difference beyond --tol or a device not bit-reproducible run to
     run, 2 bad input or a requested device that could not run.
     """
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = stdout_console(width=160)
     if (xyz_file is None) == (synthetic is None):
         raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
     options = run_options(params)           # options.device: each of the devices in turn
@@ -258,17 +254,18 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     absent = {}
     if devices is None:
         names, absent = linalg.present_devices(precision)   # --devices' default
-        console.print(f"devices: {', '.join(names)} (present here)"
-                      + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
-                         if absent else "")
-                      + ". Name devices with --devices to require them.", highlight=False)
+        with printing():
+            console.print(f"devices: {', '.join(names)} (present here)"
+                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
+                             if absent else "")
+                          + ". Name devices with --devices to require them.", highlight=False)
     else:
         names = parse_devices(devices)
     tol = TOLERANCES[precision] if tolerance is None else tolerance
     if not 0 < tol < math.inf:
         raise InputError(f"--tol must be a positive finite number, got {tolerance}")
     _check_cuda_only(options, names)
-    if json_path:               # before any work: a JSON that cannot be written fails now
+    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
         from .outputs import check_output_file
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     backends = {d: check_device(d, precision, options.simulate, options.pair_kernel) for d in names}
@@ -282,8 +279,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
         title, problem_doc, ran = _compare_molecule(xyz_file, options, repeat, ready)
     runs = sorted(runs + ran, key=lambda r: names.index(r.device))
     summary = compare_runs(runs, tol)
-    render(runs, summary, title, console)
-    if json_path:
+    if json_path:               # before the table: a stdout that fails must not lose the result
         from .result import software_versions
         write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                "problem": problem_doc, "precision": precision, "repeat": repeat,
@@ -291,6 +287,8 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
                                "devices_not_present": absent,
                                "summary": summary, "devices": [asdict(r) for r in runs],
                                "versions": software_versions(), "units": {"energies": "hartree"}})
+    with printing(written=(json_path,)):
+        render(runs, summary, title, console)
     if summary["not_run"]:               # the reasons on stderr too, not only in the table above
         fail("not run: " + "; ".join(f"{r.device} ({r.reason})" for r in runs if r.status != "ran"))
     if not summary["passed"]:

@@ -4,6 +4,8 @@ The CLI prints ``error: <message>`` for these and exits ``EXIT_USER_ERROR``, wit
 (dfmp2.cli_options.user_errors).
 """
 
+import stat
+
 EXIT_USER_ERROR = 2        # every command: bad input, a device that cannot run, a kernel that failed
 EXIT_INTERRUPTED = 130     # Ctrl-C (128 + SIGINT); SIGTERM and SIGHUP exit 128 + their number (143, 129)
 
@@ -71,8 +73,23 @@ def error_line(e: Exception) -> str:
     return f"{line}; or use {' or '.join(hints)}" if hints else line
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters (newlines included) escaped as Python writes them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def shown(text: str, limit: int = 60) -> str:
     """User text as quoted in an error line: stripped, control characters (newlines included)
     escaped so the message stays one line, and shortened to ``limit`` characters."""
-    t = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text).strip())
+    t = one_line(str(text).strip())
     return t if len(t) <= limit else t[:limit] + "..."
+
+
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for an error line ('a character device')."""
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return what
+    return "not a regular file"

@@ -14,7 +14,9 @@ in-memory one (``dfmp2.outofcore``).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, asdict, field
+from pathlib import Path
 
 from linalg.torch_ops import PAIR_CHUNK_ELEMS
 
@@ -32,21 +34,84 @@ STAGES = ("metric", "transform", "fit", "pair")
 
 
 def available_mb(device: str) -> float:
-    """Available memory on the device the big arrays live on (host for cpu and trn)."""
+    """Available memory on the device the big arrays live on (host for cpu and trn). On the host,
+    the smallest of what the machine has free (/proc/meminfo), what the address-space limit
+    (``ulimit -v``) leaves and what the cgroup's limit (a container's, a batch job's) leaves."""
     import linalg
     if not linalg.device_capabilities(device).host_memory:
         import torch
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free / MB
+    return min(mb for mb in (meminfo_mb(), rlimit_mb(), cgroup_mb()) if mb is not None)
+
+
+def meminfo_mb(path="/proc/meminfo") -> float:
+    """MemAvailable of /proc/meminfo (or the free pages sysconf counts where it is missing)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024 / MB
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / MB
+
+
+def rlimit_mb(status="/proc/self/status") -> float | None:
+    """What the soft address-space limit (RLIMIT_AS, ``ulimit -v``) leaves beyond the address
+    space already mapped (VmSize); None when there is no limit."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    used = 0
+    try:
+        with open(status) as f:
+            used = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmSize:")), 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(soft - used, 0) / MB
+
+
+CGROUP_UNLIMITED = 1 << 62    # cgroup v1 writes 'no limit' as a page-rounded 2**63 - 1
+
+
+def cgroup_mb(root="/sys/fs/cgroup", proc="/proc/self/cgroup") -> float | None:
+    """What the memory limits of this process's cgroup and its ancestors leave (limit minus
+    usage, the smallest): cgroup v2 ``memory.max`` - ``memory.current``, v1
+    ``memory.limit_in_bytes`` - ``memory.usage_in_bytes``. None without a limit."""
+    try:
+        with open(proc) as f:
+            entries = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        entries = []
+    found = []
+    for e in entries:
+        if len(e) != 3:
+            continue
+        if e[0] == "0" and e[1] == "":                       # v2: '0::/path'
+            found += _cgroup_left(Path(root), e[2], "memory.max", "memory.current")
+        elif "memory" in e[1].split(","):                     # v1: 'N:memory:/path'
+            found += _cgroup_left(Path(root) / "memory", e[2], "memory.limit_in_bytes",
+                                  "memory.usage_in_bytes")
+    return min(found) / MB if found else None
+
+
+def _cgroup_left(base: Path, rel: str, limit_file: str, usage_file: str) -> list:
+    """Bytes left under the limit of cgroup ``rel`` and of each ancestor found under ``base``
+    (a container may see only part of the tree); unlimited or unreadable ones left out."""
+    left, d = [], base / rel.strip("/")
+    for d in [d, *d.parents]:
+        try:
+            limit = (d / limit_file).read_text().strip()
+            usage = int((d / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            limit = None
+        if limit not in (None, "max") and limit.isdigit() and int(limit) < CGROUP_UNLIMITED:
+            left.append(max(int(limit) - usage, 0))
+        if d == base:
+            break
+    return left
 
 
 def pair_workspace_bytes(nrows: int, nvir: int) -> int:

@@ -75,7 +75,9 @@ def check_output_file(path, what: str, *, not_same_as=()) -> Path:
     ``option=``: the field it is about, ``_naming_option``).
     """
     p = Path(path)
-    if str(path) == "" or p.name in ("", ".", ".."):
+    if str(path) == "":
+        raise InputError(f"{what}: the path is empty; give a file name")
+    if p.name in ("", ".", ".."):
         raise InputError(f"{what}: '{path}' is not a file name")
     for label, other in not_same_as:
         if other is not None and _same(p, other):

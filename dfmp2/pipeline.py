@@ -229,6 +229,7 @@ class CheckpointSession:
         if o.resume:
             self.ck = checkpoint.Checkpoint.resume(o.resume, self.fp)
         elif o.checkpoint and Path(o.checkpoint).exists():
+            checkpoint.check_regular(o.checkpoint, "checkpoint")
             raise checkpoint.CheckpointError(
                 f"checkpoint {o.checkpoint} already exists; resume it, or remove it to start afresh",
                 option="checkpoint")

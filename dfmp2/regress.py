@@ -21,7 +21,8 @@ from pathlib import Path
 
 import click
 
-from .cli_options import device_options, resource_options, run_options, scf_options, user_errors
+from .cli_options import (device_options, printing, resource_options, run_options, scf_options,
+                          stdout_console, user_errors)
 from .errors import InputError
 from .options import RunOptions
 
@@ -279,9 +280,7 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
 
     from .outputs import check_output_file
 
-    console, err = Console(), Console(stderr=True)
-    if not console.is_terminal:          # piped or captured: don't squeeze the table to 80 columns
-        console = Console(width=160)
+    console, err = stdout_console(width=160), Console(stderr=True)   # piped: the whole table
     options = run_options(params)
     options.precision = precision = options.resolved_precision()
     tol = TOLERANCES[precision] if tolerance is None else tolerance
@@ -297,11 +296,12 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
     if not cases:
         raise InputError(f"no reference case matches {' '.join(names) or 'the subset'}; see --list")
     if list_only:
-        for e in cases:
-            console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}",
-                          markup=False)
+        with printing():
+            for e in cases:
+                console.print(f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}",
+                              markup=False)
         return
-    if json_path:               # before any case runs: a JSON that cannot be written fails now
+    if json_path is not None:   # before any case runs: a JSON that cannot be written fails now ('' too)
         check_output_file(json_path, "--json",
                           not_same_as=[("reference file", ref_path if ref_path else REFERENCES)])
     from .pipeline import make_backend
@@ -316,12 +316,14 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
             bar.update(task, description=f"[{n}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
             results.append(run_case(e, options, tolerance=tol))
             bar.advance(task)
-    render(results, console, options.device, precision, tol)
-    if json_path:
+    if json_path:               # before the table: a stdout that fails must not lose the result
         write_json(json_path, results, {"device": options.device, "simulate": options.simulate,
                                         "precision": precision, "tolerance": tol,
                                         "references": str(Path(ref_path) if ref_path else REFERENCES),
                                         "subset": subset, "names": list(names)})
+    with printing(written=(json_path,)):
+        render(results, console, options.device, precision, tol)
+    if json_path:
         err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
     if any(not r.passed for r in results):
         raise SystemExit(1)

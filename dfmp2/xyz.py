@@ -1,7 +1,8 @@
 """XYZ reader.
 
 Format: line 1 the atom count, line 2 a comment (may hold ``charge=N`` and
-``multiplicity=M``, integers), then one ``symbol x y z`` line per atom, coordinates in Ångström.
+``multiplicity=M``, integers, each once; ``spin=`` and near-misses of those keys are refused, other
+words are free text), then one ``symbol x y z`` line per atom, coordinates in Ångström.
 The symbol may be an atomic number. A line with more than four fields is refused rather than
 guessed at: extended-XYZ files put other things in those columns (``O 8 0.0 0.0 0.119`` is an
 atomic number before the coordinates, other writers append charges or forces). Coordinates
@@ -15,23 +16,30 @@ for every fragment or for none. These lines are not atoms (line 1 counts atoms o
 """
 from __future__ import annotations
 
+import difflib
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from pyscf.data.elements import ELEMENTS
 
-from .errors import InputError, shown
+from .errors import InputError, file_kind, shown
 
 _KNOWN = {s.upper(): s for s in ELEMENTS[1:]}
 # the value is everything up to a space, comma or semicolon, so 'charge=2.5' is seen whole and
 # refused instead of being read as 2
 _CHARGE_RE = re.compile(r"\bcharge\s*=\s*([^\s,;]*)", re.IGNORECASE)
 _MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([^\s,;]*)", re.IGNORECASE)
-_INT_RE = re.compile(r"[+-]?[0-9]{1,6}", re.ASCII)
+_INT_RE = re.compile(r"[+-]?([0-9]+)", re.ASCII)
+MAX_STATE_DIGITS = 6          # |charge| and multiplicity up to 999999: beyond any molecule
+_KEY_RE = re.compile(r"(?<![\w.-])([A-Za-z][\w-]*)\s*=")   # 'key=' anywhere on the comment line
+_STATE_KEYS = ("charge", "multiplicity", "mult")
 _COUNT_RE = re.compile(r"[+-]?[0-9]{1,9}", re.ASCII)
 _STATE_RE = re.compile(r"\s*([+-]?[0-9]{1,6})\s+([+-]?[0-9]{1,6})\s*", re.ASCII)   # 'charge mult' 
+MAX_INPUT_BYTES = 64 * 1000**2   # 64 MB: a million atom lines; an input is read whole, so bounded
 MAX_COORD_ANGSTROM = 1e5   # 10 µm: far beyond any molecule, well inside where r² stays finite
 
 
@@ -76,6 +84,7 @@ def _symbol(token: str, where: str) -> str:
 def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     """Parse XYZ text; errors name the file and line."""
     # only \n (and \r\n, \r) end a line, so line numbers are the ones an editor shows
+    text = text[1:] if text.startswith("\ufeff") else text       # a UTF-8 byte-order mark
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -122,6 +131,7 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
             raise InputError(f"{where}: coordinates must be within ±{MAX_COORD_ANGSTROM:g} Å, "
                              f"found '{shown(line)}'")
         coords.append(xyz)
+    _check_comment_keys(comment, f"{source}:2")
     return Geometry(symbols=tuple(symbols), coords_angstrom=np.array(coords, dtype=np.float64),
                     charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
                     multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
@@ -168,35 +178,81 @@ def _fragments(numbered, source: str) -> tuple:
     return atom_lines, tuple(out), tuple((q, m) for q, m, _ in given)
 
 
+def _check_comment_keys(comment: str, where: str) -> None:
+    """Refuse the ``key=value`` words that look like a molecule's state but would be ignored:
+    ``spin=`` (2S in PySCF, S in other programs: ambiguous) and near-misses of charge and
+    multiplicity (``chrage=``). Other ``key=value`` words are free text (extended-XYZ writers put
+    ``Lattice=``, ``Properties=`` or ``energy=`` there), as is everything else."""
+    for key in _KEY_RE.findall(comment):
+        k = key.lower()
+        if k in _STATE_KEYS:
+            continue
+        if k == "spin":
+            raise InputError(f"{where}: '{shown(key, 20)}=' is not read (2S or S?); give the spin "
+                             "as multiplicity=2S+1 (e.g. multiplicity=3 for a triplet)")
+        near = difflib.get_close_matches(k, _STATE_KEYS, n=1, cutoff=0.75)
+        if near:
+            raise InputError(f"{where}: unknown key '{shown(key, 20)}='; did you mean '{near[0]}='?")
+
+
 def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
     """The integer after ``what=`` on the comment line, None when absent; anything but an
     integer (2.5, 2e0, +) is an error rather than a truncation."""
-    m = regex.search(comment)
-    if m is None:
+    found = regex.findall(comment)
+    if not found:
         return None
-    value = m.group(1)
-    if not _INT_RE.fullmatch(value):
+    if len(found) > 1:
+        raise InputError(f"{where}: {what} is given {len(found)} times "
+                         f"({', '.join(repr(shown(v, 12)) for v in found)}); give it once")
+    value = found[0]
+    m = _INT_RE.fullmatch(value)
+    if m is None:
         raise InputError(f"{where}: {what} must be an integer, found '{shown(value, 30)}'")
+    if len(m.group(1).lstrip("0")) > MAX_STATE_DIGITS:
+        bound = ("±" if what == "charge" else "") + "9" * MAX_STATE_DIGITS
+        raise InputError(f"{where}: {what} {shown(value, 30)} is out of range (at most {bound})")
     n = int(value)
     if what == "multiplicity" and n < 1:
         raise InputError(f"{where}: multiplicity must be 1 or more (2S+1), found {n}")
     return n
 
 
-def read_input_text(path, expected: str) -> str:
-    """The UTF-8 text of an input file; a missing file, a directory (``expected`` names what was
-    expected instead, e.g. 'an .xyz file'), non-UTF-8 bytes or a read error is an InputError."""
+def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of an input file, at most ``max_bytes`` bytes; a missing file, a directory
+    (``expected`` names what was expected instead, e.g. 'an .xyz file'), a device or socket
+    (/dev/zero would be read until memory runs out), a larger file, non-UTF-8 bytes or a read error
+    is an InputError. A FIFO is read (``<(...)``, ``/dev/stdin`` from a pipe), up to the bound."""
+    if str(path) == "":
+        raise InputError(f"the input path is empty; expected {expected}")
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, expected {expected}")
     try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory, expected {expected}")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        raise InputError(f"{path}: is {file_kind(st.st_mode)}, not a file; expected {expected}")
+    too_big = f"{path}: larger than {max_bytes / 1e6:g} MB, far more than any molecule; expected {expected}"
+    if st.st_size > max_bytes:             # a regular file's size is known before reading it
+        raise InputError(too_big)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the file ({e.strerror or e.__class__.__name__})") from None
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to read the file") from None
+    if len(data) > max_bytes:
+        raise InputError(too_big)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
+    text = text[1:] if text.startswith("\ufeff") else text     # a BOM (Windows editors) is no text
+    return text.replace("\r\n", "\n").replace("\r", "\n")    # as text mode reads it
 
 
 def read_xyz(path) -> Geometry:

@@ -391,6 +391,28 @@ def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
         ["run", str(WATER), "--checkpoint", str(tmp_path / "a.h5"), "--resume", str(ck)])
 
 
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_non_regular_checkpoint_paths_are_refused_in_one_line(tmp_path, kind):
+    """--resume /dev/null was HDF5's 'RuntimeError: Can't decrement id ref count' (issue 29)."""
+    path = {"device": Path("/dev/null"), "fifo": tmp_path / "fifo", "directory": tmp_path / "d"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    for option in ("resume", "checkpoint"):
+        with pytest.raises(CheckpointError, match="not a regular file") as info:
+            if option == "resume":
+                checkpoint.Checkpoint.resume(path, {})
+            else:
+                checkpoint.Checkpoint.create(path, {}, occ_block=OCC_BLOCK)
+        assert info.value.option == option and " --" not in str(info.value)
+    if kind != "directory":       # click refuses a directory itself
+        for flag in ("--resume", "--checkpoint"):
+            msg = cli_error(["run", str(WATER), flag, str(path)])
+            assert "not a regular file" in msg and msg.endswith(f"({flag})"), msg
+    assert path.exists() and not path.is_file()
+
+
 def test_fingerprint_fields(water_checkpoint):
     with h5py.File(water_checkpoint[0], "r") as f:
         fp = json.loads(f.attrs["fingerprint"])

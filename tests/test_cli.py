@@ -68,6 +68,14 @@ BAD_XYZ = {
     "atom count beyond reason": ("9" * 5000 + "\n\nH 0 0 0\n", [":1:", "atom count"]),
     "binary junk": ("\x00\x01\x02\x7f\n\x00\n", [":1:", "atom count", "\\x00"]),
     "superscript digit as element": ("1\n\n\u00b2 0 0 0\n", [":3:", "unknown element"]),
+    # issue 29, round 3: the comment line's keys are read once, and none is ignored silently
+    "charge given twice": (WATER.format(comment="charge=1 charge=-1"), [":2:", "charge is given 2 times"]),
+    "multiplicity given twice": (WATER.format(comment="mult=1 multiplicity=3"),
+                                 [":2:", "multiplicity is given 2 times"]),
+    "spin key": (WATER.format(comment="spin=2"), [":2:", "'spin=' is not read", "multiplicity=2S+1"]),
+    "misspelt charge": (WATER.format(comment="chrage=1"), [":2:", "unknown key 'chrage='", "'charge='"]),
+    "charge out of range": (WATER.format(comment="charge=1000000"), [":2:", "charge 1000000 is out of range"]),
+    "multiplicity out of range": (WATER.format(comment="multiplicity=" + "9" * 40), [":2:", "out of range"]),
 }
 
 
@@ -88,6 +96,66 @@ def test_non_utf8_file(tmp_path):
 
 def test_missing_file(tmp_path):
     assert_one_line_error(run_cli(["run", str(tmp_path / "nope.xyz")]), "no such file")
+
+
+def test_devices_are_refused_without_reading_them():
+    """`dfmp2 run /dev/zero` read until the OOM killer came (issue 29, round 3)."""
+    for dev in ("/dev/zero", "/dev/urandom"):
+        assert_one_line_error(run_cli(["run", dev]), f"{dev}: is a character device, not a file")
+
+
+def test_inputs_larger_than_the_bound_are_refused_unread(tmp_path):
+    from dfmp2 import xyz
+    big = tmp_path / "big.xyz"
+    with open(big, "wb") as f:           # sparse: 4 GB on paper, nothing on disk
+        f.truncate(4 * 1024**3)
+    import resource
+    # as in the issue: under a 3 GB address-space limit the whole read was a MemoryError traceback
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(big)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30,) * 2))
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == f"error: {big}: larger than 64 MB, far more than any " \
+        "molecule; expected an .xyz file"
+    big.rename(big.with_suffix(".json"))
+    assert_one_line_error(run_cli(["run", str(big.with_suffix(".json"))]), "larger than 64 MB")
+    with pytest.raises(InputError, match="larger than 1e-05 MB"):   # a FIFO's bound is on what is read
+        xyz.read_input_text(write(tmp_path, WATER.format(comment="")), "an .xyz file", max_bytes=10)
+
+
+def test_fifo_input_is_read(tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "mol.xyz"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(WATER.format(comment="")))
+    writer.start()
+    from dfmp2.xyz import read_xyz
+    assert read_xyz(fifo).natm == 3
+    writer.join()
+
+
+def test_byte_order_mark_and_free_text_comments_are_read(tmp_path):
+    p = tmp_path / "bom.xyz"
+    p.write_bytes(b"\xef\xbb\xbf" + WATER.format(comment="water charge=0 energy=-76.4 Lattice=\"1 0 0\"").encode())
+    from dfmp2.xyz import read_xyz
+    g = read_xyz(p)
+    assert g.natm == 3 and g.charge == 0 and g.comment.startswith("water")
+    assert read_xyz(write(tmp_path, WATER.format(comment="charge=-000001"))).charge == -1
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--json", ""], "--json: the path is empty"),
+    (["--qcschema", ""], "--qcschema: the path is empty"),
+    (["--basis", "cc-pv\ndz"], "basis 'cc-pv\\ndz' is not defined"),
+])
+def test_empty_output_paths_and_newlines_are_one_line(tmp_path, args, fragment):
+    res = run_cli(["run", str(INPUTS / "water.xyz")] + args)
+    assert_one_line_error(res, fragment)
+
+
+def test_empty_and_newline_input_paths(tmp_path):
+    assert_one_line_error(run_cli(["run", ""]), "the input path is empty")
+    assert_one_line_error(run_cli(["run", str(tmp_path / "a\nb.xyz")]), "a\\nb.xyz: no such file")
 
 
 def test_charge_option_makes_odd(tmp_path):
@@ -140,6 +208,8 @@ def test_device_and_option_errors(args, fragment, monkeypatch):
 def test_parse_memory():
     assert parse_memory("4GB") == 4000 and parse_memory("512") == 512
     assert parse_memory("1GiB") == pytest.approx(1073.741824)
+    assert parse_memory("1TB") == parse_memory("1T") == parse_memory("1 tb") == 1e6
+    assert parse_memory("1TiB") == pytest.approx(1099511.627776)
     for bad in ("-1GB", "nan", "-inf", "1e400", "1e400MB", "NaNGiB"):
         with pytest.raises(InputError):
             parse_memory(bad)

@@ -100,3 +100,58 @@ def test_plan_fits_or_fails_below_the_minimum(nao, nocc, vir_extra, aux_ratio, i
         assert p.out_of_core
     elif storage == "memory" or p.in_memory_mb > limit:
         assert p.out_of_core == (storage != "memory")
+
+
+def _files(root, files: dict):
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_cgroup_v2_limit_left_is_the_smallest_over_the_ancestors(tmp_path):
+    """The default limit read /proc/meminfo only (issue 29, round 3): a container's cgroup limit
+    was ignored."""
+    _files(tmp_path, {"proc": "0::/job/step\n", "cg/memory.max": "max\n", "cg/memory.current": "9\n",
+                      "cg/job/memory.max": "3000000000\n", "cg/job/memory.current": "1000000000\n",
+                      "cg/job/step/memory.max": "max\n", "cg/job/step/memory.current": "5\n"})
+    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == pytest.approx(2000)
+    _files(tmp_path, {"cg/job/step/memory.max": "1500000000\n", "cg/job/step/memory.current": "500000000\n"})
+    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == pytest.approx(1000)
+    _files(tmp_path, {"proc": "0::/elsewhere\n"})      # a namespace that shows only the root
+    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") is None
+
+
+def test_cgroup_v1_limit_and_its_unlimited_value(tmp_path):
+    _files(tmp_path, {"proc": "5:cpu,cpuacct:/x\n4:memory:/job\n0::/\n",
+                      "cg/memory/memory.limit_in_bytes": "9223372036854771712\n",
+                      "cg/memory/memory.usage_in_bytes": "551567360\n"})
+    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") is None
+    _files(tmp_path, {"cg/memory/job/memory.limit_in_bytes": "2000000000\n",
+                      "cg/memory/job/memory.usage_in_bytes": "2500000000\n"})
+    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == 0      # over its limit: nothing left
+
+
+def test_available_host_memory_is_the_smallest_limit(monkeypatch):
+    monkeypatch.setattr(memory, "meminfo_mb", lambda: 64000.0)
+    monkeypatch.setattr(memory, "rlimit_mb", lambda: None)
+    monkeypatch.setattr(memory, "cgroup_mb", lambda: None)
+    assert memory.available_mb("cpu") == 64000
+    monkeypatch.setattr(memory, "cgroup_mb", lambda: 3000.0)
+    assert memory.available_mb("cpu") == 3000
+    monkeypatch.setattr(memory, "rlimit_mb", lambda: 1200.0)
+    assert memory.available_mb("cpu") == 1200
+
+
+def test_ulimit_v_bounds_the_default_limit():
+    """A real RLIMIT_AS in a child process (the test process keeps its own limits)."""
+    import resource
+    import subprocess
+    import sys
+    code = ("from dfmp2 import memory; print(memory.rlimit_mb(), memory.available_mb('cpu'), "
+            "memory.meminfo_mb())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30,) * 2))
+    assert p.returncode == 0, p.stderr
+    left, avail, meminfo = map(float, p.stdout.split())
+    assert 0 < left < (4 << 30) / 1e6 and avail <= min(left, meminfo)

@@ -10,6 +10,8 @@ not even root creates files) and a private character device that behaves as /dev
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -325,3 +327,39 @@ def test_regress_and_compare_tables_print_markup_as_text():
     text = con.export_text()
     for s in ("[bold]m[/x]", "file [/x].xyz: bad", "mol[/x].xyz", "no [/gpu] here"):
         assert s in text, s
+
+
+ROOT = Path(__file__).resolve().parent.parent
+WATER = ROOT / "inputs" / "water.xyz"
+
+
+def _dfmp2(args, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "dfmp2.cli", *args], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_full_stdout_keeps_the_json_and_is_one_error(tmp_path):
+    """`dfmp2 run ... --json x.json >/dev/full` was a rich traceback, exit 1, and no x.json
+    (issue 29, round 3): the files are written before the table, the full stdout is one line."""
+    out = tmp_path / "x.json"
+    with open("/dev/full", "w") as full:
+        p = _dfmp2(["run", str(WATER), "--json", str(out)], stdout=full)
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == f"error: cannot write to standard output (No space left on device); {out} written"
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert json.loads(out.read_text())["energies"]["e_mp2"] < 0
+
+
+def test_closed_pipe_ends_quietly_with_the_json_written(tmp_path):
+    """`dfmp2 run ... | head -1`: a reader gone before the table ends the printing quietly; the run
+    exits 0 (it finished and wrote its files)."""
+    out = tmp_path / "x.json"
+    p = _dfmp2(["run", str(WATER), "--json", str(out), "-q"], stdout=subprocess.PIPE)
+    p.stdout.close()                      # no reader left: the first write is EPIPE
+    err = p.stderr.read()
+    p.wait(timeout=120)
+    assert p.returncode == 0, err
+    assert err == "" and json.loads(out.read_text())["energies"]["e_mp2"] < 0
