@@ -24,7 +24,6 @@ from .options import (ECP_CHOICES, REFERENCES, SCF_CONV_TOL, SCF_CONV_TOL_GRAD, 
 from .xyz import Geometry
 
 
-
 MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
 
 # Ghost atoms (counterpoise corrections, dfmp2.interaction): a Geometry atom with ghost=True
@@ -157,8 +156,6 @@ def minimal_basis_size(symbols) -> int:
         for l, nel in enumerate(CONFIGURATION[gto.charge(sym)]):
             n += -(-nel // (2 * (2 * l + 1))) * (2 * l + 1)
     return n
-
-
 
 
 def electron_count(geom: Geometry, charge: int | None = None, multiplicity: int | None = None):
