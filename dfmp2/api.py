@@ -101,7 +101,7 @@ class DFMP2:
         self.nocc = ref.channels[0].nocc_active
         self.nmo = int(np.count_nonzero(~ref.channels[0].frozen))
         note = scf.auxbasis_note(mol, auxbasis, "mp2") if self.auxbasis_requested is None else None
-        self.warnings = [note] if note else []
+        self.warnings = [w for w in (note, ref.gap_warning(), ref.contamination_warning()) if w]
         return self
 
     def kernel(self):

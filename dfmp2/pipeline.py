@@ -376,11 +376,12 @@ def reference_stage(job: Job, ck, timer: Timer, scf_block_mb: float, say) -> Ref
         timer.add("scf", t0)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
-    job.warnings += [w for w in (ref.contamination_warning(),) if w]
     # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, \
         (ref.nmo, job.space)
-    return ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
+    ref = ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
+    job.warnings += [w for w in (ref.contamination_warning(), ref.gap_warning()) if w]
+    return ref
 
 
 # ---------------------------------------------------------------------------- result

@@ -225,3 +225,18 @@ def test_frozen_core_that_freezes_nothing_says_so():
     assert r.nfrozen == 0 and any("no core orbitals to freeze" in w for w in r.warnings)
     assert not any("no core orbitals" in w for w in dfmp2.energy(str(ROOT / "inputs" / "water.xyz"),
                                                                  frozen_core=True).warnings)
+
+
+def test_near_degenerate_reference_is_warned():
+    """H2 at 5 Å (HOMO-LUMO gap 0.108 Eh): E(MP2) falls below the exact (FCI) energy of the basis,
+    with exit 0 and no word before (issue 29, item 14). The regression molecules' gaps are 0.46 Eh
+    and up; equilibrium H2 (0.79 Eh) is not warned."""
+    from pyscf import fci
+    stretched = gto.M(atom="H 0 0 0; H 0 0 5.0", basis="cc-pvdz", verbose=0)
+    r = dfmp2.energy(stretched)
+    assert any(w.startswith("near-degenerate reference: the HOMO-LUMO gap is 0.108 Eh") for w in r.warnings)
+    mf = converged_rhf("H 0 0 0; H 0 0 5.0", density_fit=False)
+    assert r.e_mp2 < fci.FCI(mf).kernel()[0]                # the reason for the warning
+    assert any("near-degenerate" in w for w in dfmp2.DFMP2(mf).run().warnings)
+    assert not any("near-degenerate" in w for w in dfmp2.energy(gto.M(atom="H 0 0 0; H 0 0 0.74",
+                                                                       basis="cc-pvdz", verbose=0)).warnings)
