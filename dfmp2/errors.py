@@ -31,7 +31,8 @@ class InputError(Exception):
     says what is wrong in the library's words; the CLI adds the flag (``flag``)."""
 
     def __init__(self, *args, option: str | None = None):
-        super().__init__(*args)
+        # one line whatever user text the message quotes (a newline in a basis or device name)
+        super().__init__(*(one_line(a) if isinstance(a, str) else a for a in args))
         self.option = option
 
 

@@ -98,6 +98,11 @@ class RunOptions:
                 and not (isinstance(value, bool) and bool not in kinds))
             if not ok:
                 raise InputError(f"option {name} must be {what}, got {value!r}", option=name)
+        for name in ("basis", "auxbasis"):     # PySCF reads a multi-line string as basis-set text
+            value = getattr(self, name)
+            if isinstance(value, str) and (not value.strip() or not value.isprintable()):
+                raise InputError(f"option {name} must be a basis set name (one printable line), got {value!r}",
+                                 option=name)
         for name, low in (("memory_mb", 0.0), ("j3c_block_mb", 0.0), ("scf_conv_tol_grad", 0.0)):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > low):

@@ -146,7 +146,7 @@ def test_byte_order_mark_and_free_text_comments_are_read(tmp_path):
 @pytest.mark.parametrize("args,fragment", [
     (["--json", ""], "--json: the path is empty"),
     (["--qcschema", ""], "--qcschema: the path is empty"),
-    (["--basis", "cc-pv\ndz"], "basis 'cc-pv\\ndz' is not defined"),
+    (["--basis", "cc-pv\ndz"], "must be a basis set name (one printable line), got 'cc-pv\\ndz'"),
 ])
 def test_empty_output_paths_and_newlines_are_one_line(tmp_path, args, fragment):
     res = run_cli(["run", str(INPUTS / "water.xyz")] + args)
