@@ -21,6 +21,7 @@ Writing rules (``write_text``, ``write_bytes``):
 from __future__ import annotations
 
 import functools
+import errno
 import os
 import shutil
 import stat
@@ -174,6 +175,15 @@ def write_bytes(path, data: bytes) -> None:
     _write(path, data, "wb")
 
 
+def _open_special(p: Path) -> int:
+    """A file descriptor for writing into a device or FIFO. A FIFO (a named pipe, or ``>(jq .)``)
+    is opened without blocking: with no process reading it, writing would block the finished run
+    forever, and the open fails with ENXIO instead (an InputError through ``_write``)."""
+    fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _write(path, data, mode: str) -> None:
     p = Path(path)
     try:
@@ -182,7 +192,7 @@ def _write(path, data, mode: str) -> None:
         st = None
     try:
         if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-            with open(p, mode) as f:            # a device or FIFO: into it, never replacing it
+            with open(_open_special(p), mode, closefd=True) as f:   # a device or FIFO: into it, never replacing it
                 f.write(data)
             return
         target = Path(os.path.realpath(p))      # replace a link's file, not the link
@@ -199,4 +209,5 @@ def _write(path, data, mode: str) -> None:
             tmp.unlink(missing_ok=True)
             raise
     except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+        why = "a FIFO that no process reads" if e.errno == errno.ENXIO else (e.strerror or e)
+        raise InputError(f"cannot write {path}: {why}") from None

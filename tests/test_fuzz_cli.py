@@ -269,3 +269,45 @@ def test_bench_series_and_shape_parsers(waters, shapes):
             assert "\n" not in str(e) and str(e)
         else:
             assert isinstance(out, list)
+
+
+# ---------------------------------------------------------------------------------------------
+# non-regular files as every path option (issue 29)
+# ---------------------------------------------------------------------------------------------
+H2 = "2\n\nH 0 0 0\nH 0 0 0.74\n"
+SPECIAL = ("/dev/null", "/dev/zero", "/dev/full", "fifo", "directory")
+
+
+@FUZZ
+@given(option=st.sampled_from(["INPUT", "--json", "--qcschema", "--checkpoint", "--resume", "--scratch"]),
+       target=st.sampled_from(SPECIAL), second=st.sampled_from([None, "--json"]))
+def test_non_regular_files_as_path_options(option, target, second):
+    """A device, a FIFO nobody reads or writes, or a directory, as any path: exit 0 (written
+    into, as /dev/null takes a JSON), or one error line; never a traceback or a hang. A FIFO as
+    the input is left out: reading one that no process writes waits, as it does for any program.
+    (A second output is --json only: a failed run's --qcschema file is a FailedOperation by design.)"""
+    import os
+    if option == "INPUT" and target == "fifo":
+        return
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        (work / "h2.xyz").write_text(H2)
+        os.mkfifo(work / "fifo")
+        (work / "directory").mkdir()
+        path = str(work / target) if target in ("fifo", "directory") else target
+        args = ["run", path if option == "INPUT" else str(work / "h2.xyz"), "-q", "--basis", "sto-3g"]
+        if option != "INPUT":
+            args += [option, path]
+        if second and second != option:
+            args += [second, str(work / "out.json")]
+        before = {q.name for q in work.iterdir()}
+        res = CliRunner().invoke(main, args)
+        err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert res.exit_code in (0, 2) and "Traceback" not in res.output, (args, res.output, res.exc_info)
+        assert res.exception is None or isinstance(res.exception, SystemExit), (args, res.exc_info)
+        if res.exit_code == 2:
+            assert len(err) == 1 and err[0].startswith("error: "), (args, res.stderr)
+        created = {q.name for q in work.iterdir()} - before
+        assert created <= {"out.json"}, (args, created)
+        if created:       # written only by a run that finished (a later output may still fail), and whole
+            assert json.loads((work / "out.json").read_text())["schema_version"], args
