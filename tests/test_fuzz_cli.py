@@ -311,3 +311,43 @@ def test_non_regular_files_as_path_options(option, target, second):
         assert created <= {"out.json"}, (args, created)
         if created:       # written only by a run that finished (a later output may still fail), and whole
             assert json.loads((work / "out.json").read_text())["schema_version"], args
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=6,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stdout=st.sampled_from(["full", "closed"]),
+       command=st.sampled_from([["run", "H2", "--basis", "sto-3g"], ["run", "H2", "--basis", "sto-3g", "-v"],
+                                ["run", "H2", "--basis", "sto-3g", "--json", "OUT"],
+                                ["compare", "--synthetic", "3,10,12", "--devices", "cpu", "--json", "OUT"]]))
+def test_full_and_closed_stdout(stdout, command):
+    """Real processes with a full stdout (/dev/full) or a closed one (a reader gone, as `| head`):
+    exit 0 (closed: the printing stops quietly) or 2 with one error line (full), never a
+    traceback; a requested --json is written whole either way (issue 29)."""
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "h2.xyz").write_text(H2)
+        args = [str(Path(d) / "h2.xyz") if a == "H2" else str(Path(d) / "out.json") if a == "OUT" else a
+                for a in command]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        sink = open("/dev/full", "w") if stdout == "full" else subprocess.PIPE
+        try:
+            p = subprocess.Popen([sys.executable, "-m", "dfmp2.cli", *args], cwd=d, env=env, text=True,
+                                 stdout=sink, stderr=subprocess.PIPE)
+            if stdout == "closed":
+                p.stdout.close()
+            err = p.stderr.read()
+            p.wait(timeout=120)
+        finally:
+            if stdout == "full":
+                sink.close()
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        if stdout == "closed":
+            assert p.returncode == 0, err
+        else:
+            assert p.returncode == 2 and lines[-1].startswith("error: cannot write to standard output"), err
+        if "OUT" in command:
+            assert json.loads((Path(d) / "out.json").read_text())
