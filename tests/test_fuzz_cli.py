@@ -351,3 +351,21 @@ def test_full_and_closed_stdout(stdout, command):
             assert p.returncode == 2 and lines[-1].startswith("error: cannot write to standard output"), err
         if "OUT" in command:
             assert json.loads((Path(d) / "out.json").read_text())
+
+
+@FUZZ
+@given(size=st.sampled_from([64 * 10**6 + 1, 200 * 10**6, 4 * 1024**3]),
+       suffix=st.sampled_from([".xyz", ".json"]), head=st.sampled_from([b"", b"3\n\nO 0 0 0\n"]))
+def test_oversized_inputs_are_refused_unread(size, suffix, head):
+    """Inputs past the read bound (sparse files up to 4 GiB on paper) are one error line, unread:
+    `run /dev/zero` read until the OOM killer, a 4 GB file under an rlimit was a MemoryError
+    (issue 29; the rlimit itself: tests/test_cli.py, in a child process)."""
+    from dfmp2.xyz import MAX_INPUT_BYTES
+    assert size > MAX_INPUT_BYTES
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / f"big{suffix}"
+        with open(p, "wb") as f:
+            f.write(head)
+            f.truncate(size)
+        res = check(["run", str(p), "-q"], Path(d))
+        assert res.exit_code == 2 and "larger than" in res.stderr
