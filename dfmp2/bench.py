@@ -34,7 +34,7 @@ from pathlib import Path
 
 import click
 
-from .cli_options import user_errors
+from .cli_options import printing, stdout_console, user_errors
 from .errors import InputError
 from .options import DEVICE_CHOICES, PRECISIONS
 
@@ -139,7 +139,8 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     from rich.console import Console
     from rich.markup import escape
     if rerender:
-        _rerender(Path(rerender), Console())
+        with printing():
+            _rerender(Path(rerender), stdout_console())
         return
     from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
     from .benchmarks.run import BenchOptions, run_bench
@@ -174,7 +175,7 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
             check_synthetic_memory(f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}", s.nocc, s.nvir,
                                    s.naux, 8 if p == "fp64" else 4, [])    # host; a GPU's own check is its run's
     check_outputs(out_dir, name)
-    console = Console()
+    console = stdout_console()
     err = Console(stderr=True)
     log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
     rep = run_bench(opts, log=log)
@@ -190,7 +191,8 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     rep["meta"]["report_s"] = time.perf_counter() - t0
     report.write_json(rep, out / f"{name}.json")
     report.atomic_write(out / f"{name}.md", report.markdown(rep))
-    report.terminal(rep, console)
+    with printing(written=(out / f"{name}.json", out / f"{name}.md")):
+        report.terminal(rep, console)
     m = rep["meta"]
     busy = (f"other processes took {m['other_cpu']['other_cores']:.2f} cores" if m.get("other_cpu")
             else f"1-min load {max(m['load_average_before'][0], m['load_average_after'][0]):.1f}")

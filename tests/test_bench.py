@@ -7,6 +7,7 @@ PySCF pair baseline computes the same energies as ours; the exponent fit.
 """
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -285,3 +286,24 @@ def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message)
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
+    """`dfmp2 bench` printed through a plain rich Console: a full stdout was a traceback (issue 29).
+    Its tables now go through the commands' printing: one error line, or a quiet end for a pipe."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    shutil.copy(root / "scripts" / "results" / "bench_cpu.json", tmp_path / "r.json")
+    cmd = [sys.executable, "-m", "dfmp2.cli", "bench", "--rerender", str(tmp_path / "r.json")]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("error: cannot write to standard output")
+    q = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    q.stdout.close()
+    err = q.stderr.read()
+    assert q.wait(timeout=120) == 0 and "Traceback" not in err, err
