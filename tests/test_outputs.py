@@ -12,7 +12,6 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -191,12 +190,15 @@ def test_json_refuses_the_input_and_the_checkpoint(tmp_path, no_heavy_work):
 def test_write_into_a_fifo_keeps_the_fifo(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    got = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
-    reader.start()
-    outputs.check_output_file(fifo, "--json")
-    outputs.write_text(fifo, '{"a": 1}\n')
-    reader.join(10)
+    # the reading end is open before the write (a reader thread could open it after the writer,
+    # which then meets a FIFO nobody reads: ENXIO, the refusal tested elsewhere)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        outputs.check_output_file(fifo, "--json")
+        outputs.write_text(fifo, '{"a": 1}\n')
+        got = [os.read(rfd, 1024).decode()]
+    finally:
+        os.close(rfd)
     assert got == ['{"a": 1}\n'] and stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
