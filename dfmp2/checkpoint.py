@@ -35,6 +35,7 @@ CheckpointError line: a flipped bit on disk never turns into a wrong energy.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -44,9 +45,25 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, file_kind
+from .outputs import writing
 
 FORMAT = "dfmp2-checkpoint"
 FORMAT_VERSION = 2                  # 2: crc32 on every dataset read back
+
+
+# HDF5's own bytes in a checkpoint (superblock, object headers, attributes, the fingerprint):
+# 12.5 kB measured for water, fp64 and fp32, and benzene (h5py 3.16, HDF5 2.0); counted 2.5 times.
+H5_OVERHEAD_BYTES = 32 * 1024
+
+
+def size_mb(*, b_mb: float, nbasis: int, nmo: int, nblocks: int) -> float:
+    """What a finished checkpoint holds on disk, in MB (1e6 B): B (``b_mb``), its per-block crc32
+    (``nblocks`` int64), the SCF (mo_coeff nbasis x nmo and mo_energy, fp64), every block pair's
+    sums, crc and done flag (8 + 8 + 8 + 1 B each), and HDF5's own bytes. The disk check before
+    the run (``outputs.check_disk``) counts this, not B alone (27 % short for water)."""
+    npairs = nblocks * (nblocks + 1) // 2
+    extra = nblocks * 8 + (nbasis * nmo + nmo) * 8 + npairs * 25 + H5_OVERHEAD_BYTES
+    return b_mb + extra / 1e6
 
 
 class CheckpointError(InputError):
@@ -124,11 +141,23 @@ def check_regular(path, option: str) -> None:
                               "path of a checkpoint file", option=option)
 
 
+def _writes(method):
+    """A Checkpoint method that writes: a write the disk refuses (full, quota, EIO) is one
+    DiskWriteError line naming the checkpoint (``outputs.writing``); the run's CheckpointSession
+    then removes a checkpoint it created."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with writing(self.path, "checkpoint", "checkpoint"):
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class Checkpoint:
     """An open checkpoint file (h5py, read-write). Use ``create`` or ``resume``."""
 
     def __init__(self, path: Path, f):
         self.path, self.f = Path(path), f
+        self.closed = False            # close, abandon and discard close it once (HDF5 crashes on a second)
 
     # ---- opening
     @classmethod
@@ -143,22 +172,30 @@ class Checkpoint:
         if not path.parent.is_dir():
             raise CheckpointError(f"checkpoint {path}: directory {path.parent} does not exist")
         try:
-            f = h5py.File(path, "w-")
-        except OSError as e:
+            with writing(path, "checkpoint", "checkpoint"):
+                f = open_h5(path, "w-")
+        except (OSError, RuntimeError) as e:      # the file did not exist before (checked above)
+            path.unlink(missing_ok=True)
+            if isinstance(e, InputError):
+                raise
             raise CheckpointError(f"checkpoint {path} cannot be created: {e}") from None
         try:
-            f.attrs["format"] = FORMAT
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["fingerprint"] = json.dumps(fp)
-            f.attrs["occ_block"] = int(occ_block)
-            f.attrs["crc32"] = attrs_crc(f.attrs, ROOT_ATTRS)
-            f.attrs["complete"] = 0
-            f.flush()
+            with writing(path, "checkpoint", "checkpoint"):
+                cls._write_root(f, fp, occ_block)
         except BaseException:
-            f.close()
-            path.unlink(missing_ok=True)
+            discard_h5(f, path)
             raise
         return cls(path, f)
+
+    @staticmethod
+    def _write_root(f, fp: dict, occ_block: int) -> None:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["fingerprint"] = json.dumps(fp)
+        f.attrs["occ_block"] = int(occ_block)
+        f.attrs["crc32"] = attrs_crc(f.attrs, ROOT_ATTRS)
+        f.attrs["complete"] = 0
+        f.flush()
 
     @classmethod
     def resume(cls, path, fp: dict) -> "Checkpoint":
@@ -172,7 +209,7 @@ class Checkpoint:
                                   "there, then resume it", option="resume")
         check_regular(path, "resume")
         try:
-            f = h5py.File(path, "r+")
+            f = open_h5(path, "r+")
         except OSError as e:
             if not h5py.is_hdf5(path):
                 raise CheckpointError(f"checkpoint {path} is corrupted or not a dfmp2 checkpoint: "
@@ -289,6 +326,7 @@ class Checkpoint:
             del self.f[name]
         return self.f.create_group(name)
 
+    @_writes
     def save_scf(self, ref, scf_mode: str) -> None:
         """Write the RHF ``ref`` (dfmp2.reference.Reference, nothing frozen) of ``scf_mode``."""
         (ch,) = ref.channels
@@ -330,6 +368,7 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} is corrupted: scf: {e}") from None
 
     # ---- B
+    @_writes
     def b_dataset(self, blocks, dtype):
         """The /B dataset for ``blocks`` in ``dtype`` (torch), allocated in full now; an incomplete
         one from an interrupted build is replaced."""
@@ -353,6 +392,7 @@ class Checkpoint:
     def b_complete(self) -> bool:
         return "B" in self.f and bool(self.f["B"].attrs.get("complete", 0))
 
+    @_writes
     def mark_b_complete(self, metric_kind: str, metric_info: dict) -> None:
         d = self.f["B"]
         d.attrs["metric"] = metric_kind
@@ -371,6 +411,7 @@ class Checkpoint:
         return self.f["B_crc"]
 
     # ---- pair sums
+    @_writes
     def init_pairs(self, npairs: int) -> None:
         if "pairs" in self.f:
             self._require("pairs/sums", (npairs, 2))
@@ -387,6 +428,7 @@ class Checkpoint:
         """(done (npairs,) bool, sums (npairs, 2))."""
         return self.f["pairs/done"][...].astype(bool), self.f["pairs/sums"][...]
 
+    @_writes
     def save_pair(self, p: int, e_os: float, e_ss: float) -> None:
         row = np.array([e_os, e_ss], dtype=np.float64)
         self.f["pairs/sums"][p] = row
@@ -395,6 +437,7 @@ class Checkpoint:
         self.f["pairs/done"][p] = 1
         self.f.flush()
 
+    @_writes
     def mark_complete(self, e_os: float, e_ss: float) -> None:
         self.f.attrs["e_os"] = e_os
         self.f.attrs["e_ss"] = e_ss
@@ -402,15 +445,79 @@ class Checkpoint:
         self.f.flush()
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.f.close()
-        except Exception:      # closing after an interrupt: nothing more to save
-            pass
+        except Exception:      # after an interrupt or a refused write: nothing more to save,
+            close_unwritten(self.f)     # and no half-closed HDF5 objects left behind
 
     def discard(self) -> None:
         """Close and delete the file (a run that failed before it held anything to resume)."""
-        self.close()
+        if not self.closed:
+            self.closed = True
+            close_unwritten(self.f)
         self.path.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Close after a write the disk refused, writing nothing more (``close_unwritten``): the
+        file keeps what was flushed, so a resumed run can go on from there."""
+        if not self.closed:
+            self.closed = True
+            close_unwritten(self.f)
+
+
+def open_h5(path, mode: str):
+    """``h5py.File(path, mode)`` ('w', 'w-' or 'r+') with HDF5's data sieve buffer off, for the
+    files a run writes (the checkpoint, scratch B). Every write then reaches the disk in the call
+    that makes it, so a write the disk refuses fails there (one DiskWriteError through
+    ``outputs.writing``). With the buffer (64 kB), a small write (a crc, a pair's sums) failed
+    later, when HDF5 flushed it while releasing a dataset: h5py only prints such an error
+    ('Exception ignored'), the run went on, and HDF5, left half closed, segfaulted at exit."""
+    import h5py
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)   # h5py's default
+    fapl.set_sieve_buf_size(0)
+    name = os.fsencode(str(path))
+    if mode == "r+":
+        fid = h5py.h5f.open(name, h5py.h5f.ACC_RDWR, fapl=fapl)
+    else:
+        fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+        fcpl.set_obj_track_times(False)                                        # h5py's default
+        fid = h5py.h5f.create(name, {"w": h5py.h5f.ACC_TRUNC, "w-": h5py.h5f.ACC_EXCL}[mode], fapl=fapl, fcpl=fcpl)
+    return h5py.File(fid)
+
+
+def close_unwritten(f) -> None:
+    """Close the open h5py file ``f`` writing nothing more to it: its file descriptor is pointed at
+    an anonymous in-memory file first (memfd; /dev/null where there is none), which takes HDF5's
+    last writes and the resize of its close. After a write the disk refused (ENOSPC), HDF5's close would write the data
+    and metadata it still holds and fail again; a failed close leaves HDF5's objects half closed,
+    and their next release crashes the interpreter (a segfault, seen at exit). On disk the file
+    keeps what was flushed before, which is what a checkpoint's readers trust (its done flags)."""
+    if not f:                   # closed already (HDF5 would crash on its file handle)
+        return
+    try:
+        fd = f.id.get_vfd_handle()
+        null = os.memfd_create("dfmp2-discarded") if hasattr(os, "memfd_create") else os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+    except Exception:      # not a POSIX file driver: closed as it is
+        pass
+    try:
+        f.close()
+    except Exception:
+        pass
+
+
+def discard_h5(f, path) -> None:
+    """Close the open h5py file ``f`` without writing more (``close_unwritten``) and delete its
+    ``path``."""
+    close_unwritten(f)
+    Path(path).unlink(missing_ok=True)
 
 
 def block_crc(arr: np.ndarray) -> int:

@@ -36,6 +36,11 @@ class InputError(Exception):
         self.option = option
 
 
+class DiskWriteError(InputError):
+    """A write to disk failed while the run went on (the disk filled up, a quota, a file-size limit,
+    an I/O error): what was being written, where and why; what the run created is removed."""
+
+
 class SCFNotConvergedError(InputError):
     """The RHF reference did not converge; MP2 on top of it would be meaningless."""
 

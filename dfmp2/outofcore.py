@@ -44,13 +44,15 @@ import torch
 
 import linalg
 
-from . import memory
+from . import memory, tempdirs
 from .background import Background
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, discard_h5, open_h5
 from .fitting import apply_metric
-from .outputs import check_disk
+from .outputs import check_disk, writing
 
 H5_SUFFIX = ".h5"
+SCRATCH = ("scratch file", "scratch_dir")       # HDF5B.where: what a file is, the option that placed it
+CHECKPOINT = ("checkpoint", "checkpoint")
 
 
 # ---------------------------------------------------------------- blocking
@@ -157,18 +159,22 @@ class HDF5B:
     Reads go through a prefetch thread, writes through a writer thread. ``evict=True`` drops each
     block from the OS page cache after reading it (posix_fadvise), so a benchmark on a machine
     whose RAM could cache the whole file still reads from the disk, as a B larger than RAM would.
+    ``where``: (what the file is, the RunOptions field that placed it), for the one line a write
+    the disk refuses becomes (``outputs.writing``): ('scratch file', 'scratch_dir') or
+    ('checkpoint', 'checkpoint').
     """
 
     on_disk = True
 
-    def __init__(self, dset, blocks: OccBlocks, *, crc=None, evict: bool = False):
+    def __init__(self, dset, blocks: OccBlocks, *, crc=None, evict: bool = False,
+                 where: tuple[str, str] = SCRATCH):
         if dset.shape != (blocks.size,):
             raise ValueError(f"B dataset {dset.name} has shape {dset.shape}, expected ({blocks.size},)")
         self.dset, self.blocks = dset, blocks
         self.dtype = torch.from_numpy(np.empty(0, dtype=dset.dtype)).dtype
         self.crc = crc                  # (nblocks,) int64 dataset: crc32 per block (checkpoints)
         self._verified: set[int] = set()
-        self.evict = evict
+        self.evict, self.where = evict, where
         self._writer: Background | None = None     # write-behind thread, made at the first write
         self._fd: int | None = None
 
@@ -182,8 +188,12 @@ class HDF5B:
             self._writer = Background("dfmp2-writer", depth=memory.WRITE_DEPTH + 1)
         self._writer.put(fn, *args)
 
+    def _writing(self):
+        return writing(self.path, *self.where)
+
     def _write(self, a: int, arr: np.ndarray) -> None:
-        self.dset.write_direct(arr, dest_sel=np.s_[a:a + arr.size])
+        with self._writing():
+            self.dset.write_direct(arr, dest_sel=np.s_[a:a + arr.size])
 
     def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
         """Rows p0:p1 of (P|ia): one contiguous piece per occupied block, written behind."""
@@ -200,7 +210,8 @@ class HDF5B:
         def job(a=self.blocks.span(k)[0], arr=arr):
             self._write(a, arr)
             if self.crc is not None:
-                self.crc[k] = zlib.crc32(memoryview(arr).cast("B"))
+                with self._writing():
+                    self.crc[k] = zlib.crc32(memoryview(arr).cast("B"))
                 self._verified.add(k)
         self._submit(job)
 
@@ -254,7 +265,8 @@ class HDF5B:
         """Wait for the queued writes and push them to the file."""
         if self._writer is not None:
             self._writer.wait()
-        self.dset.file.flush()
+        with self._writing():
+            self.dset.file.flush()
 
     def close(self) -> None:
         """Stop the writer: writes not yet started are dropped (``flush`` first keeps them)."""
@@ -280,7 +292,7 @@ def open_b_store(plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkp
     store = None
     try:
         if ck is not None and (plan.out_of_core or ck.b_complete):
-            disk = HDF5B(ck.b_dataset(blocks, dtype), blocks, crc=ck.crc_dataset())
+            disk = HDF5B(ck.b_dataset(blocks, dtype), blocks, crc=ck.crc_dataset(), where=CHECKPOINT)
         elif plan.out_of_core:
             disk = HDF5B(create_flat(tmp.open("B"), "B", blocks, dtype), blocks)
         if plan.out_of_core:
@@ -321,7 +333,7 @@ class BStore:
         if not self.on_disk:
             return InMemoryB(self.blocks, dtype, self.device)
         if dtype == self.dtype:
-            return HDF5B(self.data.dset, self.blocks)
+            return HDF5B(self.data.dset, self.blocks, where=self.data.where)
         return HDF5B(create_flat(self.scratch.open("Pia"), "Pia", self.blocks, dtype), self.blocks)
 
     def close_pia(self, pia) -> None:
@@ -335,7 +347,8 @@ class BStore:
         ck = self.checkpoint
         if ck is not None:
             if not self.on_disk:
-                disk = HDF5B(ck.b_dataset(self.blocks, self.dtype), self.blocks, crc=ck.crc_dataset())
+                disk = HDF5B(ck.b_dataset(self.blocks, self.dtype), self.blocks, crc=ck.crc_dataset(),
+                             where=CHECKPOINT)
                 try:
                     for k in range(self.blocks.count):
                         disk.set_block(k, self.data.data[k])
@@ -368,29 +381,27 @@ class Scratch:
 
     def open(self, name: str):
         """A new HDF5 file in the scratch directory (created on first use)."""
-        import h5py
         if self.path is None:
             self.path = Path(tempfile.mkdtemp(prefix="dfmp2-", dir=self.parent))
-        f = h5py.File(self.path / f"{name}{H5_SUFFIX}", "w")
-        self._files.append(f)
+            tempdirs.register(self.path)
+        path = self.path / f"{name}{H5_SUFFIX}"
+        with writing(path, *SCRATCH):
+            f = open_h5(path, "w")
+        self._files.append((f, path))
         return f
 
     def remove(self, h5file) -> None:
         """Close and delete one of this scratch directory's files now."""
-        name = h5file.filename
-        h5file.close()
-        self._files = [f for f in self._files if f is not h5file]
-        Path(name).unlink(missing_ok=True)
+        self._files = [(f, p) for f, p in self._files if f is not h5file]
+        discard_h5(h5file, h5file.filename)
 
     def close(self) -> None:
-        for f in self._files:
-            try:
-                f.close()
-            except Exception:      # a file already closed or broken: it is removed below anyway
-                pass
+        for f, path in self._files:    # closed writing nothing more: no failed close on a full disk
+            discard_h5(f, path)
         self._files = []
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
+            tempdirs.unregister(self.path)
             self.path = None
 
     def __enter__(self):

@@ -20,15 +20,17 @@ Writing rules (``write_text``, ``write_bytes``):
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import errno
+import functools
 import os
+import re
 import shutil
 import stat
 import uuid
 from pathlib import Path
 
-from .errors import InputError
+from .errors import DiskWriteError, InputError
 
 
 def _naming_option(fn):
@@ -161,6 +163,38 @@ def check_disk(needs) -> None:
                              f"{mb:.4g} MB and a {DISK_MARGIN - 1:.0%} margin) but only {free:.4g} MB are "
                              f"free; choose a directory on a larger disk{more}",
                              option="scratch_dir" if "scratch_dir" in options else options[0])
+
+
+# errnos of a write the disk refused: full, over quota, past a file-size limit (ulimit -f), I/O error
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """The OS's reason when ``exc`` is a write the disk refused (``WRITE_ERRNOS``): an OSError's
+    errno, or the 'errno = N' that h5py's OSError and RuntimeError quote from HDF5; else None."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return os.strerror(exc.errno)       # h5py's strerror is HDF5's whole error stack
+    if isinstance(exc, (OSError, RuntimeError)):
+        m = re.search(r"errno = (\d+)", str(exc))
+        if m and int(m.group(1)) in WRITE_ERRNOS:
+            return os.strerror(int(m.group(1)))
+    return None
+
+
+@contextlib.contextmanager
+def writing(path, what: str, option: str | None):
+    """Turn a write the disk refuses inside the block (``write_failure``) into one DiskWriteError
+    line naming ``what`` ('checkpoint', 'scratch file') and ``path``; ``option``: the RunOptions
+    field that chose the place ('checkpoint', 'scratch_dir'). Other errors pass unchanged. The
+    caller removes what it created (the checkpoint session, the scratch directory)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        why = write_failure(e)
+        if why is None:
+            raise
+        raise DiskWriteError(f"cannot write the {what} {path}: {why}; free space there or choose a "
+                             "directory on a larger disk", option=option) from None
 
 
 def write_text(path, text: str) -> None:

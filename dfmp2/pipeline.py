@@ -23,7 +23,7 @@ import linalg
 from linalg import DTYPES
 
 from . import checkpoint, dfhf, integrals, memory, outputs, scf
-from .errors import InputError, MemoryLimitError
+from .errors import DiskWriteError, InputError, MemoryLimitError
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
 from .options import RunOptions
@@ -95,7 +95,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     with CheckpointSession(job) as session:
         plan, scf_block_mb = plan_run(job, session, on_plan, say)
         session.start(plan)
-        ref = reference_stage(job, session.ck, timer, scf_block_mb, say)
+        ref = reference_stage(job, session.ck, timer, plan, scf_block_mb, say)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
@@ -209,7 +209,9 @@ class CheckpointSession:
     or refuses an existing ``options.checkpoint``; ``start(plan)`` creates the new file once the
     plan is known; ``finish`` marks it complete. On a failure a checkpoint this run created stays
     only when it holds work to resume (the SCF at least) and the failure is not a refusal the same
-    command would meet again; otherwise it is removed, so the same command can run again."""
+    command would meet again (a write the disk refused is one); otherwise it is removed, so the
+    same command can run again. A resumed checkpoint is kept, after a refused write as it was last
+    flushed (``Checkpoint.abandon``)."""
 
     def __init__(self, job: Job):
         o, space = job.options, job.space
@@ -254,8 +256,8 @@ class CheckpointSession:
                 if not keep:
                     self.ck.discard()
         finally:
-            if self.ck is not None:
-                self.ck.close()
+            if self.ck is not None:   # after a refused write: closed as flushed, nothing more written
+                self.ck.abandon() if isinstance(exc, DiskWriteError) else self.ck.close()
 
 
 def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[MemoryPlan, float]:
@@ -283,8 +285,13 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
         f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB, B "
         f"{'on disk' if plan.out_of_core else 'in memory'}")
+    ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo,
+                               nblocks=-(-space.nocc_active // plan.occ_block))
+    pyscf_df = (options.scf_mode in scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
+                and scf.pyscf_df_on_disk(job.mol, plan.limit_mb))
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
-                pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0)
+                ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
+                pyscf_df_mb=scf.pyscf_df_mb(job.mol) if pyscf_df else 0.0)
     return plan, scf_block_mb
 
 
@@ -336,26 +343,32 @@ def _largest_shell(auxmol) -> int:
 
 
 def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool, b_mb: float,
-                pia_mb: float) -> None:
+                ck_mb: float, pia_mb: float, pyscf_df_mb: float = 0.0) -> None:
     """Before any heavy work: is there disk for what goes to disk (``outputs.check_disk``)? A
-    checkpoint holds B (in memory or not); out of core without a checkpoint, B goes to the scratch
-    directory, and (P|ia) does when its dtype differs from B's."""
+    checkpoint holds B (in memory or not), the SCF and the pair sums (``ck_mb``,
+    ``checkpoint.size_mb``); out of core without a checkpoint, B goes to the scratch directory,
+    and (P|ia) does when its dtype differs from B's; PySCF's DF-SCF tensor (``pyscf_df_mb``) goes
+    there too when it does not fit in memory (``scf.pyscf_df_on_disk``)."""
     scratch = Path(options.scratch_dir) if options.scratch_dir else Path(tempfile.gettempdir())
     needs = []
     if ck_path and not b_done:
-        needs.append((Path(ck_path).resolve().parent, b_mb, "checkpoint"))
+        needs.append((Path(ck_path).resolve().parent, ck_mb, "checkpoint"))
     if plan.out_of_core:
         if not ck_path:
             needs.append((scratch, b_mb, "scratch_dir"))
         if pia_mb > 0:
             needs.append((scratch, pia_mb, "scratch_dir"))
+    if pyscf_df_mb > 0:             # gone before the MP2 stage writes anything: counted all the same
+        needs.append((scratch, pyscf_df_mb, "scratch_dir"))
     outputs.check_disk(needs)
 
 
 # ---------------------------------------------------------------------------- reference
-def reference_stage(job: Job, ck, timer: Timer, scf_block_mb: float, say) -> Reference:
+def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_block_mb: float, say) -> Reference:
     """The converged reference with the frozen core marked: the checkpoint's when it holds one,
-    else the SCF engine ``options.scf_mode`` picks (written to the checkpoint when there is one)."""
+    else the SCF engine ``options.scf_mode`` picks (written to the checkpoint when there is one).
+    PySCF's SCF gets the plan's memory limit and writes its files under the run's scratch
+    directory (``scf.pyscf_scratch``)."""
     options, t0 = job.options, time.perf_counter()
     kind = "UHF" if job.unrestricted else "RHF"
     cycles = CycleLog(say, kind)
@@ -372,7 +385,8 @@ def reference_stage(job: Job, ck, timer: Timer, scf_block_mb: float, say) -> Ref
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
         ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
-                        conv_tol_grad=options.scf_conv_tol_grad)
+                        conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
+                        scratch_dir=options.scratch_dir)
         timer.add("scf", t0)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)

@@ -42,6 +42,7 @@ class ScfRecord:
     e_hf_device_fock: float | None = None
     host: str | None = None
     checkpoint: str | None = None
+    df_tensor: str | None = None             # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
 
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""

@@ -6,16 +6,21 @@ errors and we compare to 1e-9 Eh.
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import warnings
+from pathlib import Path
 
 import numpy as np
-from pyscf import df, gto, scf
+from pyscf import df, gto, lib, scf
 from pyscf.data.elements import CONFIGURATION, _std_symbol_without_ghost, chemcore
 from pyscf.df.addons import predefined_auxbasis
 from pyscf.gto.basis import _format_basis_name, _is_pople_basis
 from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import hf as pyscf_hf
 
+from . import tempdirs
 from .errors import InputError, SCFNotConvergedError
 from .provenance import ScfRecord
 from .reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
@@ -414,22 +419,74 @@ def describe_auxbasis(auxbasis) -> str:
     return " + ".join(f"{name} ({', '.join(by_name[name])})" for name in order)
 
 
+# PySCF keeps its DF tensor in memory while it fits in this share of the memory limit (PySCF's
+# own rule: 0.9 of max_memory), else in a file in the run's scratch directory.
+PYSCF_DF_INCORE_SHARE = 0.9
+
+
+def pyscf_df_mb(mol: gto.Mole) -> float:
+    """PySCF's DF-SCF tensor (JK-fit set ``default_auxbasis(mol, 'jk')``): naux_jk x
+    nbasis(nbasis+1)/2 fp64, in MB (1e6 B)."""
+    nao = mol.nao_nr()
+    naux = make_auxmol(mol, default_auxbasis(mol, "jk")).nao_nr()
+    return naux * nao * (nao + 1) // 2 * 8 / 1e6
+
+
+def pyscf_df_on_disk(mol: gto.Mole, memory_mb: float) -> bool:
+    """Does PySCF's DF tensor go to disk under the memory limit ``memory_mb`` (MB)? Decided here,
+    before the run, so that the disk check counts it and PySCF does what was planned."""
+    return pyscf_df_mb(mol) >= PYSCF_DF_INCORE_SHARE * memory_mb
+
+
+@contextlib.contextmanager
+def pyscf_scratch(parent=None):
+    """A private directory under ``parent`` (default: the system's temp directory, as for our own
+    scratch files) for every file PySCF writes meanwhile: PySCF reads ``lib.param.TMPDIR`` when
+    it makes a temporary file (its DF tensor, swap files, the SCF's chkfile), and it is pointed
+    here; removed on exit, however the block ends. Yields the directory (a Path)."""
+    d = Path(tempfile.mkdtemp(prefix="dfmp2-pyscf-", dir=parent))
+    tempdirs.register(d)
+    old, lib.param.TMPDIR = lib.param.TMPDIR, str(d)
+    try:
+        yield d
+    finally:
+        lib.param.TMPDIR = old
+        shutil.rmtree(d, ignore_errors=True)
+        tempdirs.unregister(d)
+
+
+def _release_files(mf) -> None:
+    """Close the temporary files PySCF's ``mf`` holds (its chkfile, a DF tensor file), so they are
+    removed now, inside ``pyscf_scratch``, rather than at a later garbage collection."""
+    for owner, name in ((mf, "_chkfile"), (getattr(mf, "with_df", None), "_cderi_to_save")):
+        f = getattr(owner, name, None)
+        if f is not None and hasattr(f, "close"):
+            with contextlib.suppress(OSError):
+                f.close()
+
+
 def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
-            conv_tol_grad: float = SCF_CONV_TOL_GRAD) -> Reference:
+            conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
+            scratch_dir=None) -> Reference:
     """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
     JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
     'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
     'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this.
-    ``progress(cycle, e_tot, d_e, gnorm)`` after each cycle (PySCF's gradient norm)."""
-    return _run_pyscf(scf.RHF(mol), mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad)
+    ``progress(cycle, e_tot, d_e, gnorm)`` after each cycle (PySCF's gradient norm).
+    ``memory_mb``: PySCF's ``max_memory`` (MB; default PySCF's own); its DF tensor is kept in
+    memory or written to a file as ``pyscf_df_on_disk`` decides. Every file PySCF writes goes to
+    a private directory under ``scratch_dir`` (``pyscf_scratch``), removed when this returns."""
+    return _run_pyscf(scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir)
 
 
 def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
-            conv_tol_grad: float = SCF_CONV_TOL_GRAD) -> Reference:
+            conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
+            scratch_dir=None) -> Reference:
     """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
     JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
-    far; or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress`` as ``run_rhf``'s."""
-    return _run_pyscf(scf.UHF(mol), mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad)
+    far; or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress``, ``memory_mb`` and
+    ``scratch_dir`` as ``run_rhf``'s."""
+    return _run_pyscf(scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir)
 
 
 def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float,
@@ -447,21 +504,46 @@ def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float
         option="scf_conv_tol_grad" if energy_ok else "scf_max_cycle")
 
 
-def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None,
-               conv_tol_grad: float = SCF_CONV_TOL_GRAD) -> Reference:
-    """Density-fit (JK-fit set ``default_auxbasis(mol, 'jk')``) or not, converge to SCF_CONV_TOL /
-    SCF_CONV_TOL_GRAD, and return the Reference (``reference.from_pyscf``) with its record.
+def _run_pyscf(cls, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None,
+               conv_tol_grad: float = SCF_CONV_TOL_GRAD, memory_mb: float | None = None,
+               scratch_dir=None) -> Reference:
+    """``cls(mol)`` (PySCF's RHF or UHF) density-fitted (JK-fit set ``default_auxbasis(mol,
+    'jk')``) or not, converged to SCF_CONV_TOL / SCF_CONV_TOL_GRAD, with its files in
+    ``pyscf_scratch(scratch_dir)``; the Reference (``reference.from_pyscf``) with its record.
     SCFNotConvergedError if it does not converge."""
     if scf_mode not in SCF_MODES:
         raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}", option="scf_mode")
-    jk_aux = None
+    made = []                               # the SCF objects made, whose files are closed at the end
+    with pyscf_scratch(scratch_dir) as tmp:
+        try:
+            return _converge(cls(mol), mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb,
+                             tmp, made)
+        finally:
+            for mf in made:
+                _release_files(mf)
+
+
+def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp: Path,
+              made: list) -> Reference:
+    """``_run_pyscf``'s SCF in the scratch directory ``tmp``; each SCF object made is put in ``made``."""
+    jk_aux, df_storage = None, None
+    made.append(mf)
+    mf.chkfile = None                       # nothing reads it: PySCF writes none
+    if memory_mb is not None:
+        mf.max_memory = float(memory_mb)
     if scf_mode in SCF_DF_MODES:
         jk_spec = default_auxbasis(mol, "jk")
         mf = mf.density_fit(auxbasis=_copy(jk_spec))
+        made.append(mf)
+        mf.with_df.max_memory = mf.max_memory
+        on_disk = pyscf_df_on_disk(mol, mf.max_memory)
+        if on_disk:                         # a path: PySCF writes the tensor there, whatever its memory
+            mf.with_df._cderi_to_save = str(tmp / "pyscf-df-tensor.h5")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mf.with_df.build()
         jk_aux = describe_auxbasis(jk_spec)
+        df_storage = "disk" if on_disk else "memory"
     mf.conv_tol = SCF_CONV_TOL
     mf.conv_tol_grad = conv_tol_grad
     mf.max_cycle = max_cycle
@@ -480,5 +562,5 @@ def _run_pyscf(mf, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, prog
                             conv_tol_grad)
     record = ScfRecord(engine="pyscf", reference=what, device="host", source="ran", conv_tol_grad=conv_tol_grad,
                        iterations=len(cycles) or None, jk_auxbasis=jk_aux,
-                       jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)")
+                       jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)", df_tensor=df_storage)
     return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux)
