@@ -54,7 +54,11 @@ PROBE_REPEATS = 2          # timed calls per library and shape, after one warm-u
 MARGIN = 0.10              # OpenBLAS is chosen only when at least 10% faster in the probe: a
                            # second thread pool has costs the probe does not see (its idle
                            # threads spin between calls next to torch's OpenMP threads)
-CACHE_VERSION = 1
+AFTER_ELEMS = 1 << 19      # each probe call is followed by a threaded torch op on 4 MB: in a run
+                           # torch's elementwise work follows every GEMM, and OpenBLAS's idle
+                           # threads (spinning after a call) slow it down; the probe charges that
+                           # to the library that caused it
+CACHE_VERSION = 2
 # one shape per (op, class) inside that class: gemm (m, n, k); syrk (n, k) as a^T a with a (k, n),
 # the SCF's K build; pair (nvir, naux, ncols) for K = (nvir, naux) @ (naux, ncols), one thread
 PROBE_SHAPES = {
@@ -220,7 +224,14 @@ def _probe_case(op: str, shape: tuple, dtype: torch.dtype, repeats: int) -> tupl
         flops = 2.0 * m * n * k
         torch_fn = lambda: torch.matmul(A, B, out=out)            # noqa: E731
     out = torch.empty((A.shape[0], B.shape[1]), dtype=dtype)
-    fns = {"torch": torch_fn, "openblas": lambda: openblas_matmul(A, B, out)}
+    after = torch.zeros(AFTER_ELEMS, dtype=torch.float64)
+
+    def then_torch(fn):             # a GEMM, then the kind of torch work that follows it in a run
+        def run():
+            fn()
+            after.mul_(1.0)
+        return run
+    fns = {"torch": then_torch(torch_fn), "openblas": then_torch(lambda: openblas_matmul(A, B, out))}
     for fn in fns.values():
         fn()
     times = {lib: float("inf") for lib in fns}
