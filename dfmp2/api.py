@@ -32,7 +32,7 @@ class DFMP2:
         to the orbital basis (``scf.default_auxbasis(mol, 'mp2')``, e.g. cc-pVDZ-RI). Unlike
         PySCF's DFMP2, which on a density-fitted ``mf`` reuses its JK-fit basis, the default is
         always the MP2-fit set.
-    device, precision, memory_mb, simulate, pair_kernel: as ``dfmp2 run``'s options.
+    device, precision, memory_mb, simulate, pair_kernel, cpu_blas: as ``dfmp2 run``'s options.
 
     After ``run()``: e_hf, e_corr, e_corr_os, e_corr_ss, e_tot, emp2, emp2_scs, e_tot_scs
     (Grimme's SCS: 1.2 OS + SS/3), e_corr_sos, e_tot_sos (1.3 OS); nocc and nmo (active, as
@@ -41,11 +41,12 @@ class DFMP2:
     """
 
     def __init__(self, mf, frozen=None, auxbasis=None, device: str = "cpu", precision: str | None = None,
-                 memory_mb: float | None = None, simulate: bool = False, pair_kernel: str = "auto"):
+                 memory_mb: float | None = None, simulate: bool = False, pair_kernel: str = "auto",
+                 cpu_blas: str = "auto"):
         self._scf, self.mol = mf, getattr(mf, "mol", None)
         self.frozen, self.auxbasis_requested = frozen, auxbasis
         self.device, self.precision, self.memory_mb = device, precision, memory_mb
-        self.simulate, self.pair_kernel = simulate, pair_kernel
+        self.simulate, self.pair_kernel, self.cpu_blas = simulate, pair_kernel, cpu_blas
         self.e_hf = self.e_corr_os = self.e_corr_ss = None
         self.auxbasis = self.naux = self.timings = self.ran = self.nocc = self.nmo = None
         self.warnings = []
@@ -90,7 +91,7 @@ class DFMP2:
         check_scf_solution(self._scf, self.mol)
         mol = self.mol
         options = RunOptions(device=self.device, precision=self.precision, memory_mb=self.memory_mb,
-                             simulate=self.simulate, pair_kernel=self.pair_kernel)
+                             simulate=self.simulate, pair_kernel=self.pair_kernel, cpu_blas=self.cpu_blas)
         options.resolved_precision()      # an impossible device or precision: before any work
         auxbasis = scf.mp2_auxbasis(mol, self.auxbasis_requested)
         auxmol = scf.make_auxmol(mol, auxbasis)

@@ -4,7 +4,7 @@ Groups (click decorators; the choices come from dfmp2.options, the flags from
 dfmp2.errors.flag, the defaults from RunOptions):
 
     @molecule_options()    --basis --auxbasis --charge --multiplicity --reference --ecp --frozen-core
-    @device_options()      --device --simulate --precision --pair-kernel --integrals
+    @device_options()      --device --simulate --precision --pair-kernel --integrals --cpu-blas
     @scf_options()         --scf --scf-max-cycle
     @resource_options()    --memory --storage --scratch (and the hidden tuning --occ-block-max,
                            --j3c-block-mb)
@@ -33,7 +33,7 @@ from linalg.cuda import AUTO_RULE
 
 from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
                      one_line)
-from .options import (DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
+from .options import (CPU_BLAS_CHOICES, DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
                       REFERENCES, SCF_MODES, STORAGE_CHOICES, RunOptions)
 
 _DEFAULT = RunOptions()
@@ -67,6 +67,11 @@ SPECS = {
                       help="3-center integral engine: host (libcint in a background thread, overlapping the "
                            "device work) or gpu4pyscf (CUDA kernels; pip install -e '.[cuda13]'); auto: "
                            "gpu4pyscf when it is importable and the device is cuda, else host"),
+    "cpu_blas": dict(type=click.Choice(CPU_BLAS_CHOICES),
+                     help="cpu only: the BLAS of the GEMMs, SYRKs and MP2 pair-step GEMMs; auto: per op and size, "
+                          "the faster of torch's (MKL) and numpy's OpenBLAS as a short probe measured on this "
+                          "machine (cached in ~/.cache/dfmp2/cpu_blas.json); torch or openblas: that one (the "
+                          "result's 'ran' says which ran)"),
     "scf_mode": dict(type=click.Choice(SCF_MODES),
                      help="RHF: df, ours with density fitting (JK-fit basis) on the device; pyscf-df, PySCF's "
                           "DF-RHF on the host (the cross-check); exact, PySCF's RHF with exact integrals. "
@@ -94,7 +99,7 @@ SPECS = {
 }
 GROUPS = {
     "molecule": ("basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "frozen_core"),
-    "device": ("device", "simulate", "precision", "pair_kernel", "integrals"),
+    "device": ("device", "simulate", "precision", "pair_kernel", "integrals", "cpu_blas"),
     "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad"),
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),

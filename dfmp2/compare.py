@@ -93,7 +93,12 @@ def _caps(device: str):
         raise InputError(str(e), option="devices") from None
 
 
-def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto"):
+def _cpu_blas(device: str, cpu_blas: str) -> str:
+    """--cpu-blas applies to the cpu device of the list; the others keep auto (their own kernels)."""
+    return cpu_blas if _caps(device).is_host else "auto"
+
+
+def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto", cpu_blas: str = "auto"):
     """The backend for ``device``, or the one-line reason it cannot run here (never raises for
     that). A precision the device can never run is the user's mistake: InputError, before any
     device runs (``compare --devices cpu,trn1`` at the default fp64 used to fail after the CPU's run)."""
@@ -104,7 +109,8 @@ def check_device(device: str, precision: str, simulate: bool, pair_kernel: str =
             raise InputError(f"{device}: {caps.precision_problem(precision)}; compare every device in "
                              "fp32 (energies are still summed in fp64)", option="precision")
         return linalg.get_backend(device, simulate=simulate and caps.simulable,
-                                  pair_kernel=_pair_kernel(device, pair_kernel)), ""
+                                  pair_kernel=_pair_kernel(device, pair_kernel),
+                                  cpu_blas=_cpu_blas(device, cpu_blas)), ""
     except DeviceUnavailableError as e:
         return None, error_line(e)
     except ValueError as e:          # unknown device name: a user mistake, not a device state
@@ -124,7 +130,8 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
     opts = replace(options, device=device,
                    simulate=options.simulate and _caps(device).simulable,
                    pair_kernel=_pair_kernel(device, options.pair_kernel),
-                   integrals=_integrals(device, options.integrals))
+                   integrals=_integrals(device, options.integrals),
+                   cpu_blas=_cpu_blas(device, options.cpu_blas))
     for _ in range(repeat):
         t0 = time.perf_counter()
         r = run_geometry(geom, opts)
@@ -268,7 +275,8 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
         from .outputs import check_output_file
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
-    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel) for d in names}
+    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel, options.cpu_blas)
+                for d in names}
     runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
             if be is None]
     ready = [d for d, (be, _) in backends.items() if be is not None]
@@ -301,6 +309,9 @@ def _check_cuda_only(options, names) -> None:
     if options.pair_kernel != "auto" and not any(len(_caps(d).pair_kernels) > 1 for d in names):
         raise InputError(f"pair kernel '{options.pair_kernel}' applies only to cuda devices, and the devices "
                          f"({', '.join(names)}) include none; leave it at auto", option="pair_kernel")
+    if options.cpu_blas != "auto" and not any(_caps(d).is_host for d in names):
+        raise InputError(f"cpu BLAS '{options.cpu_blas}' applies only to the cpu device, and the devices "
+                         f"({', '.join(names)}) do not include it; leave it at auto", option="cpu_blas")
     if options.integrals == "gpu4pyscf" and not any(_caps(d).cuda_memory for d in names):
         raise InputError(f"integral engine gpu4pyscf applies only to cuda devices, and the devices "
                          f"({', '.join(names)}) include none; leave it at auto", option="integrals")

@@ -31,6 +31,7 @@ ECP_CHOICES = ("auto", "none", "none-for-testing")   # scf.build_molecule says w
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
 INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
 PAIR_KERNEL_CHOICES = PAIR_KERNELS         # cuda only (linalg.cuda)
+CPU_BLAS_CHOICES = linalg.cpu_blas.MODES   # cpu only: auto (measured, cached), torch, openblas
 
 
 _PATH = (str, os.PathLike, type(None))
@@ -53,6 +54,7 @@ _FIELD_TYPES = (
     ("resume", _PATH, "a file path or None"),
     ("pair_kernel", (str,), f"one of {', '.join(PAIR_KERNEL_CHOICES)}"),
     ("integrals", (str,), f"one of {', '.join(INTEGRAL_ENGINES)}"),
+    ("cpu_blas", (str,), f"one of {', '.join(CPU_BLAS_CHOICES)}"),
     ("occ_block_max", (Integral,), "a positive integer"),
     ("j3c_block_mb", (Real,), "a positive number of MB"),
     ("scf_max_cycle", (Integral,), "a positive integer"),
@@ -82,6 +84,7 @@ class RunOptions:
     resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
     pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
     integrals: str = "auto"              # integral engine (INTEGRAL_ENGINES): auto, host, gpu4pyscf
+    cpu_blas: str = "auto"               # cpu only: BLAS of GEMM/SYRK/pair GEMMs (linalg.cpu_blas): auto, torch, openblas
     occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
@@ -132,11 +135,19 @@ class RunOptions:
         """InputError (naming the option) for a value outside its choices."""
         for name, choices in (("scf_mode", SCF_MODES), ("storage", STORAGE_CHOICES),
                               ("reference", REFERENCES), ("ecp", ECP_CHOICES),
-                              ("integrals", INTEGRAL_ENGINES), ("pair_kernel", PAIR_KERNEL_CHOICES)):
+                              ("integrals", INTEGRAL_ENGINES), ("pair_kernel", PAIR_KERNEL_CHOICES),
+                              ("cpu_blas", CPU_BLAS_CHOICES)):
             value = getattr(self, name)
             if value not in choices:
                 raise InputError(f"unknown {name.replace('_', ' ')} '{value}'; use one of "
                                  f"{', '.join(choices)}", option=name)
-        if self.simulate and not linalg.device_capabilities(self.device).simulable:
+        try:
+            caps = linalg.device_capabilities(self.device)
+        except ValueError as e:        # an unknown device name
+            raise InputError(str(e), option="device") from None
+        if self.cpu_blas != "auto" and not caps.is_host:
+            raise InputError(f"cpu BLAS '{self.cpu_blas}' applies only to the cpu device, not to "
+                             f"'{self.device}' (it runs its own kernels); leave it at auto", option="cpu_blas")
+        if self.simulate and not caps.simulable:
             raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'",
                              option="simulate")

@@ -165,7 +165,10 @@ def make_backend(options: RunOptions, unrestricted: bool = False):
     path then takes the opposite-spin form into account)."""
     try:
         return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel,
-                                  **({"unrestricted": True} if unrestricted else {}))
+                                  **({"unrestricted": True} if unrestricted else {}),
+                                  **({"cpu_blas": options.cpu_blas} if options.cpu_blas != "auto" else {}))
+    except linalg.cpu_blas.CpuBlasChoiceError as e:
+        raise InputError(str(e), option="cpu_blas") from None
     except ValueError as e:        # a pair kernel unknown or not for this device
         raise InputError(str(e), option="pair_kernel") from None
 

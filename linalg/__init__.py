@@ -3,11 +3,11 @@ from .backend import (Backend, Capabilities, TorchBackend, get_backend, backend_
                       present_devices, DEVICE_NAMES, DTYPES)
 from .errors import DeviceUnavailableError, ConvergenceError, KernelError, NotPositiveDefiniteError
 from .ops import gemm, syrk, trsm, cholesky, eigh, inv_sqrt_spd, mp2_pair_energy
-from . import philox
+from . import cpu_blas, philox
 from .synthetic import random_matrix, random_spd, synthetic_problem, SyntheticProblem
 
 __all__ = ["Backend", "Capabilities", "TorchBackend", "get_backend", "backend_for", "device_capabilities",
            "present_devices", "DEVICE_NAMES", "DTYPES",
            "DeviceUnavailableError", "ConvergenceError", "KernelError", "NotPositiveDefiniteError",
            "gemm", "syrk", "trsm", "cholesky", "eigh", "inv_sqrt_spd", "mp2_pair_energy",
-           "philox", "random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"]
+           "cpu_blas", "philox", "random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import torch_ops
+from . import cpu_blas as cpu_blas_module, torch_ops
 from .errors import DeviceUnavailableError
 from .newton_schulz import newton_schulz_inv_sqrt
 
@@ -119,11 +119,18 @@ class Backend:
 
 
 class TorchBackend(Backend):
-    """CPU and CUDA through PyTorch."""
+    """CPU and CUDA through PyTorch. On the CPU, GEMM, SYRK and the pair step's GEMMs run on torch's
+    BLAS or numpy's OpenBLAS as ``cpu_blas`` says (linalg.cpu_blas: 'auto' measures, 'torch' and
+    'openblas' force); other devices take only 'auto' (their own kernels)."""
 
-    def __init__(self, name: str = "cpu"):
+    def __init__(self, name: str = "cpu", cpu_blas: str = "auto"):
         super().__init__(name=name, engine="torch")
         self.device = torch.device(name)
+        if self.device.type != "cpu" and cpu_blas != "auto":
+            raise cpu_blas_module.CpuBlasChoiceError(
+                f"cpu BLAS '{cpu_blas}' applies only to the cpu device, not to '{name}' (it runs its own "
+                "kernels); leave it at auto")
+        self.blas = cpu_blas_module.CpuBlas(cpu_blas) if self.device.type == "cpu" else None
 
     def to_device(self, x, dtype=None) -> torch.Tensor:
         """Host array or tensor -> tensor on this backend's device."""
@@ -136,11 +143,23 @@ class TorchBackend(Backend):
 
     # ---- ops (implementations in linalg.torch_ops; contracts in linalg.ops) ----
     def gemm(self, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
+        if self.blas is not None and (out is None or beta == 0.0):
+            ran = self.blas.matmul(a.mT if trans_a else a, b.mT if trans_b else b, "gemm", out)
+            if ran is not None:
+                self.record("gemm", ran[1])
+                return ran[0].mul_(alpha) if alpha != 1.0 else ran[0]
         self.record("gemm", "torch.matmul")
         return torch_ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, out=out)
 
     def syrk(self, a, *, trans=False, alpha=1.0, uplo="lower", full=True):
         n, k = (a.shape[-1], a.shape[-2]) if trans else (a.shape[-2], a.shape[-1])
+        if self.blas is not None and a.ndim == 2 and uplo in ("lower", "upper"):
+            A = a.mT if trans else a
+            ran = self.blas.matmul(A, A.mT, "syrk")     # numpy: SYRK, mirrored (exactly symmetric)
+            if ran is not None:
+                self.record("syrk", ran[1])
+                c = ran[0].mul_(alpha) if alpha != 1.0 else ran[0]
+                return c if full else torch_ops.syrk_triangle(c, uplo)
         blocked = len(torch_ops.syrk_blocks(n, k)) > 1
         self.record("syrk", "torch.matmul(block-triangle)" if blocked else "torch.matmul")
         return torch_ops.syrk(a, trans=trans, alpha=alpha, uplo=uplo, full=full)
@@ -182,15 +201,21 @@ class TorchBackend(Backend):
         (nj, nvir_j, naux) over its own virtuals b, K is (nvir, nvir_j), symmetric must be False,
         and the result is (e_os, NaN): the exchange term does not exist between spins.
         """
-        self.record("mp2_pair_energy", "torch.matmul(batched)")
+        ob = None
+        if self.blas is not None and Bi.ndim == 3 and Bj.ndim == 3:
+            nvir, nvj = Bi.shape[1], Bj.shape[1]
+            chunk = max(1, torch_ops.PAIR_CHUNK_ELEMS // max(1, nvir * nvj))
+            ob = self.blas.pair(Bi, Bj, min(Bj.shape[0], chunk) * nvj)
+        self.record("mp2_pair_energy", ob.pop("kernel") if ob else "torch.matmul(batched)")
         return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
-                                         eps_vir_j=eps_vir_j)
+                                         eps_vir_j=eps_vir_j, **(ob or {}))
 
     def describe(self) -> dict:
         d = super().describe()
         d["torch"] = torch.__version__
         if self.device.type == "cpu":
             d["threads"] = torch.get_num_threads()
+            d["cpu_blas"] = self.blas.describe()
         if self.device.type == "cuda":
             d["gpu"] = torch.cuda.get_device_name(self.device)
         return d
@@ -209,7 +234,7 @@ def _check_cuda(name: str) -> None:
 
 
 def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
-                unrestricted: bool = False) -> Backend:
+                unrestricted: bool = False, cpu_blas: str = "auto") -> Backend:
     """Build the backend for a device name, or raise DeviceUnavailableError before any work.
 
     ``simulate`` (trn1/trn2 only) runs the NKI kernels on this CPU through ``nki.simulate``
@@ -218,8 +243,18 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
     (linalg.cuda); any other device has one path, so a choice other than 'auto' is an error there.
     ``unrestricted``: the run has opposite-spin pair blocks (UMP2, ``eps_vir_j``); on cuda 'auto'
     then resolves to gemm+epilogue and 'fused' (which has no opposite-spin form) is refused.
+    ``cpu_blas`` (cpu only): the BLAS of the GEMMs, SYRKs and pair-step GEMMs, 'auto' (measured),
+    'torch' or 'openblas' (linalg.cpu_blas); another device refuses anything but 'auto'
+    (cpu_blas.CpuBlasChoiceError, a ValueError), before any work.
     """
     caps = device_capabilities(name)
+    if cpu_blas not in cpu_blas_module.MODES:
+        raise cpu_blas_module.CpuBlasChoiceError(
+            f"unknown cpu BLAS '{cpu_blas}'; use one of {', '.join(cpu_blas_module.MODES)}")
+    if cpu_blas != "auto" and not caps.is_host:
+        raise cpu_blas_module.CpuBlasChoiceError(
+            f"cpu BLAS '{cpu_blas}' applies only to the cpu device, not to '{name}' (it runs its own "
+            "kernels); leave it at auto")
     from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
     if pair_kernel not in PAIR_KERNELS:
         raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(PAIR_KERNELS)}")
@@ -229,7 +264,7 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
     if simulate and not caps.simulable:
         raise ValueError(f"simulation applies only to trn1/trn2, not to device '{name}'")
     if name == "cpu":
-        return TorchBackend("cpu")
+        return TorchBackend("cpu", cpu_blas=cpu_blas)
     if name.split(":", 1)[0] == "cuda":
         _check_cuda(name)
         from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel

@@ -5,6 +5,7 @@ checks raise ValueError with one line naming the op, the argument and the shapes
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -95,6 +96,11 @@ def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True):
     if full:
         lower = torch.ones((n, n), dtype=torch.bool, device=A.device).tril_()
         return torch.where(lower, c, c.mT)
+    return syrk_triangle(c, uplo)
+
+
+def syrk_triangle(c, uplo: str):
+    """The ``uplo`` triangle of a symmetric (n, n) ``c`` (the other triangle zero); c is overwritten."""
     c = c.tril_()
     return c if uplo == "lower" else c.mT.contiguous()
 
@@ -167,7 +173,7 @@ def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
 
 
 def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
-                    max_block_elems=PAIR_CHUNK_ELEMS):
+                    max_block_elems=PAIR_CHUNK_ELEMS, matmul=torch.matmul, serial=contextlib.nullcontext):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (see Backend contract).
 
     ``eps_vir_j`` (nvir_j,): i and j have different spins (UMP2's alpha-beta block): Bj is
@@ -185,6 +191,9 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     thread (as PySCF's MP2 kernel does with OpenMP): this keeps both cores busy on the
     elementwise work too and degrades gracefully when another job holds a core. Per-row sums
     are combined in row order, so the result does not depend on the thread count.
+
+    ``matmul(A, B)``: the GEMM of K (linalg.cpu_blas.openblas_matmul when OpenBLAS runs it);
+    ``serial()``: a context that keeps it on one thread while the rows run threaded.
     """
     ni, nvir, naux = Bi.shape
     nj, nvj = Bj.shape[0], Bj.shape[1]
@@ -205,7 +214,7 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
         e_ia = ei[i] - ev                                            # (a,)
         for j0 in range(0, jend, jchunk):
             j1 = min(jend, j0 + jchunk)
-            K = torch.matmul(Bi[i], bj2[:, j0 * nvj:j1 * nvj]).view(nvir, j1 - j0, nvj)
+            K = matmul(Bi[i], bj2[:, j0 * nvj:j1 * nvj]).view(nvir, j1 - j0, nvj)
             D = (e_ia[:, None, None] + (ej[j0:j1, None] - evj[None, :])).to(K.dtype)  # (a, j, b)
             Kd = K / D
             os_ = (K * Kd).sum(dim=(0, 2), dtype=f64)
@@ -228,12 +237,13 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     else:
         from concurrent.futures import ThreadPoolExecutor
         order = sorted(range(ni), key=lambda i: -(i + 1 if symmetric else nj))   # longest rows first
-        torch.set_num_threads(1)
-        try:
-            with ThreadPoolExecutor(max_workers=min(nthreads, ni)) as pool:
-                done = dict(zip(order, pool.map(row, order)))
-        finally:
-            torch.set_num_threads(nthreads)
+        with serial():
+            torch.set_num_threads(1)
+            try:
+                with ThreadPoolExecutor(max_workers=min(nthreads, ni)) as pool:
+                    done = dict(zip(order, pool.map(row, order)))
+            finally:
+                torch.set_num_threads(nthreads)
         rows = [done[i] for i in range(ni)]
     e_os = torch.zeros((), dtype=f64, device=dev)
     e_ss = torch.zeros((), dtype=f64, device=dev)

@@ -2,6 +2,13 @@
 
     python scripts/bench_linalg.py --device cpu            # ~2-3 min on 2 cores
     python scripts/bench_linalg.py --device cuda --dtype fp32
+    python scripts/bench_linalg.py --blas                  # torch's BLAS vs numpy's OpenBLAS, ~2-4 min
+
+--blas: the best (of --repeats, default 3) DGEMM and SGEMM of torch's BLAS and of numpy's OpenBLAS
+(zero-copy np.matmul, linalg.cpu_blas) at 2000-4000 cubed and at the GEMM/SYRK shapes of the DF-SCF's
+K build, the MP2 transform and the pair step (one thread per row, as it runs) of (H2O)8 and (H2O)16
+cc-pVDZ, each with the library linalg.cpu_blas's probe picks for it on this machine. Writes
+scripts/results/bench_blas_cpu.json and .md (date, CPU, versions, threadpoolctl's record).
 
 For each op and shape: warm-up, then repeats (at least --repeats, until --min-time seconds),
 device synchronised around every call; median, min and max time; GFLOP/s from the op's flop
@@ -57,11 +64,15 @@ def main(argv=None):
                     help="BLAS/torch threads for all columns (default: the libraries' defaults)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     ap.add_argument("--out", default=None, help="output prefix (default scripts/results/bench_linalg_<device>)")
+    ap.add_argument("--blas", action="store_true",
+                    help="torch's BLAS vs numpy's OpenBLAS at large and DF-MP2 shapes (see the docstring)")
     ap.add_argument("--rerender", metavar="JSON", default=None,
                     help="only recompute derived columns of a saved result and rewrite its .json/.md")
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(args.rerender)
+    if args.blas:
+        return blas_main(args, argv)
     # Before numpy/scipy/torch are imported (by the library below), so that --threads reaches the
     # BLAS thread pools (MKL for torch, OpenBLAS for scipy) before they start.
     if args.threads:
@@ -131,6 +142,114 @@ def main(argv=None):
     prefix.with_suffix(".json").write_text(json.dumps({"meta": meta, "peak": peaks, "rows": rows}, indent=1))
     prefix.with_suffix(".md").write_text(markdown(meta, peaks, rows))
     print(f"wrote {prefix.with_suffix('.json')} and .md")
+
+
+def blas_shapes(quick: bool = False) -> list[tuple]:
+    """(name, op, m, n, k, threads) rows: 'gemm' is (m, k) @ (k, n); 'syrk' is a^T a for a (k, n)
+    (m = n); threads None means torch's count, 1 the pair step's one thread per row. The DF-MP2
+    shapes are derived from the code's block sizes: per water cc-pVDZ nao 24, nocc 5, MP2-fit naux
+    84, JK-fit naux 116; the pair step's K = (nvir, naux) @ (naux, cols) with cols =
+    min(OCC_BLOCK_MAX, PAIR_CHUNK_ELEMS // nvir^2) * nvir; the K build's Z = C_occ^T B_P (nocc, nao)
+    @ (nao, nb*nao) and its SYRK over k = nocc*nb for nb = dfhf.jk_block; the transform
+    (naux*nao, nao) @ (nao, nocc) and (naux*nocc, nao) @ (nao, nvir)."""
+    from dfmp2 import dfhf, memory
+    from linalg.torch_ops import PAIR_CHUNK_ELEMS
+    if quick:
+        return [("cube 256", "gemm", 256, 256, 256, None), ("pair quick", "gemm", 40, 120, 160, 1)]
+    rows = [(f"cube {n}", "gemm", n, n, n, None) for n in (2000, 3000, 4000)]
+    for nw in (8, 16):
+        nao, nocc, naux, naux_jk = 24 * nw, 5 * nw, 84 * nw, 116 * nw
+        nvir = nao - nocc
+        cols = min(memory.OCC_BLOCK_MAX, PAIR_CHUNK_ELEMS // (nvir * nvir)) * nvir
+        nb = min(naux_jk, dfhf.jk_block(nao, naux_jk, 8))
+        tag = f"(H2O){nw}"
+        rows += [(f"{tag} pair K_ij", "gemm", nvir, cols, naux, 1),
+                 (f"{tag} SCF K: Z = C^T B", "gemm", nocc, nb * nao, nao, None),
+                 (f"{tag} SCF K: Z^T Z", "syrk", nao, nao, nocc * nb, None),
+                 (f"{tag} transform (P mu|i)", "gemm", naux * nao, nocc, nao, None),
+                 (f"{tag} transform (P i|a)", "gemm", naux * nocc, nvir, nao, None)]
+    return rows
+
+
+def blas_main(args, argv):
+    """--blas: best-of-N GEMM/SYRK of both libraries per shape and dtype, with the probe's pick."""
+    import time
+    import torch
+    from dfmp2.benchmarks import timing
+    from linalg import cpu_blas, torch_ops
+    v = timing.versions()
+    threads = torch.get_num_threads()
+    table, source, _ = cpu_blas.CpuBlas("auto").table()
+    from threadpoolctl import threadpool_info
+    meta = {"date": timing.now(), "cpu": timing.cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": threads,
+            "torch": v["torch"], "torch_blas": cpu_blas.torch_blas_info(), "numpy": v["numpy"],
+            "openblas": cpu_blas.numpy_blas_info(), "threadpool_info": threadpool_info(),
+            "probe": {"source": source, "seconds": table["seconds"], "date": table["date"],
+                      "cache": str(cpu_blas.cache_path())},
+            "command": " ".join(["python", "scripts/bench_linalg.py"] + list(argv if argv is not None else sys.argv[1:])),
+            "repeats": args.repeats, "load_average_before": os.getloadavg()}
+    print(json.dumps({k: meta[k] for k in ("date", "cpu", "torch_threads", "torch_blas", "openblas", "probe")},
+                     indent=1), flush=True)
+    rows = []
+    for name, op, m, n, k, nt in blas_shapes(args.quick):
+        for dname, dtype in (("fp64", torch.float64), ("fp32", torch.float32)):
+            g = torch.Generator().manual_seed(1)
+            A = torch.rand((k, n) if op == "syrk" else (m, k), generator=g, dtype=dtype)
+            B = A if op == "syrk" else torch.rand((k, n), generator=g, dtype=dtype)
+            out = torch.empty((m, n), dtype=dtype)
+            fns = {"torch": (lambda: torch_ops.syrk(A, trans=True)) if op == "syrk" else
+                   (lambda: torch.matmul(A, B, out=out)),
+                   "openblas": (lambda: cpu_blas.openblas_matmul(A.mT, A, out)) if op == "syrk" else
+                   (lambda: cpu_blas.openblas_matmul(A, B, out))}
+            best = {lib: float("inf") for lib in fns}
+            torch.set_num_threads(nt or threads)
+            cpu_blas._THREADS.sync(nt or threads)
+            try:
+                for fn in fns.values():
+                    fn()
+                for _ in range(args.repeats):          # interleaved: load hits both libraries alike
+                    for lib, fn in fns.items():
+                        t0 = time.perf_counter()
+                        fn()
+                        best[lib] = min(best[lib], time.perf_counter() - t0)
+            finally:
+                torch.set_num_threads(threads)
+                cpu_blas._THREADS.sync(threads)
+            flops = 2.0 * m * n * k
+            kind = "pair" if nt == 1 else op
+            pick = cpu_blas.CpuBlas("auto").library(kind, dtype, flops)
+            row = {"name": name, "op": op, "m": m, "n": n, "k": k, "threads": nt or threads, "dtype": dname,
+                   "flops": flops, "seconds": best, "gflops": {lib: flops / t / 1e9 for lib, t in best.items()},
+                   "faster": min(best, key=best.get), "probe_class": cpu_blas.entry(kind, dtype, cpu_blas.size_class(flops)),
+                   "probe_pick": pick}
+            rows.append(row)
+            print(f"{name:28s} {op} {m}x{n}x{k} {dname} t={row['threads']}: torch {row['gflops']['torch']:7.1f}  "
+                  f"openblas {row['gflops']['openblas']:7.1f} GF/s  faster {row['faster']:8s} probe picks {pick}",
+                  flush=True)
+    meta["load_average_after"] = os.getloadavg()
+    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "bench_blas_cpu"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix.with_suffix(".json").write_text(json.dumps({"meta": meta, "probe_table": table, "rows": rows}, indent=1))
+    prefix.with_suffix(".md").write_text(blas_markdown(meta, rows))
+    print(f"wrote {prefix.with_suffix('.json')} and .md")
+
+
+def blas_markdown(meta, rows) -> str:
+    ob, tb = meta["openblas"] or {}, meta["torch_blas"]
+    lines = ["# torch's BLAS vs numpy's OpenBLAS", "",
+             f"`{meta['command']}` on {meta['date']}: {meta['cpu']} ({meta['cpu_count']} CPUs), torch "
+             f"{meta['torch']} ({tb['library']} {tb['version']}), numpy {meta['numpy']} (OpenBLAS {ob.get('version')}, "
+             f"core type {ob.get('architecture')}, {ob.get('threading_layer')}), {meta['torch_threads']} threads. "
+             f"Load average before/after: {meta['load_average_before'][0]:.1f} / {meta['load_average_after'][0]:.1f}. "
+             f"Probe table: {meta['probe']['source']} ({meta['probe']['seconds']} s on {meta['probe']['date']}).", "",
+             "Best of the repeats, both libraries interleaved; GF/s = 2mnk / time (SYRK: of the full product).", "",
+             "| shape | op | m x n x k | dtype | threads | torch GF/s | OpenBLAS GF/s | faster | probe class | probe picks |",
+             "|---|---|---|---|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['op']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | {r['threads']} | "
+                     f"{r['gflops']['torch']:.1f} | {r['gflops']['openblas']:.1f} | {r['faster']} | "
+                     f"{r['probe_class']} | {r['probe_pick']} |")
+    return "\n".join(lines) + "\n"
 
 
 def rerender(path: str):

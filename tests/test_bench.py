@@ -47,7 +47,8 @@ def test_rows_record_what_ran(tiny_report):
     assert ns["iterations"] > 3 and ns["residual"] < 1e-6
     assert "inv_sqrt_eigh row" in ns["torch"]["note"] and ns["torch"]["gflops"] > 0
     pair = next(r for r in ran if r["op"] == "mp2_pair_energy")
-    assert "mp2_pair_energy:torch.matmul(batched)" in pair["kernels"]
+    assert any(k in pair["kernels"] for k in ("mp2_pair_energy:torch.matmul(batched)",     # or OpenBLAS,
+                                              "mp2_pair_energy:openblas.dgemm(numpy.matmul, rows)"))  # as measured
     assert pair["pyscf"]["median_s"] > 0 and pair["pyscf_over_this"] > 0
     peak = tiny_report["gemm_peak"][0]
     assert peak["device"] == "cpu" and peak["n"] == 64 and peak["gflops"] > 0

@@ -7,7 +7,7 @@ from linalg import DeviceUnavailableError, TorchBackend, backend_for, get_backen
 
 
 def test_cpu_backend_describes_what_ran():
-    be = get_backend("cpu")
+    be = get_backend("cpu", cpu_blas="torch")       # auto may pick OpenBLAS (tests/test_cpu_blas.py)
     assert isinstance(be, TorchBackend) and be.engine == "torch"
     linalg.gemm(torch.ones(2, 2), torch.ones(2, 2), backend=be)
     d = be.describe()
