@@ -82,8 +82,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 MARK = "GPU_ACCEPTANCE_STEP "
 TOTAL_S = 520.0                 # the device tool allows 600 s a command; installs, imports take the rest
 E_TOL = 1e-8                    # Eh: |ΔE_HF| and |ΔE_MP2| against PySCF (SCFs converged to 1e-12 Eh)
-CUDA_TEST_FILES = ["tests/test_cuda.py", "tests/test_linalg_backend.py", "tests/test_philox.py",
-                   "tests/test_integrals.py", "tests/test_interaction.py"]
 WATERS = {"h2o_08": "inputs/water_clusters/h2o_08.xyz", "h2o_16": "inputs/water_clusters/h2o_16.xyz",
           "h2o_32": "inputs/water_clusters/h2o_32.xyz"}
 DRY = {"h2o_08": "inputs/water.xyz", "h2o_16": "inputs/water.xyz", "h2o_32": "inputs/water_clusters/h2o_02.xyz"}
@@ -104,7 +102,8 @@ def mol_key(step: str) -> str | None:
 
 # ------------------------------------------------------------------------------------ the steps
 def step_cuda_tests(spec):
-    files = ["tests/test_cuda.py"] if spec["dry"] else CUDA_TEST_FILES
+    files = ["tests/test_cuda.py"] if spec["dry"] else sorted(      # the files that hold cuda tests
+        f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "cuda", "-p", "no:cacheprovider", *files],
                        capture_output=True, text=True, cwd=ROOT)
     last = (p.stdout.strip().splitlines() or [""])[-1]
@@ -300,12 +299,17 @@ def checks(steps: dict) -> dict:
     def res(name):
         s = steps.get(name)
         return s["result"] if s and s.get("status") == "pass" else None
+
+    def energies(name):     # PySCF with one BLAS setting over its budget: its energies still count
+        s = steps.get(name)
+        return s["result"] if s and s.get("result") and "e_mp2" in s["result"] else None
     peak = (res("pair_peak") or {}).get("dgemm_peak_tflops")
     for m in ("h2o_16", "h2o_32"):
         ours, g4p, ps = res(f"ours_{m}"), res(f"gpu4pyscf_{m}"), res(f"pyscf_{m}")
+        ps_e = energies(f"pyscf_{m}")
         for who, r in (("ours", ours), ("gpu4pyscf", g4p)):
-            if r and ps:
-                d_hf, d_mp2 = abs(r["e_hf"] - ps["e_hf"]), abs(r["e_mp2"] - ps["e_mp2"])
+            if r and ps_e:
+                d_hf, d_mp2 = abs(r["e_hf"] - ps_e["e_hf"]), abs(r["e_mp2"] - ps_e["e_mp2"])
                 agree.append({"molecule": m, "who": who, "abs_d_e_hf": d_hf, "abs_d_e_mp2": d_mp2,
                               "passed": d_hf <= E_TOL and d_mp2 <= E_TOL})
             else:
@@ -313,6 +317,8 @@ def checks(steps: dict) -> dict:
                               "reason": f"not compared: {who} or PySCF did not pass"})
         if ours:
             row = {"molecule": m, "ours_whole_s": ours["whole_s"], "ours_dfrhf_s": ours["dfrhf_s"]}
+            if ps_e and not ps:
+                row["pyscf_setting"] = "not compared: only one BLAS setting finished"
             if ps:
                 row.update(pyscf_whole_s=ps["seconds"], pyscf_setting=ps["baseline"]["best"],
                            pyscf_over_ours_whole=ps["seconds"] / ours["whole_s"],

@@ -7,7 +7,7 @@
 #   bash scripts/gpu_acceptance.sh [ARGS]     # install PySCF (+ gpu4pyscf) into /tmp/site, then
 #                                             # python scripts/gpu_acceptance.py ARGS
 set -uo pipefail
-SITE=/tmp/site STAGE=/tmp/stage
+SITE=${SITE:-/tmp/site} STAGE=${STAGE:-/tmp/stage}
 OUT=${OUT:-scripts/results}
 mkdir -p "$SITE" "$STAGE" "$OUT"
 for d in .g4?; do [ -d "$d" ] && cp "$d"/pack.* "$STAGE"/; done
@@ -20,7 +20,8 @@ if ls "$STAGE"/pack.tar.xz.* >/dev/null 2>&1; then          # PySCF and gpu4pysc
         echo "error: $have of $want pieces in $STAGE: the machine went cold between the calls; start again from the first" >&2
         exit 3
     fi
-    cat "$STAGE"/pack.tar.xz.* | xz -dc | tar -x -C "$SITE" || { echo "error: unpacking the pieces failed" >&2; exit 3; }
+    if command -v xz >/dev/null; then unxz="xz -dc"; else unxz="python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'"; fi
+    cat "$STAGE"/pack.tar.xz.* | eval "$unxz" | tar -x -C "$SITE" || { echo "error: unpacking the pieces failed" >&2; exit 3; }
     # gpu4pyscf loads a libxc from its own lib/deps; only DFT needs the GPU libxc, the import needs the name
     mkdir -p "$SITE"/gpu4pyscf/lib/deps/lib
     [ -e "$SITE"/gpu4pyscf/lib/deps/lib/libxc.so ] || ln -sf "$SITE"/pyscf/lib/deps/lib/libxc.so "$SITE"/gpu4pyscf/lib/deps/lib/libxc.so
