@@ -45,3 +45,26 @@ def test_failing_child_is_an_error_entry(tmp_path):
     base = fb.pyscf_baseline(["dfrhf"], tmp_path / "missing.xyz", timeout=60, peak_sizes=[64],
                              settings=("unset",))
     assert base["best"] is None and base["runs"]["unset"]["error"].startswith("exit ")
+
+
+def _script(name, *args, tmp):
+    import json
+    import subprocess
+    out = tmp / name
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), str(ROOT / "inputs/water.xyz"), *args,
+                        "--peak-sizes", "64", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".md").read_text()
+
+
+def test_bench_vs_pyscf_and_bench_scf_use_the_fair_baseline(tmp_path):
+    doc, md = _script("bench_vs_pyscf", "--repeats", "1", tmp=tmp_path)
+    assert set(doc["pyscf_baseline"]["runs"]) == {"as_set", "unset"}
+    assert doc["times_s"]["pyscf_fp64"]["setting"] == doc["pyscf_baseline"]["best"]
+    assert abs(doc["e_corr_diff_vs_pyscf"]["ours_fp64"]) < 1e-10          # same SCF orbitals on both sides
+    assert doc["gemm_peak"]["fp64"]["gflops"] > 0 and doc["blas"]["ours"]["threadpools"]
+    assert "## Baseline fairness" in md
+    doc, md = _script("bench_scf", "--threads", "1", tmp=tmp_path)
+    settings = {r.get("setting") for r in doc["rows"] if r["who"].startswith("pyscf DF-RHF (")}
+    assert settings == {"as_set", "unset"} and doc["gemm_peak"]["fp32"]["gflops"] > 0
+    assert "faster PySCF / this" in md and "## Baseline fairness" in md
