@@ -201,8 +201,10 @@ def step_gpu4pyscf(spec):
         from gpu4pyscf.mp import dfmp2 as gdfmp2
         import gpu4pyscf
     except Exception as e:       # ImportError, or a CUDA library that does not load
-        return "skipped", (f"gpu4pyscf not importable ({type(e).__name__}: {_one(e)}); it is too large to travel "
-                           "with PySCF in one call: stage it first (scripts/gpu_acceptance.py docstring)"), {}
+        missing = getattr(e, "name", None) == "gpu4pyscf"
+        return "skipped", (f"gpu4pyscf not importable ({type(e).__name__}: {_one(e)})" + (
+            "; it is too large to travel with PySCF in one call: make the two calls of "
+            "scripts/gpu_acceptance.py's docstring" if missing else "")), {}
     if spec["dry"]:
         return "skipped", "dry run on CPU: gpu4pyscf needs a GPU", {}
     from dfmp2 import scf
