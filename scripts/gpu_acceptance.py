@@ -3,7 +3,7 @@
 total time budget (default 520 s, under the device tool's 10-minute limit per command).
 
     python scripts/gpu_acceptance.py                     # on a CUDA machine
-    python scripts/gpu_acceptance.py --dry-run --out-dir /tmp/acc   # here, on the CPU (about a minute)
+    python scripts/gpu_acceptance.py --dry-run --out-dir /tmp/acc   # here, on the CPU (1-2 min on 2 busy cores)
     python scripts/gpu_acceptance.py --steps pyscf_h2o_32 --total-s 520   # one step again, alone
     python scripts/gpu_acceptance.py --prepare-wheels    # here: the wheels a GPU session carries
 
@@ -59,7 +59,8 @@ survives while it is warm, the carried folders do not):
 The files come back under the call's files_at: gpu_acceptance_<date>.json and .md and the log;
 copy the two result files into scripts/results/ and commit them. If the second call says the
 machine went cold (exit 3), make both calls again. Steps that ran over their budget can be rerun
-alone in a further call: add `--steps NAME[,NAME]` after gpu_acceptance.sh.
+alone in a further call with the same carry: add `--steps NAME[,NAME]` after gpu_acceptance.sh
+(the chosen steps share the whole budget; their files are named apart).
 """
 from __future__ import annotations
 
