@@ -105,11 +105,10 @@ def gemm_peaks(sizes=CPU_PEAK_SIZES, repeats: int = 3, torch_device: str | None 
             if torch_device is not None:
                 import torch
                 dt = torch.float64 if prec == "fp64" else torch.float32
-                if torch_device.startswith("cuda"):
-                    torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = False      # fp32 means fp32 (no effect on a CPU)
                 a = torch.randn(n, n, dtype=dt, device=torch_device)
                 b = torch.randn(n, n, dtype=dt, device=torch_device)
-                sync = (lambda: torch.cuda.synchronize(torch_device)) if torch_device.startswith("cuda") else (lambda: None)
+                sync = (lambda: torch.cuda.synchronize(a.device)) if a.is_cuda else (lambda: None)
                 rows.append(_best_of(lambda: torch.matmul(a, b), sync, n, prec, f"torch ({torch_device})", repeats))
     return merge_peaks({"rows": rows})
 
