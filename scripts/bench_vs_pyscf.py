@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import platform
 import statistics
 import sys
@@ -18,27 +19,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from pyscf import df, lib
-from pyscf.mp import dfmp2 as pyscf_dfmp2
+from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import fair_baseline as fb  # noqa: E402
 
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2 import scf  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
-
-
-def time_pyscf(mol, ref, auxbasis, nfrozen):
-    pt = pyscf_dfmp2.DFMP2(ref.mf, frozen=nfrozen or None)
-    pt.with_df = df.DF(mol, auxbasis=auxbasis)
-    pt.verbose = 0
-    pt.max_memory = 16000  # MB: keep PySCF incore (its default 4000 MB would go out of core)
-    t0 = time.perf_counter()
-    pt.kernel(with_t2=False)
-    return time.perf_counter() - t0, float(pt.e_corr)
 
 
 def time_ours(mol, auxmol, ref, options):
@@ -63,6 +56,9 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frozen-core", action="store_true")
+    ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
+    ap.add_argument("--peak-sizes", type=lambda t: [int(x) for x in t.split(",")], default=list(fb.CPU_PEAK_SIZES),
+                    help="square GEMM sizes of the peak, comma list")
     ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
                     help="output path without extension (.json and .md are written)")
     args = ap.parse_args(argv)
@@ -77,17 +73,25 @@ def main(argv=None):
     print(f"{args.xyz}: {shapes}; torch threads {torch.get_num_threads()}, "
           f"pyscf threads {lib.num_threads()}", flush=True)
 
-    times = {"pyscf_fp64": [], "ours_fp64": [], "ours_fp32": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = fb.pyscf_baseline(["stage"], args.xyz, args.basis, threads=lib.num_threads(),
+                                 timeout=args.baseline_timeout, repeats=args.repeats,
+                                 scf_npz=fb.save_scf(ref.mf, Path(tmp) / "scf.npz"), frozen_core=args.frozen_core,
+                                 peak_sizes=args.peak_sizes)
+    for s, r in base["runs"].items():
+        print(f"PySCF ({s}): " + (r["error"] if "error" in r else f"{r['tasks']['stage']['seconds']:.2f} s; "
+                                  f"{fb.blas_summary(r['blas'])}"), flush=True)
+    if base["best"] is None:
+        sys.exit("error: the PySCF baseline failed in both settings: " + "; ".join(
+            r["error"] for r in base["runs"].values()))
+    pyscf = base["tasks"]["stage"]
+    times = {"ours_fp64": [], "ours_fp32": []}
     other = {k: [] for k in times}        # other processes' CPU cores during each timed run
-    energies, stage_times, ran = {}, {}, {}
+    energies, stage_times, ran = {"pyscf_fp64": pyscf["e_corr"]}, {}, {}
     opts = {p: RunOptions(basis=args.basis, device=args.device, precision=p, frozen_core=args.frozen_core)
             for p in ("fp64", "fp32")}
     time_ours(mol, auxmol, ref, opts["fp64"])  # warm-up (allocations, libraries)
     for rep in range(args.repeats):
-        m0 = OtherCPU.mark()
-        t, energies["pyscf_fp64"] = time_pyscf(mol, ref, auxbasis, nfrozen)
-        times["pyscf_fp64"].append(t)
-        other["pyscf_fp64"].append(OtherCPU.cores(m0, OtherCPU.mark()))
         for prec in ("fp64", "fp32"):
             m0 = OtherCPU.mark()
             t, e, st, r = time_ours(mol, auxmol, ref, opts[prec])
@@ -96,9 +100,13 @@ def main(argv=None):
             energies[f"ours_{prec}"], stage_times[f"ours_{prec}"], ran[f"ours_{prec}"] = e, st, r
         print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
 
-    summary = {k: stats(v) for k, v in times.items()}
-    base = summary["pyscf_fp64"]["median"]
-    ratios = {k: base / summary[k]["median"] for k in ("ours_fp64", "ours_fp32")}
+    summary = {"pyscf_fp64": {"median": pyscf["seconds"], "min": pyscf["min_s"], "max": pyscf["max_s"],
+                              "n": pyscf["n"], "setting": base["best"]},
+               **{k: stats(v) for k, v in times.items()}}
+    base_s = summary["pyscf_fp64"]["median"]
+    ratios = {k: base_s / summary[k]["median"] for k in ("ours_fp64", "ours_fp32")}
+    ours_blas = fb.blas_info()
+    peaks = fb.merge_peaks(fb.gemm_peaks(args.peak_sizes), base["peaks"])
     report = {
         "what": "DF-MP2 stage after SCF (integrals, metric, transforms, fit, pair energies)",
         "molecule": _display_path(args.xyz),
@@ -106,8 +114,10 @@ def main(argv=None):
         "shapes": shapes, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": torch.get_num_threads(), "platform": platform.platform()},
         "versions": software_versions(), "times_s": summary,
-        "speedup_vs_pyscf": ratios,
-        "other_processes_cores": {k: [c and c["other_cores"] for c in v] for k, v in other.items()},
+        "speedup_vs_pyscf": ratios, "speedup_rule": base["rule"],
+        "pyscf_baseline": base, "blas": {"ours": ours_blas}, "gemm_peak": peaks,
+        "other_processes_cores": {"pyscf_fp64": [pyscf.get("other_processes_cores")],
+                                  **{k: [c and c["other_cores"] for c in v] for k, v in other.items()}},
         "stage_times_s": stage_times, "ran": ran,
         "e_corr": energies,
         "e_corr_diff_vs_pyscf": {k: energies[k] - energies["pyscf_fp64"] for k in ("ours_fp64", "ours_fp32")},
@@ -122,14 +132,15 @@ def main(argv=None):
           "| other processes' CPU cores (max) |",
           "|---|---|---|---|---|---|---|---|"]
     for k, s in summary.items():
-        eng = "cpu / PySCF (C, fp64)" if k.startswith("pyscf") else f"{ran[k]['device']} / {ran[k]['engine']}"
+        eng = f"cpu / PySCF (C, fp64; {base['best']})" if k.startswith("pyscf") else f"{ran[k]['device']} / {ran[k]['engine']}"
         ratio = "1.00" if k.startswith("pyscf") else f"{ratios[k]:.2f}"
         d = "—" if k.startswith("pyscf") else f"{report['e_corr_diff_vs_pyscf'][k]:.1e}"
         busy = [c for c in report["other_processes_cores"][k] if c is not None]
         md.append(f"| {k} | {eng} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {ratio} | {d} | "
                   + (f"{max(busy):.2f}" if busy else "unknown") + " |")
     md += ["", "Stage times of the last repeat (s): " + "; ".join(
-        f"{k}: " + ", ".join(f"{s} {v:.2f}" for s, v in st.items()) for k, st in stage_times.items())]
+        f"{k}: " + ", ".join(f"{s} {v:.2f}" for s, v in st.items()) for k, st in stage_times.items()), ""]
+    md += fb.markdown_lines(base, ours_blas, peaks)
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

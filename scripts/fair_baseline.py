@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""A fair PySCF baseline for every benchmark that compares against PySCF (issue 25).
+
+Some machines set ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``; OpenBLAS reads them once, when
+it is loaded, and they change numpy's (so PySCF's) speed by up to 1.6x either way. A user's
+machine does not set them. So the PySCF side runs twice, each time in a fresh subprocess: once
+with the environment as set (``as_set``) and once with both variables removed (``unset``), and a
+benchmark compares against the FASTER of the two. Where neither variable is set the two runs are
+the same setting (recorded as such) and the second is a repeat.
+
+Also here, so that no benchmark carries its own copy:
+- ``blas_info()``: which BLAS ran in this process: threadpoolctl's ``threadpool_info()`` (library,
+  version, internal_api, architecture = OpenBLAS's core type or MKL's, threads), torch's BLAS
+  line and MKL version from ``torch.__config__.show()``, and the two variables as set.
+- ``gemm_peaks()``: the best DGEMM and SGEMM rate of any library in this process (torch on the
+  device, numpy), a few large square shapes, best of 3 calls each; GFLOP/s = 2 n^3 / seconds / 1e9.
+  Each PySCF subprocess measures numpy's too, under its own setting; ``merge_peaks`` takes the best.
+
+Use from a benchmark (seconds are wall times; energies in Hartree):
+
+    import fair_baseline as fb
+    base = fb.pyscf_baseline(["whole"], xyz, basis="cc-pvdz", threads=2, timeout=600)
+    base["best"]                 # 'as_set' or 'unset': the faster run, the one to compare against
+    base["runs"]["unset"]["tasks"]["whole"]["seconds"]
+
+Child, by hand: ``python scripts/fair_baseline.py --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
+Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.default_auxbasis), ``whole``
+(PySCF DF-RHF + DFMP2 with the MP2-fit set; ``scf_s`` and ``mp2_s`` beside the total),
+``stage`` (PySCF DFMP2 alone on the SCF orbitals saved in ``scf_npz``, ``repeats`` times).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+SETTINGS = ("as_set", "unset")
+MARK = "FAIR_BASELINE_RESULT "          # the child's last stdout line: MARK + JSON
+CPU_PEAK_SIZES = (2048, 3072)           # square GEMM sizes for a CPU peak (about 1 s each on 2 cores)
+
+
+# ---------------------------------------------------------------------------------------- BLAS info
+def blas_info() -> dict:
+    """What BLAS this process loaded: threadpoolctl's pools (or why not), torch's BLAS and the
+    two OpenBLAS variables as this process sees them (None: not set)."""
+    info = {"env": {v: os.environ.get(v) for v in BLAS_VARS}}
+    try:
+        from threadpoolctl import threadpool_info
+        keep = ("user_api", "internal_api", "version", "architecture", "num_threads", "threading_layer", "filepath")
+        info["threadpools"] = sorted(({k: p.get(k) for k in keep if k in p} for p in threadpool_info()),
+                                     key=lambda p: (p["user_api"], p.get("filepath") or ""))
+    except ImportError as e:
+        info["threadpools"] = f"not read: threadpoolctl not installed ({e})"
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        cfg = torch.__config__.show()
+        found = {k: re.search(rf"{k}=([^,\s]+)", cfg) for k in ("BLAS_INFO", "LAPACK_INFO")}
+        lines = [ln.strip(" -") for ln in cfg.splitlines()]
+        info["torch"] = {"blas": found["BLAS_INFO"] and found["BLAS_INFO"].group(1),
+                         "lapack": found["LAPACK_INFO"] and found["LAPACK_INFO"].group(1),
+                         "mkl": next((ln for ln in lines if "Math Kernel Library" in ln), None),
+                         "cpu_capability": next((ln.split(":", 1)[1].strip() for ln in lines
+                                                 if ln.startswith("CPU capability usage")), None),
+                         "threads": torch.get_num_threads()}
+    return info
+
+
+def blas_summary(info: dict) -> str:
+    """One line: each BLAS pool as 'library version (core type, threads)', torch's BLAS, the vars."""
+    pools = info.get("threadpools")
+    parts = ([f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')}, {p.get('num_threads')} thr, "
+              f"{Path(p.get('filepath') or '?').name})"
+              for p in pools if p.get("user_api") == "blas"] if isinstance(pools, list) else [str(pools)])
+    if info.get("torch"):
+        t = info["torch"]
+        mkl = t["mkl"].split(" for ")[0].replace("Intel(R) oneAPI Math Kernel Library ", "MKL ") if t.get("mkl") else None
+        parts.append(f"torch: {t['blas']}" + (f" ({mkl}, {t['cpu_capability']}, {t['threads']} thr)" if mkl else
+                                              f" ({t['cpu_capability']}, {t['threads']} thr)"))
+    env = ", ".join(f"{k}={v}" for k, v in info["env"].items() if v is not None) or "OPENBLAS vars not set"
+    return "; ".join(parts) + f"; {env}"
+
+
+# -------------------------------------------------------------------------------------- GEMM peaks
+def gemm_peaks(sizes=CPU_PEAK_SIZES, repeats: int = 3, torch_device: str | None = "cpu",
+               numpy_too: bool = True) -> dict:
+    """Best GEMM rate per precision: {'fp64': {'gflops', 'library', 'n'}, 'fp32': ..., 'rows': [...]}.
+    Square n x n products, ``repeats`` calls each after one warm-up, the fastest call counted
+    (best of ``repeats``). torch on ``torch_device`` (None: skip; TF32 off on CUDA), numpy on the host."""
+    rows = []
+    for n in sizes:
+        for prec in ("fp64", "fp32"):
+            if numpy_too:
+                import numpy as np
+                rng = np.random.default_rng(n)
+                dt = np.float64 if prec == "fp64" else np.float32
+                a, b = rng.standard_normal((n, n)).astype(dt), rng.standard_normal((n, n)).astype(dt)
+                rows.append(_best_of(lambda: a @ b, lambda: None, n, prec, "numpy", repeats))
+            if torch_device is not None:
+                import torch
+                dt = torch.float64 if prec == "fp64" else torch.float32
+                torch.backends.cuda.matmul.allow_tf32 = False      # fp32 means fp32 (no effect on a CPU)
+                a = torch.randn(n, n, dtype=dt, device=torch_device)
+                b = torch.randn(n, n, dtype=dt, device=torch_device)
+                sync = (lambda: torch.cuda.synchronize(a.device)) if a.is_cuda else (lambda: None)
+                rows.append(_best_of(lambda: torch.matmul(a, b), sync, n, prec, f"torch ({torch_device})", repeats))
+    return merge_peaks({"rows": rows})
+
+
+def _best_of(fn, sync, n, prec, library, repeats) -> dict:
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return {"library": library, "precision": prec, "n": n, "best_s": best, "gflops": 2.0 * n ** 3 / best / 1e9}
+
+
+def merge_peaks(*peaks: dict) -> dict:
+    """One peak table from several (this process's, each subprocess's): all rows, and per
+    precision the fastest row of any library and setting."""
+    rows = [r for p in peaks if p for r in p.get("rows", [])]
+    out = {"rows": rows, "rule": "best of 3 calls per shape; the fastest library and shape"}
+    for prec in ("fp64", "fp32"):
+        mine = [r for r in rows if r["precision"] == prec]
+        if mine:
+            out[prec] = max(mine, key=lambda r: r["gflops"])
+    return out
+
+
+# ------------------------------------------------------------------------------ the PySCF baseline
+def env_for(setting: str, base: dict | None = None) -> dict:
+    """The subprocess environment of one setting: 'as_set' is this one, 'unset' lacks BLAS_VARS."""
+    env = dict(os.environ if base is None else base)
+    if setting == "unset":
+        for v in BLAS_VARS:
+            env.pop(v, None)
+    return env
+
+
+def pyscf_baseline(tasks, xyz, basis: str = "cc-pvdz", threads: int | None = None, timeout: float = 1800,
+                   repeats: int = 1, scf_npz: str | None = None, frozen_core: bool = False,
+                   peak_sizes=CPU_PEAK_SIZES, settings=SETTINGS) -> dict:
+    """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
+    given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
+    'best': the setting whose summed task seconds are lowest, 'same_setting': True where the
+    variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}."""
+    spec = {"tasks": list(tasks), "xyz": str(xyz), "basis": basis, "threads": threads, "repeats": repeats,
+            "scf_npz": scf_npz, "frozen_core": frozen_core, "peak_sizes": list(peak_sizes)}
+    runs = {}
+    for setting in settings:
+        runs[setting] = run_child(spec, env_for(setting), timeout)
+        runs[setting]["setting"] = setting
+    ok = {s: r for s, r in runs.items() if "tasks" in r}
+    best = min(ok, key=lambda s: sum(t["seconds"] for t in ok[s]["tasks"].values())) if ok else None
+    return {"runs": runs, "best": best, "tasks": ok[best]["tasks"] if best else None,
+            "same_setting": all(os.environ.get(v) is None for v in BLAS_VARS),
+            "peaks": merge_peaks(*(r.get("peaks") for r in ok.values())),
+            "rule": "PySCF run once with the environment as set and once without OPENBLAS_CORETYPE and "
+                    "OPENBLAS_L2_SIZE, each in its own process; ratios are against the faster"}
+
+
+def run_child(spec: dict, env: dict, timeout: float) -> dict:
+    """One PySCF subprocess: its result, or {'error': one line} on a failure or timeout."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
+    if p.returncode != 0 or not lines:
+        tail = " ".join((p.stderr or p.stdout).strip().splitlines()[-1:]) or "no output"
+        return {"error": f"exit {p.returncode}: {tail}", "wall_s": time.perf_counter() - t0}
+    return json.loads(lines[-1][len(MARK):])
+
+
+def child(spec: dict) -> dict:
+    """Runs in the subprocess: PySCF only (dfmp2 supplies the molecule and the fitting sets)."""
+    sys.path.insert(0, str(ROOT))
+    from pyscf import df, lib
+    from pyscf.mp import dfmp2 as pyscf_dfmp2
+    from dfmp2 import scf
+    from dfmp2.benchmarks.timing import OtherCPU
+    from dfmp2.xyz import read_xyz
+    if spec.get("threads"):
+        lib.num_threads(spec["threads"])
+    mol = scf.build_molecule(read_xyz(spec["xyz"]), spec["basis"])
+    nfrozen = scf.frozen_core_count(mol) if spec.get("frozen_core") else 0
+    out = {"tasks": {}, "pyscf_threads": lib.num_threads()}
+
+    def mp2(mf):
+        pt = pyscf_dfmp2.DFMP2(mf, frozen=nfrozen or None)
+        pt.with_df = df.DF(mol, auxbasis=scf.mp2_auxbasis(mol))
+        pt.verbose, pt.max_memory = 0, 16000   # MB: keep PySCF incore (4000 MB would go out of core)
+        pt.kernel(with_t2=False)
+        return float(pt.e_corr)
+
+    for task in spec["tasks"]:
+        m0 = OtherCPU.mark()
+        if task == "dfrhf":
+            t0 = time.perf_counter()
+            ref = scf.run_rhf(mol, "pyscf-df")
+            r = {"seconds": time.perf_counter() - t0, "e_hf": ref.e_hf, "iterations": ref.scf.iterations}
+        elif task == "whole":
+            t0 = time.perf_counter()
+            ref = scf.run_rhf(mol, "pyscf-df")
+            t1 = time.perf_counter()
+            e_corr = mp2(ref.mf)
+            t2 = time.perf_counter()
+            r = {"seconds": t2 - t0, "scf_s": t1 - t0, "mp2_s": t2 - t1, "e_hf": ref.e_hf, "e_corr": e_corr,
+                 "e_mp2": ref.e_hf + e_corr, "iterations": ref.scf.iterations}
+        elif task == "stage":
+            import numpy as np
+            from pyscf import scf as pscf
+            saved = np.load(spec["scf_npz"])
+            mf = pscf.RHF(mol)
+            mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
+            mf.e_tot, mf.converged = float(saved["e_tot"]), True
+            times = []
+            for _ in range(max(1, spec.get("repeats") or 1)):
+                t0 = time.perf_counter()
+                e_corr = mp2(mf)
+                times.append(time.perf_counter() - t0)
+            r = {"seconds": statistics.median(times), "min_s": min(times), "max_s": max(times), "n": len(times),
+                 "e_corr": e_corr}
+        else:
+            raise ValueError(f"unknown task {task!r}")
+        busy = OtherCPU.cores(m0, OtherCPU.mark())
+        r["other_processes_cores"] = busy and busy["other_cores"]
+        out["tasks"][task] = r
+    out["peaks"] = gemm_peaks(spec.get("peak_sizes") or CPU_PEAK_SIZES, torch_device=None)
+    env = ", ".join(f"{v}={os.environ[v]}" for v in BLAS_VARS if v in os.environ) or "OPENBLAS vars not set"
+    for r in out["peaks"]["rows"]:
+        r["library"] += f" in the PySCF process ({env})"
+    out["blas"] = blas_info()
+    return out
+
+
+def save_scf(mf, path) -> str:
+    """Save a converged PySCF RHF's orbitals for the 'stage' task (same SCF on both sides)."""
+    import numpy as np
+    np.savez(path, mo_coeff=mf.mo_coeff, mo_energy=mf.mo_energy, mo_occ=mf.mo_occ, e_tot=mf.e_tot)
+    return str(path)
+
+
+def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
+    """The report's lines on the baseline rule, each side's BLAS and the peaks."""
+    lines = ["## Baseline fairness (issue 25)", "",
+             f"- rule: {base['rule']}" + (" (neither variable is set here: both runs are the same "
+                                          "setting, the second a repeat)" if base["same_setting"] else ""),
+             f"- faster PySCF setting: **{base['best']}**"]
+    for s, r in base["runs"].items():
+        if "error" in r:
+            lines.append(f"- PySCF, {s}: failed: {r['error']}")
+            continue
+        secs = ", ".join(f"{t} {v['seconds']:.2f} s" for t, v in r["tasks"].items())
+        lines.append(f"- PySCF, {s}: {secs}; BLAS: {blas_summary(r['blas'])}")
+    lines.append(f"- ours: BLAS: {blas_summary(ours_blas)}")
+    for prec, name in (("fp64", "DGEMM"), ("fp32", "SGEMM")):
+        if prec in peaks:
+            p = peaks[prec]
+            lines.append(f"- {name} peak of this machine (any library): {p['gflops']:.1f} GFLOP/s "
+                         f"({p['library']}, n = {p['n']})")
+    return lines
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(MARK + json.dumps(child(json.loads(sys.argv[2]))), flush=True)
+    else:
+        sys.exit("usage: fair_baseline.py --child JSON (a benchmark runs this; see the docstring)")
