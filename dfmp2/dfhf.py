@@ -27,7 +27,8 @@ rounding of the first build (the guess's J and K) and of the factor: see the mod
 and scripts/results for the measured E(HF) difference to fp64.
 
 Convergence as PySCF's RHF with our thresholds (scf.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
-on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors; converged when |ΔE| < 1e-12 Eh
+on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: _DIIS;
+about half PySCF's cycles on water clusters); converged when |ΔE| < 1e-12 Eh
 and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (PySCF's check).
 """
 from __future__ import annotations
@@ -189,10 +190,18 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
 class _DIIS:
     """Pulay's DIIS (PySCF's lib.diis.DIIS): extrapolate Fock matrices with error vectors e_k,
     coefficients c minimising |Σ c_k e_k| under Σ c_k = 1 (eigen-solve of the small B matrix on
-    the host, dropping |eigenvalue| < 1e-14 as PySCF does)."""
+    the host, dropping |eigenvalue| < 1e-14 as PySCF does).
 
-    def __init__(self, space: int = DIIS_SPACE):
-        self.space, self.F, self.e = space, [], []
+    ``scaled`` (the default): the error overlaps e_j.e_k are divided by their largest diagonal
+    before the solve. The coefficients are the same in exact arithmetic (the constrained minimum
+    does not depend on B's scale), but unscaled, once |e| < 1e-7 every eigenvalue of the error
+    block is below PySCF's 1e-14 cut: the solve drops them and DIIS stops extrapolating, so the
+    last decades of the gradient (1e-7 -> 1e-9) crawled over ~15 cycles. Measured (cycles,
+    unscaled -> scaled, E(HF) the same to 5e-13 Eh): water 20 -> 13, benzene 16 -> 12, (H2O)4
+    33 -> 17, (H2O)8 35 -> 18, (H2O)16 32 -> 18. ``scaled=False`` is PySCF's solve."""
+
+    def __init__(self, space: int = DIIS_SPACE, scaled: bool = True):
+        self.space, self.F, self.e, self.scaled = space, [], [], scaled
 
     def update(self, F: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         self.F.append(F)
@@ -204,7 +213,9 @@ class _DIIS:
         h = np.zeros((n + 1, n + 1))
         h[0, 1:] = h[1:, 0] = 1.0
         E = torch.stack(self.e)
-        h[1:, 1:] = (E @ E.mT).cpu().numpy()
+        overlaps = (E @ E.mT).cpu().numpy()
+        scale = overlaps.diagonal().max() if self.scaled else 1.0
+        h[1:, 1:] = overlaps / (scale if scale > 0 else 1.0)
         g = np.zeros(n + 1)
         g[0] = 1.0
         w, v = np.linalg.eigh(h)
@@ -239,6 +250,7 @@ class DFRHF:
     Dense O(N^3) algebra runs on ``dense``: the backend where it has fp64, else the host CPU."""
 
     reference = "RHF"
+    diis_scaled = True        # False: PySCF's unscaled DIIS solve (see _DIIS)
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
                  incremental: bool | None = None, engine=None, progress=None,
@@ -344,7 +356,7 @@ class DFRHF:
         """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
         D, G = self.guess()
         e_tot = self.energy(D, G)
-        diis = _DIIS()
+        diis = _DIIS(scaled=self.diis_scaled)
         for cycle in range(max_cycle):
             e_last, D_last = e_tot, D
             F = self.H + G
