@@ -98,13 +98,17 @@ def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_pr
 
 
 def test_scf_precision_choice_and_refusals():
-    """auto is mixed where the device has fp64 and fast fp32 and the factor's fp32 copy fits;
-    fp64 and mixed are refused on a device without fp64 (one line naming the option)."""
+    """auto is mixed where the device has fp64 and fast fp32 (cuda; not the cpu, measured) and
+    the factor's fp32 copy fits; fp64 and mixed are refused on a device without fp64 (one line
+    naming the option)."""
     from dfmp2.errors import InputError
-    cpu, trn = linalg.device_capabilities("cpu"), linalg.device_capabilities("trn1")
-    assert dfhf.resolve_precision(cpu, "auto")[0] == "mixed"
+    cpu, cuda, trn = (linalg.device_capabilities(d) for d in ("cpu", "cuda", "trn1"))
+    assert dfhf.resolve_precision(cuda, "auto")[0] == "mixed"
+    mode, why = dfhf.resolve_precision(cpu, "auto")
+    assert mode == "fp64" and "not faster" in why
+    assert dfhf.resolve_precision(cpu, "mixed")[0] == "mixed"
     assert dfhf.resolve_precision(cpu, "fp64")[0] == "fp64"
-    mode, why = dfhf.resolve_precision(cpu, "auto", fp32_copy=False)
+    mode, why = dfhf.resolve_precision(cuda, "auto", fp32_copy=False)
     assert mode == "fp64" and "memory" in why
     assert dfhf.resolve_precision(trn, "auto")[0] == "fp32"
     for p in ("fp64", "mixed"):
@@ -129,14 +133,15 @@ def test_scf_precision_choice_and_refusals():
 
 
 def test_pipeline_records_the_scf_precision(tmp_path):
-    """``ran.scf.cycle_precision`` of a run: auto on the CPU is mixed (fp32 cycles, the switch),
-    scf_precision fp64 none; the same MP2 energies to 1e-9 Eh."""
+    """``ran.scf.cycle_precision`` of a run: mixed has fp32 cycles and the switch, auto on the
+    CPU is fp64 (its fp32 is not faster, say the capabilities); the same MP2 energies to 1e-9 Eh."""
     path = INPUTS / "water.xyz"
-    auto, fp64 = run(path, RunOptions()), run(path, RunOptions(scf_precision="fp64"))
-    a, f = auto.ran["scf"]["cycle_precision"], fp64.ran["scf"]["cycle_precision"]
-    assert a["mode"] == "mixed" and a["requested"] == "auto" and a["fp32_cycles"] > 0 and a["switch_cycle"]
-    assert f["mode"] == "fp64" and f["requested"] == "fp64" and f["fp32_cycles"] == 0
-    assert abs(auto.e_hf - fp64.e_hf) < 1e-10 and abs(auto.e_corr - fp64.e_corr) < 1e-9
+    mixed, auto = run(path, RunOptions(scf_precision="mixed")), run(path, RunOptions())
+    m, a = mixed.ran["scf"]["cycle_precision"], auto.ran["scf"]["cycle_precision"]
+    assert m["mode"] == "mixed" and m["requested"] == "mixed" and m["fp32_cycles"] > 0 and m["switch_cycle"]
+    assert a["mode"] == "fp64" and a["requested"] == "auto" and a["fp32_cycles"] == 0
+    assert mixed.memory["stages_mb"]["scf"] > auto.memory["stages_mb"]["scf"]       # the fp32 copy, planned
+    assert abs(mixed.e_hf - auto.e_hf) < 1e-10 and abs(mixed.e_corr - auto.e_corr) < 1e-9
 
 
 def test_incremental_fock_build_equals_full_build_in_fp64():
