@@ -80,9 +80,9 @@ SPECS = {
     "scf_precision": dict(type=click.Choice(SCF_PRECISIONS),
                           help="our DF-SCF's J/K (--scf df, RHF): mixed, the first cycles' exchange in fp32 "
                                "(Fock matrix in fp64), then fp64 to the same thresholds (same E(HF) to 1e-10 "
-                               "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cuda) and "
-                               "memory allows the factor's fp32 copy, else fp64 (cpu: fp64, measured "
-                               "faster overall; trn: fp32 cycles, as ever)"),
+                               "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cpu, cuda) "
+                               "and memory allows the factor's fp32 copy, else fp64 (trn: fp32 cycles, "
+                               "as ever)"),
     "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
     "storage": dict(type=click.Choice(STORAGE_CHOICES),
                     help="where B lives: in memory if the plan fits, else on disk (auto), or forced"),

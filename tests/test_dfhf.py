@@ -72,7 +72,8 @@ def test_mixed_precision_scf_gives_the_fp64_energy(case):
     assert 0 < cp["fp32_cycles"] < mixed.scf.iterations
     assert cp["fp32_cycles"] + cp["fp64_cycles"] == mixed.scf.iterations
     assert cp["switch_cycle"] == cp["fp32_cycles"] and cp["switch_gnorm"] > 0
-    assert cp["fp32_factor_mb"] == pytest.approx(mixed.scf.jk_factor["mb"] / 2)
+    nao = mol.nao_nr()
+    assert cp["fp32_factor_mb"] == pytest.approx(mixed.scf.jk_factor["naux"] * nao * nao * 4 / 1e6)
     assert mixed.scf.precision["jk"] == "fp32, then fp64"
     f = fp64.scf.cycle_precision
     assert (f["mode"], f["fp32_cycles"], f["fp64_cycles"], f["switch_cycle"], f["fp32_factor_mb"]) == \
@@ -98,15 +99,16 @@ def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_pr
 
 
 def test_scf_precision_choice_and_refusals():
-    """auto is mixed where the device has fp64 and fast fp32 (cuda; not the cpu, measured) and
-    the factor's fp32 copy fits; fp64 and mixed are refused on a device without fp64 (one line
+    """auto is mixed where the device has fp64 and fast fp32 (cpu, cuda) and the factor's fp32
+    copy fits, else fp64; fp64 and mixed are refused on a device without fp64 (one line
     naming the option)."""
     from dfmp2.errors import InputError
+    from dataclasses import replace
     cpu, cuda, trn = (linalg.device_capabilities(d) for d in ("cpu", "cuda", "trn1"))
-    assert dfhf.resolve_precision(cuda, "auto")[0] == "mixed"
-    mode, why = dfhf.resolve_precision(cpu, "auto")
+    assert dfhf.resolve_precision(cuda, "auto")[0] == dfhf.resolve_precision(cpu, "auto")[0] == "mixed"
+    mode, why = dfhf.resolve_precision(replace(cpu, fast_fp32=False), "auto")
     assert mode == "fp64" and "not faster" in why
-    assert dfhf.resolve_precision(cpu, "mixed")[0] == "mixed"
+    assert dfhf.resolve_precision(replace(cpu, fast_fp32=False), "mixed")[0] == "mixed"
     assert dfhf.resolve_precision(cpu, "fp64")[0] == "fp64"
     mode, why = dfhf.resolve_precision(cuda, "auto", fp32_copy=False)
     assert mode == "fp64" and "memory" in why
@@ -121,11 +123,11 @@ def test_scf_precision_choice_and_refusals():
     with pytest.raises(InputError, match="unknown scf precision") as e:
         RunOptions(scf_precision="fp16").check_choices()
     assert e.value.option == "scf_precision"
-    # the memory plan counts the fp32 copy (half the factor, in the cycles), and drops it rather
+    # the memory plan counts the fp32 copy (unpacked: about the factor's size), and drops it rather
     # than shrink the exchange block when the limit fits the SCF only without it
     with_copy = dfhf.memory_mb(96, 464, 20, 8, fp32_copy=True)
     without = dfhf.memory_mb(96, 464, 20, 8)
-    assert with_copy["fp32_copy"] == pytest.approx(without["factor"] / 2) and without["fp32_copy"] == 0
+    assert with_copy["fp32_copy"] == pytest.approx(464 * 96 * 96 * 4 / 1e6) and without["fp32_copy"] == 0
     assert with_copy["peak"] > without["peak"]
     fits = dfhf.check_memory(96, 464, 20, 8, without["peak"], fp32_copy=True)
     assert fits["fp32_copy"] == 0 and fits["block_mb"] == dfhf.JK_BLOCK_MB
@@ -133,15 +135,15 @@ def test_scf_precision_choice_and_refusals():
 
 
 def test_pipeline_records_the_scf_precision(tmp_path):
-    """``ran.scf.cycle_precision`` of a run: mixed has fp32 cycles and the switch, auto on the
-    CPU is fp64 (its fp32 is not faster, say the capabilities); the same MP2 energies to 1e-9 Eh."""
+    """``ran.scf.cycle_precision`` of a run: auto on the CPU is mixed (fp32 cycles, the switch),
+    scf_precision fp64 has none; the same MP2 energies to 1e-9 Eh."""
     path = INPUTS / "water.xyz"
-    mixed, auto = run(path, RunOptions(scf_precision="mixed")), run(path, RunOptions())
-    m, a = mixed.ran["scf"]["cycle_precision"], auto.ran["scf"]["cycle_precision"]
-    assert m["mode"] == "mixed" and m["requested"] == "mixed" and m["fp32_cycles"] > 0 and m["switch_cycle"]
-    assert a["mode"] == "fp64" and a["requested"] == "auto" and a["fp32_cycles"] == 0
-    assert mixed.memory["stages_mb"]["scf"] > auto.memory["stages_mb"]["scf"]       # the fp32 copy, planned
-    assert abs(mixed.e_hf - auto.e_hf) < 1e-10 and abs(mixed.e_corr - auto.e_corr) < 1e-9
+    auto, fp64 = run(path, RunOptions()), run(path, RunOptions(scf_precision="fp64"))
+    a, f = auto.ran["scf"]["cycle_precision"], fp64.ran["scf"]["cycle_precision"]
+    assert a["mode"] == "mixed" and a["requested"] == "auto" and a["fp32_cycles"] > 0 and a["switch_cycle"]
+    assert f["mode"] == "fp64" and f["requested"] == "fp64" and f["fp32_cycles"] == 0
+    assert auto.memory["stages_mb"]["scf"] > fp64.memory["stages_mb"]["scf"]       # the fp32 copy, planned
+    assert abs(auto.e_hf - fp64.e_hf) < 1e-10 and abs(auto.e_corr - fp64.e_corr) < 1e-9
 
 
 def test_incremental_fock_build_equals_full_build_in_fp64():
