@@ -5,7 +5,7 @@ dfmp2.errors.flag, the defaults from RunOptions):
 
     @molecule_options()    --basis --auxbasis --charge --multiplicity --reference --ecp --frozen-core
     @device_options()      --device --simulate --precision --pair-kernel --integrals --cpu-blas
-    @scf_options()         --scf --scf-max-cycle
+    @scf_options()         --scf --scf-max-cycle --scf-conv-tol-grad --scf-precision
     @resource_options()    --memory --storage --scratch (and the hidden tuning --occ-block-max,
                            --j3c-block-mb)
     @checkpoint_options()  --checkpoint --resume
@@ -33,8 +33,8 @@ from linalg.cuda import AUTO_RULE
 
 from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
                      one_line)
-from .options import (CPU_BLAS_CHOICES, DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS,
-                      REFERENCES, SCF_MODES, STORAGE_CHOICES, RunOptions)
+from .options import (CPU_BLAS_CHOICES, DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES,
+                      PRECISIONS, REFERENCES, SCF_MODES, SCF_PRECISIONS, STORAGE_CHOICES, RunOptions)
 
 _DEFAULT = RunOptions()
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
@@ -82,6 +82,12 @@ SPECS = {
     "scf_conv_tol_grad": dict(type=click.FloatRange(min=0, min_open=True),
                               help="the orbital-gradient norm the SCF must reach (with |ΔE| < 1e-12 Eh); "
                                    "loosen it for a gradient that stalls once the energy has converged"),
+    "scf_precision": dict(type=click.Choice(SCF_PRECISIONS),
+                          help="our DF-SCF's J/K (--scf df, RHF): mixed, the first cycles' exchange in fp32 "
+                               "(Fock matrix in fp64), then fp64 to the same thresholds (same E(HF) to 1e-10 "
+                               "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cpu, cuda) "
+                               "and memory allows the factor's fp32 copy, else fp64 (trn: fp32 cycles, "
+                               "as ever)"),
     "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
     "storage": dict(type=click.Choice(STORAGE_CHOICES),
                     help="where B lives: in memory if the plan fits, else on disk (auto), or forced"),
@@ -100,7 +106,7 @@ SPECS = {
 GROUPS = {
     "molecule": ("basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "frozen_core"),
     "device": ("device", "simulate", "precision", "pair_kernel", "integrals", "cpu_blas"),
-    "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad"),
+    "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad", "scf_precision"),
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),
 }

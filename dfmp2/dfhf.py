@@ -26,8 +26,17 @@ with at most nocc columns each (padded to nocc: one kernel shape). What stays is
 rounding of the first build (the guess's J and K) and of the factor: see the module's tests
 and scripts/results for the measured E(HF) difference to fp64.
 
+Mixed precision (``precision`` 'mixed', or 'auto' where the device has fp64 and fast fp32,
+``resolve_precision``): the first cycles build K of the whole density from an fp32 copy of the
+factor, J from the fp64 one, G summed into the Fock matrix in fp64 (nothing fp32 is carried from
+cycle to cycle); once the orbital gradient nears the fp32 noise (FP32_NOISE, FP32_SWITCH) or
+stalls (FP32_STALL) every later cycle is fp64, DIIS dropping the fp32 Fock matrices once the
+error is below their noise, and the SCF converges to the same thresholds. Recorded in
+``ScfRecord.cycle_precision``.
+
 Convergence as PySCF's RHF with our thresholds (scf.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
-on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors; converged when |ΔE| < 1e-12 Eh
+on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: _DIIS;
+about half PySCF's cycles on water clusters); converged when |ΔE| < 1e-12 Eh
 and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (PySCF's check).
 """
 from __future__ import annotations
@@ -42,9 +51,10 @@ from pyscf.scf import hf as pyscf_hf
 import linalg
 
 from . import integrals, scf
-from .errors import MemoryLimitError
+from .errors import InputError, MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
-from .provenance import ScfRecord
+from .options import SCF_PRECISIONS
+from .provenance import ScfRecord, cycle_precision
 from .reference import Reference, restricted
 from .timing import Timer
 
@@ -54,6 +64,15 @@ DIIS_SPACE = 8            # PySCF's default diis_space
 DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
 OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
 DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
+# Mixed precision (fp64 devices with fast fp32): the cycles' K in fp32 until the orbital gradient
+# nears the fp32 build's noise, then J/K in fp64 to the usual thresholds. J stays fp64 (two GEMVs,
+# ~10% of a cycle): an fp32 J's long sums made 97% of the noise (benzene: gradient noise 3.8e-4
+# with an fp32 J, 1.3e-5 without). Measured at converged densities, the gradient noise of an fp32
+# K is 2.5 (H2O)4 to 7.5 (benzene) x eps32 ||K/2||_F (3e-6 to 1.3e-5); the energy's 1e-7 to 1e-5 Eh,
+# first order and size-extensive, so a |ΔE| test would switch by chance: none is made.
+FP32_NOISE = 20.0         # the gradient noise of an fp32 K, bounded: this many eps32 ||K/2||_F
+FP32_SWITCH = 10.0        # J/K go to fp64 once the orbital gradient is below this many noises, ...
+FP32_STALL = 0.8          # ... or falls by less than this factor in a cycle (at the noise floor)
 
 
 def npair(nao: int) -> int:
@@ -65,39 +84,72 @@ def jk_block(nao: int, naux: int, itemsize: int, block_mb: float = JK_BLOCK_MB) 
     return max(1, min(naux, int(block_mb * 1e6 // max(1, nao * nao * itemsize))))
 
 
-def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB) -> dict:
-    """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize) and
+def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB,
+              fp32_copy: bool = False) -> dict:
+    """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize),
+    'fp32_copy' (the mixed-precision SCF's fp32 copy of an fp64 factor, unpacked: naux nao^2 4 B,
+    about the packed fp64 factor's size; or 0) and
     'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
     when that differs), or in the cycles the factor (and its fp64 copy for the final energy
-    when itemsize is not 8), one unpacked block and its half-transform (2 nocc columns at
-    most); plus about 24 dense nao x nao fp64 matrices (S, hcore, Fock, DIIS history, ...)."""
+    when itemsize is not 8, or its fp32 copy with ``fp32_copy``), one unpacked block and its
+    half-transform (2 nocc columns at most); plus about 24 dense nao x nao fp64 matrices (S,
+    hcore, Fock, DIIS history, ...)."""
     fac = naux * npair(nao) * itemsize
     fac64 = naux * npair(nao) * 8
+    copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
     fit = 2 * fac64 + (fac if itemsize != 8 else 0)
     nb = jk_block(nao, naux, itemsize, block_mb)
-    cycle = fac + (fac64 if itemsize != 8 else 0) + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
+    cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
     dense = 24 * nao * nao * 8
-    return {"factor": fac / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
+    return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
 
 
-def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float) -> dict:
+def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float,
+                 fp32_copy: bool = False) -> dict:
     """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
-    auxiliary function per block), and that block as 'block_mb'; MemoryLimitError (one line,
-    before any integral) when even that does not fit. The factor stays in memory (no
+    auxiliary function per block), and that block as 'block_mb'; with ``fp32_copy`` (a mixed-
+    precision SCF asks for it) each block first with the factor's fp32 copy, then without it
+    ('fp32_copy' 0: the SCF then runs in fp64). MemoryLimitError (one line, before any integral) when even
+    the smallest block without the copy does not fit. The factor stays in memory (no
     out-of-core SCF yet)."""
-    for block_mb in (JK_BLOCK_MB, 1e-9):
-        need = memory_mb(nao, naux, nocc, itemsize, block_mb)
-        if need["peak"] <= limit_mb:
-            return {**need, "block_mb": block_mb}
+    for block_mb in (JK_BLOCK_MB, 1e-9):            # a smaller block would cost more than the copy saves
+        for copy in ((True, False) if fp32_copy else (False,)):
+            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy)
+            if need["peak"] <= limit_mb:
+                return {**need, "block_mb": block_mb}
     raise MemoryLimitError(
         f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
         f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
         f"{limit_mb:.4g} MB; raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')")
 
 
+def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str, str]:
+    """(mode, why) of the cycles' J/K on a device of capabilities ``caps`` for ``requested``
+    (options.SCF_PRECISIONS): 'mixed' (fp32 J/K, then fp64), 'fp64', or 'fp32' (a device without
+    fp64: J/K of ΔD in fp32, Fock summed in fp64, final energy with the fp64 factor on the host).
+    'auto' is mixed where the device has fp64 and fast fp32 and memory allows the factor's fp32
+    copy (``fp32_copy``). InputError for fp64 or mixed on a device without fp64."""
+    if requested not in SCF_PRECISIONS:
+        raise InputError(f"unknown SCF precision '{requested}'; use one of {', '.join(SCF_PRECISIONS)}",
+                         option="scf_precision")
+    if not caps.has_fp64:
+        if requested != "auto":
+            raise InputError(f"SCF precision {requested} needs fp64 arithmetic, which this device lacks; "
+                             "use auto (fp32 J/K of the density change, Fock matrix in fp64)", option="scf_precision")
+        return "fp32", "the device has no fp64: J/K of the density change in fp32, the Fock matrix summed in fp64"
+    if requested == "fp64":
+        return "fp64", "asked for"
+    if requested == "auto" and not caps.fast_fp32:
+        return "fp64", "auto: the device's fp32 is not faster than its fp64"
+    if not fp32_copy:
+        return "fp64", f"{requested}: the fp32 copy of the JK factor does not fit the memory limit"
+    return "mixed", ("asked for" if requested == "mixed" else "auto: the device has fp64 and fast fp32")
+
+
 class JKFactor:
     """The fitted JK factor B (naux, nao(nao+1)/2), packed μ >= ν in PySCF's order, on the
-    backend's device in ``dtype``; J and K of a density from it (see the module docstring)."""
+    backend's device in ``dtype``; J and K of a density from it (see the module docstring).
+    B (naux, nao, nao), unpacked (``fp32_unpacked``): K only, its blocks are views."""
 
     def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str):
         self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
@@ -120,6 +172,8 @@ class JKFactor:
 
     def coulomb(self, D: torch.Tensor) -> torch.Tensor:
         """J(D)_μν = Σ_λσ (μν|λσ) D_λσ (nao, nao) in the factor's dtype: two GEMMs (matrix-vector)."""
+        if self.B.dim() != 2:
+            raise ValueError("J needs the packed factor")
         be = self.backend
         gamma = linalg.gemm(self.B, self.pack(D)[:, None], backend=be)              # (naux, 1)
         jp = linalg.gemm(self.B, gamma, trans_a=True, backend=be)                   # (npair, 1)
@@ -129,14 +183,15 @@ class JKFactor:
         """K(D)_μν = Σ_λσ (μλ|νσ) D_λσ for D = C[:, :split] C[:, :split]^T - C[:, split:] C[:, split:]^T
         (split None: D = C C^T). C (nao, m); returns (nao, nao) fp64 (the blocks' SYRKs are summed
         in fp64). Per block of P: Z = C^T B_P (one GEMM), K += Z^T Z (SYRK)."""
-        be, nao, m = self.backend, self.nao, C.shape[1]
+        be, nao, m, packed = self.backend, self.nao, C.shape[1], self.B.dim() == 2
         Cd = C.to(self.B.dtype)
         K = torch.zeros((nao, nao), dtype=torch.float64, device=self.B.device)
-        buf = torch.empty((min(self.block, self.naux), nao * nao), dtype=self.B.dtype, device=self.B.device)
+        if packed:
+            buf = torch.empty((min(self.block, self.naux), nao * nao), dtype=self.B.dtype, device=self.B.device)
         for p0 in range(0, self.naux, self.block):
             p1 = min(self.naux, p0 + self.block)
             nb = p1 - p0
-            Bf = self.unpack(self.B[p0:p1], out=buf[:nb]).reshape(nb * nao, nao)
+            Bf = (self.unpack(self.B[p0:p1], out=buf[:nb]) if packed else self.B[p0:p1]).reshape(nb * nao, nao)
             Z = linalg.gemm(Cd, Bf, trans_a=True, trans_b=True, backend=be)         # (m, nb*nao)
             Z = Z.reshape(m, nb, nao)
             if split is None:
@@ -147,6 +202,22 @@ class JKFactor:
                 if split < m:
                     K -= linalg.syrk(Z[split:].reshape((m - split) * nb, nao), trans=True, backend=be).to(torch.float64)
         return K
+
+
+def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
+    """The mixed SCF's fp32 copy of the fp64 factor, unpacked (naux, nao, nao): its exchange
+    blocks are views, no unpack per cycle. Packed, the fp32 K was only 1.1x faster than fp64's on
+    a CPU ((H2O)16: the fp32 gather 0.30 s against PySCF's C unpack in fp64 0.19 s, for SGEMM +
+    SSYRK 0.27 s against 0.48 s); unpacked fp32 is the packed fp64 factor's size (nao^2 x 4 B
+    against nao(nao+1)/2 x 8 B per function), counted in the memory plan. Only K uses it."""
+    nao, naux = fac.nao, fac.naux
+    B = torch.empty((naux, nao, nao), dtype=torch.float32, device=fac.B.device)
+    step = jk_block(nao, naux, 8, block_mb)
+    buf = torch.empty((min(step, naux), nao * nao), dtype=fac.B.dtype, device=fac.B.device)
+    for p0 in range(0, naux, step):
+        p1 = min(naux, p0 + step)
+        B[p0:p1] = fac.unpack(fac.B[p0:p1], out=buf[:p1 - p0])
+    return JKFactor(B, nao, fac.backend, jk_block(nao, naux, 4, block_mb), fac.metric)
 
 
 def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB,
@@ -189,22 +260,36 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
 class _DIIS:
     """Pulay's DIIS (PySCF's lib.diis.DIIS): extrapolate Fock matrices with error vectors e_k,
     coefficients c minimising |Σ c_k e_k| under Σ c_k = 1 (eigen-solve of the small B matrix on
-    the host, dropping |eigenvalue| < 1e-14 as PySCF does)."""
+    the host, dropping |eigenvalue| < 1e-14 as PySCF does).
 
-    def __init__(self, space: int = DIIS_SPACE):
-        self.space, self.F, self.e = space, [], []
+    ``scaled`` (the default): the error overlaps e_j.e_k are divided by their largest diagonal
+    before the solve. The coefficients are the same in exact arithmetic (the constrained minimum
+    does not depend on B's scale), but unscaled, once |e| < 1e-7 every eigenvalue of the error
+    block is below PySCF's 1e-14 cut: the solve drops them and DIIS stops extrapolating, so the
+    last decades of the gradient (1e-7 -> 1e-9) crawled over ~15 cycles. Measured (cycles,
+    unscaled -> scaled, E(HF) the same to 5e-13 Eh): water 20 -> 13, benzene 16 -> 12, (H2O)4
+    33 -> 17, (H2O)8 35 -> 18, (H2O)16 32 -> 18. ``scaled=False`` is PySCF's solve."""
 
-    def update(self, F: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    def __init__(self, space: int = DIIS_SPACE, scaled: bool = True):
+        self.space, self.F, self.e, self.noise, self.scaled = space, [], [], [], scaled
+
+    def update(self, F: torch.Tensor, e: torch.Tensor, noise: float = 0.0) -> torch.Tensor:
+        """The extrapolated Fock matrix, with (F, e) added. ``noise``: the error of F not seen
+        in e (a mixed SCF's fp32 builds: their rounding); an entry is dropped once its noise is
+        above the newest error's norm (it would pull the fp64 cycles back to it)."""
         self.F.append(F)
         self.e.append(e.reshape(-1))
-        if len(self.F) > self.space:
-            self.F.pop(0)
-            self.e.pop(0)
+        self.noise.append(noise)
+        enorm = float(torch.linalg.norm(e))
+        keep = [k for k in range(len(self.F) - 1) if self.noise[k] <= enorm][1 - self.space:] + [len(self.F) - 1]
+        self.F, self.e, self.noise = ([x[k] for k in keep] for x in (self.F, self.e, self.noise))
         n = len(self.F)
         h = np.zeros((n + 1, n + 1))
         h[0, 1:] = h[1:, 0] = 1.0
         E = torch.stack(self.e)
-        h[1:, 1:] = (E @ E.mT).cpu().numpy()
+        overlaps = (E @ E.mT).cpu().numpy()
+        scale = overlaps.diagonal().max() if self.scaled else 1.0
+        h[1:, 1:] = overlaps / (scale if scale > 0 else 1.0)
         g = np.zeros(n + 1)
         g[0] = 1.0
         w, v = np.linalg.eigh(h)
@@ -218,17 +303,22 @@ class _DIIS:
 
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
-             progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD) -> Reference:
+             progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
+             fp32_copy: bool = True) -> Reference:
     """Converge DF-RHF on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
     does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
     exactly when the device lacks fp64). ``engine``: the integral engine for the JK-fit
-    integrals (dfmp2.integrals; default: the host engine). ``progress(cycle, e_tot, d_e, gnorm)``
-    after each cycle (timing.CycleLog prints it); ``conv_tol_grad``: the orbital-gradient threshold."""
+    integrals (dfmp2.integrals; default: the host engine). ``progress(cycle, e_tot, d_e, gnorm,
+    precision)`` after each cycle (timing.CycleLog prints it; precision: that cycle's J/K, 'fp32'
+    or 'fp64'); ``conv_tol_grad``: the orbital-gradient threshold. ``precision``: the cycles'
+    J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
+    ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
+    ``check_memory``; False: fp64 cycles, recorded)."""
     return DFRHF(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
                  incremental=incremental, engine=engine, progress=progress,
-                 conv_tol_grad=conv_tol_grad).run(max_cycle)
+                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy).run(max_cycle)
 
 
 class DFRHF:
@@ -239,14 +329,19 @@ class DFRHF:
     Dense O(N^3) algebra runs on ``dense``: the backend where it has fp64, else the host CPU."""
 
     reference = "RHF"
+    diis_scaled = True        # False: PySCF's unscaled DIIS solve (see _DIIS)
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
                  incremental: bool | None = None, engine=None, progress=None,
-                 conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD):
+                 conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
+                 fp32_copy: bool = True):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
+        self.requested, self.mode, self.why = precision, *resolve_precision(backend.caps, precision, fp32_copy)
+        self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
+        self.g_noise = 0.0           # the noise of the last G built (fp32: FP32_NOISE; not counted on trn)
         self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
         self.jk_spec = scf.default_auxbasis(mol, "jk")
@@ -255,6 +350,7 @@ class DFRHF:
         self.engine = engine or integrals.HostEngine(mol, backend)
         self.fac, self.fac64 = build_jk_factor(mol, self.auxmol, backend, self.jk_dtype, timer, block_mb,
                                                fit_backend=self.dense, engine=self.engine)
+        self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
         self.t0 = time.perf_counter()
         self._one_electron()
 
@@ -286,10 +382,23 @@ class DFRHF:
     # ---- J/K
     def two_electron(self, Dm, C, split=None, f=None):
         """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
-        f = f or self.fac
-        J = f.coulomb(Dm.to(f.B.device))
+        f = f or self.cycle_factor()
+        fj = self.fac if f is self.fac32 else f      # a mixed SCF's J stays fp64 (see FP32_NOISE)
+        J = fj.coulomb(Dm.to(fj.B.device))
         K = f.exchange(C.to(f.B.device), split)
+        if f is self.fac32:      # the gradient noise of its fp32 K: what DIIS and the switch ask
+            self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * 0.5 * float(torch.linalg.norm(K))
+        elif f.B.dtype == torch.float64:
+            self.g_noise = 0.0
         return self.dense.to_device(J.to(torch.float64) - 0.5 * K, torch.float64)
+
+    def cycle_factor(self) -> JKFactor:
+        """The factor of this cycle's J/K: the fp32 copy in a mixed SCF's fp32 phase, else ``fac``."""
+        return self.fac32 if self.fp32_phase else self.fac
+
+    @property
+    def cycle_precision(self) -> str:
+        return str(self.cycle_factor().B.dtype).replace("torch.float", "fp")
 
     def delta_factor(self, dD, width=None):
         """(Cf, split) with dD = Cf[:, :split] Cf[:, :split]^T - Cf[:, split:] Cf[:, split:]^T,
@@ -306,7 +415,10 @@ class DFRHF:
         return Cf, width
 
     def new_G(self, D, D_last, G, C, f=None):
-        """G of the new density D: of ΔD added to G (incremental) or of the whole D."""
+        """G of the new density D: of ΔD added to G (incremental) or of the whole D. A mixed SCF's
+        fp32 cycles build J/K of the whole D in fp32 (not of ΔD: K of ΔD takes 2 nocc columns, as
+        many flops in fp32 as K of D in fp64), added to H in fp64: its rounding is not carried
+        from cycle to cycle, and the fp64 cycles after the switch rebuild G from D."""
         if self.incremental and f is None:
             Cd, split = self.delta_factor(D - D_last)
             return G + self.two_electron(D - D_last, Cd, split)
@@ -344,22 +456,36 @@ class DFRHF:
         """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
         D, G = self.guess()
         e_tot = self.energy(D, G)
-        diis = _DIIS()
+        diis = _DIIS(scaled=self.diis_scaled)
         for cycle in range(max_cycle):
             e_last, D_last = e_tot, D
             F = self.H + G
             if cycle >= DIIS_START_CYCLE:
-                F = diis.update(F, self.diis_error(F, D))
+                F = diis.update(F, self.diis_error(F, D), self.g_noise)
             _, C = self.diagonalize(F)
             D = self.density(C)
             G = self.new_G(D, D_last, G, C)
             e_tot = self.energy(D, G)
             F = self.H + G
             gnorm = self.orbital_gradient(F, C)
-            self.progress(cycle + 1, e_tot, e_tot - e_last, gnorm)
-            if self.converged(e_tot, e_last, gnorm):
+            self.progress(cycle + 1, e_tot, e_tot - e_last, gnorm, self.cycle_precision)
+            if self.fp32_phase:
+                self.fp32_cycles += 1
+                self.maybe_switch(cycle + 1, e_tot - e_last, gnorm)
+            elif self.converged(e_tot, e_last, gnorm):
                 return cycle + 1, D, G, F
         raise scf.not_converged(self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.conv_tol_grad)
+
+    def maybe_switch(self, cycle: int, d_e: float, gnorm: float) -> bool:
+        """End the fp32 phase once the orbital gradient nears the fp32 build's noise (below
+        FP32_SWITCH noises, or stalled: FP32_STALL): the next cycle's J/K (of the whole density)
+        are fp64. An fp32 cycle never ends the SCF: its Fock matrix is not the converged one.
+        True when it switched."""
+        last, self.last_gnorm = getattr(self, "last_gnorm", None), gnorm
+        if gnorm < FP32_SWITCH * self.g_noise or (last is not None and gnorm > FP32_STALL * last):
+            self.fp32_phase = False
+            self.switch = {"cycle": cycle, "gnorm": gnorm, "d_e": d_e}
+        return not self.fp32_phase
 
     def finish(self, D, G, F):
         """PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild,
@@ -403,7 +529,8 @@ class DFRHF:
             conv_tol_grad=self.conv_tol_grad,
             jk="J by GEMVs, K by GEMM + SYRK over the packed JK factor",
             jk_auxbasis=scf.describe_auxbasis(self.jk_spec), backend_engine=be.engine,
-            precision={"jk": str(self.jk_dtype).replace("torch.float", "fp"), "fock_energy": "fp64",
+            precision={"jk": "fp32, then fp64" if self.fp32_cycles else str(self.jk_dtype).replace("torch.float", "fp"),
+                       "fock_energy": "fp64",
                        "fock_build": "incremental (J/K of ΔD, Fock summed in fp64)" if self.incremental
                        else "full (J/K of D each cycle)"},
             kernels=dict(sorted(used.items())), times=times,
@@ -413,4 +540,13 @@ class DFRHF:
             integrals=self.engine.describe(), e_hf_device_fock=e_device, host=host,
             final_energy=("J/K of the converged density with the fp64 factor on the host "
                           "(the energy's error from the fp32 cycles enters squared)"
-                          if self.fac64 is not None else "the last J/K of the whole density on the device"))
+                          if self.fac64 is not None else "the last J/K of the whole density on the device"),
+            cycle_precision=self.cycle_record(cycles))
+
+    def cycle_record(self, cycles: int) -> dict:
+        """Which cycles built J/K in which precision (provenance.cycle_precision)."""
+        n32 = cycles if self.mode == "fp32" else self.fp32_cycles
+        f32 = self.fac32
+        return cycle_precision(self.mode, self.requested, why=self.why, fp32_cycles=n32, fp64_cycles=cycles - n32,
+                               switch=self.switch, device=self.backend.name if n32 else None,
+                               fp32_factor_mb=f32.B.numel() * f32.B.element_size() / 1e6 if f32 is not None else None)

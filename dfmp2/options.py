@@ -23,6 +23,7 @@ PRECISIONS = tuple(DTYPES)                 # fp64, fp32
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
 SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.dfhf); pyscf-df: PySCF's; exact: PySCF's
 SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
+SCF_PRECISIONS = ("auto", "fp64", "mixed")   # our DF-SCF's J/K (dfmp2.dfhf.resolve_precision)
 SCF_MAX_CYCLE = 100
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
@@ -59,6 +60,7 @@ _FIELD_TYPES = (
     ("j3c_block_mb", (Real,), "a positive number of MB"),
     ("scf_max_cycle", (Integral,), "a positive integer"),
     ("scf_conv_tol_grad", (Real,), "a positive number"),
+    ("scf_precision", (str,), f"one of {', '.join(SCF_PRECISIONS)}"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
 )
 
@@ -89,6 +91,7 @@ class RunOptions:
     j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
+    scf_precision: str = "auto"          # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
 
     def __post_init__(self):
@@ -136,7 +139,7 @@ class RunOptions:
         for name, choices in (("scf_mode", SCF_MODES), ("storage", STORAGE_CHOICES),
                               ("reference", REFERENCES), ("ecp", ECP_CHOICES),
                               ("integrals", INTEGRAL_ENGINES), ("pair_kernel", PAIR_KERNEL_CHOICES),
-                              ("cpu_blas", CPU_BLAS_CHOICES)):
+                              ("cpu_blas", CPU_BLAS_CHOICES), ("scf_precision", SCF_PRECISIONS)):
             value = getattr(self, name)
             if value not in choices:
                 raise InputError(f"unknown {name.replace('_', ' ')} '{value}'; use one of "
@@ -148,6 +151,10 @@ class RunOptions:
         if self.cpu_blas != "auto" and not caps.is_host:
             raise InputError(f"cpu BLAS '{self.cpu_blas}' applies only to the cpu device, not to "
                              f"'{self.device}' (it runs its own kernels); leave it at auto", option="cpu_blas")
+        if self.scf_precision != "auto" and not caps.has_fp64:
+            raise InputError(f"SCF precision {self.scf_precision} needs fp64 arithmetic, which device "
+                             f"'{self.device}' lacks; use auto (fp32 J/K of the density change, Fock "
+                             "matrix in fp64)", option="scf_precision")
         if self.simulate and not caps.simulable:
             raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'",
                              option="simulate")

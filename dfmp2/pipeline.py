@@ -93,9 +93,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     job = prepare(geom, options, backend, say)
     timer = Timer(job.backend)
     with CheckpointSession(job) as session:
-        plan, scf_block_mb = plan_run(job, session, on_plan, say)
+        plan, scf_plan = plan_run(job, session, on_plan, say)
         session.start(plan)
-        ref = reference_stage(job, session.ck, timer, plan, scf_block_mb, say)
+        ref = reference_stage(job, session.ck, timer, plan, scf_plan, say)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
@@ -263,9 +263,10 @@ class CheckpointSession:
                 self.ck.abandon() if isinstance(exc, DiskWriteError) else self.ck.close()
 
 
-def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[MemoryPlan, float]:
+def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[MemoryPlan, dict]:
     """The memory plan of the MP2 stage (and of our DF-SCF when it runs), checked against the
-    limit and the disk before any integral. Returns (plan, the SCF's exchange block in MB)."""
+    limit and the disk before any integral. Returns (plan, the SCF's: {'block_mb': its exchange
+    block in MB, 'fp32_copy': whether its mixed precision may keep the factor's fp32 copy})."""
     ck, space, options = session.ck, job.space, job.options
     # UHF: B^alpha and B^beta are both resident; the plan counts them as one B of all active
     # occupied orbitals by the widest channel's virtuals (an upper bound on both stores together,
@@ -282,7 +283,8 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
         raise MemoryLimitError(f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
                                f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
                                "memory limit", need_mb=scf_mb, limit_mb=e.limit_mb) from None
-    scf_block_mb = _plan_scf(job.mol, job.backend, plan) if ours else dfhf.JK_BLOCK_MB
+    scf_plan = (_plan_scf(job.mol, job.backend, plan, options.scf_precision) if ours
+                else {"block_mb": dfhf.JK_BLOCK_MB, "fp32_copy": False})
     if on_plan is not None:
         on_plan(plan)
     say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
@@ -295,7 +297,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
                 ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
                 pyscf_df_mb=scf.pyscf_df_mb(job.mol) if pyscf_df else 0.0)
-    return plan, scf_block_mb
+    return plan, scf_plan
 
 
 def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, nocc: int, nvir: int,
@@ -313,30 +315,34 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
 
 
-def _plan_scf(mol, backend, plan: MemoryPlan) -> float:
-    """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, resident during the cycles
-    and freed before the MP2 stage); MemoryLimitError before any integral when it does not fit.
-    Returns the SCF's block size in MB (smaller when the limit needs it).
+def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto") -> dict:
+    """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, and the fp32 copy a mixed-
+    precision SCF keeps when it fits, resident during the cycles and freed before the MP2 stage);
+    MemoryLimitError before any integral when the factor does not fit. Returns {'block_mb': the
+    SCF's block size in MB (smaller when the limit needs it), 'fp32_copy': whether the copy fits}.
     Also refuses a backend that lacks an op the SCF needs (none does today)."""
     missing = [op for op in dfhf.OPS if not backend.supports(op)]
     if missing:
         raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
                                             f"{', '.join(missing)}", alternatives=("cpu",))
-    need = _scf_memory(mol, backend, limit_mb=plan.limit_mb)
+    mixed = dfhf.resolve_precision(backend.caps, scf_precision)[0] == "mixed"
+    need = _scf_memory(mol, backend, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
-    return need["block_mb"]
+    return {"block_mb": need["block_mb"], "fp32_copy": need["fp32_copy"] > 0}
 
 
-def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float | None = None) -> dict:
+def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float | None = None,
+                fp32_copy: bool = False) -> dict:
     """Our DF-SCF's memory (dfhf.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
     ``block_mb``, or, given ``limit_mb``, the largest block that fits (dfhf.check_memory:
-    MemoryLimitError when none does)."""
+    MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits."""
     naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
     args = (mol.nao_nr(), naux_jk, mol.nelectron // 2, itemsize)
-    need = dfhf.check_memory(*args, limit_mb) if limit_mb is not None else dfhf.memory_mb(*args, block_mb)
+    need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy) if limit_mb is not None
+            else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy))
     return {**need, "naux_jk": naux_jk}
 
 
@@ -367,7 +373,7 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
 
 
 # ---------------------------------------------------------------------------- reference
-def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_block_mb: float, say) -> Reference:
+def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict, say) -> Reference:
     """The converged reference with the frozen core marked: the checkpoint's when it holds one,
     else the SCF engine ``options.scf_mode`` picks (written to the checkpoint when there is one).
     PySCF's SCF gets the plan's memory limit and writes its files under the run's scratch
@@ -382,8 +388,9 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_block_mb: 
     elif options.scf_mode == "df" and not job.unrestricted:
         say(f"DF-RHF on {job.backend.name} ...")
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
-                            block_mb=scf_block_mb, engine=job.engine, progress=cycles,
-                            conv_tol_grad=options.scf_conv_tol_grad)
+                            block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
+                            conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
+                            fp32_copy=scf_plan["fp32_copy"])
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf

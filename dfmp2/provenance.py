@@ -15,12 +15,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def cycle_precision(mode: str, requested: str | None, *, why: str | None = None, fp32_cycles: int = 0,
+                    fp64_cycles: int | None = None, switch: dict | None = None, device: str | None = None,
+                    fp32_factor_mb: float | None = None) -> dict:
+    """The precision of an SCF's cycles (``ScfRecord.cycle_precision``), the same keys for every
+    SCF: mode 'mixed' (fp32 J/K, then fp64), 'fp64' or 'fp32' (a device without fp64); requested
+    (the scf_precision option, None where it does not apply: PySCF's SCF); why that mode; how
+    many cycles built their J/K in fp32 and in fp64 (fp64_cycles None: not counted, PySCF);
+    the switch (the last fp32 cycle, its orbital gradient and ΔE in Hartree; None without one);
+    the device whose fp32 units ran (the accelerator, None without fp32 cycles); the fp32 copy
+    of the JK factor in MB (None: none kept)."""
+    switch = switch or {}
+    return {"mode": mode, "requested": requested, "why": why, "fp32_cycles": fp32_cycles,
+            "fp64_cycles": fp64_cycles, "switch_cycle": switch.get("cycle"),
+            "switch_gnorm": switch.get("gnorm"), "switch_d_e": switch.get("d_e"),
+            "fp32_device": device, "fp32_factor_mb": fp32_factor_mb}
+
+
 @dataclass
 class ScfRecord:
     """The SCF of a reference. engine: 'dfmp2.dfhf' (ours) or 'pyscf'; reference 'RHF' | 'UHF';
     device: the backend's name, or 'host' (PySCF); source: 'ran' (in this run), 'checkpoint'
     (read back; ``checkpoint`` names the file) or 'given' (a PySCF mf the caller converged);
-    precision: {'jk', 'fock_energy', 'fock_build'}; times in s; e_hf_device_fock in Hartree."""
+    precision: {'jk', 'fock_energy', 'fock_build'}; times in s; e_hf_device_fock in Hartree;
+    cycle_precision: ``cycle_precision(...)``, which cycles ran their J/K in fp32 and fp64."""
 
     engine: str
     reference: str
@@ -42,13 +60,15 @@ class ScfRecord:
     e_hf_device_fock: float | None = None
     host: str | None = None
     checkpoint: str | None = None
+    cycle_precision: dict = field(default_factory=lambda: cycle_precision("fp64", None))
     df_tensor: str | None = None             # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
 
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""
         return ScfRecord(engine=self.engine, reference=self.reference, device=self.device,
                          source="checkpoint", iterations=iterations, jk=self.jk, conv_tol_grad=self.conv_tol_grad,
-                         jk_auxbasis=self.jk_auxbasis, precision=dict(self.precision), checkpoint=str(path))
+                         jk_auxbasis=self.jk_auxbasis, precision=dict(self.precision), checkpoint=str(path),
+                         cycle_precision=dict(self.cycle_precision))
 
     def to_dict(self) -> dict:
         return asdict(self)

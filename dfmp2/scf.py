@@ -22,7 +22,7 @@ from pyscf.scf import hf as pyscf_hf
 
 from . import tempdirs
 from .errors import InputError, SCFNotConvergedError
-from .provenance import ScfRecord
+from .provenance import ScfRecord, cycle_precision
 from .reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
 from .options import (ECP_CHOICES, REFERENCES, SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_DF_MODES,  # noqa: F401
                       SCF_MAX_CYCLE, SCF_MODES)
@@ -554,7 +554,7 @@ def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memor
         cycles.append((envs["cycle"] + 1, float(envs["e_tot"]), float(envs["e_tot"] - envs["last_hf_e"]),
                        float(envs["norm_gorb"])))
         if progress is not None:
-            progress(*cycles[-1])
+            progress(*cycles[-1], "fp64")
     mf.callback = callback
     mf.kernel()
     if not mf.converged:
@@ -562,5 +562,7 @@ def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memor
                             conv_tol_grad)
     record = ScfRecord(engine="pyscf", reference=what, device="host", source="ran", conv_tol_grad=conv_tol_grad,
                        iterations=len(cycles) or None, jk_auxbasis=jk_aux,
-                       jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)", df_tensor=df_storage)
+                       jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)", df_tensor=df_storage,
+                       cycle_precision=cycle_precision("fp64", None, why="PySCF's SCF (fp64 on the host)",
+                                                       fp64_cycles=len(cycles)))
     return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux)

@@ -22,8 +22,8 @@ class Timer:
 
 
 class CycleLog:
-    """Progress of an SCF: one line per cycle through ``say`` (cycle, E in Hartree, ΔE, orbital
-    gradient norm, seconds since the SCF began). Lines are held back until the SCF has run
+    """Progress of an SCF: one line per cycle through ``say`` (cycle, the precision of its J/K
+    when given, E in Hartree, ΔE, orbital gradient norm, seconds since the SCF began). Lines are held back until the SCF has run
     ``after`` seconds, then the held ones and every later one go out, so a short SCF prints
     nothing and a long one every cycle."""
 
@@ -31,10 +31,10 @@ class CycleLog:
         self.say, self.what, self.after = say, what, after
         self.t0, self.held, self.open = time.perf_counter(), [], after <= 0
 
-    def __call__(self, cycle: int, e_tot: float, d_e: float, gnorm: float) -> None:
+    def __call__(self, cycle: int, e_tot: float, d_e: float, gnorm: float, precision: str | None = None) -> None:
         dt = time.perf_counter() - self.t0
-        line = (f"{self.what} cycle {cycle:3d}: E = {e_tot:.10f} Eh, ΔE = {d_e:+.2e} Eh, "
-                f"|g| = {gnorm:.2e}, {dt:.1f} s")
+        line = (f"{self.what} cycle {cycle:3d}{f' [{precision}]' if precision else ''}: E = {e_tot:.10f} Eh, "
+                f"ΔE = {d_e:+.2e} Eh, |g| = {gnorm:.2e}, {dt:.1f} s")
         if not self.open and dt >= self.after:
             self.open = True
             for held in self.held:

@@ -3,7 +3,8 @@
 same molecule, basis, JK-fit set and thresholds, in the same process; iteration counts beside
 the times. CPU always; CUDA when torch sees a GPU (ours on it, and gpu4pyscf's DF-RHF when it is
 installed), else a 'not run' row with the reason. ``--whole`` also times the whole ``dfmp2 run``
-against PySCF's DF-RHF + DF-MP2.
+against PySCF's DF-RHF + DF-MP2. Ours runs with --scf-precision fp64 and mixed, ``--repeat`` times
+each, interleaved.
 
     python scripts/bench_scf.py                                  # (H2O)16 / cc-pVDZ, 2 threads
     python scripts/bench_scf.py inputs/water_clusters/h2o_32.xyz --whole --threads 16
@@ -73,6 +74,8 @@ def main(argv=None):
     ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
     ap.add_argument("--peak-sizes", type=lambda t: [int(x) for x in t.split(",")], default=list(fb.CPU_PEAK_SIZES),
                     help="square GEMM sizes of the peak, comma list")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="our SCF's fp64 and mixed runs this many times each, interleaved (order alternates)")
     ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_scf"),
                     help="output path without extension (.json and .md are written)")
     args = ap.parse_args(argv)
@@ -91,7 +94,8 @@ def main(argv=None):
     def row(who, device, t, ref, busy, **extra):
         rows.append({"who": who, "device": device, "seconds": t, "iterations": ref.scf.iterations if ref else None,
                      "e_hf": ref.e_hf if ref else None, "other_processes_cores": busy, **extra})
-        print(f"  {who} on {device}: {t:.2f} s, {ref.scf.iterations} cycles, E(HF) {ref.e_hf:.10f}", flush=True)
+        print(f"  {who} on {device}: {t:.2f} s, {ref.scf.iterations} cycles, E(HF) {ref.e_hf:.10f}"
+              + (f", {extra['fp32_cycles']} of them fp32" if extra.get("fp32_cycles") else ""), flush=True)
 
     base = fb.pyscf_baseline(["whole"] if args.whole else ["dfrhf"], args.xyz, args.basis, threads=args.threads,
                              timeout=args.baseline_timeout, peak_sizes=args.peak_sizes)
@@ -111,10 +115,14 @@ def main(argv=None):
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for dev in devices:
         be = linalg.get_backend(dev)
-        timer = Timer(be)
-        t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer))
-        row("ours (dfmp2.dfhf)", dev, t, ref, busy, stages=dict(timer.seconds),
-            kernels=ref.scf.kernels, d_e_hf_vs_pyscf=ref.e_hf - e_hf_p)
+        for rep in range(args.repeat):          # --scf-precision fp64 and mixed, interleaved
+            for prec in ("fp64", "mixed")[::1 if rep % 2 == 0 else -1]:
+                timer = Timer(be)
+                t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer, precision=prec))
+                cp = ref.scf.cycle_precision
+                row(f"ours (dfmp2.dfhf, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
+                    kernels=ref.scf.kernels, d_e_hf_vs_pyscf=ref.e_hf - e_hf_p, repeat=rep,
+                    fp32_cycles=cp["fp32_cycles"], fp64_cycles=cp["fp64_cycles"], switch_gnorm=cp["switch_gnorm"])
     if "cuda" not in devices:
         rows.append({"who": "ours (dfmp2.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
         rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
@@ -170,20 +178,21 @@ def main(argv=None):
           f"{pred['K_syrk_gflop']:.1f} (SYRK) GFLOP = {pred['per_cycle_gflop']:.1f} GFLOP, "
           f"{pred['per_cycle_gflop'] / GFLOPS_ASSUMED:.2f} s at {GFLOPS_ASSUMED:g} GFLOP/s "
           f"(PySCF's K: {pred['pyscf_K_gflop']:.1f} GFLOP).", "",
-          "| run | device | s | iterations | s / iteration | faster PySCF / this | other processes' cores |",
+          "| run | device | s | iterations (fp32) | s / iteration | faster PySCF / this | other processes' cores |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "not_run" in r:
             md.append(f"| {r['who']} | {r['device']} | not run: {r['not_run']} | | | | |")
             continue
         it = r.get("iterations")
+        its = f"{it} ({r['fp32_cycles']})" if r.get("fp32_cycles") else f"{it or ''}"
         per = f"{r['seconds'] / it:.2f}" if it else ""
         kind = "pyscf DF-RHF + DF-MP2" if "e_mp2" in r else "pyscf DF-RHF ("
         ratio = f"{base_s[kind] / r['seconds']:.2f}" if kind in base_s else ""
         busy = r.get("other_processes_cores")
-        md.append(f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {it or ''} | {per} | {ratio} | "
+        md.append(f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | "
                   f"{busy:.2f} |" if busy is not None else
-                  f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {it or ''} | {per} | {ratio} | unknown |")
+                  f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | unknown |")
     md += [""] + fb.markdown_lines(base, ours_blas, peaks)
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
