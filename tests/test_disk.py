@@ -222,6 +222,7 @@ def test_a_signal_during_a_long_c_call_ends_the_run_promptly_and_cleans_up(tmp_p
     try:
         assert p.stderr.readline().strip() == "in C"
         assert [d.name[:12] for d in tmp_path.iterdir()] == ["dfmp2-pyscf-"]
+        time.sleep(1.0)         # into the query (a signal before it would be handled in Python at once)
         t0 = time.perf_counter()
         p.send_signal(signum)
         rc = p.wait(timeout=60)
