@@ -186,7 +186,8 @@ def cache_path() -> Path:
     return Path(base) / "dfmp2" / "cpu_blas.json"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor(), else 'unknown'."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -201,7 +202,7 @@ def _cpu_model() -> str:
 def cache_key(threads: int) -> str:
     """What a measurement depends on: CPU model and count, threads, torch, numpy and OpenBLAS."""
     ob = numpy_blas_info() or {}
-    return (f"{_cpu_model()}|cpus={os.cpu_count()}|threads={threads}|torch={torch.__version__}"
+    return (f"{cpu_model()}|cpus={os.cpu_count()}|threads={threads}|torch={torch.__version__}"
             f"|{torch_blas_info()['library']}={torch_blas_info()['version']}|numpy={np.__version__}"
             f"|openblas={ob.get('version')}/{ob.get('architecture')}")
 

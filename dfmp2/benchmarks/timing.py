@@ -67,17 +67,6 @@ def gemm_peak(device, dtype, n: int, timer: Timer, sync=None) -> dict:
     return {"n": n, "gflops": 2.0 * n ** 3 / t["median_s"] / 1e9, **t}
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 class OtherCPU:
     """CPU time taken by OTHER processes while this one runs: the busy time of all CPUs
     (/proc/stat: user, nice, system, irq, softirq) minus this process's own CPU time (os.times:
@@ -112,6 +101,12 @@ class OtherCPU:
         other = ((b["busy"] - a["busy"]) - (b["own"] - a["own"])) / wall
         return {"other_cores": round(max(other, 0.0), 3),
                 "steal_cores": round((b["steal"] - a["steal"]) / wall, 3), "wall_s": round(wall, 1)}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``linalg.cpu_blas.cpu_model``; imported here on use: torch)."""
+    from linalg.cpu_blas import cpu_model as model
+    return model()
 
 
 def scipy_blas() -> str:
