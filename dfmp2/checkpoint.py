@@ -450,8 +450,8 @@ class Checkpoint:
         self.closed = True
         try:
             self.f.close()
-        except Exception:      # after an interrupt or a refused write: nothing more to save,
-            close_unwritten(self.f)     # and no half-closed HDF5 objects left behind
+        except Exception:      # closing after an interrupt: nothing more to save (a refused
+            pass               # write closes through abandon: a half-closed file is not touched)
 
     def discard(self) -> None:
         """Close and delete the file (a run that failed before it held anything to resume)."""
@@ -492,15 +492,17 @@ def open_h5(path, mode: str):
 def close_unwritten(f) -> None:
     """Close the open h5py file ``f`` writing nothing more to it: its file descriptor is pointed at
     an anonymous in-memory file first (memfd; /dev/null where there is none), which takes HDF5's
-    last writes and the resize of its close. After a write the disk refused (ENOSPC), HDF5's close would write the data
-    and metadata it still holds and fail again; a failed close leaves HDF5's objects half closed,
-    and their next release crashes the interpreter (a segfault, seen at exit). On disk the file
-    keeps what was flushed before, which is what a checkpoint's readers trust (its done flags)."""
+    last writes and the resize of its close. After a write the disk refused (ENOSPC), HDF5's
+    close would write the data and metadata it still holds and fail again; a failed close leaves
+    HDF5's objects half closed, and their next release crashes the interpreter (a segfault, seen
+    at exit). On disk the file keeps what was flushed before, which is what a checkpoint's
+    readers trust (its done flags)."""
     if not f:                   # closed already (HDF5 would crash on its file handle)
         return
     try:
         fd = f.id.get_vfd_handle()
-        null = os.memfd_create("dfmp2-discarded") if hasattr(os, "memfd_create") else os.open(os.devnull, os.O_WRONLY)
+        null = (os.memfd_create("dfmp2-discarded") if hasattr(os, "memfd_create")
+                else os.open(os.devnull, os.O_WRONLY))
         try:
             os.dup2(null, fd)
         finally:
