@@ -217,8 +217,11 @@ def test_a_signal_during_a_long_c_call_ends_the_run_promptly_and_cleans_up(tmp_p
     SIGTERM): the watchdog ends it 2 s (its grace, patched from 10) after the signal, with one
     error line, exit 128 + signum, and PySCF's scratch directory removed."""
     import time
+    # SIGINT at its default in the child: a suite started as a background job inherits it ignored,
+    # and the program keeps a user's ignored SIGINT
     p = subprocess.Popen([sys.executable, "-c", STUCK_IN_C, "run", str(WATER), "-q", "--scf", "pyscf-df",
-                          "--scratch", str(tmp_path)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                          "--scratch", str(tmp_path)], stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stderr.readline().strip() == "in C"
         assert [d.name[:12] for d in tmp_path.iterdir()] == ["dfmp2-pyscf-"]
