@@ -174,11 +174,11 @@ class Checkpoint:
         try:
             with writing(path, "checkpoint", "checkpoint"):
                 f = open_h5(path, "w-")
-        except (OSError, RuntimeError) as e:      # the file did not exist before (checked above)
+        except BaseException as e:        # the file did not exist before (checked above): remove it
             path.unlink(missing_ok=True)
-            if isinstance(e, InputError):
-                raise
-            raise CheckpointError(f"checkpoint {path} cannot be created: {e}") from None
+            if isinstance(e, (OSError, RuntimeError)):
+                raise CheckpointError(f"checkpoint {path} cannot be created: {e}") from None
+            raise                         # a refused write (DiskWriteError), an interrupt
         try:
             with writing(path, "checkpoint", "checkpoint"):
                 cls._write_root(f, fp, occ_block)
@@ -454,10 +454,9 @@ class Checkpoint:
             pass               # write closes through abandon: a half-closed file is not touched)
 
     def discard(self) -> None:
-        """Close and delete the file (a run that failed before it held anything to resume)."""
-        if not self.closed:
-            self.closed = True
-            close_unwritten(self.f)
+        """Close, writing nothing more, and delete the file (a run that failed before it held
+        anything to resume)."""
+        self.abandon()
         self.path.unlink(missing_ok=True)
 
     def abandon(self) -> None:

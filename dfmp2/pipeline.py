@@ -292,11 +292,10 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
         f"{'on disk' if plan.out_of_core else 'in memory'}")
     ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo,
                                nblocks=-(-space.nocc_active // plan.occ_block))
-    pyscf_df = (options.scf_mode in scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
-                and scf.pyscf_df_on_disk(job.mol, plan.limit_mb))
+    pyscf_df = options.scf_mode in scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
                 ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
-                pyscf_df_mb=scf.pyscf_df_mb(job.mol) if pyscf_df else 0.0)
+                pyscf_df_mb=scf.pyscf_df_disk_mb(job.mol, plan.limit_mb) if pyscf_df else 0.0)
     return plan, scf_plan
 
 
@@ -357,7 +356,7 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
     checkpoint holds B (in memory or not), the SCF and the pair sums (``ck_mb``,
     ``checkpoint.size_mb``); out of core without a checkpoint, B goes to the scratch directory,
     and (P|ia) does when its dtype differs from B's; PySCF's DF-SCF tensor (``pyscf_df_mb``) goes
-    there too when it does not fit in memory (``scf.pyscf_df_on_disk``)."""
+    there too when it does not fit in memory (``scf.pyscf_df_disk_mb``)."""
     scratch = Path(options.scratch_dir) if options.scratch_dir else Path(tempfile.gettempdir())
     needs = []
     if ck_path and not b_done:

@@ -432,10 +432,12 @@ def pyscf_df_mb(mol: gto.Mole) -> float:
     return naux * nao * (nao + 1) // 2 * 8 / 1e6
 
 
-def pyscf_df_on_disk(mol: gto.Mole, memory_mb: float) -> bool:
-    """Does PySCF's DF tensor go to disk under the memory limit ``memory_mb`` (MB)? Decided here,
-    before the run, so that the disk check counts it and PySCF does what was planned."""
-    return pyscf_df_mb(mol) >= PYSCF_DF_INCORE_SHARE * memory_mb
+def pyscf_df_disk_mb(mol: gto.Mole, memory_mb: float) -> float:
+    """The MB PySCF's DF tensor (``pyscf_df_mb``) puts on disk under the memory limit ``memory_mb``
+    (MB): all of it when it does not fit PYSCF_DF_INCORE_SHARE of the limit, else 0. Decided
+    here, before the run, so that the disk check counts it and PySCF does what was planned."""
+    mb = pyscf_df_mb(mol)
+    return mb if mb >= PYSCF_DF_INCORE_SHARE * memory_mb else 0.0
 
 
 @contextlib.contextmanager
@@ -474,7 +476,7 @@ def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_
     'df' is our own DF-RHF on the run's device, ``dfmp2.dfhf.run_dfhf``, not this.
     ``progress(cycle, e_tot, d_e, gnorm)`` after each cycle (PySCF's gradient norm).
     ``memory_mb``: PySCF's ``max_memory`` (MB; default PySCF's own); its DF tensor is kept in
-    memory or written to a file as ``pyscf_df_on_disk`` decides. Every file PySCF writes goes to
+    memory or written to a file as ``pyscf_df_disk_mb`` decides. Every file PySCF writes goes to
     a private directory under ``scratch_dir`` (``pyscf_scratch``), removed when this returns."""
     return _run_pyscf(scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir)
 
@@ -536,7 +538,7 @@ def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memor
         mf = mf.density_fit(auxbasis=_copy(jk_spec))
         made.append(mf)
         mf.with_df.max_memory = mf.max_memory
-        on_disk = pyscf_df_on_disk(mol, mf.max_memory)
+        on_disk = pyscf_df_disk_mb(mol, mf.max_memory) > 0
         if on_disk:                         # a path: PySCF writes the tensor there, whatever its memory
             mf.with_df._cderi_to_save = str(tmp / "pyscf-df-tensor.h5")
         with warnings.catch_warnings():

@@ -102,10 +102,11 @@ def _file_size_limit(nbytes: int):
     return limit
 
 
-def test_a_file_size_limit_on_the_checkpoint_is_one_line_and_removes_it(tmp_path):
-    """No mount needed: ``ulimit -f`` refuses the checkpoint's writes past 40 kB (EFBIG)."""
+@pytest.mark.parametrize("limit", [40_000, 100])       # mid-run; at the file's creation
+def test_a_file_size_limit_on_the_checkpoint_is_one_line_and_removes_it(tmp_path, limit):
+    """No mount needed: ``ulimit -f`` refuses the checkpoint's writes past ``limit`` bytes (EFBIG)."""
     ck = tmp_path / "ck.h5"
-    rc, err = run_cli(["run", WATER, "-q", "--checkpoint", ck], preexec_fn=_file_size_limit(40_000))
+    rc, err = run_cli(["run", WATER, "-q", "--checkpoint", ck], preexec_fn=_file_size_limit(limit))
     assert_one_error(rc, err, "File too large", "cannot write the checkpoint", "(--checkpoint)")
     assert not ck.exists() and list(tmp_path.iterdir()) == []
 
