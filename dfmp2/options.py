@@ -148,9 +148,10 @@ class RunOptions:
             caps = linalg.device_capabilities(self.device)
         except ValueError as e:        # an unknown device name
             raise InputError(str(e), option="device") from None
-        if self.cpu_blas != "auto" and not caps.is_host:
-            raise InputError(f"cpu BLAS '{self.cpu_blas}' applies only to the cpu device, not to "
-                             f"'{self.device}' (it runs its own kernels); leave it at auto", option="cpu_blas")
+        try:
+            linalg.cpu_blas.check_choice(self.cpu_blas, self.device, caps.is_host)
+        except linalg.cpu_blas.CpuBlasChoiceError as e:
+            raise InputError(str(e), option="cpu_blas") from None
         if self.scf_precision != "auto" and not caps.has_fp64:
             raise InputError(f"SCF precision {self.scf_precision} needs fp64 arithmetic, which device "
                              f"'{self.device}' lacks; use auto (fp32 J/K of the density change, Fock "

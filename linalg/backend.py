@@ -130,10 +130,7 @@ class TorchBackend(Backend):
     def __init__(self, name: str = "cpu", cpu_blas: str = "auto"):
         super().__init__(name=name, engine="torch")
         self.device = torch.device(name)
-        if self.device.type != "cpu" and cpu_blas != "auto":
-            raise cpu_blas_module.CpuBlasChoiceError(
-                f"cpu BLAS '{cpu_blas}' applies only to the cpu device, not to '{name}' (it runs its own "
-                "kernels); leave it at auto")
+        cpu_blas_module.check_choice(cpu_blas, name, self.device.type == "cpu")
         self.blas = cpu_blas_module.CpuBlas(cpu_blas) if self.device.type == "cpu" else None
 
     def to_device(self, x, dtype=None) -> torch.Tensor:
@@ -252,13 +249,7 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
     (cpu_blas.CpuBlasChoiceError, a ValueError), before any work.
     """
     caps = device_capabilities(name)
-    if cpu_blas not in cpu_blas_module.MODES:
-        raise cpu_blas_module.CpuBlasChoiceError(
-            f"unknown cpu BLAS '{cpu_blas}'; use one of {', '.join(cpu_blas_module.MODES)}")
-    if cpu_blas != "auto" and not caps.is_host:
-        raise cpu_blas_module.CpuBlasChoiceError(
-            f"cpu BLAS '{cpu_blas}' applies only to the cpu device, not to '{name}' (it runs its own "
-            "kernels); leave it at auto")
+    cpu_blas_module.check_choice(cpu_blas, name, caps.is_host)
     from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
     if pair_kernel not in PAIR_KERNELS:
         raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(PAIR_KERNELS)}")

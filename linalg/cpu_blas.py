@@ -325,6 +325,16 @@ class CpuBlasChoiceError(ValueError):
     """A cpu BLAS choice that cannot apply: unknown, 'openblas' without one, or not on the cpu device."""
 
 
+def check_choice(mode: str, device: str, on_cpu: bool) -> None:
+    """CpuBlasChoiceError for a ``mode`` outside MODES, or anything but 'auto' for a ``device``
+    that is not the CPU (``on_cpu`` False: it runs its own kernels)."""
+    if mode not in MODES:
+        raise CpuBlasChoiceError(f"unknown cpu BLAS '{mode}'; use one of {', '.join(MODES)}")
+    if mode != "auto" and not on_cpu:
+        raise CpuBlasChoiceError(f"cpu BLAS '{mode}' applies only to the cpu device, not to '{device}' (it "
+                                 "runs its own kernels); leave it at auto")
+
+
 class CpuBlas:
     """The choice of BLAS for one CPU backend. ``mode``: 'auto' (the measured table), 'torch' or
     'openblas' (forced by the user). ``library(op, dtype, flops)`` says which runs a call; the
