@@ -29,6 +29,7 @@ import click
 from rich.console import Console
 
 from linalg import DeviceUnavailableError, KernelError
+from linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
 from linalg.cuda import AUTO_RULE
 
 from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
@@ -61,8 +62,9 @@ SPECS = {
                       help="working precision of the GEMMs; energies are summed in fp64 [default: fp64, "
                            "fp32 on trn]"),
     "pair_kernel": dict(type=click.Choice(PAIR_KERNEL_CHOICES),
-                        help=f"cuda only: the MP2 pair-step path; auto: {AUTO_RULE} (the result's 'ran' "
-                             "says which ran and why)"),
+                        help=f"the MP2 pair-step path. cuda: gemm+epilogue or fused, auto: {AUTO_RULE}; cpu: "
+                             f"gemm+epilogue or gemm+torch, auto: {CPU_AUTO_RULE} (the result's 'ran' says "
+                             "which ran and why)"),
     "integrals": dict(type=click.Choice(INTEGRAL_ENGINES),
                       help="3-center integral engine: host (libcint in a background thread, overlapping the "
                            "device work) or gpu4pyscf (CUDA kernels; pip install -e '.[cuda13]'); auto: "

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 import click
 
 import linalg
+from linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
 from linalg.cuda import AUTO_RULE
 
 from .cli_options import (device_options, fail, molecule_options, printing, resource_options,
@@ -81,7 +82,7 @@ def _hex(energies: dict) -> dict:
 
 
 def _pair_kernel(device: str, pair_kernel: str) -> str:
-    """--pair-kernel applies to the cuda devices of the list; the others keep their one path."""
+    """--pair-kernel applies to the devices of the list that have that path; the others keep auto."""
     return pair_kernel if pair_kernel in _caps(device).pair_kernels else "auto"
 
 
@@ -234,7 +235,8 @@ def write_json(path, doc: dict) -> None:
 @device_options(
     skip=("device",),
     precision={"default": "fp64", "help": "working precision on every device (trn needs fp32)"},
-    pair_kernel={"help": f"the cuda devices' MP2 pair-step path; auto: {AUTO_RULE}"},
+    pair_kernel={"help": f"the MP2 pair-step path of the devices that have it (cuda: gemm+epilogue, fused; cpu: "
+                         f"gemm+epilogue, gemm+torch); auto: cuda {AUTO_RULE}; cpu {CPU_AUTO_RULE}"},
     integrals={"help": "molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
                        "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran"})
 @scf_options()
@@ -306,9 +308,9 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
 def _check_cuda_only(options, names) -> None:
     """A pair kernel or the gpu4pyscf engine asked for devices that include no cuda device is the
     user's mistake (InputError naming the option)."""
-    if options.pair_kernel != "auto" and not any(len(_caps(d).pair_kernels) > 1 for d in names):
-        raise InputError(f"pair kernel '{options.pair_kernel}' applies only to cuda devices, and the devices "
-                         f"({', '.join(names)}) include none; leave it at auto", option="pair_kernel")
+    if options.pair_kernel != "auto" and not any(options.pair_kernel in _caps(d).pair_kernels for d in names):
+        raise InputError(f"pair kernel '{options.pair_kernel}' is a path of none of the devices "
+                         f"({', '.join(names)}); leave it at auto", option="pair_kernel")
     if options.cpu_blas != "auto" and not any(_caps(d).is_host for d in names):
         raise InputError(f"cpu BLAS '{options.cpu_blas}' applies only to the cpu device, and the devices "
                          f"({', '.join(names)}) do not include it; leave it at auto", option="cpu_blas")

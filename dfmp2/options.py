@@ -14,7 +14,6 @@ from numbers import Integral, Real
 
 import linalg
 from linalg import DTYPES
-from linalg.cuda import PAIR_KERNELS
 
 from . import memory
 from .errors import InputError
@@ -31,7 +30,7 @@ REFERENCES = ("auto", "rhf", "uhf", "rohf")
 ECP_CHOICES = ("auto", "none", "none-for-testing")   # scf.build_molecule says what each does
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
 INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
-PAIR_KERNEL_CHOICES = PAIR_KERNELS         # cuda only (linalg.cuda)
+PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()   # cuda: linalg.cuda; cpu: linalg.cpu_pair
 CPU_BLAS_CHOICES = linalg.cpu_blas.MODES   # cpu only: auto (measured, cached), torch, openblas
 
 
@@ -84,7 +83,7 @@ class RunOptions:
     scratch_dir: str | None = None       # out-of-core files; None: the system's temp directory
     checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
     resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
-    pair_kernel: str = "auto"            # cuda only: MP2 pair-step path (linalg.cuda.PAIR_KERNELS)
+    pair_kernel: str = "auto"            # MP2 pair-step path of cuda (linalg.cuda) or cpu (linalg.cpu_pair)
     integrals: str = "auto"              # integral engine (INTEGRAL_ENGINES): auto, host, gpu4pyscf
     cpu_blas: str = "auto"               # cpu only: BLAS of GEMM/SYRK/pair GEMMs (linalg.cpu_blas): auto, torch, openblas
     occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan

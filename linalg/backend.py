@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import cpu_blas as cpu_blas_module, torch_ops
+from . import cpu_blas as cpu_blas_module, cpu_pair, torch_ops
 from .errors import DeviceUnavailableError
 from .newton_schulz import newton_schulz_inv_sqrt
 
@@ -70,7 +70,7 @@ def device_capabilities(name: str) -> Capabilities:
     if name == "cpu":
         # fast_fp32: measured (2 idle cores, (H2O)16/cc-pVDZ) the DF-SCF's fp32 K from its unpacked
         # fp32 factor takes 0.43x the fp64 K's time (SGEMM 1.65x, SSYRK 2x, no unpack)
-        return Capabilities(True, False, ("auto",), True, True, fast_fp32=True)
+        return Capabilities(True, False, ("auto",) + cpu_pair.PAIR_PATHS, True, True, fast_fp32=True)
     if name.split(":", 1)[0] == "cuda":
         try:
             torch.device(name)
@@ -127,11 +127,16 @@ class TorchBackend(Backend):
     BLAS or numpy's OpenBLAS as ``cpu_blas`` says (linalg.cpu_blas: 'auto' measures, 'torch' and
     'openblas' force); other devices take only 'auto' (their own kernels)."""
 
-    def __init__(self, name: str = "cpu", cpu_blas: str = "auto"):
+    def __init__(self, name: str = "cpu", cpu_blas: str = "auto", pair_kernel: str = "auto"):
         super().__init__(name=name, engine="torch")
         self.device = torch.device(name)
         cpu_blas_module.check_choice(cpu_blas, name, self.device.type == "cpu")
         self.blas = cpu_blas_module.CpuBlas(cpu_blas) if self.device.type == "cpu" else None
+        self.pair_path = self.pair_path_why = None      # {precision: path} on the CPU (linalg.cpu_pair)
+        if self.device.type == "cpu":
+            path, why = cpu_pair.choose(pair_kernel)     # KernelError now when its C epilogue cannot be built
+            self.pair_path = {"fp64": path, "fp32": path}
+            self.pair_path_why = {"fp64": why, "fp32": why}
 
     def to_device(self, x, dtype=None) -> torch.Tensor:
         """Host array or tensor -> tensor on this backend's device."""
@@ -202,14 +207,27 @@ class TorchBackend(Backend):
         (nj, nvir_j, naux) over its own virtuals b, K is (nvir, nvir_j), symmetric must be False,
         and the result is (e_os, NaN): the exchange term does not exist between spins.
         """
-        ob = None
-        if self.blas is not None and Bi.ndim == 3 and Bj.ndim == 3:
+        if self.pair_path is None:         # cuda tensors on the plain torch backend
+            self.record("mp2_pair_energy", "torch.matmul(rows)+torch")
+            return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
+                                             eps_vir_j=eps_vir_j)
+        path = self.pair_path["fp32" if Bi.dtype == torch.float32 else "fp64"]
+        tiles = path == "gemm+epilogue"
+        rows, cols = None, None
+        if Bi.ndim == 3 and Bj.ndim == 3:
             nvir, nvj = Bi.shape[1], Bj.shape[1]
-            chunk = max(1, torch_ops.PAIR_CHUNK_ELEMS // max(1, nvir * nvj))
-            ob = self.blas.pair(Bi, Bj, min(Bj.shape[0], chunk) * nvj)
-        self.record("mp2_pair_energy", ob.pop("kernel") if ob else "torch.matmul(batched)")
-        return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
-                                         eps_vir_j=eps_vir_j, **(ob or {}))
+            if tiles:
+                ic, jc = cpu_pair.tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, torch.get_num_threads(),
+                                             symmetric)
+                rows, cols = ic * nvir, jc * nvj
+            else:
+                rows = nvir
+                cols = min(Bj.shape[0], max(1, torch_ops.PAIR_CHUNK_ELEMS // max(1, nvir * nvj))) * nvj
+        ob = self.blas.pair(Bi, Bj, rows, cols, "tiles" if tiles else "rows") if rows else None
+        gemm = ob.pop("kernel") if ob else f"torch.matmul({'tiles' if tiles else 'rows'})"
+        self.record("mp2_pair_energy", gemm + ("+pair_epilogue.c(fp64 sums)" if tiles else "+torch"))
+        run = cpu_pair.mp2_pair_energy if tiles else torch_ops.mp2_pair_energy
+        return run(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, eps_vir_j=eps_vir_j, **(ob or {}))
 
     def describe(self) -> dict:
         d = super().describe()
@@ -217,9 +235,20 @@ class TorchBackend(Backend):
         if self.device.type == "cpu":
             d["threads"] = torch.get_num_threads()
             d["cpu_blas"] = self.blas.describe()
+            d["pair_path"] = dict(self.pair_path)
+            d["pair_path_why"] = dict(self.pair_path_why)
+            if "gemm+epilogue" in self.pair_path.values():
+                d["pair_epilogue"] = cpu_pair.epilogue_info()
         if self.device.type == "cuda":
             d["gpu"] = torch.cuda.get_device_name(self.device)
         return d
+
+
+def pair_kernel_choices() -> tuple:
+    """Every pair-step path a user may name (--pair-kernel), over all devices; which of them a
+    device has: ``device_capabilities(name).pair_kernels``."""
+    from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
+    return tuple(dict.fromkeys(PAIR_KERNELS + cpu_pair.PAIR_PATHS))
 
 
 def _check_cuda(name: str) -> None:
@@ -240,8 +269,10 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
 
     ``simulate`` (trn1/trn2 only) runs the NKI kernels on this CPU through ``nki.simulate``
     or the project's NumPy execution of NKI; the backend's ``engine`` says which.
-    ``pair_kernel`` (cuda only): the MP2 pair-step path, 'auto', 'fused' or 'gemm+epilogue'
-    (linalg.cuda); any other device has one path, so a choice other than 'auto' is an error there.
+    ``pair_kernel``: the MP2 pair-step path, one of ``pair_kernel_choices()``: on cuda 'auto',
+    'gemm+epilogue' or 'fused' (linalg.cuda); on cpu 'auto', 'gemm+epilogue' or 'gemm+torch'
+    (linalg.cpu_pair: its C epilogue is built here, KernelError when it cannot be); trn has one
+    path, so a choice other than 'auto' is an error there (ValueError), as is a path of another device.
     ``unrestricted``: the run has opposite-spin pair blocks (UMP2, ``eps_vir_j``); on cuda 'auto'
     then resolves to gemm+epilogue and 'fused' (which has no opposite-spin form) is refused.
     ``cpu_blas`` (cpu only): the BLAS of the GEMMs, SYRKs and pair-step GEMMs, 'auto' (measured),
@@ -250,16 +281,15 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
     """
     caps = device_capabilities(name)
     cpu_blas_module.check_choice(cpu_blas, name, caps.is_host)
-    from .cuda import PAIR_KERNELS              # plain constants; Triton is imported only when needed
-    if pair_kernel not in PAIR_KERNELS:
-        raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(PAIR_KERNELS)}")
+    if pair_kernel not in pair_kernel_choices():
+        raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(pair_kernel_choices())}")
     if pair_kernel not in caps.pair_kernels:
-        raise ValueError(f"pair kernel '{pair_kernel}' applies only to cuda devices, not to '{name}' "
-                         "(its pair step has one path); leave it at auto")
+        raise ValueError(f"pair kernel '{pair_kernel}' is not a pair-step path of device '{name}' (its paths: "
+                         f"{', '.join(caps.pair_kernels)})")
     if simulate and not caps.simulable:
         raise ValueError(f"simulation applies only to trn1/trn2, not to device '{name}'")
     if name == "cpu":
-        return TorchBackend("cpu", cpu_blas=cpu_blas)
+        return TorchBackend("cpu", cpu_blas=cpu_blas, pair_kernel=pair_kernel)
     if name.split(":", 1)[0] == "cuda":
         _check_cuda(name)
         from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel

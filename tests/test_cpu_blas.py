@@ -156,7 +156,7 @@ def test_the_openblas_path_copies_no_input():
     assert torch.allclose(c, a.mT @ b, rtol=1e-13, atol=1e-12)
     assert torch.allclose(s, a.mT @ a, rtol=1e-13, atol=1e-12) and torch.equal(s, s.mT)
     assert set(be.kernels_used) == {"gemm:openblas.dgemm(numpy.matmul)", "syrk:openblas.dsyrk(numpy.matmul)",
-                                    "mp2_pair_energy:openblas.dgemm(numpy.matmul, rows)"}
+                                    "mp2_pair_energy:openblas.dgemm(numpy.matmul, tiles)+pair_epilogue.c(fp64 sums)"}
     # a layout OpenBLAS would need copied goes to torch, and the record says so
     be.gemm(a[:, ::2], b, trans_a=True)
     assert be.kernels_used.get("gemm:torch.matmul") == 1

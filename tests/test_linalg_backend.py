@@ -96,7 +96,9 @@ def test_capabilities_come_from_the_device_name_without_hardware():
         assert (caps.precision_problem("fp64") is None) == fp64 and caps.precision_problem("fp32") is None
         assert caps.supports("mp2_pair_energy") and not caps.supports("fft")
     assert device_capabilities("trn1").simulable and not device_capabilities("cpu").simulable
-    assert len(device_capabilities("cuda").pair_kernels) > 1 and device_capabilities("cpu").pair_kernels == ("auto",)
+    assert device_capabilities("cuda").pair_kernels == ("auto", "gemm+epilogue", "fused")
+    assert device_capabilities("cpu").pair_kernels == ("auto", "gemm+epilogue", "gemm+torch")
+    assert device_capabilities("trn1").pair_kernels == ("auto",)
     for bad in ("gpu", "cpu:0", "trn3", "cuda:x"):
         with pytest.raises(ValueError, match="unknown device"):
             device_capabilities(bad)

@@ -193,8 +193,12 @@ def test_inv_sqrt_eigh_drops_near_singular_directions(be):
         inv_sqrt_spd(a, method="magic", backend=be)
 
 
+@pytest.mark.parametrize("path", ["gemm+epilogue", "gemm+torch"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mp2_pair_energy_vs_naive_einsum(be, dtype):
+def test_mp2_pair_energy_vs_naive_einsum(dtype, path):
+    """Both CPU pair-step paths (linalg.cpu_pair) against the einsum reference, on the diagonal
+    block, the full square and an off-diagonal block; the record names the path that ran."""
+    be = get_backend("cpu", pair_kernel=path)
     p = linalg.synthetic_problem(7, 23, 41, seed=5)
     B = p.B.to(dtype)
     e_ref = mp2_pair_energy_reference(B, B, p.eps_occ, p.eps_occ, p.eps_vir)
@@ -203,7 +207,7 @@ def test_mp2_pair_energy_vs_naive_einsum(be, dtype):
     e_full = mp2_pair_energy(B, B, p.eps_occ, p.eps_occ, p.eps_vir, backend=be)
     for e in (e_sym, e_full):
         assert e[0] == pytest.approx(e_ref[0], rel=tol) and e[1] == pytest.approx(e_ref[1], rel=tol)
-    # off-diagonal block I x J, and chunking over j
+    # off-diagonal block I x J, and (gemm+torch's rows) chunking over j
     Bi, Bj = B[:3], B[3:]
     e_ref_ij = mp2_pair_energy_reference(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir)
     e_ij = mp2_pair_energy(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir, backend=be)
@@ -211,6 +215,8 @@ def test_mp2_pair_energy_vs_naive_einsum(be, dtype):
     e_chunked = raw(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir, max_block_elems=23 * 23 * 2)
     for e in (e_ij, e_chunked):
         assert e[0] == pytest.approx(e_ref_ij[0], rel=tol) and e[1] == pytest.approx(e_ref_ij[1], rel=tol)
-    pair = {k for k in be.describe()["kernels"] if k.startswith("mp2_pair_energy:")}
-    assert pair and pair <= {"mp2_pair_energy:torch.matmul(batched)", "mp2_pair_energy:openblas.dgemm(numpy.matmul, rows)",
-                             "mp2_pair_energy:openblas.sgemm(numpy.matmul, rows)"}, pair
+    pair = {k.split(":", 1)[1] for k in be.describe()["kernels"] if k.startswith("mp2_pair_energy:")}
+    layout, tail = ("tiles", "+pair_epilogue.c(fp64 sums)") if path == "gemm+epilogue" else ("rows", "+torch")
+    gemms = {f"torch.matmul({layout})", f"openblas.{'d' if dtype == torch.float64 else 's'}gemm(numpy.matmul, {layout})"}
+    assert pair and pair <= {g + tail for g in gemms}, pair
+    assert be.describe()["pair_path"] == {"fp64": path, "fp32": path}
