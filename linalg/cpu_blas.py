@@ -139,6 +139,11 @@ class _Threads:
 _THREADS = _Threads()
 
 
+def sync_threads() -> None:
+    """The OpenBLAS pools at torch's thread count now (for a caller that runs openblas_matmul itself)."""
+    _THREADS.sync()
+
+
 @contextlib.contextmanager
 def single_thread():
     """OpenBLAS on one thread inside (the pair step's rows each run one GEMM at a time), then back

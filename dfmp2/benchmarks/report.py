@@ -118,13 +118,15 @@ def _devices_lines(rep: dict) -> list[str]:
 
 def _peak_lines(rep: dict) -> list[str]:
     lines = ["## GEMM peak of this run", "",
-             "Square `torch.matmul`, median, measured right before each shape's ops in each precision; every "
+             "Square GEMM, median, the faster of `torch.matmul` and (CPU) numpy's OpenBLAS (both in the JSON), "
+             "measured right before each shape's ops in each precision; every "
              "% of peak below is against the peak measured before its own block (same device, same precision), "
              "so a machine whose load changes during the run is compared with its capacity at the time.", "",
-             "| device | precision | measured before | n | GFLOP/s | min–max ms |", "|---|---|---|---:|---:|---|"]
+             "| device | precision | measured before | n | library | GFLOP/s | min–max ms |",
+             "|---|---|---|---:|---|---:|---|"]
     for p in rep["gemm_peak"]:
         lines.append(f"| {p['device']} | {p['precision']} | {p.get('before', 'the run')} | {p['n']} | "
-                     f"{p['gflops']:.1f} | {spread(p)} |")
+                     f"{p.get('library', 'torch.matmul')} | {p['gflops']:.1f} | {spread(p)} |")
     lines.append("")
     return lines
 

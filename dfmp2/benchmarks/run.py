@@ -100,13 +100,15 @@ class _State:
 
 
 def measure_peak(dev: str, be, prec: str, opts: BenchOptions, state: _State, when: str, log) -> dict:
-    """The GEMM peak of ``dev`` in ``prec`` now (a square torch.matmul), recorded in state.peaks."""
+    """The GEMM peak of ``dev`` in ``prec`` now (a square GEMM, the faster of torch's and, on the
+    CPU, numpy's OpenBLAS: timing.gemm_peak), recorded in state.peaks."""
     dtype = torch.float64 if prec == "fp64" else torch.float32
     n = opts.peak_n or PEAK_N.get(be.device.type, 2048)
     p = {"device": dev, "precision": prec, "before": when,
          **timing.gemm_peak(be.device, dtype, n, state.peak_timer, sync=be.synchronize)}
     state.peaks.append(p)
-    log(f"GEMM peak {dev} {prec} (before {when}): n={n} {p['gflops']:.1f} GFLOP/s")
+    log(f"GEMM peak {dev} {prec} (before {when}): n={n} {p['gflops']:.1f} GFLOP/s ({p['library']}; "
+        + ", ".join(f"{lib} {g:.1f}" for lib, g in p["by_library"].items()) + ")")
     return p
 
 
