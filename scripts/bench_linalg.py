@@ -112,8 +112,8 @@ def main(argv=None):
     for dname in args.dtype.split(","):
         dtype = DTYPES[dname]
         n = args.peak_n or (256 if args.quick else (2048 if on_cpu else 8192))
-        peaks[dname] = timing.gemm_peak(be.device, dtype, n, timer)
-        print(f"GEMM peak {dname}: n={n} {peaks[dname]['gflops']:.1f} GFLOP/s", flush=True)
+        peaks[dname] = timing.gemm_peak(be.device, dtype, n, timer, host=on_cpu)
+        print(f"GEMM peak {dname}: n={n} {peaks[dname]['gflops']:.1f} GFLOP/s ({peaks[dname]['library']})", flush=True)
         for op in ops:
             for shape in shapes[op]:
                 case = bops.make_case(op, shape, dtype, be, pyscf_baseline=False)

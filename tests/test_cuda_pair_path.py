@@ -68,17 +68,18 @@ def test_backend_resolves_and_records_the_path(monkeypatch):
 
 
 @pytest.mark.parametrize("device", ["cpu", "trn1", "trn2"])
-def test_pair_kernel_is_for_cuda_only(device):
-    with pytest.raises(ValueError, match="applies only to cuda devices"):
+def test_fused_pair_kernel_is_for_cuda_only(device):
+    with pytest.raises(ValueError, match=f"not a pair-step path of device '{device}'"):
         get_backend(device, pair_kernel="fused")
     with pytest.raises(ValueError, match="unknown pair kernel"):
         get_backend(device, pair_kernel="cutlass")
 
 
 def test_cli_pair_kernel_on_a_non_cuda_device_is_one_error_line():
-    _one_error_line(_cli(["run", WATER, "--pair-kernel", "fused"]), "pair kernel 'fused'", "only to cuda", "'cpu'")
+    _one_error_line(_cli(["run", WATER, "--pair-kernel", "fused"]), "pair kernel 'fused'",
+                    "not a pair-step path of device 'cpu'")
     _one_error_line(_cli(["compare", "--synthetic", "2,3,4", "--devices", "cpu,trn1", "--pair-kernel",
-                          "gemm+epilogue"]), "only to cuda devices")
+                          "fused"]), "a path of none of the devices")
 
 
 def _compilation_error():

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+import linalg
+
 from . import ops as ops_mod
 from . import shapes as shapes_mod
 from . import report, timing, trn_estimate, waters as waters_mod
@@ -105,7 +107,8 @@ def measure_peak(dev: str, be, prec: str, opts: BenchOptions, state: _State, whe
     dtype = torch.float64 if prec == "fp64" else torch.float32
     n = opts.peak_n or PEAK_N.get(be.device.type, 2048)
     p = {"device": dev, "precision": prec, "before": when,
-         **timing.gemm_peak(be.device, dtype, n, state.peak_timer, sync=be.synchronize)}
+         **timing.gemm_peak(be.device, dtype, n, state.peak_timer, sync=be.synchronize,
+                            host=linalg.device_capabilities(dev).is_host)}
     state.peaks.append(p)
     log(f"GEMM peak {dev} {prec} (before {when}): n={n} {p['gflops']:.1f} GFLOP/s ({p['library']}; "
         + ", ".join(f"{lib} {g:.1f}" for lib, g in p["by_library"].items()) + ")")

@@ -56,9 +56,9 @@ class Timer:
                 "repeats": len(times), "warmup": warmup}
 
 
-def gemm_peak(device, dtype, n: int, timer: Timer, sync=None) -> dict:
+def gemm_peak(device, dtype, n: int, timer: Timer, sync=None, host: bool = False) -> dict:
     """The machine's measured GEMM peak: a square n x n product in ``dtype`` on ``device`` (median
-    of the timer's repeats) by torch.matmul and, on the CPU, by numpy's BLAS (OpenBLAS) on the
+    of the timer's repeats) by torch.matmul and, on the host CPU (``host``), by numpy's BLAS (OpenBLAS) on the
     same matrices: the peak is the faster library's, so a % of peak is against the best GEMM this
     machine ran, not against torch's alone. Returns {n, gflops, library, median_s, min_s, max_s,
     repeats, warmup, by_library: {library: GFLOP/s}}."""
@@ -67,7 +67,7 @@ def gemm_peak(device, dtype, n: int, timer: Timer, sync=None) -> dict:
     a = random_matrix((n, n), 11, dtype=dtype, device=device)
     b = random_matrix((n, n), 12, dtype=dtype, device=device)
     runs = {"torch.matmul": timer(lambda: torch.matmul(a, b), sync=sync)}
-    if torch.device(device).type == "cpu" and cpu_blas.numpy_blas_info() is not None:
+    if host and cpu_blas.numpy_blas_info() is not None:
         out = torch.empty((n, n), dtype=dtype)
         cpu_blas.sync_threads()
         runs["numpy.matmul (OpenBLAS)"] = timer(lambda: cpu_blas.openblas_matmul(a, b, out))
