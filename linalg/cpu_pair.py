@@ -14,7 +14,8 @@ Why tiles: the pair step is nocc^2 nvir^2 naux flops in nvir x nvir GEMMs, too t
 CPU's peak alone, and torch's passes over K (its transpose through memory above all) cost 25-40 %
 of the GEMMs' time. Measured 2026-11-25 (2-core Xeon, torch 2.13 MKL, 16 x 16 pairs, nvir/naux
 448/1536, % of the best square DGEMM of the same run): rows with torch's epilogue 62-71 %; the same
-rows' GEMMs alone 82-85 %; 4 x 4 tiles with the C epilogue 90-95 %.
+rows' GEMMs alone 82-85 %; 4 x 4 tiles with the C epilogue 90-95 % in a bare loop; in `dfmp2 bench`
+(medium/large/h2o32) 80/90/91 % against 62/73/76 % for the rows.
 
 Sums: every pair's OS and exchange sums are fp64 and formed in a fixed order (the C file), and the
 pairs are combined by one numpy sum over the (ni, nj) array, so the energies do not depend on the
@@ -31,8 +32,8 @@ import torch
 from .errors import KernelError
 
 PAIR_PATHS = ("gemm+epilogue", "gemm+torch")
-AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (measured 90-95 % of the best DGEMM "
-             "against 62-71 % for gemm+torch, 2026-11-25, linalg/cpu_pair.py)")
+AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
+             "80-91 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62-76 %)")
 TILE_ELEMS = 1 << 22          # K elements of one tile (32 MB in fp64), one per thread: GEMMs of
                               # m, n about 2048 (measured: 4 x 4 pairs of nvir 448 at 95 %, 2 x 2 at 87 %)
 MIN_TILES_PER_THREAD = 2      # smaller tiles rather than idle threads
