@@ -100,6 +100,20 @@ def tiles(ni: int, nj: int, ic: int, jc: int, symmetric: bool) -> list[tuple[int
     return sorted(out, key=lambda t: -size(t))
 
 
+def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
+    """(rows, cols) of one pair-step GEMM at torch's thread count: a tile's (ic*nvir, jc*nvj), or
+    (``tiles`` False) gemm+torch's row (nvir, chunk of j * nvj); None for operands that are not
+    (n, nvir, naux) or empty (the contract's checks say what is wrong)."""
+    if Bi.ndim != 3 or Bj.ndim != 3 or Bi.shape[0] == 0 or Bj.shape[0] == 0:
+        return None
+    nvir, nvj = Bi.shape[1], Bj.shape[1]
+    if not tiles:
+        from .torch_ops import PAIR_CHUNK_ELEMS
+        return nvir, min(Bj.shape[0], max(1, PAIR_CHUNK_ELEMS // max(1, nvir * nvj))) * nvj
+    ic, jc = tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, torch.get_num_threads(), symmetric)
+    return ic * nvir, jc * nvj
+
+
 def workspace_elems(ni: int, nj: int, nvir: int, nvj: int) -> int:
     """K elements one thread holds at a time (one tile), an upper bound for any thread count."""
     return min(ni * nj * nvir * nvj, max(TILE_ELEMS, nvir * nvj))
