@@ -346,7 +346,7 @@ class DFRHF:
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
         self.jk_spec = scf.default_auxbasis(mol, "jk")
         self.auxmol = scf.make_auxmol(mol, self.jk_spec)
-        self.nao, self.nocc = mol.nao_nr(), mol.nelectron // 2
+        self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)   # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
         self.fac, self.fac64 = build_jk_factor(mol, self.auxmol, backend, self.jk_dtype, timer, block_mb,
                                                fit_backend=self.dense, engine=self.engine)
@@ -360,12 +360,16 @@ class DFRHF:
         self.S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
         self.H = todev(pyscf_hf.get_hcore(mol), f64)
         self.e_nuc = float(mol.energy_nuc())
-        self.dm0 = pyscf_hf.init_guess_by_minao(mol)                # PySCF's RHF default guess
+        self.dm0 = self.initial_density()
         self.t0 = self.timer.add("scf_integrals", self.t0, sync=False)
         s, U = linalg.eigh(self.S, backend=self.dense)              # PySCF's cutoff on S's eigenvalues
         cutoff = scf.overlap_cutoff()
         keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
         self.X = U[:, keep] / torch.sqrt(s[keep])                    # (nao, nmo)
+
+    def initial_density(self):
+        """PySCF's RHF default guess ('minao'), (nao, nao) numpy with its orbitals attached."""
+        return pyscf_hf.init_guess_by_minao(self.mol)
 
     def guess(self):
         """(D, G) of the guess: 'minao' comes with its orbitals and (fractional) occupations."""
@@ -381,16 +385,27 @@ class DFRHF:
 
     # ---- J/K
     def two_electron(self, Dm, C, split=None, f=None):
-        """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
+        """G = J(Dm) - K(Dm)/2 (nao, nao) in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
         f = f or self.cycle_factor()
-        fj = self.fac if f is self.fac32 else f      # a mixed SCF's J stays fp64 (see FP32_NOISE)
-        J = fj.coulomb(Dm.to(fj.B.device))
-        K = f.exchange(C.to(f.B.device), split)
-        if f is self.fac32:      # the gradient noise of its fp32 K: what DIIS and the switch ask
-            self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * 0.5 * float(torch.linalg.norm(K))
+        return self.coulomb(Dm, f) - self.exchange(f, [(C, split)], 0.5)[0]
+
+    def coulomb(self, Dm, f):
+        """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
+        fj = self.fac if f is self.fac32 else f
+        return self.dense.to_device(fj.coulomb(Dm.to(fj.B.device)).to(torch.float64), torch.float64)
+
+    def exchange(self, f, factors, scale: float):
+        """scale K(C C^T) (nfactor, nao, nao) fp64 on the dense device, one per (C, split) of
+        ``factors`` (JKFactor.exchange; C with no columns: zero). Sets ``g_noise``, the gradient
+        noise of an fp32 K (what DIIS and the switch ask): FP32_NOISE eps32 ||scale K||_F."""
+        K = torch.stack([f.exchange(C.to(f.B.device), split) if C.shape[1] else
+                         torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.B.device)
+                         for C, split in factors]) * scale
+        if f is self.fac32:
+            self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
         elif f.B.dtype == torch.float64:
             self.g_noise = 0.0
-        return self.dense.to_device(J.to(torch.float64) - 0.5 * K, torch.float64)
+        return self.dense.to_device(K, torch.float64)
 
     def cycle_factor(self) -> JKFactor:
         """The factor of this cycle's J/K: the fp32 copy in a mixed SCF's fp32 phase, else ``fac``."""
@@ -420,9 +435,16 @@ class DFRHF:
         many flops in fp32 as K of D in fp64), added to H in fp64: its rounding is not carried
         from cycle to cycle, and the fp64 cycles after the switch rebuild G from D."""
         if self.incremental and f is None:
-            Cd, split = self.delta_factor(D - D_last)
-            return G + self.two_electron(D - D_last, Cd, split)
-        return self.two_electron(D, math.sqrt(2.0) * C[:, :self.nocc], f=f)   # D = 2 C_occ C_occ^T
+            return G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
+        return self.two_electron(D, *self.occupied_factor(C), f=f)
+
+    def occupied_factor(self, C):
+        """(factor, split) of the density of orbitals C: D = 2 C_occ C_occ^T."""
+        return math.sqrt(2.0) * C[:, :self.nocc], None
+
+    def delta_factors(self, dD):
+        """(factor, split) of a density change dD (``delta_factor``)."""
+        return self.delta_factor(dD)
 
     # ---- dense steps
     def energy(self, Dm, G) -> float:
@@ -444,8 +466,13 @@ class DFRHF:
         return linalg.gemm(X, linalg.gemm(FDS - FDS.mT, X, backend=dense), trans_a=True, backend=dense)
 
     def orbital_gradient(self, F, C) -> float:
-        g = 2.0 * linalg.gemm(C[:, self.nocc:], linalg.gemm(F, C[:, :self.nocc], backend=self.dense),
-                              trans_a=True, backend=self.dense)
+        """||2 C_vir^T F C_occ|| (PySCF's RHF get_grad)."""
+        return 2.0 * self.gradient_norm(F, C, self.nocc)
+
+    def gradient_norm(self, F, C, nocc: int) -> float:
+        """||C_vir^T F C_occ||_F of one spin's Fock matrix F (nao, nao) and orbitals C (nao, nmo)."""
+        g = linalg.gemm(C[:, nocc:], linalg.gemm(F, C[:, :nocc], backend=self.dense),
+                        trans_a=True, backend=self.dense)
         return float(torch.linalg.norm(g))
 
     def converged(self, e_tot: float, e_last: float, gnorm: float) -> bool:
