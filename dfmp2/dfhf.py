@@ -62,6 +62,9 @@ from .timing import Timer
 ENGINE = "dfmp2.dfhf"
 JK_BLOCK_MB = 64.0        # target MB of one unpacked factor block in the exchange build
 DIIS_SPACE = 8            # PySCF's default diis_space
+UHF_DIIS_SPACE = 16       # the DF-UHF's: cycles at 8 -> 16, E(UHF) the same to 1e-13 Eh: (H2O)8+ 72 -> 40 (its
+                          # soft hole delocalisation), glycyl 33 -> 27, NO 24 -> 20, (H2O)4+ 24 -> 22, CN 21 -> 23,
+                          # allyl 19 -> 20; memory: 16 stacked (F, e) pairs, 4 nao^2 each (memory_mb)
 DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
 OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
 DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
@@ -94,15 +97,17 @@ def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = J
     when that differs), or in the cycles the factor (and its fp64 copy for the final energy
     when itemsize is not 8, or its fp32 copy with ``fp32_copy``), one unpacked block and its
     half-transform (2 nocc columns at most; the spins' exchange builds run one after the other:
-    nocc is the wider spin's); plus about 24 dense nao x nao fp64 matrices per spin (``spins``
-    2 for the DF-UHF: S, hcore, Fock, DIIS history, ...)."""
+    nocc is the wider spin's); plus the dense nao x nao fp64 matrices, per spin (``spins`` 2 for
+    the DF-UHF): about 8 (S, hcore, Fock, ...) and the DIIS history's Fock matrices and errors
+    (DIIS_SPACE, UHF_DIIS_SPACE): 24 for RHF, 2 x 40 for UHF."""
     fac = naux * npair(nao) * itemsize
     fac64 = naux * npair(nao) * 8
     copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
     fit = 2 * fac64 + (fac if itemsize != 8 else 0)
     nb = jk_block(nao, naux, itemsize, block_mb)
     cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
-    dense = 24 * spins * nao * nao * 8
+    space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
+    dense = (8 + 2 * space) * spins * nao * nao * 8
     return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
 
 
@@ -346,6 +351,7 @@ class DFRHF:
 
     reference = "RHF"
     diis_scaled = True        # False: PySCF's unscaled DIIS solve (see _DIIS)
+    diis_space = DIIS_SPACE
     jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
@@ -499,7 +505,7 @@ class DFRHF:
         """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
         D, G = self.guess()
         e_tot = self.energy(D, G)
-        diis = _DIIS(scaled=self.diis_scaled)
+        diis = _DIIS(self.diis_space, scaled=self.diis_scaled)
         for cycle in range(max_cycle):
             e_last, D_last = e_tot, D
             F = self.H + G
@@ -606,11 +612,12 @@ class DFUHF(DFRHF):
         G_s = J(D_a + D_b) - K(D_s),  D_s = C_s,occ C_s,occ^T,  E = Σ_s tr D_s (H + G_s/2) + E_nuc
     one J of the total density, one K per spin (JKFactor.exchange). DIIS extrapolates both spins
     at once: one error vector of the stacked commutators F_s D_s S - S D_s F_s (PySCF's UHF
-    DIIS). The orbital gradient is ||(C_a,vir^T F_a C_a,occ, C_b,vir^T F_b C_b,occ)|| (PySCF's
+    DIIS), UHF_DIIS_SPACE of them. The orbital gradient is ||(C_a,vir^T F_a C_a,occ, C_b,vir^T F_b C_b,occ)|| (PySCF's
     UHF get_grad). Guess: PySCF's UHF ``get_init_guess`` ('minao', half the RHF density per spin;
     a singlet's symmetry broken as PySCF does). <S^2> of the result: ``reference.spin_square``."""
 
     reference = "UHF"
+    diis_space = UHF_DIIS_SPACE
     jk_text = "J of the total density by GEMVs, K per spin by GEMM + SYRK over the packed JK factor"
 
     def __init__(self, mol, backend, **kw):

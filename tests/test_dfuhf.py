@@ -107,7 +107,8 @@ def test_uhf_memory_counts_two_spins():
     one = dfhf.memory_mb(nao=100, naux=400, nocc=10, itemsize=8)
     two = dfhf.memory_mb(nao=100, naux=400, nocc=10, itemsize=8, spins=2)
     assert two["factor"] == one["factor"]
-    assert two["peak"] == pytest.approx(one["peak"] + 24 * 100 * 100 * 8 / 1e6)   # the second spin's dense matrices
+    # two spins' dense matrices and UHF_DIIS_SPACE stacked (F, e) pairs: 80 nao^2 against RHF's 24
+    assert two["peak"] == pytest.approx(one["peak"] + (80 - 24) * 100 * 100 * 8 / 1e6)
     assert dfhf.check_memory(100, 400, 10, 8, limit_mb=two["peak"], spins=2)["block_mb"] == dfhf.JK_BLOCK_MB
     r = run(OPEN / "hydroxyl.xyz", RunOptions())
     assert r.memory["stages_mb"]["scf"] > 0 and r.memory["shapes"]["naux_jk"] > 0
