@@ -34,6 +34,11 @@ stalls (FP32_STALL) every later cycle is fp64, DIIS dropping the fp32 Fock matri
 error is below their noise, and the SCF converges to the same thresholds. Recorded in
 ``ScfRecord.cycle_precision``.
 
+Open shells (``unrestricted``): DFUHF, the same factor and steps with two spin channels: J of
+the total density, K per spin, one DIIS over both spins' stacked Fock matrices and commutators,
+PySCF's UHF guess, <S^2> of the result (``reference.spin_square``). A device without fp64 does not
+run it (``uhf_problem``: PySCF's DF-UHF on the host instead, recorded).
+
 Convergence as PySCF's RHF with our thresholds (scf.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
 on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: _DIIS;
 about half PySCF's cycles on water clusters); converged when |ΔE| < 1e-12 Eh
