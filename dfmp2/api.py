@@ -201,7 +201,8 @@ def geometry_from_mole(mol):
     if not mol._built:
         mol.build()
     _refuse_what_is_not_carried(mol)
-    basis = mol.basis if isinstance(mol.basis, str) else None
+    names = set(scf.orbital_basis_names(mol).values())     # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
+    basis = names.pop() if len(names) == 1 and None not in names else None
     ecp = mol.ecp
     names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())
     if names and names != {basis}:
