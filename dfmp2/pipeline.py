@@ -84,11 +84,12 @@ def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Res
 
 
 def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None,
-                 backend=None) -> Result:
+                 backend=None, on_reference=None) -> Result:
     """Run DF-MP2 on a parsed geometry: prepare, plan, reference, MP2, result. Everything cheap
     is checked before the heavy work (``on_plan(plan)`` sees the memory plan). ``backend``: one
     already made for ``options`` (several runs sharing a device, as ``dfmp2 interaction``
-    does); default a new one. ``log(msg)``: progress lines; ``progress(done, total)``: block pairs."""
+    does); default a new one. ``log(msg)``: progress lines; ``progress(done, total)``: block pairs;
+    ``on_reference(mol, ref)`` sees the PySCF Mole and the converged Reference (QCSchema's SCF parts)."""
     say = log or (lambda msg: None)
     job = prepare(geom, options, backend, say)
     timer = Timer(job.backend)
@@ -96,6 +97,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         plan, scf_plan = plan_run(job, session, on_plan, say)
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say)
+        if on_reference is not None:
+            on_reference(job.mol, ref)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
