@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 
 from . import scf
 from .errors import InputError, shown
-from .result import Result, json_ran, software_versions
+from .result import SCHEMA_VERSION, Result, json_ran, software_versions
 from .xyz import Geometry
 
 # kcal/mol per hartree: CODATA 2018 E_h = 4.3597447222071e-18 J, N_A = 6.02214076e23 /mol,
@@ -266,7 +266,7 @@ class InteractionResult:
                           "energies_full_basis": e["cp"], "energies_own_basis": e["own"]})
         full = next(r for r in self.runs if r.kind == "full").result
         return {
-            "molecule": self.molecule, "date": self.date,
+            "schema_version": SCHEMA_VERSION, "molecule": self.molecule, "date": self.date,
             "interaction_energies": {
                 key: {m: {"hartree": v, "kcal_per_mol": v * HARTREE_TO_KCAL} for m, v in d.items()}
                 for key, d in self.deltas.items()},

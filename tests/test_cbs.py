@@ -105,11 +105,17 @@ def test_cli_bracket_errors_are_one_line(tmp_path, no_scf, args, fragment):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_compare_refuses_a_bracket(no_scf):
+    """dfmp2 compare runs one basis per device (regress has no --basis: each reference's own)."""
+    res = CliRunner().invoke(main, ["compare", str(WATER), "--basis", "cc-pv[dt]z"])
+    assert_one_line_error(res, "is a basis bracket", "--basis")
+
+
 def test_a_basis_the_element_lacks_stops_before_any_scf(tmp_path, no_scf):
     xyz = tmp_path / "ar.xyz"
-    xyz.write_text("1\nxenon\nXe 0 0 0\n")
+    xyz.write_text("1\nxenon\nXe 0 0 0\n")        # cc-pVDZ has no Xe (cc-pVDZ-PP has)
     res = CliRunner().invoke(main, ["run", str(xyz), "--basis", "cc-pv[dt]z"])
-    assert_one_line_error(res)
+    assert_one_line_error(res, "'cc-pvdz' is not defined for Xe", "--basis")
 
 
 # ---- water cc-pV[DT]Z, frozen core: against two runs and against PySCF ----------------------------
