@@ -307,9 +307,7 @@ def check_bases(sch: Scheme, geoms, options) -> None:
     from . import scf
     for g in geoms:
         for b in sch.bracket.bases:
-            mol = scf.build_molecule(g, b, g.charge if options.charge is None else options.charge,
-                                     g.multiplicity if options.multiplicity is None else options.multiplicity,
-                                     ecp=options.ecp)
+            mol = scf.build_molecule(g, b, options.charge, options.multiplicity, ecp=options.ecp)
             scf.mp2_auxbasis(mol, options.auxbasis)
 
 
@@ -337,7 +335,11 @@ def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool 
     for n, b in enumerate(sch.bracket.bases, start=1):
         say(f"CBS basis {n}/{len(sch.bracket.bases)}: {b} ...")
         one = replace(options, basis=b, cbs_scf=RunOptions.cbs_scf)      # one basis: no scheme
-        res = run_own_kernels(geom, one, backend, progress=progress, log=log, on_plan=on_plan)
+        try:
+            res = run_own_kernels(geom, one, backend, progress=progress, log=log, on_plan=on_plan)
+        except InputError as e:          # which basis of the bracket failed, with the same option
+            raise type(e)(f"{b} (basis {n} of {shown(options.basis)}): {e}",
+                          option=getattr(e, "option", None)) from None
         components.append(res)
         warnings += [f"{b}: {w}" for w in res.warnings]
     ran = dict(components[-1].ran)

@@ -216,3 +216,26 @@ def test_interaction_at_the_cbs_limit(tmp_path):
     own = [r["result"]["energies"]["e_mp2"] for r in doc["runs"] if r["kind"] == "own"]
     assert doc["interaction_energies"]["nocp"]["MP2"]["hartree"] == pytest.approx(
         full["energies"]["e_mp2"] - sum(own), abs=1e-12)
+
+
+# ---- a published Psi4 number -------------------------------------------------------------------
+# psi4/psi4 tests/cbs-xtpl-energy/input.dat: water (O-H 1.0 Å, 104.5°), scf_type df, mp2_type df,
+# all electrons correlated, e_convergence 7, checked there to 6 decimals:
+#     energy('MP2/aug-cc-pVTZ')    = -76.341088480148
+#     energy('MP2/aug-cc-pV[2T]Z') = -76.3667778886     (Psi4's default: corl_xtpl_helgaker_2, SCF at aTZ)
+PSI4_MP2_ATZ = -76.341088480148
+PSI4_MP2_ADTZ = -76.3667778886
+
+
+@pytest.mark.slow   # aug-cc-pVTZ water with its JK-fit and MP2-fit sets: about 10 s on 2 cores
+def test_psi4_published_mp2_adtz(tmp_path):
+    theta = math.radians(104.5)
+    xyz = tmp_path / "h2o.xyz"
+    xyz.write_text(f"3\nPsi4 cbs-xtpl-energy water\nO 0 0 0\nH 0 0 1.0\n"
+                   f"H {math.sin(theta):.15f} 0 {math.cos(theta):.15f}\n")
+    out = tmp_path / "adtz.json"
+    res = CliRunner().invoke(main, ["run", str(xyz), "--basis", "aug-cc-pV[2T]Z", "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["components"][1]["energies"]["e_mp2"] == pytest.approx(PSI4_MP2_ATZ, abs=2e-6)
+    assert doc["energies"]["e_mp2"] == pytest.approx(PSI4_MP2_ADTZ, abs=2e-6)
