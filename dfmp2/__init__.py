@@ -1,7 +1,9 @@
 """dfmp2: DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium.
 
-``dfmp2.DFMP2(mf).run()`` (a PySCF drop-in on a converged RHF) and ``dfmp2.energy(xyz or Mole)``
-live in ``dfmp2.api``; they are imported on first use, so ``import dfmp2`` stays light (no torch).
+``dfmp2.DFMP2(mf).run()`` (a PySCF drop-in on a converged RHF or UHF: PySCF's number by default)
+and ``dfmp2.energy(xyz or Mole)`` live in ``dfmp2.api``; ``dfmp2.ase.DFMP2Calculator`` is the ASE
+calculator (needs ``ase``). They are imported on first use, so ``import dfmp2`` stays light (no
+torch, no PySCF).
 """
 __version__ = "0.1.0"
 __all__ = ["DFMP2", "energy"]
@@ -11,4 +13,7 @@ def __getattr__(name):
     if name in __all__:
         from . import api
         return getattr(api, name)
+    if name == "ase":                     # dfmp2.ase without importing it first, as for the API
+        import importlib
+        return importlib.import_module(".ase", __name__)
     raise AttributeError(f"module 'dfmp2' has no attribute '{name}'")

@@ -243,22 +243,25 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose else None
     try:
         with _terminate_raises(), failures:
-            if qc and qc.is_qcschema_path(xyz_file):
+            if qc and qc.is_qcschema_path(xyz_file):     # v1 or v2, run in process as run_qcschema does
                 failures.input_data = qc.read_raw(xyz_file)
-                inp, geom, options = qc.parse_input(failures.input_data, xyz_file, options, given)
-                inp = failures.input_data
+                atomic, result = qc.run_atomic_input(failures.input_data, options, given=given, where=xyz_file,
+                                                     progress=progress, log=log, on_plan=on_plan)
             else:
                 geom = read_xyz(xyz_file)
-                inp = qc.input_from_run(geom, options) if qc else None
+                parts = qc.ScfEnergyParts() if qc else None
                 if qc:
-                    failures.input_data = inp
-            if cbs.is_bracket(options.basis):
-                result = cbs.run_cbs(geom, options, progress=progress, log=log, on_plan=on_plan)
-            else:
-                result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan)
+                    failures.input_data = qc.input_from_run(geom, options)
+                if cbs.is_bracket(options.basis):    # no qc here: --qcschema with a bracket is refused above
+                    result = cbs.run_cbs(geom, options, progress=progress, log=log, on_plan=on_plan)
+                else:
+                    result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan,
+                                          on_reference=parts)
+                atomic = qc.result_model(*qc.input_model(failures.input_data, xyz_file), result,
+                                         parts.values) if qc else None
     finally:
         progress.close()
-    qc_text = qc.atomic_result(inp, result) if qcschema_path else None   # validated before any output
+    qc_text = qc.to_json(atomic) if qcschema_path else None   # validated before any output
     # the files first: a stdout that fails (full, or a reader gone) must not lose the result
     if json_path:
         result.write_json(json_path)

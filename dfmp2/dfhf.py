@@ -34,6 +34,11 @@ stalls (FP32_STALL) every later cycle is fp64, DIIS dropping the fp32 Fock matri
 error is below their noise, and the SCF converges to the same thresholds. Recorded in
 ``ScfRecord.cycle_precision``.
 
+Open shells (``unrestricted``): DFUHF, the same factor and steps with two spin channels: J of
+the total density, K per spin, one DIIS over both spins' stacked Fock matrices and commutators,
+PySCF's UHF guess, <S^2> of the result (``reference.spin_square``). A device without fp64 does not
+run it (``uhf_problem``: PySCF's DF-UHF on the host instead, recorded).
+
 Convergence as PySCF's RHF with our thresholds (scf.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
 on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: _DIIS;
 about half PySCF's cycles on water clusters); converged when |ΔE| < 1e-12 Eh
@@ -47,6 +52,7 @@ import time
 import numpy as np
 import torch
 from pyscf.scf import hf as pyscf_hf
+from pyscf.scf import uhf as pyscf_uhf
 
 import linalg
 
@@ -55,12 +61,15 @@ from .errors import InputError, MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
 from .options import SCF_PRECISIONS
 from .provenance import ScfRecord, cycle_precision
-from .reference import Reference, restricted
+from .reference import Reference, restricted, spin_square, unrestricted
 from .timing import Timer
 
 ENGINE = "dfmp2.dfhf"
 JK_BLOCK_MB = 64.0        # target MB of one unpacked factor block in the exchange build
 DIIS_SPACE = 8            # PySCF's default diis_space
+UHF_DIIS_SPACE = 16       # the DF-UHF's: cycles at 8 -> 16, E(UHF) the same to 1e-13 Eh: (H2O)8+ 72 -> 40 (its
+                          # soft hole delocalisation), glycyl 33 -> 27, NO 24 -> 20, (H2O)4+ 24 -> 22, CN 21 -> 23,
+                          # allyl 19 -> 20; memory: 16 stacked (F, e) pairs, 4 nao^2 each (memory_mb)
 DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
 OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
 DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
@@ -85,27 +94,30 @@ def jk_block(nao: int, naux: int, itemsize: int, block_mb: float = JK_BLOCK_MB) 
 
 
 def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB,
-              fp32_copy: bool = False) -> dict:
+              fp32_copy: bool = False, spins: int = 1) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize),
     'fp32_copy' (the mixed-precision SCF's fp32 copy of an fp64 factor, unpacked: naux nao^2 4 B,
     about the packed fp64 factor's size; or 0) and
     'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
     when that differs), or in the cycles the factor (and its fp64 copy for the final energy
     when itemsize is not 8, or its fp32 copy with ``fp32_copy``), one unpacked block and its
-    half-transform (2 nocc columns at most); plus about 24 dense nao x nao fp64 matrices (S,
-    hcore, Fock, DIIS history, ...)."""
+    half-transform (2 nocc columns at most; the spins' exchange builds run one after the other:
+    nocc is the wider spin's); plus the dense nao x nao fp64 matrices, per spin (``spins`` 2 for
+    the DF-UHF): about 8 (S, hcore, Fock, ...) and the DIIS history's Fock matrices and errors
+    (DIIS_SPACE, UHF_DIIS_SPACE): 24 for RHF, 2 x 40 for UHF."""
     fac = naux * npair(nao) * itemsize
     fac64 = naux * npair(nao) * 8
     copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
     fit = 2 * fac64 + (fac if itemsize != 8 else 0)
     nb = jk_block(nao, naux, itemsize, block_mb)
     cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
-    dense = 24 * nao * nao * 8
+    space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
+    dense = (8 + 2 * space) * spins * nao * nao * 8
     return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
 
 
 def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float,
-                 fp32_copy: bool = False) -> dict:
+                 fp32_copy: bool = False, spins: int = 1) -> dict:
     """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
     auxiliary function per block), and that block as 'block_mb'; with ``fp32_copy`` (a mixed-
     precision SCF asks for it) each block first with the factor's fp32 copy, then without it
@@ -114,7 +126,7 @@ def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float,
     out-of-core SCF yet)."""
     for block_mb in (JK_BLOCK_MB, 1e-9):            # a smaller block would cost more than the copy saves
         for copy in ((True, False) if fp32_copy else (False,)):
-            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy)
+            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins)
             if need["peak"] <= limit_mb:
                 return {**need, "block_mb": block_mb}
     raise MemoryLimitError(
@@ -144,6 +156,19 @@ def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str
     if not fp32_copy:
         return "fp64", f"{requested}: the fp32 copy of the JK factor does not fit the memory limit"
     return "mixed", ("asked for" if requested == "mixed" else "auto: the device has fp64 and fast fp32")
+
+
+def uhf_problem(caps) -> str | None:
+    """Why our DF-UHF does not run on a device of capabilities ``caps`` (None: it does). A device
+    without fp64 builds J/K of the density change in fp32 and keeps the first build's rounding
+    in the Fock matrix: a fixed perturbation, harmless for RHF, but an open shell with degenerate
+    partly filled orbitals (OH, NO: one beta or alpha pi electron in two pi orbitals) has a flat
+    rotation between them, along which a fixed perturbation has no stationary point: OH's
+    orbital gradient stalled at 1.8e-8 (threshold 1e-9) on trn1, CH2 and H2O+ converged."""
+    if not caps.has_fp64:
+        return ("the device has no fp64, and our DF-UHF's fp32 J/K do not converge open shells with "
+                "degenerate orbitals (OH) to the gradient threshold")
+    return None
 
 
 class JKFactor:
@@ -304,8 +329,8 @@ class _DIIS:
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
              progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-             fp32_copy: bool = True) -> Reference:
-    """Converge DF-RHF on ``backend`` (see the module docstring). Returns the Reference (source
+             fp32_copy: bool = True, unrestricted: bool = False) -> Reference:
+    """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
     does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
@@ -316,7 +341,8 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
     ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
     ``check_memory``; False: fp64 cycles, recorded)."""
-    return DFRHF(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
+    cls = DFUHF if unrestricted else DFRHF
+    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
                  incremental=incremental, engine=engine, progress=progress,
                  conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy).run(max_cycle)
 
@@ -330,6 +356,8 @@ class DFRHF:
 
     reference = "RHF"
     diis_scaled = True        # False: PySCF's unscaled DIIS solve (see _DIIS)
+    diis_space = DIIS_SPACE
+    jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
                  incremental: bool | None = None, engine=None, progress=None,
@@ -346,7 +374,7 @@ class DFRHF:
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
         self.jk_spec = scf.default_auxbasis(mol, "jk")
         self.auxmol = scf.make_auxmol(mol, self.jk_spec)
-        self.nao, self.nocc = mol.nao_nr(), mol.nelectron // 2
+        self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)   # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
         self.fac, self.fac64 = build_jk_factor(mol, self.auxmol, backend, self.jk_dtype, timer, block_mb,
                                                fit_backend=self.dense, engine=self.engine)
@@ -360,12 +388,16 @@ class DFRHF:
         self.S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
         self.H = todev(pyscf_hf.get_hcore(mol), f64)
         self.e_nuc = float(mol.energy_nuc())
-        self.dm0 = pyscf_hf.init_guess_by_minao(mol)                # PySCF's RHF default guess
+        self.dm0 = self.initial_density()
         self.t0 = self.timer.add("scf_integrals", self.t0, sync=False)
         s, U = linalg.eigh(self.S, backend=self.dense)              # PySCF's cutoff on S's eigenvalues
         cutoff = scf.overlap_cutoff()
         keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
         self.X = U[:, keep] / torch.sqrt(s[keep])                    # (nao, nmo)
+
+    def initial_density(self):
+        """PySCF's RHF default guess ('minao'), (nao, nao) numpy with its orbitals attached."""
+        return pyscf_hf.init_guess_by_minao(self.mol)
 
     def guess(self):
         """(D, G) of the guess: 'minao' comes with its orbitals and (fractional) occupations."""
@@ -376,21 +408,31 @@ class DFRHF:
             Cg = self.dense.to_device(np.asarray(self.dm0.mo_coeff)[:, occ0 > 0] * np.sqrt(occ0[occ0 > 0]),
                                       torch.float64)
             return D, self.two_electron(D, Cg)
-        Cg, split = self.delta_factor(D, self.nao)
-        return D, self.two_electron(D, Cg, split)
+        return D, self.two_electron(D, *self.delta_factors(D, self.nao))
 
     # ---- J/K
     def two_electron(self, Dm, C, split=None, f=None):
-        """G = J(Dm) - K(Dm)/2 in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
+        """G = J(Dm) - K(Dm)/2 (nao, nao) in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
         f = f or self.cycle_factor()
-        fj = self.fac if f is self.fac32 else f      # a mixed SCF's J stays fp64 (see FP32_NOISE)
-        J = fj.coulomb(Dm.to(fj.B.device))
-        K = f.exchange(C.to(f.B.device), split)
-        if f is self.fac32:      # the gradient noise of its fp32 K: what DIIS and the switch ask
-            self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * 0.5 * float(torch.linalg.norm(K))
+        return self.coulomb(Dm, f) - self.exchange(f, [(C, split)], 0.5)[0]
+
+    def coulomb(self, Dm, f):
+        """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
+        fj = self.fac if f is self.fac32 else f
+        return self.dense.to_device(fj.coulomb(Dm.to(fj.B.device)).to(torch.float64), torch.float64)
+
+    def exchange(self, f, factors, scale: float):
+        """scale K(C C^T) (nfactor, nao, nao) fp64 on the dense device, one per (C, split) of
+        ``factors`` (JKFactor.exchange; C with no columns: zero). Sets ``g_noise``, the gradient
+        noise of an fp32 K (what DIIS and the switch ask): FP32_NOISE eps32 ||scale K||_F."""
+        K = torch.stack([f.exchange(C.to(f.B.device), split) if C.shape[1] else
+                         torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.B.device)
+                         for C, split in factors]) * scale
+        if f is self.fac32:
+            self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
         elif f.B.dtype == torch.float64:
             self.g_noise = 0.0
-        return self.dense.to_device(J.to(torch.float64) - 0.5 * K, torch.float64)
+        return self.dense.to_device(K, torch.float64)
 
     def cycle_factor(self) -> JKFactor:
         """The factor of this cycle's J/K: the fp32 copy in a mixed SCF's fp32 phase, else ``fac``."""
@@ -420,9 +462,16 @@ class DFRHF:
         many flops in fp32 as K of D in fp64), added to H in fp64: its rounding is not carried
         from cycle to cycle, and the fp64 cycles after the switch rebuild G from D."""
         if self.incremental and f is None:
-            Cd, split = self.delta_factor(D - D_last)
-            return G + self.two_electron(D - D_last, Cd, split)
-        return self.two_electron(D, math.sqrt(2.0) * C[:, :self.nocc], f=f)   # D = 2 C_occ C_occ^T
+            return G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
+        return self.two_electron(D, *self.occupied_factor(C), f=f)
+
+    def occupied_factor(self, C):
+        """(factor, split) of the density of orbitals C: D = 2 C_occ C_occ^T."""
+        return math.sqrt(2.0) * C[:, :self.nocc], None
+
+    def delta_factors(self, dD, width=None):
+        """(factor, split) of a density change dD (``delta_factor``)."""
+        return self.delta_factor(dD, width)
 
     # ---- dense steps
     def energy(self, Dm, G) -> float:
@@ -444,8 +493,13 @@ class DFRHF:
         return linalg.gemm(X, linalg.gemm(FDS - FDS.mT, X, backend=dense), trans_a=True, backend=dense)
 
     def orbital_gradient(self, F, C) -> float:
-        g = 2.0 * linalg.gemm(C[:, self.nocc:], linalg.gemm(F, C[:, :self.nocc], backend=self.dense),
-                              trans_a=True, backend=self.dense)
+        """||2 C_vir^T F C_occ|| (PySCF's RHF get_grad)."""
+        return 2.0 * self.gradient_norm(F, C, self.nocc)
+
+    def gradient_norm(self, F, C, nocc: int) -> float:
+        """||C_vir^T F C_occ||_F of one spin's Fock matrix F (nao, nao) and orbitals C (nao, nmo)."""
+        g = linalg.gemm(C[:, nocc:], linalg.gemm(F, C[:, :nocc], backend=self.dense),
+                        trans_a=True, backend=self.dense)
         return float(torch.linalg.norm(g))
 
     def converged(self, e_tot: float, e_last: float, gnorm: float) -> bool:
@@ -456,7 +510,7 @@ class DFRHF:
         """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
         D, G = self.guess()
         e_tot = self.energy(D, G)
-        diis = _DIIS(scaled=self.diis_scaled)
+        diis = _DIIS(self.diis_space, scaled=self.diis_scaled)
         for cycle in range(max_cycle):
             e_last, D_last = e_tot, D
             F = self.H + G
@@ -511,8 +565,12 @@ class DFRHF:
         cycles, D, G, F = self.iterate(max_cycle)
         mo_e, C, e_tot, e_device = self.finish(D, G, F)
         self.timer.add("scf", self.t0)
-        return restricted(C.detach().cpu().numpy(), mo_e.detach().cpu().numpy(), self.nocc, e_hf=e_tot,
-                          source=ENGINE, scf=self.record(cycles, e_device),
+        return self.reference_of(C.detach().cpu().numpy(), mo_e.detach().cpu().numpy(), e_tot,
+                                 self.record(cycles, e_device))
+
+    def reference_of(self, C, mo_e, e_tot: float, record: ScfRecord) -> Reference:
+        """The Reference of converged orbitals C (nao, nmo) and energies mo_e (nmo,) numpy."""
+        return restricted(C, mo_e, self.nocc, e_hf=e_tot, source=ENGINE, scf=record,
                           jk_auxbasis=scf.describe_auxbasis(self.jk_spec))
 
     def record(self, cycles: int, e_device: float | None) -> ScfRecord:
@@ -527,7 +585,7 @@ class DFRHF:
         return ScfRecord(
             engine=ENGINE, reference=self.reference, device=be.name, source="ran", iterations=cycles,
             conv_tol_grad=self.conv_tol_grad,
-            jk="J by GEMVs, K by GEMM + SYRK over the packed JK factor",
+            jk=self.jk_text,
             jk_auxbasis=scf.describe_auxbasis(self.jk_spec), backend_engine=be.engine,
             precision={"jk": "fp32, then fp64" if self.fp32_cycles else str(self.jk_dtype).replace("torch.float", "fp"),
                        "fock_energy": "fp64",
@@ -550,3 +608,65 @@ class DFRHF:
         return cycle_precision(self.mode, self.requested, why=self.why, fp32_cycles=n32, fp64_cycles=cycles - n32,
                                switch=self.switch, device=self.backend.name if n32 else None,
                                fp32_factor_mb=f32.B.numel() * f32.B.element_size() / 1e6 if f32 is not None else None)
+
+
+class DFUHF(DFRHF):
+    """Our DF-UHF: DFRHF with two spin channels, its spin-dependent steps overridden and the rest
+    (the JK factor, iterations, mixed precision, incremental builds, finish, record) kept.
+    D, G, F (2, nao, nao), C (2, nao, nmo) and mo_energy (2, nmo) are stacked alpha, beta:
+        G_s = J(D_a + D_b) - K(D_s),  D_s = C_s,occ C_s,occ^T,  E = Σ_s tr D_s (H + G_s/2) + E_nuc
+    one J of the total density, one K per spin (JKFactor.exchange). DIIS extrapolates both spins
+    at once: one error vector of the stacked commutators F_s D_s S - S D_s F_s (PySCF's UHF
+    DIIS), UHF_DIIS_SPACE of them. The orbital gradient is ||(C_a,vir^T F_a C_a,occ, C_b,vir^T F_b C_b,occ)|| (PySCF's
+    UHF get_grad). Guess: PySCF's UHF ``get_init_guess`` ('minao', half the RHF density per spin;
+    a singlet's symmetry broken as PySCF does). <S^2> of the result: ``reference.spin_square``."""
+
+    reference = "UHF"
+    diis_space = UHF_DIIS_SPACE
+    jk_text = "J of the total density by GEMVs, K per spin by GEMM + SYRK over the packed JK factor"
+
+    def __init__(self, mol, backend, **kw):
+        self.nocc_s = tuple(int(n) for n in mol.nelec)        # (alpha, beta)
+        super().__init__(mol, backend, **kw)
+
+    def initial_density(self):
+        """PySCF's UHF default guess, (2, nao, nao) numpy."""
+        return pyscf_uhf.UHF(self.mol).get_init_guess()
+
+    def guess(self):
+        D = self.dense.to_device(np.asarray(self.dm0), torch.float64)
+        return D, self.two_electron(D, *self.delta_factors(D, self.nao))
+
+    def two_electron(self, Dm, C, split=(None, None), f=None):
+        """G (2, nao, nao) fp64: G_s = J(Dm_a + Dm_b) - K(Dm_s); C and split one per spin."""
+        f = f or self.cycle_factor()
+        return self.coulomb(Dm[0] + Dm[1], f) - self.exchange(f, list(zip(C, split)), 1.0)
+
+    def occupied_factor(self, C):
+        return tuple(C[s][:, :n] for s, n in enumerate(self.nocc_s)), (None, None)
+
+    def delta_factors(self, dD, width=None):
+        """Per spin (``delta_factor``, the same width for both: one kernel shape)."""
+        pairs = [self.delta_factor(d, width) for d in dD]
+        return tuple(c for c, _ in pairs), tuple(s for _, s in pairs)
+
+    def diagonalize(self, F):
+        pairs = [DFRHF.diagonalize(self, Fs) for Fs in F]
+        return torch.stack([e for e, _ in pairs]), torch.stack([c for _, c in pairs])
+
+    def density(self, C):
+        return torch.stack([linalg.syrk(Cs[:, :n], backend=self.dense) if n else torch.zeros_like(self.S)
+                            for Cs, n in zip(C, self.nocc_s)])
+
+    def diis_error(self, F, D):
+        return torch.stack([DFRHF.diis_error(self, Fs, Ds) for Fs, Ds in zip(F, D)])
+
+    def orbital_gradient(self, F, C) -> float:
+        return math.hypot(*(self.gradient_norm(F[s], C[s], n) for s, n in enumerate(self.nocc_s)))
+
+    def reference_of(self, C, mo_e, e_tot: float, record: ScfRecord) -> Reference:
+        """Two channels, with <S^2> of the occupied orbitals."""
+        na, nb = self.nocc_s
+        s2 = spin_square(C[0][:, :na], C[1][:, :nb], self.S.cpu().numpy())
+        return unrestricted(C, mo_e, self.nocc_s, e_hf=e_tot, source=ENGINE, scf=record,
+                            jk_auxbasis=scf.describe_auxbasis(self.jk_spec), s2=s2)

@@ -84,11 +84,12 @@ def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Res
 
 
 def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None,
-                 backend=None) -> Result:
+                 backend=None, on_reference=None) -> Result:
     """Run DF-MP2 on a parsed geometry: prepare, plan, reference, MP2, result. Everything cheap
     is checked before the heavy work (``on_plan(plan)`` sees the memory plan). ``backend``: one
     already made for ``options`` (several runs sharing a device, as ``dfmp2 interaction``
-    does); default a new one. ``log(msg)``: progress lines; ``progress(done, total)``: block pairs."""
+    does); default a new one. ``log(msg)``: progress lines; ``progress(done, total)``: block pairs;
+    ``on_reference(mol, ref)`` sees the PySCF Mole and the converged Reference (QCSchema's SCF parts)."""
     say = log or (lambda msg: None)
     t_start = time.perf_counter()
     job = prepare(geom, options, backend, say)
@@ -97,6 +98,8 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         plan, scf_plan = plan_run(job, session, on_plan, say)
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say)
+        if on_reference is not None:
+            on_reference(job.mol, ref)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
@@ -285,19 +288,19 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     # UHF: B^alpha and B^beta are both resident; the plan counts them as one B of all active
     # occupied orbitals by the widest channel's virtuals (an upper bound on both stores together,
     # and the widest pair workspace)
-    ours = options.scf_mode == "df" and not job.unrestricted and not (ck is not None and ck.has_scf)
+    ours = _our_scf(job) and not (ck is not None and ck.has_scf)
     try:
         plan = stage_plan(job.mol, job.auxmol, options, job.backend, job.precision, nocc=space.nocc_active,
                           nvir=space.nvir_max, occ_block=ck.occ_block if ck is not None else None,
                           engine=job.engine)
     except MemoryLimitError as e:       # the whole run's minimum, not the first stage's that refused
-        scf_mb = _scf_memory(job.mol, job.backend, 1e-9)["peak"] if ours else 0.0
+        scf_mb = _scf_memory(job.mol, job.backend, 1e-9, unrestricted=job.unrestricted)["peak"] if ours else 0.0
         if e.need_mb is None or scf_mb <= e.need_mb:
             raise
         raise MemoryLimitError(f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
                                f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
                                "memory limit", need_mb=scf_mb, limit_mb=e.limit_mb) from None
-    scf_plan = (_plan_scf(job.mol, job.backend, plan, options.scf_precision) if ours
+    scf_plan = (_plan_scf(job.mol, job.backend, plan, options.scf_precision, job.unrestricted) if ours
                 else {"block_mb": dfhf.JK_BLOCK_MB, "fp32_copy": False})
     if on_plan is not None:
         on_plan(plan)
@@ -328,7 +331,13 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
                        queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
 
 
-def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto") -> dict:
+def _our_scf(job: Job) -> bool:
+    """Whether our DF-SCF (dfhf) makes the reference: SCF mode 'df', and for UHF a device our
+    DF-UHF runs on (``dfhf.uhf_problem``; else PySCF's DF-UHF on the host, recorded)."""
+    return job.options.scf_mode == "df" and not (job.unrestricted and dfhf.uhf_problem(job.backend.caps))
+
+
+def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto", unrestricted: bool = False) -> dict:
     """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, and the fp32 copy a mixed-
     precision SCF keeps when it fits, resident during the cycles and freed before the MP2 stage);
     MemoryLimitError before any integral when the factor does not fit. Returns {'block_mb': the
@@ -339,7 +348,7 @@ def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto") -> di
         raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
                                             f"{', '.join(missing)}", alternatives=("cpu",))
     mixed = dfhf.resolve_precision(backend.caps, scf_precision)[0] == "mixed"
-    need = _scf_memory(mol, backend, limit_mb=plan.limit_mb, fp32_copy=mixed)
+    need = _scf_memory(mol, backend, limit_mb=plan.limit_mb, fp32_copy=mixed, unrestricted=unrestricted)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
@@ -347,15 +356,17 @@ def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto") -> di
 
 
 def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float | None = None,
-                fp32_copy: bool = False) -> dict:
+                fp32_copy: bool = False, unrestricted: bool = False) -> dict:
     """Our DF-SCF's memory (dfhf.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
     ``block_mb``, or, given ``limit_mb``, the largest block that fits (dfhf.check_memory:
-    MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits."""
+    MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits;
+    ``unrestricted``: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set)."""
     naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
-    args = (mol.nao_nr(), naux_jk, mol.nelectron // 2, itemsize)
-    need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy) if limit_mb is not None
-            else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy))
+    args = (mol.nao_nr(), naux_jk, max(mol.nelec), itemsize)
+    spins = 2 if unrestricted else 1
+    need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
+            else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
     return {**need, "naux_jk": naux_jk}
 
 
@@ -398,12 +409,12 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         say(f"RHF from checkpoint {ck.path}")
         ref = ck.load_scf()
         timer.add("checkpoint", t0)
-    elif options.scf_mode == "df" and not job.unrestricted:
-        say(f"DF-RHF on {job.backend.name} ...")
+    elif _our_scf(job):
+        say(f"DF-{kind} on {job.backend.name} ...")
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
-                            fp32_copy=scf_plan["fp32_copy"])
+                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted)
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
@@ -411,6 +422,9 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
                         conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
                         scratch_dir=options.scratch_dir)
         timer.add("scf", t0)
+        if options.scf_mode == "df":            # a UHF our engine does not run here: said and recorded
+            ref.scf.host = f"PySCF's DF-UHF on the host, not ours: {dfhf.uhf_problem(job.backend.caps)}"
+            say(ref.scf.host)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
     # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)

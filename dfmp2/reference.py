@@ -121,6 +121,24 @@ def restricted(mo_coeff, mo_energy, nocc: int, *, e_hf: float, source: str, scf:
                      source, scf, jk_auxbasis, mf=mf)
 
 
+def unrestricted(mo_coeff, mo_energy, nocc, *, e_hf: float, source: str, scf: ScfRecord,
+                 jk_auxbasis=None, s2: float) -> Reference:
+    """A UHF Reference with nothing frozen: mo_coeff (2, nao, nmo), mo_energy (2, nmo), nocc
+    (alpha, beta); s2 <S^2>, S(S+1) from the occupations."""
+    chans = tuple(SpinChannel(np.asarray(C), np.asarray(e), int(n), np.zeros(np.shape(C)[1], dtype=bool))
+                  for C, e, n in zip(mo_coeff, mo_energy, nocc))
+    S = (nocc[0] - nocc[1]) / 2
+    return Reference(chans, float(e_hf), source, scf, jk_auxbasis, float(s2), S * (S + 1))
+
+
+def spin_square(C_occ_a, C_occ_b, S) -> float:
+    """<S^2> of a UHF determinant (PySCF's ``scf.uhf.spin_square``): C_occ_a (nao, na), C_occ_b
+    (nao, nb), S the overlap (nao, nao); (na + nb)/2 - ||C_occ_a^T S C_occ_b||_F^2 + (na - nb)^2/4."""
+    na, nb = C_occ_a.shape[1], C_occ_b.shape[1]
+    sab = C_occ_a.T @ S @ C_occ_b
+    return float((na + nb) * 0.5 - np.sum(sab * sab) + (na - nb) ** 2 * 0.25)
+
+
 def freeze_lowest(nmo: int, n: int) -> np.ndarray:
     """The (nmo,) mask freezing the ``n`` lowest orbitals (the chemical frozen core)."""
     mask = np.zeros(nmo, dtype=bool)

@@ -211,19 +211,9 @@ class TorchBackend(Backend):
             self.record("mp2_pair_energy", "torch.matmul(rows)+torch")
             return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
                                              eps_vir_j=eps_vir_j)
-        path = self.pair_path["fp32" if Bi.dtype == torch.float32 else "fp64"]
-        tiles = path == "gemm+epilogue"
-        rows, cols = None, None
-        if Bi.ndim == 3 and Bj.ndim == 3:
-            nvir, nvj = Bi.shape[1], Bj.shape[1]
-            if tiles:
-                ic, jc = cpu_pair.tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, torch.get_num_threads(),
-                                             symmetric)
-                rows, cols = ic * nvir, jc * nvj
-            else:
-                rows = nvir
-                cols = min(Bj.shape[0], max(1, torch_ops.PAIR_CHUNK_ELEMS // max(1, nvir * nvj))) * nvj
-        ob = self.blas.pair(Bi, Bj, rows, cols, "tiles" if tiles else "rows") if rows else None
+        tiles = self.pair_path["fp32" if Bi.dtype == torch.float32 else "fp64"] == "gemm+epilogue"
+        shape = cpu_pair.gemm_shape(tiles, Bi, Bj, symmetric)
+        ob = self.blas.pair(Bi, Bj, *shape, "tiles" if tiles else "rows") if shape else None
         gemm = ob.pop("kernel") if ob else f"torch.matmul({'tiles' if tiles else 'rows'})"
         self.record("mp2_pair_energy", gemm + ("+pair_epilogue.c(fp64 sums)" if tiles else "+torch"))
         run = cpu_pair.mp2_pair_energy if tiles else torch_ops.mp2_pair_energy

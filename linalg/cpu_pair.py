@@ -14,7 +14,8 @@ Why tiles: the pair step is nocc^2 nvir^2 naux flops in nvir x nvir GEMMs, too t
 CPU's peak alone, and torch's passes over K (its transpose through memory above all) cost 25-40 %
 of the GEMMs' time. Measured 2026-11-25 (2-core Xeon, torch 2.13 MKL, 16 x 16 pairs, nvir/naux
 448/1536, % of the best square DGEMM of the same run): rows with torch's epilogue 62-71 %; the same
-rows' GEMMs alone 82-85 %; 4 x 4 tiles with the C epilogue 90-95 %.
+rows' GEMMs alone 82-85 %; 4 x 4 tiles with the C epilogue 90-95 % in a bare loop; in `dfmp2 bench`
+(medium/large/h2o32) 80/90/91 % against 62/73/76 % for the rows.
 
 Sums: every pair's OS and exchange sums are fp64 and formed in a fixed order (the C file), and the
 pairs are combined by one numpy sum over the (ni, nj) array, so the energies do not depend on the
@@ -31,8 +32,8 @@ import torch
 from .errors import KernelError
 
 PAIR_PATHS = ("gemm+epilogue", "gemm+torch")
-AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (measured 90-95 % of the best DGEMM "
-             "against 62-71 % for gemm+torch, 2026-11-25, linalg/cpu_pair.py)")
+AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
+             "80-91 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62-76 %)")
 TILE_ELEMS = 1 << 22          # K elements of one tile (32 MB in fp64), one per thread: GEMMs of
                               # m, n about 2048 (measured: 4 x 4 pairs of nvir 448 at 95 %, 2 x 2 at 87 %)
 MIN_TILES_PER_THREAD = 2      # smaller tiles rather than idle threads
@@ -97,6 +98,20 @@ def tiles(ni: int, nj: int, ic: int, jc: int, symmetric: bool) -> list[tuple[int
             out.append((i0, i1, j0, j1, symmetric and j0 == i0))
     size = lambda t: (t[1] - t[0]) * (t[3] - t[2]) * (0.5 if t[4] else 1.0)
     return sorted(out, key=lambda t: -size(t))
+
+
+def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
+    """(rows, cols) of one pair-step GEMM at torch's thread count: a tile's (ic*nvir, jc*nvj), or
+    (``tiles`` False) gemm+torch's row (nvir, chunk of j * nvj); None for operands that are not
+    (n, nvir, naux) or empty (the contract's checks say what is wrong)."""
+    if Bi.ndim != 3 or Bj.ndim != 3 or Bi.shape[0] == 0 or Bj.shape[0] == 0:
+        return None
+    nvir, nvj = Bi.shape[1], Bj.shape[1]
+    if not tiles:
+        from .torch_ops import PAIR_CHUNK_ELEMS
+        return nvir, min(Bj.shape[0], max(1, PAIR_CHUNK_ELEMS // max(1, nvir * nvj))) * nvj
+    ic, jc = tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, torch.get_num_threads(), symmetric)
+    return ic * nvir, jc * nvj
 
 
 def workspace_elems(ni: int, nj: int, nvir: int, nvj: int) -> int:

@@ -26,9 +26,8 @@ from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import fair_baseline as fb  # noqa: E402
+from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
 import linalg  # noqa: E402
 from dfmp2 import dfhf, scf  # noqa: E402

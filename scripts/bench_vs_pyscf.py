@@ -23,9 +23,8 @@ from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import fair_baseline as fb  # noqa: E402
+from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2 import scf  # noqa: E402

@@ -22,7 +22,7 @@ is not installed, is 'skipped' with the reason, never 'pass'):
   gpu4pyscf_<mol>   gpu4pyscf's DF-RHF + DF-MP2 on the same molecule (same JK-fit and MP2-fit sets,
                     same SCF thresholds), after a warm-up on water
   pyscf_<mol>       PySCF's DF-RHF + DF-MP2 on the CPU, twice, each in its own process: environment
-                    as set, and without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (scripts/fair_baseline.py);
+                    as set, and without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (dfmp2/benchmarks/fair_baseline.py);
                     the faster is the reference for speed; each run's BLAS and numpy's GEMM peak
 
 Then 'agreement' (|ΔE_HF|, |ΔE_MP2| of ours and gpu4pyscf against PySCF, bound 1e-8 Eh) and
@@ -236,7 +236,7 @@ def step_gpu4pyscf(spec):
 
 
 def step_pyscf(spec):
-    import fair_baseline as fb
+    from dfmp2.benchmarks import fair_baseline as fb
     xyz = spec["xyz"][mol_key(spec["step"])]
     base = fb.pyscf_baseline(["whole"], xyz, timeout=max(spec["budget"] / 2 - 5, 5),
                              peak_sizes=[256] if spec["dry"] else fb.CPU_PEAK_SIZES)
@@ -370,7 +370,7 @@ def meta(dry: bool) -> dict:
             m["gpu"]["driver"] = None
     else:
         m["gpu"] = {"name": "NONE: DRY RUN ON CPU" if dry else "no CUDA GPU visible to torch"}
-    import fair_baseline as fb
+    from dfmp2.benchmarks import fair_baseline as fb
     m["blas"] = fb.blas_info()
     return m
 
@@ -416,7 +416,7 @@ def markdown(doc: dict) -> str:
     for s in doc["steps"]:
         b = (s.get("result") or {}).get("baseline")
         if b:
-            import fair_baseline as fb
+            from dfmp2.benchmarks import fair_baseline as fb
             lines += ["", f"### {s['name']}: PySCF's two BLAS settings", ""] + fb.markdown_lines(
                 b, m["blas"], b["peaks"])[2:]
     if m["dry_run_cpu"]:

@@ -9,7 +9,9 @@ def2-SVP / def2-TZVP). Nothing here goes through the program's ECP or auxiliary-
 the molecule is ``pyscf.gto.M(atom=<xyz file>, basis=B, ecp=B)`` (PySCF attaches the def2 ECP,
 28 core electrons, to I and Sn itself), every auxiliary basis is spelled out per element below
 (def2-universal-jkfit for the DF-RHF; def2-*-RI for the MP2 fit where PySCF has it, i.e. H and C,
-and PySCF's AutoAux for I and Sn, which PySCF's def2-*-RI files lack), and the frozen core is
+and for I and Sn, which PySCF's def2-*-RI files lack, the published def2-SVP-RIFIT / def2-TZVP-RIFIT
+(Hellweg et al. 2007) read from the Basis Set Exchange package by PySCF's basis loader; the
+package's version is stored with each entry), and the frozen core is
 written out per element below (the chemical core minus the 14 orbitals inside the ECP). The
 SCF is PySCF's DF-RHF with the program's thresholds; MP2 is ``pyscf.mp.dfmp2.DFMP2`` with
 ``with_df = pyscf.df.DF(mol, auxbasis=<MP2 fit>)``. Energies in Hartree.
@@ -43,7 +45,8 @@ CASES = [
 ]
 JK_FIT = "def2-universal-jkfit"                           # Weigend's, defined H-Rn
 MP2_FIT = {"def2-svp": "def2-svp-ri", "def2-tzvp": "def2-tzvp-ri"}
-HEAVY = ("I", "Sn")                                       # def2 ECP, 28 electrons; AutoAux MP2 fit
+HEAVY = ("I", "Sn")                                       # def2 ECP, 28 electrons
+MP2_FIT_HEAVY = {"def2-svp": "def2-svp-rifit", "def2-tzvp": "def2-tzvp-rifit"}   # the BSE package's
 FROZEN = {"H": 0, "C": 1, "Sn": 4, "I": 4}                # 4s4p outside the [Ar]3d10 ECP core
 
 
@@ -52,6 +55,7 @@ def key(molecule, basis, frozen_core) -> str:
 
 
 def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
+    import basis_set_exchange
     import numpy as np
     import pyscf
     from pyscf import df, gto, scf
@@ -66,7 +70,7 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
     mol = gto.M(atom=atoms, unit="Angstrom", basis=basis, ecp=basis, verbose=0)
     elements = sorted({mol.atom_pure_symbol(i) for i in range(mol.natm)})
     jk = {el: JK_FIT for el in elements}
-    mp2 = {el: ("autoaux" if el in HEAVY else MP2_FIT[basis]) for el in elements}
+    mp2 = {el: (MP2_FIT_HEAVY[basis] if el in HEAVY else MP2_FIT[basis]) for el in elements}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mf = scf.RHF(mol).density_fit(auxbasis=dict(jk))
@@ -98,6 +102,7 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
         "method": "pyscf.gto.M(basis=B, ecp=B); pyscf.scf.RHF(mol).density_fit(jk_auxbasis); "
                   "pyscf.mp.dfmp2.DFMP2(mf, frozen=nfrozen), with_df = pyscf.df.DF(mol, mp2_auxbasis)",
         "pyscf_version": pyscf.__version__, "numpy_version": np.__version__,
+        "basis_set_exchange_version": basis_set_exchange.version(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0, 2),
     }

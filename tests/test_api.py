@@ -1,5 +1,6 @@
-"""The Python API (issue 17): dfmp2.DFMP2(mf) as a drop-in for pyscf.mp.dfmp2.DFMP2 on the same
-converged RHF (compared with PySCF's own DFMP2 given the same MP2-fit basis), and dfmp2.energy()."""
+"""The Python API (issues 17, 27): dfmp2.DFMP2(mf) as a drop-in for pyscf.mp.dfmp2.DFMP2 on the same
+converged RHF (PySCF's own DFMP2 is the reference: its default fitting set, or the one both are
+given), and dfmp2.energy()."""
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pyscf import scf as pyscf_scf
 from pyscf.mp.dfmp2 import DFMP2 as PySCFDFMP2
 
 import dfmp2
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, MemoryLimitError
 
 ROOT = Path(__file__).resolve().parent.parent
 WATER = "O 0 0 0.119; H 0 0.757 -0.477; H 0 -0.757 -0.477"
@@ -46,22 +47,31 @@ def pyscf_dfmp2(mf, frozen, auxbasis):
 def test_drop_in_matches_pyscf_dfmp2_on_the_same_mf(atom, basis, density_fit, frozen, auxbasis, kw):
     mf = converged_rhf(atom, basis, density_fit, **kw)
     pt = dfmp2.DFMP2(mf, frozen=frozen, auxbasis=auxbasis).run()
-    # PySCF with the MP2-fit basis ours used (its own default on a DF mf would be the JK-fit one)
-    aux = auxbasis or dfmp2.scf.default_auxbasis(mf.mol, "mp2")
-    ref = pyscf_dfmp2(mf, frozen, aux)
+    # auxbasis None: PySCF's own default (mf.with_df on a DF mf, else make_auxbasis(mp2fit=True))
+    ref = pyscf_dfmp2(mf, frozen, auxbasis) if auxbasis else PySCFDFMP2(mf, frozen=frozen).run(verbose=0)
     for name in ("e_corr", "e_corr_os", "e_corr_ss", "e_tot", "emp2", "emp2_scs", "e_tot_scs"):
         assert abs(getattr(pt, name) - getattr(ref, name)) <= 1e-10, (name, getattr(pt, name) - getattr(ref, name))
     assert pt.e_hf == mf.e_tot and pt.e_corr < -1e-3
     assert pt.e_corr_sos == pytest.approx(1.3 * ref.e_corr_os, abs=1e-12)
     assert pt.ran["device"] == "cpu" and pt.ran["precision"] == "fp64" and pt.naux > 0
     assert (pt.nocc, pt.nmo) == (ref.nocc, ref.nmo)                   # active counts, as PySCF's
-    assert bool(pt.warnings) == (kw.get("ecp") is not None)           # AutoAux for I is stated
+    assert not pt.warnings           # PySCF's sets cover I (def2-universal-jkfit on the DF mf)
 
 
-def test_kernel_returns_e_corr_and_no_amplitudes():
+def test_kernel_returns_e_corr_and_pyscfs_amplitudes():
+    """kernel() returns (e_corr, t2) as PySCF's does; run() leaves t2 to its first use."""
     mf = converged_rhf(WATER)
+    ref = PySCFDFMP2(mf).run(verbose=0)
     e, t2 = dfmp2.DFMP2(mf).kernel()
-    assert t2 is None and e == pytest.approx(pyscf_dfmp2(mf, None, "cc-pvdz-ri").e_corr, abs=1e-10)
+    assert abs(e - ref.e_corr) <= 1e-10 and t2.shape == ref.t2.shape
+    assert abs(t2 - ref.t2).max() <= 1e-10
+    pt = dfmp2.DFMP2(mf).run()
+    assert pt._t2 is None and abs(pt.t2 - ref.t2).max() <= 1e-10
+    assert dfmp2.DFMP2(mf).kernel(with_t2=False)[1] is None
+    pt.max_memory = 0.01                                    # t2 no longer fits: one clear error
+    pt.t2 = None
+    with pytest.raises(MemoryLimitError, match="do not fit in max_memory"):
+        pt.t2
 
 
 @pytest.mark.parametrize("frozen", [None, 1])
@@ -74,12 +84,16 @@ def test_uhf_reference_runs_dfump2_like_pyscf(frozen):
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
     mf.kernel()
     assert mf.converged
-    ours = dfmp2.DFMP2(mf, frozen=frozen).run()
+    ours = dfmp2.DFMP2(mf, frozen=frozen, auxbasis="cc-pvdz-ri").run()
     ref = DFUMP2(mf, frozen=frozen)
     ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
     ref.kernel()
     assert abs(ours.e_corr - ref.e_corr) <= 1e-10, (ours.e_corr, ref.e_corr)
     assert abs(ours.e_tot - ref.e_tot) <= 1e-10
+    default, ref_default = dfmp2.DFMP2(mf, frozen=frozen).run(), DFUMP2(mf, frozen=frozen).run()
+    assert abs(default.e_corr - ref_default.e_corr) <= 1e-10     # both: mf.with_df (JK-fit)
+    rdm, ref_rdm = default.make_rdm1(), ref_default.make_rdm1()
+    assert all(abs(a - b).max() <= 1e-9 for a, b in zip(rdm, ref_rdm))
 
 
 def test_refusals_are_one_clear_error():
@@ -240,3 +254,103 @@ def test_near_degenerate_reference_is_warned():
     assert any("near-degenerate" in w for w in dfmp2.DFMP2(mf).run().warnings)
     assert not any("near-degenerate" in w for w in dfmp2.energy(gto.M(atom="H 0 0 0; H 0 0 0.74",
                                                                        basis="cc-pvdz", verbose=0)).warnings)
+
+
+# --- issue 27: the PySCF drop-in gives PySCF's number and honours PySCF's attributes ----------
+DICT_BASIS = {"O": "cc-pvdz", "H": "cc-pvdz"}
+
+
+@pytest.mark.parametrize("basis", ["cc-pvdz", DICT_BASIS], ids=["name", "dict"])
+@pytest.mark.parametrize("density_fit", [True, False], ids=["df-mf", "exact-mf"])
+def test_default_is_pyscfs_number(basis, density_fit):
+    """No extra argument: dfmp2.DFMP2(mf).run() == pyscf.mp.dfmp2.DFMP2(mf).run() to 1e-10 Eh (on a
+    DF mf both fit with mf.with_df, the JK-fit set; on an exact mf with make_auxbasis(mp2fit=True))."""
+    mf = converged_rhf(WATER, basis, density_fit)
+    ours, ref = dfmp2.DFMP2(mf).run(), PySCFDFMP2(mf).run(verbose=0)
+    for name in ("e_corr", "e_corr_os", "e_corr_ss", "e_tot"):
+        assert abs(getattr(ours, name) - getattr(ref, name)) <= 1e-10, (name, getattr(ours, name) - getattr(ref, name))
+    assert ours.naux == ref.with_df.get_naoaux()
+    assert ours.auxbasis_used == ("cc-pvdz-jkfit" if density_fit else "cc-pvdz-ri")
+
+
+def test_attributes_set_after_construction_are_honoured():
+    """with_df, auxbasis, frozen and max_memory set after construction change the run as they do
+    in PySCF (issue 27: they were silently ignored)."""
+    mf = converged_rhf(WATER)
+    ours, ref = dfmp2.DFMP2(mf), PySCFDFMP2(mf)
+    e_jk = ours.run().e_corr
+    ours.with_df, ref.with_df = df.DF(mf.mol, auxbasis="cc-pvdz-ri"), df.DF(mf.mol, auxbasis="cc-pvdz-ri")
+    ref.run(verbose=0)
+    assert abs(ours.run().e_corr - ref.e_corr) <= 1e-10 and abs(ours.e_corr - e_jk) > 1e-6
+    ours.auxbasis, ref.with_df = "cc-pvdz-jkfit", df.DF(mf.mol, auxbasis="cc-pvdz-jkfit")
+    assert ours.auxbasis == "cc-pvdz-jkfit" and abs(ours.run().e_corr - e_jk) <= 1e-10
+    ours.frozen, ref.frozen = 1, 1
+    assert abs(ours.run().e_corr - ref.run(verbose=0).e_corr) <= 1e-10 and ours.nocc == 4
+    assert abs(ours.run(frozen=None).e_corr - e_jk) <= 1e-10        # run(**kwargs) sets first
+    ours.max_memory = 1e-3
+    with pytest.raises(MemoryLimitError):
+        ours.run()
+    ours.memory_mb = 4000
+    assert ours.max_memory == 4000 and ours.run().e_corr == pytest.approx(e_jk, abs=1e-10)
+    with pytest.raises(InputError, match="has no attribute nonsense"):
+        ours.set(nonsense=1)
+    with pytest.raises(InputError, match="not both"):
+        dfmp2.DFMP2(mf, auxbasis="cc-pvdz-ri", with_df=df.DF(mf.mol))
+    other = gto.M(atom="O 0 0 0.2; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="cc-pvdz", verbose=0)
+    ours.with_df = df.DF(other, auxbasis="cc-pvdz-ri")
+    with pytest.raises(InputError, match="with_df belongs to another molecule"):
+        ours.run()
+
+
+def test_logs_through_pyscf_logger_at_the_mfs_verbosity(tmp_path):
+    out = tmp_path / "pyscf.log"
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=4, output=str(out))
+    mf = pyscf_scf.RHF(mol).density_fit().run()
+    dfmp2.DFMP2(mf).run()
+    text = out.read_text()
+    assert "E(DFMP2) = " in text and "dfmp2: DF-MP2 stage on cpu (fp64" in text
+    assert "dfmp2: fitting set cc-pvdz-jkfit" in text and "mf.with_df" in text
+    mf.verbose = 0
+    size = out.stat().st_size
+    dfmp2.DFMP2(mf).run()
+    mol.stdout.flush()
+    assert out.stat().st_size == size                            # verbose 0: nothing
+
+
+def test_make_rdm1_matches_pyscf():
+    mf = converged_rhf(WATER, density_fit=False)
+    for frozen in (None, [0, 1, 5]):
+        ours, ref = dfmp2.DFMP2(mf, frozen=frozen).run(), PySCFDFMP2(mf, frozen=frozen).run(verbose=0)
+        assert abs(ours.make_rdm1() - ref.make_rdm1()).max() <= 1e-9
+        assert abs(ours.make_rdm1(ao_repr=True) - ref.make_rdm1(ao_repr=True)).max() <= 1e-9
+    with pytest.raises(InputError, match="needs the amplitudes of a kernel"):
+        dfmp2.DFMP2(mf).make_rdm1()
+
+
+def test_set_frozen_and_scanner_as_pyscf():
+    mf = converged_rhf(WATER)
+    ours, ref = dfmp2.DFMP2(mf).set_frozen(), PySCFDFMP2(mf).set_frozen()
+    assert ours.frozen == ref.frozen == 1
+    assert abs(ours.run().e_corr - ref.run(verbose=0).e_corr) <= 1e-10
+    # the reference is PySCF's DFMP2 on a fresh SCF at each geometry: PySCF 2.14's own DFMP2
+    # scanner keeps the first geometry's mo_energy (3.6e-3 Eh off at the stretched one)
+    scan = dfmp2.DFMP2(mf).as_scanner()
+    stretched = "O 0 0 0.119; H 0 0.80 -0.50; H 0 -0.80 -0.50"
+    for atom in (stretched, WATER):
+        e = scan(gto.M(atom=atom, basis="cc-pvdz", verbose=0))
+        fresh = PySCFDFMP2(converged_rhf(atom)).run(verbose=0).e_tot
+        assert abs(e - fresh) <= 1e-8, e - fresh
+
+
+def test_readme_python_example_runs_on_a_cpu(tmp_path, monkeypatch):
+    """The README's Python block runs as written on a machine without a GPU (it asks for the
+    GPU only where one is present)."""
+    import re
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### From Python"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    code = code.replace('"inputs/water.xyz"', repr(str(ROOT / "inputs" / "water.xyz")))
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["pt"].e_corr < -0.1 and (tmp_path / "water.json").exists()

@@ -147,7 +147,8 @@ def test_the_disk_check_refuses_a_checkpoint_that_b_alone_would_fit(tmp_path, no
     (WATER, ["--scf", "pyscf-df"], "memory"),
     (WATER, ["--scf", "exact"], None),
     (WATER, ["--storage", "disk"], None),                           # our DF-RHF, B on disk
-    (HYDROXYL, [], "memory"),                                       # UHF: PySCF's DF-UHF
+    (HYDROXYL, [], None),                                           # UHF: our DF-UHF
+    (HYDROXYL, ["--scf", "pyscf-df"], "memory"),                    # UHF: PySCF's DF-UHF
 ])
 def test_no_file_outside_the_scratch_directory(tmp_path, mol, args, df_tensor):
     """TMPDIR points at an empty directory, --scratch at another: both are empty after the run,

@@ -1,14 +1,13 @@
-"""scripts/fair_baseline.py: the PySCF baseline runs in two subprocesses, one with the environment
+"""dfmp2/benchmarks/fair_baseline.py: the PySCF baseline runs in two subprocesses, one with the environment
 as set and one without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, each records which BLAS it ran, the
 faster is the baseline, and a child that fails is an error entry, not an exception (issue 25).
 The variables are never set by the tests: the 'unset' environment is checked on a copy."""
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from dfmp2.benchmarks import fair_baseline as fb
 
-import fair_baseline as fb  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_unset_environment_drops_both_variables_only():
@@ -68,3 +67,21 @@ def test_bench_vs_pyscf_and_bench_scf_use_the_fair_baseline(tmp_path):
     settings = {r.get("setting") for r in doc["rows"] if r["who"].startswith("pyscf DF-RHF (")}
     assert settings == {"as_set", "unset"} and doc["gemm_peak"]["fp32"]["gflops"] > 0
     assert "faster PySCF / this" in md and "## Baseline fairness" in md
+
+
+def test_bench_water_series_takes_pyscf_from_both_settings():
+    """dfmp2 bench's water series: PySCF's DF-MP2 stage on our orbitals runs in the two settings'
+    subprocesses, the faster is the baseline, each setting's BLAS is recorded, and PySCF's E_corr
+    (an independent code) agrees with ours."""
+    import linalg
+    from dfmp2.benchmarks import waters
+    row = waters.run_cluster(1, [("cpu", lambda: linalg.get_backend("cpu"))], ["fp64"], pyscf=True, repeats=1,
+                             single_above_s=100.0, peak_gflops={}, log=lambda *a: None)
+    ours = next(r for r in row["runs"] if r["who"] == "dfmp2")
+    theirs = next(r for r in row["runs"] if r["who"] == "pyscf")
+    assert theirs["status"] == "ran", theirs
+    assert set(theirs["settings"]) == set(fb.SETTINGS) and theirs["best_setting"] in fb.SETTINGS
+    assert all("OpenBLAS" in s["blas"] or "openblas" in s["blas"] for s in theirs["settings"].values())
+    assert theirs["time"]["median_s"] == min(s["seconds"] for s in theirs["settings"].values())
+    assert abs(ours["e_corr"] - theirs["e_corr"]) < 1e-10
+    assert ours["pyscf_over_this"] == theirs["time"]["median_s"] / ours["time"]["median_s"]

@@ -15,6 +15,7 @@ from qcelemental.models import AtomicResult, FailedOperation  # noqa: E402
 from pyscf.lib.parameters import BOHR  # noqa: E402
 
 from dfmp2.cli import main  # noqa: E402
+from dfmp2.errors import InputError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WATER_XYZ = ROOT / "inputs" / "water.xyz"
@@ -30,6 +31,24 @@ def water_input(**changes) -> dict:
                         "molecular_charge": 0, "molecular_multiplicity": 1}}
     for key, value in changes.items():
         doc[key] = value
+    return doc
+
+
+def as_v2(doc: dict) -> dict:
+    """A v1 AtomicInput document in QCSchema v2's layout (driver, model and keywords in
+    ``specification``), written out by hand rather than by the code under test."""
+    spec = {k: doc[k] for k in ("driver", "model", "keywords") if k in doc}
+    return {"schema_name": "qcschema_atomic_input", "schema_version": 2, "molecule": doc["molecule"],
+            "specification": spec}
+
+
+def hydroxyl_input(**changes) -> dict:
+    """inputs/open_shell/hydroxyl.xyz (OH radical, doublet) as an AtomicInput, cc-pVDZ, frozen core."""
+    lines = (ROOT / "inputs" / "open_shell" / "hydroxyl.xyz").read_text().splitlines()[2:]
+    doc = water_input(**changes)
+    doc["molecule"] = {"symbols": [ln.split()[0] for ln in lines],
+                       "geometry": [float(x) / BOHR for ln in lines for x in ln.split()[1:]],
+                       "molecular_charge": 0, "molecular_multiplicity": 2}
     return doc
 
 
@@ -109,6 +128,7 @@ def test_xyz_input_with_qcschema_output(tmp_path):
     ("{not json", [], "not valid JSON"),
     ("[1, 2]", [], "is a JSON object"),
     (water_input(driver="gradient"), [], "driver 'gradient' is not supported"),
+    (water_input(schema_version=3), [], "schema_version 3 is not supported; dfmp2 reads QCSchema AtomicInput v1 and v2"),
     (water_input(driver="nonsense"), [], "not a valid QCSchema AtomicInput: driver"),
     (water_input(model={"method": "ccsd", "basis": "cc-pvdz"}), [], "model.method 'ccsd' is not supported"),
     (water_input(keywords={"freeze": True}), [], "unknown keyword 'freeze'"),
@@ -195,3 +215,120 @@ def test_scf_mode_keyword_takes_every_scf_mode(tmp_path):
     assert res.exit_code == 0, res.output
     d = json.loads(out.read_text())
     assert d["scf_mode"] == "pyscf-df" and d["ran"]["scf"]["engine"] == "pyscf"
+
+
+# --- issue 27: QCSchema v2, the SCF's parts, open-shell counts, ghost atoms, in process ---------
+def plain_run(tmp_path, xyz, *args) -> dict:
+    """`dfmp2 run <xyz> --frozen-core <args> --json`: its energies (Hartree)."""
+    out = tmp_path / "plain.json"
+    res = CliRunner().invoke(main, ["run", str(xyz), "--frozen-core", *args, "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())["energies"]
+
+
+def test_a_v2_atomic_input_file_runs_and_writes_a_v2_atomic_result(tmp_path):
+    """`dfmp2 run` reads QCSchema v2 (what QCEngine >= 0.50 hands out) and answers in v2."""
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(main, ["run", write(tmp_path, as_v2(water_input())), "--qcschema", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    r = qcel.models.v2.AtomicResult.model_validate_json(out.read_text())     # qcelemental validates it
+    assert r.schema_version == 2 and r.input_data.specification.driver == "energy"
+    e = plain_run(tmp_path, WATER_XYZ)
+    assert abs(r.return_result - e["e_mp2"]) <= 1e-10
+    assert abs(r.properties.scf_total_energy - e["e_hf"]) <= 1e-10
+
+
+def test_a_v2_input_error_is_a_v2_failed_operation(tmp_path, no_scf):
+    out = tmp_path / "out.json"
+    doc = as_v2(water_input(driver="gradient"))
+    message = one_error_line(CliRunner().invoke(main, ["run", write(tmp_path, doc), "--qcschema", str(out)]))
+    assert "gradients do not exist yet" in message
+    f = qcel.models.v2.FailedOperation.model_validate_json(out.read_text())
+    assert f.error.error_message == message and f.input_data == doc
+
+
+def pyscf_df_scf(doc: dict, ghost=()):
+    """PySCF's own DF-SCF (cc-pVDZ-JKFIT) of an AtomicInput's molecule (Bohr), the atoms in
+    ``ghost`` as PySCF 'ghost-' atoms: (mol, converged mf)."""
+    from pyscf import gto, scf as pyscf_scf
+
+    m = doc["molecule"]
+    xyz = np.reshape(m["geometry"], (-1, 3))
+    atoms = [(("ghost-" if i in ghost else "") + s, tuple(c)) for i, (s, c) in enumerate(zip(m["symbols"], xyz))]
+    mol = gto.M(atom=atoms, basis="cc-pvdz", unit="Bohr", charge=m["molecular_charge"],
+                spin=m["molecular_multiplicity"] - 1, verbose=0)
+    mf = (pyscf_scf.UHF(mol) if mol.spin else pyscf_scf.RHF(mol)).density_fit(auxbasis="cc-pvdz-jkfit")
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
+    mf.kernel()
+    assert mf.converged
+    return mol, mf
+
+
+@pytest.mark.parametrize("name, nalpha, nbeta", [("water", 5, 5), ("hydroxyl", 5, 4)])
+def test_scf_parts_and_electron_counts_against_pyscf(name, nalpha, nbeta):
+    """In process (run_qcschema): the alpha and beta electron counts (OH: 5 and 4), E_nuc as
+    PySCF's energy_nuc, E_1 as PySCF's DF-SCF's one-electron energy, E_nuc + E_1 + E_2 = E_HF,
+    the SCF's iteration count."""
+    from dfmp2.qcschema import run_qcschema
+
+    doc = water_input() if name == "water" else hydroxyl_input()
+    p = run_qcschema(doc).properties
+    assert (p.calcinfo_nalpha, p.calcinfo_nbeta) == (nalpha, nbeta)
+    mol, mf = pyscf_df_scf(doc)
+    assert abs(p.nuclear_repulsion_energy - mol.energy_nuc()) <= 1e-10
+    assert abs(p.scf_one_electron_energy - mf.scf_summary["e1"]) <= 1e-6
+    assert abs(p.scf_total_energy - mf.e_tot) <= 1e-8
+    parts = p.nuclear_repulsion_energy + p.scf_one_electron_energy + p.scf_two_electron_energy
+    assert abs(parts - p.scf_total_energy) <= 1e-10
+    assert isinstance(p.scf_iterations, int) and 1 <= p.scf_iterations <= 100
+
+
+def test_ghost_atoms_run_and_match_pyscf():
+    """Water with a ghost water's basis functions (``real`` false): E(HF) and E(MP2) as PySCF's own
+    DF-RHF and DF-MP2 with PySCF's 'ghost-' atoms; the ghosts add no nuclear repulsion."""
+    from pyscf.mp.dfmp2 import DFMP2
+    from pyscf import df
+    from dfmp2.qcschema import run_qcschema
+
+    dimer = [ln.split() for ln in (ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz").read_text().splitlines()[2:]
+             if len(ln.split()) == 4]
+    doc = water_input(keywords={})
+    doc["molecule"] = {"symbols": [a[0] for a in dimer],
+                       "geometry": [float(x) / BOHR for a in dimer for x in a[1:]],
+                       "real": [True] * 3 + [False] * 3, "molecular_charge": 0, "molecular_multiplicity": 1}
+    r = run_qcschema(doc)
+    mol, mf = pyscf_df_scf(doc, ghost={3, 4, 5})
+    pt = DFMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    pt.kernel()
+    assert mol.nao_nr() == r.properties.calcinfo_nbasis == 48                # the dimer's basis
+    assert abs(r.properties.scf_total_energy - mf.e_tot) <= 1e-8
+    assert abs(r.properties.mp2_correlation_energy - pt.e_corr) <= 1e-8
+    assert abs(r.properties.nuclear_repulsion_energy - mol.energy_nuc()) <= 1e-10
+    assert r.extras["dfmp2"]["formula"] == "H2O + 3 ghost atoms"
+
+
+def test_run_qcschema_takes_models_of_both_versions_and_answers_in_kind():
+    from qcelemental.models import v1, v2
+    from dfmp2.qcschema import run_qcschema
+
+    doc = water_input(model={"method": "mp2", "basis": "sto-3g"})
+    r1 = run_qcschema(v1.AtomicInput(**doc))
+    r2 = run_qcschema(v2.AtomicInput(**as_v2(doc)))
+    assert isinstance(r1, v1.AtomicResult) and isinstance(r2, v2.AtomicResult)
+    assert r1.return_result == pytest.approx(r2.return_result, abs=1e-10)
+    with pytest.raises(InputError, match="expected a QCSchema AtomicInput"):
+        run_qcschema("water.json")
+
+
+def test_library_errors_name_the_atomic_input_field_not_a_cli_flag(no_scf):
+    from dfmp2.errors import MemoryLimitError
+    from dfmp2.qcschema import error_line, run_qcschema
+
+    with pytest.raises(MemoryLimitError) as e:
+        run_qcschema(water_input(keywords={"memory_mb": 0.001}))
+    line = error_line(e.value)
+    assert line.endswith("(keywords.memory_mb)") and "--" not in line and "\n" not in line
+    with pytest.raises(InputError) as e:
+        run_qcschema(water_input(model={"method": "mp2", "basis": "no-such-basis"}))
+    assert "(model.basis)" in error_line(e.value) and "--basis" not in error_line(e.value)

@@ -144,6 +144,54 @@ def test_references_use_the_programs_scf_thresholds(refs):
             "run python scripts/make_references.py")
 
 
+def test_open_shell_references_are_polished(refs):
+    """The UHF references are converged past the program's DIIS threshold (1e-9) by PySCF's own
+    Newton steps (make_references.polish_uhf), to an orbital gradient below 1e-11 measured with
+    PySCF's mf.get_grad; the closed-shell ones are not touched."""
+    uhf = [e for e in refs["references"].values() if e.get("reference") == "UHF"]
+    assert len(uhf) >= 13
+    for e in refs["references"].values():
+        s = e["scf"]
+        if e.get("reference") == "UHF":
+            assert "newton" in s["polish"] and s["polish_conv_tol_grad"] <= 1e-11, e["key"]
+            assert s["conv_tol_grad_reached"] < s["polish_conv_tol_grad"], e["key"]
+            assert s["polish_e_hf_change"] < 1e-11, e["key"]
+        else:
+            assert "polish" not in s, e["key"]
+
+
+def test_polish_reaches_the_gradient_threshold():
+    """polish_uhf on a PySCF DF-UHF of NO whose orbitals were rotated away from convergence
+    (gradient ~1e-2) takes several Newton steps to below 1e-11 with PySCF's own gradient, lowers
+    the energy, and lands on the stored reference's E_HF."""
+    import numpy as np
+
+    from dfmp2 import scf as bridge
+    mol = bridge.build_molecule(read_xyz(INPUTS / "open_shell" / "nitric_oxide.xyz"), "cc-pvdz")
+    mf = bridge.run_uhf(mol, "df").mf
+    mf.callback = None
+    newton = mf.newton()
+    nvo = sum(int((o > 0).sum() * (o == 0).sum()) for o in mf.mo_occ)
+    kick = 1e-4 * np.random.default_rng(7).standard_normal(nvo)
+    mf.mo_coeff = newton.rotate_mo(mf.mo_coeff, newton.update_rotate_matrix(kick, mf.mo_occ))
+    mf.e_tot = e_kicked = float(mf.energy_tot(mf.make_rdm1()))
+    rec = mkref.polish_uhf(mf)
+    fock = mf.get_fock(dm=mf.make_rdm1())
+    assert np.linalg.norm(mf.get_grad(mf.mo_coeff, mf.mo_occ, fock)) < 1e-11
+    assert rec["conv_tol_grad_start"] > 1e-3 and rec["polish_steps"] >= 2, rec
+    assert mf.e_tot < e_kicked - 1e-8
+    stored = json.loads(REFS.read_text())["references"]["nitric_oxide|cc-pvdz|cc-pvdz-ri|df|ae"]
+    assert abs(mf.e_tot - stored["e_hf"]) < 1e-10
+
+
+def test_check_reproduces_stored_open_shells(capsys):
+    """--check recomputes the (polished) UHF references: hydroxyl (df ae/fc, exact) and NO."""
+    rc = mkref.main(["--check", "--subset", "all", "hydroxyl", "nitric_oxide"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count(": ok") == 4
+
+
 def test_exact_and_df_scf_agree_roughly(refs):
     """Sanity of the SCF modes: the JK fitting error in E_HF is small but not zero."""
     r = refs["references"]

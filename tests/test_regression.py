@@ -6,7 +6,7 @@ Tolerances on E_corr and E_HF: 1e-9 Eh (fp64), 1e-6 Eh (fp32). The largest error
 are printed in the terminal summary and written to <pytest basetemp>/regression_errors.json.
 
 The fp32 run of a case reuses the converged RHF (or UHF) of its fp64 run (the SCF is fp64 in both
-precisions on the CPU: ours for 'df' RHF, PySCF's for UHF and 'exact'), which halves the slow
+precisions on the CPU: ours for 'df' RHF and UHF, PySCF's for 'exact'), which halves the slow
 channel's time; the MP2 part runs afresh.
 """
 import json
@@ -47,7 +47,8 @@ def shared_rhf():
     real_df = dfmp2.dfhf.run_dfhf
 
     def run_dfhf(mol, backend, max_cycle=dfmp2.scf.SCF_MAX_CYCLE, **kw):
-        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, "dfhf", backend.name, max_cycle)
+        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, kw.get("unrestricted"), "dfhf",
+               backend.name, max_cycle)
         if key not in last:
             last.clear()
             last[key] = real_df(mol, backend, max_cycle=max_cycle, **kw)

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 import linalg
-from dfmp2 import scf
+from dfmp2 import dfhf, scf
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run, run_geometry
@@ -114,7 +114,10 @@ def test_trn1_simulated_on_oh_matches_cpu_fp64():
     assert abs(trn.e_corr - cpu.e_corr) <= 1e-6, trn.e_corr - cpu.e_corr
     assert trn.ran["simulated"] is True and trn.ran["engine"] in ("nki-numpy-emulator", "nki.simulate")
     assert trn.ran["precision"] == "fp32" and trn.ran["kernels"]["mp2_pair_energy:nki.mp2_pair"] >= 3
-    assert trn.e_hf == cpu.e_hf
+    # the CPU's UHF is ours, trn's PySCF's DF-UHF on the host (dfhf.uhf_problem), recorded and said
+    assert abs(trn.e_hf - cpu.e_hf) <= 1e-10, trn.e_hf - cpu.e_hf
+    assert cpu.ran["scf"]["engine"] == "dfmp2.dfhf" and trn.ran["scf"]["engine"] == "pyscf"
+    assert "not ours" in trn.ran["scf"]["host"] and "no fp64" in trn.ran["scf"]["host"]
 
 
 def test_out_of_core_equals_in_memory_bitwise(tmp_path):
@@ -156,6 +159,7 @@ def test_one_electron_has_no_correlation():
 def test_refusals_are_one_line(tmp_path, monkeypatch, args, fragments):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
     _one_error_line(CliRunner().invoke(main, ["run", str(OH), *args]), *fragments)
     assert list(tmp_path.iterdir()) == []
 
@@ -164,6 +168,7 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
     """B3+ as a triplet: two alpha electrons, no beta; its frozen 1s (one orbital per spin) has no
     beta orbital to freeze: refused before the SCF."""
     monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
     geom = parse_xyz("1\ncharge=3 multiplicity=3\nB 0 0 0\n", "b.xyz")
     with pytest.raises(InputError, match=r"frozen core \(1 orbitals per spin\) is more than the 0 occupied beta"):
         run_geometry(geom, RunOptions(frozen_core=True))
@@ -177,5 +182,5 @@ def test_time_mp2_stage_runs_ump2_as_run_does():
     auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
     ref = scf.run_uhf(mol)
     seconds, e_os, e_ss, stages, ran = time_mp2_stage(mol, auxmol, ref, RunOptions())
-    r = run(OH, RunOptions())
+    r = run(OH, RunOptions(scf_mode="pyscf-df"))        # the same SCF as ``ref``: the same bits
     assert (e_os, e_ss) == (r.e_os, r.e_ss) and seconds > 0 and "pair" in stages

@@ -187,7 +187,8 @@ def _ops_lines(rep: dict) -> list[str]:
              f"longer than {rep['meta']['single_above_s']:g} s run once without warm-up). GFLOP/s from the op's "
              "flop count; % peak against the GEMM peak of the same device and precision. Baselines on identical "
              "inputs: torch.linalg (the same op through torch directly), scipy.linalg, PySCF (the pair kernel "
-             "`libmp.MP2_contract_d`, fp64 only: an fp32 row shows PySCF's fp64 time).", "",
+             "`libmp.MP2_contract_d`, fp64 only: an fp32 row shows PySCF's fp64 time; in this process, so under the "
+             "OPENBLAS variables as set: the water series below takes PySCF from both settings).", "",
              "| shape | op | call | args | device | prec | engine / kernels | median ms | min–max ms | GFLOP/s "
              "| % peak | torch.linalg ms | scipy.linalg ms | PySCF ms | PySCF / this | note |",
              "|---|---|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]

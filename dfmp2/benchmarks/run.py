@@ -270,7 +270,10 @@ def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
             "and precision, and PySCF's DFMP2 kernel (its own integrals, fit and pair energies: the same stage) on "
             "the same SCF and auxiliary basis. Clusters whose stage is expected to take more than "
             f"{opts.single_above_s:g} s run once without warm-up; smaller ones take the median of "
-            f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters.")
+            f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters, "
+            "each time in two subprocesses (the OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE variables as set, and unset: "
+            "dfmp2/benchmarks/fair_baseline.py), and the faster setting is the baseline; the JSON gives both with "
+            "their BLAS.")
     return {"what": what, "rows": rows, "not_run": not_run, "fit_min_nbasis": opts.fit_min_nbasis,
             "fits": waters_mod.fits(rows, opts.fit_min_nbasis)}
 

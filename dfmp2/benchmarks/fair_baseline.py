@@ -1,5 +1,5 @@
-#!/usr/bin/env python
-"""A fair PySCF baseline for every benchmark that compares against PySCF (issue 25).
+"""A fair PySCF baseline for every benchmark that compares against PySCF (issue 25): the scripts' and
+``dfmp2 bench``'s water series.
 
 Some machines set ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``; OpenBLAS reads them once, when
 it is loaded, and they change numpy's (so PySCF's) speed by up to 1.6x either way. A user's
@@ -18,15 +18,16 @@ Also here, so that no benchmark carries its own copy:
 
 Use from a benchmark (seconds are wall times; energies in Hartree):
 
-    import fair_baseline as fb
+    from dfmp2.benchmarks import fair_baseline as fb
     base = fb.pyscf_baseline(["whole"], xyz, basis="cc-pvdz", threads=2, timeout=600)
     base["best"]                 # 'as_set' or 'unset': the faster run, the one to compare against
     base["runs"]["unset"]["tasks"]["whole"]["seconds"]
 
-Child, by hand: ``python scripts/fair_baseline.py --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
+Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
 Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.default_auxbasis), ``whole``
 (PySCF DF-RHF + DFMP2 with the MP2-fit set; ``scf_s`` and ``mp2_s`` beside the total),
-``stage`` (PySCF DFMP2 alone on the SCF orbitals saved in ``scf_npz``, ``repeats`` times).
+``stage`` (PySCF DFMP2 alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
+then ``repeats`` timed ones).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the directory holding dfmp2/ (a checkout or site-packages)
 BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SETTINGS = ("as_set", "unset")
 MARK = "FAIR_BASELINE_RESULT "          # the child's last stdout line: MARK + JSON
@@ -149,13 +150,13 @@ def env_for(setting: str, base: dict | None = None) -> dict:
 
 def pyscf_baseline(tasks, xyz, basis: str = "cc-pvdz", threads: int | None = None, timeout: float = 1800,
                    repeats: int = 1, scf_npz: str | None = None, frozen_core: bool = False,
-                   peak_sizes=CPU_PEAK_SIZES, settings=SETTINGS) -> dict:
+                   peak_sizes=CPU_PEAK_SIZES, settings=SETTINGS, warmup: int = 0) -> dict:
     """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
     given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
     'best': the setting whose summed task seconds are lowest, 'same_setting': True where the
     variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}."""
     spec = {"tasks": list(tasks), "xyz": str(xyz), "basis": basis, "threads": threads, "repeats": repeats,
-            "scf_npz": scf_npz, "frozen_core": frozen_core, "peak_sizes": list(peak_sizes)}
+            "scf_npz": scf_npz, "frozen_core": frozen_core, "peak_sizes": list(peak_sizes), "warmup": warmup}
     runs = {}
     for setting in settings:
         runs[setting] = run_child(spec, env_for(setting), timeout)
@@ -171,10 +172,11 @@ def pyscf_baseline(tasks, xyz, basis: str = "cc-pvdz", threads: int | None = Non
 
 def run_child(spec: dict, env: dict, timeout: float) -> dict:
     """One PySCF subprocess: its result, or {'error': one line} on a failure or timeout."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "dfmp2.benchmarks.fair_baseline", "--child", json.dumps(spec)]
+    env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p))
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
@@ -186,7 +188,6 @@ def run_child(spec: dict, env: dict, timeout: float) -> dict:
 
 def child(spec: dict) -> dict:
     """Runs in the subprocess: PySCF only (dfmp2 supplies the molecule and the fitting sets)."""
-    sys.path.insert(0, str(ROOT))
     from pyscf import df, lib
     from pyscf.mp import dfmp2 as pyscf_dfmp2
     from dfmp2 import scf
@@ -227,6 +228,8 @@ def child(spec: dict) -> dict:
             mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
             mf.e_tot, mf.converged = float(saved["e_tot"]), True
             times = []
+            for _ in range(spec.get("warmup") or 0):     # untimed: a fresh process's first-call costs
+                mp2(mf)
             for _ in range(max(1, spec.get("repeats") or 1)):
                 t0 = time.perf_counter()
                 e_corr = mp2(mf)
@@ -238,7 +241,8 @@ def child(spec: dict) -> dict:
         busy = OtherCPU.cores(m0, OtherCPU.mark())
         r["other_processes_cores"] = busy and busy["other_cores"]
         out["tasks"][task] = r
-    out["peaks"] = gemm_peaks(spec.get("peak_sizes") or CPU_PEAK_SIZES, torch_device=None)
+    sizes = spec.get("peak_sizes", CPU_PEAK_SIZES)           # [] (dfmp2 bench measures its own): none
+    out["peaks"] = gemm_peaks(sizes, torch_device=None) if sizes else {"rows": []}
     env = ", ".join(f"{v}={os.environ[v]}" for v in BLAS_VARS if v in os.environ) or "OPENBLAS vars not set"
     for r in out["peaks"]["rows"]:
         r["library"] += f" in the PySCF process ({env})"
@@ -278,4 +282,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print(MARK + json.dumps(child(json.loads(sys.argv[2]))), flush=True)
     else:
-        sys.exit("usage: fair_baseline.py --child JSON (a benchmark runs this; see the docstring)")
+        sys.exit("usage: python -m dfmp2.benchmarks.fair_baseline --child JSON (a benchmark runs this; see the docstring)")

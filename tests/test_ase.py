@@ -1,0 +1,94 @@
+"""The ASE calculator (issue 27): dfmp2.ase.DFMP2Calculator on an ase.Atoms gives `dfmp2 run`'s
+energy in eV, checked against PySCF's own DF-MP2 (stored in inputs/references.json, and computed
+here for an open shell), never against this program's output alone."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ase = pytest.importorskip("ase", reason="the ASE calculator needs `pip install ase` (the test extra has it)")
+from ase import Atoms                                                      # noqa: E402
+from ase.calculators.calculator import PropertyNotImplementedError         # noqa: E402
+from ase.io import read                                                    # noqa: E402
+from ase.units import Hartree                                              # noqa: E402
+
+import dfmp2                                                               # noqa: E402
+from dfmp2.ase import DFMP2Calculator                                      # noqa: E402
+from dfmp2.errors import InputError                                        # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+REF = json.loads((ROOT / "inputs" / "references.json").read_text())["references"]["water|cc-pvdz|cc-pvdz-ri|df|ae"]
+
+
+def water():
+    return read(str(ROOT / "inputs" / "water.xyz"))          # ASE reads the XYZ in Ångström
+
+
+def test_water_energy_is_dfmp2_runs_energy_in_ev_and_pyscfs():
+    """E(MP2), E(SCS-MP2) and E(SOS-MP2) of water/cc-pVDZ in eV: PySCF's DF-RHF + DF-MP2 (cc-pVDZ-RI)
+    times ase.units.Hartree, to 1e-8 Eh; one calculation serves all three (method is a parameter)."""
+    atoms = water()
+    atoms.calc = calc = DFMP2Calculator(basis="cc-pvdz")
+    e = atoms.get_potential_energy()
+    assert abs(e / Hartree - REF["e_mp2"]) <= 1e-8, (e / Hartree - REF["e_mp2"])
+    assert atoms.get_potential_energy(force_consistent=True) == e        # free_energy, ASE's spelling
+    r = calc.result
+    assert (r.basis, r.auxbasis, r.ran["device"]) == ("cc-pvdz", "cc-pvdz-ri", "cpu")
+    assert abs(r.e_hf - REF["e_hf"]) <= 1e-8
+    for method, os_, ss_ in (("scs-mp2", 1.2, 1 / 3), ("sos-mp2", 1.3, 0.0)):
+        calc.set(method=method)                       # method alone: the same run's other energy
+        want = REF["e_hf"] + os_ * REF["e_os"] + ss_ * REF["e_ss"]
+        assert abs(atoms.get_potential_energy() / Hartree - want) <= 1e-8, method
+        assert calc.result is r
+    calc.set(basis="sto-3g")                          # any other parameter: the run is dropped
+    assert calc.result is None and not calc.results
+
+
+def test_same_as_dfmp2_energy_and_geometry_changes_recompute():
+    atoms = water()
+    atoms.calc = DFMP2Calculator(basis="sto-3g", frozen_core=True)
+    e0 = atoms.get_potential_energy()
+    assert abs(e0 / Hartree - dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), basis="sto-3g",
+                                          frozen_core=True).e_mp2) <= 1e-10
+    atoms.positions[1, 1] += 0.05
+    e1 = atoms.get_potential_energy()
+    assert e1 != e0 and atoms.calc.result.natm == 3
+
+
+def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
+    """OH radical: the Atoms' initial magnetic moment (1) makes a doublet, run as DF-UMP2;
+    reference PySCF's DF-UHF + DFUMP2 with the same bases."""
+    from pyscf import df, gto, scf
+    from pyscf.mp.dfump2 import DFUMP2
+    atoms = Atoms("OH", positions=[(0, 0, 0), (0, 0, 0.97)], magmoms=[1.0, 0.0])
+    atoms.calc = DFMP2Calculator(basis="sto-3g", scf_mode="pyscf-df")
+    e = atoms.get_potential_energy() / Hartree
+    mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="sto-3g", spin=1, verbose=0)
+    mf = scf.UHF(mol).density_fit(auxbasis=dfmp2.scf.default_auxbasis(mol, "jk"))
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
+    mf.kernel()
+    pt = DFUMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis=dfmp2.scf.default_auxbasis(mol, "mp2"))
+    pt.kernel()
+    assert abs(e - pt.e_tot) <= 1e-8, e - pt.e_tot
+
+
+def test_forces_and_bad_parameters_are_clear_errors():
+    atoms = water()
+    atoms.calc = DFMP2Calculator(basis="sto-3g")
+    with pytest.raises(PropertyNotImplementedError, match="energies only.*gradients"):
+        atoms.get_forces()
+    with pytest.raises(PropertyNotImplementedError, match="'stress' is not implemented"):
+        atoms.get_stress()
+    with pytest.raises(InputError, match="unknown method 'ccsd'"):
+        DFMP2Calculator(method="ccsd")
+    with pytest.raises(InputError, match="no parameter xc"):
+        DFMP2Calculator(xc="pbe")
+    with pytest.raises(InputError, match="option frozen_core must be True or False"):
+        DFMP2Calculator(frozen_core="yes")
+    periodic = water()
+    periodic.pbc, periodic.cell = True, np.eye(3) * 10
+    periodic.calc = DFMP2Calculator(basis="sto-3g")
+    with pytest.raises(InputError, match="periodic"):
+        periodic.get_potential_energy()
