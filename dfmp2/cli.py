@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .cli_options import (checkpoint_options, device_options, molecule_options, printing,
+from .cli_options import (cbs_options, checkpoint_options, device_options, molecule_options, printing,
                           resource_options, run_options, scf_options, stdout_console, user_errors)
 from .errors import EXIT_INTERRUPTED, Terminated
 from .outputs import check_output_file, write_text
@@ -206,6 +206,7 @@ def _resume_hint(params) -> str:
 @scf_options()
 @resource_options()
 @checkpoint_options()
+@cbs_options()
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the result as JSON to this path")
 @click.option("--qcschema", "qcschema_path", type=click.Path(dir_okay=False), default=None,
@@ -216,6 +217,8 @@ def _resume_hint(params) -> str:
 def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
     or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords)."""
+    from . import cbs
+    from .errors import InputError
     from .pipeline import run_geometry
     from .xyz import read_xyz
 
@@ -223,6 +226,11 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     err = Console(stderr=True)
     options = run_options(params)
     ck, resume = options.checkpoint, options.resume
+    if cbs.is_bracket(options.basis):     # a malformed bracket or scheme: one line before any work
+        cbs.scheme(options.basis, options.cbs_scf)
+        if qcschema_path is not None:
+            raise InputError("a QCSchema AtomicResult holds one basis; write a CBS extrapolation with "
+                             "--json", option="basis")
     if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
         check_output_file(json_path, "--json", not_same_as=[
             ("input", xyz_file), ("checkpoint", ck), ("checkpoint", resume)])
@@ -244,8 +252,11 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
                 parts = qc.ScfEnergyParts() if qc else None
                 if qc:
                     failures.input_data = qc.input_from_run(geom, options)
-                result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan,
-                                      on_reference=parts)
+                if cbs.is_bracket(options.basis):    # no qc here: --qcschema with a bracket is refused above
+                    result = cbs.run_cbs(geom, options, progress=progress, log=log, on_plan=on_plan)
+                else:
+                    result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan,
+                                          on_reference=parts)
                 atomic = qc.result_model(*qc.input_model(failures.input_data, xyz_file), result,
                                          parts.values) if qc else None
     finally:
@@ -296,6 +307,7 @@ def _qcschema_path(input_path, qcschema_path, *others):
 @resource_options(memory_mb={"help": "memory limit per run, e.g. 8GB [default: 80% of available]"},
                   storage={"help": "where B lives in each run: in memory if the plan fits, else on disk "
                                    "(auto), or forced"})
+@cbs_options()
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the interaction energies, every run's energies and what ran as JSON")
 @click.option("-q", "--quiet", is_flag=True, help="print only the interaction energies")

@@ -9,6 +9,7 @@ dfmp2.errors.flag, the defaults from RunOptions):
     @resource_options()    --memory --storage --scratch (and the hidden tuning --occ-block-max,
                            --j3c-block-mb)
     @checkpoint_options()  --checkpoint --resume
+    @cbs_options()         --cbs-scf (with a basis bracket, --basis cc-pv[dt]z: dfmp2.cbs)
 
 Every param is named after its RunOptions field (``--memory`` -> memory_mb, ``--scf`` ->
 scf_mode), so ``run_options(params)`` takes exactly the fields a command offers. A command leaves
@@ -34,7 +35,7 @@ from linalg.cuda import AUTO_RULE
 
 from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
                      one_line)
-from .options import (CPU_BLAS_CHOICES, DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES,
+from .options import (CBS_SCF_SCHEMES, CPU_BLAS_CHOICES, DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES,
                       PRECISIONS, REFERENCES, SCF_MODES, SCF_PRECISIONS, STORAGE_CHOICES, RunOptions)
 
 _DEFAULT = RunOptions()
@@ -42,7 +43,10 @@ RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
 
 # click.option keywords of each shared option (besides its flag, name and default)
 SPECS = {
-    "basis": dict(help="orbital basis set"),
+    "basis": dict(help="orbital basis set; a bracket of consecutive zeta levels (cc-pv[dt]z, aug-cc-pv[tq]z, "
+                       "def2-[tq]zvp) runs each basis and extrapolates to the basis-set limit as Psi4's cbs() "
+                       "does: correlation energy by Helgaker's X^-3 two-point formula, SCF at the largest basis "
+                       "(or --cbs-scf)"),
     "auxbasis": dict(help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri; "
                           "def2-tzvpp-ri (to Kr) or AutoAux for elements it lacks, stated in the output]"),
     "charge": dict(type=int, help="molecular charge [default: XYZ comment, else 0]"),
@@ -101,6 +105,11 @@ SPECS = {
                             "the run goes"),
     "resume": dict(type=click.Path(dir_okay=False),
                    help="continue the interrupted run in this checkpoint (same molecule and options)"),
+    "cbs_scf": dict(type=click.Choice(CBS_SCF_SCHEMES),
+                    help="with a basis bracket: the SCF energy at the largest basis (xtpl_highest_1, Psi4's "
+                         "default), or extrapolated with Psi4's scf_xtpl_helgaker_2 (exp(-1.63 X), two levels) "
+                         "or scf_xtpl_helgaker_3 (three levels, e.g. cc-pv[dtq]z; the correlation energy "
+                         "then from the two largest)"),
     # tuning (tests, benchmarks), not in --help
     "occ_block_max": dict(type=click.IntRange(min=1), hidden=True),
     "j3c_block_mb": dict(type=click.FloatRange(min=0, min_open=True), hidden=True),
@@ -111,6 +120,7 @@ GROUPS = {
     "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad", "scf_precision"),
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),
+    "cbs": ("cbs_scf",),
 }
 
 
@@ -144,6 +154,7 @@ device_options = _group("device")
 scf_options = _group("scf")
 resource_options = _group("resources")
 checkpoint_options = _group("checkpoint")
+cbs_options = _group("cbs")
 
 
 def parse_memory(value: str | None) -> float | None:

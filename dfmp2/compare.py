@@ -290,12 +290,12 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     runs = sorted(runs + ran, key=lambda r: names.index(r.device))
     summary = compare_runs(runs, tol)
     if json_path:               # before the table: a stdout that fails must not lose the result
-        from .result import software_versions
+        from .result import json_ran, software_versions
         write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                "problem": problem_doc, "precision": precision, "repeat": repeat,
                                "devices_requested": devices or "present (default)",
                                "devices_not_present": absent,
-                               "summary": summary, "devices": [asdict(r) for r in runs],
+                               "summary": summary, "devices": [{**asdict(r), "ran": json_ran(r.ran)} for r in runs],
                                "versions": software_versions(), "units": {"energies": "hartree"}})
     with printing(written=(json_path,)):
         render(runs, summary, title, console)

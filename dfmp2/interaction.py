@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 
 from . import scf
 from .errors import InputError, shown
-from .result import Result, software_versions
+from .result import SCHEMA_VERSION, Result, json_ran, software_versions
 from .xyz import Geometry
 
 # kcal/mol per hartree: CODATA 2018 E_h = 4.3597447222071e-18 J, N_A = 6.02214076e23 /mol,
@@ -266,20 +266,21 @@ class InteractionResult:
                           "energies_full_basis": e["cp"], "energies_own_basis": e["own"]})
         full = next(r for r in self.runs if r.kind == "full").result
         return {
-            "molecule": self.molecule, "date": self.date,
+            "schema_version": SCHEMA_VERSION, "molecule": self.molecule, "date": self.date,
             "interaction_energies": {
                 key: {m: {"hartree": v, "kcal_per_mol": v * HARTREE_TO_KCAL} for m, v in d.items()}
                 for key, d in self.deltas.items()},
             "full_system": {"charge": f.total_charge, "multiplicity": f.total_multiplicity,
                             "energies": full.energies()},
             "fragments": frags, "fragments_from": f.source,
-            "method": {"basis": full.basis, "auxbasis": full.auxbasis, "scf_mode": full.scf_mode,
+            "method": {"basis": full.basis, "cbs": _cbs(full),
+                       "auxbasis": full.auxbasis, "scf_mode": full.scf_mode,
                        "jk_auxbasis": full.jk_auxbasis, "frozen_core": full.frozen_core,
                        "counterpoise": "Boys-Bernardi: fragments in the full basis with ghost "
                                       "atoms carrying the orbital, JK-fit and MP2-fit sets"},
             "runs": [{"kind": r.kind, "fragment": None if r.fragment is None else r.fragment + 1,
                       "seconds": r.seconds, "result": r.result.to_dict()} for r in self.runs],
-            "seconds": self.seconds, "ran": self.ran, "versions": self.versions,
+            "seconds": self.seconds, "ran": json_ran(self.ran), "versions": self.versions,
             "warnings": self.warnings,
             "units": {"energies": "hartree", "kcal_per_mol": f"hartree x {HARTREE_TO_KCAL} "
                       "(CODATA 2018, thermochemical kcal)", "timings": "s"},
@@ -327,6 +328,12 @@ class InteractionResult:
                                 f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}; "
                                 f"total {self.seconds:.2f} s"))
             console.print(r)
+            if _cbs(full):
+                c = _cbs(full)
+                console.print(escape(f"CBS: every run's energies extrapolated; SCF {c['scf']['scheme']} "
+                                     f"({', '.join(c['scf']['bases'])}), correlation {c['corl']['scheme']} "
+                                     f"({', '.join(c['corl']['bases'])}); nbasis and naux of the largest basis"),
+                              highlight=False)
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")
         if self.ran.get("simulated"):
@@ -335,6 +342,12 @@ class InteractionResult:
 
     def run_label(self, run: Run) -> str:
         return run_label(self.fragments, run.kind, run.fragment)
+
+
+def _cbs(result) -> dict | None:
+    """The CBS scheme of a run's result (dfmp2.cbs.Scheme.to_dict()); None for one basis."""
+    sch = getattr(result, "scheme", None)
+    return sch.to_dict() if sch is not None else None
 
 
 def run_label(frags: Fragments, kind: str, k: int | None) -> str:
@@ -357,7 +370,12 @@ def interaction_energies(runs) -> dict:
 def check_runs(jobs, options) -> None:
     """Build every run's molecule and MP2-fit basis now (scf.build_molecule refuses what the
     program cannot run: electron counts, open shells until DF-UMP2, coincident atoms, basis
-    sets lacking an element), so a fragment that cannot run stops the command before any SCF."""
+    sets lacking an element), so a fragment that cannot run stops the command before any SCF.
+    A basis bracket (cc-pv[dt]z): every basis of it (dfmp2.cbs.check_bases)."""
+    from . import cbs
+    if cbs.is_bracket(options.basis):
+        cbs.check_bases(cbs.scheme(options.basis, options.cbs_scf), [g for _, _, g in jobs], options)
+        return
     for _, _, g in jobs:
         mol = scf.build_molecule(g, options.basis, g.charge, g.multiplicity, ecp=options.ecp)
         scf.mp2_auxbasis(mol, options.auxbasis)
@@ -366,8 +384,11 @@ def check_runs(jobs, options) -> None:
 def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progress=None) -> InteractionResult:
     """Run the 2N+1 DF-MP2 calculations on one backend and form the interaction energies.
     ``options`` (pipeline.RunOptions): charge and multiplicity are taken from ``frags``;
-    no checkpoint. ``log(msg)`` gets a line as each run starts."""
-    from .pipeline import make_backend, run_geometry
+    no checkpoint. ``log(msg)`` gets a line as each run starts. A basis bracket (cc-pv[dt]z):
+    each of the 2N+1 runs is a CBS extrapolation (dfmp2.cbs.run_cbs) and the interaction
+    energies are differences of extrapolated energies, as Psi4 forms them."""
+    from .cbs import run_point
+    from .pipeline import make_backend
     say = log or (lambda msg: None)
     if options.checkpoint or options.resume:
         raise InputError("interaction energies are not checkpointed; run without a checkpoint",
@@ -385,15 +406,11 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
     for n, (kind, k, g) in enumerate(jobs, start=1):
         label = f"run {n}/{len(jobs)} ({run_label(frags, kind, k)})"
         say(f"{label} ...")
-        before = dict(backend.kernels_used)
         t1 = time.perf_counter()
-        try:
-            res = run_geometry(g, options, progress=progress, backend=backend)
+        try:        # each run's ran['kernels']: its own calls on the shared backend
+            res = run_point(g, options, progress=progress, backend=backend, checked=True)
         except InputError as e:          # which of the 2N+1 runs failed, with the same option
             raise type(e)(f"{label}: {e}", option=getattr(e, "option", None)) from None
-        # the backend counts kernels over its life; each run keeps its own calls
-        res.ran["kernels"] = {key: c - before.get(key, 0) for key, c in res.ran["kernels"].items()
-                              if c - before.get(key, 0)}
         runs.append(Run(kind, k, res, time.perf_counter() - t1))
         warnings += [w for w in res.warnings if w not in warnings]
     # what ran, for all runs (one backend); the metric and where B lived are per run, in 'runs'

@@ -32,6 +32,8 @@ STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, di
 INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
 PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()   # cuda: linalg.cuda; cpu: linalg.cpu_pair
 CPU_BLAS_CHOICES = linalg.cpu_blas.MODES   # cpu only: auto (measured, cached), torch, openblas
+# the SCF part of a CBS extrapolation (dfmp2.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
+CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
 
 
 _PATH = (str, os.PathLike, type(None))
@@ -61,6 +63,7 @@ _FIELD_TYPES = (
     ("scf_conv_tol_grad", (Real,), "a positive number"),
     ("scf_precision", (str,), f"one of {', '.join(SCF_PRECISIONS)}"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
+    ("cbs_scf", (str,), f"one of {', '.join(CBS_SCF_SCHEMES)}"),
 )
 
 
@@ -92,6 +95,7 @@ class RunOptions:
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
     scf_precision: str = "auto"          # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
+    cbs_scf: str = "xtpl_highest_1"      # a basis bracket's SCF scheme (dfmp2.cbs): Psi4's default, the largest basis
 
     def __post_init__(self):
         """Every field's type and range, as the CLI's parser checks them: a Python caller's
@@ -138,7 +142,8 @@ class RunOptions:
         for name, choices in (("scf_mode", SCF_MODES), ("storage", STORAGE_CHOICES),
                               ("reference", REFERENCES), ("ecp", ECP_CHOICES),
                               ("integrals", INTEGRAL_ENGINES), ("pair_kernel", PAIR_KERNEL_CHOICES),
-                              ("cpu_blas", CPU_BLAS_CHOICES), ("scf_precision", SCF_PRECISIONS)):
+                              ("cpu_blas", CPU_BLAS_CHOICES), ("scf_precision", SCF_PRECISIONS),
+                              ("cbs_scf", CBS_SCF_SCHEMES)):
             value = getattr(self, name)
             if value not in choices:
                 raise InputError(f"unknown {name.replace('_', ' ')} '{value}'; use one of "

@@ -23,13 +23,13 @@ import linalg
 from linalg import DTYPES
 
 from . import checkpoint, dfhf, integrals, memory, outputs, scf
-from .errors import DiskWriteError, InputError, MemoryLimitError
+from .errors import DiskWriteError, InputError, MemoryLimitError, shown
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
 from .options import RunOptions
 from .provenance import RunRecord
 from .reference import Reference, freeze_lowest
-from .result import Result, software_versions
+from .result import Result, geometry_record, software_versions
 from .timing import CycleLog, Timer
 from .xyz import Geometry, read_xyz
 
@@ -91,6 +91,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     does); default a new one. ``log(msg)``: progress lines; ``progress(done, total)``: block pairs;
     ``on_reference(mol, ref)`` sees the PySCF Mole and the converged Reference (QCSchema's SCF parts)."""
     say = log or (lambda msg: None)
+    t_start = time.perf_counter()
     job = prepare(geom, options, backend, say)
     timer = Timer(job.backend)
     with CheckpointSession(job) as session:
@@ -104,7 +105,7 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
                         timer=timer, engine=job.engine, progress=progress,
                         scratch_dir=options.scratch_dir, checkpoint=session.ck)
         session.finish(mp2.e_os, mp2.e_ss)
-    return make_result(job, ref, mp2, timer, plan)
+    return make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
 
 
 # ---------------------------------------------------------------------------- prepare
@@ -112,6 +113,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     """Check the options, make the backend (DeviceUnavailableError before any work) and the
     molecule, choose the bases and the integral engine, fix the orbital space."""
     options.check_choices()
+    _refuse_bracket(options)
     precision = options.resolved_precision()
     if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
         raise InputError("the checkpoint to write and the checkpoint to resume are different files; "
@@ -136,6 +138,18 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
                         f"electrons taken as a doublet "
                         f"(multiplicity {mol.spin + 1}, the lowest)")
     return Job(geom, options, precision, backend, mol, auxbasis, auxmol, engine, space, warnings)
+
+
+def _refuse_bracket(options: RunOptions) -> None:
+    """One run is one basis: a bracket (cc-pv[dt]z) is a CBS extrapolation over several runs
+    (dfmp2.cbs.run_cbs), and the CBS SCF scheme applies only to one."""
+    if "[" in options.basis or "]" in options.basis:
+        raise InputError(f"basis '{shown(options.basis)}' is a basis bracket (a CBS extrapolation over "
+                         "several runs): dfmp2 run and dfmp2 interaction take it, this command and a "
+                         "single run (run_geometry) do not", option="basis")
+    if options.cbs_scf != RunOptions.cbs_scf:
+        raise InputError(f"the CBS SCF scheme {options.cbs_scf} applies to a basis bracket (e.g. "
+                         "cc-pv[dt]z), not to one basis", option="cbs_scf")
 
 
 def orbital_space(mol, auxmol, frozen_core: bool, uhf: bool, source: str) -> tuple[OrbitalSpace, list]:
@@ -431,9 +445,11 @@ def run_record(backend, precision: str, mp2: MP2Energies, ref: Reference) -> Run
                      integrals=mp2.integrals, scf=ref.scf)
 
 
-def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: MemoryPlan) -> Result:
-    """The Result of the run: energies (Hartree), shapes (alpha's for UHF, with the per-spin
-    shapes and energies in ``spin``), timings (s), what ran, the plan and the warnings."""
+def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: MemoryPlan,
+                wall_s: float) -> Result:
+    """The Result of the run: energies (Hartree), the geometry as run (PySCF's molecule, Å),
+    charge and multiplicity, shapes (alpha's for UHF, with the per-spin shapes and energies in
+    ``spin``), timings and ``wall_s`` (s), what ran, the plan and the warnings."""
     geom, options, space, mol = job.geom, job.options, job.space, job.mol
     first = ref.channels[0]
     spin = None
@@ -444,11 +460,13 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
                 "nvir_alpha": a.nvir_active, "nvir_beta": b.nvir_active, **mp2.spin_blocks}
     return Result(
         molecule=geom.source, natm=geom.natm, formula=_formula(geom.real_symbols) + _ghosts(geom),
-        charge=mol.charge, basis=options.basis, auxbasis=scf.describe_auxbasis(job.auxbasis),
+        charge=mol.charge, multiplicity=mol.spin + 1,
+        geometry=geometry_record(geom.symbols, mol.atom_coords(unit="Angstrom"), geom.ghost),
+        basis=options.basis, auxbasis=scf.describe_auxbasis(job.auxbasis),
         scf_mode=options.scf_mode, jk_auxbasis=ref.jk_auxbasis, frozen_core=options.frozen_core,
         nbasis=space.nbasis, nmo=ref.nmo, nocc=first.nocc_active, nfrozen=space.nfrozen,
         nvir=first.nvir_active, naux=space.naux, e_hf=ref.e_hf, e_os=mp2.e_os, e_ss=mp2.e_ss,
-        timings=timer.seconds, ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
+        timings=timer.seconds, wall_s=wall_s, ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
         memory=plan.to_dict(), versions=software_versions(), warnings=job.warnings,
         ecp=scf.ecp_info(mol), spin=spin)
 

@@ -240,12 +240,12 @@ def render(results: list[CaseResult], console, device: str, precision: str, tole
 
 def write_json(path, results: list[CaseResult], meta: dict) -> None:
     """Write the run (meta, summary, one record per case) atomically."""
-    from .result import software_versions
+    from .result import json_ran, software_versions
 
     doc = {"meta": {**meta, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "versions": software_versions(), "units": {"energies": "hartree", "seconds": "s"}},
            "summary": summary(results),
-           "cases": [asdict(r) for r in results]}
+           "cases": [{**asdict(r), "ran": json_ran(r.ran)} for r in results]}
     from .outputs import write_text
     write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 

@@ -6,7 +6,9 @@ import platform
 from dataclasses import dataclass, asdict, field
 from datetime import datetime, timezone
 
-SCHEMA_VERSION = "2"                  # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF)
+# of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF); 3 = the geometry as run,
+# multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls})
+SCHEMA_VERSION = "3"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
 SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
 
@@ -19,12 +21,47 @@ def software_versions() -> dict:
             "machine": platform.machine(), "platform": platform.platform()}
 
 
+def kernel_records(calls: dict) -> list:
+    """{'gemm:torch.matmul': 3} (a backend's count per 'op:kernel') -> [{'op': 'gemm', 'kernel':
+    'torch.matmul', 'calls': 3}]: kernel names hold dots, which JSON keys must not (jq, pandas and
+    document stores read a dot as a path)."""
+    out = []
+    for key, n in calls.items():
+        op, _, kernel = key.partition(":")
+        out.append({"op": op, "kernel": kernel, "calls": int(n)})
+    return out
+
+
+def json_ran(ran: dict) -> dict:
+    """``ran`` (provenance.RunRecord.to_dict() or a backend's describe()) as the JSON writes it:
+    its kernel maps (``kernels``; ``scf.kernels``, ``scf.host_kernels``) as ``kernel_records``."""
+    out = dict(ran)
+    if isinstance(out.get("kernels"), dict):
+        out["kernels"] = kernel_records(out["kernels"])
+    if isinstance(out.get("scf"), dict):
+        out["scf"] = dict(out["scf"])
+        for k in ("kernels", "host_kernels"):
+            if isinstance(out["scf"].get(k), dict):
+                out["scf"][k] = kernel_records(out["scf"][k])
+    return out
+
+
+def geometry_record(symbols, coords_angstrom, ghost=()) -> dict:
+    """The geometry as run, for the JSON: element symbols, coordinates in Ångström (natm lists of
+    3 floats) and, per atom, whether it is a ghost atom (basis functions only, no charge)."""
+    return {"symbols": [str(s) for s in symbols],
+            "coordinates_angstrom": [[float(x) for x in row] for row in coords_angstrom],
+            "ghost": [bool(ghost[i]) if ghost else False for i in range(len(symbols))]}
+
+
 @dataclass
 class Result:
     molecule: str
     natm: int
     formula: str
     charge: int
+    multiplicity: int  # 2S+1, closed shells too
+    geometry: dict     # geometry_record: symbols, coordinates in Ångström, ghost atoms (as run)
     basis: str
     auxbasis: str
     scf_mode: str
@@ -40,6 +77,7 @@ class Result:
     e_os: float        # opposite-spin correlation, Hartree
     e_ss: float        # same-spin correlation, Hartree
     timings: dict      # seconds per stage
+    wall_s: float      # seconds, the whole run (checks, SCF, MP2, result)
     ran: dict          # device, engine, kernels, precision, metric factorisation
     memory: dict
     versions: dict
@@ -82,7 +120,9 @@ class Result:
         for k in ("e_hf", "e_os", "e_ss"):
             d.pop(k)
         d["energies"] = self.energies()
-        d["units"] = {"energies": "hartree", "timings": "s", "memory": "MB"}
+        d["ran"] = json_ran(d["ran"])
+        d["units"] = {"energies": "hartree", "timings": "s", "wall_s": "s", "memory": "MB",
+                      "geometry": "angstrom"}
         d["shapes"] = {k: d.pop(k) for k in ("nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux")}
         return d
 

@@ -312,3 +312,50 @@ def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
     q.stdout.close()
     err = q.stderr.read()
     assert q.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
+# ---- the report's terminal tables and plot (issue 27) ------------------------------------------
+SAVED = Path(__file__).resolve().parent.parent / "scripts" / "results" / "bench_cpu_waters1-32.json"
+
+
+def _rendered(rep, width):
+    from rich.console import Console
+    c = Console(width=width, record=True, force_terminal=False, file=__import__("io").StringIO())
+    report.terminal(rep, c)
+    return c.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal_tables_fit_80_columns(tiny_report, width):
+    """Nothing cut to '…' and no line wider than the terminal, for the tiny report here and a
+    saved full one (every op, both precisions, estimates, water clusters up to 32)."""
+    for rep in (tiny_report, json.loads(SAVED.read_text())):
+        text = _rendered(rep, width)
+        assert "…" not in text
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= width   # prose wraps at the width
+    for line in _rendered(json.loads(SAVED.read_text()), width).splitlines():
+        if "─" in line:                                    # a table's header rule: the table's width
+            assert len(line.rstrip()) <= report.TERMINAL_WIDTH
+    full = _rendered(json.loads(SAVED.read_text()), 80)
+    # the abbreviations are explained under the tables that use them
+    assert "pair = mp2_pair_energy" in full and "isqrt-NS = inv_sqrt_newton_schulz" in full
+    assert "speedup = PySCF" in full and "(est.)" in full
+
+
+def test_plot_one_colour_per_series_and_titles_match_what_is_drawn(tiny_report):
+    rep = json.loads(SAVED.read_text())
+    ops, waters = report.plot_series(rep)
+    colors = report.series_colors(ops, waters)
+    # the same series in both panels is the same colour (one entry per series), and no two series share one
+    assert set(waters) <= {k for k, _ in ops} and len(set(colors.values())) == len(colors)
+    assert ("dfmp2", "cpu", "fp64") in waters and ("pyscf", "cpu", "fp64") in waters
+    left, right = report.panel_titles(rep, ops, waters)
+    assert "dashed" in left and "dotted" in right          # estimates and fits are drawn here
+    # a CPU run with neither estimates nor fits: the titles promise no line style it does not draw
+    cpu = dict(rep, trn_estimate=None, waters=dict(rep["waters"], fits={}))
+    ops, waters = report.plot_series(cpu)
+    left, right = report.panel_titles(cpu, ops, waters)
+    assert "dashed" not in left and "estimate" not in left.lower() and "dotted" not in right
+    assert all(k[0] != "estimate" for k, _ in ops)
+    ops, waters = report.plot_series(tiny_report)          # no water clusters: no right panel series
+    assert waters == {} and "dotted" not in report.panel_titles(tiny_report, ops, waters)[1]

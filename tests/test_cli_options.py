@@ -14,7 +14,7 @@ from dfmp2 import cli_options, interaction, pipeline
 from dfmp2.cli import main
 from dfmp2.errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line,
                           flag)
-from dfmp2.options import (ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS, REFERENCES,
+from dfmp2.options import (CBS_SCF_SCHEMES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS, REFERENCES,
                            SCF_MODES, STORAGE_CHOICES, RunOptions)
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
@@ -26,11 +26,13 @@ MOLECULE = {"basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "
 OFFERED = {
     "run": FIELDS,
     "interaction": FIELDS - {"checkpoint", "resume"},          # 2N+1 runs are not checkpointed
-    "compare": FIELDS - {"checkpoint", "resume", "device"},    # --devices names several
-    "regress": FIELDS - {"checkpoint", "resume", "scf_mode"} - MOLECULE,   # each reference's own
+    # --devices names several; one basis per run (a CBS bracket is refused)
+    "compare": FIELDS - {"checkpoint", "resume", "device", "cbs_scf"},
+    "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf"} - MOLECULE,   # each reference's own
 }
 CHOICES = {"precision": PRECISIONS, "scf_mode": SCF_MODES, "reference": REFERENCES, "ecp": ECP_CHOICES,
-           "storage": STORAGE_CHOICES, "integrals": INTEGRAL_ENGINES, "pair_kernel": PAIR_KERNEL_CHOICES}
+           "storage": STORAGE_CHOICES, "integrals": INTEGRAL_ENGINES, "pair_kernel": PAIR_KERNEL_CHOICES,
+           "cbs_scf": CBS_SCF_SCHEMES}
 DEFAULTS_DIFFER = {("compare", "precision"): "fp64"}     # compare's tolerances need one precision
 
 

@@ -33,10 +33,45 @@ def _json(path, **options):
     return json.loads(json.dumps(run(path, RunOptions(**options)).to_dict()))
 
 
+# the top-level keys of the result JSON (schema 3), as the README's table lists them
+TOP_LEVEL = {"schema_version", "molecule", "natm", "formula", "charge", "multiplicity", "geometry", "basis",
+             "auxbasis", "scf_mode", "jk_auxbasis", "frozen_core", "timings", "wall_s", "ran", "memory",
+             "versions", "warnings", "ecp", "date", "spin", "energies", "units", "shapes"}
+
+
+def _dotted_keys(d, path=""):
+    """Every key holding a '.' at any depth (lists walked too)."""
+    if isinstance(d, dict):
+        return [f"{path}/{k}" for k in d if "." in k] + [x for k, v in d.items() for x in _dotted_keys(v, f"{path}/{k}")]
+    if isinstance(d, list):
+        return [x for i, v in enumerate(d) for x in _dotted_keys(v, f"{path}[{i}]")]
+    return []
+
+
+def _geometry_of(path):
+    from dfmp2.xyz import read_xyz
+    g = read_xyz(path)
+    return list(g.symbols), g.coords_angstrom
+
+
 @pytest.mark.parametrize("scf_mode", ["df", "pyscf-df"])
 def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     rhf, uhf = _json(WATER, scf_mode=scf_mode), _json(OH, scf_mode=scf_mode)
-    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION
+    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "3"
+    assert set(rhf) == set(uhf) == TOP_LEVEL
+    assert _dotted_keys(rhf) == [] and _dotted_keys(uhf) == []
+    for doc, path, mult in ((rhf, WATER, 1), (uhf, OH, 2)):
+        symbols, xyz = _geometry_of(path)            # the geometry as run equals the input, in Ångström
+        g = doc["geometry"]
+        assert g["symbols"] == symbols and g["ghost"] == [False] * len(symbols)
+        assert len(g["coordinates_angstrom"]) == len(symbols)
+        for row, ref in zip(g["coordinates_angstrom"], xyz):
+            assert row == pytest.approx(list(ref), abs=1e-12)
+        assert doc["multiplicity"] == mult and doc["charge"] == 0 and isinstance(doc["multiplicity"], int)
+        assert doc["wall_s"] >= sum(doc["timings"].values()) > 0 and doc["units"]["wall_s"] == "s"
+        assert doc["units"]["geometry"] == "angstrom"
+        k = doc["ran"]["kernels"]
+        assert isinstance(k, list) and k and all(set(x) == {"op", "kernel", "calls"} for x in k)
     assert rhf["spin"] is None and uhf["spin"]["reference"] == "UHF"
     rhf.pop("spin"), uhf.pop("spin")
     assert set(_shape(rhf)) == set(_shape(uhf))

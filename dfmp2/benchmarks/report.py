@@ -303,144 +303,279 @@ def markdown(rep: dict) -> str:
 
 
 # ---------- terminal ----------
-def terminal(rep: dict, console) -> None:
-    from rich.markup import escape      # reasons are exception texts, not markup
+# The terminal tables fit 80 columns (rich cuts a cell that does not fit to '…'): the op names and
+# engine bounds are abbreviated, with a legend under the table that used them, and the measured
+# ops are two tables (this program's times and rates; the baselines on the same inputs).
+OP_SHORT = {"mp2_pair_energy": "pair", "inv_sqrt_eigh": "isqrt-eigh", "inv_sqrt_newton_schulz": "isqrt-NS",
+            "cholesky": "chol"}
+BOUND_SHORT = {"tensor_engine": "TensorE", "vector_engine": "VectorE", "dma": "DMA", "serial": "serial"}
+TERMINAL_WIDTH = 80
+
+
+def _table(title: str, columns, right=()):
+    """A compact rich table: no vertical rules, one space of padding, headers over a rule."""
+    from rich import box
     from rich.table import Table
-    t = Table(title="dfmp2 bench: per-shape ops (measured)", title_justify="left")
-    for c in ("shape", "op", "device", "prec", "median ms", "min–max ms", "GFLOP/s", "% peak",
-              "torch.linalg ms", "scipy ms", "PySCF ms", "PySCF/this"):
-        t.add_column(c, justify="right" if c[0].islower() and "ms" in c or c in ("GFLOP/s", "% peak", "PySCF/this")
-                     else "left")
-    for r in rep["ops"]:
-        if r["status"] != "ran":
-            continue
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+              collapse_padding=True, show_edge=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", no_wrap=True)
+    return t
+
+
+def _op(op: str, used: set) -> str:
+    if op in OP_SHORT:
+        used.add(op)
+    return OP_SHORT.get(op, op)
+
+
+def _legend(console, used: set, extra=()) -> None:
+    parts = [f"{OP_SHORT[o]} = {o}" for o in sorted(used)] + list(extra)
+    if parts:
+        console.print("[dim]" + "; ".join(parts) + "[/dim]", highlight=False)
+
+
+def _baseline_short(b) -> tuple[str, str]:
+    """A baseline cell without its note, and the note's mark ('†' the inv_sqrt_eigh row's time,
+    '‡' another precision's) or ''."""
+    if isinstance(b, dict) and "median_s" in b:
+        note = b.get("note", "")
+        mark = "†" if "inv_sqrt_eigh row" in note else ("‡" if b.get("precision") and note else "")
+        return ms(b) + mark, mark
+    if isinstance(b, dict) and b.get("status") == "not run":
+        return "n/r", "n/r"
+    return "—", ""
+
+
+def _measured_tables(rep: dict, console) -> None:
+    ran = [r for r in rep["ops"] if r["status"] == "ran"]
+    if not ran:
+        return
+    used, marks = set(), set()
+    t = _table("dfmp2 bench: per-shape ops (measured), ms",
+               ("shape", "op", "device", "prec", "median", "min–max", "n", "GFLOP/s", "% peak"),
+               right=("median", "min–max", "n", "GFLOP/s", "% peak"))
+    for r in ran:
         lr = r["linalg"]
-        t.add_row(r["shape"], r["op"], r["device"], r["precision"], ms(lr), spread(lr), gf(lr), pct(lr),
-                  baseline_cell(r.get("torch")), baseline_cell(r.get("scipy")), baseline_cell(r.get("pyscf")),
-                  ratio(r))
+        t.add_row(r["shape"], _op(r["op"], used), r["device"], r["precision"], ms(lr),
+                  f"{_ms(lr['min_s'])}–{_ms(lr['max_s'])}", str(lr["repeats"]), gf(lr), pct(lr))
     console.print(t)
+    b = _table("the same inputs through other libraries, ms",
+               ("shape", "op", "device", "prec", "this", "torch", "scipy", "PySCF", "speedup"),
+               right=("this", "torch", "scipy", "PySCF", "speedup"))
+    for r in ran:
+        cells = [_baseline_short(r.get(k)) for k in ("torch", "scipy", "pyscf")]
+        marks |= {m for _, m in cells if m}
+        b.add_row(r["shape"], _op(r["op"], used), r["device"], r["precision"], ms(r["linalg"]),
+                  *(c for c, _ in cells), ratio(r))
+    console.print(b)
+    notes = ["torch = torch.linalg, scipy = scipy.linalg, PySCF = its pair kernel (libmp); "
+             "speedup = PySCF ms / this ms (> 1: this program faster)"]
+    notes += [{"†": "† the inv_sqrt_eigh row's time (no Newton–Schulz in that library)",
+               "‡": "‡ in fp64 (PySCF's pair kernel has no fp32)",
+               "n/r": "n/r = not run (see the markdown report)"}[m] for m in sorted(marks)]
+    _legend(console, used, notes)
+
+
+def _estimate_table(rep: dict, console) -> None:
+    from rich.markup import escape
+    est = rep.get("trn_estimate")
+    if not (est and est["rows"]):
+        return
+    used = set()
+    e = _table("Trainium ESTIMATES (not measured; no Trainium hardware ran)",
+               ("shape", "op", "device", "estimate ms", "bound", "est. GFLOP/s"),
+               right=("estimate ms", "est. GFLOP/s"))
+    skipped = {}
+    for r in est["rows"]:
+        if r["status"] == "estimate":
+            e.add_row(r["shape"], _op(r["op"], used), f"{r['device']} (est.)", f"{r['estimate_s'] * 1e3:.3g}",
+                      BOUND_SHORT.get(r["bound"], r["bound"]), f"{(r.get('gflops') or 0):.0f}")
+        else:
+            skipped.setdefault((r["op"], r["reason"]), []).append(f"{r['shape']}/{r['device']}")
+    console.print(e)
+    _legend(console, used, ["bound: the engine the estimate is limited by (TensorE, VectorE, DMA)"])
+    for (op, reason), where in skipped.items():
+        console.print(f"[dim]not estimated: {op} ({escape(', '.join(where))}): {escape(reason)}[/dim]")
+
+
+def _waters_tables(rep: dict, console) -> None:
+    w = rep.get("waters")
+    if not (w and w.get("rows")):
+        return
+    s = _table("Water clusters: DF-MP2 stage after SCF, s",
+               ("waters", "nbasis", "run", "prec", "median", "pair", "speedup"),
+               right=("waters", "nbasis", "median", "pair", "speedup"))
+    for row in w["rows"]:
+        for r in row["runs"]:
+            if r["status"] != "ran":
+                s.add_row(str(row["waters"]), str(row["nbasis"]), r["who"], r["precision"], "not run", "", "")
+                continue
+            s.add_row(str(row["waters"]), str(row["nbasis"]), f"{r['who']} {r['device']}", r["precision"],
+                      f"{r['time']['median_s']:.2f}", f"{r.get('stages_s', {}).get('pair', float('nan')):.2f}"
+                      if r["who"] == "dfmp2" else "", f"{r['pyscf_over_this']:.2f}" if "pyscf_over_this" in r
+                      else "")
+    console.print(s)
+    console.print("[dim]pair: the pair step's s; speedup = PySCF s / this s (> 1: this program faster)[/dim]",
+                  highlight=False)
+    f = _table(f"cost exponents vs nbasis (nbasis >= {w['fit_min_nbasis']})", ("run", "stage", "p", "R²"),
+               right=("p", "R²"))
+    for label, entry in w["fits"].items():
+        for stage, fe in entry.items():
+            if stage != "nbasis" and fe.get("p") is not None:
+                f.add_row(label, stage, f"{fe['p']:.2f}", f"{fe['r2']:.3f}")
+    console.print(f)
+
+
+def terminal(rep: dict, console) -> None:
+    """The report's tables for a terminal, each within TERMINAL_WIDTH (80) columns: measured ops
+    (two tables), devices that did not run, Trainium estimates, water clusters and exponents."""
+    from rich.markup import escape      # reasons are exception texts, not markup
+    _measured_tables(rep, console)
     for d in rep["devices"]:
         if d["status"] != "ran":
             console.print(f"[yellow]{escape(d['device'])}: not run[/] — {escape(d['reason'])}")
-    est = rep.get("trn_estimate")
-    if est and est["rows"]:
-        e = Table(title="Trainium ESTIMATES (not measured; no Trainium hardware ran)", title_justify="left")
-        for c in ("shape", "op", "device", "estimate ms", "bound", "est. GFLOP/s"):
-            e.add_column(c)
-        skipped = {}
-        for r in est["rows"]:
-            if r["status"] == "estimate":
-                e.add_row(r["shape"], r["op"], f"{r['device']} (estimate)", f"{r['estimate_s'] * 1e3:.3g}",
-                          r["bound"], f"{(r.get('gflops') or 0):.0f}")
-            else:
-                skipped.setdefault((r["op"], r["reason"]), []).append(f"{r['shape']}/{r['device']}")
-        console.print(e)
-        for (op, reason), where in skipped.items():
-            console.print(f"[dim]not estimated: {op} ({escape(', '.join(where))}): {escape(reason)}[/dim]")
-    w = rep.get("waters")
-    if w and w.get("rows"):
-        s = Table(title="Water clusters: DF-MP2 stage after SCF (s)", title_justify="left")
-        for c in ("waters", "nbasis", "run", "prec", "median s", "pair s", "PySCF/this"):
-            s.add_column(c)
-        for row in w["rows"]:
-            for r in row["runs"]:
-                if r["status"] != "ran":
-                    s.add_row(str(row["waters"]), str(row["nbasis"]), r["who"], r["precision"], "not run", "", "")
-                    continue
-                s.add_row(str(row["waters"]), str(row["nbasis"]), f"{r['who']} {r['device']}", r["precision"],
-                          f"{r['time']['median_s']:.2f}", f"{r.get('stages_s', {}).get('pair', float('nan')):.2f}"
-                          if r["who"] == "dfmp2" else "", f"{r['pyscf_over_this']:.2f}" if "pyscf_over_this" in r
-                          else "")
-        console.print(s)
-        f = Table(title=f"cost exponents vs nbasis (nbasis >= {w['fit_min_nbasis']})", title_justify="left")
-        for c in ("run", "stage", "p", "R²"):
-            f.add_column(c)
-        for label, entry in w["fits"].items():
-            for stage, fe in entry.items():
-                if stage != "nbasis" and fe.get("p") is not None:
-                    f.add_row(label, stage, f"{fe['p']:.2f}", f"{fe['r2']:.3f}")
-        console.print(f)
+    _estimate_table(rep, console)
+    _waters_tables(rep, console)
 
 
 # ---------- plot ----------
-def plot(rep: dict, path: Path) -> bool:
-    """Time vs size, log-log: left, per-op calls vs nbasis of the shape for each device/precision
-    (Trainium estimates dashed, hollow, labelled 'estimate'); right, the water-cluster stage vs
-    nbasis with the fitted power laws. Returns False (and writes nothing) without matplotlib.
-    Written by dfmp2.outputs.write_bytes: a half-written plot never appears under ``path``."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    has_w = bool(rep.get("waters") and rep["waters"].get("rows"))
-    fig, axes = plt.subplots(1, 2 if has_w else 1, figsize=(13 if has_w else 7, 5.2), squeeze=False)
-    ax = axes[0][0]
+PLOT_OPS = ("mp2_pair_energy", "gemm", "trsm")
+OP_MARKERS = {"mp2_pair_energy": "o", "gemm": "s", "trsm": "^"}
+
+
+def _series_key(who: str, device: str, precision: str) -> tuple:
+    """One series of the plot, the same in both panels: ('dfmp2', device, precision), ('pyscf',
+    'cpu', 'fp64') or ('estimate', device, 'fp32')."""
+    return (who, device, precision)
+
+
+def _series_label(key: tuple) -> str:
+    who, device, precision = key
+    return {"dfmp2": f"dfmp2 {device} {precision}", "pyscf": "PySCF cpu fp64",
+            "estimate": f"{device} {precision} ESTIMATE"}[who]
+
+
+def plot_series(rep: dict) -> tuple[dict, dict]:
+    """What the plot draws: ({(series key, op): [(nbasis, s)]} of the left panel (per-op calls;
+    Trainium estimates as their own series), {series key: [(nbasis, s)]} of the right panel (the
+    water clusters' DF-MP2 stage)), each point list sorted."""
     dims = {s["name"]: s["nbasis"] for s in rep["shapes"]}
-    markers = {"mp2_pair_energy": "o", "gemm": "s", "trsm": "^", "inv_sqrt_eigh": "v",
-               "inv_sqrt_newton_schulz": "D", "cholesky": "x", "syrk": "+"}
-    series: dict = {}
+    ops: dict = {}
     for r in rep["ops"]:
-        if r["status"] == "ran" and r["op"] in ("mp2_pair_energy", "gemm", "trsm"):
-            series.setdefault((r["op"], f"{r['device']} {r['precision']}", False), []).append(
+        if r["status"] == "ran" and r["op"] in PLOT_OPS:
+            ops.setdefault((_series_key("dfmp2", r["device"], r["precision"]), r["op"]), []).append(
                 (dims[r["shape"]], r["linalg"]["median_s"]))
             if r["precision"] == "fp64" and isinstance(r.get("pyscf"), dict) and "median_s" in r["pyscf"]:
-                series.setdefault((r["op"], "PySCF cpu fp64", False), []).append(
+                ops.setdefault((_series_key("pyscf", "cpu", "fp64"), r["op"]), []).append(
                     (dims[r["shape"]], r["pyscf"]["median_s"]))
     for r in (rep.get("trn_estimate") or {}).get("rows", []):
-        if r["status"] == "estimate" and r["op"] in ("mp2_pair_energy", "gemm", "trsm"):
-            series.setdefault((r["op"], f"{r['device']} fp32 ESTIMATE", True), []).append(
+        if r["status"] == "estimate" and r["op"] in PLOT_OPS:
+            ops.setdefault((_series_key("estimate", r["device"], "fp32"), r["op"]), []).append(
                 (dims[r["shape"]], r["estimate_s"]))
-    colors: dict = {}
-    for (op, who, is_est), pts in sorted(series.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        pts = sorted(set(pts))
+    waters: dict = {}
+    for row in (rep.get("waters") or {}).get("rows", []):
+        for r in row["runs"]:
+            if r["status"] == "ran":
+                key = (_series_key("dfmp2", r["device"], r["precision"]) if r["who"] == "dfmp2"
+                       else _series_key("pyscf", "cpu", "fp64"))
+                waters.setdefault(key, []).append((row["nbasis"], r["time"]["median_s"]))
+    return ({k: sorted(set(v)) for k, v in ops.items()}, {k: sorted(set(v)) for k, v in waters.items()})
+
+
+def series_colors(ops: dict, waters: dict) -> dict:
+    """One colour per series across both panels (matplotlib's C0, C1, ...): this program's runs
+    first, then PySCF, then the estimates, each in sorted order."""
+    keys = {k for k, _ in ops} | set(waters)
+    order = {"dfmp2": 0, "pyscf": 1, "estimate": 2}
+    return {k: f"C{i % 10}" for i, k in enumerate(sorted(keys, key=lambda k: (order[k[0]], k)))}
+
+
+def panel_titles(rep: dict, ops: dict, waters: dict) -> tuple[str, str]:
+    """The panels' titles, naming only the line styles that are drawn: dashed hollow markers for
+    Trainium estimates when there are any; dotted fitted power laws when a fit is drawn."""
+    left = "per-op calls at DF-MP2 shapes (colour: who ran it; marker: op"
+    if any(k[0] == "estimate" for k, _ in ops):
+        left += "; dashed, hollow: Trainium estimates, not measured"
+    right = "water clusters, DF-MP2 stage after the SCF"
+    fits = (rep.get("waters") or {}).get("fits", {})
+    if any(fits.get(_fit_label(k), {}).get("total", {}).get("p") is not None for k in waters):
+        right += " (dotted: fitted power law)"
+    return left + ")", right
+
+
+def _fit_label(key: tuple) -> str:
+    """The label of a series in rep['waters']['fits'] (waters.py's)."""
+    return f"dfmp2 {key[1]} {key[2]}" if key[0] == "dfmp2" else "pyscf cpu fp64"
+
+
+def _left_panel(ax, rep: dict, ops: dict, colors: dict, title: str) -> None:
+    from matplotlib.ticker import NullFormatter
+    for (key, op), pts in sorted(ops.items(), key=lambda kv: (colors[kv[0][0]], kv[0][1])):
         xs, ys = zip(*pts)
-        color = colors.setdefault(who, f"C{len(colors) % 10}")
-        ax.plot(xs, ys, linestyle="--" if is_est else "-", marker=markers.get(op, "o"), color=color,
-                fillstyle="none" if is_est else "full", label=f"{who}: {op}")
+        est = key[0] == "estimate"
+        ax.plot(xs, ys, linestyle="--" if est else "-", marker=OP_MARKERS.get(op, "o"), color=colors[key],
+                fillstyle="none" if est else "full", label=f"{_series_label(key)}: {op}")
+    dims = {s["name"]: s["nbasis"] for s in rep["shapes"]}
     ax.set_xscale("log")
     ax.set_yscale("log")
-    from matplotlib.ticker import NullFormatter
     ticks = sorted({(v, k) for k, v in dims.items()})
     ax.set_xticks([v for v, _ in ticks])
     ax.set_xticklabels([f"{k}\n{v}" for v, k in ticks], fontsize=7)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("shape (nbasis)")
     ax.set_ylabel("time per call / s")
-    ax.set_title("per-op calls at DF-MP2 shapes (dashed: Trainium estimates, not measured)", fontsize=9)
+    ax.set_title(title, fontsize=8)
     ax.legend(fontsize=6.5, ncol=1)
     ax.grid(True, which="both", alpha=0.3)
+
+
+def _right_panel(ax2, rep: dict, waters: dict, colors: dict, title: str) -> None:
+    from matplotlib.ticker import NullFormatter
+    w = rep["waters"]
+    for key, pts in sorted(waters.items(), key=lambda kv: colors[kv[0]]):
+        xs, ys = zip(*pts)
+        f = w["fits"].get(_fit_label(key), {}).get("total", {})
+        lab = _series_label(key) + (f" (p = {f['p']:.2f})" if f.get("p") is not None else "")
+        ax2.plot(xs, ys, marker="o", color=colors[key], label=lab)
+        if f.get("p") is not None:
+            nb = w["fits"][_fit_label(key)]["nbasis"]
+            xf = [min(nb), max(nb)]
+            ax2.plot(xf, [f["c"] * x ** f["p"] for x in xf], linestyle=":", color=colors[key])
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    rows = sorted(w["rows"], key=lambda r: r["nbasis"])
+    ax2.set_xticks([row["nbasis"] for row in rows])
+    ax2.set_xticklabels([f"{row['waters']}\n{row['nbasis']}" for row in rows], fontsize=7)
+    ax2.xaxis.set_minor_formatter(NullFormatter())
+    ax2.set_xlabel("waters n / nbasis ((H2O)n, cc-pVDZ: 24 n)")
+    ax2.set_ylabel("DF-MP2 stage after SCF / s")
+    ax2.set_title(title, fontsize=8)
+    ax2.legend(fontsize=7)
+    ax2.grid(True, which="both", alpha=0.3)
+
+
+def plot(rep: dict, path: Path) -> bool:
+    """Time vs size, log-log: left, per-op calls vs nbasis of the shape (marker: the op; Trainium
+    estimates dashed, hollow, labelled 'ESTIMATE'); right, the water-cluster stage vs nbasis with
+    the fitted power laws. One colour per series (who ran it, device, precision) in both panels
+    (``series_colors``), and titles that name only the line styles drawn (``panel_titles``).
+    Returns False (and writes nothing) without matplotlib. Written by dfmp2.outputs.write_bytes:
+    a half-written plot never appears under ``path``."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ops, waters = plot_series(rep)
+    colors = series_colors(ops, waters)
+    left, right = panel_titles(rep, ops, waters)
+    has_w = bool(waters)
+    fig, axes = plt.subplots(1, 2 if has_w else 1, figsize=(13 if has_w else 7, 5.2), squeeze=False)
+    _left_panel(axes[0][0], rep, ops, colors, left)
     if has_w:
-        ax2 = axes[0][1]
-        w = rep["waters"]
-        groups: dict = {}
-        for row in w["rows"]:
-            for r in row["runs"]:
-                if r["status"] == "ran":
-                    label = f"{r['who']} {r['device']} {r['precision']}" if r["who"] == "dfmp2" else "pyscf cpu fp64"
-                    groups.setdefault(label, []).append((row["nbasis"], r["time"]["median_s"]))
-        for label, pts in groups.items():
-            xs, ys = zip(*sorted(pts))
-            f = w["fits"].get(label, {}).get("total", {})
-            lab = label + (f" (p = {f['p']:.2f})" if f.get("p") is not None else "")
-            line, = ax2.plot(xs, ys, marker="o", label=lab)
-            if f.get("p") is not None:
-                nb = w["fits"][label]["nbasis"]
-                xf = [min(nb), max(nb)]
-                ax2.plot(xf, [f["c"] * x ** f["p"] for x in xf], linestyle=":", color=line.get_color())
-        ax2.set_xscale("log")
-        ax2.set_yscale("log")
-        nbs = sorted({row["nbasis"] for row in w["rows"]})
-        ax2.set_xticks(nbs)
-        ax2.set_xticklabels([f"{row['waters']}\n{row['nbasis']}" for row in sorted(w["rows"], key=lambda r: r["nbasis"])],
-                            fontsize=7)
-        ax2.xaxis.set_minor_formatter(NullFormatter())
-        ax2.set_xlabel("waters n / nbasis ((H2O)n, cc-pVDZ: 24 n)")
-        ax2.set_ylabel("DF-MP2 stage after SCF / s")
-        ax2.set_title("water clusters (dotted: fitted power law)", fontsize=9)
-        ax2.legend(fontsize=7)
-        ax2.grid(True, which="both", alpha=0.3)
+        _right_panel(axes[0][1], rep, waters, colors, right)
     m = rep["meta"]
     fig.suptitle(f"dfmp2 bench {m['date']} — {m['machine']['cpu']}, {m['machine']['torch_threads']} threads"
                  + (" (machine loaded)" if m.get("machine_loaded") else ""), fontsize=9)
@@ -454,4 +589,4 @@ def plot(rep: dict, path: Path) -> bool:
     return True
 
 
-__all__ = ["markdown", "terminal", "plot", "write_json", "atomic_write", "headline_rows", "BASELINE_LABELS"]
+__all__ = ["markdown", "terminal", "plot", "plot_series", "series_colors", "panel_titles", "write_json", "atomic_write", "headline_rows", "BASELINE_LABELS"]
