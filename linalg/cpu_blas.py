@@ -399,8 +399,14 @@ class CpuBlas:
         naux = Bi.shape[2]
         if self.library("pair", Bi.dtype, 2.0 * rows * naux * cols) != "openblas":
             return None
-        bj2 = Bj.permute(2, 0, 1).reshape(naux, -1)
-        if bj2.data_ptr() != Bj.data_ptr() or not openblas_ok(Bi[0], bj2):
+        if layout == "tiles":
+            from .cpu_pair import tile_operands
+            A, B = tile_operands(Bi, Bj)
+        else:
+            A, B = Bi[0], Bj.permute(2, 0, 1).reshape(naux, -1)
+            if B.data_ptr() != Bj.data_ptr():
+                return None
+        if not openblas_ok(A, B):
             return None
         _THREADS.sync()
         return {"matmul": openblas_matmul, "serial": single_thread,
