@@ -114,6 +114,13 @@ def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
     return ic * nvir, jc * nvj
 
 
+def tile_operands(Bi, Bj) -> tuple:
+    """The first tile's GEMM operands, A (nvir, naux) and B (naux, nvj): views, as every tile's are,
+    when Bi[i] and Bj[j] are (nvir, naux) with a unit stride in one dimension and rows i at a
+    stride of nvir times that (Bt's view, or a contiguous B): what a BLAS reads without a copy."""
+    return Bi[:1].reshape(-1, Bi.shape[2]), Bj[:1].reshape(-1, Bj.shape[2]).mT
+
+
 def workspace_elems(ni: int, nj: int, nvir: int, nvj: int) -> int:
     """K elements one thread holds at a time (one tile), an upper bound for any thread count."""
     return min(ni * nj * nvir * nvj, max(TILE_ELEMS, nvir * nvj))
@@ -124,8 +131,9 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (the Backend contract):
     (e_os, e_ss) in Hartree, e_ss NaN when ``eps_vir_j`` is given (opposite spins).
 
-    Bi (ni, nvir, naux), Bj (nj, nvj, naux) on the CPU in fp64 or fp32; with B stored as Bt
-    (naux, nocc*nvir) (the pipeline's layout) every GEMM operand is a view. ``matmul(A, B)``: the
+    Bi (ni, nvir, naux), Bj (nj, nvj, naux) on the CPU in fp64 or fp32; every GEMM operand is a
+    view (``tile_operands``) both for B stored as Bt (naux, nocc*nvir) (the pipeline's layout) and
+    for a contiguous (n, nvir, naux) B (the benchmarks'). ``matmul(A, B)``: the
     tiles' GEMM (torch.matmul, or linalg.cpu_blas.openblas_matmul); ``serial()``: a context that
     keeps it on one thread while the tiles run threaded; ``tile_elems``: K elements per tile
     (default TILE_ELEMS).
@@ -139,8 +147,6 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     f64 = lambda e: e.to(device="cpu", dtype=torch.float64).contiguous()
     ei, ej, ev = f64(eps_i), f64(eps_j), f64(eps_vir)
     evj = f64(eps_vir_j) if mixed else ev
-    bi2 = Bi.permute(2, 0, 1).reshape(naux, ni * nvir)      # views when Bi, Bj come from Bt
-    bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvj)
     sums = np.zeros((ni, nj) if mixed else (ni, nj, 2))
     if ni == 0 or nj == 0:
         return 0.0, (math.nan if mixed else 0.0)
@@ -150,7 +156,7 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     def run(tile):
         i0, i1, j0, j1, by_rows = tile
         for r0, r1, c1 in ([(i, i + 1, i + 1) for i in range(i0, i1)] if by_rows else [(i0, i1, j1)]):
-            K = matmul(bi2[:, r0 * nvir:r1 * nvir].mT, bj2[:, j0 * nvj:c1 * nvj])
+            K = matmul(Bi[r0:r1].reshape(-1, naux), Bj[j0:c1].reshape(-1, naux).mT)     # views: see tile_operands
             if mixed:
                 sums[r0:r1, j0:c1] = pair_os(K, r1 - r0, c1 - j0, nvir, nvj, ei[r0:r1], ej[j0:c1], ev, evj)
             else:
