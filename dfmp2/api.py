@@ -547,18 +547,23 @@ def energy(molecule, **options):
     (its atoms, charge and spin; its basis name unless ``basis=`` is given). ``options`` are
     ``pipeline.RunOptions``' fields (basis, auxbasis, frozen_core, ecp, device, precision,
     scf_mode, memory_mb, ...). Returns the ``result.Result`` that ``dfmp2 run`` prints (energies
-    in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``)."""
+    in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``); for a basis bracket
+    (``basis="cc-pv[dt]z"``, Psi4's syntax) the ``cbs.CBSResult`` of ``dfmp2 run --basis
+    cc-pv[dt]z`` (the extrapolated energies, each basis's run in ``.components``)."""
     import dataclasses
     from pathlib import Path
 
-    from .pipeline import RunOptions, run, run_geometry
+    from . import cbs
+    from .pipeline import RunOptions, run_geometry
+    from .xyz import read_xyz
 
     fields = {f.name for f in dataclasses.fields(RunOptions)}
     unknown = sorted(set(options) - fields)
     if unknown:
         raise InputError(f"unknown option(s) {', '.join(unknown)}; use {', '.join(sorted(fields))}")
+    point = lambda geom, opts: cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run_geometry(geom, opts)  # noqa: E731
     if isinstance(molecule, (str, Path)):
-        return run(molecule, RunOptions(**options))
+        return point(read_xyz(molecule), RunOptions(**options))
     from pyscf import gto
     if not isinstance(molecule, gto.Mole):
         raise InputError(f"energy() takes an XYZ file path or a pyscf.gto.Mole, got {type(molecule).__name__}")
@@ -567,7 +572,7 @@ def energy(molecule, **options):
         if basis is None:
             raise InputError("the Mole's basis is not one basis name; give basis='...' to energy()")
         options["basis"] = basis
-    return run_geometry(geom, RunOptions(**options))
+    return point(geom, RunOptions(**options))
 
 
 def _refuse_what_is_not_carried(mol) -> None:

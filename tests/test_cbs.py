@@ -172,6 +172,10 @@ def test_water_dt_matches_two_runs_and_pyscf(water_dt):
     assert doc["components"][0]["energies"]["e_corr"] == pytest.approx(dz.e_corr, abs=1e-10)
     assert [r["basis"] for r in doc["runs"]] == ["cc-pvdz", "cc-pvtz"] and doc["runs"][1]["frozen_core"]
     assert "CBS / Eh" in output and "corl_xtpl_helgaker_2" in output
+    # the Python API takes the bracket too, and gives the CLI's numbers
+    api = dfmp2.energy(str(WATER), basis="cc-pv[dt]z", frozen_core=True)
+    assert api.energies()["e_corr"] == pytest.approx(corl, abs=1e-10)
+    assert api.energies()["e_mp2"] == pytest.approx(e["e_mp2"], abs=1e-10)
 
 
 def test_scf_helgaker_2_on_request(tmp_path):
