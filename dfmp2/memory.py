@@ -117,10 +117,11 @@ def _cgroup_left(base: Path, rel: str, limit_file: str, usage_file: str) -> list
 def pair_workspace_bytes(nrows: int, nvir: int) -> int:
     """Bytes of one thread's pair-step workspace for rows of ``nrows`` occupied orbitals: ~7 fp64
     chunks of K, each at most PAIR_CHUNK_ELEMS elements (linalg.torch_ops.mp2_pair_energy's
-    chunk, the gemm+torch path) but at least one nvir x nvir block. It also bounds the CPU's
-    gemm+epilogue path, one tile of at most max(TILE_ELEMS, nvir^2) elements a thread
-    (linalg.cpu_pair.workspace_elems; TILE_ELEMS = 4 PAIR_CHUNK_ELEMS < 7 of them)."""
-    return 7 * 8 * min(nrows * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir))
+    chunk, the gemm+torch path) but at least one nvir x nvir block; or, where larger, the CPU's
+    gemm+epilogue path's one tile in flight (linalg.cpu_pair.workspace_elems, fp64)."""
+    from linalg.cpu_pair import workspace_elems
+    return 8 * max(7 * min(nrows * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir)),
+                   workspace_elems(nrows, nrows, nvir, nvir))
 
 
 def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:

@@ -10,10 +10,11 @@ model, thread count and library versions (``cache_key``); a cache that cannot be
 only costs a probe. ``mode='torch'`` or ``'openblas'`` forces one library for every op (the
 user's choice, recorded as such).
 
-Ops and classes (``CLASSES``): 'gemm' and 'syrk' run on torch's thread count; 'pair' is the pair
-step's K = B_I B_J^T (ic*nvir, naux) @ (naux, jc*nvir), one GEMM per tile of pairs on ONE thread
-(the tiles are shared among threads, linalg.cpu_pair; rows i for torch_ops.mp2_pair_energy), so it
-is probed on one thread. The
+Ops and classes (``CLASSES``): 'gemm' and 'syrk' run on torch's thread count; 'pair' is the
+gemm+torch pair step's K_i = B_i B_J^T (nvir, naux) @ (naux, j*nvir), one GEMM per row i on ONE
+thread (the rows are shared among threads, torch_ops.mp2_pair_energy), so it is probed on one
+thread; the default pair step's tiles (linalg.cpu_pair) run one at a time on all threads and are
+chosen as a 'gemm' of their size. The
 size class of a call is from its GEMM-equivalent flop count 2*m*n*k: small < SMALL_FLOPS <=
 medium < LARGE_FLOPS <= large.
 
@@ -59,14 +60,13 @@ AFTER_ELEMS = 1 << 19      # each probe call is followed by a threaded torch op 
                            # torch's elementwise work follows every GEMM, and OpenBLAS's idle
                            # threads (spinning after a call) slow it down; the probe charges that
                            # to the library that caused it
-CACHE_VERSION = 3          # 3: the pair step's GEMMs are tiles (linalg.cpu_pair)
+CACHE_VERSION = 3          # 3: 'pair' is gemm+torch's rows only (the tiles are a 'gemm')
 # one shape per (op, class) inside that class: gemm (m, n, k); syrk (n, k) as a^T a with a (k, n),
-# the SCF's K build; pair (rows, naux, cols) for K = (rows, naux) @ (naux, cols) on one thread: a
-# large one is a tile of linalg.cpu_pair (rows, cols about 2048 there; 768 keeps the probe short)
+# the SCF's K build; pair (nvir, naux, ncols) for K = (nvir, naux) @ (naux, ncols) on one thread
 PROBE_SHAPES = {
     "gemm": {"small": (96, 96, 96), "medium": (320, 320, 320), "large": (512, 512, 512)},
     "syrk": {"small": (64, 256), "medium": (192, 1024), "large": (320, 2048)},
-    "pair": {"small": (24, 96, 384), "medium": (96, 384, 768), "large": (768, 768, 768)},
+    "pair": {"small": (24, 96, 384), "medium": (96, 384, 768), "large": (128, 640, 1280)},
 }
 _TABLES: dict = {}         # cache key -> table (this process's memo of the probe or the cache file)
 _LOCK = threading.Lock()
@@ -390,14 +390,16 @@ class CpuBlas:
         return openblas_matmul(A, B, out), f"openblas.{prefix}{'syrk' if syrk else 'gemm'}(numpy.matmul)"
 
     def pair(self, Bi: torch.Tensor, Bj: torch.Tensor, rows: int, cols: int, layout: str) -> dict | None:
-        """How OpenBLAS runs the pair step's GEMMs, each (rows, naux) @ (naux, cols) on one thread
-        (``layout``: 'tiles' for linalg.cpu_pair, 'rows' for torch_ops.mp2_pair_energy):
-        {'matmul', 'serial', 'kernel'}, or None when torch runs them (the choice, or operands
-        OpenBLAS would need copied)."""
+        """How OpenBLAS runs the pair step's GEMMs, each (rows, naux) @ (naux, cols): ``layout``
+        'tiles' (linalg.cpu_pair: one tile at a time on the BLAS's threads, chosen as a 'gemm' of
+        that size) or 'rows' (torch_ops.mp2_pair_energy: each row's GEMM on one thread, chosen as a
+        'pair'). {'matmul', 'kernel'} (and 'serial' for rows), or None when torch runs them (the
+        choice, or operands OpenBLAS would need copied)."""
         if Bi.ndim != 3 or Bi.shape[0] == 0 or Bj.shape[0] == 0:
             return None
         naux = Bi.shape[2]
-        if self.library("pair", Bi.dtype, 2.0 * rows * naux * cols) != "openblas":
+        op = "gemm" if layout == "tiles" else "pair"
+        if self.library(op, Bi.dtype, 2.0 * rows * naux * cols) != "openblas":
             return None
         if layout == "tiles":
             from .cpu_pair import tile_operands
@@ -409,8 +411,10 @@ class CpuBlas:
         if not openblas_ok(A, B):
             return None
         _THREADS.sync()
-        return {"matmul": openblas_matmul, "serial": single_thread,
-                "kernel": f"openblas.{'d' if Bi.dtype == torch.float64 else 's'}gemm(numpy.matmul, {layout})"}
+        kernel = f"openblas.{'d' if Bi.dtype == torch.float64 else 's'}gemm(numpy.matmul, {layout})"
+        if layout == "tiles":
+            return {"matmul": openblas_matmul, "kernel": kernel}
+        return {"matmul": openblas_matmul, "serial": single_thread, "kernel": kernel}
 
     def describe(self) -> dict:
         """What the choice is and where it came from: mode, source ('user' | 'cache' | 'probe'),

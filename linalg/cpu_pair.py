@@ -1,10 +1,12 @@
-"""The CPU pair step by tiles: one BLAS GEMM per tile of occupied pairs, then the compiled epilogue
-(kernels/cpu/pair_epilogue.c) reads the tile's K once; tiles are shared among threads.
+"""The CPU pair step by tiles: one BLAS GEMM per tile of occupied pairs on all of the BLAS's
+threads, then the compiled epilogue (kernels/cpu/pair_epilogue.c) reads the tile's K once, its
+rows shared among threads.
 
 Paths on the CPU (``pair_kernel``, recorded in the backend's kernels; never switched silently):
   "gemm+epilogue"  this module: K for a tile of ic x jc pairs is ONE GEMM (ic*nvir, naux) @
-                   (naux, jc*nvir) on one thread, large enough to run near the BLAS's peak, and
-                   the C epilogue forms K^2/D and K K^T/D from the tile while it is in cache.
+                   (naux, jc*nvj), large enough to run near the BLAS's peak; the C epilogue then
+                   forms K^2/D and K K^T/D from the tile, one occupied row i per call, the rows
+                   spread over torch's thread count (ctypes releases the GIL).
   "gemm+torch"     linalg.torch_ops.mp2_pair_energy: one GEMM per row i and chunk of j, then
                    five to seven torch elementwise passes over K; needs no C compiler.
 "auto" is gemm+epilogue (AUTO_RULE); a C kernel that cannot be built is an error (KernelError, at
@@ -13,9 +15,10 @@ backend creation), never a quiet switch to gemm+torch.
 Why tiles: the pair step is nocc^2 nvir^2 naux flops in nvir x nvir GEMMs, too thin to reach a
 CPU's peak alone, and torch's passes over K (its transpose through memory above all) cost 25-40 %
 of the GEMMs' time. Measured 2026-11-25 (2-core Xeon, torch 2.13 MKL, 16 x 16 pairs, nvir/naux
-448/1536, % of the best square DGEMM of the same run): rows with torch's epilogue 62-71 %; the same
-rows' GEMMs alone 82-85 %; 4 x 4 tiles with the C epilogue 90-95 % in a bare loop; in `dfmp2 bench`
-(medium/large/h2o32) 80/90/91 % against 62/73/76 % for the rows.
+448/1536, % of the best square DGEMM of the same run): rows with torch's epilogue 62-71 %; 4 x 4
+tiles, one per thread, with the C epilogue 88-89 % (k = 1536 holds one thread's GEMM near 90 %);
+one 4 x 4 tile at a time on both threads' GEMM about 7 % faster than that, interleaved (the threads
+share the packed panels; larger tiles measured slower). The epilogue costs about 2 % of the GEMMs.
 
 Sums: every pair's OS and exchange sums are fp64 and formed in a fixed order (the C file), and the
 pairs are combined by one numpy sum over the (ni, nj) array, so the energies do not depend on the
@@ -23,7 +26,6 @@ thread count or the tile shape given the same K.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -33,10 +35,11 @@ from .errors import KernelError
 
 PAIR_PATHS = ("gemm+epilogue", "gemm+torch")
 AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
-             "80-91 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62-76 %)")
-TILE_ELEMS = 1 << 22          # K elements of one tile (32 MB in fp64), one per thread: GEMMs of
-                              # m, n about 2048 (measured: 4 x 4 pairs of nvir 448 at 95 %, 2 x 2 at 87 %)
-MIN_TILES_PER_THREAD = 2      # smaller tiles rather than idle threads
+             "90/91/95 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62/73/76 %)")
+TILE_ELEMS = 1 << 22          # K elements of the one tile in flight (32 MB in fp64): GEMMs of m, n about
+                              # 2048. Measured interleaved, 16 x 16 pairs, nvir/naux 448/1536 and 672/2304:
+                              # 196/189-195 GF/s; 8M elements 180-187/190-192, 16M 178-179/183, and the
+                              # 4 x 4 tiles one a thread 182-183/179-186
 
 
 def epilogue_info() -> dict:
@@ -64,30 +67,22 @@ def choose(pair_kernel: str) -> tuple[str, str]:
     return path, why
 
 
-def tile_shape(ni: int, nj: int, nvir: int, nvj: int, nthreads: int, symmetric: bool,
+def tile_shape(ni: int, nj: int, nvir: int, nvj: int, symmetric: bool,
                tile_elems: int = TILE_ELEMS) -> tuple[int, int]:
     """(ic, jc): occupied orbitals per tile in i and j. The GEMM's m = ic*nvir and n = jc*nvj aim at
-    sqrt(tile_elems) each, tiles are even, at least MIN_TILES_PER_THREAD per thread where the
-    block allows, and square for a symmetric (diagonal) block."""
+    sqrt(tile_elems) each (at least one pair), tiles are even, and square for a symmetric
+    (diagonal) block."""
     side = math.isqrt(tile_elems)
     ic = max(1, min(ni, side // max(1, nvir)))
     jc = max(1, min(nj, tile_elems // max(1, ic * nvir * nvj)))
     if symmetric:
         ic = jc = min(ic, jc)
     even = lambda n, c: -(-n // -(-n // c))
-    ic, jc = even(ni, ic), even(nj, jc)
-    while -(-ni // ic) * -(-nj // jc) < MIN_TILES_PER_THREAD * nthreads and max(ic, jc) > 1:
-        if symmetric:
-            ic = jc = even(ni, max(1, ic // 2))
-        elif ic >= jc:
-            ic = even(ni, max(1, ic // 2))
-        else:
-            jc = even(nj, max(1, jc // 2))
-    return ic, jc
+    return even(ni, ic), even(nj, jc)
 
 
 def tiles(ni: int, nj: int, ic: int, jc: int, symmetric: bool) -> list[tuple[int, int, int, int, bool]]:
-    """[(i0, i1, j0, j1, by_rows)], largest first. Symmetric: the tiles with j0 <= i0 only, and a
+    """[(i0, i1, j0, j1, by_rows)] row by row. Symmetric: the tiles with j0 <= i0 only, and a
     diagonal tile (j0 == i0) runs by rows (row i: one GEMM over j0..i), so no pair j > i is
     computed."""
     out = []
@@ -96,8 +91,7 @@ def tiles(ni: int, nj: int, ic: int, jc: int, symmetric: bool) -> list[tuple[int
         for j0 in range(0, i1 if symmetric else nj, jc):
             j1 = min(nj, j0 + jc)
             out.append((i0, i1, j0, j1, symmetric and j0 == i0))
-    size = lambda t: (t[1] - t[0]) * (t[3] - t[2]) * (0.5 if t[4] else 1.0)
-    return sorted(out, key=lambda t: -size(t))
+    return out
 
 
 def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
@@ -110,7 +104,7 @@ def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
     if not tiles:
         from .torch_ops import PAIR_CHUNK_ELEMS
         return nvir, min(Bj.shape[0], max(1, PAIR_CHUNK_ELEMS // max(1, nvir * nvj))) * nvj
-    ic, jc = tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, torch.get_num_threads(), symmetric)
+    ic, jc = tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, symmetric)
     return ic * nvir, jc * nvj
 
 
@@ -122,21 +116,21 @@ def tile_operands(Bi, Bj) -> tuple:
 
 
 def workspace_elems(ni: int, nj: int, nvir: int, nvj: int) -> int:
-    """K elements one thread holds at a time (one tile), an upper bound for any thread count."""
-    return min(ni * nj * nvir * nvj, max(TILE_ELEMS, nvir * nvj))
+    """K elements held at a time: the one tile in flight (tile_shape's, at least one pair block)."""
+    ic, jc = tile_shape(ni, nj, nvir, nvj, False)
+    return ic * nvir * jc * nvj
 
 
 def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
-                    matmul=torch.matmul, serial=contextlib.nullcontext, tile_elems=None):
+                    matmul=torch.matmul, tile_elems=None):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (the Backend contract):
     (e_os, e_ss) in Hartree, e_ss NaN when ``eps_vir_j`` is given (opposite spins).
 
     Bi (ni, nvir, naux), Bj (nj, nvj, naux) on the CPU in fp64 or fp32; every GEMM operand is a
     view (``tile_operands``) both for B stored as Bt (naux, nocc*nvir) (the pipeline's layout) and
-    for a contiguous (n, nvir, naux) B (the benchmarks'). ``matmul(A, B)``: the
-    tiles' GEMM (torch.matmul, or linalg.cpu_blas.openblas_matmul); ``serial()``: a context that
-    keeps it on one thread while the tiles run threaded; ``tile_elems``: K elements per tile
-    (default TILE_ELEMS).
+    for a contiguous (n, nvir, naux) B (the benchmarks'). ``matmul(A, B)``: the tiles' GEMM on the
+    BLAS's own threads (torch.matmul, or linalg.cpu_blas.openblas_matmul); ``tile_elems``: K
+    elements per tile (default TILE_ELEMS).
     """
     from kernels.cpu.pair_epilogue import pair_os, pair_sums
     from .torch_ops import check_pair_shapes
@@ -150,31 +144,23 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     sums = np.zeros((ni, nj) if mixed else (ni, nj, 2))
     if ni == 0 or nj == 0:
         return 0.0, (math.nan if mixed else 0.0)
-    nthreads = torch.get_num_threads()
-    ic, jc = tile_shape(ni, nj, nvir, nvj, nthreads, symmetric, tile_elems or TILE_ELEMS)
+    ic, jc = tile_shape(ni, nj, nvir, nvj, symmetric, tile_elems or TILE_ELEMS)
 
-    def run(tile):
-        i0, i1, j0, j1, by_rows = tile
-        for r0, r1, c1 in ([(i, i + 1, i + 1) for i in range(i0, i1)] if by_rows else [(i0, i1, j1)]):
-            K = matmul(Bi[r0:r1].reshape(-1, naux), Bj[j0:c1].reshape(-1, naux).mT)     # views: see tile_operands
+    def epilogue(K, r0, r1, j0, c1):       # rows r0..r1 of a K computed for (r0.., j0..c1)
+        def row(i):
+            Ki = K[(i - r0) * nvir:(i - r0 + 1) * nvir]
             if mixed:
-                sums[r0:r1, j0:c1] = pair_os(K, r1 - r0, c1 - j0, nvir, nvj, ei[r0:r1], ej[j0:c1], ev, evj)
+                sums[i, j0:c1] = pair_os(Ki, 1, c1 - j0, nvir, nvj, ei[i:i + 1], ej[j0:c1], ev, evj)[0]
             else:
-                sums[r0:r1, j0:c1] = pair_sums(K, r1 - r0, c1 - j0, nvir, ei[r0:r1], ej[j0:c1], ev)
+                sums[i, j0:c1] = pair_sums(Ki, 1, c1 - j0, nvir, ei[i:i + 1], ej[j0:c1], ev)[0]
+        return row
 
-    work = tiles(ni, nj, ic, jc, symmetric)
-    if nthreads == 1 or len(work) == 1:
-        for t in work:
-            run(t)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-        with serial():
-            torch.set_num_threads(1)
-            try:
-                with ThreadPoolExecutor(max_workers=min(nthreads, len(work))) as pool:
-                    list(pool.map(run, work))
-            finally:
-                torch.set_num_threads(nthreads)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+        for i0, i1, j0, j1, by_rows in tiles(ni, nj, ic, jc, symmetric):
+            for r0, r1, c1 in ([(i, i + 1, i + 1) for i in range(i0, i1)] if by_rows else [(i0, i1, j1)]):
+                K = matmul(Bi[r0:r1].reshape(-1, naux), Bj[j0:c1].reshape(-1, naux).mT)   # views: tile_operands
+                list(pool.map(epilogue(K, r0, r1, j0, c1), range(r0, r1)))
     if mixed:
         return float(sums.sum()), math.nan
     w = np.ones((ni, nj))
@@ -182,4 +168,3 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
         w = np.tril(np.full((ni, nj), 2.0), -1) + np.eye(ni, nj)
     e_os = float((w * sums[..., 0]).sum())
     return e_os, float((w * (sums[..., 0] - sums[..., 1])).sum())
-

@@ -60,27 +60,28 @@ def test_the_tiles_cover_each_needed_pair_once():
         for nj in (ni, max(1, ni - 3), ni + 5):
             for sym in ((True, False) if nj == ni else (False,)):
                 for nvir in (5, 300, 2000):
-                    for threads in (1, 2, 16):
-                        ic, jc = cpu_pair.tile_shape(ni, nj, nvir, nvir, threads, sym)
+                    for tile_elems in (1, 4000, cpu_pair.TILE_ELEMS):
+                        ic, jc = cpu_pair.tile_shape(ni, nj, nvir, nvir, sym, tile_elems)
                         seen = np.zeros((ni, nj), dtype=int)
                         for i0, i1, j0, j1, by_rows in cpu_pair.tiles(ni, nj, ic, jc, sym):
                             for i in range(i0, i1):
                                 seen[i, j0:(i + 1 if by_rows else j1)] += 1
                         need = np.tril(np.ones((ni, nj), dtype=int)) if sym else np.ones((ni, nj), dtype=int)
-                        assert (seen == need).all(), (ni, nj, sym, nvir, threads, ic, jc)
+                        assert (seen == need).all(), (ni, nj, sym, nvir, tile_elems, ic, jc)
                         if sym:
                             assert ic == jc
 
 
-def test_tile_shape_aims_at_large_gemms_and_busy_threads():
-    """The bench's block (16 x 16 pairs of nvir 448): 4 x 4 pairs a tile (GEMMs of 1792 x 1792,
-    the measured 90-95 % shape), 16 tiles for 2 threads; a small nvir gets more tiles than threads."""
-    assert cpu_pair.tile_shape(16, 16, 448, 448, 2, False) == (4, 4)
-    ic, jc = cpu_pair.tile_shape(16, 16, 40, 40, 2, False)
-    assert -(-16 // ic) * -(-16 // jc) >= 2 * cpu_pair.MIN_TILES_PER_THREAD
-    assert cpu_pair.tile_shape(4, 4, 3000, 3000, 2, True) == (1, 1)         # one pair over the budget: one pair
+def test_tile_shape_aims_at_large_gemms():
+    """The bench's block (16 x 16 pairs of nvir 448): 4 x 4 pairs a tile (GEMMs of 1792 x 1792, the
+    fastest measured); a small nvir takes the whole block; a diagonal block square tiles; one pair
+    over the budget is still one pair."""
+    assert cpu_pair.tile_shape(16, 16, 448, 448, False) == (4, 4)
+    assert cpu_pair.tile_shape(16, 16, 40, 40, False) == (16, 16)
+    assert cpu_pair.tile_shape(16, 16, 672, 300, True) == (3, 3)
+    assert cpu_pair.tile_shape(4, 4, 3000, 3000, True) == (1, 1)
     assert cpu_pair.workspace_elems(4, 4, 3000, 3000) == 3000 * 3000
-    from dfmp2 import memory                  # the memory plan's per-thread workspace covers a tile
+    from dfmp2 import memory                  # the memory plan's workspace covers the tile in flight
     for n, nvir in [(1, 10), (16, 448), (16, 700), (16, 1500), (4, 4000)]:
         assert 8 * cpu_pair.workspace_elems(n, n, nvir, nvir) <= memory.pair_workspace_bytes(n, nvir)
 
