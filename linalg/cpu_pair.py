@@ -95,7 +95,7 @@ def tiles(ni: int, nj: int, ic: int, jc: int, symmetric: bool) -> list[tuple[int
 
 
 def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
-    """(rows, cols) of one pair-step GEMM at torch's thread count: a tile's (ic*nvir, jc*nvj), or
+    """(rows, cols) of one pair-step GEMM: a tile's (ic*nvir, jc*nvj), or
     (``tiles`` False) gemm+torch's row (nvir, chunk of j * nvj); None for operands that are not
     (n, nvir, naux) or empty (the contract's checks say what is wrong)."""
     if Bi.ndim != 3 or Bj.ndim != 3 or Bi.shape[0] == 0 or Bj.shape[0] == 0:
