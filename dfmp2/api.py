@@ -14,9 +14,10 @@ devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF o
 not run again. Its fitting set is PySCF's choice (``mf.with_df`` on a density-fitted mf, else
 ``df.make_auxbasis(mol, mp2fit=True)``), so the default number is PySCF's. Energies in Hartree.
 
-The amplitudes (``t2``), ``ao2mo``'s ``ovL`` and ``kernel(eris=...)`` go through a plain torch
-path beside the stage (``_amplitudes``): B from the stage's own fit (``mp2.build_B``, in memory),
-then T2_ijab = (ia|jb) / (e_i + e_j - e_a - e_b) one occupied orbital at a time.
+The amplitudes (``t2``) and ``ao2mo``'s ``ovL`` go through a plain torch path beside the stage
+(``_amplitudes``): B from the stage's own fit (``mp2.build_B``, in memory), then T2_ijab =
+(ia|jb) / (e_i + e_j - e_a - e_b) one occupied orbital at a time. ``kernel(eris=...)`` sums the
+given ovL through the backend's own pair step (``linalg.mp2_pair_energy``), recorded in ``ran``.
 """
 from __future__ import annotations
 
@@ -219,10 +220,10 @@ class DFMP2(pyscf_mp2.MP2Base):
         ref = self._reference(mo_energy, mo_coeff)
         self.dump_flags()
         if eris is not None:
-            e_os, e_ss = _eris_energies(eris, ref)
+            e_os, e_ss, backend = _eris_energies(eris, ref, self._options(ref))
             self._state = (ref, None, None, eris)
-            self.ran = {"path": "kernel(eris=...): the given ovL, plain torch contraction (dfmp2.api)"}
-            log.info("dfmp2: DF-MP2 energy from the given eris.ovL (naux %d), plain torch path", eris.naux)
+            self.ran = dict(backend, path="kernel(eris=...): the given eris.ovL through linalg.mp2_pair_energy")
+            log.info("dfmp2: DF-MP2 energy from the given eris.ovL (naux %d) on %s", eris.naux, backend["device"])
         else:
             auxmol, source = self._auxmol()
             options = self._options(ref)
@@ -333,11 +334,10 @@ class DFMP2(pyscf_mp2.MP2Base):
         else:
             Bs = [fitted_B(self.mol, auxmol, c, options) for c in chans]
         if ref.restricted:
-            return _contract(Bs[0], Bs[0], chans[0], chans[0], same_spin=False)[2]
+            return _t2(Bs[0], Bs[0], chans[0], chans[0], same_spin=False)
         a, b = chans
-        return (_contract(Bs[0], Bs[0], a, a, same_spin=True)[2],
-                _contract(Bs[0], Bs[1], a, b, same_spin=False)[2],
-                _contract(Bs[1], Bs[1], b, b, same_spin=True)[2])
+        return (_t2(Bs[0], Bs[0], a, a, same_spin=True), _t2(Bs[0], Bs[1], a, b, same_spin=False),
+                _t2(Bs[1], Bs[1], b, b, same_spin=True))
 
     def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True):
         """PySCF's unrelaxed one-particle density matrix (spin-traced for RHF; (dm_a, dm_b) for
@@ -473,41 +473,46 @@ def fitted_B(mol, auxmol, channel, options) -> np.ndarray:
         store.close()
 
 
-def _contract(Bi, Bj, ci, cj, same_spin: bool, want_t2: bool = True):
-    """(E_os-like sum, E_ss-like sum, t2) of B^i (naux, nocc_i*nvir_i) and B^j (channels ci, cj):
-    K_ijab = (ia|jb) = sum_P B_ia^P B_jb^P, D = e_i + e_j - e_a - e_b (Hartree),
-    t2_ijab = K/D (same_spin: (K_ijab - K_ijba)/D); sums: sum K^2/D and sum K (K - K_ba)/D."""
+def _t2(Bi, Bj, ci, cj, same_spin: bool) -> np.ndarray:
+    """t2 (nocc_i, nocc_j, nvir_i, nvir_j), dimensionless, of B^i (naux, nocc_i*nvir_i) and B^j
+    (channels ci, cj): K_ijab = (ia|jb) = sum_P B_ia^P B_jb^P, D = e_i + e_j - e_a - e_b (Hartree),
+    t2_ijab = K/D (same_spin: (K_ijab - K_ijba)/D), one occupied orbital i at a time."""
     import torch
     oi, vi, oj, vj = ci.nocc_active, ci.nvir_active, cj.nocc_active, cj.nvir_active
     X = torch.from_numpy(np.ascontiguousarray(Bi, dtype=np.float64)).reshape(-1, oi, vi)
     Y = torch.from_numpy(np.ascontiguousarray(Bj, dtype=np.float64)).reshape(-1, oj * vj)
     eoi, evi = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (ci.eps_occ, ci.eps_vir))
     eoj, evj = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (cj.eps_occ, cj.eps_vir))
-    t2 = np.empty((oi, oj, vi, vj)) if want_t2 else None
-    e_d = e_x = 0.0
+    t2 = np.empty((oi, oj, vi, vj))
     for i in range(oi):
         K = (X[:, i, :].T @ Y).reshape(vi, oj, vj).permute(1, 0, 2)        # (j, a, b) = (ia|jb)
-        D = eoi[i] + eoj[:, None, None] - evi[None, :, None] - evj[None, None, :]
-        T = K / D
-        e_d += float((K * T).sum())
-        if vi == vj and ci is cj:
-            e_x += float((K.transpose(1, 2) * T).sum())
-        if want_t2:
-            t2[i] = (T - T.transpose(1, 2)).numpy() if same_spin else T.numpy()
-    return e_d, e_d - e_x, t2
+        T = K / (eoi[i] + eoj[:, None, None] - evi[None, :, None] - evj[None, None, :])
+        t2[i] = (T - T.transpose(1, 2)).numpy() if same_spin else T.numpy()
+    return t2
 
 
-def _eris_energies(eris, ref) -> tuple[float, float]:
-    """(E_OS, E_SS) in Hartree from a given ``eris.ovL`` (RHF), the plain torch path."""
+def _eris_energies(eris, ref, options) -> tuple[float, float, dict]:
+    """(E_OS, E_SS) in Hartree from a given ``eris.ovL`` (RHF): the pair step of ``options``'
+    backend (its device, precision and kernels), over B = ovL as (nocc, nvir, naux); and that
+    backend's record of what ran."""
     if not ref.restricted:
         raise InputError("kernel(eris=...) takes the eris of an RHF reference (ao2mo)")
     ch = ref.channels[0]
     if (eris.nocc, eris.nvir) != (ch.nocc_active, ch.nvir_active):
         raise InputError(f"the eris were made for nocc {eris.nocc}, nvir {eris.nvir}, but this DFMP2 has "
                          f"nocc {ch.nocc_active}, nvir {ch.nvir_active}: made with another frozen")
-    e_os, e_ss, _ = _contract(np.asarray(eris.ovL).T, np.asarray(eris.ovL).T, ch, ch, same_spin=False,
-                              want_t2=False)
-    return e_os, e_ss
+    import torch
+
+    import linalg
+    from linalg import DTYPES
+
+    from .pipeline import make_backend
+    backend = make_backend(options)
+    ovL = np.asarray(eris.ovL, dtype=np.float64).reshape(ch.nocc_active, ch.nvir_active, -1)
+    B = backend.to_device(torch.from_numpy(ovL), DTYPES[options.resolved_precision()])
+    eo, ev = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (ch.eps_occ, ch.eps_vir))
+    e_os, e_ss = linalg.mp2_pair_energy(B, B, eo, eo, ev, symmetric=True, backend=backend)
+    return e_os, e_ss, backend.describe()
 
 
 SOLUTION_TOL = 1e-4    # Hartree: largest off-diagonal MO Fock element of a converged, canonical mf

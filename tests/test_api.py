@@ -74,6 +74,18 @@ def test_kernel_returns_e_corr_and_pyscfs_amplitudes():
         pt.t2
 
 
+def test_kernel_on_given_eris_runs_the_backends_pair_step():
+    """kernel(eris=ao2mo()) sums the given ovL on the DFMP2's own device through the pair step,
+    to PySCF's number, and ``ran`` names the device and kernel."""
+    mf = converged_rhf(WATER)
+    ref = PySCFDFMP2(mf).run(verbose=0)
+    pt = dfmp2.DFMP2(mf)
+    e, _ = pt.kernel(eris=pt.ao2mo(), with_t2=False)
+    assert abs(e - ref.e_corr) <= 1e-10, e - ref.e_corr
+    assert pt.ran["device"] == "cpu" and "eris.ovL" in pt.ran["path"]
+    assert any(k.startswith("mp2_pair_energy:") for k in pt.ran["kernels"]), pt.ran["kernels"]
+
+
 @pytest.mark.parametrize("frozen", [None, 1])
 def test_uhf_reference_runs_dfump2_like_pyscf(frozen):
     """A converged PySCF DF-UHF (OH, doublet): DFMP2(mf) runs our DF-UMP2 on its orbitals and
