@@ -2,6 +2,7 @@
 energies against the einsum reference (linalg/reference.py), the tiling, threads, and a C kernel
 that cannot be built (an error, never a quiet switch to the torch path)."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -135,6 +136,7 @@ def test_an_unwritable_cache_builds_in_a_private_directory(fresh_build, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     _, info = fresh_build.load("pair_epilogue")
     assert info["compiled"] and not info["cached"] and not info["library"].startswith(str(blocker))
+    assert not os.path.exists(info["library"])       # its temporary directory is gone once loaded
 
 
 def test_no_compiler_is_an_error_not_a_switch(fresh_build, monkeypatch):
@@ -187,3 +189,15 @@ def test_tile_operands_are_views_in_both_layouts():
     a = cpu_pair.mp2_pair_energy(Bi, Bj, ei, ej, ev)
     b = cpu_pair.mp2_pair_energy(Ci, Cj, ei, ej, ev)
     assert a == pytest.approx(b, rel=1e-13)
+
+
+def test_a_read_only_cache_with_the_library_is_used(fresh_build, monkeypatch):
+    """A shared cache that holds the library but cannot be written (another user's, a read-only
+    home): the library is loaded from it, not built again. (os.access says 'not writable': root
+    writes through a chmod.)"""
+    _, first = fresh_build.load("pair_epilogue")
+    fresh_build.load.cache_clear()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and access(path, mode))
+    _, again = fresh_build.load("pair_epilogue")
+    assert again["cached"] and not again["compiled"] and again["library"] == first["library"]

@@ -8,7 +8,8 @@ the compiler's version, so an edited source or another compiler builds anew and 
 (torchrun ranks) that build at once both end with the same complete file (atomic rename).
 
 Where: ``$XDG_CACHE_HOME/dfmp2/kernels/`` (or ``~/.cache/dfmp2/kernels/``); when that cannot be
-written, a private temporary directory of this process (recorded: ``cached`` False). The compiler:
+written, a private temporary directory of this process, removed once the library is loaded
+(recorded: ``cached`` False); a library already in a read-only cache is used as it is. The compiler:
 ``$CC`` if set, else ``cc``, else ``gcc``. Nothing is read from the environment at import time.
 
 A kernel that cannot be built raises KernelBuildError with the compiler's own first error line;
@@ -80,7 +81,8 @@ def _compile(cc: str, src: Path, dest: Path) -> None:
 def load(name: str) -> tuple[ctypes.CDLL, dict]:
     """(the loaded library, what was built) for ``kernels/cpu/<name>.c``: {'library': path,
     'compiler': its version line, 'flags', 'source_sha256' (first 16 hex), 'cached': whether the
-    library sits in the per-user cache, 'compiled': whether this process compiled it}."""
+    library sits in the per-user cache (else it was built in a temporary directory of this
+    process, removed once loaded), 'compiled': whether this process compiled it}."""
     src = HERE / f"{name}.c"
     cc = compiler()
     if cc is None:
@@ -92,18 +94,23 @@ def load(name: str) -> tuple[ctypes.CDLL, dict]:
     info = {"compiler": version, "flags": " ".join(CFLAGS), "source_sha256": hashlib.sha256(text).hexdigest()[:16],
             "compiled": False}
     dest = cache_dir() / f"{name}-{key}.so"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        cached = os.access(dest.parent, os.W_OK)
-    except OSError:
-        cached = False
-    if not cached:
-        dest = Path(tempfile.mkdtemp(prefix="dfmp2-kernels-")) / dest.name
-    if not dest.exists():
+    private = None                  # a temporary directory of this process, when the cache is closed
+    if not dest.exists():           # one already built there is used even where the cache is read-only
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            writable = os.access(dest.parent, os.W_OK)
+        except OSError:
+            writable = False
+        if not writable:
+            private = Path(tempfile.mkdtemp(prefix="dfmp2-kernels-"))
+            dest = private / dest.name
         _compile(cc, src, dest)
         info["compiled"] = True
     try:
         lib = ctypes.CDLL(str(dest))
     except OSError as e:
         raise KernelBuildError(f"loading the compiled {src.name} ({dest}) failed: {e}") from None
-    return lib, dict(info, library=str(dest), cached=cached)
+    finally:
+        if private is not None:     # the loaded library stays mapped; nothing is left in the temp directory
+            shutil.rmtree(private, ignore_errors=True)
+    return lib, dict(info, library=str(dest), cached=private is None)
