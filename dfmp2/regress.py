@@ -21,12 +21,13 @@ from pathlib import Path
 
 import click
 
+from . import layout
 from .cli_options import (device_options, printing, resource_options, run_options, scf_options,
                           stdout_console, user_errors)
 from .errors import InputError
 from .options import RunOptions
 
-REFERENCES = Path(__file__).resolve().parent.parent / "inputs" / "references.json"
+REFERENCES = Path(layout.inputs_dir()) / "references.json"    # the checkout's inputs/ or the wheel's dfmp2/inputs/
 TOLERANCES = {"fp64": 1e-9, "fp32": 1e-6}     # Hartree, on E_corr and E_HF
 SUBSETS = {"fast": ("fast",), "full": ("fast", "full"), "all": ("fast", "full", "large")}
 ENERGY_FIELDS = ("e_hf", "e_os", "e_ss", "e_corr", "e_mp2")
@@ -46,7 +47,7 @@ def load_references(path=None) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{p}: not a reference file ({e.__class__.__name__}: {e})") from None
     _check_references(p, refs)
-    base = p.resolve().parent.parent           # entry paths are relative to the repository root
+    base = p.resolve().parent.parent           # entry paths ('inputs/...') are relative to the folder holding inputs/
     for entry in refs.values():
         entry["_xyz"] = str(base / entry["path"])
     return refs

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-import linalg
+from dfmp2 import layout, linalg
 
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = ROOT / "inputs" / "water_clusters"
+CLUSTER_DIR = Path(layout.inputs_dir()) / "water_clusters"   # the checkout's inputs/ or the wheel's dfmp2/inputs/
 STAGES = ("integrals", "metric", "transform", "fit", "pair")
 # The series converges the RHF less tightly than ``dfmp2 run`` (dfmp2.scf: 1e-12 / 1e-8): the
 # SCF is set-up here, not what is timed, and ours and PySCF's stage start from the same orbitals.
