@@ -22,7 +22,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, dfhf, integrals, memory, outputs, scf
+from . import checkpoint, dfhf, distributed, integrals, memory, outputs, scf
 from .errors import DiskWriteError, InputError, MemoryLimitError, shown
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
@@ -92,10 +92,16 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     ``on_reference(mol, ref)`` sees the PySCF Mole and the converged Reference (QCSchema's SCF parts)."""
     say = log or (lambda msg: None)
     t_start = time.perf_counter()
-    job = prepare(geom, options, backend, say)
+    world = distributed.current()       # several ranks: every rank runs this, rank 0 reports
+    with world.agreeing():
+        distributed.check_options(options, world)
+        job = prepare(geom, distributed.rank_options(options, world), backend, say)
     timer = Timer(job.backend)
     with CheckpointSession(job) as session:
-        plan, scf_plan = plan_run(job, session, on_plan, say)
+        with world.agreeing():
+            plan, scf_plan = plan_run(job, session, on_plan, say)
+            distributed.check_plan(plan, world)
+        world.agree(None)
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say)
         if on_reference is not None:
@@ -103,9 +109,13 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
-                        scratch_dir=options.scratch_dir, checkpoint=session.ck)
+                        scratch_dir=options.scratch_dir, checkpoint=session.ck, world=world)
         session.finish(mp2.e_os, mp2.e_ss)
-    return make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
+    world.summarize()
+    result = make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
+    if world.distributed:
+        result.ran["distributed"] = world.describe()
+    return result
 
 
 # ---------------------------------------------------------------------------- prepare
