@@ -94,7 +94,7 @@ class World:
         try:
             yield
         except (RuntimeError, ValueError) as e:     # gloo/NCCL errors (DistBackendError is a RuntimeError)
-            first = " ".join(str(e).split())[:200]
+            first = " ".join(str(e).split()).split(". This is typically")[0][-160:]
             raise RankLostError(f"rank {self.rank} of {self.size}: lost contact with the other ranks "
                                 f"while {what} in the {stage} stage (a rank died, failed or did not "
                                 f"answer within {self.timeout_s:g} s): {first}; the run stopped") from None

@@ -1,0 +1,177 @@
+"""Runs over several processes (dfmp2.distributed, issue 24), on CPU with gloo.
+
+The energies over 2 and 3 ranks (3: the occupied blocks divide unevenly) must be bitwise those of
+one process on the same device, precision, blocking and thread count: the single-process path is
+checked against PySCF elsewhere (test_pipeline, test_ump2). The failure tests start the ranks as
+a Slurm or MPI launcher would (RANK, WORLD_SIZE, ... set by hand), so each rank's exit status and
+stderr are seen, and nothing (no torchrun agent) ends the survivors for them.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WATER = "3\nwater\nO 0.000 0.000 0.117\nH 0.000 0.757 -0.467\nH 0.000 -0.757 -0.467\n"
+OH = "2\nhydroxyl radical\nO 0.0 0.0 0.0\nH 0.0 0.0 0.97\n"
+# several occupied blocks (water: 5 occupied -> 3 blocks; OH: alpha 3, beta 2 blocks)
+ARGS = ["--basis", "cc-pvdz", "--occ-block-max", "2", "--cpu-blas", "torch", "-q"]
+LIMIT_S = 90
+
+
+def _env(tmp_path, **extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"), **extra)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DFMP2_TEST_FAULT"):
+        if var not in extra:
+            env.pop(var, None)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def _run(tmp_path, ranks: int, xyz: str, name: str, extra=()):
+    """The result JSON of a run on ``ranks`` ranks (1: a plain process; more: torchrun)."""
+    mol = tmp_path / f"{name}.xyz"
+    mol.write_text(xyz)
+    out = tmp_path / f"{name}-{ranks}.json"
+    cmd = [sys.executable, "-m", "dfmp2", "run", str(mol), *ARGS, *extra, "--json", str(out)]
+    if ranks > 1:
+        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("E(HF)") == 1, p.stdout        # rank 0 alone prints
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("xyz,name", [(WATER, "water"), (OH, "oh")])
+def test_energies_bitwise_over_ranks(tmp_path, xyz, name):
+    one = _run(tmp_path, 1, xyz, name)
+    assert "distributed" not in one["ran"]
+    for ranks in (2, 3):
+        res = _run(tmp_path, ranks, xyz, name)
+        e1, en = one["energies"], res["energies"]
+        assert en["e_corr_os"] == e1["e_corr_os"] and en["e_corr_ss"] == e1["e_corr_ss"], (ranks, en, e1)
+        assert abs(en["e_hf"] - e1["e_hf"]) < 1e-10
+        if one.get("spin"):
+            for k in ("e_corr_aa", "e_corr_bb", "e_corr_ab"):
+                assert res["spin"][k] == one["spin"][k], k
+        d = res["ran"]["distributed"]
+        assert d["world_size"] == ranks and d["backend"] == "gloo" and len(d["devices"]) == ranks
+        # per-rank B sums to the one-process B (within one block): every channel's naux*nocc*nvir*8
+        chans = ([(one["spin"]["nocc_alpha"], one["spin"]["nvir_alpha"]),
+                  (one["spin"]["nocc_beta"], one["spin"]["nvir_beta"])] if one.get("spin")
+                 else [(one["shapes"]["nocc"], one["shapes"]["nvir"])])
+        naux = one["shapes"]["naux"]
+        full = sum(naux * o * v * 8 for o, v in chans)
+        block = naux * 2 * max(v for _, v in chans) * 8
+        assert len(d["B_bytes_per_rank"]) == ranks and abs(sum(d["B_bytes_per_rank"]) - full) <= block
+        assert max(d["B_bytes_per_rank"]) < full                      # nobody holds all of B
+        assert d["comm_bytes_all_ranks"]["transform"] > 0 and d["comm_bytes_all_ranks"]["pair"] > 0
+
+
+def _launch(tmp_path, argsets, **extra):
+    """Ranks started by hand (as Slurm would): [(returncode, stderr, seconds)] per rank."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    n, procs, t0 = len(argsets), [], time.perf_counter()
+    for r, args in enumerate(argsets):
+        env = _env(tmp_path, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="40", **extra)
+        procs.append(subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *args], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=LIMIT_S)
+            out.append((p.returncode, err, time.perf_counter() - t0))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return out
+
+
+def _error_lines(results):
+    return [ln for _, err, _ in results for ln in err.splitlines() if ln.startswith("error:")]
+
+
+def test_bad_input_on_one_rank_every_rank_exits_2(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    good = [str(tmp_path / "water.xyz"), *ARGS]
+    bad = [str(tmp_path / "missing.xyz"), *ARGS]
+    res = _launch(tmp_path, [good, bad])
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "missing.xyz" in lines[0], res
+    assert not any("Traceback" in err for _, err, _ in res)
+
+
+def test_bad_input_on_every_rank_one_error_line(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    res = _launch(tmp_path, [[str(tmp_path / "water.xyz"), "--basis", "no-such-basis", "-q"]] * 2)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    assert len(_error_lines(res)) == 1, res
+
+
+def test_rank_killed_mid_pair_step(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *ARGS]
+    res = _launch(tmp_path, [args, args], DFMP2_TEST_FAULT="pair:1:kill")
+    (rc0, err0, t0), (rc1, _, _) = res
+    assert rc1 == -9 and rc0 != 0 and t0 < 60, res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "rank 0 of 2: lost contact" in lines[0] and "pair" in lines[0], res
+    assert "Traceback" not in err0
+    assert not list((tmp_path / "tmp").iterdir())          # no stray scratch files
+
+
+def test_checkpoint_refused_over_ranks(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *ARGS, "--checkpoint", str(tmp_path / "ck.h5")]
+    res = _launch(tmp_path, [args, args])
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "checkpoint" in lines[0] and "ranks" in lines[0], res
+    assert not (tmp_path / "ck.h5").exists()
+
+
+def test_single_process_has_no_group(monkeypatch):
+    from dfmp2 import distributed
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    w = distributed.join("cpu")
+    assert not w.distributed and w.comm_backend is None and w.size == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert not distributed.join("cpu").distributed
+
+
+def test_rank_devices():
+    from dfmp2 import distributed
+    from dfmp2.errors import InputError
+    assert distributed.rank_device("cpu", 3) == ("cpu", "gloo")
+    assert distributed.rank_device("cuda", 3) == ("cuda:3", "nccl")
+    with pytest.raises(InputError, match="index"):
+        distributed.rank_device("cuda:1", 0)
+    with pytest.raises(InputError, match="several processes"):
+        distributed.rank_device("trn1", 0)
+
+
+def test_work_is_shared_out():
+    from dfmp2 import distributed, mp2_dist
+    from dfmp2.outofcore import OccBlocks
+    for size in (1, 2, 3, 5):
+        for count in (1, 3, 7, 10):
+            worlds = [distributed.World(rank=r, size=size) for r in range(size)]
+            owned = [list(mp2_dist.owned(count, w)) for w in worlds]
+            assert sorted(k for o in owned for k in o) == list(range(count))
+            assert max(map(len, owned)) - min(map(len, owned)) <= 1
+            blocks = OccBlocks(2 * count, 3, 4, 2)
+            # every block pair I >= J is computed by exactly one rank
+            assert sum(mp2_dist._my_pair_count(blocks, w) for w in worlds) == len(blocks.pairs())
