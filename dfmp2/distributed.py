@@ -36,6 +36,8 @@ from .errors import EXIT_USER_ERROR, InputError
 TIMEOUT_ENV = "DFMP2_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0      # the longest one rank may wait for the others at one collective
 FAULT_ENV = "DFMP2_TEST_FAULT"
+SCF_ENV = "DFMP2_DIST_SCF"       # 'split' (default): the JK factor split by aux index; 'replicated'
+SCF_MODES = ("split", "replicated")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -82,6 +84,7 @@ class World:
     def describe(self) -> dict:
         """For the result: world size, communication backend, per-rank devices, communication."""
         return {"world_size": self.size, "backend": self.comm_backend, "devices": list(self.devices),
+                "scf": "split" if split_scf(self) else "replicated",
                 "B_bytes_per_rank": list(self.b_bytes), "timeout_s": self.timeout_s,
                 "comm_rank0": {k: dict(v) for k, v in self.comm.items()},
                 "comm_bytes_all_ranks": dict(self.comm_total)}
@@ -300,6 +303,7 @@ def check_options(options, world: World) -> None:
     """What a run over several ranks cannot do yet, refused before any work (InputError)."""
     if not world.distributed:
         return
+    split_scf(world)                  # a bad DFMP2_DIST_SCF: refused now
     if options.checkpoint or options.resume:
         raise InputError(f"checkpoints are not supported over several ranks ({world.size} here); "
                          "run without one or on one rank", option="checkpoint")
@@ -356,3 +360,16 @@ def command(world: World):
         raise
     else:
         world.close()
+
+
+def split_scf(world: World) -> bool:
+    """Whether our DF-SCF splits its JK factor over the ranks (``DFMP2_DIST_SCF``, default 'split':
+    J and K summed over ranks each cycle, E(HF) within ~1e-12 Eh of one process, so the MP2
+    energies too, not bitwise), or every rank runs the whole SCF ('replicated': the same orbitals
+    bit for bit as one process, so E_OS and E_SS bit-identical to a 1-rank run)."""
+    if not world.distributed:
+        return False
+    mode = os.environ.get(SCF_ENV, "split")
+    if mode not in SCF_MODES:
+        raise InputError(f"{SCF_ENV}={mode!r}: use one of {', '.join(SCF_MODES)}")
+    return mode == "split"

@@ -424,7 +424,8 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
-                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted)
+                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
+                            world=distributed.current())
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
