@@ -252,7 +252,8 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose and not world.rank else None
     if verbose and world.distributed:       # each rank its own line: its share of B
-        on_plan = world.plan_printer(on_plan, lambda line: err.print(escape(line)))
+        from .mp2_dist import plan_printer
+        on_plan = plan_printer(world, on_plan, lambda line: err.print(escape(line)))
     try:
         with _terminate_raises(), failures:
             if qc and qc.is_qcschema_path(xyz_file):     # v1 or v2, run in process as run_qcschema does

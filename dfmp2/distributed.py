@@ -163,15 +163,6 @@ class World:
         nbytes = send.numel() * send.element_size() if send is not None else 0
         self.count(stage, nbytes, time.perf_counter() - t0)
 
-    def plan_printer(self, inner, say):
-        """``on_plan`` of a verbose run over several ranks: ``inner(plan)`` (rank 0's table), then
-        this rank's line (``plan_line``)."""
-        def on_plan(plan):
-            if inner is not None:
-                inner(plan)
-            say(plan_line(plan, self))
-        return on_plan
-
     STAGES = ("scf", "transform", "pair")
 
     def summarize(self) -> None:
@@ -329,19 +320,6 @@ def check_plan(plan, world: World) -> None:
                          option="memory_mb")
 
 
-def plan_line(plan, world: World) -> str:
-    """This rank's part of the plan, one line: its occupied blocks and its share of B (MB)."""
-    from .outofcore import OccBlocks
-    nocc, nvir, naux = (plan.shapes.get(k, 0) for k in ("nocc", "nvir", "naux"))
-    blocks = OccBlocks(nocc, nvir, naux, plan.occ_block)
-    mine = range(world.rank * blocks.count // world.size, (world.rank + 1) * blocks.count // world.size)
-    cols = sum(blocks.shape(k)[1] for k in mine)
-    share = plan.b_mb * cols / max(nocc * nvir, 1)
-    return (f"rank {world.rank} of {world.size} ({world.device}): occupied blocks {list(mine)} of "
-            f"{blocks.count}, B share {share:,.1f} MB of {plan.b_mb:,.1f} MB; plan peak {plan.peak_mb:,.1f} MB "
-            f"(the single-process plan: an upper bound) of {plan.limit_mb:,.1f} MB")
-
-
 @contextmanager
 def command(world: World):
     """Around a command on every rank: an error before the ranks agreed on their input is agreed
@@ -373,3 +351,16 @@ def split_scf(world: World) -> bool:
     if mode not in SCF_MODES:
         raise InputError(f"{SCF_ENV}={mode!r}: use one of {', '.join(SCF_MODES)}")
     return mode == "split"
+
+
+UNLIMITED_MB = 1e15     # the plan over several ranks: blocks as one process without a limit
+
+
+def plan_options(options, world: World):
+    """The options the memory plan is made with: over several ranks, B in memory with the blocks a
+    single process chooses from the shapes (the same blocks, so the same bits); the per-rank
+    limit is checked after (dfmp2.mp2_dist.per_rank_plan)."""
+    if not world.distributed:
+        return options
+    import dataclasses
+    return dataclasses.replace(options, memory_mb=UNLIMITED_MB, storage="memory")

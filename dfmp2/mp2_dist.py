@@ -228,3 +228,82 @@ def cross_spin_sums(own_a: dict, own_b: dict, blocks_a: OccBlocks, blocks_b: Occ
     _ring(own_b, blocks_b, world, world.size, visit, dtype, backend.device)
     out = world.all_reduce_sum(torch.from_numpy(sums), "pair").numpy()
     return float(sum(out.tolist()))
+
+
+RANKS_MAX = 65536       # the most ranks a refusal searches for the number that would fit
+
+
+def rank_stages_mb(plan, world_size: int, rank: int | None = None) -> dict:
+    """Peak MB of each MP2 stage on the rank with the largest share of B (or on ``rank``) over
+    ``world_size`` ranks, with the blocks of ``plan`` (an in-memory single-process plan):
+
+        transform  L, one (μν|P) block and its transforms (as one process), this rank's rows of
+                   (P|ia) for every column and its own columns for every row (2 shares)
+        fit        L, its (P|ia) columns becoming B, one block's trsm output
+        pair       its own B, the blocks passing through (held and received: 2 shares), workspace
+
+    A share is the rank's fraction of the occupied columns (contiguous blocks, ``owned``)."""
+    from .memory import MB, stage_estimates
+    s = plan.shapes
+    nocc, nvir, naux = s["nocc"], s["nvir"], s["naux"]
+    blocks = OccBlocks(nocc, nvir, naux, plan.occ_block)
+    shares = []
+    for r in range(world_size):
+        ks = range(r * blocks.count // world_size, (r + 1) * blocks.count // world_size)
+        shares.append(sum(blocks.shape(k)[1] for k in ks) / max(1, nocc * nvir))
+    f = shares[rank] if rank is not None else max(shares)
+    one = stage_estimates(**{k: s[k] for k in ("nao", "nocc", "nvir", "naux", "itemsize", "fit_itemsize")},
+                          aux_block=plan.aux_block, occ_block=plan.occ_block, out_of_core=False)
+    pia, b = naux * nocc * nvir * s["fit_itemsize"] / MB, naux * nocc * nvir * s["itemsize"] / MB
+    return {"metric": one["metric"],
+            "transform": one["transform"] - pia + 2 * f * pia,
+            "fit": one["fit"] - max(pia, b) + f * (pia + b),
+            "pair": one["pair"] - b + 3 * f * b}
+
+
+def per_rank_plan(plan, world: World, limit_mb: float) -> None:
+    """Make ``plan`` (in memory, blocks as one process without a limit) this run's per-rank plan
+    against ``limit_mb``: its stages and peak those of the largest share (``rank_stages_mb``),
+    ``shapes['ranks']``; MemoryLimitError (before any integral) when it does not fit, saying on
+    how many ranks it would."""
+    from .errors import MemoryLimitError
+    stages = rank_stages_mb(plan, world.size)
+    peak = max(stages.values())
+    plan.limit_mb, plan.stages_mb, plan.peak_mb = limit_mb, stages, peak
+    plan.shapes["ranks"] = world.size
+    if peak <= limit_mb:
+        return
+    need = next((n for n in _doubling(world.size) if max(rank_stages_mb(plan, n).values()) <= limit_mb), None)
+    where = (f"it would fit on {need} ranks" if need is not None else
+             f"it does not fit on any number of ranks (one rank's fixed part is {stages['metric']:.3g} MB)")
+    raise MemoryLimitError(f"the MP2 stage needs {peak:.3g} MB per rank on {world.size} ranks but the memory "
+                           f"limit is {limit_mb:.3g} MB per rank; {where}", need_mb=peak, limit_mb=limit_mb)
+
+
+def _doubling(start: int):
+    n = start + 1
+    while n <= RANKS_MAX:
+        yield n
+        n = n + 1 if n < 2 * start else int(n * 1.25)
+
+
+def plan_printer(world: World, inner, say):
+    """``on_plan`` of a verbose run over several ranks: ``inner(plan)`` (rank 0's table, or None),
+    then this rank's line (``plan_line``) through ``say``."""
+    def on_plan(plan):
+        if inner is not None:
+            inner(plan)
+        say(plan_line(plan, world))
+    return on_plan
+
+
+def plan_line(plan, world: World) -> str:
+    """This rank's part of the plan, one line: its occupied blocks, its share of B and its peak (MB)."""
+    s = plan.shapes
+    blocks = OccBlocks(s["nocc"], s["nvir"], s["naux"], plan.occ_block)
+    mine = owned(blocks.count, world)
+    share = plan.b_mb * sum(blocks.shape(k)[1] for k in mine) / max(1, s["nocc"] * s["nvir"])
+    peak = max(rank_stages_mb(plan, world.size, world.rank).values())
+    return (f"rank {world.rank} of {world.size} ({world.device}): occupied blocks {mine.start}-{mine.stop - 1} of "
+            f"{blocks.count}, B share {share:,.1f} of {plan.b_mb:,.1f} MB, MP2 stage peak {peak:,.1f} MB of "
+            f"{plan.limit_mb:,.1f} MB")

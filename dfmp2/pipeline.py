@@ -22,7 +22,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, dfhf, distributed, integrals, memory, outputs, scf
+from . import checkpoint, dfhf, distributed, integrals, memory, mp2_dist, outputs, scf
 from .errors import DiskWriteError, InputError, MemoryLimitError, shown
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
@@ -299,10 +299,14 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     # occupied orbitals by the widest channel's virtuals (an upper bound on both stores together,
     # and the widest pair workspace)
     ours = _our_scf(job) and not (ck is not None and ck.has_scf)
+    world = distributed.current()
     try:
-        plan = stage_plan(job.mol, job.auxmol, options, job.backend, job.precision, nocc=space.nocc_active,
-                          nvir=space.nvir_max, occ_block=ck.occ_block if ck is not None else None,
-                          engine=job.engine)
+        plan = stage_plan(job.mol, job.auxmol, distributed.plan_options(options, world), job.backend, job.precision,
+                          nocc=space.nocc_active, nvir=space.nvir_max,
+                          occ_block=ck.occ_block if ck is not None else None, engine=job.engine)
+        if world.distributed:       # each rank's share of B against the limit, before any integral
+            mp2_dist.per_rank_plan(plan, world, options.memory_mb if options.memory_mb is not None
+                                   else memory.DEFAULT_FRACTION * memory.available_mb(options.device))
     except MemoryLimitError as e:       # the whole run's minimum, not the first stage's that refused
         scf_mb = _scf_memory(job.mol, job.backend, 1e-9, unrestricted=job.unrestricted)["peak"] if ours else 0.0
         if e.need_mb is None or scf_mb <= e.need_mb:

@@ -202,3 +202,23 @@ def test_work_is_shared_out():
             blocks = OccBlocks(2 * count, 3, 4, 2)
             # every block pair I >= J is computed by exactly one rank
             assert sum(mp2_dist._my_pair_count(blocks, w) for w in worlds) == len(blocks.pairs())
+
+
+def test_memory_plan_per_rank():
+    """B's share per rank shrinks with the ranks; a run that does not fit says on how many it would."""
+    from dfmp2 import distributed, memory, mp2_dist
+    from dfmp2.errors import MemoryLimitError
+    shapes = dict(nao=400, nocc=64, nvir=336, naux=1500, itemsize=8, fit_itemsize=8)
+
+    def plan():
+        return memory.plan_memory(**shapes, limit_mb=distributed.UNLIMITED_MB, storage="memory")
+    b_mb = plan().b_mb
+    peaks = [max(mp2_dist.rank_stages_mb(plan(), n).values()) for n in (1, 2, 4)]
+    assert peaks[0] > peaks[1] > peaks[2] and peaks[0] - peaks[2] > 0.5 * b_mb
+    p = plan()
+    mp2_dist.per_rank_plan(p, distributed.World(rank=0, size=4), limit_mb=peaks[2] + 1)
+    assert p.peak_mb == pytest.approx(peaks[2]) and p.shapes["ranks"] == 4
+    with pytest.raises(MemoryLimitError, match=r"per rank on 2 ranks .* it would fit on (\d+) ranks") as e:
+        mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
+    n = int(e.value.args[0].rsplit("fit on ", 1)[1].split()[0])
+    assert 2 < n <= 4 and max(mp2_dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
