@@ -66,6 +66,7 @@ class World:
     b_bytes: list = field(default_factory=list)     # each rank's B in bytes (the MP2 stage fills it)
     devices: list = field(default_factory=list)     # each rank's 'host device' (``summarize``)
     comm_total: dict = field(default_factory=dict)  # per stage, bytes sent by all ranks (``summarize``)
+    pia_rows: list = field(default_factory=list)    # each rank's rows of (P|ia) (the MP2 stage fills it)
 
     @property
     def distributed(self) -> bool:
@@ -85,7 +86,8 @@ class World:
         """For the result: world size, communication backend, per-rank devices, communication."""
         return {"world_size": self.size, "backend": self.comm_backend, "devices": list(self.devices),
                 "scf": "split" if split_scf(self) else "replicated",
-                "B_bytes_per_rank": list(self.b_bytes), "timeout_s": self.timeout_s,
+                "B_bytes_per_rank": list(self.b_bytes), "pia_rows_per_rank": list(self.pia_rows),
+                "timeout_s": self.timeout_s,
                 "comm_rank0": {k: dict(v) for k, v in self.comm.items()},
                 "comm_bytes_all_ranks": dict(self.comm_total)}
 

@@ -57,6 +57,7 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, out_dtype, plan, timer, b
     M, kind, _info = metric
     co, cv = backend.to_device(C_occ, dtype), backend.to_device(C_vir, dtype)
     aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
+    world.pia_rows = [sum(p1 - p0 for _, _, p0, p1 in my_aux_blocks(aux_blocks, world, r)) for r in range(world.size)]
     t_loop = t0 = time.perf_counter()
     rows, t_int = [], 0.0
     with engine.blocks(auxmol, my_aux_blocks(aux_blocks, world), dtype) as stream:
