@@ -15,8 +15,8 @@ lowest refusing rank prints its ``error:`` line. After that, a rank that dies (i
 or raises (its process ends) makes the others' next communication fail: each says so in one line
 (``RankLostError``) and exits 2; nothing waits longer than the timeout.
 
-``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise>`` (tests only): at ``fault(point)`` that rank kills
-itself with SIGKILL or raises, so the tests can fail a rank in the middle of a stage.
+``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>`` (tests only): at ``fault(point)`` that rank
+kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank in the middle of a stage.
 """
 from __future__ import annotations
 
@@ -289,6 +289,8 @@ def fault(point: str) -> None:
     if where == point and str(_current.rank) == rank:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "hang":                  # alive but silent: the others' timeout must end them
+            time.sleep(_current.timeout_s * 3)
         raise RuntimeError(f"test fault at {point} on rank {rank}")
 
 

@@ -222,3 +222,26 @@ def test_memory_plan_per_rank():
         mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
     n = int(e.value.args[0].rsplit("fit on ", 1)[1].split()[0])
     assert 2 < n <= 4 and max(mp2_dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
+
+
+@pytest.mark.slow
+def test_silent_rank_ends_the_others_by_the_timeout(tmp_path):
+    """A rank alive but silent (hung) in the pair step: the others stop at the collective timeout."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *ARGS]
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    procs = [subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *args], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=_env(tmp_path, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="8",
+                                       DFMP2_TEST_FAULT="pair:1:hang")) for r in range(2)]
+    try:
+        _, err = procs[0].communicate(timeout=LIMIT_S)
+        assert procs[0].returncode == 2 and "did not answer within 8 s" in err, err
+        assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
