@@ -10,9 +10,9 @@
                             together as one process)
     pair step               ring pass: at shift s a rank holds its own blocks and those of rank
                             r - s; same-spin block pairs (I >= J) between two ranks are computed at
-                            the shift s <= N/2 that reaches them first (s = N/2, N even: by the lower
-                            rank), so each pair is computed once; UHF's alpha-beta pairs (I alpha,
-                            J beta) over all N shifts of the beta blocks
+                            the shift s <= N/2 that reaches them first, each once (``assigned``;
+                            s = N/2, N even: shared out between the two for balance); UHF's
+                            alpha-beta pairs (I alpha, J beta) over all N shifts of the beta blocks
     sums                    each pair's (e_os, e_ss) in its slot of the single-process order, zero
                             elsewhere, summed over the ranks (x + 0 is exact) and added on every rank
                             by ``outofcore.combine`` in the single-process order
@@ -158,25 +158,60 @@ def _ring(own: dict, blocks: OccBlocks, world: World, shifts: int, visit, dtype,
             held = _unpack(recv, ks, blocks, device)
 
 
+def pair_cost(blocks: OccBlocks, i: int, j: int) -> float:
+    """Relative cost of block pair (I, J): n_I n_J occupied pairs, half of them when I = J."""
+    ni, nj = (lambda o: o[1] - o[0])(blocks.orbitals(i)), (lambda o: o[1] - o[0])(blocks.orbitals(j))
+    return ni * (ni + 1) / 2 if i == j else ni * nj
+
+
+def assigned(blocks: OccBlocks, size: int) -> dict:
+    """{(I, J): the rank that computes it} for every block pair I >= J over ``size`` ranks (the
+    same answer on every rank). A pair goes to the rank that holds both blocks at a shift
+    s <= N/2 of the ring: its owners' rank when one owns both, else the owner of the block that
+    reaches the other at the shorter shift; at s = N/2 (N even) both owners hold both, and each
+    such pair goes to whichever of the two has less work so far (``pair_cost``), in pair order."""
+    world = [World(rank=r, size=size) for r in range(size)]
+    owner = {k: r for r in range(size) for k in owned(blocks.count, world[r])}
+    load, out, shared = [0.0] * size, {}, []
+    for i, j in blocks.pairs():
+        oi, oj = owner[i], owner[j]
+        d = (oi - oj) % size                    # oi holds oj's blocks at shift d, oj holds oi's at N - d
+        if oi == oj or 2 * d < size:
+            r = oi
+        elif 2 * d > size:
+            r = oj
+        else:
+            shared.append((i, j))
+            continue
+        out[(i, j)] = r
+        load[r] += pair_cost(blocks, i, j)
+    for i, j in shared:
+        a, b = sorted((owner[i], owner[j]))
+        r = a if load[a] <= load[b] else b
+        out[(i, j)] = r
+        load[r] += pair_cost(blocks, i, j)
+    return out
+
+
 def same_spin_sums(own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, world: World, dtype,
                    progress=None) -> tuple[float, float]:
-    """(E_OS, E_SS) of one channel's block pairs I >= J (``OccBlocks.pairs``) over the ranks,
-    added in the single-process order (``combine``); every rank gets them."""
+    """(E_OS, E_SS) of one channel's block pairs I >= J (``OccBlocks.pairs``) over the ranks
+    (each pair computed by the rank ``assigned`` names, when it holds both blocks), added in the
+    single-process order (``combine``); every rank gets them."""
     pairs = blocks.pairs()
     index = {p: n for n, p in enumerate(pairs)}
     sums = np.zeros((len(pairs), 2), dtype=np.float64)
-    nvir, size, r = blocks.nvir, world.size, world.rank
-    todo = _my_pair_count(blocks, world)
+    nvir, r = blocks.nvir, world.rank
+    who = assigned(blocks, world.size)
+    todo = sum(1 for p in pairs if who[p] == r)
     done = [0]
 
     def visit(s, q, held):
-        if s and s * 2 == size and r > q:           # shift N/2: the lower rank of the two computes
-            return
         for i in sorted(own):
             for j in sorted(held):
-                if s == 0 and j > i:
-                    continue
                 hi, lo = (i, j) if i >= j else (j, i)
+                if (s == 0 and j > i) or who[(hi, lo)] != r:
+                    continue
                 bh, bl = (own[i], held[j]) if i >= j else (held[j], own[i])
                 (i0, i1), (j0, j1) = blocks.orbitals(hi), blocks.orbitals(lo)
                 fault("pair")
@@ -187,21 +222,9 @@ def same_spin_sums(own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, worl
                 done[0] += 1
                 if progress is not None and todo:
                     progress(done[0] * len(pairs) // todo, len(pairs))
-    _ring(own, blocks, world, size // 2 + 1, visit, dtype, backend.device)
+    _ring(own, blocks, world, world.size // 2 + 1, visit, dtype, backend.device)
     total = world.all_reduce_sum(torch.from_numpy(sums), "pair").numpy()
     return combine(total, pairs)
-
-
-def _my_pair_count(blocks: OccBlocks, world: World) -> int:
-    n, size, r = 0, world.size, world.rank
-    mine = len(owned(blocks.count, world))
-    n += mine * (mine + 1) // 2
-    for s in range(1, size // 2 + 1):
-        q = (r - s) % size
-        if s * 2 == size and r > q:
-            continue
-        n += mine * len(owned(blocks.count, world, q))
-    return n
 
 
 def cross_spin_sums(own_a: dict, own_b: dict, blocks_a: OccBlocks, blocks_b: OccBlocks, eps_a, eps_b,

@@ -200,8 +200,18 @@ def test_work_is_shared_out():
             assert sorted(k for o in owned for k in o) == list(range(count))
             assert max(map(len, owned)) - min(map(len, owned)) <= 1
             blocks = OccBlocks(2 * count, 3, 4, 2)
-            # every block pair I >= J is computed by exactly one rank
-            assert sum(mp2_dist._my_pair_count(blocks, w) for w in worlds) == len(blocks.pairs())
+            who = mp2_dist.assigned(blocks, size)
+            assert sorted(who) == sorted(blocks.pairs())
+            owner = {k: r for r, o in enumerate(owned) for k in o}
+            for (i, j), r in who.items():      # the rank holds both blocks at a shift s <= N/2
+                shifts = [(r - owner[k]) % size for k in (i, j)]
+                assert owner[i] == r or owner[j] == r
+                assert all(2 * s <= size for s in shifts), ((i, j), r, shifts)
+    # (H2O)16: 80 occupied in 5 blocks of 16 over 2 ranks (2 and 3 blocks): the shared shift evens it out
+    blocks = OccBlocks(80, 304, 1344, 16)
+    who = mp2_dist.assigned(blocks, 2)
+    load = [sum(mp2_dist.pair_cost(blocks, *p) for p, r in who.items() if r == rank) for rank in (0, 1)]
+    assert max(load) / min(load) < 1.1, load
 
 
 def test_memory_plan_per_rank():
