@@ -151,6 +151,11 @@ class World:
               stage: str) -> None:
         """Send ``send`` to rank ``to`` while receiving ``recv`` (its shape known) from ``frm``;
         either may be None (nothing that way)."""
+        self.post(send, recv, to, frm, stage).wait()
+
+    def post(self, send, recv, to: int, frm: int, stage: str) -> "Pending":
+        """``shift`` started: the transfers go on (gloo's and NCCL's own threads) until
+        ``wait()``, so the caller computes meanwhile; the seconds counted are those it waited."""
         import torch.distributed as dist
         t0 = time.perf_counter()
         with self.talking(stage, "passing blocks between ranks"):
@@ -159,11 +164,11 @@ class World:
                 ops.append(dist.P2POp(dist.isend, send, to))
             if recv is not None and recv.numel():
                 ops.append(dist.P2POp(dist.irecv, recv, frm))
-            if ops:
-                for req in dist.batch_isend_irecv(ops):
-                    req.wait()
+            reqs = dist.batch_isend_irecv(ops) if ops else []
         nbytes = send.numel() * send.element_size() if send is not None else 0
         self.count(stage, nbytes, time.perf_counter() - t0)
+        return Pending(self, reqs, stage, send)
+
 
     STAGES = ("scf", "transform", "pair")
 
@@ -189,6 +194,21 @@ class World:
             import torch.distributed as dist
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+class Pending:
+    """Transfers under way (``World.post``); ``wait()`` ends them (a failure: RankLostError)."""
+
+    def __init__(self, world: World, reqs: list, stage: str, keep):
+        self.world, self.reqs, self.stage, self.keep = world, reqs, stage, keep   # keep: the send buffer alive
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        with self.world.talking(self.stage, "passing blocks between ranks"):
+            for req in self.reqs:
+                req.wait()
+        self.reqs, self.keep = [], None
+        self.world.count(self.stage, 0, time.perf_counter() - t0)
 
 
 _current = World()

@@ -143,18 +143,22 @@ def _unpack(buf: torch.Tensor | None, ks, blocks: OccBlocks, device) -> dict:
 
 def _ring(own: dict, blocks: OccBlocks, world: World, shifts: int, visit, dtype, device) -> None:
     """The ring pass: ``visit(s, q, held)`` for s in 0..shifts-1 with ``held`` the blocks of rank
-    q = r - s (s = 0: this rank's own), passing them on to r + 1 after each shift."""
+    q = r - s (s = 0: this rank's own). The blocks held go on to r + 1, and those of r - s - 1
+    arrive, while ``visit`` computes (own, held and arriving: three shares of B at most)."""
     held = own
     for s in range(shifts):
         q = (world.rank - s) % world.size
-        visit(s, q, held)
+        pending = None
         if s + 1 < shifts:
             nxt = (world.rank - s - 1) % world.size
             ks = list(owned(blocks.count, world, nxt))
             n = sum(blocks.shape(k)[0] * blocks.shape(k)[1] for k in ks)
             recv = torch.empty(n, dtype=dtype, device=world.wire_device) if n else None
-            world.shift(_pack(held, world), recv, (world.rank + 1) % world.size, (world.rank - 1) % world.size,
-                        "pair")
+            pending = world.post(_pack(held, world), recv, (world.rank + 1) % world.size,
+                                 (world.rank - 1) % world.size, "pair")
+        visit(s, q, held)
+        if pending is not None:
+            pending.wait()
             held = _unpack(recv, ks, blocks, device)
 
 
