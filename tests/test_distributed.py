@@ -42,10 +42,14 @@ def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str = "split"):
     cmd = [sys.executable, "-m", "dfmp2", "run", str(mol), *ARGS, "--json", str(out)]
     if ranks > 1:
         cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
+        cmd.append("-v")            # each rank's line of the memory plan
     p = subprocess.run(cmd, env=_env(tmp_path, DFMP2_DIST_SCF=scf_mode), capture_output=True, text=True,
                        timeout=LIMIT_S, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("E(HF)") == 1, p.stdout        # rank 0 alone prints
+    err = " ".join(p.stderr.split())
+    for r in range(ranks if ranks > 1 else 0):
+        assert f"rank {r} of {ranks} (cpu): occupied blocks" in err, err[-2000:]
     return json.loads(out.read_text())
 
 
