@@ -377,7 +377,7 @@ def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float 
     ``unrestricted``: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set)."""
     naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
-    args = (mol.nao_nr(), naux_jk, max(mol.nelec), itemsize)
+    args = (mol.nao_nr(), distributed.scf_rows(naux_jk, distributed.current()), max(mol.nelec), itemsize)
     spins = 2 if unrestricted else 1
     need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
             else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
