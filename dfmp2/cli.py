@@ -69,7 +69,9 @@ class OneLineErrorGroup(click.Group):
             ctx = getattr(e, "ctx", None)
             if ctx is not None:
                 msg += f" (see '{ctx.command_path} --help')"
-            click.echo(f"error: {msg}", err=True)
+            from .distributed import launcher_rank
+            if not launcher_rank():                 # over several ranks every rank exits, rank 0 says why
+                click.echo(f"error: {msg}", err=True)
             sys.exit(e.exit_code)
         except click.Abort:                                   # Ctrl-C or EOF outside a command
             click.echo("error: interrupted", err=True)

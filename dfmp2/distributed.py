@@ -234,6 +234,15 @@ def launched_world() -> tuple[int, int, int] | None:
     return rank, size, local
 
 
+def launcher_rank() -> int:
+    """This process's RANK as the launcher set it (0 without one, or when it cannot be read): for
+    the errors found before the ranks can agree (a usage error), which rank 0 alone prints."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def timeout_s() -> float:
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
@@ -294,7 +303,10 @@ def _init(dist, world: World) -> None:
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise InputError(f"a run over {world.size} ranks needs {' and '.join(missing)} (torchrun sets them)")
-    kw = {"device_id": torch.device(world.device)} if world.comm_backend == "nccl" else {}
+    kw = {}
+    if world.comm_backend == "nccl":           # one GPU per rank (untested here: no GPU)
+        torch.cuda.set_device(torch.device(world.device))
+        kw = {"device_id": torch.device(world.device)}
     with world.talking("start", "joining the process group"):
         dist.init_process_group(world.comm_backend, rank=world.rank, world_size=world.size,
                                 timeout=datetime.timedelta(seconds=world.timeout_s), **kw)

@@ -259,3 +259,10 @@ def test_silent_rank_ends_the_others_by_the_timeout(tmp_path):
     finally:
         procs[1].kill()
         procs[1].communicate()
+
+
+def test_usage_error_printed_by_rank_0_only(tmp_path):
+    """A usage error (click's, before the ranks could agree): every rank exits 2, rank 0 says why."""
+    res = _launch(tmp_path, [["no.xyz", "--no-such-option"]] * 2)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    assert len(_error_lines(res)) == 1 and "--no-such-option" in _error_lines(res)[0]
