@@ -16,7 +16,9 @@ or raises (its process ends) makes the others' next communication fail: each say
 (``RankLostError``) and exits 2; nothing waits longer than the timeout.
 
 ``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>`` (tests only): at ``fault(point)`` that rank
-kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank in the middle of a stage.
+kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank
+in the middle of a stage. ``DFMP2_DIST_SCF`` (``split_scf``): our DF-SCF split over the ranks
+(default) or replicated on each.
 """
 from __future__ import annotations
 
