@@ -17,7 +17,7 @@ import time
 
 import torch
 
-import linalg
+from dfmp2 import linalg
 
 from . import integrals
 from .distributed import World

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import linalg
+from dfmp2 import linalg
 
 from .errors import EXIT_USER_ERROR, InputError
 

@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-import linalg
+from dfmp2 import linalg
 
 from . import integrals
 from .distributed import World, fault
