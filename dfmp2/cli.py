@@ -69,7 +69,9 @@ class OneLineErrorGroup(click.Group):
             ctx = getattr(e, "ctx", None)
             if ctx is not None:
                 msg += f" (see '{ctx.command_path} --help')"
-            click.echo(f"error: {msg}", err=True)
+            from .distributed import launcher_rank
+            if not launcher_rank():                 # over several ranks every rank exits, rank 0 says why
+                click.echo(f"error: {msg}", err=True)
             sys.exit(e.exit_code)
         except click.Abort:                                   # Ctrl-C or EOF outside a command
             click.echo("error: interrupted", err=True)
@@ -217,11 +219,21 @@ def _resume_hint(params) -> str:
 def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
     or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords)."""
+    from . import distributed
+    world = distributed.join(params["device"])    # several ranks (torchrun): the process group
+    with distributed.command(world):
+        _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params)
+
+
+def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
+    """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
     from . import cbs
     from .errors import InputError
     from .pipeline import run_geometry
     from .xyz import read_xyz
 
+    if world.rank:
+        quiet, qcschema_path = True, None
     console = stdout_console()
     err = Console(stderr=True)
     options = run_options(params)
@@ -240,7 +252,10 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     failures = qc.FailedOperationOnError(qcschema_path) if qc else contextlib.nullcontext()
     progress = _LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
-    on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose else None
+    on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose and not world.rank else None
+    if verbose and world.distributed:       # each rank its own line: its share of B
+        from .mp2_dist import plan_printer
+        on_plan = plan_printer(world, on_plan, lambda line: err.print(escape(line)))
     try:
         with _terminate_raises(), failures:
             if qc and qc.is_qcschema_path(xyz_file):     # v1 or v2, run in process as run_qcschema does
@@ -261,6 +276,8 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
                                          parts.values) if qc else None
     finally:
         progress.close()
+    if world.rank:                          # rank 0 alone prints and writes
+        return
     qc_text = qc.to_json(atomic) if qcschema_path else None   # validated before any output
     # the files first: a stdout that fails (full, or a reader gone) must not lose the result
     if json_path:

@@ -56,7 +56,7 @@ from pyscf.scf import uhf as pyscf_uhf
 
 from dfmp2 import linalg
 
-from . import integrals, scf
+from . import dfhf_dist, distributed, integrals, scf
 from .errors import InputError, MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
 from .options import SCF_PRECISIONS
@@ -246,7 +246,7 @@ def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
 
 
 def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB,
-                    fit_backend=None, engine=None) -> tuple[JKFactor, JKFactor | None]:
+                    fit_backend=None, engine=None, world=None) -> tuple[JKFactor, JKFactor | None]:
     """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
     when it is not positive definite), streamed in aux-shell blocks from the integral engine
     ``engine`` (dfmp2.integrals, as the MP2 stage's; default: the host engine, libcint in a
@@ -256,11 +256,16 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
 
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
     metric's conditioning (measured on water/cc-pVDZ-JKFIT: B off by 1e-5 relative, E(HF) by
-    5e-3 Eh), while B rounded to fp32 after an fp64 fit is off by 6e-8 relative."""
+    5e-3 Eh), while B rounded to fp32 after an fp64 fit is off by 6e-8 relative.
+    ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf): this rank's
+    rows of the factor (dfmp2.dfhf_dist.factor_rows)."""
     fb = fit_backend if fit_backend is not None else backend
     engine = engine or integrals.HostEngine(mol, fb)
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     itemsize = torch.finfo(dtype).bits // 8
+    if world is not None and distributed.split_scf(world):
+        B, kind, info, rows = dfhf_dist.factor_rows(mol, auxmol, fb, engine, block_mb, world, timer)
+        return _factor_from(B, nao, len(rows), backend, fb, dtype, itemsize, block_mb, describe_metric(kind, info))
     t0 = time.perf_counter()
     raw = fb.to_device(torch.empty((naux, npair(nao)), dtype=torch.float64))
     blocks = integrals.aux_shell_blocks(auxmol, max(1, int(block_mb * 1e6 // max(1, npair(nao) * 8))))
@@ -273,12 +278,17 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
     del j2c
     B = apply_metric(M, kind, raw, fb)
     del raw, M
-    metric = describe_metric(kind, info)
+    out = _factor_from(B, nao, naux, backend, fb, dtype, itemsize, block_mb, describe_metric(kind, info))
+    timer.add("scf_fit", t0)
+    return out
+
+
+def _factor_from(B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric: str):
+    """(the JKFactor of the fp64 factor B on ``backend`` in ``dtype``, its fp64 one on ``fb`` or None)."""
     fac64 = None
     if dtype != torch.float64:
         fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric)
     B = backend.to_device(B, dtype).contiguous()
-    timer.add("scf_fit", t0)
     return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric), fac64
 
 
@@ -329,7 +339,7 @@ class _DIIS:
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
              progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-             fp32_copy: bool = True, unrestricted: bool = False) -> Reference:
+             fp32_copy: bool = True, unrestricted: bool = False, world=None) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
@@ -340,11 +350,13 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     or 'fp64'); ``conv_tol_grad``: the orbital-gradient threshold. ``precision``: the cycles'
     J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
     ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
-    ``check_memory``; False: fp64 cycles, recorded)."""
+    ``check_memory``; False: fp64 cycles, recorded). ``world`` (dfmp2.distributed.World) over
+    several ranks: the JK factor split by auxiliary index, J and K all-reduced each cycle
+    (dfmp2.dfhf_dist), unless the SCF is replicated (``distributed.split_scf``)."""
     cls = DFUHF if unrestricted else DFRHF
     return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
                  incremental=incremental, engine=engine, progress=progress,
-                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy).run(max_cycle)
+                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world).run(max_cycle)
 
 
 class DFRHF:
@@ -362,8 +374,9 @@ class DFRHF:
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
                  incremental: bool | None = None, engine=None, progress=None,
                  conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-                 fp32_copy: bool = True):
+                 fp32_copy: bool = True, world=None):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
+        self.world = world if world is not None and distributed.split_scf(world) else distributed.World()
         self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
@@ -377,7 +390,7 @@ class DFRHF:
         self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)   # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
         self.fac, self.fac64 = build_jk_factor(mol, self.auxmol, backend, self.jk_dtype, timer, block_mb,
-                                               fit_backend=self.dense, engine=self.engine)
+                                               fit_backend=self.dense, engine=self.engine, world=self.world)
         self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
         self.t0 = time.perf_counter()
         self._one_electron()
@@ -419,7 +432,8 @@ class DFRHF:
     def coulomb(self, Dm, f):
         """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
         fj = self.fac if f is self.fac32 else f
-        return self.dense.to_device(fj.coulomb(Dm.to(fj.B.device)).to(torch.float64), torch.float64)
+        J = self.world.all_reduce_sum(fj.coulomb(Dm.to(fj.B.device)).to(torch.float64), "scf")
+        return self.dense.to_device(J, torch.float64)
 
     def exchange(self, f, factors, scale: float):
         """scale K(C C^T) (nfactor, nao, nao) fp64 on the dense device, one per (C, split) of
@@ -427,7 +441,8 @@ class DFRHF:
         noise of an fp32 K (what DIIS and the switch ask): FP32_NOISE eps32 ||scale K||_F."""
         K = torch.stack([f.exchange(C.to(f.B.device), split) if C.shape[1] else
                          torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.B.device)
-                         for C, split in factors]) * scale
+                         for C, split in factors])
+        K = self.world.all_reduce_sum(K, "scf") * scale         # over ranks: each holds some P
         if f is self.fac32:
             self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
         elif f.B.dtype == torch.float64:
@@ -564,6 +579,7 @@ class DFRHF:
     def run(self, max_cycle: int) -> Reference:
         cycles, D, G, F = self.iterate(max_cycle)
         mo_e, C, e_tot, e_device = self.finish(D, G, F)
+        C, mo_e = dfhf_dist.same_orbitals(C, mo_e, self.world)
         self.timer.add("scf", self.t0)
         return self.reference_of(C.detach().cpu().numpy(), mo_e.detach().cpu().numpy(), e_tot,
                                  self.record(cycles, e_device))

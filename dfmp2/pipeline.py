@@ -22,7 +22,7 @@ import torch
 from dfmp2 import linalg
 from dfmp2.linalg import DTYPES
 
-from . import checkpoint, dfhf, integrals, memory, outputs, scf
+from . import checkpoint, dfhf, distributed, integrals, memory, mp2_dist, outputs, scf
 from .errors import DiskWriteError, InputError, MemoryLimitError, shown
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
@@ -92,10 +92,16 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     ``on_reference(mol, ref)`` sees the PySCF Mole and the converged Reference (QCSchema's SCF parts)."""
     say = log or (lambda msg: None)
     t_start = time.perf_counter()
-    job = prepare(geom, options, backend, say)
+    world = distributed.current()       # several ranks: every rank runs this, rank 0 reports
+    with world.agreeing():
+        distributed.check_options(options, world)
+        job = prepare(geom, distributed.rank_options(options, world), backend, say)
     timer = Timer(job.backend)
     with CheckpointSession(job) as session:
-        plan, scf_plan = plan_run(job, session, on_plan, say)
+        with world.agreeing():
+            plan, scf_plan = plan_run(job, session, on_plan, say)
+            distributed.check_plan(plan, world)
+        world.agree(None)
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say)
         if on_reference is not None:
@@ -103,9 +109,13 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
-                        scratch_dir=options.scratch_dir, checkpoint=session.ck)
+                        scratch_dir=options.scratch_dir, checkpoint=session.ck, world=world)
         session.finish(mp2.e_os, mp2.e_ss)
-    return make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
+    world.summarize()
+    result = make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
+    if world.distributed:
+        result.ran["distributed"] = world.describe()
+    return result
 
 
 # ---------------------------------------------------------------------------- prepare
@@ -289,10 +299,14 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     # occupied orbitals by the widest channel's virtuals (an upper bound on both stores together,
     # and the widest pair workspace)
     ours = _our_scf(job) and not (ck is not None and ck.has_scf)
+    world = distributed.current()
     try:
-        plan = stage_plan(job.mol, job.auxmol, options, job.backend, job.precision, nocc=space.nocc_active,
-                          nvir=space.nvir_max, occ_block=ck.occ_block if ck is not None else None,
-                          engine=job.engine)
+        plan = stage_plan(job.mol, job.auxmol, distributed.plan_options(options, world), job.backend, job.precision,
+                          nocc=space.nocc_active, nvir=space.nvir_max,
+                          occ_block=ck.occ_block if ck is not None else None, engine=job.engine)
+        if world.distributed:       # each rank's share of B against the limit, before any integral
+            mp2_dist.per_rank_plan(plan, world, options.memory_mb if options.memory_mb is not None
+                                   else memory.DEFAULT_FRACTION * memory.available_mb(options.device))
     except MemoryLimitError as e:       # the whole run's minimum, not the first stage's that refused
         scf_mb = _scf_memory(job.mol, job.backend, 1e-9, unrestricted=job.unrestricted)["peak"] if ours else 0.0
         if e.need_mb is None or scf_mb <= e.need_mb:
@@ -363,7 +377,7 @@ def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float 
     ``unrestricted``: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set)."""
     naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
-    args = (mol.nao_nr(), naux_jk, max(mol.nelec), itemsize)
+    args = (mol.nao_nr(), distributed.scf_rows(naux_jk, distributed.current()), max(mol.nelec), itemsize)
     spins = 2 if unrestricted else 1
     need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
             else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
@@ -414,7 +428,8 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
-                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted)
+                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
+                            world=distributed.current())
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf

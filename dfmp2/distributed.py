@@ -1,0 +1,414 @@
+"""The one place for the process group: a run over several processes (torch.distributed).
+
+A launcher (``torchrun``, or Slurm/MPI setting the same variables) starts one process per device
+or per CPU socket with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its
+environment. ``join(device)`` makes the run's ``World`` from them: world size 1 (no launcher, or
+a launcher with one process) is exactly the single-process program, no process group; otherwise
+the process joins a group, gloo for a device whose arrays live in host memory (cpu), NCCL for a
+CUDA device (one GPU per rank: ``cuda`` becomes ``cuda:LOCAL_RANK``; untested here, no GPU), and
+a device that is neither (Trainium) is refused in one line.
+
+Failure rules. Every collective has the group's timeout (``DFMP2_DIST_TIMEOUT_S``, default
+``DEFAULT_TIMEOUT_S``). Input is checked on every rank before the group does any work; the ranks
+then agree once (``World.agree``): if any rank refused its input, every rank exits 2 and only the
+lowest refusing rank prints its ``error:`` line. After that, a rank that dies (its sockets close)
+or raises (its process ends) makes the others' next communication fail: each says so in one line
+(``RankLostError``) and exits 2; nothing waits longer than the timeout.
+
+``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>`` (tests only): at ``fault(point)`` that rank
+kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank
+in the middle of a stage. ``DFMP2_DIST_SCF`` (``split_scf``): our DF-SCF split over the ranks
+(default) or replicated on each.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from dfmp2 import linalg
+
+from .errors import EXIT_USER_ERROR, InputError
+
+TIMEOUT_ENV = "DFMP2_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0      # the longest one rank may wait for the others at one collective
+FAULT_ENV = "DFMP2_TEST_FAULT"
+SCF_ENV = "DFMP2_DIST_SCF"       # 'split' (default): the JK factor split by aux index; 'replicated'
+SCF_MODES = ("split", "replicated")
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankLostError(InputError):
+    """Another rank died, raised, or did not answer within the timeout: this rank stops too."""
+
+
+class PeerRefusedError(InputError):
+    """Another rank refused its input (that rank prints the error line; this one exits 2 quietly)."""
+
+
+@dataclass
+class World:
+    """The run's processes. ``rank`` of ``size``; ``local_rank`` on its node; ``comm_backend``:
+    'gloo', 'nccl' or None (one process); ``device``: this rank's device name; ``comm``: per stage,
+    {'bytes': sent by this rank, 'seconds': spent in communication}."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    comm_backend: str | None = None
+    device: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    comm: dict = field(default_factory=dict)
+    agreed: bool = False
+    b_bytes: list = field(default_factory=list)     # each rank's B in bytes (the MP2 stage fills it)
+    devices: list = field(default_factory=list)     # each rank's 'host device' (``summarize``)
+    comm_total: dict = field(default_factory=dict)  # per stage, bytes sent by all ranks (``summarize``)
+    pia_rows: list = field(default_factory=list)    # each rank's rows of (P|ia) (the MP2 stage fills it)
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def wire_device(self) -> torch.device:
+        """Where tensors go to be communicated: the host for gloo, the rank's GPU for NCCL."""
+        return torch.device(self.device) if self.comm_backend == "nccl" else torch.device("cpu")
+
+    def count(self, stage: str, nbytes: int, seconds: float) -> None:
+        c = self.comm.setdefault(stage, {"bytes": 0, "seconds": 0.0})
+        c["bytes"] += int(nbytes)
+        c["seconds"] += seconds
+
+    def describe(self) -> dict:
+        """For the result: world size, communication backend, per-rank devices, communication."""
+        return {"world_size": self.size, "backend": self.comm_backend, "devices": list(self.devices),
+                "scf": "split" if split_scf(self) else "replicated",
+                "B_bytes_per_rank": list(self.b_bytes), "pia_rows_per_rank": list(self.pia_rows),
+                "timeout_s": self.timeout_s,
+                "comm_rank0": {k: dict(v) for k, v in self.comm.items()},
+                "comm_bytes_all_ranks": dict(self.comm_total)}
+
+    # -------------------------------------------------------------- collectives
+    @contextmanager
+    def talking(self, stage: str, what: str):
+        """Communication of ``stage``: a failure of the group (a rank gone, a timeout) becomes one
+        RankLostError line."""
+        try:
+            yield
+        except (RuntimeError, ValueError) as e:     # gloo/NCCL errors (DistBackendError is a RuntimeError)
+            first = " ".join(str(e).split()).split(". This is typically")[0][-160:]
+            raise RankLostError(f"rank {self.rank} of {self.size}: lost contact with the other ranks "
+                                f"while {what} in the {stage} stage (a rank died, failed or did not "
+                                f"answer within {self.timeout_s:g} s): {first}; the run stopped") from None
+
+    def agree(self, error: BaseException | None) -> None:
+        """The ranks' one agreement on their input (before the group does any work): every rank
+        passes the error it met (None: none). When any rank refused, this raises: the error itself
+        on the lowest refusing rank (it prints it), PeerRefusedError on the others."""
+        if not self.distributed or self.agreed:
+            if error is not None:
+                raise error
+            return
+        self.agreed = True
+        import torch.distributed as dist
+        flag = torch.tensor([self.size if error is None else self.rank], dtype=torch.int64,
+                            device=self.wire_device)
+        with self.talking("input check", "agreeing on the input"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        first = int(flag.item())
+        if first == self.size:
+            return
+        if error is not None and first == self.rank:
+            raise error
+        raise PeerRefusedError(f"rank {first} refused the input")
+
+    @contextmanager
+    def agreeing(self):
+        """Input checks that may refuse the run: an exception inside is agreed on (``agree``)
+        before it leaves, so every rank stops together."""
+        try:
+            yield
+        except Exception as e:
+            self.agree(e)
+            raise
+
+    def all_reduce_sum(self, t: torch.Tensor, stage: str) -> torch.Tensor:
+        """Sum of ``t`` over the ranks (every rank gets it), on ``t``'s device."""
+        if not self.distributed:
+            return t
+        import torch.distributed as dist
+        t0 = time.perf_counter()
+        w = t.to(self.wire_device).contiguous()
+        with self.talking(stage, "summing over the ranks"):
+            dist.all_reduce(w)
+        self.count(stage, w.numel() * w.element_size(), time.perf_counter() - t0)
+        return w.to(t.device)
+
+    def shift(self, send: torch.Tensor | None, recv: torch.Tensor | None, to: int, frm: int,
+              stage: str) -> None:
+        """Send ``send`` to rank ``to`` while receiving ``recv`` (its shape known) from ``frm``;
+        either may be None (nothing that way)."""
+        self.post(send, recv, to, frm, stage).wait()
+
+    def post(self, send, recv, to: int, frm: int, stage: str) -> "Pending":
+        """``shift`` started: the transfers go on (gloo's and NCCL's own threads) until
+        ``wait()``, so the caller computes meanwhile; the seconds counted are those it waited."""
+        import torch.distributed as dist
+        t0 = time.perf_counter()
+        with self.talking(stage, "passing blocks between ranks"):
+            ops = []
+            if send is not None and send.numel():
+                ops.append(dist.P2POp(dist.isend, send, to))
+            if recv is not None and recv.numel():
+                ops.append(dist.P2POp(dist.irecv, recv, frm))
+            reqs = dist.batch_isend_irecv(ops) if ops else []
+        nbytes = send.numel() * send.element_size() if send is not None else 0
+        self.count(stage, nbytes, time.perf_counter() - t0)
+        return Pending(self, reqs, stage, send)
+
+
+    STAGES = ("scf", "transform", "pair")
+
+    def summarize(self) -> None:
+        """After the stages, on every rank: each rank's host and device (``devices``) and the bytes
+        all ranks sent per stage (``comm_total``)."""
+        if not self.distributed:
+            return
+        import socket
+        import torch.distributed as dist
+        devices = [None] * self.size
+        sent = torch.tensor([float(self.comm.get(s, {}).get("bytes", 0)) for s in self.STAGES],
+                            dtype=torch.float64, device=self.wire_device)
+        with self.talking("result", "gathering the result"):
+            dist.all_gather_object(devices, f"{socket.gethostname()} {self.device}")
+            dist.all_reduce(sent)
+        self.devices = devices
+        self.comm_total = {s: int(b) for s, b in zip(self.STAGES, sent.tolist())}
+
+    def close(self) -> None:
+        """Leave the group after a run every rank finished (never after a failure: a peer may be gone)."""
+        if self.distributed:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+class Pending:
+    """Transfers under way (``World.post``); ``wait()`` ends them (a failure: RankLostError)."""
+
+    def __init__(self, world: World, reqs: list, stage: str, keep):
+        self.world, self.reqs, self.stage, self.keep = world, reqs, stage, keep   # keep: the send buffer alive
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        with self.world.talking(self.stage, "passing blocks between ranks"):
+            for req in self.reqs:
+                req.wait()
+        self.reqs, self.keep = [], None
+        self.world.count(self.stage, 0, time.perf_counter() - t0)
+
+
+_current = World()
+
+
+def current() -> World:
+    """The World this process joined (world size 1 when it joined none)."""
+    return _current
+
+
+def launched_world() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) from the launcher's variables, or None without them."""
+    if "WORLD_SIZE" not in os.environ and "RANK" not in os.environ:
+        return None
+    try:
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise InputError("the launcher's RANK, WORLD_SIZE and LOCAL_RANK must be integers") from None
+    if size < 1 or not 0 <= rank < size:
+        raise InputError(f"the launcher's RANK {rank} is not within WORLD_SIZE {size}")
+    return rank, size, local
+
+
+def launcher_rank() -> int:
+    """This process's RANK as the launcher set it (0 without one, or when it cannot be read): for
+    the errors found before the ranks can agree (a usage error), which rank 0 alone prints."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def timeout_s() -> float:
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InputError(f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    return value
+
+
+def rank_device(device: str, local_rank: int) -> tuple[str, str]:
+    """(this rank's device name, communication backend) for ``device`` over several ranks;
+    InputError for a device no backend here connects (Trainium) or a GPU index given by hand."""
+    try:
+        caps = linalg.device_capabilities(device)
+    except ValueError as e:
+        raise InputError(str(e), option="device") from None
+    if caps.is_host:
+        return device, "gloo"
+    if caps.cuda_memory:
+        if ":" in device:
+            raise InputError(f"with several ranks give the device without an index: each rank takes "
+                             f"its own GPU (LOCAL_RANK), not '{device}'", option="device")
+        return f"{device}:{local_rank}", "nccl"
+    raise InputError(f"device '{device}' cannot run over several processes yet (gloo connects CPU "
+                     "processes, NCCL CUDA GPUs); run one process", option="device")
+
+
+def join(device: str) -> World:
+    """The World of this process (module docstring): joins the process group when a launcher
+    started several processes; world size 1 otherwise. Called once, before any input is read."""
+    global _current
+    launch = launched_world()
+    if launch is None or launch[1] == 1:
+        _current = World()
+        return _current
+    rank, size, local = launch
+    import torch.distributed as dist
+    world = World(rank=rank, size=size, local_rank=local, timeout_s=timeout_s())
+    try:
+        world.device, world.comm_backend = rank_device(device, local)
+    except InputError as e:
+        world.device, world.comm_backend = "cpu", "gloo"     # join all the same, to agree on it
+        _current = world
+        _init(dist, world)
+        world.agree(e)
+    _current = world
+    _init(dist, world)
+    return world
+
+
+def _init(dist, world: World) -> None:
+    if dist.is_initialized():
+        return
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise InputError(f"a run over {world.size} ranks needs {' and '.join(missing)} (torchrun sets them)")
+    kw = {}
+    if world.comm_backend == "nccl":           # one GPU per rank (untested here: no GPU)
+        torch.cuda.set_device(torch.device(world.device))
+        kw = {"device_id": torch.device(world.device)}
+    with world.talking("start", "joining the process group"):
+        dist.init_process_group(world.comm_backend, rank=world.rank, world_size=world.size,
+                                timeout=datetime.timedelta(seconds=world.timeout_s), **kw)
+
+
+def fault(point: str) -> None:
+    """The test hook of the module docstring (``DFMP2_TEST_FAULT``); nothing when unset."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    where, rank, how = (spec.split(":") + ["", ""])[:3]
+    if where == point and str(_current.rank) == rank:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "hang":                  # alive but silent: the others' timeout must end them
+            time.sleep(_current.timeout_s * 3)
+        raise RuntimeError(f"test fault at {point} on rank {rank}")
+
+
+def check_options(options, world: World) -> None:
+    """What a run over several ranks cannot do yet, refused before any work (InputError)."""
+    if not world.distributed:
+        return
+    split_scf(world)                  # a bad DFMP2_DIST_SCF: refused now
+    if options.checkpoint or options.resume:
+        raise InputError(f"checkpoints are not supported over several ranks ({world.size} here); "
+                         "run without one or on one rank", option="checkpoint")
+    if options.storage == "disk":
+        raise InputError(f"B on disk is not supported over several ranks yet ({world.size} here): each "
+                         "rank keeps its share of B in memory", option="storage")
+
+
+def rank_options(options, world: World):
+    """``options`` for this rank: its own device (NCCL: cuda:LOCAL_RANK)."""
+    if not world.distributed or options.device == world.device:
+        return options
+    import dataclasses
+    return dataclasses.replace(options, device=world.device)
+
+
+def check_plan(plan, world: World) -> None:
+    """A plan the ranks cannot run yet (B on disk), refused before any work (InputError)."""
+    if world.distributed and plan.out_of_core:
+        raise InputError(f"B does not fit in memory on each of the {world.size} ranks (plan: "
+                         f"{plan.in_memory_mb:,.0f} MB in memory, limit {plan.limit_mb:,.0f} MB) and B on "
+                         "disk is not supported over several ranks yet; use more ranks or more memory",
+                         option="memory_mb")
+
+
+@contextmanager
+def command(world: World):
+    """Around a command on every rank: an error before the ranks agreed on their input is agreed
+    on now (the lowest refusing rank raises it, the others exit 2 quietly: one error line); the
+    group is left after a run every rank finished."""
+    try:
+        yield
+    except PeerRefusedError:
+        raise SystemExit(EXIT_USER_ERROR) from None
+    except Exception as e:
+        if world.distributed and not world.agreed:
+            try:
+                world.agree(e)
+            except PeerRefusedError:
+                raise SystemExit(EXIT_USER_ERROR) from None
+        raise
+    else:
+        world.close()
+
+
+def split_scf(world: World) -> bool:
+    """Whether our DF-SCF splits its JK factor over the ranks (``DFMP2_DIST_SCF``, default 'split':
+    J and K summed over ranks each cycle, E(HF) within ~1e-12 Eh of one process, so the MP2
+    energies too, not bitwise), or every rank runs the whole SCF ('replicated': the same orbitals
+    bit for bit as one process, so E_OS and E_SS bit-identical to a 1-rank run)."""
+    if not world.distributed:
+        return False
+    mode = os.environ.get(SCF_ENV, "split")
+    if mode not in SCF_MODES:
+        raise InputError(f"{SCF_ENV}={mode!r}: use one of {', '.join(SCF_MODES)}")
+    return mode == "split"
+
+
+UNLIMITED_MB = 1e15     # the plan over several ranks: blocks as one process without a limit
+
+
+def plan_options(options, world: World):
+    """The options the memory plan is made with: over several ranks, B in memory with the blocks a
+    single process chooses from the shapes (the same blocks, so the same bits); the per-rank
+    limit is checked after (dfmp2.mp2_dist.per_rank_plan)."""
+    if not world.distributed:
+        return options
+    import dataclasses
+    return dataclasses.replace(options, memory_mb=UNLIMITED_MB, storage="memory")
+
+
+def scf_rows(naux: int, world: World) -> int:
+    """JK-factor rows the memory plan counts on one rank: all ``naux`` on one process or with the
+    SCF replicated; split over N ranks, two shares (2 ceil(naux/N)): during the fit a rank holds its
+    raw rows, its fitted rows and the raw rows passing through (twice a share next to the one
+    process's raw + fitted factor), during the cycles one share (counted as two: an upper bound)."""
+    if not split_scf(world):
+        return naux
+    return min(naux, 2 * -(-naux // world.size))
