@@ -122,9 +122,6 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     if options.scratch_dir is not None:      # a given scratch directory must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "scratch", option="scratch_dir")
     uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
-    if uhf and (options.checkpoint or options.resume):
-        raise InputError("checkpoints are not supported with a UHF reference yet; run without one",
-                         option="checkpoint")
     backend = backend if backend is not None else make_backend(options, unrestricted=uhf)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     engine = select_integrals(options, mol, backend)
@@ -244,7 +241,8 @@ class CheckpointSession:
             frozen_core=o.frozen_core, precision=job.precision, device=o.device, simulate=o.simulate,
             nfrozen=space.nfrozen, nocc=space.nocc[0] - space.nfrozen, nvir=space.nmo - space.nocc[0],
             naux=space.naux, ecp=scf.ecp_info(job.mol),
-            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != scf.SCF_CONV_TOL_GRAD else None)
+            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != scf.SCF_CONV_TOL_GRAD else None,
+            nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None)
 
     def __enter__(self) -> "CheckpointSession":
         o = self.options
@@ -307,8 +305,9 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
         f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB, B "
         f"{'on disk' if plan.out_of_core else 'in memory'}")
-    ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo,
-                               nblocks=-(-space.nocc_active // plan.occ_block))
+    nblocks = [-(-(n - space.nfrozen) // plan.occ_block) for n in space.nocc]     # per spin channel
+    ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo, nblocks=nblocks[0],
+                               nblocks_beta=nblocks[1] if job.unrestricted else None)
     pyscf_df = options.scf_mode in scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
                 ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
@@ -406,7 +405,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
     kind = "UHF" if job.unrestricted else "RHF"
     cycles = CycleLog(say, kind)
     if ck is not None and ck.has_scf:
-        say(f"RHF from checkpoint {ck.path}")
+        say(f"{kind} from checkpoint {ck.path}")
         ref = ck.load_scf()
         timer.add("checkpoint", t0)
     elif _our_scf(job):

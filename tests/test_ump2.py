@@ -154,7 +154,6 @@ def test_one_electron_has_no_correlation():
     (["--multiplicity", "3"], ["9 electrons cannot have multiplicity 3", "even multiplicity"]),
     (["--multiplicity", "11"], ["multiplicity 11 needs 10 unpaired electrons", "only 9"]),
     (["--charge", "1"], ["8 electrons cannot have multiplicity 2"]),
-    (["--checkpoint", "ck.h5"], ["checkpoints are not supported with a UHF reference"]),
 ])
 def test_refusals_are_one_line(tmp_path, monkeypatch, args, fragments):
     monkeypatch.chdir(tmp_path)
