@@ -331,9 +331,8 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
 
 
 def _our_scf(job: Job) -> bool:
-    """Whether our DF-SCF (dfhf) makes the reference: SCF mode 'df', and for UHF a device our
-    DF-UHF runs on (``dfhf.uhf_problem``; else PySCF's DF-UHF on the host, recorded)."""
-    return job.options.scf_mode == "df" and not (job.unrestricted and dfhf.uhf_problem(job.backend.caps))
+    """Whether our DF-SCF (dfhf: DFRHF or DFUHF, on every device) makes the reference: SCF mode 'df'."""
+    return job.options.scf_mode == "df"
 
 
 def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto", unrestricted: bool = False) -> dict:
@@ -421,9 +420,6 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
                         conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
                         scratch_dir=options.scratch_dir)
         timer.add("scf", t0)
-        if options.scf_mode == "df":            # a UHF our engine does not run here: said and recorded
-            ref.scf.host = f"PySCF's DF-UHF on the host, not ours: {dfhf.uhf_problem(job.backend.caps)}"
-            say(ref.scf.host)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
     # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)
