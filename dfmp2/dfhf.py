@@ -59,7 +59,7 @@ from pyscf.scf import uhf as pyscf_uhf
 
 import linalg
 
-from . import integrals, scf
+from . import integrals, scf, stability
 from .errors import InputError, MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
 from .options import SCF_PRECISIONS
@@ -342,7 +342,7 @@ class _DIIS:
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
              progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-             fp32_copy: bool = True, unrestricted: bool = False) -> Reference:
+             fp32_copy: bool = True, unrestricted: bool = False, stability: bool = False) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
@@ -353,9 +353,11 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     or 'fp64'); ``conv_tol_grad``: the orbital-gradient threshold. ``precision``: the cycles'
     J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
     ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
-    ``check_memory``; False: fp64 cycles, recorded)."""
+    ``check_memory``; False: fp64 cycles, recorded). ``stability`` (UHF): check the converged
+    UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``)."""
     cls = DFUHF if unrestricted else DFRHF
-    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
+    extra = {"check_stability": stability} if unrestricted else {}
+    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb, **extra,
                  incremental=incremental, engine=engine, progress=progress,
                  conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy).run(max_cycle)
 
@@ -674,9 +676,27 @@ class DFUHF(DFRHF):
     planned_rebuild = UHF_PLANNED_REBUILD
     jk_text = "J of the total density by GEMVs, K per spin by GEMM + SYRK over the packed JK factor"
 
-    def __init__(self, mol, backend, **kw):
+    def __init__(self, mol, backend, *, check_stability: bool = False, **kw):
         self.nocc_s = tuple(int(n) for n in mol.nelec)        # (alpha, beta)
+        self.check_stability = check_stability
         super().__init__(mol, backend, **kw)
+
+    def run(self, max_cycle: int) -> Reference:
+        """DFRHF.run, then (``check_stability``) the internal stability check of the converged
+        UHF with this SCF's J/K (``hessian_product``, dfmp2.stability; time 'stability'): its
+        record in ``ScfRecord.stability``."""
+        ref = super().run(max_cycle)
+        if self.check_stability:
+            t0 = time.perf_counter()
+            todev = self.dense.to_device
+            C = todev(torch.from_numpy(np.stack([c.mo_coeff for c in ref.channels])), torch.float64)
+            mo_e = todev(torch.from_numpy(np.stack([c.mo_energy for c in ref.channels])), torch.float64)
+            rec = stability.lowest_root(*self.hessian_product(C, mo_e), ran=(
+                f"ours: Hessian products with this SCF's J/K ({self.backend.name}, "
+                f"{str(self.fac.B.dtype).replace('torch.float', 'fp')} factor), pyscf.lib.davidson on the host"))
+            ref.scf.stability = rec.to_dict()
+            self.timer.add("stability", t0)
+        return ref
 
     def initial_density(self):
         """PySCF's UHF default guess, (2, nao, nao) numpy."""
@@ -712,6 +732,35 @@ class DFUHF(DFRHF):
 
     def orbital_gradient(self, F, C) -> float:
         return math.hypot(*(self.gradient_norm(F[s], C[s], n) for s, n in enumerate(self.nocc_s)))
+
+    def hessian_product(self, C: torch.Tensor, mo_e: torch.Tensor):
+        """(hop, hdiag) of the orbital Hessian of the converged UHF with orbitals C (2, nao, nmo)
+        and energies mo_e (2, nmo) on the dense device, in PySCF's gen_g_hop_uhf convention
+        (dfmp2.stability): hop(x) (numpy (n,) -> (n,), n = Σ_s nvir_s nocc_s, Hartree) builds
+        G_s = J(dD_a + dD_b) - K(dD_s) of dD_s = C_v x_s C_o^T + C_o x_s^T C_v^T with this SCF's
+        J/K on the device (fp64 factor where the device has it; K of dD_s from the factors
+        (C_v x_s ± C_o)/√2, split as in the incremental builds); hdiag (n,) = e_a - e_i."""
+        dense, f = self.dense, self.fac
+        occ = [(C[s][:, :n], C[s][:, n:], mo_e[s][:n], mo_e[s][n:]) for s, n in enumerate(self.nocc_s)]
+        sizes = [(cv.shape[1], co.shape[1]) for co, cv, _, _ in occ]
+        hdiag = np.concatenate([(ev[:, None] - eo[None, :]).reshape(-1).cpu().numpy() for _, _, eo, ev in occ])
+
+        def hop(x):
+            xs, p = [], 0
+            for nv, no in sizes:
+                xs.append(dense.to_device(torch.from_numpy(np.ascontiguousarray(x[p:p + nv * no])), torch.float64
+                                          ).reshape(nv, no))
+                p += nv * no
+            dD, factors = [], []
+            for (co, cv, _, _), xk in zip(occ, xs):
+                a = cv @ xk
+                dD.append(a @ co.mT + co @ a.mT)
+                factors.append(torch.cat([a + co, a - co], dim=1) / math.sqrt(2.0))
+            G = self.two_electron(torch.stack(dD), tuple(factors), split=tuple(self.nocc_s), f=f)
+            out = [(cv.mT @ G[s] @ co + ev[:, None] * xk - xk * eo[None, :]).reshape(-1)
+                   for s, ((co, cv, eo, ev), xk) in enumerate(zip(occ, xs))]
+            return torch.cat(out).cpu().numpy()
+        return hop, hdiag
 
     def reference_of(self, C, mo_e, e_tot: float, record: ScfRecord) -> Reference:
         """Two channels, with <S^2> of the occupied orbitals."""

@@ -22,7 +22,7 @@ import torch
 import linalg
 from linalg import DTYPES
 
-from . import checkpoint, dfhf, integrals, memory, outputs, scf
+from . import checkpoint, dfhf, integrals, memory, outputs, scf, stability
 from .errors import DiskWriteError, InputError, MemoryLimitError, shown
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
@@ -412,21 +412,26 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
-                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted)
+                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
+                            stability=options.scf_stability)
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
         ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
                         conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
                         scratch_dir=options.scratch_dir)
-        timer.add("scf", t0)
+        t1 = timer.add("scf", t0)
+        if job.unrestricted and options.scf_stability:      # PySCF's UHF: its own Hessian products
+            ref.scf.stability = stability.uhf_internal_pyscf(ref.mf).to_dict()
+            timer.add("stability", t1)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
     # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, \
         (ref.nmo, job.space)
     ref = ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
-    job.warnings += [w for w in (ref.contamination_warning(), ref.gap_warning()) if w]
+    job.warnings += [w for w in (ref.contamination_warning(), ref.gap_warning(),
+                                 stability.warning(ref.scf.stability)) if w]
     return ref
 
 
