@@ -27,7 +27,7 @@ Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["
 Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.default_auxbasis), ``dfuhf`` (PySCF
 DF-UHF, the same set and thresholds), ``whole`` (PySCF DF-RHF + DFMP2 with the MP2-fit set, or
 DF-UHF + DFUMP2 for an open shell; ``scf_s`` and ``mp2_s`` beside the total),
-``stage`` (PySCF DFMP2 alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
+``stage`` (PySCF DFMP2, or DFUMP2 for UHF orbitals, alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
 then ``repeats`` timed ones).
 """
 from __future__ import annotations
@@ -230,7 +230,7 @@ def child(spec: dict) -> dict:
             import numpy as np
             from pyscf import scf as pscf
             saved = np.load(spec["scf_npz"])
-            mf = pscf.RHF(mol)
+            mf = (pscf.UHF if saved["mo_coeff"].ndim == 3 else pscf.RHF)(mol)     # UHF: both spins saved
             mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
             mf.e_tot, mf.converged = float(saved["e_tot"]), True
             times = []
@@ -271,7 +271,7 @@ def _timed_scf(run_scf, mol, max_cycle: int | None) -> dict:
 
 
 def save_scf(mf, path) -> str:
-    """Save a converged PySCF RHF's orbitals for the 'stage' task (same SCF on both sides)."""
+    """Save a converged PySCF RHF's or UHF's orbitals for the 'stage' task (same SCF on both sides)."""
     import numpy as np
     np.savez(path, mo_coeff=mf.mo_coeff, mo_energy=mf.mo_energy, mo_occ=mf.mo_occ, e_tot=mf.e_tot)
     return str(path)
