@@ -150,10 +150,10 @@ def test_fp32_checkpoint_resumes_bitwise(tmp_path, monkeypatch, uninterrupted):
 
 
 # ------------------------------------------------------------------ a real process and a signal
-def start_child(args, tmp_path):
+def start_child(args, tmp_path, path=DIMER):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    return subprocess.Popen([sys.executable, str(script), "run", str(DIMER)] + BLOCK_ARGS + args, cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(script), "run", str(path)] + BLOCK_ARGS + args, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -569,3 +569,21 @@ def test_uhf_checkpoint_estimate_covers_the_whole_file(oh_checkpoint):
     est = checkpoint.size_mb(b_mb=first.plan.b_mb, nbasis=19, nmo=19, nblocks=3, nblocks_beta=2) * 1e6
     size = ck.stat().st_size
     assert size <= est <= size + 2 * 64 * 1024, (size, est)
+
+
+def test_killed_uhf_process_resumes_to_the_uninterrupted_energy(tmp_path, uhf_uninterrupted):
+    """OH in a real process, SIGKILLed in the pair step (after 8 of its 15 pairs: into the beta set)."""
+    ck = tmp_path / "oh.h5"
+    proc = start_child(["--storage", "disk", "--checkpoint", str(ck), "-q"], tmp_path, path=OH)
+    code, err = kill_after_pairs(proc, 8, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    with h5py.File(ck, "r") as f:
+        ndone = sum(int(f[f"{g}/done"][...].sum()) for g in UHF_SETS if g in f)
+    assert 7 <= ndone < UHF_NPAIRS
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["run", str(OH), "--resume", str(ck), "--json", str(out), "-q"] + BLOCK_ARGS)
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    e, ref = d["energies"], uhf_uninterrupted
+    assert (e["e_corr_os"], e["e_corr_ss"], e["e_hf"]) == (ref.e_os, ref.e_ss, ref.e_hf)
+    assert d["ran"]["storage"]["from_checkpoint"]["pairs"] == ndone
