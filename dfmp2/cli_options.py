@@ -89,7 +89,7 @@ SPECS = {
                               help="the orbital-gradient norm the SCF must reach (with |ΔE| < 1e-12 Eh); "
                                    "loosen it for a gradient that stalls once the energy has converged"),
     "scf_precision": dict(type=click.Choice(SCF_PRECISIONS),
-                          help="our DF-SCF's J/K (--scf df, RHF): mixed, the first cycles' exchange in fp32 "
+                          help="our DF-SCF's J/K (--scf df, RHF and UHF): mixed, the first cycles' exchange in fp32 "
                                "(Fock matrix in fp64), then fp64 to the same thresholds (same E(HF) to 1e-10 "
                                "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cpu, cuda) "
                                "and memory allows the factor's fp32 copy, else fp64 (trn: fp32 cycles, "
