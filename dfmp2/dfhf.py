@@ -57,7 +57,7 @@ import torch
 from pyscf.scf import hf as pyscf_hf
 from pyscf.scf import uhf as pyscf_uhf
 
-import linalg
+from dfmp2 import linalg
 
 from . import integrals, scf, stability
 from .errors import InputError, MemoryLimitError

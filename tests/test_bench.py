@@ -157,8 +157,8 @@ def test_pair_kernel_limit_is_not_estimated():
 
 
 def test_pyscf_pair_baseline_matches_ours():
-    import linalg
-    from linalg import synthetic_problem
+    from dfmp2 import linalg
+    from dfmp2.linalg import synthetic_problem
     p = synthetic_problem(5, 30, 70, seed=3)
     B = p.B.numpy()
     eo, ev = p.eps_occ.numpy(), p.eps_vir.numpy()
@@ -194,7 +194,7 @@ def test_timer_single_run_rule_and_shapes():
 
 
 def test_shared_inputs_are_bit_identical_to_per_precision_ones():
-    from linalg import random_spd, synthetic_problem
+    from dfmp2.linalg import random_spd, synthetic_problem
     inputs = ops.Inputs()
     assert torch.equal(inputs.spd(40, 1e3, 4, torch.float32, "cpu"), random_spd(40, 1e3, 4, dtype=torch.float32))
     p = inputs.problem(3, 20, 40, 8, torch.float32, "cpu")
@@ -364,7 +364,7 @@ def test_plot_one_colour_per_series_and_titles_match_what_is_drawn(tiny_report):
 def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
     """The UMP2 opposite-spin op row: ours (the rectangular pair kernel) and the einsum baseline
     give one E_OS on the same inputs; its flops; its size at a named shape; not estimated on trn."""
-    from linalg import TorchBackend
+    from dfmp2.linalg import TorchBackend
     assert ops.flops("mp2_pair_energy_os", (2, 3, 40, 41, 200)) == 6 * 2 * 40 * 41 * 200
     case = ops.make_case("mp2_pair_energy_os", (3, 2, 20, 21, 60), torch.float64, TorchBackend("cpu"))
     e_os, _ = case.ours()
@@ -379,7 +379,7 @@ def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
 def test_radical_series_against_pyscfs_dfump2():
     """One molecule of the open-shell series (OH): our DF-UMP2 stage and PySCF's DFUMP2 (fair
     baseline subprocesses) on the same UHF orbitals agree; the row and both report views render."""
-    import linalg
+    from dfmp2 import linalg
     from rich.console import Console
     from dfmp2.benchmarks import radicals
     from dfmp2.errors import InputError

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from pyscf import scf as pyscf_scf
 from pyscf.scf import stability as pyscf_stability
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import dfhf, scf, stability
 from dfmp2.cli import main
 from dfmp2.pipeline import RunOptions, run, run_geometry

@@ -46,7 +46,7 @@ def run_radical(name: str, devices: list, precisions: list[str], *, pyscf: bool,
                 single_above_s: float, peak_gflops: dict, log=print) -> dict:
     """One open-shell molecule: its UHF once, our DF-UMP2 stage per (device backend factory,
     precision) of ``devices``, PySCF's DFUMP2 stage (``pyscf``). Times in s, energies in Hartree."""
-    import linalg
+    from dfmp2 import linalg
     from .. import dfhf, scf
     from ..xyz import read_xyz
     path = OPEN_SHELL_DIR / f"{name}.xyz"
