@@ -108,6 +108,9 @@ def _rerender(path: Path, console) -> None:
 @click.option("--waters", default="1-24", show_default=True,
               help="water clusters for the scaling series, e.g. 1-32, 1,2,4,8 or none")
 @click.option("--water-precisions", default="fp64", show_default=True)
+@click.option("--radicals", default="none", show_default=True,
+              help="open-shell series (DF-UMP2 stage vs PySCF's DFUMP2): none, default (OH, CH3, NO, allyl, "
+                   "t-butyl, glycyl), all, or names from inputs/open_shell/")
 @click.option("--pyscf-max-waters", type=int, default=24, show_default=True,
               help="run PySCF's DF-MP2 baseline for clusters up to this size")
 @click.option("--fit-min-nbasis", type=int, default=192, show_default=True,
@@ -132,7 +135,7 @@ def _rerender(path: Path, console) -> None:
 @click.option("--rerender", type=click.Path(dir_okay=False, exists=True), default=None,
               help="no timing: rewrite the .md and .png (and the terminal table) of a saved NAME.json")
 @user_errors(interrupted=lambda params: " (nothing written)")
-def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, pyscf_max_waters, fit_min_nbasis,
+def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, radicals, pyscf_max_waters, fit_min_nbasis,
                   repeats, warmup, min_time, max_time, single_above, threads, peak_n, trn_validate, out_dir,
                   name, quiet, rerender):
     """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
@@ -142,7 +145,7 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
         with printing():
             _rerender(Path(rerender), stdout_console())
         return
-    from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
+    from .benchmarks import ops as ops_mod, radicals as radicals_mod, report, shapes as shapes_mod, waters as waters_mod
     from .benchmarks.run import BenchOptions, run_bench
     from dfmp2 import linalg
     for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
@@ -163,7 +166,7 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
     opts = BenchOptions(
         shapes=shapes_mod.parse_shapes(shapes), devices=devs, precisions=prec,
         ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),
-        waters=waters_mod.parse_waters(waters),
+        waters=waters_mod.parse_waters(waters), radicals=radicals_mod.parse_radicals(radicals),
         water_precisions=_split(water_precisions, "water-precisions", PRECISIONS),
         pyscf_max_waters=pyscf_max_waters, fit_min_nbasis=fit_min_nbasis, warmup=warmup, repeats=repeats,
         min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,

@@ -13,6 +13,15 @@ B, and the (e_os, e_ss) of every finished block pair.
     /pairs/crc       (npairs,) int64: crc32 of each finished pair's row of sums, -1 before
     /pairs/done      (npairs,) uint8: 1 once the pair's sums and crc are written, else 0
 
+A UHF run (fingerprint 'reference' UHF) keeps both spins: /scf/mo_coeff (2, nao, nmo) and
+/scf/mo_energy (2, nmo) stacked alpha, beta, the scf attributes nocc_beta, s2 (<S^2>) and engine
+(who converged it) in its crc32; B^alpha in /B and B^beta in /B_beta (its crc32s in /B_beta_crc,
+its own metric attributes); three pair sets in place of /pairs, each with sums, crc and done:
+/pairs_aa and /pairs_bb (the same-spin block pairs I >= J of each channel, OccBlocks.pairs
+order) and /pairs_ab (alpha block I by beta block J, I-major; the second column of its sums is
+the rectangular kernel's unused same-spin term). A channel or set with nothing in it (the H
+atom's beta) is not written.
+
 Written as the run goes: the SCF once converged, B once fitted (out of core, B is written there
 directly and is the run's only copy), then each block pair's sums (written, flushed, then its
 done flag written and flushed, so a pair is either finished with its sums or not at all). Every
@@ -56,13 +65,19 @@ FORMAT_VERSION = 2                  # 2: crc32 on every dataset read back
 H5_OVERHEAD_BYTES = 32 * 1024
 
 
-def size_mb(*, b_mb: float, nbasis: int, nmo: int, nblocks: int) -> float:
-    """What a finished checkpoint holds on disk, in MB (1e6 B): B (``b_mb``), its per-block crc32
-    (``nblocks`` int64), the SCF (mo_coeff nbasis x nmo and mo_energy, fp64), every block pair's
-    sums, crc and done flag (8 + 8 + 8 + 1 B each), and HDF5's own bytes. The disk check before
-    the run (``outputs.check_disk``) counts this, not B alone (27 % short for water)."""
+def size_mb(*, b_mb: float, nbasis: int, nmo: int, nblocks: int, nblocks_beta: int | None = None) -> float:
+    """What a finished checkpoint holds on disk, in MB (1e6 B): B (``b_mb``, both spins' for UHF),
+    its per-block crc32 (``nblocks`` int64; UHF: ``nblocks_beta`` more), the SCF (mo_coeff nbasis
+    x nmo and mo_energy, fp64, per spin), every block pair's sums, crc and done flag (8 + 8 + 8 + 1
+    B each; UHF: both same-spin sets and the alpha x beta set), and HDF5's own bytes (twice for
+    UHF: more objects). The disk check before the run (``outputs.check_disk``) counts this, not B
+    alone (27 % short for water)."""
     npairs = nblocks * (nblocks + 1) // 2
-    extra = nblocks * 8 + (nbasis * nmo + nmo) * 8 + npairs * 25 + H5_OVERHEAD_BYTES
+    spins, blocks = 1, nblocks
+    if nblocks_beta is not None:
+        npairs += nblocks_beta * (nblocks_beta + 1) // 2 + nblocks * nblocks_beta
+        spins, blocks = 2, nblocks + nblocks_beta
+    extra = blocks * 8 + spins * ((nbasis * nmo + nmo) * 8 + H5_OVERHEAD_BYTES) + npairs * 25
     return b_mb + extra / 1e6
 
 
@@ -72,10 +87,13 @@ class CheckpointError(InputError):
 
 def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, precision: str,
                 device: str, simulate: bool, nfrozen: int, nocc: int, nvir: int, naux: int,
-                ecp: dict | None = None, scf_conv_tol_grad: float | None = None) -> dict:
+                ecp: dict | None = None, scf_conv_tol_grad: float | None = None,
+                nocc_beta: int | None = None) -> dict:
     """What must be equal for a checkpoint to be reused (JSON-able; floats exactly). ``ecp``
     (``scf.ecp_info``) is recorded only when there is one, so all-electron checkpoints written
-    before ECPs were supported still resume (an ECP changes nocc, which the shapes hold)."""
+    before ECPs were supported still resume (an ECP changes nocc, which the shapes hold).
+    ``nocc_beta`` (active beta occupied orbitals) marks a UHF run: 'reference' UHF and the beta
+    count in the shapes (nocc, nvir are alpha's); RHF checkpoints carry neither, as before."""
     import dfmp2
     coords = np.asarray(mol.atom_coords(unit="Angstrom"), dtype=np.float64)
     fp = {
@@ -95,6 +113,9 @@ def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, 
     }
     if ecp:
         fp["ecp"] = ecp
+    if nocc_beta is not None:
+        fp["reference"] = "UHF"
+        fp["shapes"]["nocc_beta"] = int(nocc_beta)
     if scf_conv_tol_grad is not None:      # a threshold other than the default (older checkpoints lack it)
         fp["scf_conv_tol_grad"] = float(scf_conv_tol_grad)
     return fp
@@ -106,6 +127,11 @@ def _describe(value) -> str:
 
 
 def _mismatch(path, stored: dict, current: dict) -> str | None:
+    kinds = [fp.get("reference", "RHF") for fp in (stored, current)]     # RHF checkpoints carry none
+    if kinds[0] != kinds[1]:
+        return (f"checkpoint {path} was written for another run: the reference is {kinds[0]} in the "
+                f"checkpoint but {kinds[1]} here; resume with the same molecule and options, or start "
+                "afresh without resuming")
     for key in current:
         if key not in stored:
             return f"checkpoint {path} has no '{key}' in its fingerprint (written by another dfmp2 version?)"
@@ -155,9 +181,20 @@ def _writes(method):
 class Checkpoint:
     """An open checkpoint file (h5py, read-write). Use ``create`` or ``resume``."""
 
-    def __init__(self, path: Path, f):
+    def __init__(self, path: Path, f, fp: dict):
         self.path, self.f = Path(path), f
         self.closed = False            # close, abandon and discard close it once (HDF5 crashes on a second)
+        self.unrestricted = fp.get("reference") == "UHF"
+
+    @property
+    def b_names(self) -> tuple[str, ...]:
+        """B's dataset per spin channel (its crc32s in name + '_crc')."""
+        return B_NAMES[:2 if self.unrestricted else 1]
+
+    @property
+    def pair_sets(self) -> tuple[str, ...]:
+        """The groups of block-pair sums: 'pairs' (RHF) or 'pairs_aa', 'pairs_bb', 'pairs_ab'."""
+        return UHF_PAIR_SETS if self.unrestricted else ("pairs",)
 
     # ---- opening
     @classmethod
@@ -185,7 +222,7 @@ class Checkpoint:
         except BaseException:
             discard_h5(f, path)
             raise
-        return cls(path, f)
+        return cls(path, f, fp)
 
     @staticmethod
     def _write_root(f, fp: dict, occ_block: int) -> None:
@@ -238,7 +275,7 @@ class Checkpoint:
             msg = _mismatch(path, stored, fp)
             if msg:
                 raise CheckpointError(msg, option="resume")
-            ck = cls(path, f)
+            ck = cls(path, f, fp)
             ck._check_structure()
             ok = True
             return ck
@@ -259,19 +296,27 @@ class Checkpoint:
         """What was written must be whole: SCF both arrays, B with its checksums, pairs both."""
         try:
             if "scf" in self.f:
+                spins = (2,) if self.unrestricted else ()
                 c = self._require("scf/mo_coeff")
-                self._require("scf/mo_energy", (c.shape[1],))
-                for a in ("e_hf", "nocc"):
+                if c.ndim != len(spins) + 2 or c.shape[:len(spins)] != spins:
+                    raise CheckpointError(f"checkpoint {self.path} is corrupted: 'scf/mo_coeff' has shape "
+                                          f"{c.shape}, expected {len(spins) + 2} axes")
+                self._require("scf/mo_energy", spins + (c.shape[-1],))
+                for a in SCF_ATTRS + (UHF_SCF_ATTRS if self.unrestricted else ()):
                     if a not in self.f["scf"].attrs:
                         raise CheckpointError(f"checkpoint {self.path} is corrupted: scf has no '{a}'")
-            if "pairs" in self.f:
-                s = self._require("pairs/sums")
-                self._require("pairs/done", (s.shape[0],))
-                self._require("pairs/crc", (s.shape[0],))
-            if "B" in self.f:
-                self._require("B_crc")
-            # touch the data so a truncated file fails here, not mid-run
-            for name in ("scf/mo_coeff", "scf/mo_energy", "pairs/sums", "pairs/done", "pairs/crc", "B_crc"):
+            touch = ["scf/mo_coeff", "scf/mo_energy"]
+            for g in self.pair_sets:
+                if g in self.f:
+                    s = self._require(f"{g}/sums")
+                    self._require(f"{g}/done", (s.shape[0],))
+                    self._require(f"{g}/crc", (s.shape[0],))
+                    touch += [f"{g}/{n}" for n in ("sums", "done", "crc")]
+            for b in self.b_names:
+                if b in self.f:
+                    self._require(b + "_crc")
+                    touch.append(b + "_crc")
+            for name in touch:        # touch the data so a truncated file fails here, not mid-run
                 if name in self.f:
                     self.f[name][...]
             self._verify()
@@ -292,25 +337,34 @@ class Checkpoint:
             for name in ("mo_coeff", "mo_energy"):
                 if g[name].attrs.get("crc32") != block_crc(g[name][...]):
                     raise self._corrupted(f"scf/{name}")
-            if g.attrs.get("crc32") != attrs_crc(g.attrs, SCF_ATTRS):
+            if g.attrs.get("crc32") != attrs_crc(g.attrs, self.scf_attrs):
                 raise self._corrupted("the SCF energy or occupation (scf attributes)")
-        if self.b_complete:
-            d = self.f["B"]
-            if d.attrs.get("info_crc32") != attrs_crc(d.attrs, B_ATTRS):
-                raise self._corrupted("the metric of B (B attributes)")
-        if "pairs" in self.f:
-            done, sums, crc = (self.f[f"pairs/{n}"][...] for n in ("done", "sums", "crc"))
-            bad = np.flatnonzero(done > 1)
-            if bad.size:
-                raise CheckpointError(f"checkpoint {self.path} is corrupted: pair {bad[0]} has done flag "
-                                      f"{done[bad[0]]} (0 or 1 expected); remove the file and run again")
-            for p in np.flatnonzero(done):
-                if crc[p] != block_crc(sums[p]):
-                    raise self._corrupted(f"the sums of block pair {p}")
-            if int(self.f.attrs.get("complete", 0)) and not done.all():
-                raise CheckpointError(f"checkpoint {self.path} is corrupted: it is marked complete but "
-                                      f"{int((done == 0).sum())} block pairs are not done; remove the "
-                                      "file and run again")
+        for c, b in enumerate(self.b_names):
+            if self.b_done(c) and self.f[b].attrs.get("info_crc32") != attrs_crc(self.f[b].attrs, B_ATTRS):
+                raise self._corrupted(f"the metric of {b} ({b} attributes)")
+        for g in self.pair_sets:
+            if g in self.f:
+                self._verify_pairs(g)
+
+    def _verify_pairs(self, g: str) -> None:
+        """The done flags (0 or 1) and finished pairs' crc32 of the pair set ``g``."""
+        done, sums, crc = (self.f[f"{g}/{n}"][...] for n in ("done", "sums", "crc"))
+        where = "" if g == "pairs" else f" of {g}"
+        bad = np.flatnonzero(done > 1)
+        if bad.size:
+            raise CheckpointError(f"checkpoint {self.path} is corrupted: pair {bad[0]}{where} has done flag "
+                                  f"{done[bad[0]]} (0 or 1 expected); remove the file and run again")
+        for p in np.flatnonzero(done):
+            if crc[p] != block_crc(sums[p]):
+                raise self._corrupted(f"the sums of block pair {p}{where}")
+        if int(self.f.attrs.get("complete", 0)) and not done.all():
+            raise CheckpointError(f"checkpoint {self.path} is corrupted: it is marked complete but "
+                                  f"{int((done == 0).sum())} block pairs{where} are not done; remove the "
+                                  "file and run again")
+
+    @property
+    def scf_attrs(self) -> tuple[str, ...]:
+        return SCF_ATTRS + (UHF_SCF_ATTRS if self.unrestricted else ())
 
     @property
     def occ_block(self) -> int:
@@ -328,73 +382,90 @@ class Checkpoint:
 
     @_writes
     def save_scf(self, ref, scf_mode: str) -> None:
-        """Write the RHF ``ref`` (dfmp2.reference.Reference, nothing frozen) of ``scf_mode``."""
-        (ch,) = ref.channels
+        """Write the RHF or UHF ``ref`` (dfmp2.reference.Reference, nothing frozen) of ``scf_mode``
+        (UHF: both channels stacked, nocc_beta and <S^2> with the attributes)."""
+        assert len(ref.channels) == (2 if self.unrestricted else 1), (len(ref.channels), self.unrestricted)
         g = self._fresh_group("scf_tmp")
         for name in ("mo_coeff", "mo_energy"):
-            a = np.ascontiguousarray(getattr(ch, name), dtype=np.float64)
+            a = np.ascontiguousarray(np.stack([getattr(ch, name) for ch in ref.channels]) if self.unrestricted
+                                     else getattr(ref.channels[0], name), dtype=np.float64)
             g.create_dataset(name, data=a).attrs["crc32"] = block_crc(a)
         g.attrs["e_hf"] = float(ref.e_hf)
-        g.attrs["nocc"] = int(ch.nocc)
+        g.attrs["nocc"] = int(ref.channels[0].nocc)
         g.attrs["scf_mode"] = scf_mode
         g.attrs["jk_auxbasis"] = ref.jk_auxbasis or ""
         g.attrs["cycles"] = int(ref.scf.iterations or 0)
-        g.attrs["crc32"] = attrs_crc(g.attrs, SCF_ATTRS)
+        if self.unrestricted:
+            g.attrs["nocc_beta"] = int(ref.channels[1].nocc)
+            g.attrs["s2"] = float(ref.s2)
+            g.attrs["engine"] = ref.scf.engine        # a device without fp64 ran PySCF's DF-UHF
+        g.attrs["crc32"] = attrs_crc(g.attrs, self.scf_attrs)
         self.f.flush()
         self.f.move("scf_tmp", "scf")           # appears whole or not at all
         self.f.flush()
 
     def load_scf(self):
-        """The RHF Reference written by ``save_scf`` (source 'checkpoint'; its ScfRecord says
+        """The Reference written by ``save_scf`` (source 'checkpoint'; its ScfRecord says
         which engine converged it, on which device, in how many iterations)."""
         from .options import SCF_CONV_TOL_GRAD
         from .provenance import ScfRecord
-        from .reference import restricted
+        from .reference import restricted, unrestricted
         g = self.f["scf"]
+        kind = "UHF" if self.unrestricted else "RHF"
         try:
             mode, cycles = str(g.attrs["scf_mode"]), int(g.attrs["cycles"]) or None
             fp = json.loads(self.f.attrs["fingerprint"])
             jk_aux = str(g.attrs["jk_auxbasis"]) or None
-            ours = mode == "df"
-            record = ScfRecord(engine="dfmp2.dfhf" if ours else "pyscf", reference="RHF",
+            ours = (str(g.attrs["engine"]) == "dfmp2.dfhf") if self.unrestricted else mode == "df"
+            record = ScfRecord(engine="dfmp2.dfhf" if ours else "pyscf", reference=kind,
                                device=fp.get("device", "host") if ours else "host",
                                conv_tol_grad=fp.get("scf_conv_tol_grad", SCF_CONV_TOL_GRAD),
                                source="checkpoint", iterations=cycles, jk_auxbasis=jk_aux,
                                jk="dfmp2.dfhf (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
                                checkpoint=str(self.path))
-            return restricted(g["mo_coeff"][...], g["mo_energy"][...], int(g.attrs["nocc"]),
-                              e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)
+            C, e, nocc = g["mo_coeff"][...], g["mo_energy"][...], int(g.attrs["nocc"])
+            args = dict(e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)
+            if self.unrestricted:
+                return unrestricted(C, e, (nocc, int(g.attrs["nocc_beta"])), s2=float(g.attrs["s2"]), **args)
+            return restricted(C, e, nocc, **args)
         except (OSError, KeyError) as e:
             raise CheckpointError(f"checkpoint {self.path} is corrupted: scf: {e}") from None
 
-    # ---- B
+    # ---- B, one dataset per spin channel (``channel`` 0: alpha or RHF's, 1: beta)
     @_writes
-    def b_dataset(self, blocks, dtype):
-        """The /B dataset for ``blocks`` in ``dtype`` (torch), allocated in full now; an incomplete
-        one from an interrupted build is replaced."""
+    def b_dataset(self, blocks, dtype, channel: int = 0):
+        """The B dataset of ``channel`` for ``blocks`` in ``dtype`` (torch), allocated in full now;
+        an incomplete one from an interrupted build is replaced."""
         import h5py
         import torch
+        name = self.b_names[channel]
         npdt = torch.empty(0, dtype=dtype).numpy().dtype
-        if "B" in self.f and self.b_complete:
-            return self._require("B", (blocks.size,))
-        for name in ("B", "B_crc"):
-            if name in self.f:
-                del self.f[name]
+        if self.b_done(channel):
+            return self._require(name, (blocks.size,))
+        for n in (name, name + "_crc"):
+            if n in self.f:
+                del self.f[n]
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)   # no metadata change at the first write
-        d = self.f.create_dataset("B", shape=(blocks.size,), dtype=npdt, dcpl=dcpl, fill_time="never")
+        d = self.f.create_dataset(name, shape=(blocks.size,), dtype=npdt, dcpl=dcpl, fill_time="never")
         d.attrs["complete"] = 0
-        self.f.create_dataset("B_crc", data=np.full(blocks.count, -1, dtype=np.int64))
+        self.f.create_dataset(name + "_crc", data=np.full(blocks.count, -1, dtype=np.int64))
         self.f.flush()
         return d
 
+    def b_done(self, channel: int = 0) -> bool:
+        """Whether the B of ``channel`` is complete."""
+        name = self.b_names[channel]
+        return name in self.f and bool(self.f[name].attrs.get("complete", 0))
+
     @property
     def b_complete(self) -> bool:
-        return "B" in self.f and bool(self.f["B"].attrs.get("complete", 0))
+        """Every channel's B is complete."""
+        return all(self.b_done(c) for c in range(len(self.b_names)))
 
     @_writes
-    def mark_b_complete(self, metric_kind: str, metric_info: dict) -> None:
-        d = self.f["B"]
+    def mark_b_complete(self, metric_kind: str, metric_info: dict, channel: int = 0) -> None:
+        d = self.f[self.b_names[channel]]
         d.attrs["metric"] = metric_kind
         d.attrs["metric_dropped"] = int(metric_info.get("dropped", 0))
         d.attrs["info_crc32"] = attrs_crc(d.attrs, B_ATTRS)
@@ -402,40 +473,46 @@ class Checkpoint:
         d.attrs["complete"] = 1
         self.f.flush()
 
-    def metric(self) -> tuple[str, dict]:
-        d = self.f["B"]
+    def metric(self, channel: int = 0) -> tuple[str, dict]:
+        d = self.f[self.b_names[channel]]
         kind = str(d.attrs.get("metric", "cholesky"))
         return kind, ({"dropped": int(d.attrs.get("metric_dropped", 0))} if kind == "eigh" else {})
 
-    def crc_dataset(self):
-        return self.f["B_crc"]
+    def crc_dataset(self, channel: int = 0):
+        return self.f[self.b_names[channel] + "_crc"]
 
-    # ---- pair sums
+    # ---- pair sums, per pair set (``group``: one of ``pair_sets``)
     @_writes
-    def init_pairs(self, npairs: int) -> None:
-        if "pairs" in self.f:
-            self._require("pairs/sums", (npairs, 2))
+    def init_pairs(self, npairs: int, group: str = "pairs") -> None:
+        if group in self.f:
+            self._require(f"{group}/sums", (npairs, 2))
             return
-        g = self._fresh_group("pairs_tmp")
+        g = self._fresh_group(group + "_tmp")
         g.create_dataset("sums", data=np.zeros((npairs, 2), dtype=np.float64))
         g.create_dataset("crc", data=np.full(npairs, -1, dtype=np.int64))
         g.create_dataset("done", data=np.zeros(npairs, dtype=np.uint8))
         self.f.flush()
-        self.f.move("pairs_tmp", "pairs")
+        self.f.move(group + "_tmp", group)
         self.f.flush()
 
-    def load_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+    def load_pairs(self, group: str = "pairs") -> tuple[np.ndarray, np.ndarray]:
         """(done (npairs,) bool, sums (npairs, 2))."""
-        return self.f["pairs/done"][...].astype(bool), self.f["pairs/sums"][...]
+        return self.f[f"{group}/done"][...].astype(bool), self.f[f"{group}/sums"][...]
 
     @_writes
-    def save_pair(self, p: int, e_os: float, e_ss: float) -> None:
+    def save_pair(self, p: int, e_os: float, e_ss: float, group: str = "pairs") -> None:
         row = np.array([e_os, e_ss], dtype=np.float64)
-        self.f["pairs/sums"][p] = row
-        self.f["pairs/crc"][p] = block_crc(row)
+        self.f[f"{group}/sums"][p] = row
+        self.f[f"{group}/crc"][p] = block_crc(row)
         self.f.flush()
-        self.f["pairs/done"][p] = 1
+        self.f[f"{group}/done"][p] = 1
         self.f.flush()
+
+    def pair_session(self, npairs: int, group: str = "pairs"):
+        """(done, sums) of the pair set ``group`` (made for ``npairs`` pairs if new) and the
+        ``on_pair(p, e_os, e_ss)`` that saves each finished one: what the pair loops take."""
+        self.init_pairs(npairs, group)
+        return self.load_pairs(group), functools.partial(self.save_pair, group=group)
 
     @_writes
     def mark_complete(self, e_os: float, e_ss: float) -> None:
@@ -528,6 +605,9 @@ def block_crc(arr: np.ndarray) -> int:
 
 ROOT_ATTRS = ("fingerprint", "occ_block")
 SCF_ATTRS = ("e_hf", "nocc", "scf_mode", "jk_auxbasis", "cycles")
+UHF_SCF_ATTRS = ("nocc_beta", "s2", "engine")       # a UHF's scf attributes, in its crc32 too
+B_NAMES = ("B", "B_beta")                           # B per spin channel
+UHF_PAIR_SETS = ("pairs_aa", "pairs_bb", "pairs_ab")
 B_ATTRS = ("metric", "metric_dropped")
 
 

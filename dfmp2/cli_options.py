@@ -5,7 +5,7 @@ dfmp2.errors.flag, the defaults from RunOptions):
 
     @molecule_options()    --basis --auxbasis --charge --multiplicity --reference --ecp --frozen-core
     @device_options()      --device --simulate --precision --pair-kernel --integrals --cpu-blas
-    @scf_options()         --scf --scf-max-cycle --scf-conv-tol-grad --scf-precision
+    @scf_options()         --scf --scf-max-cycle --scf-conv-tol-grad --scf-precision --scf-stability
     @resource_options()    --memory --storage --scratch (and the hidden tuning --occ-block-max,
                            --j3c-block-mb)
     @checkpoint_options()  --checkpoint --resume
@@ -81,7 +81,7 @@ SPECS = {
     "scf_mode": dict(type=click.Choice(SCF_MODES),
                      help="RHF: df, ours with density fitting (JK-fit basis) on the device; pyscf-df, PySCF's "
                           "DF-RHF on the host (the cross-check); exact, PySCF's RHF with exact integrals. "
-                          "Open shells: PySCF's DF-UHF (df, pyscf-df) or UHF (exact)"),
+                          "Open shells: our DF-UHF (df), PySCF's DF-UHF (pyscf-df) or UHF (exact)"),
     "scf_max_cycle": dict(type=click.IntRange(min=1),
                           help="most SCF iterations; a run whose SCF has not converged by then stops; "
                                "raise it for a slowly converging open shell"),
@@ -89,11 +89,13 @@ SPECS = {
                               help="the orbital-gradient norm the SCF must reach (with |ΔE| < 1e-12 Eh); "
                                    "loosen it for a gradient that stalls once the energy has converged"),
     "scf_precision": dict(type=click.Choice(SCF_PRECISIONS),
-                          help="our DF-SCF's J/K (--scf df, RHF): mixed, the first cycles' exchange in fp32 "
+                          help="our DF-SCF's J/K (--scf df, RHF and UHF): mixed, the first cycles' exchange in fp32 "
                                "(Fock matrix in fp64), then fp64 to the same thresholds (same E(HF) to 1e-10 "
                                "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cpu, cuda) "
                                "and memory allows the factor's fp32 copy, else fp64 (trn: fp32 cycles, "
                                "as ever)"),
+    "scf_stability": dict(help="check a converged UHF's internal stability (the lowest eigenvalue of its orbital "
+                               "Hessian, in the result; an instability is a warning); RHF: none"),
     "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
     "storage": dict(type=click.Choice(STORAGE_CHOICES),
                     help="where B lives: in memory if the plan fits, else on disk (auto), or forced"),
@@ -117,7 +119,7 @@ SPECS = {
 GROUPS = {
     "molecule": ("basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "frozen_core"),
     "device": ("device", "simulate", "precision", "pair_kernel", "integrals", "cpu_blas"),
-    "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad", "scf_precision"),
+    "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad", "scf_precision", "scf_stability"),
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),
     "cbs": ("cbs_scf",),

@@ -24,7 +24,10 @@ noise then shrinks with ΔD and the SCF converges to the fp64 thresholds. ΔD = 
 positive semidefinite of rank nocc, so its eigenvectors give K(ΔD) = K(V+ λ+^1/2) - K(V- |λ-|^1/2)
 with at most nocc columns each (padded to nocc: one kernel shape). What stays is the fp32
 rounding of the first build (the guess's J and K) and of the factor: see the module's tests
-and scripts/results for the measured E(HF) difference to fp64.
+and scripts/results for the measured E(HF) difference to fp64. Where that perturbation stalls
+the gradient (open shells with degenerate orbitals: OH), G is rebuilt once from the whole
+density with the fp64 factor on the host and the fp32 cycles go on from there
+(HOST_REBUILD_BELOW, recorded).
 
 Mixed precision (``precision`` 'mixed', or 'auto' where the device has fp64 and fast fp32,
 ``resolve_precision``): the first cycles build K of the whole density from an fp32 copy of the
@@ -36,8 +39,8 @@ error is below their noise, and the SCF converges to the same thresholds. Record
 
 Open shells (``unrestricted``): DFUHF, the same factor and steps with two spin channels: J of
 the total density, K per spin, one DIIS over both spins' stacked Fock matrices and commutators,
-PySCF's UHF guess, <S^2> of the result (``reference.spin_square``). A device without fp64 does not
-run it (``uhf_problem``: PySCF's DF-UHF on the host instead, recorded).
+PySCF's UHF guess, <S^2> of the result (``reference.spin_square``). On a device without fp64 as
+the RHF, with the host rebuild of G that open shells need (HOST_REBUILD_BELOW).
 
 Convergence as PySCF's RHF with our thresholds (scf.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
 on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: _DIIS;
@@ -56,7 +59,7 @@ from pyscf.scf import uhf as pyscf_uhf
 
 from dfmp2 import linalg
 
-from . import dfhf_dist, distributed, integrals, scf
+from . import dfhf_dist, distributed, integrals, scf, stability
 from .errors import InputError, MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
 from .options import SCF_PRECISIONS
@@ -82,6 +85,25 @@ DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is d
 FP32_NOISE = 20.0         # the gradient noise of an fp32 K, bounded: this many eps32 ||K/2||_F
 FP32_SWITCH = 10.0        # J/K go to fp64 once the orbital gradient is below this many noises, ...
 FP32_STALL = 0.8          # ... or falls by less than this factor in a cycle (at the noise floor)
+# A device without fp64 (trn): J/K of ΔD in fp32 keep a fixed rounding perturbation in the Fock
+# matrix (mostly the guess's build: the later ΔD are small). Open shells with degenerate partly
+# filled orbitals (OH, NO: one pi electron in two pi orbitals) have a flat rotation between them,
+# along which that perturbation moves the solution: OH's orbital gradient stalled at 1.8e-8
+# (threshold 1e-9), then wandered up to 1e-4 (trn1 simulated, 60 cycles). So G is rebuilt from the
+# whole density with the fp64 factor on the host (the factor the final energy uses anyway): the
+# DF-UHF once its gradient first falls below UHF_PLANNED_REBUILD, and any SCF whose fp32 gradient
+# stalls (FP32_STALL) below HOST_REBUILD_BELOW (not sooner than REBUILD_GRACE cycles after the
+# last rebuild). The difference to the accumulated G is added to DIIS's stored Fock matrices too
+# (the same perturbation is in all of them), and the fp32 cycles of ΔD go on from there on the
+# device. Measured, trn1 simulated against CPU fp64, cycles (ours fp64 in brackets), 8 open-shell
+# cases: OH 16 (16), NO 20 (20), CH2 18 (16), O2 24 (18), CN 23 (23), allyl 22 (20), H2O+ 18 (19),
+# glycyl 27 (27), 1 to 3 host builds, |ΔE(UHF)| <= 2e-13 Eh, |Δ<S^2>| <= 5e-9. Without the planned
+# rebuild (stalls only) 16 to 41 cycles; resetting DIIS at a rebuild instead of correcting it: up
+# to 35. Recorded: cycle_precision (fp64_cycles: the host builds), the 'scf_fp64_host' time, the
+# record's host line.
+HOST_REBUILD_BELOW = 1e-5
+UHF_PLANNED_REBUILD = 1e-3  # the DF-UHF's rebuild is planned: once, when the gradient first falls below this
+REBUILD_GRACE = 3         # cycles after a rebuild before a stall counts (DIIS starts again from one vector)
 
 
 def npair(nao: int) -> int:
@@ -156,19 +178,6 @@ def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str
     if not fp32_copy:
         return "fp64", f"{requested}: the fp32 copy of the JK factor does not fit the memory limit"
     return "mixed", ("asked for" if requested == "mixed" else "auto: the device has fp64 and fast fp32")
-
-
-def uhf_problem(caps) -> str | None:
-    """Why our DF-UHF does not run on a device of capabilities ``caps`` (None: it does). A device
-    without fp64 builds J/K of the density change in fp32 and keeps the first build's rounding
-    in the Fock matrix: a fixed perturbation, harmless for RHF, but an open shell with degenerate
-    partly filled orbitals (OH, NO: one beta or alpha pi electron in two pi orbitals) has a flat
-    rotation between them, along which a fixed perturbation has no stationary point: OH's
-    orbital gradient stalled at 1.8e-8 (threshold 1e-9) on trn1, CH2 and H2O+ converged."""
-    if not caps.has_fp64:
-        return ("the device has no fp64, and our DF-UHF's fp32 J/K do not converge open shells with "
-                "degenerate orbitals (OH) to the gradient threshold")
-    return None
 
 
 class JKFactor:
@@ -308,6 +317,10 @@ class _DIIS:
     def __init__(self, space: int = DIIS_SPACE, scaled: bool = True):
         self.space, self.F, self.e, self.noise, self.scaled = space, [], [], [], scaled
 
+    def shift(self, dF: torch.Tensor) -> None:
+        """Add ``dF`` to every stored Fock matrix (a correction common to all of them)."""
+        self.F = [F + dF for F in self.F]
+
     def update(self, F: torch.Tensor, e: torch.Tensor, noise: float = 0.0) -> torch.Tensor:
         """The extrapolated Fock matrix, with (F, e) added. ``noise``: the error of F not seen
         in e (a mixed SCF's fp32 builds: their rounding); an entry is dropped once its noise is
@@ -339,7 +352,8 @@ class _DIIS:
 def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
              progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-             fp32_copy: bool = True, unrestricted: bool = False, world=None) -> Reference:
+             fp32_copy: bool = True, unrestricted: bool = False, stability: bool = False,
+             world=None) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
@@ -350,11 +364,14 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     or 'fp64'); ``conv_tol_grad``: the orbital-gradient threshold. ``precision``: the cycles'
     J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
     ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
-    ``check_memory``; False: fp64 cycles, recorded). ``world`` (dfmp2.distributed.World) over
-    several ranks: the JK factor split by auxiliary index, J and K all-reduced each cycle
-    (dfmp2.dfhf_dist), unless the SCF is replicated (``distributed.split_scf``)."""
+    ``check_memory``; False: fp64 cycles, recorded). ``stability`` (UHF): check the converged
+    UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``). ``world``
+    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index, J and
+    K all-reduced each cycle (dfmp2.dfhf_dist), unless the SCF is replicated
+    (``distributed.split_scf``)."""
     cls = DFUHF if unrestricted else DFRHF
-    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb,
+    extra = {"check_stability": stability} if unrestricted else {}
+    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb, **extra,
                  incremental=incremental, engine=engine, progress=progress,
                  conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world).run(max_cycle)
 
@@ -369,6 +386,7 @@ class DFRHF:
     reference = "RHF"
     diis_scaled = True        # False: PySCF's unscaled DIIS solve (see _DIIS)
     diis_space = DIIS_SPACE
+    planned_rebuild = None    # on a device without fp64: rebuild G on the host once below this gradient
     jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
 
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
@@ -382,6 +400,8 @@ class DFRHF:
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
         self.requested, self.mode, self.why = precision, *resolve_precision(backend.caps, precision, fp32_copy)
         self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
+        self.host_rebuild, self.host_builds = False, []    # G rebuilt in fp64 on the host: at these cycles
+        self.built_on_host = False                         # this cycle's G was such a rebuild
         self.g_noise = 0.0           # the noise of the last G built (fp32: FP32_NOISE; not counted on trn)
         self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
@@ -455,6 +475,8 @@ class DFRHF:
 
     @property
     def cycle_precision(self) -> str:
+        if self.built_on_host:
+            return "fp64"
         return str(self.cycle_factor().B.dtype).replace("torch.float", "fp")
 
     def delta_factor(self, dD, width=None):
@@ -476,6 +498,15 @@ class DFRHF:
         fp32 cycles build J/K of the whole D in fp32 (not of ΔD: K of ΔD takes 2 nocc columns, as
         many flops in fp32 as K of D in fp64), added to H in fp64: its rounding is not carried
         from cycle to cycle, and the fp64 cycles after the switch rebuild G from D."""
+        self.built_on_host = self.host_rebuild and f is None
+        if self.built_on_host:                             # G of D with the fp64 factor, on the host
+            self.host_rebuild = False
+            G_acc = G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
+            t1 = time.perf_counter()
+            G = self.two_electron(D, *self.occupied_factor(C), f=self.fac64)
+            self.t0 -= self.timer.add("scf_fp64_host", t1, sync=False) - t1      # not charged to 'scf'
+            self.diis.shift(G - G_acc)          # the accumulated rounding taken out of DIIS's Fock matrices too
+            return G
         if self.incremental and f is None:
             return G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
         return self.two_electron(D, *self.occupied_factor(C), f=f)
@@ -525,7 +556,7 @@ class DFRHF:
         """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
         D, G = self.guess()
         e_tot = self.energy(D, G)
-        diis = _DIIS(self.diis_space, scaled=self.diis_scaled)
+        diis = self.diis = _DIIS(self.diis_space, scaled=self.diis_scaled)
         for cycle in range(max_cycle):
             e_last, D_last = e_tot, D
             F = self.H + G
@@ -543,6 +574,8 @@ class DFRHF:
                 self.maybe_switch(cycle + 1, e_tot - e_last, gnorm)
             elif self.converged(e_tot, e_last, gnorm):
                 return cycle + 1, D, G, F
+            else:
+                self.maybe_host_rebuild(cycle + 1, e_tot - e_last, gnorm)
         raise scf.not_converged(self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.conv_tol_grad)
 
     def maybe_switch(self, cycle: int, d_e: float, gnorm: float) -> bool:
@@ -555,6 +588,22 @@ class DFRHF:
             self.fp32_phase = False
             self.switch = {"cycle": cycle, "gnorm": gnorm, "d_e": d_e}
         return not self.fp32_phase
+
+    def maybe_host_rebuild(self, cycle: int, d_e: float, gnorm: float) -> bool:
+        """On a device without fp64: the next cycle's G is built from the whole density with the
+        fp64 factor on the host once the incremental fp32 cycles' orbital gradient first falls
+        below ``planned_rebuild`` (the DF-UHF's), or stalls (FP32_STALL) below HOST_REBUILD_BELOW
+        (module constants). True when one is due (``host_builds`` records it)."""
+        last, self.last_gnorm = getattr(self, "last_gnorm", None), gnorm
+        grace = bool(self.host_builds) and cycle < self.host_builds[-1]["cycle"] + REBUILD_GRACE
+        planned = self.planned_rebuild is not None and not self.host_builds and gnorm < self.planned_rebuild
+        if (self.mode != "fp32" or not self.incremental or self.fac64 is None or grace
+                or not (planned or (last is not None and gnorm < HOST_REBUILD_BELOW and gnorm > FP32_STALL * last))):
+            return False
+        self.host_rebuild = True
+        self.host_builds.append({"cycle": cycle + 1, "gnorm_before": gnorm,
+                                 "why": "planned (UHF_PLANNED_REBUILD)" if planned else "stalled (HOST_REBUILD_BELOW)"})
+        return True
 
     def finish(self, D, G, F):
         """PySCF's final check: diagonalise the undamped Fock matrix once more, rebuild,
@@ -598,6 +647,9 @@ class DFRHF:
                 + ("; (P|Q) and (μν|P) by libcint" if self.engine.name == "host" else ""))
         if self.dense is not be:
             host += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
+        if self.host_builds:
+            host += "; G rebuilt from the whole density with the fp64 factor, " + ", ".join(
+                f"at cycle {b['cycle']} (gradient {b['gnorm_before']:.2g}, {b['why']})" for b in self.host_builds)
         return ScfRecord(
             engine=ENGINE, reference=self.reference, device=be.name, source="ran", iterations=cycles,
             conv_tol_grad=self.conv_tol_grad,
@@ -619,7 +671,7 @@ class DFRHF:
 
     def cycle_record(self, cycles: int) -> dict:
         """Which cycles built J/K in which precision (provenance.cycle_precision)."""
-        n32 = cycles if self.mode == "fp32" else self.fp32_cycles
+        n32 = cycles - len(self.host_builds) if self.mode == "fp32" else self.fp32_cycles
         f32 = self.fac32
         return cycle_precision(self.mode, self.requested, why=self.why, fp32_cycles=n32, fp64_cycles=cycles - n32,
                                switch=self.switch, device=self.backend.name if n32 else None,
@@ -639,11 +691,30 @@ class DFUHF(DFRHF):
 
     reference = "UHF"
     diis_space = UHF_DIIS_SPACE
+    planned_rebuild = UHF_PLANNED_REBUILD
     jk_text = "J of the total density by GEMVs, K per spin by GEMM + SYRK over the packed JK factor"
 
-    def __init__(self, mol, backend, **kw):
+    def __init__(self, mol, backend, *, check_stability: bool = False, **kw):
         self.nocc_s = tuple(int(n) for n in mol.nelec)        # (alpha, beta)
+        self.check_stability = check_stability
         super().__init__(mol, backend, **kw)
+
+    def run(self, max_cycle: int) -> Reference:
+        """DFRHF.run, then (``check_stability``) the internal stability check of the converged
+        UHF with this SCF's J/K (``hessian_product``, dfmp2.stability; time 'stability'): its
+        record in ``ScfRecord.stability``."""
+        ref = super().run(max_cycle)
+        if self.check_stability:
+            t0 = time.perf_counter()
+            todev = self.dense.to_device
+            C = todev(torch.from_numpy(np.stack([c.mo_coeff for c in ref.channels])), torch.float64)
+            mo_e = todev(torch.from_numpy(np.stack([c.mo_energy for c in ref.channels])), torch.float64)
+            rec = stability.lowest_root(*self.hessian_product(C, mo_e), ran=(
+                f"ours: Hessian products with this SCF's J/K ({self.backend.name}, "
+                f"{str(self.fac.B.dtype).replace('torch.float', 'fp')} factor), pyscf.lib.davidson on the host"))
+            ref.scf.stability = rec.to_dict()
+            self.timer.add("stability", t0)
+        return ref
 
     def initial_density(self):
         """PySCF's UHF default guess, (2, nao, nao) numpy."""
@@ -679,6 +750,35 @@ class DFUHF(DFRHF):
 
     def orbital_gradient(self, F, C) -> float:
         return math.hypot(*(self.gradient_norm(F[s], C[s], n) for s, n in enumerate(self.nocc_s)))
+
+    def hessian_product(self, C: torch.Tensor, mo_e: torch.Tensor):
+        """(hop, hdiag) of the orbital Hessian of the converged UHF with orbitals C (2, nao, nmo)
+        and energies mo_e (2, nmo) on the dense device, in PySCF's gen_g_hop_uhf convention
+        (dfmp2.stability): hop(x) (numpy (n,) -> (n,), n = Σ_s nvir_s nocc_s, Hartree) builds
+        G_s = J(dD_a + dD_b) - K(dD_s) of dD_s = C_v x_s C_o^T + C_o x_s^T C_v^T with this SCF's
+        J/K on the device (fp64 factor where the device has it; K of dD_s from the factors
+        (C_v x_s ± C_o)/√2, split as in the incremental builds); hdiag (n,) = e_a - e_i."""
+        dense, f = self.dense, self.fac
+        occ = [(C[s][:, :n], C[s][:, n:], mo_e[s][:n], mo_e[s][n:]) for s, n in enumerate(self.nocc_s)]
+        sizes = [(cv.shape[1], co.shape[1]) for co, cv, _, _ in occ]
+        hdiag = np.concatenate([(ev[:, None] - eo[None, :]).reshape(-1).cpu().numpy() for _, _, eo, ev in occ])
+
+        def hop(x):
+            xs, p = [], 0
+            for nv, no in sizes:
+                xs.append(dense.to_device(torch.from_numpy(np.ascontiguousarray(x[p:p + nv * no])), torch.float64
+                                          ).reshape(nv, no))
+                p += nv * no
+            dD, factors = [], []
+            for (co, cv, _, _), xk in zip(occ, xs):
+                a = cv @ xk
+                dD.append(a @ co.mT + co @ a.mT)
+                factors.append(torch.cat([a + co, a - co], dim=1) / math.sqrt(2.0))
+            G = self.two_electron(torch.stack(dD), tuple(factors), split=tuple(self.nocc_s), f=f)
+            out = [(cv.mT @ G[s] @ co + ev[:, None] * xk - xk * eo[None, :]).reshape(-1)
+                   for s, ((co, cv, eo, ev), xk) in enumerate(zip(occ, xs))]
+            return torch.cat(out).cpu().numpy()
+        return hop, hdiag
 
     def reference_of(self, C, mo_e, e_tot: float, record: ScfRecord) -> Reference:
         """Two channels, with <S^2> of the occupied orbitals."""

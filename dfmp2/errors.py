@@ -58,7 +58,7 @@ class MemoryLimitError(InputError):
 # The CLI flag of an option (a RunOptions field or a command's parameter): '--' + the name with
 # '-' for '_', but for these. dfmp2.cli_options declares every shared option with this flag.
 FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
-                "frozen_core": "--frozen-core/--all-electron"}
+                "frozen_core": "--frozen-core/--all-electron", "scf_stability": "--scf-stability/--no-scf-stability"}
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
 OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)",
                 "integrals-host": "--integrals host"}

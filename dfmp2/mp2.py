@@ -102,10 +102,9 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
     already marked). B of each channel stays in memory or goes to HDF5 as ``plan.out_of_core``
     says (the same arithmetic either way, so the same bits); out-of-core files without a
     checkpoint go to a private directory under ``scratch_dir``, removed however this returns.
-    ``checkpoint`` (RHF only): B and each finished block pair are written to it, and what it
-    already holds is reused. ``progress(done, total)`` after each block pair. ``world``
-    (dfmp2.distributed.World) over several ranks: ``distributed_stage``."""
-    assert checkpoint is None or ref.restricted
+    ``checkpoint``: B (each channel's) and each finished block pair (of each pair set) are
+    written to it, and what it already holds is reused. ``progress(done, total)`` after each
+    block pair. ``world`` (dfmp2.distributed.World) over several ranks: ``distributed_stage``."""
     if world is not None and world.distributed:
         assert checkpoint is None and not plan.out_of_core
         return distributed_stage(mol, auxmol, ref, backend=backend, precision=precision, plan=plan,
@@ -117,17 +116,18 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
     naux = auxmol.nao_nr()
     blocks = [outofcore.OccBlocks(ch.nocc_active, ch.nvir_active, naux, plan.occ_block) for ch in ref.channels]
     used = FromCheckpoint(scf=ref.source == "checkpoint")
-    stores, factor, metric = [], None, ("cholesky", {})
+    stores, factor, metric, reused = [], None, ("cholesky", {}), []
     try:
-        for ch, blk in zip(ref.channels, blocks):
+        for c, (ch, blk) in enumerate(zip(ref.channels, blocks)):
             if blk.nocc == 0:            # e.g. the H atom's beta spin: nothing to correlate
                 stores.append(None)
                 continue
             t0 = time.perf_counter()
-            B = outofcore.open_b_store(plan, blk, b_dtype, backend, checkpoint=checkpoint, scratch=scratch_dir)
+            B = outofcore.open_b_store(plan, blk, b_dtype, backend, checkpoint=checkpoint, scratch=scratch_dir,
+                                       channel=c)
             stores.append(B)
+            reused.append(B.complete)
             if B.complete:
-                used.B = True
                 timer.add("checkpoint", t0)
             else:
                 factor = factor or metric_factor(auxmol, backend, timer, engine)
@@ -135,6 +135,7 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
                         engine=engine, metric=factor)
             metric = B.metric
         factor = None
+        used.B = bool(reused) and all(reused)          # every channel's B read back, none built
         eps = [(backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
                for ch in ref.channels]
         t0 = time.perf_counter()
@@ -142,7 +143,8 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
             e_os, e_ss, npairs = _closed_shell_pairs(stores[0], eps[0], backend, checkpoint, used, progress)
             spin_blocks = None
         else:
-            e_os, e_ss, npairs, spin_blocks = _open_shell_pairs(stores, eps, blocks, backend, progress)
+            e_os, e_ss, npairs, spin_blocks = _open_shell_pairs(stores, eps, blocks, backend, progress,
+                                                                checkpoint, used)
         timer.add("pair", t0)
         b_file = None
         if plan.out_of_core:
@@ -168,24 +170,31 @@ def _closed_shell_pairs(B, eps, backend, checkpoint, used: FromCheckpoint, progr
     """(E_OS, E_SS, block pairs) of one closed-shell channel over block pairs I >= J; finished
     pairs come from and go to ``checkpoint``."""
     pairs = B.blocks.pairs()
-    done = on_pair = None
-    if checkpoint is not None:
-        checkpoint.init_pairs(len(pairs))
-        done = checkpoint.load_pairs()
-        used.pairs = int(done[0].sum())
-        on_pair = checkpoint.save_pair
+    done, on_pair = _resumed_pairs(checkpoint, len(pairs), "pairs", used)
     sums = outofcore.pair_block_sums(B, *eps, backend, done=done, on_pair=on_pair, progress=progress)
     e_os, e_ss = outofcore.combine(sums, pairs)
     return e_os, e_ss, len(pairs)
 
 
-def _open_shell_pairs(stores, eps, blocks, backend, progress):
+def _resumed_pairs(checkpoint, npairs: int, group: str, used: FromCheckpoint):
+    """(done, on_pair) of the checkpoint's pair set ``group`` for the pair loops (None, None without
+    a checkpoint); the finished pairs are counted in ``used.pairs``."""
+    if checkpoint is None:
+        return None, None
+    done, on_pair = checkpoint.pair_session(npairs, group)
+    used.pairs += int(done[0].sum())
+    return done, on_pair
+
+
+def _open_shell_pairs(stores, eps, blocks, backend, progress, checkpoint=None, used=None):
     """UMP2's three spin blocks (Hartree):
 
         E_aa = 1/2 sum_{ij in a} sum_ab K_ab (K_ab - K_ba) / D   (pair_block_sums on B^a: e_ss / 2)
         E_bb likewise on B^b,   E_ab = sum_{i in a, j in b} sum_ab K_ab^2 / D   (cross_block_sums)
 
-    Returns (E_OS = E_ab, E_SS = E_aa + E_bb, block pairs, {'e_corr_aa', 'e_corr_bb', 'e_corr_ab'})."""
+    With a ``checkpoint`` each set's finished pairs come from and go to its pair set (pairs_aa,
+    pairs_bb, pairs_ab; counted in ``used``). Returns (E_OS = E_ab, E_SS = E_aa + E_bb, block
+    pairs, {'e_corr_aa', 'e_corr_bb', 'e_corr_ab'})."""
     npairs = [len(b.pairs()) if st is not None else 0 for b, st in zip(blocks, stores)]
     ncross = blocks[0].count * blocks[1].count if None not in stores else 0
     total = sum(npairs) + ncross
@@ -193,17 +202,20 @@ def _open_shell_pairs(stores, eps, blocks, backend, progress):
     def offset(base):
         return None if progress is None else (lambda done, _n: progress(base + done, total))
     e_same = []
-    for s in (0, 1):
+    for s, group in enumerate(("pairs_aa", "pairs_bb")):
         if stores[s] is None:
             e_same.append(0.0)
             continue
-        sums = outofcore.pair_block_sums(stores[s], *eps[s], backend, progress=offset(sum(npairs[:s])))
+        done, on_pair = _resumed_pairs(checkpoint, npairs[s], group, used)
+        sums = outofcore.pair_block_sums(stores[s], *eps[s], backend, done=done, on_pair=on_pair,
+                                         progress=offset(sum(npairs[:s])))
         e_same.append(0.5 * outofcore.combine(sums, blocks[s].pairs())[1])
     e_ab = 0.0
     if ncross:
-        sums = outofcore.cross_block_sums(stores[0], stores[1], *eps[0], *eps[1], backend,
-                                          progress=offset(sum(npairs)))
-        e_ab = float(sum(sums.tolist()))
+        done, on_pair = _resumed_pairs(checkpoint, ncross, "pairs_ab", used)
+        sums = outofcore.cross_block_sums(stores[0], stores[1], *eps[0], *eps[1], backend, done=done,
+                                          on_pair=on_pair, progress=offset(sum(npairs)))
+        e_ab = float(sum(sums[:, 0].tolist()))
     return e_ab, e_same[0] + e_same[1], total, {"e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
 
 

@@ -62,6 +62,7 @@ _FIELD_TYPES = (
     ("scf_max_cycle", (Integral,), "a positive integer"),
     ("scf_conv_tol_grad", (Real,), "a positive number"),
     ("scf_precision", (str,), f"one of {', '.join(SCF_PRECISIONS)}"),
+    ("scf_stability", (bool,), "True or False"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
     ("cbs_scf", (str,), f"one of {', '.join(CBS_SCF_SCHEMES)}"),
 )
@@ -94,6 +95,7 @@ class RunOptions:
     scf_max_cycle: int = SCF_MAX_CYCLE
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
     scf_precision: str = "auto"          # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
+    scf_stability: bool = True           # a UHF's internal stability check (dfmp2.stability); RHF: none
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
     cbs_scf: str = "xtpl_highest_1"      # a basis bracket's SCF scheme (dfmp2.cbs): Psi4's default, the largest basis
 

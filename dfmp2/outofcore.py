@@ -280,34 +280,37 @@ class HDF5B:
 
 # ---------------------------------------------------------------- the store factory
 def open_b_store(plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkpoint=None,
-                 scratch=None) -> "BStore":
+                 scratch=None, channel: int = 0) -> "BStore":
     """B (block k a (naux, nk*nvir) array in ``dtype``) wherever ``plan`` and ``checkpoint`` put it,
     behind one interface (the role of PySCF's ``_make_df_eris``): in memory on the backend's
     device (plan.out_of_core False), else HDF5 on disk: the checkpoint's /B (crc32 per block) or a
     file in a private directory under ``scratch`` (default: the system's temp dir), removed by
     ``close()``. A checkpoint that already holds a complete B gives a ``complete`` store: on disk
     every block is checked against its crc32 now, in memory every block as it is copied in; a
-    damaged block is a CheckpointError. ``checkpoint``: a dfmp2.checkpoint.Checkpoint."""
+    damaged block is a CheckpointError. ``checkpoint``: a dfmp2.checkpoint.Checkpoint;
+    ``channel``: the spin channel whose B this is (its dataset in the checkpoint)."""
     ck, tmp = checkpoint, Scratch(scratch)
     store = None
+    done = ck is not None and ck.b_done(channel)
     try:
-        if ck is not None and (plan.out_of_core or ck.b_complete):
-            disk = HDF5B(ck.b_dataset(blocks, dtype), blocks, crc=ck.crc_dataset(), where=CHECKPOINT)
+        if ck is not None and (plan.out_of_core or done):
+            disk = HDF5B(ck.b_dataset(blocks, dtype, channel), blocks, crc=ck.crc_dataset(channel),
+                         where=CHECKPOINT)
         elif plan.out_of_core:
             disk = HDF5B(create_flat(tmp.open("B"), "B", blocks, dtype), blocks)
         if plan.out_of_core:
-            store = BStore(disk, ck, tmp)
-            if ck is not None and ck.b_complete:
+            store = BStore(disk, ck, tmp, channel)
+            if done:
                 disk.verify()           # all of B once, so any damaged block is refused
         else:
-            store = BStore(InMemoryB(blocks, dtype, backend.device, allocate=False), ck, tmp)
-            if ck is not None and ck.b_complete:
+            store = BStore(InMemoryB(blocks, dtype, backend.device, allocate=False), ck, tmp, channel)
+            if done:
                 with closing(disk.iter_blocks(range(blocks.count), backend)) as it:
                     for k, blk in it:
                         store.data.set_block(k, blk.contiguous())
                 disk.close()
-        if ck is not None and ck.b_complete:
-            store.complete, store.metric = True, ck.metric()
+        if done:
+            store.complete, store.metric = True, ck.metric(channel)
         return store
     except BaseException:
         (store or tmp).close()
@@ -317,10 +320,11 @@ def open_b_store(plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkp
 class BStore:
     """B for the DF-MP2 stage (``open_b_store``). Block access (blocks, dtype, on_disk, path,
     write_rows, set_block, read_block, iter_blocks, flush) is that of ``data``, an InMemoryB or
-    HDF5B. ``complete``: B holds a finished B; ``metric`` is then the (kind, info) of its fit."""
+    HDF5B. ``complete``: B holds a finished B; ``metric`` is then the (kind, info) of its fit.
+    ``channel``: the spin channel (the checkpoint's dataset for it)."""
 
-    def __init__(self, data, checkpoint, scratch: "Scratch"):
-        self.data, self.checkpoint, self.scratch = data, checkpoint, scratch
+    def __init__(self, data, checkpoint, scratch: "Scratch", channel: int = 0):
+        self.data, self.checkpoint, self.scratch, self.channel = data, checkpoint, scratch, channel
         self.complete, self.metric = False, None
 
     def __getattr__(self, name):
@@ -347,15 +351,15 @@ class BStore:
         ck = self.checkpoint
         if ck is not None:
             if not self.on_disk:
-                disk = HDF5B(ck.b_dataset(self.blocks, self.dtype), self.blocks, crc=ck.crc_dataset(),
-                             where=CHECKPOINT)
+                disk = HDF5B(ck.b_dataset(self.blocks, self.dtype, self.channel), self.blocks,
+                             crc=ck.crc_dataset(self.channel), where=CHECKPOINT)
                 try:
                     for k in range(self.blocks.count):
                         disk.set_block(k, self.data.data[k])
                     disk.flush()
                 finally:
                     disk.close()
-            ck.mark_b_complete(metric_kind, metric_info)
+            ck.mark_b_complete(metric_kind, metric_info, self.channel)
         self.complete, self.metric = True, (metric_kind, metric_info)
 
     def close(self) -> None:
@@ -493,31 +497,46 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
 
 
 def cross_block_sums(store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_b, backend, *,
-                     progress=None) -> np.ndarray:
-    """UMP2's opposite-spin sums: (na * nb,) fp64, one per block pair (I of ``store_a``, J of
-    ``store_b``), I-major; their plain sum in this order is E_OS (no i >= j symmetry between spins).
+                     done=None, on_pair=None, progress=None) -> np.ndarray:
+    """UMP2's opposite-spin sums: (na * nb, 2) fp64, one row per block pair (I of ``store_a``, J of
+    ``store_b``), I-major: the kernel's (e_os, e_ss); the plain sum of column 0 in this order is E_OS
+    (no i >= j symmetry between spins; column 1, the same-spin form of a rectangular K, is unused).
 
     store_a, store_b: InMemoryB or HDF5B holding B^alpha and B^beta over the same naux (different
-    nocc and nvir). eps_*: fp64 orbital energies (Hartree) on the device. Each alpha block is read
-    once, the beta blocks once per alpha block. ``progress(done, total)`` after each pair.
+    nocc and nvir). eps_*: fp64 orbital energies (Hartree) on the device. Each alpha block with a
+    pair left is read once, the beta blocks once per pair left. ``done``, ``on_pair``, ``progress``
+    as ``pair_block_sums`` (a checkpoint's finished pairs are not recomputed).
     """
     ba, bb = store_a.blocks, store_b.blocks
     total = ba.count * bb.count
-    sums = np.zeros(total, dtype=np.float64)
-    order_b = [j for _ in range(ba.count) for j in range(bb.count)]
-    with closing(store_a.iter_blocks(range(ba.count), backend)) as it_a, \
-            closing(store_b.iter_blocks(order_b, backend)) as it_b:
-        p = 0
-        for i, blk_a in it_a:
-            Bi = pair_view(blk_a, ba.nvir)
-            i0, i1 = ba.orbitals(i)
-            for _ in range(bb.count):
-                j, blk_b = next(it_b)
-                j0, j1 = bb.orbitals(j)
-                sums[p], _ss = linalg.mp2_pair_energy(
-                    Bi, pair_view(blk_b, bb.nvir), eps_occ_a[i0:i1], eps_occ_b[j0:j1], eps_vir_a,
-                    eps_vir_j=eps_vir_b, backend=backend)
-                p += 1
-                if progress is not None:
-                    progress(p, total)
+    sums = np.zeros((total, 2), dtype=np.float64)
+    finished = np.zeros(total, dtype=bool)
+    if done is not None:
+        finished[:] = done[0]
+        sums[finished] = done[1][finished]
+    todo = [p for p in range(total) if not finished[p]]
+    ndone = total - len(todo)
+    if progress is not None and ndone:
+        progress(ndone, total)
+    rows = sorted({p // bb.count for p in todo})
+    with closing(store_a.iter_blocks(rows, backend)) as it_a, \
+            closing(store_b.iter_blocks([p % bb.count for p in todo], backend)) as it_b:
+        cur_i, Bi = None, None
+        for p in todo:
+            i = p // bb.count
+            if i != cur_i:
+                k, blk_a = next(it_a)
+                assert k == i
+                cur_i, Bi = i, pair_view(blk_a, ba.nvir)
+            j, blk_b = next(it_b)
+            (i0, i1), (j0, j1) = ba.orbitals(i), bb.orbitals(j)
+            os_, ss_ = linalg.mp2_pair_energy(
+                Bi, pair_view(blk_b, bb.nvir), eps_occ_a[i0:i1], eps_occ_b[j0:j1], eps_vir_a,
+                eps_vir_j=eps_vir_b, backend=backend)
+            sums[p] = (os_, ss_)
+            ndone += 1
+            if on_pair is not None:
+                on_pair(p, os_, ss_)
+            if progress is not None:
+                progress(ndone, total)
     return sums

@@ -22,7 +22,7 @@ import torch
 from dfmp2 import linalg
 from dfmp2.linalg import DTYPES
 
-from . import checkpoint, dfhf, distributed, integrals, memory, mp2_dist, outputs, scf
+from . import checkpoint, dfhf, distributed, integrals, memory, mp2_dist, outputs, scf, stability
 from .errors import DiskWriteError, InputError, MemoryLimitError, shown
 from .memory import MemoryPlan, plan_memory
 from .mp2 import MP2Energies, mp2_stage
@@ -132,9 +132,6 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     if options.scratch_dir is not None:      # a given scratch directory must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "scratch", option="scratch_dir")
     uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
-    if uhf and (options.checkpoint or options.resume):
-        raise InputError("checkpoints are not supported with a UHF reference yet; run without one",
-                         option="checkpoint")
     backend = backend if backend is not None else make_backend(options, unrestricted=uhf)
     mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     engine = select_integrals(options, mol, backend)
@@ -254,7 +251,8 @@ class CheckpointSession:
             frozen_core=o.frozen_core, precision=job.precision, device=o.device, simulate=o.simulate,
             nfrozen=space.nfrozen, nocc=space.nocc[0] - space.nfrozen, nvir=space.nmo - space.nocc[0],
             naux=space.naux, ecp=scf.ecp_info(job.mol),
-            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != scf.SCF_CONV_TOL_GRAD else None)
+            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != scf.SCF_CONV_TOL_GRAD else None,
+            nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None)
 
     def __enter__(self) -> "CheckpointSession":
         o = self.options
@@ -321,8 +319,9 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
         f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB, B "
         f"{'on disk' if plan.out_of_core else 'in memory'}")
-    ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo,
-                               nblocks=-(-space.nocc_active // plan.occ_block))
+    nblocks = [-(-(n - space.nfrozen) // plan.occ_block) for n in space.nocc]     # per spin channel
+    ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo, nblocks=nblocks[0],
+                               nblocks_beta=nblocks[1] if job.unrestricted else None)
     pyscf_df = options.scf_mode in scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
                 ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
@@ -346,9 +345,8 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
 
 
 def _our_scf(job: Job) -> bool:
-    """Whether our DF-SCF (dfhf) makes the reference: SCF mode 'df', and for UHF a device our
-    DF-UHF runs on (``dfhf.uhf_problem``; else PySCF's DF-UHF on the host, recorded)."""
-    return job.options.scf_mode == "df" and not (job.unrestricted and dfhf.uhf_problem(job.backend.caps))
+    """Whether our DF-SCF (dfhf: DFRHF or DFUHF, on every device) makes the reference: SCF mode 'df'."""
+    return job.options.scf_mode == "df"
 
 
 def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto", unrestricted: bool = False) -> dict:
@@ -420,7 +418,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
     kind = "UHF" if job.unrestricted else "RHF"
     cycles = CycleLog(say, kind)
     if ck is not None and ck.has_scf:
-        say(f"RHF from checkpoint {ck.path}")
+        say(f"{kind} from checkpoint {ck.path}")
         ref = ck.load_scf()
         timer.add("checkpoint", t0)
     elif _our_scf(job):
@@ -429,24 +427,25 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
                             fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
-                            world=distributed.current())
+                            stability=options.scf_stability, world=distributed.current())
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
         ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
                         conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
                         scratch_dir=options.scratch_dir)
-        timer.add("scf", t0)
-        if options.scf_mode == "df":            # a UHF our engine does not run here: said and recorded
-            ref.scf.host = f"PySCF's DF-UHF on the host, not ours: {dfhf.uhf_problem(job.backend.caps)}"
-            say(ref.scf.host)
+        t1 = timer.add("scf", t0)
+        if job.unrestricted and options.scf_stability:      # PySCF's UHF: its own Hessian products
+            ref.scf.stability = stability.uhf_internal_pyscf(ref.mf).to_dict()
+            timer.add("stability", t1)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
     # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, \
         (ref.nmo, job.space)
     ref = ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
-    job.warnings += [w for w in (ref.contamination_warning(), ref.gap_warning()) if w]
+    job.warnings += [w for w in (ref.contamination_warning(), ref.gap_warning(),
+                                 stability.warning(ref.scf.stability)) if w]
     return ref
 
 

@@ -62,6 +62,7 @@ class ScfRecord:
     checkpoint: str | None = None
     cycle_precision: dict = field(default_factory=lambda: cycle_precision("fp64", None))
     df_tensor: str | None = None             # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
+    stability: dict | None = None            # a UHF's internal stability check (dfmp2.stability.StabilityRecord)
 
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""

@@ -597,8 +597,8 @@ def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_
             conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
             scratch_dir=None) -> Reference:
     """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
-    JK-fit set and thresholds, for 'df' and 'pyscf-df': our own DF-SCF is closed-shell only so
-    far; or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress``, ``memory_mb`` and
+    JK-fit set and thresholds, for 'df' and 'pyscf-df': the cross-check of our DF-UHF, dfhf.DFUHF;
+    or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress``, ``memory_mb`` and
     ``scratch_dir`` as ``run_rhf``'s."""
     return _run_pyscf(scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir)
 

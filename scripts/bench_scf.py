@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Benchmark: our DF-RHF (dfmp2.dfhf, ``--scf df``) against PySCF's DF-RHF (``--scf pyscf-df``),
-same molecule, basis, JK-fit set and thresholds, in the same process; iteration counts beside
-the times. CPU always; CUDA when torch sees a GPU (ours on it, and gpu4pyscf's DF-RHF when it is
+same molecule, basis, JK-fit set and thresholds; iteration counts beside the times. An open shell
+(``--charge``/``--multiplicity`` or the XYZ comment) compares our DF-UHF (dfhf.DFUHF) with PySCF's
+DF-UHF the same way (``--pyscf-max-cycle``: PySCF's limit; an unconverged PySCF is timed and marked). CPU always; CUDA when torch sees a GPU (ours on it, and gpu4pyscf's DF-RHF when it is
 installed), else a 'not run' row with the reason. ``--whole`` also times the whole ``dfmp2 run``
 against PySCF's DF-RHF + DF-MP2. Ours runs with --scf-precision fp64 and mixed, ``--repeat`` times
 each, interleaved.
 
     python scripts/bench_scf.py                                  # (H2O)16 / cc-pVDZ, 2 threads
     python scripts/bench_scf.py inputs/water_clusters/h2o_32.xyz --whole --threads 16
+    python scripts/bench_scf.py inputs/water_clusters/h2o_08.xyz --charge 1 --multiplicity 2   # (H2O)8+ UHF
 
 Writes scripts/results/bench_scf[_<tag>].json and .md. Every row records the other processes' CPU use while it ran (a shared machine slows both sides).
 """
@@ -68,6 +70,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
     ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--charge", type=int, default=None, help="molecular charge [default: the XYZ comment's]")
+    ap.add_argument("--multiplicity", type=int, default=None, help="2S+1 [default: the XYZ comment's]; "
+                    "an open shell runs the DF-UHF on both sides")
+    ap.add_argument("--pyscf-max-cycle", type=int, default=300,
+                    help="PySCF's SCF cycle limit (its DF-UHF needs more than 200 on (H2O)8+)")
     ap.add_argument("--threads", type=int, default=2, help="torch and PySCF threads")
     ap.add_argument("--whole", action="store_true", help="also the whole dfmp2 run vs PySCF DF-RHF + DF-MP2")
     ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
@@ -81,12 +88,15 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     lib.num_threads(args.threads)
 
-    mol = scf.build_molecule(read_xyz(args.xyz), args.basis)
+    mol = scf.build_molecule(read_xyz(args.xyz), args.basis, args.charge, args.multiplicity)
+    uhf = mol.spin != 0
+    kind, task = ("DF-UHF", "dfuhf") if uhf else ("DF-RHF", "dfrhf")
     jk = scf.default_auxbasis(mol, "jk")
     naux = scf.make_auxmol(mol, jk).nao_nr()
-    nao, nocc = mol.nao_nr(), mol.nelectron // 2
+    nao = mol.nao_nr()
+    nocc = sum(mol.nelec) if uhf else mol.nelectron // 2     # K's columns a cycle: both spins' for UHF
     pred = predict(nao, naux, nocc, dfhf.jk_block(nao, naux, 8))
-    print(f"{args.xyz}: nbasis {nao}, naux(JK) {naux}, nocc {nocc}; {args.threads} threads; "
+    print(f"{args.xyz} {kind}: nbasis {nao}, naux(JK) {naux}, nocc {nocc}; {args.threads} threads; "
           f"predicted {pred['per_cycle_gflop']:.1f} GFLOP per cycle", flush=True)
     rows = []
 
@@ -96,68 +106,74 @@ def main(argv=None):
         print(f"  {who} on {device}: {t:.2f} s, {ref.scf.iterations} cycles, E(HF) {ref.e_hf:.10f}"
               + (f", {extra['fp32_cycles']} of them fp32" if extra.get("fp32_cycles") else ""), flush=True)
 
-    base = fb.pyscf_baseline(["whole"] if args.whole else ["dfrhf"], args.xyz, args.basis, threads=args.threads,
-                             timeout=args.baseline_timeout, peak_sizes=args.peak_sizes)
+    base = fb.pyscf_baseline(["whole"] if args.whole else [task], args.xyz, args.basis, threads=args.threads,
+                             timeout=args.baseline_timeout, peak_sizes=args.peak_sizes, charge=args.charge,
+                             multiplicity=args.multiplicity, max_cycle=args.pyscf_max_cycle)
     if base["best"] is None:
         sys.exit("error: the PySCF baseline failed in both settings: " + "; ".join(
             r["error"] for r in base["runs"].values()))
     for setting, r in base["runs"].items():
         if "error" in r:
-            rows.append({"who": f"pyscf DF-RHF ({setting})", "device": "cpu", "not_run": r["error"]})
+            rows.append({"who": f"pyscf {kind} ({setting})", "device": "cpu", "not_run": r["error"]})
             continue
-        t = r["tasks"].get("dfrhf") or r["tasks"]["whole"]
-        rows.append({"who": f"pyscf DF-RHF ({setting})", "device": "cpu", "setting": setting,
+        t = r["tasks"].get(task) or r["tasks"]["whole"]
+        rows.append({"who": f"pyscf {kind} ({setting})", "device": "cpu", "setting": setting,
                      "seconds": t.get("scf_s", t["seconds"]), "iterations": t["iterations"], "e_hf": t["e_hf"],
-                     "other_processes_cores": t["other_processes_cores"]})
-        print(f"  PySCF DF-RHF ({setting}): {rows[-1]['seconds']:.2f} s; {fb.blas_summary(r['blas'])}", flush=True)
-    e_hf_p = base["tasks"].get("dfrhf", base["tasks"].get("whole"))["e_hf"]
+                     "converged": t.get("converged", True), "other_processes_cores": t["other_processes_cores"]})
+        print(f"  PySCF {kind} ({setting}): {rows[-1]['seconds']:.2f} s"
+              + ("" if rows[-1]["converged"] else f", NOT converged in {t['iterations']} cycles")
+              + f"; {fb.blas_summary(r['blas'])}", flush=True)
+    e_hf_p = base["tasks"].get(task, base["tasks"].get("whole"))["e_hf"]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for dev in devices:
         be = linalg.get_backend(dev)
         for rep in range(args.repeat):          # --scf-precision fp64 and mixed, interleaved
             for prec in ("fp64", "mixed")[::1 if rep % 2 == 0 else -1]:
                 timer = Timer(be)
-                t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer, precision=prec))
+                t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer, precision=prec, unrestricted=uhf))
                 cp = ref.scf.cycle_precision
-                row(f"ours (dfmp2.dfhf, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
-                    kernels=ref.scf.kernels, d_e_hf_vs_pyscf=ref.e_hf - e_hf_p, repeat=rep,
+                row(f"ours (dfmp2.dfhf {kind}, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
+                    kernels=ref.scf.kernels, d_e_hf_vs_pyscf=None if e_hf_p is None else ref.e_hf - e_hf_p, repeat=rep,
                     fp32_cycles=cp["fp32_cycles"], fp64_cycles=cp["fp64_cycles"], switch_gnorm=cp["switch_gnorm"])
     if "cuda" not in devices:
         rows.append({"who": "ours (dfmp2.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
-        rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
+        rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
     else:
         try:
             from gpu4pyscf import scf as gscf
-            mf = gscf.RHF(mol).density_fit(auxbasis=jk)
+            mf = (gscf.UHF if uhf else gscf.RHF)(mol).density_fit(auxbasis=jk)
             mf.conv_tol, mf.conv_tol_grad, mf.verbose = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD, 0
             t, _, busy = timed(mf.kernel)
-            rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "seconds": t, "iterations": getattr(mf, "cycles", None),
+            rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "seconds": t, "iterations": getattr(mf, "cycles", None),
                          "e_hf": float(mf.e_tot), "other_processes_cores": busy, "note": "first call, JIT included"})
         except ImportError as e:
-            rows.append({"who": "gpu4pyscf DF-RHF", "device": "cuda", "not_run": f"gpu4pyscf not installed ({e})"})
+            rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "not_run": f"gpu4pyscf not installed ({e})"})
     if args.whole:
         for setting, r in base["runs"].items():
             if "tasks" in r:
                 w = r["tasks"]["whole"]
-                rows.append({"who": f"pyscf DF-RHF + DF-MP2 ({setting})", "device": "cpu", "seconds": w["seconds"],
+                rows.append({"who": f"pyscf {kind} + DF-MP2 ({setting})", "device": "cpu", "seconds": w["seconds"],
                              "e_mp2": w["e_mp2"], "other_processes_cores": w["other_processes_cores"],
                              "setting": setting})
         for dev in devices:
-            t, res, busy = timed(lambda: run(args.xyz, RunOptions(basis=args.basis, device=dev)))
-            rows.append({"who": "dfmp2 run (--scf df)", "device": dev, "seconds": t, "e_mp2": res.e_mp2,
+            # PySCF's side checks no stability: ours neither, so both do the same work
+            t, res, busy = timed(lambda: run(args.xyz, RunOptions(basis=args.basis, device=dev, charge=args.charge,
+                                                                  multiplicity=args.multiplicity, scf_stability=False)))
+            rows.append({"who": "dfmp2 run (--scf df" + (", --no-scf-stability)" if uhf else ")"), "device": dev, "seconds": t, "e_mp2": res.e_mp2,
                          "iterations": res.ran["scf"]["iterations"], "timings": res.timings,
                          "other_processes_cores": busy})
         print("  whole runs: " + ", ".join(f"{r['who']} {r['device']} {r['seconds']:.2f} s" for r in rows if "e_mp2" in r))
 
     base_s = {}          # the faster PySCF setting of each kind: every ratio is against it
-    for kind in ("pyscf DF-RHF (", "pyscf DF-RHF + DF-MP2"):
-        mine = [r["seconds"] for r in rows if r["who"].startswith(kind) and "seconds" in r]
+    for key in (f"pyscf {kind} (", f"pyscf {kind} + DF-MP2"):
+        mine = [r["seconds"] for r in rows if r["who"].startswith(key) and "seconds" in r]
         if mine:
-            base_s[kind] = min(mine)
+            base_s[key] = min(mine)
     ours_blas = fb.blas_info()
     peaks = fb.merge_peaks(fb.gemm_peaks(args.peak_sizes), base["peaks"])
     xyz = Path(args.xyz).resolve()
-    report = {"what": "DF-RHF: ours (dfmp2.dfhf) vs PySCF's, same process",
+    report = {"what": f"{kind}: ours (dfmp2.dfhf) vs PySCF's, same process", "charge": mol.charge,
+              "multiplicity": mol.spin + 1,
               "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
               "basis": args.basis, "jk_auxbasis": scf.describe_auxbasis(jk),
               "shapes": {"nbasis": nao, "naux_jk": naux, "nocc": nocc},
@@ -169,7 +185,8 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    md = [f"# DF-RHF: ours vs PySCF ({report['molecule']}, {args.basis}/{report['jk_auxbasis']})", "",
+    md = [f"# {kind}: ours vs PySCF ({report['molecule']}, charge {mol.charge}, multiplicity {mol.spin + 1}, "
+          f"{args.basis}/{report['jk_auxbasis']})", "",
           f"{report['date']}, {report['machine']['cpu']}, {args.threads} threads, GPU {report['machine']['gpu']}, "
           f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; nbasis {nao}, naux(JK) {naux}, "
           f"nocc {nocc}", "",
@@ -186,8 +203,10 @@ def main(argv=None):
         it = r.get("iterations")
         its = f"{it} ({r['fp32_cycles']})" if r.get("fp32_cycles") else f"{it or ''}"
         per = f"{r['seconds'] / it:.2f}" if it else ""
-        kind = "pyscf DF-RHF + DF-MP2" if "e_mp2" in r else "pyscf DF-RHF ("
-        ratio = f"{base_s[kind] / r['seconds']:.2f}" if kind in base_s else ""
+        key = f"pyscf {kind} + DF-MP2" if "e_mp2" in r else f"pyscf {kind} ("
+        ratio = f"{base_s[key] / r['seconds']:.2f}" if key in base_s else ""
+        if r.get("converged") is False:
+            its += " (NOT converged)"
         busy = r.get("other_processes_cores")
         md.append(f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | "
                   f"{busy:.2f} |" if busy is not None else

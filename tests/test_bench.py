@@ -359,3 +359,39 @@ def test_plot_one_colour_per_series_and_titles_match_what_is_drawn(tiny_report):
     assert all(k[0] != "estimate" for k, _ in ops)
     ops, waters = report.plot_series(tiny_report)          # no water clusters: no right panel series
     assert waters == {} and "dotted" not in report.panel_titles(tiny_report, ops, waters)[1]
+
+
+def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
+    """The UMP2 opposite-spin op row: ours (the rectangular pair kernel) and the einsum baseline
+    give one E_OS on the same inputs; its flops; its size at a named shape; not estimated on trn."""
+    from dfmp2.linalg import TorchBackend
+    assert ops.flops("mp2_pair_energy_os", (2, 3, 40, 41, 200)) == 6 * 2 * 40 * 41 * 200
+    case = ops.make_case("mp2_pair_energy_os", (3, 2, 20, 21, 60), torch.float64, TorchBackend("cpu"))
+    e_os, _ = case.ours()
+    assert e_os == pytest.approx(case.baselines["torch"](), rel=1e-12)
+    assert e_os < 0 and isinstance(case.baselines["pyscf"], str)
+    args, what = shapes.op_sizes(shapes.parse_shape("small"))["mp2_pair_energy_os"]
+    assert args[2:] == (112, 113, 384) and "alpha x beta" in what, (args, what)
+    with pytest.raises(trn_estimate.NotEstimable, match="opposite-spin"):
+        trn_estimate.op_work("mp2_pair_energy_os", args, "trn1")
+
+
+def test_radical_series_against_pyscfs_dfump2():
+    """One molecule of the open-shell series (OH): our DF-UMP2 stage and PySCF's DFUMP2 (fair
+    baseline subprocesses) on the same UHF orbitals agree; the row and both report views render."""
+    from dfmp2 import linalg
+    from rich.console import Console
+    from dfmp2.benchmarks import radicals
+    from dfmp2.errors import InputError
+    assert radicals.parse_radicals("none") == [] and "hydroxyl" in radicals.parse_radicals("default")
+    with pytest.raises(InputError, match="unknown nope"):
+        radicals.parse_radicals("hydroxyl,nope")
+    row = radicals.run_radical("hydroxyl", [("cpu", lambda: linalg.get_backend("cpu"))], ["fp64"], pyscf=True,
+                               repeats=1, single_above_s=3.0, peak_gflops={}, log=lambda m: None)
+    assert row["nocc"] == [5, 4] and row["multiplicity"] == 2 and row["our_dfuhf_cycles"] > 0
+    ours, theirs = row["runs"]
+    assert ours["status"] == theirs["status"] == "ran" and theirs["who"] == "pyscf"
+    assert abs(ours["e_corr_minus_pyscf"]) < 1e-10 and ours["pyscf_over_this"] > 0
+    rep = {"radicals": {"what": "x", "rows": [row]}}
+    assert "| hydroxyl | 2 | 19 | 5/4 |" in "\n".join(report._radicals_lines(rep))
+    report._radicals_table(rep, Console(file=None, width=80, record=True, quiet=True))

@@ -150,10 +150,10 @@ def test_fp32_checkpoint_resumes_bitwise(tmp_path, monkeypatch, uninterrupted):
 
 
 # ------------------------------------------------------------------ a real process and a signal
-def start_child(args, tmp_path):
+def start_child(args, tmp_path, path=DIMER):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    return subprocess.Popen([sys.executable, str(script), "run", str(DIMER)] + BLOCK_ARGS + args, cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(script), "run", str(path)] + BLOCK_ARGS + args, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -420,3 +420,170 @@ def test_fingerprint_fields(water_checkpoint):
                        "frozen_core", "precision", "device", "shapes"}
     assert fp["auxbasis"] == "cc-pvdz-ri" and fp["device"] == "cpu"
     assert checkpoint.FORMAT == "dfmp2-checkpoint"
+
+
+# ------------------------------------------------------------------ UHF: both spins' B, three pair sets
+OH = INPUTS / "open_shell" / "hydroxyl.xyz"
+# OH (nocc 5 alpha, 4 beta) in blocks of 2: alpha 3 blocks (6 pairs), beta 2 (3), alpha x beta 6
+UHF_SETS = {"pairs_aa": 6, "pairs_bb": 3, "pairs_ab": 6}
+UHF_NPAIRS = sum(UHF_SETS.values())
+UHF_DATASETS = sorted(["B", "B_crc", "B_beta", "B_beta_crc", "scf/mo_coeff", "scf/mo_energy"]
+                      + [f"{g}/{n}" for g in UHF_SETS for n in ("crc", "done", "sums")])
+
+
+@pytest.fixture(scope="module")
+def uhf_uninterrupted():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(OH, RunOptions(**BLOCKS))
+    finally:
+        torch.set_num_threads(old)
+
+
+def same_uhf_bits(a, b):
+    return same_bits(a, b) and a.spin["s2"].hex() == b.spin["s2"].hex() and all(
+        a.spin[k].hex() == b.spin[k].hex() for k in ("e_corr_aa", "e_corr_bb", "e_corr_ab"))
+
+
+# interrupted in each pair set: after 3 (in aa), 7 (in bb) and 11 (in ab) pairs
+@pytest.mark.parametrize("fail_after,storage", [(3, "memory"), (7, "disk"), (11, "memory"), (11, "disk")])
+def test_interrupted_uhf_run_resumes_to_the_same_bits(tmp_path, monkeypatch, uhf_uninterrupted,
+                                                      fail_after, storage):
+    ref = uhf_uninterrupted
+    ck = tmp_path / "oh.h5"
+    count_pair_calls(monkeypatch, fail_after=fail_after)
+    with pytest.raises(KeyboardInterrupt):
+        run(OH, RunOptions(**BLOCKS, storage=storage, checkpoint=str(ck), scratch_dir=str(tmp_path)))
+    with h5py.File(ck, "r") as f:
+        done = {g: int(f[f"{g}/done"][...].sum()) for g in UHF_SETS if g in f}
+        assert sum(done.values()) == fail_after and f.attrs["complete"] == 0
+        assert f["B"].attrs["complete"] == 1 and f["B_beta"].attrs["complete"] == 1
+        assert f["scf/mo_coeff"].shape == (2, 19, 19) and f["scf"].attrs["nocc_beta"] == 4
+    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(integrals.HostEngine, "blocks", lambda *a, **k: pytest.fail("B is in the checkpoint"))
+    calls = count_pair_calls(monkeypatch)
+    other = "disk" if storage == "memory" else "memory"
+    r = run(OH, RunOptions(**BLOCKS, storage=other, resume=str(ck)))
+    assert len(calls) == UHF_NPAIRS - fail_after
+    assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": True, "pairs": fail_after}
+    assert r.ran["scf"]["reference"] == "UHF" and r.ran["scf"]["engine"] == dfhf.ENGINE
+    assert same_uhf_bits(r, ref)
+    with h5py.File(ck, "r") as f:
+        assert f.attrs["complete"] == 1 and all(f[f"{g}/done"][...].all() for g in UHF_SETS)
+
+
+def test_uhf_interrupt_in_the_beta_fit_keeps_alpha_and_the_scf(tmp_path, monkeypatch, uhf_uninterrupted):
+    from dfmp2 import outofcore
+    orig, fits = outofcore.fit_blocks, []
+
+    def second_fails(*a, **k):
+        if fits:
+            raise KeyboardInterrupt()
+        fits.append(1)
+        return orig(*a, **k)
+    ck = tmp_path / "oh.h5"
+    monkeypatch.setattr(outofcore, "fit_blocks", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        run(OH, RunOptions(**BLOCKS, storage="disk", checkpoint=str(ck)))
+    monkeypatch.setattr(outofcore, "fit_blocks", orig)
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    r = run(OH, RunOptions(**BLOCKS, resume=str(ck)))
+    assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": False, "pairs": 0}
+    assert same_uhf_bits(r, uhf_uninterrupted)
+
+
+@pytest.fixture(scope="module")
+def oh_checkpoint(tmp_path_factory):
+    ck = tmp_path_factory.mktemp("ck") / "oh.h5"
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    plans = []
+    try:
+        first = run(OH, RunOptions(**BLOCKS, checkpoint=str(ck)), on_plan=plans.append)
+    finally:
+        torch.set_num_threads(old)
+    first.plan = plans[0]
+    return ck, first
+
+
+def test_every_uhf_dataset_is_listed_for_the_flip_test(oh_checkpoint):
+    with h5py.File(oh_checkpoint[0], "r") as f:
+        names = []
+        f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        fp = json.loads(f.attrs["fingerprint"])
+    assert sorted(names) == UHF_DATASETS
+    assert fp["reference"] == "UHF" and fp["shapes"]["nocc_beta"] == 4 and fp["shapes"]["nocc"] == 5
+
+
+def test_complete_uhf_checkpoint_gives_the_result_again(oh_checkpoint, monkeypatch, tmp_path):
+    ck, first = oh_checkpoint
+    calls = count_pair_calls(monkeypatch)
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    r = run(OH, RunOptions(**BLOCKS, resume=str(copy(ck, tmp_path / "c.h5"))))
+    assert calls == [] and same_uhf_bits(r, first)
+
+
+@pytest.mark.parametrize("dataset,storage", [(d, "memory") for d in UHF_DATASETS]
+                         + [("B", "disk"), ("B_beta", "disk"), ("B_beta_crc", "disk")])
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
+def test_any_flipped_byte_of_a_uhf_checkpoint_is_refused(oh_checkpoint, tmp_path, monkeypatch,
+                                                        dataset, where, storage):
+    ck = copy(oh_checkpoint[0], tmp_path / "c.h5")
+    flip_byte(ck, dataset, where)
+    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    msg = cli_error(["run", str(OH), "--resume", str(ck), "--storage", storage] + BLOCK_ARGS)
+    assert "is corrupted" in msg and "remove the file" in msg, msg
+
+
+@pytest.mark.parametrize("obj,attr,value", [
+    ("scf", "nocc_beta", lambda v: v + 1), ("scf", "s2", lambda v: v + 1e-12),
+    ("scf", "engine", lambda v: "pyscf"), ("scf", "nocc", lambda v: v - 1),
+    ("B_beta", "metric", lambda v: "eigh"), ("B_beta", "metric_dropped", lambda v: v + 1),
+])
+def test_changed_uhf_attributes_are_refused(oh_checkpoint, tmp_path, obj, attr, value):
+    ck = copy(oh_checkpoint[0], tmp_path / "c.h5")
+    with h5py.File(ck, "r+") as f:
+        f[obj].attrs[attr] = value(f[obj].attrs[attr])
+    msg = cli_error(["run", str(OH), "--resume", str(ck)] + BLOCK_ARGS)
+    assert "is corrupted" in msg and "checksum" in msg, msg
+
+
+def test_rhf_and_uhf_checkpoints_do_not_resume_each_other(water_checkpoint, tmp_path):
+    ck = copy(water_checkpoint[0], tmp_path / "c.h5")
+    msg = cli_error(["run", str(WATER), "--resume", str(ck), "--reference", "uhf"] + BLOCK_ARGS)
+    assert "the reference is RHF in the checkpoint but UHF here" in msg, msg
+    uhf_ck = tmp_path / "u.h5"
+    assert CliRunner().invoke(main, ["run", str(WATER), "--reference", "uhf", "--checkpoint", str(uhf_ck),
+                                     "-q"] + BLOCK_ARGS).exit_code == 0
+    msg = cli_error(["run", str(WATER), "--resume", str(uhf_ck)] + BLOCK_ARGS)
+    assert "the reference is UHF in the checkpoint but RHF here" in msg, msg
+
+
+def test_uhf_checkpoint_estimate_covers_the_whole_file(oh_checkpoint):
+    """checkpoint.size_mb with both spins (B's crc32s, SCFs and the three pair sets) is at least
+    the finished file and not far above it."""
+    ck, first = oh_checkpoint
+    est = checkpoint.size_mb(b_mb=first.plan.b_mb, nbasis=19, nmo=19, nblocks=3, nblocks_beta=2) * 1e6
+    size = ck.stat().st_size
+    assert size <= est <= size + 2 * 64 * 1024, (size, est)
+
+
+def test_killed_uhf_process_resumes_to_the_uninterrupted_energy(tmp_path, uhf_uninterrupted):
+    """OH in a real process, SIGKILLed in the pair step (after 8 of its 15 pairs: into the beta set)."""
+    ck = tmp_path / "oh.h5"
+    proc = start_child(["--storage", "disk", "--checkpoint", str(ck), "-q"], tmp_path, path=OH)
+    code, err = kill_after_pairs(proc, 8, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    with h5py.File(ck, "r") as f:
+        ndone = sum(int(f[f"{g}/done"][...].sum()) for g in UHF_SETS if g in f)
+    assert 7 <= ndone < UHF_NPAIRS
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["run", str(OH), "--resume", str(ck), "--json", str(out), "-q"] + BLOCK_ARGS)
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    e, ref = d["energies"], uhf_uninterrupted
+    assert (e["e_corr_os"], e["e_corr_ss"], e["e_hf"]) == (ref.e_os, ref.e_ss, ref.e_hf)
+    assert d["ran"]["storage"]["from_checkpoint"]["pairs"] == ndone

@@ -42,3 +42,26 @@ def test_cli_trn1_simulate_json_says_simulated(tmp_path):
     d = json.loads(out.read_text())
     assert d["ran"]["simulated"] is True and d["ran"]["precision"] == "fp32"
     assert d["ran"]["stage_precision"]["transform_fit"] == "fp32"
+
+
+def test_oh_uhf_trn1_simulate_runs_our_dfuhf_on_the_nki_kernels():
+    """OH (a degenerate pi shell, the case whose fp32 incremental SCF stalled at gradient 1.8e-8):
+    our DF-UHF on trn1 with the J/K on the NKI kernels and G rebuilt once on the host in fp64
+    (recorded): E(UHF) within 1e-8 Eh of CPU fp64 (measured 0 to 1e-13), <S^2> within 1e-8, E_corr
+    within 1 µEh, cycles as on the CPU to a few."""
+    cpu = run("inputs/open_shell/hydroxyl.xyz", RunOptions(device="cpu"))
+    got = run("inputs/open_shell/hydroxyl.xyz", RunOptions(device="trn1", simulate=True))
+    assert abs(got.e_hf - cpu.e_hf) < 1e-8, (got.e_hf, cpu.e_hf)
+    assert abs(got.spin["s2"] - cpu.spin["s2"]) < 1e-8
+    assert abs(got.e_corr - cpu.e_corr) < 1e-6
+    s = got.ran["scf"]
+    assert s["engine"] == "dfmp2.dfhf" and s["reference"] == "UHF" and s["device"] == "trn1"
+    assert set(s["kernels"]) == {"gemm:nki.gemm", "syrk:nki.syrk"}, s["kernels"]
+    assert s["kernels"]["syrk:nki.syrk"] >= 2 * (s["iterations"] - 1)         # K per spin each cycle
+    assert "G rebuilt from the whole density with the fp64 factor, at cycle" in s["host"], s["host"]
+    cp = s["cycle_precision"]
+    assert cp["mode"] == "fp32" and cp["fp32_device"] == "trn1" and 1 <= cp["fp64_cycles"] <= 3
+    assert cp["fp32_cycles"] + cp["fp64_cycles"] == s["iterations"] <= cpu.ran["scf"]["iterations"] + 5
+    assert "scf_fp64_host" in s["times"] and got.ran["simulated"] is True
+    for k in ("gemm:nki.gemm", "trsm:nki.trsm", "mp2_pair_energy:nki.mp2_pair"):
+        assert k in got.ran["kernels"], got.ran["kernels"]

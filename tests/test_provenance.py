@@ -12,9 +12,11 @@ INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 WATER = INPUTS / "water.xyz"
 OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 # {name: value} maps whose keys vary by run (stages, kernels), and the SCF engine's own records
-# of its JK factor and integral engine (a dict for our DF-SCF, None for PySCF's)
+# of its JK factor and integral engine (a dict for our DF-SCF, None for PySCF's), a UHF's stability
+# check (a dict; None for RHF and where it was turned off)
 MAPS = {"timings", "ran.kernels", "ran.scf.kernels", "ran.scf.host_kernels", "ran.scf.times",
-        "memory.stages_mb", "memory.shapes", "memory.integrals", "ran.scf.jk_factor", "ran.scf.integrals"}
+        "memory.stages_mb", "memory.shapes", "memory.integrals", "ran.scf.jk_factor", "ran.scf.integrals",
+        "ran.scf.stability"}
 
 
 def _shape(d, path="", ignore_none=False):

@@ -24,9 +24,10 @@ Use from a benchmark (seconds are wall times; energies in Hartree):
     base["runs"]["unset"]["tasks"]["whole"]["seconds"]
 
 Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
-Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.default_auxbasis), ``whole``
-(PySCF DF-RHF + DFMP2 with the MP2-fit set; ``scf_s`` and ``mp2_s`` beside the total),
-``stage`` (PySCF DFMP2 alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
+Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.default_auxbasis), ``dfuhf`` (PySCF
+DF-UHF, the same set and thresholds), ``whole`` (PySCF DF-RHF + DFMP2 with the MP2-fit set, or
+DF-UHF + DFUMP2 for an open shell; ``scf_s`` and ``mp2_s`` beside the total),
+``stage`` (PySCF DFMP2, or DFUMP2 for UHF orbitals, alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
 then ``repeats`` timed ones).
 """
 from __future__ import annotations
@@ -150,13 +151,18 @@ def env_for(setting: str, base: dict | None = None) -> dict:
 
 def pyscf_baseline(tasks, xyz, basis: str = "cc-pvdz", threads: int | None = None, timeout: float = 1800,
                    repeats: int = 1, scf_npz: str | None = None, frozen_core: bool = False,
-                   peak_sizes=CPU_PEAK_SIZES, settings=SETTINGS, warmup: int = 0) -> dict:
+                   peak_sizes=CPU_PEAK_SIZES, settings=SETTINGS, warmup: int = 0,
+                   charge: int | None = None, multiplicity: int | None = None, max_cycle: int | None = None) -> dict:
     """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
     given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
     'best': the setting whose summed task seconds are lowest, 'same_setting': True where the
-    variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}."""
+    variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}.
+    ``charge``, ``multiplicity``: as ``dfmp2 run``'s options (None: the XYZ comment's); ``max_cycle``:
+    PySCF's SCF cycle limit in 'dfrhf'/'dfuhf' (None: dfmp2's default); an SCF that does not converge
+    by then is timed all the same, its task marked ``converged`` False."""
     spec = {"tasks": list(tasks), "xyz": str(xyz), "basis": basis, "threads": threads, "repeats": repeats,
-            "scf_npz": scf_npz, "frozen_core": frozen_core, "peak_sizes": list(peak_sizes), "warmup": warmup}
+            "scf_npz": scf_npz, "frozen_core": frozen_core, "peak_sizes": list(peak_sizes), "warmup": warmup,
+            "charge": charge, "multiplicity": multiplicity, "max_cycle": max_cycle}
     runs = {}
     for setting in settings:
         runs[setting] = run_child(spec, env_for(setting), timeout)
@@ -190,17 +196,19 @@ def child(spec: dict) -> dict:
     """Runs in the subprocess: PySCF only (dfmp2 supplies the molecule and the fitting sets)."""
     from pyscf import df, lib
     from pyscf.mp import dfmp2 as pyscf_dfmp2
+    from pyscf.mp import dfump2 as pyscf_dfump2
     from dfmp2 import scf
     from dfmp2.benchmarks.timing import OtherCPU
     from dfmp2.xyz import read_xyz
     if spec.get("threads"):
         lib.num_threads(spec["threads"])
-    mol = scf.build_molecule(read_xyz(spec["xyz"]), spec["basis"])
+    mol = scf.build_molecule(read_xyz(spec["xyz"]), spec["basis"], spec.get("charge"), spec.get("multiplicity"))
+    run_ref = scf.run_uhf if mol.spin else scf.run_rhf        # 'whole': UHF + DFUMP2 for an open shell
     nfrozen = scf.frozen_core_count(mol) if spec.get("frozen_core") else 0
     out = {"tasks": {}, "pyscf_threads": lib.num_threads()}
 
     def mp2(mf):
-        pt = pyscf_dfmp2.DFMP2(mf, frozen=nfrozen or None)
+        pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf, frozen=nfrozen or None)
         pt.with_df = df.DF(mol, auxbasis=scf.mp2_auxbasis(mol))
         pt.verbose, pt.max_memory = 0, 16000   # MB: keep PySCF incore (4000 MB would go out of core)
         pt.kernel(with_t2=False)
@@ -208,13 +216,11 @@ def child(spec: dict) -> dict:
 
     for task in spec["tasks"]:
         m0 = OtherCPU.mark()
-        if task == "dfrhf":
-            t0 = time.perf_counter()
-            ref = scf.run_rhf(mol, "pyscf-df")
-            r = {"seconds": time.perf_counter() - t0, "e_hf": ref.e_hf, "iterations": ref.scf.iterations}
+        if task in ("dfrhf", "dfuhf"):
+            r = _timed_scf(scf.run_uhf if task == "dfuhf" else scf.run_rhf, mol, spec.get("max_cycle"))
         elif task == "whole":
             t0 = time.perf_counter()
-            ref = scf.run_rhf(mol, "pyscf-df")
+            ref = run_ref(mol, "pyscf-df", **({"max_cycle": spec["max_cycle"]} if spec.get("max_cycle") else {}))
             t1 = time.perf_counter()
             e_corr = mp2(ref.mf)
             t2 = time.perf_counter()
@@ -224,7 +230,7 @@ def child(spec: dict) -> dict:
             import numpy as np
             from pyscf import scf as pscf
             saved = np.load(spec["scf_npz"])
-            mf = pscf.RHF(mol)
+            mf = (pscf.UHF if saved["mo_coeff"].ndim == 3 else pscf.RHF)(mol)     # UHF: both spins saved
             mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
             mf.e_tot, mf.converged = float(saved["e_tot"]), True
             times = []
@@ -250,8 +256,22 @@ def child(spec: dict) -> dict:
     return out
 
 
+def _timed_scf(run_scf, mol, max_cycle: int | None) -> dict:
+    """PySCF's DF-SCF (``scf.run_rhf`` or ``run_uhf``, mode pyscf-df) timed: seconds, e_hf (Hartree),
+    iterations, converged (False: it stopped at ``max_cycle``, timed all the same)."""
+    from dfmp2.errors import SCFNotConvergedError
+    kw = {"max_cycle": max_cycle} if max_cycle else {}
+    t0 = time.perf_counter()
+    try:
+        ref = run_scf(mol, "pyscf-df", **kw)
+    except SCFNotConvergedError as e:
+        return {"seconds": time.perf_counter() - t0, "e_hf": None, "iterations": max_cycle, "converged": False,
+                "note": str(e)}
+    return {"seconds": time.perf_counter() - t0, "e_hf": ref.e_hf, "iterations": ref.scf.iterations, "converged": True}
+
+
 def save_scf(mf, path) -> str:
-    """Save a converged PySCF RHF's orbitals for the 'stage' task (same SCF on both sides)."""
+    """Save a converged PySCF RHF's or UHF's orbitals for the 'stage' task (same SCF on both sides)."""
     import numpy as np
     np.savez(path, mo_coeff=mf.mo_coeff, mo_energy=mf.mo_energy, mo_occ=mf.mo_occ, e_tot=mf.e_tot)
     return str(path)

@@ -12,6 +12,8 @@ Flop counts (the op's own algorithm; a baseline that does other work has its own
     inv_sqrt_newton_schulz (n,)     (3 k + 2) 2 n^3       k iterations as run, + the residual check
     mp2_pair_energy (nocc, nvir, naux)        nocc (nocc + 1) / 2 * 2 nvir^2 naux   (i >= j)
     mp2_pair_energy (ni, nj, nvir, naux)      ni nj * 2 nvir^2 naux   (an off-diagonal block I x J)
+    mp2_pair_energy_os (ni, nj, nvir_a, nvir_b, naux)   ni nj * 2 nvir_a nvir_b naux   (UMP2's
+                                    opposite-spin block: alpha I x beta J, rectangular K)
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-OPS = ("gemm", "syrk", "trsm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy")
+OPS = ("gemm", "syrk", "trsm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy",
+       "mp2_pair_energy_os")
 BASELINES = ("torch", "scipy", "pyscf")
 BASELINE_LABELS = {"torch": "torch.linalg", "scipy": "scipy.linalg", "pyscf": "PySCF"}
 # Newton-Schulz iterations assumed for the expected time before a run (the count is read after it).
@@ -80,6 +83,9 @@ def flops(op: str, shape, iterations: int | None = None) -> float:
             return nocc * (nocc + 1) / 2 * 2.0 * nvir * nvir * naux
         ni, nj, nvir, naux = shape
         return ni * nj * 2.0 * nvir * nvir * naux
+    if op == "mp2_pair_energy_os":
+        ni, nj, nva, nvb, naux = shape
+        return ni * nj * 2.0 * nva * nvb * naux
     raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
 
 
@@ -197,6 +203,8 @@ def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inp
         return _inv_sqrt_case(op, shape, dtype, backend, dev, inputs, host)
     if op == "mp2_pair_energy":
         return _pair_case(op, shape, dtype, backend, dev, inputs, pyscf_baseline, on_cpu, host_only)
+    if op == "mp2_pair_energy_os":
+        return _os_pair_case(op, shape, dtype, backend, dev, inputs)
     raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
 
 
@@ -288,6 +296,35 @@ def _pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseli
                 note=("torch baseline: one einsum over all pairs (no i >= j symmetry); "
                       "PySCF: libmp.MP2_contract_d in fp64" if symmetric else
                       "torch baseline: one einsum over the block; PySCF: libmp.MP2_contract_d in fp64"))
+
+
+def _os_pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs) -> Case:
+    """UMP2's opposite-spin block (ni alpha, nj beta occupied; nvir_a, nvir_b virtuals): the
+    rectangular pair kernel the DF-UMP2 stage calls (``eps_vir_j``), against one einsum. Inputs: one
+    Philox problem of ni + nj occupied and nvir_b virtuals, alpha taking its first nvir_a."""
+    from dfmp2 import linalg
+    ni, nj, nva, nvb, naux = shape
+    p = inputs.problem(ni + nj, nvb, naux, 9, dtype, dev)
+    Bi, Bj = p.B[nj:, :nva].contiguous(), p.B[:nj]
+    ei, ej, eva, evb = p.eps_occ[nj:], p.eps_occ[:nj], p.eps_vir[:nva], p.eps_vir
+
+    def ours():
+        return linalg.mp2_pair_energy(Bi, Bj, ei, ej, eva, eps_vir_j=evb, backend=backend)
+
+    kbytes = ni * nj * nva * nvb * 8.0
+    if kbytes <= EINSUM_LIMIT_BYTES:
+        def einsum_ref():
+            K = torch.einsum("iaP,jbP->ijab", Bi, Bj).to(torch.float64)
+            D = ei[:, None, None, None] + ej[None, :, None, None] - eva[:, None] - evb
+            return float((K * K / D).sum())
+        torch_base = einsum_ref
+    else:
+        torch_base = (f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K "
+                      f"(limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)")
+    return Case(op, shape, flops(op, shape), ours,
+                {"torch": torch_base, "scipy": "no scipy routine for this op",
+                 "pyscf": "PySCF's DFUMP2 has no separate kernel for this block (numpy in pyscf.mp.dfump2)"},
+                extra={"symmetric": False}, note="UMP2 opposite-spin block; torch baseline: one einsum over it")
 
 
 def derive(row: dict, peak_gflops: float | None, columns=("linalg",) + BASELINES) -> None:

@@ -294,9 +294,34 @@ def _waters_lines(rep: dict) -> list[str]:
     return lines
 
 
+def _radicals_lines(rep: dict) -> list[str]:
+    """The open-shell series (``dfmp2 bench --radicals``), one line per run."""
+    rd = rep.get("radicals")
+    if not rd or not rd.get("rows"):
+        return []
+    lines = ["## Open shells: the DF-UMP2 stage after the SCF", "", rd["what"], "",
+             "| molecule | mult. | nbasis | nocc α/β | naux | UHF s (cycles; ours) | run | device / engine | prec "
+             "| median s | pair | PySCF / this | ΔE_corr vs PySCF / Eh |",
+             "|---|---:|---:|---|---:|---|---|---|---|---:|---:|---:|---:|"]
+    for row in rd["rows"]:
+        head = (f"| {row['radical']} | {row['multiplicity']} | {row['nbasis']} | {row['nocc'][0]}/{row['nocc'][1]} | "
+                f"{row['naux']} | {row['scf_s']:.1f} ({row['scf_cycles']}; {row['our_dfuhf_cycles']}) | ")
+        for r in row["runs"]:
+            if r["status"] != "ran":
+                lines.append(head + f"{r['who']} | {r['device']} | {r['precision']} | not run: {r['reason']} | | | |")
+                continue
+            pair = f"{r['stages_s']['pair']:.3g}" if "stages_s" in r else "—"
+            rr = f"{r['pyscf_over_this']:.2f}" if "pyscf_over_this" in r else ("1.00" if r["who"] == "pyscf" else "—")
+            de = f"{r['e_corr_minus_pyscf']:.1e}" if "e_corr_minus_pyscf" in r else "—"
+            lines.append(head + f"{r['who']} | {r['device']} / {r['engine']} | {r['precision']} | "
+                         f"{r['time']['median_s']:.3g} | {pair} | {rr} | {de} |")
+    return lines + [""]
+
+
 def markdown(rep: dict) -> str:
     lines = ["# dfmp2 bench", ""] + _meta_lines(rep) + _devices_lines(rep) + _peak_lines(rep)
     lines += _headline_lines(rep) + _ops_lines(rep) + _estimate_lines(rep) + _waters_lines(rep)
+    lines += _radicals_lines(rep)
     if rep.get("plot"):
         lines += [f"![time vs size]({Path(rep['plot']).name})", ""]
     return "\n".join(lines)
@@ -306,7 +331,7 @@ def markdown(rep: dict) -> str:
 # The terminal tables fit 80 columns (rich cuts a cell that does not fit to '…'): the op names and
 # engine bounds are abbreviated, with a legend under the table that used them, and the measured
 # ops are two tables (this program's times and rates; the baselines on the same inputs).
-OP_SHORT = {"mp2_pair_energy": "pair", "inv_sqrt_eigh": "isqrt-eigh", "inv_sqrt_newton_schulz": "isqrt-NS",
+OP_SHORT = {"mp2_pair_energy": "pair", "mp2_pair_energy_os": "pair-os", "inv_sqrt_eigh": "isqrt-eigh", "inv_sqrt_newton_schulz": "isqrt-NS",
             "cholesky": "chol"}
 BOUND_SHORT = {"tensor_engine": "TensorE", "vector_engine": "VectorE", "dma": "DMA", "serial": "serial"}
 TERMINAL_WIDTH = 80
@@ -427,6 +452,22 @@ def _waters_tables(rep: dict, console) -> None:
     console.print(f)
 
 
+def _radicals_table(rep: dict, console) -> None:
+    rd = rep.get("radicals")
+    if not (rd and rd.get("rows")):
+        return
+    t = _table("Open shells: DF-UMP2 stage after SCF, s", ("molecule", "nbasis", "run", "prec", "median", "speedup"),
+               right=("nbasis", "median", "speedup"))
+    for row in rd["rows"]:
+        for r in row["runs"]:
+            if r["status"] != "ran":
+                t.add_row(row["radical"], str(row["nbasis"]), r["who"], r["precision"], "not run", "")
+                continue
+            t.add_row(row["radical"], str(row["nbasis"]), f"{r['who']} {r['device']}", r["precision"],
+                      f"{r['time']['median_s']:.2f}", f"{r['pyscf_over_this']:.2f}" if "pyscf_over_this" in r else "")
+    console.print(t)
+
+
 def terminal(rep: dict, console) -> None:
     """The report's tables for a terminal, each within TERMINAL_WIDTH (80) columns: measured ops
     (two tables), devices that did not run, Trainium estimates, water clusters and exponents."""
@@ -437,6 +478,7 @@ def terminal(rep: dict, console) -> None:
             console.print(f"[yellow]{escape(d['device'])}: not run[/] — {escape(d['reason'])}")
     _estimate_table(rep, console)
     _waters_tables(rep, console)
+    _radicals_table(rep, console)
 
 
 # ---------- plot ----------

@@ -15,6 +15,8 @@ work of the stage rather than to arbitrary squares:
     mp2_pair_energy  one off-diagonal occupied block pair (OCC_BLOCK x OCC_BLOCK pairs,
                   as the MP2 stage's pair loop calls it), or all i >= j pairs when
                   nocc <= OCC_BLOCK (then the only call is the diagonal block)
+    mp2_pair_energy_os  UMP2's opposite-spin block of the shape's doublet (alpha nocc, nvir;
+                  beta nocc - 1, nvir + 1): alpha block x beta block, each up to OCC_BLOCK
 """
 from __future__ import annotations
 
@@ -103,4 +105,6 @@ def op_sizes(s: Shape) -> dict:
         sizes["mp2_pair_energy"] = ((ob, ob, v, X), f"one {ob}x{ob} off-diagonal occupied block pair")
     else:
         sizes["mp2_pair_energy"] = ((o, v, X), f"all {o * (o + 1) // 2} pairs i >= j")
+    obb = max(1, min(o - 1, OCC_BLOCK))
+    sizes["mp2_pair_energy_os"] = ((ob, obb, v, v + 1, X), f"UMP2 alpha x beta block ({ob}x{obb}) of the doublet")
     return sizes

@@ -141,7 +141,6 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     (plus one untimed warm-up) for clusters whose expected stage time is below
     ``single_above_s``; a single run (no warm-up) above it."""
     from .. import scf
-    from ..pipeline import RunOptions, time_mp2_stage
     from ..xyz import read_xyz
 
     path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
@@ -164,43 +163,59 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
         g = peak_gflops.get(prec) or 10.0
         return row["pair_flops"] / (g * 1e9)
 
-    for dev_name, make_backend in devices:
-        for prec in precisions:
-            problem = linalg.device_capabilities(dev_name).precision_problem(prec)
-            if problem:
-                row["runs"].append({"who": "dfmp2", "device": dev_name, "precision": prec, "status": "not run",
-                                    "reason": f"{dev_name}: {problem}"})
-                continue
-            single = expected(prec) > single_above_s
-            times, stage_runs, e, ran = [], [], None, None
-            for k in range((0 if single else 1) + (1 if single else repeats)):
-                dt, e_os, e_ss, stage_s, ran = time_mp2_stage(
-                    mol, auxmol, ref, RunOptions(device=dev_name, precision=prec), make_backend())
-                e = e_os + e_ss
-                if single or k > 0:                   # k == 0 is the warm-up
-                    times.append(dt)
-                    stage_runs.append(stage_s)
-            stages = {s: statistics.median([r.get(s, 0.0) for r in stage_runs]) for s in STAGES}
-            run = {"who": "dfmp2", "device": dev_name, "precision": prec, "status": "ran",
-                   "engine": ran["engine"], "kernels": ran["kernels"], "metric": ran.get("metric"),
-                   "stage_precision": ran.get("stage_precision"), "e_corr": e,
-                   "time": {**_stats(times), "warmup": 0 if single else 1}, "stages_s": stages}
-            row["runs"].append(run)
-            log(f"  dfmp2 {dev_name} {prec}: {run['time']['median_s']:.2f} s "
-                f"({', '.join(f'{s} {v:.2f}' for s, v in stages.items())})")
-
+    row["runs"] += stage_runs(mol, auxmol, ref, devices, precisions, repeats=repeats,
+                              single=lambda prec: expected(prec) > single_above_s, log=log)
     if pyscf:
         row["runs"].append(time_pyscf_fair(path, ref, repeats=1 if expected("fp64") > single_above_s else repeats,
                                            warmup=0 if expected("fp64") > single_above_s else 1, log=log))
-        pyscf_run = row["runs"][-1]
-        for run in row["runs"]:
-            if run["who"] == "dfmp2" and pyscf_run["status"] == "ran":
-                run["pyscf_over_this"] = pyscf_run["time"]["median_s"] / run["time"]["median_s"]
-                run["e_corr_minus_pyscf"] = run["e_corr"] - pyscf_run["e_corr"]
+        compare_with_pyscf(row["runs"])
     else:
         row["runs"].append({"who": "pyscf", "device": "cpu", "precision": "fp64", "status": "not run",
                             "reason": "above --pyscf-max-waters (time budget)"})
     return row
+
+
+def stage_runs(mol, auxmol, ref, devices, precisions, *, repeats: int, single, log=print) -> list[dict]:
+    """Our DF-MP2 stage after the SCF on ``ref`` (RHF or UHF), timed per (device, backend factory)
+    of ``devices`` and precision: ``repeats`` runs after an untimed warm-up, or one run without
+    warm-up where ``single(precision)``. One run dict each (status 'ran' or 'not run')."""
+    from ..pipeline import RunOptions, time_mp2_stage
+    runs = []
+    for dev_name, make_backend in devices:
+        for prec in precisions:
+            problem = linalg.device_capabilities(dev_name).precision_problem(prec)
+            if problem:
+                runs.append({"who": "dfmp2", "device": dev_name, "precision": prec, "status": "not run",
+                             "reason": f"{dev_name}: {problem}"})
+                continue
+            one = single(prec)
+            times, stage_runs_s, e, ran = [], [], None, None
+            for k in range((0 if one else 1) + (1 if one else repeats)):
+                dt, e_os, e_ss, stage_s, ran = time_mp2_stage(
+                    mol, auxmol, ref, RunOptions(device=dev_name, precision=prec), make_backend())
+                e = e_os + e_ss
+                if one or k > 0:                      # k == 0 is the warm-up
+                    times.append(dt)
+                    stage_runs_s.append(stage_s)
+            stages = {s: statistics.median([r.get(s, 0.0) for r in stage_runs_s]) for s in STAGES}
+            run = {"who": "dfmp2", "device": dev_name, "precision": prec, "status": "ran",
+                   "engine": ran["engine"], "kernels": ran["kernels"], "metric": ran.get("metric"),
+                   "stage_precision": ran.get("stage_precision"), "e_corr": e,
+                   "time": {**_stats(times), "warmup": 0 if one else 1}, "stages_s": stages}
+            runs.append(run)
+            log(f"  dfmp2 {dev_name} {prec}: {run['time']['median_s']:.2f} s "
+                f"({', '.join(f'{s} {v:.2f}' for s, v in stages.items())})")
+    return runs
+
+
+def compare_with_pyscf(runs: list[dict]) -> None:
+    """Add 'pyscf_over_this' and 'e_corr_minus_pyscf' (Hartree) to our ran runs, from the last
+    run of ``runs`` (PySCF's) when it ran."""
+    pyscf_run = runs[-1]
+    for run in runs:
+        if run["who"] == "dfmp2" and run["status"] == "ran" and pyscf_run["status"] == "ran":
+            run["pyscf_over_this"] = pyscf_run["time"]["median_s"] / run["time"]["median_s"]
+            run["e_corr_minus_pyscf"] = run["e_corr"] - pyscf_run["e_corr"]
 
 
 def fits(rows: list[dict], fit_min_nbasis: int) -> dict:
