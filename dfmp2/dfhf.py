@@ -64,7 +64,7 @@ from .errors import InputError, MemoryLimitError
 from .fitting import apply_metric, describe_metric, fit_metric
 from .options import SCF_PRECISIONS
 from .provenance import ScfRecord, cycle_precision
-from .reference import Reference, restricted, spin_square, unrestricted
+from .reference import Reference, project_density, restricted, spin_square, unrestricted
 from .timing import Timer
 
 ENGINE = "dfmp2.dfhf"
@@ -353,7 +353,7 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
              progress=None, conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
              fp32_copy: bool = True, unrestricted: bool = False, stability: bool = False,
-             world=None) -> Reference:
+             world=None, dm0=None) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (see the module docstring). Returns the Reference (source
     'dfmp2.dfhf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
@@ -368,12 +368,14 @@ def run_dfhf(mol, backend, *, max_cycle: int = scf.SCF_MAX_CYCLE, timer=None,
     UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``). ``world``
     (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index, J and
     K all-reduced each cycle (dfmp2.dfhf_dist), unless the SCF is replicated
-    (``distributed.split_scf``)."""
+    (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
+    default PySCF's 'minao' guess)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
     return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb, **extra,
                  incremental=incremental, engine=engine, progress=progress,
-                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world).run(max_cycle)
+                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world,
+                 dm0=dm0).run(max_cycle)
 
 
 class DFRHF:
@@ -392,8 +394,9 @@ class DFRHF:
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
                  incremental: bool | None = None, engine=None, progress=None,
                  conv_tol_grad: float = scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-                 fp32_copy: bool = True, world=None):
+                 fp32_copy: bool = True, world=None, dm0=None):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
+        self.dm0_given = dm0                    # a density to start from (``initial_density``), or None: 'minao'
         self.world = world if world is not None and distributed.split_scf(world) else distributed.World()
         self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
@@ -421,12 +424,29 @@ class DFRHF:
         self.S = todev(mol.intor_symmetric("int1e_ovlp"), f64)
         self.H = todev(pyscf_hf.get_hcore(mol), f64)
         self.e_nuc = float(mol.energy_nuc())
-        self.dm0 = self.initial_density()
+        self.dm0 = self.initial_density() if self.dm0_given is None else self.given_density(self.dm0_given)
         self.t0 = self.timer.add("scf_integrals", self.t0, sync=False)
         s, U = linalg.eigh(self.S, backend=self.dense)              # PySCF's cutoff on S's eigenvalues
         cutoff = scf.overlap_cutoff()
         keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
         self.X = U[:, keep] / torch.sqrt(s[keep])                    # (nao, nmo)
+
+    def given_density(self, dm0):
+        """A caller's starting density (the previous geometry's, ``Reference.density``): (nao, nao)
+        for RHF, (2, nao, nao) for UHF, in this molecule's AO basis; its orbitals (``mo_coeff``,
+        ``mo_occ``, PySCF's tag_array) are kept when it carries them. InputError on another shape."""
+        want = self.density_shape()
+        if tuple(np.shape(dm0)) != want:
+            raise InputError(f"the starting density has shape {tuple(np.shape(dm0))}, this molecule's "
+                             f"{self.reference} needs {want} (its basis has {self.nao} functions)")
+        return project_density(dm0, self.mol.intor_symmetric("int1e_ovlp"))
+
+    def density_shape(self) -> tuple:
+        return (self.nao, self.nao)
+
+    @property
+    def guess_name(self) -> str:
+        return "minao (PySCF's default)" if self.dm0_given is None else "given density (a previous geometry's)"
 
     def initial_density(self):
         """PySCF's RHF default guess ('minao'), (nao, nao) numpy with its orbitals attached."""
@@ -643,7 +663,8 @@ class DFRHF:
         be, fac, timer = self.backend, self.fac, self.timer
         used = {k: v - self.kernels0.get(k, 0) for k, v in be.kernels_used.items() if v != self.kernels0.get(k, 0)}
         times = {k: v - self.seconds0.get(k, 0.0) for k, v in timer.seconds.items() if v != self.seconds0.get(k, 0.0)}
-        host = ("PySCF: S, hcore, E_nuc, the 'minao' guess; DIIS's small solve"
+        host = ("PySCF: S, hcore, E_nuc" + ("" if self.dm0_given is not None else ", the 'minao' guess")
+                + "; DIIS's small solve"
                 + ("; (P|Q) and (μν|P) by libcint" if self.engine.name == "host" else ""))
         if self.dense is not be:
             host += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
@@ -652,7 +673,7 @@ class DFRHF:
                 f"at cycle {b['cycle']} (gradient {b['gnorm_before']:.2g}, {b['why']})" for b in self.host_builds)
         return ScfRecord(
             engine=ENGINE, reference=self.reference, device=be.name, source="ran", iterations=cycles,
-            conv_tol_grad=self.conv_tol_grad,
+            conv_tol_grad=self.conv_tol_grad, guess=self.guess_name,
             jk=self.jk_text,
             jk_auxbasis=scf.describe_auxbasis(self.jk_spec), backend_engine=be.engine,
             precision={"jk": "fp32, then fp64" if self.fp32_cycles else str(self.jk_dtype).replace("torch.float", "fp"),
@@ -715,6 +736,9 @@ class DFUHF(DFRHF):
             ref.scf.stability = rec.to_dict()
             self.timer.add("stability", t0)
         return ref
+
+    def density_shape(self) -> tuple:
+        return (2, self.nao, self.nao)
 
     def initial_density(self):
         """PySCF's UHF default guess, (2, nao, nao) numpy."""

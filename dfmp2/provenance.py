@@ -62,6 +62,7 @@ class ScfRecord:
     checkpoint: str | None = None
     cycle_precision: dict = field(default_factory=lambda: cycle_precision("fp64", None))
     df_tensor: str | None = None             # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
+    guess: str | None = None                 # our DF-SCF's starting density: PySCF's 'minao', or one given (a previous geometry's)
     stability: dict | None = None            # a UHF's internal stability check (dfmp2.stability.StabilityRecord)
 
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":

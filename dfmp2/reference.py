@@ -85,6 +85,19 @@ class Reference:
     def nmo(self) -> int:
         return self.channels[0].nmo
 
+    def density(self) -> np.ndarray:
+        """The SCF density in the AO basis, every occupied orbital (frozen ones too): RHF (nao, nao)
+        = 2 C_occ C_occ^T with its orbitals attached (PySCF's tag_array: mo_coeff, mo_occ), UHF
+        (2, nao, nao) alpha, beta. What a later SCF of the same molecule and basis at a nearby
+        geometry starts from (``pipeline.run_geometry(guess=)``)."""
+        from pyscf import lib
+        dms = [c.mo_coeff[:, :c.nocc] @ c.mo_coeff[:, :c.nocc].T for c in self.channels]
+        if not self.restricted:
+            return np.stack(dms)
+        c = self.channels[0]
+        occ = np.where(np.arange(c.nmo) < c.nocc, 2.0, 0.0)
+        return lib.tag_array(2.0 * dms[0], mo_coeff=c.mo_coeff, mo_occ=occ)
+
     def freeze(self, frozen: np.ndarray) -> "Reference":
         """The same reference with ``frozen`` (nmo,) bool left out of the correlation in every
         channel (PySCF's meaning: the same orbital indices in both spins)."""
@@ -231,3 +244,26 @@ def _check_pyscf_reference(mf) -> str:
         raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
                          "first); MP2 on unconverged orbitals is meaningless")
     return out
+
+
+def project_density(dm0, S: np.ndarray):
+    """A previous geometry's density made a proper one at this geometry: its occupied orbitals
+    (``mo_coeff``, ``mo_occ`` of PySCF's tag_array) Löwdin-orthonormalised in this overlap S
+    (nao, nao), C' = C (C^T S C)^-1/2, so that D S D = 2 D (RHF); (2, nao, nao) per spin, with
+    (2, nao, nmo) orbitals. Returned as a tag_array with the new orbitals. A density without
+    orbitals is returned as it is."""
+    from pyscf import lib
+    C, occ = getattr(dm0, "mo_coeff", None), getattr(dm0, "mo_occ", None)
+    if C is None or occ is None:
+        return dm0
+    C, occ = np.asarray(C), np.asarray(occ)
+
+    def orthonormal(Cs, occs):
+        Co = Cs[:, occs > 0]
+        w, V = np.linalg.eigh(Co.T @ S @ Co)
+        return (Co @ (V / np.sqrt(w)) @ V.T), occs[occs > 0]
+    if C.ndim == 2:
+        Co, oo = orthonormal(C, occ)
+        return lib.tag_array((Co * oo) @ Co.T, mo_coeff=Co, mo_occ=oo)
+    pairs = [orthonormal(C[s], occ[s]) for s in (0, 1)]
+    return np.stack([(Co * oo) @ Co.T for Co, oo in pairs])
