@@ -1,0 +1,428 @@
+"""The RHF DF-MP2 nuclear gradient: a stage after the energy, a peer of ``mp2.py`` (fp64, host).
+
+The gradient is the derivative of exactly the energy ``dfmp2 run`` prints,
+    E = E_HF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
+(MP2: c_os = c_ss = 1; SCS-MP2 1.2, 1/3; SOS-MP2 1.3, 0), with both fitting sets' metric and
+3-center derivatives (Weigend & Häser, Theor. Chem. Acc. 97, 331 (1997); DiStasio et al.,
+J. Comput. Chem. 28, 839 (2007)). Orbital indices: i, j active occupied, I frozen occupied,
+k any occupied, a, b virtual, r, p any orbital; P, Q auxiliary functions. Spin-summed, real.
+
+    t_ij^ab = (ia|jb) / (e_i + e_j - e_a - e_b),   (ia|jb) = Σ_Q B_ia^Q B_jb^Q,  B = (ia|P) L^-T
+    θ_ij^ab = (c_os + c_ss) t_ij^ab - c_ss t_ij^ba          E_corr = Σ θ_ij^ab (ia|jb)
+    Γ_ia^Q = Σ_jb θ_ij^ab B_jb^Q;  Γ~ = Γ L^-1 (non-orthogonal aux);  γ = L^-T (B^T Γ) L^-1
+    P_ij = -2 Σ_kab t_ik^ab θ_jk^ab,  P_ab = 2 Σ_ijc t_ij^ac θ_ij^bc      (unrelaxed, symmetrised)
+    Y_rp: the coefficient of the orbital change U_rp (C(x) = C U) in dE:
+          Y_ri += 4 Σ_aP (ra|P) Γ~_iaP,   Y_ra += 4 Σ_iP (ir|P) Γ~_iaP,   Y_qp += 2 P_pq e_q,
+          Y_rk += 4 (C^T G[P] C)_rk,      Y_kk += 4 e_k (HF);  G[D] = J[D] - K[D]/2 (JK-fit set)
+    P_Ij = Y_Ij / (2 (e_j - e_I))                        frozen-active occupied block
+    Z-vector (CPHF of the DF-HF):  (e_a - e_i) z_ai + (C_v^T G[2(C_v z C_o^T + h.c.)] C_o)_ai
+                                    = R_ai = Y_ai - Y_ia;   P_ai = P_ia = -z_ai / 2
+    dE/dx = Σ (D + P) h^x - Σ W S^x + E_nuc^x + E_G^x(D/2 + P, D)[JK-fit]
+            + 4 Σ Γ~_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],    W = C sym(Y) C^T / 2
+with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = Σ D1 G[D2].
+
+J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
+(``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
+PySCF's hcore generator, ECP included) come from libcint on the host. Dense pieces (the AO
+3-index densities, nao^2 naux) are held in memory: no out-of-core path yet.
+
+With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
+orthogonalisation; the derivative of that space's choice is not included (a warning says so).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from pyscf.df import incore as df_incore
+from pyscf.grad import rhf as pyscf_grad_rhf
+from pyscf.scf import hf as pyscf_hf
+
+import linalg
+
+from . import dfhf, integrals
+from .errors import InputError
+from .timing import Timer
+
+ZVECTOR_TOL = 1e-10      # CPHF residual norm, relative to the right-hand side's
+ZVECTOR_MAX_ITER = 100
+AUX_BLOCK_MB = 200.0     # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
+SCALES = {"mp2": (1.0, 1.0), "scs-mp2": (1.2, 1.0 / 3.0), "sos-mp2": (1.3, 0.0)}
+
+
+class GradientError(InputError):
+    """A gradient this code does not compute (say why, before the work)."""
+
+
+@dataclass
+class GradientParts:
+    """The nuclear gradient (natm, 3) in Eh/bohr and its parts: 'hf' (the DF-HF gradient with the
+    JK-fit set), 'corr' (the correlation part, c_os and c_ss included); e_corr the correlation
+    energy it differentiates (Hartree, recomputed here: equal to the stage's); zvector: CG
+    iterations and final relative residual; warnings; timings (s)."""
+
+    gradient: np.ndarray
+    hf: np.ndarray
+    corr: np.ndarray
+    e_corr: float
+    c_os: float
+    c_ss: float
+    zvector: dict
+    warnings: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"gradient": self.gradient.tolist(), "units": "Eh/bohr", "hf": self.hf.tolist(),
+                "corr": self.corr.tolist(), "e_corr": self.e_corr, "c_os": self.c_os, "c_ss": self.c_ss,
+                "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings)}
+
+
+def check_supported(ref, backend) -> None:
+    """GradientError (one line) for what this stage does not do yet: a UHF reference, frozen
+    virtual orbitals, a device without fp64."""
+    if not ref.restricted:
+        raise GradientError("DF-MP2 gradients are for RHF references only (UHF gradients are not "
+                            "implemented yet)", option="reference")
+    ch = ref.channels[0]
+    if np.any(ch.frozen[ch.nocc:]):
+        raise GradientError("frozen virtual orbitals are not supported by the gradient; freeze "
+                            "core orbitals only", option="frozen_core")
+    if not backend.has_fp64:
+        raise GradientError(f"the DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
+                            "lacks; run it on the CPU", option="device")
+
+
+def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
+                 timer: Timer | None = None) -> GradientParts:
+    """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
+    (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
+    ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
+    check_supported(ref, backend)
+    timer = timer or Timer(backend)
+    t0 = time.perf_counter()
+    ch = ref.channels[0]
+    orb = _Orbitals(ch)
+    jk = _DFJK(mol, jk_auxmol, backend, timer)
+    t0 = timer.add("grad_jk_factor", t0)
+    corr = _corr_intermediates(mol, mp2_auxmol, orb, backend, c_os, c_ss)
+    t0 = timer.add("grad_mp2_densities", t0)
+    P, Y, zinfo = _relaxed_density(orb, corr, jk, backend)
+    t0 = timer.add("grad_zvector", t0)
+    D = 2.0 * orb.C[:, orb.occ] @ orb.C[:, orb.occ].T
+    P_ao = orb.C @ P @ orb.C.T
+    W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
+    W_hf = 2.0 * (orb.C[:, orb.occ] * orb.eps[orb.occ]) @ orb.C[:, orb.occ].T
+    hf = (_one_electron_deriv(mol, D, W_hf) + pyscf_grad_rhf.grad_nuc(mol)
+          + jk.energy_deriv(0.5 * D, orb.C[:, orb.occ]))
+    total_1e = _one_electron_deriv(mol, D + P_ao, W) + pyscf_grad_rhf.grad_nuc(mol)
+    total_2e = jk.energy_deriv(0.5 * D + P_ao, orb.C[:, orb.occ])
+    mp2_3c = df_deriv(mol, mp2_auxmol, corr.gamma3_ao(orb), -2.0 * corr.gamma_pq)
+    grad = total_1e + total_2e + mp2_3c
+    timer.add("grad_derivative_integrals", t0)
+    warnings = []
+    if orb.C.shape[1] < orb.C.shape[0]:
+        warnings.append(f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
+                        "gradient leaves out the change of the kept space with the geometry (it is not "
+                        "the exact derivative of the energy)")
+    return GradientParts(grad, hf, grad - hf, corr.e_corr, c_os, c_ss, zinfo, warnings,
+                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")})
+
+
+class _Orbitals:
+    """Index sets of one RHF channel: occ (all occupied), act (active occupied), frz (frozen
+    occupied), vir (virtual); C (nao, nmo), eps (nmo,) Hartree."""
+
+    def __init__(self, ch):
+        self.C, self.eps = np.asarray(ch.mo_coeff, dtype=np.float64), np.asarray(ch.mo_energy, dtype=np.float64)
+        nmo = self.C.shape[1]
+        idx = np.arange(nmo)
+        self.occ = idx[:ch.nocc]
+        self.act = idx[(idx < ch.nocc) & ~ch.frozen]
+        self.frz = idx[(idx < ch.nocc) & ch.frozen]
+        self.vir = idx[ch.nocc:]
+        self.nmo = nmo
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _gemm(a: np.ndarray, b: np.ndarray, backend, trans_a=False, trans_b=False) -> np.ndarray:
+    """op(a) @ op(b) through the backend's GEMM (fp64), as numpy."""
+    out = linalg.gemm(backend.to_device(_t(a), torch.float64), backend.to_device(_t(b), torch.float64),
+                      trans_a=trans_a, trans_b=trans_b, backend=backend)
+    return out.cpu().numpy()
+
+
+def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
+    """L (lower) of the metric; GradientError when it is not positive definite (the energy then
+    used eigh with dropped directions, whose derivative this code does not have)."""
+    try:
+        return np.linalg.cholesky(j2c)
+    except np.linalg.LinAlgError:
+        raise GradientError(f"the {what} fitting metric is not positive definite (the energy used its "
+                            "eigen-decomposition with dropped directions); its gradient is not "
+                            "implemented", option="auxbasis") from None
+
+
+def _solve_lower(L: np.ndarray, X: np.ndarray, trans: bool = False) -> np.ndarray:
+    """L^-1 X (trans: L^-T X) for lower-triangular L (n, n), X (n, m)."""
+    import scipy.linalg
+    return scipy.linalg.solve_triangular(L, X, lower=True, trans=1 if trans else 0, check_finite=False)
+
+
+# ---------------------------------------------------------------------------- correlation part
+@dataclass
+class _Corr:
+    """The correlation energy's intermediates: e_corr (Hartree); P_oo (nact, nact), P_vv (nvir,
+    nvir) unrelaxed; Y_ri (nmo, nact), Y_ra (nmo, nvir) the 3-index orbital-response terms;
+    gamma_t Γ~ (nact, nvir, naux) in the non-orthogonal aux basis; gamma_pq γ (naux, naux)."""
+
+    e_corr: float
+    P_oo: np.ndarray
+    P_vv: np.ndarray
+    Y_ri: np.ndarray
+    Y_ra: np.ndarray
+    gamma_t: np.ndarray
+    gamma_pq: np.ndarray
+
+    def gamma3_ao(self, orb: _Orbitals) -> np.ndarray:
+        """4 Σ_ia C_μi C_νa Γ~_iaP symmetrised in μν: (nao, nao, naux), the weight of (μν|P)^x."""
+        C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
+        nact, nvir, naux = self.gamma_t.shape
+        T = (C_o @ self.gamma_t.reshape(nact, -1)).reshape(-1, nvir, naux)        # (nao, nvir, naux)
+        G3 = np.einsum("map,na->mnp", T, C_v, optimize=True)
+        return 2.0 * (G3 + G3.transpose(1, 0, 2))
+
+
+def _mo_3c(mol, auxmol, orb: _Orbitals, backend):
+    """(i r|P) (nact, nmo, naux) and (r a|P) (nmo, nvir, naux) of the raw 3-center integrals."""
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    j3c = df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1").reshape(nao, nao * naux)
+    C, C_o, C_v = orb.C, orb.C[:, orb.act], orb.C[:, orb.vir]
+    nact, nmo, nvir = C_o.shape[1], C.shape[1], C_v.shape[1]
+    half = _gemm(C, j3c, backend, trans_a=True).reshape(nmo, nao, naux)           # (r ν|P)
+    del j3c
+    ra = np.einsum("rnp,na->rap", half, C_v, optimize=True)                        # (r a|P)
+    ir = np.einsum("inp,nr->irp", half[orb.act], C, optimize=True)                 # (i r|P)
+    return ir, ra
+
+
+def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float) -> _Corr:
+    """The pair loop over active occupied i: K_i = B_i B^T, t, θ, Γ, P_oo, P_vv (see the module
+    docstring); then Γ~, γ and the orbital-response terms."""
+    ir, ra = _mo_3c(mol, auxmol, orb, backend)
+    L = _cholesky(auxmol.intor("int2c2e"), "MP2")
+    nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
+    A = ir[:, orb.vir, :].reshape(nact * nvir, naux)
+    B = np.ascontiguousarray(_solve_lower(L, A.T).T)                               # (ia, Q)
+    e_o, e_v = orb.eps[orb.act], orb.eps[orb.vir]
+    Gam = np.zeros((nact, nvir, naux))
+    P_oo, P_vv, e_corr = np.zeros((nact, nact)), np.zeros((nvir, nvir)), 0.0
+    for i in range(nact):
+        K = _gemm(B[i * nvir:(i + 1) * nvir], B, backend, trans_b=True)            # (a, jb)
+        K = K.reshape(nvir, nact, nvir).transpose(1, 0, 2)                         # [j, a, b]
+        Dn = e_o[i] + e_o[:, None, None] - e_v[None, :, None] - e_v[None, None, :]
+        t = K / Dn
+        th = (c_os + c_ss) * t - c_ss * t.transpose(0, 2, 1)
+        e_corr += float(np.sum(th * K))
+        th_a = np.ascontiguousarray(th.transpose(1, 0, 2)).reshape(nvir, nact * nvir)
+        Gam[i] = _gemm(th_a, B, backend)
+        P_vv += 2.0 * _gemm(np.ascontiguousarray(t.transpose(1, 0, 2)).reshape(nvir, -1), th_a, backend,
+                            trans_b=True)
+        P_oo -= 2.0 * _gemm(t.reshape(nact, -1), th.reshape(nact, -1), backend, trans_b=True)
+    Gf = Gam.reshape(nact * nvir, naux)
+    gamma_t = np.ascontiguousarray(_solve_lower(L, Gf.T, trans=True).T)          # Γ L^-1
+    BtG = _gemm(B, Gf, backend, trans_a=True)
+    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
+    gamma_pq = 0.5 * (gamma_pq + gamma_pq.T)
+    gt = gamma_t.reshape(nact, nvir, naux)
+    Y_ri = 4.0 * _gemm(ra.reshape(orb.nmo, -1), gt.reshape(nact, -1), backend, trans_b=True)
+    Y_ra = 4.0 * _gemm(np.ascontiguousarray(ir.transpose(1, 0, 2)).reshape(orb.nmo, -1),
+                       np.ascontiguousarray(gt.transpose(1, 0, 2)).reshape(nvir, -1), backend, trans_b=True)
+    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, gt, gamma_pq)
+
+
+# ---------------------------------------------------------------------------- response (Z-vector)
+def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
+    """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
+    coefficients with the relaxation and the HF part, zvector info)."""
+    C, eps, occ, vir, act, frz = orb.C, orb.eps, orb.occ, orb.vir, orb.act, orb.frz
+    P = np.zeros((orb.nmo, orb.nmo))
+    P[np.ix_(act, act)] = corr.P_oo
+    P[np.ix_(vir, vir)] = corr.P_vv
+    Y = np.zeros((orb.nmo, orb.nmo))
+    Y[:, act] += corr.Y_ri
+    Y[:, vir] += corr.Y_ra
+    if len(frz):     # the frozen-active rotations keep the frozen and active blocks canonical
+        pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
+        P[np.ix_(frz, act)] = pfa
+        P[np.ix_(act, frz)] = pfa.T
+    _add_density_terms(Y, P, orb, jk)
+    R = Y[np.ix_(vir, occ)] - Y[np.ix_(occ, vir)].T
+    z, info = _solve_zvector(R, orb, jk)
+    Pov = np.zeros_like(P)
+    Pov[np.ix_(vir, occ)] = -0.5 * z
+    Pov[np.ix_(occ, vir)] = -0.5 * z.T
+    _add_density_terms(Y, Pov, orb, jk)
+    Y[occ, occ] += 4.0 * eps[occ]
+    return P + Pov, Y, info
+
+
+def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> None:
+    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q."""
+    C = orb.C
+    G = jk.G(C @ P @ C.T)
+    Y[:, orb.occ] += 4.0 * (C.T @ G @ C[:, orb.occ])
+    Y += 2.0 * orb.eps[:, None] * P
+
+
+def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, dict]:
+    """z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R by conjugate
+    gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian: positive definite
+    for a stable RHF). GradientError when it does not converge in ZVECTOR_MAX_ITER."""
+    C_o, C_v = orb.C[:, orb.occ], orb.C[:, orb.vir]
+    diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
+
+    def op(z):
+        Cl = 2.0 * C_v @ z
+        return diag * z + C_v.T @ jk.G_pair(Cl, C_o) @ C_o
+
+    rnorm0 = float(np.linalg.norm(R))
+    z = R / diag
+    if rnorm0 == 0.0:
+        return z, {"iterations": 0, "residual": 0.0}
+    r = R - op(z)
+    s = r / diag
+    p = s.copy()
+    rs = float(np.sum(r * s))
+    for it in range(1, ZVECTOR_MAX_ITER + 1):
+        Ap = op(p)
+        alpha = rs / float(np.sum(p * Ap))
+        z += alpha * p
+        r -= alpha * Ap
+        res = float(np.linalg.norm(r)) / rnorm0
+        if res < ZVECTOR_TOL:
+            return z, {"iterations": it, "residual": res}
+        s = r / diag
+        rs_new = float(np.sum(r * s))
+        p = s + (rs_new / rs) * p
+        rs = rs_new
+    raise GradientError(f"the Z-vector (CPHF) equations did not converge in {ZVECTOR_MAX_ITER} iterations "
+                        f"(relative residual {res:.1e}); is the RHF reference stable?")
+
+
+# ---------------------------------------------------------------------------- DF J/K (JK-fit set)
+class _DFJK:
+    """The SCF's DF two-electron operator on the JK-fit set: G[D] = J[D] - K[D]/2 from our JK
+    factor (``dfhf.build_jk_factor``, fp64 on the backend) for the response, and the explicit
+    derivative of E_G(D1, D) = Σ D1 G[D] with the fitted coefficients c = (P|Q)^-1 (Q|μν)."""
+
+    def __init__(self, mol, auxmol, backend, timer):
+        self.mol, self.auxmol, self.backend = mol, auxmol, backend
+        self.fac, _ = dfhf.build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        if self.fac.metric != "cholesky":
+            raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
+                                "eigen-decomposition); its gradient is not implemented", option="auxbasis")
+        self._c = None
+
+    def _dev(self, x: np.ndarray) -> torch.Tensor:
+        return self.backend.to_device(_t(x), torch.float64)
+
+    def G(self, D: np.ndarray) -> np.ndarray:
+        """G[D] (nao, nao) of a symmetric D (nao, nao), K through D's eigenvectors (the SCF's
+        exchange of a difference of two positive parts)."""
+        w, V = np.linalg.eigh(0.5 * (D + D.T))
+        big = np.abs(w) > 1e-14 * max(1.0, float(np.abs(w).max(initial=0.0)))
+        pos, neg = big & (w > 0), big & (w < 0)
+        Cpm = np.hstack([V[:, pos] * np.sqrt(w[pos]), V[:, neg] * np.sqrt(-w[neg])])
+        return self._g(D, Cpm, int(pos.sum()))
+
+    def G_pair(self, Cl: np.ndarray, Cr: np.ndarray) -> np.ndarray:
+        """G[D] for D = Cl Cr^T + Cr Cl^T (Cl, Cr (nao, m)): D = (Cp Cp^T - Cm Cm^T)/2."""
+        s = np.sqrt(0.5)
+        return self._g(Cl @ Cr.T + Cr @ Cl.T, np.hstack([(Cl + Cr) * s, (Cl - Cr) * s]), Cl.shape[1])
+
+    def _g(self, D: np.ndarray, Cpm: np.ndarray, split: int) -> np.ndarray:
+        J = self.fac.coulomb(self._dev(D))
+        if Cpm.shape[1] == 0:
+            return J.cpu().numpy()
+        K = self.fac.exchange(self._dev(Cpm), split=split)
+        return (J - 0.5 * K).cpu().numpy()
+
+    def coefficients(self) -> np.ndarray:
+        """c_μνP = Σ_Q (μν|Q) (Q|P)^-1, (nao, nao, naux) fp64 (made once)."""
+        if self._c is None:
+            nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
+            L = _cholesky(self.auxmol.intor("int2c2e"), "JK")
+            j3c = df_incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s1").reshape(nao * nao, naux)
+            self._c = _solve_lower(L, _solve_lower(L, j3c.T), trans=True).T.reshape(nao, nao, naux)
+        return self._c
+
+    def energy_deriv(self, D1: np.ndarray, C_o: np.ndarray) -> np.ndarray:
+        """d/dR of E_G(D1, D), D = 2 C_o C_o^T, at fixed densities: (natm, 3) Eh/bohr (the DF-HF's
+        two-electron gradient for D1 = D/2)."""
+        c = self.coefficients()
+        nao, naux, nocc = c.shape[0], c.shape[2], C_o.shape[1]
+        D = 2.0 * C_o @ C_o.T
+        d1, d2 = np.tensordot(D1, c, 2), np.tensordot(D, c, 2)                     # (naux,)
+        g3 = D1[:, :, None] * d2 + D[:, :, None] * d1
+        g2 = -0.5 * (np.outer(d1, d2) + np.outer(d2, d1))
+        ck = (C_o.T @ c.reshape(nao, nao * naux)).reshape(nocc, nao, naux)        # Σ_σ C_σk c_σλP
+        Y1 = np.einsum("ml,klp->kmp", D1, ck, optimize=True)
+        M = 2.0 * np.einsum("nk,kmp->mnp", C_o, Y1, optimize=True)
+        m = 2.0 * ck.reshape(-1, naux).T @ Y1.reshape(-1, naux)
+        g3 -= 0.5 * (M + M.transpose(1, 0, 2))             # the K part: 2 M, times -1/2
+        g2 += 0.5 * (0.5 * (m + m.T))
+        return df_deriv(self.mol, self.auxmol, g3, g2)
+
+
+# ---------------------------------------------------------------------------- derivative integrals
+def _atom_of(mol) -> np.ndarray:
+    """(nao,) the atom of each basis function."""
+    out = np.empty(mol.nao_nr(), dtype=int)
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        out[p0:p1] = a
+    return out
+
+
+def df_deriv(mol, auxmol, g3: np.ndarray, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
+    """Σ_μνP g3_μνP d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR, (natm, 3) Eh/bohr, for g3 (nao, nao, naux)
+    symmetric in μν and g2 (naux, naux) symmetric: libcint's int3c2e_ip1 (∇μ ν|P), int3c2e_ip2
+    (μν|∇P) in aux-shell blocks and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's
+    functions)."""
+    nao = mol.nao_nr()
+    ao_atom, aux_atom = _atom_of(mol), _atom_of(auxmol)
+    g = np.zeros((mol.natm, 3))
+    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
+    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
+        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+        blk = np.ascontiguousarray(g3[:, :, p0:p1])
+        ip1 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl)
+        per_mu = np.einsum("xmnp,mnp->xm", ip1, blk, optimize=True)                 # (3, nao)
+        np.add.at(g, ao_atom, -2.0 * per_mu.T)
+        del ip1
+        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s1", comp=3, shls_slice=sl)
+        per_p = np.einsum("xmnp,mnp->xp", ip2, blk, optimize=True)                  # (3, nb)
+        np.add.at(g, aux_atom[p0:p1], -per_p.T)
+        del ip2
+    ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
+    np.add.at(g, aux_atom, -2.0 * np.einsum("xpq,pq->px", ip, g2, optimize=True))
+    return g
+
+
+
+
+def _one_electron_deriv(mol, D: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Σ D dh/dR - Σ W dS/dR (natm, 3) Eh/bohr: PySCF's hcore generator (kinetic, nuclear
+    attraction, ECP) and -int1e_ipovlp, for symmetric D and W (nao, nao)."""
+    mf_grad = pyscf_grad_rhf.Gradients(pyscf_hf.RHF(mol))
+    hcore_deriv = mf_grad.hcore_generator(mol)
+    s1 = mf_grad.get_ovlp(mol)                                                     # -(∇μ|ν)
+    g = np.zeros((mol.natm, 3))
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        g[a] += np.einsum("xij,ij->x", hcore_deriv(a), D)
+        g[a] -= 2.0 * np.einsum("xij,ij->x", s1[:, p0:p1], W[p0:p1])
+    return g
