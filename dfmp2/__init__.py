@@ -1,12 +1,12 @@
 """dfmp2: DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium.
 
 ``dfmp2.DFMP2(mf).run()`` (a PySCF drop-in on a converged RHF or UHF: PySCF's number by default)
-and ``dfmp2.energy(xyz or Mole)`` live in ``dfmp2.api``; ``dfmp2.ase.DFMP2Calculator`` is the ASE
+``dfmp2.energy(xyz or Mole)`` and ``dfmp2.gradient(xyz or Mole)`` (the nuclear gradient) live in ``dfmp2.api``; ``dfmp2.ase.DFMP2Calculator`` is the ASE
 calculator (needs ``ase``). They are imported on first use, so ``import dfmp2`` stays light (no
 torch, no PySCF).
 """
 __version__ = "0.1.0"
-__all__ = ["DFMP2", "energy"]
+__all__ = ["DFMP2", "energy", "gradient"]
 
 
 def __getattr__(name):

@@ -1,0 +1,92 @@
+"""``dfmp2 gradient``: the energy run (``pipeline.run_geometry``), then the gradient stage
+(``dfmp2.gradient``) on the same molecule, reference, fitting sets and backend.
+
+What it refuses, before any work (one InputError each, naming the option): a UHF reference, the
+exact-integral SCF (scf_mode 'exact': its response would need exact J/K), a device without fp64,
+and a basis bracket. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
+SCS-MP2, SOS-MP2: ``gradient.SCALES``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import linalg
+
+from . import pipeline, scf
+from .errors import InputError
+from .gradient import SCALES, GradientParts, mp2_gradient
+from .options import RunOptions
+from .result import Result
+from .timing import Timer
+from .xyz import Geometry
+
+
+@dataclass
+class GradientResult:
+    """The energy run's Result, the method ('mp2', 'scs-mp2', 'sos-mp2'), its energy (Hartree)
+    and the gradient stage's GradientParts (gradient (natm, 3) Eh/bohr); wall_s of the gradient
+    stage alone (s)."""
+
+    result: Result
+    method: str
+    energy: float
+    parts: GradientParts
+    wall_s: float
+
+    @property
+    def gradient(self) -> np.ndarray:
+        return self.parts.gradient
+
+    def to_dict(self) -> dict:
+        """The energy run's JSON with 'gradient': the method, its energy, the gradient (natm lists
+        of 3, Eh/bohr), its HF and correlation parts and the stage's record."""
+        d = self.result.to_dict()
+        d["gradient"] = {"method": self.method, "energy": self.energy, "wall_s": self.wall_s,
+                         **self.parts.to_dict()}
+        d["units"] = {**d["units"], "gradient": "hartree/bohr"}
+        d["warnings"] = list(d["warnings"]) + list(self.parts.warnings)
+        return d
+
+    def write_json(self, path) -> None:
+        import json
+
+        from .outputs import write_text
+        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> None:
+    """InputError (one line, naming the option) for what the gradient does not do."""
+    if method not in SCALES:
+        raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
+    options.check_choices()
+    if options.scf_mode not in scf.SCF_DF_MODES:
+        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(scf.SCF_DF_MODES)}); "
+                         f"'{options.scf_mode}' has no DF-HF response here", option="scf_mode")
+    if not linalg.device_capabilities(options.device).has_fp64:
+        raise InputError(f"the DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks; "
+                         "run it on cpu (or cuda)", option="device")
+    if scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) != "rhf":
+        raise InputError("DF-MP2 gradients are for closed-shell RHF references only (UHF gradients are "
+                         "not implemented yet)", option="reference")
+
+
+def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progress=None, log=None,
+                 backend=None) -> GradientResult:
+    """The energy (``pipeline.run_geometry``) and its nuclear gradient for ``method``."""
+    check_gradient_options(geom, options, method)
+    backend = backend if backend is not None else pipeline.make_backend(options)
+    seen = {}
+    result = pipeline.run_geometry(geom, options, progress=progress, log=log, backend=backend,
+                                   on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
+    t0 = time.perf_counter()
+    mol, ref = seen["mol"], seen["ref"]          # the frozen core already marked
+    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, options.auxbasis))
+    jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    c_os, c_ss = SCALES[method]
+    parts = mp2_gradient(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))
+    energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
+    return GradientResult(result, method, energy, parts, time.perf_counter() - t0)
