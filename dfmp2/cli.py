@@ -354,6 +354,9 @@ main.add_command(compare_command, "compare")
 from .bench import bench_command  # noqa: E402
 main.add_command(bench_command, "bench")
 
+from .gradcli import gradient_command  # noqa: E402
+main.add_command(gradient_command, "gradient")
+
 
 if __name__ == "__main__":
     main()
