@@ -360,12 +360,12 @@ class DFMP2(pyscf_mp2.MP2Base):
     Gradients = nuc_grad_method
 
     def _gradient(self):
-        """GradientParts of E_HF + E_MP2 (dfmp2.gradient): the HF part is the DF-HF's on the mf's
+        """GradientParts of E_HF + E_MP2 (dfmp2.mp2grad): the HF part is the DF-HF's on the mf's
         own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
         an mf that is not density-fitted, a UHF, frozen virtuals or a device without fp64."""
         from pyscf.df import addons as df_addons
 
-        from . import gradient
+        from . import mp2grad
         from .pipeline import make_backend
         wd = getattr(self._scf, "with_df", None)
         if wd is None or not hasattr(wd, "auxbasis"):
@@ -381,7 +381,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         if jk_auxmol is None:
             jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
         options = self._options(ref)
-        return gradient.mp2_gradient(self.mol, ref, auxmol, jk_auxmol, make_backend(options))
+        return mp2grad.mp2_gradient(self.mol, ref, auxmol, jk_auxmol, make_backend(options))
 
     def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
         """PySCF's eris of DF-MP2 (RHF): ``ovL`` (nocc*nvir, naux), B_ia^P of our fit, in memory;

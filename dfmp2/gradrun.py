@@ -1,10 +1,10 @@
 """``dfmp2 gradient``: the energy run (``pipeline.run_geometry``), then the gradient stage
-(``dfmp2.gradient``) on the same molecule, reference, fitting sets and backend.
+(``dfmp2.mp2grad``) on the same molecule, reference, fitting sets and backend.
 
 What it refuses, before any work (one InputError each, naming the option): a UHF reference, the
 exact-integral SCF (scf_mode 'exact': its response would need exact J/K), a device without fp64,
 and a basis bracket. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
-SCS-MP2, SOS-MP2: ``gradient.SCALES``).
+SCS-MP2, SOS-MP2: ``mp2grad.SCALES``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import linalg
 
 from . import pipeline, scf
 from .errors import InputError
-from .gradient import SCALES, GradientParts, mp2_gradient
+from .mp2grad import SCALES, GradientParts, mp2_gradient
 from .options import RunOptions
 from .result import Result
 from .timing import Timer

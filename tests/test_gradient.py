@@ -1,0 +1,222 @@
+"""The RHF DF-MP2 nuclear gradient (dfmp2.mp2grad) against references that do not come from it:
+central finite differences of our own printed energies (``pipeline.run_geometry``, both fitting
+sets, SCF converged to 1e-10), with the step shown converged (two steps agree far below the
+tolerance), and PySCF's DF-RHF gradient (``pyscf.df.grad.rhf``) for the HF part. Geometries are
+distorted from the symmetric inputs so that no component vanishes by symmetry."""
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from pyscf.data.nist import BOHR
+
+import linalg
+from dfmp2 import gradrun, mp2grad, pipeline, scf
+from dfmp2.cli import main
+from dfmp2.errors import EXIT_USER_ERROR, InputError
+from dfmp2.options import RunOptions
+from dfmp2.xyz import read_xyz
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small problems: one thread is faster
+INPUTS = Path(__file__).resolve().parent.parent / "inputs"
+TOL = 1e-6           # Eh/bohr: the acceptance tolerance, analytic against finite differences
+STEP = 1e-3          # bohr; STEP/2 is the convergence check
+STEP_AGREE = 3e-7    # Eh/bohr: FD(STEP) and FD(STEP/2) agree to this (the step's error ~ STEP^2)
+CONV = 1e-10         # SCF orbital-gradient threshold for the finite differences
+# a fixed distortion (Ångström) that breaks the inputs' symmetry: every component is nonzero
+DISTORT = np.array([[0.013, -0.021, 0.008], [-0.017, 0.011, 0.024], [0.009, 0.019, -0.015],
+                    [0.022, -0.006, -0.018]])
+
+
+def _geometry(name: str):
+    g = read_xyz(INPUTS / name)
+    return dataclasses.replace(g, coords_angstrom=g.coords_angstrom + DISTORT[:g.natm])
+
+
+def _options(**kw) -> RunOptions:
+    return RunOptions(scf_conv_tol_grad=CONV, **kw)
+
+
+_backends = {}
+
+
+def _energy(geom, options, method, coords_angstrom) -> float:
+    """The energy ``dfmp2 run`` prints for ``method`` at these coordinates (one CPU backend for all)."""
+    c_os, c_ss = mp2grad.SCALES[method]
+    be = _backends.setdefault(options.device, pipeline.make_backend(options))
+    r = pipeline.run_geometry(dataclasses.replace(geom, coords_angstrom=coords_angstrom), options, backend=be)
+    return r.e_hf + c_os * r.e_os + c_ss * r.e_ss
+
+
+def _fd(geom, options, method, atom, xyz, step) -> float:
+    """Central difference of the printed energy along one Cartesian component, Eh/bohr."""
+    plus, minus = geom.coords_angstrom.copy(), geom.coords_angstrom.copy()
+    plus[atom, xyz] += step * BOHR
+    minus[atom, xyz] -= step * BOHR
+    return (_energy(geom, options, method, plus) - _energy(geom, options, method, minus)) / (2 * step)
+
+
+CASES = {   # name: (xyz, options, method)
+    "water-mp2": ("water.xyz", dict(basis="6-31g"), "mp2"),
+    "ammonia-fc-scs": ("ammonia.xyz", dict(basis="6-31g", frozen_core=True), "scs-mp2"),
+}
+_cache = {}
+
+
+def _analytic(case):
+    if case not in _cache:
+        xyz, kw, method = CASES[case]
+        geom = _geometry(xyz)
+        _cache[case] = (geom, _options(**kw), method, gradrun.run_gradient(geom, _options(**kw), method=method))
+    return _cache[case]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gradient_matches_finite_differences_per_component(case):
+    geom, options, method, gr = _analytic(case)
+    g = gr.gradient
+    fd = np.array([[_fd(geom, options, method, a, x, STEP) for x in range(3)] for a in range(geom.natm)])
+    assert np.abs(g - fd).max() <= TOL, (g, fd)
+    assert np.abs(g).min() > 1e-4          # no component is zero by symmetry: each is a test
+    # the step is converged: halving it changes the largest-curvature components far below TOL
+    for a, x in (np.unravel_index(np.abs(g - fd).argmax(), g.shape), (0, 2)):
+        half = _fd(geom, options, method, a, x, STEP / 2)
+        assert abs(half - fd[a, x]) <= STEP_AGREE
+        assert abs(g[a, x] - half) <= TOL
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gradient_differentiates_the_printed_energy(case):
+    _, _, method, gr = _analytic(case)
+    c_os, c_ss = mp2grad.SCALES[method]
+    assert gr.parts.e_corr == pytest.approx(c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-10)
+    assert gr.energy == pytest.approx(gr.result.e_hf + c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_translation_and_rotation_invariance(case):
+    """The energy of an isolated molecule does not change under a rigid translation or rotation:
+    the gradient sums to zero and exerts no torque."""
+    geom, _, _, gr = _analytic(case)
+    g = gr.gradient
+    r = geom.coords_angstrom / BOHR
+    assert np.abs(g.sum(axis=0)).max() < 1e-9
+    assert np.abs(np.cross(r, g).sum(axis=0)).max() < 1e-8
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hf_part_matches_pyscf_df_rhf_gradient(case):
+    """The HF part against PySCF's DF-RHF gradient on the same JK-fit set and orbitals."""
+    from pyscf import scf as pyscf_scf
+    from pyscf.df.grad import rhf as df_rhf_grad
+    geom, options, method, _ = _analytic(case)
+    seen = {}
+    pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    mol, ref = seen["mol"], seen["ref"]
+    parts = mp2grad.mp2_gradient(mol, ref, scf.make_auxmol(mol, scf.mp2_auxbasis(mol)),
+                                  scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")), linalg.get_backend("cpu"))
+    ch = ref.channels[0]
+    mf = pyscf_scf.RHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
+    mf.mo_coeff, mf.mo_energy = ch.mo_coeff, ch.mo_energy
+    mf.mo_occ = np.where(np.arange(ch.nmo) < ch.nocc, 2.0, 0.0)
+    mf.e_tot, mf.converged = ref.e_hf, True
+    g_pyscf = df_rhf_grad.Gradients(mf).kernel()
+    assert np.abs(parts.hf - g_pyscf).max() <= 1e-8
+
+
+def test_sos_mp2_along_a_direction():
+    """SOS-MP2 (no same-spin part) along one displacement of all atoms at once."""
+    geom = _geometry("water.xyz")
+    options = _options(basis="6-31g")
+    gr = gradrun.run_gradient(geom, options, method="sos-mp2")
+    d = np.random.default_rng(7).normal(size=gr.gradient.shape)
+    d /= np.linalg.norm(d)
+    h = STEP
+    e = [_energy(geom, options, "sos-mp2", geom.coords_angstrom + s * h * BOHR * d) for s in (1, -1)]
+    assert abs((e[0] - e[1]) / (2 * h) - float(np.sum(gr.gradient * d))) <= TOL
+
+
+def test_dropin_nuc_grad_method_matches_its_finite_differences():
+    """dfmp2.DFMP2(mf).nuc_grad_method().kernel() on a PySCF DF-RHF with frozen core: the
+    derivative of PySCF's DF-RHF energy plus our DF-MP2 on PySCF's fitting set."""
+    from pyscf import gto
+    from pyscf import scf as pyscf_scf
+    import dfmp2
+
+    def mf_at(coords):
+        mol = gto.M(atom=[("O", coords[0]), ("H", coords[1]), ("H", coords[2])], unit="Bohr", basis="6-31g")
+        mf = pyscf_scf.RHF(mol).density_fit()
+        mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-13, 1e-10, 0
+        return mf.run()
+    c0 = _geometry("water.xyz").coords_angstrom / BOHR
+    de = dfmp2.DFMP2(mf_at(c0), frozen=1).nuc_grad_method().kernel()
+    d = np.random.default_rng(3).normal(size=c0.shape)       # all components at once
+    d /= np.linalg.norm(d)
+    e = [dfmp2.DFMP2(mf_at(c0 + s * STEP * d), frozen=1).run().e_tot for s in (1, -1)]
+    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
+
+
+def test_dropin_refuses_an_exact_integral_mf():
+    from pyscf import gto
+    from pyscf import scf as pyscf_scf
+    import dfmp2
+    mf = pyscf_scf.RHF(gto.M(atom="H 0 0 0; H 0 0 0.74", basis="6-31g", verbose=0)).run()
+    with pytest.raises(InputError, match="density-fitted mf"):
+        dfmp2.DFMP2(mf).nuc_grad_method().kernel()
+
+
+def test_api_gradient_returns_the_result_with_the_gradient():
+    import dfmp2
+    gr = dfmp2.gradient(str(INPUTS / "water.xyz"), basis="sto-3g")
+    assert gr.gradient.shape == (3, 3)
+    d = gr.to_dict()
+    assert d["units"]["gradient"] == "hartree/bohr" and np.array(d["gradient"]["gradient"]).shape == (3, 3)
+    assert d["energies"]["e_mp2"] == pytest.approx(gr.energy, abs=1e-12)
+
+
+def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
+    out = tmp_path / "g.json"
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-q",
+                                  "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "nuclear gradient of E(MP2)" in r.output
+    d = json.loads(out.read_text())
+    g = np.array(d["gradient"]["gradient"])
+    assert g.shape == (3, 3) and d["units"]["gradient"] == "hartree/bohr"
+    assert d["gradient"]["method"] == "mp2"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--reference", "uhf"], "RHF references only"),
+    (["--scf", "exact"], "density-fitted SCF"),
+    (["--device", "trn1", "--simulate"], "fp64"),
+])
+def test_cli_gradient_refuses_in_one_line_before_the_scf(args, words, no_scf):
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", *args])
+    assert r.exit_code == EXIT_USER_ERROR, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.output
+
+
+SLOW_CASES = {   # per component, as above: an ECP (HI, def2-SVP), a low-symmetry molecule, cc-pVDZ
+    "water-cc-pvdz": ("water.xyz", dict(basis="cc-pvdz"), "mp2"),
+    "hi-ecp": ("ecp/hydrogen_iodide.xyz", dict(basis="def2-svp"), "mp2"),
+    "glycine-fc": ("glycine.xyz", dict(basis="cc-pvdz", frozen_core=True), "mp2"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SLOW_CASES))
+def test_gradient_matches_finite_differences_slow(case):
+    xyz, kw, method = SLOW_CASES[case]
+    geom = read_xyz(INPUTS / xyz)
+    geom = dataclasses.replace(geom, coords_angstrom=geom.coords_angstrom
+                               + np.resize(DISTORT, geom.coords_angstrom.shape))
+    options = _options(**kw)
+    g = gradrun.run_gradient(geom, options, method=method).gradient
+    fd = np.array([[_fd(geom, options, method, a, x, STEP) for x in range(3)] for a in range(geom.natm)])
+    assert np.abs(g - fd).max() <= TOL
+    a, x = np.unravel_index(np.abs(g - fd).argmax(), g.shape)
+    assert abs(_fd(geom, options, method, a, x, STEP / 2) - fd[a, x]) <= STEP_AGREE
