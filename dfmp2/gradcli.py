@@ -66,3 +66,52 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
             console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if json_path and not quiet:
         err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+
+
+@click.command("optimize")
+@click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False))
+@molecule_options()
+@device_options()
+@scf_options()
+@resource_options()
+@click.option("--method", type=click.Choice(tuple(SCALES)), default="mp2", show_default=True,
+              help="the energy minimised: MP2, SCS-MP2 or SOS-MP2")
+@click.option("-o", "--output", "final_path", type=click.Path(dir_okay=False), default=None,
+              help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, here]")
+@click.option("--trajectory", "traj_path", type=click.Path(dir_okay=False), default=None,
+              help="every evaluated geometry (multi-frame XYZ) [default: INPUT's name with .traj.xyz, here]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True,
+              help="energy and gradient evaluations before giving up")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write the final result (energies, gradient, the steps) as JSON")
+@click.option("-q", "--quiet", is_flag=True, help="print only the final energies and gradient")
+@user_errors
+def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_path, quiet, **params):
+    """Optimise the geometry in INPUT (XYZ, Ångström) to a DF-MP2 minimum with geomeTRIC over
+    the analytic gradient; writes the trajectory and the final XYZ (also when it does not
+    converge: then one error line and exit 2)."""
+    import json
+    from pathlib import Path
+
+    from .optimize import optimize
+    from .outputs import write_text
+    from .xyz import read_xyz
+
+    console = stdout_console()
+    err = Console(stderr=True)
+    options = run_options(params)
+    stem = Path(xyz_file).name.removesuffix(".xyz")
+    final_path = final_path or f"{stem}.opt.xyz"
+    traj_path = traj_path or f"{stem}.traj.xyz"
+    for path, what in ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json")):
+        if path is not None:
+            check_output_file(path, what, not_same_as=[("input", xyz_file)])
+    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+    out = optimize(read_xyz(xyz_file), options, method, trajectory=traj_path, final=final_path,
+                   max_steps=max_steps, log=log)
+    if json_path:
+        write_text(json_path, json.dumps(out.to_dict(), indent=2) + "\n")
+    with printing(written=(final_path, traj_path, json_path)):
+        out.last.result.render(console, quiet=quiet)
+        console.print(gradient_table(out.last))
+        console.print(f"converged in {out.steps} steps; final geometry {final_path}, trajectory {traj_path}")
