@@ -110,16 +110,16 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
     t0 = timer.add("grad_mp2_densities", t0)
     P, Y, zinfo = _relaxed_density(orb, corr, jk, backend)
     t0 = timer.add("grad_zvector", t0)
-    D = 2.0 * orb.C[:, orb.occ] @ orb.C[:, orb.occ].T
+    C_o = orb.C[:, orb.occ]
+    D = 2.0 * C_o @ C_o.T
     P_ao = orb.C @ P @ orb.C.T
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
-    W_hf = 2.0 * (orb.C[:, orb.occ] * orb.eps[orb.occ]) @ orb.C[:, orb.occ].T
-    hf = (_one_electron_deriv(mol, D, W_hf) + pyscf_grad_rhf.grad_nuc(mol)
-          + jk.energy_deriv(0.5 * D, orb.C[:, orb.occ]))
-    total_1e = _one_electron_deriv(mol, D + P_ao, W) + pyscf_grad_rhf.grad_nuc(mol)
-    total_2e = jk.energy_deriv(0.5 * D + P_ao, orb.C[:, orb.occ])
-    mp2_3c = df_deriv(mol, mp2_auxmol, corr.gamma3_ao(orb), -2.0 * corr.gamma_pq)
-    grad = total_1e + total_2e + mp2_3c
+    W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
+    jk_hf, jk_p = jk.energy_deriv([0.5 * D, P_ao], C_o)             # E_G^x(D/2, D), E_G^x(P, D)
+    hf = _one_electron_deriv(mol, D, W_hf) + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: corr.gamma3_ao(orb, p0, p1)[None],
+                       -2.0 * corr.gamma_pq[None])[0]
+    grad = hf + _one_electron_deriv(mol, P_ao, W - W_hf) + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
     if orb.C.shape[1] < orb.C.shape[0]:
@@ -178,54 +178,59 @@ def _solve_lower(L: np.ndarray, X: np.ndarray, trans: bool = False) -> np.ndarra
 class _Corr:
     """The correlation energy's intermediates: e_corr (Hartree); P_oo (nact, nact), P_vv (nvir,
     nvir) unrelaxed; Y_ri (nmo, nact), Y_ra (nmo, nvir) the 3-index orbital-response terms;
-    gamma_t Γ~ (nact, nvir, naux) in the non-orthogonal aux basis; gamma_pq γ (naux, naux)."""
+    T_o (nao, naux, nvir) = 4 C_o Γ~ and T_v (nao, naux, nact) = 4 C_v Γ~ (Γ~ (nact, nvir, naux)
+    in the non-orthogonal aux basis, half back-transformed); gamma_pq γ (naux, naux)."""
 
     e_corr: float
     P_oo: np.ndarray
     P_vv: np.ndarray
     Y_ri: np.ndarray
     Y_ra: np.ndarray
-    gamma_t: np.ndarray
+    T_v: np.ndarray
     gamma_pq: np.ndarray
 
-    def gamma3_ao(self, orb: _Orbitals) -> np.ndarray:
-        """4 Σ_ia C_μi C_νa Γ~_iaP symmetrised in μν: (nao, nao, naux), the weight of (μν|P)^x."""
-        C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
-        nact, nvir, naux = self.gamma_t.shape
-        T = (C_o @ self.gamma_t.reshape(nact, -1)).reshape(-1, nvir, naux)        # (nao, nvir, naux)
-        G3 = np.einsum("map,na->mnp", T, C_v, optimize=True)
-        return 2.0 * (G3 + G3.transpose(1, 0, 2))
+    def gamma3_ao(self, orb: _Orbitals, p0: int, p1: int) -> np.ndarray:
+        """4 Σ_ia C_μi C_νa Γ~_iaP symmetrised in μν for P in [p0, p1): (nao, nao, p1 - p0), the
+        weight of (μν|P)^x."""
+        C_o = orb.C[:, orb.act]
+        G3 = np.einsum("mi,npi->mnp", C_o, self.T_v[:, p0:p1], optimize=True)
+        return 0.5 * (G3 + G3.transpose(1, 0, 2))
 
 
-def _mo_3c(mol, auxmol, orb: _Orbitals, backend):
-    """(i r|P) (nact, nmo, naux) and (r a|P) (nmo, nvir, naux) of the raw 3-center integrals."""
-    nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    j3c = df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1").reshape(nao, nao * naux)
-    C, C_o, C_v = orb.C, orb.C[:, orb.act], orb.C[:, orb.vir]
-    nact, nmo, nvir = C_o.shape[1], C.shape[1], C_v.shape[1]
-    half = _gemm(C, j3c, backend, trans_a=True).reshape(nmo, nao, naux)           # (r ν|P)
-    del j3c
-    ra = np.einsum("rnp,na->rap", half, C_v, optimize=True)                        # (r a|P)
-    ir = np.einsum("inp,nr->irp", half[orb.act], C, optimize=True)                 # (i r|P)
-    return ir, ra
+def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
+    """(p0, p1, (μν|P) (nao, nao, p1 - p0)) over aux-shell blocks of about block_mb."""
+    nao = mol.nao_nr()
+    step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
+    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
+        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).reshape(nao, nao, p1 - p0)
+
+
+def _ia_3c(mol, auxmol, orb: _Orbitals, backend) -> np.ndarray:
+    """(ia|P) (nact, nvir, naux) of the raw 3-center integrals, streamed over aux blocks."""
+    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
+    out = np.empty((C_o.shape[1], C_v.shape[1], auxmol.nao_nr()))
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):
+        half = _gemm(C_o, j3c.reshape(j3c.shape[0], -1), backend, trans_a=True).reshape(C_o.shape[1], -1, p1 - p0)
+        out[:, :, p0:p1] = np.einsum("inp,na->iap", half, C_v, optimize=True)
+    return out
 
 
 def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float) -> _Corr:
     """The pair loop over active occupied i: K_i = B_i B^T, t, θ, Γ, P_oo, P_vv (see the module
-    docstring); then Γ~, γ and the orbital-response terms."""
-    ir, ra = _mo_3c(mol, auxmol, orb, backend)
+    docstring); then Γ~, γ and the orbital-response terms (a second pass over (μν|P))."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
-    A = ir[:, orb.vir, :].reshape(nact * nvir, naux)
+    A = _ia_3c(mol, auxmol, orb, backend).reshape(nact * nvir, naux)
     B = np.ascontiguousarray(_solve_lower(L, A.T).T)                               # (ia, Q)
+    del A
     e_o, e_v = orb.eps[orb.act], orb.eps[orb.vir]
     Gam = np.zeros((nact, nvir, naux))
     P_oo, P_vv, e_corr = np.zeros((nact, nact)), np.zeros((nvir, nvir)), 0.0
     for i in range(nact):
         K = _gemm(B[i * nvir:(i + 1) * nvir], B, backend, trans_b=True)            # (a, jb)
         K = K.reshape(nvir, nact, nvir).transpose(1, 0, 2)                         # [j, a, b]
-        Dn = e_o[i] + e_o[:, None, None] - e_v[None, :, None] - e_v[None, None, :]
-        t = K / Dn
+        t = K / (e_o[i] + e_o[:, None, None] - e_v[None, :, None] - e_v[None, None, :])
         th = (c_os + c_ss) * t - c_ss * t.transpose(0, 2, 1)
         e_corr += float(np.sum(th * K))
         th_a = np.ascontiguousarray(th.transpose(1, 0, 2)).reshape(nvir, nact * nvir)
@@ -234,15 +239,21 @@ def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss:
                             trans_b=True)
         P_oo -= 2.0 * _gemm(t.reshape(nact, -1), th.reshape(nact, -1), backend, trans_b=True)
     Gf = Gam.reshape(nact * nvir, naux)
-    gamma_t = np.ascontiguousarray(_solve_lower(L, Gf.T, trans=True).T)          # Γ L^-1
     BtG = _gemm(B, Gf, backend, trans_a=True)
+    del B, Gam
+    gamma_t = _solve_lower(L, Gf.T, trans=True).reshape(naux, nact, nvir)          # Γ~ as [P, i, a]
     gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
-    gamma_pq = 0.5 * (gamma_pq + gamma_pq.T)
-    gt = gamma_t.reshape(nact, nvir, naux)
-    Y_ri = 4.0 * _gemm(ra.reshape(orb.nmo, -1), gt.reshape(nact, -1), backend, trans_b=True)
-    Y_ra = 4.0 * _gemm(np.ascontiguousarray(ir.transpose(1, 0, 2)).reshape(orb.nmo, -1),
-                       np.ascontiguousarray(gt.transpose(1, 0, 2)).reshape(nvir, -1), backend, trans_b=True)
-    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, gt, gamma_pq)
+    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
+    T_v = 4.0 * np.einsum("na,pia->npi", C_v, gamma_t, optimize=True)             # (nao, naux, nact)
+    T_o = 4.0 * np.einsum("ni,pia->npa", C_o, gamma_t, optimize=True)             # (nao, naux, nvir)
+    del gamma_t
+    X_o, X_v = np.zeros((orb.C.shape[0], nact)), np.zeros((orb.C.shape[0], nvir))
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_νP (μν|P) T_ν,P,·
+        flat = j3c.reshape(j3c.shape[0], -1)
+        X_o += _gemm(flat, np.ascontiguousarray(T_v[:, p0:p1]).reshape(-1, nact), backend)
+        X_v += _gemm(flat, np.ascontiguousarray(T_o[:, p0:p1]).reshape(-1, nvir), backend)
+    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), orb.C.T @ X_o, orb.C.T @ X_v, T_v,
+                 0.5 * (gamma_pq + gamma_pq.T))
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)
@@ -326,7 +337,6 @@ class _DFJK:
         if self.fac.metric != "cholesky":
             raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
                                 "eigen-decomposition); its gradient is not implemented", option="auxbasis")
-        self._c = None
 
     def _dev(self, x: np.ndarray) -> torch.Tensor:
         return self.backend.to_device(_t(x), torch.float64)
@@ -352,31 +362,38 @@ class _DFJK:
         K = self.fac.exchange(self._dev(Cpm), split=split)
         return (J - 0.5 * K).cpu().numpy()
 
-    def coefficients(self) -> np.ndarray:
-        """c_μνP = Σ_Q (μν|Q) (Q|P)^-1, (nao, nao, naux) fp64 (made once)."""
-        if self._c is None:
-            nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
-            L = _cholesky(self.auxmol.intor("int2c2e"), "JK")
-            j3c = df_incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s1").reshape(nao * nao, naux)
-            self._c = _solve_lower(L, _solve_lower(L, j3c.T), trans=True).T.reshape(nao, nao, naux)
-        return self._c
-
-    def energy_deriv(self, D1: np.ndarray, C_o: np.ndarray) -> np.ndarray:
-        """d/dR of E_G(D1, D), D = 2 C_o C_o^T, at fixed densities: (natm, 3) Eh/bohr (the DF-HF's
-        two-electron gradient for D1 = D/2)."""
-        c = self.coefficients()
-        nao, naux, nocc = c.shape[0], c.shape[2], C_o.shape[1]
+    def energy_deriv(self, D1s: list, C_o: np.ndarray) -> np.ndarray:
+        """d/dR of E_G(D1, D), D = 2 C_o C_o^T, at fixed densities, for each D1 (nao, nao) in
+        ``D1s``: (len(D1s), natm, 3) Eh/bohr (the DF-HF's two-electron gradient for D1 = D/2).
+        With c = (μν|Q)(Q|P)^-1 the fitted coefficients (never held whole): d = Σ D c,
+        ck_kλP = Σ_σ C_σk c_λσP, Y1_kμP = Σ_λ D1_μλ ck_kλP; the weights of (μν|P)^x are
+        D1 d2 + D d1 - (M + M^T)/2 with M_μνP = 2 Σ_k C_νk Y1_kμP, those of (P|Q)^x
+        -(d1 d2^T + d2 d1^T)/2 + m/2 with m = 2 Σ_kμ ck_kμP Y1_kμQ (symmetrised)."""
+        L = _cholesky(self.auxmol.intor("int2c2e"), "JK")
+        nao, naux, nocc = self.mol.nao_nr(), self.auxmol.nao_nr(), C_o.shape[1]
         D = 2.0 * C_o @ C_o.T
-        d1, d2 = np.tensordot(D1, c, 2), np.tensordot(D, c, 2)                     # (naux,)
-        g3 = D1[:, :, None] * d2 + D[:, :, None] * d1
-        g2 = -0.5 * (np.outer(d1, d2) + np.outer(d2, d1))
-        ck = (C_o.T @ c.reshape(nao, nao * naux)).reshape(nocc, nao, naux)        # Σ_σ C_σk c_σλP
-        Y1 = np.einsum("ml,klp->kmp", D1, ck, optimize=True)
-        M = 2.0 * np.einsum("nk,kmp->mnp", C_o, Y1, optimize=True)
-        m = 2.0 * ck.reshape(-1, naux).T @ Y1.reshape(-1, naux)
-        g3 -= 0.5 * (M + M.transpose(1, 0, 2))             # the K part: 2 M, times -1/2
-        g2 += 0.5 * (0.5 * (m + m.T))
-        return df_deriv(self.mol, self.auxmol, g3, g2)
+        dens = np.stack([D] + [np.asarray(d) for d in D1s]).reshape(len(D1s) + 1, nao * nao)
+        rho, ck = np.empty((len(D1s) + 1, naux)), np.empty((nocc, nao, naux))
+        for p0, p1, j3c in _j3c_blocks(self.mol, self.auxmol):
+            rho[:, p0:p1] = dens @ j3c.reshape(nao * nao, -1)
+            ck[:, :, p0:p1] = (C_o.T @ j3c.reshape(nao, -1)).reshape(nocc, nao, p1 - p0)
+        vinv = lambda X: _solve_lower(L, _solve_lower(L, X), trans=True)        # noqa: E731 (P|Q)^-1 X
+        d = vinv(rho.T).T                                                          # (1 + n, naux)
+        ck = vinv(ck.reshape(-1, naux).T).T.reshape(nocc, nao, naux)
+        Y1 = [np.einsum("ml,klp->kmp", D1, ck, optimize=True) for D1 in D1s]
+        g2 = []
+        for n, y in enumerate(Y1):
+            m = 2.0 * ck.reshape(-1, naux).T @ y.reshape(-1, naux)
+            g2.append(-0.5 * (np.outer(d[n + 1], d[0]) + np.outer(d[0], d[n + 1])) + 0.25 * (m + m.T))
+
+        def g3(p0, p1):
+            out = np.empty((len(D1s), nao, nao, p1 - p0))
+            for n, (D1, y) in enumerate(zip(D1s, Y1)):
+                M = 2.0 * np.einsum("nk,kmp->mnp", C_o, y[:, :, p0:p1], optimize=True)
+                out[n] = (D1[:, :, None] * d[0, p0:p1] + D[:, :, None] * d[n + 1, p0:p1]
+                          - 0.5 * (M + M.transpose(1, 0, 2)))
+            return out
+        return df_deriv(self.mol, self.auxmol, g3, np.stack(g2))
 
 
 # ---------------------------------------------------------------------------- derivative integrals
@@ -388,31 +405,30 @@ def _atom_of(mol) -> np.ndarray:
     return out
 
 
-def df_deriv(mol, auxmol, g3: np.ndarray, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
-    """Σ_μνP g3_μνP d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR, (natm, 3) Eh/bohr, for g3 (nao, nao, naux)
-    symmetric in μν and g2 (naux, naux) symmetric: libcint's int3c2e_ip1 (∇μ ν|P), int3c2e_ip2
-    (μν|∇P) in aux-shell blocks and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's
-    functions)."""
+def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
+    """Σ_μνP g3_μνP d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
+    Eh/bohr. ``g3_block(p0, p1)``: (n, nao, nao, p1 - p0), symmetric in μν; g2 (n, naux, naux)
+    symmetric. libcint's int3c2e_ip1 (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks and
+    int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
     nao = mol.nao_nr()
     ao_atom, aux_atom = _atom_of(mol), _atom_of(auxmol)
-    g = np.zeros((mol.natm, 3))
+    g = np.zeros((g2.shape[0], mol.natm, 3))
     step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
-        blk = np.ascontiguousarray(g3[:, :, p0:p1])
+        blk = g3_block(p0, p1)
         ip1 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl)
-        per_mu = np.einsum("xmnp,mnp->xm", ip1, blk, optimize=True)                 # (3, nao)
-        np.add.at(g, ao_atom, -2.0 * per_mu.T)
+        for n in range(len(blk)):
+            np.add.at(g[n], ao_atom, -2.0 * np.einsum("xmnp,mnp->mx", ip1, blk[n]))
         del ip1
         ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s1", comp=3, shls_slice=sl)
-        per_p = np.einsum("xmnp,mnp->xp", ip2, blk, optimize=True)                  # (3, nb)
-        np.add.at(g, aux_atom[p0:p1], -per_p.T)
-        del ip2
+        for n in range(len(blk)):
+            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xmnp,mnp->px", ip2, blk[n]))
+        del ip2, blk
     ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
-    np.add.at(g, aux_atom, -2.0 * np.einsum("xpq,pq->px", ip, g2, optimize=True))
+    for n in range(len(g2)):
+        np.add.at(g[n], aux_atom, -2.0 * np.einsum("xpq,pq->px", ip, g2[n], optimize=True))
     return g
-
-
 
 
 def _one_electron_deriv(mol, D: np.ndarray, W: np.ndarray) -> np.ndarray:
