@@ -280,3 +280,15 @@ def test_optimize_not_converged_is_one_line_and_writes_the_last_geometry(tmp_pat
     lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "did not converge in 2 steps" in lines[0], r.output
     assert read_xyz(final).natm == 3 and "not converged" in final.read_text()
+
+
+def test_bench_gradient_script_writes_its_record(tmp_path):
+    """scripts/bench_gradient.py on a tiny input: both rows, the ratio, what ran."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gradient", INPUTS.parent / "scripts" / "bench_gradient.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(INPUTS / "water.xyz"), "--basis", "sto-3g", "--no-warmup", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "bench_gradient_water.json").read_text())
+    assert set(rec["times"]) == {"energy", "gradient", "gradient_stage"}
+    assert rec["ratio_gradient_over_energy"] > 0 and rec["ran"]["device"] == "cpu"
