@@ -292,3 +292,21 @@ def test_bench_gradient_script_writes_its_record(tmp_path):
     rec = json.loads((tmp_path / "bench_gradient_water.json").read_text())
     assert set(rec["times"]) == {"energy", "gradient", "gradient_stage"}
     assert rec["ratio_gradient_over_energy"] > 0 and rec["ran"]["device"] == "cpu"
+
+
+def test_qcschema_driver_gradient_returns_the_n_by_3_gradient():
+    """A v1 AtomicInput with driver 'gradient': return_result and properties.return_gradient are
+    the gradient `dfmp2 gradient` computes for the same molecule (Hartree/Bohr, the input's order)."""
+    pytest.importorskip("qcelemental", reason="QCSchema needs qcelemental (the qcschema extra)")
+    from dfmp2 import qcschema
+    geom = _geometry("water.xyz")
+    doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "gradient",
+           "model": {"method": "mp2", "basis": "6-31g"}, "keywords": {"frozen_core": True},
+           "molecule": {"symbols": list(geom.symbols), "geometry": (geom.coords_angstrom / BOHR).ravel().tolist(),
+                        "molecular_charge": 0, "molecular_multiplicity": 1, "fix_com": True, "fix_orientation": True}}
+    r = qcschema.run_qcschema(doc)
+    g = np.asarray(r.return_result).reshape(-1, 3)
+    ours = gradrun.run_gradient(geom, RunOptions(basis="6-31g", frozen_core=True)).gradient
+    assert r.driver == "gradient" and g.shape == (3, 3)
+    assert np.abs(g - ours).max() <= 1e-8
+    assert np.allclose(np.asarray(r.properties.return_gradient).reshape(-1, 3), g)
