@@ -72,11 +72,13 @@ class GradientParts:
     zvector: dict
     warnings: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    ran: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"gradient": self.gradient.tolist(), "units": "Eh/bohr", "hf": self.hf.tolist(),
                 "corr": self.corr.tolist(), "e_corr": self.e_corr, "c_os": self.c_os, "c_ss": self.c_ss,
-                "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings)}
+                "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings),
+                "ran": dict(self.ran)}
 
 
 def check_supported(ref, backend) -> None:
@@ -101,6 +103,7 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
     ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
     check_supported(ref, backend)
     timer = timer or Timer(backend)
+    kernels0 = dict(backend.kernels_used)
     t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
@@ -126,8 +129,13 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
         warnings.append(f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
                         "gradient leaves out the change of the kept space with the geometry (it is not "
                         "the exact derivative of the energy)")
+    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
+    ran = {"device": backend.name, "precision": "fp64", "kernels": dict(sorted(used.items())),
+           "on_device": "the pair loop's GEMMs (K, Γ, P_oo, P_vv), the JK factor and the Z-vector's J/K",
+           "host": "libcint derivative integrals and their contractions, the fits' triangular solves, "
+                   "dense nmo x nmo algebra (numpy, fp64)"}
     return GradientParts(grad, hf, grad - hf, corr.e_corr, c_os, c_ss, zinfo, warnings,
-                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")})
+                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")}, ran)
 
 
 class _Orbitals:

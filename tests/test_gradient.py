@@ -310,3 +310,13 @@ def test_qcschema_driver_gradient_returns_the_n_by_3_gradient():
     assert r.driver == "gradient" and g.shape == (3, 3)
     assert np.abs(g - ours).max() <= 1e-8
     assert np.allclose(np.asarray(r.properties.return_gradient).reshape(-1, 3), g)
+
+
+@pytest.mark.cuda
+def test_gradient_on_cuda_equals_cpu():
+    """The stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
+    geom = _geometry("water.xyz")
+    cpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
+    assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8
