@@ -253,13 +253,13 @@ def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss:
     gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
     C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
     T_v = 4.0 * np.einsum("na,pia->npi", C_v, gamma_t, optimize=True)             # (nao, naux, nact)
-    T_o = 4.0 * np.einsum("ni,pia->npa", C_o, gamma_t, optimize=True)             # (nao, naux, nvir)
-    del gamma_t
     X_o, X_v = np.zeros((orb.C.shape[0], nact)), np.zeros((orb.C.shape[0], nvir))
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_νP (μν|P) T_ν,P,·
         flat = j3c.reshape(j3c.shape[0], -1)
+        T_o = 4.0 * np.einsum("ni,pia->npa", C_o, gamma_t[p0:p1], optimize=True)   # (nao, nb, nvir)
         X_o += _gemm(flat, np.ascontiguousarray(T_v[:, p0:p1]).reshape(-1, nact), backend)
-        X_v += _gemm(flat, np.ascontiguousarray(T_o[:, p0:p1]).reshape(-1, nvir), backend)
+        X_v += _gemm(flat, T_o.reshape(-1, nvir), backend)
+    del gamma_t
     return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), orb.C.T @ X_o, orb.C.T @ X_v, T_v,
                  0.5 * (gamma_pq + gamma_pq.T))
 
