@@ -23,8 +23,11 @@ with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = �
 
 J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
 (``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
-PySCF's hcore generator, ECP included) come from libcint on the host. Dense pieces (the AO
-3-index densities, nao^2 naux) are held in memory: no out-of-core path yet.
+PySCF's hcore generator, ECP included) come from libcint on the host. (μν|P) and its
+derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nocc nvir naux_mp2), the
+JK part's half-transformed coefficients (nocc nao naux_jk, three of them) and Γ~'s half
+back-transform (nao naux_mp2 nocc) are held in memory: no out-of-core path, and the memory plan
+does not count them yet.
 
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).
