@@ -423,6 +423,8 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
     nao = mol.nao_nr()
     ao_atom, aux_atom = _atom_of(mol), _atom_of(auxmol)
+    rows, cols = np.tril_indices(nao)                   # PySCF's s2ij order: μ >= ν, row by row
+    weight = np.where(rows == cols, 1.0, 2.0)[:, None]
     g = np.zeros((g2.shape[0], mol.natm, 3))
     step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
@@ -432,9 +434,9 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
         for n in range(len(blk)):
             np.add.at(g[n], ao_atom, -2.0 * np.einsum("xmnp,mnp->mx", ip1, blk[n]))
         del ip1
-        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s1", comp=3, shls_slice=sl)
+        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3, shls_slice=sl)   # (3, npair, nb)
         for n in range(len(blk)):
-            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xmnp,mnp->px", ip2, blk[n]))
+            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xkp,kp->px", ip2, blk[n][rows, cols] * weight))
         del ip2, blk
     ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
     for n in range(len(g2)):
