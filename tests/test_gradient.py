@@ -127,15 +127,17 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
     assert np.abs(parts.hf - g_pyscf).max() <= 1e-8
 
 
-def test_sos_mp2_along_a_direction():
-    """SOS-MP2 (no same-spin part) along one displacement of all atoms at once."""
+@pytest.mark.parametrize("method, scf_mode", [("sos-mp2", "df"), ("mp2", "pyscf-df")])
+def test_along_a_direction(method, scf_mode):
+    """SOS-MP2 (no same-spin part), and PySCF's DF-RHF as the reference (the same JK-fit set),
+    along one displacement of all atoms at once."""
     geom = _geometry("water.xyz")
-    options = _options(basis="6-31g")
-    gr = gradrun.run_gradient(geom, options, method="sos-mp2")
+    options = _options(basis="6-31g", scf_mode=scf_mode)
+    gr = gradrun.run_gradient(geom, options, method=method)
     d = np.random.default_rng(7).normal(size=gr.gradient.shape)
     d /= np.linalg.norm(d)
     h = STEP
-    e = [_energy(geom, options, "sos-mp2", geom.coords_angstrom + s * h * BOHR * d) for s in (1, -1)]
+    e = [_energy(geom, options, method, geom.coords_angstrom + s * h * BOHR * d) for s in (1, -1)]
     assert abs((e[0] - e[1]) / (2 * h) - float(np.sum(gr.gradient * d))) <= TOL
 
 
