@@ -15,9 +15,10 @@ import numpy as np
 
 import linalg
 
-from . import pipeline, scf
-from .errors import InputError
+from . import memory, pipeline, scf
+from .errors import InputError, MemoryLimitError
 from .mp2grad import SCALES, GradientParts, mp2_gradient
+from .mp2grad import memory_mb as mp2grad_memory_mb
 from .options import RunOptions
 from .result import Result
 from .timing import Timer
@@ -73,12 +74,30 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
                          "not implemented yet)", option="reference")
 
 
+def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
+    """The gradient stage's memory (``mp2grad.memory_mb``, MB) against the run's limit (the
+    memory option, else memory.DEFAULT_FRACTION of the host's available memory): MemoryLimitError
+    (one line) before any work when it does not fit. Returns the estimate."""
+    job = pipeline.prepare(geom, options, backend)
+    space, nocc = job.space, job.space.nocc[0]
+    naux_jk = scf.make_auxmol(job.mol, scf.default_auxbasis(job.mol, "jk")).nao_nr()
+    need = mp2grad_memory_mb(nao=space.nbasis, nocc=nocc, nact=nocc - space.nfrozen, nvir=space.nmo - nocc,
+                             naux_mp2=space.naux, naux_jk=naux_jk)
+    limit = options.memory_mb if options.memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    if need > limit:
+        raise MemoryLimitError(f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
+                               f"no out-of-core path yet) but the memory limit is {limit:.4g} MB; raise the "
+                               "memory limit", need_mb=need, limit_mb=limit)
+    return need
+
+
 def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progress=None, log=None,
                  backend=None, on_plan=None, on_reference=None) -> GradientResult:
     """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan`` and
     ``on_reference`` these are) and its nuclear gradient for ``method``."""
     check_gradient_options(geom, options, method)
     backend = backend if backend is not None else pipeline.make_backend(options)
+    check_gradient_memory(geom, options, backend)
     seen = {}
 
     def reference(mol, ref):

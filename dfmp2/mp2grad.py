@@ -84,6 +84,20 @@ class GradientParts:
                 "ran": dict(self.ran)}
 
 
+def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int,
+              block_mb: float = AUX_BLOCK_MB) -> float:
+    """Peak MB (10^6 bytes, fp64) of the arrays the gradient stage holds, an estimate: the JK
+    factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform (nao naux_mp2 nact) throughout,
+    plus the larger of the pair loop's phase ((ia|P) or B, Γ, Γ~: 3 nact nvir naux_mp2; t, θ, K
+    of one occupied orbital: 5 nact nvir^2) and the derivative phase (the JK part's
+    half-transformed coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a
+    block of derivative integrals (block_mb, at most 3 nao^2 naux) and its weights: twice that)."""
+    held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * nact
+    pair = 3 * nact * nvir * naux_mp2 + 5 * nact * nvir * nvir
+    deriv = 4 * nocc * nao * naux_jk + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
+    return 8 * (held + max(pair, deriv)) / 1e6
+
+
 def check_supported(ref, backend) -> None:
     """GradientError (one line) for what this stage does not do yet: a UHF reference, frozen
     virtual orbitals, a device without fp64."""

@@ -322,3 +322,14 @@ def test_gradient_on_cuda_equals_cpu():
     gpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
     assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
     assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8
+
+
+def test_gradient_memory_is_refused_before_the_scf(no_scf):
+    """A memory limit above the energy run's need but below the gradient stage's: one line, exit 2,
+    before any SCF."""
+    from dfmp2 import mp2grad
+    need = gradrun.check_gradient_memory(read_xyz(INPUTS / "water.xyz"), RunOptions(basis="cc-pvdz", memory_mb=1e5),
+                                         pipeline.make_backend(RunOptions()))
+    assert need == pytest.approx(mp2grad.memory_mb(nao=24, nocc=5, nact=5, nvir=19, naux_mp2=84, naux_jk=116))
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--memory", f"{need / 2:.3f}MB"])
+    assert r.exit_code == EXIT_USER_ERROR and "the gradient stage needs about" in r.output, r.output
