@@ -3,7 +3,7 @@
 
 What it refuses, before any work (one InputError each, naming the option): a UHF reference, the
 exact-integral SCF (scf_mode 'exact': its response would need exact J/K), a device without fp64,
-and a basis bracket. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
+precision fp32, a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
 SCS-MP2, SOS-MP2: ``mp2grad.SCALES``).
 """
 from __future__ import annotations
@@ -69,6 +69,10 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
     if not linalg.device_capabilities(options.device).has_fp64:
         raise InputError(f"the DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks; "
                          "run it on cpu (or cuda)", option="device")
+    if options.resolved_precision() != "fp64":
+        raise InputError("the gradient is computed in fp64, the derivative of the fp64 energy; an fp32 "
+                         "energy run would not be the energy it differentiates: use precision fp64",
+                         option="precision")
     if scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) != "rhf":
         raise InputError("DF-MP2 gradients are for closed-shell RHF references only (UHF gradients are "
                          "not implemented yet)", option="reference")

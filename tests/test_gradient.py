@@ -195,6 +195,8 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
     (["--reference", "uhf"], "RHF references only"),
     (["--scf", "exact"], "density-fitted SCF"),
     (["--device", "trn1", "--simulate"], "fp64"),
+    (["--precision", "fp32"], "use precision fp64 (--precision)"),
+    (["--basis", "cc-pv[dt]z"], "basis bracket"),
 ])
 def test_cli_gradient_refuses_in_one_line_before_the_scf(args, words, no_scf):
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", *args])
