@@ -17,6 +17,7 @@ k any occupied, a, b virtual, r, p any orbital; P, Q auxiliary functions. Spin-s
     P_Ij = Y_Ij / (2 (e_j - e_I))                        frozen-active occupied block
     Z-vector (CPHF of the DF-HF):  (e_a - e_i) z_ai + (C_v^T G[2(C_v z C_o^T + h.c.)] C_o)_ai
                                     = R_ai = Y_ai - Y_ia;   P_ai = P_ia = -z_ai / 2
+          (its G in the MO basis of the JK factor: 4 (ai|bj) - (ab|ij) - (aj|ib), four GEMMs)
     dE/dx = Σ (D + P) h^x - Σ W S^x + E_nuc^x + E_G^x(D/2 + P, D)[JK-fit]
             + 4 Σ Γ~_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],    W = C sym(Y) C^T / 2
 with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = Σ D1 G[D2].
@@ -91,11 +92,14 @@ def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_
     plus the larger of the pair loop's phase ((ia|P) or B, Γ, Γ~: 3 nact nvir naux_mp2; t, θ, K
     of one occupied orbital: 5 nact nvir^2) and the derivative phase (the JK part's
     half-transformed coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a
-    block of derivative integrals (block_mb, at most 3 nao^2 naux) and its weights: twice that)."""
+    block of derivative integrals (block_mb, at most 3 nao^2 naux) and its weights: twice that)
+    and the Z-vector's (the factor in the MO basis, vo three times, oo and vv:
+    naux_jk (3 nvir nocc + nocc^2 + nvir^2))."""
     held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * nact
     pair = 3 * nact * nvir * naux_mp2 + 5 * nact * nvir * nvir
+    zvec = naux_jk * (3 * nvir * nocc + nocc * nocc + nvir * nvir)
     deriv = 4 * nocc * nao * naux_jk + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
-    return 8 * (held + max(pair, deriv)) / 1e6
+    return 8 * (held + max(pair, zvec, deriv)) / 1e6
 
 
 def check_supported(ref, backend) -> None:
@@ -319,12 +323,11 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
     """z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R by conjugate
     gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian: positive definite
     for a stable RHF). GradientError when it does not converge in ZVECTOR_MAX_ITER."""
-    C_o, C_v = orb.C[:, orb.occ], orb.C[:, orb.vir]
     diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
+    hess = jk.mo_hessian(orb.C[:, orb.occ], orb.C[:, orb.vir])
 
     def op(z):
-        Cl = 2.0 * C_v @ z
-        return diag * z + C_v.T @ jk.G_pair(Cl, C_o) @ C_o
+        return diag * z + hess(z)
 
     rnorm0 = float(np.linalg.norm(R))
     z = R / diag
@@ -375,10 +378,44 @@ class _DFJK:
         Cpm = np.hstack([V[:, pos] * np.sqrt(w[pos]), V[:, neg] * np.sqrt(-w[neg])])
         return self._g(D, Cpm, int(pos.sum()))
 
-    def G_pair(self, Cl: np.ndarray, Cr: np.ndarray) -> np.ndarray:
-        """G[D] for D = Cl Cr^T + Cr Cl^T (Cl, Cr (nao, m)): D = (Cp Cp^T - Cm Cm^T)/2."""
-        s = np.sqrt(0.5)
-        return self._g(Cl @ Cr.T + Cr @ Cl.T, np.hstack([(Cl + Cr) * s, (Cl - Cr) * s]), Cl.shape[1])
+    def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
+        """The factor in the MO basis: B_vo [P, a, i] (naux, nvir, nocc), B_oo [P, i, j],
+        B_vv [P, a, b], from the packed factor by aux blocks (two GEMMs per block, on the
+        backend)."""
+        fac, be = self.fac, self.backend
+        C = np.hstack([C_o, C_v])
+        nocc, nmo, naux = C_o.shape[1], C.shape[1], fac.naux
+        Cd = self._dev(C)
+        out = [np.empty((naux, C_v.shape[1], nocc)), np.empty((naux, nocc, nocc)),
+               np.empty((naux, C_v.shape[1], C_v.shape[1]))]
+        for p0 in range(0, naux, fac.block):
+            p1 = min(naux, p0 + fac.block)
+            half = linalg.gemm(fac.unpack(fac.B[p0:p1]).reshape(-1, fac.nao), Cd, backend=be)    # (nb nao, nmo)
+            half = half.reshape(p1 - p0, fac.nao, nmo).transpose(1, 2).reshape(-1, fac.nao)       # (nb nmo, nao)
+            mo = linalg.gemm(half, Cd, backend=be).reshape(p1 - p0, nmo, nmo).cpu().numpy()
+            out[0][p0:p1], out[1][p0:p1], out[2][p0:p1] = mo[:, nocc:, :nocc], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
+        return out
+
+    def mo_hessian(self, C_o: np.ndarray, C_v: np.ndarray):
+        """z (nvir, nocc) -> (C_v^T G[2(C_v z C_o^T + h.c.)] C_o) in the MO basis of the factor:
+        4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
+        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; four GEMMs per call)."""
+        B_vo, B_oo, B_vv = self.mo_factor(C_o, C_v)
+        naux, nvir, nocc = B_vo.shape
+        flat = B_vo.reshape(naux, -1)
+        vo_apj = np.ascontiguousarray(B_vo.transpose(1, 0, 2)).reshape(nvir, naux * nocc)    # [a, (P, j)]
+        vo_pib = np.ascontiguousarray(B_vo.transpose(0, 2, 1)).reshape(naux * nocc, nvir)    # [(P, i), b]
+        oo_jpi = np.ascontiguousarray(B_oo.transpose(1, 0, 2)).reshape(nocc, naux * nocc)    # [j, (P, i)]
+        vv_apb = np.ascontiguousarray(B_vv.transpose(1, 0, 2)).reshape(nvir, naux * nvir)    # [a, (P, b)]
+        del B_oo, B_vv
+        be = self.backend
+
+        def hess(z):
+            J = 4.0 * (flat.T @ (flat @ z.ravel())).reshape(nvir, nocc)
+            W = _gemm(z, oo_jpi, be).reshape(nvir, naux, nocc).transpose(1, 0, 2).reshape(naux * nvir, nocc)
+            U = _gemm(vo_pib, z, be).reshape(naux, nocc, nocc).transpose(0, 2, 1).reshape(naux * nocc, nocc)
+            return J - _gemm(vv_apb, np.ascontiguousarray(W), be) - _gemm(vo_apj, np.ascontiguousarray(U), be)
+        return hess
 
     def _g(self, D: np.ndarray, Cpm: np.ndarray, split: int) -> np.ndarray:
         J = self.fac.coulomb(self._dev(D))
