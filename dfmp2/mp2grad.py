@@ -140,10 +140,11 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
     W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
     jk_hf, jk_p = jk.energy_deriv([0.5 * D, P_ao], C_o)             # E_G^x(D/2, D), E_G^x(P, D)
-    hf = _one_electron_deriv(mol, D, W_hf) + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
+    one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
+    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: corr.gamma3_ao(orb, p0, p1)[None],
                        -2.0 * corr.gamma_pq[None])[0]
-    grad = hf + _one_electron_deriv(mol, P_ao, W - W_hf) + jk_p + corr_3c
+    grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
     if orb.C.shape[1] < orb.C.shape[0]:
@@ -495,14 +496,16 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     return g
 
 
-def _one_electron_deriv(mol, D: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """Σ D dh/dR - Σ W dS/dR (natm, 3) Eh/bohr: PySCF's hcore generator (kinetic, nuclear
-    attraction, ECP) and -int1e_ipovlp, for symmetric D and W (nao, nao)."""
+def _one_electron_deriv(mol, pairs) -> list:
+    """[Σ D dh/dR - Σ W dS/dR (natm, 3) Eh/bohr for each (D, W) in ``pairs``] (symmetric D, W
+    (nao, nao)): PySCF's hcore generator (kinetic, nuclear attraction, ECP) and -int1e_ipovlp,
+    each atom's integrals made once."""
     mf_grad = pyscf_grad_rhf.Gradients(pyscf_hf.RHF(mol))
     hcore_deriv = mf_grad.hcore_generator(mol)
     s1 = mf_grad.get_ovlp(mol)                                                     # -(∇μ|ν)
-    g = np.zeros((mol.natm, 3))
+    out = [np.zeros((mol.natm, 3)) for _ in pairs]
     for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
-        g[a] += np.einsum("xij,ij->x", hcore_deriv(a), D)
-        g[a] -= 2.0 * np.einsum("xij,ij->x", s1[:, p0:p1], W[p0:p1])
-    return g
+        h1 = hcore_deriv(a)
+        for g, (D, W) in zip(out, pairs):
+            g[a] += np.einsum("xij,ij->x", h1, D) - 2.0 * np.einsum("xij,ij->x", s1[:, p0:p1], W[p0:p1])
+    return out
