@@ -8,6 +8,7 @@
     pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_tot, pt.e_tot_scs
 
     r = dfmp2.energy("water.xyz", basis="cc-pvtz", frozen_core=True)   # the Result `dfmp2 run` prints
+    g = dfmp2.gradient("water.xyz", frozen_core=True).gradient          # (natm, 3) Hartree/Bohr
 
 ``DFMP2`` runs this program's DF-MP2 stage (``pipeline.time_mp2_stage``: the same memory plan,
 devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF or UHF; the SCF is
@@ -59,7 +60,9 @@ class DFMP2(pyscf_mp2.MP2Base):
     and nmo (active, PySCF's counting); auxbasis_used (its description), naux, timings (s per
     stage), ran (device, engine, kernels, precisions), warnings. ``t2`` (nocc, nocc, nvir, nvir)
     (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory,
-    ``make_rdm1`` (unrelaxed, PySCF's) from it. Logs through ``pyscf.lib.logger`` at mf.verbose.
+    ``make_rdm1`` (unrelaxed, PySCF's) from it. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
+    the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF mf (the
+    DF-HF response on the mf's own fitting set; dfmp2.mp2grad). Logs through ``pyscf.lib.logger`` at mf.verbose.
     """
 
     _keys = {"with_df", "mo_energy", "force_outcore", "device", "precision", "simulate",
