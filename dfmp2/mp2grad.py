@@ -428,21 +428,26 @@ class _DFJK:
     def energy_deriv(self, D1s: list, C_o: np.ndarray) -> np.ndarray:
         """d/dR of E_G(D1, D), D = 2 C_o C_o^T, at fixed densities, for each D1 (nao, nao) in
         ``D1s``: (len(D1s), natm, 3) Eh/bohr (the DF-HF's two-electron gradient for D1 = D/2).
-        With c = (μν|Q)(Q|P)^-1 the fitted coefficients (never held whole): d = Σ D c,
+        With c = (μν|Q)(Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held
+        whole): d = Σ D c,
         ck_kλP = Σ_σ C_σk c_λσP, Y1_kμP = Σ_λ D1_μλ ck_kλP; the weights of (μν|P)^x are
         D1 d2 + D d1 - (M + M^T)/2 with M_μνP = 2 Σ_k C_νk Y1_kμP, those of (P|Q)^x
         -(d1 d2^T + d2 d1^T)/2 + m/2 with m = 2 Σ_kμ ck_kμP Y1_kμQ (symmetrised)."""
         L = _cholesky(self.auxmol.intor("int2c2e"), "JK")
+        fac, be = self.fac, self.backend
         nao, naux, nocc = self.mol.nao_nr(), self.auxmol.nao_nr(), C_o.shape[1]
         D = 2.0 * C_o @ C_o.T
-        dens = np.stack([D] + [np.asarray(d) for d in D1s]).reshape(len(D1s) + 1, nao * nao)
+        dens = self._dev(np.stack([D] + [np.asarray(d) for d in D1s]).reshape(len(D1s) + 1, nao * nao))
         rho, ck = np.empty((len(D1s) + 1, naux)), np.empty((nocc, nao, naux))
-        for p0, p1, j3c in _j3c_blocks(self.mol, self.auxmol):
-            rho[:, p0:p1] = dens @ j3c.reshape(nao * nao, -1)
-            ck[:, :, p0:p1] = (C_o.T @ j3c.reshape(nao, -1)).reshape(nocc, nao, p1 - p0)
-        vinv = lambda X: _solve_lower(L, _solve_lower(L, X), trans=True)        # noqa: E731 (P|Q)^-1 X
-        d = vinv(rho.T).T                                                          # (1 + n, naux)
-        ck = vinv(ck.reshape(-1, naux).T).T.reshape(nocc, nao, naux)
+        Cd = self._dev(C_o)
+        for p0 in range(0, naux, fac.block):        # from the factor B = L^-1 (P|μν): no integrals again
+            p1 = min(naux, p0 + fac.block)
+            Bb = fac.unpack(fac.B[p0:p1]).reshape(p1 - p0, nao * nao)
+            rho[:, p0:p1] = linalg.gemm(dens, Bb, trans_b=True, backend=be).cpu().numpy()
+            half = linalg.gemm(Bb.reshape(-1, nao), Cd, backend=be).cpu().numpy()        # [(P, λ), k]
+            ck[:, :, p0:p1] = half.reshape(p1 - p0, nao, nocc).transpose(2, 1, 0)
+        d = _solve_lower(L, rho.T, trans=True).T                                   # (P|Q)^-1 (D|Q): (1 + n, naux)
+        ck = _solve_lower(L, ck.reshape(-1, naux).T, trans=True).T.reshape(nocc, nao, naux)
         Y1 = [np.einsum("ml,klp->kmp", D1, ck, optimize=True) for D1 in D1s]
         g2 = []
         for n, y in enumerate(Y1):
