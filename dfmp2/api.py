@@ -496,7 +496,7 @@ def fitted_B(mol, auxmol, channel, options) -> np.ndarray:
     import dataclasses
 
     import torch
-    from linalg import DTYPES
+    from dfmp2.linalg import DTYPES
 
     from . import outofcore
     from .mp2 import build_B
@@ -549,8 +549,8 @@ def _eris_energies(eris, ref, options) -> tuple[float, float, dict]:
                          f"nocc {ch.nocc_active}, nvir {ch.nvir_active}: made with another frozen")
     import torch
 
-    import linalg
-    from linalg import DTYPES
+    from dfmp2 import linalg
+    from dfmp2.linalg import DTYPES
 
     from .pipeline import make_backend
     backend = make_backend(options)

@@ -144,7 +144,7 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, p
         return
     from .benchmarks import ops as ops_mod, report, shapes as shapes_mod, waters as waters_mod
     from .benchmarks.run import BenchOptions, run_bench
-    import linalg
+    from dfmp2 import linalg
     for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
         if not (math.isfinite(v) and v >= 0):
             raise InputError(f"{opt} must be a finite number of seconds >= 0, got {v}")

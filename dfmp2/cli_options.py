@@ -29,9 +29,9 @@ import sys
 import click
 from rich.console import Console
 
-from linalg import DeviceUnavailableError, KernelError
-from linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
-from linalg.cuda import AUTO_RULE
+from dfmp2.linalg import DeviceUnavailableError, KernelError
+from dfmp2.linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
+from dfmp2.linalg.cuda import AUTO_RULE
 
 from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
                      one_line)

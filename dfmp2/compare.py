@@ -27,9 +27,9 @@ from datetime import datetime, timezone
 
 import click
 
-import linalg
-from linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
-from linalg.cuda import AUTO_RULE
+from dfmp2 import linalg
+from dfmp2.linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
+from dfmp2.linalg.cuda import AUTO_RULE
 
 from .cli_options import (device_options, fail, molecule_options, printing, resource_options,
                           run_options, scf_options, stdout_console, user_errors)
@@ -103,7 +103,7 @@ def check_device(device: str, precision: str, simulate: bool, pair_kernel: str =
     """The backend for ``device``, or the one-line reason it cannot run here (never raises for
     that). A precision the device can never run is the user's mistake: InputError, before any
     device runs (``compare --devices cpu,trn1`` at the default fp64 used to fail after the CPU's run)."""
-    from linalg import DeviceUnavailableError
+    from dfmp2.linalg import DeviceUnavailableError
     try:
         caps = linalg.device_capabilities(device)
         if caps.precision_problem(precision):
@@ -146,7 +146,7 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
 
 def run_synthetic(device: str, backend, problem, repeat: int) -> DeviceRun:
     """``repeat`` pair steps of a synthetic problem (host tensors, copied exactly) on ``backend``."""
-    import linalg
+    from dfmp2 import linalg
     out = DeviceRun(device)
     B = backend.to_device(problem.B)
     eo = backend.to_device(problem.eps_occ)
@@ -323,7 +323,7 @@ def _compare_synthetic(text, seed, precision, repeat, backends):
     """(title, problem for the JSON, runs) of a synthetic problem made once on the CPU and run on
     each of ``backends`` ({device: backend})."""
     import torch
-    from linalg import synthetic_problem
+    from dfmp2.linalg import synthetic_problem
 
     from .memory import check_synthetic_memory
     nocc, nvir, naux = parse_synthetic(text)

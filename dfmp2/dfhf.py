@@ -54,7 +54,7 @@ import torch
 from pyscf.scf import hf as pyscf_hf
 from pyscf.scf import uhf as pyscf_uhf
 
-import linalg
+from dfmp2 import linalg
 
 from . import integrals, scf
 from .errors import InputError, MemoryLimitError

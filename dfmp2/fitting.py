@@ -11,7 +11,7 @@ import time
 
 import torch
 
-import linalg
+from dfmp2 import linalg
 
 EIGH_DROP = 1e-10      # j2c eigenvalues below this are dropped by the eigh fallback
 

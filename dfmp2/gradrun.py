@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import linalg
+from dfmp2 import linalg
 
 from . import memory, pipeline, scf
 from .errors import InputError, MemoryLimitError

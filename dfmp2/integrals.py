@@ -44,7 +44,7 @@ import torch
 from pyscf import gto, lib
 from pyscf.gto import moleintor
 
-from linalg import DeviceUnavailableError
+from dfmp2.linalg import DeviceUnavailableError
 
 from .background import Background
 from .memory import QUEUE_DEPTH

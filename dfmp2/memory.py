@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 
-from linalg.torch_ops import PAIR_CHUNK_ELEMS
+from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
 
 from .errors import InputError, MemoryLimitError
 
@@ -37,7 +37,7 @@ def available_mb(device: str) -> float:
     """Available memory on the device the big arrays live on (host for cpu and trn). On the host,
     the smallest of what the machine has free (/proc/meminfo), what the address-space limit
     (``ulimit -v``) leaves and what the cgroup's limit (a container's, a batch job's) leaves."""
-    import linalg
+    from dfmp2 import linalg
     if not linalg.device_capabilities(device).host_memory:
         import torch
         free, _ = torch.cuda.mem_get_info(torch.device(device))
@@ -119,7 +119,7 @@ def pair_workspace_bytes(nrows: int, nvir: int) -> int:
     chunks of K, each at most PAIR_CHUNK_ELEMS elements (linalg.torch_ops.mp2_pair_energy's
     chunk, the gemm+torch path) but at least one nvir x nvir block; or, where larger, the CPU's
     gemm+epilogue path's one tile in flight (linalg.cpu_pair.workspace_elems, fp64)."""
-    from linalg.cpu_pair import workspace_elems
+    from dfmp2.linalg.cpu_pair import workspace_elems
     return 8 * max(7 * min(nrows * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir)),
                    workspace_elems(nrows, nrows, nvir, nvir))
 
@@ -291,7 +291,7 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     aux_min = max(1, min(naux, aux_shell_max))
     per_aux_fn = stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"] \
         - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
-    import linalg
+    from dfmp2 import linalg
     host_memory = linalg.device_capabilities(device).host_memory
     in_plan, outside = j3c_engine_bytes(engine, nao=nao, fit_itemsize=fit_itemsize,
                                         host_memory=host_memory, depth=queue_depth)

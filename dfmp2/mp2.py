@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-import linalg
-from linalg import DTYPES
+from dfmp2 import linalg
+from dfmp2.linalg import DTYPES
 
 from . import integrals, outofcore
 from .fitting import describe_metric, metric_factor

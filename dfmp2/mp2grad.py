@@ -44,7 +44,7 @@ from pyscf.df import incore as df_incore
 from pyscf.grad import rhf as pyscf_grad_rhf
 from pyscf.scf import hf as pyscf_hf
 
-import linalg
+from dfmp2 import linalg
 
 from . import dfhf, integrals
 from .errors import InputError

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-import linalg
-from linalg import DTYPES
+from dfmp2 import linalg
+from dfmp2.linalg import DTYPES
 
 from . import memory
 from .errors import InputError

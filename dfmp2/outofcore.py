@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import linalg
+from dfmp2 import linalg
 
 from . import memory, tempdirs
 from .background import Background

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-import linalg
-from linalg import DTYPES
+from dfmp2 import linalg
+from dfmp2.linalg import DTYPES
 
 from . import checkpoint, dfhf, integrals, memory, outputs, scf
 from .errors import DiskWriteError, InputError, MemoryLimitError, shown

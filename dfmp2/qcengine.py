@@ -74,7 +74,7 @@ def run_options(input_model, config):
     """The RunOptions QCEngine's task config sets (the input's model, molecule and keywords set
     the rest): the scratch directory, and the memory limit (MB) on a host device unless
     ``keywords.memory_mb`` gives one."""
-    import linalg
+    from dfmp2 import linalg
 
     from .memory import MB
     from .options import RunOptions
@@ -110,7 +110,7 @@ def torch_threads(ncores: int | None):
 def qcengine_error(e: Exception):
     """The qcengine exception for one of dfmp2's expected errors (None for anything else: a bug,
     which QCEngine reports with its traceback)."""
-    from linalg import DeviceUnavailableError, KernelError
+    from dfmp2.linalg import DeviceUnavailableError, KernelError
 
     from .errors import DiskWriteError, InputError, MemoryLimitError, SCFNotConvergedError
     from .qcschema import error_line

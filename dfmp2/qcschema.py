@@ -370,7 +370,7 @@ class FailedOperationOnError:
         return self
 
     def __exit__(self, etype, exc, tb):
-        from linalg import DeviceUnavailableError, KernelError
+        from dfmp2.linalg import DeviceUnavailableError, KernelError
 
         from .errors import error_line as cli_error_line
         from .outputs import write_text

@@ -296,7 +296,7 @@ def present_devices(precision: str) -> tuple[list[str], dict]:
     Decided as ``get_backend`` decides (torch sees a CUDA GPU; AWS's nki package imports and a
     /dev/neuron* device exists). Trainium hardware is listed only when the instance type (DMI
     product name) says which generation it is; it is never simulated."""
-    from kernels.nki import engines
+    from dfmp2.kernels.nki import engines
     present, absent = ["cpu"], {}
     if torch.cuda.is_available():
         present.append("cuda")

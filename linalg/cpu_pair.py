@@ -45,7 +45,7 @@ TILE_ELEMS = 1 << 22          # K elements of the one tile in flight (32 MB in f
 def epilogue_info() -> dict:
     """Build (once) and load the C epilogue: what was built (kernels.cpu.build.load's record).
     Raises KernelError (one line, naming gemm+torch as what runs without a compiler)."""
-    from kernels.cpu import build, pair_epilogue
+    from dfmp2.kernels.cpu import build, pair_epilogue
     try:
         return pair_epilogue.library()[1]
     except build.KernelBuildError as e:
@@ -132,7 +132,7 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     BLAS's own threads (torch.matmul, or linalg.cpu_blas.openblas_matmul); ``tile_elems``: K
     elements per tile (default TILE_ELEMS).
     """
-    from kernels.cpu.pair_epilogue import pair_os, pair_sums
+    from dfmp2.kernels.cpu.pair_epilogue import pair_os, pair_sums
     from .torch_ops import check_pair_shapes
     ni, nvir, naux = Bi.shape
     nj, nvj = Bj.shape[0], Bj.shape[1]

@@ -136,7 +136,7 @@ class CudaBackend(TorchBackend):
 
     def where(self) -> str:
         """The GPU a kernel runs on (name and sm_XY), or Triton's interpreter."""
-        from kernels.triton.launch import interpreting
+        from dfmp2.kernels.triton.launch import interpreting
         if interpreting():
             return "the Triton interpreter (CPU)"
         cap = self.capability()
@@ -190,17 +190,17 @@ class CudaBackend(TorchBackend):
         if eps_vir_j is not None and path == "fused":
             raise ValueError("mp2_pair_energy: the fused kernel has no opposite-spin form; build the "
                              "backend with unrestricted=True (gemm+epilogue)")
-        from kernels.triton.launch import interpreting
+        from dfmp2.kernels.triton.launch import interpreting
         where = f" [Triton interpreter, {Bi.device.type} tensors]" if interpreting() else ""
         if path == "fused":
-            from kernels.triton.fused_pair_energy import fused_pair_energy
+            from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
             dot = "fp64 dot" if prec == "fp64" else "fp32 ieee dot"
             kernel = f"triton.fused_pair_energy({prec}: {dot}, fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
             run = lambda: fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,  # noqa: E731
                                             config=self.pair_config or None)
         else:
-            from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+            from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
             gemm = "DGEMM" if prec == "fp64" else ("SGEMM, TF32 ON" if torch.backends.cuda.matmul.allow_tf32
                                                    else "SGEMM")
             kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"

@@ -80,8 +80,8 @@ class NeuronBackend(Backend):
         self.runner = runner
         self.precision = "fp32"
         self._dinv_cache: dict = {}
-        from kernels.nki.mp2_pair import sbuf_bytes_per_partition
-        from kernels.nki_emulator.limits import limits_for
+        from dfmp2.kernels.nki.mp2_pair import sbuf_bytes_per_partition
+        from dfmp2.kernels.nki_emulator.limits import limits_for
         self._pair_sbuf = sbuf_bytes_per_partition
         self.sbuf_partition_bytes = limits_for(name).sbuf_partition_bytes
 
@@ -103,7 +103,7 @@ class NeuronBackend(Backend):
         dimension streams as the moving operand; e.g. the (nb*nao, nao) x (nao, nocc)
         transform). Only M is padded to its bucket: it varies with the aux-shell block size
         within a run, while K and N are fixed per molecule."""
-        from kernels.nki.gemm import gemm_kernel
+        from dfmp2.kernels.nki.gemm import gemm_kernel
         lhsT = A if a_is_T else A.T
         K, M = lhsT.shape
         N = B.shape[1]
@@ -154,7 +154,7 @@ class NeuronBackend(Backend):
     def syrk(self, a, *, trans=False, alpha=1.0, uplo="lower", full=True):
         """alpha a a^T (trans=False, a (n, k)) or alpha a^T a (trans=True, a (k, n)); only the
         lower tile blocks are computed on the device."""
-        from kernels.nki.syrk import syrk_lower_kernel
+        from dfmp2.kernels.nki.syrk import syrk_lower_kernel
         A = _f32(a)
         aT = A if trans else A.T                   # (k, n)
         k, n = aT.shape
@@ -197,7 +197,7 @@ class NeuronBackend(Backend):
     def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
         """Solve op(a) X = b (left) or X op(a) = b (right), a triangular (n, n), fp32.
         Mapped on the host onto L X' = B' with L lower (transposes and index reversal)."""
-        from kernels.nki.trsm import trsm_lower_kernel
+        from dfmp2.kernels.nki.trsm import trsm_lower_kernel
         if side not in ("left", "right") or uplo not in ("lower", "upper"):
             raise ValueError(f"trsm: side={side!r}, uplo={uplo!r}")
         A, Bm = _f32(a), _f32(b)
@@ -287,7 +287,7 @@ class NeuronBackend(Backend):
         K tiles, denominators and the per-partition sums are fp32 on the device; the sums
         over partitions, pairs and launches are fp64 on the host. ``eps_vir_j``: opposite
         spins (the kernel's ``opposite`` form): returns (e_os, NaN)."""
-        from kernels.nki.mp2_pair import mp2_pair_kernel
+        from dfmp2.kernels.nki.mp2_pair import mp2_pair_kernel
         from .torch_ops import check_pair_shapes
         mixed = eps_vir_j is not None
         check_pair_shapes("mp2_pair_energy", Bi, Bj, symmetric, mixed)
@@ -341,7 +341,7 @@ def make_neuron_backend(name: str, *, simulate: bool = False, engine: str | None
     AWS's nki package is importable, else the NumPy emulator. An explicit ``engine`` is
     honoured or refused, never substituted.
     """
-    from kernels.nki import engines as E
+    from dfmp2.kernels.nki import engines as E
     if name not in NEURON_DEVICES:
         raise ValueError(f"unknown Trainium device '{name}'; use trn1 or trn2")
     if engine is None:

@@ -268,4 +268,4 @@ def __getattr__(name):
     if name in ("random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"):
         from . import synthetic
         return getattr(synthetic, name)
-    raise AttributeError(f"module 'linalg.philox' has no attribute {name!r}")
+    raise AttributeError(f"module 'dfmp2.linalg.philox' has no attribute {name!r}")

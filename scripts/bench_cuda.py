@@ -117,8 +117,8 @@ def fp64_dot_lowering(torch, B, eo, ev, config, interpret: bool) -> str:
     """How Triton lowered the fused kernel's fp64 dot, read from the compiled PTX."""
     if interpret:
         return "interpreter (numpy matmul)"
-    from kernels.triton import fused_pair_energy as fpe
-    from kernels.triton.launch import pair_lists, tile_pairs
+    from dfmp2.kernels.triton import fused_pair_energy as fpe
+    from dfmp2.kernels.triton.launch import pair_lists, tile_pairs
     cfg = {**fpe.default_config(B.dtype), **(config or {})}
     dev = B.device
     Bs = B[:2]
@@ -206,9 +206,9 @@ def main(argv=None):
         sys.exit("error: TRITON_INTERPRET=1 is set: that runs the kernels on the CPU; unset it for a "
                  "GPU benchmark (or use --dry-run-cpu)")
     import torch
-    import linalg
-    from linalg.cuda import CudaBackend, auto_pair_path, one_line
-    from linalg.synthetic import synthetic_problem
+    from dfmp2 import linalg
+    from dfmp2.linalg.cuda import CudaBackend, auto_pair_path, one_line
+    from dfmp2.linalg.synthetic import synthetic_problem
 
     dry = args.dry_run_cpu
     if not dry and not torch.cuda.is_available():

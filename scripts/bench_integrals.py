@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import linalg  # noqa: E402
+from dfmp2 import linalg  # noqa: E402
 from dfmp2 import integrals, scf  # noqa: E402
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402

@@ -79,7 +79,7 @@ def main(argv=None):
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[var] = str(args.threads)
     import torch
-    import linalg
+    from dfmp2 import linalg
     from dfmp2.benchmarks import ops as bops, timing
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -153,7 +153,7 @@ def blas_shapes(quick: bool = False) -> list[tuple]:
     @ (nao, nb*nao) and its SYRK over k = nocc*nb for nb = dfhf.jk_block; the transform
     (naux*nao, nao) @ (nao, nocc) and (naux*nocc, nao) @ (nao, nvir)."""
     from dfmp2 import dfhf, memory
-    from linalg.torch_ops import PAIR_CHUNK_ELEMS
+    from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
     if quick:
         return [("cube 256", "gemm", 256, 256, 256, None), ("pair quick", "gemm", 40, 120, 160, 1)]
     rows = [(f"cube {n}", "gemm", n, n, n, None) for n in (2000, 3000, 4000)]
@@ -176,7 +176,7 @@ def blas_main(args, argv):
     import time
     import torch
     from dfmp2.benchmarks import timing
-    from linalg import cpu_blas, torch_ops
+    from dfmp2.linalg import cpu_blas, torch_ops
     v = timing.versions()
     threads = torch.get_num_threads()
     table, source, _ = cpu_blas.CpuBlas("auto").table()

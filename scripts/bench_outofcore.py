@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "inputs"))
 
-import linalg  # noqa: E402
+from dfmp2 import linalg  # noqa: E402
 from dfmp2 import outofcore, scf  # noqa: E402
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402

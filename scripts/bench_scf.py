@@ -29,14 +29,14 @@ sys.path.insert(0, str(ROOT))
 
 from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
-import linalg  # noqa: E402
+from dfmp2 import linalg  # noqa: E402
 from dfmp2 import dfhf, scf  # noqa: E402
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, run  # noqa: E402
 from dfmp2.timing import Timer  # noqa: E402
 from dfmp2.result import software_versions  # noqa: E402
 from dfmp2.xyz import read_xyz  # noqa: E402
-from linalg.torch_ops import syrk_work_fraction  # noqa: E402
+from dfmp2.linalg.torch_ops import syrk_work_fraction  # noqa: E402
 
 GFLOPS_ASSUMED = 90.0      # the prediction's rate (a 2-core fp64 CPU's DGEMM, roughly)
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dfmp2  # noqa: E402
-import linalg  # noqa: E402
+from dfmp2 import linalg  # noqa: E402
 
 
 def hexes(r) -> dict:

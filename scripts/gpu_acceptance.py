@@ -173,7 +173,7 @@ def step_run_compare(spec):
 
 
 def step_ours(spec):
-    import linalg
+    from dfmp2 import linalg
     from dfmp2 import dfhf, scf
     from dfmp2.pipeline import RunOptions, run
     from dfmp2.xyz import read_xyz

@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import linalg  # noqa: E402
+from dfmp2 import linalg  # noqa: E402
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
-from linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd  # noqa: E402
-from linalg.newton_schulz import DEFAULT_COND_MAX, DEFAULT_TOL  # noqa: E402
+from dfmp2.linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd  # noqa: E402
+from dfmp2.linalg.newton_schulz import DEFAULT_COND_MAX, DEFAULT_TOL  # noqa: E402
 
 CONDS = [10.0 ** k for k in range(2, 11)]
 

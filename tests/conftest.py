@@ -14,12 +14,12 @@ def pytest_addoption(parser):
 def _real_nki_available() -> bool:
     """True only for AWS's real nki package with nki.jit and nki.simulate (PyPI's 'nki' is an
     empty placeholder); the same test the trn backend uses to pick its engine."""
-    from kernels.nki.engines import real_nki
+    from dfmp2.kernels.nki.engines import real_nki
     return real_nki()[0] is not None
 
 
 def _neuron_device_available() -> bool:
-    from kernels.nki.engines import neuron_devices
+    from dfmp2.kernels.nki.engines import neuron_devices
     return bool(neuron_devices()) and _real_nki_available()
 
 

@@ -157,8 +157,8 @@ def test_pair_kernel_limit_is_not_estimated():
 
 
 def test_pyscf_pair_baseline_matches_ours():
-    import linalg
-    from linalg import synthetic_problem
+    from dfmp2 import linalg
+    from dfmp2.linalg import synthetic_problem
     p = synthetic_problem(5, 30, 70, seed=3)
     B = p.B.numpy()
     eo, ev = p.eps_occ.numpy(), p.eps_vir.numpy()
@@ -194,7 +194,7 @@ def test_timer_single_run_rule_and_shapes():
 
 
 def test_shared_inputs_are_bit_identical_to_per_precision_ones():
-    from linalg import random_spd, synthetic_problem
+    from dfmp2.linalg import random_spd, synthetic_problem
     inputs = ops.Inputs()
     assert torch.equal(inputs.spd(40, 1e3, 4, torch.float32, "cpu"), random_spd(40, 1e3, 4, dtype=torch.float32))
     p = inputs.problem(3, 20, 40, 8, torch.float32, "cpu")

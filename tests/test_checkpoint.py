@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import checkpoint, dfhf, integrals, scf
 from dfmp2.checkpoint import CheckpointError
 from dfmp2.cli import main
@@ -39,7 +39,7 @@ CHILD = """
 import signal, sys, time, torch
 signal.signal(signal.SIGINT, signal.default_int_handler)
 torch.set_num_threads(1)
-import linalg
+from dfmp2 import linalg
 _orig = linalg.mp2_pair_energy
 def slow(*a, **k):
     r = _orig(*a, **k)

@@ -109,7 +109,7 @@ def test_parse_synthetic_forms():
 def test_default_devices_are_the_ones_present(tmp_path):
     """No --devices: cpu plus what is present here; the output and the JSON say what was left out
     and why, and a machine without a GPU is not an error (issue 18)."""
-    from linalg import present_devices
+    from dfmp2.linalg import present_devices
     present, absent = present_devices("fp64")
     assert present[0] == "cpu" and ("cuda" in present) == torch.cuda.is_available()
     assert "trn1" in absent and "trn2" in absent and "no fp64" not in absent.get("cuda", "")
@@ -134,7 +134,7 @@ def test_explicit_devices_are_still_required(tmp_path, monkeypatch):
 
 
 def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
-    import linalg
+    from dfmp2 import linalg
     from dfmp2.memory import synthetic_memory_mb
 
     def no_alloc(*a, **k):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import linalg
-from linalg import cpu_blas
+from dfmp2 import linalg
+from dfmp2.linalg import cpu_blas
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import linalg
-from linalg import cpu_pair
-from linalg.reference import mp2_pair_energy_reference
+from dfmp2 import linalg
+from dfmp2.linalg import cpu_pair
+from dfmp2.linalg.reference import mp2_pair_energy_reference
 
 
 def _problem(ni, nj, nvir, nvj, naux, dtype, seed, symmetric):
@@ -108,7 +108,7 @@ def test_energies_do_not_depend_on_threads_or_tiles():
 def fresh_build(monkeypatch, tmp_path):
     """The kernel loader with an empty cache of its own and its per-process memo cleared (before
     and after: later tests get the real compiler back)."""
-    from kernels.cpu import build, pair_epilogue
+    from dfmp2.kernels.cpu import build, pair_epilogue
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     build.load.cache_clear()
     pair_epilogue.library.cache_clear()

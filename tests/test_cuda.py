@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-import linalg
-from linalg.synthetic import synthetic_problem
+from dfmp2 import linalg
+from dfmp2.linalg.synthetic import synthetic_problem
 
 pytestmark = pytest.mark.cuda
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -36,7 +36,7 @@ SHAPES = [(3, 20, 37), (8, 130, 200), (12, 257, 300)]
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("layout", ["pipeline", "contiguous"])
 def test_pair_paths_fp64_equal_torch(path, shape, layout):
-    from linalg.cuda import CudaBackend
+    from dfmp2.linalg.cuda import CudaBackend
     B, eo, ev = _problem(*shape, layout=layout)
     be = CudaBackend("cuda", pair_path={"fp64": path})
     for sym, (Bi, Bj, ei, ej) in ((True, (B, B, eo, eo)), (False, (B[2:], B[:2], eo[2:], eo[:2]))):
@@ -48,7 +48,7 @@ def test_pair_paths_fp64_equal_torch(path, shape, layout):
 @pytest.mark.parametrize("path", ["fused", "gemm+epilogue"])
 @pytest.mark.parametrize("shape", SHAPES[1:])
 def test_pair_paths_fp32_equal_torch(path, shape):
-    from linalg.cuda import CudaBackend
+    from dfmp2.linalg.cuda import CudaBackend
     B, eo, ev = _problem(*shape)
     B32 = B.to(torch.float32)
     be = CudaBackend("cuda", pair_path={"fp32": path})
@@ -63,7 +63,7 @@ def test_pair_paths_fp32_equal_torch(path, shape):
 
 @pytest.mark.parametrize("config", [None, {"BLOCK": 32, "BLOCK_P": 16, "num_warps": 4, "num_stages": 2}])
 def test_fused_bit_identical_run_to_run_and_cpu_agreement(config):
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(10, 150, 260)
     runs = {tuple(map(float.hex, fused_pair_energy(B, B, eo, eo, ev, symmetric=True, config=config)))
             for _ in range(3)}
@@ -74,7 +74,7 @@ def test_fused_bit_identical_run_to_run_and_cpu_agreement(config):
 
 
 def test_pinned_to_device_and_cast():
-    from linalg.cuda import CudaBackend
+    from dfmp2.linalg.cuda import CudaBackend
     import numpy as np
     be = CudaBackend("cuda", pin_min_bytes=1024)
     host = [np.random.default_rng(k).standard_normal((300, 700)) for k in range(5)]
@@ -126,7 +126,7 @@ def test_h2o_08_run_and_compare_on_each_pair_path(pair_kernel, tmp_path):
     from pathlib import Path
     from click.testing import CliRunner
     from dfmp2.cli import main
-    from linalg.cuda import auto_pair_path
+    from dfmp2.linalg.cuda import auto_pair_path
     h2o8 = str(Path(__file__).resolve().parents[1] / "inputs" / "water_clusters" / "h2o_08.xyz")
     res = CliRunner().invoke(main, ["run", h2o8, "--device", "cuda", "--pair-kernel", pair_kernel,
                                     "--json", str(tmp_path / "r.json"), "-q"])

@@ -10,10 +10,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import linalg
-from linalg import KernelError, get_backend
-from linalg import cuda as lcuda
-from linalg.cuda import CudaBackend, auto_pair_path
+from dfmp2 import linalg
+from dfmp2.linalg import KernelError, get_backend
+from dfmp2.linalg import cuda as lcuda
+from dfmp2.linalg.cuda import CudaBackend, auto_pair_path
 from test_triton_interpreter import interpreted
 
 WATER = str(Path(__file__).resolve().parents[1] / "inputs" / "water.xyz")
@@ -99,9 +99,9 @@ def _compilation_error():
 def broken_fused(monkeypatch):
     """The fused kernel fails to compile; the other pair paths record any call made to them."""
     pytest.importorskip("triton")
-    import kernels.triton.fused_pair_energy as fpe
-    import kernels.triton.pair_energy_epilogue as pee
-    from linalg import torch_ops
+    import dfmp2.kernels.triton.fused_pair_energy as fpe
+    import dfmp2.kernels.triton.pair_energy_epilogue as pee
+    from dfmp2.linalg import torch_ops
     other = []
 
     def broken(*a, **k):

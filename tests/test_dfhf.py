@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import dfhf, scf
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
 from dfmp2.pipeline import RunOptions, run, run_geometry

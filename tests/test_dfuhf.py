@@ -11,7 +11,7 @@ from pyscf import df as pyscf_df
 from pyscf import scf as pyscf_scf
 from pyscf.mp.dfump2 import DFUMP2
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import dfhf, scf
 from dfmp2.errors import SCFNotConvergedError
 from dfmp2.pipeline import RunOptions, run

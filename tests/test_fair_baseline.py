@@ -73,7 +73,7 @@ def test_bench_water_series_takes_pyscf_from_both_settings():
     """dfmp2 bench's water series: PySCF's DF-MP2 stage on our orbitals runs in the two settings'
     subprocesses, the faster is the baseline, each setting's BLAS is recorded, and PySCF's E_corr
     (an independent code) agrees with ours."""
-    import linalg
+    from dfmp2 import linalg
     from dfmp2.benchmarks import waters
     row = waters.run_cluster(1, [("cpu", lambda: linalg.get_backend("cpu"))], ["fp64"], pyscf=True, repeats=1,
                              single_above_s=100.0, peak_gflops={}, log=lambda *a: None)

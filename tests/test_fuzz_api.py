@@ -16,7 +16,7 @@ from pyscf import gto
 import dfmp2
 from dfmp2.errors import InputError
 from dfmp2.options import RunOptions
-from linalg import DeviceUnavailableError
+from dfmp2.linalg import DeviceUnavailableError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

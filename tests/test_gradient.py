@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from pyscf.data.nist import BOHR
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import gradrun, mp2grad, pipeline, scf
 from dfmp2.cli import main
 from dfmp2.errors import EXIT_USER_ERROR, InputError

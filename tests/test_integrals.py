@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from pyscf import gto, lib
 from pyscf.df import incore
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import dfhf, integrals, memory, pipeline, scf
 from dfmp2.cli import main
 from dfmp2.options import INTEGRAL_ENGINES

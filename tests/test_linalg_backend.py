@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import linalg
-from linalg import DeviceUnavailableError, TorchBackend, backend_for, get_backend
+from dfmp2 import linalg
+from dfmp2.linalg import DeviceUnavailableError, TorchBackend, backend_for, get_backend
 
 
 def test_cpu_backend_describes_what_ran():
@@ -39,7 +39,7 @@ def test_trainium_without_neuron_sdk_is_one_clear_error():
 def test_cuda_name_builds_the_cuda_backend(monkeypatch):
     # Only the wiring is checked (a usable GPU is faked). make_cuda_backend is replaced by a spy so
     # that Triton is not imported here: importing it early changes how later interpreter tests run.
-    import linalg.cuda
+    import dfmp2.linalg.cuda
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     built = []
@@ -87,7 +87,7 @@ def test_ops_on_cuda_match_cpu():
 
 def test_capabilities_come_from_the_device_name_without_hardware():
     """What a stage asks the backend (issue 19): fp64, the fit dtype, the default precision."""
-    from linalg import device_capabilities
+    from dfmp2.linalg import device_capabilities
     for name, fp64 in (("cpu", True), ("cuda", True), ("cuda:1", True), ("trn1", False), ("trn2", False)):
         caps = device_capabilities(name)
         assert caps.has_fp64 == fp64 and caps.default_precision == ("fp64" if fp64 else "fp32")

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd
-from linalg.newton_schulz import chen_chow_alphas, newton_schulz_inv_sqrt, residual
+from dfmp2.linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd
+from dfmp2.linalg.newton_schulz import chen_chow_alphas, newton_schulz_inv_sqrt, residual
 
 
 def eigh_ref(a):

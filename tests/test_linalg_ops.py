@@ -6,11 +6,11 @@ import pytest
 import scipy.linalg as sla
 import torch
 
-import linalg
-from linalg import (NotPositiveDefiniteError, cholesky, gemm, get_backend, inv_sqrt_spd, mp2_pair_energy,
+from dfmp2 import linalg
+from dfmp2.linalg import (NotPositiveDefiniteError, cholesky, gemm, get_backend, inv_sqrt_spd, mp2_pair_energy,
                     random_matrix, random_spd, syrk, trsm)
-from linalg.reference import mp2_pair_energy_reference
-from linalg.torch_ops import syrk_blocks, syrk_work_fraction
+from dfmp2.linalg.reference import mp2_pair_energy_reference
+from dfmp2.linalg.torch_ops import syrk_blocks, syrk_work_fraction
 
 DTYPES = [torch.float64, torch.float32]
 # relative tolerance per dtype for O(k)-term dot products
@@ -211,7 +211,7 @@ def test_mp2_pair_energy_vs_naive_einsum(dtype, path):
     Bi, Bj = B[:3], B[3:]
     e_ref_ij = mp2_pair_energy_reference(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir)
     e_ij = mp2_pair_energy(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir, backend=be)
-    from linalg.torch_ops import mp2_pair_energy as raw
+    from dfmp2.linalg.torch_ops import mp2_pair_energy as raw
     e_chunked = raw(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir, max_block_elems=23 * 23 * 2)
     for e in (e_ij, e_chunked):
         assert e[0] == pytest.approx(e_ref_ij[0], rel=tol) and e[1] == pytest.approx(e_ref_ij[1], rel=tol)

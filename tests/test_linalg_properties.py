@@ -3,7 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from linalg import cholesky, gemm, get_backend, random_matrix, random_spd, trsm
+from dfmp2.linalg import cholesky, gemm, get_backend, random_matrix, random_spd, trsm
 
 BE = get_backend("cpu")
 dims = st.integers(1, 40)

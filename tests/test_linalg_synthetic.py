@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-import linalg
-from linalg import mp2_pair_energy, random_spd, synthetic_problem
-from linalg.synthetic import spd_eigenvalues
+from dfmp2 import linalg
+from dfmp2.linalg import mp2_pair_energy, random_spd, synthetic_problem
+from dfmp2.linalg.synthetic import spd_eigenvalues
 
 
 @pytest.mark.parametrize("cond", [1.0, 1e2, 1e6, 1e10])

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import linalg
+from dfmp2 import linalg
 from dfmp2.errors import error_line
-from kernels.nki import engines
-from linalg import DeviceUnavailableError, torch_ops
-from linalg.neuron import NeuronBackend, bucket, make_neuron_backend
-from linalg.synthetic import random_matrix, random_spd, synthetic_problem
+from dfmp2.kernels.nki import engines
+from dfmp2.linalg import DeviceUnavailableError, torch_ops
+from dfmp2.linalg.neuron import NeuronBackend, bucket, make_neuron_backend
+from dfmp2.linalg.synthetic import random_matrix, random_spd, synthetic_problem
 
 U = 2.0 ** -24
 
@@ -90,7 +90,7 @@ class _FakeNki:
         self.targets = []
 
     def jit(self, kernel):
-        from kernels.nki_emulator import simulate
+        from dfmp2.kernels.nki_emulator import simulate
         import os
 
         def call(*args, **kw):
@@ -115,7 +115,7 @@ def test_hardware_engine_runs_nki_jit_and_never_the_emulator(monkeypatch):
     fake = _FakeNki()
     monkeypatch.setattr(engines, "real_nki", lambda: (fake, None))
     monkeypatch.setattr(engines, "neuron_devices", lambda: ["/dev/neuron0"])
-    from kernels.nki import lang
+    from dfmp2.kernels.nki import lang
     monkeypatch.setattr(lang, "REAL_NKI", True)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     b = linalg.get_backend("trn2")

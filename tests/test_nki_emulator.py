@@ -7,11 +7,11 @@ Trainium/Trainium2 architecture guides).
 import numpy as np
 import pytest
 
-from kernels.nki.lang import nisa, nl
-from kernels.nki_emulator import (HardwareLimitError, NkiEmulatorError, UnsupportedError,
+from dfmp2.kernels.nki.lang import nisa, nl
+from dfmp2.kernels.nki_emulator import (HardwareLimitError, NkiEmulatorError, UnsupportedError,
                                   bind, limits_for, simulate)
-from kernels.nki_emulator import isa as emu_isa
-from kernels.nki_emulator import language as emu_language
+from dfmp2.kernels.nki_emulator import isa as emu_isa
+from dfmp2.kernels.nki_emulator import language as emu_language
 
 F32 = np.float32
 

@@ -20,13 +20,13 @@ import pytest
 import scipy.linalg
 import torch
 
-from kernels.nki import engines
-from kernels.nki.gemm import gemm_kernel
-from kernels.nki.mp2_pair import mp2_pair_kernel
-from kernels.nki.syrk import syrk_lower_kernel
-from kernels.nki.trsm import trsm_lower_kernel
-from linalg import torch_ops
-from linalg.synthetic import random_matrix, random_spd, synthetic_problem
+from dfmp2.kernels.nki import engines
+from dfmp2.kernels.nki.gemm import gemm_kernel
+from dfmp2.kernels.nki.mp2_pair import mp2_pair_kernel
+from dfmp2.kernels.nki.syrk import syrk_lower_kernel
+from dfmp2.kernels.nki.trsm import trsm_lower_kernel
+from dfmp2.linalg import torch_ops
+from dfmp2.linalg.synthetic import random_matrix, random_spd, synthetic_problem
 
 U = 2.0 ** -24
 ENGINES = [engines.EMULATOR, pytest.param(engines.NKI_SIMULATE, marks=pytest.mark.nki_sim)]

@@ -11,9 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import dfhf, outofcore, scf
-from linalg.reference import mp2_pair_energy_reference
+from dfmp2.linalg.reference import mp2_pair_energy_reference
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.outofcore import HDF5B, InMemoryB, OccBlocks

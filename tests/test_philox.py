@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from linalg import philox
-from linalg.philox import (PhiloxStream, det_cos_sin_2pi, det_log, normal, philox4x32, random_bits,
+from dfmp2.linalg import philox
+from dfmp2.linalg.philox import (PhiloxStream, det_cos_sin_2pi, det_log, normal, philox4x32, random_bits,
                            uniform, words_for)
 
 # Random123 tests/kat_vectors, "philox4x32 10" lines: counter, key, expected output.
@@ -182,7 +182,7 @@ def test_cpu_and_cuda_bits_identical():
             assert torch.equal(uniform(n, seed, off, dtype=dt, device="cuda").cpu(), uniform(n, seed, off, dtype=dt))
             # normals are computed on the host and copied, so they are bitwise equal too
             assert torch.equal(normal(n, seed, off, dtype=dt, device="cuda").cpu(), normal(n, seed, off, dtype=dt))
-    from linalg.synthetic import random_matrix, synthetic_problem
+    from dfmp2.linalg.synthetic import random_matrix, synthetic_problem
     assert torch.equal(random_matrix((37, 29), 3, device="cuda").cpu(), random_matrix((37, 29), 3))
     for dt in (torch.float32, torch.float64):
         g, c = synthetic_problem(5, 33, 47, 9, dtype=dt, device="cuda"), synthetic_problem(5, 33, 47, 9, dtype=dt)

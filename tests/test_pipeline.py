@@ -82,7 +82,7 @@ def test_small_occ_blocks_give_same_energy():
 
 def test_forced_eigh_metric_matches_cholesky(monkeypatch):
     """The near-singular-metric path (eigh, j2c^-1/2) gives the same energy as Cholesky."""
-    import linalg
+    from dfmp2 import linalg
     import dfmp2.pipeline as pipeline
     path = INPUTS / "water.xyz"
     chol = run(path, RunOptions())

@@ -1,4 +1,4 @@
-"""linalg.cuda.CudaBackend's pair step and the B-streaming helper, on CPU tensors: the Triton
+"""dfmp2.linalg.cuda.CudaBackend's pair step and the B-streaming helper, on CPU tensors: the Triton
 kernels run under the interpreter (``@interpreted``: see test_triton_interpreter.py); no GPU is
 needed here.
 The GPU itself is exercised in tests/test_cuda.py (cuda channel)."""
@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 import torch
 
-import linalg
-from linalg.cuda import CudaBackend
-from linalg.synthetic import synthetic_problem
+from dfmp2 import linalg
+from dfmp2.linalg.cuda import CudaBackend
+from dfmp2.linalg.synthetic import synthetic_problem
 from test_triton_interpreter import in_interpreter, interpreted
 
 

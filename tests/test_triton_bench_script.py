@@ -67,7 +67,7 @@ _INJECT = """
 import importlib.util, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, {root!r})
-import kernels.triton.fused_pair_energy as fpe
+import dfmp2.kernels.triton.fused_pair_energy as fpe
 real = fpe.fused_pair_energy
 def broken(Bi, *args, **kwargs):
     if Bi.dtype.is_floating_point and Bi.element_size() == 8:

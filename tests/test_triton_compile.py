@@ -23,8 +23,8 @@ if in_interpreter():
     pytest.skip("this process runs Triton's interpreter (TRITON_INTERPRET=1), which cannot compile",
                 allow_module_level=True)
 
-import kernels.triton as kt  # noqa: E402
-from kernels.triton import fused_pair_energy as fpe, pair_energy_epilogue as pee  # noqa: E402
+import dfmp2.kernels.triton as kt  # noqa: E402
+from dfmp2.kernels.triton import fused_pair_energy as fpe, pair_energy_epilogue as pee  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPABILITIES = (80, 90)                  # A100, H100: the default configurations
@@ -71,7 +71,7 @@ def compile_kernel(pyfn, cc: int, prec: str, constexprs: dict, options: dict):
     jits it (with the shared tile_sums helper); returns the CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels.triton.tile_sums import jit_kernel
+    from dfmp2.kernels.triton.tile_sums import jit_kernel
     fn = jit_kernel(pyfn)
     src = ASTSource(fn, _signature(fn, prec, constexprs), constexprs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
@@ -117,5 +117,5 @@ def test_every_kernel_module_is_compiled_here():
     """A new kernel in kernels/triton must be added to this file."""
     covered = {"fused_pair_energy", "pair_energy_epilogue"}
     modules = {m.name for m in pkgutil.iter_modules(kt.__path__)
-               if hasattr(importlib.import_module(f"kernels.triton.{m.name}"), "kernel")}
+               if hasattr(importlib.import_module(f"dfmp2.kernels.triton.{m.name}"), "kernel")}
     assert modules == covered, modules ^ covered

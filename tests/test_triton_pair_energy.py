@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from linalg import torch_ops
-from linalg.reference import mp2_pair_energy_reference
-from linalg.synthetic import synthetic_problem
+from dfmp2.linalg import torch_ops
+from dfmp2.linalg.reference import mp2_pair_energy_reference
+from dfmp2.linalg.synthetic import synthetic_problem
 from test_triton_interpreter import interpreted
 
 
@@ -49,7 +49,7 @@ CASES = [(3, 20, 37, None), (3, 70, 50, None), (4, 37, 45, {"BLOCK": 16, "BLOCK_
 @pytest.mark.parametrize("nocc,nvir,naux,config", CASES)
 @pytest.mark.parametrize("layout", ["contiguous", "pipeline"])
 def test_fused_fp64_equals_torch(nocc, nvir, naux, config, layout):
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(nocc, nvir, naux)
     if layout == "pipeline":
         B = pipeline_layout(B)
@@ -63,7 +63,7 @@ def test_fused_fp64_equals_torch(nocc, nvir, naux, config, layout):
 @interpreted
 def test_fused_off_diagonal_blocks_fp64():
     """Bi and Bj different blocks of one B (ni != nj), as the pipeline's I > J blocks."""
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(7, 33, 40)
     B = pipeline_layout(B)
     args = (B[4:7], B[0:2], eo[4:7], eo[0:2], ev)
@@ -73,7 +73,7 @@ def test_fused_off_diagonal_blocks_fp64():
 @interpreted
 @pytest.mark.parametrize("nocc,nvir,naux,config", CASES[1:])
 def test_fused_fp32_equals_torch(nocc, nvir, naux, config):
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(nocc, nvir, naux)
     B32 = pipeline_layout(B).to(torch.float32)
     ref32 = mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32)
@@ -85,7 +85,7 @@ def test_fused_fp32_equals_torch(nocc, nvir, naux, config):
 
 @interpreted
 def test_fused_bit_identical_run_to_run():
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(3, 40, 30)
     runs = {tuple(float.hex(e) for e in fused_pair_energy(B, B, eo, eo, ev, symmetric=True,
                                                           config={"BLOCK": 16}))
@@ -103,7 +103,7 @@ def _random_shapes(n=6, seed=2024):
 @pytest.mark.parametrize("ni,nj,nvir,naux,block,seed", _random_shapes())
 def test_fused_random_shapes(ni, nj, nvir, naux, block, seed):
     """Random sizes (1..40, ragged against every tile), Bi != Bj, normal B, random energies."""
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     g = torch.Generator().manual_seed(seed)
     Bi = torch.randn(ni, nvir, naux, dtype=torch.float64, generator=g)
     Bj = torch.randn(nj, nvir, naux, dtype=torch.float64, generator=g)
@@ -119,7 +119,7 @@ def test_fused_random_shapes(ni, nj, nvir, naux, block, seed):
 
 @interpreted
 def test_epilogue_equals_torch():
-    from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+    from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
     B, eo, ev = _problem(5, 37, 30)
     B = pipeline_layout(B)
     for sym in (True, False):
@@ -148,7 +148,7 @@ def _opposite_spin_problem(ni=3, nj=2, nvir=37, nvir_j=45, naux=41, seed=5):
 def test_epilogue_opposite_spin_equals_reference():
     """The RECT form (rectangular K, b over j's own virtuals, e_os only) against the einsum, fp64
     and fp32, with ragged tiles both ways and in the pipeline's layout."""
-    from kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+    from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
     Bi, Bj, ei, ej, ev, evj = _opposite_spin_problem()
     ref = mp2_pair_energy_reference(Bi, Bj, ei, ej, ev, eps_vir_j=evj)
     for bi, bj in ((Bi, Bj), (pipeline_layout(Bi), pipeline_layout(Bj))):
@@ -163,7 +163,7 @@ def test_epilogue_opposite_spin_equals_reference():
 
 @interpreted
 def test_bad_arguments():
-    from kernels.triton.fused_pair_energy import fused_pair_energy
+    from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
     B, eo, ev = _problem(3, 5, 6)
     with pytest.raises(ValueError, match="differ"):
         fused_pair_energy(B, B[:, :4], eo, eo, ev)

@@ -13,13 +13,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import linalg
+from dfmp2 import linalg
 from dfmp2 import dfhf, scf
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.xyz import parse_xyz
-from linalg.reference import mp2_pair_energy_reference
+from dfmp2.linalg.reference import mp2_pair_energy_reference
 
 INPUTS = Path(__file__).resolve().parents[1] / "inputs"
 OH = INPUTS / "open_shell" / "hydroxyl.xyz"
@@ -67,7 +67,7 @@ def test_torch_opposite_spin_equals_einsum_in_chunks():
 def test_nki_opposite_spin_kernel_on_the_emulator():
     """The NKI pair kernel's opposite form (rectangular K, ragged 128-row tiles, occupied blocks
     larger than one launch) through the trn1 backend on the NumPy emulator, fp32 on the device."""
-    from linalg.neuron import make_neuron_backend
+    from dfmp2.linalg.neuron import make_neuron_backend
     be = make_neuron_backend("trn1", simulate=True, engine="nki-numpy-emulator")
     Bi, Bj, ei, ej, ev, evj = _opposite_problem(ni=3, nj=2, nvir=140, nvir_j=150, naux=200)
     ref = mp2_pair_energy_reference(Bi.float(), Bj.float(), ei, ej, ev, eps_vir_j=evj, k_dtype=torch.float32)

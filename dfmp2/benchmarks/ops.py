@@ -119,15 +119,15 @@ class Inputs:
         self._problem: dict = {}
 
     def spd(self, n: int, cond: float, seed: int, dtype, device) -> torch.Tensor:
-        from linalg import random_spd
+        from dfmp2.linalg import random_spd
         key = (n, cond, seed)
         if key not in self._spd:
             self._spd[key] = random_spd(n, cond, seed, dtype=torch.float64)
         return self._spd[key].to(dtype).to(device)
 
     def problem(self, nocc: int, nvir: int, naux: int, seed: int, dtype, device):
-        from linalg import synthetic_problem
-        from linalg.synthetic import SyntheticProblem
+        from dfmp2.linalg import synthetic_problem
+        from dfmp2.linalg.synthetic import SyntheticProblem
         key = (nocc, nvir, naux, seed)
         if key not in self._problem:
             self._problem = {key: synthetic_problem(nocc, nvir, naux, seed=seed, dtype=torch.float64)}
@@ -151,8 +151,8 @@ def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True, in
 
 def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inputs) -> Case:
     import scipy.linalg as sla
-    import linalg
-    from linalg import random_matrix
+    from dfmp2 import linalg
+    from dfmp2.linalg import random_matrix
     dev = backend.to_device(torch.zeros(0)).device
     on_cpu = backend.caps.is_host
     host_only = "" if on_cpu else f"host library; not run on {backend.name}"
@@ -203,7 +203,7 @@ def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inp
 def _inv_sqrt_case(op: str, shape, dtype, backend, dev, inputs: Inputs, host) -> Case:
     """A^-1/2 by eigh or Newton-Schulz against the eigh-based baselines."""
     import scipy.linalg as sla
-    import linalg
+    from dfmp2 import linalg
     (n,) = shape
     s = inputs.spd(n, 1e6 if dtype == torch.float64 else 1e3, 7, dtype, dev)
     sn = s.cpu().numpy()
@@ -240,7 +240,7 @@ def _pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseli
                host_only: str) -> Case:
     """The MP2 pair energy of one block (nocc, nvir, naux: symmetric) or an off-diagonal one
     (ni, nj, nvir, naux) against one einsum and PySCF's contraction."""
-    import linalg
+    from dfmp2 import linalg
     if len(shape) == 3:
         nocc, nvir, naux = shape
         ni = nj = nocc

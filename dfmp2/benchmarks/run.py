@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import linalg
+from dfmp2 import linalg
 
 from . import ops as ops_mod
 from . import shapes as shapes_mod
@@ -50,7 +50,7 @@ class BenchOptions:
 
 def device_status(name: str):
     """(backend or None, status dict). Never raises for a device that cannot run."""
-    import linalg
+    from dfmp2 import linalg
     try:
         be = linalg.get_backend(name)
     except linalg.DeviceUnavailableError as e:
@@ -249,7 +249,7 @@ def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
 def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
     if not opts.waters:
         return {}
-    import linalg
+    from dfmp2 import linalg
     devs = [(d, (lambda d=d: linalg.get_backend(d))) for d, be in backends.items() if be is not None]
     not_run = [{"device": d, "reason": state.reasons[d]} for d, be in backends.items() if be is None]
     # Only for the expected stage time (single-run rule): the latest CPU peak per precision,

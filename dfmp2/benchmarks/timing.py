@@ -63,7 +63,7 @@ def gemm_peak(device, dtype, n: int, timer: Timer, sync=None, host: bool = False
     machine ran, not against torch's alone. Returns {n, gflops, library, median_s, min_s, max_s,
     repeats, warmup, by_library: {library: GFLOP/s}}."""
     import torch
-    from linalg import cpu_blas, random_matrix
+    from dfmp2.linalg import cpu_blas, random_matrix
     a = random_matrix((n, n), 11, dtype=dtype, device=device)
     b = random_matrix((n, n), 12, dtype=dtype, device=device)
     runs = {"torch.matmul": timer(lambda: torch.matmul(a, b), sync=sync)}
@@ -114,7 +114,7 @@ class OtherCPU:
 
 def cpu_model() -> str:
     """The CPU's model name (``linalg.cpu_blas.cpu_model``; imported here on use: torch)."""
-    from linalg.cpu_blas import cpu_model as model
+    from dfmp2.linalg.cpu_blas import cpu_model as model
     return model()
 
 

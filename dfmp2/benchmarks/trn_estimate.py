@@ -141,7 +141,7 @@ def _cdiv(a: int, b: int) -> int:
 # ---- kernels (mirror kernels/nki/*.py loop by loop) ----
 def gemm_kernel(w: Work, K: int, M: int, N: int) -> None:
     """kernels/nki/gemm.py gemm_kernel(lhsT (K, M), rhs (K, N))."""
-    from kernels.nki.gemm import TILE_K, TILE_M, TILE_N
+    from dfmp2.kernels.nki.gemm import TILE_K, TILE_M, TILE_N
     w.launch("gemm_kernel")
     for m0 in range(0, M, TILE_M):
         mt = min(TILE_M, M - m0)
@@ -159,7 +159,7 @@ def gemm_kernel(w: Work, K: int, M: int, N: int) -> None:
 def gemm2d(w: Work, M: int, K: int, N: int) -> None:
     """NeuronBackend._gemm2d for (M, K) @ (K, N): M padded to its bucket, the orientation with
     fewer output tiles."""
-    from linalg.neuron import bucket
+    from dfmp2.linalg.neuron import bucket
     if 0 in (M, N, K):
         return
     Mp = bucket(M)
@@ -173,7 +173,7 @@ def gemm2d(w: Work, M: int, K: int, N: int) -> None:
 
 def syrk_kernel(w: Work, K: int, N: int) -> None:
     """kernels/nki/syrk.py syrk_lower_kernel(aT (K, N))."""
-    from kernels.nki.syrk import TILE_K, TILE_M, TILE_N
+    from dfmp2.kernels.nki.syrk import TILE_K, TILE_M, TILE_N
     w.launch("syrk_lower_kernel")
     for i0 in range(0, N, TILE_M):
         it = min(TILE_M, N - i0)
@@ -191,7 +191,7 @@ def syrk_kernel(w: Work, K: int, N: int) -> None:
 
 def trsm_kernel(w: Work, n: int, m: int) -> None:
     """kernels/nki/trsm.py trsm_lower_kernel(lT (n, n), dinvT, b (n, m))."""
-    from kernels.nki.trsm import TILE, TILE_N
+    from dfmp2.kernels.nki.trsm import TILE, TILE_N
     w.launch("trsm_lower_kernel")
     nblk = _cdiv(n, TILE)
     for c0 in range(0, m, TILE_N):
@@ -214,7 +214,7 @@ def trsm_kernel(w: Work, n: int, m: int) -> None:
 
 def pair_kernel(w: Work, ni: int, nj: int, nvir: int, naux: int, symmetric: bool) -> None:
     """kernels/nki/mp2_pair.py mp2_pair_kernel for one launch."""
-    from kernels.nki.mp2_pair import TILE_A, TILE_B, TILE_P
+    from dfmp2.kernels.nki.mp2_pair import TILE_A, TILE_B, TILE_P
     w.launch("mp2_pair_kernel")
     nk = _cdiv(naux, TILE_P)
     ktiles = [min(TILE_P, naux - k * TILE_P) for k in range(nk)]
@@ -264,9 +264,9 @@ def pair_kernel(w: Work, ni: int, nj: int, nvir: int, naux: int, symmetric: bool
 
 def pair_occ_block_cap(target: str, naux: int, nvir: int) -> int:
     """NeuronBackend._occ_block_cap: occupied orbitals per pair-kernel launch (0: does not fit)."""
-    from kernels.nki.mp2_pair import sbuf_bytes_per_partition
-    from kernels.nki_emulator.limits import limits_for
-    from linalg.neuron import PAIR_MAX_OCC
+    from dfmp2.kernels.nki.mp2_pair import sbuf_bytes_per_partition
+    from dfmp2.kernels.nki_emulator.limits import limits_for
+    from dfmp2.linalg.neuron import PAIR_MAX_OCC
     budget = int(0.9 * limits_for(target).sbuf_partition_bytes)
     s = PAIR_MAX_OCC
     while s >= 1 and sbuf_bytes_per_partition(s, s, naux, nvir) > budget:
@@ -349,10 +349,10 @@ def check_against_emulator(op: str, shape, target: str = "trn1", iterations: int
     """Run the op through the trn backend on the NumPy emulator (explicitly that engine) and
     compare its counters with the model. Returns {op, args, model, emulator, match}."""
     import torch
-    import linalg
-    from kernels.nki import engines as E
-    from linalg.neuron import make_neuron_backend
-    from linalg.synthetic import random_matrix, random_spd, synthetic_problem
+    from dfmp2 import linalg
+    from dfmp2.kernels.nki import engines as E
+    from dfmp2.linalg.neuron import make_neuron_backend
+    from dfmp2.linalg.synthetic import random_matrix, random_spd, synthetic_problem
     be = make_neuron_backend(target, simulate=True, engine=E.EMULATOR)
     shape = tuple(int(s) for s in shape)
     f32 = torch.float32

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-import linalg
+from dfmp2 import linalg
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "inputs" / "water_clusters"

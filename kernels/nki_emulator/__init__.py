@@ -6,7 +6,7 @@ as nki.simulate, enforces the documented NeuronCore limits (see ``limits``) and 
 on any violation. It does not model timing, engine parallelism or bit-exact hardware
 arithmetic; results are fp32 NumPy arithmetic.
 
-    from kernels.nki_emulator import simulate
+    from dfmp2.kernels.nki_emulator import simulate
     out = simulate(my_kernel, target="trn1")(a, b)
 """
 from .errors import HardwareLimitError, NkiEmulatorError, UnsupportedError

@@ -78,7 +78,7 @@ def current_core() -> Core:
     core = _current.get()
     if core is None:
         raise NkiEmulatorError("NKI emulator call outside a kernel launch; run kernels through "
-                               "kernels.nki_emulator.simulate(kernel)(...)")
+                               "dfmp2.kernels.nki_emulator.simulate(kernel)(...)")
     return core
 
 
