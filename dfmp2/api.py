@@ -8,6 +8,7 @@
     pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_tot, pt.e_tot_scs
 
     r = dfmp2.energy("water.xyz", basis="cc-pvtz", frozen_core=True)   # the Result `dfmp2 run` prints
+    g = dfmp2.gradient("water.xyz", frozen_core=True).gradient          # (natm, 3) Hartree/Bohr
 
 ``DFMP2`` runs this program's DF-MP2 stage (``pipeline.time_mp2_stage``: the same memory plan,
 devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF or UHF; the SCF is
@@ -59,7 +60,9 @@ class DFMP2(pyscf_mp2.MP2Base):
     and nmo (active, PySCF's counting); auxbasis_used (its description), naux, timings (s per
     stage), ran (device, engine, kernels, precisions), warnings. ``t2`` (nocc, nocc, nvir, nvir)
     (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory,
-    ``make_rdm1`` (unrelaxed, PySCF's) from it. Logs through ``pyscf.lib.logger`` at mf.verbose.
+    ``make_rdm1`` (unrelaxed, PySCF's) from it. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
+    the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF mf (the
+    DF-HF response on the mf's own fitting set; dfmp2.mp2grad). Logs through ``pyscf.lib.logger`` at mf.verbose.
     """
 
     _keys = {"with_df", "mo_energy", "force_outcore", "device", "precision", "simulate",
@@ -353,7 +356,35 @@ class DFMP2(pyscf_mp2.MP2Base):
         raise InputError("make_rdm2 is not implemented in dfmp2; use pyscf.mp.dfmp2.DFMP2 for it")
 
     def nuc_grad_method(self):
-        raise InputError("DF-MP2 gradients are not implemented in dfmp2 yet")
+        """PySCF's name: the nuclear gradient of this DF-MP2 energy (``Gradients``; ``.kernel()``
+        returns (natm, 3) Hartree/Bohr)."""
+        return Gradients(self)
+
+    Gradients = nuc_grad_method
+
+    def _gradient(self):
+        """GradientParts of E_HF + E_MP2 (dfmp2.mp2grad): the HF part is the DF-HF's on the mf's
+        own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
+        an mf that is not density-fitted, a UHF, frozen virtuals or a device without fp64."""
+        from pyscf.df import addons as df_addons
+
+        from . import mp2grad
+        from .pipeline import make_backend
+        wd = getattr(self._scf, "with_df", None)
+        if wd is None or not hasattr(wd, "auxbasis"):
+            raise InputError("DFMP2 gradients need a density-fitted mf (scf.RHF(mol).density_fit()): its "
+                             "response is the DF-HF's; an exact-integral mf is not supported")
+        if self._unrestricted():
+            raise InputError("DF-MP2 gradients are for RHF references only (UHF gradients are not implemented yet)")
+        if self.e_corr is None:
+            self.run()
+        ref = self._reference()
+        auxmol, _ = self._auxmol()
+        jk_auxmol = getattr(wd, "auxmol", None)
+        if jk_auxmol is None:
+            jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
+        options = self._options(ref)
+        return mp2grad.mp2_gradient(self.mol, ref, auxmol, jk_auxmol, make_backend(options))
 
     def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
         """PySCF's eris of DF-MP2 (RHF): ``ovL`` (nocc*nvir, naux), B_ia^P of our fit, in memory;
@@ -393,6 +424,21 @@ class DFMP2(pyscf_mp2.MP2Base):
         logger.info(self, "Set %s as a scanner", type(self))
         name = type(self).__name__ + pyscf_mp2.MP2_Scanner.__name_mixin__
         return pyscf_lib.set_class(_Scanner(self), (_Scanner, type(self)), name)
+
+
+class Gradients:
+    """PySCF's gradient object of a DFMP2 (``pt.nuc_grad_method()``): ``kernel()`` returns the
+    nuclear gradient ``de`` (natm, 3) in Hartree/Bohr; ``parts`` the stage's record."""
+
+    def __init__(self, pt: DFMP2):
+        self.base, self.mol, self.de, self.parts = pt, pt.mol, None, None
+
+    def kernel(self):
+        self.parts = self.base._gradient()
+        self.de = self.parts.gradient
+        return self.de
+
+    grad = kernel
 
 
 class _Scanner(pyscf_mp2.MP2_Scanner):
@@ -555,29 +601,50 @@ def energy(molecule, **options):
     in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``); for a basis bracket
     (``basis="cc-pv[dt]z"``, Psi4's syntax) the ``cbs.CBSResult`` of ``dfmp2 run --basis
     cc-pv[dt]z`` (the extrapolated energies, each basis's run in ``.components``)."""
+    from . import cbs
+    from .pipeline import run_geometry
+
+    geom, opts = _point_input(molecule, options, "energy")
+    return cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run_geometry(geom, opts)
+
+
+def gradient(molecule, method: str = "mp2", **options):
+    """The DF-MP2 energy and its nuclear gradient, as ``dfmp2 gradient`` computes them, for an XYZ
+    file path or a PySCF ``gto.Mole`` (as ``energy``). ``method``: 'mp2', 'scs-mp2' or 'sos-mp2'
+    (the spin-component scales of the differentiated energy). Returns ``gradrun.GradientResult``:
+    ``.gradient`` (natm, 3) in Hartree/Bohr, ``.energy`` (Hartree), ``.result`` (the energy run's
+    Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. Closed-shell
+    RHF with a density-fitted SCF on an fp64 device only (InputError otherwise)."""
+    from .gradrun import run_gradient
+
+    geom, opts = _point_input(molecule, options, "gradient")
+    return run_gradient(geom, opts, method=method)
+
+
+def _point_input(molecule, options: dict, what: str):
+    """(Geometry, RunOptions) of ``energy``'s and ``gradient``'s arguments; InputError for an
+    unknown option or a molecule of another type."""
     import dataclasses
     from pathlib import Path
 
-    from . import cbs
-    from .pipeline import RunOptions, run_geometry
+    from .pipeline import RunOptions
     from .xyz import read_xyz
 
     fields = {f.name for f in dataclasses.fields(RunOptions)}
     unknown = sorted(set(options) - fields)
     if unknown:
         raise InputError(f"unknown option(s) {', '.join(unknown)}; use {', '.join(sorted(fields))}")
-    point = lambda geom, opts: cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run_geometry(geom, opts)  # noqa: E731
     if isinstance(molecule, (str, Path)):
-        return point(read_xyz(molecule), RunOptions(**options))
+        return read_xyz(molecule), RunOptions(**options)
     from pyscf import gto
     if not isinstance(molecule, gto.Mole):
-        raise InputError(f"energy() takes an XYZ file path or a pyscf.gto.Mole, got {type(molecule).__name__}")
+        raise InputError(f"{what}() takes an XYZ file path or a pyscf.gto.Mole, got {type(molecule).__name__}")
     geom, basis = geometry_from_mole(molecule)
     if "basis" not in options:
         if basis is None:
-            raise InputError("the Mole's basis is not one basis name; give basis='...' to energy()")
-        options["basis"] = basis
-    return point(geom, RunOptions(**options))
+            raise InputError(f"the Mole's basis is not one basis name; give basis='...' to {what}()")
+        options = {**options, "basis": basis}
+    return geom, RunOptions(**options)
 
 
 def _refuse_what_is_not_carried(mol) -> None:

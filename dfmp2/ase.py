@@ -10,12 +10,14 @@ Parameters: ``method`` ('mp2', 'scs-mp2' or 'sos-mp2': which total energy is the
 any ``dfmp2.options.RunOptions`` field (basis, auxbasis, frozen_core, device, precision, scf_mode,
 memory_mb, charge, multiplicity, ...), type-checked when set. Charge and multiplicity: the
 parameters when given, else the Atoms' total initial charge and total initial magnetic moment
-(2S + 1 = |sum of moments| + 1), else neutral and the lowest multiplicity. Energy only: forces
-and stress raise ``PropertyNotImplementedError`` (MP2 gradients do not exist here yet).
+(2S + 1 = |sum of moments| + 1), else neutral and the lowest multiplicity. Forces (eV/Å): minus
+the analytic gradient of the ``method``'s energy (``gradrun.run_gradient``: closed-shell RHF,
+density-fitted SCF, fp64 device); stress raises ``PropertyNotImplementedError``.
 
 Every calculation runs the whole ``pipeline.run_geometry`` (SCF included, from PySCF's 'minao'
 guess): the pipeline takes no initial guess, so the previous geometry's orbitals are not reused.
-``calc.result`` is the last ``dfmp2.result.Result`` (energies in Hartree, what ran, timings).
+``calc.result`` is the last ``dfmp2.result.Result`` (energies in Hartree, what ran, timings);
+``calc.gradient_result`` the last ``gradrun.GradientResult`` when forces were asked for.
 Needs ``pip install "dfmp2[ase]"``.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import dataclasses
 
 import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
-from ase.units import Hartree
+from ase.units import Bohr, Hartree
 
 from .errors import InputError
 
@@ -39,12 +41,12 @@ def _option_names() -> set:
 class DFMP2Calculator(Calculator):
     """ASE calculator of DF-MP2 / SCS-MP2 / SOS-MP2 total energies (eV); see the module docstring."""
 
-    implemented_properties = ["energy", "free_energy"]
+    implemented_properties = ["energy", "free_energy", "forces"]
     default_parameters = {"method": "mp2"}
     discard_results_on_any_change = False      # set() decides: a change of method alone reuses the run
 
     def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):
-        self.result = None
+        self.result = self.gradient_result = None
         super().__init__(restart=restart, label=label, atoms=atoms, directory=directory, **kwargs)
 
     def set(self, **kwargs):
@@ -67,11 +69,17 @@ class DFMP2Calculator(Calculator):
 
     def reset(self):
         super().reset()
-        self.result = None
+        self.result = self.gradient_result = None
 
     def _store_energy(self) -> None:
-        energy = self.result.energies()[METHODS[self.parameters["method"]]] * Hartree
+        """The method's energy (eV) from the last run; its forces (eV/Å) when the last gradient
+        was of this method (another method's gradient is computed when asked for)."""
+        method = self.parameters["method"]
+        energy = self.result.energies()[METHODS[method]] * Hartree
         self.results = {"energy": energy, "free_energy": energy}
+        gr = self.gradient_result
+        if gr is not None and gr.result is self.result and gr.method == method:
+            self.results["forces"] = -gr.gradient * (Hartree / Bohr)
 
     def run_options(self):
         """The RunOptions of the parameters (without ``method``)."""
@@ -81,18 +89,23 @@ class DFMP2Calculator(Calculator):
     def get_property(self, name, atoms=None, allow_calculation=True):
         if name not in self.implemented_properties:
             raise PropertyNotImplementedError(
-                f"DFMP2Calculator computes energies only: '{name}' is not implemented (DF-MP2 "
-                "gradients do not exist in dfmp2 yet; use a finite-difference wrapper for forces)")
+                f"DFMP2Calculator computes energies and forces: '{name}' is not implemented")
         return super().get_property(name, atoms, allow_calculation)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         """Run ``dfmp2 run`` on the Atoms: results['energy'] = results['free_energy'] = the
-        ``method``'s total energy in eV (Hartree * ase.units.Hartree)."""
+        ``method``'s total energy in eV (Hartree * ase.units.Hartree); with 'forces' asked for,
+        ``dfmp2 gradient``: results['forces'] (natm, 3) eV/Å = -gradient * Hartree / Bohr."""
         super().calculate(atoms, properties, system_changes)
-        from .pipeline import run_geometry
         options = self.run_options()
         geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
-        self.result = run_geometry(geom, options)
+        if "forces" in properties:
+            from .gradrun import run_gradient
+            self.gradient_result = run_gradient(geom, options, method=self.parameters["method"])
+            self.result = self.gradient_result.result
+        else:
+            from .pipeline import run_geometry
+            self.result = run_geometry(geom, options)
         self._store_energy()
 
 

@@ -371,6 +371,10 @@ main.add_command(compare_command, "compare")
 from .bench import bench_command  # noqa: E402
 main.add_command(bench_command, "bench")
 
+from .gradcli import gradient_command, optimize_command  # noqa: E402
+main.add_command(gradient_command, "gradient")
+main.add_command(optimize_command, "optimize")
+
 
 if __name__ == "__main__":
     main()

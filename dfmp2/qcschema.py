@@ -7,7 +7,9 @@ Both are validated with ``qcelemental``'s models (0.50 or newer: v1 and v2), an 
 dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an input is a v2
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
-AtomicInput accepted: driver ``energy`` (gradients do not exist yet); model ``{"method": "mp2",
+AtomicInput accepted: driver ``energy``, or ``gradient`` (closed-shell RHF, density-fitted SCF:
+``gradrun.run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
+E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2",
 "basis": <orbital basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its
 molecular_charge and molecular_multiplicity, ghost atoms (``real: false``: their element's
 orbital and fitting basis functions, no nucleus, no electrons); keywords (all optional, the
@@ -37,6 +39,7 @@ from .xyz import read_input_text
 INSTALL = 'pip install -e ".[qcschema]"'
 SCHEMA_VERSIONS = (1, 2)            # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
 METHODS = ("mp2",)
+DRIVERS = ("energy", "gradient")    # gradient: closed-shell RHF (dfmp2.gradrun)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
@@ -170,9 +173,9 @@ def _settings(inp, where: str) -> dict:
     after checking its driver, method, basis and keywords."""
     spec, mol = inp.specification, inp.molecule
     driver = getattr(spec.driver, "value", spec.driver)
-    if driver != "energy":
-        raise InputError(f"{where}: driver '{driver}' is not supported; dfmp2 computes energies only "
-                         "(driver 'energy'): gradients do not exist yet")
+    if driver not in DRIVERS:
+        raise InputError(f"{where}: driver '{driver}' is not supported; dfmp2 computes driver "
+                         f"{' and '.join(map(repr, DRIVERS))}")
     method = str(spec.model.method).strip().lower()
     if method not in METHODS:
         raise InputError(f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use 'mp2'")
@@ -254,6 +257,10 @@ def run_atomic_input(atomic_input, options=None, *, given=(), where: str = "Atom
 
     inp, version, geom, options = parse_input(atomic_input, where, options, given)
     parts = ScfEnergyParts()
+    if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
+        from .gradrun import run_gradient
+        gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan, on_reference=parts)
+        return result_model(inp, version, gr.result, parts.values, gradient=gr), gr.result
     result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan, on_reference=parts)
     return result_model(inp, version, result, parts.values), result
 
@@ -316,14 +323,18 @@ def qcvars(result) -> dict:
             "CURRENT ENERGY": e["e_mp2"]}
 
 
-def result_model(inp, version: int, result, parts: dict):
+def result_model(inp, version: int, result, parts: dict, gradient=None):
     """The AtomicResult (validated by qcelemental) of ``result`` for the v2 AtomicInput ``inp``,
-    in QCSchema ``version`` (1 or 2)."""
+    in QCSchema ``version`` (1 or 2); ``gradient``: the gradrun.GradientResult of driver
+    'gradient' (return_result the N x 3 gradient, Hartree/Bohr)."""
     import dfmp2
+    props = properties(result, parts)
+    if gradient is not None:
+        props["return_gradient"] = gradient.gradient.tolist()
     out = models().v2.AtomicResult(
-        input_data=inp, molecule=inp.molecule, properties=properties(result, parts),
-        return_result=result.e_mp2, success=True,
-        extras={"qcvars": qcvars(result), "dfmp2": result.to_dict()},
+        input_data=inp, molecule=inp.molecule, properties=props,
+        return_result=gradient.gradient.tolist() if gradient is not None else result.e_mp2, success=True,
+        extras={"qcvars": qcvars(result), "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict()},
         provenance={"creator": "dfmp2", "version": dfmp2.__version__, "routine": "dfmp2.qcschema"})
     return out if version == 2 else out.convert_v(1)
 

@@ -74,11 +74,30 @@ def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
     assert abs(e - pt.e_tot) <= 1e-8, e - pt.e_tot
 
 
-def test_forces_and_bad_parameters_are_clear_errors():
+def test_forces_are_minus_the_gradient_in_ev_per_angstrom():
+    """Forces against central differences of the calculator's own energy (eV/Å), per method."""
+    atoms = water()
+    atoms.positions += [[0.01, -0.02, 0.005], [-0.01, 0.015, 0.02], [0.005, 0.01, -0.01]]   # no symmetry
+    atoms.calc = calc = DFMP2Calculator(basis="6-31g", scf_conv_tol_grad=1e-10)
+    f = atoms.get_forces()
+    assert atoms.get_potential_energy() / Hartree == pytest.approx(calc.result.e_mp2, abs=1e-12)
+    calc.set(method="scs-mp2")                  # the same run's energy, the other method's gradient
+    f_scs = atoms.get_forces()
+    assert np.abs(f_scs - f).max() > 1e-4
+    h = 1e-3          # Å
+    for i, x in ((0, 2), (2, 0)):
+        e = []
+        for s in (1, -1):
+            a = atoms.copy()
+            a.positions[i, x] += s * h
+            a.calc = DFMP2Calculator(basis="6-31g", scf_conv_tol_grad=1e-10, method="scs-mp2")
+            e.append(a.get_potential_energy())
+        assert abs(-(e[0] - e[1]) / (2 * h) - f_scs[i, x]) <= 1e-6 * Hartree / ase.units.Bohr
+
+
+def test_stress_and_bad_parameters_are_clear_errors():
     atoms = water()
     atoms.calc = DFMP2Calculator(basis="sto-3g")
-    with pytest.raises(PropertyNotImplementedError, match="energies only.*gradients"):
-        atoms.get_forces()
     with pytest.raises(PropertyNotImplementedError, match="'stress' is not implemented"):
         atoms.get_stress()
     with pytest.raises(InputError, match="unknown method 'ccsd'"):

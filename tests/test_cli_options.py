@@ -28,6 +28,8 @@ OFFERED = {
     "interaction": FIELDS - {"checkpoint", "resume"},          # 2N+1 runs are not checkpointed
     # --devices names several; one basis per run (a CBS bracket is refused)
     "compare": FIELDS - {"checkpoint", "resume", "device", "cbs_scf"},
+    "gradient": FIELDS - {"checkpoint", "resume", "cbs_scf"},   # one basis, no checkpoint
+    "optimize": FIELDS - {"checkpoint", "resume", "cbs_scf"},
     "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf"} - MOLECULE,   # each reference's own
 }
 CHOICES = {"precision": PRECISIONS, "scf_mode": SCF_MODES, "reference": REFERENCES, "ecp": ECP_CHOICES,

@@ -87,7 +87,7 @@ def test_compute_returns_a_validated_atomic_result_of_the_inputs_version(name, n
 
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("driver, changes, kind, fragment", [
-    ("gradient", {}, "input_error", "driver 'gradient' is not supported; dfmp2 computes energies only"),
+    ("hessian", {}, "input_error", "driver 'hessian' is not supported; dfmp2 computes driver 'energy' and 'gradient'"),
     ("energy", {"freeze": True}, "input_error", "unknown keyword 'freeze'"),
     ("energy", {"memory_mb": 0.001}, "resource_error", "(keywords.memory_mb)"),
 ])
@@ -102,7 +102,7 @@ def test_errors_are_failed_operations_with_dfmp2s_line(no_scf, version, driver, 
     assert fragment in line and "\n" not in line and " --" not in line and "input.json" not in line
     assert f.error.error_message.endswith(": " + line), (f.error.error_message, line)
     assert f.error.extras["dfmp2_error"] == type(e.value).__name__
-    with pytest.raises(Exception, match="gradients do not exist yet" if driver == "gradient" else "keyword"):
+    with pytest.raises(Exception, match="driver 'hessian' is not supported" if driver == "hessian" else "keyword"):
         qcng.compute(doc, "dfmp2", raise_error=True)
 
 

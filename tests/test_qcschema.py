@@ -127,7 +127,7 @@ def test_xyz_input_with_qcschema_output(tmp_path):
 @pytest.mark.parametrize("doc, args, fragment", [
     ("{not json", [], "not valid JSON"),
     ("[1, 2]", [], "is a JSON object"),
-    (water_input(driver="gradient"), [], "driver 'gradient' is not supported"),
+    (water_input(driver="hessian"), [], "driver 'hessian' is not supported"),
     (water_input(schema_version=3), [], "schema_version 3 is not supported; dfmp2 reads QCSchema AtomicInput v1 and v2"),
     (water_input(driver="nonsense"), [], "not a valid QCSchema AtomicInput: driver"),
     (water_input(model={"method": "ccsd", "basis": "cc-pvdz"}), [], "model.method 'ccsd' is not supported"),
@@ -240,9 +240,9 @@ def test_a_v2_atomic_input_file_runs_and_writes_a_v2_atomic_result(tmp_path):
 
 def test_a_v2_input_error_is_a_v2_failed_operation(tmp_path, no_scf):
     out = tmp_path / "out.json"
-    doc = as_v2(water_input(driver="gradient"))
+    doc = as_v2(water_input(driver="hessian"))
     message = one_error_line(CliRunner().invoke(main, ["run", write(tmp_path, doc), "--qcschema", str(out)]))
-    assert "gradients do not exist yet" in message
+    assert "driver 'hessian' is not supported" in message
     f = qcel.models.v2.FailedOperation.model_validate_json(out.read_text())
     assert f.error.error_message == message and f.input_data == doc
 

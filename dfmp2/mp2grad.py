@@ -1,0 +1,520 @@
+"""The RHF DF-MP2 nuclear gradient: a stage after the energy, a peer of ``mp2.py`` (fp64, host).
+
+The gradient is the derivative of exactly the energy ``dfmp2 run`` prints,
+    E = E_HF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
+(MP2: c_os = c_ss = 1; SCS-MP2 1.2, 1/3; SOS-MP2 1.3, 0), with both fitting sets' metric and
+3-center derivatives (Weigend & Häser, Theor. Chem. Acc. 97, 331 (1997); DiStasio et al.,
+J. Comput. Chem. 28, 839 (2007)). Orbital indices: i, j active occupied, I frozen occupied,
+k any occupied, a, b virtual, r, p any orbital; P, Q auxiliary functions. Spin-summed, real.
+
+    t_ij^ab = (ia|jb) / (e_i + e_j - e_a - e_b),   (ia|jb) = Σ_Q B_ia^Q B_jb^Q,  B = (ia|P) L^-T
+    θ_ij^ab = (c_os + c_ss) t_ij^ab - c_ss t_ij^ba          E_corr = Σ θ_ij^ab (ia|jb)
+    Γ_ia^Q = Σ_jb θ_ij^ab B_jb^Q;  Γ~ = Γ L^-1 (non-orthogonal aux);  γ = L^-T (B^T Γ) L^-1
+    P_ij = -2 Σ_kab t_ik^ab θ_jk^ab,  P_ab = 2 Σ_ijc t_ij^ac θ_ij^bc      (unrelaxed, symmetrised)
+    Y_rp: the coefficient of the orbital change U_rp (C(x) = C U) in dE:
+          Y_ri += 4 Σ_aP (ra|P) Γ~_iaP,   Y_ra += 4 Σ_iP (ir|P) Γ~_iaP,   Y_qp += 2 P_pq e_q,
+          Y_rk += 4 (C^T G[P] C)_rk,      Y_kk += 4 e_k (HF);  G[D] = J[D] - K[D]/2 (JK-fit set)
+    P_Ij = Y_Ij / (2 (e_j - e_I))                        frozen-active occupied block
+    Z-vector (CPHF of the DF-HF):  (e_a - e_i) z_ai + (C_v^T G[2(C_v z C_o^T + h.c.)] C_o)_ai
+                                    = R_ai = Y_ai - Y_ia;   P_ai = P_ia = -z_ai / 2
+          (its G in the MO basis of the JK factor: 4 (ai|bj) - (ab|ij) - (aj|ib), four GEMMs)
+    dE/dx = Σ (D + P) h^x - Σ W S^x + E_nuc^x + E_G^x(D/2 + P, D)[JK-fit]
+            + 4 Σ Γ~_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],    W = C sym(Y) C^T / 2
+with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = Σ D1 G[D2].
+
+J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
+(``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
+PySCF's hcore generator, ECP included) come from libcint on the host. (μν|P) and its
+derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nocc nvir naux_mp2), the
+JK part's half-transformed coefficients (nocc nao naux_jk, three of them) and Γ~'s half
+back-transform (nao naux_mp2 nocc) are held in memory: no out-of-core path, and the memory plan
+does not count them yet.
+
+With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
+orthogonalisation; the derivative of that space's choice is not included (a warning says so).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from pyscf.df import incore as df_incore
+from pyscf.grad import rhf as pyscf_grad_rhf
+from pyscf.scf import hf as pyscf_hf
+
+from dfmp2 import linalg
+
+from . import dfhf, integrals
+from .errors import InputError
+from .timing import Timer
+
+ZVECTOR_TOL = 1e-10      # CPHF residual norm, relative to the right-hand side's
+ZVECTOR_MAX_ITER = 100
+AUX_BLOCK_MB = 200.0     # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
+SCALES = {"mp2": (1.0, 1.0), "scs-mp2": (1.2, 1.0 / 3.0), "sos-mp2": (1.3, 0.0)}
+
+
+class GradientError(InputError):
+    """A gradient this code does not compute (say why, before the work)."""
+
+
+@dataclass
+class GradientParts:
+    """The nuclear gradient (natm, 3) in Eh/bohr and its parts: 'hf' (the DF-HF gradient with the
+    JK-fit set), 'corr' (the correlation part, c_os and c_ss included); e_corr the correlation
+    energy it differentiates (Hartree, recomputed here: equal to the stage's); zvector: CG
+    iterations and final relative residual; warnings; timings (s)."""
+
+    gradient: np.ndarray
+    hf: np.ndarray
+    corr: np.ndarray
+    e_corr: float
+    c_os: float
+    c_ss: float
+    zvector: dict
+    warnings: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    ran: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"gradient": self.gradient.tolist(), "units": "Eh/bohr", "hf": self.hf.tolist(),
+                "corr": self.corr.tolist(), "e_corr": self.e_corr, "c_os": self.c_os, "c_ss": self.c_ss,
+                "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings),
+                "ran": dict(self.ran)}
+
+
+def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int,
+              block_mb: float = AUX_BLOCK_MB) -> float:
+    """Peak MB (10^6 bytes, fp64) of the arrays the gradient stage holds, an estimate: the JK
+    factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform (nao naux_mp2 nact) throughout,
+    plus the larger of the pair loop's phase ((ia|P) or B, Γ, Γ~: 3 nact nvir naux_mp2; t, θ, K
+    of one occupied orbital: 5 nact nvir^2) and the derivative phase (the JK part's
+    half-transformed coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a
+    block of derivative integrals (block_mb, at most 3 nao^2 naux) and its weights: twice that)
+    and the Z-vector's (the factor in the MO basis, vo three times, oo and vv:
+    naux_jk (3 nvir nocc + nocc^2 + nvir^2))."""
+    held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * nact
+    pair = 3 * nact * nvir * naux_mp2 + 5 * nact * nvir * nvir
+    zvec = naux_jk * (3 * nvir * nocc + nocc * nocc + nvir * nvir)
+    deriv = 4 * nocc * nao * naux_jk + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
+    return 8 * (held + max(pair, zvec, deriv)) / 1e6
+
+
+def check_supported(ref, backend) -> None:
+    """GradientError (one line) for what this stage does not do yet: a UHF reference, frozen
+    virtual orbitals, a device without fp64."""
+    if not ref.restricted:
+        raise GradientError("DF-MP2 gradients are for RHF references only (UHF gradients are not "
+                            "implemented yet)", option="reference")
+    ch = ref.channels[0]
+    if np.any(ch.frozen[ch.nocc:]):
+        raise GradientError("frozen virtual orbitals are not supported by the gradient; freeze "
+                            "core orbitals only", option="frozen_core")
+    if not backend.has_fp64:
+        raise GradientError(f"the DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
+                            "lacks; run it on the CPU", option="device")
+
+
+def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
+                 timer: Timer | None = None) -> GradientParts:
+    """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
+    (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
+    ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
+    check_supported(ref, backend)
+    timer = timer or Timer(backend)
+    kernels0 = dict(backend.kernels_used)
+    t0 = time.perf_counter()
+    ch = ref.channels[0]
+    orb = _Orbitals(ch)
+    jk = _DFJK(mol, jk_auxmol, backend, timer)
+    t0 = timer.add("grad_jk_factor", t0)
+    corr = _corr_intermediates(mol, mp2_auxmol, orb, backend, c_os, c_ss)
+    t0 = timer.add("grad_mp2_densities", t0)
+    P, Y, zinfo = _relaxed_density(orb, corr, jk, backend)
+    t0 = timer.add("grad_zvector", t0)
+    C_o = orb.C[:, orb.occ]
+    D = 2.0 * C_o @ C_o.T
+    P_ao = orb.C @ P @ orb.C.T
+    W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
+    W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
+    jk_hf, jk_p = jk.energy_deriv([0.5 * D, P_ao], C_o)             # E_G^x(D/2, D), E_G^x(P, D)
+    one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
+    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: corr.gamma3_ao(orb, p0, p1)[None],
+                       -2.0 * corr.gamma_pq[None])[0]
+    grad = hf + one_p + jk_p + corr_3c
+    timer.add("grad_derivative_integrals", t0)
+    warnings = []
+    if orb.C.shape[1] < orb.C.shape[0]:
+        warnings.append(f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
+                        "gradient leaves out the change of the kept space with the geometry (it is not "
+                        "the exact derivative of the energy)")
+    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
+    ran = {"device": backend.name, "precision": "fp64", "kernels": dict(sorted(used.items())),
+           "on_device": "the pair loop's GEMMs (K, Γ, P_oo, P_vv), the JK factor and the Z-vector's J/K",
+           "host": "libcint derivative integrals and their contractions, the fits' triangular solves, "
+                   "dense nmo x nmo algebra (numpy, fp64)"}
+    return GradientParts(grad, hf, grad - hf, corr.e_corr, c_os, c_ss, zinfo, warnings,
+                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")}, ran)
+
+
+class _Orbitals:
+    """Index sets of one RHF channel: occ (all occupied), act (active occupied), frz (frozen
+    occupied), vir (virtual); C (nao, nmo), eps (nmo,) Hartree."""
+
+    def __init__(self, ch):
+        self.C, self.eps = np.asarray(ch.mo_coeff, dtype=np.float64), np.asarray(ch.mo_energy, dtype=np.float64)
+        nmo = self.C.shape[1]
+        idx = np.arange(nmo)
+        self.occ = idx[:ch.nocc]
+        self.act = idx[(idx < ch.nocc) & ~ch.frozen]
+        self.frz = idx[(idx < ch.nocc) & ch.frozen]
+        self.vir = idx[ch.nocc:]
+        self.nmo = nmo
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _gemm(a: np.ndarray, b: np.ndarray, backend, trans_a=False, trans_b=False) -> np.ndarray:
+    """op(a) @ op(b) through the backend's GEMM (fp64), as numpy."""
+    out = linalg.gemm(backend.to_device(_t(a), torch.float64), backend.to_device(_t(b), torch.float64),
+                      trans_a=trans_a, trans_b=trans_b, backend=backend)
+    return out.cpu().numpy()
+
+
+def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
+    """L (lower) of the metric; GradientError when it is not positive definite (the energy then
+    used eigh with dropped directions, whose derivative this code does not have)."""
+    try:
+        return np.linalg.cholesky(j2c)
+    except np.linalg.LinAlgError:
+        raise GradientError(f"the {what} fitting metric is not positive definite (the energy used its "
+                            "eigen-decomposition with dropped directions); its gradient is not "
+                            "implemented", option="auxbasis") from None
+
+
+def _solve_lower(L: np.ndarray, X: np.ndarray, trans: bool = False) -> np.ndarray:
+    """L^-1 X (trans: L^-T X) for lower-triangular L (n, n), X (n, m)."""
+    import scipy.linalg
+    return scipy.linalg.solve_triangular(L, X, lower=True, trans=1 if trans else 0, check_finite=False)
+
+
+# ---------------------------------------------------------------------------- correlation part
+@dataclass
+class _Corr:
+    """The correlation energy's intermediates: e_corr (Hartree); P_oo (nact, nact), P_vv (nvir,
+    nvir) unrelaxed; Y_ri (nmo, nact), Y_ra (nmo, nvir) the 3-index orbital-response terms;
+    T_o (nao, naux, nvir) = 4 C_o Γ~ and T_v (nao, naux, nact) = 4 C_v Γ~ (Γ~ (nact, nvir, naux)
+    in the non-orthogonal aux basis, half back-transformed); gamma_pq γ (naux, naux)."""
+
+    e_corr: float
+    P_oo: np.ndarray
+    P_vv: np.ndarray
+    Y_ri: np.ndarray
+    Y_ra: np.ndarray
+    T_v: np.ndarray
+    gamma_pq: np.ndarray
+
+    def gamma3_ao(self, orb: _Orbitals, p0: int, p1: int) -> np.ndarray:
+        """4 Σ_ia C_μi C_νa Γ~_iaP symmetrised in μν for P in [p0, p1): (nao, nao, p1 - p0), the
+        weight of (μν|P)^x."""
+        C_o = orb.C[:, orb.act]
+        G3 = np.einsum("mi,npi->mnp", C_o, self.T_v[:, p0:p1], optimize=True)
+        return 0.5 * (G3 + G3.transpose(1, 0, 2))
+
+
+def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
+    """(p0, p1, (μν|P) (nao, nao, p1 - p0)) over aux-shell blocks of about block_mb."""
+    nao = mol.nao_nr()
+    step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
+    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
+        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).reshape(nao, nao, p1 - p0)
+
+
+def _ia_3c(mol, auxmol, orb: _Orbitals, backend) -> np.ndarray:
+    """(ia|P) (nact, nvir, naux) of the raw 3-center integrals, streamed over aux blocks."""
+    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
+    out = np.empty((C_o.shape[1], C_v.shape[1], auxmol.nao_nr()))
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):
+        half = _gemm(C_o, j3c.reshape(j3c.shape[0], -1), backend, trans_a=True).reshape(C_o.shape[1], -1, p1 - p0)
+        out[:, :, p0:p1] = np.einsum("inp,na->iap", half, C_v, optimize=True)
+    return out
+
+
+def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float) -> _Corr:
+    """The pair loop over active occupied i: K_i = B_i B^T, t, θ, Γ, P_oo, P_vv (see the module
+    docstring); then Γ~, γ and the orbital-response terms (a second pass over (μν|P))."""
+    L = _cholesky(auxmol.intor("int2c2e"), "MP2")
+    nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
+    A = _ia_3c(mol, auxmol, orb, backend).reshape(nact * nvir, naux)
+    B = np.ascontiguousarray(_solve_lower(L, A.T).T)                               # (ia, Q)
+    del A
+    e_o, e_v = orb.eps[orb.act], orb.eps[orb.vir]
+    Gam = np.zeros((nact, nvir, naux))
+    P_oo, P_vv, e_corr = np.zeros((nact, nact)), np.zeros((nvir, nvir)), 0.0
+    for i in range(nact):
+        K = _gemm(B[i * nvir:(i + 1) * nvir], B, backend, trans_b=True)            # (a, jb)
+        K = K.reshape(nvir, nact, nvir).transpose(1, 0, 2)                         # [j, a, b]
+        t = K / (e_o[i] + e_o[:, None, None] - e_v[None, :, None] - e_v[None, None, :])
+        th = (c_os + c_ss) * t - c_ss * t.transpose(0, 2, 1)
+        e_corr += float(np.sum(th * K))
+        th_a = np.ascontiguousarray(th.transpose(1, 0, 2)).reshape(nvir, nact * nvir)
+        Gam[i] = _gemm(th_a, B, backend)
+        P_vv += 2.0 * _gemm(np.ascontiguousarray(t.transpose(1, 0, 2)).reshape(nvir, -1), th_a, backend,
+                            trans_b=True)
+        P_oo -= 2.0 * _gemm(t.reshape(nact, -1), th.reshape(nact, -1), backend, trans_b=True)
+    Gf = Gam.reshape(nact * nvir, naux)
+    BtG = _gemm(B, Gf, backend, trans_a=True)
+    del B, Gam
+    gamma_t = _solve_lower(L, Gf.T, trans=True).reshape(naux, nact, nvir)          # Γ~ as [P, i, a]
+    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
+    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
+    T_v = 4.0 * np.einsum("na,pia->npi", C_v, gamma_t, optimize=True)             # (nao, naux, nact)
+    X_o, X_v = np.zeros((orb.C.shape[0], nact)), np.zeros((orb.C.shape[0], nvir))
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_νP (μν|P) T_ν,P,·
+        flat = j3c.reshape(j3c.shape[0], -1)
+        T_o = 4.0 * np.einsum("ni,pia->npa", C_o, gamma_t[p0:p1], optimize=True)   # (nao, nb, nvir)
+        X_o += _gemm(flat, np.ascontiguousarray(T_v[:, p0:p1]).reshape(-1, nact), backend)
+        X_v += _gemm(flat, T_o.reshape(-1, nvir), backend)
+    del gamma_t
+    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), orb.C.T @ X_o, orb.C.T @ X_v, T_v,
+                 0.5 * (gamma_pq + gamma_pq.T))
+
+
+# ---------------------------------------------------------------------------- response (Z-vector)
+def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
+    """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
+    coefficients with the relaxation and the HF part, zvector info)."""
+    C, eps, occ, vir, act, frz = orb.C, orb.eps, orb.occ, orb.vir, orb.act, orb.frz
+    P = np.zeros((orb.nmo, orb.nmo))
+    P[np.ix_(act, act)] = corr.P_oo
+    P[np.ix_(vir, vir)] = corr.P_vv
+    Y = np.zeros((orb.nmo, orb.nmo))
+    Y[:, act] += corr.Y_ri
+    Y[:, vir] += corr.Y_ra
+    if len(frz):     # the frozen-active rotations keep the frozen and active blocks canonical
+        pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
+        P[np.ix_(frz, act)] = pfa
+        P[np.ix_(act, frz)] = pfa.T
+    _add_density_terms(Y, P, orb, jk)
+    R = Y[np.ix_(vir, occ)] - Y[np.ix_(occ, vir)].T
+    z, info = _solve_zvector(R, orb, jk)
+    Pov = np.zeros_like(P)
+    Pov[np.ix_(vir, occ)] = -0.5 * z
+    Pov[np.ix_(occ, vir)] = -0.5 * z.T
+    _add_density_terms(Y, Pov, orb, jk)
+    Y[occ, occ] += 4.0 * eps[occ]
+    return P + Pov, Y, info
+
+
+def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> None:
+    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q."""
+    C = orb.C
+    G = jk.G(C @ P @ C.T)
+    Y[:, orb.occ] += 4.0 * (C.T @ G @ C[:, orb.occ])
+    Y += 2.0 * orb.eps[:, None] * P
+
+
+def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, dict]:
+    """z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R by conjugate
+    gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian: positive definite
+    for a stable RHF). GradientError when it does not converge in ZVECTOR_MAX_ITER."""
+    diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
+    hess = jk.mo_hessian(orb.C[:, orb.occ], orb.C[:, orb.vir])
+
+    def op(z):
+        return diag * z + hess(z)
+
+    rnorm0 = float(np.linalg.norm(R))
+    z = R / diag
+    if rnorm0 == 0.0:
+        return z, {"iterations": 0, "residual": 0.0}
+    r = R - op(z)
+    s = r / diag
+    p = s.copy()
+    rs = float(np.sum(r * s))
+    for it in range(1, ZVECTOR_MAX_ITER + 1):
+        Ap = op(p)
+        alpha = rs / float(np.sum(p * Ap))
+        z += alpha * p
+        r -= alpha * Ap
+        res = float(np.linalg.norm(r)) / rnorm0
+        if res < ZVECTOR_TOL:
+            return z, {"iterations": it, "residual": res}
+        s = r / diag
+        rs_new = float(np.sum(r * s))
+        p = s + (rs_new / rs) * p
+        rs = rs_new
+    raise GradientError(f"the Z-vector (CPHF) equations did not converge in {ZVECTOR_MAX_ITER} iterations "
+                        f"(relative residual {res:.1e}); is the RHF reference stable?")
+
+
+# ---------------------------------------------------------------------------- DF J/K (JK-fit set)
+class _DFJK:
+    """The SCF's DF two-electron operator on the JK-fit set: G[D] = J[D] - K[D]/2 from our JK
+    factor (``dfhf.build_jk_factor``, fp64 on the backend) for the response, and the explicit
+    derivative of E_G(D1, D) = Σ D1 G[D] with the fitted coefficients c = (P|Q)^-1 (Q|μν)."""
+
+    def __init__(self, mol, auxmol, backend, timer):
+        self.mol, self.auxmol, self.backend = mol, auxmol, backend
+        self.fac, _ = dfhf.build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        if self.fac.metric != "cholesky":
+            raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
+                                "eigen-decomposition); its gradient is not implemented", option="auxbasis")
+
+    def _dev(self, x: np.ndarray) -> torch.Tensor:
+        return self.backend.to_device(_t(x), torch.float64)
+
+    def G(self, D: np.ndarray) -> np.ndarray:
+        """G[D] (nao, nao) of a symmetric D (nao, nao), K through D's eigenvectors (the SCF's
+        exchange of a difference of two positive parts)."""
+        w, V = np.linalg.eigh(0.5 * (D + D.T))
+        big = np.abs(w) > 1e-14 * max(1.0, float(np.abs(w).max(initial=0.0)))
+        pos, neg = big & (w > 0), big & (w < 0)
+        Cpm = np.hstack([V[:, pos] * np.sqrt(w[pos]), V[:, neg] * np.sqrt(-w[neg])])
+        return self._g(D, Cpm, int(pos.sum()))
+
+    def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
+        """The factor in the MO basis: B_vo [P, a, i] (naux, nvir, nocc), B_oo [P, i, j],
+        B_vv [P, a, b], from the packed factor by aux blocks (two GEMMs per block, on the
+        backend)."""
+        fac, be = self.fac, self.backend
+        C = np.hstack([C_o, C_v])
+        nocc, nmo, naux = C_o.shape[1], C.shape[1], fac.naux
+        Cd = self._dev(C)
+        out = [np.empty((naux, C_v.shape[1], nocc)), np.empty((naux, nocc, nocc)),
+               np.empty((naux, C_v.shape[1], C_v.shape[1]))]
+        for p0 in range(0, naux, fac.block):
+            p1 = min(naux, p0 + fac.block)
+            half = linalg.gemm(fac.unpack(fac.B[p0:p1]).reshape(-1, fac.nao), Cd, backend=be)    # (nb nao, nmo)
+            half = half.reshape(p1 - p0, fac.nao, nmo).transpose(1, 2).reshape(-1, fac.nao)       # (nb nmo, nao)
+            mo = linalg.gemm(half, Cd, backend=be).reshape(p1 - p0, nmo, nmo).cpu().numpy()
+            out[0][p0:p1], out[1][p0:p1], out[2][p0:p1] = mo[:, nocc:, :nocc], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
+        return out
+
+    def mo_hessian(self, C_o: np.ndarray, C_v: np.ndarray):
+        """z (nvir, nocc) -> (C_v^T G[2(C_v z C_o^T + h.c.)] C_o) in the MO basis of the factor:
+        4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
+        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; four GEMMs per call)."""
+        B_vo, B_oo, B_vv = self.mo_factor(C_o, C_v)
+        naux, nvir, nocc = B_vo.shape
+        flat = B_vo.reshape(naux, -1)
+        vo_apj = np.ascontiguousarray(B_vo.transpose(1, 0, 2)).reshape(nvir, naux * nocc)    # [a, (P, j)]
+        vo_pib = np.ascontiguousarray(B_vo.transpose(0, 2, 1)).reshape(naux * nocc, nvir)    # [(P, i), b]
+        oo_jpi = np.ascontiguousarray(B_oo.transpose(1, 0, 2)).reshape(nocc, naux * nocc)    # [j, (P, i)]
+        vv_apb = np.ascontiguousarray(B_vv.transpose(1, 0, 2)).reshape(nvir, naux * nvir)    # [a, (P, b)]
+        del B_oo, B_vv
+        be = self.backend
+
+        def hess(z):
+            J = 4.0 * (flat.T @ (flat @ z.ravel())).reshape(nvir, nocc)
+            W = _gemm(z, oo_jpi, be).reshape(nvir, naux, nocc).transpose(1, 0, 2).reshape(naux * nvir, nocc)
+            U = _gemm(vo_pib, z, be).reshape(naux, nocc, nocc).transpose(0, 2, 1).reshape(naux * nocc, nocc)
+            return J - _gemm(vv_apb, np.ascontiguousarray(W), be) - _gemm(vo_apj, np.ascontiguousarray(U), be)
+        return hess
+
+    def _g(self, D: np.ndarray, Cpm: np.ndarray, split: int) -> np.ndarray:
+        J = self.fac.coulomb(self._dev(D))
+        if Cpm.shape[1] == 0:
+            return J.cpu().numpy()
+        K = self.fac.exchange(self._dev(Cpm), split=split)
+        return (J - 0.5 * K).cpu().numpy()
+
+    def energy_deriv(self, D1s: list, C_o: np.ndarray) -> np.ndarray:
+        """d/dR of E_G(D1, D), D = 2 C_o C_o^T, at fixed densities, for each D1 (nao, nao) in
+        ``D1s``: (len(D1s), natm, 3) Eh/bohr (the DF-HF's two-electron gradient for D1 = D/2).
+        With c = (μν|Q)(Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held
+        whole): d = Σ D c,
+        ck_kλP = Σ_σ C_σk c_λσP, Y1_kμP = Σ_λ D1_μλ ck_kλP; the weights of (μν|P)^x are
+        D1 d2 + D d1 - (M + M^T)/2 with M_μνP = 2 Σ_k C_νk Y1_kμP, those of (P|Q)^x
+        -(d1 d2^T + d2 d1^T)/2 + m/2 with m = 2 Σ_kμ ck_kμP Y1_kμQ (symmetrised)."""
+        L = _cholesky(self.auxmol.intor("int2c2e"), "JK")
+        fac, be = self.fac, self.backend
+        nao, naux, nocc = self.mol.nao_nr(), self.auxmol.nao_nr(), C_o.shape[1]
+        D = 2.0 * C_o @ C_o.T
+        dens = self._dev(np.stack([D] + [np.asarray(d) for d in D1s]).reshape(len(D1s) + 1, nao * nao))
+        rho, ck = np.empty((len(D1s) + 1, naux)), np.empty((nocc, nao, naux))
+        Cd = self._dev(C_o)
+        for p0 in range(0, naux, fac.block):        # from the factor B = L^-1 (P|μν): no integrals again
+            p1 = min(naux, p0 + fac.block)
+            Bb = fac.unpack(fac.B[p0:p1]).reshape(p1 - p0, nao * nao)
+            rho[:, p0:p1] = linalg.gemm(dens, Bb, trans_b=True, backend=be).cpu().numpy()
+            half = linalg.gemm(Bb.reshape(-1, nao), Cd, backend=be).cpu().numpy()        # [(P, λ), k]
+            ck[:, :, p0:p1] = half.reshape(p1 - p0, nao, nocc).transpose(2, 1, 0)
+        d = _solve_lower(L, rho.T, trans=True).T                                   # (P|Q)^-1 (D|Q): (1 + n, naux)
+        ck = _solve_lower(L, ck.reshape(-1, naux).T, trans=True).T.reshape(nocc, nao, naux)
+        Y1 = [np.einsum("ml,klp->kmp", D1, ck, optimize=True) for D1 in D1s]
+        g2 = []
+        for n, y in enumerate(Y1):
+            m = 2.0 * ck.reshape(-1, naux).T @ y.reshape(-1, naux)
+            g2.append(-0.5 * (np.outer(d[n + 1], d[0]) + np.outer(d[0], d[n + 1])) + 0.25 * (m + m.T))
+
+        def g3(p0, p1):
+            out = np.empty((len(D1s), nao, nao, p1 - p0))
+            for n, (D1, y) in enumerate(zip(D1s, Y1)):
+                M = 2.0 * np.einsum("nk,kmp->mnp", C_o, y[:, :, p0:p1], optimize=True)
+                out[n] = (D1[:, :, None] * d[0, p0:p1] + D[:, :, None] * d[n + 1, p0:p1]
+                          - 0.5 * (M + M.transpose(1, 0, 2)))
+            return out
+        return df_deriv(self.mol, self.auxmol, g3, np.stack(g2))
+
+
+# ---------------------------------------------------------------------------- derivative integrals
+def _atom_of(mol) -> np.ndarray:
+    """(nao,) the atom of each basis function."""
+    out = np.empty(mol.nao_nr(), dtype=int)
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        out[p0:p1] = a
+    return out
+
+
+def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
+    """Σ_μνP g3_μνP d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
+    Eh/bohr. ``g3_block(p0, p1)``: (n, nao, nao, p1 - p0), symmetric in μν; g2 (n, naux, naux)
+    symmetric. libcint's int3c2e_ip1 (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks and
+    int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
+    nao = mol.nao_nr()
+    ao_atom, aux_atom = _atom_of(mol), _atom_of(auxmol)
+    rows, cols = np.tril_indices(nao)                   # PySCF's s2ij order: μ >= ν, row by row
+    weight = np.where(rows == cols, 1.0, 2.0)[:, None]
+    g = np.zeros((g2.shape[0], mol.natm, 3))
+    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
+    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
+        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+        blk = g3_block(p0, p1)
+        # libcint's blocks are stored aux-major with μ fastest: contracted in that order (3x faster)
+        ip1 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl).transpose(0, 3, 2, 1)
+        for n in range(len(blk)):
+            w = np.ascontiguousarray(blk[n].transpose(2, 1, 0))                    # [P, ν, μ]
+            np.add.at(g[n], ao_atom, -2.0 * np.einsum("xpnm,pnm->mx", ip1, w))
+        del ip1
+        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3,
+                               shls_slice=sl).transpose(0, 2, 1)                   # (3, nb, npair)
+        for n in range(len(blk)):
+            w = np.ascontiguousarray((blk[n][rows, cols] * weight).T)
+            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xpk,pk->px", ip2, w))
+        del ip2, blk
+    ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
+    for n in range(len(g2)):
+        np.add.at(g[n], aux_atom, -2.0 * np.einsum("xpq,pq->px", ip, g2[n], optimize=True))
+    return g
+
+
+def _one_electron_deriv(mol, pairs) -> list:
+    """[Σ D dh/dR - Σ W dS/dR (natm, 3) Eh/bohr for each (D, W) in ``pairs``] (symmetric D, W
+    (nao, nao)): PySCF's hcore generator (kinetic, nuclear attraction, ECP) and -int1e_ipovlp,
+    each atom's integrals made once."""
+    mf_grad = pyscf_grad_rhf.Gradients(pyscf_hf.RHF(mol))
+    hcore_deriv = mf_grad.hcore_generator(mol)
+    s1 = mf_grad.get_ovlp(mol)                                                     # -(∇μ|ν)
+    out = [np.zeros((mol.natm, 3)) for _ in pairs]
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        h1 = hcore_deriv(a)
+        for g, (D, W) in zip(out, pairs):
+            g[a] += np.einsum("xij,ij->x", h1, D) - 2.0 * np.einsum("xij,ij->x", s1[:, p0:p1], W[p0:p1])
+    return out

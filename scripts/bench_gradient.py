@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Benchmark: one DF-MP2 gradient against one DF-MP2 energy on the same molecule and options.
+
+``energy``: ``pipeline.run_geometry`` (``dfmp2 run``: SCF + MP2). ``gradient``: ``gradrun.run_gradient``
+(``dfmp2 gradient``: the same energy run, then the gradient stage); its gradient stage alone is
+reported too, with its parts (densities and pair loop, Z-vector, derivative integrals). The ratio
+gradient / energy is the figure of the issue (the literature's 2-4 energies). Runs are interleaved
+(energy, gradient) ``--repeat`` times after one warm-up each; median, min and max. Every row records
+the other processes' CPU use while it ran (a shared machine slows both).
+
+    python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz
+    python scripts/bench_gradient.py inputs/water_clusters/h2o_16.xyz --threads 16 --repeat 3
+
+Writes scripts/results/bench_gradient_<molecule>[_<tag>].json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dfmp2 import gradrun, pipeline  # noqa: E402
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
+from dfmp2.options import RunOptions  # noqa: E402
+from dfmp2.result import software_versions  # noqa: E402
+from dfmp2.xyz import read_xyz  # noqa: E402
+
+
+def timed(fn):
+    m0 = OtherCPU.mark()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out, OtherCPU.cores(m0, OtherCPU.mark())
+
+
+def stats(xs: list) -> dict:
+    return {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs), "n": len(xs)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("xyz")
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--method", default="mp2", choices=("mp2", "scs-mp2", "sos-mp2"))
+    ap.add_argument("--frozen-core", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs (tiny checks)")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", default=str(ROOT / "scripts" / "results"))
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    geom = read_xyz(a.xyz)
+    options = RunOptions(basis=a.basis, frozen_core=a.frozen_core, device=a.device)
+    backend = pipeline.make_backend(options)
+    energy = lambda: pipeline.run_geometry(geom, options, backend=backend)                       # noqa: E731
+    gradient = lambda: gradrun.run_gradient(geom, options, method=a.method, backend=backend)     # noqa: E731
+    if not a.no_warmup:
+        energy(), gradient()
+    rows = {"energy": [], "gradient": [], "gradient_stage": []}
+    other, parts = [], []
+    for _ in range(a.repeat):
+        t, r, o = timed(energy)
+        rows["energy"].append(t)
+        other.append({"run": "energy", **(o or {})})
+        t, gr, o = timed(gradient)
+        rows["gradient"].append(t)
+        rows["gradient_stage"].append(gr.wall_s)
+        parts.append(gr.parts.timings)
+        other.append({"run": "gradient", **(o or {})})
+    s = {k: stats(v) for k, v in rows.items()}
+    ratio = s["gradient"]["median_s"] / s["energy"]["median_s"]
+    name = Path(a.xyz).stem
+    record = {
+        "molecule": a.xyz, "basis": a.basis, "method": a.method, "frozen_core": a.frozen_core,
+        "shapes": {"natm": r.natm, "nbasis": r.nbasis, "nocc": r.nocc, "nvir": r.nvir, "naux": r.naux},
+        "times": s, "ratio_gradient_over_energy": ratio,
+        "ratio_gradient_stage_over_energy": s["gradient_stage"]["median_s"] / s["energy"]["median_s"],
+        "gradient_stage_parts_s": parts, "other_cpu": other,
+        "ran": {"device": r.ran["device"], "engine": r.ran["engine"], "precision": r.ran["precision"],
+                "gradient": "dfmp2.mp2grad on the host in fp64 (densities' GEMMs on the backend), libcint derivative integrals"},
+        "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.node(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": software_versions(),
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_gradient_{name}" + (f"_{a.tag}" if a.tag else "")
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+    md = [f"# gradient vs energy: {name} / {a.basis} ({a.method}{', frozen core' if a.frozen_core else ''})", "",
+          f"{record['date']}, {record['cpu']}, {record['threads']} threads, device {r.ran['device']}", "",
+          "| run | median / s | min / s | max / s |", "|---|---|---|---|"]
+    md += [f"| {k} | {v['median_s']:.3f} | {v['min_s']:.3f} | {v['max_s']:.3f} |" for k, v in s.items()]
+    md += ["", f"gradient / energy = {ratio:.2f} (the gradient stage alone: "
+               f"{record['ratio_gradient_stage_over_energy']:.2f} energies)", ""]
+    (out / f"{stem}.md").write_text("\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {out / stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
