@@ -14,8 +14,11 @@ parameters when given, else the Atoms' total initial charge and total initial ma
 the analytic gradient of the ``method``'s energy (``gradrun.run_gradient``: closed-shell RHF,
 density-fitted SCF, fp64 device); stress raises ``PropertyNotImplementedError``.
 
-Every calculation runs the whole ``pipeline.run_geometry`` (SCF included, from PySCF's 'minao'
-guess): the pipeline takes no initial guess, so the previous geometry's orbitals are not reused.
+Every calculation runs the whole ``pipeline.run_geometry``, SCF included. Our DF-SCF (``scf_mode``
+'df', the default) starts from the previous calculation's density when the atoms' symbols, charge,
+multiplicity and the options are unchanged (its occupied orbitals re-orthonormalised at the new
+geometry: ``reference.project_density``), else from PySCF's 'minao' guess; ``ran.scf.guess`` says
+which. Measured on water moved by 0.005 Å: 11 cycles against 13.
 ``calc.result`` is the last ``dfmp2.result.Result`` (energies in Hartree, what ran, timings);
 ``calc.gradient_result`` the last ``gradrun.GradientResult`` when forces were asked for.
 Needs ``pip install "dfmp2[ase]"``.
@@ -47,6 +50,7 @@ class DFMP2Calculator(Calculator):
 
     def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):
         self.result = self.gradient_result = None
+        self._scf_density = None     # (what it belongs to, Reference.density()) of the last calculation
         super().__init__(restart=restart, label=label, atoms=atoms, directory=directory, **kwargs)
 
     def set(self, **kwargs):
@@ -99,13 +103,19 @@ class DFMP2Calculator(Calculator):
         super().calculate(atoms, properties, system_changes)
         options = self.run_options()
         geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
+        key = (geom.symbols, geom.charge, geom.multiplicity, options)
+        guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
+
+        def keep(mol, ref):                     # the next geometry's SCF starts from this density
+            self._scf_density = (key, ref.density())
         if "forces" in properties:
             from .gradrun import run_gradient
-            self.gradient_result = run_gradient(geom, options, method=self.parameters["method"])
+            self.gradient_result = run_gradient(geom, options, method=self.parameters["method"],
+                                                on_reference=keep, guess=guess)
             self.result = self.gradient_result.result
         else:
             from .pipeline import run_geometry
-            self.result = run_geometry(geom, options)
+            self.result = run_geometry(geom, options, on_reference=keep, guess=guess)
         self._store_energy()
 
 

@@ -96,9 +96,9 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
 
 
 def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progress=None, log=None,
-                 backend=None, on_plan=None, on_reference=None) -> GradientResult:
-    """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan`` and
-    ``on_reference`` these are) and its nuclear gradient for ``method``."""
+                 backend=None, on_plan=None, on_reference=None, guess=None) -> GradientResult:
+    """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan``,
+    ``on_reference`` and ``guess`` these are) and its nuclear gradient for ``method``."""
     check_gradient_options(geom, options, method)
     backend = backend if backend is not None else pipeline.make_backend(options)
     check_gradient_memory(geom, options, backend)
@@ -109,7 +109,7 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
         if on_reference is not None:
             on_reference(mol, ref)
     result = pipeline.run_geometry(geom, options, progress=progress, log=log, backend=backend,
-                                   on_plan=on_plan, on_reference=reference)
+                                   on_plan=on_plan, on_reference=reference, guess=guess)
     (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
     mol, ref = seen["mol"], seen["ref"]          # the frozen core already marked

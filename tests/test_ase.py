@@ -56,6 +56,37 @@ def test_same_as_dfmp2_energy_and_geometry_changes_recompute():
     assert e1 != e0 and atoms.calc.result.natm == 3
 
 
+@pytest.mark.parametrize("magmom", [0, 1])
+def test_the_next_geometry_starts_from_the_last_density_and_gives_a_fresh_runs_energy(magmom):
+    """After one calculation the SCF of a moved geometry starts from its density (recorded) and
+    ends at the energy a new calculator (PySCF's 'minao' guess) gives, to 1e-9 Eh; other options
+    start from 'minao' again. magmom 1: water's cation as a doublet (UHF)."""
+    atoms = water()
+    atoms.set_initial_charges([magmom, 0, 0])
+    atoms.set_initial_magnetic_moments([magmom, 0, 0])
+    atoms.calc = calc = DFMP2Calculator(basis="cc-pvdz")
+    atoms.get_potential_energy()
+    assert calc.result.ran["scf"]["guess"].startswith("minao")
+    atoms.positions[0, 2] += 0.01
+    e1 = atoms.get_potential_energy()
+    assert calc.result.ran["scf"]["guess"].startswith("given density")
+    fresh = atoms.copy()
+    fresh.calc = DFMP2Calculator(basis="cc-pvdz")
+    assert abs(fresh.get_potential_energy() - e1) / Hartree <= 1e-9
+    assert fresh.calc.result.ran["scf"]["guess"].startswith("minao")
+    calc.set(basis="sto-3g")                          # another basis: the density does not fit
+    atoms.get_potential_energy()
+    assert calc.result.ran["scf"]["guess"].startswith("minao")
+
+
+def test_a_density_of_the_wrong_shape_is_refused_in_one_line():
+    from dfmp2.pipeline import run_geometry
+    from dfmp2.options import RunOptions
+    from dfmp2.xyz import read_xyz
+    with pytest.raises(InputError, match="starting density has shape"):
+        run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(basis="sto-3g"), guess=np.eye(3))
+
+
 def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
     """OH radical: the Atoms' initial magnetic moment (1) makes a doublet, run as DF-UMP2;
     reference PySCF's DF-UHF + DFUMP2 with the same bases."""
