@@ -35,7 +35,7 @@ from dfmp2.linalg.cuda import AUTO_RULE
 
 from .errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
                      one_line)
-from .options import (CBS_SCF_SCHEMES, CPU_BLAS_CHOICES, DEVICE_CHOICES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES,
+from .options import (CBS_SCF_SCHEMES, CPU_BLAS_CHOICES, DEVICE_CHOICES, DIST_SCF_MODES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES,
                       PRECISIONS, REFERENCES, SCF_MODES, SCF_PRECISIONS, STORAGE_CHOICES, RunOptions)
 
 _DEFAULT = RunOptions()
@@ -96,6 +96,10 @@ SPECS = {
                                "as ever)"),
     "scf_stability": dict(help="check a converged UHF's internal stability (the lowest eigenvalue of its orbital "
                                "Hessian, in the result; an instability is a warning); RHF: none"),
+    "dist_scf": dict(type=click.Choice(DIST_SCF_MODES),
+                     help="over several ranks (torchrun): our DF-SCF's JK factor split over the ranks, J and K "
+                          "summed each cycle (E(HF) within 1e-12 Eh of one process), or the whole SCF on every "
+                          "rank (replicated: E_OS and E_SS bit-identical to one process); one process: either"),
     "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
     "storage": dict(type=click.Choice(STORAGE_CHOICES),
                     help="where B lives: in memory if the plan fits, else on disk (auto), or forced"),
@@ -119,7 +123,7 @@ SPECS = {
 GROUPS = {
     "molecule": ("basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "frozen_core"),
     "device": ("device", "simulate", "precision", "pair_kernel", "integrals", "cpu_blas"),
-    "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad", "scf_precision", "scf_stability"),
+    "scf": ("scf_mode", "scf_max_cycle", "scf_conv_tol_grad", "scf_precision", "scf_stability", "dist_scf"),
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),
     "cbs": ("cbs_scf",),

@@ -17,7 +17,7 @@ or raises (its process ends) makes the others' next communication fail: each say
 
 ``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>`` (tests only): at ``fault(point)`` that rank
 kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank
-in the middle of a stage. ``DFMP2_DIST_SCF`` (``split_scf``): our DF-SCF split over the ranks
+in the middle of a stage. ``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks
 (default) or replicated on each.
 """
 from __future__ import annotations
@@ -38,8 +38,6 @@ from .errors import EXIT_USER_ERROR, InputError
 TIMEOUT_ENV = "DFMP2_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0      # the longest one rank may wait for the others at one collective
 FAULT_ENV = "DFMP2_TEST_FAULT"
-SCF_ENV = "DFMP2_DIST_SCF"       # 'split' (default): the JK factor split by aux index; 'replicated'
-SCF_MODES = ("split", "replicated")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -65,6 +63,7 @@ class World:
     timeout_s: float = DEFAULT_TIMEOUT_S
     comm: dict = field(default_factory=dict)
     agreed: bool = False
+    scf_split: bool = True        # our DF-SCF split over the ranks (RunOptions.dist_scf), set by check_options
     b_bytes: list = field(default_factory=list)     # each rank's B in bytes (the MP2 stage fills it)
     devices: list = field(default_factory=list)     # each rank's 'host device' (``summarize``)
     comm_total: dict = field(default_factory=dict)  # per stage, bytes sent by all ranks (``summarize``)
@@ -332,7 +331,7 @@ def check_options(options, world: World) -> None:
     """What a run over several ranks cannot do yet, refused before any work (InputError)."""
     if not world.distributed:
         return
-    split_scf(world)                  # a bad DFMP2_DIST_SCF: refused now
+    world.scf_split = options.dist_scf == "split"
     if options.checkpoint or options.resume:
         raise InputError(f"checkpoints are not supported over several ranks ({world.size} here); "
                          "run without one or on one rank", option="checkpoint")
@@ -379,16 +378,11 @@ def command(world: World):
 
 
 def split_scf(world: World) -> bool:
-    """Whether our DF-SCF splits its JK factor over the ranks (``DFMP2_DIST_SCF``, default 'split':
-    J and K summed over ranks each cycle, E(HF) within ~1e-12 Eh of one process, so the MP2
-    energies too, not bitwise), or every rank runs the whole SCF ('replicated': the same orbitals
-    bit for bit as one process, so E_OS and E_SS bit-identical to a 1-rank run)."""
-    if not world.distributed:
-        return False
-    mode = os.environ.get(SCF_ENV, "split")
-    if mode not in SCF_MODES:
-        raise InputError(f"{SCF_ENV}={mode!r}: use one of {', '.join(SCF_MODES)}")
-    return mode == "split"
+    """Whether our DF-SCF splits its JK factor over the ranks (``RunOptions.dist_scf``, default
+    'split': J and K summed over ranks each cycle, E(HF) within ~1e-12 Eh of one process, so the
+    MP2 energies too, not bitwise), or every rank runs the whole SCF ('replicated': the same
+    orbitals bit for bit as one process, so E_OS and E_SS bit-identical to a 1-rank run)."""
+    return world.distributed and world.scf_split
 
 
 UNLIMITED_MB = 1e15     # the plan over several ranks: blocks as one process without a limit

@@ -37,6 +37,11 @@ CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3
 
 
 _PATH = (str, os.PathLike, type(None))
+# over several ranks: our DF-SCF's JK factor split by auxiliary index (J and K summed over the
+# ranks each cycle: E(HF) within ~1e-12 Eh of one process) or the whole SCF on every rank (the same
+# orbitals bit for bit, so E_OS and E_SS bit-identical to one process); one process: no difference
+DIST_SCF_MODES = ("split", "replicated")
+
 # (field, allowed types, what the error says): bool only where listed (it is an int to Python)
 _FIELD_TYPES = (
     ("basis", (str,), "a basis set name"),
@@ -63,6 +68,7 @@ _FIELD_TYPES = (
     ("scf_conv_tol_grad", (Real,), "a positive number"),
     ("scf_precision", (str,), f"one of {', '.join(SCF_PRECISIONS)}"),
     ("scf_stability", (bool,), "True or False"),
+    ("dist_scf", (str,), f"one of {', '.join(DIST_SCF_MODES)}"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
     ("cbs_scf", (str,), f"one of {', '.join(CBS_SCF_SCHEMES)}"),
 )
@@ -96,6 +102,7 @@ class RunOptions:
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
     scf_precision: str = "auto"          # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
     scf_stability: bool = True           # a UHF's internal stability check (dfmp2.stability); RHF: none
+    dist_scf: str = "split"              # over several ranks (dfmp2.distributed): our DF-SCF split or replicated
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
     cbs_scf: str = "xtpl_highest_1"      # a basis bracket's SCF scheme (dfmp2.cbs): Psi4's default, the largest basis
 

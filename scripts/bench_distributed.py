@@ -235,14 +235,13 @@ def main(argv=None) -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="threads of the 1-rank run")
     ap.add_argument("--occ-block-max", type=int, default=None)
-    ap.add_argument("--scf", choices=("split", "replicated"), default="split", help="DFMP2_DIST_SCF")
+    ap.add_argument("--scf", choices=("split", "replicated"), default="split", help="dfmp2 run --dist-scf")
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each, interleaved; the best per stage")
     ap.add_argument("--model-only", action="store_true")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     a = ap.parse_args(argv)
-    os.environ["DFMP2_DIST_SCF"] = a.scf
-    extra = ["--cpu-blas", "torch"] + (["--occ-block-max", str(a.occ_block_max)] if a.occ_block_max else [])
+    extra = ["--cpu-blas", "torch", "--dist-scf", a.scf] + (["--occ-block-max", str(a.occ_block_max)] if a.occ_block_max else [])
     meas = [] if a.model_only else [measured(int(w), a.ranks, a.threads, extra, a.timeout, a.repeats)
                                      for w in a.waters.split(",")]
     rows = model_table()

@@ -35,15 +35,15 @@ def _env(tmp_path, **extra):
 
 def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str = "split"):
     """The result JSON of a run on ``ranks`` ranks (1: a plain process; more: torchrun) with the
-    DF-SCF split over the ranks or replicated (DFMP2_DIST_SCF)."""
+    DF-SCF split over the ranks or replicated (--dist-scf)."""
     mol = tmp_path / f"{name}.xyz"
     mol.write_text(xyz)
     out = tmp_path / f"{name}-{ranks}-{scf_mode}.json"
-    cmd = [sys.executable, "-m", "dfmp2", "run", str(mol), *ARGS, "--json", str(out)]
+    cmd = [sys.executable, "-m", "dfmp2", "run", str(mol), *ARGS, "--dist-scf", scf_mode, "--json", str(out)]
     if ranks > 1:
         cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
         cmd.append("-v")            # each rank's line of the memory plan
-    p = subprocess.run(cmd, env=_env(tmp_path, DFMP2_DIST_SCF=scf_mode), capture_output=True, text=True,
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True,
                        timeout=LIMIT_S, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("E(HF)") == 1, p.stdout        # rank 0 alone prints
