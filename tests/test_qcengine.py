@@ -118,3 +118,27 @@ def test_qcengines_task_memory_is_the_limit(no_scf):
     assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb is None   # the keyword's
     spec = v2.AtomicInput(**atomic_input("water", 2))
     assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb == pytest.approx(2 * 2**30 / 1e6)
+
+
+def test_qcengines_geometric_procedure_optimises_water_through_dfmp2(tmp_path):
+    """QCEngine's own geomeTRIC procedure, driver 'gradient' on program dfmp2 (issue 27): water from
+    OH 1.1 Å, HOH 120° to the DF-MP2/cc-pVDZ minimum; the last gradient (max |g| <= 3e-4 Eh/bohr,
+    geomeTRIC's own criteria) and energy are dfmp2.gradient's at the final geometry."""
+    pytest.importorskip("geometric", reason="the geomeTRIC procedure needs geomeTRIC (the test extra has it)")
+    import numpy as np
+    r, th = 1.1 / BOHR, np.radians(120.0)
+    geom = [0, 0, 0, r, 0, 0, r * np.cos(th), r * np.sin(th), 0]
+    inp = {"schema_name": "qcschema_optimization_input", "schema_version": 1,
+           "keywords": {"program": "dfmp2", "coordsys": "tric", "maxiter": 40},
+           "input_specification": {"driver": "gradient", "model": {"method": "mp2", "basis": "cc-pvdz"}},
+           "initial_molecule": {"symbols": ["O", "H", "H"], "geometry": geom}}
+    res = qcng.compute(inp, "geometric", raise_error=True, task_config={"scratch_directory": str(tmp_path)})
+    assert res.success and 2 < len(res.trajectory) < 40
+    last = np.asarray(res.trajectory[-1].return_result).reshape(3, 3)
+    assert np.abs(last).max() <= 3e-4
+    from pyscf import gto
+    final = np.asarray(res.final_molecule.geometry).reshape(3, 3)
+    mol = gto.M(atom=[("O", final[0]), ("H", final[1]), ("H", final[2])], unit="Bohr", basis="cc-pvdz")
+    ours = dfmp2.gradient(mol)
+    assert abs(ours.energy - res.energies[-1]) <= 1e-9
+    assert np.abs(np.asarray(ours.gradient) - last).max() <= 1e-8
