@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from .cli_options import (device_options, molecule_options, printing, resource_options, run_options,
                           scf_options, stdout_console, user_errors)
-from .mp2grad import SCALES
+from .result import METHOD_SCALES as SCALES
 from .outputs import check_output_file
 
 

@@ -48,12 +48,13 @@ from dfmp2 import linalg
 
 from . import dfhf, integrals
 from .errors import InputError
+from .result import METHOD_SCALES
 from .timing import Timer
 
 ZVECTOR_TOL = 1e-10      # CPHF residual norm, relative to the right-hand side's
 ZVECTOR_MAX_ITER = 100
 AUX_BLOCK_MB = 200.0     # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
-SCALES = {"mp2": (1.0, 1.0), "scs-mp2": (1.2, 1.0 / 3.0), "sos-mp2": (1.3, 0.0)}
+SCALES = METHOD_SCALES
 
 
 class GradientError(InputError):

@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 SCHEMA_VERSION = "3"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
 SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
+# (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
+METHOD_SCALES = {"mp2": (1.0, 1.0), "scs-mp2": (SCS_OS, SCS_SS), "sos-mp2": (SOS_OS, 0.0)}
 
 
 def software_versions() -> dict:
