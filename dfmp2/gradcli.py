@@ -32,14 +32,20 @@ def gradient_table(gr):
     return t
 
 
+def point_inputs(method_help: str):
+    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``."""
+    def wrap(f):
+        for deco in reversed((click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False)),
+                              molecule_options(), device_options(), scf_options(), resource_options(),
+                              click.option("--method", type=click.Choice(tuple(SCALES)), default="mp2",
+                                           show_default=True, help=method_help))):
+            f = deco(f)
+        return f
+    return wrap
+
+
 @click.command("gradient")
-@click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False))
-@molecule_options()
-@device_options()
-@scf_options()
-@resource_options()
-@click.option("--method", type=click.Choice(tuple(SCALES)), default="mp2", show_default=True,
-              help="the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
+@point_inputs("the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="also write the result with the gradient (Eh/bohr) as JSON to this path")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies and the gradient")
@@ -69,13 +75,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 
 
 @click.command("optimize")
-@click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False))
-@molecule_options()
-@device_options()
-@scf_options()
-@resource_options()
-@click.option("--method", type=click.Choice(tuple(SCALES)), default="mp2", show_default=True,
-              help="the energy minimised: MP2, SCS-MP2 or SOS-MP2")
+@point_inputs("the energy minimised: MP2, SCS-MP2 or SOS-MP2")
 @click.option("-o", "--output", "final_path", type=click.Path(dir_okay=False), default=None,
               help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, here]")
 @click.option("--trajectory", "traj_path", type=click.Path(dir_okay=False), default=None,
