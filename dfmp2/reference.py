@@ -88,12 +88,13 @@ class Reference:
     def density(self) -> np.ndarray:
         """The SCF density in the AO basis, every occupied orbital (frozen ones too): RHF (nao, nao)
         = 2 C_occ C_occ^T with its orbitals attached (PySCF's tag_array: mo_coeff, mo_occ), UHF
-        (2, nao, nao) alpha, beta. What a later SCF of the same molecule and basis at a nearby
+        (2, nao, nao) alpha, beta, with (2, nao, nmo) orbitals and (2, nmo) occupations. What a later SCF of the same molecule and basis at a nearby
         geometry starts from (``pipeline.run_geometry(guess=)``)."""
         from pyscf import lib
         dms = [c.mo_coeff[:, :c.nocc] @ c.mo_coeff[:, :c.nocc].T for c in self.channels]
         if not self.restricted:
-            return np.stack(dms)
+            occ = np.stack([np.where(np.arange(c.nmo) < c.nocc, 1.0, 0.0) for c in self.channels])
+            return lib.tag_array(np.stack(dms), mo_coeff=np.stack([c.mo_coeff for c in self.channels]), mo_occ=occ)
         c = self.channels[0]
         occ = np.where(np.arange(c.nmo) < c.nocc, 2.0, 0.0)
         return lib.tag_array(2.0 * dms[0], mo_coeff=c.mo_coeff, mo_occ=occ)
