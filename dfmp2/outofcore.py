@@ -439,6 +439,22 @@ def fit_blocks(M: torch.Tensor, kind: str, src, dst, backend, out_dtype: torch.d
     dst.flush()
 
 
+def _resumed_sums(total: int, done, progress) -> tuple:
+    """The start of a pair loop that may resume: (sums (total, 2) fp64 with the finished pairs'
+    rows from ``done`` = (finished (total,) bool, their sums), the pair indices left in order, how
+    many are finished); ``progress(finished, total)`` when some are."""
+    sums = np.zeros((total, 2), dtype=np.float64)
+    finished = np.zeros(total, dtype=bool)
+    if done is not None:
+        finished[:] = done[0]
+        sums[finished] = done[1][finished]
+    todo = [p for p in range(total) if not finished[p]]
+    ndone = total - len(todo)
+    if progress is not None and ndone:
+        progress(ndone, total)
+    return sums, todo, ndone
+
+
 def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None, progress=None) -> np.ndarray:
     """(e_os, e_ss) of every block pair (``OccBlocks.pairs`` order), shape (npairs, 2), fp64.
 
@@ -450,12 +466,7 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
     blocks = store.blocks
     pairs = blocks.pairs()
     npairs = len(pairs)
-    sums = np.zeros((npairs, 2), dtype=np.float64)
-    finished = np.zeros(npairs, dtype=bool)
-    if done is not None:
-        finished[:] = done[0]
-        sums[finished] = done[1][finished]
-    todo = [p for p in range(npairs) if not finished[p]]
+    sums, todo, ndone = _resumed_sums(npairs, done, progress)
     # the blocks each remaining pair needs, in order: block I once per row, then each J != I
     reads, rows = [], {}
     for p in todo:
@@ -465,9 +476,6 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
             reads.append(i)
         if j != i:
             reads.append(j)
-    ndone = int(finished.sum())
-    if progress is not None and ndone:
-        progress(ndone, npairs)
     with closing(store.iter_blocks(reads, backend)) as it:
         nvir = blocks.nvir
         cur_i, Bi = None, None
@@ -487,7 +495,6 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
             os_, ss_ = linalg.mp2_pair_energy(Bi, Bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir,
                                               symmetric=(i == j), backend=backend)
             sums[p] = (os_, ss_)
-            finished[p] = True
             ndone += 1
             if on_pair is not None:
                 on_pair(p, os_, ss_)
@@ -509,15 +516,7 @@ def cross_block_sums(store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_
     """
     ba, bb = store_a.blocks, store_b.blocks
     total = ba.count * bb.count
-    sums = np.zeros((total, 2), dtype=np.float64)
-    finished = np.zeros(total, dtype=bool)
-    if done is not None:
-        finished[:] = done[0]
-        sums[finished] = done[1][finished]
-    todo = [p for p in range(total) if not finished[p]]
-    ndone = total - len(todo)
-    if progress is not None and ndone:
-        progress(ndone, total)
+    sums, todo, ndone = _resumed_sums(total, done, progress)
     rows = sorted({p // bb.count for p in todo})
     with closing(store_a.iter_blocks(rows, backend)) as it_a, \
             closing(store_b.iter_blocks([p % bb.count for p in todo], backend)) as it_b:
