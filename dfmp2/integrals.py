@@ -44,6 +44,7 @@ import torch
 from pyscf import gto, lib
 from pyscf.gto import moleintor
 
+from dfmp2 import linalg
 from dfmp2.linalg import DeviceUnavailableError
 
 from .background import Background
@@ -140,6 +141,18 @@ def unpack_index(nao: int, device) -> torch.Tensor:
         _UNPACK_INDEX.clear()               # one size at a time: the index is nao^2 int64
         _UNPACK_INDEX[key] = idx
     return idx
+
+
+def pia_rows(packed: torch.Tensor, nao: int, C_occ: torch.Tensor, C_vir: torch.Tensor, backend) -> torch.Tensor:
+    """Rows of (P|ia) of one aux block: packed (nb, nao(nao+1)/2) (μν|P) -> (nb, nocc*nvir), half-
+    transformed with C_occ (nao, nocc) then C_vir (nao, nvir) on ``backend``: two 2-D GEMMs (one
+    launch each on Trainium) rather than a batch over P. The DF-MP2 stage's transform, in one
+    process and over ranks alike (the same GEMMs on the same operands, so the same bits)."""
+    nb, nocc, nvir = packed.shape[0], C_occ.shape[1], C_vir.shape[1]
+    x = unpack(packed, nao).reshape(nb * nao, nao)                          # (P μ, ν)
+    half = linalg.gemm(x, C_occ, backend=backend)                           # (P μ, i)
+    half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
+    return linalg.gemm(half, C_vir, backend=backend).reshape(nb, nocc * nvir)
 
 
 def unpack(packed: torch.Tensor, nao: int, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dfmp2 import linalg
 from dfmp2.linalg import DTYPES
 
 from . import integrals, mp2_dist, outofcore
@@ -58,8 +57,7 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
     puts it (``B.open_pia``: out of core, in place in B's file when the dtypes match).
     ``metric``: the factored metric ``metric_factor`` made, when it is shared (UHF: both spins).
     """
-    nao, nocc = C_occ.shape
-    nvir = C_vir.shape[1]
+    nao = C_occ.shape[0]
     engine = engine or integrals.HostEngine(mol, backend)
     M, metric_kind, metric_info = metric if metric is not None else metric_factor(auxmol, backend, timer, engine)
     t0 = time.perf_counter()
@@ -73,12 +71,7 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
             for p0, p1, packed in stream:
                 t1 = time.perf_counter()
                 t_int += t1 - t0                  # waiting for the engine; device work may still run
-                nb = p1 - p0
-                # two 2-D GEMMs (one launch each on Trainium) rather than a batch over P
-                x = integrals.unpack(packed, nao).reshape(nb * nao, nao)      # (P μ, ν)
-                half = linalg.gemm(x, co, backend=backend)                   # (P μ, i)
-                half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
-                pia.write_rows(p0, p1, linalg.gemm(half, cv, backend=backend).reshape(nb, nocc * nvir))
+                pia.write_rows(p0, p1, integrals.pia_rows(packed, nao, co, cv, backend))
                 t0 = time.perf_counter()
         pia.flush()
         t0 = timer.add("transform", t_loop)

@@ -52,8 +52,7 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, out_dtype, plan, timer, b
             engine, metric, world: World) -> dict:
     """This rank's blocks of B: {k: (naux, nk*nvir) contiguous tensor in ``out_dtype``} for k in
     ``owned``. ``dtype``: the transform's and fit's; ``metric``: (M, kind, info) of metric_factor."""
-    nao, nocc = C_occ.shape
-    nvir = C_vir.shape[1]
+    nao = C_occ.shape[0]
     M, kind, _info = metric
     co, cv = backend.to_device(C_occ, dtype), backend.to_device(C_vir, dtype)
     aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
@@ -64,11 +63,7 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, out_dtype, plan, timer, b
         for p0, p1, packed in stream:
             t1 = time.perf_counter()
             t_int += t1 - t0
-            nb = p1 - p0
-            x = integrals.unpack(packed, nao).reshape(nb * nao, nao)      # as mp2.build_B, per block
-            half = linalg.gemm(x, co, backend=backend)
-            half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
-            rows.append((p0, p1, linalg.gemm(half, cv, backend=backend).reshape(nb, nocc * nvir)))
+            rows.append((p0, p1, integrals.pia_rows(packed, nao, co, cv, backend)))
             t0 = time.perf_counter()
     t0 = timer.add("transform", t_loop)
     timer.seconds["integrals"] = timer.seconds.get("integrals", 0.0) + t_int
