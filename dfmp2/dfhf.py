@@ -433,13 +433,14 @@ class DFRHF:
 
     def given_density(self, dm0):
         """A caller's starting density (the previous geometry's, ``Reference.density``): (nao, nao)
-        for RHF, (2, nao, nao) for UHF, in this molecule's AO basis; its orbitals (``mo_coeff``,
-        ``mo_occ``, PySCF's tag_array) are kept when it carries them. InputError on another shape."""
+        for RHF, (2, nao, nao) for UHF, in this molecule's AO basis; when it carries its orbitals
+        (``mo_coeff``, ``mo_occ``, PySCF's tag_array) they are re-orthonormalised in this geometry's
+        overlap (``reference.project_density``). InputError on another shape."""
         want = self.density_shape()
         if tuple(np.shape(dm0)) != want:
             raise InputError(f"the starting density has shape {tuple(np.shape(dm0))}, this molecule's "
                              f"{self.reference} needs {want} (its basis has {self.nao} functions)")
-        return project_density(dm0, self.mol.intor_symmetric("int1e_ovlp"))
+        return project_density(dm0, self.S.cpu().numpy())           # S: _one_electron's, fp64
 
     def density_shape(self) -> tuple:
         return (self.nao, self.nao)
