@@ -291,7 +291,7 @@ def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss:
 def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
     """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
     coefficients with the relaxation and the HF part, zvector info)."""
-    C, eps, occ, vir, act, frz = orb.C, orb.eps, orb.occ, orb.vir, orb.act, orb.frz
+    eps, occ, vir, act, frz = orb.eps, orb.occ, orb.vir, orb.act, orb.frz
     P = np.zeros((orb.nmo, orb.nmo))
     P[np.ix_(act, act)] = corr.P_oo
     P[np.ix_(vir, vir)] = corr.P_vv

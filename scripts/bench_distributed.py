@@ -72,7 +72,6 @@ def comm_model(s: dict, ranks: int, *, occ_block: int, scf_cycles: int, itemsize
     """
     n = ranks
     naux, nocc, nvir, nao = s["naux"], s["nocc"], s["nvir"], s["nbasis"]
-    pia = naux * nocc * nvir * 8
     b = naux * nocc * nvir * itemsize
     nblk = -(-nocc // occ_block)
     npairs = nblk * (nblk + 1) // 2
