@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
+from pyscf.lib.parameters import BOHR     # Å per Bohr: PySCF's, as the molecules and QCSchema use
 
 from .errors import InputError
 from .gradrun import GradientResult, check_gradient_options, run_gradient
@@ -23,7 +24,6 @@ from .options import RunOptions
 from .outputs import write_text
 from .xyz import Geometry
 
-BOHR = 0.52917721092          # Å per Bohr (PySCF's, the unit of our molecules)
 CONVERGENCE = {"convergence_energy": 1e-6, "convergence_grms": 2e-4, "convergence_gmax": 3e-4,
                "convergence_drms": 1.2e-3, "convergence_dmax": 1.8e-3}   # Eh, Eh/bohr, Å
 MAX_STEPS = 100
