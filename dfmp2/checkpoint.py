@@ -398,7 +398,7 @@ class Checkpoint:
         if self.unrestricted:
             g.attrs["nocc_beta"] = int(ref.channels[1].nocc)
             g.attrs["s2"] = float(ref.s2)
-            g.attrs["engine"] = ref.scf.engine        # a device without fp64 ran PySCF's DF-UHF
+            g.attrs["engine"] = ref.scf.engine        # ours (--scf df) or PySCF's (pyscf-df, exact)
         g.attrs["crc32"] = attrs_crc(g.attrs, self.scf_attrs)
         self.f.flush()
         self.f.move("scf_tmp", "scf")           # appears whole or not at all
