@@ -53,6 +53,7 @@ from .timing import Timer
 
 ZVECTOR_TOL = 1e-10      # CPHF residual norm, relative to the right-hand side's
 ZVECTOR_MAX_ITER = 100
+PAIR_BLOCK_MB = 128.0   # K and θ of one block of the densities' pair loop
 AUX_BLOCK_MB = 200.0     # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
 SCALES = METHOD_SCALES
 
@@ -247,31 +248,59 @@ def _ia_3c(mol, auxmol, orb: _Orbitals, backend) -> np.ndarray:
     return out
 
 
+def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backend, c_os: float,
+                    c_ss: float, block_mb: float = PAIR_BLOCK_MB):
+    """The pair loop over blocks J of active occupied j (every i at once: P_oo needs all i of one
+    j, so no i >= j symmetry), on the backend's device:
+        K[i, a, j, b] = (ia|jb) = Σ_Q B_iaQ B_jbQ      (one GEMM, B B_J^T)
+        t = K / (e_i + e_j - e_a - e_b)                (in place),  θ = (c_os + c_ss) t - c_ss t^{ba}
+        Γ[(ia), Q] += Σ_jb θ[(ia), (jb)] B_J[(jb), Q]
+        P_oo[i, k] -= 2 Σ_ajb t[i, (ajb)] θ[k, (ajb)]
+        P_vv[a, b] += 2 Σ_i Σ_jc t[i, a, (jc)] θ[i, b, (jc)]   (a GEMM batched over i)
+    B (nact nvir, naux) (row i nvir + a), e_o (nact,), e_v (nvir,) Hartree, all one dtype on the
+    device. K and θ of one block (nact nvir x nj nvir each) take about ``block_mb`` MB. Returns Γ
+    (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir), unsymmetrised, on the device."""
+    nact, nvir = e_o.shape[0], e_v.shape[0]
+    nj = max(1, min(nact, int(block_mb * 1e6 // (2 * nact * nvir * nvir * B.element_size()))))
+    Gam = torch.zeros_like(B)
+    P_oo = torch.zeros((nact, nact), dtype=B.dtype, device=B.device)
+    P_vv = torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device)
+    e_ia = (e_o[:, None] - e_v[None, :]).reshape(nact, nvir, 1, 1)
+    e_jb = (e_o[:, None] - e_v[None, :])
+    for j0 in range(0, nact, nj):
+        j1 = min(nact, j0 + nj)
+        Bj = B[j0 * nvir:j1 * nvir]
+        t = linalg.gemm(B, Bj, trans_b=True, backend=backend).view(nact, nvir, j1 - j0, nvir)
+        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvir))            # the denominators
+        t.div_(th)
+        torch.mul(t, c_os + c_ss, out=th)
+        if c_ss:
+            th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)                             # t_ij^ba = t[i, b, j, a]
+        linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)     # Γ += θ B_J
+        P_oo -= 2.0 * linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
+        P_vv += 2.0 * linalg.gemm(t.view(nact, nvir, -1), th.view(nact, nvir, -1), trans_b=True,
+                                  backend=backend).sum(0)                          # batched over i
+        del t, th
+    return Gam, P_oo, P_vv
+
+
 def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float) -> _Corr:
-    """The pair loop over active occupied i: K_i = B_i B^T, t, θ, Γ, P_oo, P_vv (see the module
-    docstring); then Γ~, γ and the orbital-response terms (a second pass over (μν|P))."""
+    """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then Γ~, γ and
+    the orbital-response terms (a second pass over (μν|P); see the module docstring)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
     A = _ia_3c(mol, auxmol, orb, backend).reshape(nact * nvir, naux)
-    B = np.ascontiguousarray(_solve_lower(L, A.T).T)                               # (ia, Q)
+    B = _solve_lower(L, A.T).T                                                      # (ia, Q), F order
     del A
-    e_o, e_v = orb.eps[orb.act], orb.eps[orb.vir]
-    Gam = np.zeros((nact, nvir, naux))
-    P_oo, P_vv, e_corr = np.zeros((nact, nact)), np.zeros((nvir, nvir)), 0.0
-    for i in range(nact):
-        K = _gemm(B[i * nvir:(i + 1) * nvir], B, backend, trans_b=True)            # (a, jb)
-        K = K.reshape(nvir, nact, nvir).transpose(1, 0, 2)                         # [j, a, b]
-        t = K / (e_o[i] + e_o[:, None, None] - e_v[None, :, None] - e_v[None, None, :])
-        th = (c_os + c_ss) * t - c_ss * t.transpose(0, 2, 1)
-        e_corr += float(np.sum(th * K))
-        th_a = np.ascontiguousarray(th.transpose(1, 0, 2)).reshape(nvir, nact * nvir)
-        Gam[i] = _gemm(th_a, B, backend)
-        P_vv += 2.0 * _gemm(np.ascontiguousarray(t.transpose(1, 0, 2)).reshape(nvir, -1), th_a, backend,
-                            trans_b=True)
-        P_oo -= 2.0 * _gemm(t.reshape(nact, -1), th.reshape(nact, -1), backend, trans_b=True)
-    Gf = Gam.reshape(nact * nvir, naux)
-    BtG = _gemm(B, Gf, backend, trans_a=True)
-    del B, Gam
+    dev = lambda x: backend.to_device(_t(x), torch.float64)                         # noqa: E731
+    Bd = dev(B)
+    Gd, P_oo, P_vv = _pair_densities(Bd, dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), backend, c_os, c_ss)
+    e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
+    BtG = linalg.gemm(Bd, Gd, trans_a=True, backend=backend).cpu().numpy()
+    del B, Bd
+    Gf = Gd.cpu().numpy()
+    del Gd
+    P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
     gamma_t = _solve_lower(L, Gf.T, trans=True).reshape(naux, nact, nvir)          # Γ~ as [P, i, a]
     gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
     C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
