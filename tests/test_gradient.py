@@ -192,7 +192,7 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--reference", "uhf"], "RHF references only"),
+    (["--reference", "rohf"], "ROHF references are not supported"),
     (["--scf", "exact"], "density-fitted SCF"),
     (["--device", "trn1", "--simulate"], "fp64"),
     (["--precision", "fp32"], "use precision fp64 (--precision)"),
