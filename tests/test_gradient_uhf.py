@@ -192,3 +192,48 @@ def test_uhf_gradient_matches_finite_differences_slow(case):
     a, x = np.unravel_index(np.abs(g - fd).argmax(), g.shape)
     half = _fd(geom, options, method, a, x, STEP / 2)
     assert abs(half - fd[a, x]) <= STEP_AGREE and abs(g[a, x] - half) <= TOL
+
+
+def test_dropin_nuc_grad_method_on_a_pyscf_df_uhf_matches_its_finite_differences():
+    """dfmp2.DFMP2(mf).nuc_grad_method().kernel() on PySCF's DF-UHF of NH2 with frozen core: the
+    derivative of PySCF's DF-UHF energy plus our DF-MP2, along one displacement of all atoms."""
+    from pyscf import gto
+    from pyscf import scf as pyscf_scf
+    import dfmp2
+
+    def mf_at(coords):
+        mol = gto.M(atom=[("N", coords[0]), ("H", coords[1]), ("H", coords[2])], unit="Bohr", basis="6-31g", spin=1)
+        mf = pyscf_scf.UHF(mol).density_fit()
+        mf.conv_tol, mf.conv_tol_grad, mf.max_cycle, mf.verbose = 1e-12, 1e-9, 200, 0
+        mf.run()
+        assert mf.converged
+        return mf
+    c0 = _radical("nh2").coords_angstrom / BOHR
+    de = dfmp2.DFMP2(mf_at(c0), frozen=1).nuc_grad_method().kernel()
+    d = np.random.default_rng(5).normal(size=c0.shape)
+    d /= np.linalg.norm(d)
+    e = [dfmp2.DFMP2(mf_at(c0 + s * STEP * d), frozen=1).run().e_tot for s in (1, -1)]
+    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
+
+
+def test_api_gradient_of_a_doublet():
+    import dfmp2
+    gr = dfmp2.gradient(str(INPUTS / "open_shell" / "hydroxyl.xyz"), basis="sto-3g")
+    assert gr.gradient.shape == (2, 3) and gr.parts.ran["reference"] == "uhf"
+    assert gr.to_dict()["energies"]["e_mp2"] == pytest.approx(gr.energy, abs=1e-12)
+
+
+def test_qcschema_driver_gradient_on_a_doublet():
+    """A v1 AtomicInput of OH (multiplicity 2) with driver 'gradient': return_result is the
+    gradient ``dfmp2 gradient`` computes for the same molecule."""
+    pytest.importorskip("qcelemental", reason="QCSchema needs qcelemental (the qcschema extra)")
+    from dfmp2 import qcschema
+    geom = _radical("oh")
+    doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "gradient",
+           "model": {"method": "mp2", "basis": "sto-3g"},
+           "molecule": {"symbols": list(geom.symbols), "geometry": (geom.coords_angstrom / BOHR).ravel().tolist(),
+                        "molecular_charge": 0, "molecular_multiplicity": 2, "fix_com": True, "fix_orientation": True}}
+    r = qcschema.run_qcschema(doc)
+    g = np.asarray(r.return_result).reshape(-1, 3)
+    ours = gradrun.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
+    assert g.shape == (2, 3) and np.abs(g - ours).max() <= 1e-8
