@@ -237,3 +237,31 @@ def test_qcschema_driver_gradient_on_a_doublet():
     g = np.asarray(r.return_result).reshape(-1, 3)
     ours = gradrun.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
     assert g.shape == (2, 3) and np.abs(g - ours).max() <= 1e-8
+
+
+def test_ase_forces_of_a_doublet_against_its_energy():
+    """ASE forces of OH (the Atoms' magnetic moment makes the doublet) against central
+    differences of the calculator's own energy (eV/Å), one component."""
+    ase = pytest.importorskip("ase", reason="the ASE calculator needs `pip install ase` (the test extra has it)")
+    from ase import Atoms
+    from dfmp2.ase import DFMP2Calculator
+
+    def atoms_at(dz):
+        a = Atoms("OH", positions=[(0.01, -0.02, 0.0), (0.0, 0.03, 0.97 + dz)], magmoms=[1.0, 0.0])
+        a.calc = DFMP2Calculator(basis="6-31g", scf_conv_tol_grad=1e-10)
+        return a
+    f = atoms_at(0.0).get_forces()
+    h = 5e-4          # Å (about STEP bohr: OH's stretch is stiff, 1e-3 Å's own error is 1.2e-6 Eh/bohr)
+    e = [atoms_at(s * h).get_potential_energy() for s in (1, -1)]
+    assert abs(-(e[0] - e[1]) / (2 * h) - f[1, 2]) <= 1e-6 * ase.units.Hartree / ase.units.Bohr
+    assert np.abs(f.sum(axis=0)).max() < 1e-8
+
+
+@pytest.mark.cuda
+def test_uhf_gradient_on_cuda_equals_cpu():
+    """The UHF stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
+    geom = _radical("nh2")
+    cpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
+    assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8
