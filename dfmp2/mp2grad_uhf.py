@@ -124,7 +124,9 @@ def _response_operator(jk: _DFJK, orbs):
 
 # ---------------------------------------------------------------------------- correlation part
 def _spin_b(mol, auxmol, orb: _Orbitals, L: np.ndarray, backend) -> np.ndarray:
-    """B^σ (nact nvir, naux) = (ia|P) L^-T of one spin."""
+    """B^σ (nact nvir, naux) = (ia|P) L^-T of one spin (no rows where it has no active pair)."""
+    if not (len(orb.act) and len(orb.vir)):
+        return np.zeros((0, L.shape[0]))
     A = _ia_3c(mol, auxmol, orb, backend).reshape(len(orb.act) * len(orb.vir), -1)
     return np.ascontiguousarray(_solve_lower(L, A.T).T)
 
@@ -162,6 +164,8 @@ def _opposite_spin(Bs, orbs, backend, c_os: float, Gam, P_oo, P_vv) -> float:
     """The αβ pairs, α outer: E_OS (Hartree, unscaled) returned; Γ^α, Γ^β, P_vv of both spins
     and P_oo^β accumulated; then a pass with β outer for P_oo^α."""
     Ba, Bb = Bs
+    if not (Ba.size and Bb.size):
+        return 0.0
     nva, nb, nvb = len(orbs[0].vir), len(orbs[1].act), len(orbs[1].vir)
     e = 0.0
     for i, t, K in _ab_amplitudes(Ba, Bb, orbs[0], orbs[1], backend):
@@ -199,7 +203,9 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
     gamma_pq, gamma_t = np.zeros((naux, naux)), []
     for B, G in zip(Bs, Gam):
         Gf = G.reshape(-1, naux)
-        gamma_pq += _solve_lower(L, _solve_lower(L, _gemm(B, Gf, backend, trans_a=True), trans=True).T, trans=True).T
+        if B.size:
+            gamma_pq += _solve_lower(L, _solve_lower(L, _gemm(B, Gf, backend, trans_a=True), trans=True).T,
+                                     trans=True).T
         gamma_t.append(_solve_lower(L, Gf.T, trans=True).reshape(naux, G.shape[0], G.shape[1]))   # Γ~ [P, i, a]
     del Bs, Gam
     T_v = [4.0 * np.einsum("na,pia->npi", o.C[:, o.vir], g, optimize=True) for o, g in zip(orbs, gamma_t)]
@@ -208,6 +214,8 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_νP (μν|P) T_ν,P,·
         flat = j3c.reshape(j3c.shape[0], -1)
         for o, g, tv, xo, xv in zip(orbs, gamma_t, T_v, X_o, X_v):
+            if not g.size:
+                continue
             T_o = 4.0 * np.einsum("ni,pia->npa", o.C[:, o.act], g[p0:p1], optimize=True)   # (nao, nb, nvir)
             xo += _gemm(flat, np.ascontiguousarray(tv[:, p0:p1]).reshape(-1, len(o.act)), backend)
             xv += _gemm(flat, T_o.reshape(-1, len(o.vir)), backend)

@@ -18,7 +18,7 @@ from dfmp2 import gradrun, linalg, mp2grad, mp2grad_uhf, pipeline, scf
 from dfmp2.cli import main
 from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.options import RunOptions
-from dfmp2.xyz import read_xyz
+from dfmp2.xyz import Geometry, read_xyz
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small problems: one thread is faster
 
@@ -73,6 +73,24 @@ def test_uhf_gradient_differentiates_the_printed_energy_and_has_no_net_force(cas
     assert np.abs(np.cross(r, g).sum(axis=0)).max() < 1e-8
     z = gr.parts.zvector
     assert z["iterations"] > 0 and z["residual"] < 1e-9
+
+
+EDGE = {   # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet with frozen core
+    "h2+": (Geometry(("H", "H"), np.array([[0.0, 0.01, 0.0], [0.02, 0.0, 1.0]]), charge=1, multiplicity=2),
+            dict(basis="6-31g")),
+    "ch2-triplet-fc": (Geometry(("C", "H", "H"), np.array([[0.0, 0.01, 0.0], [0.02, 0.9, 0.6], [0.0, -0.92, 0.63]]),
+                                charge=0, multiplicity=3), dict(basis="6-31g", frozen_core=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGE))
+def test_uhf_gradient_edge_cases_match_finite_differences(case):
+    geom, kw = EDGE[case]
+    options = _options(**kw)
+    g = gradrun.run_gradient(geom, options, method="mp2").gradient
+    fd = np.array([[_fd(geom, options, "mp2", a, x, STEP) for x in range(3)] for a in range(geom.natm)])
+    assert np.abs(g - fd).max() <= TOL, (g, fd)
+    assert np.abs(g.sum(axis=0)).max() < 1e-9
 
 
 def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
