@@ -3,7 +3,8 @@
 
 RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference uhf)
 ``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
-the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would need exact J/K), a device without fp64,
+the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
+need exact J/K), a device without fp64,
 precision fp32, a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
 SCS-MP2, SOS-MP2: ``mp2grad.SCALES``).
 """
