@@ -124,5 +124,6 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
     c_os, c_ss = SCALES[method]
     stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
     parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))
+    parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
     energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
     return GradientResult(result, method, energy, parts, time.perf_counter() - t0)

@@ -276,7 +276,8 @@ def _solve_zvector(R, orbs, resp):
     """z per spin (nvir_σ, nocc_σ) of the coupled α/β CPHF (module docstring) by preconditioned
     conjugate gradients (scipy's cg; the diagonal e_a - e_i as preconditioner) over
     ``DFUHF.hessian_product``: positive definite for a stable UHF. GradientError when it does not
-    converge to ZVECTOR_TOL (relative residual) in ZVECTOR_MAX_ITER."""
+    converge to ZVECTOR_TOL (cg's relative residual) in ZVECTOR_MAX_ITER, or when the recomputed
+    residual ||R - A z|| / ||R|| (recorded) is above 10 ZVECTOR_TOL."""
     dense = resp.dense
     C = dense.to_device(_t(np.stack([o.C for o in orbs])), torch.float64)
     mo_e = dense.to_device(_t(np.stack([o.eps for o in orbs])), torch.float64)

@@ -188,7 +188,7 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
     d = json.loads(out.read_text())
     g = np.array(d["gradient"]["gradient"])
     assert g.shape == (3, 3) and d["units"]["gradient"] == "hartree/bohr"
-    assert d["gradient"]["method"] == "mp2"
+    assert d["gradient"]["method"] == "mp2" and d["gradient"]["ran"]["reference"] == "rhf"
 
 
 @pytest.mark.parametrize("args, words", [
