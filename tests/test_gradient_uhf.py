@@ -190,9 +190,10 @@ def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
         mp2grad_uhf.uhf_mp2_gradient(mol, rhf, aux, jk, linalg.get_backend("cpu"))
 
 
-SLOW_CASES = {   # per component, cc-pVDZ: OH all-electron, the methyl radical frozen core
+SLOW_CASES = {   # per component: OH all-electron, the methyl radical frozen core (cc-pVDZ), HI+ with its ECP
     "oh-cc-pvdz": ("open_shell/hydroxyl.xyz", dict(basis="cc-pvdz"), "mp2"),
     "methyl-fc": ("open_shell/methyl.xyz", dict(basis="cc-pvdz", frozen_core=True), "mp2"),
+    "hi-cation-ecp": ("ecp/hydrogen_iodide.xyz", dict(basis="def2-svp", charge=1, multiplicity=2), "mp2"),
 }
 
 
