@@ -61,8 +61,8 @@ class DFMP2(pyscf_mp2.MP2Base):
     stage), ran (device, engine, kernels, precisions), warnings. ``t2`` (nocc, nocc, nvir, nvir)
     (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory,
     ``make_rdm1`` (unrelaxed, PySCF's) from it. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
-    the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF mf (the
-    DF-HF response on the mf's own fitting set; dfmp2.mp2grad). Logs through ``pyscf.lib.logger`` at mf.verbose.
+    the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF or UHF mf (the
+    DF-HF response on the mf's own fitting set; dfmp2.mp2grad, dfmp2.mp2grad_uhf). Logs through ``pyscf.lib.logger`` at mf.verbose.
     """
 
     _keys = {"with_df", "mo_energy", "force_outcore", "device", "precision", "simulate",
@@ -365,17 +365,16 @@ class DFMP2(pyscf_mp2.MP2Base):
     def _gradient(self):
         """GradientParts of E_HF + E_MP2 (dfmp2.mp2grad): the HF part is the DF-HF's on the mf's
         own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
-        an mf that is not density-fitted, a UHF, frozen virtuals or a device without fp64."""
+        an mf that is not density-fitted, frozen virtuals or a device without fp64. A UHF mf:
+        ``mp2grad_uhf``."""
         from pyscf.df import addons as df_addons
 
-        from . import mp2grad
+        from . import mp2grad, mp2grad_uhf
         from .pipeline import make_backend
         wd = getattr(self._scf, "with_df", None)
         if wd is None or not hasattr(wd, "auxbasis"):
             raise InputError("DFMP2 gradients need a density-fitted mf (scf.RHF(mol).density_fit()): its "
                              "response is the DF-HF's; an exact-integral mf is not supported")
-        if self._unrestricted():
-            raise InputError("DF-MP2 gradients are for RHF references only (UHF gradients are not implemented yet)")
         if self.e_corr is None:
             self.run()
         ref = self._reference()
@@ -384,7 +383,8 @@ class DFMP2(pyscf_mp2.MP2Base):
         if jk_auxmol is None:
             jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
         options = self._options(ref)
-        return mp2grad.mp2_gradient(self.mol, ref, auxmol, jk_auxmol, make_backend(options))
+        stage = mp2grad.mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
+        return stage(self.mol, ref, auxmol, jk_auxmol, make_backend(options))
 
     def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
         """PySCF's eris of DF-MP2 (RHF): ``ovL`` (nocc*nvir, naux), B_ia^P of our fit, in memory;

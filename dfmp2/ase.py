@@ -11,7 +11,7 @@ any ``dfmp2.options.RunOptions`` field (basis, auxbasis, frozen_core, device, pr
 memory_mb, charge, multiplicity, ...), type-checked when set. Charge and multiplicity: the
 parameters when given, else the Atoms' total initial charge and total initial magnetic moment
 (2S + 1 = |sum of moments| + 1), else neutral and the lowest multiplicity. Forces (eV/Å): minus
-the analytic gradient of the ``method``'s energy (``gradrun.run_gradient``: closed-shell RHF,
+the analytic gradient of the ``method``'s energy (``gradrun.run_gradient``: RHF or UHF,
 density-fitted SCF, fp64 device); stress raises ``PropertyNotImplementedError``.
 
 Every calculation runs the whole ``pipeline.run_geometry``, SCF included. Our DF-SCF (``scf_mode``

@@ -776,6 +776,22 @@ class DFUHF(DFRHF):
     def orbital_gradient(self, F, C) -> float:
         return math.hypot(*(self.gradient_norm(F[s], C[s], n) for s, n in enumerate(self.nocc_s)))
 
+    @classmethod
+    def response(cls, fac: JKFactor, dense, nocc_s) -> "DFUHF":
+        """This class's J/K steps (``two_electron``, ``delta_factors``, ``hessian_product``) over a
+        given fp64 factor ``fac`` on the fp64 backend ``dense``, without an SCF: the converged
+        UHF's orbital response after the energy (the UHF gradient's Z-vector, dfmp2.mp2grad_uhf).
+        nocc_s: (alpha, beta) occupied orbitals. One process (no split factor), fp64 throughout."""
+        if fac.B.dtype != torch.float64 or not dense.has_fp64:
+            raise ValueError("the response's J/K are fp64: an fp64 factor on an fp64 backend")
+        self = cls.__new__(cls)
+        self.fac, self.fac32, self.fac64, self.dense, self.backend = fac, None, None, dense, dense
+        self.world, self.nao = distributed.World(), fac.nao
+        self.nocc_s = tuple(int(n) for n in nocc_s)
+        self.nocc = max(self.nocc_s)
+        self.fp32_phase, self.g_noise = False, 0.0
+        return self
+
     def hessian_product(self, C: torch.Tensor, mo_e: torch.Tensor):
         """(hop, hdiag) of the orbital Hessian of the converged UHF with orbitals C (2, nao, nmo)
         and energies mo_e (2, nmo) on the dense device, in PySCF's gen_g_hop_uhf convention

@@ -52,7 +52,7 @@ def point_inputs(method_help: str):
 @user_errors
 def gradient_command(xyz_file, method, json_path, quiet, **params):
     """The DF-MP2 energy of the molecule in INPUT (XYZ, Ångström) and its analytic nuclear
-    gradient in Eh/bohr: closed-shell RHF, density-fitted SCF, all-electron or frozen core."""
+    gradient in Eh/bohr: RHF or UHF, density-fitted SCF, all-electron or frozen core."""
     from .gradrun import run_gradient
     from .xyz import read_xyz
 

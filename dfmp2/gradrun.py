@@ -1,8 +1,10 @@
 """``dfmp2 gradient``: the energy run (``pipeline.run_geometry``), then the gradient stage
 (``dfmp2.mp2grad``) on the same molecule, reference, fitting sets and backend.
 
-What it refuses, before any work (one InputError each, naming the option): a UHF reference, the
-exact-integral SCF (scf_mode 'exact': its response would need exact J/K), a device without fp64,
+RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference uhf)
+``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
+the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
+need exact J/K), a device without fp64,
 precision fp32, a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
 SCS-MP2, SOS-MP2: ``mp2grad.SCALES``).
 """
@@ -15,7 +17,7 @@ import numpy as np
 
 from dfmp2 import linalg
 
-from . import memory, pipeline, scf
+from . import memory, mp2grad_uhf, pipeline, scf
 from .errors import InputError, MemoryLimitError
 from .mp2grad import SCALES, GradientParts, mp2_gradient
 from .mp2grad import memory_mb as mp2grad_memory_mb
@@ -73,9 +75,7 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
         raise InputError("the gradient is computed in fp64, the derivative of the fp64 energy; an fp32 "
                          "energy run would not be the energy it differentiates: use precision fp64",
                          option="precision")
-    if scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) != "rhf":
-        raise InputError("DF-MP2 gradients are for closed-shell RHF references only (UHF gradients are "
-                         "not implemented yet)", option="reference")
+    scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity)   # rohf, rhf open shell
 
 
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
@@ -85,8 +85,13 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
     job = pipeline.prepare(geom, options, backend)
     space, nocc = job.space, job.space.nocc[0]
     naux_jk = scf.make_auxmol(job.mol, scf.default_auxbasis(job.mol, "jk")).nao_nr()
-    need = mp2grad_memory_mb(nao=space.nbasis, nocc=nocc, nact=nocc - space.nfrozen, nvir=space.nmo - nocc,
-                             naux_mp2=space.naux, naux_jk=naux_jk)
+    if job.unrestricted:
+        nocc = space.nocc
+        need = mp2grad_uhf.memory_mb(nao=space.nbasis, nocc=nocc, nact=tuple(n - space.nfrozen for n in nocc),
+                                     nvir=tuple(space.nmo - n for n in nocc), naux_mp2=space.naux, naux_jk=naux_jk)
+    else:
+        need = mp2grad_memory_mb(nao=space.nbasis, nocc=nocc, nact=nocc - space.nfrozen, nvir=space.nmo - nocc,
+                                 naux_mp2=space.naux, naux_jk=naux_jk)
     limit = options.memory_mb if options.memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
     if need > limit:
         raise MemoryLimitError(f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
@@ -100,7 +105,8 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
     """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan``,
     ``on_reference`` and ``guess`` these are) and its nuclear gradient for ``method``."""
     check_gradient_options(geom, options, method)
-    backend = backend if backend is not None else pipeline.make_backend(options)
+    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
     check_gradient_memory(geom, options, backend)
     seen = {}
 
@@ -116,6 +122,8 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
     auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, options.auxbasis))
     jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
     c_os, c_ss = SCALES[method]
-    parts = mp2_gradient(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))
+    stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
+    parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))
+    parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
     energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
     return GradientResult(result, method, energy, parts, time.perf_counter() - t0)

@@ -105,13 +105,18 @@ def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_
 
 
 def check_supported(ref, backend) -> None:
-    """GradientError (one line) for what this stage does not do yet: a UHF reference, frozen
-    virtual orbitals, a device without fp64."""
+    """GradientError (one line) for what this stage does not do: a UHF reference (its gradient is
+    ``mp2grad_uhf``'s), and what ``check_channels`` refuses."""
     if not ref.restricted:
-        raise GradientError("DF-MP2 gradients are for RHF references only (UHF gradients are not "
-                            "implemented yet)", option="reference")
-    ch = ref.channels[0]
-    if np.any(ch.frozen[ch.nocc:]):
+        raise GradientError("mp2_gradient is the RHF stage; a UHF reference's gradient is "
+                            "dfmp2.mp2grad_uhf.uhf_mp2_gradient", option="reference")
+    check_channels(ref, backend)
+
+
+def check_channels(ref, backend) -> None:
+    """GradientError (one line) for what the RHF and UHF stages do not do: frozen virtual orbitals
+    (in any spin channel), a device without fp64."""
+    if any(np.any(ch.frozen[ch.nocc:]) for ch in ref.channels):
         raise GradientError("frozen virtual orbitals are not supported by the gradient; freeze "
                             "core orbitals only", option="frozen_core")
     if not backend.has_fp64:

@@ -12,7 +12,7 @@ inputs both work. What QCEngine's task config sets: ``memory`` (GiB) becomes the
 limit on a host device (cpu, trn*) unless ``keywords.memory_mb`` gives one (on a GPU the limit
 is the GPU's: keywords.memory_mb or 80 % of its free memory); ``ncores``, torch's thread count
 for the call; ``scratch_directory``, where out-of-core files go. ``driver`` ``energy``, or
-``gradient`` (closed-shell RHF: dfmp2.qcschema); others are an input_error.
+``gradient`` (RHF or UHF: dfmp2.qcschema); others are an input_error.
 
 An expected error becomes a FailedOperation whose ``error_message`` is QCEngine's header and
 dfmp2's one line (``dfmp2.qcschema.error_line``: the AtomicInput field it is about, never a

@@ -7,7 +7,7 @@ Both are validated with ``qcelemental``'s models (0.50 or newer: v1 and v2), an 
 dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an input is a v2
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
-AtomicInput accepted: driver ``energy``, or ``gradient`` (closed-shell RHF, density-fitted SCF:
+AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
 ``gradrun.run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
 E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2",
 "basis": <orbital basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its
@@ -39,7 +39,7 @@ from .xyz import read_input_text
 INSTALL = 'pip install -e ".[qcschema]"'
 SCHEMA_VERSIONS = (1, 2)            # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
 METHODS = ("mp2",)
-DRIVERS = ("energy", "gradient")    # gradient: closed-shell RHF (dfmp2.gradrun)
+DRIVERS = ("energy", "gradient")    # gradient: RHF or UHF (dfmp2.gradrun)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",

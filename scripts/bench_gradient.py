@@ -90,7 +90,9 @@ def main(argv=None) -> int:
         "ratio_gradient_stage_over_energy": s["gradient_stage"]["median_s"] / s["energy"]["median_s"],
         "gradient_stage_parts_s": parts, "other_cpu": other,
         "ran": {"device": r.ran["device"], "engine": r.ran["engine"], "precision": r.ran["precision"],
-                "gradient": "dfmp2.mp2grad on the host in fp64 (densities' GEMMs on the backend), libcint derivative integrals"},
+                "reference": "UHF" if r.spin else "RHF",
+                "gradient": ("dfmp2.mp2grad_uhf" if r.spin else "dfmp2.mp2grad") + " on the host in fp64 (densities' "
+                            "GEMMs on the backend), libcint derivative integrals"},
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.node(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": software_versions(),
     }

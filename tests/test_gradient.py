@@ -188,11 +188,11 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
     d = json.loads(out.read_text())
     g = np.array(d["gradient"]["gradient"])
     assert g.shape == (3, 3) and d["units"]["gradient"] == "hartree/bohr"
-    assert d["gradient"]["method"] == "mp2"
+    assert d["gradient"]["method"] == "mp2" and d["gradient"]["ran"]["reference"] == "rhf"
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--reference", "uhf"], "RHF references only"),
+    (["--reference", "rohf"], "ROHF references are not supported"),
     (["--scf", "exact"], "density-fitted SCF"),
     (["--device", "trn1", "--simulate"], "fp64"),
     (["--precision", "fp32"], "use precision fp64 (--precision)"),
