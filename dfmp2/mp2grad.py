@@ -146,10 +146,11 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
     P_ao = orb.C @ P @ orb.C.T
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
     W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
-    jk_hf, jk_p = jk.energy_deriv([0.5 * D, P_ao], C_o)             # E_G^x(D/2, D), E_G^x(P, D)
+    jk_hf, jk_p = jk_energy_deriv(jk, [C_o], [2.0], [[0.25 * D], [0.5 * P_ao]])   # E_G^x(D/2, D), E_G^x(P, D)
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
-    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: corr.gamma3_ao(orb, p0, p1)[None],
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1,
+                                                                      backend)[None],
                        -2.0 * corr.gamma_pq[None])[0]
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
@@ -195,19 +196,22 @@ def _gemm(a: np.ndarray, b: np.ndarray, backend, trans_a=False, trans_b=False) -
 
 def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
     """L (lower) of the metric; GradientError when it is not positive definite (the energy then
-    used eigh with dropped directions, whose derivative this code does not have)."""
-    try:
-        return np.linalg.cholesky(j2c)
-    except np.linalg.LinAlgError:
+    used eigh with dropped directions, whose derivative this code does not have). torch's LAPACK,
+    as every other host step here: numpy's OpenBLAS threads beside torch's OpenMP ones contend on
+    a small machine (a 928 x 928 Cholesky took 1.2 s there instead of 10 ms)."""
+    L, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(j2c)))
+    if int(info) != 0:
         raise GradientError(f"the {what} fitting metric is not positive definite (the energy used its "
                             "eigen-decomposition with dropped directions); its gradient is not "
-                            "implemented", option="auxbasis") from None
+                            "implemented", option="auxbasis")
+    return L.numpy()
 
 
 def _solve_lower(L: np.ndarray, X: np.ndarray, trans: bool = False) -> np.ndarray:
-    """L^-1 X (trans: L^-T X) for lower-triangular L (n, n), X (n, m)."""
-    import scipy.linalg
-    return scipy.linalg.solve_triangular(L, X, lower=True, trans=1 if trans else 0, check_finite=False)
+    """L^-1 X (trans: L^-T X) for lower-triangular L (n, n), X (n, m), on the host (torch)."""
+    Lt = torch.from_numpy(L)
+    out = torch.linalg.solve_triangular(Lt.T if trans else Lt, torch.from_numpy(np.asarray(X)), upper=trans)
+    return out.numpy()
 
 
 # ---------------------------------------------------------------------------- correlation part
@@ -215,68 +219,109 @@ def _solve_lower(L: np.ndarray, X: np.ndarray, trans: bool = False) -> np.ndarra
 class _Corr:
     """The correlation energy's intermediates: e_corr (Hartree); P_oo (nact, nact), P_vv (nvir,
     nvir) unrelaxed; Y_ri (nmo, nact), Y_ra (nmo, nvir) the 3-index orbital-response terms;
-    T_o (nao, naux, nvir) = 4 C_o Γ~ and T_v (nao, naux, nact) = 4 C_v Γ~ (Γ~ (nact, nvir, naux)
-    in the non-orthogonal aux basis, half back-transformed); gamma_pq γ (naux, naux)."""
+    T_v (naux, nao, nact) = 4 Σ_a C_νa Γ~_Pia (Γ~ in the non-orthogonal aux basis, half back-
+    transformed, [P, ν, i]) on the device; gamma_pq γ (naux, naux)."""
 
     e_corr: float
     P_oo: np.ndarray
     P_vv: np.ndarray
     Y_ri: np.ndarray
     Y_ra: np.ndarray
-    T_v: np.ndarray
+    T_v: torch.Tensor
     gamma_pq: np.ndarray
 
-    def gamma3_ao(self, orb: _Orbitals, p0: int, p1: int) -> np.ndarray:
-        """4 Σ_ia C_μi C_νa Γ~_iaP symmetrised in μν for P in [p0, p1): (nao, nao, p1 - p0), the
-        weight of (μν|P)^x."""
-        C_o = orb.C[:, orb.act]
-        G3 = np.einsum("mi,npi->mnp", C_o, self.T_v[:, p0:p1], optimize=True)
-        return 0.5 * (G3 + G3.transpose(1, 0, 2))
+
+def gamma3_weights(C_act: list, T_v: list, p0: int, p1: int, backend) -> torch.Tensor:
+    """The weight of (μν|P)^x in the correlation part for P in [p0, p1): Σ_spins 4 Σ_ia C_μi C_νa
+    Γ~_iaP symmetrised in μν, from each spin's C_act (nao, nact) and T_v (naux, nao, nact):
+    (p1 - p0, nao, nao) [P, μ, ν] on the backend's device."""
+    G = None
+    for C, T in zip(C_act, T_v):
+        if C.shape[1] == 0:
+            continue
+        nb, nao = p1 - p0, T.shape[1]
+        g = linalg.gemm(T[p0:p1].reshape(nb * nao, -1), _dev(backend, C), trans_b=True,
+                        backend=backend).view(nb, nao, nao)                          # [P, ν, μ]
+        G = g if G is None else G.add_(g)
+    return 0.5 * (G + G.transpose(1, 2))
+
+
+def _dev(backend, x) -> torch.Tensor:
+    """A host array (or tensor) as fp64 on the backend's device."""
+    return backend.to_device(_t(x) if isinstance(x, np.ndarray) else x, torch.float64)
 
 
 def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
-    """(p0, p1, (μν|P) (nao, nao, p1 - p0)) over aux-shell blocks of about block_mb."""
+    """(p0, p1, (μν|P) as [P, ν, μ] (p1 - p0, nao, nao)) over aux-shell blocks of about block_mb:
+    libcint's own (aux-major) layout, C-contiguous, symmetric in μν."""
     nao = mol.nao_nr()
     step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
-        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).reshape(nao, nao, p1 - p0)
+        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).T
 
 
-def _ia_3c(mol, auxmol, orb: _Orbitals, backend) -> np.ndarray:
-    """(ia|P) (nact, nvir, naux) of the raw 3-center integrals, streamed over aux blocks."""
-    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
-    out = np.empty((C_o.shape[1], C_v.shape[1], auxmol.nao_nr()))
+def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend) -> np.ndarray:
+    """B (nact nvir, naux) = (ia|P) L^-T, row i nvir + a, for C_o (nao, nact), C_v (nao, nvir)
+    and the metric's Cholesky factor L: the raw 3-center integrals streamed over aux blocks,
+    both transforms on the backend (fp64)."""
+    nao, nact, nvir, naux = C_o.shape[0], C_o.shape[1], C_v.shape[1], L.shape[0]
+    A = np.empty((naux, nact, nvir))
+    Co, Cv = _dev(backend, C_o), _dev(backend, C_v)
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):
-        half = _gemm(C_o, j3c.reshape(j3c.shape[0], -1), backend, trans_a=True).reshape(C_o.shape[1], -1, p1 - p0)
-        out[:, :, p0:p1] = np.einsum("inp,na->iap", half, C_v, optimize=True)
-    return out
+        half = linalg.gemm(_dev(backend, j3c).view(-1, nao), Co, backend=backend).view(p1 - p0, nao, nact)
+        A[p0:p1] = linalg.gemm(half, Cv, trans_a=True, backend=backend).cpu().numpy()   # [P, i, a]
+    return np.ascontiguousarray(_solve_lower(L, A.reshape(naux, -1)).T)
+
+
+def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarray, backend):
+    """The 3-index density's orbital-response terms (a second pass over (μν|P)): with Γ~ [P, i, a]
+    (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia and T_o [P, ν, a] = 4 Σ_i C_νi Γ~_Pia,
+    X_o = Σ_Pν (μν|P) T_v (nao, nact) and X_v = Σ_Pν (μν|P) T_o (nao, nvir) (numpy); T_v (naux,
+    nao, nact) on the device, kept for the derivative weights (``gamma3_weights``)."""
+    nao, nact, nvir = C_o.shape[0], C_o.shape[1], C_v.shape[1]
+    g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
+    T_v = linalg.gemm(Cv, g, trans_b=True, alpha=4.0, backend=backend)              # (naux, nao, nact)
+    X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
+    X_v = torch.zeros((nao, nvir), dtype=torch.float64, device=g.device)
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_Pν (μν|P) T_Pν·
+        J = _dev(backend, j3c).view(-1, nao)                                        # [(P ν), μ]
+        T_o = linalg.gemm(Co, g[p0:p1], alpha=4.0, backend=backend)                 # (nb, nao, nvir)
+        linalg.gemm(J, T_v[p0:p1].reshape(-1, nact), trans_a=True, beta=1.0, out=X_o, backend=backend)
+        linalg.gemm(J, T_o.view(-1, nvir), trans_a=True, beta=1.0, out=X_v, backend=backend)
+    return X_o.cpu().numpy(), X_v.cpu().numpy(), T_v
 
 
 def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backend, c_os: float,
-                    c_ss: float, block_mb: float = PAIR_BLOCK_MB):
-    """The pair loop over blocks J of active occupied j (every i at once: P_oo needs all i of one
-    j, so no i >= j symmetry), on the backend's device:
+                    c_ss: float, cols=None, out=None, block_mb: float = PAIR_BLOCK_MB):
+    """The pair loop over blocks J of occupied j (every i at once: P_oo needs all i of one j, so no
+    i >= j symmetry), on the backend's device:
         K[i, a, j, b] = (ia|jb) = Σ_Q B_iaQ B_jbQ      (one GEMM, B B_J^T)
         t = K / (e_i + e_j - e_a - e_b)                (in place),  θ = (c_os + c_ss) t - c_ss t^{ba}
         Γ[(ia), Q] += Σ_jb θ[(ia), (jb)] B_J[(jb), Q]
         P_oo[i, k] -= 2 Σ_ajb t[i, (ajb)] θ[k, (ajb)]
         P_vv[a, b] += 2 Σ_i Σ_jc t[i, a, (jc)] θ[i, b, (jc)]   (a GEMM batched over i)
     B (nact nvir, naux) (row i nvir + a), e_o (nact,), e_v (nvir,) Hartree, all one dtype on the
-    device. K and θ of one block (nact nvir x nj nvir each) take about ``block_mb`` MB. Returns Γ
-    (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir), unsymmetrised, on the device."""
-    nact, nvir = e_o.shape[0], e_v.shape[0]
-    nj = max(1, min(nact, int(block_mb * 1e6 // (2 * nact * nvir * nvir * B.element_size()))))
-    Gam = torch.zeros_like(B)
-    P_oo = torch.zeros((nact, nact), dtype=B.dtype, device=B.device)
-    P_vv = torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device)
+    device; ``cols`` = (B_c, f_o, f_v): the j, b side from another spin (UMP2's αβ pairs; c_ss
+    must be 0), else B's own. RHF: c_os, c_ss the method's scales; UHF same spin: (0, c_ss/2) (θ =
+    c_ss/2 of the antisymmetrised t); αβ: (c_os/2, 0), once from each side. K and θ of one block
+    take about ``block_mb`` MB. Returns Γ (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir),
+    unsymmetrised, on the device, added into ``out`` = (Γ, P_oo, P_vv) when given."""
+    Bc, f_o, f_v = cols if cols is not None else (B, e_o, e_v)
+    nact, nvir, ncol, nvc = e_o.shape[0], e_v.shape[0], f_o.shape[0], f_v.shape[0]
+    if c_ss and nvc != nvir:
+        raise ValueError("the exchange term needs the same virtual space on both sides")
+    nj = max(1, min(ncol, int(block_mb * 1e6 // (2 * nact * nvir * nvc * B.element_size()))))
+    Gam, P_oo, P_vv = out if out is not None else (
+        torch.zeros_like(B), torch.zeros((nact, nact), dtype=B.dtype, device=B.device),
+        torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device))
     e_ia = (e_o[:, None] - e_v[None, :]).reshape(nact, nvir, 1, 1)
-    e_jb = (e_o[:, None] - e_v[None, :])
-    for j0 in range(0, nact, nj):
-        j1 = min(nact, j0 + nj)
-        Bj = B[j0 * nvir:j1 * nvir]
-        t = linalg.gemm(B, Bj, trans_b=True, backend=backend).view(nact, nvir, j1 - j0, nvir)
-        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvir))            # the denominators
+    e_jb = f_o[:, None] - f_v[None, :]
+    for j0 in range(0, ncol, nj):
+        j1 = min(ncol, j0 + nj)
+        Bj = Bc[j0 * nvc:j1 * nvc]
+        t = linalg.gemm(B, Bj, trans_b=True, backend=backend).view(nact, nvir, j1 - j0, nvc)
+        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvc))              # the denominators
         t.div_(th)
         torch.mul(t, c_os + c_ss, out=th)
         if c_ss:
@@ -291,32 +336,23 @@ def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backe
 
 def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then Γ~, γ and
-    the orbital-response terms (a second pass over (μν|P); see the module docstring)."""
+    the orbital-response terms (``response_3c``; see the module docstring)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
-    A = _ia_3c(mol, auxmol, orb, backend).reshape(nact * nvir, naux)
-    B = _solve_lower(L, A.T).T                                                      # (ia, Q), F order
-    del A
-    dev = lambda x: backend.to_device(_t(x), torch.float64)                         # noqa: E731
-    Bd = dev(B)
-    Gd, P_oo, P_vv = _pair_densities(Bd, dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), backend, c_os, c_ss)
+    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
+    Bd = _dev(backend, fit_b(mol, auxmol, C_o, C_v, L, backend))                    # (ia, Q)
+    Gd, P_oo, P_vv = _pair_densities(Bd, _dev(backend, orb.eps[orb.act]), _dev(backend, orb.eps[orb.vir]),
+                                     backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
     BtG = linalg.gemm(Bd, Gd, trans_a=True, backend=backend).cpu().numpy()
-    del B, Bd
+    del Bd
     Gf = Gd.cpu().numpy()
     del Gd
     P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
     gamma_t = _solve_lower(L, Gf.T, trans=True).reshape(naux, nact, nvir)          # Γ~ as [P, i, a]
+    del Gf
     gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
-    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
-    T_v = 4.0 * np.einsum("na,pia->npi", C_v, gamma_t, optimize=True)             # (nao, naux, nact)
-    X_o, X_v = np.zeros((orb.C.shape[0], nact)), np.zeros((orb.C.shape[0], nvir))
-    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_νP (μν|P) T_ν,P,·
-        flat = j3c.reshape(j3c.shape[0], -1)
-        T_o = 4.0 * np.einsum("ni,pia->npa", C_o, gamma_t[p0:p1], optimize=True)   # (nao, nb, nvir)
-        X_o += _gemm(flat, np.ascontiguousarray(T_v[:, p0:p1]).reshape(-1, nact), backend)
-        X_v += _gemm(flat, T_o.reshape(-1, nvir), backend)
-    del gamma_t
+    X_o, X_v, T_v = response_3c(mol, auxmol, C_o, C_v, gamma_t, backend)
     return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), orb.C.T @ X_o, orb.C.T @ X_v, T_v,
                  0.5 * (gamma_pq + gamma_pq.T))
 
@@ -350,8 +386,7 @@ def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
 def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> None:
     """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q."""
     C = orb.C
-    G = jk.G(C @ P @ C.T)
-    Y[:, orb.occ] += 4.0 * (C.T @ G @ C[:, orb.occ])
+    Y[:, orb.occ] += 4.0 * (C.T @ jk.G_occ(C @ P @ C.T, C[:, orb.occ]))
     Y += 2.0 * orb.eps[:, None] * P
 
 
@@ -392,8 +427,8 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
 # ---------------------------------------------------------------------------- DF J/K (JK-fit set)
 class _DFJK:
     """The SCF's DF two-electron operator on the JK-fit set: G[D] = J[D] - K[D]/2 from our JK
-    factor (``dfhf.build_jk_factor``, fp64 on the backend) for the response, and the explicit
-    derivative of E_G(D1, D) = Σ D1 G[D] with the fitted coefficients c = (P|Q)^-1 (Q|μν)."""
+    factor (``dfhf.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
+    the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
 
     def __init__(self, mol, auxmol, backend, timer):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
@@ -402,101 +437,107 @@ class _DFJK:
             raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
                                 "eigen-decomposition); its gradient is not implemented", option="auxbasis")
 
-    def _dev(self, x: np.ndarray) -> torch.Tensor:
-        return self.backend.to_device(_t(x), torch.float64)
+    def _blocks(self):
+        """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric."""
+        fac = self.fac
+        for p0 in range(0, fac.naux, fac.block):
+            p1 = min(fac.naux, p0 + fac.block)
+            yield p0, p1, fac.unpack(fac.B[p0:p1])
 
-    def G(self, D: np.ndarray) -> np.ndarray:
-        """G[D] (nao, nao) of a symmetric D (nao, nao), K through D's eigenvectors (the SCF's
-        exchange of a difference of two positive parts)."""
-        w, V = np.linalg.eigh(0.5 * (D + D.T))
-        big = np.abs(w) > 1e-14 * max(1.0, float(np.abs(w).max(initial=0.0)))
-        pos, neg = big & (w > 0), big & (w < 0)
-        Cpm = np.hstack([V[:, pos] * np.sqrt(w[pos]), V[:, neg] * np.sqrt(-w[neg])])
-        return self._g(D, Cpm, int(pos.sum()))
+    def G_occ(self, D: np.ndarray, C_o: np.ndarray) -> np.ndarray:
+        """G[D] C_o (nao, nocc) for a symmetric D (nao, nao): J[D] C_o - 1/2 Σ_P B^P D B^P C_o
+        (three GEMMs per aux block; no eigen-decomposition of D)."""
+        be, nao = self.backend, self.fac.nao
+        Dd, Cd = _dev(be, 0.5 * (D + D.T)), _dev(be, C_o)
+        out = linalg.gemm(self.fac.coulomb(Dd), Cd, backend=be)
+        for p0, p1, Bb in self._blocks():
+            X = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)      # B^P C_o
+            Y = linalg.gemm(Dd, X, backend=be)                                           # D B^P C_o
+            linalg.gemm(Bb.view(-1, nao), Y.view(-1, Cd.shape[1]), trans_a=True, alpha=-0.5, beta=1.0,
+                        out=out, backend=be)
+        return out.cpu().numpy()
 
     def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
-        """The factor in the MO basis: B_vo [P, a, i] (naux, nvir, nocc), B_oo [P, i, j],
-        B_vv [P, a, b], from the packed factor by aux blocks (two GEMMs per block, on the
-        backend)."""
-        fac, be = self.fac, self.backend
-        C = np.hstack([C_o, C_v])
-        nocc, nmo, naux = C_o.shape[1], C.shape[1], fac.naux
-        Cd = self._dev(C)
-        out = [np.empty((naux, C_v.shape[1], nocc)), np.empty((naux, nocc, nocc)),
-               np.empty((naux, C_v.shape[1], C_v.shape[1]))]
-        for p0 in range(0, naux, fac.block):
-            p1 = min(naux, p0 + fac.block)
-            half = linalg.gemm(fac.unpack(fac.B[p0:p1]).reshape(-1, fac.nao), Cd, backend=be)    # (nb nao, nmo)
-            half = half.reshape(p1 - p0, fac.nao, nmo).transpose(1, 2).reshape(-1, fac.nao)       # (nb nmo, nao)
-            mo = linalg.gemm(half, Cd, backend=be).reshape(p1 - p0, nmo, nmo).cpu().numpy()
-            out[0][p0:p1], out[1][p0:p1], out[2][p0:p1] = mo[:, nocc:, :nocc], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
-        return out
+        """The factor in the MO basis on the device: B_ov [P, i, a] (naux, nocc, nvir), B_oo
+        [P, i, j], B_vv [P, a, b] (two GEMMs per aux block)."""
+        be, nao, naux = self.backend, self.fac.nao, self.fac.naux
+        nocc, nvir = C_o.shape[1], C_v.shape[1]
+        Cd = _dev(be, np.hstack([C_o, C_v]))
+        B_ov, B_oo, B_vv = (torch.empty((naux, m, n), dtype=torch.float64, device=Cd.device)
+                            for m, n in ((nocc, nvir), (nocc, nocc), (nvir, nvir)))
+        for p0, p1, Bb in self._blocks():
+            half = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)      # B^P C
+            mo = linalg.gemm(Cd, half, trans_a=True, backend=be)                            # C^T B^P C
+            B_ov[p0:p1], B_oo[p0:p1], B_vv[p0:p1] = mo[:, :nocc, nocc:], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
+        return B_ov, B_oo, B_vv
 
     def mo_hessian(self, C_o: np.ndarray, C_v: np.ndarray):
         """z (nvir, nocc) -> (C_v^T G[2(C_v z C_o^T + h.c.)] C_o) in the MO basis of the factor:
         4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
-        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; four GEMMs per call)."""
-        B_vo, B_oo, B_vv = self.mo_factor(C_o, C_v)
-        naux, nvir, nocc = B_vo.shape
-        flat = B_vo.reshape(naux, -1)
-        vo_apj = np.ascontiguousarray(B_vo.transpose(1, 0, 2)).reshape(nvir, naux * nocc)    # [a, (P, j)]
-        vo_pib = np.ascontiguousarray(B_vo.transpose(0, 2, 1)).reshape(naux * nocc, nvir)    # [(P, i), b]
-        oo_jpi = np.ascontiguousarray(B_oo.transpose(1, 0, 2)).reshape(nocc, naux * nocc)    # [j, (P, i)]
-        vv_apb = np.ascontiguousarray(B_vv.transpose(1, 0, 2)).reshape(nvir, naux * nvir)    # [a, (P, b)]
-        del B_oo, B_vv
+        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; five GEMMs per call on the device,
+        B_vv and B_oo used through their symmetry in the two MO indices)."""
+        B_ov, B_oo, B_vv = self.mo_factor(C_o, C_v)
+        naux, nocc, nvir = B_ov.shape
         be = self.backend
+        ov, ov2 = B_ov.view(naux, -1), B_ov.view(naux * nocc, nvir)
+        oo2, vv2 = B_oo.view(naux * nocc, nocc), B_vv.view(naux * nvir, nvir)
 
         def hess(z):
-            J = 4.0 * (flat.T @ (flat @ z.ravel())).reshape(nvir, nocc)
-            W = _gemm(z, oo_jpi, be).reshape(nvir, naux, nocc).transpose(1, 0, 2).reshape(naux * nvir, nocc)
-            U = _gemm(vo_pib, z, be).reshape(naux, nocc, nocc).transpose(0, 2, 1).reshape(naux * nocc, nocc)
-            return J - _gemm(vv_apb, np.ascontiguousarray(W), be) - _gemm(vo_apj, np.ascontiguousarray(U), be)
+            zd = _dev(be, z)
+            v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)                         # Σ_bj B_jb^P z_bj
+            J = linalg.gemm(ov, v, trans_a=True, alpha=4.0, backend=be).view(nocc, nvir).T
+            W = linalg.gemm(oo2, zd, trans_b=True, backend=be).view(naux, nocc, nvir)     # Σ_j B_ij^P z_bj
+            U = linalg.gemm(ov2, zd, backend=be).view(naux, nocc, nocc)                  # Σ_b B_ib^P z_bj
+            out = J - linalg.gemm(vv2, W.transpose(1, 2).reshape(naux * nvir, nocc), trans_a=True, backend=be)
+            out -= linalg.gemm(ov2, U.transpose(1, 2).reshape(naux * nocc, nocc), trans_a=True, backend=be)
+            return out.cpu().numpy()
         return hess
 
-    def _g(self, D: np.ndarray, Cpm: np.ndarray, split: int) -> np.ndarray:
-        J = self.fac.coulomb(self._dev(D))
-        if Cpm.shape[1] == 0:
-            return J.cpu().numpy()
-        K = self.fac.exchange(self._dev(Cpm), split=split)
-        return (J - 0.5 * K).cpu().numpy()
 
-    def energy_deriv(self, D1s: list, C_o: np.ndarray) -> np.ndarray:
-        """d/dR of E_G(D1, D), D = 2 C_o C_o^T, at fixed densities, for each D1 (nao, nao) in
-        ``D1s``: (len(D1s), natm, 3) Eh/bohr (the DF-HF's two-electron gradient for D1 = D/2).
-        With c = (μν|Q)(Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held
-        whole): d = Σ D c,
-        ck_kλP = Σ_σ C_σk c_λσP, Y1_kμP = Σ_λ D1_μλ ck_kλP; the weights of (μν|P)^x are
-        D1 d2 + D d1 - (M + M^T)/2 with M_μνP = 2 Σ_k C_νk Y1_kμP, those of (P|Q)^x
-        -(d1 d2^T + d2 d1^T)/2 + m/2 with m = 2 Σ_kμ ck_kμP Y1_kμQ (symmetrised)."""
-        L = _cholesky(self.auxmol.intor("int2c2e"), "JK")
-        fac, be = self.fac, self.backend
-        nao, naux, nocc = self.mol.nao_nr(), self.auxmol.nao_nr(), C_o.shape[1]
-        D = 2.0 * C_o @ C_o.T
-        dens = self._dev(np.stack([D] + [np.asarray(d) for d in D1s]).reshape(len(D1s) + 1, nao * nao))
-        rho, ck = np.empty((len(D1s) + 1, naux)), np.empty((nocc, nao, naux))
-        Cd = self._dev(C_o)
-        for p0 in range(0, naux, fac.block):        # from the factor B = L^-1 (P|μν): no integrals again
-            p1 = min(naux, p0 + fac.block)
-            Bb = fac.unpack(fac.B[p0:p1]).reshape(p1 - p0, nao * nao)
-            rho[:, p0:p1] = linalg.gemm(dens, Bb, trans_b=True, backend=be).cpu().numpy()
-            half = linalg.gemm(Bb.reshape(-1, nao), Cd, backend=be).cpu().numpy()        # [(P, λ), k]
-            ck[:, :, p0:p1] = half.reshape(p1 - p0, nao, nocc).transpose(2, 1, 0)
-        d = _solve_lower(L, rho.T, trans=True).T                                   # (P|Q)^-1 (D|Q): (1 + n, naux)
-        ck = _solve_lower(L, ck.reshape(-1, naux).T, trans=True).T.reshape(nocc, nao, naux)
-        Y1 = [np.einsum("ml,klp->kmp", D1, ck, optimize=True) for D1 in D1s]
-        g2 = []
-        for n, y in enumerate(Y1):
-            m = 2.0 * ck.reshape(-1, naux).T @ y.reshape(-1, naux)
-            g2.append(-0.5 * (np.outer(d[n + 1], d[0]) + np.outer(d[0], d[n + 1])) + 0.25 * (m + m.T))
+def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
+    """d/dR of E_G(D1) = Σ_σ w_σ D1^σ·(J[D] - K[D^σ]) at fixed densities, D^σ = C_σ C_σ^T (C_σ in
+    ``C_o``, (nao, nocc_σ)), D = Σ_σ w_σ D^σ, for each D1 = [D1^σ, ...] (symmetric (nao, nao)) in
+    ``D1s``: (len(D1s), natm, 3) Eh/bohr. RHF: C_o = [C], w = [2], D1^σ = D1/2 (E_G(D1, D), G = J
+    - K/2; the DF-RHF's two-electron gradient for D1 = D/2); UHF: one C per spin, w = [1, 1].
+    With c = (μν|Q)(Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held
+    whole): d0 = Σ D c, d1 = Σ D1t c with D1t = Σ_σ w_σ D1^σ, ck^σ_PλK = Σ_ν c_λνP C_νk,
+    Y1^σ_PμK = Σ_λ D1^σ_μλ ck^σ_PλK; the weights of (μν|P)^x are D1t d0 + D d1 - Σ_σ w_σ (M^σ +
+    M^σT)/2 with M^σ_PμN = 2 Σ_k Y1^σ_PμK C_νk, those of (P|Q)^x -(d1 d0^T + d0 d1^T)/2 +
+    Σ_σ w_σ (m^σ + m^σT)/4 with m^σ = 2 Σ_μk ck^σ_PμK Y1^σ_QμK."""
+    L = _dev(jk.backend, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
+    be, nao, naux = jk.backend, jk.fac.nao, jk.fac.naux
+    D1 = [[_dev(be, 0.5 * (x + x.T)) for x in d1] for d1 in D1s]
+    D1t = [sum(wi * x for wi, x in zip(w, d1)) for d1 in D1]
+    keep = [k for k, c in enumerate(C_o) if c.shape[1]]          # a spin with no electron has no exchange
+    w, Cd, D1 = [w[k] for k in keep], [_dev(be, C_o[k]) for k in keep], [[d1[k] for k in keep] for d1 in D1]
+    D = sum(wi * linalg.gemm(c, c, trans_b=True, backend=be) for wi, c in zip(w, Cd))
+    dens = torch.stack([D] + D1t).view(len(D1s) + 1, nao * nao)
+    rho = torch.empty((len(D1s) + 1, naux), dtype=torch.float64, device=D.device)
+    ck = [torch.empty((naux, nao, c.shape[1]), dtype=torch.float64, device=D.device) for c in Cd]
+    for p0, p1, Bb in jk._blocks():             # from the factor B = L^-1 (P|μν): no integrals again
+        rho[:, p0:p1] = linalg.gemm(dens, Bb.view(p1 - p0, -1), trans_b=True, backend=be)
+        for c, out in zip(Cd, ck):
+            out[p0:p1] = linalg.gemm(Bb.view(-1, nao), c, backend=be).view(p1 - p0, nao, -1)
+    d = linalg.trsm(L, rho.T, trans=True, backend=be).T                                 # (1 + n, naux)
+    ck = [linalg.trsm(L, c.view(naux, -1), trans=True, backend=be).contiguous().view(c.shape) for c in ck]
+    Y1 = [[linalg.gemm(x, c, backend=be) for x, c in zip(d1, ck)] for d1 in D1]          # [P, μ, k]
+    g2 = []
+    for n, ys in enumerate(Y1):
+        g = -0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1]))
+        for wi, c, y in zip(w, ck, ys):
+            m = linalg.gemm(c.view(naux, -1), y.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
+            g += 0.25 * wi * (m + m.T)
+        g2.append(g)
 
-        def g3(p0, p1):
-            out = np.empty((len(D1s), nao, nao, p1 - p0))
-            for n, (D1, y) in enumerate(zip(D1s, Y1)):
-                M = 2.0 * np.einsum("nk,kmp->mnp", C_o, y[:, :, p0:p1], optimize=True)
-                out[n] = (D1[:, :, None] * d[0, p0:p1] + D[:, :, None] * d[n + 1, p0:p1]
-                          - 0.5 * (M + M.transpose(1, 0, 2)))
-            return out
-        return df_deriv(self.mol, self.auxmol, g3, np.stack(g2))
+    def g3(p0, p1):
+        out = torch.empty((len(D1s), p1 - p0, nao, nao), dtype=torch.float64, device=D.device)
+        for n, ys in enumerate(Y1):
+            M = sum(linalg.gemm(y[p0:p1].reshape(-1, c.shape[1]), c, trans_b=True, alpha=2.0 * wi, backend=be)
+                    for wi, c, y in zip(w, Cd, ys)).view(p1 - p0, nao, nao)
+            torch.add(M, M.transpose(1, 2), alpha=1.0, out=out[n]).mul_(-0.5)
+            out[n].addcmul_(D1t[n][None], d[0, p0:p1, None, None]).addcmul_(D[None], d[n + 1, p0:p1, None, None])
+        return out
+    return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy())
 
 
 # ---------------------------------------------------------------------------- derivative integrals
@@ -509,34 +550,39 @@ def _atom_of(mol) -> np.ndarray:
 
 
 def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
-    """Σ_μνP g3_μνP d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
-    Eh/bohr. ``g3_block(p0, p1)``: (n, nao, nao, p1 - p0), symmetric in μν; g2 (n, naux, naux)
-    symmetric. libcint's int3c2e_ip1 (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks and
-    int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
-    nao = mol.nao_nr()
-    ao_atom, aux_atom = _atom_of(mol), _atom_of(auxmol)
+    """Σ_μνP g3_PμN d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
+    Eh/bohr. ``g3_block(p0, p1)``: a tensor (n, p1 - p0, nao, nao) [P, μ, ν], symmetric in μν
+    (any device: brought to the host); g2 (n, naux, naux) symmetric. libcint's int3c2e_ip1
+    (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks, each contracted in its own layout on the
+    host (torch), and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
+    nao, naux, n = mol.nao_nr(), auxmol.nao_nr(), g2.shape[0]
     rows, cols = np.tril_indices(nao)                   # PySCF's s2ij order: μ >= ν, row by row
-    weight = np.where(rows == cols, 1.0, 2.0)[:, None]
-    g = np.zeros((g2.shape[0], mol.natm, 3))
+    tril = torch.from_numpy(rows * nao + cols)
+    weight = torch.from_numpy(np.where(rows == cols, 1.0, 2.0))
+    g_ao = torch.zeros((n, 3, nao), dtype=torch.float64)          # Σ_νP w (∇μ ν|P), per μ
+    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)        # Σ_μνP w (μν|∇P), per P
     step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
-        blk = g3_block(p0, p1)
-        # libcint's blocks are stored aux-major with μ fastest: contracted in that order (3x faster)
-        ip1 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl).transpose(0, 3, 2, 1)
-        for n in range(len(blk)):
-            w = np.ascontiguousarray(blk[n].transpose(2, 1, 0))                    # [P, ν, μ]
-            np.add.at(g[n], ao_atom, -2.0 * np.einsum("xpnm,pnm->mx", ip1, w))
+        W = g3_block(p0, p1).to("cpu", torch.float64)                                 # (n, nb, nao, nao)
+        ip1 = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3,
+                                                shls_slice=sl).transpose(0, 3, 2, 1))  # [x, P, ν, μ]
+        for k in range(n):
+            for x in range(3):
+                g_ao[k, x] += (ip1[x] * W[k]).sum((0, 1))
         del ip1
-        ip2 = df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3,
-                               shls_slice=sl).transpose(0, 2, 1)                   # (3, nb, npair)
-        for n in range(len(blk)):
-            w = np.ascontiguousarray((blk[n][rows, cols] * weight).T)
-            np.add.at(g[n], aux_atom[p0:p1], -np.einsum("xpk,pk->px", ip2, w))
-        del ip2, blk
+        ip2 = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3,
+                                                shls_slice=sl).transpose(0, 2, 1))     # [x, P, μ>=ν]
+        Wp = W.view(n, p1 - p0, nao * nao).index_select(2, tril).mul_(weight)
+        for k in range(n):
+            g_aux[k, :, p0:p1] = (ip2 * Wp[k]).sum(2)
+        del ip2, W, Wp
+    g = np.zeros((n, mol.natm, 3))
     ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
-    for n in range(len(g2)):
-        np.add.at(g[n], aux_atom, -2.0 * np.einsum("xpq,pq->px", ip, g2[n], optimize=True))
+    for k in range(n):
+        np.add.at(g[k], _atom_of(mol), -2.0 * g_ao[k].numpy().T)
+        np.add.at(g[k], _atom_of(auxmol), -g_aux[k].numpy().T - 2.0 * np.einsum("xpq,pq->px", ip, g2[k],
+                                                                                optimize=True))
     return g
 
 

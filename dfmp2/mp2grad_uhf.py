@@ -44,9 +44,9 @@ from pyscf.grad import rhf as pyscf_grad_rhf
 from dfmp2 import linalg
 
 from . import dfhf
-from .mp2grad import (AUX_BLOCK_MB, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts, _cholesky, _DFJK,
-                      _gemm, _ia_3c, _j3c_blocks, _one_electron_deriv, _Orbitals, _solve_lower, _t,
-                      check_channels, df_deriv)
+from .mp2grad import (AUX_BLOCK_MB, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts, _cholesky, _dev,
+                      _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _solve_lower, _t, check_channels,
+                      df_deriv, fit_b, gamma3_weights, jk_energy_deriv, response_3c)
 from .timing import Timer
 
 
@@ -91,15 +91,13 @@ def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 
     P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
     W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
     W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
-    jk_hf, jk_p = _jk_energy_deriv(jk, [[0.5 * d for d in D], P_ao], C_o)
+    jk_hf, jk_p = jk_energy_deriv(jk, C_o, [1.0, 1.0], [[0.5 * d for d in D], P_ao])
     one_hf, one_p = _one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
 
-    def g3(p0, p1):          # 4 Σ_σ Σ_ia C_μi C_νa Γ~^σ_iaP, symmetrised in μν
-        G3 = sum(np.einsum("mi,npi->mnp", c, t[:, p0:p1], optimize=True) for c, t in
-                 zip([o.C[:, o.act] for o in orbs], T_v))
-        return (0.5 * (G3 + G3.transpose(1, 0, 2)))[None]
-    corr_3c = df_deriv(mol, mp2_auxmol, g3, -2.0 * gamma_pq[None])[0]
+    C_act = [o.C[:, o.act] for o in orbs]
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend)[None],
+                       -2.0 * gamma_pq[None])[0]
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
@@ -123,112 +121,51 @@ def _response_operator(jk: _DFJK, orbs):
 
 
 # ---------------------------------------------------------------------------- correlation part
-def _spin_b(mol, auxmol, orb: _Orbitals, L: np.ndarray, backend) -> np.ndarray:
-    """B^σ (nact nvir, naux) = (ia|P) L^-T of one spin (no rows where it has no active pair)."""
-    if not (len(orb.act) and len(orb.vir)):
-        return np.zeros((0, L.shape[0]))
-    A = _ia_3c(mol, auxmol, orb, backend).reshape(len(orb.act) * len(orb.vir), -1)
-    return np.ascontiguousarray(_solve_lower(L, A.T).T)
-
-
-def _same_spin(B, orb: _Orbitals, backend, c_ss: float, Gam, P_oo, P_vv) -> float:
-    """One spin's same-spin pairs over active occupied i: E_SS^σ (Hartree, unscaled) returned;
-    Γ^σ (nact, nvir, naux), P_oo^σ, P_vv^σ accumulated (c_ss/2 t~ terms)."""
-    e_o, e_v = orb.eps[orb.act], orb.eps[orb.vir]
-    nact, nvir = len(e_o), len(e_v)
-    e = 0.0
-    for i in range(nact):
-        K = _gemm(B[i * nvir:(i + 1) * nvir], B, backend, trans_b=True)            # (a, jb)
-        K = K.reshape(nvir, nact, nvir).transpose(1, 0, 2)                         # [j, a, b]
-        tA = (K - K.transpose(0, 2, 1)) / (e_o[i] + e_o[:, None, None] - e_v[None, :, None] - e_v[None, None, :])
-        e += 0.5 * float(np.sum(tA * K))
-        th = 0.5 * c_ss * tA
-        th_a = np.ascontiguousarray(th.transpose(1, 0, 2)).reshape(nvir, nact * nvir)
-        Gam[i] += _gemm(th_a, B, backend)
-        P_vv += _gemm(np.ascontiguousarray(tA.transpose(1, 0, 2)).reshape(nvir, -1), th_a, backend, trans_b=True)
-        P_oo -= _gemm(tA.reshape(nact, -1), th.reshape(nact, -1), backend, trans_b=True)
-    return e
-
-
-def _ab_amplitudes(B_out, B_in, o_out: _Orbitals, o_in: _Orbitals, backend):
-    """(i, t (nvir_out, nact_in, nvir_in), K) for each active occupied i of the outer spin:
-    t[a, j, b] = (ia|jb) / D of the αβ pairs with i (outer spin) and j (inner)."""
-    e_o, e_v, f_o, f_v = o_out.eps[o_out.act], o_out.eps[o_out.vir], o_in.eps[o_in.act], o_in.eps[o_in.vir]
-    nv, nj, nb = len(e_v), len(f_o), len(f_v)
-    for i in range(len(e_o)):
-        K = _gemm(B_out[i * nv:(i + 1) * nv], B_in, backend, trans_b=True).reshape(nv, nj, nb)
-        yield i, K / (e_o[i] - e_v[:, None, None] + f_o[None, :, None] - f_v[None, None, :]), K
-
-
-def _opposite_spin(Bs, orbs, backend, c_os: float, Gam, P_oo, P_vv) -> float:
-    """The αβ pairs, α outer: E_OS (Hartree, unscaled) returned; Γ^α, Γ^β, P_vv of both spins
-    and P_oo^β accumulated; then a pass with β outer for P_oo^α."""
-    Ba, Bb = Bs
-    if not (Ba.size and Bb.size):
-        return 0.0
-    nva, nb, nvb = len(orbs[0].vir), len(orbs[1].act), len(orbs[1].vir)
-    e = 0.0
-    for i, t, K in _ab_amplitudes(Ba, Bb, orbs[0], orbs[1], backend):
-        e += float(np.sum(t * K))
-        th = (0.5 * c_os * t).reshape(nva, nb * nvb)                               # [a, (j b)]
-        Gam[0][i] += _gemm(th, Bb, backend)
-        Gam[1] += _gemm(th, Ba[i * nva:(i + 1) * nva], backend, trans_a=True).reshape(nb, nvb, -1)
-        ta = t.reshape(nva, -1)
-        P_vv[0] += c_os * _gemm(ta, ta, backend, trans_b=True)
-        tb = np.ascontiguousarray(t.transpose(2, 0, 1)).reshape(nvb, -1)           # [b, (a j)]
-        P_vv[1] += c_os * _gemm(tb, tb, backend, trans_b=True)
-        tj = np.ascontiguousarray(t.transpose(1, 0, 2)).reshape(nb, -1)            # [j, (a b)]
-        P_oo[1] -= c_os * _gemm(tj, tj, backend, trans_b=True)
-    na = len(orbs[0].act)
-    for _, t, _ in _ab_amplitudes(Bb, Ba, orbs[1], orbs[0], backend):          # t[b, i, a]
-        ti = np.ascontiguousarray(t.transpose(1, 0, 2)).reshape(na, -1)
-        P_oo[0] -= c_os * _gemm(ti, ti, backend, trans_b=True)
-    return e
-
-
 def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
-    """The pair loops (see the module docstring), then Γ~, γ and the orbital-response terms (a
-    second pass over (μν|P)). Returns (e_corr = c_os E_OS + c_ss E_SS (Hartree), P (per spin
-    (nmo, nmo): the unrelaxed P_oo, P_vv in place), Y (per spin (nmo, nmo): the 3-index terms),
-    T_v (per spin (nao, naux, nact) = 4 C_v Γ~), γ (naux, naux))."""
+    """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
+    the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
+    E_aa + E_bb + 2 E_ab of pair arithmetic), then Γ~, γ and the orbital-response terms
+    (``mp2grad.response_3c``). Returns (e_corr = Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree),
+    P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv in place), Y (per spin (nmo, nmo): the
+    3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v Γ~, on the device), γ (naux, naux))."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
-    naux = L.shape[0]
-    Bs = [_spin_b(mol, auxmol, o, L, backend) for o in orbs]
-    Gam = [np.zeros((len(o.act), len(o.vir), naux)) for o in orbs]
-    P_oo = [np.zeros((len(o.act), len(o.act))) for o in orbs]
-    P_vv = [np.zeros((len(o.vir), len(o.vir))) for o in orbs]
-    e_ss = sum(_same_spin(B, o, backend, c_ss, G, po, pv) for B, o, G, po, pv in zip(Bs, orbs, Gam, P_oo, P_vv)
-               ) if c_ss else 0.0
-    e_os = _opposite_spin(Bs, orbs, backend, c_os, Gam, P_oo, P_vv) if c_os else 0.0
-    gamma_pq, gamma_t = np.zeros((naux, naux)), []
-    for B, G in zip(Bs, Gam):
-        Gf = G.reshape(-1, naux)
-        if B.size:
-            gamma_pq += _solve_lower(L, _solve_lower(L, _gemm(B, Gf, backend, trans_a=True), trans=True).T,
-                                     trans=True).T
-        gamma_t.append(_solve_lower(L, Gf.T, trans=True).reshape(naux, G.shape[0], G.shape[1]))   # Γ~ [P, i, a]
-    del Bs, Gam
-    T_v = [4.0 * np.einsum("na,pia->npi", o.C[:, o.vir], g, optimize=True) for o, g in zip(orbs, gamma_t)]
-    X_o = [np.zeros((o.C.shape[0], len(o.act))) for o in orbs]
-    X_v = [np.zeros((o.C.shape[0], len(o.vir))) for o in orbs]
-    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_νP (μν|P) T_ν,P,·
-        flat = j3c.reshape(j3c.shape[0], -1)
-        for o, g, tv, xo, xv in zip(orbs, gamma_t, T_v, X_o, X_v):
-            if not g.size:
-                continue
-            T_o = 4.0 * np.einsum("ni,pia->npa", o.C[:, o.act], g[p0:p1], optimize=True)   # (nao, nb, nvir)
-            xo += _gemm(flat, np.ascontiguousarray(tv[:, p0:p1]).reshape(-1, len(o.act)), backend)
-            xv += _gemm(flat, T_o.reshape(-1, len(o.vir)), backend)
-    P, Y = [], []
-    for o, po, pv, xo, xv in zip(orbs, P_oo, P_vv, X_o, X_v):
+    naux, nao = L.shape[0], orbs[0].C.shape[0]
+    has = [bool(len(o.act) and len(o.vir)) for o in orbs]
+    Bd = [_dev(backend, fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend) if h else
+               np.zeros((0, naux))) for o, h in zip(orbs, has)]
+    eo = [_dev(backend, o.eps[o.act]) for o in orbs]
+    ev = [_dev(backend, o.eps[o.vir]) for o in orbs]
+    acc = [(torch.zeros_like(b), torch.zeros((len(o.act),) * 2, dtype=torch.float64, device=b.device),
+            torch.zeros((len(o.vir),) * 2, dtype=torch.float64, device=b.device)) for b, o in zip(Bd, orbs)]
+    for s in (0, 1):
+        if not has[s]:
+            continue
+        if c_ss:
+            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s])
+        if c_os and has[1 - s]:
+            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.5 * c_os, 0.0, cols=(Bd[1 - s], eo[1 - s], ev[1 - s]),
+                            out=acc[s])
+    e_corr = sum(float(torch.dot(a[0].reshape(-1), b.reshape(-1))) for a, b in zip(acc, Bd))
+    gamma_pq, P, Y, T_v = np.zeros((naux, naux)), [], [], []
+    for o, b, (G, po, pv), h in zip(orbs, Bd, acc, has):
+        nact, nvir = len(o.act), len(o.vir)
         p, y = np.zeros((o.nmo, o.nmo)), np.zeros((o.nmo, o.nmo))
-        p[np.ix_(o.act, o.act)] = 0.5 * (po + po.T)
-        p[np.ix_(o.vir, o.vir)] = 0.5 * (pv + pv.T)
-        y[:, o.act] += o.C.T @ xo
-        y[:, o.vir] += o.C.T @ xv
         P.append(p)
         Y.append(y)
-    return c_os * e_os + c_ss * e_ss, P, Y, T_v, 0.5 * (gamma_pq + gamma_pq.T)
+        if not h:
+            T_v.append(torch.zeros((naux, nao, nact), dtype=torch.float64, device=b.device))
+            continue
+        BtG = linalg.gemm(b, G, trans_a=True, backend=backend).cpu().numpy()
+        gamma_pq += _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
+        gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)   # Γ~ [P, i, a]
+        X_o, X_v, tv = response_3c(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], gamma_t, backend)
+        T_v.append(tv)
+        po, pv = po.cpu().numpy(), pv.cpu().numpy()
+        p[np.ix_(o.act, o.act)] = 0.5 * (po + po.T)
+        p[np.ix_(o.vir, o.vir)] = 0.5 * (pv + pv.T)
+        y[:, o.act] += o.C.T @ X_o
+        y[:, o.vir] += o.C.T @ X_v
+    return e_corr, P, Y, T_v, 0.5 * (gamma_pq + gamma_pq.T)
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)
@@ -302,59 +239,3 @@ def _solve_zvector(R, orbs, resp):
         z.append(x[p:p + r.size].reshape(r.shape))
         p += r.size
     return z, {"iterations": iters[0], "residual": res}
-
-
-# ---------------------------------------------------------------------------- DF-UHF two-electron derivative
-def _jk_fit(jk: _DFJK, dens: np.ndarray, C_o: list, L: np.ndarray):
-    """From the JK factor B = L^-1 (P|μν) (no integrals again): the fitted coefficients of each
-    density in ``dens`` (n, nao, nao): d (n, naux), and per spin ck_kλP = Σ_σ C_σk c_λσP
-    (nocc_σ, nao, naux), c = (μν|Q)(Q|P)^-1."""
-    fac, be = jk.fac, jk.backend
-    nao, naux = fac.nao, fac.naux
-    dd = be.to_device(_t(dens.reshape(len(dens), nao * nao)), torch.float64)
-    Cd = [be.to_device(_t(c), torch.float64) for c in C_o]
-    rho, ck = np.empty((len(dens), naux)), [np.empty((c.shape[1], nao, naux)) for c in C_o]
-    for p0 in range(0, naux, fac.block):
-        p1 = min(naux, p0 + fac.block)
-        Bb = fac.unpack(fac.B[p0:p1]).reshape(p1 - p0, nao * nao)
-        rho[:, p0:p1] = linalg.gemm(dd, Bb, trans_b=True, backend=be).cpu().numpy()
-        for c, out in zip(Cd, ck):
-            if c.shape[1]:
-                half = linalg.gemm(Bb.reshape(-1, nao), c, backend=be).cpu().numpy()     # [(P, λ), k]
-                out[:, :, p0:p1] = half.reshape(p1 - p0, nao, -1).transpose(2, 1, 0)
-    d = _solve_lower(L, rho.T, trans=True).T
-    ck = [_solve_lower(L, c.reshape(-1, naux).T, trans=True).T.reshape(c.shape) for c in ck]
-    return d, ck
-
-
-def _jk_energy_deriv(jk: _DFJK, D1s: list, C_o: list) -> np.ndarray:
-    """d/dR of E_G(D1) = Σ_σ D1^σ (J[D] - K[D^σ]) at fixed densities, D^σ = C_o^σ C_o^σT,
-    D = D^α + D^β, for each D1 = [D1^α, D1^β] (symmetric (nao, nao)) in ``D1s``: (len(D1s),
-    natm, 3) Eh/bohr (the DF-UHF's two-electron gradient for D1^σ = D^σ / 2). The RHF
-    ``_DFJK.energy_deriv``'s weights with K per spin: with d the fitted coefficients of D and
-    of D1^α + D1^β, Y1^σ_kμP = Σ_λ D1^σ_μλ ck^σ_kλP, the weights of (μν|P)^x are
-    D1 d + D d1 - Σ_σ (M^σ + M^σT)/2 with M^σ_μνP = 2 Σ_k C^σ_νk Y1^σ_kμP, those of (P|Q)^x
-    -(d1 d^T + d d1^T)/2 + Σ_σ (m^σ + m^σT)/4 with m^σ = 2 Σ_kμ ck^σ_kμP Y1^σ_kμQ."""
-    L = _cholesky(jk.auxmol.intor("int2c2e"), "JK")
-    naux = L.shape[0]
-    D = sum(c @ c.T for c in C_o)
-    D1t = [0.5 * (d1[0] + d1[0].T + d1[1] + d1[1].T) for d1 in D1s]
-    d, ck = _jk_fit(jk, np.stack([D] + D1t), C_o, L)
-    Y1 = [[np.einsum("ml,klp->kmp", 0.5 * (x + x.T), c, optimize=True) for x, c in zip(d1, ck)] for d1 in D1s]
-    g2 = []
-    for n, ys in enumerate(Y1):
-        g = -0.5 * (np.outer(d[n + 1], d[0]) + np.outer(d[0], d[n + 1]))
-        for c, y in zip(ck, ys):
-            m = 2.0 * c.reshape(-1, naux).T @ y.reshape(-1, naux)
-            g += 0.25 * (m + m.T)
-        g2.append(g)
-
-    def g3(p0, p1):
-        out = np.empty((len(D1s), D.shape[0], D.shape[0], p1 - p0))
-        for n, ys in enumerate(Y1):
-            out[n] = D1t[n][:, :, None] * d[0, p0:p1] + D[:, :, None] * d[n + 1, p0:p1]
-            for c, y in zip(C_o, ys):
-                M = 2.0 * np.einsum("nk,kmp->mnp", c, y[:, :, p0:p1], optimize=True)
-                out[n] -= 0.5 * (M + M.transpose(1, 0, 2))
-        return out
-    return df_deriv(jk.mol, jk.auxmol, g3, np.stack(g2))
