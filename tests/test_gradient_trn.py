@@ -90,3 +90,18 @@ def test_uhf_stage_refuses_a_device_without_fp64_and_the_rhf_stage_does_not():
     with pytest.raises(mp2grad.GradientError, match="UHF DF-MP2 gradient needs fp64"):
         mp2grad.check_channels(no_channels, _trn())                # mp2grad_uhf's check
     mp2grad.check_channels(no_channels, _trn(), fp32_pair_loop=True)   # mp2_gradient's check
+
+
+def test_optimize_on_trn_simulated_reaches_the_cpu_minimum(tmp_path):
+    """``dfmp2 optimize --device trn1 --simulate`` (water 6-31G from its input geometry): converged,
+    and the final geometry is the CPU fp64 optimisation's to 1e-4 Å (geomeTRIC's convergence
+    criteria, max |g| 4.5e-4 Eh/bohr, are far above the trn gradient's fp32 error)."""
+    pytest.importorskip("geometric", reason="dfmp2 optimize needs geomeTRIC (the test extra has it)")
+    finals = {}
+    for name, dev in (("cpu", []), ("trn", ["--device", "trn1", "--simulate"])):
+        finals[name] = tmp_path / f"{name}.opt.xyz"
+        r = CliRunner().invoke(main, ["optimize", str(INPUTS / "water.xyz"), "--basis", "6-31g", "-q", *dev,
+                                      "-o", str(finals[name]), "--trajectory", str(tmp_path / f"{name}.traj.xyz")])
+        assert r.exit_code == 0, r.output
+    diff = np.abs(read_xyz(finals["trn"]).coords_angstrom - read_xyz(finals["cpu"]).coords_angstrom).max()
+    assert diff < 1e-4, diff
