@@ -66,7 +66,8 @@ class GradientError(InputError):
 class GradientParts:
     """The nuclear gradient (natm, 3) in Eh/bohr and its parts: 'hf' (the DF-HF gradient with the
     JK-fit set), 'corr' (the correlation part, c_os and c_ss included); e_corr the correlation
-    energy it differentiates (Hartree, recomputed here: equal to the stage's); zvector: CG
+    energy it differentiates (Hartree, recomputed here: equal to the stage's; on a device without
+    fp64 to the energy run's fp32 error); zvector: CG
     iterations and final relative residual; warnings; timings (s)."""
 
     gradient: np.ndarray
