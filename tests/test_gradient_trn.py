@@ -78,6 +78,9 @@ def test_cli_gradient_on_trn_simulated_writes_what_ran_where(tmp_path):
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-q",
                                   "--device", "trn1", "--simulate", "--json", str(out)])
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g",
+                                  "--device", "trn1", "--simulate"])
+    assert "pair loop on trn1 (fp32, simulated), the rest on the host cpu (fp64)" in " ".join(r.output.split())
     d = json.loads(out.read_text())
     g, ran = np.array(d["gradient"]["gradient"]), d["gradient"]["ran"]
     assert g.shape == (3, 3) and np.abs(g.sum(axis=0)).max() < 1e-5      # translation invariance
