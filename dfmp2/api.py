@@ -365,7 +365,8 @@ class DFMP2(pyscf_mp2.MP2Base):
     def _gradient(self):
         """GradientParts of E_HF + E_MP2 (dfmp2.mp2grad): the HF part is the DF-HF's on the mf's
         own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
-        an mf that is not density-fitted, frozen virtuals or a device without fp64. A UHF mf:
+        an mf that is not density-fitted, frozen virtuals, or a UHF mf on a device without fp64
+        (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). A UHF mf:
         ``mp2grad_uhf``."""
         from pyscf.df import addons as df_addons
 
@@ -614,7 +615,8 @@ def gradient(molecule, method: str = "mp2", **options):
     (the spin-component scales of the differentiated energy). Returns ``gradrun.GradientResult``:
     ``.gradient`` (natm, 3) in Hartree/Bohr, ``.energy`` (Hartree), ``.result`` (the energy run's
     Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. Closed-shell
-    RHF with a density-fitted SCF on an fp64 device only (InputError otherwise)."""
+    RHF with a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with
+    simulate=True here) RHF only: its pair loop runs there in fp32, the rest on the host in fp64."""
     from .gradrun import run_gradient
 
     geom, opts = _point_input(molecule, options, "gradient")

@@ -29,6 +29,11 @@ def gradient_table(gr):
     t.caption = (f"E({gr.method.upper()}) = {gr.energy:.10f} Eh; max |g| {abs(g).max():.3e}, "
                  f"rms {float((g ** 2).mean()) ** 0.5:.3e} Eh/bohr; Z-vector {gr.parts.zvector['iterations']} "
                  f"iterations; gradient stage {gr.wall_s:.2f} s")
+    ran = gr.parts.ran
+    if "host_device" in ran:         # a device without fp64: the pair loop there, the rest on the host
+        sim = ", simulated" if ran.get("simulated") else ""
+        t.caption += (f"; pair loop on {ran['device']} (fp32{sim}), the rest on the host "
+                      f"{ran['host_device']} ({ran['host_precision']})")
     return t
 
 

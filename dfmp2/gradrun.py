@@ -4,9 +4,11 @@
 RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference uhf)
 ``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
 the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
-need exact J/K), a device without fp64,
-precision fp32, a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2,
-SCS-MP2, SOS-MP2: ``mp2grad.SCALES``).
+need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
+a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of
+E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a device without fp64 (trn1/trn2; on this machine
+only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
+pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``mp2grad.mp2_gradient``).
 """
 from __future__ import annotations
 
@@ -68,14 +70,16 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
     if options.scf_mode not in scf.SCF_DF_MODES:
         raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(scf.SCF_DF_MODES)}); "
                          f"'{options.scf_mode}' has no DF-HF response here", option="scf_mode")
-    if not linalg.device_capabilities(options.device).has_fp64:
-        raise InputError(f"the DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks; "
-                         "run it on cpu (or cuda)", option="device")
-    if options.resolved_precision() != "fp64":
+    fp64 = linalg.device_capabilities(options.device).has_fp64
+    reference = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
+    if not fp64 and reference == "uhf":
+        raise InputError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
+                         "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
+                         option="device")
+    if options.resolved_precision() != "fp64" and fp64:
         raise InputError("the gradient is computed in fp64, the derivative of the fp64 energy; an fp32 "
                          "energy run would not be the energy it differentiates: use precision fp64",
                          option="precision")
-    scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity)   # rohf, rhf open shell
 
 
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:

@@ -66,7 +66,8 @@ class GradientError(InputError):
 class GradientParts:
     """The nuclear gradient (natm, 3) in Eh/bohr and its parts: 'hf' (the DF-HF gradient with the
     JK-fit set), 'corr' (the correlation part, c_os and c_ss included); e_corr the correlation
-    energy it differentiates (Hartree, recomputed here: equal to the stage's); zvector: CG
+    energy it differentiates (Hartree, recomputed here: equal to the stage's; on a device without
+    fp64 to the energy run's fp32 error); zvector: CG
     iterations and final relative residual; warnings; timings (s)."""
 
     gradient: np.ndarray
@@ -110,36 +111,40 @@ def check_supported(ref, backend) -> None:
     if not ref.restricted:
         raise GradientError("mp2_gradient is the RHF stage; a UHF reference's gradient is "
                             "dfmp2.mp2grad_uhf.uhf_mp2_gradient", option="reference")
-    check_channels(ref, backend)
+    check_channels(ref, backend, fp32_pair_loop=True)
 
 
-def check_channels(ref, backend) -> None:
+def check_channels(ref, backend, fp32_pair_loop: bool = False) -> None:
     """GradientError (one line) for what the RHF and UHF stages do not do: frozen virtual orbitals
-    (in any spin channel), a device without fp64."""
+    (in any spin channel), a device without fp64 (unless ``fp32_pair_loop``: the RHF stage runs
+    only its pair loop there, in fp32, and the rest on a host CPU backend in fp64)."""
     if any(np.any(ch.frozen[ch.nocc:]) for ch in ref.channels):
         raise GradientError("frozen virtual orbitals are not supported by the gradient; freeze "
                             "core orbitals only", option="frozen_core")
-    if not backend.has_fp64:
-        raise GradientError(f"the DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
-                            "lacks; run it on the CPU", option="device")
+    if not backend.has_fp64 and not fp32_pair_loop:
+        raise GradientError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
+                            "lacks (only the RHF gradient runs there); run it on the CPU", option="device")
 
 
 def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
                  timer: Timer | None = None) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
     (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
-    ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
+    ``jk_auxmol`` (the SCF's), on ``backend``. A backend without fp64 (trn) runs the densities'
+    pair loop (``_pair_densities``) in fp32 and everything else on a host CPU backend in fp64
+    (``dfhf.DFUHF``'s host backend); ``ran`` says which part ran where."""
     check_supported(ref, backend)
+    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")      # as dfhf.DFRHF.dense
     timer = timer or Timer(backend)
-    kernels0 = dict(backend.kernels_used)
+    kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
     t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
-    jk = _DFJK(mol, jk_auxmol, backend, timer)
+    jk = _DFJK(mol, jk_auxmol, host, timer)
     t0 = timer.add("grad_jk_factor", t0)
-    corr = _corr_intermediates(mol, mp2_auxmol, orb, backend, c_os, c_ss)
+    corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend)
     t0 = timer.add("grad_mp2_densities", t0)
-    P, Y, zinfo = _relaxed_density(orb, corr, jk, backend)
+    P, Y, zinfo = _relaxed_density(orb, corr, jk, host)
     t0 = timer.add("grad_zvector", t0)
     C_o = orb.C[:, orb.occ]
     D = 2.0 * C_o @ C_o.T
@@ -159,13 +164,35 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
         warnings.append(f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
                         "gradient leaves out the change of the kept space with the geometry (it is not "
                         "the exact derivative of the energy)")
-    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
-    ran = {"device": backend.name, "precision": "fp64", "kernels": dict(sorted(used.items())),
-           "on_device": "the pair loop's GEMMs (K, Γ, P_oo, P_vv), the JK factor and the Z-vector's J/K",
-           "host": "libcint derivative integrals and their contractions, the fits' triangular solves, "
-                   "dense nmo x nmo algebra (numpy, fp64)"}
     return GradientParts(grad, hf, grad - hf, corr.e_corr, c_os, c_ss, zinfo, warnings,
-                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")}, ran)
+                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
+                         _stage_ran(backend, host, kernels0))
+
+
+def _used(backend, kernels0: dict) -> dict:
+    """The backend's kernels_used since ``kernels0`` (calls per 'op:kernel')."""
+    return dict(sorted((k, n - kernels0.get(k, 0)) for k, n in backend.kernels_used.items()
+                       if n != kernels0.get(k, 0)))
+
+
+def _stage_ran(backend, host, kernels0: tuple) -> dict:
+    """What the RHF stage ran where: all on ``backend`` in fp64 (``host`` is ``backend``), or the
+    pair loop on a device without fp64 in fp32 and the rest on the fp64 ``host``."""
+    rest = "libcint derivative integrals and their contractions, the fits' triangular solves, " \
+           "dense nmo x nmo algebra (numpy, fp64)"
+    if host is backend:
+        return {"device": backend.name, "precision": "fp64", "kernels": _used(backend, kernels0[0]),
+                "on_device": "the pair loop's GEMMs (K, Γ, P_oo, P_vv), the JK factor and the Z-vector's J/K",
+                "host": rest}
+    return {"device": backend.name, "engine": backend.engine,
+            "simulated": backend.caps.simulable and backend.engine != "neuron-hardware",
+            "precision": "fp32 (the pair loop); fp64 on the host (the rest)",
+            "kernels": _used(backend, kernels0[0]),
+            "on_device": "the densities' pair loop's GEMMs (K = B B_J^T, Γ += θ B_J, P_oo, P_vv) in fp32; "
+                         "its elementwise steps (denominators, θ) in torch fp32 on the host",
+            "host_device": host.name, "host_precision": "fp64", "host_kernels": _used(host, kernels0[1]),
+            "host": "B's build and fit, E_corr = Σ Γ B, the JK factor and the Z-vector's J/K on the "
+                    f"host {host.name} backend (fp64); " + rest}
 
 
 class _Orbitals:
@@ -334,15 +361,30 @@ def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backe
     return Gam, P_oo, P_vv
 
 
-def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float) -> _Corr:
+def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: float, c_ss: float):
+    """``_pair_densities`` of Bd (nact nvir, naux; fp64 on ``backend``) on ``pair_backend`` in its
+    fit dtype (fp32 without fp64; no copy when it is ``backend``): Γ, P_oo, P_vv in fp64 on
+    ``backend``."""
+    if pair_backend is backend:
+        return _pair_densities(Bd, backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir])),
+                               backend, c_os, c_ss)
+    dt = pair_backend.fit_dtype(pair_backend.default_precision)
+    dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)            # noqa: E731
+    out = _pair_densities(dev(Bd), dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), pair_backend, c_os, c_ss)
+    return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
+
+
+def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float,
+                        pair_backend=None) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then Γ~, γ and
-    the orbital-response terms (``response_3c``; see the module docstring)."""
+    the orbital-response terms (``response_3c``; see the module docstring). The pair loop runs on
+    ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest on ``backend``
+    (fp64)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
     C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
     Bd = _dev(backend, fit_b(mol, auxmol, C_o, C_v, L, backend))                    # (ia, Q)
-    Gd, P_oo, P_vv = _pair_densities(Bd, _dev(backend, orb.eps[orb.act]), _dev(backend, orb.eps[orb.vir]),
-                                     backend, c_os, c_ss)
+    Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
     BtG = linalg.gemm(Bd, Gd, trans_a=True, backend=backend).cpu().numpy()
     del Bd

@@ -194,7 +194,7 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--reference", "rohf"], "ROHF references are not supported"),
     (["--scf", "exact"], "density-fitted SCF"),
-    (["--device", "trn1", "--simulate"], "fp64"),
+    (["--device", "trn1", "--simulate", "--reference", "uhf"], "UHF DF-MP2 gradient needs fp64"),
     (["--precision", "fp32"], "use precision fp64 (--precision)"),
     (["--basis", "cc-pv[dt]z"], "basis bracket"),
 ])
