@@ -48,7 +48,7 @@ from dfmp2 import linalg
 
 from . import dfhf, integrals
 from .errors import InputError
-from .result import METHOD_SCALES
+from .result import METHOD_SCALES, kernel_records
 from .timing import Timer
 
 ZVECTOR_TOL = 1e-10      # CPHF residual norm, relative to the right-hand side's
@@ -82,10 +82,13 @@ class GradientParts:
     ran: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
+        (no '.' in any key, schema 3)."""
+        ran = {k: kernel_records(v) if k in ("kernels", "host_kernels") else v for k, v in self.ran.items()}
         return {"gradient": self.gradient.tolist(), "units": "Eh/bohr", "hf": self.hf.tolist(),
                 "corr": self.corr.tolist(), "e_corr": self.e_corr, "c_os": self.c_os, "c_ss": self.c_ss,
                 "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings),
-                "ran": dict(self.ran)}
+                "ran": ran}
 
 
 def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int,

@@ -190,6 +190,14 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
     assert g.shape == (3, 3) and d["units"]["gradient"] == "hartree/bohr"
     assert d["gradient"]["method"] == "mp2" and d["gradient"]["ran"]["reference"] == "rhf"
 
+    def keys(x):
+        if isinstance(x, dict):
+            return [k for k, v in x.items() for k in [k] + keys(v)]
+        return [k for v in x for k in keys(v)] if isinstance(x, list) else []
+    assert not [k for k in keys(d) if "." in k]          # schema 3: kernel maps as records
+    recs = d["gradient"]["ran"]["kernels"]
+    assert recs and all(set(r) == {"op", "kernel", "calls"} and r["calls"] > 0 for r in recs)
+
 
 @pytest.mark.parametrize("args, words", [
     (["--reference", "rohf"], "ROHF references are not supported"),
