@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import click
@@ -14,38 +11,9 @@ from rich.markup import escape
 
 from .cli_options import (cbs_options, checkpoint_options, device_options, molecule_options, printing,
                           resource_options, run_options, scf_options, stdout_console, user_errors)
-from .errors import EXIT_INTERRUPTED, Terminated
+from .cli_runtime import LazyProgress, terminate_raises
+from .errors import EXIT_INTERRUPTED
 from .outputs import check_output_file, write_text
-
-
-class _LazyProgress:
-    """A rich progress bar that appears only once the work has run longer than ``after`` s."""
-
-    def __init__(self, console, label: str, after: float = 2.0, enabled: bool = True):
-        self.console, self.label, self.after, self.enabled = console, label, after, enabled
-        self.t0, self.bar, self.task = time.perf_counter(), None, None
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            if time.perf_counter() - self.t0 < self.after or done >= total:
-                return
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                                console=self.console, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task(self.label, total=total)
-        self.bar.update(self.task, completed=done)
-        if done >= total:
-            self.close()
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
 
 
 class OneLineErrorGroup(click.Group):
@@ -85,79 +53,6 @@ class OneLineErrorGroup(click.Group):
 @click.version_option(package_name="dfmp2")
 def main():
     """DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium."""
-
-
-# After SIGTERM, SIGHUP or Ctrl-C, the seconds the main thread has to get back to Python (where the
-# signal's exception unwinds the run) before the watchdog removes the temporary directories and
-# ends the process itself
-TERMINATE_GRACE_S = 10.0
-
-
-@contextlib.contextmanager
-def _terminate_raises():
-    """While the run goes on, SIGTERM and SIGHUP raise ``errors.Terminated`` (a KeyboardInterrupt)
-    in the main thread, as Ctrl-C does, so every ``finally`` runs: temporary files are removed, a
-    checkpoint is closed. Python runs a signal's handler only between bytecodes, so a main thread
-    inside one long C call (PySCF's DF build, a BLAS call) would not stop until it returns (a run
-    took 300 s): the watchdog (``_watchdog``) ends such a run after TERMINATE_GRACE_S."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_interrupt(signum, frame):
-        raise Terminated(signum, signal.Signals(signum).name)
-    sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
-    old = {s: signal.signal(s, raise_interrupt) for s in sigs}
-    try:
-        with _watchdog({*sigs, signal.SIGINT}):
-            yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def _watchdog(signums: set):
-    """A thread that learns of each of ``signums`` when it arrives (``signal.set_wakeup_fd``: the
-    C-level handler writes the signal's number to a pipe, whatever the main thread is doing) and,
-    if the run has not ended TERMINATE_GRACE_S later, removes the registered temporary
-    directories (``tempdirs``), prints the one error line and ends the process with 128 + the
-    signal's number. A checkpoint stays as last flushed (its done flags), as after Ctrl-C."""
-    import os
-    from . import tempdirs
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    try:
-        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    except ValueError:              # not the main thread of the main interpreter
-        os.close(r), os.close(w)
-        yield
-        return
-    done = threading.Event()
-
-    def watch():
-        while True:
-            data = os.read(r, 64)
-            if not data or done.is_set():
-                return
-            hit = [b for b in data if b in signums]
-            if hit and not done.wait(TERMINATE_GRACE_S):
-                tempdirs.remove_all()
-                name = signal.Signals(hit[0]).name
-                by = "" if hit[0] == signal.SIGINT else f" by {name}"
-                os.write(2, f"error: interrupted{by} (the work under way did not stop within "
-                            f"{TERMINATE_GRACE_S:g} s: ended, temporary files removed)\n".encode())
-                os._exit(EXIT_INTERRUPTED if hit[0] == signal.SIGINT else 128 + hit[0])
-    t = threading.Thread(target=watch, name="dfmp2-watchdog", daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        signal.set_wakeup_fd(old_fd)
-        os.close(w)                 # the watchdog reads the end of the pipe and returns
-        t.join()
-        os.close(r)
 
 
 def _plan_table(plan):
@@ -250,14 +145,14 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE}
     failures = qc.FailedOperationOnError(qcschema_path) if qc else contextlib.nullcontext()
-    progress = _LazyProgress(err, "pair energies", enabled=not quiet)
+    progress = LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose and not world.rank else None
     if verbose and world.distributed:       # each rank its own line: its share of B
         from .mp2_dist import plan_printer
         on_plan = plan_printer(world, on_plan, lambda line: err.print(escape(line)))
     try:
-        with _terminate_raises(), failures:
+        with terminate_raises(), failures:
             if qc and qc.is_qcschema_path(xyz_file):     # v1 or v2, run in process as run_qcschema does
                 failures.input_data = qc.read_raw(xyz_file)
                 atomic, result = qc.run_atomic_input(failures.input_data, options, given=given, where=xyz_file,
@@ -347,10 +242,10 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
     options = run_options(params)
     if json_path is not None:       # before any work ('' too: refused as no file name)
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
-    progress = _LazyProgress(err, "pair energies", enabled=not quiet)
+    progress = LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     try:
-        with _terminate_raises():
+        with terminate_raises():
             result = run_interaction(geom, frags, options, log=log, progress=progress)
     finally:
         progress.close()

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from .cli_options import (device_options, molecule_options, printing, resource_options, run_options,
                           scf_options, stdout_console, user_errors)
+from .cli_runtime import LazyProgress, terminate_raises
 from .result import METHOD_SCALES as SCALES
 from .outputs import check_output_file
 
@@ -67,7 +68,12 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     if json_path is not None:       # before any work
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
-    gr = run_gradient(read_xyz(xyz_file), options, method=method, log=log)
+    progress = LazyProgress(err, "pair energies", enabled=not quiet)
+    try:
+        with terminate_raises():
+            gr = run_gradient(read_xyz(xyz_file), options, method=method, log=log, progress=progress)
+    finally:
+        progress.close()
     if json_path:
         gr.write_json(json_path)
     with printing(written=(json_path,)):
@@ -112,8 +118,13 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
         if path is not None:
             check_output_file(path, what, not_same_as=[("input", xyz_file)])
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
-    out = optimize(read_xyz(xyz_file), options, method, trajectory=traj_path, final=final_path,
-                   max_steps=max_steps, log=log)
+    progress = LazyProgress(err, "pair energies", enabled=not quiet)
+    try:
+        with terminate_raises():
+            out = optimize(read_xyz(xyz_file), options, method, trajectory=traj_path, final=final_path,
+                           max_steps=max_steps, log=log, progress=progress)
+    finally:
+        progress.close()
     if json_path:
         write_text(json_path, json.dumps(out.to_dict(), indent=2) + "\n")
     with printing(written=(final_path, traj_path, json_path)):

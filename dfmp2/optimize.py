@@ -69,10 +69,13 @@ def xyz_frame(geom: Geometry, coords_angstrom, comment: str) -> str:
 
 
 def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajectory=None, final=None,
-             max_steps: int = MAX_STEPS, log=None) -> OptimizationResult:
+             max_steps: int = MAX_STEPS, log=None, progress=None) -> OptimizationResult:
     """Minimise the ``method``'s DF-MP2 energy from ``geom``. ``trajectory``: path of the
     multi-frame XYZ written after each evaluation; ``final``: path of the last geometry's XYZ
-    (written converged or not). OptimizationError when it does not converge in ``max_steps``."""
+    (written converged or not). OptimizationError when it does not converge in ``max_steps``.
+    Each step's SCF starts from the previous step's density (``run_gradient``'s ``guess``, as
+    the ASE calculator does; ``ran.scf.guess`` says which start was used); ``progress(done,
+    total)`` is each energy run's pair-step progress."""
     try:
         import geometric.engine
         import geometric.errors
@@ -85,11 +88,15 @@ def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajec
     check_gradient_options(geom, options, method)
     say = log or (lambda msg: None)
     out = OptimizationResult(geom, None)
-    frames = []
+    frames, density = [], []
+
+    def keep(mol, ref):                 # the next step's SCF starts from this density
+        density[:] = [ref.density()]
 
     def evaluate(coords_bohr):
         g = dataclasses.replace(geom, coords_angstrom=np.asarray(coords_bohr).reshape(-1, 3) * BOHR)
-        gr = run_gradient(g, options, method=method)
+        gr = run_gradient(g, options, method=method, progress=progress, on_reference=keep,
+                          guess=density[0] if density else None)
         out.last, out.geometry = gr, g
         out.energies.append(gr.energy)
         out.gmax.append(float(np.abs(gr.gradient).max()))

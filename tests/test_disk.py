@@ -200,8 +200,8 @@ def test_pyscf_df_tensor_on_disk_is_in_the_disk_check(tmp_path, no_scf):
 STUCK_IN_C = """
 import sqlite3, sys
 from pyscf.scf import hf
-from dfmp2 import cli
-cli.TERMINATE_GRACE_S = 2.0
+from dfmp2 import cli, cli_runtime
+cli_runtime.TERMINATE_GRACE_S = 2.0
 def stuck(self, *a, **k):      # one long call into C that releases the GIL (as libcint and BLAS do)
     print('in C', file=sys.stderr, flush=True)
     sqlite3.connect(':memory:').execute(
@@ -213,15 +213,17 @@ cli.main()
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_during_a_long_c_call_ends_the_run_promptly_and_cleans_up(tmp_path, signum):
+@pytest.mark.parametrize("command, signum", [("run", signal.SIGTERM), ("run", signal.SIGINT),
+                                             ("gradient", signal.SIGTERM)])
+def test_a_signal_during_a_long_c_call_ends_the_run_promptly_and_cleans_up(tmp_path, command, signum):
     """PySCF's SCF stuck in one C call that would run for minutes (a run once took 300 s to honour
     SIGTERM): the watchdog ends it 2 s (its grace, patched from 10) after the signal, with one
-    error line, exit 128 + signum, and PySCF's scratch directory removed."""
+    error line, exit 128 + signum, and PySCF's scratch directory removed (``dfmp2 gradient``
+    runs under the same watchdog)."""
     import time
     # SIGINT at its default in the child: a suite started as a background job inherits it ignored,
     # and the program keeps a user's ignored SIGINT
-    p = subprocess.Popen([sys.executable, "-c", STUCK_IN_C, "run", str(WATER), "-q", "--scf", "pyscf-df",
+    p = subprocess.Popen([sys.executable, "-c", STUCK_IN_C, command, str(WATER), "-q", "--scf", "pyscf-df",
                           "--scratch", str(tmp_path)], stderr=subprocess.PIPE, text=True, cwd=ROOT,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

@@ -294,6 +294,21 @@ def test_optimize_not_converged_is_one_line_and_writes_the_last_geometry(tmp_pat
     assert read_xyz(final).natm == 3 and "not converged" in final.read_text()
 
 
+def test_optimize_starts_each_scf_from_the_previous_density(tmp_path):
+    """Every step after the first starts its SCF from the previous step's density, and ends at
+    the energy a fresh run at that geometry gives (to 1e-9 Eh)."""
+    pytest.importorskip("geometric", reason="dfmp2 optimize needs geomeTRIC (the test extra has it)")
+    from dfmp2.optimize import optimize
+    src = tmp_path / "w.xyz"
+    src.write_text(DISTORTED_WATER)
+    out = optimize(read_xyz(src), _options(basis="sto-3g"))
+    assert len(out.energies) >= 3
+    assert out.last.result.ran["scf"]["guess"].startswith("given density")
+    fresh = gradrun.run_gradient(out.geometry, _options(basis="sto-3g"))
+    assert fresh.result.ran["scf"]["guess"].startswith("minao")
+    assert abs(fresh.energy - out.last.energy) < 1e-9
+
+
 def test_bench_gradient_script_writes_its_record(tmp_path):
     """scripts/bench_gradient.py on a tiny input: both rows, the ratio, what ran."""
     import importlib.util
