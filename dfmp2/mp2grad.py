@@ -94,16 +94,17 @@ class GradientParts:
 def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int,
               block_mb: float = AUX_BLOCK_MB) -> float:
     """Peak MB (10^6 bytes, fp64) of the arrays the gradient stage holds, an estimate: the JK
-    factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform (nao naux_mp2 nact) throughout,
-    plus the larger of the pair loop's phase ((ia|P) or B, Γ, Γ~: 3 nact nvir naux_mp2; t, θ, K
-    of one occupied orbital: 5 nact nvir^2) and the derivative phase (the JK part's
-    half-transformed coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a
-    block of derivative integrals (block_mb, at most 3 nao^2 naux) and its weights: twice that)
-    and the Z-vector's (the factor in the MO basis, vo three times, oo and vv:
-    naux_jk (3 nvir nocc + nocc^2 + nvir^2))."""
+    factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform T_v (nao naux_mp2 nact) throughout,
+    plus the largest of the pair loop's phase (B, Γ and their host copies: 4 nact nvir naux_mp2;
+    K and θ of one block of j: PAIR_BLOCK_MB; P_vv's batched product: nact nvir^2), the
+    Z-vector's (the factor in the MO basis, ov twice (with a GEMM's transposed operand), oo and
+    vv: naux_jk (2 nvir nocc + nocc^2 + nvir^2)) and the derivative phase (the JK part's fitted
+    coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a block of
+    derivative integrals (block_mb, at most 3 nao^2 naux), its two weight sets and a product:
+    twice that)."""
     held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * nact
-    pair = 3 * nact * nvir * naux_mp2 + 5 * nact * nvir * nvir
-    zvec = naux_jk * (3 * nvir * nocc + nocc * nocc + nvir * nvir)
+    pair = 4 * nact * nvir * naux_mp2 + PAIR_BLOCK_MB * 1e6 / 8 + nact * nvir * nvir
+    zvec = naux_jk * (2 * nvir * nocc + nocc * nocc + nvir * nvir)
     deriv = 4 * nocc * nao * naux_jk + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
     return 8 * (held + max(pair, zvec, deriv)) / 1e6
 
@@ -178,15 +179,19 @@ def _used(backend, kernels0: dict) -> dict:
                        if n != kernels0.get(k, 0)))
 
 
+# what each stage runs where (the gradient's ``ran``): on the backend (torch or linalg GEMMs) and on the host
+ON_DEVICE = ("B's two transforms, the pair loop (K, t, θ, Γ, P_oo, P_vv), the JK factor, the Z-vector's MO "
+             "factor and J/K, the derivative weights (through the JK factor's fitted coefficients)")
+ON_HOST = ("libcint's 3-center and derivative integrals and their contractions (torch, fp64), the fits' "
+           "Cholesky factors and triangular solves, dense nmo x nmo algebra (numpy, fp64)")
+
+
 def _stage_ran(backend, host, kernels0: tuple) -> dict:
     """What the RHF stage ran where: all on ``backend`` in fp64 (``host`` is ``backend``), or the
     pair loop on a device without fp64 in fp32 and the rest on the fp64 ``host``."""
-    rest = "libcint derivative integrals and their contractions, the fits' triangular solves, " \
-           "dense nmo x nmo algebra (numpy, fp64)"
     if host is backend:
         return {"device": backend.name, "precision": "fp64", "kernels": _used(backend, kernels0[0]),
-                "on_device": "the pair loop's GEMMs (K, Γ, P_oo, P_vv), the JK factor and the Z-vector's J/K",
-                "host": rest}
+                "on_device": ON_DEVICE, "host": ON_HOST}
     return {"device": backend.name, "engine": backend.engine,
             "simulated": backend.caps.simulable and backend.engine != "neuron-hardware",
             "precision": "fp32 (the pair loop); fp64 on the host (the rest)",
@@ -194,8 +199,8 @@ def _stage_ran(backend, host, kernels0: tuple) -> dict:
             "on_device": "the densities' pair loop's GEMMs (K = B B_J^T, Γ += θ B_J, P_oo, P_vv) in fp32; "
                          "its elementwise steps (denominators, θ) in torch fp32 on the host",
             "host_device": host.name, "host_precision": "fp64", "host_kernels": _used(host, kernels0[1]),
-            "host": "B's build and fit, E_corr = Σ Γ B, the JK factor and the Z-vector's J/K on the "
-                    f"host {host.name} backend (fp64); " + rest}
+            "host": f"on the host {host.name} backend (fp64): the rest of " + ON_DEVICE.replace(
+                "the pair loop (K, t, θ, Γ, P_oo, P_vv), ", "") + "; " + ON_HOST}
 
 
 class _Orbitals:

@@ -44,9 +44,9 @@ from pyscf.grad import rhf as pyscf_grad_rhf
 from dfmp2 import linalg
 
 from . import dfhf
-from .mp2grad import (AUX_BLOCK_MB, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts, _cholesky, _dev,
-                      _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _solve_lower, _t, check_channels,
-                      df_deriv, fit_b, gamma3_weights, jk_energy_deriv, response_3c)
+from .mp2grad import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
+                      _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _solve_lower, _t,
+                      check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, response_3c)
 from .timing import Timer
 
 
@@ -107,10 +107,10 @@ def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 
                         "the exact derivative of the energy)")
     used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
     ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items())),
-           "on_device": "the pair loops' GEMMs (αα, ββ, αβ and the second αβ pass: K, Γ, P_oo, P_vv), the JK "
-                        "factor and the Z-vector's J/K (dfhf.DFUHF.hessian_product)",
-           "host": "libcint derivative integrals and their contractions, the fits' triangular solves, "
-                   "dense nmo x nmo algebra and the Z-vector's conjugate gradients (numpy/scipy, fp64)"}
+           "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
+                        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfhf.DFUHF.hessian_product), the "
+                        "derivative weights",
+           "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)"}
     return GradientParts(grad, hf, grad - hf, e_corr, c_os, c_ss, zinfo, warnings,
                          {k: v for k, v in timer.seconds.items() if k.startswith("grad_")}, ran)
 
