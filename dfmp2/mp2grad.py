@@ -1,4 +1,4 @@
-"""The RHF DF-MP2 nuclear gradient: a stage after the energy, a peer of ``mp2.py`` (fp64, host).
+"""The RHF DF-MP2 nuclear gradient: a stage after the energy, a peer of ``mp2.py`` (fp64).
 
 The gradient is the derivative of exactly the energy ``dfmp2 run`` prints,
     E = E_HF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
@@ -17,18 +17,22 @@ k any occupied, a, b virtual, r, p any orbital; P, Q auxiliary functions. Spin-s
     P_Ij = Y_Ij / (2 (e_j - e_I))                        frozen-active occupied block
     Z-vector (CPHF of the DF-HF):  (e_a - e_i) z_ai + (C_v^T G[2(C_v z C_o^T + h.c.)] C_o)_ai
                                     = R_ai = Y_ai - Y_ia;   P_ai = P_ia = -z_ai / 2
-          (its G in the MO basis of the JK factor: 4 (ai|bj) - (ab|ij) - (aj|ib), four GEMMs)
+          (its G in the MO basis of the JK factor: 4 (ai|bj) - (ab|ij) - (aj|ib), five GEMMs)
     dE/dx = Σ (D + P) h^x - Σ W S^x + E_nuc^x + E_G^x(D/2 + P, D)[JK-fit]
             + 4 Σ Γ~_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],    W = C sym(Y) C^T / 2
 with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = Σ D1 G[D2].
 
-J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
+The pair loop (``_pair_densities``) runs over blocks of j with every i at once (no i >= j
+symmetry: P_ij needs every i of one j), all its steps in torch on the backend: K, t, θ, Γ, P_oo,
+P_vv are GEMMs and in-place elementwise steps over one block (about 2.3 times the energy's pair
+flops). J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
 (``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
-PySCF's hcore generator, ECP included) come from libcint on the host. (μν|P) and its
-derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nocc nvir naux_mp2), the
-JK part's half-transformed coefficients (nocc nao naux_jk, three of them) and Γ~'s half
-back-transform (nao naux_mp2 nocc) are held in memory: no out-of-core path, and the memory plan
-does not count them yet.
+PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
+torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)
+and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nact nvir
+naux_mp2), the JK part's fitted coefficients (nocc nao naux_jk, three of them), Γ~'s half
+back-transform (naux_mp2 nao nact) and the Z-vector's MO factor are held in memory (``memory_mb``
+estimates them; no out-of-core path). The same pieces serve the UHF stage (``mp2grad_uhf``).
 
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).

@@ -1,4 +1,4 @@
-"""The UHF DF-MP2 nuclear gradient: the spin-unrestricted peer of ``mp2grad`` (fp64, host), the
+"""The UHF DF-MP2 nuclear gradient: the spin-unrestricted peer of ``mp2grad`` (fp64), the
 derivative of exactly the energy ``dfmp2 run`` prints for a UHF reference,
     E = E_UHF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
 (MP2, SCS-MP2, SOS-MP2 through ``mp2grad.SCALES``), frozen core as the energy freezes it (the
@@ -25,8 +25,9 @@ i, j active occupied, I frozen occupied, k any occupied, a, b virtual of one spi
 with D^σ = C_o^σ C_o^σT and E_G(D1) = Σ_σ D1^σ G^σ[D] (J of the total density, K per spin).
 For α = β every term is half the RHF's spin-summed one (the RHF gradient; tested).
 
-Cost: the pair loops are the energy's (αα, ββ, αβ) plus a second αβ pass for P^α_oo (its
-sum runs over two α pairs; the pass over β orbitals has them): about (E_aa + E_bb + 2 E_ab).
+Cost: the pair loops (``mp2grad._pair_densities``) are the energy's (αα, ββ, αβ) plus a second
+αβ pass from the β side (P^β_oo's sum runs over two β orbitals of one α): about E_aa + E_bb +
+2 E_ab, each at the RHF loop's 2.3 times the energy's pair flops.
 Held in memory (no out-of-core path, ``memory_mb``): B^σ and Γ^σ of both spins, Γ~'s half
 back-transform per spin (nao naux_mp2 nact_σ), the JK part's half-transformed coefficients per
 spin. The same J/K (``mp2grad._DFJK``'s factor), derivative integrals (``mp2grad.df_deriv``,
