@@ -24,8 +24,8 @@ with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = �
 
 The pair loop (``_pair_densities``) runs over blocks of j with every i at once (no i >= j
 symmetry: P_ij needs every i of one j), all its steps in torch on the backend: K, t, θ, Γ, P_oo,
-P_vv are GEMMs and in-place elementwise steps over one block (about 2.3 times the energy's pair
-flops). J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
+P_vv are GEMMs and in-place elementwise steps over one block (K and Γ over every ordered pair, P_oo
+and P_vv: about 4.6 times the flops of the energy's pair step, which takes i >= j). J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
 (``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
 PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
 torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)

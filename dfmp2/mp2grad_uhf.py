@@ -27,7 +27,7 @@ For α = β every term is half the RHF's spin-summed one (the RHF gradient; test
 
 Cost: the pair loops (``mp2grad._pair_densities``) are the energy's (αα, ββ, αβ) plus a second
 αβ pass from the β side (P^β_oo's sum runs over two β orbitals of one α): about E_aa + E_bb +
-2 E_ab, each at the RHF loop's 2.3 times the energy's pair flops.
+2 E_ab, each at the RHF loop's cost per pair.
 Held in memory (no out-of-core path, ``memory_mb``): B^σ and Γ^σ of both spins, Γ~'s half
 back-transform per spin (nao naux_mp2 nact_σ), the JK part's half-transformed coefficients per
 spin. The same J/K (``mp2grad._DFJK``'s factor), derivative integrals (``mp2grad.df_deriv``,
