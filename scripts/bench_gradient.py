@@ -91,8 +91,8 @@ def main(argv=None) -> int:
         "gradient_stage_parts_s": parts, "other_cpu": other,
         "ran": {"device": r.ran["device"], "engine": r.ran["engine"], "precision": r.ran["precision"],
                 "reference": "UHF" if r.spin else "RHF",
-                "gradient": ("dfmp2.mp2grad_uhf" if r.spin else "dfmp2.mp2grad") + " on the host in fp64 (densities' "
-                            "GEMMs on the backend), libcint derivative integrals"},
+                "gradient": {"stage": "dfmp2.mp2grad_uhf" if r.spin else "dfmp2.mp2grad",
+                             **gr.parts.to_dict()["ran"]}},         # the stage's own record of what ran where
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.node(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": software_versions(),
     }
