@@ -516,8 +516,9 @@ def main(argv=None):
     out_dir = Path(args.out_dir) if args.out_dir else (
         Path(tempfile.mkdtemp(prefix="gpu_acceptance_dry_")) if dry else ROOT / "scripts" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
+    about = meta(dry)           # imports torch: seconds on a loaded machine, before the clock --total-s bounds
     t_start = time.perf_counter()
-    doc = {"meta": meta(dry), "total_s": args.total_s, "steps": []}
+    doc = {"meta": about, "total_s": args.total_s, "steps": []}
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"dry": dry, "device": "cpu" if dry else args.device, "tmp": tmp, "fail_step": args.fail_step,
                 "xyz": {k: str(ROOT / v) for k, v in (DRY if dry else WATERS).items()}}

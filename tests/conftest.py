@@ -2,8 +2,18 @@
 
 A channel that cannot run here is reported as *skipped* with the reason, never as passed.
 """
-import pytest
-import torch
+import os
+
+# Before torch is imported (libgomp reads it once, when it loads): idle OpenMP threads sleep instead
+# of spinning. Under the README's two xdist workers on two cores, each worker's (and each CLI
+# subprocess's) two-thread torch and PySCF pools spun on the core the other worker needed: on a
+# loaded 2-core machine, tests/test_pipeline.py, test_dfhf.py and test_ump2.py on two workers took
+# 86 s with spinning, 30 s without. Thread counts and results are unchanged. Inherited by the
+# workers and by the subprocesses the tests start; a value already set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -23,6 +33,7 @@ def _neuron_device_available() -> bool:
     return bool(neuron_devices()) and _real_nki_available()
 
 
+@pytest.hookimpl(tryfirst=True)     # before xdist's worker reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     skip = {
         "slow": None if config.getoption("--slow") else "slow channel: run with --slow",
@@ -36,6 +47,20 @@ def pytest_collection_modifyitems(config, items):
         for mark, reason in skip.items():
             if reason and mark in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+    _one_worker_for_the_triton_interpreter(config, items)
+
+
+def _one_worker_for_the_triton_interpreter(config, items):
+    """Under pytest-xdist (README: ``-n 2 --dist loadgroup``) every test of the modules whose
+    @interpreted tests share ONE child pytest (test_triton_interpreter.INTERPRETER_MODULES) goes
+    to the same worker, so the child (~13 s of CPU) runs once, not once per worker. Other tests
+    are spread one by one. Nothing changes without xdist."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return                      # the xdist_group mark is xdist's (unknown without it)
+    from test_triton_interpreter import INTERPRETER_MODULES
+    for item in items:
+        if item.path.name in INTERPRETER_MODULES:
+            item.add_marker(pytest.mark.xdist_group("triton_interpreter"))
 
 
 @pytest.fixture

@@ -137,6 +137,8 @@ def interpreted(fn):
     @functools.wraps(fn)
     def from_child(*args, **kwargs):
         nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+        if nodeid.rfind("@") > nodeid.rfind("]"):      # pytest-xdist's --dist loadgroup suffix (conftest.py)
+            nodeid = nodeid.rsplit("@", 1)[0]
         path, name = nodeid.split("::", 1)
         outcomes = child_outcomes()
         if "__crash__" in outcomes:
