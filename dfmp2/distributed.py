@@ -63,6 +63,7 @@ class World:
     timeout_s: float = DEFAULT_TIMEOUT_S
     comm: dict = field(default_factory=dict)
     agreed: bool = False
+    refused: bool = False         # the ranks agreed that the input is refused: every rank stops here
     scf_split: bool = True        # our DF-SCF split over the ranks (RunOptions.dist_scf), set by check_options
     b_bytes: list = field(default_factory=list)     # each rank's B in bytes (the MP2 stage fills it)
     devices: list = field(default_factory=list)     # each rank's 'host device' (``summarize``)
@@ -122,6 +123,7 @@ class World:
         first = int(flag.item())
         if first == self.size:
             return
+        self.refused = True
         if error is not None and first == self.rank:
             raise error
         raise PeerRefusedError(f"rank {first} refused the input")
@@ -190,7 +192,10 @@ class World:
         self.comm_total = {s: int(b) for s, b in zip(self.STAGES, sent.tolist())}
 
     def close(self) -> None:
-        """Leave the group after a run every rank finished (never after a failure: a peer may be gone)."""
+        """Leave the group after a run every rank finished, or after the ranks agreed to refuse the
+        input (every rank is then at the same point); never after a failure, where a peer may be
+        gone. Left to the interpreter's exit instead, gloo's threads sometimes aborted a refusing
+        rank (SIGABRT, 'terminate called without an active exception': 2 runs in 7)."""
         if self.distributed:
             import torch.distributed as dist
             if dist.is_initialized():
@@ -365,13 +370,17 @@ def command(world: World):
     try:
         yield
     except PeerRefusedError:
+        world.close()
         raise SystemExit(EXIT_USER_ERROR) from None
     except Exception as e:
         if world.distributed and not world.agreed:
             try:
                 world.agree(e)
             except PeerRefusedError:
+                world.close()
                 raise SystemExit(EXIT_USER_ERROR) from None
+        if world.refused:       # every rank reached the agreement and stops: the group is left in order
+            world.close()
         raise
     else:
         world.close()

@@ -45,7 +45,7 @@ from pyscf.grad import rhf as pyscf_grad_rhf
 from dfmp2 import linalg
 
 from . import dfhf
-from .mp2grad import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
+from .mp2grad import (AUX_BLOCK_MB, ON_HOST, _Buffers, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
                       _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _solve_lower, _t,
                       check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, response_3c)
 from .timing import Timer
@@ -97,7 +97,8 @@ def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
 
     C_act = [o.C[:, o.act] for o in orbs]
-    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend)[None],
+    gbuf = _Buffers(device=T_v[0].device)
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
                        -2.0 * gamma_pq[None])[0]
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
