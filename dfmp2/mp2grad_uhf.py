@@ -45,9 +45,10 @@ from pyscf.grad import rhf as pyscf_grad_rhf
 from dfmp2 import linalg
 
 from . import dfhf
-from .mp2grad import (AUX_BLOCK_MB, ON_HOST, _Buffers, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
-                      _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _solve_lower, _t,
-                      check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, response_3c)
+from .mp2grad import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
+                      _Buffers, _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities,
+                      _solve_lower, _t, check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv,
+                      response_3c)
 from .timing import Timer
 
 
