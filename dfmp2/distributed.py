@@ -375,10 +375,14 @@ def command(world: World):
     except Exception as e:
         if world.distributed and not world.agreed:
             try:
-                world.agree(e)
+                world.agree(e)      # raises: e itself on the lowest refusing rank, PeerRefusedError on the others
             except PeerRefusedError:
                 world.close()
                 raise SystemExit(EXIT_USER_ERROR) from None
+            except BaseException:
+                if world.refused:
+                    world.close()
+                raise
         if world.refused:       # every rank reached the agreement and stops: the group is left in order
             world.close()
         raise
