@@ -120,11 +120,12 @@ def test_qcengines_task_memory_is_the_limit(no_scf):
     assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb == pytest.approx(2 * 2**30 / 1e6)
 
 
-def test_qcengines_geometric_procedure_optimises_water_through_dfmp2(tmp_path):
+def test_qcengines_geometric_procedure_optimises_water_through_dfmp2(tmp_path, monkeypatch):
     """QCEngine's own geomeTRIC procedure, driver 'gradient' on program dfmp2 (issue 27): water from
     OH 1.1 Å, HOH 120° to the DF-MP2/cc-pVDZ minimum; the last gradient (max |g| <= 3e-4 Eh/bohr,
     geomeTRIC's own criteria) and energy are dfmp2.gradient's at the final geometry."""
     pytest.importorskip("geometric", reason="the geomeTRIC procedure needs geomeTRIC (the test extra has it)")
+    monkeypatch.chdir(tmp_path)         # geomeTRIC writes its trajectory (qce_optim.xyz) in the working directory
     import numpy as np
     r, th = 1.1 / BOHR, np.radians(120.0)
     geom = [0, 0, 0, r, 0, 0, r * np.cos(th), r * np.sin(th), 0]
