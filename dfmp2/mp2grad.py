@@ -229,13 +229,6 @@ def _t(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-def _gemm(a: np.ndarray, b: np.ndarray, backend, trans_a=False, trans_b=False) -> np.ndarray:
-    """op(a) @ op(b) through the backend's GEMM (fp64), as numpy."""
-    out = linalg.gemm(backend.to_device(_t(a), torch.float64), backend.to_device(_t(b), torch.float64),
-                      trans_a=trans_a, trans_b=trans_b, backend=backend)
-    return out.cpu().numpy()
-
-
 def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
     """L (lower) of the metric; GradientError when it is not positive definite (the energy then
     used eigh with dropped directions, whose derivative this code does not have). torch's LAPACK,
