@@ -614,8 +614,8 @@ def gradient(molecule, method: str = "mp2", **options):
     file path or a PySCF ``gto.Mole`` (as ``energy``). ``method``: 'mp2', 'scs-mp2' or 'sos-mp2'
     (the spin-component scales of the differentiated energy). Returns ``gradrun.GradientResult``:
     ``.gradient`` (natm, 3) in Hartree/Bohr, ``.energy`` (Hartree), ``.result`` (the energy run's
-    Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. Closed-shell
-    RHF with a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with
+    Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. RHF or UHF with
+    a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with
     simulate=True here) RHF only: its pair loop runs there in fp32, the rest on the host in fp64."""
     from .gradrun import run_gradient
 
