@@ -103,8 +103,8 @@ def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_
     factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform T_v (nao naux_mp2 nact) throughout,
     plus the largest of the pair loop's phase (B, Γ and their host copies: 4 nact nvir naux_mp2;
     K and θ of one block of j: PAIR_BLOCK_MB; P_vv's batched product: nact nvir^2), the
-    Z-vector's (the factor in the MO basis, ov twice (with a GEMM's transposed operand), oo and
-    vv: naux_jk (2 nvir nocc + nocc^2 + nvir^2)) and the derivative phase (the JK part's fitted
+    Z-vector's (the factor in the MO basis, ov, oo and vv, and one product of ov's size per
+    iteration: naux_jk (2 nvir nocc + nocc^2 + nvir^2)) and the derivative phase (the JK part's fitted
     coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a block of
     derivative integrals (block_mb, at most 3 nao^2 naux), its two weight sets and a product:
     twice that)."""
@@ -187,8 +187,10 @@ def _used(backend, kernels0: dict) -> dict:
 
 
 # what each stage runs where (the gradient's ``ran``): on the backend (torch or linalg GEMMs) and on the host
-ON_DEVICE = ("B's two transforms, the pair loop (K, t, θ, Γ, P_oo, P_vv), the JK factor, the Z-vector's MO "
-             "factor and J/K, the derivative weights (through the JK factor's fitted coefficients)")
+PAIR_LOOP = "the pair loop (K, t, θ, Γ, P_oo, P_vv)"
+BESIDE_PAIR_LOOP = ("B's two transforms, the JK factor, the Z-vector's MO factor and J/K, the derivative weights "
+                    "(through the JK factor's fitted coefficients)")
+ON_DEVICE = f"{PAIR_LOOP}, {BESIDE_PAIR_LOOP}"
 ON_HOST = ("libcint's 3-center and derivative integrals and their contractions (torch, fp64), the fits' "
            "Cholesky factors and triangular solves, dense nmo x nmo algebra (numpy, fp64)")
 
@@ -206,8 +208,7 @@ def _stage_ran(backend, host, kernels0: tuple) -> dict:
             "on_device": "the densities' pair loop's GEMMs (K = B B_J^T, Γ += θ B_J, P_oo, P_vv) in fp32; "
                          "its elementwise steps (denominators, θ) in torch fp32 on the host",
             "host_device": host.name, "host_precision": "fp64", "host_kernels": _used(host, kernels0[1]),
-            "host": f"on the host {host.name} backend (fp64): the rest of " + ON_DEVICE.replace(
-                "the pair loop (K, t, θ, Γ, P_oo, P_vv), ", "") + "; " + ON_HOST}
+            "host": f"on the host {host.name} backend (fp64): {BESIDE_PAIR_LOOP}; {ON_HOST}"}
 
 
 class _Orbitals:
@@ -390,27 +391,31 @@ def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: fl
 
 def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float,
                         pair_backend=None) -> _Corr:
-    """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then Γ~, γ and
-    the orbital-response terms (``response_3c``; see the module docstring). The pair loop runs on
-    ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest on ``backend``
-    (fp64)."""
+    """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
+    3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
+    loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
+    on ``backend`` (fp64)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
-    nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
-    C_o, C_v = orb.C[:, orb.act], orb.C[:, orb.vir]
-    Bd = _dev(backend, fit_b(mol, auxmol, C_o, C_v, L, backend))                    # (ia, Q)
+    Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend))   # (ia, Q)
     Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
-    BtG = linalg.gemm(Bd, Gd, trans_a=True, backend=backend).cpu().numpy()
-    del Bd
-    Gf = Gd.cpu().numpy()
-    del Gd
+    gamma_pq, Y_ri, Y_ra, T_v = three_index_terms(mol, auxmol, orb, L, Bd, Gd, backend)
     P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
-    gamma_t = _solve_lower(L, Gf.T, trans=True).reshape(naux, nact, nvir)          # Γ~ as [P, i, a]
-    del Gf
-    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
-    X_o, X_v, T_v = response_3c(mol, auxmol, C_o, C_v, gamma_t, backend)
-    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), orb.C.T @ X_o, orb.C.T @ X_v, T_v,
+    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, T_v,
                  0.5 * (gamma_pq + gamma_pq.T))
+
+
+def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend):
+    """One spin's terms of Γ (RHF: the only one): from its B and Γ (nact nvir, naux, fp64 on the
+    device) and the MP2 metric's Cholesky factor L, γ's share L^-T (B^T Γ) L^-1 (naux, naux,
+    unsymmetrised) and, through Γ~ = Γ L^-1, the orbital-response terms (``response_3c``):
+    Y_ri = C^T X_o (nmo, nact), Y_ra = C^T X_v (nmo, nvir) and T_v (naux, nao, nact, device)."""
+    nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
+    BtG = linalg.gemm(B, G, trans_a=True, backend=backend).cpu().numpy()
+    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
+    gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)   # Γ~ as [P, i, a]
+    X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
+    return gamma_pq, orb.C.T @ X_o, orb.C.T @ X_v, T_v
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)

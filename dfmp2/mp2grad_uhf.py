@@ -42,13 +42,10 @@ import scipy.sparse.linalg
 import torch
 from pyscf.grad import rhf as pyscf_grad_rhf
 
-from dfmp2 import linalg
-
 from . import dfhf
 from .mp2grad import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
-                      _Buffers, _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities,
-                      _solve_lower, _t, check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv,
-                      response_3c)
+                      _Buffers, _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _t,
+                      check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, three_index_terms)
 from .timing import Timer
 
 
@@ -128,7 +125,7 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
     """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
     the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
     E_aa + E_bb + 2 E_ab of pair arithmetic), then Γ~, γ and the orbital-response terms
-    (``mp2grad.response_3c``). Returns (e_corr = Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree),
+    (``mp2grad.three_index_terms``). Returns (e_corr = Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree),
     P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv in place), Y (per spin (nmo, nmo): the
     3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v Γ~, on the device), γ (naux, naux))."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
@@ -151,23 +148,18 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
     e_corr = sum(float(torch.dot(a[0].reshape(-1), b.reshape(-1))) for a, b in zip(acc, Bd))
     gamma_pq, P, Y, T_v = np.zeros((naux, naux)), [], [], []
     for o, b, (G, po, pv), h in zip(orbs, Bd, acc, has):
-        nact, nvir = len(o.act), len(o.vir)
         p, y = np.zeros((o.nmo, o.nmo)), np.zeros((o.nmo, o.nmo))
         P.append(p)
         Y.append(y)
         if not h:
-            T_v.append(torch.zeros((naux, nao, nact), dtype=torch.float64, device=b.device))
+            T_v.append(torch.zeros((naux, nao, len(o.act)), dtype=torch.float64, device=b.device))
             continue
-        BtG = linalg.gemm(b, G, trans_a=True, backend=backend).cpu().numpy()
-        gamma_pq += _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
-        gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)   # Γ~ [P, i, a]
-        X_o, X_v, tv = response_3c(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], gamma_t, backend)
+        g, y[:, o.act], y[:, o.vir], tv = three_index_terms(mol, auxmol, o, L, b, G, backend)
+        gamma_pq += g
         T_v.append(tv)
         po, pv = po.cpu().numpy(), pv.cpu().numpy()
         p[np.ix_(o.act, o.act)] = 0.5 * (po + po.T)
         p[np.ix_(o.vir, o.vir)] = 0.5 * (pv + pv.T)
-        y[:, o.act] += o.C.T @ X_o
-        y[:, o.vir] += o.C.T @ X_v
     return e_corr, P, Y, T_v, 0.5 * (gamma_pq + gamma_pq.T)
 
 
