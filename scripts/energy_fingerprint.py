@@ -8,8 +8,9 @@ Runs, in one process with one torch thread, through the public ``dfmp2.energy``:
 regression cases (inputs/references.json, subset 'fast': RHF and UHF, df and exact SCF,
 all-electron and frozen core) in fp64 and fp32; out of core (B on disk, small occupied blocks);
 a checkpointed run, its complete checkpoint read back, and a run interrupted in the pair step
-then resumed; and water on trn1 through the NKI kernels on this CPU (``--simulate``). Prints
-JSON {case: {e_hf, e_os, e_ss: float.hex}} (Hartree), sorted.
+then resumed; water on trn1 through the NKI kernels on this CPU (``--simulate``); and the gradient
+path (``gradient_fingerprints``). Prints JSON {case: {e_hf, e_os, e_ss: float.hex}} (Hartree) and
+{case: {gradient: [float.hex]}} (Eh/bohr), sorted.
 """
 from __future__ import annotations
 
@@ -51,6 +52,26 @@ def interrupted_then_resumed(path, ck, after: int, **opts):
     return dfmp2.energy(path, resume=ck, **opts)
 
 
+def gradient_fingerprints(water: str, oh: str) -> dict:
+    """The gradient path's bits: RHF water MP2 and frozen-core SCS-MP2, UHF hydroxyl MP2 (6-31G,
+    the CLI's ``dfmp2 gradient`` through ``dfmp2.gradient``), and the drop-in's
+    ``DFMP2(mf).nuc_grad_method()`` on a PySCF DF-RHF; each component as float.hex (Eh/bohr)."""
+    from pyscf import gto, scf
+
+    def grad_hexes(g) -> dict:
+        return {"gradient": [float(x).hex() for x in g.ravel()]}
+
+    out = {}
+    out["water|gradient|mp2"] = grad_hexes(dfmp2.gradient(water, basis="6-31g").gradient)
+    out["water|gradient|scs-mp2|fc"] = grad_hexes(
+        dfmp2.gradient(water, method="scs-mp2", basis="6-31g", frozen_core=True).gradient)
+    out["hydroxyl|gradient|mp2"] = grad_hexes(dfmp2.gradient(oh, basis="6-31g").gradient)
+    mol = gto.M(atom=water, basis="6-31g", verbose=0)
+    mf = scf.RHF(mol).density_fit().run(conv_tol=1e-11)
+    out["water|dropin-gradient|mp2"] = grad_hexes(dfmp2.DFMP2(mf).nuc_grad_method().kernel())
+    return out
+
+
 def main() -> None:
     torch.set_num_threads(1)
     refs = json.loads((ROOT / "inputs" / "references.json").read_text())["references"]
@@ -81,6 +102,7 @@ def main() -> None:
                 r = interrupted_then_resumed(dimer, ck2, 3, storage="disk", scratch_dir=tmp, **opts)
                 out[f"h2o_2|interrupted-resumed|{scf_mode}|{precision}"] = hexes(r)
     out["water|trn1-simulate|fp32"] = hexes(dfmp2.energy(water, device="trn1", simulate=True))
+    out.update(gradient_fingerprints(water, oh))
     json.dump(dict(sorted(out.items())), sys.stdout, indent=1)
     print()
 
