@@ -33,7 +33,7 @@ import torch
 
 from dfmp2 import linalg
 
-from .errors import EXIT_USER_ERROR, InputError
+from dfmp2.errors import EXIT_USER_ERROR, InputError
 
 TIMEOUT_ENV = "DFMP2_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0      # the longest one rank may wait for the others at one collective
@@ -404,7 +404,7 @@ UNLIMITED_MB = 1e15     # the plan over several ranks: blocks as one process wit
 def plan_options(options, world: World):
     """The options the memory plan is made with: over several ranks, B in memory with the blocks a
     single process chooses from the shapes (the same blocks, so the same bits); the per-rank
-    limit is checked after (dfmp2.mp2_dist.per_rank_plan)."""
+    limit is checked after (dfmp2.mp2.dist.per_rank_plan)."""
     if not world.distributed:
         return options
     import dataclasses

@@ -1,7 +1,7 @@
 """User-facing errors: each carries one line saying what is wrong, where, and what to do.
 
 The CLI prints ``error: <message>`` for these and exits ``EXIT_USER_ERROR``, without a traceback
-(dfmp2.cli_options.user_errors).
+(dfmp2.cli.options.user_errors).
 """
 
 import stat
@@ -56,7 +56,7 @@ class MemoryLimitError(InputError):
 
 
 # The CLI flag of an option (a RunOptions field or a command's parameter): '--' + the name with
-# '-' for '_', but for these. dfmp2.cli_options declares every shared option with this flag.
+# '-' for '_', but for these. dfmp2.cli.options declares every shared option with this flag.
 FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
                 "frozen_core": "--frozen-core/--all-electron", "scf_stability": "--scf-stability/--no-scf-stability"}
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.

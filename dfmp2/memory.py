@@ -1,5 +1,5 @@
 """Memory planning: estimate the peak of each stage from the shapes, choose block sizes, and decide
-whether B (the fitted integrals) stays in memory or goes to disk (HDF5, ``dfmp2.outofcore``).
+whether B (the fitted integrals) stays in memory or goes to disk (HDF5, ``dfmp2.df.outofcore``).
 
 Estimates are in MB (10^6 bytes) of the memory the big arrays live in (host for cpu and trn, the
 GPU for cuda). The plan is made before the SCF, so a run that cannot fit fails at once with the
@@ -10,7 +10,7 @@ Block sizes are chosen from the shapes first (``occ_block_max``, ``j3c_block_mb`
 ``OCC_BLOCK_MAX``, ``J3C_BLOCK_MB``) and shrunk only
 when the limit forces it; whether B is on disk never changes them. Same blocks means the same
 arithmetic in the same order, which is what makes the out-of-core energy bitwise equal to the
-in-memory one (``dfmp2.outofcore``).
+in-memory one (``dfmp2.df.outofcore``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
 
-from .errors import InputError, MemoryLimitError
+from dfmp2.errors import InputError, MemoryLimitError
 
 MB = 1e6
 DEFAULT_FRACTION = 0.8        # of available memory when no limit is given
@@ -28,7 +28,7 @@ OCC_BLOCK_MAX = 16            # occupied orbitals per block of the fit and the p
 J3C_BLOCK_MB = 512.0          # target size of one streamed (μν|P) block and its transforms
 PREFETCH_DEPTH = 2            # out-of-core blocks read ahead of the one in use (outofcore.py)
 WRITE_DEPTH = 2               # out-of-core writes queued behind the one in flight
-QUEUE_DEPTH = 2               # the host integral engine's packed (μν|P) buffers (dfmp2.integrals)
+QUEUE_DEPTH = 2               # the host integral engine's packed (μν|P) buffers (dfmp2.df.integrals)
 STORAGE_CHOICES = ("auto", "memory", "disk")
 STAGES = ("metric", "transform", "fit", "pair")
 
@@ -179,7 +179,7 @@ class MemoryPlan:
 def j3c_engine_bytes(engine: str, *, nao: int, fit_itemsize: int, host_memory: bool,
                      depth: int = QUEUE_DEPTH) -> tuple[int, int]:
     """Bytes per auxiliary function of one streamed (μν|P) block before its transforms, for an
-    integral engine (dfmp2.integrals): (in the plan's memory, in host memory outside the plan).
+    integral engine (dfmp2.df.integrals): (in the plan's memory, in host memory outside the plan).
     The second is nonzero only when the plan's memory is a GPU's (``host_memory`` False).
 
     host:      ``depth`` packed fp64 buffers on the host (pinned for a GPU), the packed block on
@@ -278,7 +278,7 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     is never split). occ_block: fixed occupied block (a resumed checkpoint's), else chosen, at
     most occ_block_max; j3c_block_mb: target MB of one streamed (μν|P) block (the block size
     follows from it as before any engine existed, so the blocks, hence the bits, do not depend on
-    the engine). engine ('host' or 'gpu4pyscf', dfmp2.integrals) and queue_depth: whose working
+    the engine). engine ('host' or 'gpu4pyscf', dfmp2.df.integrals) and queue_depth: whose working
     memory the transform stage holds (``j3c_engine_bytes``); host memory outside the plan (the
     host engine's pinned buffers for a GPU) is ``plan.integrals['host_mb']``.
     Raises MemoryLimitError, naming the minimum needed, when even the smallest plan does not fit.

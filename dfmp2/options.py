@@ -1,6 +1,6 @@
 """What a user may ask for: the choices of every option and ``RunOptions``, defined once.
 
-The CLI's options (dfmp2.cli_options), the Python API and the QCSchema keywords are all built from
+The CLI's options (dfmp2.cli.options), the Python API and the QCSchema keywords are all built from
 this module; nothing here imports PySCF, so the CLI starts fast. Library errors name the
 ``RunOptions`` field they are about (``InputError.option``) and never a CLI flag; the CLI adds
 its flag.
@@ -15,24 +15,24 @@ from numbers import Integral, Real
 from dfmp2 import linalg
 from dfmp2.linalg import DTYPES
 
-from . import memory
-from .errors import InputError
+from dfmp2 import memory
+from dfmp2.errors import InputError
 
 PRECISIONS = tuple(DTYPES)                 # fp64, fp32
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
-SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.dfhf); pyscf-df: PySCF's; exact: PySCF's
+SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.scf.dfhf); pyscf-df: PySCF's; exact: PySCF's
 SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
-SCF_PRECISIONS = ("auto", "fp64", "mixed")   # our DF-SCF's J/K (dfmp2.dfhf.resolve_precision)
+SCF_PRECISIONS = ("auto", "fp64", "mixed")   # our DF-SCF's J/K (dfmp2.scf.dfhf.resolve_precision)
 SCF_MAX_CYCLE = 100
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 REFERENCES = ("auto", "rhf", "uhf", "rohf")
 ECP_CHOICES = ("auto", "none", "none-for-testing")   # scf.build_molecule says what each does
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
-INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.integrals.ENGINES
+INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.df.integrals.ENGINES
 PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()   # cuda: linalg.cuda; cpu: linalg.cpu_pair
 CPU_BLAS_CHOICES = linalg.cpu_blas.MODES   # cpu only: auto (measured, cached), torch, openblas
-# the SCF part of a CBS extrapolation (dfmp2.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
+# the SCF part of a CBS extrapolation (dfmp2.workflows.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
 CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
 
 
@@ -101,10 +101,10 @@ class RunOptions:
     scf_max_cycle: int = SCF_MAX_CYCLE
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
     scf_precision: str = "auto"          # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
-    scf_stability: bool = True           # a UHF's internal stability check (dfmp2.stability); RHF: none
+    scf_stability: bool = True           # a UHF's internal stability check (dfmp2.scf.stability); RHF: none
     dist_scf: str = "split"              # over several ranks (dfmp2.distributed): our DF-SCF split or replicated
     reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
-    cbs_scf: str = "xtpl_highest_1"      # a basis bracket's SCF scheme (dfmp2.cbs): Psi4's default, the largest basis
+    cbs_scf: str = "xtpl_highest_1"      # a basis bracket's SCF scheme (dfmp2.workflows.cbs): Psi4's default, the largest basis
 
     def __post_init__(self):
         """Every field's type and range, as the CLI's parser checks them: a Python caller's

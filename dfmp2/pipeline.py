@@ -3,9 +3,9 @@
     prepare    options checked, backend, molecule, bases, integral engine, the orbital space
                (``Job``): everything cheap that can refuse the run, before any heavy work
     plan       the memory plan (the SCF's and the MP2 stage's), disk, the checkpoint opened
-    reference  the SCF on the run's device (dfmp2.dfhf), PySCF's (dfmp2.scf) or the checkpoint's
-    mp2        the DF-MP2 stage over the reference's spin channels (dfmp2.mp2)
-    result     energies, shapes, timings and what ran (dfmp2.result, dfmp2.provenance)
+    reference  the SCF on the run's device (dfmp2.scf.dfhf), PySCF's (dfmp2.scf.pyscf_scf) or the checkpoint's
+    mp2        the DF-MP2 stage over the reference's spin channels (dfmp2.mp2.stage)
+    result     energies, shapes, timings and what ran (dfmp2.io.result, dfmp2.provenance)
 
 The checkpoint's life cycle (open or create, keep or discard on failure, close) is one context
 manager, ``CheckpointSession``.
@@ -22,16 +22,23 @@ import torch
 from dfmp2 import linalg
 from dfmp2.linalg import DTYPES
 
-from . import checkpoint, dfhf, distributed, integrals, memory, mp2_dist, outputs, scf, stability
-from .errors import DiskWriteError, InputError, MemoryLimitError, shown
-from .memory import MemoryPlan, plan_memory
-from .mp2 import MP2Energies, mp2_stage
-from .options import RunOptions
-from .provenance import RunRecord
-from .reference import Reference, freeze_lowest
-from .result import Result, geometry_record, software_versions
-from .timing import CycleLog, Timer
-from .xyz import Geometry, read_xyz
+from dfmp2 import distributed, memory
+from dfmp2.io import checkpoint
+from dfmp2.scf import dfhf
+from dfmp2.df import integrals
+from dfmp2.mp2 import dist as mp2_dist
+from dfmp2.io import outputs
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import stability
+from dfmp2.errors import DiskWriteError, InputError, MemoryLimitError, shown
+from dfmp2.memory import MemoryPlan, plan_memory
+from dfmp2.mp2.stage import MP2Energies, mp2_stage
+from dfmp2.options import RunOptions
+from dfmp2.provenance import RunRecord
+from dfmp2.reference import Reference, freeze_lowest
+from dfmp2.io.result import Result, geometry_record, software_versions
+from dfmp2.timing import CycleLog, Timer
+from dfmp2.io.xyz import Geometry, read_xyz
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
 
 def _refuse_bracket(options: RunOptions) -> None:
     """One run is one basis: a bracket (cc-pv[dt]z) is a CBS extrapolation over several runs
-    (dfmp2.cbs.run_cbs), and the CBS SCF scheme applies only to one."""
+    (dfmp2.workflows.cbs.run_cbs), and the CBS SCF scheme applies only to one."""
     if "[" in options.basis or "]" in options.basis:
         raise InputError(f"basis '{shown(options.basis)}' is a basis bracket (a CBS extrapolation over "
                          "several runs): dfmp2 run and dfmp2 interaction take it, this command and a "

@@ -34,7 +34,7 @@ def cycle_precision(mode: str, requested: str | None, *, why: str | None = None,
 
 @dataclass
 class ScfRecord:
-    """The SCF of a reference. engine: 'dfmp2.dfhf' (ours) or 'pyscf'; reference 'RHF' | 'UHF';
+    """The SCF of a reference. engine: 'dfmp2.scf.dfhf' (ours) or 'pyscf'; reference 'RHF' | 'UHF';
     device: the backend's name, or 'host' (PySCF); source: 'ran' (in this run), 'checkpoint'
     (read back; ``checkpoint`` names the file) or 'given' (a PySCF mf the caller converged);
     precision: {'jk', 'fock_energy', 'fock_build'}; times in s; e_hf_device_fock in Hartree;
@@ -63,7 +63,7 @@ class ScfRecord:
     cycle_precision: dict = field(default_factory=lambda: cycle_precision("fp64", None))
     df_tensor: str | None = None             # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
     guess: str | None = None                 # our DF-SCF's starting density: PySCF's 'minao', or one given (a previous geometry's)
-    stability: dict | None = None            # a UHF's internal stability check (dfmp2.stability.StabilityRecord)
+    stability: dict | None = None            # a UHF's internal stability check (dfmp2.scf.stability.StabilityRecord)
 
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""

@@ -4,12 +4,12 @@
     SpinChannel           mo_coeff (nao, nmo), mo_energy (nmo,) Hartree, nocc occupied orbitals,
                           frozen (nmo,) bool: orbitals left out of the correlation
                           -> C_occ (nao, nocc_active), C_vir (nao, nvir_active), eps_occ, eps_vir
-    Reference.source      who made it: 'dfmp2.dfhf' (our DF-SCF), 'pyscf' (PySCF's SCF, run by us
+    Reference.source      who made it: 'dfmp2.scf.dfhf' (our DF-SCF), 'pyscf' (PySCF's SCF, run by us
                           or converged by the caller), 'checkpoint' (read back from a checkpoint),
                           'given' (orbitals a benchmark made, e.g. core-Hamiltonian ones)
 
 ``from_pyscf`` is the one way from a converged PySCF ``mf`` (RHF or UHF) to a Reference: the SCF
-bridge (dfmp2.scf) and the Python API (dfmp2.api) both use it. Frozen orbitals are always a mask;
+bridge (dfmp2.scf.pyscf_scf) and the Python API (dfmp2.interfaces.api) both use it. Frozen orbitals are always a mask;
 ``freeze_lowest`` and ``frozen_mask`` turn a count or PySCF's index list into one.
 """
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .errors import InputError
-from .provenance import ScfRecord
+from dfmp2.errors import InputError
+from dfmp2.provenance import ScfRecord
 
 S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
                  # for a UHF reference whose spin contamination makes (U)MP2 unreliable
 GAP_WARN = 0.15  # Hartree: warn below this HOMO-LUMO gap. Measured on H2/cc-pVDZ against FCI: the
                  # MP2 error is 8 mEh at 0.79 Eh (0.74 A), 45 mEh at 0.14 Eh (4 A), and at 0.11 Eh
                  # (5 A) E(MP2) falls below the exact energy of the basis
-SOURCES = ("dfmp2.dfhf", "pyscf", "checkpoint", "given")   # given: orbitals a script made
+SOURCES = ("dfmp2.scf.dfhf", "pyscf", "checkpoint", "given")   # given: orbitals a script made
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
 """dfmp2's linear-algebra layer: device-neutral ops over torch tensors, one backend per device."""
+if __name__ != "dfmp2.linalg":         # one module, one name: never loaded twice as two classes
+    raise ImportError(f"the linear-algebra layer is dfmp2.linalg; import it by that name, not as {__name__!r}")
 from .backend import (Backend, Capabilities, TorchBackend, get_backend, backend_for, device_capabilities,
                       present_devices, DEVICE_NAMES, DTYPES)
 from .errors import DeviceUnavailableError, ConvergenceError, KernelError, NotPositiveDefiniteError

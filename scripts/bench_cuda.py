@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SHAPE_FULL = (160, 608, 2688)        # (H2O)32 / cc-pVDZ, cc-pVDZ-RI, all-electron: nocc, nvir, naux
 SHAPE_QUICK = (64, 400, 1500)

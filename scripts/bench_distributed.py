@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 CLUSTERS = ROOT / "inputs" / "water_clusters"
 STAGES = ("scf", "integrals", "metric", "transform", "redistribute", "fit", "pair")
 
@@ -61,7 +60,7 @@ def comm_model(s: dict, ranks: int, *, occ_block: int, scf_cycles: int, itemsize
     tensor each rank sends or all-reduces), for closed shells:
 
         transform  (P|ia) redistribution: each rank's rows (``pia_rows``; default naux/N each) of
-                   the other ranks' columns (contiguous occupied blocks, as dfmp2.mp2_dist.owned),
+                   the other ranks' columns (contiguous occupied blocks, as dfmp2.mp2.dist.owned),
                    about (N-1)/N of (P|ia); plus the per-rank B sizes (N x 8 B each)
         pair       the ring pass: shifts 1..N/2, each rank sends what it holds (one share of B) at
                    every shift but the last: N/2 x B in all (N even: (N/2) x B; odd: (N-1)/2 x B);
@@ -153,10 +152,11 @@ def model_row(node: str, waters: int, ranks: int, occ_block: int = 16) -> dict:
     transform_flops = 2 * naux * nao * nao * nocc + 2 * naux * nao * nocc * nvir + naux * naux * nocc * nvir
     bw = nd["intra_bw"] if ranks <= nd["per_node"] else nd["inter_bw"]
     comm = comm_model(s, ranks, occ_block=occ_block, scf_cycles=0, split_scf=False)
-    # the pair step's balance as the code shares it out (dfmp2.mp2_dist.assigned): occupied blocks
+    # the pair step's balance as the code shares it out (dfmp2.mp2.dist.assigned): occupied blocks
     # of occ_block orbitals; a rank that owns no block computes no pair
-    from dfmp2 import distributed, mp2_dist
-    from dfmp2.outofcore import OccBlocks
+    from dfmp2 import distributed
+    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.df.outofcore import OccBlocks
     blocks = OccBlocks(nocc, nvir, naux, occ_block)
     who = mp2_dist.assigned(blocks, ranks)
     load = [0.0] * ranks
@@ -214,7 +214,7 @@ def markdown(meas: list, rows: list) -> str:
     out += ["## MODEL (not a measurement): the MP2 stage per rank, (H2O)n cc-pVDZ", "",
             "Assumptions in scripts/bench_distributed.py (NODES); the ring pass overlaps the pair GEMMs "
             "(total = max(pair, ring) + transform + redistribute); the SCF is not modelled. Pair balance: the "
-            "busiest rank's share of the pair work as the code deals it (dfmp2.mp2_dist.assigned), 1.00 = even; "
+            "busiest rank's share of the pair work as the code deals it (dfmp2.mp2.dist.assigned), 1.00 = even; "
             "smaller occupied blocks (--occ-block-max 4) spread the pairs over more ranks, at a GEMM efficiency "
             "this model does not charge.", "",
             "| node | waters | ranks | occ block (blocks) | pair balance | B / GB | B per rank / GB | fits | pair / s | "

@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from dfmp2 import gradrun, pipeline  # noqa: E402
+from dfmp2 import pipeline  # noqa: E402
+from dfmp2.grad import run as gradrun
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.options import RunOptions  # noqa: E402
-from dfmp2.result import software_versions  # noqa: E402
-from dfmp2.xyz import read_xyz  # noqa: E402
+from dfmp2.io.result import software_versions  # noqa: E402
+from dfmp2.io.xyz import read_xyz  # noqa: E402
 
 
 def timed(fn):
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         "gradient_stage_parts_s": parts, "other_cpu": other,
         "ran": {"device": r.ran["device"], "engine": r.ran["engine"], "precision": r.ran["precision"],
                 "reference": "UHF" if r.spin else "RHF",
-                "gradient": {"stage": "dfmp2.mp2grad_uhf" if r.spin else "dfmp2.mp2grad",
+                "gradient": {"stage": "dfmp2.grad.uhf" if r.spin else "dfmp2.grad.rhf",
                              **gr.parts.to_dict()["ran"]}},         # the stage's own record of what ran where
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.node(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": software_versions(),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark of the integral engines (dfmp2.integrals) inside the DF-MP2 stage after the SCF,
+"""Benchmark of the integral engines (dfmp2.df.integrals) inside the DF-MP2 stage after the SCF,
 in one process, variants interleaved repeat by repeat:
 
   today      the path before the engines: libcint in the caller's thread, each block unpacked on
@@ -42,18 +42,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
 from dfmp2 import linalg  # noqa: E402
-from dfmp2 import integrals, scf  # noqa: E402
+from dfmp2.df import integrals  # noqa: E402
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
 from dfmp2.provenance import ScfRecord  # noqa: E402
 from dfmp2.reference import from_pyscf, restricted  # noqa: E402
-from dfmp2.result import software_versions  # noqa: E402
-from dfmp2.xyz import read_xyz  # noqa: E402
+from dfmp2.io.result import software_versions  # noqa: E402
+from dfmp2.io.xyz import read_xyz  # noqa: E402
 
 TARGETS = {"h2o_32": 1.5, "h2o_48": 6.0}      # s, the CUDA stage (issue 14)
 INTEGRALS_MAX_FRACTION = 0.30

@@ -31,7 +31,6 @@ import platform
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Default shapes: small/odd sizes, DF-MP2-like rectangular ones, and a few large squares.
 SHAPES = {
@@ -152,7 +151,8 @@ def blas_shapes(quick: bool = False) -> list[tuple]:
     min(OCC_BLOCK_MAX, PAIR_CHUNK_ELEMS // nvir^2) * nvir; the K build's Z = C_occ^T B_P (nocc, nao)
     @ (nao, nb*nao) and its SYRK over k = nocc*nb for nb = dfhf.jk_block; the transform
     (naux*nao, nao) @ (nao, nocc) and (naux*nocc, nao) @ (nao, nvir)."""
-    from dfmp2 import dfhf, memory
+    from dfmp2 import memory
+    from dfmp2.scf import dfhf
     from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
     if quick:
         return [("cube 256", "gemm", 256, 256, 256, None), ("pair quick", "gemm", 40, 120, 160, 1)]

@@ -42,20 +42,20 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "inputs"))
 
 from dfmp2 import linalg  # noqa: E402
-from dfmp2 import outofcore, scf  # noqa: E402
+from dfmp2.df import outofcore  # noqa: E402
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
-from dfmp2.mp2 import build_B  # noqa: E402
+from dfmp2.mp2.stage import build_B  # noqa: E402
 from dfmp2.pipeline import _largest_shell  # noqa: E402
 from dfmp2.timing import Timer  # noqa: E402
-from dfmp2.result import software_versions  # noqa: E402
+from dfmp2.io.result import software_versions  # noqa: E402
 from dfmp2.provenance import ScfRecord  # noqa: E402
 from dfmp2.reference import restricted  # noqa: E402
-from dfmp2.xyz import read_xyz  # noqa: E402
+from dfmp2.io.xyz import read_xyz  # noqa: E402
 
 GB = 1e9
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: our DF-RHF (dfmp2.dfhf, ``--scf df``) against PySCF's DF-RHF (``--scf pyscf-df``),
+"""Benchmark: our DF-RHF (dfmp2.scf.dfhf, ``--scf df``) against PySCF's DF-RHF (``--scf pyscf-df``),
 same molecule, basis, JK-fit set and thresholds; iteration counts beside the times. An open shell
 (``--charge``/``--multiplicity`` or the XYZ comment) compares our DF-UHF (dfhf.DFUHF) with PySCF's
 DF-UHF the same way (``--pyscf-max-cycle``: PySCF's limit; an unconverged PySCF is timed and marked). CPU always; CUDA when torch sees a GPU (ours on it, and gpu4pyscf's DF-RHF when it is
@@ -27,17 +27,17 @@ import torch
 from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
 from dfmp2 import linalg  # noqa: E402
-from dfmp2 import dfhf, scf  # noqa: E402
+from dfmp2.scf import dfhf  # noqa: E402
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, run  # noqa: E402
 from dfmp2.timing import Timer  # noqa: E402
-from dfmp2.result import software_versions  # noqa: E402
-from dfmp2.xyz import read_xyz  # noqa: E402
+from dfmp2.io.result import software_versions  # noqa: E402
+from dfmp2.io.xyz import read_xyz  # noqa: E402
 from dfmp2.linalg.torch_ops import syrk_work_fraction  # noqa: E402
 
 GFLOPS_ASSUMED = 90.0      # the prediction's rate (a 2-core fp64 CPU's DGEMM, roughly)
@@ -132,11 +132,11 @@ def main(argv=None):
                 timer = Timer(be)
                 t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer, precision=prec, unrestricted=uhf))
                 cp = ref.scf.cycle_precision
-                row(f"ours (dfmp2.dfhf {kind}, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
+                row(f"ours (dfmp2.scf.dfhf {kind}, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
                     kernels=ref.scf.kernels, d_e_hf_vs_pyscf=None if e_hf_p is None else ref.e_hf - e_hf_p, repeat=rep,
                     fp32_cycles=cp["fp32_cycles"], fp64_cycles=cp["fp64_cycles"], switch_gnorm=cp["switch_gnorm"])
     if "cuda" not in devices:
-        rows.append({"who": "ours (dfmp2.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
+        rows.append({"who": "ours (dfmp2.scf.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
         rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
     else:
         try:
@@ -172,7 +172,7 @@ def main(argv=None):
     ours_blas = fb.blas_info()
     peaks = fb.merge_peaks(fb.gemm_peaks(args.peak_sizes), base["peaks"])
     xyz = Path(args.xyz).resolve()
-    report = {"what": f"{kind}: ours (dfmp2.dfhf) vs PySCF's, same process", "charge": mol.charge,
+    report = {"what": f"{kind}: ours (dfmp2.scf.dfhf) vs PySCF's, same process", "charge": mol.charge,
               "multiplicity": mol.spin + 1,
               "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
               "basis": args.basis, "jk_auxbasis": scf.describe_auxbasis(jk),

@@ -22,15 +22,14 @@ import torch
 from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
-from dfmp2 import scf  # noqa: E402
+from dfmp2.scf import pyscf_scf as scf  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
-from dfmp2.result import software_versions  # noqa: E402
-from dfmp2.xyz import read_xyz  # noqa: E402
+from dfmp2.io.result import software_versions  # noqa: E402
+from dfmp2.io.xyz import read_xyz  # noqa: E402
 
 
 def time_ours(mol, auxmol, ref, options):

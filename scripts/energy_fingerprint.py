@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import dfmp2  # noqa: E402
 from dfmp2 import linalg  # noqa: E402

@@ -17,7 +17,7 @@ is not installed, is 'skipped' with the reason, never 'pass'):
                     the fp64 pair step's share of the DGEMM peak of the same GPU measured in the
                     same run (torch.matmul, square n = 4096/8192/12288, median of 5)
   run_compare       dfmp2 run and dfmp2 compare --devices cpu,cuda on (H2O)8: |ΔE_corr| cuda vs cpu
-  ours_<mol>        our DF-RHF (dfmp2.dfhf on the device) and the whole dfmp2 run, after a warm-up
+  ours_<mol>        our DF-RHF (dfmp2.scf.dfhf on the device) and the whole dfmp2 run, after a warm-up
                     on water (Triton's compile outside the timing), for (H2O)16 and (H2O)32
   gpu4pyscf_<mol>   gpu4pyscf's DF-RHF + DF-MP2 on the same molecule (same JK-fit and MP2-fit sets,
                     same SCF thresholds), after a warm-up on water
@@ -145,7 +145,7 @@ def step_pair_peak(spec):
 def step_run_compare(spec):
     xyz, dev, tmp = spec["xyz"]["h2o_08"], spec["device"], Path(spec["tmp"])
     devices = "cpu" if spec["dry"] else f"cpu,{dev}"
-    cli = [sys.executable, "-m", "dfmp2.cli"]
+    cli = [sys.executable, "-m", "dfmp2.cli.main"]
     r = subprocess.run([*cli, "run", xyz, "--device", dev, "--json", str(tmp / "run.json")],
                        capture_output=True, text=True, cwd=ROOT)
     c = subprocess.run([*cli, "compare", xyz, "--devices", devices, "--json", str(tmp / "compare.json")],
@@ -174,9 +174,10 @@ def step_run_compare(spec):
 
 def step_ours(spec):
     from dfmp2 import linalg
-    from dfmp2 import dfhf, scf
+    from dfmp2.scf import dfhf
+    from dfmp2.scf import pyscf_scf as scf
     from dfmp2.pipeline import RunOptions, run
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     dev, xyz = spec["device"], spec["xyz"][mol_key(spec["step"])]
     be = linalg.get_backend(dev)
     run(str(ROOT / "inputs/water.xyz"), RunOptions(device=dev))              # warm-up: compile, allocators
@@ -208,8 +209,8 @@ def step_gpu4pyscf(spec):
             "scripts/gpu_acceptance.py's docstring" if missing else "")), {}
     if spec["dry"]:
         return "skipped", "dry run on CPU: gpu4pyscf needs a GPU", {}
-    from dfmp2 import scf
-    from dfmp2.xyz import read_xyz
+    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.io.xyz import read_xyz
 
     def one(xyz):
         mol = scf.build_molecule(read_xyz(xyz), "cc-pvdz")
@@ -494,7 +495,6 @@ def main(argv=None):
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.step:                                   # inside a step's subprocess
-        sys.path.insert(0, str(ROOT))
         try:
             out = child(args.step, json.loads(args.spec))
         except Exception as e:

@@ -28,8 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 OUTPUT = ROOT / "inputs" / "references_ecp.json"
 CHECK_TOL = 1e-10
@@ -61,7 +59,7 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
     from pyscf import df, gto, scf
     from pyscf.mp.dfmp2 import DFMP2
 
-    from dfmp2.scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE   # the same thresholds
+    from dfmp2.scf.pyscf_scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE   # the same thresholds
 
     t0 = time.perf_counter()
     path = ROOT / "inputs" / "ecp" / f"{molecule}.xyz"

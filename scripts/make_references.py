@@ -6,14 +6,14 @@
     python scripts/make_references.py --check            # recompute and compare with the stored file
     python scripts/make_references.py --check water      # ... only the cases of molecule 'water'
 
-The molecule and the RHF come from the program's own PySCF bridge (``dfmp2.xyz.read_xyz``,
-``dfmp2.scf.build_molecule``, ``dfmp2.scf.run_rhf``), so both codes start from the same SCF set-up
+The molecule and the RHF come from the program's own PySCF bridge (``dfmp2.io.xyz.read_xyz``,
+``dfmp2.scf.pyscf_scf.build_molecule``, ``dfmp2.scf.pyscf_scf.run_rhf``), so both codes start from the same SCF set-up
 (PySCF's RHF, same thresholds). The MP2 energy itself comes from ``pyscf.mp.dfmp2.DFMP2``, never
 from this program's pipeline. Because a density-fitted SCF would hand DFMP2 its JK-fit basis, the
 MP2-fit basis is set explicitly: ``pt.with_df = pyscf.df.DF(mol, auxbasis=...)``.
 
 Open shells (inputs/open_shell/, charge and multiplicity on the XYZ comment line) start from the
-program's UHF (``dfmp2.scf.run_uhf``: PySCF's DF-UHF, or UHF with exact integrals) and take the
+program's UHF (``dfmp2.scf.pyscf_scf.run_uhf``: PySCF's DF-UHF, or UHF with exact integrals) and take the
 energy from ``pyscf.mp.dfump2.DFUMP2`` on the same MP2-fit basis; their entries add the reference
 ('UHF'), the beta shapes and <S^2>. PySCF's DIIS UHF stops at the program's gradient threshold
 (1e-9), which for some radicals (NO, CN) leaves E_corr about 1e-9 Eh from its converged value, so
@@ -42,8 +42,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 DEFAULT_OUTPUT = ROOT / "inputs" / "references.json"
 CHECK_TOL = 1e-10          # Hartree: regenerated references must reproduce the stored ones
@@ -154,8 +152,8 @@ def compute_reference(case: dict) -> dict:
     from pyscf.mp.dfmp2 import DFMP2
     from pyscf.mp.dfump2 import DFUMP2
 
-    from dfmp2 import scf as bridge
-    from dfmp2.xyz import read_xyz
+    from dfmp2.scf import pyscf_scf as bridge
+    from dfmp2.io.xyz import read_xyz
 
     t0 = time.perf_counter()
     geom = read_xyz(ROOT / case["path"])
@@ -214,7 +212,7 @@ def compute_reference(case: dict) -> dict:
         "e_corr": float(e_corr),
         "e_mp2": float(ref.e_hf) + float(e_corr),
         "units": "hartree",
-        "method": "pyscf.scf.RHF (via dfmp2.scf.run_rhf) + pyscf.mp.dfmp2.DFMP2, "
+        "method": "pyscf.scf.RHF (via dfmp2.scf.pyscf_scf.run_rhf) + pyscf.mp.dfmp2.DFMP2, "
                   "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)",
         "reference": "RHF",
         "pyscf_version": pyscf.__version__,
@@ -228,7 +226,7 @@ def compute_reference(case: dict) -> dict:
             "reference": "UHF", "charge": mol.charge, "multiplicity": mol.spin + 1,
             "nocc_beta": nocc_b - nfrozen, "nvir_beta": nmo - nocc_b,
             "s2": ref.s2, "s2_exact": ref.s2_exact,
-            "method": "pyscf.scf.UHF (via dfmp2.scf.run_uhf) polished by pyscf.soscf Newton steps "
+            "method": "pyscf.scf.UHF (via dfmp2.scf.pyscf_scf.run_uhf) polished by pyscf.soscf Newton steps "
                       "(polish_uhf) + pyscf.mp.dfump2.DFUMP2, "
                       "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)"})
         entry["scf"].update(polish)

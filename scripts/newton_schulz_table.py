@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dfmp2 import linalg  # noqa: E402
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402

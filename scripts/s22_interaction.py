@@ -6,7 +6,7 @@
     python scripts/s22_interaction.py --dimers 2,8 --threads 2
 
 For each dimer (inputs/s22; fragments: the atoms of its _A file, then those of its _B file):
-``dfmp2 interaction`` (``dfmp2.interaction.run_interaction``: cc-pVDZ, DF-RHF with cc-pVDZ-JKFIT,
+``dfmp2 interaction`` (``dfmp2.workflows.interaction.run_interaction``: cc-pVDZ, DF-RHF with cc-pVDZ-JKFIT,
 DF-MP2 with cc-pVDZ-RI, all-electron, fp64 on the CPU), and PySCF computed the same way on its
 own: ``pyscf.gto`` molecules with PySCF's 'ghost-' atoms, ``scf.RHF().density_fit('cc-pvdz-jkfit')``
 and ``pyscf.mp.dfmp2.DFMP2`` with ``df.DF(mol, 'cc-pvdz-ri')``. |Δ| is the largest difference of
@@ -33,8 +33,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 S22_DIR = ROOT / "inputs" / "s22"
 DEFAULT_OUT = ROOT / "scripts" / "results" / "s22_interaction_cpu"
@@ -63,7 +61,7 @@ def dimer_files() -> dict:
 def fragments_of(path: Path) -> list[list[int]]:
     """0-based atoms of monomers A and B: the dimer's atoms in order, checked against the
     _A and _B files (same symbols and coordinates)."""
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     dimer = read_xyz(path)
     a = read_xyz(path.with_name(path.stem + "_A.xyz"))
     b = read_xyz(path.with_name(path.stem + "_B.xyz"))
@@ -76,13 +74,13 @@ def fragments_of(path: Path) -> list[list[int]]:
 # ---- PySCF on its own -----------------------------------------------------------------------
 def pyscf_totals(atoms: str, charge: int = 0, spin: int = 0) -> dict:
     """E(HF), E(MP2), E(SCS-MP2) in Eh from PySCF alone (DF-RHF cc-pVDZ-JKFIT, DFMP2 cc-pVDZ-RI;
-    DF-UHF and DFUMP2 for ``spin`` = 2S > 0; SCF thresholds and cycle limit as dfmp2.scf's).
+    DF-UHF and DFUMP2 for ``spin`` = 2S > 0; SCF thresholds and cycle limit as dfmp2.scf.pyscf_scf's).
     ``atoms``: PySCF atom text in Ångström, ghosts 'ghost-O'."""
     from pyscf import df, gto, scf
     from pyscf.mp.dfmp2 import DFMP2
     from pyscf.mp.dfump2 import DFUMP2
 
-    from dfmp2.scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
+    from dfmp2.scf.pyscf_scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
     mol = gto.M(atom=atoms, basis=BASIS, unit="Angstrom", charge=charge, spin=spin, verbose=0)
     mf = (scf.UHF(mol) if spin else scf.RHF(mol)).density_fit(auxbasis=JK)
     mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE
@@ -118,9 +116,9 @@ def pyscf_interaction(path: Path, fragments, states=None, total=(0, 0)) -> dict:
 
 # ---- the table ------------------------------------------------------------------------------
 def run_dimer(n: int, path: Path) -> dict:
-    from dfmp2.interaction import HARTREE_TO_KCAL, resolve_fragments, run_interaction
+    from dfmp2.workflows.interaction import HARTREE_TO_KCAL, resolve_fragments, run_interaction
     from dfmp2.pipeline import RunOptions
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     frags = fragments_of(path)
     geom = read_xyz(path)
     spec = ",".join(f"{f[0] + 1}-{f[-1] + 1}" for f in frags)
@@ -218,9 +216,9 @@ def main(argv=None) -> int:
     import torch
     from pyscf import lib
 
-    from dfmp2.interaction import HARTREE_TO_KCAL
-    from dfmp2.outputs import check_output_file, write_text
-    from dfmp2.result import software_versions
+    from dfmp2.workflows.interaction import HARTREE_TO_KCAL
+    from dfmp2.io.outputs import check_output_file, write_text
+    from dfmp2.io.result import software_versions
     for ext in (".md", ".json"):
         check_output_file(args.out + ext, "--out")
     torch.set_num_threads(args.threads)

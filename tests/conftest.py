@@ -78,7 +78,8 @@ def one_torch_thread():
 def no_scf(monkeypatch):
     """Refusals must come before the SCF: every SCF entry point (our DF-RHF, PySCF's RHF and
     UHF) fails the test if it is called."""
-    from dfmp2 import dfhf, scf
+    from dfmp2.scf import dfhf
+    from dfmp2.scf import pyscf_scf as scf
 
     def fail(*a, **k):
         pytest.fail("the SCF must not start")

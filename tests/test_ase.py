@@ -82,7 +82,7 @@ def test_the_next_geometry_starts_from_the_last_density_and_gives_a_fresh_runs_e
 def test_a_density_of_the_wrong_shape_is_refused_in_one_line():
     from dfmp2.pipeline import run_geometry
     from dfmp2.options import RunOptions
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     with pytest.raises(InputError, match="starting density has shape"):
         run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(basis="sto-3g"), guess=np.eye(3))
 
@@ -96,11 +96,11 @@ def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
     atoms.calc = DFMP2Calculator(basis="sto-3g", scf_mode="pyscf-df")
     e = atoms.get_potential_energy() / Hartree
     mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="sto-3g", spin=1, verbose=0)
-    mf = scf.UHF(mol).density_fit(auxbasis=dfmp2.scf.default_auxbasis(mol, "jk"))
+    mf = scf.UHF(mol).density_fit(auxbasis=dfmp2.scf.pyscf_scf.default_auxbasis(mol, "jk"))
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
     mf.kernel()
     pt = DFUMP2(mf)
-    pt.with_df = df.DF(mol, auxbasis=dfmp2.scf.default_auxbasis(mol, "mp2"))
+    pt.with_df = df.DF(mol, auxbasis=dfmp2.scf.pyscf_scf.default_auxbasis(mol, "mp2"))
     pt.kernel()
     assert abs(e - pt.e_tot) <= 1e-8, e - pt.e_tot
 

@@ -1,4 +1,4 @@
-"""dfmp2.background: the one read-ahead / write-behind thread of the run (the out-of-core reader
+"""dfmp2.df.background: the one read-ahead / write-behind thread of the run (the out-of-core reader
 and writer, the host integral engine's producer): order, bounded depth, the same exception in
 the caller, skipped calls after a failure, prompt stop (also on a real Ctrl-C)."""
 import signal
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dfmp2.background import Background
+from dfmp2.df.background import Background
 
 
 def alive(name):

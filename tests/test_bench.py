@@ -1,4 +1,4 @@
-"""``dfmp2 bench`` (dfmp2/bench.py, dfmp2/benchmarks/): tiny shapes only, numbers not judged.
+"""``dfmp2 bench`` (dfmp2/cli/bench.py, dfmp2/benchmarks/): tiny shapes only, numbers not judged.
 
 What is checked: rows record what ran; a device that cannot run is 'not run' with its reason and
 no times; Trainium rows are estimates kept apart from measured rows; the JSON, markdown and PNG
@@ -100,7 +100,7 @@ def test_trn_rows_are_estimates_kept_apart(tiny_report):
 
 def test_cli_writes_json_markdown_png(tmp_path):
     pytest.importorskip("matplotlib")
-    r = CliRunner().invoke(__import__("dfmp2.cli", fromlist=["main"]).main, [
+    r = CliRunner().invoke(__import__("dfmp2.cli.main", fromlist=["main"]).main, [
         "bench", "--shapes", TINY, "--ops", "gemm,trsm,mp2_pair_energy", "--precisions", "fp32",
         "--waters", "1", "--water-precisions", "fp32", "--repeats", "1", "--warmup", "0", "--min-time", "0", "--peak-n", "64",
         "--no-trn-validate", "--fit-min-nbasis", "1", "--out", str(tmp_path), "--name", "b", "-q"])
@@ -119,7 +119,7 @@ def test_cli_writes_json_markdown_png(tmp_path):
 
 
 def test_cli_bad_option_is_one_line(tmp_path):
-    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    main = __import__("dfmp2.cli.main", fromlist=["main"]).main
     r = CliRunner().invoke(main, ["bench", "--devices", "tpu", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "unknown device 'tpu'" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["bench", "--waters", "5", "--out", str(tmp_path)])
@@ -205,7 +205,7 @@ def test_shared_inputs_are_bit_identical_to_per_precision_ones():
 def test_rerender_rewrites_markdown_without_timing(tmp_path, tiny_report):
     path = tmp_path / "r.json"
     report.write_json(tiny_report, path)
-    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    main = __import__("dfmp2.cli.main", fromlist=["main"]).main
     r = CliRunner().invoke(main, ["bench", "--rerender", str(path)])
     assert r.exit_code == 0, r.output
     assert "## Headline: per shape" in (tmp_path / "r.md").read_text()
@@ -268,7 +268,7 @@ def test_waters_ranges_select_available_clusters():
     (["--shapes", "100000,100000,100000"], "needs about"),     # B alone 8e15 bytes: refused, not allocated
 ])
 def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
-    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    main = __import__("dfmp2.cli.main", fromlist=["main"]).main
     r = CliRunner().invoke(main, ["bench", *args, "--out", str(tmp_path / "out")])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.output
@@ -284,7 +284,7 @@ def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
 ])
 def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message):
     """One error line, exit 2, and no .md or .png written next to it (issue 18: JSONDecodeError)."""
-    main = __import__("dfmp2.cli", fromlist=["main"]).main
+    main = __import__("dfmp2.cli.main", fromlist=["main"]).main
     path = tmp_path / "r.json"
     path.write_text(content)
     r = CliRunner().invoke(main, ["bench", "--rerender", str(path)])
@@ -302,7 +302,7 @@ def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
     import sys
     root = Path(__file__).resolve().parent.parent
     shutil.copy(root / "scripts" / "results" / "bench_cpu.json", tmp_path / "r.json")
-    cmd = [sys.executable, "-m", "dfmp2.cli", "bench", "--rerender", str(tmp_path / "r.json")]
+    cmd = [sys.executable, "-m", "dfmp2.cli.main", "bench", "--rerender", str(tmp_path / "r.json")]
     env = {**os.environ, "PYTHONPATH": str(root)}
     with open("/dev/full", "w") as full:
         p = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)

@@ -1,7 +1,7 @@
-"""CBS extrapolation with Psi4's bracket syntax (dfmp2/cbs.py, issue 27).
+"""CBS extrapolation with Psi4's bracket syntax (dfmp2/workflows/cbs.py, issue 27).
 
 The extrapolated energies are checked twice, with the formula written out here (not taken from
-dfmp2.cbs): against two separate dfmp2 runs (``dfmp2.energy`` at cc-pVDZ and cc-pVTZ) and against
+dfmp2.workflows.cbs): against two separate dfmp2 runs (``dfmp2.energy`` at cc-pVDZ and cc-pVTZ) and against
 PySCF's own DF-RHF + DF-MP2 at the two bases (``pyscf.scf.RHF(...).density_fit`` with the JK-fit
 set, ``pyscf.mp.dfmp2.DFMP2`` with the MP2-fit set: the same sets dfmp2 uses by default), combined
 the same way. Psi4's default for ``energy("mp2/cc-pv[dt]z")``: the correlation energy by
@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli_checks import assert_one_line_error
-from dfmp2 import cbs
-from dfmp2.cli import main
+from dfmp2.workflows import cbs
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent

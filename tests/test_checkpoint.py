@@ -15,9 +15,12 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2 import checkpoint, dfhf, integrals, scf
-from dfmp2.checkpoint import CheckpointError
-from dfmp2.cli import main
+from dfmp2.io import checkpoint
+from dfmp2.scf import dfhf
+from dfmp2.df import integrals
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.io.checkpoint import CheckpointError
+from dfmp2.cli.main import main
 from dfmp2.pipeline import RunOptions, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +50,7 @@ def slow(*a, **k):
     time.sleep(0.25)
     return r
 linalg.mp2_pair_energy = slow
-from dfmp2.cli import main
+from dfmp2.cli.main import main
 main(sys.argv[1:], prog_name="dfmp2")
 """
 
@@ -124,7 +127,7 @@ def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path,
 def test_interrupt_during_fit_rebuilds_b_but_keeps_the_scf(tmp_path, monkeypatch, uninterrupted):
     ref = uninterrupted()
     ck = tmp_path / "run.h5"
-    from dfmp2 import outofcore
+    from dfmp2.df import outofcore
     orig = outofcore.fit_blocks
     monkeypatch.setattr(outofcore, "fit_blocks", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
@@ -475,7 +478,7 @@ def test_interrupted_uhf_run_resumes_to_the_same_bits(tmp_path, monkeypatch, uhf
 
 
 def test_uhf_interrupt_in_the_beta_fit_keeps_alpha_and_the_scf(tmp_path, monkeypatch, uhf_uninterrupted):
-    from dfmp2 import outofcore
+    from dfmp2.df import outofcore
     orig, fits = outofcore.fit_blocks, []
 
     def second_fails(*a, **k):

@@ -17,11 +17,11 @@ from pyscf import scf as pyscf_scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from cli_checks import assert_one_line_error
-from dfmp2 import scf
-from dfmp2.cli import main
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
-from dfmp2.xyz import parse_xyz
+from dfmp2.io.xyz import parse_xyz
 
 WATER = "O 0.0 0.0 0.119\nH 0.0 0.757 -0.477\nH 0.0 -0.757 -0.477"
 H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z in (0, 0.35))
@@ -55,7 +55,7 @@ def pyscf_df_mp2(atoms: str, basis: str, jk_aux: dict, mp2_aux: dict):
 
 
 def assert_matches_pyscf(r, atoms, basis, jk_aux, mp2_aux, e_hf_tol=1e-9):
-    """``e_hf_tol``: our DF-SCF (dfmp2.dfhf) and PySCF's solve the same fit with different
+    """``e_hf_tol``: our DF-SCF (dfmp2.scf.dfhf) and PySCF's solve the same fit with different
     LAPACK blockings; where the JK metric is ill-conditioned and |E| large the fp64 fits
     differ measurably (HI/sto-3g, AutoAux on I: cond((P|Q)) 5e8, |E| 6879 Eh: the fitted
     factors differ by 1e-10 relative, E(HF) by 3.5e-9 Eh at the same density)."""

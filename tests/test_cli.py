@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from cli_checks import assert_one_line_error
-from dfmp2.cli import main
-from dfmp2.cli_options import parse_memory
+from dfmp2.cli.main import main
+from dfmp2.cli.options import parse_memory
 from dfmp2.errors import InputError
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
@@ -105,13 +105,13 @@ def test_devices_are_refused_without_reading_them():
 
 
 def test_inputs_larger_than_the_bound_are_refused_unread(tmp_path):
-    from dfmp2 import xyz
+    from dfmp2.io import xyz
     big = tmp_path / "big.xyz"
     with open(big, "wb") as f:           # sparse: 4 GB on paper, nothing on disk
         f.truncate(4 * 1024**3)
     import resource
     # as in the issue: under a 3 GB address-space limit the whole read was a MemoryError traceback
-    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(big)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli.main", "run", str(big)], capture_output=True, text=True,
                        timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30,) * 2))
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1] == f"error: {big}: larger than 64 MB, far more than any " \
@@ -129,7 +129,7 @@ def test_fifo_input_is_read(tmp_path):
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: fifo.write_text(WATER.format(comment="")))
     writer.start()
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     assert read_xyz(fifo).natm == 3
     writer.join()
 
@@ -137,7 +137,7 @@ def test_fifo_input_is_read(tmp_path):
 def test_byte_order_mark_and_free_text_comments_are_read(tmp_path):
     p = tmp_path / "bom.xyz"
     p.write_bytes(b"\xef\xbb\xbf" + WATER.format(comment="water charge=0 energy=-76.4 Lattice=\"1 0 0\"").encode())
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     g = read_xyz(p)
     assert g.natm == 3 and g.charge == 0 and g.comment.startswith("water")
     assert read_xyz(write(tmp_path, WATER.format(comment="charge=-000001"))).charge == -1
@@ -250,7 +250,7 @@ def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
     """PySCF warns 'Basis may be available in basis-set-exchange ... pip install' whenever a basis
     lacks an element (here cc-pVDZ for I, and the MP2-fit lookup); the user gets our error line
     only, in a real process (where Python shows warnings on stderr)."""
-    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", write(tmp_path, "2\n\nI 0 0 0\nI 0 0 2.67\n")],
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli.main", "run", write(tmp_path, "2\n\nI 0 0 0\nI 0 0 2.67\n")],
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
@@ -259,16 +259,16 @@ def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
 
 def test_real_process_error_has_no_traceback(tmp_path):
     """The installed entry point, as a user runs it: stderr has one line, exit code 2."""
-    p = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", write(tmp_path, "2\n\nH 0 0 0\nXx 0 0 1\n")],
+    p = subprocess.run([sys.executable, "-m", "dfmp2.cli.main", "run", write(tmp_path, "2\n\nH 0 0 0\nXx 0 0 1\n")],
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [f"error: {tmp_path / 'mol.xyz'}:4: unknown element 'Xx'"]
 
 
 def test_every_command_offers_every_scf_mode():
-    """run, interaction and compare take the same --scf choices as dfmp2.scf.SCF_MODES (the
+    """run, interaction and compare take the same --scf choices as dfmp2.scf.pyscf_scf.SCF_MODES (the
     interaction command once lagged behind when pyscf-df was added)."""
-    from dfmp2 import scf
+    from dfmp2.scf import pyscf_scf as scf
     for name in ("run", "interaction", "compare"):
         opt = next(p for p in main.commands[name].params if p.name == "scf_mode")
         assert tuple(opt.type.choices) == scf.SCF_MODES, name

@@ -1,4 +1,4 @@
-"""One option surface (dfmp2.cli_options): every command offers the RunOptions fields that apply
+"""One option surface (dfmp2.cli.options): every command offers the RunOptions fields that apply
 to it, with the library's choices, defaults and flags, passes them through to the run, and ends
 with the one error handler; library errors name no CLI flag, the CLI's line does."""
 from dataclasses import fields
@@ -10,8 +10,10 @@ from click.testing import CliRunner
 from cli_checks import assert_one_line_error
 
 import dfmp2
-from dfmp2 import cli_options, interaction, pipeline
-from dfmp2.cli import main
+from dfmp2 import pipeline
+from dfmp2.cli import options as cli_options
+from dfmp2.workflows import interaction
+from dfmp2.cli.main import main
 from dfmp2.errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line,
                           flag)
 from dfmp2.options import (CBS_SCF_SCHEMES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS, REFERENCES,
@@ -163,7 +165,7 @@ def test_error_line_adds_the_flags_of_the_options():
 
 
 def test_interaction_errors_name_the_fragment_options():
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     with pytest.raises(InputError) as e:
         interaction.resolve_fragments(read_xyz(DIMER), "1-3", None, None)
     assert "--" not in str(e.value) and e.value.option == "fragments"
@@ -173,7 +175,7 @@ def test_interaction_errors_name_the_fragment_options():
 
 
 def test_output_checks_name_the_option_they_were_given(tmp_path):
-    from dfmp2.outputs import check_output_dir
+    from dfmp2.io.outputs import check_output_dir
     with pytest.raises(InputError) as e:
         check_output_dir(tmp_path / "missing", "scratch directory", option="scratch_dir")
     assert "--" not in str(e.value) and error_line(e.value).endswith("does not exist (--scratch)")

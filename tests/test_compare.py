@@ -8,8 +8,8 @@ import torch
 from click.testing import CliRunner
 
 from cli_checks import assert_one_line_error
-from dfmp2.cli import main
-from dfmp2.compare import DeviceRun, compare_runs, parse_synthetic
+from dfmp2.cli.main import main
+from dfmp2.workflows.compare import DeviceRun, compare_runs, parse_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 WATER = str(ROOT / "inputs" / "water.xyz")

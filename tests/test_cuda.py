@@ -92,7 +92,7 @@ def test_pinned_to_device_and_cast():
 @pytest.mark.parametrize("precision,tol", [("fp64", 1e-10), ("fp32", 1e-6)])
 def test_regression_molecules_cpu_vs_cuda(precision, tol):
     from dfmp2.options import RunOptions
-    from dfmp2.regress import load_references, run_case, select_cases
+    from dfmp2.workflows.regress import load_references, run_case, select_cases
     cases = select_cases(load_references(), "fast")
     for entry in cases:
         cpu = run_case(entry, RunOptions(device="cpu", precision=precision))
@@ -106,7 +106,7 @@ def test_compare_command_cpu_cuda(tmp_path):
     import json
     from pathlib import Path
     from click.testing import CliRunner
-    from dfmp2.cli import main
+    from dfmp2.cli.main import main
     water = str(Path(__file__).resolve().parents[1] / "inputs" / "water.xyz")
     res = CliRunner().invoke(main, ["compare", water, "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
@@ -125,7 +125,7 @@ def test_h2o_08_run_and_compare_on_each_pair_path(pair_kernel, tmp_path):
     import json
     from pathlib import Path
     from click.testing import CliRunner
-    from dfmp2.cli import main
+    from dfmp2.cli.main import main
     from dfmp2.linalg.cuda import auto_pair_path
     h2o8 = str(Path(__file__).resolve().parents[1] / "inputs" / "water_clusters" / "h2o_08.xyz")
     res = CliRunner().invoke(main, ["run", h2o8, "--device", "cuda", "--pair-kernel", pair_kernel,

@@ -20,7 +20,7 @@ WATER = str(Path(__file__).resolve().parents[1] / "inputs" / "water.xyz")
 
 
 def _cli(args):
-    from dfmp2.cli import main
+    from dfmp2.cli.main import main
     return CliRunner().invoke(main, args)
 
 
@@ -190,7 +190,7 @@ def test_open_shell_through_the_pipeline_on_the_epilogue(monkeypatch, tmp_path):
     auto takes gemm+epilogue and says why, the alpha-beta block runs the epilogue's RECT form,
     E_corr matches PySCF's DFUMP2 (inputs/references.json) to 1e-9 Eh; an explicit fused is one
     error line before any work."""
-    from dfmp2.regress import find_reference, load_references
+    from dfmp2.workflows.regress import find_reference, load_references
     monkeypatch.setattr(linalg, "get_backend", lambda name, *, simulate=False, pair_kernel="auto", unrestricted=False:
                         CudaBackend("cpu", pair_kernel=pair_kernel, unrestricted=unrestricted))
     oh = str(Path(WATER).parent / "open_shell" / "hydroxyl.xyz")

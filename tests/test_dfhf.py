@@ -1,4 +1,4 @@
-"""Our DF-RHF (dfmp2.dfhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
+"""Our DF-RHF (dfmp2.scf.dfhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
 thresholds (scf.run_rhf 'pyscf-df', computed here: an independent code), and what it records."""
 from pathlib import Path
 
@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from dfmp2 import linalg
-from dfmp2 import dfhf, scf
+from dfmp2.scf import dfhf
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
 from dfmp2.pipeline import RunOptions, run, run_geometry
-from dfmp2.xyz import parse_xyz, read_xyz
+from dfmp2.io.xyz import parse_xyz, read_xyz
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z in (0, 0.35))

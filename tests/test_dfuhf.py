@@ -1,4 +1,4 @@
-"""Our DF-UHF (dfmp2.dfhf.DFUHF, ``--scf df`` for open shells) against PySCF: its DF-UHF with the
+"""Our DF-UHF (dfmp2.scf.dfhf.DFUHF, ``--scf df`` for open shells) against PySCF: its DF-UHF with the
 same JK-fit set and thresholds (E(UHF), <S^2>, cycles), its DFUMP2 on its own UHF orbitals with
 the MP2-fit set our run uses (E_corr), its DF-J/K of a UHF density pair; and what a run records.
 References are computed here by PySCF, never by this program."""
@@ -12,11 +12,12 @@ from pyscf import scf as pyscf_scf
 from pyscf.mp.dfump2 import DFUMP2
 
 from dfmp2 import linalg
-from dfmp2 import dfhf, scf
+from dfmp2.scf import dfhf
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.errors import SCFNotConvergedError
 from dfmp2.pipeline import RunOptions, run
 from dfmp2.timing import Timer
-from dfmp2.xyz import read_xyz
+from dfmp2.io.xyz import read_xyz
 
 OPEN = Path(__file__).resolve().parent.parent / "inputs" / "open_shell"
 CASES = ["hydroxyl", "methylene_triplet", "nitric_oxide", "dioxygen_triplet"]   # ~0.1 s each

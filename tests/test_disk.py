@@ -24,10 +24,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2 import checkpoint, pipeline, scf
-from dfmp2.cli import main
+from dfmp2 import pipeline
+from dfmp2.io import checkpoint
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.options import RunOptions
-from dfmp2.xyz import read_xyz
+from dfmp2.io.xyz import read_xyz
 
 ROOT = Path(__file__).resolve().parents[1]
 WATER = ROOT / "inputs" / "water.xyz"
@@ -37,7 +39,7 @@ HYDROXYL = ROOT / "inputs" / "open_shell" / "hydroxyl.xyz"
 # disk fills while the run goes on (another process filled it, say), which is what is tested here
 PATCHED_CLI = ("import collections, shutil, sys; "
                "shutil.disk_usage = lambda p: collections.namedtuple('u', 'total used free')(10**12, 0, 10**12); "
-               "from dfmp2.cli import main; sys.argv[0] = 'dfmp2'; main()")
+               "from dfmp2.cli.main import main; sys.argv[0] = 'dfmp2'; main()")
 
 
 @contextlib.contextmanager
@@ -59,7 +61,7 @@ def tmpfs(parent: Path, size_kb: int):
 
 def run_cli(args, *, env=None, preexec_fn=None, patched=True, timeout=180):
     """``dfmp2 args`` in a child process: (returncode, stderr lines)."""
-    cmd = [sys.executable, "-c", PATCHED_CLI] if patched else [sys.executable, "-m", "dfmp2.cli"]
+    cmd = [sys.executable, "-c", PATCHED_CLI] if patched else [sys.executable, "-m", "dfmp2.cli.main"]
     p = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, cwd=ROOT)
     return p.returncode, [ln for ln in p.stderr.splitlines() if ln.strip()]
@@ -200,7 +202,8 @@ def test_pyscf_df_tensor_on_disk_is_in_the_disk_check(tmp_path, no_scf):
 STUCK_IN_C = """
 import sqlite3, sys
 from pyscf.scf import hf
-from dfmp2 import cli, cli_runtime
+from dfmp2.cli import main as cli
+from dfmp2.cli import runtime as cli_runtime
 cli_runtime.TERMINATE_GRACE_S = 2.0
 def stuck(self, *a, **k):      # one long call into C that releases the GIL (as libcint and BLAS do)
     print('in C', file=sys.stderr, flush=True)

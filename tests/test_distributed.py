@@ -195,8 +195,9 @@ def test_rank_devices():
 
 
 def test_work_is_shared_out():
-    from dfmp2 import distributed, mp2_dist
-    from dfmp2.outofcore import OccBlocks
+    from dfmp2 import distributed
+    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.df.outofcore import OccBlocks
     for size in (1, 2, 3, 5):
         for count in (1, 3, 7, 10):
             worlds = [distributed.World(rank=r, size=size) for r in range(size)]
@@ -220,7 +221,8 @@ def test_work_is_shared_out():
 
 def test_memory_plan_per_rank():
     """B's share per rank shrinks with the ranks; a run that does not fit says on how many it would."""
-    from dfmp2 import distributed, memory, mp2_dist
+    from dfmp2 import distributed, memory
+    from dfmp2.mp2 import dist as mp2_dist
     from dfmp2.errors import MemoryLimitError
     shapes = dict(nao=400, nocc=64, nvir=336, naux=1500, itemsize=8, fit_itemsize=8)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2 import scf
-from dfmp2.cli import main
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
-from dfmp2.xyz import parse_xyz, read_xyz
+from dfmp2.io.xyz import parse_xyz, read_xyz
 
 ROOT = Path(__file__).resolve().parent.parent
 REFS = json.loads((ROOT / "inputs" / "references_ecp.json").read_text())["references"]

@@ -20,11 +20,11 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 import dfmp2
 from cli_checks import assert_one_line_error
-from dfmp2 import scf
-from dfmp2.cli import main
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
-from dfmp2.xyz import parse_xyz
+from dfmp2.io.xyz import parse_xyz
 
 ROOT = Path(__file__).resolve().parent.parent
 HI = ROOT / "inputs" / "ecp" / "hydrogen_iodide.xyz"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dfmp2.benchmarks import shapes as shapes_mod, waters as waters_mod
-from dfmp2.cli import main
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 
 FUZZ = settings(derandomize=True, deadline=None, database=None,
@@ -334,7 +334,7 @@ def test_full_and_closed_stdout(stdout, command):
         env = {**os.environ, "PYTHONPATH": str(root)}
         sink = open("/dev/full", "w") if stdout == "full" else subprocess.PIPE
         try:
-            p = subprocess.Popen([sys.executable, "-m", "dfmp2.cli", *args], cwd=d, env=env, text=True,
+            p = subprocess.Popen([sys.executable, "-m", "dfmp2.cli.main", *args], cwd=d, env=env, text=True,
                                  stdout=sink, stderr=subprocess.PIPE)
             if stdout == "closed":
                 p.stdout.close()
@@ -360,7 +360,7 @@ def test_oversized_inputs_are_refused_unread(size, suffix, head):
     """Inputs past the read bound (sparse files up to 4 GiB on paper) are one error line, unread:
     `run /dev/zero` read until the OOM killer, a 4 GB file under an rlimit was a MemoryError
     (issue 29; the rlimit itself: tests/test_cli.py, in a child process)."""
-    from dfmp2.xyz import MAX_INPUT_BYTES
+    from dfmp2.io.xyz import MAX_INPUT_BYTES
     assert size > MAX_INPUT_BYTES
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / f"big{suffix}"

@@ -1,4 +1,4 @@
-"""The RHF DF-MP2 nuclear gradient (dfmp2.mp2grad) against references that do not come from it:
+"""The RHF DF-MP2 nuclear gradient (dfmp2.grad.rhf) against references that do not come from it:
 central finite differences of our own printed energies (``pipeline.run_geometry``, both fitting
 sets, SCF converged to 1e-10), with the step shown converged (two steps agree far below the
 tolerance), and PySCF's DF-RHF gradient (``pyscf.df.grad.rhf``) for the HF part. Geometries are
@@ -13,11 +13,14 @@ from click.testing import CliRunner
 from pyscf.data.nist import BOHR
 
 from dfmp2 import linalg
-from dfmp2 import gradrun, mp2grad, pipeline, scf
-from dfmp2.cli import main
+from dfmp2 import pipeline
+from dfmp2.grad import run as gradrun
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import EXIT_USER_ERROR, InputError
 from dfmp2.options import RunOptions
-from dfmp2.xyz import read_xyz
+from dfmp2.io.xyz import read_xyz
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small problems: one thread is faster
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
@@ -298,7 +301,7 @@ def test_optimize_starts_each_scf_from_the_previous_density(tmp_path):
     """Every step after the first starts its SCF from the previous step's density, and ends at
     the energy a fresh run at that geometry gives (to 1e-9 Eh)."""
     pytest.importorskip("geometric", reason="dfmp2 optimize needs geomeTRIC (the test extra has it)")
-    from dfmp2.optimize import optimize
+    from dfmp2.workflows.optimize import optimize
     src = tmp_path / "w.xyz"
     src.write_text(DISTORTED_WATER)
     out = optimize(read_xyz(src), _options(basis="sto-3g"))
@@ -325,7 +328,7 @@ def test_qcschema_driver_gradient_returns_the_n_by_3_gradient():
     """A v1 AtomicInput with driver 'gradient': return_result and properties.return_gradient are
     the gradient `dfmp2 gradient` computes for the same molecule (Hartree/Bohr, the input's order)."""
     pytest.importorskip("qcelemental", reason="QCSchema needs qcelemental (the qcschema extra)")
-    from dfmp2 import qcschema
+    from dfmp2.interfaces import qcschema
     geom = _geometry("water.xyz")
     doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "gradient",
            "model": {"method": "mp2", "basis": "6-31g"}, "keywords": {"frozen_core": True},
@@ -352,7 +355,7 @@ def test_gradient_on_cuda_equals_cpu():
 def test_gradient_memory_is_refused_before_the_scf(no_scf):
     """A memory limit above the energy run's need but below the gradient stage's: one line, exit 2,
     before any SCF."""
-    from dfmp2 import mp2grad
+    from dfmp2.grad import rhf as mp2grad
     need = gradrun.check_gradient_memory(read_xyz(INPUTS / "water.xyz"), RunOptions(basis="cc-pvdz", memory_mb=1e5),
                                          pipeline.make_backend(RunOptions()))
     assert need == pytest.approx(mp2grad.memory_mb(nao=24, nocc=5, nact=5, nvir=19, naux_mp2=84, naux_jk=116))

@@ -1,5 +1,5 @@
 """The RHF DF-MP2 gradient on trn1, simulated on this CPU (the NKI NumPy emulator): the densities'
-pair loop on the device in fp32, the rest on a host CPU backend in fp64 (dfmp2.mp2grad), against
+pair loop on the device in fp32, the rest on a host CPU backend in fp64 (dfmp2.grad.rhf), against
 the CPU fp64 gradient (itself checked against finite differences of our energies in
 test_gradient.py). Two bounds, each from where the fp32 arithmetic enters:
 
@@ -21,10 +21,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dfmp2 import gradrun, linalg, mp2grad, scf
-from dfmp2.cli import main
+from dfmp2 import linalg
+from dfmp2.grad import run as gradrun
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.options import RunOptions
-from dfmp2.xyz import read_xyz
+from dfmp2.io.xyz import read_xyz
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"

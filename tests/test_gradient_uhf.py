@@ -1,7 +1,7 @@
-"""The UHF DF-MP2 nuclear gradient (dfmp2.mp2grad_uhf) against references that do not come from
+"""The UHF DF-MP2 nuclear gradient (dfmp2.grad.uhf) against references that do not come from
 it: central finite differences of our own printed UHF energies (``pipeline.run_geometry``, both
 fitting sets, SCF converged to 1e-10), the step shown converged (the halved step agrees), PySCF's
-DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.mp2grad,
+DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.rhf,
 itself tested against finite differences) for a closed shell run with a UHF reference.
 Geometries are distorted so that no component vanishes by symmetry (OH: two atoms, every
 component still nonzero)."""
@@ -14,11 +14,15 @@ from click.testing import CliRunner
 from pyscf.data.nist import BOHR
 from test_gradient import DISTORT, INPUTS, STEP, STEP_AGREE, TOL, _energy, _fd, _options
 
-from dfmp2 import gradrun, linalg, mp2grad, mp2grad_uhf, pipeline, scf
-from dfmp2.cli import main
+from dfmp2 import linalg, pipeline
+from dfmp2.grad import run as gradrun
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.options import RunOptions
-from dfmp2.xyz import Geometry, read_xyz
+from dfmp2.io.xyz import Geometry, read_xyz
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small problems: one thread is faster
 
@@ -246,7 +250,7 @@ def test_qcschema_driver_gradient_on_a_doublet():
     """A v1 AtomicInput of OH (multiplicity 2) with driver 'gradient': return_result is the
     gradient ``dfmp2 gradient`` computes for the same molecule."""
     pytest.importorskip("qcelemental", reason="QCSchema needs qcelemental (the qcschema extra)")
-    from dfmp2 import qcschema
+    from dfmp2.interfaces import qcschema
     geom = _radical("oh")
     doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "gradient",
            "model": {"method": "mp2", "basis": "sto-3g"},

@@ -1,4 +1,4 @@
-"""Integral engines (dfmp2.integrals): blocks against libcint, the host engine's background thread
+"""Integral engines (dfmp2.df.integrals): blocks against libcint, the host engine's background thread
 (order, clean shutdown when the consumer raises, when the producer raises, on Ctrl-C), engine
 choice and its errors, the memory plan's engine terms, and the gpu4pyscf engine's glue through a
 fake gpu4pyscf/CuPy on the CPU (the real one needs a CUDA GPU: the cuda channel and
@@ -19,8 +19,11 @@ from pyscf import gto, lib
 from pyscf.df import incore
 
 from dfmp2 import linalg
-from dfmp2 import dfhf, integrals, memory, pipeline, scf
-from dfmp2.cli import main
+from dfmp2 import memory, pipeline
+from dfmp2.scf import dfhf
+from dfmp2.df import integrals
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.options import INTEGRAL_ENGINES
 from dfmp2.pipeline import RunOptions
 from dfmp2.timing import Timer

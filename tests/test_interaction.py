@@ -16,11 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cli_checks import assert_one_line_error
-from dfmp2 import interaction, scf
-from dfmp2.cli import main
+from dfmp2.workflows import interaction
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
-from dfmp2.xyz import parse_xyz, read_xyz
+from dfmp2.io.xyz import parse_xyz, read_xyz
 
 ROOT = Path(__file__).resolve().parent.parent
 S22 = ROOT / "inputs" / "s22"

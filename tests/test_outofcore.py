@@ -12,11 +12,13 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2 import dfhf, outofcore, scf
+from dfmp2.scf import dfhf
+from dfmp2.df import outofcore
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.linalg.reference import mp2_pair_energy_reference
-from dfmp2.cli import main
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
-from dfmp2.outofcore import HDF5B, InMemoryB, OccBlocks
+from dfmp2.df.outofcore import HDF5B, InMemoryB, OccBlocks
 from dfmp2.pipeline import RunOptions, run
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
@@ -215,7 +217,7 @@ def test_temporary_files_removed_on_failure_and_interrupt(tmp_path, monkeypatch,
 
 def test_not_enough_disk_fails_before_scf(tmp_path, monkeypatch):
     import shutil
-    import dfmp2.scf as scf
+    import dfmp2.scf.pyscf_scf as scf
     monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("SCF must not start"))
     monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("SCF must not start"))
     monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("SCF must not start"))

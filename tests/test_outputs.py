@@ -1,4 +1,4 @@
-"""Output paths (dfmp2.outputs) and the commands that write files: a path that cannot be written
+"""Output paths (dfmp2.io.outputs) and the commands that write files: a path that cannot be written
 is one ``error:`` line and exit 2 before any heavy work; the JSON write never replaces a device,
 the input or the checkpoint, keeps the umask, and leaves nothing half-written; ``bench --name``
 stays inside ``--out``; file names with rich markup print as they are.
@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2 import compare as compare_mod, dfhf, outputs, regress, scf
-from dfmp2.cli import main
+from dfmp2.workflows import compare as compare_mod
+from dfmp2.scf import dfhf
+from dfmp2.io import outputs
+from dfmp2.workflows import regress
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError, SCFNotConvergedError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -316,8 +320,8 @@ def test_file_name_with_markup_end_to_end(tmp_path):
 
 def test_regress_and_compare_tables_print_markup_as_text():
     from rich.console import Console
-    from dfmp2.compare import DeviceRun, compare_runs, render as compare_render
-    from dfmp2.regress import CaseResult, render as regress_render
+    from dfmp2.workflows.compare import DeviceRun, compare_runs, render as compare_render
+    from dfmp2.workflows.regress import CaseResult, render as regress_render
     con = Console(width=300, record=True)
     cr = CaseResult(key="[/k]", molecule="[bold]m[/x]", scf_mode="df", frozen_core=False, nbasis=1,
                     naux=1, precision="fp64", tolerance=1e-9, reference={"e_corr": -0.1},
@@ -337,7 +341,7 @@ WATER = ROOT / "inputs" / "water.xyz"
 
 def _dfmp2(args, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "dfmp2.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "dfmp2.cli.main", *args], cwd=ROOT, env=env,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 

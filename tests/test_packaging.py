@@ -1,10 +1,12 @@
-"""The installed package (issue 27): everything lives under ``dfmp2`` and ships its inputs.
+"""The installed package (issues 27, 36): everything lives under ``dfmp2``, under one name each,
+and ships its inputs.
 
-A wheel built from this checkout is installed into a fresh virtual environment (its dependencies
-seen through a path file naming this interpreter's site-packages, so nothing is downloaded and this
-environment's own dfmp2 is not visible there), and ``dfmp2 run``, ``dfmp2 regress`` and the Python
-API run from a directory outside the checkout. ``import linalg`` and ``import kernels`` must find
-nothing from us there.
+``dfmp2/linalg``, ``dfmp2/kernels`` and ``dfmp2/inputs`` are committed links to the repository's
+top-level folders; the bare names (``import linalg``) refuse to load, so no class is ever loaded
+twice under two names. A wheel built from this checkout is installed into a fresh virtual
+environment (its dependencies seen through a path file naming this interpreter's site-packages,
+so nothing is downloaded and this environment's own dfmp2 is not visible there), and ``dfmp2
+run``, ``dfmp2 regress`` and the Python API run from a directory outside the checkout.
 """
 import ast
 import json
@@ -21,26 +23,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = {"dfmp2.linalg": "linalg", "dfmp2.kernels": "kernels", "dfmp2.inputs": "inputs"}
+LINKS = {"linalg": "../linalg", "kernels": "../kernels", "inputs": "../inputs"}   # dfmp2/<name> -> target
 
 
 def _pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
-def _packages_on_disk() -> set:
-    out = set()
-    for top, dotted in (("dfmp2", "dfmp2"), ("linalg", "dfmp2.linalg"), ("kernels", "dfmp2.kernels")):
-        for init in (ROOT / top).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / top).parts
-            out.add(".".join((dotted,) + rel))
-    return out
-
-
-def test_pyproject_names_every_package_and_maps_the_top_level_folders():
+def test_the_links_and_pyproject_ship_every_package():
+    for name, target in LINKS.items():
+        link = ROOT / "dfmp2" / name
+        assert link.is_symlink() and os.readlink(link) == target, link
     cfg = _pyproject()
-    assert set(cfg["packages"]) == _packages_on_disk() | {"dfmp2.inputs"}
-    assert cfg["package-dir"] == MAPPED
+    assert cfg["package-dir"] == {"": "."}          # an editable install is a plain path entry
+    from setuptools import find_packages
+    found = set(find_packages(str(ROOT), include=cfg["packages"]["find"]["include"]))
+    on_disk = {".".join(("dfmp2",) + init.parent.relative_to(ROOT / "dfmp2").parts)
+               for init in (ROOT / "dfmp2").rglob("*/__init__.py")} | {"dfmp2"}
+    for top in ("linalg", "kernels"):
+        on_disk |= {".".join(("dfmp2", top) + init.parent.relative_to(ROOT / top).parts)
+                    for init in (ROOT / top).rglob("__init__.py")}
+    assert found == on_disk, found ^ on_disk
     assert "*.c" in cfg["package-data"]["dfmp2.kernels.cpu"]          # the CPU pair epilogue's source
 
 
@@ -75,16 +78,70 @@ def test_floors_linalg_and_kernels_do_not_import_the_application():
                     assert m.startswith(allowed), f"{p.relative_to(ROOT)} imports {m}"
 
 
-def test_a_checkout_maps_dfmp2_linalg_and_kernels_onto_its_folders(tmp_path):
-    code = ("import dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.layout as l;"
-            "print(dfmp2.linalg.__file__); print(b.__file__); print(l.inputs_dir())")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lin, build, inputs = out.stdout.split("\n")[:3]
-    assert Path(lin) == ROOT / "linalg" / "__init__.py"
-    assert Path(build) == ROOT / "kernels" / "cpu" / "build.py"
-    assert Path(inputs) == ROOT / "inputs"
+def _module_names() -> list:
+    """Every module of the package by its one name (dfmp2.linalg.ops, ...) and the file it is."""
+    out = []
+    for top, dotted in (("dfmp2", "dfmp2"), ("linalg", "dfmp2.linalg"), ("kernels", "dfmp2.kernels")):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / top).with_suffix("").parts)
+            if top == "dfmp2" and (ROOT / "dfmp2" / parts[0]).is_symlink():
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.append((".".join([dotted] + parts), path))
+    return out
+
+
+def test_no_module_is_importable_under_a_second_name(tmp_path):
+    """With the repository itself on sys.path (a script beside it, ``python -c`` in it), the
+    linear-algebra layer and the kernels load only as dfmp2.linalg and dfmp2.kernels: their bare
+    names raise ImportError naming the right one. Every package module's file is the one that
+    name loads (the links resolve to the top-level folders)."""
+    names = _module_names()
+    bare = sorted({n.removeprefix("dfmp2.") for n, _ in names if n.startswith(("dfmp2.linalg", "dfmp2.kernels"))})
+    code = ("import importlib, json, sys\n"
+            "out = {}\n"
+            "for name in json.loads(sys.argv[1]):\n"
+            "    try:\n"
+            "        importlib.import_module(name); out[name] = 'loaded'\n"
+            "    except ImportError as e:\n"
+            "        out[name] = str(e)\n"
+            "import dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.io\n"
+            "out['files'] = [dfmp2.linalg.__file__, b.__file__, str(dfmp2.io.INPUTS)]\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(bare)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for name in bare:
+        assert out[name] != "loaded" and f"dfmp2.{name.split('.')[0]}" in out[name], (name, out[name])
+    lin, build, inputs = out["files"]
+    assert Path(lin).resolve() == ROOT / "linalg" / "__init__.py"
+    assert Path(build).resolve() == ROOT / "kernels" / "cpu" / "build.py"
+    assert Path(inputs).resolve() == ROOT / "inputs"
+
+
+def test_static_tools_see_dfmp2_linalg_and_kernels(tmp_path):
+    """jedi (IPython's and VS Code's completion and go-to) resolves dfmp2.linalg.get_backend and a
+    kernel from a file outside the checkout, through the installed package alone (no PYTHONPATH,
+    no run-time import hook: the link and the editable install's path entry)."""
+    pytest.importorskip("jedi")
+    code = ("import jedi, sys\n"
+            "src = 'import dfmp2.linalg\\nimport dfmp2.kernels.nki.gemm\\n"
+            "dfmp2.linalg.get_backend\\ndfmp2.kernels.nki.gemm\\n'\n"
+            "s = jedi.Script(src, path='probe.py', project=jedi.Project('.', smart_sys_path=False),\n"
+            "                environment=jedi.InterpreterEnvironment())\n"
+            "for line, col in ((3, 14), (4, 20)):\n"
+            "    d = s.goto(line, col, follow_imports=True)\n"
+            "    print(d[0].full_name if d else None, d[0].module_path if d else None)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (fn, fpath), (kn, kpath) = (line.split() for line in proc.stdout.strip().split("\n"))
+    assert fn == "dfmp2.linalg.backend.get_backend", proc.stdout
+    assert Path(fpath).resolve() == ROOT / "linalg" / "backend.py"
+    assert kn == "dfmp2.kernels.nki.gemm" and Path(kpath).resolve() == ROOT / "kernels" / "nki" / "gemm.py"
 
 
 def _site_packages() -> list:
@@ -101,7 +158,10 @@ def _tracked_copy(dest: Path) -> Path:
     names = ([f for f in files.stdout.split("\0") if f] if files.returncode == 0 else
              [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and "build" not in p.parts])
     for name in names:
-        if (ROOT / name).is_file():
+        if (ROOT / name).is_symlink():                  # dfmp2/linalg -> ../linalg and the like
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(ROOT / name), dest / name)
+        elif (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
     return dest
@@ -152,8 +212,8 @@ def _run(installed, args, cwd):
 def test_the_wheel_installs_dfmp2_alone_with_its_inputs_and_kernel_source(installed, tmp_path):
     py, _, purelib = installed
     out = _run(installed, [str(py), "-c", (
-        "import importlib.util as u, dfmp2, dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.layout as l\n"
-        "print(dfmp2.__file__); print(dfmp2.linalg.__file__); print(b.HERE); print(l.inputs_dir())\n"
+        "import importlib.util as u, dfmp2, dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.io as io\n"
+        "print(dfmp2.__file__); print(dfmp2.linalg.__file__); print(b.HERE); print(io.INPUTS)\n"
         "print(u.find_spec('linalg'), u.find_spec('kernels'))")], tmp_path)
     assert out.returncode == 0, out.stderr
     pkg, lin, here, inputs, top = out.stdout.strip().split("\n")

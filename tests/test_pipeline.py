@@ -9,10 +9,10 @@ import pytest
 from pyscf import df
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
-from dfmp2 import scf
+from dfmp2.scf import pyscf_scf as scf
 from dfmp2.pipeline import RunOptions, run
-from dfmp2.result import SCS_OS, SCS_SS, SOS_OS
-from dfmp2.xyz import read_xyz
+from dfmp2.io.result import SCS_OS, SCS_SS, SOS_OS
+from dfmp2.io.xyz import read_xyz
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 TOL = {"fp64": 1e-9, "fp32": 1e-6}

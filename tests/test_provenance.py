@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dfmp2.pipeline import RunOptions, run
-from dfmp2.result import SCHEMA_VERSION
+from dfmp2.io.result import SCHEMA_VERSION
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 WATER = INPUTS / "water.xyz"
@@ -51,7 +51,7 @@ def _dotted_keys(d, path=""):
 
 
 def _geometry_of(path):
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     g = read_xyz(path)
     return list(g.symbols), g.coords_angstrom
 
@@ -90,7 +90,7 @@ def test_checkpoint_says_where_the_scf_came_from(tmp_path, scf_mode):
     fresh = run(WATER, RunOptions(scf_mode=scf_mode, checkpoint=str(ck)))
     assert fresh.ran["storage"]["from_checkpoint"] == {"scf": False, "B": False, "pairs": 0}
     assert fresh.ran["scf"]["source"] == "ran" and fresh.ran["scf"]["iterations"] > 0
-    assert fresh.ran["scf"]["engine"] == ("dfmp2.dfhf" if scf_mode == "df" else "pyscf")
+    assert fresh.ran["scf"]["engine"] == ("dfmp2.scf.dfhf" if scf_mode == "df" else "pyscf")
     again = run(WATER, RunOptions(scf_mode=scf_mode, resume=str(ck)))
     assert again.ran["storage"]["from_checkpoint"]["scf"] is True and again.ran["storage"]["from_checkpoint"]["B"]
     s = again.ran["scf"]

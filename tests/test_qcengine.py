@@ -17,9 +17,9 @@ from pyscf.lib.parameters import BOHR  # noqa: E402
 
 import dfmp2  # noqa: E402
 import dfmp2.qcengine  # noqa: E402,F401   registers "dfmp2"
-from dfmp2.cli import main  # noqa: E402
+from dfmp2.cli.main import main  # noqa: E402
 from dfmp2.errors import InputError  # noqa: E402
-from dfmp2.qcschema import error_line, run_qcschema  # noqa: E402
+from dfmp2.interfaces.qcschema import error_line, run_qcschema  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 XYZ = {"water": ROOT / "inputs" / "water.xyz", "hydroxyl": ROOT / "inputs" / "open_shell" / "hydroxyl.xyz"}
@@ -112,7 +112,7 @@ def test_qcengines_task_memory_is_the_limit(no_scf):
     f = qcng.compute(atomic_input("water"), "dfmp2", task_config={"memory": 1e-6})
     assert not f.success and f.error.error_type == "resource_error", f.error
     assert "memory" in f.error.error_message
-    from dfmp2.qcengine import run_options
+    from dfmp2.interfaces.qcengine import run_options
     from qcengine.config import get_config
     spec = v2.AtomicInput(**atomic_input("water", 2, memory_mb=500.0))
     assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb is None   # the keyword's

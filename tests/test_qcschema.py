@@ -14,7 +14,7 @@ qcel = pytest.importorskip("qcelemental", reason="QCSchema path: qcelemental is 
 from qcelemental.models import AtomicResult, FailedOperation  # noqa: E402
 from pyscf.lib.parameters import BOHR  # noqa: E402
 
-from dfmp2.cli import main  # noqa: E402
+from dfmp2.cli.main import main  # noqa: E402
 from dfmp2.errors import InputError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +269,7 @@ def test_scf_parts_and_electron_counts_against_pyscf(name, nalpha, nbeta):
     """In process (run_qcschema): the alpha and beta electron counts (OH: 5 and 4), E_nuc as
     PySCF's energy_nuc, E_1 as PySCF's DF-SCF's one-electron energy, E_nuc + E_1 + E_2 = E_HF,
     the SCF's iteration count."""
-    from dfmp2.qcschema import run_qcschema
+    from dfmp2.interfaces.qcschema import run_qcschema
 
     doc = water_input() if name == "water" else hydroxyl_input()
     p = run_qcschema(doc).properties
@@ -288,7 +288,7 @@ def test_ghost_atoms_run_and_match_pyscf():
     DF-RHF and DF-MP2 with PySCF's 'ghost-' atoms; the ghosts add no nuclear repulsion."""
     from pyscf.mp.dfmp2 import DFMP2
     from pyscf import df
-    from dfmp2.qcschema import run_qcschema
+    from dfmp2.interfaces.qcschema import run_qcschema
 
     dimer = [ln.split() for ln in (ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz").read_text().splitlines()[2:]
              if len(ln.split()) == 4]
@@ -310,7 +310,7 @@ def test_ghost_atoms_run_and_match_pyscf():
 
 def test_run_qcschema_takes_models_of_both_versions_and_answers_in_kind():
     from qcelemental.models import v1, v2
-    from dfmp2.qcschema import run_qcschema
+    from dfmp2.interfaces.qcschema import run_qcschema
 
     doc = water_input(model={"method": "mp2", "basis": "sto-3g"})
     r1 = run_qcschema(v1.AtomicInput(**doc))
@@ -323,7 +323,7 @@ def test_run_qcschema_takes_models_of_both_versions_and_answers_in_kind():
 
 def test_library_errors_name_the_atomic_input_field_not_a_cli_flag(no_scf):
     from dfmp2.errors import MemoryLimitError
-    from dfmp2.qcschema import error_line, run_qcschema
+    from dfmp2.interfaces.qcschema import error_line, run_qcschema
 
     with pytest.raises(MemoryLimitError) as e:
         run_qcschema(water_input(keywords={"memory_mb": 0.001}))

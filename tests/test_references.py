@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dfmp2.xyz import read_xyz
+from dfmp2.io.xyz import read_xyz
 
 ROOT = Path(__file__).resolve().parent.parent
 INPUTS = ROOT / "inputs"
@@ -135,7 +135,7 @@ def test_entries_carry_provenance_and_are_consistent(refs):
 
 def test_references_use_the_programs_scf_thresholds(refs):
     """The references share the program's SCF set-up; after a threshold change, regenerate them."""
-    import dfmp2.scf as bridge
+    import dfmp2.scf.pyscf_scf as bridge
     for key, e in refs["references"].items():
         assert (e["scf"]["conv_tol"], e["scf"]["conv_tol_grad"]) == (
             bridge.SCF_CONV_TOL, bridge.SCF_CONV_TOL_GRAD), (
@@ -166,7 +166,7 @@ def test_polish_reaches_the_gradient_threshold():
     the energy, and lands on the stored reference's E_HF."""
     import numpy as np
 
-    from dfmp2 import scf as bridge
+    from dfmp2.scf import pyscf_scf as bridge
     mol = bridge.build_molecule(read_xyz(INPUTS / "open_shell" / "nitric_oxide.xyz"), "cc-pvdz")
     mf = bridge.run_uhf(mol, "df").mf
     mf.callback = None

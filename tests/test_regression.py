@@ -14,10 +14,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import dfmp2.dfhf
-import dfmp2.scf
+import dfmp2.scf.dfhf
+import dfmp2.scf.pyscf_scf
 from dfmp2.options import RunOptions
-from dfmp2.regress import (REFERENCES, TOLERANCES, find_reference, load_references, regress_command,
+from dfmp2.workflows.regress import (REFERENCES, TOLERANCES, find_reference, load_references, regress_command,
                            run_case, select_cases)
 
 REFS = load_references()
@@ -35,18 +35,18 @@ def shared_rhf():
     last = {}
 
     def shared(real):
-        def run(mol, scf_mode="df", max_cycle=dfmp2.scf.SCF_MAX_CYCLE, **kw):
+        def run(mol, scf_mode="df", max_cycle=dfmp2.scf.pyscf_scf.SCF_MAX_CYCLE, **kw):
             key = (real.__name__, mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, scf_mode, max_cycle)
             if key not in last:
                 last.clear()                 # keep one: a DF-SCF object can hold GBs of integrals
                 last[key] = real(mol, scf_mode, max_cycle=max_cycle, **kw)
             return last[key]
         return run
-    run_rhf, run_uhf = shared(dfmp2.scf.run_rhf), shared(dfmp2.scf.run_uhf)
+    run_rhf, run_uhf = shared(dfmp2.scf.pyscf_scf.run_rhf), shared(dfmp2.scf.pyscf_scf.run_uhf)
 
-    real_df = dfmp2.dfhf.run_dfhf
+    real_df = dfmp2.scf.dfhf.run_dfhf
 
-    def run_dfhf(mol, backend, max_cycle=dfmp2.scf.SCF_MAX_CYCLE, **kw):
+    def run_dfhf(mol, backend, max_cycle=dfmp2.scf.pyscf_scf.SCF_MAX_CYCLE, **kw):
         key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, kw.get("unrestricted"), "dfhf",
                backend.name, max_cycle)
         if key not in last:
@@ -55,9 +55,9 @@ def shared_rhf():
         return last[key]
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(dfmp2.scf, "run_rhf", run_rhf)
-    mp.setattr(dfmp2.scf, "run_uhf", run_uhf)
-    mp.setattr(dfmp2.dfhf, "run_dfhf", run_dfhf)
+    mp.setattr(dfmp2.scf.pyscf_scf, "run_rhf", run_rhf)
+    mp.setattr(dfmp2.scf.pyscf_scf, "run_uhf", run_uhf)
+    mp.setattr(dfmp2.scf.dfhf, "run_dfhf", run_dfhf)
     yield
     mp.undo()
 

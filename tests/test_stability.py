@@ -1,4 +1,4 @@
-"""The internal stability check of a converged UHF (dfmp2.stability, --scf-stability): the lowest
+"""The internal stability check of a converged UHF (dfmp2.scf.stability, --scf-stability): the lowest
 orbital-Hessian eigenvalue of our DF-UHF's products against PySCF's own products
 (pyscf.soscf.newton_ah.gen_g_hop_uhf) and PySCF's verdict (pyscf.scf.stability.uhf_internal) on
 the same orbitals: H2 stretched to 2.5 A, whose singlet UHF from PySCF's guess stays on the
@@ -10,10 +10,12 @@ from pyscf import scf as pyscf_scf
 from pyscf.scf import stability as pyscf_stability
 
 from dfmp2 import linalg
-from dfmp2 import dfhf, scf, stability
-from dfmp2.cli import main
+from dfmp2.scf import dfhf
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import stability
+from dfmp2.cli.main import main
 from dfmp2.pipeline import RunOptions, run, run_geometry
-from dfmp2.xyz import parse_xyz
+from dfmp2.io.xyz import parse_xyz
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -14,11 +14,12 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2 import dfhf, scf
-from dfmp2.cli import main
+from dfmp2.scf import dfhf
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run, run_geometry
-from dfmp2.xyz import parse_xyz
+from dfmp2.io.xyz import parse_xyz
 from dfmp2.linalg.reference import mp2_pair_energy_reference
 
 INPUTS = Path(__file__).resolve().parents[1] / "inputs"
@@ -164,7 +165,7 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
 def test_time_mp2_stage_runs_ump2_as_run_does():
     """The benchmarks' stage timer takes a UHF reference: the same energies as ``dfmp2 run``."""
     from dfmp2.pipeline import time_mp2_stage
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     mol = scf.build_molecule(read_xyz(OH))
     auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
     ref = scf.run_uhf(mol)

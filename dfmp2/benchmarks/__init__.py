@@ -9,5 +9,5 @@
     report.py       terminal table, JSON, markdown and PNG plot
     run.py          the ``dfmp2 bench`` driver that ties them together
 
-``dfmp2 bench`` (dfmp2/bench.py) and scripts/bench_linalg.py are thin callers of these.
+``dfmp2 bench`` (dfmp2/cli/bench.py) and scripts/bench_linalg.py are thin callers of these.
 """

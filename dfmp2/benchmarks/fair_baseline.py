@@ -24,7 +24,7 @@ Use from a benchmark (seconds are wall times; energies in Hartree):
     base["runs"]["unset"]["tasks"]["whole"]["seconds"]
 
 Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
-Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.default_auxbasis), ``dfuhf`` (PySCF
+Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.pyscf_scf.default_auxbasis), ``dfuhf`` (PySCF
 DF-UHF, the same set and thresholds), ``whole`` (PySCF DF-RHF + DFMP2 with the MP2-fit set, or
 DF-UHF + DFUMP2 for an open shell; ``scf_s`` and ``mp2_s`` beside the total),
 ``stage`` (PySCF DFMP2, or DFUMP2 for UHF orbitals, alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
@@ -197,9 +197,9 @@ def child(spec: dict) -> dict:
     from pyscf import df, lib
     from pyscf.mp import dfmp2 as pyscf_dfmp2
     from pyscf.mp import dfump2 as pyscf_dfump2
-    from dfmp2 import scf
+    from dfmp2.scf import pyscf_scf as scf
     from dfmp2.benchmarks.timing import OtherCPU
-    from dfmp2.xyz import read_xyz
+    from dfmp2.io.xyz import read_xyz
     if spec.get("threads"):
         lib.num_threads(spec["threads"])
     mol = scf.build_molecule(read_xyz(spec["xyz"]), spec["basis"], spec.get("charge"), spec.get("multiplicity"))

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import layout
-from ..errors import InputError
-from . import waters as waters_mod
+from dfmp2.io import INPUTS
+from dfmp2.errors import InputError
+from dfmp2.benchmarks import waters as waters_mod
 
-OPEN_SHELL_DIR = Path(layout.inputs_dir()) / "open_shell"   # the checkout's inputs/ or the wheel's dfmp2/inputs/
+OPEN_SHELL_DIR = INPUTS / "open_shell"
 # by size: nbasis 19 (OH) to 95 (glycyl); 'all' takes every file of inputs/open_shell/
 DEFAULT = ("hydroxyl", "methyl", "nitric_oxide", "allyl", "tert_butyl", "glycyl")
 
@@ -48,8 +48,9 @@ def run_radical(name: str, devices: list, precisions: list[str], *, pyscf: bool,
     """One open-shell molecule: its UHF once, our DF-UMP2 stage per (device backend factory,
     precision) of ``devices``, PySCF's DFUMP2 stage (``pyscf``). Times in s, energies in Hartree."""
     from dfmp2 import linalg
-    from .. import dfhf, scf
-    from ..xyz import read_xyz
+    from dfmp2.scf import dfhf
+    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.io.xyz import read_xyz
     path = OPEN_SHELL_DIR / f"{name}.xyz"
     mol = scf.build_molecule(read_xyz(path), "cc-pvdz")
     auxbasis = scf.mp2_auxbasis(mol)

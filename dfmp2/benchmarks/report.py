@@ -9,7 +9,7 @@ import io
 import json
 from pathlib import Path
 
-from .ops import BASELINE_LABELS
+from dfmp2.benchmarks.ops import BASELINE_LABELS
 
 SCHEMA = "dfmp2-bench/1"          # the "schema" tag of a report (run.run_bench writes it)
 HEADLINE_OPS = ("mp2_pair_energy", "gemm", "trsm")
@@ -59,9 +59,9 @@ def ratio(row: dict, name: str = "pyscf") -> str:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """``text`` to ``path`` by dfmp2.outputs.write_text (atomic over a regular file), making the
+    """``text`` to ``path`` by dfmp2.io.outputs.write_text (atomic over a regular file), making the
     directory first."""
-    from ..outputs import write_text
+    from dfmp2.io.outputs import write_text
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, text)
 
@@ -602,7 +602,7 @@ def plot(rep: dict, path: Path) -> bool:
     estimates dashed, hollow, labelled 'ESTIMATE'); right, the water-cluster stage vs nbasis with
     the fitted power laws. One colour per series (who ran it, device, precision) in both panels
     (``series_colors``), and titles that name only the line styles drawn (``panel_titles``).
-    Returns False (and writes nothing) without matplotlib. Written by dfmp2.outputs.write_bytes:
+    Returns False (and writes nothing) without matplotlib. Written by dfmp2.io.outputs.write_bytes:
     a half-written plot never appears under ``path``."""
     try:
         import matplotlib
@@ -625,7 +625,7 @@ def plot(rep: dict, path: Path) -> bool:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
-    from ..outputs import write_bytes
+    from dfmp2.io.outputs import write_bytes
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, buf.getvalue())       # atomic, with the umask's mode, as the JSON and markdown
     return True

@@ -17,10 +17,10 @@ import torch
 
 from dfmp2 import linalg
 
-from . import ops as ops_mod
-from . import shapes as shapes_mod
-from . import radicals as radicals_mod
-from . import report, timing, trn_estimate, waters as waters_mod
+from dfmp2.benchmarks import ops as ops_mod
+from dfmp2.benchmarks import shapes as shapes_mod
+from dfmp2.benchmarks import radicals as radicals_mod
+from dfmp2.benchmarks import report, timing, trn_estimate, waters as waters_mod
 
 TRN = ("trn1", "trn2")
 PEAK_N = {"cpu": 2048, "cuda": 8192}
@@ -56,7 +56,7 @@ def device_status(name: str):
     try:
         be = linalg.get_backend(name)
     except linalg.DeviceUnavailableError as e:
-        from ..errors import error_line
+        from dfmp2.errors import error_line
         return None, {"device": name, "status": "not run", "reason": error_line(e)}
     d = be.describe()
     return be, {"device": name, "status": "ran", "engine": d["engine"],

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError, shown
-from ..memory import OCC_BLOCK_MAX
+from dfmp2.errors import InputError, shown
+from dfmp2.memory import OCC_BLOCK_MAX
 
 AUX_BLOCK = 256
 OCC_BLOCK = OCC_BLOCK_MAX

@@ -22,19 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
-from dfmp2 import layout, linalg
+from dfmp2 import linalg
+from dfmp2.io import INPUTS
 
-CLUSTER_DIR = Path(layout.inputs_dir()) / "water_clusters"   # the checkout's inputs/ or the wheel's dfmp2/inputs/
+CLUSTER_DIR = INPUTS / "water_clusters"
 STAGES = ("integrals", "metric", "transform", "fit", "pair")
-# The series converges the RHF less tightly than ``dfmp2 run`` (dfmp2.scf: 1e-12 / 1e-8): the
+# The series converges the RHF less tightly than ``dfmp2 run`` (dfmp2.scf.pyscf_scf: 1e-12 / 1e-8): the
 # SCF is set-up here, not what is timed, and ours and PySCF's stage start from the same orbitals.
 SCF_CONV_TOL, SCF_CONV_TOL_GRAD = 1e-10, 1e-6
 
 
 @contextlib.contextmanager
 def scf_tolerance(conv_tol: float = SCF_CONV_TOL, conv_tol_grad: float = SCF_CONV_TOL_GRAD):
-    """Run dfmp2.scf.run_rhf with these tolerances (its module constants, restored after)."""
-    from .. import scf
+    """Run dfmp2.scf.pyscf_scf.run_rhf with these tolerances (its module constants, restored after)."""
+    from dfmp2.scf import pyscf_scf as scf
     old = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD
     scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD = conv_tol, conv_tol_grad
     try:
@@ -51,7 +52,7 @@ def parse_waters(text: str) -> list[int]:
     """'1-24' (every available size in the range), '1,2,4,8' or 'none'. A reversed range (5-1),
     a malformed one (1-, 1-2-3) and a range holding no available cluster are errors, not an
     empty series."""
-    from ..errors import InputError, shown
+    from dfmp2.errors import InputError, shown
     t = text.strip().lower()
     if t in ("", "none", "0"):
         return []
@@ -113,7 +114,7 @@ def time_pyscf_fair(xyz, ref, *, repeats: int, warmup: int, timeout: float = 720
     seconds and BLAS, or status 'failed' with both errors."""
     import tempfile
     from pyscf import lib
-    from . import fair_baseline as fb
+    from dfmp2.benchmarks import fair_baseline as fb
     with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as tmp:
         npz = fb.save_scf(ref.mf, f"{tmp}/scf.npz")
         base = fb.pyscf_baseline(["stage"], xyz, threads=lib.num_threads(), timeout=timeout, repeats=repeats,
@@ -140,8 +141,8 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     ``devices``: [(name, backend factory)] of devices that can run. ``repeats`` timed runs
     (plus one untimed warm-up) for clusters whose expected stage time is below
     ``single_above_s``; a single run (no warm-up) above it."""
-    from .. import scf
-    from ..xyz import read_xyz
+    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.io.xyz import read_xyz
 
     path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
     mol = scf.build_molecule(read_xyz(path), "cc-pvdz")
@@ -179,7 +180,7 @@ def stage_runs(mol, auxmol, ref, devices, precisions, *, repeats: int, single, l
     """Our DF-MP2 stage after the SCF on ``ref`` (RHF or UHF), timed per (device, backend factory)
     of ``devices`` and precision: ``repeats`` runs after an untimed warm-up, or one run without
     warm-up where ``single(precision)``. One run dict each (status 'ran' or 'not run')."""
-    from ..pipeline import RunOptions, time_mp2_stage
+    from dfmp2.pipeline import RunOptions, time_mp2_stage
     runs = []
     for dev_name, make_backend in devices:
         for prec in precisions:

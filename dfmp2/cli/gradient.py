@@ -1,0 +1,133 @@
+"""``dfmp2 gradient``: the DF-MP2 energy and its nuclear gradient (Hartree/Bohr, per atom).
+
+The energy run's table as ``dfmp2 run`` prints it, then the gradient of the chosen method's
+energy (``--method mp2|scs-mp2|sos-mp2``) per atom, its largest component and its norm;
+``--json`` writes the run's JSON with a 'gradient' section (units stated). Options: the shared
+groups of ``dfmp2.cli.options`` (no checkpoint, one basis).
+"""
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from dfmp2.cli.options import (device_options, molecule_options, printing, resource_options, run_options,
+                          scf_options, stdout_console, user_errors)
+from dfmp2.cli.runtime import LazyProgress, terminate_raises
+from dfmp2.io.result import METHOD_SCALES as SCALES
+from dfmp2.io.outputs import check_output_file
+
+
+def gradient_table(gr):
+    """The per-atom gradient (Eh/bohr) of a gradrun.GradientResult as a rich table."""
+    from rich.table import Table
+    t = Table(title=f"nuclear gradient of E({gr.method.upper()}) / (Eh/bohr)", title_justify="left")
+    for col in ("atom", "", "x", "y", "z"):
+        t.add_column(col, justify="right" if col in ("x", "y", "z", "atom") else "left")
+    for i, (sym, row) in enumerate(zip(gr.result.geometry["symbols"], gr.gradient)):
+        t.add_row(str(i + 1), sym, *(f"{v:+.10f}" for v in row))
+    g = gr.gradient
+    t.caption = (f"E({gr.method.upper()}) = {gr.energy:.10f} Eh; max |g| {abs(g).max():.3e}, "
+                 f"rms {float((g ** 2).mean()) ** 0.5:.3e} Eh/bohr; Z-vector {gr.parts.zvector['iterations']} "
+                 f"iterations; gradient stage {gr.wall_s:.2f} s")
+    ran = gr.parts.ran
+    if "host_device" in ran:         # a device without fp64: the pair loop there, the rest on the host
+        sim = ", simulated" if ran.get("simulated") else ""
+        t.caption += (f"; pair loop on {ran['device']} (fp32{sim}), the rest on the host "
+                      f"{ran['host_device']} ({ran['host_precision']})")
+    return t
+
+
+def point_inputs(method_help: str):
+    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``."""
+    def wrap(f):
+        for deco in reversed((click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False)),
+                              molecule_options(), device_options(), scf_options(), resource_options(),
+                              click.option("--method", type=click.Choice(tuple(SCALES)), default="mp2",
+                                           show_default=True, help=method_help))):
+            f = deco(f)
+        return f
+    return wrap
+
+
+@click.command("gradient")
+@point_inputs("the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write the result with the gradient (Eh/bohr) as JSON to this path")
+@click.option("-q", "--quiet", is_flag=True, help="print only the energies and the gradient")
+@user_errors
+def gradient_command(xyz_file, method, json_path, quiet, **params):
+    """The DF-MP2 energy of the molecule in INPUT (XYZ, Ångström) and its analytic nuclear
+    gradient in Eh/bohr: RHF or UHF, density-fitted SCF, all-electron or frozen core."""
+    from dfmp2.grad.run import run_gradient
+    from dfmp2.io.xyz import read_xyz
+
+    console = stdout_console()
+    err = Console(stderr=True)
+    options = run_options(params)
+    if json_path is not None:       # before any work
+        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+    progress = LazyProgress(err, "pair energies", enabled=not quiet)
+    try:
+        with terminate_raises():
+            gr = run_gradient(read_xyz(xyz_file), options, method=method, log=log, progress=progress)
+    finally:
+        progress.close()
+    if json_path:
+        gr.write_json(json_path)
+    with printing(written=(json_path,)):
+        gr.result.render(console, quiet=quiet)
+        console.print(gradient_table(gr))
+        for w in gr.parts.warnings:
+            console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    if json_path and not quiet:
+        err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+
+
+@click.command("optimize")
+@point_inputs("the energy minimised: MP2, SCS-MP2 or SOS-MP2")
+@click.option("-o", "--output", "final_path", type=click.Path(dir_okay=False), default=None,
+              help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, here]")
+@click.option("--trajectory", "traj_path", type=click.Path(dir_okay=False), default=None,
+              help="every evaluated geometry (multi-frame XYZ) [default: INPUT's name with .traj.xyz, here]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True,
+              help="energy and gradient evaluations before giving up")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write the final result (energies, gradient, the steps) as JSON")
+@click.option("-q", "--quiet", is_flag=True, help="print only the final energies and gradient")
+@user_errors
+def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_path, quiet, **params):
+    """Optimise the geometry in INPUT (XYZ, Ångström) to a DF-MP2 minimum with geomeTRIC over
+    the analytic gradient; writes the trajectory and the final XYZ (also when it does not
+    converge: then one error line and exit 2)."""
+    import json
+    from pathlib import Path
+
+    from dfmp2.workflows.optimize import optimize
+    from dfmp2.io.outputs import write_text
+    from dfmp2.io.xyz import read_xyz
+
+    console = stdout_console()
+    err = Console(stderr=True)
+    options = run_options(params)
+    stem = Path(xyz_file).name.removesuffix(".xyz")
+    final_path = final_path or f"{stem}.opt.xyz"
+    traj_path = traj_path or f"{stem}.traj.xyz"
+    for path, what in ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json")):
+        if path is not None:
+            check_output_file(path, what, not_same_as=[("input", xyz_file)])
+    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+    progress = LazyProgress(err, "pair energies", enabled=not quiet)
+    try:
+        with terminate_raises():
+            out = optimize(read_xyz(xyz_file), options, method, trajectory=traj_path, final=final_path,
+                           max_steps=max_steps, log=log, progress=progress)
+    finally:
+        progress.close()
+    if json_path:
+        write_text(json_path, json.dumps(out.to_dict(), indent=2) + "\n")
+    with printing(written=(final_path, traj_path, json_path)):
+        out.last.result.render(console, quiet=quiet)
+        console.print(gradient_table(out.last))
+        console.print(f"converged in {out.steps} steps; final geometry {final_path}, trajectory {traj_path}")

@@ -1,0 +1,687 @@
+"""The RHF DF-MP2 nuclear gradient: a stage after the energy, a peer of ``mp2.py`` (fp64).
+
+The gradient is the derivative of exactly the energy ``dfmp2 run`` prints,
+    E = E_HF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
+(MP2: c_os = c_ss = 1; SCS-MP2 1.2, 1/3; SOS-MP2 1.3, 0), with both fitting sets' metric and
+3-center derivatives (Weigend & Häser, Theor. Chem. Acc. 97, 331 (1997); DiStasio et al.,
+J. Comput. Chem. 28, 839 (2007)). Orbital indices: i, j active occupied, I frozen occupied,
+k any occupied, a, b virtual, r, p any orbital; P, Q auxiliary functions. Spin-summed, real.
+
+    t_ij^ab = (ia|jb) / (e_i + e_j - e_a - e_b),   (ia|jb) = Σ_Q B_ia^Q B_jb^Q,  B = (ia|P) L^-T
+    θ_ij^ab = (c_os + c_ss) t_ij^ab - c_ss t_ij^ba          E_corr = Σ θ_ij^ab (ia|jb)
+    Γ_ia^Q = Σ_jb θ_ij^ab B_jb^Q;  Γ~ = Γ L^-1 (non-orthogonal aux);  γ = L^-T (B^T Γ) L^-1
+    P_ij = -2 Σ_kab t_ik^ab θ_jk^ab,  P_ab = 2 Σ_ijc t_ij^ac θ_ij^bc      (unrelaxed, symmetrised)
+    Y_rp: the coefficient of the orbital change U_rp (C(x) = C U) in dE:
+          Y_ri += 4 Σ_aP (ra|P) Γ~_iaP,   Y_ra += 4 Σ_iP (ir|P) Γ~_iaP,   Y_qp += 2 P_pq e_q,
+          Y_rk += 4 (C^T G[P] C)_rk,      Y_kk += 4 e_k (HF);  G[D] = J[D] - K[D]/2 (JK-fit set)
+    P_Ij = Y_Ij / (2 (e_j - e_I))                        frozen-active occupied block
+    Z-vector (CPHF of the DF-HF):  (e_a - e_i) z_ai + (C_v^T G[2(C_v z C_o^T + h.c.)] C_o)_ai
+                                    = R_ai = Y_ai - Y_ia;   P_ai = P_ia = -z_ai / 2
+          (its G in the MO basis of the JK factor: 4 (ai|bj) - (ab|ij) - (aj|ib), five GEMMs)
+    dE/dx = Σ (D + P) h^x - Σ W S^x + E_nuc^x + E_G^x(D/2 + P, D)[JK-fit]
+            + 4 Σ Γ~_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],    W = C sym(Y) C^T / 2
+with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = Σ D1 G[D2].
+
+The pair loop (``_pair_densities``) runs over blocks of j with every i at once (no i >= j
+symmetry: P_ij needs every i of one j), all its steps in torch on the backend: K, t, θ, Γ, P_oo,
+P_vv are GEMMs and in-place elementwise steps over one block (K and Γ over every ordered pair, P_oo
+and P_vv: about 4.6 times the flops of the energy's pair step, which takes i >= j). J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
+(``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
+PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
+torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)
+and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nact nvir
+naux_mp2), the JK part's fitted coefficients (nocc nao naux_jk, three of them), Γ~'s half
+back-transform (naux_mp2 nao nact) and the Z-vector's MO factor are held in memory (``memory_mb``
+estimates them; no out-of-core path). The same pieces serve the UHF stage (``mp2grad_uhf``).
+
+With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
+orthogonalisation; the derivative of that space's choice is not included (a warning says so).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from pyscf.df import incore as df_incore
+from pyscf.grad import rhf as pyscf_grad_rhf
+from pyscf.scf import hf as pyscf_hf
+
+from dfmp2 import linalg
+
+from dfmp2.scf import dfhf
+from dfmp2.df import integrals
+from dfmp2.errors import InputError
+from dfmp2.io.result import METHOD_SCALES, kernel_records
+from dfmp2.timing import Timer
+
+# CPHF residual norm, relative to the right-hand side's: (H2O)8/cc-pVDZ, 1e-8 moves the gradient by
+# 1.2e-10 Eh/bohr from 1e-10's (13 iterations instead of 16), 1e-9 by 1.5e-11 (14)
+ZVECTOR_TOL = 1e-9
+ZVECTOR_MAX_ITER = 100
+PAIR_BLOCK_MB = 128.0   # K and θ of one block of the densities' pair loop
+AUX_BLOCK_MB = 200.0     # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
+SCALES = METHOD_SCALES
+
+
+class GradientError(InputError):
+    """A gradient this code does not compute (say why, before the work)."""
+
+
+@dataclass
+class GradientParts:
+    """The nuclear gradient (natm, 3) in Eh/bohr and its parts: 'hf' (the DF-HF gradient with the
+    JK-fit set), 'corr' (the correlation part, c_os and c_ss included); e_corr the correlation
+    energy it differentiates (Hartree, recomputed here: equal to the stage's; on a device without
+    fp64 to the energy run's fp32 error); zvector: CG
+    iterations and final relative residual; warnings; timings (s)."""
+
+    gradient: np.ndarray
+    hf: np.ndarray
+    corr: np.ndarray
+    e_corr: float
+    c_os: float
+    c_ss: float
+    zvector: dict
+    warnings: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    ran: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
+        (no '.' in any key, schema 3)."""
+        ran = {k: kernel_records(v) if k in ("kernels", "host_kernels") else v for k, v in self.ran.items()}
+        return {"gradient": self.gradient.tolist(), "units": "Eh/bohr", "hf": self.hf.tolist(),
+                "corr": self.corr.tolist(), "e_corr": self.e_corr, "c_os": self.c_os, "c_ss": self.c_ss,
+                "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings),
+                "ran": ran}
+
+
+def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int,
+              block_mb: float = AUX_BLOCK_MB) -> float:
+    """Peak MB (10^6 bytes, fp64) of the arrays the gradient stage holds, an estimate: the JK
+    factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform T_v (nao naux_mp2 nact) throughout,
+    plus the largest of the pair loop's phase (B, Γ and their host copies: 4 nact nvir naux_mp2;
+    K and θ of one block of j: PAIR_BLOCK_MB; P_vv's batched product: nact nvir^2), the
+    Z-vector's (the factor in the MO basis, ov, oo and vv, and one product of ov's size per
+    iteration: naux_jk (2 nvir nocc + nocc^2 + nvir^2)) and the derivative phase (the JK part's fitted
+    coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a block of
+    derivative integrals (block_mb, at most 3 nao^2 naux), its two weight sets and a product:
+    twice that)."""
+    held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * nact
+    pair = 4 * nact * nvir * naux_mp2 + PAIR_BLOCK_MB * 1e6 / 8 + nact * nvir * nvir
+    zvec = naux_jk * (2 * nvir * nocc + nocc * nocc + nvir * nvir)
+    deriv = 4 * nocc * nao * naux_jk + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
+    return 8 * (held + max(pair, zvec, deriv)) / 1e6
+
+
+def check_supported(ref, backend) -> None:
+    """GradientError (one line) for what this stage does not do: a UHF reference (its gradient is
+    ``mp2grad_uhf``'s), and what ``check_channels`` refuses."""
+    if not ref.restricted:
+        raise GradientError("mp2_gradient is the RHF stage; a UHF reference's gradient is "
+                            "dfmp2.grad.uhf.uhf_mp2_gradient", option="reference")
+    check_channels(ref, backend, fp32_pair_loop=True)
+
+
+def check_channels(ref, backend, fp32_pair_loop: bool = False) -> None:
+    """GradientError (one line) for what the RHF and UHF stages do not do: frozen virtual orbitals
+    (in any spin channel), a device without fp64 (unless ``fp32_pair_loop``: the RHF stage runs
+    only its pair loop there, in fp32, and the rest on a host CPU backend in fp64)."""
+    if any(np.any(ch.frozen[ch.nocc:]) for ch in ref.channels):
+        raise GradientError("frozen virtual orbitals are not supported by the gradient; freeze "
+                            "core orbitals only", option="frozen_core")
+    if not backend.has_fp64 and not fp32_pair_loop:
+        raise GradientError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
+                            "lacks (only the RHF gradient runs there); run it on the CPU", option="device")
+
+
+def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
+                 timer: Timer | None = None) -> GradientParts:
+    """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
+    (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
+    ``jk_auxmol`` (the SCF's), on ``backend``. A backend without fp64 (trn) runs the densities'
+    pair loop (``_pair_densities``) in fp32 and everything else on a host CPU backend in fp64
+    (``dfhf.DFUHF``'s host backend); ``ran`` says which part ran where."""
+    check_supported(ref, backend)
+    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")      # as dfhf.DFRHF.dense
+    timer = timer or Timer(backend)
+    kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
+    t0 = time.perf_counter()
+    ch = ref.channels[0]
+    orb = _Orbitals(ch)
+    jk = _DFJK(mol, jk_auxmol, host, timer)
+    t0 = timer.add("grad_jk_factor", t0)
+    corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend)
+    t0 = timer.add("grad_mp2_densities", t0)
+    P, Y, zinfo = _relaxed_density(orb, corr, jk, host)
+    t0 = timer.add("grad_zvector", t0)
+    C_o = orb.C[:, orb.occ]
+    D = 2.0 * C_o @ C_o.T
+    P_ao = orb.C @ P @ orb.C.T
+    W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
+    W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
+    jk_hf, jk_p = jk_energy_deriv(jk, [C_o], [2.0], [[0.25 * D], [0.5 * P_ao]])   # E_G^x(D/2, D), E_G^x(P, D)
+    one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
+    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
+    gbuf = _Buffers(device=corr.T_v.device)
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1,
+                                                                      host, gbuf)[None],
+                       -2.0 * corr.gamma_pq[None])[0]
+    grad = hf + one_p + jk_p + corr_3c
+    timer.add("grad_derivative_integrals", t0)
+    warnings = []
+    if orb.C.shape[1] < orb.C.shape[0]:
+        warnings.append(f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
+                        "gradient leaves out the change of the kept space with the geometry (it is not "
+                        "the exact derivative of the energy)")
+    return GradientParts(grad, hf, grad - hf, corr.e_corr, c_os, c_ss, zinfo, warnings,
+                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
+                         _stage_ran(backend, host, kernels0))
+
+
+def _used(backend, kernels0: dict) -> dict:
+    """The backend's kernels_used since ``kernels0`` (calls per 'op:kernel')."""
+    return dict(sorted((k, n - kernels0.get(k, 0)) for k, n in backend.kernels_used.items()
+                       if n != kernels0.get(k, 0)))
+
+
+# what each stage runs where (the gradient's ``ran``): on the backend (torch or linalg GEMMs) and on the host
+PAIR_LOOP = "the pair loop (K, t, θ, Γ, P_oo, P_vv)"
+BESIDE_PAIR_LOOP = ("B's two transforms, the JK factor, the Z-vector's MO factor and J/K, the derivative weights "
+                    "(through the JK factor's fitted coefficients)")
+ON_DEVICE = f"{PAIR_LOOP}, {BESIDE_PAIR_LOOP}"
+ON_HOST = ("libcint's 3-center and derivative integrals and their contractions (torch, fp64), the fits' "
+           "Cholesky factors and triangular solves, dense nmo x nmo algebra (numpy, fp64)")
+
+
+def _stage_ran(backend, host, kernels0: tuple) -> dict:
+    """What the RHF stage ran where: all on ``backend`` in fp64 (``host`` is ``backend``), or the
+    pair loop on a device without fp64 in fp32 and the rest on the fp64 ``host``."""
+    if host is backend:
+        return {"device": backend.name, "precision": "fp64", "kernels": _used(backend, kernels0[0]),
+                "on_device": ON_DEVICE, "host": ON_HOST}
+    return {"device": backend.name, "engine": backend.engine,
+            "simulated": backend.caps.simulable and backend.engine != "neuron-hardware",
+            "precision": "fp32 (the pair loop); fp64 on the host (the rest)",
+            "kernels": _used(backend, kernels0[0]),
+            "on_device": "the densities' pair loop's GEMMs (K = B B_J^T, Γ += θ B_J, P_oo, P_vv) in fp32; "
+                         "its elementwise steps (denominators, θ) in torch fp32 on the host",
+            "host_device": host.name, "host_precision": "fp64", "host_kernels": _used(host, kernels0[1]),
+            "host": f"on the host {host.name} backend (fp64): {BESIDE_PAIR_LOOP}; {ON_HOST}"}
+
+
+class _Orbitals:
+    """Index sets of one RHF channel: occ (all occupied), act (active occupied), frz (frozen
+    occupied), vir (virtual); C (nao, nmo), eps (nmo,) Hartree."""
+
+    def __init__(self, ch):
+        self.C, self.eps = np.asarray(ch.mo_coeff, dtype=np.float64), np.asarray(ch.mo_energy, dtype=np.float64)
+        nmo = self.C.shape[1]
+        idx = np.arange(nmo)
+        self.occ = idx[:ch.nocc]
+        self.act = idx[(idx < ch.nocc) & ~ch.frozen]
+        self.frz = idx[(idx < ch.nocc) & ch.frozen]
+        self.vir = idx[ch.nocc:]
+        self.nmo = nmo
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
+    """L (lower) of the metric; GradientError when it is not positive definite (the energy then
+    used eigh with dropped directions, whose derivative this code does not have). torch's LAPACK,
+    as every other host step here: numpy's OpenBLAS threads beside torch's OpenMP ones contend on
+    a small machine (a 928 x 928 Cholesky took 1.2 s there instead of 10 ms)."""
+    L, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(j2c)))
+    if int(info) != 0:
+        raise GradientError(f"the {what} fitting metric is not positive definite (the energy used its "
+                            "eigen-decomposition with dropped directions); its gradient is not "
+                            "implemented", option="auxbasis")
+    return L.numpy()
+
+
+def _solve_lower(L: np.ndarray, X: np.ndarray, trans: bool = False) -> np.ndarray:
+    """L^-1 X (trans: L^-T X) for lower-triangular L (n, n), X (n, m), on the host (torch)."""
+    Lt = torch.from_numpy(L)
+    out = torch.linalg.solve_triangular(Lt.T if trans else Lt, torch.from_numpy(np.asarray(X)), upper=trans)
+    return out.numpy()
+
+
+# ---------------------------------------------------------------------------- correlation part
+@dataclass
+class _Corr:
+    """The correlation energy's intermediates: e_corr (Hartree); P_oo (nact, nact), P_vv (nvir,
+    nvir) unrelaxed; Y_ri (nmo, nact), Y_ra (nmo, nvir) the 3-index orbital-response terms;
+    T_v (naux, nao, nact) = 4 Σ_a C_νa Γ~_Pia (Γ~ in the non-orthogonal aux basis, half back-
+    transformed, [P, ν, i]) on the device; gamma_pq γ (naux, naux)."""
+
+    e_corr: float
+    P_oo: np.ndarray
+    P_vv: np.ndarray
+    Y_ri: np.ndarray
+    Y_ra: np.ndarray
+    T_v: torch.Tensor
+    gamma_pq: np.ndarray
+
+
+def gamma3_weights(C_act: list, T_v: list, p0: int, p1: int, backend, buf=None) -> torch.Tensor:
+    """The weight of (μν|P)^x in the correlation part for P in [p0, p1): Σ_spins 4 Σ_ia C_μi C_νa
+    Γ~_iaP symmetrised in μν, from each spin's C_act (nao, nact) and T_v (naux, nao, nact):
+    (p1 - p0, nao, nao) [P, μ, ν] on the backend's device, in ``buf`` (a ``_Buffers``, reused by
+    the next block) when given."""
+    nb, nao = p1 - p0, T_v[0].shape[1]
+    buf = buf or _Buffers(device=T_v[0].device)
+    G = buf.get("G", (nb * nao, nao))                                                 # [(P, ν), μ]
+    beta = 0.0
+    for C, T in zip(C_act, T_v):
+        if C.shape[1]:
+            linalg.gemm(T[p0:p1].reshape(nb * nao, -1), _dev(backend, C), trans_b=True, beta=beta, out=G,
+                        backend=backend)
+            beta = 1.0
+    if not beta:
+        G.zero_()
+    G = G.view(nb, nao, nao)
+    return torch.add(G, G.transpose(1, 2), out=buf.get("W", (nb, nao, nao))).mul_(0.5)
+
+
+def _dev(backend, x) -> torch.Tensor:
+    """A host array (or tensor) as fp64 on the backend's device."""
+    return backend.to_device(_t(x) if isinstance(x, np.ndarray) else x, torch.float64)
+
+
+def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
+    """(p0, p1, (μν|P) as [P, ν, μ] (p1 - p0, nao, nao)) over aux-shell blocks of about block_mb:
+    libcint's own (aux-major) layout, C-contiguous, symmetric in μν."""
+    nao = mol.nao_nr()
+    step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
+    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
+        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).T
+
+
+def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend) -> np.ndarray:
+    """B (nact nvir, naux) = (ia|P) L^-T, row i nvir + a, for C_o (nao, nact), C_v (nao, nvir)
+    and the metric's Cholesky factor L: the raw 3-center integrals streamed over aux blocks,
+    both transforms on the backend (fp64)."""
+    nao, nact, nvir, naux = C_o.shape[0], C_o.shape[1], C_v.shape[1], L.shape[0]
+    A = np.empty((naux, nact, nvir))
+    Co, Cv = _dev(backend, C_o), _dev(backend, C_v)
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):
+        half = linalg.gemm(_dev(backend, j3c).view(-1, nao), Co, backend=backend).view(p1 - p0, nao, nact)
+        A[p0:p1] = linalg.gemm(half, Cv, trans_a=True, backend=backend).cpu().numpy()   # [P, i, a]
+    return np.ascontiguousarray(_solve_lower(L, A.reshape(naux, -1)).T)
+
+
+def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarray, backend):
+    """The 3-index density's orbital-response terms (a second pass over (μν|P)): with Γ~ [P, i, a]
+    (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia and T_o [P, ν, a] = 4 Σ_i C_νi Γ~_Pia,
+    X_o = Σ_Pν (μν|P) T_v (nao, nact) and X_v = Σ_Pν (μν|P) T_o (nao, nvir) (numpy); T_v (naux,
+    nao, nact) on the device, kept for the derivative weights (``gamma3_weights``)."""
+    nao, nact, nvir = C_o.shape[0], C_o.shape[1], C_v.shape[1]
+    g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
+    T_v = linalg.gemm(Cv, g, trans_b=True, alpha=4.0, backend=backend)              # (naux, nao, nact)
+    X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
+    X_v = torch.zeros((nao, nvir), dtype=torch.float64, device=g.device)
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_Pν (μν|P) T_Pν·
+        J = _dev(backend, j3c).view(-1, nao)                                        # [(P ν), μ]
+        T_o = linalg.gemm(Co, g[p0:p1], alpha=4.0, backend=backend)                 # (nb, nao, nvir)
+        linalg.gemm(J, T_v[p0:p1].reshape(-1, nact), trans_a=True, beta=1.0, out=X_o, backend=backend)
+        linalg.gemm(J, T_o.view(-1, nvir), trans_a=True, beta=1.0, out=X_v, backend=backend)
+    return X_o.cpu().numpy(), X_v.cpu().numpy(), T_v
+
+
+def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backend, c_os: float,
+                    c_ss: float, cols=None, out=None, block_mb: float = PAIR_BLOCK_MB):
+    """The pair loop over blocks J of occupied j (every i at once: P_oo needs all i of one j, so no
+    i >= j symmetry), on the backend's device:
+        K[i, a, j, b] = (ia|jb) = Σ_Q B_iaQ B_jbQ      (one GEMM, B B_J^T)
+        t = K / (e_i + e_j - e_a - e_b)                (in place),  θ = (c_os + c_ss) t - c_ss t^{ba}
+        Γ[(ia), Q] += Σ_jb θ[(ia), (jb)] B_J[(jb), Q]
+        P_oo[i, k] -= 2 Σ_ajb t[i, (ajb)] θ[k, (ajb)]
+        P_vv[a, b] += 2 Σ_i Σ_jc t[i, a, (jc)] θ[i, b, (jc)]   (a GEMM batched over i)
+    B (nact nvir, naux) (row i nvir + a), e_o (nact,), e_v (nvir,) Hartree, all one dtype on the
+    device; ``cols`` = (B_c, f_o, f_v): the j, b side from another spin (UMP2's αβ pairs; c_ss
+    must be 0), else B's own. RHF: c_os, c_ss the method's scales; UHF same spin: (0, c_ss/2) (θ =
+    c_ss/2 of the antisymmetrised t); αβ: (c_os/2, 0), once from each side. K and θ of one block
+    take about ``block_mb`` MB. Returns Γ (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir),
+    unsymmetrised, on the device, added into ``out`` = (Γ, P_oo, P_vv) when given."""
+    Bc, f_o, f_v = cols if cols is not None else (B, e_o, e_v)
+    nact, nvir, ncol, nvc = e_o.shape[0], e_v.shape[0], f_o.shape[0], f_v.shape[0]
+    if c_ss and nvc != nvir:
+        raise ValueError("the exchange term needs the same virtual space on both sides")
+    nj = max(1, min(ncol, int(block_mb * 1e6 // (2 * nact * nvir * nvc * B.element_size()))))
+    Gam, P_oo, P_vv = out if out is not None else (
+        torch.zeros_like(B), torch.zeros((nact, nact), dtype=B.dtype, device=B.device),
+        torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device))
+    e_ia = (e_o[:, None] - e_v[None, :]).reshape(nact, nvir, 1, 1)
+    e_jb = f_o[:, None] - f_v[None, :]
+    buf = _Buffers(B.dtype, B.device)
+    for j0 in range(0, ncol, nj):
+        j1 = min(ncol, j0 + nj)
+        Bj, shape = Bc[j0 * nvc:j1 * nvc], (nact, nvir, j1 - j0, nvc)
+        t = linalg.gemm(B, Bj, trans_b=True, out=buf.get("t", (nact * nvir, (j1 - j0) * nvc)),
+                        backend=backend).view(shape)
+        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvc), out=buf.get("th", shape))   # denominators
+        t.div_(th)
+        torch.mul(t, c_os + c_ss, out=th)
+        if c_ss:
+            th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)                             # t_ij^ba = t[i, b, j, a]
+        linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)     # Γ += θ B_J
+        P_oo -= 2.0 * linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
+        P_vv += 2.0 * linalg.gemm(t.view(nact, nvir, -1), th.view(nact, nvir, -1), trans_b=True,
+                                  out=buf.get("vv", (nact, nvir, nvir)), backend=backend).sum(0)   # batched over i
+    return Gam, P_oo, P_vv
+
+
+def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: float, c_ss: float):
+    """``_pair_densities`` of Bd (nact nvir, naux; fp64 on ``backend``) on ``pair_backend`` in its
+    fit dtype (fp32 without fp64; no copy when it is ``backend``): Γ, P_oo, P_vv in fp64 on
+    ``backend``."""
+    if pair_backend is backend:
+        return _pair_densities(Bd, backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir])),
+                               backend, c_os, c_ss)
+    dt = pair_backend.fit_dtype(pair_backend.default_precision)
+    dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)            # noqa: E731
+    out = _pair_densities(dev(Bd), dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), pair_backend, c_os, c_ss)
+    return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
+
+
+def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float,
+                        pair_backend=None) -> _Corr:
+    """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
+    3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
+    loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
+    on ``backend`` (fp64)."""
+    L = _cholesky(auxmol.intor("int2c2e"), "MP2")
+    Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend))   # (ia, Q)
+    Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
+    e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
+    gamma_pq, Y_ri, Y_ra, T_v = three_index_terms(mol, auxmol, orb, L, Bd, Gd, backend)
+    P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
+    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, T_v,
+                 0.5 * (gamma_pq + gamma_pq.T))
+
+
+def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend):
+    """One spin's terms of Γ (RHF: the only one): from its B and Γ (nact nvir, naux, fp64 on the
+    device) and the MP2 metric's Cholesky factor L, γ's share L^-T (B^T Γ) L^-1 (naux, naux,
+    unsymmetrised) and, through Γ~ = Γ L^-1, the orbital-response terms (``response_3c``):
+    Y_ri = C^T X_o (nmo, nact), Y_ra = C^T X_v (nmo, nvir) and T_v (naux, nao, nact, device)."""
+    nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
+    BtG = linalg.gemm(B, G, trans_a=True, backend=backend).cpu().numpy()
+    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
+    gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)   # Γ~ as [P, i, a]
+    X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
+    return gamma_pq, orb.C.T @ X_o, orb.C.T @ X_v, T_v
+
+
+# ---------------------------------------------------------------------------- response (Z-vector)
+def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
+    """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
+    coefficients with the relaxation and the HF part, zvector info)."""
+    eps, occ, vir, act, frz = orb.eps, orb.occ, orb.vir, orb.act, orb.frz
+    P = np.zeros((orb.nmo, orb.nmo))
+    P[np.ix_(act, act)] = corr.P_oo
+    P[np.ix_(vir, vir)] = corr.P_vv
+    Y = np.zeros((orb.nmo, orb.nmo))
+    Y[:, act] += corr.Y_ri
+    Y[:, vir] += corr.Y_ra
+    if len(frz):     # the frozen-active rotations keep the frozen and active blocks canonical
+        pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
+        P[np.ix_(frz, act)] = pfa
+        P[np.ix_(act, frz)] = pfa.T
+    _add_density_terms(Y, P, orb, jk)
+    R = Y[np.ix_(vir, occ)] - Y[np.ix_(occ, vir)].T
+    z, info = _solve_zvector(R, orb, jk)
+    Pov = np.zeros_like(P)
+    Pov[np.ix_(vir, occ)] = -0.5 * z
+    Pov[np.ix_(occ, vir)] = -0.5 * z.T
+    _add_density_terms(Y, Pov, orb, jk)
+    Y[occ, occ] += 4.0 * eps[occ]
+    return P + Pov, Y, info
+
+
+def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> None:
+    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q."""
+    C = orb.C
+    Y[:, orb.occ] += 4.0 * (C.T @ jk.G_occ(C @ P @ C.T, C[:, orb.occ]))
+    Y += 2.0 * orb.eps[:, None] * P
+
+
+def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, dict]:
+    """z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R by conjugate
+    gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian: positive definite
+    for a stable RHF). GradientError when it does not converge in ZVECTOR_MAX_ITER."""
+    diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
+    hess = jk.mo_hessian(orb.C[:, orb.occ], orb.C[:, orb.vir])
+
+    def op(z):
+        return diag * z + hess(z)
+
+    rnorm0 = float(np.linalg.norm(R))
+    z = R / diag
+    if rnorm0 == 0.0:
+        return z, {"iterations": 0, "residual": 0.0}
+    r = R - op(z)
+    s = r / diag
+    p = s.copy()
+    rs = float(np.sum(r * s))
+    for it in range(1, ZVECTOR_MAX_ITER + 1):
+        Ap = op(p)
+        alpha = rs / float(np.sum(p * Ap))
+        z += alpha * p
+        r -= alpha * Ap
+        res = float(np.linalg.norm(r)) / rnorm0
+        if res < ZVECTOR_TOL:
+            return z, {"iterations": it, "residual": res}
+        s = r / diag
+        rs_new = float(np.sum(r * s))
+        p = s + (rs_new / rs) * p
+        rs = rs_new
+    raise GradientError(f"the Z-vector (CPHF) equations did not converge in {ZVECTOR_MAX_ITER} iterations "
+                        f"(relative residual {res:.1e}); is the RHF reference stable?")
+
+
+# ---------------------------------------------------------------------------- DF J/K (JK-fit set)
+class _DFJK:
+    """The SCF's DF two-electron operator on the JK-fit set: G[D] = J[D] - K[D]/2 from our JK
+    factor (``dfhf.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
+    the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
+
+    def __init__(self, mol, auxmol, backend, timer):
+        self.mol, self.auxmol, self.backend = mol, auxmol, backend
+        self.fac, _ = dfhf.build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        if self.fac.metric != "cholesky":
+            raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
+                                "eigen-decomposition); its gradient is not implemented", option="auxbasis")
+
+    def _blocks(self):
+        """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric."""
+        fac = self.fac
+        for p0 in range(0, fac.naux, fac.block):
+            p1 = min(fac.naux, p0 + fac.block)
+            yield p0, p1, fac.unpack(fac.B[p0:p1])
+
+    def G_occ(self, D: np.ndarray, C_o: np.ndarray) -> np.ndarray:
+        """G[D] C_o (nao, nocc) for a symmetric D (nao, nao): J[D] C_o - 1/2 Σ_P B^P D B^P C_o
+        (three GEMMs per aux block; no eigen-decomposition of D)."""
+        be, nao = self.backend, self.fac.nao
+        Dd, Cd = _dev(be, 0.5 * (D + D.T)), _dev(be, C_o)
+        out = linalg.gemm(self.fac.coulomb(Dd), Cd, backend=be)
+        for p0, p1, Bb in self._blocks():
+            X = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)      # B^P C_o
+            Y = linalg.gemm(Dd, X, backend=be)                                           # D B^P C_o
+            linalg.gemm(Bb.view(-1, nao), Y.view(-1, Cd.shape[1]), trans_a=True, alpha=-0.5, beta=1.0,
+                        out=out, backend=be)
+        return out.cpu().numpy()
+
+    def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
+        """The factor in the MO basis on the device: B_ov [P, i, a] (naux, nocc, nvir), B_oo
+        [P, i, j], B_vv [P, a, b] (two GEMMs per aux block)."""
+        be, nao, naux = self.backend, self.fac.nao, self.fac.naux
+        nocc, nvir = C_o.shape[1], C_v.shape[1]
+        Cd = _dev(be, np.hstack([C_o, C_v]))
+        B_ov, B_oo, B_vv = (torch.empty((naux, m, n), dtype=torch.float64, device=Cd.device)
+                            for m, n in ((nocc, nvir), (nocc, nocc), (nvir, nvir)))
+        for p0, p1, Bb in self._blocks():
+            half = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)      # B^P C
+            mo = linalg.gemm(Cd, half, trans_a=True, backend=be)                            # C^T B^P C
+            B_ov[p0:p1], B_oo[p0:p1], B_vv[p0:p1] = mo[:, :nocc, nocc:], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
+        return B_ov, B_oo, B_vv
+
+    def mo_hessian(self, C_o: np.ndarray, C_v: np.ndarray):
+        """z (nvir, nocc) -> (C_v^T G[2(C_v z C_o^T + h.c.)] C_o) in the MO basis of the factor:
+        4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
+        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; six GEMMs per call on the device, two
+        of them batched over P so that the large ones need no transposed copy; B_vv and B_oo used
+        through their symmetry in the two MO indices)."""
+        B_ov, B_oo, B_vv = self.mo_factor(C_o, C_v)
+        naux, nocc, nvir = B_ov.shape
+        be = self.backend
+        ov, ov2, vv2 = B_ov.view(naux, -1), B_ov.view(naux * nocc, nvir), B_vv.view(naux * nvir, nvir)
+
+        def hess(z):
+            zd = _dev(be, z)
+            v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)                         # Σ_bj B_jb^P z_bj
+            J = linalg.gemm(ov, v, trans_a=True, alpha=4.0, backend=be).view(nocc, nvir).T
+            W = linalg.gemm(zd, B_oo, backend=be)                  # [P, b, i] = Σ_j z_bj B_ji^P (batched over P)
+            U = linalg.gemm(zd, B_ov, trans_a=True, trans_b=True, backend=be)   # [P, j, i] = Σ_b z_bj B_ib^P
+            out = J - linalg.gemm(vv2, W.view(naux * nvir, nocc), trans_a=True, backend=be)
+            out -= linalg.gemm(ov2, U.view(naux * nocc, nocc), trans_a=True, backend=be)
+            return out.cpu().numpy()
+        return hess
+
+
+def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
+    """d/dR of E_G(D1) = Σ_σ w_σ D1^σ·(J[D] - K[D^σ]) at fixed densities, D^σ = C_σ C_σ^T (C_σ in
+    ``C_o``, (nao, nocc_σ)), D = Σ_σ w_σ D^σ, for each D1 = [D1^σ, ...] (symmetric (nao, nao)) in
+    ``D1s``: (len(D1s), natm, 3) Eh/bohr. RHF: C_o = [C], w = [2], D1^σ = D1/2 (E_G(D1, D), G = J
+    - K/2; the DF-RHF's two-electron gradient for D1 = D/2); UHF: one C per spin, w = [1, 1].
+    With c = (μν|Q)(Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held
+    whole): d0 = Σ D c, d1 = Σ D1t c with D1t = Σ_σ w_σ D1^σ, ck^σ_PλK = Σ_ν c_λνP C_νk,
+    Y1^σ_PμK = Σ_λ D1^σ_μλ ck^σ_PλK; the weights of (μν|P)^x are D1t d0 + D d1 - Σ_σ w_σ (M^σ +
+    M^σT)/2 with M^σ_PμN = 2 Σ_k Y1^σ_PμK C_νk, those of (P|Q)^x -(d1 d0^T + d0 d1^T)/2 +
+    Σ_σ w_σ (m^σ + m^σT)/4 with m^σ = 2 Σ_μk ck^σ_PμK Y1^σ_QμK."""
+    L = _dev(jk.backend, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
+    be, nao, naux = jk.backend, jk.fac.nao, jk.fac.naux
+    D1 = [[_dev(be, 0.5 * (x + x.T)) for x in d1] for d1 in D1s]
+    D1t = [sum(wi * x for wi, x in zip(w, d1)) for d1 in D1]
+    keep = [k for k, c in enumerate(C_o) if c.shape[1]]          # a spin with no electron has no exchange
+    w, Cd, D1 = [w[k] for k in keep], [_dev(be, C_o[k]) for k in keep], [[d1[k] for k in keep] for d1 in D1]
+    D = sum(wi * linalg.gemm(c, c, trans_b=True, backend=be) for wi, c in zip(w, Cd))
+    dens = torch.stack([D] + D1t).view(len(D1s) + 1, nao * nao)
+    rho = torch.empty((len(D1s) + 1, naux), dtype=torch.float64, device=D.device)
+    ck = [torch.empty((naux, nao, c.shape[1]), dtype=torch.float64, device=D.device) for c in Cd]
+    for p0, p1, Bb in jk._blocks():             # from the factor B = L^-1 (P|μν): no integrals again
+        rho[:, p0:p1] = linalg.gemm(dens, Bb.view(p1 - p0, -1), trans_b=True, backend=be)
+        for c, out in zip(Cd, ck):
+            out[p0:p1] = linalg.gemm(Bb.view(-1, nao), c, backend=be).view(p1 - p0, nao, -1)
+    d = linalg.trsm(L, rho.T, trans=True, backend=be).T                                 # (1 + n, naux)
+    ck = [linalg.trsm(L, c.view(naux, -1), trans=True, backend=be).contiguous().view(c.shape) for c in ck]
+    Y1 = [[linalg.gemm(x, c, backend=be) for x, c in zip(d1, ck)] for d1 in D1]          # [P, μ, k]
+    g2 = []
+    for n, ys in enumerate(Y1):
+        g = -0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1]))
+        for wi, c, y in zip(w, ck, ys):
+            m = linalg.gemm(c.view(naux, -1), y.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
+            g += 0.25 * wi * (m + m.T)
+        g2.append(g)
+
+    buf = _Buffers(device=D.device)
+
+    def g3(p0, p1):
+        nb = p1 - p0
+        out, M = buf.get("out", (len(D1s), nb, nao, nao)), buf.get("M", (nb * nao, nao))
+        for n, ys in enumerate(Y1):
+            for k, (wi, c, y) in enumerate(zip(w, Cd, ys)):
+                linalg.gemm(y[p0:p1].reshape(-1, c.shape[1]), c, trans_b=True, alpha=2.0 * wi, beta=float(k > 0),
+                            out=M, backend=be)
+            Mv = M.view(nb, nao, nao)
+            torch.add(Mv, Mv.transpose(1, 2), alpha=1.0, out=out[n]).mul_(-0.5)
+            out[n].addcmul_(D1t[n][None], d[0, p0:p1, None, None]).addcmul_(D[None], d[n + 1, p0:p1, None, None])
+        return out
+    return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy())
+
+
+# ---------------------------------------------------------------------------- derivative integrals
+def _atom_of(mol) -> np.ndarray:
+    """(nao,) the atom of each basis function."""
+    out = np.empty(mol.nao_nr(), dtype=int)
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        out[p0:p1] = a
+    return out
+
+
+class _Buffers:
+    """Scratch tensors reused across the blocks of a loop, by name: ``get(name, shape)`` is a
+    contiguous tensor of that shape on the leading part of one allocation, grown when a block is
+    larger (blocks shrink only at the end). Large fresh temporaries cost page faults on the host
+    (a 200 MB product: 70 ms allocated, 23 ms reused)."""
+
+    def __init__(self, dtype=torch.float64, device="cpu"):
+        self.dtype, self.device, self.store = dtype, device, {}
+
+    def get(self, name: str, shape) -> torch.Tensor:
+        n = int(np.prod(shape))
+        t = self.store.get(name)
+        if t is None or t.numel() < n:
+            t = self.store[name] = torch.empty(n, dtype=self.dtype, device=self.device)
+        return t[:n].view(*shape)
+
+
+def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
+    """Σ_μνP g3_PμN d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
+    Eh/bohr. ``g3_block(p0, p1)``: a tensor (n, p1 - p0, nao, nao) [P, μ, ν], symmetric in μν
+    (any device: brought to the host); g2 (n, naux, naux) symmetric. libcint's int3c2e_ip1
+    (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks, each contracted in its own layout on the
+    host (torch), and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
+    nao, naux, n = mol.nao_nr(), auxmol.nao_nr(), g2.shape[0]
+    rows, cols = np.tril_indices(nao)                   # PySCF's s2ij order: μ >= ν, row by row
+    tril = torch.from_numpy(rows * nao + cols)
+    weight = torch.from_numpy(np.where(rows == cols, 1.0, 2.0))
+    g_ao = torch.zeros((n, 3, nao), dtype=torch.float64)          # Σ_νP w (∇μ ν|P), per μ
+    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)        # Σ_μνP w (μν|∇P), per P
+    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
+    buf = _Buffers()        # the products' scratch, reused: a fresh temporary of this size is page faults
+    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
+        sl, nb = (0, mol.nbas, 0, mol.nbas, s0, s1), p1 - p0
+        W = g3_block(p0, p1).to("cpu", torch.float64)                                 # (n, nb, nao, nao)
+        ip1 = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3,
+                                                shls_slice=sl).transpose(0, 3, 2, 1))  # [x, P, ν, μ]
+        for k in range(n):
+            for x in range(3):
+                g_ao[k, x] += torch.mul(ip1[x], W[k], out=buf.get("ip1", (nb, nao, nao))).sum((0, 1))
+        del ip1
+        ip2 = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3,
+                                                shls_slice=sl).transpose(0, 2, 1))     # [x, P, μ>=ν]
+        Wp = torch.index_select(W.view(n, nb, nao * nao), 2, tril, out=buf.get("Wp", (n, nb, len(tril))))
+        Wp.mul_(weight)
+        for k in range(n):
+            g_aux[k, :, p0:p1] = torch.mul(ip2, Wp[k], out=buf.get("ip2", ip2.shape)).sum(2)
+        del ip2, W
+    g = np.zeros((n, mol.natm, 3))
+    ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
+    for k in range(n):
+        np.add.at(g[k], _atom_of(mol), -2.0 * g_ao[k].numpy().T)
+        np.add.at(g[k], _atom_of(auxmol), -g_aux[k].numpy().T - 2.0 * np.einsum("xpq,pq->px", ip, g2[k],
+                                                                                optimize=True))
+    return g
+
+
+def _one_electron_deriv(mol, pairs) -> list:
+    """[Σ D dh/dR - Σ W dS/dR (natm, 3) Eh/bohr for each (D, W) in ``pairs``] (symmetric D, W
+    (nao, nao)): PySCF's hcore generator (kinetic, nuclear attraction, ECP) and -int1e_ipovlp,
+    each atom's integrals made once."""
+    mf_grad = pyscf_grad_rhf.Gradients(pyscf_hf.RHF(mol))
+    hcore_deriv = mf_grad.hcore_generator(mol)
+    s1 = mf_grad.get_ovlp(mol)                                                     # -(∇μ|ν)
+    out = [np.zeros((mol.natm, 3)) for _ in pairs]
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        h1 = hcore_deriv(a)
+        for g, (D, W) in zip(out, pairs):
+            g[a] += np.einsum("xij,ij->x", h1, D) - 2.0 * np.einsum("xij,ij->x", s1[:, p0:p1], W[p0:p1])
+    return out

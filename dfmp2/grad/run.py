@@ -1,0 +1,135 @@
+"""``dfmp2 gradient``: the energy run (``pipeline.run_geometry``), then the gradient stage
+(``dfmp2.grad.rhf``) on the same molecule, reference, fitting sets and backend.
+
+RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference uhf)
+``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
+the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
+need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
+a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of
+E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a device without fp64 (trn1/trn2; on this machine
+only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
+pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``mp2grad.mp2_gradient``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dfmp2 import linalg
+
+from dfmp2 import memory, pipeline
+from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2.grad.rhf import SCALES, GradientParts, mp2_gradient
+from dfmp2.grad.rhf import memory_mb as mp2grad_memory_mb
+from dfmp2.options import RunOptions
+from dfmp2.io.result import Result
+from dfmp2.timing import Timer
+from dfmp2.io.xyz import Geometry
+
+
+@dataclass
+class GradientResult:
+    """The energy run's Result, the method ('mp2', 'scs-mp2', 'sos-mp2'), its energy (Hartree)
+    and the gradient stage's GradientParts (gradient (natm, 3) Eh/bohr); wall_s of the gradient
+    stage alone (s)."""
+
+    result: Result
+    method: str
+    energy: float
+    parts: GradientParts
+    wall_s: float
+
+    @property
+    def gradient(self) -> np.ndarray:
+        return self.parts.gradient
+
+    def to_dict(self) -> dict:
+        """The energy run's JSON with 'gradient': the method, its energy, the gradient (natm lists
+        of 3, Eh/bohr), its HF and correlation parts and the stage's record."""
+        d = self.result.to_dict()
+        d["gradient"] = {"method": self.method, "energy": self.energy, "wall_s": self.wall_s,
+                         **self.parts.to_dict()}
+        d["units"] = {**d["units"], "gradient": "hartree/bohr"}
+        d["warnings"] = list(d["warnings"]) + list(self.parts.warnings)
+        return d
+
+    def write_json(self, path) -> None:
+        import json
+
+        from dfmp2.io.outputs import write_text
+        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> None:
+    """InputError (one line, naming the option) for what the gradient does not do."""
+    if method not in SCALES:
+        raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
+    options.check_choices()
+    if options.scf_mode not in scf.SCF_DF_MODES:
+        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(scf.SCF_DF_MODES)}); "
+                         f"'{options.scf_mode}' has no DF-HF response here", option="scf_mode")
+    fp64 = linalg.device_capabilities(options.device).has_fp64
+    reference = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
+    if not fp64 and reference == "uhf":
+        raise InputError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
+                         "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
+                         option="device")
+    if options.resolved_precision() != "fp64" and fp64:
+        raise InputError("the gradient is computed in fp64, the derivative of the fp64 energy; an fp32 "
+                         "energy run would not be the energy it differentiates: use precision fp64",
+                         option="precision")
+
+
+def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
+    """The gradient stage's memory (``mp2grad.memory_mb``, MB) against the run's limit (the
+    memory option, else memory.DEFAULT_FRACTION of the host's available memory): MemoryLimitError
+    (one line) before any work when it does not fit. Returns the estimate."""
+    job = pipeline.prepare(geom, options, backend)
+    space, nocc = job.space, job.space.nocc[0]
+    naux_jk = scf.make_auxmol(job.mol, scf.default_auxbasis(job.mol, "jk")).nao_nr()
+    if job.unrestricted:
+        nocc = space.nocc
+        need = mp2grad_uhf.memory_mb(nao=space.nbasis, nocc=nocc, nact=tuple(n - space.nfrozen for n in nocc),
+                                     nvir=tuple(space.nmo - n for n in nocc), naux_mp2=space.naux, naux_jk=naux_jk)
+    else:
+        need = mp2grad_memory_mb(nao=space.nbasis, nocc=nocc, nact=nocc - space.nfrozen, nvir=space.nmo - nocc,
+                                 naux_mp2=space.naux, naux_jk=naux_jk)
+    limit = options.memory_mb if options.memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    if need > limit:
+        raise MemoryLimitError(f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
+                               f"no out-of-core path yet) but the memory limit is {limit:.4g} MB; raise the "
+                               "memory limit", need_mb=need, limit_mb=limit)
+    return need
+
+
+def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progress=None, log=None,
+                 backend=None, on_plan=None, on_reference=None, guess=None) -> GradientResult:
+    """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan``,
+    ``on_reference`` and ``guess`` these are) and its nuclear gradient for ``method``."""
+    check_gradient_options(geom, options, method)
+    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
+    check_gradient_memory(geom, options, backend)
+    seen = {}
+
+    def reference(mol, ref):
+        seen.update(mol=mol, ref=ref)
+        if on_reference is not None:
+            on_reference(mol, ref)
+    result = pipeline.run_geometry(geom, options, progress=progress, log=log, backend=backend,
+                                   on_plan=on_plan, on_reference=reference, guess=guess)
+    (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
+    t0 = time.perf_counter()
+    mol, ref = seen["mol"], seen["ref"]          # the frozen core already marked
+    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, options.auxbasis))
+    jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    c_os, c_ss = SCALES[method]
+    stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
+    parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))
+    parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
+    energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
+    return GradientResult(result, method, energy, parts, time.perf_counter() - t0)

@@ -1,0 +1,236 @@
+"""The UHF DF-MP2 nuclear gradient: the spin-unrestricted peer of ``mp2grad`` (fp64), the
+derivative of exactly the energy ``dfmp2 run`` prints for a UHF reference,
+    E = E_UHF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
+(MP2, SCS-MP2, SOS-MP2 through ``mp2grad.SCALES``), frozen core as the energy freezes it (the
+same lowest orbitals in both spins). Notation as ``mp2grad``'s, with σ, τ the spins (τ ≠ σ):
+i, j active occupied, I frozen occupied, k any occupied, a, b virtual of one spin.
+
+    K^στ_iajb = Σ_Q B^σ_ia^Q B^τ_jb^Q,  B^σ = (ia|P)^σ L^-T,  D_ijab = e_i + e_j - e_a - e_b
+    same spin:  t~_ijab = (K_iajb - K_ibja) / D      E_SS = Σ_σ 1/2 Σ t~ K^σσ
+    αβ:         t_iajb = K^αβ_iajb / D               E_OS = Σ t K^αβ
+    Γ^α_ia^Q = c_ss/2 Σ_jb t~^αα_ijab B^α_jb + c_os/2 Σ_jb t_iajb B^β_jb     (Γ^β alike)
+    Γ~^σ = Γ^σ L^-1,  γ = Σ_σ L^-T (B^σT Γ^σ) L^-1
+    P^α_ij = -c_ss/2 Σ_kab t~_ikab t~_jkab - c_os Σ_kab t_iakb t_jakb        (β alike)
+    P^α_ab =  c_ss/2 Σ_ijc t~_ijac t~_ijbc + c_os Σ_ijc t_iajc t_ibjc
+    Y^σ_rp, the coefficient of U^σ_rp (C^σ(x) = C^σ U^σ) in dE:
+          Y^σ_ri += 4 Σ_aP (ra|P) Γ~^σ_iaP,  Y^σ_ra += 4 Σ_iP (ir|P) Γ~^σ_iaP,  Y^σ_qp += 2 P^σ_pq e_q,
+          Y^σ_rk += 2 (C^σT G^σ[P] C^σ)_rk,  Y^σ_kk += 2 e_k (UHF);
+          G^σ[P] = J[P^α + P^β] - K[P^σ] (JK-fit set)
+    P^σ_Ij = Y^σ_Ij / (2 (e_j - e_I))                        frozen-active block, per spin
+    Z-vector (the coupled α/β CPHF of the DF-UHF): (e_a - e_i) z^σ_ai + (C_v^σT G^σ[dD] C_o^σ)_ai = R^σ_ai
+          = Y^σ_ai - Y^σ_ia,  dD^τ = C_v^τ z^τ C_o^τT + h.c.;  P^σ_ai = P^σ_ia = -z^σ_ai / 2
+          (the operator is ``dfhf.DFUHF.hessian_product``'s, over the gradient's JK factor)
+    dE/dx = Σ_σ (D^σ + P^σ) h^x - Σ W S^x + E_nuc^x + E_G^x(D^σ/2 + P^σ)[JK-fit]
+            + 4 Σ_σ Γ~^σ_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],   W = Σ_σ C^σ sym(Y^σ) C^σT / 2
+with D^σ = C_o^σ C_o^σT and E_G(D1) = Σ_σ D1^σ G^σ[D] (J of the total density, K per spin).
+For α = β every term is half the RHF's spin-summed one (the RHF gradient; tested).
+
+Cost: the pair loops (``mp2grad._pair_densities``) are the energy's (αα, ββ, αβ) plus a second
+αβ pass from the β side (P^β_oo's sum runs over two β orbitals of one α): about E_aa + E_bb +
+2 E_ab, each at the RHF loop's cost per pair.
+Held in memory (no out-of-core path, ``memory_mb``): B^σ and Γ^σ of both spins, Γ~'s half
+back-transform per spin (nao naux_mp2 nact_σ), the JK part's half-transformed coefficients per
+spin. The same J/K (``mp2grad._DFJK``'s factor), derivative integrals (``mp2grad.df_deriv``,
+``_one_electron_deriv``) and linear dependence warning as the RHF stage.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import scipy.sparse.linalg
+import torch
+from pyscf.grad import rhf as pyscf_grad_rhf
+
+from dfmp2.scf import dfhf
+from dfmp2.grad.rhf import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
+                      _Buffers, _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _t,
+                      check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, three_index_terms)
+from dfmp2.timing import Timer
+
+
+def memory_mb(*, nao: int, nocc: tuple, nact: tuple, nvir: tuple, naux_mp2: int, naux_jk: int,
+              block_mb: float = AUX_BLOCK_MB) -> float:
+    """Peak MB (10^6 bytes, fp64) of the UHF gradient stage, an estimate (per-spin tuples
+    (alpha, beta)): the JK factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transforms
+    (nao naux_mp2 Σ nact_σ) throughout, plus the larger of the pair loops' phase (B and Γ of both
+    spins: 2 naux_mp2 Σ nact_σ nvir_σ, (ia|P) of one spin while fitting, K, t and their products of
+    one outer orbital: 5 max nvir_σ nact_τ nvir_τ) and the derivative phase (per spin the JK
+    part's half-transformed coefficients and Y1 for two densities: 3 nao naux_jk Σ nocc_σ; a
+    block of derivative integrals and its weights: twice block_mb, at most 3 nao^2 naux)."""
+    held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * sum(nact)
+    ov = [a * v for a, v in zip(nact, nvir)]
+    pair = 2 * naux_mp2 * sum(ov) + naux_mp2 * max(ov) + 5 * max(v * o for v in nvir for o in ov)
+    deriv = 3 * nao * naux_jk * sum(nocc) + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
+    return 8 * (held + max(pair, deriv)) / 1e6
+
+
+def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
+                     timer: Timer | None = None) -> GradientParts:
+    """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
+    (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
+    JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
+    if ref.restricted:
+        raise GradientError("uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs "
+                            "through mp2grad.mp2_gradient", option="reference")
+    check_channels(ref, backend)
+    timer = timer or Timer(backend)
+    kernels0 = dict(backend.kernels_used)
+    t0 = time.perf_counter()
+    orbs = [_Orbitals(ch) for ch in ref.channels]
+    jk = _DFJK(mol, jk_auxmol, backend, timer)
+    resp = _response_operator(jk, orbs)
+    t0 = timer.add("grad_jk_factor", t0)
+    e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss)
+    t0 = timer.add("grad_mp2_densities", t0)
+    P, Y, zinfo = _relaxed_density(orbs, P, Y, resp)
+    t0 = timer.add("grad_zvector", t0)
+    C_o = [o.C[:, o.occ] for o in orbs]
+    D = [c @ c.T for c in C_o]
+    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
+    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
+    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
+    jk_hf, jk_p = jk_energy_deriv(jk, C_o, [1.0, 1.0], [[0.5 * d for d in D], P_ao])
+    one_hf, one_p = _one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
+    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
+
+    C_act = [o.C[:, o.act] for o in orbs]
+    gbuf = _Buffers(device=T_v[0].device)
+    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
+                       -2.0 * gamma_pq[None])[0]
+    grad = hf + one_p + jk_p + corr_3c
+    timer.add("grad_derivative_integrals", t0)
+    warnings = []
+    if orbs[0].C.shape[1] < orbs[0].C.shape[0]:
+        warnings.append(f"linear dependence: {orbs[0].C.shape[0] - orbs[0].C.shape[1]} basis functions dropped; "
+                        "the gradient leaves out the change of the kept space with the geometry (it is not "
+                        "the exact derivative of the energy)")
+    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
+    ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items())),
+           "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
+                        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfhf.DFUHF.hessian_product), the "
+                        "derivative weights",
+           "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)"}
+    return GradientParts(grad, hf, grad - hf, e_corr, c_os, c_ss, zinfo, warnings,
+                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")}, ran)
+
+
+def _response_operator(jk: _DFJK, orbs):
+    """The DF-UHF's J/K steps (``dfhf.DFUHF.response``) over the gradient's fp64 JK factor."""
+    return dfhf.DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs))
+
+
+# ---------------------------------------------------------------------------- correlation part
+def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
+    """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
+    the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
+    E_aa + E_bb + 2 E_ab of pair arithmetic), then Γ~, γ and the orbital-response terms
+    (``mp2grad.three_index_terms``). Returns (e_corr = Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree),
+    P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv in place), Y (per spin (nmo, nmo): the
+    3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v Γ~, on the device), γ (naux, naux))."""
+    L = _cholesky(auxmol.intor("int2c2e"), "MP2")
+    naux, nao = L.shape[0], orbs[0].C.shape[0]
+    has = [bool(len(o.act) and len(o.vir)) for o in orbs]
+    Bd = [_dev(backend, fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend) if h else
+               np.zeros((0, naux))) for o, h in zip(orbs, has)]
+    eo = [_dev(backend, o.eps[o.act]) for o in orbs]
+    ev = [_dev(backend, o.eps[o.vir]) for o in orbs]
+    acc = [(torch.zeros_like(b), torch.zeros((len(o.act),) * 2, dtype=torch.float64, device=b.device),
+            torch.zeros((len(o.vir),) * 2, dtype=torch.float64, device=b.device)) for b, o in zip(Bd, orbs)]
+    for s in (0, 1):
+        if not has[s]:
+            continue
+        if c_ss:
+            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s])
+        if c_os and has[1 - s]:
+            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.5 * c_os, 0.0, cols=(Bd[1 - s], eo[1 - s], ev[1 - s]),
+                            out=acc[s])
+    e_corr = sum(float(torch.dot(a[0].reshape(-1), b.reshape(-1))) for a, b in zip(acc, Bd))
+    gamma_pq, P, Y, T_v = np.zeros((naux, naux)), [], [], []
+    for o, b, (G, po, pv), h in zip(orbs, Bd, acc, has):
+        p, y = np.zeros((o.nmo, o.nmo)), np.zeros((o.nmo, o.nmo))
+        P.append(p)
+        Y.append(y)
+        if not h:
+            T_v.append(torch.zeros((naux, nao, len(o.act)), dtype=torch.float64, device=b.device))
+            continue
+        g, y[:, o.act], y[:, o.vir], tv = three_index_terms(mol, auxmol, o, L, b, G, backend)
+        gamma_pq += g
+        T_v.append(tv)
+        po, pv = po.cpu().numpy(), pv.cpu().numpy()
+        p[np.ix_(o.act, o.act)] = 0.5 * (po + po.T)
+        p[np.ix_(o.vir, o.vir)] = 0.5 * (pv + pv.T)
+    return e_corr, P, Y, T_v, 0.5 * (gamma_pq + gamma_pq.T)
+
+
+# ---------------------------------------------------------------------------- response (Z-vector)
+def _relaxed_density(orbs, P, Y, resp):
+    """(P per spin (nmo, nmo): the relaxed density in the MO basis, Y per spin: the
+    orbital-change coefficients with the relaxation and the UHF part, Z-vector info), from the
+    unrelaxed P and the 3-index Y of ``_corr_uhf`` (both changed in place)."""
+    for o, p, y in zip(orbs, P, Y):
+        if len(o.frz):     # the frozen-active rotations keep each spin's frozen and active blocks canonical
+            pfa = y[np.ix_(o.frz, o.act)] / (2.0 * (o.eps[o.act][None, :] - o.eps[o.frz][:, None]))
+            p[np.ix_(o.frz, o.act)] = pfa
+            p[np.ix_(o.act, o.frz)] = pfa.T
+    _add_density_terms(Y, P, orbs, resp)
+    R = [y[np.ix_(o.vir, o.occ)] - y[np.ix_(o.occ, o.vir)].T for o, y in zip(orbs, Y)]
+    z, info = _solve_zvector(R, orbs, resp)
+    Pov = []
+    for o, zs in zip(orbs, z):
+        pov = np.zeros((o.nmo, o.nmo))
+        pov[np.ix_(o.vir, o.occ)] = -0.5 * zs
+        pov[np.ix_(o.occ, o.vir)] = -0.5 * zs.T
+        Pov.append(pov)
+    _add_density_terms(Y, Pov, orbs, resp)
+    for o, y in zip(orbs, Y):
+        y[o.occ, o.occ] += 2.0 * o.eps[o.occ]
+    return [p + q for p, q in zip(P, Pov)], Y, info
+
+
+def _spin_g(resp, D_ao) -> list:
+    """G^σ[D] = J[D^α + D^β] - K[D^σ] (per spin (nao, nao)) of symmetric D_ao (two (nao, nao)) with
+    the DF-UHF's own J/K step (``DFUHF.two_electron``; K through each D^σ's eigenvectors,
+    ``delta_factors``)."""
+    D = resp.dense.to_device(_t(np.stack([0.5 * (d + d.T) for d in D_ao])), torch.float64)
+    return list(resp.two_electron(D, *resp.delta_factors(D)).cpu().numpy())
+
+
+def _add_density_terms(Y, P, orbs, resp) -> None:
+    """Y^σ += the orbital-change terms of a density P (per spin, MO): 2 (C^T G^σ[P] C)_rk, 2 P_pq e_q."""
+    G = _spin_g(resp, [o.C @ p @ o.C.T for o, p in zip(orbs, P)])
+    for o, p, y, g in zip(orbs, P, Y, G):
+        y[:, o.occ] += 2.0 * (o.C.T @ g @ o.C[:, o.occ])
+        y += 2.0 * o.eps[:, None] * p
+
+
+def _solve_zvector(R, orbs, resp):
+    """z per spin (nvir_σ, nocc_σ) of the coupled α/β CPHF (module docstring) by preconditioned
+    conjugate gradients (scipy's cg; the diagonal e_a - e_i as preconditioner) over
+    ``DFUHF.hessian_product``: positive definite for a stable UHF. GradientError when it does not
+    converge to ZVECTOR_TOL (cg's relative residual) in ZVECTOR_MAX_ITER, or when the recomputed
+    residual ||R - A z|| / ||R|| (recorded) is above 10 ZVECTOR_TOL."""
+    dense = resp.dense
+    C = dense.to_device(_t(np.stack([o.C for o in orbs])), torch.float64)
+    mo_e = dense.to_device(_t(np.stack([o.eps for o in orbs])), torch.float64)
+    hop, hdiag = resp.hessian_product(C, mo_e)
+    b = np.concatenate([r.ravel() for r in R])
+    n = b.size
+    A = scipy.sparse.linalg.LinearOperator((n, n), matvec=lambda x: hop(np.ravel(x)), dtype=np.float64)
+    M = scipy.sparse.linalg.LinearOperator((n, n), matvec=lambda x: np.ravel(x) / hdiag, dtype=np.float64)
+    bnorm = float(np.linalg.norm(b))
+    iters = [0]
+    if bnorm == 0.0:
+        x, res = np.zeros(n), 0.0
+    else:
+        x, flag = scipy.sparse.linalg.cg(A, b, x0=b / hdiag, rtol=ZVECTOR_TOL, atol=0.0, maxiter=ZVECTOR_MAX_ITER,
+                                         M=M, callback=lambda xk: iters.__setitem__(0, iters[0] + 1))
+        res = float(np.linalg.norm(b - hop(x))) / bnorm
+        if flag != 0 or res > 10 * ZVECTOR_TOL:
+            raise GradientError(f"the Z-vector (UHF CPHF) equations did not converge in {ZVECTOR_MAX_ITER} "
+                                f"iterations (relative residual {res:.1e}); is the UHF reference stable?")
+    z, p = [], 0
+    for r in R:
+        z.append(x[p:p + r.size].reshape(r.shape))
+        p += r.size
+    return z, {"iterations": iters[0], "residual": res}

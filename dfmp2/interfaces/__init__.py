@@ -1,0 +1,1 @@
+"""Where other tools meet us: the Python API, the PySCF drop-in, ASE, QCSchema and QCEngine."""

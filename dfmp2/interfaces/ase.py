@@ -1,0 +1,144 @@
+"""An ASE calculator: the DF-MP2 energy of an ``ase.Atoms`` in eV, ``dfmp2 run`` underneath.
+
+    from ase.build import molecule
+    from dfmp2.ase import DFMP2Calculator
+    atoms = molecule("H2O")
+    atoms.calc = DFMP2Calculator(method="mp2", basis="cc-pvdz", frozen_core=True)
+    atoms.get_potential_energy()          # eV: E(MP2) of `dfmp2 run` times ase.units.Hartree
+
+Parameters: ``method`` ('mp2', 'scs-mp2' or 'sos-mp2': which total energy is the ASE energy) and
+any ``dfmp2.options.RunOptions`` field (basis, auxbasis, frozen_core, device, precision, scf_mode,
+memory_mb, charge, multiplicity, ...), type-checked when set. Charge and multiplicity: the
+parameters when given, else the Atoms' total initial charge and total initial magnetic moment
+(2S + 1 = |sum of moments| + 1), else neutral and the lowest multiplicity. Forces (eV/Å): minus
+the analytic gradient of the ``method``'s energy (``gradrun.run_gradient``: RHF or UHF,
+density-fitted SCF, fp64 device); stress raises ``PropertyNotImplementedError``.
+
+Every calculation runs the whole ``pipeline.run_geometry``, SCF included. Our DF-SCF (``scf_mode``
+'df', the default) starts from the previous calculation's density when the atoms' symbols, charge,
+multiplicity and the options are unchanged (its occupied orbitals re-orthonormalised at the new
+geometry: ``reference.project_density``), else from PySCF's 'minao' guess; ``ran.scf.guess`` says
+which. Measured on water moved by 0.005 Å: 11 cycles against 13.
+``calc.result`` is the last ``dfmp2.io.result.Result`` (energies in Hartree, what ran, timings);
+``calc.gradient_result`` the last ``gradrun.GradientResult`` when forces were asked for.
+Needs ``pip install "dfmp2[ase]"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+from ase.units import Bohr, Hartree
+
+from dfmp2.errors import InputError
+
+METHODS = {"mp2": "e_mp2", "scs-mp2": "e_scs_mp2", "sos-mp2": "e_sos_mp2"}   # -> Result.energies() key
+
+
+def _option_names() -> set:
+    from dfmp2.options import RunOptions
+    return {f.name for f in dataclasses.fields(RunOptions)}
+
+
+class DFMP2Calculator(Calculator):
+    """ASE calculator of DF-MP2 / SCS-MP2 / SOS-MP2 total energies (eV); see the module docstring."""
+
+    implemented_properties = ["energy", "free_energy", "forces"]
+    default_parameters = {"method": "mp2"}
+    discard_results_on_any_change = False      # set() decides: a change of method alone reuses the run
+
+    def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):
+        self.result = self.gradient_result = None
+        self._scf_density = None     # (what it belongs to, Reference.density()) of the last calculation
+        super().__init__(restart=restart, label=label, atoms=atoms, directory=directory, **kwargs)
+
+    def set(self, **kwargs):
+        """Set parameters (ASE's ``set``): ``method`` or RunOptions fields. An unknown name or a
+        value of the wrong type is an InputError now, not at the first energy."""
+        unknown = sorted(set(kwargs) - _option_names() - {"method", "parameters"})
+        if unknown:
+            raise InputError(f"DFMP2Calculator has no parameter {', '.join(unknown)}; use method or one of "
+                             f"{', '.join(sorted(_option_names()))}")
+        method = kwargs.get("method", (self.parameters or {}).get("method", "mp2"))
+        if method not in METHODS:
+            raise InputError(f"unknown method {method!r}; use one of {', '.join(METHODS)}", option="method")
+        changed = super().set(**kwargs)
+        self.run_options()                   # type-check what was set
+        if set(changed) - {"method"}:
+            self.reset()
+        elif changed and "energy" in self.results:      # the same run, another of its energies
+            self._store_energy()
+        return changed
+
+    def reset(self):
+        super().reset()
+        self.result = self.gradient_result = None
+
+    def _store_energy(self) -> None:
+        """The method's energy (eV) from the last run; its forces (eV/Å) when the last gradient
+        was of this method (another method's gradient is computed when asked for)."""
+        method = self.parameters["method"]
+        energy = self.result.energies()[METHODS[method]] * Hartree
+        self.results = {"energy": energy, "free_energy": energy}
+        gr = self.gradient_result
+        if gr is not None and gr.result is self.result and gr.method == method:
+            self.results["forces"] = -gr.gradient * (Hartree / Bohr)
+
+    def run_options(self):
+        """The RunOptions of the parameters (without ``method``)."""
+        from dfmp2.options import RunOptions
+        return RunOptions(**{k: v for k, v in self.parameters.items() if k != "method"})
+
+    def get_property(self, name, atoms=None, allow_calculation=True):
+        if name not in self.implemented_properties:
+            raise PropertyNotImplementedError(
+                f"DFMP2Calculator computes energies and forces: '{name}' is not implemented")
+        return super().get_property(name, atoms, allow_calculation)
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        """Run ``dfmp2 run`` on the Atoms: results['energy'] = results['free_energy'] = the
+        ``method``'s total energy in eV (Hartree * ase.units.Hartree); with 'forces' asked for,
+        ``dfmp2 gradient``: results['forces'] (natm, 3) eV/Å = -gradient * Hartree / Bohr."""
+        super().calculate(atoms, properties, system_changes)
+        options = self.run_options()
+        geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
+        key = (geom.symbols, geom.charge, geom.multiplicity, options)
+        guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
+
+        def keep(mol, ref):                     # the next geometry's SCF starts from this density
+            self._scf_density = (key, ref.density())
+        if "forces" in properties:
+            from dfmp2.grad.run import run_gradient
+            self.gradient_result = run_gradient(geom, options, method=self.parameters["method"],
+                                                on_reference=keep, guess=guess)
+            self.result = self.gradient_result.result
+        else:
+            from dfmp2.pipeline import run_geometry
+            self.result = run_geometry(geom, options, on_reference=keep, guess=guess)
+        self._store_energy()
+
+
+def geometry_from_atoms(atoms, charge=None, multiplicity=None):
+    """A ``dfmp2.io.xyz.Geometry`` of an ``ase.Atoms`` (positions in Ångström). Charge and
+    multiplicity: the arguments, else the Atoms' total initial charge and magnetic moment
+    (InputError when either is not a whole number, or the Atoms are periodic)."""
+    from dfmp2.io.xyz import Geometry
+    if any(atoms.pbc):
+        raise InputError("DFMP2Calculator takes molecules: the Atoms are periodic (pbc); set pbc=False")
+    if len(atoms) == 0:
+        raise InputError("the Atoms object has no atoms")
+    q, m = float(np.sum(atoms.get_initial_charges())), float(np.sum(atoms.get_initial_magnetic_moments()))
+    for name, value in (("charge", q), ("magnetic moment", m)):
+        if abs(value - round(value)) > 1e-8:
+            raise InputError(f"the Atoms' total initial {name} {value:g} is not a whole number; set "
+                             f"{'charge' if name == 'charge' else 'multiplicity'} on the calculator",
+                             option="charge" if name == "charge" else "multiplicity")
+    if charge is None and round(q) != 0:
+        charge = int(round(q))
+    if multiplicity is None and round(m) != 0:
+        multiplicity = abs(int(round(m))) + 1
+    return Geometry(symbols=tuple(atoms.get_chemical_symbols()),
+                    coords_angstrom=np.asarray(atoms.get_positions(), dtype=float),
+                    charge=charge, multiplicity=multiplicity,
+                    source=f"ase.Atoms ({atoms.get_chemical_formula()})")

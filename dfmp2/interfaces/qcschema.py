@@ -1,0 +1,379 @@
+"""QCSchema in and out, in process: ``run_qcschema(atomic_input) -> AtomicResult`` (a dict or a
+qcelemental model, QCSchema v1 or v2; the result in the input's version), which ``dfmp2 run
+input.json`` and the QCEngine harness (``dfmp2.qcengine``) both call; ``--qcschema out.json``
+writes an AtomicResult, or a FailedOperation carrying the same one-line message as the CLI's error.
+
+Both are validated with ``qcelemental``'s models (0.50 or newer: v1 and v2), an optional
+dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an input is a v2
+AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
+
+AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
+``gradrun.run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
+E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2",
+"basis": <orbital basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its
+molecular_charge and molecular_multiplicity, ghost atoms (``real: false``: their element's
+orbital and fitting basis functions, no nucleus, no electrons); keywords (all optional, the
+CLI's defaults otherwise) ``auxbasis``, ``frozen_core`` (bool), ``ecp`` (auto|none|
+none-for-testing), ``scf_mode`` (df|pyscf-df|exact), ``device``, ``precision`` (fp64|fp32),
+``memory_mb``. The AtomicResult: ``return_energy`` = E(MP2); the standard properties
+(nuclear_repulsion_energy, scf_one_electron_energy, scf_two_electron_energy, scf_total_energy,
+scf_iterations, mp2_same_spin_correlation_energy, mp2_opposite_spin_correlation_energy,
+mp2_singles_energy = 0 (canonical RHF or UHF), mp2_doubles_energy, mp2_correlation_energy,
+mp2_total_energy, calcinfo_* with the alpha and beta electron counts); SCS- and SOS-MP2, which
+QCSchema has no field for, in ``extras["qcvars"]`` under Psi4's names; and the whole ``dfmp2 run
+--json`` result (what ran, timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies
+in Hartree.
+
+Errors on this path are InputError (and its kinds) with the library's message; ``error_line``
+names the QCSchema field an error is about (``keywords.memory_mb``, ``model.basis``) where the
+CLI would name its flag.
+"""
+from __future__ import annotations
+
+import json
+
+from dfmp2.errors import InputError, SCFNotConvergedError, shown
+from dfmp2.options import ECP_CHOICES, PRECISIONS, SCF_MODES
+from dfmp2.io.xyz import read_input_text
+
+INSTALL = 'pip install -e ".[qcschema]"'
+SCHEMA_VERSIONS = (1, 2)            # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
+METHODS = ("mp2",)
+DRIVERS = ("energy", "gradient")    # gradient: RHF or UHF (dfmp2.grad.run)
+# keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
+KEYWORDS = {
+    "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
+    "frozen_core": lambda v: None if isinstance(v, bool) else "true or false",
+    "ecp": lambda v: None if v in ECP_CHOICES else " or ".join(map(repr, ECP_CHOICES)),
+    "scf_mode": lambda v: None if v in SCF_MODES else " or ".join(map(repr, SCF_MODES)),
+    "device": lambda v: None if isinstance(v, str) and v.strip() else "a device name (cpu, cuda, cuda:N, trn1, trn2)",
+    "precision": lambda v: None if v in PRECISIONS else " or ".join(map(repr, PRECISIONS)),
+    "memory_mb": lambda v: None if (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                    and 0 < v < float("inf")) else "a positive number of MB",
+}
+# the RunOptions fields an AtomicInput sets besides its keywords
+FROM_MOLECULE_AND_MODEL = {"basis": "model.basis", "charge": "molecule.molecular_charge",
+                           "multiplicity": "molecule.molecular_multiplicity"}
+# where a RunOptions field is set in an AtomicInput: what an error on this path names (the CLI: a flag)
+FIELDS = {**{k: "keywords." + k for k in KEYWORDS}, **FROM_MOLECULE_AND_MODEL}
+HINTS = {"cpu": "keywords.device 'cpu'"}     # DeviceUnavailableError.alternatives this path can take
+
+
+def models():
+    """qcelemental.models (with its ``v1`` and ``v2``), or InputError naming the install command."""
+    try:
+        from qcelemental import models as qcmodels
+    except ImportError:
+        raise InputError(f"QCSchema input and output need the qcelemental package; install it with: "
+                         f"{INSTALL}") from None
+    if getattr(qcmodels, "v2", None) is None:
+        import qcelemental
+        raise InputError(f"QCSchema input and output need qcelemental 0.50 or newer (QCSchema v1 and "
+                         f"v2), found {qcelemental.__version__}; install it with: {INSTALL}")
+    return qcmodels
+
+
+def error_line(e: Exception) -> str:
+    """The one line of an expected error on the QCSchema path: the library's message and, where
+    the CLI names its flag (``dfmp2.errors.error_line``), the AtomicInput field it is about."""
+    option = getattr(e, "option", None)
+    options = (option,) if isinstance(option, str) else tuple(option or ())
+    fields = [FIELDS[o] for o in options if o in FIELDS]
+    line = str(e) + (f" ({', '.join(fields)})" if fields else "")
+    hints = [HINTS[a] for a in getattr(e, "alternatives", ()) if a in HINTS]
+    return f"{line}; or use {' or '.join(hints)}" if hints else line
+
+
+def is_qcschema_path(path) -> bool:
+    """Input files named *.json are QCSchema AtomicInputs (anything else is read as XYZ)."""
+    return str(path).lower().endswith(".json")
+
+
+def read_raw(path) -> dict:
+    """The JSON document at ``path`` (InputError for a missing, unreadable or non-JSON file)."""
+    text = read_input_text(path, "a QCSchema AtomicInput (.json)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a QCSchema AtomicInput is a JSON object, found {type(data).__name__}")
+    return data
+
+
+def schema_version(data: dict, where: str) -> int:
+    """The QCSchema version of an AtomicInput document: its ``schema_version``, else 2 when it
+    has a ``specification`` (v2's layout) and 1 otherwise (QCEngine's rule); InputError for
+    another version."""
+    version = data.get("schema_version", 2 if "specification" in data else 1)
+    if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
+        raise InputError(f"{where}: schema_version {shown(json.dumps(version), 20)} is not supported; "
+                         f"dfmp2 reads QCSchema AtomicInput v1 and v2 (schema_version 1 or 2)")
+    return int(version)
+
+
+def input_model(atomic_input, where: str):
+    """(v2 AtomicInput, the version it came in): from a dict (a JSON document) or a qcelemental
+    AtomicInput, v1 or v2; InputError (one line, the first problem) for anything else."""
+    qcmodels = models()
+    if isinstance(atomic_input, qcmodels.v2.AtomicInput):
+        return atomic_input, 2
+    if isinstance(atomic_input, qcmodels.v1.AtomicInput):
+        return atomic_input.convert_v(2), 1
+    if not isinstance(atomic_input, dict):
+        raise InputError(f"{where}: expected a QCSchema AtomicInput (a dict or a qcelemental AtomicInput, "
+                         f"v1 or v2), got {type(atomic_input).__name__}")
+    version = schema_version(atomic_input, where)
+    model = qcmodels.v2.AtomicInput if version == 2 else qcmodels.v1.AtomicInput
+    inp = validated(model, atomic_input, where)
+    return (inp if version == 2 else inp.convert_v(2)), version
+
+
+def validated(model, data: dict, where: str):
+    """``model(**data)``, or InputError with the first problem qcelemental or pydantic found."""
+    from qcelemental import exceptions as qcex
+    try:
+        return model(**data)
+    # pydantic's ValidationError is a ValueError; qcelemental's own errors (an unknown element,
+    # inconsistent masses, no atoms) are Exceptions of its own
+    except (ValueError, TypeError, KeyError, qcex.ValidationError, qcex.NotAnElementError,
+            qcex.MoleculeFormatError, qcex.ChoicesError, qcex.DataUnavailableError) as e:
+        errs = getattr(e, "errors", lambda: [])()
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = errs[0] if errs else {"loc": (), "msg": f"{type(e).__name__}: {text}"}
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise InputError(f"{where}: not a valid QCSchema AtomicInput: {loc + ': ' if loc else ''}"
+                         f"{shown(first.get('msg', ''), 160)}") from None
+
+
+def parse_input(atomic_input, where: str, options=None, given=()):
+    """(v2 AtomicInput, the version it came in, Geometry, RunOptions) from an AtomicInput (a dict
+    or a qcelemental model, v1 or v2). ``options``: the RunOptions to start from (default
+    RunOptions()); its fields named in ``given`` (options the user typed on the command line)
+    must not also be set by the input (refused, never silently overridden)."""
+    import dataclasses
+
+    from dfmp2.options import RunOptions
+
+    options = options if options is not None else RunOptions()
+    inp, version = input_model(atomic_input, where)
+    settings = _settings(inp, where)
+    clash = sorted(set(settings) & set(given))
+    if clash:
+        what = ", ".join(f"{c} ({FIELDS[c]})" for c in clash)
+        raise InputError(f"{where} already sets {what}; give it in the input or as an option, not both",
+                         option=tuple(clash))
+    raw = atomic_input.get("molecule") if isinstance(atomic_input, dict) else None
+    geom = _geometry(inp.molecule, raw.get("geometry") if isinstance(raw, dict) else None, settings, where)
+    return inp, version, geom, dataclasses.replace(options, **settings)
+
+
+def _settings(inp, where: str) -> dict:
+    """The RunOptions fields a v2 AtomicInput sets (basis, charge, multiplicity, its keywords),
+    after checking its driver, method, basis and keywords."""
+    spec, mol = inp.specification, inp.molecule
+    driver = getattr(spec.driver, "value", spec.driver)
+    if driver not in DRIVERS:
+        raise InputError(f"{where}: driver '{driver}' is not supported; dfmp2 computes driver "
+                         f"{' and '.join(map(repr, DRIVERS))}")
+    method = str(spec.model.method).strip().lower()
+    if method not in METHODS:
+        raise InputError(f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use 'mp2'")
+    if not isinstance(spec.model.basis, str) or not spec.model.basis.strip():
+        raise InputError(f"{where}: model.basis must name the orbital basis (e.g. 'cc-pvdz')")
+    charge = float(mol.molecular_charge)
+    if charge != round(charge):
+        raise InputError(f"{where}: molecule.molecular_charge must be an integer, got {charge:g}")
+    mult = float(mol.molecular_multiplicity)
+    if mult != round(mult):
+        raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
+    settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)),
+                "multiplicity": int(round(mult))}
+    for key, value in spec.keywords.items():
+        if key not in KEYWORDS:
+            raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
+        problem = KEYWORDS[key](value)
+        if problem:
+            raise InputError(f"{where}: keyword {key} must be {problem}, got {shown(json.dumps(value), 40)}")
+        settings[key] = value.strip() if isinstance(value, str) else value
+    return settings
+
+
+def _geometry(mol, raw, settings: dict, where: str):
+    """The Geometry (Ångström) of a qcelemental Molecule; ``raw``: its geometry as written in the
+    document (None for a model), used when given since qcelemental rounds the coordinates to
+    1e-8 Bohr (enough to move E_HF by 2e-10 Eh). Atoms with ``real`` false are ghost atoms."""
+    import numpy as np
+    from pyscf.lib.parameters import BOHR
+
+    from dfmp2.io.xyz import MAX_COORD_ANGSTROM, Geometry
+
+    # Bohr -> Ångström with PySCF's own constant, so PySCF (which converts back with it) sees
+    # the Bohr coordinates given
+    coords = np.asarray(raw if raw is not None else mol.geometry, dtype=np.float64).reshape(-1, 3) * BOHR
+    if not np.all(np.isfinite(coords)) or np.abs(coords).max() > MAX_COORD_ANGSTROM:
+        raise InputError(f"{where}: molecule.geometry must be finite and within "
+                         f"±{MAX_COORD_ANGSTROM / BOHR:.3g} Bohr")
+    ghost = tuple(not bool(r) for r in mol.real)
+    return Geometry(symbols=tuple(s.capitalize() for s in mol.symbols), coords_angstrom=coords,
+                    charge=settings["charge"], multiplicity=settings["multiplicity"], source=str(where),
+                    ghost=ghost if any(ghost) else ())
+
+
+class ScfEnergyParts:
+    """``pipeline.run_geometry``'s ``on_reference(mol, ref)``: the parts of the reference's E_HF
+    that QCSchema has fields for, in Hartree: the nuclear repulsion (PySCF's ``energy_nuc``:
+    ghost atoms have no charge, an ECP's core is taken off its atom's charge), the one-electron
+    energy tr(D h) of the SCF's density with PySCF's core Hamiltonian (kinetic, nuclear
+    attraction, ECP), and the two-electron energy as the rest, E_HF - E_nuc - E_1: the SCF's own
+    (density-fitted for scf_mode df and pyscf-df) Coulomb and exchange energy. ``values``: {}
+    until the reference is made."""
+
+    def __init__(self):
+        self.values = {}
+
+    def __call__(self, mol, ref) -> None:
+        import numpy as np
+        from pyscf.scf import hf
+
+        h = hf.get_hcore(mol)                                        # (nao, nao)
+        weight = 2.0 if ref.restricted else 1.0                      # RHF: both spins in one channel
+        e1 = sum(weight * float(np.einsum("pi,pq,qi->", c.mo_coeff[:, :c.nocc], h, c.mo_coeff[:, :c.nocc]))
+                 for c in ref.channels)
+        e_nuc = float(mol.energy_nuc())
+        self.values = {"nuclear_repulsion_energy": e_nuc, "scf_one_electron_energy": e1,
+                       "scf_two_electron_energy": float(ref.e_hf) - e_nuc - e1}
+
+
+def run_atomic_input(atomic_input, options=None, *, given=(), where: str = "AtomicInput",
+                     progress=None, log=None, on_plan=None):
+    """Run the AtomicInput ``atomic_input`` (a dict or a qcelemental model, v1 or v2) in this
+    process: (AtomicResult in the input's QCSchema version, dfmp2's Result). ``options``: the
+    RunOptions to start from (the input's model, molecule and keywords set theirs); ``given``:
+    fields that must not also be in the input (``parse_input``); ``where``: what error lines call
+    the input (a file name). Expected errors are InputError (and its kinds),
+    DeviceUnavailableError and KernelError, as for ``dfmp2 run``."""
+    from dfmp2.pipeline import run_geometry
+
+    inp, version, geom, options = parse_input(atomic_input, where, options, given)
+    parts = ScfEnergyParts()
+    if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
+        from dfmp2.grad.run import run_gradient
+        gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan, on_reference=parts)
+        return result_model(inp, version, gr.result, parts.values, gradient=gr), gr.result
+    result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan, on_reference=parts)
+    return result_model(inp, version, result, parts.values), result
+
+
+def run_qcschema(atomic_input, options=None):
+    """AtomicInput in, AtomicResult out, in this process (no subprocess, no files): a dict or a
+    qcelemental AtomicInput, QCSchema v1 or v2; the AtomicResult (a qcelemental model, validated)
+    is in the input's version, energies in Hartree. ``options``: a ``dfmp2.options.RunOptions``
+    for what QCSchema does not carry (scratch_dir, storage, ...); the input's model, molecule
+    and keywords set the rest. Errors raise (InputError and its kinds, DeviceUnavailableError,
+    KernelError); ``error_line(e)`` is their one line, ``failed_operation`` their QCSchema record."""
+    return run_atomic_input(atomic_input, options)[0]
+
+
+def input_from_run(geom, options) -> dict:
+    """The AtomicInput document (v1) of a run that started from an XYZ file (for ``--qcschema``)."""
+    import numpy as np
+    from pyscf.lib.parameters import BOHR
+
+    keywords = {"frozen_core": options.frozen_core, "ecp": options.ecp, "scf_mode": options.scf_mode,
+                "device": options.device}
+    for k in ("auxbasis", "precision", "memory_mb"):
+        if getattr(options, k) is not None:
+            keywords[k] = getattr(options, k)
+    charge = options.charge if options.charge is not None else (geom.charge or 0)
+    mult = options.multiplicity if options.multiplicity is not None else (geom.multiplicity or 1)
+    return {"schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
+            "model": {"method": "mp2", "basis": options.basis}, "keywords": keywords,
+            "molecule": {"symbols": list(geom.symbols),
+                         "geometry": (np.asarray(geom.coords_angstrom) / BOHR).ravel().tolist(),
+                         "molecular_charge": charge, "molecular_multiplicity": mult,
+                         "fix_com": True, "fix_orientation": True}}
+
+
+def properties(result, parts: dict) -> dict:
+    """The AtomicProperties of ``result`` (Hartree); ``parts``: ``ScfEnergyParts.values``."""
+    e = result.energies()
+    spin = result.spin or {}
+    nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen    # frozen core included
+    nbeta = spin.get("nocc_beta", result.nocc) + result.nfrozen
+    return {"calcinfo_nbasis": result.nbasis, "calcinfo_nmo": result.nmo, "calcinfo_natom": result.natm,
+            "calcinfo_nalpha": nalpha, "calcinfo_nbeta": nbeta, **parts,
+            "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
+            "return_energy": e["e_mp2"], "scf_total_energy": e["e_hf"],
+            "mp2_same_spin_correlation_energy": e["e_corr_ss"],
+            "mp2_opposite_spin_correlation_energy": e["e_corr_os"],
+            "mp2_singles_energy": 0.0, "mp2_doubles_energy": e["e_corr"],
+            "mp2_correlation_energy": e["e_corr"], "mp2_total_energy": e["e_mp2"]}
+
+
+def qcvars(result) -> dict:
+    """Psi4's names of the energies (Hartree), SCS- and SOS-MP2 among them."""
+    e = result.energies()
+    return {"HF TOTAL ENERGY": e["e_hf"], "SCF TOTAL ENERGY": e["e_hf"],
+            "MP2 SAME-SPIN CORRELATION ENERGY": e["e_corr_ss"],
+            "MP2 OPPOSITE-SPIN CORRELATION ENERGY": e["e_corr_os"],
+            "MP2 CORRELATION ENERGY": e["e_corr"], "MP2 TOTAL ENERGY": e["e_mp2"],
+            "SCS-MP2 CORRELATION ENERGY": e["e_corr_scs"], "SCS-MP2 TOTAL ENERGY": e["e_scs_mp2"],
+            "SOS-MP2 CORRELATION ENERGY": e["e_corr_sos"], "SOS-MP2 TOTAL ENERGY": e["e_sos_mp2"],
+            "CURRENT ENERGY": e["e_mp2"]}
+
+
+def result_model(inp, version: int, result, parts: dict, gradient=None):
+    """The AtomicResult (validated by qcelemental) of ``result`` for the v2 AtomicInput ``inp``,
+    in QCSchema ``version`` (1 or 2); ``gradient``: the gradrun.GradientResult of driver
+    'gradient' (return_result the N x 3 gradient, Hartree/Bohr)."""
+    import dfmp2
+    props = properties(result, parts)
+    if gradient is not None:
+        props["return_gradient"] = gradient.gradient.tolist()
+    out = models().v2.AtomicResult(
+        input_data=inp, molecule=inp.molecule, properties=props,
+        return_result=gradient.gradient.tolist() if gradient is not None else result.e_mp2, success=True,
+        extras={"qcvars": qcvars(result), "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict()},
+        provenance={"creator": "dfmp2", "version": dfmp2.__version__, "routine": "dfmp2.interfaces.qcschema"})
+    return out if version == 2 else out.convert_v(1)
+
+
+def to_json(model) -> str:
+    """A qcelemental model as indented JSON text (numpy arrays as lists)."""
+    text = model.model_dump_json() if hasattr(model, "model_dump_json") else model.json()
+    return json.dumps(json.loads(text), indent=2) + "\n"
+
+
+def failed_operation(inp: dict | None, message: str, exc: Exception) -> str:
+    """The FailedOperation JSON (v2 for a v2 input, else v1) for an error whose one-line message
+    is ``message``."""
+    qcmodels = models()
+    kind = ("convergence_error" if isinstance(exc, SCFNotConvergedError)
+            else "input_error" if isinstance(exc, InputError) else "execution_error")
+    v2 = isinstance(inp, dict) and (inp.get("schema_version") == 2 or
+                                    ("specification" in inp and "schema_version" not in inp))
+    model = qcmodels.v2.FailedOperation if v2 else qcmodels.v1.FailedOperation
+    out = model(input_data=inp, success=False, error={"error_type": kind, "error_message": message})
+    return to_json(out)
+
+
+class FailedOperationOnError:
+    """Context manager: an expected error inside (the ones the CLI prints as one ``error:`` line)
+    writes a FailedOperation with that same line to ``path`` (when given), then goes on up.
+    ``input_data``: the input document so far (None until it is read)."""
+
+    def __init__(self, path):
+        self.path, self.input_data = path, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        from dfmp2.linalg import DeviceUnavailableError, KernelError
+
+        from dfmp2.errors import error_line as cli_error_line
+        from dfmp2.io.outputs import write_text
+        if self.path and isinstance(exc, (InputError, DeviceUnavailableError, KernelError)):
+            write_text(self.path, failed_operation(self.input_data, cli_error_line(exc), exc))
+        return False

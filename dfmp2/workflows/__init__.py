@@ -1,0 +1,1 @@
+"""Jobs over many runs: CBS brackets, interaction energies, geometry optimisation, regression, comparison."""

@@ -1,0 +1,349 @@
+"""Cross-device check: ``dfmp2 compare``. The same problem on each device from identical inputs.
+
+    dfmp2 compare inputs/water.xyz --devices cpu,cuda
+    dfmp2 compare --synthetic 16,120,400 --seed 3 --devices cpu,cuda --precision fp32
+    dfmp2 compare inputs/water.xyz --devices cpu,trn1 --simulate --precision fp32
+
+For each device: the energies (Hartree), their difference from the first device that ran, whether
+the bits are identical to it (float.hex of E_OS, E_SS and E_corr), and whether ``--repeat`` runs on
+the same device gave bit-identical energies. Molecules go through the whole pipeline
+(``dfmp2.pipeline``) from the same parsed geometry; E_HF is compared too, since it is computed on
+the host by PySCF and so shows that every device started from the same reference. Synthetic
+problems (``linalg.synthetic_problem``, Philox) are generated once on the CPU and copied to each
+device exactly, then the pair step runs there (``linalg.mp2_pair_energy``, symmetric over all pairs).
+
+A device that cannot run (no GPU, no Neuron SDK, no fp64 on Trainium) is reported as not run
+with the reason; no row is ever filled from another device.
+Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a difference beyond
+--tol or a device whose repeated runs differ in their bits; 2 bad input or a device that could not run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+import click
+
+from dfmp2 import linalg
+from dfmp2.linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
+from dfmp2.linalg.cuda import AUTO_RULE
+
+from dfmp2.cli.options import (device_options, fail, molecule_options, printing, resource_options,
+                          run_options, scf_options, stdout_console, user_errors)
+from dfmp2.errors import InputError, error_line
+
+TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
+ENERGY_KEYS = ("e_os", "e_ss", "e_corr")
+EXIT_DIFFERENT = 1            # a difference beyond --tol, or a device not bit-reproducible
+
+
+@dataclass
+class DeviceRun:
+    """One device's outcome. ``energies``: the first run's values (Hartree); ``hex``: float.hex of
+    each energy for every repeat; ``reason``: why it did not run (status 'not run')."""
+
+    device: str
+    status: str = "ran"                      # 'ran' | 'not run'
+    reason: str = ""
+    energies: dict = field(default_factory=dict)
+    hex: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    ran: dict = field(default_factory=dict)
+    # filled by compare_runs
+    delta: dict = field(default_factory=dict)
+    identical_to_first: bool | None = None
+    repeat_identical: bool | None = None
+
+
+def parse_devices(text: str) -> list[str]:
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise InputError("--devices: give a comma-separated list, e.g. cpu,cuda")
+    if len(set(devices)) != len(devices):
+        raise InputError(f"--devices: a device is listed twice in '{text}'")
+    return devices
+
+
+def parse_synthetic(text: str) -> tuple[int, int, int]:
+    try:
+        nocc, nvir, naux = (int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise InputError(f"--synthetic: expected NOCC,NVIR,NAUX (e.g. 16,120,400), got '{text}'") from None
+    if min(nocc, nvir, naux) < 1:
+        raise InputError(f"--synthetic: sizes must be positive, got '{text}'")
+    return nocc, nvir, naux
+
+
+def _hex(energies: dict) -> dict:
+    return {k: float.hex(float(energies[k])) for k in energies}
+
+
+def _pair_kernel(device: str, pair_kernel: str) -> str:
+    """--pair-kernel applies to the devices of the list that have that path; the others keep auto."""
+    return pair_kernel if pair_kernel in _caps(device).pair_kernels else "auto"
+
+
+def _caps(device: str):
+    """linalg's capabilities of a device name; an unknown name is the user's mistake."""
+    try:
+        return linalg.device_capabilities(device)
+    except ValueError as e:
+        raise InputError(str(e), option="devices") from None
+
+
+def _cpu_blas(device: str, cpu_blas: str) -> str:
+    """--cpu-blas applies to the cpu device of the list; the others keep auto (their own kernels)."""
+    return cpu_blas if _caps(device).is_host else "auto"
+
+
+def check_device(device: str, precision: str, simulate: bool, pair_kernel: str = "auto", cpu_blas: str = "auto"):
+    """The backend for ``device``, or the one-line reason it cannot run here (never raises for
+    that). A precision the device can never run is the user's mistake: InputError, before any
+    device runs (``compare --devices cpu,trn1`` at the default fp64 used to fail after the CPU's run)."""
+    from dfmp2.linalg import DeviceUnavailableError
+    try:
+        caps = linalg.device_capabilities(device)
+        if caps.precision_problem(precision):
+            raise InputError(f"{device}: {caps.precision_problem(precision)}; compare every device in "
+                             "fp32 (energies are still summed in fp64)", option="precision")
+        return linalg.get_backend(device, simulate=simulate and caps.simulable,
+                                  pair_kernel=_pair_kernel(device, pair_kernel),
+                                  cpu_blas=_cpu_blas(device, cpu_blas)), ""
+    except DeviceUnavailableError as e:
+        return None, error_line(e)
+    except ValueError as e:          # unknown device name: a user mistake, not a device state
+        raise InputError(str(e), option="devices") from None
+
+
+def _integrals(device: str, engine: str) -> str:
+    """--integrals gpu4pyscf applies to the cuda devices of the list; the others keep auto (host)."""
+    return engine if engine != "gpu4pyscf" or _caps(device).cuda_memory else "auto"
+
+
+def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
+    """``repeat`` full pipeline runs of ``geom`` on ``device`` (options.device is replaced)."""
+    from dataclasses import replace
+    from dfmp2.pipeline import run_geometry
+    out = DeviceRun(device)
+    opts = replace(options, device=device,
+                   simulate=options.simulate and _caps(device).simulable,
+                   pair_kernel=_pair_kernel(device, options.pair_kernel),
+                   integrals=_integrals(device, options.integrals),
+                   cpu_blas=_cpu_blas(device, options.cpu_blas))
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        r = run_geometry(geom, opts)
+        out.seconds.append(time.perf_counter() - t0)
+        e = {"e_hf": r.e_hf, "e_os": r.e_os, "e_ss": r.e_ss, "e_corr": r.e_corr}
+        out.energies = out.energies or e
+        out.hex.append(_hex(e))
+        out.ran = out.ran or dict(r.ran)
+    return out
+
+
+def run_synthetic(device: str, backend, problem, repeat: int) -> DeviceRun:
+    """``repeat`` pair steps of a synthetic problem (host tensors, copied exactly) on ``backend``."""
+    from dfmp2 import linalg
+    out = DeviceRun(device)
+    B = backend.to_device(problem.B)
+    eo = backend.to_device(problem.eps_occ)
+    ev = backend.to_device(problem.eps_vir)
+    for _ in range(repeat):
+        backend.synchronize()
+        t0 = time.perf_counter()
+        e_os, e_ss = linalg.mp2_pair_energy(B, B, eo, eo, ev, symmetric=True, backend=backend)
+        backend.synchronize()
+        out.seconds.append(time.perf_counter() - t0)
+        e = {"e_os": e_os, "e_ss": e_ss, "e_corr": e_os + e_ss}
+        out.energies = out.energies or e
+        out.hex.append(_hex(e))
+    out.ran = backend.describe()
+    return out
+
+
+def compare_runs(runs: list[DeviceRun], tol: float) -> dict:
+    """Fill delta / identical_to_first / repeat_identical; return the summary."""
+    ran = [r for r in runs if r.status == "ran"]
+    first = ran[0] if ran else None
+    for r in ran:
+        r.repeat_identical = all(h == r.hex[0] for h in r.hex)
+        r.delta = {k: r.energies[k] - first.energies[k] for k in r.energies}
+        r.identical_to_first = r.hex[0] == first.hex[0]
+    beyond = [r.device for r in ran if abs(r.delta["e_corr"]) > tol]
+    unstable = [r.device for r in ran if not r.repeat_identical]
+    not_run = [r.device for r in runs if r.status != "ran"]
+    return {"reference_device": first.device if first else None, "tolerance": tol,
+            "beyond_tolerance": beyond, "not_bit_reproducible": unstable, "not_run": not_run,
+            "passed": bool(ran) and not beyond and not unstable and not not_run}
+
+
+def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
+    """The table and verdict; ``title`` and device names and reasons are plain text, not markup."""
+    from rich.markup import escape
+    from rich.table import Table
+    t = Table(title=escape(title), title_justify="left")
+    for col, just in (("device", "left"), ("engine", "left"), ("E_corr / Eh", "right"),
+                      ("ΔE_corr / Eh", "right"), ("ΔE_HF / Eh", "right"), ("bits = first", "center"),
+                      ("run-to-run", "center"), ("time / s", "right")):
+        t.add_column(col, justify=just)
+    for r in runs:
+        if r.status != "ran":
+            t.add_row(escape(r.device), "[red]not run[/red]", "—", "—", "—", "—", "—", "—")
+            continue
+        dhf = f"{r.delta['e_hf']:+.2e}" if "e_hf" in r.delta else "—"
+        t.add_row(escape(r.device), escape(r.ran.get("engine", "")), f"{r.energies['e_corr']:.12f}",
+                  "(reference)" if r.device == summary["reference_device"] else f"{r.delta['e_corr']:+.2e}",
+                  dhf if r.device != summary["reference_device"] else "",
+                  "—" if r.device == summary["reference_device"] else ("yes" if r.identical_to_first else "no"),
+                  f"identical ×{len(r.hex)}" if r.repeat_identical else f"[red]DIFFER ×{len(r.hex)}[/red]",
+                  f"{min(r.seconds):.3f}")
+    console.print(t)
+    for r in runs:
+        if r.status != "ran":
+            console.print(f"[red]{escape(r.device)}: not run: {escape(r.reason)}[/red]")
+    for r in runs:
+        if r.status == "ran" and r.ran.get("kernels"):
+            ks = ", ".join(f"{k} ×{n}" for k, n in r.ran["kernels"].items() if "mp2_pair_energy" in k)
+            console.print(f"[dim]{escape(r.device)}: {escape(ks)}[/dim]")
+    verdict = "[green]PASS[/green]" if summary["passed"] else "[red]FAIL[/red]"
+    against = f"against {summary['reference_device']}" if summary["reference_device"] else "(no device ran)"
+    console.print(f"{verdict}  " + escape(f"|ΔE_corr| ≤ {summary['tolerance']:.0e} Eh {against}; "
+                  f"beyond: {summary['beyond_tolerance'] or 'none'}; "
+                  f"not bit-reproducible: {summary['not_bit_reproducible'] or 'none'}; "
+                  f"not run: {summary['not_run'] or 'none'}"))
+
+
+def write_json(path, doc: dict) -> None:
+    """Atomically: a half-written file never appears under ``path`` (dfmp2.io.outputs.write_text)."""
+    from dfmp2.io.outputs import write_text
+    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
+
+
+@click.command("compare")
+@click.argument("xyz_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--devices", default=None,
+              help="comma-separated devices; the first that runs is the reference [default: the "
+                   "devices present here: cpu, plus cuda with a GPU, trn1/trn2 on Trainium in fp32]")
+@click.option("--synthetic", default=None, metavar="NOCC,NVIR,NAUX",
+              help="a Philox synthetic pair-step problem instead of a molecule")
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
+              help="seed of the synthetic problem (Philox, 0 to 2^64-1)")
+@molecule_options()
+@device_options(
+    skip=("device",),
+    precision={"default": "fp64", "help": "working precision on every device (trn needs fp32)"},
+    pair_kernel={"help": f"the MP2 pair-step path of the devices that have it (cuda: gemm+epilogue, fused; cpu: "
+                         f"gemm+epilogue, gemm+torch); auto: cuda {AUTO_RULE}; cpu {CPU_AUTO_RULE}"},
+    integrals={"help": "molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
+                       "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran"})
+@scf_options()
+@resource_options(memory_mb={"help": "memory limit of each run, e.g. 8GB [default: 80% of available]"})
+@click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
+              help="runs per device, to check that its energies are bit-identical run to run")
+@click.option("--tol", "tolerance", type=float, default=None,
+              help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="also write every device's energies (with float.hex) as JSON")
+@user_errors
+def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, **params):
+    """Run one problem on several devices from identical inputs and compare the energies bit by bit.
+
+    XYZ_FILE is a molecule (coordinates in Ångström); or give --synthetic NOCC,NVIR,NAUX.
+    Exit status: 0 agreement, 1 a difference beyond --tol or a device not bit-reproducible run to
+    run, 2 bad input or a requested device that could not run.
+    """
+    console = stdout_console(width=160)
+    if (xyz_file is None) == (synthetic is None):
+        raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
+    options = run_options(params)           # options.device: each of the devices in turn
+    precision = options.precision
+    absent = {}
+    if devices is None:
+        names, absent = linalg.present_devices(precision)   # --devices' default
+        with printing():
+            console.print(f"devices: {', '.join(names)} (present here)"
+                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
+                             if absent else "")
+                          + ". Name devices with --devices to require them.", highlight=False)
+    else:
+        names = parse_devices(devices)
+    tol = TOLERANCES[precision] if tolerance is None else tolerance
+    if not 0 < tol < math.inf:
+        raise InputError(f"--tol must be a positive finite number, got {tolerance}")
+    _check_cuda_only(options, names)
+    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
+        from dfmp2.io.outputs import check_output_file
+        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel, options.cpu_blas)
+                for d in names}
+    runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
+            if be is None]
+    ready = [d for d, (be, _) in backends.items() if be is not None]
+    if synthetic is not None:
+        title, problem_doc, ran = _compare_synthetic(synthetic, seed, precision, repeat,
+                                                     {d: backends[d][0] for d in ready})
+    else:
+        title, problem_doc, ran = _compare_molecule(xyz_file, options, repeat, ready)
+    runs = sorted(runs + ran, key=lambda r: names.index(r.device))
+    summary = compare_runs(runs, tol)
+    if json_path:               # before the table: a stdout that fails must not lose the result
+        from dfmp2.io.result import json_ran, software_versions
+        write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                               "problem": problem_doc, "precision": precision, "repeat": repeat,
+                               "devices_requested": devices or "present (default)",
+                               "devices_not_present": absent,
+                               "summary": summary, "devices": [{**asdict(r), "ran": json_ran(r.ran)} for r in runs],
+                               "versions": software_versions(), "units": {"energies": "hartree"}})
+    with printing(written=(json_path,)):
+        render(runs, summary, title, console)
+    if summary["not_run"]:               # the reasons on stderr too, not only in the table above
+        fail("not run: " + "; ".join(f"{r.device} ({r.reason})" for r in runs if r.status != "ran"))
+    if not summary["passed"]:
+        raise SystemExit(EXIT_DIFFERENT)
+
+
+def _check_cuda_only(options, names) -> None:
+    """A pair kernel or the gpu4pyscf engine asked for devices that include no cuda device is the
+    user's mistake (InputError naming the option)."""
+    if options.pair_kernel != "auto" and not any(options.pair_kernel in _caps(d).pair_kernels for d in names):
+        raise InputError(f"pair kernel '{options.pair_kernel}' is a path of none of the devices "
+                         f"({', '.join(names)}); leave it at auto", option="pair_kernel")
+    if options.cpu_blas != "auto" and not any(_caps(d).is_host for d in names):
+        raise InputError(f"cpu BLAS '{options.cpu_blas}' applies only to the cpu device, and the devices "
+                         f"({', '.join(names)}) do not include it; leave it at auto", option="cpu_blas")
+    if options.integrals == "gpu4pyscf" and not any(_caps(d).cuda_memory for d in names):
+        raise InputError(f"integral engine gpu4pyscf applies only to cuda devices, and the devices "
+                         f"({', '.join(names)}) include none; leave it at auto", option="integrals")
+
+
+def _compare_synthetic(text, seed, precision, repeat, backends):
+    """(title, problem for the JSON, runs) of a synthetic problem made once on the CPU and run on
+    each of ``backends`` ({device: backend})."""
+    import torch
+    from dfmp2.linalg import synthetic_problem
+
+    from dfmp2.memory import check_synthetic_memory
+    nocc, nvir, naux = parse_synthetic(text)
+    dtype = torch.float64 if precision == "fp64" else torch.float32
+    check_synthetic_memory(f"--synthetic {text}", nocc, nvir, naux, dtype.itemsize, list(backends))
+    problem = synthetic_problem(nocc, nvir, naux, seed, dtype=dtype, device="cpu")
+    title = f"synthetic nocc={nocc} nvir={nvir} naux={naux} seed={seed}, {precision}, pair step only"
+    problem_doc = {"synthetic": {"nocc": nocc, "nvir": nvir, "naux": naux, "seed": seed}}
+    return title, problem_doc, [run_synthetic(d, be, problem, repeat) for d, be in backends.items()]
+
+
+def _compare_molecule(xyz_file, options, repeat, devices):
+    """(title, problem for the JSON, runs) of the molecule in ``xyz_file``, parsed once and run
+    through the whole pipeline with ``options`` on each of ``devices``."""
+    from dfmp2.io.xyz import read_xyz
+    geom = read_xyz(xyz_file)
+    o = options
+    title = (f"{xyz_file} {o.basis}/{o.auxbasis or 'MP2-fit'}, {o.scf_mode} SCF, "
+             f"{'frozen core' if o.frozen_core else 'all-electron'}, {o.precision}")
+    problem_doc = {"molecule": str(xyz_file), "basis": o.basis, "auxbasis": o.auxbasis,
+                   "scf_mode": o.scf_mode, "frozen_core": o.frozen_core, "ecp": o.ecp,
+                   "reference": o.reference, "charge": o.charge, "multiplicity": o.multiplicity}
+    return title, problem_doc, [run_molecule(d, geom, options, repeat) for d in devices]

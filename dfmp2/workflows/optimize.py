@@ -1,0 +1,144 @@
+"""``dfmp2 optimize``: geometry optimisation with geomeTRIC (Wang & Song, J. Chem. Phys. 144,
+214108 (2016); PyPI ``geometric``) over our analytic DF-MP2 gradient (``gradrun.run_gradient``).
+
+geomeTRIC's custom-engine interface takes the energy (Hartree) and gradient (Hartree/Bohr) at
+coordinates in Bohr; its TRIC internal coordinates and default step control are used, with the
+convergence criteria below (geomeTRIC's 'GAU' set, the largest gradient component tightened to
+GMAX). Every evaluated geometry goes to the trajectory (multi-frame XYZ, Ångström, energy in the
+comment line) as it comes. Not converged in ``max_steps``: OptimizationError (one line) after the
+last geometry and the trajectory are written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+from pyscf.lib.parameters import BOHR     # Å per Bohr: PySCF's, as the molecules and QCSchema use
+
+from dfmp2.errors import InputError
+from dfmp2.grad.run import GradientResult, check_gradient_options, run_gradient
+from dfmp2.options import RunOptions
+from dfmp2.io.outputs import write_text
+from dfmp2.io.xyz import Geometry
+
+CONVERGENCE = {"convergence_energy": 1e-6, "convergence_grms": 2e-4, "convergence_gmax": 3e-4,
+               "convergence_drms": 1.2e-3, "convergence_dmax": 1.8e-3}   # Eh, Eh/bohr, Å
+MAX_STEPS = 100
+
+
+class OptimizationError(InputError):
+    """The optimiser did not converge (the last geometry is written)."""
+
+
+@dataclass
+class OptimizationResult:
+    """The converged geometry, its GradientResult, and every evaluated step: energies (Hartree),
+    max |gradient component| (Eh/bohr) and coordinates (Å)."""
+
+    geometry: Geometry
+    last: GradientResult
+    energies: list = field(default_factory=list)
+    gmax: list = field(default_factory=list)
+    coords: list = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.energies)
+
+    def to_dict(self) -> dict:
+        d = self.last.to_dict()
+        d["optimization"] = {"converged": True, "steps": self.steps, "energies": self.energies,
+                             "gmax": self.gmax, "convergence": dict(CONVERGENCE),
+                             "optimizer": _optimizer_version()}
+        return d
+
+
+def _optimizer_version() -> str:
+    import geometric
+    return f"geomeTRIC {geometric.__version__}"
+
+
+def xyz_frame(geom: Geometry, coords_angstrom, comment: str) -> str:
+    """One XYZ frame (Å)."""
+    lines = [str(geom.natm), comment]
+    lines += [f"{s:<2s} {x:16.10f} {y:16.10f} {z:16.10f}" for s, (x, y, z) in zip(geom.symbols, coords_angstrom)]
+    return "\n".join(lines) + "\n"
+
+
+def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajectory=None, final=None,
+             max_steps: int = MAX_STEPS, log=None, progress=None) -> OptimizationResult:
+    """Minimise the ``method``'s DF-MP2 energy from ``geom``. ``trajectory``: path of the
+    multi-frame XYZ written after each evaluation; ``final``: path of the last geometry's XYZ
+    (written converged or not). OptimizationError when it does not converge in ``max_steps``.
+    Each step's SCF starts from the previous step's density (``run_gradient``'s ``guess``, as
+    the ASE calculator does; ``ran.scf.guess`` says which start was used); ``progress(done,
+    total)`` is each energy run's pair-step progress."""
+    try:
+        import geometric.engine
+        import geometric.errors
+        import geometric.internal
+        import geometric.molecule
+        import geometric.optimize
+        import geometric.params
+    except ImportError:
+        raise InputError("dfmp2 optimize needs geomeTRIC: pip install geometric") from None
+    check_gradient_options(geom, options, method)
+    say = log or (lambda msg: None)
+    out = OptimizationResult(geom, None)
+    frames, density = [], []
+
+    def keep(mol, ref):                 # the next step's SCF starts from this density
+        density[:] = [ref.density()]
+
+    def evaluate(coords_bohr):
+        g = dataclasses.replace(geom, coords_angstrom=np.asarray(coords_bohr).reshape(-1, 3) * BOHR)
+        gr = run_gradient(g, options, method=method, progress=progress, on_reference=keep,
+                          guess=density[0] if density else None)
+        out.last, out.geometry = gr, g
+        out.energies.append(gr.energy)
+        out.gmax.append(float(np.abs(gr.gradient).max()))
+        out.coords.append(g.coords_angstrom.tolist())
+        say(f"step {out.steps}: E({method.upper()}) = {gr.energy:.10f} Eh, max |g| = {out.gmax[-1]:.2e} Eh/bohr")
+        frames.append(xyz_frame(g, g.coords_angstrom, f"step {out.steps} E({method.upper()}) = {gr.energy:.10f} Eh"))
+        if trajectory is not None:
+            write_text(trajectory, "".join(frames))
+        return gr.energy, gr.gradient
+
+    class Engine(geometric.engine.Engine):
+        def calc_new(self, coords, dirname):
+            e, g = evaluate(coords)
+            return {"energy": e, "gradient": np.asarray(g).ravel()}
+
+    M = geometric.molecule.Molecule()
+    M.elem = list(geom.symbols)
+    M.xyzs = [np.asarray(geom.coords_angstrom, dtype=float)]
+    M.build_topology()
+    IC = geometric.internal.DelocalizedInternalCoordinates(M, build=True, connect=False, addcart=False)
+    params = geometric.params.OptParams(maxiter=max_steps, **CONVERGENCE)
+    quiet = logging.getLogger("geometric")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dfmp2-geometric-") as tmp:
+            geometric.optimize.Optimize(np.asarray(geom.coords_angstrom).ravel() / BOHR, M, IC, Engine(M), tmp,
+                                        params, print_info=False)
+    except geometric.errors.GeomOptNotConvergedError:
+        _write_final(final, out, method, "not converged")
+        raise OptimizationError(f"the geometry optimisation did not converge in {max_steps} steps (last max "
+                                f"|gradient| {out.gmax[-1]:.2e} Eh/bohr); the last geometry is written"
+                                + (f" to {final}" if final else ""), option="max_steps") from None
+    finally:
+        quiet.setLevel(level)
+    _write_final(final, out, method, "converged")
+    return out
+
+
+def _write_final(path, out: OptimizationResult, method: str, state: str) -> None:
+    if path is not None and out.last is not None:
+        write_text(path, xyz_frame(out.geometry, out.geometry.coords_angstrom,
+                                   f"dfmp2 optimize ({state}, {out.steps} steps) E({method.upper()}) = "
+                                   f"{out.energies[-1]:.10f} Eh; charge={out.last.result.charge} "
+                                   f"multiplicity={out.last.result.multiplicity}"))
