@@ -34,7 +34,7 @@ most one PSUM input (nki.isa.tensor_tensor); nisa.tensor_reduce over the free ax
 (nki.isa.tensor_reduce); nisa.memset; loops are Python range, unrolled at specialisation
 (NKI Language Guide, "Compilation Model"; nl.affine_range is a deprecated alias of range).
 """
-from dfmp2.kernels.nki.lang import nisa, nl
+from .lang import nisa, nl
 
 TILE_P = 128    # aux (contraction) rows per matmul: nl.tile_size.pmax
 TILE_A = 128    # virtual rows a per K tile: nl.tile_size.gemm_stationary_fmax
