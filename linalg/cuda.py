@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from .backend import TorchBackend
+from .base import Backend, TorchBackend
+from .base import CUDA_PAIR_KERNELS as PAIR_KERNELS  # what a user may ask for (--pair-kernel)
+from .base import CUDA_PAIR_PATHS as PAIR_PATHS      # named in linalg.base: device_capabilities reads them
 from .errors import DeviceUnavailableError, KernelError
 
-PAIR_PATHS = ("gemm+epilogue", "fused")
-PAIR_KERNELS = ("auto",) + PAIR_PATHS        # what a user may ask for (--pair-kernel)
 AUTO_RULE = "cuBLAS gemm+epilogue unless the fused Triton kernel was measured faster on this GPU class"
 PRECISIONS = ("fp64", "fp32")
 # Pair-step seconds measured by scripts/bench_cuda.py, per GPU class (compute capability): the data
@@ -219,7 +219,6 @@ class CudaBackend(TorchBackend):
 
     def describe(self) -> dict:
         import triton
-        from .backend import Backend
         d = Backend.describe(self)
         d["torch"] = torch.__version__
         d["torch_cuda"] = torch.version.cuda

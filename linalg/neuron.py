@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import torch_ops
-from .backend import Backend
+from .base import Backend
 from .errors import DeviceUnavailableError
 from .newton_schulz import newton_schulz_inv_sqrt
 

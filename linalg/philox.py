@@ -261,11 +261,3 @@ class PhiloxStream:
         x = normal(shape, self.seed, self.offset, stream=self.stream, dtype=dtype, device=self.device)
         self.offset += words_for("normal", x.numel())
         return x
-
-
-def __getattr__(name):
-    # Generators built on Philox live in linalg.synthetic; also reachable as linalg.philox.<name>.
-    if name in ("random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"):
-        from . import synthetic
-        return getattr(synthetic, name)
-    raise AttributeError(f"module 'dfmp2.linalg.philox' has no attribute {name!r}")

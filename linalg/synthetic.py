@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import philox as _philox
 from .philox import normal, random_bits, uniform, words_for
 
 # Streams (counter words c2, c3) that keep the independent parts of one seed apart.
@@ -173,3 +174,10 @@ def synthetic_problem(nocc: int, nvir: int, naux: int, seed: int, *, dtype=torch
         B[i].copy_((bi * wv[i][:, None]).to(dtype))
     return SyntheticProblem(B=B, eps_occ=eps_occ.to(device), eps_vir=eps_vir.to(device), seed=int(seed),
                             e_target=e_target)
+
+
+# The generators built on Philox are also reachable as linalg.philox.<name>. They are set on philox
+# from here, the upper module, so that philox imports nothing of this one (no import cycle).
+for _name in ("random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"):
+    setattr(_philox, _name, globals()[_name])
+del _name

@@ -87,7 +87,7 @@ class KernelRunner:
             self._nki, why = real_nki()
             if self._nki is None:
                 raise RuntimeError(f"engine {engine} needs AWS's nki package: {why}")
-            from dfmp2.kernels.nki import lang
+            from . import lang
             if not lang.REAL_NKI:       # the kernels would be bound to the emulator's nl/nisa
                 raise RuntimeError(f"engine {engine}: kernels/nki/lang.py bound the emulator "
                                    f"({lang.REAL_NKI_ERROR}); refusing to run emulator code as {engine}")
@@ -100,7 +100,7 @@ class KernelRunner:
         self.launches[kernel.__name__] += 1
         self.shapes.add(self.signature(kernel, arrays, constants))
         if self.engine == EMULATOR:
-            from dfmp2.kernels.nki_emulator import run
+            from ..nki_emulator import run
             out, stats = run(kernel, arrays, constants, target=self.target)
             self.emulator_totals["matmul_flops"] += stats["matmul_flops"]
             self.emulator_totals["dma_bytes"] += stats["dma_bytes"]

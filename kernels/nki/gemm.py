@@ -8,7 +8,7 @@ tile is at most 128 (K) x 128 (M), a moving tile at most 128 (K) x 512 (N), and 
 of the tile sizes get narrower edge tiles, so no padding is needed inside the kernel;
 the backend pads to bucketed shapes only to bound the number of compiled kernels.
 """
-from dfmp2.kernels.nki.lang import nisa, nl
+from .lang import nisa, nl
 
 TILE_K = 128    # partitions: nl.tile_size.pmax
 TILE_M = 128    # stationary free size: nl.tile_size.gemm_stationary_fmax

@@ -16,8 +16,8 @@ try:
     REAL_NKI = True
     REAL_NKI_ERROR = None
 except ImportError as exc:             # not installed, or PyPI's empty placeholder
-    from dfmp2.kernels.nki_emulator import isa as nisa
-    from dfmp2.kernels.nki_emulator import language as nl
+    from ..nki_emulator import isa as nisa
+    from ..nki_emulator import language as nl
     REAL_NKI = False
     REAL_NKI_ERROR = f"{type(exc).__name__}: {exc}"
 

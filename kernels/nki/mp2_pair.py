@@ -34,7 +34,7 @@ most one PSUM input (nki.isa.tensor_tensor); nisa.tensor_reduce over the free ax
 (nki.isa.tensor_reduce); nisa.memset; loops are Python range, unrolled at specialisation
 (NKI Language Guide, "Compilation Model"; nl.affine_range is a deprecated alias of range).
 """
-from dfmp2.kernels.nki.lang import nisa, nl
+from .lang import nisa, nl
 
 TILE_P = 128    # aux (contraction) rows per matmul: nl.tile_size.pmax
 TILE_A = 128    # virtual rows a per K tile: nl.tile_size.gemm_stationary_fmax
@@ -65,8 +65,30 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
     out = nl.ndarray((npart, 2 * ni * nj), dtype=nl.float32, buffer=nl.shared_hbm)
     acc = nl.ndarray((npart, 2 * ni * nj), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc, value=0.0)
+    e_i, e_j, e_b, e_a = _load_energies(e_i_rows, e_j_rows, e_vir_col, e_vir_rows, ni, nj, nvir, nvir_j)
+    bi, bj = _aux_chunks(naux, nvir, nvir_j)
+    work = _work_tiles()
 
-    # Orbital energies, loaded once per launch.
+    for i in range(ni):
+        _load_aux_chunks(bi, biT, i)
+        j_end = i + 1 if symmetric else nj
+        for j in range(j_end):
+            _load_aux_chunks(bj, bjT, j)
+            c_os = 2 * (i * nj + j)
+            for ab in range(len(e_a)):
+                _row_block(acc, work, bi, bj, e_i, e_j, e_a[ab], e_b, i, j, ab * TILE_A,
+                           nvir, nvir_j, nk, c_os, opposite)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+# Helpers of mp2_pair_kernel. They reach NKI only through the module globals nl and nisa, as the
+# kernel does (the NumPy emulator re-binds them for the kernel's module functions alike).
+
+def _load_energies(e_i_rows, e_j_rows, e_vir_col, e_vir_rows, ni, nj, nvir, nvir_j):
+    """The orbital energies in SBUF, loaded once per launch: e_i (128, ni), e_j (128, nj) and
+    e_b (128, nvir_j) repeated on every partition, and e_a, one (<= 128, 1) column per row block."""
+    npart = TILE_P
     e_i = nl.ndarray((npart, ni), dtype=nl.float32, buffer=nl.sbuf)
     e_j = nl.ndarray((npart, nj), dtype=nl.float32, buffer=nl.sbuf)
     e_b = nl.ndarray((npart, nvir_j), dtype=nl.float32, buffer=nl.sbuf)
@@ -79,16 +101,30 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
         t = nl.ndarray((at, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=e_vir_col[a0:a0 + at, :])
         e_a.append(t)
+    return e_i, e_j, e_b, e_a
 
-    # B_i and B_j live in SBUF as aux chunks (aux on partitions, all virtuals free).
+
+def _aux_chunks(naux, nvir, nvir_j):
+    """SBUF homes of B_i and B_j as aux chunks (aux on partitions, all virtuals free)."""
     bi = []
     bj = []
     for k0 in range(0, naux, TILE_P):
         kt = min(TILE_P, naux - k0)
         bi.append(nl.ndarray((kt, nvir), dtype=nl.float32, buffer=nl.sbuf))
         bj.append(nl.ndarray((kt, nvir_j), dtype=nl.float32, buffer=nl.sbuf))
+    return bi, bj
 
-    # Work tiles, allocated once at full tile size and used through views.
+
+def _load_aux_chunks(chunks, bT, i):
+    """B of occupied orbital i (HBM bT[i], (naux, nvir)) into its SBUF aux chunks."""
+    for k in range(len(chunks)):
+        k0 = k * TILE_P
+        nisa.dma_copy(dst=chunks[k], src=bT[i, k0:k0 + chunks[k].shape[0], :])
+
+
+def _work_tiles():
+    """Work tiles, allocated once at full tile size and used through views: M1 and M2 (PSUM),
+    1/D, M1/D and a product (SBUF), the row constant e_i + e_j - e_a and a partial sum."""
     m1 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
     m2 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
     rden = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)    # 1 / D
@@ -96,70 +132,79 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
     prod = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
     row_c = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)        # e_i + e_j - e_a
     part = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)
+    return m1, m2, rden, kd, prod, row_c, part
 
-    for i in range(ni):
-        for k in range(nk):
-            k0 = k * TILE_P
-            nisa.dma_copy(dst=bi[k], src=biT[i, k0:k0 + bi[k].shape[0], :])
-        j_end = i + 1 if symmetric else nj
-        for j in range(j_end):
-            for k in range(nk):
-                k0 = k * TILE_P
-                nisa.dma_copy(dst=bj[k], src=bjT[j, k0:k0 + bj[k].shape[0], :])
-            c_os = 2 * (i * nj + j)
-            c_x = c_os + 1
-            for ab in range(len(e_a)):
-                a0 = ab * TILE_A
-                at = min(TILE_A, nvir - a0)
-                rc = row_c[0:at, :]
-                pt = part[0:at, :]
-                nisa.tensor_tensor(dst=rc, data1=e_i[0:at, i:i + 1], data2=e_j[0:at, j:j + 1], op=nl.add)
-                nisa.tensor_tensor(dst=rc, data1=rc, data2=e_a[ab], op=nl.subtract)
-                for b0 in range(0 if opposite else a0, nvir_j, TILE_B):
-                    bt = min(TILE_B, nvir_j - b0)
-                    t1 = m1[0:at, 0:bt]
-                    t2 = m2[0:at, 0:bt]
-                    for k in range(nk):
-                        nisa.nc_matmul(dst=t1, stationary=bi[k][:, a0:a0 + at],
-                                       moving=bj[k][:, b0:b0 + bt], accumulate=(k > 0))
-                    r = rden[0:at, 0:bt]
-                    q = kd[0:at, 0:bt]
-                    p = prod[0:at, 0:bt]
-                    # D = (e_i + e_j - e_a) - e_b, then 1/D on the Vector Engine.
-                    nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
-                                       operand0=rc, reverse0=True)
-                    nisa.reciprocal(dst=r, data=r)
-                    nisa.tensor_tensor(dst=q, data1=t1, data2=r, op=nl.multiply)
-                    # OS += sum_b M1^2 / D
-                    nisa.tensor_tensor(dst=p, data1=q, data2=t1, op=nl.multiply)
-                    nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
-                    nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
-                                       data2=pt, op=nl.add)
-                    if opposite:        # no mirror tile M2, no exchange term
-                        continue
-                    for k in range(nk):
-                        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
-                                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
-                    # X += sum_b M1 M2 / D
-                    nisa.tensor_tensor(dst=p, data1=q, data2=t2, op=nl.multiply)
-                    nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
-                    nisa.tensor_tensor(dst=acc[0:at, c_x:c_x + 1], data1=acc[0:at, c_x:c_x + 1],
-                                       data2=pt, op=nl.add)
-                    # Columns right of the diagonal block also stand for their mirror tile.
-                    d = at if b0 == a0 else 0
-                    if d < bt:
-                        po = prod[0:at, d:bt]
-                        nisa.tensor_tensor(dst=po, data1=q[:, d:bt], data2=t2[:, d:bt], op=nl.multiply)
-                        nisa.tensor_reduce(dst=pt, op=nl.add, data=po, axis=1, keepdims=True)
-                        nisa.tensor_tensor(dst=acc[0:at, c_x:c_x + 1], data1=acc[0:at, c_x:c_x + 1],
-                                           data2=pt, op=nl.add)
-                        nisa.tensor_tensor(dst=po, data1=t2[:, d:bt], data2=r[:, d:bt], op=nl.multiply)
-                        nisa.tensor_tensor(dst=po, data1=po, data2=t2[:, d:bt], op=nl.multiply)
-                        nisa.tensor_reduce(dst=pt, op=nl.add, data=po, axis=1, keepdims=True)
-                        nisa.tensor_tensor(dst=acc[0:at, c_os:c_os + 1], data1=acc[0:at, c_os:c_os + 1],
-                                           data2=pt, op=nl.add)
-    nisa.dma_copy(dst=out, src=acc)
-    return out
+
+def _add_column(acc, c, at, pt):
+    """acc[:at, c] += pt (one pair's per-partition partial sums)."""
+    nisa.tensor_tensor(dst=acc[0:at, c:c + 1], data1=acc[0:at, c:c + 1], data2=pt, op=nl.add)
+
+
+def _row_block(acc, work, bi, bj, e_i, e_j, e_a, e_b, i, j, a0, nvir, nvir_j, nk, c_os, opposite):
+    """Pair (i, j)'s sums over row block A (virtuals a0 .. a0 + at) and its column tiles
+    (e_a: the block's (at, 1) virtual energies)."""
+    _, _, _, _, _, row_c, part = work
+    at = min(TILE_A, nvir - a0)
+    rc = row_c[0:at, :]
+    pt = part[0:at, :]
+    nisa.tensor_tensor(dst=rc, data1=e_i[0:at, i:i + 1], data2=e_j[0:at, j:j + 1], op=nl.add)
+    nisa.tensor_tensor(dst=rc, data1=rc, data2=e_a, op=nl.subtract)
+    for b0 in range(0 if opposite else a0, nvir_j, TILE_B):
+        bt = min(TILE_B, nvir_j - b0)
+        r, q = _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os)
+        if opposite:        # no mirror tile M2, no exchange term
+            continue
+        _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os)
+
+
+def _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os):
+    """Tile (A, b0 .. b0 + bt): M1 = K_ab, 1/D, M1/D, and OS += sum_b M1^2 / D.
+    Returns the views 1/D and M1/D for the exchange term."""
+    m1, _, rden, kd, prod, _, _ = work
+    t1 = m1[0:at, 0:bt]
+    for k in range(nk):
+        nisa.nc_matmul(dst=t1, stationary=bi[k][:, a0:a0 + at],
+                       moving=bj[k][:, b0:b0 + bt], accumulate=(k > 0))
+    r = rden[0:at, 0:bt]
+    q = kd[0:at, 0:bt]
+    p = prod[0:at, 0:bt]
+    # D = (e_i + e_j - e_a) - e_b, then 1/D on the Vector Engine.
+    nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
+                       operand0=rc, reverse0=True)
+    nisa.reciprocal(dst=r, data=r)
+    nisa.tensor_tensor(dst=q, data1=t1, data2=r, op=nl.multiply)
+    # OS += sum_b M1^2 / D
+    nisa.tensor_tensor(dst=p, data1=q, data2=t1, op=nl.multiply)
+    nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
+    _add_column(acc, c_os, at, pt)
+    return r, q
+
+
+def _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os):
+    """The mirror tile M2 = K_ba of tile (A, b0 .. b0 + bt), X += sum_b M1 M2 / D, and, for the
+    columns right of the diagonal block (which also stand for their mirror tile), OS and X again."""
+    _, m2, _, _, prod, _, _ = work
+    c_x = c_os + 1
+    t2 = m2[0:at, 0:bt]
+    p = prod[0:at, 0:bt]
+    for k in range(nk):
+        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
+                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
+    # X += sum_b M1 M2 / D
+    nisa.tensor_tensor(dst=p, data1=q, data2=t2, op=nl.multiply)
+    nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
+    _add_column(acc, c_x, at, pt)
+    # Columns right of the diagonal block also stand for their mirror tile.
+    d = at if b0 == a0 else 0
+    if d < bt:
+        po = prod[0:at, d:bt]
+        nisa.tensor_tensor(dst=po, data1=q[:, d:bt], data2=t2[:, d:bt], op=nl.multiply)
+        nisa.tensor_reduce(dst=pt, op=nl.add, data=po, axis=1, keepdims=True)
+        _add_column(acc, c_x, at, pt)
+        nisa.tensor_tensor(dst=po, data1=t2[:, d:bt], data2=r[:, d:bt], op=nl.multiply)
+        nisa.tensor_tensor(dst=po, data1=po, data2=t2[:, d:bt], op=nl.multiply)
+        nisa.tensor_reduce(dst=pt, op=nl.add, data=po, axis=1, keepdims=True)
+        _add_column(acc, c_os, at, pt)
 
 
 def sbuf_bytes_per_partition(ni: int, nj: int, naux: int, nvir: int, nvir_j: int | None = None) -> int:

@@ -9,7 +9,7 @@ NaN) and the host mirrors or masks the lower blocks.
 NKI constructs: as kernels/nki/gemm.py (nl.ndarray, nisa.dma_copy, nisa.nc_matmul with
 accumulate, nisa.tensor_copy PSUM -> SBUF).
 """
-from dfmp2.kernels.nki.lang import nisa, nl
+from .lang import nisa, nl
 
 TILE_K = 128    # partitions: nl.tile_size.pmax
 TILE_M = 128    # stationary free size: nl.tile_size.gemm_stationary_fmax

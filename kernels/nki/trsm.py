@@ -16,7 +16,7 @@ accumulate (nki.isa.nc_matmul), nisa.tensor_tensor(op=nl.subtract) with one PSUM
 (nki.isa.tensor_tensor), nisa.tensor_copy PSUM -> SBUF (nki.isa.tensor_copy), Python lists
 of tiles (NKI Language Guide, "NKI Values").
 """
-from dfmp2.kernels.nki.lang import nisa, nl
+from .lang import nisa, nl
 
 TILE = 128      # row block = partitions (nl.tile_size.pmax) = stationary free size (gemm_stationary_fmax)
 TILE_N = 512    # right-hand-side columns per chunk: nl.tile_size.gemm_moving_fmax

@@ -3,9 +3,10 @@
 The kernel's own source is executed unchanged: its code object is re-bound to a global
 namespace in which ``nl`` and ``nisa`` are this package's ``language`` and ``isa``
 modules, whatever the kernel's module imported. That lets one process run the same
-kernel on the emulator and on AWS's nki.simulate side by side. Kernels must therefore be
-self-contained functions that reach NKI only through the global names ``nl`` and
-``nisa`` (no helper functions of their own).
+kernel on the emulator and on AWS's nki.simulate side by side. Kernels must therefore
+reach NKI only through the global names ``nl`` and ``nisa``. Helper functions defined in
+the kernel's own module (plain functions sharing its globals) are re-bound to the same
+namespace, so a kernel may call them; helpers from other modules are not.
 
 Arguments that are NumPy arrays become read-only HBM tensors; everything else (Python
 numbers and booleans) passes through as a compile-time constant, as with nki.simulate.
@@ -37,6 +38,14 @@ def bind(kernel):
                                "kernels use only the globals nl and nisa")
     g = dict(fn.__globals__)
     g["nl"], g["nisa"] = _language, _isa
+    for name, helper in fn.__globals__.items():     # the module's own functions see the same nl/nisa
+        if isinstance(helper, types.FunctionType) and helper.__globals__ is fn.__globals__:
+            g[name] = _rebind(helper, g)
+    return _rebind(fn, g)
+
+
+def _rebind(fn, g):
+    """``fn`` with ``g`` as its global namespace."""
     bound = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
     bound.__kwdefaults__ = fn.__kwdefaults__
     return bound
