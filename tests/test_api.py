@@ -352,17 +352,3 @@ def test_set_frozen_and_scanner_as_pyscf():
         e = scan(gto.M(atom=atom, basis="cc-pvdz", verbose=0))
         fresh = PySCFDFMP2(converged_rhf(atom)).run(verbose=0).e_tot
         assert abs(e - fresh) <= 1e-8, e - fresh
-
-
-def test_readme_python_example_runs_on_a_cpu(tmp_path, monkeypatch):
-    """The README's Python block runs as written on a machine without a GPU (it asks for the
-    GPU only where one is present)."""
-    import re
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### From Python"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    monkeypatch.chdir(tmp_path)
-    code = code.replace('"inputs/water.xyz"', repr(str(ROOT / "inputs" / "water.xyz")))
-    namespace = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    assert namespace["pt"].e_corr < -0.1 and (tmp_path / "water.json").exists()

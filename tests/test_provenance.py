@@ -35,7 +35,7 @@ def _json(path, **options):
     return json.loads(json.dumps(run(path, RunOptions(**options)).to_dict()))
 
 
-# the top-level keys of the result JSON (schema 3), as the README's table lists them
+# the top-level keys of the result JSON (schema 3), as docs/cli-and-json.md's table lists them
 TOP_LEVEL = {"schema_version", "molecule", "natm", "formula", "charge", "multiplicity", "geometry", "basis",
              "auxbasis", "scf_mode", "jk_auxbasis", "frozen_core", "timings", "wall_s", "ran", "memory",
              "versions", "warnings", "ecp", "date", "spin", "energies", "units", "shapes"}

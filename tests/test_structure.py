@@ -53,8 +53,10 @@ def _graph():
     mods = dict(_modules())
     graph = {}
     for name, path in mods.items():
-        # the package's own __init__ (dfmp2: the light API entry) is not an edge of its children
-        graph[name] = {m for m in _imports(name, path) if m in mods and m != name and m != "dfmp2"}
+        # a module's own enclosing packages are already being imported when it runs (their
+        # __init__ is not an edge of their children; dfmp2's is the light API entry)
+        graph[name] = {m for m in _imports(name, path)
+                       if m in mods and m != name and m != "dfmp2" and not name.startswith(m + ".")}
     return graph
 
 
