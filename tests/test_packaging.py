@@ -180,8 +180,8 @@ def installed(tmp_path_factory):
     """A fresh venv holding the wheel built from this checkout: (its python, its bin dir, its site-packages)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = _tracked_copy(tmp / "src")          # the checkout's files, not its ignored build/ (stale files)
-    # this environment's setuptools where it has one new enough (no download), else pip's isolated build
-    isolation = ["--no-build-isolation"] if _setuptools_at_least(64) else []
+    # this environment's setuptools where it has one new enough (77: SPDX licence), else pip's isolated build
+    isolation = ["--no-build-isolation"] if _setuptools_at_least(77) else []
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation,
                             "--disable-pip-version-check", "-w", str(tmp / "dist"), str(src)],
                            capture_output=True, text=True, timeout=300)
