@@ -366,12 +366,11 @@ class DFMP2(pyscf_mp2.MP2Base):
         """GradientParts of E_HF + E_MP2 (dfmp2.grad.rhf): the HF part is the DF-HF's on the mf's
         own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
         an mf that is not density-fitted, frozen virtuals, or a UHF mf on a device without fp64
-        (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). A UHF mf:
-        ``mp2grad_uhf``."""
+        (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). The stage is
+        ``dfmp2.grad.run.gradient_stage``, as for ``dfmp2 gradient`` (RHF or UHF by the mf)."""
         from pyscf.df import addons as df_addons
 
-        from dfmp2.grad import rhf as mp2grad
-        from dfmp2.grad import uhf as mp2grad_uhf
+        from dfmp2.grad.run import gradient_stage
         from dfmp2.pipeline import make_backend
         wd = getattr(self._scf, "with_df", None)
         if wd is None or not hasattr(wd, "auxbasis"):
@@ -385,8 +384,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         if jk_auxmol is None:
             jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
         options = self._options(ref)
-        stage = mp2grad.mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
-        return stage(self.mol, ref, auxmol, jk_auxmol, make_backend(options))
+        return gradient_stage(self.mol, ref, auxmol, jk_auxmol, make_backend(options), "mp2")
 
     def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
         """PySCF's eris of DF-MP2 (RHF): ``ovL`` (nocc*nvir, naux), B_ia^P of our fit, in memory;
