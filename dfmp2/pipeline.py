@@ -78,11 +78,29 @@ class Job:
     auxmol: object
     engine: integrals.IntegralEngine
     space: OrbitalSpace
+    jk_auxbasis: object = None      # the JK-fit set (scf.default_auxbasis(mol, 'jk')) of a DF SCF, else None
+    jk_auxmol: object = None        # its auxiliary molecule, built once for the plan, the SCF and the gradient
+    world: distributed.World = field(default_factory=distributed.World)    # the process group of the run
     warnings: list = field(default_factory=list)
 
     @property
     def unrestricted(self) -> bool:
         return len(self.space.nocc) == 2
+
+
+@dataclass
+class EnergyRun:
+    """What an energy run hands on (``run_energy``): its Job (molecule, both fitting sets, backend,
+    orbital space, process group), the converged Reference with its frozen core marked, and the
+    Result. The gradient stage (``dfmp2.grad.run.gradient_stage``) and QCSchema's SCF parts read it."""
+
+    job: Job
+    ref: Reference
+    result: Result
+
+    @property
+    def mol(self):
+        return self.job.mol
 
 
 def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Result:
@@ -92,22 +110,43 @@ def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Res
 
 def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None,
                  backend=None, on_reference=None, guess=None) -> Result:
-    """Run DF-MP2 on a parsed geometry: prepare, plan, reference, MP2, result. Everything cheap
-    is checked before the heavy work (``on_plan(plan)`` sees the memory plan). ``backend``: one
-    already made for ``options`` (several runs sharing a device, as ``dfmp2 interaction``
-    does); default a new one. ``log(msg)``: progress lines; ``progress(done, total)``: block pairs;
-    ``on_reference(mol, ref)`` sees the PySCF Mole and the converged Reference (QCSchema's SCF parts);
+    """Run DF-MP2 on a parsed geometry: prepare, plan, reference, MP2, result (``run_energy``'s
+    Result). Everything cheap is checked before the heavy work (``on_plan(plan)`` sees the memory
+    plan). ``backend``: one already made for ``options`` (several runs sharing a device, as
+    ``dfmp2 interaction`` does); default a new one. ``log(msg)``: progress lines; ``progress(done,
+    total)``: block pairs; ``on_reference(mol, ref)``, after the run: the PySCF Mole and the
+    converged Reference (``run_energy`` returns both; kept for callers that only want a look);
     ``guess``: our DF-SCF's starting density (``Reference.density()`` of a previous geometry of
     the same molecule and basis, as the ASE calculator passes; default PySCF's 'minao'). PySCF's
     SCF (``pyscf-df``, ``exact``) starts from 'minao' whatever is given: measured on water moved
     by 0.005 Å, PySCF took 29 cycles from the previous density against 20 from 'minao', ours 11
     against 13. ``ran.scf.guess`` says which it started from."""
-    say = log or (lambda msg: None)
     t_start = time.perf_counter()
+    job = prepare_run(geom, options, backend, log)
+    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
+    if on_reference is not None:
+        on_reference(done.job.mol, done.ref)
+    return done.result
+
+
+def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None) -> Job:
+    """``prepare`` as a run does it: the process group (``distributed.current()``, read here once
+    and carried by the Job) agreeing on the options, each rank with its own device."""
     world = distributed.current()       # several ranks: every rank runs this, rank 0 reports
     with world.agreeing():
         distributed.check_options(options, world)
-        job = prepare(geom, distributed.rank_options(options, world), backend, say)
+        return prepare(geom, distributed.rank_options(options, world), backend, log or (lambda msg: None),
+                       world=world)
+
+
+def run_energy(job: Job, progress=None, log=None, on_plan=None, guess=None, t_start=None) -> EnergyRun:
+    """The heavy part of the run of a prepared ``job`` (``prepare_run``): plan, reference, MP2,
+    result; the EnergyRun (Job, Reference, Result) for whatever comes next (the gradient stage,
+    QCSchema's SCF parts, the next geometry's guess). ``t_start``: when the run began (its
+    ``wall_s``; default now). The other arguments as ``run_geometry``'s."""
+    say = log or (lambda msg: None)
+    t_start = time.perf_counter() if t_start is None else t_start
+    world, options = job.world, job.options
     timer = Timer(job.backend)
     with CheckpointSession(job) as session:
         with world.agreeing():
@@ -116,8 +155,6 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
         world.agree(None)
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say, guess)
-        if on_reference is not None:
-            on_reference(job.mol, ref)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
                         timer=timer, engine=job.engine, progress=progress,
@@ -127,13 +164,15 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     result = make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
     if world.distributed:
         result.ran["distributed"] = world.describe()
-    return result
+    return EnergyRun(job, ref, result)
 
 
 # ---------------------------------------------------------------------------- prepare
-def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: None) -> Job:
+def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: None, world=None) -> Job:
     """Check the options, make the backend (DeviceUnavailableError before any work) and the
-    molecule, choose the bases and the integral engine, fix the orbital space."""
+    molecule, choose the bases (the MP2-fit set, and the JK-fit set of a density-fitted SCF) and
+    the integral engine, fix the orbital space. ``world``: the process group (default
+    ``distributed.current()``)."""
     options.check_choices()
     _refuse_bracket(options)
     precision = options.resolved_precision()
@@ -151,12 +190,15 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
     auxmol = scf.make_auxmol(mol, auxbasis)
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
-    warnings = _input_warnings(mol, auxbasis, options, space.naux) + notes
+    jk_auxbasis = scf.default_auxbasis(mol, "jk") if options.scf_mode in scf.SCF_DF_MODES else None
+    jk_auxmol = scf.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
+    warnings = _input_warnings(mol, auxbasis, options, space.naux, jk_auxbasis) + notes
     if options.multiplicity is None and geom.multiplicity is None and mol.spin:
         warnings.append(f"no multiplicity given (as an option or in the XYZ comment): {mol.nelectron} "
                         f"electrons taken as a doublet "
                         f"(multiplicity {mol.spin + 1}, the lowest)")
-    return Job(geom, options, precision, backend, mol, auxbasis, auxmol, engine, space, warnings)
+    return Job(geom, options, precision, backend, mol, auxbasis, auxmol, engine, space, jk_auxbasis, jk_auxmol,
+               world if world is not None else distributed.current(), warnings)
 
 
 def _refuse_bracket(options: RunOptions) -> None:
@@ -218,11 +260,11 @@ def select_integrals(options: RunOptions, mol, backend) -> integrals.IntegralEng
         raise InputError(str(e), option="integrals") from None
 
 
-def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
+def _input_warnings(mol, auxbasis, options: RunOptions, naux: int, jk_auxbasis=None) -> list[str]:
     """What the user should know about the bases before trusting the energies: fallback fitting
     sets for elements the matched set lacks, a chosen auxiliary basis that is not a fitting set
     or has fewer functions than the orbital basis (the DF error then grows to %), no ECP for a
-    basis made for one."""
+    basis made for one. ``jk_auxbasis``: the JK-fit set of a density-fitted SCF (None: none)."""
     out = []
     if options.ecp == "none-for-testing":
         out.append(scf.ecp_off_warning(options.basis, [scf.element(mol, i) for i in range(mol.natm)]))
@@ -237,8 +279,8 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int) -> list[str]:
         if naux < mol.nao_nr():
             out.append(f"auxiliary basis {given} has fewer functions (naux {naux}) than the "
                        f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may be large")
-    if options.scf_mode in scf.SCF_DF_MODES:
-        out.append(scf.auxbasis_note(mol, scf.default_auxbasis(mol, "jk"), "jk"))
+    if jk_auxbasis is not None:
+        out.append(scf.auxbasis_note(mol, jk_auxbasis, "jk"))
     return [w for w in out if w]
 
 
@@ -309,7 +351,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     # occupied orbitals by the widest channel's virtuals (an upper bound on both stores together,
     # and the widest pair workspace)
     ours = _our_scf(job) and not (ck is not None and ck.has_scf)
-    world = distributed.current()
+    world = job.world
     try:
         plan = stage_plan(job.mol, job.auxmol, distributed.plan_options(options, world), job.backend, job.precision,
                           nocc=space.nocc_active, nvir=space.nvir_max,
@@ -318,13 +360,13 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
             mp2_dist.per_rank_plan(plan, world, options.memory_mb if options.memory_mb is not None
                                    else memory.DEFAULT_FRACTION * memory.available_mb(options.device))
     except MemoryLimitError as e:       # the whole run's minimum, not the first stage's that refused
-        scf_mb = _scf_memory(job.mol, job.backend, 1e-9, unrestricted=job.unrestricted)["peak"] if ours else 0.0
+        scf_mb = _scf_memory(job, 1e-9)["peak"] if ours else 0.0
         if e.need_mb is None or scf_mb <= e.need_mb:
             raise
         raise MemoryLimitError(f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
                                f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
                                "memory limit", need_mb=scf_mb, limit_mb=e.limit_mb) from None
-    scf_plan = (_plan_scf(job.mol, job.backend, plan, options.scf_precision, job.unrestricted) if ours
+    scf_plan = (_plan_scf(job, plan) if ours
                 else {"block_mb": dfhf.JK_BLOCK_MB, "fp32_copy": False})
     if on_plan is not None:
         on_plan(plan)
@@ -361,34 +403,37 @@ def _our_scf(job: Job) -> bool:
     return job.options.scf_mode == "df"
 
 
-def _plan_scf(mol, backend, plan: MemoryPlan, scf_precision: str = "auto", unrestricted: bool = False) -> dict:
+def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, and the fp32 copy a mixed-
     precision SCF keeps when it fits, resident during the cycles and freed before the MP2 stage);
     MemoryLimitError before any integral when the factor does not fit. Returns {'block_mb': the
     SCF's block size in MB (smaller when the limit needs it), 'fp32_copy': whether the copy fits}.
     Also refuses a backend that lacks an op the SCF needs (none does today)."""
+    backend = job.backend
     missing = [op for op in dfhf.OPS if not backend.supports(op)]
     if missing:
         raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
                                             f"{', '.join(missing)}", alternatives=("cpu",))
-    mixed = dfhf.resolve_precision(backend.caps, scf_precision)[0] == "mixed"
-    need = _scf_memory(mol, backend, limit_mb=plan.limit_mb, fp32_copy=mixed, unrestricted=unrestricted)
+    mixed = dfhf.resolve_precision(backend.caps, job.options.scf_precision)[0] == "mixed"
+    need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
     return {"block_mb": need["block_mb"], "fp32_copy": need["fp32_copy"] > 0}
 
 
-def _scf_memory(mol, backend, block_mb: float | None = None, *, limit_mb: float | None = None,
-                fp32_copy: bool = False, unrestricted: bool = False) -> dict:
+def _scf_memory(job: Job, block_mb: float | None = None, *, limit_mb: float | None = None,
+                fp32_copy: bool = False) -> dict:
     """Our DF-SCF's memory (dfhf.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
     ``block_mb``, or, given ``limit_mb``, the largest block that fits (dfhf.check_memory:
     MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits;
-    ``unrestricted``: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set)."""
-    naux_jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")).nao_nr()
+    a UHF job: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set). The JK-fit
+    set is the job's (``Job.jk_auxmol``), its rows split over the job's process group."""
+    mol, backend = job.mol, job.backend
+    naux_jk = job.jk_auxmol.nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
-    args = (mol.nao_nr(), distributed.scf_rows(naux_jk, distributed.current()), max(mol.nelec), itemsize)
-    spins = 2 if unrestricted else 1
+    args = (mol.nao_nr(), distributed.scf_rows(naux_jk, job.world), max(mol.nelec), itemsize)
+    spins = 2 if job.unrestricted else 1
     need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
             else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
     return {**need, "naux_jk": naux_jk}
@@ -439,7 +484,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
                             fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
-                            stability=options.scf_stability, world=distributed.current(), dm0=guess)
+                            stability=options.scf_stability, world=job.world, dm0=guess)
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
@@ -455,10 +500,13 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
     # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, \
         (ref.nmo, job.space)
-    ref = ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
-    job.warnings += [w for w in (ref.contamination_warning(), ref.gap_warning(),
-                                 stability.warning(ref.scf.stability)) if w]
-    return ref
+    return ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
+
+
+def reference_warnings(ref: Reference) -> list[str]:
+    """What the converged reference says about itself: spin contamination, a small gap, an
+    unstable UHF (appended to the Job's warnings in the Result)."""
+    return [w for w in (ref.contamination_warning(), ref.gap_warning(), stability.warning(ref.scf.stability)) if w]
 
 
 # ---------------------------------------------------------------------------- result
@@ -493,7 +541,7 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         nbasis=space.nbasis, nmo=ref.nmo, nocc=first.nocc_active, nfrozen=space.nfrozen,
         nvir=first.nvir_active, naux=space.naux, e_hf=ref.e_hf, e_os=mp2.e_os, e_ss=mp2.e_ss,
         timings=timer.seconds, wall_s=wall_s, ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
-        memory=plan.to_dict(), versions=software_versions(), warnings=job.warnings,
+        memory=plan.to_dict(), versions=software_versions(), warnings=job.warnings + reference_warnings(ref),
         ecp=scf.ecp_info(mol), spin=spin)
 
 

@@ -9,7 +9,7 @@
                           'given' (orbitals a benchmark made, e.g. core-Hamiltonian ones)
 
 ``from_pyscf`` is the one way from a converged PySCF ``mf`` (RHF or UHF) to a Reference: the SCF
-bridge (dfmp2.scf.pyscf_scf) and the Python API (dfmp2.interfaces.api) both use it. Frozen orbitals are always a mask;
+bridge (dfmp2.scf.pyscf_scf) and the Python API (dfmp2.interfaces.api, dfmp2.interfaces.pyscf_dropin) both use it. Frozen orbitals are always a mask;
 ``freeze_lowest`` and ``frozen_mask`` turn a count or PySCF's index list into one.
 """
 from __future__ import annotations

@@ -46,10 +46,9 @@ def _trn():
 
 
 def test_stage_on_trn_matches_cpu_on_the_same_reference():
-    seen = {}
     opts = RunOptions(basis="6-31g", frozen_core=True)
-    cpu = gradrun.run_gradient(_water(), opts, "scs-mp2", on_reference=lambda m, r: seen.update(mol=m, ref=r))
-    mol, ref = seen["mol"], seen["ref"]
+    cpu = gradrun.run_gradient(_water(), opts, "scs-mp2")
+    mol, ref = cpu.energy_run.mol, cpu.energy_run.ref
     auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, opts.auxbasis))
     jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
     trn = _trn()

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 import dfmp2.scf.dfhf
 import dfmp2.scf.pyscf_scf
 from dfmp2.options import RunOptions
-from dfmp2.workflows.regress import (REFERENCES, TOLERANCES, find_reference, load_references, regress_command,
-                           run_case, select_cases)
+from dfmp2.cli.regress import regress_command
+from dfmp2.workflows.regress import REFERENCES, TOLERANCES, find_reference, load_references, run_case, select_cases
 
 REFS = load_references()
 _ERRORS = []            # one record per (case, precision) that ran

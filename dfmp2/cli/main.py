@@ -257,10 +257,10 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
         err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
 
 
-from dfmp2.workflows.regress import regress_command  # noqa: E402
+from dfmp2.cli.regress import regress_command  # noqa: E402
 main.add_command(regress_command, "regress")
 
-from dfmp2.workflows.compare import compare_command  # noqa: E402
+from dfmp2.cli.compare import compare_command  # noqa: E402
 main.add_command(compare_command, "compare")
 
 from dfmp2.cli.bench import bench_command  # noqa: E402

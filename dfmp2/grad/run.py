@@ -1,5 +1,8 @@
-"""``dfmp2 gradient``: the energy run (``pipeline.run_geometry``), then the gradient stage
-(``dfmp2.grad.rhf``) on the same molecule, reference, fitting sets and backend.
+"""``dfmp2 gradient``: the energy run (``pipeline.run_energy`` of the one ``pipeline.prepare_run``),
+then the gradient stage (``gradient_stage``: dfmp2.grad.rhf or dfmp2.grad.uhf) on the same
+molecule, reference, fitting sets and backend, all read from the energy run's ``EnergyRun``.
+``gradient_stage`` is the one way into the stage: ``run_gradient`` (``dfmp2 gradient``,
+``dfmp2 optimize``, ``dfmp2.gradient``, QCSchema, ASE) and ``DFMP2(mf).nuc_grad_method()`` call it.
 
 RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference uhf)
 ``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
@@ -35,13 +38,15 @@ from dfmp2.io.xyz import Geometry
 class GradientResult:
     """The energy run's Result, the method ('mp2', 'scs-mp2', 'sos-mp2'), its energy (Hartree)
     and the gradient stage's GradientParts (gradient (natm, 3) Eh/bohr); wall_s of the gradient
-    stage alone (s)."""
+    stage alone (s); ``energy_run``: the pipeline.EnergyRun it differentiates (Job: molecule and
+    fitting sets; Reference)."""
 
     result: Result
     method: str
     energy: float
     parts: GradientParts
     wall_s: float
+    energy_run: pipeline.EnergyRun | None = None
 
     @property
     def gradient(self) -> np.ndarray:
@@ -85,12 +90,18 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
 
 
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
-    """The gradient stage's memory (``mp2grad.memory_mb``, MB) against the run's limit (the
-    memory option, else memory.DEFAULT_FRACTION of the host's available memory): MemoryLimitError
-    (one line) before any work when it does not fit. Returns the estimate."""
-    job = pipeline.prepare(geom, options, backend)
+    """``gradient_memory`` of a standalone preparation (``pipeline.prepare``), for a caller without
+    a Job; a run checks its own Job instead (``run_gradient``)."""
+    return gradient_memory(pipeline.prepare(geom, options, backend), options.memory_mb)
+
+
+def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
+    """The gradient stage's memory (``mp2grad.memory_mb``, MB) for the prepared ``job`` (its
+    orbital space and both fitting sets) against the run's limit (``memory_mb``, else
+    memory.DEFAULT_FRACTION of the host's available memory): MemoryLimitError (one line) before
+    any work when it does not fit. Returns the estimate."""
     space, nocc = job.space, job.space.nocc[0]
-    naux_jk = scf.make_auxmol(job.mol, scf.default_auxbasis(job.mol, "jk")).nao_nr()
+    naux_jk = job.jk_auxmol.nao_nr()
     if job.unrestricted:
         nocc = space.nocc
         need = mp2grad_uhf.memory_mb(nao=space.nbasis, nocc=nocc, nact=tuple(n - space.nfrozen for n in nocc),
@@ -98,7 +109,7 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
     else:
         need = mp2grad_memory_mb(nao=space.nbasis, nocc=nocc, nact=nocc - space.nfrozen, nvir=space.nmo - nocc,
                                  naux_mp2=space.naux, naux_jk=naux_jk)
-    limit = options.memory_mb if options.memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
     if need > limit:
         raise MemoryLimitError(f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
                                f"no out-of-core path yet) but the memory limit is {limit:.4g} MB; raise the "
@@ -106,30 +117,36 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
     return need
 
 
+def gradient_stage(mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None) -> GradientParts:
+    """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
+    ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
+    with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
+    ``mp2grad.mp2_gradient``, a UHF one ``mp2grad_uhf.uhf_mp2_gradient``. The one entry point into
+    the stage (``run_gradient``, ``DFMP2.nuc_grad_method``)."""
+    c_os, c_ss = SCALES[method]
+    stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
+    parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer or Timer(backend))
+    parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
+    return parts
+
+
 def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progress=None, log=None,
-                 backend=None, on_plan=None, on_reference=None, guess=None) -> GradientResult:
-    """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan``,
-    ``on_reference`` and ``guess`` these are) and its nuclear gradient for ``method``."""
+                 backend=None, on_plan=None, guess=None) -> GradientResult:
+    """The energy (``pipeline.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
+    these are) and its nuclear gradient for ``method`` (``gradient_stage``). One preparation
+    (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,
+    runs the energy, and gives the gradient stage its molecule, fitting sets and backend."""
     check_gradient_options(geom, options, method)
     uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
-    check_gradient_memory(geom, options, backend)
-    seen = {}
-
-    def reference(mol, ref):
-        seen.update(mol=mol, ref=ref)
-        if on_reference is not None:
-            on_reference(mol, ref)
-    result = pipeline.run_geometry(geom, options, progress=progress, log=log, backend=backend,
-                                   on_plan=on_plan, on_reference=reference, guess=guess)
+    t_start = time.perf_counter()
+    job = pipeline.prepare_run(geom, options, backend, log)
+    gradient_memory(job, options.memory_mb)
+    done = pipeline.run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
     (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
-    mol, ref = seen["mol"], seen["ref"]          # the frozen core already marked
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, options.auxbasis))
-    jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, Timer(job.backend))
     c_os, c_ss = SCALES[method]
-    stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
-    parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))
-    parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
+    result = done.result
     energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
-    return GradientResult(result, method, energy, parts, time.perf_counter() - t0)
+    return GradientResult(result, method, energy, parts, time.perf_counter() - t0, energy_run=done)

@@ -105,17 +105,15 @@ class DFMP2Calculator(Calculator):
         geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
         key = (geom.symbols, geom.charge, geom.multiplicity, options)
         guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
-
-        def keep(mol, ref):                     # the next geometry's SCF starts from this density
-            self._scf_density = (key, ref.density())
         if "forces" in properties:
             from dfmp2.grad.run import run_gradient
-            self.gradient_result = run_gradient(geom, options, method=self.parameters["method"],
-                                                on_reference=keep, guess=guess)
-            self.result = self.gradient_result.result
+            self.gradient_result = run_gradient(geom, options, method=self.parameters["method"], guess=guess)
+            done = self.gradient_result.energy_run
         else:
-            from dfmp2.pipeline import run_geometry
-            self.result = run_geometry(geom, options, on_reference=keep, guess=guess)
+            from dfmp2 import pipeline
+            done = pipeline.run_energy(pipeline.prepare_run(geom, options), guess=guess)
+        self.result = done.result
+        self._scf_density = (key, done.ref.density())     # the next geometry's SCF starts from this density
         self._store_energy()
 
 

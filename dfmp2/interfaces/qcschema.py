@@ -221,7 +221,8 @@ def _geometry(mol, raw, settings: dict, where: str):
 
 
 class ScfEnergyParts:
-    """``pipeline.run_geometry``'s ``on_reference(mol, ref)``: the parts of the reference's E_HF
+    """Called with the energy run's molecule and reference (``pipeline.EnergyRun``'s ``mol`` and
+    ``ref``: ``parts(done.mol, done.ref)``): the parts of the reference's E_HF
     that QCSchema has fields for, in Hartree: the nuclear repulsion (PySCF's ``energy_nuc``:
     ghost atoms have no charge, an ECP's core is taken off its atom's charge), the one-electron
     energy tr(D h) of the SCF's density with PySCF's core Hamiltonian (kinetic, nuclear
@@ -253,16 +254,19 @@ def run_atomic_input(atomic_input, options=None, *, given=(), where: str = "Atom
     fields that must not also be in the input (``parse_input``); ``where``: what error lines call
     the input (a file name). Expected errors are InputError (and its kinds),
     DeviceUnavailableError and KernelError, as for ``dfmp2 run``."""
-    from dfmp2.pipeline import run_geometry
+    from dfmp2 import pipeline
 
     inp, version, geom, options = parse_input(atomic_input, where, options, given)
     parts = ScfEnergyParts()
     if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
         from dfmp2.grad.run import run_gradient
-        gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan, on_reference=parts)
+        gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan)
+        parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr), gr.result
-    result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan, on_reference=parts)
-    return result_model(inp, version, result, parts.values), result
+    done = pipeline.run_energy(pipeline.prepare_run(geom, options, log=log), progress=progress, log=log,
+                               on_plan=on_plan)
+    parts(done.mol, done.ref)
+    return result_model(inp, version, done.result, parts.values), done.result
 
 
 def run_qcschema(atomic_input, options=None):

@@ -16,23 +16,16 @@ A device that cannot run (no GPU, no Neuron SDK, no fp64 on Trainium) is reporte
 with the reason; no row is ever filled from another device.
 Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a difference beyond
 --tol or a device whose repeated runs differ in their bits; 2 bad input or a device that could not run.
+The command itself (options and printing) is dfmp2.cli.compare; this module is its library.
 """
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-import click
-
 from dfmp2 import linalg
-from dfmp2.linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
-from dfmp2.linalg.cuda import AUTO_RULE
-
-from dfmp2.cli.options import (device_options, fail, molecule_options, printing, resource_options,
-                          run_options, scf_options, stdout_console, user_errors)
 from dfmp2.errors import InputError, error_line
 
 TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
@@ -216,96 +209,27 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
                   f"not run: {summary['not_run'] or 'none'}"))
 
 
+def document(problem_doc: dict, precision: str, repeat: int, devices, absent: dict, summary: dict,
+             runs: list[DeviceRun]) -> dict:
+    """The JSON document of a comparison: the problem, the settings, the devices asked for
+    (``devices``: their text, None: the present ones) and those not present (``absent``), the
+    summary and every device's runs."""
+    from dfmp2.io.result import json_ran, software_versions
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "problem": problem_doc, "precision": precision, "repeat": repeat,
+            "devices_requested": devices or "present (default)",
+            "devices_not_present": absent,
+            "summary": summary, "devices": [{**asdict(r), "ran": json_ran(r.ran)} for r in runs],
+            "versions": software_versions(), "units": {"energies": "hartree"}}
+
+
 def write_json(path, doc: dict) -> None:
     """Atomically: a half-written file never appears under ``path`` (dfmp2.io.outputs.write_text)."""
     from dfmp2.io.outputs import write_text
     write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
-@click.command("compare")
-@click.argument("xyz_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--devices", default=None,
-              help="comma-separated devices; the first that runs is the reference [default: the "
-                   "devices present here: cpu, plus cuda with a GPU, trn1/trn2 on Trainium in fp32]")
-@click.option("--synthetic", default=None, metavar="NOCC,NVIR,NAUX",
-              help="a Philox synthetic pair-step problem instead of a molecule")
-@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
-              help="seed of the synthetic problem (Philox, 0 to 2^64-1)")
-@molecule_options()
-@device_options(
-    skip=("device",),
-    precision={"default": "fp64", "help": "working precision on every device (trn needs fp32)"},
-    pair_kernel={"help": f"the MP2 pair-step path of the devices that have it (cuda: gemm+epilogue, fused; cpu: "
-                         f"gemm+epilogue, gemm+torch); auto: cuda {AUTO_RULE}; cpu {CPU_AUTO_RULE}"},
-    integrals={"help": "molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
-                       "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran"})
-@scf_options()
-@resource_options(memory_mb={"help": "memory limit of each run, e.g. 8GB [default: 80% of available]"})
-@click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
-              help="runs per device, to check that its energies are bit-identical run to run")
-@click.option("--tol", "tolerance", type=float, default=None,
-              help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="also write every device's energies (with float.hex) as JSON")
-@user_errors
-def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, **params):
-    """Run one problem on several devices from identical inputs and compare the energies bit by bit.
-
-    XYZ_FILE is a molecule (coordinates in Ångström); or give --synthetic NOCC,NVIR,NAUX.
-    Exit status: 0 agreement, 1 a difference beyond --tol or a device not bit-reproducible run to
-    run, 2 bad input or a requested device that could not run.
-    """
-    console = stdout_console(width=160)
-    if (xyz_file is None) == (synthetic is None):
-        raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
-    options = run_options(params)           # options.device: each of the devices in turn
-    precision = options.precision
-    absent = {}
-    if devices is None:
-        names, absent = linalg.present_devices(precision)   # --devices' default
-        with printing():
-            console.print(f"devices: {', '.join(names)} (present here)"
-                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
-                             if absent else "")
-                          + ". Name devices with --devices to require them.", highlight=False)
-    else:
-        names = parse_devices(devices)
-    tol = TOLERANCES[precision] if tolerance is None else tolerance
-    if not 0 < tol < math.inf:
-        raise InputError(f"--tol must be a positive finite number, got {tolerance}")
-    _check_cuda_only(options, names)
-    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
-        from dfmp2.io.outputs import check_output_file
-        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
-    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel, options.cpu_blas)
-                for d in names}
-    runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
-            if be is None]
-    ready = [d for d, (be, _) in backends.items() if be is not None]
-    if synthetic is not None:
-        title, problem_doc, ran = _compare_synthetic(synthetic, seed, precision, repeat,
-                                                     {d: backends[d][0] for d in ready})
-    else:
-        title, problem_doc, ran = _compare_molecule(xyz_file, options, repeat, ready)
-    runs = sorted(runs + ran, key=lambda r: names.index(r.device))
-    summary = compare_runs(runs, tol)
-    if json_path:               # before the table: a stdout that fails must not lose the result
-        from dfmp2.io.result import json_ran, software_versions
-        write_json(json_path, {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                               "problem": problem_doc, "precision": precision, "repeat": repeat,
-                               "devices_requested": devices or "present (default)",
-                               "devices_not_present": absent,
-                               "summary": summary, "devices": [{**asdict(r), "ran": json_ran(r.ran)} for r in runs],
-                               "versions": software_versions(), "units": {"energies": "hartree"}})
-    with printing(written=(json_path,)):
-        render(runs, summary, title, console)
-    if summary["not_run"]:               # the reasons on stderr too, not only in the table above
-        fail("not run: " + "; ".join(f"{r.device} ({r.reason})" for r in runs if r.status != "ran"))
-    if not summary["passed"]:
-        raise SystemExit(EXIT_DIFFERENT)
-
-
-def _check_cuda_only(options, names) -> None:
+def check_cuda_only(options, names) -> None:
     """A pair kernel or the gpu4pyscf engine asked for devices that include no cuda device is the
     user's mistake (InputError naming the option)."""
     if options.pair_kernel != "auto" and not any(options.pair_kernel in _caps(d).pair_kernels for d in names):
@@ -319,7 +243,7 @@ def _check_cuda_only(options, names) -> None:
                          f"({', '.join(names)}) include none; leave it at auto", option="integrals")
 
 
-def _compare_synthetic(text, seed, precision, repeat, backends):
+def compare_synthetic(text, seed, precision, repeat, backends):
     """(title, problem for the JSON, runs) of a synthetic problem made once on the CPU and run on
     each of ``backends`` ({device: backend})."""
     import torch
@@ -335,7 +259,7 @@ def _compare_synthetic(text, seed, precision, repeat, backends):
     return title, problem_doc, [run_synthetic(d, be, problem, repeat) for d, be in backends.items()]
 
 
-def _compare_molecule(xyz_file, options, repeat, devices):
+def compare_molecule(xyz_file, options, repeat, devices):
     """(title, problem for the JSON, runs) of the molecule in ``xyz_file``, parsed once and run
     through the whole pipeline with ``options`` on each of ``devices``."""
     from dfmp2.io.xyz import read_xyz

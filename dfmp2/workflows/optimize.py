@@ -90,13 +90,10 @@ def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajec
     out = OptimizationResult(geom, None)
     frames, density = [], []
 
-    def keep(mol, ref):                 # the next step's SCF starts from this density
-        density[:] = [ref.density()]
-
     def evaluate(coords_bohr):
         g = dataclasses.replace(geom, coords_angstrom=np.asarray(coords_bohr).reshape(-1, 3) * BOHR)
-        gr = run_gradient(g, options, method=method, progress=progress, on_reference=keep,
-                          guess=density[0] if density else None)
+        gr = run_gradient(g, options, method=method, progress=progress, guess=density[0] if density else None)
+        density[:] = [gr.energy_run.ref.density()]      # the next step's SCF starts from this density
         out.last, out.geometry = gr, g
         out.energies.append(gr.energy)
         out.gmax.append(float(np.abs(gr.gradient).max()))

@@ -1,0 +1,594 @@
+"""The PySCF drop-in: ``DFMP2``, a DF-MP2 (DF-UMP2) on a converged PySCF RHF or UHF, in place of
+``pyscf.mp.dfmp2.DFMP2``, with its gradient object (``Gradients``), scanner and eris.
+
+    from pyscf import gto, scf
+    import dfmp2
+    mol = gto.M(atom="O 0 0 0.119; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="cc-pvdz")
+    mf = scf.RHF(mol).density_fit().run()
+    pt = dfmp2.DFMP2(mf, frozen=1).run()           # instead of pyscf.mp.dfmp2.DFMP2(mf, frozen=1)
+    pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_tot, pt.e_tot_scs
+
+``DFMP2`` runs this program's DF-MP2 stage (``pipeline.time_mp2_stage``: the same memory plan,
+devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF or UHF; the SCF is
+not run again. Its fitting set is PySCF's choice (``mf.with_df`` on a density-fitted mf, else
+``df.make_auxbasis(mol, mp2fit=True)``), so the default number is PySCF's. Energies in Hartree.
+Its nuclear gradient (``nuc_grad_method()``) runs ``dfmp2.grad.run.gradient_stage``, as
+``dfmp2 gradient`` does.
+
+The amplitudes (``t2``) and ``ao2mo``'s ``ovL`` go through a plain torch path beside the stage
+(``_amplitudes``): B from the stage's own fit (``mp2.build_B``, in memory), then T2_ijab =
+(ia|jb) / (e_i + e_j - e_a - e_b) one occupied orbital at a time. ``kernel(eris=...)`` sums the
+given ovL through the backend's own pair step (``linalg.mp2_pair_energy``), recorded in ``ran``.
+The one-call API (``dfmp2.energy``, ``dfmp2.gradient``) is dfmp2.interfaces.api.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from pyscf import df as pyscf_df
+from pyscf import lib as pyscf_lib
+from pyscf.lib import logger
+from pyscf.mp import mp2 as pyscf_mp2
+from pyscf.mp import ump2 as pyscf_ump2
+
+from dfmp2.errors import InputError, MemoryLimitError
+
+WITH_T2 = True      # PySCF's default for kernel(with_t2=...)
+
+
+class DFMP2(pyscf_mp2.MP2Base):
+    """DF-MP2 on a converged PySCF RHF (DF-UMP2 on a UHF), a drop-in for ``pyscf.mp.dfmp2.DFMP2``.
+
+    mf: a converged ``pyscf.scf.RHF``, or ``pyscf.scf.UHF`` for DF-UMP2 (density-fitted or not;
+        its orbitals and orbital energies are used as they are). ROHF/GHF and Kohn-Sham
+        references are refused (InputError).
+    frozen: None (all orbitals correlated), an int n (the n lowest orbitals frozen), or a list of
+        orbital indices (0-based, occupied or virtual) left out of the MP2 — PySCF's meaning.
+    mo_coeff, mo_occ, mo_energy: PySCF's positional arguments; only the mf's own (canonical)
+        orbitals are accepted (anything else is an InputError at kernel time).
+    with_df: the fitting object (``pyscf.df.DF``); default as PySCF: ``mf.with_df`` on a
+        density-fitted mf (the SCF's JK-fit set), else ``df.DF(mol)`` with
+        ``df.make_auxbasis(mol, mp2fit=True)`` (the MP2-fit set, e.g. cc-pVDZ-RI).
+    auxbasis: a fitting basis (name or {element: name}) instead: ``with_df = df.DF(mol, auxbasis)``.
+        ``pt.auxbasis = ...`` after construction does the same; ``pt.with_df = ...`` is honoured.
+    memory_mb: the memory limit in MB, an alias of PySCF's ``max_memory`` (default mf.max_memory);
+        ``force_outcore=True`` (PySCF's name) puts B on disk (our storage 'disk').
+    device, precision, simulate, pair_kernel, cpu_blas: as ``dfmp2 run``'s options.
+
+    After ``run()`` / ``kernel()``: e_hf, e_corr, e_corr_os, e_corr_ss, e_tot, emp2, emp2_scs,
+    e_tot_scs (Grimme's SCS: 1.2 OS + SS/3), e_corr_sos, e_tot_sos (1.3 OS), all Hartree; nocc
+    and nmo (active, PySCF's counting); auxbasis_used (its description), naux, timings (s per
+    stage), ran (device, engine, kernels, precisions), warnings. ``t2`` (nocc, nocc, nvir, nvir)
+    (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory,
+    ``make_rdm1`` (unrelaxed, PySCF's) from it. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
+    the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF or UHF mf (the
+    DF-HF response on the mf's own fitting set; dfmp2.grad.rhf, dfmp2.grad.uhf). Logs through ``pyscf.lib.logger`` at mf.verbose.
+    """
+
+    _keys = {"with_df", "mo_energy", "force_outcore", "device", "precision", "simulate",
+             "pair_kernel", "cpu_blas", "naux", "timings", "ran", "warnings", "auxbasis_used"}
+
+    def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, mo_energy=None, *, auxbasis=None,
+                 with_df=None, device: str = "cpu", precision: str | None = None,
+                 memory_mb: float | None = None, simulate: bool = False, pair_kernel: str = "auto",
+                 cpu_blas: str = "auto"):
+        _check_scf_object(mf)
+        if auxbasis is not None and with_df is not None:
+            raise InputError("give auxbasis= or with_df=, not both (with_df carries its own auxbasis)",
+                             option="auxbasis")
+        self.mol, self._scf = mf.mol, mf
+        self.verbose, self.stdout = mf.verbose, mf.stdout
+        self.max_memory = mf.max_memory if memory_mb is None else memory_mb
+        self.frozen, self.level_shift = frozen, 0
+        self.mo_coeff = mf.mo_coeff if mo_coeff is None else mo_coeff
+        self.mo_occ = mf.mo_occ if mo_occ is None else mo_occ
+        self.mo_energy = mf.mo_energy if mo_energy is None else mo_energy
+        self._nocc = self._nmo = None
+        self._default_df = None
+        # the fitting set the mf's SCF ran with, for check_scf_solution when a shared mf.with_df
+        # is given another auxbasis later (PySCF's ``pt.with_df.auxbasis = ...`` pattern)
+        self._scf_fit = getattr(getattr(mf, "with_df", None), "auxbasis", None)
+        if with_df is not None:
+            self.with_df = with_df
+        elif auxbasis is not None:
+            self.auxbasis = auxbasis
+        elif getattr(mf, "with_df", None):
+            self.with_df = mf.with_df                   # PySCF: the SCF's (JK-fit) set
+        else:
+            self.with_df = self._default_df = pyscf_df.DF(mf.mol)
+            self.with_df.auxbasis = pyscf_df.make_auxbasis(mf.mol, mp2fit=True)
+        self.force_outcore = False
+        self.device, self.precision, self.simulate = device, precision, simulate
+        self.pair_kernel, self.cpu_blas = pair_kernel, cpu_blas
+        self._clear()
+
+    def _clear(self) -> None:
+        self.e_hf = self.e_corr = self.e_corr_os = self.e_corr_ss = None
+        self._t2, self._state = None, None
+        self.naux = self.timings = self.ran = self.auxbasis_used = None
+        self.warnings = []
+
+    # --- attributes PySCF users set ---------------------------------------------------------
+    @property
+    def auxbasis(self):
+        """The fitting basis of ``with_df`` (None: PySCF's default for it); setting it replaces
+        ``with_df`` by ``df.DF(mol, auxbasis)``."""
+        return getattr(self.with_df, "auxbasis", None)
+
+    @auxbasis.setter
+    def auxbasis(self, value) -> None:
+        self.with_df = pyscf_df.DF(self.mol, auxbasis=value)
+
+    @property
+    def memory_mb(self):
+        """The memory limit in MB: PySCF's ``max_memory``."""
+        return self.max_memory
+
+    @memory_mb.setter
+    def memory_mb(self, value) -> None:
+        self.max_memory = value
+
+    @property
+    def t2(self):
+        """The MP2 amplitudes of the last kernel, computed on first use (None before a kernel)."""
+        if self._t2 is None and self._state is not None:
+            self._t2 = self._amplitudes()
+        return self._t2
+
+    @t2.setter
+    def t2(self, value) -> None:
+        self._t2 = value
+
+    def set(self, *args, **kwargs):
+        """Set attributes (PySCF's ``set``); a name this class does not have is an InputError
+        instead of a silently ignored attribute."""
+        if args:
+            raise InputError("set() takes keyword arguments only, e.g. set(frozen=1)")
+        known = set().union(*(getattr(c, "_keys", ()) for c in type(self).__mro__)) | {
+            "auxbasis", "memory_mb", "t2", "nocc", "nmo", "verbose", "stdout", "max_memory"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InputError(f"DFMP2 has no attribute {', '.join(unknown)}; set one of "
+                             f"{', '.join(sorted(k for k in known if not k.startswith('_')))}")
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+        return self
+
+    def reset(self, mol=None):
+        """PySCF's ``reset`` (a new molecule for a scanner): the fitting object and the SCF are
+        reset, the results cleared."""
+        if self.with_df is not None and hasattr(self.with_df, "reset"):
+            self.with_df.reset(mol)
+        pyscf_mp2.MP2Base.reset(self, mol)
+        self._clear()
+        return self
+
+    # --- orbital counts, PySCF's, for RHF and UHF --------------------------------------------
+    def _unrestricted(self) -> bool:
+        return np.asarray(self.mo_occ).ndim == 2
+
+    def get_nocc(self):
+        return (pyscf_ump2.get_nocc if self._unrestricted() else pyscf_mp2.get_nocc)(self)
+
+    def get_nmo(self):
+        return (pyscf_ump2.get_nmo if self._unrestricted() else pyscf_mp2.get_nmo)(self)
+
+    def get_frozen_mask(self):
+        return (pyscf_ump2.get_frozen_mask if self._unrestricted() else pyscf_mp2.get_frozen_mask)(self)
+
+    # --- energies, as PySCF names them (None before a run) -----------------------------------
+    @property
+    def e_tot(self):
+        return None if self.e_corr is None else self.e_hf + self.e_corr
+
+    @property
+    def emp2_scs(self):
+        from dfmp2.io.result import SCS_OS, SCS_SS
+        return None if self.e_corr is None else SCS_OS * self.e_corr_os + SCS_SS * self.e_corr_ss
+
+    @property
+    def e_tot_scs(self):
+        return None if self.e_corr is None else self.e_hf + self.emp2_scs
+
+    @property
+    def e_corr_sos(self):
+        from dfmp2.io.result import SOS_OS
+        return None if self.e_corr is None else SOS_OS * self.e_corr_os
+
+    @property
+    def e_tot_sos(self):
+        return None if self.e_corr is None else self.e_hf + self.e_corr_sos
+
+    # --- running -----------------------------------------------------------------------------
+    def run(self, *args, **kwargs) -> "DFMP2":
+        """Set ``kwargs`` as attributes (``set``), compute the energies; returns self. ``t2`` is
+        not formed here: it is computed when first used."""
+        self.set(**kwargs)
+        self._energy(*args)
+        return self
+
+    def kernel(self, mo_energy=None, mo_coeff=None, eris=None, with_t2=WITH_T2):
+        """PySCF's ``kernel``: returns (e_corr, t2), t2 (nocc, nocc, nvir, nvir) when ``with_t2``
+        (MemoryLimitError when it does not fit in max_memory: use with_t2=False or ``run()``)."""
+        self._energy(mo_energy, mo_coeff, eris)
+        return self.e_corr, (self.t2 if with_t2 else None)
+
+    def _energy(self, mo_energy=None, mo_coeff=None, eris=None) -> None:
+        """The energies of the current attributes (the MP2 stage, or the given ``eris``)."""
+        log = logger.new_logger(self)
+        t0 = (logger.process_clock(), logger.perf_counter())
+        if self.verbose >= logger.WARN:
+            self.check_sanity()
+        self._clear()
+        ref = self._reference(mo_energy, mo_coeff)
+        self.dump_flags()
+        if eris is not None:
+            e_os, e_ss, backend = _eris_energies(eris, ref, self._options(ref))
+            self._state = (ref, None, None, eris)
+            self.ran = dict(backend, path="kernel(eris=...): the given eris.ovL through linalg.mp2_pair_energy")
+            log.info("dfmp2: DF-MP2 energy from the given eris.ovL (naux %d) on %s", eris.naux, backend["device"])
+        else:
+            auxmol, source = self._auxmol()
+            options = self._options(ref)
+            from dfmp2.pipeline import time_mp2_stage
+            seconds, e_os, e_ss, self.timings, self.ran = time_mp2_stage(self.mol, auxmol, ref, options)
+            self._state = (ref, auxmol, options, None)
+            self._describe_run(log, auxmol, source, ref, seconds)
+        self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
+        self.e_corr = self.e_corr_os + self.e_corr_ss
+        log.timer(type(self).__name__, *t0)
+        self._finalize()
+
+    def _describe_run(self, log, auxmol, source: str, ref, seconds: float) -> None:
+        from dfmp2.scf import pyscf_scf as scf
+        spec = auxmol.basis
+        self.auxbasis_used = scf.describe_auxbasis(spec) if isinstance(spec, (str, dict)) else "given shells"
+        self.naux = auxmol.nao_nr()
+        notes = [ref.gap_warning(), ref.contamination_warning()]
+        if "even-tempered" in self.auxbasis_used:
+            notes.append(f"no optimised fitting set for some element: PySCF generated an even-tempered "
+                         f"set ({self.auxbasis_used}); give auxbasis= to choose one")
+        self.warnings = [w for w in notes if w]
+        ran = self.ran
+        log.info("dfmp2: DF-MP2 stage on %s (%s, %s), B in %s, %.3f s", ran["device"], ran["precision"],
+                 ran["engine"], ran["storage"]["B"], seconds)
+        log.info("dfmp2: fitting set %s (naux %d): %s", self.auxbasis_used, self.naux, source)
+        for w in self.warnings:
+            log.warn("dfmp2: %s", w)
+
+    def _reference(self, mo_energy=None, mo_coeff=None):
+        """The Reference of the mf with ``frozen``; InputError for orbitals that are not the
+        mf's own canonical ones."""
+        from dfmp2.reference import from_pyscf
+        mf = self._scf
+        ref = from_pyscf(mf, self.frozen)
+        given = (("mo_coeff", mo_coeff if mo_coeff is not None else self.mo_coeff, mf.mo_coeff),
+                 ("mo_occ", self.mo_occ, mf.mo_occ),
+                 ("mo_energy", mo_energy if mo_energy is not None else self.mo_energy, mf.mo_energy))
+        for name, mine, theirs in given:
+            if mine is not theirs and not np.array_equal(np.asarray(mine), np.asarray(theirs)):
+                raise InputError(f"DFMP2 runs on the mf's own canonical orbitals; the {name} given "
+                                 "differs from the mf's (non-canonical MP2 is not supported): converge "
+                                 "an SCF for those orbitals instead")
+        wd = getattr(mf, "with_df", None)
+        if wd is not None and getattr(wd, "auxbasis", None) != self._scf_fit:
+            mf = mf.copy()                 # the SCF's own Hamiltonian, not the re-fitted with_df's
+            mf.with_df = wd.copy()
+            mf.with_df.auxbasis = self._scf_fit
+        check_scf_solution(mf, self.mol)
+        return ref
+
+    def _auxmol(self):
+        """(auxmol, where it came from) of ``with_df``, as PySCF's DF-MP2 takes it: its built
+        ``auxmol``, else ``make_auxmol(with_df.mol, with_df.auxbasis)`` (None: PySCF's JK-fit
+        default); InputError when it is not on the mf's molecule."""
+        from dfmp2.scf import pyscf_scf as scf
+        wd = self.with_df
+        if wd is None or not hasattr(wd, "auxbasis"):
+            raise InputError(f"with_df must be a pyscf.df.DF object, got {type(wd).__name__}; or set "
+                             "auxbasis='...'", option="auxbasis")
+        if getattr(wd, "cell", None) is not None:
+            raise InputError("a periodic (PBC) with_df is not supported: DFMP2 takes molecules")
+        auxmol = getattr(wd, "auxmol", None)
+        if auxmol is None:
+            auxmol = scf.make_auxmol(getattr(wd, "mol", None) or self.mol, wd.auxbasis)
+        mol = self.mol
+        if (auxmol.natm != mol.natm or not np.allclose(auxmol.atom_coords(), mol.atom_coords(), atol=1e-10)
+                or [auxmol.atom_pure_symbol(i) for i in range(mol.natm)]
+                != [mol.atom_pure_symbol(i) for i in range(mol.natm)]):
+            raise InputError("with_df belongs to another molecule (other atoms or geometry) than the "
+                             "mf: call pt.reset(mol) or give with_df=df.DF(mf.mol, auxbasis)")
+        if wd is getattr(self._scf, "with_df", None):
+            source = "mf.with_df, the SCF's own fitting set (PySCF's choice on a density-fitted mf)"
+        elif wd is self._default_df:
+            source = "df.make_auxbasis(mol, mp2fit=True), PySCF's MP2-fit default"
+        else:
+            source = "with_df/auxbasis given"
+        return auxmol, source
+
+    def _options(self, ref):
+        """RunOptions of the attributes (max_memory -> memory_mb, force_outcore -> storage)."""
+        from dfmp2.pipeline import RunOptions
+        options = RunOptions(device=self.device, precision=self.precision, memory_mb=self.max_memory,
+                             simulate=self.simulate, pair_kernel=self.pair_kernel, cpu_blas=self.cpu_blas,
+                             storage="disk" if self.force_outcore else "auto")
+        options.resolved_precision()      # an impossible device or precision: before any work
+        return options
+
+    # --- amplitudes, densities, PySCF's eris ---------------------------------------------------
+    def _amplitudes(self):
+        """t2 of the last kernel (dimensionless): (nocc, nocc, nvir, nvir), UHF (t2aa, t2ab, t2bb)
+        as PySCF's UMP2 orders them. MemoryLimitError when t2 and B do not fit in max_memory."""
+        ref, auxmol, options, eris = self._state
+        chans = ref.channels
+        sizes = [(a.nocc_active, b.nocc_active, a.nvir_active, b.nvir_active)
+                 for a, b in ([(chans[0], chans[0])] if ref.restricted else
+                              [(chans[0], chans[0]), (chans[0], chans[1]), (chans[1], chans[1])])]
+        t2_mb = sum(int(np.prod(s)) for s in sizes) * 8 / 1e6
+        naux = eris.naux if eris is not None else auxmol.nao_nr()
+        b_mb = sum(c.nocc_active * c.nvir_active for c in chans) * naux * 8 / 1e6
+        if self.max_memory is not None and t2_mb + b_mb > self.max_memory:
+            raise MemoryLimitError(f"t2 ({t2_mb:.0f} MB) and B ({b_mb:.0f} MB) do not fit in max_memory "
+                                   f"{self.max_memory:.0f} MB; raise max_memory, or use run() / "
+                                   "kernel(with_t2=False), which do not form t2", option="memory_mb",
+                                   need_mb=t2_mb + b_mb, limit_mb=self.max_memory)
+        if eris is not None:
+            Bs = [np.asarray(eris.ovL).T]
+        else:
+            Bs = [fitted_B(self.mol, auxmol, c, options) for c in chans]
+        if ref.restricted:
+            return _t2(Bs[0], Bs[0], chans[0], chans[0], same_spin=False)
+        a, b = chans
+        return (_t2(Bs[0], Bs[0], a, a, same_spin=True), _t2(Bs[0], Bs[1], a, b, same_spin=False),
+                _t2(Bs[1], Bs[1], b, b, same_spin=True))
+
+    def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True):
+        """PySCF's unrelaxed one-particle density matrix (spin-traced for RHF; (dm_a, dm_b) for
+        UHF) from ``t2`` (default the last kernel's), in the MO basis (``ao_repr``: AO)."""
+        t2 = self.t2 if t2 is None else t2
+        if t2 is None:
+            raise InputError("make_rdm1 needs the amplitudes of a kernel: run pt.kernel() or pt.run() first")
+        if self._unrestricted():
+            return pyscf_ump2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+        return pyscf_mp2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+
+    def make_rdm2(self, t2=None, ao_repr=False):
+        raise InputError("make_rdm2 is not implemented in dfmp2; use pyscf.mp.dfmp2.DFMP2 for it")
+
+    def nuc_grad_method(self):
+        """PySCF's name: the nuclear gradient of this DF-MP2 energy (``Gradients``; ``.kernel()``
+        returns (natm, 3) Hartree/Bohr)."""
+        return Gradients(self)
+
+    Gradients = nuc_grad_method
+
+    def _gradient(self):
+        """GradientParts of E_HF + E_MP2 (dfmp2.grad.rhf): the HF part is the DF-HF's on the mf's
+        own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
+        an mf that is not density-fitted, frozen virtuals, or a UHF mf on a device without fp64
+        (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). The stage is
+        ``dfmp2.grad.run.gradient_stage``, as for ``dfmp2 gradient`` (RHF or UHF by the mf)."""
+        from pyscf.df import addons as df_addons
+
+        from dfmp2.grad.run import gradient_stage
+        from dfmp2.pipeline import make_backend
+        wd = getattr(self._scf, "with_df", None)
+        if wd is None or not hasattr(wd, "auxbasis"):
+            raise InputError("DFMP2 gradients need a density-fitted mf (scf.RHF(mol).density_fit()): its "
+                             "response is the DF-HF's; an exact-integral mf is not supported")
+        if self.e_corr is None:
+            self.run()
+        ref = self._reference()
+        auxmol, _ = self._auxmol()
+        jk_auxmol = getattr(wd, "auxmol", None)
+        if jk_auxmol is None:
+            jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
+        options = self._options(ref)
+        return gradient_stage(self.mol, ref, auxmol, jk_auxmol, make_backend(options), "mp2")
+
+    def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
+        """PySCF's eris of DF-MP2 (RHF): ``ovL`` (nocc*nvir, naux), B_ia^P of our fit, in memory;
+        ``ovL_to_save``: also written to that HDF5 file (dataset 'ovL') and read from there;
+        ``ovL``: an array or such a file given back (PySCF's layout), nothing computed."""
+        ref = self._reference(None, mo_coeff)
+        if not ref.restricted:
+            raise InputError("ao2mo (PySCF's ovL) is for an RHF reference; a UHF runs through run()")
+        ch = ref.channels[0]
+        if ovL is None:
+            auxmol, _ = self._auxmol()
+            arr = np.ascontiguousarray(fitted_B(self.mol, auxmol, ch, self._options(ref)).T)
+            return DFERIs(arr, ch, path=ovL_to_save, write=ovL_to_save is not None)
+        if isinstance(ovL, (str, os.PathLike)):
+            return DFERIs(None, ch, path=ovL)
+        if not isinstance(ovL, np.ndarray):
+            raise InputError(f"ovL must be an array or an HDF5 file path, got {type(ovL).__name__}")
+        return DFERIs(ovL, ch)
+
+    def density_fit(self, auxbasis=None, with_df=None):
+        """PySCF's ``MP2.density_fit``: a new DFMP2 of the same mf, frozen and options, fitting
+        with ``with_df`` (default this one's) and, when it differs, ``auxbasis`` on a copy of it."""
+        new = DFMP2(self._scf, self.frozen, self.mo_coeff, self.mo_occ, self.mo_energy,
+                    with_df=with_df if with_df is not None else self.with_df, device=self.device,
+                    precision=self.precision, memory_mb=self.max_memory, simulate=self.simulate,
+                    pair_kernel=self.pair_kernel, cpu_blas=self.cpu_blas)
+        if new.with_df.auxbasis != auxbasis:
+            new.with_df = new.with_df.copy()
+            new.with_df.auxbasis = auxbasis
+        return new
+
+    def as_scanner(self):
+        """PySCF's ``as_scanner``: a function of a molecule (or geometry) returning E(MP2) in
+        Hartree; the SCF runs as ``mf.as_scanner()``, the MP2 stage as ``run()`` (t2 on first use)."""
+        if isinstance(self, pyscf_lib.SinglePointScanner):
+            return self
+        logger.info(self, "Set %s as a scanner", type(self))
+        name = type(self).__name__ + pyscf_mp2.MP2_Scanner.__name_mixin__
+        return pyscf_lib.set_class(_Scanner(self), (_Scanner, type(self)), name)
+
+
+class Gradients:
+    """PySCF's gradient object of a DFMP2 (``pt.nuc_grad_method()``): ``kernel()`` returns the
+    nuclear gradient ``de`` (natm, 3) in Hartree/Bohr; ``parts`` the stage's record."""
+
+    def __init__(self, pt: DFMP2):
+        self.base, self.mol, self.de, self.parts = pt, pt.mol, None, None
+
+    def kernel(self):
+        self.parts = self.base._gradient()
+        self.de = self.parts.gradient
+        return self.de
+
+    grad = kernel
+
+
+class _Scanner(pyscf_mp2.MP2_Scanner):
+    """PySCF's MP2 scanner, taking the new SCF's orbital energies too and running ``run()``."""
+
+    def __call__(self, mol_or_geom, **kwargs):
+        from pyscf import gto
+        mol = mol_or_geom if isinstance(mol_or_geom, gto.MoleBase) else \
+            self.mol.set_geom_(mol_or_geom, inplace=False)
+        self.reset(mol)
+        mf = self._scf
+        mf(mol)
+        self.mo_coeff, self.mo_occ, self.mo_energy = mf.mo_coeff, mf.mo_occ, mf.mo_energy
+        self.run(**kwargs)
+        return self.e_tot
+
+
+def _check_scf_object(mf) -> None:
+    from pyscf.scf import hf
+    if not isinstance(mf, hf.SCF):
+        raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got {type(mf).__name__}")
+    if getattr(mf, "cell", None) is not None:
+        raise InputError("DFMP2 takes molecules; a periodic (pyscf.pbc) mf is not supported")
+
+
+class DFERIs:
+    """PySCF's DF-MP2 eris: ``ovL`` (nocc*nvir, naux) fp64, B_ia^P (fitted 3-index integrals,
+    row i*nvir + a), an ndarray or an HDF5 dataset 'ovL'; nocc, nvir, naux; mo_energy (nmo,)
+    Hartree of the active orbitals. ``path`` with ``write``: ``ovL`` is written there first."""
+
+    def __init__(self, ovL, channel, path=None, write=False):
+        import h5py
+        self.nocc, self.nvir = channel.nocc_active, channel.nvir_active
+        self.mo_energy = np.concatenate([channel.eps_occ, channel.eps_vir])
+        self.feri = None
+        if path is not None:
+            try:
+                self.feri = h5py.File(path, "w" if write else "r")
+                if write:
+                    self.feri.create_dataset("ovL", data=ovL, chunks=(1, ovL.shape[1]))
+                    self.feri.flush()
+                ovL = self.feri["ovL"]
+            except (OSError, KeyError) as e:
+                raise InputError(f"ovL file {path}: {e}") from None
+        if ovL.ndim != 2 or ovL.shape[0] != self.nocc * self.nvir:
+            raise InputError(f"ovL has shape {ovL.shape}, expected ({self.nocc * self.nvir}, naux) for "
+                             f"nocc {self.nocc} and nvir {self.nvir}: made for other orbitals or frozen")
+        self.ovL, self.naux = ovL, int(ovL.shape[1])
+        self.dtype, self.dsize = np.dtype(np.float64), 8
+
+
+def fitted_B(mol, auxmol, channel, options) -> np.ndarray:
+    """B_ia^P of one spin channel as the MP2 stage fits it (``mp2.build_B`` on ``options``'
+    backend, in memory): (naux, nocc*nvir) fp64 on the host, column i*nvir + a."""
+    import dataclasses
+
+    import torch
+    from dfmp2.linalg import DTYPES
+
+    from dfmp2.df import outofcore
+    from dfmp2.mp2.stage import build_B
+    from dfmp2.pipeline import make_backend, select_integrals, stage_plan
+    from dfmp2.timing import Timer
+
+    opts = dataclasses.replace(options, storage="memory")
+    precision = opts.resolved_precision()
+    backend = make_backend(opts)
+    engine = select_integrals(opts, mol, backend)
+    nocc, nvir = channel.nocc_active, channel.nvir_active
+    plan = stage_plan(mol, auxmol, opts, backend, precision, nocc=nocc, nvir=nvir, engine=engine)
+    blocks = outofcore.OccBlocks(nocc, nvir, auxmol.nao_nr(), plan.occ_block)
+    store = outofcore.open_b_store(plan, blocks, DTYPES[precision], backend)
+    try:
+        build_B(mol, auxmol, channel.C_occ, channel.C_vir, backend, backend.fit_dtype(precision), plan,
+                Timer(backend), store, engine=engine)
+        return torch.cat([b.to("cpu", torch.float64) for b in store.data.data], dim=1).numpy()
+    finally:
+        store.close()
+
+
+def _t2(Bi, Bj, ci, cj, same_spin: bool) -> np.ndarray:
+    """t2 (nocc_i, nocc_j, nvir_i, nvir_j), dimensionless, of B^i (naux, nocc_i*nvir_i) and B^j
+    (channels ci, cj): K_ijab = (ia|jb) = sum_P B_ia^P B_jb^P, D = e_i + e_j - e_a - e_b (Hartree),
+    t2_ijab = K/D (same_spin: (K_ijab - K_ijba)/D), one occupied orbital i at a time."""
+    import torch
+    oi, vi, oj, vj = ci.nocc_active, ci.nvir_active, cj.nocc_active, cj.nvir_active
+    X = torch.from_numpy(np.ascontiguousarray(Bi, dtype=np.float64)).reshape(-1, oi, vi)
+    Y = torch.from_numpy(np.ascontiguousarray(Bj, dtype=np.float64)).reshape(-1, oj * vj)
+    eoi, evi = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (ci.eps_occ, ci.eps_vir))
+    eoj, evj = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (cj.eps_occ, cj.eps_vir))
+    t2 = np.empty((oi, oj, vi, vj))
+    for i in range(oi):
+        K = (X[:, i, :].T @ Y).reshape(vi, oj, vj).permute(1, 0, 2)        # (j, a, b) = (ia|jb)
+        T = K / (eoi[i] + eoj[:, None, None] - evi[None, :, None] - evj[None, None, :])
+        t2[i] = (T - T.transpose(1, 2)).numpy() if same_spin else T.numpy()
+    return t2
+
+
+def _eris_energies(eris, ref, options) -> tuple[float, float, dict]:
+    """(E_OS, E_SS) in Hartree from a given ``eris.ovL`` (RHF): the pair step of ``options``'
+    backend (its device, precision and kernels), over B = ovL as (nocc, nvir, naux); and that
+    backend's record of what ran."""
+    if not ref.restricted:
+        raise InputError("kernel(eris=...) takes the eris of an RHF reference (ao2mo)")
+    ch = ref.channels[0]
+    if (eris.nocc, eris.nvir) != (ch.nocc_active, ch.nvir_active):
+        raise InputError(f"the eris were made for nocc {eris.nocc}, nvir {eris.nvir}, but this DFMP2 has "
+                         f"nocc {ch.nocc_active}, nvir {ch.nvir_active}: made with another frozen")
+    import torch
+
+    from dfmp2 import linalg
+    from dfmp2.linalg import DTYPES
+
+    from dfmp2.pipeline import make_backend
+    backend = make_backend(options)
+    ovL = np.asarray(eris.ovL, dtype=np.float64).reshape(ch.nocc_active, ch.nvir_active, -1)
+    B = backend.to_device(torch.from_numpy(ovL), DTYPES[options.resolved_precision()])
+    eo, ev = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (ch.eps_occ, ch.eps_vir))
+    e_os, e_ss = linalg.mp2_pair_energy(B, B, eo, eo, ev, symmetric=True, backend=backend)
+    return e_os, e_ss, backend.describe()
+
+
+SOLUTION_TOL = 1e-4    # Hartree: largest off-diagonal MO Fock element of a converged, canonical mf
+                       # (PySCF's default conv_tol_grad leaves ~1e-5; a 0.3 rad rotation ~1e-1)
+
+
+def check_scf_solution(mf, mol=None) -> None:
+    """Refuse (InputError) orbitals that are not the mf's canonical SCF solution: a ``mol`` that
+    does not belong to them (another size, or orbitals not orthonormal in its overlap), or a Fock
+    matrix (of mf.make_rdm1(), in the MO basis) with an off-diagonal element above SOLUTION_TOL
+    or a diagonal that is not mo_energy. ``mol``: the molecule the MP2 will use (default
+    mf.mol). One Fock build of the caller's mf."""
+    mol = mf.mol if mol is None else mol
+    C = np.asarray(mf.mo_coeff)
+    Cs = C if C.ndim == 3 else C[None]
+    if Cs.shape[1] != mol.nao_nr():
+        raise InputError(f"the mf's orbitals span {Cs.shape[1]} basis functions but its molecule has "
+                         f"{mol.nao_nr()}: the mf and the molecule do not belong together")
+    S = mol.intor_symmetric("int1e_ovlp")
+    if max(abs(c.T @ S @ c - np.eye(c.shape[1])).max() for c in Cs) > 1e-6:
+        raise InputError("the mf's orbitals are not orthonormal in its molecule's overlap: was the "
+                         "molecule replaced after the SCF?")
+    fock = np.asarray(mf.get_fock(dm=mf.make_rdm1()))
+    focks = fock if fock.ndim == 3 else fock[None]
+    eps = np.asarray(mf.mo_energy).reshape(len(Cs), -1)
+    for c, f, e in zip(Cs, focks, eps):
+        fmo = c.T @ f @ c
+        off = abs(fmo - np.diag(np.diag(fmo))).max()
+        if off > SOLUTION_TOL or abs(np.diag(fmo) - e).max() > SOLUTION_TOL:
+            raise InputError(f"the mf's orbitals are not its canonical SCF solution (largest off-diagonal "
+                             f"Fock element {off:.2e} Eh in the MO basis, above {SOLUTION_TOL:g}): were "
+                             "they rotated or changed after the SCF, or mf.with_df changed? Converge the SCF again")

@@ -1,0 +1,104 @@
+"""One preparation per gradient run (issue 36): ``pipeline.prepare`` runs once, the JK-fit set
+(``default_auxbasis(mol, 'jk')``) is built once by the run's own code (in ``prepare``: the plan,
+the gradient memory check and the gradient stage read ``Job.jk_auxmol``), and every way into the
+gradient (``dfmp2.gradient``, ``dfmp2 gradient``, ``DFMP2(mf).nuc_grad_method()``) goes through
+the one stage entry ``dfmp2.grad.run.gradient_stage``.
+
+The SCF engines (our DF-SCF's ``DFRHF`` and PySCF's DF-SCF in dfmp2/scf/) still resolve the set
+for themselves; they are counted apart (``scf``) and bounded by today's counts (``SCF_OWN``)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import dfmp2
+import dfmp2.pipeline
+from dfmp2.grad import run as gradrun
+from dfmp2.scf import pyscf_scf
+
+INPUTS = Path(__file__).resolve().parents[2] / "inputs"
+WATER = str(INPUTS / "water.xyz")
+
+# Where the run's code looks the JK-fit set up (pipeline.prepare: ``scf.default_auxbasis``). After
+# the scf/ split moves it to dfmp2.df.basis, point this at that module.
+AUXBASIS_HOME = pyscf_scf
+SCF_OWN = {"df": 1, "pyscf-df": 3}      # JK-fit look-ups inside dfmp2/scf/ per run (the SCF split's to pass in)
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """Calls of pipeline.prepare, of the JK-fit default_auxbasis (split: 'run' by the run's own
+    code, 'scf' from inside dfmp2.scf's SCF engines), and of the gradient stage."""
+    seen = {"prepare": 0, "run": 0, "scf": 0, "stage": 0}
+    prepare, default_auxbasis, stage = (dfmp2.pipeline.prepare, AUXBASIS_HOME.default_auxbasis,
+                                        gradrun.gradient_stage)
+
+    def counted_prepare(*a, **k):
+        seen["prepare"] += 1
+        return prepare(*a, **k)
+
+    def counted_auxbasis(mol, kind):
+        if kind == "jk":
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            seen["scf" if caller.startswith("dfmp2.scf") else "run"] += 1
+        return default_auxbasis(mol, kind)
+
+    def counted_stage(*a, **k):
+        seen["stage"] += 1
+        return stage(*a, **k)
+    monkeypatch.setattr(dfmp2.pipeline, "prepare", counted_prepare)
+    monkeypatch.setattr(AUXBASIS_HOME, "default_auxbasis", counted_auxbasis)
+    monkeypatch.setattr(gradrun, "gradient_stage", counted_stage)
+    return seen
+
+
+@pytest.mark.parametrize("scf_mode", ["df", "pyscf-df"])
+def test_a_gradient_run_prepares_once_and_builds_the_jk_set_once(counts, scf_mode):
+    gr = dfmp2.gradient(WATER, basis="sto-3g", scf_mode=scf_mode)
+    assert gr.gradient.shape == (3, 3)
+    assert counts["prepare"] == 1
+    assert counts["run"] == 1, counts
+    # inside dfmp2/scf/ today: DFRHF once; PySCF's DF-SCF three times (pyscf_df_disk_mb twice, _converge)
+    assert counts["scf"] <= SCF_OWN[scf_mode], counts
+    assert counts["stage"] == 1
+    job = gr.energy_run.job
+    assert job.jk_auxmol is not None and job.jk_auxmol.nao_nr() > job.mol.nao_nr()
+    assert gr.parts.ran["reference"] == "rhf"
+
+
+def test_a_uhf_gradient_run_prepares_once(counts):
+    gr = gradrun.run_gradient(dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
+                              dfmp2.pipeline.RunOptions(basis="sto-3g", charge=1, multiplicity=2))
+    assert gr.energy_run.job.unrestricted and gr.parts.ran["reference"] == "uhf"
+    assert (counts["prepare"], counts["run"], counts["stage"]) == (1, 1, 1), counts
+
+
+def test_the_cli_gradient_goes_through_the_one_stage(counts, tmp_path):
+    from dfmp2.cli.main import main
+    r = CliRunner().invoke(main, ["gradient", WATER, "--basis", "sto-3g", "-q"])
+    assert r.exit_code == 0, r.output
+    assert (counts["prepare"], counts["run"], counts["stage"]) == (1, 1, 1), counts
+
+
+def test_the_pyscf_dropin_gradient_goes_through_the_one_stage(counts):
+    from pyscf import gto, scf
+    mol = gto.M(atom="O 0 0 0.119; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="sto-3g", verbose=0)
+    mf = scf.RHF(mol).density_fit().run()
+    de = dfmp2.DFMP2(mf).nuc_grad_method().kernel()
+    assert de.shape == (3, 3) and np.isfinite(de).all()
+    assert counts["stage"] == 1 and counts["prepare"] == 0
+
+
+def test_the_job_carries_the_process_group_and_the_reference_leaves_it_alone(counts):
+    from dfmp2 import distributed
+    job = dfmp2.pipeline.prepare_run(dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
+                                     dfmp2.pipeline.RunOptions(basis="sto-3g"))
+    assert isinstance(job.world, distributed.World) and not job.world.distributed
+    before = list(job.warnings)
+    done = dfmp2.pipeline.run_energy(job)
+    assert job.warnings == before and done.result.warnings[:len(before)] == before
+    assert done.job is job and done.mol is job.mol and counts["prepare"] == 1
