@@ -196,7 +196,7 @@ def markdown(meas: list, rows: list) -> str:
         out += ["## Measured on this machine (CPU, gloo)", "",
                 "Ratio > 1: the N ranks were faster. The energies are bitwise equal only at equal thread counts "
                 "and with the replicated SCF (a BLAS sums in another order on another number of threads); "
-                "tests/test_distributed.py checks that at 1 thread per process.", ""]
+                "tests/system/test_distributed.py checks that at 1 thread per process.", ""]
         for m in meas:
             out += [f"(H2O){m['waters']}: 1 rank x {m['threads_1rank']} threads vs {m['ranks']} ranks x 1 thread; "
                     f"SCF over ranks: {m['scf_over_ranks']}; E_OS equal bitwise: {m['e_os_equal']}, "

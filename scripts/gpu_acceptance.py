@@ -103,8 +103,8 @@ def mol_key(step: str) -> str | None:
 
 # ------------------------------------------------------------------------------------ the steps
 def step_cuda_tests(spec):
-    files = ["tests/test_cuda.py"] if spec["dry"] else sorted(      # the files that hold cuda tests
-        f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
+    files = ["tests/linalg/test_cuda.py"] if spec["dry"] else sorted(      # the files that hold cuda tests
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.cuda" in p.read_text())
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "cuda", "-p", "no:cacheprovider", *files],
                        capture_output=True, text=True, cwd=ROOT)
     last = (p.stdout.strip().splitlines() or [""])[-1]

@@ -7,8 +7,8 @@ import os
 # Before torch is imported (libgomp reads it once, when it loads): idle OpenMP threads sleep instead
 # of spinning. Under the README's two xdist workers on two cores, each worker's (and each CLI
 # subprocess's) two-thread torch and PySCF pools spun on the core the other worker needed: on a
-# loaded 2-core machine, tests/test_pipeline.py, test_dfhf.py and test_ump2.py on two workers took
-# 86 s with spinning, 30 s without. Thread counts and results are unchanged. Inherited by the
+# loaded 2-core machine, tests/mp2/test_pipeline.py, scf/test_dfhf.py and mp2/test_ump2.py on two
+# workers took 86 s with spinning, 30 s without. Thread counts and results are unchanged. Inherited by the
 # workers and by the subprocesses the tests start; a value already set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -52,14 +52,16 @@ def pytest_collection_modifyitems(config, items):
 
 def _one_worker_for_the_triton_interpreter(config, items):
     """Under pytest-xdist (README: ``-n 2 --dist loadgroup``) every test of the modules whose
-    @interpreted tests share ONE child pytest (test_triton_interpreter.INTERPRETER_MODULES) goes
-    to the same worker, so the child (~13 s of CPU) runs once, not once per worker. Other tests
-    are spread one by one. Nothing changes without xdist."""
+    @interpreted tests share ONE child pytest (tests/helpers/triton_interpreter.py's
+    INTERPRETER_MODULES, paths under tests/) goes to the same worker, so the child (~13 s of CPU)
+    runs once, not once per worker. Other tests are spread one by one. Nothing changes without
+    xdist."""
     if not config.pluginmanager.hasplugin("xdist"):
         return                      # the xdist_group mark is xdist's (unknown without it)
-    from test_triton_interpreter import INTERPRETER_MODULES
+    from triton_interpreter import INTERPRETER_MODULES, TESTS
+    paths = {TESTS / m for m in INTERPRETER_MODULES}
     for item in items:
-        if item.path.name in INTERPRETER_MODULES:
+        if item.path.resolve() in paths:
             item.add_marker(pytest.mark.xdist_group("triton_interpreter"))
 
 

@@ -26,7 +26,7 @@ caller reduces it in a fixed order (no atomics), so a launch is bit-identical ru
 
 Precision: every dot has input_precision="ieee" and out_dtype set to the accumulator's dtype.
 fp64 inputs: an fp64 dot (mma.sync f64 tensor-core instructions on sm80/sm90, read from the PTX of
-tests/test_triton_compile.py: m8n8k4 under Triton 3.9, m16n8k16 on sm90 under 3.6; FMA elsewhere;
+tests/kernels/test_triton_compile.py: m8n8k4 under Triton 3.9, m16n8k16 on sm90 under 3.6; FMA elsewhere;
 scripts/bench_cuda.py measures this against the cuBLAS path) and an fp64 epilogue. fp32 inputs:
 true fp32 products with fp32 accumulation (not TF32), then X and Y are
 converted to fp64 for the division and the sums.

@@ -1,0 +1,326 @@
+"""Our DF-RHF (dfmp2.scf.dfhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
+thresholds (scf.run_rhf 'pyscf-df', computed here: an independent code), and what it records."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from dfmp2 import linalg
+from dfmp2.scf import dfhf
+from dfmp2.scf import pyscf_scf as scf
+from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
+from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.io.xyz import parse_xyz, read_xyz
+
+INPUTS = Path(__file__).resolve().parents[2] / "inputs"
+H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z in (0, 0.35))
+LIH = "Li 0 0 0\nH 0 0 1.595"
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def geometry(atoms: str, name: str):
+    lines = atoms.strip().splitlines()
+    return parse_xyz(f"{len(lines)}\n\n" + "\n".join(lines) + "\n", name)
+
+
+def molecule(case):
+    if case == "h8_cube_lindep":        # aug-cc-pVDZ on an H8 cube of edge 0.35 Å: 4 of 72 dropped
+        return scf.build_molecule(geometry(H8_CUBE, "h8.xyz"), "aug-cc-pvdz")
+    if case == "lih_fallback":          # cc-pVDZ-JKFIT lacks Li: def2-universal-jkfit for it
+        return scf.build_molecule(geometry(LIH, "lih.xyz"))
+    return scf.build_molecule(read_xyz(INPUTS / case))
+
+
+@pytest.mark.parametrize("case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback",
+                                  "water_clusters/h2o_02.xyz"])
+def test_e_hf_matches_pyscf_df_rhf(case):
+    mol = molecule(case)
+    theirs = scf.run_rhf(mol, "pyscf-df")
+    ours = dfhf.run_dfhf(mol, linalg.get_backend("cpu"), precision="fp64")
+    assert abs(ours.e_hf - theirs.e_hf) <= 1e-10, ours.e_hf - theirs.e_hf
+    (o,), (t,) = ours.channels, theirs.channels
+    assert o.mo_coeff.shape == t.mo_coeff.shape and o.nocc == t.nocc
+    assert ours.jk_auxbasis == theirs.jk_auxbasis
+    # orbital energies of a converged SCF agree to the gradient threshold's order
+    assert abs(o.mo_energy - t.mo_energy).max() < 1e-7
+    # the same guess and thresholds; our DIIS's scaled solve (dfhf._DIIS) takes no more cycles
+    assert ours.scf.iterations <= theirs.scf.iterations, (ours.scf.iterations, theirs.scf.iterations)
+    if case == "h8_cube_lindep":
+        assert o.mo_coeff.shape == (72, 68)
+    if case == "lih_fallback":
+        assert "def2-universal-jkfit" in ours.jk_auxbasis
+
+
+@pytest.mark.parametrize("case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback",
+                                  "water_clusters/h2o_04.xyz"])
+def test_mixed_precision_scf_gives_the_fp64_energy(case):
+    """The mixed SCF (fp32 K in the first cycles, then fp64) against our all-fp64 SCF (the
+    independent cross-check: no fp32 anywhere) and PySCF's DF-RHF: E(HF) within 1e-10 and 1e-9
+    Eh, the orbital energies to the gradient threshold's order; some cycles were fp32, the switch
+    happened, and every cycle is counted in one precision."""
+    mol = molecule(case)
+    cpu = linalg.get_backend("cpu")
+    fp64 = dfhf.run_dfhf(mol, cpu, precision="fp64")
+    mixed = dfhf.run_dfhf(mol, cpu, precision="mixed")
+    theirs = scf.run_rhf(mol, "pyscf-df")
+    assert abs(mixed.e_hf - fp64.e_hf) < 1e-10, mixed.e_hf - fp64.e_hf
+    assert abs(mixed.e_hf - theirs.e_hf) < 1e-9, mixed.e_hf - theirs.e_hf
+    assert abs(mixed.channels[0].mo_energy - fp64.channels[0].mo_energy).max() < 1e-7
+    cp = mixed.scf.cycle_precision
+    assert cp["mode"] == "mixed" and cp["requested"] == "mixed" and cp["fp32_device"] == "cpu"
+    assert 0 < cp["fp32_cycles"] < mixed.scf.iterations
+    assert cp["fp32_cycles"] + cp["fp64_cycles"] == mixed.scf.iterations
+    assert cp["switch_cycle"] == cp["fp32_cycles"] and cp["switch_gnorm"] > 0
+    nao = mol.nao_nr()
+    assert cp["fp32_factor_mb"] == pytest.approx(mixed.scf.jk_factor["naux"] * nao * nao * 4 / 1e6)
+    assert mixed.scf.precision["jk"] == "fp32, then fp64"
+    f = fp64.scf.cycle_precision
+    assert (f["mode"], f["fp32_cycles"], f["fp64_cycles"], f["switch_cycle"], f["fp32_factor_mb"]) == \
+        ("fp64", 0, fp64.scf.iterations, None, None)
+
+
+def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_precision():
+    """precision 'fp64' runs every cycle's J/K in fp64: the cycles and energy of the SCF with the
+    fp32 phase switched off at its start (the same code path as before mixed precision); the
+    progress callback gets each cycle's precision, fp32 ones first in a mixed SCF."""
+    mol = molecule("water.xyz")
+    cpu = linalg.get_backend("cpu")
+    seen = {}
+    refs = {p: dfhf.run_dfhf(mol, cpu, precision=p, progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
+            for p in ("fp64", "mixed")}
+    h = dfhf.DFRHF(mol, cpu, timer=dfhf.Timer(cpu), precision="mixed")
+    h.fp32_phase = False                     # mixed, fp32 phase off: the fp64 SCF
+    cycles, D, G, F = h.iterate(scf.SCF_MAX_CYCLE)
+    assert cycles == refs["fp64"].scf.iterations
+    assert [c[4] for c in seen["fp64"]] == ["fp64"] * cycles
+    n32 = refs["mixed"].scf.cycle_precision["fp32_cycles"]
+    assert [c[4] for c in seen["mixed"]] == ["fp32"] * n32 + ["fp64"] * (refs["mixed"].scf.iterations - n32)
+
+
+def test_scf_precision_choice_and_refusals():
+    """auto is mixed where the device has fp64 and fast fp32 (cuda) and the factor's fp32 copy
+    fits, else fp64 (the cpu: measured not to pay there); fp64 and mixed are refused on a device
+    without fp64 (one line naming the option)."""
+    from dfmp2.errors import InputError
+    from dataclasses import replace
+    cpu, cuda, trn = (linalg.device_capabilities(d) for d in ("cpu", "cuda", "trn1"))
+    assert dfhf.resolve_precision(cuda, "auto")[0] == dfhf.resolve_precision(replace(cpu, fast_fp32=True), "auto")[0] \
+        == "mixed"
+    mode, why = dfhf.resolve_precision(cpu, "auto")
+    assert mode == "fp64" and "not faster" in why
+    assert dfhf.resolve_precision(cpu, "mixed")[0] == "mixed"
+    assert dfhf.resolve_precision(cpu, "fp64")[0] == "fp64"
+    mode, why = dfhf.resolve_precision(cuda, "auto", fp32_copy=False)
+    assert mode == "fp64" and "memory" in why
+    assert dfhf.resolve_precision(trn, "auto")[0] == "fp32"
+    for p in ("fp64", "mixed"):
+        with pytest.raises(InputError, match="needs fp64") as e:
+            dfhf.resolve_precision(trn, p)
+        assert e.value.option == "scf_precision"
+        with pytest.raises(InputError, match="needs fp64") as e:
+            RunOptions(device="trn1", scf_precision=p).check_choices()
+        assert e.value.option == "scf_precision"
+    with pytest.raises(InputError, match="unknown scf precision") as e:
+        RunOptions(scf_precision="fp16").check_choices()
+    assert e.value.option == "scf_precision"
+    # the memory plan counts the fp32 copy (unpacked: about the factor's size), and drops it rather
+    # than shrink the exchange block when the limit fits the SCF only without it
+    with_copy = dfhf.memory_mb(96, 464, 20, 8, fp32_copy=True)
+    without = dfhf.memory_mb(96, 464, 20, 8)
+    assert with_copy["fp32_copy"] == pytest.approx(464 * 96 * 96 * 4 / 1e6) and without["fp32_copy"] == 0
+    assert with_copy["peak"] > without["peak"]
+    fits = dfhf.check_memory(96, 464, 20, 8, without["peak"], fp32_copy=True)
+    assert fits["fp32_copy"] == 0 and fits["block_mb"] == dfhf.JK_BLOCK_MB
+    assert dfhf.check_memory(96, 464, 20, 8, with_copy["peak"], fp32_copy=True)["fp32_copy"] > 0
+
+
+def test_pipeline_records_the_scf_precision(tmp_path):
+    """``ran.scf.cycle_precision`` of a run: mixed (fp32 cycles, the switch), fp64 none; auto on
+    the CPU is fp64 (measured); the same MP2 energies to 1e-9 Eh."""
+    path = INPUTS / "water.xyz"
+    auto = run(path, RunOptions())
+    assert auto.ran["scf"]["cycle_precision"]["mode"] == "fp64"
+    auto, fp64 = run(path, RunOptions(scf_precision="mixed")), run(path, RunOptions(scf_precision="fp64"))
+    a, f = auto.ran["scf"]["cycle_precision"], fp64.ran["scf"]["cycle_precision"]
+    assert a["mode"] == "mixed" and a["requested"] == "mixed" and a["fp32_cycles"] > 0 and a["switch_cycle"]
+    assert f["mode"] == "fp64" and f["requested"] == "fp64" and f["fp32_cycles"] == 0
+    assert auto.memory["stages_mb"]["scf"] > fp64.memory["stages_mb"]["scf"]       # the fp32 copy, planned
+    assert abs(auto.e_hf - fp64.e_hf) < 1e-10 and abs(auto.e_corr - fp64.e_corr) < 1e-9
+
+
+def test_incremental_fock_build_equals_full_build_in_fp64():
+    """The fp32 devices' Fock build (J/K of ΔD from its eigenvectors, Fock summed) is exact
+    arithmetic: in fp64 it gives the full build's energy."""
+    mol = molecule("water_clusters/h2o_02.xyz")
+    cpu = linalg.get_backend("cpu")
+    full = dfhf.run_dfhf(mol, cpu, incremental=False, precision="fp64")
+    inc = dfhf.run_dfhf(mol, cpu, incremental=True, precision="fp64")
+    assert abs(full.e_hf - inc.e_hf) < 1e-10
+    assert inc.scf.precision["fock_build"].startswith("incremental")
+
+
+def test_jk_match_pyscf_on_a_density():
+    """J and K of one density (not an SCF one) against PySCF's DF-J/K with the same factor."""
+    import numpy as np
+    from dfmp2.timing import Timer
+    mol = molecule("water.xyz")
+    ref = scf.run_rhf(mol, "pyscf-df")
+    cpu = linalg.get_backend("cpu")
+    aux = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    fac, fac64 = dfhf.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu))
+    assert fac64 is None
+    C = np.random.default_rng(7).standard_normal((mol.nao_nr(), 6))
+    D = C @ C.T
+    vj, vk = ref.mf.get_jk(mol, D)
+    J = fac.coulomb(torch.from_numpy(D)).numpy()
+    K = fac.exchange(torch.from_numpy(C)).numpy()
+    K2 = fac.exchange(torch.from_numpy(np.hstack([C, C[:, :2]])), split=6).numpy()   # C C^T - c c^T
+    vk2 = ref.mf.get_jk(mol, D - C[:, :2] @ C[:, :2].T)[1]
+    assert abs(J - vj).max() < 1e-11 * abs(vj).max()
+    assert abs(K - vk).max() < 1e-11 * abs(vk).max()
+    assert abs(K2 - vk2).max() < 1e-11 * abs(vk2).max()
+
+
+def test_trn1_simulate_water_runs_the_jk_on_nki_kernels():
+    """Trainium (NKI kernels on this CPU): the cycles' J/K in fp32 on the kernels, the Fock matrix
+    in fp64 on the host, the final energy with the fp64 factor on the host (recorded). Measured:
+    E(HF) 3e-11 Eh from CPU fp64; with the fp32-built Fock matrix alone 2.3e-7 Eh."""
+    mol = molecule("water.xyz")
+    cpu = dfhf.run_dfhf(mol, linalg.get_backend("cpu"))
+    be = linalg.get_backend("trn1", simulate=True)
+    trn = dfhf.run_dfhf(mol, be)
+    assert abs(trn.e_hf - cpu.e_hf) < 1e-8, trn.e_hf - cpu.e_hf
+    ran = trn.scf.to_dict()
+    assert ran["device"] == "trn1" and ran["precision"]["jk"] == "fp32"
+    assert set(ran["kernels"]) == {"gemm:nki.gemm", "syrk:nki.syrk"}, ran["kernels"]
+    assert ran["kernels"]["syrk:nki.syrk"] >= trn.scf.iterations            # K each cycle on the device
+    # what ran on the host is listed as such: the fp64 fit, the dense algebra, the final J/K
+    for k in ("cholesky:torch.linalg.cholesky_ex", "trsm:torch.linalg.solve_triangular",
+              "eigh:torch.linalg.eigh"):
+        assert k in ran["host_kernels"], ran["host_kernels"]
+    assert "host" in ran["final_energy"] and "scf_final_fp64_host" in ran["times"]
+    # the fp32 Fock matrix's own energy: honest, off by more than the final one
+    assert 1e-9 < abs(ran["e_hf_device_fock"] - cpu.e_hf) < 1e-5
+
+
+def test_scaled_diis_takes_fewer_cycles_to_the_same_energy():
+    """The scaled DIIS solve (the default) against PySCF's unscaled one in the same code: the
+    same E(HF), fewer cycles ((H2O)2: the unscaled solve stalls once |e| < 1e-7)."""
+    from dfmp2.timing import Timer
+
+    class Unscaled(dfhf.DFRHF):
+        diis_scaled = False
+    mol = molecule("water_clusters/h2o_02.xyz")
+    cpu = linalg.get_backend("cpu")
+    scaled = dfhf.run_dfhf(mol, cpu)
+    unscaled = Unscaled(mol, cpu, timer=Timer(cpu)).run(100)
+    assert abs(scaled.e_hf - unscaled.e_hf) < 1e-10
+    assert scaled.scf.iterations < unscaled.scf.iterations - 3, (scaled.scf.iterations, unscaled.scf.iterations)
+
+
+def test_not_converged_raises():
+    with pytest.raises(SCFNotConvergedError, match="did not converge in 3 cycles"):
+        dfhf.run_dfhf(molecule("water.xyz"), linalg.get_backend("cpu"), max_cycle=3)
+
+
+def test_memory_estimate_and_refusal():
+    need = dfhf.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
+    assert need["factor"] == pytest.approx(1856 * 384 * 385 / 2 * 8 / 1e6)
+    assert need["peak"] >= 2 * need["factor"]            # the fit holds raw integrals and solution
+    with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*pyscf-df"):
+        dfhf.check_memory(384, 1856, 80, 8, limit_mb=1000)
+    # a limit below the default exchange block's peak: one auxiliary function per block
+    small = dfhf.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
+    assert small < dfhf.memory_mb(24, 116, 5, 8)["peak"]
+    assert dfhf.check_memory(24, 116, 5, 8, small)["block_mb"] < 1e-6
+
+
+def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
+    path = INPUTS / "water.xyz"
+    ours = run(path, RunOptions())
+    s = ours.ran["scf"]
+    assert s["engine"] == dfhf.ENGINE and s["device"] == "cpu" and s["iterations"] == ours.to_dict()["ran"]["scf"]["iterations"]
+    for op in ("gemm", "syrk", "trsm", "cholesky", "eigh"):
+        assert any(k.startswith(op + ":") for k in s["kernels"]), s["kernels"]
+    assert {"scf_integrals", "scf_fit", "scf"} <= set(ours.timings)
+    assert ours.memory["stages_mb"]["scf"] > 0 and ours.memory["shapes"]["naux_jk"] == 116
+    for mode in ("pyscf-df", "exact"):
+        r = run(path, RunOptions(scf_mode=mode))
+        assert r.ran["scf"]["engine"] == "pyscf" and r.scf_mode == mode
+        assert "scf" in r.timings and "scf_fit" not in r.timings
+        if mode == "pyscf-df":
+            assert abs(r.e_hf - ours.e_hf) < 1e-10 and abs(r.e_corr - ours.e_corr) < 1e-10
+            assert r.jk_auxbasis == ours.jk_auxbasis == "cc-pvdz-jkfit"
+        else:
+            assert r.jk_auxbasis is None and abs(r.e_hf - ours.e_hf) > 1e-6
+
+
+def test_scf_memory_refused_before_the_scf(monkeypatch):
+    """A limit that the MP2 plan fits but the JK factor does not: one error before any SCF."""
+    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
+    need = dfhf.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]   # the smallest
+    geom = read_xyz(INPUTS / "water.xyz")
+    with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
+        run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
+
+
+def test_scf_progress_one_call_per_cycle_from_both_engines():
+    """Our DF-RHF and PySCF's SCF report every cycle (cycle, E, ΔE, |g|) to ``progress``; the last
+    one is the converged state (the thresholds of scf.SCF_CONV_TOL and SCF_CONV_TOL_GRAD)."""
+    mol = molecule("water.xyz")
+    for run in (lambda p: dfhf.run_dfhf(mol, linalg.get_backend("cpu"), progress=p),
+                lambda p: scf.run_rhf(mol, "pyscf-df", progress=p)):
+        calls = []
+        ref = run(lambda *a: calls.append(a))
+        assert [c[0] for c in calls] == list(range(1, ref.scf.iterations + 1))
+        cycle, e_tot, d_e, gnorm, precision = calls[-1]
+        assert precision == "fp64"
+        assert abs(d_e) < scf.SCF_CONV_TOL and abs(e_tot - ref.e_hf) < 1e-9 and gnorm < 1e-6
+
+
+def test_cycle_log_holds_lines_of_a_short_scf_and_prints_a_long_one():
+    from dfmp2.timing import CycleLog
+    out = []
+    log = CycleLog(out.append, "RHF", after=3600)
+    log(1, -76.0, -1e-3, 0.1)
+    assert out == []                                   # a short SCF prints nothing
+    log.after, log.t0 = 0.0, log.t0 - 1.0              # the SCF has now run longer than 'after'
+    log(2, -76.1, -1e-1, 0.01, "fp32")
+    assert len(out) == 2 and out[0].startswith("RHF cycle   1: E = -76.0000000000 Eh")
+    assert out[1].startswith("RHF cycle   2 [fp32]: E = -76.1000000000 Eh")
+    assert "ΔE = -1.00e-01 Eh" in out[1] and "|g| = 1.00e-02" in out[1]
+
+
+def test_not_converged_says_what_did_not_converge_and_a_looser_threshold_helps():
+    """An SCF whose energy has converged but whose gradient stalls above the threshold is told so
+    (option: the gradient threshold), not blamed on the input; a looser threshold converges."""
+    import dfmp2
+    water = str(INPUTS / "water.xyz")
+    for mode in ("df", "pyscf-df"):
+        with pytest.raises(SCFNotConvergedError, match=r"energy change .* \(below the threshold 1e-12\)") as e:
+            dfmp2.energy(water, scf_mode=mode, scf_conv_tol_grad=1e-15, scf_max_cycle=40)
+        assert e.value.option == "scf_conv_tol_grad" and "geometry" not in str(e.value)
+    with pytest.raises(SCFNotConvergedError, match=r"\(above the threshold 1e-12\).*raise the cycle limit") as e:
+        dfmp2.energy(water, scf_max_cycle=3)
+    assert e.value.option == "scf_max_cycle"
+    loose, tight = dfmp2.energy(water, scf_conv_tol_grad=1e-6), dfmp2.energy(water)
+    assert loose.ran["scf"]["conv_tol_grad"] == 1e-6 and tight.ran["scf"]["conv_tol_grad"] == 1e-9
+    assert loose.ran["scf"]["iterations"] < tight.ran["scf"]["iterations"]
+    assert abs(loose.e_hf - tight.e_hf) < 1e-9
+
+
+def test_memory_refusal_gives_the_whole_runs_minimum(no_scf):
+    """--memory 5MB on benzene said 5.85 MB (the MP2 stage), then at 6 MB that the SCF needs 61 MB:
+    the first refusal now gives the whole run's minimum (issue 29, item 16)."""
+    path = INPUTS / "benzene.xyz"
+    with pytest.raises(MemoryLimitError) as e:
+        run(path, RunOptions(memory_mb=5.0))
+    scf_min = e.value.need_mb
+    assert str(e.value).startswith(f"this run needs at least {scf_min:.3g} MB (the DF-SCF; the MP2 stage after it")
+    assert scf_min > 50 and e.value.limit_mb == 5.0
+    with pytest.raises(MemoryLimitError, match="the DF-SCF needs about"):     # just above the MP2 stage's
+        run(path, RunOptions(memory_mb=6.0))
+    with pytest.raises(MemoryLimitError, match=r"^this run needs at least 5.85 MB \(with B on disk"):
+        run(path, RunOptions(memory_mb=5.0, scf_mode="pyscf-df"))          # no DF-SCF of ours: the MP2 stage's

@@ -1,0 +1,270 @@
+"""Runs over several processes (dfmp2.distributed, issue 24), on CPU with gloo.
+
+The energies over 2 and 3 ranks (3: the occupied blocks divide unevenly) must be bitwise those of
+one process on the same device, precision, blocking and thread count: the single-process path is
+checked against PySCF elsewhere (test_pipeline, test_ump2). The failure tests start the ranks as
+a Slurm or MPI launcher would (RANK, WORLD_SIZE, ... set by hand), so each rank's exit status and
+stderr are seen, and nothing (no torchrun agent) ends the survivors for them.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WATER = "3\nwater\nO 0.000 0.000 0.117\nH 0.000 0.757 -0.467\nH 0.000 -0.757 -0.467\n"
+OH = "2\nhydroxyl radical\nO 0.0 0.0 0.0\nH 0.0 0.0 0.97\n"
+# several occupied blocks (water: 5 occupied -> 3 blocks; OH: alpha 3, beta 2 blocks)
+ARGS = ["--basis", "cc-pvdz", "--occ-block-max", "2", "--cpu-blas", "torch", "-q"]
+LIMIT_S = 90
+
+
+def _env(tmp_path, **extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"), **extra)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DFMP2_TEST_FAULT"):
+        if var not in extra:
+            env.pop(var, None)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str = "split"):
+    """The result JSON of a run on ``ranks`` ranks (1: a plain process; more: torchrun) with the
+    DF-SCF split over the ranks or replicated (--dist-scf)."""
+    mol = tmp_path / f"{name}.xyz"
+    mol.write_text(xyz)
+    out = tmp_path / f"{name}-{ranks}-{scf_mode}.json"
+    cmd = [sys.executable, "-m", "dfmp2", "run", str(mol), *ARGS, "--dist-scf", scf_mode, "--json", str(out)]
+    if ranks > 1:
+        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
+        cmd.append("-v")            # each rank's line of the memory plan
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True,
+                       timeout=LIMIT_S, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("E(HF)") == 1, p.stdout        # rank 0 alone prints
+    err = " ".join(p.stderr.split())
+    for r in range(ranks if ranks > 1 else 0):
+        assert f"rank {r} of {ranks} (cpu): occupied blocks" in err, err[-2000:]
+    return json.loads(out.read_text())
+
+
+# (ranks, SCF): the MP2 stage is bitwise one process's given the same orbitals, which a replicated
+# SCF gives; the split SCF sums J and K in another order (E(HF) within 1e-10 Eh, MP2 likewise)
+# (bitwise on 2 and 3 ranks, the split SCF on 3 and 2, within the default channel's minute); the
+# slow channel runs every combination
+RUNS = {"water": [(2, "replicated"), (3, "split")], "oh": [(2, "split"), (3, "replicated")]}
+ALL_RUNS = [(n, mode) for n in (2, 3) for mode in ("replicated", "split")]
+
+
+@pytest.mark.parametrize("xyz,name", [(WATER, "water"), (OH, "oh")], ids=["water", "oh"])
+def test_energies_over_ranks(tmp_path, xyz, name):
+    _check_runs(tmp_path, xyz, name, RUNS[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("xyz,name", [(WATER, "water"), (OH, "oh")], ids=["water", "oh"])
+def test_energies_over_ranks_every_combination(tmp_path, xyz, name):
+    _check_runs(tmp_path, xyz, name, ALL_RUNS)
+
+
+def _check_runs(tmp_path, xyz, name, runs):
+    one = _run(tmp_path, 1, xyz, name)
+    assert "distributed" not in one["ran"]
+    for ranks, scf_mode in runs:
+        res = _run(tmp_path, ranks, xyz, name, scf_mode)
+        e1, en = one["energies"], res["energies"]
+        assert abs(en["e_hf"] - e1["e_hf"]) < 1e-10
+        keys = [("energies", "e_corr_os"), ("energies", "e_corr_ss")]
+        keys += [("spin", k) for k in ("e_corr_aa", "e_corr_bb", "e_corr_ab")] if one.get("spin") else []
+        for part, k in keys:
+            if scf_mode == "replicated":
+                assert res[part][k] == one[part][k], (ranks, k, res[part][k], one[part][k])
+            else:
+                assert abs(res[part][k] - one[part][k]) < 1e-10, (ranks, k)
+        d = res["ran"]["distributed"]
+        assert d["scf"] == scf_mode
+        if scf_mode == "split":          # the JK factor split by auxiliary index
+            assert res["ran"]["scf"]["jk_factor"]["naux"] < res["memory"]["shapes"]["naux_jk"]
+            assert d["comm_bytes_all_ranks"]["scf"] > 0
+        assert d["world_size"] == ranks and d["backend"] == "gloo" and len(d["devices"]) == ranks
+        # per-rank B sums to the one-process B (within one block): every channel's naux*nocc*nvir*8
+        chans = ([(one["spin"]["nocc_alpha"], one["spin"]["nvir_alpha"]),
+                  (one["spin"]["nocc_beta"], one["spin"]["nvir_beta"])] if one.get("spin")
+                 else [(one["shapes"]["nocc"], one["shapes"]["nvir"])])
+        naux = one["shapes"]["naux"]
+        full = sum(naux * o * v * 8 for o, v in chans)
+        block = naux * 2 * max(v for _, v in chans) * 8
+        assert len(d["B_bytes_per_rank"]) == ranks and abs(sum(d["B_bytes_per_rank"]) - full) <= block
+        assert max(d["B_bytes_per_rank"]) < full                      # nobody holds all of B
+        assert d["comm_bytes_all_ranks"]["transform"] > 0 and d["comm_bytes_all_ranks"]["pair"] > 0
+
+
+def _launch(tmp_path, argsets, **extra):
+    """Ranks started by hand (as Slurm would): [(returncode, stderr, seconds)] per rank."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    n, procs, t0 = len(argsets), [], time.perf_counter()
+    for r, args in enumerate(argsets):
+        env = _env(tmp_path, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="40", **extra)
+        procs.append(subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *args], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=LIMIT_S)
+            out.append((p.returncode, err, time.perf_counter() - t0))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return out
+
+
+def _error_lines(results):
+    return [ln for _, err, _ in results for ln in err.splitlines() if ln.startswith("error:")]
+
+
+def test_bad_input_on_one_rank_every_rank_exits_2(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    good = [str(tmp_path / "water.xyz"), *ARGS]
+    bad = [str(tmp_path / "missing.xyz"), *ARGS]
+    res = _launch(tmp_path, [good, bad])
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "missing.xyz" in lines[0], res
+    assert not any("Traceback" in err for _, err, _ in res)
+
+
+def test_bad_input_on_every_rank_one_error_line(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    res = _launch(tmp_path, [[str(tmp_path / "water.xyz"), "--basis", "no-such-basis", "-q"]] * 2)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    assert len(_error_lines(res)) == 1, res
+
+
+def test_rank_killed_mid_pair_step(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *ARGS]
+    res = _launch(tmp_path, [args, args], DFMP2_TEST_FAULT="pair:1:kill")
+    (rc0, err0, t0), (rc1, _, _) = res
+    assert rc1 == -9 and rc0 != 0 and t0 < 60, res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "rank 0 of 2: lost contact" in lines[0] and "pair" in lines[0], res
+    assert "Traceback" not in err0
+    assert not list((tmp_path / "tmp").iterdir())          # no stray scratch files
+
+
+def test_checkpoint_refused_over_ranks(tmp_path):
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *ARGS, "--checkpoint", str(tmp_path / "ck.h5")]
+    res = _launch(tmp_path, [args, args])
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "checkpoint" in lines[0] and "ranks" in lines[0], res
+    assert not (tmp_path / "ck.h5").exists()
+
+
+def test_single_process_has_no_group(monkeypatch):
+    from dfmp2 import distributed
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    w = distributed.join("cpu")
+    assert not w.distributed and w.comm_backend is None and w.size == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert not distributed.join("cpu").distributed
+
+
+def test_rank_devices():
+    from dfmp2 import distributed
+    from dfmp2.errors import InputError
+    assert distributed.rank_device("cpu", 3) == ("cpu", "gloo")
+    assert distributed.rank_device("cuda", 3) == ("cuda:3", "nccl")
+    with pytest.raises(InputError, match="index"):
+        distributed.rank_device("cuda:1", 0)
+    with pytest.raises(InputError, match="several processes"):
+        distributed.rank_device("trn1", 0)
+
+
+def test_work_is_shared_out():
+    from dfmp2 import distributed
+    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.df.outofcore import OccBlocks
+    for size in (1, 2, 3, 5):
+        for count in (1, 3, 7, 10):
+            worlds = [distributed.World(rank=r, size=size) for r in range(size)]
+            owned = [list(mp2_dist.owned(count, w)) for w in worlds]
+            assert sorted(k for o in owned for k in o) == list(range(count))
+            assert max(map(len, owned)) - min(map(len, owned)) <= 1
+            blocks = OccBlocks(2 * count, 3, 4, 2)
+            who = mp2_dist.assigned(blocks, size)
+            assert sorted(who) == sorted(blocks.pairs())
+            owner = {k: r for r, o in enumerate(owned) for k in o}
+            for (i, j), r in who.items():      # the rank holds both blocks at a shift s <= N/2
+                shifts = [(r - owner[k]) % size for k in (i, j)]
+                assert owner[i] == r or owner[j] == r
+                assert all(2 * s <= size for s in shifts), ((i, j), r, shifts)
+    # (H2O)16: 80 occupied in 5 blocks of 16 over 2 ranks (2 and 3 blocks): the shared shift evens it out
+    blocks = OccBlocks(80, 304, 1344, 16)
+    who = mp2_dist.assigned(blocks, 2)
+    load = [sum(mp2_dist.pair_cost(blocks, *p) for p, r in who.items() if r == rank) for rank in (0, 1)]
+    assert max(load) / min(load) < 1.1, load
+
+
+def test_memory_plan_per_rank():
+    """B's share per rank shrinks with the ranks; a run that does not fit says on how many it would."""
+    from dfmp2 import distributed, memory
+    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.errors import MemoryLimitError
+    shapes = dict(nao=400, nocc=64, nvir=336, naux=1500, itemsize=8, fit_itemsize=8)
+
+    def plan():
+        return memory.plan_memory(**shapes, limit_mb=distributed.UNLIMITED_MB, storage="memory")
+    b_mb = plan().b_mb
+    peaks = [max(mp2_dist.rank_stages_mb(plan(), n).values()) for n in (1, 2, 4)]
+    assert peaks[0] > peaks[1] > peaks[2] and peaks[0] - peaks[2] > 0.5 * b_mb
+    p = plan()
+    mp2_dist.per_rank_plan(p, distributed.World(rank=0, size=4), limit_mb=peaks[2] + 1)
+    assert p.peak_mb == pytest.approx(peaks[2]) and p.shapes["ranks"] == 4
+    with pytest.raises(MemoryLimitError, match=r"per rank on 2 ranks .* it would fit on (\d+) ranks") as e:
+        mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
+    n = int(e.value.args[0].rsplit("fit on ", 1)[1].split()[0])
+    assert 2 < n <= 4 and max(mp2_dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
+
+
+@pytest.mark.slow
+def test_silent_rank_ends_the_others_by_the_timeout(tmp_path):
+    """A rank alive but silent (hung) in the pair step: the others stop at the collective timeout."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *ARGS]
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    procs = [subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *args], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=_env(tmp_path, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="8",
+                                       DFMP2_TEST_FAULT="pair:1:hang")) for r in range(2)]
+    try:
+        _, err = procs[0].communicate(timeout=LIMIT_S)
+        assert procs[0].returncode == 2 and "did not answer within 8 s" in err, err
+        assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
+
+
+def test_usage_error_printed_by_rank_0_only(tmp_path):
+    """A usage error (click's, before the ranks could agree): every rank exits 2, rank 0 says why."""
+    res = _launch(tmp_path, [["no.xyz", "--no-such-option"]] * 2)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    assert len(_error_lines(res)) == 1 and "--no-such-option" in _error_lines(res)[0]

@@ -1,0 +1,137 @@
+"""The package's shape (issues 23, 36): imports point one way, functions stay readable, the top
+of ``dfmp2/`` stays small.
+
+Walks ``dfmp2/``, ``linalg/`` (imported as ``dfmp2.linalg``) and ``kernels/`` (``dfmp2.kernels``)
+with ``ast``, function-level imports included, since those are how a cycle hides."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TREES = {"dfmp2": ROOT / "dfmp2", "dfmp2.linalg": ROOT / "linalg", "dfmp2.kernels": ROOT / "kernels"}
+MAX_FUNCTION_LINES = 100
+MAX_TOP_MODULES = 12          # modules directly in dfmp2/, __init__ and __main__ included
+
+
+def _modules():
+    """(dotted name, path) of every module of the three trees; dfmp2/'s links to the other two
+    (and to inputs/) are not walked twice."""
+    for dotted, top in TREES.items():
+        for path in sorted(top.rglob("*.py")):
+            rel = path.relative_to(top)
+            if dotted == "dfmp2" and (top / rel.parts[0]).is_symlink():
+                continue
+            parts = [dotted] + list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def _imports(name: str, path: Path) -> set:
+    """The dfmp2 modules that ``name`` imports anywhere in its file (top level or in a function)."""
+    is_pkg = path.name == "__init__.py"
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("dfmp2")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = base[:len(base) - node.level + 1]
+                mod = ".".join(pkg + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("dfmp2"):
+                continue
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}    # 'from dfmp2.scf import dfhf' names a module
+    return out
+
+
+def _graph():
+    mods = dict(_modules())
+    graph = {}
+    for name, path in mods.items():
+        # a module's own enclosing packages are already being imported when it runs (their
+        # __init__ is not an edge of their children; dfmp2's is the light API entry)
+        graph[name] = {m for m in _imports(name, path)
+                       if m in mods and m != name and m != "dfmp2" and not name.startswith(m + ".")}
+    return graph
+
+
+def _cycle(graph):
+    """One import cycle as a list of modules, or None."""
+    state = {}
+
+    def visit(n, stack):
+        state[n] = 1
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m, stack + [m])
+                if found:
+                    return found
+        state[n] = 2
+        return None
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n, [n])
+            if found:
+                return found
+    return None
+
+
+def test_the_walker_finds_a_cycle_and_sees_all_three_trees():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    g = _graph()
+    assert "dfmp2.df.fitting" in g["dfmp2.scf.dfhf"]       # function-level and absolute imports count
+    assert "dfmp2.linalg.backend" in g["dfmp2.linalg"]      # relative ones too, in linalg/
+    assert "dfmp2.kernels.nki.lang" in g["dfmp2.kernels.nki.gemm"]
+    assert not any(name.startswith("dfmp2.linalg.") for name in g if name.count(".") > 3)
+
+
+def test_no_import_cycle_in_dfmp2_linalg_or_kernels():
+    assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()))
+
+
+def test_floors_point_down():
+    """kernels/ imports nothing of dfmp2 beyond itself; linalg/ only itself and kernels/; the
+    stages never import the orchestrator (pipeline) or a command (cli)."""
+    g = _graph()
+    for name, deps in g.items():
+        if name.startswith("dfmp2.kernels"):
+            assert all(d.startswith("dfmp2.kernels") for d in deps), (name, deps)
+        elif name.startswith("dfmp2.linalg"):
+            assert all(d.startswith(("dfmp2.linalg", "dfmp2.kernels")) for d in deps), (name, deps)
+    for stage in [n for n in g if n.startswith(("dfmp2.scf", "dfmp2.df", "dfmp2.mp2", "dfmp2.grad.rhf",
+                                                  "dfmp2.grad.uhf", "dfmp2.io"))] + \
+            ["dfmp2.reference", "dfmp2.timing", "dfmp2.memory", "dfmp2.options", "dfmp2.provenance"]:
+        assert "dfmp2.pipeline" not in g[stage], stage
+        assert not any(d.startswith("dfmp2.cli") for d in g[stage]), stage
+
+
+def test_only_commands_import_click():
+    """A command module (dfmp2/cli/) holds no science; a science module imports no click."""
+    for name, path in _modules():
+        if name.startswith("dfmp2.cli"):
+            continue
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m for m in names if m.split(".")[0] == "click"}, name
+
+
+def test_at_most_12_modules_directly_in_dfmp2():
+    top = sorted(p.name for p in (ROOT / "dfmp2").glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
+@pytest.mark.parametrize("name,path", list(_modules()), ids=lambda x: str(x))
+def test_no_function_over_100_lines(name, path):
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{name}: {', '.join(long)}"
