@@ -21,7 +21,9 @@ from dfmp2 import linalg
 
 from dfmp2 import memory, pipeline
 from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.grad.rhf import SCALES, GradientParts, mp2_gradient
 from dfmp2.grad.rhf import memory_mb as mp2grad_memory_mb
@@ -69,11 +71,11 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
     if method not in SCALES:
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
     options.check_choices()
-    if options.scf_mode not in scf.SCF_DF_MODES:
-        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(scf.SCF_DF_MODES)}); "
+    if options.scf_mode not in pyscf_scf.SCF_DF_MODES:
+        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(pyscf_scf.SCF_DF_MODES)}); "
                          f"'{options.scf_mode}' has no DF-HF response here", option="scf_mode")
     fp64 = linalg.device_capabilities(options.device).has_fp64
-    reference = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
+    reference = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
     if not fp64 and reference == "uhf":
         raise InputError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
                          "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
@@ -90,7 +92,7 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
     (one line) before any work when it does not fit. Returns the estimate."""
     job = pipeline.prepare(geom, options, backend)
     space, nocc = job.space, job.space.nocc[0]
-    naux_jk = scf.make_auxmol(job.mol, scf.default_auxbasis(job.mol, "jk")).nao_nr()
+    naux_jk = basis.make_auxmol(job.mol, basis.default_auxbasis(job.mol, "jk")).nao_nr()
     if job.unrestricted:
         nocc = space.nocc
         need = mp2grad_uhf.memory_mb(nao=space.nbasis, nocc=nocc, nact=tuple(n - space.nfrozen for n in nocc),
@@ -111,7 +113,7 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
     """The energy (``pipeline.run_geometry``, whose ``progress``, ``log``, ``on_plan``,
     ``on_reference`` and ``guess`` these are) and its nuclear gradient for ``method``."""
     check_gradient_options(geom, options, method)
-    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
     check_gradient_memory(geom, options, backend)
     seen = {}
@@ -125,8 +127,8 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
     (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
     mol, ref = seen["mol"], seen["ref"]          # the frozen core already marked
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, options.auxbasis))
-    jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol, options.auxbasis))
+    jk_auxmol = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     c_os, c_ss = SCALES[method]
     stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
     parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=Timer(backend))

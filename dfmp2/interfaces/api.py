@@ -240,9 +240,9 @@ class DFMP2(pyscf_mp2.MP2Base):
         self._finalize()
 
     def _describe_run(self, log, auxmol, source: str, ref, seconds: float) -> None:
-        from dfmp2.scf import pyscf_scf as scf
+        from dfmp2.df import basis as df_basis
         spec = auxmol.basis
-        self.auxbasis_used = scf.describe_auxbasis(spec) if isinstance(spec, (str, dict)) else "given shells"
+        self.auxbasis_used = df_basis.describe_auxbasis(spec) if isinstance(spec, (str, dict)) else "given shells"
         self.naux = auxmol.nao_nr()
         notes = [ref.gap_warning(), ref.contamination_warning()]
         if "even-tempered" in self.auxbasis_used:
@@ -282,7 +282,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         """(auxmol, where it came from) of ``with_df``, as PySCF's DF-MP2 takes it: its built
         ``auxmol``, else ``make_auxmol(with_df.mol, with_df.auxbasis)`` (None: PySCF's JK-fit
         default); InputError when it is not on the mf's molecule."""
-        from dfmp2.scf import pyscf_scf as scf
+        from dfmp2.df import basis as df_basis
         wd = self.with_df
         if wd is None or not hasattr(wd, "auxbasis"):
             raise InputError(f"with_df must be a pyscf.df.DF object, got {type(wd).__name__}; or set "
@@ -291,7 +291,7 @@ class DFMP2(pyscf_mp2.MP2Base):
             raise InputError("a periodic (PBC) with_df is not supported: DFMP2 takes molecules")
         auxmol = getattr(wd, "auxmol", None)
         if auxmol is None:
-            auxmol = scf.make_auxmol(getattr(wd, "mol", None) or self.mol, wd.auxbasis)
+            auxmol = df_basis.make_auxmol(getattr(wd, "mol", None) or self.mol, wd.auxbasis)
         mol = self.mol
         if (auxmol.natm != mol.natm or not np.allclose(auxmol.atom_coords(), mol.atom_coords(), atol=1e-10)
                 or [auxmol.atom_pure_symbol(i) for i in range(mol.natm)]
@@ -675,19 +675,19 @@ def geometry_from_mole(mol):
     basis's own (``ecp=`` the basis name), which ``ecp='auto'`` attaches anyway."""
     from pyscf import gto
 
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.io import molecule as io_molecule
     from dfmp2.io.xyz import Geometry
     if not mol._built:
         mol.build()
     _refuse_what_is_not_carried(mol)
-    names = set(scf.orbital_basis_names(mol).values())     # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
+    names = set(io_molecule.orbital_basis_names(mol).values())     # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
     basis = names.pop() if len(names) == 1 and None not in names else None
     ecp = mol.ecp
     names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())
     if names and names != {basis}:
         raise InputError(f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
                          "basis's own ECP (ecp='auto') or none (ecp='none')")
-    symbols = tuple(scf.element(mol, i) for i in range(mol.natm))
+    symbols = tuple(io_molecule.element(mol, i) for i in range(mol.natm))
     ghost = tuple(bool(gto.is_ghost_atom(mol.atom_symbol(i))) for i in range(mol.natm))
     geom = Geometry(symbols=symbols, coords_angstrom=np.asarray(mol.atom_coords(unit="Angstrom")),
                     ghost=ghost if any(ghost) else (),
