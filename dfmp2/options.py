@@ -20,9 +20,9 @@ from dfmp2.errors import InputError
 
 PRECISIONS = tuple(DTYPES)                 # fp64, fp32
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
-SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.scf.dfhf); pyscf-df: PySCF's; exact: PySCF's
+SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.scf.driver); pyscf-df: PySCF's; exact: PySCF's
 SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
-SCF_PRECISIONS = ("auto", "fp64", "mixed")   # our DF-SCF's J/K (dfmp2.scf.dfhf.resolve_precision)
+SCF_PRECISIONS = ("auto", "fp64", "mixed")   # our DF-SCF's J/K (dfmp2.scf.precision.resolve_precision)
 SCF_MAX_CYCLE = 100
 SCF_CONV_TOL = 1e-12       # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)

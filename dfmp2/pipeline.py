@@ -3,7 +3,7 @@
     prepare    options checked, backend, molecule, bases, integral engine, the orbital space
                (``Job``): everything cheap that can refuse the run, before any heavy work
     plan       the memory plan (the SCF's and the MP2 stage's), disk, the checkpoint opened
-    reference  the SCF on the run's device (dfmp2.scf.dfhf), PySCF's (dfmp2.scf.pyscf_scf) or the checkpoint's
+    reference  the SCF on the run's device (dfmp2.scf.driver), PySCF's (dfmp2.scf.pyscf_scf) or the checkpoint's
     mp2        the DF-MP2 stage over the reference's spin channels (dfmp2.mp2.stage)
     result     energies, shapes, timings and what ran (dfmp2.io.result, dfmp2.provenance)
 
@@ -24,11 +24,15 @@ from dfmp2.linalg import DTYPES
 
 from dfmp2 import distributed, memory
 from dfmp2.io import checkpoint
-from dfmp2.scf import dfhf
+from dfmp2.scf import driver
+from dfmp2.scf import jk
+from dfmp2.scf.precision import resolve_precision
 from dfmp2.df import integrals
 from dfmp2.mp2 import dist as mp2_dist
 from dfmp2.io import outputs
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.scf import stability
 from dfmp2.errors import DiskWriteError, InputError, MemoryLimitError, shown
 from dfmp2.memory import MemoryPlan, plan_memory
@@ -45,7 +49,7 @@ from dfmp2.io.xyz import Geometry, read_xyz
 class OrbitalSpace:
     """The orbitals of the run, fixed by the molecule before any SCF: ``nocc`` occupied per spin
     channel (one for RHF, alpha and beta for UHF), ``nmo`` kept by the SCF's canonical
-    orthogonalisation (nmo < nbasis with linear dependence: ``scf.linear_dependence``, the rule
+    orthogonalisation (nmo < nbasis with linear dependence: ``molecule.linear_dependence``, the rule
     every SCF engine applies), ``nfrozen`` frozen core orbitals per channel."""
 
     nocc: tuple
@@ -78,7 +82,7 @@ class Job:
     auxmol: object
     engine: integrals.IntegralEngine
     space: OrbitalSpace
-    jk_auxbasis: object = None      # the JK-fit set (scf.default_auxbasis(mol, 'jk')) of a DF SCF, else None
+    jk_auxbasis: object = None      # the JK-fit set (basis.default_auxbasis(mol, 'jk')) of a DF SCF, else None
     jk_auxmol: object = None        # its auxiliary molecule, built once for the plan, the SCF and the gradient
     world: distributed.World = field(default_factory=distributed.World)    # the process group of the run
     warnings: list = field(default_factory=list)
@@ -182,16 +186,16 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
                          option="resume")
     if options.scratch_dir is not None:      # a given scratch directory must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "scratch", option="scratch_dir")
-    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else make_backend(options, unrestricted=uhf)
-    mol = scf.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
+    mol = molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     engine = select_integrals(options, mol, backend)
     say(f"integrals: {engine.name} ({engine.why})")
-    auxbasis = scf.mp2_auxbasis(mol, options.auxbasis)
-    auxmol = scf.make_auxmol(mol, auxbasis)
+    auxbasis = basis.mp2_auxbasis(mol, options.auxbasis)
+    auxmol = basis.make_auxmol(mol, auxbasis)
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
-    jk_auxbasis = scf.default_auxbasis(mol, "jk") if options.scf_mode in scf.SCF_DF_MODES else None
-    jk_auxmol = scf.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
+    jk_auxbasis = basis.default_auxbasis(mol, "jk") if options.scf_mode in pyscf_scf.SCF_DF_MODES else None
+    jk_auxmol = basis.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
     warnings = _input_warnings(mol, auxbasis, options, space.naux, jk_auxbasis) + notes
     if options.multiplicity is None and geom.multiplicity is None and mol.spin:
         warnings.append(f"no multiplicity given (as an option or in the XYZ comment): {mol.nelectron} "
@@ -218,9 +222,9 @@ def orbital_space(mol, auxmol, frozen_core: bool, uhf: bool, source: str) -> tup
     to correlate or the frozen core outnumbers the occupied beta orbitals."""
     nocc_a = (mol.nelectron + mol.spin) // 2
     nocc_b = nocc_a - mol.spin
-    nfrozen = scf.frozen_core_count(mol) if frozen_core else 0
+    nfrozen = molecule.frozen_core_count(mol) if frozen_core else 0
     nao = mol.nao_nr()
-    nmo, lindep_thr, _ = scf.linear_dependence(mol)     # the orbitals every SCF engine keeps
+    nmo, lindep_thr, _ = molecule.linear_dependence(mol)     # the orbitals every SCF engine keeps
     dropped = f", {nao - nmo} dropped as linearly dependent" if nmo < nao else ""
     if nocc_a >= nmo or nfrozen >= nocc_a:
         raise InputError(f"{source}: no MP2 correlation possible with {nocc_a - nfrozen} active "
@@ -267,20 +271,20 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int, jk_auxbasis=N
     basis made for one. ``jk_auxbasis``: the JK-fit set of a density-fitted SCF (None: none)."""
     out = []
     if options.ecp == "none-for-testing":
-        out.append(scf.ecp_off_warning(options.basis, [scf.element(mol, i) for i in range(mol.natm)]))
+        out.append(molecule.ecp_off_warning(options.basis, [molecule.element(mol, i) for i in range(mol.natm)]))
     if options.auxbasis is None:
-        out.append(scf.auxbasis_note(mol, auxbasis, "mp2"))
+        out.append(basis.auxbasis_note(mol, auxbasis, "mp2"))
     else:
-        given = scf.describe_auxbasis(auxbasis)
+        given = basis.describe_auxbasis(auxbasis)
         names = auxbasis.values() if isinstance(auxbasis, dict) else [auxbasis]
-        if any(isinstance(n, str) and not scf.is_fitting_set(n) for n in names):
+        if any(isinstance(n, str) and not basis.is_fitting_set(n) for n in names):
             out.append(f"auxiliary basis {given} is not a density-fitting set; use an "
                        "MP2-fit (RI) set such as the default")
         if naux < mol.nao_nr():
             out.append(f"auxiliary basis {given} has fewer functions (naux {naux}) than the "
                        f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may be large")
     if jk_auxbasis is not None:
-        out.append(scf.auxbasis_note(mol, jk_auxbasis, "jk"))
+        out.append(basis.auxbasis_note(mol, jk_auxbasis, "jk"))
     return [w for w in out if w]
 
 
@@ -301,11 +305,11 @@ class CheckpointSession:
         if not self.path:
             return
         self.fp = checkpoint.fingerprint(
-            mol=job.mol, basis=o.basis, auxbasis=scf.describe_auxbasis(job.auxbasis), scf_mode=o.scf_mode,
+            mol=job.mol, basis=o.basis, auxbasis=basis.describe_auxbasis(job.auxbasis), scf_mode=o.scf_mode,
             frozen_core=o.frozen_core, precision=job.precision, device=o.device, simulate=o.simulate,
             nfrozen=space.nfrozen, nocc=space.nocc[0] - space.nfrozen, nvir=space.nmo - space.nocc[0],
-            naux=space.naux, ecp=scf.ecp_info(job.mol),
-            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != scf.SCF_CONV_TOL_GRAD else None,
+            naux=space.naux, ecp=molecule.ecp_info(job.mol),
+            scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != pyscf_scf.SCF_CONV_TOL_GRAD else None,
             nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None)
 
     def __enter__(self) -> "CheckpointSession":
@@ -367,7 +371,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
                                f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
                                "memory limit", need_mb=scf_mb, limit_mb=e.limit_mb) from None
     scf_plan = (_plan_scf(job, plan) if ours
-                else {"block_mb": dfhf.JK_BLOCK_MB, "fp32_copy": False})
+                else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False})
     if on_plan is not None:
         on_plan(plan)
     say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
@@ -376,10 +380,10 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     nblocks = [-(-(n - space.nfrozen) // plan.occ_block) for n in space.nocc]     # per spin channel
     ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo, nblocks=nblocks[0],
                                nblocks_beta=nblocks[1] if job.unrestricted else None)
-    pyscf_df = options.scf_mode in scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
+    pyscf_df = options.scf_mode in pyscf_scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
                 ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
-                pyscf_df_mb=scf.pyscf_df_disk_mb(job.mol, plan.limit_mb) if pyscf_df else 0.0)
+                pyscf_df_mb=pyscf_scf.pyscf_df_disk_mb(job.mol, plan.limit_mb) if pyscf_df else 0.0)
     return plan, scf_plan
 
 
@@ -399,7 +403,7 @@ def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, noc
 
 
 def _our_scf(job: Job) -> bool:
-    """Whether our DF-SCF (dfhf: DFRHF or DFUHF, on every device) makes the reference: SCF mode 'df'."""
+    """Whether our DF-SCF (dfmp2.scf.driver: DFRHF or DFUHF, on every device) makes the reference: SCF mode 'df'."""
     return job.options.scf_mode == "df"
 
 
@@ -410,11 +414,11 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     SCF's block size in MB (smaller when the limit needs it), 'fp32_copy': whether the copy fits}.
     Also refuses a backend that lacks an op the SCF needs (none does today)."""
     backend = job.backend
-    missing = [op for op in dfhf.OPS if not backend.supports(op)]
+    missing = [op for op in driver.OPS if not backend.supports(op)]
     if missing:
         raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
                                             f"{', '.join(missing)}", alternatives=("cpu",))
-    mixed = dfhf.resolve_precision(backend.caps, job.options.scf_precision)[0] == "mixed"
+    mixed = resolve_precision(backend.caps, job.options.scf_precision)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
@@ -424,8 +428,8 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
 
 def _scf_memory(job: Job, block_mb: float | None = None, *, limit_mb: float | None = None,
                 fp32_copy: bool = False) -> dict:
-    """Our DF-SCF's memory (dfhf.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
-    ``block_mb``, or, given ``limit_mb``, the largest block that fits (dfhf.check_memory:
+    """Our DF-SCF's memory (driver.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
+    ``block_mb``, or, given ``limit_mb``, the largest block that fits (driver.check_memory:
     MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits;
     a UHF job: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set). The JK-fit
     set is the job's (``Job.jk_auxmol``), its rows split over the job's process group."""
@@ -434,8 +438,8 @@ def _scf_memory(job: Job, block_mb: float | None = None, *, limit_mb: float | No
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
     args = (mol.nao_nr(), distributed.scf_rows(naux_jk, job.world), max(mol.nelec), itemsize)
     spins = 2 if job.unrestricted else 1
-    need = (dfhf.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
-            else dfhf.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
+    need = (driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
+            else driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
     return {**need, "naux_jk": naux_jk}
 
 
@@ -450,7 +454,7 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
     checkpoint holds B (in memory or not), the SCF and the pair sums (``ck_mb``,
     ``checkpoint.size_mb``); out of core without a checkpoint, B goes to the scratch directory,
     and (P|ia) does when its dtype differs from B's; PySCF's DF-SCF tensor (``pyscf_df_mb``) goes
-    there too when it does not fit in memory (``scf.pyscf_df_disk_mb``)."""
+    there too when it does not fit in memory (``pyscf_scf.pyscf_df_disk_mb``)."""
     scratch = Path(options.scratch_dir) if options.scratch_dir else Path(tempfile.gettempdir())
     needs = []
     if ck_path and not b_done:
@@ -470,7 +474,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
     """The converged reference with the frozen core marked: the checkpoint's when it holds one,
     else the SCF engine ``options.scf_mode`` picks (written to the checkpoint when there is one).
     PySCF's SCF gets the plan's memory limit and writes its files under the run's scratch
-    directory (``scf.pyscf_scratch``)."""
+    directory (``pyscf_scf.pyscf_scratch``)."""
     options, t0 = job.options, time.perf_counter()
     kind = "UHF" if job.unrestricted else "RHF"
     cycles = CycleLog(say, kind)
@@ -480,14 +484,14 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         timer.add("checkpoint", t0)
     elif _our_scf(job):
         say(f"DF-{kind} on {job.backend.name} ...")
-        ref = dfhf.run_dfhf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
+        ref = driver.run_scf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
                             fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
                             stability=options.scf_stability, world=job.world, dm0=guess)
     else:
         say(f"{kind} (PySCF) ...")
-        run_pyscf = scf.run_uhf if job.unrestricted else scf.run_rhf
+        run_pyscf = pyscf_scf.run_uhf if job.unrestricted else pyscf_scf.run_rhf
         ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
                         conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
                         scratch_dir=options.scratch_dir)
@@ -497,7 +501,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             timer.add("stability", t1)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
-    # every SCF engine keeps the orbitals of scf.linear_dependence (the contract OrbitalSpace states)
+    # every SCF engine keeps the orbitals of molecule.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, \
         (ref.nmo, job.space)
     return ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
@@ -530,19 +534,19 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
     if not ref.restricted:
         a, b = ref.channels
         spin = {"reference": "UHF", "multiplicity": mol.spin + 1, "s2": ref.s2, "s2_exact": ref.s2_exact,
-                "s2_warn_above": scf.S2_WARN, "nocc_alpha": a.nocc_active, "nocc_beta": b.nocc_active,
+                "s2_warn_above": pyscf_scf.S2_WARN, "nocc_alpha": a.nocc_active, "nocc_beta": b.nocc_active,
                 "nvir_alpha": a.nvir_active, "nvir_beta": b.nvir_active, **mp2.spin_blocks}
     return Result(
         molecule=geom.source, natm=geom.natm, formula=_formula(geom.real_symbols) + _ghosts(geom),
         charge=mol.charge, multiplicity=mol.spin + 1,
         geometry=geometry_record(geom.symbols, mol.atom_coords(unit="Angstrom"), geom.ghost),
-        basis=options.basis, auxbasis=scf.describe_auxbasis(job.auxbasis),
+        basis=options.basis, auxbasis=basis.describe_auxbasis(job.auxbasis),
         scf_mode=options.scf_mode, jk_auxbasis=ref.jk_auxbasis, frozen_core=options.frozen_core,
         nbasis=space.nbasis, nmo=ref.nmo, nocc=first.nocc_active, nfrozen=space.nfrozen,
         nvir=first.nvir_active, naux=space.naux, e_hf=ref.e_hf, e_os=mp2.e_os, e_ss=mp2.e_ss,
         timings=timer.seconds, wall_s=wall_s, ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
         memory=plan.to_dict(), versions=software_versions(), warnings=job.warnings + reference_warnings(ref),
-        ecp=scf.ecp_info(mol), spin=spin)
+        ecp=molecule.ecp_info(mol), spin=spin)
 
 
 def time_mp2_stage(mol, auxmol, ref: Reference, options: RunOptions, backend=None, engine=None):
@@ -555,7 +559,7 @@ def time_mp2_stage(mol, auxmol, ref: Reference, options: RunOptions, backend=Non
     if backend is None:
         backend = make_backend(options, unrestricted=not ref.restricted)
     if options.frozen_core:
-        ref = ref.freeze(freeze_lowest(ref.nmo, scf.frozen_core_count(mol)))
+        ref = ref.freeze(freeze_lowest(ref.nmo, molecule.frozen_core_count(mol)))
     engine = engine or select_integrals(options, mol, backend)
     plan = stage_plan(mol, auxmol, options, backend, precision,          # both spins, as run_geometry
                       nocc=sum(c.nocc_active for c in ref.channels),

@@ -34,7 +34,7 @@ def cycle_precision(mode: str, requested: str | None, *, why: str | None = None,
 
 @dataclass
 class ScfRecord:
-    """The SCF of a reference. engine: 'dfmp2.scf.dfhf' (ours) or 'pyscf'; reference 'RHF' | 'UHF';
+    """The SCF of a reference. engine: 'dfmp2.scf' (ours) or 'pyscf'; reference 'RHF' | 'UHF';
     device: the backend's name, or 'host' (PySCF); source: 'ran' (in this run), 'checkpoint'
     (read back; ``checkpoint`` names the file) or 'given' (a PySCF mf the caller converged);
     precision: {'jk', 'fock_energy', 'fock_build'}; times in s; e_hf_device_fock in Hartree;

@@ -4,7 +4,7 @@
     SpinChannel           mo_coeff (nao, nmo), mo_energy (nmo,) Hartree, nocc occupied orbitals,
                           frozen (nmo,) bool: orbitals left out of the correlation
                           -> C_occ (nao, nocc_active), C_vir (nao, nvir_active), eps_occ, eps_vir
-    Reference.source      who made it: 'dfmp2.scf.dfhf' (our DF-SCF), 'pyscf' (PySCF's SCF, run by us
+    Reference.source      who made it: 'dfmp2.scf' (our DF-SCF), 'pyscf' (PySCF's SCF, run by us
                           or converged by the caller), 'checkpoint' (read back from a checkpoint),
                           'given' (orbitals a benchmark made, e.g. core-Hamiltonian ones)
 
@@ -26,7 +26,9 @@ S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORC
 GAP_WARN = 0.15  # Hartree: warn below this HOMO-LUMO gap. Measured on H2/cc-pVDZ against FCI: the
                  # MP2 error is 8 mEh at 0.79 Eh (0.74 A), 45 mEh at 0.14 Eh (4 A), and at 0.11 Eh
                  # (5 A) E(MP2) falls below the exact energy of the basis
-SOURCES = ("dfmp2.scf.dfhf", "pyscf", "checkpoint", "given")   # given: orbitals a script made
+# our DF-SCF's engine name in records, then the names it had before (read from older checkpoints)
+OUR_SCF_NAMES = ("dfmp2.scf", "dfmp2.scf.dfhf", "dfmp2.dfhf")
+SOURCES = (OUR_SCF_NAMES[0], "pyscf", "checkpoint", "given")   # given: orbitals a script made
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,9 @@ import torch  # noqa: E402
 
 from dfmp2 import linalg  # noqa: E402
 from dfmp2.df import integrals  # noqa: E402
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
 from dfmp2.provenance import ScfRecord  # noqa: E402
@@ -109,7 +111,7 @@ def make_engine(variant, mol, backend):
 def reference(mol, how: str, jk_auxbasis):
     """The DF-RHF reference: PySCF on the host (dfmp2's own) or gpu4pyscf on the GPU."""
     if how == "pyscf":
-        return scf.run_rhf(mol, "df")
+        return pyscf_scf.run_rhf(mol, "df")
     from gpu4pyscf import scf as gscf
     mf = gscf.RHF(mol).density_fit(auxbasis=jk_auxbasis)
     mf.conv_tol = 1e-10
@@ -191,9 +193,9 @@ def main(argv=None):
     report = {"meta": meta, "molecules": []}
     for name in args.molecules.split(","):
         path = Path(name) if name.endswith(".xyz") else ROOT / "inputs" / "water_clusters" / f"{name}.xyz"
-        mol = scf.build_molecule(read_xyz(path), args.basis)
-        auxbasis = scf.mp2_auxbasis(mol)
-        auxmol = scf.make_auxmol(mol, auxbasis)
+        mol = molecule.build_molecule(read_xyz(path), args.basis)
+        auxbasis = basis.mp2_auxbasis(mol)
+        auxmol = basis.make_auxmol(mol, auxbasis)
         t0 = time.perf_counter()
         cache = Path(args.scf_cache) / f"{path.stem}_{args.basis}_{args.scf}.npz" if args.scf_cache else None
         if cache is not None and cache.exists():
@@ -205,7 +207,7 @@ def main(argv=None):
             if args.gpu4pyscf_dfmp2:
                 raise SystemExit("--gpu4pyscf-dfmp2 needs the SCF object: run without --scf-cache")
         else:
-            ref = reference(mol, args.scf, scf.default_auxbasis(mol, "jk"))
+            ref = reference(mol, args.scf, basis.default_auxbasis(mol, "jk"))
             if cache is not None:
                 import numpy as np
                 cache.parent.mkdir(parents=True, exist_ok=True)

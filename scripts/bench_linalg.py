@@ -149,10 +149,10 @@ def blas_shapes(quick: bool = False) -> list[tuple]:
     shapes are derived from the code's block sizes: per water cc-pVDZ nao 24, nocc 5, MP2-fit naux
     84, JK-fit naux 116; the pair step's K = (nvir, naux) @ (naux, cols) with cols =
     min(OCC_BLOCK_MAX, PAIR_CHUNK_ELEMS // nvir^2) * nvir; the K build's Z = C_occ^T B_P (nocc, nao)
-    @ (nao, nb*nao) and its SYRK over k = nocc*nb for nb = dfhf.jk_block; the transform
+    @ (nao, nb*nao) and its SYRK over k = nocc*nb for nb = jk.jk_block; the transform
     (naux*nao, nao) @ (nao, nocc) and (naux*nocc, nao) @ (nao, nvir)."""
     from dfmp2 import memory
-    from dfmp2.scf import dfhf
+    from dfmp2.scf import jk
     from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
     if quick:
         return [("cube 256", "gemm", 256, 256, 256, None), ("pair quick", "gemm", 40, 120, 160, 1)]
@@ -161,7 +161,7 @@ def blas_shapes(quick: bool = False) -> list[tuple]:
         nao, nocc, naux, naux_jk = 24 * nw, 5 * nw, 84 * nw, 116 * nw
         nvir = nao - nocc
         cols = min(memory.OCC_BLOCK_MAX, PAIR_CHUNK_ELEMS // (nvir * nvir)) * nvir
-        nb = min(naux_jk, dfhf.jk_block(nao, naux_jk, 8))
+        nb = min(naux_jk, jk.jk_block(nao, naux_jk, 8))
         tag = f"(H2O){nw}"
         rows += [(f"{tag} pair K_ij", "gemm", nvir, cols, naux, 1),
                  (f"{tag} SCF K: Z = C^T B", "gemm", nocc, nb * nao, nao, None),

@@ -46,7 +46,9 @@ sys.path.insert(0, str(ROOT / "inputs"))
 
 from dfmp2 import linalg  # noqa: E402
 from dfmp2.df import outofcore  # noqa: E402
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
 from dfmp2.memory import plan_memory  # noqa: E402
 from dfmp2.mp2.stage import build_B  # noqa: E402
@@ -184,13 +186,13 @@ def main(argv=None):
             (Path(tmp) / f"h2o_{args.waters:02d}.xyz").write_text(xyz_text(args.waters))
             geom = read_xyz(Path(tmp) / f"h2o_{args.waters:02d}.xyz")
         label = f"(H2O){args.waters}"
-    mol = scf.build_molecule(geom, args.basis)
-    auxbasis = scf.mp2_auxbasis(mol)
-    auxmol = scf.make_auxmol(mol, auxbasis)
-    nfrozen = 0 if args.all_electron else scf.frozen_core_count(mol)
+    mol = molecule.build_molecule(geom, args.basis)
+    auxbasis = basis.mp2_auxbasis(mol)
+    auxmol = basis.make_auxmol(mol, auxbasis)
+    nfrozen = 0 if args.all_electron else molecule.frozen_core_count(mol)
     nocc_all = mol.nelectron // 2
     t0 = time.perf_counter()
-    ref = core_orbitals(mol, nocc_all) if args.orbitals == "core" else scf.run_rhf(mol, "df")
+    ref = core_orbitals(mol, nocc_all) if args.orbitals == "core" else pyscf_scf.run_rhf(mol, "df")
     t_orb = time.perf_counter() - t0
     nocc, nvir, naux, nao = nocc_all - nfrozen, ref.nmo - nocc_all, auxmol.nao_nr(), mol.nao_nr()
     plan = plan_memory(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=dtype.itemsize, limit_mb=None,
@@ -282,7 +284,7 @@ def main(argv=None):
     meta["versions"]["h5py"], meta["versions"]["hdf5"] = h5py.__version__, h5py.version.hdf5_version
     result = {
         "meta": meta,
-        "problem": {"molecule": label, "basis": args.basis, "auxbasis": scf.describe_auxbasis(auxbasis),
+        "problem": {"molecule": label, "basis": args.basis, "auxbasis": basis.describe_auxbasis(auxbasis),
                     "frozen_core": not args.all_electron, "precision": args.precision, "nbasis": nao,
                     "nocc": nocc, "nfrozen": nfrozen, "nvir": nvir, "naux": naux,
                     "orbitals": args.orbitals, "orbitals_s": t_orb, "metric": B_disk.metric[0],

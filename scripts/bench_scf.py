@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Benchmark: our DF-RHF (dfmp2.scf.dfhf, ``--scf df``) against PySCF's DF-RHF (``--scf pyscf-df``),
+"""Benchmark: our DF-RHF (dfmp2.scf.driver, ``--scf df``) against PySCF's DF-RHF (``--scf pyscf-df``),
 same molecule, basis, JK-fit set and thresholds; iteration counts beside the times. An open shell
-(``--charge``/``--multiplicity`` or the XYZ comment) compares our DF-UHF (dfhf.DFUHF) with PySCF's
+(``--charge``/``--multiplicity`` or the XYZ comment) compares our DF-UHF (dfmp2.scf.uhf.DFUHF) with PySCF's
 DF-UHF the same way (``--pyscf-max-cycle``: PySCF's limit; an unconverged PySCF is timed and marked). CPU always; CUDA when torch sees a GPU (ours on it, and gpu4pyscf's DF-RHF when it is
 installed), else a 'not run' row with the reason. ``--whole`` also times the whole ``dfmp2 run``
 against PySCF's DF-RHF + DF-MP2. Ours runs with --scf-precision fp64 and mixed, ``--repeat`` times
@@ -31,8 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
 from dfmp2 import linalg  # noqa: E402
-from dfmp2.scf import dfhf  # noqa: E402
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import driver  # noqa: E402
+from dfmp2.scf import jk as scf_jk  # noqa: E402
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
 from dfmp2.pipeline import RunOptions, run  # noqa: E402
 from dfmp2.timing import Timer  # noqa: E402
@@ -88,14 +91,14 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     lib.num_threads(args.threads)
 
-    mol = scf.build_molecule(read_xyz(args.xyz), args.basis, args.charge, args.multiplicity)
+    mol = molecule.build_molecule(read_xyz(args.xyz), args.basis, args.charge, args.multiplicity)
     uhf = mol.spin != 0
     kind, task = ("DF-UHF", "dfuhf") if uhf else ("DF-RHF", "dfrhf")
-    jk = scf.default_auxbasis(mol, "jk")
-    naux = scf.make_auxmol(mol, jk).nao_nr()
+    jk = basis.default_auxbasis(mol, "jk")
+    naux = basis.make_auxmol(mol, jk).nao_nr()
     nao = mol.nao_nr()
     nocc = sum(mol.nelec) if uhf else mol.nelectron // 2     # K's columns a cycle: both spins' for UHF
-    pred = predict(nao, naux, nocc, dfhf.jk_block(nao, naux, 8))
+    pred = predict(nao, naux, nocc, scf_jk.jk_block(nao, naux, 8))
     print(f"{args.xyz} {kind}: nbasis {nao}, naux(JK) {naux}, nocc {nocc}; {args.threads} threads; "
           f"predicted {pred['per_cycle_gflop']:.1f} GFLOP per cycle", flush=True)
     rows = []
@@ -130,19 +133,19 @@ def main(argv=None):
         for rep in range(args.repeat):          # --scf-precision fp64 and mixed, interleaved
             for prec in ("fp64", "mixed")[::1 if rep % 2 == 0 else -1]:
                 timer = Timer(be)
-                t, ref, busy = timed(lambda: dfhf.run_dfhf(mol, be, timer=timer, precision=prec, unrestricted=uhf))
+                t, ref, busy = timed(lambda: driver.run_scf(mol, be, timer=timer, precision=prec, unrestricted=uhf))
                 cp = ref.scf.cycle_precision
-                row(f"ours (dfmp2.scf.dfhf {kind}, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
+                row(f"ours (dfmp2.scf.driver {kind}, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
                     kernels=ref.scf.kernels, d_e_hf_vs_pyscf=None if e_hf_p is None else ref.e_hf - e_hf_p, repeat=rep,
                     fp32_cycles=cp["fp32_cycles"], fp64_cycles=cp["fp64_cycles"], switch_gnorm=cp["switch_gnorm"])
     if "cuda" not in devices:
-        rows.append({"who": "ours (dfmp2.scf.dfhf)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
+        rows.append({"who": "ours (dfmp2.scf.driver)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
         rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
     else:
         try:
             from gpu4pyscf import scf as gscf
             mf = (gscf.UHF if uhf else gscf.RHF)(mol).density_fit(auxbasis=jk)
-            mf.conv_tol, mf.conv_tol_grad, mf.verbose = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD, 0
+            mf.conv_tol, mf.conv_tol_grad, mf.verbose = pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD, 0
             t, _, busy = timed(mf.kernel)
             rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "seconds": t, "iterations": getattr(mf, "cycles", None),
                          "e_hf": float(mf.e_tot), "other_processes_cores": busy, "note": "first call, JIT included"})
@@ -172,10 +175,10 @@ def main(argv=None):
     ours_blas = fb.blas_info()
     peaks = fb.merge_peaks(fb.gemm_peaks(args.peak_sizes), base["peaks"])
     xyz = Path(args.xyz).resolve()
-    report = {"what": f"{kind}: ours (dfmp2.scf.dfhf) vs PySCF's, same process", "charge": mol.charge,
+    report = {"what": f"{kind}: ours (dfmp2.scf.driver) vs PySCF's, same process", "charge": mol.charge,
               "multiplicity": mol.spin + 1,
               "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
-              "basis": args.basis, "jk_auxbasis": scf.describe_auxbasis(jk),
+              "basis": args.basis, "jk_auxbasis": basis.describe_auxbasis(jk),
               "shapes": {"nbasis": nao, "naux_jk": naux, "nocc": nocc},
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": cpu_model(), "threads": args.threads, "platform": platform.platform(),

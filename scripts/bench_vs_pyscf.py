@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
 
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
-from dfmp2.scf import pyscf_scf as scf  # noqa: E402
+from dfmp2.df import basis  # noqa: E402
+from dfmp2.io import molecule  # noqa: E402
+from dfmp2.scf import pyscf_scf  # noqa: E402
 from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
 from dfmp2.io.result import software_versions  # noqa: E402
 from dfmp2.io.xyz import read_xyz  # noqa: E402
@@ -61,11 +63,11 @@ def main(argv=None):
                     help="output path without extension (.json and .md are written)")
     args = ap.parse_args(argv)
 
-    mol = scf.build_molecule(read_xyz(args.xyz), args.basis)
-    auxbasis = scf.mp2_auxbasis(mol)
-    auxmol = scf.make_auxmol(mol, auxbasis)
-    nfrozen = scf.frozen_core_count(mol) if args.frozen_core else 0
-    ref = scf.run_rhf(mol, "df")
+    mol = molecule.build_molecule(read_xyz(args.xyz), args.basis)
+    auxbasis = basis.mp2_auxbasis(mol)
+    auxmol = basis.make_auxmol(mol, auxbasis)
+    nfrozen = molecule.frozen_core_count(mol) if args.frozen_core else 0
+    ref = pyscf_scf.run_rhf(mol, "df")
     shapes = {"nbasis": mol.nao_nr(), "nocc": ref.channels[0].nocc - nfrozen, "nvir": mol.nao_nr() - ref.channels[0].nocc,
               "naux": auxmol.nao_nr()}
     print(f"{args.xyz}: {shapes}; torch threads {torch.get_num_threads()}, "
@@ -108,7 +110,7 @@ def main(argv=None):
     report = {
         "what": "DF-MP2 stage after SCF (integrals, metric, transforms, fit, pair energies)",
         "molecule": _display_path(args.xyz),
-        "basis": args.basis, "auxbasis": scf.describe_auxbasis(auxbasis), "frozen_core": args.frozen_core,
+        "basis": args.basis, "auxbasis": basis.describe_auxbasis(auxbasis), "frozen_core": args.frozen_core,
         "shapes": shapes, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": torch.get_num_threads(), "platform": platform.platform()},
         "versions": software_versions(), "times_s": summary,

@@ -17,7 +17,7 @@ is not installed, is 'skipped' with the reason, never 'pass'):
                     the fp64 pair step's share of the DGEMM peak of the same GPU measured in the
                     same run (torch.matmul, square n = 4096/8192/12288, median of 5)
   run_compare       dfmp2 run and dfmp2 compare --devices cpu,cuda on (H2O)8: |ΔE_corr| cuda vs cpu
-  ours_<mol>        our DF-RHF (dfmp2.scf.dfhf on the device) and the whole dfmp2 run, after a warm-up
+  ours_<mol>        our DF-RHF (dfmp2.scf.driver on the device) and the whole dfmp2 run, after a warm-up
                     on water (Triton's compile outside the timing), for (H2O)16 and (H2O)32
   gpu4pyscf_<mol>   gpu4pyscf's DF-RHF + DF-MP2 on the same molecule (same JK-fit and MP2-fit sets,
                     same SCF thresholds), after a warm-up on water
@@ -174,16 +174,16 @@ def step_run_compare(spec):
 
 def step_ours(spec):
     from dfmp2 import linalg
-    from dfmp2.scf import dfhf
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.scf import driver
+    from dfmp2.io import molecule
     from dfmp2.pipeline import RunOptions, run
     from dfmp2.io.xyz import read_xyz
     dev, xyz = spec["device"], spec["xyz"][mol_key(spec["step"])]
     be = linalg.get_backend(dev)
     run(str(ROOT / "inputs/water.xyz"), RunOptions(device=dev))              # warm-up: compile, allocators
-    mol = scf.build_molecule(read_xyz(xyz), "cc-pvdz")
+    mol = molecule.build_molecule(read_xyz(xyz), "cc-pvdz")
     t0 = time.perf_counter()
-    ref = dfhf.run_dfhf(mol, be)
+    ref = driver.run_scf(mol, be)
     t_scf = time.perf_counter() - t0
     t0 = time.perf_counter()
     r = run(xyz, RunOptions(device=dev))
@@ -209,19 +209,21 @@ def step_gpu4pyscf(spec):
             "scripts/gpu_acceptance.py's docstring" if missing else "")), {}
     if spec["dry"]:
         return "skipped", "dry run on CPU: gpu4pyscf needs a GPU", {}
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.df import basis
+    from dfmp2.io import molecule
+    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
 
     def one(xyz):
-        mol = scf.build_molecule(read_xyz(xyz), "cc-pvdz")
-        mf = gscf.RHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
-        mf.conv_tol, mf.conv_tol_grad, mf.verbose = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD, 0
+        mol = molecule.build_molecule(read_xyz(xyz), "cc-pvdz")
+        mf = gscf.RHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
+        mf.conv_tol, mf.conv_tol_grad, mf.verbose = pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD, 0
         sync = cupy.cuda.Device().synchronize
         t0 = time.perf_counter()
         mf.kernel()
         sync()
         t1 = time.perf_counter()
-        pt = gdfmp2.DFMP2(mf, auxbasis=scf.mp2_auxbasis(mol))
+        pt = gdfmp2.DFMP2(mf, auxbasis=basis.mp2_auxbasis(mol))
         pt.verbose = 0
         pt.kernel()
         sync()

@@ -7,7 +7,7 @@
     python scripts/make_references.py --check water      # ... only the cases of molecule 'water'
 
 The molecule and the RHF come from the program's own PySCF bridge (``dfmp2.io.xyz.read_xyz``,
-``dfmp2.scf.pyscf_scf.build_molecule``, ``dfmp2.scf.pyscf_scf.run_rhf``), so both codes start from the same SCF set-up
+``dfmp2.io.molecule.build_molecule``, ``dfmp2.scf.pyscf_scf.run_rhf``), so both codes start from the same SCF set-up
 (PySCF's RHF, same thresholds). The MP2 energy itself comes from ``pyscf.mp.dfmp2.DFMP2``, never
 from this program's pipeline. Because a density-fitted SCF would hand DFMP2 its JK-fit basis, the
 MP2-fit basis is set explicitly: ``pt.with_df = pyscf.df.DF(mol, auxbasis=...)``.
@@ -152,24 +152,26 @@ def compute_reference(case: dict) -> dict:
     from pyscf.mp.dfmp2 import DFMP2
     from pyscf.mp.dfump2 import DFUMP2
 
-    from dfmp2.scf import pyscf_scf as bridge
+    from dfmp2.df import basis as df_basis
+    from dfmp2.io import molecule as io_molecule
+    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
 
     t0 = time.perf_counter()
     geom = read_xyz(ROOT / case["path"])
-    mol = bridge.build_molecule(geom, case["basis"])
-    auxbasis = bridge.mp2_auxbasis(mol, case["auxbasis_requested"])
-    aux_name = bridge.describe_auxbasis(auxbasis)
-    uhf = bridge.resolve_reference("auto", geom) == "uhf"
-    ref = (bridge.run_uhf if uhf else bridge.run_rhf)(mol, case["scf_mode"])
+    mol = io_molecule.build_molecule(geom, case["basis"])
+    auxbasis = df_basis.mp2_auxbasis(mol, case["auxbasis_requested"])
+    aux_name = df_basis.describe_auxbasis(auxbasis)
+    uhf = io_molecule.resolve_reference("auto", geom) == "uhf"
+    ref = (pyscf_scf.run_uhf if uhf else pyscf_scf.run_rhf)(mol, case["scf_mode"])
     mf = ref.mf
     polish = None
     if uhf:       # the DIIS UHF at the program's 1e-9 gradient is not converged enough (see polish_uhf)
         polish = polish_uhf(mf)
-        ref = bridge.from_pyscf(mf, scf=ref.scf, jk_auxbasis=ref.jk_auxbasis)
+        ref = pyscf_scf.from_pyscf(mf, scf=ref.scf, jk_auxbasis=ref.jk_auxbasis)
     t_scf = time.perf_counter() - t0
 
-    nfrozen = bridge.frozen_core_count(mol) if case["frozen_core"] else 0
+    nfrozen = io_molecule.frozen_core_count(mol) if case["frozen_core"] else 0
     pt = (DFUMP2 if uhf else DFMP2)(mf, frozen=nfrozen if nfrozen else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

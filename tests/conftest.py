@@ -80,11 +80,11 @@ def one_torch_thread():
 def no_scf(monkeypatch):
     """Refusals must come before the SCF: every SCF entry point (our DF-RHF, PySCF's RHF and
     UHF) fails the test if it is called."""
-    from dfmp2.scf import dfhf
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.scf import driver
+    from dfmp2.scf import pyscf_scf
 
     def fail(*a, **k):
         pytest.fail("the SCF must not start")
-    monkeypatch.setattr(scf, "run_rhf", fail)
-    monkeypatch.setattr(scf, "run_uhf", fail)
-    monkeypatch.setattr(dfhf, "run_dfhf", fail)
+    monkeypatch.setattr(pyscf_scf, "run_rhf", fail)
+    monkeypatch.setattr(pyscf_scf, "run_uhf", fail)
+    monkeypatch.setattr(driver, "run_scf", fail)

@@ -24,7 +24,7 @@ Use from a benchmark (seconds are wall times; energies in Hartree):
     base["runs"]["unset"]["tasks"]["whole"]["seconds"]
 
 Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
-Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.scf.pyscf_scf.default_auxbasis), ``dfuhf`` (PySCF
+Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.df.basis.default_auxbasis), ``dfuhf`` (PySCF
 DF-UHF, the same set and thresholds), ``whole`` (PySCF DF-RHF + DFMP2 with the MP2-fit set, or
 DF-UHF + DFUMP2 for an open shell; ``scf_s`` and ``mp2_s`` beside the total),
 ``stage`` (PySCF DFMP2, or DFUMP2 for UHF orbitals, alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
@@ -197,19 +197,21 @@ def child(spec: dict) -> dict:
     from pyscf import df, lib
     from pyscf.mp import dfmp2 as pyscf_dfmp2
     from pyscf.mp import dfump2 as pyscf_dfump2
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.df import basis as df_basis
+    from dfmp2.io import molecule
+    from dfmp2.scf import pyscf_scf
     from dfmp2.benchmarks.timing import OtherCPU
     from dfmp2.io.xyz import read_xyz
     if spec.get("threads"):
         lib.num_threads(spec["threads"])
-    mol = scf.build_molecule(read_xyz(spec["xyz"]), spec["basis"], spec.get("charge"), spec.get("multiplicity"))
-    run_ref = scf.run_uhf if mol.spin else scf.run_rhf        # 'whole': UHF + DFUMP2 for an open shell
-    nfrozen = scf.frozen_core_count(mol) if spec.get("frozen_core") else 0
+    mol = molecule.build_molecule(read_xyz(spec["xyz"]), spec["basis"], spec.get("charge"), spec.get("multiplicity"))
+    run_ref = pyscf_scf.run_uhf if mol.spin else pyscf_scf.run_rhf        # 'whole': UHF + DFUMP2 for an open shell
+    nfrozen = molecule.frozen_core_count(mol) if spec.get("frozen_core") else 0
     out = {"tasks": {}, "pyscf_threads": lib.num_threads()}
 
     def mp2(mf):
         pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf, frozen=nfrozen or None)
-        pt.with_df = df.DF(mol, auxbasis=scf.mp2_auxbasis(mol))
+        pt.with_df = df.DF(mol, auxbasis=df_basis.mp2_auxbasis(mol))
         pt.verbose, pt.max_memory = 0, 16000   # MB: keep PySCF incore (4000 MB would go out of core)
         pt.kernel(with_t2=False)
         return float(pt.e_corr)
@@ -217,7 +219,7 @@ def child(spec: dict) -> dict:
     for task in spec["tasks"]:
         m0 = OtherCPU.mark()
         if task in ("dfrhf", "dfuhf"):
-            r = _timed_scf(scf.run_uhf if task == "dfuhf" else scf.run_rhf, mol, spec.get("max_cycle"))
+            r = _timed_scf(pyscf_scf.run_uhf if task == "dfuhf" else pyscf_scf.run_rhf, mol, spec.get("max_cycle"))
         elif task == "whole":
             t0 = time.perf_counter()
             ref = run_ref(mol, "pyscf-df", **({"max_cycle": spec["max_cycle"]} if spec.get("max_cycle") else {}))

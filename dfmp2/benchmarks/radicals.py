@@ -48,25 +48,27 @@ def run_radical(name: str, devices: list, precisions: list[str], *, pyscf: bool,
     """One open-shell molecule: its UHF once, our DF-UMP2 stage per (device backend factory,
     precision) of ``devices``, PySCF's DFUMP2 stage (``pyscf``). Times in s, energies in Hartree."""
     from dfmp2 import linalg
-    from dfmp2.scf import dfhf
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.scf import driver
+    from dfmp2.df import basis
+    from dfmp2.io import molecule
+    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
     path = OPEN_SHELL_DIR / f"{name}.xyz"
-    mol = scf.build_molecule(read_xyz(path), "cc-pvdz")
-    auxbasis = scf.mp2_auxbasis(mol)
-    auxmol = scf.make_auxmol(mol, auxbasis)
+    mol = molecule.build_molecule(read_xyz(path), "cc-pvdz")
+    auxbasis = basis.mp2_auxbasis(mol)
+    auxmol = basis.make_auxmol(mol, auxbasis)
     t0 = time.perf_counter()
     with waters_mod.scf_tolerance():        # the same thresholds for both SCFs
-        ref = scf.run_uhf(mol, "pyscf-df", max_cycle=300)
+        ref = pyscf_scf.run_uhf(mol, "pyscf-df", max_cycle=300)
         scf_s = time.perf_counter() - t0
-        ours = dfhf.run_dfhf(mol, linalg.get_backend("cpu"), unrestricted=True, max_cycle=300,
+        ours = driver.run_scf(mol, linalg.get_backend("cpu"), unrestricted=True, max_cycle=300,
                              conv_tol_grad=waters_mod.SCF_CONV_TOL_GRAD)
     a, b = ref.channels
     naux = auxmol.nao_nr()
     flops = sum(waters_mod.pair_flops(c.nocc, c.nvir_active, naux) for c in (a, b)) \
         + 2.0 * a.nocc * b.nocc * a.nvir_active * b.nvir_active * naux
     row = {"radical": name, "molecule": f"inputs/open_shell/{path.name}", "charge": mol.charge,
-           "multiplicity": mol.spin + 1, "basis": "cc-pvdz", "auxbasis": scf.describe_auxbasis(auxbasis),
+           "multiplicity": mol.spin + 1, "basis": "cc-pvdz", "auxbasis": basis.describe_auxbasis(auxbasis),
            "nbasis": mol.nao_nr(), "nocc": [a.nocc, b.nocc], "nvir": [a.nvir_active, b.nvir_active], "naux": naux,
            "s2": ref.s2, "pair_flops": flops, "scf_s": scf_s, "scf_cycles": ref.scf.iterations,
            "scf": "PySCF DF-UHF (cpu)", "our_dfuhf_cycles": ours.scf.iterations,

@@ -35,13 +35,13 @@ SCF_CONV_TOL, SCF_CONV_TOL_GRAD = 1e-10, 1e-6
 @contextlib.contextmanager
 def scf_tolerance(conv_tol: float = SCF_CONV_TOL, conv_tol_grad: float = SCF_CONV_TOL_GRAD):
     """Run dfmp2.scf.pyscf_scf.run_rhf with these tolerances (its module constants, restored after)."""
-    from dfmp2.scf import pyscf_scf as scf
-    old = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD
-    scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD = conv_tol, conv_tol_grad
+    from dfmp2.scf import pyscf_scf
+    old = pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD
+    pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD = conv_tol, conv_tol_grad
     try:
         yield
     finally:
-        scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD = old
+        pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD = old
 
 
 def available_clusters() -> list[int]:
@@ -141,20 +141,22 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     ``devices``: [(name, backend factory)] of devices that can run. ``repeats`` timed runs
     (plus one untimed warm-up) for clusters whose expected stage time is below
     ``single_above_s``; a single run (no warm-up) above it."""
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.df import basis
+    from dfmp2.io import molecule
+    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
 
     path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
-    mol = scf.build_molecule(read_xyz(path), "cc-pvdz")
-    auxbasis = scf.mp2_auxbasis(mol)
-    auxmol = scf.make_auxmol(mol, auxbasis)
+    mol = molecule.build_molecule(read_xyz(path), "cc-pvdz")
+    auxbasis = basis.mp2_auxbasis(mol)
+    auxmol = basis.make_auxmol(mol, auxbasis)
     t0 = time.perf_counter()
     with scf_tolerance():
-        ref = scf.run_rhf(mol, "df")
+        ref = pyscf_scf.run_rhf(mol, "df")
     scf_s = time.perf_counter() - t0
     nocc, nvir, naux = ref.channels[0].nocc, ref.nmo - ref.channels[0].nocc, auxmol.nao_nr()
     row = {"waters": n, "molecule": f"inputs/water_clusters/{path.name}", "basis": "cc-pvdz",
-           "auxbasis": scf.describe_auxbasis(auxbasis), "nbasis": mol.nao_nr(), "nocc": nocc,
+           "auxbasis": basis.describe_auxbasis(auxbasis), "nbasis": mol.nao_nr(), "nocc": nocc,
            "nvir": nvir, "naux": naux, "pair_flops": pair_flops(nocc, nvir, naux),
            "scf_s": scf_s, "scf_cycles": ref.scf.iterations,
            "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD], "runs": []}

@@ -26,7 +26,7 @@ The pair loop (``_pair_densities``) runs over blocks of j with every i at once (
 symmetry: P_ij needs every i of one j), all its steps in torch on the backend: K, t, θ, Γ, P_oo,
 P_vv are GEMMs and in-place elementwise steps over one block (K and Γ over every ordered pair, P_oo
 and P_vv: about 4.6 times the flops of the energy's pair step, which takes i >= j). J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
-(``dfhf.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
+(``dfmp2.scf.jk.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
 PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
 torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)
 and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nact nvir
@@ -50,7 +50,7 @@ from pyscf.scf import hf as pyscf_hf
 
 from dfmp2 import linalg
 
-from dfmp2.scf import dfhf
+from dfmp2.scf.jk import build_jk_factor
 from dfmp2.df import integrals
 from dfmp2.errors import InputError
 from dfmp2.io.result import METHOD_SCALES, kernel_records
@@ -143,9 +143,9 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
     (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
     ``jk_auxmol`` (the SCF's), on ``backend``. A backend without fp64 (trn) runs the densities'
     pair loop (``_pair_densities``) in fp32 and everything else on a host CPU backend in fp64
-    (``dfhf.DFUHF``'s host backend); ``ran`` says which part ran where."""
+    (``dfmp2.scf.uhf.DFUHF``'s host backend); ``ran`` says which part ran where."""
     check_supported(ref, backend)
-    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")      # as dfhf.DFRHF.dense
+    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")      # as dfmp2.scf.rhf.DFRHF.dense
     timer = timer or Timer(backend)
     kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
     t0 = time.perf_counter()
@@ -489,12 +489,12 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
 # ---------------------------------------------------------------------------- DF J/K (JK-fit set)
 class _DFJK:
     """The SCF's DF two-electron operator on the JK-fit set: G[D] = J[D] - K[D]/2 from our JK
-    factor (``dfhf.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
+    factor (``dfmp2.scf.jk.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
     the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
 
     def __init__(self, mol, auxmol, backend, timer):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
-        self.fac, _ = dfhf.build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
         if self.fac.metric != "cholesky":
             raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
                                 "eigen-decomposition); its gradient is not implemented", option="auxbasis")

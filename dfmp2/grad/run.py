@@ -24,7 +24,8 @@ from dfmp2 import linalg
 
 from dfmp2 import memory, pipeline
 from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.grad.rhf import SCALES, GradientParts, mp2_gradient
 from dfmp2.grad.rhf import memory_mb as mp2grad_memory_mb
@@ -74,11 +75,11 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
     if method not in SCALES:
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
     options.check_choices()
-    if options.scf_mode not in scf.SCF_DF_MODES:
-        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(scf.SCF_DF_MODES)}); "
+    if options.scf_mode not in pyscf_scf.SCF_DF_MODES:
+        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(pyscf_scf.SCF_DF_MODES)}); "
                          f"'{options.scf_mode}' has no DF-HF response here", option="scf_mode")
     fp64 = linalg.device_capabilities(options.device).has_fp64
-    reference = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
+    reference = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
     if not fp64 and reference == "uhf":
         raise InputError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
                          "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
@@ -137,7 +138,7 @@ def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progr
     (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,
     runs the energy, and gives the gradient stage its molecule, fitting sets and backend."""
     check_gradient_options(geom, options, method)
-    uhf = scf.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
     t_start = time.perf_counter()
     job = pipeline.prepare_run(geom, options, backend, log)

@@ -19,7 +19,7 @@ i, j active occupied, I frozen occupied, k any occupied, a, b virtual of one spi
     P^σ_Ij = Y^σ_Ij / (2 (e_j - e_I))                        frozen-active block, per spin
     Z-vector (the coupled α/β CPHF of the DF-UHF): (e_a - e_i) z^σ_ai + (C_v^σT G^σ[dD] C_o^σ)_ai = R^σ_ai
           = Y^σ_ai - Y^σ_ia,  dD^τ = C_v^τ z^τ C_o^τT + h.c.;  P^σ_ai = P^σ_ia = -z^σ_ai / 2
-          (the operator is ``dfhf.DFUHF.hessian_product``'s, over the gradient's JK factor)
+          (the operator is ``dfmp2.scf.uhf.DFUHF.hessian_product``'s, over the gradient's JK factor)
     dE/dx = Σ_σ (D^σ + P^σ) h^x - Σ W S^x + E_nuc^x + E_G^x(D^σ/2 + P^σ)[JK-fit]
             + 4 Σ_σ Γ~^σ_iaP (ia|P)^x - 2 Σ γ_PQ (P|Q)^x [MP2-fit],   W = Σ_σ C^σ sym(Y^σ) C^σT / 2
 with D^σ = C_o^σ C_o^σT and E_G(D1) = Σ_σ D1^σ G^σ[D] (J of the total density, K per spin).
@@ -42,7 +42,7 @@ import scipy.sparse.linalg
 import torch
 from pyscf.grad import rhf as pyscf_grad_rhf
 
-from dfmp2.scf import dfhf
+from dfmp2.scf.uhf import DFUHF
 from dfmp2.grad.rhf import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
                       _Buffers, _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _t,
                       check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, three_index_terms)
@@ -108,7 +108,7 @@ def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 
     used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
     ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items())),
            "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
-                        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfhf.DFUHF.hessian_product), the "
+                        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
                         "derivative weights",
            "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)"}
     return GradientParts(grad, hf, grad - hf, e_corr, c_os, c_ss, zinfo, warnings,
@@ -116,8 +116,8 @@ def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 
 
 
 def _response_operator(jk: _DFJK, orbs):
-    """The DF-UHF's J/K steps (``dfhf.DFUHF.response``) over the gradient's fp64 JK factor."""
-    return dfhf.DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs))
+    """The DF-UHF's J/K steps (``dfmp2.scf.uhf.DFUHF.response``) over the gradient's fp64 JK factor."""
+    return DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs))
 
 
 # ---------------------------------------------------------------------------- correlation part

@@ -93,19 +93,19 @@ def geometry_from_mole(mol):
     basis's own (``ecp=`` the basis name), which ``ecp='auto'`` attaches anyway."""
     from pyscf import gto
 
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.io import molecule
     from dfmp2.io.xyz import Geometry
     if not mol._built:
         mol.build()
     _refuse_what_is_not_carried(mol)
-    names = set(scf.orbital_basis_names(mol).values())     # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
+    names = set(molecule.orbital_basis_names(mol).values())     # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
     basis = names.pop() if len(names) == 1 and None not in names else None
     ecp = mol.ecp
     names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())
     if names and names != {basis}:
         raise InputError(f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
                          "basis's own ECP (ecp='auto') or none (ecp='none')")
-    symbols = tuple(scf.element(mol, i) for i in range(mol.natm))
+    symbols = tuple(molecule.element(mol, i) for i in range(mol.natm))
     ghost = tuple(bool(gto.is_ghost_atom(mol.atom_symbol(i))) for i in range(mol.natm))
     geom = Geometry(symbols=symbols, coords_angstrom=np.asarray(mol.atom_coords(unit="Angstrom")),
                     ghost=ghost if any(ghost) else (),

@@ -241,9 +241,9 @@ class DFMP2(pyscf_mp2.MP2Base):
         self._finalize()
 
     def _describe_run(self, log, auxmol, source: str, ref, seconds: float) -> None:
-        from dfmp2.scf import pyscf_scf as scf
+        from dfmp2.df import basis as df_basis
         spec = auxmol.basis
-        self.auxbasis_used = scf.describe_auxbasis(spec) if isinstance(spec, (str, dict)) else "given shells"
+        self.auxbasis_used = df_basis.describe_auxbasis(spec) if isinstance(spec, (str, dict)) else "given shells"
         self.naux = auxmol.nao_nr()
         notes = [ref.gap_warning(), ref.contamination_warning()]
         if "even-tempered" in self.auxbasis_used:
@@ -283,7 +283,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         """(auxmol, where it came from) of ``with_df``, as PySCF's DF-MP2 takes it: its built
         ``auxmol``, else ``make_auxmol(with_df.mol, with_df.auxbasis)`` (None: PySCF's JK-fit
         default); InputError when it is not on the mf's molecule."""
-        from dfmp2.scf import pyscf_scf as scf
+        from dfmp2.df import basis as df_basis
         wd = self.with_df
         if wd is None or not hasattr(wd, "auxbasis"):
             raise InputError(f"with_df must be a pyscf.df.DF object, got {type(wd).__name__}; or set "
@@ -292,7 +292,7 @@ class DFMP2(pyscf_mp2.MP2Base):
             raise InputError("a periodic (PBC) with_df is not supported: DFMP2 takes molecules")
         auxmol = getattr(wd, "auxmol", None)
         if auxmol is None:
-            auxmol = scf.make_auxmol(getattr(wd, "mol", None) or self.mol, wd.auxbasis)
+            auxmol = df_basis.make_auxmol(getattr(wd, "mol", None) or self.mol, wd.auxbasis)
         mol = self.mol
         if (auxmol.natm != mol.natm or not np.allclose(auxmol.atom_coords(), mol.atom_coords(), atol=1e-10)
                 or [auxmol.atom_pure_symbol(i) for i in range(mol.natm)]

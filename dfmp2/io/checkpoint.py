@@ -409,19 +409,19 @@ class Checkpoint:
         which engine converged it, on which device, in how many iterations)."""
         from dfmp2.options import SCF_CONV_TOL_GRAD
         from dfmp2.provenance import ScfRecord
-        from dfmp2.reference import restricted, unrestricted
+        from dfmp2.reference import OUR_SCF_NAMES, restricted, unrestricted
         g = self.f["scf"]
         kind = "UHF" if self.unrestricted else "RHF"
         try:
             mode, cycles = str(g.attrs["scf_mode"]), int(g.attrs["cycles"]) or None
             fp = json.loads(self.f.attrs["fingerprint"])
             jk_aux = str(g.attrs["jk_auxbasis"]) or None
-            ours = (str(g.attrs["engine"]) == "dfmp2.scf.dfhf") if self.unrestricted else mode == "df"
-            record = ScfRecord(engine="dfmp2.scf.dfhf" if ours else "pyscf", reference=kind,
+            ours = (str(g.attrs["engine"]) in OUR_SCF_NAMES) if self.unrestricted else mode == "df"
+            record = ScfRecord(engine=OUR_SCF_NAMES[0] if ours else "pyscf", reference=kind,
                                device=fp.get("device", "host") if ours else "host",
                                conv_tol_grad=fp.get("scf_conv_tol_grad", SCF_CONV_TOL_GRAD),
                                source="checkpoint", iterations=cycles, jk_auxbasis=jk_aux,
-                               jk="dfmp2.scf.dfhf (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
+                               jk=f"{OUR_SCF_NAMES[0]} (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
                                checkpoint=str(self.path))
             C, e, nocc = g["mo_coeff"][...], g["mo_energy"][...], int(g.attrs["nocc"])
             args = dict(e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)

@@ -139,7 +139,7 @@ class Result:
         any notes, without the 'problem and what ran' table."""
         from rich.markup import escape     # user text (file names, basis names) is not markup
         from rich.table import Table
-        from dfmp2.scf.pyscf_scf import describe_ecp
+        from dfmp2.io.molecule import describe_ecp
         e = self.energies()
         method = "DF-UMP2" if self.spin else "DF-MP2"
         t = Table(title=f"{method}  {self.formula}  ({escape(self.molecule)})", title_justify="left")

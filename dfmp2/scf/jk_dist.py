@@ -5,7 +5,7 @@
     fit        B_r = W[rows_r, :] raw = Σ_q W[rows_r, rows_q] raw_q: the raw blocks pass round the
                ring (N - 1 shifts of about 1/N of the factor each), each rank adding its GEMM
     cycles     J and K are sums over P: each rank's partial J, K from B_r, all-reduced
-               (nbasis² per cycle, dfhf.DFRHF.coulomb / exchange); the dense algebra replicated
+               (nbasis² per cycle, dfmp2.scf.rhf.DFRHF.coulomb / exchange); the dense algebra replicated
 
 J and K are summed in a different order than on one process: E(HF) agrees to about 1e-12 Eh, not
 bitwise. The orbitals that the MP2 stage reads are rank 0's, sent to every rank

@@ -8,7 +8,7 @@ UHF rotations), the check of PySCF's ``scf.stability.uhf_internal``, which only 
 PySCF's convention (``pyscf.soscf.newton_ah.gen_g_hop_uhf``'s product, doubled). The lowest root
 comes from ``pyscf.lib.davidson`` on the host (vectors of nvir*nocc numbers) with uhf_internal's
 preconditioner and tolerance. The product is the caller's: our DF-UHF builds G with its own JK
-factor on the run's device (``dfhf.DFUHF.hessian_product``), a PySCF SCF with PySCF's response
+factor on the run's device (``dfmp2.scf.uhf.DFUHF.hessian_product``), a PySCF SCF with PySCF's response
 (``pyscf_product``, on the host). ``StabilityRecord.ran`` says which.
 """
 from __future__ import annotations

@@ -304,11 +304,12 @@ class CBSResult:
 def check_bases(sch: Scheme, geoms, options) -> None:
     """Every basis of the bracket, with its MP2-fit set, on every geometry, before any SCF (a
     basis PySCF lacks for an element stops the command now, not after the first basis ran)."""
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.df import basis as df_basis
+    from dfmp2.io import molecule as io_molecule
     for g in geoms:
         for b in sch.bracket.bases:
-            mol = scf.build_molecule(g, b, options.charge, options.multiplicity, ecp=options.ecp)
-            scf.mp2_auxbasis(mol, options.auxbasis)
+            mol = io_molecule.build_molecule(g, b, options.charge, options.multiplicity, ecp=options.ecp)
+            df_basis.mp2_auxbasis(mol, options.auxbasis)
 
 
 def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool = False,
@@ -317,7 +318,7 @@ def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool 
     (``scheme(options.basis, options.cbs_scf)``). ``checked``: the bases were already checked on
     this geometry (``check_bases``); ``on_plan(plan)`` sees each basis's memory plan. Each
     component's ``ran['kernels']`` counts its own calls."""
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.io import molecule as io_molecule
     from dfmp2.pipeline import make_backend
     say = log or (lambda msg: None)
     sch = scheme(options.basis, options.cbs_scf)
@@ -328,7 +329,7 @@ def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool 
     if not checked:
         check_bases(sch, [geom], options)
     if backend is None:
-        backend = make_backend(options, unrestricted=scf.resolve_reference(
+        backend = make_backend(options, unrestricted=io_molecule.resolve_reference(
             options.reference, geom, options.charge, options.multiplicity) == "uhf")
     t0, start = time.perf_counter(), dict(backend.kernels_used)
     components, warnings = [], []

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule as io_molecule
 from dfmp2.errors import InputError, shown
 from dfmp2.io.result import SCHEMA_VERSION, Result, json_ran, software_versions
 from dfmp2.io.xyz import Geometry
@@ -368,7 +369,7 @@ def interaction_energies(runs) -> dict:
 
 
 def check_runs(jobs, options) -> None:
-    """Build every run's molecule and MP2-fit basis now (scf.build_molecule refuses what the
+    """Build every run's molecule and MP2-fit basis now (io_molecule.build_molecule refuses what the
     program cannot run: electron counts, open shells until DF-UMP2, coincident atoms, basis
     sets lacking an element), so a fragment that cannot run stops the command before any SCF.
     A basis bracket (cc-pv[dt]z): every basis of it (dfmp2.workflows.cbs.check_bases)."""
@@ -377,8 +378,8 @@ def check_runs(jobs, options) -> None:
         cbs.check_bases(cbs.scheme(options.basis, options.cbs_scf), [g for _, _, g in jobs], options)
         return
     for _, _, g in jobs:
-        mol = scf.build_molecule(g, options.basis, g.charge, g.multiplicity, ecp=options.ecp)
-        scf.mp2_auxbasis(mol, options.auxbasis)
+        mol = io_molecule.build_molecule(g, options.basis, g.charge, g.multiplicity, ecp=options.ecp)
+        basis.mp2_auxbasis(mol, options.auxbasis)
 
 
 def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progress=None) -> InteractionResult:
@@ -399,7 +400,7 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
     check_runs(jobs, options)
     # one device for all runs (no fallback in between); open-shell runs need the backend's
     # opposite-spin pair path (cuda: gemm+epilogue)
-    unrestricted = any(scf.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
+    unrestricted = any(io_molecule.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
     backend = make_backend(options, unrestricted=unrestricted)
     t0 = time.perf_counter()
     runs, warnings = [], []

@@ -268,7 +268,7 @@ def test_real_process_error_has_no_traceback(tmp_path):
 def test_every_command_offers_every_scf_mode():
     """run, interaction and compare take the same --scf choices as dfmp2.scf.pyscf_scf.SCF_MODES (the
     interaction command once lagged behind when pyscf-df was added)."""
-    from dfmp2.scf import pyscf_scf as scf
+    from dfmp2.scf import pyscf_scf
     for name in ("run", "interaction", "compare"):
         opt = next(p for p in main.commands[name].params if p.name == "scf_mode")
-        assert tuple(opt.type.choices) == scf.SCF_MODES, name
+        assert tuple(opt.type.choices) == pyscf_scf.SCF_MODES, name

@@ -20,7 +20,9 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 import dfmp2
 from cli_checks import assert_one_line_error
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis as df_basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
@@ -42,7 +44,7 @@ def tight_rhf(mol, density_fit=None):
     mf = pyscf_scf.RHF(mol)
     if density_fit:
         mf = mf.density_fit(auxbasis=density_fit)
-    mf.conv_tol, mf.conv_tol_grad, mf.verbose = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD, 0
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = bridge.SCF_CONV_TOL, bridge.SCF_CONV_TOL_GRAD, 0
     mf.kernel()
     assert mf.converged
     return mf
@@ -50,7 +52,7 @@ def tight_rhf(mol, density_fit=None):
 
 def per_atom(mol, spec):
     """{atom label: set} of an auxiliary-basis dict keyed by element or label."""
-    return {a[0]: spec.get(a[0], spec.get(scf.element(mol, i))) for i, a in enumerate(mol._atom)}
+    return {a[0]: spec.get(a[0], spec.get(molecule.element(mol, i))) for i, a in enumerate(mol._atom)}
 
 
 def bse_shells(name, el):
@@ -74,13 +76,13 @@ def test_dict_basis_default_is_pyscfs_choice_per_element(basis):
     atom = WATER.replace("H 0.0 0.757", "H1 0.0 0.757") if "H1" in basis else WATER
     mol = mole(atom, basis)
     for kind, mp2fit in (("mp2", True), ("jk", False)):
-        ours = scf.default_auxbasis(mol, kind)
+        ours = df_basis.default_auxbasis(mol, kind)
         assert per_atom(mol, ours) == make_auxbasis(mol, mp2fit=mp2fit), (kind, ours)
-        assert scf.auxbasis_note(mol, ours, kind) is None                  # matched: nothing to say
+        assert df_basis.auxbasis_note(mol, ours, kind) is None                  # matched: nothing to say
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pyscf_naux = df.addons.make_auxmol(mol, make_auxbasis(mol, mp2fit=mp2fit)).nao_nr()
-        assert scf.make_auxmol(mol, ours).nao_nr() == pyscf_naux
+        assert df_basis.make_auxmol(mol, ours).nao_nr() == pyscf_naux
 
 
 def test_dict_basis_drop_in_matches_pyscf_dfmp2_on_a_non_df_rhf():
@@ -139,10 +141,10 @@ def test_hi_def2_svp_fits_iodine_with_the_published_def2_svp_rifit(tmp_path):
 
 def test_hi_drop_in_on_pyscfs_mf_uses_the_bse_set_and_matches_pyscf():
     """The drop-in on a DF mf fits with the mf's JK-fit set, as PySCF's DFMP2 does; given the
-    CLI's default MP2 fit (scf.mp2_auxbasis: the BSE's def2-SVP-RIFIT for I) it matches PySCF
+    CLI's default MP2 fit (df_basis.mp2_auxbasis: the BSE's def2-SVP-RIFIT for I) it matches PySCF
     with the same sets."""
     mf, ref = hi_reference(frozen=[0, 1, 2, 3])
-    aux = scf.mp2_auxbasis(mf.mol)
+    aux = df_basis.mp2_auxbasis(mf.mol)
     assert aux == {"H": "def2-svp-ri", "I": "def2-svp-rifit"}
     pt = dfmp2.DFMP2(mf, frozen=[0, 1, 2, 3], auxbasis=aux).run()
     assert abs(pt.e_corr - ref.e_corr) <= TOL, pt.e_corr - ref.e_corr
@@ -151,8 +153,8 @@ def test_hi_drop_in_on_pyscfs_mf_uses_the_bse_set_and_matches_pyscf():
 def test_the_bse_set_is_the_one_the_bse_package_publishes():
     """PySCF's loader reads 'def2-svp-rifit' through the BSE package: the same shells as the
     package's own NWChem text parsed by PySCF (30 shells on I, 0 in PySCF's own def2-svp-ri)."""
-    assert scf.from_bse("def2-svp-rifit") and scf.from_bse("cc-pvdz-pp-rifit")
-    assert not scf.from_bse("def2-svp-ri") and not scf.from_bse("def2-universal-jkfit")
+    assert df_basis.from_bse("def2-svp-rifit") and df_basis.from_bse("cc-pvdz-pp-rifit")
+    assert not df_basis.from_bse("def2-svp-ri") and not df_basis.from_bse("def2-universal-jkfit")
     loaded = gto.basis.load("def2-svp-rifit", "I")
     assert sorted(map(str, loaded)) == sorted(map(str, bse_shells("def2-SVP-RIFIT", "I")))
 
@@ -163,24 +165,24 @@ def test_element_no_published_set_has_still_gets_autoaux_with_the_warning():
     with pytest.raises(KeyError):
         basis_set_exchange.get_basis("cc-pvdz-pp-rifit", elements=["I"])
     mol = mole(HI_ATOMS, {"H": "cc-pvdz", "I": "cc-pvdz-pp"}, ecp={"I": "cc-pvdz-pp"})
-    spec = scf.default_auxbasis(mol, "mp2")
+    spec = df_basis.default_auxbasis(mol, "mp2")
     assert spec == {"H": "cc-pvdz-ri", "I": "autoaux"}
-    note = scf.auxbasis_note(mol, spec, "mp2")
+    note = df_basis.auxbasis_note(mol, spec, "mp2")
     assert "autoaux used for I (fallback)" in note and "Basis Set Exchange" not in note
     # an all-electron iodine never gets the ECP-made def2-SVP-RIFIT
     ae = mole(HI_ATOMS, "def2-svp")
-    assert scf.default_auxbasis(ae, "mp2")["I"] == "autoaux"
+    assert df_basis.default_auxbasis(ae, "mp2")["I"] == "autoaux"
 
 
 def test_a_missing_bse_package_is_one_error_line_not_autoaux(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "basis_set_exchange", None)       # import fails
-    assert scf.bse_version() is None
+    assert df_basis.bse_version() is None
     with pytest.raises(InputError, match="def2-svp-rifit, published in the Basis Set Exchange.*pip install basis-set-exchange"):
-        scf.default_auxbasis(mole(HI_ATOMS, "def2-svp", ecp="def2-svp"), "mp2")
+        df_basis.default_auxbasis(mole(HI_ATOMS, "def2-svp", ecp="def2-svp"), "mp2")
     res = CliRunner().invoke(main, ["run", str(HI), "--basis", "def2-svp"])
     assert_one_line_error(res, "pip install basis-set-exchange")
     # nothing through Kr needs it
-    assert scf.default_auxbasis(mole(WATER, "6-31g**"), "mp2") == {"O": "cc-pvdz-ri", "H": "cc-pvdz-ri"}
+    assert df_basis.default_auxbasis(mole(WATER, "6-31g**"), "mp2") == {"O": "cc-pvdz-ri", "H": "cc-pvdz-ri"}
 
 
 def test_basis_whose_ecp_pyscf_does_not_attach_is_refused():
@@ -189,5 +191,5 @@ def test_basis_whose_ecp_pyscf_does_not_attach_is_refused():
     meaningless, so it is one error before any integral."""
     g = geometry("Ce 0 0 0\nH 0 0 2.0")
     with pytest.raises(InputError, match="basis def2-svp for Ce is made for an effective core potential"):
-        scf.build_molecule(g, "def2-svp", multiplicity=2)
+        molecule.build_molecule(g, "def2-svp", multiplicity=2)
 

@@ -20,9 +20,12 @@ from pyscf.df import incore
 
 from dfmp2 import linalg
 from dfmp2 import memory, pipeline
-from dfmp2.scf import dfhf
+from dfmp2.scf import driver
+from dfmp2.scf import jk as scf_jk
 from dfmp2.df import integrals
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
 from dfmp2.options import INTEGRAL_ENGINES
 from dfmp2.pipeline import RunOptions
@@ -34,7 +37,7 @@ INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 @pytest.fixture(scope="module")
 def water():
     mol = gto.M(atom="O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", basis="cc-pvdz", verbose=0)
-    return mol, scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
+    return mol, basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ def test_host_engine_runs_in_the_callers_thread_on_a_host_device(water, cpu):
 def test_any_aux_basis_and_metric(water, cpu):
     """The JK-fit set goes through the same engine (the SCF's integrals); metric = libcint's."""
     mol, _ = water
-    jk = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    jk = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     eng = integrals.HostEngine(mol, cpu)
     blocks = integrals.aux_shell_blocks(jk, 40)
     got = engine_blocks(eng, jk, blocks)
@@ -119,7 +122,7 @@ def test_unpack_is_pyscf_unpack_tril(dtype):
     full = integrals.unpack(p[:2], nao, out=buf[:2])
     assert torch.equal(full, ref[:2]) and full.data_ptr() == buf.data_ptr()
     assert (buf[2:] == -1).all()
-    jk = dfhf.JKFactor(p, nao, linalg.get_backend("cpu"), block=2, metric="cholesky")
+    jk = scf_jk.JKFactor(p, nao, linalg.get_backend("cpu"), block=2, metric="cholesky")
     assert torch.equal(jk.unpack(p), ref) and torch.equal(jk.unpack(p[0]), ref[0])
 
 
@@ -138,9 +141,9 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
                    for p0, p1, packed in integrals.iter_j3c_packed(self.mol, auxmol, shell_blocks))
 
     geom = pipeline.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
-    mol = scf.build_molecule(geom, "cc-pvdz")
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
-    ref = scf.run_rhf(mol, "df")
+    mol = molecule.build_molecule(geom, "cc-pvdz")
+    auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
+    ref = pyscf_scf.run_rhf(mol, "df")
     be = linalg.get_backend("cpu")
     opts = RunOptions(j3c_block_mb=0.5)            # several blocks
     res = {}
@@ -252,9 +255,9 @@ def test_cli_choices_are_the_engines():
 
 
 def test_explicit_gpu4pyscf_fails_before_the_work(monkeypatch):
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF ran"))
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))
     res = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--integrals", "gpu4pyscf"])
     assert res.exit_code == 2, res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]
@@ -395,9 +398,9 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
 def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
     fake_gpu4pyscf(monkeypatch, shuffle_seed=3)
     geom = pipeline.read_xyz(INPUTS / "water.xyz")
-    mol = scf.build_molecule(geom, "cc-pvdz")
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
-    ref = scf.run_rhf(mol, "df")
+    mol = molecule.build_molecule(geom, "cc-pvdz")
+    auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
+    ref = pyscf_scf.run_rhf(mol, "df")
     be = linalg.get_backend("cpu")
     e = {}
     for eng in (integrals.HostEngine(mol, be), integrals.Gpu4pyscfEngine(mol, FakeCudaBackend())):
@@ -475,8 +478,8 @@ def test_cuda_host_engine_pinned_blocks_bit_identical(water):
 def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
     pytest.importorskip("gpu4pyscf", reason="cuda channel: gpu4pyscf is not installed (pip install -e '.[cuda13]')")
     geom = pipeline.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
-    mol = scf.build_molecule(geom, "cc-pvdz")
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
+    mol = molecule.build_molecule(geom, "cc-pvdz")
+    auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     be = linalg.get_backend("cuda")
     eng = integrals.select_engine("auto", mol, be)
     assert eng.name == "gpu4pyscf"
@@ -486,7 +489,7 @@ def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
         assert (full.cpu() - r).abs().max() <= 1e-12 * r.abs().max()
     j2c = torch.from_numpy(auxmol.intor("int2c2e"))
     assert (eng.metric(auxmol).cpu() - j2c).abs().max() <= 1e-12 * j2c.abs().max()
-    ref = scf.run_rhf(mol, "df")
+    ref = pyscf_scf.run_rhf(mol, "df")
     e = {}
     for engine in (integrals.HostEngine(mol, be), eng):
         _, e_os, e_ss, _, ran = time_mp2_stage_with(mol, auxmol, ref, be, engine)

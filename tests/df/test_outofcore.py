@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2.scf import dfhf
+from dfmp2.scf import driver
 from dfmp2.df import outofcore
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import pyscf_scf
 from dfmp2.linalg.reference import mp2_pair_energy_reference
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
@@ -162,8 +162,8 @@ def test_tiny_memory_limit_goes_out_of_core_bitwise_equal(tmp_path, monkeypatch,
     # PySCF honours --memory too (its blocking, its DF tensor on disk), which changes its SCF in the
     # last bits; given its default memory in both runs, both share one SCF and the MP2 stage is
     # what is compared
-    run_rhf = scf.run_rhf
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: run_rhf(*a, **{**k, "memory_mb": None}))
+    run_rhf = pyscf_scf.run_rhf
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: run_rhf(*a, **{**k, "memory_mb": None}))
     im = run(DIMER, RunOptions(**SMALL, precision=precision, scf_mode="pyscf-df"))
     assert not im.memory["out_of_core"]
     limit = run_plan_limit(precision)
@@ -217,10 +217,10 @@ def test_temporary_files_removed_on_failure_and_interrupt(tmp_path, monkeypatch,
 
 def test_not_enough_disk_fails_before_scf(tmp_path, monkeypatch):
     import shutil
-    import dfmp2.scf.pyscf_scf as scf
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("SCF must not start"))
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("SCF must not start"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("SCF must not start"))
+    from dfmp2.scf import pyscf_scf
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("SCF must not start"))
+    monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("SCF must not start"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("SCF must not start"))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 1000))
     with pytest.raises(InputError, match=r"needs .* MB of disk in .* only 0.001 MB are free"):
         run(WATER, RunOptions(storage="disk", scratch_dir=str(tmp_path)))

@@ -15,7 +15,7 @@ from dfmp2 import linalg
 from dfmp2 import pipeline
 from dfmp2.grad import run as gradrun
 from dfmp2.grad import rhf as mp2grad
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
 from dfmp2.cli.main import main
 from dfmp2.errors import EXIT_USER_ERROR, InputError
 from dfmp2.options import RunOptions
@@ -82,10 +82,10 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad.mp2_gradient(mol, ref, scf.make_auxmol(mol, scf.mp2_auxbasis(mol)),
-                                  scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")), linalg.get_backend("cpu"))
+    parts = mp2grad.mp2_gradient(mol, ref, basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
+                                  basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk")), linalg.get_backend("cpu"))
     ch = ref.channels[0]
-    mf = pyscf_scf.RHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
+    mf = pyscf_scf.RHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
     mf.mo_coeff, mf.mo_energy = ch.mo_coeff, ch.mo_energy
     mf.mo_occ = np.where(np.arange(ch.nmo) < ch.nocc, 2.0, 0.0)
     mf.e_tot, mf.converged = ref.e_hf, True

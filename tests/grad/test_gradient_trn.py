@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.grad import run as gradrun
 from dfmp2.grad import rhf as mp2grad
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
 from dfmp2.cli.main import main
 from dfmp2.options import RunOptions
 from dfmp2.io.xyz import read_xyz
@@ -49,8 +49,8 @@ def test_stage_on_trn_matches_cpu_on_the_same_reference():
     opts = RunOptions(basis="6-31g", frozen_core=True)
     cpu = gradrun.run_gradient(_water(), opts, "scs-mp2")
     mol, ref = cpu.energy_run.mol, cpu.energy_run.ref
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol, opts.auxbasis))
-    jk_auxmol = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol, opts.auxbasis))
+    jk_auxmol = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     trn = _trn()
     parts = mp2grad.mp2_gradient(mol, ref, auxmol, jk_auxmol, trn, c_os=1.2, c_ss=1 / 3)
     diff = np.abs(parts.gradient - cpu.parts.gradient).max()

@@ -17,7 +17,7 @@ from dfmp2 import linalg, pipeline
 from dfmp2.grad import run as gradrun
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
 from dfmp2.cli.main import main
 from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.options import RunOptions
@@ -101,10 +101,10 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad_uhf.uhf_mp2_gradient(mol, ref, scf.make_auxmol(mol, scf.mp2_auxbasis(mol)),
-                                         scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk")),
+    parts = mp2grad_uhf.uhf_mp2_gradient(mol, ref, basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
+                                         basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk")),
                                          linalg.get_backend("cpu"))
-    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
+    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
     mf.mo_coeff = np.stack([c.mo_coeff for c in ref.channels])
     mf.mo_energy = np.stack([c.mo_energy for c in ref.channels])
     mf.mo_occ = np.stack([np.where(np.arange(c.nmo) < c.nocc, 1.0, 0.0) for c in ref.channels])
@@ -179,7 +179,7 @@ def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
     seen = {}
     pipeline.run_geometry(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    aux, jk = scf.make_auxmol(mol, scf.mp2_auxbasis(mol)), scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
+    aux, jk = basis.make_auxmol(mol, basis.mp2_auxbasis(mol)), basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     with pytest.raises(mp2grad.GradientError, match="uhf_mp2_gradient"):
         mp2grad.mp2_gradient(mol, ref, aux, jk, linalg.get_backend("cpu"))
     rhf = dataclasses.replace(ref, channels=ref.channels[:1], s2=None, s2_exact=None)

@@ -18,14 +18,14 @@ from click.testing import CliRunner
 import dfmp2
 import dfmp2.pipeline
 from dfmp2.grad import run as gradrun
-from dfmp2.scf import pyscf_scf
+from dfmp2.df import basis as df_basis
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = str(INPUTS / "water.xyz")
 
 # Where the run's code looks the JK-fit set up (pipeline.prepare: ``scf.default_auxbasis``). After
 # the scf/ split moves it to dfmp2.df.basis, point this at that module.
-AUXBASIS_HOME = pyscf_scf
+AUXBASIS_HOME = df_basis
 SCF_OWN = {"df": 1, "pyscf-df": 3}      # JK-fit look-ups inside dfmp2/scf/ per run (the SCF split's to pass in)
 
 

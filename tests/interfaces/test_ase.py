@@ -14,6 +14,7 @@ from ase.io import read                                                    # noq
 from ase.units import Hartree                                              # noqa: E402
 
 import dfmp2                                                               # noqa: E402
+import dfmp2.df.basis                                                      # noqa: E402
 from dfmp2.ase import DFMP2Calculator                                      # noqa: E402
 from dfmp2.errors import InputError                                        # noqa: E402
 
@@ -96,11 +97,11 @@ def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
     atoms.calc = DFMP2Calculator(basis="sto-3g", scf_mode="pyscf-df")
     e = atoms.get_potential_energy() / Hartree
     mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="sto-3g", spin=1, verbose=0)
-    mf = scf.UHF(mol).density_fit(auxbasis=dfmp2.scf.pyscf_scf.default_auxbasis(mol, "jk"))
+    mf = scf.UHF(mol).density_fit(auxbasis=dfmp2.df.basis.default_auxbasis(mol, "jk"))
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
     mf.kernel()
     pt = DFUMP2(mf)
-    pt.with_df = df.DF(mol, auxbasis=dfmp2.scf.pyscf_scf.default_auxbasis(mol, "mp2"))
+    pt.with_df = df.DF(mol, auxbasis=dfmp2.df.basis.default_auxbasis(mol, "mp2"))
     pt.kernel()
     assert abs(e - pt.e_tot) <= 1e-8, e - pt.e_tot
 

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 
 from dfmp2 import linalg
 from dfmp2.io import checkpoint
-from dfmp2.scf import dfhf
+from dfmp2.scf import driver
+from dfmp2.scf import rhf
 from dfmp2.df import integrals
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import pyscf_scf
 from dfmp2.io.checkpoint import CheckpointError
 from dfmp2.cli.main import main
 from dfmp2.pipeline import RunOptions, run
@@ -110,8 +111,8 @@ def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path,
         assert f.attrs["complete"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
 
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
     monkeypatch.setattr(integrals.HostEngine, "blocks", lambda *a, **k: pytest.fail("B is in the checkpoint"))
     calls = count_pair_calls(monkeypatch)
     # resumed with the other storage: where B lives does not change the bits
@@ -133,8 +134,8 @@ def test_interrupt_during_fit_rebuilds_b_but_keeps_the_scf(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         run(DIMER, RunOptions(**BLOCKS, storage="disk", checkpoint=str(ck)))
     monkeypatch.setattr(outofcore, "fit_blocks", orig)
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
     r = run(DIMER, RunOptions(**BLOCKS, storage="disk", resume=str(ck)))
     assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": False, "pairs": 0}
     assert same_bits(r, ref)
@@ -232,8 +233,8 @@ def test_complete_checkpoint_gives_the_result_again(water_checkpoint, monkeypatc
     ck, first = water_checkpoint
     ck = copy(ck, tmp_path / "c.h5")
     calls = count_pair_calls(monkeypatch)
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("no SCF on resume"))
     r = run(WATER, RunOptions(**BLOCKS, resume=str(ck)))
     assert calls == [] and same_bits(r, first)
     assert "checkpoint" in r.timings and "scf" not in r.timings
@@ -335,8 +336,8 @@ def test_any_flipped_byte_of_a_finished_checkpoint_is_refused(water_checkpoint, 
                                                              dataset, where, storage):
     ck = copy(water_checkpoint[0], tmp_path / "c.h5")
     flip_byte(ck, dataset, where)
-    monkeypatch.setattr(scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("no SCF on resume"))
     msg = cli_error(["run", str(WATER), "--resume", str(ck), "--storage", storage])
     assert "is corrupted" in msg and "remove the file" in msg, msg
 
@@ -463,15 +464,15 @@ def test_interrupted_uhf_run_resumes_to_the_same_bits(tmp_path, monkeypatch, uhf
         assert sum(done.values()) == fail_after and f.attrs["complete"] == 0
         assert f["B"].attrs["complete"] == 1 and f["B_beta"].attrs["complete"] == 1
         assert f["scf/mo_coeff"].shape == (2, 19, 19) and f["scf"].attrs["nocc_beta"] == 4
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
     monkeypatch.setattr(integrals.HostEngine, "blocks", lambda *a, **k: pytest.fail("B is in the checkpoint"))
     calls = count_pair_calls(monkeypatch)
     other = "disk" if storage == "memory" else "memory"
     r = run(OH, RunOptions(**BLOCKS, storage=other, resume=str(ck)))
     assert len(calls) == UHF_NPAIRS - fail_after
     assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": True, "pairs": fail_after}
-    assert r.ran["scf"]["reference"] == "UHF" and r.ran["scf"]["engine"] == dfhf.ENGINE
+    assert r.ran["scf"]["reference"] == "UHF" and r.ran["scf"]["engine"] == rhf.ENGINE
     assert same_uhf_bits(r, ref)
     with h5py.File(ck, "r") as f:
         assert f.attrs["complete"] == 1 and all(f[f"{g}/done"][...].all() for g in UHF_SETS)
@@ -491,7 +492,7 @@ def test_uhf_interrupt_in_the_beta_fit_keeps_alpha_and_the_scf(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         run(OH, RunOptions(**BLOCKS, storage="disk", checkpoint=str(ck)))
     monkeypatch.setattr(outofcore, "fit_blocks", orig)
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF is in the checkpoint"))
     r = run(OH, RunOptions(**BLOCKS, resume=str(ck)))
     assert r.ran["storage"]["from_checkpoint"] == {"scf": True, "B": False, "pairs": 0}
     assert same_uhf_bits(r, uhf_uninterrupted)
@@ -523,7 +524,7 @@ def test_every_uhf_dataset_is_listed_for_the_flip_test(oh_checkpoint):
 def test_complete_uhf_checkpoint_gives_the_result_again(oh_checkpoint, monkeypatch, tmp_path):
     ck, first = oh_checkpoint
     calls = count_pair_calls(monkeypatch)
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("no SCF on resume"))
     r = run(OH, RunOptions(**BLOCKS, resume=str(copy(ck, tmp_path / "c.h5"))))
     assert calls == [] and same_uhf_bits(r, first)
 
@@ -535,8 +536,8 @@ def test_any_flipped_byte_of_a_uhf_checkpoint_is_refused(oh_checkpoint, tmp_path
                                                         dataset, where, storage):
     ck = copy(oh_checkpoint[0], tmp_path / "c.h5")
     flip_byte(ck, dataset, where)
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("no SCF on resume"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("no SCF on resume"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("no SCF on resume"))
     msg = cli_error(["run", str(OH), "--resume", str(ck), "--storage", storage] + BLOCK_ARGS)
     assert "is corrupted" in msg and "remove the file" in msg, msg
 

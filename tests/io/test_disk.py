@@ -26,7 +26,8 @@ from tmpfs import tmpfs
 
 from dfmp2 import pipeline
 from dfmp2.io import checkpoint
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
 from dfmp2.options import RunOptions
 from dfmp2.io.xyz import read_xyz
@@ -173,7 +174,7 @@ def test_pyscf_writes_its_df_tensor_under_scratch_with_the_memory_limit(tmp_path
 def test_pyscf_df_tensor_on_disk_is_in_the_disk_check(tmp_path, no_scf):
     """A DF tensor that goes to disk is counted before the SCF: a 64 kB scratch disk is too
     small for water's 0.28 MB tensor (0.25 MB of memory: 24 % above PySCF's in-memory share)."""
-    assert scf.pyscf_df_mb(scf.build_molecule(read_xyz(WATER))) > 0.2
+    assert pyscf_scf.pyscf_df_mb(molecule.build_molecule(read_xyz(WATER))) > 0.2
     with tmpfs(tmp_path, 64) as disk:
         res = CliRunner().invoke(main, ["run", str(WATER), "-q", "--scf", "pyscf-df", "--memory", "0.25MB",
                                         "--scratch", str(disk)])

@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from dfmp2.workflows import compare as compare_mod
-from dfmp2.scf import dfhf
+from dfmp2.scf import driver
 from dfmp2.io import outputs
 from dfmp2.workflows import regress
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError, SCFNotConvergedError
 
@@ -52,9 +52,9 @@ def no_heavy_work(monkeypatch):
     """Any SCF, regression case, device comparison or benchmark fails the test."""
     def fail(*a, **k):
         pytest.fail("heavy work started before the output path was checked")
-    monkeypatch.setattr(scf, "run_rhf", fail)
-    monkeypatch.setattr(scf, "run_uhf", fail)
-    monkeypatch.setattr(dfhf, "run_dfhf", fail)
+    monkeypatch.setattr(pyscf_scf, "run_rhf", fail)
+    monkeypatch.setattr(pyscf_scf, "run_uhf", fail)
+    monkeypatch.setattr(driver, "run_scf", fail)
     monkeypatch.setattr(regress, "run_case", fail)
     monkeypatch.setattr(compare_mod, "run_molecule", fail)
     monkeypatch.setattr(compare_mod, "run_synthetic", fail)
@@ -274,8 +274,8 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
 
     def not_converged(*a, **k):
         raise SCFNotConvergedError("RHF did not converge (test)")
-    monkeypatch.setattr(scf, "run_rhf", not_converged)
-    monkeypatch.setattr(dfhf, "run_dfhf", not_converged)
+    monkeypatch.setattr(pyscf_scf, "run_rhf", not_converged)
+    monkeypatch.setattr(driver, "run_scf", not_converged)
     args = ["run", str(WATER), "--checkpoint", str(ck)]
     for _ in range(2):                      # the same command again: the same error, not "already exists"
         one_error(CliRunner().invoke(main, args), "did not converge")
@@ -283,8 +283,8 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(scf, "run_rhf", interrupted)
-    monkeypatch.setattr(dfhf, "run_dfhf", interrupted)
+    monkeypatch.setattr(pyscf_scf, "run_rhf", interrupted)
+    monkeypatch.setattr(driver, "run_scf", interrupted)
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 130 and res.output.strip().splitlines()[-1] == "error: interrupted", res.output
     assert not ck.exists()

@@ -90,7 +90,7 @@ def test_checkpoint_says_where_the_scf_came_from(tmp_path, scf_mode):
     fresh = run(WATER, RunOptions(scf_mode=scf_mode, checkpoint=str(ck)))
     assert fresh.ran["storage"]["from_checkpoint"] == {"scf": False, "B": False, "pairs": 0}
     assert fresh.ran["scf"]["source"] == "ran" and fresh.ran["scf"]["iterations"] > 0
-    assert fresh.ran["scf"]["engine"] == ("dfmp2.scf.dfhf" if scf_mode == "df" else "pyscf")
+    assert fresh.ran["scf"]["engine"] == ("dfmp2.scf" if scf_mode == "df" else "pyscf")
     again = run(WATER, RunOptions(scf_mode=scf_mode, resume=str(ck)))
     assert again.ran["storage"]["from_checkpoint"]["scf"] is True and again.ran["storage"]["from_checkpoint"]["B"]
     s = again.ran["scf"]

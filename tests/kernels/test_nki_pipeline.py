@@ -23,7 +23,7 @@ def test_water_trn1_simulate_within_1uEh_of_fp64_cpu():
         assert k in kernels, kernels
     assert not any(k.split(":")[1].startswith("torch") for k in kernels), kernels
     # water compiles 10 kernel shapes. MP2: two GEMMs (the two transform halves), one TRSM, one pair
-    # kernel; SCF (dfmp2.scf.dfhf): J's two GEMMs, the exchange GEMM for the guess's 7 orbitals and for
+    # kernel; SCF (dfmp2.scf.jk): J's two GEMMs, the exchange GEMM for the guess's 7 orbitals and for
     # the density changes (padded rows: 8 and 16), SYRKs of 5 (nocc) and 7 (guess rank) columns per P
     assert ran["compiled_shapes"] == 10, ran["shapes"]
     assert abs(got.e_hf - ref.e_hf) < 1e-8, (got.e_hf, ref.e_hf)
@@ -55,7 +55,7 @@ def test_oh_uhf_trn1_simulate_runs_our_dfuhf_on_the_nki_kernels():
     assert abs(got.spin["s2"] - cpu.spin["s2"]) < 1e-8
     assert abs(got.e_corr - cpu.e_corr) < 1e-6
     s = got.ran["scf"]
-    assert s["engine"] == "dfmp2.scf.dfhf" and s["reference"] == "UHF" and s["device"] == "trn1"
+    assert s["engine"] == "dfmp2.scf" and s["reference"] == "UHF" and s["device"] == "trn1"
     assert set(s["kernels"]) == {"gemm:nki.gemm", "syrk:nki.syrk"}, s["kernels"]
     assert s["kernels"]["syrk:nki.syrk"] >= 2 * (s["iterations"] - 1)         # K per spin each cycle
     assert "G rebuilt from the whole density with the fp64 factor, at cycle" in s["host"], s["host"]

@@ -9,7 +9,9 @@ import pytest
 from pyscf import df
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis as df_basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.pipeline import RunOptions, run
 from dfmp2.io.result import SCS_OS, SCS_SS, SOS_OS
 from dfmp2.io.xyz import read_xyz
@@ -20,10 +22,10 @@ TOL = {"fp64": 1e-9, "fp32": 1e-6}
 
 def pyscf_reference(path, scf_mode, frozen_core, basis="cc-pvdz"):
     """(E_HF, E_corr, E_OS, E_SS) from PySCF's DF-MP2 with the MP2-fit auxiliary basis."""
-    mol = scf.build_molecule(read_xyz(path), basis)
-    ref = scf.run_rhf(mol, scf_mode)
-    pt = pyscf_dfmp2.DFMP2(ref.mf, frozen=scf.frozen_core_count(mol) if frozen_core else None)
-    pt.with_df = df.DF(mol, auxbasis=scf.mp2_auxbasis(mol))
+    mol = molecule.build_molecule(read_xyz(path), basis)
+    ref = pyscf_scf.run_rhf(mol, scf_mode)
+    pt = pyscf_dfmp2.DFMP2(ref.mf, frozen=molecule.frozen_core_count(mol) if frozen_core else None)
+    pt.with_df = df.DF(mol, auxbasis=df_basis.mp2_auxbasis(mol))
     pt.verbose = 0
     pt.kernel()
     return ref.e_hf, pt.e_corr, pt.e_corr_os, pt.e_corr_ss

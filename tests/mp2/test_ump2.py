@@ -14,8 +14,10 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2.scf import dfhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import driver
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run, run_geometry
@@ -100,7 +102,7 @@ def test_cli_json_records_the_open_shell(tmp_path):
     d = json.loads(out.read_text())
     sp = d["spin"]
     assert sp["reference"] == "UHF" and sp["multiplicity"] == 2 and sp["s2_exact"] == 0.75
-    assert 0.75 <= sp["s2"] < 0.76 and sp["s2_warn_above"] == scf.S2_WARN
+    assert 0.75 <= sp["s2"] < 0.76 and sp["s2_warn_above"] == pyscf_scf.S2_WARN
     assert (sp["nocc_alpha"], sp["nocc_beta"], sp["nvir_alpha"], sp["nvir_beta"]) == (5, 4, 14, 15)
     e = d["energies"]
     assert e["e_corr_os"] == pytest.approx(sp["e_corr_ab"], abs=0)
@@ -146,8 +148,8 @@ def test_one_electron_has_no_correlation():
 ])
 def test_refusals_are_one_line(tmp_path, monkeypatch, args, fragments):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
+    monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
     _one_error_line(CliRunner().invoke(main, ["run", str(OH), *args]), *fragments)
     assert list(tmp_path.iterdir()) == []
 
@@ -155,8 +157,8 @@ def test_refusals_are_one_line(tmp_path, monkeypatch, args, fragments):
 def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
     """B3+ as a triplet: two alpha electrons, no beta; its frozen 1s (one orbital per spin) has no
     beta orbital to freeze: refused before the SCF."""
-    monkeypatch.setattr(scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
+    monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
     geom = parse_xyz("1\ncharge=3 multiplicity=3\nB 0 0 0\n", "b.xyz")
     with pytest.raises(InputError, match=r"frozen core \(1 orbitals per spin\) is more than the 0 occupied beta"):
         run_geometry(geom, RunOptions(frozen_core=True))
@@ -166,9 +168,9 @@ def test_time_mp2_stage_runs_ump2_as_run_does():
     """The benchmarks' stage timer takes a UHF reference: the same energies as ``dfmp2 run``."""
     from dfmp2.pipeline import time_mp2_stage
     from dfmp2.io.xyz import read_xyz
-    mol = scf.build_molecule(read_xyz(OH))
-    auxmol = scf.make_auxmol(mol, scf.mp2_auxbasis(mol))
-    ref = scf.run_uhf(mol)
+    mol = molecule.build_molecule(read_xyz(OH))
+    auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
+    ref = pyscf_scf.run_uhf(mol)
     seconds, e_os, e_ss, stages, ran = time_mp2_stage(mol, auxmol, ref, RunOptions())
     r = run(OH, RunOptions(scf_mode="pyscf-df"))        # the same SCF as ``ref``: the same bits
     assert (e_os, e_ss) == (r.e_os, r.e_ss) and seconds > 0 and "pair" in stages

@@ -17,7 +17,9 @@ from pyscf import scf as pyscf_scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from cli_checks import assert_one_line_error
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis as df_basis
+from dfmp2.io import molecule
+from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
@@ -43,7 +45,7 @@ def pyscf_df_mp2(atoms: str, basis: str, jk_aux: dict, mp2_aux: dict):
     """(E_HF, E_corr, nmo) from PySCF alone: DF-RHF with ``jk_aux``, DF-MP2 with ``mp2_aux``."""
     mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
     mf = pyscf_scf.RHF(mol).density_fit(auxbasis=jk_aux)
-    mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = scf.SCF_CONV_TOL, scf.SCF_CONV_TOL_GRAD, scf.SCF_MAX_CYCLE
+    mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = bridge.SCF_CONV_TOL, bridge.SCF_CONV_TOL_GRAD, bridge.SCF_MAX_CYCLE
     mf.verbose = 0
     mf.kernel()
     assert mf.converged
@@ -55,7 +57,7 @@ def pyscf_df_mp2(atoms: str, basis: str, jk_aux: dict, mp2_aux: dict):
 
 
 def assert_matches_pyscf(r, atoms, basis, jk_aux, mp2_aux, e_hf_tol=1e-9):
-    """``e_hf_tol``: our DF-SCF (dfmp2.scf.dfhf) and PySCF's solve the same fit with different
+    """``e_hf_tol``: our DF-SCF (dfmp2.scf.driver) and PySCF's solve the same fit with different
     LAPACK blockings; where the JK metric is ill-conditioned and |E| large the fp64 fits
     differ measurably (HI/sto-3g, AutoAux on I: cond((P|Q)) 5e8, |E| 6879 Eh: the fitted
     factors differ by 1e-10 relative, E(HF) by 3.5e-9 Eh at the same density)."""
@@ -175,10 +177,10 @@ def test_multiplicity_from_comment_line_checked(no_scf):
 def test_largest_allowed_anion_and_cation_run():
     """The limits are not off by one: water with 14 electrons (charge -4, unbound but within its
     occupied shells) is allowed, and so is H2O(8+) with its single pair."""
-    assert scf.minimal_basis_size(["O", "H", "H"]) == 7
-    assert scf.minimal_basis_size(["Zn"]) == 15            # 1s-4s, 2p-3p, 3d: 30 electrons
+    assert molecule.minimal_basis_size(["O", "H", "H"]) == 7
+    assert molecule.minimal_basis_size(["Zn"]) == 15            # 1s-4s, 2p-3p, 3d: 30 electrons
     for charge in (-4, 8):
-        mol = scf.build_molecule(geometry(WATER), "cc-pvdz", charge)
+        mol = molecule.build_molecule(geometry(WATER), "cc-pvdz", charge)
         assert mol.nelectron == 10 - charge
 
 
@@ -202,12 +204,12 @@ def test_auxbasis_not_a_fitting_set_and_too_small_warned(tmp_path):
 @pytest.mark.parametrize("aux", ["cc-pvdz-ri", "aug-cc-pvtz-jkfit", "def2-universal-jkfit",
                                  "def2-svp-jkfit", "weigend", "6-31g**-rifit", "autoaux"])
 def test_fitting_sets_are_recognised(aux):
-    assert scf.is_fitting_set(aux)
+    assert df_basis.is_fitting_set(aux)
 
 
 @pytest.mark.parametrize("name", ["cc-pvdz", "sto-3g", "6-31g**", "def2-svp", "aug-cc-pvtz"])
 def test_orbital_bases_are_not_fitting_sets(name):
-    assert not scf.is_fitting_set(name)
+    assert not df_basis.is_fitting_set(name)
 
 
 # --- coincident atoms ----------------------------------------------------------------------
@@ -223,8 +225,8 @@ def test_coincident_atoms_refused_naming_both(tmp_path, no_scf, atoms, fragments
 
 def test_distance_limit_is_0_1_angstrom():
     with pytest.raises(InputError, match="0.0990 Å apart"):
-        scf.build_molecule(geometry("H 0 0 0\nH 0 0 0.099"))
-    assert scf.build_molecule(geometry("H 0 0 0\nH 0 0 0.101")).natm == 2
+        molecule.build_molecule(geometry("H 0 0 0\nH 0 0 0.099"))
+    assert molecule.build_molecule(geometry("H 0 0 0\nH 0 0 0.101")).natm == 2
 
 
 def test_compare_refuses_coincident_atoms(tmp_path, no_scf):

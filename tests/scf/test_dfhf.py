@@ -1,16 +1,22 @@
-"""Our DF-RHF (dfmp2.scf.dfhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
-thresholds (scf.run_rhf 'pyscf-df', computed here: an independent code), and what it records."""
+"""Our DF-RHF (dfmp2.scf.rhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
+thresholds (pyscf_scf.run_rhf 'pyscf-df', computed here: an independent code), and what it records."""
 from pathlib import Path
 
 import pytest
 import torch
 
 from dfmp2 import linalg
-from dfmp2.scf import dfhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import driver
+from dfmp2.scf import jk
+from dfmp2.scf import precision as scf_precision
+from dfmp2.scf import rhf
+from dfmp2.df import basis
+from dfmp2.io import molecule as io_molecule
+from dfmp2.scf import pyscf_scf
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
 from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.io.xyz import parse_xyz, read_xyz
+from dfmp2.timing import Timer
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z in (0, 0.35))
@@ -27,25 +33,25 @@ def geometry(atoms: str, name: str):
 
 def molecule(case):
     if case == "h8_cube_lindep":        # aug-cc-pVDZ on an H8 cube of edge 0.35 Å: 4 of 72 dropped
-        return scf.build_molecule(geometry(H8_CUBE, "h8.xyz"), "aug-cc-pvdz")
+        return io_molecule.build_molecule(geometry(H8_CUBE, "h8.xyz"), "aug-cc-pvdz")
     if case == "lih_fallback":          # cc-pVDZ-JKFIT lacks Li: def2-universal-jkfit for it
-        return scf.build_molecule(geometry(LIH, "lih.xyz"))
-    return scf.build_molecule(read_xyz(INPUTS / case))
+        return io_molecule.build_molecule(geometry(LIH, "lih.xyz"))
+    return io_molecule.build_molecule(read_xyz(INPUTS / case))
 
 
 @pytest.mark.parametrize("case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback",
                                   "water_clusters/h2o_02.xyz"])
 def test_e_hf_matches_pyscf_df_rhf(case):
     mol = molecule(case)
-    theirs = scf.run_rhf(mol, "pyscf-df")
-    ours = dfhf.run_dfhf(mol, linalg.get_backend("cpu"), precision="fp64")
+    theirs = pyscf_scf.run_rhf(mol, "pyscf-df")
+    ours = driver.run_scf(mol, linalg.get_backend("cpu"), precision="fp64")
     assert abs(ours.e_hf - theirs.e_hf) <= 1e-10, ours.e_hf - theirs.e_hf
     (o,), (t,) = ours.channels, theirs.channels
     assert o.mo_coeff.shape == t.mo_coeff.shape and o.nocc == t.nocc
     assert ours.jk_auxbasis == theirs.jk_auxbasis
     # orbital energies of a converged SCF agree to the gradient threshold's order
     assert abs(o.mo_energy - t.mo_energy).max() < 1e-7
-    # the same guess and thresholds; our DIIS's scaled solve (dfhf._DIIS) takes no more cycles
+    # the same guess and thresholds; our DIIS's scaled solve (dfmp2.scf.diis.DIIS) takes no more cycles
     assert ours.scf.iterations <= theirs.scf.iterations, (ours.scf.iterations, theirs.scf.iterations)
     if case == "h8_cube_lindep":
         assert o.mo_coeff.shape == (72, 68)
@@ -62,9 +68,9 @@ def test_mixed_precision_scf_gives_the_fp64_energy(case):
     happened, and every cycle is counted in one precision."""
     mol = molecule(case)
     cpu = linalg.get_backend("cpu")
-    fp64 = dfhf.run_dfhf(mol, cpu, precision="fp64")
-    mixed = dfhf.run_dfhf(mol, cpu, precision="mixed")
-    theirs = scf.run_rhf(mol, "pyscf-df")
+    fp64 = driver.run_scf(mol, cpu, precision="fp64")
+    mixed = driver.run_scf(mol, cpu, precision="mixed")
+    theirs = pyscf_scf.run_rhf(mol, "pyscf-df")
     assert abs(mixed.e_hf - fp64.e_hf) < 1e-10, mixed.e_hf - fp64.e_hf
     assert abs(mixed.e_hf - theirs.e_hf) < 1e-9, mixed.e_hf - theirs.e_hf
     assert abs(mixed.channels[0].mo_energy - fp64.channels[0].mo_energy).max() < 1e-7
@@ -88,11 +94,11 @@ def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_pr
     mol = molecule("water.xyz")
     cpu = linalg.get_backend("cpu")
     seen = {}
-    refs = {p: dfhf.run_dfhf(mol, cpu, precision=p, progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
+    refs = {p: driver.run_scf(mol, cpu, precision=p, progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
             for p in ("fp64", "mixed")}
-    h = dfhf.DFRHF(mol, cpu, timer=dfhf.Timer(cpu), precision="mixed")
+    h = rhf.DFRHF(mol, cpu, timer=Timer(cpu), precision="mixed")
     h.fp32_phase = False                     # mixed, fp32 phase off: the fp64 SCF
-    cycles, D, G, F = h.iterate(scf.SCF_MAX_CYCLE)
+    cycles, D, G, F = h.iterate(pyscf_scf.SCF_MAX_CYCLE)
     assert cycles == refs["fp64"].scf.iterations
     assert [c[4] for c in seen["fp64"]] == ["fp64"] * cycles
     n32 = refs["mixed"].scf.cycle_precision["fp32_cycles"]
@@ -106,18 +112,18 @@ def test_scf_precision_choice_and_refusals():
     from dfmp2.errors import InputError
     from dataclasses import replace
     cpu, cuda, trn = (linalg.device_capabilities(d) for d in ("cpu", "cuda", "trn1"))
-    assert dfhf.resolve_precision(cuda, "auto")[0] == dfhf.resolve_precision(replace(cpu, fast_fp32=True), "auto")[0] \
+    assert scf_precision.resolve_precision(cuda, "auto")[0] == scf_precision.resolve_precision(replace(cpu, fast_fp32=True), "auto")[0] \
         == "mixed"
-    mode, why = dfhf.resolve_precision(cpu, "auto")
+    mode, why = scf_precision.resolve_precision(cpu, "auto")
     assert mode == "fp64" and "not faster" in why
-    assert dfhf.resolve_precision(cpu, "mixed")[0] == "mixed"
-    assert dfhf.resolve_precision(cpu, "fp64")[0] == "fp64"
-    mode, why = dfhf.resolve_precision(cuda, "auto", fp32_copy=False)
+    assert scf_precision.resolve_precision(cpu, "mixed")[0] == "mixed"
+    assert scf_precision.resolve_precision(cpu, "fp64")[0] == "fp64"
+    mode, why = scf_precision.resolve_precision(cuda, "auto", fp32_copy=False)
     assert mode == "fp64" and "memory" in why
-    assert dfhf.resolve_precision(trn, "auto")[0] == "fp32"
+    assert scf_precision.resolve_precision(trn, "auto")[0] == "fp32"
     for p in ("fp64", "mixed"):
         with pytest.raises(InputError, match="needs fp64") as e:
-            dfhf.resolve_precision(trn, p)
+            scf_precision.resolve_precision(trn, p)
         assert e.value.option == "scf_precision"
         with pytest.raises(InputError, match="needs fp64") as e:
             RunOptions(device="trn1", scf_precision=p).check_choices()
@@ -127,13 +133,13 @@ def test_scf_precision_choice_and_refusals():
     assert e.value.option == "scf_precision"
     # the memory plan counts the fp32 copy (unpacked: about the factor's size), and drops it rather
     # than shrink the exchange block when the limit fits the SCF only without it
-    with_copy = dfhf.memory_mb(96, 464, 20, 8, fp32_copy=True)
-    without = dfhf.memory_mb(96, 464, 20, 8)
+    with_copy = driver.memory_mb(96, 464, 20, 8, fp32_copy=True)
+    without = driver.memory_mb(96, 464, 20, 8)
     assert with_copy["fp32_copy"] == pytest.approx(464 * 96 * 96 * 4 / 1e6) and without["fp32_copy"] == 0
     assert with_copy["peak"] > without["peak"]
-    fits = dfhf.check_memory(96, 464, 20, 8, without["peak"], fp32_copy=True)
-    assert fits["fp32_copy"] == 0 and fits["block_mb"] == dfhf.JK_BLOCK_MB
-    assert dfhf.check_memory(96, 464, 20, 8, with_copy["peak"], fp32_copy=True)["fp32_copy"] > 0
+    fits = driver.check_memory(96, 464, 20, 8, without["peak"], fp32_copy=True)
+    assert fits["fp32_copy"] == 0 and fits["block_mb"] == jk.JK_BLOCK_MB
+    assert driver.check_memory(96, 464, 20, 8, with_copy["peak"], fp32_copy=True)["fp32_copy"] > 0
 
 
 def test_pipeline_records_the_scf_precision(tmp_path):
@@ -155,8 +161,8 @@ def test_incremental_fock_build_equals_full_build_in_fp64():
     arithmetic: in fp64 it gives the full build's energy."""
     mol = molecule("water_clusters/h2o_02.xyz")
     cpu = linalg.get_backend("cpu")
-    full = dfhf.run_dfhf(mol, cpu, incremental=False, precision="fp64")
-    inc = dfhf.run_dfhf(mol, cpu, incremental=True, precision="fp64")
+    full = driver.run_scf(mol, cpu, incremental=False, precision="fp64")
+    inc = driver.run_scf(mol, cpu, incremental=True, precision="fp64")
     assert abs(full.e_hf - inc.e_hf) < 1e-10
     assert inc.scf.precision["fock_build"].startswith("incremental")
 
@@ -166,10 +172,10 @@ def test_jk_match_pyscf_on_a_density():
     import numpy as np
     from dfmp2.timing import Timer
     mol = molecule("water.xyz")
-    ref = scf.run_rhf(mol, "pyscf-df")
+    ref = pyscf_scf.run_rhf(mol, "pyscf-df")
     cpu = linalg.get_backend("cpu")
-    aux = scf.make_auxmol(mol, scf.default_auxbasis(mol, "jk"))
-    fac, fac64 = dfhf.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu))
+    aux = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
+    fac, fac64 = jk.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu))
     assert fac64 is None
     C = np.random.default_rng(7).standard_normal((mol.nao_nr(), 6))
     D = C @ C.T
@@ -188,9 +194,9 @@ def test_trn1_simulate_water_runs_the_jk_on_nki_kernels():
     in fp64 on the host, the final energy with the fp64 factor on the host (recorded). Measured:
     E(HF) 3e-11 Eh from CPU fp64; with the fp32-built Fock matrix alone 2.3e-7 Eh."""
     mol = molecule("water.xyz")
-    cpu = dfhf.run_dfhf(mol, linalg.get_backend("cpu"))
+    cpu = driver.run_scf(mol, linalg.get_backend("cpu"))
     be = linalg.get_backend("trn1", simulate=True)
-    trn = dfhf.run_dfhf(mol, be)
+    trn = driver.run_scf(mol, be)
     assert abs(trn.e_hf - cpu.e_hf) < 1e-8, trn.e_hf - cpu.e_hf
     ran = trn.scf.to_dict()
     assert ran["device"] == "trn1" and ran["precision"]["jk"] == "fp32"
@@ -210,11 +216,11 @@ def test_scaled_diis_takes_fewer_cycles_to_the_same_energy():
     same E(HF), fewer cycles ((H2O)2: the unscaled solve stalls once |e| < 1e-7)."""
     from dfmp2.timing import Timer
 
-    class Unscaled(dfhf.DFRHF):
+    class Unscaled(rhf.DFRHF):
         diis_scaled = False
     mol = molecule("water_clusters/h2o_02.xyz")
     cpu = linalg.get_backend("cpu")
-    scaled = dfhf.run_dfhf(mol, cpu)
+    scaled = driver.run_scf(mol, cpu)
     unscaled = Unscaled(mol, cpu, timer=Timer(cpu)).run(100)
     assert abs(scaled.e_hf - unscaled.e_hf) < 1e-10
     assert scaled.scf.iterations < unscaled.scf.iterations - 3, (scaled.scf.iterations, unscaled.scf.iterations)
@@ -222,26 +228,26 @@ def test_scaled_diis_takes_fewer_cycles_to_the_same_energy():
 
 def test_not_converged_raises():
     with pytest.raises(SCFNotConvergedError, match="did not converge in 3 cycles"):
-        dfhf.run_dfhf(molecule("water.xyz"), linalg.get_backend("cpu"), max_cycle=3)
+        driver.run_scf(molecule("water.xyz"), linalg.get_backend("cpu"), max_cycle=3)
 
 
 def test_memory_estimate_and_refusal():
-    need = dfhf.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
+    need = driver.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
     assert need["factor"] == pytest.approx(1856 * 384 * 385 / 2 * 8 / 1e6)
     assert need["peak"] >= 2 * need["factor"]            # the fit holds raw integrals and solution
     with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*pyscf-df"):
-        dfhf.check_memory(384, 1856, 80, 8, limit_mb=1000)
+        driver.check_memory(384, 1856, 80, 8, limit_mb=1000)
     # a limit below the default exchange block's peak: one auxiliary function per block
-    small = dfhf.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
-    assert small < dfhf.memory_mb(24, 116, 5, 8)["peak"]
-    assert dfhf.check_memory(24, 116, 5, 8, small)["block_mb"] < 1e-6
+    small = driver.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
+    assert small < driver.memory_mb(24, 116, 5, 8)["peak"]
+    assert driver.check_memory(24, 116, 5, 8, small)["block_mb"] < 1e-6
 
 
 def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
     path = INPUTS / "water.xyz"
     ours = run(path, RunOptions())
     s = ours.ran["scf"]
-    assert s["engine"] == dfhf.ENGINE and s["device"] == "cpu" and s["iterations"] == ours.to_dict()["ran"]["scf"]["iterations"]
+    assert s["engine"] == rhf.ENGINE and s["device"] == "cpu" and s["iterations"] == ours.to_dict()["ran"]["scf"]["iterations"]
     for op in ("gemm", "syrk", "trsm", "cholesky", "eigh"):
         assert any(k.startswith(op + ":") for k in s["kernels"]), s["kernels"]
     assert {"scf_integrals", "scf_fit", "scf"} <= set(ours.timings)
@@ -259,8 +265,8 @@ def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
 
 def test_scf_memory_refused_before_the_scf(monkeypatch):
     """A limit that the MP2 plan fits but the JK factor does not: one error before any SCF."""
-    monkeypatch.setattr(dfhf, "run_dfhf", lambda *a, **k: pytest.fail("the SCF must not start"))
-    need = dfhf.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]   # the smallest
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF must not start"))
+    need = driver.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]   # the smallest
     geom = read_xyz(INPUTS / "water.xyz")
     with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
         run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
@@ -268,16 +274,16 @@ def test_scf_memory_refused_before_the_scf(monkeypatch):
 
 def test_scf_progress_one_call_per_cycle_from_both_engines():
     """Our DF-RHF and PySCF's SCF report every cycle (cycle, E, ΔE, |g|) to ``progress``; the last
-    one is the converged state (the thresholds of scf.SCF_CONV_TOL and SCF_CONV_TOL_GRAD)."""
+    one is the converged state (the thresholds of pyscf_scf.SCF_CONV_TOL and SCF_CONV_TOL_GRAD)."""
     mol = molecule("water.xyz")
-    for run in (lambda p: dfhf.run_dfhf(mol, linalg.get_backend("cpu"), progress=p),
-                lambda p: scf.run_rhf(mol, "pyscf-df", progress=p)):
+    for run in (lambda p: driver.run_scf(mol, linalg.get_backend("cpu"), progress=p),
+                lambda p: pyscf_scf.run_rhf(mol, "pyscf-df", progress=p)):
         calls = []
         ref = run(lambda *a: calls.append(a))
         assert [c[0] for c in calls] == list(range(1, ref.scf.iterations + 1))
         cycle, e_tot, d_e, gnorm, precision = calls[-1]
         assert precision == "fp64"
-        assert abs(d_e) < scf.SCF_CONV_TOL and abs(e_tot - ref.e_hf) < 1e-9 and gnorm < 1e-6
+        assert abs(d_e) < pyscf_scf.SCF_CONV_TOL and abs(e_tot - ref.e_hf) < 1e-9 and gnorm < 1e-6
 
 
 def test_cycle_log_holds_lines_of_a_short_scf_and_prints_a_long_one():

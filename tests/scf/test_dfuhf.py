@@ -1,4 +1,4 @@
-"""Our DF-UHF (dfmp2.scf.dfhf.DFUHF, ``--scf df`` for open shells) against PySCF: its DF-UHF with the
+"""Our DF-UHF (dfmp2.scf.uhf.DFUHF, ``--scf df`` for open shells) against PySCF: its DF-UHF with the
 same JK-fit set and thresholds (E(UHF), <S^2>, cycles), its DFUMP2 on its own UHF orbitals with
 the MP2-fit set our run uses (E_corr), its DF-J/K of a UHF density pair; and what a run records.
 References are computed here by PySCF, never by this program."""
@@ -12,8 +12,13 @@ from pyscf import scf as pyscf_scf
 from pyscf.mp.dfump2 import DFUMP2
 
 from dfmp2 import linalg
-from dfmp2.scf import dfhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import driver
+from dfmp2.scf import jk
+from dfmp2.scf import rhf
+from dfmp2.scf import uhf as scf_uhf
+from dfmp2.df import basis
+from dfmp2.io import molecule as io_molecule
+from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.errors import SCFNotConvergedError
 from dfmp2.pipeline import RunOptions, run
 from dfmp2.timing import Timer
@@ -30,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def molecule(name):
-    return scf.build_molecule(read_xyz(OPEN / f"{name}.xyz"))
+    return io_molecule.build_molecule(read_xyz(OPEN / f"{name}.xyz"))
 
 
 def spec(auxbasis):
@@ -38,9 +43,9 @@ def spec(auxbasis):
     return dict(auxbasis) if isinstance(auxbasis, dict) else auxbasis
 
 
-def pyscf_dfuhf(mol, conv_tol_grad=scf.SCF_CONV_TOL_GRAD):
+def pyscf_dfuhf(mol, conv_tol_grad=bridge.SCF_CONV_TOL_GRAD):
     """PySCF's DF-UHF with our JK-fit set and thresholds; (mf, cycles)."""
-    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=spec(scf.default_auxbasis(mol, "jk")))
+    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=spec(basis.default_auxbasis(mol, "jk")))
     mf.conv_tol, mf.conv_tol_grad, mf.max_cycle, mf.verbose = 1e-12, conv_tol_grad, 500, 0
     cycles = []
     mf.callback = lambda envs: cycles.append(envs["cycle"])
@@ -54,16 +59,16 @@ def test_uhf_energy_s2_and_correlation_match_pyscf(name):
     """A default run (our DF-UHF; fp64 cycles on the CPU, auto's measured choice): E(UHF) within 1e-10 Eh of PySCF's
     DF-UHF, <S^2> within 1e-8 (it is first order in the orbitals: both SCFs stop at a gradient
     of 1e-9), E_corr within 1e-9 Eh of PySCF's DFUMP2 on PySCF's orbitals; fewer cycles."""
-    mol, tol = molecule(name), CONV_TOL_GRAD.get(name, scf.SCF_CONV_TOL_GRAD)
+    mol, tol = molecule(name), CONV_TOL_GRAD.get(name, bridge.SCF_CONV_TOL_GRAD)
     ours = run(OPEN / f"{name}.xyz", RunOptions(scf_conv_tol_grad=tol))
     mf, cycles = pyscf_dfuhf(mol, tol)
     pt = DFUMP2(mf)
-    pt.with_df = pyscf_df.DF(mol, auxbasis=spec(scf.mp2_auxbasis(mol)))
+    pt.with_df = pyscf_df.DF(mol, auxbasis=spec(basis.mp2_auxbasis(mol)))
     pt.verbose = 0
     pt.kernel()
     s = ours.ran["scf"]
-    assert s["engine"] == dfhf.ENGINE and s["reference"] == "UHF" and "K per spin" in s["jk"]
-    assert ours.jk_auxbasis == scf.describe_auxbasis(scf.default_auxbasis(mol, "jk"))
+    assert s["engine"] == rhf.ENGINE and s["reference"] == "UHF" and "K per spin" in s["jk"]
+    assert ours.jk_auxbasis == basis.describe_auxbasis(basis.default_auxbasis(mol, "jk"))
     assert abs(ours.e_hf - mf.e_tot) <= 1e-10, ours.e_hf - mf.e_tot
     assert abs(ours.spin["s2"] - mf.spin_square()[0]) <= 1e-8, ours.spin["s2"] - mf.spin_square()[0]
     assert abs(ours.e_corr - pt.e_corr) <= 1e-9, ours.e_corr - pt.e_corr
@@ -78,13 +83,13 @@ def test_uhf_builds_agree(precision, incremental):
     to 1e-10 Eh and one <S^2> to 1e-8."""
     cpu = linalg.get_backend("cpu")
     mol = molecule("hydroxyl")
-    ref = dfhf.run_dfhf(mol, cpu, precision="fp64", unrestricted=True)
-    r = dfhf.run_dfhf(mol, cpu, precision=precision, incremental=incremental, unrestricted=True)
+    ref = driver.run_scf(mol, cpu, precision="fp64", unrestricted=True)
+    r = driver.run_scf(mol, cpu, precision=precision, incremental=incremental, unrestricted=True)
     assert abs(r.e_hf - ref.e_hf) <= 1e-10 and abs(r.s2 - ref.s2) <= 1e-8
     assert r.scf.precision["fock_build"].startswith("incremental" if incremental else "full")
     a, b = r.channels
     assert (a.nocc, b.nocc) == (5, 4) and a.mo_coeff.shape == b.mo_coeff.shape == (19, 19)
-    assert r.s2_exact == 0.75 and r.source == dfhf.ENGINE
+    assert r.s2_exact == 0.75 and r.source == rhf.ENGINE
 
 
 def test_uhf_two_electron_matches_pyscf_on_a_density_pair():
@@ -92,12 +97,12 @@ def test_uhf_two_electron_matches_pyscf_on_a_density_pair():
     with the same JK-fit set, and E = Σ_s tr D_s (H + G_s/2) + E_nuc against its energy_tot."""
     mol = molecule("methylene_triplet")
     cpu = linalg.get_backend("cpu")
-    uhf = dfhf.DFUHF(mol, cpu, timer=Timer(cpu), precision="fp64")
+    uhf = scf_uhf.DFUHF(mol, cpu, timer=Timer(cpu), precision="fp64")
     rng = np.random.default_rng(5)
     Ca, Cb = (rng.standard_normal((mol.nao_nr(), n)) * 0.3 for n in mol.nelec)
     D = np.stack([Ca @ Ca.T, Cb @ Cb.T])
     G = uhf.two_electron(torch.from_numpy(D), (torch.from_numpy(Ca), torch.from_numpy(Cb))).numpy()
-    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=spec(scf.default_auxbasis(mol, "jk")))
+    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=spec(basis.default_auxbasis(mol, "jk")))
     vhf = mf.get_veff(mol, D)
     assert abs(G - vhf).max() < 1e-11 * abs(vhf).max()
     e = uhf.energy(torch.from_numpy(D), torch.from_numpy(G))
@@ -105,19 +110,19 @@ def test_uhf_two_electron_matches_pyscf_on_a_density_pair():
 
 
 def test_uhf_memory_counts_two_spins():
-    one = dfhf.memory_mb(nao=100, naux=400, nocc=10, itemsize=8)
-    two = dfhf.memory_mb(nao=100, naux=400, nocc=10, itemsize=8, spins=2)
+    one = driver.memory_mb(nao=100, naux=400, nocc=10, itemsize=8)
+    two = driver.memory_mb(nao=100, naux=400, nocc=10, itemsize=8, spins=2)
     assert two["factor"] == one["factor"]
     # two spins' dense matrices and UHF_DIIS_SPACE stacked (F, e) pairs: 80 nao^2 against RHF's 24
     assert two["peak"] == pytest.approx(one["peak"] + (80 - 24) * 100 * 100 * 8 / 1e6)
-    assert dfhf.check_memory(100, 400, 10, 8, limit_mb=two["peak"], spins=2)["block_mb"] == dfhf.JK_BLOCK_MB
+    assert driver.check_memory(100, 400, 10, 8, limit_mb=two["peak"], spins=2)["block_mb"] == jk.JK_BLOCK_MB
     r = run(OPEN / "hydroxyl.xyz", RunOptions())
     assert r.memory["stages_mb"]["scf"] > 0 and r.memory["shapes"]["naux_jk"] > 0
 
 
 def test_uhf_not_converged_raises():
     with pytest.raises(SCFNotConvergedError, match="UHF did not converge in 3 cycles"):
-        dfhf.run_dfhf(molecule("nitric_oxide"), linalg.get_backend("cpu"), max_cycle=3, unrestricted=True)
+        driver.run_scf(molecule("nitric_oxide"), linalg.get_backend("cpu"), max_cycle=3, unrestricted=True)
 
 
 def test_pyscf_df_keeps_pyscfs_uhf():

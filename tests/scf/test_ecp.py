@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
@@ -97,25 +98,25 @@ def test_ecp_none_with_too_few_functions_is_one_error_line(tmp_path):
 
 def test_electron_counts_and_frozen_core_count_the_ecp_cores():
     g = geometry("H 0 0 0\nI 0 0 1.6092")
-    mol = scf.build_molecule(g, "def2-svp")
-    assert mol.nelectron == 26 and scf.frozen_core_count(mol) == 4     # 4s4p; 1s-3d are in the ECP
-    ae = scf.build_molecule(g, "def2-svp", ecp="none-for-testing")
-    assert ae.nelectron == 54 and scf.frozen_core_count(ae) == 18
+    mol = molecule.build_molecule(g, "def2-svp")
+    assert mol.nelectron == 26 and molecule.frozen_core_count(mol) == 4     # 4s4p; 1s-3d are in the ECP
+    ae = molecule.build_molecule(g, "def2-svp", ecp="none-for-testing")
+    assert ae.nelectron == 54 and molecule.frozen_core_count(ae) == 18
     # the occupied shells of H and I hold 56 electrons, 28 of them in the ECP core
-    assert scf.build_molecule(g, "def2-svp", charge=-2).nelectron == 28
+    assert molecule.build_molecule(g, "def2-svp", charge=-2).nelectron == 28
     with pytest.raises(InputError, match="30 electrons outside the ECP cores .28 electrons., more than the 28"):
-        scf.build_molecule(g, "def2-svp", charge=-4)
+        molecule.build_molecule(g, "def2-svp", charge=-4)
     with pytest.raises(InputError, match="unknown ECP setting 'yes'"):
-        scf.build_molecule(g, "def2-svp", ecp="yes")
+        molecule.build_molecule(g, "def2-svp", ecp="yes")
 
 
 def test_other_ecp_bases_get_their_ecp():
     """LANL2DZ on Cu (10-electron core) and cc-pVDZ-PP on I come with PySCF's ECPs too."""
-    mol = scf.build_molecule(geometry("Cu 0 0 0\nH 0 0 1.46"), "lanl2dz")
-    assert scf.ecp_info(mol) == {"name": "lanl2dz", "elements": ["Cu"], "core_electrons": {"Cu": 10}}
+    mol = molecule.build_molecule(geometry("Cu 0 0 0\nH 0 0 1.46"), "lanl2dz")
+    assert molecule.ecp_info(mol) == {"name": "lanl2dz", "elements": ["Cu"], "core_electrons": {"Cu": 10}}
     assert mol.nelectron == 20
-    assert scf.ecp_core_electrons("cc-pvdz-pp", ["I", "Cs"]) == {"I": 28}   # PySCF has no Cs in it
-    assert scf.ecp_core_electrons("cc-pvdz", ["O", "H"]) == {}
+    assert molecule.ecp_core_electrons("cc-pvdz-pp", ["I", "Cs"]) == {"I": 28}   # PySCF has no Cs in it
+    assert molecule.ecp_core_electrons("cc-pvdz", ["O", "H"]) == {}
 
 
 def test_fallback_aux_beyond_krypton_only_with_the_ecp():
@@ -124,12 +125,12 @@ def test_fallback_aux_beyond_krypton_only_with_the_ecp():
     the even-tempered set for the MP2 fit). All-electron, I gets AutoAux for the MP2 fit
     (test_chemistry_inputs.test_autoaux_beyond_krypton_matches_pyscf)."""
     g = geometry("H 0 0 0\nI 0 0 1.6092")
-    with_ecp = scf.build_molecule(g, "lanl2dz")
-    assert scf.default_auxbasis(with_ecp, "jk") == {"H": "def2-universal-jkfit", "I": "def2-universal-jkfit"}
-    mp2 = scf.default_auxbasis(with_ecp, "mp2")
+    with_ecp = molecule.build_molecule(g, "lanl2dz")
+    assert basis.default_auxbasis(with_ecp, "jk") == {"H": "def2-universal-jkfit", "I": "def2-universal-jkfit"}
+    mp2 = basis.default_auxbasis(with_ecp, "mp2")
     assert mp2["H"] == "def2-tzvpp-ri" and isinstance(mp2["I"], list)        # even-tempered shells
-    ae = scf.build_molecule(g, "sto-3g")
-    assert scf.ecp_info(ae) is None and scf.default_auxbasis(ae, "mp2")["I"] == "autoaux"
+    ae = molecule.build_molecule(g, "sto-3g")
+    assert molecule.ecp_info(ae) is None and basis.default_auxbasis(ae, "mp2")["I"] == "autoaux"
 
 
 def test_lanl2dz_gets_an_even_tempered_mp2_fit_where_autoaux_fails():
@@ -142,12 +143,12 @@ def test_lanl2dz_gets_an_even_tempered_mp2_fit_where_autoaux_fails():
     r = run_geometry(read_xyz(HI), RunOptions(basis="lanl2dz"))
     assert r.auxbasis == "def2-tzvpp-ri (H) + even-tempered (I)" and r.ecp["core_electrons"] == {"I": 46}
     assert any("even-tempered used for I (fallback)" in w for w in r.warnings)
-    mol = scf.build_molecule(read_xyz(HI), "lanl2dz")
-    mf = pyscf_scf.RHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
+    mol = molecule.build_molecule(read_xyz(HI), "lanl2dz")
+    mf = pyscf_scf.RHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
     mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-9, 0
     mf.kernel()
     pt = DFMP2(mf)
-    pt.with_df = pyscf_df.DF(mol, auxbasis=scf.default_auxbasis(mol, "mp2"))
+    pt.with_df = pyscf_df.DF(mol, auxbasis=basis.default_auxbasis(mol, "mp2"))
     pt.verbose = 0
     pt.kernel()
     assert abs(r.e_hf - mf.e_tot) <= 1e-9 and abs(r.e_corr - pt.e_corr) <= 1e-9, (r.e_hf - mf.e_tot, r.e_corr - pt.e_corr)

@@ -10,8 +10,9 @@ from pyscf import scf as pyscf_scf
 from pyscf.scf import stability as pyscf_stability
 
 from dfmp2 import linalg
-from dfmp2.scf import dfhf
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.scf import driver
+from dfmp2.df import basis
+from dfmp2.io import molecule
 from dfmp2.scf import stability
 from dfmp2.cli.main import main
 from dfmp2.pipeline import RunOptions, run, run_geometry
@@ -26,7 +27,7 @@ def h2(r):
 
 def pyscf_on(mol, ref):
     """PySCF's DF-UHF object (our JK-fit set) carrying our converged orbitals."""
-    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=scf.default_auxbasis(mol, "jk"))
+    mf = pyscf_scf.UHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
     mf.verbose = 0
     mf.mo_coeff = np.stack([c.mo_coeff for c in ref.channels])
     mf.mo_energy = np.stack([c.mo_energy for c in ref.channels])
@@ -36,8 +37,8 @@ def pyscf_on(mol, ref):
 
 @pytest.mark.parametrize("r,stable", [(2.5, False), (0.74, True)])
 def test_h2_lowest_eigenvalue_matches_pyscf(r, stable):
-    mol = scf.build_molecule(h2(r), multiplicity=1)
-    ref = dfhf.run_dfhf(mol, linalg.get_backend("cpu"), unrestricted=True, stability=True)
+    mol = molecule.build_molecule(h2(r), multiplicity=1)
+    ref = driver.run_scf(mol, linalg.get_backend("cpu"), unrestricted=True, stability=True)
     ours = ref.scf.stability
     mf = pyscf_on(mol, ref)
     theirs = stability.lowest_root(*stability.pyscf_product(mf), ran="PySCF")

@@ -135,12 +135,12 @@ def test_entries_carry_provenance_and_are_consistent(refs):
 
 def test_references_use_the_programs_scf_thresholds(refs):
     """The references share the program's SCF set-up; after a threshold change, regenerate them."""
-    import dfmp2.scf.pyscf_scf as bridge
+    from dfmp2.scf import pyscf_scf
     for key, e in refs["references"].items():
         assert (e["scf"]["conv_tol"], e["scf"]["conv_tol_grad"]) == (
-            bridge.SCF_CONV_TOL, bridge.SCF_CONV_TOL_GRAD), (
+            pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD), (
             f"{key} was computed with SCF thresholds {e['scf']['conv_tol']}/{e['scf']['conv_tol_grad']}, "
-            f"the program now uses {bridge.SCF_CONV_TOL}/{bridge.SCF_CONV_TOL_GRAD}: "
+            f"the program now uses {pyscf_scf.SCF_CONV_TOL}/{pyscf_scf.SCF_CONV_TOL_GRAD}: "
             "run python scripts/make_references.py")
 
 
@@ -166,9 +166,10 @@ def test_polish_reaches_the_gradient_threshold():
     the energy, and lands on the stored reference's E_HF."""
     import numpy as np
 
-    from dfmp2.scf import pyscf_scf as bridge
-    mol = bridge.build_molecule(read_xyz(INPUTS / "open_shell" / "nitric_oxide.xyz"), "cc-pvdz")
-    mf = bridge.run_uhf(mol, "df").mf
+    from dfmp2.io import molecule
+    from dfmp2.scf import pyscf_scf
+    mol = molecule.build_molecule(read_xyz(INPUTS / "open_shell" / "nitric_oxide.xyz"), "cc-pvdz")
+    mf = pyscf_scf.run_uhf(mol, "df").mf
     mf.callback = None
     newton = mf.newton()
     nvo = sum(int((o > 0).sum() * (o == 0).sum()) for o in mf.mo_occ)

@@ -14,7 +14,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import dfmp2.scf.dfhf
+import dfmp2.scf.driver
 import dfmp2.scf.pyscf_scf
 from dfmp2.options import RunOptions
 from dfmp2.cli.regress import regress_command
@@ -44,10 +44,10 @@ def shared_rhf():
         return run
     run_rhf, run_uhf = shared(dfmp2.scf.pyscf_scf.run_rhf), shared(dfmp2.scf.pyscf_scf.run_uhf)
 
-    real_df = dfmp2.scf.dfhf.run_dfhf
+    real_df = dfmp2.scf.driver.run_scf
 
-    def run_dfhf(mol, backend, max_cycle=dfmp2.scf.pyscf_scf.SCF_MAX_CYCLE, **kw):
-        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, kw.get("unrestricted"), "dfhf",
+    def run_scf(mol, backend, max_cycle=dfmp2.scf.pyscf_scf.SCF_MAX_CYCLE, **kw):
+        key = (mol.atom.__repr__(), repr(mol.basis), mol.charge, mol.spin, kw.get("unrestricted"), "df-scf",
                backend.name, max_cycle)
         if key not in last:
             last.clear()
@@ -57,7 +57,7 @@ def shared_rhf():
     mp = pytest.MonkeyPatch()
     mp.setattr(dfmp2.scf.pyscf_scf, "run_rhf", run_rhf)
     mp.setattr(dfmp2.scf.pyscf_scf, "run_uhf", run_uhf)
-    mp.setattr(dfmp2.scf.dfhf, "run_dfhf", run_dfhf)
+    mp.setattr(dfmp2.scf.driver, "run_scf", run_scf)
     yield
     mp.undo()
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from cli_checks import assert_one_line_error
 from dfmp2.workflows import interaction
-from dfmp2.scf import pyscf_scf as scf
+from dfmp2.df import basis
+from dfmp2.io import molecule
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.pipeline import RunOptions, run_geometry
@@ -87,20 +88,20 @@ def _water_in_dimer_basis():
 
 def test_ghost_atoms_carry_basis_but_no_charge_or_electrons():
     geom, ghosted = _water_in_dimer_basis()
-    dimer = scf.build_molecule(geom)
-    mono = scf.build_molecule(replace(geom, symbols=geom.symbols[:3], coords_angstrom=geom.coords_angstrom[:3]))
-    mol = scf.build_molecule(ghosted)
+    dimer = molecule.build_molecule(geom)
+    mono = molecule.build_molecule(replace(geom, symbols=geom.symbols[:3], coords_angstrom=geom.coords_angstrom[:3]))
+    mol = molecule.build_molecule(ghosted)
     assert mol.nelectron == mono.nelectron == 10
     assert mol.energy_nuc() == pytest.approx(mono.energy_nuc(), abs=1e-12)
     assert mol.nao_nr() == dimer.nao_nr() == 2 * mono.nao_nr()
     assert list(mol.atom_charges()) == [8, 1, 1, 0, 0, 0]
-    assert scf.frozen_core_count(mol) == scf.frozen_core_count(mono) == 1      # ghosts: no core
+    assert molecule.frozen_core_count(mol) == molecule.frozen_core_count(mono) == 1      # ghosts: no core
     # both fitting sets of the element on the ghosts: the same auxiliary size as the dimer
     for kind in ("jk", "mp2"):
-        spec = scf.default_auxbasis(mol, kind)
-        assert spec == scf.default_auxbasis(dimer, kind) and set(spec) == {"O", "H"}
-        assert scf.make_auxmol(mol, spec).nao_nr() == scf.make_auxmol(dimer, spec).nao_nr()
-    assert scf.make_auxmol(mol, scf.mp2_auxbasis(mol, "cc-pvdz-ri")).nao_nr() == 168
+        spec = basis.default_auxbasis(mol, kind)
+        assert spec == basis.default_auxbasis(dimer, kind) and set(spec) == {"O", "H"}
+        assert basis.make_auxmol(mol, spec).nao_nr() == basis.make_auxmol(dimer, spec).nao_nr()
+    assert basis.make_auxmol(mol, basis.mp2_auxbasis(mol, "cc-pvdz-ri")).nao_nr() == 168
     # hcore sees no ghost nucleus: the one-electron operator differs from the dimer's
     assert not np.allclose(mol.intor("int1e_nuc"), dimer.intor("int1e_nuc"))
 
@@ -111,13 +112,13 @@ def test_ghost_on_top_of_a_real_atom_is_refused():
                 coords_angstrom=np.vstack([geom.coords_angstrom, geom.coords_angstrom[:1] + 0.01]),
                 ghost=(False,) * 6 + (True,))
     with pytest.raises(InputError, match=r"atoms 1 \(O\) and 7 \(ghost O\) are 0\.0173 Å apart"):
-        scf.build_molecule(g)
+        molecule.build_molecule(g)
 
 
 def test_only_ghost_atoms_is_refused():
     geom = read_xyz(WATER_DIMER)
     with pytest.raises(InputError, match="every atom is a ghost"):
-        scf.build_molecule(replace(geom, ghost=(True,) * 6))
+        molecule.build_molecule(replace(geom, ghost=(True,) * 6))
 
 
 def test_ghosted_fragment_through_trn1_simulate_matches_cpu():

@@ -1,0 +1,95 @@
+"""Our DF-SCF's entry point and memory plan: ``run_scf`` (``dfmp2 run --scf df``, the default).
+
+A peer of the MP2 stage: it takes the backend, asks its capabilities and times itself with the
+pipeline's timer. It returns the same ``dfmp2.reference.Reference`` the MP2 stage consumes (mf None).
+``run_scf`` runs DFRHF (dfmp2.scf.rhf) or, for open shells, DFUHF (dfmp2.scf.uhf); ``memory_mb`` and
+``check_memory`` are the stage's memory estimate (MB, 1e6 B) before any integral; OPS the linalg
+operations it calls. Where things are: the JK factor and the J/K builds in dfmp2.scf.jk, DIIS in
+dfmp2.scf.diis, the precision policy in dfmp2.scf.precision, the split factor over ranks in
+dfmp2.scf.jk_dist, the UHF stability check in dfmp2.scf.stability, PySCF's SCF in
+dfmp2.scf.pyscf_scf.
+"""
+from __future__ import annotations
+
+from dfmp2.errors import MemoryLimitError
+from dfmp2.reference import Reference
+from dfmp2.scf import pyscf_scf
+from dfmp2.scf.diis import DIIS_SPACE, UHF_DIIS_SPACE
+from dfmp2.scf.jk import JK_BLOCK_MB, jk_block, npair
+from dfmp2.scf.rhf import DFRHF
+from dfmp2.scf.uhf import DFUHF
+from dfmp2.timing import Timer
+
+
+OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
+
+
+def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB,
+              fp32_copy: bool = False, spins: int = 1) -> dict:
+    """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize),
+    'fp32_copy' (the mixed-precision SCF's fp32 copy of an fp64 factor, unpacked: naux nao^2 4 B,
+    about the packed fp64 factor's size; or 0) and
+    'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
+    when that differs), or in the cycles the factor (and its fp64 copy for the final energy
+    when itemsize is not 8, or its fp32 copy with ``fp32_copy``), one unpacked block and its
+    half-transform (2 nocc columns at most; the spins' exchange builds run one after the other:
+    nocc is the wider spin's); plus the dense nao x nao fp64 matrices, per spin (``spins`` 2 for
+    the DF-UHF): about 8 (S, hcore, Fock, ...) and the DIIS history's Fock matrices and errors
+    (DIIS_SPACE, UHF_DIIS_SPACE): 24 for RHF, 2 x 40 for UHF."""
+    fac = naux * npair(nao) * itemsize
+    fac64 = naux * npair(nao) * 8
+    copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
+    fit = 2 * fac64 + (fac if itemsize != 8 else 0)
+    nb = jk_block(nao, naux, itemsize, block_mb)
+    cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
+    space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
+    dense = (8 + 2 * space) * spins * nao * nao * 8
+    return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
+
+
+def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float,
+                 fp32_copy: bool = False, spins: int = 1) -> dict:
+    """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
+    auxiliary function per block), and that block as 'block_mb'; with ``fp32_copy`` (a mixed-
+    precision SCF asks for it) each block first with the factor's fp32 copy, then without it
+    ('fp32_copy' 0: the SCF then runs in fp64). MemoryLimitError (one line, before any integral) when even
+    the smallest block without the copy does not fit. The factor stays in memory (no
+    out-of-core SCF yet)."""
+    for block_mb in (JK_BLOCK_MB, 1e-9):            # a smaller block would cost more than the copy saves
+        for copy in ((True, False) if fp32_copy else (False,)):
+            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins)
+            if need["peak"] <= limit_mb:
+                return {**need, "block_mb": block_mb}
+    raise MemoryLimitError(
+        f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
+        f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
+        f"{limit_mb:.4g} MB; raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')")
+
+
+def run_scf(mol, backend, *, max_cycle: int = pyscf_scf.SCF_MAX_CYCLE, timer=None,
+             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
+             progress=None, conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
+             fp32_copy: bool = True, unrestricted: bool = False, stability: bool = False,
+             world=None, dm0=None) -> Reference:
+    """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
+    'dfmp2.scf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
+    precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
+    does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
+    exactly when the device lacks fp64). ``engine``: the integral engine for the JK-fit
+    integrals (dfmp2.df.integrals; default: the host engine). ``progress(cycle, e_tot, d_e, gnorm,
+    precision)`` after each cycle (timing.CycleLog prints it; precision: that cycle's J/K, 'fp32'
+    or 'fp64'); ``conv_tol_grad``: the orbital-gradient threshold. ``precision``: the cycles'
+    J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
+    ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
+    ``check_memory``; False: fp64 cycles, recorded). ``stability`` (UHF): check the converged
+    UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``). ``world``
+    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index, J and
+    K all-reduced each cycle (dfmp2.scf.jk_dist), unless the SCF is replicated
+    (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
+    default PySCF's 'minao' guess)."""
+    cls = DFUHF if unrestricted else DFRHF
+    extra = {"check_stability": stability} if unrestricted else {}
+    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb, **extra,
+                 incremental=incremental, engine=engine, progress=progress,
+                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world,
+                 dm0=dm0).run(max_cycle)
