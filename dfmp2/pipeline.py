@@ -383,7 +383,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     pyscf_df = options.scf_mode in pyscf_scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
     _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
                 ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
-                pyscf_df_mb=pyscf_scf.pyscf_df_disk_mb(job.mol, plan.limit_mb) if pyscf_df else 0.0)
+                pyscf_df_mb=pyscf_scf.pyscf_df_disk_mb(job.mol, plan.limit_mb, job.jk_auxbasis) if pyscf_df else 0.0)
     return plan, scf_plan
 
 
@@ -488,13 +488,14 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
                             block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
                             conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
                             fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
-                            stability=options.scf_stability, world=job.world, dm0=guess)
+                            stability=options.scf_stability, world=job.world, dm0=guess,
+                            jk_auxbasis=job.jk_auxbasis)
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = pyscf_scf.run_uhf if job.unrestricted else pyscf_scf.run_rhf
         ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
                         conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
-                        scratch_dir=options.scratch_dir)
+                        scratch_dir=options.scratch_dir, jk_auxbasis=job.jk_auxbasis)
         t1 = timer.add("scf", t0)
         if job.unrestricted and options.scf_stability:      # PySCF's UHF: its own Hessian products
             ref.scf.stability = stability.uhf_internal_pyscf(ref.mf).to_dict()

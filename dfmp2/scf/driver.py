@@ -70,7 +70,7 @@ def run_scf(mol, backend, *, max_cycle: int = pyscf_scf.SCF_MAX_CYCLE, timer=Non
              block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
              progress=None, conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
              fp32_copy: bool = True, unrestricted: bool = False, stability: bool = False,
-             world=None, dm0=None) -> Reference:
+             world=None, dm0=None, jk_auxbasis=None) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
     'dfmp2.scf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
@@ -86,10 +86,11 @@ def run_scf(mol, backend, *, max_cycle: int = pyscf_scf.SCF_MAX_CYCLE, timer=Non
     (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index, J and
     K all-reduced each cycle (dfmp2.scf.jk_dist), unless the SCF is replicated
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
-    default PySCF's 'minao' guess)."""
+    default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
+    (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
     return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb, **extra,
                  incremental=incremental, engine=engine, progress=progress,
                  conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world,
-                 dm0=dm0).run(max_cycle)
+                 dm0=dm0, jk_auxbasis=jk_auxbasis).run(max_cycle)

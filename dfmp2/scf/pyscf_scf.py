@@ -32,19 +32,20 @@ from dfmp2.options import (SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_DF_MODES,  # noq
 PYSCF_DF_INCORE_SHARE = 0.9
 
 
-def pyscf_df_mb(mol: gto.Mole) -> float:
-    """PySCF's DF-SCF tensor (JK-fit set ``default_auxbasis(mol, 'jk')``): naux_jk x
-    nbasis(nbasis+1)/2 fp64, in MB (1e6 B)."""
+def pyscf_df_mb(mol: gto.Mole, jk_auxbasis=None) -> float:
+    """PySCF's DF-SCF tensor (JK-fit set ``jk_auxbasis``, default ``default_auxbasis(mol, 'jk')``):
+    naux_jk x nbasis(nbasis+1)/2 fp64, in MB (1e6 B)."""
     nao = mol.nao_nr()
-    naux = make_auxmol(mol, default_auxbasis(mol, "jk")).nao_nr()
+    naux = make_auxmol(mol, jk_auxbasis if jk_auxbasis is not None else default_auxbasis(mol, "jk")).nao_nr()
     return naux * nao * (nao + 1) // 2 * 8 / 1e6
 
 
-def pyscf_df_disk_mb(mol: gto.Mole, memory_mb: float) -> float:
+def pyscf_df_disk_mb(mol: gto.Mole, memory_mb: float, jk_auxbasis=None) -> float:
     """The MB PySCF's DF tensor (``pyscf_df_mb``) puts on disk under the memory limit ``memory_mb``
     (MB): all of it when it does not fit PYSCF_DF_INCORE_SHARE of the limit, else 0. Decided
-    here, before the run, so that the disk check counts it and PySCF does what was planned."""
-    mb = pyscf_df_mb(mol)
+    here, before the run, so that the disk check counts it and PySCF does what was planned.
+    ``jk_auxbasis``: as ``pyscf_df_mb``'s."""
+    mb = pyscf_df_mb(mol, jk_auxbasis)
     return mb if mb >= PYSCF_DF_INCORE_SHARE * memory_mb else 0.0
 
 
@@ -77,7 +78,7 @@ def _release_files(mf) -> None:
 
 def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
             conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
-            scratch_dir=None) -> Reference:
+            scratch_dir=None, jk_auxbasis=None) -> Reference:
     """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
     JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
     'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
@@ -85,18 +86,21 @@ def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_
     ``progress(cycle, e_tot, d_e, gnorm)`` after each cycle (PySCF's gradient norm).
     ``memory_mb``: PySCF's ``max_memory`` (MB; default PySCF's own); its DF tensor is kept in
     memory or written to a file as ``pyscf_df_disk_mb`` decides. Every file PySCF writes goes to
-    a private directory under ``scratch_dir`` (``pyscf_scratch``), removed when this returns."""
-    return _run_pyscf(scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir)
+    a private directory under ``scratch_dir`` (``pyscf_scratch``), removed when this returns.
+    ``jk_auxbasis``: the JK-fit set already chosen for the run (default: ``default_auxbasis``'s)."""
+    return _run_pyscf(scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir,
+                      jk_auxbasis)
 
 
 def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
             conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
-            scratch_dir=None) -> Reference:
+            scratch_dir=None, jk_auxbasis=None) -> Reference:
     """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
     JK-fit set and thresholds, for 'df' and 'pyscf-df': the cross-check of our DF-UHF, dfmp2.scf.uhf.DFUHF;
     or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress``, ``memory_mb`` and
     ``scratch_dir`` as ``run_rhf``'s."""
-    return _run_pyscf(scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir)
+    return _run_pyscf(scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir,
+                      jk_auxbasis)
 
 
 def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float,
@@ -116,7 +120,7 @@ def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float
 
 def _run_pyscf(cls, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None,
                conv_tol_grad: float = SCF_CONV_TOL_GRAD, memory_mb: float | None = None,
-               scratch_dir=None) -> Reference:
+               scratch_dir=None, jk_auxbasis=None) -> Reference:
     """``cls(mol)`` (PySCF's RHF or UHF) density-fitted (JK-fit set ``default_auxbasis(mol,
     'jk')``) or not, converged to SCF_CONV_TOL / SCF_CONV_TOL_GRAD, with its files in
     ``pyscf_scratch(scratch_dir)``; the Reference (``reference.from_pyscf``) with its record.
@@ -127,14 +131,14 @@ def _run_pyscf(cls, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, pro
     with pyscf_scratch(scratch_dir) as tmp:
         try:
             return _converge(cls(mol), mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb,
-                             tmp, made)
+                             tmp, made, jk_auxbasis)
         finally:
             for mf in made:
                 _release_files(mf)
 
 
 def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp: Path,
-              made: list) -> Reference:
+              made: list, jk_auxbasis=None) -> Reference:
     """``_run_pyscf``'s SCF in the scratch directory ``tmp``; each SCF object made is put in ``made``."""
     jk_aux, df_storage = None, None
     made.append(mf)
@@ -142,11 +146,11 @@ def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memor
     if memory_mb is not None:
         mf.max_memory = float(memory_mb)
     if scf_mode in SCF_DF_MODES:
-        jk_spec = default_auxbasis(mol, "jk")
+        jk_spec = jk_auxbasis if jk_auxbasis is not None else default_auxbasis(mol, "jk")
         mf = mf.density_fit(auxbasis=_copy(jk_spec))
         made.append(mf)
         mf.with_df.max_memory = mf.max_memory
-        on_disk = pyscf_df_disk_mb(mol, mf.max_memory) > 0
+        on_disk = pyscf_df_disk_mb(mol, mf.max_memory, jk_spec) > 0
         if on_disk:                         # a path: PySCF writes the tensor there, whatever its memory
             mf.with_df._cderi_to_save = str(tmp / "pyscf-df-tensor.h5")
         with warnings.catch_warnings():

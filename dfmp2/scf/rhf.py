@@ -51,7 +51,7 @@ class DFRHF:
     def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
                  incremental: bool | None = None, engine=None, progress=None,
                  conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-                 fp32_copy: bool = True, world=None, dm0=None):
+                 fp32_copy: bool = True, world=None, dm0=None, jk_auxbasis=None):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.dm0_given = dm0                    # a density to start from (``initial_density``), or None: 'minao'
         self.world = world if world is not None and distributed.split_scf(world) else distributed.World()
@@ -65,7 +65,7 @@ class DFRHF:
         self.g_noise = 0.0           # the noise of the last G built (fp32: FP32_NOISE; not counted on trn)
         self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
-        self.jk_spec = basis.default_auxbasis(mol, "jk")
+        self.jk_spec = jk_auxbasis if jk_auxbasis is not None else basis.default_auxbasis(mol, "jk")
         self.auxmol = basis.make_auxmol(mol, self.jk_spec)
         self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)   # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)

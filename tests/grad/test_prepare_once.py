@@ -1,11 +1,8 @@
 """One preparation per gradient run (issue 36): ``pipeline.prepare`` runs once, the JK-fit set
-(``default_auxbasis(mol, 'jk')``) is built once by the run's own code (in ``prepare``: the plan,
-the gradient memory check and the gradient stage read ``Job.jk_auxmol``), and every way into the
-gradient (``dfmp2.gradient``, ``dfmp2 gradient``, ``DFMP2(mf).nuc_grad_method()``) goes through
-the one stage entry ``dfmp2.grad.run.gradient_stage``.
-
-The SCF engines (our DF-SCF's ``DFRHF`` and PySCF's DF-SCF in dfmp2/scf/) still resolve the set
-for themselves; they are counted apart (``scf``) and bounded by today's counts (``SCF_OWN``)."""
+(``default_auxbasis(mol, 'jk')``) is chosen once (in ``prepare``: the plan, both SCF engines, the
+gradient memory check and the gradient stage read ``Job.jk_auxbasis``/``Job.jk_auxmol``), and every
+way into the gradient (``dfmp2.gradient``, ``dfmp2 gradient``, ``DFMP2(mf).nuc_grad_method()``)
+goes through the one stage entry ``dfmp2.grad.run.gradient_stage``."""
 from __future__ import annotations
 
 import sys
@@ -23,35 +20,30 @@ from dfmp2.df import basis as df_basis
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = str(INPUTS / "water.xyz")
 
-# Where the run's code looks the JK-fit set up (pipeline.prepare: ``scf.default_auxbasis``). After
-# the scf/ split moves it to dfmp2.df.basis, point this at that module.
-AUXBASIS_HOME = df_basis
-SCF_OWN = {"df": 1, "pyscf-df": 3}      # JK-fit look-ups inside dfmp2/scf/ per run (the SCF split's to pass in)
-
-
 @pytest.fixture
 def counts(monkeypatch):
-    """Calls of pipeline.prepare, of the JK-fit default_auxbasis (split: 'run' by the run's own
-    code, 'scf' from inside dfmp2.scf's SCF engines), and of the gradient stage."""
-    seen = {"prepare": 0, "run": 0, "scf": 0, "stage": 0}
-    prepare, default_auxbasis, stage = (dfmp2.pipeline.prepare, AUXBASIS_HOME.default_auxbasis,
-                                        gradrun.gradient_stage)
+    """Calls of pipeline.prepare, of default_auxbasis(mol, 'jk') wherever a dfmp2 module holds it
+    (by module or imported by name), and of the gradient stage."""
+    seen = {"prepare": 0, "jk": 0, "stage": 0}
+    prepare, default_auxbasis, stage = dfmp2.pipeline.prepare, df_basis.default_auxbasis, gradrun.gradient_stage
 
     def counted_prepare(*a, **k):
         seen["prepare"] += 1
         return prepare(*a, **k)
 
     def counted_auxbasis(mol, kind):
-        if kind == "jk":
-            caller = sys._getframe(1).f_globals.get("__name__", "")
-            seen["scf" if caller.startswith("dfmp2.scf") else "run"] += 1
+        seen["jk"] += kind == "jk"
         return default_auxbasis(mol, kind)
 
     def counted_stage(*a, **k):
         seen["stage"] += 1
         return stage(*a, **k)
     monkeypatch.setattr(dfmp2.pipeline, "prepare", counted_prepare)
-    monkeypatch.setattr(AUXBASIS_HOME, "default_auxbasis", counted_auxbasis)
+    holders = [m for name, m in list(sys.modules.items())
+               if name.startswith("dfmp2") and getattr(m, "default_auxbasis", None) is default_auxbasis]
+    assert df_basis in holders
+    for module in holders:
+        monkeypatch.setattr(module, "default_auxbasis", counted_auxbasis)
     monkeypatch.setattr(gradrun, "gradient_stage", counted_stage)
     return seen
 
@@ -61,9 +53,7 @@ def test_a_gradient_run_prepares_once_and_builds_the_jk_set_once(counts, scf_mod
     gr = dfmp2.gradient(WATER, basis="sto-3g", scf_mode=scf_mode)
     assert gr.gradient.shape == (3, 3)
     assert counts["prepare"] == 1
-    assert counts["run"] == 1, counts
-    # inside dfmp2/scf/ today: DFRHF once; PySCF's DF-SCF three times (pyscf_df_disk_mb twice, _converge)
-    assert counts["scf"] <= SCF_OWN[scf_mode], counts
+    assert counts["jk"] == 1, counts
     assert counts["stage"] == 1
     job = gr.energy_run.job
     assert job.jk_auxmol is not None and job.jk_auxmol.nao_nr() > job.mol.nao_nr()
@@ -74,14 +64,14 @@ def test_a_uhf_gradient_run_prepares_once(counts):
     gr = gradrun.run_gradient(dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
                               dfmp2.pipeline.RunOptions(basis="sto-3g", charge=1, multiplicity=2))
     assert gr.energy_run.job.unrestricted and gr.parts.ran["reference"] == "uhf"
-    assert (counts["prepare"], counts["run"], counts["stage"]) == (1, 1, 1), counts
+    assert (counts["prepare"], counts["jk"], counts["stage"]) == (1, 1, 1), counts
 
 
 def test_the_cli_gradient_goes_through_the_one_stage(counts, tmp_path):
     from dfmp2.cli.main import main
     r = CliRunner().invoke(main, ["gradient", WATER, "--basis", "sto-3g", "-q"])
     assert r.exit_code == 0, r.output
-    assert (counts["prepare"], counts["run"], counts["stage"]) == (1, 1, 1), counts
+    assert (counts["prepare"], counts["jk"], counts["stage"]) == (1, 1, 1), counts
 
 
 def test_the_pyscf_dropin_gradient_goes_through_the_one_stage(counts):
