@@ -122,9 +122,9 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
     converged Reference (``run_energy`` returns both; kept for callers that only want a look);
     ``guess``: our DF-SCF's starting density (``Reference.density()`` of a previous geometry of
     the same molecule and basis, as the ASE calculator passes; default PySCF's 'minao'). PySCF's
-    SCF (``pyscf-df``, ``exact``) starts from 'minao' whatever is given: measured on water moved
-    by 0.005 Å, PySCF took 29 cycles from the previous density against 20 from 'minao', ours 11
-    against 13. ``ran.scf.guess`` says which it started from."""
+    SCF (``pyscf-df``, ``exact``) starts from 'minao' whatever is given: on a small step PySCF took
+    more cycles from the previous density than from 'minao', ours fewer
+    (scripts/results/docstring-measurements.md). ``ran.scf.guess`` says which it started from."""
     t_start = time.perf_counter()
     job = prepare_run(geom, options, backend, log)
     done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)

@@ -23,9 +23,9 @@ from dfmp2.provenance import ScfRecord
 
 S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
                  # for a UHF reference whose spin contamination makes (U)MP2 unreliable
-GAP_WARN = 0.15  # Hartree: warn below this HOMO-LUMO gap. Measured on H2/cc-pVDZ against FCI: the
-                 # MP2 error is 8 mEh at 0.79 Eh (0.74 A), 45 mEh at 0.14 Eh (4 A), and at 0.11 Eh
-                 # (5 A) E(MP2) falls below the exact energy of the basis
+GAP_WARN = 0.15  # Hartree: warn below this HOMO-LUMO gap. On stretched H2/cc-pVDZ against FCI the MP2
+                 # error grows several-fold as the gap closes to about this value, and just below it
+                 # E(MP2) falls below the exact energy of the basis (scripts/results/docstring-measurements.md)
 # our DF-SCF's engine name in records, then the names it had before (read from older checkpoints)
 OUR_SCF_NAMES = ("dfmp2.scf", "dfmp2.scf.dfhf", "dfmp2.dfhf")
 SOURCES = (OUR_SCF_NAMES[0], "pyscf", "checkpoint", "given")   # given: orbitals a script made

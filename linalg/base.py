@@ -68,11 +68,10 @@ def device_capabilities(name: str) -> Capabilities:
     if not isinstance(name, str):
         raise ValueError(f"device name must be a string, got {name!r}")
     if name == "cpu":
-        # fast_fp32 False: a mixed-precision SCF does not pay here. The fp32 K alone takes 0.43x the
-        # fp64 K's time (SGEMM 1.65x, SSYRK 2x), but the whole DF-RHF of (H2O)16/cc-pVDZ, 2 idle cores,
-        # 3 runs each interleaved (2026-11-25, Xeon VM): mixed 20.40 s (20.31-20.47), fp64 19.06 s
-        # (18.87-19.28), both 18 cycles: the fp32 copy of the factor and the fp64 cycles after the
-        # switch cost more than the fp32 cycles save. --scf-precision mixed still runs it.
+        # fast_fp32 False: a mixed-precision SCF does not pay here. The fp32 K alone is faster than
+        # the fp64 K, but in the whole DF-RHF of (H2O)16/cc-pVDZ on a CPU the fp32 copy of the factor
+        # and the fp64 cycles after the switch cost more than the fp32 cycles save (timings:
+        # scripts/results/docstring-measurements.md). --scf-precision mixed still runs it.
         return Capabilities(True, False, ("auto",) + cpu_pair.PAIR_PATHS, True, True, fast_fp32=False)
     if name.split(":", 1)[0] == "cuda":
         try:

@@ -1,10 +1,10 @@
 """The CPU's BLAS for GEMM, SYRK and the MP2 pair step's GEMM: torch's own (MKL in the x86 wheels)
 or the OpenBLAS numpy ships (``np.matmul``), chosen per op, dtype and size class by measurement.
 
-Why: on AMD EPYC numpy's OpenBLAS runs large DGEMM/SGEMM up to 2x faster than torch's MKL, while
+Why: on AMD EPYC numpy's OpenBLAS runs large DGEMM/SGEMM markedly faster than torch's MKL, while
 torch wins some smaller shapes; on an Intel CPU MKL may win everywhere. So nothing is decided by
 vendor: ``mode='auto'`` runs a short probe (``probe``: one shape per class, both libraries
-interleaved, best of ``PROBE_REPEATS``; a few tenths of a second) once per machine and caches the
+interleaved, best of ``PROBE_REPEATS``; short) once per machine and caches the
 table in ``$XDG_CACHE_HOME/dfmp2/cpu_blas.json`` (or ``~/.cache/dfmp2/``) under a key of CPU
 model, thread count and library versions (``cache_key``); a cache that cannot be read or written
 only costs a probe. ``mode='torch'`` or ``'openblas'`` forces one library for every op (the

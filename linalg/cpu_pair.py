@@ -13,12 +13,12 @@ Paths on the CPU (``pair_kernel``, recorded in the backend's kernels; never swit
 backend creation), never a quiet switch to gemm+torch.
 
 Why tiles: the pair step is nocc^2 nvir^2 naux flops in nvir x nvir GEMMs, too thin to reach a
-CPU's peak alone, and torch's passes over K (its transpose through memory above all) cost 25-40 %
-of the GEMMs' time. Measured 2026-11-25 (2-core Xeon, torch 2.13 MKL, 16 x 16 pairs, nvir/naux
-448/1536, % of the best square DGEMM of the same run): rows with torch's epilogue 62-71 %; 4 x 4
-tiles, one per thread, with the C epilogue 88-89 % (k = 1536 holds one thread's GEMM near 90 %);
-one 4 x 4 tile at a time on both threads' GEMM about 7 % faster than that, interleaved (the threads
-share the packed panels; larger tiles measured slower). The epilogue costs about 2 % of the GEMMs.
+CPU's peak alone, and torch's passes over K (its transpose through memory above all) cost a large
+share of the GEMMs' time. Against the best square DGEMM of the same run, tiles with the C epilogue
+came much closer to the peak than rows with torch's epilogue, and one tile at a time on all threads'
+GEMM beat one tile per thread (the threads share the packed panels; larger tiles were slower). The
+epilogue costs little next to the GEMMs (numbers, machine and date:
+scripts/results/docstring-measurements.md).
 
 Sums: every pair's OS and exchange sums are fp64 and formed in a fixed order (the C file), and the
 pairs are combined by one numpy sum over the (ni, nj) array, so the energies do not depend on the
@@ -37,9 +37,8 @@ PAIR_PATHS = ("gemm+epilogue", "gemm+torch")
 AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
              "90/91/95 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62/73/76 %)")
 TILE_ELEMS = 1 << 22          # K elements of the one tile in flight (32 MB in fp64): GEMMs of m, n about
-                              # 2048. Measured interleaved, 16 x 16 pairs, nvir/naux 448/1536 and 672/2304:
-                              # 196/189-195 GF/s; 8M elements 180-187/190-192, 16M 178-179/183, and the
-                              # 4 x 4 tiles one a thread 182-183/179-186
+                              # 2048, the fastest against 8M and 16M elements and 4 x 4 tiles one a
+                              # thread (GF/s: scripts/results/docstring-measurements.md)
 
 
 def epilogue_info() -> dict:

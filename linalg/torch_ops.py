@@ -16,8 +16,8 @@ PAIR_CHUNK_ELEMS = 1 << 20    # mp2_pair_energy: K elements per chunk (dfmp2.mem
 SYRK_MIN_BLOCK = 128          # below 2 blocks of this, a single GEMM is faster than the triangle
 SYRK_MAX_BLOCKS = 8           # 8 block rows: (8 + 1) / 16 = 56% of the full GEMM's flops
 SYRK_MIN_K = 128              # below this the GEMM is memory-bound: halving flops does not pay
-                              # (measured on CPU, 1 thread: k=32..64 blocked is 1.2-2x slower,
-                              #  k=512..1024 blocked is 1.8-2.4x faster)
+                              # (on a CPU, 1 thread, blocked was slower at small k and faster at
+                              #  large k: scripts/results/docstring-measurements.md)
 
 
 def _check_side_uplo(op: str, side: str | None, uplo: str) -> None:

@@ -2,7 +2,7 @@
 ``dfmp2 bench``'s water series.
 
 Some machines set ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``; OpenBLAS reads them once, when
-it is loaded, and they change numpy's (so PySCF's) speed by up to 1.6x either way. A user's
+it is loaded, and they change numpy's (so PySCF's) speed markedly either way. A user's
 machine does not set them. So the PySCF side runs twice, each time in a fresh subprocess: once
 with the environment as set (``as_set``) and once with both variables removed (``unset``), and a
 benchmark compares against the FASTER of the two. Where neither variable is set the two runs are
@@ -45,7 +45,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the directory holding dfm
 BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SETTINGS = ("as_set", "unset")
 MARK = "FAIR_BASELINE_RESULT "          # the child's last stdout line: MARK + JSON
-CPU_PEAK_SIZES = (2048, 3072)           # square GEMM sizes for a CPU peak (about 1 s each on 2 cores)
+CPU_PEAK_SIZES = (2048, 3072)           # square GEMM sizes for a CPU peak (short calls on a small CPU)
 
 
 # ---------------------------------------------------------------------------------------- BLAS info

@@ -15,9 +15,9 @@ What it measures (details in dfmp2/benchmarks/):
   cost exponent of each stage. Default series (H2O)1-24, PySCF at every size, single runs for
   clusters over --single-above seconds, to stay under 15 minutes on 2 quiet cores: (H2O)24 is
   the most expensive point (its SCF, our stage and PySCF's stage each cost about as much as all
-  the per-shape ops together) and (H2O)32 (nbasis 768, pair step 2.5e13 flop) about four times
-  that, so it is opt-in (measured: scripts/results/bench_cpu.md, 12 min, and
-  scripts/results/bench_cpu_waters1-32.md, 23 min);
+  the per-shape ops together) and (H2O)32 (nbasis 768, pair step 2.5e13 flop) several times
+  that, so it is opt-in (run times: scripts/results/bench_cpu.md and
+  scripts/results/bench_cpu_waters1-32.md);
 - for trn1/trn2 without hardware: ESTIMATES from the NKI kernels' work and published rates,
   in their own section, never mixed with measured times.
 A device that cannot run is listed as not run with the reason. Exit status 0 when the report

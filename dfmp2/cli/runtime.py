@@ -52,8 +52,9 @@ def terminate_raises():
     """While the run goes on, SIGTERM and SIGHUP raise ``errors.Terminated`` (a KeyboardInterrupt)
     in the main thread, as Ctrl-C does, so every ``finally`` runs: temporary files are removed, a
     checkpoint is closed. Python runs a signal's handler only between bytecodes, so a main thread
-    inside one long C call (PySCF's DF build, a BLAS call) would not stop until it returns (a run
-    took 300 s): the watchdog (``_watchdog``) ends such a run after TERMINATE_GRACE_S."""
+    inside one long C call (PySCF's DF build, a BLAS call) would not stop until it returns (minutes,
+    once: scripts/results/docstring-measurements.md): the watchdog (``_watchdog``) ends such a run
+    after TERMINATE_GRACE_S."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -161,10 +161,9 @@ def unpack(packed: torch.Tensor, nao: int, out: torch.Tensor | None = None) -> t
 
     ``out``: a contiguous tensor of the same dtype and device holding (..., nao*nao) elements in
     any shape (a reused buffer); the result is a view of it. fp64 in host memory: PySCF's C
-    unpack_tril (measured 4x faster than torch's gather on 2 cores: 0.13 s against 0.55 s for
-    133 x 384^2); otherwise torch's gather (index_select) on the device, which in host memory in
-    fp32 is 3-10x faster than PySCF's (numpy indexing outside fp64; 200 x 100^2 to 20 x 384^2,
-    one thread)."""
+    unpack_tril (faster there than torch's gather); otherwise torch's gather (index_select) on the
+    device, which in host memory in fp32 is faster than PySCF's (numpy indexing outside fp64).
+    Timings: scripts/results/docstring-measurements.md."""
     lead = packed.shape[:-1]
     rows = packed.reshape(-1, packed.shape[-1])
     if out is None:
@@ -251,9 +250,9 @@ class HostEngine(IntegralEngine):
 def host_default_depth(backend) -> int:
     """The host engine's ring depth for ``backend``: QUEUE_DEPTH (a producer thread) when the
     device is not the host CPU; 0 (libcint in the caller's thread) when it is. On the host the
-    producer shares the cores with the transform it would overlap: measured on (H2O)16 with 2
-    threads (scripts/results/MEASUREMENTS.md, issue 14), the thread made the stage 3 % slower
-    and integrals + transform 1.78 -> 2.13 s, the transform being 6 % of the stage."""
+    producer shares the cores with the transform it would overlap: on (H2O)16 with 2 threads the
+    thread made the stage slower, the transform being a small part of it
+    (scripts/results/MEASUREMENTS.md, issue 14; scripts/results/docstring-measurements.md)."""
     return 0 if backend.caps.is_host else QUEUE_DEPTH
 
 

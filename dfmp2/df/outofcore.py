@@ -23,9 +23,9 @@ strided B.
 
 Overlap. A background thread reads ahead (``PREFETCH_DEPTH`` blocks in flight) and another
 writes behind (``WRITE_DEPTH`` queued), both ``dfmp2.df.background.Background``. h5py 3.16 /
-HDF5 2.0 releases the GIL inside H5Dread: measured here, a pure-Python loop in the main thread
-kept running during 400 MB reads on another thread with at most ~10 ms stalls (the
-interpreter's switch interval), not the ~50 ms of a read.
+HDF5 2.0 releases the GIL inside H5Dread: a pure-Python loop in the main thread kept running
+during large reads on another thread, stalled for the interpreter's switch interval at most, not
+for the whole read (scripts/results/docstring-measurements.md).
 h5py serialises HDF5 calls with its own lock, so the reader and writer threads take turns in
 the library but the main thread's torch work runs meanwhile.
 """

@@ -56,8 +56,8 @@ from dfmp2.errors import InputError
 from dfmp2.io.result import METHOD_SCALES, kernel_records
 from dfmp2.timing import Timer
 
-# CPHF residual norm, relative to the right-hand side's: (H2O)8/cc-pVDZ, 1e-8 moves the gradient by
-# 1.2e-10 Eh/bohr from 1e-10's (13 iterations instead of 16), 1e-9 by 1.5e-11 (14)
+# CPHF residual norm, relative to the right-hand side's: at 1e-9 the gradient is within ~1e-11 Eh/bohr
+# of 1e-10's, in fewer iterations ((H2O)8/cc-pVDZ: scripts/results/docstring-measurements.md)
 ZVECTOR_TOL = 1e-9
 ZVECTOR_MAX_ITER = 100
 PAIR_BLOCK_MB = 128.0   # K and θ of one block of the densities' pair loop
@@ -235,7 +235,7 @@ def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
     """L (lower) of the metric; GradientError when it is not positive definite (the energy then
     used eigh with dropped directions, whose derivative this code does not have). torch's LAPACK,
     as every other host step here: numpy's OpenBLAS threads beside torch's OpenMP ones contend on
-    a small machine (a 928 x 928 Cholesky took 1.2 s there instead of 10 ms)."""
+    a small machine, where a small Cholesky became far slower (scripts/results/docstring-measurements.md)."""
     L, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(j2c)))
     if int(info) != 0:
         raise GradientError(f"the {what} fitting metric is not positive definite (the energy used its "
@@ -619,8 +619,8 @@ def _atom_of(mol) -> np.ndarray:
 class _Buffers:
     """Scratch tensors reused across the blocks of a loop, by name: ``get(name, shape)`` is a
     contiguous tensor of that shape on the leading part of one allocation, grown when a block is
-    larger (blocks shrink only at the end). Large fresh temporaries cost page faults on the host
-    (a 200 MB product: 70 ms allocated, 23 ms reused)."""
+    larger (blocks shrink only at the end). Large fresh temporaries cost page faults on the host,
+    which reuse avoids (scripts/results/docstring-measurements.md)."""
 
     def __init__(self, dtype=torch.float64, device="cpu"):
         self.dtype, self.device, self.store = dtype, device, {}

@@ -4,7 +4,7 @@ Each is removed by the ``finally`` of the code that made it (``outofcore.Scratch
 ``scf.pyscf_scratch``). This registry is for the one case where that ``finally`` cannot run in
 time: a signal (SIGTERM, SIGHUP, Ctrl-C) while the main thread is inside one long call into C
 that holds no Python frame to raise in (PySCF's DF build, a BLAS call, an HDF5 write: a run once
-took 300 s to honour SIGTERM). The CLI's watchdog (``cli_runtime.terminate_raises``) then removes what
+took minutes to honour SIGTERM). The CLI's watchdog (``cli_runtime.terminate_raises``) then removes what
 is registered here before it ends the process.
 """
 from __future__ import annotations

@@ -104,8 +104,9 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
         assert checkpoint is None and not plan.out_of_core
         return distributed_stage(mol, auxmol, ref, backend=backend, precision=precision, plan=plan,
                                  timer=timer, engine=engine, progress=progress, world=world)
-    # fp32 rounding of (P|ia) is amplified by L^-1 (the metric's condition number): measured on
-    # (H2O)4 it costs 2e-7 Eh against 1e-8 Eh with an fp64 fit. The transforms and the fit are
+    # fp32 rounding of (P|ia) is amplified by L^-1 (the metric's condition number): on (H2O)4 an
+    # fp32 fit costs over ten times the energy error of an fp64 fit
+    # (scripts/results/docstring-measurements.md). The transforms and the fit are
     # O(N^4) next to the O(N^5) pair step, so they stay fp64 wherever the device has fp64.
     fit_dtype, b_dtype = backend.fit_dtype(precision), DTYPES[precision]
     naux = auxmol.nao_nr()

@@ -2,7 +2,7 @@
 
 Convergence as PySCF's RHF with our thresholds (dfmp2.options.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
 on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: DIIS;
-about half PySCF's cycles on water clusters); converged when |ΔE| < 1e-12 Eh
+fewer cycles than PySCF's on water clusters); converged when |ΔE| < 1e-12 Eh
 and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (PySCF's check).
 The Fock matrices and error vectors it stores are (nao, nao) fp64, (2, nao, nao) stacked for the
 DF-UHF (UHF_DIIS_SPACE of them); the small solve runs on the host (numpy).
@@ -14,9 +14,10 @@ import torch
 
 
 DIIS_SPACE = 8            # PySCF's default diis_space
-UHF_DIIS_SPACE = 16       # the DF-UHF's: cycles at 8 -> 16, E(UHF) the same to 1e-13 Eh: (H2O)8+ 72 -> 40 (its
-                          # soft hole delocalisation), glycyl 33 -> 27, NO 24 -> 20, (H2O)4+ 24 -> 22, CN 21 -> 23,
-                          # allyl 19 -> 20; memory: 16 stacked (F, e) pairs, 4 nao^2 each (memory_mb)
+UHF_DIIS_SPACE = 16       # the DF-UHF's: 16 vectors rather than 8 save cycles on most open shells, the most
+                          # where a hole delocalises softly ((H2O)8+), to the same E(UHF) (cycle counts:
+                          # scripts/results/docstring-measurements.md); memory: 16 stacked (F, e) pairs,
+                          # 4 nao^2 each (memory_mb)
 DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
 
 
@@ -29,9 +30,9 @@ class DIIS:
     before the solve. The coefficients are the same in exact arithmetic (the constrained minimum
     does not depend on B's scale), but unscaled, once |e| < 1e-7 every eigenvalue of the error
     block is below PySCF's 1e-14 cut: the solve drops them and DIIS stops extrapolating, so the
-    last decades of the gradient (1e-7 -> 1e-9) crawled over ~15 cycles. Measured (cycles,
-    unscaled -> scaled, E(HF) the same to 5e-13 Eh): water 20 -> 13, benzene 16 -> 12, (H2O)4
-    33 -> 17, (H2O)8 35 -> 18, (H2O)16 32 -> 18. ``scaled=False`` is PySCF's solve."""
+    last decades of the gradient (1e-7 -> 1e-9) crawl. Scaled, water, benzene and water clusters
+    converge in markedly fewer cycles to the same E(HF) (cycle counts:
+    scripts/results/docstring-measurements.md). ``scaled=False`` is PySCF's solve."""
 
     def __init__(self, space: int = DIIS_SPACE, scaled: bool = True):
         self.space, self.F, self.e, self.noise, self.scaled = space, [], [], [], scaled

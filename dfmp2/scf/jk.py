@@ -104,9 +104,9 @@ class JKFactor:
 
 def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
     """The mixed SCF's fp32 copy of the fp64 factor, unpacked (naux, nao, nao): its exchange
-    blocks are views, no unpack per cycle. Packed, the fp32 K was only 1.1x faster than fp64's on
-    a CPU ((H2O)16: the fp32 gather 0.30 s against PySCF's C unpack in fp64 0.19 s, for SGEMM +
-    SSYRK 0.27 s against 0.48 s); unpacked fp32 is the packed fp64 factor's size (nao^2 x 4 B
+    blocks are views, no unpack per cycle. Packed, the fp32 K was barely faster than fp64's on a
+    CPU: the fp32 gather cost more than PySCF's C unpack in fp64 and ate most of what SGEMM + SSYRK
+    saved (scripts/results/docstring-measurements.md); unpacked fp32 is the packed fp64 factor's size (nao^2 x 4 B
     against nao(nao+1)/2 x 8 B per function), counted in the memory plan. Only K uses it."""
     nao, naux = fac.nao, fac.naux
     B = torch.empty((naux, nao, nao), dtype=torch.float32, device=fac.B.device)
@@ -128,8 +128,8 @@ def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLO
     (factor on backend, the fp64 factor on fit_backend when ``dtype`` is not fp64, else None).
 
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
-    metric's conditioning (measured on water/cc-pVDZ-JKFIT: B off by 1e-5 relative, E(HF) by
-    5e-3 Eh), while B rounded to fp32 after an fp64 fit is off by 6e-8 relative.
+    metric's conditioning (on water/cc-pVDZ-JKFIT it put E(HF) off by millihartrees), while B
+    rounded to fp32 after an fp64 fit keeps about fp32's own relative error (scripts/results/docstring-measurements.md).
     ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf): this rank's
     rows of the factor (dfmp2.scf.jk_dist.factor_rows)."""
     fb = fit_backend if fit_backend is not None else backend

@@ -31,29 +31,28 @@ from dfmp2.options import SCF_PRECISIONS
 
 # Mixed precision (fp64 devices with fast fp32): the cycles' K in fp32 until the orbital gradient
 # nears the fp32 build's noise, then J/K in fp64 to the usual thresholds. J stays fp64 (two GEMVs,
-# ~10% of a cycle): an fp32 J's long sums made 97% of the noise (benzene: gradient noise 3.8e-4
-# with an fp32 J, 1.3e-5 without). Measured at converged densities, the gradient noise of an fp32
-# K is 2.5 (H2O)4 to 7.5 (benzene) x eps32 ||K/2||_F (3e-6 to 1.3e-5); the energy's 1e-7 to 1e-5 Eh,
-# first order and size-extensive, so a |ΔE| test would switch by chance: none is made.
+# a small part of a cycle): an fp32 J's long sums made nearly all of the noise (benzene). At
+# converged densities the gradient noise of an fp32 K was at most 7.5 x eps32 ||K/2||_F on the test
+# molecules (FP32_NOISE bounds it); the energy's noise is first order and size-extensive, so a |ΔE|
+# test would switch by chance: none is made (numbers: scripts/results/docstring-measurements.md).
 FP32_NOISE = 20.0         # the gradient noise of an fp32 K, bounded: this many eps32 ||K/2||_F
 FP32_SWITCH = 10.0        # J/K go to fp64 once the orbital gradient is below this many noises, ...
 FP32_STALL = 0.8          # ... or falls by less than this factor in a cycle (at the noise floor)
 # A device without fp64 (trn): J/K of ΔD in fp32 keep a fixed rounding perturbation in the Fock
 # matrix (mostly the guess's build: the later ΔD are small). Open shells with degenerate partly
 # filled orbitals (OH, NO: one pi electron in two pi orbitals) have a flat rotation between them,
-# along which that perturbation moves the solution: OH's orbital gradient stalled at 1.8e-8
-# (threshold 1e-9), then wandered up to 1e-4 (trn1 simulated, 60 cycles). So G is rebuilt from the
+# along which that perturbation moves the solution: OH's orbital gradient stalled above the
+# threshold (1e-9), then wandered away (trn1 simulated). So G is rebuilt from the
 # whole density with the fp64 factor on the host (the factor the final energy uses anyway): the
 # DF-UHF once its gradient first falls below UHF_PLANNED_REBUILD, and any SCF whose fp32 gradient
 # stalls (FP32_STALL) below HOST_REBUILD_BELOW (not sooner than REBUILD_GRACE cycles after the
 # last rebuild). The difference to the accumulated G is added to DIIS's stored Fock matrices too
 # (the same perturbation is in all of them), and the fp32 cycles of ΔD go on from there on the
-# device. Measured, trn1 simulated against CPU fp64, cycles (ours fp64 in brackets), 8 open-shell
-# cases: OH 16 (16), NO 20 (20), CH2 18 (16), O2 24 (18), CN 23 (23), allyl 22 (20), H2O+ 18 (19),
-# glycyl 27 (27), 1 to 3 host builds, |ΔE(UHF)| <= 2e-13 Eh, |Δ<S^2>| <= 5e-9. Without the planned
-# rebuild (stalls only) 16 to 41 cycles; resetting DIIS at a rebuild instead of correcting it: up
-# to 35. Recorded: cycle_precision (fp64_cycles: the host builds), the 'scf_fp64_host' time, the
-# record's host line.
+# device. On simulated trn1, 8 open-shell cases then converge in about the cycles of our fp64 SCF,
+# with a few host builds, to E(UHF) and <S^2> equal to round-off; without the planned rebuild, or
+# resetting DIIS at a rebuild instead of correcting it, they take more cycles (numbers:
+# scripts/results/docstring-measurements.md). Recorded: cycle_precision (fp64_cycles: the host
+# builds), the 'scf_fp64_host' time, the record's host line.
 HOST_REBUILD_BELOW = 1e-5
 UHF_PLANNED_REBUILD = 1e-3  # the DF-UHF's rebuild is planned: once, when the gradient first falls below this
 REBUILD_GRACE = 3         # cycles after a rebuild before a stall counts (DIIS starts again from one vector)

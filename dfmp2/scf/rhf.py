@@ -6,7 +6,7 @@ J and K over the JK factor (dfmp2.scf.jk), DIIS (dfmp2.scf.diis), the precision 
 (dfmp2.scf.precision); dense (nao, nao) fp64 algebra on ``dense``. Energies in Hartree.
 Convergence as PySCF's RHF with our thresholds (dfmp2.options.SCF_CONV_TOL, SCF_CONV_TOL_GRAD): Pulay DIIS
 on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solve scaled: DIIS;
-about half PySCF's cycles on water clusters); converged when |ΔE| < 1e-12 Eh
+fewer cycles than PySCF's on water clusters); converged when |ΔE| < 1e-12 Eh
 and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (PySCF's check).
 """
 from __future__ import annotations
