@@ -2,7 +2,8 @@
 
 ``dfmp2.energy(xyz or Mole)``, ``dfmp2.gradient(xyz or Mole)`` (the nuclear gradient) and
 ``dfmp2.DFMP2(mf).run()`` (a PySCF drop-in on a converged RHF or UHF: PySCF's number by default)
-live in ``dfmp2.interfaces`` (``api`` and ``pyscf_dropin``); ``dfmp2.ase.DFMP2Calculator`` is the ASE calculator (needs ``ase``),
+live in ``dfmp2.interfaces`` (``api`` and ``pyscf_dropin``); ``dfmp2.ase.DFMP2Calculator`` is the
+ASE calculator (needs ``ase``),
 ``import dfmp2.qcengine`` registers the QCEngine harness. They are imported on first use, so
 ``import dfmp2`` stays light (no torch, no PySCF).
 
@@ -19,11 +20,14 @@ __all__ = ["DFMP2", "energy", "gradient"]
 def __getattr__(name):
     if name in ("energy", "gradient"):
         from dfmp2.interfaces import api
+
         return getattr(api, name)
     if name == "DFMP2":
         from dfmp2.interfaces import pyscf_dropin
+
         return pyscf_dropin.DFMP2
-    if name == "ase":                     # dfmp2.ase without importing it first, as for the API
+    if name == "ase":  # dfmp2.ase without importing it first, as for the API
         import importlib
+
         return importlib.import_module("dfmp2.ase")
     raise AttributeError(f"module 'dfmp2' has no attribute '{name}'")

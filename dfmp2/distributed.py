@@ -20,6 +20,7 @@ kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the test
 in the middle of a stage. ``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks
 (default) or replicated on each.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -32,11 +33,10 @@ from dataclasses import dataclass, field
 import torch
 
 from dfmp2 import linalg
-
 from dfmp2.errors import EXIT_USER_ERROR, InputError
 
 TIMEOUT_ENV = "DFMP2_DIST_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 1800.0      # the longest one rank may wait for the others at one collective
+DEFAULT_TIMEOUT_S = 1800.0  # the longest one rank may wait for the others at one collective
 FAULT_ENV = "DFMP2_TEST_FAULT"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -63,12 +63,12 @@ class World:
     timeout_s: float = DEFAULT_TIMEOUT_S
     comm: dict = field(default_factory=dict)
     agreed: bool = False
-    refused: bool = False         # the ranks agreed that the input is refused: every rank stops here
-    scf_split: bool = True        # our DF-SCF split over the ranks (RunOptions.dist_scf), set by check_options
-    b_bytes: list = field(default_factory=list)     # each rank's B in bytes (the MP2 stage fills it)
-    devices: list = field(default_factory=list)     # each rank's 'host device' (``summarize``)
+    refused: bool = False  # the ranks agreed that the input is refused: every rank stops here
+    scf_split: bool = True  # our DF-SCF split over the ranks (RunOptions.dist_scf), set by check_options
+    b_bytes: list = field(default_factory=list)  # each rank's B in bytes (the MP2 stage fills it)
+    devices: list = field(default_factory=list)  # each rank's 'host device' (``summarize``)
     comm_total: dict = field(default_factory=dict)  # per stage, bytes sent by all ranks (``summarize``)
-    pia_rows: list = field(default_factory=list)    # each rank's rows of (P|ia) (the MP2 stage fills it)
+    pia_rows: list = field(default_factory=list)  # each rank's rows of (P|ia) (the MP2 stage fills it)
 
     @property
     def distributed(self) -> bool:
@@ -86,12 +86,17 @@ class World:
 
     def describe(self) -> dict:
         """For the result: world size, communication backend, per-rank devices, communication."""
-        return {"world_size": self.size, "backend": self.comm_backend, "devices": list(self.devices),
-                "scf": "split" if split_scf(self) else "replicated",
-                "B_bytes_per_rank": list(self.b_bytes), "pia_rows_per_rank": list(self.pia_rows),
-                "timeout_s": self.timeout_s,
-                "comm_rank0": {k: dict(v) for k, v in self.comm.items()},
-                "comm_bytes_all_ranks": dict(self.comm_total)}
+        return {
+            "world_size": self.size,
+            "backend": self.comm_backend,
+            "devices": list(self.devices),
+            "scf": "split" if split_scf(self) else "replicated",
+            "B_bytes_per_rank": list(self.b_bytes),
+            "pia_rows_per_rank": list(self.pia_rows),
+            "timeout_s": self.timeout_s,
+            "comm_rank0": {k: dict(v) for k, v in self.comm.items()},
+            "comm_bytes_all_ranks": dict(self.comm_total),
+        }
 
     # -------------------------------------------------------------- collectives
     @contextmanager
@@ -100,11 +105,13 @@ class World:
         RankLostError line."""
         try:
             yield
-        except (RuntimeError, ValueError) as e:     # gloo/NCCL errors (DistBackendError is a RuntimeError)
+        except (RuntimeError, ValueError) as e:  # gloo/NCCL errors (DistBackendError is a RuntimeError)
             first = " ".join(str(e).split()).split(". This is typically")[0][-160:]
-            raise RankLostError(f"rank {self.rank} of {self.size}: lost contact with the other ranks "
-                                f"while {what} in the {stage} stage (a rank died, failed or did not "
-                                f"answer within {self.timeout_s:g} s): {first}; the run stopped") from None
+            raise RankLostError(
+                f"rank {self.rank} of {self.size}: lost contact with the other ranks "
+                f"while {what} in the {stage} stage (a rank died, failed or did not "
+                f"answer within {self.timeout_s:g} s): {first}; the run stopped"
+            ) from None
 
     def agree(self, error: BaseException | None) -> None:
         """The ranks' one agreement on their input (before the group does any work): every rank
@@ -116,8 +123,8 @@ class World:
             return
         self.agreed = True
         import torch.distributed as dist
-        flag = torch.tensor([self.size if error is None else self.rank], dtype=torch.int64,
-                            device=self.wire_device)
+
+        flag = torch.tensor([self.size if error is None else self.rank], dtype=torch.int64, device=self.wire_device)
         with self.talking("input check", "agreeing on the input"):
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         first = int(flag.item())
@@ -143,6 +150,7 @@ class World:
         if not self.distributed:
             return t
         import torch.distributed as dist
+
         t0 = time.perf_counter()
         w = t.to(self.wire_device).contiguous()
         with self.talking(stage, "summing over the ranks"):
@@ -150,8 +158,7 @@ class World:
         self.count(stage, w.numel() * w.element_size(), time.perf_counter() - t0)
         return w.to(t.device)
 
-    def shift(self, send: torch.Tensor | None, recv: torch.Tensor | None, to: int, frm: int,
-              stage: str) -> None:
+    def shift(self, send: torch.Tensor | None, recv: torch.Tensor | None, to: int, frm: int, stage: str) -> None:
         """Send ``send`` to rank ``to`` while receiving ``recv`` (its shape known) from ``frm``;
         either may be None (nothing that way)."""
         self.post(send, recv, to, frm, stage).wait()
@@ -160,6 +167,7 @@ class World:
         """``shift`` started: the transfers go on (gloo's and NCCL's own threads) until
         ``wait()``, so the caller computes meanwhile; the seconds counted are those it waited."""
         import torch.distributed as dist
+
         t0 = time.perf_counter()
         with self.talking(stage, "passing blocks between ranks"):
             ops = []
@@ -172,7 +180,6 @@ class World:
         self.count(stage, nbytes, time.perf_counter() - t0)
         return Pending(self, reqs, stage, send)
 
-
     STAGES = ("scf", "transform", "pair")
 
     def summarize(self) -> None:
@@ -181,10 +188,15 @@ class World:
         if not self.distributed:
             return
         import socket
+
         import torch.distributed as dist
+
         devices = [None] * self.size
-        sent = torch.tensor([float(self.comm.get(s, {}).get("bytes", 0)) for s in self.STAGES],
-                            dtype=torch.float64, device=self.wire_device)
+        sent = torch.tensor(
+            [float(self.comm.get(s, {}).get("bytes", 0)) for s in self.STAGES],
+            dtype=torch.float64,
+            device=self.wire_device,
+        )
         with self.talking("result", "gathering the result"):
             dist.all_gather_object(devices, f"{socket.gethostname()} {self.device}")
             dist.all_reduce(sent)
@@ -198,6 +210,7 @@ class World:
         rank (SIGABRT, 'terminate called without an active exception': 2 runs in 7)."""
         if self.distributed:
             import torch.distributed as dist
+
             if dist.is_initialized():
                 dist.destroy_process_group()
 
@@ -206,7 +219,7 @@ class Pending:
     """Transfers under way (``World.post``); ``wait()`` ends them (a failure: RankLostError)."""
 
     def __init__(self, world: World, reqs: list, stage: str, keep):
-        self.world, self.reqs, self.stage, self.keep = world, reqs, stage, keep   # keep: the send buffer alive
+        self.world, self.reqs, self.stage, self.keep = world, reqs, stage, keep  # keep: the send buffer alive
 
     def wait(self) -> None:
         t0 = time.perf_counter()
@@ -273,11 +286,17 @@ def rank_device(device: str, local_rank: int) -> tuple[str, str]:
         return device, "gloo"
     if caps.cuda_memory:
         if ":" in device:
-            raise InputError(f"with several ranks give the device without an index: each rank takes "
-                             f"its own GPU (LOCAL_RANK), not '{device}'", option="device")
+            raise InputError(
+                f"with several ranks give the device without an index: each rank takes "
+                f"its own GPU (LOCAL_RANK), not '{device}'",
+                option="device",
+            )
         return f"{device}:{local_rank}", "nccl"
-    raise InputError(f"device '{device}' cannot run over several processes yet (gloo connects CPU "
-                     "processes, NCCL CUDA GPUs); run one process", option="device")
+    raise InputError(
+        f"device '{device}' cannot run over several processes yet (gloo connects CPU "
+        "processes, NCCL CUDA GPUs); run one process",
+        option="device",
+    )
 
 
 def join(device: str) -> World:
@@ -290,11 +309,12 @@ def join(device: str) -> World:
         return _current
     rank, size, local = launch
     import torch.distributed as dist
+
     world = World(rank=rank, size=size, local_rank=local, timeout_s=timeout_s())
     try:
         world.device, world.comm_backend = rank_device(device, local)
     except InputError as e:
-        world.device, world.comm_backend = "cpu", "gloo"     # join all the same, to agree on it
+        world.device, world.comm_backend = "cpu", "gloo"  # join all the same, to agree on it
         _current = world
         _init(dist, world)
         world.agree(e)
@@ -310,12 +330,17 @@ def _init(dist, world: World) -> None:
     if missing:
         raise InputError(f"a run over {world.size} ranks needs {' and '.join(missing)} (torchrun sets them)")
     kw = {}
-    if world.comm_backend == "nccl":           # one GPU per rank (untested here: no GPU)
+    if world.comm_backend == "nccl":  # one GPU per rank (untested here: no GPU)
         torch.cuda.set_device(torch.device(world.device))
         kw = {"device_id": torch.device(world.device)}
     with world.talking("start", "joining the process group"):
-        dist.init_process_group(world.comm_backend, rank=world.rank, world_size=world.size,
-                                timeout=datetime.timedelta(seconds=world.timeout_s), **kw)
+        dist.init_process_group(
+            world.comm_backend,
+            rank=world.rank,
+            world_size=world.size,
+            timeout=datetime.timedelta(seconds=world.timeout_s),
+            **kw,
+        )
 
 
 def fault(point: str) -> None:
@@ -327,7 +352,7 @@ def fault(point: str) -> None:
     if where == point and str(_current.rank) == rank:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if how == "hang":                  # alive but silent: the others' timeout must end them
+        if how == "hang":  # alive but silent: the others' timeout must end them
             time.sleep(_current.timeout_s * 3)
         raise RuntimeError(f"test fault at {point} on rank {rank}")
 
@@ -338,11 +363,16 @@ def check_options(options, world: World) -> None:
         return
     world.scf_split = options.dist_scf == "split"
     if options.checkpoint or options.resume:
-        raise InputError(f"checkpoints are not supported over several ranks ({world.size} here); "
-                         "run without one or on one rank", option="checkpoint")
+        raise InputError(
+            f"checkpoints are not supported over several ranks ({world.size} here); run without one or on one rank",
+            option="checkpoint",
+        )
     if options.storage == "disk":
-        raise InputError(f"B on disk is not supported over several ranks yet ({world.size} here): each "
-                         "rank keeps its share of B in memory", option="storage")
+        raise InputError(
+            f"B on disk is not supported over several ranks yet ({world.size} here): each "
+            "rank keeps its share of B in memory",
+            option="storage",
+        )
 
 
 def rank_options(options, world: World):
@@ -350,16 +380,19 @@ def rank_options(options, world: World):
     if not world.distributed or options.device == world.device:
         return options
     import dataclasses
+
     return dataclasses.replace(options, device=world.device)
 
 
 def check_plan(plan, world: World) -> None:
     """A plan the ranks cannot run yet (B on disk), refused before any work (InputError)."""
     if world.distributed and plan.out_of_core:
-        raise InputError(f"B does not fit in memory on each of the {world.size} ranks (plan: "
-                         f"{plan.in_memory_mb:,.0f} MB in memory, limit {plan.limit_mb:,.0f} MB) and B on "
-                         "disk is not supported over several ranks yet; use more ranks or more memory",
-                         option="memory_mb")
+        raise InputError(
+            f"B does not fit in memory on each of the {world.size} ranks (plan: "
+            f"{plan.in_memory_mb:,.0f} MB in memory, limit {plan.limit_mb:,.0f} MB) and B on "
+            "disk is not supported over several ranks yet; use more ranks or more memory",
+            option="memory_mb",
+        )
 
 
 @contextmanager
@@ -375,7 +408,7 @@ def command(world: World):
     except Exception as e:
         if world.distributed and not world.agreed:
             try:
-                world.agree(e)      # raises: e itself on the lowest refusing rank, PeerRefusedError on the others
+                world.agree(e)  # raises: e itself on the lowest refusing rank, PeerRefusedError on the others
             except PeerRefusedError:
                 world.close()
                 raise SystemExit(EXIT_USER_ERROR) from None
@@ -383,7 +416,7 @@ def command(world: World):
                 if world.refused:
                     world.close()
                 raise
-        if world.refused:       # every rank reached the agreement and stops: the group is left in order
+        if world.refused:  # every rank reached the agreement and stops: the group is left in order
             world.close()
         raise
     else:
@@ -398,7 +431,7 @@ def split_scf(world: World) -> bool:
     return world.distributed and world.scf_split
 
 
-UNLIMITED_MB = 1e15     # the plan over several ranks: blocks as one process without a limit
+UNLIMITED_MB = 1e15  # the plan over several ranks: blocks as one process without a limit
 
 
 def plan_options(options, world: World):
@@ -408,6 +441,7 @@ def plan_options(options, world: World):
     if not world.distributed:
         return options
     import dataclasses
+
     return dataclasses.replace(options, memory_mb=UNLIMITED_MB, storage="memory")
 
 

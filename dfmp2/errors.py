@@ -6,8 +6,8 @@ The CLI prints ``error: <message>`` for these and exits ``EXIT_USER_ERROR``, wit
 
 import stat
 
-EXIT_USER_ERROR = 2        # every command: bad input, a device that cannot run, a kernel that failed
-EXIT_INTERRUPTED = 130     # Ctrl-C (128 + SIGINT); SIGTERM and SIGHUP exit 128 + their number (143, 129)
+EXIT_USER_ERROR = 2  # every command: bad input, a device that cannot run, a kernel that failed
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); SIGTERM and SIGHUP exit 128 + their number (143, 129)
 
 
 class Terminated(KeyboardInterrupt):
@@ -49,19 +49,28 @@ class MemoryLimitError(InputError):
     """The run's memory estimate exceeds the limit; raised before the heavy work. ``need_mb``:
     the least memory (MB) the refusing stage could run in; ``limit_mb``: the limit it met."""
 
-    def __init__(self, *args, option: str | None = "memory_mb", need_mb: float | None = None,
-                 limit_mb: float | None = None):
+    def __init__(
+        self, *args, option: str | None = "memory_mb", need_mb: float | None = None, limit_mb: float | None = None
+    ):
         super().__init__(*args, option=option)
         self.need_mb, self.limit_mb = need_mb, limit_mb
 
 
 # The CLI flag of an option (a RunOptions field or a command's parameter): '--' + the name with
 # '-' for '_', but for these. dfmp2.cli.options declares every shared option with this flag.
-FLAGS = {"memory_mb": "--memory", "scratch_dir": "--scratch", "scf_mode": "--scf",
-                "frozen_core": "--frozen-core/--all-electron", "scf_stability": "--scf-stability/--no-scf-stability"}
+FLAGS = {
+    "memory_mb": "--memory",
+    "scratch_dir": "--scratch",
+    "scf_mode": "--scf",
+    "frozen_core": "--frozen-core/--all-electron",
+    "scf_stability": "--scf-stability/--no-scf-stability",
+}
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
-OPTION_HINTS = {"cpu": "--device cpu", "simulate": "--simulate (the kernels on this CPU)",
-                "integrals-host": "--integrals host"}
+OPTION_HINTS = {
+    "cpu": "--device cpu",
+    "simulate": "--simulate (the kernels on this CPU)",
+    "integrals-host": "--integrals host",
+}
 
 
 def flag(option: str) -> str:
@@ -93,9 +102,14 @@ def shown(text: str, limit: int = 60) -> str:
 
 def file_kind(mode: int) -> str:
     """What a path that is not a regular file is, for an error line ('a character device')."""
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
+    ):
         if test(mode):
             return what
     return "not a regular file"

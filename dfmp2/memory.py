@@ -12,23 +12,23 @@ when the limit forces it; whether B is on disk never changes them. Same blocks m
 arithmetic in the same order, which is what makes the out-of-core energy bitwise equal to the
 in-memory one (``dfmp2.df.outofcore``).
 """
+
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, asdict, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
 
-from dfmp2.errors import InputError, MemoryLimitError
-
 MB = 1e6
-DEFAULT_FRACTION = 0.8        # of available memory when no limit is given
-OCC_BLOCK_MAX = 16            # occupied orbitals per block of the fit and the pair step
-J3C_BLOCK_MB = 512.0          # target size of one streamed (μν|P) block and its transforms
-PREFETCH_DEPTH = 2            # out-of-core blocks read ahead of the one in use (outofcore.py)
-WRITE_DEPTH = 2               # out-of-core writes queued behind the one in flight
-QUEUE_DEPTH = 2               # the host integral engine's packed (μν|P) buffers (dfmp2.df.integrals)
+DEFAULT_FRACTION = 0.8  # of available memory when no limit is given
+OCC_BLOCK_MAX = 16  # occupied orbitals per block of the fit and the pair step
+J3C_BLOCK_MB = 512.0  # target size of one streamed (μν|P) block and its transforms
+PREFETCH_DEPTH = 2  # out-of-core blocks read ahead of the one in use (outofcore.py)
+WRITE_DEPTH = 2  # out-of-core writes queued behind the one in flight
+QUEUE_DEPTH = 2  # the host integral engine's packed (μν|P) buffers (dfmp2.df.integrals)
 STORAGE_CHOICES = ("auto", "memory", "disk")
 STAGES = ("metric", "transform", "fit", "pair")
 
@@ -38,8 +38,10 @@ def available_mb(device: str) -> float:
     the smallest of what the machine has free (/proc/meminfo), what the address-space limit
     (``ulimit -v``) leaves and what the cgroup's limit (a container's, a batch job's) leaves."""
     from dfmp2 import linalg
+
     if not linalg.device_capabilities(device).host_memory:
         import torch
+
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free / MB
     return min(mb for mb in (meminfo_mb(), rlimit_mb(), cgroup_mb()) if mb is not None)
@@ -61,6 +63,7 @@ def rlimit_mb(status="/proc/self/status") -> float | None:
     """What the soft address-space limit (RLIMIT_AS, ``ulimit -v``) leaves beyond the address
     space already mapped (VmSize); None when there is no limit."""
     import resource
+
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
         return None
@@ -73,7 +76,7 @@ def rlimit_mb(status="/proc/self/status") -> float | None:
     return max(soft - used, 0) / MB
 
 
-CGROUP_UNLIMITED = 1 << 62    # cgroup v1 writes 'no limit' as a page-rounded 2**63 - 1
+CGROUP_UNLIMITED = 1 << 62  # cgroup v1 writes 'no limit' as a page-rounded 2**63 - 1
 
 
 def cgroup_mb(root="/sys/fs/cgroup", proc="/proc/self/cgroup") -> float | None:
@@ -89,11 +92,10 @@ def cgroup_mb(root="/sys/fs/cgroup", proc="/proc/self/cgroup") -> float | None:
     for e in entries:
         if len(e) != 3:
             continue
-        if e[0] == "0" and e[1] == "":                       # v2: '0::/path'
+        if e[0] == "0" and e[1] == "":  # v2: '0::/path'
             found += _cgroup_left(Path(root), e[2], "memory.max", "memory.current")
-        elif "memory" in e[1].split(","):                     # v1: 'N:memory:/path'
-            found += _cgroup_left(Path(root) / "memory", e[2], "memory.limit_in_bytes",
-                                  "memory.usage_in_bytes")
+        elif "memory" in e[1].split(","):  # v1: 'N:memory:/path'
+            found += _cgroup_left(Path(root) / "memory", e[2], "memory.limit_in_bytes", "memory.usage_in_bytes")
     return min(found) / MB if found else None
 
 
@@ -120,8 +122,10 @@ def pair_workspace_bytes(nrows: int, nvir: int) -> int:
     chunk, the gemm+torch path) but at least one nvir x nvir block; or, where larger, the CPU's
     gemm+epilogue path's one tile in flight (linalg.cpu_pair.workspace_elems, fp64)."""
     from dfmp2.linalg.cpu_pair import workspace_elems
-    return 8 * max(7 * min(nrows * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir)),
-                   workspace_elems(nrows, nrows, nvir, nvir))
+
+    return 8 * max(
+        7 * min(nrows * nvir * nvir, max(PAIR_CHUNK_ELEMS, nvir * nvir)), workspace_elems(nrows, nrows, nvir, nvir)
+    )
 
 
 def synthetic_memory_mb(nocc: int, nvir: int, naux: int, itemsize: int, nthreads: int = 1) -> dict:
@@ -139,6 +143,7 @@ def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize:
     generated, and each device that will run it (cpu and trn run on the host). ``what``: the
     option and value, for the message (e.g. '--synthetic 8,40,120')."""
     import torch
+
     need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
     for where, mb in [("host", need["generate"])] + [(d, need["pair"]) for d in devices]:
         have = DEFAULT_FRACTION * available_mb(where if where != "host" else "cpu")
@@ -146,7 +151,8 @@ def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize:
             raise InputError(
                 f"{what}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
                 f"but {have:.3g} MB is available ({DEFAULT_FRACTION:.0%} of free memory); "
-                f"choose smaller sizes")
+                f"choose smaller sizes"
+            )
 
 
 @dataclass
@@ -155,16 +161,16 @@ class MemoryPlan:
 
     limit_mb: float
     peak_mb: float
-    aux_block: int            # max auxiliary functions per streamed (μν|P) block
-    occ_block: int            # occupied orbitals per block of the fit and the pair step
-    stages_mb: dict           # peak of each stage (metric, transform, fit, pair) with these blocks
+    aux_block: int  # max auxiliary functions per streamed (μν|P) block
+    occ_block: int  # occupied orbitals per block of the fit and the pair step
+    stages_mb: dict  # peak of each stage (metric, transform, fit, pair) with these blocks
     out_of_core: bool = False  # B (and (P|ia)) on disk in HDF5 rather than in memory
-    disk_mb: float = 0.0      # scratch disk the out-of-core arrays need (0 in memory)
+    disk_mb: float = 0.0  # scratch disk the out-of-core arrays need (0 in memory)
     in_memory_mb: float = 0.0  # what keeping B in memory would need with these blocks
-    min_mb: float = 0.0       # the smallest feasible plan (out of core, smallest blocks)
-    storage: str = "auto"     # what was asked: auto, memory or disk
+    min_mb: float = 0.0  # the smallest feasible plan (out of core, smallest blocks)
+    storage: str = "auto"  # what was asked: auto, memory or disk
     shapes: dict = field(default_factory=dict)
-    integrals: dict = field(default_factory=dict)   # engine, queue_depth, host_mb outside the plan
+    integrals: dict = field(default_factory=dict)  # engine, queue_depth, host_mb outside the plan
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,8 +182,9 @@ class MemoryPlan:
         return s.get("naux", 0) * s.get("nocc", 0) * s.get("nvir", 0) * s.get("itemsize", 8) / MB
 
 
-def j3c_engine_bytes(engine: str, *, nao: int, fit_itemsize: int, host_memory: bool,
-                     depth: int = QUEUE_DEPTH) -> tuple[int, int]:
+def j3c_engine_bytes(
+    engine: str, *, nao: int, fit_itemsize: int, host_memory: bool, depth: int = QUEUE_DEPTH
+) -> tuple[int, int]:
     """Bytes per auxiliary function of one streamed (μν|P) block before its transforms, for an
     integral engine (dfmp2.df.integrals): (in the plan's memory, in host memory outside the plan).
     The second is nonzero only when the plan's memory is a GPU's (``host_memory`` False).
@@ -194,14 +201,25 @@ def j3c_engine_bytes(engine: str, *, nao: int, fit_itemsize: int, host_memory: b
         return 3 * pair * 8 + square, 0
     if engine != "host":
         raise ValueError(f"unknown integral engine {engine!r}")
-    ring = max(depth, 1) * pair * 8            # depth 0: one block, made in the caller's thread
+    ring = max(depth, 1) * pair * 8  # depth 0: one block, made in the caller's thread
     if host_memory:
         return ring + (pair * fit_itemsize if fit_itemsize != 8 else 0) + square, 0
     return pair * 8 + square, ring
 
 
-def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int, fit_itemsize: int,
-                    aux_block: int, occ_block: int, out_of_core: bool, j3c_per_aux: int | None = None) -> dict:
+def stage_estimates(
+    *,
+    nao: int,
+    nocc: int,
+    nvir: int,
+    naux: int,
+    itemsize: int,
+    fit_itemsize: int,
+    aux_block: int,
+    occ_block: int,
+    out_of_core: bool,
+    j3c_per_aux: int | None = None,
+) -> dict:
     """Peak MB of each stage with what is resident during it.
 
     metric:    j2c on the host and the device, its factor (eigh needs about one more).
@@ -217,7 +235,7 @@ def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     nov = nocc * nvir
     bcols = occ_block * nvir
     ab = aux_block
-    mo = 2 * nao * nao * 8                                   # C (host and device)
+    mo = 2 * nao * nao * 8  # C (host and device)
     L = naux * naux * 8 + (naux * naux * fw if fw != 8 else 0)
     pia_all = naux * nov * fw
     b_all = naux * nov * w
@@ -226,11 +244,11 @@ def stage_estimates(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
         j3c_per_aux = nao * (nao + 1) // 2 * 8 + nao * nao * 8 + nao * nao * fw
     j3c = ab * (j3c_per_aux + 2 * nao * nocc * fw + 2 * nov * fw)
     nblk = -(-nocc // occ_block)
-    ahead = min(PREFETCH_DEPTH, nblk)                        # blocks read ahead
+    ahead = min(PREFETCH_DEPTH, nblk)  # blocks read ahead
     ws = pair_workspace_bytes(occ_block, nvir)
     st = {"metric": 4 * naux * naux * 8 + mo}
     if out_of_core:
-        st["transform"] = mo + L + j3c + WRITE_DEPTH * ab * bcols * fw    # queued row pieces
+        st["transform"] = mo + L + j3c + WRITE_DEPTH * ab * bcols * fw  # queued row pieces
         st["fit"] = mo + L + (ahead + 2) * blk_f + (min(WRITE_DEPTH, nblk) + 1) * blk_w
         st["pair"] = mo + (ahead + min(2, nblk)) * blk_w + ws
     else:
@@ -263,12 +281,24 @@ def _fit(shapes, aux_block, occ_block, aux_min, out_of_core, limit, occ_fixed=Fa
             return a, o, st, False
 
 
-def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
-                limit_mb: float | None, device: str = "cpu", fit_itemsize: int = 8,
-                storage: str = "auto", aux_shell_max: int = 1,
-                occ_block: int | None = None, occ_block_max: int = OCC_BLOCK_MAX,
-                j3c_block_mb: float = J3C_BLOCK_MB, engine: str = "host",
-                queue_depth: int = QUEUE_DEPTH) -> MemoryPlan:
+def plan_memory(
+    *,
+    nao: int,
+    nocc: int,
+    nvir: int,
+    naux: int,
+    itemsize: int,
+    limit_mb: float | None,
+    device: str = "cpu",
+    fit_itemsize: int = 8,
+    storage: str = "auto",
+    aux_shell_max: int = 1,
+    occ_block: int | None = None,
+    occ_block_max: int = OCC_BLOCK_MAX,
+    j3c_block_mb: float = J3C_BLOCK_MB,
+    engine: str = "host",
+    queue_depth: int = QUEUE_DEPTH,
+) -> MemoryPlan:
     """Choose block sizes and where B lives so the run fits ``limit_mb`` (default: a safe fraction
     of what is free on ``device``).
 
@@ -289,21 +319,24 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
     nocc, nvir, naux = max(1, nocc), max(1, nvir), max(1, naux)
     shapes = dict(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=itemsize, fit_itemsize=fit_itemsize)
     aux_min = max(1, min(naux, aux_shell_max))
-    per_aux_fn = stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"] \
+    per_aux_fn = (
+        stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"]
         - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
+    )
     from dfmp2 import linalg
+
     host_memory = linalg.device_capabilities(device).host_memory
-    in_plan, outside = j3c_engine_bytes(engine, nao=nao, fit_itemsize=fit_itemsize,
-                                        host_memory=host_memory, depth=queue_depth)
-    est = dict(shapes, j3c_per_aux=in_plan)      # what the stages hold with this engine
+    in_plan, outside = j3c_engine_bytes(
+        engine, nao=nao, fit_itemsize=fit_itemsize, host_memory=host_memory, depth=queue_depth
+    )
+    est = dict(shapes, j3c_per_aux=in_plan)  # what the stages hold with this engine
     aux0 = int(max(aux_min, min(naux, j3c_block_mb / max(per_aux_fn, 1e-12))))
     occ0 = max(1, min(nocc, occ_block if occ_block else occ_block_max))
     fixed_occ = occ_block is not None
     # auto: in memory with the shape-chosen blocks, else on disk with the same blocks (shrunk only
     # if even that does not fit), so the memory limit changes the bits of the energy only when it
     # is below what those blocks need out of core.
-    attempts = {"auto": ((False, False), (True, True)), "memory": ((False, True),),
-                "disk": ((True, True),)}[storage]
+    attempts = {"auto": ((False, False), (True, True)), "memory": ((False, True),), "disk": ((True, True),)}[storage]
     for ooc, shrink in attempts:
         if shrink:
             a, o, st, ok = _fit(est, aux0, occ0, aux_min, ooc, limit, occ_fixed=fixed_occ)
@@ -316,20 +349,36 @@ def plan_memory(*, nao: int, nocc: int, nvir: int, naux: int, itemsize: int,
             disk = 0.0
             if ooc:
                 disk = naux * nocc * nvir * (itemsize + (fit_itemsize if fit_itemsize != itemsize else 0)) / MB
-            return MemoryPlan(limit_mb=limit, peak_mb=max(st.values()), aux_block=a, occ_block=o,
-                              stages_mb=st, out_of_core=ooc, disk_mb=disk, in_memory_mb=im,
-                              min_mb=_min_mb(est, aux_min, occ0 if fixed_occ else 1, storage),
-                              storage=storage, shapes=shapes,
-                              integrals={"engine": engine, "queue_depth": queue_depth if engine == "host" else 0,
-                                         "host_mb": a * outside / MB})
+            return MemoryPlan(
+                limit_mb=limit,
+                peak_mb=max(st.values()),
+                aux_block=a,
+                occ_block=o,
+                stages_mb=st,
+                out_of_core=ooc,
+                disk_mb=disk,
+                in_memory_mb=im,
+                min_mb=_min_mb(est, aux_min, occ0 if fixed_occ else 1, storage),
+                storage=storage,
+                shapes=shapes,
+                integrals={
+                    "engine": engine,
+                    "queue_depth": queue_depth if engine == "host" else 0,
+                    "host_mb": a * outside / MB,
+                },
+            )
     need = _min_mb(est, aux_min, occ0 if fixed_occ else 1, storage)
-    where = {"memory": "with B in memory (storage 'memory')",
-             "disk": "with B on disk", "auto": "with B on disk"}[storage]
+    where = {"memory": "with B in memory (storage 'memory')", "disk": "with B on disk", "auto": "with B on disk"}[
+        storage
+    ]
     blocks = f"occupied block {occ0} (from the checkpoint)" if fixed_occ else "occupied block 1"
     raise MemoryLimitError(
         f"this run needs at least {need:.3g} MB ({where}, auxiliary block {aux_min}, {blocks}) "
         f"but the memory limit is {limit:.3g} MB (nocc {nocc}, nvir {nvir}, naux {naux}); "
-        f"raise the memory limit or use a smaller basis", need_mb=need, limit_mb=limit)
+        f"raise the memory limit or use a smaller basis",
+        need_mb=need,
+        limit_mb=limit,
+    )
 
 
 def _min_mb(shapes, aux_min, occ_min, storage) -> float:

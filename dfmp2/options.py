@@ -5,6 +5,7 @@ this module; nothing here imports PySCF, so the CLI starts fast. Library errors 
 ``RunOptions`` field they are about (``InputError.option``) and never a CLI flag; the CLI adds
 its flag.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,26 +13,24 @@ import os
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-from dfmp2 import linalg
+from dfmp2 import linalg, memory
+from dfmp2.errors import InputError
 from dfmp2.linalg import DTYPES
 
-from dfmp2 import memory
-from dfmp2.errors import InputError
-
-PRECISIONS = tuple(DTYPES)                 # fp64, fp32
+PRECISIONS = tuple(DTYPES)  # fp64, fp32
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
-SCF_MODES = ("df", "pyscf-df", "exact")    # df: our DF-SCF (dfmp2.scf.driver); pyscf-df: PySCF's; exact: PySCF's
-SCF_DF_MODES = ("df", "pyscf-df")          # density-fitted with the JK-fit set (default_auxbasis 'jk')
-SCF_PRECISIONS = ("auto", "fp64", "mixed")   # our DF-SCF's J/K (dfmp2.scf.precision.resolve_precision)
+SCF_MODES = ("df", "pyscf-df", "exact")  # df: our DF-SCF (dfmp2.scf.driver); pyscf-df: PySCF's; exact: PySCF's
+SCF_DF_MODES = ("df", "pyscf-df")  # density-fitted with the JK-fit set (default_auxbasis 'jk')
+SCF_PRECISIONS = ("auto", "fp64", "mixed")  # our DF-SCF's J/K (dfmp2.scf.precision.resolve_precision)
 SCF_MAX_CYCLE = 100
-SCF_CONV_TOL = 1e-12       # Hartree, energy change
-SCF_CONV_TOL_GRAD = 1e-9   # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
+SCF_CONV_TOL = 1e-12  # Hartree, energy change
+SCF_CONV_TOL_GRAD = 1e-9  # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
 REFERENCES = ("auto", "rhf", "uhf", "rohf")
-ECP_CHOICES = ("auto", "none", "none-for-testing")   # scf.build_molecule says what each does
+ECP_CHOICES = ("auto", "none", "none-for-testing")  # scf.build_molecule says what each does
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
-INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")   # dfmp2.df.integrals.ENGINES
-PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()   # cuda: linalg.cuda; cpu: linalg.cpu_pair
-CPU_BLAS_CHOICES = linalg.cpu_blas.MODES   # cpu only: auto (measured, cached), torch, openblas
+INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")  # dfmp2.df.integrals.ENGINES
+PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()  # cuda: linalg.cuda; cpu: linalg.cpu_pair
+CPU_BLAS_CHOICES = linalg.cpu_blas.MODES  # cpu only: auto (measured, cached), torch, openblas
 # the SCF part of a CBS extrapolation (dfmp2.workflows.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
 CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
 
@@ -79,32 +78,34 @@ class RunOptions:
     """What the user asked for. ``precision=None``: fp64 on cpu/cuda, fp32 on trn (no fp64 there)."""
 
     basis: str = "cc-pvdz"
-    auxbasis: str | None = None          # None: the MP2-fit set matched to ``basis``
-    charge: int | None = None            # None: from the XYZ comment line, else 0
+    auxbasis: str | None = None  # None: the MP2-fit set matched to ``basis``
+    charge: int | None = None  # None: from the XYZ comment line, else 0
     multiplicity: int | None = None
     device: str = "cpu"
     simulate: bool = False
     precision: str | None = None
     frozen_core: bool = False
-    ecp: str = "auto"                    # auto: the ECP the basis comes with (scf.build_molecule); none; none-for-testing
+    ecp: str = "auto"  # auto: the ECP the basis comes with (scf.build_molecule); none; none-for-testing
     scf_mode: str = "df"
-    memory_mb: float | None = None       # None: a safe fraction of available memory
-    storage: str = "auto"                # where B lives: auto (memory if it fits), memory, disk
-    scratch_dir: str | None = None       # out-of-core files; None: the system's temp directory
-    checkpoint: str | None = None        # write a checkpoint (HDF5) here as the run goes
-    resume: str | None = None            # continue the run in this checkpoint (and keep writing it)
-    pair_kernel: str = "auto"            # MP2 pair-step path of cuda (linalg.cuda) or cpu (linalg.cpu_pair)
-    integrals: str = "auto"              # integral engine (INTEGRAL_ENGINES): auto, host, gpu4pyscf
-    cpu_blas: str = "auto"               # cpu only: BLAS of GEMM/SYRK/pair GEMMs (linalg.cpu_blas): auto, torch, openblas
-    occ_block_max: int = memory.OCC_BLOCK_MAX   # occupied orbitals per block, before the memory plan
-    j3c_block_mb: float = memory.J3C_BLOCK_MB   # target MB of one streamed (μν|P) block
+    memory_mb: float | None = None  # None: a safe fraction of available memory
+    storage: str = "auto"  # where B lives: auto (memory if it fits), memory, disk
+    scratch_dir: str | None = None  # out-of-core files; None: the system's temp directory
+    checkpoint: str | None = None  # write a checkpoint (HDF5) here as the run goes
+    resume: str | None = None  # continue the run in this checkpoint (and keep writing it)
+    pair_kernel: str = "auto"  # MP2 pair-step path of cuda (linalg.cuda) or cpu (linalg.cpu_pair)
+    integrals: str = "auto"  # integral engine (INTEGRAL_ENGINES): auto, host, gpu4pyscf
+    cpu_blas: str = "auto"  # cpu only: BLAS of GEMM/SYRK/pair GEMMs (linalg.cpu_blas): auto, torch, openblas
+    occ_block_max: int = memory.OCC_BLOCK_MAX  # occupied orbitals per block, before the memory plan
+    j3c_block_mb: float = memory.J3C_BLOCK_MB  # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
-    scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD   # orbital-gradient norm the SCF must reach
-    scf_precision: str = "auto"          # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
-    scf_stability: bool = True           # a UHF's internal stability check (dfmp2.scf.stability); RHF: none
-    dist_scf: str = "split"              # over several ranks (dfmp2.distributed): our DF-SCF split or replicated
-    reference: str = "auto"              # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
-    cbs_scf: str = "xtpl_highest_1"      # a basis bracket's SCF scheme (dfmp2.workflows.cbs): Psi4's default, the largest basis
+    scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD  # orbital-gradient norm the SCF must reach
+    scf_precision: str = "auto"  # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
+    scf_stability: bool = True  # a UHF's internal stability check (dfmp2.scf.stability); RHF: none
+    dist_scf: str = "split"  # over several ranks (dfmp2.distributed): our DF-SCF split or replicated
+    reference: str = "auto"  # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
+    cbs_scf: str = (
+        "xtpl_highest_1"  # a basis bracket's SCF scheme (dfmp2.workflows.cbs): Psi4's default, the largest basis
+    )
 
     def __post_init__(self):
         """Every field's type and range, as the CLI's parser checks them: a Python caller's
@@ -113,14 +114,16 @@ class RunOptions:
             value = getattr(self, name)
             ok = (value is None and type(None) in kinds) or (
                 isinstance(value, tuple(k for k in kinds if k is not type(None)))
-                and not (isinstance(value, bool) and bool not in kinds))
+                and not (isinstance(value, bool) and bool not in kinds)
+            )
             if not ok:
                 raise InputError(f"option {name} must be {what}, got {value!r}", option=name)
-        for name in ("basis", "auxbasis"):     # PySCF reads a multi-line string as basis-set text
+        for name in ("basis", "auxbasis"):  # PySCF reads a multi-line string as basis-set text
             value = getattr(self, name)
             if isinstance(value, str) and (not value.strip() or not value.isprintable()):
-                raise InputError(f"option {name} must be a basis set name (one printable line), got {value!r}",
-                                 option=name)
+                raise InputError(
+                    f"option {name} must be a basis set name (one printable line), got {value!r}", option=name
+                )
         for name, low in (("memory_mb", 0.0), ("j3c_block_mb", 0.0), ("scf_conv_tol_grad", 0.0)):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > low):
@@ -135,40 +138,51 @@ class RunOptions:
         unknown device or precision, or one the device cannot run."""
         try:
             caps = linalg.device_capabilities(self.device)
-        except ValueError as e:        # an unknown device name
+        except ValueError as e:  # an unknown device name
             raise InputError(str(e), option="device") from None
         p = self.precision or caps.default_precision
         if p not in PRECISIONS:
-            raise InputError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}",
-                             option="precision")
+            raise InputError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}", option="precision")
         if caps.precision_problem(p):
-            raise InputError(f"{self.device}: {caps.precision_problem(p)}; use precision fp32 "
-                             "(energies are still accumulated in fp64)", option="precision")
+            raise InputError(
+                f"{self.device}: {caps.precision_problem(p)}; use precision fp32 "
+                "(energies are still accumulated in fp64)",
+                option="precision",
+            )
         return p
 
     def check_choices(self) -> None:
         """InputError (naming the option) for a value outside its choices."""
-        for name, choices in (("scf_mode", SCF_MODES), ("storage", STORAGE_CHOICES),
-                              ("reference", REFERENCES), ("ecp", ECP_CHOICES),
-                              ("integrals", INTEGRAL_ENGINES), ("pair_kernel", PAIR_KERNEL_CHOICES),
-                              ("cpu_blas", CPU_BLAS_CHOICES), ("scf_precision", SCF_PRECISIONS),
-                              ("cbs_scf", CBS_SCF_SCHEMES)):
+        for name, choices in (
+            ("scf_mode", SCF_MODES),
+            ("storage", STORAGE_CHOICES),
+            ("reference", REFERENCES),
+            ("ecp", ECP_CHOICES),
+            ("integrals", INTEGRAL_ENGINES),
+            ("pair_kernel", PAIR_KERNEL_CHOICES),
+            ("cpu_blas", CPU_BLAS_CHOICES),
+            ("scf_precision", SCF_PRECISIONS),
+            ("cbs_scf", CBS_SCF_SCHEMES),
+        ):
             value = getattr(self, name)
             if value not in choices:
-                raise InputError(f"unknown {name.replace('_', ' ')} '{value}'; use one of "
-                                 f"{', '.join(choices)}", option=name)
+                raise InputError(
+                    f"unknown {name.replace('_', ' ')} '{value}'; use one of {', '.join(choices)}", option=name
+                )
         try:
             caps = linalg.device_capabilities(self.device)
-        except ValueError as e:        # an unknown device name
+        except ValueError as e:  # an unknown device name
             raise InputError(str(e), option="device") from None
         try:
             linalg.cpu_blas.check_choice(self.cpu_blas, self.device, caps.is_host)
         except linalg.cpu_blas.CpuBlasChoiceError as e:
             raise InputError(str(e), option="cpu_blas") from None
         if self.scf_precision != "auto" and not caps.has_fp64:
-            raise InputError(f"SCF precision {self.scf_precision} needs fp64 arithmetic, which device "
-                             f"'{self.device}' lacks; use auto (fp32 J/K of the density change, Fock "
-                             "matrix in fp64)", option="scf_precision")
+            raise InputError(
+                f"SCF precision {self.scf_precision} needs fp64 arithmetic, which device "
+                f"'{self.device}' lacks; use auto (fp32 J/K of the density change, Fock "
+                "matrix in fp64)",
+                option="scf_precision",
+            )
         if self.simulate and not caps.simulable:
-            raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'",
-                             option="simulate")
+            raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'", option="simulate")

@@ -10,6 +10,7 @@
 The checkpoint's life cycle (open or create, keep or discard on failure, close) is one context
 manager, ``CheckpointSession``.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -19,30 +20,22 @@ from pathlib import Path
 
 import torch
 
-from dfmp2 import linalg
-from dfmp2.linalg import DTYPES
-
-from dfmp2 import distributed, memory
-from dfmp2.io import checkpoint
-from dfmp2.scf import driver
-from dfmp2.scf import jk
-from dfmp2.scf.precision import resolve_precision
-from dfmp2.df import integrals
-from dfmp2.mp2 import dist as mp2_dist
-from dfmp2.io import outputs
-from dfmp2.df import basis
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
-from dfmp2.scf import stability
+from dfmp2 import distributed, linalg, memory
+from dfmp2.df import basis, integrals
 from dfmp2.errors import DiskWriteError, InputError, MemoryLimitError, shown
+from dfmp2.io import checkpoint, molecule, outputs
+from dfmp2.io.result import Result, geometry_record, software_versions
+from dfmp2.io.xyz import Geometry, read_xyz
+from dfmp2.linalg import DTYPES
 from dfmp2.memory import MemoryPlan, plan_memory
+from dfmp2.mp2 import dist as mp2_dist
 from dfmp2.mp2.stage import MP2Energies, mp2_stage
 from dfmp2.options import RunOptions
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
-from dfmp2.io.result import Result, geometry_record, software_versions
+from dfmp2.scf import driver, jk, pyscf_scf, stability
+from dfmp2.scf.precision import resolve_precision
 from dfmp2.timing import CycleLog, Timer
-from dfmp2.io.xyz import Geometry, read_xyz
 
 
 @dataclass(frozen=True)
@@ -82,9 +75,9 @@ class Job:
     auxmol: object
     engine: integrals.IntegralEngine
     space: OrbitalSpace
-    jk_auxbasis: object = None      # the JK-fit set (basis.default_auxbasis(mol, 'jk')) of a DF SCF, else None
-    jk_auxmol: object = None        # its auxiliary molecule, built once for the plan, the SCF and the gradient
-    world: distributed.World = field(default_factory=distributed.World)    # the process group of the run
+    jk_auxbasis: object = None  # the JK-fit set (basis.default_auxbasis(mol, 'jk')) of a DF SCF, else None
+    jk_auxmol: object = None  # its auxiliary molecule, built once for the plan, the SCF and the gradient
+    world: distributed.World = field(default_factory=distributed.World)  # the process group of the run
     warnings: list = field(default_factory=list)
 
     @property
@@ -112,8 +105,16 @@ def run(path, options: RunOptions, progress=None, log=None, on_plan=None) -> Res
     return run_geometry(read_xyz(path), options, progress=progress, log=log, on_plan=on_plan)
 
 
-def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None,
-                 backend=None, on_reference=None, guess=None) -> Result:
+def run_geometry(
+    geom: Geometry,
+    options: RunOptions,
+    progress=None,
+    log=None,
+    on_plan=None,
+    backend=None,
+    on_reference=None,
+    guess=None,
+) -> Result:
     """Run DF-MP2 on a parsed geometry: prepare, plan, reference, MP2, result (``run_energy``'s
     Result). Everything cheap is checked before the heavy work (``on_plan(plan)`` sees the memory
     plan). ``backend``: one already made for ``options`` (several runs sharing a device, as
@@ -136,11 +137,10 @@ def run_geometry(geom: Geometry, options: RunOptions, progress=None, log=None, o
 def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None) -> Job:
     """``prepare`` as a run does it: the process group (``distributed.current()``, read here once
     and carried by the Job) agreeing on the options, each rank with its own device."""
-    world = distributed.current()       # several ranks: every rank runs this, rank 0 reports
+    world = distributed.current()  # several ranks: every rank runs this, rank 0 reports
     with world.agreeing():
         distributed.check_options(options, world)
-        return prepare(geom, distributed.rank_options(options, world), backend, log or (lambda msg: None),
-                       world=world)
+        return prepare(geom, distributed.rank_options(options, world), backend, log or (lambda msg: None), world=world)
 
 
 def run_energy(job: Job, progress=None, log=None, on_plan=None, guess=None, t_start=None) -> EnergyRun:
@@ -160,9 +160,20 @@ def run_energy(job: Job, progress=None, log=None, on_plan=None, guess=None, t_st
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say, guess)
         say("integrals, transforms, fit and pair energies ...")
-        mp2 = mp2_stage(job.mol, job.auxmol, ref, backend=job.backend, precision=job.precision, plan=plan,
-                        timer=timer, engine=job.engine, progress=progress,
-                        scratch_dir=options.scratch_dir, checkpoint=session.ck, world=world)
+        mp2 = mp2_stage(
+            job.mol,
+            job.auxmol,
+            ref,
+            backend=job.backend,
+            precision=job.precision,
+            plan=plan,
+            timer=timer,
+            engine=job.engine,
+            progress=progress,
+            scratch_dir=options.scratch_dir,
+            checkpoint=session.ck,
+            world=world,
+        )
         session.finish(mp2.e_os, mp2.e_ss)
     world.summarize()
     result = make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
@@ -181,10 +192,12 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     _refuse_bracket(options)
     precision = options.resolved_precision()
     if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
-        raise InputError("the checkpoint to write and the checkpoint to resume are different files; "
-                         "a resumed run goes on writing to the file it resumes, so give only that one",
-                         option="resume")
-    if options.scratch_dir is not None:      # a given scratch directory must take files, used or not
+        raise InputError(
+            "the checkpoint to write and the checkpoint to resume are different files; "
+            "a resumed run goes on writing to the file it resumes, so give only that one",
+            option="resume",
+        )
+    if options.scratch_dir is not None:  # a given scratch directory must take files, used or not
         outputs.check_output_dir(options.scratch_dir, "scratch", option="scratch_dir")
     uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else make_backend(options, unrestricted=uhf)
@@ -198,23 +211,43 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     jk_auxmol = basis.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
     warnings = _input_warnings(mol, auxbasis, options, space.naux, jk_auxbasis) + notes
     if options.multiplicity is None and geom.multiplicity is None and mol.spin:
-        warnings.append(f"no multiplicity given (as an option or in the XYZ comment): {mol.nelectron} "
-                        f"electrons taken as a doublet "
-                        f"(multiplicity {mol.spin + 1}, the lowest)")
-    return Job(geom, options, precision, backend, mol, auxbasis, auxmol, engine, space, jk_auxbasis, jk_auxmol,
-               world if world is not None else distributed.current(), warnings)
+        warnings.append(
+            f"no multiplicity given (as an option or in the XYZ comment): {mol.nelectron} "
+            f"electrons taken as a doublet "
+            f"(multiplicity {mol.spin + 1}, the lowest)"
+        )
+    return Job(
+        geom,
+        options,
+        precision,
+        backend,
+        mol,
+        auxbasis,
+        auxmol,
+        engine,
+        space,
+        jk_auxbasis,
+        jk_auxmol,
+        world if world is not None else distributed.current(),
+        warnings,
+    )
 
 
 def _refuse_bracket(options: RunOptions) -> None:
     """One run is one basis: a bracket (cc-pv[dt]z) is a CBS extrapolation over several runs
     (dfmp2.workflows.cbs.run_cbs), and the CBS SCF scheme applies only to one."""
     if "[" in options.basis or "]" in options.basis:
-        raise InputError(f"basis '{shown(options.basis)}' is a basis bracket (a CBS extrapolation over "
-                         "several runs): dfmp2 run and dfmp2 interaction take it, this command and a "
-                         "single run (run_geometry) do not", option="basis")
+        raise InputError(
+            f"basis '{shown(options.basis)}' is a basis bracket (a CBS extrapolation over "
+            "several runs): dfmp2 run and dfmp2 interaction take it, this command and a "
+            "single run (run_geometry) do not",
+            option="basis",
+        )
     if options.cbs_scf != RunOptions.cbs_scf:
-        raise InputError(f"the CBS SCF scheme {options.cbs_scf} applies to a basis bracket (e.g. "
-                         "cc-pv[dt]z), not to one basis", option="cbs_scf")
+        raise InputError(
+            f"the CBS SCF scheme {options.cbs_scf} applies to a basis bracket (e.g. cc-pv[dt]z), not to one basis",
+            option="cbs_scf",
+        )
 
 
 def orbital_space(mol, auxmol, frozen_core: bool, uhf: bool, source: str) -> tuple[OrbitalSpace, list]:
@@ -224,19 +257,32 @@ def orbital_space(mol, auxmol, frozen_core: bool, uhf: bool, source: str) -> tup
     nocc_b = nocc_a - mol.spin
     nfrozen = molecule.frozen_core_count(mol) if frozen_core else 0
     nao = mol.nao_nr()
-    nmo, lindep_thr, _ = molecule.linear_dependence(mol)     # the orbitals every SCF engine keeps
+    nmo, lindep_thr, _ = molecule.linear_dependence(mol)  # the orbitals every SCF engine keeps
     dropped = f", {nao - nmo} dropped as linearly dependent" if nmo < nao else ""
     if nocc_a >= nmo or nfrozen >= nocc_a:
-        raise InputError(f"{source}: no MP2 correlation possible with {nocc_a - nfrozen} active "
-                         f"occupied and {nmo - nocc_a} virtual orbitals (nbasis {nao}{dropped})")
+        raise InputError(
+            f"{source}: no MP2 correlation possible with {nocc_a - nfrozen} active "
+            f"occupied and {nmo - nocc_a} virtual orbitals (nbasis {nao}{dropped})"
+        )
     if nfrozen > nocc_b:
-        raise InputError(f"{source}: the frozen core ({nfrozen} orbitals per spin) is more than the "
-                         f"{nocc_b} occupied beta orbitals; correlate all electrons", option="frozen_core")
-    notes = [f"linear dependence: {nao - nmo} of {nao} basis functions dropped (overlap eigenvalues "
-             f"below {lindep_thr:g}); nmo {nmo}"] if nmo < nao else []
+        raise InputError(
+            f"{source}: the frozen core ({nfrozen} orbitals per spin) is more than the "
+            f"{nocc_b} occupied beta orbitals; correlate all electrons",
+            option="frozen_core",
+        )
+    notes = (
+        [
+            f"linear dependence: {nao - nmo} of {nao} basis functions dropped (overlap eigenvalues "
+            f"below {lindep_thr:g}); nmo {nmo}"
+        ]
+        if nmo < nao
+        else []
+    )
     if frozen_core and nfrozen == 0:
-        notes.append("frozen core asked for, but these atoms have no core orbitals to freeze (PySCF's "
-                     "chemcore rule, outside any ECP core): every electron is correlated")
+        notes.append(
+            "frozen core asked for, but these atoms have no core orbitals to freeze (PySCF's "
+            "chemcore rule, outside any ECP core): every electron is correlated"
+        )
     nocc = (nocc_a, nocc_b) if uhf else (nocc_a,)
     return OrbitalSpace(nocc, nmo, nao, nfrozen, auxmol.nao_nr()), notes
 
@@ -246,12 +292,16 @@ def make_backend(options: RunOptions, unrestricted: bool = False):
     device cannot run, before any work); ``unrestricted``: for a UHF reference (the CUDA pair
     path then takes the opposite-spin form into account)."""
     try:
-        return linalg.get_backend(options.device, simulate=options.simulate, pair_kernel=options.pair_kernel,
-                                  **({"unrestricted": True} if unrestricted else {}),
-                                  **({"cpu_blas": options.cpu_blas} if options.cpu_blas != "auto" else {}))
+        return linalg.get_backend(
+            options.device,
+            simulate=options.simulate,
+            pair_kernel=options.pair_kernel,
+            **({"unrestricted": True} if unrestricted else {}),
+            **({"cpu_blas": options.cpu_blas} if options.cpu_blas != "auto" else {}),
+        )
     except linalg.cpu_blas.CpuBlasChoiceError as e:
         raise InputError(str(e), option="cpu_blas") from None
-    except ValueError as e:        # a pair kernel unknown or not for this device
+    except ValueError as e:  # a pair kernel unknown or not for this device
         raise InputError(str(e), option="pair_kernel") from None
 
 
@@ -278,11 +328,14 @@ def _input_warnings(mol, auxbasis, options: RunOptions, naux: int, jk_auxbasis=N
         given = basis.describe_auxbasis(auxbasis)
         names = auxbasis.values() if isinstance(auxbasis, dict) else [auxbasis]
         if any(isinstance(n, str) and not basis.is_fitting_set(n) for n in names):
-            out.append(f"auxiliary basis {given} is not a density-fitting set; use an "
-                       "MP2-fit (RI) set such as the default")
+            out.append(
+                f"auxiliary basis {given} is not a density-fitting set; use an MP2-fit (RI) set such as the default"
+            )
         if naux < mol.nao_nr():
-            out.append(f"auxiliary basis {given} has fewer functions (naux {naux}) than the "
-                       f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may be large")
+            out.append(
+                f"auxiliary basis {given} has fewer functions (naux {naux}) than the "
+                f"orbital basis (nbasis {mol.nao_nr()}); the fitting error in E_corr may be large"
+            )
     if jk_auxbasis is not None:
         out.append(basis.auxbasis_note(mol, jk_auxbasis, "jk"))
     return [w for w in out if w]
@@ -305,12 +358,22 @@ class CheckpointSession:
         if not self.path:
             return
         self.fp = checkpoint.fingerprint(
-            mol=job.mol, basis=o.basis, auxbasis=basis.describe_auxbasis(job.auxbasis), scf_mode=o.scf_mode,
-            frozen_core=o.frozen_core, precision=job.precision, device=o.device, simulate=o.simulate,
-            nfrozen=space.nfrozen, nocc=space.nocc[0] - space.nfrozen, nvir=space.nmo - space.nocc[0],
-            naux=space.naux, ecp=molecule.ecp_info(job.mol),
+            mol=job.mol,
+            basis=o.basis,
+            auxbasis=basis.describe_auxbasis(job.auxbasis),
+            scf_mode=o.scf_mode,
+            frozen_core=o.frozen_core,
+            precision=job.precision,
+            device=o.device,
+            simulate=o.simulate,
+            nfrozen=space.nfrozen,
+            nocc=space.nocc[0] - space.nfrozen,
+            nvir=space.nmo - space.nocc[0],
+            naux=space.naux,
+            ecp=molecule.ecp_info(job.mol),
             scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != pyscf_scf.SCF_CONV_TOL_GRAD else None,
-            nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None)
+            nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None,
+        )
 
     def __enter__(self) -> "CheckpointSession":
         o = self.options
@@ -320,7 +383,8 @@ class CheckpointSession:
             checkpoint.check_regular(o.checkpoint, "checkpoint")
             raise checkpoint.CheckpointError(
                 f"checkpoint {o.checkpoint} already exists; resume it, or remove it to start afresh",
-                option="checkpoint")
+                option="checkpoint",
+            )
         return self
 
     def start(self, plan: MemoryPlan) -> None:
@@ -337,12 +401,12 @@ class CheckpointSession:
             if exc is not None and self.created:
                 try:
                     keep = self.ck.has_scf and not isinstance(exc, InputError)
-                except Exception:          # unreadable after the failure: nothing to resume
+                except Exception:  # unreadable after the failure: nothing to resume
                     keep = False
                 if not keep:
                     self.ck.discard()
         finally:
-            if self.ck is not None:   # after a refused write: closed as flushed, nothing more written
+            if self.ck is not None:  # after a refused write: closed as flushed, nothing more written
                 self.ck.abandon() if isinstance(exc, DiskWriteError) else self.ck.close()
 
 
@@ -357,49 +421,98 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
     ours = _our_scf(job) and not (ck is not None and ck.has_scf)
     world = job.world
     try:
-        plan = stage_plan(job.mol, job.auxmol, distributed.plan_options(options, world), job.backend, job.precision,
-                          nocc=space.nocc_active, nvir=space.nvir_max,
-                          occ_block=ck.occ_block if ck is not None else None, engine=job.engine)
-        if world.distributed:       # each rank's share of B against the limit, before any integral
-            mp2_dist.per_rank_plan(plan, world, options.memory_mb if options.memory_mb is not None
-                                   else memory.DEFAULT_FRACTION * memory.available_mb(options.device))
-    except MemoryLimitError as e:       # the whole run's minimum, not the first stage's that refused
+        plan = stage_plan(
+            job.mol,
+            job.auxmol,
+            distributed.plan_options(options, world),
+            job.backend,
+            job.precision,
+            nocc=space.nocc_active,
+            nvir=space.nvir_max,
+            occ_block=ck.occ_block if ck is not None else None,
+            engine=job.engine,
+        )
+        if world.distributed:  # each rank's share of B against the limit, before any integral
+            mp2_dist.per_rank_plan(
+                plan,
+                world,
+                options.memory_mb
+                if options.memory_mb is not None
+                else memory.DEFAULT_FRACTION * memory.available_mb(options.device),
+            )
+    except MemoryLimitError as e:  # the whole run's minimum, not the first stage's that refused
         scf_mb = _scf_memory(job, 1e-9)["peak"] if ours else 0.0
         if e.need_mb is None or scf_mb <= e.need_mb:
             raise
-        raise MemoryLimitError(f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
-                               f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
-                               "memory limit", need_mb=scf_mb, limit_mb=e.limit_mb) from None
-    scf_plan = (_plan_scf(job, plan) if ours
-                else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False})
+        raise MemoryLimitError(
+            f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
+            f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
+            "memory limit",
+            need_mb=scf_mb,
+            limit_mb=e.limit_mb,
+        ) from None
+    scf_plan = _plan_scf(job, plan) if ours else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False}
     if on_plan is not None:
         on_plan(plan)
-    say(f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
+    say(
+        f"{job.geom.natm} atoms, {job.mol.nelectron} electrons, nbasis {space.nbasis}, naux {space.naux}; "
         f"memory plan {plan.peak_mb:.0f} MB of {plan.limit_mb:.0f} MB, B "
-        f"{'on disk' if plan.out_of_core else 'in memory'}")
-    nblocks = [-(-(n - space.nfrozen) // plan.occ_block) for n in space.nocc]     # per spin channel
-    ck_mb = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=space.nbasis, nmo=space.nmo, nblocks=nblocks[0],
-                               nblocks_beta=nblocks[1] if job.unrestricted else None)
+        f"{'on disk' if plan.out_of_core else 'in memory'}"
+    )
+    nblocks = [-(-(n - space.nfrozen) // plan.occ_block) for n in space.nocc]  # per spin channel
+    ck_mb = checkpoint.size_mb(
+        b_mb=plan.b_mb,
+        nbasis=space.nbasis,
+        nmo=space.nmo,
+        nblocks=nblocks[0],
+        nblocks_beta=nblocks[1] if job.unrestricted else None,
+    )
     pyscf_df = options.scf_mode in pyscf_scf.SCF_DF_MODES and not ours and not (ck is not None and ck.has_scf)
-    _check_disk(plan, options, session.path, b_done=ck is not None and ck.b_complete, b_mb=plan.b_mb,
-                ck_mb=ck_mb, pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
-                pyscf_df_mb=pyscf_scf.pyscf_df_disk_mb(job.mol, plan.limit_mb, job.jk_auxbasis) if pyscf_df else 0.0)
+    _check_disk(
+        plan,
+        options,
+        session.path,
+        b_done=ck is not None and ck.b_complete,
+        b_mb=plan.b_mb,
+        ck_mb=ck_mb,
+        pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
+        pyscf_df_mb=pyscf_scf.pyscf_df_disk_mb(job.mol, plan.limit_mb, job.jk_auxbasis) if pyscf_df else 0.0,
+    )
     return plan, scf_plan
 
 
-def stage_plan(mol, auxmol, options: RunOptions, backend, precision: str, *, nocc: int, nvir: int,
-               occ_block: int | None = None, engine: integrals.IntegralEngine | None = None) -> MemoryPlan:
+def stage_plan(
+    mol,
+    auxmol,
+    options: RunOptions,
+    backend,
+    precision: str,
+    *,
+    nocc: int,
+    nvir: int,
+    occ_block: int | None = None,
+    engine: integrals.IntegralEngine | None = None,
+) -> MemoryPlan:
     """The memory plan ``dfmp2 run`` makes for ``nocc`` active occupied and ``nvir`` virtual
     orbitals with these options (``occ_block``: a resumed checkpoint's fixed block; ``engine``:
     whose working memory the transform holds, default the host engine)."""
-    return plan_memory(nao=mol.nao_nr(), nocc=nocc, nvir=nvir, naux=auxmol.nao_nr(),
-                       itemsize=torch.finfo(DTYPES[precision]).bits // 8, limit_mb=options.memory_mb,
-                       device=options.device, fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
-                       storage=options.storage, aux_shell_max=_largest_shell(auxmol), occ_block=occ_block,
-                       occ_block_max=options.occ_block_max,
-                       j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
-                       engine=engine.name if engine is not None else "host",
-                       queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH))
+    return plan_memory(
+        nao=mol.nao_nr(),
+        nocc=nocc,
+        nvir=nvir,
+        naux=auxmol.nao_nr(),
+        itemsize=torch.finfo(DTYPES[precision]).bits // 8,
+        limit_mb=options.memory_mb,
+        device=options.device,
+        fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
+        storage=options.storage,
+        aux_shell_max=_largest_shell(auxmol),
+        occ_block=occ_block,
+        occ_block_max=options.occ_block_max,
+        j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
+        engine=engine.name if engine is not None else "host",
+        queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH),
+    )
 
 
 def _our_scf(job: Job) -> bool:
@@ -416,8 +529,9 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     backend = job.backend
     missing = [op for op in driver.OPS if not backend.supports(op)]
     if missing:
-        raise linalg.DeviceUnavailableError(f"device '{backend.name}' cannot run the DF-SCF: it lacks "
-                                            f"{', '.join(missing)}", alternatives=("cpu",))
+        raise linalg.DeviceUnavailableError(
+            f"device '{backend.name}' cannot run the DF-SCF: it lacks {', '.join(missing)}", alternatives=("cpu",)
+        )
     mixed = resolve_precision(backend.caps, job.options.scf_precision)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
@@ -426,8 +540,9 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     return {"block_mb": need["block_mb"], "fp32_copy": need["fp32_copy"] > 0}
 
 
-def _scf_memory(job: Job, block_mb: float | None = None, *, limit_mb: float | None = None,
-                fp32_copy: bool = False) -> dict:
+def _scf_memory(
+    job: Job, block_mb: float | None = None, *, limit_mb: float | None = None, fp32_copy: bool = False
+) -> dict:
     """Our DF-SCF's memory (driver.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
     ``block_mb``, or, given ``limit_mb``, the largest block that fits (driver.check_memory:
     MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits;
@@ -438,8 +553,11 @@ def _scf_memory(job: Job, block_mb: float | None = None, *, limit_mb: float | No
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
     args = (mol.nao_nr(), distributed.scf_rows(naux_jk, job.world), max(mol.nelec), itemsize)
     spins = 2 if job.unrestricted else 1
-    need = (driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins) if limit_mb is not None
-            else driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins))
+    need = (
+        driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins)
+        if limit_mb is not None
+        else driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins)
+    )
     return {**need, "naux_jk": naux_jk}
 
 
@@ -448,8 +566,17 @@ def _largest_shell(auxmol) -> int:
     return int(max(loc[1:] - loc[:-1])) if auxmol.nbas else 1
 
 
-def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool, b_mb: float,
-                ck_mb: float, pia_mb: float, pyscf_df_mb: float = 0.0) -> None:
+def _check_disk(
+    plan: MemoryPlan,
+    options: RunOptions,
+    ck_path,
+    *,
+    b_done: bool,
+    b_mb: float,
+    ck_mb: float,
+    pia_mb: float,
+    pyscf_df_mb: float = 0.0,
+) -> None:
     """Before any heavy work: is there disk for what goes to disk (``outputs.check_disk``)? A
     checkpoint holds B (in memory or not), the SCF and the pair sums (``ck_mb``,
     ``checkpoint.size_mb``); out of core without a checkpoint, B goes to the scratch directory,
@@ -464,7 +591,7 @@ def _check_disk(plan: MemoryPlan, options: RunOptions, ck_path, *, b_done: bool,
             needs.append((scratch, b_mb, "scratch_dir"))
         if pia_mb > 0:
             needs.append((scratch, pia_mb, "scratch_dir"))
-    if pyscf_df_mb > 0:             # gone before the MP2 stage writes anything: counted all the same
+    if pyscf_df_mb > 0:  # gone before the MP2 stage writes anything: counted all the same
         needs.append((scratch, pyscf_df_mb, "scratch_dir"))
     outputs.check_disk(needs)
 
@@ -484,27 +611,44 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         timer.add("checkpoint", t0)
     elif _our_scf(job):
         say(f"DF-{kind} on {job.backend.name} ...")
-        ref = driver.run_scf(job.mol, job.backend, max_cycle=options.scf_max_cycle, timer=timer,
-                            block_mb=scf_plan["block_mb"], engine=job.engine, progress=cycles,
-                            conv_tol_grad=options.scf_conv_tol_grad, precision=options.scf_precision,
-                            fp32_copy=scf_plan["fp32_copy"], unrestricted=job.unrestricted,
-                            stability=options.scf_stability, world=job.world, dm0=guess,
-                            jk_auxbasis=job.jk_auxbasis)
+        ref = driver.run_scf(
+            job.mol,
+            job.backend,
+            max_cycle=options.scf_max_cycle,
+            timer=timer,
+            block_mb=scf_plan["block_mb"],
+            engine=job.engine,
+            progress=cycles,
+            conv_tol_grad=options.scf_conv_tol_grad,
+            precision=options.scf_precision,
+            fp32_copy=scf_plan["fp32_copy"],
+            unrestricted=job.unrestricted,
+            stability=options.scf_stability,
+            world=job.world,
+            dm0=guess,
+            jk_auxbasis=job.jk_auxbasis,
+        )
     else:
         say(f"{kind} (PySCF) ...")
         run_pyscf = pyscf_scf.run_uhf if job.unrestricted else pyscf_scf.run_rhf
-        ref = run_pyscf(job.mol, options.scf_mode, max_cycle=options.scf_max_cycle, progress=cycles,
-                        conv_tol_grad=options.scf_conv_tol_grad, memory_mb=plan.limit_mb,
-                        scratch_dir=options.scratch_dir, jk_auxbasis=job.jk_auxbasis)
+        ref = run_pyscf(
+            job.mol,
+            options.scf_mode,
+            max_cycle=options.scf_max_cycle,
+            progress=cycles,
+            conv_tol_grad=options.scf_conv_tol_grad,
+            memory_mb=plan.limit_mb,
+            scratch_dir=options.scratch_dir,
+            jk_auxbasis=job.jk_auxbasis,
+        )
         t1 = timer.add("scf", t0)
-        if job.unrestricted and options.scf_stability:      # PySCF's UHF: its own Hessian products
+        if job.unrestricted and options.scf_stability:  # PySCF's UHF: its own Hessian products
             ref.scf.stability = stability.uhf_internal_pyscf(ref.mf).to_dict()
             timer.add("stability", t1)
     if ck is not None and ref.source != "checkpoint":
         ck.save_scf(ref, options.scf_mode)
     # every SCF engine keeps the orbitals of molecule.linear_dependence (the contract OrbitalSpace states)
-    assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, \
-        (ref.nmo, job.space)
+    assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, (ref.nmo, job.space)
     return ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
 
 
@@ -517,15 +661,20 @@ def reference_warnings(ref: Reference) -> list[str]:
 # ---------------------------------------------------------------------------- result
 def run_record(backend, precision: str, mp2: MP2Energies, ref: Reference) -> RunRecord:
     """What ran, for the result (``Result.ran`` is its ``to_dict()``)."""
-    return RunRecord(backend=backend.describe(), precision=precision,
-                     # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
-                     simulated=backend.caps.simulable and backend.engine != "neuron-hardware",
-                     stage_precision=mp2.stage_precision, metric=mp2.metric, storage=mp2.storage,
-                     integrals=mp2.integrals, scf=ref.scf)
+    return RunRecord(
+        backend=backend.describe(),
+        precision=precision,
+        # A Trainium number measured on a CPU is the worst bug we can ship: say it on every result.
+        simulated=backend.caps.simulable and backend.engine != "neuron-hardware",
+        stage_precision=mp2.stage_precision,
+        metric=mp2.metric,
+        storage=mp2.storage,
+        integrals=mp2.integrals,
+        scf=ref.scf,
+    )
 
 
-def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: MemoryPlan,
-                wall_s: float) -> Result:
+def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: MemoryPlan, wall_s: float) -> Result:
     """The Result of the run: energies (Hartree), the geometry as run (PySCF's molecule, Å),
     charge and multiplicity, shapes (alpha's for UHF, with the per-spin shapes and energies in
     ``spin``), timings and ``wall_s`` (s), what ran, the plan and the warnings."""
@@ -534,20 +683,48 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
     spin = None
     if not ref.restricted:
         a, b = ref.channels
-        spin = {"reference": "UHF", "multiplicity": mol.spin + 1, "s2": ref.s2, "s2_exact": ref.s2_exact,
-                "s2_warn_above": pyscf_scf.S2_WARN, "nocc_alpha": a.nocc_active, "nocc_beta": b.nocc_active,
-                "nvir_alpha": a.nvir_active, "nvir_beta": b.nvir_active, **mp2.spin_blocks}
+        spin = {
+            "reference": "UHF",
+            "multiplicity": mol.spin + 1,
+            "s2": ref.s2,
+            "s2_exact": ref.s2_exact,
+            "s2_warn_above": pyscf_scf.S2_WARN,
+            "nocc_alpha": a.nocc_active,
+            "nocc_beta": b.nocc_active,
+            "nvir_alpha": a.nvir_active,
+            "nvir_beta": b.nvir_active,
+            **mp2.spin_blocks,
+        }
     return Result(
-        molecule=geom.source, natm=geom.natm, formula=_formula(geom.real_symbols) + _ghosts(geom),
-        charge=mol.charge, multiplicity=mol.spin + 1,
+        molecule=geom.source,
+        natm=geom.natm,
+        formula=_formula(geom.real_symbols) + _ghosts(geom),
+        charge=mol.charge,
+        multiplicity=mol.spin + 1,
         geometry=geometry_record(geom.symbols, mol.atom_coords(unit="Angstrom"), geom.ghost),
-        basis=options.basis, auxbasis=basis.describe_auxbasis(job.auxbasis),
-        scf_mode=options.scf_mode, jk_auxbasis=ref.jk_auxbasis, frozen_core=options.frozen_core,
-        nbasis=space.nbasis, nmo=ref.nmo, nocc=first.nocc_active, nfrozen=space.nfrozen,
-        nvir=first.nvir_active, naux=space.naux, e_hf=ref.e_hf, e_os=mp2.e_os, e_ss=mp2.e_ss,
-        timings=timer.seconds, wall_s=wall_s, ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
-        memory=plan.to_dict(), versions=software_versions(), warnings=job.warnings + reference_warnings(ref),
-        ecp=molecule.ecp_info(mol), spin=spin)
+        basis=options.basis,
+        auxbasis=basis.describe_auxbasis(job.auxbasis),
+        scf_mode=options.scf_mode,
+        jk_auxbasis=ref.jk_auxbasis,
+        frozen_core=options.frozen_core,
+        nbasis=space.nbasis,
+        nmo=ref.nmo,
+        nocc=first.nocc_active,
+        nfrozen=space.nfrozen,
+        nvir=first.nvir_active,
+        naux=space.naux,
+        e_hf=ref.e_hf,
+        e_os=mp2.e_os,
+        e_ss=mp2.e_ss,
+        timings=timer.seconds,
+        wall_s=wall_s,
+        ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
+        memory=plan.to_dict(),
+        versions=software_versions(),
+        warnings=job.warnings + reference_warnings(ref),
+        ecp=molecule.ecp_info(mol),
+        spin=spin,
+    )
 
 
 def time_mp2_stage(mol, auxmol, ref: Reference, options: RunOptions, backend=None, engine=None):
@@ -562,17 +739,38 @@ def time_mp2_stage(mol, auxmol, ref: Reference, options: RunOptions, backend=Non
     if options.frozen_core:
         ref = ref.freeze(freeze_lowest(ref.nmo, molecule.frozen_core_count(mol)))
     engine = engine or select_integrals(options, mol, backend)
-    plan = stage_plan(mol, auxmol, options, backend, precision,          # both spins, as run_geometry
-                      nocc=sum(c.nocc_active for c in ref.channels),
-                      nvir=max(c.nvir_active for c in ref.channels), engine=engine)
+    plan = stage_plan(
+        mol,
+        auxmol,
+        options,
+        backend,
+        precision,  # both spins, as run_geometry
+        nocc=sum(c.nocc_active for c in ref.channels),
+        nvir=max(c.nvir_active for c in ref.channels),
+        engine=engine,
+    )
     timer = Timer(backend)
     backend.synchronize()
     t0 = time.perf_counter()
-    mp2 = mp2_stage(mol, auxmol, ref, backend=backend, precision=precision, plan=plan, timer=timer,
-                    engine=engine, scratch_dir=options.scratch_dir)
+    mp2 = mp2_stage(
+        mol,
+        auxmol,
+        ref,
+        backend=backend,
+        precision=precision,
+        plan=plan,
+        timer=timer,
+        engine=engine,
+        scratch_dir=options.scratch_dir,
+    )
     backend.synchronize()
-    return (time.perf_counter() - t0, mp2.e_os, mp2.e_ss, dict(timer.seconds),
-            run_record(backend, precision, mp2, ref).to_dict())
+    return (
+        time.perf_counter() - t0,
+        mp2.e_os,
+        mp2.e_ss,
+        dict(timer.seconds),
+        run_record(backend, precision, mp2, ref).to_dict(),
+    )
 
 
 def _ghosts(geom: Geometry) -> str:

@@ -10,14 +10,23 @@ stage that did the work fills its record.
     ScfRecord        the SCF: engine, device, source ('ran' | 'checkpoint' | 'given'), iterations,
                      precision, J/K build, kernels and times
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 
-def cycle_precision(mode: str, requested: str | None, *, why: str | None = None, fp32_cycles: int = 0,
-                    fp64_cycles: int | None = None, switch: dict | None = None, device: str | None = None,
-                    fp32_factor_mb: float | None = None) -> dict:
+def cycle_precision(
+    mode: str,
+    requested: str | None,
+    *,
+    why: str | None = None,
+    fp32_cycles: int = 0,
+    fp64_cycles: int | None = None,
+    switch: dict | None = None,
+    device: str | None = None,
+    fp32_factor_mb: float | None = None,
+) -> dict:
     """The precision of an SCF's cycles (``ScfRecord.cycle_precision``), the same keys for every
     SCF: mode 'mixed' (fp32 J/K, then fp64), 'fp64' or 'fp32' (a device without fp64); requested
     (the scf_precision option, None where it does not apply: PySCF's SCF); why that mode; how
@@ -26,10 +35,18 @@ def cycle_precision(mode: str, requested: str | None, *, why: str | None = None,
     the device whose fp32 units ran (the accelerator, None without fp32 cycles); the fp32 copy
     of the JK factor in MB (None: none kept)."""
     switch = switch or {}
-    return {"mode": mode, "requested": requested, "why": why, "fp32_cycles": fp32_cycles,
-            "fp64_cycles": fp64_cycles, "switch_cycle": switch.get("cycle"),
-            "switch_gnorm": switch.get("gnorm"), "switch_d_e": switch.get("d_e"),
-            "fp32_device": device, "fp32_factor_mb": fp32_factor_mb}
+    return {
+        "mode": mode,
+        "requested": requested,
+        "why": why,
+        "fp32_cycles": fp32_cycles,
+        "fp64_cycles": fp64_cycles,
+        "switch_cycle": switch.get("cycle"),
+        "switch_gnorm": switch.get("gnorm"),
+        "switch_d_e": switch.get("d_e"),
+        "fp32_device": device,
+        "fp32_factor_mb": fp32_factor_mb,
+    }
 
 
 @dataclass
@@ -46,10 +63,11 @@ class ScfRecord:
     source: str
     iterations: int | None
     jk: str
-    conv_tol_grad: float | None = None       # the orbital-gradient threshold it converged to (energy: 1e-12 Eh)
+    conv_tol_grad: float | None = None  # the orbital-gradient threshold it converged to (energy: 1e-12 Eh)
     jk_auxbasis: str | None = None
-    precision: dict = field(default_factory=lambda: {"jk": "fp64", "fock_energy": "fp64",
-                                                     "fock_build": "full (J/K of D each cycle)"})
+    precision: dict = field(
+        default_factory=lambda: {"jk": "fp64", "fock_energy": "fp64", "fock_build": "full (J/K of D each cycle)"}
+    )
     backend_engine: str | None = None
     kernels: dict = field(default_factory=dict)
     host_kernels: dict = field(default_factory=dict)
@@ -61,16 +79,25 @@ class ScfRecord:
     host: str | None = None
     checkpoint: str | None = None
     cycle_precision: dict = field(default_factory=lambda: cycle_precision("fp64", None))
-    df_tensor: str | None = None             # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
-    guess: str | None = None                 # our DF-SCF's starting density: PySCF's 'minao', or one given (a previous geometry's)
-    stability: dict | None = None            # a UHF's internal stability check (dfmp2.scf.stability.StabilityRecord)
+    df_tensor: str | None = None  # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
+    guess: str | None = None  # our DF-SCF's starting density: PySCF's 'minao', or one given (a previous geometry's)
+    stability: dict | None = None  # a UHF's internal stability check (dfmp2.scf.stability.StabilityRecord)
 
     def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""
-        return ScfRecord(engine=self.engine, reference=self.reference, device=self.device,
-                         source="checkpoint", iterations=iterations, jk=self.jk, conv_tol_grad=self.conv_tol_grad,
-                         jk_auxbasis=self.jk_auxbasis, precision=dict(self.precision), checkpoint=str(path),
-                         cycle_precision=dict(self.cycle_precision))
+        return ScfRecord(
+            engine=self.engine,
+            reference=self.reference,
+            device=self.device,
+            source="checkpoint",
+            iterations=iterations,
+            jk=self.jk,
+            conv_tol_grad=self.conv_tol_grad,
+            jk_auxbasis=self.jk_auxbasis,
+            precision=dict(self.precision),
+            checkpoint=str(path),
+            cycle_precision=dict(self.cycle_precision),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,8 +141,15 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         d = dict(self.backend)
-        d.update({"precision": self.precision, "simulated": self.simulated,
-                  "stage_precision": self.stage_precision, "metric": self.metric,
-                  "storage": asdict(self.storage), "integrals": self.integrals,
-                  "scf": self.scf.to_dict()})
+        d.update(
+            {
+                "precision": self.precision,
+                "simulated": self.simulated,
+                "stage_precision": self.stage_precision,
+                "metric": self.metric,
+                "storage": asdict(self.storage),
+                "integrals": self.integrals,
+                "scf": self.scf.to_dict(),
+            }
+        )
         return d

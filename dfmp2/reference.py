@@ -9,9 +9,11 @@
                           'given' (orbitals a benchmark made, e.g. core-Hamiltonian ones)
 
 ``from_pyscf`` is the one way from a converged PySCF ``mf`` (RHF or UHF) to a Reference: the SCF
-bridge (dfmp2.scf.pyscf_scf) and the Python API (dfmp2.interfaces.api, dfmp2.interfaces.pyscf_dropin) both use it. Frozen orbitals are always a mask;
+bridge (dfmp2.scf.pyscf_scf) and the Python API (dfmp2.interfaces.api,
+dfmp2.interfaces.pyscf_dropin) both use it. Frozen orbitals are always a mask;
 ``freeze_lowest`` and ``frozen_mask`` turn a count or PySCF's index list into one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -21,14 +23,14 @@ import numpy as np
 from dfmp2.errors import InputError
 from dfmp2.provenance import ScfRecord
 
-S2_WARN = 0.1    # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
-                 # for a UHF reference whose spin contamination makes (U)MP2 unreliable
+S2_WARN = 0.1  # warn when <S^2> - S(S+1) exceeds this: the threshold Psi4/ORCA users commonly take
+# for a UHF reference whose spin contamination makes (U)MP2 unreliable
 GAP_WARN = 0.15  # Hartree: warn below this HOMO-LUMO gap. On stretched H2/cc-pVDZ against FCI the MP2
-                 # error grows several-fold as the gap closes to about this value, and just below it
-                 # E(MP2) falls below the exact energy of the basis (scripts/results/docstring-measurements.md)
+# error grows several-fold as the gap closes to about this value, and just below it
+# E(MP2) falls below the exact energy of the basis (scripts/results/docstring-measurements.md)
 # our DF-SCF's engine name in records, then the names it had before (read from older checkpoints)
 OUR_SCF_NAMES = ("dfmp2.scf", "dfmp2.scf.dfhf", "dfmp2.dfhf")
-SOURCES = (OUR_SCF_NAMES[0], "pyscf", "checkpoint", "given")   # given: orbitals a script made
+SOURCES = (OUR_SCF_NAMES[0], "pyscf", "checkpoint", "given")  # given: orbitals a script made
 
 
 @dataclass(frozen=True)
@@ -90,10 +92,12 @@ class Reference:
     def density(self) -> np.ndarray:
         """The SCF density in the AO basis, every occupied orbital (frozen ones too): RHF (nao, nao)
         = 2 C_occ C_occ^T with its orbitals attached (PySCF's tag_array: mo_coeff, mo_occ), UHF
-        (2, nao, nao) alpha, beta, with (2, nao, nmo) orbitals and (2, nmo) occupations. What a later SCF of the same molecule and basis at a nearby
+        (2, nao, nao) alpha, beta, with (2, nao, nmo) orbitals and (2, nmo) occupations. What a
+        later SCF of the same molecule and basis at a nearby
         geometry starts from (``pipeline.run_geometry(guess=)``)."""
         from pyscf import lib
-        dms = [c.mo_coeff[:, :c.nocc] @ c.mo_coeff[:, :c.nocc].T for c in self.channels]
+
+        dms = [c.mo_coeff[:, : c.nocc] @ c.mo_coeff[:, : c.nocc].T for c in self.channels]
         if not self.restricted:
             occ = np.stack([np.where(np.arange(c.nmo) < c.nocc, 1.0, 0.0) for c in self.channels])
             return lib.tag_array(np.stack(dms), mo_coeff=np.stack([c.mo_coeff for c in self.channels]), mo_occ=occ)
@@ -104,45 +108,52 @@ class Reference:
     def freeze(self, frozen: np.ndarray) -> "Reference":
         """The same reference with ``frozen`` (nmo,) bool left out of the correlation in every
         channel (PySCF's meaning: the same orbital indices in both spins)."""
-        return replace(self, channels=tuple(replace(c, frozen=np.asarray(frozen, dtype=bool))
-                                            for c in self.channels))
+        return replace(self, channels=tuple(replace(c, frozen=np.asarray(frozen, dtype=bool)) for c in self.channels))
 
     def gap_warning(self) -> str | None:
         """One line when the smallest gap between an active virtual and an active occupied
         orbital energy (per spin) is below GAP_WARN: a near-degenerate reference, for which
         MP2's denominators blow up; else None."""
-        gaps = [float(c.eps_vir.min() - c.eps_occ.max()) for c in self.channels
-                if c.nocc_active and c.nvir_active]
+        gaps = [float(c.eps_vir.min() - c.eps_occ.max()) for c in self.channels if c.nocc_active and c.nvir_active]
         if not gaps or min(gaps) >= GAP_WARN:
             return None
-        return (f"near-degenerate reference: the HOMO-LUMO gap is {min(gaps):.3f} Eh (below {GAP_WARN} Eh); "
-                "MP2 is unreliable there (H2 stretched to 5 A, gap 0.11 Eh, gives an E(MP2) below the "
-                "exact energy): check with a multireference method")
+        return (
+            f"near-degenerate reference: the HOMO-LUMO gap is {min(gaps):.3f} Eh (below {GAP_WARN} Eh); "
+            "MP2 is unreliable there (H2 stretched to 5 A, gap 0.11 Eh, gives an E(MP2) below the "
+            "exact energy): check with a multireference method"
+        )
 
     def contamination_warning(self) -> str | None:
         """One line when a UHF's <S^2> exceeds S(S+1) by more than S2_WARN, else None."""
         if self.restricted or self.s2 - self.s2_exact <= S2_WARN:
             return None
         d = self.s2 - self.s2_exact
-        return (f"spin contamination: UHF <S^2> = {self.s2:.4f}, exact S(S+1) = {self.s2_exact:.4f} "
-                f"(excess {d:.3f} > {S2_WARN}); UMP2 energies of such a reference are unreliable "
-                "(check for a lower-spin or broken-symmetry state)")
+        return (
+            f"spin contamination: UHF <S^2> = {self.s2:.4f}, exact S(S+1) = {self.s2_exact:.4f} "
+            f"(excess {d:.3f} > {S2_WARN}); UMP2 energies of such a reference are unreliable "
+            "(check for a lower-spin or broken-symmetry state)"
+        )
 
 
-def restricted(mo_coeff, mo_energy, nocc: int, *, e_hf: float, source: str, scf: ScfRecord,
-               jk_auxbasis=None, mf=None) -> Reference:
+def restricted(
+    mo_coeff, mo_energy, nocc: int, *, e_hf: float, source: str, scf: ScfRecord, jk_auxbasis=None, mf=None
+) -> Reference:
     """An RHF Reference with nothing frozen."""
     C, e = np.asarray(mo_coeff), np.asarray(mo_energy)
-    return Reference((SpinChannel(C, e, int(nocc), np.zeros(C.shape[1], dtype=bool)),), float(e_hf),
-                     source, scf, jk_auxbasis, mf=mf)
+    return Reference(
+        (SpinChannel(C, e, int(nocc), np.zeros(C.shape[1], dtype=bool)),), float(e_hf), source, scf, jk_auxbasis, mf=mf
+    )
 
 
-def unrestricted(mo_coeff, mo_energy, nocc, *, e_hf: float, source: str, scf: ScfRecord,
-                 jk_auxbasis=None, s2: float) -> Reference:
+def unrestricted(
+    mo_coeff, mo_energy, nocc, *, e_hf: float, source: str, scf: ScfRecord, jk_auxbasis=None, s2: float
+) -> Reference:
     """A UHF Reference with nothing frozen: mo_coeff (2, nao, nmo), mo_energy (2, nmo), nocc
     (alpha, beta); s2 <S^2>, S(S+1) from the occupations."""
-    chans = tuple(SpinChannel(np.asarray(C), np.asarray(e), int(n), np.zeros(np.shape(C)[1], dtype=bool))
-                  for C, e, n in zip(mo_coeff, mo_energy, nocc))
+    chans = tuple(
+        SpinChannel(np.asarray(C), np.asarray(e), int(n), np.zeros(np.shape(C)[1], dtype=bool))
+        for C, e, n in zip(mo_coeff, mo_energy, nocc)
+    )
     S = (nocc[0] - nocc[1]) / 2
     return Reference(chans, float(e_hf), source, scf, jk_auxbasis, float(s2), S * (S + 1))
 
@@ -197,11 +208,9 @@ def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=Non
     C, eps, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy), np.asarray(mf.mo_occ)
     full = 1.0 if unrestricted else 2.0
     occs = occ if unrestricted else occ[None]
-    if not all(np.all((np.abs(o - full) < 1e-12) | (np.abs(o) < 1e-12)) and np.all(np.diff(o) <= 0)
-               for o in occs):
+    if not all(np.all((np.abs(o - full) < 1e-12) | (np.abs(o) < 1e-12)) and np.all(np.diff(o) <= 0) for o in occs):
         what = "an aufbau occupation in each spin" if unrestricted else "a closed-shell aufbau occupation"
-        raise InputError(f"the {type(mf).__name__} reference is not {what} (occupations must be "
-                         f"{full:g} then 0)")
+        raise InputError(f"the {type(mf).__name__} reference is not {what} (occupations must be {full:g} then 0)")
     Cs, es = (C, eps) if unrestricted else (C[None], eps[None])
     noccs = [int(np.count_nonzero(o > 0)) for o in occs]
     mask = frozen_mask(frozen, Cs.shape[2], noccs[0])
@@ -209,25 +218,29 @@ def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=Non
     occ_left = channels[0].nocc_active
     vir_left = channels[-1].nvir_active
     if occ_left == 0 or vir_left == 0:
-        raise InputError(f"frozen={frozen!r} leaves {occ_left} active occupied and {vir_left} virtual "
-                         "orbitals; no MP2 correlation possible")
+        raise InputError(
+            f"frozen={frozen!r} leaves {occ_left} active occupied and {vir_left} virtual "
+            "orbitals; no MP2 correlation possible"
+        )
     s2 = s2_exact = None
     if unrestricted:
         s2 = float(mf.spin_square()[0])
         S = mf.mol.spin / 2
         s2_exact = S * (S + 1)
     if scf is None:
-        scf = ScfRecord(engine="pyscf", reference=kind, device="host", source="given",
-                        iterations=None, jk="as the caller ran it")
+        scf = ScfRecord(
+            engine="pyscf", reference=kind, device="host", source="given", iterations=None, jk="as the caller ran it"
+        )
     return Reference(channels, float(mf.e_tot), "pyscf", scf, jk_auxbasis, s2, s2_exact, mf=mf)
 
 
 def _check_pyscf_reference(mf) -> str:
     """'RHF' or 'UHF' for a converged PySCF Hartree-Fock object; InputError otherwise."""
     from pyscf.scf import ghf, hf, rohf, uhf
+
     try:
         from pyscf.dft.rks import KohnShamDFT
-    except ImportError:                          # pragma: no cover - every PySCF 2.x has it
+    except ImportError:  # pragma: no cover - every PySCF 2.x has it
         KohnShamDFT = ()
     kind = type(mf).__name__
     if not isinstance(mf, hf.SCF):
@@ -237,15 +250,19 @@ def _check_pyscf_reference(mf) -> str:
     if isinstance(mf, uhf.UHF) and not isinstance(mf, ghf.GHF):
         out = "UHF"
     elif isinstance(mf, (rohf.ROHF, ghf.GHF)):
-        raise InputError(f"DFMP2 needs an RHF or UHF reference; {kind} is not supported (ROHF-MP2 "
-                         "needs semicanonical orbitals and a singles term)")
+        raise InputError(
+            f"DFMP2 needs an RHF or UHF reference; {kind} is not supported (ROHF-MP2 "
+            "needs semicanonical orbitals and a singles term)"
+        )
     elif isinstance(mf, hf.RHF):
         out = "RHF"
     else:
         raise InputError(f"DFMP2 needs a closed-shell RHF reference, got {kind}")
     if getattr(mf, "mo_coeff", None) is None or not getattr(mf, "converged", False):
-        raise InputError(f"the {kind} reference has not converged (run mf.kernel() to convergence "
-                         "first); MP2 on unconverged orbitals is meaningless")
+        raise InputError(
+            f"the {kind} reference has not converged (run mf.kernel() to convergence "
+            "first); MP2 on unconverged orbitals is meaningless"
+        )
     return out
 
 
@@ -256,6 +273,7 @@ def project_density(dm0, S: np.ndarray):
     (2, nao, nmo) orbitals. Returned as a tag_array with the new orbitals. A density without
     orbitals is returned as it is."""
     from pyscf import lib
+
     C, occ = getattr(dm0, "mo_coeff", None), getattr(dm0, "mo_occ", None)
     if C is None or occ is None:
         return dm0
@@ -265,6 +283,7 @@ def project_density(dm0, S: np.ndarray):
         Co = Cs[:, occs > 0]
         w, V = np.linalg.eigh(Co.T @ S @ Co)
         return (Co @ (V / np.sqrt(w)) @ V.T), occs[occs > 0]
+
     if C.ndim == 2:
         Co, oo = orthonormal(C, occ)
         return lib.tag_array((Co * oo) @ Co.T, mo_coeff=Co, mo_occ=oo)

@@ -1,4 +1,5 @@
 """Wall-clock seconds per named stage, below every stage that times itself."""
+
 from __future__ import annotations
 
 import time
@@ -23,7 +24,8 @@ class Timer:
 
 class CycleLog:
     """Progress of an SCF: one line per cycle through ``say`` (cycle, the precision of its J/K
-    when given, E in Hartree, ΔE, orbital gradient norm, seconds since the SCF began). Lines are held back until the SCF has run
+    when given, E in Hartree, ΔE, orbital gradient norm, seconds since the SCF began). Lines are
+    held back until the SCF has run
     ``after`` seconds, then the held ones and every later one go out, so a short SCF prints
     nothing and a long one every cycle."""
 
@@ -33,8 +35,10 @@ class CycleLog:
 
     def __call__(self, cycle: int, e_tot: float, d_e: float, gnorm: float, precision: str | None = None) -> None:
         dt = time.perf_counter() - self.t0
-        line = (f"{self.what} cycle {cycle:3d}{f' [{precision}]' if precision else ''}: E = {e_tot:.10f} Eh, "
-                f"ΔE = {d_e:+.2e} Eh, |g| = {gnorm:.2e}, {dt:.1f} s")
+        line = (
+            f"{self.what} cycle {cycle:3d}{f' [{precision}]' if precision else ''}: E = {e_tot:.10f} Eh, "
+            f"ΔE = {d_e:+.2e} Eh, |g| = {gnorm:.2e}, {dt:.1f} s"
+        )
         if not self.open and dt >= self.after:
             self.open = True
             for held in self.held:

@@ -1,15 +1,48 @@
 """dfmp2's linear-algebra layer: device-neutral ops over torch tensors, one backend per device."""
-if __name__ != "dfmp2.linalg":         # one module, one name: never loaded twice as two classes
-    raise ImportError(f"the linear-algebra layer is dfmp2.linalg; import it by that name, not as {__name__!r}")
-from .backend import (Backend, Capabilities, TorchBackend, get_backend, backend_for, device_capabilities,
-                      present_devices, DEVICE_NAMES, DTYPES)
-from .errors import DeviceUnavailableError, ConvergenceError, KernelError, NotPositiveDefiniteError
-from .ops import gemm, syrk, trsm, cholesky, eigh, inv_sqrt_spd, mp2_pair_energy
-from . import cpu_blas, philox
-from .synthetic import random_matrix, random_spd, synthetic_problem, SyntheticProblem
 
-__all__ = ["Backend", "Capabilities", "TorchBackend", "get_backend", "backend_for", "device_capabilities",
-           "present_devices", "DEVICE_NAMES", "DTYPES",
-           "DeviceUnavailableError", "ConvergenceError", "KernelError", "NotPositiveDefiniteError",
-           "gemm", "syrk", "trsm", "cholesky", "eigh", "inv_sqrt_spd", "mp2_pair_energy",
-           "cpu_blas", "philox", "random_matrix", "random_spd", "synthetic_problem", "SyntheticProblem"]
+if __name__ != "dfmp2.linalg":  # one module, one name: never loaded twice as two classes
+    raise ImportError(f"the linear-algebra layer is dfmp2.linalg; import it by that name, not as {__name__!r}")
+from . import cpu_blas, philox
+from .backend import (
+    DEVICE_NAMES,
+    DTYPES,
+    Backend,
+    Capabilities,
+    TorchBackend,
+    backend_for,
+    device_capabilities,
+    get_backend,
+    present_devices,
+)
+from .errors import ConvergenceError, DeviceUnavailableError, KernelError, NotPositiveDefiniteError
+from .ops import cholesky, eigh, gemm, inv_sqrt_spd, mp2_pair_energy, syrk, trsm
+from .synthetic import SyntheticProblem, random_matrix, random_spd, synthetic_problem
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "TorchBackend",
+    "get_backend",
+    "backend_for",
+    "device_capabilities",
+    "present_devices",
+    "DEVICE_NAMES",
+    "DTYPES",
+    "DeviceUnavailableError",
+    "ConvergenceError",
+    "KernelError",
+    "NotPositiveDefiniteError",
+    "gemm",
+    "syrk",
+    "trsm",
+    "cholesky",
+    "eigh",
+    "inv_sqrt_spd",
+    "mp2_pair_energy",
+    "cpu_blas",
+    "philox",
+    "random_matrix",
+    "random_spd",
+    "synthetic_problem",
+    "SyntheticProblem",
+]

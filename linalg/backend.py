@@ -9,14 +9,30 @@ dtype, the default precision, simulation, pair-step paths) is its ``Capabilities
 (``device_capabilities(name)``, also ``backend.caps``): code outside linalg asks them and never
 compares device names. Errors say what is wrong; the CLI adds its options (``alternatives``).
 """
+
 from __future__ import annotations
 
 import torch
 
-from . import cpu_blas as cpu_blas_module, cpu_pair
-from .base import (CUDA_PAIR_KERNELS, DEVICE_NAMES, DTYPES, OPS, Backend, Capabilities,  # noqa: F401
-                   TorchBackend, device_capabilities)
+from . import cpu_blas as cpu_blas_module
+from . import cpu_pair
+from .base import CUDA_PAIR_KERNELS, DEVICE_NAMES, DTYPES, OPS, Backend, Capabilities, TorchBackend, device_capabilities
 from .errors import DeviceUnavailableError
+
+# base.py's names stay importable from here, where they lived before base.py split them off
+__all__ = [
+    "DEVICE_NAMES",
+    "DTYPES",
+    "OPS",
+    "Backend",
+    "Capabilities",
+    "TorchBackend",
+    "device_capabilities",
+    "pair_kernel_choices",
+    "get_backend",
+    "present_devices",
+    "backend_for",
+]
 
 
 def pair_kernel_choices() -> tuple:
@@ -30,15 +46,19 @@ def _check_cuda(name: str) -> None:
         raise DeviceUnavailableError(
             f"device '{name}' requested but no CUDA GPU is usable here "
             f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}); "
-            "install a CUDA build of PyTorch on a machine with an NVIDIA GPU", alternatives=("cpu",))
+            "install a CUDA build of PyTorch on a machine with an NVIDIA GPU",
+            alternatives=("cpu",),
+        )
     idx = torch.device(name).index
     if idx is not None and idx >= torch.cuda.device_count():
         raise DeviceUnavailableError(
-            f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+            f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+        )
 
 
-def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
-                unrestricted: bool = False, cpu_blas: str = "auto") -> Backend:
+def get_backend(
+    name: str, *, simulate: bool = False, pair_kernel: str = "auto", unrestricted: bool = False, cpu_blas: str = "auto"
+) -> Backend:
     """Build the backend for a device name, or raise DeviceUnavailableError before any work.
 
     ``simulate`` (trn1/trn2 only) runs the NKI kernels on this CPU through ``nki.simulate``
@@ -58,17 +78,21 @@ def get_backend(name: str, *, simulate: bool = False, pair_kernel: str = "auto",
     if pair_kernel not in pair_kernel_choices():
         raise ValueError(f"unknown pair kernel '{pair_kernel}'; use one of {', '.join(pair_kernel_choices())}")
     if pair_kernel not in caps.pair_kernels:
-        raise ValueError(f"pair kernel '{pair_kernel}' is not a pair-step path of device '{name}' (its paths: "
-                         f"{', '.join(caps.pair_kernels)})")
+        raise ValueError(
+            f"pair kernel '{pair_kernel}' is not a pair-step path of device '{name}' (its paths: "
+            f"{', '.join(caps.pair_kernels)})"
+        )
     if simulate and not caps.simulable:
         raise ValueError(f"simulation applies only to trn1/trn2, not to device '{name}'")
     if name == "cpu":
         return TorchBackend("cpu", cpu_blas=cpu_blas, pair_kernel=pair_kernel)
     if name.split(":", 1)[0] == "cuda":
         _check_cuda(name)
-        from .cuda import make_cuda_backend      # torch dense ops + the Triton pair kernel
+        from .cuda import make_cuda_backend  # torch dense ops + the Triton pair kernel
+
         return make_cuda_backend(name, pair_kernel=pair_kernel, **({"unrestricted": True} if unrestricted else {}))
     from .neuron import make_neuron_backend
+
     return make_neuron_backend(name, simulate=simulate)
 
 
@@ -78,6 +102,7 @@ def present_devices(precision: str) -> tuple[list[str], dict]:
     /dev/neuron* device exists). Trainium hardware is listed only when the instance type (DMI
     product name) says which generation it is; it is never simulated."""
     from dfmp2.kernels.nki import engines
+
     present, absent = ["cpu"], {}
     if torch.cuda.is_available():
         present.append("cuda")
@@ -100,8 +125,11 @@ def present_devices(precision: str) -> tuple[list[str], dict]:
         gen = next((t for t in engines.TARGETS if product.startswith(t)), None)
         if gen:
             present.append(gen)
-        trn_why = (f"this is a {gen} instance" if gen else
-                   "a Neuron device of unknown generation (name trn1 or trn2 explicitly)")
+        trn_why = (
+            f"this is a {gen} instance"
+            if gen
+            else "a Neuron device of unknown generation (name trn1 or trn2 explicitly)"
+        )
     for t in engines.TARGETS:
         if t not in present:
             absent[t] = trn_why

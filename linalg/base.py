@@ -5,13 +5,15 @@
 modules (``linalg.cuda``, ``linalg.neuron``) only when asked for one; those modules import this one,
 never ``linalg.backend``, so the layer has no import cycle.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
 
-from . import cpu_blas as cpu_blas_module, cpu_pair, torch_ops
+from . import cpu_blas as cpu_blas_module
+from . import cpu_pair, torch_ops
 from .newton_schulz import newton_schulz_inv_sqrt
 
 DEVICE_NAMES = ("cpu", "cuda", "trn1", "trn2")
@@ -21,7 +23,7 @@ OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh", "inv_sqrt_spd", "mp2_pair_ene
 # capabilities are known without importing the device module; linalg.cuda exports them as
 # PAIR_PATHS and PAIR_KERNELS.
 CUDA_PAIR_PATHS = ("gemm+epilogue", "fused")
-CUDA_PAIR_KERNELS = ("auto",) + CUDA_PAIR_PATHS        # what a user may ask for (--pair-kernel)
+CUDA_PAIR_KERNELS = ("auto",) + CUDA_PAIR_PATHS  # what a user may ask for (--pair-kernel)
 
 
 @dataclass(frozen=True)
@@ -29,15 +31,15 @@ class Capabilities:
     """What a device can do, known from its name alone (no hardware is probed). Stages ask this,
     never the device's name; a new device is one more entry in ``device_capabilities``."""
 
-    has_fp64: bool               # fp64 arithmetic on the device
-    simulable: bool              # its kernels can also run on this CPU (get_backend(simulate=True))
-    pair_kernels: tuple          # MP2 pair-step paths one may ask for; ('auto',) when it has one
-    host_memory: bool            # its arrays live in host memory (cpu, and trn through the host)
-    torch_device: bool           # torch itself computes on it (a torch.matmul peak means something)
-    cuda_memory: bool = False    # its tensors are CUDA memory: CUDA libraries (cupy, gpu4pyscf) can
-                                 # compute into them (DLPack), and host staging should be pinned
-    fast_fp32: bool = False      # fp32 GEMMs markedly faster than fp64 ones (about 2x or more: a CPU's
-                                 # SIMD width, a GPU's fp32 units): a mixed-precision SCF pays there
+    has_fp64: bool  # fp64 arithmetic on the device
+    simulable: bool  # its kernels can also run on this CPU (get_backend(simulate=True))
+    pair_kernels: tuple  # MP2 pair-step paths one may ask for; ('auto',) when it has one
+    host_memory: bool  # its arrays live in host memory (cpu, and trn through the host)
+    torch_device: bool  # torch itself computes on it (a torch.matmul peak means something)
+    cuda_memory: bool = False  # its tensors are CUDA memory: CUDA libraries (cupy, gpu4pyscf) can
+    # compute into them (DLPack), and host staging should be pinned
+    fast_fp32: bool = False  # fp32 GEMMs markedly faster than fp64 ones (about 2x or more: a CPU's
+    # SIMD width, a GPU's fp32 units): a mixed-precision SCF pays there
 
     @property
     def is_host(self) -> bool:
@@ -84,8 +86,6 @@ def device_capabilities(name: str) -> Capabilities:
     raise ValueError(f"unknown device '{name}'; use cpu, cuda, cuda:N, trn1 or trn2")
 
 
-
-
 @dataclass
 class Backend:
     """Base class. ``name`` is the user's device name, ``engine`` what executes the ops."""
@@ -119,8 +119,7 @@ class Backend:
 
     def describe(self) -> dict:
         """What ran, for results and benchmark rows."""
-        return {"device": self.name, "engine": self.engine,
-                "kernels": dict(sorted(self.kernels_used.items()))}
+        return {"device": self.name, "engine": self.engine, "kernels": dict(sorted(self.kernels_used.items()))}
 
 
 class TorchBackend(Backend):
@@ -133,9 +132,9 @@ class TorchBackend(Backend):
         self.device = torch.device(name)
         cpu_blas_module.check_choice(cpu_blas, name, self.device.type == "cpu")
         self.blas = cpu_blas_module.CpuBlas(cpu_blas) if self.device.type == "cpu" else None
-        self.pair_path = self.pair_path_why = None      # {precision: path} on the CPU (linalg.cpu_pair)
+        self.pair_path = self.pair_path_why = None  # {precision: path} on the CPU (linalg.cpu_pair)
         if self.device.type == "cpu":
-            path, why = cpu_pair.choose(pair_kernel)     # KernelError now when its C epilogue cannot be built
+            path, why = cpu_pair.choose(pair_kernel)  # KernelError now when its C epilogue cannot be built
             self.pair_path = {"fp64": path, "fp32": path}
             self.pair_path_why = {"fp64": why, "fp32": why}
 
@@ -162,7 +161,7 @@ class TorchBackend(Backend):
         n, k = (a.shape[-1], a.shape[-2]) if trans else (a.shape[-2], a.shape[-1])
         if self.blas is not None and a.ndim == 2 and uplo in ("lower", "upper"):
             A = a.mT if trans else a
-            ran = self.blas.matmul(A, A.mT, "syrk")     # numpy: SYRK, mirrored (exactly symmetric)
+            ran = self.blas.matmul(A, A.mT, "syrk")  # numpy: SYRK, mirrored (exactly symmetric)
             if ran is not None:
                 self.record("syrk", ran[1])
                 c = ran[0].mul_(alpha) if alpha != 1.0 else ran[0]
@@ -208,10 +207,9 @@ class TorchBackend(Backend):
         (nj, nvir_j, naux) over its own virtuals b, K is (nvir, nvir_j), symmetric must be False,
         and the result is (e_os, NaN): the exchange term does not exist between spins.
         """
-        if self.pair_path is None:         # cuda tensors on the plain torch backend
+        if self.pair_path is None:  # cuda tensors on the plain torch backend
             self.record("mp2_pair_energy", "torch.matmul(rows)+torch")
-            return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
-                                             eps_vir_j=eps_vir_j)
+            return torch_ops.mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, eps_vir_j=eps_vir_j)
         tiles = self.pair_path["fp32" if Bi.dtype == torch.float32 else "fp64"] == "gemm+epilogue"
         shape = cpu_pair.gemm_shape(tiles, Bi, Bj, symmetric)
         ob = self.blas.pair(Bi, Bj, *shape, "tiles" if tiles else "rows") if shape else None

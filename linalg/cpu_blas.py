@@ -31,6 +31,7 @@ its OpenBLAS GEMMs on one thread per row as it does torch's (``single_thread``).
 Nothing is read from the environment at import time; the per-process memo of the table
 (``_TABLES``) is a measurement of this machine, not backend state.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,17 +51,17 @@ MODES = ("auto", "torch", "openblas")
 OPS = ("gemm", "syrk", "pair")
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32"}
 CLASSES = ("small", "medium", "large")
-SMALL_FLOPS = 1e7          # 2*m*n*k below this: small
-LARGE_FLOPS = 2e8          # at or above this: large
-PROBE_REPEATS = 2          # timed calls per library and shape, after one warm-up call
-MARGIN = 0.10              # OpenBLAS is chosen only when at least 10% faster in the probe: a
-                           # second thread pool has costs the probe does not see (its idle
-                           # threads spin between calls next to torch's OpenMP threads)
-AFTER_ELEMS = 1 << 19      # each probe call is followed by a threaded torch op on 4 MB: in a run
-                           # torch's elementwise work follows every GEMM, and OpenBLAS's idle
-                           # threads (spinning after a call) slow it down; the probe charges that
-                           # to the library that caused it
-CACHE_VERSION = 3          # 3: 'pair' is gemm+torch's rows only (the tiles are a 'gemm')
+SMALL_FLOPS = 1e7  # 2*m*n*k below this: small
+LARGE_FLOPS = 2e8  # at or above this: large
+PROBE_REPEATS = 2  # timed calls per library and shape, after one warm-up call
+MARGIN = 0.10  # OpenBLAS is chosen only when at least 10% faster in the probe: a
+# second thread pool has costs the probe does not see (its idle
+# threads spin between calls next to torch's OpenMP threads)
+AFTER_ELEMS = 1 << 19  # each probe call is followed by a threaded torch op on 4 MB: in a run
+# torch's elementwise work follows every GEMM, and OpenBLAS's idle
+# threads (spinning after a call) slow it down; the probe charges that
+# to the library that caused it
+CACHE_VERSION = 3  # 3: 'pair' is gemm+torch's rows only (the tiles are a 'gemm')
 # one shape per (op, class) inside that class: gemm (m, n, k); syrk (n, k) as a^T a with a (k, n),
 # the SCF's K build; pair (nvir, naux, ncols) for K = (nvir, naux) @ (naux, ncols) on one thread
 PROBE_SHAPES = {
@@ -68,7 +69,7 @@ PROBE_SHAPES = {
     "syrk": {"small": (64, 256), "medium": (192, 1024), "large": (320, 2048)},
     "pair": {"small": (24, 96, 384), "medium": (96, 384, 768), "large": (128, 640, 1280)},
 }
-_TABLES: dict = {}         # cache key -> table (this process's memo of the probe or the cache file)
+_TABLES: dict = {}  # cache key -> table (this process's memo of the probe or the cache file)
 _LOCK = threading.Lock()
 
 
@@ -86,6 +87,7 @@ def entry(op: str, dtype: torch.dtype, cls: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _controller():
     from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
@@ -103,9 +105,14 @@ def numpy_blas_info() -> dict | None:
     if not mine:
         return None
     info = mine[0].info()
-    return {"library": "OpenBLAS", "version": info.get("version"), "architecture": info.get("architecture"),
-            "threads": info.get("num_threads"), "threading_layer": info.get("threading_layer"),
-            "filepath": info.get("filepath")}
+    return {
+        "library": "OpenBLAS",
+        "version": info.get("version"),
+        "architecture": info.get("architecture"),
+        "threads": info.get("num_threads"),
+        "threading_layer": info.get("threading_layer"),
+        "filepath": info.get("filepath"),
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,16 +171,24 @@ def blasable(x: np.ndarray) -> bool:
         return False
     sz = x.itemsize
     s0, s1 = x.strides
-    return ((s1 == sz and s0 % sz == 0 and s0 // sz >= x.shape[1]) or
-            (s0 == sz and s1 % sz == 0 and s1 // sz >= x.shape[0]))
+    return (s1 == sz and s0 % sz == 0 and s0 // sz >= x.shape[1]) or (
+        s0 == sz and s1 % sz == 0 and s1 // sz >= x.shape[0]
+    )
 
 
 def openblas_ok(*tensors: torch.Tensor) -> bool:
     """The operands (op(a), op(b) views) can go to OpenBLAS without a copy: 2-D CPU fp64/fp32 tensors
     of one dtype, blasable, not needing grad."""
     t0 = tensors[0]
-    return all(t.device.type == "cpu" and t.dtype == t0.dtype and t.dtype in DTYPE_NAMES and t.ndim == 2
-               and not t.requires_grad and blasable(t.detach().numpy()) for t in tensors)
+    return all(
+        t.device.type == "cpu"
+        and t.dtype == t0.dtype
+        and t.dtype in DTYPE_NAMES
+        and t.ndim == 2
+        and not t.requires_grad
+        and blasable(t.detach().numpy())
+        for t in tensors
+    )
 
 
 def openblas_matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -203,15 +218,18 @@ def cpu_model() -> str:
     except OSError:
         pass
     import platform
+
     return platform.processor() or "unknown"
 
 
 def cache_key(threads: int) -> str:
     """What a measurement depends on: CPU model and count, threads, torch, numpy and OpenBLAS."""
     ob = numpy_blas_info() or {}
-    return (f"{cpu_model()}|cpus={os.cpu_count()}|threads={threads}|torch={torch.__version__}"
-            f"|{torch_blas_info()['library']}={torch_blas_info()['version']}|numpy={np.__version__}"
-            f"|openblas={ob.get('version')}/{ob.get('architecture')}")
+    return (
+        f"{cpu_model()}|cpus={os.cpu_count()}|threads={threads}|torch={torch.__version__}"
+        f"|{torch_blas_info()['library']}={torch_blas_info()['version']}|numpy={np.__version__}"
+        f"|openblas={ob.get('version')}/{ob.get('architecture')}"
+    )
 
 
 def _probe_case(op: str, shape: tuple, dtype: torch.dtype, repeats: int) -> tuple[float, dict]:
@@ -219,26 +237,29 @@ def _probe_case(op: str, shape: tuple, dtype: torch.dtype, repeats: int) -> tupl
     then ``repeats`` rounds of one timed call per library, interleaved (load from other jobs, and
     the other library's idle threads, hit both alike). Torch's SYRK is torch_ops.syrk, as run."""
     from . import torch_ops
+
     g = torch.Generator().manual_seed(0)
     if op == "syrk":
         n, k = shape
         a = torch.rand((k, n), generator=g, dtype=dtype)
         A, B, flops = a.mT, a, 2.0 * n * n * k
-        torch_fn = lambda: torch_ops.syrk(a, trans=True)          # noqa: E731
+        torch_fn = lambda: torch_ops.syrk(a, trans=True)  # noqa: E731
     else:
         m, k, n = (shape[0], shape[2], shape[1]) if op == "gemm" else shape
         A = torch.rand((m, k), generator=g, dtype=dtype)
         B = torch.rand((k, n), generator=g, dtype=dtype)
         flops = 2.0 * m * n * k
-        torch_fn = lambda: torch.matmul(A, B, out=out)            # noqa: E731
+        torch_fn = lambda: torch.matmul(A, B, out=out)  # noqa: E731
     out = torch.empty((A.shape[0], B.shape[1]), dtype=dtype)
     after = torch.zeros(AFTER_ELEMS, dtype=torch.float64)
 
-    def then_torch(fn):             # a GEMM, then the kind of torch work that follows it in a run
+    def then_torch(fn):  # a GEMM, then the kind of torch work that follows it in a run
         def run():
             fn()
             after.mul_(1.0)
+
         return run
+
     fns = {"torch": then_torch(torch_fn), "openblas": then_torch(lambda: openblas_matmul(A, B, out))}
     for fn in fns.values():
         fn()
@@ -275,8 +296,13 @@ def probe(repeats: int = PROBE_REPEATS) -> dict:
                     choice[key] = "openblas" if times["openblas"] < (1.0 - MARGIN) * times["torch"] else "torch"
     finally:
         _THREADS.sync(nthreads)
-    return {"choice": choice, "gflops": gflops, "seconds": round(time.perf_counter() - t0, 3),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"), "threads": nthreads}
+    return {
+        "choice": choice,
+        "gflops": gflops,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "threads": nthreads,
+    }
 
 
 def _read_cache(path: Path, key: str) -> dict | None:
@@ -338,8 +364,10 @@ def check_choice(mode: str, device: str, on_cpu: bool) -> None:
     if mode not in MODES:
         raise CpuBlasChoiceError(f"unknown cpu BLAS '{mode}'; use one of {', '.join(MODES)}")
     if mode != "auto" and not on_cpu:
-        raise CpuBlasChoiceError(f"cpu BLAS '{mode}' applies only to the cpu device, not to '{device}' (it "
-                                 "runs its own kernels); leave it at auto")
+        raise CpuBlasChoiceError(
+            f"cpu BLAS '{mode}' applies only to the cpu device, not to '{device}' (it "
+            "runs its own kernels); leave it at auto"
+        )
 
 
 class CpuBlas:
@@ -351,8 +379,9 @@ class CpuBlas:
         if mode not in MODES:
             raise CpuBlasChoiceError(f"unknown cpu BLAS '{mode}'; use one of {', '.join(MODES)}")
         if mode == "openblas" and numpy_blas_info() is None:
-            raise CpuBlasChoiceError("cpu BLAS 'openblas': numpy here has no OpenBLAS (threadpoolctl finds none); "
-                             "use auto or torch")
+            raise CpuBlasChoiceError(
+                "cpu BLAS 'openblas': numpy here has no OpenBLAS (threadpoolctl finds none); use auto or torch"
+            )
         self.mode = mode
         self._table = None
 
@@ -375,13 +404,14 @@ class CpuBlas:
     def matmul(self, A: torch.Tensor, B: torch.Tensor, op: str = "gemm", out=None) -> tuple[torch.Tensor, str] | None:
         """A (m, k) @ B (k, n) through OpenBLAS when the choice for ``op`` at this shape says so and
         the operands allow it without a copy: (C, kernel name); None means 'torch runs it'."""
-        if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:   # torch_ops says what is wrong
+        if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:  # torch_ops says what is wrong
             return None
         flops = 2.0 * A.shape[0] * A.shape[1] * B.shape[1]
         if self.library(op, A.dtype, flops) != "openblas" or not openblas_ok(A, B):
             return None
-        if out is not None and not (out.is_contiguous() and out.dtype == A.dtype and openblas_ok(out)
-                                    and out.shape == (A.shape[0], B.shape[1])):
+        if out is not None and not (
+            out.is_contiguous() and out.dtype == A.dtype and openblas_ok(out) and out.shape == (A.shape[0], B.shape[1])
+        ):
             return None
         if op != "pair":
             _THREADS.sync()
@@ -403,6 +433,7 @@ class CpuBlas:
             return None
         if layout == "tiles":
             from .cpu_pair import tile_operands
+
             A, B = tile_operands(Bi, Bj)
         else:
             A, B = Bi[0], Bj.permute(2, 0, 1).reshape(naux, -1)
@@ -425,11 +456,14 @@ class CpuBlas:
         ob = numpy_blas_info()
         if ob is not None:
             ob = dict(ob, threads=_THREADS.current or ob["threads"])
-        return {"mode": self.mode, "source": source,
-                "choice": dict(table["choice"]) if table else None,
-                "probe_gflops": dict(table["gflops"]) if table else None,
-                "probe_seconds": table["seconds"] if table else None,
-                "probe_date": table["date"] if table else None,
-                "cache": str(cache_path()) if self.mode == "auto" else None, "cache_error": problem,
-                "libraries": {"torch": dict(torch_blas_info(), threads=torch.get_num_threads()),
-                              "openblas": ob}}
+        return {
+            "mode": self.mode,
+            "source": source,
+            "choice": dict(table["choice"]) if table else None,
+            "probe_gflops": dict(table["gflops"]) if table else None,
+            "probe_seconds": table["seconds"] if table else None,
+            "probe_date": table["date"] if table else None,
+            "cache": str(cache_path()) if self.mode == "auto" else None,
+            "cache_error": problem,
+            "libraries": {"torch": dict(torch_blas_info(), threads=torch.get_num_threads()), "openblas": ob},
+        }

@@ -24,6 +24,7 @@ Sums: every pair's OS and exchange sums are fp64 and formed in a fixed order (th
 pairs are combined by one numpy sum over the (ni, nj) array, so the energies do not depend on the
 thread count or the tile shape given the same K.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,22 +35,27 @@ import torch
 from .errors import KernelError
 
 PAIR_PATHS = ("gemm+epilogue", "gemm+torch")
-AUTO_RULE = ("gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
-             "90/91/95 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62/73/76 %)")
-TILE_ELEMS = 1 << 22          # K elements of the one tile in flight (32 MB in fp64): GEMMs of m, n about
-                              # 2048, the fastest against 8M and 16M elements and 4 x 4 tiles one a
-                              # thread (GF/s: scripts/results/docstring-measurements.md)
+AUTO_RULE = (
+    "gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
+    "90/91/95 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62/73/76 %)"
+)
+TILE_ELEMS = 1 << 22  # K elements of the one tile in flight (32 MB in fp64): GEMMs of m, n about
+# 2048, the fastest against 8M and 16M elements and 4 x 4 tiles one a
+# thread (GF/s: scripts/results/docstring-measurements.md)
 
 
 def epilogue_info() -> dict:
     """Build (once) and load the C epilogue: what was built (kernels.cpu.build.load's record).
     Raises KernelError (one line, naming gemm+torch as what runs without a compiler)."""
     from dfmp2.kernels.cpu import build, pair_epilogue
+
     try:
         return pair_epilogue.library()[1]
     except build.KernelBuildError as e:
-        raise KernelError(f"CPU pair kernel gemm+epilogue: {e}; or run the pair step with pair kernel "
-                          "gemm+torch (no compiler needed, slower)") from None
+        raise KernelError(
+            f"CPU pair kernel gemm+epilogue: {e}; or run the pair step with pair kernel "
+            "gemm+torch (no compiler needed, slower)"
+        ) from None
 
 
 def choose(pair_kernel: str) -> tuple[str, str]:
@@ -66,8 +72,7 @@ def choose(pair_kernel: str) -> tuple[str, str]:
     return path, why
 
 
-def tile_shape(ni: int, nj: int, nvir: int, nvj: int, symmetric: bool,
-               tile_elems: int = TILE_ELEMS) -> tuple[int, int]:
+def tile_shape(ni: int, nj: int, nvir: int, nvj: int, symmetric: bool, tile_elems: int = TILE_ELEMS) -> tuple[int, int]:
     """(ic, jc): occupied orbitals per tile in i and j. The GEMM's m = ic*nvir and n = jc*nvj aim at
     sqrt(tile_elems) each (at least one pair), tiles are even, and square for a symmetric
     (diagonal) block."""
@@ -102,6 +107,7 @@ def gemm_shape(tiles: bool, Bi, Bj, symmetric: bool) -> tuple[int, int] | None:
     nvir, nvj = Bi.shape[1], Bj.shape[1]
     if not tiles:
         from .torch_ops import PAIR_CHUNK_ELEMS
+
         return nvir, min(Bj.shape[0], max(1, PAIR_CHUNK_ELEMS // max(1, nvir * nvj))) * nvj
     ic, jc = tile_shape(Bi.shape[0], Bj.shape[0], nvir, nvj, symmetric)
     return ic * nvir, jc * nvj
@@ -120,8 +126,9 @@ def workspace_elems(ni: int, nj: int, nvir: int, nvj: int) -> int:
     return ic * nvir * jc * nvj
 
 
-def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
-                    matmul=torch.matmul, tile_elems=None):
+def mp2_pair_energy(
+    Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None, matmul=torch.matmul, tile_elems=None
+):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (the Backend contract):
     (e_os, e_ss) in Hartree, e_ss NaN when ``eps_vir_j`` is given (opposite spins).
 
@@ -132,7 +139,9 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     elements per tile (default TILE_ELEMS).
     """
     from dfmp2.kernels.cpu.pair_epilogue import pair_os, pair_sums
+
     from .torch_ops import check_pair_shapes
+
     ni, nvir, naux = Bi.shape
     nj, nvj = Bj.shape[0], Bj.shape[1]
     mixed = eps_vir_j is not None
@@ -145,20 +154,22 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
         return 0.0, (math.nan if mixed else 0.0)
     ic, jc = tile_shape(ni, nj, nvir, nvj, symmetric, tile_elems or TILE_ELEMS)
 
-    def epilogue(K, r0, r1, j0, c1):       # rows r0..r1 of a K computed for (r0.., j0..c1)
+    def epilogue(K, r0, r1, j0, c1):  # rows r0..r1 of a K computed for (r0.., j0..c1)
         def row(i):
-            Ki = K[(i - r0) * nvir:(i - r0 + 1) * nvir]
+            Ki = K[(i - r0) * nvir : (i - r0 + 1) * nvir]
             if mixed:
-                sums[i, j0:c1] = pair_os(Ki, 1, c1 - j0, nvir, nvj, ei[i:i + 1], ej[j0:c1], ev, evj)[0]
+                sums[i, j0:c1] = pair_os(Ki, 1, c1 - j0, nvir, nvj, ei[i : i + 1], ej[j0:c1], ev, evj)[0]
             else:
-                sums[i, j0:c1] = pair_sums(Ki, 1, c1 - j0, nvir, ei[i:i + 1], ej[j0:c1], ev)[0]
+                sums[i, j0:c1] = pair_sums(Ki, 1, c1 - j0, nvir, ei[i : i + 1], ej[j0:c1], ev)[0]
+
         return row
 
     from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
         for i0, i1, j0, j1, by_rows in tiles(ni, nj, ic, jc, symmetric):
-            for r0, r1, c1 in ([(i, i + 1, i + 1) for i in range(i0, i1)] if by_rows else [(i0, i1, j1)]):
-                K = matmul(Bi[r0:r1].reshape(-1, naux), Bj[j0:c1].reshape(-1, naux).mT)   # views: tile_operands
+            for r0, r1, c1 in [(i, i + 1, i + 1) for i in range(i0, i1)] if by_rows else [(i0, i1, j1)]:
+                K = matmul(Bi[r0:r1].reshape(-1, naux), Bj[j0:c1].reshape(-1, naux).mT)  # views: tile_operands
                 list(pool.map(epilogue(K, r0, r1, j0, c1), range(r0, r1)))
     if mixed:
         return float(sums.sum()), math.nan

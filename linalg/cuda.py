@@ -17,13 +17,14 @@ the user's choice for both precisions. A kernel that fails to compile or launch 
 (one line: kernel, GPU or interpreter, Triton version); nothing falls back to another kernel.
 
 """
+
 from __future__ import annotations
 
 import torch
 
-from .base import Backend, TorchBackend
 from .base import CUDA_PAIR_KERNELS as PAIR_KERNELS  # what a user may ask for (--pair-kernel)
-from .base import CUDA_PAIR_PATHS as PAIR_PATHS      # named in linalg.base: device_capabilities reads them
+from .base import CUDA_PAIR_PATHS as PAIR_PATHS  # named in linalg.base: device_capabilities reads them
+from .base import Backend, TorchBackend
 from .errors import DeviceUnavailableError, KernelError
 
 AUTO_RULE = "cuBLAS gemm+epilogue unless the fused Triton kernel was measured faster on this GPU class"
@@ -32,16 +33,21 @@ PRECISIONS = ("fp64", "fp32")
 # the "auto" rule reads. Shape: the (H2O)32/cc-pVDZ synthetic pair step, nocc 160, nvir 608,
 # naux 2688, one symmetric call over all i >= j pairs.
 PAIR_PATH_MEASUREMENTS = {
-    (9, 0): {"gpu": "NVIDIA H100 80GB", "date": "2026-11", "versions": "torch 2.11.0+cu130, Triton 3.6.0",
-             "shape": (160, 608, 2688),
-             "fp64": {"gemm+epilogue": 0.656, "fused": 1.357},     # DGEMM peak 59.0 TFLOP/s: 66.1 %, 32.0 %
-             "fp32": {"gemm+epilogue": 0.669, "fused": 0.793}},
+    (9, 0): {
+        "gpu": "NVIDIA H100 80GB",
+        "date": "2026-11",
+        "versions": "torch 2.11.0+cu130, Triton 3.6.0",
+        "shape": (160, 608, 2688),
+        "fp64": {"gemm+epilogue": 0.656, "fused": 1.357},  # DGEMM peak 59.0 TFLOP/s: 66.1 %, 32.0 %
+        "fp32": {"gemm+epilogue": 0.669, "fused": 0.793},
+    }
 }
-PIN_MIN_BYTES = 1 << 20      # smaller transfers go through torch's plain .to()
+PIN_MIN_BYTES = 1 << 20  # smaller transfers go through torch's plain .to()
 
 
-def auto_pair_path(prec: str, capability: tuple[int, int] | None,
-                   measurements: dict = PAIR_PATH_MEASUREMENTS) -> tuple[str, str]:
+def auto_pair_path(
+    prec: str, capability: tuple[int, int] | None, measurements: dict = PAIR_PATH_MEASUREMENTS
+) -> tuple[str, str]:
     """(path, why) for pair_kernel="auto": gemm+epilogue unless the fused kernel was measured faster
     on this GPU class (capability (major, minor); None: no GPU, kernels under Triton's interpreter)
     in ``measurements`` (PAIR_PATH_MEASUREMENTS's layout)."""
@@ -54,9 +60,11 @@ def auto_pair_path(prec: str, capability: tuple[int, int] | None,
     t = m[prec]
     path = "fused" if t["fused"] < t["gemm+epilogue"] else "gemm+epilogue"
     nocc, nvir, naux = m["shape"]
-    return path, (f"auto: {path} (measured on {cls}, {m['gpu']}, {m['date']}, {m['versions']}, "
-                  f"nocc/nvir/naux {nocc}/{nvir}/{naux}: gemm+epilogue {t['gemm+epilogue']:.3f} s, "
-                  f"fused {t['fused']:.3f} s)")
+    return path, (
+        f"auto: {path} (measured on {cls}, {m['gpu']}, {m['date']}, {m['versions']}, "
+        f"nocc/nvir/naux {nocc}/{nvir}/{naux}: gemm+epilogue {t['gemm+epilogue']:.3f} s, "
+        f"fused {t['fused']:.3f} s)"
+    )
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -73,7 +81,7 @@ class _Staging:
     def __init__(self):
         self.buf = None
         self.event = None
-        self.src = None           # keeps an already-pinned source alive until its copy is done
+        self.src = None  # keeps an already-pinned source alive until its copy is done
 
     def ready(self):
         if self.event is not None:
@@ -96,9 +104,16 @@ class CudaBackend(TorchBackend):
     The resolved path per precision is ``pair_path``, its reason ``pair_path_why`` (both in describe()).
     """
 
-    def __init__(self, name: str = "cuda", *, pair_kernel: str = "auto", pair_path: dict | None = None,
-                 pair_config: dict | None = None, pin_min_bytes: int = PIN_MIN_BYTES,
-                 unrestricted: bool = False):
+    def __init__(
+        self,
+        name: str = "cuda",
+        *,
+        pair_kernel: str = "auto",
+        pair_path: dict | None = None,
+        pair_config: dict | None = None,
+        pin_min_bytes: int = PIN_MIN_BYTES,
+        unrestricted: bool = False,
+    ):
         super().__init__(name)
         self.engine = "torch+triton"
         if pair_kernel not in PAIR_KERNELS:
@@ -107,8 +122,10 @@ class CudaBackend(TorchBackend):
             if prec not in PRECISIONS or path not in PAIR_PATHS:
                 raise ValueError(f"pair_path: expected {{'fp64'|'fp32': one of {PAIR_PATHS}}}, got {pair_path!r}")
         if unrestricted and (pair_kernel == "fused" or "fused" in (pair_path or {}).values()):
-            raise ValueError("pair kernel 'fused' has no opposite-spin (UHF alpha-beta) form; use "
-                             "--pair-kernel gemm+epilogue or auto for an open-shell run")
+            raise ValueError(
+                "pair kernel 'fused' has no opposite-spin (UHF alpha-beta) form; use "
+                "--pair-kernel gemm+epilogue or auto for an open-shell run"
+            )
         self.pair_path, self.pair_path_why = {}, {}
         for prec in PRECISIONS:
             if prec in (pair_path or {}):
@@ -123,7 +140,7 @@ class CudaBackend(TorchBackend):
         self.pair_config = dict(pair_config or {})
         self.pin_min_bytes = pin_min_bytes
         self.transfers = {"pinned": 0, "pinned_bytes": 0, "plain": 0}
-        self.last_transfer = None      # event ending the latest to_device copy (None: it was synchronous)
+        self.last_transfer = None  # event ending the latest to_device copy (None: it was synchronous)
         self._slots = None
         self._next_slot = 0
         self._copy_stream = None
@@ -137,6 +154,7 @@ class CudaBackend(TorchBackend):
     def where(self) -> str:
         """The GPU a kernel runs on (name and sm_XY), or Triton's interpreter."""
         from dfmp2.kernels.triton.launch import interpreting
+
         if interpreting():
             return "the Triton interpreter (CPU)"
         cap = self.capability()
@@ -161,7 +179,7 @@ class CudaBackend(TorchBackend):
             self._copy_stream = torch.cuda.Stream(self.device)
         slot = self._slots[self._next_slot]
         self._next_slot ^= 1
-        slot.ready()                              # its previous transfer has finished
+        slot.ready()  # its previous transfer has finished
         if t.is_pinned():
             src, slot.src = t, t
         else:
@@ -174,8 +192,8 @@ class CudaBackend(TorchBackend):
             slot.event = torch.cuda.Event()
             slot.event.record(self._copy_stream)
         compute.wait_event(slot.event)
-        out.record_stream(compute)                # allocated on the copy stream, used on compute
-        self.last_transfer = slot.event           # a pinned source may be reused once it has passed
+        out.record_stream(compute)  # allocated on the copy stream, used on compute
+        self.last_transfer = slot.event  # a pinned source may be reused once it has passed
         self.transfers["pinned"] += 1
         self.transfers["pinned_bytes"] += nbytes
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
@@ -188,42 +206,69 @@ class CudaBackend(TorchBackend):
         prec = _precision(Bi.dtype)
         path = self.pair_path[prec]
         if eps_vir_j is not None and path == "fused":
-            raise ValueError("mp2_pair_energy: the fused kernel has no opposite-spin form; build the "
-                             "backend with unrestricted=True (gemm+epilogue)")
+            raise ValueError(
+                "mp2_pair_energy: the fused kernel has no opposite-spin form; build the "
+                "backend with unrestricted=True (gemm+epilogue)"
+            )
         from dfmp2.kernels.triton.launch import interpreting
+
         where = f" [Triton interpreter, {Bi.device.type} tensors]" if interpreting() else ""
         if path == "fused":
             from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
             dot = "fp64 dot" if prec == "fp64" else "fp32 ieee dot"
             kernel = f"triton.fused_pair_energy({prec}: {dot}, fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
-            run = lambda: fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,  # noqa: E731
-                                            config=self.pair_config or None)
+            run = lambda: fused_pair_energy(
+                Bi,
+                Bj,
+                eps_i,
+                eps_j,
+                eps_vir,
+                symmetric=symmetric,  # noqa: E731
+                config=self.pair_config or None,
+            )
         else:
             from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
-            gemm = "DGEMM" if prec == "fp64" else ("SGEMM, TF32 ON" if torch.backends.cuda.matmul.allow_tf32
-                                                   else "SGEMM")
+
+            gemm = (
+                "DGEMM" if prec == "fp64" else ("SGEMM, TF32 ON" if torch.backends.cuda.matmul.allow_tf32 else "SGEMM")
+            )
             kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
-            run = lambda: gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,  # noqa: E731
-                                                    eps_vir_j=eps_vir_j)
+            run = lambda: gemm_epilogue_pair_energy(
+                Bi,
+                Bj,
+                eps_i,
+                eps_j,
+                eps_vir,
+                symmetric=symmetric,  # noqa: E731
+                eps_vir_j=eps_vir_j,
+            )
         try:
             return run()
-        except ValueError:              # the contract's argument checks: the caller's mistake
+        except ValueError:  # the contract's argument checks: the caller's mistake
             raise
-        except Exception as exc:        # Triton CompilationError, OutOfResources, a CUDA launch error
+        except Exception as exc:  # Triton CompilationError, OutOfResources, a CUDA launch error
             import triton
-            raise KernelError(f"pair-step kernel {kernel} failed on {self.where()} with Triton "
-                              f"{triton.__version__}: {one_line(exc)}; no other kernel was run "
-                              f"(pair path '{path}': {self.pair_path_why[prec]})") from exc
+
+            raise KernelError(
+                f"pair-step kernel {kernel} failed on {self.where()} with Triton "
+                f"{triton.__version__}: {one_line(exc)}; no other kernel was run "
+                f"(pair path '{path}': {self.pair_path_why[prec]})"
+            ) from exc
 
     def describe(self) -> dict:
         import triton
+
         d = Backend.describe(self)
         d["torch"] = torch.__version__
         d["torch_cuda"] = torch.version.cuda
-        d["gpu"] = (torch.cuda.get_device_name(self.device) if torch.cuda.is_available()
-                    else "none (kernels ran under Triton's CPU interpreter)")
+        d["gpu"] = (
+            torch.cuda.get_device_name(self.device)
+            if torch.cuda.is_available()
+            else "none (kernels ran under Triton's CPU interpreter)"
+        )
         d["triton"] = triton.__version__
         d["pair_path"] = dict(self.pair_path)
         d["pair_path_why"] = dict(self.pair_path_why)
@@ -237,7 +282,7 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     """An exception as one line. Triton's CompilationError spreads a source excerpt over several
     lines: keep the offending statement and the reason (its message, or the chained cause)."""
     node = getattr(exc, "node", None)
-    if hasattr(exc, "error_message") and getattr(node, "lineno", None):      # a Triton CompilationError
+    if hasattr(exc, "error_message") and getattr(node, "lineno", None):  # a Triton CompilationError
         src = (getattr(exc, "src", None) or "").split("\n")
         stmt = src[node.lineno - 1].strip() if node.lineno <= len(src) else "?"
         cause = exc.__cause__
@@ -246,7 +291,7 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     else:
         text = str(exc)
     text = f"{type(exc).__name__}: {' '.join(text.split())}"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_cuda_backend(name: str = "cuda", **kwargs) -> CudaBackend:
@@ -256,5 +301,6 @@ def make_cuda_backend(name: str = "cuda", **kwargs) -> CudaBackend:
     except ImportError:
         raise DeviceUnavailableError(
             f"device '{name}' needs Triton for its pair-energy kernel; install it with "
-            "pip install 'dfmp2[cuda]' (CUDA builds of PyTorch on Linux normally include it)") from None
+            "pip install 'dfmp2[cuda]' (CUDA builds of PyTorch on Linux normally include it)"
+        ) from None
     return CudaBackend(name, **kwargs)

@@ -1,4 +1,5 @@
 """Errors raised by the linear-algebra layer."""
+
 import torch
 
 

@@ -23,6 +23,7 @@ and run unpadded (the kernels take ragged edge tiles). The pair kernel compiles 
 block size (full or ragged blocks, diagonal or not). Water/cc-pVDZ compiles 4 kernels
 (2 GEMM, 1 TRSM, 1 pair). ``describe()`` lists the shapes and counts them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ from .newton_schulz import newton_schulz_inv_sqrt
 
 NEURON_DEVICES = ("trn1", "trn2")
 PMAX = 128
-PAIR_MAX_OCC = 32            # pairs per launch <= 32 x 32 (SBUF accumulator: 8 KiB per partition)
+PAIR_MAX_OCC = 32  # pairs per launch <= 32 x 32 (SBUF accumulator: 8 KiB per partition)
 
 
 def bucket(n: int) -> int:
@@ -51,7 +52,7 @@ def bucket(n: int) -> int:
         return max(8, 1 << (n - 1).bit_length())
     if n <= 1024:
         return 128 * math.ceil(n / 128)
-    step = 1 << ((n - 1).bit_length() - 3)        # octave [2^p, 2^(p+1)) in steps of 2^(p-2)
+    step = 1 << ((n - 1).bit_length() - 3)  # octave [2^p, 2^(p+1)) in steps of 2^(p-2)
     return step * math.ceil(n / step)
 
 
@@ -66,7 +67,7 @@ def _pad2(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
     if a.shape == (rows, cols) and a.flags.c_contiguous:
         return a
     out = np.zeros((rows, cols), dtype=np.float32)
-    out[:a.shape[0], :a.shape[1]] = a
+    out[: a.shape[0], : a.shape[1]] = a
     return out
 
 
@@ -75,13 +76,14 @@ class NeuronBackend(Backend):
 
     def __init__(self, name: str, runner):
         super().__init__(name=name, engine=runner.engine)
-        self.device = torch.device("cpu")      # host tensors stand for device memory
+        self.device = torch.device("cpu")  # host tensors stand for device memory
         self.target = name
         self.runner = runner
         self.precision = "fp32"
         self._dinv_cache: dict = {}
         from dfmp2.kernels.nki.mp2_pair import sbuf_bytes_per_partition
         from dfmp2.kernels.nki_emulator.limits import limits_for
+
         self._pair_sbuf = sbuf_bytes_per_partition
         self.sbuf_partition_bytes = limits_for(name).sbuf_partition_bytes
 
@@ -104,6 +106,7 @@ class NeuronBackend(Backend):
         transform). Only M is padded to its bucket: it varies with the aux-shell block size
         within a run, while K and N are fixed per molecule."""
         from dfmp2.kernels.nki.gemm import gemm_kernel
+
         lhsT = A if a_is_T else A.T
         K, M = lhsT.shape
         N = B.shape[1]
@@ -155,8 +158,9 @@ class NeuronBackend(Backend):
         """alpha a a^T (trans=False, a (n, k)) or alpha a^T a (trans=True, a (k, n)); only the
         lower tile blocks are computed on the device."""
         from dfmp2.kernels.nki.syrk import syrk_lower_kernel
+
         A = _f32(a)
-        aT = A if trans else A.T                   # (k, n)
+        aT = A if trans else A.T  # (k, n)
         k, n = aT.shape
         if n == 0:
             return torch.zeros((0, 0), dtype=torch.float32)
@@ -164,7 +168,7 @@ class NeuronBackend(Backend):
             return torch.zeros((n, n), dtype=torch.float32)
         C = self.runner(syrk_lower_kernel, np.ascontiguousarray(aT))
         self.record("syrk", "nki.syrk")
-        L = np.tril(C[:n, :n])                     # upper blocks were never written
+        L = np.tril(C[:n, :n])  # upper blocks were never written
         if alpha != 1.0:
             L = L * np.float32(alpha)
         if full:
@@ -181,16 +185,17 @@ class NeuronBackend(Backend):
         dinvT = self._dinv_cache.get(key)
         if dinvT is None:
             import scipy.linalg
+
             n = L.shape[0]
             nblk = -(-n // PMAX)
             dinvT = np.zeros((nblk, PMAX, PMAX), dtype=np.float32)
             for kb in range(nblk):
                 k0 = kb * PMAX
                 kt = min(PMAX, n - k0)
-                blk = L[k0:k0 + kt, k0:k0 + kt].astype(np.float64)
+                blk = L[k0 : k0 + kt, k0 : k0 + kt].astype(np.float64)
                 inv = scipy.linalg.solve_triangular(blk, np.eye(kt), lower=True)
                 dinvT[kb, :kt, :kt] = inv.T
-            self._dinv_cache = {key: dinvT}          # keep only the latest matrix
+            self._dinv_cache = {key: dinvT}  # keep only the latest matrix
             self.record("trsm_diag_inverse", "host-fp64")
         return dinvT
 
@@ -198,19 +203,20 @@ class NeuronBackend(Backend):
         """Solve op(a) X = b (left) or X op(a) = b (right), a triangular (n, n), fp32.
         Mapped on the host onto L X' = B' with L lower (transposes and index reversal)."""
         from dfmp2.kernels.nki.trsm import trsm_lower_kernel
+
         if side not in ("left", "right") or uplo not in ("lower", "upper"):
             raise ValueError(f"trsm: side={side!r}, uplo={uplo!r}")
         A, Bm = _f32(a), _f32(b)
         vec = Bm.ndim == 1
         if vec:
             Bm = Bm[:, None] if side == "left" else Bm[None, :]
-        lower = (uplo == "lower")
-        T = A.T if trans else A                    # op(a)
+        lower = uplo == "lower"
+        T = A.T if trans else A  # op(a)
         tri_lower = lower != trans
-        if side == "right":                        # X T = B  <=>  T^T X^T = B^T
+        if side == "right":  # X T = B  <=>  T^T X^T = B^T
             T, Bm, tri_lower = T.T, Bm.T, not tri_lower
         T = np.tril(T) if tri_lower else np.triu(T)
-        if not tri_lower:                          # J T J is lower for the reversal J
+        if not tri_lower:  # J T J is lower for the reversal J
             T, Bm = T[::-1, ::-1], Bm[::-1]
         if unit_diagonal:
             T = np.tril(T, -1) + np.eye(T.shape[0], dtype=np.float32)
@@ -279,7 +285,8 @@ class NeuronBackend(Backend):
                 f"mp2_pair_energy on {self.name}: nvir={nvir}, naux={naux} do not fit the pair "
                 f"kernel's on-chip B_i, B_j buffers ({self._pair_sbuf(1, 1, naux, nvir)} B per "
                 f"partition > {budget} B); this kernel needs nvir * ceil(naux/128) <~ "
-                f"{budget // 8 // 4}")
+                f"{budget // 8 // 4}"
+            )
         return s
 
     def mp2_pair_energy(self, Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None):
@@ -288,7 +295,9 @@ class NeuronBackend(Backend):
         over partitions, pairs and launches are fp64 on the host. ``eps_vir_j``: opposite
         spins (the kernel's ``opposite`` form): returns (e_os, NaN)."""
         from dfmp2.kernels.nki.mp2_pair import mp2_pair_kernel
+
         from .torch_ops import check_pair_shapes
+
         mixed = eps_vir_j is not None
         check_pair_shapes("mp2_pair_energy", Bi, Bj, symmetric, mixed)
         ni, nvir, naux = Bi.shape
@@ -310,17 +319,23 @@ class NeuronBackend(Backend):
                 j1 = min(nj, j0 + cap)
                 diag = symmetric and i0 == j0
                 part = self.runner(
-                    mp2_pair_kernel, biT[i0:i1], bjT[j0:j1],
+                    mp2_pair_kernel,
+                    biT[i0:i1],
+                    bjT[j0:j1],
                     np.ascontiguousarray(np.broadcast_to(ei[i0:i1], (PMAX, i1 - i0))),
                     np.ascontiguousarray(np.broadcast_to(ej[j0:j1], (PMAX, j1 - j0))),
-                    ev_col, ev_rows, symmetric=diag, **({"opposite": True} if mixed else {}))
+                    ev_col,
+                    ev_rows,
+                    symmetric=diag,
+                    **({"opposite": True} if mixed else {}),
+                )
                 self.record("mp2_pair_energy", "nki.mp2_pair")
                 s = part.astype(np.float64).sum(axis=0).reshape(i1 - i0, j1 - j0, 2)
                 os_, x_ = s[..., 0], s[..., 1]
                 if diag:
                     w = np.tril(np.full(os_.shape, 2.0), -1) + np.eye(os_.shape[0])
                 elif symmetric:
-                    w = np.full(os_.shape, 2.0)         # sub-block below the diagonal: (i,j) and (j,i)
+                    w = np.full(os_.shape, 2.0)  # sub-block below the diagonal: (i,j) and (j,i)
                 else:
                     w = np.ones(os_.shape)
                 e_os += float((w * os_).sum())
@@ -342,6 +357,7 @@ def make_neuron_backend(name: str, *, simulate: bool = False, engine: str | None
     honoured or refused, never substituted.
     """
     from dfmp2.kernels.nki import engines as E
+
     if name not in NEURON_DEVICES:
         raise ValueError(f"unknown Trainium device '{name}'; use trn1 or trn2")
     if engine is None:
@@ -358,14 +374,19 @@ def make_neuron_backend(name: str, *, simulate: bool = False, engine: str | None
         if nki is None:
             raise DeviceUnavailableError(
                 f"device '{name}' needs the AWS Neuron SDK, but {why}; install it on a {name} "
-                f"instance with: {E.INSTALL_HINT}", alternatives=("simulate", "cpu"))
+                f"instance with: {E.INSTALL_HINT}",
+                alternatives=("simulate", "cpu"),
+            )
         if not E.neuron_devices():
             raise DeviceUnavailableError(
                 f"device '{name}' needs a Trainium NeuronCore but no /dev/neuron* device exists "
-                f"on this machine; run on a {name} instance", alternatives=("simulate", "cpu"))
+                f"on this machine; run on a {name} instance",
+                alternatives=("simulate", "cpu"),
+            )
     elif engine == E.NKI_SIMULATE:
         nki, why = E.real_nki()
         if nki is None:
-            raise DeviceUnavailableError(f"engine nki.simulate needs AWS's nki package, but {why}; "
-                                         f"install with: {E.INSTALL_HINT}")
+            raise DeviceUnavailableError(
+                f"engine nki.simulate needs AWS's nki package, but {why}; install with: {E.INSTALL_HINT}"
+            )
     return NeuronBackend(name, E.KernelRunner(engine, name))

@@ -24,6 +24,7 @@ on the device (no sync). Convergence check: ||P_k - I||_F / sqrt(n) is computed 
 every iteration into a buffer that is read back once after the planned growth phase and then once
 every ``check_every`` iterations (a handful of host syncs per call, not one per iteration).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,9 +61,17 @@ def residual(x: torch.Tensor, a: torch.Tensor, matmul: Callable = torch.matmul) 
     return float(torch.linalg.matrix_norm(r) / math.sqrt(n))
 
 
-def newton_schulz_inv_sqrt(a: torch.Tensor, *, matmul: Callable = torch.matmul, tol: float | None = None,
-                           max_iter: int = 100, check_every: int = 2, cond_max: float | None = None,
-                           scaled: bool = True, check: bool = True):
+def newton_schulz_inv_sqrt(
+    a: torch.Tensor,
+    *,
+    matmul: Callable = torch.matmul,
+    tol: float | None = None,
+    max_iter: int = 100,
+    check_every: int = 2,
+    cond_max: float | None = None,
+    scaled: bool = True,
+    check: bool = True,
+):
     """A^{-1/2} for SPD ``a`` (n, n) by the coupled (scaled) Newton–Schulz iteration.
 
     Runs until the iteration residual ||Z Y - I||_F / sqrt(n) reaches the rounding floor
@@ -110,39 +119,63 @@ def newton_schulz_inv_sqrt(a: torch.Tensor, *, matmul: Callable = torch.matmul, 
             p = matmul(z, y)
             res_buf[k] = torch.linalg.matrix_norm(p - eye) * inv_sqrt_n
             # T = (al/2) (3 I - al^2 P)
-            t = p * (-0.5 * al ** 3)
+            t = p * (-0.5 * al**3)
             t.diagonal().add_(1.5 * al)
             y = matmul(y, t)
             z = matmul(t, z)
-        history += res_buf[it:chunk_end].tolist()        # the one host sync of this chunk
+        history += res_buf[it:chunk_end].tolist()  # the one host sync of this chunk
         syncs += 1
-        # Decide from the latest residuals only: the iterate is now at chunk_end (the scaled
-        # growth phase is not monotone, so early small values say nothing about the current one).
-        chunk = history[it:chunk_end]
-        last, prev = history[-1], (history[-2] if len(history) > 1 else math.inf)
-        if not all(math.isfinite(r) and r <= 1e6 for r in chunk):
-            stop = "diverged"
-        elif last <= floor:
-            stop = "floor"
-        elif prev < 1e-2 and last > 0.5 * prev:
-            stop = "stagnated"
+        stop = _stop(history, it, chunk_end, floor)
         it = chunk_end
     x = z / torch.sqrt(s)
     res = residual(x, a, matmul) if stop != "diverged" else math.inf
     if not math.isfinite(res):
         res = math.inf
     converged = stop in ("floor", "stagnated") and res <= tol
-    info = {"method": "newton_schulz", "iterations": it, "residual": res,
-            "residual_norm": "||X A X - I||_F / sqrt(n)", "iteration_residual": history[-1],
-            "converged": converged, "stop": stop, "scale": float(s), "scaled": scaled, "tol": tol,
-            "check_every": check_every, "cond_max": cond_max, "host_syncs": syncs + 2,
-            "dtype": str(dtype).replace("torch.", "")}
+    info = {
+        "method": "newton_schulz",
+        "iterations": it,
+        "residual": res,
+        "residual_norm": "||X A X - I||_F / sqrt(n)",
+        "iteration_residual": history[-1],
+        "converged": converged,
+        "stop": stop,
+        "scale": float(s),
+        "scaled": scaled,
+        "tol": tol,
+        "check_every": check_every,
+        "cond_max": cond_max,
+        "host_syncs": syncs + 2,
+        "dtype": str(dtype).replace("torch.", ""),
+    }
     if check and not converged:
-        why = {"diverged": "the iteration diverged (the matrix is not SPD?)",
-               "max_iter": f"max_iter={max_iter} reached",
-               }.get(stop, "the residual is above tol: the matrix is too ill-conditioned for this precision")
-        raise ConvergenceError(
-            f"Newton–Schulz A^-1/2 did not converge for n={n} in {info['dtype']}: {why}; "
-            f"residual ||XAX-I||_F/sqrt(n) = {res:.3e}, tol {tol:.1e}, {it} iterations. "
-            "Use method='eigh', fp64, a larger tol, or check=False to accept the result")
+        raise _not_converged(info, n, max_iter)
     return x, info
+
+
+def _stop(history: list, it: int, chunk_end: int, floor: float) -> str:
+    """Why the iteration stops after the chunk of steps [it, chunk_end), or 'max_iter' to go on.
+    Decided from the latest residuals only: the iterate is now at chunk_end (the scaled growth
+    phase is not monotone, so early small values say nothing about the current one)."""
+    chunk = history[it:chunk_end]
+    last, prev = history[-1], (history[-2] if len(history) > 1 else math.inf)
+    if not all(math.isfinite(r) and r <= 1e6 for r in chunk):
+        return "diverged"
+    if last <= floor:
+        return "floor"
+    if prev < 1e-2 and last > 0.5 * prev:
+        return "stagnated"
+    return "max_iter"
+
+
+def _not_converged(info: dict, n: int, max_iter: int) -> ConvergenceError:
+    """The error of an iteration that did not converge (``info`` of newton_schulz_inv_sqrt)."""
+    why = {
+        "diverged": "the iteration diverged (the matrix is not SPD?)",
+        "max_iter": f"max_iter={max_iter} reached",
+    }.get(info["stop"], "the residual is above tol: the matrix is too ill-conditioned for this precision")
+    return ConvergenceError(
+        f"Newton–Schulz A^-1/2 did not converge for n={n} in {info['dtype']}: {why}; "
+        f"residual ||XAX-I||_F/sqrt(n) = {info['residual']:.3e}, tol {info['tol']:.1e}, {info['iterations']} "
+        "iterations. Use method='eigh', fp64, a larger tol, or check=False to accept the result"
+    )

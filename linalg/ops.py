@@ -4,6 +4,7 @@ Each op takes torch tensors and an optional ``backend``; without one, a torch ba
 for the first operand's device is used. The backend executes the op and records the
 kernel that ran. Shapes follow BLAS conventions; see each docstring.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,7 +68,6 @@ def eigh(a, *, backend=None):
 def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None, backend=None):
     """(e_os, e_ss) in Hartree over all pairs in I x J; see Backend.mp2_pair_energy.
     ``eps_vir_j``: j of the other spin (UMP2 alpha-beta), e_ss is then NaN."""
-    if eps_vir_j is None:       # backends without the opposite-spin form keep working
+    if eps_vir_j is None:  # backends without the opposite-spin form keep working
         return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric)
-    return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric,
-                                            eps_vir_j=eps_vir_j)
+    return _be(backend, Bi).mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, eps_vir_j=eps_vir_j)

@@ -31,6 +31,7 @@ Exact float mappings (every step exactly specified)
   relative of libm's values).
   One normal consumes 2 words; a draw of n normals consumes 4 * ceil(n / 2) words.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,8 @@ def _mulhilo(x: torch.Tensor, m: int):
     Split m into 16-bit halves so every intermediate stays below 2**49 (no int64 overflow).
     """
     m_lo, m_hi = m & 0xFFFF, m >> 16
-    t = x * m_lo                                   # < 2**48
-    u = x * m_hi                                   # < 2**48;  x*m = u*2**16 + t
+    t = x * m_lo  # < 2**48
+    u = x * m_hi  # < 2**48;  x*m = u*2**16 + t
     lo = (t + ((u & 0xFFFF) << 16)) & M32
     hi = (u + (t >> 16)) >> 16
     return hi, lo
@@ -88,20 +89,21 @@ def philox4x32(counter: torch.Tensor, key, rounds: int = ROUNDS) -> torch.Tensor
 def seed_to_key(seed: int) -> tuple[int, int]:
     """The Philox key for a 64-bit seed: (low word, high word)."""
     seed = int(seed)
-    if not 0 <= seed < 2 ** 64:
+    if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
     return seed & M32, seed >> 32
 
 
 def _check_index(name: str, v: int) -> int:
     v = int(v)
-    if not 0 <= v < 2 ** 62:
+    if not 0 <= v < 2**62:
         raise ValueError(f"{name} must be in [0, 2**62), got {v}")
     return v
 
 
-def random_bits(n: int, seed: int, offset: int = 0, *, stream: int = 0, device="cpu",
-                dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def random_bits(
+    n: int, seed: int, offset: int = 0, *, stream: int = 0, device="cpu", dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """Words offset .. offset + n - 1 of the uint32 stream (seed, stream), as a 1-D tensor on
     ``device`` (computed on the host, then moved).
 
@@ -110,18 +112,20 @@ def random_bits(n: int, seed: int, offset: int = 0, *, stream: int = 0, device="
     n, offset = _check_index("n", n), _check_index("offset", offset)
     k = seed_to_key(seed)
     stream = int(stream)
-    if not 0 <= stream < 2 ** 64:
+    if not 0 <= stream < 2**64:
         raise ValueError(f"stream must be in [0, 2**64), got {stream}")
     device = torch.device(device)
     if n == 0:
         return torch.empty(0, dtype=dtype, device=device)
     b0, b1 = offset // 4, (offset + n + 3) // 4
     blocks = torch.arange(b0, b1, dtype=torch.int64)
-    ctr = torch.stack((blocks & M32, blocks >> 32,
-                       torch.full_like(blocks, stream & M32), torch.full_like(blocks, stream >> 32)), dim=-1)
+    ctr = torch.stack(
+        (blocks & M32, blocks >> 32, torch.full_like(blocks, stream & M32), torch.full_like(blocks, stream >> 32)),
+        dim=-1,
+    )
     words = philox4x32(ctr, k).reshape(-1)
     s = offset - 4 * b0
-    out = words[s:s + n]
+    out = words[s : s + n]
     return _to(out if dtype == torch.int64 else out.to(dtype), device)
 
 
@@ -147,19 +151,18 @@ def words_for(kind: str, numel: int, dtype: torch.dtype = torch.float64) -> int:
 
 def _u64_from_words(w: torch.Tensor) -> torch.Tensor:
     """fp64 uniforms in (0, 1) from word pairs w[..., 0], w[..., 1] (exact mapping, see module doc)."""
-    k = ((w[..., 0] >> 6) << 26) | (w[..., 1] >> 6)           # 52 random bits, < 2**52
-    return (2 * k + 1).to(torch.float64) * 2.0 ** -53
+    k = ((w[..., 0] >> 6) << 26) | (w[..., 1] >> 6)  # 52 random bits, < 2**52
+    return (2 * k + 1).to(torch.float64) * 2.0**-53
 
 
-def uniform(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.float64,
-            device="cpu") -> torch.Tensor:
+def uniform(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.float64, device="cpu") -> torch.Tensor:
     """Uniforms in the open interval (0, 1); fp32 uses 1 word per value, fp64 2 (see module doc).
     Computed on the host, then moved to ``device``."""
     shape = _shape(shape)
     n = math.prod(shape)
     if dtype == torch.float32:
         x = random_bits(n, seed, offset, stream=stream)
-        return _to(((x >> 9) * 2 + 1).to(torch.float32).mul_(2.0 ** -24).reshape(shape), device)
+        return _to(((x >> 9) * 2 + 1).to(torch.float32).mul_(2.0**-24).reshape(shape), device)
     if dtype != torch.float64:
         raise ValueError(f"uniform supports float32 and float64, got {dtype}")
     x = random_bits(2 * n, seed, offset, stream=stream).reshape(n, 2)
@@ -167,8 +170,8 @@ def uniform(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.f
 
 
 # ---- fp64 log, sin, cos from +, -, *, / only (deterministic on every device) ----------------
-_LN2_HI = 6.93147180369123816490e-01      # fdlibm split of ln 2: hi has trailing zero bits,
-_LN2_LO = 1.90821492927058770002e-10      # so e * _LN2_HI is exact for |e| < 2**11
+_LN2_HI = 6.93147180369123816490e-01  # fdlibm split of ln 2: hi has trailing zero bits,
+_LN2_LO = 1.90821492927058770002e-10  # so e * _LN2_HI is exact for |e| < 2**11
 _SQRT_HALF = 0.70710678118654752440
 # log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716 for m in [sqrt(1/2), sqrt(2)):
 # odd series coefficients 2/(2k+1); 12 terms leave a truncation error below 1e-19.
@@ -191,9 +194,9 @@ def det_log(u: torch.Tensor) -> torch.Tensor:
     Within a few ulp of torch.log; the same bits wherever torch's elementwise ops are correctly
     rounded and not fused (the host's; philox evaluates it only there).
     """
-    m, e = torch.frexp(u)                                 # u = m * 2**e, m in [0.5, 1): exact
+    m, e = torch.frexp(u)  # u = m * 2**e, m in [0.5, 1): exact
     small = m < _SQRT_HALF
-    m = torch.where(small, m * 2.0, m)                    # m in [sqrt(1/2), sqrt(2)): exact
+    m = torch.where(small, m * 2.0, m)  # m in [sqrt(1/2), sqrt(2)): exact
     e = (e - small.to(e.dtype)).to(torch.float64)
     s = (m - 1.0) / (m + 1.0)
     s2 = s * s
@@ -208,8 +211,8 @@ def det_cos_sin_2pi(u: torch.Tensor):
     [-pi/4, pi/4] where fixed Taylor polynomials are used (evaluated on the host, as det_log).
     """
     t = u * 4.0
-    q = torch.floor(t + 0.5)                              # nearest quadrant; exact
-    x = (t - q) * (math.pi / 2)                           # |x| <= pi/4
+    q = torch.floor(t + 0.5)  # nearest quadrant; exact
+    x = (t - q) * (math.pi / 2)  # |x| <= pi/4
     x2 = x * x
     s = x * _horner(_SIN_C, x2)
     c = _horner(_COS_C, x2)
@@ -219,8 +222,7 @@ def det_cos_sin_2pi(u: torch.Tensor):
     return cos, sin
 
 
-def normal(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.float64,
-           device="cpu") -> torch.Tensor:
+def normal(shape, seed: int, offset: int = 0, *, stream: int = 0, dtype=torch.float64, device="cpu") -> torch.Tensor:
     """Standard normals by Box–Muller in fp64 (see module doc), rounded to ``dtype`` at the end.
     Computed on the host, then moved to ``device``."""
     shape = _shape(shape)

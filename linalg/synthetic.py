@@ -8,6 +8,7 @@ QR factorisation and a GEMM, whose rounding depends on the BLAS, so it is always
 CPU in fp64 and then rounded to ``dtype`` and moved: bit-identical across devices on one
 machine, equal to rounding across machines.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ _STREAM_B_PAIR = 19
 _STREAM_B_SIGN = 20
 
 
-def random_matrix(shape, seed: int, *, dtype=torch.float64, device="cpu", offset: int = 0,
-                  stream: int = _STREAM_MATRIX) -> torch.Tensor:
+def random_matrix(
+    shape, seed: int, *, dtype=torch.float64, device="cpu", offset: int = 0, stream: int = _STREAM_MATRIX
+) -> torch.Tensor:
     """Standard-normal matrix (any shape) from Philox normals; computed on the host and moved, so
     bit-identical on every device."""
     return normal(shape, seed, offset, stream=stream, dtype=dtype, device=device)
@@ -46,8 +48,9 @@ def spd_eigenvalues(n: int, cond: float, lmax: float = 1.0) -> torch.Tensor:
     return lmax * torch.exp(-math.log(cond) * k / (n - 1))
 
 
-def random_spd(n: int, cond: float, seed: int, *, dtype=torch.float64, device="cpu",
-               lmax: float = 1.0, return_eig: bool = False):
+def random_spd(
+    n: int, cond: float, seed: int, *, dtype=torch.float64, device="cpu", lmax: float = 1.0, return_eig: bool = False
+):
     """SPD matrix Q diag(lambda) Q^T with eigenvalues spd_eigenvalues(n, cond, lmax).
 
     Q is the orthogonal factor of a Philox normal (n, n) matrix (signs fixed so diag(R) > 0).
@@ -109,8 +112,17 @@ def _laplace_sum(wo: np.ndarray, eo: np.ndarray, wv: np.ndarray, ev: np.ndarray)
     return -float(np.trapezoid(integrand, s) if hasattr(np, "trapezoid") else np.trapz(integrand, s))
 
 
-def synthetic_problem(nocc: int, nvir: int, naux: int, seed: int, *, dtype=torch.float64, device="cpu",
-                      ecorr_per_occ: float = -0.03, exchange_fraction: float = 0.84) -> SyntheticProblem:
+def synthetic_problem(
+    nocc: int,
+    nvir: int,
+    naux: int,
+    seed: int,
+    *,
+    dtype=torch.float64,
+    device="cpu",
+    ecorr_per_occ: float = -0.03,
+    exchange_fraction: float = 0.84,
+) -> SyntheticProblem:
     """A synthetic DF-MP2 problem with chemically plausible magnitudes, for device comparisons and timing.
 
     Orbital energies (Hartree, ascending): occupied in [-20, -0.3] with most near the valence
@@ -143,11 +155,11 @@ def synthetic_problem(nocc: int, nvir: int, naux: int, seed: int, *, dtype=torch
 
     # Orbital energies on the CPU (tiny), then moved.
     uo = uniform(nocc, seed, stream=_STREAM_EPS_OCC)
-    eps_occ = -0.3 - 19.7 * uo ** 4
-    eps_occ[torch.argmin(uo)] = -0.3            # HOMO pinned so the gap is exactly 0.4 Eh
+    eps_occ = -0.3 - 19.7 * uo**4
+    eps_occ[torch.argmin(uo)] = -0.3  # HOMO pinned so the gap is exactly 0.4 Eh
     eps_occ, _ = torch.sort(eps_occ)
     uv = uniform(nvir, seed, stream=_STREAM_EPS_VIR)
-    eps_vir = 0.1 + 4.9 * uv ** 2
+    eps_vir = 0.1 + 4.9 * uv**2
     eps_vir[torch.argmin(uv)] = 0.1
     eps_vir, _ = torch.sort(eps_vir)
 
@@ -156,24 +168,25 @@ def synthetic_problem(nocc: int, nvir: int, naux: int, seed: int, *, dtype=torch
     g = 1.0 / (1.0 + 8.0 * torch.arange(naux, dtype=torch.float64) / naux)
     # E[K_ab^2] = sigma^4 w_i^2 w_j^2 v_a^2 v_b^2 sum_P g_P^4, E_SS ~ (1 - c^2) E_OS, plus the
     # squared mean of K_aa for i = j: (sigma^2 w_i^2 v_a^2 sum_P g_P^2)^2 over D = 2 (e_i - e_a).
-    S = _laplace_sum((w ** 2).numpy(), eps_occ.numpy(), (v ** 2).numpy(), eps_vir.numpy())
-    S_diag = float(((w ** 4)[:, None] * (v ** 4)[None, :] / (2.0 * (eps_occ[:, None] - eps_vir[None, :]))).sum())
+    S = _laplace_sum((w**2).numpy(), eps_occ.numpy(), (v**2).numpy(), eps_vir.numpy())
+    S_diag = float(((w**4)[:, None] * (v**4)[None, :] / (2.0 * (eps_occ[:, None] - eps_vir[None, :]))).sum())
     e_target = ecorr_per_occ * nocc
-    G2, G4 = float((g ** 2).sum()), float((g ** 4).sum())
+    G2, G4 = float((g**2).sum()), float((g**4).sum())
     sigma = (e_target / ((2.0 - c * c) * G4 * S + G2 * G2 * S_diag)) ** 0.25
 
-    sg = sigma * g                                       # (naux,)
-    wv = w[:, None] * v[None, :]                         # (nocc, nvir)
+    sg = sigma * g  # (naux,)
+    wv = w[:, None] * v[None, :]  # (nocc, nvir)
     shared = normal((nvir, naux), seed, stream=_STREAM_B_SHARED) * math.sqrt(c)
     B = torch.empty((nocc, nvir, naux), dtype=dtype, device=device)
     per_i = words_for("normal", nvir * naux)
-    for i in range(nocc):                                # on the host, then one copy per orbital
+    for i in range(nocc):  # on the host, then one copy per orbital
         xi = normal((nvir, naux), seed, i * per_i, stream=_STREAM_B_PAIR)
         sign = 1.0 - 2.0 * (random_bits(naux, seed, i * naux, stream=_STREAM_B_SIGN) & 1).to(torch.float64)
         bi = (xi * math.sqrt(1.0 - c) + shared * sign) * sg
         B[i].copy_((bi * wv[i][:, None]).to(dtype))
-    return SyntheticProblem(B=B, eps_occ=eps_occ.to(device), eps_vir=eps_vir.to(device), seed=int(seed),
-                            e_target=e_target)
+    return SyntheticProblem(
+        B=B, eps_occ=eps_occ.to(device), eps_vir=eps_vir.to(device), seed=int(seed), e_target=e_target
+    )
 
 
 # The generators built on Philox are also reachable as linalg.philox.<name>. They are set on philox

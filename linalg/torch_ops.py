@@ -3,6 +3,7 @@
 Each function states shapes; all take and return torch tensors on one device. Argument
 checks raise ValueError with one line naming the op, the argument and the shapes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,12 +13,12 @@ import torch
 
 from .errors import NotPositiveDefiniteError
 
-PAIR_CHUNK_ELEMS = 1 << 20    # mp2_pair_energy: K elements per chunk (dfmp2.memory plans with it)
-SYRK_MIN_BLOCK = 128          # below 2 blocks of this, a single GEMM is faster than the triangle
-SYRK_MAX_BLOCKS = 8           # 8 block rows: (8 + 1) / 16 = 56% of the full GEMM's flops
-SYRK_MIN_K = 128              # below this the GEMM is memory-bound: halving flops does not pay
-                              # (on a CPU, 1 thread, blocked was slower at small k and faster at
-                              #  large k: scripts/results/docstring-measurements.md)
+PAIR_CHUNK_ELEMS = 1 << 20  # mp2_pair_energy: K elements per chunk (dfmp2.memory plans with it)
+SYRK_MIN_BLOCK = 128  # below 2 blocks of this, a single GEMM is faster than the triangle
+SYRK_MAX_BLOCKS = 8  # 8 block rows: (8 + 1) / 16 = 56% of the full GEMM's flops
+SYRK_MIN_K = 128  # below this the GEMM is memory-bound: halving flops does not pay
+# (on a CPU, 1 thread, blocked was slower at small k and faster at
+#  large k: scripts/results/docstring-measurements.md)
 
 
 def _check_side_uplo(op: str, side: str | None, uplo: str) -> None:
@@ -88,7 +89,7 @@ def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True):
     if len(blocks) == 1:
         c = torch.matmul(A, A.mT)
     else:
-        c = torch.empty((n, n), dtype=A.dtype, device=A.device)    # strict upper part stays unset
+        c = torch.empty((n, n), dtype=A.dtype, device=A.device)  # strict upper part stays unset
         for r0, r1 in blocks:
             c[r0:r1, :r1] = torch.matmul(A[r0:r1], A[:r1].mT)
     if alpha != 1.0:
@@ -123,7 +124,7 @@ def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
     if b.shape[dim] != n:
         raise ValueError(f"trsm: a is {tuple(a.shape)} but b is {tuple(b.shape)} for side={side!r}")
     upper = uplo == "upper"
-    A = a                     # solve_triangular reads only the named triangle (documented)
+    A = a  # solve_triangular reads only the named triangle (documented)
     if trans:
         A, upper = a.mT, not upper
     x = torch.linalg.solve_triangular(A, b, upper=upper, left=(side == "left"), unitriangular=unit_diagonal)
@@ -141,7 +142,8 @@ def cholesky(a):
     if bad > 0:
         raise NotPositiveDefiniteError(
             f"cholesky: the matrix ({tuple(a.shape)}, {a.dtype}) is not positive definite: the leading "
-            f"minor of order {bad} is not positive; use inv_sqrt_spd(method='eigh') for near-singular matrices")
+            f"minor of order {bad} is not positive; use inv_sqrt_spd(method='eigh') for near-singular matrices"
+        )
     return L
 
 
@@ -167,13 +169,31 @@ def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
     nkeep = int(keep.sum())
     v = v[:, keep]
     x = (v * w[keep].rsqrt()) @ v.mT
-    return x, {"method": "eigh", "dropped": int(w.numel() - nkeep), "kept": nkeep, "threshold": threshold,
-               "relative": relative, "cutoff": cutoff, "eig_min": float(w[0]) if w.numel() else math.nan,
-               "eig_max": wmax}
+    return x, {
+        "method": "eigh",
+        "dropped": int(w.numel() - nkeep),
+        "kept": nkeep,
+        "threshold": threshold,
+        "relative": relative,
+        "cutoff": cutoff,
+        "eig_min": float(w[0]) if w.numel() else math.nan,
+        "eig_max": wmax,
+    }
 
 
-def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
-                    max_block_elems=PAIR_CHUNK_ELEMS, matmul=torch.matmul, serial=contextlib.nullcontext):
+def mp2_pair_energy(
+    Bi,
+    Bj,
+    eps_i,
+    eps_j,
+    eps_vir,
+    *,
+    symmetric=False,
+    eps_vir_j=None,
+    max_block_elems=PAIR_CHUNK_ELEMS,
+    matmul=torch.matmul,
+    serial=contextlib.nullcontext,
+):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (see Backend contract).
 
     ``eps_vir_j`` (nvir_j,): i and j have different spins (UMP2's alpha-beta block): Bj is
@@ -204,21 +224,21 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
     ei, ej = eps_i.to(device=dev, dtype=f64), eps_j.to(device=dev, dtype=f64)
     ev = eps_vir.to(device=dev, dtype=f64)
     evj = eps_vir_j.to(device=dev, dtype=f64) if mixed else ev
-    bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvj)       # a view when Bj comes from Bt
+    bj2 = Bj.permute(2, 0, 1).reshape(naux, nj * nvj)  # a view when Bj comes from Bt
     jchunk = max(1, max_block_elems // max(1, nvir * nvj))
 
     def row(i):
         e_os = torch.zeros((), dtype=f64, device=dev)
         e_ss = torch.zeros((), dtype=f64, device=dev)
         jend = i + 1 if symmetric else nj
-        e_ia = ei[i] - ev                                            # (a,)
+        e_ia = ei[i] - ev  # (a,)
         for j0 in range(0, jend, jchunk):
             j1 = min(jend, j0 + jchunk)
-            K = matmul(Bi[i], bj2[:, j0 * nvj:j1 * nvj]).view(nvir, j1 - j0, nvj)
+            K = matmul(Bi[i], bj2[:, j0 * nvj : j1 * nvj]).view(nvir, j1 - j0, nvj)
             D = (e_ia[:, None, None] + (ej[j0:j1, None] - evj[None, :])).to(K.dtype)  # (a, j, b)
             Kd = K / D
             os_ = (K * Kd).sum(dim=(0, 2), dtype=f64)
-            if mixed:                   # alpha-beta: no exchange term
+            if mixed:  # alpha-beta: no exchange term
                 e_os += os_.sum()
                 continue
             ss_ = os_ - (Kd * K.permute(2, 1, 0)).sum(dim=(0, 2), dtype=f64)
@@ -236,7 +256,8 @@ def mp2_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j
         rows = [row(i) for i in range(ni)]
     else:
         from concurrent.futures import ThreadPoolExecutor
-        order = sorted(range(ni), key=lambda i: -(i + 1 if symmetric else nj))   # longest rows first
+
+        order = sorted(range(ni), key=lambda i: -(i + 1 if symmetric else nj))  # longest rows first
         with serial():
             torch.set_num_threads(1)
             try:
@@ -260,7 +281,8 @@ def check_pair_shapes(op: str, Bi, Bj, symmetric: bool, mixed: bool) -> None:
     if Bi.ndim != 3 or Bj.ndim != 3:
         raise ValueError(f"{op}: Bi and Bj must be (n, nvir, naux), got {tuple(Bi.shape)} and {tuple(Bj.shape)}")
     if (Bj.shape[2] != Bi.shape[2]) if mixed else (Bj.shape[1:] != Bi.shape[1:]):
-        raise ValueError(f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in "
-                         f"{'naux' if mixed else '(nvir, naux)'}")
+        raise ValueError(
+            f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in {'naux' if mixed else '(nvir, naux)'}"
+        )
     if symmetric and (mixed or Bj.shape[0] != Bi.shape[0]):
         raise ValueError(f"{op}: symmetric=True needs Bj to be Bi (same spin)")

@@ -15,6 +15,7 @@ GEMMs (max of the two), the redistribution of (P|ia) does not overlap anything.
     python scripts/bench_distributed.py --waters 1 --ranks 2 --threads 2 --occ-block-max 2   # a tiny check
     python scripts/bench_distributed.py --model-only
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,14 @@ PER_WATER = {"nbasis": 24, "nocc": 5, "naux": 84, "naux_jk": 116}
 #                 the sockets through gloo's TCP loopback ~5 GB/s; 100 Gb/s Ethernet per node
 #                 (12.5 GB/s, ~10 usable) shared by its 2 ranks.
 NODES = {
-    "8xH100 NVLink + 400 Gb/s IB": {"flops": 50e12, "per_node": 8, "intra_bw": 300e9, "inter_bw": 40e9,
-                                    "memory": 80e9},
-    "2-socket CPU, 100 Gb/s Ethernet": {"flops": 1.5e12, "per_node": 2, "intra_bw": 5e9, "inter_bw": 5e9,
-                                        "memory": 256e9},
+    "8xH100 NVLink + 400 Gb/s IB": {"flops": 50e12, "per_node": 8, "intra_bw": 300e9, "inter_bw": 40e9, "memory": 80e9},
+    "2-socket CPU, 100 Gb/s Ethernet": {
+        "flops": 1.5e12,
+        "per_node": 2,
+        "intra_bw": 5e9,
+        "inter_bw": 5e9,
+        "memory": 256e9,
+    },
 }
 
 
@@ -54,8 +59,17 @@ def shapes_of(waters: int, frozen: bool = False) -> dict:
     return s
 
 
-def comm_model(s: dict, ranks: int, *, occ_block: int, scf_cycles: int, itemsize: int = 8,
-               split_scf: bool = True, spins: int = 1, pia_rows: list | None = None) -> dict:
+def comm_model(
+    s: dict,
+    ranks: int,
+    *,
+    occ_block: int,
+    scf_cycles: int,
+    itemsize: int = 8,
+    split_scf: bool = True,
+    spins: int = 1,
+    pia_rows: list | None = None,
+) -> dict:
     """Bytes all ranks hand to torch.distributed per stage (what dfmp2.distributed counts: the
     tensor each rank sends or all-reduces), for closed shells:
 
@@ -75,11 +89,12 @@ def comm_model(s: dict, ranks: int, *, occ_block: int, scf_cycles: int, itemsize
     nblk = -(-nocc // occ_block)
     npairs = nblk * (nblk + 1) // 2
     rows = pia_rows or [naux / n] * n
-    cols = [sum(min(nocc, (k + 1) * occ_block) - k * occ_block for k in range(r * nblk // n, (r + 1) * nblk // n))
-            * nvir for r in range(n)]
+    cols = [
+        sum(min(nocc, (k + 1) * occ_block) - k * occ_block for k in range(r * nblk // n, (r + 1) * nblk // n)) * nvir
+        for r in range(n)
+    ]
     sent = sum(rows[r] * (nocc * nvir - cols[r]) * 8 for r in range(n))
-    out = {"transform": sent + n * n * 8,
-           "pair": (n // 2) * b + n * npairs * 2 * 8}
+    out = {"transform": sent + n * n * 8, "pair": (n // 2) * b + n * npairs * 2 * 8}
     factor = s["naux_jk"] * nao * (nao + 1) // 2 * 8
     jk = n * (scf_cycles + 2) * (1 + spins) * nao * nao * 8
     out["scf"] = ((n - 1) * factor + jk + n * (nao * nao + nao) * 8) if split_scf else 0
@@ -92,8 +107,12 @@ def run_one(xyz: Path, ranks: int, threads: int, extra: list, workdir: Path, tim
     cmd = [sys.executable, "-m", "dfmp2", "run", str(xyz), "--basis", "cc-pvdz", "--json", str(out), "-q", *extra]
     if ranks > 1:
         cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
@@ -112,35 +131,62 @@ def measured(waters: int, ranks: int, threads: int, extra: list, timeout: int, r
     xyz = CLUSTERS / f"h2o_{waters:02d}.xyz"
     ones, manys = [], []
     with tempfile.TemporaryDirectory(prefix="dfmp2-bench-dist-") as tmp:
-        for _ in range(repeats):                 # interleaved; per stage the best of the repeats
+        for _ in range(repeats):  # interleaved; per stage the best of the repeats
             ones.append(run_one(xyz, 1, threads, extra, Path(tmp), timeout))
             manys.append(run_one(xyz, ranks, 1, extra, Path(tmp), timeout))
     one, many = _best(ones), _best(manys)
     d = many["ran"]["distributed"]
     sh = many["shapes"]
-    s = {"naux": sh["naux"], "nocc": sh["nocc"], "nvir": sh["nvir"], "nbasis": sh["nbasis"],
-         "naux_jk": many["memory"]["shapes"].get("naux_jk", 0)}
-    model = comm_model(s, ranks, occ_block=many["memory"]["occ_block"], pia_rows=d["pia_rows_per_rank"],
-                       scf_cycles=many["ran"]["scf"]["iterations"], split_scf=d["scf"] == "split")
+    s = {
+        "naux": sh["naux"],
+        "nocc": sh["nocc"],
+        "nvir": sh["nvir"],
+        "nbasis": sh["nbasis"],
+        "naux_jk": many["memory"]["shapes"].get("naux_jk", 0),
+    }
+    model = comm_model(
+        s,
+        ranks,
+        occ_block=many["memory"]["occ_block"],
+        pia_rows=d["pia_rows_per_rank"],
+        scf_cycles=many["ran"]["scf"]["iterations"],
+        split_scf=d["scf"] == "split",
+    )
     stages = {}
     for st in STAGES:
         a, b = one["timings"].get(st), many["timings"].get(st)
         if a is not None or b is not None:
-            stages[st] = {"1rank_s": a, f"{ranks}ranks_s": b,
-                          "ratio_1rank_over_nranks": (a / b) if a and b else None}
-    comm = {st: {"measured_bytes": d["comm_bytes_all_ranks"].get(st, 0), "model_bytes": round(model[st]),
-                 "measured_over_model": d["comm_bytes_all_ranks"].get(st, 0) / model[st] if model[st] else None,
-                 "rank0_seconds": d["comm_rank0"].get(st, {}).get("seconds")}
-            for st in model}
+            stages[st] = {"1rank_s": a, f"{ranks}ranks_s": b, "ratio_1rank_over_nranks": (a / b) if a and b else None}
+    comm = {
+        st: {
+            "measured_bytes": d["comm_bytes_all_ranks"].get(st, 0),
+            "model_bytes": round(model[st]),
+            "measured_over_model": d["comm_bytes_all_ranks"].get(st, 0) / model[st] if model[st] else None,
+            "rank0_seconds": d["comm_rank0"].get(st, {}).get("seconds"),
+        }
+        for st in model
+    }
     e1, en = one["energies"], many["energies"]
-    return {"waters": waters, "ranks": ranks, "threads_1rank": threads, "threads_per_rank": 1,
-            "scf_over_ranks": d["scf"], "stages": stages, "wall_1rank_s": one["wall_s"],
-            f"wall_{ranks}ranks_s": many["wall_s"], "comm": comm, "B_bytes_per_rank": d["B_bytes_per_rank"],
-            "devices": d["devices"], "backend": d["backend"],
-            "e_os_equal": en["e_corr_os"] == e1["e_corr_os"], "e_ss_equal": en["e_corr_ss"] == e1["e_corr_ss"],
-            "d_e_hf": en["e_hf"] - e1["e_hf"], "d_e_os": en["e_corr_os"] - e1["e_corr_os"],
-            "ran_1rank": {k: one["ran"].get(k) for k in ("device", "engine", "threads", "cpu_blas", "pair_path")},
-            "ran_nranks": {k: many["ran"].get(k) for k in ("device", "engine", "threads", "cpu_blas", "pair_path")}}
+    return {
+        "waters": waters,
+        "ranks": ranks,
+        "threads_1rank": threads,
+        "threads_per_rank": 1,
+        "scf_over_ranks": d["scf"],
+        "stages": stages,
+        "wall_1rank_s": one["wall_s"],
+        f"wall_{ranks}ranks_s": many["wall_s"],
+        "comm": comm,
+        "B_bytes_per_rank": d["B_bytes_per_rank"],
+        "devices": d["devices"],
+        "backend": d["backend"],
+        "e_os_equal": en["e_corr_os"] == e1["e_corr_os"],
+        "e_ss_equal": en["e_corr_ss"] == e1["e_corr_ss"],
+        "d_e_hf": en["e_hf"] - e1["e_hf"],
+        "d_e_os": en["e_corr_os"] - e1["e_corr_os"],
+        "ran_1rank": {k: one["ran"].get(k) for k in ("device", "engine", "threads", "cpu_blas", "pair_path")},
+        "ran_nranks": {k: many["ran"].get(k) for k in ("device", "engine", "threads", "cpu_blas", "pair_path")},
+    }
 
 
 def model_row(node: str, waters: int, ranks: int, occ_block: int = 16) -> dict:
@@ -148,15 +194,16 @@ def model_row(node: str, waters: int, ranks: int, occ_block: int = 16) -> dict:
     nd, s = NODES[node], shapes_of(waters)
     naux, nocc, nvir, nao = s["naux"], s["nocc"], s["nvir"], s["nbasis"]
     b = naux * nocc * nvir * 8
-    pair_flops = naux * nocc * nocc * nvir * nvir          # 2 n_i n_j nvir^2 naux over pairs I >= J
+    pair_flops = naux * nocc * nocc * nvir * nvir  # 2 n_i n_j nvir^2 naux over pairs I >= J
     transform_flops = 2 * naux * nao * nao * nocc + 2 * naux * nao * nocc * nvir + naux * naux * nocc * nvir
     bw = nd["intra_bw"] if ranks <= nd["per_node"] else nd["inter_bw"]
     comm = comm_model(s, ranks, occ_block=occ_block, scf_cycles=0, split_scf=False)
     # the pair step's balance as the code shares it out (dfmp2.mp2.dist.assigned): occupied blocks
     # of occ_block orbitals; a rank that owns no block computes no pair
     from dfmp2 import distributed
-    from dfmp2.mp2 import dist as mp2_dist
     from dfmp2.df.outofcore import OccBlocks
+    from dfmp2.mp2 import dist as mp2_dist
+
     blocks = OccBlocks(nocc, nvir, naux, occ_block)
     who = mp2_dist.assigned(blocks, ranks)
     load = [0.0] * ranks
@@ -165,17 +212,30 @@ def model_row(node: str, waters: int, ranks: int, occ_block: int = 16) -> dict:
     busiest = max(load) / sum(load)
     share = max(len(mp2_dist.owned(blocks.count, distributed.World(rank=r, size=ranks))) for r in range(ranks))
     t_pair = pair_flops * busiest / nd["flops"]
-    t_ring = comm["pair"] / ranks / bw                       # each rank sends its part, all at once
+    t_ring = comm["pair"] / ranks / bw  # each rank sends its part, all at once
     t_tr = transform_flops / ranks / nd["flops"]
     t_redis = comm["transform"] / ranks / bw
-    per_rank_b = 3 * b * share / blocks.count                # own share, the held and the received
-    total = max(t_pair, t_ring) + t_tr + t_redis            # the ring's transfers overlap the pair GEMMs
+    per_rank_b = 3 * b * share / blocks.count  # own share, the held and the received
+    total = max(t_pair, t_ring) + t_tr + t_redis  # the ring's transfers overlap the pair GEMMs
     one = (pair_flops + transform_flops) / nd["flops"]
-    return {"node": node, "waters": waters, "ranks": ranks, "occ_block": occ_block, "occ_blocks": blocks.count,
-            "pair_balance": 1 / (busiest * ranks), "B_GB": b / 1e9, "B_per_rank_GB": per_rank_b / 1e9,
-            "fits": per_rank_b < 0.8 * nd["memory"], "pair_s": t_pair, "ring_s": t_ring, "transform_s": t_tr,
-            "redistribute_s": t_redis, "total_s": total, "speedup_vs_1": one / total,
-            "efficiency": one / total / ranks}
+    return {
+        "node": node,
+        "waters": waters,
+        "ranks": ranks,
+        "occ_block": occ_block,
+        "occ_blocks": blocks.count,
+        "pair_balance": 1 / (busiest * ranks),
+        "B_GB": b / 1e9,
+        "B_per_rank_GB": per_rank_b / 1e9,
+        "fits": per_rank_b < 0.8 * nd["memory"],
+        "pair_s": t_pair,
+        "ring_s": t_ring,
+        "transform_s": t_tr,
+        "redistribute_s": t_redis,
+        "total_s": total,
+        "speedup_vs_1": one / total,
+        "efficiency": one / total / ranks,
+    }
 
 
 def model_table() -> list:
@@ -193,38 +253,56 @@ def model_table() -> list:
 def markdown(meas: list, rows: list) -> str:
     out = ["# Runs over several processes (issue 24)", ""]
     if meas:
-        out += ["## Measured on this machine (CPU, gloo)", "",
-                "Ratio > 1: the N ranks were faster. The energies are bitwise equal only at equal thread counts "
-                "and with the replicated SCF (a BLAS sums in another order on another number of threads); "
-                "tests/system/test_distributed.py checks that at 1 thread per process.", ""]
+        out += [
+            "## Measured on this machine (CPU, gloo)",
+            "",
+            "Ratio > 1: the N ranks were faster. The energies are bitwise equal only at equal thread counts "
+            "and with the replicated SCF (a BLAS sums in another order on another number of threads); "
+            "tests/system/test_distributed.py checks that at 1 thread per process.",
+            "",
+        ]
         for m in meas:
-            out += [f"(H2O){m['waters']}: 1 rank x {m['threads_1rank']} threads vs {m['ranks']} ranks x 1 thread; "
-                    f"SCF over ranks: {m['scf_over_ranks']}; E_OS equal bitwise: {m['e_os_equal']}, "
-                    f"E_SS: {m['e_ss_equal']}, dE(HF) {m['d_e_hf']:.1e} Eh", "",
-                    "| stage | 1 rank / s | N ranks / s | ratio (1 rank / N ranks) |", "|---|---:|---:|---:|"]
+            out += [
+                f"(H2O){m['waters']}: 1 rank x {m['threads_1rank']} threads vs {m['ranks']} ranks x 1 thread; "
+                f"SCF over ranks: {m['scf_over_ranks']}; E_OS equal bitwise: {m['e_os_equal']}, "
+                f"E_SS: {m['e_ss_equal']}, dE(HF) {m['d_e_hf']:.1e} Eh",
+                "",
+                "| stage | 1 rank / s | N ranks / s | ratio (1 rank / N ranks) |",
+                "|---|---:|---:|---:|",
+            ]
             for st, v in m["stages"].items():
                 a, b, r = v["1rank_s"], v[f"{m['ranks']}ranks_s"], v["ratio_1rank_over_nranks"]
-                out.append(f"| {st} | {a if a is None else f'{a:.3f}'} | {b if b is None else f'{b:.3f}'} | "
-                           f"{'' if r is None else f'{r:.2f}'} |")
+                out.append(
+                    f"| {st} | {a if a is None else f'{a:.3f}'} | {b if b is None else f'{b:.3f}'} | "
+                    f"{'' if r is None else f'{r:.2f}'} |"
+                )
             out += ["", "| communication | measured bytes | model bytes | measured / model |", "|---|---:|---:|---:|"]
             for st, v in m["comm"].items():
                 r = v["measured_over_model"]
-                out.append(f"| {st} | {v['measured_bytes']:,} | {v['model_bytes']:,} | {'' if r is None else f'{r:.3f}'} |")
+                out.append(
+                    f"| {st} | {v['measured_bytes']:,} | {v['model_bytes']:,} | {'' if r is None else f'{r:.3f}'} |"
+                )
             out.append("")
-    out += ["## MODEL (not a measurement): the MP2 stage per rank, (H2O)n cc-pVDZ", "",
-            "Assumptions in scripts/bench_distributed.py (NODES); the ring pass overlaps the pair GEMMs "
-            "(total = max(pair, ring) + transform + redistribute); the SCF is not modelled. Pair balance: the "
-            "busiest rank's share of the pair work as the code deals it (dfmp2.mp2.dist.assigned), 1.00 = even; "
-            "smaller occupied blocks (--occ-block-max 4) spread the pairs over more ranks, at a GEMM efficiency "
-            "this model does not charge.", "",
-            "| node | waters | ranks | occ block (blocks) | pair balance | B / GB | B per rank / GB | fits | pair / s | "
-            "ring / s | transform / s | redistribute / s | total / s | speed-up | efficiency |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [
+        "## MODEL (not a measurement): the MP2 stage per rank, (H2O)n cc-pVDZ",
+        "",
+        "Assumptions in scripts/bench_distributed.py (NODES); the ring pass overlaps the pair GEMMs "
+        "(total = max(pair, ring) + transform + redistribute); the SCF is not modelled. Pair balance: the "
+        "busiest rank's share of the pair work as the code deals it (dfmp2.mp2.dist.assigned), 1.00 = even; "
+        "smaller occupied blocks (--occ-block-max 4) spread the pairs over more ranks, at a GEMM efficiency "
+        "this model does not charge.",
+        "",
+        "| node | waters | ranks | occ block (blocks) | pair balance | B / GB | B per rank / GB | fits | pair / s | "
+        "ring / s | transform / s | redistribute / s | total / s | speed-up | efficiency |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        out.append(f"| {r['node']} | {r['waters']} | {r['ranks']} | {r['occ_block']} ({r['occ_blocks']}) | "
-                   f"{r['pair_balance']:.2f} | {r['B_GB']:.1f} | {r['B_per_rank_GB']:.1f} | "
-                   f"{'yes' if r['fits'] else 'no'} | {r['pair_s']:.2f} | {r['ring_s']:.3f} | {r['transform_s']:.3f} | "
-                   f"{r['redistribute_s']:.3f} | {r['total_s']:.2f} | {r['speedup_vs_1']:.1f} | {r['efficiency']:.2f} |")
+        out.append(
+            f"| {r['node']} | {r['waters']} | {r['ranks']} | {r['occ_block']} ({r['occ_blocks']}) | "
+            f"{r['pair_balance']:.2f} | {r['B_GB']:.1f} | {r['B_per_rank_GB']:.1f} | "
+            f"{'yes' if r['fits'] else 'no'} | {r['pair_s']:.2f} | {r['ring_s']:.3f} | {r['transform_s']:.3f} | "
+            f"{r['redistribute_s']:.3f} | {r['total_s']:.2f} | {r['speedup_vs_1']:.1f} | {r['efficiency']:.2f} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -240,9 +318,14 @@ def main(argv=None) -> None:
     ap.add_argument("--model-only", action="store_true")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     a = ap.parse_args(argv)
-    extra = ["--cpu-blas", "torch", "--dist-scf", a.scf] + (["--occ-block-max", str(a.occ_block_max)] if a.occ_block_max else [])
-    meas = [] if a.model_only else [measured(int(w), a.ranks, a.threads, extra, a.timeout, a.repeats)
-                                     for w in a.waters.split(",")]
+    extra = ["--cpu-blas", "torch", "--dist-scf", a.scf] + (
+        ["--occ-block-max", str(a.occ_block_max)] if a.occ_block_max else []
+    )
+    meas = (
+        []
+        if a.model_only
+        else [measured(int(w), a.ranks, a.threads, extra, a.timeout, a.repeats) for w in a.waters.split(",")]
+    )
     rows = model_table()
     md = markdown(meas, rows)
     print(md)

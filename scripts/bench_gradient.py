@@ -13,6 +13,7 @@ the other processes' CPU use while it ran (a shared machine slows both).
 
 Writes scripts/results/bench_gradient_<molecule>[_<tag>].json and .md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from dfmp2 import pipeline  # noqa: E402
+from dfmp2 import pipeline
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model
 from dfmp2.grad import run as gradrun
-from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
-from dfmp2.options import RunOptions  # noqa: E402
-from dfmp2.io.result import software_versions  # noqa: E402
-from dfmp2.io.xyz import read_xyz  # noqa: E402
+from dfmp2.io.result import software_versions
+from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
 
 
 def timed(fn):
@@ -65,8 +66,8 @@ def main(argv=None) -> int:
     geom = read_xyz(a.xyz)
     options = RunOptions(basis=a.basis, frozen_core=a.frozen_core, device=a.device)
     backend = pipeline.make_backend(options)
-    energy = lambda: pipeline.run_geometry(geom, options, backend=backend)                       # noqa: E731
-    gradient = lambda: gradrun.run_gradient(geom, options, method=a.method, backend=backend)     # noqa: E731
+    energy = lambda: pipeline.run_geometry(geom, options, backend=backend)  # noqa: E731
+    gradient = lambda: gradrun.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
     if not a.no_warmup:
         energy(), gradient()
     rows = {"energy": [], "gradient": [], "gradient_stage": []}
@@ -84,28 +85,48 @@ def main(argv=None) -> int:
     ratio = s["gradient"]["median_s"] / s["energy"]["median_s"]
     name = Path(a.xyz).stem
     record = {
-        "molecule": a.xyz, "basis": a.basis, "method": a.method, "frozen_core": a.frozen_core,
+        "molecule": a.xyz,
+        "basis": a.basis,
+        "method": a.method,
+        "frozen_core": a.frozen_core,
         "shapes": {"natm": r.natm, "nbasis": r.nbasis, "nocc": r.nocc, "nvir": r.nvir, "naux": r.naux},
-        "times": s, "ratio_gradient_over_energy": ratio,
+        "times": s,
+        "ratio_gradient_over_energy": ratio,
         "ratio_gradient_stage_over_energy": s["gradient_stage"]["median_s"] / s["energy"]["median_s"],
-        "gradient_stage_parts_s": parts, "other_cpu": other,
-        "ran": {"device": r.ran["device"], "engine": r.ran["engine"], "precision": r.ran["precision"],
-                "reference": "UHF" if r.spin else "RHF",
-                "gradient": {"stage": "dfmp2.grad.uhf" if r.spin else "dfmp2.grad.rhf",
-                             **gr.parts.to_dict()["ran"]}},         # the stage's own record of what ran where
-        "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.node(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": software_versions(),
+        "gradient_stage_parts_s": parts,
+        "other_cpu": other,
+        "ran": {
+            "device": r.ran["device"],
+            "engine": r.ran["engine"],
+            "precision": r.ran["precision"],
+            "reference": "UHF" if r.spin else "RHF",
+            "gradient": {"stage": "dfmp2.grad.uhf" if r.spin else "dfmp2.grad.rhf", **gr.parts.to_dict()["ran"]},
+        },  # the stage's own record of what ran where
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_model(),
+        "machine": platform.node(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": software_versions(),
     }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_gradient_{name}" + (f"_{a.tag}" if a.tag else "")
     (out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
-    md = [f"# gradient vs energy: {name} / {a.basis} ({a.method}{', frozen core' if a.frozen_core else ''})", "",
-          f"{record['date']}, {record['cpu']}, {record['threads']} threads, device {r.ran['device']}", "",
-          "| run | median / s | min / s | max / s |", "|---|---|---|---|"]
+    md = [
+        f"# gradient vs energy: {name} / {a.basis} ({a.method}{', frozen core' if a.frozen_core else ''})",
+        "",
+        f"{record['date']}, {record['cpu']}, {record['threads']} threads, device {r.ran['device']}",
+        "",
+        "| run | median / s | min / s | max / s |",
+        "|---|---|---|---|",
+    ]
     md += [f"| {k} | {v['median_s']:.3f} | {v['min_s']:.3f} | {v['max_s']:.3f} |" for k, v in s.items()]
-    md += ["", f"gradient / energy = {ratio:.2f} (the gradient stage alone: "
-               f"{record['ratio_gradient_stage_over_energy']:.2f} energies)", ""]
+    md += [
+        "",
+        f"gradient / energy = {ratio:.2f} (the gradient stage alone: "
+        f"{record['ratio_gradient_stage_over_energy']:.2f} energies)",
+        "",
+    ]
     (out / f"{stem}.md").write_text("\n".join(md))
     print("\n".join(md))
     print(f"wrote {out / stem}.json and .md")

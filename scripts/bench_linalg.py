@@ -22,6 +22,7 @@ The timer, the GEMM peak, the op cases with their flop counts and baselines are 
 script only chooses square-ish shapes and writes its own table. For per-shape DF-MP2 reports
 (with PySCF baselines, water clusters and Trainium estimates) use ``dfmp2 bench``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,6 @@ import os
 import platform
 import sys
 from pathlib import Path
-
 
 # Default shapes: small/odd sizes, DF-MP2-like rectangular ones, and a few large squares.
 SHAPES = {
@@ -42,12 +42,19 @@ SHAPES = {
     "inv_sqrt_newton_schulz": [(500,), (1000,)],
     "mp2_pair_energy": [(16, 200, 600)],
 }
-QUICK = {"gemm": [(1, 1, 1), (127, 129, 131), (256, 256, 256)], "syrk": [(300, 40)], "trsm": [(200, 100)],
-         "cholesky": [(200,)], "inv_sqrt_eigh": [(100,)], "inv_sqrt_newton_schulz": [(100,)],
-         "mp2_pair_energy": [(4, 30, 60)]}
+QUICK = {
+    "gemm": [(1, 1, 1), (127, 129, 131), (256, 256, 256)],
+    "syrk": [(300, 40)],
+    "trsm": [(200, 100)],
+    "cholesky": [(200,)],
+    "inv_sqrt_eigh": [(100,)],
+    "inv_sqrt_newton_schulz": [(100,)],
+    "mp2_pair_energy": [(4, 30, 60)],
+}
 BASELINE_NOTES = {
     "inv_sqrt_newton_schulz": "baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)",
-    "mp2_pair_energy": "torch baseline: one einsum over all nocc^2 pairs (no i >= j symmetry)"}
+    "mp2_pair_energy": "torch baseline: one einsum over all nocc^2 pairs (no i >= j symmetry)",
+}
 
 
 def main(argv=None):
@@ -58,15 +65,28 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="minimum timed repeats")
     ap.add_argument("--min-time", type=float, default=0.3, help="keep repeating until this many seconds")
-    ap.add_argument("--peak-n", type=int, default=None, help="size of the square GEMM for the peak (cpu 2048, cuda 8192)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="BLAS/torch threads for all columns (default: the libraries' defaults)")
+    ap.add_argument(
+        "--peak-n", type=int, default=None, help="size of the square GEMM for the peak (cpu 2048, cuda 8192)"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="BLAS/torch threads for all columns (default: the libraries' defaults)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     ap.add_argument("--out", default=None, help="output prefix (default scripts/results/bench_linalg_<device>)")
-    ap.add_argument("--blas", action="store_true",
-                    help="torch's BLAS vs numpy's OpenBLAS at large and DF-MP2 shapes (see the docstring)")
-    ap.add_argument("--rerender", metavar="JSON", default=None,
-                    help="only recompute derived columns of a saved result and rewrite its .json/.md")
+    ap.add_argument(
+        "--blas",
+        action="store_true",
+        help="torch's BLAS vs numpy's OpenBLAS at large and DF-MP2 shapes (see the docstring)",
+    )
+    ap.add_argument(
+        "--rerender",
+        metavar="JSON",
+        default=None,
+        help="only recompute derived columns of a saved result and rewrite its .json/.md",
+    )
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(args.rerender)
@@ -78,17 +98,20 @@ def main(argv=None):
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[var] = str(args.threads)
     import torch
+
     from dfmp2 import linalg
-    from dfmp2.benchmarks import ops as bops, timing
+    from dfmp2.benchmarks import ops as bops
+    from dfmp2.benchmarks import timing
+
     if args.threads:
         torch.set_num_threads(args.threads)
     DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
     try:
-        be = linalg.get_backend(args.device)     # before any work: a device that cannot run is one line
+        be = linalg.get_backend(args.device)  # before any work: a device that cannot run is one line
     except (linalg.DeviceUnavailableError, ValueError) as e:
         raise SystemExit(f"bench_linalg: {e}") from None
-    on_cpu = be.caps.is_host                 # host baselines (scipy) time this same device
+    on_cpu = be.caps.is_host  # host baselines (scipy) time this same device
     timer = timing.Timer(be.synchronize, args.warmup, args.repeats, args.min_time)
     shapes = QUICK if args.quick else SHAPES
     ops = [o for o in args.ops.split(",") if o]
@@ -96,13 +119,26 @@ def main(argv=None):
         if o not in SHAPES:
             raise SystemExit(f"unknown op {o!r}; choose from {', '.join(SHAPES)}")
     v = timing.versions()
-    meta = {"date": timing.now(), "device": args.device,
-            "backend": be.describe(), "torch": v["torch"], "torch_blas": v["torch_blas"],
-            "torch_threads": torch.get_num_threads(), "numpy": v["numpy"], "scipy": v["scipy"],
-            "scipy_blas": v["scipy_blas"], "cpu": timing.cpu_model(), "python": platform.python_version(),
-            "host": platform.node(), "command": " ".join(["python", "scripts/bench_linalg.py"] + (argv or sys.argv[1:])),
-            "warmup": args.warmup, "min_repeats": args.repeats, "min_time_s": args.min_time,
-            "load_average_before": os.getloadavg(), "cpu_count": os.cpu_count()}
+    meta = {
+        "date": timing.now(),
+        "device": args.device,
+        "backend": be.describe(),
+        "torch": v["torch"],
+        "torch_blas": v["torch_blas"],
+        "torch_threads": torch.get_num_threads(),
+        "numpy": v["numpy"],
+        "scipy": v["scipy"],
+        "scipy_blas": v["scipy_blas"],
+        "cpu": timing.cpu_model(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "command": " ".join(["python", "scripts/bench_linalg.py"] + (argv or sys.argv[1:])),
+        "warmup": args.warmup,
+        "min_repeats": args.repeats,
+        "min_time_s": args.min_time,
+        "load_average_before": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+    }
     if "gpu" in meta["backend"]:
         meta["gpu"] = meta["backend"]["gpu"]
     print(json.dumps(meta, indent=1), flush=True)
@@ -130,8 +166,11 @@ def main(argv=None):
                 bops.derive(row, peaks[dname]["gflops"], columns=("linalg", "torch", "scipy"))
                 rows.append(row)
                 r = row["linalg"]
-                print(f"{dname} {op:24s} {str(tuple(shape)):18s} {r['median_s'] * 1e3:9.3f} ms  "
-                      f"{r['gflops']:8.2f} GFLOP/s  {r['pct_peak']:5.1f}% peak", flush=True)
+                print(
+                    f"{dname} {op:24s} {str(tuple(shape)):18s} {r['median_s'] * 1e3:9.3f} ms  "
+                    f"{r['gflops']:8.2f} GFLOP/s  {r['pct_peak']:5.1f}% peak",
+                    flush=True,
+                )
     meta["kernels"] = be.describe()["kernels"]
     meta["load_average_after"] = os.getloadavg()
 
@@ -152,8 +191,9 @@ def blas_shapes(quick: bool = False) -> list[tuple]:
     @ (nao, nb*nao) and its SYRK over k = nocc*nb for nb = jk.jk_block; the transform
     (naux*nao, nao) @ (nao, nocc) and (naux*nocc, nao) @ (nao, nvir)."""
     from dfmp2 import memory
-    from dfmp2.scf import jk
     from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
+    from dfmp2.scf import jk
+
     if quick:
         return [("cube 256", "gemm", 256, 256, 256, None), ("pair quick", "gemm", 40, 120, 160, 1)]
     rows = [(f"cube {n}", "gemm", n, n, n, None) for n in (2000, 3000, 4000)]
@@ -163,33 +203,54 @@ def blas_shapes(quick: bool = False) -> list[tuple]:
         cols = min(memory.OCC_BLOCK_MAX, PAIR_CHUNK_ELEMS // (nvir * nvir)) * nvir
         nb = min(naux_jk, jk.jk_block(nao, naux_jk, 8))
         tag = f"(H2O){nw}"
-        rows += [(f"{tag} pair K_ij", "gemm", nvir, cols, naux, 1),
-                 (f"{tag} SCF K: Z = C^T B", "gemm", nocc, nb * nao, nao, None),
-                 (f"{tag} SCF K: Z^T Z", "syrk", nao, nao, nocc * nb, None),
-                 (f"{tag} transform (P mu|i)", "gemm", naux * nao, nocc, nao, None),
-                 (f"{tag} transform (P i|a)", "gemm", naux * nocc, nvir, nao, None)]
+        rows += [
+            (f"{tag} pair K_ij", "gemm", nvir, cols, naux, 1),
+            (f"{tag} SCF K: Z = C^T B", "gemm", nocc, nb * nao, nao, None),
+            (f"{tag} SCF K: Z^T Z", "syrk", nao, nao, nocc * nb, None),
+            (f"{tag} transform (P mu|i)", "gemm", naux * nao, nocc, nao, None),
+            (f"{tag} transform (P i|a)", "gemm", naux * nocc, nvir, nao, None),
+        ]
     return rows
 
 
 def blas_main(args, argv):
     """--blas: best-of-N GEMM/SYRK of both libraries per shape and dtype, with the probe's pick."""
     import time
+
     import torch
+
     from dfmp2.benchmarks import timing
     from dfmp2.linalg import cpu_blas, torch_ops
+
     v = timing.versions()
     threads = torch.get_num_threads()
     table, source, _ = cpu_blas.CpuBlas("auto").table()
     from threadpoolctl import threadpool_info
-    meta = {"date": timing.now(), "cpu": timing.cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": threads,
-            "torch": v["torch"], "torch_blas": cpu_blas.torch_blas_info(), "numpy": v["numpy"],
-            "openblas": cpu_blas.numpy_blas_info(), "threadpool_info": threadpool_info(),
-            "probe": {"source": source, "seconds": table["seconds"], "date": table["date"],
-                      "cache": str(cpu_blas.cache_path())},
-            "command": " ".join(["python", "scripts/bench_linalg.py"] + list(argv if argv is not None else sys.argv[1:])),
-            "repeats": args.repeats, "load_average_before": os.getloadavg()}
-    print(json.dumps({k: meta[k] for k in ("date", "cpu", "torch_threads", "torch_blas", "openblas", "probe")},
-                     indent=1), flush=True)
+
+    meta = {
+        "date": timing.now(),
+        "cpu": timing.cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "torch": v["torch"],
+        "torch_blas": cpu_blas.torch_blas_info(),
+        "numpy": v["numpy"],
+        "openblas": cpu_blas.numpy_blas_info(),
+        "threadpool_info": threadpool_info(),
+        "probe": {
+            "source": source,
+            "seconds": table["seconds"],
+            "date": table["date"],
+            "cache": str(cpu_blas.cache_path()),
+        },
+        "command": " ".join(["python", "scripts/bench_linalg.py"] + list(argv if argv is not None else sys.argv[1:])),
+        "repeats": args.repeats,
+        "load_average_before": os.getloadavg(),
+    }
+    print(
+        json.dumps({k: meta[k] for k in ("date", "cpu", "torch_threads", "torch_blas", "openblas", "probe")}, indent=1),
+        flush=True,
+    )
     rows = []
     for name, op, m, n, k, nt in blas_shapes(args.quick):
         for dname, dtype in (("fp64", torch.float64), ("fp32", torch.float32)):
@@ -197,17 +258,21 @@ def blas_main(args, argv):
             A = torch.rand((k, n) if op == "syrk" else (m, k), generator=g, dtype=dtype)
             B = A if op == "syrk" else torch.rand((k, n), generator=g, dtype=dtype)
             out = torch.empty((m, n), dtype=dtype)
-            fns = {"torch": (lambda: torch_ops.syrk(A, trans=True)) if op == "syrk" else
-                   (lambda: torch.matmul(A, B, out=out)),
-                   "openblas": (lambda: cpu_blas.openblas_matmul(A.mT, A, out)) if op == "syrk" else
-                   (lambda: cpu_blas.openblas_matmul(A, B, out))}
+            fns = {
+                "torch": (lambda: torch_ops.syrk(A, trans=True))
+                if op == "syrk"
+                else (lambda: torch.matmul(A, B, out=out)),
+                "openblas": (lambda: cpu_blas.openblas_matmul(A.mT, A, out))
+                if op == "syrk"
+                else (lambda: cpu_blas.openblas_matmul(A, B, out)),
+            }
             best = {lib: float("inf") for lib in fns}
             torch.set_num_threads(nt or threads)
             cpu_blas._THREADS.sync(nt or threads)
             try:
                 for fn in fns.values():
                     fn()
-                for _ in range(args.repeats):          # interleaved: load hits both libraries alike
+                for _ in range(args.repeats):  # interleaved: load hits both libraries alike
                     for lib, fn in fns.items():
                         t0 = time.perf_counter()
                         fn()
@@ -218,14 +283,27 @@ def blas_main(args, argv):
             flops = 2.0 * m * n * k
             kind = "pair" if nt == 1 else op
             pick = cpu_blas.CpuBlas("auto").library(kind, dtype, flops)
-            row = {"name": name, "op": op, "m": m, "n": n, "k": k, "threads": nt or threads, "dtype": dname,
-                   "flops": flops, "seconds": best, "gflops": {lib: flops / t / 1e9 for lib, t in best.items()},
-                   "faster": min(best, key=best.get), "probe_class": cpu_blas.entry(kind, dtype, cpu_blas.size_class(flops)),
-                   "probe_pick": pick}
+            row = {
+                "name": name,
+                "op": op,
+                "m": m,
+                "n": n,
+                "k": k,
+                "threads": nt or threads,
+                "dtype": dname,
+                "flops": flops,
+                "seconds": best,
+                "gflops": {lib: flops / t / 1e9 for lib, t in best.items()},
+                "faster": min(best, key=best.get),
+                "probe_class": cpu_blas.entry(kind, dtype, cpu_blas.size_class(flops)),
+                "probe_pick": pick,
+            }
             rows.append(row)
-            print(f"{name:28s} {op} {m}x{n}x{k} {dname} t={row['threads']}: torch {row['gflops']['torch']:7.1f}  "
-                  f"openblas {row['gflops']['openblas']:7.1f} GF/s  faster {row['faster']:8s} probe picks {pick}",
-                  flush=True)
+            print(
+                f"{name:28s} {op} {m}x{n}x{k} {dname} t={row['threads']}: torch {row['gflops']['torch']:7.1f}  "
+                f"openblas {row['gflops']['openblas']:7.1f} GF/s  faster {row['faster']:8s} probe picks {pick}",
+                flush=True,
+            )
     meta["load_average_after"] = os.getloadavg()
     prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "bench_blas_cpu"
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -236,25 +314,33 @@ def blas_main(args, argv):
 
 def blas_markdown(meta, rows) -> str:
     ob, tb = meta["openblas"] or {}, meta["torch_blas"]
-    lines = ["# torch's BLAS vs numpy's OpenBLAS", "",
-             f"`{meta['command']}` on {meta['date']}: {meta['cpu']} ({meta['cpu_count']} CPUs), torch "
-             f"{meta['torch']} ({tb['library']} {tb['version']}), numpy {meta['numpy']} (OpenBLAS {ob.get('version')}, "
-             f"core type {ob.get('architecture')}, {ob.get('threading_layer')}), {meta['torch_threads']} threads. "
-             f"Load average before/after: {meta['load_average_before'][0]:.1f} / {meta['load_average_after'][0]:.1f}. "
-             f"Probe table: {meta['probe']['source']} ({meta['probe']['seconds']} s on {meta['probe']['date']}).", "",
-             "Best of the repeats, both libraries interleaved; GF/s = 2mnk / time (SYRK: of the full product).", "",
-             "| shape | op | m x n x k | dtype | threads | torch GF/s | OpenBLAS GF/s | faster | probe class | probe picks |",
-             "|---|---|---|---|---:|---:|---:|---|---|---|"]
+    lines = [
+        "# torch's BLAS vs numpy's OpenBLAS",
+        "",
+        f"`{meta['command']}` on {meta['date']}: {meta['cpu']} ({meta['cpu_count']} CPUs), torch "
+        f"{meta['torch']} ({tb['library']} {tb['version']}), numpy {meta['numpy']} (OpenBLAS {ob.get('version')}, "
+        f"core type {ob.get('architecture')}, {ob.get('threading_layer')}), {meta['torch_threads']} threads. "
+        f"Load average before/after: {meta['load_average_before'][0]:.1f} / {meta['load_average_after'][0]:.1f}. "
+        f"Probe table: {meta['probe']['source']} ({meta['probe']['seconds']} s on {meta['probe']['date']}).",
+        "",
+        "Best of the repeats, both libraries interleaved; GF/s = 2mnk / time (SYRK: of the full product).",
+        "",
+        "| shape | op | m x n x k | dtype | threads | torch GF/s | OpenBLAS GF/s | faster | probe class | probe picks |",
+        "|---|---|---|---|---:|---:|---:|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['op']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | {r['threads']} | "
-                     f"{r['gflops']['torch']:.1f} | {r['gflops']['openblas']:.1f} | {r['faster']} | "
-                     f"{r['probe_class']} | {r['probe_pick']} |")
+        lines.append(
+            f"| {r['name']} | {r['op']} | {r['m']}x{r['n']}x{r['k']} | {r['dtype']} | {r['threads']} | "
+            f"{r['gflops']['torch']:.1f} | {r['gflops']['openblas']:.1f} | {r['faster']} | "
+            f"{r['probe_class']} | {r['probe_pick']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def rerender(path: str):
     """Recompute the derived columns of a saved JSON and rewrite it and its .md (no timing)."""
     from dfmp2.benchmarks import ops as bops
+
     data = json.loads(Path(path).read_text())
     for row in data["rows"]:
         op, shape = row["op"], row["shape"]
@@ -279,25 +365,34 @@ def markdown(meta, peaks, rows) -> str:
     def g(r):
         return "n/a" if not r else f"{r['gflops']:.2f}"
 
-    lines = ["# linalg micro-benchmark", "",
-             f"`{meta['command']}` on {meta['date']}: {meta.get('gpu', meta['cpu'])}, torch {meta['torch']} "
-             f"({meta['torch_blas']}, threads={meta['torch_threads']}), scipy {meta['scipy']} ({meta['scipy_blas']}); "
-             f"backend {meta['backend']['device']} / {meta['backend']['engine']}. Load average before/after: "
-             f"{meta['load_average_before'][0]:.1f} / {meta['load_average_after'][0]:.1f} on {meta['cpu_count']} CPUs.",
-             "", "Kernels that ran (linalg column): " + ", ".join(f"`{k}` x{v}" for k, v in meta["kernels"].items()),
-             "", "GEMM peak of this run (square torch.matmul, median): " +
-             "; ".join(f"{d}: n={p['n']}, {p['gflops']:.1f} GFLOP/s" for d, p in peaks.items()),
-             "", "Times are medians in ms (min-max in the JSON); GFLOP/s from the op's flop count (see "
-             "dfmp2/benchmarks/ops.py); % peak = linalg GFLOP/s / GEMM peak in the same precision.", "",
-             "| op | shape | dtype | linalg ms | GFLOP/s | % peak | torch ms | torch GFLOP/s | scipy ms | scipy GFLOP/s | note |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "# linalg micro-benchmark",
+        "",
+        f"`{meta['command']}` on {meta['date']}: {meta.get('gpu', meta['cpu'])}, torch {meta['torch']} "
+        f"({meta['torch_blas']}, threads={meta['torch_threads']}), scipy {meta['scipy']} ({meta['scipy_blas']}); "
+        f"backend {meta['backend']['device']} / {meta['backend']['engine']}. Load average before/after: "
+        f"{meta['load_average_before'][0]:.1f} / {meta['load_average_after'][0]:.1f} on {meta['cpu_count']} CPUs.",
+        "",
+        "Kernels that ran (linalg column): " + ", ".join(f"`{k}` x{v}" for k, v in meta["kernels"].items()),
+        "",
+        "GEMM peak of this run (square torch.matmul, median): "
+        + "; ".join(f"{d}: n={p['n']}, {p['gflops']:.1f} GFLOP/s" for d, p in peaks.items()),
+        "",
+        "Times are medians in ms (min-max in the JSON); GFLOP/s from the op's flop count (see "
+        "dfmp2/benchmarks/ops.py); % peak = linalg GFLOP/s / GEMM peak in the same precision.",
+        "",
+        "| op | shape | dtype | linalg ms | GFLOP/s | % peak | torch ms | torch GFLOP/s | scipy ms | scipy GFLOP/s | note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         note = r.get("baseline_note", "")
         if "iterations" in r:
             note = f"{r['iterations']} iterations, residual {r['residual']:.1e}; " + note
-        lines.append(f"| {r['op']} | {'x'.join(map(str, r['shape']))} | {r['dtype']} | {t(r['linalg'])} | "
-                     f"{g(r['linalg'])} | {r['linalg']['pct_peak']:.1f} | {t(r.get('torch'))} | {g(r.get('torch'))} | "
-                     f"{t(r.get('scipy'))} | {g(r.get('scipy'))} | {note} |")
+        lines.append(
+            f"| {r['op']} | {'x'.join(map(str, r['shape']))} | {r['dtype']} | {t(r['linalg'])} | "
+            f"{g(r['linalg'])} | {r['linalg']['pct_peak']:.1f} | {t(r.get('torch'))} | {g(r.get('torch'))} | "
+            f"{t(r.get('scipy'))} | {g(r.get('scipy'))} | {note} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,7 @@ step's cost depends only on the shapes, and a DF-SCF on (H2O)40 (18 GB of JK-fit
 integrals) would dominate the run. The energies are therefore NOT MP2 energies of the molecule.
 'scf' runs the real RHF (slow for large n).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,20 +45,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "inputs"))
 
-from dfmp2 import linalg  # noqa: E402
-from dfmp2.df import outofcore  # noqa: E402
-from dfmp2.df import basis
+from dfmp2 import linalg
+from dfmp2.benchmarks.timing import cpu_model
+from dfmp2.df import basis, outofcore
 from dfmp2.io import molecule
+from dfmp2.io.result import software_versions
+from dfmp2.io.xyz import read_xyz
+from dfmp2.memory import plan_memory
+from dfmp2.mp2.stage import build_B
+from dfmp2.pipeline import _largest_shell
+from dfmp2.provenance import ScfRecord
+from dfmp2.reference import restricted
 from dfmp2.scf import pyscf_scf
-from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
-from dfmp2.memory import plan_memory  # noqa: E402
-from dfmp2.mp2.stage import build_B  # noqa: E402
-from dfmp2.pipeline import _largest_shell  # noqa: E402
-from dfmp2.timing import Timer  # noqa: E402
-from dfmp2.io.result import software_versions  # noqa: E402
-from dfmp2.provenance import ScfRecord  # noqa: E402
-from dfmp2.reference import restricted  # noqa: E402
-from dfmp2.io.xyz import read_xyz  # noqa: E402
+from dfmp2.timing import Timer
 
 GB = 1e9
 
@@ -80,22 +80,40 @@ def gemm_peak(dtype, n=2048, repeats=3) -> dict:
         t0 = time.perf_counter()
         a @ b
         ts.append(time.perf_counter() - t0)
-    return {"n": n, "gflops": 2 * n**3 / statistics.median(ts) / GB, "median_s": statistics.median(ts),
-            "min_s": min(ts), "max_s": max(ts)}
+    return {
+        "n": n,
+        "gflops": 2 * n**3 / statistics.median(ts) / GB,
+        "median_s": statistics.median(ts),
+        "min_s": min(ts),
+        "max_s": max(ts),
+    }
 
 
 def core_orbitals(mol, nocc):
     """Core-Hamiltonian eigenvectors (orthonormal in S) and a fixed, well-separated spread of orbital
     energies (so no denominator is near zero); see the module docstring."""
     import scipy.linalg
+
     h = mol.intor("int1e_kin") + mol.intor("int1e_nuc")
     s = mol.intor("int1e_ovlp")
     _, c = scipy.linalg.eigh(h, s)
     nmo = c.shape[1]
     e = np.concatenate([np.linspace(-1.5, -0.5, nocc), np.linspace(0.2, 3.0, nmo - nocc)])
-    return restricted(c, e, nocc, e_hf=float("nan"), source="given",
-                      scf=ScfRecord(engine="core-guess", reference="RHF", device="host", source="given",
-                                    iterations=None, jk="none (core-Hamiltonian orbitals)"))
+    return restricted(
+        c,
+        e,
+        nocc,
+        e_hf=float("nan"),
+        source="given",
+        scf=ScfRecord(
+            engine="core-guess",
+            reference="RHF",
+            device="host",
+            source="given",
+            iterations=None,
+            jk="none (core-Hamiltonian orbitals)",
+        ),
+    )
 
 
 class TimedStore:
@@ -119,8 +137,11 @@ class TimedStore:
             it.close()
 
 
-LABELS = {"memory": "B in memory", "disk": "B on disk, every read from the disk (page cache dropped)",
-          "warm": "B on disk, page cache warm"}
+LABELS = {
+    "memory": "B in memory",
+    "disk": "B on disk, every read from the disk (page cache dropped)",
+    "warm": "B on disk, page cache warm",
+}
 
 
 def pair_step(store, eps_occ, eps_vir, backend):
@@ -129,11 +150,17 @@ def pair_step(store, eps_occ, eps_vir, backend):
     ts = TimedStore(store)
     loads = []
     c0, t0 = time.thread_time(), time.perf_counter()
-    sums = outofcore.pair_block_sums(ts, eps_occ, eps_vir, backend,
-                                     progress=lambda d, n: loads.append(os.getloadavg()[0]))
+    sums = outofcore.pair_block_sums(
+        ts, eps_occ, eps_vir, backend, progress=lambda d, n: loads.append(os.getloadavg()[0])
+    )
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    return sums, {"pair_s": wall, "wait_for_reads_s": ts.wait_s, "main_thread_cpu_s": cpu,
-                  "load_mean": statistics.mean(loads), "load_max": max(loads)}
+    return sums, {
+        "pair_s": wall,
+        "wait_for_reads_s": ts.wait_s,
+        "main_thread_cpu_s": cpu,
+        "load_mean": statistics.mean(loads),
+        "load_max": max(loads),
+    }
 
 
 def summarise(rec) -> None:
@@ -147,8 +174,10 @@ def summarise(rec) -> None:
     rec["in_memory_mean_s"] = t_mem
     for r in rec["runs"]:
         r["ratio_vs_memory_mean"] = r["pair_s"] / t_mem
-        r["ratio_vs_memory_range"] = [r["pair_s"] / max(x["pair_s"] for x in mem),
-                                      r["pair_s"] / min(x["pair_s"] for x in mem)]
+        r["ratio_vs_memory_range"] = [
+            r["pair_s"] / max(x["pair_s"] for x in mem),
+            r["pair_s"] / min(x["pair_s"] for x in mem),
+        ]
         r["cpu_ratio_vs_memory_mean"] = r["main_thread_cpu_s"] / c_mem
 
 
@@ -163,13 +192,19 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="torch threads [default: torch's]")
     ap.add_argument("--occ-block", type=int, default=None, help="default: the memory plan's")
     ap.add_argument("--scratch", default=None, help="where B's HDF5 file goes [default: temp dir]")
-    ap.add_argument("--runs", default="memory,disk,memory",
-                    help="pair steps in order: memory, disk (cold reads), warm (page cache left alone); "
-                         "the default brackets the out-of-core run by two in-memory runs, so a change in "
-                         "the machine's load during the benchmark shows up")
+    ap.add_argument(
+        "--runs",
+        default="memory,disk,memory",
+        help="pair steps in order: memory, disk (cold reads), warm (page cache left alone); "
+        "the default brackets the out-of-core run by two in-memory runs, so a change in "
+        "the machine's load during the benchmark shows up",
+    )
     ap.add_argument("--previous", nargs="*", default=[], help="earlier result JSON files to keep in the output")
-    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_outofcore_cpu"),
-                    help="output path without suffix (.json and .md are written)")
+    ap.add_argument(
+        "--out",
+        default=str(ROOT / "scripts/results/bench_outofcore_cpu"),
+        help="output path without suffix (.json and .md are written)",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -182,6 +217,7 @@ def main(argv=None):
         label = Path(args.xyz).name
     else:
         from make_water_clusters import xyz_text
+
         with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as tmp:
             (Path(tmp) / f"h2o_{args.waters:02d}.xyz").write_text(xyz_text(args.waters))
             geom = read_xyz(Path(tmp) / f"h2o_{args.waters:02d}.xyz")
@@ -195,15 +231,27 @@ def main(argv=None):
     ref = core_orbitals(mol, nocc_all) if args.orbitals == "core" else pyscf_scf.run_rhf(mol, "df")
     t_orb = time.perf_counter() - t0
     nocc, nvir, naux, nao = nocc_all - nfrozen, ref.nmo - nocc_all, auxmol.nao_nr(), mol.nao_nr()
-    plan = plan_memory(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=dtype.itemsize, limit_mb=None,
-                       storage="disk", aux_shell_max=_largest_shell(auxmol), occ_block=args.occ_block)
+    plan = plan_memory(
+        nao=nao,
+        nocc=nocc,
+        nvir=nvir,
+        naux=naux,
+        itemsize=dtype.itemsize,
+        limit_mb=None,
+        storage="disk",
+        aux_shell_max=_largest_shell(auxmol),
+        occ_block=args.occ_block,
+    )
     blocks = outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)
     b_bytes = blocks.size * dtype.itemsize
     npairs = len(blocks.pairs())
     flops = nocc * (nocc + 1) // 2 * 2 * nvir * nvir * naux
-    print(f"{label} {args.basis}: nbasis {nao}, nocc {nocc} (+{nfrozen} frozen), nvir {nvir}, naux {naux}; "
-          f"B {b_bytes / GB:.2f} GB ({b_bytes / 2**30:.2f} GiB) {args.precision}; occ block {plan.occ_block}, "
-          f"{blocks.count} blocks, {npairs} block pairs; {flops / 1e12:.1f} TFLOP in the pair step", flush=True)
+    print(
+        f"{label} {args.basis}: nbasis {nao}, nocc {nocc} (+{nfrozen} frozen), nvir {nvir}, naux {naux}; "
+        f"B {b_bytes / GB:.2f} GB ({b_bytes / 2**30:.2f} GiB) {args.precision}; occ block {plan.occ_block}, "
+        f"{blocks.count} blocks, {npairs} block pairs; {flops / 1e12:.1f} TFLOP in the pair step",
+        flush=True,
+    )
 
     peaks = {"fp64": gemm_peak(torch.float64), "fp32": gemm_peak(torch.float32)}
     print(f"GEMM peak: fp64 {peaks['fp64']['gflops']:.1f}, fp32 {peaks['fp32']['gflops']:.1f} GFLOP/s", flush=True)
@@ -216,8 +264,7 @@ def main(argv=None):
     try:
         timer = Timer(backend)
         t0 = time.perf_counter()
-        build_B(mol, auxmol, C[:, nfrozen:nocc_all], C[:, nocc_all:], backend, torch.float64, plan,
-                timer, B_disk)
+        build_B(mol, auxmol, C[:, nfrozen:nocc_all], C[:, nocc_all:], backend, torch.float64, plan, timer, B_disk)
         rec["build_B_s"] = time.perf_counter() - t0
         rec["build_B_stages_s"] = dict(timer.seconds)
         path = B_disk.path
@@ -242,8 +289,9 @@ def main(argv=None):
             mem.set_block(k, B_disk.read_block(k))
         rec["load_into_memory_s"] = time.perf_counter() - t0
         reads = sum(1 for i, j in blocks.pairs() if i != j) + blocks.count
-        read_bytes = int(sum(np.prod(blocks.shape(j)) for i, j in blocks.pairs() if i != j)
-                         + blocks.size) * dtype.itemsize
+        read_bytes = (
+            int(sum(np.prod(blocks.shape(j)) for i, j in blocks.pairs() if i != j) + blocks.size) * dtype.itemsize
+        )
         rec["runs"] = []
         sums_mem = None
         for name in args.runs.split(","):
@@ -262,9 +310,12 @@ def main(argv=None):
                 sums_mem = sums
             x["bitwise_equal_to_first"] = sums.tobytes() == sums_mem.tobytes()
             rec["runs"].append(x)
-            print(f"pair step, {LABELS[name]}: {x['pair_s']:.1f} s ({x['gflops']:.1f} GFLOP/s), main-thread CPU "
-                  f"{x['main_thread_cpu_s']:.1f} s, waited {x['wait_for_reads_s']:.2f} s for blocks, mean load "
-                  f"{x['load_mean']:.2f}; bitwise equal to the first run: {x['bitwise_equal_to_first']}", flush=True)
+            print(
+                f"pair step, {LABELS[name]}: {x['pair_s']:.1f} s ({x['gflops']:.1f} GFLOP/s), main-thread CPU "
+                f"{x['main_thread_cpu_s']:.1f} s, waited {x['wait_for_reads_s']:.2f} s for blocks, mean load "
+                f"{x['load_mean']:.2f}; bitwise equal to the first run: {x['bitwise_equal_to_first']}",
+                flush=True,
+            )
         mem.close()
         del mem
     finally:
@@ -274,23 +325,44 @@ def main(argv=None):
     meta = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + (argv if argv is not None else sys.argv[1:])),
-        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB,
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "machine": {
+            "cpu": cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
         "versions": software_versions(),
         "backend": backend.describe(),
     }
     import h5py
+
     meta["versions"]["h5py"], meta["versions"]["hdf5"] = h5py.__version__, h5py.version.hdf5_version
     result = {
         "meta": meta,
-        "problem": {"molecule": label, "basis": args.basis, "auxbasis": basis.describe_auxbasis(auxbasis),
-                    "frozen_core": not args.all_electron, "precision": args.precision, "nbasis": nao,
-                    "nocc": nocc, "nfrozen": nfrozen, "nvir": nvir, "naux": naux,
-                    "orbitals": args.orbitals, "orbitals_s": t_orb, "metric": B_disk.metric[0],
-                    "b_bytes": b_bytes, "b_gib": b_bytes / 2**30, "occ_block": plan.occ_block,
-                    "occ_blocks": blocks.count, "block_pairs": npairs, "pair_flops": flops,
-                    "e_os_e_ss_not_mp2_energies" if args.orbitals == "core" else "e_os_e_ss": [e_os, e_ss]},
+        "problem": {
+            "molecule": label,
+            "basis": args.basis,
+            "auxbasis": basis.describe_auxbasis(auxbasis),
+            "frozen_core": not args.all_electron,
+            "precision": args.precision,
+            "nbasis": nao,
+            "nocc": nocc,
+            "nfrozen": nfrozen,
+            "nvir": nvir,
+            "naux": naux,
+            "orbitals": args.orbitals,
+            "orbitals_s": t_orb,
+            "metric": B_disk.metric[0],
+            "b_bytes": b_bytes,
+            "b_gib": b_bytes / 2**30,
+            "occ_block": plan.occ_block,
+            "occ_blocks": blocks.count,
+            "block_pairs": npairs,
+            "pair_flops": flops,
+            "e_os_e_ss_not_mp2_energies" if args.orbitals == "core" else "e_os_e_ss": [e_os, e_ss],
+        },
         "plan": plan.to_dict(),
         "gemm_peak": peaks,
         **rec,
@@ -323,9 +395,15 @@ def render(r) -> str:
         f"({p['b_gib']:.2f} GiB)**, {p['occ_blocks']} occupied blocks of {p['occ_block']}, "
         f"{p['block_pairs']} block pairs, {p['pair_flops'] / 1e12:.1f} TFLOP in the pair step.",
         "",
-        f"Orbitals: {p['orbitals']}" + (" (core-Hamiltonian eigenvectors with a fixed spread of orbital "
-                                        "energies: the timings are those of the real shapes, the energies are not "
-                                        "the molecule's MP2 energy)" if p["orbitals"] == "core" else " (RHF)") + ".",
+        f"Orbitals: {p['orbitals']}"
+        + (
+            " (core-Hamiltonian eigenvectors with a fixed spread of orbital "
+            "energies: the timings are those of the real shapes, the energies are not "
+            "the molecule's MP2 energy)"
+            if p["orbitals"] == "core"
+            else " (RHF)"
+        )
+        + ".",
         "",
         f"B was built out of core in {r['build_B_s']:.1f} s; its file is {r['b_file']['bytes'] / 1e9:.2f} GB. "
         f"Cold sequential read of the whole file: {r['disk_read_cold']['GB_per_s']:.2f} GB/s.",
@@ -343,25 +421,37 @@ def render(r) -> str:
     ]
     for n, x in enumerate(r["runs"], 1):
         lo, hi = x["ratio_vs_memory_range"]
-        lines.append(f"| {n} | {LABELS[x['kind']]} | {x['pair_s']:.1f} | {x['ratio_vs_memory_mean']:.3f} "
-                     f"({lo:.3f}–{hi:.3f}) | {x['gflops']:.1f} | {100 * x['gflops'] / peak:.0f} "
-                     f"| {x['wait_for_reads_s']:.2f} | {x['main_thread_cpu_s']:.1f} | {x['cpu_ratio_vs_memory_mean']:.3f} "
-                     f"| {x['load_mean']:.2f} ({x['load_max']:.2f}) | {'yes' if x['bitwise_equal_to_first'] else 'NO'} |")
-    lines += ["", f"GEMM peak in the same run ({p['precision']}, n={r['gemm_peak'][p['precision']]['n']}): {peak:.1f} GFLOP/s."]
+        lines.append(
+            f"| {n} | {LABELS[x['kind']]} | {x['pair_s']:.1f} | {x['ratio_vs_memory_mean']:.3f} "
+            f"({lo:.3f}–{hi:.3f}) | {x['gflops']:.1f} | {100 * x['gflops'] / peak:.0f} "
+            f"| {x['wait_for_reads_s']:.2f} | {x['main_thread_cpu_s']:.1f} | {x['cpu_ratio_vs_memory_mean']:.3f} "
+            f"| {x['load_mean']:.2f} ({x['load_max']:.2f}) | {'yes' if x['bitwise_equal_to_first'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"GEMM peak in the same run ({p['precision']}, n={r['gemm_peak'][p['precision']]['n']}): {peak:.1f} GFLOP/s.",
+    ]
     for prev in r.get("previous_runs", []):
         pm = prev["meta"]
-        lines += ["", f"Earlier run, `{pm['command']}` on {pm['date']} (load average before/after "
-                      f"{pm['machine']['load_average_before'][0]:.1f} / {pm['machine']['load_average_after'][0]:.1f}):"]
+        lines += [
+            "",
+            f"Earlier run, `{pm['command']}` on {pm['date']} (load average before/after "
+            f"{pm['machine']['load_average_before'][0]:.1f} / {pm['machine']['load_average_after'][0]:.1f}):",
+        ]
         if "runs" in prev:
             for x in prev["runs"]:
-                lines.append(f"- {LABELS[x['kind']]}: {x['pair_s']:.1f} s, × {x['ratio_vs_memory_mean']:.3f}, "
-                             f"waited {x['wait_for_reads_s']:.2f} s for blocks")
-        else:                                  # the first version of this script: one run each
+                lines.append(
+                    f"- {LABELS[x['kind']]}: {x['pair_s']:.1f} s, × {x['ratio_vs_memory_mean']:.3f}, "
+                    f"waited {x['wait_for_reads_s']:.2f} s for blocks"
+                )
+        else:  # the first version of this script: one run each
             lines.append(f"- B in memory: {prev['in_memory']['pair_s']:.1f} s")
             c = prev["out_of_core_cold"]
-            lines.append(f"- B on disk, cold: {c['pair_s']:.1f} s, × {c['ratio_vs_memory']:.3f}, waited "
-                         f"{c['wait_for_reads_s']:.2f} s for blocks, bitwise equal: "
-                         f"{'yes' if c['bitwise_equal_to_memory'] else 'NO'}")
+            lines.append(
+                f"- B on disk, cold: {c['pair_s']:.1f} s, × {c['ratio_vs_memory']:.3f}, waited "
+                f"{c['wait_for_reads_s']:.2f} s for blocks, bitwise equal: "
+                f"{'yes' if c['bitwise_equal_to_memory'] else 'NO'}"
+            )
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ each, interleaved.
 
 Writes scripts/results/bench_scf[_<tag>].json and .md. Every row records the other processes' CPU use while it ran (a shared machine slows both sides).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,22 +29,20 @@ from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
-
-from dfmp2 import linalg  # noqa: E402
-from dfmp2.scf import driver  # noqa: E402
-from dfmp2.scf import jk as scf_jk  # noqa: E402
+from dfmp2 import linalg
+from dfmp2.benchmarks import fair_baseline as fb
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model
 from dfmp2.df import basis
 from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
-from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
-from dfmp2.pipeline import RunOptions, run  # noqa: E402
-from dfmp2.timing import Timer  # noqa: E402
-from dfmp2.io.result import software_versions  # noqa: E402
-from dfmp2.io.xyz import read_xyz  # noqa: E402
-from dfmp2.linalg.torch_ops import syrk_work_fraction  # noqa: E402
+from dfmp2.io.result import software_versions
+from dfmp2.io.xyz import read_xyz
+from dfmp2.linalg.torch_ops import syrk_work_fraction
+from dfmp2.pipeline import RunOptions, run
+from dfmp2.scf import driver, pyscf_scf
+from dfmp2.scf import jk as scf_jk
+from dfmp2.timing import Timer
 
-GFLOPS_ASSUMED = 90.0      # the prediction's rate (a 2-core fp64 CPU's DGEMM, roughly)
+GFLOPS_ASSUMED = 90.0  # the prediction's rate (a 2-core fp64 CPU's DGEMM, roughly)
 
 
 def predict(nao: int, naux: int, nocc: int, block: int) -> dict:
@@ -53,11 +52,16 @@ def predict(nao: int, naux: int, nocc: int, block: int) -> dict:
     j = 4.0 * naux * npair
     k_gemm = 2.0 * naux * nao * nao * nocc
     k_syrk = 2.0 * nao * nao * nocc * naux * syrk_work_fraction(nao, block * nocc)
-    pyscf_k = 4.0 * naux * nao * nao * nocc          # PySCF: half-transform, then a full GEMM
+    pyscf_k = 4.0 * naux * nao * nao * nocc  # PySCF: half-transform, then a full GEMM
     tot = j + k_gemm + k_syrk
-    return {"J_gflop": j / 1e9, "K_gemm_gflop": k_gemm / 1e9, "K_syrk_gflop": k_syrk / 1e9,
-            "per_cycle_gflop": tot / 1e9, "seconds_per_cycle_at": {f"{GFLOPS_ASSUMED:g} GFLOP/s": tot / 1e9 / GFLOPS_ASSUMED},
-            "pyscf_K_gflop": pyscf_k / 1e9}
+    return {
+        "J_gflop": j / 1e9,
+        "K_gemm_gflop": k_gemm / 1e9,
+        "K_syrk_gflop": k_syrk / 1e9,
+        "per_cycle_gflop": tot / 1e9,
+        "seconds_per_cycle_at": {f"{GFLOPS_ASSUMED:g} GFLOP/s": tot / 1e9 / GFLOPS_ASSUMED},
+        "pyscf_K_gflop": pyscf_k / 1e9,
+    }
 
 
 def timed(fn):
@@ -74,19 +78,38 @@ def main(argv=None):
     ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--charge", type=int, default=None, help="molecular charge [default: the XYZ comment's]")
-    ap.add_argument("--multiplicity", type=int, default=None, help="2S+1 [default: the XYZ comment's]; "
-                    "an open shell runs the DF-UHF on both sides")
-    ap.add_argument("--pyscf-max-cycle", type=int, default=300,
-                    help="PySCF's SCF cycle limit (its DF-UHF needs more than 200 on (H2O)8+)")
+    ap.add_argument(
+        "--multiplicity",
+        type=int,
+        default=None,
+        help="2S+1 [default: the XYZ comment's]; an open shell runs the DF-UHF on both sides",
+    )
+    ap.add_argument(
+        "--pyscf-max-cycle",
+        type=int,
+        default=300,
+        help="PySCF's SCF cycle limit (its DF-UHF needs more than 200 on (H2O)8+)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch and PySCF threads")
     ap.add_argument("--whole", action="store_true", help="also the whole dfmp2 run vs PySCF DF-RHF + DF-MP2")
     ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
-    ap.add_argument("--peak-sizes", type=lambda t: [int(x) for x in t.split(",")], default=list(fb.CPU_PEAK_SIZES),
-                    help="square GEMM sizes of the peak, comma list")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="our SCF's fp64 and mixed runs this many times each, interleaved (order alternates)")
-    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_scf"),
-                    help="output path without extension (.json and .md are written)")
+    ap.add_argument(
+        "--peak-sizes",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=list(fb.CPU_PEAK_SIZES),
+        help="square GEMM sizes of the peak, comma list",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="our SCF's fp64 and mixed runs this many times each, interleaved (order alternates)",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(ROOT / "scripts/results/bench_scf"),
+        help="output path without extension (.json and .md are written)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     lib.num_threads(args.threads)
@@ -97,77 +120,161 @@ def main(argv=None):
     jk = basis.default_auxbasis(mol, "jk")
     naux = basis.make_auxmol(mol, jk).nao_nr()
     nao = mol.nao_nr()
-    nocc = sum(mol.nelec) if uhf else mol.nelectron // 2     # K's columns a cycle: both spins' for UHF
+    nocc = sum(mol.nelec) if uhf else mol.nelectron // 2  # K's columns a cycle: both spins' for UHF
     pred = predict(nao, naux, nocc, scf_jk.jk_block(nao, naux, 8))
-    print(f"{args.xyz} {kind}: nbasis {nao}, naux(JK) {naux}, nocc {nocc}; {args.threads} threads; "
-          f"predicted {pred['per_cycle_gflop']:.1f} GFLOP per cycle", flush=True)
+    print(
+        f"{args.xyz} {kind}: nbasis {nao}, naux(JK) {naux}, nocc {nocc}; {args.threads} threads; "
+        f"predicted {pred['per_cycle_gflop']:.1f} GFLOP per cycle",
+        flush=True,
+    )
     rows = []
 
     def row(who, device, t, ref, busy, **extra):
-        rows.append({"who": who, "device": device, "seconds": t, "iterations": ref.scf.iterations if ref else None,
-                     "e_hf": ref.e_hf if ref else None, "other_processes_cores": busy, **extra})
-        print(f"  {who} on {device}: {t:.2f} s, {ref.scf.iterations} cycles, E(HF) {ref.e_hf:.10f}"
-              + (f", {extra['fp32_cycles']} of them fp32" if extra.get("fp32_cycles") else ""), flush=True)
+        rows.append(
+            {
+                "who": who,
+                "device": device,
+                "seconds": t,
+                "iterations": ref.scf.iterations if ref else None,
+                "e_hf": ref.e_hf if ref else None,
+                "other_processes_cores": busy,
+                **extra,
+            }
+        )
+        print(
+            f"  {who} on {device}: {t:.2f} s, {ref.scf.iterations} cycles, E(HF) {ref.e_hf:.10f}"
+            + (f", {extra['fp32_cycles']} of them fp32" if extra.get("fp32_cycles") else ""),
+            flush=True,
+        )
 
-    base = fb.pyscf_baseline(["whole"] if args.whole else [task], args.xyz, args.basis, threads=args.threads,
-                             timeout=args.baseline_timeout, peak_sizes=args.peak_sizes, charge=args.charge,
-                             multiplicity=args.multiplicity, max_cycle=args.pyscf_max_cycle)
+    base = fb.pyscf_baseline(
+        ["whole"] if args.whole else [task],
+        args.xyz,
+        args.basis,
+        threads=args.threads,
+        timeout=args.baseline_timeout,
+        peak_sizes=args.peak_sizes,
+        charge=args.charge,
+        multiplicity=args.multiplicity,
+        max_cycle=args.pyscf_max_cycle,
+    )
     if base["best"] is None:
-        sys.exit("error: the PySCF baseline failed in both settings: " + "; ".join(
-            r["error"] for r in base["runs"].values()))
+        sys.exit(
+            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
+        )
     for setting, r in base["runs"].items():
         if "error" in r:
             rows.append({"who": f"pyscf {kind} ({setting})", "device": "cpu", "not_run": r["error"]})
             continue
         t = r["tasks"].get(task) or r["tasks"]["whole"]
-        rows.append({"who": f"pyscf {kind} ({setting})", "device": "cpu", "setting": setting,
-                     "seconds": t.get("scf_s", t["seconds"]), "iterations": t["iterations"], "e_hf": t["e_hf"],
-                     "converged": t.get("converged", True), "other_processes_cores": t["other_processes_cores"]})
-        print(f"  PySCF {kind} ({setting}): {rows[-1]['seconds']:.2f} s"
-              + ("" if rows[-1]["converged"] else f", NOT converged in {t['iterations']} cycles")
-              + f"; {fb.blas_summary(r['blas'])}", flush=True)
+        rows.append(
+            {
+                "who": f"pyscf {kind} ({setting})",
+                "device": "cpu",
+                "setting": setting,
+                "seconds": t.get("scf_s", t["seconds"]),
+                "iterations": t["iterations"],
+                "e_hf": t["e_hf"],
+                "converged": t.get("converged", True),
+                "other_processes_cores": t["other_processes_cores"],
+            }
+        )
+        print(
+            f"  PySCF {kind} ({setting}): {rows[-1]['seconds']:.2f} s"
+            + ("" if rows[-1]["converged"] else f", NOT converged in {t['iterations']} cycles")
+            + f"; {fb.blas_summary(r['blas'])}",
+            flush=True,
+        )
     e_hf_p = base["tasks"].get(task, base["tasks"].get("whole"))["e_hf"]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for dev in devices:
         be = linalg.get_backend(dev)
-        for rep in range(args.repeat):          # --scf-precision fp64 and mixed, interleaved
-            for prec in ("fp64", "mixed")[::1 if rep % 2 == 0 else -1]:
+        for rep in range(args.repeat):  # --scf-precision fp64 and mixed, interleaved
+            for prec in ("fp64", "mixed")[:: 1 if rep % 2 == 0 else -1]:
                 timer = Timer(be)
                 t, ref, busy = timed(lambda: driver.run_scf(mol, be, timer=timer, precision=prec, unrestricted=uhf))
                 cp = ref.scf.cycle_precision
-                row(f"ours (dfmp2.scf.driver {kind}, {cp['mode']})", dev, t, ref, busy, stages=dict(timer.seconds),
-                    kernels=ref.scf.kernels, d_e_hf_vs_pyscf=None if e_hf_p is None else ref.e_hf - e_hf_p, repeat=rep,
-                    fp32_cycles=cp["fp32_cycles"], fp64_cycles=cp["fp64_cycles"], switch_gnorm=cp["switch_gnorm"])
+                row(
+                    f"ours (dfmp2.scf.driver {kind}, {cp['mode']})",
+                    dev,
+                    t,
+                    ref,
+                    busy,
+                    stages=dict(timer.seconds),
+                    kernels=ref.scf.kernels,
+                    d_e_hf_vs_pyscf=None if e_hf_p is None else ref.e_hf - e_hf_p,
+                    repeat=rep,
+                    fp32_cycles=cp["fp32_cycles"],
+                    fp64_cycles=cp["fp64_cycles"],
+                    switch_gnorm=cp["switch_gnorm"],
+                )
     if "cuda" not in devices:
         rows.append({"who": "ours (dfmp2.scf.driver)", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
         rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "not_run": "no CUDA GPU visible to torch"})
     else:
         try:
             from gpu4pyscf import scf as gscf
+
             mf = (gscf.UHF if uhf else gscf.RHF)(mol).density_fit(auxbasis=jk)
             mf.conv_tol, mf.conv_tol_grad, mf.verbose = pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD, 0
             t, _, busy = timed(mf.kernel)
-            rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "seconds": t, "iterations": getattr(mf, "cycles", None),
-                         "e_hf": float(mf.e_tot), "other_processes_cores": busy, "note": "first call, JIT included"})
+            rows.append(
+                {
+                    "who": f"gpu4pyscf {kind}",
+                    "device": "cuda",
+                    "seconds": t,
+                    "iterations": getattr(mf, "cycles", None),
+                    "e_hf": float(mf.e_tot),
+                    "other_processes_cores": busy,
+                    "note": "first call, JIT included",
+                }
+            )
         except ImportError as e:
             rows.append({"who": f"gpu4pyscf {kind}", "device": "cuda", "not_run": f"gpu4pyscf not installed ({e})"})
     if args.whole:
         for setting, r in base["runs"].items():
             if "tasks" in r:
                 w = r["tasks"]["whole"]
-                rows.append({"who": f"pyscf {kind} + DF-MP2 ({setting})", "device": "cpu", "seconds": w["seconds"],
-                             "e_mp2": w["e_mp2"], "other_processes_cores": w["other_processes_cores"],
-                             "setting": setting})
+                rows.append(
+                    {
+                        "who": f"pyscf {kind} + DF-MP2 ({setting})",
+                        "device": "cpu",
+                        "seconds": w["seconds"],
+                        "e_mp2": w["e_mp2"],
+                        "other_processes_cores": w["other_processes_cores"],
+                        "setting": setting,
+                    }
+                )
         for dev in devices:
             # PySCF's side checks no stability: ours neither, so both do the same work
-            t, res, busy = timed(lambda: run(args.xyz, RunOptions(basis=args.basis, device=dev, charge=args.charge,
-                                                                  multiplicity=args.multiplicity, scf_stability=False)))
-            rows.append({"who": "dfmp2 run (--scf df" + (", --no-scf-stability)" if uhf else ")"), "device": dev, "seconds": t, "e_mp2": res.e_mp2,
-                         "iterations": res.ran["scf"]["iterations"], "timings": res.timings,
-                         "other_processes_cores": busy})
-        print("  whole runs: " + ", ".join(f"{r['who']} {r['device']} {r['seconds']:.2f} s" for r in rows if "e_mp2" in r))
+            t, res, busy = timed(
+                lambda: run(
+                    args.xyz,
+                    RunOptions(
+                        basis=args.basis,
+                        device=dev,
+                        charge=args.charge,
+                        multiplicity=args.multiplicity,
+                        scf_stability=False,
+                    ),
+                )
+            )
+            rows.append(
+                {
+                    "who": "dfmp2 run (--scf df" + (", --no-scf-stability)" if uhf else ")"),
+                    "device": dev,
+                    "seconds": t,
+                    "e_mp2": res.e_mp2,
+                    "iterations": res.ran["scf"]["iterations"],
+                    "timings": res.timings,
+                    "other_processes_cores": busy,
+                }
+            )
+        print(
+            "  whole runs: " + ", ".join(f"{r['who']} {r['device']} {r['seconds']:.2f} s" for r in rows if "e_mp2" in r)
+        )
 
-    base_s = {}          # the faster PySCF setting of each kind: every ratio is against it
+    base_s = {}  # the faster PySCF setting of each kind: every ratio is against it
     for key in (f"pyscf {kind} (", f"pyscf {kind} + DF-MP2"):
         mine = [r["seconds"] for r in rows if r["who"].startswith(key) and "seconds" in r]
         if mine:
@@ -175,30 +282,48 @@ def main(argv=None):
     ours_blas = fb.blas_info()
     peaks = fb.merge_peaks(fb.gemm_peaks(args.peak_sizes), base["peaks"])
     xyz = Path(args.xyz).resolve()
-    report = {"what": f"{kind}: ours (dfmp2.scf.driver) vs PySCF's, same process", "charge": mol.charge,
-              "multiplicity": mol.spin + 1,
-              "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
-              "basis": args.basis, "jk_auxbasis": basis.describe_auxbasis(jk),
-              "shapes": {"nbasis": nao, "naux_jk": naux, "nocc": nocc},
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": cpu_model(), "threads": args.threads, "platform": platform.platform(),
-                          "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
-              "versions": software_versions(), "prediction": pred, "rows": rows,
-              "speedup_rule": base["rule"], "pyscf_baseline": base, "blas": {"ours": ours_blas}, "gemm_peak": peaks}
+    report = {
+        "what": f"{kind}: ours (dfmp2.scf.driver) vs PySCF's, same process",
+        "charge": mol.charge,
+        "multiplicity": mol.spin + 1,
+        "molecule": str(xyz.relative_to(ROOT)) if xyz.is_relative_to(ROOT) else str(xyz),
+        "basis": args.basis,
+        "jk_auxbasis": basis.describe_auxbasis(jk),
+        "shapes": {"nbasis": nao, "naux_jk": naux, "nocc": nocc},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": cpu_model(),
+            "threads": args.threads,
+            "platform": platform.platform(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
+        "versions": software_versions(),
+        "prediction": pred,
+        "rows": rows,
+        "speedup_rule": base["rule"],
+        "pyscf_baseline": base,
+        "blas": {"ours": ours_blas},
+        "gemm_peak": peaks,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    md = [f"# {kind}: ours vs PySCF ({report['molecule']}, charge {mol.charge}, multiplicity {mol.spin + 1}, "
-          f"{args.basis}/{report['jk_auxbasis']})", "",
-          f"{report['date']}, {report['machine']['cpu']}, {args.threads} threads, GPU {report['machine']['gpu']}, "
-          f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; nbasis {nao}, naux(JK) {naux}, "
-          f"nocc {nocc}", "",
-          f"Prediction per cycle: J {pred['J_gflop']:.2f} GFLOP, K {pred['K_gemm_gflop']:.1f} (GEMM) + "
-          f"{pred['K_syrk_gflop']:.1f} (SYRK) GFLOP = {pred['per_cycle_gflop']:.1f} GFLOP, "
-          f"{pred['per_cycle_gflop'] / GFLOPS_ASSUMED:.2f} s at {GFLOPS_ASSUMED:g} GFLOP/s "
-          f"(PySCF's K: {pred['pyscf_K_gflop']:.1f} GFLOP).", "",
-          "| run | device | s | iterations (fp32) | s / iteration | faster PySCF / this | other processes' cores |",
-          "|---|---|---|---|---|---|---|"]
+    md = [
+        f"# {kind}: ours vs PySCF ({report['molecule']}, charge {mol.charge}, multiplicity {mol.spin + 1}, "
+        f"{args.basis}/{report['jk_auxbasis']})",
+        "",
+        f"{report['date']}, {report['machine']['cpu']}, {args.threads} threads, GPU {report['machine']['gpu']}, "
+        f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; nbasis {nao}, naux(JK) {naux}, "
+        f"nocc {nocc}",
+        "",
+        f"Prediction per cycle: J {pred['J_gflop']:.2f} GFLOP, K {pred['K_gemm_gflop']:.1f} (GEMM) + "
+        f"{pred['K_syrk_gflop']:.1f} (SYRK) GFLOP = {pred['per_cycle_gflop']:.1f} GFLOP, "
+        f"{pred['per_cycle_gflop'] / GFLOPS_ASSUMED:.2f} s at {GFLOPS_ASSUMED:g} GFLOP/s "
+        f"(PySCF's K: {pred['pyscf_K_gflop']:.1f} GFLOP).",
+        "",
+        "| run | device | s | iterations (fp32) | s / iteration | faster PySCF / this | other processes' cores |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "not_run" in r:
             md.append(f"| {r['who']} | {r['device']} | not run: {r['not_run']} | | | | |")
@@ -211,9 +336,11 @@ def main(argv=None):
         if r.get("converged") is False:
             its += " (NOT converged)"
         busy = r.get("other_processes_cores")
-        md.append(f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | "
-                  f"{busy:.2f} |" if busy is not None else
-                  f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | unknown |")
+        md.append(
+            f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | {busy:.2f} |"
+            if busy is not None
+            else f"| {r['who']} | {r['device']} | {r['seconds']:.2f} | {its} | {per} | {ratio} | unknown |"
+        )
     md += [""] + fb.markdown_lines(base, ours_blas, peaks)
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

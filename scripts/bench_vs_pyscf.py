@@ -6,15 +6,15 @@ in the same process. Reports median/min/max wall times and the ratio PySCF / our
     python scripts/bench_vs_pyscf.py                       # (H2O)16 / cc-pVDZ, fp64 and fp32
     python scripts/bench_vs_pyscf.py inputs/benzene.xyz --repeats 3
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import platform
 import statistics
 import sys
-import time
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,15 +23,14 @@ from pyscf import lib
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from dfmp2.benchmarks import fair_baseline as fb  # noqa: E402
-
-from dfmp2.benchmarks.timing import OtherCPU, cpu_model  # noqa: E402
-from dfmp2.df import basis  # noqa: E402
-from dfmp2.io import molecule  # noqa: E402
-from dfmp2.scf import pyscf_scf  # noqa: E402
-from dfmp2.pipeline import RunOptions, time_mp2_stage  # noqa: E402
-from dfmp2.io.result import software_versions  # noqa: E402
-from dfmp2.io.xyz import read_xyz  # noqa: E402
+from dfmp2.benchmarks import fair_baseline as fb
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model
+from dfmp2.df import basis
+from dfmp2.io import molecule
+from dfmp2.io.result import software_versions
+from dfmp2.io.xyz import read_xyz
+from dfmp2.pipeline import RunOptions, time_mp2_stage
+from dfmp2.scf import pyscf_scf
 
 
 def time_ours(mol, auxmol, ref, options):
@@ -57,10 +56,17 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frozen-core", action="store_true")
     ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
-    ap.add_argument("--peak-sizes", type=lambda t: [int(x) for x in t.split(",")], default=list(fb.CPU_PEAK_SIZES),
-                    help="square GEMM sizes of the peak, comma list")
-    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
-                    help="output path without extension (.json and .md are written)")
+    ap.add_argument(
+        "--peak-sizes",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=list(fb.CPU_PEAK_SIZES),
+        help="square GEMM sizes of the peak, comma list",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
+        help="output path without extension (.json and .md are written)",
+    )
     args = ap.parse_args(argv)
 
     mol = molecule.build_molecule(read_xyz(args.xyz), args.basis)
@@ -68,28 +74,46 @@ def main(argv=None):
     auxmol = basis.make_auxmol(mol, auxbasis)
     nfrozen = molecule.frozen_core_count(mol) if args.frozen_core else 0
     ref = pyscf_scf.run_rhf(mol, "df")
-    shapes = {"nbasis": mol.nao_nr(), "nocc": ref.channels[0].nocc - nfrozen, "nvir": mol.nao_nr() - ref.channels[0].nocc,
-              "naux": auxmol.nao_nr()}
-    print(f"{args.xyz}: {shapes}; torch threads {torch.get_num_threads()}, "
-          f"pyscf threads {lib.num_threads()}", flush=True)
+    shapes = {
+        "nbasis": mol.nao_nr(),
+        "nocc": ref.channels[0].nocc - nfrozen,
+        "nvir": mol.nao_nr() - ref.channels[0].nocc,
+        "naux": auxmol.nao_nr(),
+    }
+    print(
+        f"{args.xyz}: {shapes}; torch threads {torch.get_num_threads()}, pyscf threads {lib.num_threads()}", flush=True
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
-        base = fb.pyscf_baseline(["stage"], args.xyz, args.basis, threads=lib.num_threads(),
-                                 timeout=args.baseline_timeout, repeats=args.repeats,
-                                 scf_npz=fb.save_scf(ref.mf, Path(tmp) / "scf.npz"), frozen_core=args.frozen_core,
-                                 peak_sizes=args.peak_sizes)
+        base = fb.pyscf_baseline(
+            ["stage"],
+            args.xyz,
+            args.basis,
+            threads=lib.num_threads(),
+            timeout=args.baseline_timeout,
+            repeats=args.repeats,
+            scf_npz=fb.save_scf(ref.mf, Path(tmp) / "scf.npz"),
+            frozen_core=args.frozen_core,
+            peak_sizes=args.peak_sizes,
+        )
     for s, r in base["runs"].items():
-        print(f"PySCF ({s}): " + (r["error"] if "error" in r else f"{r['tasks']['stage']['seconds']:.2f} s; "
-                                  f"{fb.blas_summary(r['blas'])}"), flush=True)
+        print(
+            f"PySCF ({s}): "
+            + (r["error"] if "error" in r else f"{r['tasks']['stage']['seconds']:.2f} s; {fb.blas_summary(r['blas'])}"),
+            flush=True,
+        )
     if base["best"] is None:
-        sys.exit("error: the PySCF baseline failed in both settings: " + "; ".join(
-            r["error"] for r in base["runs"].values()))
+        sys.exit(
+            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
+        )
     pyscf = base["tasks"]["stage"]
     times = {"ours_fp64": [], "ours_fp32": []}
-    other = {k: [] for k in times}        # other processes' CPU cores during each timed run
+    other = {k: [] for k in times}  # other processes' CPU cores during each timed run
     energies, stage_times, ran = {"pyscf_fp64": pyscf["e_corr"]}, {}, {}
-    opts = {p: RunOptions(basis=args.basis, device=args.device, precision=p, frozen_core=args.frozen_core)
-            for p in ("fp64", "fp32")}
+    opts = {
+        p: RunOptions(basis=args.basis, device=args.device, precision=p, frozen_core=args.frozen_core)
+        for p in ("fp64", "fp32")
+    }
     time_ours(mol, auxmol, ref, opts["fp64"])  # warm-up (allocations, libraries)
     for rep in range(args.repeats):
         for prec in ("fp64", "fp32"):
@@ -100,9 +124,16 @@ def main(argv=None):
             energies[f"ours_{prec}"], stage_times[f"ours_{prec}"], ran[f"ours_{prec}"] = e, st, r
         print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
 
-    summary = {"pyscf_fp64": {"median": pyscf["seconds"], "min": pyscf["min_s"], "max": pyscf["max_s"],
-                              "n": pyscf["n"], "setting": base["best"]},
-               **{k: stats(v) for k, v in times.items()}}
+    summary = {
+        "pyscf_fp64": {
+            "median": pyscf["seconds"],
+            "min": pyscf["min_s"],
+            "max": pyscf["max_s"],
+            "n": pyscf["n"],
+            "setting": base["best"],
+        },
+        **{k: stats(v) for k, v in times.items()},
+    }
     base_s = summary["pyscf_fp64"]["median"]
     ratios = {k: base_s / summary[k]["median"] for k in ("ours_fp64", "ours_fp32")}
     ours_blas = fb.blas_info()
@@ -110,36 +141,61 @@ def main(argv=None):
     report = {
         "what": "DF-MP2 stage after SCF (integrals, metric, transforms, fit, pair energies)",
         "molecule": _display_path(args.xyz),
-        "basis": args.basis, "auxbasis": basis.describe_auxbasis(auxbasis), "frozen_core": args.frozen_core,
-        "shapes": shapes, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "basis": args.basis,
+        "auxbasis": basis.describe_auxbasis(auxbasis),
+        "frozen_core": args.frozen_core,
+        "shapes": shapes,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": torch.get_num_threads(), "platform": platform.platform()},
-        "versions": software_versions(), "times_s": summary,
-        "speedup_vs_pyscf": ratios, "speedup_rule": base["rule"],
-        "pyscf_baseline": base, "blas": {"ours": ours_blas}, "gemm_peak": peaks,
-        "other_processes_cores": {"pyscf_fp64": [pyscf.get("other_processes_cores")],
-                                  **{k: [c and c["other_cores"] for c in v] for k, v in other.items()}},
-        "stage_times_s": stage_times, "ran": ran,
+        "versions": software_versions(),
+        "times_s": summary,
+        "speedup_vs_pyscf": ratios,
+        "speedup_rule": base["rule"],
+        "pyscf_baseline": base,
+        "blas": {"ours": ours_blas},
+        "gemm_peak": peaks,
+        "other_processes_cores": {
+            "pyscf_fp64": [pyscf.get("other_processes_cores")],
+            **{k: [c and c["other_cores"] for c in v] for k, v in other.items()},
+        },
+        "stage_times_s": stage_times,
+        "ran": ran,
         "e_corr": energies,
         "e_corr_diff_vs_pyscf": {k: energies[k] - energies["pyscf_fp64"] for k in ("ours_fp64", "ours_fp32")},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    md = [f"# DF-MP2 stage after SCF vs PySCF ({report['molecule']}, {args.basis}/{report['auxbasis']})", "",
-          f"{report['date']}, {report['machine']['cpu']}, {report['machine']['cores']} threads, "
-          f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; shapes {shapes}", "",
-          "| run | device / engine | median s | min s | max s | PySCF / this | ΔE_corr vs PySCF / Eh "
-          "| other processes' CPU cores (max) |",
-          "|---|---|---|---|---|---|---|---|"]
+    md = [
+        f"# DF-MP2 stage after SCF vs PySCF ({report['molecule']}, {args.basis}/{report['auxbasis']})",
+        "",
+        f"{report['date']}, {report['machine']['cpu']}, {report['machine']['cores']} threads, "
+        f"PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}; shapes {shapes}",
+        "",
+        "| run | device / engine | median s | min s | max s | PySCF / this | ΔE_corr vs PySCF / Eh "
+        "| other processes' CPU cores (max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for k, s in summary.items():
-        eng = f"cpu / PySCF (C, fp64; {base['best']})" if k.startswith("pyscf") else f"{ran[k]['device']} / {ran[k]['engine']}"
+        eng = (
+            f"cpu / PySCF (C, fp64; {base['best']})"
+            if k.startswith("pyscf")
+            else f"{ran[k]['device']} / {ran[k]['engine']}"
+        )
         ratio = "1.00" if k.startswith("pyscf") else f"{ratios[k]:.2f}"
         d = "—" if k.startswith("pyscf") else f"{report['e_corr_diff_vs_pyscf'][k]:.1e}"
         busy = [c for c in report["other_processes_cores"][k] if c is not None]
-        md.append(f"| {k} | {eng} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {ratio} | {d} | "
-                  + (f"{max(busy):.2f}" if busy else "unknown") + " |")
-    md += ["", "Stage times of the last repeat (s): " + "; ".join(
-        f"{k}: " + ", ".join(f"{s} {v:.2f}" for s, v in st.items()) for k, st in stage_times.items()), ""]
+        md.append(
+            f"| {k} | {eng} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {ratio} | {d} | "
+            + (f"{max(busy):.2f}" if busy else "unknown")
+            + " |"
+        )
+    md += [
+        "",
+        "Stage times of the last repeat (s): "
+        + "; ".join(f"{k}: " + ", ".join(f"{s} {v:.2f}" for s, v in st.items()) for k, st in stage_times.items()),
+        "",
+    ]
     md += fb.markdown_lines(base, ours_blas, peaks)
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -12,6 +12,7 @@ then resumed; water on trn1 through the NKI kernels on this CPU (``--simulate``)
 path (``gradient_fingerprints``). Prints JSON {case: {e_hf, e_os, e_ss: float.hex}} (Hartree) and
 {case: {gradient: [float.hex]}} (Eh/bohr), sorted.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-import dfmp2  # noqa: E402
-from dfmp2 import linalg  # noqa: E402
+import dfmp2
+from dfmp2 import linalg
 
 
 def hexes(r) -> dict:
@@ -41,6 +42,7 @@ def interrupted_then_resumed(path, ck, after: int, **opts):
             raise KeyboardInterrupt("fingerprint")
         calls.append(1)
         return real(*a, **k)
+
     linalg.mp2_pair_energy = counted
     try:
         dfmp2.energy(path, checkpoint=ck, **opts)
@@ -63,7 +65,8 @@ def gradient_fingerprints(water: str, oh: str) -> dict:
     out = {}
     out["water|gradient|mp2"] = grad_hexes(dfmp2.gradient(water, basis="6-31g").gradient)
     out["water|gradient|scs-mp2|fc"] = grad_hexes(
-        dfmp2.gradient(water, method="scs-mp2", basis="6-31g", frozen_core=True).gradient)
+        dfmp2.gradient(water, method="scs-mp2", basis="6-31g", frozen_core=True).gradient
+    )
     out["hydroxyl|gradient|mp2"] = grad_hexes(dfmp2.gradient(oh, basis="6-31g").gradient)
     mol = gto.M(atom=water, basis="6-31g", verbose=0)
     mf = scf.RHF(mol).density_fit().run(conv_tol=1e-11)
@@ -79,8 +82,13 @@ def main() -> None:
         if e["subset"] != "fast":
             continue
         for precision in ("fp64", "fp32"):
-            r = dfmp2.energy(str(ROOT / e["path"]), basis=e["basis"], scf_mode=e["scf_mode"],
-                             frozen_core=e["frozen_core"], precision=precision)
+            r = dfmp2.energy(
+                str(ROOT / e["path"]),
+                basis=e["basis"],
+                scf_mode=e["scf_mode"],
+                frozen_core=e["frozen_core"],
+                precision=precision,
+            )
             out[f"{key}|{precision}"] = hexes(r)
     water = str(ROOT / "inputs" / "water.xyz")
     dimer = str(ROOT / "inputs" / "water_clusters" / "h2o_02.xyz")

@@ -62,6 +62,7 @@ machine went cold (exit 3), make both calls again. Steps that ran over their bud
 alone in a further call with the same carry: add `--steps NAME[,NAME]` after gpu_acceptance.sh
 (the chosen steps share the whole budget; their files are named apart).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,18 +82,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 MARK = "GPU_ACCEPTANCE_STEP "
-TOTAL_S = 520.0                 # the device tool allows 600 s a command; installs, imports take the rest
-E_TOL = 1e-8                    # Eh: |ΔE_HF| and |ΔE_MP2| against PySCF (SCFs converged to 1e-12 Eh)
-WATERS = {"h2o_08": "inputs/water_clusters/h2o_08.xyz", "h2o_16": "inputs/water_clusters/h2o_16.xyz",
-          "h2o_32": "inputs/water_clusters/h2o_32.xyz"}
+TOTAL_S = 520.0  # the device tool allows 600 s a command; installs, imports take the rest
+E_TOL = 1e-8  # Eh: |ΔE_HF| and |ΔE_MP2| against PySCF (SCFs converged to 1e-12 Eh)
+WATERS = {
+    "h2o_08": "inputs/water_clusters/h2o_08.xyz",
+    "h2o_16": "inputs/water_clusters/h2o_16.xyz",
+    "h2o_32": "inputs/water_clusters/h2o_32.xyz",
+}
 DRY = {"h2o_08": "inputs/water.xyz", "h2o_16": "inputs/water.xyz", "h2o_32": "inputs/water_clusters/h2o_02.xyz"}
-BUDGET_S = {"cuda_tests": 100, "pair_peak": 70, "run_compare": 45, "ours_h2o_16": 45, "gpu4pyscf_h2o_16": 40,
-            "pyscf_h2o_16": 60, "ours_h2o_32": 50, "gpu4pyscf_h2o_32": 45, "pyscf_h2o_32": 120}
+BUDGET_S = {
+    "cuda_tests": 100,
+    "pair_peak": 70,
+    "run_compare": 45,
+    "ours_h2o_16": 45,
+    "gpu4pyscf_h2o_16": 40,
+    "pyscf_h2o_16": 60,
+    "ours_h2o_32": 50,
+    "gpu4pyscf_h2o_32": 45,
+    "pyscf_h2o_32": 120,
+}
 # seconds per step in a full run (the last, PySCF's (H2O)32 twice, gets what is left and may well run
 # over: rerun it alone with --steps pyscf_h2o_32, which gives each chosen step all that is left)
-WHEELS = ["pyscf==2.14.0"]                   # what --prepare-wheels downloads (Python 3.12, x86-64)
-G4P = "gpu4pyscf-cuda13x==1.9.0"             # cupy-cuda13x is on the GPU machine already
-PIECE_MIB = 58                               # a carried piece: 64 MiB a call, less the checkout
+WHEELS = ["pyscf==2.14.0"]  # what --prepare-wheels downloads (Python 3.12, x86-64)
+G4P = "gpu4pyscf-cuda13x==1.9.0"  # cupy-cuda13x is on the GPU machine already
+PIECE_MIB = 58  # a carried piece: 64 MiB a call, less the checkout
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
@@ -103,14 +116,28 @@ def mol_key(step: str) -> str | None:
 
 # ------------------------------------------------------------------------------------ the steps
 def step_cuda_tests(spec):
-    files = ["tests/linalg/test_cuda.py"] if spec["dry"] else sorted(      # the files that hold cuda tests
-        str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.cuda" in p.read_text())
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "cuda", "-p", "no:cacheprovider", *files],
-                       capture_output=True, text=True, cwd=ROOT)
+    files = (
+        ["tests/linalg/test_cuda.py"]
+        if spec["dry"]
+        else sorted(  # the files that hold cuda tests
+            str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.cuda" in p.read_text()
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "cuda", "-p", "no:cacheprovider", *files],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     last = (p.stdout.strip().splitlines() or [""])[-1]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", last)}
-    res = {"command": f"pytest -q -rs -m cuda {' '.join(files)}", "summary": last, "counts": counts,
-           "returncode": p.returncode, "tail": p.stdout[-1500:]}
+    res = {
+        "command": f"pytest -q -rs -m cuda {' '.join(files)}",
+        "summary": last,
+        "counts": counts,
+        "returncode": p.returncode,
+        "tail": p.stdout[-1500:],
+    }
     if counts.get("failed") or counts.get("error") or counts.get("errors") or p.returncode not in (0, 5):
         return "fail", f"pytest: {last}", res
     if not counts.get("passed"):
@@ -129,58 +156,111 @@ def step_pair_peak(spec):
     if not out.with_suffix(".json").exists():
         return "fail", f"bench_cuda exit {p.returncode}: {(p.stderr.strip().splitlines() or ['no output'])[-1]}", {}
     doc = json.loads(out.with_suffix(".json").read_text())
-    rows = [{k: r.get(k) for k in ("path", "config", "median_s", "gflops", "pct_of_gemm_peak", "error",
-                                   "abs_diff_vs_torch", "kernels")} for r in doc["pair"]]
+    rows = [
+        {
+            k: r.get(k)
+            for k in (
+                "path",
+                "config",
+                "median_s",
+                "gflops",
+                "pct_of_gemm_peak",
+                "error",
+                "abs_diff_vs_torch",
+                "kernels",
+            )
+        }
+        for r in doc["pair"]
+    ]
     v = doc["meta"].get("verdict", {}).get("fp64", {})
-    res = {"dgemm_peak_tflops": doc["peaks"]["fp64"].get("tflops"), "dgemm_peak_n": doc["peaks"]["fp64"].get("n"),
-           "shape": doc["meta"]["shape"], "rows": rows, "verdict": v, "gpu": doc["meta"]["gpu"],
-           "fp64_dot_lowering": doc["meta"].get("fp64_dot_lowering"), "failures": doc.get("failures")}
+    res = {
+        "dgemm_peak_tflops": doc["peaks"]["fp64"].get("tflops"),
+        "dgemm_peak_n": doc["peaks"]["fp64"].get("n"),
+        "shape": doc["meta"]["shape"],
+        "rows": rows,
+        "verdict": v,
+        "gpu": doc["meta"]["gpu"],
+        "fp64_dot_lowering": doc["meta"].get("fp64_dot_lowering"),
+        "failures": doc.get("failures"),
+    }
     if p.returncode != 0:
-        return "fail", "; ".join(f["what"] + ": " + f["error"] for f in doc.get("failures", [])) or f"exit {p.returncode}", res
+        return (
+            "fail",
+            "; ".join(f["what"] + ": " + f["error"] for f in doc.get("failures", [])) or f"exit {p.returncode}",
+            res,
+        )
     best = v.get("fastest_pct_of_gemm_peak")
-    return "pass", (f"fastest {v.get('fastest_path')} at {best:.1f}% of DGEMM "
-                    f"({res['dgemm_peak_tflops']:.2f} TFLOP/s)" if best is not None else "ran"), res
+    return (
+        "pass",
+        (
+            f"fastest {v.get('fastest_path')} at {best:.1f}% of DGEMM ({res['dgemm_peak_tflops']:.2f} TFLOP/s)"
+            if best is not None
+            else "ran"
+        ),
+        res,
+    )
 
 
 def step_run_compare(spec):
     xyz, dev, tmp = spec["xyz"]["h2o_08"], spec["device"], Path(spec["tmp"])
     devices = "cpu" if spec["dry"] else f"cpu,{dev}"
     cli = [sys.executable, "-m", "dfmp2.cli.main"]
-    r = subprocess.run([*cli, "run", xyz, "--device", dev, "--json", str(tmp / "run.json")],
-                       capture_output=True, text=True, cwd=ROOT)
-    c = subprocess.run([*cli, "compare", xyz, "--devices", devices, "--json", str(tmp / "compare.json")],
-                       capture_output=True, text=True, cwd=ROOT)
-    res = {"commands": [f"dfmp2 run {xyz} --device {dev}", f"dfmp2 compare {xyz} --devices {devices}"],
-           "returncodes": [r.returncode, c.returncode]}
+    r = subprocess.run(
+        [*cli, "run", xyz, "--device", dev, "--json", str(tmp / "run.json")], capture_output=True, text=True, cwd=ROOT
+    )
+    c = subprocess.run(
+        [*cli, "compare", xyz, "--devices", devices, "--json", str(tmp / "compare.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    res = {
+        "commands": [f"dfmp2 run {xyz} --device {dev}", f"dfmp2 compare {xyz} --devices {devices}"],
+        "returncodes": [r.returncode, c.returncode],
+    }
     if r.returncode != 0 or not (tmp / "run.json").exists():
         return "fail", f"dfmp2 run exit {r.returncode}: {_last(r.stderr)}", res
     run = json.loads((tmp / "run.json").read_text())
-    res["run"] = {**{k: run["energies"][k] for k in ("e_hf", "e_corr", "e_mp2")}, "timings": run["timings"],
-                  "kernels": run["ran"].get("kernels"), "integrals": run["ran"].get("integrals")}
+    res["run"] = {
+        **{k: run["energies"][k] for k in ("e_hf", "e_corr", "e_mp2")},
+        "timings": run["timings"],
+        "kernels": run["ran"].get("kernels"),
+        "integrals": run["ran"].get("integrals"),
+    }
     if c.returncode != 0 or not (tmp / "compare.json").exists():
         return "fail", f"dfmp2 compare exit {c.returncode}: {_last(c.stderr)}", res
     cmp_ = json.loads((tmp / "compare.json").read_text())
-    res["compare"] = {"summary": cmp_["summary"],
-                      "devices": [{k: d.get(k) for k in ("device", "status", "reason", "energies", "seconds")}
-                                  for d in cmp_["devices"]]}
+    res["compare"] = {
+        "summary": cmp_["summary"],
+        "devices": [
+            {k: d.get(k) for k in ("device", "status", "reason", "energies", "seconds")} for d in cmp_["devices"]
+        ],
+    }
     e = {d["device"]: d["energies"]["e_corr"] for d in cmp_["devices"] if d.get("energies")}
     if dev in e and "cpu" in e:
         res["abs_d_e_corr_vs_cpu"] = abs(e[dev] - e["cpu"])
     res["abs_d_e_corr_run_vs_compare_cpu"] = abs(res["run"]["e_corr"] - e["cpu"]) if "cpu" in e else None
     ok = cmp_["summary"]["passed"] and (res["abs_d_e_corr_run_vs_compare_cpu"] or 0) <= 1e-10
-    return ("pass" if ok else "fail"), (f"|ΔE_corr| {dev} vs cpu {res.get('abs_d_e_corr_vs_cpu', 0):.1e} Eh; "
-                                        f"compare passed: {cmp_['summary']['passed']}"), res
+    return (
+        ("pass" if ok else "fail"),
+        (
+            f"|ΔE_corr| {dev} vs cpu {res.get('abs_d_e_corr_vs_cpu', 0):.1e} Eh; "
+            f"compare passed: {cmp_['summary']['passed']}"
+        ),
+        res,
+    )
 
 
 def step_ours(spec):
     from dfmp2 import linalg
-    from dfmp2.scf import driver
     from dfmp2.io import molecule
-    from dfmp2.pipeline import RunOptions, run
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.pipeline import RunOptions, run
+    from dfmp2.scf import driver
+
     dev, xyz = spec["device"], spec["xyz"][mol_key(spec["step"])]
     be = linalg.get_backend(dev)
-    run(str(ROOT / "inputs/water.xyz"), RunOptions(device=dev))              # warm-up: compile, allocators
+    run(str(ROOT / "inputs/water.xyz"), RunOptions(device=dev))  # warm-up: compile, allocators
     mol = molecule.build_molecule(read_xyz(xyz), "cc-pvdz")
     t0 = time.perf_counter()
     ref = driver.run_scf(mol, be)
@@ -188,31 +268,53 @@ def step_ours(spec):
     t0 = time.perf_counter()
     r = run(xyz, RunOptions(device=dev))
     t_whole = time.perf_counter() - t0
-    res = {"device": dev, "molecule": xyz, "dfrhf_s": t_scf, "dfrhf_iterations": ref.scf.iterations, "e_hf_dfrhf": ref.e_hf,
-           "whole_s": t_whole, "e_hf": r.e_hf, "e_corr": r.e_corr, "e_mp2": r.e_mp2, "timings": r.timings,
-           "shapes": {"nbasis": r.nbasis, "nocc": r.nocc, "nvir": r.nvir, "naux": r.naux},
-           "pair_flops": r.nocc * (r.nocc + 1) / 2 * 2.0 * r.nvir ** 2 * r.naux,
-           "kernels": r.ran.get("kernels"), "engine": r.ran.get("engine"), "integrals": r.ran.get("integrals")}
+    res = {
+        "device": dev,
+        "molecule": xyz,
+        "dfrhf_s": t_scf,
+        "dfrhf_iterations": ref.scf.iterations,
+        "e_hf_dfrhf": ref.e_hf,
+        "whole_s": t_whole,
+        "e_hf": r.e_hf,
+        "e_corr": r.e_corr,
+        "e_mp2": r.e_mp2,
+        "timings": r.timings,
+        "shapes": {"nbasis": r.nbasis, "nocc": r.nocc, "nvir": r.nvir, "naux": r.naux},
+        "pair_flops": r.nocc * (r.nocc + 1) / 2 * 2.0 * r.nvir**2 * r.naux,
+        "kernels": r.ran.get("kernels"),
+        "engine": r.ran.get("engine"),
+        "integrals": r.ran.get("integrals"),
+    }
     return "pass", f"DF-RHF {t_scf:.2f} s, whole run {t_whole:.2f} s, E_MP2 {r.e_mp2:.10f}", res
 
 
 def step_gpu4pyscf(spec):
     try:
         import cupy
+        import gpu4pyscf
         from gpu4pyscf import scf as gscf
         from gpu4pyscf.mp import dfmp2 as gdfmp2
-        import gpu4pyscf
-    except Exception as e:       # ImportError, or a CUDA library that does not load
+    except Exception as e:  # ImportError, or a CUDA library that does not load
         missing = getattr(e, "name", None) == "gpu4pyscf"
-        return "skipped", (f"gpu4pyscf not importable ({type(e).__name__}: {_one(e)})" + (
-            "; it is too large to travel with PySCF in one call: make the two calls of "
-            "scripts/gpu_acceptance.py's docstring" if missing else "")), {}
+        return (
+            "skipped",
+            (
+                f"gpu4pyscf not importable ({type(e).__name__}: {_one(e)})"
+                + (
+                    "; it is too large to travel with PySCF in one call: make the two calls of "
+                    "scripts/gpu_acceptance.py's docstring"
+                    if missing
+                    else ""
+                )
+            ),
+            {},
+        )
     if spec["dry"]:
         return "skipped", "dry run on CPU: gpu4pyscf needs a GPU", {}
     from dfmp2.df import basis
     from dfmp2.io import molecule
-    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.scf import pyscf_scf
 
     def one(xyz):
         mol = molecule.build_molecule(read_xyz(xyz), "cc-pvdz")
@@ -228,11 +330,22 @@ def step_gpu4pyscf(spec):
         pt.kernel()
         sync()
         t2 = time.perf_counter()
-        return {"dfrhf_s": t1 - t0, "mp2_s": t2 - t1, "whole_s": t2 - t0, "converged": bool(mf.converged),
-                "e_hf": float(mf.e_tot), "e_corr": float(pt.e_corr), "e_mp2": float(mf.e_tot) + float(pt.e_corr)}
-    one(str(ROOT / "inputs/water.xyz"))                                        # warm-up: JIT, pools
-    res = {"molecule": spec["xyz"][mol_key(spec["step"])], "gpu4pyscf": gpu4pyscf.__version__,
-           **one(spec["xyz"][mol_key(spec["step"])])}
+        return {
+            "dfrhf_s": t1 - t0,
+            "mp2_s": t2 - t1,
+            "whole_s": t2 - t0,
+            "converged": bool(mf.converged),
+            "e_hf": float(mf.e_tot),
+            "e_corr": float(pt.e_corr),
+            "e_mp2": float(mf.e_tot) + float(pt.e_corr),
+        }
+
+    one(str(ROOT / "inputs/water.xyz"))  # warm-up: JIT, pools
+    res = {
+        "molecule": spec["xyz"][mol_key(spec["step"])],
+        "gpu4pyscf": gpu4pyscf.__version__,
+        **one(spec["xyz"][mol_key(spec["step"])]),
+    }
     if not res["converged"]:
         return "fail", "gpu4pyscf DF-RHF did not converge", res
     return "pass", f"DF-RHF {res['dfrhf_s']:.2f} s, whole {res['whole_s']:.2f} s, E_MP2 {res['e_mp2']:.10f}", res
@@ -240,23 +353,29 @@ def step_gpu4pyscf(spec):
 
 def step_pyscf(spec):
     from dfmp2.benchmarks import fair_baseline as fb
+
     xyz = spec["xyz"][mol_key(spec["step"])]
-    base = fb.pyscf_baseline(["whole"], xyz, timeout=max(spec["budget"] / 2 - 5, 5),
-                             peak_sizes=[256] if spec["dry"] else fb.CPU_PEAK_SIZES)
+    base = fb.pyscf_baseline(
+        ["whole"], xyz, timeout=max(spec["budget"] / 2 - 5, 5), peak_sizes=[256] if spec["dry"] else fb.CPU_PEAK_SIZES
+    )
     if base["best"] is None:
         return "fail", "; ".join(f"{s}: {r['error']}" for s, r in base["runs"].items()), base
     w = base["tasks"]["whole"]
     errs = [f"{s}: {r['error']}" for s, r in base["runs"].items() if "error" in r]
-    res = {"molecule": xyz, **{k: w[k] for k in ("seconds", "scf_s", "mp2_s", "e_hf", "e_corr", "e_mp2")},
-           "baseline": base}
-    if errs:      # the faster of the two is only known when both ran
+    res = {
+        "molecule": xyz,
+        **{k: w[k] for k in ("seconds", "scf_s", "mp2_s", "e_hf", "e_corr", "e_mp2")},
+        "baseline": base,
+    }
+    if errs:  # the faster of the two is only known when both ran
         return "fail", "one BLAS setting did not finish: " + "; ".join(errs), res
     return "pass", f"faster setting {base['best']}: whole {w['seconds']:.2f} s, E_MP2 {w['e_mp2']:.10f}", res
 
 
 def steps_for(only=None) -> list[str]:
-    names = ["cuda_tests", "pair_peak", "run_compare"] + [f"{w}_{m}" for m in ("h2o_16", "h2o_32")
-                                                           for w in ("ours", "gpu4pyscf", "pyscf")]
+    names = ["cuda_tests", "pair_peak", "run_compare"] + [
+        f"{w}_{m}" for m in ("h2o_16", "h2o_32") for w in ("ours", "gpu4pyscf", "pyscf")
+    ]
     return [n for n in names if not only or n in only]
 
 
@@ -266,8 +385,14 @@ def child(name: str, spec: dict) -> tuple:
     if spec.get("fail_step") == f"{name}:hang":
         time.sleep(3600)
     kind = name if name in ("cuda_tests", "pair_peak", "run_compare") else name.rsplit("_h2o_", 1)[0]
-    return {"cuda_tests": step_cuda_tests, "pair_peak": step_pair_peak, "run_compare": step_run_compare,
-            "ours": step_ours, "gpu4pyscf": step_gpu4pyscf, "pyscf": step_pyscf}[kind]({**spec, "step": name})
+    return {
+        "cuda_tests": step_cuda_tests,
+        "pair_peak": step_pair_peak,
+        "run_compare": step_run_compare,
+        "ours": step_ours,
+        "gpu4pyscf": step_gpu4pyscf,
+        "pyscf": step_pyscf,
+    }[kind]({**spec, "step": name})
 
 
 # ------------------------------------------------------------------------------ the step runner
@@ -279,22 +404,35 @@ def run_step(name: str, spec: dict, budget: float) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if spec["dry"]:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--spec", json.dumps({**spec, "budget": budget})]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--step",
+        name,
+        "--spec",
+        json.dumps({**spec, "budget": budget}),
+    ]
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, start_new_session=True
+    )
     try:
         out, err = p.communicate(timeout=budget)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-        return {**rec, "status": "fail", "reason": f"over its budget of {budget:.0f} s (killed)",
-                "seconds": time.perf_counter() - t0, "stderr_tail": err[-1500:]}
+        return {
+            **rec,
+            "status": "fail",
+            "reason": f"over its budget of {budget:.0f} s (killed)",
+            "seconds": time.perf_counter() - t0,
+            "stderr_tail": err[-1500:],
+        }
     rec["seconds"] = time.perf_counter() - t0
     lines = [ln for ln in out.splitlines() if ln.startswith(MARK)]
     if not lines:
         return {**rec, "status": "fail", "reason": f"exit {p.returncode}: {_last(err)}", "stderr_tail": err[-1500:]}
-    status, reason, result = json.loads(lines[-1][len(MARK):])
+    status, reason, result = json.loads(lines[-1][len(MARK) :])
     return {**rec, "status": status, "reason": reason, "result": result}
 
 
@@ -306,9 +444,10 @@ def checks(steps: dict) -> dict:
         s = steps.get(name)
         return s["result"] if s and s.get("status") == "pass" else None
 
-    def energies(name):     # PySCF with one BLAS setting over its budget: its energies still count
+    def energies(name):  # PySCF with one BLAS setting over its budget: its energies still count
         s = steps.get(name)
         return s["result"] if s and s.get("result") and "e_mp2" in s["result"] else None
+
     peak = (res("pair_peak") or {}).get("dgemm_peak_tflops")
     for m in ("h2o_16", "h2o_32"):
         ours, g4p, ps = res(f"ours_{m}"), res(f"gpu4pyscf_{m}"), res(f"pyscf_{m}")
@@ -316,22 +455,36 @@ def checks(steps: dict) -> dict:
         for who, r in (("ours", ours), ("gpu4pyscf", g4p)):
             if r and ps_e:
                 d_hf, d_mp2 = abs(r["e_hf"] - ps_e["e_hf"]), abs(r["e_mp2"] - ps_e["e_mp2"])
-                agree.append({"molecule": m, "who": who, "abs_d_e_hf": d_hf, "abs_d_e_mp2": d_mp2,
-                              "passed": d_hf <= E_TOL and d_mp2 <= E_TOL})
+                agree.append(
+                    {
+                        "molecule": m,
+                        "who": who,
+                        "abs_d_e_hf": d_hf,
+                        "abs_d_e_mp2": d_mp2,
+                        "passed": d_hf <= E_TOL and d_mp2 <= E_TOL,
+                    }
+                )
             else:
-                agree.append({"molecule": m, "who": who, "passed": None,
-                              "reason": f"not compared: {who} or PySCF did not pass"})
+                agree.append(
+                    {"molecule": m, "who": who, "passed": None, "reason": f"not compared: {who} or PySCF did not pass"}
+                )
         if ours:
             row = {"molecule": m, "ours_whole_s": ours["whole_s"], "ours_dfrhf_s": ours["dfrhf_s"]}
             if ps_e and not ps:
                 row["pyscf_setting"] = "not compared: only one BLAS setting finished"
             if ps:
-                row.update(pyscf_whole_s=ps["seconds"], pyscf_setting=ps["baseline"]["best"],
-                           pyscf_over_ours_whole=ps["seconds"] / ours["whole_s"],
-                           pyscf_over_ours_dfrhf=ps["scf_s"] / ours["dfrhf_s"])
+                row.update(
+                    pyscf_whole_s=ps["seconds"],
+                    pyscf_setting=ps["baseline"]["best"],
+                    pyscf_over_ours_whole=ps["seconds"] / ours["whole_s"],
+                    pyscf_over_ours_dfrhf=ps["scf_s"] / ours["dfrhf_s"],
+                )
             if g4p:
-                row.update(gpu4pyscf_whole_s=g4p["whole_s"], gpu4pyscf_over_ours_whole=g4p["whole_s"] / ours["whole_s"],
-                           gpu4pyscf_over_ours_dfrhf=g4p["dfrhf_s"] / ours["dfrhf_s"])
+                row.update(
+                    gpu4pyscf_whole_s=g4p["whole_s"],
+                    gpu4pyscf_over_ours_whole=g4p["whole_s"] / ours["whole_s"],
+                    gpu4pyscf_over_ours_dfrhf=g4p["dfrhf_s"] / ours["dfrhf_s"],
+                )
             pair_s = ours["timings"].get("pair")
             if pair_s and peak:
                 row["pair_step_pct_of_dgemm_peak"] = 100.0 * ours["pair_flops"] / pair_s / (peak * 1e12)
@@ -342,86 +495,148 @@ def checks(steps: dict) -> dict:
 # ------------------------------------------------------------------------------------ metadata
 def meta(dry: bool) -> dict:
     import torch
-    m = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dry_run_cpu": dry,
-         "label": "DRY RUN ON CPU, NOT GPU NUMBERS" if dry else "GPU acceptance", "host": platform.node(),
-         "cpu": _cpu(), "cores": os.cpu_count(), "command": " ".join(sys.argv),
-         "versions": {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda}}
+
+    m = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "dry_run_cpu": dry,
+        "label": "DRY RUN ON CPU, NOT GPU NUMBERS" if dry else "GPU acceptance",
+        "host": platform.node(),
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "command": " ".join(sys.argv),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda},
+    }
     from importlib import metadata
-    for mod, dists in (("triton", ["triton"]), ("pyscf", ["pyscf"]), ("numpy", ["numpy"]),
-                       ("gpu4pyscf", ["gpu4pyscf-cuda13x", "gpu4pyscf-cuda12x", "gpu4pyscf"]),
-                       ("cupy", ["cupy-cuda13x", "cupy-cuda12x", "cupy"])):
+
+    for mod, dists in (
+        ("triton", ["triton"]),
+        ("pyscf", ["pyscf"]),
+        ("numpy", ["numpy"]),
+        ("gpu4pyscf", ["gpu4pyscf-cuda13x", "gpu4pyscf-cuda12x", "gpu4pyscf"]),
+        ("cupy", ["cupy-cuda13x", "cupy-cuda12x", "cupy"]),
+    ):
         found = []
-        for d in dists:                  # read without importing (no CUDA context in this process)
+        for d in dists:  # read without importing (no CUDA context in this process)
             try:
                 found.append(f"{metadata.version(d)} ({d})" if d != mod else metadata.version(d))
             except metadata.PackageNotFoundError:
                 pass
         m["versions"][mod] = ", ".join(found) or "not installed"
     try:
-        m["versions"]["dfmp2_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                                       capture_output=True, text=True, timeout=10).stdout.strip()
+        m["versions"]["dfmp2_commit"] = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         m["versions"]["dfmp2_commit"] = "unknown"
     if not dry and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        m["gpu"] = {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2 ** 30, 1)}
+        m["gpu"] = {
+            "name": p.name,
+            "compute_capability": f"{p.major}.{p.minor}",
+            "memory_gib": round(p.total_memory / 2**30, 1),
+        }
         try:
-            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=20)
+            q = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             m["gpu"]["driver"] = q.stdout.strip().splitlines()[0] if q.returncode == 0 else None
         except (OSError, subprocess.SubprocessError, IndexError):
             m["gpu"]["driver"] = None
     else:
         m["gpu"] = {"name": "NONE: DRY RUN ON CPU" if dry else "no CUDA GPU visible to torch"}
     from dfmp2.benchmarks import fair_baseline as fb
+
     m["blas"] = fb.blas_info()
     return m
 
 
 def markdown(doc: dict) -> str:
     m = doc["meta"]
-    banner = ["", "**DRY RUN ON CPU, NOT GPU NUMBERS: the steps ran on the CPU with the smallest inputs "
-                  "to test this script.**", ""] if m["dry_run_cpu"] else [""]
+    banner = (
+        [
+            "",
+            "**DRY RUN ON CPU, NOT GPU NUMBERS: the steps ran on the CPU with the smallest inputs "
+            "to test this script.**",
+            "",
+        ]
+        if m["dry_run_cpu"]
+        else [""]
+    )
     g = m["gpu"]
-    lines = [f"# GPU acceptance{' (DRY RUN ON CPU)' if m['dry_run_cpu'] else ''}: {g['name']}", *banner,
-             f"- date: {m['date']}; host {m['host']}, {m['cpu']}, {m['cores']} cores",
-             f"- GPU: " + ", ".join(f"{k} {v}" for k, v in g.items()),
-             "- versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
-             f"- command: `{m['command']}`; total budget {doc['total_s']:.0f} s, took {doc['wall_s']:.0f} s",
-             f"- result: **{doc['verdict']}**", "",
-             "| step | status | s (budget) | what it says |", "|---|---|---|---|"]
+    lines = [
+        f"# GPU acceptance{' (DRY RUN ON CPU)' if m['dry_run_cpu'] else ''}: {g['name']}",
+        *banner,
+        f"- date: {m['date']}; host {m['host']}, {m['cpu']}, {m['cores']} cores",
+        "- GPU: " + ", ".join(f"{k} {v}" for k, v in g.items()),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        f"- command: `{m['command']}`; total budget {doc['total_s']:.0f} s, took {doc['wall_s']:.0f} s",
+        f"- result: **{doc['verdict']}**",
+        "",
+        "| step | status | s (budget) | what it says |",
+        "|---|---|---|---|",
+    ]
     for s in doc["steps"]:
-        lines.append(f"| {s['name']} | {s['status']} | {s.get('seconds', 0):.1f} ({s['budget_s']:.0f}) | {_cell(s['reason'])} |")
+        lines.append(
+            f"| {s['name']} | {s['status']} | {s.get('seconds', 0):.1f} ({s['budget_s']:.0f}) | {_cell(s['reason'])} |"
+        )
     c = doc["checks"]
-    lines += ["", f"## Energies against PySCF (bound {c['e_tol']:g} Eh)", "",
-              "| molecule | who | abs ΔE_HF / Eh | abs ΔE_MP2 / Eh | passed |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## Energies against PySCF (bound {c['e_tol']:g} Eh)",
+        "",
+        "| molecule | who | abs ΔE_HF / Eh | abs ΔE_MP2 / Eh | passed |",
+        "|---|---|---|---|---|",
+    ]
     for a in c["agreement"]:
-        lines.append(f"| {a['molecule']} | {a['who']} | {a.get('abs_d_e_hf', float('nan')):.1e} | "
-                     f"{a.get('abs_d_e_mp2', float('nan')):.1e} | {a['passed'] if a['passed'] is not None else a['reason']} |")
-    lines += ["", "## Speed (PySCF: the faster of its two BLAS settings)", "",
-              "| molecule | ours whole s | ours DF-RHF s | PySCF whole s (setting) | PySCF / ours whole | PySCF / ours DF-RHF "
-              "| gpu4pyscf whole s | gpu4pyscf / ours whole | pair step % of DGEMM |", "|---|---|---|---|---|---|---|---|---|"]
-    f = lambda v, p=2: "" if v is None else f"{v:.{p}f}"      # noqa: E731
+        lines.append(
+            f"| {a['molecule']} | {a['who']} | {a.get('abs_d_e_hf', float('nan')):.1e} | "
+            f"{a.get('abs_d_e_mp2', float('nan')):.1e} | {a['passed'] if a['passed'] is not None else a['reason']} |"
+        )
+    lines += [
+        "",
+        "## Speed (PySCF: the faster of its two BLAS settings)",
+        "",
+        "| molecule | ours whole s | ours DF-RHF s | PySCF whole s (setting) | PySCF / ours whole | PySCF / ours DF-RHF "
+        "| gpu4pyscf whole s | gpu4pyscf / ours whole | pair step % of DGEMM |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    f = lambda v, p=2: "" if v is None else f"{v:.{p}f}"  # noqa: E731
     for r in c["speed"]:
-        lines.append(f"| {r['molecule']} | {f(r['ours_whole_s'])} | {f(r['ours_dfrhf_s'])} | {f(r.get('pyscf_whole_s'))}"
-                     f" ({r.get('pyscf_setting', '')}) | {f(r.get('pyscf_over_ours_whole'))} | {f(r.get('pyscf_over_ours_dfrhf'))} | "
-                     f"{f(r.get('gpu4pyscf_whole_s'))} | {f(r.get('gpu4pyscf_over_ours_whole'))} | "
-                     f"{f(r.get('pair_step_pct_of_dgemm_peak'), 1)} |")
+        lines.append(
+            f"| {r['molecule']} | {f(r['ours_whole_s'])} | {f(r['ours_dfrhf_s'])} | {f(r.get('pyscf_whole_s'))}"
+            f" ({r.get('pyscf_setting', '')}) | {f(r.get('pyscf_over_ours_whole'))} | {f(r.get('pyscf_over_ours_dfrhf'))} | "
+            f"{f(r.get('gpu4pyscf_whole_s'))} | {f(r.get('gpu4pyscf_over_ours_whole'))} | "
+            f"{f(r.get('pair_step_pct_of_dgemm_peak'), 1)} |"
+        )
     pp = next((s for s in doc["steps"] if s["name"] == "pair_peak" and s.get("result")), None)
     if pp:
         r = pp["result"]
-        lines += ["", f"## Pair step vs DGEMM peak ({r['shape']['nocc']}/{r['shape']['nvir']}/{r['shape']['naux']})", "",
-                  f"DGEMM peak {f(r['dgemm_peak_tflops'])} TFLOP/s (n = {r['dgemm_peak_n']}); fp64 dot: {r['fp64_dot_lowering']}", "",
-                  "| path | median s | GFLOP/s | % of DGEMM |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Pair step vs DGEMM peak ({r['shape']['nocc']}/{r['shape']['nvir']}/{r['shape']['naux']})",
+            "",
+            f"DGEMM peak {f(r['dgemm_peak_tflops'])} TFLOP/s (n = {r['dgemm_peak_n']}); fp64 dot: {r['fp64_dot_lowering']}",
+            "",
+            "| path | median s | GFLOP/s | % of DGEMM |",
+            "|---|---|---|---|",
+        ]
         for row in r["rows"]:
-            lines.append(f"| {row['path']} | {f(row['median_s'], 4)} | {f(row['gflops'], 1)} | {f(row['pct_of_gemm_peak'], 1)} |"
-                         if row.get("gflops") else f"| {row['path']} | failed: {_cell(row['error'])} | | |")
+            lines.append(
+                f"| {row['path']} | {f(row['median_s'], 4)} | {f(row['gflops'], 1)} | {f(row['pct_of_gemm_peak'], 1)} |"
+                if row.get("gflops")
+                else f"| {row['path']} | failed: {_cell(row['error'])} | | |"
+            )
     for s in doc["steps"]:
         b = (s.get("result") or {}).get("baseline")
         if b:
             from dfmp2.benchmarks import fair_baseline as fb
+
             lines += ["", f"### {s['name']}: PySCF's two BLAS settings", ""] + fb.markdown_lines(
-                b, m["blas"], b["peaks"])[2:]
+                b, m["blas"], b["peaks"]
+            )[2:]
     if m["dry_run_cpu"]:
         lines += ["", "**DRY RUN ON CPU, NOT GPU NUMBERS.**"]
     return "\n".join(lines) + "\n"
@@ -433,8 +648,20 @@ def prepare_wheels() -> None:
     (ignored by git, .gitignore): .whl/ (the PySCF wheel, for the run without gpu4pyscf), and .g4a/, .g4b/, ...
     (PySCF and gpu4pyscf unpacked into one tree, tar.xz, cut into pieces of at most PIECE_MIB)."""
     import zipfile
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-            "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)]]
+
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        *[a for p in PLATFORMS for a in ("--platform", p)],
+    ]
     subprocess.run([*base, "-d", str(ROOT / ".whl"), *WHEELS], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([*base, "-d", tmp, G4P], check=True)
@@ -442,12 +669,12 @@ def prepare_wheels() -> None:
         for whl in [*Path(tmp).glob("gpu4pyscf*.whl"), *(ROOT / ".whl").glob("pyscf-*.whl")]:
             with zipfile.ZipFile(whl) as z:
                 z.extractall(site)
-        for so in site.rglob("*.so*"):           # zipfile drops the execute bit
+        for so in site.rglob("*.so*"):  # zipfile drops the execute bit
             so.chmod(0o755)
         pack = Path(tmp) / "pack.tar.xz"
         subprocess.run(f"tar -C {site} -cf - . | xz -T0 -9 > {pack}", shell=True, check=True)
-        data, piece = pack.read_bytes(), PIECE_MIB * 2 ** 20
-        parts = [data[k:k + piece] for k in range(0, len(data), piece)]
+        data, piece = pack.read_bytes(), PIECE_MIB * 2**20
+        parts = [data[k : k + piece] for k in range(0, len(data), piece)]
         for old in ROOT.glob(".g4?"):
             for f in old.iterdir():
                 f.unlink()
@@ -458,8 +685,8 @@ def prepare_wheels() -> None:
             (d / "pack.parts").write_text(f"{len(parts)}\n")
     for d in [ROOT / ".whl", *sorted(ROOT.glob(".g4?"))]:
         size = sum(p.stat().st_size for p in d.iterdir())
-        print(f"{d.name}: {size / 2 ** 20:.1f} MiB")
-    print(f"carry .whl alone (no gpu4pyscf), or stage .g4a ... then carry the last piece; see the docstring")
+        print(f"{d.name}: {size / 2**20:.1f} MiB")
+    print("carry .whl alone (no gpu4pyscf), or stage .g4a ... then carry the last piece; see the docstring")
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -478,6 +705,7 @@ def _cell(text) -> str:
 def _cpu() -> str:
     try:
         from dfmp2.benchmarks.timing import cpu_model
+
         return cpu_model()
     except Exception:
         return platform.processor() or "unknown"
@@ -489,14 +717,17 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", default=None, help="comma list of step names (default: all)")
     ap.add_argument("--total-s", type=float, default=TOTAL_S, help="seconds for all steps together")
-    ap.add_argument("--out-dir", default=None, help="where the .json and .md go "
-                    "[default scripts/results/; a temporary directory for --dry-run]")
-    ap.add_argument("--fail-step", default=None, help=argparse.SUPPRESS)     # tests: make one step raise
+    ap.add_argument(
+        "--out-dir",
+        default=None,
+        help="where the .json and .md go [default scripts/results/; a temporary directory for --dry-run]",
+    )
+    ap.add_argument("--fail-step", default=None, help=argparse.SUPPRESS)  # tests: make one step raise
     ap.add_argument("--prepare-wheels", action="store_true", help="download the wheels the GPU run carries")
     ap.add_argument("--step", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.step:                                   # inside a step's subprocess
+    if args.step:  # inside a step's subprocess
         try:
             out = child(args.step, json.loads(args.spec))
         except Exception as e:
@@ -507,40 +738,54 @@ def main(argv=None):
         return prepare_wheels()
     only = set(args.steps.split(",")) if args.steps else None
     if only and only - set(steps_for()):
-        sys.exit(f"error: unknown steps {', '.join(sorted(only - set(steps_for())))}; "
-                 f"the steps are {', '.join(steps_for())}")
+        sys.exit(
+            f"error: unknown steps {', '.join(sorted(only - set(steps_for())))}; the steps are {', '.join(steps_for())}"
+        )
     dry = args.dry_run
     label = "[DRY RUN ON CPU, NOT GPU NUMBERS] " if dry else ""
     if not dry:
         import torch
+
         if not torch.cuda.is_available():
             sys.exit("error: no CUDA GPU visible to torch; run this on a GPU machine, or --dry-run to test it here")
-    out_dir = Path(args.out_dir) if args.out_dir else (
-        Path(tempfile.mkdtemp(prefix="gpu_acceptance_dry_")) if dry else ROOT / "scripts" / "results")
+    out_dir = (
+        Path(args.out_dir)
+        if args.out_dir
+        else (Path(tempfile.mkdtemp(prefix="gpu_acceptance_dry_")) if dry else ROOT / "scripts" / "results")
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
-    about = meta(dry)           # imports torch: seconds on a loaded machine, before the clock --total-s bounds
+    about = meta(dry)  # imports torch: seconds on a loaded machine, before the clock --total-s bounds
     t_start = time.perf_counter()
     doc = {"meta": about, "total_s": args.total_s, "steps": []}
     with tempfile.TemporaryDirectory() as tmp:
-        spec = {"dry": dry, "device": "cpu" if dry else args.device, "tmp": tmp, "fail_step": args.fail_step,
-                "xyz": {k: str(ROOT / v) for k, v in (DRY if dry else WATERS).items()}}
+        spec = {
+            "dry": dry,
+            "device": "cpu" if dry else args.device,
+            "tmp": tmp,
+            "fail_step": args.fail_step,
+            "xyz": {k: str(ROOT / v) for k, v in (DRY if dry else WATERS).items()},
+        }
         for name in steps_for(only):
             left = args.total_s - (time.perf_counter() - t_start) - 5
-            cap = float("inf") if only else BUDGET_S[name] * (3 if dry else 1)   # chosen steps: all that is left
+            cap = float("inf") if only else BUDGET_S[name] * (3 if dry else 1)  # chosen steps: all that is left
             rec = run_step(name, spec, min(cap, left))
             if dry and mol_key(name):
                 rec["molecule_dry_run"] = spec["xyz"][mol_key(name)]
             doc["steps"].append(rec)
-            print(f"{label}{name}: {rec['status'].upper()} in {rec.get('seconds', 0):.1f} s: {rec['reason']}", flush=True)
+            print(
+                f"{label}{name}: {rec['status'].upper()} in {rec.get('seconds', 0):.1f} s: {rec['reason']}", flush=True
+            )
     steps = {s["name"]: s for s in doc["steps"]}
     doc["checks"] = checks(steps)
     failed = [s["name"] for s in doc["steps"] if s["status"] == "fail"] + [
-        f"agreement {a['who']} {a['molecule']}" for a in doc["checks"]["agreement"] if a["passed"] is False]
+        f"agreement {a['who']} {a['molecule']}" for a in doc["checks"]["agreement"] if a["passed"] is False
+    ]
     doc["failed"] = failed
     doc["verdict"] = ("FAIL: " + ", ".join(failed)) if failed else "PASS (skipped steps are listed, not passed)"
     doc["wall_s"] = time.perf_counter() - t_start
-    stem = (f"gpu_acceptance_{'DRY_RUN_CPU_' if dry else ''}{doc['meta']['date'][:10]}"
-            + (f"_steps-{'-'.join(steps_for(only))}" if only else ""))
+    stem = f"gpu_acceptance_{'DRY_RUN_CPU_' if dry else ''}{doc['meta']['date'][:10]}" + (
+        f"_steps-{'-'.join(steps_for(only))}" if only else ""
+    )
     js, md = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     js.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     md.write_text(markdown(doc))

@@ -16,6 +16,7 @@ written out per element below (the chemical core minus the 14 orbitals inside th
 SCF is PySCF's DF-RHF with the program's thresholds; MP2 is ``pyscf.mp.dfmp2.DFMP2`` with
 ``with_df = pyscf.df.DF(mol, auxbasis=<MP2 fit>)``. Energies in Hartree.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,11 @@ CASES = [
     ("stannane", "def2-svp", True, "full"),
     ("stannane", "def2-tzvp", False, "full"),
 ]
-JK_FIT = "def2-universal-jkfit"                           # Weigend's, defined H-Rn
+JK_FIT = "def2-universal-jkfit"  # Weigend's, defined H-Rn
 MP2_FIT = {"def2-svp": "def2-svp-ri", "def2-tzvp": "def2-tzvp-ri"}
-HEAVY = ("I", "Sn")                                       # def2 ECP, 28 electrons
-MP2_FIT_HEAVY = {"def2-svp": "def2-svp-rifit", "def2-tzvp": "def2-tzvp-rifit"}   # the BSE package's
-FROZEN = {"H": 0, "C": 1, "Sn": 4, "I": 4}                # 4s4p outside the [Ar]3d10 ECP core
+HEAVY = ("I", "Sn")  # def2 ECP, 28 electrons
+MP2_FIT_HEAVY = {"def2-svp": "def2-svp-rifit", "def2-tzvp": "def2-tzvp-rifit"}  # the BSE package's
+FROZEN = {"H": 0, "C": 1, "Sn": 4, "I": 4}  # 4s4p outside the [Ar]3d10 ECP core
 
 
 def key(molecule, basis, frozen_core) -> str:
@@ -59,12 +60,12 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
     from pyscf import df, gto, scf
     from pyscf.mp.dfmp2 import DFMP2
 
-    from dfmp2.scf.pyscf_scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE   # the same thresholds
+    from dfmp2.scf.pyscf_scf import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE  # the same thresholds
 
     t0 = time.perf_counter()
     path = ROOT / "inputs" / "ecp" / f"{molecule}.xyz"
     lines = path.read_text().splitlines()
-    atoms = "\n".join(lines[2:2 + int(lines[0])])
+    atoms = "\n".join(lines[2 : 2 + int(lines[0])])
     mol = gto.M(atom=atoms, unit="Angstrom", basis=basis, ecp=basis, verbose=0)
     elements = sorted({mol.atom_pure_symbol(i) for i in range(mol.natm)})
     jk = {el: JK_FIT for el in elements}
@@ -72,8 +73,7 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mf = scf.RHF(mol).density_fit(auxbasis=dict(jk))
-        mf.conv_tol, mf.conv_tol_grad, mf.max_cycle, mf.verbose = (SCF_CONV_TOL, SCF_CONV_TOL_GRAD,
-                                                                    SCF_MAX_CYCLE, 0)
+        mf.conv_tol, mf.conv_tol_grad, mf.max_cycle, mf.verbose = (SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_MAX_CYCLE, 0)
         mf.kernel()
     if not mf.converged:
         raise RuntimeError(f"{molecule}/{basis}: RHF did not converge")
@@ -85,21 +85,36 @@ def compute(molecule: str, basis: str, frozen_core: bool, subset: str) -> dict:
     pt.verbose = 0
     e_corr, _ = pt.kernel(with_t2=False)
     nocc_all = int(np.count_nonzero(mf.mo_occ > 0))
-    core = {mol.atom_pure_symbol(i): int(mol.atom_nelec_core(i)) for i in range(mol.natm)
-            if mol.atom_nelec_core(i)}
+    core = {mol.atom_pure_symbol(i): int(mol.atom_nelec_core(i)) for i in range(mol.natm) if mol.atom_nelec_core(i)}
     return {
-        "key": key(molecule, basis, frozen_core), "molecule": molecule, "subset": subset,
-        "path": f"inputs/ecp/{molecule}.xyz", "basis": basis, "ecp": basis, "ecp_core_electrons": core,
-        "nelectron": mol.nelectron, "jk_auxbasis": jk, "mp2_auxbasis": mp2,
-        "frozen_core": frozen_core, "nfrozen": nfrozen, "nbasis": mol.nao_nr(),
-        "nmo": int(mf.mo_coeff.shape[1]), "nocc": nocc_all - nfrozen,
-        "nvir": int(mf.mo_coeff.shape[1]) - nocc_all, "naux": int(pt.with_df.get_naoaux()),
-        "e_hf": float(mf.e_tot), "e_os": float(pt.e_corr_os), "e_ss": float(pt.e_corr_ss),
-        "e_corr": float(e_corr), "e_mp2": float(mf.e_tot + e_corr), "units": "hartree",
+        "key": key(molecule, basis, frozen_core),
+        "molecule": molecule,
+        "subset": subset,
+        "path": f"inputs/ecp/{molecule}.xyz",
+        "basis": basis,
+        "ecp": basis,
+        "ecp_core_electrons": core,
+        "nelectron": mol.nelectron,
+        "jk_auxbasis": jk,
+        "mp2_auxbasis": mp2,
+        "frozen_core": frozen_core,
+        "nfrozen": nfrozen,
+        "nbasis": mol.nao_nr(),
+        "nmo": int(mf.mo_coeff.shape[1]),
+        "nocc": nocc_all - nfrozen,
+        "nvir": int(mf.mo_coeff.shape[1]) - nocc_all,
+        "naux": int(pt.with_df.get_naoaux()),
+        "e_hf": float(mf.e_tot),
+        "e_os": float(pt.e_corr_os),
+        "e_ss": float(pt.e_corr_ss),
+        "e_corr": float(e_corr),
+        "e_mp2": float(mf.e_tot + e_corr),
+        "units": "hartree",
         "scf": {"conv_tol": mf.conv_tol, "conv_tol_grad": mf.conv_tol_grad, "max_cycle": mf.max_cycle},
         "method": "pyscf.gto.M(basis=B, ecp=B); pyscf.scf.RHF(mol).density_fit(jk_auxbasis); "
-                  "pyscf.mp.dfmp2.DFMP2(mf, frozen=nfrozen), with_df = pyscf.df.DF(mol, mp2_auxbasis)",
-        "pyscf_version": pyscf.__version__, "numpy_version": np.__version__,
+        "pyscf.mp.dfmp2.DFMP2(mf, frozen=nfrozen), with_df = pyscf.df.DF(mol, mp2_auxbasis)",
+        "pyscf_version": pyscf.__version__,
+        "numpy_version": np.__version__,
         "basis_set_exchange_version": basis_set_exchange.version(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0, 2),
@@ -117,8 +132,11 @@ def main(argv=None) -> int:
         if args.subset == "fast" and subset != "fast":
             continue
         e = compute(molecule, basis, fc, subset)
-        print(f"{e['key']:32s} nbasis {e['nbasis']:4d} naux {e['naux']:4d} E_HF {e['e_hf']:.10f} "
-              f"E_corr {e['e_corr']:.10f} {e['seconds']:.1f} s", flush=True)
+        print(
+            f"{e['key']:32s} nbasis {e['nbasis']:4d} naux {e['naux']:4d} E_HF {e['e_hf']:.10f} "
+            f"E_corr {e['e_corr']:.10f} {e['seconds']:.1f} s",
+            flush=True,
+        )
         if args.check:
             s = stored.get(e["key"])
             diffs = [f for f in ("e_hf", "e_os", "e_ss") if s is None or abs(s[f] - e[f]) > CHECK_TOL]
@@ -128,11 +146,17 @@ def main(argv=None) -> int:
         out[e["key"]] = e
     if not args.check:
         import pyscf
-        doc = {"meta": {"description": "DF-MP2 with def2 ECPs from PySCF alone (pyscf.mp.dfmp2.DFMP2); "
-                                       "written by scripts/make_ecp_references.py",
-                        "units": "hartree", "pyscf_version": pyscf.__version__,
-                        "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-               "references": out}
+
+        doc = {
+            "meta": {
+                "description": "DF-MP2 with def2 ECPs from PySCF alone (pyscf.mp.dfmp2.DFMP2); "
+                "written by scripts/make_ecp_references.py",
+                "units": "hartree",
+                "pyscf_version": pyscf.__version__,
+                "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            },
+            "references": out,
+        }
         tmp = OUTPUT.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, OUTPUT)

@@ -30,6 +30,7 @@ Subsets: ``fast`` (seconds; the default test channel), ``full`` (the slow channe
 else that is checked against the program), ``large`` (reference only, for benchmarks; not part of
 the regression run). ``--subset all`` means every case.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_OUTPUT = ROOT / "inputs" / "references.json"
-CHECK_TOL = 1e-10          # Hartree: regenerated references must reproduce the stored ones
-POLISH_CONV_TOL_GRAD = 1e-11   # orbital-gradient norm the open-shell (UHF) references are polished to
+CHECK_TOL = 1e-10  # Hartree: regenerated references must reproduce the stored ones
+POLISH_CONV_TOL_GRAD = 1e-11  # orbital-gradient norm the open-shell (UHF) references are polished to
 POLISH_MAX_STEPS = 10
 ENERGY_FIELDS = ("e_hf", "e_os", "e_ss", "e_corr", "e_mp2")
 SCHEMA = 1
@@ -54,10 +55,26 @@ SCHEMA = 1
 # The cases. (path relative to the repository, scf_mode, frozen_core, subset); basis cc-pVDZ and
 # its MP2-fit auxiliary basis unless stated.
 # ---------------------------------------------------------------------------------------------
-SMALL = ["water", "ammonia", "methane", "hydrogen_fluoride", "dinitrogen", "carbon_monoxide",
-         "ethylene", "formaldehyde", "benzene", "glycine", "hydrogen_cyanide", "acetylene",
-         "methanol", "hydrogen_chloride", "hydrogen_sulfide", "pyridine", "acetamide",
-         "formic_acid"]
+SMALL = [
+    "water",
+    "ammonia",
+    "methane",
+    "hydrogen_fluoride",
+    "dinitrogen",
+    "carbon_monoxide",
+    "ethylene",
+    "formaldehyde",
+    "benzene",
+    "glycine",
+    "hydrogen_cyanide",
+    "acetylene",
+    "methanol",
+    "hydrogen_chloride",
+    "hydrogen_sulfide",
+    "pyridine",
+    "acetamide",
+    "formic_acid",
+]
 # Cluster sizes checked against the program in the slow channel; LARGE_CLUSTERS are reference-only.
 CLUSTERS = [1, 2, 3, 4, 6, 8, 12, 16]
 LARGE_CLUSTERS = [24, 32]
@@ -70,7 +87,7 @@ FAST = [  # (molecule path, scf_mode, frozen_core): both SCF modes, both frozen-
     ("inputs/ammonia.xyz", "df", False),
     ("inputs/methane.xyz", "df", False),
     ("inputs/hydrogen_fluoride.xyz", "df", False),
-    ("inputs/hydrogen_chloride.xyz", "df", True),     # second row: 5 frozen core orbitals
+    ("inputs/hydrogen_chloride.xyz", "df", True),  # second row: 5 frozen core orbitals
     ("inputs/hydrogen_chloride.xyz", "exact", False),
 ]
 FULL_VARIANTS = [  # non-default settings on larger molecules
@@ -113,9 +130,17 @@ def all_cases(basis: str = "cc-pvdz", auxbasis: str | None = None) -> list[dict]
         if key in seen:
             return
         seen.add(key)
-        out.append({"molecule": Path(path).stem, "path": path, "basis": basis,
-                    "auxbasis_requested": auxbasis, "scf_mode": scf_mode,
-                    "frozen_core": frozen_core, "subset": subset})
+        out.append(
+            {
+                "molecule": Path(path).stem,
+                "path": path,
+                "basis": basis,
+                "auxbasis_requested": auxbasis,
+                "scf_mode": scf_mode,
+                "frozen_core": frozen_core,
+                "subset": subset,
+            }
+        )
 
     for path, mode, fc in FAST:
         add(path, mode, fc, "fast")
@@ -138,8 +163,7 @@ def all_cases(basis: str = "cc-pvdz", auxbasis: str | None = None) -> list[dict]
 
 def case_key(molecule: str, basis: str, auxbasis: str, scf_mode: str, frozen_core: bool) -> str:
     """The key of a reference: 'molecule|basis|auxbasis|scf_mode|fc' (or '|ae'), names lower-case."""
-    return "|".join([molecule, basis.lower(), auxbasis.lower(), scf_mode,
-                     "fc" if frozen_core else "ae"])
+    return "|".join([molecule, basis.lower(), auxbasis.lower(), scf_mode, "fc" if frozen_core else "ae"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,8 +178,8 @@ def compute_reference(case: dict) -> dict:
 
     from dfmp2.df import basis as df_basis
     from dfmp2.io import molecule as io_molecule
-    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.scf import pyscf_scf
 
     t0 = time.perf_counter()
     geom = read_xyz(ROOT / case["path"])
@@ -166,7 +190,7 @@ def compute_reference(case: dict) -> dict:
     ref = (pyscf_scf.run_uhf if uhf else pyscf_scf.run_rhf)(mol, case["scf_mode"])
     mf = ref.mf
     polish = None
-    if uhf:       # the DIIS UHF at the program's 1e-9 gradient is not converged enough (see polish_uhf)
+    if uhf:  # the DIIS UHF at the program's 1e-9 gradient is not converged enough (see polish_uhf)
         polish = polish_uhf(mf)
         ref = pyscf_scf.from_pyscf(mf, scf=ref.scf, jk_auxbasis=ref.jk_auxbasis)
     t_scf = time.perf_counter() - t0
@@ -175,7 +199,7 @@ def compute_reference(case: dict) -> dict:
     pt = (DFUMP2 if uhf else DFMP2)(mf, frozen=nfrozen if nfrozen else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pt.with_df = df.DF(mol, auxbasis=auxbasis)   # the MP2-fit basis, not the SCF's JK-fit one
+        pt.with_df = df.DF(mol, auxbasis=auxbasis)  # the MP2-fit basis, not the SCF's JK-fit one
     pt.verbose = 0
     e_corr, _ = pt.kernel(with_t2=False)
     e_os, e_ss = float(pt.e_corr_os), float(pt.e_corr_ss)
@@ -186,8 +210,7 @@ def compute_reference(case: dict) -> dict:
     nmo = int(np.asarray(mf.mo_coeff).shape[-1])
     nocc_all = int(np.count_nonzero((occ[0] if uhf else occ) > 0))
     entry = {
-        "key": case_key(case["molecule"], case["basis"], aux_name, case["scf_mode"],
-                        case["frozen_core"]),
+        "key": case_key(case["molecule"], case["basis"], aux_name, case["scf_mode"], case["frozen_core"]),
         "molecule": case["molecule"],
         "path": case["path"],
         "subset": case["subset"],
@@ -198,9 +221,14 @@ def compute_reference(case: dict) -> dict:
         "auxbasis_requested": case["auxbasis_requested"],
         "scf_mode": case["scf_mode"],
         "scf_jk_auxbasis": ref.jk_auxbasis,
-        "scf": {"conv_tol": mf.conv_tol, "conv_tol_grad": mf.conv_tol_grad,
-                "max_cycle": mf.max_cycle, "init_guess": mf.init_guess,
-                "cycles": ref.scf.iterations, "converged": bool(mf.converged)},
+        "scf": {
+            "conv_tol": mf.conv_tol,
+            "conv_tol_grad": mf.conv_tol_grad,
+            "max_cycle": mf.max_cycle,
+            "init_guess": mf.init_guess,
+            "cycles": ref.scf.iterations,
+            "converged": bool(mf.converged),
+        },
         "frozen_core": case["frozen_core"],
         "nfrozen": nfrozen,
         "nbasis": mol.nao_nr(),
@@ -215,7 +243,7 @@ def compute_reference(case: dict) -> dict:
         "e_mp2": float(ref.e_hf) + float(e_corr),
         "units": "hartree",
         "method": "pyscf.scf.RHF (via dfmp2.scf.pyscf_scf.run_rhf) + pyscf.mp.dfmp2.DFMP2, "
-                  "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)",
+        "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)",
         "reference": "RHF",
         "pyscf_version": pyscf.__version__,
         "numpy_version": np.__version__,
@@ -224,13 +252,20 @@ def compute_reference(case: dict) -> dict:
     }
     if uhf:
         nocc_b = int(np.count_nonzero(occ[1] > 0))
-        entry.update({
-            "reference": "UHF", "charge": mol.charge, "multiplicity": mol.spin + 1,
-            "nocc_beta": nocc_b - nfrozen, "nvir_beta": nmo - nocc_b,
-            "s2": ref.s2, "s2_exact": ref.s2_exact,
-            "method": "pyscf.scf.UHF (via dfmp2.scf.pyscf_scf.run_uhf) polished by pyscf.soscf Newton steps "
-                      "(polish_uhf) + pyscf.mp.dfump2.DFUMP2, "
-                      "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)"})
+        entry.update(
+            {
+                "reference": "UHF",
+                "charge": mol.charge,
+                "multiplicity": mol.spin + 1,
+                "nocc_beta": nocc_b - nfrozen,
+                "nvir_beta": nmo - nocc_b,
+                "s2": ref.s2,
+                "s2_exact": ref.s2_exact,
+                "method": "pyscf.scf.UHF (via dfmp2.scf.pyscf_scf.run_uhf) polished by pyscf.soscf Newton steps "
+                "(polish_uhf) + pyscf.mp.dfump2.DFUMP2, "
+                "with_df = pyscf.df.DF(mol, auxbasis=<MP2-fit basis>)",
+            }
+        )
         entry["scf"].update(polish)
     return entry
 
@@ -238,6 +273,7 @@ def compute_reference(case: dict) -> dict:
 def _gradient_norm(mf, mo_coeff, mo_occ) -> float:
     """PySCF's own orbital-gradient norm (``mf.get_grad``, as its SCF kernel measures it)."""
     import numpy as np
+
     fock = mf.get_fock(dm=mf.make_rdm1(mo_coeff, mo_occ))
     return float(np.linalg.norm(mf.get_grad(mo_coeff, mo_occ, fock)))
 
@@ -265,14 +301,14 @@ def polish_uhf(mf, conv_tol_grad: float = POLISH_CONV_TOL_GRAD, max_steps: int =
     gnorm, steps = g_start, 0
     while gnorm >= conv_tol_grad:
         if steps == max_steps:
-            raise RuntimeError(f"UHF polish: orbital gradient {gnorm:.1e} after {steps} Newton steps "
-                               f"(target {conv_tol_grad:g})")
+            raise RuntimeError(
+                f"UHF polish: orbital gradient {gnorm:.1e} after {steps} Newton steps (target {conv_tol_grad:g})"
+            )
         fock = mf.get_fock(dm=mf.make_rdm1(mo, occ))
         g, h_op, h_diag = newton.gen_g_hop(mo, occ, fock)
         n = g.size
         hess = sla.LinearOperator((n, n), matvec=h_op, dtype=float)
-        precond = sla.LinearOperator((n, n), matvec=lambda x: x / np.maximum(np.abs(h_diag), 1e-2),
-                                     dtype=float)
+        precond = sla.LinearOperator((n, n), matvec=lambda x: x / np.maximum(np.abs(h_diag), 1e-2), dtype=float)
         x, info = sla.minres(hess, -g, M=precond, rtol=1e-8, maxiter=200)
         if info != 0:
             raise RuntimeError(f"UHF polish: MINRES did not converge (info {info})")
@@ -282,15 +318,19 @@ def polish_uhf(mf, conv_tol_grad: float = POLISH_CONV_TOL_GRAD, max_steps: int =
     dm = mf.make_rdm1(mo, occ)
     fock = mf.get_fock(dm=dm)
     e_tot = float(mf.energy_tot(dm))
-    if e_tot - e_start > 1e-11:         # a rise beyond rounding: not the same minimum
+    if e_tot - e_start > 1e-11:  # a rise beyond rounding: not the same minimum
         raise RuntimeError(f"UHF polish raised the energy by {e_tot - e_start:.1e} Eh")
     mo_energy, mo = mf.canonicalize(mo, occ, fock)
     mf.mo_coeff, mf.mo_energy, mf.e_tot = mo, mo_energy, e_tot
-    return {"polish": "pyscf newton (SOSCF): Newton steps on mf.newton().gen_g_hop (orbital "
-                      "gradient and exact Hessian), H x = -g by scipy MINRES, then mf.canonicalize",
-            "polish_conv_tol_grad": conv_tol_grad, "polish_steps": steps,
-            "conv_tol_grad_start": g_start, "conv_tol_grad_reached": _gradient_norm(mf, mo, occ),
-            "polish_e_hf_change": e_tot - e_start}
+    return {
+        "polish": "pyscf newton (SOSCF): Newton steps on mf.newton().gen_g_hop (orbital "
+        "gradient and exact Hessian), H x = -g by scipy MINRES, then mf.canonicalize",
+        "polish_conv_tol_grad": conv_tol_grad,
+        "polish_steps": steps,
+        "conv_tol_grad_start": g_start,
+        "conv_tol_grad_reached": _gradient_norm(mf, mo, occ),
+        "polish_e_hf_change": e_tot - e_start,
+    }
 
 
 def load(path: Path) -> dict:
@@ -303,36 +343,38 @@ def load(path: Path) -> dict:
 def save(data: dict, path: Path) -> None:
     """Write atomically (temp file + rename): never a half-written reference file."""
     import pyscf
+
     data["meta"] = {
         "schema": SCHEMA,
         "description": "DF-MP2 reference energies from PySCF's own DF-MP2 (pyscf.mp.dfmp2.DFMP2), "
-                       "an independent code; written by scripts/make_references.py",
+        "an independent code; written by scripts/make_references.py",
         "units": "hartree",
         "generator": "scripts/make_references.py",
         "pyscf_version": pyscf.__version__,
         "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "key": "molecule|basis|auxbasis|scf_mode|ae-or-fc",
-        "subsets": {"fast": "default test channel", "full": "slow channel",
-                    "large": "reference only (benchmarks), not in the regression run"},
+        "subsets": {
+            "fast": "default test channel",
+            "full": "slow channel",
+            "large": "reference only (benchmarks), not in the regression run",
+        },
     }
-    data["references"] = dict(sorted(data["references"].items(),
-                                     key=lambda kv: _order(kv[1])))
+    data["references"] = dict(sorted(data["references"].items(), key=lambda kv: _order(kv[1])))
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
 
 
 def _order(entry: dict):
-    return ({"fast": 0, "full": 1, "large": 2}.get(entry.get("subset"), 3), entry.get("nbasis", 0),
-            entry["key"])
+    return ({"fast": 0, "full": 1, "large": 2}.get(entry.get("subset"), 3), entry.get("nbasis", 0), entry["key"])
 
 
 def select(cases: list[dict], subset: str, names: list[str]) -> list[dict]:
     """Cases in ``subset`` ('fast', 'full', 'large', 'all'; 'full' includes 'fast'), filtered by
     molecule names (exact name or shell-style pattern)."""
     from fnmatch import fnmatch
-    wanted = {"fast": {"fast"}, "full": {"fast", "full"}, "large": {"large"},
-              "all": {"fast", "full", "large"}}[subset]
+
+    wanted = {"fast": {"fast"}, "full": {"fast", "full"}, "large": {"large"}, "all": {"fast", "full", "large"}}[subset]
     out = [c for c in cases if c["subset"] in wanted]
     if names:
         out = [c for c in out if any(c["molecule"] == n or fnmatch(c["molecule"], n) for n in names)]
@@ -346,14 +388,15 @@ def compare(stored: dict, new: dict, tol: float = CHECK_TOL) -> list[str]:
         d = new[f] - stored[f]
         if not abs(d) <= tol:
             bad.append(f"{f}: stored {stored[f]:.12f}, recomputed {new[f]:.12f}, diff {d:+.2e}")
-    for f in ("nbasis", "naux", "nocc", "nvir", "nfrozen", "auxbasis", "scf_jk_auxbasis",
-              "nocc_beta", "nvir_beta"):
+    for f in ("nbasis", "naux", "nocc", "nvir", "nfrozen", "auxbasis", "scf_jk_auxbasis", "nocc_beta", "nvir_beta"):
         if stored.get(f) != new.get(f):
             bad.append(f"{f}: stored {stored.get(f)!r}, recomputed {new.get(f)!r}")
-    for f in ("conv_tol", "conv_tol_grad"):     # the program's SCF thresholds changed: regenerate
+    for f in ("conv_tol", "conv_tol_grad"):  # the program's SCF thresholds changed: regenerate
         if stored["scf"].get(f) != new["scf"].get(f):
-            bad.append(f"scf.{f}: stored with {stored['scf'].get(f)!r}, the program now uses "
-                       f"{new['scf'].get(f)!r}; regenerate the references")
+            bad.append(
+                f"scf.{f}: stored with {stored['scf'].get(f)!r}, the program now uses "
+                f"{new['scf'].get(f)!r}; regenerate the references"
+            )
     return bad
 
 
@@ -362,8 +405,7 @@ def main(argv=None) -> int:
     ap.add_argument("molecules", nargs="*", help="molecule names or patterns (default: all in subset)")
     ap.add_argument("--subset", choices=("fast", "full", "large", "all"), default="all")
     ap.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="reference file")
-    ap.add_argument("--check", action="store_true",
-                    help="recompute and compare with the stored file; write nothing")
+    ap.add_argument("--check", action="store_true", help="recompute and compare with the stored file; write nothing")
     ap.add_argument("--tol", type=float, default=CHECK_TOL, help="--check tolerance (Hartree)")
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
     args = ap.parse_args(argv)
@@ -377,17 +419,22 @@ def main(argv=None) -> int:
             print(f"{c['subset']:5s} {c['scf_mode']:5s} {'fc' if c['frozen_core'] else 'ae'} {c['path']}")
         return 0
     data = load(args.output)
-    stored_by_case = {(e["path"], e["basis"], e["auxbasis_requested"], e["scf_mode"], e["frozen_core"]): e
-                      for e in data["references"].values()}
+    stored_by_case = {
+        (e["path"], e["basis"], e["auxbasis_requested"], e["scf_mode"], e["frozen_core"]): e
+        for e in data["references"].values()
+    }
     failures, t_all = 0, time.perf_counter()
     for n, case in enumerate(cases, 1):
         entry = compute_reference(case)
         tag = f"[{n}/{len(cases)}] {entry['key']}"
-        info = (f"nbasis {entry['nbasis']:4d} naux {entry['naux']:5d}  E_HF {entry['e_hf']:.10f}  "
-                f"E_corr {entry['e_corr']:.10f}  {entry['seconds']['total']:.1f} s")
+        info = (
+            f"nbasis {entry['nbasis']:4d} naux {entry['naux']:5d}  E_HF {entry['e_hf']:.10f}  "
+            f"E_corr {entry['e_corr']:.10f}  {entry['seconds']['total']:.1f} s"
+        )
         if args.check:
-            stored = stored_by_case.get((case["path"], case["basis"].lower(), case["auxbasis_requested"],
-                                         case["scf_mode"], case["frozen_core"]))
+            stored = stored_by_case.get(
+                (case["path"], case["basis"].lower(), case["auxbasis_requested"], case["scf_mode"], case["frozen_core"])
+            )
             if stored is None:
                 print(f"{tag}: MISSING from {args.output}")
                 failures += 1
@@ -399,11 +446,12 @@ def main(argv=None) -> int:
             failures += bool(bad)
         else:
             data["references"][entry["key"]] = entry
-            save(data, args.output)      # after each case: an interrupted run keeps what it did
+            save(data, args.output)  # after each case: an interrupted run keeps what it did
             print(f"{tag}  {info}", flush=True)
-    print(f"{len(cases)} case(s) in {time.perf_counter() - t_all:.1f} s"
-          + (f", {failures} failed the check (tol {args.tol:.0e} Eh)" if args.check else
-             f", written to {args.output}"))
+    print(
+        f"{len(cases)} case(s) in {time.perf_counter() - t_all:.1f} s"
+        + (f", {failures} failed the check (tol {args.tol:.0e} Eh)" if args.check else f", written to {args.output}")
+    )
     return 1 if failures else 0
 
 

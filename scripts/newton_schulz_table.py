@@ -10,44 +10,46 @@ fp64 with the rounded A that was actually passed in, the relative error ||X - A^
 against the exact inverse square root of the fp64 matrix, and whether the op accepted the result
 with its default tolerance (fp64 1e-6, fp32 1e-3) or raised ConvergenceError.
 """
+
 from __future__ import annotations
 
 import argparse
 import datetime
 import math
-import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from dfmp2.benchmarks.timing import cpu_model
+from dfmp2.linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd
+from dfmp2.linalg.newton_schulz import DEFAULT_COND_MAX, DEFAULT_TOL
 
-from dfmp2 import linalg  # noqa: E402
-from dfmp2.benchmarks.timing import cpu_model  # noqa: E402
-from dfmp2.linalg import ConvergenceError, get_backend, inv_sqrt_spd, random_spd  # noqa: E402
-from dfmp2.linalg.newton_schulz import DEFAULT_COND_MAX, DEFAULT_TOL  # noqa: E402
-
-CONDS = [10.0 ** k for k in range(2, 11)]
+CONDS = [10.0**k for k in range(2, 11)]
 
 
 def rows_for(n: int, cond: float, dtype, be, seed: int):
     a64, q, lam = random_spd(n, cond, seed, return_eig=True)
-    x_exact = (q * lam.rsqrt()) @ q.T          # the intended matrix's inverse square root
+    x_exact = (q * lam.rsqrt()) @ q.T  # the intended matrix's inverse square root
     a = a64.to(dtype).to(be.device)
     lam_min_rounded = float(torch.linalg.eigvalsh(a.double().cpu())[0])
     out = []
-    for label, kwargs in (("NS scaled", {"method": "newton_schulz"}),
-                          ("NS unscaled", {"method": "newton_schulz", "scaled": False}),
-                          ("eigh", {"method": "eigh"})):
+    for label, kwargs in (
+        ("NS scaled", {"method": "newton_schulz"}),
+        ("NS unscaled", {"method": "newton_schulz", "scaled": False}),
+        ("eigh", {"method": "eigh"}),
+    ):
         t0 = time.perf_counter()
-        x, info = inv_sqrt_spd(a, backend=be, check=False, **kwargs) if label != "eigh" else \
-            inv_sqrt_spd(a, backend=be, **kwargs)
+        x, info = (
+            inv_sqrt_spd(a, backend=be, check=False, **kwargs)
+            if label != "eigh"
+            else inv_sqrt_spd(a, backend=be, **kwargs)
+        )
         be.synchronize()
         dt = time.perf_counter() - t0
-        accepted = "-"                           # eigh has no acceptance test
+        accepted = "-"  # eigh has no acceptance test
         if label != "eigh":
-            try:                                 # what the op does with check=True (the default)
+            try:  # what the op does with check=True (the default)
                 inv_sqrt_spd(a, backend=be, **kwargs)
                 accepted = "yes"
             except ConvergenceError:
@@ -61,10 +63,21 @@ def rows_for(n: int, cond: float, dtype, be, seed: int):
             err = float(torch.linalg.norm(xd - x_exact) / torch.linalg.norm(x_exact))
         else:
             res = err = math.inf
-        out.append({"cond": cond, "dtype": str(dtype).replace("torch.", ""), "method": label,
-                    "iterations": info.get("iterations", "-"), "host_syncs": info.get("host_syncs", "-"),
-                    "residual": res, "rel_error": err, "stop": info.get("stop", f"dropped {info.get('dropped')}"),
-                    "accepted": accepted, "seconds": dt, "lambda_min_rounded": lam_min_rounded})
+        out.append(
+            {
+                "cond": cond,
+                "dtype": str(dtype).replace("torch.", ""),
+                "method": label,
+                "iterations": info.get("iterations", "-"),
+                "host_syncs": info.get("host_syncs", "-"),
+                "residual": res,
+                "rel_error": err,
+                "stop": info.get("stop", f"dropped {info.get('dropped')}"),
+                "accepted": accepted,
+                "seconds": dt,
+                "lambda_min_rounded": lam_min_rounded,
+            }
+        )
     return out
 
 
@@ -117,37 +130,64 @@ def main(argv=None):
         "|---:|---|---|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in rows:
-        lines.append("| " + " | ".join([f"{r['cond']:.0e}", r["dtype"], r["method"], fmt(r["iterations"]),
-                                        fmt(r["host_syncs"]), fmt(r["residual"]), fmt(r["rel_error"]), r["stop"],
-                                        r["accepted"], f"{r['seconds']:.3f}", f"{r['lambda_min_rounded']:.2e}"]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{r['cond']:.0e}",
+                    r["dtype"],
+                    r["method"],
+                    fmt(r["iterations"]),
+                    fmt(r["host_syncs"]),
+                    fmt(r["residual"]),
+                    fmt(r["rel_error"]),
+                    r["stop"],
+                    r["accepted"],
+                    f"{r['seconds']:.3f}",
+                    f"{r['lambda_min_rounded']:.2e}",
+                ]
+            )
+            + " |"
+        )
 
     indefinite = [r["cond"] for r in rows if r["dtype"] == "float32" and r["lambda_min_rounded"] <= 0]
     fp32_fail = [r for r in rows if r["dtype"] == "float32" and r["method"] == "NS scaled" and r["accepted"] != "yes"]
     by = {(r["dtype"], r["method"], r["cond"]): r for r in rows}
-    ns_vs_eigh = ", ".join(f"cond {c:.0e}: {by[('float32', 'NS scaled', c)]['rel_error']:.1e} vs "
-                           f"{by[('float32', 'eigh', c)]['rel_error']:.1e}" for c in CONDS[:6])
+    ns_vs_eigh = ", ".join(
+        f"cond {c:.0e}: {by[('float32', 'NS scaled', c)]['rel_error']:.1e} vs "
+        f"{by[('float32', 'eigh', c)]['rel_error']:.1e}"
+        for c in CONDS[:6]
+    )
     fail_text = ", ".join(f"cond {r['cond']:.0e}: {r['stop']}" for r in fp32_fail)
 
     def worst(dtype, method, key):
         return max(r[key] for r in rows if r["dtype"] == dtype and r["method"] == method and r["accepted"] == "yes")
 
-    acc = {dt: [r["cond"] for r in rows if r["dtype"] == dt and r["method"] == "NS scaled" and r["accepted"] == "yes"]
-           for dt in ("float64", "float32")}
-    its = {dt: sorted({r["iterations"] for r in rows if r["dtype"] == dt and r["method"] == "NS scaled"})
-           for dt in ("float64", "float32")}
-    lines += ["", "## Summary", "",
-              f"- fp64, scaled NS: accepted for cond up to {max(acc['float64']):.0e}; iterations {its['float64']}; "
-              f"residual grows like cond * eps (worst accepted {worst('float64', 'NS scaled', 'residual'):.1e}), "
-              "the same floor as the eigh path.",
-              f"- fp32, scaled NS: accepted for cond up to {max(acc['float32']):.0e}; iterations {its['float32']}; "
-              f"beyond that ({fail_text}) "
-              "the residual is above 1e-3 and the op raises ConvergenceError"
-              + (f"; from cond {min(indefinite):.0e} the fp32-rounded matrix is indefinite." if indefinite else "."),
-              f"- fp32 rel. error, scaled NS vs eigh: {ns_vs_eigh}.",
-              "- Scaling costs iterations and about 1-2 digits of residual for well-conditioned fp64 matrices "
-              "(it is planned for cond_max) and saves iterations for ill-conditioned ones; pass cond_max= to plan "
-              "for a better-conditioned matrix, or scaled=False.",
-              ""]
+    acc = {
+        dt: [r["cond"] for r in rows if r["dtype"] == dt and r["method"] == "NS scaled" and r["accepted"] == "yes"]
+        for dt in ("float64", "float32")
+    }
+    its = {
+        dt: sorted({r["iterations"] for r in rows if r["dtype"] == dt and r["method"] == "NS scaled"})
+        for dt in ("float64", "float32")
+    }
+    lines += [
+        "",
+        "## Summary",
+        "",
+        f"- fp64, scaled NS: accepted for cond up to {max(acc['float64']):.0e}; iterations {its['float64']}; "
+        f"residual grows like cond * eps (worst accepted {worst('float64', 'NS scaled', 'residual'):.1e}), "
+        "the same floor as the eigh path.",
+        f"- fp32, scaled NS: accepted for cond up to {max(acc['float32']):.0e}; iterations {its['float32']}; "
+        f"beyond that ({fail_text}) "
+        "the residual is above 1e-3 and the op raises ConvergenceError"
+        + (f"; from cond {min(indefinite):.0e} the fp32-rounded matrix is indefinite." if indefinite else "."),
+        f"- fp32 rel. error, scaled NS vs eigh: {ns_vs_eigh}.",
+        "- Scaling costs iterations and about 1-2 digits of residual for well-conditioned fp64 matrices "
+        "(it is planned for cond_max) and saves iterations for ill-conditioned ones; pass cond_max= to plan "
+        "for a better-conditioned matrix, or scaled=False.",
+        "",
+    ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines[-6:]))

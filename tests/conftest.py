@@ -2,6 +2,7 @@
 
 A channel that cannot run here is reported as *skipped* with the reason, never as passed.
 """
+
 import os
 
 # Before torch is imported (libgomp reads it once, when it loads): idle OpenMP threads sleep instead
@@ -12,36 +13,41 @@ import os
 # workers and by the subprocesses the tests start; a value already set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", default=False,
-                     help="run the slow channel (full regression set, large shapes)")
+    parser.addoption(
+        "--slow", action="store_true", default=False, help="run the slow channel (full regression set, large shapes)"
+    )
 
 
 def _real_nki_available() -> bool:
     """True only for AWS's real nki package with nki.jit and nki.simulate (PyPI's 'nki' is an
     empty placeholder); the same test the trn backend uses to pick its engine."""
     from dfmp2.kernels.nki.engines import real_nki
+
     return real_nki()[0] is not None
 
 
 def _neuron_device_available() -> bool:
     from dfmp2.kernels.nki.engines import neuron_devices
+
     return bool(neuron_devices()) and _real_nki_available()
 
 
-@pytest.hookimpl(tryfirst=True)     # before xdist's worker reads the xdist_group marks added here
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     skip = {
         "slow": None if config.getoption("--slow") else "slow channel: run with --slow",
         "cuda": None if torch.cuda.is_available() else "cuda channel: no CUDA GPU on this machine",
-        "nki_sim": None if _real_nki_available() else
-        "nki_sim channel: AWS's nki package (with nki.simulate) is not installed",
-        "neuron": None if _neuron_device_available() else
-        "neuron channel: no Trainium device / Neuron SDK on this machine",
+        "nki_sim": None
+        if _real_nki_available()
+        else "nki_sim channel: AWS's nki package (with nki.simulate) is not installed",
+        "neuron": None
+        if _neuron_device_available()
+        else "neuron channel: no Trainium device / Neuron SDK on this machine",
     }
     for item in items:
         for mark, reason in skip.items():
@@ -57,8 +63,9 @@ def _one_worker_for_the_triton_interpreter(config, items):
     runs once, not once per worker. Other tests are spread one by one. Nothing changes without
     xdist."""
     if not config.pluginmanager.hasplugin("xdist"):
-        return                      # the xdist_group mark is xdist's (unknown without it)
+        return  # the xdist_group mark is xdist's (unknown without it)
     from triton_interpreter import INTERPRETER_MODULES, TESTS
+
     paths = {TESTS / m for m in INTERPRETER_MODULES}
     for item in items:
         if item.path.resolve() in paths:
@@ -80,11 +87,11 @@ def one_torch_thread():
 def no_scf(monkeypatch):
     """Refusals must come before the SCF: every SCF entry point (our DF-RHF, PySCF's RHF and
     UHF) fails the test if it is called."""
-    from dfmp2.scf import driver
-    from dfmp2.scf import pyscf_scf
+    from dfmp2.scf import driver, pyscf_scf
 
     def fail(*a, **k):
         pytest.fail("the SCF must not start")
+
     monkeypatch.setattr(pyscf_scf, "run_rhf", fail)
     monkeypatch.setattr(pyscf_scf, "run_uhf", fail)
     monkeypatch.setattr(driver, "run_scf", fail)

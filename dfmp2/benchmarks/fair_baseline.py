@@ -27,9 +27,11 @@ Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["
 Tasks: ``dfrhf`` (PySCF DF-RHF, the JK-fit set of dfmp2.df.basis.default_auxbasis), ``dfuhf`` (PySCF
 DF-UHF, the same set and thresholds), ``whole`` (PySCF DF-RHF + DFMP2 with the MP2-fit set, or
 DF-UHF + DFUMP2 for an open shell; ``scf_s`` and ``mp2_s`` beside the total),
-``stage`` (PySCF DFMP2, or DFUMP2 for UHF orbitals, alone on the SCF orbitals saved in ``scf_npz``, ``warmup`` untimed calls,
+``stage`` (PySCF DFMP2, or DFUMP2 for UHF orbitals, alone on the SCF orbitals saved in ``scf_npz``,
+``warmup`` untimed calls,
 then ``repeats`` timed ones).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,11 +43,11 @@ import sys
 import time
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the directory holding dfmp2/ (a checkout or site-packages)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding dfmp2/ (a checkout or site-packages)
 BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SETTINGS = ("as_set", "unset")
-MARK = "FAIR_BASELINE_RESULT "          # the child's last stdout line: MARK + JSON
-CPU_PEAK_SIZES = (2048, 3072)           # square GEMM sizes for a CPU peak (short calls on a small CPU)
+MARK = "FAIR_BASELINE_RESULT "  # the child's last stdout line: MARK + JSON
+CPU_PEAK_SIZES = (2048, 3072)  # square GEMM sizes for a CPU peak (short calls on a small CPU)
 
 
 # ---------------------------------------------------------------------------------------- BLAS info
@@ -55,9 +57,12 @@ def blas_info() -> dict:
     info = {"env": {v: os.environ.get(v) for v in BLAS_VARS}}
     try:
         from threadpoolctl import threadpool_info
+
         keep = ("user_api", "internal_api", "version", "architecture", "num_threads", "threading_layer", "filepath")
-        info["threadpools"] = sorted(({k: p.get(k) for k in keep if k in p} for p in threadpool_info()),
-                                     key=lambda p: (p["user_api"], p.get("filepath") or ""))
+        info["threadpools"] = sorted(
+            ({k: p.get(k) for k in keep if k in p} for p in threadpool_info()),
+            key=lambda p: (p["user_api"], p.get("filepath") or ""),
+        )
     except ImportError as e:
         info["threadpools"] = f"not read: threadpoolctl not installed ({e})"
     if "torch" in sys.modules:
@@ -65,33 +70,52 @@ def blas_info() -> dict:
         cfg = torch.__config__.show()
         found = {k: re.search(rf"{k}=([^,\s]+)", cfg) for k in ("BLAS_INFO", "LAPACK_INFO")}
         lines = [ln.strip(" -") for ln in cfg.splitlines()]
-        info["torch"] = {"blas": found["BLAS_INFO"] and found["BLAS_INFO"].group(1),
-                         "lapack": found["LAPACK_INFO"] and found["LAPACK_INFO"].group(1),
-                         "mkl": next((ln for ln in lines if "Math Kernel Library" in ln), None),
-                         "cpu_capability": next((ln.split(":", 1)[1].strip() for ln in lines
-                                                 if ln.startswith("CPU capability usage")), None),
-                         "threads": torch.get_num_threads()}
+        info["torch"] = {
+            "blas": found["BLAS_INFO"] and found["BLAS_INFO"].group(1),
+            "lapack": found["LAPACK_INFO"] and found["LAPACK_INFO"].group(1),
+            "mkl": next((ln for ln in lines if "Math Kernel Library" in ln), None),
+            "cpu_capability": next(
+                (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("CPU capability usage")), None
+            ),
+            "threads": torch.get_num_threads(),
+        }
     return info
 
 
 def blas_summary(info: dict) -> str:
     """One line: each BLAS pool as 'library version (core type, threads)', torch's BLAS, the vars."""
     pools = info.get("threadpools")
-    parts = ([f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')}, {p.get('num_threads')} thr, "
-              f"{Path(p.get('filepath') or '?').name})"
-              for p in pools if p.get("user_api") == "blas"] if isinstance(pools, list) else [str(pools)])
+    parts = (
+        [
+            f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')}, {p.get('num_threads')} thr, "
+            f"{Path(p.get('filepath') or '?').name})"
+            for p in pools
+            if p.get("user_api") == "blas"
+        ]
+        if isinstance(pools, list)
+        else [str(pools)]
+    )
     if info.get("torch"):
         t = info["torch"]
-        mkl = t["mkl"].split(" for ")[0].replace("Intel(R) oneAPI Math Kernel Library ", "MKL ") if t.get("mkl") else None
-        parts.append(f"torch: {t['blas']}" + (f" ({mkl}, {t['cpu_capability']}, {t['threads']} thr)" if mkl else
-                                              f" ({t['cpu_capability']}, {t['threads']} thr)"))
+        mkl = (
+            t["mkl"].split(" for ")[0].replace("Intel(R) oneAPI Math Kernel Library ", "MKL ") if t.get("mkl") else None
+        )
+        parts.append(
+            f"torch: {t['blas']}"
+            + (
+                f" ({mkl}, {t['cpu_capability']}, {t['threads']} thr)"
+                if mkl
+                else f" ({t['cpu_capability']}, {t['threads']} thr)"
+            )
+        )
     env = ", ".join(f"{k}={v}" for k, v in info["env"].items() if v is not None) or "OPENBLAS vars not set"
     return "; ".join(parts) + f"; {env}"
 
 
 # -------------------------------------------------------------------------------------- GEMM peaks
-def gemm_peaks(sizes=CPU_PEAK_SIZES, repeats: int = 3, torch_device: str | None = "cpu",
-               numpy_too: bool = True) -> dict:
+def gemm_peaks(
+    sizes=CPU_PEAK_SIZES, repeats: int = 3, torch_device: str | None = "cpu", numpy_too: bool = True
+) -> dict:
     """Best GEMM rate per precision: {'fp64': {'gflops', 'library', 'n'}, 'fp32': ..., 'rows': [...]}.
     Square n x n products, ``repeats`` calls each after one warm-up, the fastest call counted
     (best of ``repeats``). torch on ``torch_device`` (None: skip; TF32 off on CUDA), numpy on the host."""
@@ -100,14 +124,16 @@ def gemm_peaks(sizes=CPU_PEAK_SIZES, repeats: int = 3, torch_device: str | None 
         for prec in ("fp64", "fp32"):
             if numpy_too:
                 import numpy as np
+
                 rng = np.random.default_rng(n)
                 dt = np.float64 if prec == "fp64" else np.float32
                 a, b = rng.standard_normal((n, n)).astype(dt), rng.standard_normal((n, n)).astype(dt)
                 rows.append(_best_of(lambda: a @ b, lambda: None, n, prec, "numpy", repeats))
             if torch_device is not None:
                 import torch
+
                 dt = torch.float64 if prec == "fp64" else torch.float32
-                torch.backends.cuda.matmul.allow_tf32 = False      # fp32 means fp32 (no effect on a CPU)
+                torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 (no effect on a CPU)
                 a = torch.randn(n, n, dtype=dt, device=torch_device)
                 b = torch.randn(n, n, dtype=dt, device=torch_device)
                 sync = (lambda: torch.cuda.synchronize(a.device)) if a.is_cuda else (lambda: None)
@@ -124,7 +150,7 @@ def _best_of(fn, sync, n, prec, library, repeats) -> dict:
         fn()
         sync()
         best = min(best, time.perf_counter() - t0)
-    return {"library": library, "precision": prec, "n": n, "best_s": best, "gflops": 2.0 * n ** 3 / best / 1e9}
+    return {"library": library, "precision": prec, "n": n, "best_s": best, "gflops": 2.0 * n**3 / best / 1e9}
 
 
 def merge_peaks(*peaks: dict) -> dict:
@@ -149,10 +175,22 @@ def env_for(setting: str, base: dict | None = None) -> dict:
     return env
 
 
-def pyscf_baseline(tasks, xyz, basis: str = "cc-pvdz", threads: int | None = None, timeout: float = 1800,
-                   repeats: int = 1, scf_npz: str | None = None, frozen_core: bool = False,
-                   peak_sizes=CPU_PEAK_SIZES, settings=SETTINGS, warmup: int = 0,
-                   charge: int | None = None, multiplicity: int | None = None, max_cycle: int | None = None) -> dict:
+def pyscf_baseline(
+    tasks,
+    xyz,
+    basis: str = "cc-pvdz",
+    threads: int | None = None,
+    timeout: float = 1800,
+    repeats: int = 1,
+    scf_npz: str | None = None,
+    frozen_core: bool = False,
+    peak_sizes=CPU_PEAK_SIZES,
+    settings=SETTINGS,
+    warmup: int = 0,
+    charge: int | None = None,
+    multiplicity: int | None = None,
+    max_cycle: int | None = None,
+) -> dict:
     """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
     given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
     'best': the setting whose summed task seconds are lowest, 'same_setting': True where the
@@ -160,20 +198,35 @@ def pyscf_baseline(tasks, xyz, basis: str = "cc-pvdz", threads: int | None = Non
     ``charge``, ``multiplicity``: as ``dfmp2 run``'s options (None: the XYZ comment's); ``max_cycle``:
     PySCF's SCF cycle limit in 'dfrhf'/'dfuhf' (None: dfmp2's default); an SCF that does not converge
     by then is timed all the same, its task marked ``converged`` False."""
-    spec = {"tasks": list(tasks), "xyz": str(xyz), "basis": basis, "threads": threads, "repeats": repeats,
-            "scf_npz": scf_npz, "frozen_core": frozen_core, "peak_sizes": list(peak_sizes), "warmup": warmup,
-            "charge": charge, "multiplicity": multiplicity, "max_cycle": max_cycle}
+    spec = {
+        "tasks": list(tasks),
+        "xyz": str(xyz),
+        "basis": basis,
+        "threads": threads,
+        "repeats": repeats,
+        "scf_npz": scf_npz,
+        "frozen_core": frozen_core,
+        "peak_sizes": list(peak_sizes),
+        "warmup": warmup,
+        "charge": charge,
+        "multiplicity": multiplicity,
+        "max_cycle": max_cycle,
+    }
     runs = {}
     for setting in settings:
         runs[setting] = run_child(spec, env_for(setting), timeout)
         runs[setting]["setting"] = setting
     ok = {s: r for s, r in runs.items() if "tasks" in r}
     best = min(ok, key=lambda s: sum(t["seconds"] for t in ok[s]["tasks"].values())) if ok else None
-    return {"runs": runs, "best": best, "tasks": ok[best]["tasks"] if best else None,
-            "same_setting": all(os.environ.get(v) is None for v in BLAS_VARS),
-            "peaks": merge_peaks(*(r.get("peaks") for r in ok.values())),
-            "rule": "PySCF run once with the environment as set and once without OPENBLAS_CORETYPE and "
-                    "OPENBLAS_L2_SIZE, each in its own process; ratios are against the faster"}
+    return {
+        "runs": runs,
+        "best": best,
+        "tasks": ok[best]["tasks"] if best else None,
+        "same_setting": all(os.environ.get(v) is None for v in BLAS_VARS),
+        "peaks": merge_peaks(*(r.get("peaks") for r in ok.values())),
+        "rule": "PySCF run once with the environment as set and once without OPENBLAS_CORETYPE and "
+        "OPENBLAS_L2_SIZE, each in its own process; ratios are against the faster",
+    }
 
 
 def run_child(spec: dict, env: dict, timeout: float) -> dict:
@@ -189,7 +242,7 @@ def run_child(spec: dict, env: dict, timeout: float) -> dict:
     if p.returncode != 0 or not lines:
         tail = " ".join((p.stderr or p.stdout).strip().splitlines()[-1:]) or "no output"
         return {"error": f"exit {p.returncode}: {tail}", "wall_s": time.perf_counter() - t0}
-    return json.loads(lines[-1][len(MARK):])
+    return json.loads(lines[-1][len(MARK) :])
 
 
 def child(spec: dict) -> dict:
@@ -197,22 +250,24 @@ def child(spec: dict) -> dict:
     from pyscf import df, lib
     from pyscf.mp import dfmp2 as pyscf_dfmp2
     from pyscf.mp import dfump2 as pyscf_dfump2
+
+    from dfmp2.benchmarks.timing import OtherCPU
     from dfmp2.df import basis as df_basis
     from dfmp2.io import molecule
-    from dfmp2.scf import pyscf_scf
-    from dfmp2.benchmarks.timing import OtherCPU
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.scf import pyscf_scf
+
     if spec.get("threads"):
         lib.num_threads(spec["threads"])
     mol = molecule.build_molecule(read_xyz(spec["xyz"]), spec["basis"], spec.get("charge"), spec.get("multiplicity"))
-    run_ref = pyscf_scf.run_uhf if mol.spin else pyscf_scf.run_rhf        # 'whole': UHF + DFUMP2 for an open shell
+    run_ref = pyscf_scf.run_uhf if mol.spin else pyscf_scf.run_rhf  # 'whole': UHF + DFUMP2 for an open shell
     nfrozen = molecule.frozen_core_count(mol) if spec.get("frozen_core") else 0
     out = {"tasks": {}, "pyscf_threads": lib.num_threads()}
 
     def mp2(mf):
         pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf, frozen=nfrozen or None)
         pt.with_df = df.DF(mol, auxbasis=df_basis.mp2_auxbasis(mol))
-        pt.verbose, pt.max_memory = 0, 16000   # MB: keep PySCF incore (4000 MB would go out of core)
+        pt.verbose, pt.max_memory = 0, 16000  # MB: keep PySCF incore (4000 MB would go out of core)
         pt.kernel(with_t2=False)
         return float(pt.e_corr)
 
@@ -226,30 +281,43 @@ def child(spec: dict) -> dict:
             t1 = time.perf_counter()
             e_corr = mp2(ref.mf)
             t2 = time.perf_counter()
-            r = {"seconds": t2 - t0, "scf_s": t1 - t0, "mp2_s": t2 - t1, "e_hf": ref.e_hf, "e_corr": e_corr,
-                 "e_mp2": ref.e_hf + e_corr, "iterations": ref.scf.iterations}
+            r = {
+                "seconds": t2 - t0,
+                "scf_s": t1 - t0,
+                "mp2_s": t2 - t1,
+                "e_hf": ref.e_hf,
+                "e_corr": e_corr,
+                "e_mp2": ref.e_hf + e_corr,
+                "iterations": ref.scf.iterations,
+            }
         elif task == "stage":
             import numpy as np
             from pyscf import scf as pscf
+
             saved = np.load(spec["scf_npz"])
-            mf = (pscf.UHF if saved["mo_coeff"].ndim == 3 else pscf.RHF)(mol)     # UHF: both spins saved
+            mf = (pscf.UHF if saved["mo_coeff"].ndim == 3 else pscf.RHF)(mol)  # UHF: both spins saved
             mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
             mf.e_tot, mf.converged = float(saved["e_tot"]), True
             times = []
-            for _ in range(spec.get("warmup") or 0):     # untimed: a fresh process's first-call costs
+            for _ in range(spec.get("warmup") or 0):  # untimed: a fresh process's first-call costs
                 mp2(mf)
             for _ in range(max(1, spec.get("repeats") or 1)):
                 t0 = time.perf_counter()
                 e_corr = mp2(mf)
                 times.append(time.perf_counter() - t0)
-            r = {"seconds": statistics.median(times), "min_s": min(times), "max_s": max(times), "n": len(times),
-                 "e_corr": e_corr}
+            r = {
+                "seconds": statistics.median(times),
+                "min_s": min(times),
+                "max_s": max(times),
+                "n": len(times),
+                "e_corr": e_corr,
+            }
         else:
             raise ValueError(f"unknown task {task!r}")
         busy = OtherCPU.cores(m0, OtherCPU.mark())
         r["other_processes_cores"] = busy and busy["other_cores"]
         out["tasks"][task] = r
-    sizes = spec.get("peak_sizes", CPU_PEAK_SIZES)           # [] (dfmp2 bench measures its own): none
+    sizes = spec.get("peak_sizes", CPU_PEAK_SIZES)  # [] (dfmp2 bench measures its own): none
     out["peaks"] = gemm_peaks(sizes, torch_device=None) if sizes else {"rows": []}
     env = ", ".join(f"{v}={os.environ[v]}" for v in BLAS_VARS if v in os.environ) or "OPENBLAS vars not set"
     for r in out["peaks"]["rows"]:
@@ -262,29 +330,43 @@ def _timed_scf(run_scf, mol, max_cycle: int | None) -> dict:
     """PySCF's DF-SCF (``scf.run_rhf`` or ``run_uhf``, mode pyscf-df) timed: seconds, e_hf (Hartree),
     iterations, converged (False: it stopped at ``max_cycle``, timed all the same)."""
     from dfmp2.errors import SCFNotConvergedError
+
     kw = {"max_cycle": max_cycle} if max_cycle else {}
     t0 = time.perf_counter()
     try:
         ref = run_scf(mol, "pyscf-df", **kw)
     except SCFNotConvergedError as e:
-        return {"seconds": time.perf_counter() - t0, "e_hf": None, "iterations": max_cycle, "converged": False,
-                "note": str(e)}
+        return {
+            "seconds": time.perf_counter() - t0,
+            "e_hf": None,
+            "iterations": max_cycle,
+            "converged": False,
+            "note": str(e),
+        }
     return {"seconds": time.perf_counter() - t0, "e_hf": ref.e_hf, "iterations": ref.scf.iterations, "converged": True}
 
 
 def save_scf(mf, path) -> str:
     """Save a converged PySCF RHF's or UHF's orbitals for the 'stage' task (same SCF on both sides)."""
     import numpy as np
+
     np.savez(path, mo_coeff=mf.mo_coeff, mo_energy=mf.mo_energy, mo_occ=mf.mo_occ, e_tot=mf.e_tot)
     return str(path)
 
 
 def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
     """The report's lines on the baseline rule, each side's BLAS and the peaks."""
-    lines = ["## Baseline fairness (issue 25)", "",
-             f"- rule: {base['rule']}" + (" (neither variable is set here: both runs are the same "
-                                          "setting, the second a repeat)" if base["same_setting"] else ""),
-             f"- faster PySCF setting: **{base['best']}**"]
+    lines = [
+        "## Baseline fairness (issue 25)",
+        "",
+        f"- rule: {base['rule']}"
+        + (
+            " (neither variable is set here: both runs are the same setting, the second a repeat)"
+            if base["same_setting"]
+            else ""
+        ),
+        f"- faster PySCF setting: **{base['best']}**",
+    ]
     for s, r in base["runs"].items():
         if "error" in r:
             lines.append(f"- PySCF, {s}: failed: {r['error']}")
@@ -295,8 +377,9 @@ def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
     for prec, name in (("fp64", "DGEMM"), ("fp32", "SGEMM")):
         if prec in peaks:
             p = peaks[prec]
-            lines.append(f"- {name} peak of this machine (any library): {p['gflops']:.1f} GFLOP/s "
-                         f"({p['library']}, n = {p['n']})")
+            lines.append(
+                f"- {name} peak of this machine (any library): {p['gflops']:.1f} GFLOP/s ({p['library']}, n = {p['n']})"
+            )
     return lines
 
 
@@ -304,4 +387,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print(MARK + json.dumps(child(json.loads(sys.argv[2]))), flush=True)
     else:
-        sys.exit("usage: python -m dfmp2.benchmarks.fair_baseline --child JSON (a benchmark runs this; see the docstring)")
+        sys.exit(
+            "usage: python -m dfmp2.benchmarks.fair_baseline --child JSON (a benchmark runs this; see the docstring)"
+        )

@@ -15,6 +15,7 @@ Flop counts (the op's own algorithm; a baseline that does other work has its own
     mp2_pair_energy_os (ni, nj, nvir_a, nvir_b, naux)   ni nj * 2 nvir_a nvir_b naux   (UMP2's
                                     opposite-spin block: alpha I x beta J, rectangular K)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -24,8 +25,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-OPS = ("gemm", "syrk", "trsm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy",
-       "mp2_pair_energy_os")
+OPS = (
+    "gemm",
+    "syrk",
+    "trsm",
+    "cholesky",
+    "inv_sqrt_eigh",
+    "inv_sqrt_newton_schulz",
+    "mp2_pair_energy",
+    "mp2_pair_energy_os",
+)
 BASELINES = ("torch", "scipy", "pyscf")
 BASELINE_LABELS = {"torch": "torch.linalg", "scipy": "scipy.linalg", "pyscf": "PySCF"}
 # Newton-Schulz iterations assumed for the expected time before a run (the count is read after it).
@@ -89,13 +98,15 @@ def flops(op: str, shape, iterations: int | None = None) -> float:
     raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
 
 
-def pyscf_pair_energy(iaL: np.ndarray, jbL: np.ndarray, eo_i: np.ndarray, eo_j: np.ndarray,
-                      ev: np.ndarray, symmetric: bool) -> tuple[float, float]:
+def pyscf_pair_energy(
+    iaL: np.ndarray, jbL: np.ndarray, eo_i: np.ndarray, eo_j: np.ndarray, ev: np.ndarray, symmetric: bool
+) -> tuple[float, float]:
     """(e_os, e_ss) through PySCF's DF-MP2 pair kernel ``libmp.MP2_contract_d`` (the C routine
     ``pyscf.mp.dfmp2.kernel`` calls per occupied block pair; fp64, OpenMP).
     iaL (ni, nvir, naux), jbL (nj, nvir, naux) fp64 C-contiguous; energies in Hartree.
     symmetric=True: iaL is jbL and only i >= j is summed (i > j twice), as our symmetric=True."""
     from pyscf import lib
+
     libmp = lib.load_library("libmp")
     ni, nvir, naux = iaL.shape
     nj = jbL.shape[0]
@@ -104,13 +115,23 @@ def pyscf_pair_energy(iaL: np.ndarray, jbL: np.ndarray, eo_i: np.ndarray, eo_j: 
     ed = np.zeros(1)
     ex = np.zeros(1)
     libmp.MP2_contract_d(
-        ed.ctypes.data_as(ctypes.c_void_p), ex.ctypes.data_as(ctypes.c_void_p),
+        ed.ctypes.data_as(ctypes.c_void_p),
+        ex.ctypes.data_as(ctypes.c_void_p),
         ctypes.c_int(1 if symmetric else 0),
-        iaL.ctypes.data_as(ctypes.c_void_p), jbL.ctypes.data_as(ctypes.c_void_p),
-        ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(ni), ctypes.c_int(nj),
-        ctypes.c_int(max(ni, nj)), ctypes.c_int(nvir), ctypes.c_int(naux),
-        moeoo.ctypes.data_as(ctypes.c_void_p), moevv.ctypes.data_as(ctypes.c_void_p),
-        lib.c_null_ptr(), ctypes.c_int(0))
+        iaL.ctypes.data_as(ctypes.c_void_p),
+        jbL.ctypes.data_as(ctypes.c_void_p),
+        ctypes.c_int(0),
+        ctypes.c_int(0),
+        ctypes.c_int(ni),
+        ctypes.c_int(nj),
+        ctypes.c_int(max(ni, nj)),
+        ctypes.c_int(nvir),
+        ctypes.c_int(naux),
+        moeoo.ctypes.data_as(ctypes.c_void_p),
+        moevv.ctypes.data_as(ctypes.c_void_p),
+        lib.c_null_ptr(),
+        ctypes.c_int(0),
+    )
     return float(ed[0]), float(ed[0] + ex[0])
 
 
@@ -126,6 +147,7 @@ class Inputs:
 
     def spd(self, n: int, cond: float, seed: int, dtype, device) -> torch.Tensor:
         from dfmp2.linalg import random_spd
+
         key = (n, cond, seed)
         if key not in self._spd:
             self._spd[key] = random_spd(n, cond, seed, dtype=torch.float64)
@@ -134,12 +156,18 @@ class Inputs:
     def problem(self, nocc: int, nvir: int, naux: int, seed: int, dtype, device):
         from dfmp2.linalg import synthetic_problem
         from dfmp2.linalg.synthetic import SyntheticProblem
+
         key = (nocc, nvir, naux, seed)
         if key not in self._problem:
             self._problem = {key: synthetic_problem(nocc, nvir, naux, seed=seed, dtype=torch.float64)}
         p = self._problem[key]
-        return SyntheticProblem(B=p.B.to(dtype).to(device), eps_occ=p.eps_occ.to(device),
-                                eps_vir=p.eps_vir.to(device), seed=p.seed, e_target=p.e_target)
+        return SyntheticProblem(
+            B=p.B.to(dtype).to(device),
+            eps_occ=p.eps_occ.to(device),
+            eps_vir=p.eps_vir.to(device),
+            seed=p.seed,
+            e_target=p.e_target,
+        )
 
 
 def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True, inputs: Inputs | None = None) -> Case:
@@ -150,15 +178,18 @@ def make_case(op: str, shape, dtype, backend, *, pyscf_baseline: bool = True, in
     device here; a host time in a trn row would read as a Trainium time)."""
     case = _make_case(op, shape, dtype, backend, pyscf_baseline, inputs or Inputs())
     if not backend.caps.torch_device:
-        case.baselines = {k: f"baselines run on the host, not on {backend.name}; see the cpu rows"
-                          for k in case.baselines}
+        case.baselines = {
+            k: f"baselines run on the host, not on {backend.name}; see the cpu rows" for k in case.baselines
+        }
     return case
 
 
 def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inputs) -> Case:
     import scipy.linalg as sla
+
     from dfmp2 import linalg
     from dfmp2.linalg import random_matrix
+
     dev = backend.to_device(torch.zeros(0)).device
     on_cpu = backend.caps.is_host
     host_only = "" if on_cpu else f"host library; not run on {backend.name}"
@@ -173,32 +204,54 @@ def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inp
         b = random_matrix((k, n), 2, dtype=dtype, device=dev)
         an, bn = a.cpu().numpy(), b.cpu().numpy()
         gemm = sla.blas.get_blas_funcs("gemm", (an,))
-        return Case(op, shape, flops(op, shape), lambda: linalg.gemm(a, b, backend=backend), {
-            "torch": lambda: torch.matmul(a, b),
-            "scipy": host(lambda: gemm(1.0, an, bn))})
+        return Case(
+            op,
+            shape,
+            flops(op, shape),
+            lambda: linalg.gemm(a, b, backend=backend),
+            {"torch": lambda: torch.matmul(a, b), "scipy": host(lambda: gemm(1.0, an, bn))},
+        )
     if op == "syrk":
         n, k = shape
         a = random_matrix((n, k), 3, dtype=dtype, device=dev)
         an = np.asfortranarray(a.cpu().numpy())
         syrk = sla.blas.get_blas_funcs("syrk", (an,))
-        return Case(op, shape, flops(op, shape), lambda: linalg.syrk(a, backend=backend), {
-            "torch": lambda: torch.matmul(a, a.mT),
-            "scipy": host(lambda: syrk(1.0, an, lower=1))})
+        return Case(
+            op,
+            shape,
+            flops(op, shape),
+            lambda: linalg.syrk(a, backend=backend),
+            {"torch": lambda: torch.matmul(a, a.mT), "scipy": host(lambda: syrk(1.0, an, lower=1))},
+        )
     if op == "trsm":
         n, m = shape
         L = torch.linalg.cholesky(inputs.spd(n, 1e3, 4, torch.float64, "cpu")).to(dtype).to(dev)
         b = random_matrix((n, m), 5, dtype=dtype, device=dev)
         Ln, bn = L.cpu().numpy(), b.cpu().numpy()
-        return Case(op, shape, flops(op, shape), lambda: linalg.trsm(L, b, backend=backend), {
-            "torch": lambda: torch.linalg.solve_triangular(L, b, upper=False),
-            "scipy": host(lambda: sla.solve_triangular(Ln, bn, lower=True, check_finite=False))})
+        return Case(
+            op,
+            shape,
+            flops(op, shape),
+            lambda: linalg.trsm(L, b, backend=backend),
+            {
+                "torch": lambda: torch.linalg.solve_triangular(L, b, upper=False),
+                "scipy": host(lambda: sla.solve_triangular(Ln, bn, lower=True, check_finite=False)),
+            },
+        )
     if op == "cholesky":
         (n,) = shape
         s = inputs.spd(n, 1e4, 6, dtype, dev)
         sn = s.cpu().numpy()
-        return Case(op, shape, flops(op, shape), lambda: linalg.cholesky(s, backend=backend), {
-            "torch": lambda: torch.linalg.cholesky(s),
-            "scipy": host(lambda: sla.cholesky(sn, lower=True, check_finite=False))})
+        return Case(
+            op,
+            shape,
+            flops(op, shape),
+            lambda: linalg.cholesky(s, backend=backend),
+            {
+                "torch": lambda: torch.linalg.cholesky(s),
+                "scipy": host(lambda: sla.cholesky(sn, lower=True, check_finite=False)),
+            },
+        )
     if op in ("inv_sqrt_eigh", "inv_sqrt_newton_schulz"):
         return _inv_sqrt_case(op, shape, dtype, backend, dev, inputs, host)
     if op == "mp2_pair_energy":
@@ -211,7 +264,9 @@ def _make_case(op: str, shape, dtype, backend, pyscf_baseline: bool, inputs: Inp
 def _inv_sqrt_case(op: str, shape, dtype, backend, dev, inputs: Inputs, host) -> Case:
     """A^-1/2 by eigh or Newton-Schulz against the eigh-based baselines."""
     import scipy.linalg as sla
+
     from dfmp2 import linalg
+
     (n,) = shape
     s = inputs.spd(n, 1e6 if dtype == torch.float64 else 1e3, 7, dtype, dev)
     sn = s.cpu().numpy()
@@ -237,18 +292,28 @@ def _inv_sqrt_case(op: str, shape, dtype, backend, dev, inputs: Inputs, host) ->
         return x
 
     guess = NS_ITERATIONS_GUESS[dtype]
-    return Case(op, shape, flops(op, shape, guess), newton_schulz, base,
-                baseline_flops={"torch": eigh_flops, "scipy": eigh_flops},
-                note="baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)",
-                finalize=lambda: (flops(op, shape, last["iterations"]),
-                                  {"iterations": last["iterations"], "residual": last["residual"]}))
+    return Case(
+        op,
+        shape,
+        flops(op, shape, guess),
+        newton_schulz,
+        base,
+        baseline_flops={"torch": eigh_flops, "scipy": eigh_flops},
+        note="baselines: eigh-based A^-1/2 (same result, other algorithm; nominal eigh flops)",
+        finalize=lambda: (
+            flops(op, shape, last["iterations"]),
+            {"iterations": last["iterations"], "residual": last["residual"]},
+        ),
+    )
 
 
-def _pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseline: bool, on_cpu: bool,
-               host_only: str) -> Case:
+def _pair_case(
+    op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseline: bool, on_cpu: bool, host_only: str
+) -> Case:
     """The MP2 pair energy of one block (nocc, nvir, naux: symmetric) or an off-diagonal one
     (ni, nj, nvir, naux) against one einsum and PySCF's contraction."""
     from dfmp2 import linalg
+
     if len(shape) == 3:
         nocc, nvir, naux = shape
         ni = nj = nocc
@@ -270,15 +335,17 @@ def _pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseli
 
     kbytes = ni * nj * nvir * nvir * 8.0
     if kbytes <= EINSUM_LIMIT_BYTES:
+
         def einsum_ref():
             K = torch.einsum("iaP,jbP->ijab", Bi, Bj).to(torch.float64)
-            D = (ei[:, None, None, None] + ej[None, :, None, None]
-                 - ev[:, None] - ev)
+            D = ei[:, None, None, None] + ej[None, :, None, None] - ev[:, None] - ev
             return float((K * (2 * K - K.transpose(2, 3)) / D).sum())
+
         torch_base = einsum_ref
     else:
-        torch_base = (f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K "
-                      f"(limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)")
+        torch_base = (
+            f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K (limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)"
+        )
     pyscf_base = "not requested"
     if pyscf_baseline:
         if not on_cpu:
@@ -289,13 +356,20 @@ def _pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseli
             eoi, eoj, evn = (x.cpu().numpy() for x in (ei, ej, ev))
             pyscf_base = lambda: pyscf_pair_energy(iaL, jbL, eoi, eoj, evn, symmetric)  # noqa: E731
     all_pairs = ni * nj * 2.0 * nvir * nvir * naux
-    return Case(op, shape, flops(op, shape), ours,
-                {"torch": torch_base, "scipy": "no scipy routine for this op", "pyscf": pyscf_base},
-                baseline_flops={"torch": all_pairs} if symmetric else {},
-                extra={"symmetric": symmetric},
-                note=("torch baseline: one einsum over all pairs (no i >= j symmetry); "
-                      "PySCF: libmp.MP2_contract_d in fp64" if symmetric else
-                      "torch baseline: one einsum over the block; PySCF: libmp.MP2_contract_d in fp64"))
+    return Case(
+        op,
+        shape,
+        flops(op, shape),
+        ours,
+        {"torch": torch_base, "scipy": "no scipy routine for this op", "pyscf": pyscf_base},
+        baseline_flops={"torch": all_pairs} if symmetric else {},
+        extra={"symmetric": symmetric},
+        note=(
+            "torch baseline: one einsum over all pairs (no i >= j symmetry); PySCF: libmp.MP2_contract_d in fp64"
+            if symmetric
+            else "torch baseline: one einsum over the block; PySCF: libmp.MP2_contract_d in fp64"
+        ),
+    )
 
 
 def _os_pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs) -> Case:
@@ -303,6 +377,7 @@ def _os_pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs) -> Case:
     rectangular pair kernel the DF-UMP2 stage calls (``eps_vir_j``), against one einsum. Inputs: one
     Philox problem of ni + nj occupied and nvir_b virtuals, alpha taking its first nvir_a."""
     from dfmp2 import linalg
+
     ni, nj, nva, nvb, naux = shape
     p = inputs.problem(ni + nj, nvb, naux, 9, dtype, dev)
     Bi, Bj = p.B[nj:, :nva].contiguous(), p.B[:nj]
@@ -313,18 +388,30 @@ def _os_pair_case(op: str, shape, dtype, backend, dev, inputs: Inputs) -> Case:
 
     kbytes = ni * nj * nva * nvb * 8.0
     if kbytes <= EINSUM_LIMIT_BYTES:
+
         def einsum_ref():
             K = torch.einsum("iaP,jbP->ijab", Bi, Bj).to(torch.float64)
             D = ei[:, None, None, None] + ej[None, :, None, None] - eva[:, None] - evb
             return float((K * K / D).sum())
+
         torch_base = einsum_ref
     else:
-        torch_base = (f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K "
-                      f"(limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)")
-    return Case(op, shape, flops(op, shape), ours,
-                {"torch": torch_base, "scipy": "no scipy routine for this op",
-                 "pyscf": "PySCF's DFUMP2 has no separate kernel for this block (numpy in pyscf.mp.dfump2)"},
-                extra={"symmetric": False}, note="UMP2 opposite-spin block; torch baseline: one einsum over it")
+        torch_base = (
+            f"one einsum over the block needs {kbytes / 1e6:.0f} MB for K (limit {EINSUM_LIMIT_BYTES / 1e6:.0f} MB)"
+        )
+    return Case(
+        op,
+        shape,
+        flops(op, shape),
+        ours,
+        {
+            "torch": torch_base,
+            "scipy": "no scipy routine for this op",
+            "pyscf": "PySCF's DFUMP2 has no separate kernel for this block (numpy in pyscf.mp.dfump2)",
+        },
+        extra={"symmetric": False},
+        note="UMP2 opposite-spin block; torch baseline: one einsum over it",
+    )
 
 
 def derive(row: dict, peak_gflops: float | None, columns=("linalg",) + BASELINES) -> None:

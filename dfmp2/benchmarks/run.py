@@ -7,6 +7,7 @@ Rules it keeps (ARCHITECTURE.md, "Rules the code keeps"):
   the NKI kernels is never timed as Trainium;
 - baselines run in the same process, on identical inputs, with the same timer.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,16 +17,16 @@ from dataclasses import dataclass, field
 import torch
 
 from dfmp2 import linalg
-
 from dfmp2.benchmarks import ops as ops_mod
-from dfmp2.benchmarks import shapes as shapes_mod
 from dfmp2.benchmarks import radicals as radicals_mod
-from dfmp2.benchmarks import report, timing, trn_estimate, waters as waters_mod
+from dfmp2.benchmarks import report, timing, trn_estimate
+from dfmp2.benchmarks import shapes as shapes_mod
+from dfmp2.benchmarks import waters as waters_mod
 
 TRN = ("trn1", "trn2")
 PEAK_N = {"cpu": 2048, "cuda": 8192}
-OTHER_CORES_THRESHOLD = 0.25    # other processes' mean CPU cores above which the report says "loaded"
-LOADED_THRESHOLD = 1.5          # without /proc/stat: 1-minute load average above which it says "loaded"
+OTHER_CORES_THRESHOLD = 0.25  # other processes' mean CPU cores above which the report says "loaded"
+LOADED_THRESHOLD = 1.5  # without /proc/stat: 1-minute load average above which it says "loaded"
 
 
 @dataclass
@@ -37,7 +38,7 @@ class BenchOptions:
     waters: list = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 12, 16, 24])
     water_precisions: list = field(default_factory=lambda: ["fp64"])
     pyscf_max_waters: int = 24
-    radicals: list = field(default_factory=list)      # open-shell series (radicals.parse_radicals); none by default
+    radicals: list = field(default_factory=list)  # open-shell series (radicals.parse_radicals); none by default
     fit_min_nbasis: int = 192
     warmup: int = 1
     repeats: int = 3
@@ -53,14 +54,15 @@ class BenchOptions:
 def device_status(name: str):
     """(backend or None, status dict). Never raises for a device that cannot run."""
     from dfmp2 import linalg
+
     try:
         be = linalg.get_backend(name)
     except linalg.DeviceUnavailableError as e:
         from dfmp2.errors import error_line
+
         return None, {"device": name, "status": "not run", "reason": error_line(e)}
     d = be.describe()
-    return be, {"device": name, "status": "ran", "engine": d["engine"],
-                **({"gpu": d["gpu"]} if "gpu" in d else {})}
+    return be, {"device": name, "status": "ran", "engine": d["engine"], **({"gpu": d["gpu"]} if "gpu" in d else {})}
 
 
 def _kernels_delta(before: dict, after: dict, calls: int) -> dict:
@@ -76,14 +78,14 @@ def _kernels_delta(before: dict, after: dict, calls: int) -> dict:
 class _State:
     """What one run shares between rows: why devices did not run, measurements reused by later rows."""
 
-    reasons: dict = field(default_factory=dict)        # device -> why it cannot run
+    reasons: dict = field(default_factory=dict)  # device -> why it cannot run
     t0: float = field(default_factory=time.perf_counter)
-    loads: list = field(default_factory=list)          # per phase: start time, 1-min load, other processes' cores
-    cpu_marks: list = field(default_factory=list)      # timing.OtherCPU readings at each phase start
-    pyscf: dict = field(default_factory=dict)          # (shape, args) -> PySCF fp64 pair timing
-    eigh_rows: dict = field(default_factory=dict)      # (shape, device, precision) -> inv_sqrt_eigh row
-    inputs: ops_mod.Inputs | None = None               # the current shape's Philox inputs
-    peaks: list = field(default_factory=list)          # every GEMM peak measured, in order
+    loads: list = field(default_factory=list)  # per phase: start time, 1-min load, other processes' cores
+    cpu_marks: list = field(default_factory=list)  # timing.OtherCPU readings at each phase start
+    pyscf: dict = field(default_factory=dict)  # (shape, args) -> PySCF fp64 pair timing
+    eigh_rows: dict = field(default_factory=dict)  # (shape, device, precision) -> inv_sqrt_eigh row
+    inputs: ops_mod.Inputs | None = None  # the current shape's Philox inputs
+    peaks: list = field(default_factory=list)  # every GEMM peak measured, in order
     peak_timer: timing.Timer = field(default_factory=lambda: timing.Timer(warmup=1, repeats=3, min_time=0.5))
 
     def sample_load(self, phase: str) -> None:
@@ -95,8 +97,7 @@ class _State:
             if c is not None:
                 self.loads[-1].update(other_cores=c["other_cores"], steal_cores=c["steal_cores"])
         self.cpu_marks.append(mark)
-        self.loads.append({"phase": phase, "t_s": round(time.perf_counter() - self.t0, 1),
-                           "load1": os.getloadavg()[0]})
+        self.loads.append({"phase": phase, "t_s": round(time.perf_counter() - self.t0, 1), "load1": os.getloadavg()[0]})
 
     def other_cpu(self) -> dict | None:
         """Other processes' mean CPU cores over the whole run (first to last phase mark)."""
@@ -108,12 +109,20 @@ def measure_peak(dev: str, be, prec: str, opts: BenchOptions, state: _State, whe
     CPU, numpy's OpenBLAS: timing.gemm_peak), recorded in state.peaks."""
     dtype = torch.float64 if prec == "fp64" else torch.float32
     n = opts.peak_n or PEAK_N.get(be.device.type, 2048)
-    p = {"device": dev, "precision": prec, "before": when,
-         **timing.gemm_peak(be.device, dtype, n, state.peak_timer, sync=be.synchronize,
-                            host=linalg.device_capabilities(dev).is_host)}
+    p = {
+        "device": dev,
+        "precision": prec,
+        "before": when,
+        **timing.gemm_peak(
+            be.device, dtype, n, state.peak_timer, sync=be.synchronize, host=linalg.device_capabilities(dev).is_host
+        ),
+    }
     state.peaks.append(p)
-    log(f"GEMM peak {dev} {prec} (before {when}): n={n} {p['gflops']:.1f} GFLOP/s ({p['library']}; "
-        + ", ".join(f"{lib} {g:.1f}" for lib, g in p["by_library"].items()) + ")")
+    log(
+        f"GEMM peak {dev} {prec} (before {when}): n={n} {p['gflops']:.1f} GFLOP/s ({p['library']}; "
+        + ", ".join(f"{lib} {g:.1f}" for lib, g in p["by_library"].items())
+        + ")"
+    )
     return p
 
 
@@ -125,7 +134,7 @@ def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict
     for shp in opts.shapes:
         sizes = shapes_mod.op_sizes(shp)
         state.sample_load(f"ops {shp.name}")
-        state.inputs = ops_mod.Inputs()               # one shape's inputs at a time in memory
+        state.inputs = ops_mod.Inputs()  # one shape's inputs at a time in memory
         for dev, be in backends.items():
             for prec in opts.precisions:
                 peak = None
@@ -133,51 +142,84 @@ def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict
                     peak = measure_peak(dev, be, prec, opts, state, f"ops {shp.name}", log)
                 for op in opts.ops:
                     args, call = sizes[op]
-                    base = {"shape": shp.name, "dims": shp.dims(), "op": op, "call": call, "args": list(args),
-                            "device": dev, "precision": prec, "kind": "measured"}
+                    base = {
+                        "shape": shp.name,
+                        "dims": shp.dims(),
+                        "op": op,
+                        "call": call,
+                        "args": list(args),
+                        "device": dev,
+                        "precision": prec,
+                        "kind": "measured",
+                    }
                     if be is None:
                         rows.append({**base, "status": "not run", "reason": state.reasons[dev]})
                         continue
                     if be.caps.precision_problem(prec):
-                        rows.append({**base, "status": "not run", "reason": f"{dev}: {be.caps.precision_problem(prec)}"})
+                        rows.append(
+                            {**base, "status": "not run", "reason": f"{dev}: {be.caps.precision_problem(prec)}"}
+                        )
                         continue
                     rows.append(run_case(base, op, args, prec, be, peak, state, opts, log))
     return rows
 
 
-def run_case(base: dict, op: str, args, prec: str, be, peak: dict | None, state: _State,
-             opts: BenchOptions, log) -> dict:
+def run_case(
+    base: dict, op: str, args, prec: str, be, peak: dict | None, state: _State, opts: BenchOptions, log
+) -> dict:
     dtype = torch.float64 if prec == "fp64" else torch.float32
     want_pyscf = op == "mp2_pair_energy" and be.caps.is_host
     key = (base["shape"], tuple(args))
-    case = ops_mod.make_case(op, args, dtype, be, pyscf_baseline=want_pyscf and prec == "fp64",
-                             inputs=state.inputs)
-    timer = timing.Timer(be.synchronize, opts.warmup, opts.repeats, opts.min_time,
-                         max_time=opts.max_time, single_above_s=opts.single_above_s)
+    case = ops_mod.make_case(op, args, dtype, be, pyscf_baseline=want_pyscf and prec == "fp64", inputs=state.inputs)
+    timer = timing.Timer(
+        be.synchronize,
+        opts.warmup,
+        opts.repeats,
+        opts.min_time,
+        max_time=opts.max_time,
+        single_above_s=opts.single_above_s,
+    )
     expected = case.flops / (peak["gflops"] * 1e9) if peak else None
     before = dict(be.kernels_used)
     t = timer(case.ours, expected_s=expected)
     kernels = _kernels_delta(before, dict(be.kernels_used), t["repeats"] + t["warmup"])
     case.settle()
-    row = {**base, "status": "ran", "engine": be.engine, "kernels": kernels, "flops": case.flops,
-           "linalg": t, "note": case.note, **case.extra,
-           "peak_gflops": peak["gflops"] if peak else None}
+    row = {
+        **base,
+        "status": "ran",
+        "engine": be.engine,
+        "kernels": kernels,
+        "flops": case.flops,
+        "linalg": t,
+        "note": case.note,
+        **case.extra,
+        "peak_gflops": peak["gflops"] if peak else None,
+    }
     if case.baseline_flops:
         row["baseline_flops"] = case.baseline_flops
     eigh_row = state.eigh_rows.get((base["shape"], base["device"], prec)) if op == "inv_sqrt_newton_schulz" else None
     for name in ops_mod.BASELINES:
         fn = case.baselines.get(name)
-        if eigh_row is not None and name in ("torch", "scipy") and isinstance(eigh_row.get(name), dict) \
-                and "median_s" in eigh_row[name]:
+        if (
+            eigh_row is not None
+            and name in ("torch", "scipy")
+            and isinstance(eigh_row.get(name), dict)
+            and "median_s" in eigh_row[name]
+        ):
             # Same matrix, same eigh-based computation as the inv_sqrt_eigh row: not timed twice.
-            row[name] = {**{k: v for k, v in eigh_row[name].items() if k not in ("gflops", "pct_peak")},
-                         "note": "the inv_sqrt_eigh row's measurement (same matrix, same computation)"}
+            row[name] = {
+                **{k: v for k, v in eigh_row[name].items() if k not in ("gflops", "pct_peak")},
+                "note": "the inv_sqrt_eigh row's measurement (same matrix, same computation)",
+            }
             continue
         if name == "pyscf" and want_pyscf and prec == "fp32":
             cached = state.pyscf.get(key)
             if cached:
-                row["pyscf"] = {**cached, "precision": "fp64",
-                                "note": "PySCF has no fp32 path: its fp64 time on the same shape"}
+                row["pyscf"] = {
+                    **cached,
+                    "precision": "fp64",
+                    "note": "PySCF has no fp32 path: its fp64 time on the same shape",
+                }
             else:
                 row["pyscf"] = {"status": "not run", "reason": "PySCF has no fp32 path and its fp64 row did not run"}
             continue
@@ -196,10 +238,12 @@ def run_case(base: dict, op: str, args, prec: str, be, peak: dict | None, state:
     if isinstance(row.get("pyscf"), dict) and "median_s" in row["pyscf"]:
         row["pyscf_over_this"] = row["pyscf"]["median_s"] / t["median_s"]
     lr = row["linalg"]
-    log(f"{base['shape']:>8s} {op:24s} {be.name} {prec} {'x'.join(map(str, args)):>18s} "
+    log(
+        f"{base['shape']:>8s} {op:24s} {be.name} {prec} {'x'.join(map(str, args)):>18s} "
         f"{lr['median_s'] * 1e3:10.3f} ms {lr['gflops']:8.1f} GFLOP/s "
-        f"{(lr['pct_peak'] or 0):5.0f}% peak" + (f"  PySCF/this {row['pyscf_over_this']:.2f}"
-                                                 if "pyscf_over_this" in row else ""))
+        f"{(lr['pct_peak'] or 0):5.0f}% peak"
+        + (f"  PySCF/this {row['pyscf_over_this']:.2f}" if "pyscf_over_this" in row else "")
+    )
     del case
     return row
 
@@ -208,8 +252,11 @@ def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
     targets = [d for d in opts.devices if d in TRN]
     if not targets:
         return {}
-    ns_iters = {r["shape"]: r["iterations"] for r in op_rows
-                if r["op"] == "inv_sqrt_newton_schulz" and r["status"] == "ran" and r["precision"] == "fp32"}
+    ns_iters = {
+        r["shape"]: r["iterations"]
+        for r in op_rows
+        if r["op"] == "inv_sqrt_newton_schulz" and r["status"] == "ran" and r["precision"] == "fp32"
+    }
     rows = []
     for shp in opts.shapes:
         sizes = shapes_mod.op_sizes(shp)
@@ -227,8 +274,11 @@ def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
                 if op == "inv_sqrt_newton_schulz" and it is None and r["status"] != "estimate":
                     r["reason"] = "needs the Newton-Schulz iteration count of a cpu fp32 run (not run)"
                 rows.append({"shape": shp.name, "call": call, **r})
-    out = {"method": trn_estimate.describe_method(), "rows": rows,
-           "rate_lines": [trn_estimate.fmt_rate_line(t) for t in targets]}
+    out = {
+        "method": trn_estimate.describe_method(),
+        "rows": rows,
+        "rate_lines": [trn_estimate.fmt_rate_line(t) for t in targets],
+    }
     if opts.trn_validate:
         shp = min(opts.shapes, key=lambda s: s.nbasis * s.naux)
         if shp.nbasis * shp.naux <= 128 * 384:
@@ -241,8 +291,10 @@ def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:
                     checks[-1]["seconds"] = time.perf_counter() - t0
             out["validation"] = checks
             out["validation_shape"] = shp.label()
-            log(f"trn work model vs NKI emulator at {shp.label()}: "
-                + ", ".join(f"{c['op']} {'ok' if c['match'] else 'MISMATCH'}" for c in checks))
+            log(
+                f"trn work model vs NKI emulator at {shp.label()}: "
+                + ", ".join(f"{c['op']} {'ok' if c['match'] else 'MISMATCH'}" for c in checks)
+            )
         else:
             out["validation_note"] = "skipped: the smallest shape is larger than 'small' (emulator too slow)"
     return out
@@ -252,6 +304,7 @@ def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
     if not opts.waters:
         return {}
     from dfmp2 import linalg
+
     devs = [(d, (lambda d=d: linalg.get_backend(d))) for d, be in backends.items() if be is not None]
     not_run = [{"device": d, "reason": state.reasons[d]} for d, be in backends.items() if be is None]
     # Only for the expected stage time (single-run rule): the latest CPU peak per precision,
@@ -264,20 +317,36 @@ def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
     rows = []
     for n in opts.waters:
         state.sample_load(f"(H2O){n}")
-        rows.append(waters_mod.run_cluster(n, devs, opts.water_precisions, pyscf=n <= opts.pyscf_max_waters,
-                                           repeats=opts.water_repeats, single_above_s=opts.single_above_s,
-                                           peak_gflops=peak, log=log))
-    what = ("Each row: one (H2O)n cluster, cc-pVDZ / cc-pVDZ-RI, DF-RHF once (SCF s, not part of the stage), "
-            "then the stage after the SCF (integrals, metric, transform, fit, pair energies) timed per device "
-            "and precision, and PySCF's DFMP2 kernel (its own integrals, fit and pair energies: the same stage) on "
-            "the same SCF and auxiliary basis. Clusters whose stage is expected to take more than "
-            f"{opts.single_above_s:g} s run once without warm-up; smaller ones take the median of "
-            f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters, "
-            "each time in two subprocesses (the OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE variables as set, and unset: "
-            "dfmp2/benchmarks/fair_baseline.py), and the faster setting is the baseline; the JSON gives both with "
-            "their BLAS.")
-    return {"what": what, "rows": rows, "not_run": not_run, "fit_min_nbasis": opts.fit_min_nbasis,
-            "fits": waters_mod.fits(rows, opts.fit_min_nbasis)}
+        rows.append(
+            waters_mod.run_cluster(
+                n,
+                devs,
+                opts.water_precisions,
+                pyscf=n <= opts.pyscf_max_waters,
+                repeats=opts.water_repeats,
+                single_above_s=opts.single_above_s,
+                peak_gflops=peak,
+                log=log,
+            )
+        )
+    what = (
+        "Each row: one (H2O)n cluster, cc-pVDZ / cc-pVDZ-RI, DF-RHF once (SCF s, not part of the stage), "
+        "then the stage after the SCF (integrals, metric, transform, fit, pair energies) timed per device "
+        "and precision, and PySCF's DFMP2 kernel (its own integrals, fit and pair energies: the same stage) on "
+        "the same SCF and auxiliary basis. Clusters whose stage is expected to take more than "
+        f"{opts.single_above_s:g} s run once without warm-up; smaller ones take the median of "
+        f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters, "
+        "each time in two subprocesses (the OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE variables as set, and unset: "
+        "dfmp2/benchmarks/fair_baseline.py), and the faster setting is the baseline; the JSON gives both with "
+        "their BLAS."
+    )
+    return {
+        "what": what,
+        "rows": rows,
+        "not_run": not_run,
+        "fit_min_nbasis": opts.fit_min_nbasis,
+        "fits": waters_mod.fits(rows, opts.fit_min_nbasis),
+    }
 
 
 def run_radicals(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
@@ -285,19 +354,31 @@ def run_radicals(opts: BenchOptions, backends: dict, state: _State, log) -> dict
     if not opts.radicals:
         return {}
     from dfmp2 import linalg
+
     devs = [(d, (lambda d=d: linalg.get_backend(d))) for d, be in backends.items() if be is not None]
     peak = {p["precision"]: p["gflops"] for p in state.peaks if linalg.device_capabilities(p["device"]).is_host}
     rows = []
     for name in opts.radicals:
         state.sample_load(name)
-        rows.append(radicals_mod.run_radical(name, devs, opts.water_precisions, pyscf=True,
-                                             repeats=opts.water_repeats, single_above_s=opts.single_above_s,
-                                             peak_gflops=peak, log=log))
-    what = ("Each row: one open-shell molecule of inputs/open_shell/ (charge and multiplicity from its XYZ "
-            "comment), cc-pVDZ / cc-pVDZ-RI, PySCF's DF-UHF once (SCF s and cycles, not part of the stage; our "
-            "DF-UHF's cycles at the same thresholds beside them), then the DF-UMP2 stage after the SCF (integrals, "
-            "metric, transform, fit, the αα, ββ and αβ pair steps) per device and precision, and PySCF's DFUMP2 "
-            "kernel on the same orbitals and auxiliary basis, by the water series' timing and fair-baseline rules.")
+        rows.append(
+            radicals_mod.run_radical(
+                name,
+                devs,
+                opts.water_precisions,
+                pyscf=True,
+                repeats=opts.water_repeats,
+                single_above_s=opts.single_above_s,
+                peak_gflops=peak,
+                log=log,
+            )
+        )
+    what = (
+        "Each row: one open-shell molecule of inputs/open_shell/ (charge and multiplicity from its XYZ "
+        "comment), cc-pVDZ / cc-pVDZ-RI, PySCF's DF-UHF once (SCF s and cycles, not part of the stage; our "
+        "DF-UHF's cycles at the same thresholds beside them), then the DF-UMP2 stage after the SCF (integrals, "
+        "metric, transform, fit, the αα, ββ and αβ pair steps) per device and precision, and PySCF's DFUMP2 "
+        "kernel on the same orbitals and auxiliary basis, by the water series' timing and fair-baseline rules."
+    )
     return {"what": what, "rows": rows}
 
 
@@ -333,17 +414,41 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         loaded = other["other_cores"] > OTHER_CORES_THRESHOLD
     else:
         loaded = max([load_before[0], load_after[0]] + [x["load1"] for x in state.loads]) > LOADED_THRESHOLD
-    meta = {"date": timing.now(), "command": opts.command, "machine": timing.machine(),
-            "versions": timing.versions(), "load_average_before": load_before, "load_average_after": load_after,
-            "machine_loaded": loaded, "other_cpu": other, "other_cores_threshold": OTHER_CORES_THRESHOLD,
-            "loaded_threshold": LOADED_THRESHOLD, "load_samples": state.loads,
-            "wall_s": time.perf_counter() - t_start, "single_above_s": opts.single_above_s,
-            "timer": {"warmup": opts.warmup, "min_repeats": opts.repeats, "min_time_s": opts.min_time,
-                      "max_time_s": opts.max_time, "single_above_s": opts.single_above_s},
-            "aux_block": shapes_mod.AUX_BLOCK, "occ_block": shapes_mod.OCC_BLOCK}
-    return {"schema": report.SCHEMA, "meta": meta, "devices": devices,
-            "shapes": [{"name": s.name, **s.dims()} for s in opts.shapes], "gemm_peak": state.peaks,
-            "ops": op_rows, "trn_estimate": trn, "waters": wat, "radicals": rad}
+    meta = {
+        "date": timing.now(),
+        "command": opts.command,
+        "machine": timing.machine(),
+        "versions": timing.versions(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "machine_loaded": loaded,
+        "other_cpu": other,
+        "other_cores_threshold": OTHER_CORES_THRESHOLD,
+        "loaded_threshold": LOADED_THRESHOLD,
+        "load_samples": state.loads,
+        "wall_s": time.perf_counter() - t_start,
+        "single_above_s": opts.single_above_s,
+        "timer": {
+            "warmup": opts.warmup,
+            "min_repeats": opts.repeats,
+            "min_time_s": opts.min_time,
+            "max_time_s": opts.max_time,
+            "single_above_s": opts.single_above_s,
+        },
+        "aux_block": shapes_mod.AUX_BLOCK,
+        "occ_block": shapes_mod.OCC_BLOCK,
+    }
+    return {
+        "schema": report.SCHEMA,
+        "meta": meta,
+        "devices": devices,
+        "shapes": [{"name": s.name, **s.dims()} for s in opts.shapes],
+        "gemm_peak": state.peaks,
+        "ops": op_rows,
+        "trn_estimate": trn,
+        "waters": wat,
+        "radicals": rad,
+    }
 
 
 __all__ = ["BenchOptions", "run_bench", "device_status"]

@@ -18,6 +18,7 @@ work of the stage rather than to arbitrary squares:
     mp2_pair_energy_os  UMP2's opposite-spin block of the shape's doublet (alpha nocc, nvir;
                   beta nocc - 1, nvir + 1): alpha block x beta block, each up to OCC_BLOCK
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ NAMED = {
     "medium": (512, 64, 1536),
     "large": (768, 96, 2304),
     "xlarge": (1024, 128, 3072),
-    "h2o32": (768, 160, 2688),       # (H2O)32 / cc-pVDZ / cc-pVDZ-RI
+    "h2o32": (768, 160, 2688),  # (H2O)32 / cc-pVDZ / cc-pVDZ-RI
     "xxlarge": (1536, 192, 4608),
 }
 DEFAULT_SHAPES = ("small", "medium", "large")
@@ -64,8 +65,10 @@ def parse_shape(text: str) -> Shape:
     try:
         nocc, nvir, naux = (int(x) for x in t.replace("x", ",").split(","))
     except ValueError:
-        raise InputError(f"--shapes: '{shown(text, 30)}' is neither a named shape ({', '.join(NAMED)}) "
-                         "nor NOCC,NVIR,NAUX (e.g. 16,112,384)") from None
+        raise InputError(
+            f"--shapes: '{shown(text, 30)}' is neither a named shape ({', '.join(NAMED)}) "
+            "nor NOCC,NVIR,NAUX (e.g. 16,112,384)"
+        ) from None
     if min(nocc, nvir, naux) < 1:
         raise InputError(f"--shapes: sizes must be positive, got '{shown(text, 30)}'")
     return Shape(f"{nocc},{nvir},{naux}", nocc + nvir, nocc, nvir, naux)

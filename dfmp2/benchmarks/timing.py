@@ -4,6 +4,7 @@ same run. Machine, library and load metadata kept with every result.
 The timer is the one used by every benchmark in the project (scripts/bench_linalg.py,
 ``dfmp2 bench``): a result never comes from a different timing rule than its baseline.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,16 @@ class Timer:
     Returns {median_s, min_s, max_s, repeats, warmup}.
     """
 
-    def __init__(self, sync=lambda: None, warmup: int = 1, repeats: int = 3, min_time: float = 0.3,
-                 max_repeats: int = 50, max_time: float = float("inf"), single_above_s: float = float("inf")):
+    def __init__(
+        self,
+        sync=lambda: None,
+        warmup: int = 1,
+        repeats: int = 3,
+        min_time: float = 0.3,
+        max_repeats: int = 50,
+        max_time: float = float("inf"),
+        single_above_s: float = float("inf"),
+    ):
         self.sync, self.warmup, self.repeats, self.min_time = sync, warmup, repeats, min_time
         self.max_repeats, self.max_time, self.single_above_s = max_repeats, max_time, single_above_s
 
@@ -52,8 +61,13 @@ class Timer:
                 break
             if len(times) >= self.repeats and total >= self.min_time:
                 break
-        return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-                "repeats": len(times), "warmup": warmup}
+        return {
+            "median_s": statistics.median(times),
+            "min_s": min(times),
+            "max_s": max(times),
+            "repeats": len(times),
+            "warmup": warmup,
+        }
 
 
 def gemm_peak(device, dtype, n: int, timer: Timer, sync=None, host: bool = False) -> dict:
@@ -63,7 +77,9 @@ def gemm_peak(device, dtype, n: int, timer: Timer, sync=None, host: bool = False
     machine ran, not against torch's alone. Returns {n, gflops, library, median_s, min_s, max_s,
     repeats, warmup, by_library: {library: GFLOP/s}}."""
     import torch
+
     from dfmp2.linalg import cpu_blas, random_matrix
+
     a = random_matrix((n, n), 11, dtype=dtype, device=device)
     b = random_matrix((n, n), 12, dtype=dtype, device=device)
     runs = {"torch.matmul": timer(lambda: torch.matmul(a, b), sync=sync)}
@@ -71,7 +87,7 @@ def gemm_peak(device, dtype, n: int, timer: Timer, sync=None, host: bool = False
         out = torch.empty((n, n), dtype=dtype)
         cpu_blas.sync_threads()
         runs["numpy.matmul (OpenBLAS)"] = timer(lambda: cpu_blas.openblas_matmul(a, b, out))
-    gflops = {lib: 2.0 * n ** 3 / t["median_s"] / 1e9 for lib, t in runs.items()}
+    gflops = {lib: 2.0 * n**3 / t["median_s"] / 1e9 for lib, t in runs.items()}
     best = max(gflops, key=gflops.get)
     return {"n": n, "gflops": gflops[best], "library": best, **runs[best], "by_library": gflops}
 
@@ -98,8 +114,12 @@ class OtherCPU:
             return None
         user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
         t = os.times()
-        return {"wall": time.perf_counter(), "busy": (user + nice + system + irq + softirq) / cls.HZ,
-                "steal": steal / cls.HZ, "own": t.user + t.system + t.children_user + t.children_system}
+        return {
+            "wall": time.perf_counter(),
+            "busy": (user + nice + system + irq + softirq) / cls.HZ,
+            "steal": steal / cls.HZ,
+            "own": t.user + t.system + t.children_user + t.children_system,
+        }
 
     @staticmethod
     def cores(a: dict | None, b: dict | None) -> dict | None:
@@ -108,18 +128,23 @@ class OtherCPU:
             return None
         wall = b["wall"] - a["wall"]
         other = ((b["busy"] - a["busy"]) - (b["own"] - a["own"])) / wall
-        return {"other_cores": round(max(other, 0.0), 3),
-                "steal_cores": round((b["steal"] - a["steal"]) / wall, 3), "wall_s": round(wall, 1)}
+        return {
+            "other_cores": round(max(other, 0.0), 3),
+            "steal_cores": round((b["steal"] - a["steal"]) / wall, 3),
+            "wall_s": round(wall, 1),
+        }
 
 
 def cpu_model() -> str:
     """The CPU's model name (``linalg.cpu_blas.cpu_model``; imported here on use: torch)."""
     from dfmp2.linalg.cpu_blas import cpu_model as model
+
     return model()
 
 
 def scipy_blas() -> str:
     import numpy as np
+
     try:
         cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         return f"{cfg.get('name')} {cfg.get('version')}"
@@ -129,6 +154,7 @@ def scipy_blas() -> str:
 
 def torch_blas() -> str:
     import torch
+
     cfg = torch.__config__.show()
     if "BLAS_INFO=" in cfg:
         return cfg.split("BLAS_INFO=", 1)[1].split(",", 1)[0]
@@ -141,12 +167,22 @@ def versions() -> dict:
     import pyscf
     import scipy
     import torch
+
     import dfmp2
-    v = {"dfmp2": dfmp2.__version__, "torch": torch.__version__, "torch_blas": torch_blas(),
-         "numpy": numpy.__version__, "scipy": scipy.__version__, "scipy_blas": scipy_blas(),
-         "pyscf": pyscf.__version__, "python": platform.python_version()}
+
+    v = {
+        "dfmp2": dfmp2.__version__,
+        "torch": torch.__version__,
+        "torch_blas": torch_blas(),
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "scipy_blas": scipy_blas(),
+        "pyscf": pyscf.__version__,
+        "python": platform.python_version(),
+    }
     try:
         import matplotlib
+
         v["matplotlib"] = matplotlib.__version__
     except ImportError:
         pass
@@ -157,9 +193,16 @@ def machine() -> dict:
     """Host, CPU model, core count, threads the libraries use, and the 1/5/15-minute load."""
     import torch
     from pyscf import lib
-    m = {"host": platform.node(), "platform": platform.platform(), "cpu": cpu_model(),
-         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-         "pyscf_threads": lib.num_threads(), "load_average": list(os.getloadavg())}
+
+    m = {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "pyscf_threads": lib.num_threads(),
+        "load_average": list(os.getloadavg()),
+    }
     if torch.cuda.is_available():
         m["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return m

@@ -31,6 +31,7 @@ Time model, one NeuronCore, fp32 (Trainium has no fp64):
                   fp64 (Cholesky, eigh, TRSM diagonal-block inverses, layout copies, the final
                   sums), and host <-> device transfers.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -42,8 +43,8 @@ MIN_II = 64
 SOURCES = {
     "nc_matmul_cost": "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.26.1/nki/api/generated/nki.isa.nc_matmul.html",
     "vector_costs": "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.26.1/nki/api/nki.isa.html "
-                    "(tensor_tensor, tensor_scalar, tensor_reduce, tensor_copy, memset, reciprocal: "
-                    "'Estimated instruction cost')",
+    "(tensor_tensor, tensor_scalar, tensor_reduce, tensor_copy, memset, reciprocal: "
+    "'Estimated instruction cost')",
     "trn1": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trainium.html",
     "trn1_nki_arch": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/trainium_inferentia2_arch.html",
     "nc_v2": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/neuron-core-v2.html",
@@ -54,19 +55,28 @@ SOURCES = {
 
 # Published per-chip figures, split evenly over the chip's NeuronCores.
 RATES = {
-    "trn1": {"neuroncore": "NeuronCore-v2", "cores_per_chip": 2,
-             "fp32_tflops_chip": 47.5, "hbm_gbytes_per_s_chip": 820.0,
-             "vector_fp32_tflops_core": 2.3, "vector_flop_per_cycle": 2500,
-             "sources": [SOURCES["trn1"], SOURCES["trn1_nki_arch"], SOURCES["nc_v2"],
-                         SOURCES["nc_v2_flop_per_cycle"]],
-             "notes": "47.5 FP32 TFLOPS and 820 GB/s per chip of 2 NeuronCore-v2; VectorE 2.3 FP32 TFLOPS "
-                      "at 2,500 FLOP/cycle (0.92 GHz)"},
-    "trn2": {"neuroncore": "NeuronCore-v3", "cores_per_chip": 8,
-             "fp32_tflops_chip": 181.0, "hbm_gbytes_per_s_chip": 2900.0,
-             "vector_fp32_tflops_core": 1.0, "vector_flop_per_cycle": 2500,
-             "sources": [SOURCES["trn2"], SOURCES["nc_v3"]],
-             "notes": "181 FP32 TFLOPS and 2.9 TB/s per chip of 8 NeuronCore-v3; VectorE 1 FP32 TFLOPS; "
-                      "FLOP/cycle not published for NeuronCore-v3, taken as NeuronCore-v2's 2,500 (ASSUMED)"},
+    "trn1": {
+        "neuroncore": "NeuronCore-v2",
+        "cores_per_chip": 2,
+        "fp32_tflops_chip": 47.5,
+        "hbm_gbytes_per_s_chip": 820.0,
+        "vector_fp32_tflops_core": 2.3,
+        "vector_flop_per_cycle": 2500,
+        "sources": [SOURCES["trn1"], SOURCES["trn1_nki_arch"], SOURCES["nc_v2"], SOURCES["nc_v2_flop_per_cycle"]],
+        "notes": "47.5 FP32 TFLOPS and 820 GB/s per chip of 2 NeuronCore-v2; VectorE 2.3 FP32 TFLOPS "
+        "at 2,500 FLOP/cycle (0.92 GHz)",
+    },
+    "trn2": {
+        "neuroncore": "NeuronCore-v3",
+        "cores_per_chip": 8,
+        "fp32_tflops_chip": 181.0,
+        "hbm_gbytes_per_s_chip": 2900.0,
+        "vector_fp32_tflops_core": 1.0,
+        "vector_flop_per_cycle": 2500,
+        "sources": [SOURCES["trn2"], SOURCES["nc_v3"]],
+        "notes": "181 FP32 TFLOPS and 2.9 TB/s per chip of 8 NeuronCore-v3; VectorE 1 FP32 TFLOPS; "
+        "FLOP/cycle not published for NeuronCore-v3, taken as NeuronCore-v2's 2,500 (ASSUMED)",
+    },
 }
 
 
@@ -75,10 +85,14 @@ def rates(target: str) -> dict:
     HBM bytes/s, FP32 peak flop/s."""
     r = RATES[target]
     peak = r["fp32_tflops_chip"] * 1e12 / r["cores_per_chip"]
-    return {"target": target, "neuroncore": r["neuroncore"], "fp32_peak_flops": peak,
-            "pe_hz": peak / (2 * PMAX * PMAX / 4),
-            "ve_hz": r["vector_fp32_tflops_core"] * 1e12 / r["vector_flop_per_cycle"],
-            "hbm_bytes_per_s": r["hbm_gbytes_per_s_chip"] * 1e9 / r["cores_per_chip"]}
+    return {
+        "target": target,
+        "neuroncore": r["neuroncore"],
+        "fp32_peak_flops": peak,
+        "pe_hz": peak / (2 * PMAX * PMAX / 4),
+        "ve_hz": r["vector_fp32_tflops_core"] * 1e12 / r["vector_flop_per_cycle"],
+        "hbm_bytes_per_s": r["hbm_gbytes_per_s_chip"] * 1e9 / r["cores_per_chip"],
+    }
 
 
 @dataclass
@@ -92,7 +106,7 @@ class Work:
     ve_cycles: int = 0
     instructions: Counter = field(default_factory=Counter)
     launches: Counter = field(default_factory=Counter)
-    host: list = field(default_factory=list)       # host-side steps, not estimated
+    host: list = field(default_factory=list)  # host-side steps, not estimated
 
     # ---- instructions ----
     def matmul(self, k: int, m: int, n: int) -> None:
@@ -125,13 +139,25 @@ class Work:
         dma = self.dma_bytes / r["hbm_bytes_per_s"]
         parts = {"tensor_engine": pe, "vector_engine": ve, "dma": dma}
         bound = max(parts, key=parts.get)
-        return {"estimate_s": parts[bound], "serial_s": pe + ve + dma, "bound": bound,
-                "tensor_engine_s": pe, "vector_engine_s": ve, "dma_s": dma}
+        return {
+            "estimate_s": parts[bound],
+            "serial_s": pe + ve + dma,
+            "bound": bound,
+            "tensor_engine_s": pe,
+            "vector_engine_s": ve,
+            "dma_s": dma,
+        }
 
     def counts(self) -> dict:
-        return {"matmul_instructions": self.matmuls, "matmul_flops": self.matmul_flops,
-                "pe_cycles": self.pe_cycles, "ve_cycles": self.ve_cycles, "dma_bytes": self.dma_bytes,
-                "instructions": self.instruction_count, "launches": dict(self.launches)}
+        return {
+            "matmul_instructions": self.matmuls,
+            "matmul_flops": self.matmul_flops,
+            "pe_cycles": self.pe_cycles,
+            "ve_cycles": self.ve_cycles,
+            "dma_bytes": self.dma_bytes,
+            "instructions": self.instruction_count,
+            "launches": dict(self.launches),
+        }
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -142,6 +168,7 @@ def _cdiv(a: int, b: int) -> int:
 def gemm_kernel(w: Work, K: int, M: int, N: int) -> None:
     """kernels/nki/gemm.py gemm_kernel(lhsT (K, M), rhs (K, N))."""
     from dfmp2.kernels.nki.gemm import TILE_K, TILE_M, TILE_N
+
     w.launch("gemm_kernel")
     for m0 in range(0, M, TILE_M):
         mt = min(TILE_M, M - m0)
@@ -160,6 +187,7 @@ def gemm2d(w: Work, M: int, K: int, N: int) -> None:
     """NeuronBackend._gemm2d for (M, K) @ (K, N): M padded to its bucket, the orientation with
     fewer output tiles."""
     from dfmp2.linalg.neuron import bucket
+
     if 0 in (M, N, K):
         return
     Mp = bucket(M)
@@ -174,6 +202,7 @@ def gemm2d(w: Work, M: int, K: int, N: int) -> None:
 def syrk_kernel(w: Work, K: int, N: int) -> None:
     """kernels/nki/syrk.py syrk_lower_kernel(aT (K, N))."""
     from dfmp2.kernels.nki.syrk import TILE_K, TILE_M, TILE_N
+
     w.launch("syrk_lower_kernel")
     for i0 in range(0, N, TILE_M):
         it = min(TILE_M, N - i0)
@@ -192,6 +221,7 @@ def syrk_kernel(w: Work, K: int, N: int) -> None:
 def trsm_kernel(w: Work, n: int, m: int) -> None:
     """kernels/nki/trsm.py trsm_lower_kernel(lT (n, n), dinvT, b (n, m))."""
     from dfmp2.kernels.nki.trsm import TILE, TILE_N
+
     w.launch("trsm_lower_kernel")
     nblk = _cdiv(n, TILE)
     for c0 in range(0, m, TILE_N):
@@ -205,7 +235,7 @@ def trsm_kernel(w: Work, n: int, m: int) -> None:
                     jt = min(TILE, n - jb * TILE)
                     w.dma(jt * kt)
                     w.matmul(jt, kt, ct)
-                w.vector("tensor_tensor", ct)            # rhs - acc, acc in PSUM
+                w.vector("tensor_tensor", ct)  # rhs - acc, acc in PSUM
             w.dma(kt * kt)
             w.matmul(kt, kt, ct)
             w.vector("tensor_copy", ct)
@@ -215,6 +245,7 @@ def trsm_kernel(w: Work, n: int, m: int) -> None:
 def pair_kernel(w: Work, ni: int, nj: int, nvir: int, naux: int, symmetric: bool) -> None:
     """kernels/nki/mp2_pair.py mp2_pair_kernel for one launch."""
     from dfmp2.kernels.nki.mp2_pair import TILE_A, TILE_B, TILE_P
+
     w.launch("mp2_pair_kernel")
     nk = _cdiv(naux, TILE_P)
     ktiles = [min(TILE_P, naux - k * TILE_P) for k in range(nk)]
@@ -242,11 +273,11 @@ def pair_kernel(w: Work, ni: int, nj: int, nvir: int, naux: int, symmetric: bool
                         w.matmul(kt, at, bt)
                     w.vector("tensor_scalar", bt)
                     w.vector("reciprocal", bt)
-                    w.vector("tensor_tensor", bt)                      # q = M1 / D (M1 in PSUM)
-                    w.vector("tensor_tensor", bt)                      # q * M1
+                    w.vector("tensor_tensor", bt)  # q = M1 / D (M1 in PSUM)
+                    w.vector("tensor_tensor", bt)  # q * M1
                     w.vector("tensor_reduce", bt)
-                    w.vector("tensor_tensor", 1, both_sbuf=True)       # acc += part
-                    w.vector("tensor_tensor", bt)                      # q * M2
+                    w.vector("tensor_tensor", 1, both_sbuf=True)  # acc += part
+                    w.vector("tensor_tensor", bt)  # q * M2
                     w.vector("tensor_reduce", bt)
                     w.vector("tensor_tensor", 1, both_sbuf=True)
                     d = at if b0 == a0 else 0
@@ -267,6 +298,7 @@ def pair_occ_block_cap(target: str, naux: int, nvir: int) -> int:
     from dfmp2.kernels.nki.mp2_pair import sbuf_bytes_per_partition
     from dfmp2.kernels.nki_emulator.limits import limits_for
     from dfmp2.linalg.neuron import PAIR_MAX_OCC
+
     budget = int(0.9 * limits_for(target).sbuf_partition_bytes)
     s = PAIR_MAX_OCC
     while s >= 1 and sbuf_bytes_per_partition(s, s, naux, nvir) > budget:
@@ -315,8 +347,10 @@ def op_work(op: str, shape, target: str, iterations: int | None = None) -> Work:
             symmetric = False
         cap = pair_occ_block_cap(target, naux, nvir)
         if cap < 1:
-            raise NotEstimable(f"the pair kernel's on-chip B_i, B_j buffers for nvir={nvir}, naux={naux} "
-                               f"do not fit {target}'s SBUF (the backend refuses this shape)")
+            raise NotEstimable(
+                f"the pair kernel's on-chip B_i, B_j buffers for nvir={nvir}, naux={naux} "
+                f"do not fit {target}'s SBUF (the backend refuses this shape)"
+            )
         for i0 in range(0, ni, cap):
             i1 = min(ni, i0 + cap)
             for j0 in range(0, (i0 + 1) if symmetric else nj, cap):
@@ -330,8 +364,14 @@ def op_work(op: str, shape, target: str, iterations: int | None = None) -> Work:
 
 def estimate(op: str, shape, target: str, flops: float | None = None, iterations: int | None = None) -> dict:
     """One estimate row: status 'estimate' with times, or 'not estimated' with the reason."""
-    row = {"device": target, "status": "estimate", "kind": "estimate", "op": op,
-           "args": [int(s) for s in shape], "precision": "fp32"}
+    row = {
+        "device": target,
+        "status": "estimate",
+        "kind": "estimate",
+        "op": op,
+        "args": [int(s) for s in shape],
+        "precision": "fp32",
+    }
     try:
         w = op_work(op, shape, target, iterations)
     except NotEstimable as e:
@@ -351,10 +391,12 @@ def check_against_emulator(op: str, shape, target: str = "trn1", iterations: int
     """Run the op through the trn backend on the NumPy emulator (explicitly that engine) and
     compare its counters with the model. Returns {op, args, model, emulator, match}."""
     import torch
+
     from dfmp2 import linalg
     from dfmp2.kernels.nki import engines as E
     from dfmp2.linalg.neuron import make_neuron_backend
     from dfmp2.linalg.synthetic import random_matrix, random_spd, synthetic_problem
+
     be = make_neuron_backend(target, simulate=True, engine=E.EMULATOR)
     shape = tuple(int(s) for s in shape)
     f32 = torch.float32
@@ -380,39 +422,66 @@ def check_against_emulator(op: str, shape, target: str = "trn1", iterations: int
         else:
             ni, nj, nvir, naux = shape
             p = synthetic_problem(ni + nj, nvir, naux, seed=8, dtype=f32)
-            linalg.mp2_pair_energy(p.B[nj:], p.B[:nj], p.eps_occ[nj:], p.eps_occ[:nj], p.eps_vir,
-                                   symmetric=False, backend=be)
+            linalg.mp2_pair_energy(
+                p.B[nj:], p.B[:nj], p.eps_occ[nj:], p.eps_occ[:nj], p.eps_vir, symmetric=False, backend=be
+            )
     else:
         raise ValueError(f"no emulator check for {op}")
     emu = dict(be.runner.emulator_totals)
     emu["launches"] = dict(be.runner.launches)
     w = op_work(op, shape, target, iterations)
-    model = {"matmul_flops": w.matmul_flops, "dma_bytes": w.dma_bytes, "instructions": w.instruction_count,
-             "launches": dict(w.launches)}
+    model = {
+        "matmul_flops": w.matmul_flops,
+        "dma_bytes": w.dma_bytes,
+        "instructions": w.instruction_count,
+        "launches": dict(w.launches),
+    }
     match = all(model[k] == emu.get(k) for k in model)
-    return {"op": op, "args": list(shape), "target": target, "engine": be.engine, "model": model,
-            "emulator": emu, "match": match}
+    return {
+        "op": op,
+        "args": list(shape),
+        "target": target,
+        "engine": be.engine,
+        "model": model,
+        "emulator": emu,
+        "match": match,
+    }
 
 
 def describe_method() -> dict:
     """What the estimate is based on, for the JSON and the markdown."""
-    return {"what": "ESTIMATE from the NKI kernels' instruction stream and published engine rates; not a measurement",
-            "estimate": "max(Tensor Engine, Vector Engine, DMA) time on one NeuronCore (perfect overlap)",
-            "excluded": "kernel launch overhead (not published; launch counts reported), host fp64 work of the "
-                        "trn backend, host<->device transfers",
-            "rates": {t: {**RATES[t], **{k: v for k, v in rates(t).items() if k != "target"}} for t in RATES},
-            "instruction_costs": "nc_matmul fp32: 4*max(min(64, N_stationary), N_moving) TensorE cycles; "
-                                 "VectorE: tensor_tensor max(64,N) (one PSUM input) / max(64,2N) (both SBUF), "
-                                 "tensor_scalar/tensor_copy/tensor_reduce/memset max(64,N), reciprocal max(64,8N)",
-            "sources": SOURCES}
+    return {
+        "what": "ESTIMATE from the NKI kernels' instruction stream and published engine rates; not a measurement",
+        "estimate": "max(Tensor Engine, Vector Engine, DMA) time on one NeuronCore (perfect overlap)",
+        "excluded": "kernel launch overhead (not published; launch counts reported), host fp64 work of the "
+        "trn backend, host<->device transfers",
+        "rates": {t: {**RATES[t], **{k: v for k, v in rates(t).items() if k != "target"}} for t in RATES},
+        "instruction_costs": "nc_matmul fp32: 4*max(min(64, N_stationary), N_moving) TensorE cycles; "
+        "VectorE: tensor_tensor max(64,N) (one PSUM input) / max(64,2N) (both SBUF), "
+        "tensor_scalar/tensor_copy/tensor_reduce/memset max(64,N), reciprocal max(64,8N)",
+        "sources": SOURCES,
+    }
 
 
 def fmt_rate_line(target: str) -> str:
     r = rates(target)
-    return (f"{target} ({r['neuroncore']}, one core): FP32 peak {r['fp32_peak_flops'] / 1e12:.2f} TFLOP/s "
-            f"(TensorE {r['pe_hz'] / 1e9:.2f} GHz-equivalent), VectorE {r['ve_hz'] / 1e9:.2f} GHz, "
-            f"HBM {r['hbm_bytes_per_s'] / 1e9:.0f} GB/s")
+    return (
+        f"{target} ({r['neuroncore']}, one core): FP32 peak {r['fp32_peak_flops'] / 1e12:.2f} TFLOP/s "
+        f"(TensorE {r['pe_hz'] / 1e9:.2f} GHz-equivalent), VectorE {r['ve_hz'] / 1e9:.2f} GHz, "
+        f"HBM {r['hbm_bytes_per_s'] / 1e9:.0f} GB/s"
+    )
 
 
-__all__ = ["RATES", "SOURCES", "Work", "op_work", "estimate", "check_against_emulator", "rates",
-           "describe_method", "NotEstimable", "pair_occ_block_cap", "fmt_rate_line"]
+__all__ = [
+    "RATES",
+    "SOURCES",
+    "Work",
+    "op_work",
+    "estimate",
+    "check_against_emulator",
+    "rates",
+    "describe_method",
+    "NotEstimable",
+    "pair_occ_block_cap",
+    "fmt_rate_line",
+]

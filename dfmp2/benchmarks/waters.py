@@ -11,6 +11,7 @@ Cost exponents: least squares of log(time) on log(nbasis) over the clusters with
 ``fit_min_nbasis`` (out of the fixed-overhead regime). nbasis = 24 x waters exactly for
 cc-pVDZ, so the exponent against the number of waters is the same number.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +19,6 @@ import math
 import re
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +36,7 @@ SCF_CONV_TOL, SCF_CONV_TOL_GRAD = 1e-10, 1e-6
 def scf_tolerance(conv_tol: float = SCF_CONV_TOL, conv_tol_grad: float = SCF_CONV_TOL_GRAD):
     """Run dfmp2.scf.pyscf_scf.run_rhf with these tolerances (its module constants, restored after)."""
     from dfmp2.scf import pyscf_scf
+
     old = pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD
     pyscf_scf.SCF_CONV_TOL, pyscf_scf.SCF_CONV_TOL_GRAD = conv_tol, conv_tol_grad
     try:
@@ -53,6 +54,7 @@ def parse_waters(text: str) -> list[int]:
     a malformed one (1-, 1-2-3) and a range holding no available cluster are errors, not an
     empty series."""
     from dfmp2.errors import InputError, shown
+
     t = text.strip().lower()
     if t in ("", "none", "0"):
         return []
@@ -94,8 +96,13 @@ def fit_exponent(sizes, times) -> dict:
     ss_tot = float(((y - y.mean()) ** 2).sum())
     n = len(pts)
     stderr = math.sqrt(ss_res / (n - 2) / float(((x - x.mean()) ** 2).sum())) if n > 2 else None
-    return {"p": float(p), "c": float(math.exp(logc)), "stderr": stderr,
-            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, "points": n}
+    return {
+        "p": float(p),
+        "c": float(math.exp(logc)),
+        "stderr": stderr,
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        "points": n,
+    }
 
 
 def _stats(xs: list[float]) -> dict:
@@ -113,29 +120,71 @@ def time_pyscf_fair(xyz, ref, *, repeats: int, warmup: int, timeout: float = 720
     counted. Returns the water row's 'pyscf' run: e_corr in Hartree, time in s, each setting's
     seconds and BLAS, or status 'failed' with both errors."""
     import tempfile
+
     from pyscf import lib
+
     from dfmp2.benchmarks import fair_baseline as fb
+
     with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as tmp:
         npz = fb.save_scf(ref.mf, f"{tmp}/scf.npz")
-        base = fb.pyscf_baseline(["stage"], xyz, threads=lib.num_threads(), timeout=timeout, repeats=repeats,
-                                 warmup=warmup, scf_npz=npz, peak_sizes=())
-    settings = {s: ({"error": r["error"]} if "error" in r else
-                    {"seconds": r["tasks"]["stage"]["seconds"], "blas": fb.blas_summary(r["blas"])})
-                for s, r in base["runs"].items()}
-    run = {"who": "pyscf", "device": "cpu", "precision": "fp64", "baseline_rule": base["rule"],
-           "same_setting": base["same_setting"], "settings": settings, "best_setting": base["best"]}
+        base = fb.pyscf_baseline(
+            ["stage"],
+            xyz,
+            threads=lib.num_threads(),
+            timeout=timeout,
+            repeats=repeats,
+            warmup=warmup,
+            scf_npz=npz,
+            peak_sizes=(),
+        )
+    settings = {
+        s: (
+            {"error": r["error"]}
+            if "error" in r
+            else {"seconds": r["tasks"]["stage"]["seconds"], "blas": fb.blas_summary(r["blas"])}
+        )
+        for s, r in base["runs"].items()
+    }
+    run = {
+        "who": "pyscf",
+        "device": "cpu",
+        "precision": "fp64",
+        "baseline_rule": base["rule"],
+        "same_setting": base["same_setting"],
+        "settings": settings,
+        "best_setting": base["best"],
+    }
     if base["best"] is None:
         log("  PySCF fp64: failed in both settings")
         return dict(run, status="failed", reason="; ".join(f"{s}: {v['error']}" for s, v in settings.items()))
     task = base["tasks"]["stage"]
     log(f"  PySCF fp64: {task['seconds']:.2f} s (faster setting: {base['best']})")
-    return dict(run, status="ran", engine=f"PySCF DFMP2 (libmp, {lib.num_threads()} OpenMP threads)",
-                e_corr=task["e_corr"], time={"median_s": task["seconds"], "min_s": task["min_s"],
-                                             "max_s": task["max_s"], "repeats": task["n"], "warmup": warmup})
+    return dict(
+        run,
+        status="ran",
+        engine=f"PySCF DFMP2 (libmp, {lib.num_threads()} OpenMP threads)",
+        e_corr=task["e_corr"],
+        time={
+            "median_s": task["seconds"],
+            "min_s": task["min_s"],
+            "max_s": task["max_s"],
+            "repeats": task["n"],
+            "warmup": warmup,
+        },
+    )
 
 
-def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, repeats: int,
-                single_above_s: float, peak_gflops: dict, log=print) -> dict:
+def run_cluster(
+    n: int,
+    devices: list,
+    precisions: list[str],
+    *,
+    pyscf: bool,
+    repeats: int,
+    single_above_s: float,
+    peak_gflops: dict,
+    log=print,
+) -> dict:
     """One cluster: SCF once, our stage per (device backend, precision), PySCF's stage.
 
     ``devices``: [(name, backend factory)] of devices that can run. ``repeats`` timed runs
@@ -143,8 +192,8 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
     ``single_above_s``; a single run (no warm-up) above it."""
     from dfmp2.df import basis
     from dfmp2.io import molecule
-    from dfmp2.scf import pyscf_scf
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.scf import pyscf_scf
 
     path = CLUSTER_DIR / f"h2o_{n:02d}.xyz"
     mol = molecule.build_molecule(read_xyz(path), "cc-pvdz")
@@ -155,26 +204,58 @@ def run_cluster(n: int, devices: list, precisions: list[str], *, pyscf: bool, re
         ref = pyscf_scf.run_rhf(mol, "df")
     scf_s = time.perf_counter() - t0
     nocc, nvir, naux = ref.channels[0].nocc, ref.nmo - ref.channels[0].nocc, auxmol.nao_nr()
-    row = {"waters": n, "molecule": f"inputs/water_clusters/{path.name}", "basis": "cc-pvdz",
-           "auxbasis": basis.describe_auxbasis(auxbasis), "nbasis": mol.nao_nr(), "nocc": nocc,
-           "nvir": nvir, "naux": naux, "pair_flops": pair_flops(nocc, nvir, naux),
-           "scf_s": scf_s, "scf_cycles": ref.scf.iterations,
-           "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD], "runs": []}
+    row = {
+        "waters": n,
+        "molecule": f"inputs/water_clusters/{path.name}",
+        "basis": "cc-pvdz",
+        "auxbasis": basis.describe_auxbasis(auxbasis),
+        "nbasis": mol.nao_nr(),
+        "nocc": nocc,
+        "nvir": nvir,
+        "naux": naux,
+        "pair_flops": pair_flops(nocc, nvir, naux),
+        "scf_s": scf_s,
+        "scf_cycles": ref.scf.iterations,
+        "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD],
+        "runs": [],
+    }
     log(f"(H2O){n}: nbasis {row['nbasis']}, nocc {nocc}, nvir {nvir}, naux {naux}; SCF {scf_s:.1f} s")
 
     def expected(prec):
         g = peak_gflops.get(prec) or 10.0
         return row["pair_flops"] / (g * 1e9)
 
-    row["runs"] += stage_runs(mol, auxmol, ref, devices, precisions, repeats=repeats,
-                              single=lambda prec: expected(prec) > single_above_s, log=log)
+    row["runs"] += stage_runs(
+        mol,
+        auxmol,
+        ref,
+        devices,
+        precisions,
+        repeats=repeats,
+        single=lambda prec: expected(prec) > single_above_s,
+        log=log,
+    )
     if pyscf:
-        row["runs"].append(time_pyscf_fair(path, ref, repeats=1 if expected("fp64") > single_above_s else repeats,
-                                           warmup=0 if expected("fp64") > single_above_s else 1, log=log))
+        row["runs"].append(
+            time_pyscf_fair(
+                path,
+                ref,
+                repeats=1 if expected("fp64") > single_above_s else repeats,
+                warmup=0 if expected("fp64") > single_above_s else 1,
+                log=log,
+            )
+        )
         compare_with_pyscf(row["runs"])
     else:
-        row["runs"].append({"who": "pyscf", "device": "cpu", "precision": "fp64", "status": "not run",
-                            "reason": "above --pyscf-max-waters (time budget)"})
+        row["runs"].append(
+            {
+                "who": "pyscf",
+                "device": "cpu",
+                "precision": "fp64",
+                "status": "not run",
+                "reason": "above --pyscf-max-waters (time budget)",
+            }
+        )
     return row
 
 
@@ -183,31 +264,51 @@ def stage_runs(mol, auxmol, ref, devices, precisions, *, repeats: int, single, l
     of ``devices`` and precision: ``repeats`` runs after an untimed warm-up, or one run without
     warm-up where ``single(precision)``. One run dict each (status 'ran' or 'not run')."""
     from dfmp2.pipeline import RunOptions, time_mp2_stage
+
     runs = []
     for dev_name, make_backend in devices:
         for prec in precisions:
             problem = linalg.device_capabilities(dev_name).precision_problem(prec)
             if problem:
-                runs.append({"who": "dfmp2", "device": dev_name, "precision": prec, "status": "not run",
-                             "reason": f"{dev_name}: {problem}"})
+                runs.append(
+                    {
+                        "who": "dfmp2",
+                        "device": dev_name,
+                        "precision": prec,
+                        "status": "not run",
+                        "reason": f"{dev_name}: {problem}",
+                    }
+                )
                 continue
             one = single(prec)
             times, stage_runs_s, e, ran = [], [], None, None
             for k in range((0 if one else 1) + (1 if one else repeats)):
                 dt, e_os, e_ss, stage_s, ran = time_mp2_stage(
-                    mol, auxmol, ref, RunOptions(device=dev_name, precision=prec), make_backend())
+                    mol, auxmol, ref, RunOptions(device=dev_name, precision=prec), make_backend()
+                )
                 e = e_os + e_ss
-                if one or k > 0:                      # k == 0 is the warm-up
+                if one or k > 0:  # k == 0 is the warm-up
                     times.append(dt)
                     stage_runs_s.append(stage_s)
             stages = {s: statistics.median([r.get(s, 0.0) for r in stage_runs_s]) for s in STAGES}
-            run = {"who": "dfmp2", "device": dev_name, "precision": prec, "status": "ran",
-                   "engine": ran["engine"], "kernels": ran["kernels"], "metric": ran.get("metric"),
-                   "stage_precision": ran.get("stage_precision"), "e_corr": e,
-                   "time": {**_stats(times), "warmup": 0 if one else 1}, "stages_s": stages}
+            run = {
+                "who": "dfmp2",
+                "device": dev_name,
+                "precision": prec,
+                "status": "ran",
+                "engine": ran["engine"],
+                "kernels": ran["kernels"],
+                "metric": ran.get("metric"),
+                "stage_precision": ran.get("stage_precision"),
+                "e_corr": e,
+                "time": {**_stats(times), "warmup": 0 if one else 1},
+                "stages_s": stages,
+            }
             runs.append(run)
-            log(f"  dfmp2 {dev_name} {prec}: {run['time']['median_s']:.2f} s "
-                f"({', '.join(f'{s} {v:.2f}' for s, v in stages.items())})")
+            log(
+                f"  dfmp2 {dev_name} {prec}: {run['time']['median_s']:.2f} s "
+                f"({', '.join(f'{s} {v:.2f}' for s, v in stages.items())})"
+            )
     return runs
 
 
@@ -225,20 +326,30 @@ def fits(rows: list[dict], fit_min_nbasis: int) -> dict:
     """Cost exponents vs nbasis per (who, device, precision) and stage, over clusters with
     nbasis >= fit_min_nbasis."""
     out: dict = {}
-    keys = sorted({(r["who"], r["device"], r["precision"]) for row in rows for r in row["runs"]
-                   if r["status"] == "ran"})
+    keys = sorted(
+        {(r["who"], r["device"], r["precision"]) for row in rows for r in row["runs"] if r["status"] == "ran"}
+    )
     for who, dev, prec in keys:
-        sel = [(row["nbasis"], r) for row in rows for r in row["runs"]
-               if (r["who"], r["device"], r["precision"]) == (who, dev, prec) and r["status"] == "ran"
-               and row["nbasis"] >= fit_min_nbasis]
+        sel = [
+            (row["nbasis"], r)
+            for row in rows
+            for r in row["runs"]
+            if (r["who"], r["device"], r["precision"]) == (who, dev, prec)
+            and r["status"] == "ran"
+            and row["nbasis"] >= fit_min_nbasis
+        ]
         label = f"{who} {dev} {prec}" if who == "dfmp2" else "pyscf cpu fp64"
-        entry = {"total": fit_exponent([s for s, _ in sel], [r["time"]["median_s"] for _, r in sel]),
-                 "nbasis": [s for s, _ in sel]}
+        entry = {
+            "total": fit_exponent([s for s, _ in sel], [r["time"]["median_s"] for _, r in sel]),
+            "nbasis": [s for s, _ in sel],
+        }
         if who == "dfmp2":
             for st in STAGES:
                 entry[st] = fit_exponent([s for s, _ in sel], [r["stages_s"].get(st, 0.0) for _, r in sel])
         out[label] = entry
     scf_pts = [(row["nbasis"], row["scf_s"]) for row in rows if row["nbasis"] >= fit_min_nbasis]
-    out["scf (DF-RHF, PySCF)"] = {"total": fit_exponent([s for s, _ in scf_pts], [t for _, t in scf_pts]),
-                                  "nbasis": [s for s, _ in scf_pts]}
+    out["scf (DF-RHF, PySCF)"] = {
+        "total": fit_exponent([s for s, _ in scf_pts], [t for _, t in scf_pts]),
+        "nbasis": [s for s, _ in scf_pts],
+    }
     return out

@@ -1,1 +1,2 @@
-"""The click commands (``dfmp2 run``, ``gradient``, ``optimize``, ``interaction``, ``compare``, ``regress``, ``bench``): options and runtime, no science."""
+"""The click commands (``dfmp2 run``, ``gradient``, ``optimize``, ``interaction``, ``compare``,
+``regress``, ``bench``): options and runtime, no science."""

@@ -23,6 +23,7 @@ What it measures (details in dfmp2/benchmarks/):
 A device that cannot run is listed as not run with the reason. Exit status 0 when the report
 was written, 2 for bad options.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,6 +55,7 @@ def check_outputs(out_dir, name: str) -> None:
     """Before any timing: ``name`` is a plain file stem (NAME.json, .md, .png go into ``out_dir``,
     nowhere else) and ``out_dir`` is, or can be made, a directory that takes files."""
     from dfmp2.io.outputs import check_output_dir, check_output_file
+
     seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
     if name in ("", ".", "..") or any(c in name for c in seps | {"\0"}):
         raise InputError(f"--name '{name}': give a file stem without '/' or '..' (the files go into --out)")
@@ -71,117 +73,43 @@ def _rerender(path: Path, console) -> None:
     import json
 
     from rich.console import Console
+
     from dfmp2.benchmarks import report
+
     try:
         rep = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: not a dfmp2 bench report (cannot read it as JSON: "
-                         f"{' '.join(str(e).split())[:80]})") from None
+        raise InputError(
+            f"{path}: not a dfmp2 bench report (cannot read it as JSON: {' '.join(str(e).split())[:80]})"
+        ) from None
     if not isinstance(rep, dict) or rep.get("schema") != report.SCHEMA:
-        raise InputError(f"{path}: not a dfmp2 bench report (no \"schema\": \"{report.SCHEMA}\"); "
-                         "give a NAME.json written by dfmp2 bench")
+        raise InputError(
+            f'{path}: not a dfmp2 bench report (no "schema": "{report.SCHEMA}"); '
+            "give a NAME.json written by dfmp2 bench"
+        )
     # the tables read many fields; rendering them into memory first finds any that is missing or
     # of the wrong type before a file is touched
     try:
         report.markdown(rep)
         report.terminal(rep, Console(file=io.StringIO(), width=160))
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
-        raise InputError(f"{path}: damaged dfmp2 bench report ({e.__class__.__name__}: "
-                         f"{' '.join(str(e).split())[:60]})") from None
+        raise InputError(
+            f"{path}: damaged dfmp2 bench report ({e.__class__.__name__}: {' '.join(str(e).split())[:60]})"
+        ) from None
     png = path.with_suffix(".png")
-    rep["plot"] = str(png) if report.plot(rep, png) else None    # written atomically (outputs)
+    rep["plot"] = str(png) if report.plot(rep, png) else None  # written atomically (outputs)
     report.atomic_write(path.with_suffix(".md"), report.markdown(rep))
     report.terminal(rep, console)
 
 
-@click.command("bench")
-@click.option("--shapes", default="small,medium,large", show_default=True,
-              help="named shapes (small, medium, large, xlarge, h2o32, xxlarge), comma-separated; explicit "
-                   "NOCC,NVIR,NAUX shapes separated by ';', e.g. 'small;32,300,1000'")
-@click.option("--devices", default="cpu,cuda,trn1,trn2", show_default=True,
-              help="devices to report; one that cannot run is listed as not run (trn1/trn2 without hardware "
-                   "get estimates instead)")
-@click.option("--precisions", default=",".join(PRECISIONS), show_default=True)
-@click.option("--ops", "ops_", default=None,
-              help="comma list of gemm, syrk, trsm, cholesky, inv_sqrt_eigh, inv_sqrt_newton_schulz, "
-                   "mp2_pair_energy [default: all]")
-@click.option("--waters", default="1-24", show_default=True,
-              help="water clusters for the scaling series, e.g. 1-32, 1,2,4,8 or none")
-@click.option("--water-precisions", default="fp64", show_default=True)
-@click.option("--radicals", default="none", show_default=True,
-              help="open-shell series (DF-UMP2 stage vs PySCF's DFUMP2): none, default (OH, CH3, NO, allyl, "
-                   "t-butyl, glycyl), all, or names from inputs/open_shell/")
-@click.option("--pyscf-max-waters", type=int, default=24, show_default=True,
-              help="run PySCF's DF-MP2 baseline for clusters up to this size")
-@click.option("--fit-min-nbasis", type=int, default=192, show_default=True,
-              help="fit cost exponents over clusters with at least this many basis functions")
-@click.option("--repeats", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="minimum timed calls per op (fewer when a call exceeds --max-time)")
-@click.option("--warmup", type=click.IntRange(0, 10), default=1, show_default=True)
-@click.option("--min-time", type=float, default=0.2, show_default=True,
-              help="keep repeating a call until this many seconds were timed")
-@click.option("--max-time", type=float, default=2.0, show_default=True,
-              help="stop adding timed calls after this many seconds (at least one call runs)")
-@click.option("--single-above", type=float, default=3.0, show_default=True,
-              help="calls expected to take longer than this (s, from flops / GEMM peak) run once without warm-up")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch and PySCF threads [default: the libraries' own]")
-@click.option("--peak-n", type=click.IntRange(16, 32768), default=None, help="size of the square GEMM for the peak, 16-32768 [cpu 2048, cuda 8192]")
-@click.option("--trn-validate/--no-trn-validate", default=True, show_default=True,
-              help="check the Trainium work model against the NKI emulator's counters at the smallest shape")
-@click.option("--out", "out_dir", default="bench-results", show_default=True, type=click.Path(file_okay=False),
-              help="output directory")
-@click.option("--name", default="bench", show_default=True, help="file stem: NAME.json, NAME.md, NAME.png")
-@click.option("-q", "--quiet", is_flag=True, help="no progress lines, only the final tables")
-@click.option("--rerender", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="no timing: rewrite the .md and .png (and the terminal table) of a saved NAME.json")
-@user_errors(interrupted=lambda params: " (nothing written)")
-def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, radicals, pyscf_max_waters, fit_min_nbasis,
-                  repeats, warmup, min_time, max_time, single_above, threads, peak_n, trn_validate, out_dir,
-                  name, quiet, rerender):
-    """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
-    from rich.console import Console
+def _write_report(rep: dict, out_dir, name: str, log, console, err) -> None:
+    """The report's files (``name``.json, .md and, with matplotlib, .png under ``out_dir``), its
+    tables on stdout and one line on ``err`` naming what was written and whether the machine was
+    loaded."""
     from rich.markup import escape
-    if rerender:
-        with printing():
-            _rerender(Path(rerender), stdout_console())
-        return
-    from dfmp2.benchmarks import ops as ops_mod, radicals as radicals_mod, report, shapes as shapes_mod, waters as waters_mod
-    from dfmp2.benchmarks.run import BenchOptions, run_bench
-    from dfmp2 import linalg
-    for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
-        if not (math.isfinite(v) and v >= 0):
-            raise InputError(f"{opt} must be a finite number of seconds >= 0, got {v}")
-    if threads:
-        import torch
-        from pyscf import lib
-        torch.set_num_threads(threads)
-        lib.num_threads(threads)
-    prec = _split(precisions, "precisions", PRECISIONS)
-    devs = _split(devices, "devices")
-    for d in devs:
-        try:
-            linalg.device_capabilities(d)
-        except ValueError:
-            raise InputError(f"--devices: unknown device '{d}'; use {', '.join(DEVICE_CHOICES)}") from None
-    opts = BenchOptions(
-        shapes=shapes_mod.parse_shapes(shapes), devices=devs, precisions=prec,
-        ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),
-        waters=waters_mod.parse_waters(waters), radicals=radicals_mod.parse_radicals(radicals),
-        water_precisions=_split(water_precisions, "water-precisions", PRECISIONS),
-        pyscf_max_waters=pyscf_max_waters, fit_min_nbasis=fit_min_nbasis, warmup=warmup, repeats=repeats,
-        min_time=min_time, max_time=max_time, single_above_s=single_above, peak_n=peak_n,
-        trn_validate=trn_validate, command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-        if len(sys.argv) > 1 and sys.argv[1] == "bench" else "dfmp2 bench (called from Python)")
-    from dfmp2.memory import check_synthetic_memory
-    for s in opts.shapes:        # before any allocation: a shape larger than host memory is one line
-        for p in prec:
-            check_synthetic_memory(f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}", s.nocc, s.nvir,
-                                   s.naux, 8 if p == "fp64" else 4, [])    # host; a GPU's own check is its run's
-    check_outputs(out_dir, name)
-    console = stdout_console()
-    err = Console(stderr=True)
-    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
-    rep = run_bench(opts, log=log)
+
+    from dfmp2.benchmarks import report
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -197,7 +125,221 @@ def bench_command(shapes, devices, precisions, ops_, waters, water_precisions, r
     with printing(written=(out / f"{name}.json", out / f"{name}.md")):
         report.terminal(rep, console)
     m = rep["meta"]
-    busy = (f"other processes took {m['other_cpu']['other_cores']:.2f} cores" if m.get("other_cpu")
-            else f"1-min load {max(m['load_average_before'][0], m['load_average_after'][0]):.1f}")
-    err.print(f"wrote {escape(str(out / name))}.json, .md" + (", .png" if rep["plot"] else "")
-              + f" in {m['wall_s']:.0f} s" + (f"; machine loaded ({busy})" if m["machine_loaded"] else ""))
+    busy = (
+        f"other processes took {m['other_cpu']['other_cores']:.2f} cores"
+        if m.get("other_cpu")
+        else f"1-min load {max(m['load_average_before'][0], m['load_average_after'][0]):.1f}"
+    )
+    err.print(
+        f"wrote {escape(str(out / name))}.json, .md"
+        + (", .png" if rep["plot"] else "")
+        + f" in {m['wall_s']:.0f} s"
+        + (f"; machine loaded ({busy})" if m["machine_loaded"] else "")
+    )
+
+
+@click.command("bench")
+@click.option(
+    "--shapes",
+    default="small,medium,large",
+    show_default=True,
+    help="named shapes (small, medium, large, xlarge, h2o32, xxlarge), comma-separated; explicit "
+    "NOCC,NVIR,NAUX shapes separated by ';', e.g. 'small;32,300,1000'",
+)
+@click.option(
+    "--devices",
+    default="cpu,cuda,trn1,trn2",
+    show_default=True,
+    help="devices to report; one that cannot run is listed as not run (trn1/trn2 without hardware "
+    "get estimates instead)",
+)
+@click.option("--precisions", default=",".join(PRECISIONS), show_default=True)
+@click.option(
+    "--ops",
+    "ops_",
+    default=None,
+    help="comma list of gemm, syrk, trsm, cholesky, inv_sqrt_eigh, inv_sqrt_newton_schulz, "
+    "mp2_pair_energy [default: all]",
+)
+@click.option(
+    "--waters",
+    default="1-24",
+    show_default=True,
+    help="water clusters for the scaling series, e.g. 1-32, 1,2,4,8 or none",
+)
+@click.option("--water-precisions", default="fp64", show_default=True)
+@click.option(
+    "--radicals",
+    default="none",
+    show_default=True,
+    help="open-shell series (DF-UMP2 stage vs PySCF's DFUMP2): none, default (OH, CH3, NO, allyl, "
+    "t-butyl, glycyl), all, or names from inputs/open_shell/",
+)
+@click.option(
+    "--pyscf-max-waters",
+    type=int,
+    default=24,
+    show_default=True,
+    help="run PySCF's DF-MP2 baseline for clusters up to this size",
+)
+@click.option(
+    "--fit-min-nbasis",
+    type=int,
+    default=192,
+    show_default=True,
+    help="fit cost exponents over clusters with at least this many basis functions",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="minimum timed calls per op (fewer when a call exceeds --max-time)",
+)
+@click.option("--warmup", type=click.IntRange(0, 10), default=1, show_default=True)
+@click.option(
+    "--min-time",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="keep repeating a call until this many seconds were timed",
+)
+@click.option(
+    "--max-time",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="stop adding timed calls after this many seconds (at least one call runs)",
+)
+@click.option(
+    "--single-above",
+    type=float,
+    default=3.0,
+    show_default=True,
+    help="calls expected to take longer than this (s, from flops / GEMM peak) run once without warm-up",
+)
+@click.option(
+    "--threads", type=click.IntRange(min=1), default=None, help="torch and PySCF threads [default: the libraries' own]"
+)
+@click.option(
+    "--peak-n",
+    type=click.IntRange(16, 32768),
+    default=None,
+    help="size of the square GEMM for the peak, 16-32768 [cpu 2048, cuda 8192]",
+)
+@click.option(
+    "--trn-validate/--no-trn-validate",
+    default=True,
+    show_default=True,
+    help="check the Trainium work model against the NKI emulator's counters at the smallest shape",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="output directory",
+)
+@click.option("--name", default="bench", show_default=True, help="file stem: NAME.json, NAME.md, NAME.png")
+@click.option("-q", "--quiet", is_flag=True, help="no progress lines, only the final tables")
+@click.option(
+    "--rerender",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="no timing: rewrite the .md and .png (and the terminal table) of a saved NAME.json",
+)
+@user_errors(interrupted=lambda params: " (nothing written)")
+def bench_command(
+    shapes,
+    devices,
+    precisions,
+    ops_,
+    waters,
+    water_precisions,
+    radicals,
+    pyscf_max_waters,
+    fit_min_nbasis,
+    repeats,
+    warmup,
+    min_time,
+    max_time,
+    single_above,
+    threads,
+    peak_n,
+    trn_validate,
+    out_dir,
+    name,
+    quiet,
+    rerender,
+):
+    """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    if rerender:
+        with printing():
+            _rerender(Path(rerender), stdout_console())
+        return
+    from dfmp2 import linalg
+    from dfmp2.benchmarks import ops as ops_mod
+    from dfmp2.benchmarks import radicals as radicals_mod
+    from dfmp2.benchmarks import shapes as shapes_mod
+    from dfmp2.benchmarks import waters as waters_mod
+    from dfmp2.benchmarks.run import BenchOptions, run_bench
+
+    for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
+        if not (math.isfinite(v) and v >= 0):
+            raise InputError(f"{opt} must be a finite number of seconds >= 0, got {v}")
+    if threads:
+        import torch
+        from pyscf import lib
+
+        torch.set_num_threads(threads)
+        lib.num_threads(threads)
+    prec = _split(precisions, "precisions", PRECISIONS)
+    devs = _split(devices, "devices")
+    for d in devs:
+        try:
+            linalg.device_capabilities(d)
+        except ValueError:
+            raise InputError(f"--devices: unknown device '{d}'; use {', '.join(DEVICE_CHOICES)}") from None
+    opts = BenchOptions(
+        shapes=shapes_mod.parse_shapes(shapes),
+        devices=devs,
+        precisions=prec,
+        ops=_split(ops_, "ops", ops_mod.OPS) if ops_ else list(ops_mod.OPS),
+        waters=waters_mod.parse_waters(waters),
+        radicals=radicals_mod.parse_radicals(radicals),
+        water_precisions=_split(water_precisions, "water-precisions", PRECISIONS),
+        pyscf_max_waters=pyscf_max_waters,
+        fit_min_nbasis=fit_min_nbasis,
+        warmup=warmup,
+        repeats=repeats,
+        min_time=min_time,
+        max_time=max_time,
+        single_above_s=single_above,
+        peak_n=peak_n,
+        trn_validate=trn_validate,
+        command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 1 and sys.argv[1] == "bench"
+        else "dfmp2 bench (called from Python)",
+    )
+    from dfmp2.memory import check_synthetic_memory
+
+    for s in opts.shapes:  # before any allocation: a shape larger than host memory is one line
+        for p in prec:
+            check_synthetic_memory(
+                f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}",
+                s.nocc,
+                s.nvir,
+                s.naux,
+                8 if p == "fp64" else 4,
+                [],
+            )  # host; a GPU's own check is its run's
+    check_outputs(out_dir, name)
+    console = stdout_console()
+    err = Console(stderr=True)
+    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
+    rep = run_bench(opts, log=log)
+    _write_report(rep, out_dir, name, log, console, err)

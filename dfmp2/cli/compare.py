@@ -1,5 +1,6 @@
 """``dfmp2 compare``: the command (its options and output); the comparison itself (devices,
 runs, the summary, table and JSON) is dfmp2.workflows.compare."""
+
 from __future__ import annotations
 
 import math
@@ -7,41 +8,89 @@ import math
 import click
 
 from dfmp2 import linalg
-from dfmp2.cli.options import (device_options, fail, molecule_options, printing, resource_options,
-                               run_options, scf_options, stdout_console, user_errors)
+from dfmp2.cli.options import (
+    device_options,
+    fail,
+    molecule_options,
+    printing,
+    resource_options,
+    run_options,
+    scf_options,
+    stdout_console,
+    user_errors,
+)
 from dfmp2.errors import InputError
 from dfmp2.linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
 from dfmp2.linalg.cuda import AUTO_RULE
-from dfmp2.workflows.compare import (EXIT_DIFFERENT, TOLERANCES, DeviceRun, check_cuda_only, check_device,
-                                     compare_molecule, compare_runs, compare_synthetic, document,
-                                     parse_devices, render, write_json)
+from dfmp2.workflows.compare import (
+    EXIT_DIFFERENT,
+    TOLERANCES,
+    DeviceRun,
+    check_cuda_only,
+    check_device,
+    compare_molecule,
+    compare_runs,
+    compare_synthetic,
+    document,
+    parse_devices,
+    render,
+    write_json,
+)
 
 
 @click.command("compare")
 @click.argument("xyz_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--devices", default=None,
-              help="comma-separated devices; the first that runs is the reference [default: the "
-                   "devices present here: cpu, plus cuda with a GPU, trn1/trn2 on Trainium in fp32]")
-@click.option("--synthetic", default=None, metavar="NOCC,NVIR,NAUX",
-              help="a Philox synthetic pair-step problem instead of a molecule")
-@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
-              help="seed of the synthetic problem (Philox, 0 to 2^64-1)")
+@click.option(
+    "--devices",
+    default=None,
+    help="comma-separated devices; the first that runs is the reference [default: the "
+    "devices present here: cpu, plus cuda with a GPU, trn1/trn2 on Trainium in fp32]",
+)
+@click.option(
+    "--synthetic",
+    default=None,
+    metavar="NOCC,NVIR,NAUX",
+    help="a Philox synthetic pair-step problem instead of a molecule",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**64 - 1),
+    default=0,
+    show_default=True,
+    help="seed of the synthetic problem (Philox, 0 to 2^64-1)",
+)
 @molecule_options()
 @device_options(
     skip=("device",),
     precision={"default": "fp64", "help": "working precision on every device (trn needs fp32)"},
-    pair_kernel={"help": f"the MP2 pair-step path of the devices that have it (cuda: gemm+epilogue, fused; cpu: "
-                         f"gemm+epilogue, gemm+torch); auto: cuda {AUTO_RULE}; cpu {CPU_AUTO_RULE}"},
-    integrals={"help": "molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
-                       "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran"})
+    pair_kernel={
+        "help": f"the MP2 pair-step path of the devices that have it (cuda: gemm+epilogue, fused; cpu: "
+        f"gemm+epilogue, gemm+torch); auto: cuda {AUTO_RULE}; cpu {CPU_AUTO_RULE}"
+    },
+    integrals={
+        "help": "molecules: the 3-center integral engine (gpu4pyscf applies to the cuda devices; "
+        "auto: gpu4pyscf on cuda when importable, else host); the JSON's 'ran' says which ran"
+    },
+)
 @scf_options()
 @resource_options(memory_mb={"help": "memory limit of each run, e.g. 8GB [default: 80% of available]"})
-@click.option("--repeat", type=click.IntRange(1, 100), default=2, show_default=True,
-              help="runs per device, to check that its energies are bit-identical run to run")
-@click.option("--tol", "tolerance", type=float, default=None,
-              help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="also write every device's energies (with float.hex) as JSON")
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 100),
+    default=2,
+    show_default=True,
+    help="runs per device, to check that its energies are bit-identical run to run",
+)
+@click.option(
+    "--tol", "tolerance", type=float, default=None, help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]"
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write every device's energies (with float.hex) as JSON",
+)
 @user_errors
 def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, **params):
     """Run one problem on several devices from identical inputs and compare the energies bit by bit.
@@ -53,42 +102,44 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     console = stdout_console(width=160)
     if (xyz_file is None) == (synthetic is None):
         raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")
-    options = run_options(params)           # options.device: each of the devices in turn
+    options = run_options(params)  # options.device: each of the devices in turn
     precision = options.precision
     absent = {}
     if devices is None:
-        names, absent = linalg.present_devices(precision)   # --devices' default
+        names, absent = linalg.present_devices(precision)  # --devices' default
         with printing():
-            console.print(f"devices: {', '.join(names)} (present here)"
-                          + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items())
-                             if absent else "")
-                          + ". Name devices with --devices to require them.", highlight=False)
+            console.print(
+                f"devices: {', '.join(names)} (present here)"
+                + ("; not present: " + "; ".join(f"{d} ({why})" for d, why in absent.items()) if absent else "")
+                + ". Name devices with --devices to require them.",
+                highlight=False,
+            )
     else:
         names = parse_devices(devices)
     tol = TOLERANCES[precision] if tolerance is None else tolerance
     if not 0 < tol < math.inf:
         raise InputError(f"--tol must be a positive finite number, got {tolerance}")
     check_cuda_only(options, names)
-    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
+    if json_path is not None:  # before any work: a JSON that cannot be written fails now ('' too)
         from dfmp2.io.outputs import check_output_file
+
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
-    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel, options.cpu_blas)
-                for d in names}
-    runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items()
-            if be is None]
+    backends = {d: check_device(d, precision, options.simulate, options.pair_kernel, options.cpu_blas) for d in names}
+    runs = [DeviceRun(d, status="not run", reason=reason) for d, (be, reason) in backends.items() if be is None]
     ready = [d for d, (be, _) in backends.items() if be is not None]
     if synthetic is not None:
-        title, problem_doc, ran = compare_synthetic(synthetic, seed, precision, repeat,
-                                                     {d: backends[d][0] for d in ready})
+        title, problem_doc, ran = compare_synthetic(
+            synthetic, seed, precision, repeat, {d: backends[d][0] for d in ready}
+        )
     else:
         title, problem_doc, ran = compare_molecule(xyz_file, options, repeat, ready)
     runs = sorted(runs + ran, key=lambda r: names.index(r.device))
     summary = compare_runs(runs, tol)
-    if json_path:               # before the table: a stdout that fails must not lose the result
+    if json_path:  # before the table: a stdout that fails must not lose the result
         write_json(json_path, document(problem_doc, precision, repeat, devices, absent, summary, runs))
     with printing(written=(json_path,)):
         render(runs, summary, title, console)
-    if summary["not_run"]:               # the reasons on stderr too, not only in the table above
+    if summary["not_run"]:  # the reasons on stderr too, not only in the table above
         fail("not run: " + "; ".join(f"{r.device} ({r.reason})" for r in runs if r.status != "ran"))
     if not summary["passed"]:
         raise SystemExit(EXIT_DIFFERENT)

@@ -5,55 +5,84 @@ energy (``--method mp2|scs-mp2|sos-mp2``) per atom, its largest component and it
 ``--json`` writes the run's JSON with a 'gradient' section (units stated). Options: the shared
 groups of ``dfmp2.cli.options`` (no checkpoint, one basis).
 """
+
 from __future__ import annotations
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from dfmp2.cli.options import (device_options, molecule_options, printing, resource_options, run_options,
-                          scf_options, stdout_console, user_errors)
+from dfmp2.cli.options import (
+    device_options,
+    molecule_options,
+    printing,
+    resource_options,
+    run_options,
+    scf_options,
+    stdout_console,
+    user_errors,
+)
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
-from dfmp2.io.result import METHOD_SCALES as SCALES
 from dfmp2.io.outputs import check_output_file
+from dfmp2.io.result import METHOD_SCALES as SCALES
 
 
 def gradient_table(gr):
     """The per-atom gradient (Eh/bohr) of a gradrun.GradientResult as a rich table."""
     from rich.table import Table
+
     t = Table(title=f"nuclear gradient of E({gr.method.upper()}) / (Eh/bohr)", title_justify="left")
     for col in ("atom", "", "x", "y", "z"):
         t.add_column(col, justify="right" if col in ("x", "y", "z", "atom") else "left")
     for i, (sym, row) in enumerate(zip(gr.result.geometry["symbols"], gr.gradient)):
         t.add_row(str(i + 1), sym, *(f"{v:+.10f}" for v in row))
     g = gr.gradient
-    t.caption = (f"E({gr.method.upper()}) = {gr.energy:.10f} Eh; max |g| {abs(g).max():.3e}, "
-                 f"rms {float((g ** 2).mean()) ** 0.5:.3e} Eh/bohr; Z-vector {gr.parts.zvector['iterations']} "
-                 f"iterations; gradient stage {gr.wall_s:.2f} s")
+    t.caption = (
+        f"E({gr.method.upper()}) = {gr.energy:.10f} Eh; max |g| {abs(g).max():.3e}, "
+        f"rms {float((g**2).mean()) ** 0.5:.3e} Eh/bohr; Z-vector {gr.parts.zvector['iterations']} "
+        f"iterations; gradient stage {gr.wall_s:.2f} s"
+    )
     ran = gr.parts.ran
-    if "host_device" in ran:         # a device without fp64: the pair loop there, the rest on the host
+    if "host_device" in ran:  # a device without fp64: the pair loop there, the rest on the host
         sim = ", simulated" if ran.get("simulated") else ""
-        t.caption += (f"; pair loop on {ran['device']} (fp32{sim}), the rest on the host "
-                      f"{ran['host_device']} ({ran['host_precision']})")
+        t.caption += (
+            f"; pair loop on {ran['device']} (fp32{sim}), the rest on the host "
+            f"{ran['host_device']} ({ran['host_precision']})"
+        )
     return t
 
 
 def point_inputs(method_help: str):
     """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``."""
+
     def wrap(f):
-        for deco in reversed((click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False)),
-                              molecule_options(), device_options(), scf_options(), resource_options(),
-                              click.option("--method", type=click.Choice(tuple(SCALES)), default="mp2",
-                                           show_default=True, help=method_help))):
+        for deco in reversed(
+            (
+                click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False)),
+                molecule_options(),
+                device_options(),
+                scf_options(),
+                resource_options(),
+                click.option(
+                    "--method", type=click.Choice(tuple(SCALES)), default="mp2", show_default=True, help=method_help
+                ),
+            )
+        ):
             f = deco(f)
         return f
+
     return wrap
 
 
 @click.command("gradient")
 @point_inputs("the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="also write the result with the gradient (Eh/bohr) as JSON to this path")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write the result with the gradient (Eh/bohr) as JSON to this path",
+)
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies and the gradient")
 @user_errors
 def gradient_command(xyz_file, method, json_path, quiet, **params):
@@ -65,7 +94,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     console = stdout_console()
     err = Console(stderr=True)
     options = run_options(params)
-    if json_path is not None:       # before any work
+    if json_path is not None:  # before any work
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
@@ -87,14 +116,35 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 
 @click.command("optimize")
 @point_inputs("the energy minimised: MP2, SCS-MP2 or SOS-MP2")
-@click.option("-o", "--output", "final_path", type=click.Path(dir_okay=False), default=None,
-              help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, here]")
-@click.option("--trajectory", "traj_path", type=click.Path(dir_okay=False), default=None,
-              help="every evaluated geometry (multi-frame XYZ) [default: INPUT's name with .traj.xyz, here]")
-@click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True,
-              help="energy and gradient evaluations before giving up")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="also write the final result (energies, gradient, the steps) as JSON")
+@click.option(
+    "-o",
+    "--output",
+    "final_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, here]",
+)
+@click.option(
+    "--trajectory",
+    "traj_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="every evaluated geometry (multi-frame XYZ) [default: INPUT's name with .traj.xyz, here]",
+)
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="energy and gradient evaluations before giving up",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write the final result (energies, gradient, the steps) as JSON",
+)
 @click.option("-q", "--quiet", is_flag=True, help="print only the final energies and gradient")
 @user_errors
 def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_path, quiet, **params):
@@ -104,9 +154,9 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
     import json
     from pathlib import Path
 
-    from dfmp2.workflows.optimize import optimize
     from dfmp2.io.outputs import write_text
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.workflows.optimize import optimize
 
     console = stdout_console()
     err = Console(stderr=True)
@@ -121,8 +171,16 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
     try:
         with terminate_raises():
-            out = optimize(read_xyz(xyz_file), options, method, trajectory=traj_path, final=final_path,
-                           max_steps=max_steps, log=log, progress=progress)
+            out = optimize(
+                read_xyz(xyz_file),
+                options,
+                method,
+                trajectory=traj_path,
+                final=final_path,
+                max_steps=max_steps,
+                log=log,
+                progress=progress,
+            )
     finally:
         progress.close()
     if json_path:

@@ -1,4 +1,5 @@
 """The ``dfmp2`` command line (click). User mistakes print one ``error:`` line and exit 2."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +10,22 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from dfmp2.cli.options import (cbs_options, checkpoint_options, device_options, molecule_options, printing,
-                          resource_options, run_options, scf_options, stdout_console, user_errors)
+from dfmp2.cli.bench import bench_command
+from dfmp2.cli.compare import compare_command
+from dfmp2.cli.gradient import gradient_command, optimize_command
+from dfmp2.cli.options import (
+    cbs_options,
+    checkpoint_options,
+    device_options,
+    molecule_options,
+    printing,
+    resource_options,
+    run_options,
+    scf_options,
+    stdout_console,
+    user_errors,
+)
+from dfmp2.cli.regress import regress_command
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
 from dfmp2.errors import EXIT_INTERRUPTED
 from dfmp2.io.outputs import check_output_file, write_text
@@ -29,7 +44,7 @@ class OneLineErrorGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.exceptions.NoArgsIsHelpError as e:     # bare 'dfmp2': the help, as click does
+        except click.exceptions.NoArgsIsHelpError as e:  # bare 'dfmp2': the help, as click does
             e.show()
             sys.exit(e.exit_code)
         except click.ClickException as e:
@@ -38,10 +53,11 @@ class OneLineErrorGroup(click.Group):
             if ctx is not None:
                 msg += f" (see '{ctx.command_path} --help')"
             from dfmp2.distributed import launcher_rank
-            if not launcher_rank():                 # over several ranks every rank exits, rank 0 says why
+
+            if not launcher_rank():  # over several ranks every rank exits, rank 0 says why
                 click.echo(f"error: {msg}", err=True)
             sys.exit(e.exit_code)
-        except click.Abort:                                   # Ctrl-C or EOF outside a command
+        except click.Abort:  # Ctrl-C or EOF outside a command
             click.echo("error: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         # non-standalone click returns the exit code of --help/--version (ctx.exit) and the
@@ -58,6 +74,7 @@ def main():
 def _plan_table(plan):
     """The memory plan as a rich table (verbose mode)."""
     from rich.table import Table
+
     t = Table(title="memory plan", title_justify="left")
     t.add_column("stage")
     t.add_column("peak / MB", justify="right")
@@ -66,26 +83,34 @@ def _plan_table(plan):
         "scf": "the DF-SCF's JK factor (fitted in fp64), one unpacked block, dense matrices",
         "metric": "j2c, its factor",
         "transform": "L, one (μν|P) block and its transforms, "
-                     + ("queued disk writes" if plan.out_of_core else "all of (P|ia)"),
-        "fit": "L, " + ("read-ahead column blocks, queued writes" if plan.out_of_core
-                        else "(P|ia) becoming B block by block"),
+        + ("queued disk writes" if plan.out_of_core else "all of (P|ia)"),
+        "fit": "L, "
+        + ("read-ahead column blocks, queued writes" if plan.out_of_core else "(P|ia) becoming B block by block"),
         "pair": ("Bi, Bj and read-ahead blocks" if plan.out_of_core else "B") + ", pair workspace",
     }
     for stage, mb in plan.stages_mb.items():
         t.add_row(stage, f"{mb:,.1f}", what.get(stage, ""))
     t.add_section()
     t.add_row("peak", f"{plan.peak_mb:,.1f}", f"limit {plan.limit_mb:,.1f} MB")
-    t.add_row("B", f"{plan.b_mb:,.1f}",
-              f"on disk (HDF5), {plan.disk_mb:,.1f} MB of disk" if plan.out_of_core
-              else "in memory")
+    t.add_row(
+        "B", f"{plan.b_mb:,.1f}", f"on disk (HDF5), {plan.disk_mb:,.1f} MB of disk" if plan.out_of_core else "in memory"
+    )
     t.add_row("in memory would need", f"{plan.in_memory_mb:,.1f}", "")
     if plan.integrals.get("host_mb"):
-        t.add_row("integral buffers", f"{plan.integrals['host_mb']:,.1f}",
-                  f"host memory (pinned), outside the plan: {plan.integrals['queue_depth']} packed blocks")
-    t.add_row("smallest feasible", f"{plan.min_mb:,.1f}", "B on disk, smallest blocks"
-              if plan.storage != "memory" else "B in memory, smallest blocks")
-    t.caption = (f"blocks: {plan.aux_block} auxiliary functions per (μν|P) block, "
-                 f"{plan.occ_block} occupied orbitals per fit / pair block; storage {plan.storage}")
+        t.add_row(
+            "integral buffers",
+            f"{plan.integrals['host_mb']:,.1f}",
+            f"host memory (pinned), outside the plan: {plan.integrals['queue_depth']} packed blocks",
+        )
+    t.add_row(
+        "smallest feasible",
+        f"{plan.min_mb:,.1f}",
+        "B on disk, smallest blocks" if plan.storage != "memory" else "B in memory, smallest blocks",
+    )
+    t.caption = (
+        f"blocks: {plan.aux_block} auxiliary functions per (μν|P) block, "
+        f"{plan.occ_block} occupied orbitals per fit / pair block; storage {plan.storage}"
+    )
     return t
 
 
@@ -104,10 +129,20 @@ def _resume_hint(params) -> str:
 @resource_options()
 @checkpoint_options()
 @cbs_options()
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="also write the result as JSON to this path")
-@click.option("--qcschema", "qcschema_path", type=click.Path(dir_okay=False), default=None,
-              help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails); needs qcelemental")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write the result as JSON to this path",
+)
+@click.option(
+    "--qcschema",
+    "qcschema_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails); needs qcelemental",
+)
 @click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors(interrupted=_resume_hint)
@@ -115,17 +150,18 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
     or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords)."""
     from dfmp2 import distributed
-    world = distributed.join(params["device"])    # several ranks (torchrun): the process group
+
+    world = distributed.join(params["device"])  # several ranks (torchrun): the process group
     with distributed.command(world):
         _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params)
 
 
 def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
-    from dfmp2.workflows import cbs
     from dfmp2.errors import InputError
-    from dfmp2.pipeline import run_geometry
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.pipeline import run_geometry
+    from dfmp2.workflows import cbs
 
     if world.rank:
         quiet, qcschema_path = True, None
@@ -133,14 +169,16 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     err = Console(stderr=True)
     options = run_options(params)
     ck, resume = options.checkpoint, options.resume
-    if cbs.is_bracket(options.basis):     # a malformed bracket or scheme: one line before any work
+    if cbs.is_bracket(options.basis):  # a malformed bracket or scheme: one line before any work
         cbs.scheme(options.basis, options.cbs_scf)
         if qcschema_path is not None:
-            raise InputError("a QCSchema AtomicResult holds one basis; write a CBS extrapolation with "
-                             "--json", option="basis")
-    if json_path is not None:   # before any work: a JSON that cannot be written fails now ('' too)
-        check_output_file(json_path, "--json", not_same_as=[
-            ("input", xyz_file), ("checkpoint", ck), ("checkpoint", resume)])
+            raise InputError(
+                "a QCSchema AtomicResult holds one basis; write a CBS extrapolation with --json", option="basis"
+            )
+    if json_path is not None:  # before any work: a JSON that cannot be written fails now ('' too)
+        check_output_file(
+            json_path, "--json", not_same_as=[("input", xyz_file), ("checkpoint", ck), ("checkpoint", resume)]
+        )
     qc = _qcschema_path(xyz_file, qcschema_path, json_path, ck, resume)
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE}
@@ -148,32 +186,44 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     on_plan = (lambda plan: err.print(_plan_table(plan))) if verbose and not world.rank else None
-    if verbose and world.distributed:       # each rank its own line: its share of B
+    if verbose and world.distributed:  # each rank its own line: its share of B
         from dfmp2.mp2.dist import plan_printer
+
         on_plan = plan_printer(world, on_plan, lambda line: err.print(escape(line)))
     try:
         with terminate_raises(), failures:
-            if qc and qc.is_qcschema_path(xyz_file):     # v1 or v2, run in process as run_qcschema does
+            if qc and qc.is_qcschema_path(xyz_file):  # v1 or v2, run in process as run_qcschema does
                 failures.input_data = qc.read_raw(xyz_file)
-                atomic, result = qc.run_atomic_input(failures.input_data, options, given=given, where=xyz_file,
-                                                     progress=progress, log=log, on_plan=on_plan)
+                atomic, result = qc.run_atomic_input(
+                    failures.input_data,
+                    options,
+                    given=given,
+                    where=xyz_file,
+                    progress=progress,
+                    log=log,
+                    on_plan=on_plan,
+                )
             else:
                 geom = read_xyz(xyz_file)
                 parts = qc.ScfEnergyParts() if qc else None
                 if qc:
                     failures.input_data = qc.input_from_run(geom, options)
-                if cbs.is_bracket(options.basis):    # no qc here: --qcschema with a bracket is refused above
+                if cbs.is_bracket(options.basis):  # no qc here: --qcschema with a bracket is refused above
                     result = cbs.run_cbs(geom, options, progress=progress, log=log, on_plan=on_plan)
                 else:
-                    result = run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan,
-                                          on_reference=parts)
-                atomic = qc.result_model(*qc.input_model(failures.input_data, xyz_file), result,
-                                         parts.values) if qc else None
+                    result = run_geometry(
+                        geom, options, progress=progress, log=log, on_plan=on_plan, on_reference=parts
+                    )
+                atomic = (
+                    qc.result_model(*qc.input_model(failures.input_data, xyz_file), result, parts.values)
+                    if qc
+                    else None
+                )
     finally:
         progress.close()
-    if world.rank:                          # rank 0 alone prints and writes
+    if world.rank:  # rank 0 alone prints and writes
         return
-    qc_text = qc.to_json(atomic) if qcschema_path else None   # validated before any output
+    qc_text = qc.to_json(atomic) if qcschema_path else None  # validated before any output
     # the files first: a stdout that fails (full, or a reader gone) must not lose the result
     if json_path:
         result.write_json(json_path)
@@ -190,38 +240,61 @@ def _qcschema_path(input_path, qcschema_path, *others):
     """The qcschema module when the run reads or writes QCSchema (qcelemental checked now, before
     any work), else None; ``--qcschema`` is checked like ``--json``."""
     from dfmp2.interfaces import qcschema
+
     if qcschema_path is None and not qcschema.is_qcschema_path(input_path):
         return None
     qcschema.models()
-    if qcschema_path is not None:       # '' too: refused as no file name
+    if qcschema_path is not None:  # '' too: refused as no file name
         json_path, ck, resume = others
-        check_output_file(qcschema_path, "--qcschema", not_same_as=[
-            ("input", input_path), ("--json", json_path), ("checkpoint", ck), ("checkpoint", resume)])
+        check_output_file(
+            qcschema_path,
+            "--qcschema",
+            not_same_as=[("input", input_path), ("--json", json_path), ("checkpoint", ck), ("checkpoint", resume)],
+        )
     return qcschema
 
 
 @main.command()
 @click.argument("xyz_file", type=click.Path(dir_okay=False))
-@click.option("--fragments", default=None, metavar="1-3,4-6",
-              help="atoms of each fragment, 1-based; commas separate fragments, '+' joins parts of "
-                   "one (1-3+7,4-6) [default: the '--' lines of the XYZ file]")
-@click.option("--fragment-charges", default=None, metavar="0,0",
-              help="charge of each fragment; they must add up to the total charge [default: the "
-                   "XYZ's 'charge multiplicity' fragment lines, else 0 each]")
-@click.option("--fragment-multiplicities", default=None, metavar="1,1",
-              help="multiplicity (2S+1) of each fragment [default: the XYZ's fragment lines, else 1 each]")
+@click.option(
+    "--fragments",
+    default=None,
+    metavar="1-3,4-6",
+    help="atoms of each fragment, 1-based; commas separate fragments, '+' joins parts of "
+    "one (1-3+7,4-6) [default: the '--' lines of the XYZ file]",
+)
+@click.option(
+    "--fragment-charges",
+    default=None,
+    metavar="0,0",
+    help="charge of each fragment; they must add up to the total charge [default: the "
+    "XYZ's 'charge multiplicity' fragment lines, else 0 each]",
+)
+@click.option(
+    "--fragment-multiplicities",
+    default=None,
+    metavar="1,1",
+    help="multiplicity (2S+1) of each fragment [default: the XYZ's fragment lines, else 1 each]",
+)
 @molecule_options(
     charge={"help": "total charge [default: XYZ comment, else the sum of --fragment-charges]"},
     multiplicity={"help": "total multiplicity [default: XYZ comment, else the fragments' high-spin coupling]"},
-    frozen_core={"help": "freeze the chemical core orbitals in MP2 (ghost atoms have none)"})
+    frozen_core={"help": "freeze the chemical core orbitals in MP2 (ghost atoms have none)"},
+)
 @device_options(device={"help": "where the linear algebra of every run goes"})
 @scf_options()
-@resource_options(memory_mb={"help": "memory limit per run, e.g. 8GB [default: 80% of available]"},
-                  storage={"help": "where B lives in each run: in memory if the plan fits, else on disk "
-                                   "(auto), or forced"})
+@resource_options(
+    memory_mb={"help": "memory limit per run, e.g. 8GB [default: 80% of available]"},
+    storage={"help": "where B lives in each run: in memory if the plan fits, else on disk (auto), or forced"},
+)
 @cbs_options()
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="also write the interaction energies, every run's energies and what ran as JSON")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write the interaction energies, every run's energies and what ran as JSON",
+)
 @click.option("-q", "--quiet", is_flag=True, help="print only the interaction energies")
 @user_errors
 def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, json_path, quiet, **params):
@@ -231,16 +304,17 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
     atoms with their orbital and fitting basis sets) and on each fragment in its own basis, all
     on one device; prints ΔE(HF), ΔE(MP2), ΔE(SCS-MP2) in Eh and kcal/mol.
     """
-    from dfmp2.workflows.interaction import resolve_fragments, run_interaction
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.workflows.interaction import resolve_fragments, run_interaction
 
-    console = stdout_console(width=120)      # files and pipes get the whole table
+    console = stdout_console(width=120)  # files and pipes get the whole table
     err = Console(stderr=True)
     geom = read_xyz(xyz_file)
-    frags = resolve_fragments(geom, fragments, fragment_charges, fragment_multiplicities,
-                              params["charge"], params["multiplicity"])
+    frags = resolve_fragments(
+        geom, fragments, fragment_charges, fragment_multiplicities, params["charge"], params["multiplicity"]
+    )
     options = run_options(params)
-    if json_path is not None:       # before any work ('' too: refused as no file name)
+    if json_path is not None:  # before any work ('' too: refused as no file name)
         check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
@@ -249,7 +323,7 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
             result = run_interaction(geom, frags, options, log=log, progress=progress)
     finally:
         progress.close()
-    if json_path:       # before the table: a stdout that fails must not lose the result
+    if json_path:  # before the table: a stdout that fails must not lose the result
         result.write_json(json_path)
     with printing(written=(json_path,)):
         result.render(console, quiet=quiet)
@@ -257,16 +331,12 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
         err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
 
 
-from dfmp2.cli.regress import regress_command  # noqa: E402
 main.add_command(regress_command, "regress")
 
-from dfmp2.cli.compare import compare_command  # noqa: E402
 main.add_command(compare_command, "compare")
 
-from dfmp2.cli.bench import bench_command  # noqa: E402
 main.add_command(bench_command, "bench")
 
-from dfmp2.cli.gradient import gradient_command, optimize_command  # noqa: E402
 main.add_command(gradient_command, "gradient")
 main.add_command(optimize_command, "optimize")
 

@@ -16,6 +16,7 @@ scf_mode), so ``run_options(params)`` takes exactly the fields a command offers.
 a field out with ``skip=(field, ...)`` and changes what differs for it with ``field={...}``
 (click.option keywords: its help, its default). ``user_errors`` is every command's handler.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,93 +30,139 @@ import sys
 import click
 from rich.console import Console
 
+from dfmp2.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag, one_line
 from dfmp2.linalg import DeviceUnavailableError, KernelError
 from dfmp2.linalg.cpu_pair import AUTO_RULE as CPU_AUTO_RULE
 from dfmp2.linalg.cuda import AUTO_RULE
-
-from dfmp2.errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, Terminated, error_line, flag,
-                     one_line)
-from dfmp2.options import (CBS_SCF_SCHEMES, CPU_BLAS_CHOICES, DEVICE_CHOICES, DIST_SCF_MODES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES,
-                      PRECISIONS, REFERENCES, SCF_MODES, SCF_PRECISIONS, STORAGE_CHOICES, RunOptions)
+from dfmp2.options import (
+    CBS_SCF_SCHEMES,
+    CPU_BLAS_CHOICES,
+    DEVICE_CHOICES,
+    DIST_SCF_MODES,
+    ECP_CHOICES,
+    INTEGRAL_ENGINES,
+    PAIR_KERNEL_CHOICES,
+    PRECISIONS,
+    REFERENCES,
+    SCF_MODES,
+    SCF_PRECISIONS,
+    STORAGE_CHOICES,
+    RunOptions,
+)
 
 _DEFAULT = RunOptions()
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
 
 # click.option keywords of each shared option (besides its flag, name and default)
 SPECS = {
-    "basis": dict(help="orbital basis set; a bracket of consecutive zeta levels (cc-pv[dt]z, aug-cc-pv[tq]z, "
-                       "def2-[tq]zvp) runs each basis and extrapolates to the basis-set limit as Psi4's cbs() "
-                       "does: correlation energy by Helgaker's X^-3 two-point formula, SCF at the largest basis "
-                       "(or --cbs-scf)"),
-    "auxbasis": dict(help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri; "
-                          "def2-tzvpp-ri (to Kr) or AutoAux for elements it lacks, stated in the output]"),
+    "basis": dict(
+        help="orbital basis set; a bracket of consecutive zeta levels (cc-pv[dt]z, aug-cc-pv[tq]z, "
+        "def2-[tq]zvp) runs each basis and extrapolates to the basis-set limit as Psi4's cbs() "
+        "does: correlation energy by Helgaker's X^-3 two-point formula, SCF at the largest basis "
+        "(or --cbs-scf)"
+    ),
+    "auxbasis": dict(
+        help="MP2 fitting basis [default: the MP2-fit set matched to --basis, e.g. cc-pvdz-ri; "
+        "def2-tzvpp-ri (to Kr) or AutoAux for elements it lacks, stated in the output]"
+    ),
     "charge": dict(type=int, help="molecular charge [default: XYZ comment, else 0]"),
     "multiplicity": dict(type=int, help="spin multiplicity 2S+1 [default: XYZ comment, else 1]"),
-    "reference": dict(type=click.Choice(REFERENCES),
-                      help="SCF reference: auto is RHF for a closed shell, UHF (DF-UMP2) otherwise; "
-                           "rohf is not supported"),
-    "ecp": dict(type=click.Choice(ECP_CHOICES),
-                help="auto: the effective core potential the basis comes with (def2-* beyond Kr, *-pp, "
-                     "LANL2DZ), stated in the output; none: all-electron, refused for a basis made for an "
-                     "ECP; none-for-testing: such a basis all-electron all the same, warned"),
+    "reference": dict(
+        type=click.Choice(REFERENCES),
+        help="SCF reference: auto is RHF for a closed shell, UHF (DF-UMP2) otherwise; rohf is not supported",
+    ),
+    "ecp": dict(
+        type=click.Choice(ECP_CHOICES),
+        help="auto: the effective core potential the basis comes with (def2-* beyond Kr, *-pp, "
+        "LANL2DZ), stated in the output; none: all-electron, refused for a basis made for an "
+        "ECP; none-for-testing: such a basis all-electron all the same, warned",
+    ),
     "frozen_core": dict(help="freeze the chemical core orbitals in MP2"),
     "device": dict(metavar="|".join(DEVICE_CHOICES), help="where the linear algebra runs"),
-    "simulate": dict(is_flag=True, help="trn1/trn2 only: run the NKI kernels on this CPU (nki.simulate or "
-                                        "dfmp2's NumPy execution)"),
-    "precision": dict(type=click.Choice(PRECISIONS),
-                      help="working precision of the GEMMs; energies are summed in fp64 [default: fp64, "
-                           "fp32 on trn]"),
-    "pair_kernel": dict(type=click.Choice(PAIR_KERNEL_CHOICES),
-                        help=f"the MP2 pair-step path. cuda: gemm+epilogue or fused, auto: {AUTO_RULE}; cpu: "
-                             f"gemm+epilogue or gemm+torch, auto: {CPU_AUTO_RULE} (the result's 'ran' says "
-                             "which ran and why)"),
-    "integrals": dict(type=click.Choice(INTEGRAL_ENGINES),
-                      help="3-center integral engine: host (libcint in a background thread, overlapping the "
-                           "device work) or gpu4pyscf (CUDA kernels; pip install -e '.[cuda13]'); auto: "
-                           "gpu4pyscf when it is importable and the device is cuda, else host"),
-    "cpu_blas": dict(type=click.Choice(CPU_BLAS_CHOICES),
-                     help="cpu only: the BLAS of the GEMMs, SYRKs and MP2 pair-step GEMMs; auto: per op and size, "
-                          "the faster of torch's (MKL) and numpy's OpenBLAS as a short probe measured on this "
-                          "machine (cached in ~/.cache/dfmp2/cpu_blas.json); torch or openblas: that one (the "
-                          "result's 'ran' says which ran)"),
-    "scf_mode": dict(type=click.Choice(SCF_MODES),
-                     help="RHF: df, ours with density fitting (JK-fit basis) on the device; pyscf-df, PySCF's "
-                          "DF-RHF on the host (the cross-check); exact, PySCF's RHF with exact integrals. "
-                          "Open shells: our DF-UHF (df), PySCF's DF-UHF (pyscf-df) or UHF (exact)"),
-    "scf_max_cycle": dict(type=click.IntRange(min=1),
-                          help="most SCF iterations; a run whose SCF has not converged by then stops; "
-                               "raise it for a slowly converging open shell"),
-    "scf_conv_tol_grad": dict(type=click.FloatRange(min=0, min_open=True),
-                              help="the orbital-gradient norm the SCF must reach (with |ΔE| < 1e-12 Eh); "
-                                   "loosen it for a gradient that stalls once the energy has converged"),
-    "scf_precision": dict(type=click.Choice(SCF_PRECISIONS),
-                          help="our DF-SCF's J/K (--scf df, RHF and UHF): mixed, the first cycles' exchange in fp32 "
-                               "(Fock matrix in fp64), then fp64 to the same thresholds (same E(HF) to 1e-10 "
-                               "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cpu, cuda) "
-                               "and memory allows the factor's fp32 copy, else fp64 (trn: fp32 cycles, "
-                               "as ever)"),
-    "scf_stability": dict(help="check a converged UHF's internal stability (the lowest eigenvalue of its orbital "
-                               "Hessian, in the result; an instability is a warning); RHF: none"),
-    "dist_scf": dict(type=click.Choice(DIST_SCF_MODES),
-                     help="over several ranks (torchrun): our DF-SCF's JK factor split over the ranks, J and K "
-                          "summed each cycle (E(HF) within 1e-12 Eh of one process), or the whole SCF on every "
-                          "rank (replicated: E_OS and E_SS bit-identical to one process); one process: either"),
+    "simulate": dict(
+        is_flag=True, help="trn1/trn2 only: run the NKI kernels on this CPU (nki.simulate or dfmp2's NumPy execution)"
+    ),
+    "precision": dict(
+        type=click.Choice(PRECISIONS),
+        help="working precision of the GEMMs; energies are summed in fp64 [default: fp64, fp32 on trn]",
+    ),
+    "pair_kernel": dict(
+        type=click.Choice(PAIR_KERNEL_CHOICES),
+        help=f"the MP2 pair-step path. cuda: gemm+epilogue or fused, auto: {AUTO_RULE}; cpu: "
+        f"gemm+epilogue or gemm+torch, auto: {CPU_AUTO_RULE} (the result's 'ran' says "
+        "which ran and why)",
+    ),
+    "integrals": dict(
+        type=click.Choice(INTEGRAL_ENGINES),
+        help="3-center integral engine: host (libcint in a background thread, overlapping the "
+        "device work) or gpu4pyscf (CUDA kernels; pip install -e '.[cuda13]'); auto: "
+        "gpu4pyscf when it is importable and the device is cuda, else host",
+    ),
+    "cpu_blas": dict(
+        type=click.Choice(CPU_BLAS_CHOICES),
+        help="cpu only: the BLAS of the GEMMs, SYRKs and MP2 pair-step GEMMs; auto: per op and size, "
+        "the faster of torch's (MKL) and numpy's OpenBLAS as a short probe measured on this "
+        "machine (cached in ~/.cache/dfmp2/cpu_blas.json); torch or openblas: that one (the "
+        "result's 'ran' says which ran)",
+    ),
+    "scf_mode": dict(
+        type=click.Choice(SCF_MODES),
+        help="RHF: df, ours with density fitting (JK-fit basis) on the device; pyscf-df, PySCF's "
+        "DF-RHF on the host (the cross-check); exact, PySCF's RHF with exact integrals. "
+        "Open shells: our DF-UHF (df), PySCF's DF-UHF (pyscf-df) or UHF (exact)",
+    ),
+    "scf_max_cycle": dict(
+        type=click.IntRange(min=1),
+        help="most SCF iterations; a run whose SCF has not converged by then stops; "
+        "raise it for a slowly converging open shell",
+    ),
+    "scf_conv_tol_grad": dict(
+        type=click.FloatRange(min=0, min_open=True),
+        help="the orbital-gradient norm the SCF must reach (with |ΔE| < 1e-12 Eh); "
+        "loosen it for a gradient that stalls once the energy has converged",
+    ),
+    "scf_precision": dict(
+        type=click.Choice(SCF_PRECISIONS),
+        help="our DF-SCF's J/K (--scf df, RHF and UHF): mixed, the first cycles' exchange in fp32 "
+        "(Fock matrix in fp64), then fp64 to the same thresholds (same E(HF) to 1e-10 "
+        "Eh); fp64, every cycle; auto, mixed where the device has fast fp32 (cpu, cuda) "
+        "and memory allows the factor's fp32 copy, else fp64 (trn: fp32 cycles, "
+        "as ever)",
+    ),
+    "scf_stability": dict(
+        help="check a converged UHF's internal stability (the lowest eigenvalue of its orbital "
+        "Hessian, in the result; an instability is a warning); RHF: none"
+    ),
+    "dist_scf": dict(
+        type=click.Choice(DIST_SCF_MODES),
+        help="over several ranks (torchrun): our DF-SCF's JK factor split over the ranks, J and K "
+        "summed each cycle (E(HF) within 1e-12 Eh of one process), or the whole SCF on every "
+        "rank (replicated: E_OS and E_SS bit-identical to one process); one process: either",
+    ),
     "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
-    "storage": dict(type=click.Choice(STORAGE_CHOICES),
-                    help="where B lives: in memory if the plan fits, else on disk (auto), or forced"),
-    "scratch_dir": dict(type=click.Path(file_okay=False),
-                        help="directory for out-of-core files, removed when the run ends [default: $TMPDIR "
-                             "or /tmp]"),
-    "checkpoint": dict(type=click.Path(dir_okay=False),
-                       help="write a checkpoint (HDF5: SCF, B, finished pair blocks) to this new file as "
-                            "the run goes"),
-    "resume": dict(type=click.Path(dir_okay=False),
-                   help="continue the interrupted run in this checkpoint (same molecule and options)"),
-    "cbs_scf": dict(type=click.Choice(CBS_SCF_SCHEMES),
-                    help="with a basis bracket: the SCF energy at the largest basis (xtpl_highest_1, Psi4's "
-                         "default), or extrapolated with Psi4's scf_xtpl_helgaker_2 (exp(-1.63 X), two levels) "
-                         "or scf_xtpl_helgaker_3 (three levels, e.g. cc-pv[dtq]z; the correlation energy "
-                         "then from the two largest)"),
+    "storage": dict(
+        type=click.Choice(STORAGE_CHOICES),
+        help="where B lives: in memory if the plan fits, else on disk (auto), or forced",
+    ),
+    "scratch_dir": dict(
+        type=click.Path(file_okay=False),
+        help="directory for out-of-core files, removed when the run ends [default: $TMPDIR or /tmp]",
+    ),
+    "checkpoint": dict(
+        type=click.Path(dir_okay=False),
+        help="write a checkpoint (HDF5: SCF, B, finished pair blocks) to this new file as the run goes",
+    ),
+    "resume": dict(
+        type=click.Path(dir_okay=False),
+        help="continue the interrupted run in this checkpoint (same molecule and options)",
+    ),
+    "cbs_scf": dict(
+        type=click.Choice(CBS_SCF_SCHEMES),
+        help="with a basis bracket: the SCF energy at the largest basis (xtpl_highest_1, Psi4's "
+        "default), or extrapolated with Psi4's scf_xtpl_helgaker_2 (exp(-1.63 X), two levels) "
+        "or scf_xtpl_helgaker_3 (three levels, e.g. cc-pv[dtq]z; the correlation energy "
+        "then from the two largest)",
+    ),
     # tuning (tests, benchmarks), not in --help
     "occ_block_max": dict(type=click.IntRange(min=1), hidden=True),
     "j3c_block_mb": dict(type=click.FloatRange(min=0, min_open=True), hidden=True),
@@ -146,10 +193,12 @@ def _group(name: str):
             raise TypeError(f"{name} options have no {', '.join(sorted(unknown))}")
 
         def decorate(fn):
-            for field in reversed([f for f in GROUPS[name] if f not in skip]):   # --help in GROUPS order
+            for field in reversed([f for f in GROUPS[name] if f not in skip]):  # --help in GROUPS order
                 fn = shared_option(field, **changes.get(field, {}))(fn)
             return fn
+
         return decorate
+
     options.__name__ = f"{name}_options"
     options.__doc__ = f"Decorator: the {name} options ({', '.join(GROUPS[name])}) but ``skip``."
     return options
@@ -168,8 +217,17 @@ def parse_memory(value: str | None) -> float | None:
     if value is None:
         return None
     s = value.strip().upper().replace(" ", "")
-    units = {"TIB": 1024**4 / 1e6, "GIB": 1024**3 / 1e6, "MIB": 1024**2 / 1e6, "TB": 1e6, "GB": 1e3,
-             "MB": 1.0, "T": 1e6, "G": 1e3, "M": 1.0}
+    units = {
+        "TIB": 1024**4 / 1e6,
+        "GIB": 1024**3 / 1e6,
+        "MIB": 1024**2 / 1e6,
+        "TB": 1e6,
+        "GB": 1e3,
+        "MB": 1.0,
+        "T": 1e6,
+        "G": 1e3,
+        "M": 1.0,
+    }
     for u, f in units.items():
         if s.endswith(u):
             s, factor = s[: -len(u)], f
@@ -177,15 +235,17 @@ def parse_memory(value: str | None) -> float | None:
     else:
         factor = 1.0
     try:
-        if "_" in s:                  # float() would read '4_000' as 4000
+        if "_" in s:  # float() would read '4_000' as 4000
             raise ValueError
         mb = float(s) * factor
     except ValueError:
-        raise InputError(f"cannot read the memory limit '{value}'; give e.g. 4000MB or 4GB",
-                         option="memory_mb") from None
-    if not math.isfinite(mb):         # 'nan', 'inf' and '1e400' all parse as floats
-        raise InputError(f"the memory limit must be a finite size, got '{value}'; give e.g. 4000MB or 4GB",
-                         option="memory_mb")
+        raise InputError(
+            f"cannot read the memory limit '{value}'; give e.g. 4000MB or 4GB", option="memory_mb"
+        ) from None
+    if not math.isfinite(mb):  # 'nan', 'inf' and '1e400' all parse as floats
+        raise InputError(
+            f"the memory limit must be a finite size, got '{value}'; give e.g. 4000MB or 4GB", option="memory_mb"
+        )
     if mb <= 0:
         raise InputError(f"the memory limit must be positive, got '{value}'", option="memory_mb")
     return mb
@@ -255,8 +315,7 @@ def printing(written=()):
             raise
         _stdout_to_devnull()
         done = [str(p) for p in written if p]
-        fail(f"cannot write to standard output ({e.strerror})"
-             + (f"; {', '.join(done)} written" if done else ""))
+        fail(f"cannot write to standard output ({e.strerror})" + (f"; {', '.join(done)} written" if done else ""))
 
 
 def user_errors(fn=None, *, interrupted=None):
@@ -276,6 +335,9 @@ def user_errors(fn=None, *, interrupted=None):
             fail(error_line(e))
         except KeyboardInterrupt as e:
             by = f" by {e.name}" if isinstance(e, Terminated) else ""
-            fail(f"interrupted{by}" + (interrupted(kwargs) if interrupted else ""),
-                 e.exit_code if isinstance(e, Terminated) else EXIT_INTERRUPTED)
+            fail(
+                f"interrupted{by}" + (interrupted(kwargs) if interrupted else ""),
+                e.exit_code if isinstance(e, Terminated) else EXIT_INTERRUPTED,
+            )
+
     return wrapper

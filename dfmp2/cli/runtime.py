@@ -1,6 +1,7 @@
 """What every long CLI command runs under: the lazy progress bar, and SIGTERM/SIGHUP raising in
 the main thread (as Ctrl-C does) with a watchdog that ends a run stuck in one C call. Used by
 ``cli`` (run, interaction) and ``gradcli`` (gradient, optimize)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,11 +25,17 @@ class LazyProgress:
         if self.bar is None:
             if time.perf_counter() - self.t0 < self.after or done >= total:
                 return
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                                console=self.console, transient=True)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=total)
         self.bar.update(self.task, completed=done)
@@ -61,6 +68,7 @@ def terminate_raises():
 
     def raise_interrupt(signum, frame):
         raise Terminated(signum, signal.Signals(signum).name)
+
     sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
     old = {s: signal.signal(s, raise_interrupt) for s in sigs}
     try:
@@ -79,12 +87,14 @@ def _watchdog(signums: set):
     directories (``tempdirs``), prints the one error line and ends the process with 128 + the
     signal's number. A checkpoint stays as last flushed (its done flags), as after Ctrl-C."""
     import os
+
     from dfmp2.io import tempdirs
+
     r, w = os.pipe()
     os.set_blocking(w, False)
     try:
         old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    except ValueError:              # not the main thread of the main interpreter
+    except ValueError:  # not the main thread of the main interpreter
         os.close(r), os.close(w)
         yield
         return
@@ -100,9 +110,13 @@ def _watchdog(signums: set):
                 tempdirs.remove_all()
                 name = signal.Signals(hit[0]).name
                 by = "" if hit[0] == signal.SIGINT else f" by {name}"
-                os.write(2, f"error: interrupted{by} (the work under way did not stop within "
-                            f"{TERMINATE_GRACE_S:g} s: ended, temporary files removed)\n".encode())
+                os.write(
+                    2,
+                    f"error: interrupted{by} (the work under way did not stop within "
+                    f"{TERMINATE_GRACE_S:g} s: ended, temporary files removed)\n".encode(),
+                )
                 os._exit(EXIT_INTERRUPTED if hit[0] == signal.SIGINT else 128 + hit[0])
+
     t = threading.Thread(target=watch, name="dfmp2-watchdog", daemon=True)
     t.start()
     try:
@@ -110,6 +124,6 @@ def _watchdog(signums: set):
     finally:
         done.set()
         signal.set_wakeup_fd(old_fd)
-        os.close(w)                 # the watchdog reads the end of the pipe and returns
+        os.close(w)  # the watchdog reads the end of the pipe and returns
         t.join()
         os.close(r)

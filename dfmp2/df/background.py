@@ -26,6 +26,7 @@ Guarantees:
     caller blocked waiting for a result stays interruptible (Ctrl-C raises KeyboardInterrupt in
     it at once: lock waits are interruptible in Python 3).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -44,7 +45,7 @@ class Background:
         self.depth = depth
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._pending: deque[Future] = deque()
-        self._halted = False            # a call failed, or close() began: skip what is queued
+        self._halted = False  # a call failed, or close() began: skip what is queued
 
     def _call(self, fn: Callable, args: tuple):
         if self._halted:
@@ -85,6 +86,7 @@ class Background:
         def top_up(n: int) -> None:
             for item in islice(it, max(0, n - len(self._pending))):
                 self._submit(fn, item)
+
         try:
             while True:
                 top_up(max(1, self.depth))

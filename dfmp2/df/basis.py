@@ -8,6 +8,7 @@ set per atom kind, as a dict {element or atom label: set name, or generated shel
 spec for records; ``is_fitting_set`` whether a name is a fitting set. The rule is in the comment
 above AUX_KINDS. Element and orbital-basis look-ups come from dfmp2.io.molecule.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -18,7 +19,6 @@ from pyscf.gto.basis import _format_basis_name, _is_pople_basis
 
 from dfmp2.errors import InputError
 from dfmp2.io.molecule import GHOST_PREFIX, _check_basis, _defines, element, orbital_basis_names
-
 
 # Default auxiliary bases. Per atom kind (an element, or an atom label where atoms of one element
 # carry different orbital bases): the orbital basis of that atom (``mol.basis`` a name, or a dict
@@ -41,7 +41,7 @@ AUX_KINDS = {"jk": "JK-fit", "mp2": "MP2-fit"}
 AUX_FALLBACK = {"jk": "def2-universal-jkfit", "mp2": "def2-tzvpp-ri"}
 AUX_FALLBACK_MAX_Z = 36
 AUTOAUX = "autoaux"
-BSE_AUX_ROLE = {"jk": "jkfit", "mp2": "rifit"}     # the BSE metadata's names of the two roles
+BSE_AUX_ROLE = {"jk": "jkfit", "mp2": "rifit"}  # the BSE metadata's names of the two roles
 BSE_PACKAGE = "basis-set-exchange"
 
 
@@ -111,9 +111,11 @@ def _default_set(mol: gto.Mole, el: str, obs: str | None, kind: str, has_ecp: bo
             if not (beyond_kr and has_ecp):
                 continue
             if bse_version() is None:
-                raise InputError(f"the {AUX_KINDS[kind]} set matched to basis {obs} for {el} is {name}, "
-                                 f"published in the Basis Set Exchange, whose package is not installed; "
-                                 f"install it (pip install {BSE_PACKAGE}; a dependency of dfmp2)")
+                raise InputError(
+                    f"the {AUX_KINDS[kind]} set matched to basis {obs} for {el} is {name}, "
+                    f"published in the Basis Set Exchange, whose package is not installed; "
+                    f"install it (pip install {BSE_PACKAGE}; a dependency of dfmp2)"
+                )
         if _defines(name, el):
             return name
     if (not beyond_kr or has_ecp) and _defines(AUX_FALLBACK[kind], el):
@@ -132,15 +134,18 @@ def default_auxbasis(mol: gto.Mole, kind: str) -> dict:
     unknown basis, the even-tempered set of ``df.addons.aug_etb``. The result's warnings name
     every fallback and every set taken from the Basis Set Exchange (``auxbasis_note``)."""
     with_ecp = {element(mol, i) for i in range(mol.natm) if mol.atom_nelec_core(i)}
-    out = {key: _default_set(mol, el, obs, kind, el in with_ecp)   # a ghost atom: its element's set
-           for key, (el, obs) in _aux_keys(mol).items()}
+    out = {
+        key: _default_set(mol, el, obs, kind, el in with_ecp)  # a ghost atom: its element's set
+        for key, (el, obs) in _aux_keys(mol).items()
+    }
     if AUTOAUX in out.values():
         try:
             make_auxmol(mol, out)
         except (IndexError, KeyError, ValueError, RuntimeError):
             etb = df.addons.aug_etb(mol)
-            out = {key: name if name != AUTOAUX else etb.get(key, etb.get(GHOST_PREFIX + key))
-                   for key, name in out.items()}
+            out = {
+                key: name if name != AUTOAUX else etb.get(key, etb.get(GHOST_PREFIX + key)) for key, name in out.items()
+            }
     return out
 
 
@@ -151,8 +156,8 @@ def auxbasis_note(mol: gto.Mole, auxbasis, kind: str) -> str | None:
     None when every element has a matched set from PySCF's files, or the user chose."""
     if isinstance(auxbasis, str):
         return None
-    fallback: dict = {}      # orbital basis -> {fitting set: [keys]}
-    bse: dict = {}           # fitting set -> [keys]
+    fallback: dict = {}  # orbital basis -> {fitting set: [keys]}
+    bse: dict = {}  # fitting set -> [keys]
     for key, (_, obs) in _aux_keys(mol).items():
         name = auxbasis.get(key)
         matched = _matched_sets(mol, obs, kind)
@@ -162,9 +167,11 @@ def auxbasis_note(mol: gto.Mole, auxbasis, kind: str) -> str | None:
             continue
         label = name if isinstance(name, str) else "even-tempered"
         fallback.setdefault(obs, {}).setdefault(label, []).append(key)
-    parts = [f"{name} used for {', '.join(keys)} (the published {AUX_KINDS[kind]} set from the Basis "
-             f"Set Exchange, {BSE_PACKAGE} {bse_version()}; PySCF's own basis files lack it)"
-             for name, keys in bse.items()]
+    parts = [
+        f"{name} used for {', '.join(keys)} (the published {AUX_KINDS[kind]} set from the Basis "
+        f"Set Exchange, {BSE_PACKAGE} {bse_version()}; PySCF's own basis files lack it)"
+        for name, keys in bse.items()
+    ]
     for obs, by_name in fallback.items():
         used = "; ".join(f"{name} used for {', '.join(keys)}" for name, keys in by_name.items())
         matched = _matched_sets(mol, obs, kind)
@@ -174,8 +181,9 @@ def auxbasis_note(mol: gto.Mole, auxbasis, kind: str) -> str | None:
             parts.append(f"no {AUX_KINDS[kind]} set is matched to basis {obs}: {used} (fallback)")
         else:
             lacking = ", ".join(k for keys in by_name.values() for k in keys)
-            parts.append(f"the {AUX_KINDS[kind]} set matched to basis {obs} ({matched[0]}) lacks "
-                         f"{lacking}: {used} (fallback)")
+            parts.append(
+                f"the {AUX_KINDS[kind]} set matched to basis {obs} ({matched[0]}) lacks {lacking}: {used} (fallback)"
+            )
     return "; ".join(parts) or None
 
 
@@ -189,8 +197,9 @@ def mp2_auxbasis(mol: gto.Mole, auxbasis: str | dict | None = None):
     if isinstance(auxbasis, dict):
         missing = sorted(set(elements) - set(auxbasis))
         if missing:
-            raise InputError(f"the auxiliary basis given per element has no entry for {', '.join(missing)}",
-                             option="auxbasis")
+            raise InputError(
+                f"the auxiliary basis given per element has no entry for {', '.join(missing)}", option="auxbasis"
+            )
         for el in sorted(set(elements)):
             if isinstance(auxbasis[el], str):
                 _check_basis(auxbasis[el], [el], "auxiliary basis", "auxbasis")
@@ -202,8 +211,7 @@ def mp2_auxbasis(mol: gto.Mole, auxbasis: str | dict | None = None):
 def is_fitting_set(name: str) -> bool:
     """Whether a basis name is a density-fitting set (JK-fit, RI/MP2-fit, J-fit, AutoAux)."""
     n = _format_basis_name(name)
-    return ("fit" in n or n.endswith("ri") or n == AUTOAUX
-            or n.startswith(("weigend", "ahlrichs", "demon")))
+    return "fit" in n or n.endswith("ri") or n == AUTOAUX or n.startswith(("weigend", "ahlrichs", "demon"))
 
 
 def make_auxmol(mol: gto.Mole, auxbasis) -> gto.Mole:
@@ -229,5 +237,5 @@ def describe_auxbasis(auxbasis) -> str:
     if len(by_name) == 1:
         return next(iter(by_name))
     fallbacks = {*AUX_FALLBACK.values(), AUTOAUX, "even-tempered"}
-    order = sorted(by_name, key=lambda name: name in fallbacks)   # matched set first
+    order = sorted(by_name, key=lambda name: name in fallbacks)  # matched set first
     return " + ".join(f"{name} ({', '.join(by_name[name])})" for name in order)

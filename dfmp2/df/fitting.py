@@ -1,10 +1,11 @@
 """The fitting metric, below both stages that fit (the SCF's JK factor, the MP2 stage's B).
 
-    j2c = (P|Q) = L L^T            kind 'cholesky': M = L (lower)
-    j2c^-1/2 by eigh               kind 'eigh' when j2c is numerically not positive definite
-                                   (eigenvalues below EIGH_DROP dropped, as PySCF and Psi4 do)
-    fitted X = L^-1 X  or  M X     ``apply_metric``: (naux, n) -> (naux, n)
+j2c = (P|Q) = L L^T            kind 'cholesky': M = L (lower)
+j2c^-1/2 by eigh               kind 'eigh' when j2c is numerically not positive definite
+                               (eigenvalues below EIGH_DROP dropped, as PySCF and Psi4 do)
+fitted X = L^-1 X  or  M X     ``apply_metric``: (naux, n) -> (naux, n)
 """
+
 from __future__ import annotations
 
 import time
@@ -13,7 +14,7 @@ import torch
 
 from dfmp2 import linalg
 
-EIGH_DROP = 1e-10      # j2c eigenvalues below this are dropped by the eigh fallback
+EIGH_DROP = 1e-10  # j2c eigenvalues below this are dropped by the eigh fallback
 
 
 def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
@@ -22,7 +23,7 @@ def fit_metric(j2c: torch.Tensor, backend) -> tuple[torch.Tensor, str, dict]:
     'eigh' with M = j2c^-1/2 (info: what was dropped)."""
     try:
         return linalg.cholesky(j2c, backend=backend), "cholesky", {}
-    except torch.linalg.LinAlgError:   # linalg.NotPositiveDefiniteError among them
+    except torch.linalg.LinAlgError:  # linalg.NotPositiveDefiniteError among them
         M, info = linalg.inv_sqrt_spd(j2c, method="eigh", threshold=EIGH_DROP, backend=backend)
         return M, "eigh", info
 

@@ -34,6 +34,7 @@ Engines:
 Host-only helpers kept for callers that want numpy on the host: ``metric_2c``, ``iter_j3c``,
 ``iter_j3c_packed``.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,18 +46,18 @@ from pyscf import gto, lib
 from pyscf.gto import moleintor
 
 from dfmp2 import linalg
-from dfmp2.linalg import DeviceUnavailableError
-
 from dfmp2.df.background import Background
+from dfmp2.linalg import DeviceUnavailableError
 from dfmp2.memory import QUEUE_DEPTH
 from dfmp2.options import INTEGRAL_ENGINES
 
-ENGINES = INTEGRAL_ENGINES           # dfmp2.options: auto, host, gpu4pyscf
+ENGINES = INTEGRAL_ENGINES  # dfmp2.options: auto, host, gpu4pyscf
 GPU4PYSCF_BLOCK_MB = 4096.0  # gpu4pyscf: target MB of a block (see Gpu4pyscfEngine.block_mb)
 # The optional extra per CUDA major version: gpu4pyscf's wheels are built per CUDA major
 # (gpu4pyscf-cuda12x, gpu4pyscf-cuda13x) and must match the CUDA that torch and CuPy use.
-INSTALL_GPU4PYSCF = ('pip install -e ".[cuda13]" (gpu4pyscf-cuda13x; ".[cuda12]" for CUDA 12) '
-                     "on a machine with an NVIDIA GPU")
+INSTALL_GPU4PYSCF = (
+    'pip install -e ".[cuda13]" (gpu4pyscf-cuda13x; ".[cuda12]" for CUDA 12) on a machine with an NVIDIA GPU'
+)
 
 
 class EngineUnavailableError(DeviceUnavailableError):
@@ -68,6 +69,7 @@ class EngineUnavailableError(DeviceUnavailableError):
 
 
 # ---------------------------------------------------------------- host helpers (numpy, host)
+
 
 def metric_2c(auxmol: gto.Mole) -> np.ndarray:
     """The Coulomb fitting metric j2c = (P|Q), shape (naux, naux), fp64, on the host (libcint)."""
@@ -97,17 +99,19 @@ class _Libcint:
     def __init__(self, mol: gto.Mole, auxmol: gto.Mole):
         self.nbas = mol.nbas
         self.intor = mol._add_suffix("int3c2e")
-        self.atm, self.bas, self.env = gto.mole.conc_env(mol._atm, mol._bas, mol._env,
-                                                         auxmol._atm, auxmol._bas, auxmol._env)
+        self.atm, self.bas, self.env = gto.mole.conc_env(
+            mol._atm, mol._bas, mol._env, auxmol._atm, auxmol._bas, auxmol._env
+        )
         self.cintopt = moleintor.make_cintopt(self.atm, self.bas, self.env, self.intor)
 
     def __call__(self, s0: int, s1: int, out: np.ndarray | None = None) -> np.ndarray:
         """(p1 - p0, npair) C-contiguous, fp64 (written into ``out`` when given: its first
         (p1 - p0) * npair elements)."""
         shls = (0, self.nbas, 0, self.nbas, self.nbas + s0, self.nbas + s1)
-        packed = moleintor.getints(self.intor, self.atm, self.bas, self.env, shls, None, 0, "s2ij",
-                                   None, self.cintopt, out)
-        return packed.T            # libcint writes (npair, nb) in Fortran order: (nb, npair) in C
+        packed = moleintor.getints(
+            self.intor, self.atm, self.bas, self.env, shls, None, 0, "s2ij", None, self.cintopt, out
+        )
+        return packed.T  # libcint writes (npair, nb) in Fortran order: (nb, npair) in C
 
 
 def iter_j3c_packed(mol: gto.Mole, auxmol: gto.Mole, blocks) -> Iterator[tuple[int, int, np.ndarray]]:
@@ -138,7 +142,7 @@ def unpack_index(nao: int, device) -> torch.Tensor:
         i = torch.arange(nao, device=device)
         hi, lo = torch.maximum(i[:, None], i[None, :]), torch.minimum(i[:, None], i[None, :])
         idx = (hi * (hi + 1) // 2 + lo).reshape(-1)
-        _UNPACK_INDEX.clear()               # one size at a time: the index is nao^2 int64
+        _UNPACK_INDEX.clear()  # one size at a time: the index is nao^2 int64
         _UNPACK_INDEX[key] = idx
     return idx
 
@@ -149,8 +153,8 @@ def pia_rows(packed: torch.Tensor, nao: int, C_occ: torch.Tensor, C_vir: torch.T
     launch each on Trainium) rather than a batch over P. The DF-MP2 stage's transform, in one
     process and over ranks alike (the same GEMMs on the same operands, so the same bits)."""
     nb, nocc, nvir = packed.shape[0], C_occ.shape[1], C_vir.shape[1]
-    x = unpack(packed, nao).reshape(nb * nao, nao)                          # (P μ, ν)
-    half = linalg.gemm(x, C_occ, backend=backend)                           # (P μ, i)
+    x = unpack(packed, nao).reshape(nb * nao, nao)  # (P μ, ν)
+    half = linalg.gemm(x, C_occ, backend=backend)  # (P μ, i)
     half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
     return linalg.gemm(half, C_vir, backend=backend).reshape(nb, nocc * nvir)
 
@@ -178,6 +182,7 @@ def unpack(packed: torch.Tensor, nao: int, out: torch.Tensor | None = None) -> t
 
 # ---------------------------------------------------------------- engines
 
+
 class IntegralEngine:
     """Interface (see the module docstring). ``name``: the engine; ``why``: how it was chosen."""
 
@@ -202,8 +207,12 @@ class IntegralEngine:
     def describe(self) -> dict:
         """What ran, for ``ran['integrals']``: engine, how it was chosen, its settings, and the
         seconds it computed (compute_s) and that the caller waited for blocks (wait_s)."""
-        return {"engine": self.name, "why": self.why, **self._settings(),
-                **{k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}}
+        return {
+            "engine": self.name,
+            "why": self.why,
+            **self._settings(),
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()},
+        }
 
     def _settings(self) -> dict:
         return {}
@@ -222,12 +231,17 @@ class HostEngine(IntegralEngine):
             raise ValueError(f"depth must be >= 0, got {depth}")
         self.depth = depth
         self.pinned = bool(backend.caps.cuda_memory)
-        self.threads = lib.num_threads()   # OpenMP threads for libcint, as the caller has them
+        self.threads = lib.num_threads()  # OpenMP threads for libcint, as the caller has them
 
     def _settings(self) -> dict:
-        return {"library": "libcint (PySCF getints, int3c2e s2ij)", "producer_threads": 1 if self.depth else 0,
-                "libcint_omp_threads": self.threads, "queue_depth": self.depth,
-                "pinned": self.pinned, "transfer": "packed (mu >= nu), unpacked on the device"}
+        return {
+            "library": "libcint (PySCF getints, int3c2e s2ij)",
+            "producer_threads": 1 if self.depth else 0,
+            "libcint_omp_threads": self.threads,
+            "queue_depth": self.depth,
+            "pinned": self.pinned,
+            "transfer": "packed (mu >= nu), unpacked on the device",
+        }
 
     def metric(self, auxmol) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -238,11 +252,13 @@ class HostEngine(IntegralEngine):
     def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
         cint = _Libcint(self.mol, auxmol)
         if self.depth == 0:
+
             def block(s0, s1):
                 t0 = time.perf_counter()
                 packed = cint(s0, s1)
                 self.stats["compute_s"] += time.perf_counter() - t0
                 return self.backend.to_device(torch.from_numpy(packed), dtype)
+
             return _OnDemandStream(self, block, list(shell_blocks))
         return _HostStream(self, cint, list(shell_blocks), dtype)
 
@@ -262,7 +278,7 @@ class _Slot:
     def __init__(self, numel: int, pinned: bool):
         t = torch.empty(numel, dtype=torch.float64, pin_memory=pinned)
         self.tensor, self.array = t, t.numpy()
-        self.fence = None                  # a torch.cuda.Event, or None (host: nothing in flight)
+        self.fence = None  # a torch.cuda.Event, or None (host: nothing in flight)
 
     def wait(self):
         if self.fence is not None:
@@ -287,8 +303,8 @@ class _HostStream:
         buffer the caller still holds: at most depth - 1 blocks are ahead of its block."""
         i, (s0, s1, p0, p1) = item
         slot = self.slots[i % len(self.slots)]
-        slot.wait()                            # CUDA: the copy out of it has finished
-        lib.num_threads(self.engine.threads)   # OpenMP settings are per thread
+        slot.wait()  # CUDA: the copy out of it has finished
+        lib.num_threads(self.engine.threads)  # OpenMP settings are per thread
         t0 = time.perf_counter()
         self.cint(s0, s1, out=slot.array)
         self.engine.stats["compute_s"] += time.perf_counter() - t0
@@ -329,22 +345,26 @@ class _HostStream:
 
 # ---------------------------------------------------------------- gpu4pyscf (CUDA)
 
+
 def _import_gpu4pyscf():
     """(cupy, gpu4pyscf.df.int3c2e_bdiv), or raise EngineUnavailableError saying why."""
     try:
         import cupy
         from gpu4pyscf.df import int3c2e_bdiv
-    except Exception as exc:           # ImportError, or a CUDA library that fails to load
+    except Exception as exc:  # ImportError, or a CUDA library that fails to load
         raise EngineUnavailableError(
             f"integral engine gpu4pyscf is not importable ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); install it with {INSTALL_GPU4PYSCF}") from None
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); install it with {INSTALL_GPU4PYSCF}"
+        ) from None
     missing = [f for f in ("int2c2e", "compressed_aux_e2") if not hasattr(int3c2e_bdiv, f)]
     if missing:
         import gpu4pyscf
+
         raise EngineUnavailableError(
             f"integral engine gpu4pyscf {getattr(gpu4pyscf, '__version__', '?')} lacks "
             f"int3c2e_bdiv.{', '.join(missing)} (the engine needs gpu4pyscf 1.6 or later); install it with "
-            f"{INSTALL_GPU4PYSCF}")
+            f"{INSTALL_GPU4PYSCF}"
+        )
     return cupy, int3c2e_bdiv
 
 
@@ -376,7 +396,8 @@ class Gpu4pyscfEngine(IntegralEngine):
         if not backend.caps.cuda_memory:
             raise EngineUnavailableError(
                 f"integral engine gpu4pyscf needs a CUDA device, and '{backend.name}' is not a CUDA GPU "
-                f"(on a machine with one: {INSTALL_GPU4PYSCF.split(' on a machine')[0]})")
+                f"(on a machine with one: {INSTALL_GPU4PYSCF.split(' on a machine')[0]})"
+            )
         self.cupy, self.bdiv = _import_gpu4pyscf()
 
     def block_mb(self, asked: float) -> float:
@@ -387,9 +408,12 @@ class Gpu4pyscfEngine(IntegralEngine):
 
     def _settings(self) -> dict:
         import gpu4pyscf
-        return {"library": f"gpu4pyscf {getattr(gpu4pyscf, '__version__', '?')} int3c2e_bdiv "
-                           f"(CuPy {self.cupy.__version__})",
-                "transfer": "DLPack (no copy), torch's current stream"}
+
+        return {
+            "library": f"gpu4pyscf {getattr(gpu4pyscf, '__version__', '?')} int3c2e_bdiv "
+            f"(CuPy {self.cupy.__version__})",
+            "transfer": "DLPack (no copy), torch's current stream",
+        }
 
     def _stream(self):
         """CuPy on torch's current stream: one queue for both libraries."""
@@ -412,8 +436,10 @@ class Gpu4pyscfEngine(IntegralEngine):
         hi, lo = torch.maximum(r[keep], c[keep]), torch.minimum(r[keep], c[keep])
         pos = hi * (hi + 1) // 2 + lo
         if torch.unique(pos).numel() != pos.numel():
-            raise RuntimeError("gpu4pyscf compressed_aux_e2: a packed pair appears twice after "
-                               "removing transposed duplicates (unexpected pair list)")
+            raise RuntimeError(
+                "gpu4pyscf compressed_aux_e2: a packed pair appears twice after "
+                "removing transposed duplicates (unexpected pair list)"
+            )
         return keep, pos
 
     def block(self, auxmol, s0: int, s1: int) -> torch.Tensor:
@@ -422,7 +448,7 @@ class Gpu4pyscfEngine(IntegralEngine):
         t0 = time.perf_counter()
         with self.cupy.cuda.Device(self.backend.device.index or 0), self._stream():
             j3c, rows, cols = self.bdiv.compressed_aux_e2(self.mol, sub)
-            j3c = to_torch(self.cupy.ascontiguousarray(j3c))             # (npair_nz, nb)
+            j3c = to_torch(self.cupy.ascontiguousarray(j3c))  # (npair_nz, nb)
             rows, cols = to_torch(rows), to_torch(cols)
             keep, pos = self._scatter_index(rows, cols)
         packed = torch.zeros((j3c.shape[1], npair(self.nao)), dtype=torch.float64, device=j3c.device)
@@ -470,6 +496,7 @@ def _aux_subset(auxmol: gto.Mole, s0: int, s1: int) -> gto.Mole:
 
 
 # ---------------------------------------------------------------- choice
+
 
 def gpu4pyscf_problem(backend) -> str | None:
     """Why the gpu4pyscf engine cannot run with ``backend``, or None when it can."""

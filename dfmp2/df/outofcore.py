@@ -29,6 +29,7 @@ for the whole read (scripts/results/docstring-measurements.md).
 h5py serialises HDF5 calls with its own lock, so the reader and writer threads take turns in
 the library but the main thread's torch work runs meanwhile.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,17 +43,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dfmp2 import linalg
-
-from dfmp2 import memory
-from dfmp2.io import tempdirs
+from dfmp2 import linalg, memory
 from dfmp2.df.background import Background
-from dfmp2.io.checkpoint import CheckpointError, discard_h5, open_h5
 from dfmp2.df.fitting import apply_metric
+from dfmp2.io import tempdirs
+from dfmp2.io.checkpoint import CheckpointError, discard_h5, open_h5
 from dfmp2.io.outputs import check_disk, writing
 
 H5_SUFFIX = ".h5"
-SCRATCH = ("scratch file", "scratch_dir")       # HDF5B.where: what a file is, the option that placed it
+SCRATCH = ("scratch file", "scratch_dir")  # HDF5B.where: what a file is, the option that placed it
 CHECKPOINT = ("checkpoint", "checkpoint")
 
 
@@ -125,7 +124,8 @@ class InMemoryB:
         self.blocks, self.dtype, self.device = blocks, dtype, torch.device(device)
         self.data: list[torch.Tensor | None] = [
             torch.empty(blocks.shape(k), dtype=dtype, device=self.device) if allocate else None
-            for k in range(blocks.count)]
+            for k in range(blocks.count)
+        ]
 
     def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
         """Rows p0:p1 of (P|ia), rows (p1 - p0, nocc*nvir) on the device."""
@@ -167,16 +167,15 @@ class HDF5B:
 
     on_disk = True
 
-    def __init__(self, dset, blocks: OccBlocks, *, crc=None, evict: bool = False,
-                 where: tuple[str, str] = SCRATCH):
+    def __init__(self, dset, blocks: OccBlocks, *, crc=None, evict: bool = False, where: tuple[str, str] = SCRATCH):
         if dset.shape != (blocks.size,):
             raise ValueError(f"B dataset {dset.name} has shape {dset.shape}, expected ({blocks.size},)")
         self.dset, self.blocks = dset, blocks
         self.dtype = torch.from_numpy(np.empty(0, dtype=dset.dtype)).dtype
-        self.crc = crc                  # (nblocks,) int64 dataset: crc32 per block (checkpoints)
+        self.crc = crc  # (nblocks,) int64 dataset: crc32 per block (checkpoints)
         self._verified: set[int] = set()
         self.evict, self.where = evict, where
-        self._writer: Background | None = None     # write-behind thread, made at the first write
+        self._writer: Background | None = None  # write-behind thread, made at the first write
         self._fd: int | None = None
 
     @property
@@ -194,7 +193,7 @@ class HDF5B:
 
     def _write(self, a: int, arr: np.ndarray) -> None:
         with self._writing():
-            self.dset.write_direct(arr, dest_sel=np.s_[a:a + arr.size])
+            self.dset.write_direct(arr, dest_sel=np.s_[a : a + arr.size])
 
     def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
         """Rows p0:p1 of (P|ia): one contiguous piece per occupied block, written behind."""
@@ -214,6 +213,7 @@ class HDF5B:
                 with self._writing():
                     self.crc[k] = zlib.crc32(memoryview(arr).cast("B"))
                 self._verified.add(k)
+
         self._submit(job)
 
     def release(self, k: int) -> None:
@@ -229,8 +229,10 @@ class HDF5B:
             want = int(self.crc[k])
             got = zlib.crc32(memoryview(out.view(-1).numpy()).cast("B"))
             if want != got:
-                raise CheckpointError(f"checkpoint {self.path} is corrupted: block {k} of B fails its "
-                                      "checksum; remove the file and run again")
+                raise CheckpointError(
+                    f"checkpoint {self.path} is corrupted: block {k} of B fails its "
+                    "checksum; remove the file and run again"
+                )
             self._verified.add(k)
         if self.evict:
             self._drop_cache(a, b)
@@ -280,8 +282,9 @@ class HDF5B:
 
 
 # ---------------------------------------------------------------- the store factory
-def open_b_store(plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkpoint=None,
-                 scratch=None, channel: int = 0) -> "BStore":
+def open_b_store(
+    plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkpoint=None, scratch=None, channel: int = 0
+) -> "BStore":
     """B (block k a (naux, nk*nvir) array in ``dtype``) wherever ``plan`` and ``checkpoint`` put it,
     behind one interface (the role of PySCF's ``_make_df_eris``): in memory on the backend's
     device (plan.out_of_core False), else HDF5 on disk: the checkpoint's /B (crc32 per block) or a
@@ -295,14 +298,13 @@ def open_b_store(plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkp
     done = ck is not None and ck.b_done(channel)
     try:
         if ck is not None and (plan.out_of_core or done):
-            disk = HDF5B(ck.b_dataset(blocks, dtype, channel), blocks, crc=ck.crc_dataset(channel),
-                         where=CHECKPOINT)
+            disk = HDF5B(ck.b_dataset(blocks, dtype, channel), blocks, crc=ck.crc_dataset(channel), where=CHECKPOINT)
         elif plan.out_of_core:
             disk = HDF5B(create_flat(tmp.open("B"), "B", blocks, dtype), blocks)
         if plan.out_of_core:
             store = BStore(disk, ck, tmp, channel)
             if done:
-                disk.verify()           # all of B once, so any damaged block is refused
+                disk.verify()  # all of B once, so any damaged block is refused
         else:
             store = BStore(InMemoryB(blocks, dtype, backend.device, allocate=False), ck, tmp, channel)
             if done:
@@ -344,7 +346,7 @@ class BStore:
     def close_pia(self, pia) -> None:
         pia.close()
         if pia.on_disk and pia.dset is not self.data.dset:
-            self.scratch.remove(pia.dset.file)   # (P|ia) in fp64 next to an fp32 B: free its disk now
+            self.scratch.remove(pia.dset.file)  # (P|ia) in fp64 next to an fp32 B: free its disk now
 
     def mark_complete(self, metric_kind: str, metric_info: dict) -> None:
         """B is built by a fit of ``metric_kind``: a checkpoint records it (B copied in when B is
@@ -352,8 +354,12 @@ class BStore:
         ck = self.checkpoint
         if ck is not None:
             if not self.on_disk:
-                disk = HDF5B(ck.b_dataset(self.blocks, self.dtype, self.channel), self.blocks,
-                             crc=ck.crc_dataset(self.channel), where=CHECKPOINT)
+                disk = HDF5B(
+                    ck.b_dataset(self.blocks, self.dtype, self.channel),
+                    self.blocks,
+                    crc=ck.crc_dataset(self.channel),
+                    where=CHECKPOINT,
+                )
                 try:
                     for k in range(self.blocks.count):
                         disk.set_block(k, self.data.data[k])
@@ -401,7 +407,7 @@ class Scratch:
         discard_h5(h5file, h5file.filename)
 
     def close(self) -> None:
-        for f, path in self._files:    # closed writing nothing more: no failed close on a full disk
+        for f, path in self._files:  # closed writing nothing more: no failed close on a full disk
             discard_h5(f, path)
         self._files = []
         if self.path is not None:
@@ -493,8 +499,9 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
                 assert k == j
                 Bj = pair_view(blk, nvir)
             (i0, i1), (j0, j1) = blocks.orbitals(i), blocks.orbitals(j)
-            os_, ss_ = linalg.mp2_pair_energy(Bi, Bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir,
-                                              symmetric=(i == j), backend=backend)
+            os_, ss_ = linalg.mp2_pair_energy(
+                Bi, Bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, symmetric=(i == j), backend=backend
+            )
             sums[p] = (os_, ss_)
             ndone += 1
             if on_pair is not None:
@@ -504,8 +511,9 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
     return sums
 
 
-def cross_block_sums(store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_b, backend, *,
-                     done=None, on_pair=None, progress=None) -> np.ndarray:
+def cross_block_sums(
+    store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_b, backend, *, done=None, on_pair=None, progress=None
+) -> np.ndarray:
     """UMP2's opposite-spin sums: (na * nb, 2) fp64, one row per block pair (I of ``store_a``, J of
     ``store_b``), I-major: the kernel's (e_os, e_ss); the plain sum of column 0 in this order is E_OS
     (no i >= j symmetry between spins; column 1, the same-spin form of a rectangular K, is unused).
@@ -519,8 +527,10 @@ def cross_block_sums(store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_
     total = ba.count * bb.count
     sums, todo, ndone = _resumed_sums(total, done, progress)
     rows = sorted({p // bb.count for p in todo})
-    with closing(store_a.iter_blocks(rows, backend)) as it_a, \
-            closing(store_b.iter_blocks([p % bb.count for p in todo], backend)) as it_b:
+    with (
+        closing(store_a.iter_blocks(rows, backend)) as it_a,
+        closing(store_b.iter_blocks([p % bb.count for p in todo], backend)) as it_b,
+    ):
         cur_i, Bi = None, None
         for p in todo:
             i = p // bb.count
@@ -531,8 +541,14 @@ def cross_block_sums(store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_
             j, blk_b = next(it_b)
             (i0, i1), (j0, j1) = ba.orbitals(i), bb.orbitals(j)
             os_, ss_ = linalg.mp2_pair_energy(
-                Bi, pair_view(blk_b, bb.nvir), eps_occ_a[i0:i1], eps_occ_b[j0:j1], eps_vir_a,
-                eps_vir_j=eps_vir_b, backend=backend)
+                Bi,
+                pair_view(blk_b, bb.nvir),
+                eps_occ_a[i0:i1],
+                eps_occ_b[j0:j1],
+                eps_vir_a,
+                eps_vir_j=eps_vir_b,
+                backend=backend,
+            )
             sums[p] = (os_, ss_)
             ndone += 1
             if on_pair is not None:

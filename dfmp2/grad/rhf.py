@@ -25,7 +25,8 @@ with D = 2 C_o C_o^T, P the relaxed density in the AO basis, and E_G(D1, D2) = �
 The pair loop (``_pair_densities``) runs over blocks of j with every i at once (no i >= j
 symmetry: P_ij needs every i of one j), all its steps in torch on the backend: K, t, θ, Γ, P_oo,
 P_vv are GEMMs and in-place elementwise steps over one block (K and Γ over every ordered pair, P_oo
-and P_vv: about 4.6 times the flops of the energy's pair step, which takes i >= j). J/K (the G of the CPHF and of P) are our DF builds on the JK-fit set the SCF used
+and P_vv: about 4.6 times the flops of the energy's pair step, which takes i >= j). J/K (the G of
+the CPHF and of P) are our DF builds on the JK-fit set the SCF used
 (``dfmp2.scf.jk.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
 PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
 torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)
@@ -37,6 +38,7 @@ estimates them; no out-of-core path). The same pieces serve the UHF stage (``mp2
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).
 """
+
 from __future__ import annotations
 
 import time
@@ -49,19 +51,18 @@ from pyscf.grad import rhf as pyscf_grad_rhf
 from pyscf.scf import hf as pyscf_hf
 
 from dfmp2 import linalg
-
-from dfmp2.scf.jk import build_jk_factor
 from dfmp2.df import integrals
 from dfmp2.errors import InputError
 from dfmp2.io.result import METHOD_SCALES, kernel_records
+from dfmp2.scf.jk import build_jk_factor
 from dfmp2.timing import Timer
 
 # CPHF residual norm, relative to the right-hand side's: at 1e-9 the gradient is within ~1e-11 Eh/bohr
 # of 1e-10's, in fewer iterations ((H2O)8/cc-pVDZ: scripts/results/docstring-measurements.md)
 ZVECTOR_TOL = 1e-9
 ZVECTOR_MAX_ITER = 100
-PAIR_BLOCK_MB = 128.0   # K and θ of one block of the densities' pair loop
-AUX_BLOCK_MB = 200.0     # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
+PAIR_BLOCK_MB = 128.0  # K and θ of one block of the densities' pair loop
+AUX_BLOCK_MB = 200.0  # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
 SCALES = METHOD_SCALES
 
 
@@ -92,14 +93,24 @@ class GradientParts:
         """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
         (no '.' in any key, schema 3)."""
         ran = {k: kernel_records(v) if k in ("kernels", "host_kernels") else v for k, v in self.ran.items()}
-        return {"gradient": self.gradient.tolist(), "units": "Eh/bohr", "hf": self.hf.tolist(),
-                "corr": self.corr.tolist(), "e_corr": self.e_corr, "c_os": self.c_os, "c_ss": self.c_ss,
-                "zvector": self.zvector, "warnings": list(self.warnings), "timings": dict(self.timings),
-                "ran": ran}
+        return {
+            "gradient": self.gradient.tolist(),
+            "units": "Eh/bohr",
+            "hf": self.hf.tolist(),
+            "corr": self.corr.tolist(),
+            "e_corr": self.e_corr,
+            "c_os": self.c_os,
+            "c_ss": self.c_ss,
+            "zvector": self.zvector,
+            "warnings": list(self.warnings),
+            "timings": dict(self.timings),
+            "ran": ran,
+        }
 
 
-def memory_mb(*, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int,
-              block_mb: float = AUX_BLOCK_MB) -> float:
+def memory_mb(
+    *, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int, block_mb: float = AUX_BLOCK_MB
+) -> float:
     """Peak MB (10^6 bytes, fp64) of the arrays the gradient stage holds, an estimate: the JK
     factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform T_v (nao naux_mp2 nact) throughout,
     plus the largest of the pair loop's phase (B, Γ and their host copies: 4 nact nvir naux_mp2;
@@ -120,8 +131,10 @@ def check_supported(ref, backend) -> None:
     """GradientError (one line) for what this stage does not do: a UHF reference (its gradient is
     ``mp2grad_uhf``'s), and what ``check_channels`` refuses."""
     if not ref.restricted:
-        raise GradientError("mp2_gradient is the RHF stage; a UHF reference's gradient is "
-                            "dfmp2.grad.uhf.uhf_mp2_gradient", option="reference")
+        raise GradientError(
+            "mp2_gradient is the RHF stage; a UHF reference's gradient is dfmp2.grad.uhf.uhf_mp2_gradient",
+            option="reference",
+        )
     check_channels(ref, backend, fp32_pair_loop=True)
 
 
@@ -129,23 +142,28 @@ def check_channels(ref, backend, fp32_pair_loop: bool = False) -> None:
     """GradientError (one line) for what the RHF and UHF stages do not do: frozen virtual orbitals
     (in any spin channel), a device without fp64 (unless ``fp32_pair_loop``: the RHF stage runs
     only its pair loop there, in fp32, and the rest on a host CPU backend in fp64)."""
-    if any(np.any(ch.frozen[ch.nocc:]) for ch in ref.channels):
-        raise GradientError("frozen virtual orbitals are not supported by the gradient; freeze "
-                            "core orbitals only", option="frozen_core")
+    if any(np.any(ch.frozen[ch.nocc :]) for ch in ref.channels):
+        raise GradientError(
+            "frozen virtual orbitals are not supported by the gradient; freeze core orbitals only", option="frozen_core"
+        )
     if not backend.has_fp64 and not fp32_pair_loop:
-        raise GradientError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
-                            "lacks (only the RHF gradient runs there); run it on the CPU", option="device")
+        raise GradientError(
+            f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{backend.name}' "
+            "lacks (only the RHF gradient runs there); run it on the CPU",
+            option="device",
+        )
 
 
-def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
-                 timer: Timer | None = None) -> GradientParts:
+def mp2_gradient(
+    mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0, timer: Timer | None = None
+) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
     (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
     ``jk_auxmol`` (the SCF's), on ``backend``. A backend without fp64 (trn) runs the densities'
     pair loop (``_pair_densities``) in fp32 and everything else on a host CPU backend in fp64
     (``dfmp2.scf.uhf.DFUHF``'s host backend); ``ran`` says which part ran where."""
     check_supported(ref, backend)
-    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")      # as dfmp2.scf.rhf.DFRHF.dense
+    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")  # as dfmp2.scf.rhf.DFRHF.dense
     timer = timer or Timer(backend)
     kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
     t0 = time.perf_counter()
@@ -162,54 +180,81 @@ def mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0,
     P_ao = orb.C @ P @ orb.C.T
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
     W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
-    jk_hf, jk_p = jk_energy_deriv(jk, [C_o], [2.0], [[0.25 * D], [0.5 * P_ao]])   # E_G^x(D/2, D), E_G^x(P, D)
+    jk_hf, jk_p = jk_energy_deriv(jk, [C_o], [2.0], [[0.25 * D], [0.5 * P_ao]])  # E_G^x(D/2, D), E_G^x(P, D)
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     gbuf = _Buffers(device=corr.T_v.device)
-    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1,
-                                                                      host, gbuf)[None],
-                       -2.0 * corr.gamma_pq[None])[0]
+    corr_3c = df_deriv(
+        mol,
+        mp2_auxmol,
+        lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, host, gbuf)[None],
+        -2.0 * corr.gamma_pq[None],
+    )[0]
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
     if orb.C.shape[1] < orb.C.shape[0]:
-        warnings.append(f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
-                        "gradient leaves out the change of the kept space with the geometry (it is not "
-                        "the exact derivative of the energy)")
-    return GradientParts(grad, hf, grad - hf, corr.e_corr, c_os, c_ss, zinfo, warnings,
-                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
-                         _stage_ran(backend, host, kernels0))
+        warnings.append(
+            f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
+            "gradient leaves out the change of the kept space with the geometry (it is not "
+            "the exact derivative of the energy)"
+        )
+    return GradientParts(
+        grad,
+        hf,
+        grad - hf,
+        corr.e_corr,
+        c_os,
+        c_ss,
+        zinfo,
+        warnings,
+        {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
+        _stage_ran(backend, host, kernels0),
+    )
 
 
 def _used(backend, kernels0: dict) -> dict:
     """The backend's kernels_used since ``kernels0`` (calls per 'op:kernel')."""
-    return dict(sorted((k, n - kernels0.get(k, 0)) for k, n in backend.kernels_used.items()
-                       if n != kernels0.get(k, 0)))
+    return dict(sorted((k, n - kernels0.get(k, 0)) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)))
 
 
 # what each stage runs where (the gradient's ``ran``): on the backend (torch or linalg GEMMs) and on the host
 PAIR_LOOP = "the pair loop (K, t, θ, Γ, P_oo, P_vv)"
-BESIDE_PAIR_LOOP = ("B's two transforms, the JK factor, the Z-vector's MO factor and J/K, the derivative weights "
-                    "(through the JK factor's fitted coefficients)")
+BESIDE_PAIR_LOOP = (
+    "B's two transforms, the JK factor, the Z-vector's MO factor and J/K, the derivative weights "
+    "(through the JK factor's fitted coefficients)"
+)
 ON_DEVICE = f"{PAIR_LOOP}, {BESIDE_PAIR_LOOP}"
-ON_HOST = ("libcint's 3-center and derivative integrals and their contractions (torch, fp64), the fits' "
-           "Cholesky factors and triangular solves, dense nmo x nmo algebra (numpy, fp64)")
+ON_HOST = (
+    "libcint's 3-center and derivative integrals and their contractions (torch, fp64), the fits' "
+    "Cholesky factors and triangular solves, dense nmo x nmo algebra (numpy, fp64)"
+)
 
 
 def _stage_ran(backend, host, kernels0: tuple) -> dict:
     """What the RHF stage ran where: all on ``backend`` in fp64 (``host`` is ``backend``), or the
     pair loop on a device without fp64 in fp32 and the rest on the fp64 ``host``."""
     if host is backend:
-        return {"device": backend.name, "precision": "fp64", "kernels": _used(backend, kernels0[0]),
-                "on_device": ON_DEVICE, "host": ON_HOST}
-    return {"device": backend.name, "engine": backend.engine,
-            "simulated": backend.caps.simulable and backend.engine != "neuron-hardware",
-            "precision": "fp32 (the pair loop); fp64 on the host (the rest)",
+        return {
+            "device": backend.name,
+            "precision": "fp64",
             "kernels": _used(backend, kernels0[0]),
-            "on_device": "the densities' pair loop's GEMMs (K = B B_J^T, Γ += θ B_J, P_oo, P_vv) in fp32; "
-                         "its elementwise steps (denominators, θ) in torch fp32 on the host",
-            "host_device": host.name, "host_precision": "fp64", "host_kernels": _used(host, kernels0[1]),
-            "host": f"on the host {host.name} backend (fp64): {BESIDE_PAIR_LOOP}; {ON_HOST}"}
+            "on_device": ON_DEVICE,
+            "host": ON_HOST,
+        }
+    return {
+        "device": backend.name,
+        "engine": backend.engine,
+        "simulated": backend.caps.simulable and backend.engine != "neuron-hardware",
+        "precision": "fp32 (the pair loop); fp64 on the host (the rest)",
+        "kernels": _used(backend, kernels0[0]),
+        "on_device": "the densities' pair loop's GEMMs (K = B B_J^T, Γ += θ B_J, P_oo, P_vv) in fp32; "
+        "its elementwise steps (denominators, θ) in torch fp32 on the host",
+        "host_device": host.name,
+        "host_precision": "fp64",
+        "host_kernels": _used(host, kernels0[1]),
+        "host": f"on the host {host.name} backend (fp64): {BESIDE_PAIR_LOOP}; {ON_HOST}",
+    }
 
 
 class _Orbitals:
@@ -220,10 +265,10 @@ class _Orbitals:
         self.C, self.eps = np.asarray(ch.mo_coeff, dtype=np.float64), np.asarray(ch.mo_energy, dtype=np.float64)
         nmo = self.C.shape[1]
         idx = np.arange(nmo)
-        self.occ = idx[:ch.nocc]
+        self.occ = idx[: ch.nocc]
         self.act = idx[(idx < ch.nocc) & ~ch.frozen]
         self.frz = idx[(idx < ch.nocc) & ch.frozen]
-        self.vir = idx[ch.nocc:]
+        self.vir = idx[ch.nocc :]
         self.nmo = nmo
 
 
@@ -238,9 +283,12 @@ def _cholesky(j2c: np.ndarray, what: str) -> np.ndarray:
     a small machine, where a small Cholesky became far slower (scripts/results/docstring-measurements.md)."""
     L, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(j2c)))
     if int(info) != 0:
-        raise GradientError(f"the {what} fitting metric is not positive definite (the energy used its "
-                            "eigen-decomposition with dropped directions); its gradient is not "
-                            "implemented", option="auxbasis")
+        raise GradientError(
+            f"the {what} fitting metric is not positive definite (the energy used its "
+            "eigen-decomposition with dropped directions); its gradient is not "
+            "implemented",
+            option="auxbasis",
+        )
     return L.numpy()
 
 
@@ -275,12 +323,13 @@ def gamma3_weights(C_act: list, T_v: list, p0: int, p1: int, backend, buf=None) 
     the next block) when given."""
     nb, nao = p1 - p0, T_v[0].shape[1]
     buf = buf or _Buffers(device=T_v[0].device)
-    G = buf.get("G", (nb * nao, nao))                                                 # [(P, ν), μ]
+    G = buf.get("G", (nb * nao, nao))  # [(P, ν), μ]
     beta = 0.0
     for C, T in zip(C_act, T_v):
         if C.shape[1]:
-            linalg.gemm(T[p0:p1].reshape(nb * nao, -1), _dev(backend, C), trans_b=True, beta=beta, out=G,
-                        backend=backend)
+            linalg.gemm(
+                T[p0:p1].reshape(nb * nao, -1), _dev(backend, C), trans_b=True, beta=beta, out=G, backend=backend
+            )
             beta = 1.0
     if not beta:
         G.zero_()
@@ -312,7 +361,7 @@ def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend)
     Co, Cv = _dev(backend, C_o), _dev(backend, C_v)
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):
         half = linalg.gemm(_dev(backend, j3c).view(-1, nao), Co, backend=backend).view(p1 - p0, nao, nact)
-        A[p0:p1] = linalg.gemm(half, Cv, trans_a=True, backend=backend).cpu().numpy()   # [P, i, a]
+        A[p0:p1] = linalg.gemm(half, Cv, trans_a=True, backend=backend).cpu().numpy()  # [P, i, a]
     return np.ascontiguousarray(_solve_lower(L, A.reshape(naux, -1)).T)
 
 
@@ -323,19 +372,28 @@ def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarr
     nao, nact) on the device, kept for the derivative weights (``gamma3_weights``)."""
     nao, nact, nvir = C_o.shape[0], C_o.shape[1], C_v.shape[1]
     g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
-    T_v = linalg.gemm(Cv, g, trans_b=True, alpha=4.0, backend=backend)              # (naux, nao, nact)
+    T_v = linalg.gemm(Cv, g, trans_b=True, alpha=4.0, backend=backend)  # (naux, nao, nact)
     X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
     X_v = torch.zeros((nao, nvir), dtype=torch.float64, device=g.device)
-    for p0, p1, j3c in _j3c_blocks(mol, auxmol):         # X_μ· = Σ_Pν (μν|P) T_Pν·
-        J = _dev(backend, j3c).view(-1, nao)                                        # [(P ν), μ]
-        T_o = linalg.gemm(Co, g[p0:p1], alpha=4.0, backend=backend)                 # (nb, nao, nvir)
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol):  # X_μ· = Σ_Pν (μν|P) T_Pν·
+        J = _dev(backend, j3c).view(-1, nao)  # [(P ν), μ]
+        T_o = linalg.gemm(Co, g[p0:p1], alpha=4.0, backend=backend)  # (nb, nao, nvir)
         linalg.gemm(J, T_v[p0:p1].reshape(-1, nact), trans_a=True, beta=1.0, out=X_o, backend=backend)
         linalg.gemm(J, T_o.view(-1, nvir), trans_a=True, beta=1.0, out=X_v, backend=backend)
     return X_o.cpu().numpy(), X_v.cpu().numpy(), T_v
 
 
-def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backend, c_os: float,
-                    c_ss: float, cols=None, out=None, block_mb: float = PAIR_BLOCK_MB):
+def _pair_densities(
+    B: torch.Tensor,
+    e_o: torch.Tensor,
+    e_v: torch.Tensor,
+    backend,
+    c_os: float,
+    c_ss: float,
+    cols=None,
+    out=None,
+    block_mb: float = PAIR_BLOCK_MB,
+):
     """The pair loop over blocks J of occupied j (every i at once: P_oo needs all i of one j, so no
     i >= j symmetry), on the backend's device:
         K[i, a, j, b] = (ia|jb) = Σ_Q B_iaQ B_jbQ      (one GEMM, B B_J^T)
@@ -354,26 +412,38 @@ def _pair_densities(B: torch.Tensor, e_o: torch.Tensor, e_v: torch.Tensor, backe
     if c_ss and nvc != nvir:
         raise ValueError("the exchange term needs the same virtual space on both sides")
     nj = max(1, min(ncol, int(block_mb * 1e6 // (2 * nact * nvir * nvc * B.element_size()))))
-    Gam, P_oo, P_vv = out if out is not None else (
-        torch.zeros_like(B), torch.zeros((nact, nact), dtype=B.dtype, device=B.device),
-        torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device))
+    Gam, P_oo, P_vv = (
+        out
+        if out is not None
+        else (
+            torch.zeros_like(B),
+            torch.zeros((nact, nact), dtype=B.dtype, device=B.device),
+            torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device),
+        )
+    )
     e_ia = (e_o[:, None] - e_v[None, :]).reshape(nact, nvir, 1, 1)
     e_jb = f_o[:, None] - f_v[None, :]
     buf = _Buffers(B.dtype, B.device)
     for j0 in range(0, ncol, nj):
         j1 = min(ncol, j0 + nj)
-        Bj, shape = Bc[j0 * nvc:j1 * nvc], (nact, nvir, j1 - j0, nvc)
-        t = linalg.gemm(B, Bj, trans_b=True, out=buf.get("t", (nact * nvir, (j1 - j0) * nvc)),
-                        backend=backend).view(shape)
-        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvc), out=buf.get("th", shape))   # denominators
+        Bj, shape = Bc[j0 * nvc : j1 * nvc], (nact, nvir, j1 - j0, nvc)
+        t = linalg.gemm(B, Bj, trans_b=True, out=buf.get("t", (nact * nvir, (j1 - j0) * nvc)), backend=backend).view(
+            shape
+        )
+        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvc), out=buf.get("th", shape))  # denominators
         t.div_(th)
         torch.mul(t, c_os + c_ss, out=th)
         if c_ss:
-            th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)                             # t_ij^ba = t[i, b, j, a]
-        linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)     # Γ += θ B_J
+            th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)  # t_ij^ba = t[i, b, j, a]
+        linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)  # Γ += θ B_J
         P_oo -= 2.0 * linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
-        P_vv += 2.0 * linalg.gemm(t.view(nact, nvir, -1), th.view(nact, nvir, -1), trans_b=True,
-                                  out=buf.get("vv", (nact, nvir, nvir)), backend=backend).sum(0)   # batched over i
+        P_vv += 2.0 * linalg.gemm(
+            t.view(nact, nvir, -1),
+            th.view(nact, nvir, -1),
+            trans_b=True,
+            out=buf.get("vv", (nact, nvir, nvir)),
+            backend=backend,
+        ).sum(0)  # batched over i
     return Gam, P_oo, P_vv
 
 
@@ -382,28 +452,27 @@ def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: fl
     fit dtype (fp32 without fp64; no copy when it is ``backend``): Γ, P_oo, P_vv in fp64 on
     ``backend``."""
     if pair_backend is backend:
-        return _pair_densities(Bd, backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir])),
-                               backend, c_os, c_ss)
+        return _pair_densities(
+            Bd, backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir])), backend, c_os, c_ss
+        )
     dt = pair_backend.fit_dtype(pair_backend.default_precision)
-    dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)            # noqa: E731
+    dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)  # noqa: E731
     out = _pair_densities(dev(Bd), dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), pair_backend, c_os, c_ss)
     return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
 
 
-def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float,
-                        pair_backend=None) -> _Corr:
+def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float, pair_backend=None) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
     3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
     loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
     on ``backend`` (fp64)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
-    Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend))   # (ia, Q)
+    Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend))  # (ia, Q)
     Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
     gamma_pq, Y_ri, Y_ra, T_v = three_index_terms(mol, auxmol, orb, L, Bd, Gd, backend)
     P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
-    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, T_v,
-                 0.5 * (gamma_pq + gamma_pq.T))
+    return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, T_v, 0.5 * (gamma_pq + gamma_pq.T))
 
 
 def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend):
@@ -414,7 +483,7 @@ def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tenso
     nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
     BtG = linalg.gemm(B, G, trans_a=True, backend=backend).cpu().numpy()
     gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
-    gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)   # Γ~ as [P, i, a]
+    gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)  # Γ~ as [P, i, a]
     X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
     return gamma_pq, orb.C.T @ X_o, orb.C.T @ X_v, T_v
 
@@ -430,7 +499,7 @@ def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
     Y = np.zeros((orb.nmo, orb.nmo))
     Y[:, act] += corr.Y_ri
     Y[:, vir] += corr.Y_ra
-    if len(frz):     # the frozen-active rotations keep the frozen and active blocks canonical
+    if len(frz):  # the frozen-active rotations keep the frozen and active blocks canonical
         pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
         P[np.ix_(frz, act)] = pfa
         P[np.ix_(act, frz)] = pfa.T
@@ -482,8 +551,10 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
         rs_new = float(np.sum(r * s))
         p = s + (rs_new / rs) * p
         rs = rs_new
-    raise GradientError(f"the Z-vector (CPHF) equations did not converge in {ZVECTOR_MAX_ITER} iterations "
-                        f"(relative residual {res:.1e}); is the RHF reference stable?")
+    raise GradientError(
+        f"the Z-vector (CPHF) equations did not converge in {ZVECTOR_MAX_ITER} iterations "
+        f"(relative residual {res:.1e}); is the RHF reference stable?"
+    )
 
 
 # ---------------------------------------------------------------------------- DF J/K (JK-fit set)
@@ -496,8 +567,11 @@ class _DFJK:
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
         self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
         if self.fac.metric != "cholesky":
-            raise GradientError("the JK-fit metric is not positive definite (the SCF used its "
-                                "eigen-decomposition); its gradient is not implemented", option="auxbasis")
+            raise GradientError(
+                "the JK-fit metric is not positive definite (the SCF used its "
+                "eigen-decomposition); its gradient is not implemented",
+                option="auxbasis",
+            )
 
     def _blocks(self):
         """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric."""
@@ -513,10 +587,11 @@ class _DFJK:
         Dd, Cd = _dev(be, 0.5 * (D + D.T)), _dev(be, C_o)
         out = linalg.gemm(self.fac.coulomb(Dd), Cd, backend=be)
         for p0, p1, Bb in self._blocks():
-            X = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)      # B^P C_o
-            Y = linalg.gemm(Dd, X, backend=be)                                           # D B^P C_o
-            linalg.gemm(Bb.view(-1, nao), Y.view(-1, Cd.shape[1]), trans_a=True, alpha=-0.5, beta=1.0,
-                        out=out, backend=be)
+            X = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)  # B^P C_o
+            Y = linalg.gemm(Dd, X, backend=be)  # D B^P C_o
+            linalg.gemm(
+                Bb.view(-1, nao), Y.view(-1, Cd.shape[1]), trans_a=True, alpha=-0.5, beta=1.0, out=out, backend=be
+            )
         return out.cpu().numpy()
 
     def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
@@ -525,11 +600,13 @@ class _DFJK:
         be, nao, naux = self.backend, self.fac.nao, self.fac.naux
         nocc, nvir = C_o.shape[1], C_v.shape[1]
         Cd = _dev(be, np.hstack([C_o, C_v]))
-        B_ov, B_oo, B_vv = (torch.empty((naux, m, n), dtype=torch.float64, device=Cd.device)
-                            for m, n in ((nocc, nvir), (nocc, nocc), (nvir, nvir)))
+        B_ov, B_oo, B_vv = (
+            torch.empty((naux, m, n), dtype=torch.float64, device=Cd.device)
+            for m, n in ((nocc, nvir), (nocc, nocc), (nvir, nvir))
+        )
         for p0, p1, Bb in self._blocks():
-            half = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)      # B^P C
-            mo = linalg.gemm(Cd, half, trans_a=True, backend=be)                            # C^T B^P C
+            half = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)  # B^P C
+            mo = linalg.gemm(Cd, half, trans_a=True, backend=be)  # C^T B^P C
             B_ov[p0:p1], B_oo[p0:p1], B_vv[p0:p1] = mo[:, :nocc, nocc:], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
         return B_ov, B_oo, B_vv
 
@@ -546,13 +623,14 @@ class _DFJK:
 
         def hess(z):
             zd = _dev(be, z)
-            v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)                         # Σ_bj B_jb^P z_bj
+            v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)  # Σ_bj B_jb^P z_bj
             J = linalg.gemm(ov, v, trans_a=True, alpha=4.0, backend=be).view(nocc, nvir).T
-            W = linalg.gemm(zd, B_oo, backend=be)                  # [P, b, i] = Σ_j z_bj B_ji^P (batched over P)
-            U = linalg.gemm(zd, B_ov, trans_a=True, trans_b=True, backend=be)   # [P, j, i] = Σ_b z_bj B_ib^P
+            W = linalg.gemm(zd, B_oo, backend=be)  # [P, b, i] = Σ_j z_bj B_ji^P (batched over P)
+            U = linalg.gemm(zd, B_ov, trans_a=True, trans_b=True, backend=be)  # [P, j, i] = Σ_b z_bj B_ib^P
             out = J - linalg.gemm(vv2, W.view(naux * nvir, nocc), trans_a=True, backend=be)
             out -= linalg.gemm(ov2, U.view(naux * nocc, nocc), trans_a=True, backend=be)
             return out.cpu().numpy()
+
         return hess
 
 
@@ -570,19 +648,19 @@ def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
     be, nao, naux = jk.backend, jk.fac.nao, jk.fac.naux
     D1 = [[_dev(be, 0.5 * (x + x.T)) for x in d1] for d1 in D1s]
     D1t = [sum(wi * x for wi, x in zip(w, d1)) for d1 in D1]
-    keep = [k for k, c in enumerate(C_o) if c.shape[1]]          # a spin with no electron has no exchange
+    keep = [k for k, c in enumerate(C_o) if c.shape[1]]  # a spin with no electron has no exchange
     w, Cd, D1 = [w[k] for k in keep], [_dev(be, C_o[k]) for k in keep], [[d1[k] for k in keep] for d1 in D1]
     D = sum(wi * linalg.gemm(c, c, trans_b=True, backend=be) for wi, c in zip(w, Cd))
     dens = torch.stack([D] + D1t).view(len(D1s) + 1, nao * nao)
     rho = torch.empty((len(D1s) + 1, naux), dtype=torch.float64, device=D.device)
     ck = [torch.empty((naux, nao, c.shape[1]), dtype=torch.float64, device=D.device) for c in Cd]
-    for p0, p1, Bb in jk._blocks():             # from the factor B = L^-1 (P|μν): no integrals again
+    for p0, p1, Bb in jk._blocks():  # from the factor B = L^-1 (P|μν): no integrals again
         rho[:, p0:p1] = linalg.gemm(dens, Bb.view(p1 - p0, -1), trans_b=True, backend=be)
         for c, out in zip(Cd, ck):
             out[p0:p1] = linalg.gemm(Bb.view(-1, nao), c, backend=be).view(p1 - p0, nao, -1)
-    d = linalg.trsm(L, rho.T, trans=True, backend=be).T                                 # (1 + n, naux)
+    d = linalg.trsm(L, rho.T, trans=True, backend=be).T  # (1 + n, naux)
     ck = [linalg.trsm(L, c.view(naux, -1), trans=True, backend=be).contiguous().view(c.shape) for c in ck]
-    Y1 = [[linalg.gemm(x, c, backend=be) for x, c in zip(d1, ck)] for d1 in D1]          # [P, μ, k]
+    Y1 = [[linalg.gemm(x, c, backend=be) for x, c in zip(d1, ck)] for d1 in D1]  # [P, μ, k]
     g2 = []
     for n, ys in enumerate(Y1):
         g = -0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1]))
@@ -598,12 +676,20 @@ def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
         out, M = buf.get("out", (len(D1s), nb, nao, nao)), buf.get("M", (nb * nao, nao))
         for n, ys in enumerate(Y1):
             for k, (wi, c, y) in enumerate(zip(w, Cd, ys)):
-                linalg.gemm(y[p0:p1].reshape(-1, c.shape[1]), c, trans_b=True, alpha=2.0 * wi, beta=float(k > 0),
-                            out=M, backend=be)
+                linalg.gemm(
+                    y[p0:p1].reshape(-1, c.shape[1]),
+                    c,
+                    trans_b=True,
+                    alpha=2.0 * wi,
+                    beta=float(k > 0),
+                    out=M,
+                    backend=be,
+                )
             Mv = M.view(nb, nao, nao)
             torch.add(Mv, Mv.transpose(1, 2), alpha=1.0, out=out[n]).mul_(-0.5)
             out[n].addcmul_(D1t[n][None], d[0, p0:p1, None, None]).addcmul_(D[None], d[n + 1, p0:p1, None, None])
         return out
+
     return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy())
 
 
@@ -640,35 +726,36 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks, each contracted in its own layout on the
     host (torch), and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
     nao, naux, n = mol.nao_nr(), auxmol.nao_nr(), g2.shape[0]
-    rows, cols = np.tril_indices(nao)                   # PySCF's s2ij order: μ >= ν, row by row
+    rows, cols = np.tril_indices(nao)  # PySCF's s2ij order: μ >= ν, row by row
     tril = torch.from_numpy(rows * nao + cols)
     weight = torch.from_numpy(np.where(rows == cols, 1.0, 2.0))
-    g_ao = torch.zeros((n, 3, nao), dtype=torch.float64)          # Σ_νP w (∇μ ν|P), per μ
-    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)        # Σ_μνP w (μν|∇P), per P
+    g_ao = torch.zeros((n, 3, nao), dtype=torch.float64)  # Σ_νP w (∇μ ν|P), per μ
+    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)  # Σ_μνP w (μν|∇P), per P
     step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
-    buf = _Buffers()        # the products' scratch, reused: a fresh temporary of this size is page faults
+    buf = _Buffers()  # the products' scratch, reused: a fresh temporary of this size is page faults
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl, nb = (0, mol.nbas, 0, mol.nbas, s0, s1), p1 - p0
-        W = g3_block(p0, p1).to("cpu", torch.float64)                                 # (n, nb, nao, nao)
-        ip1 = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3,
-                                                shls_slice=sl).transpose(0, 3, 2, 1))  # [x, P, ν, μ]
+        W = g3_block(p0, p1).to("cpu", torch.float64)  # (n, nb, nao, nao)
+        ip1 = torch.from_numpy(
+            df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl).transpose(0, 3, 2, 1)
+        )  # [x, P, ν, μ]
         for k in range(n):
             for x in range(3):
                 g_ao[k, x] += torch.mul(ip1[x], W[k], out=buf.get("ip1", (nb, nao, nao))).sum((0, 1))
         del ip1
-        ip2 = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3,
-                                                shls_slice=sl).transpose(0, 2, 1))     # [x, P, μ>=ν]
+        ip2 = torch.from_numpy(
+            df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
+        )  # [x, P, μ>=ν]
         Wp = torch.index_select(W.view(n, nb, nao * nao), 2, tril, out=buf.get("Wp", (n, nb, len(tril))))
         Wp.mul_(weight)
         for k in range(n):
             g_aux[k, :, p0:p1] = torch.mul(ip2, Wp[k], out=buf.get("ip2", ip2.shape)).sum(2)
         del ip2, W
     g = np.zeros((n, mol.natm, 3))
-    ip = auxmol.intor("int2c2e_ip1")                                               # (3, naux, naux)
+    ip = auxmol.intor("int2c2e_ip1")  # (3, naux, naux)
     for k in range(n):
         np.add.at(g[k], _atom_of(mol), -2.0 * g_ao[k].numpy().T)
-        np.add.at(g[k], _atom_of(auxmol), -g_aux[k].numpy().T - 2.0 * np.einsum("xpq,pq->px", ip, g2[k],
-                                                                                optimize=True))
+        np.add.at(g[k], _atom_of(auxmol), -g_aux[k].numpy().T - 2.0 * np.einsum("xpq,pq->px", ip, g2[k], optimize=True))
     return g
 
 
@@ -678,7 +765,7 @@ def _one_electron_deriv(mol, pairs) -> list:
     each atom's integrals made once."""
     mf_grad = pyscf_grad_rhf.Gradients(pyscf_hf.RHF(mol))
     hcore_deriv = mf_grad.hcore_generator(mol)
-    s1 = mf_grad.get_ovlp(mol)                                                     # -(∇μ|ν)
+    s1 = mf_grad.get_ovlp(mol)  # -(∇μ|ν)
     out = [np.zeros((mol.natm, 3)) for _ in pairs]
     for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
         h1 = hcore_deriv(a)

@@ -9,10 +9,12 @@ RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference
 the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
 need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
 a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of
-E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a device without fp64 (trn1/trn2; on this machine
+E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a
+device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
 pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``mp2grad.mp2_gradient``).
 """
+
 from __future__ import annotations
 
 import time
@@ -20,19 +22,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dfmp2 import linalg
-
-from dfmp2 import memory, pipeline
-from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
+from dfmp2 import linalg, memory, pipeline
 from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.grad.rhf import SCALES, GradientParts, mp2_gradient
 from dfmp2.grad.rhf import memory_mb as mp2grad_memory_mb
-from dfmp2.options import RunOptions
+from dfmp2.io import molecule
 from dfmp2.io.result import Result
-from dfmp2.timing import Timer
 from dfmp2.io.xyz import Geometry
+from dfmp2.options import RunOptions
+from dfmp2.scf import pyscf_scf
+from dfmp2.timing import Timer
 
 
 @dataclass
@@ -57,8 +57,7 @@ class GradientResult:
         """The energy run's JSON with 'gradient': the method, its energy, the gradient (natm lists
         of 3, Eh/bohr), its HF and correlation parts and the stage's record."""
         d = self.result.to_dict()
-        d["gradient"] = {"method": self.method, "energy": self.energy, "wall_s": self.wall_s,
-                         **self.parts.to_dict()}
+        d["gradient"] = {"method": self.method, "energy": self.energy, "wall_s": self.wall_s, **self.parts.to_dict()}
         d["units"] = {**d["units"], "gradient": "hartree/bohr"}
         d["warnings"] = list(d["warnings"]) + list(self.parts.warnings)
         return d
@@ -67,6 +66,7 @@ class GradientResult:
         import json
 
         from dfmp2.io.outputs import write_text
+
         write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
@@ -76,18 +76,25 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
     options.check_choices()
     if options.scf_mode not in pyscf_scf.SCF_DF_MODES:
-        raise InputError(f"the gradient needs a density-fitted SCF (scf mode {' or '.join(pyscf_scf.SCF_DF_MODES)}); "
-                         f"'{options.scf_mode}' has no DF-HF response here", option="scf_mode")
+        raise InputError(
+            f"the gradient needs a density-fitted SCF (scf mode {' or '.join(pyscf_scf.SCF_DF_MODES)}); "
+            f"'{options.scf_mode}' has no DF-HF response here",
+            option="scf_mode",
+        )
     fp64 = linalg.device_capabilities(options.device).has_fp64
     reference = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
     if not fp64 and reference == "uhf":
-        raise InputError(f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
-                         "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
-                         option="device")
+        raise InputError(
+            f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
+            "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
+            option="device",
+        )
     if options.resolved_precision() != "fp64" and fp64:
-        raise InputError("the gradient is computed in fp64, the derivative of the fp64 energy; an fp32 "
-                         "energy run would not be the energy it differentiates: use precision fp64",
-                         option="precision")
+        raise InputError(
+            "the gradient is computed in fp64, the derivative of the fp64 energy; an fp32 "
+            "energy run would not be the energy it differentiates: use precision fp64",
+            option="precision",
+        )
 
 
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
@@ -105,16 +112,32 @@ def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
     naux_jk = job.jk_auxmol.nao_nr()
     if job.unrestricted:
         nocc = space.nocc
-        need = mp2grad_uhf.memory_mb(nao=space.nbasis, nocc=nocc, nact=tuple(n - space.nfrozen for n in nocc),
-                                     nvir=tuple(space.nmo - n for n in nocc), naux_mp2=space.naux, naux_jk=naux_jk)
+        need = mp2grad_uhf.memory_mb(
+            nao=space.nbasis,
+            nocc=nocc,
+            nact=tuple(n - space.nfrozen for n in nocc),
+            nvir=tuple(space.nmo - n for n in nocc),
+            naux_mp2=space.naux,
+            naux_jk=naux_jk,
+        )
     else:
-        need = mp2grad_memory_mb(nao=space.nbasis, nocc=nocc, nact=nocc - space.nfrozen, nvir=space.nmo - nocc,
-                                 naux_mp2=space.naux, naux_jk=naux_jk)
+        need = mp2grad_memory_mb(
+            nao=space.nbasis,
+            nocc=nocc,
+            nact=nocc - space.nfrozen,
+            nvir=space.nmo - nocc,
+            naux_mp2=space.naux,
+            naux_jk=naux_jk,
+        )
     limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
     if need > limit:
-        raise MemoryLimitError(f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
-                               f"no out-of-core path yet) but the memory limit is {limit:.4g} MB; raise the "
-                               "memory limit", need_mb=need, limit_mb=limit)
+        raise MemoryLimitError(
+            f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
+            f"no out-of-core path yet) but the memory limit is {limit:.4g} MB; raise the "
+            "memory limit",
+            need_mb=need,
+            limit_mb=limit,
+        )
     return need
 
 
@@ -131,8 +154,16 @@ def gradient_stage(mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", ti
     return parts
 
 
-def run_gradient(geom: Geometry, options: RunOptions, method: str = "mp2", progress=None, log=None,
-                 backend=None, on_plan=None, guess=None) -> GradientResult:
+def run_gradient(
+    geom: Geometry,
+    options: RunOptions,
+    method: str = "mp2",
+    progress=None,
+    log=None,
+    backend=None,
+    on_plan=None,
+    guess=None,
+) -> GradientResult:
     """The energy (``pipeline.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
     these are) and its nuclear gradient for ``method`` (``gradient_stage``). One preparation
     (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,

@@ -33,6 +33,7 @@ back-transform per spin (nao naux_mp2 nact_σ), the JK part's half-transformed c
 spin. The same J/K (``mp2grad._DFJK``'s factor), derivative integrals (``mp2grad.df_deriv``,
 ``_one_electron_deriv``) and linear dependence warning as the RHF stage.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,15 +43,35 @@ import scipy.sparse.linalg
 import torch
 from pyscf.grad import rhf as pyscf_grad_rhf
 
+from dfmp2.grad.rhf import (
+    _DFJK,
+    AUX_BLOCK_MB,
+    ON_HOST,
+    ZVECTOR_MAX_ITER,
+    ZVECTOR_TOL,
+    GradientError,
+    GradientParts,
+    _Buffers,
+    _cholesky,
+    _dev,
+    _one_electron_deriv,
+    _Orbitals,
+    _pair_densities,
+    _t,
+    check_channels,
+    df_deriv,
+    fit_b,
+    gamma3_weights,
+    jk_energy_deriv,
+    three_index_terms,
+)
 from dfmp2.scf.uhf import DFUHF
-from dfmp2.grad.rhf import (AUX_BLOCK_MB, ON_HOST, ZVECTOR_MAX_ITER, ZVECTOR_TOL, GradientError, GradientParts,
-                      _Buffers, _cholesky, _dev, _DFJK, _one_electron_deriv, _Orbitals, _pair_densities, _t,
-                      check_channels, df_deriv, fit_b, gamma3_weights, jk_energy_deriv, three_index_terms)
 from dfmp2.timing import Timer
 
 
-def memory_mb(*, nao: int, nocc: tuple, nact: tuple, nvir: tuple, naux_mp2: int, naux_jk: int,
-              block_mb: float = AUX_BLOCK_MB) -> float:
+def memory_mb(
+    *, nao: int, nocc: tuple, nact: tuple, nvir: tuple, naux_mp2: int, naux_jk: int, block_mb: float = AUX_BLOCK_MB
+) -> float:
     """Peak MB (10^6 bytes, fp64) of the UHF gradient stage, an estimate (per-spin tuples
     (alpha, beta)): the JK factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transforms
     (nao naux_mp2 Σ nact_σ) throughout, plus the larger of the pair loops' phase (B and Γ of both
@@ -65,14 +86,17 @@ def memory_mb(*, nao: int, nocc: tuple, nact: tuple, nvir: tuple, naux_mp2: int,
     return 8 * (held + max(pair, deriv)) / 1e6
 
 
-def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0,
-                     timer: Timer | None = None) -> GradientParts:
+def uhf_mp2_gradient(
+    mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0, timer: Timer | None = None
+) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
     (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
     JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
     if ref.restricted:
-        raise GradientError("uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs "
-                            "through mp2grad.mp2_gradient", option="reference")
+        raise GradientError(
+            "uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs through mp2grad.mp2_gradient",
+            option="reference",
+        )
     check_channels(ref, backend)
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
@@ -96,23 +120,41 @@ def uhf_mp2_gradient(mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 
 
     C_act = [o.C[:, o.act] for o in orbs]
     gbuf = _Buffers(device=T_v[0].device)
-    corr_3c = df_deriv(mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
-                       -2.0 * gamma_pq[None])[0]
+    corr_3c = df_deriv(
+        mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None], -2.0 * gamma_pq[None]
+    )[0]
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
     if orbs[0].C.shape[1] < orbs[0].C.shape[0]:
-        warnings.append(f"linear dependence: {orbs[0].C.shape[0] - orbs[0].C.shape[1]} basis functions dropped; "
-                        "the gradient leaves out the change of the kept space with the geometry (it is not "
-                        "the exact derivative of the energy)")
+        warnings.append(
+            f"linear dependence: {orbs[0].C.shape[0] - orbs[0].C.shape[1]} basis functions dropped; "
+            "the gradient leaves out the change of the kept space with the geometry (it is not "
+            "the exact derivative of the energy)"
+        )
     used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
-    ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items())),
-           "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
-                        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
-                        "derivative weights",
-           "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)"}
-    return GradientParts(grad, hf, grad - hf, e_corr, c_os, c_ss, zinfo, warnings,
-                         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")}, ran)
+    ran = {
+        "device": backend.name,
+        "precision": "fp64",
+        "reference": "uhf",
+        "kernels": dict(sorted(used.items())),
+        "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
+        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
+        "derivative weights",
+        "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)",
+    }
+    return GradientParts(
+        grad,
+        hf,
+        grad - hf,
+        e_corr,
+        c_os,
+        c_ss,
+        zinfo,
+        warnings,
+        {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
+        ran,
+    )
 
 
 def _response_operator(jk: _DFJK, orbs):
@@ -131,20 +173,29 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     naux, nao = L.shape[0], orbs[0].C.shape[0]
     has = [bool(len(o.act) and len(o.vir)) for o in orbs]
-    Bd = [_dev(backend, fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend) if h else
-               np.zeros((0, naux))) for o, h in zip(orbs, has)]
+    Bd = [
+        _dev(backend, fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend) if h else np.zeros((0, naux)))
+        for o, h in zip(orbs, has)
+    ]
     eo = [_dev(backend, o.eps[o.act]) for o in orbs]
     ev = [_dev(backend, o.eps[o.vir]) for o in orbs]
-    acc = [(torch.zeros_like(b), torch.zeros((len(o.act),) * 2, dtype=torch.float64, device=b.device),
-            torch.zeros((len(o.vir),) * 2, dtype=torch.float64, device=b.device)) for b, o in zip(Bd, orbs)]
+    acc = [
+        (
+            torch.zeros_like(b),
+            torch.zeros((len(o.act),) * 2, dtype=torch.float64, device=b.device),
+            torch.zeros((len(o.vir),) * 2, dtype=torch.float64, device=b.device),
+        )
+        for b, o in zip(Bd, orbs)
+    ]
     for s in (0, 1):
         if not has[s]:
             continue
         if c_ss:
             _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s])
         if c_os and has[1 - s]:
-            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.5 * c_os, 0.0, cols=(Bd[1 - s], eo[1 - s], ev[1 - s]),
-                            out=acc[s])
+            _pair_densities(
+                Bd[s], eo[s], ev[s], backend, 0.5 * c_os, 0.0, cols=(Bd[1 - s], eo[1 - s], ev[1 - s]), out=acc[s]
+            )
     e_corr = sum(float(torch.dot(a[0].reshape(-1), b.reshape(-1))) for a, b in zip(acc, Bd))
     gamma_pq, P, Y, T_v = np.zeros((naux, naux)), [], [], []
     for o, b, (G, po, pv), h in zip(orbs, Bd, acc, has):
@@ -169,7 +220,7 @@ def _relaxed_density(orbs, P, Y, resp):
     orbital-change coefficients with the relaxation and the UHF part, Z-vector info), from the
     unrelaxed P and the 3-index Y of ``_corr_uhf`` (both changed in place)."""
     for o, p, y in zip(orbs, P, Y):
-        if len(o.frz):     # the frozen-active rotations keep each spin's frozen and active blocks canonical
+        if len(o.frz):  # the frozen-active rotations keep each spin's frozen and active blocks canonical
             pfa = y[np.ix_(o.frz, o.act)] / (2.0 * (o.eps[o.act][None, :] - o.eps[o.frz][:, None]))
             p[np.ix_(o.frz, o.act)] = pfa
             p[np.ix_(o.act, o.frz)] = pfa.T
@@ -223,14 +274,24 @@ def _solve_zvector(R, orbs, resp):
     if bnorm == 0.0:
         x, res = np.zeros(n), 0.0
     else:
-        x, flag = scipy.sparse.linalg.cg(A, b, x0=b / hdiag, rtol=ZVECTOR_TOL, atol=0.0, maxiter=ZVECTOR_MAX_ITER,
-                                         M=M, callback=lambda xk: iters.__setitem__(0, iters[0] + 1))
+        x, flag = scipy.sparse.linalg.cg(
+            A,
+            b,
+            x0=b / hdiag,
+            rtol=ZVECTOR_TOL,
+            atol=0.0,
+            maxiter=ZVECTOR_MAX_ITER,
+            M=M,
+            callback=lambda xk: iters.__setitem__(0, iters[0] + 1),
+        )
         res = float(np.linalg.norm(b - hop(x))) / bnorm
         if flag != 0 or res > 10 * ZVECTOR_TOL:
-            raise GradientError(f"the Z-vector (UHF CPHF) equations did not converge in {ZVECTOR_MAX_ITER} "
-                                f"iterations (relative residual {res:.1e}); is the UHF reference stable?")
+            raise GradientError(
+                f"the Z-vector (UHF CPHF) equations did not converge in {ZVECTOR_MAX_ITER} "
+                f"iterations (relative residual {res:.1e}); is the UHF reference stable?"
+            )
     z, p = [], 0
     for r in R:
-        z.append(x[p:p + r.size].reshape(r.shape))
+        z.append(x[p : p + r.size].reshape(r.shape))
         p += r.size
     return z, {"iterations": iters[0], "residual": res}

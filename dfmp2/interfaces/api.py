@@ -6,6 +6,7 @@
 
 The PySCF drop-in class ``dfmp2.DFMP2`` (on a converged PySCF SCF) is dfmp2.interfaces.pyscf_dropin.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,8 @@ def energy(molecule, **options):
     in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``); for a basis bracket
     (``basis="cc-pv[dt]z"``, Psi4's syntax) the ``cbs.CBSResult`` of ``dfmp2 run --basis
     cc-pv[dt]z`` (the extrapolated energies, each basis's run in ``.components``)."""
-    from dfmp2.workflows import cbs
     from dfmp2.pipeline import run_geometry
+    from dfmp2.workflows import cbs
 
     geom, opts = _point_input(molecule, options, "energy")
     return cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run_geometry(geom, opts)
@@ -48,8 +49,8 @@ def _point_input(molecule, options: dict, what: str):
     import dataclasses
     from pathlib import Path
 
-    from dfmp2.pipeline import RunOptions
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.pipeline import RunOptions
 
     fields = {f.name for f in dataclasses.fields(RunOptions)}
     unknown = sorted(set(options) - fields)
@@ -58,6 +59,7 @@ def _point_input(molecule, options: dict, what: str):
     if isinstance(molecule, (str, Path)):
         return read_xyz(molecule), RunOptions(**options)
     from pyscf import gto
+
     if not isinstance(molecule, gto.Mole):
         raise InputError(f"{what}() takes an XYZ file path or a pyscf.gto.Mole, got {type(molecule).__name__}")
     geom, basis = geometry_from_mole(molecule)
@@ -83,8 +85,10 @@ def _refuse_what_is_not_carried(mol) -> None:
     if float(mol.omega or 0.0) != 0.0:
         changed.append(f"omega={mol.omega} (range-separated Coulomb)")
     if changed:
-        raise InputError(f"energy() rebuilds the molecule and cannot carry the Mole's {', '.join(changed)}; "
-                         "run the SCF in PySCF and use dfmp2.DFMP2(mf), which honours it")
+        raise InputError(
+            f"energy() rebuilds the molecule and cannot carry the Mole's {', '.join(changed)}; "
+            "run the SCF in PySCF and use dfmp2.DFMP2(mf), which honours it"
+        )
 
 
 def geometry_from_mole(mol):
@@ -95,20 +99,27 @@ def geometry_from_mole(mol):
 
     from dfmp2.io import molecule
     from dfmp2.io.xyz import Geometry
+
     if not mol._built:
         mol.build()
     _refuse_what_is_not_carried(mol)
-    names = set(molecule.orbital_basis_names(mol).values())     # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
+    names = set(molecule.orbital_basis_names(mol).values())  # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
     basis = names.pop() if len(names) == 1 and None not in names else None
     ecp = mol.ecp
     names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())
     if names and names != {basis}:
-        raise InputError(f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
-                         "basis's own ECP (ecp='auto') or none (ecp='none')")
+        raise InputError(
+            f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
+            "basis's own ECP (ecp='auto') or none (ecp='none')"
+        )
     symbols = tuple(molecule.element(mol, i) for i in range(mol.natm))
     ghost = tuple(bool(gto.is_ghost_atom(mol.atom_symbol(i))) for i in range(mol.natm))
-    geom = Geometry(symbols=symbols, coords_angstrom=np.asarray(mol.atom_coords(unit="Angstrom")),
-                    ghost=ghost if any(ghost) else (),
-                    charge=int(mol.charge), multiplicity=int(mol.spin) + 1,
-                    source=f"pyscf.gto.Mole ({mol.natm} atoms)")
+    geom = Geometry(
+        symbols=symbols,
+        coords_angstrom=np.asarray(mol.atom_coords(unit="Angstrom")),
+        ghost=ghost if any(ghost) else (),
+        charge=int(mol.charge),
+        multiplicity=int(mol.spin) + 1,
+        source=f"pyscf.gto.Mole ({mol.natm} atoms)",
+    )
     return geom, basis

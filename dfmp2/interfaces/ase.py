@@ -23,6 +23,7 @@ which. The previous density saves cycles on a small step (scripts/results/docstr
 ``calc.gradient_result`` the last ``gradrun.GradientResult`` when forces were asked for.
 Needs ``pip install "dfmp2[ase]"``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,11 +34,12 @@ from ase.units import Bohr, Hartree
 
 from dfmp2.errors import InputError
 
-METHODS = {"mp2": "e_mp2", "scs-mp2": "e_scs_mp2", "sos-mp2": "e_sos_mp2"}   # -> Result.energies() key
+METHODS = {"mp2": "e_mp2", "scs-mp2": "e_scs_mp2", "sos-mp2": "e_sos_mp2"}  # -> Result.energies() key
 
 
 def _option_names() -> set:
     from dfmp2.options import RunOptions
+
     return {f.name for f in dataclasses.fields(RunOptions)}
 
 
@@ -46,11 +48,11 @@ class DFMP2Calculator(Calculator):
 
     implemented_properties = ["energy", "free_energy", "forces"]
     default_parameters = {"method": "mp2"}
-    discard_results_on_any_change = False      # set() decides: a change of method alone reuses the run
+    discard_results_on_any_change = False  # set() decides: a change of method alone reuses the run
 
     def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):
         self.result = self.gradient_result = None
-        self._scf_density = None     # (what it belongs to, Reference.density()) of the last calculation
+        self._scf_density = None  # (what it belongs to, Reference.density()) of the last calculation
         super().__init__(restart=restart, label=label, atoms=atoms, directory=directory, **kwargs)
 
     def set(self, **kwargs):
@@ -58,16 +60,18 @@ class DFMP2Calculator(Calculator):
         value of the wrong type is an InputError now, not at the first energy."""
         unknown = sorted(set(kwargs) - _option_names() - {"method", "parameters"})
         if unknown:
-            raise InputError(f"DFMP2Calculator has no parameter {', '.join(unknown)}; use method or one of "
-                             f"{', '.join(sorted(_option_names()))}")
+            raise InputError(
+                f"DFMP2Calculator has no parameter {', '.join(unknown)}; use method or one of "
+                f"{', '.join(sorted(_option_names()))}"
+            )
         method = kwargs.get("method", (self.parameters or {}).get("method", "mp2"))
         if method not in METHODS:
             raise InputError(f"unknown method {method!r}; use one of {', '.join(METHODS)}", option="method")
         changed = super().set(**kwargs)
-        self.run_options()                   # type-check what was set
+        self.run_options()  # type-check what was set
         if set(changed) - {"method"}:
             self.reset()
-        elif changed and "energy" in self.results:      # the same run, another of its energies
+        elif changed and "energy" in self.results:  # the same run, another of its energies
             self._store_energy()
         return changed
 
@@ -88,12 +92,14 @@ class DFMP2Calculator(Calculator):
     def run_options(self):
         """The RunOptions of the parameters (without ``method``)."""
         from dfmp2.options import RunOptions
+
         return RunOptions(**{k: v for k, v in self.parameters.items() if k != "method"})
 
     def get_property(self, name, atoms=None, allow_calculation=True):
         if name not in self.implemented_properties:
             raise PropertyNotImplementedError(
-                f"DFMP2Calculator computes energies and forces: '{name}' is not implemented")
+                f"DFMP2Calculator computes energies and forces: '{name}' is not implemented"
+            )
         return super().get_property(name, atoms, allow_calculation)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
@@ -107,13 +113,15 @@ class DFMP2Calculator(Calculator):
         guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
         if "forces" in properties:
             from dfmp2.grad.run import run_gradient
+
             self.gradient_result = run_gradient(geom, options, method=self.parameters["method"], guess=guess)
             done = self.gradient_result.energy_run
         else:
             from dfmp2 import pipeline
+
             done = pipeline.run_energy(pipeline.prepare_run(geom, options), guess=guess)
         self.result = done.result
-        self._scf_density = (key, done.ref.density())     # the next geometry's SCF starts from this density
+        self._scf_density = (key, done.ref.density())  # the next geometry's SCF starts from this density
         self._store_energy()
 
 
@@ -122,6 +130,7 @@ def geometry_from_atoms(atoms, charge=None, multiplicity=None):
     multiplicity: the arguments, else the Atoms' total initial charge and magnetic moment
     (InputError when either is not a whole number, or the Atoms are periodic)."""
     from dfmp2.io.xyz import Geometry
+
     if any(atoms.pbc):
         raise InputError("DFMP2Calculator takes molecules: the Atoms are periodic (pbc); set pbc=False")
     if len(atoms) == 0:
@@ -129,14 +138,19 @@ def geometry_from_atoms(atoms, charge=None, multiplicity=None):
     q, m = float(np.sum(atoms.get_initial_charges())), float(np.sum(atoms.get_initial_magnetic_moments()))
     for name, value in (("charge", q), ("magnetic moment", m)):
         if abs(value - round(value)) > 1e-8:
-            raise InputError(f"the Atoms' total initial {name} {value:g} is not a whole number; set "
-                             f"{'charge' if name == 'charge' else 'multiplicity'} on the calculator",
-                             option="charge" if name == "charge" else "multiplicity")
+            raise InputError(
+                f"the Atoms' total initial {name} {value:g} is not a whole number; set "
+                f"{'charge' if name == 'charge' else 'multiplicity'} on the calculator",
+                option="charge" if name == "charge" else "multiplicity",
+            )
     if charge is None and round(q) != 0:
         charge = int(round(q))
     if multiplicity is None and round(m) != 0:
         multiplicity = abs(int(round(m))) + 1
-    return Geometry(symbols=tuple(atoms.get_chemical_symbols()),
-                    coords_angstrom=np.asarray(atoms.get_positions(), dtype=float),
-                    charge=charge, multiplicity=multiplicity,
-                    source=f"ase.Atoms ({atoms.get_chemical_formula()})")
+    return Geometry(
+        symbols=tuple(atoms.get_chemical_symbols()),
+        coords_angstrom=np.asarray(atoms.get_positions(), dtype=float),
+        charge=charge,
+        multiplicity=multiplicity,
+        source=f"ase.Atoms ({atoms.get_chemical_formula()})",
+    )

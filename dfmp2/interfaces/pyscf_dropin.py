@@ -21,6 +21,7 @@ The amplitudes (``t2``) and ``ao2mo``'s ``ovL`` go through a plain torch path be
 given ovL through the backend's own pair step (``linalg.mp2_pair_energy``), recorded in ``ran``.
 The one-call API (``dfmp2.energy``, ``dfmp2.gradient``) is dfmp2.interfaces.api.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ from pyscf.mp import ump2 as pyscf_ump2
 
 from dfmp2.errors import InputError, MemoryLimitError
 
-WITH_T2 = True      # PySCF's default for kernel(with_t2=...)
+WITH_T2 = True  # PySCF's default for kernel(with_t2=...)
 
 
 class DFMP2(pyscf_mp2.MP2Base):
@@ -63,20 +64,48 @@ class DFMP2(pyscf_mp2.MP2Base):
     (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory,
     ``make_rdm1`` (unrelaxed, PySCF's) from it. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
     the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF or UHF mf (the
-    DF-HF response on the mf's own fitting set; dfmp2.grad.rhf, dfmp2.grad.uhf). Logs through ``pyscf.lib.logger`` at mf.verbose.
+    DF-HF response on the mf's own fitting set; dfmp2.grad.rhf, dfmp2.grad.uhf). Logs through
+    ``pyscf.lib.logger`` at mf.verbose.
     """
 
-    _keys = {"with_df", "mo_energy", "force_outcore", "device", "precision", "simulate",
-             "pair_kernel", "cpu_blas", "naux", "timings", "ran", "warnings", "auxbasis_used"}
+    _keys = {
+        "with_df",
+        "mo_energy",
+        "force_outcore",
+        "device",
+        "precision",
+        "simulate",
+        "pair_kernel",
+        "cpu_blas",
+        "naux",
+        "timings",
+        "ran",
+        "warnings",
+        "auxbasis_used",
+    }
 
-    def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, mo_energy=None, *, auxbasis=None,
-                 with_df=None, device: str = "cpu", precision: str | None = None,
-                 memory_mb: float | None = None, simulate: bool = False, pair_kernel: str = "auto",
-                 cpu_blas: str = "auto"):
+    def __init__(
+        self,
+        mf,
+        frozen=None,
+        mo_coeff=None,
+        mo_occ=None,
+        mo_energy=None,
+        *,
+        auxbasis=None,
+        with_df=None,
+        device: str = "cpu",
+        precision: str | None = None,
+        memory_mb: float | None = None,
+        simulate: bool = False,
+        pair_kernel: str = "auto",
+        cpu_blas: str = "auto",
+    ):
         _check_scf_object(mf)
         if auxbasis is not None and with_df is not None:
-            raise InputError("give auxbasis= or with_df=, not both (with_df carries its own auxbasis)",
-                             option="auxbasis")
+            raise InputError(
+                "give auxbasis= or with_df=, not both (with_df carries its own auxbasis)", option="auxbasis"
+            )
         self.mol, self._scf = mf.mol, mf
         self.verbose, self.stdout = mf.verbose, mf.stdout
         self.max_memory = mf.max_memory if memory_mb is None else memory_mb
@@ -94,7 +123,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         elif auxbasis is not None:
             self.auxbasis = auxbasis
         elif getattr(mf, "with_df", None):
-            self.with_df = mf.with_df                   # PySCF: the SCF's (JK-fit) set
+            self.with_df = mf.with_df  # PySCF: the SCF's (JK-fit) set
         else:
             self.with_df = self._default_df = pyscf_df.DF(mf.mol)
             self.with_df.auxbasis = pyscf_df.make_auxbasis(mf.mol, mp2fit=True)
@@ -146,11 +175,21 @@ class DFMP2(pyscf_mp2.MP2Base):
         if args:
             raise InputError("set() takes keyword arguments only, e.g. set(frozen=1)")
         known = set().union(*(getattr(c, "_keys", ()) for c in type(self).__mro__)) | {
-            "auxbasis", "memory_mb", "t2", "nocc", "nmo", "verbose", "stdout", "max_memory"}
+            "auxbasis",
+            "memory_mb",
+            "t2",
+            "nocc",
+            "nmo",
+            "verbose",
+            "stdout",
+            "max_memory",
+        }
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise InputError(f"DFMP2 has no attribute {', '.join(unknown)}; set one of "
-                             f"{', '.join(sorted(k for k in known if not k.startswith('_')))}")
+            raise InputError(
+                f"DFMP2 has no attribute {', '.join(unknown)}; set one of "
+                f"{', '.join(sorted(k for k in known if not k.startswith('_')))}"
+            )
         for k, v in kwargs.items():
             setattr(self, k, v)
         return self
@@ -185,6 +224,7 @@ class DFMP2(pyscf_mp2.MP2Base):
     @property
     def emp2_scs(self):
         from dfmp2.io.result import SCS_OS, SCS_SS
+
         return None if self.e_corr is None else SCS_OS * self.e_corr_os + SCS_SS * self.e_corr_ss
 
     @property
@@ -194,6 +234,7 @@ class DFMP2(pyscf_mp2.MP2Base):
     @property
     def e_corr_sos(self):
         from dfmp2.io.result import SOS_OS
+
         return None if self.e_corr is None else SOS_OS * self.e_corr_os
 
     @property
@@ -232,6 +273,7 @@ class DFMP2(pyscf_mp2.MP2Base):
             auxmol, source = self._auxmol()
             options = self._options(ref)
             from dfmp2.pipeline import time_mp2_stage
+
             seconds, e_os, e_ss, self.timings, self.ran = time_mp2_stage(self.mol, auxmol, ref, options)
             self._state = (ref, auxmol, options, None)
             self._describe_run(log, auxmol, source, ref, seconds)
@@ -242,17 +284,26 @@ class DFMP2(pyscf_mp2.MP2Base):
 
     def _describe_run(self, log, auxmol, source: str, ref, seconds: float) -> None:
         from dfmp2.df import basis as df_basis
+
         spec = auxmol.basis
         self.auxbasis_used = df_basis.describe_auxbasis(spec) if isinstance(spec, (str, dict)) else "given shells"
         self.naux = auxmol.nao_nr()
         notes = [ref.gap_warning(), ref.contamination_warning()]
         if "even-tempered" in self.auxbasis_used:
-            notes.append(f"no optimised fitting set for some element: PySCF generated an even-tempered "
-                         f"set ({self.auxbasis_used}); give auxbasis= to choose one")
+            notes.append(
+                f"no optimised fitting set for some element: PySCF generated an even-tempered "
+                f"set ({self.auxbasis_used}); give auxbasis= to choose one"
+            )
         self.warnings = [w for w in notes if w]
         ran = self.ran
-        log.info("dfmp2: DF-MP2 stage on %s (%s, %s), B in %s, %.3f s", ran["device"], ran["precision"],
-                 ran["engine"], ran["storage"]["B"], seconds)
+        log.info(
+            "dfmp2: DF-MP2 stage on %s (%s, %s), B in %s, %.3f s",
+            ran["device"],
+            ran["precision"],
+            ran["engine"],
+            ran["storage"]["B"],
+            seconds,
+        )
         log.info("dfmp2: fitting set %s (naux %d): %s", self.auxbasis_used, self.naux, source)
         for w in self.warnings:
             log.warn("dfmp2: %s", w)
@@ -261,19 +312,24 @@ class DFMP2(pyscf_mp2.MP2Base):
         """The Reference of the mf with ``frozen``; InputError for orbitals that are not the
         mf's own canonical ones."""
         from dfmp2.reference import from_pyscf
+
         mf = self._scf
         ref = from_pyscf(mf, self.frozen)
-        given = (("mo_coeff", mo_coeff if mo_coeff is not None else self.mo_coeff, mf.mo_coeff),
-                 ("mo_occ", self.mo_occ, mf.mo_occ),
-                 ("mo_energy", mo_energy if mo_energy is not None else self.mo_energy, mf.mo_energy))
+        given = (
+            ("mo_coeff", mo_coeff if mo_coeff is not None else self.mo_coeff, mf.mo_coeff),
+            ("mo_occ", self.mo_occ, mf.mo_occ),
+            ("mo_energy", mo_energy if mo_energy is not None else self.mo_energy, mf.mo_energy),
+        )
         for name, mine, theirs in given:
             if mine is not theirs and not np.array_equal(np.asarray(mine), np.asarray(theirs)):
-                raise InputError(f"DFMP2 runs on the mf's own canonical orbitals; the {name} given "
-                                 "differs from the mf's (non-canonical MP2 is not supported): converge "
-                                 "an SCF for those orbitals instead")
+                raise InputError(
+                    f"DFMP2 runs on the mf's own canonical orbitals; the {name} given "
+                    "differs from the mf's (non-canonical MP2 is not supported): converge "
+                    "an SCF for those orbitals instead"
+                )
         wd = getattr(mf, "with_df", None)
         if wd is not None and getattr(wd, "auxbasis", None) != self._scf_fit:
-            mf = mf.copy()                 # the SCF's own Hamiltonian, not the re-fitted with_df's
+            mf = mf.copy()  # the SCF's own Hamiltonian, not the re-fitted with_df's
             mf.with_df = wd.copy()
             mf.with_df.auxbasis = self._scf_fit
         check_scf_solution(mf, self.mol)
@@ -284,21 +340,29 @@ class DFMP2(pyscf_mp2.MP2Base):
         ``auxmol``, else ``make_auxmol(with_df.mol, with_df.auxbasis)`` (None: PySCF's JK-fit
         default); InputError when it is not on the mf's molecule."""
         from dfmp2.df import basis as df_basis
+
         wd = self.with_df
         if wd is None or not hasattr(wd, "auxbasis"):
-            raise InputError(f"with_df must be a pyscf.df.DF object, got {type(wd).__name__}; or set "
-                             "auxbasis='...'", option="auxbasis")
+            raise InputError(
+                f"with_df must be a pyscf.df.DF object, got {type(wd).__name__}; or set auxbasis='...'",
+                option="auxbasis",
+            )
         if getattr(wd, "cell", None) is not None:
             raise InputError("a periodic (PBC) with_df is not supported: DFMP2 takes molecules")
         auxmol = getattr(wd, "auxmol", None)
         if auxmol is None:
             auxmol = df_basis.make_auxmol(getattr(wd, "mol", None) or self.mol, wd.auxbasis)
         mol = self.mol
-        if (auxmol.natm != mol.natm or not np.allclose(auxmol.atom_coords(), mol.atom_coords(), atol=1e-10)
-                or [auxmol.atom_pure_symbol(i) for i in range(mol.natm)]
-                != [mol.atom_pure_symbol(i) for i in range(mol.natm)]):
-            raise InputError("with_df belongs to another molecule (other atoms or geometry) than the "
-                             "mf: call pt.reset(mol) or give with_df=df.DF(mf.mol, auxbasis)")
+        if (
+            auxmol.natm != mol.natm
+            or not np.allclose(auxmol.atom_coords(), mol.atom_coords(), atol=1e-10)
+            or [auxmol.atom_pure_symbol(i) for i in range(mol.natm)]
+            != [mol.atom_pure_symbol(i) for i in range(mol.natm)]
+        ):
+            raise InputError(
+                "with_df belongs to another molecule (other atoms or geometry) than the "
+                "mf: call pt.reset(mol) or give with_df=df.DF(mf.mol, auxbasis)"
+            )
         if wd is getattr(self._scf, "with_df", None):
             source = "mf.with_df, the SCF's own fitting set (PySCF's choice on a density-fitted mf)"
         elif wd is self._default_df:
@@ -310,10 +374,17 @@ class DFMP2(pyscf_mp2.MP2Base):
     def _options(self, ref):
         """RunOptions of the attributes (max_memory -> memory_mb, force_outcore -> storage)."""
         from dfmp2.pipeline import RunOptions
-        options = RunOptions(device=self.device, precision=self.precision, memory_mb=self.max_memory,
-                             simulate=self.simulate, pair_kernel=self.pair_kernel, cpu_blas=self.cpu_blas,
-                             storage="disk" if self.force_outcore else "auto")
-        options.resolved_precision()      # an impossible device or precision: before any work
+
+        options = RunOptions(
+            device=self.device,
+            precision=self.precision,
+            memory_mb=self.max_memory,
+            simulate=self.simulate,
+            pair_kernel=self.pair_kernel,
+            cpu_blas=self.cpu_blas,
+            storage="disk" if self.force_outcore else "auto",
+        )
+        options.resolved_precision()  # an impossible device or precision: before any work
         return options
 
     # --- amplitudes, densities, PySCF's eris ---------------------------------------------------
@@ -322,17 +393,26 @@ class DFMP2(pyscf_mp2.MP2Base):
         as PySCF's UMP2 orders them. MemoryLimitError when t2 and B do not fit in max_memory."""
         ref, auxmol, options, eris = self._state
         chans = ref.channels
-        sizes = [(a.nocc_active, b.nocc_active, a.nvir_active, b.nvir_active)
-                 for a, b in ([(chans[0], chans[0])] if ref.restricted else
-                              [(chans[0], chans[0]), (chans[0], chans[1]), (chans[1], chans[1])])]
+        sizes = [
+            (a.nocc_active, b.nocc_active, a.nvir_active, b.nvir_active)
+            for a, b in (
+                [(chans[0], chans[0])]
+                if ref.restricted
+                else [(chans[0], chans[0]), (chans[0], chans[1]), (chans[1], chans[1])]
+            )
+        ]
         t2_mb = sum(int(np.prod(s)) for s in sizes) * 8 / 1e6
         naux = eris.naux if eris is not None else auxmol.nao_nr()
         b_mb = sum(c.nocc_active * c.nvir_active for c in chans) * naux * 8 / 1e6
         if self.max_memory is not None and t2_mb + b_mb > self.max_memory:
-            raise MemoryLimitError(f"t2 ({t2_mb:.0f} MB) and B ({b_mb:.0f} MB) do not fit in max_memory "
-                                   f"{self.max_memory:.0f} MB; raise max_memory, or use run() / "
-                                   "kernel(with_t2=False), which do not form t2", option="memory_mb",
-                                   need_mb=t2_mb + b_mb, limit_mb=self.max_memory)
+            raise MemoryLimitError(
+                f"t2 ({t2_mb:.0f} MB) and B ({b_mb:.0f} MB) do not fit in max_memory "
+                f"{self.max_memory:.0f} MB; raise max_memory, or use run() / "
+                "kernel(with_t2=False), which do not form t2",
+                option="memory_mb",
+                need_mb=t2_mb + b_mb,
+                limit_mb=self.max_memory,
+            )
         if eris is not None:
             Bs = [np.asarray(eris.ovL).T]
         else:
@@ -340,8 +420,11 @@ class DFMP2(pyscf_mp2.MP2Base):
         if ref.restricted:
             return _t2(Bs[0], Bs[0], chans[0], chans[0], same_spin=False)
         a, b = chans
-        return (_t2(Bs[0], Bs[0], a, a, same_spin=True), _t2(Bs[0], Bs[1], a, b, same_spin=False),
-                _t2(Bs[1], Bs[1], b, b, same_spin=True))
+        return (
+            _t2(Bs[0], Bs[0], a, a, same_spin=True),
+            _t2(Bs[0], Bs[1], a, b, same_spin=False),
+            _t2(Bs[1], Bs[1], b, b, same_spin=True),
+        )
 
     def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True):
         """PySCF's unrelaxed one-particle density matrix (spin-traced for RHF; (dm_a, dm_b) for
@@ -373,10 +456,13 @@ class DFMP2(pyscf_mp2.MP2Base):
 
         from dfmp2.grad.run import gradient_stage
         from dfmp2.pipeline import make_backend
+
         wd = getattr(self._scf, "with_df", None)
         if wd is None or not hasattr(wd, "auxbasis"):
-            raise InputError("DFMP2 gradients need a density-fitted mf (scf.RHF(mol).density_fit()): its "
-                             "response is the DF-HF's; an exact-integral mf is not supported")
+            raise InputError(
+                "DFMP2 gradients need a density-fitted mf (scf.RHF(mol).density_fit()): its "
+                "response is the DF-HF's; an exact-integral mf is not supported"
+            )
         if self.e_corr is None:
             self.run()
         ref = self._reference()
@@ -408,10 +494,20 @@ class DFMP2(pyscf_mp2.MP2Base):
     def density_fit(self, auxbasis=None, with_df=None):
         """PySCF's ``MP2.density_fit``: a new DFMP2 of the same mf, frozen and options, fitting
         with ``with_df`` (default this one's) and, when it differs, ``auxbasis`` on a copy of it."""
-        new = DFMP2(self._scf, self.frozen, self.mo_coeff, self.mo_occ, self.mo_energy,
-                    with_df=with_df if with_df is not None else self.with_df, device=self.device,
-                    precision=self.precision, memory_mb=self.max_memory, simulate=self.simulate,
-                    pair_kernel=self.pair_kernel, cpu_blas=self.cpu_blas)
+        new = DFMP2(
+            self._scf,
+            self.frozen,
+            self.mo_coeff,
+            self.mo_occ,
+            self.mo_energy,
+            with_df=with_df if with_df is not None else self.with_df,
+            device=self.device,
+            precision=self.precision,
+            memory_mb=self.max_memory,
+            simulate=self.simulate,
+            pair_kernel=self.pair_kernel,
+            cpu_blas=self.cpu_blas,
+        )
         if new.with_df.auxbasis != auxbasis:
             new.with_df = new.with_df.copy()
             new.with_df.auxbasis = auxbasis
@@ -447,8 +543,8 @@ class _Scanner(pyscf_mp2.MP2_Scanner):
 
     def __call__(self, mol_or_geom, **kwargs):
         from pyscf import gto
-        mol = mol_or_geom if isinstance(mol_or_geom, gto.MoleBase) else \
-            self.mol.set_geom_(mol_or_geom, inplace=False)
+
+        mol = mol_or_geom if isinstance(mol_or_geom, gto.MoleBase) else self.mol.set_geom_(mol_or_geom, inplace=False)
         self.reset(mol)
         mf = self._scf
         mf(mol)
@@ -459,6 +555,7 @@ class _Scanner(pyscf_mp2.MP2_Scanner):
 
 def _check_scf_object(mf) -> None:
     from pyscf.scf import hf
+
     if not isinstance(mf, hf.SCF):
         raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got {type(mf).__name__}")
     if getattr(mf, "cell", None) is not None:
@@ -472,6 +569,7 @@ class DFERIs:
 
     def __init__(self, ovL, channel, path=None, write=False):
         import h5py
+
         self.nocc, self.nvir = channel.nocc_active, channel.nvir_active
         self.mo_energy = np.concatenate([channel.eps_occ, channel.eps_vir])
         self.feri = None
@@ -485,8 +583,10 @@ class DFERIs:
             except (OSError, KeyError) as e:
                 raise InputError(f"ovL file {path}: {e}") from None
         if ovL.ndim != 2 or ovL.shape[0] != self.nocc * self.nvir:
-            raise InputError(f"ovL has shape {ovL.shape}, expected ({self.nocc * self.nvir}, naux) for "
-                             f"nocc {self.nocc} and nvir {self.nvir}: made for other orbitals or frozen")
+            raise InputError(
+                f"ovL has shape {ovL.shape}, expected ({self.nocc * self.nvir}, naux) for "
+                f"nocc {self.nocc} and nvir {self.nvir}: made for other orbitals or frozen"
+            )
         self.ovL, self.naux = ovL, int(ovL.shape[1])
         self.dtype, self.dsize = np.dtype(np.float64), 8
 
@@ -497,9 +597,9 @@ def fitted_B(mol, auxmol, channel, options) -> np.ndarray:
     import dataclasses
 
     import torch
-    from dfmp2.linalg import DTYPES
 
     from dfmp2.df import outofcore
+    from dfmp2.linalg import DTYPES
     from dfmp2.mp2.stage import build_B
     from dfmp2.pipeline import make_backend, select_integrals, stage_plan
     from dfmp2.timing import Timer
@@ -513,8 +613,18 @@ def fitted_B(mol, auxmol, channel, options) -> np.ndarray:
     blocks = outofcore.OccBlocks(nocc, nvir, auxmol.nao_nr(), plan.occ_block)
     store = outofcore.open_b_store(plan, blocks, DTYPES[precision], backend)
     try:
-        build_B(mol, auxmol, channel.C_occ, channel.C_vir, backend, backend.fit_dtype(precision), plan,
-                Timer(backend), store, engine=engine)
+        build_B(
+            mol,
+            auxmol,
+            channel.C_occ,
+            channel.C_vir,
+            backend,
+            backend.fit_dtype(precision),
+            plan,
+            Timer(backend),
+            store,
+            engine=engine,
+        )
         return torch.cat([b.to("cpu", torch.float64) for b in store.data.data], dim=1).numpy()
     finally:
         store.close()
@@ -525,6 +635,7 @@ def _t2(Bi, Bj, ci, cj, same_spin: bool) -> np.ndarray:
     (channels ci, cj): K_ijab = (ia|jb) = sum_P B_ia^P B_jb^P, D = e_i + e_j - e_a - e_b (Hartree),
     t2_ijab = K/D (same_spin: (K_ijab - K_ijba)/D), one occupied orbital i at a time."""
     import torch
+
     oi, vi, oj, vj = ci.nocc_active, ci.nvir_active, cj.nocc_active, cj.nvir_active
     X = torch.from_numpy(np.ascontiguousarray(Bi, dtype=np.float64)).reshape(-1, oi, vi)
     Y = torch.from_numpy(np.ascontiguousarray(Bj, dtype=np.float64)).reshape(-1, oj * vj)
@@ -532,7 +643,7 @@ def _t2(Bi, Bj, ci, cj, same_spin: bool) -> np.ndarray:
     eoj, evj = (torch.from_numpy(np.asarray(e, dtype=np.float64)) for e in (cj.eps_occ, cj.eps_vir))
     t2 = np.empty((oi, oj, vi, vj))
     for i in range(oi):
-        K = (X[:, i, :].T @ Y).reshape(vi, oj, vj).permute(1, 0, 2)        # (j, a, b) = (ia|jb)
+        K = (X[:, i, :].T @ Y).reshape(vi, oj, vj).permute(1, 0, 2)  # (j, a, b) = (ia|jb)
         T = K / (eoi[i] + eoj[:, None, None] - evi[None, :, None] - evj[None, None, :])
         t2[i] = (T - T.transpose(1, 2)).numpy() if same_spin else T.numpy()
     return t2
@@ -546,14 +657,16 @@ def _eris_energies(eris, ref, options) -> tuple[float, float, dict]:
         raise InputError("kernel(eris=...) takes the eris of an RHF reference (ao2mo)")
     ch = ref.channels[0]
     if (eris.nocc, eris.nvir) != (ch.nocc_active, ch.nvir_active):
-        raise InputError(f"the eris were made for nocc {eris.nocc}, nvir {eris.nvir}, but this DFMP2 has "
-                         f"nocc {ch.nocc_active}, nvir {ch.nvir_active}: made with another frozen")
+        raise InputError(
+            f"the eris were made for nocc {eris.nocc}, nvir {eris.nvir}, but this DFMP2 has "
+            f"nocc {ch.nocc_active}, nvir {ch.nvir_active}: made with another frozen"
+        )
     import torch
 
     from dfmp2 import linalg
     from dfmp2.linalg import DTYPES
-
     from dfmp2.pipeline import make_backend
+
     backend = make_backend(options)
     ovL = np.asarray(eris.ovL, dtype=np.float64).reshape(ch.nocc_active, ch.nvir_active, -1)
     B = backend.to_device(torch.from_numpy(ovL), DTYPES[options.resolved_precision()])
@@ -562,8 +675,8 @@ def _eris_energies(eris, ref, options) -> tuple[float, float, dict]:
     return e_os, e_ss, backend.describe()
 
 
-SOLUTION_TOL = 1e-4    # Hartree: largest off-diagonal MO Fock element of a converged, canonical mf
-                       # (PySCF's default conv_tol_grad leaves ~1e-5; a 0.3 rad rotation ~1e-1)
+SOLUTION_TOL = 1e-4  # Hartree: largest off-diagonal MO Fock element of a converged, canonical mf
+# (PySCF's default conv_tol_grad leaves ~1e-5; a 0.3 rad rotation ~1e-1)
 
 
 def check_scf_solution(mf, mol=None) -> None:
@@ -576,12 +689,15 @@ def check_scf_solution(mf, mol=None) -> None:
     C = np.asarray(mf.mo_coeff)
     Cs = C if C.ndim == 3 else C[None]
     if Cs.shape[1] != mol.nao_nr():
-        raise InputError(f"the mf's orbitals span {Cs.shape[1]} basis functions but its molecule has "
-                         f"{mol.nao_nr()}: the mf and the molecule do not belong together")
+        raise InputError(
+            f"the mf's orbitals span {Cs.shape[1]} basis functions but its molecule has "
+            f"{mol.nao_nr()}: the mf and the molecule do not belong together"
+        )
     S = mol.intor_symmetric("int1e_ovlp")
     if max(abs(c.T @ S @ c - np.eye(c.shape[1])).max() for c in Cs) > 1e-6:
-        raise InputError("the mf's orbitals are not orthonormal in its molecule's overlap: was the "
-                         "molecule replaced after the SCF?")
+        raise InputError(
+            "the mf's orbitals are not orthonormal in its molecule's overlap: was the molecule replaced after the SCF?"
+        )
     fock = np.asarray(mf.get_fock(dm=mf.make_rdm1()))
     focks = fock if fock.ndim == 3 else fock[None]
     eps = np.asarray(mf.mo_energy).reshape(len(Cs), -1)
@@ -589,6 +705,8 @@ def check_scf_solution(mf, mol=None) -> None:
         fmo = c.T @ f @ c
         off = abs(fmo - np.diag(np.diag(fmo))).max()
         if off > SOLUTION_TOL or abs(np.diag(fmo) - e).max() > SOLUTION_TOL:
-            raise InputError(f"the mf's orbitals are not its canonical SCF solution (largest off-diagonal "
-                             f"Fock element {off:.2e} Eh in the MO basis, above {SOLUTION_TOL:g}): were "
-                             "they rotated or changed after the SCF, or mf.with_df changed? Converge the SCF again")
+            raise InputError(
+                f"the mf's orbitals are not its canonical SCF solution (largest off-diagonal "
+                f"Fock element {off:.2e} Eh in the MO basis, above {SOLUTION_TOL:g}): were "
+                "they rotated or changed after the SCF, or mf.with_df changed? Converge the SCF again"
+            )

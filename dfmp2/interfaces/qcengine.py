@@ -20,6 +20,7 @@ CLI flag); ``error_type``: input_error, convergence_error (an SCF that did not c
 resource_error (the memory limit, the disk, a device that is not here) or unknown_error (a
 device kernel that failed); ``error.extras["dfmp2_error"]`` names dfmp2's exception class.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,12 +30,14 @@ try:
     import qcengine
     from qcengine import exceptions as qcex
     from qcengine.programs.model import ProgramHarness
-except ImportError as e:          # say what to install, not only which module is missing
-    raise ImportError(f"dfmp2.qcengine is a QCEngine harness and needs the qcengine package ({e}); "
-                      'install it with: pip install -e ".[qcschema]"') from e
+except ImportError as e:  # say what to install, not only which module is missing
+    raise ImportError(
+        f"dfmp2.qcengine is a QCEngine harness and needs the qcengine package ({e}); "
+        'install it with: pip install -e ".[qcschema]"'
+    ) from e
 
 PROGRAM = "dfmp2"
-GIB = 2**30          # QCEngine's memory unit (bytes)
+GIB = 2**30  # QCEngine's memory unit (bytes)
 
 
 class DFMP2Harness(ProgramHarness):
@@ -42,8 +45,13 @@ class DFMP2Harness(ProgramHarness):
     AtomicResult, in process."""
 
     _defaults: ClassVar[Dict[str, Any]] = {
-        "name": PROGRAM, "scratch": True, "thread_safe": False, "thread_parallel": True,
-        "node_parallel": False, "managed_memory": True}
+        "name": PROGRAM,
+        "scratch": True,
+        "thread_safe": False,
+        "thread_parallel": True,
+        "node_parallel": False,
+        "managed_memory": True,
+    }
 
     @staticmethod
     def found(raise_error: bool = False) -> bool:
@@ -52,6 +60,7 @@ class DFMP2Harness(ProgramHarness):
 
     def get_version(self) -> str:
         import dfmp2
+
         return dfmp2.__version__
 
     def compute(self, input_model, config):
@@ -59,6 +68,7 @@ class DFMP2Harness(ProgramHarness):
         AtomicResult, or a qcengine exception (InputError, ConvergenceError, ResourceError,
         UnknownError) carrying dfmp2's one-line message."""
         from dfmp2.interfaces.qcschema import run_qcschema
+
         try:
             options = run_options(input_model, config)
             with torch_threads(config.ncores):
@@ -75,7 +85,6 @@ def run_options(input_model, config):
     the rest): the scratch directory, and the memory limit (MB) on a host device unless
     ``keywords.memory_mb`` gives one."""
     from dfmp2 import linalg
-
     from dfmp2.memory import MB
     from dfmp2.options import RunOptions
 
@@ -86,7 +95,7 @@ def run_options(input_model, config):
     device = keywords.get("device", RunOptions.device)
     try:
         host = isinstance(device, str) and linalg.device_capabilities(device.strip()).host_memory
-    except ValueError:          # an unknown device: the run refuses it with its own message
+    except ValueError:  # an unknown device: the run refuses it with its own message
         host = False
     if config.memory and "memory_mb" not in keywords and host:
         kw["memory_mb"] = float(config.memory) * GIB / MB
@@ -98,6 +107,7 @@ def torch_threads(ncores: int | None):
     """torch's intra-op thread count set to ``ncores`` (QCEngine's cores for the task) for the
     call, restored afterwards; None: left as it is."""
     import torch
+
     before = torch.get_num_threads()
     if ncores:
         torch.set_num_threads(int(ncores))
@@ -110,13 +120,18 @@ def torch_threads(ncores: int | None):
 def qcengine_error(e: Exception):
     """The qcengine exception for one of dfmp2's expected errors (None for anything else: a bug,
     which QCEngine reports with its traceback)."""
-    from dfmp2.linalg import DeviceUnavailableError, KernelError
-
     from dfmp2.errors import DiskWriteError, InputError, MemoryLimitError, SCFNotConvergedError
     from dfmp2.interfaces.qcschema import error_line
-    kinds = ((SCFNotConvergedError, qcex.ConvergenceError), (MemoryLimitError, qcex.ResourceError),
-             (DiskWriteError, qcex.ResourceError), (InputError, qcex.InputError),
-             (DeviceUnavailableError, qcex.ResourceError), (KernelError, qcex.UnknownError))
+    from dfmp2.linalg import DeviceUnavailableError, KernelError
+
+    kinds = (
+        (SCFNotConvergedError, qcex.ConvergenceError),
+        (MemoryLimitError, qcex.ResourceError),
+        (DiskWriteError, qcex.ResourceError),
+        (InputError, qcex.InputError),
+        (DeviceUnavailableError, qcex.ResourceError),
+        (KernelError, qcex.UnknownError),
+    )
     for ours, theirs in kinds:
         if isinstance(e, ours):
             return theirs(error_line(e), extras={"dfmp2_error": type(e).__name__})

@@ -28,18 +28,19 @@ Errors on this path are InputError (and its kinds) with the library's message; `
 names the QCSchema field an error is about (``keywords.memory_mb``, ``model.basis``) where the
 CLI would name its flag.
 """
+
 from __future__ import annotations
 
 import json
 
 from dfmp2.errors import InputError, SCFNotConvergedError, shown
-from dfmp2.options import ECP_CHOICES, PRECISIONS, SCF_MODES
 from dfmp2.io.xyz import read_input_text
+from dfmp2.options import ECP_CHOICES, PRECISIONS, SCF_MODES
 
 INSTALL = 'pip install -e ".[qcschema]"'
-SCHEMA_VERSIONS = (1, 2)            # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
+SCHEMA_VERSIONS = (1, 2)  # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
 METHODS = ("mp2",)
-DRIVERS = ("energy", "gradient")    # gradient: RHF or UHF (dfmp2.grad.run)
+DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.grad.run)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
@@ -48,15 +49,21 @@ KEYWORDS = {
     "scf_mode": lambda v: None if v in SCF_MODES else " or ".join(map(repr, SCF_MODES)),
     "device": lambda v: None if isinstance(v, str) and v.strip() else "a device name (cpu, cuda, cuda:N, trn1, trn2)",
     "precision": lambda v: None if v in PRECISIONS else " or ".join(map(repr, PRECISIONS)),
-    "memory_mb": lambda v: None if (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                    and 0 < v < float("inf")) else "a positive number of MB",
+    "memory_mb": lambda v: (
+        None
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"))
+        else "a positive number of MB"
+    ),
 }
 # the RunOptions fields an AtomicInput sets besides its keywords
-FROM_MOLECULE_AND_MODEL = {"basis": "model.basis", "charge": "molecule.molecular_charge",
-                           "multiplicity": "molecule.molecular_multiplicity"}
+FROM_MOLECULE_AND_MODEL = {
+    "basis": "model.basis",
+    "charge": "molecule.molecular_charge",
+    "multiplicity": "molecule.molecular_multiplicity",
+}
 # where a RunOptions field is set in an AtomicInput: what an error on this path names (the CLI: a flag)
 FIELDS = {**{k: "keywords." + k for k in KEYWORDS}, **FROM_MOLECULE_AND_MODEL}
-HINTS = {"cpu": "keywords.device 'cpu'"}     # DeviceUnavailableError.alternatives this path can take
+HINTS = {"cpu": "keywords.device 'cpu'"}  # DeviceUnavailableError.alternatives this path can take
 
 
 def models():
@@ -64,12 +71,16 @@ def models():
     try:
         from qcelemental import models as qcmodels
     except ImportError:
-        raise InputError(f"QCSchema input and output need the qcelemental package; install it with: "
-                         f"{INSTALL}") from None
+        raise InputError(
+            f"QCSchema input and output need the qcelemental package; install it with: {INSTALL}"
+        ) from None
     if getattr(qcmodels, "v2", None) is None:
         import qcelemental
-        raise InputError(f"QCSchema input and output need qcelemental 0.50 or newer (QCSchema v1 and "
-                         f"v2), found {qcelemental.__version__}; install it with: {INSTALL}")
+
+        raise InputError(
+            f"QCSchema input and output need qcelemental 0.50 or newer (QCSchema v1 and "
+            f"v2), found {qcelemental.__version__}; install it with: {INSTALL}"
+        )
     return qcmodels
 
 
@@ -107,8 +118,10 @@ def schema_version(data: dict, where: str) -> int:
     another version."""
     version = data.get("schema_version", 2 if "specification" in data else 1)
     if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
-        raise InputError(f"{where}: schema_version {shown(json.dumps(version), 20)} is not supported; "
-                         f"dfmp2 reads QCSchema AtomicInput v1 and v2 (schema_version 1 or 2)")
+        raise InputError(
+            f"{where}: schema_version {shown(json.dumps(version), 20)} is not supported; "
+            f"dfmp2 reads QCSchema AtomicInput v1 and v2 (schema_version 1 or 2)"
+        )
     return int(version)
 
 
@@ -121,8 +134,10 @@ def input_model(atomic_input, where: str):
     if isinstance(atomic_input, qcmodels.v1.AtomicInput):
         return atomic_input.convert_v(2), 1
     if not isinstance(atomic_input, dict):
-        raise InputError(f"{where}: expected a QCSchema AtomicInput (a dict or a qcelemental AtomicInput, "
-                         f"v1 or v2), got {type(atomic_input).__name__}")
+        raise InputError(
+            f"{where}: expected a QCSchema AtomicInput (a dict or a qcelemental AtomicInput, "
+            f"v1 or v2), got {type(atomic_input).__name__}"
+        )
     version = schema_version(atomic_input, where)
     model = qcmodels.v2.AtomicInput if version == 2 else qcmodels.v1.AtomicInput
     inp = validated(model, atomic_input, where)
@@ -132,18 +147,28 @@ def input_model(atomic_input, where: str):
 def validated(model, data: dict, where: str):
     """``model(**data)``, or InputError with the first problem qcelemental or pydantic found."""
     from qcelemental import exceptions as qcex
+
     try:
         return model(**data)
     # pydantic's ValidationError is a ValueError; qcelemental's own errors (an unknown element,
     # inconsistent masses, no atoms) are Exceptions of its own
-    except (ValueError, TypeError, KeyError, qcex.ValidationError, qcex.NotAnElementError,
-            qcex.MoleculeFormatError, qcex.ChoicesError, qcex.DataUnavailableError) as e:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        qcex.ValidationError,
+        qcex.NotAnElementError,
+        qcex.MoleculeFormatError,
+        qcex.ChoicesError,
+        qcex.DataUnavailableError,
+    ) as e:
         errs = getattr(e, "errors", lambda: [])()
         text = (str(e).strip().splitlines() or [type(e).__name__])[0]
         first = errs[0] if errs else {"loc": (), "msg": f"{type(e).__name__}: {text}"}
         loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise InputError(f"{where}: not a valid QCSchema AtomicInput: {loc + ': ' if loc else ''}"
-                         f"{shown(first.get('msg', ''), 160)}") from None
+        raise InputError(
+            f"{where}: not a valid QCSchema AtomicInput: {loc + ': ' if loc else ''}{shown(first.get('msg', ''), 160)}"
+        ) from None
 
 
 def parse_input(atomic_input, where: str, options=None, given=()):
@@ -161,8 +186,9 @@ def parse_input(atomic_input, where: str, options=None, given=()):
     clash = sorted(set(settings) & set(given))
     if clash:
         what = ", ".join(f"{c} ({FIELDS[c]})" for c in clash)
-        raise InputError(f"{where} already sets {what}; give it in the input or as an option, not both",
-                         option=tuple(clash))
+        raise InputError(
+            f"{where} already sets {what}; give it in the input or as an option, not both", option=tuple(clash)
+        )
     raw = atomic_input.get("molecule") if isinstance(atomic_input, dict) else None
     geom = _geometry(inp.molecule, raw.get("geometry") if isinstance(raw, dict) else None, settings, where)
     return inp, version, geom, dataclasses.replace(options, **settings)
@@ -174,8 +200,9 @@ def _settings(inp, where: str) -> dict:
     spec, mol = inp.specification, inp.molecule
     driver = getattr(spec.driver, "value", spec.driver)
     if driver not in DRIVERS:
-        raise InputError(f"{where}: driver '{driver}' is not supported; dfmp2 computes driver "
-                         f"{' and '.join(map(repr, DRIVERS))}")
+        raise InputError(
+            f"{where}: driver '{driver}' is not supported; dfmp2 computes driver {' and '.join(map(repr, DRIVERS))}"
+        )
     method = str(spec.model.method).strip().lower()
     if method not in METHODS:
         raise InputError(f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use 'mp2'")
@@ -187,8 +214,7 @@ def _settings(inp, where: str) -> dict:
     mult = float(mol.molecular_multiplicity)
     if mult != round(mult):
         raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
-    settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)),
-                "multiplicity": int(round(mult))}
+    settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)), "multiplicity": int(round(mult))}
     for key, value in spec.keywords.items():
         if key not in KEYWORDS:
             raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
@@ -212,12 +238,16 @@ def _geometry(mol, raw, settings: dict, where: str):
     # the Bohr coordinates given
     coords = np.asarray(raw if raw is not None else mol.geometry, dtype=np.float64).reshape(-1, 3) * BOHR
     if not np.all(np.isfinite(coords)) or np.abs(coords).max() > MAX_COORD_ANGSTROM:
-        raise InputError(f"{where}: molecule.geometry must be finite and within "
-                         f"±{MAX_COORD_ANGSTROM / BOHR:.3g} Bohr")
+        raise InputError(f"{where}: molecule.geometry must be finite and within ±{MAX_COORD_ANGSTROM / BOHR:.3g} Bohr")
     ghost = tuple(not bool(r) for r in mol.real)
-    return Geometry(symbols=tuple(s.capitalize() for s in mol.symbols), coords_angstrom=coords,
-                    charge=settings["charge"], multiplicity=settings["multiplicity"], source=str(where),
-                    ghost=ghost if any(ghost) else ())
+    return Geometry(
+        symbols=tuple(s.capitalize() for s in mol.symbols),
+        coords_angstrom=coords,
+        charge=settings["charge"],
+        multiplicity=settings["multiplicity"],
+        source=str(where),
+        ghost=ghost if any(ghost) else (),
+    )
 
 
 class ScfEnergyParts:
@@ -237,17 +267,23 @@ class ScfEnergyParts:
         import numpy as np
         from pyscf.scf import hf
 
-        h = hf.get_hcore(mol)                                        # (nao, nao)
-        weight = 2.0 if ref.restricted else 1.0                      # RHF: both spins in one channel
-        e1 = sum(weight * float(np.einsum("pi,pq,qi->", c.mo_coeff[:, :c.nocc], h, c.mo_coeff[:, :c.nocc]))
-                 for c in ref.channels)
+        h = hf.get_hcore(mol)  # (nao, nao)
+        weight = 2.0 if ref.restricted else 1.0  # RHF: both spins in one channel
+        e1 = sum(
+            weight * float(np.einsum("pi,pq,qi->", c.mo_coeff[:, : c.nocc], h, c.mo_coeff[:, : c.nocc]))
+            for c in ref.channels
+        )
         e_nuc = float(mol.energy_nuc())
-        self.values = {"nuclear_repulsion_energy": e_nuc, "scf_one_electron_energy": e1,
-                       "scf_two_electron_energy": float(ref.e_hf) - e_nuc - e1}
+        self.values = {
+            "nuclear_repulsion_energy": e_nuc,
+            "scf_one_electron_energy": e1,
+            "scf_two_electron_energy": float(ref.e_hf) - e_nuc - e1,
+        }
 
 
-def run_atomic_input(atomic_input, options=None, *, given=(), where: str = "AtomicInput",
-                     progress=None, log=None, on_plan=None):
+def run_atomic_input(
+    atomic_input, options=None, *, given=(), where: str = "AtomicInput", progress=None, log=None, on_plan=None
+):
     """Run the AtomicInput ``atomic_input`` (a dict or a qcelemental model, v1 or v2) in this
     process: (AtomicResult in the input's QCSchema version, dfmp2's Result). ``options``: the
     RunOptions to start from (the input's model, molecule and keywords set theirs); ``given``:
@@ -260,11 +296,13 @@ def run_atomic_input(atomic_input, options=None, *, given=(), where: str = "Atom
     parts = ScfEnergyParts()
     if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
         from dfmp2.grad.run import run_gradient
+
         gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr), gr.result
-    done = pipeline.run_energy(pipeline.prepare_run(geom, options, log=log), progress=progress, log=log,
-                               on_plan=on_plan)
+    done = pipeline.run_energy(
+        pipeline.prepare_run(geom, options, log=log), progress=progress, log=log, on_plan=on_plan
+    )
     parts(done.mol, done.ref)
     return result_model(inp, version, done.result, parts.values), done.result
 
@@ -284,47 +322,75 @@ def input_from_run(geom, options) -> dict:
     import numpy as np
     from pyscf.lib.parameters import BOHR
 
-    keywords = {"frozen_core": options.frozen_core, "ecp": options.ecp, "scf_mode": options.scf_mode,
-                "device": options.device}
+    keywords = {
+        "frozen_core": options.frozen_core,
+        "ecp": options.ecp,
+        "scf_mode": options.scf_mode,
+        "device": options.device,
+    }
     for k in ("auxbasis", "precision", "memory_mb"):
         if getattr(options, k) is not None:
             keywords[k] = getattr(options, k)
     charge = options.charge if options.charge is not None else (geom.charge or 0)
     mult = options.multiplicity if options.multiplicity is not None else (geom.multiplicity or 1)
-    return {"schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
-            "model": {"method": "mp2", "basis": options.basis}, "keywords": keywords,
-            "molecule": {"symbols": list(geom.symbols),
-                         "geometry": (np.asarray(geom.coords_angstrom) / BOHR).ravel().tolist(),
-                         "molecular_charge": charge, "molecular_multiplicity": mult,
-                         "fix_com": True, "fix_orientation": True}}
+    return {
+        "schema_name": "qcschema_input",
+        "schema_version": 1,
+        "driver": "energy",
+        "model": {"method": "mp2", "basis": options.basis},
+        "keywords": keywords,
+        "molecule": {
+            "symbols": list(geom.symbols),
+            "geometry": (np.asarray(geom.coords_angstrom) / BOHR).ravel().tolist(),
+            "molecular_charge": charge,
+            "molecular_multiplicity": mult,
+            "fix_com": True,
+            "fix_orientation": True,
+        },
+    }
 
 
 def properties(result, parts: dict) -> dict:
     """The AtomicProperties of ``result`` (Hartree); ``parts``: ``ScfEnergyParts.values``."""
     e = result.energies()
     spin = result.spin or {}
-    nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen    # frozen core included
+    nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen  # frozen core included
     nbeta = spin.get("nocc_beta", result.nocc) + result.nfrozen
-    return {"calcinfo_nbasis": result.nbasis, "calcinfo_nmo": result.nmo, "calcinfo_natom": result.natm,
-            "calcinfo_nalpha": nalpha, "calcinfo_nbeta": nbeta, **parts,
-            "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
-            "return_energy": e["e_mp2"], "scf_total_energy": e["e_hf"],
-            "mp2_same_spin_correlation_energy": e["e_corr_ss"],
-            "mp2_opposite_spin_correlation_energy": e["e_corr_os"],
-            "mp2_singles_energy": 0.0, "mp2_doubles_energy": e["e_corr"],
-            "mp2_correlation_energy": e["e_corr"], "mp2_total_energy": e["e_mp2"]}
+    return {
+        "calcinfo_nbasis": result.nbasis,
+        "calcinfo_nmo": result.nmo,
+        "calcinfo_natom": result.natm,
+        "calcinfo_nalpha": nalpha,
+        "calcinfo_nbeta": nbeta,
+        **parts,
+        "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
+        "return_energy": e["e_mp2"],
+        "scf_total_energy": e["e_hf"],
+        "mp2_same_spin_correlation_energy": e["e_corr_ss"],
+        "mp2_opposite_spin_correlation_energy": e["e_corr_os"],
+        "mp2_singles_energy": 0.0,
+        "mp2_doubles_energy": e["e_corr"],
+        "mp2_correlation_energy": e["e_corr"],
+        "mp2_total_energy": e["e_mp2"],
+    }
 
 
 def qcvars(result) -> dict:
     """Psi4's names of the energies (Hartree), SCS- and SOS-MP2 among them."""
     e = result.energies()
-    return {"HF TOTAL ENERGY": e["e_hf"], "SCF TOTAL ENERGY": e["e_hf"],
-            "MP2 SAME-SPIN CORRELATION ENERGY": e["e_corr_ss"],
-            "MP2 OPPOSITE-SPIN CORRELATION ENERGY": e["e_corr_os"],
-            "MP2 CORRELATION ENERGY": e["e_corr"], "MP2 TOTAL ENERGY": e["e_mp2"],
-            "SCS-MP2 CORRELATION ENERGY": e["e_corr_scs"], "SCS-MP2 TOTAL ENERGY": e["e_scs_mp2"],
-            "SOS-MP2 CORRELATION ENERGY": e["e_corr_sos"], "SOS-MP2 TOTAL ENERGY": e["e_sos_mp2"],
-            "CURRENT ENERGY": e["e_mp2"]}
+    return {
+        "HF TOTAL ENERGY": e["e_hf"],
+        "SCF TOTAL ENERGY": e["e_hf"],
+        "MP2 SAME-SPIN CORRELATION ENERGY": e["e_corr_ss"],
+        "MP2 OPPOSITE-SPIN CORRELATION ENERGY": e["e_corr_os"],
+        "MP2 CORRELATION ENERGY": e["e_corr"],
+        "MP2 TOTAL ENERGY": e["e_mp2"],
+        "SCS-MP2 CORRELATION ENERGY": e["e_corr_scs"],
+        "SCS-MP2 TOTAL ENERGY": e["e_scs_mp2"],
+        "SOS-MP2 CORRELATION ENERGY": e["e_corr_sos"],
+        "SOS-MP2 TOTAL ENERGY": e["e_sos_mp2"],
+        "CURRENT ENERGY": e["e_mp2"],
+    }
 
 
 def result_model(inp, version: int, result, parts: dict, gradient=None):
@@ -332,14 +398,19 @@ def result_model(inp, version: int, result, parts: dict, gradient=None):
     in QCSchema ``version`` (1 or 2); ``gradient``: the gradrun.GradientResult of driver
     'gradient' (return_result the N x 3 gradient, Hartree/Bohr)."""
     import dfmp2
+
     props = properties(result, parts)
     if gradient is not None:
         props["return_gradient"] = gradient.gradient.tolist()
     out = models().v2.AtomicResult(
-        input_data=inp, molecule=inp.molecule, properties=props,
-        return_result=gradient.gradient.tolist() if gradient is not None else result.e_mp2, success=True,
+        input_data=inp,
+        molecule=inp.molecule,
+        properties=props,
+        return_result=gradient.gradient.tolist() if gradient is not None else result.e_mp2,
+        success=True,
         extras={"qcvars": qcvars(result), "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict()},
-        provenance={"creator": "dfmp2", "version": dfmp2.__version__, "routine": "dfmp2.interfaces.qcschema"})
+        provenance={"creator": "dfmp2", "version": dfmp2.__version__, "routine": "dfmp2.interfaces.qcschema"},
+    )
     return out if version == 2 else out.convert_v(1)
 
 
@@ -353,10 +424,16 @@ def failed_operation(inp: dict | None, message: str, exc: Exception) -> str:
     """The FailedOperation JSON (v2 for a v2 input, else v1) for an error whose one-line message
     is ``message``."""
     qcmodels = models()
-    kind = ("convergence_error" if isinstance(exc, SCFNotConvergedError)
-            else "input_error" if isinstance(exc, InputError) else "execution_error")
-    v2 = isinstance(inp, dict) and (inp.get("schema_version") == 2 or
-                                    ("specification" in inp and "schema_version" not in inp))
+    kind = (
+        "convergence_error"
+        if isinstance(exc, SCFNotConvergedError)
+        else "input_error"
+        if isinstance(exc, InputError)
+        else "execution_error"
+    )
+    v2 = isinstance(inp, dict) and (
+        inp.get("schema_version") == 2 or ("specification" in inp and "schema_version" not in inp)
+    )
     model = qcmodels.v2.FailedOperation if v2 else qcmodels.v1.FailedOperation
     out = model(input_data=inp, success=False, error={"error_type": kind, "error_message": message})
     return to_json(out)
@@ -374,10 +451,10 @@ class FailedOperationOnError:
         return self
 
     def __exit__(self, etype, exc, tb):
-        from dfmp2.linalg import DeviceUnavailableError, KernelError
-
         from dfmp2.errors import error_line as cli_error_line
         from dfmp2.io.outputs import write_text
+        from dfmp2.linalg import DeviceUnavailableError, KernelError
+
         if self.path and isinstance(exc, (InputError, DeviceUnavailableError, KernelError)):
             write_text(self.path, failed_operation(self.input_data, cli_error_line(exc), exc))
         return False

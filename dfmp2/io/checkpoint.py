@@ -42,6 +42,7 @@ be 0 or 1), and every block of B (B_crc; all of B is read through once on resume
 pair needs it, so a damaged file is refused rather than passed over). A mismatch is one
 CheckpointError line: a flipped bit on disk never turns into a wrong energy.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,7 +58,7 @@ from dfmp2.errors import InputError, file_kind
 from dfmp2.io.outputs import writing
 
 FORMAT = "dfmp2-checkpoint"
-FORMAT_VERSION = 2                  # 2: crc32 on every dataset read back
+FORMAT_VERSION = 2  # 2: crc32 on every dataset read back
 
 
 # HDF5's own bytes in a checkpoint (superblock, object headers, attributes, the fingerprint):
@@ -85,16 +86,31 @@ class CheckpointError(InputError):
     """A checkpoint that cannot be used: missing, not HDF5, incomplete, corrupted or mismatched."""
 
 
-def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, precision: str,
-                device: str, simulate: bool, nfrozen: int, nocc: int, nvir: int, naux: int,
-                ecp: dict | None = None, scf_conv_tol_grad: float | None = None,
-                nocc_beta: int | None = None) -> dict:
+def fingerprint(
+    *,
+    mol,
+    basis,
+    auxbasis: str,
+    scf_mode: str,
+    frozen_core: bool,
+    precision: str,
+    device: str,
+    simulate: bool,
+    nfrozen: int,
+    nocc: int,
+    nvir: int,
+    naux: int,
+    ecp: dict | None = None,
+    scf_conv_tol_grad: float | None = None,
+    nocc_beta: int | None = None,
+) -> dict:
     """What must be equal for a checkpoint to be reused (JSON-able; floats exactly). ``ecp``
     (``scf.ecp_info``) is recorded only when there is one, so all-electron checkpoints written
     before ECPs were supported still resume (an ECP changes nocc, which the shapes hold).
     ``nocc_beta`` (active beta occupied orbitals) marks a UHF run: 'reference' UHF and the beta
     count in the shapes (nocc, nvir are alpha's); RHF checkpoints carry neither, as before."""
     import dfmp2
+
     coords = np.asarray(mol.atom_coords(unit="Angstrom"), dtype=np.float64)
     fp = {
         "dfmp2_version": dfmp2.__version__,
@@ -108,15 +124,20 @@ def fingerprint(*, mol, basis, auxbasis: str, scf_mode: str, frozen_core: bool, 
         "precision": precision,
         "device": device,
         "simulate": bool(simulate),
-        "shapes": {"nbasis": int(mol.nao_nr()), "naux": int(naux), "nocc": int(nocc),
-                   "nvir": int(nvir), "nfrozen": int(nfrozen)},
+        "shapes": {
+            "nbasis": int(mol.nao_nr()),
+            "naux": int(naux),
+            "nocc": int(nocc),
+            "nvir": int(nvir),
+            "nfrozen": int(nfrozen),
+        },
     }
     if ecp:
         fp["ecp"] = ecp
     if nocc_beta is not None:
         fp["reference"] = "UHF"
         fp["shapes"]["nocc_beta"] = int(nocc_beta)
-    if scf_conv_tol_grad is not None:      # a threshold other than the default (older checkpoints lack it)
+    if scf_conv_tol_grad is not None:  # a threshold other than the default (older checkpoints lack it)
         fp["scf_conv_tol_grad"] = float(scf_conv_tol_grad)
     return fp
 
@@ -127,11 +148,13 @@ def _describe(value) -> str:
 
 
 def _mismatch(path, stored: dict, current: dict) -> str | None:
-    kinds = [fp.get("reference", "RHF") for fp in (stored, current)]     # RHF checkpoints carry none
+    kinds = [fp.get("reference", "RHF") for fp in (stored, current)]  # RHF checkpoints carry none
     if kinds[0] != kinds[1]:
-        return (f"checkpoint {path} was written for another run: the reference is {kinds[0]} in the "
-                f"checkpoint but {kinds[1]} here; resume with the same molecule and options, or start "
-                "afresh without resuming")
+        return (
+            f"checkpoint {path} was written for another run: the reference is {kinds[0]} in the "
+            f"checkpoint but {kinds[1]} here; resume with the same molecule and options, or start "
+            "afresh without resuming"
+        )
     for key in current:
         if key not in stored:
             return f"checkpoint {path} has no '{key}' in its fingerprint (written by another dfmp2 version?)"
@@ -140,15 +163,18 @@ def _mismatch(path, stored: dict, current: dict) -> str | None:
                 what = "the molecule differs (atoms or coordinates)"
                 if len(stored[key]) == len(current[key]):
                     n = next(i for i, (a, b) in enumerate(zip(stored[key], current[key])) if a != b)
-                    what = (f"the molecule differs at atom {n + 1}: {_describe(stored[key][n])} in the "
-                            f"checkpoint, {_describe(current[key][n])} here")
+                    what = (
+                        f"the molecule differs at atom {n + 1}: {_describe(stored[key][n])} in the "
+                        f"checkpoint, {_describe(current[key][n])} here"
+                    )
                 else:
-                    what = (f"the molecule differs: {len(stored[key])} atoms in the checkpoint, "
-                            f"{len(current[key])} here")
+                    what = f"the molecule differs: {len(stored[key])} atoms in the checkpoint, {len(current[key])} here"
             else:
                 what = f"{key} is {_describe(stored[key])} in the checkpoint but {_describe(current[key])} here"
-            return (f"checkpoint {path} was written for another run: {what}; resume with the same "
-                    "molecule and options, or start afresh without resuming")
+            return (
+                f"checkpoint {path} was written for another run: {what}; resume with the same "
+                "molecule and options, or start afresh without resuming"
+            )
     return None
 
 
@@ -163,18 +189,22 @@ def check_regular(path, option: str) -> None:
     except OSError as e:
         raise CheckpointError(f"checkpoint {path}: {e.strerror}", option=option) from None
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"checkpoint {path} is {file_kind(st.st_mode)}, not a regular file; give the "
-                              "path of a checkpoint file", option=option)
+        raise CheckpointError(
+            f"checkpoint {path} is {file_kind(st.st_mode)}, not a regular file; give the path of a checkpoint file",
+            option=option,
+        )
 
 
 def _writes(method):
     """A Checkpoint method that writes: a write the disk refuses (full, quota, EIO) is one
     DiskWriteError line naming the checkpoint (``outputs.writing``); the run's CheckpointSession
     then removes a checkpoint it created."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         with writing(self.path, "checkpoint", "checkpoint"):
             return method(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -183,13 +213,13 @@ class Checkpoint:
 
     def __init__(self, path: Path, f, fp: dict):
         self.path, self.f = Path(path), f
-        self.closed = False            # close, abandon and discard close it once (HDF5 crashes on a second)
+        self.closed = False  # close, abandon and discard close it once (HDF5 crashes on a second)
         self.unrestricted = fp.get("reference") == "UHF"
 
     @property
     def b_names(self) -> tuple[str, ...]:
         """B's dataset per spin channel (its crc32s in name + '_crc')."""
-        return B_NAMES[:2 if self.unrestricted else 1]
+        return B_NAMES[: 2 if self.unrestricted else 1]
 
     @property
     def pair_sets(self) -> tuple[str, ...]:
@@ -200,22 +230,23 @@ class Checkpoint:
     @classmethod
     def create(cls, path, fp: dict, *, occ_block: int) -> "Checkpoint":
         """A new checkpoint at ``path``; refuses to overwrite an existing file."""
-        import h5py
+
         path = Path(path)
         check_regular(path, "checkpoint")
         if path.exists():
-            raise CheckpointError(f"checkpoint {path} already exists; resume it, or remove it to start "
-                                  "afresh", option="checkpoint")
+            raise CheckpointError(
+                f"checkpoint {path} already exists; resume it, or remove it to start afresh", option="checkpoint"
+            )
         if not path.parent.is_dir():
             raise CheckpointError(f"checkpoint {path}: directory {path.parent} does not exist")
         try:
             with writing(path, "checkpoint", "checkpoint"):
                 f = open_h5(path, "w-")
-        except BaseException as e:        # the file did not exist before (checked above): remove it
+        except BaseException as e:  # the file did not exist before (checked above): remove it
             path.unlink(missing_ok=True)
             if isinstance(e, (OSError, RuntimeError)):
                 raise CheckpointError(f"checkpoint {path} cannot be created: {e}") from None
-            raise                         # a refused write (DiskWriteError), an interrupt
+            raise  # a refused write (DiskWriteError), an interrupt
         try:
             with writing(path, "checkpoint", "checkpoint"):
                 cls._write_root(f, fp, occ_block)
@@ -240,38 +271,49 @@ class Checkpoint:
         when it is missing, not a regular file, not a dfmp2 checkpoint, corrupted or written for
         another run."""
         import h5py
+
         path = Path(path)
         if not path.exists():
-            raise CheckpointError(f"checkpoint {path} does not exist; start a run that writes a checkpoint "
-                                  "there, then resume it", option="resume")
+            raise CheckpointError(
+                f"checkpoint {path} does not exist; start a run that writes a checkpoint there, then resume it",
+                option="resume",
+            )
         check_regular(path, "resume")
         try:
             f = open_h5(path, "r+")
         except OSError as e:
             if not h5py.is_hdf5(path):
-                raise CheckpointError(f"checkpoint {path} is corrupted or not a dfmp2 checkpoint: "
-                                      "not an HDF5 file") from None
-            raise CheckpointError(f"checkpoint {path} is corrupted, or in use by another run: HDF5 cannot "
-                                  f"open it ({e})") from None
+                raise CheckpointError(
+                    f"checkpoint {path} is corrupted or not a dfmp2 checkpoint: not an HDF5 file"
+                ) from None
+            raise CheckpointError(
+                f"checkpoint {path} is corrupted, or in use by another run: HDF5 cannot open it ({e})"
+            ) from None
         ok = False
         try:
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"checkpoint {path} is not a dfmp2 checkpoint (no '{FORMAT}' format mark)")
             if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
-                raise CheckpointError(f"checkpoint {path} has format version {f.attrs.get('format_version')}, "
-                                      f"this dfmp2 reads {FORMAT_VERSION}")
+                raise CheckpointError(
+                    f"checkpoint {path} has format version {f.attrs.get('format_version')}, "
+                    f"this dfmp2 reads {FORMAT_VERSION}"
+                )
             try:
                 ok_crc = f.attrs["crc32"] == attrs_crc(f.attrs, ROOT_ATTRS)
             except (KeyError, ValueError, TypeError):
                 ok_crc = False
             if not ok_crc:
-                raise CheckpointError(f"checkpoint {path} is corrupted: its fingerprint or blocking fails "
-                                      "its checksum; remove the file and run again")
+                raise CheckpointError(
+                    f"checkpoint {path} is corrupted: its fingerprint or blocking fails "
+                    "its checksum; remove the file and run again"
+                )
             try:
                 stored = json.loads(f.attrs["fingerprint"])
                 int(f.attrs["occ_block"])
             except (KeyError, ValueError, TypeError):
-                raise CheckpointError(f"checkpoint {path} is corrupted: its fingerprint is missing or unreadable") from None
+                raise CheckpointError(
+                    f"checkpoint {path} is corrupted: its fingerprint is missing or unreadable"
+                ) from None
             msg = _mismatch(path, stored, fp)
             if msg:
                 raise CheckpointError(msg, option="resume")
@@ -288,8 +330,9 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} is corrupted: dataset '{name}' is missing")
         d = self.f[name]
         if shape is not None and d.shape != tuple(shape):
-            raise CheckpointError(f"checkpoint {self.path} is corrupted: '{name}' has shape {d.shape}, "
-                                  f"expected {tuple(shape)}")
+            raise CheckpointError(
+                f"checkpoint {self.path} is corrupted: '{name}' has shape {d.shape}, expected {tuple(shape)}"
+            )
         return d
 
     def _check_structure(self) -> None:
@@ -298,9 +341,11 @@ class Checkpoint:
             if "scf" in self.f:
                 spins = (2,) if self.unrestricted else ()
                 c = self._require("scf/mo_coeff")
-                if c.ndim != len(spins) + 2 or c.shape[:len(spins)] != spins:
-                    raise CheckpointError(f"checkpoint {self.path} is corrupted: 'scf/mo_coeff' has shape "
-                                          f"{c.shape}, expected {len(spins) + 2} axes")
+                if c.ndim != len(spins) + 2 or c.shape[: len(spins)] != spins:
+                    raise CheckpointError(
+                        f"checkpoint {self.path} is corrupted: 'scf/mo_coeff' has shape "
+                        f"{c.shape}, expected {len(spins) + 2} axes"
+                    )
                 self._require("scf/mo_energy", spins + (c.shape[-1],))
                 for a in SCF_ATTRS + (UHF_SCF_ATTRS if self.unrestricted else ()):
                     if a not in self.f["scf"].attrs:
@@ -316,7 +361,7 @@ class Checkpoint:
                 if b in self.f:
                     self._require(b + "_crc")
                     touch.append(b + "_crc")
-            for name in touch:        # touch the data so a truncated file fails here, not mid-run
+            for name in touch:  # touch the data so a truncated file fails here, not mid-run
                 if name in self.f:
                     self.f[name][...]
             self._verify()
@@ -326,8 +371,9 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} is corrupted: {e}") from None
 
     def _corrupted(self, what: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {self.path} is corrupted: {what} fails its checksum; "
-                               "remove the file and run again")
+        return CheckpointError(
+            f"checkpoint {self.path} is corrupted: {what} fails its checksum; remove the file and run again"
+        )
 
     def _verify(self) -> None:
         """Check the crc32 of everything read back except B's blocks (checked as they are read:
@@ -352,15 +398,19 @@ class Checkpoint:
         where = "" if g == "pairs" else f" of {g}"
         bad = np.flatnonzero(done > 1)
         if bad.size:
-            raise CheckpointError(f"checkpoint {self.path} is corrupted: pair {bad[0]}{where} has done flag "
-                                  f"{done[bad[0]]} (0 or 1 expected); remove the file and run again")
+            raise CheckpointError(
+                f"checkpoint {self.path} is corrupted: pair {bad[0]}{where} has done flag "
+                f"{done[bad[0]]} (0 or 1 expected); remove the file and run again"
+            )
         for p in np.flatnonzero(done):
             if crc[p] != block_crc(sums[p]):
                 raise self._corrupted(f"the sums of block pair {p}{where}")
         if int(self.f.attrs.get("complete", 0)) and not done.all():
-            raise CheckpointError(f"checkpoint {self.path} is corrupted: it is marked complete but "
-                                  f"{int((done == 0).sum())} block pairs{where} are not done; remove the "
-                                  "file and run again")
+            raise CheckpointError(
+                f"checkpoint {self.path} is corrupted: it is marked complete but "
+                f"{int((done == 0).sum())} block pairs{where} are not done; remove the "
+                "file and run again"
+            )
 
     @property
     def scf_attrs(self) -> tuple[str, ...]:
@@ -376,7 +426,7 @@ class Checkpoint:
         return "scf" in self.f
 
     def _fresh_group(self, name: str):
-        if name in self.f:                  # left by a run killed between create and move
+        if name in self.f:  # left by a run killed between create and move
             del self.f[name]
         return self.f.create_group(name)
 
@@ -387,8 +437,12 @@ class Checkpoint:
         assert len(ref.channels) == (2 if self.unrestricted else 1), (len(ref.channels), self.unrestricted)
         g = self._fresh_group("scf_tmp")
         for name in ("mo_coeff", "mo_energy"):
-            a = np.ascontiguousarray(np.stack([getattr(ch, name) for ch in ref.channels]) if self.unrestricted
-                                     else getattr(ref.channels[0], name), dtype=np.float64)
+            a = np.ascontiguousarray(
+                np.stack([getattr(ch, name) for ch in ref.channels])
+                if self.unrestricted
+                else getattr(ref.channels[0], name),
+                dtype=np.float64,
+            )
             g.create_dataset(name, data=a).attrs["crc32"] = block_crc(a)
         g.attrs["e_hf"] = float(ref.e_hf)
         g.attrs["nocc"] = int(ref.channels[0].nocc)
@@ -398,10 +452,10 @@ class Checkpoint:
         if self.unrestricted:
             g.attrs["nocc_beta"] = int(ref.channels[1].nocc)
             g.attrs["s2"] = float(ref.s2)
-            g.attrs["engine"] = ref.scf.engine        # ours (--scf df) or PySCF's (pyscf-df, exact)
+            g.attrs["engine"] = ref.scf.engine  # ours (--scf df) or PySCF's (pyscf-df, exact)
         g.attrs["crc32"] = attrs_crc(g.attrs, self.scf_attrs)
         self.f.flush()
-        self.f.move("scf_tmp", "scf")           # appears whole or not at all
+        self.f.move("scf_tmp", "scf")  # appears whole or not at all
         self.f.flush()
 
     def load_scf(self):
@@ -410,6 +464,7 @@ class Checkpoint:
         from dfmp2.options import SCF_CONV_TOL_GRAD
         from dfmp2.provenance import ScfRecord
         from dfmp2.reference import OUR_SCF_NAMES, restricted, unrestricted
+
         g = self.f["scf"]
         kind = "UHF" if self.unrestricted else "RHF"
         try:
@@ -417,12 +472,17 @@ class Checkpoint:
             fp = json.loads(self.f.attrs["fingerprint"])
             jk_aux = str(g.attrs["jk_auxbasis"]) or None
             ours = (str(g.attrs["engine"]) in OUR_SCF_NAMES) if self.unrestricted else mode == "df"
-            record = ScfRecord(engine=OUR_SCF_NAMES[0] if ours else "pyscf", reference=kind,
-                               device=fp.get("device", "host") if ours else "host",
-                               conv_tol_grad=fp.get("scf_conv_tol_grad", SCF_CONV_TOL_GRAD),
-                               source="checkpoint", iterations=cycles, jk_auxbasis=jk_aux,
-                               jk=f"{OUR_SCF_NAMES[0]} (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
-                               checkpoint=str(self.path))
+            record = ScfRecord(
+                engine=OUR_SCF_NAMES[0] if ours else "pyscf",
+                reference=kind,
+                device=fp.get("device", "host") if ours else "host",
+                conv_tol_grad=fp.get("scf_conv_tol_grad", SCF_CONV_TOL_GRAD),
+                source="checkpoint",
+                iterations=cycles,
+                jk_auxbasis=jk_aux,
+                jk=f"{OUR_SCF_NAMES[0]} (DF-J/K)" if ours else ("pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)"),
+                checkpoint=str(self.path),
+            )
             C, e, nocc = g["mo_coeff"][...], g["mo_energy"][...], int(g.attrs["nocc"])
             args = dict(e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)
             if self.unrestricted:
@@ -438,6 +498,7 @@ class Checkpoint:
         an incomplete one from an interrupted build is replaced."""
         import h5py
         import torch
+
         name = self.b_names[channel]
         npdt = torch.empty(0, dtype=dtype).numpy().dtype
         if self.b_done(channel):
@@ -446,7 +507,7 @@ class Checkpoint:
             if n in self.f:
                 del self.f[n]
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)   # no metadata change at the first write
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # no metadata change at the first write
         d = self.f.create_dataset(name, shape=(blocks.size,), dtype=npdt, dcpl=dcpl, fill_time="never")
         d.attrs["complete"] = 0
         self.f.create_dataset(name + "_crc", data=np.full(blocks.count, -1, dtype=np.int64))
@@ -527,8 +588,8 @@ class Checkpoint:
         self.closed = True
         try:
             self.f.close()
-        except Exception:      # closing after an interrupt: nothing more to save (a refused
-            pass               # write closes through abandon: a half-closed file is not touched)
+        except Exception:  # closing after an interrupt: nothing more to save (a refused
+            pass  # write closes through abandon: a half-closed file is not touched)
 
     def discard(self) -> None:
         """Close, writing nothing more, and delete the file (a run that failed before it held
@@ -552,15 +613,16 @@ def open_h5(path, mode: str):
     later, when HDF5 flushed it while releasing a dataset: h5py only prints such an error
     ('Exception ignored'), the run went on, and HDF5, left half closed, segfaulted at exit."""
     import h5py
+
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)   # h5py's default
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)  # h5py's default
     fapl.set_sieve_buf_size(0)
     name = os.fsencode(str(path))
     if mode == "r+":
         fid = h5py.h5f.open(name, h5py.h5f.ACC_RDWR, fapl=fapl)
     else:
         fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
-        fcpl.set_obj_track_times(False)                                        # h5py's default
+        fcpl.set_obj_track_times(False)  # h5py's default
         fid = h5py.h5f.create(name, {"w": h5py.h5f.ACC_TRUNC, "w-": h5py.h5f.ACC_EXCL}[mode], fapl=fapl, fcpl=fcpl)
     return h5py.File(fid)
 
@@ -573,17 +635,16 @@ def close_unwritten(f) -> None:
     HDF5's objects half closed, and their next release crashes the interpreter (a segfault, seen
     at exit). On disk the file keeps what was flushed before, which is what a checkpoint's
     readers trust (its done flags)."""
-    if not f:                   # closed already (HDF5 would crash on its file handle)
+    if not f:  # closed already (HDF5 would crash on its file handle)
         return
     try:
         fd = f.id.get_vfd_handle()
-        null = (os.memfd_create("dfmp2-discarded") if hasattr(os, "memfd_create")
-                else os.open(os.devnull, os.O_WRONLY))
+        null = os.memfd_create("dfmp2-discarded") if hasattr(os, "memfd_create") else os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(null, fd)
         finally:
             os.close(null)
-    except Exception:      # not a POSIX file driver: closed as it is
+    except Exception:  # not a POSIX file driver: closed as it is
         pass
     try:
         f.close()
@@ -605,8 +666,8 @@ def block_crc(arr: np.ndarray) -> int:
 
 ROOT_ATTRS = ("fingerprint", "occ_block")
 SCF_ATTRS = ("e_hf", "nocc", "scf_mode", "jk_auxbasis", "cycles")
-UHF_SCF_ATTRS = ("nocc_beta", "s2", "engine")       # a UHF's scf attributes, in its crc32 too
-B_NAMES = ("B", "B_beta")                           # B per spin channel
+UHF_SCF_ATTRS = ("nocc_beta", "s2", "engine")  # a UHF's scf attributes, in its crc32 too
+B_NAMES = ("B", "B_beta")  # B per spin channel
 UHF_PAIR_SETS = ("pairs_aa", "pairs_bb", "pairs_ab")
 B_ATTRS = ("metric", "metric_dropped")
 
@@ -614,10 +675,12 @@ B_ATTRS = ("metric", "metric_dropped")
 def attrs_crc(attrs, names) -> int:
     """crc32 of the HDF5 attributes ``names`` (floats by their exact hex form); KeyError when one
     is missing."""
+
     def plain(v):
         if isinstance(v, (float, np.floating)):
             return float(v).hex()
         if isinstance(v, (int, np.integer)):
             return int(v)
         return v.decode() if isinstance(v, bytes) else str(v)
+
     return zlib.crc32(json.dumps([plain(attrs[n]) for n in names]).encode())

@@ -9,6 +9,7 @@ carry an ECP and how many core electrons it replaces; ``linear_dependence`` and
 ``frozen_core_count`` the chemical frozen core; ``element`` and ``orbital_basis_names`` the
 element and orbital basis name of each atom (the fitting sets, dfmp2.df.basis, are keyed by them).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -21,11 +22,10 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import hf as pyscf_hf
 
 from dfmp2.errors import InputError
-from dfmp2.options import ECP_CHOICES, REFERENCES
 from dfmp2.io.xyz import Geometry
+from dfmp2.options import ECP_CHOICES, REFERENCES
 
-
-MIN_ATOM_DISTANCE = 0.1   # Ångström: closer atoms (ghosts included) are an input mistake
+MIN_ATOM_DISTANCE = 0.1  # Ångström: closer atoms (ghosts included) are an input mistake
 
 # Ghost atoms (counterpoise corrections, dfmp2.workflows.interaction): a Geometry atom with ghost=True
 # becomes PySCF's 'GHOST-<El>' atom: no nuclear charge, no electrons, no frozen core
@@ -56,8 +56,9 @@ def _check_basis(name: str, elements, kind: str, option: str) -> None:
     ``elements``."""
     missing = [el for el in sorted(set(elements)) if not _defines(name, el)]
     if missing:
-        raise InputError(f"{kind} '{name}' is not defined for {', '.join(missing)}; "
-                         f"choose another {kind}", option=option)
+        raise InputError(
+            f"{kind} '{name}' is not defined for {', '.join(missing)}; choose another {kind}", option=option
+        )
 
 
 def ecp_core_electrons(basis, elements) -> dict:
@@ -83,8 +84,9 @@ def ecp_not_attached(basis, elements) -> list[str]:
     meta = getattr(gto.mole, "BSE_META", {}).get(_format_basis_name(basis).lower()) if isinstance(basis, str) else None
     if not meta:
         return []
-    return [el for el in sorted(set(elements))
-            if gto.charge(el) in meta[1] and not _defines(basis, el, gto.basis.load_ecp)]
+    return [
+        el for el in sorted(set(elements)) if gto.charge(el) in meta[1] and not _defines(basis, el, gto.basis.load_ecp)
+    ]
 
 
 def ecp_info(mol: gto.Mole) -> dict | None:
@@ -118,9 +120,11 @@ def ecp_off_warning(basis, elements) -> str | None:
     with_ecp = ecp_core_electrons(basis, elements)
     if not with_ecp:
         return None
-    return (f"ECP off (ecp 'none-for-testing'): basis {basis} is made for an effective core potential "
-            f"on {', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
-            "are meaningless (keep the basis's ECP, ecp 'auto', or choose an all-electron basis)")
+    return (
+        f"ECP off (ecp 'none-for-testing'): basis {basis} is made for an effective core potential "
+        f"on {', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
+        "are meaningless (keep the basis's ECP, ecp 'auto', or choose an all-electron basis)"
+    )
 
 
 def check_geometry(geom: Geometry) -> None:
@@ -131,6 +135,7 @@ def check_geometry(geom: Geometry) -> None:
     if len(xyz) < 2:
         return
     from scipy.spatial import cKDTree
+
     pairs = cKDTree(xyz).query_pairs(MIN_ATOM_DISTANCE, output_type="ndarray")
     if len(pairs):
         d = np.linalg.norm(xyz[pairs[:, 0]] - xyz[pairs[:, 1]], axis=1)
@@ -140,10 +145,12 @@ def check_geometry(geom: Geometry) -> None:
 
         def name(n):
             return f"ghost {geom.symbols[n]}" if geom.is_ghost(n) else geom.symbols[n]
+
         raise InputError(
             f"{geom.source or 'molecule'}: atoms {i + 1} ({name(i)}) and {j + 1} "
             f"({name(j)}) are {d[k]:.4f} Å apart, closer than {MIN_ATOM_DISTANCE} Å"
-            f"{more}; check the coordinates (Ångström)")
+            f"{more}; check the coordinates (Ångström)"
+        )
 
 
 def minimal_basis_size(symbols) -> int:
@@ -160,36 +167,72 @@ def electron_count(geom: Geometry, charge: int | None = None, multiplicity: int 
     """(charge, multiplicity, electrons): options override the XYZ comment. Defaults: charge 0;
     multiplicity the lowest the electron count allows (1 for even, 2 for odd), as Psi4 takes it."""
     charge = charge if charge is not None else (geom.charge if geom.charge is not None else 0)
-    nelec = sum(gto.charge(s) for s in geom.real_symbols) - charge     # ghosts have none
-    mult = multiplicity if multiplicity is not None else (
-        geom.multiplicity if geom.multiplicity is not None else 1 + nelec % 2)
+    nelec = sum(gto.charge(s) for s in geom.real_symbols) - charge  # ghosts have none
+    mult = (
+        multiplicity
+        if multiplicity is not None
+        else (geom.multiplicity if geom.multiplicity is not None else 1 + nelec % 2)
+    )
     return charge, mult, nelec
 
 
-def resolve_reference(reference: str, geom: Geometry, charge: int | None = None,
-                      multiplicity: int | None = None) -> str:
+def resolve_reference(
+    reference: str, geom: Geometry, charge: int | None = None, multiplicity: int | None = None
+) -> str:
     """'rhf' or 'uhf' for the ``reference`` option (auto: RHF for a closed shell, UHF otherwise). ROHF is
     refused, and so is RHF for an open shell (InputError, before any integral)."""
     if reference not in REFERENCES:
-        raise InputError(f"unknown reference '{reference}'; use one of {', '.join(REFERENCES)}",
-                         option="reference")
+        raise InputError(f"unknown reference '{reference}'; use one of {', '.join(REFERENCES)}", option="reference")
     if reference == "rohf":
-        raise InputError("ROHF references are not supported (ROHF-MP2 needs semicanonical orbitals "
-                         "and a singles term); use a UHF reference (the default for open shells)",
-                         option="reference")
+        raise InputError(
+            "ROHF references are not supported (ROHF-MP2 needs semicanonical orbitals "
+            "and a singles term); use a UHF reference (the default for open shells)",
+            option="reference",
+        )
     _, mult, nelec = electron_count(geom, charge, multiplicity)
     open_shell = mult != 1 or nelec % 2 == 1
     if reference == "rhf" and open_shell:
-        raise InputError(f"{geom.source or 'molecule'}: RHF needs a closed shell, but {nelec} electrons "
-                         f"with multiplicity {mult} is open-shell; use a UHF reference (uhf or auto)",
-                         option="reference")
+        raise InputError(
+            f"{geom.source or 'molecule'}: RHF needs a closed shell, but {nelec} electrons "
+            f"with multiplicity {mult} is open-shell; use a UHF reference (uhf or auto)",
+            option="reference",
+        )
     if reference == "auto":
         return "uhf" if open_shell else "rhf"
     return reference
 
 
-def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = None,
-                   multiplicity: int | None = None, ecp: str = "auto") -> gto.Mole:
+def _ecp_cores(where: str, basis, real, ecp: str) -> dict:
+    """{element: core electrons} of the ECPs ``build_molecule`` attaches for ``ecp`` ('auto': the
+    basis's own; else none); InputError for a basis made for an ECP that PySCF does not attach,
+    or one made for an ECP run all-electron with ecp 'none'."""
+    ecp_core = ecp_core_electrons(basis, real)
+    lost = ecp_not_attached(basis, real) if ecp != "none-for-testing" else []
+    if lost:
+        raise InputError(
+            f"{where}: basis {basis} for {', '.join(lost)} is made for an effective core "
+            "potential that PySCF does not attach (its orbital basis alone would come from the "
+            "Basis Set Exchange); choose another basis",
+            option="basis",
+        )
+    if ecp == "none" and ecp_core:
+        raise InputError(
+            f"{where}: basis {basis} is made for an effective core potential on "
+            f"{', '.join(ecp_core)}; all-electron it lacks core functions and its energies are "
+            "meaningless; keep its ECP (auto), choose an all-electron basis, or, to run it "
+            "anyway for a test, ecp 'none-for-testing'",
+            option="ecp",
+        )
+    return ecp_core if ecp == "auto" else {}
+
+
+def build_molecule(
+    geom: Geometry,
+    basis: str = "cc-pvdz",
+    charge: int | None = None,
+    multiplicity: int | None = None,
+    ecp: str = "auto",
+) -> gto.Mole:
     """PySCF molecule (``mol.spin`` = multiplicity - 1). Options override the XYZ comment;
     default charge 0, multiplicity the lowest for the electron count (``electron_count``).
     Ghost atoms (``geom.ghost``) carry the basis of their element and nothing else; the electron
@@ -215,50 +258,51 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     if ecp not in ECP_CHOICES:
         raise InputError(f"unknown ECP setting '{ecp}'; use one of {', '.join(ECP_CHOICES)}", option="ecp")
     if mult < 1:
-        raise InputError(f"{where}: multiplicity {mult} is not valid (it is 2S+1, a positive "
-                         "integer; 1 for a closed shell, 2 for a doublet, 3 for a triplet)",
-                         option="multiplicity")
+        raise InputError(
+            f"{where}: multiplicity {mult} is not valid (it is 2S+1, a positive "
+            "integer; 1 for a closed shell, 2 for a doublet, 3 for a triplet)",
+            option="multiplicity",
+        )
     if isinstance(basis, str):
         _check_basis(basis, geom.symbols, "basis", "basis")
-    real = geom.real_symbols          # ghosts carry neither electrons nor an ECP
+    real = geom.real_symbols  # ghosts carry neither electrons nor an ECP
     if not real:
         raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
-    ecp_core = ecp_core_electrons(basis, real)
-    lost = ecp_not_attached(basis, real) if ecp != "none-for-testing" else []
-    if lost:
-        raise InputError(f"{where}: basis {basis} for {', '.join(lost)} is made for an effective core "
-                         "potential that PySCF does not attach (its orbital basis alone would come from the "
-                         "Basis Set Exchange); choose another basis", option="basis")
-    if ecp == "none" and ecp_core:
-        raise InputError(f"{where}: basis {basis} is made for an effective core potential on "
-                         f"{', '.join(ecp_core)}; all-electron it lacks core functions and its energies are "
-                         "meaningless; keep its ECP (auto), choose an all-electron basis, or, to run it "
-                         "anyway for a test, ecp 'none-for-testing'", option="ecp")
-    ecp_core = ecp_core if ecp == "auto" else {}
-    n_ecp = sum(ecp_core.get(s, 0) for s in real)     # even per atom: parity and multiplicity unchanged
+    ecp_core = _ecp_cores(where, basis, real, ecp)
+    n_ecp = sum(ecp_core.get(s, 0) for s in real)  # even per atom: parity and multiplicity unchanged
     nelec -= n_ecp
     outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""
     if nelec <= 0:
-        raise InputError(f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge",
-                         option="charge")
+        raise InputError(
+            f"{where}: charge {charge:+d} leaves {nelec} electrons{outside}; check the charge", option="charge"
+        )
     unpaired = mult - 1
     if unpaired > nelec:
-        raise InputError(f"{where}: multiplicity {mult} needs {unpaired} unpaired electrons but the "
-                         f"molecule has only {nelec}{outside}; check the charge and multiplicity",
-                         option=("charge", "multiplicity"))
+        raise InputError(
+            f"{where}: multiplicity {mult} needs {unpaired} unpaired electrons but the "
+            f"molecule has only {nelec}{outside}; check the charge and multiplicity",
+            option=("charge", "multiplicity"),
+        )
     if (nelec - unpaired) % 2:
-        raise InputError(f"{where}: {nelec} electrons cannot have multiplicity {mult}: an "
-                         f"{'even' if nelec % 2 == 0 else 'odd'} electron count needs an "
-                         f"{'odd' if nelec % 2 == 0 else 'even'} multiplicity (2S+1); check the "
-                         "charge and multiplicity", option=("charge", "multiplicity"))
-    capacity = 2 * minimal_basis_size(real) - n_ecp     # ECP cores are filled shells
+        raise InputError(
+            f"{where}: {nelec} electrons cannot have multiplicity {mult}: an "
+            f"{'even' if nelec % 2 == 0 else 'odd'} electron count needs an "
+            f"{'odd' if nelec % 2 == 0 else 'even'} multiplicity (2S+1); check the "
+            "charge and multiplicity",
+            option=("charge", "multiplicity"),
+        )
+    capacity = 2 * minimal_basis_size(real) - n_ecp  # ECP cores are filled shells
     if nelec > capacity:
-        raise InputError(f"{where}: charge {charge:+d} gives {nelec} electrons{outside}, more than the "
-                         f"{capacity} that the atoms' occupied shells hold; check the charge",
-                         option="charge")
+        raise InputError(
+            f"{where}: charge {charge:+d} gives {nelec} electrons{outside}, more than the "
+            f"{capacity} that the atoms' occupied shells hold; check the charge",
+            option="charge",
+        )
     mol = gto.Mole()
-    mol.atom = [(GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
-                for i, (s, c) in enumerate(zip(geom.symbols, geom.coords_angstrom))]
+    mol.atom = [
+        (GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
+        for i, (s, c) in enumerate(zip(geom.symbols, geom.coords_angstrom))
+    ]
     mol.unit = "Angstrom"
     mol.basis = basis
     mol.ecp = {el: basis for el in ecp_core}
@@ -267,8 +311,11 @@ def build_molecule(geom: Geometry, basis: str = "cc-pvdz", charge: int | None = 
     mol.verbose = 0
     mol.build()
     if (nelec + unpaired) // 2 >= mol.nao_nr():
-        raise InputError(f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
-                         f"'{basis}': no virtual orbitals for MP2; use a larger basis", option="basis")
+        raise InputError(
+            f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
+            f"'{basis}': no virtual orbitals for MP2; use a larger basis",
+            option="basis",
+        )
     return mol
 
 

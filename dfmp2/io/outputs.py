@@ -18,6 +18,7 @@ Writing rules (``write_text``, ``write_bytes``):
   can be created (read-only file system, permissions): refused;
 * the run's own input or checkpoint: refused, so ``--json mol.xyz`` cannot overwrite the input.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,6 +37,7 @@ from dfmp2.errors import DiskWriteError, InputError
 def _naming_option(fn):
     """``fn(..., option=None)``: the InputError it raises names ``option`` (the RunOptions field
     the path came from, e.g. 'scratch_dir'), so the CLI can add its flag."""
+
     @functools.wraps(fn)
     def wrapper(*args, option: str | None = None, **kwargs):
         try:
@@ -43,6 +45,7 @@ def _naming_option(fn):
         except InputError as e:
             e.option = e.option or option
             raise
+
     return wrapper
 
 
@@ -86,15 +89,15 @@ def check_output_file(path, what: str, *, not_same_as=()) -> Path:
         if other is not None and _same(p, other):
             raise InputError(f"{what} {path} is the {label}; it would be overwritten: give another path")
     try:
-        st = os.stat(p)                         # follows a symbolic link, as the write does
+        st = os.stat(p)  # follows a symbolic link, as the write does
     except FileNotFoundError:
         st = None
-    except OSError as e:                        # a parent that is a file, a loop of links ...
+    except OSError as e:  # a parent that is a file, a loop of links ...
         raise InputError(f"{what} {path}: {e.strerror}") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError(f"{what} {path} is a directory; give a file name")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        if not os.access(p, os.W_OK):           # a device or FIFO: written into, not replaced
+        if not os.access(p, os.W_OK):  # a device or FIFO: written into, not replaced
             raise InputError(f"{what} {path}: not writable")
         return p
     parent = Path(os.path.realpath(p)).parent
@@ -128,8 +131,8 @@ def check_output_dir(directory, what: str, *, create: bool = False) -> Path:
     return d
 
 
-DISK_MARGIN = 1.02            # what goes to disk must fit the free space with 2 % to spare
-DISK_USES = {"scratch_dir": "scratch", "checkpoint": "checkpoint"}   # RunOptions field: words
+DISK_MARGIN = 1.02  # what goes to disk must fit the free space with 2 % to spare
+DISK_USES = {"scratch_dir": "scratch", "checkpoint": "checkpoint"}  # RunOptions field: words
 
 
 def _disk_use(option: str) -> str:
@@ -159,10 +162,12 @@ def check_disk(needs) -> None:
             what = " and ".join(sorted({_disk_use(o) for o in options}))
             # more memory keeps B off the scratch disk; a checkpoint holds B whatever the memory
             more = ", or allow more memory (B stays off disk)" if "scratch_dir" in options else ""
-            raise InputError(f"this run needs {mb * DISK_MARGIN:.4g} MB of disk in {d} ({what}: "
-                             f"{mb:.4g} MB and a {DISK_MARGIN - 1:.0%} margin) but only {free:.4g} MB are "
-                             f"free; choose a directory on a larger disk{more}",
-                             option="scratch_dir" if "scratch_dir" in options else options[0])
+            raise InputError(
+                f"this run needs {mb * DISK_MARGIN:.4g} MB of disk in {d} ({what}: "
+                f"{mb:.4g} MB and a {DISK_MARGIN - 1:.0%} margin) but only {free:.4g} MB are "
+                f"free; choose a directory on a larger disk{more}",
+                option="scratch_dir" if "scratch_dir" in options else options[0],
+            )
 
 
 # errnos of a write the disk refused: full, over quota, past a file-size limit (ulimit -f), I/O error
@@ -173,7 +178,7 @@ def write_failure(exc: BaseException) -> str | None:
     """The OS's reason when ``exc`` is a write the disk refused (``WRITE_ERRNOS``): an OSError's
     errno, or the 'errno = N' that h5py's OSError and RuntimeError quote from HDF5; else None."""
     if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
-        return os.strerror(exc.errno)       # h5py's strerror is HDF5's whole error stack
+        return os.strerror(exc.errno)  # h5py's strerror is HDF5's whole error stack
     if isinstance(exc, (OSError, RuntimeError)):
         m = re.search(r"errno = (\d+)", str(exc))
         if m and int(m.group(1)) in WRITE_ERRNOS:
@@ -193,8 +198,10 @@ def writing(path, what: str, option: str | None):
         why = write_failure(e)
         if why is None:
             raise
-        raise DiskWriteError(f"cannot write the {what} {path}: {why}; free space there or choose a "
-                             "directory on a larger disk", option=option) from None
+        raise DiskWriteError(
+            f"cannot write the {what} {path}: {why}; free space there or choose a directory on a larger disk",
+            option=option,
+        ) from None
 
 
 def write_text(path, text: str) -> None:
@@ -226,10 +233,10 @@ def _write(path, data, mode: str) -> None:
         st = None
     try:
         if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-            with open(_open_special(p), mode, closefd=True) as f:   # a device or FIFO: into it, never replacing it
+            with open(_open_special(p), mode, closefd=True) as f:  # a device or FIFO: into it, never replacing it
                 f.write(data)
             return
-        target = Path(os.path.realpath(p))      # replace a link's file, not the link
+        target = Path(os.path.realpath(p))  # replace a link's file, not the link
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
         # O_EXCL and mode 0o666: the umask applies, as for any new file (mkstemp would give 0600)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

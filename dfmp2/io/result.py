@@ -1,26 +1,37 @@
 """The result of a run: energies (Hartree), shapes, timings (s), what ran; table and JSON."""
+
 from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass, asdict, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF); 3 = the geometry as run,
 # multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls})
 SCHEMA_VERSION = "3"
-SCS_OS, SCS_SS = 1.2, 1.0 / 3.0      # Grimme's SCS-MP2
-SOS_OS = 1.3                          # Head-Gordon's SOS-MP2
+SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
+SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
 METHOD_SCALES = {"mp2": (1.0, 1.0), "scs-mp2": (SCS_OS, SCS_SS), "sos-mp2": (SOS_OS, 0.0)}
 
 
 def software_versions() -> dict:
-    import numpy, pyscf, torch
+    import numpy
+    import pyscf
+    import torch
+
     import dfmp2
-    return {"dfmp2": dfmp2.__version__, "pyscf": pyscf.__version__, "torch": torch.__version__,
-            "numpy": numpy.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "platform": platform.platform()}
+
+    return {
+        "dfmp2": dfmp2.__version__,
+        "pyscf": pyscf.__version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+    }
 
 
 def kernel_records(calls: dict) -> list:
@@ -51,9 +62,11 @@ def json_ran(ran: dict) -> dict:
 def geometry_record(symbols, coords_angstrom, ghost=()) -> dict:
     """The geometry as run, for the JSON: element symbols, coordinates in Ångström (natm lists of
     3 floats) and, per atom, whether it is a ghost atom (basis functions only, no charge)."""
-    return {"symbols": [str(s) for s in symbols],
-            "coordinates_angstrom": [[float(x) for x in row] for row in coords_angstrom],
-            "ghost": [bool(ghost[i]) if ghost else False for i in range(len(symbols))]}
+    return {
+        "symbols": [str(s) for s in symbols],
+        "coordinates_angstrom": [[float(x) for x in row] for row in coords_angstrom],
+        "ghost": [bool(ghost[i]) if ghost else False for i in range(len(symbols))],
+    }
 
 
 @dataclass
@@ -63,7 +76,7 @@ class Result:
     formula: str
     charge: int
     multiplicity: int  # 2S+1, closed shells too
-    geometry: dict     # geometry_record: symbols, coordinates in Ångström, ghost atoms (as run)
+    geometry: dict  # geometry_record: symbols, coordinates in Ångström, ghost atoms (as run)
     basis: str
     auxbasis: str
     scf_mode: str
@@ -71,20 +84,20 @@ class Result:
     frozen_core: bool
     nbasis: int
     nmo: int
-    nocc: int          # active occupied
+    nocc: int  # active occupied
     nfrozen: int
     nvir: int
     naux: int
-    e_hf: float        # Hartree
-    e_os: float        # opposite-spin correlation, Hartree
-    e_ss: float        # same-spin correlation, Hartree
-    timings: dict      # seconds per stage
-    wall_s: float      # seconds, the whole run (checks, SCF, MP2, result)
-    ran: dict          # device, engine, kernels, precision, metric factorisation
+    e_hf: float  # Hartree
+    e_os: float  # opposite-spin correlation, Hartree
+    e_ss: float  # same-spin correlation, Hartree
+    timings: dict  # seconds per stage
+    wall_s: float  # seconds, the whole run (checks, SCF, MP2, result)
+    ran: dict  # device, engine, kernels, precision, metric factorisation
     memory: dict
     versions: dict
-    warnings: list = field(default_factory=list)   # one line each: what to check before trusting this
-    ecp: dict | None = None   # scf.ecp_info: the effective core potential and its elements; None: all-electron
+    warnings: list = field(default_factory=list)  # one line each: what to check before trusting this
+    ecp: dict | None = None  # scf.ecp_info: the effective core potential and its elements; None: all-electron
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     # open shell (UHF reference): reference, multiplicity, <S^2> and S(S+1), alpha/beta nocc and
     # nvir, E_corr per spin block (aa, bb, ab; Hartree); nocc/nvir above are then the alpha ones.
@@ -112,10 +125,17 @@ class Result:
         return SOS_OS * self.e_os
 
     def energies(self) -> dict:
-        return {"e_hf": self.e_hf, "e_corr_os": self.e_os, "e_corr_ss": self.e_ss,
-                "e_corr": self.e_corr, "e_mp2": self.e_mp2,
-                "e_corr_scs": self.e_corr_scs, "e_scs_mp2": self.e_hf + self.e_corr_scs,
-                "e_corr_sos": self.e_corr_sos, "e_sos_mp2": self.e_hf + self.e_corr_sos}
+        return {
+            "e_hf": self.e_hf,
+            "e_corr_os": self.e_os,
+            "e_corr_ss": self.e_ss,
+            "e_corr": self.e_corr,
+            "e_mp2": self.e_mp2,
+            "e_corr_scs": self.e_corr_scs,
+            "e_scs_mp2": self.e_hf + self.e_corr_scs,
+            "e_corr_sos": self.e_corr_sos,
+            "e_sos_mp2": self.e_hf + self.e_corr_sos,
+        }
 
     def to_dict(self) -> dict:
         d = {"schema_version": SCHEMA_VERSION, **asdict(self)}
@@ -123,8 +143,7 @@ class Result:
             d.pop(k)
         d["energies"] = self.energies()
         d["ran"] = json_ran(d["ran"])
-        d["units"] = {"energies": "hartree", "timings": "s", "wall_s": "s", "memory": "MB",
-                      "geometry": "angstrom"}
+        d["units"] = {"energies": "hartree", "timings": "s", "wall_s": "s", "memory": "MB", "geometry": "angstrom"}
         d["shapes"] = {k: d.pop(k) for k in ("nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux")}
         return d
 
@@ -132,68 +151,99 @@ class Result:
         """Write atomically (dfmp2.io.outputs.write_text: a half-written file never appears under
         ``path``, and a device such as /dev/null is written into, not replaced)."""
         from dfmp2.io.outputs import write_text
+
         write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def render(self, console, quiet: bool = False) -> None:
         """Print the human-readable tables with rich; ``quiet`` (``-q``): the energies table and
         any notes, without the 'problem and what ran' table."""
-        from rich.markup import escape     # user text (file names, basis names) is not markup
+        from rich.markup import escape  # user text (file names, basis names) is not markup
         from rich.table import Table
+
         from dfmp2.io.molecule import describe_ecp
+
         e = self.energies()
         method = "DF-UMP2" if self.spin else "DF-MP2"
         t = Table(title=f"{method}  {self.formula}  ({escape(self.molecule)})", title_justify="left")
         t.add_column("quantity")
         t.add_column("energy / Eh", justify="right")
-        rows = [("E(HF)", "e_hf"), ("E_corr opposite-spin", "e_corr_os"),
-                ("E_corr same-spin", "e_corr_ss"), ("E_corr MP2", "e_corr"), ("E(MP2)", "e_mp2"),
-                ("E_corr SCS-MP2", "e_corr_scs"), ("E(SCS-MP2)", "e_scs_mp2"),
-                ("E_corr SOS-MP2", "e_corr_sos"), ("E(SOS-MP2)", "e_sos_mp2")]
+        rows = [
+            ("E(HF)", "e_hf"),
+            ("E_corr opposite-spin", "e_corr_os"),
+            ("E_corr same-spin", "e_corr_ss"),
+            ("E_corr MP2", "e_corr"),
+            ("E(MP2)", "e_mp2"),
+            ("E_corr SCS-MP2", "e_corr_scs"),
+            ("E(SCS-MP2)", "e_scs_mp2"),
+            ("E_corr SOS-MP2", "e_corr_sos"),
+            ("E(SOS-MP2)", "e_sos_mp2"),
+        ]
         for label, key in rows:
             t.add_row(label, f"{e[key]:.10f}")
         console.print(t)
         s = Table(title="problem and what ran", title_justify="left", show_header=False)
         s.add_column("k")
         s.add_column("v")
-        s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ")
-                  + f"{'DF-' + self._hf + ' (' + escape(str(self.jk_auxbasis)) + ')' if self.jk_auxbasis else self._hf + ' (exact integrals)'}")
+        scf = (
+            f"DF-{self._hf} ({escape(str(self.jk_auxbasis))})" if self.jk_auxbasis else f"{self._hf} (exact integrals)"
+        )
+        s.add_row("basis / aux (MP2) / SCF", escape(f"{self.basis} / {self.auxbasis} / ") + scf)
         sr = self.ran.get("scf") or {}
         if sr:
             where = sr.get("device", "host")
-            s.add_row("SCF", escape(f"{sr.get('engine')} on {where}, {sr.get('iterations')} iterations"
-                                    + (", from the checkpoint" if sr.get("source") == "checkpoint" else "")))
+            s.add_row(
+                "SCF",
+                escape(
+                    f"{sr.get('engine')} on {where}, {sr.get('iterations')} iterations"
+                    + (", from the checkpoint" if sr.get("source") == "checkpoint" else "")
+                ),
+            )
         s.add_row("ECP", escape(describe_ecp(self.ecp)))
         if self.spin:
             sp = self.spin
-            s.add_row("reference", f"UHF, multiplicity {sp['multiplicity']}, <S²> {sp['s2']:.4f} "
-                      f"(exact {sp['s2_exact']:.4f})")
-            s.add_row("shapes", f"nbasis {self.nbasis}, nocc α {sp['nocc_alpha']} β {sp['nocc_beta']} "
-                      f"(+{self.nfrozen} frozen each), nvir α {sp['nvir_alpha']} β {sp['nvir_beta']}, "
-                      f"naux {self.naux}")
-            s.add_row("E_corr αα / ββ / αβ", f"{sp['e_corr_aa']:.10f} / {sp['e_corr_bb']:.10f} / "
-                      f"{sp['e_corr_ab']:.10f}")
+            s.add_row(
+                "reference", f"UHF, multiplicity {sp['multiplicity']}, <S²> {sp['s2']:.4f} (exact {sp['s2_exact']:.4f})"
+            )
+            s.add_row(
+                "shapes",
+                f"nbasis {self.nbasis}, nocc α {sp['nocc_alpha']} β {sp['nocc_beta']} "
+                f"(+{self.nfrozen} frozen each), nvir α {sp['nvir_alpha']} β {sp['nvir_beta']}, "
+                f"naux {self.naux}",
+            )
+            s.add_row(
+                "E_corr αα / ββ / αβ", f"{sp['e_corr_aa']:.10f} / {sp['e_corr_bb']:.10f} / {sp['e_corr_ab']:.10f}"
+            )
         else:
-            s.add_row("shapes", f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), "
-                      f"nvir {self.nvir}, naux {self.naux}")
-        s.add_row("device / engine / precision",
-                  escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"))
+            s.add_row(
+                "shapes",
+                f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), nvir {self.nvir}, naux {self.naux}",
+            )
+        s.add_row(
+            "device / engine / precision",
+            escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"),
+        )
         s.add_row("metric", self.ran.get("metric", ""))
         s.add_row("kernels", escape(", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items())))
         if self.ran.get("integrals"):
             i = self.ran["integrals"]
             s.add_row("integrals", escape(f"{i['engine']} ({i.get('note') or i.get('why', '')})"))
-        s.add_row("timings / s", ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items())
-                  + f"; total {sum(self.timings.values()):.3f}")
+        s.add_row(
+            "timings / s",
+            ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items()) + f"; total {sum(self.timings.values()):.3f}",
+        )
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         if not quiet:
             console.print(s)
         self.render_warnings(console)
         if self.ran.get("simulated"):
-            console.print(f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
-                          f"({escape(self.ran['engine'])}); the timings are not Trainium timings.")
+            console.print(
+                f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
+                f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
+            )
 
     def render_warnings(self, console) -> None:
         """One 'warning:' line per entry of ``warnings`` (user text escaped for rich)."""
         from rich.markup import escape
+
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")

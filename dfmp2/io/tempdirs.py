@@ -7,6 +7,7 @@ that holds no Python frame to raise in (PySCF's DF build, a BLAS call, an HDF5 w
 took minutes to honour SIGTERM). The CLI's watchdog (``cli_runtime.terminate_raises``) then removes what
 is registered here before it ends the process.
 """
+
 from __future__ import annotations
 
 import shutil

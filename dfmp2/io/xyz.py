@@ -14,6 +14,7 @@ for every fragment or for none. These lines are not atoms (line 1 counts atoms o
 ``Geometry.fragments`` then holds each fragment's atom indices (0-based) and
 ``Geometry.fragment_states`` their (charge, multiplicity). Other commands run the whole molecule.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -34,13 +35,13 @@ _KNOWN = {s.upper(): s for s in ELEMENTS[1:]}
 _CHARGE_RE = re.compile(r"\bcharge\s*=\s*([^\s,;]*)", re.IGNORECASE)
 _MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([^\s,;]*)", re.IGNORECASE)
 _INT_RE = re.compile(r"[+-]?([0-9]+)", re.ASCII)
-MAX_STATE_DIGITS = 6          # |charge| and multiplicity up to 999999: beyond any molecule
-_KEY_RE = re.compile(r"(?<![\w.-])([A-Za-z][\w-]*)\s*=")   # 'key=' anywhere on the comment line
+MAX_STATE_DIGITS = 6  # |charge| and multiplicity up to 999999: beyond any molecule
+_KEY_RE = re.compile(r"(?<![\w.-])([A-Za-z][\w-]*)\s*=")  # 'key=' anywhere on the comment line
 _STATE_KEYS = ("charge", "multiplicity", "mult")
 _COUNT_RE = re.compile(r"[+-]?[0-9]{1,9}", re.ASCII)
-_STATE_RE = re.compile(r"\s*([+-]?[0-9]{1,6})\s+([+-]?[0-9]{1,6})\s*", re.ASCII)   # 'charge mult' 
-MAX_INPUT_BYTES = 64 * 1000**2   # 64 MB: a million atom lines; an input is read whole, so bounded
-MAX_COORD_ANGSTROM = 1e5   # 10 µm: far beyond any molecule, well inside where r² stays finite
+_STATE_RE = re.compile(r"\s*([+-]?[0-9]{1,6})\s+([+-]?[0-9]{1,6})\s*", re.ASCII)  # 'charge mult'
+MAX_INPUT_BYTES = 64 * 1000**2  # 64 MB: a million atom lines; an input is read whole, so bounded
+MAX_COORD_ANGSTROM = 1e5  # 10 µm: far beyond any molecule, well inside where r² stays finite
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,9 @@ class Geometry:
     multiplicity: int | None = None
     comment: str = ""
     source: str = ""
-    fragments: tuple = ()      # ((0-based atom indices), ...) from '--' lines; () when none
-    fragment_states: tuple = ()   # ((charge, multiplicity), ...) from the fragments' lines; () when none
-    ghost: tuple = ()          # per atom, True for a ghost atom (basis functions only); () when none
+    fragments: tuple = ()  # ((0-based atom indices), ...) from '--' lines; () when none
+    fragment_states: tuple = ()  # ((charge, multiplicity), ...) from the fragments' lines; () when none
+    ghost: tuple = ()  # per atom, True for a ghost atom (basis functions only); () when none
 
     @property
     def natm(self) -> int:
@@ -84,17 +85,18 @@ def _symbol(token: str, where: str) -> str:
 def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     """Parse XYZ text; errors name the file and line."""
     # only \n (and \r\n, \r) end a line, so line numbers are the ones an editor shows
-    text = text[1:] if text.startswith("\ufeff") else text       # a UTF-8 byte-order mark
+    text = text[1:] if text.startswith("\ufeff") else text  # a UTF-8 byte-order mark
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     if not lines or not lines[0].strip():
-        raise InputError(f"{source}:1: expected the atom count on the first line, found "
-                         f"{'an empty file' if not lines else 'an empty line'}")
+        raise InputError(
+            f"{source}:1: expected the atom count on the first line, found "
+            f"{'an empty file' if not lines else 'an empty line'}"
+        )
     count = lines[0].split()[0]
     if not _COUNT_RE.fullmatch(count):
-        raise InputError(f"{source}:1: expected the atom count on the first line, "
-                         f"found '{shown(lines[0])}'")
+        raise InputError(f"{source}:1: expected the atom count on the first line, found '{shown(lines[0])}'")
     natm = int(count)
     if natm <= 0:
         raise InputError(f"{source}:1: atom count must be positive, found {natm}")
@@ -107,8 +109,7 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
     if any(line.strip() == "--" for _, line in numbered):
         numbered, fragments, states = _fragments(numbered, source)
     if len(numbered) != natm:
-        raise InputError(f"{source}: atom count mismatch: line 1 says {natm} atoms, "
-                         f"found {len(numbered)} atom lines")
+        raise InputError(f"{source}: atom count mismatch: line 1 says {natm} atoms, found {len(numbered)} atom lines")
     symbols, coords = [], []
     for k, line in numbered:
         where = f"{source}:{k}"
@@ -116,11 +117,13 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
         if len(parts) < 4:
             raise InputError(f"{where}: expected 'symbol x y z', found '{shown(line)}'")
         if len(parts) > 4:
-            raise InputError(f"{where}: expected 'symbol x y z' (4 fields), found {len(parts)} "
-                             f"fields in '{shown(line)}'; remove the extra columns")
+            raise InputError(
+                f"{where}: expected 'symbol x y z' (4 fields), found {len(parts)} "
+                f"fields in '{shown(line)}'; remove the extra columns"
+            )
         symbols.append(_symbol(parts[0], where))
         try:
-            if any("_" in v for v in parts[1:]):      # float() would read '1_0' as 10
+            if any("_" in v for v in parts[1:]):  # float() would read '1_0' as 10
                 raise ValueError
             xyz = [float(v) for v in parts[1:4]]
         except ValueError:
@@ -128,15 +131,19 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:
         if not all(np.isfinite(xyz)):
             raise InputError(f"{where}: coordinates must be finite, found '{shown(line)}'")
         if max(abs(v) for v in xyz) > MAX_COORD_ANGSTROM:
-            raise InputError(f"{where}: coordinates must be within ±{MAX_COORD_ANGSTROM:g} Å, "
-                             f"found '{shown(line)}'")
+            raise InputError(f"{where}: coordinates must be within ±{MAX_COORD_ANGSTROM:g} Å, found '{shown(line)}'")
         coords.append(xyz)
     _check_comment_keys(comment, f"{source}:2")
-    return Geometry(symbols=tuple(symbols), coords_angstrom=np.array(coords, dtype=np.float64),
-                    charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
-                    multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
-                    comment=comment.strip(), source=source, fragments=fragments,
-                    fragment_states=states)
+    return Geometry(
+        symbols=tuple(symbols),
+        coords_angstrom=np.array(coords, dtype=np.float64),
+        charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
+        multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
+        comment=comment.strip(),
+        source=source,
+        fragments=fragments,
+        fragment_states=states,
+    )
 
 
 def _fragments(numbered, source: str) -> tuple:
@@ -173,8 +180,10 @@ def _fragments(numbered, source: str) -> tuple:
     given = [st for st in states if st is not None]
     if given and len(given) < len(states):
         n = next(i for i, st in enumerate(states) if st is None)
-        raise InputError(f"{source}:{given[0][2]}: fragment {n + 1} has no 'charge multiplicity' "
-                         "line; give one at the start of every fragment or of none")
+        raise InputError(
+            f"{source}:{given[0][2]}: fragment {n + 1} has no 'charge multiplicity' "
+            "line; give one at the start of every fragment or of none"
+        )
     return atom_lines, tuple(out), tuple((q, m) for q, m, _ in given)
 
 
@@ -188,8 +197,10 @@ def _check_comment_keys(comment: str, where: str) -> None:
         if k in _STATE_KEYS:
             continue
         if k == "spin":
-            raise InputError(f"{where}: '{shown(key, 20)}=' is not read (2S or S?); give the spin "
-                             "as multiplicity=2S+1 (e.g. multiplicity=3 for a triplet)")
+            raise InputError(
+                f"{where}: '{shown(key, 20)}=' is not read (2S or S?); give the spin "
+                "as multiplicity=2S+1 (e.g. multiplicity=3 for a triplet)"
+            )
         near = difflib.get_close_matches(k, _STATE_KEYS, n=1, cutoff=0.75)
         if near:
             raise InputError(f"{where}: unknown key '{shown(key, 20)}='; did you mean '{near[0]}='?")
@@ -202,8 +213,10 @@ def _comment_int(regex, comment: str, what: str, where: str) -> int | None:
     if not found:
         return None
     if len(found) > 1:
-        raise InputError(f"{where}: {what} is given {len(found)} times "
-                         f"({', '.join(repr(shown(v, 12)) for v in found)}); give it once")
+        raise InputError(
+            f"{where}: {what} is given {len(found)} times "
+            f"({', '.join(repr(shown(v, 12)) for v in found)}); give it once"
+        )
     value = found[0]
     m = _INT_RE.fullmatch(value)
     if m is None:
@@ -236,7 +249,7 @@ def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> st
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
         raise InputError(f"{path}: is {file_kind(st.st_mode)}, not a file; expected {expected}")
     too_big = f"{path}: larger than {max_bytes / 1e6:g} MB, far more than any molecule; expected {expected}"
-    if st.st_size > max_bytes:             # a regular file's size is known before reading it
+    if st.st_size > max_bytes:  # a regular file's size is known before reading it
         raise InputError(too_big)
     try:
         with open(p, "rb") as f:
@@ -251,8 +264,8 @@ def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> st
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8)") from None
-    text = text[1:] if text.startswith("\ufeff") else text     # a BOM (Windows editors) is no text
-    return text.replace("\r\n", "\n").replace("\r", "\n")    # as text mode reads it
+    text = text[1:] if text.startswith("\ufeff") else text  # a BOM (Windows editors) is no text
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
 
 
 def read_xyz(path) -> Geometry:

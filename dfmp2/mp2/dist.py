@@ -21,6 +21,7 @@ Every pair's operands are bitwise those of one process (received blocks are copi
 allocations), so E_OS and E_SS are bit-identical to a 1-rank run on the same device, precision,
 blocking and thread count.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,11 +30,10 @@ import numpy as np
 import torch
 
 from dfmp2 import linalg
-
 from dfmp2.df import integrals
-from dfmp2.distributed import World, fault
 from dfmp2.df.fitting import apply_metric
 from dfmp2.df.outofcore import OccBlocks, combine, pair_view
+from dfmp2.distributed import World, fault
 
 
 def owned(count: int, world: World, rank: int | None = None) -> range:
@@ -45,11 +45,12 @@ def owned(count: int, world: World, rank: int | None = None) -> range:
 def my_aux_blocks(aux_blocks: list, world: World, rank: int | None = None) -> list:
     """The (μν|P) blocks rank ``rank`` computes: every size-th one, from its rank on."""
     r = world.rank if rank is None else rank
-    return aux_blocks[r::world.size]
+    return aux_blocks[r :: world.size]
 
 
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, out_dtype, plan, timer, blocks: OccBlocks,
-            engine, metric, world: World) -> dict:
+def build_B(
+    mol, auxmol, C_occ, C_vir, backend, dtype, out_dtype, plan, timer, blocks: OccBlocks, engine, metric, world: World
+) -> dict:
     """This rank's blocks of B: {k: (naux, nk*nvir) contiguous tensor in ``out_dtype``} for k in
     ``owned``. ``dtype``: the transform's and fit's; ``metric``: (M, kind, info) of metric_factor."""
     nao = C_occ.shape[0]
@@ -108,12 +109,12 @@ def _redistribute(rows: list, aux_blocks: list, blocks: OccBlocks, world: World,
         recv, a = recv.to(backend.device), 0
         for _, _, p0, p1 in theirs:
             m = (p1 - p0) * (c1 - c0)
-            full[p0:p1] = recv[a:a + m].view(p1 - p0, c1 - c0)
+            full[p0:p1] = recv[a : a + m].view(p1 - p0, c1 - c0)
             a += m
     out = {}
     for k in mine:
         k0, k1 = blocks.columns(k)
-        out[k] = full[:, k0 - c0:k1 - c0].contiguous()     # its own allocation, as one process has it
+        out[k] = full[:, k0 - c0 : k1 - c0].contiguous()  # its own allocation, as one process has it
     return out
 
 
@@ -131,7 +132,7 @@ def _unpack(buf: torch.Tensor | None, ks, blocks: OccBlocks, device) -> dict:
     for k in ks:
         shape = blocks.shape(k)
         n = shape[0] * shape[1]
-        out[k] = buf[a:a + n].view(shape).clone()       # its own allocation, as one process has it
+        out[k] = buf[a : a + n].view(shape).clone()  # its own allocation, as one process has it
         a += n
     return out
 
@@ -149,8 +150,9 @@ def _ring(own: dict, blocks: OccBlocks, world: World, shifts: int, visit, dtype,
             ks = list(owned(blocks.count, world, nxt))
             n = sum(blocks.shape(k)[0] * blocks.shape(k)[1] for k in ks)
             recv = torch.empty(n, dtype=dtype, device=world.wire_device) if n else None
-            pending = world.post(_pack(held, world), recv, (world.rank + 1) % world.size,
-                                 (world.rank - 1) % world.size, "pair")
+            pending = world.post(
+                _pack(held, world), recv, (world.rank + 1) % world.size, (world.rank - 1) % world.size, "pair"
+            )
         visit(s, q, held)
         if pending is not None:
             pending.wait()
@@ -174,7 +176,7 @@ def assigned(blocks: OccBlocks, size: int) -> dict:
     load, out, shared = [0.0] * size, {}, []
     for i, j in blocks.pairs():
         oi, oj = owner[i], owner[j]
-        d = (oi - oj) % size                    # oi holds oj's blocks at shift d, oj holds oi's at N - d
+        d = (oi - oj) % size  # oi holds oj's blocks at shift d, oj holds oi's at N - d
         if oi == oj or 2 * d < size:
             r = oi
         elif 2 * d > size:
@@ -192,8 +194,9 @@ def assigned(blocks: OccBlocks, size: int) -> dict:
     return out
 
 
-def same_spin_sums(own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, world: World, dtype,
-                   progress=None) -> tuple[float, float]:
+def same_spin_sums(
+    own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, world: World, dtype, progress=None
+) -> tuple[float, float]:
     """(E_OS, E_SS) of one channel's block pairs I >= J (``OccBlocks.pairs``) over the ranks
     (each pair computed by the rank ``assigned`` names, when it holds both blocks), added in the
     single-process order (``combine``); every rank gets them."""
@@ -217,17 +220,29 @@ def same_spin_sums(own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, worl
                 bi = pair_view(bh, nvir)
                 bj = bi if hi == lo else pair_view(bl, nvir)
                 sums[index[(hi, lo)]] = linalg.mp2_pair_energy(
-                    bi, bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, symmetric=(hi == lo), backend=backend)
+                    bi, bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, symmetric=(hi == lo), backend=backend
+                )
                 done[0] += 1
                 if progress is not None and todo:
                     progress(done[0] * len(pairs) // todo, len(pairs))
+
     _ring(own, blocks, world, world.size // 2 + 1, visit, dtype, backend.device)
     total = world.all_reduce_sum(torch.from_numpy(sums), "pair").numpy()
     return combine(total, pairs)
 
 
-def cross_spin_sums(own_a: dict, own_b: dict, blocks_a: OccBlocks, blocks_b: OccBlocks, eps_a, eps_b,
-                    backend, world: World, dtype, progress=None) -> float:
+def cross_spin_sums(
+    own_a: dict,
+    own_b: dict,
+    blocks_a: OccBlocks,
+    blocks_b: OccBlocks,
+    eps_a,
+    eps_b,
+    backend,
+    world: World,
+    dtype,
+    progress=None,
+) -> float:
     """UMP2's E_ab over the ranks: pairs (I of alpha, this rank's; J of beta, passed round the ring
     over all N shifts), each in its slot of the I-major single-process order, summed there."""
     total = blocks_a.count * blocks_b.count
@@ -243,17 +258,24 @@ def cross_spin_sums(own_a: dict, own_b: dict, blocks_a: OccBlocks, blocks_b: Occ
                 j0, j1 = blocks_b.orbitals(j)
                 fault("pair")
                 sums[i * blocks_b.count + j], _ss = linalg.mp2_pair_energy(
-                    bi, pair_view(held[j], blocks_b.nvir), eps_a[0][i0:i1], eps_b[0][j0:j1], eps_a[1],
-                    eps_vir_j=eps_b[1], backend=backend)
+                    bi,
+                    pair_view(held[j], blocks_b.nvir),
+                    eps_a[0][i0:i1],
+                    eps_b[0][j0:j1],
+                    eps_a[1],
+                    eps_vir_j=eps_b[1],
+                    backend=backend,
+                )
                 done[0] += 1
                 if progress is not None and todo:
                     progress(done[0] * total // todo, total)
+
     _ring(own_b, blocks_b, world, world.size, visit, dtype, backend.device)
     out = world.all_reduce_sum(torch.from_numpy(sums), "pair").numpy()
     return float(sum(out.tolist()))
 
 
-RANKS_MAX = 65536       # the most ranks a refusal searches for the number that would fit
+RANKS_MAX = 65536  # the most ranks a refusal searches for the number that would fit
 
 
 def rank_stages_mb(plan, world_size: int, rank: int | None = None) -> dict:
@@ -267,6 +289,7 @@ def rank_stages_mb(plan, world_size: int, rank: int | None = None) -> dict:
 
     A share is the rank's fraction of the occupied columns (contiguous blocks, ``owned``)."""
     from dfmp2.memory import MB, stage_estimates
+
     s = plan.shapes
     nocc, nvir, naux = s["nocc"], s["nvir"], s["naux"]
     blocks = OccBlocks(nocc, nvir, naux, plan.occ_block)
@@ -275,13 +298,19 @@ def rank_stages_mb(plan, world_size: int, rank: int | None = None) -> dict:
         ks = range(r * blocks.count // world_size, (r + 1) * blocks.count // world_size)
         shares.append(sum(blocks.shape(k)[1] for k in ks) / max(1, nocc * nvir))
     f = shares[rank] if rank is not None else max(shares)
-    one = stage_estimates(**{k: s[k] for k in ("nao", "nocc", "nvir", "naux", "itemsize", "fit_itemsize")},
-                          aux_block=plan.aux_block, occ_block=plan.occ_block, out_of_core=False)
+    one = stage_estimates(
+        **{k: s[k] for k in ("nao", "nocc", "nvir", "naux", "itemsize", "fit_itemsize")},
+        aux_block=plan.aux_block,
+        occ_block=plan.occ_block,
+        out_of_core=False,
+    )
     pia, b = naux * nocc * nvir * s["fit_itemsize"] / MB, naux * nocc * nvir * s["itemsize"] / MB
-    return {"metric": one["metric"],
-            "transform": one["transform"] - pia + 2 * f * pia,
-            "fit": one["fit"] - max(pia, b) + f * (pia + b),
-            "pair": one["pair"] - b + 3 * f * b}
+    return {
+        "metric": one["metric"],
+        "transform": one["transform"] - pia + 2 * f * pia,
+        "fit": one["fit"] - max(pia, b) + f * (pia + b),
+        "pair": one["pair"] - b + 3 * f * b,
+    }
 
 
 def per_rank_plan(plan, world: World, limit_mb: float) -> None:
@@ -290,6 +319,7 @@ def per_rank_plan(plan, world: World, limit_mb: float) -> None:
     ``shapes['ranks']``; MemoryLimitError (before any integral) when it does not fit, saying on
     how many ranks it would."""
     from dfmp2.errors import MemoryLimitError
+
     stages = rank_stages_mb(plan, world.size)
     peak = max(stages.values())
     plan.limit_mb, plan.stages_mb, plan.peak_mb = limit_mb, stages, peak
@@ -297,10 +327,17 @@ def per_rank_plan(plan, world: World, limit_mb: float) -> None:
     if peak <= limit_mb:
         return
     need = next((n for n in _doubling(world.size) if max(rank_stages_mb(plan, n).values()) <= limit_mb), None)
-    where = (f"it would fit on {need} ranks" if need is not None else
-             f"it does not fit on any number of ranks (one rank's fixed part is {stages['metric']:.3g} MB)")
-    raise MemoryLimitError(f"the MP2 stage needs {peak:.3g} MB per rank on {world.size} ranks but the memory "
-                           f"limit is {limit_mb:.3g} MB per rank; {where}", need_mb=peak, limit_mb=limit_mb)
+    where = (
+        f"it would fit on {need} ranks"
+        if need is not None
+        else f"it does not fit on any number of ranks (one rank's fixed part is {stages['metric']:.3g} MB)"
+    )
+    raise MemoryLimitError(
+        f"the MP2 stage needs {peak:.3g} MB per rank on {world.size} ranks but the memory "
+        f"limit is {limit_mb:.3g} MB per rank; {where}",
+        need_mb=peak,
+        limit_mb=limit_mb,
+    )
 
 
 def _doubling(start: int):
@@ -313,10 +350,12 @@ def _doubling(start: int):
 def plan_printer(world: World, inner, say):
     """``on_plan`` of a verbose run over several ranks: ``inner(plan)`` (rank 0's table, or None),
     then this rank's line (``plan_line``) through ``say``."""
+
     def on_plan(plan):
         if inner is not None:
             inner(plan)
         say(plan_line(plan, world))
+
     return on_plan
 
 
@@ -327,6 +366,8 @@ def plan_line(plan, world: World) -> str:
     mine = owned(blocks.count, world)
     share = plan.b_mb * sum(blocks.shape(k)[1] for k in mine) / max(1, s["nocc"] * s["nvir"])
     peak = max(rank_stages_mb(plan, world.size, world.rank).values())
-    return (f"rank {world.rank} of {world.size} ({world.device}): occupied blocks {mine.start}-{mine.stop - 1} of "
-            f"{blocks.count}, B share {share:,.1f} of {plan.b_mb:,.1f} MB, MP2 stage peak {peak:,.1f} MB of "
-            f"{plan.limit_mb:,.1f} MB")
+    return (
+        f"rank {world.rank} of {world.size} ({world.device}): occupied blocks {mine.start}-{mine.stop - 1} of "
+        f"{blocks.count}, B share {share:,.1f} of {plan.b_mb:,.1f} MB, MP2 stage peak {peak:,.1f} MB of "
+        f"{plan.limit_mb:,.1f} MB"
+    )

@@ -12,6 +12,7 @@ RHF: E_OS and E_SS come from one pass over the block pairs I >= J. UHF: E_SS = E
 (each channel's same-spin sum, halved), E_OS = E_ab (``outofcore.cross_block_sums``). For a
 closed shell the two agree.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,13 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dfmp2.linalg import DTYPES
-
-from dfmp2.df import integrals
-from dfmp2.mp2 import dist as mp2_dist
-from dfmp2.df import outofcore
+from dfmp2.df import integrals, outofcore
 from dfmp2.df.fitting import describe_metric, metric_factor
+from dfmp2.linalg import DTYPES
 from dfmp2.memory import MemoryPlan
+from dfmp2.mp2 import dist as mp2_dist
 from dfmp2.provenance import FromCheckpoint, StorageRecord
 from dfmp2.timing import Timer
 
@@ -45,8 +44,19 @@ class MP2Energies:
     stage_precision: dict
 
 
-def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: Timer, B,
-            engine: integrals.IntegralEngine | None = None, metric=None) -> None:
+def build_B(
+    mol,
+    auxmol,
+    C_occ,
+    C_vir,
+    backend,
+    dtype,
+    plan: MemoryPlan,
+    timer: Timer,
+    B,
+    engine: integrals.IntegralEngine | None = None,
+    metric=None,
+) -> None:
     """Fit B into the store ``B`` (``outofcore.open_b_store``): block k holds
     B[P, i*nvir + a] = B_ia^P for the block's i as a (naux, nk*nvir) array in ``B.dtype``; then
     ``B.mark_complete`` (a checkpoint records B and its metric, ``B.metric``).
@@ -72,7 +82,7 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
         with engine.blocks(auxmol, aux_blocks, dtype) as stream:
             for p0, p1, packed in stream:
                 t1 = time.perf_counter()
-                t_int += t1 - t0                  # waiting for the engine; device work may still run
+                t_int += t1 - t0  # waiting for the engine; device work may still run
                 pia.write_rows(p0, p1, integrals.pia_rows(packed, nao, co, cv, backend))
                 t0 = time.perf_counter()
         pia.flush()
@@ -90,9 +100,21 @@ def build_B(mol, auxmol, C_occ, C_vir, backend, dtype, plan: MemoryPlan, timer: 
         timer.add("checkpoint", t0)
 
 
-def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, timer: Timer,
-              engine: integrals.IntegralEngine, progress=None, scratch_dir=None,
-              checkpoint=None, world=None) -> MP2Energies:
+def mp2_stage(
+    mol,
+    auxmol,
+    ref,
+    *,
+    backend,
+    precision: str,
+    plan: MemoryPlan,
+    timer: Timer,
+    engine: integrals.IntegralEngine,
+    progress=None,
+    scratch_dir=None,
+    checkpoint=None,
+    world=None,
+) -> MP2Energies:
     """The DF-MP2 stage after the SCF for ``ref`` (dfmp2.reference.Reference, frozen orbitals
     already marked). B of each channel stays in memory or goes to HDF5 as ``plan.out_of_core``
     says (the same arithmetic either way, so the same bits); out-of-core files without a
@@ -102,8 +124,18 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
     block pair. ``world`` (dfmp2.distributed.World) over several ranks: ``distributed_stage``."""
     if world is not None and world.distributed:
         assert checkpoint is None and not plan.out_of_core
-        return distributed_stage(mol, auxmol, ref, backend=backend, precision=precision, plan=plan,
-                                 timer=timer, engine=engine, progress=progress, world=world)
+        return distributed_stage(
+            mol,
+            auxmol,
+            ref,
+            backend=backend,
+            precision=precision,
+            plan=plan,
+            timer=timer,
+            engine=engine,
+            progress=progress,
+            world=world,
+        )
     # fp32 rounding of (P|ia) is amplified by L^-1 (the metric's condition number): on (H2O)4 an
     # fp32 fit costs over ten times the energy error of an fp64 fit
     # (scripts/results/docstring-measurements.md). The transforms and the fit are
@@ -112,35 +144,24 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
     naux = auxmol.nao_nr()
     blocks = [outofcore.OccBlocks(ch.nocc_active, ch.nvir_active, naux, plan.occ_block) for ch in ref.channels]
     used = FromCheckpoint(scf=ref.source == "checkpoint")
-    stores, factor, metric, reused = [], None, ("cholesky", {}), []
+    stores = []
     try:
-        for c, (ch, blk) in enumerate(zip(ref.channels, blocks)):
-            if blk.nocc == 0:            # e.g. the H atom's beta spin: nothing to correlate
-                stores.append(None)
-                continue
-            t0 = time.perf_counter()
-            B = outofcore.open_b_store(plan, blk, b_dtype, backend, checkpoint=checkpoint, scratch=scratch_dir,
-                                       channel=c)
-            stores.append(B)
-            reused.append(B.complete)
-            if B.complete:
-                timer.add("checkpoint", t0)
-            else:
-                factor = factor or metric_factor(auxmol, backend, timer, engine)
-                build_B(mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, plan, timer, B,
-                        engine=engine, metric=factor)
-            metric = B.metric
-        factor = None
-        used.B = bool(reused) and all(reused)          # every channel's B read back, none built
-        eps = [(backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
-               for ch in ref.channels]
+        metric, reused = _b_stores(
+            stores, mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, checkpoint, scratch_dir
+        )
+        used.B = bool(reused) and all(reused)  # every channel's B read back, none built
+        eps = [
+            (backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
+            for ch in ref.channels
+        ]
         t0 = time.perf_counter()
         if ref.restricted:
             e_os, e_ss, npairs = _closed_shell_pairs(stores[0], eps[0], backend, checkpoint, used, progress)
             spin_blocks = None
         else:
-            e_os, e_ss, npairs, spin_blocks = _open_shell_pairs(stores, eps, blocks, backend, progress,
-                                                                checkpoint, used)
+            e_os, e_ss, npairs, spin_blocks = _open_shell_pairs(
+                stores, eps, blocks, backend, progress, checkpoint, used
+            )
         timer.add("pair", t0)
         b_file = None
         if plan.out_of_core:
@@ -149,17 +170,53 @@ def mp2_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, ti
         for B in stores:
             if B is not None:
                 B.close()
-    storage = StorageRecord(B="disk (HDF5)" if plan.out_of_core else "memory",
-                            occ_blocks=[b.count for b in blocks], block_pairs=npairs,
-                            checkpoint=str(checkpoint.path) if checkpoint is not None else None,
-                            B_file=b_file, from_checkpoint=used)
+    storage = StorageRecord(
+        B="disk (HDF5)" if plan.out_of_core else "memory",
+        occ_blocks=[b.count for b in blocks],
+        block_pairs=npairs,
+        checkpoint=str(checkpoint.path) if checkpoint is not None else None,
+        B_file=b_file,
+        from_checkpoint=used,
+    )
     record = engine.describe()
     if used.B:
         record["note"] = "not run: B came from the checkpoint"
-    return MP2Energies(e_os=e_os, e_ss=e_ss, spin_blocks=spin_blocks, storage=storage,
-                       metric=describe_metric(*metric), integrals=record,
-                       stage_precision={"transform_fit": str(fit_dtype).replace("torch.float", "fp"),
-                                        "pair": precision, "energy_sums": "fp64"})
+    return MP2Energies(
+        e_os=e_os,
+        e_ss=e_ss,
+        spin_blocks=spin_blocks,
+        storage=storage,
+        metric=describe_metric(*metric),
+        integrals=record,
+        stage_precision={
+            "transform_fit": str(fit_dtype).replace("torch.float", "fp"),
+            "pair": precision,
+            "energy_sums": "fp64",
+        },
+    )
+
+
+def _b_stores(stores, mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, checkpoint, scratch):
+    """Open each channel's B store into ``stores`` (None for a channel with nothing to correlate,
+    e.g. the H atom's beta spin; the caller closes them), building B where the store does not
+    already hold it (one metric factor shared by both channels). Returns (the metric's (kind,
+    info), for each channel with a store whether it was complete)."""
+    factor, metric, reused = None, ("cholesky", {}), []
+    for c, (ch, blk) in enumerate(zip(ref.channels, blocks)):
+        if blk.nocc == 0:
+            stores.append(None)
+            continue
+        t0 = time.perf_counter()
+        B = outofcore.open_b_store(plan, blk, b_dtype, backend, checkpoint=checkpoint, scratch=scratch, channel=c)
+        stores.append(B)
+        reused.append(B.complete)
+        if B.complete:
+            timer.add("checkpoint", t0)
+        else:
+            factor = factor or metric_factor(auxmol, backend, timer, engine)
+            build_B(mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, plan, timer, B, engine=engine, metric=factor)
+        metric = B.metric
+    return metric, reused
 
 
 def _closed_shell_pairs(B, eps, backend, checkpoint, used: FromCheckpoint, progress):
@@ -197,26 +254,40 @@ def _open_shell_pairs(stores, eps, blocks, backend, progress, checkpoint=None, u
 
     def offset(base):
         return None if progress is None else (lambda done, _n: progress(base + done, total))
+
     e_same = []
     for s, group in enumerate(("pairs_aa", "pairs_bb")):
         if stores[s] is None:
             e_same.append(0.0)
             continue
         done, on_pair = _resumed_pairs(checkpoint, npairs[s], group, used)
-        sums = outofcore.pair_block_sums(stores[s], *eps[s], backend, done=done, on_pair=on_pair,
-                                         progress=offset(sum(npairs[:s])))
+        sums = outofcore.pair_block_sums(
+            stores[s], *eps[s], backend, done=done, on_pair=on_pair, progress=offset(sum(npairs[:s]))
+        )
         e_same.append(0.5 * outofcore.combine(sums, blocks[s].pairs())[1])
     e_ab = 0.0
     if ncross:
         done, on_pair = _resumed_pairs(checkpoint, ncross, "pairs_ab", used)
-        sums = outofcore.cross_block_sums(stores[0], stores[1], *eps[0], *eps[1], backend, done=done,
-                                          on_pair=on_pair, progress=offset(sum(npairs)))
+        sums = outofcore.cross_block_sums(
+            stores[0], stores[1], *eps[0], *eps[1], backend, done=done, on_pair=on_pair, progress=offset(sum(npairs))
+        )
         e_ab = float(sum(sums[:, 0].tolist()))
     return e_ab, e_same[0] + e_same[1], total, {"e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
 
 
-def distributed_stage(mol, auxmol, ref, *, backend, precision: str, plan: MemoryPlan, timer: Timer,
-                      engine: integrals.IntegralEngine, progress, world) -> MP2Energies:
+def distributed_stage(
+    mol,
+    auxmol,
+    ref,
+    *,
+    backend,
+    precision: str,
+    plan: MemoryPlan,
+    timer: Timer,
+    engine: integrals.IntegralEngine,
+    progress,
+    world,
+) -> MP2Energies:
     """The stage over several ranks (dfmp2.mp2.dist): each rank builds and holds its occupied
     blocks of B in memory; the energies are bitwise the single-process ones and every rank gets
     them. Records each rank's B bytes in ``world.b_bytes`` (gathered on every rank)."""
@@ -226,33 +297,61 @@ def distributed_stage(mol, auxmol, ref, *, backend, precision: str, plan: Memory
     factor = metric_factor(auxmol, backend, timer, engine)
     own = []
     for ch, blk in zip(ref.channels, blocks):
-        own.append(mp2_dist.build_B(mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, b_dtype, plan, timer,
-                                    blk, engine, factor, world) if blk.nocc else {})
+        own.append(
+            mp2_dist.build_B(
+                mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, b_dtype, plan, timer, blk, engine, factor, world
+            )
+            if blk.nocc
+            else {}
+        )
     metric = factor[1:]
     del factor
     mine = sum(t.numel() * t.element_size() for d in own for t in d.values())
     counts = torch.zeros(world.size, dtype=torch.float64)
     counts[world.rank] = mine
     world.b_bytes = [int(x) for x in world.all_reduce_sum(counts, "transform").tolist()]
-    eps = [(backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
-           for ch in ref.channels]
+    eps = [
+        (backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
+        for ch in ref.channels
+    ]
     t0 = time.perf_counter()
     if ref.restricted:
         e_os, e_ss = mp2_dist.same_spin_sums(own[0], blocks[0], *eps[0], backend, world, b_dtype, progress)
         npairs, spin_blocks = len(blocks[0].pairs()), None
     else:
-        e_same = [0.5 * mp2_dist.same_spin_sums(own[s], blocks[s], *eps[s], backend, world, b_dtype)[1]
-                  if blocks[s].nocc else 0.0 for s in (0, 1)]
-        e_ab = (mp2_dist.cross_spin_sums(own[0], own[1], blocks[0], blocks[1], eps[0], eps[1], backend, world,
-                                         b_dtype) if blocks[0].nocc and blocks[1].nocc else 0.0)
+        e_same = [
+            0.5 * mp2_dist.same_spin_sums(own[s], blocks[s], *eps[s], backend, world, b_dtype)[1]
+            if blocks[s].nocc
+            else 0.0
+            for s in (0, 1)
+        ]
+        e_ab = (
+            mp2_dist.cross_spin_sums(own[0], own[1], blocks[0], blocks[1], eps[0], eps[1], backend, world, b_dtype)
+            if blocks[0].nocc and blocks[1].nocc
+            else 0.0
+        )
         e_os, e_ss = e_ab, e_same[0] + e_same[1]
         npairs = sum(len(b.pairs()) for b in blocks if b.nocc) + blocks[0].count * blocks[1].count
         spin_blocks = {"e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
     timer.add("pair", t0)
-    storage = StorageRecord(B=f"memory (distributed over {world.size} ranks)",
-                            occ_blocks=[b.count for b in blocks], block_pairs=npairs, checkpoint=None,
-                            B_file=None, from_checkpoint=FromCheckpoint(scf=ref.source == "checkpoint"))
-    return MP2Energies(e_os=e_os, e_ss=e_ss, spin_blocks=spin_blocks, storage=storage,
-                       metric=describe_metric(*metric), integrals=engine.describe(),
-                       stage_precision={"transform_fit": str(fit_dtype).replace("torch.float", "fp"),
-                                        "pair": precision, "energy_sums": "fp64"})
+    storage = StorageRecord(
+        B=f"memory (distributed over {world.size} ranks)",
+        occ_blocks=[b.count for b in blocks],
+        block_pairs=npairs,
+        checkpoint=None,
+        B_file=None,
+        from_checkpoint=FromCheckpoint(scf=ref.source == "checkpoint"),
+    )
+    return MP2Energies(
+        e_os=e_os,
+        e_ss=e_ss,
+        spin_blocks=spin_blocks,
+        storage=storage,
+        metric=describe_metric(*metric),
+        integrals=engine.describe(),
+        stage_precision={
+            "transform_fit": str(fit_dtype).replace("torch.float", "fp"),
+            "pair": precision,
+            "energy_sums": "fp64",
+        },
+    )

@@ -7,18 +7,18 @@ and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (P
 The Fock matrices and error vectors it stores are (nao, nao) fp64, (2, nao, nao) stacked for the
 DF-UHF (UHF_DIIS_SPACE of them); the small solve runs on the host (numpy).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-
-DIIS_SPACE = 8            # PySCF's default diis_space
-UHF_DIIS_SPACE = 16       # the DF-UHF's: 16 vectors rather than 8 save cycles on most open shells, the most
-                          # where a hole delocalises softly ((H2O)8+), to the same E(UHF) (cycle counts:
-                          # scripts/results/docstring-measurements.md); memory: 16 stacked (F, e) pairs,
-                          # 4 nao^2 each (memory_mb)
-DIIS_START_CYCLE = 1      # PySCF's default diis_start_cycle
+DIIS_SPACE = 8  # PySCF's default diis_space
+UHF_DIIS_SPACE = 16  # the DF-UHF's: 16 vectors rather than 8 save cycles on most open shells, the most
+# where a hole delocalises softly ((H2O)8+), to the same E(UHF) (cycle counts:
+# scripts/results/docstring-measurements.md); memory: 16 stacked (F, e) pairs,
+# 4 nao^2 each (memory_mb)
+DIIS_START_CYCLE = 1  # PySCF's default diis_start_cycle
 
 
 class DIIS:
@@ -49,7 +49,7 @@ class DIIS:
         self.e.append(e.reshape(-1))
         self.noise.append(noise)
         enorm = float(torch.linalg.norm(e))
-        keep = [k for k in range(len(self.F) - 1) if self.noise[k] <= enorm][1 - self.space:] + [len(self.F) - 1]
+        keep = [k for k in range(len(self.F) - 1) if self.noise[k] <= enorm][1 - self.space :] + [len(self.F) - 1]
         self.F, self.e, self.noise = ([x[k] for k in keep] for x in (self.F, self.e, self.noise))
         n = len(self.F)
         h = np.zeros((n + 1, n + 1))

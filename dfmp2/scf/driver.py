@@ -9,6 +9,7 @@ dfmp2.scf.diis, the precision policy in dfmp2.scf.precision, the split factor ov
 dfmp2.scf.jk_dist, the UHF stability check in dfmp2.scf.stability, PySCF's SCF in
 dfmp2.scf.pyscf_scf.
 """
+
 from __future__ import annotations
 
 from dfmp2.errors import MemoryLimitError
@@ -20,12 +21,18 @@ from dfmp2.scf.rhf import DFRHF
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
 
+OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")  # the linalg ops this stage calls
 
-OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")   # the linalg ops this stage calls
 
-
-def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = JK_BLOCK_MB,
-              fp32_copy: bool = False, spins: int = 1) -> dict:
+def memory_mb(
+    nao: int,
+    naux: int,
+    nocc: int,
+    itemsize: int,
+    block_mb: float = JK_BLOCK_MB,
+    fp32_copy: bool = False,
+    spins: int = 1,
+) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize),
     'fp32_copy' (the mixed-precision SCF's fp32 copy of an fp64 factor, unpacked: naux nao^2 4 B,
     about the packed fp64 factor's size; or 0) and
@@ -47,31 +54,48 @@ def memory_mb(nao: int, naux: int, nocc: int, itemsize: int, block_mb: float = J
     return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
 
 
-def check_memory(nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float,
-                 fp32_copy: bool = False, spins: int = 1) -> dict:
+def check_memory(
+    nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float, fp32_copy: bool = False, spins: int = 1
+) -> dict:
     """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
     auxiliary function per block), and that block as 'block_mb'; with ``fp32_copy`` (a mixed-
     precision SCF asks for it) each block first with the factor's fp32 copy, then without it
     ('fp32_copy' 0: the SCF then runs in fp64). MemoryLimitError (one line, before any integral) when even
     the smallest block without the copy does not fit. The factor stays in memory (no
     out-of-core SCF yet)."""
-    for block_mb in (JK_BLOCK_MB, 1e-9):            # a smaller block would cost more than the copy saves
-        for copy in ((True, False) if fp32_copy else (False,)):
+    for block_mb in (JK_BLOCK_MB, 1e-9):  # a smaller block would cost more than the copy saves
+        for copy in (True, False) if fp32_copy else (False,):
             need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins)
             if need["peak"] <= limit_mb:
                 return {**need, "block_mb": block_mb}
     raise MemoryLimitError(
         f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
         f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
-        f"{limit_mb:.4g} MB; raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')")
+        f"{limit_mb:.4g} MB; raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')"
+    )
 
 
-def run_scf(mol, backend, *, max_cycle: int = pyscf_scf.SCF_MAX_CYCLE, timer=None,
-             block_mb: float = JK_BLOCK_MB, incremental: bool | None = None, engine=None,
-             progress=None, conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-             fp32_copy: bool = True, unrestricted: bool = False, stability: bool = False,
-             world=None, dm0=None, jk_auxbasis=None) -> Reference:
-    """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend`` (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
+def run_scf(
+    mol,
+    backend,
+    *,
+    max_cycle: int = pyscf_scf.SCF_MAX_CYCLE,
+    timer=None,
+    block_mb: float = JK_BLOCK_MB,
+    incremental: bool | None = None,
+    engine=None,
+    progress=None,
+    conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD,
+    precision: str = "auto",
+    fp32_copy: bool = True,
+    unrestricted: bool = False,
+    stability: bool = False,
+    world=None,
+    dm0=None,
+    jk_auxbasis=None,
+) -> Reference:
+    """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend``
+    (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
     'dfmp2.scf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
     precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
     does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
@@ -90,7 +114,19 @@ def run_scf(mol, backend, *, max_cycle: int = pyscf_scf.SCF_MAX_CYCLE, timer=Non
     (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
-    return cls(mol, backend, timer=timer or Timer(backend), block_mb=block_mb, **extra,
-                 incremental=incremental, engine=engine, progress=progress,
-                 conv_tol_grad=conv_tol_grad, precision=precision, fp32_copy=fp32_copy, world=world,
-                 dm0=dm0, jk_auxbasis=jk_auxbasis).run(max_cycle)
+    return cls(
+        mol,
+        backend,
+        timer=timer or Timer(backend),
+        block_mb=block_mb,
+        **extra,
+        incremental=incremental,
+        engine=engine,
+        progress=progress,
+        conv_tol_grad=conv_tol_grad,
+        precision=precision,
+        fp32_copy=fp32_copy,
+        world=world,
+        dm0=dm0,
+        jk_auxbasis=jk_auxbasis,
+    ).run(max_cycle)

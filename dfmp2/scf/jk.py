@@ -20,6 +20,7 @@ blocks of ``jk_block`` auxiliary functions, near JK_BLOCK_MB MB unpacked. ``buil
 fits the factor (the split one over ranks: dfmp2.scf.jk_dist). DFRHF (dfmp2.scf.rhf), DFUHF
 (dfmp2.scf.uhf) and the gradient's response (dfmp2.grad) build their J and K here.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,7 @@ from dfmp2.df import integrals
 from dfmp2.df.fitting import apply_metric, describe_metric, fit_metric
 from dfmp2.scf import jk_dist
 
-
-JK_BLOCK_MB = 64.0        # target MB of one unpacked factor block in the exchange build
+JK_BLOCK_MB = 64.0  # target MB of one unpacked factor block in the exchange build
 
 
 def npair(nao: int) -> int:
@@ -52,7 +52,7 @@ class JKFactor:
     def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str):
         self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
         r, c = torch.tril_indices(nao, nao, device=B.device)
-        self.lower = (r * nao + c)                       # flat index of (μ, ν), μ >= ν
+        self.lower = r * nao + c  # flat index of (μ, ν), μ >= ν
         self.offdiag_weight = torch.where(r == c, 1.0, 2.0).to(dtype=B.dtype)
 
     @property
@@ -73,8 +73,8 @@ class JKFactor:
         if self.B.dim() != 2:
             raise ValueError("J needs the packed factor")
         be = self.backend
-        gamma = linalg.gemm(self.B, self.pack(D)[:, None], backend=be)              # (naux, 1)
-        jp = linalg.gemm(self.B, gamma, trans_a=True, backend=be)                   # (npair, 1)
+        gamma = linalg.gemm(self.B, self.pack(D)[:, None], backend=be)  # (naux, 1)
+        jp = linalg.gemm(self.B, gamma, trans_a=True, backend=be)  # (npair, 1)
         return self.unpack(jp[:, 0])
 
     def exchange(self, C: torch.Tensor, split: int | None = None) -> torch.Tensor:
@@ -90,7 +90,7 @@ class JKFactor:
             p1 = min(self.naux, p0 + self.block)
             nb = p1 - p0
             Bf = (self.unpack(self.B[p0:p1], out=buf[:nb]) if packed else self.B[p0:p1]).reshape(nb * nao, nao)
-            Z = linalg.gemm(Cd, Bf, trans_a=True, trans_b=True, backend=be)         # (m, nb*nao)
+            Z = linalg.gemm(Cd, Bf, trans_a=True, trans_b=True, backend=be)  # (m, nb*nao)
             Z = Z.reshape(m, nb, nao)
             if split is None:
                 K += linalg.syrk(Z.reshape(m * nb, nao), trans=True, backend=be).to(torch.float64)
@@ -114,12 +114,13 @@ def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
     buf = torch.empty((min(step, naux), nao * nao), dtype=fac.B.dtype, device=fac.B.device)
     for p0 in range(0, naux, step):
         p1 = min(naux, p0 + step)
-        B[p0:p1] = fac.unpack(fac.B[p0:p1], out=buf[:p1 - p0])
+        B[p0:p1] = fac.unpack(fac.B[p0:p1], out=buf[: p1 - p0])
     return JKFactor(B, nao, fac.backend, jk_block(nao, naux, 4, block_mb), fac.metric)
 
 
-def build_jk_factor(mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB,
-                    fit_backend=None, engine=None, world=None) -> tuple[JKFactor, JKFactor | None]:
+def build_jk_factor(
+    mol, auxmol, backend, dtype, timer, block_mb: float = JK_BLOCK_MB, fit_backend=None, engine=None, world=None
+) -> tuple[JKFactor, JKFactor | None]:
     """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
     when it is not positive definite), streamed in aux-shell blocks from the integral engine
     ``engine`` (dfmp2.df.integrals, as the MP2 stage's; default: the host engine, libcint in a

@@ -11,6 +11,7 @@ J and K are summed in a different order than on one process: E(HF) agrees to abo
 bitwise. The orbitals that the MP2 stage reads are rank 0's, sent to every rank
 (``same_orbitals``), so the MP2 stage sees one set of orbitals on all ranks.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,27 +19,28 @@ import time
 import torch
 
 from dfmp2 import linalg
-
 from dfmp2.df import integrals
-from dfmp2.distributed import World
 from dfmp2.df.fitting import fit_metric
+from dfmp2.distributed import World
 
 
-def factor_rows(mol, auxmol, backend, engine, block_mb: float, world: World, timer) -> tuple[torch.Tensor, str, dict, list]:
+def factor_rows(
+    mol, auxmol, backend, engine, block_mb: float, world: World, timer
+) -> tuple[torch.Tensor, str, dict, list]:
     """This rank's rows of the fp64 JK factor B = W (P|μν) (naux_r, npair) on ``backend``, the
     metric's (kind, info), and the rows' aux indices."""
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     npair = nao * (nao + 1) // 2
     per_block = max(1, int(block_mb * 1e6 // max(1, npair * 8)))
-    blocks = integrals.aux_shell_blocks(auxmol, min(per_block, -(-naux // world.size)))   # >= N blocks
+    blocks = integrals.aux_shell_blocks(auxmol, min(per_block, -(-naux // world.size)))  # >= N blocks
     t0 = time.perf_counter()
-    mine = blocks[world.rank::world.size]
+    mine = blocks[world.rank :: world.size]
     rows = [p for _, _, p0, p1 in mine for p in range(p0, p1)]
     raw = backend.to_device(torch.empty((len(rows), npair), dtype=torch.float64))
     a = 0
     with engine.blocks(auxmol, mine, torch.float64) as stream:
         for p0, p1, packed in stream:
-            raw[a:a + p1 - p0] = packed.to(raw.device)
+            raw[a : a + p1 - p0] = packed.to(raw.device)
             a += p1 - p0
     j2c = engine.metric(auxmol).to(raw.device)
     t0 = timer.add("scf_integrals", t0)
@@ -57,11 +59,16 @@ def factor_rows(mol, auxmol, backend, engine, block_mb: float, world: World, tim
             B += linalg.gemm(W[idx][:, held_rows].contiguous(), held, backend=backend)
         if s + 1 < world.size:
             frm = (world.rank - s - 1) % world.size
-            theirs = blocks[frm::world.size]
+            theirs = blocks[frm :: world.size]
             their_rows = [p for _, _, p0, p1 in theirs for p in range(p0, p1)]
             recv = torch.empty((len(their_rows), npair), dtype=torch.float64, device=world.wire_device)
-            world.shift(held.to(world.wire_device).contiguous(), recv, (world.rank + 1) % world.size,
-                        (world.rank - 1) % world.size, "scf")
+            world.shift(
+                held.to(world.wire_device).contiguous(),
+                recv,
+                (world.rank + 1) % world.size,
+                (world.rank - 1) % world.size,
+                "scf",
+            )
             held = recv.to(raw.device)
             held_rows = torch.tensor(their_rows, dtype=torch.long, device=raw.device)
     timer.add("scf_fit", t0)
@@ -76,4 +83,4 @@ def same_orbitals(C: torch.Tensor, mo_e: torch.Tensor, world: World) -> tuple[to
     if world.rank:
         both = torch.zeros_like(both)
     both = world.all_reduce_sum(both, "scf").to(C.device)
-    return both[:C.numel()].view(C.shape).to(C.dtype), both[C.numel():].view(mo_e.shape).to(mo_e.dtype)
+    return both[: C.numel()].view(C.shape).to(C.dtype), both[C.numel() :].view(mo_e.shape).to(mo_e.dtype)

@@ -23,11 +23,11 @@ error is below their noise, and the SCF converges to the same thresholds. Record
 The constants below are read by DFRHF's cycles (dfmp2.scf.rhf: ``maybe_switch``,
 ``maybe_host_rebuild``, ``exchange``); gradient norms are those of the orbital gradient (Hartree).
 """
+
 from __future__ import annotations
 
 from dfmp2.errors import InputError
 from dfmp2.options import SCF_PRECISIONS
-
 
 # Mixed precision (fp64 devices with fast fp32): the cycles' K in fp32 until the orbital gradient
 # nears the fp32 build's noise, then J/K in fp64 to the usual thresholds. J stays fp64 (two GEMVs,
@@ -35,9 +35,9 @@ from dfmp2.options import SCF_PRECISIONS
 # converged densities the gradient noise of an fp32 K was at most 7.5 x eps32 ||K/2||_F on the test
 # molecules (FP32_NOISE bounds it); the energy's noise is first order and size-extensive, so a |ΔE|
 # test would switch by chance: none is made (numbers: scripts/results/docstring-measurements.md).
-FP32_NOISE = 20.0         # the gradient noise of an fp32 K, bounded: this many eps32 ||K/2||_F
-FP32_SWITCH = 10.0        # J/K go to fp64 once the orbital gradient is below this many noises, ...
-FP32_STALL = 0.8          # ... or falls by less than this factor in a cycle (at the noise floor)
+FP32_NOISE = 20.0  # the gradient noise of an fp32 K, bounded: this many eps32 ||K/2||_F
+FP32_SWITCH = 10.0  # J/K go to fp64 once the orbital gradient is below this many noises, ...
+FP32_STALL = 0.8  # ... or falls by less than this factor in a cycle (at the noise floor)
 # A device without fp64 (trn): J/K of ΔD in fp32 keep a fixed rounding perturbation in the Fock
 # matrix (mostly the guess's build: the later ΔD are small). Open shells with degenerate partly
 # filled orbitals (OH, NO: one pi electron in two pi orbitals) have a flat rotation between them,
@@ -55,7 +55,7 @@ FP32_STALL = 0.8          # ... or falls by less than this factor in a cycle (at
 # builds), the 'scf_fp64_host' time, the record's host line.
 HOST_REBUILD_BELOW = 1e-5
 UHF_PLANNED_REBUILD = 1e-3  # the DF-UHF's rebuild is planned: once, when the gradient first falls below this
-REBUILD_GRACE = 3         # cycles after a rebuild before a stall counts (DIIS starts again from one vector)
+REBUILD_GRACE = 3  # cycles after a rebuild before a stall counts (DIIS starts again from one vector)
 
 
 def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str, str]:
@@ -65,12 +65,16 @@ def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str
     'auto' is mixed where the device has fp64 and fast fp32 and memory allows the factor's fp32
     copy (``fp32_copy``). InputError for fp64 or mixed on a device without fp64."""
     if requested not in SCF_PRECISIONS:
-        raise InputError(f"unknown SCF precision '{requested}'; use one of {', '.join(SCF_PRECISIONS)}",
-                         option="scf_precision")
+        raise InputError(
+            f"unknown SCF precision '{requested}'; use one of {', '.join(SCF_PRECISIONS)}", option="scf_precision"
+        )
     if not caps.has_fp64:
         if requested != "auto":
-            raise InputError(f"SCF precision {requested} needs fp64 arithmetic, which this device lacks; "
-                             "use auto (fp32 J/K of the density change, Fock matrix in fp64)", option="scf_precision")
+            raise InputError(
+                f"SCF precision {requested} needs fp64 arithmetic, which this device lacks; "
+                "use auto (fp32 J/K of the density change, Fock matrix in fp64)",
+                option="scf_precision",
+            )
         return "fp32", "the device has no fp64: J/K of the density change in fp32, the Fock matrix summed in fp64"
     if requested == "fp64":
         return "fp64", "asked for"

@@ -8,6 +8,7 @@ compare to 1e-9 Eh; density-fitted with the JK-fit set ``dfmp2.df.basis.default_
 or on disk (``pyscf_df_disk_mb``), every file PySCF writes in ``pyscf_scratch``.
 ``not_converged`` is the error of any SCF (ours too) that stops unconverged.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,13 +20,17 @@ from pathlib import Path
 from pyscf import gto, lib, scf
 
 from dfmp2.df.basis import _copy, default_auxbasis, describe_auxbasis, make_auxmol
-from dfmp2.io import tempdirs
 from dfmp2.errors import InputError, SCFNotConvergedError
+from dfmp2.io import tempdirs
+from dfmp2.options import (
+    SCF_CONV_TOL,
+    SCF_CONV_TOL_GRAD,
+    SCF_DF_MODES,  # noqa: F401
+    SCF_MAX_CYCLE,
+    SCF_MODES,
+)
 from dfmp2.provenance import ScfRecord, cycle_precision
 from dfmp2.reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
-from dfmp2.options import (SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_DF_MODES,  # noqa: F401
-                      SCF_MAX_CYCLE, SCF_MODES)
-
 
 # PySCF keeps its DF tensor in memory while it fits in this share of the memory limit (PySCF's
 # own rule: 0.9 of max_memory), else in a file in the run's scratch directory.
@@ -76,9 +81,17 @@ def _release_files(mf) -> None:
                 f.close()
 
 
-def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
-            conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
-            scratch_dir=None, jk_auxbasis=None) -> Reference:
+def run_rhf(
+    mol: gto.Mole,
+    scf_mode: str = "pyscf-df",
+    max_cycle: int = SCF_MAX_CYCLE,
+    progress=None,
+    conv_tol_grad: float = SCF_CONV_TOL_GRAD,
+    *,
+    memory_mb: float | None = None,
+    scratch_dir=None,
+    jk_auxbasis=None,
+) -> Reference:
     """Converge RHF with PySCF on the host: density-fitted (``default_auxbasis(mol, 'jk')``: the
     JK-fit set matched to the basis, with fallbacks for the elements it lacks; 'pyscf-df', or
     'df', the name the references use for the same DF-RHF) or exact. ``dfmp2 run``'s default
@@ -88,23 +101,34 @@ def run_rhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_
     memory or written to a file as ``pyscf_df_disk_mb`` decides. Every file PySCF writes goes to
     a private directory under ``scratch_dir`` (``pyscf_scratch``), removed when this returns.
     ``jk_auxbasis``: the JK-fit set already chosen for the run (default: ``default_auxbasis``'s)."""
-    return _run_pyscf(scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir,
-                      jk_auxbasis)
+    return _run_pyscf(
+        scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir, jk_auxbasis
+    )
 
 
-def run_uhf(mol: gto.Mole, scf_mode: str = "pyscf-df", max_cycle: int = SCF_MAX_CYCLE, progress=None,
-            conv_tol_grad: float = SCF_CONV_TOL_GRAD, *, memory_mb: float | None = None,
-            scratch_dir=None, jk_auxbasis=None) -> Reference:
+def run_uhf(
+    mol: gto.Mole,
+    scf_mode: str = "pyscf-df",
+    max_cycle: int = SCF_MAX_CYCLE,
+    progress=None,
+    conv_tol_grad: float = SCF_CONV_TOL_GRAD,
+    *,
+    memory_mb: float | None = None,
+    scratch_dir=None,
+    jk_auxbasis=None,
+) -> Reference:
     """Converge UHF with PySCF on the host (``scf.UHF``; density-fitted as ``run_rhf``, same
     JK-fit set and thresholds, for 'df' and 'pyscf-df': the cross-check of our DF-UHF, dfmp2.scf.uhf.DFUHF;
     or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress``, ``memory_mb`` and
     ``scratch_dir`` as ``run_rhf``'s."""
-    return _run_pyscf(scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir,
-                      jk_auxbasis)
+    return _run_pyscf(
+        scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir, jk_auxbasis
+    )
 
 
-def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float,
-                  conv_tol_grad: float) -> SCFNotConvergedError:
+def not_converged(
+    what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, conv_tol_grad: float
+) -> SCFNotConvergedError:
     """The error of an SCF that stopped unconverged after ``cycles``: what did not converge and by
     how much (never the input's fault). Its option: the gradient threshold when the energy had
     converged (a gradient that stalls just above it), else the cycle limit."""
@@ -113,36 +137,51 @@ def not_converged(what: str, cycles: int, e_tot: float, d_e: float, gnorm: float
         f"{what} did not converge in {cycles} cycles: the last energy change {d_e:.1e} Eh "
         f"({'below' if energy_ok else 'above'} the threshold {SCF_CONV_TOL:g}) and orbital-gradient norm "
         f"{gnorm:.1e} (threshold {conv_tol_grad:g}), last energy {e_tot:.10f} Eh; "
-        + ("loosen the gradient threshold if that energy is converged enough for you"
-           if energy_ok else "raise the cycle limit"),
-        option="scf_conv_tol_grad" if energy_ok else "scf_max_cycle")
+        + (
+            "loosen the gradient threshold if that energy is converged enough for you"
+            if energy_ok
+            else "raise the cycle limit"
+        ),
+        option="scf_conv_tol_grad" if energy_ok else "scf_max_cycle",
+    )
 
 
-def _run_pyscf(cls, mol: gto.Mole, scf_mode: str, max_cycle: int, what: str, progress=None,
-               conv_tol_grad: float = SCF_CONV_TOL_GRAD, memory_mb: float | None = None,
-               scratch_dir=None, jk_auxbasis=None) -> Reference:
+def _run_pyscf(
+    cls,
+    mol: gto.Mole,
+    scf_mode: str,
+    max_cycle: int,
+    what: str,
+    progress=None,
+    conv_tol_grad: float = SCF_CONV_TOL_GRAD,
+    memory_mb: float | None = None,
+    scratch_dir=None,
+    jk_auxbasis=None,
+) -> Reference:
     """``cls(mol)`` (PySCF's RHF or UHF) density-fitted (JK-fit set ``default_auxbasis(mol,
     'jk')``) or not, converged to SCF_CONV_TOL / SCF_CONV_TOL_GRAD, with its files in
     ``pyscf_scratch(scratch_dir)``; the Reference (``reference.from_pyscf``) with its record.
     SCFNotConvergedError if it does not converge."""
     if scf_mode not in SCF_MODES:
         raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}", option="scf_mode")
-    made = []                               # the SCF objects made, whose files are closed at the end
+    made = []  # the SCF objects made, whose files are closed at the end
     with pyscf_scratch(scratch_dir) as tmp:
         try:
-            return _converge(cls(mol), mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb,
-                             tmp, made, jk_auxbasis)
+            return _converge(
+                cls(mol), mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp, made, jk_auxbasis
+            )
         finally:
             for mf in made:
                 _release_files(mf)
 
 
-def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp: Path,
-              made: list, jk_auxbasis=None) -> Reference:
+def _converge(
+    mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp: Path, made: list, jk_auxbasis=None
+) -> Reference:
     """``_run_pyscf``'s SCF in the scratch directory ``tmp``; each SCF object made is put in ``made``."""
     jk_aux, df_storage = None, None
     made.append(mf)
-    mf.chkfile = None                       # nothing reads it: PySCF writes none
+    mf.chkfile = None  # nothing reads it: PySCF writes none
     if memory_mb is not None:
         mf.max_memory = float(memory_mb)
     if scf_mode in SCF_DF_MODES:
@@ -151,7 +190,7 @@ def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memor
         made.append(mf)
         mf.with_df.max_memory = mf.max_memory
         on_disk = pyscf_df_disk_mb(mol, mf.max_memory, jk_spec) > 0
-        if on_disk:                         # a path: PySCF writes the tensor there, whatever its memory
+        if on_disk:  # a path: PySCF writes the tensor there, whatever its memory
             mf.with_df._cderi_to_save = str(tmp / "pyscf-df-tensor.h5")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -165,18 +204,33 @@ def _converge(mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memor
     cycles = []
 
     def callback(envs):
-        cycles.append((envs["cycle"] + 1, float(envs["e_tot"]), float(envs["e_tot"] - envs["last_hf_e"]),
-                       float(envs["norm_gorb"])))
+        cycles.append(
+            (
+                envs["cycle"] + 1,
+                float(envs["e_tot"]),
+                float(envs["e_tot"] - envs["last_hf_e"]),
+                float(envs["norm_gorb"]),
+            )
+        )
         if progress is not None:
             progress(*cycles[-1], "fp64")
+
     mf.callback = callback
     mf.kernel()
     if not mf.converged:
-        raise not_converged(what, *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))),
-                            conv_tol_grad)
-    record = ScfRecord(engine="pyscf", reference=what, device="host", source="ran", conv_tol_grad=conv_tol_grad,
-                       iterations=len(cycles) or None, jk_auxbasis=jk_aux,
-                       jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)", df_tensor=df_storage,
-                       cycle_precision=cycle_precision("fp64", None, why="PySCF's SCF (fp64 on the host)",
-                                                       fp64_cycles=len(cycles)))
+        raise not_converged(
+            what, *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))), conv_tol_grad
+        )
+    record = ScfRecord(
+        engine="pyscf",
+        reference=what,
+        device="host",
+        source="ran",
+        conv_tol_grad=conv_tol_grad,
+        iterations=len(cycles) or None,
+        jk_auxbasis=jk_aux,
+        jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)",
+        df_tensor=df_storage,
+        cycle_precision=cycle_precision("fp64", None, why="PySCF's SCF (fp64 on the host)", fp64_cycles=len(cycles)),
+    )
     return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux)

@@ -9,6 +9,7 @@ on F D S - S D F in the orthogonal basis from cycle 1, 8 vectors (its small solv
 fewer cycles than PySCF's on water clusters); converged when |ΔE| < 1e-12 Eh
 and ||2 C_vir^T F C_occ|| < 1e-9; then one more diagonalisation and J/K build (PySCF's check).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,12 +28,17 @@ from dfmp2.reference import OUR_SCF_NAMES, Reference, project_density, restricte
 from dfmp2.scf import jk_dist, pyscf_scf
 from dfmp2.scf.diis import DIIS, DIIS_SPACE, DIIS_START_CYCLE
 from dfmp2.scf.jk import JK_BLOCK_MB, JKFactor, build_jk_factor, fp32_unpacked
-from dfmp2.scf.precision import (FP32_NOISE, FP32_STALL, FP32_SWITCH, HOST_REBUILD_BELOW, REBUILD_GRACE,
-                                 resolve_precision)
+from dfmp2.scf.precision import (
+    FP32_NOISE,
+    FP32_STALL,
+    FP32_SWITCH,
+    HOST_REBUILD_BELOW,
+    REBUILD_GRACE,
+    resolve_precision,
+)
 
-
-ENGINE = OUR_SCF_NAMES[0]   # "dfmp2.scf": our DF-SCF in records (Reference.source, ScfRecord.engine)
-DELTA_CUTOFF = 1e-13      # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
+ENGINE = OUR_SCF_NAMES[0]  # "dfmp2.scf": our DF-SCF in records (Reference.source, ScfRecord.engine)
+DELTA_CUTOFF = 1e-13  # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
 
 
 class DFRHF:
@@ -43,34 +49,56 @@ class DFRHF:
     Dense O(N^3) algebra runs on ``dense``: the backend where it has fp64, else the host CPU."""
 
     reference = "RHF"
-    diis_scaled = True        # False: PySCF's unscaled DIIS solve (see DIIS)
+    diis_scaled = True  # False: PySCF's unscaled DIIS solve (see DIIS)
     diis_space = DIIS_SPACE
-    planned_rebuild = None    # on a device without fp64: rebuild G on the host once below this gradient
+    planned_rebuild = None  # on a device without fp64: rebuild G on the host once below this gradient
     jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
 
-    def __init__(self, mol, backend, *, timer, block_mb: float = JK_BLOCK_MB,
-                 incremental: bool | None = None, engine=None, progress=None,
-                 conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD, precision: str = "auto",
-                 fp32_copy: bool = True, world=None, dm0=None, jk_auxbasis=None):
+    def __init__(
+        self,
+        mol,
+        backend,
+        *,
+        timer,
+        block_mb: float = JK_BLOCK_MB,
+        incremental: bool | None = None,
+        engine=None,
+        progress=None,
+        conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD,
+        precision: str = "auto",
+        fp32_copy: bool = True,
+        world=None,
+        dm0=None,
+        jk_auxbasis=None,
+    ):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
-        self.dm0_given = dm0                    # a density to start from (``initial_density``), or None: 'minao'
+        self.dm0_given = dm0  # a density to start from (``initial_density``), or None: 'minao'
         self.world = world if world is not None and distributed.split_scf(world) else distributed.World()
         self.progress = progress or (lambda *args: None)
-        self.jk_dtype = backend.fit_dtype(backend.default_precision)     # fp64 where the device has it
+        self.jk_dtype = backend.fit_dtype(backend.default_precision)  # fp64 where the device has it
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
         self.requested, self.mode, self.why = precision, *resolve_precision(backend.caps, precision, fp32_copy)
         self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
-        self.host_rebuild, self.host_builds = False, []    # G rebuilt in fp64 on the host: at these cycles
-        self.built_on_host = False                         # this cycle's G was such a rebuild
-        self.g_noise = 0.0           # the noise of the last G built (fp32: FP32_NOISE; not counted on trn)
+        self.host_rebuild, self.host_builds = False, []  # G rebuilt in fp64 on the host: at these cycles
+        self.built_on_host = False  # this cycle's G was such a rebuild
+        self.g_noise = 0.0  # the noise of the last G built (fp32: FP32_NOISE; not counted on trn)
         self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
         self.jk_spec = jk_auxbasis if jk_auxbasis is not None else basis.default_auxbasis(mol, "jk")
         self.auxmol = basis.make_auxmol(mol, self.jk_spec)
-        self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)   # RHF: nelectron / 2
+        self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)  # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
-        self.fac, self.fac64 = build_jk_factor(mol, self.auxmol, backend, self.jk_dtype, timer, block_mb,
-                                               fit_backend=self.dense, engine=self.engine, world=self.world)
+        self.fac, self.fac64 = build_jk_factor(
+            mol,
+            self.auxmol,
+            backend,
+            self.jk_dtype,
+            timer,
+            block_mb,
+            fit_backend=self.dense,
+            engine=self.engine,
+            world=self.world,
+        )
         self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
         self.t0 = time.perf_counter()
         self._one_electron()
@@ -83,10 +111,10 @@ class DFRHF:
         self.e_nuc = float(mol.energy_nuc())
         self.dm0 = self.initial_density() if self.dm0_given is None else self.given_density(self.dm0_given)
         self.t0 = self.timer.add("scf_integrals", self.t0, sync=False)
-        s, U = linalg.eigh(self.S, backend=self.dense)              # PySCF's cutoff on S's eigenvalues
+        s, U = linalg.eigh(self.S, backend=self.dense)  # PySCF's cutoff on S's eigenvalues
         cutoff = molecule.overlap_cutoff()
         keep = s > cutoff if cutoff is not None else torch.ones_like(s, dtype=torch.bool)
-        self.X = U[:, keep] / torch.sqrt(s[keep])                    # (nao, nmo)
+        self.X = U[:, keep] / torch.sqrt(s[keep])  # (nao, nmo)
 
     def given_density(self, dm0):
         """A caller's starting density (the previous geometry's, ``Reference.density``): (nao, nao)
@@ -95,9 +123,11 @@ class DFRHF:
         overlap (``reference.project_density``). InputError on another shape."""
         want = self.density_shape()
         if tuple(np.shape(dm0)) != want:
-            raise InputError(f"the starting density has shape {tuple(np.shape(dm0))}, this molecule's "
-                             f"{self.reference} needs {want} (its basis has {self.nao} functions)")
-        return project_density(dm0, self.S.cpu().numpy())           # S: _one_electron's, fp64
+            raise InputError(
+                f"the starting density has shape {tuple(np.shape(dm0))}, this molecule's "
+                f"{self.reference} needs {want} (its basis has {self.nao} functions)"
+            )
+        return project_density(dm0, self.S.cpu().numpy())  # S: _one_electron's, fp64
 
     def density_shape(self) -> tuple:
         return (self.nao, self.nao)
@@ -116,8 +146,9 @@ class DFRHF:
         occ0 = getattr(self.dm0, "mo_occ", None)
         if occ0 is not None and np.all(np.asarray(occ0) >= 0):
             occ0 = np.asarray(occ0)
-            Cg = self.dense.to_device(np.asarray(self.dm0.mo_coeff)[:, occ0 > 0] * np.sqrt(occ0[occ0 > 0]),
-                                      torch.float64)
+            Cg = self.dense.to_device(
+                np.asarray(self.dm0.mo_coeff)[:, occ0 > 0] * np.sqrt(occ0[occ0 > 0]), torch.float64
+            )
             return D, self.two_electron(D, Cg)
         return D, self.two_electron(D, *self.delta_factors(D, self.nao))
 
@@ -137,10 +168,15 @@ class DFRHF:
         """scale K(C C^T) (nfactor, nao, nao) fp64 on the dense device, one per (C, split) of
         ``factors`` (JKFactor.exchange; C with no columns: zero). Sets ``g_noise``, the gradient
         noise of an fp32 K (what DIIS and the switch ask): FP32_NOISE eps32 ||scale K||_F."""
-        K = torch.stack([f.exchange(C.to(f.B.device), split) if C.shape[1] else
-                         torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.B.device)
-                         for C, split in factors])
-        K = self.world.all_reduce_sum(K, "scf") * scale         # over ranks: each holds some P
+        K = torch.stack(
+            [
+                f.exchange(C.to(f.B.device), split)
+                if C.shape[1]
+                else torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.B.device)
+                for C, split in factors
+            ]
+        )
+        K = self.world.all_reduce_sum(K, "scf") * scale  # over ranks: each holds some P
         if f is self.fac32:
             self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
         elif f.B.dtype == torch.float64:
@@ -167,8 +203,8 @@ class DFRHF:
         neg = torch.nonzero(w < -DELTA_CUTOFF).flatten()
         width = max(width or self.nocc, len(pos), len(neg))
         Cf = torch.zeros((self.nao, 2 * width), dtype=torch.float64, device=dD.device)
-        Cf[:, :len(pos)] = V[:, pos] * torch.sqrt(w[pos])
-        Cf[:, width:width + len(neg)] = V[:, neg] * torch.sqrt(-w[neg])
+        Cf[:, : len(pos)] = V[:, pos] * torch.sqrt(w[pos])
+        Cf[:, width : width + len(neg)] = V[:, neg] * torch.sqrt(-w[neg])
         return Cf, width
 
     def new_G(self, D, D_last, G, C, f=None):
@@ -177,13 +213,13 @@ class DFRHF:
         many flops in fp32 as K of D in fp64), added to H in fp64: its rounding is not carried
         from cycle to cycle, and the fp64 cycles after the switch rebuild G from D."""
         self.built_on_host = self.host_rebuild and f is None
-        if self.built_on_host:                             # G of D with the fp64 factor, on the host
+        if self.built_on_host:  # G of D with the fp64 factor, on the host
             self.host_rebuild = False
             G_acc = G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
             t1 = time.perf_counter()
             G = self.two_electron(D, *self.occupied_factor(C), f=self.fac64)
-            self.t0 -= self.timer.add("scf_fp64_host", t1, sync=False) - t1      # not charged to 'scf'
-            self.diis.shift(G - G_acc)          # the accumulated rounding taken out of DIIS's Fock matrices too
+            self.t0 -= self.timer.add("scf_fp64_host", t1, sync=False) - t1  # not charged to 'scf'
+            self.diis.shift(G - G_acc)  # the accumulated rounding taken out of DIIS's Fock matrices too
             return G
         if self.incremental and f is None:
             return G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
@@ -191,7 +227,7 @@ class DFRHF:
 
     def occupied_factor(self, C):
         """(factor, split) of the density of orbitals C: D = 2 C_occ C_occ^T."""
-        return math.sqrt(2.0) * C[:, :self.nocc], None
+        return math.sqrt(2.0) * C[:, : self.nocc], None
 
     def delta_factors(self, dD, width=None):
         """(factor, split) of a density change dD (``delta_factor``)."""
@@ -208,7 +244,7 @@ class DFRHF:
         return e, linalg.gemm(X, V, backend=dense)
 
     def density(self, C):
-        return linalg.syrk(C[:, :self.nocc], alpha=2.0, backend=self.dense)
+        return linalg.syrk(C[:, : self.nocc], alpha=2.0, backend=self.dense)
 
     def diis_error(self, F, D):
         """FDS - SDF in the orthogonal basis."""
@@ -222,8 +258,7 @@ class DFRHF:
 
     def gradient_norm(self, F, C, nocc: int) -> float:
         """||C_vir^T F C_occ||_F of one spin's Fock matrix F (nao, nao) and orbitals C (nao, nmo)."""
-        g = linalg.gemm(C[:, nocc:], linalg.gemm(F, C[:, :nocc], backend=self.dense),
-                        trans_a=True, backend=self.dense)
+        g = linalg.gemm(C[:, nocc:], linalg.gemm(F, C[:, :nocc], backend=self.dense), trans_a=True, backend=self.dense)
         return float(torch.linalg.norm(g))
 
     def converged(self, e_tot: float, e_last: float, gnorm: float) -> bool:
@@ -275,12 +310,22 @@ class DFRHF:
         last, self.last_gnorm = getattr(self, "last_gnorm", None), gnorm
         grace = bool(self.host_builds) and cycle < self.host_builds[-1]["cycle"] + REBUILD_GRACE
         planned = self.planned_rebuild is not None and not self.host_builds and gnorm < self.planned_rebuild
-        if (self.mode != "fp32" or not self.incremental or self.fac64 is None or grace
-                or not (planned or (last is not None and gnorm < HOST_REBUILD_BELOW and gnorm > FP32_STALL * last))):
+        if (
+            self.mode != "fp32"
+            or not self.incremental
+            or self.fac64 is None
+            or grace
+            or not (planned or (last is not None and gnorm < HOST_REBUILD_BELOW and gnorm > FP32_STALL * last))
+        ):
             return False
         self.host_rebuild = True
-        self.host_builds.append({"cycle": cycle + 1, "gnorm_before": gnorm,
-                                 "why": "planned (UHF_PLANNED_REBUILD)" if planned else "stalled (HOST_REBUILD_BELOW)"})
+        self.host_builds.append(
+            {
+                "cycle": cycle + 1,
+                "gnorm_before": gnorm,
+                "why": "planned (UHF_PLANNED_REBUILD)" if planned else "stalled (HOST_REBUILD_BELOW)",
+            }
+        )
         return True
 
     def finish(self, D, G, F):
@@ -298,7 +343,7 @@ class DFRHF:
             e_device = self.energy(D, self.new_G(D, D_last, G, C))
             t1 = time.perf_counter()
             G = self.new_G(D, D_last, G, C, f=self.fac64 if self.fac64 is not None else self.fac)
-            self.t0 -= self.timer.add("scf_final_fp64_host", t1, sync=False) - t1    # not charged to 'scf'
+            self.t0 -= self.timer.add("scf_final_fp64_host", t1, sync=False) - t1  # not charged to 'scf'
         else:
             G = self.new_G(D, D_last, G, C)
         return mo_e, C, self.energy(D, G), e_device
@@ -308,50 +353,84 @@ class DFRHF:
         mo_e, C, e_tot, e_device = self.finish(D, G, F)
         C, mo_e = jk_dist.same_orbitals(C, mo_e, self.world)
         self.timer.add("scf", self.t0)
-        return self.reference_of(C.detach().cpu().numpy(), mo_e.detach().cpu().numpy(), e_tot,
-                                 self.record(cycles, e_device))
+        return self.reference_of(
+            C.detach().cpu().numpy(), mo_e.detach().cpu().numpy(), e_tot, self.record(cycles, e_device)
+        )
 
     def reference_of(self, C, mo_e, e_tot: float, record: ScfRecord) -> Reference:
         """The Reference of converged orbitals C (nao, nmo) and energies mo_e (nmo,) numpy."""
-        return restricted(C, mo_e, self.nocc, e_hf=e_tot, source=ENGINE, scf=record,
-                          jk_auxbasis=basis.describe_auxbasis(self.jk_spec))
+        return restricted(
+            C, mo_e, self.nocc, e_hf=e_tot, source=ENGINE, scf=record, jk_auxbasis=basis.describe_auxbasis(self.jk_spec)
+        )
 
     def record(self, cycles: int, e_device: float | None) -> ScfRecord:
         """What ran this SCF (kernels and times of this stage only)."""
         be, fac, timer = self.backend, self.fac, self.timer
         used = {k: v - self.kernels0.get(k, 0) for k, v in be.kernels_used.items() if v != self.kernels0.get(k, 0)}
         times = {k: v - self.seconds0.get(k, 0.0) for k, v in timer.seconds.items() if v != self.seconds0.get(k, 0.0)}
-        host = ("PySCF: S, hcore, E_nuc" + ("" if self.dm0_given is not None else ", the 'minao' guess")
-                + "; DIIS's small solve"
-                + ("; (P|Q) and (μν|P) by libcint" if self.engine.name == "host" else ""))
+        host = (
+            "PySCF: S, hcore, E_nuc"
+            + ("" if self.dm0_given is not None else ", the 'minao' guess")
+            + "; DIIS's small solve"
+            + ("; (P|Q) and (μν|P) by libcint" if self.engine.name == "host" else "")
+        )
         if self.dense is not be:
             host += "; fp64 dense algebra (orthogonalisation, Fock diagonalisation, density, DIIS, Fock sums)"
         if self.host_builds:
             host += "; G rebuilt from the whole density with the fp64 factor, " + ", ".join(
-                f"at cycle {b['cycle']} (gradient {b['gnorm_before']:.2g}, {b['why']})" for b in self.host_builds)
+                f"at cycle {b['cycle']} (gradient {b['gnorm_before']:.2g}, {b['why']})" for b in self.host_builds
+            )
         return ScfRecord(
-            engine=ENGINE, reference=self.reference, device=be.name, source="ran", iterations=cycles,
-            conv_tol_grad=self.conv_tol_grad, guess=self.guess_name,
+            engine=ENGINE,
+            reference=self.reference,
+            device=be.name,
+            source="ran",
+            iterations=cycles,
+            conv_tol_grad=self.conv_tol_grad,
+            guess=self.guess_name,
             jk=self.jk_text,
-            jk_auxbasis=basis.describe_auxbasis(self.jk_spec), backend_engine=be.engine,
-            precision={"jk": "fp32, then fp64" if self.fp32_cycles else str(self.jk_dtype).replace("torch.float", "fp"),
-                       "fock_energy": "fp64",
-                       "fock_build": "incremental (J/K of ΔD, Fock summed in fp64)" if self.incremental
-                       else "full (J/K of D each cycle)"},
-            kernels=dict(sorted(used.items())), times=times,
+            jk_auxbasis=basis.describe_auxbasis(self.jk_spec),
+            backend_engine=be.engine,
+            precision={
+                "jk": "fp32, then fp64" if self.fp32_cycles else str(self.jk_dtype).replace("torch.float", "fp"),
+                "fock_energy": "fp64",
+                "fock_build": "incremental (J/K of ΔD, Fock summed in fp64)"
+                if self.incremental
+                else "full (J/K of D each cycle)",
+            },
+            kernels=dict(sorted(used.items())),
+            times=times,
             host_kernels=dict(sorted(self.dense.kernels_used.items())) if self.dense is not be else {},
-            jk_factor={"naux": fac.naux, "shape": list(fac.B.shape), "mb": fac.B.numel() * fac.B.element_size() / 1e6,
-                       "metric": fac.metric, "exchange_block": fac.block},
-            integrals=self.engine.describe(), e_hf_device_fock=e_device, host=host,
-            final_energy=("J/K of the converged density with the fp64 factor on the host "
-                          "(the energy's error from the fp32 cycles enters squared)"
-                          if self.fac64 is not None else "the last J/K of the whole density on the device"),
-            cycle_precision=self.cycle_record(cycles))
+            jk_factor={
+                "naux": fac.naux,
+                "shape": list(fac.B.shape),
+                "mb": fac.B.numel() * fac.B.element_size() / 1e6,
+                "metric": fac.metric,
+                "exchange_block": fac.block,
+            },
+            integrals=self.engine.describe(),
+            e_hf_device_fock=e_device,
+            host=host,
+            final_energy=(
+                "J/K of the converged density with the fp64 factor on the host "
+                "(the energy's error from the fp32 cycles enters squared)"
+                if self.fac64 is not None
+                else "the last J/K of the whole density on the device"
+            ),
+            cycle_precision=self.cycle_record(cycles),
+        )
 
     def cycle_record(self, cycles: int) -> dict:
         """Which cycles built J/K in which precision (provenance.cycle_precision)."""
         n32 = cycles - len(self.host_builds) if self.mode == "fp32" else self.fp32_cycles
         f32 = self.fac32
-        return cycle_precision(self.mode, self.requested, why=self.why, fp32_cycles=n32, fp64_cycles=cycles - n32,
-                               switch=self.switch, device=self.backend.name if n32 else None,
-                               fp32_factor_mb=f32.B.numel() * f32.B.element_size() / 1e6 if f32 is not None else None)
+        return cycle_precision(
+            self.mode,
+            self.requested,
+            why=self.why,
+            fp32_cycles=n32,
+            fp64_cycles=cycles - n32,
+            switch=self.switch,
+            device=self.backend.name if n32 else None,
+            fp32_factor_mb=f32.B.numel() * f32.B.element_size() / 1e6 if f32 is not None else None,
+        )

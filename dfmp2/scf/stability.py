@@ -11,6 +11,7 @@ preconditioner and tolerance. The product is the caller's: our DF-UHF builds G w
 factor on the run's device (``dfmp2.scf.uhf.DFUHF.hessian_product``), a PySCF SCF with PySCF's response
 (``pyscf_product``, on the host). ``StabilityRecord.ran`` says which.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-STABLE_ABOVE = -1e-5     # Eh: PySCF's threshold (uhf_internal: unstable when lambda_min < -1e-5)
-TOL = 1e-4               # PySCF's STAB_TOL: the Davidson's convergence (Eh)
+STABLE_ABOVE = -1e-5  # Eh: PySCF's threshold (uhf_internal: unstable when lambda_min < -1e-5)
+TOL = 1e-4  # PySCF's STAB_TOL: the Davidson's convergence (Eh)
 
 
 @dataclass
@@ -39,9 +40,11 @@ class StabilityRecord:
         """One line when the UHF is internally unstable, else None."""
         if self.stable:
             return None
-        return (f"internal instability: the converged UHF's orbital Hessian has eigenvalue {self.lowest:.3e} Eh "
-                f"(below {self.threshold:g}): a lower UHF solution lies nearby, this one is a saddle point; "
-                "try another guess or multiplicity")
+        return (
+            f"internal instability: the converged UHF's orbital Hessian has eigenvalue {self.lowest:.3e} Eh "
+            f"(below {self.threshold:g}): a lower UHF solution lies nearby, this one is a saddle point; "
+            "try another guess or multiplicity"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +62,7 @@ def lowest_root(hop, hdiag: np.ndarray, ran: str) -> StabilityRecord:
     ``hdiag`` (n,), as uhf_internal takes it (its start vector without point-group symmetry,
     its preconditioner, tolerance TOL), one root. ``ran``: what built the products."""
     from pyscf import lib
+
     t0, count = time.perf_counter(), [0]
     hdiag = 2.0 * np.asarray(hdiag, dtype=np.float64)
 
@@ -70,17 +74,25 @@ def lowest_root(hop, hdiag: np.ndarray, ran: str) -> StabilityRecord:
         d = hdiag - e
         d[abs(d) < 1e-8] = 1e-8
         return dx / d
+
     x0 = 1.0 / np.where(abs(hdiag) < 1e-8, 1e-8, hdiag)
     x0[np.argmin(hdiag)] = 1.0
     e, _ = lib.davidson(hessian_x, x0, precond, tol=TOL, nroots=1, verbose=0)
     e = float(np.atleast_1d(e)[0])
-    return StabilityRecord(lowest=e, stable=not e < STABLE_ABOVE, threshold=STABLE_ABOVE, ran=ran,
-                           products=count[0], seconds=time.perf_counter() - t0)
+    return StabilityRecord(
+        lowest=e,
+        stable=not e < STABLE_ABOVE,
+        threshold=STABLE_ABOVE,
+        ran=ran,
+        products=count[0],
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def pyscf_product(mf):
     """(hop, hdiag) of PySCF's UHF ``mf`` (converged, its own orbitals): gen_g_hop_uhf on the host."""
     from pyscf.soscf import newton_ah
+
     _, hop, hdiag = newton_ah.gen_g_hop_uhf(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
     return hop, hdiag
 

@@ -8,6 +8,7 @@ Shapes: D, G, F (2, nao, nao), C (2, nao, nmo), mo_energy (2, nmo), stacked alph
 Hartree). ``DFUHF.response`` and ``hessian_product``: the orbital Hessian products of the
 stability check (dfmp2.scf.stability) and the UHF gradient's Z-vector (dfmp2.grad.uhf).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ class DFUHF(DFRHF):
     jk_text = "J of the total density by GEMVs, K per spin by GEMM + SYRK over the packed JK factor"
 
     def __init__(self, mol, backend, *, check_stability: bool = False, **kw):
-        self.nocc_s = tuple(int(n) for n in mol.nelec)        # (alpha, beta)
+        self.nocc_s = tuple(int(n) for n in mol.nelec)  # (alpha, beta)
         self.check_stability = check_stability
         super().__init__(mol, backend, **kw)
 
@@ -59,9 +60,13 @@ class DFUHF(DFRHF):
             todev = self.dense.to_device
             C = todev(torch.from_numpy(np.stack([c.mo_coeff for c in ref.channels])), torch.float64)
             mo_e = todev(torch.from_numpy(np.stack([c.mo_energy for c in ref.channels])), torch.float64)
-            rec = stability.lowest_root(*self.hessian_product(C, mo_e), ran=(
-                f"ours: Hessian products with this SCF's J/K ({self.backend.name}, "
-                f"{str(self.fac.B.dtype).replace('torch.float', 'fp')} factor), pyscf.lib.davidson on the host"))
+            rec = stability.lowest_root(
+                *self.hessian_product(C, mo_e),
+                ran=(
+                    f"ours: Hessian products with this SCF's J/K ({self.backend.name}, "
+                    f"{str(self.fac.B.dtype).replace('torch.float', 'fp')} factor), pyscf.lib.davidson on the host"
+                ),
+            )
             ref.scf.stability = rec.to_dict()
             self.timer.add("stability", t0)
         return ref
@@ -95,8 +100,12 @@ class DFUHF(DFRHF):
         return torch.stack([e for e, _ in pairs]), torch.stack([c for _, c in pairs])
 
     def density(self, C):
-        return torch.stack([linalg.syrk(Cs[:, :n], backend=self.dense) if n else torch.zeros_like(self.S)
-                            for Cs, n in zip(C, self.nocc_s)])
+        return torch.stack(
+            [
+                linalg.syrk(Cs[:, :n], backend=self.dense) if n else torch.zeros_like(self.S)
+                for Cs, n in zip(C, self.nocc_s)
+            ]
+        )
 
     def diis_error(self, F, D):
         return torch.stack([DFRHF.diis_error(self, Fs, Ds) for Fs, Ds in zip(F, D)])
@@ -135,8 +144,11 @@ class DFUHF(DFRHF):
         def hop(x):
             xs, p = [], 0
             for nv, no in sizes:
-                xs.append(dense.to_device(torch.from_numpy(np.ascontiguousarray(x[p:p + nv * no])), torch.float64
-                                          ).reshape(nv, no))
+                xs.append(
+                    dense.to_device(torch.from_numpy(np.ascontiguousarray(x[p : p + nv * no])), torch.float64).reshape(
+                        nv, no
+                    )
+                )
                 p += nv * no
             dD, factors = [], []
             for (co, cv, _, _), xk in zip(occ, xs):
@@ -144,14 +156,25 @@ class DFUHF(DFRHF):
                 dD.append(a @ co.mT + co @ a.mT)
                 factors.append(torch.cat([a + co, a - co], dim=1) / math.sqrt(2.0))
             G = self.two_electron(torch.stack(dD), tuple(factors), split=tuple(self.nocc_s), f=f)
-            out = [(cv.mT @ G[s] @ co + ev[:, None] * xk - xk * eo[None, :]).reshape(-1)
-                   for s, ((co, cv, eo, ev), xk) in enumerate(zip(occ, xs))]
+            out = [
+                (cv.mT @ G[s] @ co + ev[:, None] * xk - xk * eo[None, :]).reshape(-1)
+                for s, ((co, cv, eo, ev), xk) in enumerate(zip(occ, xs))
+            ]
             return torch.cat(out).cpu().numpy()
+
         return hop, hdiag
 
     def reference_of(self, C, mo_e, e_tot: float, record: ScfRecord) -> Reference:
         """Two channels, with <S^2> of the occupied orbitals."""
         na, nb = self.nocc_s
         s2 = spin_square(C[0][:, :na], C[1][:, :nb], self.S.cpu().numpy())
-        return unrestricted(C, mo_e, self.nocc_s, e_hf=e_tot, source=ENGINE, scf=record,
-                            jk_auxbasis=basis.describe_auxbasis(self.jk_spec), s2=s2)
+        return unrestricted(
+            C,
+            mo_e,
+            self.nocc_s,
+            e_hf=e_tot,
+            source=ENGINE,
+            scf=record,
+            jk_auxbasis=basis.describe_auxbasis(self.jk_spec),
+            s2=s2,
+        )

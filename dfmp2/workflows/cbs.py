@@ -26,6 +26,7 @@ formulas in psi4/driver/driver_cbs_helper.py):
 
 Total energies: E(CBS) = E_SCF(CBS) + E_corr(CBS). Energies in Hartree.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,16 +37,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from dfmp2.errors import InputError, shown
-from dfmp2.options import CBS_SCF_SCHEMES, RunOptions
 from dfmp2.io.result import SCHEMA_VERSION, SCS_OS, SCS_SS, SOS_OS, json_ran, software_versions
+from dfmp2.options import CBS_SCF_SCHEMES, RunOptions
 
-ZETA_LETTERS = "dtq56"                    # zeta 2..6: the letters of Psi4's zeta_values we have bases for
-SCF_SCHEMES = CBS_SCF_SCHEMES             # xtpl_highest_1 (Psi4's default with a correlated method), ...
+ZETA_LETTERS = "dtq56"  # zeta 2..6: the letters of Psi4's zeta_values we have bases for
+SCF_SCHEMES = CBS_SCF_SCHEMES  # xtpl_highest_1 (Psi4's default with a correlated method), ...
 CORL_SCHEME = "corl_xtpl_helgaker_2"
-SCF_ALPHA = 1.63                          # scf_xtpl_helgaker_2's default exponent (Psi4)
-CORL_ALPHA = 3.0                          # corl_xtpl_helgaker_2's default exponent (Psi4)
-SOURCE = ("Psi4 cbs(): psi4/driver/driver_cbs.py (bracket, default schemes), "
-          "psi4/driver/driver_cbs_helper.py (formulas)")
+SCF_ALPHA = 1.63  # scf_xtpl_helgaker_2's default exponent (Psi4)
+CORL_ALPHA = 3.0  # corl_xtpl_helgaker_2's default exponent (Psi4)
+SOURCE = "Psi4 cbs(): psi4/driver/driver_cbs.py (bracket, default schemes), psi4/driver/driver_cbs_helper.py (formulas)"
 FORMULAS = {
     "xtpl_highest_1": "E_SCF(CBS) = E_SCF(Y), Y the largest zeta",
     "scf_xtpl_helgaker_2": "E_SCF(X) = E_SCF(CBS) + beta exp(-alpha X), alpha = 1.63, two bases",
@@ -71,7 +71,7 @@ class Bracket:
 
 
 def _zeta(ch: str, def2: bool) -> int | None:
-    if def2 and ch == "s":                 # def2-svp is the double-zeta member (Psi4: s -> d)
+    if def2 and ch == "s":  # def2-svp is the double-zeta member (Psi4: s -> d)
         return 2
     if ch in ZETA_LETTERS:
         return ZETA_LETTERS.index(ch) + 2
@@ -82,7 +82,7 @@ def _zeta(ch: str, def2: bool) -> int | None:
 
 def _name(pre: str, post: str, zeta: int, def2: bool) -> str:
     if def2 and zeta == 2:
-        return pre + "s" + post[1:]        # def2-[st]zvp: def2-svp, def2-tzvp (Psi4's rule)
+        return pre + "s" + post[1:]  # def2-[st]zvp: def2-svp, def2-tzvp (Psi4's rule)
     return pre + ZETA_LETTERS[zeta - 2] + post
 
 
@@ -95,14 +95,17 @@ def parse_bracket(text: str) -> Bracket:
 
     def bad(msg):
         return InputError(f"basis bracket '{shown(text)}': {msg}", option="basis")
+
     m = _BRACKET.fullmatch(t)
     if m is None:
         raise bad(f"write one pair of square brackets around the zeta levels ({_HELP})")
     pre, post = m.group("pre"), m.group("post")
     def2 = pre.endswith("def2-") and post.startswith("zvp")
     if not def2 and not ("cc-p" in pre and post.startswith("z")):
-        raise bad("only Dunning's correlation-consistent sets (cc-pv[dt]z, aug-cc-pv[tq]z, cc-pcv[tq]z) "
-                  "and def2 (def2-[tq]zvp) extrapolate")
+        raise bad(
+            "only Dunning's correlation-consistent sets (cc-pv[dt]z, aug-cc-pv[tq]z, cc-pcv[tq]z) "
+            "and def2 (def2-[tq]zvp) extrapolate"
+        )
     letters = [c for c in m.group("zeta") if c not in ", "]
     zetas = []
     for c in letters:
@@ -114,12 +117,16 @@ def parse_bracket(text: str) -> Bracket:
         zetas.append(z)
     zetas.sort()
     if not 2 <= len(zetas) <= 3:
-        raise bad(f"{len(zetas)} zeta level{'s' if len(zetas) != 1 else ''}; an extrapolation takes two "
-                  f"(or three for the SCF, --cbs-scf scf_xtpl_helgaker_3) ({_HELP})")
+        raise bad(
+            f"{len(zetas)} zeta level{'s' if len(zetas) != 1 else ''}; an extrapolation takes two "
+            f"(or three for the SCF, --cbs-scf scf_xtpl_helgaker_3) ({_HELP})"
+        )
     for lo, hi in zip(zetas, zetas[1:]):
         if hi != lo + 1:
-            raise bad(f"zeta levels must be consecutive; {_name(pre, post, lo, def2)} to "
-                      f"{_name(pre, post, hi, def2)} skips {_name(pre, post, lo + 1, def2)}")
+            raise bad(
+                f"zeta levels must be consecutive; {_name(pre, post, lo, def2)} to "
+                f"{_name(pre, post, hi, def2)} skips {_name(pre, post, lo + 1, def2)}"
+            )
     return Bracket(text=text.strip(), bases=tuple(_name(pre, post, z, def2) for z in zetas), zetas=tuple(zetas))
 
 
@@ -135,13 +142,26 @@ class Scheme:
 
     def to_dict(self) -> dict:
         b = dict(zip(self.bracket.zetas, self.bracket.bases))
-        return {"bracket": self.bracket.text, "bases": list(self.bracket.bases), "zetas": list(self.bracket.zetas),
-                "scf": {"scheme": self.scf, "formula": FORMULAS[self.scf],
-                        "alpha": SCF_ALPHA if self.scf == "scf_xtpl_helgaker_2" else None,
-                        "bases": [b[z] for z in self.scf_zetas], "zetas": list(self.scf_zetas)},
-                "corl": {"scheme": CORL_SCHEME, "formula": FORMULAS[CORL_SCHEME], "alpha": CORL_ALPHA,
-                         "bases": [b[z] for z in self.corl_zetas], "zetas": list(self.corl_zetas)},
-                "source": SOURCE}
+        return {
+            "bracket": self.bracket.text,
+            "bases": list(self.bracket.bases),
+            "zetas": list(self.bracket.zetas),
+            "scf": {
+                "scheme": self.scf,
+                "formula": FORMULAS[self.scf],
+                "alpha": SCF_ALPHA if self.scf == "scf_xtpl_helgaker_2" else None,
+                "bases": [b[z] for z in self.scf_zetas],
+                "zetas": list(self.scf_zetas),
+            },
+            "corl": {
+                "scheme": CORL_SCHEME,
+                "formula": FORMULAS[CORL_SCHEME],
+                "alpha": CORL_ALPHA,
+                "bases": [b[z] for z in self.corl_zetas],
+                "zetas": list(self.corl_zetas),
+            },
+            "source": SOURCE,
+        }
 
 
 def scheme(basis: str, scf: str = "xtpl_highest_1") -> Scheme:
@@ -150,16 +170,21 @@ def scheme(basis: str, scf: str = "xtpl_highest_1") -> Scheme:
     levels take scf_xtpl_helgaker_3, the correlation from the two largest."""
     br = parse_bracket(basis)
     if scf not in SCF_SCHEMES:
-        raise InputError(f"unknown CBS SCF scheme '{shown(scf)}'; use one of {', '.join(SCF_SCHEMES)}",
-                         option="cbs_scf")
+        raise InputError(
+            f"unknown CBS SCF scheme '{shown(scf)}'; use one of {', '.join(SCF_SCHEMES)}", option="cbs_scf"
+        )
     n = len(br.zetas)
     if n == 3 and scf != "scf_xtpl_helgaker_3":
-        raise InputError(f"basis bracket '{shown(basis)}' has three zeta levels, which only the SCF "
-                         "extrapolation scf_xtpl_helgaker_3 takes (the correlation energy then from the two "
-                         "largest); give two levels, or that SCF scheme", option=("basis", "cbs_scf"))
+        raise InputError(
+            f"basis bracket '{shown(basis)}' has three zeta levels, which only the SCF "
+            "extrapolation scf_xtpl_helgaker_3 takes (the correlation energy then from the two "
+            "largest); give two levels, or that SCF scheme",
+            option=("basis", "cbs_scf"),
+        )
     if n == 2 and scf == "scf_xtpl_helgaker_3":
-        raise InputError(f"scf_xtpl_helgaker_3 needs three zeta levels; '{shown(basis)}' has two",
-                         option=("basis", "cbs_scf"))
+        raise InputError(
+            f"scf_xtpl_helgaker_3 needs three zeta levels; '{shown(basis)}' has two", option=("basis", "cbs_scf")
+        )
     scf_zetas = br.zetas[-1:] if scf == "xtpl_highest_1" else br.zetas
     return Scheme(bracket=br, scf=scf, scf_zetas=scf_zetas, corl_zetas=br.zetas[-2:])
 
@@ -183,9 +208,12 @@ def scf_xtpl_helgaker_3(z_lo: int, e_lo: float, z_md: int, e_md: float, z_hi: in
     decrease geometrically (the ratio of the two steps must lie in (0, 1))."""
     ratio = (e_hi - e_md) / (e_md - e_lo) if e_md != e_lo else float("nan")
     if not 0.0 < ratio < 1.0:
-        raise InputError(f"scf_xtpl_helgaker_3: the SCF energies {e_lo:.10f}, {e_md:.10f}, {e_hi:.10f} Eh "
-                         "do not converge geometrically with the zeta level (step ratio "
-                         f"{ratio:.3g}); use xtpl_highest_1 or scf_xtpl_helgaker_2", option="cbs_scf")
+        raise InputError(
+            f"scf_xtpl_helgaker_3: the SCF energies {e_lo:.10f}, {e_md:.10f}, {e_hi:.10f} Eh "
+            "do not converge geometrically with the zeta level (step ratio "
+            f"{ratio:.3g}); use xtpl_highest_1 or scf_xtpl_helgaker_2",
+            option="cbs_scf",
+        )
     alpha = -math.log(ratio)
     beta = (e_hi - e_md) / (math.exp(-alpha * z_md) * (ratio - 1))
     return e_hi - beta * math.exp(-alpha * z_hi)
@@ -195,22 +223,33 @@ def corl_xtpl_helgaker_2(z_lo: int, e_lo: float, z_hi: int, e_hi: float, alpha: 
     """Psi4's ``corl_xtpl_helgaker_2`` (driver_cbs_helper.py): E_corr(X) = E_corr(CBS) + β X^−α,
     α = 3 (Halkier et al., Chem. Phys. Lett. 286 (1998) 243), so
     E_corr(CBS) = (Y^α E_Y − X^α E_X) / (Y^α − X^α); Hartree."""
-    return (e_hi * z_hi ** alpha - e_lo * z_lo ** alpha) / (z_hi ** alpha - z_lo ** alpha)
+    return (e_hi * z_hi**alpha - e_lo * z_lo**alpha) / (z_hi**alpha - z_lo**alpha)
 
 
 def extrapolate(sch: Scheme, components: dict) -> dict:
     """The CBS energies (Result.energies()' keys, Hartree) from ``components`` {zeta: Result}."""
     hf = [(z, components[z].e_hf) for z in sch.scf_zetas]
     flat = [v for zh in hf for v in zh]
-    e_hf = {"xtpl_highest_1": xtpl_highest_1, "scf_xtpl_helgaker_2": scf_xtpl_helgaker_2,
-            "scf_xtpl_helgaker_3": scf_xtpl_helgaker_3}[sch.scf](*flat)
+    e_hf = {
+        "xtpl_highest_1": xtpl_highest_1,
+        "scf_xtpl_helgaker_2": scf_xtpl_helgaker_2,
+        "scf_xtpl_helgaker_3": scf_xtpl_helgaker_3,
+    }[sch.scf](*flat)
     (x, lo), (y, hi) = [(z, components[z]) for z in sch.corl_zetas]
     e_os = corl_xtpl_helgaker_2(x, lo.e_os, y, hi.e_os)
     e_ss = corl_xtpl_helgaker_2(x, lo.e_ss, y, hi.e_ss)
     e_scs, e_sos = SCS_OS * e_os + SCS_SS * e_ss, SOS_OS * e_os
-    return {"e_hf": e_hf, "e_corr_os": e_os, "e_corr_ss": e_ss, "e_corr": e_os + e_ss,
-            "e_mp2": e_hf + e_os + e_ss, "e_corr_scs": e_scs, "e_scs_mp2": e_hf + e_scs,
-            "e_corr_sos": e_sos, "e_sos_mp2": e_hf + e_sos}
+    return {
+        "e_hf": e_hf,
+        "e_corr_os": e_os,
+        "e_corr_ss": e_ss,
+        "e_corr": e_os + e_ss,
+        "e_mp2": e_hf + e_os + e_ss,
+        "e_corr_scs": e_scs,
+        "e_scs_mp2": e_hf + e_scs,
+        "e_corr_sos": e_sos,
+        "e_sos_mp2": e_hf + e_sos,
+    }
 
 
 # ---------------------------------------------------------------------------- runs and result
@@ -222,9 +261,9 @@ class CBSResult:
     basis), so an interaction energy at the CBS limit is formed from CBS energies, as Psi4 does."""
 
     scheme: Scheme
-    components: list          # Result per basis, ascending zeta
-    ran: dict                 # what ran all bases: the largest basis's record, kernels of all runs
-    wall_s: float             # s, all bases
+    components: list  # Result per basis, ascending zeta
+    ran: dict  # what ran all bases: the largest basis's record, kernels of all runs
+    wall_s: float  # s, all bases
     warnings: list = field(default_factory=list)
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
@@ -256,40 +295,67 @@ class CBSResult:
 
     def to_dict(self) -> dict:
         big = self.largest
-        return {"schema_version": SCHEMA_VERSION, "kind": "cbs", "molecule": big.molecule,
-                "formula": big.formula, "natm": big.natm, "charge": big.charge,
-                "multiplicity": big.multiplicity, "geometry": big.geometry, "basis": self.basis,
-                "cbs": self.scheme.to_dict(), "energies": self.energies(),
-                "components": [{"basis": r.basis, "zeta": z, "energies": r.energies()}
-                               for z, r in zip(self.scheme.bracket.zetas, self.components)],
-                "runs": [r.to_dict() for r in self.components], "wall_s": self.wall_s,
-                "ran": json_ran(self.ran), "versions": software_versions(), "warnings": self.warnings,
-                "date": self.date, "units": {"energies": "hartree", "wall_s": "s", "geometry": "angstrom"}}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "cbs",
+            "molecule": big.molecule,
+            "formula": big.formula,
+            "natm": big.natm,
+            "charge": big.charge,
+            "multiplicity": big.multiplicity,
+            "geometry": big.geometry,
+            "basis": self.basis,
+            "cbs": self.scheme.to_dict(),
+            "energies": self.energies(),
+            "components": [
+                {"basis": r.basis, "zeta": z, "energies": r.energies()}
+                for z, r in zip(self.scheme.bracket.zetas, self.components)
+            ],
+            "runs": [r.to_dict() for r in self.components],
+            "wall_s": self.wall_s,
+            "ran": json_ran(self.ran),
+            "versions": software_versions(),
+            "warnings": self.warnings,
+            "date": self.date,
+            "units": {"energies": "hartree", "wall_s": "s", "geometry": "angstrom"},
+        }
 
     def write_json(self, path) -> None:
         from dfmp2.io.outputs import write_text
+
         write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def render(self, console, quiet: bool = False) -> None:
         """The extrapolated energies beside each basis's, the scheme, then the warnings."""
         from rich.markup import escape
         from rich.table import Table
+
         big, e, s = self.largest, self.energies(), self.scheme
-        t = Table(title=f"DF-{'U' if big.spin else ''}MP2/CBS  {escape(big.formula)}  ({escape(big.molecule)})",
-                  title_justify="left")
+        t = Table(
+            title=f"DF-{'U' if big.spin else ''}MP2/CBS  {escape(big.formula)}  ({escape(big.molecule)})",
+            title_justify="left",
+        )
         t.add_column("quantity")
         for r in self.components:
             t.add_column(escape(r.basis) + " / Eh", justify="right")
         t.add_column("CBS / Eh", justify="right")
-        rows = [("E(HF)", "e_hf"), ("E_corr MP2", "e_corr"), ("E(MP2)", "e_mp2"),
-                ("E_corr SCS-MP2", "e_corr_scs"), ("E(SCS-MP2)", "e_scs_mp2"),
-                ("E_corr SOS-MP2", "e_corr_sos"), ("E(SOS-MP2)", "e_sos_mp2")]
+        rows = [
+            ("E(HF)", "e_hf"),
+            ("E_corr MP2", "e_corr"),
+            ("E(MP2)", "e_mp2"),
+            ("E_corr SCS-MP2", "e_corr_scs"),
+            ("E(SCS-MP2)", "e_scs_mp2"),
+            ("E_corr SOS-MP2", "e_corr_sos"),
+            ("E(SOS-MP2)", "e_sos_mp2"),
+        ]
         parts = [r.energies() for r in self.components]
         for label, key in rows:
             t.add_row(label, *(f"{p[key]:.10f}" for p in parts), f"{e[key]:.10f}")
         d = s.to_dict()
-        t.caption = escape(f"SCF: {s.scf} ({', '.join(d['scf']['bases'])}); correlation: {CORL_SCHEME}, "
-                           f"alpha 3 ({', '.join(d['corl']['bases'])}); Psi4's formulas; {self.wall_s:.1f} s")
+        t.caption = escape(
+            f"SCF: {s.scf} ({', '.join(d['scf']['bases'])}); correlation: {CORL_SCHEME}, "
+            f"alpha 3 ({', '.join(d['corl']['bases'])}); Psi4's formulas; {self.wall_s:.1f} s"
+        )
         console.print(t)
         if not quiet:
             console.print(escape(f"SCF: {FORMULAS[s.scf]}"), highlight=False)
@@ -297,8 +363,10 @@ class CBSResult:
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")
         if self.ran.get("simulated"):
-            console.print(f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
-                          f"({escape(self.ran['engine'])}); the timings are not Trainium timings.")
+            console.print(
+                f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
+                f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
+            )
 
 
 def check_bases(sch: Scheme, geoms, options) -> None:
@@ -306,55 +374,61 @@ def check_bases(sch: Scheme, geoms, options) -> None:
     basis PySCF lacks for an element stops the command now, not after the first basis ran)."""
     from dfmp2.df import basis as df_basis
     from dfmp2.io import molecule as io_molecule
+
     for g in geoms:
         for b in sch.bracket.bases:
             mol = io_molecule.build_molecule(g, b, options.charge, options.multiplicity, ecp=options.ecp)
             df_basis.mp2_auxbasis(mol, options.auxbasis)
 
 
-def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool = False,
-            on_plan=None) -> CBSResult:
+def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool = False, on_plan=None) -> CBSResult:
     """Run DF-MP2 at every basis of ``options.basis`` (a bracket) on one backend and extrapolate
     (``scheme(options.basis, options.cbs_scf)``). ``checked``: the bases were already checked on
     this geometry (``check_bases``); ``on_plan(plan)`` sees each basis's memory plan. Each
     component's ``ran['kernels']`` counts its own calls."""
     from dfmp2.io import molecule as io_molecule
     from dfmp2.pipeline import make_backend
+
     say = log or (lambda msg: None)
     sch = scheme(options.basis, options.cbs_scf)
     if options.checkpoint or options.resume:
-        raise InputError("a CBS extrapolation is not checkpointed; run without a checkpoint",
-                         option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)))
+        raise InputError(
+            "a CBS extrapolation is not checkpointed; run without a checkpoint",
+            option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)),
+        )
     options.resolved_precision()
     if not checked:
         check_bases(sch, [geom], options)
     if backend is None:
-        backend = make_backend(options, unrestricted=io_molecule.resolve_reference(
-            options.reference, geom, options.charge, options.multiplicity) == "uhf")
+        backend = make_backend(
+            options,
+            unrestricted=io_molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)
+            == "uhf",
+        )
     t0, start = time.perf_counter(), dict(backend.kernels_used)
     components, warnings = [], []
     for n, b in enumerate(sch.bracket.bases, start=1):
         say(f"CBS basis {n}/{len(sch.bracket.bases)}: {b} ...")
-        one = replace(options, basis=b, cbs_scf=RunOptions.cbs_scf)      # one basis: no scheme
+        one = replace(options, basis=b, cbs_scf=RunOptions.cbs_scf)  # one basis: no scheme
         try:
             res = run_own_kernels(geom, one, backend, progress=progress, log=log, on_plan=on_plan)
-        except InputError as e:          # which basis of the bracket failed, with the same option
-            raise type(e)(f"{b} (basis {n} of {shown(options.basis)}): {e}",
-                          option=getattr(e, "option", None)) from None
+        except InputError as e:  # which basis of the bracket failed, with the same option
+            raise type(e)(
+                f"{b} (basis {n} of {shown(options.basis)}): {e}", option=getattr(e, "option", None)
+            ) from None
         components.append(res)
         warnings += [f"{b}: {w}" for w in res.warnings]
     ran = dict(components[-1].ran)
-    ran["kernels"] = {k: c - start.get(k, 0) for k, c in sorted(backend.kernels_used.items())
-                      if c - start.get(k, 0)}
-    return CBSResult(scheme=sch, components=components, ran=ran, wall_s=time.perf_counter() - t0,
-                     warnings=warnings)
+    ran["kernels"] = {k: c - start.get(k, 0) for k, c in sorted(backend.kernels_used.items()) if c - start.get(k, 0)}
+    return CBSResult(scheme=sch, components=components, ran=ran, wall_s=time.perf_counter() - t0, warnings=warnings)
 
 
 def run_own_kernels(geom, options, backend, progress=None, log=None, on_plan=None):
     """``pipeline.run_geometry`` on a shared backend, its ``ran['kernels']`` this run's own calls
     (the backend counts over its life)."""
     from dfmp2.pipeline import run_geometry
-    if backend is None:                 # a backend of its own: its kernels are this run's
+
+    if backend is None:  # a backend of its own: its kernels are this run's
         return run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan)
     before = dict(backend.kernels_used)
     res = run_geometry(geom, options, progress=progress, log=log, backend=backend, on_plan=on_plan)

@@ -18,6 +18,7 @@ Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a d
 --tol or a device whose repeated runs differ in their bits; 2 bad input or a device that could not run.
 The command itself (options and printing) is dfmp2.cli.compare; this module is its library.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ from datetime import datetime, timezone
 from dfmp2 import linalg
 from dfmp2.errors import InputError, error_line
 
-TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}       # Hartree, |E_corr(device) - E_corr(first)|
+TOLERANCES = {"fp64": 1e-10, "fp32": 1e-6}  # Hartree, |E_corr(device) - E_corr(first)|
 ENERGY_KEYS = ("e_os", "e_ss", "e_corr")
-EXIT_DIFFERENT = 1            # a difference beyond --tol, or a device not bit-reproducible
+EXIT_DIFFERENT = 1  # a difference beyond --tol, or a device not bit-reproducible
 
 
 @dataclass
@@ -39,7 +40,7 @@ class DeviceRun:
     each energy for every repeat; ``reason``: why it did not run (status 'not run')."""
 
     device: str
-    status: str = "ran"                      # 'ran' | 'not run'
+    status: str = "ran"  # 'ran' | 'not run'
     reason: str = ""
     energies: dict = field(default_factory=dict)
     hex: list = field(default_factory=list)
@@ -97,17 +98,24 @@ def check_device(device: str, precision: str, simulate: bool, pair_kernel: str =
     that). A precision the device can never run is the user's mistake: InputError, before any
     device runs (``compare --devices cpu,trn1`` at the default fp64 used to fail after the CPU's run)."""
     from dfmp2.linalg import DeviceUnavailableError
+
     try:
         caps = linalg.device_capabilities(device)
         if caps.precision_problem(precision):
-            raise InputError(f"{device}: {caps.precision_problem(precision)}; compare every device in "
-                             "fp32 (energies are still summed in fp64)", option="precision")
-        return linalg.get_backend(device, simulate=simulate and caps.simulable,
-                                  pair_kernel=_pair_kernel(device, pair_kernel),
-                                  cpu_blas=_cpu_blas(device, cpu_blas)), ""
+            raise InputError(
+                f"{device}: {caps.precision_problem(precision)}; compare every device in "
+                "fp32 (energies are still summed in fp64)",
+                option="precision",
+            )
+        return linalg.get_backend(
+            device,
+            simulate=simulate and caps.simulable,
+            pair_kernel=_pair_kernel(device, pair_kernel),
+            cpu_blas=_cpu_blas(device, cpu_blas),
+        ), ""
     except DeviceUnavailableError as e:
         return None, error_line(e)
-    except ValueError as e:          # unknown device name: a user mistake, not a device state
+    except ValueError as e:  # unknown device name: a user mistake, not a device state
         raise InputError(str(e), option="devices") from None
 
 
@@ -119,13 +127,18 @@ def _integrals(device: str, engine: str) -> str:
 def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
     """``repeat`` full pipeline runs of ``geom`` on ``device`` (options.device is replaced)."""
     from dataclasses import replace
+
     from dfmp2.pipeline import run_geometry
+
     out = DeviceRun(device)
-    opts = replace(options, device=device,
-                   simulate=options.simulate and _caps(device).simulable,
-                   pair_kernel=_pair_kernel(device, options.pair_kernel),
-                   integrals=_integrals(device, options.integrals),
-                   cpu_blas=_cpu_blas(device, options.cpu_blas))
+    opts = replace(
+        options,
+        device=device,
+        simulate=options.simulate and _caps(device).simulable,
+        pair_kernel=_pair_kernel(device, options.pair_kernel),
+        integrals=_integrals(device, options.integrals),
+        cpu_blas=_cpu_blas(device, options.cpu_blas),
+    )
     for _ in range(repeat):
         t0 = time.perf_counter()
         r = run_geometry(geom, opts)
@@ -140,6 +153,7 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
 def run_synthetic(device: str, backend, problem, repeat: int) -> DeviceRun:
     """``repeat`` pair steps of a synthetic problem (host tensors, copied exactly) on ``backend``."""
     from dfmp2 import linalg
+
     out = DeviceRun(device)
     B = backend.to_device(problem.B)
     eo = backend.to_device(problem.eps_occ)
@@ -168,31 +182,48 @@ def compare_runs(runs: list[DeviceRun], tol: float) -> dict:
     beyond = [r.device for r in ran if abs(r.delta["e_corr"]) > tol]
     unstable = [r.device for r in ran if not r.repeat_identical]
     not_run = [r.device for r in runs if r.status != "ran"]
-    return {"reference_device": first.device if first else None, "tolerance": tol,
-            "beyond_tolerance": beyond, "not_bit_reproducible": unstable, "not_run": not_run,
-            "passed": bool(ran) and not beyond and not unstable and not not_run}
+    return {
+        "reference_device": first.device if first else None,
+        "tolerance": tol,
+        "beyond_tolerance": beyond,
+        "not_bit_reproducible": unstable,
+        "not_run": not_run,
+        "passed": bool(ran) and not beyond and not unstable and not not_run,
+    }
 
 
 def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
     """The table and verdict; ``title`` and device names and reasons are plain text, not markup."""
     from rich.markup import escape
     from rich.table import Table
+
     t = Table(title=escape(title), title_justify="left")
-    for col, just in (("device", "left"), ("engine", "left"), ("E_corr / Eh", "right"),
-                      ("ΔE_corr / Eh", "right"), ("ΔE_HF / Eh", "right"), ("bits = first", "center"),
-                      ("run-to-run", "center"), ("time / s", "right")):
+    for col, just in (
+        ("device", "left"),
+        ("engine", "left"),
+        ("E_corr / Eh", "right"),
+        ("ΔE_corr / Eh", "right"),
+        ("ΔE_HF / Eh", "right"),
+        ("bits = first", "center"),
+        ("run-to-run", "center"),
+        ("time / s", "right"),
+    ):
         t.add_column(col, justify=just)
     for r in runs:
         if r.status != "ran":
             t.add_row(escape(r.device), "[red]not run[/red]", "—", "—", "—", "—", "—", "—")
             continue
         dhf = f"{r.delta['e_hf']:+.2e}" if "e_hf" in r.delta else "—"
-        t.add_row(escape(r.device), escape(r.ran.get("engine", "")), f"{r.energies['e_corr']:.12f}",
-                  "(reference)" if r.device == summary["reference_device"] else f"{r.delta['e_corr']:+.2e}",
-                  dhf if r.device != summary["reference_device"] else "",
-                  "—" if r.device == summary["reference_device"] else ("yes" if r.identical_to_first else "no"),
-                  f"identical ×{len(r.hex)}" if r.repeat_identical else f"[red]DIFFER ×{len(r.hex)}[/red]",
-                  f"{min(r.seconds):.3f}")
+        t.add_row(
+            escape(r.device),
+            escape(r.ran.get("engine", "")),
+            f"{r.energies['e_corr']:.12f}",
+            "(reference)" if r.device == summary["reference_device"] else f"{r.delta['e_corr']:+.2e}",
+            dhf if r.device != summary["reference_device"] else "",
+            "—" if r.device == summary["reference_device"] else ("yes" if r.identical_to_first else "no"),
+            f"identical ×{len(r.hex)}" if r.repeat_identical else f"[red]DIFFER ×{len(r.hex)}[/red]",
+            f"{min(r.seconds):.3f}",
+        )
     console.print(t)
     for r in runs:
         if r.status != "ran":
@@ -203,29 +234,43 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
             console.print(f"[dim]{escape(r.device)}: {escape(ks)}[/dim]")
     verdict = "[green]PASS[/green]" if summary["passed"] else "[red]FAIL[/red]"
     against = f"against {summary['reference_device']}" if summary["reference_device"] else "(no device ran)"
-    console.print(f"{verdict}  " + escape(f"|ΔE_corr| ≤ {summary['tolerance']:.0e} Eh {against}; "
-                  f"beyond: {summary['beyond_tolerance'] or 'none'}; "
-                  f"not bit-reproducible: {summary['not_bit_reproducible'] or 'none'}; "
-                  f"not run: {summary['not_run'] or 'none'}"))
+    console.print(
+        f"{verdict}  "
+        + escape(
+            f"|ΔE_corr| ≤ {summary['tolerance']:.0e} Eh {against}; "
+            f"beyond: {summary['beyond_tolerance'] or 'none'}; "
+            f"not bit-reproducible: {summary['not_bit_reproducible'] or 'none'}; "
+            f"not run: {summary['not_run'] or 'none'}"
+        )
+    )
 
 
-def document(problem_doc: dict, precision: str, repeat: int, devices, absent: dict, summary: dict,
-             runs: list[DeviceRun]) -> dict:
+def document(
+    problem_doc: dict, precision: str, repeat: int, devices, absent: dict, summary: dict, runs: list[DeviceRun]
+) -> dict:
     """The JSON document of a comparison: the problem, the settings, the devices asked for
     (``devices``: their text, None: the present ones) and those not present (``absent``), the
     summary and every device's runs."""
     from dfmp2.io.result import json_ran, software_versions
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "problem": problem_doc, "precision": precision, "repeat": repeat,
-            "devices_requested": devices or "present (default)",
-            "devices_not_present": absent,
-            "summary": summary, "devices": [{**asdict(r), "ran": json_ran(r.ran)} for r in runs],
-            "versions": software_versions(), "units": {"energies": "hartree"}}
+
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "problem": problem_doc,
+        "precision": precision,
+        "repeat": repeat,
+        "devices_requested": devices or "present (default)",
+        "devices_not_present": absent,
+        "summary": summary,
+        "devices": [{**asdict(r), "ran": json_ran(r.ran)} for r in runs],
+        "versions": software_versions(),
+        "units": {"energies": "hartree"},
+    }
 
 
 def write_json(path, doc: dict) -> None:
     """Atomically: a half-written file never appears under ``path`` (dfmp2.io.outputs.write_text)."""
     from dfmp2.io.outputs import write_text
+
     write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -233,23 +278,33 @@ def check_cuda_only(options, names) -> None:
     """A pair kernel or the gpu4pyscf engine asked for devices that include no cuda device is the
     user's mistake (InputError naming the option)."""
     if options.pair_kernel != "auto" and not any(options.pair_kernel in _caps(d).pair_kernels for d in names):
-        raise InputError(f"pair kernel '{options.pair_kernel}' is a path of none of the devices "
-                         f"({', '.join(names)}); leave it at auto", option="pair_kernel")
+        raise InputError(
+            f"pair kernel '{options.pair_kernel}' is a path of none of the devices "
+            f"({', '.join(names)}); leave it at auto",
+            option="pair_kernel",
+        )
     if options.cpu_blas != "auto" and not any(_caps(d).is_host for d in names):
-        raise InputError(f"cpu BLAS '{options.cpu_blas}' applies only to the cpu device, and the devices "
-                         f"({', '.join(names)}) do not include it; leave it at auto", option="cpu_blas")
+        raise InputError(
+            f"cpu BLAS '{options.cpu_blas}' applies only to the cpu device, and the devices "
+            f"({', '.join(names)}) do not include it; leave it at auto",
+            option="cpu_blas",
+        )
     if options.integrals == "gpu4pyscf" and not any(_caps(d).cuda_memory for d in names):
-        raise InputError(f"integral engine gpu4pyscf applies only to cuda devices, and the devices "
-                         f"({', '.join(names)}) include none; leave it at auto", option="integrals")
+        raise InputError(
+            f"integral engine gpu4pyscf applies only to cuda devices, and the devices "
+            f"({', '.join(names)}) include none; leave it at auto",
+            option="integrals",
+        )
 
 
 def compare_synthetic(text, seed, precision, repeat, backends):
     """(title, problem for the JSON, runs) of a synthetic problem made once on the CPU and run on
     each of ``backends`` ({device: backend})."""
     import torch
-    from dfmp2.linalg import synthetic_problem
 
+    from dfmp2.linalg import synthetic_problem
     from dfmp2.memory import check_synthetic_memory
+
     nocc, nvir, naux = parse_synthetic(text)
     dtype = torch.float64 if precision == "fp64" else torch.float32
     check_synthetic_memory(f"--synthetic {text}", nocc, nvir, naux, dtype.itemsize, list(backends))
@@ -263,11 +318,22 @@ def compare_molecule(xyz_file, options, repeat, devices):
     """(title, problem for the JSON, runs) of the molecule in ``xyz_file``, parsed once and run
     through the whole pipeline with ``options`` on each of ``devices``."""
     from dfmp2.io.xyz import read_xyz
+
     geom = read_xyz(xyz_file)
     o = options
-    title = (f"{xyz_file} {o.basis}/{o.auxbasis or 'MP2-fit'}, {o.scf_mode} SCF, "
-             f"{'frozen core' if o.frozen_core else 'all-electron'}, {o.precision}")
-    problem_doc = {"molecule": str(xyz_file), "basis": o.basis, "auxbasis": o.auxbasis,
-                   "scf_mode": o.scf_mode, "frozen_core": o.frozen_core, "ecp": o.ecp,
-                   "reference": o.reference, "charge": o.charge, "multiplicity": o.multiplicity}
+    title = (
+        f"{xyz_file} {o.basis}/{o.auxbasis or 'MP2-fit'}, {o.scf_mode} SCF, "
+        f"{'frozen core' if o.frozen_core else 'all-electron'}, {o.precision}"
+    )
+    problem_doc = {
+        "molecule": str(xyz_file),
+        "basis": o.basis,
+        "auxbasis": o.auxbasis,
+        "scf_mode": o.scf_mode,
+        "frozen_core": o.frozen_core,
+        "ecp": o.ecp,
+        "reference": o.reference,
+        "charge": o.charge,
+        "multiplicity": o.multiplicity,
+    }
     return title, problem_doc, [run_molecule(d, geom, options, repeat) for d in devices]

@@ -8,6 +8,7 @@ GMAX). Every evaluated geometry goes to the trajectory (multi-frame XYZ, Ångstr
 comment line) as it comes. Not converged in ``max_steps``: OptimizationError (one line) after the
 last geometry and the trajectory are written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,16 +17,21 @@ import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
-from pyscf.lib.parameters import BOHR     # Å per Bohr: PySCF's, as the molecules and QCSchema use
+from pyscf.lib.parameters import BOHR  # Å per Bohr: PySCF's, as the molecules and QCSchema use
 
 from dfmp2.errors import InputError
 from dfmp2.grad.run import GradientResult, check_gradient_options, run_gradient
-from dfmp2.options import RunOptions
 from dfmp2.io.outputs import write_text
 from dfmp2.io.xyz import Geometry
+from dfmp2.options import RunOptions
 
-CONVERGENCE = {"convergence_energy": 1e-6, "convergence_grms": 2e-4, "convergence_gmax": 3e-4,
-               "convergence_drms": 1.2e-3, "convergence_dmax": 1.8e-3}   # Eh, Eh/bohr, Å
+CONVERGENCE = {
+    "convergence_energy": 1e-6,
+    "convergence_grms": 2e-4,
+    "convergence_gmax": 3e-4,
+    "convergence_drms": 1.2e-3,
+    "convergence_dmax": 1.8e-3,
+}  # Eh, Eh/bohr, Å
 MAX_STEPS = 100
 
 
@@ -50,14 +56,20 @@ class OptimizationResult:
 
     def to_dict(self) -> dict:
         d = self.last.to_dict()
-        d["optimization"] = {"converged": True, "steps": self.steps, "energies": self.energies,
-                             "gmax": self.gmax, "convergence": dict(CONVERGENCE),
-                             "optimizer": _optimizer_version()}
+        d["optimization"] = {
+            "converged": True,
+            "steps": self.steps,
+            "energies": self.energies,
+            "gmax": self.gmax,
+            "convergence": dict(CONVERGENCE),
+            "optimizer": _optimizer_version(),
+        }
         return d
 
 
 def _optimizer_version() -> str:
     import geometric
+
     return f"geomeTRIC {geometric.__version__}"
 
 
@@ -68,8 +80,17 @@ def xyz_frame(geom: Geometry, coords_angstrom, comment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajectory=None, final=None,
-             max_steps: int = MAX_STEPS, log=None, progress=None) -> OptimizationResult:
+def optimize(
+    geom: Geometry,
+    options: RunOptions,
+    method: str = "mp2",
+    *,
+    trajectory=None,
+    final=None,
+    max_steps: int = MAX_STEPS,
+    log=None,
+    progress=None,
+) -> OptimizationResult:
     """Minimise the ``method``'s DF-MP2 energy from ``geom``. ``trajectory``: path of the
     multi-frame XYZ written after each evaluation; ``final``: path of the last geometry's XYZ
     (written converged or not). OptimizationError when it does not converge in ``max_steps``.
@@ -93,7 +114,7 @@ def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajec
     def evaluate(coords_bohr):
         g = dataclasses.replace(geom, coords_angstrom=np.asarray(coords_bohr).reshape(-1, 3) * BOHR)
         gr = run_gradient(g, options, method=method, progress=progress, guess=density[0] if density else None)
-        density[:] = [gr.energy_run.ref.density()]      # the next step's SCF starts from this density
+        density[:] = [gr.energy_run.ref.density()]  # the next step's SCF starts from this density
         out.last, out.geometry = gr, g
         out.energies.append(gr.energy)
         out.gmax.append(float(np.abs(gr.gradient).max()))
@@ -120,13 +141,16 @@ def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajec
     quiet.setLevel(logging.WARNING)
     try:
         with tempfile.TemporaryDirectory(prefix="dfmp2-geometric-") as tmp:
-            geometric.optimize.Optimize(np.asarray(geom.coords_angstrom).ravel() / BOHR, M, IC, Engine(M), tmp,
-                                        params, print_info=False)
+            geometric.optimize.Optimize(
+                np.asarray(geom.coords_angstrom).ravel() / BOHR, M, IC, Engine(M), tmp, params, print_info=False
+            )
     except geometric.errors.GeomOptNotConvergedError:
         _write_final(final, out, method, "not converged")
-        raise OptimizationError(f"the geometry optimisation did not converge in {max_steps} steps (last max "
-                                f"|gradient| {out.gmax[-1]:.2e} Eh/bohr); the last geometry is written"
-                                + (f" to {final}" if final else ""), option="max_steps") from None
+        raise OptimizationError(
+            f"the geometry optimisation did not converge in {max_steps} steps (last max "
+            f"|gradient| {out.gmax[-1]:.2e} Eh/bohr); the last geometry is written" + (f" to {final}" if final else ""),
+            option="max_steps",
+        ) from None
     finally:
         quiet.setLevel(level)
     _write_final(final, out, method, "converged")
@@ -135,7 +159,13 @@ def optimize(geom: Geometry, options: RunOptions, method: str = "mp2", *, trajec
 
 def _write_final(path, out: OptimizationResult, method: str, state: str) -> None:
     if path is not None and out.last is not None:
-        write_text(path, xyz_frame(out.geometry, out.geometry.coords_angstrom,
-                                   f"dfmp2 optimize ({state}, {out.steps} steps) E({method.upper()}) = "
-                                   f"{out.energies[-1]:.10f} Eh; charge={out.last.result.charge} "
-                                   f"multiplicity={out.last.result.multiplicity}"))
+        write_text(
+            path,
+            xyz_frame(
+                out.geometry,
+                out.geometry.coords_angstrom,
+                f"dfmp2 optimize ({state}, {out.steps} steps) E({method.upper()}) = "
+                f"{out.energies[-1]:.10f} Eh; charge={out.last.result.charge} "
+                f"multiplicity={out.last.result.multiplicity}",
+            ),
+        )

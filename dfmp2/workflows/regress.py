@@ -11,6 +11,7 @@ compares E_HF and E_corr (Hartree) within a tolerance that depends on the workin
 
 The command itself (options, progress, printing) is dfmp2.cli.regress; this module is its library.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,12 @@ from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
 
-from dfmp2.io import INPUTS
 from dfmp2.errors import InputError
+from dfmp2.io import INPUTS
 from dfmp2.options import RunOptions
 
 REFERENCES = INPUTS / "references.json"
-TOLERANCES = {"fp64": 1e-9, "fp32": 1e-6}     # Hartree, on E_corr and E_HF
+TOLERANCES = {"fp64": 1e-9, "fp32": 1e-6}  # Hartree, on E_corr and E_HF
 SUBSETS = {"fast": ("fast",), "full": ("fast", "full"), "all": ("fast", "full", "large")}
 ENERGY_FIELDS = ("e_hf", "e_os", "e_ss", "e_corr", "e_mp2")
 
@@ -45,24 +46,34 @@ def load_references(path=None) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{p}: not a reference file ({e.__class__.__name__}: {e})") from None
     _check_references(p, refs)
-    base = p.resolve().parent.parent           # entry paths ('inputs/...') are relative to the folder holding inputs/
+    base = p.resolve().parent.parent  # entry paths ('inputs/...') are relative to the folder holding inputs/
     for entry in refs.values():
         entry["_xyz"] = str(base / entry["path"])
     return refs
 
 
 # what every entry must hold (as scripts/make_references.py writes it) for select_cases and run_case
-_ENTRY_FIELDS = {"key": str, "molecule": str, "path": str, "basis": str, "auxbasis": str,
-                 "scf_mode": str, "subset": str, "frozen_core": bool,
-                 **{f: int for f in ("nbasis", "naux", "nocc", "nvir")},
-                 **{f: float for f in ENERGY_FIELDS}}
+_ENTRY_FIELDS = {
+    "key": str,
+    "molecule": str,
+    "path": str,
+    "basis": str,
+    "auxbasis": str,
+    "scf_mode": str,
+    "subset": str,
+    "frozen_core": bool,
+    **{f: int for f in ("nbasis", "naux", "nocc", "nvir")},
+    **{f: float for f in ENERGY_FIELDS},
+}
 
 
 def _check_references(p: Path, refs) -> None:
     """Valid JSON of the wrong shape is an InputError naming the first entry and field that is
     wrong, not a KeyError half-way through the run."""
+
     def bad(what):
         return InputError(f"{p}: not a dfmp2 reference file: {what}; see scripts/make_references.py")
+
     if not isinstance(refs, dict) or not refs:
         raise bad("'references' must be a non-empty object of entries")
     for name, e in refs.items():
@@ -70,28 +81,43 @@ def _check_references(p: Path, refs) -> None:
             raise bad(f"entry {json.dumps(name)[:60]} is not an object")
         for f, kind in _ENTRY_FIELDS.items():
             v = e.get(f)
-            ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                  if kind is float else isinstance(v, kind) and (kind is not int or not isinstance(v, bool)))
+            ok = (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                if kind is float
+                else isinstance(v, kind) and (kind is not int or not isinstance(v, bool))
+            )
             if not ok:
-                raise bad(f"entry {json.dumps(name)[:60]} field '{f}' must be {kind.__name__}, found {json.dumps(v)[:40]}")
+                raise bad(
+                    f"entry {json.dumps(name)[:60]} field '{f}' must be {kind.__name__}, found {json.dumps(v)[:40]}"
+                )
         if not (e.get("auxbasis_requested") is None or isinstance(e.get("auxbasis_requested"), str)):
             raise bad(f"entry {json.dumps(name)[:60]} field 'auxbasis_requested' must be a string or null")
 
 
-def find_reference(refs: dict, molecule: str, basis: str = "cc-pvdz", auxbasis: str | None = None,
-                   scf_mode: str = "df", frozen_core: bool = False) -> dict:
+def find_reference(
+    refs: dict,
+    molecule: str,
+    basis: str = "cc-pvdz",
+    auxbasis: str | None = None,
+    scf_mode: str = "df",
+    frozen_core: bool = False,
+) -> dict:
     """The entry for (molecule, basis, auxbasis, scf_mode, frozen_core).
 
     ``auxbasis=None`` means the default MP2-fit basis for ``basis`` (as the program picks it).
     """
     for e in refs.values():
-        if (e["molecule"] == molecule and e["basis"] == basis.lower() and e["scf_mode"] == scf_mode
-                and e["frozen_core"] == frozen_core
-                and (e["auxbasis_requested"] is None if auxbasis is None
-                     else e["auxbasis"] == auxbasis.lower())):
+        if (
+            e["molecule"] == molecule
+            and e["basis"] == basis.lower()
+            and e["scf_mode"] == scf_mode
+            and e["frozen_core"] == frozen_core
+            and (e["auxbasis_requested"] is None if auxbasis is None else e["auxbasis"] == auxbasis.lower())
+        ):
             return e
-    raise KeyError(f"no reference for {molecule} {basis}/{auxbasis or 'default aux'} "
-                   f"scf={scf_mode} frozen_core={frozen_core}")
+    raise KeyError(
+        f"no reference for {molecule} {basis}/{auxbasis or 'default aux'} scf={scf_mode} frozen_core={frozen_core}"
+    )
 
 
 def select_cases(refs: dict, subset: str = "fast", names=()) -> list[dict]:
@@ -102,8 +128,11 @@ def select_cases(refs: dict, subset: str = "fast", names=()) -> list[dict]:
         raise InputError(f"unknown subset '{subset}'; use one of {', '.join(SUBSETS)}")
     out = [e for e in refs.values() if e.get("subset") in SUBSETS[subset]]
     if names:
-        out = [e for e in out if any(e["molecule"] == n or fnmatch(e["molecule"], n)
-                                     or fnmatch(e["key"], n) for n in names)]
+        out = [
+            e
+            for e in out
+            if any(e["molecule"] == n or fnmatch(e["molecule"], n) or fnmatch(e["key"], n) for n in names)
+        ]
     return out
 
 
@@ -120,7 +149,7 @@ class CaseResult:
     naux: int
     precision: str
     tolerance: float
-    reference: dict                 # Hartree
+    reference: dict  # Hartree
     ours: dict = field(default_factory=dict)
     diff: dict = field(default_factory=dict)
     passed: bool = False
@@ -136,8 +165,9 @@ class CaseResult:
         return max(abs(self.diff["e_hf"]), abs(self.diff["e_corr"]))
 
 
-def run_case(entry: dict, options: RunOptions | None = None, tolerance: float | None = None,
-             progress=None) -> CaseResult:
+def run_case(
+    entry: dict, options: RunOptions | None = None, tolerance: float | None = None, progress=None
+) -> CaseResult:
     """Run the pipeline on one reference case and compare E_HF and E_corr within ``tolerance``
     (default ``TOLERANCES[precision]``). ``options``: the device, precision and resources (default
     RunOptions(): cpu, fp64); the molecule, basis sets, SCF mode and frozen core are the
@@ -145,31 +175,46 @@ def run_case(entry: dict, options: RunOptions | None = None, tolerance: float | 
     raised; a device that cannot run raises before any work."""
     from dfmp2.pipeline import run
 
-    options = replace(options or RunOptions(), basis=entry["basis"], auxbasis=entry["auxbasis_requested"],
-                      frozen_core=entry["frozen_core"], scf_mode=entry["scf_mode"])
+    options = replace(
+        options or RunOptions(),
+        basis=entry["basis"],
+        auxbasis=entry["auxbasis_requested"],
+        frozen_core=entry["frozen_core"],
+        scf_mode=entry["scf_mode"],
+    )
     precision = options.resolved_precision()
     tol = TOLERANCES[precision] if tolerance is None else tolerance
-    cr = CaseResult(key=entry["key"], molecule=entry["molecule"], scf_mode=entry["scf_mode"],
-                    frozen_core=entry["frozen_core"], nbasis=entry["nbasis"], naux=entry["naux"],
-                    precision=precision, tolerance=tol,
-                    reference={f: entry[f] for f in ENERGY_FIELDS})
+    cr = CaseResult(
+        key=entry["key"],
+        molecule=entry["molecule"],
+        scf_mode=entry["scf_mode"],
+        frozen_core=entry["frozen_core"],
+        nbasis=entry["nbasis"],
+        naux=entry["naux"],
+        precision=precision,
+        tolerance=tol,
+        reference={f: entry[f] for f in ENERGY_FIELDS},
+    )
     t0 = time.perf_counter()
     try:
         res = run(entry["_xyz"], options, progress=progress)
-    except InputError as e:          # the case failed; the run goes on with the next one
+    except InputError as e:  # the case failed; the run goes on with the next one
         cr.error = str(e)
         cr.seconds = time.perf_counter() - t0
         return cr
     cr.seconds = time.perf_counter() - t0
     cr.ran = dict(res.ran)
-    cr.ours = {"e_hf": res.e_hf, "e_os": res.e_os, "e_ss": res.e_ss, "e_corr": res.e_corr,
-               "e_mp2": res.e_mp2}
+    cr.ours = {"e_hf": res.e_hf, "e_os": res.e_os, "e_ss": res.e_ss, "e_corr": res.e_corr, "e_mp2": res.e_mp2}
     cr.diff = {f: cr.ours[f] - cr.reference[f] for f in ENERGY_FIELDS}
-    setup = {"nbasis": (res.nbasis, entry["nbasis"]), "naux": (res.naux, entry["naux"]),
-             "nocc": (res.nocc, entry["nocc"]), "nvir": (res.nvir, entry["nvir"]),
-             "auxbasis": (str(res.auxbasis).lower(), entry["auxbasis"]),
-             "reference": ("UHF" if res.spin else "RHF", entry.get("reference", "RHF"))}
-    if res.spin and "nocc_beta" in entry:      # an open shell: the beta shapes too
+    setup = {
+        "nbasis": (res.nbasis, entry["nbasis"]),
+        "naux": (res.naux, entry["naux"]),
+        "nocc": (res.nocc, entry["nocc"]),
+        "nvir": (res.nvir, entry["nvir"]),
+        "auxbasis": (str(res.auxbasis).lower(), entry["auxbasis"]),
+        "reference": ("UHF" if res.spin else "RHF", entry.get("reference", "RHF")),
+    }
+    if res.spin and "nocc_beta" in entry:  # an open shell: the beta shapes too
         setup.update({f: (res.spin[f], entry[f]) for f in ("nocc_beta", "nvir_beta")})
     mismatched = [f"{k} {a} vs reference {b}" for k, (a, b) in setup.items() if a != b]
     if mismatched:
@@ -199,11 +244,14 @@ def summary(results: list[CaseResult]) -> dict:
 
 def render(results: list[CaseResult], console, device: str, precision: str, tolerance: float) -> None:
     """The rich table: molecule, settings, reference, ours, difference, pass/fail."""
-    from rich.markup import escape      # names and messages from the reference file are not markup
+    from rich.markup import escape  # names and messages from the reference file are not markup
     from rich.table import Table
 
-    t = Table(title=f"DF-MP2 regression vs PySCF references — device {escape(device)}, {precision}, "
-                    f"tolerance {tolerance:.0e} Eh", title_justify="left")
+    t = Table(
+        title=f"DF-MP2 regression vs PySCF references — device {escape(device)}, {precision}, "
+        f"tolerance {tolerance:.0e} Eh",
+        title_justify="left",
+    )
     t.add_column("molecule")
     t.add_column("SCF")
     t.add_column("core")
@@ -223,17 +271,35 @@ def render(results: list[CaseResult], console, device: str, precision: str, tole
         status = "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
         if r.error:
             status += f" [red]{escape(r.error)}[/red]"
-        t.add_row(escape(r.molecule), r.scf_mode, core, str(r.nbasis), f"{r.reference['e_corr']:.10f}", ours,
-                  dc, dh, f"{r.seconds:.1f}", status)
+        t.add_row(
+            escape(r.molecule),
+            r.scf_mode,
+            core,
+            str(r.nbasis),
+            f"{r.reference['e_corr']:.10f}",
+            ours,
+            dc,
+            dh,
+            f"{r.seconds:.1f}",
+            status,
+        )
     console.print(t)
     s = summary(results)
-    engines = sorted({f"{r.ran.get('device', '?')}/{r.ran.get('engine', '?')}/{r.ran.get('precision', '?')}"
-                      for r in results if r.ran})
-    line = (f"{s['passed']}/{s['cases']} passed in {s['seconds']:.1f} s; ran on "
-            f"{escape(', '.join(engines)) or 'nothing'}")
+    engines = sorted(
+        {
+            f"{r.ran.get('device', '?')}/{r.ran.get('engine', '?')}/{r.ran.get('precision', '?')}"
+            for r in results
+            if r.ran
+        }
+    )
+    line = (
+        f"{s['passed']}/{s['cases']} passed in {s['seconds']:.1f} s; ran on {escape(', '.join(engines)) or 'nothing'}"
+    )
     if s["max_abs_diff_e_corr"] is not None:
-        line += (f"; largest |ΔE_corr| {s['max_abs_diff_e_corr']:.2e} Eh ({escape(s['max_abs_diff_e_corr_case'])}), "
-                 f"largest |ΔE_HF| {s['max_abs_diff_e_hf']:.2e} Eh")
+        line += (
+            f"; largest |ΔE_corr| {s['max_abs_diff_e_corr']:.2e} Eh ({escape(s['max_abs_diff_e_corr_case'])}), "
+            f"largest |ΔE_HF| {s['max_abs_diff_e_hf']:.2e} Eh"
+        )
     console.print(("[green]" if s["failed"] == 0 else "[red]") + line)
 
 
@@ -241,11 +307,18 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
     """Write the run (meta, summary, one record per case) atomically."""
     from dfmp2.io.result import json_ran, software_versions
 
-    doc = {"meta": {**meta, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "versions": software_versions(), "units": {"energies": "hartree", "seconds": "s"}},
-           "summary": summary(results),
-           "cases": [{**asdict(r), "ran": json_ran(r.ran)} for r in results]}
+    doc = {
+        "meta": {
+            **meta,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": software_versions(),
+            "units": {"energies": "hartree", "seconds": "s"},
+        },
+        "summary": summary(results),
+        "cases": [{**asdict(r), "ran": json_ran(r.ran)} for r in results],
+    }
     from dfmp2.io.outputs import write_text
+
     write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -255,10 +328,12 @@ def choose_cases(refs: dict, subset: str | None, names=()) -> list[dict]:
     within 'full'). InputError when nothing matches."""
     if subset or not names:
         cases = select_cases(refs, subset or "fast", names)
-    else:   # patterns stay within 'full'; an exact name also finds a large reference-only case
+    else:  # patterns stay within 'full'; an exact name also finds a large reference-only case
         cases = select_cases(refs, "full", names) + [
-            e for e in select_cases(refs, "all", names)
-            if e["subset"] == "large" and (e["molecule"] in names or e["key"] in names)]
+            e
+            for e in select_cases(refs, "all", names)
+            if e["subset"] == "large" and (e["molecule"] in names or e["key"] in names)
+        ]
     if not cases:
         raise InputError(f"no reference case matches {' '.join(names) or 'the subset'}; see --list")
     return cases

@@ -15,6 +15,7 @@ written, a private temporary directory of this process, removed once the library
 A kernel that cannot be built raises KernelBuildError with the compiler's own first error line;
 nothing is switched to another implementation here (linalg decides what the user is told).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -63,8 +64,9 @@ def _compile(cc: str, src: Path, dest: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
     os.close(fd)
     try:
-        out = subprocess.run([cc, *CFLAGS, str(src), "-o", tmp], capture_output=True, text=True,
-                             timeout=COMPILE_TIMEOUT_S)
+        out = subprocess.run(
+            [cc, *CFLAGS, str(src), "-o", tmp], capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+        )
         if out.returncode != 0:
             lines = [ln for ln in (out.stderr or out.stdout).splitlines() if "error" in ln.lower()]
             why = (lines or (out.stderr or out.stdout).splitlines() or ["no output"])[0].strip()
@@ -86,16 +88,22 @@ def load(name: str) -> tuple[ctypes.CDLL, dict]:
     src = HERE / f"{name}.c"
     cc = compiler()
     if cc is None:
-        raise KernelBuildError(f"the CPU kernel {src.name} is compiled on first use, and no C compiler "
-                               "was found (set CC, or install gcc or clang)")
+        raise KernelBuildError(
+            f"the CPU kernel {src.name} is compiled on first use, and no C compiler "
+            "was found (set CC, or install gcc or clang)"
+        )
     version = _version(cc)
     text = src.read_bytes()
     key = hashlib.sha256(text + " ".join(CFLAGS).encode() + version.encode()).hexdigest()[:16]
-    info = {"compiler": version, "flags": " ".join(CFLAGS), "source_sha256": hashlib.sha256(text).hexdigest()[:16],
-            "compiled": False}
+    info = {
+        "compiler": version,
+        "flags": " ".join(CFLAGS),
+        "source_sha256": hashlib.sha256(text).hexdigest()[:16],
+        "compiled": False,
+    }
     dest = cache_dir() / f"{name}-{key}.so"
-    private = None                  # a temporary directory of this process, when the cache is closed
-    if not dest.exists():           # one already built there is used even where the cache is read-only
+    private = None  # a temporary directory of this process, when the cache is closed
+    if not dest.exists():  # one already built there is used even where the cache is read-only
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             writable = os.access(dest.parent, os.W_OK)
@@ -111,6 +119,6 @@ def load(name: str) -> tuple[ctypes.CDLL, dict]:
     except OSError as e:
         raise KernelBuildError(f"loading the compiled {src.name} ({dest}) failed: {e}") from None
     finally:
-        if private is not None:     # the loaded library stays mapped; nothing is left in the temp directory
+        if private is not None:  # the loaded library stays mapped; nothing is left in the temp directory
             shutil.rmtree(private, ignore_errors=True)
     return lib, dict(info, library=str(dest), cached=private is None)

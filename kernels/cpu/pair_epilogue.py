@@ -7,6 +7,7 @@ K: a contiguous-rows torch tensor (ni*nvir, nj*nvj) of float64 or float32 (row s
 orbital energies: float64 CPU tensors in Hartree. Results: float64 numpy arrays in Hartree; see the
 C file for the sums. The call releases the GIL (ctypes), so one thread per tile runs in parallel.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -35,8 +36,10 @@ def library() -> tuple[ctypes.CDLL, dict]:
 
 def _suffix(K: torch.Tensor) -> str:
     if K.dtype not in (torch.float64, torch.float32) or K.device.type != "cpu" or K.ndim != 2 or K.stride(1) != 1:
-        raise ValueError(f"pair_epilogue: K must be a 2-D CPU float64/float32 tensor with unit column "
-                         f"stride, got {K.dtype} {tuple(K.shape)} strides {K.stride()} on {K.device}")
+        raise ValueError(
+            f"pair_epilogue: K must be a 2-D CPU float64/float32 tensor with unit column "
+            f"stride, got {K.dtype} {tuple(K.shape)} strides {K.stride()} on {K.device}"
+        )
     return "d" if K.dtype == torch.float64 else "f"
 
 
@@ -55,8 +58,19 @@ def pair_sums(K, ni, nj, nvir, e_i, e_j, e_vir, *, lower=False, i0=0, j0=0) -> n
         raise ValueError(f"pair_sums: K {tuple(K.shape)} does not match ni={ni}, nj={nj}, nvir={nvir}")
     out = np.zeros((ni, nj, 2))
     getattr(library()[0], f"pair_sums_{suffix}")(
-        K.data_ptr(), K.stride(0), ni, nj, nvir, _f64(e_i).data_ptr(), _f64(e_j).data_ptr(),
-        _f64(e_vir).data_ptr(), int(lower), i0, j0, out.ctypes.data)
+        K.data_ptr(),
+        K.stride(0),
+        ni,
+        nj,
+        nvir,
+        _f64(e_i).data_ptr(),
+        _f64(e_j).data_ptr(),
+        _f64(e_vir).data_ptr(),
+        int(lower),
+        i0,
+        j0,
+        out.ctypes.data,
+    )
     return out
 
 
@@ -68,6 +82,16 @@ def pair_os(K, ni, nj, nvir, nvj, e_i, e_j, e_vir, e_vir_j) -> np.ndarray:
         raise ValueError(f"pair_os: K {tuple(K.shape)} does not match ni={ni}, nj={nj}, nvir={nvir}, nvj={nvj}")
     out = np.zeros((ni, nj))
     getattr(library()[0], f"pair_os_{suffix}")(
-        K.data_ptr(), K.stride(0), ni, nj, nvir, nvj, _f64(e_i).data_ptr(), _f64(e_j).data_ptr(),
-        _f64(e_vir).data_ptr(), _f64(e_vir_j).data_ptr(), out.ctypes.data)
+        K.data_ptr(),
+        K.stride(0),
+        ni,
+        nj,
+        nvir,
+        nvj,
+        _f64(e_i).data_ptr(),
+        _f64(e_j).data_ptr(),
+        _f64(e_vir).data_ptr(),
+        _f64(e_vir_j).data_ptr(),
+        out.ctypes.data,
+    )
     return out

@@ -12,6 +12,7 @@ The NeuronCore generation is passed to the two AWS engines through the documente
 ``NEURON_PLATFORM_TARGET_OVERRIDE`` variable (trn1 or trn2), set only for the duration of
 each call and restored afterwards; it is never read at import time.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,10 @@ EMULATOR = "nki-numpy-emulator"
 ENGINES = (HARDWARE, NKI_SIMULATE, EMULATOR)
 TARGETS = ("trn1", "trn2")
 
-INSTALL_HINT = ("pip install --extra-index-url https://pip.repos.neuron.amazonaws.com neuronx-cc nki "
-                "(AWS's index; the PyPI packages of those names are empty placeholders)")
+INSTALL_HINT = (
+    "pip install --extra-index-url https://pip.repos.neuron.amazonaws.com neuronx-cc nki "
+    "(AWS's index; the PyPI packages of those names are empty placeholders)"
+)
 
 
 def real_nki():
@@ -88,19 +91,22 @@ class KernelRunner:
             if self._nki is None:
                 raise RuntimeError(f"engine {engine} needs AWS's nki package: {why}")
             from . import lang
-            if not lang.REAL_NKI:       # the kernels would be bound to the emulator's nl/nisa
-                raise RuntimeError(f"engine {engine}: kernels/nki/lang.py bound the emulator "
-                                   f"({lang.REAL_NKI_ERROR}); refusing to run emulator code as {engine}")
+
+            if not lang.REAL_NKI:  # the kernels would be bound to the emulator's nl/nisa
+                raise RuntimeError(
+                    f"engine {engine}: kernels/nki/lang.py bound the emulator "
+                    f"({lang.REAL_NKI_ERROR}); refusing to run emulator code as {engine}"
+                )
 
     def signature(self, kernel, arrays, constants) -> tuple:
-        return (kernel.__name__, tuple(tuple(a.shape) for a in arrays),
-                tuple(sorted(constants.items())))
+        return (kernel.__name__, tuple(tuple(a.shape) for a in arrays), tuple(sorted(constants.items())))
 
     def __call__(self, kernel, *arrays, **constants):
         self.launches[kernel.__name__] += 1
         self.shapes.add(self.signature(kernel, arrays, constants))
         if self.engine == EMULATOR:
             from ..nki_emulator import run
+
             out, stats = run(kernel, arrays, constants, target=self.target)
             self.emulator_totals["matmul_flops"] += stats["matmul_flops"]
             self.emulator_totals["dma_bytes"] += stats["dma_bytes"]
@@ -115,11 +121,13 @@ class KernelRunner:
             return jitted(*arrays, **constants)
 
     def describe(self) -> dict:
-        d = {"engine": self.engine, "target": self.target,
-             "launches": dict(sorted(self.launches.items())),
-             "compiled_shapes": len(self.shapes),
-             "shapes": sorted(f"{name}{list(shapes)}{dict(c) if c else ''}"
-                              for name, shapes, c in self.shapes)}
+        d = {
+            "engine": self.engine,
+            "target": self.target,
+            "launches": dict(sorted(self.launches.items())),
+            "compiled_shapes": len(self.shapes),
+            "shapes": sorted(f"{name}{list(shapes)}{dict(c) if c else ''}" for name, shapes, c in self.shapes),
+        }
         if self.engine == EMULATOR:
             d["emulated"] = dict(self.emulator_totals)
         elif self._nki is not None:

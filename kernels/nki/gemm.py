@@ -8,11 +8,12 @@ tile is at most 128 (K) x 128 (M), a moving tile at most 128 (K) x 512 (N), and 
 of the tile sizes get narrower edge tiles, so no padding is needed inside the kernel;
 the backend pads to bucketed shapes only to bound the number of compiled kernels.
 """
+
 from .lang import nisa, nl
 
-TILE_K = 128    # partitions: nl.tile_size.pmax
-TILE_M = 128    # stationary free size: nl.tile_size.gemm_stationary_fmax
-TILE_N = 512    # moving free size: nl.tile_size.gemm_moving_fmax (= one fp32 PSUM bank)
+TILE_K = 128  # partitions: nl.tile_size.pmax
+TILE_M = 128  # stationary free size: nl.tile_size.gemm_stationary_fmax
+TILE_N = 512  # moving free size: nl.tile_size.gemm_moving_fmax (= one fp32 PSUM bank)
 
 
 def gemm_kernel(lhsT, rhs):
@@ -34,11 +35,11 @@ def gemm_kernel(lhsT, rhs):
                 kt = min(TILE_K, K - k0)
                 a = nl.ndarray((kt, mt), dtype=nl.float32, buffer=nl.sbuf)
                 b = nl.ndarray((kt, nt), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=a, src=lhsT[k0:k0 + kt, m0:m0 + mt])
-                nisa.dma_copy(dst=b, src=rhs[k0:k0 + kt, n0:n0 + nt])
+                nisa.dma_copy(dst=a, src=lhsT[k0 : k0 + kt, m0 : m0 + mt])
+                nisa.dma_copy(dst=b, src=rhs[k0 : k0 + kt, n0 : n0 + nt])
                 # The first K tile overwrites the PSUM tile, the rest accumulate onto it.
                 nisa.nc_matmul(dst=acc, stationary=a, moving=b, accumulate=(k0 > 0))
             res = nl.ndarray((mt, nt), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=res, src=acc)          # PSUM -> SBUF; DMA cannot read PSUM
-            nisa.dma_copy(dst=out[m0:m0 + mt, n0:n0 + nt], src=res)
+            nisa.tensor_copy(dst=res, src=acc)  # PSUM -> SBUF; DMA cannot read PSUM
+            nisa.dma_copy(dst=out[m0 : m0 + mt, n0 : n0 + nt], src=res)
     return out

@@ -8,16 +8,19 @@ import. Which engine runs a kernel is never decided here: kernels/nki/engines.py
 it explicitly (the emulator re-binds these names to itself at launch, and the hardware
 and nki.simulate engines refuse to run unless ``REAL_NKI`` is true).
 """
+
 from __future__ import annotations
 
 try:
     import nki.isa as nisa
     import nki.language as nl
+
     REAL_NKI = True
     REAL_NKI_ERROR = None
-except ImportError as exc:             # not installed, or PyPI's empty placeholder
+except ImportError as exc:  # not installed, or PyPI's empty placeholder
     from ..nki_emulator import isa as nisa
     from ..nki_emulator import language as nl
+
     REAL_NKI = False
     REAL_NKI_ERROR = f"{type(exc).__name__}: {exc}"
 

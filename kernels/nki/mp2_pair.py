@@ -34,11 +34,12 @@ most one PSUM input (nki.isa.tensor_tensor); nisa.tensor_reduce over the free ax
 (nki.isa.tensor_reduce); nisa.memset; loops are Python range, unrolled at specialisation
 (NKI Language Guide, "Compilation Model"; nl.affine_range is a deprecated alias of range).
 """
+
 from .lang import nisa, nl
 
-TILE_P = 128    # aux (contraction) rows per matmul: nl.tile_size.pmax
-TILE_A = 128    # virtual rows a per K tile: nl.tile_size.gemm_stationary_fmax
-TILE_B = 512    # virtual columns b per K tile: nl.tile_size.gemm_moving_fmax (one fp32 PSUM bank)
+TILE_P = 128  # aux (contraction) rows per matmul: nl.tile_size.pmax
+TILE_A = 128  # virtual rows a per K tile: nl.tile_size.gemm_stationary_fmax
+TILE_B = 512  # virtual columns b per K tile: nl.tile_size.gemm_moving_fmax (one fp32 PSUM bank)
 
 
 def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetric=False, opposite=False):
@@ -76,14 +77,16 @@ def mp2_pair_kernel(biT, bjT, e_i_rows, e_j_rows, e_vir_col, e_vir_rows, symmetr
             _load_aux_chunks(bj, bjT, j)
             c_os = 2 * (i * nj + j)
             for ab in range(len(e_a)):
-                _row_block(acc, work, bi, bj, e_i, e_j, e_a[ab], e_b, i, j, ab * TILE_A,
-                           nvir, nvir_j, nk, c_os, opposite)
+                _row_block(
+                    acc, work, bi, bj, e_i, e_j, e_a[ab], e_b, i, j, ab * TILE_A, nvir, nvir_j, nk, c_os, opposite
+                )
     nisa.dma_copy(dst=out, src=acc)
     return out
 
 
 # Helpers of mp2_pair_kernel. They reach NKI only through the module globals nl and nisa, as the
 # kernel does (the NumPy emulator re-binds them for the kernel's module functions alike).
+
 
 def _load_energies(e_i_rows, e_j_rows, e_vir_col, e_vir_rows, ni, nj, nvir, nvir_j):
     """The orbital energies in SBUF, loaded once per launch: e_i (128, ni), e_j (128, nj) and
@@ -99,7 +102,7 @@ def _load_energies(e_i_rows, e_j_rows, e_vir_col, e_vir_rows, ni, nj, nvir, nvir
     for a0 in range(0, nvir, TILE_A):
         at = min(TILE_A, nvir - a0)
         t = nl.ndarray((at, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=e_vir_col[a0:a0 + at, :])
+        nisa.dma_copy(dst=t, src=e_vir_col[a0 : a0 + at, :])
         e_a.append(t)
     return e_i, e_j, e_b, e_a
 
@@ -119,7 +122,7 @@ def _load_aux_chunks(chunks, bT, i):
     """B of occupied orbital i (HBM bT[i], (naux, nvir)) into its SBUF aux chunks."""
     for k in range(len(chunks)):
         k0 = k * TILE_P
-        nisa.dma_copy(dst=chunks[k], src=bT[i, k0:k0 + chunks[k].shape[0], :])
+        nisa.dma_copy(dst=chunks[k], src=bT[i, k0 : k0 + chunks[k].shape[0], :])
 
 
 def _work_tiles():
@@ -127,17 +130,17 @@ def _work_tiles():
     1/D, M1/D and a product (SBUF), the row constant e_i + e_j - e_a and a partial sum."""
     m1 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
     m2 = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
-    rden = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)    # 1 / D
-    kd = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)      # M1 / D
+    rden = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)  # 1 / D
+    kd = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)  # M1 / D
     prod = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
-    row_c = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)        # e_i + e_j - e_a
+    row_c = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_j - e_a
     part = nl.ndarray((TILE_A, 1), dtype=nl.float32, buffer=nl.sbuf)
     return m1, m2, rden, kd, prod, row_c, part
 
 
 def _add_column(acc, c, at, pt):
     """acc[:at, c] += pt (one pair's per-partition partial sums)."""
-    nisa.tensor_tensor(dst=acc[0:at, c:c + 1], data1=acc[0:at, c:c + 1], data2=pt, op=nl.add)
+    nisa.tensor_tensor(dst=acc[0:at, c : c + 1], data1=acc[0:at, c : c + 1], data2=pt, op=nl.add)
 
 
 def _row_block(acc, work, bi, bj, e_i, e_j, e_a, e_b, i, j, a0, nvir, nvir_j, nk, c_os, opposite):
@@ -147,12 +150,12 @@ def _row_block(acc, work, bi, bj, e_i, e_j, e_a, e_b, i, j, a0, nvir, nvir_j, nk
     at = min(TILE_A, nvir - a0)
     rc = row_c[0:at, :]
     pt = part[0:at, :]
-    nisa.tensor_tensor(dst=rc, data1=e_i[0:at, i:i + 1], data2=e_j[0:at, j:j + 1], op=nl.add)
+    nisa.tensor_tensor(dst=rc, data1=e_i[0:at, i : i + 1], data2=e_j[0:at, j : j + 1], op=nl.add)
     nisa.tensor_tensor(dst=rc, data1=rc, data2=e_a, op=nl.subtract)
     for b0 in range(0 if opposite else a0, nvir_j, TILE_B):
         bt = min(TILE_B, nvir_j - b0)
         r, q = _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os)
-        if opposite:        # no mirror tile M2, no exchange term
+        if opposite:  # no mirror tile M2, no exchange term
             continue
         _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os)
 
@@ -163,14 +166,12 @@ def _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os):
     m1, _, rden, kd, prod, _, _ = work
     t1 = m1[0:at, 0:bt]
     for k in range(nk):
-        nisa.nc_matmul(dst=t1, stationary=bi[k][:, a0:a0 + at],
-                       moving=bj[k][:, b0:b0 + bt], accumulate=(k > 0))
+        nisa.nc_matmul(dst=t1, stationary=bi[k][:, a0 : a0 + at], moving=bj[k][:, b0 : b0 + bt], accumulate=(k > 0))
     r = rden[0:at, 0:bt]
     q = kd[0:at, 0:bt]
     p = prod[0:at, 0:bt]
     # D = (e_i + e_j - e_a) - e_b, then 1/D on the Vector Engine.
-    nisa.tensor_scalar(dst=r, data=e_b[0:at, b0:b0 + bt], op0=nl.subtract,
-                       operand0=rc, reverse0=True)
+    nisa.tensor_scalar(dst=r, data=e_b[0:at, b0 : b0 + bt], op0=nl.subtract, operand0=rc, reverse0=True)
     nisa.reciprocal(dst=r, data=r)
     nisa.tensor_tensor(dst=q, data1=t1, data2=r, op=nl.multiply)
     # OS += sum_b M1^2 / D
@@ -188,8 +189,7 @@ def _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os):
     t2 = m2[0:at, 0:bt]
     p = prod[0:at, 0:bt]
     for k in range(nk):
-        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0:a0 + at],
-                       moving=bi[k][:, b0:b0 + bt], accumulate=(k > 0))
+        nisa.nc_matmul(dst=t2, stationary=bj[k][:, a0 : a0 + at], moving=bi[k][:, b0 : b0 + bt], accumulate=(k > 0))
     # X += sum_b M1 M2 / D
     nisa.tensor_tensor(dst=p, data1=q, data2=t2, op=nl.multiply)
     nisa.tensor_reduce(dst=pt, op=nl.add, data=p, axis=1, keepdims=True)
@@ -213,5 +213,5 @@ def sbuf_bytes_per_partition(ni: int, nj: int, naux: int, nvir: int, nvir_j: int
     nvir_j = nvir if nvir_j is None else nvir_j
     nk = (naux + TILE_P - 1) // TILE_P
     na = (nvir + TILE_A - 1) // TILE_A
-    words = (2 * ni * nj + ni + nj + nvir_j + na + nk * (nvir + nvir_j) + 3 * TILE_B + 2)
+    words = 2 * ni * nj + ni + nj + nvir_j + na + nk * (nvir + nvir_j) + 3 * TILE_B + 2
     return 4 * words

@@ -9,11 +9,12 @@ NaN) and the host mirrors or masks the lower blocks.
 NKI constructs: as kernels/nki/gemm.py (nl.ndarray, nisa.dma_copy, nisa.nc_matmul with
 accumulate, nisa.tensor_copy PSUM -> SBUF).
 """
+
 from .lang import nisa, nl
 
-TILE_K = 128    # partitions: nl.tile_size.pmax
-TILE_M = 128    # stationary free size: nl.tile_size.gemm_stationary_fmax
-TILE_N = 512    # moving free size: nl.tile_size.gemm_moving_fmax
+TILE_K = 128  # partitions: nl.tile_size.pmax
+TILE_M = 128  # stationary free size: nl.tile_size.gemm_stationary_fmax
+TILE_N = 512  # moving free size: nl.tile_size.gemm_moving_fmax
 
 
 def syrk_lower_kernel(aT):
@@ -26,7 +27,7 @@ def syrk_lower_kernel(aT):
     out = nl.ndarray((N, N), dtype=nl.float32, buffer=nl.shared_hbm)
     for i0 in range(0, N, TILE_M):
         it = min(TILE_M, N - i0)
-        c_end = i0 + it                                  # last column of the diagonal block
+        c_end = i0 + it  # last column of the diagonal block
         for c0 in range(0, c_end, TILE_N):
             ct = min(TILE_N, c_end - c0)
             acc = nl.ndarray((it, ct), dtype=nl.float32, buffer=nl.psum)
@@ -34,10 +35,10 @@ def syrk_lower_kernel(aT):
                 kt = min(TILE_K, K - k0)
                 a = nl.ndarray((kt, it), dtype=nl.float32, buffer=nl.sbuf)
                 b = nl.ndarray((kt, ct), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=a, src=aT[k0:k0 + kt, i0:i0 + it])
-                nisa.dma_copy(dst=b, src=aT[k0:k0 + kt, c0:c0 + ct])
+                nisa.dma_copy(dst=a, src=aT[k0 : k0 + kt, i0 : i0 + it])
+                nisa.dma_copy(dst=b, src=aT[k0 : k0 + kt, c0 : c0 + ct])
                 nisa.nc_matmul(dst=acc, stationary=a, moving=b, accumulate=(k0 > 0))
             res = nl.ndarray((it, ct), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=res, src=acc)
-            nisa.dma_copy(dst=out[i0:i0 + it, c0:c0 + ct], src=res)
+            nisa.dma_copy(dst=out[i0 : i0 + it, c0 : c0 + ct], src=res)
     return out

@@ -16,10 +16,11 @@ accumulate (nki.isa.nc_matmul), nisa.tensor_tensor(op=nl.subtract) with one PSUM
 (nki.isa.tensor_tensor), nisa.tensor_copy PSUM -> SBUF (nki.isa.tensor_copy), Python lists
 of tiles (NKI Language Guide, "NKI Values").
 """
+
 from .lang import nisa, nl
 
-TILE = 128      # row block = partitions (nl.tile_size.pmax) = stationary free size (gemm_stationary_fmax)
-TILE_N = 512    # right-hand-side columns per chunk: nl.tile_size.gemm_moving_fmax
+TILE = 128  # row block = partitions (nl.tile_size.pmax) = stationary free size (gemm_stationary_fmax)
+TILE_N = 512  # right-hand-side columns per chunk: nl.tile_size.gemm_moving_fmax
 
 
 def trsm_lower_kernel(lT, dinvT, b):
@@ -36,12 +37,12 @@ def trsm_lower_kernel(lT, dinvT, b):
     x = nl.ndarray((n, m), dtype=nl.float32, buffer=nl.shared_hbm)
     for c0 in range(0, m, TILE_N):
         ct = min(TILE_N, m - c0)
-        solved = []                                   # X row blocks of this chunk, kept in SBUF
+        solved = []  # X row blocks of this chunk, kept in SBUF
         for kb in range(nblk):
             k0 = kb * TILE
             kt = min(TILE, n - k0)
             rhs = nl.ndarray((kt, ct), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=rhs, src=b[k0:k0 + kt, c0:c0 + ct])
+            nisa.dma_copy(dst=rhs, src=b[k0 : k0 + kt, c0 : c0 + ct])
             if kb > 0:
                 # sum_{j<k} L_kj X_j: stationary (L_kj)^T = lT[j, k] block, moving X_j.
                 acc = nl.ndarray((kt, ct), dtype=nl.float32, buffer=nl.psum)
@@ -49,7 +50,7 @@ def trsm_lower_kernel(lT, dinvT, b):
                     j0 = jb * TILE
                     jt = min(TILE, n - j0)
                     l_kj = nl.ndarray((jt, kt), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=l_kj, src=lT[j0:j0 + jt, k0:k0 + kt])
+                    nisa.dma_copy(dst=l_kj, src=lT[j0 : j0 + jt, k0 : k0 + kt])
                     nisa.nc_matmul(dst=acc, stationary=l_kj, moving=solved[jb], accumulate=(jb > 0))
                 nisa.tensor_tensor(dst=rhs, data1=rhs, data2=acc, op=nl.subtract)
             d_k = nl.ndarray((kt, kt), dtype=nl.float32, buffer=nl.sbuf)
@@ -58,6 +59,6 @@ def trsm_lower_kernel(lT, dinvT, b):
             nisa.nc_matmul(dst=xk_psum, stationary=d_k, moving=rhs, accumulate=False)
             xk = nl.ndarray((kt, ct), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=xk, src=xk_psum)
-            nisa.dma_copy(dst=x[k0:k0 + kt, c0:c0 + ct], src=xk)
+            nisa.dma_copy(dst=x[k0 : k0 + kt, c0 : c0 + ct], src=xk)
             solved.append(xk)
     return x

@@ -9,9 +9,20 @@ arithmetic; results are fp32 NumPy arithmetic.
     from dfmp2.kernels.nki_emulator import simulate
     out = simulate(my_kernel, target="trn1")(a, b)
 """
+
 from .errors import HardwareLimitError, NkiEmulatorError, UnsupportedError
 from .launch import ENGINE, bind, run, simulate
 from .limits import TARGETS, CoreLimits, limits_for
 
-__all__ = ["ENGINE", "simulate", "run", "bind", "limits_for", "TARGETS", "CoreLimits",
-           "NkiEmulatorError", "HardwareLimitError", "UnsupportedError"]
+__all__ = [
+    "ENGINE",
+    "simulate",
+    "run",
+    "bind",
+    "limits_for",
+    "TARGETS",
+    "CoreLimits",
+    "NkiEmulatorError",
+    "HardwareLimitError",
+    "UnsupportedError",
+]

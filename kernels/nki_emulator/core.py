@@ -6,6 +6,7 @@ counted as live from ``nl.ndarray`` until its last Python reference is dropped. 
 loop that re-binds a tile name, the new tile is allocated before the old one is released,
 so the accounting is conservative by one generation of loop-carried tiles.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -24,7 +25,7 @@ class Core:
 
     def __init__(self, limits: CoreLimits):
         self.limits = limits
-        self.sbuf_used = np.zeros(limits.pmax, dtype=np.int64)    # bytes per partition
+        self.sbuf_used = np.zeros(limits.pmax, dtype=np.int64)  # bytes per partition
         self.sbuf_peak = 0
         self.psum_banks_used = 0
         self.psum_peak = 0
@@ -40,13 +41,15 @@ class Core:
             raise HardwareLimitError(
                 f"SBUF over-full on {self.limits.target}: allocating {what} needs "
                 f"{bytes_per_partition} B per partition with {int(self.sbuf_used[:partitions].max())} B "
-                f"already live; capacity is {cap} B per partition")
+                f"already live; capacity is {cap} B per partition"
+            )
         self.sbuf_used[:partitions] = new
         self.sbuf_peak = max(self.sbuf_peak, int(self.sbuf_used.max()))
         used = self.sbuf_used
 
         def release():
             used[:partitions] -= bytes_per_partition
+
         return release
 
     def alloc_psum(self, what: str):
@@ -54,12 +57,14 @@ class Core:
         if self.psum_banks_used + 1 > self.limits.psum_num_banks:
             raise HardwareLimitError(
                 f"PSUM over-full on {self.limits.target}: allocating {what} needs a bank but all "
-                f"{self.limits.psum_num_banks} banks of {self.limits.psum_bank_bytes} B per partition are live")
+                f"{self.limits.psum_num_banks} banks of {self.limits.psum_bank_bytes} B per partition are live"
+            )
         self.psum_banks_used += 1
         self.psum_peak = max(self.psum_peak, self.psum_banks_used)
 
         def release():
             self.psum_banks_used -= 1
+
         return release
 
     # ---- counters ----
@@ -69,16 +74,22 @@ class Core:
         self.dma_bytes += dma_bytes
 
     def stats(self) -> dict:
-        return {"instructions": dict(self.instructions), "matmul_flops": self.matmul_flops,
-                "dma_bytes": self.dma_bytes, "sbuf_peak_bytes_per_partition": self.sbuf_peak,
-                "psum_peak_banks": self.psum_peak}
+        return {
+            "instructions": dict(self.instructions),
+            "matmul_flops": self.matmul_flops,
+            "dma_bytes": self.dma_bytes,
+            "sbuf_peak_bytes_per_partition": self.sbuf_peak,
+            "psum_peak_banks": self.psum_peak,
+        }
 
 
 def current_core() -> Core:
     core = _current.get()
     if core is None:
-        raise NkiEmulatorError("NKI emulator call outside a kernel launch; run kernels through "
-                               "dfmp2.kernels.nki_emulator.simulate(kernel)(...)")
+        raise NkiEmulatorError(
+            "NKI emulator call outside a kernel launch; run kernels through "
+            "dfmp2.kernels.nki_emulator.simulate(kernel)(...)"
+        )
     return core
 
 

@@ -14,6 +14,7 @@ Trainium architecture guide, matmul tile sizes, PSUM accumulate rules, dtypes. W
 emulator is stricter than the hardware (identical shapes instead of equal element
 counts, no cross-partition moves, fp32-only matmul), the error says it is the subset.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,10 @@ def _on_chip(t, what, allowed=(SBUF, PSUM)):
     # Trainium architecture guide, "start_partition" rule for instruction operands.
     ok = p0 == 0 if n > 64 else (p0 in (0, 64) if n > 32 else p0 in (0, 32, 64, 96))
     if not ok:
-        raise HardwareLimitError(f"{what}: {t!r} occupies {n} partitions starting at {p0}; "
-                                 "that start partition is not allowed for this partition count")
+        raise HardwareLimitError(
+            f"{what}: {t!r} occupies {n} partitions starting at {p0}; "
+            "that start partition is not allowed for this partition count"
+        )
     return t
 
 
@@ -54,15 +57,18 @@ def _same_partitions(what, *ts):
     first = ts[0]
     for t in ts[1:]:
         if (t.shape[0], t.p0) != (first.shape[0], first.p0):
-            raise UnsupportedError(f"{what}: {first!r} and {t!r} occupy different partitions; "
-                                   "cross-partition movement is outside the emulator subset")
+            raise UnsupportedError(
+                f"{what}: {first!r} and {t!r} occupy different partitions; "
+                "cross-partition movement is outside the emulator subset"
+            )
 
 
 def _same_shape(what, *ts):
     for t in ts[1:]:
         if t.shape != ts[0].shape:
-            raise UnsupportedError(f"{what}: shapes {ts[0].shape} and {t.shape} differ "
-                                   "(the emulator requires identical tile shapes)")
+            raise UnsupportedError(
+                f"{what}: shapes {ts[0].shape} and {t.shape} differ (the emulator requires identical tile shapes)"
+            )
 
 
 def _alu(op, what, reduce=False):
@@ -135,14 +141,18 @@ def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
     K, M = stationary.shape
     K2, N = moving.shape
     if K != K2:
-        raise HardwareLimitError(f"{what}: stationary has {K} partitions and moving {K2}; "
-                                 "the contraction (partition) sizes must be identical")
+        raise HardwareLimitError(
+            f"{what}: stationary has {K} partitions and moving {K2}; "
+            "the contraction (partition) sizes must be identical"
+        )
     if M > lim.gemm_stationary_fmax:
-        raise HardwareLimitError(f"{what}: stationary free size {M} exceeds gemm_stationary_fmax "
-                                 f"= {lim.gemm_stationary_fmax}")
+        raise HardwareLimitError(
+            f"{what}: stationary free size {M} exceeds gemm_stationary_fmax = {lim.gemm_stationary_fmax}"
+        )
     if N > lim.gemm_moving_fmax:
-        raise HardwareLimitError(f"{what}: moving free size {N} exceeds gemm_moving_fmax "
-                                 f"= {lim.gemm_moving_fmax} (one PSUM bank of fp32)")
+        raise HardwareLimitError(
+            f"{what}: moving free size {N} exceeds gemm_moving_fmax = {lim.gemm_moving_fmax} (one PSUM bank of fp32)"
+        )
     if dst.shape != (M, N):
         raise NkiEmulatorError(f"{what}: dst shape {dst.shape} must be (stationary free, moving free) = {(M, N)}")
     if stationary.p0 != moving.p0:
@@ -159,7 +169,8 @@ def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
         if not mm.all():
             raise NkiEmulatorError(
                 f"{what}: accumulate=True on a PSUM region not initialised by an earlier nc_matmul "
-                "(undefined behaviour on NeuronCore-v2/v3; start with accumulate=False)")
+                "(undefined behaviour on NeuronCore-v2/v3; start with accumulate=False)"
+            )
     # einsum without BLAS: one thread, fp32 sums of at most 128 products, and predictable
     # speed on a loaded machine (threaded BLAS on tiny tiles thrashes there).
     prod = np.einsum("km,kn->mn", stationary.read(what), moving.read(what), optimize=False)
@@ -197,8 +208,9 @@ def _scalar_operand(x, data, what):
     raise NkiEmulatorError(f"{what}: operand must be a number or a (P, 1) tile, got {x!r}")
 
 
-def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None,
-                  reverse1=False, engine=None, name=None):
+def tensor_scalar(
+    dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, engine=None, name=None
+):
     """dst = (data <op0> operand0) <op1> operand1, operands broadcast along the free dim
     (nki.isa.tensor_scalar); reverse0/1 swap the operand order."""
     what = "nisa.tensor_scalar"
@@ -228,11 +240,11 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     _on_chip(data, what)
     axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     if axes != (1,):
-        raise NkiEmulatorError(f"{what}: axis {axis!r}; a 2-D tile reduces its free axis 1 "
-                               "(the partition axis 0 cannot be reduced)")
+        raise NkiEmulatorError(
+            f"{what}: axis {axis!r}; a 2-D tile reduces its free axis 1 (the partition axis 0 cannot be reduced)"
+        )
     if dst.shape != (data.shape[0], 1):
-        raise NkiEmulatorError(f"{what}: dst {dst.shape} must hold one element per partition "
-                               f"({data.shape[0]}, 1)")
+        raise NkiEmulatorError(f"{what}: dst {dst.shape} must hold one element per partition ({data.shape[0]}, 1)")
     _same_partitions(what, dst, data)
     r = op.fn.reduce(data.read(what).astype(_F32, copy=False), axis=1, keepdims=True, dtype=_F32)
     dst.write(-r if negate else r)

@@ -11,6 +11,7 @@ is outside the subset and raises.
 Loops are plain Python ``range``: the NKI Language Guide unrolls every ``for`` loop at
 specialisation time and the nl.affine_range reference calls it an alias of ``range``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,7 @@ class _TileSize:
     def psum_bank_fmax(self):
         return current_core().limits.psum_bank_fmax
 
-    psum_fmax = psum_bank_fmax          # deprecated alias in NKI 0.4
+    psum_fmax = psum_bank_fmax  # deprecated alias in NKI 0.4
 
     @property
     def psum_num_banks(self):
@@ -75,8 +76,10 @@ class AluOp:
         self.name, self.fn, self.reducible = name, fn, reducible
 
     def __call__(self, *args, **kwargs):
-        raise UnsupportedError(f"nl.{self.name} as a high-level tile op is outside the emulator subset; "
-                               f"use it as the op of an nki.isa instruction")
+        raise UnsupportedError(
+            f"nl.{self.name} as a high-level tile op is outside the emulator subset; "
+            f"use it as the op of an nki.isa instruction"
+        )
 
     def __repr__(self):
         return f"nl.{self.name}"

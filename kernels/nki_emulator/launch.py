@@ -12,6 +12,7 @@ Arguments that are NumPy arrays become read-only HBM tensors; everything else (P
 numbers and booleans) passes through as a compile-time constant, as with nki.simulate.
 Returned HBM tensors come back as NumPy arrays.
 """
+
 from __future__ import annotations
 
 import types
@@ -34,11 +35,12 @@ def bind(kernel):
     if not isinstance(fn, types.FunctionType):
         raise NkiEmulatorError(f"{kernel!r} is not a plain Python kernel function")
     if "nki" in fn.__code__.co_names:
-        raise NkiEmulatorError(f"kernel {fn.__name__} reaches NKI through the name 'nki'; "
-                               "kernels use only the globals nl and nisa")
+        raise NkiEmulatorError(
+            f"kernel {fn.__name__} reaches NKI through the name 'nki'; kernels use only the globals nl and nisa"
+        )
     g = dict(fn.__globals__)
     g["nl"], g["nisa"] = _language, _isa
-    for name, helper in fn.__globals__.items():     # the module's own functions see the same nl/nisa
+    for name, helper in fn.__globals__.items():  # the module's own functions see the same nl/nisa
         if isinstance(helper, types.FunctionType) and helper.__globals__ is fn.__globals__:
             g[name] = _rebind(helper, g)
     return _rebind(fn, g)
@@ -70,10 +72,8 @@ def run(kernel, args, kwargs=None, *, target: str = "trn1"):
     core = Core(limits_for(target))
     token = activate(core)
     try:
-        hbm_args = [wrap_hbm(a, f"arg{i}") if isinstance(a, np.ndarray) else a
-                    for i, a in enumerate(args)]
-        hbm_kwargs = {k: (wrap_hbm(v, k) if isinstance(v, np.ndarray) else v)
-                      for k, v in (kwargs or {}).items()}
+        hbm_args = [wrap_hbm(a, f"arg{i}") if isinstance(a, np.ndarray) else a for i, a in enumerate(args)]
+        hbm_kwargs = {k: (wrap_hbm(v, k) if isinstance(v, np.ndarray) else v) for k, v in (kwargs or {}).items()}
         out = fn(*hbm_args, **hbm_kwargs)
         return _to_numpy(out, fn.__name__), core.stats()
     finally:
@@ -83,9 +83,11 @@ def run(kernel, args, kwargs=None, *, target: str = "trn1"):
 def simulate(kernel, *, target: str = "trn1"):
     """Like ``nki.simulate(kernel)``: a callable that runs the kernel on NumPy arrays.
     The statistics of the latest call are kept in its ``last_stats`` attribute."""
+
     def call(*args, **kwargs):
         out, call.last_stats = run(kernel, args, kwargs, target=target)
         return out
+
     call.last_stats = None
     call.__name__ = getattr(kernel, "__name__", "kernel")
     return call

@@ -17,6 +17,7 @@ The emulator counts the full per-partition capacity as usable; the real compiler
 reserve part of it (nki.language.tile_size.sbuf_fmax_bytes is the usable size, whose
 value these docs do not state).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ KiB = 1024
 
 @dataclass(frozen=True)
 class CoreLimits:
-    target: str                    # "trn1" (NeuronCore-v2) or "trn2" (NeuronCore-v3)
-    pmax: int = 128                # partitions
+    target: str  # "trn1" (NeuronCore-v2) or "trn2" (NeuronCore-v3)
+    pmax: int = 128  # partitions
     gemm_stationary_fmax: int = 128
     gemm_moving_fmax: int = 512
     psum_bank_bytes: int = 2 * KiB

@@ -11,6 +11,7 @@ carries a "written" flag so that reading uninitialised SBUF/PSUM raises instead 
 silently producing NaN. PSUM elements also carry an "initialised by nc_matmul" flag,
 needed for the accumulate rules of nki.isa.nc_matmul.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -48,8 +49,7 @@ class _Storage:
 class Tensor:
     """An emulated ``NkiTensor`` view."""
 
-    __slots__ = ("shape", "dtype", "buffer", "name", "_st", "_data", "_written", "_mm",
-                 "p0", "f0", "__weakref__")
+    __slots__ = ("shape", "dtype", "buffer", "name", "_st", "_data", "_written", "_mm", "p0", "f0", "__weakref__")
 
     def __init__(self, storage: _Storage, key, shape, name, p0=0, f0=0):
         self._st = storage
@@ -60,7 +60,7 @@ class Tensor:
         self.dtype = storage.data.dtype
         self.buffer = storage.buffer
         self.name = name
-        self.p0, self.f0 = p0, f0       # start partition / free offset (on-chip views)
+        self.p0, self.f0 = p0, f0  # start partition / free offset (on-chip views)
 
     # ---- NkiTensor attributes ----
     @property
@@ -93,8 +93,10 @@ class Tensor:
                     raise IndexError(f"{self!r}: index {k} out of range for dim {d} of size {n}")
                 if self.on_chip:
                     if d != 0:
-                        raise UnsupportedError(f"{self!r}: integer index on a free dim; the emulator "
-                                               "keeps on-chip tiles 2-D (partition, free)")
+                        raise UnsupportedError(
+                            f"{self!r}: integer index on a free dim; the emulator "
+                            "keeps on-chip tiles 2-D (partition, free)"
+                        )
                     np_key.append(slice(k, k + 1))
                     shape.append(1)
                     p0 += k
@@ -106,8 +108,7 @@ class Tensor:
                 start = 0 if k.start is None else int(k.start)
                 stop = n if k.stop is None else int(k.stop)
                 if start < 0 or stop > n or start >= stop:
-                    raise IndexError(f"{self!r}: slice {start}:{stop} is empty or out of range "
-                                     f"for dim {d} of size {n}")
+                    raise IndexError(f"{self!r}: slice {start}:{stop} is empty or out of range for dim {d} of size {n}")
                 np_key.append(slice(start, stop))
                 shape.append(stop - start)
                 if self.on_chip:
@@ -117,7 +118,7 @@ class Tensor:
                         f0 += start
             else:
                 raise UnsupportedError(f"{self!r}: index {k!r} is outside the emulator subset")
-        shape.extend(self.shape[len(key):])
+        shape.extend(self.shape[len(key) :])
         view = Tensor.__new__(Tensor)
         view._st = self._st
         view._data = self._data[tuple(np_key)]
@@ -131,8 +132,10 @@ class Tensor:
     def read(self, what: str) -> np.ndarray:
         """The values, refusing uninitialised on-chip elements."""
         if self._written is not None and not self._written.all():
-            raise NkiEmulatorError(f"{what}: reads uninitialised {self.buffer.value} memory in {self!r} "
-                                   "(nl.ndarray does not initialise; write it first)")
+            raise NkiEmulatorError(
+                f"{what}: reads uninitialised {self.buffer.value} memory in {self!r} "
+                "(nl.ndarray does not initialise; write it first)"
+            )
         return self._data
 
     def write(self, values, *, by_matmul: bool = False) -> None:
@@ -157,17 +160,21 @@ def allocate(shape, dtype, buffer: MemoryRegion, name: str = "") -> Tensor:
         if len(shape) != 2:
             raise UnsupportedError(f"nl.ndarray {label}: the emulator supports 2-D (partition, free) on-chip tiles")
         if shape[0] > lim.pmax:
-            raise HardwareLimitError(f"nl.ndarray {label}: partition dim {shape[0]} exceeds "
-                                     f"the {lim.pmax} partitions of {buffer.value.upper()}")
+            raise HardwareLimitError(
+                f"nl.ndarray {label}: partition dim {shape[0]} exceeds "
+                f"the {lim.pmax} partitions of {buffer.value.upper()}"
+            )
         row_bytes = shape[1] * dtype.itemsize
         if buffer is MemoryRegion.psum:
             if row_bytes > lim.psum_bank_bytes:
-                raise HardwareLimitError(f"nl.ndarray {label}: {row_bytes} B per partition exceeds one "
-                                         f"PSUM bank ({lim.psum_bank_bytes} B = {lim.psum_bank_fmax} fp32)")
+                raise HardwareLimitError(
+                    f"nl.ndarray {label}: {row_bytes} B per partition exceeds one "
+                    f"PSUM bank ({lim.psum_bank_bytes} B = {lim.psum_bank_fmax} fp32)"
+                )
             release = core.alloc_psum(label)
         else:
             release = core.alloc_sbuf(shape[0], row_bytes, label)
-    fill = np.nan if dtype.kind == "f" else 4          # nki.simulate's sentinels
+    fill = np.nan if dtype.kind == "f" else 4  # nki.simulate's sentinels
     st = _Storage(np.full(shape, fill, dtype=dtype), buffer, release)
     return Tensor(st, (), shape, name)
 

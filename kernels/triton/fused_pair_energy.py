@@ -36,6 +36,7 @@ is read when this module is imported). Triton itself fixes at its own import whe
 interprets (TRITON_INTERPRET=1: CPU tensors through Triton's interpreter) or compiles for the GPU;
 launch.interpreting() checks that the two agree.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,24 +44,40 @@ import triton.language as tl
 
 from .tile_sums import jit_kernel
 
-BLOCK = 64                              # virtual orbitals per square K tile (rows a and columns b)
-BLOCK_P = {"fp64": 16, "fp32": 32}      # auxiliary functions per dot step (contraction chunk): four
-                                        # BLOCK x BLOCK_P operand tiles x NUM_STAGES = 96 KiB of shared
-                                        # memory in both precisions (fits A100's 164 KiB and H100's 227 KiB)
-NUM_WARPS = 8                           # two BLOCK x BLOCK accumulators per program
-NUM_STAGES = 3                          # software-pipelining depth of the operand loads
+BLOCK = 64  # virtual orbitals per square K tile (rows a and columns b)
+BLOCK_P = {"fp64": 16, "fp32": 32}  # auxiliary functions per dot step (contraction chunk): four
+# BLOCK x BLOCK_P operand tiles x NUM_STAGES = 96 KiB of shared
+# memory in both precisions (fits A100's 164 KiB and H100's 227 KiB)
+NUM_WARPS = 8  # two BLOCK x BLOCK accumulators per program
+NUM_STAGES = 3  # software-pipelining depth of the operand loads
 
 
 def _fused_pair_energy_kernel(
-        bi_ptr, bj_ptr,                       # B_i, B_j with element (i, a, P) at i*s_i + a*s_a + P*s_p
-        s_bi_i, s_bi_a, s_bi_p, s_bj_i, s_bj_a, s_bj_p,
-        pair_i_ptr, pair_j_ptr,               # (npairs,) int64 occupied indices into Bi, Bj
-        tile_a_ptr, tile_b_ptr,               # (ntile_pairs,) int64 tile indices, A <= B
-        eps_i_ptr, eps_j_ptr, eps_vir_ptr,    # fp64 orbital energies (Hartree)
-        os_ptr, ss_ptr,                       # (npairs, ntile_pairs) fp64 partial sums
-        nvir, naux, ntile_pairs,
-        DIAG: tl.constexpr, FP32: tl.constexpr,
-        BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
+    bi_ptr,
+    bj_ptr,  # B_i, B_j with element (i, a, P) at i*s_i + a*s_a + P*s_p
+    s_bi_i,
+    s_bi_a,
+    s_bi_p,
+    s_bj_i,
+    s_bj_a,
+    s_bj_p,
+    pair_i_ptr,
+    pair_j_ptr,  # (npairs,) int64 occupied indices into Bi, Bj
+    tile_a_ptr,
+    tile_b_ptr,  # (ntile_pairs,) int64 tile indices, A <= B
+    eps_i_ptr,
+    eps_j_ptr,
+    eps_vir_ptr,  # fp64 orbital energies (Hartree)
+    os_ptr,
+    ss_ptr,  # (npairs, ntile_pairs) fp64 partial sums
+    nvir,
+    naux,
+    ntile_pairs,
+    DIAG: tl.constexpr,
+    FP32: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     # Tile pairs on the fastest grid axis: programs that run together share (i, j), so B_i and
     # B_j (2 nvir naux elements) stay in L2 while all their tiles are formed.
     pid_tile = tl.program_id(0)
@@ -92,7 +109,7 @@ def _fused_pair_energy_kernel(
         v = tl.load(bj_b, mask=mp[:, None] & mask_b[None, :], other=0.0)
         # out_dtype must name the accumulator's dtype: Triton >= 3.6 asserts acc dtype == out_dtype,
         # whose default is fp32, so an fp64 accumulator without it does not compile there.
-        x = tl.dot(u, v, x, input_precision="ieee", out_dtype=acc_dtype)   # fp32: true fp32, not TF32
+        x = tl.dot(u, v, x, input_precision="ieee", out_dtype=acc_dtype)  # fp32: true fp32, not TF32
         if not DIAG:
             u2 = tl.load(bj_a, mask=mask_a[:, None] & mp[None, :], other=0.0)
             v2 = tl.load(bi_b, mask=mp[:, None] & mask_b[None, :], other=0.0)
@@ -157,10 +174,29 @@ def fused_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, config=
         ss_buf = torch.empty_like(os_buf)
         for p0, p1 in pair_chunks(pi.numel()):
             k[(ntp, p1 - p0)](
-                Bi, Bj, *Bi.stride(), *Bj.stride(), pi[p0:p1], pj[p0:p1], ta, tb, ei, ej, ev,
-                os_buf[p0:p1], ss_buf[p0:p1], nvir, naux, ntp,
-                DIAG=diag, FP32=(Bi.dtype == torch.float32), BLOCK=cfg["BLOCK"], BLOCK_P=cfg["BLOCK_P"],
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                Bi,
+                Bj,
+                *Bi.stride(),
+                *Bj.stride(),
+                pi[p0:p1],
+                pj[p0:p1],
+                ta,
+                tb,
+                ei,
+                ej,
+                ev,
+                os_buf[p0:p1],
+                ss_buf[p0:p1],
+                nvir,
+                naux,
+                ntp,
+                DIAG=diag,
+                FP32=(Bi.dtype == torch.float32),
+                BLOCK=cfg["BLOCK"],
+                BLOCK_P=cfg["BLOCK_P"],
+                num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"],
+            )
         os_parts.append(os_buf)
         ss_parts.append(ss_buf)
     return reduce_partials(os_parts, ss_parts, w)

@@ -1,5 +1,6 @@
 """Host-side helpers shared by the Triton kernels: argument checks, pair and tile index lists,
 and the fixed-order fp64 reduction of per-program partial sums."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ import os
 import torch
 import triton
 
-MAX_GRID_Y = 65535      # CUDA's limit on gridDim.y (and z); gridDim.x allows 2**31 - 1
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (and z); gridDim.x allows 2**31 - 1
 
 
 def interpreting() -> bool:
@@ -18,18 +19,23 @@ def interpreting() -> bool:
     TRITON_INTERPRET setting that disagrees with that import is an error here rather than a
     confusing failure inside the kernel.
     """
-    from triton.runtime.interpreter import InterpretedFunction
     import triton.language as tl
-    knobs = getattr(triton, "knobs", None)          # triton >= 3.4; older: the variable itself
-    env = (bool(knobs.runtime.interpret) if knobs is not None
-           else os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
+    from triton.runtime.interpreter import InterpretedFunction
+
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older: the variable itself
+    env = (
+        bool(knobs.runtime.interpret)
+        if knobs is not None
+        else os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    )
     lang = isinstance(tl.zeros, InterpretedFunction)
     if env != lang:
         raise RuntimeError(
             f"TRITON_INTERPRET is {'set' if env else 'unset'} but triton was imported "
             f"{'with' if lang else 'without'} it: Triton's interpreter mode is fixed when triton is "
             "first imported; set TRITON_INTERPRET=1 before the process imports triton (CPU), "
-            "or leave it unset for GPU runs")
+            "or leave it unset for GPU runs"
+        )
     return env
 
 
@@ -44,8 +50,10 @@ def check_device(op: str, *tensors: torch.Tensor) -> torch.device:
         return dev
     if dev.type == "cpu" and interpreting():
         return dev
-    raise RuntimeError(f"{op}: Triton kernels need CUDA tensors (got {dev}); on the CPU they run only "
-                       "under Triton's interpreter (TRITON_INTERPRET=1 in the environment)")
+    raise RuntimeError(
+        f"{op}: Triton kernels need CUDA tensors (got {dev}); on the CPU they run only "
+        "under Triton's interpreter (TRITON_INTERPRET=1 in the environment)"
+    )
 
 
 def check_pair_args(op: str, Bi, Bj, eps_i, eps_j, eps_vir, symmetric: bool, eps_vir_j=None):
@@ -57,8 +65,9 @@ def check_pair_args(op: str, Bi, Bj, eps_i, eps_j, eps_vir, symmetric: bool, eps
     ni, nvir, naux = Bi.shape
     nj = Bj.shape[0]
     if (Bj.shape[2] != naux) if mixed else (Bj.shape[1:] != Bi.shape[1:]):
-        raise ValueError(f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in "
-                         f"{'naux' if mixed else '(nvir, naux)'}")
+        raise ValueError(
+            f"{op}: Bi {tuple(Bi.shape)} and Bj {tuple(Bj.shape)} differ in {'naux' if mixed else '(nvir, naux)'}"
+        )
     if symmetric and (mixed or nj != ni):
         raise ValueError(f"{op}: symmetric=True needs Bj to be Bi (same spin)")
     if mixed and tuple(eps_vir_j.shape) != (Bj.shape[1],):

@@ -16,6 +16,7 @@ Opposite spins (RECT, UMP2's alpha-beta block): K_ij is (nvir, nvir_b) with b ov
 virtuals (energies at eps_vir_b_ptr); it has no mirror, so a program owns one tile (A, B) of the
 whole rectangle and adds only OS = sum X^2/D (the SS partial is written as 0).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,20 +24,34 @@ import triton.language as tl
 
 from .tile_sums import jit_kernel
 
-BLOCK = 64          # virtual orbitals per square tile
+BLOCK = 64  # virtual orbitals per square tile
 NUM_WARPS = 4
-GEMM_MAX_ELEMS = 1 << 26   # elements of K formed per GEMM (512 MiB in fp64)
+GEMM_MAX_ELEMS = 1 << 26  # elements of K formed per GEMM (512 MiB in fp64)
 
 
 def _pair_energy_epilogue_kernel(
-        k_ptr, s_i, s_j, s_a, s_b,
-        pair_i_ptr, pair_j_ptr,               # (npairs,) int64 local indices into the K chunk
-        eps_i_ptr, eps_j_ptr, eps_vir_ptr,    # fp64, indexed by the same local indices
-        eps_vir_b_ptr,                        # fp64: j's virtuals (RECT), else eps_vir_ptr again
-        tile_a_ptr, tile_b_ptr,
-        os_ptr, ss_ptr,                       # (npairs, ntile_pairs) fp64 partial sums
-        nvir, nvir_b, ntile_pairs,
-        DIAG: tl.constexpr, BLOCK: tl.constexpr, RECT: tl.constexpr = False):
+    k_ptr,
+    s_i,
+    s_j,
+    s_a,
+    s_b,
+    pair_i_ptr,
+    pair_j_ptr,  # (npairs,) int64 local indices into the K chunk
+    eps_i_ptr,
+    eps_j_ptr,
+    eps_vir_ptr,  # fp64, indexed by the same local indices
+    eps_vir_b_ptr,  # fp64: j's virtuals (RECT), else eps_vir_ptr again
+    tile_a_ptr,
+    tile_b_ptr,
+    os_ptr,
+    ss_ptr,  # (npairs, ntile_pairs) fp64 partial sums
+    nvir,
+    nvir_b,
+    ntile_pairs,
+    DIAG: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RECT: tl.constexpr = False,
+):
     pid_tile = tl.program_id(0)
     pid_pair = tl.program_id(1)
     i = tl.load(pair_i_ptr + pid_pair)
@@ -56,7 +71,7 @@ def _pair_energy_epilogue_kernel(
     if RECT:
         ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
         eb = tl.load(eps_vir_b_ptr + offs_b, mask=mask_b, other=0.0)
-        d = tl.where(mask, eij - (ea[:, None] + eb[None, :]), 1.0)     # padding: X = 0 there
+        d = tl.where(mask, eij - (ea[:, None] + eb[None, :]), 1.0)  # padding: X = 0 there
         tl.store(os_ptr + out, tl.sum(tl.sum(x * (x / d), axis=1), axis=0))
         tl.store(ss_ptr + out, tl.zeros((), dtype=tl.float64))
         return
@@ -89,8 +104,19 @@ def _rect_tiles(nvir: int, nvir_b: int, block: int, device):
     return a.to(device), b.to(device)
 
 
-def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None,
-                              block=BLOCK, num_warps=NUM_WARPS, max_elems=GEMM_MAX_ELEMS):
+def gemm_epilogue_pair_energy(
+    Bi,
+    Bj,
+    eps_i,
+    eps_j,
+    eps_vir,
+    *,
+    symmetric=False,
+    eps_vir_j=None,
+    block=BLOCK,
+    num_warps=NUM_WARPS,
+    max_elems=GEMM_MAX_ELEMS,
+):
     """MP2 (e_os, e_ss) in Hartree over all pairs in I x J (the mp2_pair_energy contract): K for a
     chunk of occupied rows i and columns j is one GEMM, M = Bi[i-chunk] Bj[j-chunk]^T of shape
     (ni_c nvir, nj_c nvir) through torch.matmul (cuBLAS), then the Triton epilogue reduces it.
@@ -99,7 +125,7 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
     ``eps_vir_j``: opposite spins (Bj over its own nvir_j virtuals, rectangular K, the RECT
     kernel): returns (e_os, NaN).
     """
-    from .launch import check_device, check_pair_args, pair_lists, tile_pairs, MAX_GRID_Y
+    from .launch import MAX_GRID_Y, check_device, check_pair_args, pair_lists, tile_pairs
 
     op = "gemm_epilogue_pair_energy"
     rect = eps_vir_j is not None
@@ -112,8 +138,11 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
     ev = eps_vir.to(device=dev, dtype=f64).contiguous()
     evj = eps_vir_j.to(device=dev, dtype=f64).contiguous() if rect else ev
     ri, rj = _as_rows(Bi), _as_rows(Bj)
-    tiles = ([(False, *_rect_tiles(nvir, nvj, block, dev))] if rect else
-             [(d, *tile_pairs(nvir, block, d, dev)) for d in (True, False)])
+    tiles = (
+        [(False, *_rect_tiles(nvir, nvj, block, dev))]
+        if rect
+        else [(d, *tile_pairs(nvir, block, d, dev)) for d in (True, False)]
+    )
     # Row chunk: ci occupied orbitals; columns: all of J (or up to the chunk's end if symmetric).
     ci = max(1, min(ni, max_elems // max(1, nvir * nvj * (nj if not symmetric else ni))))
     k = kernel()
@@ -121,9 +150,9 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
     for i0 in range(0, ni, ci):
         i1 = min(ni, i0 + ci)
         jend = i1 if symmetric else nj
-        M = torch.matmul(ri[i0 * nvir:i1 * nvir], rj[:jend * nvj].mT)        # (ci nvir, jend nvj)
+        M = torch.matmul(ri[i0 * nvir : i1 * nvir], rj[: jend * nvj].mT)  # (ci nvir, jend nvj)
         pi, pj, w = pair_lists(i1 - i0, jend, False, dev)
-        if symmetric:                    # keep i >= j (global indices), weight 2 off the diagonal
+        if symmetric:  # keep i >= j (global indices), weight 2 off the diagonal
             keep = (pi + i0) >= pj
             pi, pj = pi[keep], pj[keep]
             w = torch.where(pi + i0 == pj, 1.0, 2.0).to(f64)
@@ -137,9 +166,30 @@ def gemm_epilogue_pair_energy(Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False,
             ss_buf = torch.empty_like(os_buf)
             for p0 in range(0, pi.numel(), MAX_GRID_Y):
                 p1 = min(pi.numel(), p0 + MAX_GRID_Y)
-                k[(ntp, p1 - p0)](M, s_i, s_j, s_a, s_b, pi[p0:p1], pj[p0:p1], ei[i0:], ej, ev, evj, ta, tb,
-                                  os_buf[p0:p1], ss_buf[p0:p1], nvir, nvj, ntp,
-                                  DIAG=diag, BLOCK=block, RECT=rect, num_warps=num_warps)
+                k[(ntp, p1 - p0)](
+                    M,
+                    s_i,
+                    s_j,
+                    s_a,
+                    s_b,
+                    pi[p0:p1],
+                    pj[p0:p1],
+                    ei[i0:],
+                    ej,
+                    ev,
+                    evj,
+                    ta,
+                    tb,
+                    os_buf[p0:p1],
+                    ss_buf[p0:p1],
+                    nvir,
+                    nvj,
+                    ntp,
+                    DIAG=diag,
+                    BLOCK=block,
+                    RECT=rect,
+                    num_warps=num_warps,
+                )
             os_parts.append((os_buf, w))
             ss_parts.append(ss_buf)
         del M

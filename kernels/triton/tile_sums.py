@@ -11,6 +11,7 @@ at its own import whether the process interprets); ``jit_kernel`` puts it, jitte
 setting, into the kernel module's globals, where Triton looks the callee up; it also keeps the
 jitted kernels, one per function and setting.
 """
+
 from __future__ import annotations
 
 import triton
@@ -23,7 +24,7 @@ def _pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG
     ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
     eb = tl.load(eps_vir_ptr + offs_b, mask=mask_b, other=0.0)
     d = eij - (ea[:, None] + eb[None, :])
-    d = tl.where(mask_a[:, None] & mask_b[None, :], d, 1.0)    # padding: X = Y = 0 there
+    d = tl.where(mask_a[:, None] & mask_b[None, :], d, 1.0)  # padding: X = Y = 0 there
     xd = x / d
     if DIAG:
         e_os = tl.sum(tl.sum(x * xd, axis=1), axis=0)
@@ -35,13 +36,14 @@ def _pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG
     return e_os, e_ss
 
 
-_JIT = {}      # (python function, interpreting) -> its triton.jit
+_JIT = {}  # (python function, interpreting) -> its triton.jit
 
 
 def jit_kernel(pyfn):
     """triton.jit of a kernel function that calls ``pair_tile_sums``, built once per interpreter
     setting, with the helper jitted for the same setting and bound in the kernel's module globals."""
     from .launch import interpreting
+
     interp = interpreting()
     if (pyfn, interp) not in _JIT:
         if (_pair_tile_sums, interp) not in _JIT:

@@ -5,6 +5,7 @@ no times; Trainium rows are estimates kept apart from measured rows; the JSON, m
 are written; flop counts; the Trainium work model against the NKI emulator's own counters; the
 PySCF pair baseline computes the same energies as ours; the exponent fit.
 """
+
 import json
 import math
 from pathlib import Path
@@ -20,36 +21,49 @@ TINY = "4,20,60"
 
 
 def _tiny_opts(**kw):
-    base = dict(shapes=[shapes.parse_shape(TINY)], devices=["cpu", "cuda", "trn1", "trn2"], precisions=["fp64"],
-                ops=["gemm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy"], waters=[], warmup=0, repeats=1, min_time=0.0,
-                max_time=0.5, peak_n=64, trn_validate=False)
+    base = dict(
+        shapes=[shapes.parse_shape(TINY)],
+        devices=["cpu", "cuda", "trn1", "trn2"],
+        precisions=["fp64"],
+        ops=["gemm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy"],
+        waters=[],
+        warmup=0,
+        repeats=1,
+        min_time=0.0,
+        max_time=0.5,
+        peak_n=64,
+        trn_validate=False,
+    )
     base.update(kw)
     return BenchOptions(**base)
 
 
 @pytest.fixture(scope="module")
 def tiny_report():
-    with pytest.MonkeyPatch.context() as mp:       # cuda 'not run' on any machine (checked below)
+    with pytest.MonkeyPatch.context() as mp:  # cuda 'not run' on any machine (checked below)
         mp.setattr(torch.cuda, "is_available", lambda: False)
         return run_bench(_tiny_opts(), log=lambda m: None)
 
 
 def test_rows_record_what_ran(tiny_report):
     ran = [r for r in tiny_report["ops"] if r["status"] == "ran"]
-    assert {r["op"] for r in ran} == {"gemm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz",
-                                      "mp2_pair_energy"}
+    assert {r["op"] for r in ran} == {"gemm", "cholesky", "inv_sqrt_eigh", "inv_sqrt_newton_schulz", "mp2_pair_energy"}
     for r in ran:
         assert r["device"] == "cpu" and r["engine"] == "torch" and r["kind"] == "measured"
-        assert r["kernels"], r                     # the kernel that ran, per call
+        assert r["kernels"], r  # the kernel that ran, per call
         assert r["linalg"]["median_s"] > 0 and r["linalg"]["repeats"] >= 1
         assert r["flops"] == ops.flops(r["op"], r["args"], r.get("iterations"))
     ns = next(r for r in ran if r["op"] == "inv_sqrt_newton_schulz")
     assert ns["iterations"] > 3 and ns["residual"] < 1e-6
     assert "inv_sqrt_eigh row" in ns["torch"]["note"] and ns["torch"]["gflops"] > 0
     pair = next(r for r in ran if r["op"] == "mp2_pair_energy")
-    assert any(k in pair["kernels"] for k in (    # the tiles' GEMM: torch's or OpenBLAS, as measured
-        "mp2_pair_energy:torch.matmul(tiles)+pair_epilogue.c(fp64 sums)",
-        "mp2_pair_energy:openblas.dgemm(numpy.matmul, tiles)+pair_epilogue.c(fp64 sums)"))
+    assert any(
+        k in pair["kernels"]
+        for k in (  # the tiles' GEMM: torch's or OpenBLAS, as measured
+            "mp2_pair_energy:torch.matmul(tiles)+pair_epilogue.c(fp64 sums)",
+            "mp2_pair_energy:openblas.dgemm(numpy.matmul, tiles)+pair_epilogue.c(fp64 sums)",
+        )
+    )
     assert pair["pyscf"]["median_s"] > 0 and pair["pyscf_over_this"] > 0
     peak = tiny_report["gemm_peak"][0]
     assert peak["device"] == "cpu" and peak["n"] == 64 and peak["gflops"] > 0
@@ -57,7 +71,7 @@ def test_rows_record_what_ran(tiny_report):
     assert set(peak["by_library"]) == {"torch.matmul", "numpy.matmul (OpenBLAS)"}
     assert peak["gflops"] == max(peak["by_library"].values()) == peak["by_library"][peak["library"]]
     assert peak["before"] == f"ops {TINY}"
-    for r in ran:                        # % of peak against the peak measured before its block
+    for r in ran:  # % of peak against the peak measured before its block
         assert r["peak_gflops"] == peak["gflops"]
         assert r["linalg"]["pct_peak"] == pytest.approx(100 * r["linalg"]["gflops"] / peak["gflops"])
     m = tiny_report["meta"]
@@ -100,10 +114,38 @@ def test_trn_rows_are_estimates_kept_apart(tiny_report):
 
 def test_cli_writes_json_markdown_png(tmp_path):
     pytest.importorskip("matplotlib")
-    r = CliRunner().invoke(__import__("dfmp2.cli.main", fromlist=["main"]).main, [
-        "bench", "--shapes", TINY, "--ops", "gemm,trsm,mp2_pair_energy", "--precisions", "fp32",
-        "--waters", "1", "--water-precisions", "fp32", "--repeats", "1", "--warmup", "0", "--min-time", "0", "--peak-n", "64",
-        "--no-trn-validate", "--fit-min-nbasis", "1", "--out", str(tmp_path), "--name", "b", "-q"])
+    r = CliRunner().invoke(
+        __import__("dfmp2.cli.main", fromlist=["main"]).main,
+        [
+            "bench",
+            "--shapes",
+            TINY,
+            "--ops",
+            "gemm,trsm,mp2_pair_energy",
+            "--precisions",
+            "fp32",
+            "--waters",
+            "1",
+            "--water-precisions",
+            "fp32",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--min-time",
+            "0",
+            "--peak-n",
+            "64",
+            "--no-trn-validate",
+            "--fit-min-nbasis",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "b",
+            "-q",
+        ],
+    )
     assert r.exit_code == 0, r.output
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["schema"] == "dfmp2-bench/1" and data["plot"].endswith("b.png")
@@ -133,8 +175,8 @@ def test_flop_counts_known_cases():
     assert ops.flops("trsm", (4, 7)) == 16 * 7
     assert ops.flops("cholesky", (3,)) == 9
     assert ops.flops("inv_sqrt_newton_schulz", (10,), iterations=4) == 14 * 2000
-    assert ops.flops("mp2_pair_energy", (3, 40, 200)) == 6 * 2 * 1600 * 200       # 6 pairs i >= j
-    assert ops.flops("mp2_pair_energy", (2, 3, 40, 200)) == 6 * 2 * 1600 * 200    # a 2 x 3 block
+    assert ops.flops("mp2_pair_energy", (3, 40, 200)) == 6 * 2 * 1600 * 200  # 6 pairs i >= j
+    assert ops.flops("mp2_pair_energy", (2, 3, 40, 200)) == 6 * 2 * 1600 * 200  # a 2 x 3 block
     # The Trainium model issues exactly the GEMM's flops when nothing is padded.
     w = trn_estimate.op_work("gemm", (256, 128, 512), "trn1")
     assert w.matmul_flops == ops.flops("gemm", (256, 128, 512)) and w.matmuls == 2
@@ -143,8 +185,16 @@ def test_flop_counts_known_cases():
     assert math.isclose(w.matmul_flops / t["tensor_engine_s"], 47.5e12 / 2, rel_tol=1e-12)
 
 
-@pytest.mark.parametrize("op,shape", [("gemm", (300, 70, 90)), ("syrk", (200, 150)), ("trsm", (300, 600)),
-                                      ("mp2_pair_energy", (3, 40, 200)), ("mp2_pair_energy", (2, 3, 140, 130))])
+@pytest.mark.parametrize(
+    "op,shape",
+    [
+        ("gemm", (300, 70, 90)),
+        ("syrk", (200, 150)),
+        ("trsm", (300, 600)),
+        ("mp2_pair_energy", (3, 40, 200)),
+        ("mp2_pair_energy", (2, 3, 140, 130)),
+    ],
+)
 def test_trn_work_model_matches_emulator_counters(op, shape):
     c = trn_estimate.check_against_emulator(op, shape, "trn1")
     assert c["engine"] == "nki-numpy-emulator"
@@ -159,6 +209,7 @@ def test_pair_kernel_limit_is_not_estimated():
 def test_pyscf_pair_baseline_matches_ours():
     from dfmp2 import linalg
     from dfmp2.linalg import synthetic_problem
+
     p = synthetic_problem(5, 30, 70, seed=3)
     B = p.B.numpy()
     eo, ev = p.eps_occ.numpy(), p.eps_vir.numpy()
@@ -172,7 +223,7 @@ def test_pyscf_pair_baseline_matches_ours():
 
 def test_exponent_fit_recovers_known_exponent():
     sizes = [100, 200, 300, 400, 800]
-    times = [3e-9 * s ** 4.3 * (1 + 0.01 * (-1) ** k) for k, s in enumerate(sizes)]
+    times = [3e-9 * s**4.3 * (1 + 0.01 * (-1) ** k) for k, s in enumerate(sizes)]
     f = waters.fit_exponent(sizes, times)
     assert f["p"] == pytest.approx(4.3, abs=0.02) and f["r2"] > 0.999 and f["points"] == 5
     assert waters.fit_exponent([100], [1.0])["p"] is None
@@ -190,11 +241,12 @@ def test_timer_single_run_rule_and_shapes():
     assert (s[1].nbasis, s[1].nocc, s[1].nvir, s[1].naux) == (768, 96, 672, 2304)
     sizes = shapes.op_sizes(s[1])
     assert sizes["mp2_pair_energy"][0] == (16, 16, 672, 2304) and sizes["gemm"][0] == (256 * 96, 768, 672)
-    assert shapes.op_sizes(s[0])["mp2_pair_energy"][0] == (16, 112, 384)   # nocc 16: one diagonal block
+    assert shapes.op_sizes(s[0])["mp2_pair_energy"][0] == (16, 112, 384)  # nocc 16: one diagonal block
 
 
 def test_shared_inputs_are_bit_identical_to_per_precision_ones():
     from dfmp2.linalg import random_spd, synthetic_problem
+
     inputs = ops.Inputs()
     assert torch.equal(inputs.spd(40, 1e3, 4, torch.float32, "cpu"), random_spd(40, 1e3, 4, dtype=torch.float32))
     p = inputs.problem(3, 20, 40, 8, torch.float32, "cpu")
@@ -215,18 +267,19 @@ def test_other_cpu_counts_other_processes_not_this_one():
     """The 'loaded' rule: a busy loop in THIS process is not other load; the arithmetic of
     timing.OtherCPU.cores on known readings; the report states the measured figure."""
     a = {"wall": 0.0, "busy": 10.0, "steal": 1.0, "own": 5.0}
-    b = {"wall": 2.0, "busy": 14.0, "steal": 1.2, "own": 7.0}    # 4 s busy, 2 s ours -> 1 core other
+    b = {"wall": 2.0, "busy": 14.0, "steal": 1.2, "own": 7.0}  # 4 s busy, 2 s ours -> 1 core other
     assert timing.OtherCPU.cores(a, b) == {"other_cores": 1.0, "steal_cores": 0.1, "wall_s": 2.0}
     assert timing.OtherCPU.cores(b, a) is None and timing.OtherCPU.cores(None, b) is None
     m0 = timing.OtherCPU.mark()
     if m0 is None:
         pytest.skip("no /proc/stat on this system")
     import time
+
     x, c0 = 0, time.process_time()
-    while time.process_time() - c0 < 0.3:   # 0.3 s of our own CPU (CPU time: a loaded machine
-        x += 1                               # stretches the wall time, not this)
+    while time.process_time() - c0 < 0.3:  # 0.3 s of our own CPU (CPU time: a loaded machine
+        x += 1  # stretches the wall time, not this)
     m1 = timing.OtherCPU.mark()
-    assert m1["own"] - m0["own"] >= 0.1     # our CPU time was counted as ours
+    assert m1["own"] - m0["own"] >= 0.1  # our CPU time was counted as ours
     c = timing.OtherCPU.cores(m0, m1)
     assert c["other_cores"] >= 0 and c["wall_s"] >= 0.3
 
@@ -234,20 +287,30 @@ def test_other_cpu_counts_other_processes_not_this_one():
 def test_report_says_measured_other_load(tiny_report):
     m = tiny_report["meta"]
     assert m["other_cpu"] is None or set(m["other_cpu"]) == {"other_cores", "steal_cores", "wall_s"}
-    assert m["machine_loaded"] == (m["other_cpu"]["other_cores"] > m["other_cores_threshold"]
-                                   if m["other_cpu"] else m["machine_loaded"])
+    assert m["machine_loaded"] == (
+        m["other_cpu"]["other_cores"] > m["other_cores_threshold"] if m["other_cpu"] else m["machine_loaded"]
+    )
     text = report.markdown(tiny_report)
     assert ("Other processes took" in text) == (m["other_cpu"] is not None)
     loaded = {**m, "other_cpu": {"other_cores": 1.3, "steal_cores": 0.0, "wall_s": 9.0}, "machine_loaded": True}
     assert "times are pessimistic" in report._load_text(loaded) and "1.30" in report._load_text(loaded)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("5-1", "reversed"), ("1-", "cannot read"), ("-3", "cannot read"), ("1-2-3", "cannot read"),
-    ("100-200", "no water cluster in 100-200"), ("1,,2", "cannot read"), ("7", "h2o_07"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("5-1", "reversed"),
+        ("1-", "cannot read"),
+        ("-3", "cannot read"),
+        ("1-2-3", "cannot read"),
+        ("100-200", "no water cluster in 100-200"),
+        ("1,,2", "cannot read"),
+        ("7", "h2o_07"),
+    ],
+)
 def test_waters_ranges_that_give_nothing_are_errors(text, message):
     from dfmp2.errors import InputError
+
     with pytest.raises(InputError, match=message):
         waters.parse_waters(text)
 
@@ -258,15 +321,18 @@ def test_waters_ranges_select_available_clusters():
     assert waters.parse_waters("4,1, 2") == [1, 2, 4] and waters.parse_waters("none") == []
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--waters", "5-1"], "reversed"),
-    (["--min-time", "nan"], "--min-time must be a finite"),
-    (["--max-time", "inf"], "--max-time must be a finite"),
-    (["--single-above", "-1"], "--single-above"),
-    (["--threads", "0"], "'--threads'"),
-    (["--peak-n", "1000000"], "'--peak-n'"),
-    (["--shapes", "100000,100000,100000"], "needs about"),     # B alone 8e15 bytes: refused, not allocated
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--waters", "5-1"], "reversed"),
+        (["--min-time", "nan"], "--min-time must be a finite"),
+        (["--max-time", "inf"], "--max-time must be a finite"),
+        (["--single-above", "-1"], "--single-above"),
+        (["--threads", "0"], "'--threads'"),
+        (["--peak-n", "1000000"], "'--peak-n'"),
+        (["--shapes", "100000,100000,100000"], "needs about"),  # B alone 8e15 bytes: refused, not allocated
+    ],
+)
 def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
     main = __import__("dfmp2.cli.main", fromlist=["main"]).main
     r = CliRunner().invoke(main, ["bench", *args, "--out", str(tmp_path / "out")])
@@ -275,13 +341,16 @@ def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("content,message", [
-    ("not json at all", "cannot read it as JSON"),
-    ('{"references": {}}', "no \"schema\""),
-    ('[1, 2]', "no \"schema\""),
-    ('{"schema": "dfmp2-bench/1", "meta": {}}', "damaged dfmp2 bench report"),
-    ('{"schema": "dfmp2-bench/1", "meta": {"versions": {}, "machine": {}}, "ops": 3}', "damaged"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("not json at all", "cannot read it as JSON"),
+        ('{"references": {}}', 'no "schema"'),
+        ("[1, 2]", 'no "schema"'),
+        ('{"schema": "dfmp2-bench/1", "meta": {}}', "damaged dfmp2 bench report"),
+        ('{"schema": "dfmp2-bench/1", "meta": {"versions": {}, "machine": {}}, "ops": 3}', "damaged"),
+    ],
+)
 def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message):
     """One error line, exit 2, and no .md or .png written next to it (issue 18: JSONDecodeError)."""
     main = __import__("dfmp2.cli.main", fromlist=["main"]).main
@@ -300,6 +369,7 @@ def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
     import shutil
     import subprocess
     import sys
+
     root = Path(__file__).resolve().parents[2]
     shutil.copy(root / "scripts" / "results" / "bench_cpu.json", tmp_path / "r.json")
     cmd = [sys.executable, "-m", "dfmp2.cli.main", "bench", "--rerender", str(tmp_path / "r.json")]
@@ -320,6 +390,7 @@ SAVED = Path(__file__).resolve().parents[2] / "scripts" / "results" / "bench_cpu
 
 def _rendered(rep, width):
     from rich.console import Console
+
     c = Console(width=width, record=True, force_terminal=False, file=__import__("io").StringIO())
     report.terminal(rep, c)
     return c.export_text()
@@ -332,9 +403,9 @@ def test_terminal_tables_fit_80_columns(tiny_report, width):
     for rep in (tiny_report, json.loads(SAVED.read_text())):
         text = _rendered(rep, width)
         assert "…" not in text
-        assert max(len(line.rstrip()) for line in text.splitlines()) <= width   # prose wraps at the width
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= width  # prose wraps at the width
     for line in _rendered(json.loads(SAVED.read_text()), width).splitlines():
-        if "─" in line:                                    # a table's header rule: the table's width
+        if "─" in line:  # a table's header rule: the table's width
             assert len(line.rstrip()) <= report.TERMINAL_WIDTH
     full = _rendered(json.loads(SAVED.read_text()), 80)
     # the abbreviations are explained under the tables that use them
@@ -350,14 +421,14 @@ def test_plot_one_colour_per_series_and_titles_match_what_is_drawn(tiny_report):
     assert set(waters) <= {k for k, _ in ops} and len(set(colors.values())) == len(colors)
     assert ("dfmp2", "cpu", "fp64") in waters and ("pyscf", "cpu", "fp64") in waters
     left, right = report.panel_titles(rep, ops, waters)
-    assert "dashed" in left and "dotted" in right          # estimates and fits are drawn here
+    assert "dashed" in left and "dotted" in right  # estimates and fits are drawn here
     # a CPU run with neither estimates nor fits: the titles promise no line style it does not draw
     cpu = dict(rep, trn_estimate=None, waters=dict(rep["waters"], fits={}))
     ops, waters = report.plot_series(cpu)
     left, right = report.panel_titles(cpu, ops, waters)
     assert "dashed" not in left and "estimate" not in left.lower() and "dotted" not in right
     assert all(k[0] != "estimate" for k, _ in ops)
-    ops, waters = report.plot_series(tiny_report)          # no water clusters: no right panel series
+    ops, waters = report.plot_series(tiny_report)  # no water clusters: no right panel series
     assert waters == {} and "dotted" not in report.panel_titles(tiny_report, ops, waters)[1]
 
 
@@ -365,6 +436,7 @@ def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
     """The UMP2 opposite-spin op row: ours (the rectangular pair kernel) and the einsum baseline
     give one E_OS on the same inputs; its flops; its size at a named shape; not estimated on trn."""
     from dfmp2.linalg import TorchBackend
+
     assert ops.flops("mp2_pair_energy_os", (2, 3, 40, 41, 200)) == 6 * 2 * 40 * 41 * 200
     case = ops.make_case("mp2_pair_energy_os", (3, 2, 20, 21, 60), torch.float64, TorchBackend("cpu"))
     e_os, _ = case.ours()
@@ -379,15 +451,25 @@ def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
 def test_radical_series_against_pyscfs_dfump2():
     """One molecule of the open-shell series (OH): our DF-UMP2 stage and PySCF's DFUMP2 (fair
     baseline subprocesses) on the same UHF orbitals agree; the row and both report views render."""
-    from dfmp2 import linalg
     from rich.console import Console
+
+    from dfmp2 import linalg
     from dfmp2.benchmarks import radicals
     from dfmp2.errors import InputError
+
     assert radicals.parse_radicals("none") == [] and "hydroxyl" in radicals.parse_radicals("default")
     with pytest.raises(InputError, match="unknown nope"):
         radicals.parse_radicals("hydroxyl,nope")
-    row = radicals.run_radical("hydroxyl", [("cpu", lambda: linalg.get_backend("cpu"))], ["fp64"], pyscf=True,
-                               repeats=1, single_above_s=3.0, peak_gflops={}, log=lambda m: None)
+    row = radicals.run_radical(
+        "hydroxyl",
+        [("cpu", lambda: linalg.get_backend("cpu"))],
+        ["fp64"],
+        pyscf=True,
+        repeats=1,
+        single_above_s=3.0,
+        peak_gflops={},
+        log=lambda m: None,
+    )
     assert row["nocc"] == [5, 4] and row["multiplicity"] == 2 and row["our_dfuhf_cycles"] > 0
     ours, theirs = row["runs"]
     assert ours["status"] == theirs["status"] == "ran" and theirs["who"] == "pyscf"

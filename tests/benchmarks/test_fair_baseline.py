@@ -2,6 +2,7 @@
 as set and one without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, each records which BLAS it ran, the
 faster is the baseline, and a child that fails is an error entry, not an exception (issue 25).
 The variables are never set by the tests: the 'unset' environment is checked on a copy."""
+
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ def test_unset_environment_drops_both_variables_only():
 
 def test_blas_info_and_peaks_name_what_ran():
     import torch  # noqa: F401  (its BLAS line is read when torch is loaded)
+
     info = fb.blas_info()
     assert set(info["env"]) == set(fb.BLAS_VARS)
     assert isinstance(info["threadpools"], list) and any(p["user_api"] == "blas" for p in info["threadpools"])
@@ -41,17 +43,31 @@ def test_pyscf_baseline_runs_both_settings_and_takes_the_faster():
 
 
 def test_failing_child_is_an_error_entry(tmp_path):
-    base = fb.pyscf_baseline(["dfrhf"], tmp_path / "missing.xyz", timeout=60, peak_sizes=[64],
-                             settings=("unset",))
+    base = fb.pyscf_baseline(["dfrhf"], tmp_path / "missing.xyz", timeout=60, peak_sizes=[64], settings=("unset",))
     assert base["best"] is None and base["runs"]["unset"]["error"].startswith("exit ")
 
 
 def _script(name, *args, tmp):
     import json
     import subprocess
+
     out = tmp / name
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), str(ROOT / "inputs/water.xyz"), *args,
-                        "--peak-sizes", "64", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / f"{name}.py"),
+            str(ROOT / "inputs/water.xyz"),
+            *args,
+            "--peak-sizes",
+            "64",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".md").read_text()
 
@@ -60,7 +76,7 @@ def test_bench_vs_pyscf_and_bench_scf_use_the_fair_baseline(tmp_path):
     doc, md = _script("bench_vs_pyscf", "--repeats", "1", tmp=tmp_path)
     assert set(doc["pyscf_baseline"]["runs"]) == {"as_set", "unset"}
     assert doc["times_s"]["pyscf_fp64"]["setting"] == doc["pyscf_baseline"]["best"]
-    assert abs(doc["e_corr_diff_vs_pyscf"]["ours_fp64"]) < 1e-10          # same SCF orbitals on both sides
+    assert abs(doc["e_corr_diff_vs_pyscf"]["ours_fp64"]) < 1e-10  # same SCF orbitals on both sides
     assert doc["gemm_peak"]["fp64"]["gflops"] > 0 and doc["blas"]["ours"]["threadpools"]
     assert "## Baseline fairness" in md
     doc, md = _script("bench_scf", "--threads", "1", tmp=tmp_path)
@@ -75,8 +91,17 @@ def test_bench_water_series_takes_pyscf_from_both_settings():
     (an independent code) agrees with ours."""
     from dfmp2 import linalg
     from dfmp2.benchmarks import waters
-    row = waters.run_cluster(1, [("cpu", lambda: linalg.get_backend("cpu"))], ["fp64"], pyscf=True, repeats=1,
-                             single_above_s=100.0, peak_gflops={}, log=lambda *a: None)
+
+    row = waters.run_cluster(
+        1,
+        [("cpu", lambda: linalg.get_backend("cpu"))],
+        ["fp64"],
+        pyscf=True,
+        repeats=1,
+        single_above_s=100.0,
+        peak_gflops={},
+        log=lambda *a: None,
+    )
     ours = next(r for r in row["runs"] if r["who"] == "dfmp2")
     theirs = next(r for r in row["runs"] if r["who"] == "pyscf")
     assert theirs["status"] == "ran", theirs

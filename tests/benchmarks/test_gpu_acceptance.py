@@ -3,6 +3,7 @@ own subprocess, and is recorded (pass, fail with the reason, or skipped with the
 that fails or hangs is recorded as failed and the others still run; the JSON and markdown are
 whole and say on every line that matters that they are a dry run on the CPU, not GPU numbers;
 nothing is written to scripts/results/. Without a GPU the real run refuses in one line."""
+
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_acceptance.py"
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_acceptance  # noqa: E402
+import gpu_acceptance
 
 LABEL = "[DRY RUN ON CPU, NOT GPU NUMBERS]"
 
@@ -21,8 +22,9 @@ LABEL = "[DRY RUN ON CPU, NOT GPU NUMBERS]"
 def _run(*args, timeout=600):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout
+    )
 
 
 def _results(out):
@@ -34,19 +36,19 @@ def _results(out):
 def test_dry_run_records_every_step_and_goes_on_after_a_failure(tmp_path):
     before = set((ROOT / "scripts" / "results").iterdir())
     p = _run("--dry-run", "--out-dir", str(tmp_path), "--fail-step", "ours_h2o_32")
-    assert p.returncode == 1, p.stderr[-3000:]                 # the injected failure
+    assert p.returncode == 1, p.stderr[-3000:]  # the injected failure
     assert "Traceback" not in p.stderr
     assert all(line.startswith(LABEL) for line in p.stdout.splitlines() if line)
     doc, md = _results(tmp_path)
     assert set((ROOT / "scripts" / "results").iterdir()) == before
     assert doc["meta"]["dry_run_cpu"] and "DRY RUN ON CPU" in doc["meta"]["gpu"]["name"]
     steps = {s["name"]: s for s in doc["steps"]}
-    assert list(steps) == gpu_acceptance.steps_for()            # every step, in order
+    assert list(steps) == gpu_acceptance.steps_for()  # every step, in order
     for s in steps.values():
         assert s["status"] in ("pass", "fail", "skipped") and s["reason"] and s["seconds"] >= 0
     assert steps["ours_h2o_32"]["status"] == "fail" and "injected failure" in steps["ours_h2o_32"]["reason"]
     assert doc["failed"] == ["ours_h2o_32"] and doc["verdict"].startswith("FAIL")
-    assert steps["cuda_tests"]["status"] == "skipped"           # no GPU: skipped, never passed
+    assert steps["cuda_tests"]["status"] == "skipped"  # no GPU: skipped, never passed
     assert steps["gpu4pyscf_h2o_16"]["status"] == "skipped"
     for name in ("pair_peak", "run_compare", "ours_h2o_16", "pyscf_h2o_16", "pyscf_h2o_32"):
         assert steps[name]["status"] == "pass", steps[name]
@@ -55,15 +57,27 @@ def test_dry_run_records_every_step_and_goes_on_after_a_failure(tmp_path):
     assert set(base["runs"]) == {"as_set", "unset"} and base["best"] in base["runs"]
     agree = {(a["molecule"], a["who"]): a for a in doc["checks"]["agreement"]}
     assert agree[("h2o_16", "ours")]["passed"] is True and agree[("h2o_16", "ours")]["abs_d_e_mp2"] < 1e-8
-    assert agree[("h2o_32", "ours")]["passed"] is None          # ours failed there: not compared
-    assert md.count("DRY RUN ON CPU, NOT GPU NUMBERS") >= 2 and md.rstrip().endswith("**DRY RUN ON CPU, NOT GPU NUMBERS.**")
+    assert agree[("h2o_32", "ours")]["passed"] is None  # ours failed there: not compared
+    assert md.count("DRY RUN ON CPU, NOT GPU NUMBERS") >= 2 and md.rstrip().endswith(
+        "**DRY RUN ON CPU, NOT GPU NUMBERS.**"
+    )
     for name in steps:
         assert f"| {name} | {steps[name]['status']} |" in md
 
 
 def test_a_step_over_its_budget_is_killed_and_recorded(tmp_path):
-    p = _run("--dry-run", "--out-dir", str(tmp_path), "--steps", "cuda_tests,run_compare",
-             "--fail-step", "cuda_tests:hang", "--total-s", "12", timeout=300)
+    p = _run(
+        "--dry-run",
+        "--out-dir",
+        str(tmp_path),
+        "--steps",
+        "cuda_tests,run_compare",
+        "--fail-step",
+        "cuda_tests:hang",
+        "--total-s",
+        "12",
+        timeout=300,
+    )
     assert p.returncode == 1, p.stderr[-3000:]
     doc, _ = _results(tmp_path)
     steps = {s["name"]: s for s in doc["steps"]}

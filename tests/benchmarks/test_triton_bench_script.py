@@ -2,6 +2,7 @@
 JSON and markdown that say on every line they are not GPU numbers; without a GPU the real run
 refuses with one clear line instead of producing numbers; a probe or path that fails is reported
 and the rest is still measured."""
+
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ def _env():
     """The script's environment: it decides about the interpreter itself, and sees no GPU (a CPU
     dry run, or the refusal without a GPU, on any machine)."""
     import os
+
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -28,6 +30,7 @@ def _env():
 @pytest.fixture
 def working_interpreter():
     from triton_interpreter import interpreter_defect
+
     reason = interpreter_defect()
     if reason:
         pytest.skip(reason)
@@ -35,8 +38,14 @@ def working_interpreter():
 
 def test_dry_run_cpu_is_labelled_and_complete(tmp_path, working_interpreter):
     out = tmp_path / "bench"
-    p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run-cpu", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env())
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run-cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=_env(),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert all(line.startswith("[CPU INTERPRETER, NOT A GPU]") for line in p.stdout.splitlines() if line)
     doc = json.loads(out.with_suffix(".json").read_text())
@@ -55,8 +64,14 @@ def test_dry_run_cpu_is_labelled_and_complete(tmp_path, working_interpreter):
 
 
 def test_real_run_without_gpu_refuses(tmp_path):
-    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "b")],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env())
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=_env(),
+    )
     assert p.returncode != 0 and "no CUDA GPU" in p.stderr
     assert not (tmp_path / "b.json").exists()
 
@@ -87,9 +102,8 @@ bench.main(["--dry-run-cpu", "--out", {out!r}])
 def test_dry_run_reports_failures_and_measures_the_rest(tmp_path, working_interpreter):
     out = tmp_path / "bench"
     code = _INJECT.format(root=str(ROOT), script=str(SCRIPT), out=str(out))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env=_env())
-    assert p.returncode == 1, p.stderr[-3000:]          # a default path and a probe failed
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env())
+    assert p.returncode == 1, p.stderr[-3000:]  # a default path and a probe failed
     assert "Traceback" not in p.stderr
     doc = json.loads(out.with_suffix(".json").read_text())
     rows = {(r["precision"], r["path"]): r for r in doc["pair"]}
@@ -98,7 +112,7 @@ def test_dry_run_reports_failures_and_measures_the_rest(tmp_path, working_interp
     assert bad["error"].startswith("KernelError: pair-step kernel triton.fused_pair_energy(fp64")
     assert "injected: fp64 dot does not compile second line" in bad["error"] and "\n" not in bad["error"]
     assert "Triton interpreter" in bad["error"] and "gflops" not in bad
-    for key, r in rows.items():                         # every other path was still measured
+    for key, r in rows.items():  # every other path was still measured
         if key != ("fp64", "fused"):
             assert r["error"] is None and r["gflops"] > 0 and r["run_to_run_identical"], key
     assert doc["meta"]["fp64_dot_lowering"] == "probe failed: ValueError: injected probe failure"

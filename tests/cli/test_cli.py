@@ -1,5 +1,6 @@
 """The command line: a good run writes table and JSON; each bad input gives one error line,
 exit code 2, no traceback, and no result file."""
+
 import json
 import subprocess
 import sys
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
-from cli_checks import assert_one_line_error
 from dfmp2.cli.main import main
 from dfmp2.cli.options import parse_memory
 from dfmp2.errors import InputError
@@ -45,19 +46,27 @@ BAD_XYZ = {
     "missing column": ("2\n\nH 0 0 0\nH 0 0\n", [":4:", "symbol x y z"]),
     "unknown element": ("2\n\nH 0 0 0\nQq 0 0 0.74\n", [":4:", "unknown element 'Qq'"]),
     "atom count mismatch": ("4\n\nH 0 0 0\nH 0 0 0.74\n", ["atom count mismatch", "4 atoms", "found 2"]),
-    "odd electrons as a singlet": ("1\nmultiplicity=1\nH 0 0 0\n", ["1 electrons cannot have multiplicity 1",
-                                                                   "odd electron count needs an even"]),
+    "odd electrons as a singlet": (
+        "1\nmultiplicity=1\nH 0 0 0\n",
+        ["1 electrons cannot have multiplicity 1", "odd electron count needs an even"],
+    ),
     "multiplicity 2 in comment": (WATER.format(comment="multiplicity=2"), ["10 electrons cannot have multiplicity 2"]),
-    "multiplicity beyond the electrons": (WATER.format(comment="multiplicity=13"),
-                                          ["multiplicity 13 needs 12 unpaired electrons", "only 10"]),
+    "multiplicity beyond the electrons": (
+        WATER.format(comment="multiplicity=13"),
+        ["multiplicity 13 needs 12 unpaired electrons", "only 10"],
+    ),
     "empty file": ("", [":1:"]),
     # issue 18: nothing is guessed at or truncated
     "extra column (atomic number)": ("1\n\nO 8 0.0 0.0 0.119\n", [":3:", "5 fields", "extra columns"]),
-    "extra column on line 5": (WATER.format(comment="") .replace("H 0.0 -0.757 0.587", "H 0.0 -0.757 0.587 0.1"),
-                               [":5:", "5 fields"]),
+    "extra column on line 5": (
+        WATER.format(comment="").replace("H 0.0 -0.757 0.587", "H 0.0 -0.757 0.587 0.1"),
+        [":5:", "5 fields"],
+    ),
     "non-integer charge": (WATER.format(comment="charge=2.5"), [":2:", "charge must be an integer", "'2.5'"]),
-    "non-integer multiplicity": (WATER.format(comment="charge=0 multiplicity=1.0"),
-                                 [":2:", "multiplicity must be an integer"]),
+    "non-integer multiplicity": (
+        WATER.format(comment="charge=0 multiplicity=1.0"),
+        [":2:", "multiplicity must be an integer"],
+    ),
     "multiplicity 0": (WATER.format(comment="multiplicity=0"), [":2:", "multiplicity must be 1 or more"]),
     "nan coordinate": (WATER.format(comment="").replace("0.757", "nan", 1), [":4:", "finite"]),
     "inf coordinate": (WATER.format(comment="").replace("0.587", "-inf", 1), [":4:", "finite"]),
@@ -70,8 +79,10 @@ BAD_XYZ = {
     "superscript digit as element": ("1\n\n\u00b2 0 0 0\n", [":3:", "unknown element"]),
     # issue 29, round 3: the comment line's keys are read once, and none is ignored silently
     "charge given twice": (WATER.format(comment="charge=1 charge=-1"), [":2:", "charge is given 2 times"]),
-    "multiplicity given twice": (WATER.format(comment="mult=1 multiplicity=3"),
-                                 [":2:", "multiplicity is given 2 times"]),
+    "multiplicity given twice": (
+        WATER.format(comment="mult=1 multiplicity=3"),
+        [":2:", "multiplicity is given 2 times"],
+    ),
     "spin key": (WATER.format(comment="spin=2"), [":2:", "'spin=' is not read", "multiplicity=2S+1"]),
     "misspelt charge": (WATER.format(comment="chrage=1"), [":2:", "unknown key 'chrage='", "'charge='"]),
     "charge out of range": (WATER.format(comment="charge=1000000"), [":2:", "charge 1000000 is out of range"]),
@@ -106,48 +117,63 @@ def test_devices_are_refused_without_reading_them():
 
 def test_inputs_larger_than_the_bound_are_refused_unread(tmp_path):
     from dfmp2.io import xyz
+
     big = tmp_path / "big.xyz"
-    with open(big, "wb") as f:           # sparse: 4 GB on paper, nothing on disk
+    with open(big, "wb") as f:  # sparse: 4 GB on paper, nothing on disk
         f.truncate(4 * 1024**3)
     import resource
+
     # as in the issue: under a 3 GB address-space limit the whole read was a MemoryError traceback
-    p = subprocess.run([sys.executable, "-m", "dfmp2.cli.main", "run", str(big)], capture_output=True, text=True,
-                       timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30,) * 2))
+    p = subprocess.run(
+        [sys.executable, "-m", "dfmp2.cli.main", "run", str(big)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30,) * 2),
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
-    assert p.stderr.strip().splitlines()[-1] == f"error: {big}: larger than 64 MB, far more than any " \
+    assert (
+        p.stderr.strip().splitlines()[-1] == f"error: {big}: larger than 64 MB, far more than any "
         "molecule; expected an .xyz file"
+    )
     big.rename(big.with_suffix(".json"))
     assert_one_line_error(run_cli(["run", str(big.with_suffix(".json"))]), "larger than 64 MB")
-    with pytest.raises(InputError, match="larger than 1e-05 MB"):   # a FIFO's bound is on what is read
+    with pytest.raises(InputError, match="larger than 1e-05 MB"):  # a FIFO's bound is on what is read
         xyz.read_input_text(write(tmp_path, WATER.format(comment="")), "an .xyz file", max_bytes=10)
 
 
 def test_fifo_input_is_read(tmp_path):
     import os
     import threading
+
     fifo = tmp_path / "mol.xyz"
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: fifo.write_text(WATER.format(comment="")))
     writer.start()
     from dfmp2.io.xyz import read_xyz
+
     assert read_xyz(fifo).natm == 3
     writer.join()
 
 
 def test_byte_order_mark_and_free_text_comments_are_read(tmp_path):
     p = tmp_path / "bom.xyz"
-    p.write_bytes(b"\xef\xbb\xbf" + WATER.format(comment="water charge=0 energy=-76.4 Lattice=\"1 0 0\"").encode())
+    p.write_bytes(b"\xef\xbb\xbf" + WATER.format(comment='water charge=0 energy=-76.4 Lattice="1 0 0"').encode())
     from dfmp2.io.xyz import read_xyz
+
     g = read_xyz(p)
     assert g.natm == 3 and g.charge == 0 and g.comment.startswith("water")
     assert read_xyz(write(tmp_path, WATER.format(comment="charge=-000001"))).charge == -1
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--json", ""], "--json: the path is empty"),
-    (["--qcschema", ""], "--qcschema: the path is empty"),
-    (["--basis", "cc-pv\ndz"], "must be a basis set name (one printable line), got 'cc-pv\\ndz'"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--json", ""], "--json: the path is empty"),
+        (["--qcschema", ""], "--qcschema: the path is empty"),
+        (["--basis", "cc-pv\ndz"], "must be a basis set name (one printable line), got 'cc-pv\\ndz'"),
+    ],
+)
 def test_empty_output_paths_and_newlines_are_one_line(tmp_path, args, fragment):
     res = run_cli(["run", str(INPUTS / "water.xyz")] + args)
     assert_one_line_error(res, fragment)
@@ -159,8 +185,10 @@ def test_empty_and_newline_input_paths(tmp_path):
 
 
 def test_charge_option_makes_odd(tmp_path):
-    assert_one_line_error(run_cli(["run", write(tmp_path, WATER.format(comment="")), "--charge", "1",
-                                   "--multiplicity", "1"]), "9 electrons cannot have multiplicity 1")
+    assert_one_line_error(
+        run_cli(["run", write(tmp_path, WATER.format(comment="")), "--charge", "1", "--multiplicity", "1"]),
+        "9 electrons cannot have multiplicity 1",
+    )
 
 
 def test_basis_missing_for_element(tmp_path):
@@ -169,8 +197,9 @@ def test_basis_missing_for_element(tmp_path):
 
 
 def test_auxbasis_missing_for_element(tmp_path):
-    res = run_cli(["run", write(tmp_path, "2\n\nK 0 0 0\nH 0 0 2.24\n"), "--basis", "def2-svp",
-                   "--auxbasis", "cc-pvdz-ri"])
+    res = run_cli(
+        ["run", write(tmp_path, "2\n\nK 0 0 0\nH 0 0 2.24\n"), "--basis", "def2-svp", "--auxbasis", "cc-pvdz-ri"]
+    )
     assert_one_line_error(res, "auxiliary basis 'cc-pvdz-ri' is not defined for K", "--auxbasis")
 
 
@@ -186,21 +215,24 @@ def test_memory_limit_checked_before_scf(tmp_path, no_scf):
     assert_one_line_error(res, "needs at least", "--memory")
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--device", "cuda"], "no CUDA GPU"),
-    (["--device", "trn1"], "Neuron SDK"),
-    (["--device", "tpu"], "unknown device 'tpu'"),
-    (["--simulate"], "simulation applies only to trn1/trn2"),
-    (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
-    (["--memory", "lots"], "(--memory)"),
-    (["--memory", "nan"], "memory limit must be a finite size"),
-    (["--memory", "inf"], "memory limit must be a finite size"),
-    (["--memory", "1e400"], "memory limit must be a finite size"),
-    (["--memory", "infGB"], "memory limit must be a finite size"),
-    (["--memory", "4_000"], "cannot read the memory limit '4_000'"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--device", "cuda"], "no CUDA GPU"),
+        (["--device", "trn1"], "Neuron SDK"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--simulate"], "simulation applies only to trn1/trn2"),
+        (["--device", "trn2", "--simulate", "--precision", "fp64"], "no fp64"),
+        (["--memory", "lots"], "(--memory)"),
+        (["--memory", "nan"], "memory limit must be a finite size"),
+        (["--memory", "inf"], "memory limit must be a finite size"),
+        (["--memory", "1e400"], "memory limit must be a finite size"),
+        (["--memory", "infGB"], "memory limit must be a finite size"),
+        (["--memory", "4_000"], "cannot read the memory limit '4_000'"),
+    ],
+)
 def test_device_and_option_errors(args, fragment, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # "no CUDA GPU" on any machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # "no CUDA GPU" on any machine
     res = run_cli(["run", str(INPUTS / "water.xyz")] + args)
     assert_one_line_error(res, fragment)
 
@@ -215,15 +247,18 @@ def test_parse_memory():
             parse_memory(bad)
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["run", "x.xyz", "--precision", "fp16"], "Invalid value for '--precision'"),
-    (["run"], "Missing argument 'INPUT'"),
-    (["run", "x.xyz", "--no-such-option"], "--no-such-option"),
-    (["run", "x.xyz", "--charge", "2.5"], "'--charge'"),
-    (["rn"], "No such command 'rn'"),
-    (["compare", "--synthetic", "2,3,4", "--seed", "-1"], "'--seed'"),
-    (["bench", "--threads", "0"], "'--threads'"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["run", "x.xyz", "--precision", "fp16"], "Invalid value for '--precision'"),
+        (["run"], "Missing argument 'INPUT'"),
+        (["run", "x.xyz", "--no-such-option"], "--no-such-option"),
+        (["run", "x.xyz", "--charge", "2.5"], "'--charge'"),
+        (["rn"], "No such command 'rn'"),
+        (["compare", "--synthetic", "2,3,4", "--seed", "-1"], "'--seed'"),
+        (["bench", "--threads", "0"], "'--threads'"),
+    ],
+)
 def test_usage_errors_are_one_line(args, fragment):
     """Click's usage block (Usage:, Try ..., Error:) becomes one error line naming the help."""
     res = run_cli(args)
@@ -250,17 +285,24 @@ def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
     """PySCF warns 'Basis may be available in basis-set-exchange ... pip install' whenever a basis
     lacks an element (here cc-pVDZ for I, and the MP2-fit lookup); the user gets our error line
     only, in a real process (where Python shows warnings on stderr)."""
-    p = subprocess.run([sys.executable, "-m", "dfmp2.cli.main", "run", write(tmp_path, "2\n\nI 0 0 0\nI 0 0 2.67\n")],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "dfmp2.cli.main", "run", write(tmp_path, "2\n\nI 0 0 0\nI 0 0 2.67\n")],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: basis 'cc-pvdz' is not defined for I; choose another basis (--basis)"], p.stderr
+        "error: basis 'cc-pvdz' is not defined for I; choose another basis (--basis)"
+    ], p.stderr
 
 
 def test_real_process_error_has_no_traceback(tmp_path):
     """The installed entry point, as a user runs it: stderr has one line, exit code 2."""
-    p = subprocess.run([sys.executable, "-m", "dfmp2.cli.main", "run", write(tmp_path, "2\n\nH 0 0 0\nXx 0 0 1\n")],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "dfmp2.cli.main", "run", write(tmp_path, "2\n\nH 0 0 0\nXx 0 0 1\n")],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [f"error: {tmp_path / 'mol.xyz'}:4: unknown element 'Xx'"]
 
@@ -269,6 +311,7 @@ def test_every_command_offers_every_scf_mode():
     """run, interaction and compare take the same --scf choices as dfmp2.scf.pyscf_scf.SCF_MODES (the
     interaction command once lagged behind when pyscf-df was added)."""
     from dfmp2.scf import pyscf_scf
+
     for name in ("run", "interaction", "compare"):
         opt = next(p for p in main.commands[name].params if p.name == "scf_mode")
         assert tuple(opt.type.choices) == pyscf_scf.SCF_MODES, name

@@ -1,23 +1,32 @@
 """One option surface (dfmp2.cli.options): every command offers the RunOptions fields that apply
 to it, with the library's choices, defaults and flags, passes them through to the run, and ends
 with the one error handler; library errors name no CLI flag, the CLI's line does."""
+
 from dataclasses import fields
 from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 from cli_checks import assert_one_line_error
+from click.testing import CliRunner
 
 import dfmp2
 from dfmp2 import pipeline
 from dfmp2.cli import options as cli_options
-from dfmp2.workflows import interaction
 from dfmp2.cli.main import main
-from dfmp2.errors import (EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line,
-                          flag)
-from dfmp2.options import (CBS_SCF_SCHEMES, ECP_CHOICES, INTEGRAL_ENGINES, PAIR_KERNEL_CHOICES, PRECISIONS, REFERENCES,
-                           SCF_MODES, STORAGE_CHOICES, RunOptions)
+from dfmp2.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line, flag
+from dfmp2.options import (
+    CBS_SCF_SCHEMES,
+    ECP_CHOICES,
+    INTEGRAL_ENGINES,
+    PAIR_KERNEL_CHOICES,
+    PRECISIONS,
+    REFERENCES,
+    SCF_MODES,
+    STORAGE_CHOICES,
+    RunOptions,
+)
+from dfmp2.workflows import interaction
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = str(INPUTS / "water.xyz")
@@ -27,17 +36,24 @@ MOLECULE = {"basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "
 # the RunOptions fields each command offers; what it leaves out, and why
 OFFERED = {
     "run": FIELDS,
-    "interaction": FIELDS - {"checkpoint", "resume"},          # 2N+1 runs are not checkpointed
+    "interaction": FIELDS - {"checkpoint", "resume"},  # 2N+1 runs are not checkpointed
     # --devices names several; one basis per run (a CBS bracket is refused)
     "compare": FIELDS - {"checkpoint", "resume", "device", "cbs_scf"},
-    "gradient": FIELDS - {"checkpoint", "resume", "cbs_scf"},   # one basis, no checkpoint
+    "gradient": FIELDS - {"checkpoint", "resume", "cbs_scf"},  # one basis, no checkpoint
     "optimize": FIELDS - {"checkpoint", "resume", "cbs_scf"},
-    "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf"} - MOLECULE,   # each reference's own
+    "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf"} - MOLECULE,  # each reference's own
 }
-CHOICES = {"precision": PRECISIONS, "scf_mode": SCF_MODES, "reference": REFERENCES, "ecp": ECP_CHOICES,
-           "storage": STORAGE_CHOICES, "integrals": INTEGRAL_ENGINES, "pair_kernel": PAIR_KERNEL_CHOICES,
-           "cbs_scf": CBS_SCF_SCHEMES}
-DEFAULTS_DIFFER = {("compare", "precision"): "fp64"}     # compare's tolerances need one precision
+CHOICES = {
+    "precision": PRECISIONS,
+    "scf_mode": SCF_MODES,
+    "reference": REFERENCES,
+    "ecp": ECP_CHOICES,
+    "storage": STORAGE_CHOICES,
+    "integrals": INTEGRAL_ENGINES,
+    "pair_kernel": PAIR_KERNEL_CHOICES,
+    "cbs_scf": CBS_SCF_SCHEMES,
+}
+DEFAULTS_DIFFER = {("compare", "precision"): "fp64"}  # compare's tolerances need one precision
 
 
 def _params(command):
@@ -72,8 +88,9 @@ def test_option_flags():
 
 
 def test_run_options_takes_the_fields_and_reads_the_memory_limit():
-    o = cli_options.run_options({"basis": "sto-3g", "memory_mb": "2GB", "charge": None, "json_path": "x",
-                                 "occ_block_max": None}, device="cuda")
+    o = cli_options.run_options(
+        {"basis": "sto-3g", "memory_mb": "2GB", "charge": None, "json_path": "x", "occ_block_max": None}, device="cuda"
+    )
     assert o == RunOptions(basis="sto-3g", memory_mb=2000.0, device="cuda")
 
 
@@ -90,37 +107,74 @@ def captured(monkeypatch):
     def capture(options):
         seen.append(options)
         raise Stop("stopped by the test")
+
     monkeypatch.setattr(pipeline, "run_geometry", lambda geom, options, **k: capture(options))
     monkeypatch.setattr(pipeline, "run", lambda path, options, **k: capture(options))
     monkeypatch.setattr(interaction, "run_interaction", lambda geom, frags, options, **k: capture(options))
     return seen
 
 
-SHARED = ["--scf-max-cycle", "7", "--memory", "3GB", "--storage", "disk", "--integrals", "host",
-          "--pair-kernel", "auto", "--occ-block-max", "3", "--j3c-block-mb", "1.5"]
-MOLECULE_ARGS = ["--ecp", "none", "--reference", "uhf", "--auxbasis", "cc-pvdz-ri", "--frozen-core",
-                 "--scf", "pyscf-df"]
+SHARED = [
+    "--scf-max-cycle",
+    "7",
+    "--memory",
+    "3GB",
+    "--storage",
+    "disk",
+    "--integrals",
+    "host",
+    "--pair-kernel",
+    "auto",
+    "--occ-block-max",
+    "3",
+    "--j3c-block-mb",
+    "1.5",
+]
+MOLECULE_ARGS = [
+    "--ecp",
+    "none",
+    "--reference",
+    "uhf",
+    "--auxbasis",
+    "cc-pvdz-ri",
+    "--frozen-core",
+    "--scf",
+    "pyscf-df",
+]
 
 
-@pytest.mark.parametrize("args", [
-    ["run", WATER, *MOLECULE_ARGS, "--charge", "0", "--multiplicity", "1"],
-    ["interaction", DIMER, "--fragments", "1-3,4-6", *MOLECULE_ARGS],
-    ["compare", WATER, "--devices", "cpu", "--repeat", "1", *MOLECULE_ARGS, "--charge", "0"],
-    ["regress", "water|cc-pvdz|cc-pvdz-ri|df|fc"],
-], ids=lambda a: a[0])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", WATER, *MOLECULE_ARGS, "--charge", "0", "--multiplicity", "1"],
+        ["interaction", DIMER, "--fragments", "1-3,4-6", *MOLECULE_ARGS],
+        ["compare", WATER, "--devices", "cpu", "--repeat", "1", *MOLECULE_ARGS, "--charge", "0"],
+        ["regress", "water|cc-pvdz|cc-pvdz-ri|df|fc"],
+    ],
+    ids=lambda a: a[0],
+)
 def test_options_reach_the_run(captured, tmp_path, args):
     res = CliRunner().invoke(main, [*args, *SHARED, "--scratch", str(tmp_path)])
-    assert res.exit_code in (1, 2) and "Traceback" not in res.output, res.output   # regress: the case failed
+    assert res.exit_code in (1, 2) and "Traceback" not in res.output, res.output  # regress: the case failed
     (o,) = captured
-    assert (o.scf_max_cycle, o.memory_mb, o.storage, o.integrals, o.scratch_dir) == (7, 3000.0, "disk", "host",
-                                                                                   str(tmp_path))
+    assert (o.scf_max_cycle, o.memory_mb, o.storage, o.integrals, o.scratch_dir) == (
+        7,
+        3000.0,
+        "disk",
+        "host",
+        str(tmp_path),
+    )
     assert (o.occ_block_max, o.j3c_block_mb) == (3, 1.5)
     if args[0] != "regress":
-        assert (o.ecp, o.reference, o.auxbasis, o.frozen_core, o.scf_mode) == ("none", "uhf", "cc-pvdz-ri",
-                                                                            True, "pyscf-df")
-    else:       # the reference's own settings
-        assert (o.basis, o.auxbasis, o.scf_mode, o.frozen_core, o.precision) == ("cc-pvdz", None, "df", True,
-                                                                              "fp64")
+        assert (o.ecp, o.reference, o.auxbasis, o.frozen_core, o.scf_mode) == (
+            "none",
+            "uhf",
+            "cc-pvdz-ri",
+            True,
+            "pyscf-df",
+        )
+    else:  # the reference's own settings
+        assert (o.basis, o.auxbasis, o.scf_mode, o.frozen_core, o.precision) == ("cc-pvdz", None, "df", True, "fp64")
     if args[0] in ("run", "compare"):
         assert o.charge == 0
 
@@ -134,19 +188,23 @@ def test_every_command_has_the_one_error_handler():
 def test_interrupt_is_one_line_and_130(monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(interaction, "run_interaction", interrupted)
     res = CliRunner().invoke(main, ["interaction", DIMER, "--fragments", "1-3,4-6"])
     assert res.exit_code == EXIT_INTERRUPTED == 130 and res.output.strip() == "error: interrupted"
 
 
-@pytest.mark.parametrize("options,option,line_end", [
-    ({"charge": 12}, "charge", "check the charge (--charge)"),
-    ({"charge": 1, "multiplicity": 1}, ("charge", "multiplicity"), "multiplicity (--charge, --multiplicity)"),
-    ({"basis": "no-such-basis"}, "basis", "choose another basis (--basis)"),
-    ({"reference": "rohf"}, "reference", "use a UHF reference (the default for open shells) (--reference)"),
-    ({"multiplicity": 0}, "multiplicity", "3 for a triplet) (--multiplicity)"),
-    ({"memory_mb": 0.01}, "memory_mb", "raise the memory limit (--memory)"),
-])
+@pytest.mark.parametrize(
+    "options,option,line_end",
+    [
+        ({"charge": 12}, "charge", "check the charge (--charge)"),
+        ({"charge": 1, "multiplicity": 1}, ("charge", "multiplicity"), "multiplicity (--charge, --multiplicity)"),
+        ({"basis": "no-such-basis"}, "basis", "choose another basis (--basis)"),
+        ({"reference": "rohf"}, "reference", "use a UHF reference (the default for open shells) (--reference)"),
+        ({"multiplicity": 0}, "multiplicity", "3 for a triplet) (--multiplicity)"),
+        ({"memory_mb": 0.01}, "memory_mb", "raise the memory limit (--memory)"),
+    ],
+)
 def test_library_errors_name_no_flag_but_the_cli_line_does(no_scf, options, option, line_end):
     with pytest.raises(InputError) as e:
         dfmp2.energy(WATER, **options)
@@ -157,8 +215,10 @@ def test_library_errors_name_no_flag_but_the_cli_line_does(no_scf, options, opti
 
 
 def test_error_line_adds_the_flags_of_the_options():
-    assert error_line(InputError("what is wrong", option=("fragments", "scf_mode"))) == \
-        "what is wrong (--fragments, --scf)"
+    assert (
+        error_line(InputError("what is wrong", option=("fragments", "scf_mode")))
+        == "what is wrong (--fragments, --scf)"
+    )
     assert error_line(InputError("plain")) == "plain"
     assert error_line(MemoryLimitError("too big")) == "too big (--memory)"
     assert EXIT_USER_ERROR == 2
@@ -166,6 +226,7 @@ def test_error_line_adds_the_flags_of_the_options():
 
 def test_interaction_errors_name_the_fragment_options():
     from dfmp2.io.xyz import read_xyz
+
     with pytest.raises(InputError) as e:
         interaction.resolve_fragments(read_xyz(DIMER), "1-3", None, None)
     assert "--" not in str(e.value) and e.value.option == "fragments"
@@ -176,6 +237,7 @@ def test_interaction_errors_name_the_fragment_options():
 
 def test_output_checks_name_the_option_they_were_given(tmp_path):
     from dfmp2.io.outputs import check_output_dir
+
     with pytest.raises(InputError) as e:
         check_output_dir(tmp_path / "missing", "scratch directory", option="scratch_dir")
     assert "--" not in str(e.value) and error_line(e.value).endswith("does not exist (--scratch)")

@@ -5,6 +5,7 @@ all; beyond Kr the published sets PySCF's files lack come from the Basis Set Exc
 gets AutoAux, stated. References are PySCF's own DF-MP2 with the auxiliary bases spelled out here
 (the BSE set for I read with the BSE package's API and ``gto.basis.parse``), never this program's
 numbers. Energies in Hartree."""
+
 import json
 import sys
 import warnings
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import basis_set_exchange
 import pytest
+from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 from pyscf import df, gto
 from pyscf import scf as pyscf_scf
@@ -19,14 +21,12 @@ from pyscf.df.addons import make_auxbasis
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 import dfmp2
-from cli_checks import assert_one_line_error
-from dfmp2.df import basis as df_basis
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.cli.main import main
+from dfmp2.df import basis as df_basis
 from dfmp2.errors import InputError
-from dfmp2.pipeline import RunOptions, run_geometry
+from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
+from dfmp2.scf import pyscf_scf as bridge
 
 ROOT = Path(__file__).resolve().parents[2]
 HI = ROOT / "inputs" / "ecp" / "hydrogen_iodide.xyz"
@@ -66,19 +66,22 @@ def geometry(atoms):
 
 
 # --- a basis per element ------------------------------------------------------------------
-@pytest.mark.parametrize("basis", [
-    {"H": "cc-pvdz", "O": "cc-pvdz"},                     # PySCF's own tests write it so
-    {"O": "cc-pvdz", "H": "def2-svp"},                    # two orbital bases, two matched sets
-    {"default": "cc-pvdz", "H1": "def2-svp"},             # a label and PySCF's 'default'
-    {"O": "6-31g**", "H": "cc-pvtz"},                     # the Pople stem per element
-])
+@pytest.mark.parametrize(
+    "basis",
+    [
+        {"H": "cc-pvdz", "O": "cc-pvdz"},  # PySCF's own tests write it so
+        {"O": "cc-pvdz", "H": "def2-svp"},  # two orbital bases, two matched sets
+        {"default": "cc-pvdz", "H1": "def2-svp"},  # a label and PySCF's 'default'
+        {"O": "6-31g**", "H": "cc-pvtz"},  # the Pople stem per element
+    ],
+)
 def test_dict_basis_default_is_pyscfs_choice_per_element(basis):
     atom = WATER.replace("H 0.0 0.757", "H1 0.0 0.757") if "H1" in basis else WATER
     mol = mole(atom, basis)
     for kind, mp2fit in (("mp2", True), ("jk", False)):
         ours = df_basis.default_auxbasis(mol, kind)
         assert per_atom(mol, ours) == make_auxbasis(mol, mp2fit=mp2fit), (kind, ours)
-        assert df_basis.auxbasis_note(mol, ours, kind) is None                  # matched: nothing to say
+        assert df_basis.auxbasis_note(mol, ours, kind) is None  # matched: nothing to say
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pyscf_naux = df.addons.make_auxmol(mol, make_auxbasis(mol, mp2fit=mp2fit)).nao_nr()
@@ -108,8 +111,10 @@ def test_energy_of_a_mole_with_one_basis_per_element_matches_pyscf():
     ref = pyscf_dfmp2.DFMP2(mf)
     ref.with_df, ref.verbose = df.DF(mol, auxbasis="cc-pvdz-ri"), 0
     ref.kernel()
-    assert abs(r.e_hf - mf.e_tot) <= TOL and abs(r.e_corr - ref.e_corr) <= TOL, (r.e_hf - mf.e_tot,
-                                                                                r.e_corr - ref.e_corr)
+    assert abs(r.e_hf - mf.e_tot) <= TOL and abs(r.e_corr - ref.e_corr) <= TOL, (
+        r.e_hf - mf.e_tot,
+        r.e_corr - ref.e_corr,
+    )
 
 
 # --- beyond Kr: the Basis Set Exchange's published sets -----------------------------------
@@ -133,7 +138,7 @@ def test_hi_def2_svp_fits_iodine_with_the_published_def2_svp_rifit(tmp_path):
     assert d["auxbasis"] == "def2-svp-ri (H) + def2-svp-rifit (I)"
     note = [w for w in d["warnings"] if "def2-svp-rifit used for I" in w]
     assert len(note) == 1 and f"Basis Set Exchange, basis-set-exchange {basis_set_exchange.version()}" in note[0]
-    assert "def2-svp-rifit" in " ".join(res.output.split())            # the table names it too
+    assert "def2-svp-rifit" in " ".join(res.output.split())  # the table names it too
     mf, ref = hi_reference()
     assert abs(d["energies"]["e_hf"] - mf.e_tot) <= TOL, d["energies"]["e_hf"] - mf.e_tot
     assert abs(d["energies"]["e_corr"] - ref.e_corr) <= TOL, d["energies"]["e_corr"] - ref.e_corr
@@ -175,9 +180,11 @@ def test_element_no_published_set_has_still_gets_autoaux_with_the_warning():
 
 
 def test_a_missing_bse_package_is_one_error_line_not_autoaux(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "basis_set_exchange", None)       # import fails
+    monkeypatch.setitem(sys.modules, "basis_set_exchange", None)  # import fails
     assert df_basis.bse_version() is None
-    with pytest.raises(InputError, match="def2-svp-rifit, published in the Basis Set Exchange.*pip install basis-set-exchange"):
+    with pytest.raises(
+        InputError, match="def2-svp-rifit, published in the Basis Set Exchange.*pip install basis-set-exchange"
+    ):
         df_basis.default_auxbasis(mole(HI_ATOMS, "def2-svp", ecp="def2-svp"), "mp2")
     res = CliRunner().invoke(main, ["run", str(HI), "--basis", "def2-svp"])
     assert_one_line_error(res, "pip install basis-set-exchange")
@@ -192,4 +199,3 @@ def test_basis_whose_ecp_pyscf_does_not_attach_is_refused():
     g = geometry("Ce 0 0 0\nH 0 0 2.0")
     with pytest.raises(InputError, match="basis def2-svp for Ce is made for an effective core potential"):
         molecule.build_molecule(g, "def2-svp", multiplicity=2)
-

@@ -3,6 +3,7 @@
 choice and its errors, the memory plan's engine terms, and the gpu4pyscf engine's glue through a
 fake gpu4pyscf/CuPy on the CPU (the real one needs a CUDA GPU: the cuda channel and
 scripts/bench_cuda.py --integrals)."""
+
 import contextlib
 import signal
 import sys
@@ -18,17 +19,14 @@ from click.testing import CliRunner
 from pyscf import gto, lib
 from pyscf.df import incore
 
-from dfmp2 import linalg
-from dfmp2 import memory, pipeline
-from dfmp2.scf import driver
-from dfmp2.scf import jk as scf_jk
-from dfmp2.df import integrals
-from dfmp2.df import basis
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
+from dfmp2 import linalg, memory, pipeline
 from dfmp2.cli.main import main
+from dfmp2.df import basis, integrals
+from dfmp2.io import molecule
 from dfmp2.options import INTEGRAL_ENGINES
 from dfmp2.pipeline import RunOptions
+from dfmp2.scf import driver, pyscf_scf
+from dfmp2.scf import jk as scf_jk
 from dfmp2.timing import Timer
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -61,6 +59,7 @@ def engine_blocks(engine, auxmol, blocks, dtype=torch.float64):
 
 # ---------------------------------------------------------------- host engine: the values
 
+
 @pytest.mark.parametrize("depth", [0, 1, 2, 3])
 def test_host_blocks_bit_identical_to_libcint_in_order(water, cpu, depth):
     mol, auxmol = water
@@ -71,7 +70,7 @@ def test_host_blocks_bit_identical_to_libcint_in_order(water, cpu, depth):
     assert [(p0, p1) for p0, p1, _, _ in got] == [(p0, p1) for p0, p1, _ in ref]
     assert got[0][0] == 0 and got[-1][1] == auxmol.nao_nr()
     for (_, _, full, packed), (_, _, r) in zip(got, ref):
-        assert torch.equal(full, torch.from_numpy(r))                  # bit for bit
+        assert torch.equal(full, torch.from_numpy(r))  # bit for bit
         assert packed.shape == (r.shape[0], integrals.npair(mol.nao_nr()))
 
 
@@ -97,7 +96,7 @@ def test_any_aux_basis_and_metric(water, cpu):
     got = engine_blocks(eng, jk, blocks)
     for (_, _, full, _), (_, _, r) in zip(got, libcint_blocks(mol, jk, blocks)):
         assert torch.equal(full, torch.from_numpy(r))
-    full = np.concatenate([g[2].numpy() for g in got])          # PySCF's incore (other cintopt)
+    full = np.concatenate([g[2].numpy() for g in got])  # PySCF's incore (other cintopt)
     np.testing.assert_allclose(full, incore.aux_e2(mol, jk).transpose(2, 0, 1), rtol=0, atol=1e-13)
     assert torch.equal(eng.metric(jk), torch.from_numpy(jk.intor("int2c2e", hermi=1)))
     d = eng.describe()
@@ -114,10 +113,10 @@ def test_unpack_is_pyscf_unpack_tril(dtype):
     p = packed.to(dtype)
     assert torch.equal(integrals.unpack(p, nao), ref)
     gather = torch.index_select(p, 1, integrals.unpack_index(nao, p.device)).reshape(3, nao, nao)
-    assert torch.equal(gather, ref)                                  # the path a GPU takes
-    assert torch.equal(integrals.unpack(p[1], nao), ref[1])          # (npair,) -> (nao, nao)
+    assert torch.equal(gather, ref)  # the path a GPU takes
+    assert torch.equal(integrals.unpack(p[1], nao), ref[1])  # (npair,) -> (nao, nao)
     assert torch.equal(integrals.unpack(p.reshape(3, 1, -1), nao), ref[:, None])
-    assert torch.equal(integrals.unpack(p.T.contiguous().T, nao), ref)   # a strided input
+    assert torch.equal(integrals.unpack(p.T.contiguous().T, nao), ref)  # a strided input
     buf = torch.full((5, nao * nao), -1.0, dtype=dtype)
     full = integrals.unpack(p[:2], nao, out=buf[:2])
     assert torch.equal(full, ref[:2]) and full.data_ptr() == buf.data_ptr()
@@ -129,6 +128,7 @@ def test_unpack_is_pyscf_unpack_tril(dtype):
 def test_energy_through_thread_equals_same_thread(tmp_path):
     """The thread changes when blocks are computed, not what: the energy equals (bits) a run whose
     engine computes each block in the caller's thread (libcint, PySCF's unpack on the host)."""
+
     class SameThread(integrals.IntegralEngine):
         name = "same-thread"
 
@@ -137,21 +137,23 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
 
         @contextlib.contextmanager
         def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
-            yield ((p0, p1, self.backend.to_device(packed, dtype))
-                   for p0, p1, packed in integrals.iter_j3c_packed(self.mol, auxmol, shell_blocks))
+            yield (
+                (p0, p1, self.backend.to_device(packed, dtype))
+                for p0, p1, packed in integrals.iter_j3c_packed(self.mol, auxmol, shell_blocks)
+            )
 
     geom = pipeline.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_rhf(mol, "df")
     be = linalg.get_backend("cpu")
-    opts = RunOptions(j3c_block_mb=0.5)            # several blocks
+    opts = RunOptions(j3c_block_mb=0.5)  # several blocks
     res = {}
     for eng in (integrals.HostEngine(mol, be, depth=integrals.QUEUE_DEPTH), SameThread(mol, be)):
-        plan = pipeline.stage_plan(mol, auxmol, opts, be, "fp64", nocc=ref.channels[0].nocc,
-                                   nvir=ref.nmo - ref.channels[0].nocc)
-        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be),
-                                 engine=eng)
+        plan = pipeline.stage_plan(
+            mol, auxmol, opts, be, "fp64", nocc=ref.channels[0].nocc, nvir=ref.nmo - ref.channels[0].nocc
+        )
+        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be), engine=eng)
         res[eng.name] = (float.hex(got.e_os), float.hex(got.e_ss))
         assert got.integrals["engine"] == eng.name
     assert plan.aux_block < auxmol.nao_nr()
@@ -159,6 +161,7 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
 
 
 # ---------------------------------------------------------------- host engine: shutdown
+
 
 def _producers():
     """The host engine's producer threads alive now: none once a stream is closed (its close
@@ -188,10 +191,13 @@ def test_producer_raises_same_exception_reaches_caller(water, cpu, monkeypatch):
             raised.append(OSError(5, "libcint failed on a block"))
             raise raised[-1]
         return real(self, s0, s1, out)
+
     monkeypatch.setattr(integrals._Libcint, "__call__", failing)
     seen = []
     with pytest.raises(OSError) as info:
-        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
+        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(
+            auxmol, integrals.aux_shell_blocks(auxmol, 10)
+        ) as stream:
             for p0, p1, _ in stream:
                 seen.append(p0)
     assert info.value is raised[0] and seen == [0]
@@ -216,12 +222,15 @@ def test_ctrl_c_while_waiting_stops_the_producer(water, cpu, monkeypatch, sigint
     def slow(self, s0, s1, out=None):
         time.sleep(0.3)
         return real(self, s0, s1, out)
+
     monkeypatch.setattr(integrals._Libcint, "__call__", slow)
     main_id = threading.get_ident()
     timer = threading.Timer(0.1, lambda: signal.pthread_kill(main_id, signal.SIGINT))
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
-        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(auxmol, integrals.aux_shell_blocks(auxmol, 10)) as stream:
+        with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(
+            auxmol, integrals.aux_shell_blocks(auxmol, 10)
+        ) as stream:
             timer.start()
             for _ in stream:
                 pass
@@ -241,11 +250,13 @@ def test_keyboard_interrupt_in_the_loop_stops_the_producer(water, cpu):
 
 # ---------------------------------------------------------------- choice and errors
 
+
 def test_auto_is_host_on_cpu_and_recorded(tmp_path):
     res = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
     assert "integrals: host (auto: device 'cpu' is not a CUDA GPU)" in res.output
     import json
+
     ran = json.loads((tmp_path / "r.json").read_text())["ran"]["integrals"]
     assert ran["engine"] == "host" and ran["why"].startswith("auto: device 'cpu'") and ran["blocks"] >= 1
 
@@ -279,7 +290,7 @@ class FakeCudaBackend:
 
 
 def test_not_importable_names_the_install_command(water, monkeypatch):
-    monkeypatch.setitem(sys.modules, "gpu4pyscf", None)           # import fails
+    monkeypatch.setitem(sys.modules, "gpu4pyscf", None)  # import fails
     mol, _ = water
     with pytest.raises(integrals.EngineUnavailableError) as info:
         integrals.select_engine("gpu4pyscf", mol, FakeCudaBackend())
@@ -292,15 +303,15 @@ def test_not_importable_names_the_install_command(water, monkeypatch):
 
 # ---------------------------------------------------------------- memory plan
 
+
 def test_memory_plan_knows_the_engines():
-    kw = dict(nao=200, nocc=20, nvir=180, naux=800, itemsize=8, fit_itemsize=8, limit_mb=1e6,
-              aux_shell_max=9)
-    legacy = memory.plan_memory(**kw)                                   # host engine by default
+    kw = dict(nao=200, nocc=20, nvir=180, naux=800, itemsize=8, fit_itemsize=8, limit_mb=1e6, aux_shell_max=9)
+    legacy = memory.plan_memory(**kw)  # host engine by default
     cpu2 = memory.plan_memory(**kw, queue_depth=2)
     cpu4 = memory.plan_memory(**kw, queue_depth=4)
     gpu_host = memory.plan_memory(**kw, device="cuda")
     gpu_g4p = memory.plan_memory(**kw, device="cuda", engine="gpu4pyscf")
-    assert len({p.aux_block for p in (legacy, cpu2, cpu4, gpu_host, gpu_g4p)}) == 1   # same blocks, same bits
+    assert len({p.aux_block for p in (legacy, cpu2, cpu4, gpu_host, gpu_g4p)}) == 1  # same blocks, same bits
     a, pair = cpu2.aux_block, 200 * 201 // 2
     # on the CPU the ring is in the plan; two more packed buffers add 2 * a * npair * 8 bytes
     assert cpu4.stages_mb["transform"] - cpu2.stages_mb["transform"] == pytest.approx(2 * a * pair * 8 / 1e6)
@@ -312,6 +323,7 @@ def test_memory_plan_knows_the_engines():
 
 
 # ---------------------------------------------------------------- DLPack and the gpu4pyscf glue
+
 
 def test_dlpack_shares_memory_on_the_cpu():
     a = np.arange(6.0).reshape(2, 3)
@@ -336,14 +348,14 @@ def fake_gpu4pyscf(monkeypatch, shuffle_seed=0, with_compressed=True):
 
     def compressed_aux_e2(mol, auxmol):
         calls["compressed"] += 1
-        full = incore.aux_e2(mol, auxmol)                       # (nao, nao, naux)
+        full = incore.aux_e2(mol, auxmol)  # (nao, nao, naux)
         loc = mol.ao_loc_nr()
         rows, cols = [], []
         for i in range(mol.nbas):
             for j in range(i + 1):
                 ii, jj = np.arange(loc[i], loc[i + 1]), np.arange(loc[j], loc[j + 1])
-                if abs(full[loc[i]:loc[i + 1], loc[j]:loc[j + 1]]).max() < 1e-14:
-                    continue                                    # screened out
+                if abs(full[loc[i] : loc[i + 1], loc[j] : loc[j + 1]]).max() < 1e-14:
+                    continue  # screened out
                 r, c = np.meshgrid(ii, jj, indexing="ij")
                 if i != j and rng.random() < 0.5:
                     r, c = c, r
@@ -357,8 +369,9 @@ def fake_gpu4pyscf(monkeypatch, shuffle_seed=0, with_compressed=True):
     cupy = types.ModuleType("cupy")
     cupy.__version__ = "fake"
     cupy.ascontiguousarray = np.ascontiguousarray
-    cupy.cuda = types.SimpleNamespace(Device=lambda i: contextlib.nullcontext(),
-                                      ExternalStream=lambda ptr: contextlib.nullcontext())
+    cupy.cuda = types.SimpleNamespace(
+        Device=lambda i: contextlib.nullcontext(), ExternalStream=lambda ptr: contextlib.nullcontext()
+    )
     g4p = types.ModuleType("gpu4pyscf")
     g4p.__version__ = "fake"
     df = types.ModuleType("gpu4pyscf.df")
@@ -368,8 +381,7 @@ def fake_gpu4pyscf(monkeypatch, shuffle_seed=0, with_compressed=True):
         bdiv.compressed_aux_e2 = compressed_aux_e2
     df.int3c2e_bdiv = bdiv
     g4p.df = df
-    for name, mod in (("cupy", cupy), ("gpu4pyscf", g4p), ("gpu4pyscf.df", df),
-                      ("gpu4pyscf.df.int3c2e_bdiv", bdiv)):
+    for name, mod in (("cupy", cupy), ("gpu4pyscf", g4p), ("gpu4pyscf.df", df), ("gpu4pyscf.df.int3c2e_bdiv", bdiv)):
         monkeypatch.setitem(sys.modules, name, mod)
     # CuPy on torch's current CUDA stream is the real engine's; a CPU tensor has no stream
     monkeypatch.setattr(integrals.Gpu4pyscfEngine, "_stream", lambda self: contextlib.nullcontext())
@@ -391,7 +403,7 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
     assert calls["compressed"] == len(blocks)
     assert torch.allclose(eng.metric(auxmol), torch.from_numpy(auxmol.intor("int2c2e")), rtol=0, atol=1e-12)
     assert "gpu4pyscf fake" in eng.describe()["library"]
-    assert eng.block_mb(512.0) == integrals.GPU4PYSCF_BLOCK_MB          # fewer, larger blocks
+    assert eng.block_mb(512.0) == integrals.GPU4PYSCF_BLOCK_MB  # fewer, larger blocks
     assert [b for *_, b in engine_blocks(eng, auxmol, blocks, torch.float32)][0].dtype == torch.float32
 
 
@@ -404,10 +416,17 @@ def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
     be = linalg.get_backend("cpu")
     e = {}
     for eng in (integrals.HostEngine(mol, be), integrals.Gpu4pyscfEngine(mol, FakeCudaBackend())):
-        plan = pipeline.stage_plan(mol, auxmol, RunOptions(j3c_block_mb=0.3), be, "fp64", nocc=ref.channels[0].nocc,
-                                   nvir=ref.nmo - ref.channels[0].nocc, engine=eng)
-        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be),
-                                 engine=eng)
+        plan = pipeline.stage_plan(
+            mol,
+            auxmol,
+            RunOptions(j3c_block_mb=0.3),
+            be,
+            "fp64",
+            nocc=ref.channels[0].nocc,
+            nvir=ref.nmo - ref.channels[0].nocc,
+            engine=eng,
+        )
+        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be), engine=eng)
         e[eng.name] = got.e_os + got.e_ss
         assert got.integrals["engine"] == eng.name
     assert abs(e["gpu4pyscf"] - e["host"]) < 1e-12
@@ -433,8 +452,8 @@ def test_cuda_protocol_refills_a_buffer_only_after_its_copy(water, monkeypatch):
     been waited for. Checked with a stand-in backend that records those events."""
     mol, auxmol = water
     real_slot, real_call = integrals._Slot, integrals._Libcint.__call__
-    monkeypatch.setattr(integrals, "_Slot", lambda numel, pinned: real_slot(numel, False))   # no CUDA here
-    copies = []                                   # (buffer address, event) per transfer
+    monkeypatch.setattr(integrals, "_Slot", lambda numel, pinned: real_slot(numel, False))  # no CUDA here
+    copies = []  # (buffer address, event) per transfer
 
     class Event:
         done = False
@@ -449,9 +468,10 @@ def test_cuda_protocol_refills_a_buffer_only_after_its_copy(water, monkeypatch):
             return self._be.to_device(x, dtype).clone()
 
     def checked(self, s0, s1, out=None):
-        if out is not None:                       # the engine's ring (None: the reference below)
+        if out is not None:  # the engine's ring (None: the reference below)
             assert all(ev.done for ptr, ev in copies if ptr == out.ctypes.data), "buffer refilled during its copy"
         return real_call(self, s0, s1, out)
+
     monkeypatch.setattr(integrals._Libcint, "__call__", checked)
     eng = integrals.HostEngine(mol, Backend(), depth=2)
     assert eng.pinned
@@ -463,6 +483,7 @@ def test_cuda_protocol_refills_a_buffer_only_after_its_copy(water, monkeypatch):
 
 
 # ---------------------------------------------------------------- on a GPU (cuda channel)
+
 
 @pytest.mark.cuda
 def test_cuda_host_engine_pinned_blocks_bit_identical(water):

@@ -1,6 +1,7 @@
 """Out-of-core B: the block layout, the HDF5 store and its threads, and the pipeline forced out of
 core on small molecules, bitwise equal to the in-memory path; temporary files removed on success,
 failure and interrupt."""
+
 import json
 import threading
 from pathlib import Path
@@ -12,14 +13,13 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2.scf import driver
-from dfmp2.df import outofcore
-from dfmp2.scf import pyscf_scf
-from dfmp2.linalg.reference import mp2_pair_energy_reference
 from dfmp2.cli.main import main
-from dfmp2.errors import InputError
+from dfmp2.df import outofcore
 from dfmp2.df.outofcore import HDF5B, InMemoryB, OccBlocks
+from dfmp2.errors import InputError
+from dfmp2.linalg.reference import mp2_pair_energy_reference
 from dfmp2.pipeline import RunOptions, run
+from dfmp2.scf import driver, pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = INPUTS / "water.xyz"
@@ -106,7 +106,7 @@ def test_finished_pairs_are_not_recomputed_or_read(tmp_path, monkeypatch):
     mem = memory_store(B, 2)
     full = outofcore.pair_block_sums(mem, eo, ev, CPU)
     done = np.zeros(len(full), dtype=bool)
-    done[:6] = True                         # rows 0..2 of block pairs
+    done[:6] = True  # rows 0..2 of block pairs
     calls, reads = [], []
     orig = linalg.mp2_pair_energy
     monkeypatch.setattr(linalg, "mp2_pair_energy", lambda *a, **k: calls.append(1) or orig(*a, **k))
@@ -116,7 +116,7 @@ def test_finished_pairs_are_not_recomputed_or_read(tmp_path, monkeypatch):
     got = outofcore.pair_block_sums(mem, eo, ev, CPU, done=(done, full), progress=lambda d, t: seen.append(d))
     assert got.tobytes() == full.tobytes()
     assert len(calls) == len(full) - 6
-    assert 0 not in reads[:1] and reads[0] == 3          # the first unfinished row is block 3
+    assert 0 not in reads[:1] and reads[0] == 3  # the first unfinished row is block 3
     assert seen[0] == 6 and seen[-1] == len(full)
 
 
@@ -137,10 +137,11 @@ def test_fit_blocks_in_place_and_cross_dtype_match_memory(tmp_path):
         with h5py.File(tmp_path / f"f{out_dtype}.h5", "w") as f:
             d64 = outofcore.create_flat(f, "Pia", blocks, torch.float64)
             src_d = HDF5B(d64, blocks)
-            for p0 in range(0, naux, 5):                     # rows arrive in aux blocks
-                src_d.write_rows(p0, min(naux, p0 + 5), pia[p0:p0 + 5])
-            dst_d = src_d if out_dtype == torch.float64 else HDF5B(
-                outofcore.create_flat(f, "B", blocks, out_dtype), blocks)
+            for p0 in range(0, naux, 5):  # rows arrive in aux blocks
+                src_d.write_rows(p0, min(naux, p0 + 5), pia[p0 : p0 + 5])
+            dst_d = (
+                src_d if out_dtype == torch.float64 else HDF5B(outofcore.create_flat(f, "B", blocks, out_dtype), blocks)
+            )
             outofcore.fit_blocks(L, "cholesky", src_d, dst_d, CPU, out_dtype)
             disk = [dst_d.read_block(k) for k in range(blocks.count)]
             src_d.close(), dst_d.close()
@@ -151,7 +152,7 @@ def test_fit_blocks_in_place_and_cross_dtype_match_memory(tmp_path):
 
 
 # ------------------------------------------------------------------ the pipeline out of core
-SMALL = dict(occ_block_max=2, j3c_block_mb=0.05)   # several occupied and auxiliary blocks
+SMALL = dict(occ_block_max=2, j3c_block_mb=0.05)  # several occupied and auxiliary blocks
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
@@ -167,18 +168,20 @@ def test_tiny_memory_limit_goes_out_of_core_bitwise_equal(tmp_path, monkeypatch,
     im = run(DIMER, RunOptions(**SMALL, precision=precision, scf_mode="pyscf-df"))
     assert not im.memory["out_of_core"]
     limit = run_plan_limit(precision)
-    ooc = run(DIMER, RunOptions(**SMALL, precision=precision, memory_mb=limit, scratch_dir=str(scratch),
-                                scf_mode="pyscf-df"))
+    ooc = run(
+        DIMER, RunOptions(**SMALL, precision=precision, memory_mb=limit, scratch_dir=str(scratch), scf_mode="pyscf-df")
+    )
     assert ooc.memory["out_of_core"] and ooc.memory["peak_mb"] <= limit < im.memory["peak_mb"]
     assert (ooc.memory["aux_block"], ooc.memory["occ_block"]) == (im.memory["aux_block"], im.memory["occ_block"])
     assert ooc.ran["storage"]["B"] == "disk (HDF5)" and ooc.ran["storage"]["occ_blocks"] == [5]
     assert ooc.e_os.hex() == im.e_os.hex() and ooc.e_ss.hex() == im.e_ss.hex()
-    assert list(scratch.iterdir()) == []                    # temporary files removed
+    assert list(scratch.iterdir()) == []  # temporary files removed
 
 
 def run_plan_limit(precision):
     """The out-of-core peak of the dimer's plan: below the in-memory peak, same blocks."""
     from dfmp2.memory import plan_memory
+
     shapes = dict(nao=48, nocc=10, nvir=38, naux=168, itemsize=8 if precision == "fp64" else 4)
     return plan_memory(**shapes, **SMALL, limit_mb=1e6, storage="disk", aux_shell_max=7).peak_mb
 
@@ -188,6 +191,7 @@ def test_forced_disk_on_eigh_metric_is_bitwise_equal(monkeypatch):
 
     def failing_cholesky(a, *, backend=None):
         raise linalg.NotPositiveDefiniteError("forced eigh")
+
     monkeypatch.setattr(pipeline.linalg, "cholesky", failing_cholesky)
     a = run(WATER, RunOptions(**SMALL, storage="memory"))
     b = run(WATER, RunOptions(**SMALL, storage="disk"))
@@ -204,11 +208,13 @@ def test_temporary_files_removed_on_failure_and_interrupt(tmp_path, monkeypatch,
         if len(calls) == 3:
             raise exc("stop")
         return orig(*a, **k)
+
     orig = linalg.mp2_pair_energy
     monkeypatch.setattr(linalg, "mp2_pair_energy", failing)
     seen = []
-    monkeypatch.setattr(outofcore.Scratch, "open",
-                        lambda self, name, _o=outofcore.Scratch.open: seen.append(name) or _o(self, name))
+    monkeypatch.setattr(
+        outofcore.Scratch, "open", lambda self, name, _o=outofcore.Scratch.open: seen.append(name) or _o(self, name)
+    )
     with pytest.raises(exc):
         run(WATER, RunOptions(**SMALL, storage="disk", precision="fp32", scratch_dir=str(tmp_path)))
     assert seen == ["B", "Pia"] and list(tmp_path.iterdir()) == []
@@ -217,7 +223,9 @@ def test_temporary_files_removed_on_failure_and_interrupt(tmp_path, monkeypatch,
 
 def test_not_enough_disk_fails_before_scf(tmp_path, monkeypatch):
     import shutil
+
     from dfmp2.scf import pyscf_scf
+
     monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("SCF must not start"))
     monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("SCF must not start"))
     monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("SCF must not start"))
@@ -228,8 +236,9 @@ def test_not_enough_disk_fails_before_scf(tmp_path, monkeypatch):
 
 def test_cli_verbose_prints_plan_and_json_records_storage(tmp_path):
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(main, ["run", str(WATER), "--storage", "disk", "-v", "--scratch", str(tmp_path),
-                                    "--json", str(out)])
+    res = CliRunner().invoke(
+        main, ["run", str(WATER), "--storage", "disk", "-v", "--scratch", str(tmp_path), "--json", str(out)]
+    )
     assert res.exit_code == 0, res.output
     assert "memory plan" in res.output and "on disk (HDF5)" in res.output and "smallest feasible" in res.output
     d = json.loads(out.read_text())
@@ -252,11 +261,29 @@ def test_benchmark_script_smoke(tmp_path):
     """scripts/bench_outofcore.py end to end on (H2O)2 (seconds): bitwise check passes, files written."""
     import subprocess
     import sys
+
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "b"
-    p = subprocess.run([sys.executable, "scripts/bench_outofcore.py", "--waters", "2", "--occ-block", "3",
-                        "--threads", "1", "--scratch", str(tmp_path), "--out", str(out)],
-                       cwd=root, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_outofcore.py",
+            "--waters",
+            "2",
+            "--occ-block",
+            "3",
+            "--threads",
+            "1",
+            "--scratch",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     d = json.loads(out.with_suffix(".json").read_text())
     assert [r["kind"] for r in d["runs"]] == ["memory", "disk", "memory"]

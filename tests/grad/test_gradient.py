@@ -3,34 +3,34 @@ central finite differences of our own printed energies (``pipeline.run_geometry`
 sets, SCF converged to 1e-10), with the step shown converged (two steps agree far below the
 tolerance), and PySCF's DF-RHF gradient (``pyscf.df.grad.rhf``) for the HF part. Geometries are
 distorted from the symmetric inputs so that no component vanishes by symmetry."""
+
 import dataclasses
 import json
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted, energy
+from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
-from dfmp2 import linalg
-from dfmp2 import pipeline
-from dfmp2.grad import run as gradrun
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.df import basis
+from dfmp2 import linalg, pipeline
 from dfmp2.cli.main import main
+from dfmp2.df import basis
 from dfmp2.errors import EXIT_USER_ERROR, InputError
-from dfmp2.options import RunOptions
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import run as gradrun
 from dfmp2.io.xyz import read_xyz
-from gradient_fd import (INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted, energy,
-                         options as _options)
+from dfmp2.options import RunOptions
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small problems: one thread is faster
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small problems: one thread is faster
 
 
 def _geometry(name: str):
     return distorted(read_xyz(INPUTS / name))
 
 
-CASES = {   # name: (xyz, options, method)
+CASES = {  # name: (xyz, options, method)
     "water-mp2": ("water.xyz", dict(basis="6-31g"), "mp2"),
     "ammonia-fc-scs": ("ammonia.xyz", dict(basis="6-31g", frozen_core=True), "scs-mp2"),
 }
@@ -51,7 +51,7 @@ def test_gradient_matches_finite_differences_per_component(case):
     g = gr.gradient
     # the step is converged: halving it changes the largest-curvature components far below TOL
     assert_matches_fd(g, geom, options, method, also=[(0, 2)])
-    assert np.abs(g).min() > 1e-4          # no component is zero by symmetry: each is a test
+    assert np.abs(g).min() > 1e-4  # no component is zero by symmetry: each is a test
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -78,12 +78,18 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
     """The HF part against PySCF's DF-RHF gradient on the same JK-fit set and orbitals."""
     from pyscf import scf as pyscf_scf
     from pyscf.df.grad import rhf as df_rhf_grad
+
     geom, options, method, _ = _analytic(case)
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad.mp2_gradient(mol, ref, basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
-                                  basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk")), linalg.get_backend("cpu"))
+    parts = mp2grad.mp2_gradient(
+        mol,
+        ref,
+        basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
+        basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk")),
+        linalg.get_backend("cpu"),
+    )
     ch = ref.channels[0]
     mf = pyscf_scf.RHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
     mf.mo_coeff, mf.mo_energy = ch.mo_coeff, ch.mo_energy
@@ -110,6 +116,7 @@ def test_dropin_nuc_grad_method_matches_its_finite_differences():
     derivative of PySCF's DF-RHF energy plus our DF-MP2 on PySCF's fitting set."""
     from pyscf import gto
     from pyscf import scf as pyscf_scf
+
     import dfmp2
 
     def mf_at(coords):
@@ -117,9 +124,10 @@ def test_dropin_nuc_grad_method_matches_its_finite_differences():
         mf = pyscf_scf.RHF(mol).density_fit()
         mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-13, 1e-10, 0
         return mf.run()
+
     c0 = _geometry("water.xyz").coords_angstrom / BOHR
     de = dfmp2.DFMP2(mf_at(c0), frozen=1).nuc_grad_method().kernel()
-    d = np.random.default_rng(3).normal(size=c0.shape)       # all components at once
+    d = np.random.default_rng(3).normal(size=c0.shape)  # all components at once
     d /= np.linalg.norm(d)
     e = [dfmp2.DFMP2(mf_at(c0 + s * STEP * d), frozen=1).run().e_tot for s in (1, -1)]
     assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
@@ -128,7 +136,9 @@ def test_dropin_nuc_grad_method_matches_its_finite_differences():
 def test_dropin_refuses_an_exact_integral_mf():
     from pyscf import gto
     from pyscf import scf as pyscf_scf
+
     import dfmp2
+
     mf = pyscf_scf.RHF(gto.M(atom="H 0 0 0; H 0 0 0.74", basis="6-31g", verbose=0)).run()
     with pytest.raises(InputError, match="density-fitted mf"):
         dfmp2.DFMP2(mf).nuc_grad_method().kernel()
@@ -136,6 +146,7 @@ def test_dropin_refuses_an_exact_integral_mf():
 
 def test_api_gradient_returns_the_result_with_the_gradient():
     import dfmp2
+
     gr = dfmp2.gradient(str(INPUTS / "water.xyz"), basis="sto-3g")
     assert gr.gradient.shape == (3, 3)
     d = gr.to_dict()
@@ -145,8 +156,7 @@ def test_api_gradient_returns_the_result_with_the_gradient():
 
 def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "g.json"
-    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-q",
-                                  "--json", str(out)])
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-q", "--json", str(out)])
     assert r.exit_code == 0, r.output
     assert "nuclear gradient of E(MP2)" in r.output
     d = json.loads(out.read_text())
@@ -158,18 +168,22 @@ def test_cli_gradient_prints_the_table_and_writes_json(tmp_path):
         if isinstance(x, dict):
             return [k for k, v in x.items() for k in [k] + keys(v)]
         return [k for v in x for k in keys(v)] if isinstance(x, list) else []
-    assert not [k for k in keys(d) if "." in k]          # schema 3: kernel maps as records
+
+    assert not [k for k in keys(d) if "." in k]  # schema 3: kernel maps as records
     recs = d["gradient"]["ran"]["kernels"]
     assert recs and all(set(r) == {"op", "kernel", "calls"} and r["calls"] > 0 for r in recs)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--reference", "rohf"], "ROHF references are not supported"),
-    (["--scf", "exact"], "density-fitted SCF"),
-    (["--device", "trn1", "--simulate", "--reference", "uhf"], "UHF DF-MP2 gradient needs fp64"),
-    (["--precision", "fp32"], "use precision fp64 (--precision)"),
-    (["--basis", "cc-pv[dt]z"], "basis bracket"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--reference", "rohf"], "ROHF references are not supported"),
+        (["--scf", "exact"], "density-fitted SCF"),
+        (["--device", "trn1", "--simulate", "--reference", "uhf"], "UHF DF-MP2 gradient needs fp64"),
+        (["--precision", "fp32"], "use precision fp64 (--precision)"),
+        (["--basis", "cc-pv[dt]z"], "basis bracket"),
+    ],
+)
 def test_cli_gradient_refuses_in_one_line_before_the_scf(args, words, no_scf):
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", *args])
     assert r.exit_code == EXIT_USER_ERROR, r.output
@@ -177,7 +191,7 @@ def test_cli_gradient_refuses_in_one_line_before_the_scf(args, words, no_scf):
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.output
 
 
-SLOW_CASES = {   # per component, as above: an ECP (HI, def2-SVP), a low-symmetry molecule, cc-pVDZ
+SLOW_CASES = {  # per component, as above: an ECP (HI, def2-SVP), a low-symmetry molecule, cc-pVDZ
     "water-cc-pvdz": ("water.xyz", dict(basis="cc-pvdz"), "mp2"),
     "hi-ecp": ("ecp/hydrogen_iodide.xyz", dict(basis="def2-svp"), "mp2"),
     "glycine-fc": ("glycine.xyz", dict(basis="cc-pvdz", frozen_core=True), "mp2"),
@@ -204,8 +218,22 @@ def test_optimize_water_to_the_dfmp2_cc_pvdz_minimum(tmp_path):
     src = tmp_path / "w.xyz"
     src.write_text(DISTORTED_WATER)
     final, traj = tmp_path / "w.opt.xyz", tmp_path / "w.traj.xyz"
-    r = CliRunner().invoke(main, ["optimize", str(src), "--basis", "cc-pvdz", "--scf-conv-tol-grad", "1e-10",
-                                  "-o", str(final), "--trajectory", str(traj), "-q"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "optimize",
+            str(src),
+            "--basis",
+            "cc-pvdz",
+            "--scf-conv-tol-grad",
+            "1e-10",
+            "-o",
+            str(final),
+            "--trajectory",
+            str(traj),
+            "-q",
+        ],
+    )
     assert r.exit_code == 0, r.output
     geom = read_xyz(final)
     assert sum(ln.startswith("step ") for ln in traj.read_text().splitlines()) >= 2
@@ -231,7 +259,7 @@ def _water_scan(c):
     for s in (1, -1):
         t = np.radians(0.25 * s)
         d = c.copy()
-        for h, sign in ((1, 1), (2, -1)):     # open or close the angle symmetrically
+        for h, sign in ((1, 1), (2, -1)):  # open or close the angle symmetrically
             v = c[h] - c[0]
             k = axis * sign
             d[h] = c[0] + v * np.cos(t) + np.cross(k, v) * np.sin(t) + k * np.dot(k, v) * (1 - np.cos(t))
@@ -244,8 +272,21 @@ def test_optimize_not_converged_is_one_line_and_writes_the_last_geometry(tmp_pat
     src = tmp_path / "w.xyz"
     src.write_text(DISTORTED_WATER)
     final = tmp_path / "last.xyz"
-    r = CliRunner().invoke(main, ["optimize", str(src), "--basis", "sto-3g", "--max-steps", "2", "-o", str(final),
-                                  "--trajectory", str(tmp_path / "t.xyz")])
+    r = CliRunner().invoke(
+        main,
+        [
+            "optimize",
+            str(src),
+            "--basis",
+            "sto-3g",
+            "--max-steps",
+            "2",
+            "-o",
+            str(final),
+            "--trajectory",
+            str(tmp_path / "t.xyz"),
+        ],
+    )
     assert r.exit_code == EXIT_USER_ERROR
     lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "did not converge in 2 steps" in lines[0], r.output
@@ -257,6 +298,7 @@ def test_optimize_starts_each_scf_from_the_previous_density(tmp_path):
     the energy a fresh run at that geometry gives (to 1e-9 Eh)."""
     pytest.importorskip("geometric", reason="dfmp2 optimize needs geomeTRIC (the test extra has it)")
     from dfmp2.workflows.optimize import optimize
+
     src = tmp_path / "w.xyz"
     src.write_text(DISTORTED_WATER)
     out = optimize(read_xyz(src), _options(basis="sto-3g"))
@@ -270,6 +312,7 @@ def test_optimize_starts_each_scf_from_the_previous_density(tmp_path):
 def test_bench_gradient_script_writes_its_record(tmp_path):
     """scripts/bench_gradient.py on a tiny input: both rows, the ratio, what ran."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("bench_gradient", INPUTS.parent / "scripts" / "bench_gradient.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -284,11 +327,23 @@ def test_qcschema_driver_gradient_returns_the_n_by_3_gradient():
     the gradient `dfmp2 gradient` computes for the same molecule (Hartree/Bohr, the input's order)."""
     pytest.importorskip("qcelemental", reason="QCSchema needs qcelemental (the qcschema extra)")
     from dfmp2.interfaces import qcschema
+
     geom = _geometry("water.xyz")
-    doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "gradient",
-           "model": {"method": "mp2", "basis": "6-31g"}, "keywords": {"frozen_core": True},
-           "molecule": {"symbols": list(geom.symbols), "geometry": (geom.coords_angstrom / BOHR).ravel().tolist(),
-                        "molecular_charge": 0, "molecular_multiplicity": 1, "fix_com": True, "fix_orientation": True}}
+    doc = {
+        "schema_name": "qcschema_input",
+        "schema_version": 1,
+        "driver": "gradient",
+        "model": {"method": "mp2", "basis": "6-31g"},
+        "keywords": {"frozen_core": True},
+        "molecule": {
+            "symbols": list(geom.symbols),
+            "geometry": (geom.coords_angstrom / BOHR).ravel().tolist(),
+            "molecular_charge": 0,
+            "molecular_multiplicity": 1,
+            "fix_com": True,
+            "fix_orientation": True,
+        },
+    }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
     ours = gradrun.run_gradient(geom, RunOptions(basis="6-31g", frozen_core=True)).gradient
@@ -311,8 +366,10 @@ def test_gradient_memory_is_refused_before_the_scf(no_scf):
     """A memory limit above the energy run's need but below the gradient stage's: one line, exit 2,
     before any SCF."""
     from dfmp2.grad import rhf as mp2grad
-    need = gradrun.check_gradient_memory(read_xyz(INPUTS / "water.xyz"), RunOptions(basis="cc-pvdz", memory_mb=1e5),
-                                         pipeline.make_backend(RunOptions()))
+
+    need = gradrun.check_gradient_memory(
+        read_xyz(INPUTS / "water.xyz"), RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
+    )
     assert need == pytest.approx(mp2grad.memory_mb(nao=24, nocc=5, nact=5, nvir=19, naux_mp2=84, naux_jk=116))
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--memory", f"{need / 2:.3f}MB"])
     assert r.exit_code == EXIT_USER_ERROR and "the gradient stage needs about" in r.output, r.output
@@ -322,8 +379,11 @@ def test_linear_dependence_is_said():
     """With orbitals dropped by the canonical orthogonalisation the gradient misses the kept
     space's change (H2 at 0.25 Å, aug-cc-pVTZ: 2e-5 Eh/bohr off its finite difference): a warning
     says so, in the result's JSON too."""
-    geom = dataclasses.replace(read_xyz(INPUTS / "water.xyz"), symbols=("H", "H"),
-                               coords_angstrom=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 0.25]]))
+    geom = dataclasses.replace(
+        read_xyz(INPUTS / "water.xyz"),
+        symbols=("H", "H"),
+        coords_angstrom=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 0.25]]),
+    )
     gr = gradrun.run_gradient(geom, _options(basis="aug-cc-pvtz"))
     assert gr.result.nmo < gr.result.nbasis
     assert any("linear dependence" in w and "not the exact derivative" in w for w in gr.to_dict()["warnings"])

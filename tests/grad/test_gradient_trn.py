@@ -13,6 +13,7 @@ test_gradient.py). Two bounds, each from where the fp32 arithmetic enters:
   not variational in the orbitals: that error enters it linearly, with O(1) coefficients. Bound
   END_TOL = 5e-6 Eh/bohr (measured: 1.0e-6, SCF converged to 1e-10; 2.6e-7 at the default 1e-9).
 """
+
 import dataclasses
 import json
 from pathlib import Path
@@ -22,17 +23,17 @@ import pytest
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2.grad import run as gradrun
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.df import basis
 from dfmp2.cli.main import main
-from dfmp2.options import RunOptions
+from dfmp2.df import basis
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import run as gradrun
 from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
-STAGE_TOL = 1e-7     # Eh/bohr: the stage on one reference (the fp32 pair loop only)
-END_TOL = 5e-6       # Eh/bohr: end to end (the fp32 SCF's orbitals dominate)
+STAGE_TOL = 1e-7  # Eh/bohr: the stage on one reference (the fp32 pair loop only)
+END_TOL = 5e-6  # Eh/bohr: end to end (the fp32 SCF's orbitals dominate)
 DISTORT = np.array([[0.013, -0.021, 0.008], [-0.017, 0.011, 0.024], [0.009, 0.019, -0.015]])
 
 
@@ -54,7 +55,7 @@ def test_stage_on_trn_matches_cpu_on_the_same_reference():
     trn = _trn()
     parts = mp2grad.mp2_gradient(mol, ref, auxmol, jk_auxmol, trn, c_os=1.2, c_ss=1 / 3)
     diff = np.abs(parts.gradient - cpu.parts.gradient).max()
-    assert 0.0 < diff < STAGE_TOL, diff          # nonzero: the pair loop did run in fp32
+    assert 0.0 < diff < STAGE_TOL, diff  # nonzero: the pair loop did run in fp32
     assert parts.e_corr == pytest.approx(cpu.parts.e_corr, abs=1e-7)
     ran = parts.ran
     assert ran["device"] == "trn1" and ran["simulated"] is True and ran["engine"] == trn.engine
@@ -77,25 +78,39 @@ def test_end_to_end_on_trn_matches_cpu_fp64():
 
 def test_cli_gradient_on_trn_simulated_writes_what_ran_where(tmp_path):
     out = tmp_path / "g.json"
-    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-q",
-                                  "--device", "trn1", "--simulate", "--json", str(out)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "gradient",
+            str(INPUTS / "water.xyz"),
+            "--basis",
+            "sto-3g",
+            "-q",
+            "--device",
+            "trn1",
+            "--simulate",
+            "--json",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g",
-                                  "--device", "trn1", "--simulate"])
+    r = CliRunner().invoke(
+        main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "--device", "trn1", "--simulate"]
+    )
     assert "pair loop on trn1 (fp32, simulated), the rest on the host cpu (fp64)" in " ".join(r.output.split())
     d = json.loads(out.read_text())
     g, ran = np.array(d["gradient"]["gradient"]), d["gradient"]["ran"]
-    assert g.shape == (3, 3) and np.abs(g.sum(axis=0)).max() < 1e-5      # translation invariance
+    assert g.shape == (3, 3) and np.abs(g.sum(axis=0)).max() < 1e-5  # translation invariance
     assert ran["device"] == "trn1" and ran["simulated"] is True and ran["host_device"] == "cpu"
     assert {"op": "gemm", "kernel": "nki.gemm"} in [{k: r[k] for k in ("op", "kernel")} for r in ran["kernels"]]
     assert d["ran"]["simulated"] is True
 
 
 def test_uhf_stage_refuses_a_device_without_fp64_and_the_rhf_stage_does_not():
-    no_channels = type("Ref", (), {"channels": ()})()          # check_channels reads only the channels
+    no_channels = type("Ref", (), {"channels": ()})()  # check_channels reads only the channels
     with pytest.raises(mp2grad.GradientError, match="UHF DF-MP2 gradient needs fp64"):
-        mp2grad.check_channels(no_channels, _trn())                # mp2grad_uhf's check
-    mp2grad.check_channels(no_channels, _trn(), fp32_pair_loop=True)   # mp2_gradient's check
+        mp2grad.check_channels(no_channels, _trn())  # mp2grad_uhf's check
+    mp2grad.check_channels(no_channels, _trn(), fp32_pair_loop=True)  # mp2_gradient's check
 
 
 def test_optimize_on_trn_simulated_reaches_the_cpu_minimum(tmp_path):
@@ -106,8 +121,21 @@ def test_optimize_on_trn_simulated_reaches_the_cpu_minimum(tmp_path):
     finals = {}
     for name, dev in (("cpu", []), ("trn", ["--device", "trn1", "--simulate"])):
         finals[name] = tmp_path / f"{name}.opt.xyz"
-        r = CliRunner().invoke(main, ["optimize", str(INPUTS / "water.xyz"), "--basis", "6-31g", "-q", *dev,
-                                      "-o", str(finals[name]), "--trajectory", str(tmp_path / f"{name}.traj.xyz")])
+        r = CliRunner().invoke(
+            main,
+            [
+                "optimize",
+                str(INPUTS / "water.xyz"),
+                "--basis",
+                "6-31g",
+                "-q",
+                *dev,
+                "-o",
+                str(finals[name]),
+                "--trajectory",
+                str(tmp_path / f"{name}.traj.xyz"),
+            ],
+        )
         assert r.exit_code == 0, r.output
     diff = np.abs(read_xyz(finals["trn"]).coords_angstrom - read_xyz(finals["cpu"]).coords_angstrom).max()
     assert diff < 1e-4, diff

@@ -5,27 +5,28 @@ DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (d
 itself tested against finite differences) for a closed shell run with a UHF reference.
 Geometries are distorted so that no component vanishes by symmetry (OH: two atoms, every
 component still nonzero)."""
+
 import dataclasses
 import json
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted
+from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
 from dfmp2 import linalg, pipeline
-from dfmp2.grad import run as gradrun
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.df import basis
 from dfmp2.cli.main import main
+from dfmp2.df import basis
 from dfmp2.errors import EXIT_USER_ERROR
-from dfmp2.options import RunOptions
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import run as gradrun
+from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.io.xyz import Geometry, read_xyz
-from gradient_fd import (INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted,
-                         options as _options)
+from dfmp2.options import RunOptions
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small problems: one thread is faster
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small problems: one thread is faster
 
 
 def _radical(name: str):
@@ -37,7 +38,7 @@ def _radical(name: str):
     return distorted(g)
 
 
-CASES = {   # name: (molecule, options, method): one all-electron MP2, one frozen-core SCS-MP2
+CASES = {  # name: (molecule, options, method): one all-electron MP2, one frozen-core SCS-MP2
     "oh-mp2": ("oh", dict(basis="6-31g"), "mp2"),
     "nh2-fc-scs": ("nh2", dict(basis="6-31g", frozen_core=True), "scs-mp2"),
 }
@@ -59,7 +60,7 @@ def test_uhf_gradient_matches_finite_differences_per_component(case):
     g = gr.gradient
     # the step is converged: halving it agrees at the worst component and at the largest (stiffest)
     assert_matches_fd(g, geom, options, method, also=[np.unravel_index(np.abs(g).argmax(), g.shape)])
-    assert np.abs(g).min() > 1e-5          # no component is zero by symmetry: each is a test
+    assert np.abs(g).min() > 1e-5  # no component is zero by symmetry: each is a test
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -75,11 +76,20 @@ def test_uhf_gradient_differentiates_the_printed_energy_and_has_no_net_force(cas
     assert z["iterations"] > 0 and z["residual"] < 1e-9
 
 
-EDGE = {   # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet with frozen core
-    "h2+": (Geometry(("H", "H"), np.array([[0.0, 0.01, 0.0], [0.02, 0.0, 1.0]]), charge=1, multiplicity=2),
-            dict(basis="6-31g")),
-    "ch2-triplet-fc": (Geometry(("C", "H", "H"), np.array([[0.0, 0.01, 0.0], [0.02, 0.9, 0.6], [0.0, -0.92, 0.63]]),
-                                charge=0, multiplicity=3), dict(basis="6-31g", frozen_core=True)),
+EDGE = {  # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet with frozen core
+    "h2+": (
+        Geometry(("H", "H"), np.array([[0.0, 0.01, 0.0], [0.02, 0.0, 1.0]]), charge=1, multiplicity=2),
+        dict(basis="6-31g"),
+    ),
+    "ch2-triplet-fc": (
+        Geometry(
+            ("C", "H", "H"),
+            np.array([[0.0, 0.01, 0.0], [0.02, 0.9, 0.6], [0.0, -0.92, 0.63]]),
+            charge=0,
+            multiplicity=3,
+        ),
+        dict(basis="6-31g", frozen_core=True),
+    ),
 }
 
 
@@ -97,13 +107,18 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
     set) against PySCF's DF-UHF gradient on the same fitting set and orbitals."""
     from pyscf import scf as pyscf_scf
     from pyscf.df.grad import uhf as df_uhf_grad
+
     geom, options, _, _ = _analytic("nh2-fc-scs")
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad_uhf.uhf_mp2_gradient(mol, ref, basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
-                                         basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk")),
-                                         linalg.get_backend("cpu"))
+    parts = mp2grad_uhf.uhf_mp2_gradient(
+        mol,
+        ref,
+        basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
+        basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk")),
+        linalg.get_backend("cpu"),
+    )
     mf = pyscf_scf.UHF(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
     mf.mo_coeff = np.stack([c.mo_coeff for c in ref.channels])
     mf.mo_energy = np.stack([c.mo_energy for c in ref.channels])
@@ -138,8 +153,9 @@ def test_sos_mp2_on_pyscf_uhf_along_a_direction():
 
 def test_cli_gradient_on_a_doublet_writes_json(tmp_path):
     out = tmp_path / "g.json"
-    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "sto-3g",
-                                  "-q", "--json", str(out)])
+    r = CliRunner().invoke(
+        main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "sto-3g", "-q", "--json", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert "nuclear gradient of E(MP2)" in r.output
     d = json.loads(out.read_text())
@@ -148,15 +164,17 @@ def test_cli_gradient_on_a_doublet_writes_json(tmp_path):
     assert d["gradient"]["ran"]["reference"] == "uhf" and d["gradient"]["zvector"]["iterations"] > 0
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--reference", "rohf"], "ROHF references are not supported"),
-    (["--reference", "rhf"], "open-shell"),
-    (["--scf", "exact"], "density-fitted SCF"),
-    (["--precision", "fp32"], "use precision fp64"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--reference", "rohf"], "ROHF references are not supported"),
+        (["--reference", "rhf"], "open-shell"),
+        (["--scf", "exact"], "density-fitted SCF"),
+        (["--precision", "fp32"], "use precision fp64"),
+    ],
+)
 def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, words, no_scf):
-    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "sto-3g",
-                                  *args])
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "sto-3g", *args])
     assert r.exit_code == EXIT_USER_ERROR, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.output
@@ -164,13 +182,24 @@ def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, word
 
 def test_uhf_gradient_memory_is_the_uhf_estimate_and_refused_before_the_scf(no_scf):
     geom = read_xyz(INPUTS / "open_shell" / "hydroxyl.xyz")
-    need = gradrun.check_gradient_memory(geom, RunOptions(basis="cc-pvdz", memory_mb=1e5),
-                                         pipeline.make_backend(RunOptions()))
+    need = gradrun.check_gradient_memory(
+        geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
+    )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
-    assert need == pytest.approx(mp2grad_uhf.memory_mb(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15),
-                                                       naux_mp2=70, naux_jk=93))
-    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "cc-pvdz",
-                                  "--memory", f"{need / 2:.4f}MB"])
+    assert need == pytest.approx(
+        mp2grad_uhf.memory_mb(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
+    )
+    r = CliRunner().invoke(
+        main,
+        [
+            "gradient",
+            str(INPUTS / "open_shell" / "hydroxyl.xyz"),
+            "--basis",
+            "cc-pvdz",
+            "--memory",
+            f"{need / 2:.4f}MB",
+        ],
+    )
     assert r.exit_code == EXIT_USER_ERROR and "the gradient stage needs about" in r.output, r.output
 
 
@@ -187,7 +216,7 @@ def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
         mp2grad_uhf.uhf_mp2_gradient(mol, rhf, aux, jk, linalg.get_backend("cpu"))
 
 
-SLOW_CASES = {   # per component: OH all-electron, the methyl radical frozen core (cc-pVDZ), HI+ with its ECP
+SLOW_CASES = {  # per component: OH all-electron, the methyl radical frozen core (cc-pVDZ), HI+ with its ECP
     "oh-cc-pvdz": ("open_shell/hydroxyl.xyz", dict(basis="cc-pvdz"), "mp2"),
     "methyl-fc": ("open_shell/methyl.xyz", dict(basis="cc-pvdz", frozen_core=True), "mp2"),
     "hi-cation-ecp": ("ecp/hydrogen_iodide.xyz", dict(basis="def2-svp", charge=1, multiplicity=2), "mp2"),
@@ -209,6 +238,7 @@ def test_dropin_nuc_grad_method_on_a_pyscf_df_uhf_matches_its_finite_differences
     derivative of PySCF's DF-UHF energy plus our DF-MP2, along one displacement of all atoms."""
     from pyscf import gto
     from pyscf import scf as pyscf_scf
+
     import dfmp2
 
     def mf_at(coords):
@@ -218,6 +248,7 @@ def test_dropin_nuc_grad_method_on_a_pyscf_df_uhf_matches_its_finite_differences
         mf.run()
         assert mf.converged
         return mf
+
     c0 = _radical("nh2").coords_angstrom / BOHR
     de = dfmp2.DFMP2(mf_at(c0), frozen=1).nuc_grad_method().kernel()
     d = np.random.default_rng(5).normal(size=c0.shape)
@@ -228,6 +259,7 @@ def test_dropin_nuc_grad_method_on_a_pyscf_df_uhf_matches_its_finite_differences
 
 def test_api_gradient_of_a_doublet():
     import dfmp2
+
     gr = dfmp2.gradient(str(INPUTS / "open_shell" / "hydroxyl.xyz"), basis="sto-3g")
     assert gr.gradient.shape == (2, 3) and gr.parts.ran["reference"] == "uhf"
     assert gr.to_dict()["energies"]["e_mp2"] == pytest.approx(gr.energy, abs=1e-12)
@@ -238,11 +270,22 @@ def test_qcschema_driver_gradient_on_a_doublet():
     gradient ``dfmp2 gradient`` computes for the same molecule."""
     pytest.importorskip("qcelemental", reason="QCSchema needs qcelemental (the qcschema extra)")
     from dfmp2.interfaces import qcschema
+
     geom = _radical("oh")
-    doc = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "gradient",
-           "model": {"method": "mp2", "basis": "sto-3g"},
-           "molecule": {"symbols": list(geom.symbols), "geometry": (geom.coords_angstrom / BOHR).ravel().tolist(),
-                        "molecular_charge": 0, "molecular_multiplicity": 2, "fix_com": True, "fix_orientation": True}}
+    doc = {
+        "schema_name": "qcschema_input",
+        "schema_version": 1,
+        "driver": "gradient",
+        "model": {"method": "mp2", "basis": "sto-3g"},
+        "molecule": {
+            "symbols": list(geom.symbols),
+            "geometry": (geom.coords_angstrom / BOHR).ravel().tolist(),
+            "molecular_charge": 0,
+            "molecular_multiplicity": 2,
+            "fix_com": True,
+            "fix_orientation": True,
+        },
+    }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
     ours = gradrun.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
@@ -254,14 +297,16 @@ def test_ase_forces_of_a_doublet_against_its_energy():
     differences of the calculator's own energy (eV/Å), one component."""
     ase = pytest.importorskip("ase", reason="the ASE calculator needs `pip install ase` (the test extra has it)")
     from ase import Atoms
+
     from dfmp2.ase import DFMP2Calculator
 
     def atoms_at(dz):
         a = Atoms("OH", positions=[(0.01, -0.02, 0.0), (0.0, 0.03, 0.97 + dz)], magmoms=[1.0, 0.0])
         a.calc = DFMP2Calculator(basis="6-31g", scf_conv_tol_grad=1e-10)
         return a
+
     f = atoms_at(0.0).get_forces()
-    h = 5e-4          # Å (about STEP bohr: OH's stretch is stiff, 1e-3 Å's own error is 1.2e-6 Eh/bohr)
+    h = 5e-4  # Å (about STEP bohr: OH's stretch is stiff, 1e-3 Å's own error is 1.2e-6 Eh/bohr)
     e = [atoms_at(s * h).get_potential_energy() for s in (1, -1)]
     assert abs(-(e[0] - e[1]) / (2 * h) - f[1, 2]) <= 1e-6 * ase.units.Hartree / ase.units.Bohr
     assert np.abs(f.sum(axis=0)).max() < 1e-8

@@ -3,6 +3,7 @@
 gradient memory check and the gradient stage read ``Job.jk_auxbasis``/``Job.jk_auxmol``), and every
 way into the gradient (``dfmp2.gradient``, ``dfmp2 gradient``, ``DFMP2(mf).nuc_grad_method()``)
 goes through the one stage entry ``dfmp2.grad.run.gradient_stage``."""
+
 from __future__ import annotations
 
 import sys
@@ -14,11 +15,12 @@ from click.testing import CliRunner
 
 import dfmp2
 import dfmp2.pipeline
-from dfmp2.grad import run as gradrun
 from dfmp2.df import basis as df_basis
+from dfmp2.grad import run as gradrun
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = str(INPUTS / "water.xyz")
+
 
 @pytest.fixture
 def counts(monkeypatch):
@@ -38,9 +40,13 @@ def counts(monkeypatch):
     def counted_stage(*a, **k):
         seen["stage"] += 1
         return stage(*a, **k)
+
     monkeypatch.setattr(dfmp2.pipeline, "prepare", counted_prepare)
-    holders = [m for name, m in list(sys.modules.items())
-               if name.startswith("dfmp2") and getattr(m, "default_auxbasis", None) is default_auxbasis]
+    holders = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("dfmp2") and getattr(m, "default_auxbasis", None) is default_auxbasis
+    ]
     assert df_basis in holders
     for module in holders:
         monkeypatch.setattr(module, "default_auxbasis", counted_auxbasis)
@@ -61,14 +67,17 @@ def test_a_gradient_run_prepares_once_and_builds_the_jk_set_once(counts, scf_mod
 
 
 def test_a_uhf_gradient_run_prepares_once(counts):
-    gr = gradrun.run_gradient(dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
-                              dfmp2.pipeline.RunOptions(basis="sto-3g", charge=1, multiplicity=2))
+    gr = gradrun.run_gradient(
+        dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
+        dfmp2.pipeline.RunOptions(basis="sto-3g", charge=1, multiplicity=2),
+    )
     assert gr.energy_run.job.unrestricted and gr.parts.ran["reference"] == "uhf"
     assert (counts["prepare"], counts["jk"], counts["stage"]) == (1, 1, 1), counts
 
 
 def test_the_cli_gradient_goes_through_the_one_stage(counts, tmp_path):
     from dfmp2.cli.main import main
+
     r = CliRunner().invoke(main, ["gradient", WATER, "--basis", "sto-3g", "-q"])
     assert r.exit_code == 0, r.output
     assert (counts["prepare"], counts["jk"], counts["stage"]) == (1, 1, 1), counts
@@ -76,6 +85,7 @@ def test_the_cli_gradient_goes_through_the_one_stage(counts, tmp_path):
 
 def test_the_pyscf_dropin_gradient_goes_through_the_one_stage(counts):
     from pyscf import gto, scf
+
     mol = gto.M(atom="O 0 0 0.119; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="sto-3g", verbose=0)
     mf = scf.RHF(mol).density_fit().run()
     de = dfmp2.DFMP2(mf).nuc_grad_method().kernel()
@@ -85,10 +95,12 @@ def test_the_pyscf_dropin_gradient_goes_through_the_one_stage(counts):
 
 def test_the_job_carries_the_process_group_and_the_reference_leaves_it_alone(counts):
     from dfmp2 import distributed
-    job = dfmp2.pipeline.prepare_run(dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
-                                     dfmp2.pipeline.RunOptions(basis="sto-3g"))
+
+    job = dfmp2.pipeline.prepare_run(
+        dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"), dfmp2.pipeline.RunOptions(basis="sto-3g")
+    )
     assert isinstance(job.world, distributed.World) and not job.world.distributed
     before = list(job.warnings)
     done = dfmp2.pipeline.run_energy(job)
-    assert job.warnings == before and done.result.warnings[:len(before)] == before
+    assert job.warnings == before and done.result.warnings[: len(before)] == before
     assert done.job is job and done.mol is job.mol and counts["prepare"] == 1

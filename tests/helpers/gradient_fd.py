@@ -3,6 +3,7 @@ tests/grad/test_gradient_uhf.py; imported as ``from gradient_fd import ...``): c
 differences of the energy ``dfmp2 run`` prints (``pipeline.run_geometry``, SCF converged to
 1e-10), the step shown converged by halving it, on geometries distorted so that no gradient
 component vanishes by symmetry."""
+
 import dataclasses
 from pathlib import Path
 
@@ -14,20 +15,20 @@ from dfmp2.grad import rhf as mp2grad
 from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
-TOL = 1e-6           # Eh/bohr: the acceptance tolerance, analytic against finite differences
-STEP = 1e-3          # bohr; STEP/2 is the convergence check
-STEP_AGREE = 5e-7    # Eh/bohr: FD(STEP) and FD(STEP/2) agree to this: the step's error (~STEP^2) at STEP
-                     # is 4/3 of their difference, below TOL (glycine's stiffest component: 3.4e-7)
-CONV = 1e-10         # SCF orbital-gradient threshold for the finite differences
+TOL = 1e-6  # Eh/bohr: the acceptance tolerance, analytic against finite differences
+STEP = 1e-3  # bohr; STEP/2 is the convergence check
+STEP_AGREE = 5e-7  # Eh/bohr: FD(STEP) and FD(STEP/2) agree to this: the step's error (~STEP^2) at STEP
+# is 4/3 of their difference, below TOL (glycine's stiffest component: 3.4e-7)
+CONV = 1e-10  # SCF orbital-gradient threshold for the finite differences
 # a fixed distortion (Ångström) that breaks the inputs' symmetry: every component is nonzero
-DISTORT = np.array([[0.013, -0.021, 0.008], [-0.017, 0.011, 0.024], [0.009, 0.019, -0.015],
-                    [0.022, -0.006, -0.018]])
+DISTORT = np.array([[0.013, -0.021, 0.008], [-0.017, 0.011, 0.024], [0.009, 0.019, -0.015], [0.022, -0.006, -0.018]])
 
 
 def distorted(geom):
     """``geom`` moved by DISTORT (its first rows; repeated for more than four atoms)."""
-    return dataclasses.replace(geom, coords_angstrom=geom.coords_angstrom
-                               + np.resize(DISTORT, geom.coords_angstrom.shape))
+    return dataclasses.replace(
+        geom, coords_angstrom=geom.coords_angstrom + np.resize(DISTORT, geom.coords_angstrom.shape)
+    )
 
 
 def options(**kw) -> RunOptions:

@@ -11,6 +11,7 @@ when this process already interprets; otherwise the first of them starts ONE chi
 TRITON_INTERPRET=1 over all the interpreter test files, and each test reports the outcome of its
 own run there (passed, failed with the child's message, or skipped with its reason).
 """
+
 import functools
 import importlib.util
 import os
@@ -26,8 +27,11 @@ HELPERS = Path(__file__).resolve().parent
 TESTS = HELPERS.parent
 ROOT = TESTS.parent
 # The modules whose @interpreted tests the child runs (one child for all of them), under tests/.
-INTERPRETER_MODULES = ("kernels/test_triton_pair_energy.py", "kernels/test_triton_backend.py",
-                       "linalg/test_cuda_pair_path.py")
+INTERPRETER_MODULES = (
+    "kernels/test_triton_pair_energy.py",
+    "kernels/test_triton_backend.py",
+    "linalg/test_cuda_pair_path.py",
+)
 CHILD_TIMEOUT_S = 900
 
 
@@ -39,12 +43,14 @@ def in_interpreter() -> bool:
         return True
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
+
     return isinstance(tl.zeros, InterpretedFunction)
 
 
 def _runtime_loop_probe(out_ptr, n):
     """A kernel with a loop over a runtime bound, as the fused pair kernel has (jitted by _probe)."""
     import triton.language as tl
+
     acc = 0
     for i in range(0, n, 1):
         acc += i
@@ -55,6 +61,7 @@ def _probe() -> str | None:
     """Run _runtime_loop_probe in this (interpreting) process: None, or the known interpreter defect."""
     import torch
     import triton
+
     out = torch.zeros(1, dtype=torch.int32)
     try:
         triton.jit(_runtime_loop_probe)[(1,)](out, 4)
@@ -62,9 +69,12 @@ def _probe() -> str | None:
         if "0-dimensional arrays" not in str(e):
             raise
         import numpy
-        return (f"Triton {triton.__version__}'s interpreter cannot run a loop over a runtime bound under "
-                f"numpy {numpy.__version__} ({e}; triton-lang/triton#9171, fixed in later Triton): the "
-                "kernels' compiled form is still checked by test_triton_compile.py")
+
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run a loop over a runtime bound under "
+            f"numpy {numpy.__version__} ({e}; triton-lang/triton#9171, fixed in later Triton): the "
+            "kernels' compiled form is still checked by test_triton_compile.py"
+        )
     assert int(out[0]) == 6
     return None
 
@@ -81,8 +91,9 @@ def interpreter_defect() -> str | None:
         else:
             code = "import triton_interpreter as t; r = t._probe(); print(r or '')"
             env = {**os.environ, "TRITON_INTERPRET": "1"}
-            p = subprocess.run([sys.executable, "-c", code], cwd=HELPERS, env=env, capture_output=True,
-                               text=True, timeout=300)
+            p = subprocess.run(
+                [sys.executable, "-c", code], cwd=HELPERS, env=env, capture_output=True, text=True, timeout=300
+            )
             if p.returncode != 0:
                 raise RuntimeError(f"interpreter probe failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
             _defect.append(p.stdout.strip() or None)
@@ -98,12 +109,25 @@ def _run_child() -> dict:
         xml = Path(tmp) / "interpreter.xml"
         env = {**os.environ, "TRITON_INTERPRET": "1"}
         env.pop("PYTEST_ADDOPTS", None)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-               *(str(TESTS / m) for m in INTERPRETER_MODULES)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={xml}",
+            *(str(TESTS / m) for m in INTERPRETER_MODULES),
+        ]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         if not xml.exists():
-            return {"__crash__": ("failed", f"child pytest (exit {proc.returncode}) wrote no report:\n"
-                                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")}
+            return {
+                "__crash__": (
+                    "failed",
+                    f"child pytest (exit {proc.returncode}) wrote no report:\n"
+                    f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
+                )
+            }
         out = {}
         for case in ET.parse(xml).getroot().iter("testcase"):
             module = case.get("classname", "").rsplit(".", 1)[-1]
@@ -131,18 +155,20 @@ def interpreted(fn):
     if importlib.util.find_spec("triton") is None:
         return pytest.mark.skip(reason="Triton is not installed (pip install 'dfmp2[test]')")(fn)
     if in_interpreter():
+
         @functools.wraps(fn)
         def checked(*args, **kwargs):
             reason = interpreter_defect()
             if reason:
                 pytest.skip(reason)
             return fn(*args, **kwargs)
+
         return checked
 
     @functools.wraps(fn)
     def from_child(*args, **kwargs):
         nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
-        if nodeid.rfind("@") > nodeid.rfind("]"):      # pytest-xdist's --dist loadgroup suffix (conftest.py)
+        if nodeid.rfind("@") > nodeid.rfind("]"):  # pytest-xdist's --dist loadgroup suffix (conftest.py)
             nodeid = nodeid.rsplit("@", 1)[0]
         path, name = nodeid.split("::", 1)
         outcomes = child_outcomes()
@@ -156,5 +182,5 @@ def interpreted(fn):
             pytest.skip(message)
         if outcome == "failed":
             pytest.fail(f"under TRITON_INTERPRET=1 (child process):\n{message}", pytrace=False)
-    return from_child
 
+    return from_child

@@ -1,6 +1,7 @@
 """The Python API (issues 17, 27): dfmp2.DFMP2(mf) as a drop-in for pyscf.mp.dfmp2.DFMP2 on the same
 converged RHF (PySCF's own DFMP2 is the reference: its default fitting set, or the one both are
 given), and dfmp2.energy()."""
+
 import json
 import subprocess
 import sys
@@ -37,13 +38,29 @@ def pyscf_dfmp2(mf, frozen, auxbasis):
     return pt
 
 
-@pytest.mark.parametrize("atom, basis, density_fit, frozen, auxbasis, kw", [
-    (WATER, "cc-pvdz", True, None, None, {}),                                  # DF-RHF, default aux
-    ("N 0 0 0.1; H 0 0.94 -0.27; H 0.81 -0.47 -0.27; H -0.81 -0.47 -0.27", "cc-pvdz", False, 1,
-     "cc-pvdz-ri", {}),                                                        # exact RHF, frozen int
-    ("Cl 0 0 0.071; H 0 0 -1.207", "cc-pvdz", True, [0, 1, 2, 3, 4, 22], "def2-tzvpp-ri", {}),   # list, a virtual too
-    ("H 0 0 0; I 0 0 1.6092", "def2-svp", True, [0, 1, 2, 3], None, {"ecp": "def2-svp"}),         # an ECP on mf.mol
-])
+@pytest.mark.parametrize(
+    "atom, basis, density_fit, frozen, auxbasis, kw",
+    [
+        (WATER, "cc-pvdz", True, None, None, {}),  # DF-RHF, default aux
+        (
+            "N 0 0 0.1; H 0 0.94 -0.27; H 0.81 -0.47 -0.27; H -0.81 -0.47 -0.27",
+            "cc-pvdz",
+            False,
+            1,
+            "cc-pvdz-ri",
+            {},
+        ),  # exact RHF, frozen int
+        (
+            "Cl 0 0 0.071; H 0 0 -1.207",
+            "cc-pvdz",
+            True,
+            [0, 1, 2, 3, 4, 22],
+            "def2-tzvpp-ri",
+            {},
+        ),  # list, a virtual too
+        ("H 0 0 0; I 0 0 1.6092", "def2-svp", True, [0, 1, 2, 3], None, {"ecp": "def2-svp"}),  # an ECP on mf.mol
+    ],
+)
 def test_drop_in_matches_pyscf_dfmp2_on_the_same_mf(atom, basis, density_fit, frozen, auxbasis, kw):
     mf = converged_rhf(atom, basis, density_fit, **kw)
     pt = dfmp2.DFMP2(mf, frozen=frozen, auxbasis=auxbasis).run()
@@ -54,8 +71,8 @@ def test_drop_in_matches_pyscf_dfmp2_on_the_same_mf(atom, basis, density_fit, fr
     assert pt.e_hf == mf.e_tot and pt.e_corr < -1e-3
     assert pt.e_corr_sos == pytest.approx(1.3 * ref.e_corr_os, abs=1e-12)
     assert pt.ran["device"] == "cpu" and pt.ran["precision"] == "fp64" and pt.naux > 0
-    assert (pt.nocc, pt.nmo) == (ref.nocc, ref.nmo)                   # active counts, as PySCF's
-    assert not pt.warnings           # PySCF's sets cover I (def2-universal-jkfit on the DF mf)
+    assert (pt.nocc, pt.nmo) == (ref.nocc, ref.nmo)  # active counts, as PySCF's
+    assert not pt.warnings  # PySCF's sets cover I (def2-universal-jkfit on the DF mf)
 
 
 def test_kernel_returns_e_corr_and_pyscfs_amplitudes():
@@ -68,7 +85,7 @@ def test_kernel_returns_e_corr_and_pyscfs_amplitudes():
     pt = dfmp2.DFMP2(mf).run()
     assert pt._t2 is None and abs(pt.t2 - ref.t2).max() <= 1e-10
     assert dfmp2.DFMP2(mf).kernel(with_t2=False)[1] is None
-    pt.max_memory = 0.01                                    # t2 no longer fits: one clear error
+    pt.max_memory = 0.01  # t2 no longer fits: one clear error
     pt.t2 = None
     with pytest.raises(MemoryLimitError, match="do not fit in max_memory"):
         pt.t2
@@ -91,6 +108,7 @@ def test_uhf_reference_runs_dfump2_like_pyscf(frozen):
     """A converged PySCF DF-UHF (OH, doublet): DFMP2(mf) runs our DF-UMP2 on its orbitals and
     matches PySCF's DFUMP2 on the same mf with the same MP2-fit basis to 1e-10 Eh."""
     from pyscf.mp.dfump2 import DFUMP2
+
     mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
     mf = pyscf_scf.UHF(mol).density_fit()
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
@@ -103,7 +121,7 @@ def test_uhf_reference_runs_dfump2_like_pyscf(frozen):
     assert abs(ours.e_corr - ref.e_corr) <= 1e-10, (ours.e_corr, ref.e_corr)
     assert abs(ours.e_tot - ref.e_tot) <= 1e-10
     default, ref_default = dfmp2.DFMP2(mf, frozen=frozen).run(), DFUMP2(mf, frozen=frozen).run()
-    assert abs(default.e_corr - ref_default.e_corr) <= 1e-10     # both: mf.with_df (JK-fit)
+    assert abs(default.e_corr - ref_default.e_corr) <= 1e-10  # both: mf.with_df (JK-fit)
     rdm, ref_rdm = default.make_rdm1(), ref_default.make_rdm1()
     assert all(abs(a - b).max() <= 1e-9 for a, b in zip(rdm, ref_rdm))
 
@@ -117,7 +135,7 @@ def test_refusals_are_one_clear_error():
     with pytest.raises(InputError, match="has not converged"):
         dfmp2.DFMP2(unconverged).run()
     with pytest.raises(InputError, match="has not converged"):
-        dfmp2.DFMP2(pyscf_scf.RHF(mol)).run()                       # never run
+        dfmp2.DFMP2(pyscf_scf.RHF(mol)).run()  # never run
     oh = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="sto-3g", spin=1, verbose=0)
     with pytest.raises(InputError, match="ROHF.* is not supported"):
         dfmp2.DFMP2(pyscf_scf.ROHF(oh).run()).run()
@@ -126,9 +144,16 @@ def test_refusals_are_one_clear_error():
     with pytest.raises(InputError, match="PySCF SCF object"):
         dfmp2.DFMP2("mf").run()
     mf = pyscf_scf.RHF(mol).run()
-    for frozen, msg in ((5, "between 0 and 4"), (-1, "between 0 and 4"), ([0, 0], "distinct"),
-                        ([7], "within 0..6"), ([0.5], "list of orbital indices"), (True, "None, an int"),
-                        ([0, 1, 2, 3, 4], "0 active occupied"), ([5, 6], "0 virtual")):
+    for frozen, msg in (
+        (5, "between 0 and 4"),
+        (-1, "between 0 and 4"),
+        ([0, 0], "distinct"),
+        ([7], "within 0..6"),
+        ([0.5], "list of orbital indices"),
+        (True, "None, an int"),
+        ([0, 1, 2, 3, 4], "0 active occupied"),
+        ([5, 6], "0 virtual"),
+    ):
         with pytest.raises(InputError, match=msg):
             dfmp2.DFMP2(mf, frozen=frozen).run()
     with pytest.raises(InputError, match="unknown device|device"):
@@ -144,9 +169,13 @@ def test_energy_from_an_xyz_file_and_a_mole_give_the_reference():
     m = dfmp2.energy(mol)
     assert abs(m.e_corr - r.e_corr) <= 1e-10 and abs(m.e_hf - r.e_hf) <= 1e-10
     assert (m.nbasis, m.naux, m.basis) == (r.nbasis, r.naux, "cc-pvdz")
-    bohr = gto.M(atom=[(mol.atom_symbol(i), tuple(mol.atom_coords(unit="Bohr")[i])) for i in range(mol.natm)],
-                 unit="Bohr", basis="cc-pvdz", verbose=0)
-    assert abs(dfmp2.energy(bohr, frozen_core=True).e_hf - r.e_hf) <= 1e-9      # units carried over
+    bohr = gto.M(
+        atom=[(mol.atom_symbol(i), tuple(mol.atom_coords(unit="Bohr")[i])) for i in range(mol.natm)],
+        unit="Bohr",
+        basis="cc-pvdz",
+        verbose=0,
+    )
+    assert abs(dfmp2.energy(bohr, frozen_core=True).e_hf - r.e_hf) <= 1e-9  # units carried over
 
 
 def test_energy_of_a_mole_with_its_basis_ecp_matches_the_ecp_reference():
@@ -173,25 +202,30 @@ def test_energy_refusals():
 def test_import_stays_light():
     """``import dfmp2`` does not import torch or PySCF; the API loads on first use."""
     code = "import sys, dfmp2; print('torch' in sys.modules, 'pyscf' in sys.modules, callable(dfmp2.energy))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=ROOT).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
     assert out == ["False", "False", "True"]
 
 
 # --- hardening (issue 29, items 1-4 and 11): the API refuses what it cannot honour ------------
-@pytest.mark.parametrize("kw, fragment", [
-    (dict(frozen_core="no"), "option frozen_core must be True or False, got 'no'"),
-    (dict(frozen_core="false"), "option frozen_core must be True or False"),
-    (dict(memory_mb=-5), "option memory_mb must be a finite number above 0, got -5"),
-    (dict(memory_mb=float("nan")), "option memory_mb must be a finite number above 0"),
-    (dict(memory_mb="4GB"), "option memory_mb must be a number of MB or None, got '4GB'"),
-    (dict(charge="1"), "option charge must be an integer or None, got '1'"),
-    (dict(charge=True), "option charge must be an integer or None"),
-    (dict(basis=123), "option basis must be a basis set name, got 123"),
-    (dict(scf_max_cycle=0), "option scf_max_cycle must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        (dict(frozen_core="no"), "option frozen_core must be True or False, got 'no'"),
+        (dict(frozen_core="false"), "option frozen_core must be True or False"),
+        (dict(memory_mb=-5), "option memory_mb must be a finite number above 0, got -5"),
+        (dict(memory_mb=float("nan")), "option memory_mb must be a finite number above 0"),
+        (dict(memory_mb="4GB"), "option memory_mb must be a number of MB or None, got '4GB'"),
+        (dict(charge="1"), "option charge must be an integer or None, got '1'"),
+        (dict(charge=True), "option charge must be an integer or None"),
+        (dict(basis=123), "option basis must be a basis set name, got 123"),
+        (dict(scf_max_cycle=0), "option scf_max_cycle must be at least 1"),
+    ],
+)
 def test_python_options_are_type_checked_before_any_work(kw, fragment, monkeypatch):
     import dfmp2.pipeline
+
     monkeypatch.setattr(dfmp2.pipeline, "prepare", lambda *a, **k: pytest.fail("the run started"))
     with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")) as e:
         dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), **kw)
@@ -214,11 +248,14 @@ def test_energy_of_a_mole_refuses_what_it_would_drop_and_dfmp2_honours_it(attr):
 
 def test_rotated_orbitals_and_a_swapped_mol_are_refused():
     import numpy as np
+
     mf = converged_rhf(WATER)
     c = mf.mo_coeff.copy()
-    i, a, t = 4, 5, 0.3                               # HOMO and LUMO rotated by 0.3 rad
-    c[:, i], c[:, a] = np.cos(t) * mf.mo_coeff[:, i] + np.sin(t) * mf.mo_coeff[:, a], \
-        -np.sin(t) * mf.mo_coeff[:, i] + np.cos(t) * mf.mo_coeff[:, a]
+    i, a, t = 4, 5, 0.3  # HOMO and LUMO rotated by 0.3 rad
+    c[:, i], c[:, a] = (
+        np.cos(t) * mf.mo_coeff[:, i] + np.sin(t) * mf.mo_coeff[:, a],
+        -np.sin(t) * mf.mo_coeff[:, i] + np.cos(t) * mf.mo_coeff[:, a],
+    )
     mf.mo_coeff = c
     with pytest.raises(InputError, match="not its canonical SCF solution"):
         dfmp2.DFMP2(mf).run()
@@ -228,7 +265,7 @@ def test_rotated_orbitals_and_a_swapped_mol_are_refused():
         dfmp2.DFMP2(mf).run()
     mf = converged_rhf(WATER)
     mf.mol = gto.M(atom="O 0 0 0.2; H 0 0.757 -0.477; H 0 -0.757 -0.477", basis="cc-pvdz", verbose=0)
-    with pytest.raises(InputError, match="not orthonormal"):   # same size, another geometry
+    with pytest.raises(InputError, match="not orthonormal"):  # same size, another geometry
         dfmp2.DFMP2(mf).run()
 
 
@@ -249,8 +286,9 @@ def test_frozen_core_that_freezes_nothing_says_so():
     mol = gto.M(atom="Li 0 0 0; Li 0 0 2.67", basis="cc-pvdz", verbose=0)
     r = dfmp2.energy(mol, frozen_core=True)
     assert r.nfrozen == 0 and any("no core orbitals to freeze" in w for w in r.warnings)
-    assert not any("no core orbitals" in w for w in dfmp2.energy(str(ROOT / "inputs" / "water.xyz"),
-                                                                 frozen_core=True).warnings)
+    assert not any(
+        "no core orbitals" in w for w in dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), frozen_core=True).warnings
+    )
 
 
 def test_near_degenerate_reference_is_warned():
@@ -258,14 +296,17 @@ def test_near_degenerate_reference_is_warned():
     with exit 0 and no word before (issue 29, item 14). The regression molecules' gaps are 0.46 Eh
     and up; equilibrium H2 (0.79 Eh) is not warned."""
     from pyscf import fci
+
     stretched = gto.M(atom="H 0 0 0; H 0 0 5.0", basis="cc-pvdz", verbose=0)
     r = dfmp2.energy(stretched)
     assert any(w.startswith("near-degenerate reference: the HOMO-LUMO gap is 0.108 Eh") for w in r.warnings)
     mf = converged_rhf("H 0 0 0; H 0 0 5.0", density_fit=False)
-    assert r.e_mp2 < fci.FCI(mf).kernel()[0]                # the reason for the warning
+    assert r.e_mp2 < fci.FCI(mf).kernel()[0]  # the reason for the warning
     assert any("near-degenerate" in w for w in dfmp2.DFMP2(mf).run().warnings)
-    assert not any("near-degenerate" in w for w in dfmp2.energy(gto.M(atom="H 0 0 0; H 0 0 0.74",
-                                                                       basis="cc-pvdz", verbose=0)).warnings)
+    assert not any(
+        "near-degenerate" in w
+        for w in dfmp2.energy(gto.M(atom="H 0 0 0; H 0 0 0.74", basis="cc-pvdz", verbose=0)).warnings
+    )
 
 
 # --- issue 27: the PySCF drop-in gives PySCF's number and honours PySCF's attributes ----------
@@ -298,7 +339,7 @@ def test_attributes_set_after_construction_are_honoured():
     assert ours.auxbasis == "cc-pvdz-jkfit" and abs(ours.run().e_corr - e_jk) <= 1e-10
     ours.frozen, ref.frozen = 1, 1
     assert abs(ours.run().e_corr - ref.run(verbose=0).e_corr) <= 1e-10 and ours.nocc == 4
-    assert abs(ours.run(frozen=None).e_corr - e_jk) <= 1e-10        # run(**kwargs) sets first
+    assert abs(ours.run(frozen=None).e_corr - e_jk) <= 1e-10  # run(**kwargs) sets first
     ours.max_memory = 1e-3
     with pytest.raises(MemoryLimitError):
         ours.run()
@@ -326,7 +367,7 @@ def test_logs_through_pyscf_logger_at_the_mfs_verbosity(tmp_path):
     size = out.stat().st_size
     dfmp2.DFMP2(mf).run()
     mol.stdout.flush()
-    assert out.stat().st_size == size                            # verbose 0: nothing
+    assert out.stat().st_size == size  # verbose 0: nothing
 
 
 def test_make_rdm1_matches_pyscf():

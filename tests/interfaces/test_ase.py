@@ -1,6 +1,7 @@
 """The ASE calculator (issue 27): dfmp2.ase.DFMP2Calculator on an ase.Atoms gives `dfmp2 run`'s
 energy in eV, checked against PySCF's own DF-MP2 (stored in inputs/references.json, and computed
 here for an open shell), never against this program's output alone."""
+
 import json
 from pathlib import Path
 
@@ -8,22 +9,22 @@ import numpy as np
 import pytest
 
 ase = pytest.importorskip("ase", reason="the ASE calculator needs `pip install ase` (the test extra has it)")
-from ase import Atoms                                                      # noqa: E402
-from ase.calculators.calculator import PropertyNotImplementedError         # noqa: E402
-from ase.io import read                                                    # noqa: E402
-from ase.units import Hartree                                              # noqa: E402
+from ase import Atoms
+from ase.calculators.calculator import PropertyNotImplementedError
+from ase.io import read
+from ase.units import Hartree
 
-import dfmp2                                                               # noqa: E402
-import dfmp2.df.basis                                                      # noqa: E402
-from dfmp2.ase import DFMP2Calculator                                      # noqa: E402
-from dfmp2.errors import InputError                                        # noqa: E402
+import dfmp2
+import dfmp2.df.basis
+from dfmp2.ase import DFMP2Calculator
+from dfmp2.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = json.loads((ROOT / "inputs" / "references.json").read_text())["references"]["water|cc-pvdz|cc-pvdz-ri|df|ae"]
 
 
 def water():
-    return read(str(ROOT / "inputs" / "water.xyz"))          # ASE reads the XYZ in Ångström
+    return read(str(ROOT / "inputs" / "water.xyz"))  # ASE reads the XYZ in Ångström
 
 
 def test_water_energy_is_dfmp2_runs_energy_in_ev_and_pyscfs():
@@ -32,17 +33,17 @@ def test_water_energy_is_dfmp2_runs_energy_in_ev_and_pyscfs():
     atoms = water()
     atoms.calc = calc = DFMP2Calculator(basis="cc-pvdz")
     e = atoms.get_potential_energy()
-    assert abs(e / Hartree - REF["e_mp2"]) <= 1e-8, (e / Hartree - REF["e_mp2"])
-    assert atoms.get_potential_energy(force_consistent=True) == e        # free_energy, ASE's spelling
+    assert abs(e / Hartree - REF["e_mp2"]) <= 1e-8, e / Hartree - REF["e_mp2"]
+    assert atoms.get_potential_energy(force_consistent=True) == e  # free_energy, ASE's spelling
     r = calc.result
     assert (r.basis, r.auxbasis, r.ran["device"]) == ("cc-pvdz", "cc-pvdz-ri", "cpu")
     assert abs(r.e_hf - REF["e_hf"]) <= 1e-8
     for method, os_, ss_ in (("scs-mp2", 1.2, 1 / 3), ("sos-mp2", 1.3, 0.0)):
-        calc.set(method=method)                       # method alone: the same run's other energy
+        calc.set(method=method)  # method alone: the same run's other energy
         want = REF["e_hf"] + os_ * REF["e_os"] + ss_ * REF["e_ss"]
         assert abs(atoms.get_potential_energy() / Hartree - want) <= 1e-8, method
         assert calc.result is r
-    calc.set(basis="sto-3g")                          # any other parameter: the run is dropped
+    calc.set(basis="sto-3g")  # any other parameter: the run is dropped
     assert calc.result is None and not calc.results
 
 
@@ -50,8 +51,10 @@ def test_same_as_dfmp2_energy_and_geometry_changes_recompute():
     atoms = water()
     atoms.calc = DFMP2Calculator(basis="sto-3g", frozen_core=True)
     e0 = atoms.get_potential_energy()
-    assert abs(e0 / Hartree - dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), basis="sto-3g",
-                                          frozen_core=True).e_mp2) <= 1e-10
+    assert (
+        abs(e0 / Hartree - dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), basis="sto-3g", frozen_core=True).e_mp2)
+        <= 1e-10
+    )
     atoms.positions[1, 1] += 0.05
     e1 = atoms.get_potential_energy()
     assert e1 != e0 and atoms.calc.result.natm == 3
@@ -75,15 +78,16 @@ def test_the_next_geometry_starts_from_the_last_density_and_gives_a_fresh_runs_e
     fresh.calc = DFMP2Calculator(basis="cc-pvdz")
     assert abs(fresh.get_potential_energy() - e1) / Hartree <= 1e-9
     assert fresh.calc.result.ran["scf"]["guess"].startswith("minao")
-    calc.set(basis="sto-3g")                          # another basis: the density does not fit
+    calc.set(basis="sto-3g")  # another basis: the density does not fit
     atoms.get_potential_energy()
     assert calc.result.ran["scf"]["guess"].startswith("minao")
 
 
 def test_a_density_of_the_wrong_shape_is_refused_in_one_line():
-    from dfmp2.pipeline import run_geometry
-    from dfmp2.options import RunOptions
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.options import RunOptions
+    from dfmp2.pipeline import run_geometry
+
     with pytest.raises(InputError, match="starting density has shape"):
         run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(basis="sto-3g"), guess=np.eye(3))
 
@@ -93,6 +97,7 @@ def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
     reference PySCF's DF-UHF + DFUMP2 with the same bases."""
     from pyscf import df, gto, scf
     from pyscf.mp.dfump2 import DFUMP2
+
     atoms = Atoms("OH", positions=[(0, 0, 0), (0, 0, 0.97)], magmoms=[1.0, 0.0])
     atoms.calc = DFMP2Calculator(basis="sto-3g", scf_mode="pyscf-df")
     e = atoms.get_potential_energy() / Hartree
@@ -109,14 +114,14 @@ def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():
 def test_forces_are_minus_the_gradient_in_ev_per_angstrom():
     """Forces against central differences of the calculator's own energy (eV/Å), per method."""
     atoms = water()
-    atoms.positions += [[0.01, -0.02, 0.005], [-0.01, 0.015, 0.02], [0.005, 0.01, -0.01]]   # no symmetry
+    atoms.positions += [[0.01, -0.02, 0.005], [-0.01, 0.015, 0.02], [0.005, 0.01, -0.01]]  # no symmetry
     atoms.calc = calc = DFMP2Calculator(basis="6-31g", scf_conv_tol_grad=1e-10)
     f = atoms.get_forces()
     assert atoms.get_potential_energy() / Hartree == pytest.approx(calc.result.e_mp2, abs=1e-12)
-    calc.set(method="scs-mp2")                  # the same run's energy, the other method's gradient
+    calc.set(method="scs-mp2")  # the same run's energy, the other method's gradient
     f_scs = atoms.get_forces()
     assert np.abs(f_scs - f).max() > 1e-4
-    h = 1e-3          # Å
+    h = 1e-3  # Å
     for i, x in ((0, 2), (2, 0)):
         e = []
         for s in (1, -1):

@@ -26,6 +26,7 @@ Skipped (with the reason on the marker): test_dfmp2_pbc, a periodic cell, outsid
 ``dfmp2.DFMP2(dfmf2).density_fit(...)``. ``assertAlmostEqual(x, y, 8)`` is
 ``round(x - y, 8) == 0``, i.e. |x - y| < 5e-9 (PLACES). The reference t2 of
 test_dfmp2_mf_with_df is PySCF's conventional MP2 on the DF-RHF, an independent code."""
+
 import numpy
 import pytest
 from pyscf import df, gto, lib, mp, scf
@@ -33,16 +34,16 @@ from pyscf import df, gto, lib, mp, scf
 import dfmp2
 from dfmp2.errors import InputError
 
-E_DIRECT = -0.20400482102770082      # PySCF 2.14's DFMP2(mf): cc-pVDZ (per-element dict) / cc-pVDZ-RI
+E_DIRECT = -0.20400482102770082  # PySCF 2.14's DFMP2(mf): cc-pVDZ (per-element dict) / cc-pVDZ-RI
 PLACES = 5e-9
 
 
 @pytest.fixture(scope="module")
 def mols():
     mol = gto.Mole()
-    mol.verbose = 7                  # as PySCF's test: every log line is written (to /dev/null)
+    mol.verbose = 7  # as PySCF's test: every log line is written (to /dev/null)
     mol.output = "/dev/null"
-    mol.atom = [[8, (0., 0., 0.)], [1, (0., -0.757, 0.587)], [1, (0., 0.757, 0.587)]]
+    mol.atom = [[8, (0.0, 0.0, 0.0)], [1, (0.0, -0.757, 0.587)], [1, (0.0, 0.757, 0.587)]]
     mol.basis = {"H": "cc-pvdz", "O": "cc-pvdz"}
     mol.build()
     mf = scf.RHF(mol)
@@ -63,7 +64,7 @@ def test_dfmp2_direct(mols):
     mmp = dfmp2.DFMP2(mf)
     mmp.kernel()
     assert abs(mmp.e_corr - E_DIRECT) < PLACES
-    mmp = dfmp2.DFMP2(mf).set(force_outcore=True)       # outcore: our B on disk
+    mmp = dfmp2.DFMP2(mf).set(force_outcore=True)  # outcore: our B on disk
     mmp.kernel()
     assert abs(mmp.e_corr - E_DIRECT) < PLACES
     assert mmp.ran["storage"]["B"] == "disk (HDF5)"
@@ -71,8 +72,11 @@ def test_dfmp2_direct(mols):
 
 def test_dfmp2_frozen(mols):
     _, mf, _, _ = mols
-    for frozen, e in (([0, 1, 5], -0.13844381496025246), (0, -0.2040048210277004),
-                      (numpy.array([0]), -0.20166760413156876)):
+    for frozen, e in (
+        ([0, 1, 5], -0.13844381496025246),
+        (0, -0.2040048210277004),
+        (numpy.array([0]), -0.20166760413156876),
+    ):
         mmp = dfmp2.DFMP2(mf, frozen=frozen)
         mmp.kernel()
         assert abs(mmp.e_corr - e) < PLACES, frozen
@@ -98,7 +102,7 @@ def test_dfmp2_mf_with_df_diff_auxbasis(mols):
     mmp0.kernel()
     ref_e_corr = mmp0.e_corr
     assert abs(ref_e_corr - -0.20399004345216082) < PLACES
-    mmp1 = dfmp2.DFMP2(dfmf2).density_fit(auxbasis="cc-pvdz-ri")    # PySCF: mp.MP2(dfmf2).density_fit(...)
+    mmp1 = dfmp2.DFMP2(dfmf2).density_fit(auxbasis="cc-pvdz-ri")  # PySCF: mp.MP2(dfmf2).density_fit(...)
     mmp1.kernel()
     assert abs(mmp1.e_corr - ref_e_corr) < PLACES
     mmp2 = dfmp2.DFMP2(dfmf2)
@@ -116,7 +120,7 @@ def test_read_ovL_incore(mols):
     eris = mmp1.ao2mo(ovL=eris.ovL)
     mmp1.kernel(eris=eris)
     assert abs(mmp.e_corr - mmp1.e_corr) < PLACES
-    assert abs(mmp.e_corr - E_DIRECT) < PLACES           # not only self-consistent: PySCF's number
+    assert abs(mmp.e_corr - E_DIRECT) < PLACES  # not only self-consistent: PySCF's number
 
 
 def test_read_ovL_outcore(mols):
@@ -140,9 +144,11 @@ def test_dfmp2_slow(mols):
     assert abs(mmp.e_corr - E_DIRECT) < PLACES
 
 
-@pytest.mark.skip(reason="periodic cell (pyscf.pbc): outside dfmp2's scope, which takes molecules "
-                         "(a PBC mf is refused with one InputError: test_pbc_mf_is_refused), and the "
-                         "case reaches into PySCF's internals (mf.with_df._cderi = None)")
+@pytest.mark.skip(
+    reason="periodic cell (pyscf.pbc): outside dfmp2's scope, which takes molecules "
+    "(a PBC mf is refused with one InputError: test_pbc_mf_is_refused), and the "
+    "case reaches into PySCF's internals (mf.with_df._cderi = None)"
+)
 def test_dfmp2_pbc():
     pass
 
@@ -150,8 +156,9 @@ def test_dfmp2_pbc():
 def test_pbc_mf_is_refused():
     from pyscf.pbc import gto as pbcgto
     from pyscf.pbc import scf as pbcscf
+
     cell = pbcgto.Cell()
-    cell.atom = [[8, (0., 0., 0.)], [1, (0., -0.757, 0.587)], [1, (0., 0.757, 0.587)]]
+    cell.atom = [[8, (0.0, 0.0, 0.0)], [1, (0.0, -0.757, 0.587)], [1, (0.0, 0.757, 0.587)]]
     cell.a = numpy.eye(3) * 5
     cell.basis = "sto-3g"
     cell.verbose = 0

@@ -3,6 +3,7 @@
 validated AtomicResults of the input's version whose energies are `dfmp2 run`'s on the same
 molecule (which tests/interfaces/test_qcschema.py and tests/system/test_references.py hold against PySCF);
 errors are FailedOperations carrying dfmp2's one-line message."""
+
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -10,16 +11,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-qcng = pytest.importorskip("qcengine", reason="QCEngine harness: qcengine is not installed "
-                           "(pip install -e \".[qcschema]\")")
-from qcelemental.models import v1, v2  # noqa: E402
-from pyscf.lib.parameters import BOHR  # noqa: E402
+qcng = pytest.importorskip(
+    "qcengine", reason='QCEngine harness: qcengine is not installed (pip install -e ".[qcschema]")'
+)
+from pyscf.lib.parameters import BOHR
+from qcelemental.models import v1, v2
 
-import dfmp2  # noqa: E402
+import dfmp2
 import dfmp2.qcengine  # noqa: E402,F401   registers "dfmp2"
-from dfmp2.cli.main import main  # noqa: E402
-from dfmp2.errors import InputError  # noqa: E402
-from dfmp2.interfaces.qcschema import error_line, run_qcschema  # noqa: E402
+from dfmp2.cli.main import main
+from dfmp2.errors import InputError
+from dfmp2.interfaces.qcschema import error_line, run_qcschema
 
 ROOT = Path(__file__).resolve().parents[2]
 XYZ = {"water": ROOT / "inputs" / "water.xyz", "hydroxyl": ROOT / "inputs" / "open_shell" / "hydroxyl.xyz"}
@@ -33,25 +35,32 @@ def atomic_input(name: str, version: int = 1, **keywords) -> dict:
     """The molecule of XYZ[name] as an AtomicInput document (Bohr, PySCF's Bohr radius),
     cc-pVDZ, frozen core; v1's layout or v2's (driver, model, keywords in ``specification``)."""
     lines = XYZ[name].read_text().splitlines()[2:]
-    molecule = {"symbols": [ln.split()[0] for ln in lines],
-                "geometry": [float(x) / BOHR for ln in lines for x in ln.split()[1:]],
-                "molecular_charge": 0, "molecular_multiplicity": MULT[name]}
-    spec = {"driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
-            "keywords": {"frozen_core": True, **keywords}}
+    molecule = {
+        "symbols": [ln.split()[0] for ln in lines],
+        "geometry": [float(x) / BOHR for ln in lines for x in ln.split()[1:]],
+        "molecular_charge": 0,
+        "molecular_multiplicity": MULT[name],
+    }
+    spec = {
+        "driver": "energy",
+        "model": {"method": "mp2", "basis": "cc-pvdz"},
+        "keywords": {"frozen_core": True, **keywords},
+    }
     if version == 1:
         return {"schema_name": "qcschema_input", "schema_version": 1, "molecule": molecule, **spec}
-    return {"schema_name": "qcschema_atomic_input", "schema_version": 2, "molecule": molecule,
-            "specification": spec}
+    return {"schema_name": "qcschema_atomic_input", "schema_version": 2, "molecule": molecule, "specification": spec}
 
 
 @lru_cache(maxsize=None)
 def cli_energies(name: str) -> dict:
     """`dfmp2 run <xyz> --frozen-core --json`: the energies (Hartree) of the same molecule."""
     import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        res = CliRunner().invoke(main, ["run", str(XYZ[name]), "--frozen-core", "--multiplicity",
-                                        str(MULT[name]), "--json", str(out), "-q"])
+        res = CliRunner().invoke(
+            main, ["run", str(XYZ[name]), "--frozen-core", "--multiplicity", str(MULT[name]), "--json", str(out), "-q"]
+        )
         assert res.exit_code == 0, res.output
         return json.loads(out.read_text())["energies"]
 
@@ -60,7 +69,7 @@ def test_importing_dfmp2_qcengine_registers_the_program():
     assert "dfmp2" in qcng.list_all_programs()
     harness = qcng.get_program("dfmp2")
     assert harness.found() and harness.get_version() == dfmp2.__version__
-    dfmp2.qcengine.register()                         # a second registration is harmless
+    dfmp2.qcengine.register()  # a second registration is harmless
     assert qcng.get_program("dfmp2") is harness
 
 
@@ -72,13 +81,17 @@ def test_compute_returns_a_validated_atomic_result_of_the_inputs_version(name, n
     model = v1.AtomicResult if version == 1 else v2.AtomicResult
     assert type(r) is model
     text = r.json() if version == 1 else r.model_dump_json()
-    r = model.parse_raw(text) if version == 1 else model.model_validate_json(text)   # validates again
+    r = model.parse_raw(text) if version == 1 else model.model_validate_json(text)  # validates again
     e, p = cli_energies(name), r.properties
-    for got, want in [(r.return_result, e["e_mp2"]), (p.return_energy, e["e_mp2"]),
-                      (p.scf_total_energy, e["e_hf"]), (p.mp2_correlation_energy, e["e_corr"]),
-                      (p.mp2_same_spin_correlation_energy, e["e_corr_ss"]),
-                      (p.mp2_opposite_spin_correlation_energy, e["e_corr_os"]),
-                      (r.extras["qcvars"]["SCS-MP2 TOTAL ENERGY"], e["e_scs_mp2"])]:
+    for got, want in [
+        (r.return_result, e["e_mp2"]),
+        (p.return_energy, e["e_mp2"]),
+        (p.scf_total_energy, e["e_hf"]),
+        (p.mp2_correlation_energy, e["e_corr"]),
+        (p.mp2_same_spin_correlation_energy, e["e_corr_ss"]),
+        (p.mp2_opposite_spin_correlation_energy, e["e_corr_os"]),
+        (r.extras["qcvars"]["SCS-MP2 TOTAL ENERGY"], e["e_scs_mp2"]),
+    ]:
         assert abs(got - want) <= TOL, (got, want)
     assert (p.calcinfo_nalpha, p.calcinfo_nbeta) == (nalpha, nbeta)
     assert p.nuclear_repulsion_energy is not None and p.scf_iterations >= 1
@@ -86,17 +99,25 @@ def test_compute_returns_a_validated_atomic_result_of_the_inputs_version(name, n
 
 
 @pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("driver, changes, kind, fragment", [
-    ("hessian", {}, "input_error", "driver 'hessian' is not supported; dfmp2 computes driver 'energy' and 'gradient'"),
-    ("energy", {"freeze": True}, "input_error", "unknown keyword 'freeze'"),
-    ("energy", {"memory_mb": 0.001}, "resource_error", "(keywords.memory_mb)"),
-])
+@pytest.mark.parametrize(
+    "driver, changes, kind, fragment",
+    [
+        (
+            "hessian",
+            {},
+            "input_error",
+            "driver 'hessian' is not supported; dfmp2 computes driver 'energy' and 'gradient'",
+        ),
+        ("energy", {"freeze": True}, "input_error", "unknown keyword 'freeze'"),
+        ("energy", {"memory_mb": 0.001}, "resource_error", "(keywords.memory_mb)"),
+    ],
+)
 def test_errors_are_failed_operations_with_dfmp2s_line(no_scf, version, driver, changes, kind, fragment):
     doc = atomic_input("water", version, **changes)
     (doc if version == 1 else doc["specification"])["driver"] = driver
     f = qcng.compute(doc, "dfmp2")
     assert not f.success and f.error.error_type == kind
-    with pytest.raises(InputError) as e:                  # the same run in process: its one line
+    with pytest.raises(InputError) as e:  # the same run in process: its one line
         run_qcschema(doc)
     line = error_line(e.value)
     assert fragment in line and "\n" not in line and " --" not in line and "input.json" not in line
@@ -112,10 +133,12 @@ def test_qcengines_task_memory_is_the_limit(no_scf):
     f = qcng.compute(atomic_input("water"), "dfmp2", task_config={"memory": 1e-6})
     assert not f.success and f.error.error_type == "resource_error", f.error
     assert "memory" in f.error.error_message
-    from dfmp2.interfaces.qcengine import run_options
     from qcengine.config import get_config
+
+    from dfmp2.interfaces.qcengine import run_options
+
     spec = v2.AtomicInput(**atomic_input("water", 2, memory_mb=500.0))
-    assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb is None   # the keyword's
+    assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb is None  # the keyword's
     spec = v2.AtomicInput(**atomic_input("water", 2))
     assert run_options(spec, get_config(task_config={"memory": 2})).memory_mb == pytest.approx(2 * 2**30 / 1e6)
 
@@ -125,20 +148,25 @@ def test_qcengines_geometric_procedure_optimises_water_through_dfmp2(tmp_path, m
     OH 1.1 Å, HOH 120° to the DF-MP2/cc-pVDZ minimum; the last gradient (max |g| <= 3e-4 Eh/bohr,
     geomeTRIC's own criteria) and energy are dfmp2.gradient's at the final geometry."""
     pytest.importorskip("geometric", reason="the geomeTRIC procedure needs geomeTRIC (the test extra has it)")
-    monkeypatch.chdir(tmp_path)         # geomeTRIC writes its trajectory (qce_optim.xyz) in the working directory
+    monkeypatch.chdir(tmp_path)  # geomeTRIC writes its trajectory (qce_optim.xyz) in the working directory
     import numpy as np
+
     r, th = 1.1 / BOHR, np.radians(120.0)
     geom = [0, 0, 0, r, 0, 0, r * np.cos(th), r * np.sin(th), 0]
-    inp = {"schema_name": "qcschema_optimization_input", "schema_version": 1,
-           "keywords": {"program": "dfmp2", "coordsys": "tric", "maxiter": 40},
-           "input_specification": {"driver": "gradient", "model": {"method": "mp2", "basis": "cc-pvdz"}},
-           "initial_molecule": {"symbols": ["O", "H", "H"], "geometry": geom}}
+    inp = {
+        "schema_name": "qcschema_optimization_input",
+        "schema_version": 1,
+        "keywords": {"program": "dfmp2", "coordsys": "tric", "maxiter": 40},
+        "input_specification": {"driver": "gradient", "model": {"method": "mp2", "basis": "cc-pvdz"}},
+        "initial_molecule": {"symbols": ["O", "H", "H"], "geometry": geom},
+    }
     res = qcng.compute(inp, "geometric", raise_error=True, task_config={"scratch_directory": str(tmp_path)})
     assert res.success and 2 < len(res.trajectory) < 40
     last = np.asarray(res.trajectory[-1].return_result).reshape(3, 3)
     assert np.abs(last).max() <= 3e-4
     from pyscf import gto
-    final = np.asarray(res.trajectory[-1].molecule.geometry).reshape(3, 3)    # where that gradient was taken
+
+    final = np.asarray(res.trajectory[-1].molecule.geometry).reshape(3, 3)  # where that gradient was taken
     mol = gto.M(atom=[("O", final[0]), ("H", final[1]), ("H", final[2])], unit="Bohr", basis="cc-pvdz")
     ours = dfmp2.gradient(mol)
     assert abs(ours.energy - res.energies[-1]) <= 1e-9

@@ -1,6 +1,7 @@
 """Checkpoint and resume: a run killed mid pair-loop (a real subprocess and a signal) resumes to
 the bitwise energy of an uninterrupted run; finished work is not redone; missing, corrupted and
 mismatched checkpoints are refused with one clear line."""
+
 import json
 import os
 import signal
@@ -15,20 +16,18 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2.io import checkpoint
-from dfmp2.scf import driver
-from dfmp2.scf import rhf
-from dfmp2.df import integrals
-from dfmp2.scf import pyscf_scf
-from dfmp2.io.checkpoint import CheckpointError
 from dfmp2.cli.main import main
+from dfmp2.df import integrals
+from dfmp2.io import checkpoint
+from dfmp2.io.checkpoint import CheckpointError
 from dfmp2.pipeline import RunOptions, run
+from dfmp2.scf import driver, pyscf_scf, rhf
 
 ROOT = Path(__file__).resolve().parents[2]
 INPUTS = ROOT / "inputs"
 WATER = INPUTS / "water.xyz"
 DIMER = INPUTS / "water_clusters" / "h2o_02.xyz"
-OCC_BLOCK, J3C_MB = 2, 0.05           # the dimer (nocc 10) in 5 occupied blocks: 15 block pairs
+OCC_BLOCK, J3C_MB = 2, 0.05  # the dimer (nocc 10) in 5 occupied blocks: 15 block pairs
 BLOCKS = dict(occ_block_max=OCC_BLOCK, j3c_block_mb=J3C_MB)
 BLOCK_ARGS = ["--occ-block-max", str(OCC_BLOCK), "--j3c-block-mb", str(J3C_MB)]
 NPAIRS = 15
@@ -78,6 +77,7 @@ def uninterrupted():
             finally:
                 torch.set_num_threads(old)
         return cache[precision]
+
     return get
 
 
@@ -89,6 +89,7 @@ def count_pair_calls(monkeypatch, fail_after=None, exc=KeyboardInterrupt):
             raise exc("interrupted by the test")
         calls.append(1)
         return PAIR_KERNEL(*a, **k)
+
     monkeypatch.setattr(linalg, "mp2_pair_energy", counted)
     return calls
 
@@ -99,8 +100,7 @@ def same_bits(a, b):
 
 # ------------------------------------------------------------------ in-process interruption
 @pytest.mark.parametrize("storage", ["memory", "disk"])
-def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path, monkeypatch,
-                                                                     uninterrupted, storage):
+def test_interrupted_run_resumes_to_the_same_bits_without_redoing_work(tmp_path, monkeypatch, uninterrupted, storage):
     ref = uninterrupted()
     ck = tmp_path / "run.h5"
     count_pair_calls(monkeypatch, fail_after=6)
@@ -129,6 +129,7 @@ def test_interrupt_during_fit_rebuilds_b_but_keeps_the_scf(tmp_path, monkeypatch
     ref = uninterrupted()
     ck = tmp_path / "run.h5"
     from dfmp2.df import outofcore
+
     orig = outofcore.fit_blocks
     monkeypatch.setattr(outofcore, "fit_blocks", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
@@ -157,8 +158,13 @@ def test_fp32_checkpoint_resumes_bitwise(tmp_path, monkeypatch, uninterrupted):
 def start_child(args, tmp_path, path=DIMER):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    return subprocess.Popen([sys.executable, str(script), "run", str(path)] + BLOCK_ARGS + args, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), "run", str(path)] + BLOCK_ARGS + args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def kill_after_pairs(proc, npairs, sig):
@@ -183,10 +189,10 @@ def test_killed_process_resumes_to_the_uninterrupted_energy(tmp_path, uninterrup
     if sig == signal.SIGKILL:
         assert code == -signal.SIGKILL
     else:
-        assert code == 143, err                       # 128 + SIGTERM, not Ctrl-C's 130
+        assert code == 143, err  # 128 + SIGTERM, not Ctrl-C's 130
         assert err.strip().splitlines()[-1].startswith("error: interrupted by SIGTERM; continue with:")
         assert f"--resume {ck}" in err
-    with h5py.File(ck, "r") as f:                   # opens after SIGKILL too
+    with h5py.File(ck, "r") as f:  # opens after SIGKILL too
         ndone = int(f["pairs/done"][...].sum())
     assert 3 <= ndone < NPAIRS
     out = tmp_path / "r.json"
@@ -248,14 +254,17 @@ def cli_error(args):
     return lines[-1]
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--basis", "cc-pvtz"], "basis is \"cc-pvdz\" in the checkpoint but \"cc-pvtz\" here"),
-    (["--precision", "fp32"], "precision is \"fp64\" in the checkpoint but \"fp32\" here"),
-    (["--frozen-core"], "frozen_core is false in the checkpoint but true here"),
-    (["--scf", "exact"], "scf_mode is \"df\""),
-    (["--scf", "pyscf-df"], "scf_mode is \"df\" in the checkpoint but \"pyscf-df\" here"),
-    (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--basis", "cc-pvtz"], 'basis is "cc-pvdz" in the checkpoint but "cc-pvtz" here'),
+        (["--precision", "fp32"], 'precision is "fp64" in the checkpoint but "fp32" here'),
+        (["--frozen-core"], "frozen_core is false in the checkpoint but true here"),
+        (["--scf", "exact"], 'scf_mode is "df"'),
+        (["--scf", "pyscf-df"], 'scf_mode is "df" in the checkpoint but "pyscf-df" here'),
+        (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
+    ],
+)
 def test_mismatched_settings_are_refused(water_checkpoint, tmp_path, args, fragment):
     ck = copy(water_checkpoint[0], tmp_path / "c.h5")
     msg = cli_error(["run", str(WATER), "--resume", str(ck)] + args)
@@ -294,8 +303,8 @@ def test_corrupted_checkpoints_are_refused(water_checkpoint, tmp_path):
 
     flipped = copy(good, tmp_path / "flipped.h5")
     with h5py.File(flipped, "r+") as f:
-        offset = f["B"].id.get_offset()         # all pairs done: B is still checked whole
-    with open(flipped, "r+b") as fh:            # one byte of B changed behind HDF5's back
+        offset = f["B"].id.get_offset()  # all pairs done: B is still checked whole
+    with open(flipped, "r+b") as fh:  # one byte of B changed behind HDF5's back
         fh.seek(offset + 100)
         b = fh.read(1)
         fh.seek(offset + 100)
@@ -332,8 +341,9 @@ def flip_byte(path, dataset, where=0.5):
 # B out of core is read block by block (HDF5B.verify), in memory copied whole: both ways for B
 @pytest.mark.parametrize("dataset,storage", [(d, "memory") for d in DATASETS] + [("B", "disk"), ("B_crc", "disk")])
 @pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
-def test_any_flipped_byte_of_a_finished_checkpoint_is_refused(water_checkpoint, tmp_path, monkeypatch,
-                                                             dataset, where, storage):
+def test_any_flipped_byte_of_a_finished_checkpoint_is_refused(
+    water_checkpoint, tmp_path, monkeypatch, dataset, where, storage
+):
     ck = copy(water_checkpoint[0], tmp_path / "c.h5")
     flip_byte(ck, dataset, where)
     monkeypatch.setattr(pyscf_scf, "run_rhf", lambda *a, **k: pytest.fail("no SCF on resume"))
@@ -342,13 +352,19 @@ def test_any_flipped_byte_of_a_finished_checkpoint_is_refused(water_checkpoint, 
     assert "is corrupted" in msg and "remove the file" in msg, msg
 
 
-@pytest.mark.parametrize("obj,attr,value", [
-    ("scf", "e_hf", lambda v: v + 1e-9), ("scf", "nocc", lambda v: v - 1),
-    ("scf", "jk_auxbasis", lambda v: "def2-universal-jkfit"), ("scf", "cycles", lambda v: v + 1),
-    ("B", "metric", lambda v: "eigh"), ("B", "metric_dropped", lambda v: v + 1),
-    ("/", "occ_block", lambda v: v + 1),
-    ("/", "fingerprint", lambda v: json.dumps(json.loads(v), indent=1)),   # same content, other bytes
-])
+@pytest.mark.parametrize(
+    "obj,attr,value",
+    [
+        ("scf", "e_hf", lambda v: v + 1e-9),
+        ("scf", "nocc", lambda v: v - 1),
+        ("scf", "jk_auxbasis", lambda v: "def2-universal-jkfit"),
+        ("scf", "cycles", lambda v: v + 1),
+        ("B", "metric", lambda v: "eigh"),
+        ("B", "metric_dropped", lambda v: v + 1),
+        ("/", "occ_block", lambda v: v + 1),
+        ("/", "fingerprint", lambda v: json.dumps(json.loads(v), indent=1)),  # same content, other bytes
+    ],
+)
 def test_changed_attributes_are_refused(water_checkpoint, tmp_path, obj, attr, value):
     ck = copy(water_checkpoint[0], tmp_path / "c.h5")
     with h5py.File(ck, "r+") as f:
@@ -389,10 +405,10 @@ def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
         checkpoint.Checkpoint.resume(copy(ck, tmp_path / "c.h5"), {"charge": 1})
     assert info.value.option == "resume" and " --" not in str(info.value)
     # the same refusal from run_geometry, before any work
-    assert "already exists; resume it" in cli_error(
-        ["run", str(WATER), "--checkpoint", str(ck)])
+    assert "already exists; resume it" in cli_error(["run", str(WATER), "--checkpoint", str(ck)])
     assert "to resume are different files" in cli_error(
-        ["run", str(WATER), "--checkpoint", str(tmp_path / "a.h5"), "--resume", str(ck)])
+        ["run", str(WATER), "--checkpoint", str(tmp_path / "a.h5"), "--resume", str(ck)]
+    )
 
 
 @pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
@@ -410,7 +426,7 @@ def test_non_regular_checkpoint_paths_are_refused_in_one_line(tmp_path, kind):
             else:
                 checkpoint.Checkpoint.create(path, {}, occ_block=OCC_BLOCK)
         assert info.value.option == option and " --" not in str(info.value)
-    if kind != "directory":       # click refuses a directory itself
+    if kind != "directory":  # click refuses a directory itself
         for flag in ("--resume", "--checkpoint"):
             msg = cli_error(["run", str(WATER), flag, str(path)])
             assert "not a regular file" in msg and msg.endswith(f"({flag})"), msg
@@ -420,8 +436,18 @@ def test_non_regular_checkpoint_paths_are_refused_in_one_line(tmp_path, kind):
 def test_fingerprint_fields(water_checkpoint):
     with h5py.File(water_checkpoint[0], "r") as f:
         fp = json.loads(f.attrs["fingerprint"])
-    assert set(fp) >= {"dfmp2_version", "geometry", "charge", "basis", "auxbasis", "scf_mode",
-                       "frozen_core", "precision", "device", "shapes"}
+    assert set(fp) >= {
+        "dfmp2_version",
+        "geometry",
+        "charge",
+        "basis",
+        "auxbasis",
+        "scf_mode",
+        "frozen_core",
+        "precision",
+        "device",
+        "shapes",
+    }
     assert fp["auxbasis"] == "cc-pvdz-ri" and fp["device"] == "cpu"
     assert checkpoint.FORMAT == "dfmp2-checkpoint"
 
@@ -431,8 +457,10 @@ OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 # OH (nocc 5 alpha, 4 beta) in blocks of 2: alpha 3 blocks (6 pairs), beta 2 (3), alpha x beta 6
 UHF_SETS = {"pairs_aa": 6, "pairs_bb": 3, "pairs_ab": 6}
 UHF_NPAIRS = sum(UHF_SETS.values())
-UHF_DATASETS = sorted(["B", "B_crc", "B_beta", "B_beta_crc", "scf/mo_coeff", "scf/mo_energy"]
-                      + [f"{g}/{n}" for g in UHF_SETS for n in ("crc", "done", "sums")])
+UHF_DATASETS = sorted(
+    ["B", "B_crc", "B_beta", "B_beta_crc", "scf/mo_coeff", "scf/mo_energy"]
+    + [f"{g}/{n}" for g in UHF_SETS for n in ("crc", "done", "sums")]
+)
 
 
 @pytest.fixture(scope="module")
@@ -446,14 +474,16 @@ def uhf_uninterrupted():
 
 
 def same_uhf_bits(a, b):
-    return same_bits(a, b) and a.spin["s2"].hex() == b.spin["s2"].hex() and all(
-        a.spin[k].hex() == b.spin[k].hex() for k in ("e_corr_aa", "e_corr_bb", "e_corr_ab"))
+    return (
+        same_bits(a, b)
+        and a.spin["s2"].hex() == b.spin["s2"].hex()
+        and all(a.spin[k].hex() == b.spin[k].hex() for k in ("e_corr_aa", "e_corr_bb", "e_corr_ab"))
+    )
 
 
 # interrupted in each pair set: after 3 (in aa), 7 (in bb) and 11 (in ab) pairs
 @pytest.mark.parametrize("fail_after,storage", [(3, "memory"), (7, "disk"), (11, "memory"), (11, "disk")])
-def test_interrupted_uhf_run_resumes_to_the_same_bits(tmp_path, monkeypatch, uhf_uninterrupted,
-                                                      fail_after, storage):
+def test_interrupted_uhf_run_resumes_to_the_same_bits(tmp_path, monkeypatch, uhf_uninterrupted, fail_after, storage):
     ref = uhf_uninterrupted
     ck = tmp_path / "oh.h5"
     count_pair_calls(monkeypatch, fail_after=fail_after)
@@ -480,6 +510,7 @@ def test_interrupted_uhf_run_resumes_to_the_same_bits(tmp_path, monkeypatch, uhf
 
 def test_uhf_interrupt_in_the_beta_fit_keeps_alpha_and_the_scf(tmp_path, monkeypatch, uhf_uninterrupted):
     from dfmp2.df import outofcore
+
     orig, fits = outofcore.fit_blocks, []
 
     def second_fails(*a, **k):
@@ -487,6 +518,7 @@ def test_uhf_interrupt_in_the_beta_fit_keeps_alpha_and_the_scf(tmp_path, monkeyp
             raise KeyboardInterrupt()
         fits.append(1)
         return orig(*a, **k)
+
     ck = tmp_path / "oh.h5"
     monkeypatch.setattr(outofcore, "fit_blocks", second_fails)
     with pytest.raises(KeyboardInterrupt):
@@ -529,11 +561,12 @@ def test_complete_uhf_checkpoint_gives_the_result_again(oh_checkpoint, monkeypat
     assert calls == [] and same_uhf_bits(r, first)
 
 
-@pytest.mark.parametrize("dataset,storage", [(d, "memory") for d in UHF_DATASETS]
-                         + [("B", "disk"), ("B_beta", "disk"), ("B_beta_crc", "disk")])
+@pytest.mark.parametrize(
+    "dataset,storage",
+    [(d, "memory") for d in UHF_DATASETS] + [("B", "disk"), ("B_beta", "disk"), ("B_beta_crc", "disk")],
+)
 @pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
-def test_any_flipped_byte_of_a_uhf_checkpoint_is_refused(oh_checkpoint, tmp_path, monkeypatch,
-                                                        dataset, where, storage):
+def test_any_flipped_byte_of_a_uhf_checkpoint_is_refused(oh_checkpoint, tmp_path, monkeypatch, dataset, where, storage):
     ck = copy(oh_checkpoint[0], tmp_path / "c.h5")
     flip_byte(ck, dataset, where)
     monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("no SCF on resume"))
@@ -542,11 +575,17 @@ def test_any_flipped_byte_of_a_uhf_checkpoint_is_refused(oh_checkpoint, tmp_path
     assert "is corrupted" in msg and "remove the file" in msg, msg
 
 
-@pytest.mark.parametrize("obj,attr,value", [
-    ("scf", "nocc_beta", lambda v: v + 1), ("scf", "s2", lambda v: v + 1e-12),
-    ("scf", "engine", lambda v: "pyscf"), ("scf", "nocc", lambda v: v - 1),
-    ("B_beta", "metric", lambda v: "eigh"), ("B_beta", "metric_dropped", lambda v: v + 1),
-])
+@pytest.mark.parametrize(
+    "obj,attr,value",
+    [
+        ("scf", "nocc_beta", lambda v: v + 1),
+        ("scf", "s2", lambda v: v + 1e-12),
+        ("scf", "engine", lambda v: "pyscf"),
+        ("scf", "nocc", lambda v: v - 1),
+        ("B_beta", "metric", lambda v: "eigh"),
+        ("B_beta", "metric_dropped", lambda v: v + 1),
+    ],
+)
 def test_changed_uhf_attributes_are_refused(oh_checkpoint, tmp_path, obj, attr, value):
     ck = copy(oh_checkpoint[0], tmp_path / "c.h5")
     with h5py.File(ck, "r+") as f:
@@ -560,8 +599,12 @@ def test_rhf_and_uhf_checkpoints_do_not_resume_each_other(water_checkpoint, tmp_
     msg = cli_error(["run", str(WATER), "--resume", str(ck), "--reference", "uhf"] + BLOCK_ARGS)
     assert "the reference is RHF in the checkpoint but UHF here" in msg, msg
     uhf_ck = tmp_path / "u.h5"
-    assert CliRunner().invoke(main, ["run", str(WATER), "--reference", "uhf", "--checkpoint", str(uhf_ck),
-                                     "-q"] + BLOCK_ARGS).exit_code == 0
+    assert (
+        CliRunner()
+        .invoke(main, ["run", str(WATER), "--reference", "uhf", "--checkpoint", str(uhf_ck), "-q"] + BLOCK_ARGS)
+        .exit_code
+        == 0
+    )
     msg = cli_error(["run", str(WATER), "--resume", str(uhf_ck)] + BLOCK_ARGS)
     assert "the reference is UHF in the checkpoint but RHF here" in msg, msg
 

@@ -11,6 +11,7 @@
 The tmpfs tests mount a small file system (root, as on these machines and CI); where mounting is
 not permitted they are skipped with the reason, and the file-size-rlimit tests still run.
 """
+
 import contextlib
 import json
 import os
@@ -25,12 +26,11 @@ from click.testing import CliRunner
 from tmpfs import tmpfs
 
 from dfmp2 import pipeline
-from dfmp2.io import checkpoint
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
-from dfmp2.options import RunOptions
+from dfmp2.io import checkpoint, molecule
 from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
+from dfmp2.scf import pyscf_scf
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = ROOT / "inputs" / "water.xyz"
@@ -38,21 +38,30 @@ HYDROXYL = ROOT / "inputs" / "open_shell" / "hydroxyl.xyz"
 
 # dfmp2's CLI in a child process whose disk check sees a huge free disk: the check passes, and the
 # disk fills while the run goes on (another process filled it, say), which is what is tested here
-PATCHED_CLI = ("import collections, shutil, sys; "
-               "shutil.disk_usage = lambda p: collections.namedtuple('u', 'total used free')(10**12, 0, 10**12); "
-               "from dfmp2.cli.main import main; sys.argv[0] = 'dfmp2'; main()")
+PATCHED_CLI = (
+    "import collections, shutil, sys; "
+    "shutil.disk_usage = lambda p: collections.namedtuple('u', 'total used free')(10**12, 0, 10**12); "
+    "from dfmp2.cli.main import main; sys.argv[0] = 'dfmp2'; main()"
+)
 
 
 def run_cli(args, *, env=None, preexec_fn=None, patched=True, timeout=180):
     """``dfmp2 args`` in a child process: (returncode, stderr lines)."""
     cmd = [sys.executable, "-c", PATCHED_CLI] if patched else [sys.executable, "-m", "dfmp2.cli.main"]
-    p = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, cwd=ROOT)
+    p = subprocess.run(
+        cmd + [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,
+        cwd=ROOT,
+    )
     return p.returncode, [ln for ln in p.stderr.splitlines() if ln.strip()]
 
 
 def assert_one_error(rc, err, *fragments):
-    assert rc == 2, (rc, err)                    # 139 was the segfault of a failed HDF5 close
+    assert rc == 2, (rc, err)  # 139 was the segfault of a failed HDF5 close
     assert len(err) == 1 and err[0].startswith("error: "), err
     assert "Traceback" not in "\n".join(err)
     for f in fragments:
@@ -62,12 +71,16 @@ def assert_one_error(rc, err, *fragments):
 # ------------------------------------------------------------------ 5. a disk that fills up
 @pytest.mark.parametrize("where", ["checkpoint", "scratch"])
 def test_a_disk_that_fills_during_the_run_is_one_line_and_nothing_stays(tmp_path, where):
-    with tmpfs(tmp_path, 40) as disk:           # water's B alone is 64 kB
-        extra = (["--checkpoint", disk / "ck.h5"] if where == "checkpoint"
-                 else ["--storage", "disk", "--scratch", disk])
+    with tmpfs(tmp_path, 40) as disk:  # water's B alone is 64 kB
+        extra = ["--checkpoint", disk / "ck.h5"] if where == "checkpoint" else ["--storage", "disk", "--scratch", disk]
         rc, err = run_cli(["run", WATER, "-q", *extra])
-        assert_one_error(rc, err, "No space left on device", f"cannot write the {where}",
-                         "(--checkpoint)" if where == "checkpoint" else "(--scratch)")
+        assert_one_error(
+            rc,
+            err,
+            "No space left on device",
+            f"cannot write the {where}",
+            "(--checkpoint)" if where == "checkpoint" else "(--scratch)",
+        )
         assert list(disk.iterdir()) == []
 
 
@@ -75,7 +88,7 @@ def test_a_full_disk_for_the_json_is_one_line_and_nothing_stays(tmp_path):
     with tmpfs(tmp_path, 16) as disk:
         filler = disk / "filler"
         with contextlib.suppress(OSError), open(filler, "wb") as f:
-            f.write(b"\0" * (64 << 10))         # fills it (the rest of what does not fit is refused)
+            f.write(b"\0" * (64 << 10))  # fills it (the rest of what does not fit is refused)
         rc, err = run_cli(["run", WATER, "-q", "--json", disk / "out.json"])
         assert_one_error(rc, err, "No space left on device", "out.json")
         assert [p.name for p in disk.iterdir()] == ["filler"]
@@ -83,12 +96,13 @@ def test_a_full_disk_for_the_json_is_one_line_and_nothing_stays(tmp_path):
 
 def _file_size_limit(nbytes: int):
     def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # write() fails with EFBIG instead
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
     return limit
 
 
-@pytest.mark.parametrize("limit", [40_000, 100])       # mid-run; at the file's creation
+@pytest.mark.parametrize("limit", [40_000, 100])  # mid-run; at the file's creation
 def test_a_file_size_limit_on_the_checkpoint_is_one_line_and_removes_it(tmp_path, limit):
     """No mount needed: ``ulimit -f`` refuses the checkpoint's writes past ``limit`` bytes (EFBIG)."""
     ck = tmp_path / "ck.h5"
@@ -98,8 +112,9 @@ def test_a_file_size_limit_on_the_checkpoint_is_one_line_and_removes_it(tmp_path
 
 
 def test_a_file_size_limit_on_scratch_b_is_one_line_and_removes_it(tmp_path):
-    rc, err = run_cli(["run", WATER, "-q", "--storage", "disk", "--scratch", tmp_path],
-                      preexec_fn=_file_size_limit(40_000))
+    rc, err = run_cli(
+        ["run", WATER, "-q", "--storage", "disk", "--scratch", tmp_path], preexec_fn=_file_size_limit(40_000)
+    )
     assert_one_error(rc, err, "File too large", "cannot write the scratch file", "(--scratch)")
     assert list(tmp_path.iterdir()) == []
 
@@ -128,22 +143,26 @@ def test_the_disk_check_refuses_a_checkpoint_that_b_alone_would_fit(tmp_path, no
 
 
 # ------------------------------------------------------------------ 6. PySCF's files
-@pytest.mark.parametrize("mol,args,df_tensor", [
-    (WATER, ["--scf", "pyscf-df", "--memory", "0.25MB"], "disk"),  # the tensor (0.28 MB) over 0.9 x 0.25 MB
-    (WATER, ["--scf", "pyscf-df"], "memory"),
-    (WATER, ["--scf", "exact"], None),
-    (WATER, ["--storage", "disk"], None),                           # our DF-RHF, B on disk
-    (HYDROXYL, [], None),                                           # UHF: our DF-UHF
-    (HYDROXYL, ["--scf", "pyscf-df"], "memory"),                    # UHF: PySCF's DF-UHF
-])
+@pytest.mark.parametrize(
+    "mol,args,df_tensor",
+    [
+        (WATER, ["--scf", "pyscf-df", "--memory", "0.25MB"], "disk"),  # the tensor (0.28 MB) over 0.9 x 0.25 MB
+        (WATER, ["--scf", "pyscf-df"], "memory"),
+        (WATER, ["--scf", "exact"], None),
+        (WATER, ["--storage", "disk"], None),  # our DF-RHF, B on disk
+        (HYDROXYL, [], None),  # UHF: our DF-UHF
+        (HYDROXYL, ["--scf", "pyscf-df"], "memory"),  # UHF: PySCF's DF-UHF
+    ],
+)
 def test_no_file_outside_the_scratch_directory(tmp_path, mol, args, df_tensor):
     """TMPDIR points at an empty directory, --scratch at another: both are empty after the run,
     and the result records where PySCF's DF tensor was."""
     tmp, scratch, out = tmp_path / "tmpdir", tmp_path / "scratch", tmp_path / "out.json"
     tmp.mkdir()
     scratch.mkdir()
-    rc, err = run_cli(["run", mol, "-q", "--scratch", scratch, "--json", out, *args],
-                      env={"TMPDIR": str(tmp)}, patched=False)
+    rc, err = run_cli(
+        ["run", mol, "-q", "--scratch", scratch, "--json", out, *args], env={"TMPDIR": str(tmp)}, patched=False
+    )
     assert rc == 0, err
     assert list(tmp.iterdir()) == [] and list(scratch.iterdir()) == []
     assert json.loads(out.read_text())["ran"]["scf"]["df_tensor"] == df_tensor
@@ -152,7 +171,9 @@ def test_no_file_outside_the_scratch_directory(tmp_path, mol, args, df_tensor):
 def test_pyscf_writes_its_df_tensor_under_scratch_with_the_memory_limit(tmp_path, monkeypatch):
     """In process: PySCF's DF build sees --memory as max_memory, and its tensor file lies in a
     private directory under --scratch while it exists."""
-    from pyscf.df import df as pyscf_df, outcore
+    from pyscf.df import df as pyscf_df
+    from pyscf.df import outcore
+
     seen = {}
     build, write = pyscf_df.DF.build, outcore.cholesky_eri_b
 
@@ -163,6 +184,7 @@ def test_pyscf_writes_its_df_tensor_under_scratch_with_the_memory_limit(tmp_path
     def spy_write(mol, erifile, *a, **k):
         seen["file"] = Path(erifile)
         return write(mol, erifile, *a, **k)
+
     monkeypatch.setattr(pyscf_df.DF, "build", spy_build)
     monkeypatch.setattr(outcore, "cholesky_eri_b", spy_write)
     r = pipeline.run(WATER, RunOptions(scf_mode="pyscf-df", memory_mb=0.25, scratch_dir=str(tmp_path)))
@@ -176,8 +198,9 @@ def test_pyscf_df_tensor_on_disk_is_in_the_disk_check(tmp_path, no_scf):
     small for water's 0.28 MB tensor (0.25 MB of memory: 24 % above PySCF's in-memory share)."""
     assert pyscf_scf.pyscf_df_mb(molecule.build_molecule(read_xyz(WATER))) > 0.2
     with tmpfs(tmp_path, 64) as disk:
-        res = CliRunner().invoke(main, ["run", str(WATER), "-q", "--scf", "pyscf-df", "--memory", "0.25MB",
-                                        "--scratch", str(disk)])
+        res = CliRunner().invoke(
+            main, ["run", str(WATER), "-q", "--scf", "pyscf-df", "--memory", "0.25MB", "--scratch", str(disk)]
+        )
         assert res.exit_code == 2 and "of disk" in res.stderr and "(--scratch)" in res.stderr, res.output
         assert list(disk.iterdir()) == []
 
@@ -200,23 +223,29 @@ cli.main()
 """
 
 
-@pytest.mark.parametrize("command, signum", [("run", signal.SIGTERM), ("run", signal.SIGINT),
-                                             ("gradient", signal.SIGTERM)])
+@pytest.mark.parametrize(
+    "command, signum", [("run", signal.SIGTERM), ("run", signal.SIGINT), ("gradient", signal.SIGTERM)]
+)
 def test_a_signal_during_a_long_c_call_ends_the_run_promptly_and_cleans_up(tmp_path, command, signum):
     """PySCF's SCF stuck in one C call that would run for minutes (a run once took 300 s to honour
     SIGTERM): the watchdog ends it 2 s (its grace, patched from 10) after the signal, with one
     error line, exit 128 + signum, and PySCF's scratch directory removed (``dfmp2 gradient``
     runs under the same watchdog)."""
     import time
+
     # SIGINT at its default in the child: a suite started as a background job inherits it ignored,
     # and the program keeps a user's ignored SIGINT
-    p = subprocess.Popen([sys.executable, "-c", STUCK_IN_C, command, str(WATER), "-q", "--scf", "pyscf-df",
-                          "--scratch", str(tmp_path)], stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-c", STUCK_IN_C, command, str(WATER), "-q", "--scf", "pyscf-df", "--scratch", str(tmp_path)],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert p.stderr.readline().strip() == "in C"
         assert [d.name[:12] for d in tmp_path.iterdir()] == ["dfmp2-pyscf-"]
-        time.sleep(1.0)         # into the query (a signal before it would be handled in Python at once)
+        time.sleep(1.0)  # into the query (a signal before it would be handled in Python at once)
         t0 = time.perf_counter()
         p.send_signal(signum)
         rc = p.wait(timeout=60)

@@ -7,6 +7,7 @@ The tests run as root, where permission bits stop nothing: the unwritable places
 missing directory, a regular file used as a directory, a directory used as a file, /proc (where
 not even root creates files) and a private character device that behaves as /dev/full.
 """
+
 import json
 import os
 import stat
@@ -17,13 +18,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfmp2.workflows import compare as compare_mod
-from dfmp2.scf import driver
-from dfmp2.io import outputs
-from dfmp2.workflows import regress
-from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError, SCFNotConvergedError
+from dfmp2.io import outputs
+from dfmp2.scf import driver, pyscf_scf
+from dfmp2.workflows import compare as compare_mod
+from dfmp2.workflows import regress
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = ROOT / "inputs" / "water.xyz"
@@ -50,8 +50,10 @@ def usage_error(res, fragment):
 @pytest.fixture
 def no_heavy_work(monkeypatch):
     """Any SCF, regression case, device comparison or benchmark fails the test."""
+
     def fail(*a, **k):
         pytest.fail("heavy work started before the output path was checked")
+
     monkeypatch.setattr(pyscf_scf, "run_rhf", fail)
     monkeypatch.setattr(pyscf_scf, "run_uhf", fail)
     monkeypatch.setattr(driver, "run_scf", fail)
@@ -59,6 +61,7 @@ def no_heavy_work(monkeypatch):
     monkeypatch.setattr(compare_mod, "run_molecule", fail)
     monkeypatch.setattr(compare_mod, "run_synthetic", fail)
     import dfmp2.benchmarks.run as bench_run
+
     monkeypatch.setattr(bench_run, "run_bench", fail)
 
 
@@ -67,9 +70,11 @@ def bad_places(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     (tmp_path / "a_dir").mkdir()
-    places = [("missing directory", tmp_path / "nodir" / "out.json", "does not exist"),
-              ("parent is a regular file", a_file / "out.json", "Not a directory"),
-              ("path is a directory", tmp_path / "a_dir", "is a directory")]
+    places = [
+        ("missing directory", tmp_path / "nodir" / "out.json", "does not exist"),
+        ("parent is a regular file", a_file / "out.json", "Not a directory"),
+        ("path is a directory", tmp_path / "a_dir", "is a directory"),
+    ]
     if PROC_OK:
         places.append(("read-only directory (/proc)", Path("/proc/dfmp2-out.json"), "cannot create files"))
     return places
@@ -86,14 +91,14 @@ def test_check_output_file_refuses_unwritable_places(tmp_path):
             outputs.check_output_file(path, "--json")
     ok = tmp_path / "new.json"
     assert outputs.check_output_file(ok, "--json") == ok
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file"]   # the probe is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file"]  # the probe is gone
 
 
 def test_run_json_unwritable_fails_before_scf(tmp_path, no_heavy_work):
     for label, path, fragment in bad_places(tmp_path):
         before = snapshot(tmp_path)
         res = CliRunner().invoke(main, ["run", str(WATER), "--json", str(path)])
-        if label == "path is a directory":     # click's own dir_okay=False check is first
+        if label == "path is a directory":  # click's own dir_okay=False check is first
             usage_error(res, "is a directory")
         else:
             one_error(res, "--json", fragment)
@@ -102,12 +107,20 @@ def test_run_json_unwritable_fails_before_scf(tmp_path, no_heavy_work):
 
 def test_regress_and_compare_json_unwritable_fail_before_any_case(tmp_path, no_heavy_work):
     bad = tmp_path / "nodir" / "r.json"
-    one_error(CliRunner().invoke(main, ["regress", "water|cc-pvdz|cc-pvdz-ri|df|fc", "--json", str(bad)]),
-              "--json", "does not exist")          # 2 (bad input), not 1 (a regression failed)
-    one_error(CliRunner().invoke(main, ["compare", str(WATER), "--devices", "cpu", "--json", str(bad)]),
-              "--json", "does not exist")
-    one_error(CliRunner().invoke(main, ["compare", "--synthetic", "2,3,4", "--devices", "cpu",
-                                        "--json", str(bad)]), "does not exist")
+    one_error(
+        CliRunner().invoke(main, ["regress", "water|cc-pvdz|cc-pvdz-ri|df|fc", "--json", str(bad)]),
+        "--json",
+        "does not exist",
+    )  # 2 (bad input), not 1 (a regression failed)
+    one_error(
+        CliRunner().invoke(main, ["compare", str(WATER), "--devices", "cpu", "--json", str(bad)]),
+        "--json",
+        "does not exist",
+    )
+    one_error(
+        CliRunner().invoke(main, ["compare", "--synthetic", "2,3,4", "--devices", "cpu", "--json", str(bad)]),
+        "does not exist",
+    )
     assert not (tmp_path / "nodir").exists()
 
 
@@ -115,22 +128,27 @@ def test_bench_out_unwritable_fails_before_timing(tmp_path, no_heavy_work):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     usage_error(CliRunner().invoke(main, ["bench", "--out", str(a_file), "--waters", "none"]), "is a file")
-    one_error(CliRunner().invoke(main, ["bench", "--out", str(a_file / "sub"), "--waters", "none"]),
-              "is not a directory")
-    (tmp_path / "out" / "b.json").mkdir(parents=True)         # NAME.json taken by a directory
-    one_error(CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "out"), "--name", "b",
-                                        "--waters", "none"]), "is a directory")
+    one_error(
+        CliRunner().invoke(main, ["bench", "--out", str(a_file / "sub"), "--waters", "none"]), "is not a directory"
+    )
+    (tmp_path / "out" / "b.json").mkdir(parents=True)  # NAME.json taken by a directory
+    one_error(
+        CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "out"), "--name", "b", "--waters", "none"]),
+        "is a directory",
+    )
     if PROC_OK:
-        one_error(CliRunner().invoke(main, ["bench", "--out", "/proc/dfmp2-bench", "--waters", "none"]),
-                  "cannot create files")
+        one_error(
+            CliRunner().invoke(main, ["bench", "--out", "/proc/dfmp2-bench", "--waters", "none"]), "cannot create files"
+        )
     assert a_file.read_text() == "x" and not (tmp_path / "bench-results").exists()
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", "/tmp/x"])
 def test_bench_name_cannot_leave_out_dir(tmp_path, no_heavy_work, name):
     out = tmp_path / "out"
-    msg = one_error(CliRunner().invoke(main, ["bench", "--out", str(out), "--name", name,
-                                              "--waters", "none"]), "--name")
+    msg = one_error(
+        CliRunner().invoke(main, ["bench", "--out", str(out), "--name", name, "--waters", "none"]), "--name"
+    )
     assert "without '/' or '..'" in msg
     assert list(tmp_path.iterdir()) == []
 
@@ -146,22 +164,32 @@ def test_scratch_unwritable_fails_before_scf(tmp_path, no_heavy_work):
         scratches.append((Path("/proc"), "cannot create files"))
     for scratch, fragment in scratches:
         for storage in ("disk", "memory"):
-            one_error(CliRunner().invoke(main, ["run", str(WATER), "--scratch", str(scratch), "--storage", storage]),
-                      "--scratch", fragment)
+            one_error(
+                CliRunner().invoke(main, ["run", str(WATER), "--scratch", str(scratch), "--storage", storage]),
+                "--scratch",
+                fragment,
+            )
 
 
 def test_check_disk_adds_up_one_file_system_with_a_margin(tmp_path, monkeypatch):
     import shutil
+
     (tmp_path / "ck").mkdir()
     free_mb = {"now": 100.0}
-    monkeypatch.setattr(shutil, "disk_usage",
-                        lambda p: shutil._ntuple_diskusage(10**9, 10**9, int(free_mb["now"] * 1e6)))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, int(free_mb["now"] * 1e6))
+    )
     outputs.check_disk([(tmp_path, 49.0, "scratch_dir"), (tmp_path / "ck", 49.0, "checkpoint")])
-    with pytest.raises(InputError) as info:        # 99 MB with 2 % to spare do not fit in 100 MB
+    with pytest.raises(InputError) as info:  # 99 MB with 2 % to spare do not fit in 100 MB
         outputs.check_disk([(tmp_path, 50.0, "scratch_dir"), (tmp_path / "ck", 49.0, "checkpoint")])
     msg = str(info.value)
-    assert msg.startswith(f"this run needs 101 MB of disk in {tmp_path} (checkpoint and scratch: 99 MB "
-                          "and a 2% margin) but only 100 MB are free") and " --" not in msg
+    assert (
+        msg.startswith(
+            f"this run needs 101 MB of disk in {tmp_path} (checkpoint and scratch: 99 MB "
+            "and a 2% margin) but only 100 MB are free"
+        )
+        and " --" not in msg
+    )
     assert info.value.option == "scratch_dir" and msg.endswith("or allow more memory (B stays off disk)")
     with pytest.raises(InputError) as info:
         outputs.check_disk([(tmp_path / "ck", 99.0, "checkpoint")])
@@ -179,15 +207,18 @@ def test_json_refuses_the_input_and_the_checkpoint(tmp_path, no_heavy_work):
     xyz.write_text(WATER.read_text())
     one_error(CliRunner().invoke(main, ["run", str(xyz), "--json", str(xyz)]), "is the input")
     link = tmp_path / "link.json"
-    link.symlink_to(xyz)                                 # the same file under another name
+    link.symlink_to(xyz)  # the same file under another name
     one_error(CliRunner().invoke(main, ["run", str(xyz), "--json", str(link)]), "is the input")
     ck = tmp_path / "ck.h5"
-    one_error(CliRunner().invoke(main, ["run", str(xyz), "--checkpoint", str(ck), "--json", str(ck)]),
-              "is the checkpoint")
+    one_error(
+        CliRunner().invoke(main, ["run", str(xyz), "--checkpoint", str(ck), "--json", str(ck)]), "is the checkpoint"
+    )
     assert not ck.exists()
     ck.write_bytes(b"stands for a checkpoint")
-    one_error(CliRunner().invoke(main, ["run", str(xyz), "--resume", str(ck), "--json",
-                                        str(tmp_path / "." / "ck.h5")]), "is the checkpoint")
+    one_error(
+        CliRunner().invoke(main, ["run", str(xyz), "--resume", str(ck), "--json", str(tmp_path / "." / "ck.h5")]),
+        "is the checkpoint",
+    )
     assert xyz.read_text() == WATER.read_text() and ck.read_bytes() == b"stands for a checkpoint"
 
 
@@ -262,6 +293,7 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(InputError, match=f"cannot write {p}: No space left on device"):
         outputs.write_text(p, "new")
@@ -274,15 +306,17 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
 
     def not_converged(*a, **k):
         raise SCFNotConvergedError("RHF did not converge (test)")
+
     monkeypatch.setattr(pyscf_scf, "run_rhf", not_converged)
     monkeypatch.setattr(driver, "run_scf", not_converged)
     args = ["run", str(WATER), "--checkpoint", str(ck)]
-    for _ in range(2):                      # the same command again: the same error, not "already exists"
+    for _ in range(2):  # the same command again: the same error, not "already exists"
         one_error(CliRunner().invoke(main, args), "did not converge")
         assert not ck.exists()
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(pyscf_scf, "run_rhf", interrupted)
     monkeypatch.setattr(driver, "run_scf", interrupted)
     res = CliRunner().invoke(main, args)
@@ -290,14 +324,18 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
     assert not ck.exists()
 
 
-@pytest.mark.parametrize("exc,kept", [(InputError("refused (test)"), False),
-                                      (KeyboardInterrupt(), True), (RuntimeError("device lost (test)"), True)])
+@pytest.mark.parametrize(
+    "exc,kept",
+    [(InputError("refused (test)"), False), (KeyboardInterrupt(), True), (RuntimeError("device lost (test)"), True)],
+)
 def test_checkpoint_after_scf_kept_unless_a_refusal(tmp_path, monkeypatch, exc, kept):
     from dfmp2 import pipeline
+
     ck = tmp_path / "ck.h5"
 
     def fail(*a, **k):
         raise exc
+
     monkeypatch.setattr(pipeline, "mp2_stage", fail)
     with pytest.raises(type(exc)):
         pipeline.run(WATER, pipeline.RunOptions(checkpoint=str(ck)))
@@ -308,7 +346,7 @@ def test_checkpoint_after_scf_kept_unless_a_refusal(tmp_path, monkeypatch, exc, 
 def test_file_name_with_markup_end_to_end(tmp_path):
     (tmp_path / "mol[").mkdir()
     (tmp_path / "out[").mkdir()
-    xyz = tmp_path / "mol[/x].xyz"            # the path as typed: markup '[/x]' inside it
+    xyz = tmp_path / "mol[/x].xyz"  # the path as typed: markup '[/x]' inside it
     xyz.write_text(WATER.read_text())
     out = tmp_path / "out[/y].json"
     res = CliRunner().invoke(main, ["run", str(xyz), "--json", str(out)])
@@ -320,15 +358,30 @@ def test_file_name_with_markup_end_to_end(tmp_path):
 
 def test_regress_and_compare_tables_print_markup_as_text():
     from rich.console import Console
-    from dfmp2.workflows.compare import DeviceRun, compare_runs, render as compare_render
-    from dfmp2.workflows.regress import CaseResult, render as regress_render
+
+    from dfmp2.workflows.compare import DeviceRun, compare_runs
+    from dfmp2.workflows.compare import render as compare_render
+    from dfmp2.workflows.regress import CaseResult
+    from dfmp2.workflows.regress import render as regress_render
+
     con = Console(width=300, record=True)
-    cr = CaseResult(key="[/k]", molecule="[bold]m[/x]", scf_mode="df", frozen_core=False, nbasis=1,
-                    naux=1, precision="fp64", tolerance=1e-9, reference={"e_corr": -0.1},
-                    error="file [/x].xyz: bad")
+    cr = CaseResult(
+        key="[/k]",
+        molecule="[bold]m[/x]",
+        scf_mode="df",
+        frozen_core=False,
+        nbasis=1,
+        naux=1,
+        precision="fp64",
+        tolerance=1e-9,
+        reference={"e_corr": -0.1},
+        error="file [/x].xyz: bad",
+    )
     regress_render([cr], con, "cpu", "fp64", 1e-9)
-    runs = [DeviceRun("cpu", energies={"e_corr": -0.1}, hex=[{"e_corr": "0x1"}], seconds=[0.1]),
-            DeviceRun("cuda", status="not run", reason="no [/gpu] here")]
+    runs = [
+        DeviceRun("cpu", energies={"e_corr": -0.1}, hex=[{"e_corr": "0x1"}], seconds=[0.1]),
+        DeviceRun("cuda", status="not run", reason="no [/gpu] here"),
+    ]
     compare_render(runs, compare_runs(runs, 1e-10), "mol[/x].xyz cc-pvdz", con)
     text = con.export_text()
     for s in ("[bold]m[/x]", "file [/x].xyz: bad", "mol[/x].xyz", "no [/gpu] here"):
@@ -341,8 +394,9 @@ WATER = ROOT / "inputs" / "water.xyz"
 
 def _dfmp2(args, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "dfmp2.cli.main", *args], cwd=ROOT, env=env,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dfmp2.cli.main", *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, **kw
+    )
 
 
 def test_full_stdout_keeps_the_json_and_is_one_error(tmp_path):
@@ -364,7 +418,7 @@ def test_closed_pipe_ends_quietly_with_the_json_written(tmp_path):
     exits 0 (it finished and wrote its files)."""
     out = tmp_path / "x.json"
     p = _dfmp2(["run", str(WATER), "--json", str(out), "-q"], stdout=subprocess.PIPE)
-    p.stdout.close()                      # no reader left: the first write is EPIPE
+    p.stdout.close()  # no reader left: the first write is EPIPE
     err = p.stderr.read()
     p.wait(timeout=120)
     assert p.returncode == 0, err

@@ -1,12 +1,13 @@
 """What ran, as the result says it: typed records with the same keys and types for RHF and UHF,
 a schema version, and a checkpoint record that says where the SCF came from."""
+
 import json
 from pathlib import Path
 
 import pytest
 
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.io.result import SCHEMA_VERSION
+from dfmp2.pipeline import RunOptions, run
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = INPUTS / "water.xyz"
@@ -14,9 +15,19 @@ OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 # {name: value} maps whose keys vary by run (stages, kernels), and the SCF engine's own records
 # of its JK factor and integral engine (a dict for our DF-SCF, None for PySCF's), a UHF's stability
 # check (a dict; None for RHF and where it was turned off)
-MAPS = {"timings", "ran.kernels", "ran.scf.kernels", "ran.scf.host_kernels", "ran.scf.times",
-        "memory.stages_mb", "memory.shapes", "memory.integrals", "ran.scf.jk_factor", "ran.scf.integrals",
-        "ran.scf.stability"}
+MAPS = {
+    "timings",
+    "ran.kernels",
+    "ran.scf.kernels",
+    "ran.scf.host_kernels",
+    "ran.scf.times",
+    "memory.stages_mb",
+    "memory.shapes",
+    "memory.integrals",
+    "ran.scf.jk_factor",
+    "ran.scf.integrals",
+    "ran.scf.stability",
+}
 
 
 def _shape(d, path="", ignore_none=False):
@@ -36,15 +47,40 @@ def _json(path, **options):
 
 
 # the top-level keys of the result JSON (schema 3), as docs/cli-and-json.md's table lists them
-TOP_LEVEL = {"schema_version", "molecule", "natm", "formula", "charge", "multiplicity", "geometry", "basis",
-             "auxbasis", "scf_mode", "jk_auxbasis", "frozen_core", "timings", "wall_s", "ran", "memory",
-             "versions", "warnings", "ecp", "date", "spin", "energies", "units", "shapes"}
+TOP_LEVEL = {
+    "schema_version",
+    "molecule",
+    "natm",
+    "formula",
+    "charge",
+    "multiplicity",
+    "geometry",
+    "basis",
+    "auxbasis",
+    "scf_mode",
+    "jk_auxbasis",
+    "frozen_core",
+    "timings",
+    "wall_s",
+    "ran",
+    "memory",
+    "versions",
+    "warnings",
+    "ecp",
+    "date",
+    "spin",
+    "energies",
+    "units",
+    "shapes",
+}
 
 
 def _dotted_keys(d, path=""):
     """Every key holding a '.' at any depth (lists walked too)."""
     if isinstance(d, dict):
-        return [f"{path}/{k}" for k in d if "." in k] + [x for k, v in d.items() for x in _dotted_keys(v, f"{path}/{k}")]
+        return [f"{path}/{k}" for k in d if "." in k] + [
+            x for k, v in d.items() for x in _dotted_keys(v, f"{path}/{k}")
+        ]
     if isinstance(d, list):
         return [x for i, v in enumerate(d) for x in _dotted_keys(v, f"{path}[{i}]")]
     return []
@@ -52,6 +88,7 @@ def _dotted_keys(d, path=""):
 
 def _geometry_of(path):
     from dfmp2.io.xyz import read_xyz
+
     g = read_xyz(path)
     return list(g.symbols), g.coords_angstrom
 
@@ -63,7 +100,7 @@ def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     assert set(rhf) == set(uhf) == TOP_LEVEL
     assert _dotted_keys(rhf) == [] and _dotted_keys(uhf) == []
     for doc, path, mult in ((rhf, WATER, 1), (uhf, OH, 2)):
-        symbols, xyz = _geometry_of(path)            # the geometry as run equals the input, in Ångström
+        symbols, xyz = _geometry_of(path)  # the geometry as run equals the input, in Ångström
         g = doc["geometry"]
         assert g["symbols"] == symbols and g["ghost"] == [False] * len(symbols)
         assert len(g["coordinates_angstrom"]) == len(symbols)
@@ -77,7 +114,7 @@ def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     assert rhf["spin"] is None and uhf["spin"]["reference"] == "UHF"
     rhf.pop("spin"), uhf.pop("spin")
     assert set(_shape(rhf)) == set(_shape(uhf))
-    if scf_mode == "pyscf-df":          # the same SCF engine: the same types too (None where absent)
+    if scf_mode == "pyscf-df":  # the same SCF engine: the same types too (None where absent)
         a, b = _shape(rhf, ignore_none=True), _shape(uhf, ignore_none=True)
         assert {k: a[k] for k in a.keys() & b.keys()} == {k: b[k] for k in a.keys() & b.keys()}
     assert isinstance(rhf["ran"]["storage"]["occ_blocks"], list) and len(uhf["ran"]["storage"]["occ_blocks"]) == 2

@@ -1,6 +1,7 @@
 """The CPU pair step by tiles (linalg/cpu_pair.py) and its compiled epilogue (kernels/cpu/):
 energies against the einsum reference (linalg/reference.py), the tiling, threads, and a C kernel
 that cannot be built (an error, never a quiet switch to the torch path)."""
+
 import math
 import os
 
@@ -30,8 +31,14 @@ def _problem(ni, nj, nvir, nvj, naux, dtype, seed, symmetric):
 
 
 CASES = [  # ni, nj, nvir, nvj, naux, symmetric
-    (1, 1, 3, 3, 4, True), (5, 5, 7, 7, 11, True), (16, 16, 33, 33, 40, True), (6, 9, 13, 13, 17, False),
-    (6, 9, 13, 8, 17, False), (3, 1, 70, 70, 5, False), (13, 13, 35, 35, 29, True)]
+    (1, 1, 3, 3, 4, True),
+    (5, 5, 7, 7, 11, True),
+    (16, 16, 33, 33, 40, True),
+    (6, 9, 13, 13, 17, False),
+    (6, 9, 13, 8, 17, False),
+    (3, 1, 70, 70, 5, False),
+    (13, 13, 35, 35, 29, True),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -43,7 +50,7 @@ def test_tiles_match_the_reference(case, dtype):
     ni, nj, nvir, nvj, naux, sym = case
     Bi, Bj, ei, ej, ev, evj = _problem(ni, nj, nvir, nvj, naux, dtype, 7, sym)
     got = cpu_pair.mp2_pair_energy(Bi, Bj, ei, ej, ev, symmetric=sym, eps_vir_j=evj)
-    if evj is not None:      # the reference has no opposite-spin form: sum_ab K_ab^2 / D directly
+    if evj is not None:  # the reference has no opposite-spin form: sum_ab K_ab^2 / D directly
         K = torch.einsum("iap,jbp->iajb", Bi.double(), Bj.double())
         D = ei[:, None, None, None] + ej[None, None, :, None] - ev[None, :, None, None] - evj[None, None, None, :]
         ref = (float((K * K / D).sum()), math.nan)
@@ -59,14 +66,14 @@ def test_the_tiles_cover_each_needed_pair_once():
     diagonal block exactly the pairs j <= i (a diagonal tile runs by rows)."""
     for ni in range(1, 18):
         for nj in (ni, max(1, ni - 3), ni + 5):
-            for sym in ((True, False) if nj == ni else (False,)):
+            for sym in (True, False) if nj == ni else (False,):
                 for nvir in (5, 300, 2000):
                     for tile_elems in (1, 4000, cpu_pair.TILE_ELEMS):
                         ic, jc = cpu_pair.tile_shape(ni, nj, nvir, nvir, sym, tile_elems)
                         seen = np.zeros((ni, nj), dtype=int)
                         for i0, i1, j0, j1, by_rows in cpu_pair.tiles(ni, nj, ic, jc, sym):
                             for i in range(i0, i1):
-                                seen[i, j0:(i + 1 if by_rows else j1)] += 1
+                                seen[i, j0 : (i + 1 if by_rows else j1)] += 1
                         need = np.tril(np.ones((ni, nj), dtype=int)) if sym else np.ones((ni, nj), dtype=int)
                         assert (seen == need).all(), (ni, nj, sym, nvir, tile_elems, ic, jc)
                         if sym:
@@ -82,7 +89,8 @@ def test_tile_shape_aims_at_large_gemms():
     assert cpu_pair.tile_shape(16, 16, 672, 300, True) == (3, 3)
     assert cpu_pair.tile_shape(4, 4, 3000, 3000, True) == (1, 1)
     assert cpu_pair.workspace_elems(4, 4, 3000, 3000) == 3000 * 3000
-    from dfmp2 import memory                  # the memory plan's workspace covers the tile in flight
+    from dfmp2 import memory  # the memory plan's workspace covers the tile in flight
+
     for n, nvir in [(1, 10), (16, 448), (16, 700), (16, 1500), (4, 4000)]:
         assert 8 * cpu_pair.workspace_elems(n, n, nvir, nvir) <= memory.pair_workspace_bytes(n, nvir)
 
@@ -109,6 +117,7 @@ def fresh_build(monkeypatch, tmp_path):
     """The kernel loader with an empty cache of its own and its per-process memo cleared (before
     and after: later tests get the real compiler back)."""
     from dfmp2.kernels.cpu import build, pair_epilogue
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     build.load.cache_clear()
     pair_epilogue.library.cache_clear()
@@ -136,7 +145,7 @@ def test_an_unwritable_cache_builds_in_a_private_directory(fresh_build, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     _, info = fresh_build.load("pair_epilogue")
     assert info["compiled"] and not info["cached"] and not info["library"].startswith(str(blocker))
-    assert not os.path.exists(info["library"])       # its temporary directory is gone once loaded
+    assert not os.path.exists(info["library"])  # its temporary directory is gone once loaded
 
 
 def test_no_compiler_is_an_error_not_a_switch(fresh_build, monkeypatch):
@@ -156,8 +165,10 @@ def test_no_compiler_is_an_error_not_a_switch(fresh_build, monkeypatch):
 def test_a_failing_compile_says_why(fresh_build, monkeypatch, tmp_path):
     """A compiler that fails gives its own first error line, and leaves no partial library."""
     cc = tmp_path / "badcc"
-    cc.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'badcc 1.0'; exit 0; fi\n"
-                  "echo 'pair_epilogue.c:1: error: something is wrong' >&2; exit 1\n")
+    cc.write_text(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'badcc 1.0'; exit 0; fi\n"
+        "echo 'pair_epilogue.c:1: error: something is wrong' >&2; exit 1\n"
+    )
     cc.chmod(0o755)
     monkeypatch.setenv("CC", str(cc))
     with pytest.raises(fresh_build.KernelBuildError, match="error: something is wrong"):

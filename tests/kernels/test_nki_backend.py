@@ -4,9 +4,9 @@ records, shape buckets, and every op against the torch backend through the NumPy
 fp32 expectations as in tests/kernels/test_nki_kernels.py (u = 2^-24); the ops add only exact host
 layout changes (transposes, reversal, zero/identity padding) and fp64 host work.
 """
+
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,13 +17,13 @@ from dfmp2.linalg import DeviceUnavailableError, torch_ops
 from dfmp2.linalg.neuron import NeuronBackend, bucket, make_neuron_backend
 from dfmp2.linalg.synthetic import random_matrix, random_spd, synthetic_problem
 
-U = 2.0 ** -24
+U = 2.0**-24
 
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     n = torch.get_num_threads()
-    torch.set_num_threads(1)        # see tests/kernels/test_nki_kernels.py
+    torch.set_num_threads(1)  # see tests/kernels/test_nki_kernels.py
     yield
     torch.set_num_threads(n)
 
@@ -44,6 +44,7 @@ def m32(shape, seed):
 
 # ---- engine selection: explicit, reported, never a silent fallback ----
 
+
 def _hardware_here():
     return engines.real_nki()[0] is not None and bool(engines.neuron_devices())
 
@@ -57,8 +58,8 @@ def test_trn_without_sdk_is_one_clear_line(name):
     assert "\n" not in msg and name in msg
     assert "neuronx-cc nki" in msg and "pip.repos.neuron.amazonaws.com" in msg
     assert "--simulate" not in msg and "--device" not in msg
-    assert e.value.alternatives == ("simulate", "cpu")       # the library names no CLI option...
-    assert "--simulate" in error_line(e.value) and "--device cpu" in error_line(e.value)   # ...the CLI does
+    assert e.value.alternatives == ("simulate", "cpu")  # the library names no CLI option...
+    assert "--simulate" in error_line(e.value) and "--device cpu" in error_line(e.value)  # ...the CLI does
 
 
 def test_simulate_picks_nki_simulate_or_the_emulator_and_says_which():
@@ -90,12 +91,14 @@ class _FakeNki:
         self.targets = []
 
     def jit(self, kernel):
-        from dfmp2.kernels.nki_emulator import simulate
         import os
+
+        from dfmp2.kernels.nki_emulator import simulate
 
         def call(*args, **kw):
             self.targets.append(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"))
             return simulate(kernel)(*args, **kw)
+
         return call
 
     def simulate(self, kernel):
@@ -116,6 +119,7 @@ def test_hardware_engine_runs_nki_jit_and_never_the_emulator(monkeypatch):
     monkeypatch.setattr(engines, "real_nki", lambda: (fake, None))
     monkeypatch.setattr(engines, "neuron_devices", lambda: ["/dev/neuron0"])
     from dfmp2.kernels.nki import lang
+
     monkeypatch.setattr(lang, "REAL_NKI", True)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     b = linalg.get_backend("trn2")
@@ -124,7 +128,8 @@ def test_hardware_engine_runs_nki_jit_and_never_the_emulator(monkeypatch):
     assert rel(b.gemm(a, a, trans_b=True), a.double() @ a.double().T) < 1e-6
     assert fake.targets == ["trn2"]
     import os
-    assert "NEURON_PLATFORM_TARGET_OVERRIDE" not in os.environ     # restored after the call
+
+    assert "NEURON_PLATFORM_TARGET_OVERRIDE" not in os.environ  # restored after the call
     monkeypatch.setattr(engines, "neuron_devices", lambda: [])
     with pytest.raises(DeviceUnavailableError, match="/dev/neuron"):
         linalg.get_backend("trn1")
@@ -132,17 +137,18 @@ def test_hardware_engine_runs_nki_jit_and_never_the_emulator(monkeypatch):
 
 # ---- buckets ----
 
+
 def test_buckets_bound_padding_and_shape_count():
     prev = 0
     for n in range(1, 5000):
         b = bucket(n)
         assert b >= n and b >= prev
         if n > 128:
-            assert b % 128 == 0                    # whole 128-row tiles
+            assert b % 128 == 0  # whole 128-row tiles
         if 128 < n <= 1024:
             assert b - n < 128
         if n > 1024:
-            assert (b - n) / n < 0.25              # four buckets per octave
+            assert (b - n) / n < 0.25  # four buckets per octave
         prev = b
     # 8, 16, 32, 64, 128 | 256 .. 1024 | 1280 .. 2048 | 2560 .. 4096
     assert len({bucket(n) for n in range(1, 4097)}) == 5 + 7 + 4 + 4
@@ -150,7 +156,7 @@ def test_buckets_bound_padding_and_shape_count():
 
 def test_compiled_shapes_are_bounded_by_buckets(be):
     b = m32((24, 5), 2)
-    for m in range(200, 1000, 37):                         # 22 distinct row counts
+    for m in range(200, 1000, 37):  # 22 distinct row counts
         be.gemm(m32((m, 24), 3)[:m], b)
     d = be.describe()
     assert d["launches"]["gemm_kernel"] == 22
@@ -158,6 +164,7 @@ def test_compiled_shapes_are_bounded_by_buckets(be):
 
 
 # ---- ops against the torch backend ----
+
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
 def test_gemm(be, trans_a, trans_b):
@@ -176,13 +183,14 @@ def test_gemm_out_beta_and_batches(be):
     ref = 2.0 * (a.double() @ b.double()) + 0.25 * out.double()
     r = be.gemm(a, b, alpha=2.0, beta=0.25, out=out)
     assert r is out and rel(out, ref) < 1e-6
-    x, y = m32((2, 5, 7), 9), m32((2, 7, 3), 10)                   # broadcast batch: one launch each
+    x, y = m32((2, 5, 7), 9), m32((2, 7, 3), 10)  # broadcast batch: one launch each
     assert rel(be.gemm(x, y), x.double() @ y.double()) < 1e-6
     assert be.describe()["launches"]["gemm_kernel"] == 3
 
 
-@pytest.mark.parametrize("trans,uplo,full", [(False, "lower", True), (True, "lower", False),
-                                             (False, "upper", False), (True, "upper", True)])
+@pytest.mark.parametrize(
+    "trans,uplo,full", [(False, "lower", True), (True, "lower", False), (False, "upper", False), (True, "upper", True)]
+)
 def test_syrk(be, trans, uplo, full):
     a = m32((260, 45), 11)
     A = a.T.contiguous() if trans else a
@@ -213,9 +221,9 @@ def test_trsm_unit_diagonal_vector_rhs_and_diag_inverse_cache(be):
     x = be.trsm(L, b, unit_diagonal=True)
     ref = torch_ops.trsm(L.double(), b.double()[:, None], unit_diagonal=True)[:, 0]
     assert x.shape == (n,) and rel(x, ref) < 1e-4
-    for _ in range(3):                                           # same metric: inverses prepared once
+    for _ in range(3):  # same metric: inverses prepared once
         be.trsm(L, m32((n, 4), 16))
-    assert be.kernels_used["trsm_diag_inverse:host-fp64"] == 2   # unit-diagonal L is another matrix
+    assert be.kernels_used["trsm_diag_inverse:host-fp64"] == 2  # unit-diagonal L is another matrix
     assert be.kernels_used["trsm:nki.trsm"] == 4
 
 
@@ -233,7 +241,7 @@ def test_inv_sqrt_eigh_host_and_newton_schulz_on_the_gemm_kernel(be):
     assert info["where"] == "host-fp64" and rel(x, x_ref) < 1e-12
     xs, info = be.inv_sqrt_spd(a.float(), method="newton_schulz")
     assert info["converged"] and info["kernel"] == "nki.gemm" and xs.dtype == torch.float32
-    assert rel(xs, x_ref) < 10 * 1e3 * U                         # ~cond(A) u; measured below 1e-5
+    assert rel(xs, x_ref) < 10 * 1e3 * U  # ~cond(A) u; measured below 1e-5
     assert be.kernels_used["gemm:nki.gemm"] >= 3 * info["iterations"]
     assert be.kernels_used["inv_sqrt_spd:newton_schulz(nki.gemm)"] == 1
 
@@ -243,8 +251,9 @@ def test_mp2_pair_energy_matches_torch(be, symmetric):
     p = synthetic_problem(7, 45, 150, seed=19, dtype=torch.float32)
     I, J = (slice(0, 7), slice(0, 7)) if symmetric else (slice(0, 4), slice(4, 7))
     got = be.mp2_pair_energy(p.B[I], p.B[J], p.eps_occ[I], p.eps_occ[J], p.eps_vir, symmetric=symmetric)
-    ref = torch_ops.mp2_pair_energy(p.B[I].double(), p.B[J].double(), p.eps_occ[I], p.eps_occ[J],
-                                    p.eps_vir, symmetric=symmetric)
+    ref = torch_ops.mp2_pair_energy(
+        p.B[I].double(), p.B[J].double(), p.eps_occ[I], p.eps_occ[J], p.eps_vir, symmetric=symmetric
+    )
     tol = 4 * math.sqrt(150) * U * abs(ref[0])
     assert abs(got[0] - ref[0]) <= tol and abs(got[1] - ref[1]) <= tol
     assert be.kernels_used == {"mp2_pair_energy:nki.mp2_pair": 1}
@@ -254,11 +263,11 @@ def test_mp2_pair_energy_splits_large_blocks(be, monkeypatch):
     p = synthetic_problem(9, 20, 60, seed=20, dtype=torch.float32)
     ref = torch_ops.mp2_pair_energy(p.B.double(), p.B.double(), p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True)
     whole = be.mp2_pair_energy(p.B, p.B, p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True)
-    monkeypatch.setattr(be, "_occ_block_cap", lambda naux, nvir: 4)   # 9 = 4 + 4 + 1
+    monkeypatch.setattr(be, "_occ_block_cap", lambda naux, nvir: 4)  # 9 = 4 + 4 + 1
     split = be.mp2_pair_energy(p.B, p.B, p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True)
     for e in (whole, split):
         assert abs(e[0] - ref[0]) <= 1e-6 * abs(ref[0]) and abs(e[1] - ref[1]) <= 1e-6 * abs(ref[0])
-    assert be.kernels_used["mp2_pair_energy:nki.mp2_pair"] == 1 + 6     # 3 x 4 / 2 sub-block pairs
+    assert be.kernels_used["mp2_pair_energy:nki.mp2_pair"] == 1 + 6  # 3 x 4 / 2 sub-block pairs
 
 
 def test_pair_kernel_too_big_for_sbuf_is_a_clear_error(be):

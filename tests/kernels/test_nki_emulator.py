@@ -4,12 +4,19 @@ Each test runs a tiny kernel written against ``nl``/``nisa`` through the emulato
 limits are those of kernels/nki_emulator/limits.py (NKI docs: tiling overview, nc_matmul,
 Trainium/Trainium2 architecture guides).
 """
+
 import numpy as np
 import pytest
 
 from dfmp2.kernels.nki.lang import nisa, nl
-from dfmp2.kernels.nki_emulator import (HardwareLimitError, NkiEmulatorError, UnsupportedError,
-                                  bind, limits_for, simulate)
+from dfmp2.kernels.nki_emulator import (
+    HardwareLimitError,
+    NkiEmulatorError,
+    UnsupportedError,
+    bind,
+    limits_for,
+    simulate,
+)
 from dfmp2.kernels.nki_emulator import isa as emu_isa
 from dfmp2.kernels.nki_emulator import language as emu_language
 
@@ -22,8 +29,9 @@ def _x(p=128, f=4):
 
 # ---- kernels used by the tests (plain functions over nl / nisa, like the real ones) ----
 
+
 def k_alloc(x, p, f, buffer_name):
-    t = nl.ndarray((p, f), dtype=nl.float32, buffer=getattr(nl, buffer_name))
+    nl.ndarray((p, f), dtype=nl.float32, buffer=getattr(nl, buffer_name))  # the allocation under test
     out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
     return out
 
@@ -52,7 +60,7 @@ def k_psum_banks(x, ntiles):
 def k_sbuf_fill(x, kib):
     tiles = []
     for _ in range(kib):
-        tiles.append(nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf))   # 1 KiB per partition
+        tiles.append(nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf))  # 1 KiB per partition
     return nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
 
 
@@ -124,12 +132,13 @@ def run(kernel, *args, target="trn1", **kw):
 
 # ---- hardware limits ----
 
+
 def test_129_partitions_raise():
     with pytest.raises(HardwareLimitError, match="129.*128 partitions"):
         run(k_alloc, _x(), 129, 4, "sbuf")
     with pytest.raises(HardwareLimitError, match="129"):
         run(k_alloc, _x(), 129, 4, "psum")
-    run(k_alloc, _x(), 128, 4, "sbuf")                 # the limit itself is fine
+    run(k_alloc, _x(), 128, 4, "sbuf")  # the limit itself is fine
 
 
 def test_matmul_contraction_partitions_limit():
@@ -140,7 +149,7 @@ def test_matmul_contraction_partitions_limit():
 def test_513_wide_moving_tile_raises():
     with pytest.raises(HardwareLimitError, match="moving free size 513 exceeds gemm_moving_fmax = 512"):
         run(k_matmul, _x(), 128, 128, 513, False)
-    out = run(k_matmul, _x(), 128, 128, 512, False)   # 512 is allowed
+    out = run(k_matmul, _x(), 128, 128, 512, False)  # 512 is allowed
     np.testing.assert_array_equal(out, np.full((128, 512), 256.0, F32))
 
 
@@ -150,7 +159,7 @@ def test_129_wide_stationary_tile_raises():
 
 
 def test_psum_over_full_raises():
-    run(k_psum_banks, _x(), 8)                           # 8 banks of 2 KiB: the whole PSUM
+    run(k_psum_banks, _x(), 8)  # 8 banks of 2 KiB: the whole PSUM
     with pytest.raises(HardwareLimitError, match="PSUM over-full.*8 banks"):
         run(k_psum_banks, _x(), 9)
 
@@ -178,10 +187,12 @@ def test_released_tiles_free_their_memory():
             t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
             del t
         return nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+
     run(k_sequential_psum, _x())
 
 
 # ---- memory types, initialisation, subset ----
+
 
 def test_matmul_operands_must_be_in_sbuf():
     with pytest.raises(NkiEmulatorError, match="must be in SBUF"):

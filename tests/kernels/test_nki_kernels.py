@@ -13,6 +13,7 @@ fp32-rounded inputs, so only the kernels' own rounding is measured):
   carry ~sqrt(naux) u relative error; the sums of same-sign terms and the fp64 host sums add
   nothing larger).
 """
+
 import math
 
 import numpy as np
@@ -28,7 +29,7 @@ from dfmp2.kernels.nki.trsm import trsm_lower_kernel
 from dfmp2.linalg import torch_ops
 from dfmp2.linalg.synthetic import random_matrix, random_spd, synthetic_problem
 
-U = 2.0 ** -24
+U = 2.0**-24
 ENGINES = [engines.EMULATOR, pytest.param(engines.NKI_SIMULATE, marks=pytest.mark.nki_sim)]
 
 
@@ -49,8 +50,7 @@ def f64(x):
 
 
 # (M, K, N): tiny, ragged in every dim, exact multiples, N over one PSUM bank, tall-skinny both ways
-GEMM_SHAPES = [(1, 1, 1), (5, 7, 3), (130, 200, 77), (128, 256, 512), (257, 129, 513),
-               (1500, 24, 5), (6, 1100, 4)]
+GEMM_SHAPES = [(1, 1, 1), (5, 7, 3), (130, 200, 77), (128, 256, 512), (257, 129, 513), (1500, 24, 5), (6, 1100, 4)]
 
 
 @pytest.mark.parametrize("M,K,N", GEMM_SHAPES)
@@ -87,7 +87,8 @@ def _dinvT(L):
     for kb in range(nblk):
         k0, kt = kb * 128, min(128, n - kb * 128)
         d[kb, :kt, :kt] = scipy.linalg.solve_triangular(
-            L[k0:k0 + kt, k0:k0 + kt].astype(np.float64), np.eye(kt), lower=True).T
+            L[k0 : k0 + kt, k0 : k0 + kt].astype(np.float64), np.eye(kt), lower=True
+        ).T
     return d
 
 
@@ -110,10 +111,14 @@ def _pair_inputs(p, i0, i1, j0, j1):
     bT = np.ascontiguousarray(B.transpose(0, 2, 1))
     eo = p.eps_occ.float().numpy()
     ev = p.eps_vir.float().numpy()
-    return (bT[i0:i1], bT[j0:j1],
-            np.ascontiguousarray(np.broadcast_to(eo[i0:i1], (128, i1 - i0))),
-            np.ascontiguousarray(np.broadcast_to(eo[j0:j1], (128, j1 - j0))),
-            np.ascontiguousarray(ev[:, None]), np.ascontiguousarray(np.broadcast_to(ev, (128, ev.size))))
+    return (
+        bT[i0:i1],
+        bT[j0:j1],
+        np.ascontiguousarray(np.broadcast_to(eo[i0:i1], (128, i1 - i0))),
+        np.ascontiguousarray(np.broadcast_to(eo[j0:j1], (128, j1 - j0))),
+        np.ascontiguousarray(ev[:, None]),
+        np.ascontiguousarray(np.broadcast_to(ev, (128, ev.size))),
+    )
 
 
 # (nocc, nvir, naux): water/cc-pVDZ-like, ragged nvir over one 128 row block and one 512
@@ -138,9 +143,14 @@ def test_mp2_pair_kernel(runner, nocc, nvir, naux, symmetric):
     e_os = float((w * s[..., 0]).sum())
     e_ss = float((w * (s[..., 0] - s[..., 1])).sum())
     B64 = p.B.float().double()
-    ref_os, ref_ss = torch_ops.mp2_pair_energy(B64[I[0]:I[1]], B64[J[0]:J[1]], p.eps_occ[I[0]:I[1]].float().double(),
-                                               p.eps_occ[J[0]:J[1]].float().double(), p.eps_vir.float().double(),
-                                               symmetric=symmetric)
+    ref_os, ref_ss = torch_ops.mp2_pair_energy(
+        B64[I[0] : I[1]],
+        B64[J[0] : J[1]],
+        p.eps_occ[I[0] : I[1]].float().double(),
+        p.eps_occ[J[0] : J[1]].float().double(),
+        p.eps_vir.float().double(),
+        symmetric=symmetric,
+    )
     tol = 4 * math.sqrt(naux) * U * abs(ref_os)
     assert abs(e_os - ref_os) <= tol, (e_os, ref_os)
     assert abs(e_ss - ref_ss) <= tol, (e_ss, ref_ss)

@@ -1,11 +1,11 @@
 """Water / cc-pVDZ through the whole DF-MP2 pipeline on trn1 with the NKI kernels run on
 this CPU (nki.simulate when AWS's nki package is installed, else the NumPy emulator),
 against the fp64 CPU run: the fp32 Trainium path must stay within 1 µEh."""
+
 import pytest
 
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.kernels.nki import engines
-
+from dfmp2.pipeline import RunOptions, run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,16 +27,18 @@ def test_water_trn1_simulate_within_1uEh_of_fp64_cpu():
     # the density changes (padded rows: 8 and 16), SYRKs of 5 (nocc) and 7 (guess rank) columns per P
     assert ran["compiled_shapes"] == 10, ran["shapes"]
     assert abs(got.e_hf - ref.e_hf) < 1e-8, (got.e_hf, ref.e_hf)
-    assert ran["simulated"] is True   # every simulated result says so
+    assert ran["simulated"] is True  # every simulated result says so
 
 
 def test_cli_trn1_simulate_json_says_simulated(tmp_path):
     import json
+
     from click.testing import CliRunner
+
     from dfmp2.cli.main import main
+
     out = tmp_path / "w.json"
-    res = CliRunner().invoke(main, ["run", "inputs/water.xyz", "--device", "trn1", "--simulate",
-                                    "--json", str(out)])
+    res = CliRunner().invoke(main, ["run", "inputs/water.xyz", "--device", "trn1", "--simulate", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert "simulated on this CPU" in res.output
     d = json.loads(out.read_text())
@@ -57,7 +59,7 @@ def test_oh_uhf_trn1_simulate_runs_our_dfuhf_on_the_nki_kernels():
     s = got.ran["scf"]
     assert s["engine"] == "dfmp2.scf" and s["reference"] == "UHF" and s["device"] == "trn1"
     assert set(s["kernels"]) == {"gemm:nki.gemm", "syrk:nki.syrk"}, s["kernels"]
-    assert s["kernels"]["syrk:nki.syrk"] >= 2 * (s["iterations"] - 1)         # K per spin each cycle
+    assert s["kernels"]["syrk:nki.syrk"] >= 2 * (s["iterations"] - 1)  # K per spin each cycle
     assert "G rebuilt from the whole density with the fp64 factor, at cycle" in s["host"], s["host"]
     cp = s["cycle_precision"]
     assert cp["mode"] == "fp32" and cp["fp32_device"] == "trn1" and 1 <= cp["fp64_cycles"] <= 3

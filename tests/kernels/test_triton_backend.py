@@ -2,15 +2,16 @@
 kernels run under the interpreter (``@interpreted``: see tests/helpers/triton_interpreter.py); no GPU is
 needed here.
 The GPU itself is exercised in tests/linalg/test_cuda.py (cuda channel)."""
+
 import importlib.util
 
 import pytest
 import torch
+from triton_interpreter import in_interpreter, interpreted
 
 from dfmp2 import linalg
 from dfmp2.linalg.cuda import CudaBackend
 from dfmp2.linalg.synthetic import synthetic_problem
-from triton_interpreter import in_interpreter, interpreted
 
 
 def _bt_problem(nocc=6, nvir=24, naux=20, seed=11):
@@ -25,8 +26,15 @@ def _pipeline_pairs(B, eo, ev, backend, occ_block):
     e_os = e_ss = 0.0
     for I in range(0, nocc, occ_block):
         for J in range(0, I + 1, occ_block):
-            o, s = linalg.mp2_pair_energy(B[I:I + occ_block], B[J:J + occ_block], eo[I:I + occ_block],
-                                          eo[J:J + occ_block], ev, symmetric=(I == J), backend=backend)
+            o, s = linalg.mp2_pair_energy(
+                B[I : I + occ_block],
+                B[J : J + occ_block],
+                eo[I : I + occ_block],
+                eo[J : J + occ_block],
+                ev,
+                symmetric=(I == J),
+                backend=backend,
+            )
             w = 1.0 if I == J else 2.0
             e_os, e_ss = e_os + w * o, e_ss + w * s
     return e_os, e_ss
@@ -45,7 +53,7 @@ def test_cuda_backend_pair_step_matches_torch(path, dtype):
     tol = 1e-14 if dtype == torch.float64 else 1e-6
     assert abs(got[0] - ref[0]) <= tol * abs(ref[0]) and abs(got[1] - ref[1]) <= tol * abs(ref[0])
     kernels = be.describe()["kernels"]
-    assert sum(kernels.values()) == 3                      # block pairs (0,0), (4,0), (4,4)
+    assert sum(kernels.values()) == 3  # block pairs (0,0), (4,0), (4,4)
     (label,) = kernels
     assert "[Triton interpreter, cpu tensors]" in label
     assert label.startswith("mp2_pair_energy:")
@@ -76,5 +84,3 @@ def test_cuda_backend_rejects_unknown_paths():
         CudaBackend("cuda", pair_path={"fp64": "torch"})
     with pytest.raises(ValueError, match="pair_path"):
         CudaBackend("cuda", pair_path={"bf16": "fused"})
-
-

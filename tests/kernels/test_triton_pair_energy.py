@@ -6,15 +6,16 @@ Accuracy asserted: fp64 within 64 ulp-scale of the fp64 reference (|dE| <= 1e-14
 observed differences are a few 1e-17 Eh), fp32 within 1e-6 relative of the same computation with
 an fp32 GEMM (observed ~1e-8).
 """
+
 import math
 
 import pytest
 import torch
+from triton_interpreter import interpreted
 
 from dfmp2.linalg import torch_ops
 from dfmp2.linalg.reference import mp2_pair_energy_reference
 from dfmp2.linalg.synthetic import synthetic_problem
-from triton_interpreter import interpreted
 
 
 def pipeline_layout(B):
@@ -50,6 +51,7 @@ CASES = [(3, 20, 37, None), (3, 70, 50, None), (4, 37, 45, {"BLOCK": 16, "BLOCK_
 @pytest.mark.parametrize("layout", ["contiguous", "pipeline"])
 def test_fused_fp64_equals_torch(nocc, nvir, naux, config, layout):
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     B, eo, ev = _problem(nocc, nvir, naux)
     if layout == "pipeline":
         B = pipeline_layout(B)
@@ -64,6 +66,7 @@ def test_fused_fp64_equals_torch(nocc, nvir, naux, config, layout):
 def test_fused_off_diagonal_blocks_fp64():
     """Bi and Bj different blocks of one B (ni != nj), as the pipeline's I > J blocks."""
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     B, eo, ev = _problem(7, 33, 40)
     B = pipeline_layout(B)
     args = (B[4:7], B[0:2], eo[4:7], eo[0:2], ev)
@@ -74,6 +77,7 @@ def test_fused_off_diagonal_blocks_fp64():
 @pytest.mark.parametrize("nocc,nvir,naux,config", CASES[1:])
 def test_fused_fp32_equals_torch(nocc, nvir, naux, config):
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     B, eo, ev = _problem(nocc, nvir, naux)
     B32 = pipeline_layout(B).to(torch.float32)
     ref32 = mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32)
@@ -86,10 +90,12 @@ def test_fused_fp32_equals_torch(nocc, nvir, naux, config):
 @interpreted
 def test_fused_bit_identical_run_to_run():
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     B, eo, ev = _problem(3, 40, 30)
-    runs = {tuple(float.hex(e) for e in fused_pair_energy(B, B, eo, eo, ev, symmetric=True,
-                                                          config={"BLOCK": 16}))
-            for _ in range(2)}
+    runs = {
+        tuple(float.hex(e) for e in fused_pair_energy(B, B, eo, eo, ev, symmetric=True, config={"BLOCK": 16}))
+        for _ in range(2)
+    }
     assert len(runs) == 1
 
 
@@ -104,6 +110,7 @@ def _random_shapes(n=6, seed=2024):
 def test_fused_random_shapes(ni, nj, nvir, naux, block, seed):
     """Random sizes (1..40, ragged against every tile), Bi != Bj, normal B, random energies."""
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     g = torch.Generator().manual_seed(seed)
     Bi = torch.randn(ni, nvir, naux, dtype=torch.float64, generator=g)
     Bj = torch.randn(nj, nvir, naux, dtype=torch.float64, generator=g)
@@ -120,18 +127,20 @@ def test_fused_random_shapes(ni, nj, nvir, naux, block, seed):
 @interpreted
 def test_epilogue_equals_torch():
     from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+
     B, eo, ev = _problem(5, 37, 30)
     B = pipeline_layout(B)
     for sym in (True, False):
         ref = mp2_pair_energy_reference(B, B, eo, eo, ev)
-        for max_elems in (1 << 26, 2 * 37 * 37 * 5):     # one GEMM, or row chunks of 2 orbitals
-            _close64(gemm_epilogue_pair_energy(B, B, eo, eo, ev, symmetric=sym, block=16,
-                                               max_elems=max_elems), ref)
+        for max_elems in (1 << 26, 2 * 37 * 37 * 5):  # one GEMM, or row chunks of 2 orbitals
+            _close64(gemm_epilogue_pair_energy(B, B, eo, eo, ev, symmetric=sym, block=16, max_elems=max_elems), ref)
     args = (B[3:5], B[0:3], eo[3:5], eo[0:3], ev)
     _close64(gemm_epilogue_pair_energy(*args, block=16), mp2_pair_energy_reference(*args))
     B32 = B.to(torch.float32)
-    _close32(gemm_epilogue_pair_energy(B32, B32, eo, eo, ev, symmetric=True, block=16),
-             mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32))
+    _close32(
+        gemm_epilogue_pair_energy(B32, B32, eo, eo, ev, symmetric=True, block=16),
+        mp2_pair_energy_reference(B32, B32, eo, eo, ev, k_dtype=torch.float32),
+    )
 
 
 def _opposite_spin_problem(ni=3, nj=2, nvir=37, nvir_j=45, naux=41, seed=5):
@@ -139,7 +148,10 @@ def _opposite_spin_problem(ni=3, nj=2, nvir=37, nvir_j=45, naux=41, seed=5):
     g = torch.Generator().manual_seed(seed)
     Bi = torch.randn(ni, nvir, naux, generator=g, dtype=torch.float64) * 0.1
     Bj = torch.randn(nj, nvir_j, naux, generator=g, dtype=torch.float64) * 0.1
-    ei, ej = -1 - torch.rand(ni, generator=g, dtype=torch.float64), -1 - torch.rand(nj, generator=g, dtype=torch.float64)
+    ei, ej = (
+        -1 - torch.rand(ni, generator=g, dtype=torch.float64),
+        -1 - torch.rand(nj, generator=g, dtype=torch.float64),
+    )
     ev, evj = torch.rand(nvir, generator=g, dtype=torch.float64), torch.rand(nvir_j, generator=g, dtype=torch.float64)
     return Bi, Bj, ei, ej, ev, evj
 
@@ -149,6 +161,7 @@ def test_epilogue_opposite_spin_equals_reference():
     """The RECT form (rectangular K, b over j's own virtuals, e_os only) against the einsum, fp64
     and fp32, with ragged tiles both ways and in the pipeline's layout."""
     from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
+
     Bi, Bj, ei, ej, ev, evj = _opposite_spin_problem()
     ref = mp2_pair_energy_reference(Bi, Bj, ei, ej, ev, eps_vir_j=evj)
     for bi, bj in ((Bi, Bj), (pipeline_layout(Bi), pipeline_layout(Bj))):
@@ -164,6 +177,7 @@ def test_epilogue_opposite_spin_equals_reference():
 @interpreted
 def test_bad_arguments():
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     B, eo, ev = _problem(3, 5, 6)
     with pytest.raises(ValueError, match="differ"):
         fused_pair_energy(B, B[:, :4], eo, eo, ev)

@@ -1,4 +1,5 @@
 """Backends from device names: clear errors for devices that cannot run, no silent fallback."""
+
 import pytest
 import torch
 
@@ -7,7 +8,7 @@ from dfmp2.linalg import DeviceUnavailableError, TorchBackend, backend_for, get_
 
 
 def test_cpu_backend_describes_what_ran():
-    be = get_backend("cpu", cpu_blas="torch")       # auto may pick OpenBLAS (tests/linalg/test_cpu_blas.py)
+    be = get_backend("cpu", cpu_blas="torch")  # auto may pick OpenBLAS (tests/linalg/test_cpu_blas.py)
     assert isinstance(be, TorchBackend) and be.engine == "torch"
     linalg.gemm(torch.ones(2, 2), torch.ones(2, 2), backend=be)
     d = be.describe()
@@ -19,7 +20,7 @@ def test_cpu_backend_describes_what_ran():
 
 @pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
 def test_cuda_without_gpu_is_one_clear_error(name, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # no GPU, on any machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU, on any machine
     with pytest.raises(DeviceUnavailableError) as e:
         get_backend(name)
     msg = str(e.value)
@@ -28,6 +29,7 @@ def test_cuda_without_gpu_is_one_clear_error(name, monkeypatch):
 
 def test_trainium_without_neuron_sdk_is_one_clear_error():
     import importlib.util
+
     if importlib.util.find_spec("neuronxcc") is not None:
         pytest.skip("a Neuron SDK is installed here")
     for name in ("trn1", "trn2"):
@@ -39,16 +41,18 @@ def test_trainium_without_neuron_sdk_is_one_clear_error():
 def test_cuda_name_builds_the_cuda_backend(monkeypatch):
     # Only the wiring is checked (a usable GPU is faked). make_cuda_backend is replaced by a spy so
     # that Triton is not imported here: importing it early changes how later interpreter tests run.
-    import dfmp2.linalg.cuda
+    import dfmp2.linalg.cuda  # noqa: F401  (loads linalg.cuda, patched below)
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     built = []
-    monkeypatch.setattr(linalg.cuda, "make_cuda_backend",
-                        lambda name, **kw: built.append((name, kw)) or f"cuda backend {name}")
+    monkeypatch.setattr(
+        linalg.cuda, "make_cuda_backend", lambda name, **kw: built.append((name, kw)) or f"cuda backend {name}"
+    )
     assert get_backend("cuda") == "cuda backend cuda"
     assert get_backend("cuda:1", pair_kernel="fused") == "cuda backend cuda:1"
     assert built == [("cuda", {"pair_kernel": "auto"}), ("cuda:1", {"pair_kernel": "fused"})]
-    get_backend("cuda", unrestricted=True)             # a UHF run: opposite-spin pair blocks
+    get_backend("cuda", unrestricted=True)  # a UHF run: opposite-spin pair blocks
     assert built[-1] == ("cuda", {"pair_kernel": "auto", "unrestricted": True})
     with pytest.raises(DeviceUnavailableError, match="only 2 CUDA"):
         get_backend("cuda:2")
@@ -78,7 +82,7 @@ def test_ops_on_cuda_match_cpu():
     assert info["converged"] and xn.device.type == "cuda"
     p = linalg.synthetic_problem(4, 20, 50, seed=1, device="cuda")
     q = linalg.synthetic_problem(4, 20, 50, seed=1)
-    assert torch.equal(p.B.cpu(), q.B)            # bit-identical generation on both devices
+    assert torch.equal(p.B.cpu(), q.B)  # bit-identical generation on both devices
     e_gpu = linalg.mp2_pair_energy(p.B, p.B, p.eps_occ, p.eps_occ, p.eps_vir, symmetric=True, backend=be)
     e_cpu = linalg.mp2_pair_energy(q.B, q.B, q.eps_occ, q.eps_occ, q.eps_vir, symmetric=True)
     assert e_gpu == pytest.approx(e_cpu, rel=1e-12)
@@ -88,10 +92,11 @@ def test_ops_on_cuda_match_cpu():
 def test_capabilities_come_from_the_device_name_without_hardware():
     """What a stage asks the backend (issue 19): fp64, the fit dtype, the default precision."""
     from dfmp2.linalg import device_capabilities
+
     for name, fp64 in (("cpu", True), ("cuda", True), ("cuda:1", True), ("trn1", False), ("trn2", False)):
         caps = device_capabilities(name)
         assert caps.has_fp64 == fp64 and caps.default_precision == ("fp64" if fp64 else "fp32")
-        for prec in ("fp64", "fp32"):      # the fit stays fp64 wherever the device has it
+        for prec in ("fp64", "fp32"):  # the fit stays fp64 wherever the device has it
             assert caps.fit_dtype(prec) == (torch.float64 if fp64 else torch.float32)
         assert (caps.precision_problem("fp64") is None) == fp64 and caps.precision_problem("fp32") is None
         assert caps.supports("mp2_pair_energy") and not caps.supports("fft")
@@ -110,8 +115,14 @@ def test_no_device_name_comparisons_outside_linalg():
     """Stages ask the backend's capabilities; only linalg knows what a device name means."""
     import re
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[2]
     pattern = re.compile(r'startswith\("(trn|cuda)|== "(cpu|cuda|trn1|trn2)"|name\.startswith')
-    hits = [f"{p.relative_to(root)}:{n}" for d in ("dfmp2", "scripts") for p in sorted((root / d).rglob("*.py"))
-            for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(root)}:{n}"
+        for d in ("dfmp2", "scripts")
+        for p in sorted((root / d).rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []

@@ -2,6 +2,7 @@
 pair step's GEMMs. Either library gives the same energies (RHF water, UHF OH), the result names what
 ran per op, a forced choice is honoured (and refused off the cpu before any work), the probe is
 short and cached, and the OpenBLAS path copies none of its inputs."""
+
 import json
 import time
 import tracemalloc
@@ -12,8 +13,8 @@ import pytest
 import torch
 
 from dfmp2 import linalg
-from dfmp2.linalg import cpu_blas
 from dfmp2.errors import InputError
+from dfmp2.linalg import cpu_blas
 from dfmp2.pipeline import RunOptions, run
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -44,7 +45,7 @@ def test_torch_and_openblas_give_the_same_energies(xyz):
     assert not any("openblas" in k for k in used_t)
     assert any(k.startswith("gemm:openblas.dgemm") for k in used_o)
     assert any(k.startswith("mp2_pair_energy:openblas.") for k in used_o)
-    if xyz == WATER:    # our DF-RHF: its K build's SYRK
+    if xyz == WATER:  # our DF-RHF: its K build's SYRK
         assert any(k.startswith("syrk:openblas.dsyrk") for k in used_o)
         assert any(k.startswith("syrk:openblas.dsyrk") for k in o.ran["scf"]["kernels"])
 
@@ -55,7 +56,7 @@ def test_the_result_names_library_and_kernel_per_op():
     assert blas["mode"] == "openblas" and blas["source"] == "user" and blas["choice"] is None
     ob, tb = blas["libraries"]["openblas"], blas["libraries"]["torch"]
     assert ob["library"] == "OpenBLAS" and ob["version"] and ob["architecture"] and ob["threads"] >= 1
-    assert ob["threads"] == torch.get_num_threads()        # the pools agree: no oversubscription
+    assert ob["threads"] == torch.get_num_threads()  # the pools agree: no oversubscription
     assert tb["library"] and tb["torch"] == torch.__version__
     for op in ("gemm", "syrk", "mp2_pair_energy"):
         assert any(k["op"] == op and k["kernel"].startswith("openblas.") for k in d["ran"]["kernels"]), op
@@ -67,18 +68,21 @@ def test_the_result_names_library_and_kernel_per_op():
 
 
 def test_probe_is_short_and_cached(tmp_path):
-    flops = sum(2.0 * np.prod(s) if op != "syrk" else 2.0 * s[0] ** 2 * s[1]
-                for op, shapes in cpu_blas.PROBE_SHAPES.items() for s in shapes.values())
-    assert flops < 2e9            # per library and dtype: ~20 ms of an idle 2-core CPU's GEMM
+    flops = sum(
+        2.0 * np.prod(s) if op != "syrk" else 2.0 * s[0] ** 2 * s[1]
+        for op, shapes in cpu_blas.PROBE_SHAPES.items()
+        for s in shapes.values()
+    )
+    assert flops < 2e9  # per library and dtype: ~20 ms of an idle 2-core CPU's GEMM
     be = linalg.get_backend("cpu")
     t0 = time.perf_counter()
     first = be.blas.describe()
     took = time.perf_counter() - t0
     assert first["source"] == "probe" and first["cache_error"] is None
-    assert took < 10.0            # a loaded CI machine; ~0.3 s idle (the probe's own time is recorded)
+    assert took < 10.0  # a loaded CI machine; ~0.3 s idle (the probe's own time is recorded)
     assert first["probe_seconds"] > 0
     assert Path(first["cache"]).is_file()
-    cpu_blas._TABLES.clear()      # a new process: the table comes from the cache file, no probe
+    cpu_blas._TABLES.clear()  # a new process: the table comes from the cache file, no probe
     t0 = time.perf_counter()
     again = linalg.get_backend("cpu").blas.describe()
     assert again["source"] == "cache" and again["choice"] == first["choice"]
@@ -95,7 +99,7 @@ def test_a_cache_that_cannot_be_written_does_not_break_a_run(tmp_path, monkeypat
     (tmp_path / "c" / "dfmp2" / "cpu_blas.json").write_text("{not json")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
     cpu_blas._TABLES.clear()
-    assert linalg.get_backend("cpu").blas.describe()["source"] == "probe"     # and rewritten
+    assert linalg.get_backend("cpu").blas.describe()["source"] == "probe"  # and rewritten
     assert json.loads((tmp_path / "c" / "dfmp2" / "cpu_blas.json").read_text())["version"] == cpu_blas.CACHE_VERSION
 
 
@@ -107,7 +111,7 @@ def test_a_forced_choice_is_honoured_without_a_probe(mode, monkeypatch):
         a = torch.rand(300, 200, dtype=dtype)
         be.gemm(a, a, trans_a=True)
         be.syrk(a, trans=True)
-        B = torch.rand(200, 4 * 30, dtype=dtype)           # the pipeline's layout: Bt (naux, nocc*nvir)
+        B = torch.rand(200, 4 * 30, dtype=dtype)  # the pipeline's layout: Bt (naux, nocc*nvir)
         Bi = B.view(200, 4, 30).permute(1, 2, 0)
         e = torch.linspace(-1.0, -0.5, 4, dtype=torch.float64)
         v = torch.linspace(0.5, 2.0, 30, dtype=torch.float64)
@@ -137,12 +141,12 @@ def test_the_openblas_path_copies_no_input():
     a = torch.rand(400, 300, dtype=torch.float64)
     b = torch.rand(400, 250, dtype=torch.float64)
     Bt = torch.rand(256, 8 * 40, dtype=torch.float64)
-    Bi = Bt.view(256, 8, 40).permute(1, 2, 0)              # (nocc, nvir, naux) view, as the pair step's
+    Bi = Bt.view(256, 8, 40).permute(1, 2, 0)  # (nocc, nvir, naux) view, as the pair step's
     ptrs = (a.data_ptr(), b.data_ptr(), Bt.data_ptr())
     out = torch.empty(300, 250, dtype=torch.float64)
     e = torch.linspace(-1.0, -0.5, 8, dtype=torch.float64)
     v = torch.linspace(0.5, 2.0, 40, dtype=torch.float64)
-    be.gemm(a, b, trans_a=True, out=out)                  # warm-up (first calls may allocate buffers)
+    be.gemm(a, b, trans_a=True, out=out)  # warm-up (first calls may allocate buffers)
     tracemalloc.start()
     try:
         c = be.gemm(a, b, trans_a=True, out=out)
@@ -151,12 +155,15 @@ def test_the_openblas_path_copies_no_input():
         numpy_bytes = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert numpy_bytes < 64 * 1024, numpy_bytes           # a copy of a would be 960 kB
+    assert numpy_bytes < 64 * 1024, numpy_bytes  # a copy of a would be 960 kB
     assert c is out and (a.data_ptr(), b.data_ptr(), Bt.data_ptr()) == ptrs
     assert torch.allclose(c, a.mT @ b, rtol=1e-13, atol=1e-12)
     assert torch.allclose(s, a.mT @ a, rtol=1e-13, atol=1e-12) and torch.equal(s, s.mT)
-    assert set(be.kernels_used) == {"gemm:openblas.dgemm(numpy.matmul)", "syrk:openblas.dsyrk(numpy.matmul)",
-                                    "mp2_pair_energy:openblas.dgemm(numpy.matmul, tiles)+pair_epilogue.c(fp64 sums)"}
+    assert set(be.kernels_used) == {
+        "gemm:openblas.dgemm(numpy.matmul)",
+        "syrk:openblas.dsyrk(numpy.matmul)",
+        "mp2_pair_energy:openblas.dgemm(numpy.matmul, tiles)+pair_epilogue.c(fp64 sums)",
+    }
     # a layout OpenBLAS would need copied goes to torch, and the record says so
     be.gemm(a[:, ::2], b, trans_a=True)
     assert be.kernels_used.get("gemm:torch.matmul") == 1

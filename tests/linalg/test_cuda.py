@@ -5,6 +5,7 @@ Accuracy asserted on the GPU: fused and gemm+epilogue paths equal the torch comp
 rounding (|dE| <= 1e-13 |E_OS|) and to 1e-6 relative in fp32; CPU vs CUDA |dE_corr| <= 1e-10 Eh in
 fp64 on the fast regression molecules and on synthetic problems; bit-identical energies run to run.
 """
+
 import os
 
 import pytest
@@ -15,8 +16,7 @@ from dfmp2.linalg.synthetic import synthetic_problem
 
 pytestmark = pytest.mark.cuda
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
-    pytest.skip("cuda channel: TRITON_INTERPRET=1 is set; the GPU tests need compiled kernels",
-                allow_module_level=True)
+    pytest.skip("cuda channel: TRITON_INTERPRET=1 is set; the GPU tests need compiled kernels", allow_module_level=True)
 triton = pytest.importorskip("triton")
 
 
@@ -37,6 +37,7 @@ SHAPES = [(3, 20, 37), (8, 130, 200), (12, 257, 300)]
 @pytest.mark.parametrize("layout", ["pipeline", "contiguous"])
 def test_pair_paths_fp64_equal_torch(path, shape, layout):
     from dfmp2.linalg.cuda import CudaBackend
+
     B, eo, ev = _problem(*shape, layout=layout)
     be = CudaBackend("cuda", pair_path={"fp64": path})
     for sym, (Bi, Bj, ei, ej) in ((True, (B, B, eo, eo)), (False, (B[2:], B[:2], eo[2:], eo[:2]))):
@@ -49,6 +50,7 @@ def test_pair_paths_fp64_equal_torch(path, shape, layout):
 @pytest.mark.parametrize("shape", SHAPES[1:])
 def test_pair_paths_fp32_equal_torch(path, shape):
     from dfmp2.linalg.cuda import CudaBackend
+
     B, eo, ev = _problem(*shape)
     B32 = B.to(torch.float32)
     be = CudaBackend("cuda", pair_path={"fp32": path})
@@ -64,9 +66,9 @@ def test_pair_paths_fp32_equal_torch(path, shape):
 @pytest.mark.parametrize("config", [None, {"BLOCK": 32, "BLOCK_P": 16, "num_warps": 4, "num_stages": 2}])
 def test_fused_bit_identical_run_to_run_and_cpu_agreement(config):
     from dfmp2.kernels.triton.fused_pair_energy import fused_pair_energy
+
     B, eo, ev = _problem(10, 150, 260)
-    runs = {tuple(map(float.hex, fused_pair_energy(B, B, eo, eo, ev, symmetric=True, config=config)))
-            for _ in range(3)}
+    runs = {tuple(map(float.hex, fused_pair_energy(B, B, eo, eo, ev, symmetric=True, config=config))) for _ in range(3)}
     assert len(runs) == 1
     cpu = linalg.TorchBackend("cpu").mp2_pair_energy(B.cpu(), B.cpu(), eo.cpu(), eo.cpu(), ev.cpu(), symmetric=True)
     e = [float.fromhex(h) for h in runs.pop()]
@@ -74,11 +76,13 @@ def test_fused_bit_identical_run_to_run_and_cpu_agreement(config):
 
 
 def test_pinned_to_device_and_cast():
-    from dfmp2.linalg.cuda import CudaBackend
     import numpy as np
+
+    from dfmp2.linalg.cuda import CudaBackend
+
     be = CudaBackend("cuda", pin_min_bytes=1024)
     host = [np.random.default_rng(k).standard_normal((300, 700)) for k in range(5)]
-    outs = [be.to_device(h) for h in host]                 # staging buffers reused alternately
+    outs = [be.to_device(h) for h in host]  # staging buffers reused alternately
     outs.append(be.to_device(host[0], torch.float32))
     be.synchronize()
     for h, o in zip(host, outs):
@@ -93,6 +97,7 @@ def test_pinned_to_device_and_cast():
 def test_regression_molecules_cpu_vs_cuda(precision, tol):
     from dfmp2.options import RunOptions
     from dfmp2.workflows.regress import load_references, run_case, select_cases
+
     cases = select_cases(load_references(), "fast")
     for entry in cases:
         cpu = run_case(entry, RunOptions(device="cpu", precision=precision))
@@ -105,15 +110,18 @@ def test_regression_molecules_cpu_vs_cuda(precision, tol):
 def test_compare_command_cpu_cuda(tmp_path):
     import json
     from pathlib import Path
+
     from click.testing import CliRunner
+
     from dfmp2.cli.main import main
+
     water = str(Path(__file__).resolve().parents[2] / "inputs" / "water.xyz")
     res = CliRunner().invoke(main, ["compare", water, "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "c.json").read_text())
     cpu, cuda = doc["devices"]
     assert cuda["repeat_identical"] and abs(cuda["delta"]["e_corr"]) <= 1e-10
-    assert cuda["delta"]["e_hf"] == 0.0                        # identical SCF inputs
+    assert cuda["delta"]["e_hf"] == 0.0  # identical SCF inputs
     res = CliRunner().invoke(main, ["compare", "--synthetic", "16,200,500", "--devices", "cpu,cuda"])
     assert res.exit_code == 0, res.output
 
@@ -124,19 +132,36 @@ def test_h2o_08_run_and_compare_on_each_pair_path(pair_kernel, tmp_path):
     (H2O)8 agree to 1e-10 Eh, on the auto path and on each forced one; 'ran' says which and why."""
     import json
     from pathlib import Path
+
     from click.testing import CliRunner
+
     from dfmp2.cli.main import main
     from dfmp2.linalg.cuda import auto_pair_path
+
     h2o8 = str(Path(__file__).resolve().parents[2] / "inputs" / "water_clusters" / "h2o_08.xyz")
-    res = CliRunner().invoke(main, ["run", h2o8, "--device", "cuda", "--pair-kernel", pair_kernel,
-                                    "--json", str(tmp_path / "r.json"), "-q"])
+    res = CliRunner().invoke(
+        main, ["run", h2o8, "--device", "cuda", "--pair-kernel", pair_kernel, "--json", str(tmp_path / "r.json"), "-q"]
+    )
     assert res.exit_code == 0, res.output
     ran = json.loads((tmp_path / "r.json").read_text())["ran"]
     expect = auto_pair_path("fp64", torch.cuda.get_device_capability())[0] if pair_kernel == "auto" else pair_kernel
     assert ran["pair_path"]["fp64"] == expect
     assert ran["pair_path_why"]["fp64"].startswith("auto:" if pair_kernel == "auto" else "user choice")
-    res = CliRunner().invoke(main, ["compare", h2o8, "--devices", "cpu,cuda", "--repeat", "1",
-                                    "--pair-kernel", pair_kernel, "--json", str(tmp_path / "c.json")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            h2o8,
+            "--devices",
+            "cpu,cuda",
+            "--repeat",
+            "1",
+            "--pair-kernel",
+            pair_kernel,
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     cpu, cuda = json.loads((tmp_path / "c.json").read_text())["devices"]
     assert abs(cuda["delta"]["e_corr"]) <= 1e-10 and cuda["ran"]["pair_path"]["fp64"] == expect

@@ -1,4 +1,5 @@
 """Newton–Schulz A^-1/2: accuracy vs the eigh reference, convergence reporting, clear failures."""
+
 import math
 
 import pytest
@@ -13,8 +14,10 @@ def eigh_ref(a):
     return (v * w.rsqrt()) @ v.T
 
 
-@pytest.mark.parametrize("dtype,cond", [(torch.float64, 1e2), (torch.float64, 1e6), (torch.float64, 1e10),
-                                        (torch.float32, 1e2), (torch.float32, 1e4)])
+@pytest.mark.parametrize(
+    "dtype,cond",
+    [(torch.float64, 1e2), (torch.float64, 1e6), (torch.float64, 1e10), (torch.float32, 1e2), (torch.float32, 1e4)],
+)
 def test_newton_schulz_matches_eigh(dtype, cond):
     n = 60
     a = random_spd(n, cond, 7, dtype=dtype, lmax=3.0)

@@ -1,4 +1,5 @@
 """linalg ops on the CPU backend against torch.linalg / scipy.linalg references on Philox data."""
+
 import itertools
 
 import numpy as np
@@ -7,8 +8,18 @@ import scipy.linalg as sla
 import torch
 
 from dfmp2 import linalg
-from dfmp2.linalg import (NotPositiveDefiniteError, cholesky, gemm, get_backend, inv_sqrt_spd, mp2_pair_energy,
-                    random_matrix, random_spd, syrk, trsm)
+from dfmp2.linalg import (
+    NotPositiveDefiniteError,
+    cholesky,
+    gemm,
+    get_backend,
+    inv_sqrt_spd,
+    mp2_pair_energy,
+    random_matrix,
+    random_spd,
+    syrk,
+    trsm,
+)
 from dfmp2.linalg.reference import mp2_pair_energy_reference
 from dfmp2.linalg.torch_ops import syrk_blocks, syrk_work_fraction
 
@@ -16,8 +27,7 @@ DTYPES = [torch.float64, torch.float32]
 # relative tolerance per dtype for O(k)-term dot products
 RTOL = {torch.float64: 1e-12, torch.float32: 2e-5}
 # (m, k, n) including 1x1, non-square, and sizes that are not multiples of 128
-SHAPES = [(1, 1, 1), (1, 7, 1), (3, 1, 5), (17, 33, 9), (128, 128, 128), (129, 255, 67), (300, 5, 2),
-          (2, 400, 3)]
+SHAPES = [(1, 1, 1), (1, 7, 1), (3, 1, 5), (17, 33, 9), (128, 128, 128), (129, 255, 67), (300, 5, 2), (2, 400, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +56,7 @@ def test_gemm_vs_numpy(be, dtype, m, k, n, ta, tb):
     B = b.double().numpy().T if tb else b.double().numpy()
     c = gemm(a, b, trans_a=ta, trans_b=tb, alpha=0.5, backend=be)
     assert c.shape == (m, n) and c.dtype == dtype
-    close(c, 0.5 * A @ B, dtype, scale=max(1.0, k ** 0.5 * 4))
+    close(c, 0.5 * A @ B, dtype, scale=max(1.0, k**0.5 * 4))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,15 +78,16 @@ def test_gemm_beta_out_and_batched(be, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", [(1, 1), (1, 9), (5, 1), (100, 37), (255, 64), (300, 7), (777, 50), (300, 130),
-                                 (700, 128)])
+@pytest.mark.parametrize(
+    "n,k", [(1, 1), (1, 9), (5, 1), (100, 37), (255, 64), (300, 7), (777, 50), (300, 130), (700, 128)]
+)
 @pytest.mark.parametrize("trans", [False, True])
 def test_syrk_equals_a_at(be, dtype, n, k, trans):
     a = mat((k, n) if trans else (n, k), n + 7 * k, dtype)
     A = a.mT if trans else a
     c = syrk(a, trans=trans, backend=be)
     assert c.shape == (n, n)
-    assert torch.equal(c, c.mT)                              # exactly symmetric
+    assert torch.equal(c, c.mT)  # exactly symmetric
     close(c, A.double() @ A.double().mT, dtype, scale=max(1.0, 4 * k))
     lo = syrk(a, trans=trans, alpha=-2.0, full=False, backend=be)
     up = syrk(a, trans=trans, uplo="upper", full=False, backend=be)
@@ -91,7 +102,7 @@ def test_syrk_does_about_half_the_work():
         assert blocks[0][0] == 0 and blocks[-1][1] == n
         assert all(b[1] == c[0] for b, c in zip(blocks, blocks[1:]))
         assert syrk_work_fraction(n) <= bound
-    be = get_backend("cpu", cpu_blas="torch")       # the torch path (auto may pick OpenBLAS's SYRK)
+    be = get_backend("cpu", cpu_blas="torch")  # the torch path (auto may pick OpenBLAS's SYRK)
     syrk(mat((600, 130), 1, torch.float64), backend=be)
     assert "syrk:torch.matmul(block-triangle)" in be.describe()["kernels"]
 
@@ -115,9 +126,9 @@ def test_trsm_all_16_combinations_vs_scipy(be, side, uplo, trans, unit, dtype, n
     x = trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit, backend=be)
     A, B = a.double().numpy(), b.double().numpy()
     lower = uplo == "lower"
-    if side == "left":        # op(A) X = B
+    if side == "left":  # op(A) X = B
         ref = sla.solve_triangular(A, B, lower=lower, trans=1 if trans else 0, unit_diagonal=unit)
-    else:                     # X op(A) = B  <=>  op(A)^T X^T = B^T
+    else:  # X op(A) = B  <=>  op(A)^T X^T = B^T
         ref = sla.solve_triangular(A, B.T, lower=lower, trans=0 if trans else 1, unit_diagonal=unit).T
     assert x.shape == b.shape and x.dtype == dtype
     scale = max(1.0, float(np.abs(ref).max()))
@@ -158,7 +169,7 @@ def test_cholesky_not_spd_error(be):
     a[2, 2] = -1.0
     with pytest.raises(NotPositiveDefiniteError, match="minor of order 3"):
         cholesky(a, backend=be)
-    with pytest.raises(torch.linalg.LinAlgError):      # still catchable as torch's error
+    with pytest.raises(torch.linalg.LinAlgError):  # still catchable as torch's error
         cholesky(a, backend=be)
 
 
@@ -179,7 +190,7 @@ def test_inv_sqrt_eigh_drops_near_singular_directions(be):
     # Kept spectrum 1, 3e-1, ..., 3e-8: no eigenvalue within a factor 3 of either cutoff (absolute
     # 1e-10, relative 1e-6 * 1), so rounding in eigh cannot move one across (with 10^-k, one sat
     # exactly on the relative cutoff and the count depended on the last bit).
-    w = torch.tensor([1e-14, 1e-12, 1e-11, 1.0] + [3.0 * 10.0 ** -k for k in range(1, n - 3)], dtype=torch.float64)
+    w = torch.tensor([1e-14, 1e-12, 1e-11, 1.0] + [3.0 * 10.0**-k for k in range(1, n - 3)], dtype=torch.float64)
     a = (q * w) @ q.T
     x, info = inv_sqrt_spd(a, backend=be)
     assert info["dropped"] == 3 and info["kept"] == n - 3 and info["threshold"] == 1e-10
@@ -212,11 +223,15 @@ def test_mp2_pair_energy_vs_naive_einsum(dtype, path):
     e_ref_ij = mp2_pair_energy_reference(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir)
     e_ij = mp2_pair_energy(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir, backend=be)
     from dfmp2.linalg.torch_ops import mp2_pair_energy as raw
+
     e_chunked = raw(Bi, Bj, p.eps_occ[:3], p.eps_occ[3:], p.eps_vir, max_block_elems=23 * 23 * 2)
     for e in (e_ij, e_chunked):
         assert e[0] == pytest.approx(e_ref_ij[0], rel=tol) and e[1] == pytest.approx(e_ref_ij[1], rel=tol)
     pair = {k.split(":", 1)[1] for k in be.describe()["kernels"] if k.startswith("mp2_pair_energy:")}
     layout, tail = ("tiles", "+pair_epilogue.c(fp64 sums)") if path == "gemm+epilogue" else ("rows", "+torch")
-    gemms = {f"torch.matmul({layout})", f"openblas.{'d' if dtype == torch.float64 else 's'}gemm(numpy.matmul, {layout})"}
+    gemms = {
+        f"torch.matmul({layout})",
+        f"openblas.{'d' if dtype == torch.float64 else 's'}gemm(numpy.matmul, {layout})",
+    }
     assert pair and pair <= {g + tail for g in gemms}, pair
     assert be.describe()["pair_path"] == {"fp64": path, "fp32": path}

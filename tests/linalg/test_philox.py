@@ -1,24 +1,43 @@
 """Philox4x32-10: Random123 known answers, stream layout, exact float mappings, normals against an
 independent Python Box–Muller, CPU == CUDA bits (values are computed on the host and moved)."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dfmp2.linalg import philox
-from dfmp2.linalg.philox import (PhiloxStream, det_cos_sin_2pi, det_log, normal, philox4x32, random_bits,
-                           uniform, words_for)
+from dfmp2.linalg.philox import (
+    PhiloxStream,
+    det_cos_sin_2pi,
+    det_log,
+    normal,
+    philox4x32,
+    random_bits,
+    uniform,
+    words_for,
+)
 
 # Random123 tests/kat_vectors, "philox4x32 10" lines: counter, key, expected output.
 KAT = [
-    ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
-     (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
-    ((0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff), (0xffffffff, 0xffffffff),
-     (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
-    ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
-     (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1)),
+    (
+        (0x00000000, 0x00000000, 0x00000000, 0x00000000),
+        (0x00000000, 0x00000000),
+        (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8),
+    ),
+    (
+        (0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF),
+        (0xFFFFFFFF, 0xFFFFFFFF),
+        (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+    ),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -45,7 +64,7 @@ def test_known_answer_vectors(ctr, key, expected):
     assert tuple(out_t.tolist()) == expected
 
 
-words32 = st.integers(0, 2 ** 32 - 1)
+words32 = st.integers(0, 2**32 - 1)
 
 
 @settings(max_examples=25, deadline=None)
@@ -77,7 +96,7 @@ def test_offsets_split_anywhere():
 
 
 def test_large_block_index_uses_high_counter_word():
-    off = 4 * (2 ** 32 + 5)
+    off = 4 * (2**32 + 5)
     w = random_bits(4, 9, offset=off).tolist()
     assert tuple(w) == ref_philox((5, 1, 0, 0), (9, 0))
 
@@ -89,7 +108,7 @@ def test_uint32_output_and_bad_arguments():
     with pytest.raises(ValueError):
         random_bits(4, -1)
     with pytest.raises(ValueError):
-        random_bits(4, 2 ** 64)
+        random_bits(4, 2**64)
     with pytest.raises(ValueError):
         random_bits(4, 1, offset=-1)
 
@@ -97,19 +116,19 @@ def test_uint32_output_and_bad_arguments():
 def test_uniform_exact_mappings():
     x = random_bits(64, 5)
     u32 = uniform(64, 5, dtype=torch.float32)
-    expect32 = [((v >> 9) * 2 + 1) * 2.0 ** -24 for v in x.tolist()]
+    expect32 = [((v >> 9) * 2 + 1) * 2.0**-24 for v in x.tolist()]
     assert u32.dtype == torch.float32 and u32.tolist() == expect32
     u64 = uniform(32, 5)
     xs = x.tolist()
-    expect64 = [(2 * (((xs[2 * i] >> 6) << 26) | (xs[2 * i + 1] >> 6)) + 1) * 2.0 ** -53 for i in range(32)]
+    expect64 = [(2 * (((xs[2 * i] >> 6) << 26) | (xs[2 * i + 1] >> 6)) + 1) * 2.0**-53 for i in range(32)]
     assert u64.dtype == torch.float64 and u64.tolist() == expect64
 
 
 def test_uniform_open_interval_extremes():
     # the extreme words map strictly inside (0, 1) in both precisions
-    lo, hi = torch.tensor([[0, 0]]), torch.tensor([[2 ** 32 - 1, 2 ** 32 - 1]])
-    assert philox._u64_from_words(lo).item() == 2.0 ** -53
-    assert philox._u64_from_words(hi).item() == 1 - 2.0 ** -53
+    lo, hi = torch.tensor([[0, 0]]), torch.tensor([[2**32 - 1, 2**32 - 1]])
+    assert philox._u64_from_words(lo).item() == 2.0**-53
+    assert philox._u64_from_words(hi).item() == 1 - 2.0**-53
     u = uniform((200, 50), 11, dtype=torch.float32)
     assert u.shape == (200, 50) and 0 < u.min() and u.max() < 1
 
@@ -121,6 +140,7 @@ def test_uniform_and_normal_statistics():
     assert z.shape == (200_001,)
     assert abs(z.mean().item()) < 0.01 and abs(z.var().item() - 1) < 0.015
     from scipy import stats
+
     assert stats.kstest(z[:20_000].numpy(), "norm").pvalue > 1e-4
 
 
@@ -135,9 +155,13 @@ def test_normal_offsets_and_dtypes():
 
 
 def test_deterministic_transcendentals_close_to_libm():
-    x = torch.cat([torch.logspace(-300, 300, 2001, dtype=torch.float64),
-                   1 + torch.linspace(-1e-6, 1e-6, 101, dtype=torch.float64),
-                   uniform(5000, 1)])
+    x = torch.cat(
+        [
+            torch.logspace(-300, 300, 2001, dtype=torch.float64),
+            1 + torch.linspace(-1e-6, 1e-6, 101, dtype=torch.float64),
+            uniform(5000, 1),
+        ]
+    )
     ref = torch.log(x)
     ulp = torch.from_numpy(np.spacing(np.abs(ref.numpy())))
     err = (det_log(x) - ref).abs()
@@ -160,7 +184,7 @@ def test_normals_match_python_box_muller_from_reference_words():
         return ref_philox((b & 0xFFFFFFFF, b >> 32, stream, 0), key)[w % 4]
 
     def u64(x0, x1):
-        return (2 * (((x0 >> 6) << 26) | (x1 >> 6)) + 1) * 2.0 ** -53
+        return (2 * (((x0 >> 6) << 26) | (x1 >> 6)) + 1) * 2.0**-53
 
     expect = []
     for k in range((n + 1) // 2):
@@ -176,13 +200,14 @@ def test_normals_match_python_box_muller_from_reference_words():
 
 @pytest.mark.cuda
 def test_cpu_and_cuda_bits_identical():
-    for seed, off, n in ((0, 0, 1000), (2 ** 63 + 12345, 7, 4099)):
+    for seed, off, n in ((0, 0, 1000), (2**63 + 12345, 7, 4099)):
         assert torch.equal(random_bits(n, seed, off, device="cuda").cpu(), random_bits(n, seed, off))
         for dt in (torch.float32, torch.float64):
             assert torch.equal(uniform(n, seed, off, dtype=dt, device="cuda").cpu(), uniform(n, seed, off, dtype=dt))
             # normals are computed on the host and copied, so they are bitwise equal too
             assert torch.equal(normal(n, seed, off, dtype=dt, device="cuda").cpu(), normal(n, seed, off, dtype=dt))
     from dfmp2.linalg.synthetic import random_matrix, synthetic_problem
+
     assert torch.equal(random_matrix((37, 29), 3, device="cuda").cpu(), random_matrix((37, 29), 3))
     for dt in (torch.float32, torch.float64):
         g, c = synthetic_problem(5, 33, 47, 9, dtype=dt, device="cuda"), synthetic_problem(5, 33, 47, 9, dtype=dt)

@@ -1,13 +1,14 @@
 """Property tests (hypothesis) for gemm, trsm and cholesky on Philox data; few examples, no deadline."""
-import pytest
+
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dfmp2.linalg import cholesky, gemm, get_backend, random_matrix, random_spd, trsm
 
 BE = get_backend("cpu")
 dims = st.integers(1, 40)
-seeds = st.integers(0, 2 ** 64 - 1)
+seeds = st.integers(0, 2**64 - 1)
 dtypes = st.sampled_from([torch.float32, torch.float64])
 TOL = {torch.float32: 1e-4, torch.float64: 1e-11}
 
@@ -24,8 +25,15 @@ def test_gemm_matches_matmul(m, k, n, ta, tb, alpha, seed, dtype):
 
 
 @settings(max_examples=30, deadline=None)
-@given(dims, st.integers(1, 10), st.sampled_from(["left", "right"]), st.sampled_from(["lower", "upper"]),
-       st.booleans(), st.booleans(), seeds)
+@given(
+    dims,
+    st.integers(1, 10),
+    st.sampled_from(["left", "right"]),
+    st.sampled_from(["lower", "upper"]),
+    st.booleans(),
+    st.booleans(),
+    seeds,
+)
 def test_trsm_solves(n, m, side, uplo, trans, unit, seed):
     a = random_matrix((n, n), seed) * 0.2
     a.diagonal().copy_(1.5 + a.diagonal().abs())
@@ -42,7 +50,7 @@ def test_trsm_solves(n, m, side, uplo, trans, unit, seed):
 @settings(max_examples=20, deadline=None)
 @given(dims, st.floats(1.0, 1e6), seeds, dtypes)
 def test_cholesky_reconstructs(n, cond, seed, dtype):
-    a = random_spd(n, cond, seed % 2 ** 32, dtype=dtype)
+    a = random_spd(n, cond, seed % 2**32, dtype=dtype)
     L = cholesky(a, backend=BE)
     assert torch.equal(L, torch.tril(L)) and (L.diagonal() > 0).all()
     assert torch.allclose((L.double() @ L.double().T), a.double(), atol=TOL[dtype] * 10)

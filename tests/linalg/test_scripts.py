@@ -1,4 +1,5 @@
 """Smoke tests of the linalg scripts on tiny shapes (they must keep running; numbers not checked)."""
+
 import json
 import subprocess
 import sys
@@ -13,9 +14,24 @@ def run(*args, env=None):
 
 def test_bench_linalg_quick(tmp_path):
     out = tmp_path / "bench"
-    r = run("scripts/bench_linalg.py", "--quick", "--threads", "1", "--dtype", "fp32", "--repeats", "1",
-            "--min-time", "0", "--warmup", "0", "--ops", "gemm,syrk,inv_sqrt_newton_schulz,mp2_pair_energy",
-            "--out", str(out))
+    r = run(
+        "scripts/bench_linalg.py",
+        "--quick",
+        "--threads",
+        "1",
+        "--dtype",
+        "fp32",
+        "--repeats",
+        "1",
+        "--min-time",
+        "0",
+        "--warmup",
+        "0",
+        "--ops",
+        "gemm,syrk,inv_sqrt_newton_schulz,mp2_pair_energy",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["peak"]["fp32"]["gflops"] > 0 and data["meta"]["backend"]["engine"] == "torch"
@@ -27,7 +43,8 @@ def test_bench_linalg_quick(tmp_path):
 
 def test_bench_linalg_refuses_missing_device(tmp_path):
     import os
-    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}            # no GPU, on any machine
+
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, on any machine
     r = run("scripts/bench_linalg.py", "--device", "cuda", "--quick", "--out", str(tmp_path / "b"), env=no_gpu)
     assert r.returncode != 0 and "no CUDA GPU" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "b.json").exists()

@@ -1,4 +1,5 @@
 """Philox-built test data: SPD matrices with a prescribed condition number, synthetic DF-MP2 problems."""
+
 import pytest
 import torch
 
@@ -38,8 +39,8 @@ def test_synthetic_problem_shapes_energies_and_gap():
     assert float(ev.min() - eo.max()) == pytest.approx(0.4)
     e_os, e_ss = mp2_pair_energy(p.B, p.B, eo, eo, ev, symmetric=True)
     per_occ = (e_os + e_ss) / p.nocc
-    assert -0.05 <= per_occ <= -0.01            # chemically plausible correlation per occupied orbital
-    assert 0.05 < e_ss / e_os < 0.5              # same-spin a fraction of opposite-spin, as in molecules
+    assert -0.05 <= per_occ <= -0.01  # chemically plausible correlation per occupied orbital
+    assert 0.05 < e_ss / e_os < 0.5  # same-spin a fraction of opposite-spin, as in molecules
 
 
 def test_synthetic_problem_reproducible_and_dtype():

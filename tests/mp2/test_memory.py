@@ -1,7 +1,9 @@
 """The memory planner: stage estimates, block choice, the in-memory / out-of-core decision and
 the minimum-feasible error, all from shapes (no SCF here)."""
+
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dfmp2 import memory
 from dfmp2.errors import MemoryLimitError, error_line
@@ -20,7 +22,7 @@ def test_plenty_of_memory_keeps_b_in_memory():
     assert p.occ_block == memory.OCC_BLOCK_MAX
     b_mb = 3360 * 160 * 760 * 8 / 1e6
     assert p.b_mb == pytest.approx(b_mb)
-    assert p.stages_mb["pair"] > b_mb                # B is resident in the pair step
+    assert p.stages_mb["pair"] > b_mb  # B is resident in the pair step
     d = p.to_dict()
     assert d["out_of_core"] is False and d["storage"] == "auto" and d["shapes"]["naux"] == 3360
 
@@ -31,9 +33,9 @@ def test_b_goes_to_disk_with_the_same_blocks_when_it_does_not_fit():
     assert disk.peak_mb < 0.75 * im.peak_mb
     p = plan_memory(**LARGE, limit_mb=disk.peak_mb, aux_shell_max=9)
     assert p.out_of_core and p.peak_mb <= disk.peak_mb
-    assert (p.aux_block, p.occ_block) == (im.aux_block, im.occ_block)   # same arithmetic
-    assert p.disk_mb == pytest.approx(p.b_mb)                           # fp64: fitted in place
-    assert p.stages_mb["pair"] < 0.5 * p.b_mb          # Bi, Bj and two read ahead of 10 blocks
+    assert (p.aux_block, p.occ_block) == (im.aux_block, im.occ_block)  # same arithmetic
+    assert p.disk_mb == pytest.approx(p.b_mb)  # fp64: fitted in place
+    assert p.stages_mb["pair"] < 0.5 * p.b_mb  # Bi, Bj and two read ahead of 10 blocks
 
 
 def test_fp32_out_of_core_needs_disk_for_fp64_pia_too():
@@ -50,7 +52,7 @@ def test_tight_limit_shrinks_blocks_and_below_minimum_fails_with_it():
     assert at_min.peak_mb <= p.min_mb
     with pytest.raises(MemoryLimitError, match=r"needs at least 376 MB .*with B on disk.*raise the memory limit") as e:
         plan_memory(**LARGE, limit_mb=0.99 * p.min_mb, aux_shell_max=9)
-    assert "--" not in str(e.value) and "--memory" in error_line(e.value)    # the CLI names the option
+    assert "--" not in str(e.value) and "--memory" in error_line(e.value)  # the CLI names the option
 
 
 def test_forced_storage():
@@ -78,9 +80,15 @@ def test_estimates_grow_with_blocks():
 
 
 @settings(max_examples=60, deadline=None)
-@given(nao=st.integers(2, 2000), nocc=st.integers(1, 400), vir_extra=st.integers(1, 2000),
-       aux_ratio=st.floats(1.0, 6.0), itemsize=st.sampled_from([4, 8]),
-       limit=st.floats(0.01, 1e5), storage=st.sampled_from(["auto", "memory", "disk"]))
+@given(
+    nao=st.integers(2, 2000),
+    nocc=st.integers(1, 400),
+    vir_extra=st.integers(1, 2000),
+    aux_ratio=st.floats(1.0, 6.0),
+    itemsize=st.sampled_from([4, 8]),
+    limit=st.floats(0.01, 1e5),
+    storage=st.sampled_from(["auto", "memory", "disk"]),
+)
 def test_plan_fits_or_fails_below_the_minimum(nao, nocc, vir_extra, aux_ratio, itemsize, limit, storage):
     shapes = dict(nao=nao, nocc=nocc, nvir=vir_extra, naux=max(1, int(aux_ratio * nao)), itemsize=itemsize)
     try:
@@ -89,7 +97,7 @@ def test_plan_fits_or_fails_below_the_minimum(nao, nocc, vir_extra, aux_ratio, i
         smallest = plan_memory(**shapes, limit_mb=1e12, storage=storage, aux_shell_max=7).min_mb
         assert limit < smallest
         assert f"{smallest:.3g} MB" in str(e)
-        plan_memory(**shapes, limit_mb=smallest, storage=storage, aux_shell_max=7)   # feasible
+        plan_memory(**shapes, limit_mb=smallest, storage=storage, aux_shell_max=7)  # feasible
         return
     assert p.peak_mb <= limit
     assert 1 <= p.occ_block <= min(nocc, memory.OCC_BLOCK_MAX)
@@ -112,24 +120,40 @@ def _files(root, files: dict):
 def test_cgroup_v2_limit_left_is_the_smallest_over_the_ancestors(tmp_path):
     """The default limit read /proc/meminfo only (issue 29, round 3): a container's cgroup limit
     was ignored."""
-    _files(tmp_path, {"proc": "0::/job/step\n", "cg/memory.max": "max\n", "cg/memory.current": "9\n",
-                      "cg/job/memory.max": "3000000000\n", "cg/job/memory.current": "1000000000\n",
-                      "cg/job/step/memory.max": "max\n", "cg/job/step/memory.current": "5\n"})
+    _files(
+        tmp_path,
+        {
+            "proc": "0::/job/step\n",
+            "cg/memory.max": "max\n",
+            "cg/memory.current": "9\n",
+            "cg/job/memory.max": "3000000000\n",
+            "cg/job/memory.current": "1000000000\n",
+            "cg/job/step/memory.max": "max\n",
+            "cg/job/step/memory.current": "5\n",
+        },
+    )
     assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == pytest.approx(2000)
     _files(tmp_path, {"cg/job/step/memory.max": "1500000000\n", "cg/job/step/memory.current": "500000000\n"})
     assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == pytest.approx(1000)
-    _files(tmp_path, {"proc": "0::/elsewhere\n"})      # a namespace that shows only the root
+    _files(tmp_path, {"proc": "0::/elsewhere\n"})  # a namespace that shows only the root
     assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") is None
 
 
 def test_cgroup_v1_limit_and_its_unlimited_value(tmp_path):
-    _files(tmp_path, {"proc": "5:cpu,cpuacct:/x\n4:memory:/job\n0::/\n",
-                      "cg/memory/memory.limit_in_bytes": "9223372036854771712\n",
-                      "cg/memory/memory.usage_in_bytes": "551567360\n"})
+    _files(
+        tmp_path,
+        {
+            "proc": "5:cpu,cpuacct:/x\n4:memory:/job\n0::/\n",
+            "cg/memory/memory.limit_in_bytes": "9223372036854771712\n",
+            "cg/memory/memory.usage_in_bytes": "551567360\n",
+        },
+    )
     assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") is None
-    _files(tmp_path, {"cg/memory/job/memory.limit_in_bytes": "2000000000\n",
-                      "cg/memory/job/memory.usage_in_bytes": "2500000000\n"})
-    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == 0      # over its limit: nothing left
+    _files(
+        tmp_path,
+        {"cg/memory/job/memory.limit_in_bytes": "2000000000\n", "cg/memory/job/memory.usage_in_bytes": "2500000000\n"},
+    )
+    assert memory.cgroup_mb(tmp_path / "cg", tmp_path / "proc") == 0  # over its limit: nothing left
 
 
 def test_available_host_memory_is_the_smallest_limit(monkeypatch):
@@ -148,10 +172,15 @@ def test_ulimit_v_bounds_the_default_limit():
     import resource
     import subprocess
     import sys
-    code = ("from dfmp2 import memory; print(memory.rlimit_mb(), memory.available_mb('cpu'), "
-            "memory.meminfo_mb())")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30,) * 2))
+
+    code = "from dfmp2 import memory; print(memory.rlimit_mb(), memory.available_mb('cpu'), memory.meminfo_mb())"
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30,) * 2),
+    )
     assert p.returncode == 0, p.stderr
     left, avail, meminfo = map(float, p.stdout.split())
     assert 0 < left < (4 << 30) / 1e6 and avail <= min(left, meminfo)

@@ -3,6 +3,7 @@
 The reference is PySCF's ``mp.dfmp2.DFMP2`` with the MP2-fit auxiliary basis set
 explicitly (PySCF would otherwise reuse the SCF's JK-fit basis).
 """
+
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,10 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from dfmp2.df import basis as df_basis
 from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.io.result import SCS_OS, SCS_SS, SOS_OS
 from dfmp2.io.xyz import read_xyz
+from dfmp2.pipeline import RunOptions, run
+from dfmp2.scf import pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 TOL = {"fp64": 1e-9, "fp32": 1e-6}
@@ -85,13 +86,15 @@ def test_small_occ_blocks_give_same_energy():
 
 def test_forced_eigh_metric_matches_cholesky(monkeypatch):
     """The near-singular-metric path (eigh, j2c^-1/2) gives the same energy as Cholesky."""
-    from dfmp2 import linalg
     import dfmp2.pipeline as pipeline
+    from dfmp2 import linalg
+
     path = INPUTS / "water.xyz"
     chol = run(path, RunOptions())
 
     def failing_cholesky(a, *, backend=None):
         raise linalg.NotPositiveDefiniteError("forced failure to take the eigh path")
+
     monkeypatch.setattr(pipeline.linalg, "cholesky", failing_cholesky)
     eig = run(path, RunOptions())
     assert chol.ran["metric"] == "cholesky" and eig.ran["metric"].startswith("eigh")

@@ -5,6 +5,7 @@ cases, fp64 1e-9 and fp32 1e-6 Eh). Here: the opposite-spin pair op on every pat
 einsum reference, UHF on a closed shell = RHF to 1e-10 Eh, trn1 --simulate on OH against CPU fp64,
 what the JSON records, out of core = in memory, and the one-line refusals.
 """
+
 import json
 import math
 from pathlib import Path
@@ -14,15 +15,14 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2 import linalg
-from dfmp2.scf import driver
-from dfmp2.df import basis
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf
 from dfmp2.cli.main import main
+from dfmp2.df import basis
 from dfmp2.errors import InputError
-from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
 from dfmp2.linalg.reference import mp2_pair_energy_reference
+from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.scf import driver, pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 OH = INPUTS / "open_shell" / "hydroxyl.xyz"
@@ -71,6 +71,7 @@ def test_nki_opposite_spin_kernel_on_the_emulator():
     """The NKI pair kernel's opposite form (rectangular K, ragged 128-row tiles, occupied blocks
     larger than one launch) through the trn1 backend on the NumPy emulator, fp32 on the device."""
     from dfmp2.linalg.neuron import make_neuron_backend
+
     be = make_neuron_backend("trn1", simulate=True, engine="nki-numpy-emulator")
     Bi, Bj, ei, ej, ev, evj = _opposite_problem(ni=3, nj=2, nvir=140, nvir_j=150, naux=200)
     ref = mp2_pair_energy_reference(Bi.float(), Bj.float(), ei, ej, ev, eps_vir_j=evj, k_dtype=torch.float32)
@@ -108,7 +109,7 @@ def test_cli_json_records_the_open_shell(tmp_path):
     assert e["e_corr_os"] == pytest.approx(sp["e_corr_ab"], abs=0)
     assert e["e_corr_ss"] == pytest.approx(sp["e_corr_aa"] + sp["e_corr_bb"], abs=1e-15)
     assert e["e_corr_sos"] == pytest.approx(1.3 * e["e_corr_os"], rel=1e-15)
-    assert d["warnings"] == []            # OH: <S^2> 0.7547, no contamination warning
+    assert d["warnings"] == []  # OH: <S^2> 0.7547, no contamination warning
 
 
 def test_out_of_core_equals_in_memory_bitwise(tmp_path):
@@ -139,17 +140,20 @@ def test_one_electron_has_no_correlation():
 
 
 # --- refusals --------------------------------------------------------------------------------
-@pytest.mark.parametrize("args,fragments", [
-    (["--reference", "rohf"], ["ROHF references are not supported", "use a UHF reference", "(--reference)"]),
-    (["--reference", "rhf"], ["RHF needs a closed shell", "9 electrons with multiplicity 2"]),
-    (["--multiplicity", "3"], ["9 electrons cannot have multiplicity 3", "even multiplicity"]),
-    (["--multiplicity", "11"], ["multiplicity 11 needs 10 unpaired electrons", "only 9"]),
-    (["--charge", "1"], ["8 electrons cannot have multiplicity 2"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--reference", "rohf"], ["ROHF references are not supported", "use a UHF reference", "(--reference)"]),
+        (["--reference", "rhf"], ["RHF needs a closed shell", "9 electrons with multiplicity 2"]),
+        (["--multiplicity", "3"], ["9 electrons cannot have multiplicity 3", "even multiplicity"]),
+        (["--multiplicity", "11"], ["multiplicity 11 needs 10 unpaired electrons", "only 9"]),
+        (["--charge", "1"], ["8 electrons cannot have multiplicity 2"]),
+    ],
+)
 def test_refusals_are_one_line(tmp_path, monkeypatch, args, fragments):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
-    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))  # ours (--scf df)
     _one_error_line(CliRunner().invoke(main, ["run", str(OH), *args]), *fragments)
     assert list(tmp_path.iterdir()) == []
 
@@ -158,7 +162,7 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
     """B3+ as a triplet: two alpha electrons, no beta; its frozen 1s (one orbital per spin) has no
     beta orbital to freeze: refused before the SCF."""
     monkeypatch.setattr(pyscf_scf, "run_uhf", lambda *a, **k: pytest.fail("the SCF ran"))
-    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))    # ours (--scf df)
+    monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))  # ours (--scf df)
     geom = parse_xyz("1\ncharge=3 multiplicity=3\nB 0 0 0\n", "b.xyz")
     with pytest.raises(InputError, match=r"frozen core \(1 orbitals per spin\) is more than the 0 occupied beta"):
         run_geometry(geom, RunOptions(frozen_core=True))
@@ -166,11 +170,12 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
 
 def test_time_mp2_stage_runs_ump2_as_run_does():
     """The benchmarks' stage timer takes a UHF reference: the same energies as ``dfmp2 run``."""
-    from dfmp2.pipeline import time_mp2_stage
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.pipeline import time_mp2_stage
+
     mol = molecule.build_molecule(read_xyz(OH))
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_uhf(mol)
     seconds, e_os, e_ss, stages, ran = time_mp2_stage(mol, auxmol, ref, RunOptions())
-    r = run(OH, RunOptions(scf_mode="pyscf-df"))        # the same SCF as ``ref``: the same bits
+    r = run(OH, RunOptions(scf_mode="pyscf-df"))  # the same SCF as ``ref``: the same bits
     assert (e_os, e_ss) == (r.e_os, r.e_ss) and seconds > 0 and "pair" in stages

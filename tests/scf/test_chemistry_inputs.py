@@ -6,24 +6,24 @@ case ends in a result that matches PySCF run with the same settings (auxiliary b
 out here, not taken from dfmp2), a stated warning in the table and the JSON, or one error line
 and exit 2 before the SCF.
 """
-import json
 
 import dataclasses
+import json
 
 import pytest
+from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 from pyscf import df, gto
 from pyscf import scf as pyscf_scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
-from cli_checks import assert_one_line_error
-from dfmp2.df import basis as df_basis
-from dfmp2.io import molecule
-from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.cli.main import main
+from dfmp2.df import basis as df_basis
 from dfmp2.errors import InputError
-from dfmp2.pipeline import RunOptions, run_geometry
+from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
+from dfmp2.pipeline import RunOptions, run_geometry
+from dfmp2.scf import pyscf_scf as bridge
 
 WATER = "O 0.0 0.0 0.119\nH 0.0 0.757 -0.477\nH 0.0 -0.757 -0.477"
 H8_CUBE = "\n".join(f"H {x} {y} {z}" for x in (0, 0.35) for y in (0, 0.35) for z in (0, 0.35))
@@ -72,14 +72,26 @@ def assert_matches_pyscf(r, atoms, basis, jk_aux, mp2_aux, e_hf_tol=1e-9):
 # cc-pvdz-jkfit lacks He, Li, Be, Na, Mg, Ca, Sc-Zn; cc-pvdz-ri lacks Ca, Sc-Zn. The documented
 # fallbacks: def2-universal-jkfit (DF-SCF) and def2-tzvpp-ri (MP2), per element.
 MISSING = {
-    "LiH": ("Li 0 0 0\nH 0 0 1.595", {"Li": "def2-universal-jkfit", "H": "cc-pvdz-jkfit"},
-            {"Li": "cc-pvdz-ri", "H": "cc-pvdz-ri"}),
-    "NaCl": ("Na 0 0 0\nCl 0 0 2.361", {"Na": "def2-universal-jkfit", "Cl": "cc-pvdz-jkfit"},
-             {"Na": "cc-pvdz-ri", "Cl": "cc-pvdz-ri"}),
-    "MgO": ("Mg 0 0 0\nO 0 0 1.749", {"Mg": "def2-universal-jkfit", "O": "cc-pvdz-jkfit"},
-            {"Mg": "cc-pvdz-ri", "O": "cc-pvdz-ri"}),
-    "ZnH2": ("Zn 0 0 0\nH 0 0 1.535\nH 0 0 -1.535", {"Zn": "def2-universal-jkfit", "H": "cc-pvdz-jkfit"},
-             {"Zn": "def2-tzvpp-ri", "H": "cc-pvdz-ri"}),
+    "LiH": (
+        "Li 0 0 0\nH 0 0 1.595",
+        {"Li": "def2-universal-jkfit", "H": "cc-pvdz-jkfit"},
+        {"Li": "cc-pvdz-ri", "H": "cc-pvdz-ri"},
+    ),
+    "NaCl": (
+        "Na 0 0 0\nCl 0 0 2.361",
+        {"Na": "def2-universal-jkfit", "Cl": "cc-pvdz-jkfit"},
+        {"Na": "cc-pvdz-ri", "Cl": "cc-pvdz-ri"},
+    ),
+    "MgO": (
+        "Mg 0 0 0\nO 0 0 1.749",
+        {"Mg": "def2-universal-jkfit", "O": "cc-pvdz-jkfit"},
+        {"Mg": "cc-pvdz-ri", "O": "cc-pvdz-ri"},
+    ),
+    "ZnH2": (
+        "Zn 0 0 0\nH 0 0 1.535\nH 0 0 -1.535",
+        {"Zn": "def2-universal-jkfit", "H": "cc-pvdz-jkfit"},
+        {"Zn": "def2-tzvpp-ri", "H": "cc-pvdz-ri"},
+    ),
     "He": ("He 0 0 0", {"He": "def2-universal-jkfit"}, {"He": "cc-pvdz-ri"}),
 }
 
@@ -106,16 +118,20 @@ def test_autoaux_beyond_krypton_matches_pyscf():
     r = run_geometry(geometry(atoms, "hi.xyz"), RunOptions(basis="sto-3g"))
     assert r.auxbasis == "def2-svp-ri (H) + autoaux (I)"
     assert any("autoaux used for I" in w for w in r.warnings)
-    assert_matches_pyscf(r, atoms, "sto-3g", "def2-svp-jkfit", {"H": "def2-svp-ri", "I": "autoaux"},
-                         e_hf_tol=1e-12 * 6879)      # relative 1e-12 (see assert_matches_pyscf)
+    assert_matches_pyscf(
+        r, atoms, "sto-3g", "def2-svp-jkfit", {"H": "def2-svp-ri", "I": "autoaux"}, e_hf_tol=1e-12 * 6879
+    )  # relative 1e-12 (see assert_matches_pyscf)
 
 
 # --- common basis names --------------------------------------------------------------------
-@pytest.mark.parametrize("basis,jk_aux,mp2_aux,fallback", [
-    ("6-31g*", "cc-pvdz-jkfit", "cc-pvdz-ri", False),      # PySCF's Pople rule: 6-31g -> cc-pvdz-*
-    ("6-31g**", "cc-pvdz-jkfit", "cc-pvdz-ri", False),     # BSE's 6-31g**-rifit is not in PySCF
-    ("pcseg-1", "def2-universal-jkfit", "def2-tzvpp-ri", True),   # no matched set at all
-])
+@pytest.mark.parametrize(
+    "basis,jk_aux,mp2_aux,fallback",
+    [
+        ("6-31g*", "cc-pvdz-jkfit", "cc-pvdz-ri", False),  # PySCF's Pople rule: 6-31g -> cc-pvdz-*
+        ("6-31g**", "cc-pvdz-jkfit", "cc-pvdz-ri", False),  # BSE's 6-31g**-rifit is not in PySCF
+        ("pcseg-1", "def2-universal-jkfit", "def2-tzvpp-ri", True),  # no matched set at all
+    ],
+)
 def test_common_basis_names_run_and_match_pyscf(basis, jk_aux, mp2_aux, fallback):
     r = run_geometry(geometry(WATER, "water.xyz"), RunOptions(basis=basis))
     assert (r.auxbasis, r.jk_auxbasis) == (mp2_aux, jk_aux)
@@ -127,11 +143,14 @@ def test_common_basis_names_run_and_match_pyscf(basis, jk_aux, mp2_aux, fallback
 def test_linear_dependence_is_stated_in_table_and_json(tmp_path):
     """An H8 cube of edge 0.35 Å in aug-cc-pVDZ: PySCF's RHF drops 4 of 72 functions."""
     out = tmp_path / "h8.json"
-    res = CliRunner().invoke(main, ["run", write(tmp_path, H8_CUBE, "h8.xyz"), "--basis", "aug-cc-pvdz",
-                                    "--json", str(out)])
+    res = CliRunner().invoke(
+        main, ["run", write(tmp_path, H8_CUBE, "h8.xyz"), "--basis", "aug-cc-pvdz", "--json", str(out)]
+    )
     assert res.exit_code == 0, res.output
-    text = " ".join(res.output.split())           # rich wraps long lines
-    assert "warning: linear dependence: 4 of 72 basis functions dropped (overlap eigenvalues below 1e-06); nmo 68" in text
+    text = " ".join(res.output.split())  # rich wraps long lines
+    assert (
+        "warning: linear dependence: 4 of 72 basis functions dropped (overlap eigenvalues below 1e-06); nmo 68" in text
+    )
     d = json.loads(out.read_text())
     assert d["shapes"]["nbasis"] == 72 and d["shapes"]["nmo"] == 68
     assert any("4 of 72 basis functions dropped" in w and "1e-06" in w for w in d["warnings"])
@@ -147,16 +166,19 @@ def test_no_warnings_on_an_ordinary_run(aux):
 
 
 # --- electron counts and multiplicity ------------------------------------------------------
-@pytest.mark.parametrize("args,fragments", [
-    (["--charge", "-30"], ["40 electrons", "more than the 14", "--charge"]),
-    (["--charge", "-40"], ["50 electrons", "more than the 14"]),
-    (["--charge", "-6"], ["16 electrons", "more than the 14"]),
-    (["--charge", "10"], ["leaves 0 electrons"]),
-    (["--charge", "30"], ["leaves -20 electrons"]),
-    (["--multiplicity", "0"], ["multiplicity 0 is not valid", "positive integer"]),
-    (["--multiplicity", "-1"], ["multiplicity -1 is not valid"]),
-    (["--basis", "sto-3g", "--charge", "-4"], ["14 electrons fill all 7 functions", "no virtual"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--charge", "-30"], ["40 electrons", "more than the 14", "--charge"]),
+        (["--charge", "-40"], ["50 electrons", "more than the 14"]),
+        (["--charge", "-6"], ["16 electrons", "more than the 14"]),
+        (["--charge", "10"], ["leaves 0 electrons"]),
+        (["--charge", "30"], ["leaves -20 electrons"]),
+        (["--multiplicity", "0"], ["multiplicity 0 is not valid", "positive integer"]),
+        (["--multiplicity", "-1"], ["multiplicity -1 is not valid"]),
+        (["--basis", "sto-3g", "--charge", "-4"], ["14 electrons fill all 7 functions", "no virtual"]),
+    ],
+)
 def test_impossible_electron_counts_refused_before_scf(tmp_path, no_scf, args, fragments):
     out = tmp_path / "out.json"
     res = CliRunner().invoke(main, ["run", write(tmp_path, WATER), "--json", str(out), *args])
@@ -178,7 +200,7 @@ def test_largest_allowed_anion_and_cation_run():
     """The limits are not off by one: water with 14 electrons (charge -4, unbound but within its
     occupied shells) is allowed, and so is H2O(8+) with its single pair."""
     assert molecule.minimal_basis_size(["O", "H", "H"]) == 7
-    assert molecule.minimal_basis_size(["Zn"]) == 15            # 1s-4s, 2p-3p, 3d: 30 electrons
+    assert molecule.minimal_basis_size(["Zn"]) == 15  # 1s-4s, 2p-3p, 3d: 30 electrons
     for charge in (-4, 8):
         mol = molecule.build_molecule(geometry(WATER), "cc-pvdz", charge)
         assert mol.nelectron == 10 - charge
@@ -201,8 +223,18 @@ def test_auxbasis_not_a_fitting_set_and_too_small_warned(tmp_path):
     assert len(w) == 2 and "not a density-fitting set" in w[0] and "naux 7" in w[1]
 
 
-@pytest.mark.parametrize("aux", ["cc-pvdz-ri", "aug-cc-pvtz-jkfit", "def2-universal-jkfit",
-                                 "def2-svp-jkfit", "weigend", "6-31g**-rifit", "autoaux"])
+@pytest.mark.parametrize(
+    "aux",
+    [
+        "cc-pvdz-ri",
+        "aug-cc-pvtz-jkfit",
+        "def2-universal-jkfit",
+        "def2-svp-jkfit",
+        "weigend",
+        "6-31g**-rifit",
+        "autoaux",
+    ],
+)
 def test_fitting_sets_are_recognised(aux):
     assert df_basis.is_fitting_set(aux)
 
@@ -213,11 +245,14 @@ def test_orbital_bases_are_not_fitting_sets(name):
 
 
 # --- coincident atoms ----------------------------------------------------------------------
-@pytest.mark.parametrize("atoms,fragments", [
-    ("O 0 0 0\nH 0 0 0.96\nH 0 0 0", ["atoms 1 (O) and 3 (H)", "0.0000 Å apart", "0.1 Å"]),
-    ("N 0 0 0\nN 0 0 0.05", ["atoms 1 (N) and 2 (N)", "0.0500 Å apart"]),
-    ("H 0 0 0\nH 0 0 0.74\nH 0 0 0.8\nH 0 0 0.7999", ["atoms 3 (H) and 4 (H)", "0.0001 Å", "2 more such pairs"]),
-])
+@pytest.mark.parametrize(
+    "atoms,fragments",
+    [
+        ("O 0 0 0\nH 0 0 0.96\nH 0 0 0", ["atoms 1 (O) and 3 (H)", "0.0000 Å apart", "0.1 Å"]),
+        ("N 0 0 0\nN 0 0 0.05", ["atoms 1 (N) and 2 (N)", "0.0500 Å apart"]),
+        ("H 0 0 0\nH 0 0 0.74\nH 0 0 0.8\nH 0 0 0.7999", ["atoms 3 (H) and 4 (H)", "0.0001 Å", "2 more such pairs"]),
+    ],
+)
 def test_coincident_atoms_refused_naming_both(tmp_path, no_scf, atoms, fragments):
     res = CliRunner().invoke(main, ["run", write(tmp_path, atoms)])
     assert_one_line_error(res, *fragments)

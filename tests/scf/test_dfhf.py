@@ -1,21 +1,19 @@
 """Our DF-RHF (dfmp2.scf.rhf, ``--scf df``) against PySCF's DF-RHF with the same JK-fit basis and
 thresholds (pyscf_scf.run_rhf 'pyscf-df', computed here: an independent code), and what it records."""
+
 from pathlib import Path
 
 import pytest
 import torch
 
 from dfmp2 import linalg
-from dfmp2.scf import driver
-from dfmp2.scf import jk
-from dfmp2.scf import precision as scf_precision
-from dfmp2.scf import rhf
 from dfmp2.df import basis
-from dfmp2.io import molecule as io_molecule
-from dfmp2.scf import pyscf_scf
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
-from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
+from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.scf import driver, jk, pyscf_scf, rhf
+from dfmp2.scf import precision as scf_precision
 from dfmp2.timing import Timer
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -32,15 +30,16 @@ def geometry(atoms: str, name: str):
 
 
 def molecule(case):
-    if case == "h8_cube_lindep":        # aug-cc-pVDZ on an H8 cube of edge 0.35 Å: 4 of 72 dropped
+    if case == "h8_cube_lindep":  # aug-cc-pVDZ on an H8 cube of edge 0.35 Å: 4 of 72 dropped
         return io_molecule.build_molecule(geometry(H8_CUBE, "h8.xyz"), "aug-cc-pvdz")
-    if case == "lih_fallback":          # cc-pVDZ-JKFIT lacks Li: def2-universal-jkfit for it
+    if case == "lih_fallback":  # cc-pVDZ-JKFIT lacks Li: def2-universal-jkfit for it
         return io_molecule.build_molecule(geometry(LIH, "lih.xyz"))
     return io_molecule.build_molecule(read_xyz(INPUTS / case))
 
 
-@pytest.mark.parametrize("case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback",
-                                  "water_clusters/h2o_02.xyz"])
+@pytest.mark.parametrize(
+    "case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback", "water_clusters/h2o_02.xyz"]
+)
 def test_e_hf_matches_pyscf_df_rhf(case):
     mol = molecule(case)
     theirs = pyscf_scf.run_rhf(mol, "pyscf-df")
@@ -59,8 +58,9 @@ def test_e_hf_matches_pyscf_df_rhf(case):
         assert "def2-universal-jkfit" in ours.jk_auxbasis
 
 
-@pytest.mark.parametrize("case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback",
-                                  "water_clusters/h2o_04.xyz"])
+@pytest.mark.parametrize(
+    "case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback", "water_clusters/h2o_04.xyz"]
+)
 def test_mixed_precision_scf_gives_the_fp64_energy(case):
     """The mixed SCF (fp32 K in the first cycles, then fp64) against our all-fp64 SCF (the
     independent cross-check: no fp32 anywhere) and PySCF's DF-RHF: E(HF) within 1e-10 and 1e-9
@@ -83,8 +83,13 @@ def test_mixed_precision_scf_gives_the_fp64_energy(case):
     assert cp["fp32_factor_mb"] == pytest.approx(mixed.scf.jk_factor["naux"] * nao * nao * 4 / 1e6)
     assert mixed.scf.precision["jk"] == "fp32, then fp64"
     f = fp64.scf.cycle_precision
-    assert (f["mode"], f["fp32_cycles"], f["fp64_cycles"], f["switch_cycle"], f["fp32_factor_mb"]) == \
-        ("fp64", 0, fp64.scf.iterations, None, None)
+    assert (f["mode"], f["fp32_cycles"], f["fp64_cycles"], f["switch_cycle"], f["fp32_factor_mb"]) == (
+        "fp64",
+        0,
+        fp64.scf.iterations,
+        None,
+        None,
+    )
 
 
 def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_precision():
@@ -94,10 +99,12 @@ def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_pr
     mol = molecule("water.xyz")
     cpu = linalg.get_backend("cpu")
     seen = {}
-    refs = {p: driver.run_scf(mol, cpu, precision=p, progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
-            for p in ("fp64", "mixed")}
+    refs = {
+        p: driver.run_scf(mol, cpu, precision=p, progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
+        for p in ("fp64", "mixed")
+    }
     h = rhf.DFRHF(mol, cpu, timer=Timer(cpu), precision="mixed")
-    h.fp32_phase = False                     # mixed, fp32 phase off: the fp64 SCF
+    h.fp32_phase = False  # mixed, fp32 phase off: the fp64 SCF
     cycles, D, G, F = h.iterate(pyscf_scf.SCF_MAX_CYCLE)
     assert cycles == refs["fp64"].scf.iterations
     assert [c[4] for c in seen["fp64"]] == ["fp64"] * cycles
@@ -109,11 +116,16 @@ def test_scf_precision_choice_and_refusals():
     """auto is mixed where the device has fp64 and fast fp32 (cuda) and the factor's fp32 copy
     fits, else fp64 (the cpu: measured not to pay there); fp64 and mixed are refused on a device
     without fp64 (one line naming the option)."""
-    from dfmp2.errors import InputError
     from dataclasses import replace
+
+    from dfmp2.errors import InputError
+
     cpu, cuda, trn = (linalg.device_capabilities(d) for d in ("cpu", "cuda", "trn1"))
-    assert scf_precision.resolve_precision(cuda, "auto")[0] == scf_precision.resolve_precision(replace(cpu, fast_fp32=True), "auto")[0] \
+    assert (
+        scf_precision.resolve_precision(cuda, "auto")[0]
+        == scf_precision.resolve_precision(replace(cpu, fast_fp32=True), "auto")[0]
         == "mixed"
+    )
     mode, why = scf_precision.resolve_precision(cpu, "auto")
     assert mode == "fp64" and "not faster" in why
     assert scf_precision.resolve_precision(cpu, "mixed")[0] == "mixed"
@@ -152,7 +164,7 @@ def test_pipeline_records_the_scf_precision(tmp_path):
     a, f = auto.ran["scf"]["cycle_precision"], fp64.ran["scf"]["cycle_precision"]
     assert a["mode"] == "mixed" and a["requested"] == "mixed" and a["fp32_cycles"] > 0 and a["switch_cycle"]
     assert f["mode"] == "fp64" and f["requested"] == "fp64" and f["fp32_cycles"] == 0
-    assert auto.memory["stages_mb"]["scf"] > fp64.memory["stages_mb"]["scf"]       # the fp32 copy, planned
+    assert auto.memory["stages_mb"]["scf"] > fp64.memory["stages_mb"]["scf"]  # the fp32 copy, planned
     assert abs(auto.e_hf - fp64.e_hf) < 1e-10 and abs(auto.e_corr - fp64.e_corr) < 1e-9
 
 
@@ -170,7 +182,9 @@ def test_incremental_fock_build_equals_full_build_in_fp64():
 def test_jk_match_pyscf_on_a_density():
     """J and K of one density (not an SCF one) against PySCF's DF-J/K with the same factor."""
     import numpy as np
+
     from dfmp2.timing import Timer
+
     mol = molecule("water.xyz")
     ref = pyscf_scf.run_rhf(mol, "pyscf-df")
     cpu = linalg.get_backend("cpu")
@@ -182,7 +196,7 @@ def test_jk_match_pyscf_on_a_density():
     vj, vk = ref.mf.get_jk(mol, D)
     J = fac.coulomb(torch.from_numpy(D)).numpy()
     K = fac.exchange(torch.from_numpy(C)).numpy()
-    K2 = fac.exchange(torch.from_numpy(np.hstack([C, C[:, :2]])), split=6).numpy()   # C C^T - c c^T
+    K2 = fac.exchange(torch.from_numpy(np.hstack([C, C[:, :2]])), split=6).numpy()  # C C^T - c c^T
     vk2 = ref.mf.get_jk(mol, D - C[:, :2] @ C[:, :2].T)[1]
     assert abs(J - vj).max() < 1e-11 * abs(vj).max()
     assert abs(K - vk).max() < 1e-11 * abs(vk).max()
@@ -201,10 +215,9 @@ def test_trn1_simulate_water_runs_the_jk_on_nki_kernels():
     ran = trn.scf.to_dict()
     assert ran["device"] == "trn1" and ran["precision"]["jk"] == "fp32"
     assert set(ran["kernels"]) == {"gemm:nki.gemm", "syrk:nki.syrk"}, ran["kernels"]
-    assert ran["kernels"]["syrk:nki.syrk"] >= trn.scf.iterations            # K each cycle on the device
+    assert ran["kernels"]["syrk:nki.syrk"] >= trn.scf.iterations  # K each cycle on the device
     # what ran on the host is listed as such: the fp64 fit, the dense algebra, the final J/K
-    for k in ("cholesky:torch.linalg.cholesky_ex", "trsm:torch.linalg.solve_triangular",
-              "eigh:torch.linalg.eigh"):
+    for k in ("cholesky:torch.linalg.cholesky_ex", "trsm:torch.linalg.solve_triangular", "eigh:torch.linalg.eigh"):
         assert k in ran["host_kernels"], ran["host_kernels"]
     assert "host" in ran["final_energy"] and "scf_final_fp64_host" in ran["times"]
     # the fp32 Fock matrix's own energy: honest, off by more than the final one
@@ -218,6 +231,7 @@ def test_scaled_diis_takes_fewer_cycles_to_the_same_energy():
 
     class Unscaled(rhf.DFRHF):
         diis_scaled = False
+
     mol = molecule("water_clusters/h2o_02.xyz")
     cpu = linalg.get_backend("cpu")
     scaled = driver.run_scf(mol, cpu)
@@ -234,11 +248,11 @@ def test_not_converged_raises():
 def test_memory_estimate_and_refusal():
     need = driver.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
     assert need["factor"] == pytest.approx(1856 * 384 * 385 / 2 * 8 / 1e6)
-    assert need["peak"] >= 2 * need["factor"]            # the fit holds raw integrals and solution
+    assert need["peak"] >= 2 * need["factor"]  # the fit holds raw integrals and solution
     with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*pyscf-df"):
         driver.check_memory(384, 1856, 80, 8, limit_mb=1000)
     # a limit below the default exchange block's peak: one auxiliary function per block
-    small = driver.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]              # water
+    small = driver.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]  # water
     assert small < driver.memory_mb(24, 116, 5, 8)["peak"]
     assert driver.check_memory(24, 116, 5, 8, small)["block_mb"] < 1e-6
 
@@ -247,7 +261,11 @@ def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
     path = INPUTS / "water.xyz"
     ours = run(path, RunOptions())
     s = ours.ran["scf"]
-    assert s["engine"] == rhf.ENGINE and s["device"] == "cpu" and s["iterations"] == ours.to_dict()["ran"]["scf"]["iterations"]
+    assert (
+        s["engine"] == rhf.ENGINE
+        and s["device"] == "cpu"
+        and s["iterations"] == ours.to_dict()["ran"]["scf"]["iterations"]
+    )
     for op in ("gemm", "syrk", "trsm", "cholesky", "eigh"):
         assert any(k.startswith(op + ":") for k in s["kernels"]), s["kernels"]
     assert {"scf_integrals", "scf_fit", "scf"} <= set(ours.timings)
@@ -266,7 +284,7 @@ def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
 def test_scf_memory_refused_before_the_scf(monkeypatch):
     """A limit that the MP2 plan fits but the JK factor does not: one error before any SCF."""
     monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF must not start"))
-    need = driver.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]   # the smallest
+    need = driver.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]  # the smallest
     geom = read_xyz(INPUTS / "water.xyz")
     with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
         run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
@@ -276,10 +294,12 @@ def test_scf_progress_one_call_per_cycle_from_both_engines():
     """Our DF-RHF and PySCF's SCF report every cycle (cycle, E, ΔE, |g|) to ``progress``; the last
     one is the converged state (the thresholds of pyscf_scf.SCF_CONV_TOL and SCF_CONV_TOL_GRAD)."""
     mol = molecule("water.xyz")
-    for run in (lambda p: driver.run_scf(mol, linalg.get_backend("cpu"), progress=p),
-                lambda p: pyscf_scf.run_rhf(mol, "pyscf-df", progress=p)):
+    for run_engine in (
+        lambda p: driver.run_scf(mol, linalg.get_backend("cpu"), progress=p),
+        lambda p: pyscf_scf.run_rhf(mol, "pyscf-df", progress=p),
+    ):
         calls = []
-        ref = run(lambda *a: calls.append(a))
+        ref = run_engine(lambda *a: calls.append(a))
         assert [c[0] for c in calls] == list(range(1, ref.scf.iterations + 1))
         cycle, e_tot, d_e, gnorm, precision = calls[-1]
         assert precision == "fp64"
@@ -288,11 +308,12 @@ def test_scf_progress_one_call_per_cycle_from_both_engines():
 
 def test_cycle_log_holds_lines_of_a_short_scf_and_prints_a_long_one():
     from dfmp2.timing import CycleLog
+
     out = []
     log = CycleLog(out.append, "RHF", after=3600)
     log(1, -76.0, -1e-3, 0.1)
-    assert out == []                                   # a short SCF prints nothing
-    log.after, log.t0 = 0.0, log.t0 - 1.0              # the SCF has now run longer than 'after'
+    assert out == []  # a short SCF prints nothing
+    log.after, log.t0 = 0.0, log.t0 - 1.0  # the SCF has now run longer than 'after'
     log(2, -76.1, -1e-1, 0.01, "fp32")
     assert len(out) == 2 and out[0].startswith("RHF cycle   1: E = -76.0000000000 Eh")
     assert out[1].startswith("RHF cycle   2 [fp32]: E = -76.1000000000 Eh")
@@ -303,6 +324,7 @@ def test_not_converged_says_what_did_not_converge_and_a_looser_threshold_helps()
     """An SCF whose energy has converged but whose gradient stalls above the threshold is told so
     (option: the gradient threshold), not blamed on the input; a looser threshold converges."""
     import dfmp2
+
     water = str(INPUTS / "water.xyz")
     for mode in ("df", "pyscf-df"):
         with pytest.raises(SCFNotConvergedError, match=r"energy change .* \(below the threshold 1e-12\)") as e:
@@ -326,7 +348,7 @@ def test_memory_refusal_gives_the_whole_runs_minimum(no_scf):
     scf_min = e.value.need_mb
     assert str(e.value).startswith(f"this run needs at least {scf_min:.3g} MB (the DF-SCF; the MP2 stage after it")
     assert scf_min > 50 and e.value.limit_mb == 5.0
-    with pytest.raises(MemoryLimitError, match="the DF-SCF needs about"):     # just above the MP2 stage's
+    with pytest.raises(MemoryLimitError, match="the DF-SCF needs about"):  # just above the MP2 stage's
         run(path, RunOptions(memory_mb=6.0))
     with pytest.raises(MemoryLimitError, match=r"^this run needs at least 5.85 MB \(with B on disk"):
-        run(path, RunOptions(memory_mb=5.0, scf_mode="pyscf-df"))          # no DF-SCF of ours: the MP2 stage's
+        run(path, RunOptions(memory_mb=5.0, scf_mode="pyscf-df"))  # no DF-SCF of ours: the MP2 stage's

@@ -2,6 +2,7 @@
 same JK-fit set and thresholds (E(UHF), <S^2>, cycles), its DFUMP2 on its own UHF orbitals with
 the MP2-fit set our run uses (E_corr), its DF-J/K of a UHF density pair; and what a run records.
 References are computed here by PySCF, never by this program."""
+
 from pathlib import Path
 
 import numpy as np
@@ -12,20 +13,18 @@ from pyscf import scf as pyscf_scf
 from pyscf.mp.dfump2 import DFUMP2
 
 from dfmp2 import linalg
-from dfmp2.scf import driver
-from dfmp2.scf import jk
-from dfmp2.scf import rhf
-from dfmp2.scf import uhf as scf_uhf
 from dfmp2.df import basis
-from dfmp2.io import molecule as io_molecule
-from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.errors import SCFNotConvergedError
-from dfmp2.pipeline import RunOptions, run
-from dfmp2.timing import Timer
+from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import read_xyz
+from dfmp2.pipeline import RunOptions, run
+from dfmp2.scf import driver, jk, rhf
+from dfmp2.scf import pyscf_scf as bridge
+from dfmp2.scf import uhf as scf_uhf
+from dfmp2.timing import Timer
 
 OPEN = Path(__file__).resolve().parents[2] / "inputs" / "open_shell"
-CASES = ["hydroxyl", "methylene_triplet", "nitric_oxide", "dioxygen_triplet"]   # ~0.1 s each
+CASES = ["hydroxyl", "methylene_triplet", "nitric_oxide", "dioxygen_triplet"]  # ~0.1 s each
 # NO is soft: at the default gradient threshold (1e-9) PySCF's own E_corr is 1.4e-9 Eh and its
 # <S^2> 1.2e-8 from the converged values (ours 3.7e-10 and 3.3e-9; measured against our SCF at
 # 1e-11, PySCF's does not get there in 500 cycles): both sides run at 1e-10 (PySCF's 1.4e-10 off)
@@ -72,7 +71,7 @@ def test_uhf_energy_s2_and_correlation_match_pyscf(name):
     assert abs(ours.e_hf - mf.e_tot) <= 1e-10, ours.e_hf - mf.e_tot
     assert abs(ours.spin["s2"] - mf.spin_square()[0]) <= 1e-8, ours.spin["s2"] - mf.spin_square()[0]
     assert abs(ours.e_corr - pt.e_corr) <= 1e-9, ours.e_corr - pt.e_corr
-    assert s["iterations"] < cycles, (s["iterations"], cycles)      # NO at 1e-9: 23 against PySCF's 94
+    assert s["iterations"] < cycles, (s["iterations"], cycles)  # NO at 1e-9: 23 against PySCF's 94
     assert s["cycle_precision"]["mode"] == "fp64" and s["cycle_precision"]["requested"] == "auto"
 
 

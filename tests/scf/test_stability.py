@@ -3,6 +3,7 @@ orbital-Hessian eigenvalue of our DF-UHF's products against PySCF's own products
 (pyscf.soscf.newton_ah.gen_g_hop_uhf) and PySCF's verdict (pyscf.scf.stability.uhf_internal) on
 the same orbitals: H2 stretched to 2.5 A, whose singlet UHF from PySCF's guess stays on the
 restricted solution (a saddle point: unstable), and H2 at 0.74 A (stable)."""
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -10,13 +11,12 @@ from pyscf import scf as pyscf_scf
 from pyscf.scf import stability as pyscf_stability
 
 from dfmp2 import linalg
-from dfmp2.scf import driver
+from dfmp2.cli.main import main
 from dfmp2.df import basis
 from dfmp2.io import molecule
-from dfmp2.scf import stability
-from dfmp2.cli.main import main
-from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.io.xyz import parse_xyz
+from dfmp2.pipeline import RunOptions, run, run_geometry
+from dfmp2.scf import driver, stability
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,7 +45,7 @@ def test_h2_lowest_eigenvalue_matches_pyscf(r, stable):
     _, pyscf_stable = pyscf_stability.uhf_internal(mf, return_status=True, verbose=0)
     assert abs(ours["lowest"] - theirs.lowest) < 1e-6, (ours["lowest"], theirs.lowest)
     assert ours["stable"] is stable is pyscf_stable
-    assert (ours["lowest"] < -0.1) if not stable else (ours["lowest"] > 0.1)      # far from the threshold
+    assert (ours["lowest"] < -0.1) if not stable else (ours["lowest"] > 0.1)  # far from the threshold
     assert ours["ran"].startswith("ours") and ours["products"] > 0
 
 
@@ -61,7 +61,7 @@ def test_pipeline_warns_of_an_instability_and_records_it():
     off = run_geometry(h2(2.5), RunOptions(reference="uhf", multiplicity=1, scf_stability=False))
     assert off.ran["scf"]["stability"] is None and "stability" not in off.timings
     assert not any(w.startswith("internal instability") for w in off.warnings)
-    assert run_geometry(h2(0.74), RunOptions()).ran["scf"]["stability"] is None       # RHF: no check
+    assert run_geometry(h2(0.74), RunOptions()).ran["scf"]["stability"] is None  # RHF: no check
 
 
 def test_pyscf_scf_is_checked_with_pyscfs_products_on_the_host():
@@ -77,8 +77,10 @@ def test_pyscf_scf_is_checked_with_pyscfs_products_on_the_host():
 
 def test_cli_turns_the_check_off(tmp_path):
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(main, ["run", "inputs/open_shell/hydroxyl.xyz", "--no-scf-stability",
-                                    "--json", str(out), "-q"])
+    res = CliRunner().invoke(
+        main, ["run", "inputs/open_shell/hydroxyl.xyz", "--no-scf-stability", "--json", str(out), "-q"]
+    )
     assert res.exit_code == 0, res.output
     import json
+
     assert json.loads(out.read_text())["ran"]["scf"]["stability"] is None

@@ -6,6 +6,7 @@ checked against PySCF elsewhere (test_pipeline, test_ump2). The failure tests st
 a Slurm or MPI launcher would (RANK, WORLD_SIZE, ... set by hand), so each rank's exit status and
 stderr are seen, and nothing (no torchrun agent) ends the survivors for them.
 """
+
 import json
 import os
 import socket
@@ -42,11 +43,10 @@ def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str = "split"):
     cmd = [sys.executable, "-m", "dfmp2", "run", str(mol), *ARGS, "--dist-scf", scf_mode, "--json", str(out)]
     if ranks > 1:
         cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
-        cmd.append("-v")            # each rank's line of the memory plan
-    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True,
-                       timeout=LIMIT_S, cwd=tmp_path)
+        cmd.append("-v")  # each rank's line of the memory plan
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.count("E(HF)") == 1, p.stdout        # rank 0 alone prints
+    assert p.stdout.count("E(HF)") == 1, p.stdout  # rank 0 alone prints
     err = " ".join(p.stderr.split())
     for r in range(ranks if ranks > 1 else 0):
         assert f"rank {r} of {ranks} (cpu): occupied blocks" in err, err[-2000:]
@@ -88,19 +88,24 @@ def _check_runs(tmp_path, xyz, name, runs):
                 assert abs(res[part][k] - one[part][k]) < 1e-10, (ranks, k)
         d = res["ran"]["distributed"]
         assert d["scf"] == scf_mode
-        if scf_mode == "split":          # the JK factor split by auxiliary index
+        if scf_mode == "split":  # the JK factor split by auxiliary index
             assert res["ran"]["scf"]["jk_factor"]["naux"] < res["memory"]["shapes"]["naux_jk"]
             assert d["comm_bytes_all_ranks"]["scf"] > 0
         assert d["world_size"] == ranks and d["backend"] == "gloo" and len(d["devices"]) == ranks
         # per-rank B sums to the one-process B (within one block): every channel's naux*nocc*nvir*8
-        chans = ([(one["spin"]["nocc_alpha"], one["spin"]["nvir_alpha"]),
-                  (one["spin"]["nocc_beta"], one["spin"]["nvir_beta"])] if one.get("spin")
-                 else [(one["shapes"]["nocc"], one["shapes"]["nvir"])])
+        chans = (
+            [
+                (one["spin"]["nocc_alpha"], one["spin"]["nvir_alpha"]),
+                (one["spin"]["nocc_beta"], one["spin"]["nvir_beta"]),
+            ]
+            if one.get("spin")
+            else [(one["shapes"]["nocc"], one["shapes"]["nvir"])]
+        )
         naux = one["shapes"]["naux"]
         full = sum(naux * o * v * 8 for o, v in chans)
         block = naux * 2 * max(v for _, v in chans) * 8
         assert len(d["B_bytes_per_rank"]) == ranks and abs(sum(d["B_bytes_per_rank"]) - full) <= block
-        assert max(d["B_bytes_per_rank"]) < full                      # nobody holds all of B
+        assert max(d["B_bytes_per_rank"]) < full  # nobody holds all of B
         assert d["comm_bytes_all_ranks"]["transform"] > 0 and d["comm_bytes_all_ranks"]["pair"] > 0
 
 
@@ -112,10 +117,26 @@ def _launch(tmp_path, argsets, **extra):
     s.close()
     n, procs, t0 = len(argsets), [], time.perf_counter()
     for r, args in enumerate(argsets):
-        env = _env(tmp_path, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="40", **extra)
-        procs.append(subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *args], env=env, cwd=tmp_path,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = _env(
+            tmp_path,
+            RANK=str(r),
+            WORLD_SIZE=str(n),
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DFMP2_DIST_TIMEOUT_S="40",
+            **extra,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "dfmp2", "run", *args],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     out = []
     try:
         for p in procs:
@@ -159,7 +180,7 @@ def test_rank_killed_mid_pair_step(tmp_path):
     lines = _error_lines(res)
     assert len(lines) == 1 and "rank 0 of 2: lost contact" in lines[0] and "pair" in lines[0], res
     assert "Traceback" not in err0
-    assert not list((tmp_path / "tmp").iterdir())          # no stray scratch files
+    assert not list((tmp_path / "tmp").iterdir())  # no stray scratch files
 
 
 def test_checkpoint_refused_over_ranks(tmp_path):
@@ -174,6 +195,7 @@ def test_checkpoint_refused_over_ranks(tmp_path):
 
 def test_single_process_has_no_group(monkeypatch):
     from dfmp2 import distributed
+
     for var in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     w = distributed.join("cpu")
@@ -186,6 +208,7 @@ def test_single_process_has_no_group(monkeypatch):
 def test_rank_devices():
     from dfmp2 import distributed
     from dfmp2.errors import InputError
+
     assert distributed.rank_device("cpu", 3) == ("cpu", "gloo")
     assert distributed.rank_device("cuda", 3) == ("cuda:3", "nccl")
     with pytest.raises(InputError, match="index"):
@@ -196,8 +219,9 @@ def test_rank_devices():
 
 def test_work_is_shared_out():
     from dfmp2 import distributed
-    from dfmp2.mp2 import dist as mp2_dist
     from dfmp2.df.outofcore import OccBlocks
+    from dfmp2.mp2 import dist as mp2_dist
+
     for size in (1, 2, 3, 5):
         for count in (1, 3, 7, 10):
             worlds = [distributed.World(rank=r, size=size) for r in range(size)]
@@ -208,7 +232,7 @@ def test_work_is_shared_out():
             who = mp2_dist.assigned(blocks, size)
             assert sorted(who) == sorted(blocks.pairs())
             owner = {k: r for r, o in enumerate(owned) for k in o}
-            for (i, j), r in who.items():      # the rank holds both blocks at a shift s <= N/2
+            for (i, j), r in who.items():  # the rank holds both blocks at a shift s <= N/2
                 shifts = [(r - owner[k]) % size for k in (i, j)]
                 assert owner[i] == r or owner[j] == r
                 assert all(2 * s <= size for s in shifts), ((i, j), r, shifts)
@@ -222,12 +246,14 @@ def test_work_is_shared_out():
 def test_memory_plan_per_rank():
     """B's share per rank shrinks with the ranks; a run that does not fit says on how many it would."""
     from dfmp2 import distributed, memory
-    from dfmp2.mp2 import dist as mp2_dist
     from dfmp2.errors import MemoryLimitError
+    from dfmp2.mp2 import dist as mp2_dist
+
     shapes = dict(nao=400, nocc=64, nvir=336, naux=1500, itemsize=8, fit_itemsize=8)
 
     def plan():
         return memory.plan_memory(**shapes, limit_mb=distributed.UNLIMITED_MB, storage="memory")
+
     b_mb = plan().b_mb
     peaks = [max(mp2_dist.rank_stages_mb(plan(), n).values()) for n in (1, 2, 4)]
     assert peaks[0] > peaks[1] > peaks[2] and peaks[0] - peaks[2] > 0.5 * b_mb
@@ -249,11 +275,26 @@ def test_silent_rank_ends_the_others_by_the_timeout(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    procs = [subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *args], cwd=tmp_path, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=_env(tmp_path, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="8",
-                                       DFMP2_TEST_FAULT="pair:1:hang")) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dfmp2", "run", *args],
+            cwd=tmp_path,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(
+                tmp_path,
+                RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                DFMP2_DIST_TIMEOUT_S="8",
+                DFMP2_TEST_FAULT="pair:1:hang",
+            ),
+        )
+        for r in range(2)
+    ]
     try:
         _, err = procs[0].communicate(timeout=LIMIT_S)
         assert procs[0].returncode == 2 and "did not answer within 8 s" in err, err

@@ -8,6 +8,7 @@ environment (its dependencies seen through a path file naming this interpreter's
 so nothing is downloaded and this environment's own dfmp2 is not visible there), and ``dfmp2
 run``, ``dfmp2 regress`` and the Python API run from a directory outside the checkout.
 """
+
 import ast
 import json
 import os
@@ -17,13 +18,13 @@ import site
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-LINKS = {"linalg": "../linalg", "kernels": "../kernels", "inputs": "../inputs"}   # dfmp2/<name> -> target
+LINKS = {"linalg": "../linalg", "kernels": "../kernels", "inputs": "../inputs"}  # dfmp2/<name> -> target
 
 
 def _pyproject():
@@ -35,23 +36,31 @@ def test_the_links_and_pyproject_ship_every_package():
         link = ROOT / "dfmp2" / name
         assert link.is_symlink() and os.readlink(link) == target, link
     cfg = _pyproject()
-    assert cfg["package-dir"] == {"": "."}          # an editable install is a plain path entry
+    assert cfg["package-dir"] == {"": "."}  # an editable install is a plain path entry
     from setuptools import find_packages
+
     found = set(find_packages(str(ROOT), include=cfg["packages"]["find"]["include"]))
-    on_disk = {".".join(("dfmp2",) + init.parent.relative_to(ROOT / "dfmp2").parts)
-               for init in (ROOT / "dfmp2").rglob("*/__init__.py")} | {"dfmp2"}
+    on_disk = {
+        ".".join(("dfmp2",) + init.parent.relative_to(ROOT / "dfmp2").parts)
+        for init in (ROOT / "dfmp2").rglob("*/__init__.py")
+    } | {"dfmp2"}
     for top in ("linalg", "kernels"):
-        on_disk |= {".".join(("dfmp2", top) + init.parent.relative_to(ROOT / top).parts)
-                    for init in (ROOT / top).rglob("__init__.py")}
+        on_disk |= {
+            ".".join(("dfmp2", top) + init.parent.relative_to(ROOT / top).parts)
+            for init in (ROOT / top).rglob("__init__.py")
+        }
     assert found == on_disk, found ^ on_disk
-    assert "*.c" in cfg["package-data"]["dfmp2.kernels.cpu"]          # the CPU pair epilogue's source
+    assert "*.c" in cfg["package-data"]["dfmp2.kernels.cpu"]  # the CPU pair epilogue's source
 
 
 def _tracked_python():
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "*.py"], capture_output=True, text=True)
-    if files.returncode != 0:                  # not a git checkout (an sdist): walk the tree
-        return sorted(p for top in ("dfmp2", "linalg", "kernels", "scripts", "tests", "inputs")
-                      for p in (ROOT / top).rglob("*.py"))
+    if files.returncode != 0:  # not a git checkout (an sdist): walk the tree
+        return sorted(
+            p
+            for top in ("dfmp2", "linalg", "kernels", "scripts", "tests", "inputs")
+            for p in (ROOT / top).rglob("*.py")
+        )
     return [ROOT / f for f in files.stdout.split()]
 
 
@@ -64,8 +73,12 @@ def _absolute_imports(path: Path):
 
 
 def test_nothing_imports_linalg_or_kernels_by_their_top_level_names():
-    bad = [f"{p.relative_to(ROOT)}: {m}" for p in _tracked_python() for m in _absolute_imports(p)
-           if m.split(".")[0] in ("linalg", "kernels")]
+    bad = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in _tracked_python()
+        for m in _absolute_imports(p)
+        if m.split(".")[0] in ("linalg", "kernels")
+    ]
     assert not bad, bad
 
 
@@ -99,18 +112,26 @@ def test_no_module_is_importable_under_a_second_name(tmp_path):
     name loads (the links resolve to the top-level folders)."""
     names = _module_names()
     bare = sorted({n.removeprefix("dfmp2.") for n, _ in names if n.startswith(("dfmp2.linalg", "dfmp2.kernels"))})
-    code = ("import importlib, json, sys\n"
-            "out = {}\n"
-            "for name in json.loads(sys.argv[1]):\n"
-            "    try:\n"
-            "        importlib.import_module(name); out[name] = 'loaded'\n"
-            "    except ImportError as e:\n"
-            "        out[name] = str(e)\n"
-            "import dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.io\n"
-            "out['files'] = [dfmp2.linalg.__file__, b.__file__, str(dfmp2.io.INPUTS)]\n"
-            "print(json.dumps(out))\n")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(bare)], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    code = (
+        "import importlib, json, sys\n"
+        "out = {}\n"
+        "for name in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        importlib.import_module(name); out[name] = 'loaded'\n"
+        "    except ImportError as e:\n"
+        "        out[name] = str(e)\n"
+        "import dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.io\n"
+        "out['files'] = [dfmp2.linalg.__file__, b.__file__, str(dfmp2.io.INPUTS)]\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(bare)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     for name in bare:
@@ -126,17 +147,20 @@ def test_static_tools_see_dfmp2_linalg_and_kernels(tmp_path):
     kernel from a file outside the checkout, through the installed package alone (no PYTHONPATH,
     no run-time import hook: the link and the editable install's path entry)."""
     pytest.importorskip("jedi")
-    code = ("import jedi, sys\n"
-            "src = 'import dfmp2.linalg\\nimport dfmp2.kernels.nki.gemm\\n"
-            "dfmp2.linalg.get_backend\\ndfmp2.kernels.nki.gemm\\n'\n"
-            "s = jedi.Script(src, path='probe.py', project=jedi.Project('.', smart_sys_path=False),\n"
-            "                environment=jedi.InterpreterEnvironment())\n"
-            "for line, col in ((3, 14), (4, 20)):\n"
-            "    d = s.goto(line, col, follow_imports=True)\n"
-            "    print(d[0].full_name if d else None, d[0].module_path if d else None)\n")
+    code = (
+        "import jedi, sys\n"
+        "src = 'import dfmp2.linalg\\nimport dfmp2.kernels.nki.gemm\\n"
+        "dfmp2.linalg.get_backend\\ndfmp2.kernels.nki.gemm\\n'\n"
+        "s = jedi.Script(src, path='probe.py', project=jedi.Project('.', smart_sys_path=False),\n"
+        "                environment=jedi.InterpreterEnvironment())\n"
+        "for line, col in ((3, 14), (4, 20)):\n"
+        "    d = s.goto(line, col, follow_imports=True)\n"
+        "    print(d[0].full_name if d else None, d[0].module_path if d else None)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     (fn, fpath), (kn, kpath) = (line.split() for line in proc.stdout.strip().split("\n"))
     assert fn == "dfmp2.linalg.backend.get_backend", proc.stdout
@@ -153,12 +177,18 @@ def _site_packages() -> list:
 
 def _tracked_copy(dest: Path) -> Path:
     """The checkout's files (tracked and untracked-not-ignored) copied to ``dest``."""
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           capture_output=True, text=True)
-    names = ([f for f in files.stdout.split("\0") if f] if files.returncode == 0 else
-             [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and "build" not in p.parts])
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+    )
+    names = (
+        [f for f in files.stdout.split("\0") if f]
+        if files.returncode == 0
+        else [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and "build" not in p.parts]
+    )
     for name in names:
-        if (ROOT / name).is_symlink():                  # dfmp2/linalg -> ../linalg and the like
+        if (ROOT / name).is_symlink():  # dfmp2/linalg -> ../linalg and the like
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(os.readlink(ROOT / name), dest / name)
         elif (ROOT / name).is_file():
@@ -179,25 +209,59 @@ def _setuptools_at_least(major: int) -> bool:
 def installed(tmp_path_factory):
     """A fresh venv holding the wheel built from this checkout: (its python, its bin dir, its site-packages)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    src = _tracked_copy(tmp / "src")          # the checkout's files, not its ignored build/ (stale files)
+    src = _tracked_copy(tmp / "src")  # the checkout's files, not its ignored build/ (stale files)
     # this environment's setuptools where it has one new enough (77: SPDX licence), else pip's isolated build
     isolation = ["--no-build-isolation"] if _setuptools_at_least(77) else []
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation,
-                            "--disable-pip-version-check", "-w", str(tmp / "dist"), str(src)],
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            *isolation,
+            "--disable-pip-version-check",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
-    wheel, = (tmp / "dist").glob("dfmp2-*.whl")
+    (wheel,) = (tmp / "dist").glob("dfmp2-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # the dependencies (torch, PySCF, ...) from this environment, without running its .pth files
     # (so an editable dfmp2 installed here stays invisible there)
     Path(purelib, "_dfmp2_test_deps.pth").write_text("\n".join(_site_packages()) + "\n")
-    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-deps",
-                           "--no-index", "--disable-pip-version-check", str(wheel)],
-                          capture_output=True, text=True, timeout=300)
+    inst = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert inst.returncode == 0, inst.stdout + inst.stderr
     return py, venv / "bin", Path(purelib)
 
@@ -211,17 +275,26 @@ def _run(installed, args, cwd):
 
 def test_the_wheel_installs_dfmp2_alone_with_its_inputs_and_kernel_source(installed, tmp_path):
     py, _, purelib = installed
-    out = _run(installed, [str(py), "-c", (
-        "import importlib.util as u, dfmp2, dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.io as io\n"
-        "print(dfmp2.__file__); print(dfmp2.linalg.__file__); print(b.HERE); print(io.INPUTS)\n"
-        "print(u.find_spec('linalg'), u.find_spec('kernels'))")], tmp_path)
+    out = _run(
+        installed,
+        [
+            str(py),
+            "-c",
+            (
+                "import importlib.util as u, dfmp2, dfmp2.linalg, dfmp2.kernels.cpu.build as b, dfmp2.io as io\n"
+                "print(dfmp2.__file__); print(dfmp2.linalg.__file__); print(b.HERE); print(io.INPUTS)\n"
+                "print(u.find_spec('linalg'), u.find_spec('kernels'))"
+            ),
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     pkg, lin, here, inputs, top = out.stdout.strip().split("\n")
     assert Path(pkg) == purelib / "dfmp2" / "__init__.py"
     assert Path(lin) == purelib / "dfmp2" / "linalg" / "__init__.py"
     assert (Path(here) / "pair_epilogue.c").is_file()
     assert (Path(inputs) / "references.json").is_file() and (Path(inputs) / "water_clusters").is_dir()
-    assert top == "None None"                         # no top-level linalg or kernels from this package
+    assert top == "None None"  # no top-level linalg or kernels from this package
     assert not (purelib / "linalg").exists() and not (purelib / "kernels").exists()
 
 
@@ -231,10 +304,11 @@ def test_installed_run_regress_and_api_from_another_directory(installed, tmp_pat
     run = _run(installed, ["dfmp2", "run", "water.xyz", "--json", "out.json"], tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "out.json").is_file()
-    reg = _run(installed, ["dfmp2", "regress"], tmp_path)          # the default (fast) set, shipped
+    reg = _run(installed, ["dfmp2", "regress"], tmp_path)  # the default (fast) set, shipped
     assert reg.returncode == 0, reg.stdout + reg.stderr
     assert re.search(r"\b(\d+)/\1 passed", reg.stdout) and "0/0" not in reg.stdout, reg.stdout
     api = _run(installed, [str(py), "-c", "import dfmp2; r = dfmp2.energy('water.xyz'); print(r.e_corr)"], tmp_path)
     assert api.returncode == 0, api.stderr
-    assert float(api.stdout.split()[-1]) == pytest.approx(json.loads((tmp_path / "out.json").read_text())["energies"]["e_corr"],
-                                                          abs=1e-12)
+    assert float(api.stdout.split()[-1]) == pytest.approx(
+        json.loads((tmp_path / "out.json").read_text())["energies"]["e_corr"], abs=1e-12
+    )

@@ -8,6 +8,7 @@ the README's relative paths resolve and nothing is written into the checkout. A 
 Python form that fails (a wrong option, a renamed function) fails this test; so does a README
 that has lost its job blocks.
 """
+
 import os
 import re
 import shlex
@@ -21,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- jobs: tested by tests/system/test_readme.py -->"
 BLOCK = re.compile(re.escape(MARKER) + r"\s*\n```(\w+)\n(.*?)```", re.S)
-JOBS = 5                     # energy, gradient/optimisation, interaction, PySCF drop-in, ASE/QCEngine
+JOBS = 5  # energy, gradient/optimisation, interaction, PySCF drop-in, ASE/QCEngine
 
 
 def job_blocks():
@@ -58,16 +59,19 @@ def test_the_readme_has_the_five_jobs():
     blocks = job_blocks()
     assert [lang for lang, _ in blocks].count("bash") == JOBS, blocks
     assert len(python_blocks()) == JOBS
-    assert all(any(line.startswith("dfmp2 ") for line in code.splitlines())
-               for lang, code in blocks if lang == "bash")
+    assert all(any(line.startswith("dfmp2 ") for line in code.splitlines()) for lang, code in blocks if lang == "bash")
 
 
 def _run(command: str, cwd: Path) -> tuple[str, subprocess.CompletedProcess]:
     argv = shlex.split(command)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "dfmp2", *argv[1:]], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "dfmp2", *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     return command, proc
 
 

@@ -3,6 +3,7 @@ of ``dfmp2/`` stays small.
 
 Walks ``dfmp2/``, ``linalg/`` (imported as ``dfmp2.linalg``) and ``kernels/`` (``dfmp2.kernels``)
 with ``ast``, function-level imports included, since those are how a cycle hides."""
+
 import ast
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TREES = {"dfmp2": ROOT / "dfmp2", "dfmp2.linalg": ROOT / "linalg", "dfmp2.kernels": ROOT / "kernels"}
 MAX_FUNCTION_LINES = 100
-MAX_TOP_MODULES = 12          # modules directly in dfmp2/, __init__ and __main__ included
+MAX_TOP_MODULES = 12  # modules directly in dfmp2/, __init__ and __main__ included
 
 
 def _modules():
@@ -38,14 +39,14 @@ def _imports(name: str, path: Path) -> set:
             out |= {a.name for a in node.names if a.name.startswith("dfmp2")}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                pkg = base[:len(base) - node.level + 1]
+                pkg = base[: len(base) - node.level + 1]
                 mod = ".".join(pkg + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
             if not mod.startswith("dfmp2"):
                 continue
             out.add(mod)
-            out |= {f"{mod}.{a.name}" for a in node.names}    # 'from dfmp2.scf import jk' names a module
+            out |= {f"{mod}.{a.name}" for a in node.names}  # 'from dfmp2.scf import jk' names a module
     return out
 
 
@@ -55,8 +56,9 @@ def _graph():
     for name, path in mods.items():
         # a module's own enclosing packages are already being imported when it runs (their
         # __init__ is not an edge of their children; dfmp2's is the light API entry)
-        graph[name] = {m for m in _imports(name, path)
-                       if m in mods and m != name and m != "dfmp2" and not name.startswith(m + ".")}
+        graph[name] = {
+            m for m in _imports(name, path) if m in mods and m != name and m != "dfmp2" and not name.startswith(m + ".")
+        }
     return graph
 
 
@@ -68,13 +70,14 @@ def _cycle(graph):
         state[n] = 1
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = visit(m, stack + [m])
                 if found:
                     return found
         state[n] = 2
         return None
+
     for n in sorted(graph):
         if n not in state:
             found = visit(n, [n])
@@ -87,8 +90,8 @@ def test_the_walker_finds_a_cycle_and_sees_all_three_trees():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
     g = _graph()
-    assert "dfmp2.df.fitting" in g["dfmp2.scf.jk"]       # function-level and absolute imports count
-    assert "dfmp2.linalg.backend" in g["dfmp2.linalg"]      # relative ones too, in linalg/
+    assert "dfmp2.df.fitting" in g["dfmp2.scf.jk"]  # function-level and absolute imports count
+    assert "dfmp2.linalg.backend" in g["dfmp2.linalg"]  # relative ones too, in linalg/
     assert "dfmp2.kernels.nki.lang" in g["dfmp2.kernels.nki.gemm"]
     assert not any(name.startswith("dfmp2.linalg.") for name in g if name.count(".") > 3)
 
@@ -106,9 +109,11 @@ def test_floors_point_down():
             assert all(d.startswith("dfmp2.kernels") for d in deps), (name, deps)
         elif name.startswith("dfmp2.linalg"):
             assert all(d.startswith(("dfmp2.linalg", "dfmp2.kernels")) for d in deps), (name, deps)
-    for stage in [n for n in g if n.startswith(("dfmp2.scf", "dfmp2.df", "dfmp2.mp2", "dfmp2.grad.rhf",
-                                                  "dfmp2.grad.uhf", "dfmp2.io"))] + \
-            ["dfmp2.reference", "dfmp2.timing", "dfmp2.memory", "dfmp2.options", "dfmp2.provenance"]:
+    for stage in [
+        n
+        for n in g
+        if n.startswith(("dfmp2.scf", "dfmp2.df", "dfmp2.mp2", "dfmp2.grad.rhf", "dfmp2.grad.uhf", "dfmp2.io"))
+    ] + ["dfmp2.reference", "dfmp2.timing", "dfmp2.memory", "dfmp2.options", "dfmp2.provenance"]:
         assert "dfmp2.pipeline" not in g[stage], stage
         assert not any(d.startswith("dfmp2.cli") for d in g[stage]), stage
 
@@ -131,7 +136,9 @@ def test_at_most_12_modules_directly_in_dfmp2():
 
 @pytest.mark.parametrize("name,path", list(_modules()), ids=lambda x: str(x))
 def test_no_function_over_100_lines(name, path):
-    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, f"{name}: {', '.join(long)}"

@@ -8,17 +8,18 @@ the same way. Psi4's default for ``energy("mp2/cc-pv[dt]z")``: the correlation e
 corl_xtpl_helgaker_2 (alpha 3), the SCF at the largest basis (psi4/driver/driver_cbs.py,
 _validate_cbs_inputs and _get_default_xtpl; the Psi4 manual's cbs() section says the same).
 """
+
 import json
 import math
 from pathlib import Path
 
 import pytest
+from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
-from cli_checks import assert_one_line_error
-from dfmp2.workflows import cbs
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
+from dfmp2.workflows import cbs
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = ROOT / "inputs" / "water.xyz"
@@ -29,37 +30,43 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def helgaker_corl(x, e_x, y, e_y):
     """E_corr(CBS) = (Y^3 E_Y - X^3 E_X) / (Y^3 - X^3): Helgaker's two-point X^-3 formula."""
-    return (y ** 3 * e_y - x ** 3 * e_x) / (y ** 3 - x ** 3)
+    return (y**3 * e_y - x**3 * e_x) / (y**3 - x**3)
 
 
 # ---- the bracket ------------------------------------------------------------------------------
-@pytest.mark.parametrize("text,bases,zetas", [
-    ("cc-pv[dt]z", ("cc-pvdz", "cc-pvtz"), (2, 3)),
-    ("cc-pV[DT]Z", ("cc-pvdz", "cc-pvtz"), (2, 3)),
-    ("aug-cc-pv[tq]z", ("aug-cc-pvtz", "aug-cc-pvqz"), (3, 4)),
-    ("AUG-CC-PV[QT]Z", ("aug-cc-pvtz", "aug-cc-pvqz"), (3, 4)),      # out of order, as Psi4 allows
-    ("cc-pv[23]z", ("cc-pvdz", "cc-pvtz"), (2, 3)),                  # numerals, as Psi4 allows
-    ("cc-pcv[q5]z", ("cc-pcvqz", "cc-pcv5z"), (4, 5)),
-    ("def2-[st]zvp", ("def2-svp", "def2-tzvp"), (2, 3)),
-    ("def2-[tq]zvp", ("def2-tzvp", "def2-qzvp"), (3, 4)),
-    ("cc-pv[dtq]z", ("cc-pvdz", "cc-pvtz", "cc-pvqz"), (2, 3, 4)),
-])
+@pytest.mark.parametrize(
+    "text,bases,zetas",
+    [
+        ("cc-pv[dt]z", ("cc-pvdz", "cc-pvtz"), (2, 3)),
+        ("cc-pV[DT]Z", ("cc-pvdz", "cc-pvtz"), (2, 3)),
+        ("aug-cc-pv[tq]z", ("aug-cc-pvtz", "aug-cc-pvqz"), (3, 4)),
+        ("AUG-CC-PV[QT]Z", ("aug-cc-pvtz", "aug-cc-pvqz"), (3, 4)),  # out of order, as Psi4 allows
+        ("cc-pv[23]z", ("cc-pvdz", "cc-pvtz"), (2, 3)),  # numerals, as Psi4 allows
+        ("cc-pcv[q5]z", ("cc-pcvqz", "cc-pcv5z"), (4, 5)),
+        ("def2-[st]zvp", ("def2-svp", "def2-tzvp"), (2, 3)),
+        ("def2-[tq]zvp", ("def2-tzvp", "def2-qzvp"), (3, 4)),
+        ("cc-pv[dtq]z", ("cc-pvdz", "cc-pvtz", "cc-pvqz"), (2, 3, 4)),
+    ],
+)
 def test_bracket_expands_as_psi4(text, bases, zetas):
     b = cbs.parse_bracket(text)
     assert b.bases == bases and b.zetas == zetas
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("cc-pv[dq]z", "skips cc-pvtz"),
-    ("cc-pv[d]z", "1 zeta level"),
-    ("cc-pv[]z", "0 zeta levels"),
-    ("cc-pv[dx]z", "'x' is not a zeta level"),
-    ("cc-pv[dd]z", "given twice"),
-    ("cc-pv[dt]z[tq]", "one pair of square brackets"),
-    ("cc-pv[dtz", "one pair of square brackets"),
-    ("6-31g[dt]", "only Dunning"),
-    ("sto-[36]g", "only Dunning"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("cc-pv[dq]z", "skips cc-pvtz"),
+        ("cc-pv[d]z", "1 zeta level"),
+        ("cc-pv[]z", "0 zeta levels"),
+        ("cc-pv[dx]z", "'x' is not a zeta level"),
+        ("cc-pv[dd]z", "given twice"),
+        ("cc-pv[dt]z[tq]", "one pair of square brackets"),
+        ("cc-pv[dtz", "one pair of square brackets"),
+        ("6-31g[dt]", "only Dunning"),
+        ("sto-[36]g", "only Dunning"),
+    ],
+)
 def test_malformed_bracket_is_an_input_error(text, fragment):
     with pytest.raises(InputError) as e:
         cbs.parse_bracket(text)
@@ -85,20 +92,23 @@ def test_formulas_are_psi4s():
     e_cbs, b, a = -76.06, 0.8, 1.63
     e = {x: e_cbs + b * math.exp(-a * x) for x in (2, 3, 4)}
     assert cbs.scf_xtpl_helgaker_2(2, e[2], 3, e[3]) == pytest.approx(e_cbs, abs=1e-12)
-    e3 = {x: e_cbs + b * math.exp(-1.1 * x) for x in (2, 3, 4)}     # any alpha: fitted
+    e3 = {x: e_cbs + b * math.exp(-1.1 * x) for x in (2, 3, 4)}  # any alpha: fitted
     assert cbs.scf_xtpl_helgaker_3(2, e3[2], 3, e3[3], 4, e3[4]) == pytest.approx(e_cbs, abs=1e-12)
-    with pytest.raises(InputError):                                   # not converging
+    with pytest.raises(InputError):  # not converging
         cbs.scf_xtpl_helgaker_3(2, -76.0, 3, -76.1, 4, -76.05)
 
 
 # ---- the CLI's one-line errors ------------------------------------------------------------------
-@pytest.mark.parametrize("args,fragment", [
-    (["--basis", "cc-pv[dq]z"], "skips cc-pvtz"),
-    (["--basis", "cc-pv[dt"], "one pair of square brackets"),
-    (["--basis", "cc-pv[dtq]z"], "three zeta levels"),
-    (["--cbs-scf", "scf_xtpl_helgaker_2"], "applies to a basis bracket"),
-    (["--basis", "cc-pv[dt]z", "--checkpoint", "ck.h5"], "not checkpointed"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--basis", "cc-pv[dq]z"], "skips cc-pvtz"),
+        (["--basis", "cc-pv[dt"], "one pair of square brackets"),
+        (["--basis", "cc-pv[dtq]z"], "three zeta levels"),
+        (["--cbs-scf", "scf_xtpl_helgaker_2"], "applies to a basis bracket"),
+        (["--basis", "cc-pv[dt]z", "--checkpoint", "ck.h5"], "not checkpointed"),
+    ],
+)
 def test_cli_bracket_errors_are_one_line(tmp_path, no_scf, args, fragment):
     res = CliRunner().invoke(main, ["run", str(WATER), *args, "--json", str(tmp_path / "o.json")])
     assert_one_line_error(res, fragment)
@@ -113,7 +123,7 @@ def test_compare_refuses_a_bracket(no_scf):
 
 def test_a_basis_the_element_lacks_stops_before_any_scf(tmp_path, no_scf):
     xyz = tmp_path / "ar.xyz"
-    xyz.write_text("1\nxenon\nXe 0 0 0\n")        # cc-pVDZ has no Xe (cc-pVDZ-PP has)
+    xyz.write_text("1\nxenon\nXe 0 0 0\n")  # cc-pVDZ has no Xe (cc-pVDZ-PP has)
     res = CliRunner().invoke(main, ["run", str(xyz), "--basis", "cc-pv[dt]z"])
     assert_one_line_error(res, "'cc-pvdz' is not defined for Xe", "--basis")
 
@@ -123,6 +133,7 @@ def _pyscf_df_mp2(basis: str):
     """PySCF alone: DF-RHF with the JK-fit set, then DF-MP2 with the MP2-fit set, frozen core (1)."""
     from pyscf import df, gto, scf
     from pyscf.mp.dfmp2 import DFMP2
+
     mol = gto.M(atom=str(WATER), basis=basis, verbose=0)
     mf = scf.RHF(mol).density_fit(auxbasis=f"{basis}-jkfit")
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
@@ -136,21 +147,23 @@ def _pyscf_df_mp2(basis: str):
 @pytest.fixture(scope="module")
 def water_dt(tmp_path_factory):
     out = tmp_path_factory.mktemp("cbs") / "cbs.json"
-    res = CliRunner().invoke(main, ["run", str(WATER), "--basis", "cc-pV[DT]Z", "--frozen-core",
-                                    "--json", str(out), "-q"])
+    res = CliRunner().invoke(
+        main, ["run", str(WATER), "--basis", "cc-pV[DT]Z", "--frozen-core", "--json", str(out), "-q"]
+    )
     assert res.exit_code == 0, res.output
     return res.output, json.loads(out.read_text())
 
 
 def test_water_dt_matches_two_runs_and_pyscf(water_dt):
     import dfmp2
+
     output, doc = water_dt
     e = doc["energies"]
     dz = dfmp2.energy(str(WATER), basis="cc-pvdz", frozen_core=True)
     tz = dfmp2.energy(str(WATER), basis="cc-pvtz", frozen_core=True)
     # against the two separate runs of this program, combined here
     corl = helgaker_corl(2, dz.e_corr, 3, tz.e_corr)
-    assert e["e_hf"] == pytest.approx(tz.e_hf, abs=1e-10)              # SCF at the largest basis
+    assert e["e_hf"] == pytest.approx(tz.e_hf, abs=1e-10)  # SCF at the largest basis
     assert e["e_corr"] == pytest.approx(corl, abs=1e-10)
     assert e["e_mp2"] == pytest.approx(tz.e_hf + corl, abs=1e-10)
     os_ = helgaker_corl(2, dz.e_os, 3, tz.e_os)
@@ -159,8 +172,12 @@ def test_water_dt_matches_two_runs_and_pyscf(water_dt):
     assert e["e_sos_mp2"] == pytest.approx(tz.e_hf + 1.3 * os_, abs=1e-10)
     # against PySCF at the same bases and fitting sets, combined by the same formula
     assert (dz.jk_auxbasis, dz.auxbasis, tz.jk_auxbasis, tz.auxbasis) == (
-        "cc-pvdz-jkfit", "cc-pvdz-ri", "cc-pvtz-jkfit", "cc-pvtz-ri")
-    (hf2, c2), (hf3, c3) = _pyscf_df_mp2("cc-pvdz"), _pyscf_df_mp2("cc-pvtz")
+        "cc-pvdz-jkfit",
+        "cc-pvdz-ri",
+        "cc-pvtz-jkfit",
+        "cc-pvtz-ri",
+    )
+    (_, c2), (hf3, c3) = _pyscf_df_mp2("cc-pvdz"), _pyscf_df_mp2("cc-pvtz")
     ref = hf3 + helgaker_corl(2, c2, 3, c3)
     assert e["e_mp2"] == pytest.approx(ref, abs=1e-8), (e["e_mp2"], ref)
     assert e["e_corr"] == pytest.approx(helgaker_corl(2, c2, 3, c3), abs=1e-9)
@@ -181,11 +198,13 @@ def test_water_dt_matches_two_runs_and_pyscf(water_dt):
 def test_scf_helgaker_2_on_request(tmp_path):
     """--cbs-scf scf_xtpl_helgaker_2 on H2 (fast): the SCF from both bases by Psi4's exp(-1.63 X)."""
     import dfmp2
+
     xyz = tmp_path / "h2.xyz"
     xyz.write_text("2\nH2\nH 0 0 0\nH 0 0 0.74\n")
     out = tmp_path / "h2.json"
-    res = CliRunner().invoke(main, ["run", str(xyz), "--basis", "cc-pv[dt]z", "--cbs-scf",
-                                    "scf_xtpl_helgaker_2", "--json", str(out), "-q"])
+    res = CliRunner().invoke(
+        main, ["run", str(xyz), "--basis", "cc-pv[dt]z", "--cbs-scf", "scf_xtpl_helgaker_2", "--json", str(out), "-q"]
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     dz, tz = (dfmp2.energy(str(xyz), basis=b) for b in ("cc-pvdz", "cc-pvtz"))
@@ -201,6 +220,7 @@ def test_interaction_at_the_cbs_limit(tmp_path):
     """(H2)2 at cc-pV[DT]Z: every one of the 2N+1 runs is extrapolated, and the interaction
     energies are differences of the extrapolated energies."""
     import dfmp2
+
     xyz = tmp_path / "h4.xyz"
     xyz.write_text("4\n(H2)2\nH 0 0 0\nH 0 0 0.74\n--\nH 0 3.0 0\nH 0 3.0 0.74\n")
     out = tmp_path / "ie.json"
@@ -216,7 +236,8 @@ def test_interaction_at_the_cbs_limit(tmp_path):
     # ΔE(noCP) from the extrapolated energies of the runs
     own = [r["result"]["energies"]["e_mp2"] for r in doc["runs"] if r["kind"] == "own"]
     assert doc["interaction_energies"]["nocp"]["MP2"]["hartree"] == pytest.approx(
-        full["energies"]["e_mp2"] - sum(own), abs=1e-12)
+        full["energies"]["e_mp2"] - sum(own), abs=1e-12
+    )
 
 
 # ---- a published Psi4 number -------------------------------------------------------------------
@@ -234,8 +255,9 @@ def test_psi4_published_mp2_adtz(tmp_path):
     six decimals Psi4's test checks. Under a second."""
     theta = math.radians(104.5)
     xyz = tmp_path / "h2o.xyz"
-    xyz.write_text(f"3\nPsi4 cbs-xtpl-energy water\nO 0 0 0\nH 0 0 1.0\n"
-                   f"H {math.sin(theta):.15f} 0 {math.cos(theta):.15f}\n")
+    xyz.write_text(
+        f"3\nPsi4 cbs-xtpl-energy water\nO 0 0 0\nH 0 0 1.0\nH {math.sin(theta):.15f} 0 {math.cos(theta):.15f}\n"
+    )
     out = tmp_path / "adtz.json"
     res = CliRunner().invoke(main, ["run", str(xyz), "--basis", "aug-cc-pV[2T]Z", "--json", str(out), "-q"])
     assert res.exit_code == 0, res.output

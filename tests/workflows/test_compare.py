@@ -1,13 +1,14 @@
 """``dfmp2 compare``: devices compared from identical inputs, bits checked, devices that cannot run
 reported as not run (never filled from another device), exit codes."""
+
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
-from cli_checks import assert_one_line_error
 from dfmp2.cli.main import main
 from dfmp2.workflows.compare import DeviceRun, compare_runs, parse_synthetic
 
@@ -24,8 +25,21 @@ def _invoke(args, tmp_path=None):
 
 
 def test_synthetic_cpu_is_bit_identical_run_to_run(tmp_path):
-    res, doc = _invoke(["--synthetic", "5,24,40", "--seed", "4", "--devices", "cpu", "--repeat", "3",
-                        "--json", str(tmp_path / "c.json")], tmp_path)
+    res, doc = _invoke(
+        [
+            "--synthetic",
+            "5,24,40",
+            "--seed",
+            "4",
+            "--devices",
+            "cpu",
+            "--repeat",
+            "3",
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+        tmp_path,
+    )
     assert res.exit_code == 0, res.output
     (cpu,) = doc["devices"]
     assert cpu["status"] == "ran" and len(cpu["hex"]) == 3 and cpu["repeat_identical"]
@@ -36,12 +50,25 @@ def test_synthetic_cpu_is_bit_identical_run_to_run(tmp_path):
 
 def test_synthetic_cpu_vs_trn1_emulator_fp32(tmp_path):
     """Two devices that both run here: the differences are reported, bits compared."""
-    res, doc = _invoke(["--synthetic", "4,20,30", "--devices", "cpu,trn1", "--simulate", "--precision", "fp32",
-                        "--json", str(tmp_path / "c.json")], tmp_path)
+    res, doc = _invoke(
+        [
+            "--synthetic",
+            "4,20,30",
+            "--devices",
+            "cpu,trn1",
+            "--simulate",
+            "--precision",
+            "fp32",
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+        tmp_path,
+    )
     assert res.exit_code == 0, res.output
     cpu, trn = doc["devices"]
     assert trn["ran"]["device"] == "trn1" and {"op": "mp2_pair_energy", "kernel": "nki.mp2_pair"} in [
-        {k: x[k] for k in ("op", "kernel")} for x in trn["ran"]["kernels"]]
+        {k: x[k] for k in ("op", "kernel")} for x in trn["ran"]["kernels"]
+    ]
     assert abs(trn["delta"]["e_corr"]) <= 1e-6 and cpu["delta"]["e_corr"] == 0.0
     assert trn["identical_to_first"] == (trn["hex"][0] == cpu["hex"][0])
 
@@ -56,25 +83,29 @@ def test_molecule_cpu_and_a_precision_a_device_never_runs(tmp_path, no_scf):
 
 
 def test_cuda_without_gpu_is_not_run_with_reason(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # no GPU, on any machine
-    res, doc = _invoke(["--synthetic", "3,10,12", "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")],
-                       tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU, on any machine
+    res, doc = _invoke(
+        ["--synthetic", "3,10,12", "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")], tmp_path
+    )
     assert res.exit_code == 2
     cuda = doc["devices"][1]
     assert cuda["device"] == "cuda" and cuda["status"] == "not run" and "CUDA" in cuda["reason"]
     assert cuda["energies"] == {}
 
 
-@pytest.mark.parametrize("args,msg", [
-    ([], "either an XYZ file or --synthetic"),
-    ([WATER, "--synthetic", "2,3,4"], "either an XYZ file or --synthetic"),
-    (["--synthetic", "2,3"], "NOCC,NVIR,NAUX"),
-    (["--synthetic", "2,0,4"], "positive"),
-    (["--synthetic", "2,3,4", "--devices", "cpu,cpu"], "listed twice"),
-    (["--synthetic", "2,3,4", "--devices", "cpu,tpu"], "unknown device"),
-    (["--synthetic", "2,3,4", "--tol", "0"], "--tol"),
-    (["missing.xyz", "--devices", "cpu"], "missing.xyz"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        ([], "either an XYZ file or --synthetic"),
+        ([WATER, "--synthetic", "2,3,4"], "either an XYZ file or --synthetic"),
+        (["--synthetic", "2,3"], "NOCC,NVIR,NAUX"),
+        (["--synthetic", "2,0,4"], "positive"),
+        (["--synthetic", "2,3,4", "--devices", "cpu,cpu"], "listed twice"),
+        (["--synthetic", "2,3,4", "--devices", "cpu,tpu"], "unknown device"),
+        (["--synthetic", "2,3,4", "--tol", "0"], "--tol"),
+        (["missing.xyz", "--devices", "cpu"], "missing.xyz"),
+    ],
+)
 def test_bad_input_is_one_error_line(args, msg):
     res, _ = _invoke(args)
     assert res.exit_code == 2
@@ -110,6 +141,7 @@ def test_default_devices_are_the_ones_present(tmp_path):
     """No --devices: cpu plus what is present here; the output and the JSON say what was left out
     and why, and a machine without a GPU is not an error (issue 18)."""
     from dfmp2.linalg import present_devices
+
     present, absent = present_devices("fp64")
     assert present[0] == "cpu" and ("cuda" in present) == torch.cuda.is_available()
     assert "trn1" in absent and "trn2" in absent and "no fp64" not in absent.get("cuda", "")
@@ -124,9 +156,10 @@ def test_default_devices_are_the_ones_present(tmp_path):
 
 
 def test_explicit_devices_are_still_required(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # no GPU, on any machine
-    res, doc = _invoke(["--synthetic", "3,10,12", "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")],
-                       tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU, on any machine
+    res, doc = _invoke(
+        ["--synthetic", "3,10,12", "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")], tmp_path
+    )
     assert res.exit_code == 2 and doc["summary"]["not_run"] == ["cuda"]
     assert doc["devices_requested"] == "cpu,cuda" and "present here" not in res.output
     # the reason is in the error line on stderr, not only in the table on stdout
@@ -139,6 +172,7 @@ def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
 
     def no_alloc(*a, **k):
         raise AssertionError("synthetic_problem must not run")
+
     monkeypatch.setattr(linalg, "synthetic_problem", no_alloc)
     res, _ = _invoke(["--synthetic", "100000,100000,100000", "--devices", "cpu"])
     assert res.exit_code == 2 and "Traceback" not in res.output
@@ -148,11 +182,14 @@ def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
     assert need["b"] == 2 * 10 * 30 * 8 / 1e6 and need["pair"] > need["b"]
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--synthetic", "2,3,4", "--devices", "cpu", "--tol", "inf"], "finite"),
-    (["--synthetic", "2,3,4", "--devices", "cpu", "--tol", "nan"], "finite"),
-    (["--synthetic", "2,3,4", "--devices", "cpu", "--seed", str(2**64)], "--seed"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--synthetic", "2,3,4", "--devices", "cpu", "--tol", "inf"], "finite"),
+        (["--synthetic", "2,3,4", "--devices", "cpu", "--tol", "nan"], "finite"),
+        (["--synthetic", "2,3,4", "--devices", "cpu", "--seed", str(2**64)], "--seed"),
+    ],
+)
 def test_bad_numbers_are_one_error_line(args, msg):
     res, _ = _invoke(args)
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
