@@ -126,12 +126,21 @@ def run_geometry(
     SCF (``pyscf-df``, ``exact``) starts from 'minao' whatever is given: on a small step PySCF took
     more cycles from the previous density than from 'minao', ours fewer
     (scripts/results/docstring-measurements.md). ``ran.scf.guess`` says which it started from."""
-    t_start = time.perf_counter()
-    job = prepare_run(geom, options, backend, log)
-    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
+    done = energy_run(geom, options, progress=progress, log=log, on_plan=on_plan, backend=backend, guess=guess)
     if on_reference is not None:
         on_reference(done.job.mol, done.ref)
     return done.result
+
+
+def energy_run(
+    geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None, backend=None, guess=None
+) -> EnergyRun:
+    """``run_geometry``'s run, returning the whole EnergyRun (Job, Reference, Result) for a caller
+    that goes on with its molecule and reference (QCSchema's SCF parts, the ASE calculator's next
+    guess); the Result's wall_s counts the preparation too."""
+    t_start = time.perf_counter()
+    job = prepare_run(geom, options, backend, log)
+    return run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
 
 
 def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None) -> Job:

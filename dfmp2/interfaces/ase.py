@@ -119,7 +119,7 @@ class DFMP2Calculator(Calculator):
         else:
             from dfmp2 import pipeline
 
-            done = pipeline.run_energy(pipeline.prepare_run(geom, options), guess=guess)
+            done = pipeline.energy_run(geom, options, guess=guess)
         self.result = done.result
         self._scf_density = (key, done.ref.density())  # the next geometry's SCF starts from this density
         self._store_energy()

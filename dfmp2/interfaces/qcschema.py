@@ -300,9 +300,7 @@ def run_atomic_input(
         gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr), gr.result
-    done = pipeline.run_energy(
-        pipeline.prepare_run(geom, options, log=log), progress=progress, log=log, on_plan=on_plan
-    )
+    done = pipeline.energy_run(geom, options, progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
     return result_model(inp, version, done.result, parts.values), done.result
 
