@@ -460,7 +460,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
             need_mb=scf_mb,
             limit_mb=e.limit_mb,
         ) from None
-    scf_plan = _plan_scf(job, plan) if ours else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False}
+    scf_plan = _plan_scf(job, plan) if ours else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False, "layout": "packed"}
     if on_plan is not None:
         on_plan(plan)
     say(
@@ -533,7 +533,8 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     """Our DF-SCF's memory in the plan (stage 'scf': its JK factor, and the fp32 copy a mixed-
     precision SCF keeps when it fits, resident during the cycles and freed before the MP2 stage);
     MemoryLimitError before any integral when the factor does not fit. Returns {'block_mb': the
-    SCF's block size in MB (smaller when the limit needs it), 'fp32_copy': whether the copy fits}.
+    SCF's block size in MB (smaller when the limit needs it), 'fp32_copy': whether the copy fits,
+    'layout': the factor's, 'unpacked' where it fits, else 'packed'}.
     Also refuses a backend that lacks an op the SCF needs (none does today)."""
     backend = job.backend
     missing = [op for op in driver.OPS if not backend.supports(op)]
@@ -546,7 +547,7 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
-    return {"block_mb": need["block_mb"], "fp32_copy": need["fp32_copy"] > 0}
+    return {"block_mb": need["block_mb"], "fp32_copy": need["fp32_copy"] > 0, "layout": need["layout"]}
 
 
 def _scf_memory(
@@ -636,6 +637,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             world=job.world,
             dm0=guess,
             jk_auxbasis=job.jk_auxbasis,
+            layout=scf_plan["layout"],
         )
     else:
         say(f"{kind} (PySCF) ...")

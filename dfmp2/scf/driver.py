@@ -16,7 +16,7 @@ from dfmp2.errors import MemoryLimitError
 from dfmp2.reference import Reference
 from dfmp2.scf import pyscf_scf
 from dfmp2.scf.diis import DIIS_SPACE, UHF_DIIS_SPACE
-from dfmp2.scf.jk import JK_BLOCK_MB, jk_block, npair
+from dfmp2.scf.jk import JK_BLOCK_MB, UNPACKED_BLOCK_MB, jk_block, npair
 from dfmp2.scf.rhf import DFRHF
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
@@ -32,40 +32,52 @@ def memory_mb(
     block_mb: float = JK_BLOCK_MB,
     fp32_copy: bool = False,
     spins: int = 1,
+    layout: str = "packed",
 ) -> dict:
-    """MB the SCF stage needs: 'factor' (the resident JK factor, naux nao(nao+1)/2 itemsize),
-    'fp32_copy' (the mixed-precision SCF's fp32 copy of an fp64 factor, unpacked: naux nao^2 4 B,
-    about the packed fp64 factor's size; or 0) and
+    """MB the SCF stage needs: 'factor' (the resident JK factor: packed naux nao(nao+1)/2 itemsize,
+    or with ``layout`` 'unpacked' naux nao^2 itemsize), 'fp32_copy' (the mixed-precision SCF's fp32
+    copy of an fp64 factor, unpacked: naux nao^2 4 B, about the packed fp64 factor's size; or 0) and
     'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
-    when that differs), or in the cycles the factor (and its fp64 copy for the final energy
-    when itemsize is not 8, or its fp32 copy with ``fp32_copy``), one unpacked block and its
-    half-transform (2 nocc columns at most; the spins' exchange builds run one after the other:
-    nocc is the wider spin's); plus the dense nao x nao fp64 matrices, per spin (``spins`` 2 for
-    the DF-UHF): about 8 (S, hcore, Fock, ...) and the DIIS history's Fock matrices and errors
-    (DIIS_SPACE, UHF_DIIS_SPACE): 24 for RHF, 2 x 40 for UHF."""
-    fac = naux * npair(nao) * itemsize
+    when that differs; unpacked: the packed solution and the unpacked factor), or in the cycles
+    the factor (and its fp64 copy for the final energy when itemsize is not 8, or its fp32 copy
+    with ``fp32_copy``), one unpacked block (packed layout) and its half-transform (2 nocc columns
+    at most; the spins' exchange builds run one after the other: nocc is the wider spin's); plus
+    the dense nao x nao fp64 matrices, per spin (``spins`` 2 for the DF-UHF): about 8 (S, hcore,
+    Fock, ...) and the DIIS history's Fock matrices and errors (DIIS_SPACE, UHF_DIIS_SPACE): 24 for
+    RHF, 2 x 40 for UHF."""
     fac64 = naux * npair(nao) * 8
     copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
-    fit = 2 * fac64 + (fac if itemsize != 8 else 0)
-    nb = jk_block(nao, naux, itemsize, block_mb)
-    cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
+    if layout == "unpacked":
+        fac = naux * nao * nao * itemsize
+        nb = jk_block(nao, naux, itemsize, UNPACKED_BLOCK_MB)
+        fit = max(2 * fac64, fac64 + fac)
+        cycle = fac + copy32 + 2 * nb * nao * 2 * nocc * itemsize
+    else:
+        fac = naux * npair(nao) * itemsize
+        nb = jk_block(nao, naux, itemsize, block_mb)
+        fit = 2 * fac64 + (fac if itemsize != 8 else 0)
+        cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
     space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
     dense = (8 + 2 * space) * spins * nao * nao * 8
-    return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6}
+    return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6, "layout": layout}
 
 
 def check_memory(
     nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float, fp32_copy: bool = False, spins: int = 1
 ) -> dict:
-    """``memory_mb`` with the exchange block that fits ``limit_mb`` (JK_BLOCK_MB, else one
-    auxiliary function per block), and that block as 'block_mb'; with ``fp32_copy`` (a mixed-
-    precision SCF asks for it) each block first with the factor's fp32 copy, then without it
-    ('fp32_copy' 0: the SCF then runs in fp64). MemoryLimitError (one line, before any integral) when even
-    the smallest block without the copy does not fit. The factor stays in memory (no
-    out-of-core SCF yet)."""
-    for block_mb in (JK_BLOCK_MB, 1e-9):  # a smaller block would cost more than the copy saves
+    """``memory_mb`` of the first plan that fits ``limit_mb``: the unpacked fp64 factor (no unpack
+    per cycle, J and K in one pass: the fastest, twice the memory), else the packed one with the
+    exchange block JK_BLOCK_MB, else one auxiliary function per block; with ``fp32_copy`` (a mixed-
+    precision SCF asks for it) each first with the factor's fp32 copy, then without it
+    ('fp32_copy' 0: the SCF then runs in fp64). The result's 'block_mb' is the exchange block and
+    'layout' the factor's. MemoryLimitError (one line, before any integral) when even the
+    smallest block without the copy does not fit. The factor stays in memory (no out-of-core SCF
+    yet)."""
+    plans = [("unpacked", UNPACKED_BLOCK_MB)] if itemsize == 8 else []
+    plans += [("packed", JK_BLOCK_MB), ("packed", 1e-9)]  # a smaller block costs more than the copy saves
+    for layout, block_mb in plans:
         for copy in (True, False) if fp32_copy else (False,):
-            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins)
+            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins, layout=layout)
             if need["peak"] <= limit_mb:
                 return {**need, "block_mb": block_mb}
     raise MemoryLimitError(
@@ -93,6 +105,7 @@ def run_scf(
     world=None,
     dm0=None,
     jk_auxbasis=None,
+    layout: str = "packed",
 ) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend``
     (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
@@ -111,7 +124,8 @@ def run_scf(
     K all-reduced each cycle (dfmp2.scf.jk_dist), unless the SCF is replicated
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
-    (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``)."""
+    (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
+    ``layout``: the JK factor's, 'packed' or 'unpacked' (the memory plan's, ``check_memory``)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
     return cls(
@@ -129,4 +143,5 @@ def run_scf(
         world=world,
         dm0=dm0,
         jk_auxbasis=jk_auxbasis,
+        layout=layout,
     ).run(max_cycle)

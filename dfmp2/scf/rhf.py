@@ -53,6 +53,7 @@ class DFRHF:
     diis_space = DIIS_SPACE
     planned_rebuild = None  # on a device without fp64: rebuild G on the host once below this gradient
     jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
+    jk_text_unpacked = "J and K in one pass over the unpacked JK factor (K by GEMM + SYRK, J by a GEMV per block)"
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class DFRHF:
         world=None,
         dm0=None,
         jk_auxbasis=None,
+        layout: str = "packed",
     ):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.dm0_given = dm0  # a density to start from (``initial_density``), or None: 'minao'
@@ -98,6 +100,7 @@ class DFRHF:
             fit_backend=self.dense,
             engine=self.engine,
             world=self.world,
+            layout=layout,
         )
         self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
         self.t0 = time.perf_counter()
@@ -155,8 +158,19 @@ class DFRHF:
     # ---- J/K
     def two_electron(self, Dm, C, split=None, f=None):
         """G = J(Dm) - K(Dm)/2 (nao, nao) in fp64 on the dense device; Dm = C[:, :split] C^T - ... ."""
-        f = f or self.cycle_factor()
-        return self.coulomb(Dm, f) - self.exchange(f, [(C, split)], 0.5)[0]
+        J, K = self.coulomb_exchange(Dm, f or self.cycle_factor(), [(C, split)], 0.5)
+        return J - K[0]
+
+    def coulomb_exchange(self, Dm, f, factors, scale: float):
+        """(J(Dm), scale K of each of ``factors``) as ``coulomb`` and ``exchange``; Dm is the sum of
+        the factors' densities. The unpacked fp64 factor (not a mixed SCF's fp32 copy, whose J is
+        the fp64 factor's) builds both in one pass (JKFactor.jk)."""
+        if f.packed or f is self.fac32:
+            return self.coulomb(Dm, f), self.exchange(f, factors, scale)
+        J, K = f.jk([(C.to(f.B.device), split) for C, split in factors])
+        J, K = self.world.all_reduce_sum(torch.cat([J[None], K]), "scf").split([1, len(factors)])
+        self.g_noise = 0.0 if f.B.dtype == torch.float64 else self.g_noise
+        return self.dense.to_device(J[0], torch.float64), self.dense.to_device(K * scale, torch.float64)
 
     def coulomb(self, Dm, f):
         """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
@@ -388,7 +402,7 @@ class DFRHF:
             iterations=cycles,
             conv_tol_grad=self.conv_tol_grad,
             guess=self.guess_name,
-            jk=self.jk_text,
+            jk=self.jk_text if fac.packed else self.jk_text_unpacked,
             jk_auxbasis=basis.describe_auxbasis(self.jk_spec),
             backend_engine=be.engine,
             precision={
@@ -407,6 +421,7 @@ class DFRHF:
                 "mb": fac.B.numel() * fac.B.element_size() / 1e6,
                 "metric": fac.metric,
                 "exchange_block": fac.block,
+                "layout": fac.layout,
             },
             integrals=self.engine.describe(),
             e_hf_device_fock=e_device,

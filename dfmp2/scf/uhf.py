@@ -44,6 +44,10 @@ class DFUHF(DFRHF):
     diis_space = UHF_DIIS_SPACE
     planned_rebuild = UHF_PLANNED_REBUILD
     jk_text = "J of the total density by GEMVs, K per spin by GEMM + SYRK over the packed JK factor"
+    jk_text_unpacked = (
+        "J of the total density and K per spin in one pass over the unpacked JK factor "
+        "(K by GEMM + SYRK, J by a GEMV per block)"
+    )
 
     def __init__(self, mol, backend, *, check_stability: bool = False, **kw):
         self.nocc_s = tuple(int(n) for n in mol.nelec)  # (alpha, beta)
@@ -84,8 +88,8 @@ class DFUHF(DFRHF):
 
     def two_electron(self, Dm, C, split=(None, None), f=None):
         """G (2, nao, nao) fp64: G_s = J(Dm_a + Dm_b) - K(Dm_s); C and split one per spin."""
-        f = f or self.cycle_factor()
-        return self.coulomb(Dm[0] + Dm[1], f) - self.exchange(f, list(zip(C, split)), 1.0)
+        J, K = self.coulomb_exchange(Dm[0] + Dm[1], f or self.cycle_factor(), list(zip(C, split)), 1.0)
+        return J - K
 
     def occupied_factor(self, C):
         return tuple(C[s][:, :n] for s, n in enumerate(self.nocc_s)), (None, None)

@@ -144,14 +144,55 @@ def test_scf_precision_choice_and_refusals():
         RunOptions(scf_precision="fp16").check_choices()
     assert e.value.option == "scf_precision"
     # the memory plan counts the fp32 copy (unpacked: about the factor's size), and drops it rather
-    # than shrink the exchange block when the limit fits the SCF only without it
-    with_copy = driver.memory_mb(96, 464, 20, 8, fp32_copy=True)
-    without = driver.memory_mb(96, 464, 20, 8)
-    assert with_copy["fp32_copy"] == pytest.approx(464 * 96 * 96 * 4 / 1e6) and without["fp32_copy"] == 0
+    # than shrink the exchange block when the limit fits the SCF only without it ((H2O)16/cc-pVDZ's
+    # shapes: the unpacked factor, tried first, needs more than the packed one without the copy)
+    shape = (384, 1856, 80, 8)
+    with_copy = driver.memory_mb(*shape, fp32_copy=True)
+    without = driver.memory_mb(*shape)
+    assert with_copy["fp32_copy"] == pytest.approx(1856 * 384 * 384 * 4 / 1e6) and without["fp32_copy"] == 0
     assert with_copy["peak"] > without["peak"]
-    fits = driver.check_memory(96, 464, 20, 8, without["peak"], fp32_copy=True)
-    assert fits["fp32_copy"] == 0 and fits["block_mb"] == jk.JK_BLOCK_MB
-    assert driver.check_memory(96, 464, 20, 8, with_copy["peak"], fp32_copy=True)["fp32_copy"] > 0
+    assert driver.memory_mb(*shape, layout="unpacked")["peak"] > without["peak"]
+    fits = driver.check_memory(*shape, without["peak"], fp32_copy=True)
+    assert fits["fp32_copy"] == 0 and fits["block_mb"] == jk.JK_BLOCK_MB and fits["layout"] == "packed"
+    fits = driver.check_memory(*shape, with_copy["peak"], fp32_copy=True)
+    assert fits["fp32_copy"] > 0 and fits["layout"] == "packed"
+
+
+def test_memory_plan_prefers_the_unpacked_factor_where_it_fits():
+    """The unpacked fp64 factor (naux nao^2 8 B, twice the packed one) is the plan's first choice;
+    its peak is the fit's packed solution beside it; an fp32 factor (no fp64) stays packed."""
+    nao, naux, nocc = 384, 1856, 80
+    unp = driver.memory_mb(nao, naux, nocc, 8, layout="unpacked")
+    assert unp["factor"] == pytest.approx(naux * nao * nao * 8 / 1e6)
+    assert unp["peak"] >= (naux * nao * nao * 8 + naux * jk.npair(nao) * 8) / 1e6
+    fits = driver.check_memory(nao, naux, nocc, 8, unp["peak"])
+    assert fits["layout"] == "unpacked" and fits["block_mb"] == jk.UNPACKED_BLOCK_MB
+    assert driver.check_memory(nao, naux, nocc, 8, unp["peak"] - 1)["layout"] == "packed"
+    assert driver.check_memory(nao, naux, nocc, 4, 1e9)["layout"] == "packed"
+
+
+def test_unpacked_factor_gives_the_packed_factors_j_and_k():
+    """JKFactor.jk over the unpacked factor (J and K in one pass, γ from the exchange GEMMs) equals
+    coulomb + exchange over the packed one, with a split (ΔD-like) factor and two factors (UHF)."""
+    cpu = linalg.get_backend("cpu")
+    nao, naux = 24, 70
+    g = torch.Generator().manual_seed(3)
+    packed = jk.JKFactor(torch.randn((naux, jk.npair(nao)), generator=g, dtype=torch.float64), nao, cpu, 9, "cholesky")
+    unp = jk.unpacked(packed, block_mb=0.05)
+    assert unp.layout == "unpacked" and unp.B.shape == (naux, nao, nao) and 1 < unp.block < naux
+    Ca, Cb = (
+        torch.randn((nao, 7), generator=g, dtype=torch.float64),
+        torch.randn((nao, 4), generator=g, dtype=torch.float64),
+    )
+    Da = Ca[:, :3] @ Ca[:, :3].T - Ca[:, 3:] @ Ca[:, 3:].T
+    J, K = unp.jk([(Ca, 3), (Cb, None)])
+    assert torch.allclose(J, packed.coulomb(Da + Cb @ Cb.T), rtol=0, atol=1e-11)
+    assert torch.allclose(K[0], packed.exchange(Ca, 3), rtol=0, atol=1e-11)
+    assert torch.allclose(K[1], packed.exchange(Cb), rtol=0, atol=1e-11)
+    assert torch.equal(K[1], K[1].T) and torch.allclose(unp.coulomb(Da), packed.coulomb(Da), rtol=0, atol=1e-11)
+    # an independent K: Σ_P B_P D B_P from the unpacked tensor
+    ref = torch.einsum("pmn,nl,plk->mk", unp.B, Cb @ Cb.T, unp.B)
+    assert torch.allclose(K[1], ref, rtol=0, atol=1e-10)
 
 
 def test_pipeline_records_the_scf_precision(tmp_path):
