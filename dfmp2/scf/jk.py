@@ -123,8 +123,8 @@ class JKFactor:
                 _syrk_into(K, Z[:split].reshape(split * nb, nao), 1.0, be)
             if split < m:
                 _syrk_into(K, Z[split:].reshape((m - split) * nb, nao), -1.0, be)
-        if sign is not None:
-            return torch.bmm(Z, (Cd * sign).mT[:, :, None]).sum(0)[:, 0]  # (m, nb, nao) @ (m, nao, 1)
+        if sign is not None:  # (m, nb, nao) @ (m, nao, 1): each i's trace, summed over i in fp64
+            return torch.bmm(Z, (Cd * sign).mT[:, :, None])[:, :, 0].to(torch.float64).sum(0)
         return None
 
     def jk(self, factors) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +137,7 @@ class JKFactor:
             raise ValueError("the one-pass J/K needs the unpacked factor")
         nao, dt, dev = self.nao, self.B.dtype, self.B.device
         K = torch.zeros((len(factors), nao, nao), dtype=torch.float64, device=dev)
-        J = torch.zeros((1, nao * nao), dtype=dt, device=dev)
+        J = torch.zeros((1, nao * nao), dtype=torch.float64, device=dev)
         cols = []
         for C, split in factors:
             sign = torch.ones(C.shape[1], dtype=dt, device=dev)
@@ -147,11 +147,15 @@ class JKFactor:
         for p0 in range(0, self.naux, self.block):
             p1 = min(self.naux, p0 + self.block)
             Bb = self.B[p0:p1]
-            gamma = torch.zeros(p1 - p0, dtype=dt, device=dev)
+            gamma = torch.zeros(p1 - p0, dtype=torch.float64, device=dev)
             for k, (Cd, split, sign) in enumerate(cols):
                 if Cd.shape[1]:
                     gamma += self._exchange_block(K[k], Cd, Bb.reshape(-1, nao), split, sign)
-            linalg.gemm(gamma[None, :], Bb.reshape(p1 - p0, nao * nao), beta=1.0, out=J, backend=self.backend)
+            if dt == torch.float64:
+                linalg.gemm(gamma[None, :], Bb.reshape(p1 - p0, nao * nao), beta=1.0, out=J, backend=self.backend)
+            else:  # an fp32 factor: each block's short sum over P in fp32, the blocks summed in fp64
+                Jb = linalg.gemm(gamma.to(dt)[None, :], Bb.reshape(p1 - p0, nao * nao), backend=self.backend)
+                J += Jb.to(J.dtype)
         return J.view(nao, nao).to(torch.float64), torch.stack([_mirror(k) for k in K])
 
 

@@ -13,8 +13,10 @@ density with the fp64 factor on the host and the fp32 cycles go on from there
 (HOST_REBUILD_BELOW, recorded).
 
 Mixed precision (``precision`` 'mixed', or 'auto' where the device has fp64 and fast fp32,
-``resolve_precision``): the first cycles build K of the whole density from an fp32 copy of the
-factor, J from the fp64 one, G summed into the Fock matrix in fp64 (nothing fp32 is carried from
+``resolve_precision``): the first cycles build J and K of the whole density from an unpacked
+fp32 copy of the factor in one pass (dfmp2.scf.jk.JKFactor.jk: each GEMM's sums over an AO index
+in fp32, J's sums over P and i in fp64; a packed fp64 factor gives J of the density instead), G
+summed into the Fock matrix in fp64 (nothing fp32 is carried from
 cycle to cycle); once the orbital gradient nears the fp32 noise (FP32_NOISE, FP32_SWITCH) or
 stalls (FP32_STALL) every later cycle is fp64, DIIS dropping the fp32 Fock matrices once the
 error is below their noise, and the SCF converges to the same thresholds. Recorded in
@@ -30,8 +32,9 @@ from dfmp2.errors import InputError
 from dfmp2.options import SCF_PRECISIONS
 
 # Mixed precision (fp64 devices with fast fp32): the cycles' K in fp32 until the orbital gradient
-# nears the fp32 build's noise, then J/K in fp64 to the usual thresholds. J stays fp64 (two GEMVs,
-# a small part of a cycle): an fp32 J's long sums made nearly all of the noise (benzene). At
+# nears the fp32 build's noise, then J/K in fp64 to the usual thresholds. J's long sums stay fp64
+# (over P, in the one-pass build over an unpacked copy; with a packed fp64 factor J is its two
+# GEMVs): an fp32 J's long sums made nearly all of the noise (benzene). At
 # converged densities the gradient noise of an fp32 K was at most 7.5 x eps32 ||K/2||_F on the test
 # molecules (FP32_NOISE bounds it); the energy's noise is first order and size-extensive, so a |ΔE|
 # test would switch by chance: none is made (numbers: scripts/results/docstring-measurements.md).

@@ -163,14 +163,19 @@ class DFRHF:
 
     def coulomb_exchange(self, Dm, f, factors, scale: float):
         """(J(Dm), scale K of each of ``factors``) as ``coulomb`` and ``exchange``; Dm is the sum of
-        the factors' densities. The unpacked fp64 factor (not a mixed SCF's fp32 copy, whose J is
-        the fp64 factor's) builds both in one pass (JKFactor.jk)."""
-        if f.packed or f is self.fac32:
+        the factors' densities. An unpacked factor (the plan's fp64 one, a mixed SCF's fp32 copy)
+        builds both in one pass (JKFactor.jk: J's long sums in fp64 from an fp32 copy too), and
+        sets ``g_noise`` as ``exchange`` does."""
+        if f.packed:
             return self.coulomb(Dm, f), self.exchange(f, factors, scale)
         J, K = f.jk([(C.to(f.B.device), split) for C, split in factors])
         J, K = self.world.all_reduce_sum(torch.cat([J[None], K]), "scf").split([1, len(factors)])
-        self.g_noise = 0.0 if f.B.dtype == torch.float64 else self.g_noise
-        return self.dense.to_device(J[0], torch.float64), self.dense.to_device(K * scale, torch.float64)
+        K = K * scale
+        if f is self.fac32:
+            self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
+        elif f.B.dtype == torch.float64:
+            self.g_noise = 0.0
+        return self.dense.to_device(J[0], torch.float64), self.dense.to_device(K, torch.float64)
 
     def coulomb(self, Dm, f):
         """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
