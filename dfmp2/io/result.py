@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF); 3 = the geometry as run,
-# multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls})
-SCHEMA_VERSION = "3"
+# multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls}); 4 = flops
+# per stage beside timings (the gradient's too)
+SCHEMA_VERSION = "4"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -92,6 +93,9 @@ class Result:
     e_os: float  # opposite-spin correlation, Hartree
     e_ss: float  # same-spin correlation, Hartree
     timings: dict  # seconds per stage
+    # flops per stage (the stages of timings) executed through dfmp2.linalg (counted as linalg.flops
+    # says; libcint, PySCF and host numpy work not counted: 0 where a stage ran none)
+    flops: dict
     wall_s: float  # seconds, the whole run (checks, SCF, MP2, result)
     ran: dict  # device, engine, kernels, precision, metric factorisation
     memory: dict
@@ -143,7 +147,14 @@ class Result:
             d.pop(k)
         d["energies"] = self.energies()
         d["ran"] = json_ran(d["ran"])
-        d["units"] = {"energies": "hartree", "timings": "s", "wall_s": "s", "memory": "MB", "geometry": "angstrom"}
+        d["units"] = {
+            "energies": "hartree",
+            "timings": "s",
+            "flops": "floating-point operations",
+            "wall_s": "s",
+            "memory": "MB",
+            "geometry": "angstrom",
+        }
         d["shapes"] = {k: d.pop(k) for k in ("nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux")}
         return d
 
