@@ -165,9 +165,10 @@ class Result:
 
         write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def render(self, console, quiet: bool = False) -> None:
+    def render(self, console, quiet: bool = False, verbose: bool = False) -> None:
         """Print the human-readable tables with rich; ``quiet`` (``-q``): the energies table and
-        any notes, without the 'problem and what ran' table."""
+        any notes, without the 'problem and what ran' table; ``verbose`` (``-v``): that table
+        also gives each stage's GF/s (its flops through dfmp2.linalg over its seconds)."""
         from rich.markup import escape  # user text (file names, basis names) is not markup
         from rich.table import Table
 
@@ -242,6 +243,8 @@ class Result:
             "timings / s",
             ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items()) + f"; total {sum(self.timings.values()):.3f}",
         )
+        if verbose:
+            s.add_row("GF/s (linalg flops / s)", self.rates())
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         if not quiet:
             console.print(s)
@@ -251,6 +254,13 @@ class Result:
                 f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
                 f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
             )
+
+    def rates(self) -> str:
+        """'scf 1.2, pair 40.3, ...': GF/s of each timed stage that ran linalg work; the whole
+        run's (all flops over wall_s) last."""
+        parts = [f"{k} {self.flops[k] / v / 1e9:.3g}" for k, v in self.timings.items() if self.flops.get(k) and v > 0]
+        whole = sum(self.flops.values()) / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
+        return ", ".join(parts) + f"; whole run {whole:.3g}"
 
     def render_warnings(self, console) -> None:
         """One 'warning:' line per entry of ``warnings`` (user text escaped for rich)."""
