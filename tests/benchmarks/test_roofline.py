@@ -20,14 +20,15 @@ WATER = ROOT / "inputs/water.xyz"
 def test_executed_flops_follow_the_useful_work(frozen_core):
     """The MP2 stage's and the JK fit's counts are exactly the model's (the same formulas over the
     run's shapes); the SCF's are its cycles' J/K builds and the dense O(nao^3) steps beside them,
-    so within a factor of two of (iterations + 2) full builds: a K or J left uncounted (K is most
-    of a build), or counted twice, falls outside."""
+    so near (iterations + 2) full builds (within a factor of two either way, room for a K build
+    that does less than the model's GEMM + SYRK): a K left uncounted (most of a build), or every
+    build counted twice, falls outside."""
     doc = json.loads(json.dumps(run(WATER, RunOptions(basis="cc-pvdz", frozen_core=frozen_core)).to_dict()))
     model, flops = roofline.useful_flops(doc), doc["flops"]
     assert set(model) == set(roofline.MODEL_STAGES)
     for stage in ("scf_fit", "metric", "transform", "fit", "pair"):
         assert flops[stage] == model[stage], stage
-    assert 1.0 <= flops["scf"] / model["scf"] < 2.0
+    assert 0.5 < flops["scf"] / model["scf"] < 2.0
     build = roofline.scf_build_flops(doc["shapes"]["nbasis"], doc["ran"]["scf"]["jk_factor"]["naux"], [5])
     assert build["K"] > 4 * build["J"] > 0  # water/cc-pVDZ: K dominates a build
     rows = roofline.stage_rows(doc["timings"], flops, model, peak_gflops=10.0)
