@@ -728,6 +728,7 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         e_os=mp2.e_os,
         e_ss=mp2.e_ss,
         timings=timer.seconds,
+        flops=timer.stage_flops(),
         wall_s=wall_s,
         ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
         memory=plan.to_dict(),

@@ -1,4 +1,4 @@
-"""Wall-clock seconds per named stage, below every stage that times itself."""
+"""Wall-clock seconds and executed flops per named stage, below every stage that times itself."""
 
 from __future__ import annotations
 
@@ -7,19 +7,59 @@ import time
 
 class Timer:
     """Wall-clock seconds per stage (``seconds``: {stage: s}), synchronising the device before
-    each reading so queued device work is charged to the stage that queued it."""
+    each reading so queued device work is charged to the stage that queued it; and the flops the
+    stage executed through ``dfmp2.linalg`` (``flops``: {stage: flops}; linalg.flops says how each
+    op is counted), read from the watched backends' counters (``Backend.flops_executed``).
+
+    Stages run one after another on one thread, so an ``add`` charges the flops executed since the
+    previous ``add`` (not since its ``t0``): a stage whose t0 is not the previous reading (the MP2
+    stage's transform, timed from its loop's start) still gets exactly its own. Two patterns need
+    ``flops0`` (a reading of ``executed()`` taken with t0): an aside timed inside a stage that is
+    still running (the DF-SCF's fp64 host rebuilds, kept out of 'scf' by moving its t0), whose
+    flops are then kept out of that stage too; and a stage that encloses stages added before it
+    (the gradient's 'grad_jk_factor' around the JK factor's 'scf_integrals' and 'scf_fit'), whose
+    flops, like its seconds, then include theirs. Work outside linalg (libcint, PySCF, numpy on
+    the host) is not counted: a stage of such work alone has 0 flops."""
 
     def __init__(self, backend):
-        self.backend, self.seconds = backend, {}
+        self.backend, self.seconds, self.flops = backend, {}, {}
+        self.backends = [backend]
+        self.mark = self.executed()  # the reading at the last add (or now)
+        self.aside = 0  # flops since ``mark`` already charged to an aside
 
-    def add(self, stage: str, t0: float, sync: bool = True) -> float:
+    def watch(self, backend) -> None:
+        """Also count ``backend``'s flops from now on (a stage's second backend: the DF-SCF's
+        host backend for its dense fp64 algebra on a device without fp64)."""
+        if all(b is not backend for b in self.backends):
+            self.backends.append(backend)
+            self.mark += backend.flops_executed()
+
+    def executed(self) -> int:
+        """Flops executed so far on the watched backends."""
+        return sum(b.flops_executed() for b in self.backends)
+
+    def add(self, stage: str, t0: float, sync: bool = True, flops0: int | None = None) -> float:
         """Charge the time since t0 to ``stage`` and return now; sync=False for host-only work,
-        so queued device work (and its overlap with the host) is not interrupted."""
+        so queued device work (and its overlap with the host) is not interrupted. Flops: those
+        since the previous add, or, with ``flops0`` (``executed()`` at t0), those since flops0,
+        which the stage still open at the previous add then does not get (see the class)."""
         if sync:
             self.backend.synchronize()
         t1 = time.perf_counter()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + (t1 - t0)
+        now = self.executed()
+        if flops0 is None:
+            n, self.mark, self.aside = now - self.mark - self.aside, now, 0
+        else:
+            n = now - flops0
+            self.aside += now - max(flops0, self.mark + self.aside)
+        self.flops[stage] = self.flops.get(stage, 0) + n
         return t1
+
+    def stage_flops(self) -> dict:
+        """{stage: flops} for every stage of ``seconds``, in its order (0 where no linalg op ran,
+        or where a stage's seconds were moved to it, as the MP2 stage's 'integrals')."""
+        return {stage: self.flops.get(stage, 0) for stage in self.seconds}
 
 
 class CycleLog:

@@ -93,6 +93,7 @@ class Backend:
     name: str
     engine: str
     kernels_used: dict = field(default_factory=dict)
+    flops: dict = field(default_factory=dict)  # {op: flops executed}, charged by linalg.ops (linalg.flops)
 
     @property
     def caps(self) -> Capabilities:
@@ -116,6 +117,15 @@ class Backend:
         """Note that ``op`` ran through ``kernel`` (counts calls)."""
         key = f"{op}:{kernel}"
         self.kernels_used[key] = self.kernels_used.get(key, 0) + 1
+
+    def count_flops(self, op: str, n: int) -> None:
+        """Charge ``n`` flops (linalg.flops' count of one call) to ``op``."""
+        self.flops[op] = self.flops.get(op, 0) + int(n)
+
+    def flops_executed(self) -> int:
+        """All flops charged to this backend so far (every op): ``dfmp2.timing.Timer`` reads it
+        before and after each stage."""
+        return sum(self.flops.values())
 
     def describe(self) -> dict:
         """What ran, for results and benchmark rows."""

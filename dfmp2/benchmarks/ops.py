@@ -6,7 +6,7 @@ Flop counts (the op's own algorithm; a baseline that does other work has its own
     gemm (m, k, n)                  2 m k n
     syrk (n, k)                     n (n + 1) k           (C = A A^T, one triangle)
     trsm (n, m)                     n^2 m                 (n: triangle, m: right-hand sides)
-    cholesky (n,)                   n^3 / 3
+    cholesky (n,)                   n^3 / 3               (rounded down)
     inv_sqrt_eigh (n,)              (4/3 + 2 + 2) n^3     nominal: tridiagonalisation, eigenvector
                                                           back-transformation, V diag V^T
     inv_sqrt_newton_schulz (n,)     (3 k + 2) 2 n^3       k iterations as run, + the residual check
@@ -24,6 +24,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from dfmp2.linalg import flops as lf
 
 OPS = (
     "gemm",
@@ -68,33 +70,35 @@ class Case:
 
 
 def flops(op: str, shape, iterations: int | None = None) -> float:
-    """The op's flop count (see the module docstring)."""
+    """The op's flop count (see the module docstring): linalg.flops' count, the one a run charges
+    to its stages, of the case's shape."""
     if op == "gemm":
         m, k, n = shape
-        return 2.0 * m * k * n
+        return float(lf.gemm((m, k), (k, n)))
     if op == "syrk":
         n, k = shape
-        return float(n) * (n + 1) * k
+        return float(lf.syrk((n, k)))
     if op == "trsm":
         n, m = shape
-        return float(n) * n * m
+        return float(lf.trsm((n, n), n * m))
     if op == "cholesky":
-        return shape[0] ** 3 / 3.0
+        return float(lf.cholesky((shape[0], shape[0])))
     if op == "inv_sqrt_eigh":
-        return (4.0 / 3 + 4.0) * shape[0] ** 3
+        return float(lf.inv_sqrt_spd((shape[0], shape[0]), {"method": "eigh", "kept": shape[0]}))
     if op == "inv_sqrt_newton_schulz":
         if iterations is None:
             raise ValueError("inv_sqrt_newton_schulz flops need the iteration count")
-        return (3 * iterations + 2) * 2.0 * shape[0] ** 3
+        info = {"method": "newton_schulz", "iterations": iterations, "residual": 0.0}
+        return float(lf.inv_sqrt_spd((shape[0], shape[0]), info))
     if op == "mp2_pair_energy":
         if len(shape) == 3:
             nocc, nvir, naux = shape
-            return nocc * (nocc + 1) / 2 * 2.0 * nvir * nvir * naux
+            return float(lf.mp2_pair_energy((nocc, nvir, naux), (nocc, nvir, naux), symmetric=True))
         ni, nj, nvir, naux = shape
-        return ni * nj * 2.0 * nvir * nvir * naux
+        return float(lf.mp2_pair_energy((ni, nvir, naux), (nj, nvir, naux), symmetric=False))
     if op == "mp2_pair_energy_os":
         ni, nj, nva, nvb, naux = shape
-        return ni * nj * 2.0 * nva * nvb * naux
+        return float(lf.mp2_pair_energy((ni, nva, naux), (nj, nvb, naux), symmetric=False))
     raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
 
 

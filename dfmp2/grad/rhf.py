@@ -76,7 +76,8 @@ class GradientParts:
     JK-fit set), 'corr' (the correlation part, c_os and c_ss included); e_corr the correlation
     energy it differentiates (Hartree, recomputed here: equal to the stage's; on a device without
     fp64 to the energy run's fp32 error); zvector: CG
-    iterations and final relative residual; warnings; timings (s)."""
+    iterations and final relative residual; warnings; timings (s) and flops (executed through
+    dfmp2.linalg: the derivative integrals' libcint and numpy contractions are not counted) per stage."""
 
     gradient: np.ndarray
     hf: np.ndarray
@@ -88,10 +89,11 @@ class GradientParts:
     warnings: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     ran: dict = field(default_factory=dict)
+    flops: dict = field(default_factory=dict)  # per stage of timings, through dfmp2.linalg (dfmp2.timing.Timer)
 
     def to_dict(self) -> dict:
         """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
-        (no '.' in any key, schema 3)."""
+        (no '.' in any key, schema 3), ``flops`` beside ``timings`` (schema 4)."""
         ran = {k: kernel_records(v) if k in ("kernels", "host_kernels") else v for k, v in self.ran.items()}
         return {
             "gradient": self.gradient.tolist(),
@@ -104,6 +106,7 @@ class GradientParts:
             "zvector": self.zvector,
             "warnings": list(self.warnings),
             "timings": dict(self.timings),
+            "flops": dict(self.flops),
             "ran": ran,
         }
 
@@ -165,12 +168,13 @@ def mp2_gradient(
     check_supported(ref, backend)
     host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")  # as dfmp2.scf.rhf.DFRHF.dense
     timer = timer or Timer(backend)
+    timer.watch(host)
     kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
-    t0 = time.perf_counter()
+    t0, f0 = time.perf_counter(), timer.executed()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
     jk = _DFJK(mol, jk_auxmol, host, timer)
-    t0 = timer.add("grad_jk_factor", t0)
+    t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
     corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend)
     t0 = timer.add("grad_mp2_densities", t0)
     P, Y, zinfo = _relaxed_density(orb, corr, jk, host)
@@ -210,6 +214,7 @@ def mp2_gradient(
         warnings,
         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
         _stage_ran(backend, host, kernels0),
+        {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
     )
 
 

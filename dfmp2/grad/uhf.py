@@ -100,11 +100,11 @@ def uhf_mp2_gradient(
     check_channels(ref, backend)
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
-    t0 = time.perf_counter()
+    t0, f0 = time.perf_counter(), timer.executed()
     orbs = [_Orbitals(ch) for ch in ref.channels]
     jk = _DFJK(mol, jk_auxmol, backend, timer)
     resp = _response_operator(jk, orbs)
-    t0 = timer.add("grad_jk_factor", t0)
+    t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
     e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss)
     t0 = timer.add("grad_mp2_densities", t0)
     P, Y, zinfo = _relaxed_density(orbs, P, Y, resp)
@@ -154,6 +154,7 @@ def uhf_mp2_gradient(
         warnings,
         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
         ran,
+        {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
     )
 
 

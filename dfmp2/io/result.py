@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF); 3 = the geometry as run,
-# multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls})
-SCHEMA_VERSION = "3"
+# multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls}); 4 = flops
+# per stage beside timings (the gradient's too)
+SCHEMA_VERSION = "4"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -92,6 +93,9 @@ class Result:
     e_os: float  # opposite-spin correlation, Hartree
     e_ss: float  # same-spin correlation, Hartree
     timings: dict  # seconds per stage
+    # flops per stage (the stages of timings) executed through dfmp2.linalg (counted as linalg.flops
+    # says; libcint, PySCF and host numpy work not counted: 0 where a stage ran none)
+    flops: dict
     wall_s: float  # seconds, the whole run (checks, SCF, MP2, result)
     ran: dict  # device, engine, kernels, precision, metric factorisation
     memory: dict
@@ -143,7 +147,14 @@ class Result:
             d.pop(k)
         d["energies"] = self.energies()
         d["ran"] = json_ran(d["ran"])
-        d["units"] = {"energies": "hartree", "timings": "s", "wall_s": "s", "memory": "MB", "geometry": "angstrom"}
+        d["units"] = {
+            "energies": "hartree",
+            "timings": "s",
+            "flops": "floating-point operations",
+            "wall_s": "s",
+            "memory": "MB",
+            "geometry": "angstrom",
+        }
         d["shapes"] = {k: d.pop(k) for k in ("nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux")}
         return d
 
@@ -154,9 +165,10 @@ class Result:
 
         write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def render(self, console, quiet: bool = False) -> None:
+    def render(self, console, quiet: bool = False, verbose: bool = False) -> None:
         """Print the human-readable tables with rich; ``quiet`` (``-q``): the energies table and
-        any notes, without the 'problem and what ran' table."""
+        any notes, without the 'problem and what ran' table; ``verbose`` (``-v``): that table
+        also gives each stage's GF/s (its flops through dfmp2.linalg over its seconds)."""
         from rich.markup import escape  # user text (file names, basis names) is not markup
         from rich.table import Table
 
@@ -231,6 +243,8 @@ class Result:
             "timings / s",
             ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items()) + f"; total {sum(self.timings.values()):.3f}",
         )
+        if verbose:
+            s.add_row("GF/s (linalg flops / s)", self.rates())
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         if not quiet:
             console.print(s)
@@ -240,6 +254,13 @@ class Result:
                 f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
                 f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
             )
+
+    def rates(self) -> str:
+        """'scf 1.2, pair 40.3, ...': GF/s of each timed stage that ran linalg work; the whole
+        run's (all flops over wall_s) last."""
+        parts = [f"{k} {self.flops[k] / v / 1e9:.3g}" for k, v in self.timings.items() if self.flops.get(k) and v > 0]
+        whole = sum(self.flops.values()) / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
+        return ", ".join(parts) + f"; whole run {whole:.3g}"
 
     def render_warnings(self, console) -> None:
         """One 'warning:' line per entry of ``warnings`` (user text escaped for rich)."""

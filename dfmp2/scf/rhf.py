@@ -85,6 +85,7 @@ class DFRHF:
         self.built_on_host = False  # this cycle's G was such a rebuild
         self.g_noise = 0.0  # the noise of the last G built (fp32: FP32_NOISE; not counted on trn)
         self.dense = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
+        timer.watch(self.dense)  # its flops (the factor's fit, the dense algebra) are the SCF's too
         self.kernels0, self.seconds0 = dict(backend.kernels_used), dict(timer.seconds)
         self.jk_spec = jk_auxbasis if jk_auxbasis is not None else basis.default_auxbasis(mol, "jk")
         self.auxmol = basis.make_auxmol(mol, self.jk_spec)
@@ -235,9 +236,9 @@ class DFRHF:
         if self.built_on_host:  # G of D with the fp64 factor, on the host
             self.host_rebuild = False
             G_acc = G + self.two_electron(D - D_last, *self.delta_factors(D - D_last))
-            t1 = time.perf_counter()
+            t1, f1 = time.perf_counter(), self.timer.executed()
             G = self.two_electron(D, *self.occupied_factor(C), f=self.fac64)
-            self.t0 -= self.timer.add("scf_fp64_host", t1, sync=False) - t1  # not charged to 'scf'
+            self.t0 -= self.timer.add("scf_fp64_host", t1, sync=False, flops0=f1) - t1  # not charged to 'scf'
             self.diis.shift(G - G_acc)  # the accumulated rounding taken out of DIIS's Fock matrices too
             return G
         if self.incremental and f is None:
@@ -360,9 +361,9 @@ class DFRHF:
         e_device = None
         if self.incremental:
             e_device = self.energy(D, self.new_G(D, D_last, G, C))
-            t1 = time.perf_counter()
+            t1, f1 = time.perf_counter(), self.timer.executed()
             G = self.new_G(D, D_last, G, C, f=self.fac64 if self.fac64 is not None else self.fac)
-            self.t0 -= self.timer.add("scf_final_fp64_host", t1, sync=False) - t1  # not charged to 'scf'
+            self.t0 -= self.timer.add("scf_final_fp64_host", t1, sync=False, flops0=f1) - t1  # not charged to 'scf'
         else:
             G = self.new_G(D, D_last, G, C)
         return mo_e, C, self.energy(D, G), e_device

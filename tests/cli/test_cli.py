@@ -279,6 +279,13 @@ def test_quiet_prints_only_the_energies_table(tmp_path):
     assert "problem and what ran" in loud.output and "problem and what ran" not in quiet.output
     assert "E(MP2)" in quiet.output and "kernels" not in quiet.output
     assert quiet.stderr == ""
+    assert "GF/s" not in loud.output  # only -v adds each stage's rate
+
+
+def test_verbose_adds_each_stage_rate():
+    res = run_cli(["run", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-v"])
+    assert res.exit_code == 0, res.output
+    assert "GF/s (linalg flops / s)" in res.output and "whole run" in res.output
 
 
 def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):

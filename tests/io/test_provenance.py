@@ -17,6 +17,7 @@ OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 # check (a dict; None for RHF and where it was turned off)
 MAPS = {
     "timings",
+    "flops",
     "ran.kernels",
     "ran.scf.kernels",
     "ran.scf.host_kernels",
@@ -46,7 +47,7 @@ def _json(path, **options):
     return json.loads(json.dumps(run(path, RunOptions(**options)).to_dict()))
 
 
-# the top-level keys of the result JSON (schema 3), as docs/cli-and-json.md's table lists them
+# the top-level keys of the result JSON (schema 4), as docs/cli-and-json.md's table lists them
 TOP_LEVEL = {
     "schema_version",
     "molecule",
@@ -61,6 +62,7 @@ TOP_LEVEL = {
     "jk_auxbasis",
     "frozen_core",
     "timings",
+    "flops",
     "wall_s",
     "ran",
     "memory",
@@ -96,7 +98,7 @@ def _geometry_of(path):
 @pytest.mark.parametrize("scf_mode", ["df", "pyscf-df"])
 def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     rhf, uhf = _json(WATER, scf_mode=scf_mode), _json(OH, scf_mode=scf_mode)
-    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "3"
+    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "4"
     assert set(rhf) == set(uhf) == TOP_LEVEL
     assert _dotted_keys(rhf) == [] and _dotted_keys(uhf) == []
     for doc, path, mult in ((rhf, WATER, 1), (uhf, OH, 2)):
@@ -108,6 +110,10 @@ def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
             assert row == pytest.approx(list(ref), abs=1e-12)
         assert doc["multiplicity"] == mult and doc["charge"] == 0 and isinstance(doc["multiplicity"], int)
         assert doc["wall_s"] >= sum(doc["timings"].values()) > 0 and doc["units"]["wall_s"] == "s"
+        f = doc["flops"]  # schema 4: flops per timed stage, integers, linalg work wherever it ran
+        assert list(f) == list(doc["timings"]) and all(isinstance(v, int) and v >= 0 for v in f.values())
+        assert all(f[s] > 0 for s in ("metric", "transform", "fit", "pair")) and f["integrals"] == 0
+        assert (f["scf"] > 0) == (scf_mode == "df") and doc["units"]["flops"] == "floating-point operations"
         assert doc["units"]["geometry"] == "angstrom"
         k = doc["ran"]["kernels"]
         assert isinstance(k, list) and k and all(set(x) == {"op", "kernel", "calls"} for x in k)

@@ -1,0 +1,237 @@
+#!/usr/bin/env python
+"""Benchmark: the whole ``dfmp2 run`` against the machine's roofline, in one process. First the
+best DGEMM (and SGEMM) of any library here (torch and numpy, square sizes ``--peak-sizes``, best of
+3 calls: dfmp2.benchmarks.fair_baseline.gemm_peaks); then the run (dfmp2.pipeline.run_geometry,
+``--warmup`` untimed, ``--repeats`` timed), each stage's median seconds beside the flops it
+executed through dfmp2.linalg (the result's ``flops``), its GF/s and share of that DGEMM peak, the
+algorithm's useful work (dfmp2.benchmarks.roofline) and the whole run's share: flops / (wall x
+best DGEMM). Then (unless ``--no-pyscf``) PySCF's DF-RHF + DF-MP2 on the same molecule in both BLAS
+settings (fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its own
+process), the ratio against the faster and |ΔE(MP2)|.
+
+    python scripts/bench_roofline.py                                   # (H2O)16 / cc-pVDZ, 2 threads
+    python scripts/bench_roofline.py inputs/water_clusters/h2o_04.xyz --repeats 1 --cpu-blas openblas
+
+Writes scripts/results/bench_roofline_<molecule>.json and .md (``--out`` elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from pyscf import lib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+from dfmp2.benchmarks import fair_baseline as fb
+from dfmp2.benchmarks import roofline
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model, now
+from dfmp2.io.result import software_versions
+from dfmp2.io.xyz import read_xyz
+from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS
+from dfmp2.pipeline import RunOptions, run_geometry
+
+
+def _display_path(p) -> str:
+    p = Path(p).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def run_ours(geom, options, warmup: int, repeats: int) -> tuple[list[dict], dict]:
+    """``warmup`` untimed runs, then ``repeats`` timed ones: ([{wall_s, timings, flops, e_mp2,
+    other_processes_cores}], the last result's JSON)."""
+    for _ in range(warmup):
+        run_geometry(geom, options)
+    runs = []
+    for rep in range(repeats):
+        m0 = OtherCPU.mark()
+        doc = json.loads(json.dumps(run_geometry(geom, options).to_dict()))
+        busy = OtherCPU.cores(m0, OtherCPU.mark())
+        runs.append(
+            {
+                "wall_s": doc["wall_s"],
+                "timings": doc["timings"],
+                "flops": doc["flops"],
+                "e_mp2": doc["energies"]["e_mp2"],
+                "scf_iterations": (doc["ran"].get("scf") or {}).get("iterations"),
+                "other_processes_cores": busy and busy["other_cores"],
+            }
+        )
+        print(f"repeat {rep + 1}: {doc['wall_s']:.2f} s, {sum(doc['flops'].values()) / 1e9:.2f} GFLOP", flush=True)
+    return runs, doc
+
+
+def median_stages(runs: list[dict]) -> dict:
+    """{stage: median seconds over the runs} (a stage missing from a run counts 0 there)."""
+    stages = dict.fromkeys(k for r in runs for k in r["timings"])
+    return {s: statistics.median(r["timings"].get(s, 0.0) for r in runs) for s in stages}
+
+
+def pyscf_side(args, e_mp2: float, wall_s: float) -> dict:
+    """PySCF's DF-SCF + DF-MP2 in both BLAS settings (fair_baseline), the ratio against the faster
+    and |ΔE(MP2)| of ours; {'skipped': why} with --no-pyscf."""
+    if args.no_pyscf:
+        return {"skipped": "--no-pyscf"}
+    base = fb.pyscf_baseline(
+        ["whole"],
+        args.xyz,
+        args.basis,
+        threads=args.threads,
+        timeout=args.baseline_timeout,
+        frozen_core=args.frozen_core,
+        peak_sizes=args.peak_sizes,
+    )
+    for s, r in base["runs"].items():
+        print(
+            f"PySCF ({s}): "
+            + (r["error"] if "error" in r else f"{r['tasks']['whole']['seconds']:.2f} s; {fb.blas_summary(r['blas'])}"),
+            flush=True,
+        )
+    if base["best"] is None:
+        sys.exit(
+            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
+        )
+    w = base["tasks"]["whole"]
+    return {
+        "baseline": base,
+        "seconds": w["seconds"],
+        "scf_s": w["scf_s"],
+        "mp2_s": w["mp2_s"],
+        "e_mp2": w["e_mp2"],
+        "setting": base["best"],
+        "pyscf_over_ours": w["seconds"] / wall_s,
+        "abs_delta_e_mp2": abs(e_mp2 - w["e_mp2"]),
+    }
+
+
+def markdown(report: dict) -> list[str]:
+    """The report as markdown lines: the header, the stage table, PySCF's rows, the fairness notes."""
+    m, peak, whole = report["machine"], report["gemm_peak"], report["whole"]
+    o = report["options"]
+    md = [
+        f"# The whole dfmp2 run against the roofline ({report['molecule']}, {report['basis']})",
+        "",
+        f"{report['date']}, {m['cpu']}, {m['threads']} threads, {m['platform']}; dfmp2 "
+        f"{report['versions']['dfmp2']}, PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}, "
+        f"numpy {report['versions']['numpy']}",
+        "",
+        f"Options: --cpu-blas {o['cpu_blas']}, --precision {o['precision'] or 'default'}"
+        f"{', --frozen-core' if o['frozen_core'] else ''}; {o['warmup']} warm-up run(s), {o['repeats']} timed "
+        f"(stage seconds and wall: medians); shapes {report['shapes']}; SCF iterations {report['scf_iterations']}.",
+        "",
+        f"Roofline: the best DGEMM measured in this process, **{peak['fp64']['gflops']:.1f} GFLOP/s** "
+        f"({peak['fp64']['library']}, n = {peak['fp64']['n']}); SGEMM {peak['fp32']['gflops']:.1f} GFLOP/s "
+        f"({peak['fp32']['library']}). Flops: executed through dfmp2.linalg (docs/cli-and-json.md); "
+        "model: the algorithm's useful work (dfmp2/benchmarks/roofline.py).",
+        "",
+        *roofline.markdown_table(report["stages"], whole),
+        "",
+        f"Whole run: {whole['flops'] / 1e9:.4g} GFLOP in {whole['wall_s']:.2f} s (min "
+        f"{report['wall_s']['min']:.2f}, max {report['wall_s']['max']:.2f}) = {whole['gflops_per_s']:.3g} GFLOP/s, "
+        f"**{whole['pct_of_dgemm_peak']:.1f} % of the DGEMM roofline**.",
+    ]
+    busy = [r["other_processes_cores"] for r in report["runs"] if r["other_processes_cores"] is not None]
+    md.append(f"Other processes' CPU cores during the timed runs (max): {max(busy):.2f}." if busy else "")
+    if o["precision"] == "fp32":
+        md.append("(fp32: the pair step runs SGEMMs, so its share of the DGEMM peak may exceed 100 %.)")
+    p = report["pyscf"]
+    if "skipped" in p:
+        return md + ["", f"PySCF baseline not run ({p['skipped']})."]
+    md += [
+        "",
+        "| run | s | SCF s | MP2 s | faster PySCF / this | E(MP2) / Eh | abs ΔE(MP2) vs PySCF / Eh |",
+        "|---|---|---|---|---|---|---|",
+        f"| PySCF DF-SCF + DF-MP2 ({p['setting']}) | {p['seconds']:.2f} | {p['scf_s']:.2f} | {p['mp2_s']:.2f} | "
+        f"1.00 | {p['e_mp2']:.10f} | — |",
+        f"| dfmp2 run (wall) | {whole['wall_s']:.2f} | | | {p['pyscf_over_ours']:.2f} | {report['e_mp2']:.10f} | "
+        f"{p['abs_delta_e_mp2']:.1e} |",
+        "",
+    ]
+    return md + fb.markdown_lines(p["baseline"], report["blas"]["ours"], peak)
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--threads", type=int, default=2, help="torch and PySCF threads")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of ours")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs of ours first")
+    ap.add_argument("--cpu-blas", default="auto", choices=CPU_BLAS_CHOICES, help="as dfmp2 run's --cpu-blas")
+    ap.add_argument("--precision", default=None, choices=PRECISIONS, help="as dfmp2 run's --precision")
+    ap.add_argument("--frozen-core", action="store_true")
+    ap.add_argument("--no-pyscf", action="store_true", help="skip PySCF's baseline")
+    ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
+    ap.add_argument(
+        "--peak-sizes",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=list(fb.CPU_PEAK_SIZES),
+        help="square GEMM sizes of the peak, comma list",
+    )
+    ap.add_argument("--out", default=None, help="output path without extension [scripts/results/bench_roofline_<xyz>]")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        ap.error("--repeats must be at least 1 and --warmup at least 0")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    lib.num_threads(args.threads)
+    geom = read_xyz(args.xyz)
+    options = RunOptions(
+        basis=args.basis, cpu_blas=args.cpu_blas, precision=args.precision, frozen_core=args.frozen_core
+    )
+    t0 = time.perf_counter()
+    peaks = fb.gemm_peaks(args.peak_sizes)  # this process's: the roofline
+    print(
+        f"DGEMM peak {peaks['fp64']['gflops']:.1f} GFLOP/s ({peaks['fp64']['library']}, n = {peaks['fp64']['n']}), "
+        f"{time.perf_counter() - t0:.1f} s to measure",
+        flush=True,
+    )
+    runs, doc = run_ours(geom, options, args.warmup, args.repeats)
+    wall = [r["wall_s"] for r in runs]
+    seconds, flops = median_stages(runs), runs[-1]["flops"]
+    peak = peaks["fp64"]["gflops"]
+    whole = roofline.whole_run(statistics.median(wall), flops, peak)
+    report = {
+        "what": "the whole dfmp2 run: flops per stage against the best DGEMM of this process",
+        "molecule": _display_path(args.xyz),
+        "basis": args.basis,
+        "auxbasis": doc["auxbasis"],
+        "jk_auxbasis": doc["jk_auxbasis"],
+        "shapes": doc["shapes"],
+        "scf_iterations": runs[-1]["scf_iterations"],
+        "date": now(),
+        "machine": {"cpu": cpu_model(), "threads": args.threads, "platform": platform.platform()},
+        "versions": software_versions(),
+        "options": {k: getattr(args, k) for k in ("cpu_blas", "precision", "frozen_core", "repeats", "warmup")},
+        "blas": {"ours": fb.blas_info()},
+        "gemm_peak": peaks,
+        "stages": roofline.stage_rows(seconds, flops, roofline.useful_flops(doc), peak),
+        "whole": whole,
+        "wall_s": {"median": whole["wall_s"], "min": min(wall), "max": max(wall), "n": len(wall)},
+        "flops_same_every_repeat": all(r["flops"] == flops for r in runs),
+        "runs": runs,
+        "e_mp2": runs[-1]["e_mp2"],
+        "ran": doc["ran"],
+    }
+    report["pyscf"] = pyscf_side(args, report["e_mp2"], whole["wall_s"])
+    out = Path(args.out) if args.out else ROOT / "scripts/results" / f"bench_roofline_{Path(args.xyz).stem}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    md = markdown(report)
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
