@@ -542,7 +542,9 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
         raise linalg.DeviceUnavailableError(
             f"device '{backend.name}' cannot run the DF-SCF: it lacks {', '.join(missing)}", alternatives=("cpu",)
         )
-    mixed = resolve_precision(backend.caps, job.options.scf_precision)[0] == "mixed"
+    auto = job.options.scf_precision == "auto"
+    speedup = backend.fp32_speedup() if auto else None
+    mixed = resolve_precision(backend.caps, job.options.scf_precision, fp32_speedup=speedup)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])

@@ -127,6 +127,11 @@ class Backend:
         before and after each stage."""
         return sum(self.flops.values())
 
+    def fp32_speedup(self) -> float | None:
+        """This machine's measured SGEMM/DGEMM ratio, or None where nothing measured it (then the
+        capabilities' ``fast_fp32`` says it): what decides a mixed-precision SCF (dfmp2.scf.precision)."""
+        return None
+
     def describe(self) -> dict:
         """What ran, for results and benchmark rows."""
         return {"device": self.name, "engine": self.engine, "kernels": dict(sorted(self.kernels_used.items()))}
@@ -158,6 +163,11 @@ class TorchBackend(Backend):
             torch.cuda.synchronize(self.device)
 
     # ---- ops (implementations in linalg.torch_ops; contracts in linalg.ops) ----
+    def fp32_speedup(self) -> float | None:
+        """The host CPU's: its BLAS probe's large SGEMM over large DGEMM, each of the library that runs
+        it (linalg.cpu_blas.CpuBlas.fp32_speedup); None on another device."""
+        return self.blas.fp32_speedup() if self.blas is not None else None
+
     def gemm(self, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
         if self.blas is not None and (out is None or beta == 0.0):
             ran = self.blas.matmul(a.mT if trans_a else a, b.mT if trans_b else b, "gemm", out)

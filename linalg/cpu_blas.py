@@ -447,6 +447,22 @@ class CpuBlas:
             return {"matmul": openblas_matmul, "kernel": kernel}
         return {"matmul": openblas_matmul, "serial": single_thread, "kernel": kernel}
 
+    def fp32_speedup(self) -> float | None:
+        """Large SGEMM GF/s over large DGEMM GF/s in this machine's probe table, each of the library
+        that runs it (the forced one, or the table's choice): what decides a mixed-precision SCF
+        (dfmp2.scf.precision.resolve_precision). A forced library reads the table too (probed once
+        per machine if no cache has it). None when the table has no such entries."""
+        table = self.table()[0] if self.mode == "auto" else auto_table()[0]
+        try:
+            rates = []
+            for dt in (torch.float32, torch.float64):
+                key = entry("gemm", dt, "large")
+                lib = self.mode if self.mode != "auto" else table["choice"][key]
+                rates.append(float(table["gflops"][key][lib]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return rates[0] / rates[1] if rates[1] > 0 else None
+
     def describe(self) -> dict:
         """What the choice is and where it came from: mode, source ('user' | 'cache' | 'probe'),
         choice {entry: library} and the probe's GF/s {entry: {library: GF/s}} (None when the user

@@ -61,12 +61,21 @@ UHF_PLANNED_REBUILD = 1e-3  # the DF-UHF's rebuild is planned: once, when the gr
 REBUILD_GRACE = 3  # cycles after a rebuild before a stall counts (DIIS starts again from one vector)
 
 
-def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str, str]:
+FP32_PAYS = 1.5  # 'auto' runs mixed where the measured SGEMM/DGEMM ratio is at least this: an fp32
+# cycle's J/K then costs about half an fp64 one ((H2O)16/cc-pVDZ: 7 fp32 cycles of 18 took the
+# DF-RHF from 22.6-23.6 s to 18.3-18.5 s at a ratio of 2; scripts/results/2026-11-27-issue37-*.md)
+
+
+def resolve_precision(
+    caps, requested: str, fp32_copy: bool = True, fp32_speedup: float | None = None
+) -> tuple[str, str]:
     """(mode, why) of the cycles' J/K on a device of capabilities ``caps`` for ``requested``
     (options.SCF_PRECISIONS): 'mixed' (fp32 J/K, then fp64), 'fp64', or 'fp32' (a device without
     fp64: J/K of ΔD in fp32, Fock summed in fp64, final energy with the fp64 factor on the host).
     'auto' is mixed where the device has fp64 and fast fp32 and memory allows the factor's fp32
-    copy (``fp32_copy``). InputError for fp64 or mixed on a device without fp64."""
+    copy (``fp32_copy``): fast when this machine's measured SGEMM/DGEMM ratio ``fp32_speedup``
+    (``Backend.fp32_speedup``: the CPU's BLAS probe) is at least FP32_PAYS, else, where nothing
+    was measured, by ``caps.fast_fp32``. InputError for fp64 or mixed on a device without fp64."""
     if requested not in SCF_PRECISIONS:
         raise InputError(
             f"unknown SCF precision '{requested}'; use one of {', '.join(SCF_PRECISIONS)}", option="scf_precision"
@@ -81,8 +90,20 @@ def resolve_precision(caps, requested: str, fp32_copy: bool = True) -> tuple[str
         return "fp32", "the device has no fp64: J/K of the density change in fp32, the Fock matrix summed in fp64"
     if requested == "fp64":
         return "fp64", "asked for"
-    if requested == "auto" and not caps.fast_fp32:
+    if requested == "auto" and fp32_speedup is not None and fp32_speedup < FP32_PAYS:
+        return (
+            "fp64",
+            f"auto: this machine's SGEMM is {fp32_speedup:.2f}x its DGEMM (measured; mixed from {FP32_PAYS}x)",
+        )
+    if requested == "auto" and fp32_speedup is None and not caps.fast_fp32:
         return "fp64", "auto: the device's fp32 is not faster than its fp64"
     if not fp32_copy:
         return "fp64", f"{requested}: the fp32 copy of the JK factor does not fit the memory limit"
-    return "mixed", ("asked for" if requested == "mixed" else "auto: the device has fp64 and fast fp32")
+    if requested == "mixed":
+        return "mixed", "asked for"
+    if fp32_speedup is not None:
+        return (
+            "mixed",
+            f"auto: this machine's SGEMM is {fp32_speedup:.2f}x its DGEMM (measured; mixed from {FP32_PAYS}x)",
+        )
+    return "mixed", "auto: the device has fp64 and fast fp32"

@@ -79,7 +79,12 @@ class DFRHF:
         self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)  # fp64 where the device has it
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
-        self.requested, self.mode, self.why = precision, *resolve_precision(backend.caps, precision, fp32_copy)
+        self.requested, self.mode, self.why = (
+            precision,
+            *resolve_precision(
+                backend.caps, precision, fp32_copy, backend.fp32_speedup() if precision == "auto" else None
+            ),
+        )
         self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
         self.host_rebuild, self.host_builds = False, []  # G rebuilt in fp64 on the host: at these cycles
         self.built_on_host = False  # this cycle's G was such a rebuild

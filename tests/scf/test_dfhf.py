@@ -128,6 +128,14 @@ def test_scf_precision_choice_and_refusals():
     )
     mode, why = scf_precision.resolve_precision(cpu, "auto")
     assert mode == "fp64" and "not faster" in why
+    # on a CPU auto follows this machine's measured SGEMM/DGEMM ratio (the BLAS probe), not its name
+    pays = scf_precision.FP32_PAYS
+    mode, why = scf_precision.resolve_precision(cpu, "auto", fp32_speedup=pays + 0.1)
+    assert mode == "mixed" and "measured" in why and f"{pays + 0.1:.2f}x" in why
+    mode, why = scf_precision.resolve_precision(cpu, "auto", fp32_speedup=pays - 0.1)
+    assert mode == "fp64" and "measured" in why
+    assert scf_precision.resolve_precision(cpu, "auto", fp32_copy=False, fp32_speedup=2.0)[0] == "fp64"
+    assert scf_precision.resolve_precision(cpu, "fp64", fp32_speedup=2.0)[0] == "fp64"
     assert scf_precision.resolve_precision(cpu, "mixed")[0] == "mixed"
     assert scf_precision.resolve_precision(cpu, "fp64")[0] == "fp64"
     mode, why = scf_precision.resolve_precision(cuda, "auto", fp32_copy=False)
@@ -200,7 +208,10 @@ def test_pipeline_records_the_scf_precision(tmp_path):
     the CPU is fp64 (measured); the same MP2 energies to 1e-9 Eh."""
     path = INPUTS / "water.xyz"
     auto = run(path, RunOptions())
-    assert auto.ran["scf"]["cycle_precision"]["mode"] == "fp64"
+    speedup = linalg.get_backend("cpu").fp32_speedup()  # this machine's measured ratio
+    expected = "mixed" if speedup is not None and speedup >= scf_precision.FP32_PAYS else "fp64"
+    assert auto.ran["scf"]["cycle_precision"]["mode"] == expected
+    assert "measured" in auto.ran["scf"]["cycle_precision"]["why"]
     auto, fp64 = run(path, RunOptions(scf_precision="mixed")), run(path, RunOptions(scf_precision="fp64"))
     a, f = auto.ran["scf"]["cycle_precision"], fp64.ran["scf"]["cycle_precision"]
     assert a["mode"] == "mixed" and a["requested"] == "mixed" and a["fp32_cycles"] > 0 and a["switch_cycle"]
