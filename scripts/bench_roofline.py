@@ -35,7 +35,7 @@ from dfmp2.benchmarks import roofline
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model, now
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
-from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS
+from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS, SCF_PRECISIONS
 from dfmp2.pipeline import RunOptions, run_geometry
 
 
@@ -122,7 +122,8 @@ def markdown(report: dict) -> list[str]:
         f"{report['versions']['dfmp2']}, PySCF {report['versions']['pyscf']}, torch {report['versions']['torch']}, "
         f"numpy {report['versions']['numpy']}",
         "",
-        f"Options: --cpu-blas {o['cpu_blas']}, --precision {o['precision'] or 'default'}"
+        f"Options: --cpu-blas {o['cpu_blas']}, --precision {o['precision'] or 'default'}, "
+        f"--scf-precision {o.get('scf_precision', 'auto')}"
         f"{', --frozen-core' if o['frozen_core'] else ''}; {o['warmup']} warm-up run(s), {o['repeats']} timed "
         f"(stage seconds and wall: medians); shapes {report['shapes']}; SCF iterations {report['scf_iterations']}.",
         "",
@@ -166,6 +167,7 @@ def parse(argv):
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs of ours first")
     ap.add_argument("--cpu-blas", default="auto", choices=CPU_BLAS_CHOICES, help="as dfmp2 run's --cpu-blas")
     ap.add_argument("--precision", default=None, choices=PRECISIONS, help="as dfmp2 run's --precision")
+    ap.add_argument("--scf-precision", default="auto", choices=SCF_PRECISIONS, help="as dfmp2 run's --scf-precision")
     ap.add_argument("--frozen-core", action="store_true")
     ap.add_argument("--no-pyscf", action="store_true", help="skip PySCF's baseline")
     ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
@@ -188,7 +190,11 @@ def main(argv=None):
     lib.num_threads(args.threads)
     geom = read_xyz(args.xyz)
     options = RunOptions(
-        basis=args.basis, cpu_blas=args.cpu_blas, precision=args.precision, frozen_core=args.frozen_core
+        basis=args.basis,
+        cpu_blas=args.cpu_blas,
+        precision=args.precision,
+        frozen_core=args.frozen_core,
+        scf_precision=args.scf_precision,
     )
     t0 = time.perf_counter()
     peaks = fb.gemm_peaks(args.peak_sizes)  # this process's: the roofline
@@ -213,7 +219,9 @@ def main(argv=None):
         "date": now(),
         "machine": {"cpu": cpu_model(), "threads": args.threads, "platform": platform.platform()},
         "versions": software_versions(),
-        "options": {k: getattr(args, k) for k in ("cpu_blas", "precision", "frozen_core", "repeats", "warmup")},
+        "options": {
+            k: getattr(args, k) for k in ("cpu_blas", "precision", "scf_precision", "frozen_core", "repeats", "warmup")
+        },
         "blas": {"ours": fb.blas_info()},
         "gemm_peak": peaks,
         "stages": roofline.stage_rows(seconds, flops, roofline.useful_flops(doc), peak),
