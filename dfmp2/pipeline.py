@@ -461,6 +461,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
             limit_mb=e.limit_mb,
         ) from None
     scf_plan = _plan_scf(job, plan) if ours else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False, "layout": "packed"}
+    scf_plan.setdefault("fp32_speedup", None)
     if on_plan is not None:
         on_plan(plan)
     say(
@@ -542,14 +543,25 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
         raise linalg.DeviceUnavailableError(
             f"device '{backend.name}' cannot run the DF-SCF: it lacks {', '.join(missing)}", alternatives=("cpu",)
         )
-    auto = job.options.scf_precision == "auto"
-    speedup = backend.fp32_speedup() if auto else None
+    speedup = _fp32_speedup(job) if job.options.scf_precision == "auto" else None
     mixed = resolve_precision(backend.caps, job.options.scf_precision, fp32_speedup=speedup)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
-    return {"block_mb": need["block_mb"], "fp32_copy": need["fp32_copy"] > 0, "layout": need["layout"]}
+    return {
+        "block_mb": need["block_mb"],
+        "fp32_copy": need["fp32_copy"] > 0,
+        "layout": need["layout"],
+        "fp32_speedup": speedup,
+    }
+
+
+def _fp32_speedup(job: Job) -> float | None:
+    """This machine's measured SGEMM/DGEMM ratio (Backend.fp32_speedup; None: not measured). Over
+    several ranks each reads it from the one BLAS table of the machine (no collective here: the
+    plan runs before the ranks agree on the input)."""
+    return job.backend.fp32_speedup()
 
 
 def _scf_memory(
@@ -640,6 +652,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             dm0=guess,
             jk_auxbasis=job.jk_auxbasis,
             layout=scf_plan["layout"],
+            fp32_speedup=scf_plan["fp32_speedup"],
         )
     else:
         say(f"{kind} (PySCF) ...")

@@ -106,6 +106,7 @@ def run_scf(
     dm0=None,
     jk_auxbasis=None,
     layout: str = "packed",
+    fp32_speedup: float | None = None,
 ) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend``
     (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
@@ -125,7 +126,9 @@ def run_scf(
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
     (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
-    ``layout``: the JK factor's, 'packed' or 'unpacked' (the memory plan's, ``check_memory``)."""
+    ``layout``: the JK factor's, 'packed' or 'unpacked' (the memory plan's, ``check_memory``).
+    ``fp32_speedup``: the measured SGEMM/DGEMM ratio that decides 'auto' (the plan's, one for all
+    ranks; default: this backend's, ``Backend.fp32_speedup``)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
     return cls(
@@ -144,4 +147,5 @@ def run_scf(
         dm0=dm0,
         jk_auxbasis=jk_auxbasis,
         layout=layout,
+        fp32_speedup=fp32_speedup,
     ).run(max_cycle)

@@ -72,6 +72,7 @@ class DFRHF:
         dm0=None,
         jk_auxbasis=None,
         layout: str = "packed",
+        fp32_speedup: float | None = None,
     ):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.dm0_given = dm0  # a density to start from (``initial_density``), or None: 'minao'
@@ -82,7 +83,10 @@ class DFRHF:
         self.requested, self.mode, self.why = (
             precision,
             *resolve_precision(
-                backend.caps, precision, fp32_copy, backend.fp32_speedup() if precision == "auto" else None
+                backend.caps,
+                precision,
+                fp32_copy,
+                (fp32_speedup if fp32_speedup is not None else backend.fp32_speedup()) if precision == "auto" else None,
             ),
         )
         self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
