@@ -723,38 +723,53 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     """Σ_μνP g3_PμN d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
     Eh/bohr. ``g3_block(p0, p1)``: a tensor (n, p1 - p0, nao, nao) [P, μ, ν], symmetric in μν
     (any device: brought to the host); g2 (n, naux, naux) symmetric. libcint's int3c2e_ip1
-    (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks, each contracted in its own layout on the
-    host (torch), and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
+    (∇μ ν|P) and int3c2e_ip2 (μν|∇P), both for the pairs μ >= ν only (PySCF's s2ij, half of
+    int3c2e_ip1's full square), in aux-shell blocks contracted on the host (torch), and
+    int2c2e_ip1 (∇P|Q). The derivative on ν's centre comes from translational invariance,
+    (μ ∇ν|P) = -(∇μ ν|P) - (μν|∇P), so that with w W the pair's weight (w = 2 off the diagonal)
+        dE/dR_A = Σ_P Σ_μ>=ν w W_PμN [(δ_A,at(ν) - δ_A,at(μ)) (∇μ ν|P) + (δ_A,at(ν) - δ_A,at(P)) (μν|∇P)]
+    (the identity holds to rounding: the gradient moves by ~1e-15 relative)."""
     nao, naux, n = mol.nao_nr(), auxmol.nao_nr(), g2.shape[0]
     rows, cols = np.tril_indices(nao)  # PySCF's s2ij order: μ >= ν, row by row
     tril = torch.from_numpy(rows * nao + cols)
     weight = torch.from_numpy(np.where(rows == cols, 1.0, 2.0))
-    g_ao = torch.zeros((n, 3, nao), dtype=torch.float64)  # Σ_νP w (∇μ ν|P), per μ
-    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)  # Σ_μνP w (μν|∇P), per P
-    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
+    a1 = torch.zeros((n, 3, len(rows)), dtype=torch.float64)  # Σ_P w W (∇μ ν|P), per pair μ >= ν
+    a2 = torch.zeros((n, 3, len(rows)), dtype=torch.float64)  # Σ_P w W (μν|∇P), per pair
+    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)  # Σ_μ>=ν w W (μν|∇P), per P
+    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))  # ip1 and ip2 packed: 3 nao^2 together
     buf = _Buffers()  # the products' scratch, reused: a fresh temporary of this size is page faults
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl, nb = (0, mol.nbas, 0, mol.nbas, s0, s1), p1 - p0
         W = g3_block(p0, p1).to("cpu", torch.float64)  # (n, nb, nao, nao)
-        ip1 = torch.from_numpy(
-            df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl).transpose(0, 3, 2, 1)
-        )  # [x, P, ν, μ]
-        for k in range(n):
-            for x in range(3):
-                g_ao[k, x] += torch.mul(ip1[x], W[k], out=buf.get("ip1", (nb, nao, nao))).sum((0, 1))
-        del ip1
-        ip2 = torch.from_numpy(
-            df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
-        )  # [x, P, μ>=ν]
         Wp = torch.index_select(W.view(n, nb, nao * nao), 2, tril, out=buf.get("Wp", (n, nb, len(tril))))
         Wp.mul_(weight)
-        for k in range(n):
-            g_aux[k, :, p0:p1] = torch.mul(ip2, Wp[k], out=buf.get("ip2", ip2.shape)).sum(2)
-        del ip2, W
-    g = np.zeros((n, mol.natm, 3))
+        del W
+        for name, acc in (("int3c2e_ip1", a1), ("int3c2e_ip2", a2)):
+            ip = torch.from_numpy(
+                df_incore.aux_e2(mol, auxmol, name, aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
+            )  # [x, P, μ>=ν]
+            prod = buf.get("prod", ip.shape[1:])
+            for k in range(n):
+                for x in range(3):
+                    torch.mul(ip[x], Wp[k], out=prod)
+                    acc[k, x] += prod.sum(0)
+                    if acc is a2:
+                        g_aux[k, x, p0:p1] = prod.sum(1)
+            del ip
+    return _assign_to_atoms(mol, auxmol, rows, cols, a1, a2, g_aux, g2)
+
+
+def _assign_to_atoms(mol, auxmol, rows, cols, a1, a2, g_aux, g2) -> np.ndarray:
+    """``df_deriv``'s per-pair and per-P sums (a1, a2 (n, 3, npair); g_aux (n, 3, naux)) and the
+    metric's weights g2 (n, naux, naux) to (n, natm, 3) Eh/bohr: a1 to at(ν) minus at(μ), a2 to
+    at(ν), -g_aux and -2 Σ_Q g2_PQ (∇P|Q) to at(P)."""
+    at_mu, at_nu = _atom_of(mol)[rows], _atom_of(mol)[cols]
     ip = auxmol.intor("int2c2e_ip1")  # (3, naux, naux)
-    for k in range(n):
-        np.add.at(g[k], _atom_of(mol), -2.0 * g_ao[k].numpy().T)
+    g = np.zeros((a1.shape[0], mol.natm, 3))
+    for k in range(a1.shape[0]):
+        s1, s2 = a1[k].numpy().T, a2[k].numpy().T
+        np.add.at(g[k], at_nu, s1 + s2)
+        np.add.at(g[k], at_mu, -s1)
         np.add.at(g[k], _atom_of(auxmol), -g_aux[k].numpy().T - 2.0 * np.einsum("xpq,pq->px", ip, g2[k], optimize=True))
     return g
 
