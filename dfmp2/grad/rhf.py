@@ -343,13 +343,17 @@ def _dev(backend, x) -> torch.Tensor:
 
 
 def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
-    """(p0, p1, (μν|P) as [P, ν, μ] (p1 - p0, nao, nao)) over aux-shell blocks of about block_mb:
-    libcint's own (aux-major) layout, C-contiguous, symmetric in μν."""
+    """(p0, p1, (μν|P) as [P, μ, ν] (p1 - p0, nao, nao)) over aux-shell blocks of about block_mb,
+    C-contiguous, symmetric in μν: libcint's pairs μ >= ν (s2ij, half the integrals of the full
+    square) unpacked on the host (``integrals.unpack``, exact copies, into one reused buffer: the
+    block is valid until the next one is made)."""
     nao = mol.nao_nr()
     step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
+    buf = _Buffers()
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
-        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).T
+        packed = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij", shls_slice=sl).T)
+        yield p0, p1, integrals.unpack(packed, nao, out=buf.get("j3c", (p1 - p0, nao, nao)))
 
 
 def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend) -> np.ndarray:
