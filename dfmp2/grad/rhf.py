@@ -181,7 +181,7 @@ def mp2_gradient(
     P_ao = orb.C @ P @ orb.C.T
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
     W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
-    jk_hf, jk_p = jk_energy_deriv(jk, [C_o], [2.0], [[0.25 * D], [0.5 * P_ao]])  # E_G^x(D/2, D), E_G^x(P, D)
+    jk_hf, jk_p = jk_energy_deriv_rhf(jk, orb.C, len(orb.occ), P)  # E_G^x(D/2, D), E_G^x(P, D)
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     gbuf = _Buffers(device=corr.T_v.device)
@@ -497,8 +497,10 @@ def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tenso
 # ---------------------------------------------------------------------------- response (Z-vector)
 def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
     """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
-    coefficients with the relaxation and the HF part, zvector info)."""
+    coefficients with the relaxation and the HF part, zvector info). Every J/K here is in the MO
+    basis of the JK factor (``_DFJK.build_mo``, kept for ``jk_energy_deriv_rhf``)."""
     eps, occ, vir, act, frz = orb.eps, orb.occ, orb.vir, orb.act, orb.frz
+    jk.build_mo(orb.C[:, occ], orb.C[:, vir])
     P = np.zeros((orb.nmo, orb.nmo))
     P[np.ix_(act, act)] = corr.P_oo
     P[np.ix_(vir, vir)] = corr.P_vv
@@ -509,30 +511,35 @@ def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
         pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
         P[np.ix_(frz, act)] = pfa
         P[np.ix_(act, frz)] = pfa.T
-    _add_density_terms(Y, P, orb, jk)
+    _add_density_terms(Y, P, orb, jk.G_mo(P))
     R = Y[np.ix_(vir, occ)] - Y[np.ix_(occ, vir)].T
-    z, info = _solve_zvector(R, orb, jk)
+    z, hz, info = _solve_zvector(R, orb, jk)
     Pov = np.zeros_like(P)
     Pov[np.ix_(vir, occ)] = -0.5 * z
     Pov[np.ix_(occ, vir)] = -0.5 * z.T
-    _add_density_terms(Y, Pov, orb, jk)
+    # C_v^T G[Pov] C_o = -hess(z)/4 (the CG's own product); the occupied rows in the MO basis
+    _add_density_terms(Y, Pov, orb, np.vstack([jk.G_mo(Pov, vir_rows=False), -0.25 * hz]))
+    jk.mo = jk.mo[:2] + (None,)  # B_vv (naux nvir^2) is not needed after the response
     Y[occ, occ] += 4.0 * eps[occ]
     return P + Pov, Y, info
 
 
-def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> None:
-    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q."""
-    C = orb.C
-    Y[:, orb.occ] += 4.0 * (C.T @ jk.G_occ(C @ P @ C.T, C[:, orb.occ]))
+def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, G: np.ndarray) -> None:
+    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q, with
+    G = C^T G[P] C_o (nmo, nocc) given."""
+    Y[:, orb.occ] += 4.0 * G
     Y += 2.0 * orb.eps[:, None] * P
 
 
-def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, dict]:
-    """z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R by conjugate
-    gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian: positive definite
-    for a stable RHF). GradientError when it does not converge in ZVECTOR_MAX_ITER."""
+def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, np.ndarray, dict]:
+    """(z, hess(z), info): z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R
+    by conjugate gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian:
+    positive definite for a stable RHF), and the two-electron product hess(z) of the solution from
+    the CG's own recurrence (A z = R - r, the residual it carries: no further product; it differs
+    from a fresh product by rounding, ~1e-15 relative). GradientError when it does not converge in
+    ZVECTOR_MAX_ITER."""
     diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
-    hess = jk.mo_hessian(orb.C[:, orb.occ], orb.C[:, orb.vir])
+    hess = jk.mo_hessian()
 
     def op(z):
         return diag * z + hess(z)
@@ -540,7 +547,7 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
     rnorm0 = float(np.linalg.norm(R))
     z = R / diag
     if rnorm0 == 0.0:
-        return z, {"iterations": 0, "residual": 0.0}
+        return z, np.zeros_like(R), {"iterations": 0, "residual": 0.0}
     r = R - op(z)
     s = r / diag
     p = s.copy()
@@ -552,7 +559,7 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
         r -= alpha * Ap
         res = float(np.linalg.norm(r)) / rnorm0
         if res < ZVECTOR_TOL:
-            return z, {"iterations": it, "residual": res}
+            return z, (R - r) - diag * z, {"iterations": it, "residual": res}
         s = r / diag
         rs_new = float(np.sum(r * s))
         p = s + (rs_new / rs) * p
@@ -571,6 +578,7 @@ class _DFJK:
 
     def __init__(self, mol, auxmol, backend, timer):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
+        self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
         self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
         if self.fac.metric != "cholesky":
             raise GradientError(
@@ -586,54 +594,90 @@ class _DFJK:
             p1 = min(fac.naux, p0 + fac.block)
             yield p0, p1, fac.unpack(fac.B[p0:p1])
 
-    def G_occ(self, D: np.ndarray, C_o: np.ndarray) -> np.ndarray:
-        """G[D] C_o (nao, nocc) for a symmetric D (nao, nao): J[D] C_o - 1/2 Σ_P B^P D B^P C_o
-        (three GEMMs per aux block; no eigen-decomposition of D)."""
-        be, nao = self.backend, self.fac.nao
-        Dd, Cd = _dev(be, 0.5 * (D + D.T)), _dev(be, C_o)
-        out = linalg.gemm(self.fac.coulomb(Dd), Cd, backend=be)
-        for p0, p1, Bb in self._blocks():
-            X = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)  # B^P C_o
-            Y = linalg.gemm(Dd, X, backend=be)  # D B^P C_o
-            linalg.gemm(
-                Bb.view(-1, nao), Y.view(-1, Cd.shape[1]), trans_a=True, alpha=-0.5, beta=1.0, out=out, backend=be
-            )
-        return out.cpu().numpy()
+    def build_mo(self, C_o: np.ndarray, C_v: np.ndarray) -> None:
+        """Keep the factor in the MO basis (``mo_factor``) for ``G_mo``, ``mo_hessian`` and
+        ``jk_energy_deriv_rhf``."""
+        self.mo = self.mo_factor(C_o, C_v)
+
+    def G_mo(self, P: np.ndarray, vir_rows: bool = True) -> np.ndarray:
+        """C^T G[C P C^T] C_o (nmo, nocc), occupied rows first (vir_rows False: those rows only,
+        (nocc, nocc)), for a symmetric MO density P (nmo, nmo), from the MO factor (``build_mo``;
+        no AO work): ρ_P = Σ_pq B^P_pq P_pq, J_rk = Σ_P ρ_P B^P_rk, F^P = P B^P_{:,o} and K_rk =
+        Σ_P (B^P F^P)_rk, each sum over P one GEMM on a [P, ·, ·] layout (B_oo, B_vv symmetric in
+        their MO indices). The vv block of P costs about 2 naux nvir^2 nocc flops, the virtual rows
+        as much again; the rest is o^2 v naux."""
+        be = self.backend
+        B_ov, B_oo, B_vv = self.mo
+        naux, nocc, nvir = B_ov.shape
+        Pd = _dev(be, 0.5 * (P + P.T))
+        Poo, Pov, Pvv = Pd[:nocc, :nocc], Pd[:nocc, nocc:], Pd[nocc:, nocc:]
+        has_vv = bool(torch.count_nonzero(Pvv))
+        oo, ov = B_oo.view(-1, nocc), B_ov.view(-1, nvir)  # [(P, ·), ·]
+        rho = linalg.gemm(B_oo.view(naux, -1), Poo.reshape(-1, 1), backend=be)
+        linalg.gemm(B_ov.view(naux, -1), Pov.reshape(-1, 1), alpha=2.0, beta=1.0, out=rho, backend=be)
+        if has_vv:  # Σ_ab B_vv[a, P, b] P_ab, batched over a
+            rho += linalg.gemm(B_vv, Pvv[:, :, None], backend=be).sum(0)
+        F_o = linalg.gemm(oo, Poo, backend=be)  # [P, k, p] = Σ_q B_kq P_qp, p occupied
+        linalg.gemm(ov, Pov, trans_b=True, beta=1.0, out=F_o, backend=be)
+        F_v = linalg.gemm(oo, Pov, backend=be)  # [P, k, a], a virtual
+        if has_vv:
+            linalg.gemm(ov, Pvv, beta=1.0, out=F_v, backend=be)
+        F_o = F_o.view(naux, nocc, nocc).transpose(1, 2).contiguous()  # [P, p, k]
+        F_v = F_v.view(naux, nocc, nvir).transpose(1, 2).contiguous()  # [P, a, k]
+        G_o = linalg.gemm(B_oo.view(naux, -1), rho, trans_a=True, backend=be).view(nocc, nocc)
+        G_o -= 0.5 * linalg.gemm(oo, F_o.view(-1, nocc), trans_a=True, backend=be)
+        G_o -= 0.5 * linalg.gemm(B_ov, F_v, backend=be).sum(0)  # Σ_P B_ov^P F_v^P, batched over P
+        if not vir_rows:
+            return G_o.cpu().numpy()
+        G_v = linalg.gemm(B_ov.view(naux, -1), rho, trans_a=True, backend=be).view(nocc, nvir).T
+        G_v = G_v - 0.5 * linalg.gemm(ov, F_o.view(-1, nocc), trans_a=True, backend=be)
+        G_v -= 0.5 * linalg.gemm(B_vv.view(nvir, -1), F_v.view(-1, nocc), backend=be)  # [a, (P b)] [(P b), k]
+        return torch.cat([G_o, G_v]).cpu().numpy()
 
     def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
         """The factor in the MO basis on the device: B_ov [P, i, a] (naux, nocc, nvir), B_oo
-        [P, i, j], B_vv [P, a, b] (two GEMMs per aux block)."""
+        [P, i, j] (naux, nocc, nocc) and B_vv as [a, P, b] (nvir, naux, nvir): in that layout the
+        Hessian's (ab|ij) product is two plain GEMMs, the first over (a P) rows (``mo_hessian``).
+        Per aux block B^P C_o and B^P C_v (transposed to [P, ·, μ]), then C^T of those: plain 2-D
+        GEMMs, only the oo, ov and vv blocks."""
         be, nao, naux = self.backend, self.fac.nao, self.fac.naux
         nocc, nvir = C_o.shape[1], C_v.shape[1]
         Cd = _dev(be, np.hstack([C_o, C_v]))
         B_ov, B_oo, B_vv = (
-            torch.empty((naux, m, n), dtype=torch.float64, device=Cd.device)
-            for m, n in ((nocc, nvir), (nocc, nocc), (nvir, nvir))
+            torch.empty(shape, dtype=torch.float64, device=Cd.device)
+            for shape in ((naux, nocc, nvir), (naux, nocc, nocc), (nvir, naux, nvir))
         )
+        Co, Cv = Cd[:, :nocc], Cd[:, nocc:]
         for p0, p1, Bb in self._blocks():
-            half = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)  # B^P C
-            mo = linalg.gemm(Cd, half, trans_a=True, backend=be)  # C^T B^P C
-            B_ov[p0:p1], B_oo[p0:p1], B_vv[p0:p1] = mo[:, :nocc, nocc:], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
+            nb, B2 = p1 - p0, Bb.view(-1, nao)
+            ho = linalg.gemm(B2, Co, backend=be).view(nb, nao, nocc).transpose(1, 2).contiguous()  # [P, i, μ]
+            hv = linalg.gemm(B2, Cv, backend=be).view(nb, nao, nvir).transpose(1, 2).contiguous()  # [P, a, μ]
+            mo = linalg.gemm(ho.view(-1, nao), Cd, backend=be).view(nb, nocc, nocc + nvir)  # [P, i, r]
+            B_oo[p0:p1], B_ov[p0:p1] = mo[:, :, :nocc], mo[:, :, nocc:]
+            B_vv[:, p0:p1] = linalg.gemm(hv.view(-1, nao), Cv, backend=be).view(nb, nvir, nvir).transpose(0, 1)
         return B_ov, B_oo, B_vv
 
-    def mo_hessian(self, C_o: np.ndarray, C_v: np.ndarray):
+    def mo_hessian(self):
         """z (nvir, nocc) -> (C_v^T G[2(C_v z C_o^T + h.c.)] C_o) in the MO basis of the factor:
         4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
-        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; six GEMMs per call on the device, two
-        of them batched over P so that the large ones need no transposed copy; B_vv and B_oo used
-        through their symmetry in the two MO indices)."""
-        B_ov, B_oo, B_vv = self.mo_factor(C_o, C_v)
+        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian), from the factor ``build_mo`` kept:
+        (ab|ij) as X[(a P), j] = B_vv[(a P), b] z (one tall GEMM streaming B_vv, the largest
+        operand: o v^2 naux flops) then X[a, (P j)] B_oo[(P j), i]; (aj|ib) through U[P, j, i] =
+        Σ_b z_bj B_ib^P (batched over P) and B_ov[(P j), a]^T U; B_vv, B_oo symmetric in their MO
+        indices. The earlier order (z B_oo^P batched over P, then B_vv[(P b), a]^T W) streamed B_vv
+        through a transposed operand: (H2O)16 shapes, one thread, 2.4 s -> 1.8 s a product."""
+        B_ov, B_oo, B_vv = self.mo
         naux, nocc, nvir = B_ov.shape
         be = self.backend
-        ov, ov2, vv2 = B_ov.view(naux, -1), B_ov.view(naux * nocc, nvir), B_vv.view(naux * nvir, nvir)
+        ov, ov2, oo2, vv2 = B_ov.view(naux, -1), B_ov.view(-1, nvir), B_oo.view(-1, nocc), B_vv.view(-1, nvir)
 
         def hess(z):
             zd = _dev(be, z)
             v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)  # Σ_bj B_jb^P z_bj
             J = linalg.gemm(ov, v, trans_a=True, alpha=4.0, backend=be).view(nocc, nvir).T
-            W = linalg.gemm(zd, B_oo, backend=be)  # [P, b, i] = Σ_j z_bj B_ji^P (batched over P)
+            X = linalg.gemm(vv2, zd, backend=be)  # [(a, P), j] = Σ_b B_ab^P z_bj
             U = linalg.gemm(zd, B_ov, trans_a=True, trans_b=True, backend=be)  # [P, j, i] = Σ_b z_bj B_ib^P
-            out = J - linalg.gemm(vv2, W.view(naux * nvir, nocc), trans_a=True, backend=be)
+            out = J - linalg.gemm(X.view(nvir, -1), oo2, backend=be)
             out -= linalg.gemm(ov2, U.view(naux * nocc, nocc), trans_a=True, backend=be)
             return out.cpu().numpy()
 
@@ -674,14 +718,59 @@ def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
             m = linalg.gemm(c.view(naux, -1), y.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
             g += 0.25 * wi * (m + m.T)
         g2.append(g)
+    return _jk_deriv_3c(jk, Cd, w, D, D1t, d, Y1, g2)
 
+
+def jk_energy_deriv_rhf(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray) -> np.ndarray:
+    """``jk_energy_deriv(jk, [C_o], [2], [[D/4], [P_ao/2]])`` of an RHF (C (nao, nmo), the first
+    ``nocc`` columns occupied; P (nmo, nmo) the relaxed density in the MO basis): (2, natm, 3)
+    Eh/bohr, E_G^x(D/2, D) and E_G^x(P, D), from the factor in the MO basis the Z-vector kept
+    (``_DFJK.build_mo``: B_oo, B_ov) rather than from the AO factor. With ckm^P = C^T ck^P =
+    L^-T [B_oo; B_vo]^P (nmo, nocc), held transposed as [P, k, r] so that every product below is
+    a 2-D GEMM: for D1 = D/4 = C_o C_o^T/2, Y1 = C_o cko/2 and m = cko cko^T (cko = ckm's
+    occupied rows: naux nocc^2 per product rather than naux nao nocc); for P, Y1m = P ckm / 2
+    in the MO basis, m = 2 ckm Y1m^T and Y1 = C Y1m. The fitted densities d from the packed
+    factor (one GEMV per density)."""
+    be, nao, naux = jk.backend, jk.fac.nao, jk.fac.naux
+    B_ov, B_oo = jk.mo[:2]
+    L = _dev(be, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
+    Cd, Pm = _dev(be, C), _dev(be, 0.5 * (P + P.T))
+    Co = Cd[:, :nocc]
+    D = linalg.gemm(Co, Co, trans_b=True, alpha=2.0, backend=be)
+    P_ao = linalg.gemm(linalg.gemm(Cd, Pm, backend=be), Cd, trans_b=True, backend=be)
+    D1t = [0.5 * D, 0.5 * (P_ao + P_ao.T)]
+    pack = _PairPack.get(nao, D.device)
+    dens = torch.stack([pack.pack(x) for x in [D] + D1t])  # (3, npair), pair-weighted
+    d = linalg.trsm(L, linalg.gemm(jk.fac.B, dens, trans_b=True, backend=be), trans=True, backend=be).T
+    nmo = Cd.shape[1]
+    ckm = torch.cat([B_oo, B_ov], dim=2)  # [P, k, r] = (C_o^T B^P C)_kr, ckm^P transposed
+    ckm = linalg.trsm(L, ckm.view(naux, -1), trans=True, backend=be).contiguous().view(naux, nocc, nmo)
+    cko = ckm[:, :, :nocc].reshape(naux, -1)  # [P, (k l)], symmetric in k, l
+    Y1m = linalg.gemm(ckm.view(-1, nmo), Pm, alpha=0.5, backend=be)  # [P, k, r] = (P ckm^P / 2)_rk
+    Y1 = [  # [P, μ, k] of [P, k, μ]: C_o cko^P / 2 and C Y1m^P
+        linalg.gemm(cko.view(-1, nocc), Co, trans_b=True, alpha=0.5, backend=be),
+        linalg.gemm(Y1m.view(-1, nmo), Cd, trans_b=True, backend=be),
+    ]
+    Y1 = [[y.view(naux, nocc, nao).transpose(1, 2).contiguous()] for y in Y1]
+    ms = [linalg.gemm(cko, cko, trans_b=True, backend=be)]
+    m = linalg.gemm(ckm.view(naux, -1), Y1m.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
+    ms.append(0.5 * (m + m.T))
+    g2 = [-0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1])) + ms[n] for n in range(2)]
+    return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, Y1, g2)
+
+
+def _jk_deriv_3c(jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1: list, g2: list) -> np.ndarray:
+    """``jk_energy_deriv``'s contraction with the derivative integrals (``df_deriv``), from its
+    intermediates on the device: each spin's C_o (``Cd``) and weight, D, the D1t and Y1 of each
+    density, d (1 + n, naux) and the metric weights g2 (n of (naux, naux))."""
+    be, nao = jk.backend, jk.fac.nao
     buf = _Buffers(device=D.device)
     pack = _PairPack.get(nao, D.device)
     dens_p = [torch.stack([pack.pack(x), pack.pack(D)]) for x in D1t]  # (2, npair) each, pair-weighted
 
     def g3(p0, p1):  # -(M + M^T)/2 + D1t d0 + D d1, packed with the pair weights
         nb = p1 - p0
-        out, M = buf.get("out", (len(D1s), nb, pack.npair)), buf.get("M", (nb * nao, nao))
+        out, M = buf.get("out", (len(Y1), nb, pack.npair)), buf.get("M", (nb * nao, nao))
         for n, ys in enumerate(Y1):
             for k, (wi, c, y) in enumerate(zip(w, Cd, ys)):
                 linalg.gemm(
