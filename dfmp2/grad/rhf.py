@@ -373,20 +373,24 @@ def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend)
 
 def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarray, backend):
     """The 3-index density's orbital-response terms (a second pass over (μν|P)): with Γ~ [P, i, a]
-    (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia and T_o [P, ν, a] = 4 Σ_i C_νi Γ~_Pia,
-    X_o = Σ_Pν (μν|P) T_v (nao, nact) and X_v = Σ_Pν (μν|P) T_o (nao, nvir) (numpy); T_v (naux,
-    nao, nact) on the device, kept for the derivative weights (``gamma3_weights``)."""
+    (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia, X_o = Σ_Pν (μν|P) T_v (nao, nact) and
+    X_v = 4 Σ_Pi H_Pμi Γ~_Pia (nao, nvir) with H_Pμi = Σ_ν (μν|P) C_νi, the half transform (numpy);
+    T_v (naux, nao, nact) on the device, kept for the derivative weights (``gamma3_weights``).
+    Every product is a 2-D GEMM (about 2 nao naux nact (2 nao + nvir) + 2 nao naux nact nvir
+    flops); contracting (μν|P) with T_o = 4 C_o Γ~ instead costs 2 nao^2 naux nvir."""
     nao, nact, nvir = C_o.shape[0], C_o.shape[1], C_v.shape[1]
     g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
-    T_v = linalg.gemm(Cv, g, trans_b=True, alpha=4.0, backend=backend)  # (naux, nao, nact)
+    naux = g.shape[0]
+    T_v = linalg.gemm(g.view(-1, nvir), Cv, trans_b=True, alpha=4.0, backend=backend)  # [P, i, ν]
+    T_v = T_v.view(naux, nact, nao).transpose(1, 2).contiguous()  # [P, ν, i]
     X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
-    X_v = torch.zeros((nao, nvir), dtype=torch.float64, device=g.device)
+    X_vt = torch.zeros((nvir, nao), dtype=torch.float64, device=g.device)
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):  # X_μ· = Σ_Pν (μν|P) T_Pν·
         J = _dev(backend, j3c).view(-1, nao)  # [(P ν), μ]
-        T_o = linalg.gemm(Co, g[p0:p1], alpha=4.0, backend=backend)  # (nb, nao, nvir)
+        H = linalg.gemm(J, Co, backend=backend).view(p1 - p0, nao, nact).transpose(1, 2).contiguous()  # [P, i, μ]
         linalg.gemm(J, T_v[p0:p1].reshape(-1, nact), trans_a=True, beta=1.0, out=X_o, backend=backend)
-        linalg.gemm(J, T_o.view(-1, nvir), trans_a=True, beta=1.0, out=X_v, backend=backend)
-    return X_o.cpu().numpy(), X_v.cpu().numpy(), T_v
+        linalg.gemm(g[p0:p1].reshape(-1, nvir), H.view(-1, nao), trans_a=True, beta=1.0, out=X_vt, backend=backend)
+    return X_o.cpu().numpy(), 4.0 * X_vt.T.cpu().numpy(), T_v
 
 
 def _pair_densities(
