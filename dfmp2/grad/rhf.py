@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from pyscf import lib as pyscf_lib
 from pyscf.df import incore as df_incore
 from pyscf.grad import rhf as pyscf_grad_rhf
 from pyscf.scf import hf as pyscf_hf
@@ -184,7 +185,7 @@ def mp2_gradient(
     P_ao = orb.C @ P @ orb.C.T
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
     W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
-    jk_hf, jk_p = jk_energy_deriv(jk, [C_o], [2.0], [[0.25 * D], [0.5 * P_ao]])  # E_G^x(D/2, D), E_G^x(P, D)
+    jk_hf, jk_p = jk_energy_deriv_rhf(jk, orb.C, len(orb.occ), P)  # E_G^x(D/2, D), E_G^x(P, D)
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     gbuf = _Buffers(device=corr.T_v.device)
@@ -323,9 +324,10 @@ class _Corr:
 
 def gamma3_weights(C_act: list, T_v: list, p0: int, p1: int, backend, buf=None) -> torch.Tensor:
     """The weight of (μν|P)^x in the correlation part for P in [p0, p1): Σ_spins 4 Σ_ia C_μi C_νa
-    Γ~_iaP symmetrised in μν, from each spin's C_act (nao, nact) and T_v (naux, nao, nact):
-    (p1 - p0, nao, nao) [P, μ, ν] on the backend's device, in ``buf`` (a ``_Buffers``, reused by
-    the next block) when given."""
+    Γ~_iaP symmetrised in μν, from each spin's C_act (nao, nact) and T_v (naux, nao, nact), packed
+    as ``df_deriv`` takes it: (p1 - p0, nao(nao+1)/2) at μ >= ν with the pair's weight
+    (``_PairPack.sym``), on the backend's device, in ``buf`` (a ``_Buffers``, reused by the next
+    block) when given."""
     nb, nao = p1 - p0, T_v[0].shape[1]
     buf = buf or _Buffers(device=T_v[0].device)
     G = buf.get("G", (nb * nao, nao))  # [(P, ν), μ]
@@ -338,8 +340,8 @@ def gamma3_weights(C_act: list, T_v: list, p0: int, p1: int, backend, buf=None) 
             beta = 1.0
     if not beta:
         G.zero_()
-    G = G.view(nb, nao, nao)
-    return torch.add(G, G.transpose(1, 2), out=buf.get("W", (nb, nao, nao))).mul_(0.5)
+    pack = _PairPack.get(nao, G.device)
+    return pack.sym(G.view(nb, nao, nao), buf.get("W", (nb, pack.npair)), buf.get("W2", (nb, pack.npair)))
 
 
 def _dev(backend, x) -> torch.Tensor:
@@ -348,13 +350,17 @@ def _dev(backend, x) -> torch.Tensor:
 
 
 def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
-    """(p0, p1, (μν|P) as [P, ν, μ] (p1 - p0, nao, nao)) over aux-shell blocks of about block_mb:
-    libcint's own (aux-major) layout, C-contiguous, symmetric in μν."""
+    """(p0, p1, (μν|P) as [P, μ, ν] (p1 - p0, nao, nao)) over aux-shell blocks of about block_mb,
+    C-contiguous, symmetric in μν: libcint's pairs μ >= ν (s2ij, half the integrals of the full
+    square) unpacked on the host (``integrals.unpack``, exact copies, into one reused buffer: the
+    block is valid until the next one is made)."""
     nao = mol.nao_nr()
     step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
+    buf = _Buffers()
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
-        yield p0, p1, df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1", shls_slice=sl).T
+        packed = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij", shls_slice=sl).T)
+        yield p0, p1, integrals.unpack(packed, nao, out=buf.get("j3c", (p1 - p0, nao, nao)))
 
 
 def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend) -> np.ndarray:
@@ -372,20 +378,24 @@ def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend)
 
 def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarray, backend):
     """The 3-index density's orbital-response terms (a second pass over (μν|P)): with Γ~ [P, i, a]
-    (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia and T_o [P, ν, a] = 4 Σ_i C_νi Γ~_Pia,
-    X_o = Σ_Pν (μν|P) T_v (nao, nact) and X_v = Σ_Pν (μν|P) T_o (nao, nvir) (numpy); T_v (naux,
-    nao, nact) on the device, kept for the derivative weights (``gamma3_weights``)."""
+    (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia, X_o = Σ_Pν (μν|P) T_v (nao, nact) and
+    X_v = 4 Σ_Pi H_Pμi Γ~_Pia (nao, nvir) with H_Pμi = Σ_ν (μν|P) C_νi, the half transform (numpy);
+    T_v (naux, nao, nact) on the device, kept for the derivative weights (``gamma3_weights``).
+    Every product is a 2-D GEMM (about 2 nao naux nact (2 nao + nvir) + 2 nao naux nact nvir
+    flops); contracting (μν|P) with T_o = 4 C_o Γ~ instead costs 2 nao^2 naux nvir."""
     nao, nact, nvir = C_o.shape[0], C_o.shape[1], C_v.shape[1]
     g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
-    T_v = linalg.gemm(Cv, g, trans_b=True, alpha=4.0, backend=backend)  # (naux, nao, nact)
+    naux = g.shape[0]
+    T_v = linalg.gemm(g.view(-1, nvir), Cv, trans_b=True, alpha=4.0, backend=backend)  # [P, i, ν]
+    T_v = T_v.view(naux, nact, nao).transpose(1, 2).contiguous()  # [P, ν, i]
     X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
-    X_v = torch.zeros((nao, nvir), dtype=torch.float64, device=g.device)
+    X_vt = torch.zeros((nvir, nao), dtype=torch.float64, device=g.device)
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):  # X_μ· = Σ_Pν (μν|P) T_Pν·
         J = _dev(backend, j3c).view(-1, nao)  # [(P ν), μ]
-        T_o = linalg.gemm(Co, g[p0:p1], alpha=4.0, backend=backend)  # (nb, nao, nvir)
+        H = linalg.gemm(J, Co, backend=backend).view(p1 - p0, nao, nact).transpose(1, 2).contiguous()  # [P, i, μ]
         linalg.gemm(J, T_v[p0:p1].reshape(-1, nact), trans_a=True, beta=1.0, out=X_o, backend=backend)
-        linalg.gemm(J, T_o.view(-1, nvir), trans_a=True, beta=1.0, out=X_v, backend=backend)
-    return X_o.cpu().numpy(), X_v.cpu().numpy(), T_v
+        linalg.gemm(g[p0:p1].reshape(-1, nvir), H.view(-1, nao), trans_a=True, beta=1.0, out=X_vt, backend=backend)
+    return X_o.cpu().numpy(), 4.0 * X_vt.T.cpu().numpy(), T_v
 
 
 def _pair_densities(
@@ -496,8 +506,10 @@ def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tenso
 # ---------------------------------------------------------------------------- response (Z-vector)
 def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
     """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
-    coefficients with the relaxation and the HF part, zvector info)."""
+    coefficients with the relaxation and the HF part, zvector info). Every J/K here is in the MO
+    basis of the JK factor (``_DFJK.build_mo``, kept for ``jk_energy_deriv_rhf``)."""
     eps, occ, vir, act, frz = orb.eps, orb.occ, orb.vir, orb.act, orb.frz
+    jk.build_mo(orb.C[:, occ], orb.C[:, vir])
     P = np.zeros((orb.nmo, orb.nmo))
     P[np.ix_(act, act)] = corr.P_oo
     P[np.ix_(vir, vir)] = corr.P_vv
@@ -508,30 +520,35 @@ def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
         pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
         P[np.ix_(frz, act)] = pfa
         P[np.ix_(act, frz)] = pfa.T
-    _add_density_terms(Y, P, orb, jk)
+    _add_density_terms(Y, P, orb, jk.G_mo(P))
     R = Y[np.ix_(vir, occ)] - Y[np.ix_(occ, vir)].T
-    z, info = _solve_zvector(R, orb, jk)
+    z, hz, info = _solve_zvector(R, orb, jk)
     Pov = np.zeros_like(P)
     Pov[np.ix_(vir, occ)] = -0.5 * z
     Pov[np.ix_(occ, vir)] = -0.5 * z.T
-    _add_density_terms(Y, Pov, orb, jk)
+    # C_v^T G[Pov] C_o = -hess(z)/4 (the CG's own product); the occupied rows in the MO basis
+    _add_density_terms(Y, Pov, orb, np.vstack([jk.G_mo(Pov, vir_rows=False), -0.25 * hz]))
+    jk.mo = jk.mo[:2] + (None,)  # B_vv (naux nvir^2) is not needed after the response
     Y[occ, occ] += 4.0 * eps[occ]
     return P + Pov, Y, info
 
 
-def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> None:
-    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q."""
-    C = orb.C
-    Y[:, orb.occ] += 4.0 * (C.T @ jk.G_occ(C @ P @ C.T, C[:, orb.occ]))
+def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: _Orbitals, G: np.ndarray) -> None:
+    """Y += the orbital-change terms of a density P (MO): 4 (C^T G[P] C)_rk, 2 P_pq e_q, with
+    G = C^T G[P] C_o (nmo, nocc) given."""
+    Y[:, orb.occ] += 4.0 * G
     Y += 2.0 * orb.eps[:, None] * P
 
 
-def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, dict]:
-    """z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R by conjugate
-    gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian: positive definite
-    for a stable RHF). GradientError when it does not converge in ZVECTOR_MAX_ITER."""
+def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarray, np.ndarray, dict]:
+    """(z, hess(z), info): z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R
+    by conjugate gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian:
+    positive definite for a stable RHF), and the two-electron product hess(z) of the solution from
+    the CG's own recurrence (A z = R - r, the residual it carries: no further product; it differs
+    from a fresh product by rounding, ~1e-15 relative). GradientError when it does not converge in
+    ZVECTOR_MAX_ITER."""
     diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
-    hess = jk.mo_hessian(orb.C[:, orb.occ], orb.C[:, orb.vir])
+    hess = jk.mo_hessian()
 
     def op(z):
         return diag * z + hess(z)
@@ -539,7 +556,7 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
     rnorm0 = float(np.linalg.norm(R))
     z = R / diag
     if rnorm0 == 0.0:
-        return z, {"iterations": 0, "residual": 0.0}
+        return z, np.zeros_like(R), {"iterations": 0, "residual": 0.0}
     r = R - op(z)
     s = r / diag
     p = s.copy()
@@ -551,7 +568,7 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
         r -= alpha * Ap
         res = float(np.linalg.norm(r)) / rnorm0
         if res < ZVECTOR_TOL:
-            return z, {"iterations": it, "residual": res}
+            return z, (R - r) - diag * z, {"iterations": it, "residual": res}
         s = r / diag
         rs_new = float(np.sum(r * s))
         p = s + (rs_new / rs) * p
@@ -570,6 +587,7 @@ class _DFJK:
 
     def __init__(self, mol, auxmol, backend, timer):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
+        self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
         self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
         if self.fac.metric != "cholesky":
             raise GradientError(
@@ -585,54 +603,90 @@ class _DFJK:
             p1 = min(fac.naux, p0 + fac.block)
             yield p0, p1, fac.unpack(fac.B[p0:p1])
 
-    def G_occ(self, D: np.ndarray, C_o: np.ndarray) -> np.ndarray:
-        """G[D] C_o (nao, nocc) for a symmetric D (nao, nao): J[D] C_o - 1/2 Σ_P B^P D B^P C_o
-        (three GEMMs per aux block; no eigen-decomposition of D)."""
-        be, nao = self.backend, self.fac.nao
-        Dd, Cd = _dev(be, 0.5 * (D + D.T)), _dev(be, C_o)
-        out = linalg.gemm(self.fac.coulomb(Dd), Cd, backend=be)
-        for p0, p1, Bb in self._blocks():
-            X = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)  # B^P C_o
-            Y = linalg.gemm(Dd, X, backend=be)  # D B^P C_o
-            linalg.gemm(
-                Bb.view(-1, nao), Y.view(-1, Cd.shape[1]), trans_a=True, alpha=-0.5, beta=1.0, out=out, backend=be
-            )
-        return out.cpu().numpy()
+    def build_mo(self, C_o: np.ndarray, C_v: np.ndarray) -> None:
+        """Keep the factor in the MO basis (``mo_factor``) for ``G_mo``, ``mo_hessian`` and
+        ``jk_energy_deriv_rhf``."""
+        self.mo = self.mo_factor(C_o, C_v)
+
+    def G_mo(self, P: np.ndarray, vir_rows: bool = True) -> np.ndarray:
+        """C^T G[C P C^T] C_o (nmo, nocc), occupied rows first (vir_rows False: those rows only,
+        (nocc, nocc)), for a symmetric MO density P (nmo, nmo), from the MO factor (``build_mo``;
+        no AO work): ρ_P = Σ_pq B^P_pq P_pq, J_rk = Σ_P ρ_P B^P_rk, F^P = P B^P_{:,o} and K_rk =
+        Σ_P (B^P F^P)_rk, each sum over P one GEMM on a [P, ·, ·] layout (B_oo, B_vv symmetric in
+        their MO indices). The vv block of P costs about 2 naux nvir^2 nocc flops, the virtual rows
+        as much again; the rest is o^2 v naux."""
+        be = self.backend
+        B_ov, B_oo, B_vv = self.mo
+        naux, nocc, nvir = B_ov.shape
+        Pd = _dev(be, 0.5 * (P + P.T))
+        Poo, Pov, Pvv = Pd[:nocc, :nocc], Pd[:nocc, nocc:], Pd[nocc:, nocc:]
+        has_vv = bool(torch.count_nonzero(Pvv))
+        oo, ov = B_oo.view(-1, nocc), B_ov.view(-1, nvir)  # [(P, ·), ·]
+        rho = linalg.gemm(B_oo.view(naux, -1), Poo.reshape(-1, 1), backend=be)
+        linalg.gemm(B_ov.view(naux, -1), Pov.reshape(-1, 1), alpha=2.0, beta=1.0, out=rho, backend=be)
+        if has_vv:  # Σ_ab B_vv[a, P, b] P_ab, batched over a
+            rho += linalg.gemm(B_vv, Pvv[:, :, None], backend=be).sum(0)
+        F_o = linalg.gemm(oo, Poo, backend=be)  # [P, k, p] = Σ_q B_kq P_qp, p occupied
+        linalg.gemm(ov, Pov, trans_b=True, beta=1.0, out=F_o, backend=be)
+        F_v = linalg.gemm(oo, Pov, backend=be)  # [P, k, a], a virtual
+        if has_vv:
+            linalg.gemm(ov, Pvv, beta=1.0, out=F_v, backend=be)
+        F_o = F_o.view(naux, nocc, nocc).transpose(1, 2).contiguous()  # [P, p, k]
+        F_v = F_v.view(naux, nocc, nvir).transpose(1, 2).contiguous()  # [P, a, k]
+        G_o = linalg.gemm(B_oo.view(naux, -1), rho, trans_a=True, backend=be).view(nocc, nocc)
+        G_o -= 0.5 * linalg.gemm(oo, F_o.view(-1, nocc), trans_a=True, backend=be)
+        G_o -= 0.5 * linalg.gemm(B_ov, F_v, backend=be).sum(0)  # Σ_P B_ov^P F_v^P, batched over P
+        if not vir_rows:
+            return G_o.cpu().numpy()
+        G_v = linalg.gemm(B_ov.view(naux, -1), rho, trans_a=True, backend=be).view(nocc, nvir).T
+        G_v = G_v - 0.5 * linalg.gemm(ov, F_o.view(-1, nocc), trans_a=True, backend=be)
+        G_v -= 0.5 * linalg.gemm(B_vv.view(nvir, -1), F_v.view(-1, nocc), backend=be)  # [a, (P b)] [(P b), k]
+        return torch.cat([G_o, G_v]).cpu().numpy()
 
     def mo_factor(self, C_o: np.ndarray, C_v: np.ndarray):
         """The factor in the MO basis on the device: B_ov [P, i, a] (naux, nocc, nvir), B_oo
-        [P, i, j], B_vv [P, a, b] (two GEMMs per aux block)."""
+        [P, i, j] (naux, nocc, nocc) and B_vv as [a, P, b] (nvir, naux, nvir): in that layout the
+        Hessian's (ab|ij) product is two plain GEMMs, the first over (a P) rows (``mo_hessian``).
+        Per aux block B^P C_o and B^P C_v (transposed to [P, ·, μ]), then C^T of those: plain 2-D
+        GEMMs, only the oo, ov and vv blocks."""
         be, nao, naux = self.backend, self.fac.nao, self.fac.naux
         nocc, nvir = C_o.shape[1], C_v.shape[1]
         Cd = _dev(be, np.hstack([C_o, C_v]))
         B_ov, B_oo, B_vv = (
-            torch.empty((naux, m, n), dtype=torch.float64, device=Cd.device)
-            for m, n in ((nocc, nvir), (nocc, nocc), (nvir, nvir))
+            torch.empty(shape, dtype=torch.float64, device=Cd.device)
+            for shape in ((naux, nocc, nvir), (naux, nocc, nocc), (nvir, naux, nvir))
         )
+        Co, Cv = Cd[:, :nocc], Cd[:, nocc:]
         for p0, p1, Bb in self._blocks():
-            half = linalg.gemm(Bb.view(-1, nao), Cd, backend=be).view(p1 - p0, nao, -1)  # B^P C
-            mo = linalg.gemm(Cd, half, trans_a=True, backend=be)  # C^T B^P C
-            B_ov[p0:p1], B_oo[p0:p1], B_vv[p0:p1] = mo[:, :nocc, nocc:], mo[:, :nocc, :nocc], mo[:, nocc:, nocc:]
+            nb, B2 = p1 - p0, Bb.view(-1, nao)
+            ho = linalg.gemm(B2, Co, backend=be).view(nb, nao, nocc).transpose(1, 2).contiguous()  # [P, i, μ]
+            hv = linalg.gemm(B2, Cv, backend=be).view(nb, nao, nvir).transpose(1, 2).contiguous()  # [P, a, μ]
+            mo = linalg.gemm(ho.view(-1, nao), Cd, backend=be).view(nb, nocc, nocc + nvir)  # [P, i, r]
+            B_oo[p0:p1], B_ov[p0:p1] = mo[:, :, :nocc], mo[:, :, nocc:]
+            B_vv[:, p0:p1] = linalg.gemm(hv.view(-1, nao), Cv, backend=be).view(nb, nvir, nvir).transpose(0, 1)
         return B_ov, B_oo, B_vv
 
-    def mo_hessian(self, C_o: np.ndarray, C_v: np.ndarray):
+    def mo_hessian(self):
         """z (nvir, nocc) -> (C_v^T G[2(C_v z C_o^T + h.c.)] C_o) in the MO basis of the factor:
         4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
-        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian; six GEMMs per call on the device, two
-        of them batched over P so that the large ones need no transposed copy; B_vv and B_oo used
-        through their symmetry in the two MO indices)."""
-        B_ov, B_oo, B_vv = self.mo_factor(C_o, C_v)
+        4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian), from the factor ``build_mo`` kept:
+        (ab|ij) as X[(a P), j] = B_vv[(a P), b] z (one tall GEMM streaming B_vv, the largest
+        operand: o v^2 naux flops) then X[a, (P j)] B_oo[(P j), i]; (aj|ib) through U[P, j, i] =
+        Σ_b z_bj B_ib^P (batched over P) and B_ov[(P j), a]^T U; B_vv, B_oo symmetric in their MO
+        indices. The earlier order (z B_oo^P batched over P, then B_vv[(P b), a]^T W) streamed B_vv
+        through a transposed operand: (H2O)16 shapes, one thread, 2.4 s -> 1.8 s a product."""
+        B_ov, B_oo, B_vv = self.mo
         naux, nocc, nvir = B_ov.shape
         be = self.backend
-        ov, ov2, vv2 = B_ov.view(naux, -1), B_ov.view(naux * nocc, nvir), B_vv.view(naux * nvir, nvir)
+        ov, ov2, oo2, vv2 = B_ov.view(naux, -1), B_ov.view(-1, nvir), B_oo.view(-1, nocc), B_vv.view(-1, nvir)
 
         def hess(z):
             zd = _dev(be, z)
             v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)  # Σ_bj B_jb^P z_bj
             J = linalg.gemm(ov, v, trans_a=True, alpha=4.0, backend=be).view(nocc, nvir).T
-            W = linalg.gemm(zd, B_oo, backend=be)  # [P, b, i] = Σ_j z_bj B_ji^P (batched over P)
+            X = linalg.gemm(vv2, zd, backend=be)  # [(a, P), j] = Σ_b B_ab^P z_bj
             U = linalg.gemm(zd, B_ov, trans_a=True, trans_b=True, backend=be)  # [P, j, i] = Σ_b z_bj B_ib^P
-            out = J - linalg.gemm(vv2, W.view(naux * nvir, nocc), trans_a=True, backend=be)
+            out = J - linalg.gemm(X.view(nvir, -1), oo2, backend=be)
             out -= linalg.gemm(ov2, U.view(naux * nocc, nocc), trans_a=True, backend=be)
             return out.cpu().numpy()
 
@@ -673,12 +727,59 @@ def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
             m = linalg.gemm(c.view(naux, -1), y.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
             g += 0.25 * wi * (m + m.T)
         g2.append(g)
+    return _jk_deriv_3c(jk, Cd, w, D, D1t, d, Y1, g2)
 
+
+def jk_energy_deriv_rhf(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray) -> np.ndarray:
+    """``jk_energy_deriv(jk, [C_o], [2], [[D/4], [P_ao/2]])`` of an RHF (C (nao, nmo), the first
+    ``nocc`` columns occupied; P (nmo, nmo) the relaxed density in the MO basis): (2, natm, 3)
+    Eh/bohr, E_G^x(D/2, D) and E_G^x(P, D), from the factor in the MO basis the Z-vector kept
+    (``_DFJK.build_mo``: B_oo, B_ov) rather than from the AO factor. With ckm^P = C^T ck^P =
+    L^-T [B_oo; B_vo]^P (nmo, nocc), held transposed as [P, k, r] so that every product below is
+    a 2-D GEMM: for D1 = D/4 = C_o C_o^T/2, Y1 = C_o cko/2 and m = cko cko^T (cko = ckm's
+    occupied rows: naux nocc^2 per product rather than naux nao nocc); for P, Y1m = P ckm / 2
+    in the MO basis, m = 2 ckm Y1m^T and Y1 = C Y1m. The fitted densities d from the packed
+    factor (one GEMV per density)."""
+    be, nao, naux = jk.backend, jk.fac.nao, jk.fac.naux
+    B_ov, B_oo = jk.mo[:2]
+    L = _dev(be, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
+    Cd, Pm = _dev(be, C), _dev(be, 0.5 * (P + P.T))
+    Co = Cd[:, :nocc]
+    D = linalg.gemm(Co, Co, trans_b=True, alpha=2.0, backend=be)
+    P_ao = linalg.gemm(linalg.gemm(Cd, Pm, backend=be), Cd, trans_b=True, backend=be)
+    D1t = [0.5 * D, 0.5 * (P_ao + P_ao.T)]
+    pack = _PairPack.get(nao, D.device)
+    dens = torch.stack([pack.pack(x) for x in [D] + D1t])  # (3, npair), pair-weighted
+    d = linalg.trsm(L, linalg.gemm(jk.fac.B, dens, trans_b=True, backend=be), trans=True, backend=be).T
+    nmo = Cd.shape[1]
+    ckm = torch.cat([B_oo, B_ov], dim=2)  # [P, k, r] = (C_o^T B^P C)_kr, ckm^P transposed
+    ckm = linalg.trsm(L, ckm.view(naux, -1), trans=True, backend=be).contiguous().view(naux, nocc, nmo)
+    cko = ckm[:, :, :nocc].reshape(naux, -1)  # [P, (k l)], symmetric in k, l
+    Y1m = linalg.gemm(ckm.view(-1, nmo), Pm, alpha=0.5, backend=be)  # [P, k, r] = (P ckm^P / 2)_rk
+    Y1 = [  # [P, μ, k] of [P, k, μ]: C_o cko^P / 2 and C Y1m^P
+        linalg.gemm(cko.view(-1, nocc), Co, trans_b=True, alpha=0.5, backend=be),
+        linalg.gemm(Y1m.view(-1, nmo), Cd, trans_b=True, backend=be),
+    ]
+    Y1 = [[y.view(naux, nocc, nao).transpose(1, 2).contiguous()] for y in Y1]
+    ms = [linalg.gemm(cko, cko, trans_b=True, backend=be)]
+    m = linalg.gemm(ckm.view(naux, -1), Y1m.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
+    ms.append(0.5 * (m + m.T))
+    g2 = [-0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1])) + ms[n] for n in range(2)]
+    return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, Y1, g2)
+
+
+def _jk_deriv_3c(jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1: list, g2: list) -> np.ndarray:
+    """``jk_energy_deriv``'s contraction with the derivative integrals (``df_deriv``), from its
+    intermediates on the device: each spin's C_o (``Cd``) and weight, D, the D1t and Y1 of each
+    density, d (1 + n, naux) and the metric weights g2 (n of (naux, naux))."""
+    be, nao = jk.backend, jk.fac.nao
     buf = _Buffers(device=D.device)
+    pack = _PairPack.get(nao, D.device)
+    dens_p = [torch.stack([pack.pack(x), pack.pack(D)]) for x in D1t]  # (2, npair) each, pair-weighted
 
-    def g3(p0, p1):
+    def g3(p0, p1):  # -(M + M^T)/2 + D1t d0 + D d1, packed with the pair weights
         nb = p1 - p0
-        out, M = buf.get("out", (len(D1s), nb, nao, nao)), buf.get("M", (nb * nao, nao))
+        out, M = buf.get("out", (len(Y1), nb, pack.npair)), buf.get("M", (nb * nao, nao))
         for n, ys in enumerate(Y1):
             for k, (wi, c, y) in enumerate(zip(w, Cd, ys)):
                 linalg.gemm(
@@ -690,9 +791,9 @@ def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
                     out=M,
                     backend=be,
                 )
-            Mv = M.view(nb, nao, nao)
-            torch.add(Mv, Mv.transpose(1, 2), alpha=1.0, out=out[n]).mul_(-0.5)
-            out[n].addcmul_(D1t[n][None], d[0, p0:p1, None, None]).addcmul_(D[None], d[n + 1, p0:p1, None, None])
+            pack.sym(M.view(nb, nao, nao), out[n], buf.get("M2", (nb, pack.npair)))
+            coef = torch.stack([d[0, p0:p1], d[n + 1, p0:p1]], dim=1)  # (nb, 2)
+            linalg.gemm(coef, dens_p[n], beta=-1.0, out=out[n], backend=be)  # minus the exchange part
         return out
 
     return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy())
@@ -724,42 +825,97 @@ class _Buffers:
         return t[:n].view(*shape)
 
 
+class _PairPack:
+    """Symmetric [.., μ, ν] arrays in PySCF's s2ij pair order (μ >= ν, row by row) with each pair's
+    weight w (2 off the diagonal, 1 on it), so that Σ_μν W_μν X_μν = Σ_pairs (w W)_pair X_pair for a
+    symmetric X: ``sym`` of a (nb, nao, nao) block, ``pack`` of one (nao, nao) matrix. One per
+    (nao, device), kept (index tensors of nao^2/2 int64)."""
+
+    _cache: dict = {}
+
+    def __init__(self, nao: int, device):
+        rows, cols = np.tril_indices(nao)
+        dev = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
+        self.npair = len(rows)
+        self.lower, self.upper = dev(rows * nao + cols), dev(cols * nao + rows)
+        self.diag = dev(np.flatnonzero(rows == cols))
+        self.weight = dev(np.where(rows == cols, 1.0, 2.0))
+
+    @classmethod
+    def get(cls, nao: int, device) -> "_PairPack":
+        key = (nao, str(device))
+        if key not in cls._cache:
+            cls._cache.clear()
+            cls._cache[key] = cls(nao, device)
+        return cls._cache[key]
+
+    def sym(self, M: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+        """w (M + M^T)/2 at μ >= ν: M_μν + M_νμ off the diagonal, M_μμ on it, for a contiguous M
+        (nb, nao, nao), into ``out`` (nb, npair) (``scratch`` alike, for a device). In host memory
+        (fp64) PySCF's C hermi_sum (M overwritten by M + M^T, cache-blocked) and pack_tril: about
+        2.5 times faster there than torch's two gathers, whose second one strides by nao."""
+        if M.is_cpu and M.dtype == torch.float64 and M.is_contiguous():
+            pyscf_lib.hermi_sum(M.numpy(), axes=(0, 2, 1), inplace=True)
+            pyscf_lib.pack_tril(M.numpy(), out=out.numpy())
+        else:
+            flat = M.reshape(M.shape[0], -1)
+            torch.index_select(flat, 1, self.lower, out=out)
+            out.add_(torch.index_select(flat, 1, self.upper, out=scratch))
+        out[:, self.diag] *= 0.5
+        return out
+
+    def pack(self, D: torch.Tensor) -> torch.Tensor:
+        """w D at μ >= ν (npair,) for a symmetric D (nao, nao)."""
+        return D.reshape(-1)[self.lower] * self.weight
+
+
 def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
     """Σ_μνP g3_PμN d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
-    Eh/bohr. ``g3_block(p0, p1)``: a tensor (n, p1 - p0, nao, nao) [P, μ, ν], symmetric in μν
-    (any device: brought to the host); g2 (n, naux, naux) symmetric. libcint's int3c2e_ip1
-    (∇μ ν|P), int3c2e_ip2 (μν|∇P) in aux-shell blocks, each contracted in its own layout on the
-    host (torch), and int2c2e_ip1 (∇P|Q); d/dR_A = -(the electron gradient on A's functions)."""
+    Eh/bohr. ``g3_block(p0, p1)``: the weights g3 symmetric in μν, packed at μ >= ν with the
+    pair's weight w (2 off the diagonal: ``_PairPack``), a tensor (n, p1 - p0, nao(nao+1)/2) on any
+    device (brought to the host); g2 (n, naux, naux) symmetric. libcint's int3c2e_ip1
+    (∇μ ν|P) and int3c2e_ip2 (μν|∇P), both for the pairs μ >= ν only (PySCF's s2ij, half of
+    int3c2e_ip1's full square), in aux-shell blocks contracted on the host (torch), and
+    int2c2e_ip1 (∇P|Q). The derivative on ν's centre comes from translational invariance,
+    (μ ∇ν|P) = -(∇μ ν|P) - (μν|∇P), so that with w W the pair's weight (w = 2 off the diagonal)
+        dE/dR_A = Σ_P Σ_μ>=ν w W_PμN [(δ_A,at(ν) - δ_A,at(μ)) (∇μ ν|P) + (δ_A,at(ν) - δ_A,at(P)) (μν|∇P)]
+    (the identity holds to rounding: the gradient moves by ~1e-15 relative)."""
     nao, naux, n = mol.nao_nr(), auxmol.nao_nr(), g2.shape[0]
     rows, cols = np.tril_indices(nao)  # PySCF's s2ij order: μ >= ν, row by row
-    tril = torch.from_numpy(rows * nao + cols)
-    weight = torch.from_numpy(np.where(rows == cols, 1.0, 2.0))
-    g_ao = torch.zeros((n, 3, nao), dtype=torch.float64)  # Σ_νP w (∇μ ν|P), per μ
-    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)  # Σ_μνP w (μν|∇P), per P
-    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))
+    a1 = torch.zeros((n, 3, len(rows)), dtype=torch.float64)  # Σ_P w W (∇μ ν|P), per pair μ >= ν
+    a2 = torch.zeros((n, 3, len(rows)), dtype=torch.float64)  # Σ_P w W (μν|∇P), per pair
+    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)  # Σ_μ>=ν w W (μν|∇P), per P
+    step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))  # ip1 and ip2 packed: 3 nao^2 together
     buf = _Buffers()  # the products' scratch, reused: a fresh temporary of this size is page faults
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
-        sl, nb = (0, mol.nbas, 0, mol.nbas, s0, s1), p1 - p0
-        W = g3_block(p0, p1).to("cpu", torch.float64)  # (n, nb, nao, nao)
-        ip1 = torch.from_numpy(
-            df_incore.aux_e2(mol, auxmol, "int3c2e_ip1", aosym="s1", comp=3, shls_slice=sl).transpose(0, 3, 2, 1)
-        )  # [x, P, ν, μ]
-        for k in range(n):
-            for x in range(3):
-                g_ao[k, x] += torch.mul(ip1[x], W[k], out=buf.get("ip1", (nb, nao, nao))).sum((0, 1))
-        del ip1
-        ip2 = torch.from_numpy(
-            df_incore.aux_e2(mol, auxmol, "int3c2e_ip2", aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
-        )  # [x, P, μ>=ν]
-        Wp = torch.index_select(W.view(n, nb, nao * nao), 2, tril, out=buf.get("Wp", (n, nb, len(tril))))
-        Wp.mul_(weight)
-        for k in range(n):
-            g_aux[k, :, p0:p1] = torch.mul(ip2, Wp[k], out=buf.get("ip2", ip2.shape)).sum(2)
-        del ip2, W
-    g = np.zeros((n, mol.natm, 3))
+        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+        Wp = g3_block(p0, p1).to("cpu", torch.float64)  # (n, nb, npair), w W at μ >= ν
+        for name, acc in (("int3c2e_ip1", a1), ("int3c2e_ip2", a2)):
+            ip = torch.from_numpy(
+                df_incore.aux_e2(mol, auxmol, name, aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
+            )  # [x, P, μ>=ν]
+            prod = buf.get("prod", ip.shape[1:])
+            for k in range(n):
+                for x in range(3):
+                    torch.mul(ip[x], Wp[k], out=prod)
+                    acc[k, x] += prod.sum(0)
+                    if acc is a2:
+                        g_aux[k, x, p0:p1] = prod.sum(1)
+            del ip
+    return _assign_to_atoms(mol, auxmol, rows, cols, a1, a2, g_aux, g2)
+
+
+def _assign_to_atoms(mol, auxmol, rows, cols, a1, a2, g_aux, g2) -> np.ndarray:
+    """``df_deriv``'s per-pair and per-P sums (a1, a2 (n, 3, npair); g_aux (n, 3, naux)) and the
+    metric's weights g2 (n, naux, naux) to (n, natm, 3) Eh/bohr: a1 to at(ν) minus at(μ), a2 to
+    at(ν), -g_aux and -2 Σ_Q g2_PQ (∇P|Q) to at(P)."""
+    at_mu, at_nu = _atom_of(mol)[rows], _atom_of(mol)[cols]
     ip = auxmol.intor("int2c2e_ip1")  # (3, naux, naux)
-    for k in range(n):
-        np.add.at(g[k], _atom_of(mol), -2.0 * g_ao[k].numpy().T)
+    g = np.zeros((a1.shape[0], mol.natm, 3))
+    for k in range(a1.shape[0]):
+        s1, s2 = a1[k].numpy().T, a2[k].numpy().T
+        np.add.at(g[k], at_nu, s1 + s2)
+        np.add.at(g[k], at_mu, -s1)
         np.add.at(g[k], _atom_of(auxmol), -g_aux[k].numpy().T - 2.0 * np.einsum("xpq,pq->px", ip, g2[k], optimize=True))
     return g
 
