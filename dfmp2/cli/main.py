@@ -143,7 +143,13 @@ def _resume_hint(params) -> str:
     default=None,
     help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails); needs qcelemental",
 )
-@click.option("-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives)")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="print the memory plan (stages, blocks, where B lives) and, on the cpu, the BLAS choice with its "
+    "measurements (GF/s, spreads, load)",
+)
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors(interrupted=_resume_hint)
 def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
@@ -159,6 +165,7 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
 def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
     from dfmp2.errors import InputError
+    from dfmp2.io.result import cpu_blas_table
     from dfmp2.io.xyz import read_xyz
     from dfmp2.pipeline import run_geometry
     from dfmp2.workflows import cbs
@@ -231,6 +238,9 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
         write_text(qcschema_path, qc_text)
     with printing(written=(json_path, qcschema_path)):
         result.render(console, quiet=quiet)
+    blas = result.ran.get("cpu_blas")
+    if verbose and blas and cpu_blas_table(blas) is not None:  # the choice and its evidence
+        err.print(cpu_blas_table(blas))
     for path in (json_path, qcschema_path):
         if path and not quiet:
             err.print(f"[dim]wrote {escape(str(path))}[/dim]")
