@@ -78,6 +78,7 @@ LOADED_CORES = 0.25  # other processes' (and steal) cores taken from the probe's
 ENTRY_LOADED_CORES = 0.5  # ... or above this during one entry (a shorter window, coarser readings)
 BUDGET_S = 12.0  # after this many seconds of probing, entries stop at MIN_SAMPLES
 MAX_AGE_DAYS = 30  # a clean table older than this is measured again (libraries, firmware, neighbours)
+BUSY_CHECK_S = 0.3  # a run due to measure again first reads other processes' CPU this long (busy_now)
 LOCK_WAIT_S = 60.0  # a probe waits at most this long for another process's probe (_probe_lock)
 STATUSES = ("clean", "noisy", "loaded")
 CACHE_VERSION = 4  # 4: samples of SAMPLE_S, spreads, other processes' CPU and a status per table;
@@ -629,12 +630,15 @@ def _probe_lock(path: Path, wait_s: float = LOCK_WAIT_S):
 class Resolved(NamedTuple):
     """The table a CpuBlas uses and where it came from: ``source`` 'user' (forced, no table),
     'cache' or 'probe'; ``cache_error`` when the probe's table could not be written;
-    ``remeasured_because`` why this process probed (the cache's state, or a re-measure asked for)."""
+    ``remeasured_because`` why this process probed (the cache's state, or a re-measure asked for);
+    ``deferred`` why a cached table that is due to be measured again was used as it is (the
+    machine was busy when this process looked, ``busy_now``)."""
 
     table: dict | None
     source: str
     cache_error: str | None = None
     remeasured_because: str | None = None
+    deferred: str | None = None
 
 
 def _probe_and_write(path: Path, key: str, why: str) -> Resolved:
@@ -642,11 +646,22 @@ def _probe_and_write(path: Path, key: str, why: str) -> Resolved:
     return Resolved(table, "probe", _write_cache(path, key, table), why)
 
 
+def busy_now(threads: int, wait_s: float | None = None) -> float | None:
+    """Cores other processes would take from a probe of ``threads`` threads (``contention``), read
+    over ``wait_s`` (BUSY_CHECK_S) seconds of this process sleeping; None without /proc/stat."""
+    a = cpu_mark()
+    time.sleep(BUSY_CHECK_S if wait_s is None else wait_s)
+    return contention(other_cores(a, cpu_mark()), threads)
+
+
 def auto_table() -> Resolved:
     """This machine's table: this process's memo, else the cache file when its table is clean and
     current (``stale``), else a new probe (under ``_probe_lock``, after reading the cache again:
-    another process may just have measured), written to the cache whatever its status (a loaded
-    or noisy one is marked, used for this run and measured again by the next)."""
+    another process may just have measured), written to the cache whatever its status: a loaded
+    or noisy one is marked, used for this run and measured again by a later run. Not by one that
+    finds the machine busy (``busy_now`` over LOADED_CORES) and a table for this key in the cache:
+    that run uses the cached table as it is and says why (``deferred``); measuring again under load
+    would cost seconds and give another loaded table."""
     key = cache_key(torch.get_num_threads())
     with _LOCK:
         if key in _TABLES:
@@ -657,8 +672,15 @@ def auto_table() -> Resolved:
         if why is None:
             _TABLES[key] = Resolved(table, "cache")
             return _TABLES[key]
+        if table is not None:
+            busy = busy_now(torch.get_num_threads())
+            if busy is not None and busy > LOADED_CORES:
+                _TABLES[key] = Resolved(
+                    table, "cache", deferred=f"{why}; not measured again now: other processes take {busy:.2f} cores"
+                )
+                return _TABLES[key]
         with _probe_lock(path):
-            again, why_again = _read_cache(path, key)
+            again, _ = _read_cache(path, key)
             if again is not None and stale(again) is None:
                 _TABLES[key] = Resolved(again, "cache")
             else:
@@ -772,12 +794,13 @@ class CpuBlas:
 
     def describe(self) -> dict:
         """What the choice is and why: mode, source ('user' | 'cache' | 'probe'), remeasured_because
-        (why this process probed), choice {entry: library}, the probe's GF/s {entry: {library: GF/s}},
-        status ('clean' | 'noisy' | 'loaded', None when the user chose) and its why, probe seconds,
-        date and version, probe (per entry: shapes, seconds, spreads, samples, other processes'
-        cores; the load over the whole probe; the method), warning (a table not to be trusted, used
-        for this run), the cache file and any problem writing it, and both libraries (torch's BLAS
-        and version; OpenBLAS's version, core type and threads)."""
+        (why this process probed), deferred (why a table due to be measured again was not), choice
+        {entry: library}, the probe's GF/s {entry: {library: GF/s}}, status ('clean' | 'noisy' |
+        'loaded', None when the user chose) and its why, probe seconds, date and version, probe
+        (per entry: shapes, seconds, spreads, samples, other processes' cores; the load over the
+        whole probe; the method), warning (a table not to be trusted, used for this run), the cache
+        file and any problem writing it, and both libraries (torch's BLAS and version; OpenBLAS's
+        version, core type and threads)."""
         r = self.table()
         t = r.table
         ob = numpy_blas_info()
@@ -787,6 +810,7 @@ class CpuBlas:
             "mode": self.mode,
             "source": r.source,
             "remeasured_because": r.remeasured_because,
+            "deferred": r.deferred,
             "choice": dict(t["choice"]) if t else None,
             "probe_gflops": dict(t["gflops"]) if t else None,
             "status": t["status"] if t else None,
@@ -810,7 +834,9 @@ class CpuBlas:
         if r.table["status"] != "clean":
             return (
                 f"the cpu BLAS choice of this run was measured on a {r.table['status']} machine "
-                f"({r.table['why']}); it is used for this run only and measured again by the next "
+                f"({r.table['why']})"
+                + (f", {r.table['date'][:10]}, and not again now (other processes busy)" if r.deferred else "")
+                + "; it is not cached as trusted: the next run on a quiet machine measures again "
                 "(dfmp2 bench --blas re-measures; --cpu-blas torch or openblas forces one)"
             )
         if r.cache_error:

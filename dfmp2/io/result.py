@@ -259,6 +259,8 @@ def cpu_blas_summary(blas: dict) -> str:
     ob = sorted(e for e, lib in blas["choice"].items() if lib == "openblas")
     which = f"openblas for {', '.join(ob)}; torch for the rest" if ob else "torch for every op"
     where = "measured by this run" if blas["source"] == "probe" else "from the cache"
+    if blas.get("deferred"):
+        where += ", not measured again: the machine was busy"
     return f"auto, {where} ({blas['status']}, {blas['probe_date'][:10]}): {which}"
 
 
@@ -299,7 +301,7 @@ def cpu_blas_table(blas: dict):
     where = (
         f"measured by this run ({blas['remeasured_because']})"
         if blas["source"] == "probe"
-        else f"from the cache {blas['cache']}"
+        else f"from the cache {blas['cache']}" + (f" ({blas['deferred']})" if blas.get("deferred") else "")
     )
     other = load.get("other_cores")
     t.caption = escape(

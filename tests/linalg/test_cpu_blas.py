@@ -54,6 +54,7 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_blas, "MIN_SAMPLES", 2)
     monkeypatch.setattr(cpu_blas, "MAX_SAMPLES", 3)
     monkeypatch.setattr(cpu_blas, "AFTER_ELEMS", 1 << 10)
+    monkeypatch.setattr(cpu_blas, "BUSY_CHECK_S", 0.05)
 
 
 @pytest.fixture
@@ -140,9 +141,10 @@ def test_the_probe_records_how_it_measured_and_a_clean_table_is_reused(quiet_mac
     assert again["source"] == "cache" and again["choice"] == first["choice"] and again["remeasured_because"] is None
 
 
-def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_machine):
-    """Load simulated (other processes read as 1.5 cores): the table is used for this run, with a
-    warning in the result, and written marked 'loaded'; the next process measures again."""
+def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_machine, monkeypatch):
+    """Load simulated (other processes read as taking every core): the table is used for this run,
+    with a warning in the result, and written marked 'loaded'. The next process, still on a busy
+    machine, uses it as it is and says why; the next on a quiet machine measures again."""
     res = run(WATER, RunOptions())
     blas = res.ran["cpu_blas"]
     assert blas["source"] == "probe" and blas["status"] == "loaded" and "of the probe's cores" in blas["status_why"]
@@ -150,8 +152,17 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
     (table,) = json.loads(Path(blas["cache"]).read_text())["entries"].values()
     assert table["status"] == "loaded" and table["load"]["contention"] >= 1.0
     cpu_blas._TABLES.clear()
+    real_probe = cpu_blas.probe
+    monkeypatch.setattr(cpu_blas, "probe", lambda *a, **k: pytest.fail("measured again on a busy machine"))
+    busy = _resolve()
+    assert busy["source"] == "cache" and busy["status"] == "loaded" and busy["warning"]
+    assert busy["deferred"].startswith("the cached table is loaded") and "not measured again now" in busy["deferred"]
+    cpu_blas._TABLES.clear()
+    monkeypatch.setattr(cpu_blas, "probe", real_probe)
+    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: 0.0)  # a quiet machine
     again = _resolve()
     assert again["source"] == "probe" and again["remeasured_because"].startswith("the cached table is loaded")
+    assert again["status"] in ("clean", "noisy") and again["deferred"] is None
 
 
 def test_busy_processes_mark_the_table_loaded():
