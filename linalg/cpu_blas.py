@@ -263,11 +263,12 @@ def cache_key(threads: int) -> str:
 
 # ---- the load on the machine -----------------------------------------------------------------
 def cpu_mark() -> dict | None:
-    """A reading for ``other_cores``: the busy time of all CPUs (/proc/stat: user, nice, system,
-    irq, softirq), their steal time and this process's own CPU time (os.times), in seconds, with
-    the wall clock; None where /proc/stat does not exist. The rule of dfmp2.benchmarks.timing's
-    OtherCPU (which linalg cannot import): the load average cannot tell the probe's own threads
-    from other processes'."""
+    """A reading for ``other_cores`` and ``contention``: the busy time of all CPUs (/proc/stat:
+    user, nice, system, irq, softirq), their steal time, this process's own CPU time (os.times),
+    each of its threads' run-queue wait (``_task_waits``), in seconds, with the wall clock; None
+    where /proc/stat does not exist. The /proc/stat rule is dfmp2.benchmarks.timing's OtherCPU
+    (which linalg cannot import): the load average cannot tell the probe's own threads from other
+    processes'."""
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:9]]
@@ -281,25 +282,59 @@ def cpu_mark() -> dict | None:
         "busy": (user + nice + system + irq + softirq) / hz,
         "steal": steal / hz,
         "own": t.user + t.system + t.children_user + t.children_system,
+        "waits": _task_waits(),
     }
 
 
+def _task_waits() -> dict | None:
+    """{thread id: seconds it spent runnable but waiting for a CPU} of this process's threads
+    (/proc/self/task/*/schedstat, second field, ns); None where the kernel does not keep it."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return out or None
+
+
 def other_cores(a: dict | None, b: dict | None) -> float | None:
-    """Cores taken from this process between readings ``a`` and ``b`` (b later): other processes'
-    CPU time plus a VM's steal time, per second of wall time; None without two readings."""
+    """Cores other processes used between readings ``a`` and ``b`` (b later): their CPU time plus
+    a VM's steal time, per second of wall time; None without two readings."""
     if a is None or b is None or b["wall"] <= a["wall"]:
         return None
     taken = (b["busy"] - a["busy"]) - (b["own"] - a["own"]) + (b["steal"] - a["steal"])
     return round(max(taken, 0.0) / (b["wall"] - a["wall"]), 3)
 
 
-def contention(other: float | None, threads: int) -> float | None:
-    """Of ``other`` cores taken by other processes while the probe ran ``threads`` threads, those
-    beyond the cores the probe left idle (os.cpu_count() - threads): the ones its threads had to
-    share. The one-thread 'pair' entries leave a core of a 2-core machine to the others."""
+def beyond_idle(other: float | None, threads: int) -> float | None:
+    """Of ``other`` cores used by other processes, those beyond the cores a probe of ``threads``
+    threads leaves idle (os.cpu_count() - threads): the one-thread 'pair' entries leave a core of
+    a 2-core machine to the others."""
     if other is None:
         return None
     return round(max(0.0, other - ((os.cpu_count() or 1) - threads)), 3)
+
+
+def contention(a: dict | None, b: dict | None, threads: int) -> float | None:
+    """Cores other processes took from a probe of ``threads`` threads between readings ``a`` and
+    ``b``: the smaller of (1) its threads' run-queue wait plus steal, per second (a thread that
+    waited for a CPU was slowed; but OpenBLAS's threads spinning after a call make torch's wait
+    too, with nobody else on the machine) and (2) other processes' cores beyond the idle ones
+    (``beyond_idle``; but idle-priority jobs that only fill the probe's pauses count there too).
+    Real load shows in both. Only (2) where the kernel keeps no run-queue wait; None without
+    /proc/stat."""
+    other = beyond_idle(other_cores(a, b), threads)
+    if other is None or a["waits"] is None or b["waits"] is None:
+        return other
+    waited = sum(w - a["waits"].get(tid, 0.0) for tid, w in b["waits"].items())
+    waited = (max(waited, 0.0) + b["steal"] - a["steal"]) / (b["wall"] - a["wall"])
+    return round(min(other, waited), 3)
 
 
 def _loadavg() -> list | None:
@@ -484,7 +519,7 @@ def probe(
                         rec = _measure(built, sample_s, min_samples, max_samples, t0 + budget_s)
                         m1 = cpu_mark()
                         rec["other_cores"] = other_cores(m0, m1)
-                        rec["contention"] = contention(rec["other_cores"], threads)
+                        rec["contention"] = contention(m0, m1, threads)
                         rec["wall_s"] = round(m1["wall"] - m0["wall"], 3) if m0 and m1 else None
                     finally:
                         torch.set_num_threads(nthreads)
@@ -505,7 +540,15 @@ def probe(
         "load": {
             "other_cores": other,
             "contention": shared,
-            "method": "/proc/stat minus this process" if start else "none (no /proc/stat): the spread alone",
+            "method": (
+                (
+                    "/proc/stat minus this process, and its threads' run-queue wait"
+                    if start["waits"]
+                    else "/proc/stat minus this process"
+                )
+                if start
+                else "none (no /proc/stat): the spread alone"
+            ),
             "loadavg_before": load_before,
             "loadavg_after": _loadavg(),
         },
@@ -520,7 +563,8 @@ def probe(
             "spread_ok": SPREAD_OK,
             "margin": MARGIN,
             "loaded_cores": LOADED_CORES,
-            "load_rule": "other processes' cores beyond those the probe left idle (contention)",
+            "load_rule": "contention: min(run-queue wait of the probe's threads + steal, other processes' cores "
+            "beyond those the probe left idle)",
             "entry_loaded_cores": ENTRY_LOADED_CORES,
         },
         "probe_version": CACHE_VERSION,
@@ -647,11 +691,11 @@ def _probe_and_write(path: Path, key: str, why: str) -> Resolved:
 
 
 def busy_now(threads: int, wait_s: float | None = None) -> float | None:
-    """Cores other processes would take from a probe of ``threads`` threads (``contention``), read
+    """Cores other processes would take from a probe of ``threads`` threads (``beyond_idle``), read
     over ``wait_s`` (BUSY_CHECK_S) seconds of this process sleeping; None without /proc/stat."""
     a = cpu_mark()
     time.sleep(BUSY_CHECK_S if wait_s is None else wait_s)
-    return contention(other_cores(a, cpu_mark()), threads)
+    return beyond_idle(other_cores(a, cpu_mark()), threads)
 
 
 def auto_table() -> Resolved:

@@ -60,14 +60,21 @@ def _own_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def quiet_machine(monkeypatch):
     """Other processes' CPU read as none: the probe's table is judged by its spreads alone."""
-    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: 0.0)
+    _load(monkeypatch, 0.0)
     monkeypatch.setattr(cpu_blas, "SPREAD_OK", float("inf"))  # 1 ms samples on a busy machine: not judged here
 
 
 @pytest.fixture
 def loaded_machine(monkeypatch):
     """Other processes read as taking every core during every probe (the loaded case, simulated)."""
-    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: float(os.cpu_count()))
+    _load(monkeypatch, 1.0)
+
+
+def _load(monkeypatch, fraction: float) -> None:
+    """The load measurement replaced: other processes use ``fraction`` of every core and take it
+    from the probe's threads."""
+    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: fraction * os.cpu_count())
+    monkeypatch.setattr(cpu_blas, "contention", lambda a, b, threads: fraction * threads)
 
 
 def _resolve():
@@ -118,6 +125,7 @@ def test_the_probe_records_how_it_measured_and_a_clean_table_is_reused(quiet_mac
     processes' cores, and for the table the load, the method, the probe's version and date; the
     next process (memo cleared) reads it without probing. Real PROBE_SHAPES: their operands work."""
     monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", PROBE_SHAPES)
+    monkeypatch.setattr(cpu_blas, "MAX_SAMPLES", 2)
     first = _resolve()
     assert first["source"] == "probe" and first["status"] == "clean" and first["cache_error"] is None
     data = json.loads(Path(first["cache"]).read_text())
@@ -125,13 +133,14 @@ def test_the_probe_records_how_it_measured_and_a_clean_table_is_reused(quiet_mac
     (table,) = data["entries"].values()
     assert table["probe_version"] == cpu_blas.CACHE_VERSION and table["status"] == "clean"
     assert table["method"]["sample_s"] == cpu_blas.SAMPLE_S and table["method"]["margin"] == cpu_blas.MARGIN
-    assert table["method"]["min_samples"] == 2 and table["method"]["spread_ok"] == cpu_blas.SPREAD_OK
+    assert table["method"]["min_samples"] == table["method"]["max_samples"] == 2
+    assert table["method"]["spread_ok"] == cpu_blas.SPREAD_OK
     assert table["load"]["other_cores"] == 0.0 and table["load"]["method"].startswith("/proc/stat")
     datetime.datetime.fromisoformat(table["date"])
     for e, r in table["measured"].items():
         op, _, cls = e.split("/")
         assert r["shapes"] == [list(c) for c in PROBE_SHAPES[op][cls]]
-        assert 2 <= r["samples"] <= 3 and all(c >= 1 for c in r["calls"]) and r["other_cores"] == 0.0
+        assert r["samples"] == 2 and all(c >= 1 for c in r["calls"]) and r["other_cores"] == 0.0
         assert r["contention"] == 0.0 and r["wall_s"] > 0 and len(r["case_seconds"]) == len(r["shapes"])
         assert set(r["spread"]) == set(r["gflops"]) == {"torch", "openblas"} and min(r["gflops"].values()) > 0
         assert r["threads"] == (1 if op == "pair" else torch.get_num_threads())
@@ -159,7 +168,7 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
     assert busy["deferred"].startswith("the cached table is loaded") and "not measured again now" in busy["deferred"]
     cpu_blas._TABLES.clear()
     monkeypatch.setattr(cpu_blas, "probe", real_probe)
-    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: 0.0)  # a quiet machine
+    _load(monkeypatch, 0.0)  # a quiet machine
     again = _resolve()
     assert again["source"] == "probe" and again["remeasured_because"].startswith("the cached table is loaded")
     assert again["status"] in ("clean", "noisy") and again["deferred"] is None
