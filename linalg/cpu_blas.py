@@ -490,7 +490,9 @@ def probe(
 ) -> dict:
     """Measure every (op, dtype, class) of PROBE_SHAPES with both libraries ('pair' on one thread,
     the others on torch's thread count; ``_measure``), other processes' CPU use during each entry
-    and the whole probe (``other_cores``), and judge the table (``judge``). Smaller ``sample_s`` /
+    and the whole probe (``other_cores``, ``contention``), and judge the table (``judge``). Once an
+    entry was loaded the rest take MIN_SAMPLES only (method.min_samples_after: the table will be
+    used for this run alone, and a probe under load is slow). Smaller ``sample_s`` /
     ``max_samples`` make a cheaper, noisier probe (tests). Returns the table the cache keeps:
     choice {entry: library}, gflops, measured {entry: {shapes, threads, seconds, gflops, spread,
     case_seconds, samples, calls, other_cores, contention, wall_s}}, load {other_cores, contention,
@@ -505,7 +507,7 @@ def probe(
     budget_s = BUDGET_S if budget_s is None else budget_s
     nthreads = torch.get_num_threads()
     load_before, start = _loadavg(), cpu_mark()
-    measured = {}
+    measured, hurried = {}, None
     try:
         for op in OPS:
             for dtype in DTYPE_NAMES:
@@ -516,7 +518,8 @@ def probe(
                     try:
                         m0 = cpu_mark()
                         built = [_probe_calls(op, case, dtype) for case in cases]
-                        rec = _measure(built, sample_s, min_samples, max_samples, t0 + budget_s)
+                        most = min_samples if hurried else max_samples
+                        rec = _measure(built, sample_s, min_samples, most, t0 + budget_s)
                         m1 = cpu_mark()
                         rec["other_cores"] = other_cores(m0, m1)
                         rec["contention"] = contention(m0, m1, threads)
@@ -525,6 +528,8 @@ def probe(
                         torch.set_num_threads(nthreads)
                         _THREADS.sync(nthreads)
                     measured[entry(op, dtype, cls)] = {"shapes": [list(c) for c in cases], "threads": threads, **rec}
+                    if hurried is None and (rec["contention"] or 0.0) > ENTRY_LOADED_CORES:
+                        hurried = entry(op, dtype, cls)  # a loaded table: used once, so no more samples than needed
     finally:
         _THREADS.sync(nthreads)
     other = other_cores(start, cpu_mark())
@@ -566,6 +571,7 @@ def probe(
             "load_rule": "contention: min(run-queue wait of the probe's threads + steal, other processes' cores "
             "beyond those the probe left idle)",
             "entry_loaded_cores": ENTRY_LOADED_CORES,
+            "min_samples_after": hurried,
         },
         "probe_version": CACHE_VERSION,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -160,6 +160,9 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
     assert blas["warning"] and [w for w in res.warnings if "cpu BLAS" in w] == [blas["warning"]]
     (table,) = json.loads(Path(blas["cache"]).read_text())["entries"].values()
     assert table["status"] == "loaded" and table["load"]["contention"] >= 1.0
+    first = cpu_blas.entry("gemm", torch.float64, "small")  # loaded from the first: the rest at MIN_SAMPLES
+    assert table["method"]["min_samples_after"] == first
+    assert all(r["samples"] == cpu_blas.MIN_SAMPLES for e, r in table["measured"].items() if e != first)
     cpu_blas._TABLES.clear()
     real_probe = cpu_blas.probe
     monkeypatch.setattr(cpu_blas, "probe", lambda *a, **k: pytest.fail("measured again on a busy machine"))
