@@ -417,7 +417,8 @@ def spread(samples: list) -> float:
 
 def _measure(cases: list, sample_s: float, min_samples: int, max_samples: int, deadline: float) -> dict:
     """One table entry from its cases [(flops, {library: call})]: per case one warm-up call per
-    library and a timed one that sets the calls per sample (a sample lasts at least ``sample_s``);
+    library, then ``_calibrate`` of each, which sets the calls per sample from the faster library
+    (a sample lasts at least ``sample_s``);
     then rounds of one sample per case and library, the libraries' order alternating, until every
     (case, library) has a spread (``spread``) of at most SPREAD_OK after ``min_samples`` rounds,
     or ``max_samples`` rounds, or (after ``min_samples``) ``deadline`` (perf_counter) passed.
