@@ -10,8 +10,8 @@ for every op (the user's choice, recorded as such).
 
 The probe must not be fooled (issue 37): single calls of a few ms varied so much that quiet
 probes disagreed, and a probe taken while other processes ran was cached for good. So each
-class is timed on the run's own layouts in samples of at least SAMPLE_S, the libraries
-interleaved, until the samples agree (``spread``) or a cap; other processes' CPU time during it
+class is timed on the run's own layouts in samples of at least SAMPLE_S, the libraries in
+alternating passes, until the samples agree (``spread``) or a cap; other processes' CPU time during it
 is read from /proc/stat (``other_cores``, ``contention``); a loaded or noisy table (``judge``) is
 used for its run only and measured again by the next, as is a clean one older than MAX_AGE_DAYS
 or of another CACHE_VERSION (``stale``). A close call, or one within the noise, goes to torch
@@ -70,17 +70,20 @@ AFTER_ELEMS = 1 << 19  # each probe call is followed by a threaded torch op on 4
 SAMPLE_S = 0.02  # a timed sample lasts at least this long (calls of a small shape batched): single
 # calls of a few ms, as the probe of CACHE_VERSION 3 timed, varied so much between quiet probes
 # that the choice of several classes flipped
-MIN_SAMPLES = 3  # samples per library and case before the spread is judged ...
-MAX_SAMPLES = 6  # ... and at most this many (a noisy machine: the entry is marked, judge)
+MIN_SAMPLES = 3  # samples per library and case in the first passes, before the spread is judged ...
+MAX_SAMPLES = 6  # ... and at most this many (one more per further pass; a noisy machine: judge)
 SPREAD_OK = 0.05  # 2nd-best / best sample - 1 (spread) at most this: the best time is confirmed
 LOADED_CORES = 0.25  # other processes' (and steal) cores taken from the probe's threads (contention)
 # over the whole probe above this: loaded
 ENTRY_LOADED_CORES = 0.5  # ... or above this during one entry (a shorter window, coarser readings)
-BUDGET_S = 12.0  # after this many seconds of probing, entries stop at MIN_SAMPLES
+BUDGET_S = 12.0  # no further pass starts after this many seconds of probing
 MAX_AGE_DAYS = 30  # a clean table older than this is measured again (libraries, firmware, neighbours)
 BUSY_CHECK_S = 0.3  # a run due to measure again first reads other processes' CPU this long (busy_now)
 LOCK_WAIT_S = 60.0  # a probe waits at most this long for another process's probe (_probe_lock)
 STATUSES = ("clean", "noisy", "loaded")
+LIBS = ("torch", "openblas")  # the probe's order in each pass
+SETTLE_S = 0.15  # pause before a torch pass that follows an OpenBLAS one: OpenBLAS's idle workers
+# spin about 0.1 s after a call (its THREAD_TIMEOUT, 2^28 cycles) and halve a torch GEMM meanwhile
 CACHE_VERSION = 4  # 4: samples of SAMPLE_S, spreads, other processes' CPU and a status per table;
 # only a clean, current table is reused (3: 'pair' is gemm+torch's rows only, the tiles a 'gemm')
 # The cases of each (op, class), laid out as the run lays them out, each inside its class. gemm
@@ -415,40 +418,57 @@ def spread(samples: list) -> float:
     return s[1] / s[0] - 1.0 if len(s) > 1 and s[0] > 0 else 0.0
 
 
-def _measure(cases: list, sample_s: float, min_samples: int, max_samples: int, deadline: float) -> dict:
-    """One table entry from its cases [(flops, {library: call})]: per case one warm-up call per
-    library, then ``_calibrate`` of each, which sets the calls per sample from the faster library
-    (a sample lasts at least ``sample_s``);
-    then rounds of one sample per case and library, the libraries' order alternating, until every
-    (case, library) has a spread (``spread``) of at most SPREAD_OK after ``min_samples`` rounds,
-    or ``max_samples`` rounds, or (after ``min_samples``) ``deadline`` (perf_counter) passed.
-    Returns {seconds: {library: sum over cases of the best sample}, gflops, spread (the worst
-    case's), case_seconds [{library: best sample}], samples (rounds), calls (per sample, per case)}."""
-    plan = []
-    for _flops, fns in cases:
-        for fn in fns.values():
-            fn()
-        t = min(_calibrate(fn, sample_s) for fn in fns.values())
-        plan.append((fns, max(1, math.ceil(sample_s / max(t, 1e-9)))))
-    got = [{lib: [] for lib in fns} for fns, _ in plan]
-    rounds = 0
-    while rounds < max_samples:
-        rounds += 1
-        for (fns, calls), times in zip(plan, got):
-            for lib in list(fns)[:: 1 if rounds % 2 else -1]:
-                times[lib].append(_sample(fns[lib], calls))
-        worst = max(spread(t) for times in got for t in times.values())
-        if rounds >= min_samples and (worst <= SPREAD_OK or time.perf_counter() > deadline):
-            break
-    flops = sum(f for f, _ in cases)
-    seconds = {lib: sum(min(times[lib]) for times in got) for lib in got[0]}
+def _block(e: dict, lib: str, samples: int, sample_s: float) -> None:
+    """``samples`` samples of library ``lib`` on each case of probe entry ``e`` (``probe``), on
+    e's thread count (the caller restores torch's): the operands built afresh, one warm-up call
+    per case, the calls per sample set by ``_calibrate`` on the library's first block (a sample
+    lasts at least ``sample_s``); the samples go to e['times'], the block's wall time, other
+    processes' cores and contention (weighted by that time) to e's sums."""
+    torch.set_num_threads(e["threads"])
+    _THREADS.sync(e["threads"])
+    fns = [_probe_calls(e["op"], case, e["dtype"])[1][lib] for case in e["cases"]]
+    for fn in fns:
+        fn()
+    if lib not in e["calls"]:
+        e["calls"][lib] = [max(1, math.ceil(sample_s / max(_calibrate(fn, sample_s), 1e-9))) for fn in fns]
+    m0 = cpu_mark()
+    for _ in range(samples):
+        for fn, calls, times in zip(fns, e["calls"][lib], e["times"][lib]):
+            times.append(_sample(fn, calls))
+    m1 = cpu_mark()
+    if m0 is not None and m1 is not None:
+        wall = m1["wall"] - m0["wall"]
+        e["wall"] += wall
+        e["other"] += (other_cores(m0, m1) or 0.0) * wall
+        e["contention"] += (contention(m0, m1, e["threads"]) or 0.0) * wall
+
+
+def _worst_spread(e: dict) -> float:
+    return max(spread(t) for lib in LIBS for t in e["times"][lib])
+
+
+def _record(e: dict) -> dict:
+    """The cache's record of a probe entry: shapes, threads, seconds {library: sum over cases of
+    the best sample}, gflops, spread {library: the worst case's}, case_seconds [{library: best}],
+    samples (per library and case), calls {library: per case}, other_cores and contention (mean
+    over its timed blocks), wall_s (of those blocks)."""
+    flops = sum(2.0 * c[0] * c[0] * c[1] if e["op"] == "syrk" else 2.0 * c[0] * c[1] * c[2] for c in e["cases"])
+    seconds = {lib: sum(min(t) for t in e["times"][lib]) for lib in LIBS}
+    wall = e["wall"]
     return {
+        "shapes": [list(c) for c in e["cases"]],
+        "threads": e["threads"],
         "seconds": {lib: float(f"{t:.6g}") for lib, t in seconds.items()},
         "gflops": {lib: round(flops / t / 1e9, 2) for lib, t in seconds.items()},
-        "spread": {lib: round(max(spread(times[lib]) for times in got), 4) for lib in got[0]},
-        "case_seconds": [{lib: float(f"{min(t):.6g}") for lib, t in times.items()} for times in got],
-        "samples": rounds,
-        "calls": [c for _, c in plan],
+        "spread": {lib: round(max(spread(t) for t in e["times"][lib]), 4) for lib in LIBS},
+        "case_seconds": [
+            {lib: float(f"{min(e['times'][lib][i]):.6g}") for lib in LIBS} for i in range(len(e["cases"]))
+        ],
+        "samples": min(len(t) for lib in LIBS for t in e["times"][lib]),
+        "calls": dict(e["calls"]),
+        "other_cores": round(e["other"] / wall, 3) if wall else None,
+        "contention": round(e["contention"] / wall, 3) if wall else None,
+        "wall_s": round(wall, 3) if wall else None,
     }
 
 
@@ -490,78 +510,80 @@ def probe(
     budget_s: float | None = None,
 ) -> dict:
     """Measure every (op, dtype, class) of PROBE_SHAPES with both libraries ('pair' on one thread,
-    the others on torch's thread count; ``_measure``), other processes' CPU use during each entry
-    and the whole probe (``other_cores``, ``contention``), and judge the table (``judge``). Once an
-    entry was loaded the rest take MIN_SAMPLES only (method.min_samples_after: the table will be
-    used for this run alone, and a probe under load is slow). Smaller ``sample_s`` /
-    ``max_samples`` make a cheaper, noisier probe (tests). Returns the table the cache keeps:
-    choice {entry: library}, gflops, measured {entry: {shapes, threads, seconds, gflops, spread,
-    case_seconds, samples, calls, other_cores, contention, wall_s}}, load {other_cores, contention,
-    method, loadavg_before/after}, status, why, method
-    (the probe's rule and constants), probe_version, date, seconds (the probe's wall time), threads.
-    Each argument left None is its module constant as it is at the call (SAMPLE_S, MIN_SAMPLES,
-    MAX_SAMPLES, BUDGET_S)."""
+    the others on torch's thread count) in passes over all entries, one library at a time
+    (``_block``): torch, then OpenBLAS, ``min_samples`` samples each; then, for the entries whose
+    spread (``spread``) is over SPREAD_OK, further passes of one sample per library until it is
+    not, or ``max_samples``, or ``budget_s`` seconds. Not call by call: OpenBLAS's idle worker
+    threads spin for ~0.1 s after a call and halve a torch GEMM that starts meanwhile, which made
+    torch look slow (and noisy) in an interleaved probe; a torch pass after an OpenBLAS one waits
+    SETTLE_S first. Other processes' CPU use is read during every block (``other_cores``,
+    ``contention``) and the table judged (``judge``); once an entry was loaded no pass is added
+    (method.min_samples_after: the table will serve its run alone). Smaller ``sample_s`` /
+    ``max_samples`` make a cheaper, noisier probe (tests); each argument left None is its module
+    constant at the call. Returns the table the cache keeps: choice {entry: library}, gflops,
+    measured {entry: ``_record``}, load {other_cores, contention, method, loadavg_before/after},
+    status, why, method (the probe's rule and constants), probe_version, date, seconds (the probe's
+    wall time), threads."""
     t0 = time.perf_counter()
     sample_s = SAMPLE_S if sample_s is None else sample_s
     min_samples = MIN_SAMPLES if min_samples is None else min_samples
     max_samples = MAX_SAMPLES if max_samples is None else max_samples
-    budget_s = BUDGET_S if budget_s is None else budget_s
+    deadline = t0 + (BUDGET_S if budget_s is None else budget_s)
     nthreads = torch.get_num_threads()
     load_before, start = _loadavg(), cpu_mark()
-    measured, hurried = {}, None
+    entries = [
+        {"name": entry(op, dt, cls), "op": op, "dtype": dt, "cases": cases, "threads": 1 if op == "pair" else nthreads}
+        | {
+            "calls": {},
+            "times": {lib: [[] for _ in cases] for lib in LIBS},
+            "wall": 0.0,
+            "other": 0.0,
+            "contention": 0.0,
+        }
+        for op in OPS
+        for dt in DTYPE_NAMES
+        for cls, cases in PROBE_SHAPES[op].items()
+    ]
+    todo, taken, hurried = entries, 0, None
     try:
-        for op in OPS:
-            for dtype in DTYPE_NAMES:
-                for cls, cases in PROBE_SHAPES[op].items():
-                    threads = 1 if op == "pair" else nthreads
-                    torch.set_num_threads(threads)
-                    _THREADS.sync(threads)
+        while todo:
+            n = min_samples if taken == 0 else 1
+            for lib in LIBS:
+                if lib == "torch" and taken:
+                    time.sleep(SETTLE_S)  # OpenBLAS's workers stop spinning
+                for e in todo:
                     try:
-                        m0 = cpu_mark()
-                        built = [_probe_calls(op, case, dtype) for case in cases]
-                        most = min_samples if hurried else max_samples
-                        rec = _measure(built, sample_s, min_samples, most, t0 + budget_s)
-                        m1 = cpu_mark()
-                        rec["other_cores"] = other_cores(m0, m1)
-                        rec["contention"] = contention(m0, m1, threads)
-                        rec["wall_s"] = round(m1["wall"] - m0["wall"], 3) if m0 and m1 else None
+                        _block(e, lib, n, sample_s)
                     finally:
                         torch.set_num_threads(nthreads)
                         _THREADS.sync(nthreads)
-                    measured[entry(op, dtype, cls)] = {"shapes": [list(c) for c in cases], "threads": threads, **rec}
-                    if hurried is None and (rec["contention"] or 0.0) > ENTRY_LOADED_CORES:
-                        hurried = entry(op, dtype, cls)  # a loaded table: used once, so no more samples than needed
+                    if hurried is None and e["wall"] and e["contention"] / e["wall"] > ENTRY_LOADED_CORES:
+                        hurried = e["name"]
+            taken += n
+            more = not hurried and taken < max_samples and time.perf_counter() < deadline
+            todo = [e for e in todo if _worst_spread(e) > SPREAD_OK] if more else []
     finally:
         _THREADS.sync(nthreads)
-    other = other_cores(start, cpu_mark())
-    timed = [r for r in measured.values() if r["contention"] is not None and r["wall_s"]]
-    shared = (
-        round(sum(r["contention"] * r["wall_s"] for r in timed) / sum(r["wall_s"] for r in timed), 3) if timed else None
-    )
+    measured = {e["name"]: _record(e) for e in entries}
+    wall = sum(e["wall"] for e in entries)
+    shared = round(sum(e["contention"] for e in entries) / wall, 3) if wall else None
     status, why = judge(measured, shared)
     return {
         "choice": {e: decide(r["seconds"], r["spread"]) for e, r in measured.items()},
         "gflops": {e: r["gflops"] for e, r in measured.items()},
         "measured": measured,
         "load": {
-            "other_cores": other,
+            "other_cores": other_cores(start, cpu_mark()),
             "contention": shared,
-            "method": (
-                (
-                    "/proc/stat minus this process, and its threads' run-queue wait"
-                    if start["waits"]
-                    else "/proc/stat minus this process"
-                )
-                if start
-                else "none (no /proc/stat): the spread alone"
-            ),
+            "method": _load_method(start),
             "loadavg_before": load_before,
             "loadavg_after": _loadavg(),
         },
         "status": status,
         "why": why,
         "method": {
-            "rule": "best sample per library, libraries interleaved; openblas only when faster by more than "
+            "rule": "best sample per library; the libraries in alternating passes over all entries (torch, "
+            f"OpenBLAS, ...; {SETTLE_S} s pause before a torch pass); openblas only when faster by more than "
             "margin + both spreads",
             "sample_s": sample_s,
             "min_samples": min_samples,
@@ -579,6 +601,14 @@ def probe(
         "seconds": round(time.perf_counter() - t0, 3),
         "threads": nthreads,
     }
+
+
+def _load_method(start: dict | None) -> str:
+    if start is None:
+        return "none (no /proc/stat): the spread alone"
+    if start["waits"]:
+        return "/proc/stat minus this process, and its threads' run-queue wait"
+    return "/proc/stat minus this process"
 
 
 # ---- the cache ---------------------------------------------------------------------------------

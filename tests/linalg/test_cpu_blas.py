@@ -10,7 +10,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -140,7 +139,8 @@ def test_the_probe_records_how_it_measured_and_a_clean_table_is_reused(quiet_mac
     for e, r in table["measured"].items():
         op, _, cls = e.split("/")
         assert r["shapes"] == [list(c) for c in PROBE_SHAPES[op][cls]]
-        assert r["samples"] == 2 and all(c >= 1 for c in r["calls"]) and r["other_cores"] == 0.0
+        assert r["samples"] == 2 and set(r["calls"]) == {"torch", "openblas"} and r["other_cores"] == 0.0
+        assert all(len(c) == len(r["shapes"]) and min(c) >= 1 for c in r["calls"].values())
         assert r["contention"] == 0.0 and r["wall_s"] > 0 and len(r["case_seconds"]) == len(r["shapes"])
         assert set(r["spread"]) == set(r["gflops"]) == {"torch", "openblas"} and min(r["gflops"].values()) > 0
         assert r["threads"] == (1 if op == "pair" else torch.get_num_threads())
@@ -160,9 +160,9 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
     assert blas["warning"] and [w for w in res.warnings if "cpu BLAS" in w] == [blas["warning"]]
     (table,) = json.loads(Path(blas["cache"]).read_text())["entries"].values()
     assert table["status"] == "loaded" and table["load"]["contention"] >= 1.0
-    first = cpu_blas.entry("gemm", torch.float64, "small")  # loaded from the first: the rest at MIN_SAMPLES
+    first = cpu_blas.entry("gemm", torch.float64, "small")  # loaded from the first: no further pass
     assert table["method"]["min_samples_after"] == first
-    assert all(r["samples"] == cpu_blas.MIN_SAMPLES for e, r in table["measured"].items() if e != first)
+    assert all(r["samples"] == cpu_blas.MIN_SAMPLES for r in table["measured"].values())
     cpu_blas._TABLES.clear()
     real_probe = cpu_blas.probe
     monkeypatch.setattr(cpu_blas, "probe", lambda *a, **k: pytest.fail("measured again on a busy machine"))
@@ -185,10 +185,11 @@ def test_busy_processes_mark_the_table_loaded():
     ncpu = os.cpu_count() or 1
     if ncpu > 16:
         pytest.skip(f"{ncpu} cores: too many to load for a test")
-    code = "import time\nt = time.time()\nwhile time.time() - t < 20: pass"
-    busy = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(max(2, ncpu))]
+    code = "import time\nt = time.time()\nprint('spinning', flush=True)\nwhile time.time() - t < 20: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(max(2, ncpu))]
     try:
-        time.sleep(0.2)
+        for p in busy:
+            assert p.stdout.readline() == b"spinning\n"  # every spinner is running before the probe starts
         d = _resolve()
     finally:
         for p in busy:
@@ -275,6 +276,27 @@ def test_two_probes_of_one_machine_agree(monkeypatch):
         tables.append(cpu_blas.probe(sample_s=0.001, min_samples=3, max_samples=6))
     assert tables[0]["choice"] == tables[1]["choice"]
     assert {e for e, lib in tables[0]["choice"].items() if lib == "openblas"} == {"gemm/fp64/large", "syrk/fp32/large"}
+
+
+def test_the_libraries_take_turns_by_passes_not_call_by_call(monkeypatch, quiet_machine):
+    """All of torch's first-pass calls come before OpenBLAS's, and a torch pass after an OpenBLAS
+    one starts after SETTLE_S (OpenBLAS's idle workers spin ~0.1 s and halve torch's GEMMs)."""
+    log = []
+    monkeypatch.setattr(cpu_blas.time, "sleep", lambda s: log.append(("sleep", s)))
+
+    def calls(op, case, dtype):
+        return 1e6, {lib: (lambda lib=lib: log.append(lib)) for lib in ("torch", "openblas")}
+
+    monkeypatch.setattr(cpu_blas, "_probe_calls", calls)
+    rng = random.Random(0)
+    monkeypatch.setattr(cpu_blas, "_sample", lambda fn, n: (fn(), 1e-3 * (1.0 + 0.5 * rng.random()))[1])
+    monkeypatch.setattr(cpu_blas, "SPREAD_OK", 0.05)  # the samples' 50 % jitter asks for a further pass
+    cpu_blas.probe(sample_s=0.001, min_samples=3, max_samples=4)
+    runs = [log[0]]
+    for x in log[1:]:
+        if x != runs[-1]:
+            runs.append(x)
+    assert runs == ["torch", "openblas", ("sleep", cpu_blas.SETTLE_S), "torch", "openblas"], runs
 
 
 def _entries():
