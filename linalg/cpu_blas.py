@@ -480,12 +480,21 @@ def decide(seconds: dict, spreads: dict, margin: float = MARGIN) -> str:
     return "openblas" if seconds["openblas"] < need * seconds["torch"] else "torch"
 
 
+def undecided(record: dict) -> bool:
+    """An entry whose samples spread over SPREAD_OK and whose choice that spread decides: OpenBLAS
+    looks faster by more than MARGIN but not by MARGIN plus the spreads (``decide`` with and
+    without them differ). Noise elsewhere cannot change the choice, so it does not call for a
+    new probe (a machine whose small calls always spread would otherwise probe on every run)."""
+    if max(record["spread"].values()) <= SPREAD_OK:
+        return False
+    return decide(record["seconds"], record["spread"]) != decide(record["seconds"], {})
+
+
 def judge(measured: dict, shared: float | None) -> tuple[str, str | None]:
     """(status, why) of a probe: 'loaded' when other processes took more than LOADED_CORES of the
     probe's cores (``contention``) over the whole probe (``shared``: the entries' mean, weighted by
-    their time) or more than ENTRY_LOADED_CORES during one entry, 'noisy' when
-    an entry's spread exceeds SPREAD_OK, else 'clean' (why None). Only a clean table is trusted by
-    later runs."""
+    their time) or more than ENTRY_LOADED_CORES during one entry, 'noisy' when an entry is
+    ``undecided``, else 'clean' (why None). Only a clean table is trusted by later runs."""
     busy = {e: r["contention"] for e, r in measured.items() if (r.get("contention") or 0.0) > ENTRY_LOADED_CORES}
     if (shared or 0.0) > LOADED_CORES or busy:
         worst = max(busy, key=busy.get) if busy else None
@@ -493,12 +502,12 @@ def judge(measured: dict, shared: float | None) -> tuple[str, str | None]:
             f"other processes took {shared or 0.0:.2f} of the probe's cores (limit {LOADED_CORES})"
             + (f", {busy[worst]:.2f} during {worst}" if worst else "")
         )
-    noisy = {e: max(r["spread"].values()) for e, r in measured.items() if max(r["spread"].values()) > SPREAD_OK}
+    noisy = {e: max(r["spread"].values()) for e, r in measured.items() if undecided(r)}
     if noisy:
         worst = max(noisy, key=noisy.get)
         return "noisy", (
-            f"{len(noisy)} of {len(measured)} entries' timings spread over {SPREAD_OK:.0%} "
-            f"(the worst, {worst}: {noisy[worst]:.0%})"
+            f"{len(noisy)} of {len(measured)} entries' timings spread over {SPREAD_OK:.0%} where the spread "
+            f"decides the choice (the worst, {worst}: {noisy[worst]:.0%})"
         )
     return "clean", None
 

@@ -239,6 +239,23 @@ def test_noisy_old_damaged_and_other_version_caches_are_measured_again(quiet_mac
 @pytest.mark.parametrize(
     "torch_s, openblas_s, spreads, expected",
     [
+        (1.0, 0.85, (0.06, 0.06), True),  # 15 % faster: beyond the margin, within margin + noise
+        (1.0, 0.85, (0.02, 0.02), False),  # quiet enough: no spread over SPREAD_OK
+        (1.0, 0.50, (0.2, 0.2), True),  # too noisy to tell: a 2x lead hidden by the spreads
+        (1.0, 0.40, (0.2, 0.2), False),  # openblas either way
+        (1.0, 1.30, (0.5, 0.1), False),  # torch either way
+    ],
+)
+def test_noise_marks_a_table_only_where_it_decides_the_choice(torch_s, openblas_s, spreads, expected):
+    r = {"seconds": {"torch": torch_s, "openblas": openblas_s}, "spread": dict(zip(("torch", "openblas"), spreads))}
+    assert cpu_blas.undecided(r) is expected
+    status, why = cpu_blas.judge({"gemm/fp64/large": dict(r, contention=0.0)}, 0.0)
+    assert status == ("noisy" if expected else "clean") and (why is None) is not expected
+
+
+@pytest.mark.parametrize(
+    "torch_s, openblas_s, spreads, expected",
+    [
         (1.0, 0.70, (0.01, 0.01), "openblas"),  # 30 % faster, quiet
         (1.0, 0.92, (0.0, 0.0), "torch"),  # within the 10 % margin
         (1.0, 0.85, (0.04, 0.04), "torch"),  # 15 % faster, but within margin + noise
