@@ -133,6 +133,7 @@ def summarise(runs: list, modes: list) -> dict:
             "max_s": max(ts),
             "runs": len(steady),
             "runs_that_probed": [r["wall_s"] for r in mine if r["blas_source"] == "probe" and mode.startswith("auto")],
+            "other_cores_median": statistics.median([r["other_cores"] or 0.0 for r in mine]),
         }
     return out
 
@@ -157,13 +158,13 @@ def markdown(rep: dict) -> str:
         "",
         "## 2. The runs on the quiet machine (interleaved)",
         "",
-        "| --cpu-blas | median wall_s | min | max | runs | runs that measured again (wall_s) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| --cpu-blas | median wall_s | min | max | runs | runs that measured again (wall_s) | other cores |",
+        "|---|---:|---:|---:|---:|---|---:|",
     ]
     for mode, v in s.items():
         lines.append(
             f"| {mode} | {v['median_s']:.2f} | {v['min_s']:.2f} | {v['max_s']:.2f} | {v['runs']} | "
-            f"{', '.join(f'{x:.2f}' for x in v['runs_that_probed']) or '-'} |"
+            f"{', '.join(f'{x:.2f}' for x in v['runs_that_probed']) or '-'} | {v['other_cores_median']:.2f} |"
         )
     v = rep["verdict"]
     lines += [
