@@ -70,8 +70,8 @@ AFTER_ELEMS = 1 << 19  # each probe call is followed by a threaded torch op on 4
 SAMPLE_S = 0.02  # a timed sample lasts at least this long (calls of a small shape batched): single
 # calls of a few ms, as the probe of CACHE_VERSION 3 timed, varied so much between quiet probes
 # that the choice of several classes flipped
-MIN_SAMPLES = 3  # samples per library and case in the first passes, before the spread is judged ...
-MAX_SAMPLES = 6  # ... and at most this many (one more per further pass; a noisy machine: judge)
+MIN_SAMPLES = 2  # samples per library and case in the first passes, before the spread is judged ...
+MAX_SAMPLES = 5  # ... and at most this many (one more per further pass; a noisy machine: judge)
 SPREAD_OK = 0.05  # 2nd-best / best sample - 1 (spread) at most this: the best time is confirmed
 LOADED_CORES = 0.25  # other processes' (and steal) cores taken from the probe's threads (contention)
 # over the whole probe above this: loaded
@@ -419,16 +419,19 @@ def spread(samples: list) -> float:
 def _block(e: dict, lib: str, samples: int, sample_s: float) -> None:
     """``samples`` samples of library ``lib`` on each case of probe entry ``e`` (``probe``), on
     e's thread count (the caller restores torch's): the operands built afresh, one warm-up call
-    per case, the calls per sample set by ``_calibrate`` on the library's first block (a sample
-    lasts at least ``sample_s``); the samples go to e['times'], the block's wall time, other
-    processes' cores and contention (weighted by that time) to e's sums."""
+    per case, the calls per sample set on the library's first block (a sample lasts at least
+    ``sample_s``: one call when the warm-up took that long, else ``_calibrate``); the samples go
+    to e['times'], the block's wall time, other processes' cores and contention (weighted by
+    that time) to e's sums."""
     torch.set_num_threads(e["threads"])
     _THREADS.sync(e["threads"])
     fns = [_probe_calls(e["op"], case, e["dtype"])[1][lib] for case in e["cases"]]
-    for fn in fns:
-        fn()
-    if lib not in e["calls"]:
-        e["calls"][lib] = [max(1, math.ceil(sample_s / max(_calibrate(fn, sample_s), 1e-9))) for fn in fns]
+    warm = [_sample(fn, 1) for fn in fns]  # the first call: thread pools wake, pages are touched
+    if lib not in e["calls"]:  # a call as long as a sample needs no calibration
+        e["calls"][lib] = [
+            1 if w >= sample_s else max(1, math.ceil(sample_s / max(_calibrate(fn, sample_s), 1e-9)))
+            for fn, w in zip(fns, warm)
+        ]
     m0 = cpu_mark()
     for _ in range(samples):
         for fn, calls, times in zip(fns, e["calls"][lib], e["times"][lib]):
