@@ -721,6 +721,8 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
             "nvir_beta": b.nvir_active,
             **mp2.spin_blocks,
         }
+    ran = run_record(job.backend, job.precision, mp2, ref).to_dict()
+    blas_warning = (ran.get("cpu_blas") or {}).get("warning")  # a BLAS choice measured under load
     return Result(
         molecule=geom.source,
         natm=geom.natm,
@@ -745,10 +747,10 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         timings=timer.seconds,
         flops=timer.stage_flops(),
         wall_s=wall_s,
-        ran=run_record(job.backend, job.precision, mp2, ref).to_dict(),
+        ran=ran,
         memory=plan.to_dict(),
         versions=software_versions(),
-        warnings=job.warnings + reference_warnings(ref),
+        warnings=job.warnings + reference_warnings(ref) + ([blas_warning] if blas_warning else []),
         ecp=molecule.ecp_info(mol),
         spin=spin,
     )

@@ -17,6 +17,14 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    """Every run the tests start reads the cpu BLAS choice from a fixed table in a cache of the
+    tests' own, never the user's (tests/helpers/blas_cache.py says why)."""
+    from blas_cache import use_fixed_cache
+
+    use_fixed_cache()
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--slow", action="store_true", default=False, help="run the slow channel (full regression set, large shapes)"

@@ -22,6 +22,11 @@ What it measures (details in dfmp2/benchmarks/):
   in their own section, never mixed with measured times.
 A device that cannot run is listed as not run with the reason. Exit status 0 when the report
 was written, 2 for bad options.
+
+    dfmp2 bench --blas                             # only re-measure the cpu BLAS choice, cache it
+
+``--blas`` runs the probe of ``--cpu-blas auto`` (linalg/cpu_blas.py) now, whatever the cache
+holds, writes the cache and prints the table (GF/s, spreads, other processes' cores).
 """
 
 from __future__ import annotations
@@ -138,6 +143,46 @@ def _write_report(rep: dict, out_dir, name: str, log, console, err) -> None:
     )
 
 
+def _remeasure_blas(threads, quiet: bool) -> None:
+    """``--blas``: the cpu BLAS probe now (linalg.cpu_blas.remeasure), written to the cache that
+    ``--cpu-blas auto`` reads, its table on stdout. Any other timing option is refused (it would
+    be ignored); a cache that cannot be written is an error after the table is printed."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from dfmp2 import linalg
+    from dfmp2.io.result import cpu_blas_table
+
+    ctx = click.get_current_context()
+    given = [
+        p.opts[0]
+        for p in ctx.command.params
+        if p.name not in ("blas", "threads", "quiet")
+        and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise InputError(f"--blas re-measures the cpu BLAS choice only; drop {', '.join(given)} (or --blas)")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    err = Console(stderr=True)
+    if not quiet:
+        err.print("[dim]measuring the cpu BLAS choice (a few seconds; keep the machine quiet)[/dim]")
+    r = linalg.cpu_blas.remeasure("dfmp2 bench --blas")
+    d = linalg.cpu_blas.CpuBlas("auto").describe()  # the table just measured (this process's memo)
+    with printing():
+        stdout_console().print(cpu_blas_table(d))
+    if r.cache_error:
+        raise InputError(
+            f"cannot write the cpu BLAS cache {d['cache']} ({r.cache_error}); "
+            "set XDG_CACHE_HOME to a writable directory"
+        )
+    if not quiet:
+        trusted = "later runs use it" if d["status"] == "clean" else "not trusted: the next run measures again"
+        err.print(f"wrote {escape(d['cache'])} ({d['status']}: {trusted})")
+
+
 @click.command("bench")
 @click.option(
     "--shapes",
@@ -244,6 +289,12 @@ def _write_report(rep: dict, out_dir, name: str, log, console, err) -> None:
 @click.option("--name", default="bench", show_default=True, help="file stem: NAME.json, NAME.md, NAME.png")
 @click.option("-q", "--quiet", is_flag=True, help="no progress lines, only the final tables")
 @click.option(
+    "--blas",
+    is_flag=True,
+    help="only re-measure the cpu BLAS choice now (torch's vs numpy's OpenBLAS per op, precision and "
+    "size), write it to the cache --cpu-blas auto reads and print it with GF/s, spreads and load",
+)
+@click.option(
     "--rerender",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
@@ -271,6 +322,7 @@ def bench_command(
     out_dir,
     name,
     quiet,
+    blas,
     rerender,
 ):
     """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
@@ -280,6 +332,9 @@ def bench_command(
     if rerender:
         with printing():
             _rerender(Path(rerender), stdout_console())
+        return
+    if blas:
+        _remeasure_blas(threads, quiet)
         return
     from dfmp2 import linalg
     from dfmp2.benchmarks import ops as ops_mod

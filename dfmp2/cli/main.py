@@ -144,7 +144,11 @@ def _resume_hint(params) -> str:
     help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails); needs qcelemental",
 )
 @click.option(
-    "-v", "--verbose", is_flag=True, help="print the memory plan (stages, blocks, where B lives) and each stage's GF/s"
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="print the memory plan (stages, blocks, where B lives), each stage's GF/s and, on the cpu, the BLAS "
+    "choice with its measurements (GF/s, spreads, load)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
 @user_errors(interrupted=_resume_hint)
@@ -161,7 +165,7 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
 def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
     from dfmp2.errors import InputError
-    from dfmp2.io.result import Result
+    from dfmp2.io.result import Result, cpu_blas_table
     from dfmp2.io.xyz import read_xyz
     from dfmp2.pipeline import run_geometry
     from dfmp2.workflows import cbs
@@ -237,6 +241,9 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
             result.render(console, quiet=quiet, verbose=True)
         else:
             result.render(console, quiet=quiet)
+    blas = result.ran.get("cpu_blas")
+    if verbose and blas and cpu_blas_table(blas) is not None:  # the choice and its evidence
+        err.print(cpu_blas_table(blas))
     for path in (json_path, qcschema_path):
         if path and not quiet:
             err.print(f"[dim]wrote {escape(str(path))}[/dim]")

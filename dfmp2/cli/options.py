@@ -101,9 +101,10 @@ SPECS = {
     "cpu_blas": dict(
         type=click.Choice(CPU_BLAS_CHOICES),
         help="cpu only: the BLAS of the GEMMs, SYRKs and MP2 pair-step GEMMs; auto: per op and size, "
-        "the faster of torch's (MKL) and numpy's OpenBLAS as a short probe measured on this "
-        "machine (cached in ~/.cache/dfmp2/cpu_blas.json); torch or openblas: that one (the "
-        "result's 'ran' says which ran)",
+        "the faster of torch's (MKL) and numpy's OpenBLAS as measured on this machine (a few "
+        "seconds once, cached in ~/.cache/dfmp2/cpu_blas.json; a table measured under load is "
+        "measured again; -v shows it, dfmp2 bench --blas re-measures); torch or openblas: that "
+        "one (the result's 'ran' says which ran)",
     ),
     "scf_mode": dict(
         type=click.Choice(SCF_MODES),

@@ -235,6 +235,8 @@ class Result:
             escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"),
         )
         s.add_row("metric", self.ran.get("metric", ""))
+        if self.ran.get("cpu_blas"):
+            s.add_row("cpu BLAS", escape(cpu_blas_summary(self.ran["cpu_blas"])))
         s.add_row("kernels", escape(", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items())))
         if self.ran.get("integrals"):
             i = self.ran["integrals"]
@@ -268,3 +270,67 @@ class Result:
 
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")
+
+
+def cpu_blas_summary(blas: dict) -> str:
+    """One line of ``ran.cpu_blas`` (linalg.cpu_blas.CpuBlas.describe()): the library of each op
+    and where the choice came from ('problem and what ran')."""
+    if blas["mode"] != "auto":
+        return f"{blas['mode']} for every op (--cpu-blas {blas['mode']})"
+    ob = sorted(e for e, lib in blas["choice"].items() if lib == "openblas")
+    which = f"openblas for {', '.join(ob)}; torch for the rest" if ob else "torch for every op"
+    where = "measured by this run" if blas["source"] == "probe" else "from the cache"
+    if blas.get("deferred"):
+        where += ", not measured again: the machine was busy"
+    return f"auto, {where} ({blas['status']}, {blas['probe_date'][:10]}): {which}"
+
+
+def cpu_blas_table(blas: dict):
+    """``ran.cpu_blas`` as a rich table (``dfmp2 run -v``, ``dfmp2 bench --blas``): per op, dtype
+    and size class the choice, each library's GF/s (the best sample), the spread of its samples
+    (2nd-best / best - 1), the samples taken and other processes' cores during the entry; the
+    caption says where the table came from, its status and why, and the probe's load and time.
+    None when the user forced a library (nothing was measured)."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    if blas.get("probe") is None:
+        return None
+    t = Table(
+        title="cpu BLAS choice (--cpu-blas auto): GF/s of the best sample, spread % = 2nd-best / best - 1, "
+        "n samples, other processes' cores",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col in ("op/dtype/class", "choice", "torch", "OpenBLAS", "spread % t/o", "n", "other"):
+        t.add_column(col, justify="left" if col in ("op/dtype/class", "choice") else "right", no_wrap=True)
+    for e, r in blas["probe"]["measured"].items():
+        g, s = r["gflops"], r["spread"]
+        oc = r.get("other_cores")
+        t.add_row(
+            e,
+            blas["choice"][e],
+            f"{g['torch']:.1f}",
+            f"{g['openblas']:.1f}",
+            f"{100 * s['torch']:.1f}/{100 * s['openblas']:.1f}",
+            str(r["samples"]),
+            "-" if oc is None else f"{oc:.2f}",
+        )
+    load = blas["probe"]["load"]
+    where = (
+        f"measured by this run ({blas['remeasured_because']})"
+        if blas["source"] == "probe"
+        else f"from the cache {blas['cache']}" + (f" ({blas['deferred']})" if blas.get("deferred") else "")
+    )
+    other = load.get("other_cores")
+    t.caption = escape(
+        f"{where}; {blas['status']}"
+        + (f": {blas['status_why']}" if blas["status_why"] else "")
+        + f"; probe {blas['probe_seconds']:.1f} s on {blas['probe_date']}, other processes "
+        + ("unknown" if other is None else f"{other:.2f} cores")
+        + f" ({load['method']}); openblas only when faster by more than {blas['probe']['method']['margin']:.0%}"
+        " plus both spreads" + (f"; cache not written: {blas['cache_error']}" if blas.get("cache_error") else "")
+    )
+    return t

@@ -3,16 +3,22 @@ pair step's GEMMs. Either library gives the same energies (RHF water, UHF OH), t
 ran per op, a forced choice is honoured (and refused off the cpu before any work), the probe is
 short and cached, and the OpenBLAS path copies none of its inputs."""
 
+import datetime
 import json
-import time
+import os
+import random
+import re
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
 from dfmp2 import linalg
+from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.linalg import cpu_blas
 from dfmp2.pipeline import RunOptions, run
@@ -21,14 +27,57 @@ INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = INPUTS / "water.xyz"
 OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 
+PROBE_SHAPES = cpu_blas.PROBE_SHAPES  # the real cases (the fixture gives each test cheap ones)
+PROBE_SAMPLE_S, PROBE_MIN_SAMPLES = cpu_blas.SAMPLE_S, cpu_blas.MIN_SAMPLES
+
 pytestmark = pytest.mark.skipif(cpu_blas.numpy_blas_info() is None, reason="numpy here has no OpenBLAS")
+
+
+# a probe's mechanics in a fraction of a second (tests only): tiny cases (not inside their classes),
+# short samples, few of them
+CHEAP_SHAPES = {
+    "gemm": {"small": ((16, 16, 16, "nn"),), "medium": ((32, 64, 32, "tt"),), "large": ((32, 48, 64, "tn"),)},
+    "syrk": {"small": ((16, 64),), "medium": ((32, 64),), "large": ((48, 64),)},
+    "pair": {"small": ((8, 32, 16, "tn"),), "medium": ((16, 32, 32, "tn"),), "large": ((24, 48, 32, "tn"),)},
+}
 
 
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path, monkeypatch):
-    """Each test's own cache directory: the user's ~/.cache is never read or written here."""
+    """Each test's own cache directory (the user's ~/.cache is never read or written here), an
+    empty memo, and a cheap probe (CHEAP_SHAPES, 1 ms samples, 2 to 3 of them)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_blas, "_TABLES", {})
+    monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", CHEAP_SHAPES)
+    monkeypatch.setattr(cpu_blas, "SAMPLE_S", 0.001)
+    monkeypatch.setattr(cpu_blas, "MIN_SAMPLES", 2)
+    monkeypatch.setattr(cpu_blas, "MAX_SAMPLES", 3)
+    monkeypatch.setattr(cpu_blas, "AFTER_ELEMS", 1 << 10)
+    monkeypatch.setattr(cpu_blas, "BUSY_CHECK_S", 0.05)
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """Other processes' CPU read as none: the probe's table is judged by its spreads alone."""
+    _load(monkeypatch, 0.0)
+    monkeypatch.setattr(cpu_blas, "SPREAD_OK", float("inf"))  # 1 ms samples on a busy machine: not judged here
+
+
+@pytest.fixture
+def loaded_machine(monkeypatch):
+    """Other processes read as taking every core during every probe (the loaded case, simulated)."""
+    _load(monkeypatch, 1.0)
+
+
+def _load(monkeypatch, fraction: float) -> None:
+    """The load measurement replaced: other processes use ``fraction`` of every core and take it
+    from the probe's threads."""
+    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: fraction * os.cpu_count())
+    monkeypatch.setattr(cpu_blas, "contention", lambda a, b, threads: fraction * threads)
+
+
+def _resolve():
+    return linalg.get_backend("cpu").blas.describe()
 
 
 @pytest.mark.parametrize("xyz", [WATER, OH], ids=["water-RHF", "OH-UHF"])
@@ -50,57 +99,294 @@ def test_torch_and_openblas_give_the_same_energies(xyz):
         assert any(k.startswith("syrk:openblas.dsyrk") for k in o.ran["scf"]["kernels"])
 
 
-def test_the_result_names_library_and_kernel_per_op():
+def test_the_result_names_library_and_kernel_per_op(quiet_machine):
     d = json.loads(json.dumps(run(WATER, RunOptions(cpu_blas="openblas")).to_dict()))
     blas = d["ran"]["cpu_blas"]
     assert blas["mode"] == "openblas" and blas["source"] == "user" and blas["choice"] is None
+    assert blas["status"] is None and blas["probe"] is None and blas["warning"] is None
     ob, tb = blas["libraries"]["openblas"], blas["libraries"]["torch"]
     assert ob["library"] == "OpenBLAS" and ob["version"] and ob["architecture"] and ob["threads"] >= 1
     assert ob["threads"] == torch.get_num_threads()  # the pools agree: no oversubscription
     assert tb["library"] and tb["torch"] == torch.__version__
     for op in ("gemm", "syrk", "mp2_pair_energy"):
         assert any(k["op"] == op and k["kernel"].startswith("openblas.") for k in d["ran"]["kernels"]), op
-    auto = json.loads(json.dumps(run(WATER, RunOptions()).to_dict()))["ran"]["cpu_blas"]
-    assert auto["mode"] == "auto" and auto["source"] in ("probe", "cache")
-    assert set(auto["choice"]) == set(auto["probe_gflops"])
+    res = run(WATER, RunOptions())
+    auto = json.loads(json.dumps(res.to_dict()))["ran"]["cpu_blas"]
+    assert auto["mode"] == "auto" and auto["source"] == "probe" and auto["remeasured_because"] == "no cache file"
+    assert set(auto["choice"]) == set(auto["probe_gflops"]) == set(auto["probe"]["measured"])
     assert {e.split("/")[0] for e in auto["choice"]} == set(cpu_blas.OPS)
     assert set(auto["choice"].values()) <= {"torch", "openblas"}
+    assert auto["status"] == "clean" and auto["warning"] is None and not any("BLAS" in w for w in res.warnings)
 
 
-def test_probe_is_short_and_cached(tmp_path):
-    flops = sum(
-        2.0 * np.prod(s) if op != "syrk" else 2.0 * s[0] ** 2 * s[1]
-        for op, shapes in cpu_blas.PROBE_SHAPES.items()
-        for s in shapes.values()
-    )
-    assert flops < 2e9  # per library and dtype: ~20 ms of an idle 2-core CPU's GEMM
-    be = linalg.get_backend("cpu")
-    t0 = time.perf_counter()
-    first = be.blas.describe()
-    took = time.perf_counter() - t0
-    assert first["source"] == "probe" and first["cache_error"] is None
-    assert took < 10.0  # a loaded CI machine; ~0.3 s idle (the probe's own time is recorded)
-    assert first["probe_seconds"] > 0
-    assert Path(first["cache"]).is_file()
-    cpu_blas._TABLES.clear()  # a new process: the table comes from the cache file, no probe
-    t0 = time.perf_counter()
-    again = linalg.get_backend("cpu").blas.describe()
-    assert again["source"] == "cache" and again["choice"] == first["choice"]
-    assert time.perf_counter() - t0 < 0.5
+def test_the_probe_records_how_it_measured_and_a_clean_table_is_reused(quiet_machine, monkeypatch):
+    """The cache keeps, per entry, the shapes, best seconds, GF/s, spreads, samples and other
+    processes' cores, and for the table the load, the method, the probe's version and date; the
+    next process (memo cleared) reads it without probing. Real PROBE_SHAPES: their operands work."""
+    monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", PROBE_SHAPES)
+    monkeypatch.setattr(cpu_blas, "MAX_SAMPLES", 2)
+    first = _resolve()
+    assert first["source"] == "probe" and first["status"] == "clean" and first["cache_error"] is None
+    data = json.loads(Path(first["cache"]).read_text())
+    assert data["version"] == cpu_blas.CACHE_VERSION == 4
+    (table,) = data["entries"].values()
+    assert table["probe_version"] == cpu_blas.CACHE_VERSION and table["status"] == "clean"
+    assert table["method"]["sample_s"] == cpu_blas.SAMPLE_S and table["method"]["margin"] == cpu_blas.MARGIN
+    assert table["method"]["min_samples"] == table["method"]["max_samples"] == 2
+    assert table["method"]["spread_ok"] == cpu_blas.SPREAD_OK
+    assert table["load"]["other_cores"] == 0.0 and table["load"]["method"].startswith("/proc/stat")
+    datetime.datetime.fromisoformat(table["date"])
+    for e, r in table["measured"].items():
+        op, _, cls = e.split("/")
+        assert r["shapes"] == [list(c) for c in PROBE_SHAPES[op][cls]]
+        assert r["samples"] == 2 and set(r["calls"]) == {"torch", "openblas"} and r["other_cores"] == 0.0
+        assert all(len(c) == len(r["shapes"]) and min(c) >= 1 for c in r["calls"].values())
+        assert r["contention"] == 0.0 and r["wall_s"] > 0 and len(r["case_seconds"]) == len(r["shapes"])
+        assert set(r["spread"]) == set(r["gflops"]) == {"torch", "openblas"} and min(r["gflops"].values()) > 0
+        assert r["threads"] == (1 if op == "pair" else torch.get_num_threads())
+    monkeypatch.setattr(cpu_blas, "probe", lambda *a, **k: pytest.fail("a clean, current table was measured again"))
+    cpu_blas._TABLES.clear()  # a new process
+    again = _resolve()
+    assert again["source"] == "cache" and again["choice"] == first["choice"] and again["remeasured_because"] is None
 
 
-def test_a_cache_that_cannot_be_written_does_not_break_a_run(tmp_path, monkeypatch):
+def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_machine, monkeypatch):
+    """Load simulated (other processes read as taking every core): the table is used for this run,
+    with a warning in the result, and written marked 'loaded'. The next process, still on a busy
+    machine, uses it as it is and says why; the next on a quiet machine measures again."""
+    res = run(WATER, RunOptions())
+    blas = res.ran["cpu_blas"]
+    assert blas["source"] == "probe" and blas["status"] == "loaded" and "of the probe's cores" in blas["status_why"]
+    assert blas["warning"] and [w for w in res.warnings if "cpu BLAS" in w] == [blas["warning"]]
+    (table,) = json.loads(Path(blas["cache"]).read_text())["entries"].values()
+    assert table["status"] == "loaded" and table["load"]["contention"] >= 1.0
+    first = cpu_blas.entry("gemm", torch.float64, "small")  # loaded from the first: no further pass
+    assert table["method"]["min_samples_after"] == first
+    assert all(r["samples"] == cpu_blas.MIN_SAMPLES for r in table["measured"].values())
+    cpu_blas._TABLES.clear()
+    real_probe = cpu_blas.probe
+    monkeypatch.setattr(cpu_blas, "probe", lambda *a, **k: pytest.fail("measured again on a busy machine"))
+    busy = _resolve()
+    assert busy["source"] == "cache" and busy["status"] == "loaded" and busy["warning"]
+    assert busy["deferred"].startswith("the cached table is loaded") and "not measured again now" in busy["deferred"]
+    cpu_blas._TABLES.clear()
+    monkeypatch.setattr(cpu_blas, "probe", real_probe)
+    _load(monkeypatch, 0.0)  # a quiet machine
+    again = _resolve()
+    assert again["source"] == "probe" and again["remeasured_because"].startswith("the cached table is loaded")
+    assert again["status"] in ("clean", "noisy") and again["deferred"] is None
+
+
+def test_busy_processes_mark_the_table_loaded():
+    """A process spinning on each core (two at least) while a (cheap) probe runs: /proc/stat sees
+    them and the table is not trusted."""
+    if cpu_blas.cpu_mark() is None:
+        pytest.skip("no /proc/stat here")
+    ncpu = os.cpu_count() or 1
+    if ncpu > 16:
+        pytest.skip(f"{ncpu} cores: too many to load for a test")
+    code = "import time\nt = time.time()\nprint('spinning', flush=True)\nwhile time.time() - t < 20: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(max(2, ncpu))]
+    try:
+        for p in busy:
+            assert p.stdout.readline() == b"spinning\n"  # every spinner is running before the probe starts
+        d = _resolve()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert d["status"] == "loaded" and d["probe"]["load"]["contention"] > cpu_blas.LOADED_CORES
+    assert d["warning"] and "loaded" in d["warning"]
+
+
+def _cached_table(**change) -> dict:
+    """A clean table from a cheap probe (written to the test's cache), changed as given."""
+    d = _resolve()
+    path = Path(d["cache"])
+    data = json.loads(path.read_text())
+    (key,) = data["entries"]
+    data["entries"][key].update(change)
+    path.write_text(json.dumps(data))
+    cpu_blas._TABLES.clear()
+    return data
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"status": "noisy", "why": "spread"}, "the cached table is noisy"),
+        ({"date": "2020-01-01T00:00:00+00:00"}, "days old (over 30)"),
+        ({"date": "2999-01-01T00:00:00+00:00"}, "dated in the future"),
+        ({"choice": {}}, "a damaged table"),
+        ("version 3", "cache version 3, this program's 4"),
+    ],
+    ids=["noisy", "old", "future", "damaged", "other-version"],
+)
+def test_noisy_old_damaged_and_other_version_caches_are_measured_again(quiet_machine, change, why):
+    if change == "version 3":
+        data = _cached_table()
+        data["version"] = 3
+        Path(cpu_blas.cache_path()).write_text(json.dumps(data))
+    else:
+        _cached_table(**change)
+    d = _resolve()
+    assert d["source"] == "probe" and why in d["remeasured_because"]
+    assert d["status"] == "clean"  # and the cache now holds the new, clean table
+    cpu_blas._TABLES.clear()
+    assert _resolve()["source"] == "cache"
+
+
+@pytest.mark.parametrize(
+    "torch_s, openblas_s, spreads, expected",
+    [
+        (1.0, 0.85, (0.06, 0.06), True),  # 15 % faster: beyond the margin, within margin + noise
+        (1.0, 0.85, (0.02, 0.02), False),  # quiet enough: no spread over SPREAD_OK
+        (1.0, 0.50, (0.2, 0.2), True),  # too noisy to tell: a 2x lead hidden by the spreads
+        (1.0, 0.40, (0.2, 0.2), False),  # openblas either way
+        (1.0, 1.30, (0.5, 0.1), False),  # torch either way
+    ],
+)
+def test_noise_marks_a_table_only_where_it_decides_the_choice(torch_s, openblas_s, spreads, expected):
+    r = {"seconds": {"torch": torch_s, "openblas": openblas_s}, "spread": dict(zip(("torch", "openblas"), spreads))}
+    assert cpu_blas.undecided(r) is expected
+    status, why = cpu_blas.judge({"gemm/fp64/large": dict(r, contention=0.0)}, 0.0)
+    assert status == ("noisy" if expected else "clean") and (why is None) is not expected
+
+
+@pytest.mark.parametrize(
+    "torch_s, openblas_s, spreads, expected",
+    [
+        (1.0, 0.70, (0.01, 0.01), "openblas"),  # 30 % faster, quiet
+        (1.0, 0.92, (0.0, 0.0), "torch"),  # within the 10 % margin
+        (1.0, 0.85, (0.04, 0.04), "torch"),  # 15 % faster, but within margin + noise
+        (1.0, 0.80, (0.04, 0.04), "openblas"),  # beyond margin + noise
+        (1.0, 1.00, (0.0, 0.0), "torch"),  # a tie
+        (1.0, 0.50, (0.3, 0.3), "torch"),  # too noisy to tell
+    ],
+)
+def test_a_close_call_goes_to_torch(torch_s, openblas_s, spreads, expected):
+    seconds = {"torch": torch_s, "openblas": openblas_s}
+    assert cpu_blas.decide(seconds, dict(zip(("torch", "openblas"), spreads))) == expected
+
+
+def test_two_probes_of_one_machine_agree(monkeypatch):
+    """Injected timings (each library's time per entry, each sample jittered by up to ±2 % from
+    its own random stream): two probes choose alike, openblas exactly where it is > 20 % faster,
+    torch where the two are within 5 %."""
+    ratio = {e: 1.0 for e in _entries()}  # openblas / torch time
+    ratio.update({"gemm/fp64/large": 0.7, "syrk/fp32/large": 0.75, "syrk/fp64/medium": 1.3})
+    ratio.update({"pair/fp64/large": 0.96, "gemm/fp32/medium": 1.04})
+
+    class Call:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def __call__(self):
+            pass
+
+    monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", PROBE_SHAPES)  # each case in its class: its entry from its flops
+    tables = []
+    for seed in (1, 2):
+        rng = random.Random(seed)
+        monkeypatch.setattr(cpu_blas, "_sample", lambda fn, n: fn.seconds * (1 + rng.uniform(-0.02, 0.02)))
+        monkeypatch.setattr(cpu_blas, "_probe_calls", _probe_calls_by_entry(ratio, Call))
+        tables.append(cpu_blas.probe(sample_s=0.001, min_samples=3, max_samples=6))
+    assert tables[0]["choice"] == tables[1]["choice"]
+    assert {e for e, lib in tables[0]["choice"].items() if lib == "openblas"} == {"gemm/fp64/large", "syrk/fp32/large"}
+
+
+def test_the_libraries_take_turns_by_passes_not_call_by_call(monkeypatch, quiet_machine):
+    """All of torch's first-pass calls come before OpenBLAS's, and a torch pass after an OpenBLAS
+    one starts after SETTLE_S (OpenBLAS's idle workers spin ~0.1 s and halve torch's GEMMs)."""
+    log = []
+    monkeypatch.setattr(cpu_blas.time, "sleep", lambda s: log.append(("sleep", s)))
+
+    def calls(op, case, dtype):
+        return 1e6, {lib: (lambda lib=lib: log.append(lib)) for lib in ("torch", "openblas")}
+
+    monkeypatch.setattr(cpu_blas, "_probe_calls", calls)
+    rng = random.Random(0)
+    monkeypatch.setattr(cpu_blas, "_sample", lambda fn, n: (fn(), 1e-3 * (1.0 + 0.5 * rng.random()))[1])
+    monkeypatch.setattr(cpu_blas, "SPREAD_OK", 0.05)  # the samples' 50 % jitter asks for a further pass
+    cpu_blas.probe(sample_s=0.001, min_samples=3, max_samples=4)
+    runs = [log[0]]
+    for x in log[1:]:
+        if x != runs[-1]:
+            runs.append(x)
+    assert runs == ["torch", "openblas", ("sleep", cpu_blas.SETTLE_S), "torch", "openblas"], runs
+
+
+def _entries():
+    return [cpu_blas.entry(op, dt, c) for op in cpu_blas.OPS for dt in cpu_blas.DTYPE_NAMES for c in cpu_blas.CLASSES]
+
+
+def _probe_calls_by_entry(ratio, Call):
+    """A stand-in for cpu_blas._probe_calls: the entry of each case from its flops' class."""
+
+    def calls(op, case, dtype):
+        flops = 2.0 * case[0] ** 2 * case[1] if op == "syrk" else 2.0 * case[0] * case[1] * case[2]
+        e = cpu_blas.entry(op, dtype, cpu_blas.size_class(flops))
+        return flops, {"torch": Call(1e-3), "openblas": Call(1e-3 * ratio[e])}
+
+    return calls
+
+
+def test_the_probe_cases_lie_in_their_classes_and_fit_its_time():
+    """Each probe case's flops lie in its class, and the probe's least time (MIN_SAMPLES samples of
+    SAMPLE_S, plus the calibration, per case and library) stays within 5 s; its most, within
+    BUDGET_S plus MIN_SAMPLES rounds."""
+    for op, classes in PROBE_SHAPES.items():
+        for cls, cases in classes.items():
+            for case in cases:
+                flops = 2.0 * case[0] ** 2 * case[1] if op == "syrk" else 2.0 * case[0] * case[1] * case[2]
+                assert cpu_blas.size_class(flops) == cls, (op, cls, case)
+    ncases = sum(len(c) for classes in PROBE_SHAPES.values() for c in classes.values()) * len(cpu_blas.DTYPE_NAMES)
+    least = ncases * 2 * (PROBE_MIN_SAMPLES + 1) * PROBE_SAMPLE_S
+    assert least <= 5.0, least
+
+
+def test_a_cache_that_cannot_be_written_does_not_break_a_run(tmp_path, monkeypatch, quiet_machine):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    d = linalg.get_backend("cpu").blas.describe()
-    assert d["source"] == "probe" and d["cache_error"]
+    d = _resolve()
+    assert d["source"] == "probe" and d["cache_error"] and "could not be cached" in d["warning"]
     (tmp_path / "c" / "dfmp2").mkdir(parents=True)
     (tmp_path / "c" / "dfmp2" / "cpu_blas.json").write_text("{not json")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
     cpu_blas._TABLES.clear()
-    assert linalg.get_backend("cpu").blas.describe()["source"] == "probe"  # and rewritten
+    d = _resolve()
+    assert d["source"] == "probe" and d["remeasured_because"] == "unreadable cache (JSONDecodeError)"
     assert json.loads((tmp_path / "c" / "dfmp2" / "cpu_blas.json").read_text())["version"] == cpu_blas.CACHE_VERSION
+
+
+def test_bench_blas_measures_now_and_writes_the_cache(quiet_machine, tmp_path):
+    """``dfmp2 bench --blas`` probes even over a clean cache, writes it and prints the table (exit
+    0); with another timing option it is one error line, exit 2."""
+    first = _resolve()  # a clean cache already there
+    cpu_blas._TABLES.clear()
+    r = CliRunner().invoke(main, ["bench", "--blas"])
+    assert r.exit_code == 0, r.output
+    assert "cpu BLAS choice" in r.stdout and "gemm/fp64/large" in r.stdout and "dfmp2 bench --blas" in r.stdout
+    assert _flat(f"wrote {first['cache']} (clean: later runs use it)") in _flat(r.stderr)
+    (table,) = json.loads(Path(first["cache"]).read_text())["entries"].values()
+    assert table["date"] >= first["probe_date"] and table["status"] == "clean"
+    r = CliRunner().invoke(main, ["bench", "--blas", "--waters", "1"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: --blas") and r.stderr.count("\n") == 1, r.output
+
+
+def test_run_verbose_prints_the_choice_and_its_evidence(quiet_machine, tmp_path):
+    r = CliRunner().invoke(main, ["run", str(WATER), "-v"])
+    assert r.exit_code == 0, r.output
+    out = _flat(r.output)
+    assert _flat("cpu BLAS choice (--cpu-blas auto)") in out and _flat("spread % t/o") in out
+    assert "syrk/fp32/medium" in out and _flat("measured by this run (no cache file); clean;") in out
+    assert _flat("cpu BLAS │ auto, measured by this run (clean,") in out  # the summary row
+
+
+def _flat(text: str) -> str:
+    """Text without white space and table rules (rich wraps at the terminal's width)."""
+    return re.sub(r"[\s│]+", "", text)
 
 
 @pytest.mark.parametrize("mode", ["torch", "openblas"])
