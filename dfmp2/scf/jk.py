@@ -6,17 +6,22 @@ iteration counts compare), and the raw integrals (P|Q) and packed (μν|P) (dfmp
 the JK-fit set ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``, exactly PySCF's DF-RHF's.
 
 Device (linalg, the heavy part):
-    JK factor  B = L^-1 (P|μν), L L^T = (P|Q), packed μ >= ν: (naux, nao(nao+1)/2), kept resident
-    J:  γ = B d,  J = unpack(B^T γ)        d = packed D, off-diagonal elements doubled (two GEMMs)
-    K:  per block of P, Z[(i,P), μ] = Σ_ν C_νi B_Pμν  (one GEMM on the unpacked block),
-        K += Z^T Z                         (SYRK); D = C C^T (columns scaled by the occupation)
+    JK factor  B = L^-1 (P|μν), L L^T = (P|Q) (one right-side TRSM of the whole raw factor), kept
+               resident unpacked (naux, nao, nao) where the memory plan has room, else packed μ >= ν
+               (naux, nao(nao+1)/2)
+    unpacked   per block of P (UNPACKED_BLOCK_MB): Z = C^T B_P (one GEMM), K's lower triangle += Z^T Z
+               (one GEMM per block row, in place), γ_P from the same Z, J += Σ_P γ_P B_P (``JKFactor.jk``)
+    packed     J:  γ = B d,  J = unpack(B^T γ)   d = packed D, off-diagonal elements doubled (two GEMMs)
+               K:  per block of P, the block unpacked, then Z and K as above; D = C C^T (columns
+               scaled by the occupation)
 Dense O(N^3) algebra (canonical orthogonalisation, Fock diagonalisation, density, commutator,
 DIIS) in fp64: on the device where it has fp64, on the host where it has not (Trainium; recorded
 in ``ran['scf']['host_kernels']``).
 
-Shapes: the factor is (naux, nao(nao+1)/2) packed (``JKFactor``; unpacked (naux, nao, nao) for a
-mixed SCF's fp32 copy, ``fp32_unpacked``), densities and J, K (nao, nao), Hartree. Exchange
-blocks of ``jk_block`` auxiliary functions, near JK_BLOCK_MB MB unpacked. ``build_jk_factor``
+Shapes: the factor is (naux, nao(nao+1)/2) packed or (naux, nao, nao) unpacked (``JKFactor``; the
+layout 'unpacked', ``unpacked``, and a mixed SCF's fp32 copy, ``fp32_unpacked``), densities and J, K
+(nao, nao), Hartree. Exchange blocks of ``jk_block`` auxiliary functions, near JK_BLOCK_MB MB
+unpacked (UNPACKED_BLOCK_MB over the unpacked factor). ``build_jk_factor``
 fits the factor (the split one over ranks: dfmp2.scf.jk_dist). DFRHF (dfmp2.scf.rhf), DFUHF
 (dfmp2.scf.uhf) and the gradient's response (dfmp2.grad) build their J and K here.
 """
@@ -96,8 +101,7 @@ class JKFactor:
     def exchange(self, C: torch.Tensor, split: int | None = None) -> torch.Tensor:
         """K(D)_μν = Σ_λσ (μλ|νσ) D_λσ for D = C[:, :split] C[:, :split]^T - C[:, split:] C[:, split:]^T
         (split None: D = C C^T). C (nao, m); returns (nao, nao) fp64 (an fp32 factor's blocks are
-        summed in fp64). Per block of P: Z = C^T B_P
-        (one GEMM), K += Z^T Z (SYRK, ``_syrk_into``)."""
+        summed in fp64). Per block of P: Z = C^T B_P (one GEMM), K += Z^T Z (``_syrk_into``)."""
         nao, packed = self.nao, self.packed
         Cd = C.to(self.B.dtype)
         K = torch.zeros((nao, nao), dtype=torch.float64, device=self.B.device)
