@@ -543,7 +543,7 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
         raise linalg.DeviceUnavailableError(
             f"device '{backend.name}' cannot run the DF-SCF: it lacks {', '.join(missing)}", alternatives=("cpu",)
         )
-    speedup = _fp32_speedup(job) if job.options.scf_precision == "auto" else None
+    speedup = None  # auto on a CPU stays by capabilities until the ranks agree on one measurement
     mixed = resolve_precision(backend.caps, job.options.scf_precision, fp32_speedup=speedup)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
@@ -555,13 +555,6 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
         "layout": need["layout"],
         "fp32_speedup": speedup,
     }
-
-
-def _fp32_speedup(job: Job) -> float | None:
-    """This machine's measured SGEMM/DGEMM ratio (Backend.fp32_speedup; None: not measured). Over
-    several ranks each reads it from the one BLAS table of the machine (no collective here: the
-    plan runs before the ranks agree on the input)."""
-    return job.backend.fp32_speedup()
 
 
 def _scf_memory(

@@ -127,8 +127,9 @@ def run_scf(
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
     (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
     ``layout``: the JK factor's, 'packed' or 'unpacked' (the memory plan's, ``check_memory``).
-    ``fp32_speedup``: the measured SGEMM/DGEMM ratio that decides 'auto' (the plan's, one for all
-    ranks; default: this backend's, ``Backend.fp32_speedup``)."""
+    ``fp32_speedup``: a measured SGEMM/DGEMM ratio that decides 'auto' (``Backend.fp32_speedup``;
+    default None: the device's capabilities decide, as the pipeline does for now: the ranks of a
+    run do not yet agree on one measurement)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
     return cls(

@@ -82,12 +82,7 @@ class DFRHF:
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
         self.requested, self.mode, self.why = (
             precision,
-            *resolve_precision(
-                backend.caps,
-                precision,
-                fp32_copy,
-                (fp32_speedup if fp32_speedup is not None else backend.fp32_speedup()) if precision == "auto" else None,
-            ),
+            *resolve_precision(backend.caps, precision, fp32_copy, fp32_speedup if precision == "auto" else None),
         )
         self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
         self.host_rebuild, self.host_builds = False, []  # G rebuilt in fp64 on the host: at these cycles
