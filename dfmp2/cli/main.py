@@ -232,10 +232,19 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
         return
     qc_text = qc.to_json(atomic) if qcschema_path else None  # validated before any output
     # the files first: a stdout that fails (full, or a reader gone) must not lose the result
-    if json_path:
-        result.write_json(json_path)
-    if qcschema_path:
-        write_text(qcschema_path, qc_text)
+    try:
+        if json_path:
+            result.write_json(json_path)
+        if qcschema_path:
+            write_text(qcschema_path, qc_text)
+    except InputError as e:  # the finished run's checkpoint stays: a resume writes the files again
+        if ck and Path(ck).exists():
+            raise InputError(
+                f"{e}; the finished run is kept in the checkpoint {ck}: "
+                f"dfmp2 run {xyz_file} ... --resume {ck} writes it without recomputing",
+                option=e.option,
+            ) from None
+        raise
     with printing(written=(json_path, qcschema_path)):
         if verbose and isinstance(result, Result):  # a CBS document has no stages of its own
             result.render(console, quiet=quiet, verbose=True)
