@@ -698,7 +698,37 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
 def reference_warnings(ref: Reference) -> list[str]:
     """What the converged reference says about itself: spin contamination, a small gap, an
     unstable UHF (appended to the Job's warnings in the Result)."""
-    return [w for w in (ref.contamination_warning(), ref.gap_warning(), stability.warning(ref.scf.stability)) if w]
+    return [
+        w
+        for w in (
+            ref.contamination_warning(),
+            ref.gap_warning(),
+            stability.warning(ref.scf.stability),
+            slow_disk_warning(ref.scf),
+        )
+        if w
+    ]
+
+
+SLOW_DISK_SHARE = 0.25  # of the SCF's seconds waiting for the JK factor's reads: worth a warning
+
+
+def slow_disk_warning(scf) -> str | None:
+    """One line when our DF-SCF streamed its JK factor from the scratch disk (layout 'disk') and
+    waited for the reads more than SLOW_DISK_SHARE of the SCF's time: the disk, not the
+    arithmetic, set its pace (measured, not predicted: the first read may come from the page
+    cache, the next from the disk)."""
+    jf = (scf.jk_factor or {}) if scf is not None else {}
+    total = (scf.times or {}).get("scf", 0.0) if scf is not None else 0.0
+    wait = jf.get("read_wait_s") or 0.0
+    if jf.get("layout") != "disk" or total <= 0 or wait <= SLOW_DISK_SHARE * total:
+        return None
+    rate = jf.get("read_gb_per_s")
+    return (
+        f"the DF-SCF waited {wait:.1f} s of its {total:.1f} s for its JK factor's reads from the scratch "
+        f"disk ({rate if rate is not None else '?'} GB/s): a faster --scratch disk, or a memory limit "
+        f"that holds the factor ({jf.get('disk_mb', 0) / 1e3:.3g} GB), would save most of that"
+    )
 
 
 # ---------------------------------------------------------------------------- result

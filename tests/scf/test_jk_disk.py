@@ -152,3 +152,34 @@ def test_disk_factor_reads_are_checked_against_the_file(dimer, tmp_path):
         full = torch.cat([b.reshape(b.shape[0], -1) for _, _, b in seen])
         rows = torch.from_numpy(disk.ds[...])
         assert torch.equal(full, jk.integrals.unpack(rows, mol.nao_nr()).reshape(disk.naux, -1))
+
+
+def test_uhf_and_a_checkpoint_with_the_factor_on_disk(tmp_path):
+    """An open shell (allyl, DF-UHF: J of the total and K of each spin in one pass over the file)
+    gives the in-memory energies to 1e-10 Eh; a run with a checkpoint whose SCF streamed the
+    factor resumes to the same energies (the resumed run reads the SCF, no factor)."""
+    allyl = INPUTS / "open_shell" / "allyl.xyz"
+    disk = run(allyl, RunOptions(memory_mb=11.0, scratch_dir=str(tmp_path)))
+    mem = run(allyl, RunOptions())
+    assert disk.ran["scf"]["jk_factor"]["layout"] == "disk" and disk.ran["scf"]["reference"] == "UHF"
+    assert abs(disk.e_hf - mem.e_hf) < 1e-10 and abs(disk.e_corr - mem.e_corr) < 1e-10
+    ck = tmp_path / "ck.h5"
+    first = run(DIMER, RunOptions(memory_mb=4.0, checkpoint=str(ck)))
+    again = run(DIMER, RunOptions(memory_mb=4.0, resume=str(ck)))
+    assert first.ran["scf"]["jk_factor"]["layout"] == "disk"
+    assert again.e_hf == first.e_hf and again.e_corr == first.e_corr
+    assert {p.name for p in tmp_path.iterdir()} == {"ck.h5"}
+
+
+def test_a_scf_that_waited_for_the_disk_says_so():
+    """More than a quarter of the SCF's time waiting for the factor's reads: one warning line
+    naming the wait, the rate and the factor's size; less, or a factor in memory: none."""
+    from types import SimpleNamespace
+
+    from dfmp2.pipeline import slow_disk_warning
+
+    jf = {"layout": "disk", "read_wait_s": 30.0, "read_gb_per_s": 0.2, "disk_mb": 3700.0}
+    w = slow_disk_warning(SimpleNamespace(jk_factor=jf, times={"scf": 100.0}))
+    assert "waited 30.0 s of its 100.0 s" in w and "0.2 GB/s" in w and "3.7 GB" in w and "\n" not in w
+    assert slow_disk_warning(SimpleNamespace(jk_factor={**jf, "read_wait_s": 20.0}, times={"scf": 100.0})) is None
+    assert slow_disk_warning(SimpleNamespace(jk_factor={**jf, "layout": "packed"}, times={"scf": 100.0})) is None
