@@ -14,6 +14,10 @@ Device (linalg, the heavy part):
     packed     J:  γ = B d,  J = unpack(B^T γ)   d = packed D, off-diagonal elements doubled (two GEMMs)
                K:  per block of P, the block unpacked, then Z and K as above; D = C C^T (columns
                scaled by the occupation)
+    disk       the packed fp64 factor in a scratch file when no layout fits in memory: fitted in row
+               blocks (``fit_to_disk``), streamed each pass and unpacked block by block, J and K as
+               over the unpacked factor (``DiskJKFactor``). ``JKFactor.blocks`` is the one loop over
+               the factor's unpacked blocks for every layout.
 Dense O(N^3) algebra (canonical orthogonalisation, Fock diagonalisation, density, commutator,
 DIIS) in fp64: on the device where it has fp64, on the host where it has not (Trainium; recorded
 in ``ran['scf']['host_kernels']``).
