@@ -190,6 +190,7 @@ def pyscf_baseline(
     charge: int | None = None,
     multiplicity: int | None = None,
     max_cycle: int | None = None,
+    max_memory: float | None = None,
 ) -> dict:
     """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
     given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
@@ -197,7 +198,9 @@ def pyscf_baseline(
     variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}.
     ``charge``, ``multiplicity``: as ``dfmp2 run``'s options (None: the XYZ comment's); ``max_cycle``:
     PySCF's SCF cycle limit in 'dfrhf'/'dfuhf' (None: dfmp2's default); an SCF that does not converge
-    by then is timed all the same, its task marked ``converged`` False."""
+    by then is timed all the same, its task marked ``converged`` False. ``max_memory`` (MB): PySCF's
+    own limit for the SCF and DF-MP2 of 'whole' (None: 16000 for the MP2, keeping it in core). Each
+    run records its process's peak resident memory (``max_rss_mb``)."""
     spec = {
         "tasks": list(tasks),
         "xyz": str(xyz),
@@ -211,6 +214,7 @@ def pyscf_baseline(
         "charge": charge,
         "multiplicity": multiplicity,
         "max_cycle": max_cycle,
+        "max_memory": max_memory,
     }
     runs = {}
     for setting in settings:
@@ -267,7 +271,8 @@ def child(spec: dict) -> dict:
     def mp2(mf):
         pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf, frozen=nfrozen or None)
         pt.with_df = df.DF(mol, auxbasis=df_basis.mp2_auxbasis(mol))
-        pt.verbose, pt.max_memory = 0, 16000  # MB: keep PySCF incore (4000 MB would go out of core)
+        # MB: keep PySCF incore by default (4000 MB would go out of core); a benchmark at a fixed limit gives its own
+        pt.verbose, pt.max_memory = 0, spec.get("max_memory") or 16000
         pt.kernel(with_t2=False)
         return float(pt.e_corr)
 
@@ -277,7 +282,8 @@ def child(spec: dict) -> dict:
             r = _timed_scf(pyscf_scf.run_uhf if task == "dfuhf" else pyscf_scf.run_rhf, mol, spec.get("max_cycle"))
         elif task == "whole":
             t0 = time.perf_counter()
-            ref = run_ref(mol, "pyscf-df", **({"max_cycle": spec["max_cycle"]} if spec.get("max_cycle") else {}))
+            kw = {"max_cycle": spec["max_cycle"]} if spec.get("max_cycle") else {}
+            ref = run_ref(mol, "pyscf-df", memory_mb=spec.get("max_memory"), **kw)
             t1 = time.perf_counter()
             e_corr = mp2(ref.mf)
             t2 = time.perf_counter()
@@ -323,6 +329,9 @@ def child(spec: dict) -> dict:
     for r in out["peaks"]["rows"]:
         r["library"] += f" in the PySCF process ({env})"
     out["blas"] = blas_info()
+    import resource
+
+    out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # Linux: kB
     return out
 
 

@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""Benchmark: how time and memory grow with the molecule, at one fixed memory limit (issue 38).
+
+For each water cluster (H2O)n (inputs/water_clusters, ``--sizes``) in each basis (``--basis``), the
+whole ``dfmp2 run --memory LIMIT`` in its own process (wall time, the process's peak resident
+memory from os.wait4, the JK factor's layout and where B went), then (unless ``--no-pyscf``)
+PySCF's DF-RHF + DF-MP2 with ``max_memory`` = LIMIT in both BLAS settings
+(dfmp2.benchmarks.fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its
+own process; the faster counts; PySCF's limit counts its arrays, not the process). Then a growth
+exponent per column: time ~ nbasis^p, least squares on the logs (dfmp2.benchmarks.waters.fit_exponent).
+
+    python scripts/bench_scaling.py --sizes 8 16 24 --memory 2GB
+    python scripts/bench_scaling.py --sizes 8 16 --basis cc-pvtz --memory 8GB --no-pyscf
+
+Writes scripts/results/bench_scaling_<basis>.json and .md (``--out`` a path stem elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+from dfmp2.benchmarks import fair_baseline as fb
+from dfmp2.benchmarks.timing import cpu_model, now
+from dfmp2.benchmarks.waters import fit_exponent
+from dfmp2.cli.options import parse_memory
+from dfmp2.io.result import software_versions
+
+
+def run_ours(xyz: Path, basis: str, memory: str, threads: int, timeout: float) -> dict:
+    """One ``dfmp2 run`` in its own process: wall s, peak RSS MB (os.wait4), and from its JSON the
+    energies (Eh), the SCF's JK factor layout and where B went."""
+    with tempfile.TemporaryDirectory(prefix="dfmp2-scaling-") as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [sys.executable, "-m", "dfmp2", "run", str(xyz), "--basis", basis, "--memory", memory]
+        cmd += ["-q", "--json", str(out), "--scratch", tmp]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = t0 + timeout
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                os.wait4(p.pid, 0)
+                return {"error": f"timed out after {timeout:.0f} s"}
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        err = p.stderr.read().strip().splitlines()
+        if os.waitstatus_to_exitcode(status) != 0:
+            return {"error": err[-1] if err else f"exit {os.waitstatus_to_exitcode(status)}", "wall_s": wall}
+        d = json.loads(out.read_text())
+    return {
+        "wall_s": wall,
+        "max_rss_mb": usage.ru_maxrss / 1e3,
+        "nbasis": d["shapes"]["nbasis"] if "shapes" in d else None,
+        "e_hf": d["energies"]["e_hf"],
+        "e_corr": d["energies"]["e_corr"],
+        "scf_layout": d["ran"]["scf"]["jk_factor"]["layout"],
+        "b_storage": (d["ran"].get("storage") or {}).get("B"),
+        "timings": d["timings"],
+        "warnings": d.get("warnings", []),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 12, 16, 24])
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--memory", default="2GB", help="the fixed limit, ours (--memory) and PySCF's max_memory")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=7200)
+    ap.add_argument("--no-pyscf", action="store_true")
+    ap.add_argument("--out", help="path stem of the .json and .md (default scripts/results/bench_scaling_<basis>)")
+    a = ap.parse_args(argv)
+    limit_mb = parse_memory(a.memory)
+    rows = []
+    for n in a.sizes:
+        xyz = ROOT / "inputs" / "water_clusters" / f"h2o_{n:02d}.xyz"
+        if not xyz.exists():
+            print(f"error: no {xyz} (inputs/make_water_clusters.py writes the sizes it knows)", file=sys.stderr)
+            return 2
+        row = {"n": n, "ours": run_ours(xyz, a.basis, a.memory, a.threads, a.timeout)}
+        print(f"(H2O){n} ours: {row['ours']}", file=sys.stderr)
+        if not a.no_pyscf:
+            base = fb.pyscf_baseline(
+                ["whole"], xyz, basis=a.basis, threads=a.threads, timeout=a.timeout, max_memory=limit_mb, peak_sizes=[]
+            )
+            best = base["runs"].get(base["best"]) if base["best"] else None
+            row["pyscf"] = {
+                "best": base["best"],
+                "runs": {
+                    s: {k: r.get(k) for k in ("error", "max_rss_mb")} | (r.get("tasks") or {}).get("whole", {})
+                    for s, r in base["runs"].items()
+                },
+                "wall_s": best["tasks"]["whole"]["seconds"] if best else None,
+                "max_rss_mb": best.get("max_rss_mb") if best else None,
+            }
+            print(f"(H2O){n} PySCF: {row['pyscf']}", file=sys.stderr)
+        rows.append(row)
+    nb = [r["ours"].get("nbasis") for r in rows]
+    exps = {"ours_wall": fit_exponent(nb, [r["ours"].get("wall_s") for r in rows])}
+    exps["ours_rss"] = fit_exponent(nb, [r["ours"].get("max_rss_mb") for r in rows])
+    if not a.no_pyscf:
+        exps["pyscf_wall"] = fit_exponent(nb, [(r.get("pyscf") or {}).get("wall_s") for r in rows])
+        exps["pyscf_rss"] = fit_exponent(nb, [(r.get("pyscf") or {}).get("max_rss_mb") for r in rows])
+    doc = {
+        "date": now(),
+        "machine": {"cpu": cpu_model(), "platform": platform.platform(), "threads": a.threads},
+        "blas": fb.blas_info(),
+        "versions": software_versions(),
+        "basis": a.basis,
+        "memory_limit_mb": limit_mb,
+        "rows": rows,
+        "exponents": exps,
+        "rule": "each run in its own process; RSS = the process's peak resident set (os.wait4 / getrusage); "
+        "PySCF in both BLAS settings, the faster counts",
+    }
+    stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / f"bench_scaling_{a.basis}"
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(markdown(doc)) + "\n")
+    print("\n".join(markdown(doc)))
+    return 0
+
+
+def markdown(doc: dict) -> list[str]:
+    lim = doc["memory_limit_mb"]
+    lines = [
+        f"# Scaling at a fixed memory limit: (H2O)n / {doc['basis']}, --memory {lim:.0f} MB",
+        "",
+        f"{doc['date']}, {doc['machine']['cpu']}, {doc['machine']['threads']} threads. "
+        f"{fb.blas_summary(doc['blas'])}. {doc['rule']}.",
+        "",
+        "| n | nbasis | ours s | ours RSS MB | SCF factor | B | PySCF s | PySCF RSS MB | PySCF / ours | |ΔE(MP2)| Eh |",
+        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        o, p = r["ours"], r.get("pyscf") or {}
+        if "error" in o:
+            lines.append(f"| {r['n']} | | {o['error']} | | | | | | | |")
+            continue
+        pb = (p.get("runs") or {}).get(p.get("best")) or {}
+        if p and not p.get("best"):  # both settings failed: say why in the time column
+            p = {"wall_s": None, "error": "; ".join(sorted({r.get("error") or "?" for r in p["runs"].values()}))}
+        de = abs(o["e_hf"] + o["e_corr"] - pb["e_mp2"]) if pb.get("e_mp2") is not None else None
+        lines.append(
+            f"| {r['n']} | {o['nbasis']} | {o['wall_s']:.1f} | {o['max_rss_mb']:.0f} | {o['scf_layout']} | "
+            f"{o['b_storage']} | {p.get('error') or _f(p.get('wall_s'), '.1f')} | {_f(p.get('max_rss_mb'), '.0f')} | "
+            f"{_f(p['wall_s'] / o['wall_s'] if p.get('wall_s') else None, '.2f')} | {_f(de, '.1e')} |"
+        )
+    lines += ["", "Growth exponents (time or RSS ~ nbasis^p, least squares on the logs):", ""]
+    for k, e in doc["exponents"].items():
+        lines.append(f"- {k}: " + (f"p = {e['p']:.2f} ({e['points']} points)" if e.get("p") is not None else "n/a"))
+    return lines
+
+
+def _f(x, spec: str) -> str:
+    return "" if x is None else format(x, spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
