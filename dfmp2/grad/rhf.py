@@ -30,10 +30,19 @@ the CPHF and of P) are our DF builds on the JK-fit set the SCF used
 (``dfmp2.scf.jk.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
 PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
 torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)
-and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nact nvir
-naux_mp2), the JK part's fitted coefficients (nocc nao naux_jk, three of them), Γ~'s half
-back-transform (naux_mp2 nao nact) and the Z-vector's MO factor are held in memory (``memory_mb``
-estimates them; no out-of-core path). The same pieces serve the UHF stage (``mp2grad_uhf``).
+and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB).
+
+Memory: the phases run one after another, each holding its own large arrays only (``phase_mb``):
+the densities (B and Γ, nact nvir naux_mp2 each, freed before Γ~'s half back-transform T_v,
+naux_mp2 nao nact), the correlation part's derivative integrals (T_v freed after them), the JK
+factor's fit (twice the packed factor), the Z-vector and the JK part's derivative. A plan
+(``GradientPlan``, ``choose_plan``: the fastest that fits the limit) picks each of the last two
+phases' form: the Z-vector with the factor in the MO basis held (B_ov, B_oo, B_vv) or streamed
+from the AO factor per aux block (about 2.5 times the flops a product, no MO factor); the JK
+derivative with its fitted coefficients' Y1 held, or made per aux block with the factor released
+first. The gradient records its plan (``ran['plan']``). Still held whole: the packed JK factor
+itself (naux_jk nao(nao+1)/2, its fit twice that), B and Γ, T_v and the fitted MO coefficients
+(naux_jk nocc nmo). The same pieces serve the UHF stage (``mp2grad_uhf``; in memory, one plan).
 
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).
@@ -184,7 +193,8 @@ def phase_mb(
     from the shapes, in the order the stage runs them (nothing large is held from one phase to
     the next but what is named):
       'densities': B's fit ((ia|P) and B: 2 nact nvir naux_mp2, a (μν|P) block of block_mb
-        unpacked and its packed half), the pair loop (B, Γ; K and θ of one block, PAIR_BLOCK_MB;
+        unpacked and its packed half), the pair loop (B, Γ; K and θ of one block, PAIR_BLOCK_MB
+        at most;
         P_vv's batched product nact nvir^2), the 3-index terms (Γ~, T_v (naux_mp2 nao nact), a
         (μν|P) block and its half transforms);
       'corr_deriv': T_v and the derivative integrals' block and its weights (twice block_mb, at
@@ -195,10 +205,10 @@ def phase_mb(
         nocc^2 + nvir^2), one product of ov's size included), or, 'ao', one unpacked block of
         JK_BLOCK_MB and its half transforms;
       'jk_deriv': 'mo': the factor, B_ov and B_oo, the fitted MO coefficients (naux_jk nocc nmo)
-        with their solve's copy, Y1 (two of naux_jk nao nocc) and a derivative block; 'blocked':
-        the factor with the coefficients (naux_jk nocc nmo) and one unpacked block, then, the
-        factor released, the coefficients, their occupied part (naux_jk nocc^2), a derivative
-        block (twice block_mb) and its per-block Y1 and weights."""
+        with their solve's copy, Y1 (two of naux_jk nao nocc), a derivative block and its
+        weights; 'blocked': the factor with the coefficients (naux_jk nocc nmo) and one unpacked
+        block, then, the factor released, the coefficients, their occupied part (naux_jk
+        nocc^2), a derivative block (twice block_mb), its weights and its Y1."""
     nmo = nocc + nvir
     fac = naux_jk * npair(nao)
     ov = nact * nvir * naux_mp2
@@ -209,17 +219,19 @@ def phase_mb(
     deriv_blk = 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
     jk_nb = jk_block(nao, naux_jk, 8)
     jk_blk = jk_nb * nao * (nao + 4 * nocc)  # one unpacked block and its half transforms
-    densities = max(2 * ov + j3c, 2 * ov + PAIR_BLOCK_MB * 1e6 / 8 + nact * nvir * nvir, ov + t_v + j3c)
+    pair_blk = min(PAIR_BLOCK_MB * 1e6 / 8, 2 * (nact * nvir) ** 2)  # K and θ of one block of j
+    densities = max(2 * ov + j3c, 2 * ov + pair_blk + nact * nvir * nvir, ov + t_v + j3c)
     if zvector == "mo":
         zvec = fac + naux_jk * (2 * nvir * nocc + nocc * nocc + nvir * nvir)
     else:
         zvec = fac + jk_blk
     ckm, cko = naux_jk * nocc * nmo, naux_jk * nocc * nocc
+    g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
     if jk_deriv == "mo":
-        deriv = fac + naux_jk * (nocc * nvir + nocc * nocc) + 2 * ckm + cko + 2 * naux_jk * nao * nocc + deriv_blk
+        deriv = fac + naux_jk * (nocc * nvir + nocc * nocc) + 2 * ckm + cko + 2 * naux_jk * nao * nocc + deriv_blk + g3
     else:
-        per_block = deriv_nb * (2 * nocc * nmo + 2 * nao * nocc + 2 * nao * nao + 3 * npair(nao))
-        deriv = max(fac + ckm + jk_blk, ckm + cko + deriv_blk + per_block)
+        y1 = deriv_nb * (2 * nocc * nmo + 2 * nao * nocc)  # Y1m and both Y1 of one block
+        deriv = max(fac + ckm + jk_blk, ckm + cko + deriv_blk + g3 + y1)
     phases = {
         "densities": densities,
         "corr_deriv": t_v + deriv_blk,

@@ -8,7 +8,8 @@ RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference
 ``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
 the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
 need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
-a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of
+a basis bracket, and a memory limit below the gradient stage's smallest plan
+(``gradient_plan``). The gradient is that of
 E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a
 device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
@@ -139,8 +140,8 @@ def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> Gradient
     )
     if need > limit:
         raise MemoryLimitError(
-            f"the UHF gradient stage needs about {human_mb(need)} (held in memory on the host: "
-            f"it has no blocked forms yet) but the memory limit is {human_mb(limit)}; a limit of "
+            f"the gradient stage needs about {human_mb(need)} (a UHF reference: held in memory on the "
+            f"host, no blocked forms yet) but the memory limit is {human_mb(limit)}; a limit of "
             f"{human_mb(need)} fits it",
             need_mb=need,
             limit_mb=limit,
