@@ -33,6 +33,14 @@ STORAGE_CHOICES = ("auto", "memory", "disk")
 STAGES = ("metric", "transform", "fit", "pair")
 
 
+def human(mb: float) -> str:
+    """Megabytes (10^6 B) in the unit a person reads: '750 MB', '59.4 GB', '1.2 TB' (3 digits)."""
+    for unit, scale in (("PB", 1e9), ("TB", 1e6), ("GB", 1e3)):
+        if abs(mb) >= scale:
+            return f"{mb / scale:.3g} {unit}"
+    return f"{mb:.3g} MB"
+
+
 def available_mb(device: str) -> float:
     """Available memory on the device the big arrays live on (host for cpu and trn). On the host,
     the smallest of what the machine has free (/proc/meminfo), what the address-space limit
@@ -149,8 +157,8 @@ def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize:
         have = DEFAULT_FRACTION * available_mb(where if where != "host" else "cpu")
         if mb > have:
             raise InputError(
-                f"{what}: needs about {mb:.3g} MB on {where} (B alone {need['b']:.3g} MB) "
-                f"but {have:.3g} MB is available ({DEFAULT_FRACTION:.0%} of free memory); "
+                f"{what}: needs about {human(mb)} on {where} (B alone {human(need['b'])}) "
+                f"but {human(have)} is available ({DEFAULT_FRACTION:.0%} of free memory); "
                 f"choose smaller sizes"
             )
 
@@ -373,8 +381,8 @@ def plan_memory(
     ]
     blocks = f"occupied block {occ0} (from the checkpoint)" if fixed_occ else "occupied block 1"
     raise MemoryLimitError(
-        f"this run needs at least {need:.3g} MB ({where}, auxiliary block {aux_min}, {blocks}) "
-        f"but the memory limit is {limit:.3g} MB (nocc {nocc}, nvir {nvir}, naux {naux}); "
+        f"this run needs at least {human(need)} ({where}, auxiliary block {aux_min}, {blocks}) "
+        f"but the memory limit is {human(limit)} (nocc {nocc}, nvir {nvir}, naux {naux}); "
         f"raise the memory limit or use a smaller basis",
         need_mb=need,
         limit_mb=limit,

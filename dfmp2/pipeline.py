@@ -450,17 +450,21 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
                 else memory.DEFAULT_FRACTION * memory.available_mb(options.device),
             )
     except MemoryLimitError as e:  # the whole run's minimum, not the first stage's that refused
-        scf_mb = _scf_memory(job, 1e-9)["peak"] if ours else 0.0
+        scf_mb = _scf_memory(job, minimum=True)["peak"] if ours else 0.0
         if e.need_mb is None or scf_mb <= e.need_mb:
             raise
         raise MemoryLimitError(
-            f"this run needs at least {scf_mb:.3g} MB (the DF-SCF; the MP2 stage after it "
-            f"{e.need_mb:.3g} MB) but the memory limit is {e.limit_mb:.3g} MB; raise the "
+            f"this run needs at least {memory.human(scf_mb)} (the DF-SCF; the MP2 stage after it "
+            f"{memory.human(e.need_mb)}) but the memory limit is {memory.human(e.limit_mb)}; raise the "
             "memory limit",
             need_mb=scf_mb,
             limit_mb=e.limit_mb,
         ) from None
-    scf_plan = _plan_scf(job, plan) if ours else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False, "layout": "packed"}
+    scf_plan = (
+        _plan_scf(job, plan)
+        if ours
+        else {"block_mb": jk.JK_BLOCK_MB, "fp32_copy": False, "layout": "packed", "disk": 0.0, "fit_mb": 0.0}
+    )
     scf_plan.setdefault("fp32_speedup", None)
     if on_plan is not None:
         on_plan(plan)
@@ -487,6 +491,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
         ck_mb=ck_mb,
         pia_mb=plan.disk_mb - plan.b_mb if plan.out_of_core else 0.0,
         pyscf_df_mb=pyscf_scf.pyscf_df_disk_mb(job.mol, plan.limit_mb, job.jk_auxbasis) if pyscf_df else 0.0,
+        jk_factor_mb=scf_plan["disk"],
     )
     return plan, scf_plan
 
@@ -549,32 +554,45 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
+    if need["layout"] == "disk":
+        plan.shapes["jk_factor_disk_mb"] = need["disk"]
     return {
         "block_mb": need["block_mb"],
         "fp32_copy": need["fp32_copy"] > 0,
         "layout": need["layout"],
+        "disk": need["disk"],
+        "fit_mb": need["fit_mb"],
         "fp32_speedup": speedup,
     }
 
 
 def _scf_memory(
-    job: Job, block_mb: float | None = None, *, limit_mb: float | None = None, fp32_copy: bool = False
+    job: Job,
+    block_mb: float | None = None,
+    *,
+    limit_mb: float | None = None,
+    fp32_copy: bool = False,
+    minimum: bool = False,
 ) -> dict:
     """Our DF-SCF's memory (driver.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
-    ``block_mb``, or, given ``limit_mb``, the largest block that fits (driver.check_memory:
-    MemoryLimitError when none does), with the factor's fp32 copy (``fp32_copy``) if it fits;
-    a UHF job: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set). The JK-fit
-    set is the job's (``Job.jk_auxmol``), its rows split over the job's process group."""
+    ``block_mb``, or, given ``limit_mb``, the first plan that fits (driver.check_memory, the JK
+    factor on disk last: MemoryLimitError when none does), with the factor's fp32 copy
+    (``fp32_copy``) if it fits; with ``minimum``, the least any plan needs ('peak' only). A UHF
+    job: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set). The JK-fit set is
+    the job's (``Job.jk_auxmol``), its rows split over the job's process group; the factor goes to
+    disk only in one process (or a replicated SCF) on a device with fp64."""
     mol, backend = job.mol, job.backend
     naux_jk = job.jk_auxmol.nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
     args = (mol.nao_nr(), distributed.scf_rows(naux_jk, job.world), max(mol.nelec), itemsize)
     spins = 2 if job.unrestricted else 1
-    need = (
-        driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins)
-        if limit_mb is not None
-        else driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins)
-    )
+    disk = backend.has_fp64 and not distributed.split_scf(job.world)
+    if minimum:
+        need = {"peak": driver.min_memory_mb(*args, spins=spins, disk=disk)}
+    elif limit_mb is not None:
+        need = driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins, disk=disk)
+    else:
+        need = driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins)
     return {**need, "naux_jk": naux_jk}
 
 
@@ -593,12 +611,15 @@ def _check_disk(
     ck_mb: float,
     pia_mb: float,
     pyscf_df_mb: float = 0.0,
+    jk_factor_mb: float = 0.0,
 ) -> None:
     """Before any heavy work: is there disk for what goes to disk (``outputs.check_disk``)? A
     checkpoint holds B (in memory or not), the SCF and the pair sums (``ck_mb``,
     ``checkpoint.size_mb``); out of core without a checkpoint, B goes to the scratch directory,
     and (P|ia) does when its dtype differs from B's; PySCF's DF-SCF tensor (``pyscf_df_mb``) goes
-    there too when it does not fit in memory (``pyscf_scf.pyscf_df_disk_mb``)."""
+    there too when it does not fit in memory (``pyscf_scf.pyscf_df_disk_mb``), and so does our
+    DF-SCF's JK factor when the plan put it on disk (``jk_factor_mb``; removed before the MP2
+    stage writes anything, counted all the same)."""
     scratch = Path(options.scratch_dir) if options.scratch_dir else Path(tempfile.gettempdir())
     needs = []
     if ck_path and not b_done:
@@ -608,8 +629,9 @@ def _check_disk(
             needs.append((scratch, b_mb, "scratch_dir"))
         if pia_mb > 0:
             needs.append((scratch, pia_mb, "scratch_dir"))
-    if pyscf_df_mb > 0:  # gone before the MP2 stage writes anything: counted all the same
-        needs.append((scratch, pyscf_df_mb, "scratch_dir"))
+    for mb in (pyscf_df_mb, jk_factor_mb):  # gone before the MP2 stage writes anything: counted all the same
+        if mb > 0:
+            needs.append((scratch, mb, "scratch_dir"))
     outputs.check_disk(needs)
 
 
@@ -646,6 +668,8 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             jk_auxbasis=job.jk_auxbasis,
             layout=scf_plan["layout"],
             fp32_speedup=scf_plan["fp32_speedup"],
+            scratch_dir=options.scratch_dir,
+            fit_mb=scf_plan["fit_mb"],
         )
     else:
         say(f"{kind} (PySCF) ...")

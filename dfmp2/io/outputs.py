@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 
 from dfmp2.errors import DiskWriteError, InputError
+from dfmp2.memory import human
 
 
 def _naming_option(fn):
@@ -163,8 +164,8 @@ def check_disk(needs) -> None:
             # more memory keeps B off the scratch disk; a checkpoint holds B whatever the memory
             more = ", or allow more memory (B stays off disk)" if "scratch_dir" in options else ""
             raise InputError(
-                f"this run needs {mb * DISK_MARGIN:.4g} MB of disk in {d} ({what}: "
-                f"{mb:.4g} MB and a {DISK_MARGIN - 1:.0%} margin) but only {free:.4g} MB are "
+                f"this run needs {human(mb * DISK_MARGIN)} of disk in {d} ({what}: "
+                f"{human(mb)} and a {DISK_MARGIN - 1:.0%} margin) but only {human(free)} are "
                 f"free; choose a directory on a larger disk{more}",
                 option="scratch_dir" if "scratch_dir" in options else options[0],
             )

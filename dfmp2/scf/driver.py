@@ -12,16 +12,22 @@ dfmp2.scf.pyscf_scf.
 
 from __future__ import annotations
 
+import contextlib
+
+from dfmp2.df.outofcore import Scratch
 from dfmp2.errors import MemoryLimitError
+from dfmp2.memory import QUEUE_DEPTH, human
 from dfmp2.reference import Reference
 from dfmp2.scf import pyscf_scf
 from dfmp2.scf.diis import DIIS_SPACE, UHF_DIIS_SPACE
-from dfmp2.scf.jk import JK_BLOCK_MB, UNPACKED_BLOCK_MB, jk_block, npair
+from dfmp2.scf.jk import DISK_READ_DEPTH, JK_BLOCK_MB, UNPACKED_BLOCK_MB, disk_rows, jk_block, npair
 from dfmp2.scf.rhf import DFRHF
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
 
 OPS = ("gemm", "syrk", "trsm", "cholesky", "eigh")  # the linalg ops this stage calls
+DISK_FIT_ROWS_MIN = 64  # auxiliary functions of the fit's smallest row block with the factor on disk
+# (fewer a block: the fit reads the file back more often)
 
 
 def memory_mb(
@@ -33,6 +39,7 @@ def memory_mb(
     fp32_copy: bool = False,
     spins: int = 1,
     layout: str = "packed",
+    fit_mb: float = 0.0,
 ) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor: packed naux nao(nao+1)/2 itemsize,
     or with ``layout`` 'unpacked' naux nao^2 itemsize), 'fp32_copy' (the mixed-precision SCF's fp32
@@ -44,10 +51,22 @@ def memory_mb(
     at most; the spins' exchange builds run one after the other: nocc is the wider spin's); plus
     the dense nao x nao fp64 matrices, per spin (``spins`` 2 for the DF-UHF): about 8 (S, hcore,
     Fock, ...) and the DIIS history's Fock matrices and errors (DIIS_SPACE, UHF_DIIS_SPACE): 24 for
-    RHF, 2 x 40 for UHF."""
+    RHF, 2 x 40 for UHF. Layout 'disk' (fp64): 'factor' 0 and 'disk' the packed factor's MB in the
+    scratch directory; the fit holds the metric and its Cholesky factor (2 naux^2), one row block
+    of the raw integrals and its solution (2 ``fit_mb``), the integral engine's blocks and the
+    reader's; the cycles the reader's blocks (DISK_READ_DEPTH + 1 packed), one block unpacked and
+    its half-transform."""
     fac64 = naux * npair(nao) * 8
     copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
-    if layout == "unpacked":
+    disk = 0
+    if layout == "disk":
+        rows = disk_rows(nao, naux)
+        reads = (DISK_READ_DEPTH + 1) * rows * npair(nao) * 8
+        engine = (QUEUE_DEPTH + 1) * rows * npair(nao) * 8  # its blocks: the reader's size (jk.fit_to_disk)
+        fac, copy32, disk = 0, 0, fac64
+        fit = 2 * naux * naux * 8 + 2 * fit_mb * 1e6 + engine + reads
+        cycle = reads + rows * nao * nao * 8 + 2 * rows * nao * 2 * nocc * 8
+    elif layout == "unpacked":
         fac = naux * nao * nao * itemsize
         nb = jk_block(nao, naux, itemsize, UNPACKED_BLOCK_MB)
         fit = max(2 * fac64, fac64 + fac)
@@ -59,20 +78,35 @@ def memory_mb(
         cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
     space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
     dense = (8 + 2 * space) * spins * nao * nao * 8
-    return {"factor": fac / 1e6, "fp32_copy": copy32 / 1e6, "peak": (max(fit, cycle) + dense) / 1e6, "layout": layout}
+    return {
+        "factor": fac / 1e6,
+        "fp32_copy": copy32 / 1e6,
+        "peak": (max(fit, cycle) + dense) / 1e6,
+        "layout": layout,
+        "disk": disk / 1e6,
+        "fit_mb": fit_mb,
+    }
 
 
 def check_memory(
-    nao: int, naux: int, nocc: int, itemsize: int, limit_mb: float, fp32_copy: bool = False, spins: int = 1
+    nao: int,
+    naux: int,
+    nocc: int,
+    itemsize: int,
+    limit_mb: float,
+    fp32_copy: bool = False,
+    spins: int = 1,
+    disk: bool = False,
 ) -> dict:
     """``memory_mb`` of the first plan that fits ``limit_mb``: the unpacked fp64 factor (no unpack
     per cycle, J and K in one pass: the fastest, twice the memory), else the packed one with the
     exchange block JK_BLOCK_MB, else one auxiliary function per block; with ``fp32_copy`` (a mixed-
     precision SCF asks for it) each first with the factor's fp32 copy, then without it
-    ('fp32_copy' 0: the SCF then runs in fp64). The result's 'block_mb' is the exchange block and
-    'layout' the factor's. MemoryLimitError (one line, before any integral) when even the
-    smallest block without the copy does not fit. The factor stays in memory (no out-of-core SCF
-    yet)."""
+    ('fp32_copy' 0: the SCF then runs in fp64); else, with ``disk`` (fp64, one process: the
+    caller's to say), the packed factor on disk, fitted in row blocks as large as the limit leaves
+    room for ('fit_mb', at most the whole factor) and streamed every cycle. The result's
+    'block_mb' is the exchange block and 'layout' the factor's. MemoryLimitError (one line in
+    human units, before any integral) when none fits, naming what would."""
     plans = [("unpacked", UNPACKED_BLOCK_MB)] if itemsize == 8 else []
     plans += [("packed", JK_BLOCK_MB), ("packed", 1e-9)]  # a smaller block costs more than the copy saves
     for layout, block_mb in plans:
@@ -80,11 +114,39 @@ def check_memory(
             need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins, layout=layout)
             if need["peak"] <= limit_mb:
                 return {**need, "block_mb": block_mb}
+    smallest = need
+    factor = f"the JK factor {human(need['factor'])} in memory: naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B"
+    least, how = smallest["peak"], factor
+    if disk and itemsize == 8:
+        fixed = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, spins=spins, layout="disk")
+        row_mb = npair(nao) * 8 / 1e6  # one auxiliary function's row
+        rows_min = min(naux, DISK_FIT_ROWS_MIN)
+        fit_mb = min(fixed["disk"], (limit_mb - fixed["peak"]) / 2)
+        if fit_mb >= row_mb * rows_min:
+            need = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, spins=spins, layout="disk", fit_mb=fit_mb)
+            if need["peak"] <= limit_mb:
+                return {**need, "block_mb": JK_BLOCK_MB}
+        disk_min = fixed["peak"] + 2 * row_mb * rows_min
+        if disk_min < least:
+            least, how = disk_min, f"the JK factor on disk, {human(fixed['disk'])} in the scratch directory"
+    elif itemsize == 8:
+        factor += "; on disk only in one process"
     raise MemoryLimitError(
-        f"the DF-SCF needs about {need['peak']:.4g} MB (its JK factor alone {need['factor']:.4g} MB: "
-        f"naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B) but the memory limit is "
-        f"{limit_mb:.4g} MB; raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')"
+        f"the DF-SCF needs at least {human(least)} ({how}) but the memory limit is {human(limit_mb)}; "
+        f"raise the memory limit, or use PySCF's DF-SCF (SCF mode 'pyscf-df')",
+        need_mb=least,
+        limit_mb=limit_mb,
     )
+
+
+def min_memory_mb(nao: int, naux: int, nocc: int, itemsize: int, spins: int = 1, disk: bool = False) -> float:
+    """The least MB any plan of ``check_memory`` runs in (the factor on disk where ``disk`` allows
+    it, else the packed factor with the smallest exchange block)."""
+    try:
+        check_memory(nao, naux, nocc, itemsize, 0.0, spins=spins, disk=disk)
+    except MemoryLimitError as e:
+        return e.need_mb
+    raise AssertionError("a plan fitted in no memory")
 
 
 def run_scf(
@@ -107,6 +169,8 @@ def run_scf(
     jk_auxbasis=None,
     layout: str = "packed",
     fp32_speedup: float | None = None,
+    scratch_dir=None,
+    fit_mb: float | None = None,
 ) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend``
     (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
@@ -126,27 +190,32 @@ def run_scf(
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
     (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
-    ``layout``: the JK factor's, 'packed' or 'unpacked' (the memory plan's, ``check_memory``).
+    ``layout``: the JK factor's, 'packed', 'unpacked' or 'disk' (the memory plan's, ``check_memory``;
+    'disk': in a private scratch directory under ``scratch_dir`` (default the system's temporary
+    directory), fitted in row blocks of ``fit_mb`` MB, removed when the SCF ends, however it ends).
     ``fp32_speedup``: a measured SGEMM/DGEMM ratio that decides 'auto' (``Backend.fp32_speedup``;
     default None: the device's capabilities decide, as the pipeline does for now: the ranks of a
     run do not yet agree on one measurement)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
-    return cls(
-        mol,
-        backend,
-        timer=timer or Timer(backend),
-        block_mb=block_mb,
-        **extra,
-        incremental=incremental,
-        engine=engine,
-        progress=progress,
-        conv_tol_grad=conv_tol_grad,
-        precision=precision,
-        fp32_copy=fp32_copy,
-        world=world,
-        dm0=dm0,
-        jk_auxbasis=jk_auxbasis,
-        layout=layout,
-        fp32_speedup=fp32_speedup,
-    ).run(max_cycle)
+    with Scratch(scratch_dir) if layout == "disk" else contextlib.nullcontext() as scratch:
+        return cls(
+            mol,
+            backend,
+            timer=timer or Timer(backend),
+            block_mb=block_mb,
+            **extra,
+            incremental=incremental,
+            engine=engine,
+            progress=progress,
+            conv_tol_grad=conv_tol_grad,
+            precision=precision,
+            fp32_copy=fp32_copy,
+            world=world,
+            dm0=dm0,
+            jk_auxbasis=jk_auxbasis,
+            layout=layout,
+            fp32_speedup=fp32_speedup,
+            scratch=scratch,
+            fit_mb=fit_mb,
+        ).run(max_cycle)

@@ -30,18 +30,25 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from dfmp2 import distributed, linalg
 from dfmp2.df import integrals
+from dfmp2.df.background import Background
 from dfmp2.df.fitting import apply_metric, describe_metric, fit_metric
+from dfmp2.df.outofcore import SCRATCH
+from dfmp2.errors import InputError
+from dfmp2.io.outputs import writing
 from dfmp2.linalg import torch_ops
 from dfmp2.scf import jk_dist
 
 JK_BLOCK_MB = 64.0  # target MB of one unpacked factor block in the exchange build
+DISK_BLOCK_MB = 64.0  # MB of one packed fp64 row block read from the factor on disk (the reader's unit)
+DISK_READ_DEPTH = 1  # row blocks read ahead of the one being used
 UNPACKED_BLOCK_MB = 16.0  # the same over the unpacked factor (JKFactor.jk): J's GEMV re-reads the block
 # its K GEMMs just read, so it should still be in the last-level cache
-LAYOUTS = ("packed", "unpacked")
+LAYOUTS = ("packed", "unpacked", "disk")
 
 
 def npair(nao: int) -> int:
@@ -70,6 +77,14 @@ class JKFactor:
     @property
     def naux(self) -> int:
         return self.B.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.B.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.B.device
 
     @property
     def packed(self) -> bool:
@@ -102,16 +117,25 @@ class JKFactor:
         """K(D)_μν = Σ_λσ (μλ|νσ) D_λσ for D = C[:, :split] C[:, :split]^T - C[:, split:] C[:, split:]^T
         (split None: D = C C^T). C (nao, m); returns (nao, nao) fp64 (an fp32 factor's blocks are
         summed in fp64). Per block of P: Z = C^T B_P (one GEMM), K += Z^T Z (``_syrk_into``)."""
-        nao, packed = self.nao, self.packed
-        Cd = C.to(self.B.dtype)
-        K = torch.zeros((nao, nao), dtype=torch.float64, device=self.B.device)
-        if packed:
-            buf = torch.empty((min(self.block, self.naux), nao * nao), dtype=self.B.dtype, device=self.B.device)
-        for p0 in range(0, self.naux, self.block):
-            p1 = min(self.naux, p0 + self.block)
-            Bf = self.unpack(self.B[p0:p1], out=buf[: p1 - p0]) if packed else self.B[p0:p1]
+        nao = self.nao
+        Cd = C.to(self.dtype)
+        K = torch.zeros((nao, nao), dtype=torch.float64, device=self.device)
+        for p0, p1, Bf in self.blocks():
             self._exchange_block(K, Cd, Bf.reshape((p1 - p0) * nao, nao), split)
         return _mirror(K)
+
+    def blocks(self):
+        """(p0, p1, B_P (p1 - p0, nao, nao)) over the factor's auxiliary functions in blocks of
+        ``block``, in its dtype on its device: views of an unpacked factor; a packed block is
+        unpacked into one buffer reused from block to block (use it before asking for the next)."""
+        if not self.packed:
+            for p0 in range(0, self.naux, self.block):
+                yield p0, min(self.naux, p0 + self.block), self.B[p0 : p0 + self.block]
+            return
+        buf = torch.empty((min(self.block, self.naux), self.nao * self.nao), dtype=self.dtype, device=self.device)
+        for p0 in range(0, self.naux, self.block):
+            p1 = min(self.naux, p0 + self.block)
+            yield p0, p1, self.unpack(self.B[p0:p1], out=buf[: p1 - p0])
 
     def _exchange_block(self, K, Cd, Bf, split, sign=None):
         """K's lower triangle += Z^T Z (split: minus for the columns from ``split`` on) with
@@ -137,9 +161,7 @@ class JKFactor:
         D_f = C_f[:, :split] C_f[:, :split]^T - C_f[:, split:] C_f[:, split:]^T (as ``exchange``).
         Per block of P, with its K GEMMs: γ_P = Σ_f Σ_i ±(C_f^T B_P C_f)_ii from the same Z (no
         pass over the factor for γ) and J += Σ_P γ_P B_P while the block is in cache (one GEMV)."""
-        if self.packed:
-            raise ValueError("the one-pass J/K needs the unpacked factor")
-        nao, dt, dev = self.nao, self.B.dtype, self.B.device
+        nao, dt, dev = self.nao, self.dtype, self.device
         K = torch.zeros((len(factors), nao, nao), dtype=torch.float64, device=dev)
         J = torch.zeros((1, nao * nao), dtype=torch.float64, device=dev)
         cols = []
@@ -148,9 +170,7 @@ class JKFactor:
             if split is not None:
                 sign[split:] = -1.0
             cols.append((C.to(dt), split, sign))
-        for p0 in range(0, self.naux, self.block):
-            p1 = min(self.naux, p0 + self.block)
-            Bb = self.B[p0:p1]
+        for p0, p1, Bb in self.blocks():
             gamma = torch.zeros(p1 - p0, dtype=torch.float64, device=dev)
             for k, (Cd, split, sign) in enumerate(cols):
                 if Cd.shape[1]:
@@ -179,6 +199,166 @@ def _mirror(K: torch.Tensor) -> torch.Tensor:
     """The symmetric (n, n) fp64 matrix of K's lower triangle (exactly symmetric)."""
     K = K.to(torch.float64).tril_()
     return K + K.tril(-1).mT
+
+
+def disk_rows(nao: int, naux: int, block_mb: float = DISK_BLOCK_MB) -> int:
+    """Auxiliary functions per packed fp64 row block of the factor on disk: near ``block_mb``, and
+    at most an eighth of the factor (a small factor's blocks stay small beside it)."""
+    return max(1, min(-(-naux // 8), int(block_mb * 1e6 // max(1, npair(nao) * 8))))
+
+
+class DiskJKFactor(JKFactor):
+    """The fitted fp64 factor packed (naux, nao(nao+1)/2), μ >= ν, in a scratch HDF5 file (layout
+    'disk', ``fit_to_disk``): for a run whose memory cannot hold it. Every pass (``blocks``: J and K
+    in one pass, ``jk``; the gradient's loops) streams the file in row blocks of ``read_rows``
+    (DISK_BLOCK_MB) read by a background thread DISK_READ_DEPTH blocks ahead of the one in use, each
+    unpacked into one buffer and handed out in sub-blocks of ``block`` (cache-sized, as over the
+    unpacked factor). h5py releases the GIL inside its read, so the read of block k+1 overlaps the
+    GEMMs of block k. ``stats``: passes, bytes read, seconds reading (the thread) and seconds the
+    caller waited for a block (what the disk cost the run)."""
+
+    def __init__(self, ds, path, nao: int, naux: int, backend, block: int, read_rows: int, metric: str):
+        self.ds, self.path, self._naux, self.read_rows = ds, path, naux, read_rows
+        self.B, self.nao, self.backend, self.block, self.metric = None, nao, backend, block, metric
+        self.stats = {"passes": 0, "read_bytes": 0, "read_s": 0.0, "wait_s": 0.0}
+
+    @property
+    def naux(self) -> int:
+        return self._naux
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @property
+    def packed(self) -> bool:  # packed on disk; in memory only a block at a time
+        return False
+
+    @property
+    def layout(self) -> str:
+        return "disk"
+
+    @property
+    def disk_mb(self) -> float:
+        return self.naux * npair(self.nao) * 8 / 1e6
+
+    def _read(self, rows: tuple[int, int]) -> tuple[int, int, torch.Tensor]:
+        """Rows p0:p1 of the packed factor, on the backend's device (the reader thread's call)."""
+        p0, p1 = rows
+        t0 = time.perf_counter()
+        host = torch.empty((p1 - p0, npair(self.nao)), dtype=torch.float64)
+        self.ds.read_direct(host.numpy(), np.s_[p0:p1])
+        self.stats["read_s"] += time.perf_counter() - t0
+        self.stats["read_bytes"] += host.numel() * 8
+        return p0, p1, self.backend.to_device(host, torch.float64)
+
+    def packed_rows(self, p0: int, p1: int):
+        """(q0, q1, packed rows q0:q1 (q1 - q0, npair)) of rows p0:p1 in blocks of ``read_rows``,
+        read ahead by a background thread (Background; its close also ends the reads when the
+        caller stops early or fails)."""
+        ranges = [(q0, min(p1, q0 + self.read_rows)) for q0 in range(p0, p1, self.read_rows)]
+        reader = Background("dfmp2-jk-read", DISK_READ_DEPTH).map(self._read, ranges)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = next(reader, None)
+                self.stats["wait_s"] += time.perf_counter() - t0
+                if item is None:
+                    return
+                yield item
+        finally:
+            reader.close()
+
+    def blocks(self):
+        nao = self.nao
+        self.stats["passes"] += 1
+        buf = torch.empty((min(self.read_rows, self.naux), nao * nao), dtype=torch.float64, device=self.device)
+        for p0, p1, rows in self.packed_rows(0, self.naux):
+            full = self.unpack(rows, out=buf[: p1 - p0])
+            del rows
+            for q0 in range(p0, p1, self.block):
+                q1 = min(p1, q0 + self.block)
+                yield q0, q1, full[q0 - p0 : q1 - p0]
+
+    def describe(self) -> dict:
+        """The factor's file and what streaming it cost (``ran.scf.jk_factor``)."""
+        st = self.stats
+        return {
+            "disk_mb": round(self.disk_mb, 3),
+            "read_block_mb": round(self.read_rows * npair(self.nao) * 8 / 1e6, 3),
+            "passes": st["passes"],
+            "read_gb": round(st["read_bytes"] / 1e9, 3),
+            "read_s": round(st["read_s"], 3),
+            "read_wait_s": round(st["wait_s"], 3),
+            "read_gb_per_s": round(st["read_bytes"] / 1e9 / st["read_s"], 3) if st["read_s"] > 0 else None,
+        }
+
+
+def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJKFactor:
+    """The fitted factor B = L^-1 (P|μν) in the scratch directory ``scratch``
+    (dfmp2.df.outofcore.Scratch), without the whole factor ever in memory: a left-looking blocked
+    forward substitution over row blocks I of about ``fit_mb`` MB (packed fp64), aligned to the
+    integral engine's aux-shell blocks (``disk_rows`` functions each),
+        B_I = L_II^-1 ((P|μν)_I - Σ_{J<I} L_IJ B_J),
+    each (P|μν)_I made by the engine when it is needed, each B_J read back from the file (the
+    background reader) and B_I written in its place. The flops are the in-memory TRSM's (the
+    update as GEMMs); the file is read Σ_I (rows before I) times: about nI / 2 times the factor for
+    nI row blocks. The metric must be positive definite (a Cholesky factor L): the eigh fallback
+    (dfmp2.df.fitting) needs every raw row at once, refused here with one line before any 3-center
+    integral."""
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    n = npair(nao)
+    t0 = time.perf_counter()
+    j2c = engine.metric(auxmol).to(fb.device)
+    t0 = timer.add("scf_integrals", t0)
+    M, kind, info = fit_metric(j2c, fb)
+    del j2c
+    if kind != "cholesky":
+        raise InputError(
+            "the JK-fit metric is not positive definite, and the DF-SCF's factor on disk needs its "
+            "Cholesky factor; allow more memory (the factor in memory), or use PySCF's DF-SCF "
+            "(SCF mode 'pyscf-df')",
+            option="memory_mb",
+        )
+    f = scratch.open("jk_factor")
+    path = f.filename
+    with writing(path, *SCRATCH):
+        ds = f.create_dataset("B", shape=(naux, n), dtype="f8", fill_time="never")
+    sub = jk_block(nao, naux, 8, UNPACKED_BLOCK_MB)
+    fac = DiskJKFactor(ds, path, nao, naux, fb, sub, disk_rows(nao, naux), describe_metric(kind, info))
+    shells = integrals.aux_shell_blocks(auxmol, disk_rows(nao, naux))  # the engine's blocks: the reader's size
+    groups, rows_max = [], max(1, int(fit_mb * 1e6 // (n * 8)))
+    for blk in shells:  # consecutive shell blocks, about rows_max rows a group (a shell block at least)
+        if groups and blk[3] - groups[-1][0][2] <= rows_max:
+            groups[-1].append(blk)
+        else:
+            groups.append([blk])
+    raw = torch.empty((max(g[-1][3] - g[0][2] for g in groups), n), dtype=torch.float64, device=fb.device)
+    t0 = timer.add("scf_fit", t0)
+    with engine.blocks(auxmol, shells, torch.float64) as stream:
+        it = iter(stream)
+        for group in groups:
+            g0, g1 = group[0][2], group[-1][3]
+            X = raw[: g1 - g0]
+            for _ in group:
+                p0, p1, packed = next(it)
+                X[p0 - g0 : p1 - g0] = packed.to(X.device)
+            del packed
+            t0 = timer.add("scf_integrals", t0)
+            for q0, q1, Bq in fac.packed_rows(0, g0):
+                linalg.gemm(M[g0:g1, q0:q1], Bq, alpha=-1.0, beta=1.0, out=X, backend=fb)
+            Bi = _fit(M[g0:g1, g0:g1].contiguous(), kind, X, fb)
+            with writing(path, *SCRATCH):
+                ds.write_direct(np.ascontiguousarray(Bi.cpu().numpy()), dest_sel=np.s_[g0:g1])
+            del Bi
+            t0 = timer.add("scf_fit", t0)
+    fac.stats.update(passes=0, read_bytes=0, read_s=0.0, wait_s=0.0)  # the cycles' reads from here
+    fac.fit_blocks = len(groups)
+    return fac
 
 
 def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
@@ -221,6 +401,8 @@ def build_jk_factor(
     engine=None,
     world=None,
     layout: str = "packed",
+    scratch=None,
+    fit_mb: float | None = None,
 ) -> tuple[JKFactor, JKFactor | None]:
     """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
     when it is not positive definite), streamed in aux-shell blocks from the integral engine
@@ -235,11 +417,20 @@ def build_jk_factor(
     ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf): this rank's
     rows of the factor (dfmp2.scf.jk_dist.factor_rows). ``layout`` 'unpacked' (the memory plan's
     choice where the unpacked factor fits; ``driver.check_memory``): the factor on ``backend``
-    unpacked (naux, nao, nao), exchange blocks of UNPACKED_BLOCK_MB (``JKFactor.jk``)."""
+    unpacked (naux, nao, nao), exchange blocks of UNPACKED_BLOCK_MB (``JKFactor.jk``). 'disk' (the
+    plan's choice where neither fits in memory): fitted in row blocks of ``fit_mb`` MB into a file
+    in ``scratch`` (dfmp2.df.outofcore.Scratch, removed by its owner) and streamed every pass
+    (``fit_to_disk``, ``DiskJKFactor``; fp64 on an fp64 backend, one process)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown JK factor layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     fb = fit_backend if fit_backend is not None else backend
     engine = engine or integrals.HostEngine(mol, fb)
+    if layout == "disk":
+        if dtype != torch.float64 or not backend.has_fp64 or (world is not None and distributed.split_scf(world)):
+            raise ValueError("the JK factor on disk is fp64 on an fp64 device, in one process")
+        if scratch is None or fit_mb is None:
+            raise ValueError("the JK factor on disk needs a scratch directory and the fit's block size")
+        return fit_to_disk(mol, auxmol, backend, engine, scratch, timer, fit_mb), None
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     itemsize = torch.finfo(dtype).bits // 8
     if world is not None and distributed.split_scf(world):

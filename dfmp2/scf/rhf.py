@@ -54,6 +54,10 @@ class DFRHF:
     planned_rebuild = None  # on a device without fp64: rebuild G on the host once below this gradient
     jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
     jk_text_unpacked = "J and K in one pass over the unpacked JK factor (K by GEMM + SYRK, J by a GEMV per block)"
+    jk_text_disk = (
+        "J and K in one pass over the packed JK factor streamed from the scratch disk "
+        "(each block unpacked; K by GEMM + SYRK, J by a GEMV per block)"
+    )
 
     def __init__(
         self,
@@ -73,6 +77,8 @@ class DFRHF:
         jk_auxbasis=None,
         layout: str = "packed",
         fp32_speedup: float | None = None,
+        scratch=None,
+        fit_mb: float | None = None,
     ):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.dm0_given = dm0  # a density to start from (``initial_density``), or None: 'minao'
@@ -106,6 +112,8 @@ class DFRHF:
             engine=self.engine,
             world=self.world,
             layout=layout,
+            scratch=scratch,
+            fit_mb=fit_mb,
         )
         self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
         self.t0 = time.perf_counter()
@@ -171,21 +179,21 @@ class DFRHF:
         the factors' densities. An unpacked factor (the plan's fp64 one, a mixed SCF's fp32 copy)
         builds both in one pass (JKFactor.jk: J's long sums in fp64 from an fp32 copy too), and
         sets ``g_noise`` as ``exchange`` does."""
-        if f.packed:
+        if f.layout == "packed":
             return self.coulomb(Dm, f), self.exchange(f, factors, scale)
-        J, K = f.jk([(C.to(f.B.device), split) for C, split in factors])
+        J, K = f.jk([(C.to(f.device), split) for C, split in factors])
         J, K = self.world.all_reduce_sum(torch.cat([J[None], K]), "scf").split([1, len(factors)])
         K = K * scale
         if f is self.fac32:
             self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
-        elif f.B.dtype == torch.float64:
+        elif f.dtype == torch.float64:
             self.g_noise = 0.0
         return self.dense.to_device(J[0], torch.float64), self.dense.to_device(K, torch.float64)
 
     def coulomb(self, Dm, f):
         """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
         fj = self.fac if f is self.fac32 else f
-        J = self.world.all_reduce_sum(fj.coulomb(Dm.to(fj.B.device)).to(torch.float64), "scf")
+        J = self.world.all_reduce_sum(fj.coulomb(Dm.to(fj.device)).to(torch.float64), "scf")
         return self.dense.to_device(J, torch.float64)
 
     def exchange(self, f, factors, scale: float):
@@ -194,16 +202,16 @@ class DFRHF:
         noise of an fp32 K (what DIIS and the switch ask): FP32_NOISE eps32 ||scale K||_F."""
         K = torch.stack(
             [
-                f.exchange(C.to(f.B.device), split)
+                f.exchange(C.to(f.device), split)
                 if C.shape[1]
-                else torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.B.device)
+                else torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.device)
                 for C, split in factors
             ]
         )
         K = self.world.all_reduce_sum(K, "scf") * scale  # over ranks: each holds some P
         if f is self.fac32:
             self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
-        elif f.B.dtype == torch.float64:
+        elif f.dtype == torch.float64:
             self.g_noise = 0.0
         return self.dense.to_device(K, torch.float64)
 
@@ -215,7 +223,7 @@ class DFRHF:
     def cycle_precision(self) -> str:
         if self.built_on_host:
             return "fp64"
-        return str(self.cycle_factor().B.dtype).replace("torch.float", "fp")
+        return str(self.cycle_factor().dtype).replace("torch.float", "fp")
 
     def delta_factor(self, dD, width=None):
         """(Cf, split) with dD = Cf[:, :split] Cf[:, :split]^T - Cf[:, split:] Cf[:, split:]^T,
@@ -412,7 +420,7 @@ class DFRHF:
             iterations=cycles,
             conv_tol_grad=self.conv_tol_grad,
             guess=self.guess_name,
-            jk=self.jk_text if fac.packed else self.jk_text_unpacked,
+            jk={"packed": self.jk_text, "unpacked": self.jk_text_unpacked, "disk": self.jk_text_disk}[fac.layout],
             jk_auxbasis=basis.describe_auxbasis(self.jk_spec),
             backend_engine=be.engine,
             precision={
@@ -427,11 +435,12 @@ class DFRHF:
             host_kernels=dict(sorted(self.dense.kernels_used.items())) if self.dense is not be else {},
             jk_factor={
                 "naux": fac.naux,
-                "shape": list(fac.B.shape),
-                "mb": fac.B.numel() * fac.B.element_size() / 1e6,
+                "shape": list(fac.B.shape) if fac.B is not None else [fac.naux, fac.nao * (fac.nao + 1) // 2],
+                "mb": fac.B.numel() * fac.B.element_size() / 1e6 if fac.B is not None else 0.0,
                 "metric": fac.metric,
                 "exchange_block": fac.block,
                 "layout": fac.layout,
+                **(fac.describe() if fac.layout == "disk" else {}),
             },
             integrals=self.engine.describe(),
             e_hf_device_fock=e_device,

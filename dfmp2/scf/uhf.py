@@ -68,7 +68,7 @@ class DFUHF(DFRHF):
                 *self.hessian_product(C, mo_e),
                 ran=(
                     f"ours: Hessian products with this SCF's J/K ({self.backend.name}, "
-                    f"{str(self.fac.B.dtype).replace('torch.float', 'fp')} factor), pyscf.lib.davidson on the host"
+                    f"{str(self.fac.dtype).replace('torch.float', 'fp')} factor), pyscf.lib.davidson on the host"
                 ),
             )
             ref.scf.stability = rec.to_dict()
@@ -123,7 +123,7 @@ class DFUHF(DFRHF):
         given fp64 factor ``fac`` on the fp64 backend ``dense``, without an SCF: the converged
         UHF's orbital response after the energy (the UHF gradient's Z-vector, dfmp2.grad.uhf).
         nocc_s: (alpha, beta) occupied orbitals. One process (no split factor), fp64 throughout."""
-        if fac.B.dtype != torch.float64 or not dense.has_fp64:
+        if fac.dtype != torch.float64 or not dense.has_fp64:
             raise ValueError("the response's J/K are fp64: an fp64 factor on an fp64 backend")
         self = cls.__new__(cls)
         self.fac, self.fac32, self.fac64, self.dense, self.backend = fac, None, None, dense, dense

@@ -11,6 +11,7 @@ from dfmp2.df import basis
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
+from dfmp2.memory import human
 from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.scf import driver, jk, pyscf_scf, rhf
 from dfmp2.scf import precision as scf_precision
@@ -298,8 +299,9 @@ def test_memory_estimate_and_refusal():
     need = driver.memory_mb(nao=384, naux=1856, nocc=80, itemsize=8)
     assert need["factor"] == pytest.approx(1856 * 384 * 385 / 2 * 8 / 1e6)
     assert need["peak"] >= 2 * need["factor"]  # the fit holds raw integrals and solution
-    with pytest.raises(MemoryLimitError, match=r"JK factor alone 1098 MB.*pyscf-df"):
-        driver.check_memory(384, 1856, 80, 8, limit_mb=1000)
+    with pytest.raises(MemoryLimitError, match=r"the JK factor 1\.1 GB in memory.*limit is 1 GB.*pyscf-df"):
+        driver.check_memory(384, 1856, 80, 8, limit_mb=1000)  # without the disk: the caller did not allow it
+    assert driver.check_memory(384, 1856, 80, 8, limit_mb=1000, disk=True)["layout"] == "disk"
     # a limit below the default exchange block's peak: one auxiliary function per block
     small = driver.memory_mb(24, 116, 5, 8, block_mb=1e-9)["peak"]  # water
     assert small < driver.memory_mb(24, 116, 5, 8)["peak"]
@@ -389,15 +391,15 @@ def test_not_converged_says_what_did_not_converge_and_a_looser_threshold_helps()
 
 
 def test_memory_refusal_gives_the_whole_runs_minimum(no_scf):
-    """--memory 5MB on benzene said 5.85 MB (the MP2 stage), then at 6 MB that the SCF needs 61 MB:
+    """--memory 5MB on benzene said 5.85 MB (the MP2 stage), then at 6 MB that the SCF needs more:
     the first refusal now gives the whole run's minimum (issue 29, item 16)."""
     path = INPUTS / "benzene.xyz"
     with pytest.raises(MemoryLimitError) as e:
         run(path, RunOptions(memory_mb=5.0))
     scf_min = e.value.need_mb
-    assert str(e.value).startswith(f"this run needs at least {scf_min:.3g} MB (the DF-SCF; the MP2 stage after it")
-    assert scf_min > 50 and e.value.limit_mb == 5.0
-    with pytest.raises(MemoryLimitError, match="the DF-SCF needs about"):  # just above the MP2 stage's
+    assert str(e.value).startswith(f"this run needs at least {human(scf_min)} (the DF-SCF; the MP2 stage after it")
+    assert scf_min > 20 and e.value.limit_mb == 5.0  # the JK factor on disk: about 33 MB
+    with pytest.raises(MemoryLimitError, match="the DF-SCF needs at least"):  # just above the MP2 stage's
         run(path, RunOptions(memory_mb=6.0))
     with pytest.raises(MemoryLimitError, match=r"^this run needs at least 5.85 MB \(with B on disk"):
         run(path, RunOptions(memory_mb=5.0, scf_mode="pyscf-df"))  # no DF-SCF of ours: the MP2 stage's

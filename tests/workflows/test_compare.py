@@ -177,7 +177,7 @@ def test_synthetic_beyond_memory_is_refused_before_allocating(monkeypatch):
     res, _ = _invoke(["--synthetic", "100000,100000,100000", "--devices", "cpu"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     (line,) = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
-    assert "needs about 8e+09 MB on host" in line and "MB is available" in line
+    assert "needs about 8 PB on host" in line and "B is available" in line
     need = synthetic_memory_mb(2, 10, 30, 8)
     assert need["b"] == 2 * 10 * 30 * 8 / 1e6 and need["pair"] > need["b"]
 
