@@ -62,9 +62,11 @@ from pyscf.scf import hf as pyscf_hf
 
 from dfmp2 import linalg, memory
 from dfmp2.df import integrals
+from dfmp2.df.outofcore import Scratch
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.io.result import METHOD_SCALES, kernel_records
-from dfmp2.scf.jk import build_jk_factor, jk_block
+from dfmp2.scf import driver as scf_driver
+from dfmp2.scf.jk import JK_BLOCK_MB, build_jk_factor, jk_block
 from dfmp2.timing import Timer
 
 # CPHF residual norm, relative to the right-hand side's: at 1e-9 the gradient is within ~1e-11 Eh/bohr
@@ -141,7 +143,8 @@ JK_DERIV_FORMS = {
     "blocked": "the fitted MO coefficients held, Y1 and the metric weights per aux block, the JK "
     "factor released before the derivative integrals",
 }
-PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first
+PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first, the JK factor in memory
+DISK_PLAN = ("ao", "blocked")  # the forms with the JK factor on disk (read per aux block: no whole factor)
 
 
 @dataclass
@@ -154,6 +157,8 @@ class GradientPlan:
     jk_deriv: str
     phases: dict
     limit_mb: float | None = None
+    factor: str = "memory"  # the JK factor's home: 'memory' (packed) or 'disk' (a scratch file)
+    fit_mb: float = 0.0  # with the factor on disk: the fit's row block (MB)
 
     @property
     def peak_mb(self) -> float:
@@ -168,7 +173,8 @@ class GradientPlan:
         return {
             "zvector": self.zvector,
             "jk_deriv": self.jk_deriv,
-            "jk_factor": "in memory, packed",
+            "jk_factor": "in memory, packed" if self.factor == "memory" else "on disk (scratch), packed",
+            "jk_fit_block_mb": round(self.fit_mb, 1) if self.factor == "disk" else None,
             "zvector_form": ZVECTOR_FORMS[self.zvector],
             "jk_deriv_form": JK_DERIV_FORMS[self.jk_deriv],
             "peak_mb": round(self.peak_mb, 1),
@@ -188,6 +194,8 @@ def phase_mb(
     zvector: str = "mo",
     jk_deriv: str = "mo",
     block_mb: float = AUX_BLOCK_MB,
+    factor: str = "memory",
+    fit_mb: float = 0.0,
 ) -> dict:
     """MB (10^6 bytes, fp64) each phase of the RHF gradient stage holds at its peak, an estimate
     from the shapes, in the order the stage runs them (nothing large is held from one phase to
@@ -200,17 +208,24 @@ def phase_mb(
       'corr_deriv': T_v and the derivative integrals' block and its weights (twice block_mb, at
         most 3 nao^2 naux);
       'jk_fit': the JK factor's fit (the raw integrals and the solution: twice the packed factor,
-        naux_jk nao(nao+1)/2);
+        naux_jk nao(nao+1)/2; the integral engine's blocks in flight, three of JK_BLOCK_MB; the
+        metric and its factor);
       'zvector': the packed factor and, 'mo', its MO blocks ov, oo, vv (naux_jk (2 nvir nocc +
         nocc^2 + nvir^2), one product of ov's size included), or, 'ao', one unpacked block of
         JK_BLOCK_MB and its half transforms;
       'jk_deriv': 'mo': the factor, B_ov and B_oo, the fitted MO coefficients (naux_jk nocc nmo)
-        with their solve's copy, Y1 (two of naux_jk nao nocc), a derivative block and its
+        and their occupied part, with Y1m (naux_jk nocc nmo) and Y1 (two of naux_jk nao nocc, and
+        their transposed copies while they are made), then Y1 with a derivative block and its
         weights; 'blocked': the factor with the coefficients (naux_jk nocc nmo) and one unpacked
         block, then, the factor released, the coefficients, their occupied part (naux_jk
         nocc^2), a derivative block (twice block_mb), its weights and its Y1."""
     nmo = nocc + nvir
     fac = naux_jk * npair(nao)
+    jk_fit = None
+    if factor == "disk":  # the SCF's own disk estimate (fit row blocks of fit_mb, the reader's blocks)
+        disk = scf_driver.memory_mb(nao, naux_jk, nocc, 8, layout="disk", fit_mb=fit_mb)
+        fac, jk_fit = 0, disk["peak"] * 1e6 / 8
+        reads = (scf_driver.DISK_READ_DEPTH + 1) * scf_driver.disk_rows(nao, naux_jk) * npair(nao)
     ov = nact * nvir * naux_mp2
     t_v = nao * naux_mp2 * nact
     j3c_nb = max(1, min(naux_mp2, int(block_mb * 1e6 // (nao * nao * 8))))
@@ -218,7 +233,10 @@ def phase_mb(
     deriv_nb = max(1, min(max(naux_mp2, naux_jk), int(block_mb * 1e6 // (3 * nao * nao * 8))))
     deriv_blk = 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
     jk_nb = jk_block(nao, naux_jk, 8)
+    jk_nb_packed = max(1, min(naux_jk, int(JK_BLOCK_MB * 1e6 // (npair(nao) * 8))))  # the fit's integral blocks
     jk_blk = jk_nb * nao * (nao + 4 * nocc)  # one unpacked block and its half transforms
+    if factor == "disk":
+        jk_blk += reads
     pair_blk = min(PAIR_BLOCK_MB * 1e6 / 8, 2 * (nact * nvir) ** 2)  # K and θ of one block of j
     densities = max(2 * ov + j3c, 2 * ov + pair_blk + nact * nvir * nvir, ov + t_v + j3c)
     if zvector == "mo":
@@ -227,15 +245,16 @@ def phase_mb(
         zvec = fac + jk_blk
     ckm, cko = naux_jk * nocc * nmo, naux_jk * nocc * nocc
     g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
-    if jk_deriv == "mo":
-        deriv = fac + naux_jk * (nocc * nvir + nocc * nocc) + 2 * ckm + cko + 2 * naux_jk * nao * nocc + deriv_blk + g3
+    if jk_deriv == "mo":  # Y1's two products and their transposed copies alive together, then the integrals
+        held = fac + naux_jk * (nocc * nvir + nocc * nocc) + ckm + cko
+        deriv = held + max(ckm + 4 * naux_jk * nao * nocc, 2 * naux_jk * nao * nocc + deriv_blk + g3)
     else:
         y1 = deriv_nb * (2 * nocc * nmo + 2 * nao * nocc)  # Y1m and both Y1 of one block
         deriv = max(fac + ckm + jk_blk, ckm + cko + deriv_blk + g3 + y1)
     phases = {
         "densities": densities,
         "corr_deriv": t_v + deriv_blk,
-        "jk_fit": 2 * fac,
+        "jk_fit": jk_fit if jk_fit is not None else 2 * fac + 3 * jk_nb_packed * npair(nao) + 2 * naux_jk * naux_jk,
         "zvector": zvec,
         "jk_deriv": deriv,
     }
@@ -251,34 +270,57 @@ def memory_mb(
     return max(phase_mb(**shapes, **forms).values())
 
 
-def make_plan(shapes: dict, zvector: str = "mo", jk_deriv: str = "mo", limit_mb: float | None = None) -> GradientPlan:
-    """The GradientPlan of these forms for ``shapes`` (``phase_mb``'s keywords)."""
+def make_plan(
+    shapes: dict,
+    zvector: str = "mo",
+    jk_deriv: str = "mo",
+    limit_mb: float | None = None,
+    factor: str = "memory",
+    fit_mb: float = 0.0,
+) -> GradientPlan:
+    """The GradientPlan of these forms for ``shapes`` (``phase_mb``'s keywords); ``factor`` 'disk'
+    (forms DISK_PLAN only) with the fit's row block ``fit_mb`` (0: the whole factor's MB)."""
     if zvector not in ZVECTOR_FORMS or jk_deriv not in JK_DERIV_FORMS:
         raise ValueError(f"unknown gradient forms zvector={zvector!r}, jk_deriv={jk_deriv!r}")
-    if (zvector, jk_deriv) not in PLANS:
-        raise ValueError(f"the forms zvector={zvector!r}, jk_deriv={jk_deriv!r} do not go together (PLANS)")
-    return GradientPlan(zvector, jk_deriv, phase_mb(**shapes, zvector=zvector, jk_deriv=jk_deriv), limit_mb)
+    if (zvector, jk_deriv) not in (PLANS if factor == "memory" else (DISK_PLAN,)):
+        raise ValueError(f"the forms zvector={zvector!r}, jk_deriv={jk_deriv!r} do not go with the factor in {factor}")
+    if factor == "disk" and fit_mb <= 0:
+        fit_mb = shapes["naux_jk"] * npair(shapes["nao"]) * 8 / 1e6
+    forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb)
+    return GradientPlan(zvector, jk_deriv, phase_mb(**shapes, **forms), limit_mb, factor, fit_mb)
+
+
+def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
+    """DISK_PLAN with the factor on disk and the largest fit row block the limit leaves room for
+    (at most the whole factor, at least scf.driver.DISK_FIT_ROWS_MIN functions)."""
+    nao, naux = shapes["nao"], shapes["naux_jk"]
+    row_mb = npair(nao) * 8 / 1e6
+    least = min(naux, scf_driver.DISK_FIT_ROWS_MIN) * row_mb
+    fixed = make_plan(shapes, *DISK_PLAN, limit_mb, "disk", least).phases["jk_fit"] - 2 * least
+    fit_mb = max(least, min(naux * row_mb, (limit_mb - fixed) / 2))
+    return make_plan(shapes, *DISK_PLAN, limit_mb, "disk", fit_mb)
 
 
 def choose_plan(shapes: dict, limit_mb: float) -> GradientPlan:
     """The fastest plan (PLANS, fastest first) whose peak fits ``limit_mb``; MemoryLimitError (one
     line, in human units, naming the smallest plan's need and its largest phase) when none does."""
-    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in PLANS]
+    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in PLANS] + [_disk_plan(shapes, limit_mb)]
     for plan in plans:
         if plan.peak_mb <= limit_mb:
             return plan
     small = min(plans, key=lambda p: p.peak_mb)
     why = {
-        "jk_fit": "the JK factor's fit: twice the packed factor, which the gradient holds in memory",
+        "jk_fit": "the JK factor's fit",
         "densities": "the pair loop's B and Γ and the 3-index terms",
         "corr_deriv": "Γ~'s half back-transform and the derivative integrals' blocks",
         "zvector": "the Z-vector with the JK factor",
-        "jk_deriv": "the JK part's fitted coefficients with the JK factor",
+        "jk_deriv": "the JK part's derivative (its fitted MO coefficients)",
     }[small.largest]
+    home = "on disk" if small.factor == "disk" else "in memory"
     raise MemoryLimitError(
         f"the gradient stage needs about {human_mb(small.peak_mb)} even with its smallest plan (Z-vector "
-        f"'{small.zvector}', JK derivative '{small.jk_deriv}'; the largest phase is {why}) but the memory "
-        f"limit is {human_mb(limit_mb)}; a limit of {human_mb(small.peak_mb)} fits that plan, "
+        f"'{small.zvector}', JK derivative '{small.jk_deriv}', JK factor {home}; the largest phase is {why}) "
+        f"but the memory limit is {human_mb(limit_mb)}; a limit of {human_mb(small.peak_mb)} fits that plan, "
         f"{human_mb(plans[0].peak_mb)} the fastest",
         need_mb=small.peak_mb,
         limit_mb=limit_mb,
@@ -372,7 +414,16 @@ def mp2_gradient(
     corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
     t0 = timer.add("grad_derivative_integrals", t0)
     f0 = timer.executed()
-    jk = _DFJK(mol, jk_auxmol, host, timer)
+    jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb)
+    try:
+        return _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, (t0, f0), kernels0, c_os, c_ss)
+    finally:
+        jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
+
+
+def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0f0, kernels0, c_os, c_ss):
+    """``mp2_gradient`` from the JK factor on: the Z-vector, the JK and one-electron derivatives."""
+    t0, f0 = t0f0
     t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
     P, Y, zinfo = _relaxed_density(orb, corr, jk, host, plan.zvector)
     t0 = timer.add("grad_zvector", t0)
@@ -386,7 +437,7 @@ def mp2_gradient(
     else:
         jk.mo = None
         jk_hf, jk_p = jk_energy_deriv_rhf_blocked(jk, orb.C, len(orb.occ), P)
-    jk = None
+    jk.release()
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     grad = hf + one_p + jk_p + corr_3c
@@ -808,11 +859,19 @@ class _DFJK:
     factor (``dfmp2.scf.jk.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
     the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
 
-    def __init__(self, mol, auxmol, backend, timer):
+    def __init__(self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
         self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
         self.C = None  # (C_o, C_v) on the device for the AO forms, from use_ao
-        self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        self.scratch = None
+        if factor == "disk":  # a scratch file read per aux block (dfmp2.scf.jk.DiskJKFactor); removed by release
+            self.scratch = Scratch()
+            self.scratch.check_space(auxmol.nao_nr() * npair(mol.nao_nr()) * 8 / 1e6)
+            self.fac, _ = build_jk_factor(
+                mol, auxmol, backend, torch.float64, timer, layout="disk", scratch=self.scratch, fit_mb=fit_mb
+            )
+        else:
+            self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
         self.nao, self.naux = self.fac.nao, self.fac.naux
         if self.fac.metric != "cholesky":
             raise GradientError(
@@ -825,15 +884,15 @@ class _DFJK:
         """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric,
         over blocks of ``fac.block`` functions (near JK_BLOCK_MB unpacked), each valid until the
         next is made (one reused buffer). The one place the AO forms read the factor."""
-        fac = self.fac
-        buf = _Buffers(device=fac.B.device)
-        for p0 in range(0, fac.naux, fac.block):
-            p1 = min(fac.naux, p0 + fac.block)
-            yield p0, p1, fac.unpack(fac.B[p0:p1], out=buf.get("B", (p1 - p0, fac.nao, fac.nao)))
+        return self.fac.blocks()
 
     def release(self) -> None:
-        """Drop the factor (and any MO factor): later steps need neither."""
+        """Drop the factor (and any MO factor; a factor on disk: its scratch directory): later
+        steps need neither."""
         self.fac, self.mo = None, None
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
 
     def use_ao(self, C_o: np.ndarray, C_v: np.ndarray) -> None:
         """The AO forms (``G`` through ``G_ao``, ``ao_hessian``) for these orbitals; no MO factor."""

@@ -41,14 +41,16 @@ def test_blocked_forms_equal_the_in_memory_forms(name, kw, method):
     job, done, be = _energy_run(name, **kw)
     shapes = mp2grad.rhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
     grads = {}
-    for zv, jd in mp2grad.PLANS:
-        plan = mp2grad.make_plan(shapes, zv, jd)
+    row_mb = (shapes["nao"] * (shapes["nao"] + 1) // 2) * 8 / 1e6
+    forms = [(zv, jd, "memory", 0.0) for zv, jd in mp2grad.PLANS] + [(*mp2grad.DISK_PLAN, "disk", 7 * row_mb)]
+    for zv, jd, factor, fit_mb in forms:  # on disk: fitted in row blocks of 7 functions
+        plan = mp2grad.make_plan(shapes, zv, jd, factor=factor, fit_mb=fit_mb)
         parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
         assert parts.ran["plan"]["zvector"] == zv and parts.ran["plan"]["jk_deriv"] == jd
-        assert parts.zvector["form"] == zv
-        grads[zv, jd] = parts.gradient
+        assert parts.zvector["form"] == zv and parts.ran["plan"]["jk_factor"].startswith(("in memory", "on disk"))
+        grads[zv, jd, factor] = parts.gradient
     for key, g in grads.items():
-        assert np.abs(g - grads["mo", "mo"]).max() <= 1e-10, key
+        assert np.abs(g - grads["mo", "mo", "memory"]).max() <= 1e-10, key
 
 
 def test_ao_hessian_and_g_equal_the_mo_factor_ones():
@@ -86,16 +88,18 @@ def test_plan_picks_the_fastest_that_fits_and_blocked_forms_under_a_small_limit(
     mid = mp2grad.choose_plan(H2O_16, peaks["mo", "blocked"] + 1)
     assert (mid.zvector, mid.jk_deriv) == ("mo", "blocked")
     small = mp2grad.choose_plan(H2O_16, peaks["ao", "blocked"] + 1)
-    assert (small.zvector, small.jk_deriv) == ("ao", "blocked") and small.limit_mb == peaks["ao", "blocked"] + 1
+    assert (small.zvector, small.jk_deriv, small.factor) == ("ao", "blocked", "memory")
     assert small.record()["peak_mb"] == pytest.approx(peaks["ao", "blocked"], abs=0.1)
+    disk = mp2grad.choose_plan(H2O_16, 1500.0)  # the limit: only with the JK factor on disk
+    assert disk.factor == "disk" and disk.peak_mb <= 1500.0 and disk.record()["jk_factor"].startswith("on disk")
 
 
 def test_below_the_smallest_plan_is_one_line_in_human_units():
-    small = mp2grad.memory_mb(**H2O_16, zvector="ao", jk_deriv="blocked")
+    small = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
     with pytest.raises(MemoryLimitError) as err:
-        mp2grad.choose_plan(H2O_16, 1500.0)
+        mp2grad.choose_plan(H2O_16, 800.0)
     msg = str(err.value)
-    assert "\n" not in msg and "1.5 GB" in msg and mp2grad.human_mb(small) in msg and "smallest plan" in msg
+    assert "\n" not in msg and "800 MB" in msg and mp2grad.human_mb(small) in msg and "smallest plan" in msg
     assert err.value.need_mb == pytest.approx(small)
     assert mp2grad.human_mb(3652.0) == "3.65 GB" and mp2grad.human_mb(512.0) == "512 MB"
 
