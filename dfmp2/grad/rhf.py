@@ -30,10 +30,19 @@ the CPHF and of P) are our DF builds on the JK-fit set the SCF used
 (``dfmp2.scf.jk.JKFactor``); the derivative integrals (int3c2e_ip1/ip2, int2c2e_ip1, int1e_ipovlp, and
 PySCF's hcore generator, ECP included) come from libcint on the host and are contracted there in
 torch, each in libcint's own (aux-major) layout, with weights built as [P, μ, ν] blocks. (μν|P)
-and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB); B and Γ (nact nvir
-naux_mp2), the JK part's fitted coefficients (nocc nao naux_jk, three of them), Γ~'s half
-back-transform (naux_mp2 nao nact) and the Z-vector's MO factor are held in memory (``memory_mb``
-estimates them; no out-of-core path). The same pieces serve the UHF stage (``mp2grad_uhf``).
+and its derivatives are streamed in aux-shell blocks (AUX_BLOCK_MB).
+
+Memory: the phases run one after another, each holding its own large arrays only (``phase_mb``):
+the densities (B and Γ, nact nvir naux_mp2 each, freed before Γ~'s half back-transform T_v,
+naux_mp2 nao nact), the correlation part's derivative integrals (T_v freed after them), the JK
+factor's fit (twice the packed factor), the Z-vector and the JK part's derivative. A plan
+(``GradientPlan``, ``choose_plan``: the fastest that fits the limit) picks each of the last two
+phases' form: the Z-vector with the factor in the MO basis held (B_ov, B_oo, B_vv) or streamed
+from the AO factor per aux block (about 2.5 times the flops a product, no MO factor); the JK
+derivative with its fitted coefficients' Y1 held, or made per aux block with the factor released
+first. The gradient records its plan (``ran['plan']``). Still held whole: the packed JK factor
+itself (naux_jk nao(nao+1)/2, its fit twice that), B and Γ, T_v and the fitted MO coefficients
+(naux_jk nocc nmo). The same pieces serve the UHF stage (``mp2grad_uhf``; in memory, one plan).
 
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).
@@ -51,11 +60,13 @@ from pyscf.df import incore as df_incore
 from pyscf.grad import rhf as pyscf_grad_rhf
 from pyscf.scf import hf as pyscf_hf
 
-from dfmp2 import linalg
+from dfmp2 import linalg, memory
 from dfmp2.df import integrals
-from dfmp2.errors import InputError
+from dfmp2.df.outofcore import Scratch
+from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.io.result import METHOD_SCALES, kernel_records
-from dfmp2.scf.jk import build_jk_factor
+from dfmp2.scf import driver as scf_driver
+from dfmp2.scf.jk import JK_BLOCK_MB, build_jk_factor, jk_block
 from dfmp2.timing import Timer
 
 # CPHF residual norm, relative to the right-hand side's: at 1e-9 the gradient is within ~1e-11 Eh/bohr
@@ -112,23 +123,223 @@ class GradientParts:
         }
 
 
+def npair(nao: int) -> int:
+    return nao * (nao + 1) // 2
+
+
+def human_mb(mb: float) -> str:
+    """A size in MB (10^6 bytes) in human units: '3.65 GB', '512 MB'."""
+    return f"{mb / 1e3:.3g} GB" if mb >= 1e3 else f"{mb:.3g} MB"
+
+
+# the forms of the two phases that hold large JK-fit arrays, fastest first (``GradientPlan``)
+ZVECTOR_FORMS = {
+    "mo": "the JK factor in the MO basis held (B_ov, B_oo, B_vv): five GEMMs per Hessian product",
+    "ao": "the AO JK factor streamed per aux block for every Hessian product and G (no MO factor: "
+    "about 2.5 times the flops per product)",
+}
+JK_DERIV_FORMS = {
+    "mo": "the fitted MO coefficients and Y1 of both densities held whole",
+    "blocked": "the fitted MO coefficients held, Y1 and the metric weights per aux block, the JK "
+    "factor released before the derivative integrals",
+}
+PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first, the JK factor in memory
+DISK_PLAN = ("ao", "blocked")  # the forms with the JK factor on disk (read per aux block: no whole factor)
+
+
+@dataclass
+class GradientPlan:
+    """The RHF gradient stage's forms (``zvector``: 'mo' or 'ao', ``jk_deriv``: 'mo' or 'blocked';
+    ZVECTOR_FORMS, JK_DERIV_FORMS) and the MB (10^6 bytes) each of its phases holds at its
+    peak (``phases``, ``phase_mb``); ``limit_mb`` the limit it was chosen for (None: forced)."""
+
+    zvector: str
+    jk_deriv: str
+    phases: dict
+    limit_mb: float | None = None
+    factor: str = "memory"  # the JK factor's home: 'memory' (packed) or 'disk' (a scratch file)
+    fit_mb: float = 0.0  # with the factor on disk: the fit's row block (MB)
+
+    @property
+    def peak_mb(self) -> float:
+        return max(self.phases.values())
+
+    @property
+    def largest(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    def record(self) -> dict:
+        """As the gradient's ``ran['plan']`` records it."""
+        return {
+            "zvector": self.zvector,
+            "jk_deriv": self.jk_deriv,
+            "jk_factor": "in memory, packed" if self.factor == "memory" else "on disk (scratch), packed",
+            "jk_fit_block_mb": round(self.fit_mb, 1) if self.factor == "disk" else None,
+            "zvector_form": ZVECTOR_FORMS[self.zvector],
+            "jk_deriv_form": JK_DERIV_FORMS[self.jk_deriv],
+            "peak_mb": round(self.peak_mb, 1),
+            "phases_mb": {k: round(v, 1) for k, v in self.phases.items()},
+            "limit_mb": self.limit_mb,
+        }
+
+
+def phase_mb(
+    *,
+    nao: int,
+    nocc: int,
+    nact: int,
+    nvir: int,
+    naux_mp2: int,
+    naux_jk: int,
+    zvector: str = "mo",
+    jk_deriv: str = "mo",
+    block_mb: float = AUX_BLOCK_MB,
+    factor: str = "memory",
+    fit_mb: float = 0.0,
+) -> dict:
+    """MB (10^6 bytes, fp64) each phase of the RHF gradient stage holds at its peak, an estimate
+    from the shapes, in the order the stage runs them (nothing large is held from one phase to
+    the next but what is named):
+      'densities': B's fit ((ia|P) and B: 2 nact nvir naux_mp2, a (μν|P) block of block_mb
+        unpacked and its packed half), the pair loop (B, Γ; K and θ of one block, PAIR_BLOCK_MB
+        at most;
+        P_vv's batched product nact nvir^2), the 3-index terms (Γ~, T_v (naux_mp2 nao nact), a
+        (μν|P) block and its half transforms);
+      'corr_deriv': T_v and the derivative integrals' block and its weights (twice block_mb, at
+        most 3 nao^2 naux);
+      'jk_fit': the JK factor's fit (the raw integrals and the solution: twice the packed factor,
+        naux_jk nao(nao+1)/2; the integral engine's blocks in flight, three of JK_BLOCK_MB; the
+        metric and its factor);
+      'zvector': the packed factor and, 'mo', its MO blocks ov, oo, vv (naux_jk (2 nvir nocc +
+        nocc^2 + nvir^2), one product of ov's size included), or, 'ao', one unpacked block of
+        JK_BLOCK_MB and its half transforms;
+      'jk_deriv': 'mo': the factor, B_ov and B_oo, the fitted MO coefficients (naux_jk nocc nmo)
+        and their occupied part, with Y1m (naux_jk nocc nmo) and Y1 (two of naux_jk nao nocc, and
+        their transposed copies while they are made), then Y1 with a derivative block and its
+        weights; 'blocked': the factor with the coefficients (naux_jk nocc nmo) and one unpacked
+        block, then, the factor released, the coefficients, their occupied part (naux_jk
+        nocc^2), a derivative block (twice block_mb), its weights and its Y1."""
+    nmo = nocc + nvir
+    fac = naux_jk * npair(nao)
+    jk_fit = None
+    if factor == "disk":  # the SCF's own disk estimate (fit row blocks of fit_mb, the reader's blocks)
+        disk = scf_driver.memory_mb(nao, naux_jk, nocc, 8, layout="disk", fit_mb=fit_mb)
+        fac, jk_fit = 0, disk["peak"] * 1e6 / 8
+        reads = (scf_driver.DISK_READ_DEPTH + 1) * scf_driver.disk_rows(nao, naux_jk) * npair(nao)
+    ov = nact * nvir * naux_mp2
+    t_v = nao * naux_mp2 * nact
+    j3c_nb = max(1, min(naux_mp2, int(block_mb * 1e6 // (nao * nao * 8))))
+    j3c = j3c_nb * (nao * nao + npair(nao) + 2 * nao * nact)  # a block unpacked, packed, its half transforms
+    deriv_nb = max(1, min(max(naux_mp2, naux_jk), int(block_mb * 1e6 // (3 * nao * nao * 8))))
+    deriv_blk = 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
+    jk_nb = jk_block(nao, naux_jk, 8)
+    jk_nb_packed = max(1, min(naux_jk, int(JK_BLOCK_MB * 1e6 // (npair(nao) * 8))))  # the fit's integral blocks
+    jk_blk = jk_nb * nao * (nao + 4 * nocc)  # one unpacked block and its half transforms
+    if factor == "disk":
+        jk_blk += reads
+    pair_blk = min(PAIR_BLOCK_MB * 1e6 / 8, 2 * (nact * nvir) ** 2)  # K and θ of one block of j
+    densities = max(2 * ov + j3c, 2 * ov + pair_blk + nact * nvir * nvir, ov + t_v + j3c)
+    if zvector == "mo":
+        zvec = fac + naux_jk * (2 * nvir * nocc + nocc * nocc + nvir * nvir)
+    else:
+        zvec = fac + jk_blk
+    ckm, cko = naux_jk * nocc * nmo, naux_jk * nocc * nocc
+    g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
+    if jk_deriv == "mo":  # Y1's two products and their transposed copies alive together, then the integrals
+        held = fac + naux_jk * (nocc * nvir + nocc * nocc) + ckm + cko
+        deriv = held + max(ckm + 4 * naux_jk * nao * nocc, 2 * naux_jk * nao * nocc + deriv_blk + g3)
+    else:
+        y1 = deriv_nb * (2 * nocc * nmo + 2 * nao * nocc)  # Y1m and both Y1 of one block
+        deriv = max(fac + ckm + jk_blk, ckm + cko + deriv_blk + g3 + y1)
+    phases = {
+        "densities": densities,
+        "corr_deriv": t_v + deriv_blk,
+        "jk_fit": jk_fit if jk_fit is not None else 2 * fac + 3 * jk_nb_packed * npair(nao) + 2 * naux_jk * naux_jk,
+        "zvector": zvec,
+        "jk_deriv": deriv,
+    }
+    return {k: 8 * v / 1e6 for k, v in phases.items()}
+
+
 def memory_mb(
-    *, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int, block_mb: float = AUX_BLOCK_MB
+    *, nao: int, nocc: int, nact: int, nvir: int, naux_mp2: int, naux_jk: int, block_mb: float = AUX_BLOCK_MB, **forms
 ) -> float:
-    """Peak MB (10^6 bytes, fp64) of the arrays the gradient stage holds, an estimate: the JK
-    factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transform T_v (nao naux_mp2 nact) throughout,
-    plus the largest of the pair loop's phase (B, Γ and their host copies: 4 nact nvir naux_mp2;
-    K and θ of one block of j: PAIR_BLOCK_MB; P_vv's batched product: nact nvir^2), the
-    Z-vector's (the factor in the MO basis, ov, oo and vv, and one product of ov's size per
-    iteration: naux_jk (2 nvir nocc + nocc^2 + nvir^2)) and the derivative phase (the JK part's fitted
-    coefficients, their solve and Y1 for two densities: 4 nocc nao naux_jk; a block of
-    derivative integrals (block_mb, at most 3 nao^2 naux), its two weight sets and a product:
-    twice that)."""
-    held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * nact
-    pair = 4 * nact * nvir * naux_mp2 + PAIR_BLOCK_MB * 1e6 / 8 + nact * nvir * nvir
-    zvec = naux_jk * (2 * nvir * nocc + nocc * nocc + nvir * nvir)
-    deriv = 4 * nocc * nao * naux_jk + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
-    return 8 * (held + max(pair, zvec, deriv)) / 1e6
+    """Peak MB (10^6 bytes, fp64) of the RHF gradient stage with ``forms`` (zvector, jk_deriv;
+    default the fastest plan): the largest of its phases (``phase_mb``)."""
+    shapes = dict(nao=nao, nocc=nocc, nact=nact, nvir=nvir, naux_mp2=naux_mp2, naux_jk=naux_jk, block_mb=block_mb)
+    return max(phase_mb(**shapes, **forms).values())
+
+
+def make_plan(
+    shapes: dict,
+    zvector: str = "mo",
+    jk_deriv: str = "mo",
+    limit_mb: float | None = None,
+    factor: str = "memory",
+    fit_mb: float = 0.0,
+) -> GradientPlan:
+    """The GradientPlan of these forms for ``shapes`` (``phase_mb``'s keywords); ``factor`` 'disk'
+    (forms DISK_PLAN only) with the fit's row block ``fit_mb`` (0: the whole factor's MB)."""
+    if zvector not in ZVECTOR_FORMS or jk_deriv not in JK_DERIV_FORMS:
+        raise ValueError(f"unknown gradient forms zvector={zvector!r}, jk_deriv={jk_deriv!r}")
+    if (zvector, jk_deriv) not in (PLANS if factor == "memory" else (DISK_PLAN,)):
+        raise ValueError(f"the forms zvector={zvector!r}, jk_deriv={jk_deriv!r} do not go with the factor in {factor}")
+    if factor == "disk" and fit_mb <= 0:
+        fit_mb = shapes["naux_jk"] * npair(shapes["nao"]) * 8 / 1e6
+    forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb)
+    return GradientPlan(zvector, jk_deriv, phase_mb(**shapes, **forms), limit_mb, factor, fit_mb)
+
+
+def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
+    """DISK_PLAN with the factor on disk and the largest fit row block the limit leaves room for
+    (at most the whole factor, at least scf.driver.DISK_FIT_ROWS_MIN functions)."""
+    nao, naux = shapes["nao"], shapes["naux_jk"]
+    row_mb = npair(nao) * 8 / 1e6
+    least = min(naux, scf_driver.DISK_FIT_ROWS_MIN) * row_mb
+    fixed = make_plan(shapes, *DISK_PLAN, limit_mb, "disk", least).phases["jk_fit"] - 2 * least
+    fit_mb = max(least, min(naux * row_mb, (limit_mb - fixed) / 2))
+    return make_plan(shapes, *DISK_PLAN, limit_mb, "disk", fit_mb)
+
+
+def choose_plan(shapes: dict, limit_mb: float) -> GradientPlan:
+    """The fastest plan (PLANS, fastest first) whose peak fits ``limit_mb``; MemoryLimitError (one
+    line, in human units, naming the smallest plan's need and its largest phase) when none does."""
+    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in PLANS] + [_disk_plan(shapes, limit_mb)]
+    for plan in plans:
+        if plan.peak_mb <= limit_mb:
+            return plan
+    small = min(plans, key=lambda p: p.peak_mb)
+    why = {
+        "jk_fit": "the JK factor's fit",
+        "densities": "the pair loop's B and Γ and the 3-index terms",
+        "corr_deriv": "Γ~'s half back-transform and the derivative integrals' blocks",
+        "zvector": "the Z-vector with the JK factor",
+        "jk_deriv": "the JK part's derivative (its fitted MO coefficients)",
+    }[small.largest]
+    home = "on disk" if small.factor == "disk" else "in memory"
+    raise MemoryLimitError(
+        f"the gradient stage needs about {human_mb(small.peak_mb)} even with its smallest plan (Z-vector "
+        f"'{small.zvector}', JK derivative '{small.jk_deriv}', JK factor {home}; the largest phase is {why}) "
+        f"but the memory limit is {human_mb(limit_mb)}; a limit of {human_mb(small.peak_mb)} fits that plan, "
+        f"{human_mb(plans[0].peak_mb)} the fastest",
+        need_mb=small.peak_mb,
+        limit_mb=limit_mb,
+    )
+
+
+def rhf_shapes(mol, ref, mp2_auxmol, jk_auxmol) -> dict:
+    """``phase_mb``'s shapes of the RHF ``ref`` on ``mol`` with both fitting sets."""
+    ch = ref.channels[0]
+    nmo = np.asarray(ch.mo_coeff).shape[1]
+    nact = int(np.sum(~np.asarray(ch.frozen)[: ch.nocc]))
+    return dict(
+        nao=mol.nao_nr(),
+        nocc=ch.nocc,
+        nact=nact,
+        nvir=nmo - ch.nocc,
+        naux_mp2=mp2_auxmol.nao_nr(),
+        naux_jk=jk_auxmol.nao_nr(),
+    )
 
 
 def check_supported(ref, backend) -> None:
@@ -159,35 +370,40 @@ def check_channels(ref, backend, fp32_pair_loop: bool = False) -> None:
 
 
 def mp2_gradient(
-    mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0, timer: Timer | None = None
+    mol,
+    ref,
+    mp2_auxmol,
+    jk_auxmol,
+    backend,
+    *,
+    c_os: float = 1.0,
+    c_ss: float = 1.0,
+    timer: Timer | None = None,
+    plan: GradientPlan | None = None,
 ) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
     (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
     ``jk_auxmol`` (the SCF's), on ``backend``. A backend without fp64 (trn) runs the densities'
     pair loop (``_pair_densities``) in fp32 and everything else on a host CPU backend in fp64
-    (``dfmp2.scf.uhf.DFUHF``'s host backend); ``ran`` says which part ran where."""
+    (``dfmp2.scf.uhf.DFUHF``'s host backend); ``ran`` says which part ran where and which plan
+    (``plan``: the forms of the Z-vector and of the JK derivative; default the fastest that fits
+    memory.DEFAULT_FRACTION of the available memory, ``choose_plan``).
+
+    The phases run in the order that keeps the fewest large arrays alive together: the
+    correlation part (B, Γ, then T_v) and its derivative integrals first, T_v freed; then the JK
+    factor, the Z-vector and the JK part's derivative."""
     check_supported(ref, backend)
+    if plan is None:
+        plan = choose_plan(rhf_shapes(mol, ref, mp2_auxmol, jk_auxmol), _default_limit_mb())
     host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")  # as dfmp2.scf.rhf.DFRHF.dense
     timer = timer or Timer(backend)
     timer.watch(host)
     kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
-    t0, f0 = time.perf_counter(), timer.executed()
+    t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
-    jk = _DFJK(mol, jk_auxmol, host, timer)
-    t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
     corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend)
     t0 = timer.add("grad_mp2_densities", t0)
-    P, Y, zinfo = _relaxed_density(orb, corr, jk, host)
-    t0 = timer.add("grad_zvector", t0)
-    C_o = orb.C[:, orb.occ]
-    D = 2.0 * C_o @ C_o.T
-    P_ao = orb.C @ P @ orb.C.T
-    W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
-    W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
-    jk_hf, jk_p = jk_energy_deriv_rhf(jk, orb.C, len(orb.occ), P)  # E_G^x(D/2, D), E_G^x(P, D)
-    one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
-    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     gbuf = _Buffers(device=corr.T_v.device)
     corr_3c = df_deriv(
         mol,
@@ -195,6 +411,35 @@ def mp2_gradient(
         lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, host, gbuf)[None],
         -2.0 * corr.gamma_pq[None],
     )[0]
+    corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
+    t0 = timer.add("grad_derivative_integrals", t0)
+    f0 = timer.executed()
+    jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb)
+    try:
+        return _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, (t0, f0), kernels0, c_os, c_ss)
+    finally:
+        jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
+
+
+def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0f0, kernels0, c_os, c_ss):
+    """``mp2_gradient`` from the JK factor on: the Z-vector, the JK and one-electron derivatives."""
+    t0, f0 = t0f0
+    t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
+    P, Y, zinfo = _relaxed_density(orb, corr, jk, host, plan.zvector)
+    t0 = timer.add("grad_zvector", t0)
+    C_o = orb.C[:, orb.occ]
+    D = 2.0 * C_o @ C_o.T
+    P_ao = orb.C @ P @ orb.C.T
+    W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T
+    W_hf = 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
+    if plan.jk_deriv == "mo":
+        jk_hf, jk_p = jk_energy_deriv_rhf(jk, orb.C, len(orb.occ), P)  # E_G^x(D/2, D), E_G^x(P, D)
+    else:
+        jk.mo = None
+        jk_hf, jk_p = jk_energy_deriv_rhf_blocked(jk, orb.C, len(orb.occ), P)
+    jk.release()
+    one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
+    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
@@ -204,6 +449,8 @@ def mp2_gradient(
             "gradient leaves out the change of the kept space with the geometry (it is not "
             "the exact derivative of the energy)"
         )
+    ran = _stage_ran(backend, host, kernels0)
+    ran["plan"] = plan.record()
     return GradientParts(
         grad,
         hf,
@@ -214,9 +461,14 @@ def mp2_gradient(
         zinfo,
         warnings,
         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
-        _stage_ran(backend, host, kernels0),
+        ran,
         {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
     )
+
+
+def _default_limit_mb() -> float:
+    """memory.DEFAULT_FRACTION of the host's available memory (a caller without a limit)."""
+    return memory.DEFAULT_FRACTION * memory.available_mb("cpu")
 
 
 def _used(backend, kernels0: dict) -> dict:
@@ -386,8 +638,12 @@ def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarr
     nao, nact, nvir = C_o.shape[0], C_o.shape[1], C_v.shape[1]
     g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
     naux = g.shape[0]
-    T_v = linalg.gemm(g.view(-1, nvir), Cv, trans_b=True, alpha=4.0, backend=backend)  # [P, i, ν]
-    T_v = T_v.view(naux, nact, nao).transpose(1, 2).contiguous()  # [P, ν, i]
+    T_v = torch.empty((naux, nao, nact), dtype=torch.float64, device=g.device)  # [P, ν, i]
+    step = max(1, int(AUX_BLOCK_MB * 1e6 // (8 * nao * max(1, nact))))  # no whole [P, i, ν] copy beside it
+    for p0 in range(0, naux, step):
+        p1 = min(naux, p0 + step)
+        Tb = linalg.gemm(g[p0:p1].reshape(-1, nvir), Cv, trans_b=True, alpha=4.0, backend=backend)  # [P, i, ν]
+        T_v[p0:p1] = Tb.view(p1 - p0, nact, nao).transpose(1, 2)
     X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
     X_vt = torch.zeros((nvir, nao), dtype=torch.float64, device=g.device)
     for p0, p1, j3c in _j3c_blocks(mol, auxmol):  # X_μ· = Σ_Pν (μν|P) T_Pν·
@@ -485,9 +741,24 @@ def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss:
     Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend))  # (ia, Q)
     Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
-    gamma_pq, Y_ri, Y_ra, T_v = three_index_terms(mol, auxmol, orb, L, Bd, Gd, backend)
+    gamma_pq, gamma_t = _gamma_terms(L, Bd, Gd, backend, len(orb.act), len(orb.vir))
+    del Bd, Gd  # B and Γ (nact nvir naux each) go before T_v and the second pass over (μν|P)
+    X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
+    del gamma_t
     P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
+    Y_ri, Y_ra = orb.C.T @ X_o, orb.C.T @ X_v
     return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), Y_ri, Y_ra, T_v, 0.5 * (gamma_pq + gamma_pq.T))
+
+
+def _gamma_terms(L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend, nact: int, nvir: int):
+    """γ's share L^-T (B^T Γ) L^-1 (naux, naux, unsymmetrised) and Γ~ = Γ L^-1 as [P, i, a]
+    (naux, nact, nvir), from B and Γ (nact nvir, naux, fp64 on the device) and the MP2 metric's
+    Cholesky factor L."""
+    naux = L.shape[0]
+    BtG = linalg.gemm(B, G, trans_a=True, backend=backend).cpu().numpy()
+    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
+    gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)  # Γ~ as [P, i, a]
+    return gamma_pq, gamma_t
 
 
 def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend):
@@ -495,21 +766,22 @@ def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tenso
     device) and the MP2 metric's Cholesky factor L, γ's share L^-T (B^T Γ) L^-1 (naux, naux,
     unsymmetrised) and, through Γ~ = Γ L^-1, the orbital-response terms (``response_3c``):
     Y_ri = C^T X_o (nmo, nact), Y_ra = C^T X_v (nmo, nvir) and T_v (naux, nao, nact, device)."""
-    nact, nvir, naux = len(orb.act), len(orb.vir), L.shape[0]
-    BtG = linalg.gemm(B, G, trans_a=True, backend=backend).cpu().numpy()
-    gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
-    gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)  # Γ~ as [P, i, a]
+    gamma_pq, gamma_t = _gamma_terms(L, B, G, backend, len(orb.act), len(orb.vir))
     X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
     return gamma_pq, orb.C.T @ X_o, orb.C.T @ X_v, T_v
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)
-def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
+def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend, form: str = "mo"):
     """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
-    coefficients with the relaxation and the HF part, zvector info). Every J/K here is in the MO
-    basis of the JK factor (``_DFJK.build_mo``, kept for ``jk_energy_deriv_rhf``)."""
+    coefficients with the relaxation and the HF part, zvector info). ``form`` 'mo': every J/K
+    here is in the MO basis of the JK factor (``_DFJK.build_mo``, kept for
+    ``jk_energy_deriv_rhf``); 'ao': streamed from the AO factor per aux block (``_DFJK.use_ao``)."""
     eps, occ, vir, act, frz = orb.eps, orb.occ, orb.vir, orb.act, orb.frz
-    jk.build_mo(orb.C[:, occ], orb.C[:, vir])
+    if form == "mo":
+        jk.build_mo(orb.C[:, occ], orb.C[:, vir])
+    else:
+        jk.use_ao(orb.C[:, occ], orb.C[:, vir])
     P = np.zeros((orb.nmo, orb.nmo))
     P[np.ix_(act, act)] = corr.P_oo
     P[np.ix_(vir, vir)] = corr.P_vv
@@ -520,15 +792,17 @@ def _relaxed_density(orb: _Orbitals, corr: _Corr, jk: "_DFJK", backend):
         pfa = Y[np.ix_(frz, act)] / (2.0 * (eps[act][None, :] - eps[frz][:, None]))
         P[np.ix_(frz, act)] = pfa
         P[np.ix_(act, frz)] = pfa.T
-    _add_density_terms(Y, P, orb, jk.G_mo(P))
+    _add_density_terms(Y, P, orb, jk.G(P))
     R = Y[np.ix_(vir, occ)] - Y[np.ix_(occ, vir)].T
     z, hz, info = _solve_zvector(R, orb, jk)
+    info["form"] = form
     Pov = np.zeros_like(P)
     Pov[np.ix_(vir, occ)] = -0.5 * z
     Pov[np.ix_(occ, vir)] = -0.5 * z.T
     # C_v^T G[Pov] C_o = -hess(z)/4 (the CG's own product); the occupied rows in the MO basis
-    _add_density_terms(Y, Pov, orb, np.vstack([jk.G_mo(Pov, vir_rows=False), -0.25 * hz]))
-    jk.mo = jk.mo[:2] + (None,)  # B_vv (naux nvir^2) is not needed after the response
+    _add_density_terms(Y, Pov, orb, np.vstack([jk.G(Pov, vir_rows=False), -0.25 * hz]))
+    if jk.mo is not None:
+        jk.mo = jk.mo[:2] + (None,)  # B_vv (naux nvir^2) is not needed after the response
     Y[occ, occ] += 4.0 * eps[occ]
     return P + Pov, Y, info
 
@@ -548,7 +822,7 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
     from a fresh product by rounding, ~1e-15 relative). GradientError when it does not converge in
     ZVECTOR_MAX_ITER."""
     diag = orb.eps[orb.vir][:, None] - orb.eps[orb.occ][None, :]
-    hess = jk.mo_hessian()
+    hess = jk.mo_hessian() if jk.mo is not None else jk.ao_hessian()
 
     def op(z):
         return diag * z + hess(z)
@@ -585,10 +859,20 @@ class _DFJK:
     factor (``dfmp2.scf.jk.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
     the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
 
-    def __init__(self, mol, auxmol, backend, timer):
+    def __init__(self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
         self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
-        self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        self.C = None  # (C_o, C_v) on the device for the AO forms, from use_ao
+        self.scratch = None
+        if factor == "disk":  # a scratch file read per aux block (dfmp2.scf.jk.DiskJKFactor); removed by release
+            self.scratch = Scratch()
+            self.scratch.check_space(auxmol.nao_nr() * npair(mol.nao_nr()) * 8 / 1e6)
+            self.fac, _ = build_jk_factor(
+                mol, auxmol, backend, torch.float64, timer, layout="disk", scratch=self.scratch, fit_mb=fit_mb
+            )
+        else:
+            self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
+        self.nao, self.naux = self.fac.nao, self.fac.naux
         if self.fac.metric != "cholesky":
             raise GradientError(
                 "the JK-fit metric is not positive definite (the SCF used its "
@@ -597,11 +881,83 @@ class _DFJK:
             )
 
     def _blocks(self):
-        """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric."""
-        fac = self.fac
-        for p0 in range(0, fac.naux, fac.block):
-            p1 = min(fac.naux, p0 + fac.block)
-            yield p0, p1, fac.unpack(fac.B[p0:p1])
+        """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric,
+        over blocks of ``fac.block`` functions (near JK_BLOCK_MB unpacked), each valid until the
+        next is made (one reused buffer). The one place the AO forms read the factor."""
+        return self.fac.blocks()
+
+    def release(self) -> None:
+        """Drop the factor (and any MO factor; a factor on disk: its scratch directory): later
+        steps need neither."""
+        self.fac, self.mo = None, None
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
+
+    def use_ao(self, C_o: np.ndarray, C_v: np.ndarray) -> None:
+        """The AO forms (``G`` through ``G_ao``, ``ao_hessian``) for these orbitals; no MO factor."""
+        self.mo = None
+        self.C = (_dev(self.backend, C_o), _dev(self.backend, C_v))
+
+    def G(self, P: np.ndarray, vir_rows: bool = True) -> np.ndarray:
+        """``G_mo`` with the MO factor (``build_mo``), else ``G_ao`` (``use_ao``)."""
+        return self.G_mo(P, vir_rows) if self.mo is not None else self.G_ao(P, vir_rows)
+
+    def G_ao(self, P: np.ndarray, vir_rows: bool = True) -> np.ndarray:
+        """``G_mo``'s C^T G[C P C^T] C_o (nmo, nocc) (vir_rows False: C_o^T G C_o (nocc, nocc))
+        from the AO factor streamed per aux block, no MO factor: with D = C P C^T (symmetrised),
+        ρ_P = Σ B^P_μν D_μν, W^P = B^P C_o, J C_o = Σ_P ρ_P W^P, K C_o = Σ_P B^P (D W^P);
+        6 naux nao^2 nocc + 2 naux nao^2 flops."""
+        be, nao = self.backend, self.nao
+        Co, Cv = self.C
+        nocc = Co.shape[1]
+        Cd = torch.cat([Co, Cv], dim=1)
+        Pd = _dev(be, 0.5 * (P + P.T))
+        D = linalg.gemm(linalg.gemm(Cd, Pd, backend=be), Cd, trans_b=True, backend=be)
+        D = 0.5 * (D + D.T)
+        JC = torch.zeros((1, nao * nocc), dtype=torch.float64, device=D.device)
+        KCt = torch.zeros((nocc, nao), dtype=torch.float64, device=D.device)  # (K C_o)^T
+        for p0, p1, Bb in self._blocks():
+            nb, B2 = p1 - p0, Bb.view(-1, nao)
+            rho = linalg.gemm(Bb.view(nb, -1), D.view(-1, 1), backend=be)  # (nb, 1)
+            W = linalg.gemm(B2, Co, backend=be)  # [(P, μ), k] = (B^P C_o)_μk
+            linalg.gemm(rho, W.view(nb, -1), trans_a=True, beta=1.0, out=JC, backend=be)
+            Wt = W.view(nb, nao, nocc).transpose(1, 2).contiguous()  # [P, k, μ]
+            V = linalg.gemm(Wt.view(-1, nao), D, backend=be)  # [(P, k), ν] = (D W^P)_νk
+            V = V.view(nb, nocc, nao).transpose(1, 2).contiguous()  # [P, ν, k]
+            linalg.gemm(V.view(-1, nocc), B2, trans_a=True, beta=1.0, out=KCt, backend=be)  # Σ_Pν V B^P_νμ
+        GC = JC.view(nao, nocc) - 0.5 * KCt.T
+        rows = Cd if vir_rows else Co
+        return linalg.gemm(rows, GC, trans_a=True, backend=be).cpu().numpy()
+
+    def ao_hessian(self):
+        """``mo_hessian``'s product z (nvir, nocc) -> 4 (ai|bj) z - (ab|ij) z - (aj|ib) z from the AO
+        factor streamed per aux block (``use_ao``; no MO factor): with X = C_v z and, per P,
+        W^P = B^P [X, C_o] (nao, 2 nocc), S^P = [X, C_o]^T B^P C_o (A^P_ij = Σ_b z_bj B_ib^P and
+        B_oo^P), ρ_P = tr A^P, the sum M = Σ_P W_X^P B_oo^P + W_o^P A^PT - 4 ρ_P W_o^P gives the
+        product -C_v^T M. Per product 4 naux nao^2 nocc + 8 naux nao nocc^2 flops and one pass over
+        the factor (the MO form: about 2 naux nvir^2 nocc + 8 naux nvir nocc^2, no pass)."""
+        be, nao = self.backend, self.nao
+        Co, Cv = self.C
+        nocc = Co.shape[1]
+
+        def hess(z):
+            X = linalg.gemm(Cv, _dev(be, z), backend=be)  # (nao, nocc)
+            Yc = torch.cat([X, Co], dim=1)  # (nao, 2 nocc)
+            Mt = torch.zeros((nocc, nao), dtype=torch.float64, device=Co.device)  # M^T
+            for p0, p1, Bb in self._blocks():
+                nb = p1 - p0
+                W = linalg.gemm(Bb.view(-1, nao), Yc, backend=be)  # [(P, μ), c] = (B^P Yc)_μc
+                Wt = W.view(nb, nao, 2 * nocc).transpose(1, 2).contiguous()  # [P, c, μ]
+                S = linalg.gemm(Wt.view(-1, nao), Co, backend=be).view(nb, 2, nocc, nocc)  # [P, h, j, i]
+                rho = S[:, 0].diagonal(dim1=-2, dim2=-1).sum(-1)  # Σ_bj B_jb^P z_bj
+                R = torch.empty_like(S)  # [P, c, i]: B_oo^P for the X columns, A^PT - 4 ρ_P for C_o's
+                R[:, 0], R[:, 1] = S[:, 1], S[:, 0]
+                R[:, 1].diagonal(dim1=-2, dim2=-1).sub_(4.0 * rho[:, None])
+                linalg.gemm(R.view(-1, nocc), Wt.view(-1, nao), trans_a=True, beta=1.0, out=Mt, backend=be)
+            return -linalg.gemm(Mt, Cv, backend=be).T.cpu().numpy()
+
+        return hess
 
     def build_mo(self, C_o: np.ndarray, C_v: np.ndarray) -> None:
         """Keep the factor in the MO basis (``mo_factor``) for ``G_mo``, ``mo_hessian`` and
@@ -768,28 +1124,84 @@ def jk_energy_deriv_rhf(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray) -> n
     return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, Y1, g2)
 
 
-def _jk_deriv_3c(jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1: list, g2: list) -> np.ndarray:
+def jk_energy_deriv_rhf_blocked(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray, block_mb: float = AUX_BLOCK_MB):
+    """``jk_energy_deriv_rhf`` (same result, (2, natm, 3) Eh/bohr) without the MO factor and with
+    only the fitted MO coefficients held whole: one pass over the AO factor gives the fitted
+    densities' ρ and ckm's right-hand side [P, k, r] = (C_o^T B^P C)_kr (naux nocc nmo), then the
+    factor is released (``_DFJK.release``) and ckm = L^-T (that) is solved in place, column
+    block by column block; Y1m = P ckm / 2, Y1 and the metric weights m = 2 ckm Y1m^T are made per
+    aux block (m column block by column block, Y1 inside the derivative integrals' blocks) instead
+    of held (two of naux nao nocc and one of naux nocc nmo in ``jk_energy_deriv_rhf``)."""
+    be, nao, naux = jk.backend, jk.nao, jk.naux
+    L = _dev(be, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
+    Cd, Pm = _dev(be, C), _dev(be, 0.5 * (P + P.T))
+    Co, nmo = Cd[:, :nocc], Cd.shape[1]
+    D = linalg.gemm(Co, Co, trans_b=True, alpha=2.0, backend=be)
+    P_ao = linalg.gemm(linalg.gemm(Cd, Pm, backend=be), Cd, trans_b=True, backend=be)
+    D1t = [0.5 * D, 0.5 * (P_ao + P_ao.T)]
+    dens = torch.stack([D] + D1t).view(3, nao * nao)
+    rho = torch.empty((3, naux), dtype=torch.float64, device=D.device)
+    ckm = torch.empty((naux, nocc, nmo), dtype=torch.float64, device=D.device)  # [P, k, r]
+    for p0, p1, Bb in jk._blocks():
+        nb = p1 - p0
+        rho[:, p0:p1] = linalg.gemm(dens, Bb.view(nb, -1), trans_b=True, backend=be)
+        ho = linalg.gemm(Bb.view(-1, nao), Co, backend=be).view(nb, nao, nocc).transpose(1, 2).contiguous()
+        ckm[p0:p1] = linalg.gemm(ho.view(-1, nao), Cd, backend=be).view(nb, nocc, nmo)
+    jk.release()
+    d = linalg.trsm(L, rho.T, trans=True, backend=be).T  # (3, naux)
+    _trsm_columns(L, ckm.view(naux, -1), be)
+    cko = ckm[:, :, :nocc].reshape(naux, -1)  # [P, (k l)], symmetric in k, l
+    step = max(1, min(naux, int(block_mb * 1e6 // (3 * nao * nao * 8))))
+    m = torch.empty((naux, naux), dtype=torch.float64, device=D.device)
+    for p0 in range(0, naux, step):
+        p1 = min(naux, p0 + step)
+        Y1m = linalg.gemm(ckm[p0:p1].view(-1, nmo), Pm, alpha=0.5, backend=be)  # [P, k, r] = (P ckm^P / 2)_rk
+        m[:, p0:p1] = linalg.gemm(ckm.view(naux, -1), Y1m.view(p1 - p0, -1), trans_b=True, alpha=2.0, backend=be)
+    ms = [linalg.gemm(cko, cko, trans_b=True, backend=be), 0.5 * (m + m.T)]
+    del m
+    g2 = [-0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1])) + ms[n] for n in range(2)]
+
+    def y1(p0, p1):  # [P, μ, k] of C_o cko^P / 2 and C Y1m^P, for this block of P only
+        nb = p1 - p0
+        y0 = linalg.gemm(cko[p0:p1].reshape(-1, nocc), Co, trans_b=True, alpha=0.5, backend=be)
+        Y1m = linalg.gemm(ckm[p0:p1].view(-1, nmo), Pm, alpha=0.5, backend=be)
+        yp = linalg.gemm(Y1m, Cd, trans_b=True, backend=be)
+        return [[y.view(nb, nocc, nao).transpose(1, 2).contiguous()] for y in (y0, yp)]
+
+    return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, y1, g2)
+
+
+def _trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 64.0) -> None:
+    """X <- L^-T X in place for lower-triangular L (n, n) and X (n, m), column block by column
+    block (about block_mb each): no second X beside it."""
+    n, m = X.shape
+    step = max(1, int(block_mb * 1e6 // (8 * n)))
+    for c0 in range(0, m, step):
+        c1 = min(m, c0 + step)
+        X[:, c0:c1] = linalg.trsm(L, X[:, c0:c1].contiguous(), trans=True, backend=backend)
+
+
+def _jk_deriv_3c(jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1, g2: list) -> np.ndarray:
     """``jk_energy_deriv``'s contraction with the derivative integrals (``df_deriv``), from its
     intermediates on the device: each spin's C_o (``Cd``) and weight, D, the D1t and Y1 of each
-    density, d (1 + n, naux) and the metric weights g2 (n of (naux, naux))."""
-    be, nao = jk.backend, jk.fac.nao
+    density, d (1 + n, naux) and the metric weights g2 (n of (naux, naux)). Y1: per density a list
+    of each spin's [P, μ, k] (naux, nao, nocc_σ), or a function (p0, p1) -> that list for the
+    block of P in [p0, p1) (made per block, never held whole)."""
+    be, nao = jk.backend, jk.nao
+    if not callable(Y1):
+        Y1_all = Y1
+        Y1 = lambda p0, p1: [[y[p0:p1] for y in ys] for ys in Y1_all]  # noqa: E731
     buf = _Buffers(device=D.device)
     pack = _PairPack.get(nao, D.device)
     dens_p = [torch.stack([pack.pack(x), pack.pack(D)]) for x in D1t]  # (2, npair) each, pair-weighted
 
     def g3(p0, p1):  # -(M + M^T)/2 + D1t d0 + D d1, packed with the pair weights
         nb = p1 - p0
-        out, M = buf.get("out", (len(Y1), nb, pack.npair)), buf.get("M", (nb * nao, nao))
-        for n, ys in enumerate(Y1):
+        out, M = buf.get("out", (len(D1t), nb, pack.npair)), buf.get("M", (nb * nao, nao))
+        for n, ys in enumerate(Y1(p0, p1)):
             for k, (wi, c, y) in enumerate(zip(w, Cd, ys)):
                 linalg.gemm(
-                    y[p0:p1].reshape(-1, c.shape[1]),
-                    c,
-                    trans_b=True,
-                    alpha=2.0 * wi,
-                    beta=float(k > 0),
-                    out=M,
-                    backend=be,
+                    y.reshape(-1, c.shape[1]), c, trans_b=True, alpha=2.0 * wi, beta=float(k > 0), out=M, backend=be
                 )
             pack.sym(M.view(nb, nao, nao), out[n], buf.get("M2", (nb, pack.npair)))
             coef = torch.stack([d[0, p0:p1], d[n + 1, p0:p1]], dim=1)  # (nb, 2)

@@ -8,7 +8,8 @@ RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference
 ``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
 the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
 need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
-a basis bracket, and a gradient stage larger than the memory limit. The gradient is that of
+a basis bracket, and a memory limit below the gradient stage's smallest plan
+(``gradient_plan``). The gradient is that of
 E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a
 device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
@@ -25,8 +26,7 @@ import numpy as np
 from dfmp2 import linalg, memory, pipeline
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.grad.rhf import SCALES, GradientParts, mp2_gradient
-from dfmp2.grad.rhf import memory_mb as mp2grad_memory_mb
+from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, choose_plan, human_mb, mp2_gradient
 from dfmp2.io import molecule
 from dfmp2.io.result import Result
 from dfmp2.io.xyz import Geometry
@@ -104,24 +104,23 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
 
 
 def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
-    """The gradient stage's memory (``mp2grad.memory_mb``, MB) for the prepared ``job`` (its
-    orbital space and both fitting sets) against the run's limit (``memory_mb``, else
-    memory.DEFAULT_FRACTION of the host's available memory): MemoryLimitError (one line) before
-    any work when it does not fit. Returns the estimate."""
+    """The gradient stage's peak memory (MB) for the prepared ``job`` with the plan it would run
+    (``gradient_plan``): MemoryLimitError (one line) before any work when no plan fits."""
+    plan = gradient_plan(job, memory_mb)
+    return plan.peak_mb if isinstance(plan, GradientPlan) else plan
+
+
+def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan | float:
+    """The gradient stage's plan for the prepared ``job`` (its orbital space and both fitting sets)
+    against the run's limit (``memory_mb``, else memory.DEFAULT_FRACTION of the host's available
+    memory): RHF the fastest ``mp2grad.choose_plan`` that fits, UHF its one in-memory estimate
+    (``mp2grad_uhf.memory_mb``, MB; it has no blocked forms). MemoryLimitError (one line, human
+    units) before any work when nothing fits."""
     space, nocc = job.space, job.space.nocc[0]
     naux_jk = job.jk_auxmol.nao_nr()
-    if job.unrestricted:
-        nocc = space.nocc
-        need = mp2grad_uhf.memory_mb(
-            nao=space.nbasis,
-            nocc=nocc,
-            nact=tuple(n - space.nfrozen for n in nocc),
-            nvir=tuple(space.nmo - n for n in nocc),
-            naux_mp2=space.naux,
-            naux_jk=naux_jk,
-        )
-    else:
-        need = mp2grad_memory_mb(
+    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    if not job.unrestricted:
+        shapes = dict(
             nao=space.nbasis,
             nocc=nocc,
             nact=nocc - space.nfrozen,
@@ -129,27 +128,43 @@ def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
             naux_mp2=space.naux,
             naux_jk=naux_jk,
         )
-    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+        return choose_plan(shapes, limit)
+    nocc = space.nocc
+    need = mp2grad_uhf.memory_mb(
+        nao=space.nbasis,
+        nocc=nocc,
+        nact=tuple(n - space.nfrozen for n in nocc),
+        nvir=tuple(space.nmo - n for n in nocc),
+        naux_mp2=space.naux,
+        naux_jk=naux_jk,
+    )
     if need > limit:
         raise MemoryLimitError(
-            f"the gradient stage needs about {need:.4g} MB (held in memory on the host: "
-            f"no out-of-core path yet) but the memory limit is {limit:.4g} MB; raise the "
-            "memory limit",
+            f"the gradient stage needs about {human_mb(need)} (a UHF reference: held in memory on the "
+            f"host, no blocked forms yet) but the memory limit is {human_mb(limit)}; a limit of "
+            f"{human_mb(need)} fits it",
             need_mb=need,
             limit_mb=limit,
         )
     return need
 
 
-def gradient_stage(mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None) -> GradientParts:
+def gradient_stage(
+    mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None
+) -> GradientParts:
     """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
     with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
     ``mp2grad.mp2_gradient``, a UHF one ``mp2grad_uhf.uhf_mp2_gradient``. The one entry point into
-    the stage (``run_gradient``, ``DFMP2.nuc_grad_method``)."""
+    the stage (``run_gradient``, ``DFMP2.nuc_grad_method``). ``plan``: the RHF stage's forms
+    (``gradient_plan``; default the fastest that fits memory.DEFAULT_FRACTION of the available
+    memory)."""
     c_os, c_ss = SCALES[method]
-    stage = mp2_gradient if ref.restricted else mp2grad_uhf.uhf_mp2_gradient
-    parts = stage(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer or Timer(backend))
+    timer = timer or Timer(backend)
+    if ref.restricted:
+        parts = mp2_gradient(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan)
+    else:
+        parts = mp2grad_uhf.uhf_mp2_gradient(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer)
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
     return parts
 
@@ -173,11 +188,12 @@ def run_gradient(
     backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
     t_start = time.perf_counter()
     job = pipeline.prepare_run(geom, options, backend, log)
-    gradient_memory(job, options.memory_mb)
+    plan = gradient_plan(job, options.memory_mb)
     done = pipeline.run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
     (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
-    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, Timer(job.backend))
+    plan = plan if isinstance(plan, GradientPlan) else None
+    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, Timer(job.backend), plan)
     c_os, c_ss = SCALES[method]
     result = done.result
     energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss

@@ -1,0 +1,143 @@
+"""The RHF gradient's memory plan (dfmp2.grad.rhf.choose_plan): its bounded forms against the
+in-memory ones (the Z-vector's J/K streamed from the AO factor, the JK derivative per aux block),
+the choice under a limit, and the refusal below the smallest plan. The in-memory forms are checked
+against finite differences in test_gradient.py; here the blocked ones must equal them."""
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from gradient_fd import INPUTS, distorted
+from gradient_fd import options as _options
+
+from dfmp2 import pipeline
+from dfmp2.cli.main import main
+from dfmp2.errors import EXIT_USER_ERROR, MemoryLimitError
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import run as gradrun
+from dfmp2.io.xyz import read_xyz
+from dfmp2.timing import Timer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+H2O_16 = dict(nao=384, nocc=80, nact=80, nvir=304, naux_mp2=1344, naux_jk=1856)  # cc-pVDZ, its RI and JKFIT sets
+_runs = {}
+
+
+def _energy_run(name: str, **kw):
+    if name not in _runs:
+        opts = _options(**kw)
+        be = pipeline.make_backend(opts)
+        job = pipeline.prepare_run(distorted(read_xyz(INPUTS / name)), opts, be, None)
+        _runs[name] = (job, pipeline.run_energy(job), be)
+    return _runs[name]
+
+
+@pytest.mark.parametrize(
+    "name, kw, method",
+    [("water.xyz", dict(basis="6-31g"), "mp2"), ("ammonia.xyz", dict(basis="6-31g", frozen_core=True), "scs-mp2")],
+)
+def test_blocked_forms_equal_the_in_memory_forms(name, kw, method):
+    job, done, be = _energy_run(name, **kw)
+    shapes = mp2grad.rhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
+    grads = {}
+    row_mb = (shapes["nao"] * (shapes["nao"] + 1) // 2) * 8 / 1e6
+    forms = [(zv, jd, "memory", 0.0) for zv, jd in mp2grad.PLANS] + [(*mp2grad.DISK_PLAN, "disk", 7 * row_mb)]
+    for zv, jd, factor, fit_mb in forms:  # on disk: fitted in row blocks of 7 functions
+        plan = mp2grad.make_plan(shapes, zv, jd, factor=factor, fit_mb=fit_mb)
+        parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        assert parts.ran["plan"]["zvector"] == zv and parts.ran["plan"]["jk_deriv"] == jd
+        assert parts.zvector["form"] == zv and parts.ran["plan"]["jk_factor"].startswith(("in memory", "on disk"))
+        grads[zv, jd, factor] = parts.gradient
+    for key, g in grads.items():
+        assert np.abs(g - grads["mo", "mo", "memory"]).max() <= 1e-10, key
+
+
+def test_ao_hessian_and_g_equal_the_mo_factor_ones():
+    """The AO-streamed products against the MO factor's on random arguments, to rounding."""
+    job, done, be = _energy_run("water.xyz", basis="6-31g")
+    orb = mp2grad._Orbitals(done.ref.channels[0])
+    C_o, C_v = orb.C[:, orb.occ], orb.C[:, orb.vir]
+    jk = mp2grad._DFJK(job.mol, job.jk_auxmol, be, Timer(be))
+    rng = np.random.default_rng(7)
+    z = rng.standard_normal((len(orb.vir), len(orb.occ)))
+    P = rng.standard_normal((orb.nmo, orb.nmo))
+    jk.build_mo(C_o, C_v)
+    mo = (jk.mo_hessian()(z), jk.G(P), jk.G(P, vir_rows=False))
+    jk.use_ao(C_o, C_v)
+    ao = (jk.ao_hessian()(z), jk.G(P), jk.G(P, vir_rows=False))
+    for a, m in zip(ao, mo):
+        assert a.shape == m.shape and np.abs(a - m).max() <= 1e-12 * max(1.0, np.abs(m).max())
+
+
+def test_trsm_columns_solves_in_place():
+    L = torch.tril(torch.rand(30, 30, dtype=torch.float64)) + 3 * torch.eye(30, dtype=torch.float64)
+    X = torch.rand(30, 50, dtype=torch.float64)
+    want = torch.linalg.solve_triangular(L.T, X, upper=True)
+    ptr = X.data_ptr()
+    mp2grad._trsm_columns(L, X, None, block_mb=30 * 7 * 8 / 1e6)  # 7 columns a block
+    assert X.data_ptr() == ptr and torch.allclose(X, want, rtol=1e-13, atol=1e-13)
+
+
+def test_plan_picks_the_fastest_that_fits_and_blocked_forms_under_a_small_limit():
+    peaks = {(zv, jd): mp2grad.memory_mb(**H2O_16, zvector=zv, jk_deriv=jd) for zv, jd in mp2grad.PLANS}
+    assert peaks["mo", "mo"] > peaks["mo", "blocked"] > peaks["ao", "blocked"]  # each step saves
+    assert mp2grad.memory_mb(**H2O_16) == peaks["mo", "mo"]  # the default is the fastest
+    fast = mp2grad.choose_plan(H2O_16, 1e6)
+    assert (fast.zvector, fast.jk_deriv) == ("mo", "mo")
+    mid = mp2grad.choose_plan(H2O_16, peaks["mo", "blocked"] + 1)
+    assert (mid.zvector, mid.jk_deriv) == ("mo", "blocked")
+    small = mp2grad.choose_plan(H2O_16, peaks["ao", "blocked"] + 1)
+    assert (small.zvector, small.jk_deriv, small.factor) == ("ao", "blocked", "memory")
+    assert small.record()["peak_mb"] == pytest.approx(peaks["ao", "blocked"], abs=0.1)
+    disk = mp2grad.choose_plan(H2O_16, 1500.0)  # the issue's limit: only with the JK factor on disk
+    assert disk.factor == "disk" and disk.peak_mb <= 1500.0 and disk.record()["jk_factor"].startswith("on disk")
+
+
+def test_below_the_smallest_plan_is_one_line_in_human_units():
+    small = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
+    with pytest.raises(MemoryLimitError) as err:
+        mp2grad.choose_plan(H2O_16, 800.0)
+    msg = str(err.value)
+    assert "\n" not in msg and "800 MB" in msg and mp2grad.human_mb(small) in msg and "smallest plan" in msg
+    assert err.value.need_mb == pytest.approx(small)
+    assert mp2grad.human_mb(3652.0) == "3.65 GB" and mp2grad.human_mb(512.0) == "512 MB"
+
+
+def test_cli_refuses_below_the_smallest_plan_before_the_scf(no_scf):
+    geom, opts = read_xyz(INPUTS / "water.xyz"), _options(basis="cc-pvdz")
+    job = pipeline.prepare(geom, opts, pipeline.make_backend(opts))
+    shapes = dict(
+        nao=job.space.nbasis,
+        nocc=job.space.nocc[0],
+        nact=job.space.nocc[0] - job.space.nfrozen,
+        nvir=job.space.nmo - job.space.nocc[0],
+        naux_mp2=job.space.naux,
+        naux_jk=job.jk_auxmol.nao_nr(),
+    )
+    small = min(mp2grad.memory_mb(**shapes, zvector=zv, jk_deriv=jd) for zv, jd in mp2grad.PLANS)
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--memory", f"{small * 0.9:.4f}MB"])
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert r.exit_code == EXIT_USER_ERROR and len(errors) == 1, r.output
+    assert "smallest plan" in errors[0] and "MB" in errors[0] and "Traceback" not in r.output, r.output
+
+
+def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatch):
+    """A limit between the fastest and the smallest plan's peak: the run chooses the bounded forms
+    (here forced by making the in-memory ones look large) and says so in its result."""
+    real = mp2grad.phase_mb
+
+    def inflated(**kw):
+        out = real(**kw)
+        if kw.get("zvector", "mo") == "mo":
+            out["zvector"] += 1e9  # beyond any machine
+        return out
+
+    monkeypatch.setattr(mp2grad, "phase_mb", inflated)
+    geom, opts = distorted(read_xyz(INPUTS / "water.xyz")), _options(basis="6-31g", memory_mb=2e4)
+    gr = gradrun.run_gradient(geom, opts)
+    plan = gr.to_dict()["gradient"]["ran"]["plan"]
+    assert plan["zvector"] == "ao" and plan["jk_deriv"] == "blocked" and plan["limit_mb"] == 2e4
+    job, done, be = _energy_run("water.xyz", basis="6-31g")
+    ref = mp2grad.mp2_gradient(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, plan=None)
+    assert ref.ran["plan"]["zvector"] == "ao"  # the default limit sees the same inflated phases
