@@ -65,6 +65,7 @@ from dfmp2.df import integrals
 from dfmp2.df.outofcore import Scratch
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.io.result import METHOD_SCALES, kernel_records
+from dfmp2.memory import human
 from dfmp2.scf import driver as scf_driver
 from dfmp2.scf.jk import JK_BLOCK_MB, build_jk_factor, jk_block
 from dfmp2.timing import Timer
@@ -125,11 +126,6 @@ class GradientParts:
 
 def npair(nao: int) -> int:
     return nao * (nao + 1) // 2
-
-
-def human_mb(mb: float) -> str:
-    """A size in MB (10^6 bytes) in human units: '3.65 GB', '512 MB'."""
-    return f"{mb / 1e3:.3g} GB" if mb >= 1e3 else f"{mb:.3g} MB"
 
 
 # the forms of the two phases that hold large JK-fit arrays, fastest first (``GradientPlan``)
@@ -318,10 +314,10 @@ def choose_plan(shapes: dict, limit_mb: float) -> GradientPlan:
     }[small.largest]
     home = "on disk" if small.factor == "disk" else "in memory"
     raise MemoryLimitError(
-        f"the gradient stage needs about {human_mb(small.peak_mb)} even with its smallest plan (Z-vector "
+        f"the gradient stage needs about {human(small.peak_mb)} even with its smallest plan (Z-vector "
         f"'{small.zvector}', JK derivative '{small.jk_deriv}', JK factor {home}; the largest phase is {why}) "
-        f"but the memory limit is {human_mb(limit_mb)}; a limit of {human_mb(small.peak_mb)} fits that plan, "
-        f"{human_mb(plans[0].peak_mb)} the fastest",
+        f"but the memory limit is {human(limit_mb)}; a limit of {human(small.peak_mb)} fits that plan, "
+        f"{human(plans[0].peak_mb)} the fastest",
         need_mb=small.peak_mb,
         limit_mb=limit_mb,
     )

@@ -26,10 +26,11 @@ import numpy as np
 from dfmp2 import linalg, memory, pipeline
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, choose_plan, human_mb, mp2_gradient
+from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, choose_plan, mp2_gradient
 from dfmp2.io import molecule
 from dfmp2.io.result import Result
 from dfmp2.io.xyz import Geometry
+from dfmp2.memory import human
 from dfmp2.options import RunOptions
 from dfmp2.scf import pyscf_scf
 from dfmp2.timing import Timer
@@ -140,9 +141,9 @@ def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> Gradient
     )
     if need > limit:
         raise MemoryLimitError(
-            f"the gradient stage needs about {human_mb(need)} (a UHF reference: held in memory on the "
-            f"host, no blocked forms yet) but the memory limit is {human_mb(limit)}; a limit of "
-            f"{human_mb(need)} fits it",
+            f"the gradient stage needs about {human(need)} (a UHF reference: held in memory on the "
+            f"host, no blocked forms yet) but the memory limit is {human(limit)}; a limit of "
+            f"{human(need)} fits it",
             need_mb=need,
             limit_mb=limit,
         )

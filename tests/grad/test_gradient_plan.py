@@ -16,6 +16,7 @@ from dfmp2.errors import EXIT_USER_ERROR, MemoryLimitError
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import run as gradrun
 from dfmp2.io.xyz import read_xyz
+from dfmp2.memory import human
 from dfmp2.timing import Timer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -99,9 +100,9 @@ def test_below_the_smallest_plan_is_one_line_in_human_units():
     with pytest.raises(MemoryLimitError) as err:
         mp2grad.choose_plan(H2O_16, 800.0)
     msg = str(err.value)
-    assert "\n" not in msg and "800 MB" in msg and mp2grad.human_mb(small) in msg and "smallest plan" in msg
+    assert "\n" not in msg and "800 MB" in msg and human(small) in msg and "smallest plan" in msg
     assert err.value.need_mb == pytest.approx(small)
-    assert mp2grad.human_mb(3652.0) == "3.65 GB" and mp2grad.human_mb(512.0) == "512 MB"
+    assert human(3652.0) == "3.65 GB" and human(512.0) == "512 MB"
 
 
 def test_cli_refuses_below_the_smallest_plan_before_the_scf(no_scf):
