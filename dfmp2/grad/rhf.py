@@ -288,12 +288,17 @@ def make_plan(
 
 def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
     """DISK_PLAN with the factor on disk and the largest fit row block the limit leaves room for
-    (at most the whole factor, at least scf.driver.DISK_FIT_ROWS_MIN functions)."""
+    (at most the whole factor, at least scf.driver.DISK_FIT_ROWS_MIN functions), but no larger
+    than keeps the fit within the plan's largest other phase: a fit at the limit would raise the
+    stage's peak for fewer re-reads of the file only, and leave nothing of the limit for the
+    process's own memory (interpreter and libraries, about 0.3 GB, outside every plan)."""
     nao, naux = shapes["nao"], shapes["naux_jk"]
     row_mb = npair(nao) * 8 / 1e6
     least = min(naux, scf_driver.DISK_FIT_ROWS_MIN) * row_mb
-    fixed = make_plan(shapes, *DISK_PLAN, limit_mb, "disk", least).phases["jk_fit"] - 2 * least
-    fit_mb = max(least, min(naux * row_mb, (limit_mb - fixed) / 2))
+    smallest = make_plan(shapes, *DISK_PLAN, limit_mb, "disk", least)
+    fixed = smallest.phases["jk_fit"] - 2 * least
+    others = max(mb for phase, mb in smallest.phases.items() if phase != "jk_fit")
+    fit_mb = max(least, min(naux * row_mb, (limit_mb - fixed) / 2, (others - fixed) / 2))
     return make_plan(shapes, *DISK_PLAN, limit_mb, "disk", fit_mb)
 
 
