@@ -155,6 +155,7 @@ class GradientPlan:
     limit_mb: float | None = None
     factor: str = "memory"  # the JK factor's home: 'memory' (packed) or 'disk' (a scratch file)
     fit_mb: float = 0.0  # with the factor on disk: the fit's row block (MB)
+    scratch_dir: str | None = None  # with the factor on disk: where its scratch directory goes (None: the system's)
 
     @property
     def peak_mb(self) -> float:
@@ -415,7 +416,7 @@ def mp2_gradient(
     corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
     t0 = timer.add("grad_derivative_integrals", t0)
     f0 = timer.executed()
-    jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb)
+    jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
     try:
         return _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, (t0, f0), kernels0, c_os, c_ss)
     finally:
@@ -860,13 +861,15 @@ class _DFJK:
     factor (``dfmp2.scf.jk.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
     the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
 
-    def __init__(self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None):
+    def __init__(
+        self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None, scratch_dir=None
+    ):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
         self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
         self.C = None  # (C_o, C_v) on the device for the AO forms, from use_ao
         self.scratch = None
         if factor == "disk":  # a scratch file read per aux block (dfmp2.scf.jk.DiskJKFactor); removed by release
-            self.scratch = Scratch()
+            self.scratch = Scratch(scratch_dir)
             self.scratch.check_space(auxmol.nao_nr() * npair(mol.nao_nr()) * 8 / 1e6)
             self.fac, _ = build_jk_factor(
                 mol, auxmol, backend, torch.float64, timer, layout="disk", scratch=self.scratch, fit_mb=fit_mb

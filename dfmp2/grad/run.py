@@ -129,7 +129,9 @@ def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> Gradient
             naux_mp2=space.naux,
             naux_jk=naux_jk,
         )
-        return choose_plan(shapes, limit)
+        plan = choose_plan(shapes, limit)
+        plan.scratch_dir = job.options.scratch_dir  # the run's --scratch, as the energy's files
+        return plan
     nocc = space.nocc
     need = mp2grad_uhf.memory_mb(
         nao=space.nbasis,

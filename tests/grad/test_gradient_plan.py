@@ -142,3 +142,34 @@ def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatc
     job, done, be = _energy_run("water.xyz", basis="6-31g")
     ref = mp2grad.mp2_gradient(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, plan=None)
     assert ref.ran["plan"]["zvector"] == "ao"  # the default limit sees the same inflated phases
+
+
+def test_the_disk_plan_uses_the_runs_scratch_directory_and_leaves_it_empty(monkeypatch, tmp_path):
+    """The plan with the JK factor on disk (forced: every in-memory plan made to look large) writes
+    the factor under the run's --scratch and removes it; the gradient equals the in-memory one."""
+    real = mp2grad.phase_mb
+
+    def inflated(**kw):
+        out = real(**kw)
+        if kw.get("factor", "memory") == "memory":
+            out["zvector"] += 1e9
+        return out
+
+    seen = []
+    real_build = mp2grad.build_jk_factor
+
+    def build(*a, **k):
+        fac = real_build(*a, **k)
+        seen.append((k.get("layout"), [p.name for p in tmp_path.iterdir()]))
+        return fac
+
+    monkeypatch.setattr(mp2grad, "build_jk_factor", build)
+    monkeypatch.setattr(mp2grad, "phase_mb", inflated)
+    geom = distorted(read_xyz(INPUTS / "water.xyz"))
+    gr = gradrun.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
+    assert gr.to_dict()["gradient"]["ran"]["plan"]["jk_factor"].startswith("on disk")
+    assert ("disk", seen[-1][1]) == seen[-1] and seen[-1][1]  # the factor's directory under --scratch
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(mp2grad, "phase_mb", real)
+    mem = gradrun.run_gradient(geom, _options(basis="6-31g"))
+    assert np.abs(np.asarray(gr.gradient) - np.asarray(mem.gradient)).max() <= 1e-10
