@@ -54,11 +54,16 @@ def test_fit_to_disk_gives_the_in_memory_factor(dimer, tmp_path, fit_mb):
         Ca = torch.randn((mol.nao_nr(), 7), generator=g, dtype=torch.float64)
         Cb = torch.randn((mol.nao_nr(), 4), generator=g, dtype=torch.float64)
         disk.read_rows = 37  # several reads per pass, the last one short
-        J, K = disk.jk([(Ca, 3), (Cb, None)])
         J0, K0 = jk.unpacked(mem).jk([(Ca, 3), (Cb, None)])
-        assert torch.allclose(J, J0, rtol=0, atol=1e-11) and torch.allclose(K, K0, rtol=0, atol=1e-11)
+        assert disk.mapped and disk.offset is not None
+        for access in ("mmap (no copy)", "h5py read"):  # the file mapped, then read through h5py
+            if access == "h5py read":
+                disk.offset = None
+            J, K = disk.jk([(Ca, 3), (Cb, None)])
+            assert torch.allclose(J, J0, rtol=0, atol=1e-11) and torch.allclose(K, K0, rtol=0, atol=1e-11)
+            assert disk.describe()["access"] == access
         rec = disk.describe()
-        assert rec["passes"] == 1 and disk.stats["read_bytes"] == disk.naux * jk.npair(mol.nao_nr()) * 8
+        assert rec["passes"] == 2 and disk.stats["read_bytes"] == 2 * disk.naux * jk.npair(mol.nao_nr()) * 8
         assert list(tmp_path.iterdir())
     assert not list(tmp_path.iterdir())
 
