@@ -550,7 +550,7 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
         )
     speedup = None  # auto on a CPU stays by capabilities until the ranks agree on one measurement
     mixed = resolve_precision(backend.caps, job.options.scf_precision, fp32_speedup=speedup)[0] == "mixed"
-    need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed)
+    need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed, other_mb=plan.peak_mb)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
     plan.peak_mb = max(plan.peak_mb, need["peak"])
     plan.shapes["naux_jk"] = need["naux_jk"]
@@ -573,11 +573,13 @@ def _scf_memory(
     limit_mb: float | None = None,
     fp32_copy: bool = False,
     minimum: bool = False,
+    other_mb: float = 0.0,
 ) -> dict:
     """Our DF-SCF's memory (driver.memory_mb: 'peak' MB, with 'naux_jk'): for exchange blocks of
     ``block_mb``, or, given ``limit_mb``, the first plan that fits (driver.check_memory, the JK
     factor on disk last: MemoryLimitError when none does), with the factor's fp32 copy
-    (``fp32_copy``) if it fits; with ``minimum``, the least any plan needs ('peak' only). A UHF
+    (``fp32_copy``) if it fits (``other_mb``: the MP2 stage's peak, which bounds a disk fit's
+    block: ``driver.check_memory``); with ``minimum``, the least any plan needs ('peak' only). A UHF
     job: the DF-UHF's (two spins' dense matrices, the wider spin's occupied set). The JK-fit set is
     the job's (``Job.jk_auxmol``), its rows split over the job's process group; the factor goes to
     disk only in one process (or a replicated SCF) on a device with fp64."""
@@ -590,7 +592,7 @@ def _scf_memory(
     if minimum:
         need = {"peak": driver.min_memory_mb(*args, spins=spins, disk=disk)}
     elif limit_mb is not None:
-        need = driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins, disk=disk)
+        need = driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins, disk=disk, other_mb=other_mb)
     else:
         need = driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins)
     return {**need, "naux_jk": naux_jk}

@@ -82,6 +82,7 @@ def memory_mb(
         "factor": fac / 1e6,
         "fp32_copy": copy32 / 1e6,
         "peak": (max(fit, cycle) + dense) / 1e6,
+        "phases": {"fit": (fit + dense) / 1e6, "cycles": (cycle + dense) / 1e6},
         "layout": layout,
         "disk": disk / 1e6,
         "fit_mb": fit_mb,
@@ -97,6 +98,7 @@ def check_memory(
     fp32_copy: bool = False,
     spins: int = 1,
     disk: bool = False,
+    other_mb: float = 0.0,
 ) -> dict:
     """``memory_mb`` of the first plan that fits ``limit_mb``: the unpacked fp64 factor (no unpack
     per cycle, J and K in one pass: the fastest, twice the memory), else the packed one with the
@@ -104,7 +106,11 @@ def check_memory(
     precision SCF asks for it) each first with the factor's fp32 copy, then without it
     ('fp32_copy' 0: the SCF then runs in fp64); else, with ``disk`` (fp64, one process: the
     caller's to say), the packed factor on disk, fitted in row blocks as large as the limit leaves
-    room for ('fit_mb', at most the whole factor) and streamed every cycle. The result's
+    room for ('fit_mb', at most the whole factor) but no larger than keeps the fit within the
+    larger of the cycles' peak and ``other_mb`` (the run's other stages' peak: a fit at the limit
+    would raise the run's peak for fewer re-reads of the file only, and leave nothing of the
+    limit to the process's own memory, about 0.3 GB outside every plan), and streamed every
+    cycle. The result's
     'block_mb' is the exchange block and 'layout' the factor's. MemoryLimitError (one line in
     human units, before any integral) when none fits, naming what would."""
     plans = [("unpacked", UNPACKED_BLOCK_MB)] if itemsize == 8 else []
@@ -121,7 +127,8 @@ def check_memory(
         fixed = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, spins=spins, layout="disk")
         row_mb = npair(nao) * 8 / 1e6  # one auxiliary function's row
         rows_min = min(naux, DISK_FIT_ROWS_MIN)
-        fit_mb = min(fixed["disk"], (limit_mb - fixed["peak"]) / 2)
+        room = max(fixed["phases"]["cycles"], other_mb) - fixed["phases"]["fit"]
+        fit_mb = min(fixed["disk"], (limit_mb - fixed["peak"]) / 2, max(room / 2, row_mb * rows_min))
         if fit_mb >= row_mb * rows_min:
             need = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, spins=spins, layout="disk", fit_mb=fit_mb)
             if need["peak"] <= limit_mb:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -400,12 +401,19 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJ
                 X[p0 - g0 : p1 - g0] = packed.to(X.device)
             del packed
             t0 = timer.add("scf_integrals", t0)
-            for q0, q1, Bq in fac.packed_rows(0, g0):
+            for q0, q1, Bq in fac.packed_rows(0, g0, mapped=fac.mapped):
+                if fac.mapped:  # the mapped rows, read only by the GEMM (torch warns of the read-only view)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", UserWarning)
+                        Bq = torch.from_numpy(Bq[1])
                 linalg.gemm(M[g0:g1, q0:q1], Bq, alpha=-1.0, beta=1.0, out=X, backend=fb)
+                del Bq
             Bi = _fit(M[g0:g1, g0:g1].contiguous(), kind, X, fb)
             with writing(path, *SCRATCH):
                 ds.write_direct(np.ascontiguousarray(Bi.cpu().numpy()), dest_sel=np.s_[g0:g1])
             del Bi
+            if fac.offset is None:  # allocated by the first write: later groups read it mapped
+                fac.map_file()
             t0 = timer.add("scf_fit", t0)
     fac.map_file()
     fac.stats.update(passes=0, read_bytes=0, read_s=0.0, wait_s=0.0)  # the cycles' reads from here

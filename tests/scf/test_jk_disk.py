@@ -87,15 +87,18 @@ def test_fit_to_disk_refuses_a_metric_without_cholesky(dimer, tmp_path, monkeypa
 
 def test_memory_plan_puts_the_factor_on_disk_only_when_memory_cannot_hold_it():
     """(H2O)24/cc-pVDZ's shapes: in memory from 7.5 GB up; with 2 GB the factor goes to disk with
-    fit blocks as large as the limit leaves room for; without permission to use the disk, or
+    fit blocks as large as the limit and the run's other stages leave room for; without permission to use the disk, or
     below the disk plan's minimum, one line in human units naming the least that runs."""
     nao, naux, nocc = 576, 2784, 120
     packed = driver.memory_mb(nao, naux, nocc, 8)
     assert driver.check_memory(nao, naux, nocc, 8, packed["peak"] + 1, disk=True)["layout"] == "packed"
-    plan = driver.check_memory(nao, naux, nocc, 8, 2000, disk=True)
-    assert plan["layout"] == "disk" and plan["factor"] == 0 and plan["peak"] <= 2000
+    plan = driver.check_memory(nao, naux, nocc, 8, 2000, disk=True, other_mb=1272)  # the MP2 stage's peak
+    assert plan["layout"] == "disk" and plan["factor"] == 0 and plan["peak"] == pytest.approx(1272)
     assert plan["disk"] == pytest.approx(naux * jk.npair(nao) * 8 / 1e6)
-    assert 200 < plan["fit_mb"] < 1000
+    assert 300 < plan["fit_mb"] < 400  # within the other stage's peak, not the limit's 2 GB
+    alone = driver.check_memory(nao, naux, nocc, 8, 2000, disk=True)  # the fit's smallest block
+    assert alone["fit_mb"] == pytest.approx(64 * jk.npair(nao) * 8 / 1e6) and alone["peak"] < plan["peak"]
+    assert driver.check_memory(nao, naux, nocc, 8, 1000, disk=True, other_mb=1272)["peak"] <= 1000
     least = driver.min_memory_mb(nao, naux, nocc, 8, disk=True)
     assert least < 1000 and driver.check_memory(nao, naux, nocc, 8, least + 1, disk=True)["layout"] == "disk"
     with pytest.raises(MemoryLimitError) as e:
