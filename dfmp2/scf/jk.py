@@ -315,8 +315,9 @@ class DiskJKFactor(JKFactor):
 
     @property
     def mapped(self) -> bool:
-        """Whether passes map the file (``_mapped``): a CPU backend and the raw data's offset known."""
-        return self.offset is not None and self.device.type == "cpu"
+        """Whether passes map the file (``_mapped``): the backend computes on the host CPU itself
+        (its capabilities' ``is_host``) and the raw data's offset is known."""
+        return self.offset is not None and self.backend.caps.is_host
 
     def blocks(self):
         nao = self.nao
