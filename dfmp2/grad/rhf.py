@@ -76,6 +76,8 @@ ZVECTOR_TOL = 1e-9
 ZVECTOR_MAX_ITER = 100
 PAIR_BLOCK_MB = 128.0  # K and θ of one block of the densities' pair loop
 AUX_BLOCK_MB = 200.0  # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
+DISK_AUX_BLOCK_MB = 50.0  # the same in the plan with the JK factor on disk: a tight limit (the blocks and
+# their copies were 0.5 GB of (H2O)16's 2.0 GB peak at --memory 1.5GB, in the second pass over (μν|P))
 SCALES = METHOD_SCALES
 
 
@@ -156,6 +158,7 @@ class GradientPlan:
     factor: str = "memory"  # the JK factor's home: 'memory' (packed) or 'disk' (a scratch file)
     fit_mb: float = 0.0  # with the factor on disk: the fit's row block (MB)
     scratch_dir: str | None = None  # with the factor on disk: where its scratch directory goes (None: the system's)
+    block_mb: float = AUX_BLOCK_MB  # the 3-center (derivative) integrals' blocks
 
     @property
     def peak_mb(self) -> float:
@@ -283,8 +286,9 @@ def make_plan(
         raise ValueError(f"the forms zvector={zvector!r}, jk_deriv={jk_deriv!r} do not go with the factor in {factor}")
     if factor == "disk" and fit_mb <= 0:
         fit_mb = shapes["naux_jk"] * npair(shapes["nao"]) * 8 / 1e6
-    forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb)
-    return GradientPlan(zvector, jk_deriv, phase_mb(**shapes, **forms), limit_mb, factor, fit_mb)
+    block_mb = DISK_AUX_BLOCK_MB if factor == "disk" else AUX_BLOCK_MB
+    forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb, block_mb=block_mb)
+    return GradientPlan(zvector, jk_deriv, phase_mb(**shapes, **forms), limit_mb, factor, fit_mb, block_mb=block_mb)
 
 
 def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
@@ -404,7 +408,7 @@ def mp2_gradient(
     t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
-    corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend)
+    corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, block_mb=plan.block_mb)
     t0 = timer.add("grad_mp2_densities", t0)
     gbuf = _Buffers(device=corr.T_v.device)
     corr_3c = df_deriv(
@@ -412,6 +416,7 @@ def mp2_gradient(
         mp2_auxmol,
         lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, host, gbuf)[None],
         -2.0 * corr.gamma_pq[None],
+        block_mb=plan.block_mb,
     )[0]
     corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
     t0 = timer.add("grad_derivative_integrals", t0)
@@ -438,7 +443,7 @@ def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0
         jk_hf, jk_p = jk_energy_deriv_rhf(jk, orb.C, len(orb.occ), P)  # E_G^x(D/2, D), E_G^x(P, D)
     else:
         jk.mo = None
-        jk_hf, jk_p = jk_energy_deriv_rhf_blocked(jk, orb.C, len(orb.occ), P)
+        jk_hf, jk_p = jk_energy_deriv_rhf_blocked(jk, orb.C, len(orb.occ), P, block_mb=plan.block_mb)
     jk.release()
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
@@ -617,20 +622,24 @@ def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
         yield p0, p1, integrals.unpack(packed, nao, out=buf.get("j3c", (p1 - p0, nao, nao)))
 
 
-def fit_b(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend) -> np.ndarray:
+def fit_b(
+    mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, L: np.ndarray, backend, block_mb: float = AUX_BLOCK_MB
+) -> np.ndarray:
     """B (nact nvir, naux) = (ia|P) L^-T, row i nvir + a, for C_o (nao, nact), C_v (nao, nvir)
     and the metric's Cholesky factor L: the raw 3-center integrals streamed over aux blocks,
     both transforms on the backend (fp64)."""
     nao, nact, nvir, naux = C_o.shape[0], C_o.shape[1], C_v.shape[1], L.shape[0]
     A = np.empty((naux, nact, nvir))
     Co, Cv = _dev(backend, C_o), _dev(backend, C_v)
-    for p0, p1, j3c in _j3c_blocks(mol, auxmol):
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol, block_mb):
         half = linalg.gemm(_dev(backend, j3c).view(-1, nao), Co, backend=backend).view(p1 - p0, nao, nact)
         A[p0:p1] = linalg.gemm(half, Cv, trans_a=True, backend=backend).cpu().numpy()  # [P, i, a]
     return np.ascontiguousarray(_solve_lower(L, A.reshape(naux, -1)).T)
 
 
-def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarray, backend):
+def response_3c(
+    mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarray, backend, block_mb: float = AUX_BLOCK_MB
+):
     """The 3-index density's orbital-response terms (a second pass over (μν|P)): with Γ~ [P, i, a]
     (naux, nact, nvir), T_v [P, ν, i] = 4 Σ_a C_νa Γ~_Pia, X_o = Σ_Pν (μν|P) T_v (nao, nact) and
     X_v = 4 Σ_Pi H_Pμi Γ~_Pia (nao, nvir) with H_Pμi = Σ_ν (μν|P) C_νi, the half transform (numpy);
@@ -641,14 +650,14 @@ def response_3c(mol, auxmol, C_o: np.ndarray, C_v: np.ndarray, gamma_t: np.ndarr
     g, Co, Cv = _dev(backend, gamma_t), _dev(backend, C_o), _dev(backend, C_v)
     naux = g.shape[0]
     T_v = torch.empty((naux, nao, nact), dtype=torch.float64, device=g.device)  # [P, ν, i]
-    step = max(1, int(AUX_BLOCK_MB * 1e6 // (8 * nao * max(1, nact))))  # no whole [P, i, ν] copy beside it
+    step = max(1, int(block_mb * 1e6 // (8 * nao * max(1, nact))))  # no whole [P, i, ν] copy beside it
     for p0 in range(0, naux, step):
         p1 = min(naux, p0 + step)
         Tb = linalg.gemm(g[p0:p1].reshape(-1, nvir), Cv, trans_b=True, alpha=4.0, backend=backend)  # [P, i, ν]
         T_v[p0:p1] = Tb.view(p1 - p0, nact, nao).transpose(1, 2)
     X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
     X_vt = torch.zeros((nvir, nao), dtype=torch.float64, device=g.device)
-    for p0, p1, j3c in _j3c_blocks(mol, auxmol):  # X_μ· = Σ_Pν (μν|P) T_Pν·
+    for p0, p1, j3c in _j3c_blocks(mol, auxmol, block_mb):  # X_μ· = Σ_Pν (μν|P) T_Pν·
         J = _dev(backend, j3c).view(-1, nao)  # [(P ν), μ]
         H = linalg.gemm(J, Co, backend=backend).view(p1 - p0, nao, nact).transpose(1, 2).contiguous()  # [P, i, μ]
         linalg.gemm(J, T_v[p0:p1].reshape(-1, nact), trans_a=True, beta=1.0, out=X_o, backend=backend)
@@ -734,18 +743,20 @@ def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: fl
     return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
 
 
-def _corr_intermediates(mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float, pair_backend=None) -> _Corr:
+def _corr_intermediates(
+    mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float, pair_backend=None, block_mb: float = AUX_BLOCK_MB
+) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
     3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
     loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
     on ``backend`` (fp64)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
-    Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend))  # (ia, Q)
+    Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend, block_mb))  # (ia, Q)
     Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
     gamma_pq, gamma_t = _gamma_terms(L, Bd, Gd, backend, len(orb.act), len(orb.vir))
     del Bd, Gd  # B and Γ (nact nvir naux each) go before T_v and the second pass over (μν|P)
-    X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
+    X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend, block_mb)
     del gamma_t
     P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
     Y_ri, Y_ra = orb.C.T @ X_o, orb.C.T @ X_v
@@ -1172,7 +1183,7 @@ def jk_energy_deriv_rhf_blocked(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarr
         yp = linalg.gemm(Y1m, Cd, trans_b=True, backend=be)
         return [[y.view(nb, nocc, nao).transpose(1, 2).contiguous()] for y in (y0, yp)]
 
-    return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, y1, g2)
+    return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, y1, g2, block_mb)
 
 
 def _trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 64.0) -> None:
@@ -1185,7 +1196,9 @@ def _trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 6
         X[:, c0:c1] = linalg.trsm(L, X[:, c0:c1].contiguous(), trans=True, backend=backend)
 
 
-def _jk_deriv_3c(jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1, g2: list) -> np.ndarray:
+def _jk_deriv_3c(
+    jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1, g2: list, block_mb: float = AUX_BLOCK_MB
+) -> np.ndarray:
     """``jk_energy_deriv``'s contraction with the derivative integrals (``df_deriv``), from its
     intermediates on the device: each spin's C_o (``Cd``) and weight, D, the D1t and Y1 of each
     density, d (1 + n, naux) and the metric weights g2 (n of (naux, naux)). Y1: per density a list
@@ -1212,7 +1225,7 @@ def _jk_deriv_3c(jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1, g2: list) ->
             linalg.gemm(coef, dens_p[n], beta=-1.0, out=out[n], backend=be)  # minus the exchange part
         return out
 
-    return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy())
+    return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy(), block_mb=block_mb)
 
 
 # ---------------------------------------------------------------------------- derivative integrals
