@@ -194,7 +194,7 @@ class Result:
             t.add_row(label, f"{e[key]:.10f}")
         console.print(t)
         s = Table(title="problem and what ran", title_justify="left", show_header=False)
-        s.add_column("k")
+        s.add_column("k", no_wrap=True)  # a label stays whole however long its value (it is searched for)
         s.add_column("v")
         scf = (
             f"DF-{self._hf} ({escape(str(self.jk_auxbasis))})" if self.jk_auxbasis else f"{self._hf} (exact integrals)"
@@ -258,11 +258,11 @@ class Result:
             )
 
     def rates(self) -> str:
-        """'scf 1.2, pair 40.3, ...': GF/s of each timed stage that ran linalg work; the whole
-        run's (all flops over wall_s) last."""
+        """'whole run 21.4; scf 1.2, pair 40.3, ...': the whole run's GF/s (all flops over wall_s)
+        first, where a narrow table cell never wraps it, then each timed stage's that ran linalg work."""
         parts = [f"{k} {self.flops[k] / v / 1e9:.3g}" for k, v in self.timings.items() if self.flops.get(k) and v > 0]
         whole = sum(self.flops.values()) / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
-        return ", ".join(parts) + f"; whole run {whole:.3g}"
+        return f"whole run {whole:.3g}; " + ", ".join(parts)
 
     def render_warnings(self, console) -> None:
         """One 'warning:' line per entry of ``warnings`` (user text escaped for rich)."""
