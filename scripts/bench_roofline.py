@@ -21,7 +21,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -88,16 +87,7 @@ def pyscf_side(args, e_mp2: float, wall_s: float) -> dict:
         frozen_core=args.frozen_core,
         peak_sizes=args.peak_sizes,
     )
-    for s, r in base["runs"].items():
-        print(
-            f"PySCF ({s}): "
-            + (r["error"] if "error" in r else f"{r['tasks']['whole']['seconds']:.2f} s; {fb.blas_summary(r['blas'])}"),
-            flush=True,
-        )
-    if base["best"] is None:
-        sys.exit(
-            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
-        )
+    fb.best_or_exit(base, "whole")
     w = base["tasks"]["whole"]
     return {
         "baseline": base,
@@ -170,13 +160,7 @@ def parse(argv):
     ap.add_argument("--scf-precision", default="auto", choices=SCF_PRECISIONS, help="as dfmp2 run's --scf-precision")
     ap.add_argument("--frozen-core", action="store_true")
     ap.add_argument("--no-pyscf", action="store_true", help="skip PySCF's baseline")
-    ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
-    ap.add_argument(
-        "--peak-sizes",
-        type=lambda t: [int(x) for x in t.split(",")],
-        default=list(fb.CPU_PEAK_SIZES),
-        help="square GEMM sizes of the peak, comma list",
-    )
+    fb.add_arguments(ap)
     ap.add_argument("--out", default=None, help="output path without extension [scripts/results/bench_roofline_<xyz>]")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:

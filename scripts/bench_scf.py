@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -92,13 +91,7 @@ def main(argv=None):
     )
     ap.add_argument("--threads", type=int, default=2, help="torch and PySCF threads")
     ap.add_argument("--whole", action="store_true", help="also the whole dfmp2 run vs PySCF DF-RHF + DF-MP2")
-    ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
-    ap.add_argument(
-        "--peak-sizes",
-        type=lambda t: [int(x) for x in t.split(",")],
-        default=list(fb.CPU_PEAK_SIZES),
-        help="square GEMM sizes of the peak, comma list",
-    )
+    fb.add_arguments(ap)
     ap.add_argument(
         "--repeat",
         type=int,
@@ -158,10 +151,7 @@ def main(argv=None):
         multiplicity=args.multiplicity,
         max_cycle=args.pyscf_max_cycle,
     )
-    if base["best"] is None:
-        sys.exit(
-            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
-        )
+    fb.best_or_exit(base)
     for setting, r in base["runs"].items():
         if "error" in r:
             rows.append({"who": f"pyscf {kind} ({setting})", "device": "cpu", "not_run": r["error"]})

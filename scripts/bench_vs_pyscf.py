@@ -13,7 +13,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,13 +54,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frozen-core", action="store_true")
-    ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
-    ap.add_argument(
-        "--peak-sizes",
-        type=lambda t: [int(x) for x in t.split(",")],
-        default=list(fb.CPU_PEAK_SIZES),
-        help="square GEMM sizes of the peak, comma list",
-    )
+    fb.add_arguments(ap)
     ap.add_argument(
         "--out",
         default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
@@ -96,16 +89,7 @@ def main(argv=None):
             frozen_core=args.frozen_core,
             peak_sizes=args.peak_sizes,
         )
-    for s, r in base["runs"].items():
-        print(
-            f"PySCF ({s}): "
-            + (r["error"] if "error" in r else f"{r['tasks']['stage']['seconds']:.2f} s; {fb.blas_summary(r['blas'])}"),
-            flush=True,
-        )
-    if base["best"] is None:
-        sys.exit(
-            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
-        )
+    fb.best_or_exit(base, "stage")
     pyscf = base["tasks"]["stage"]
     times = {"ours_fp64": [], "ours_fp32": []}
     other = {k: [] for k in times}  # other processes' CPU cores during each timed run

@@ -233,6 +233,33 @@ def pyscf_baseline(
     }
 
 
+def add_arguments(ap) -> None:
+    """The baseline's options of every benchmark script that runs it: ``--baseline-timeout`` (seconds
+    for each PySCF subprocess) and ``--peak-sizes`` (the peak GEMM's square sizes, comma list)."""
+    ap.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for each PySCF subprocess")
+    ap.add_argument(
+        "--peak-sizes",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=list(CPU_PEAK_SIZES),
+        help="square GEMM sizes of the peak, comma list",
+    )
+
+
+def best_or_exit(base: dict, task: str | None = None) -> dict:
+    """The faster setting's tasks of ``pyscf_baseline``'s ``base``; with ``task``, each setting's
+    seconds (or error) and BLAS printed first. Exits the script with one error line when PySCF
+    failed in both settings."""
+    if task is not None:
+        for s, r in base["runs"].items():
+            done = f"{r['tasks'][task]['seconds']:.2f} s; {blas_summary(r['blas'])}" if "error" not in r else ""
+            print(f"PySCF ({s}): " + (r.get("error") or done), flush=True)
+    if base["best"] is None:
+        sys.exit(
+            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
+        )
+    return base["tasks"]
+
+
 def run_child(spec: dict, env: dict, timeout: float) -> dict:
     """One PySCF subprocess: its result, or {'error': one line} on a failure or timeout."""
     cmd = [sys.executable, "-m", "dfmp2.benchmarks.fair_baseline", "--child", json.dumps(spec)]
