@@ -27,7 +27,7 @@ from dfmp2.provenance import ScfRecord, cycle_precision
 from dfmp2.reference import OUR_SCF_NAMES, Reference, project_density, restricted
 from dfmp2.scf import jk_dist, pyscf_scf
 from dfmp2.scf.diis import DIIS, DIIS_SPACE, DIIS_START_CYCLE
-from dfmp2.scf.jk import JK_BLOCK_MB, JKFactor, build_jk_factor, fp32_unpacked
+from dfmp2.scf.jk import JK_BLOCK_MB, JKFactor, build_jk_factor, fp32_unpacked, npair
 from dfmp2.scf.precision import (
     FP32_NOISE,
     FP32_STALL,
@@ -435,7 +435,7 @@ class DFRHF:
             host_kernels=dict(sorted(self.dense.kernels_used.items())) if self.dense is not be else {},
             jk_factor={
                 "naux": fac.naux,
-                "shape": list(fac.B.shape) if fac.B is not None else [fac.naux, fac.nao * (fac.nao + 1) // 2],
+                "shape": list(fac.B.shape) if fac.B is not None else [fac.naux, npair(fac.nao)],
                 "mb": fac.B.numel() * fac.B.element_size() / 1e6 if fac.B is not None else 0.0,
                 "metric": fac.metric,
                 "exchange_block": fac.block,

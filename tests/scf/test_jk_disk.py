@@ -132,10 +132,8 @@ def test_full_scratch_disk_mid_scf_is_one_error_line_and_no_files(tmp_path):
     file, exit 2, nothing left in the scratch directory (the disk check told the disk is huge)."""
     import collections
     import shutil
-    import sys
     from unittest import mock
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
     from tmpfs import tmpfs
 
     huge = collections.namedtuple("usage", "total used free")(10**12, 0, 10**12)
