@@ -25,6 +25,7 @@ SCF_PRECISIONS = ("auto", "fp64", "mixed")  # our DF-SCF's J/K (dfmp2.scf.precis
 SCF_MAX_CYCLE = 100
 SCF_CONV_TOL = 1e-12  # Hartree, energy change
 SCF_CONV_TOL_GRAD = 1e-9  # orbital-gradient norm (1e-8 left 2e-10 Eh of thread-count noise in large cases)
+SCF_SCREEN = 1e-12  # our DF-SCF's JK factor: shell pairs kept when sqrt((μν|μν)) >= this (dfmp2.scf.jk)
 REFERENCES = ("auto", "rhf", "uhf", "rohf")
 ECP_CHOICES = ("auto", "none", "none-for-testing")  # scf.build_molecule says what each does
 STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, disk
@@ -65,6 +66,7 @@ _FIELD_TYPES = (
     ("j3c_block_mb", (Real,), "a positive number of MB"),
     ("scf_max_cycle", (Integral,), "a positive integer"),
     ("scf_conv_tol_grad", (Real,), "a positive number"),
+    ("scf_screen", (Real,), "a number >= 0"),
     ("scf_precision", (str,), f"one of {', '.join(SCF_PRECISIONS)}"),
     ("scf_stability", (bool,), "True or False"),
     ("dist_scf", (str,), f"one of {', '.join(DIST_SCF_MODES)}"),
@@ -99,6 +101,7 @@ class RunOptions:
     j3c_block_mb: float = memory.J3C_BLOCK_MB  # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD  # orbital-gradient norm the SCF must reach
+    scf_screen: float = SCF_SCREEN  # our DF-SCF's JK factor: the Schwarz threshold of its pairs (0: all kept)
     scf_precision: str = "auto"  # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
     scf_stability: bool = True  # a UHF's internal stability check (dfmp2.scf.stability); RHF: none
     dist_scf: str = "split"  # over several ranks (dfmp2.distributed): our DF-SCF split or replicated
@@ -128,6 +131,9 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > low):
                 raise InputError(f"option {name} must be a finite number above {low:g}, got {value!r}", option=name)
+        if not (math.isfinite(self.scf_screen) and 0.0 <= self.scf_screen < 1.0):
+            what = f"option scf_screen must be a number in [0, 1), got {self.scf_screen!r}"
+            raise InputError(what, option="scf_screen")
         for name in ("occ_block_max", "scf_max_cycle"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -30,7 +30,7 @@ from dfmp2.linalg import DTYPES
 from dfmp2.memory import MemoryPlan, plan_memory
 from dfmp2.mp2 import dist as mp2_dist
 from dfmp2.mp2.stage import MP2Energies, mp2_stage
-from dfmp2.options import RunOptions
+from dfmp2.options import SCF_SCREEN, RunOptions
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
 from dfmp2.scf import driver, jk, pyscf_scf, stability
@@ -79,6 +79,7 @@ class Job:
     jk_auxmol: object = None  # its auxiliary molecule, built once for the plan, the SCF and the gradient
     world: distributed.World = field(default_factory=distributed.World)  # the process group of the run
     warnings: list = field(default_factory=list)
+    jk_pairs: int | None = None  # our DF-SCF's JK factor: the pairs screening keeps (None: every pair)
 
     @property
     def unrestricted(self) -> bool:
@@ -218,6 +219,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
     jk_auxbasis = basis.default_auxbasis(mol, "jk") if options.scf_mode in pyscf_scf.SCF_DF_MODES else None
     jk_auxmol = basis.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
+    jk_pairs = jk.significant_pairs(mol, options.scf_screen) if options.scf_mode == "df" else None
     warnings = _input_warnings(mol, auxbasis, options, space.naux, jk_auxbasis) + notes
     if options.multiplicity is None and geom.multiplicity is None and mol.spin:
         warnings.append(
@@ -239,6 +241,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
         jk_auxmol,
         world if world is not None else distributed.current(),
         warnings,
+        None if jk_pairs is None else len(jk_pairs),
     )
 
 
@@ -382,6 +385,7 @@ class CheckpointSession:
             ecp=molecule.ecp_info(job.mol),
             scf_conv_tol_grad=o.scf_conv_tol_grad if o.scf_conv_tol_grad != pyscf_scf.SCF_CONV_TOL_GRAD else None,
             nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None,
+            scf_screen=o.scf_screen if o.scf_screen != SCF_SCREEN else None,
         )
 
     def __enter__(self) -> "CheckpointSession":
@@ -589,12 +593,13 @@ def _scf_memory(
     args = (mol.nao_nr(), distributed.scf_rows(naux_jk, job.world), max(mol.nelec), itemsize)
     spins = 2 if job.unrestricted else 1
     disk = backend.has_fp64 and not distributed.split_scf(job.world)
+    kw = dict(spins=spins, pairs=job.jk_pairs)
     if minimum:
-        need = {"peak": driver.min_memory_mb(*args, spins=spins, disk=disk)}
+        need = {"peak": driver.min_memory_mb(*args, disk=disk, **kw)}
     elif limit_mb is not None:
-        need = driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, spins=spins, disk=disk, other_mb=other_mb)
+        need = driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, disk=disk, other_mb=other_mb, **kw)
     else:
-        need = driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, spins=spins)
+        need = driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, **kw)
     return {**need, "naux_jk": naux_jk}
 
 
@@ -672,6 +677,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             fp32_speedup=scf_plan["fp32_speedup"],
             scratch_dir=options.scratch_dir,
             fit_mb=scf_plan["fit_mb"],
+            screen=options.scf_screen,
         )
     else:
         say(f"{kind} (PySCF) ...")

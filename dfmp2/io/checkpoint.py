@@ -103,6 +103,7 @@ def fingerprint(
     ecp: dict | None = None,
     scf_conv_tol_grad: float | None = None,
     nocc_beta: int | None = None,
+    scf_screen: float | None = None,
 ) -> dict:
     """What must be equal for a checkpoint to be reused (JSON-able; floats exactly). ``ecp``
     (``scf.ecp_info``) is recorded only when there is one, so all-electron checkpoints written
@@ -139,6 +140,8 @@ def fingerprint(
         fp["shapes"]["nocc_beta"] = int(nocc_beta)
     if scf_conv_tol_grad is not None:  # a threshold other than the default (older checkpoints lack it)
         fp["scf_conv_tol_grad"] = float(scf_conv_tol_grad)
+    if scf_screen is not None:  # the JK factor's screening other than the default (likewise)
+        fp["scf_screen"] = float(scf_screen)
     return fp
 
 

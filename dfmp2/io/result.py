@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 
 # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF); 3 = the geometry as run,
 # multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls}); 4 = flops
-# per stage beside timings (the gradient's too)
-SCHEMA_VERSION = "4"
+# per stage beside timings (the gradient's too); 5 = ran.scf.jk_factor.screening (the JK factor's kept pairs)
+SCHEMA_VERSION = "5"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)

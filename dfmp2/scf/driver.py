@@ -20,7 +20,16 @@ from dfmp2.memory import QUEUE_DEPTH, human
 from dfmp2.reference import Reference
 from dfmp2.scf import pyscf_scf
 from dfmp2.scf.diis import DIIS_SPACE, UHF_DIIS_SPACE
-from dfmp2.scf.jk import DISK_READ_DEPTH, JK_BLOCK_MB, UNPACKED_BLOCK_MB, disk_rows, jk_block, npair
+from dfmp2.scf.jk import (
+    DISK_READ_DEPTH,
+    JK_BLOCK_MB,
+    SCATTER_MB,
+    SCREEN_DEFAULT,
+    UNPACKED_BLOCK_MB,
+    disk_rows,
+    jk_block,
+    npair,
+)
 from dfmp2.scf.rhf import DFRHF
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
@@ -40,6 +49,7 @@ def memory_mb(
     spins: int = 1,
     layout: str = "packed",
     fit_mb: float = 0.0,
+    pairs: int | None = None,
 ) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor: packed naux nao(nao+1)/2 itemsize,
     or with ``layout`` 'unpacked' naux nao^2 itemsize), 'fp32_copy' (the mixed-precision SCF's fp32
@@ -55,27 +65,32 @@ def memory_mb(
     scratch directory; the fit holds the metric and its Cholesky factor (2 naux^2), one row block
     of the raw integrals and its solution (2 ``fit_mb``), the integral engine's blocks and the
     reader's; the cycles the reader's blocks (DISK_READ_DEPTH + 1 packed), one block unpacked and
-    its half-transform."""
-    fac64 = naux * npair(nao) * 8
+    its half-transform. ``pairs``: the packed columns kept by screening (``jk.significant_pairs``;
+    default all nao(nao+1)/2): the packed and disk factors hold only those, and a screened unpack
+    adds its scatter buffer (SCATTER_MB)."""
+    width = npair(nao) if pairs is None else pairs
+    scatter = 0 if pairs is None else SCATTER_MB * 1e6  # a screened unpack's buffer
+    fac64 = naux * width * 8
     copy32 = naux * nao * nao * 4 if fp32_copy and itemsize == 8 else 0
     disk = 0
     if layout == "disk":
-        rows = disk_rows(nao, naux)
-        reads = (DISK_READ_DEPTH + 1) * rows * npair(nao) * 8
-        engine = (QUEUE_DEPTH + 1) * rows * npair(nao) * 8  # its blocks: the reader's size (jk.fit_to_disk)
+        rows = disk_rows(nao, naux, pairs=width)
+        reads = (DISK_READ_DEPTH + 1) * rows * width * 8
+        engine = (QUEUE_DEPTH + 1) * disk_rows(nao, naux) * npair(nao) * 8  # unscreened blocks (jk.fit_to_disk)
         fac, copy32, disk = 0, 0, fac64
         fit = 2 * naux * naux * 8 + 2 * fit_mb * 1e6 + engine + reads
-        cycle = reads + rows * nao * nao * 8 + 2 * rows * nao * 2 * nocc * 8
+        cycle = reads + rows * nao * nao * 8 + scatter + 2 * rows * nao * 2 * nocc * 8
     elif layout == "unpacked":
         fac = naux * nao * nao * itemsize
         nb = jk_block(nao, naux, itemsize, UNPACKED_BLOCK_MB)
         fit = max(2 * fac64, fac64 + fac)
         cycle = fac + copy32 + 2 * nb * nao * 2 * nocc * itemsize
     else:
-        fac = naux * npair(nao) * itemsize
+        fac = naux * width * itemsize
         nb = jk_block(nao, naux, itemsize, block_mb)
         fit = 2 * fac64 + (fac if itemsize != 8 else 0)
-        cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + 2 * nb * nao * 2 * nocc * 8
+        cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + scatter
+        cycle += 2 * nb * nao * 2 * nocc * 8
     space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
     dense = (8 + 2 * space) * spins * nao * nao * 8
     return {
@@ -99,6 +114,7 @@ def check_memory(
     spins: int = 1,
     disk: bool = False,
     other_mb: float = 0.0,
+    pairs: int | None = None,
 ) -> dict:
     """``memory_mb`` of the first plan that fits ``limit_mb``: the unpacked fp64 factor (no unpack
     per cycle, J and K in one pass: the fastest, twice the memory), else the packed one with the
@@ -111,26 +127,29 @@ def check_memory(
     would raise the run's peak for fewer re-reads of the file only, and leave nothing of the
     limit to the process's own memory, about 0.3 GB outside every plan), and streamed every
     cycle. The result's
-    'block_mb' is the exchange block and 'layout' the factor's. MemoryLimitError (one line in
-    human units, before any integral) when none fits, naming what would."""
+    'block_mb' is the exchange block and 'layout' the factor's; ``pairs`` the screened factor's
+    packed columns (``memory_mb``). MemoryLimitError (one line in human units, before any
+    integral) when none fits, naming what would."""
+    kw = dict(spins=spins, pairs=pairs)
     plans = [("unpacked", UNPACKED_BLOCK_MB)] if itemsize == 8 else []
     plans += [("packed", JK_BLOCK_MB), ("packed", 1e-9)]  # a smaller block costs more than the copy saves
     for layout, block_mb in plans:
         for copy in (True, False) if fp32_copy else (False,):
-            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, spins=spins, layout=layout)
+            need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, layout=layout, **kw)
             if need["peak"] <= limit_mb:
                 return {**need, "block_mb": block_mb}
     smallest = need
-    factor = f"the JK factor {human(need['factor'])} in memory: naux {naux} x nbasis {nao}({nao}+1)/2 x {itemsize} B"
+    pairs_text = f"nbasis {nao}({nao}+1)/2" if pairs is None else f"{pairs} screened pairs"
+    factor = f"the JK factor {human(need['factor'])} in memory: naux {naux} x {pairs_text} x {itemsize} B"
     least, how = smallest["peak"], factor
     if disk and itemsize == 8:
-        fixed = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, spins=spins, layout="disk")
-        row_mb = npair(nao) * 8 / 1e6  # one auxiliary function's row
+        fixed = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, layout="disk", **kw)
+        row_mb = (npair(nao) if pairs is None else pairs) * 8 / 1e6  # one auxiliary function's row
         rows_min = min(naux, DISK_FIT_ROWS_MIN)
         room = max(fixed["phases"]["cycles"], other_mb) - fixed["phases"]["fit"]
         fit_mb = min(fixed["disk"], (limit_mb - fixed["peak"]) / 2, max(room / 2, row_mb * rows_min))
         if fit_mb >= row_mb * rows_min:
-            need = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, spins=spins, layout="disk", fit_mb=fit_mb)
+            need = memory_mb(nao, naux, nocc, 8, JK_BLOCK_MB, layout="disk", fit_mb=fit_mb, **kw)
             if need["peak"] <= limit_mb:
                 return {**need, "block_mb": JK_BLOCK_MB}
         disk_min = fixed["peak"] + 2 * row_mb * rows_min
@@ -146,11 +165,13 @@ def check_memory(
     )
 
 
-def min_memory_mb(nao: int, naux: int, nocc: int, itemsize: int, spins: int = 1, disk: bool = False) -> float:
+def min_memory_mb(
+    nao: int, naux: int, nocc: int, itemsize: int, spins: int = 1, disk: bool = False, pairs: int | None = None
+) -> float:
     """The least MB any plan of ``check_memory`` runs in (the factor on disk where ``disk`` allows
     it, else the packed factor with the smallest exchange block)."""
     try:
-        check_memory(nao, naux, nocc, itemsize, 0.0, spins=spins, disk=disk)
+        check_memory(nao, naux, nocc, itemsize, 0.0, spins=spins, disk=disk, pairs=pairs)
     except MemoryLimitError as e:
         return e.need_mb
     raise AssertionError("a plan fitted in no memory")
@@ -178,6 +199,7 @@ def run_scf(
     fp32_speedup: float | None = None,
     scratch_dir=None,
     fit_mb: float | None = None,
+    screen: float = SCREEN_DEFAULT,
 ) -> Reference:
     """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend``
     (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
@@ -202,7 +224,8 @@ def run_scf(
     directory), fitted in row blocks of ``fit_mb`` MB, removed when the SCF ends, however it ends).
     ``fp32_speedup``: a measured SGEMM/DGEMM ratio that decides 'auto' (``Backend.fp32_speedup``;
     default None: the device's capabilities decide, as the pipeline does for now: the ranks of a
-    run do not yet agree on one measurement)."""
+    run do not yet agree on one measurement). ``screen``: the JK factor's Schwarz threshold
+    (``jk.significant_pairs``; 0: every pair kept)."""
     cls = DFUHF if unrestricted else DFRHF
     extra = {"check_stability": stability} if unrestricted else {}
     with Scratch(scratch_dir) if layout == "disk" else contextlib.nullcontext() as scratch:
@@ -225,4 +248,5 @@ def run_scf(
             fp32_speedup=fp32_speedup,
             scratch=scratch,
             fit_mb=fit_mb,
+            screen=screen,
         ).run(max_cycle)

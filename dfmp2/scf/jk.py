@@ -40,6 +40,7 @@ import warnings
 import numpy as np
 import torch
 from pyscf import lib as pyscf_lib
+from pyscf.scf import _vhf
 
 from dfmp2 import distributed, linalg
 from dfmp2.df import integrals
@@ -49,18 +50,51 @@ from dfmp2.df.outofcore import SCRATCH
 from dfmp2.errors import InputError
 from dfmp2.io.outputs import writing
 from dfmp2.linalg import torch_ops
+from dfmp2.options import SCF_SCREEN
 from dfmp2.scf import jk_dist
 
 JK_BLOCK_MB = 64.0  # target MB of one unpacked factor block in the exchange build
 DISK_BLOCK_MB = 64.0  # MB of one packed fp64 row block read from the factor on disk (the reader's unit)
 DISK_READ_DEPTH = 1  # row blocks read ahead of the one being used
+SCATTER_MB = 8.0  # a screened factor's unpack: MB of full packed rows its scatter fills at a time
 UNPACKED_BLOCK_MB = 16.0  # the same over the unpacked factor (JKFactor.jk): J's GEMV re-reads the block
 # its K GEMMs just read, so it should still be in the last-level cache
 LAYOUTS = ("packed", "unpacked", "disk")
+SCREEN_DEFAULT = SCF_SCREEN  # Schwarz threshold of the JK factor's pairs (``significant_pairs``); how it
+# was chosen: scripts/results/2026-11-27-issue38-screening.md (energies within 1e-9 Eh of every pair)
 
 
 def npair(nao: int) -> int:
     return nao * (nao + 1) // 2
+
+
+def significant_pairs(mol, threshold: float) -> np.ndarray | None:
+    """The packed positions (int64, ascending; μ >= ν in PySCF's order) of the AO pairs kept in the
+    JK factor: those of shell pairs (I, J) whose Schwarz bound max sqrt((μν|μν)) over the pair's
+    functions (PySCF's ``CVHFnr_int2e_q_cond``, as its direct SCF screens) is at least
+    ``threshold`` (Hartree^1/2). None when ``threshold`` <= 0 or every pair is kept: the
+    unscreened factor, with nothing of screening in its code path."""
+    if threshold <= 0:
+        return None
+    q = _vhf._VHFOpt(mol, "int2e", qcondname="CVHFnr_int2e_q_cond").q_cond  # (nbas, nbas)
+    shell = np.repeat(np.arange(mol.nbas), np.diff(mol.ao_loc_nr()))  # each function's shell
+    rows, cols = np.tril_indices(mol.nao_nr())
+    keep = np.asarray(q)[shell[rows], shell[cols]] >= threshold
+    return None if keep.all() else np.flatnonzero(keep)
+
+
+def screening_record(nao: int, pairs, threshold: float, naux: int) -> dict:
+    """``ran.scf.jk_factor.screening``: the threshold, the bound, and the pairs and MB (packed
+    fp64) kept against the unscreened factor's."""
+    kept = npair(nao) if pairs is None else len(pairs)
+    return {
+        "threshold": threshold,
+        "bound": "Schwarz, sqrt((μν|μν)) of the shell pair (Hartree^1/2)",
+        "pairs_kept": kept,
+        "pairs_total": npair(nao),
+        "kept_mb": round(naux * kept * 8 / 1e6, 3),
+        "unscreened_mb": round(naux * npair(nao) * 8 / 1e6, 3),
+    }
 
 
 def jk_block(nao: int, naux: int, itemsize: int, block_mb: float = JK_BLOCK_MB) -> int:
@@ -75,12 +109,26 @@ class JKFactor:
     module docstring). The unpacked layout costs twice the memory and saves the per-cycle unpack:
     its exchange blocks are views, and ``jk`` builds J and K in one pass over it."""
 
-    def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str):
+    def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str, pairs=None):
         self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
+        self._set_pairs(pairs, B.device)
         if self.packed:
             r, c = torch.tril_indices(nao, nao, device=B.device)
+            if self.pairs is not None:
+                r, c = r[self.pairs], c[self.pairs]
             self.lower = r * nao + c  # flat index of (μ, ν), μ >= ν
             self.offdiag_weight = torch.where(r == c, 1.0, 2.0).to(dtype=B.dtype)
+
+    def _set_pairs(self, pairs, device) -> None:
+        """``pairs``: the kept packed positions (``significant_pairs``; None: all), on ``device``;
+        ``_fill``: the screened unpack's (rows, npair) buffer, zero at every dropped pair."""
+        self.pairs = None if pairs is None else torch.as_tensor(pairs, dtype=torch.long).to(device)
+        self._fill = None
+
+    @property
+    def npairs(self) -> int:
+        """The packed columns stored: the kept pairs, or nao(nao+1)/2."""
+        return npair(self.nao) if self.pairs is None else len(self.pairs)
 
     @property
     def naux(self) -> int:
@@ -107,9 +155,26 @@ class JKFactor:
         return D.reshape(-1)[self.lower].to(self.B.dtype) * self.offdiag_weight
 
     def unpack(self, p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., npair) -> (..., nao, nao) symmetric (a layout step, no arithmetic):
-        ``dfmp2.df.integrals.unpack``, into ``out`` when given."""
-        return integrals.unpack(p, self.nao, out=out)
+        """(..., npairs) -> (..., nao, nao) symmetric (a layout step, no arithmetic):
+        ``dfmp2.df.integrals.unpack``, into ``out`` when given. Screened: the kept columns are
+        first copied into their places of a buffer that is zero at the dropped pairs, SCATTER_MB
+        of rows at a time (one scatter, then the same unpack: about 1.4 times the unscreened
+        unpack's time per row)."""
+        if self.pairs is None:
+            return integrals.unpack(p, self.nao, out=out)
+        nao, rows = self.nao, p.reshape(-1, p.shape[-1])
+        n = rows.shape[0]
+        if out is None:
+            out = torch.empty((n, nao * nao), dtype=p.dtype, device=p.device)
+        square = out.view(n, nao * nao)
+        step = max(1, int(SCATTER_MB * 1e6 // (npair(nao) * p.element_size())))
+        if self._fill is None or self._fill.shape[0] < min(n, step) or self._fill.dtype != p.dtype:
+            self._fill = torch.zeros((min(n, step), npair(nao)), dtype=p.dtype, device=p.device)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            full = self._fill[: r1 - r0].index_copy_(1, self.pairs, rows[r0:r1])
+            integrals.unpack(full, nao, out=square[r0:r1])
+        return square.view(p.shape[:-1] + (nao, nao))
 
     def coulomb(self, D: torch.Tensor) -> torch.Tensor:
         """J(D)_μν = Σ_λσ (μν|λσ) D_λσ (nao, nao) in the factor's dtype: two GEMMs (matrix-vector)
@@ -209,10 +274,12 @@ def _mirror(K: torch.Tensor) -> torch.Tensor:
     return K + K.tril(-1).mT
 
 
-def disk_rows(nao: int, naux: int, block_mb: float = DISK_BLOCK_MB) -> int:
+def disk_rows(nao: int, naux: int, block_mb: float = DISK_BLOCK_MB, pairs: int | None = None) -> int:
     """Auxiliary functions per packed fp64 row block of the factor on disk: near ``block_mb``, and
-    at most an eighth of the factor (a small factor's blocks stay small beside it)."""
-    return max(1, min(-(-naux // 8), int(block_mb * 1e6 // max(1, npair(nao) * 8))))
+    at most an eighth of the factor (a small factor's blocks stay small beside it). ``pairs``: the
+    packed columns stored (screening; default all nao(nao+1)/2)."""
+    width = npair(nao) if pairs is None else pairs
+    return max(1, min(-(-naux // 8), int(block_mb * 1e6 // max(1, width * 8))))
 
 
 class DiskJKFactor(JKFactor):
@@ -225,9 +292,10 @@ class DiskJKFactor(JKFactor):
     GEMMs of block k. ``stats``: passes, bytes read, seconds reading (the thread) and seconds the
     caller waited for a block (what the disk cost the run)."""
 
-    def __init__(self, ds, path, nao: int, naux: int, backend, block: int, read_rows: int, metric: str):
+    def __init__(self, ds, path, nao: int, naux: int, backend, block: int, read_rows: int, metric: str, pairs=None):
         self.ds, self.path, self._naux, self.read_rows = ds, path, naux, read_rows
         self.B, self.nao, self.backend, self.block, self.metric = None, nao, backend, block, metric
+        self._set_pairs(pairs, backend.device)
         self.stats = {"passes": 0, "read_bytes": 0, "read_s": 0.0, "wait_s": 0.0}
         self.offset = None  # the raw data's byte offset in the file, once written (``map_file``)
 
@@ -260,13 +328,13 @@ class DiskJKFactor(JKFactor):
 
     @property
     def disk_mb(self) -> float:
-        return self.naux * npair(self.nao) * 8 / 1e6
+        return self.naux * self.npairs * 8 / 1e6
 
     def _read(self, rows: tuple[int, int]) -> tuple[int, int, torch.Tensor]:
         """Rows p0:p1 of the packed factor, on the backend's device (the reader thread's call)."""
         p0, p1 = rows
         t0 = time.perf_counter()
-        host = torch.empty((p1 - p0, npair(self.nao)), dtype=torch.float64)
+        host = torch.empty((p1 - p0, self.npairs), dtype=torch.float64)
         self.ds.read_direct(host.numpy(), np.s_[p0:p1])
         self.stats["read_s"] += time.perf_counter() - t0
         self.stats["read_bytes"] += host.numel() * 8
@@ -280,7 +348,7 @@ class DiskJKFactor(JKFactor):
         into a buffer instead (``_read``) copies every byte out of the page cache once more: on 2
         cores that copy took a core from the GEMMs ((H2O)24: 52.7 s of an SCF's 165 s)."""
         p0, p1 = rows
-        n = npair(self.nao)
+        n = self.npairs
         t0 = time.perf_counter()
         start = self.offset + p0 * n * 8
         base = start - start % mmap.ALLOCATIONGRANULARITY
@@ -324,10 +392,14 @@ class DiskJKFactor(JKFactor):
         self.stats["passes"] += 1
         buf = torch.empty((min(self.read_rows, self.naux), nao * nao), dtype=torch.float64, device=self.device)
         for p0, p1, rows in self.packed_rows(0, self.naux, mapped=self.mapped):
-            if self.mapped:  # PySCF's C unpack straight from the mapped page cache
+            if self.mapped and self.pairs is None:  # PySCF's C unpack straight from the mapped page cache
                 full = buf[: p1 - p0]
                 pyscf_lib.unpack_tril(rows[1], out=full.numpy())
                 full = full.view(p1 - p0, nao, nao)
+            elif self.mapped:  # screened: the scatter reads the mapped rows (torch warns of the read-only view)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    full = self.unpack(torch.from_numpy(rows[1]), out=buf[: p1 - p0])
                 del rows  # the map is unmapped when the reader lets go of it too (at the next block)
             else:
                 full = self.unpack(rows, out=buf[: p1 - p0])
@@ -341,7 +413,7 @@ class DiskJKFactor(JKFactor):
         st = self.stats
         return {
             "disk_mb": round(self.disk_mb, 3),
-            "read_block_mb": round(self.read_rows * npair(self.nao) * 8 / 1e6, 3),
+            "read_block_mb": round(self.read_rows * self.npairs * 8 / 1e6, 3),
             "access": "mmap (no copy)" if self.mapped else "h5py read",
             "passes": st["passes"],
             "read_gb": round(st["read_bytes"] / 1e9, 3),
@@ -351,7 +423,7 @@ class DiskJKFactor(JKFactor):
         }
 
 
-def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJKFactor:
+def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float, pairs=None) -> DiskJKFactor:
     """The fitted factor B = L^-1 (P|μν) in the scratch directory ``scratch``
     (dfmp2.df.outofcore.Scratch), without the whole factor ever in memory: a left-looking blocked
     forward substitution over row blocks I of about ``fit_mb`` MB (packed fp64), aligned to the
@@ -360,11 +432,12 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJ
     each (P|μν)_I made by the engine when it is needed, each B_J read back from the file (the
     background reader) and B_I written in its place. The flops are the in-memory TRSM's (the
     update as GEMMs); the file is read Σ_I (rows before I) times: about nI / 2 times the factor for
-    nI row blocks. The metric must be positive definite (a Cholesky factor L): the eigh fallback
+    nI row blocks. ``pairs``: the kept packed columns (``significant_pairs``; None: all), the
+    only ones written. The metric must be positive definite (a Cholesky factor L): the eigh fallback
     (dfmp2.df.fitting) needs every raw row at once, refused here with one line before any 3-center
     integral."""
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    n = npair(nao)
+    n = npair(nao) if pairs is None else len(pairs)
     t0 = time.perf_counter()
     j2c = engine.metric(auxmol).to(fb.device)
     t0 = timer.add("scf_integrals", t0)
@@ -382,8 +455,9 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJ
     with writing(path, *SCRATCH):
         ds = f.create_dataset("B", shape=(naux, n), dtype="f8", fill_time="never")
     sub = jk_block(nao, naux, 8, UNPACKED_BLOCK_MB)
-    fac = DiskJKFactor(ds, path, nao, naux, fb, sub, disk_rows(nao, naux), describe_metric(kind, info))
-    shells = integrals.aux_shell_blocks(auxmol, disk_rows(nao, naux))  # the engine's blocks: the reader's size
+    read_rows = disk_rows(nao, naux, pairs=n)
+    fac = DiskJKFactor(ds, path, nao, naux, fb, sub, read_rows, describe_metric(kind, info), pairs)
+    shells = integrals.aux_shell_blocks(auxmol, disk_rows(nao, naux))  # the engine's blocks, unscreened
     groups, rows_max = [], max(1, int(fit_mb * 1e6 // (n * 8)))
     for blk in shells:  # consecutive shell blocks, about rows_max rows a group (a shell block at least)
         if groups and blk[3] - groups[-1][0][2] <= rows_max:
@@ -399,7 +473,7 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJ
             X = raw[: g1 - g0]
             for _ in group:
                 p0, p1, packed = next(it)
-                X[p0 - g0 : p1 - g0] = packed.to(X.device)
+                X[p0 - g0 : p1 - g0] = _kept(packed.to(X.device), fac.pairs)
             del packed
             t0 = timer.add("scf_integrals", t0)
             for q0, q1, Bq in fac.packed_rows(0, g0, mapped=fac.mapped):
@@ -420,6 +494,11 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float) -> DiskJ
     fac.stats.update(passes=0, read_bytes=0, read_s=0.0, wait_s=0.0)  # the cycles' reads from here
     fac.fit_blocks = len(groups)
     return fac
+
+
+def _kept(packed: torch.Tensor, pairs) -> torch.Tensor:
+    """The kept columns of packed rows (nb, nao(nao+1)/2) -> (nb, len(pairs)); all when None."""
+    return packed if pairs is None else packed[:, pairs]
 
 
 def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
@@ -464,6 +543,7 @@ def build_jk_factor(
     layout: str = "packed",
     scratch=None,
     fit_mb: float | None = None,
+    pairs=None,
 ) -> tuple[JKFactor, JKFactor | None]:
     """Fit the packed 3-center integrals: B = L^-1 (P|μν) (Cholesky of the metric; eigh, j2c^-1/2,
     when it is not positive definite), streamed in aux-shell blocks from the integral engine
@@ -481,7 +561,9 @@ def build_jk_factor(
     unpacked (naux, nao, nao), exchange blocks of UNPACKED_BLOCK_MB (``JKFactor.jk``). 'disk' (the
     plan's choice where neither fits in memory): fitted in row blocks of ``fit_mb`` MB into a file
     in ``scratch`` (dfmp2.df.outofcore.Scratch, removed by its owner) and streamed every pass
-    (``fit_to_disk``, ``DiskJKFactor``; fp64 on an fp64 backend, one process)."""
+    (``fit_to_disk``, ``DiskJKFactor``; fp64 on an fp64 backend, one process). ``pairs``: the kept
+    packed columns (``significant_pairs``; None: every pair), the only ones fitted and stored in
+    the packed and disk layouts (the unpacked one holds zeros at the others)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown JK factor layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     fb = fit_backend if fit_backend is not None else backend
@@ -491,26 +573,29 @@ def build_jk_factor(
             raise ValueError("the JK factor on disk is fp64 on an fp64 device, in one process")
         if scratch is None or fit_mb is None:
             raise ValueError("the JK factor on disk needs a scratch directory and the fit's block size")
-        return fit_to_disk(mol, auxmol, backend, engine, scratch, timer, fit_mb), None
+        return fit_to_disk(mol, auxmol, backend, engine, scratch, timer, fit_mb, pairs), None
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     itemsize = torch.finfo(dtype).bits // 8
     if world is not None and distributed.split_scf(world):
-        B, kind, info, rows = jk_dist.factor_rows(mol, auxmol, fb, engine, block_mb, world, timer)
-        out = _factor_from(B, nao, len(rows), backend, fb, dtype, itemsize, block_mb, describe_metric(kind, info))
+        B, kind, info, rows = jk_dist.factor_rows(mol, auxmol, fb, engine, block_mb, world, timer, pairs)
+        metric = describe_metric(kind, info)
+        out = _factor_from(B, nao, len(rows), backend, fb, dtype, itemsize, block_mb, metric, pairs)
         return _laid_out(out, layout, timer)
     t0 = time.perf_counter()
-    raw = fb.to_device(torch.empty((naux, npair(nao)), dtype=torch.float64))
+    width = npair(nao) if pairs is None else len(pairs)
+    raw = fb.to_device(torch.empty((naux, width), dtype=torch.float64))
     blocks = integrals.aux_shell_blocks(auxmol, max(1, int(block_mb * 1e6 // max(1, npair(nao) * 8))))
+    keep = None if pairs is None else torch.as_tensor(pairs, dtype=torch.long).to(raw.device)
     with engine.blocks(auxmol, blocks, torch.float64) as stream:
         for p0, p1, packed in stream:
-            raw[p0:p1] = packed.to(raw.device)
+            raw[p0:p1] = _kept(packed.to(raw.device), keep)
     j2c = engine.metric(auxmol).to(raw.device)
     t0 = timer.add("scf_integrals", t0)
     M, kind, info = fit_metric(j2c, fb)
     del j2c
     B = _fit(M, kind, raw, fb)
     del raw, M
-    out = _factor_from(B, nao, naux, backend, fb, dtype, itemsize, block_mb, describe_metric(kind, info))
+    out = _factor_from(B, nao, naux, backend, fb, dtype, itemsize, block_mb, describe_metric(kind, info), pairs)
     timer.add("scf_fit", t0)
     return _laid_out(out, layout, timer)
 
@@ -537,10 +622,10 @@ def _laid_out(out, layout: str, timer):
     return fac, fac64
 
 
-def _factor_from(B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric: str):
+def _factor_from(B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric: str, pairs):
     """(the JKFactor of the fp64 factor B on ``backend`` in ``dtype``, its fp64 one on ``fb`` or None)."""
     fac64 = None
     if dtype != torch.float64:
-        fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric)
+        fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric, pairs)
     B = backend.to_device(B, dtype).contiguous()
-    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric), fac64
+    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric, pairs), fac64

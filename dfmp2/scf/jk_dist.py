@@ -25,10 +25,11 @@ from dfmp2.distributed import World
 
 
 def factor_rows(
-    mol, auxmol, backend, engine, block_mb: float, world: World, timer
+    mol, auxmol, backend, engine, block_mb: float, world: World, timer, pairs=None
 ) -> tuple[torch.Tensor, str, dict, list]:
     """This rank's rows of the fp64 JK factor B = W (P|μν) (naux_r, npair) on ``backend``, the
-    metric's (kind, info), and the rows' aux indices."""
+    metric's (kind, info), and the rows' aux indices. ``pairs``: the kept packed columns
+    (``jk.significant_pairs``; None: all): B is then (naux_r, len(pairs))."""
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     npair = nao * (nao + 1) // 2
     per_block = max(1, int(block_mb * 1e6 // max(1, npair * 8)))
@@ -36,11 +37,14 @@ def factor_rows(
     t0 = time.perf_counter()
     mine = blocks[world.rank :: world.size]
     rows = [p for _, _, p0, p1 in mine for p in range(p0, p1)]
-    raw = backend.to_device(torch.empty((len(rows), npair), dtype=torch.float64))
+    width = npair if pairs is None else len(pairs)
+    raw = backend.to_device(torch.empty((len(rows), width), dtype=torch.float64))
+    keep = None if pairs is None else torch.as_tensor(pairs, dtype=torch.long).to(raw.device)
     a = 0
     with engine.blocks(auxmol, mine, torch.float64) as stream:
         for p0, p1, packed in stream:
-            raw[a : a + p1 - p0] = packed.to(raw.device)
+            packed = packed.to(raw.device)
+            raw[a : a + p1 - p0] = packed if keep is None else packed[:, keep]
             a += p1 - p0
     j2c = engine.metric(auxmol).to(raw.device)
     t0 = timer.add("scf_integrals", t0)
@@ -52,7 +56,7 @@ def factor_rows(
     else:
         W = M
     idx = torch.tensor(rows, dtype=torch.long, device=raw.device)
-    B = torch.zeros((len(rows), npair), dtype=torch.float64, device=raw.device)
+    B = torch.zeros((len(rows), width), dtype=torch.float64, device=raw.device)
     held, held_rows = raw, idx
     for s in range(world.size):
         if len(rows) and len(held_rows):
@@ -61,7 +65,7 @@ def factor_rows(
             frm = (world.rank - s - 1) % world.size
             theirs = blocks[frm :: world.size]
             their_rows = [p for _, _, p0, p1 in theirs for p in range(p0, p1)]
-            recv = torch.empty((len(their_rows), npair), dtype=torch.float64, device=world.wire_device)
+            recv = torch.empty((len(their_rows), width), dtype=torch.float64, device=world.wire_device)
             world.shift(
                 held.to(world.wire_device).contiguous(),
                 recv,

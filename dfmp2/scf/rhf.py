@@ -27,7 +27,15 @@ from dfmp2.provenance import ScfRecord, cycle_precision
 from dfmp2.reference import OUR_SCF_NAMES, Reference, project_density, restricted
 from dfmp2.scf import jk_dist, pyscf_scf
 from dfmp2.scf.diis import DIIS, DIIS_SPACE, DIIS_START_CYCLE
-from dfmp2.scf.jk import JK_BLOCK_MB, JKFactor, build_jk_factor, fp32_unpacked, npair
+from dfmp2.scf.jk import (
+    JK_BLOCK_MB,
+    SCREEN_DEFAULT,
+    JKFactor,
+    build_jk_factor,
+    fp32_unpacked,
+    screening_record,
+    significant_pairs,
+)
 from dfmp2.scf.precision import (
     FP32_NOISE,
     FP32_STALL,
@@ -79,6 +87,7 @@ class DFRHF:
         fp32_speedup: float | None = None,
         scratch=None,
         fit_mb: float | None = None,
+        screen: float = SCREEN_DEFAULT,
     ):
         self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
         self.dm0_given = dm0  # a density to start from (``initial_density``), or None: 'minao'
@@ -101,6 +110,7 @@ class DFRHF:
         self.auxmol = basis.make_auxmol(mol, self.jk_spec)
         self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)  # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
+        self.screen, self.pairs = screen, significant_pairs(mol, screen)
         self.fac, self.fac64 = build_jk_factor(
             mol,
             self.auxmol,
@@ -114,6 +124,7 @@ class DFRHF:
             layout=layout,
             scratch=scratch,
             fit_mb=fit_mb,
+            pairs=self.pairs,
         )
         self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
         self.t0 = time.perf_counter()
@@ -435,12 +446,13 @@ class DFRHF:
             host_kernels=dict(sorted(self.dense.kernels_used.items())) if self.dense is not be else {},
             jk_factor={
                 "naux": fac.naux,
-                "shape": list(fac.B.shape) if fac.B is not None else [fac.naux, npair(fac.nao)],
+                "shape": list(fac.B.shape) if fac.B is not None else [fac.naux, fac.npairs],
                 "mb": fac.B.numel() * fac.B.element_size() / 1e6 if fac.B is not None else 0.0,
                 "metric": fac.metric,
                 "exchange_block": fac.block,
                 "layout": fac.layout,
                 **(fac.describe() if fac.layout == "disk" else {}),
+                "screening": screening_record(fac.nao, self.pairs, self.screen, fac.naux),
             },
             integrals=self.engine.describe(),
             e_hf_device_fock=e_device,
