@@ -68,6 +68,7 @@ def run_ours(xyz: Path, basis: str, memory: str, threads: int, timeout: float) -
         "e_hf": d["energies"]["e_hf"],
         "e_corr": d["energies"]["e_corr"],
         "scf_layout": d["ran"]["scf"]["jk_factor"]["layout"],
+        "jk_pairs_kept": _kept(d["ran"]["scf"]["jk_factor"].get("screening")),
         "b_storage": (d["ran"].get("storage") or {}).get("B"),
         "timings": d["timings"],
         "warnings": d.get("warnings", []),
@@ -154,8 +155,9 @@ def markdown(doc: dict) -> list[str]:
         if p and not p.get("best"):  # both settings failed: say why in the time column
             p = {"wall_s": None, "error": "; ".join(sorted({r.get("error") or "?" for r in p["runs"].values()}))}
         de = abs(o["e_hf"] + o["e_corr"] - pb["e_mp2"]) if pb.get("e_mp2") is not None else None
+        kept = f", {100 * o['jk_pairs_kept']:.0f} % of pairs" if o.get("jk_pairs_kept") else ""
         lines.append(
-            f"| {r['n']} | {o['nbasis']} | {o['wall_s']:.1f} | {o['max_rss_mb']:.0f} | {o['scf_layout']} | "
+            f"| {r['n']} | {o['nbasis']} | {o['wall_s']:.1f} | {o['max_rss_mb']:.0f} | {o['scf_layout']}{kept} | "
             f"{o['b_storage']} | {p.get('error') or _f(p.get('wall_s'), '.1f')} | {_f(p.get('max_rss_mb'), '.0f')} | "
             f"{_f(p['wall_s'] / o['wall_s'] if p.get('wall_s') else None, '.2f')} | {_f(de, '.1e')} |"
         )
@@ -163,6 +165,11 @@ def markdown(doc: dict) -> list[str]:
     for k, e in doc["exponents"].items():
         lines.append(f"- {k}: " + (f"p = {e['p']:.2f} ({e['points']} points)" if e.get("p") is not None else "n/a"))
     return lines
+
+
+def _kept(screening: dict | None) -> float | None:
+    """The share of the JK factor's pairs the screening kept (None: a run before screening)."""
+    return screening["pairs_kept"] / screening["pairs_total"] if screening else None
 
 
 def _f(x, spec: str) -> str:
