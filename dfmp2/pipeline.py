@@ -144,10 +144,11 @@ def energy_run(
     return run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
 
 
-def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None) -> Job:
+def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None, world=None) -> Job:
     """``prepare`` as a run does it: the process group (``distributed.current()``, read here once
-    and carried by the Job) agreeing on the options, each rank with its own device."""
-    world = distributed.current()  # several ranks: every rank runs this, rank 0 reports
+    and carried by the Job, or ``world``: a task of a task-parallel command runs in a one-process
+    World) agreeing on the options, each rank with its own device."""
+    world = world if world is not None else distributed.current()  # several ranks: every rank runs this
     with world.agreeing():
         distributed.check_options(options, world)
         return prepare(geom, distributed.rank_options(options, world), backend, log or (lambda msg: None), world=world)

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from dfmp2.cli.bench import bench_command
 from dfmp2.cli.compare import compare_command
+from dfmp2.cli.frequencies import frequencies_command
 from dfmp2.cli.gradient import gradient_command, optimize_command
 from dfmp2.cli.options import (
     cbs_options,
@@ -361,6 +362,7 @@ main.add_command(bench_command, "bench")
 
 main.add_command(gradient_command, "gradient")
 main.add_command(optimize_command, "optimize")
+main.add_command(frequencies_command, "frequencies")
 
 
 if __name__ == "__main__":

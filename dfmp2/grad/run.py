@@ -181,16 +181,19 @@ def run_gradient(
     backend=None,
     on_plan=None,
     guess=None,
+    world=None,
 ) -> GradientResult:
     """The energy (``pipeline.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
     these are) and its nuclear gradient for ``method`` (``gradient_stage``). One preparation
     (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,
-    runs the energy, and gives the gradient stage its molecule, fitting sets and backend."""
+    runs the energy, and gives the gradient stage its molecule, fitting sets and backend.
+    ``world``: the process group (default ``distributed.current()``; a one-process World for a
+    task of a task-parallel command)."""
     check_gradient_options(geom, options, method)
     uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
     t_start = time.perf_counter()
-    job = pipeline.prepare_run(geom, options, backend, log)
+    job = pipeline.prepare_run(geom, options, backend, log, world=world)
     plan = gradient_plan(job, options.memory_mb)
     done = pipeline.run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
     (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")

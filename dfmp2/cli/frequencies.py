@@ -1,0 +1,137 @@
+"""``dfmp2 frequencies``: harmonic frequencies (cm⁻¹), normal modes, IR intensities (km/mol) and
+ideal-gas thermochemistry by central differences of analytic DF-MP2 gradients
+(dfmp2.workflows.frequencies). Tables on stdout; ``--json`` the whole record (Hessian, modes,
+thermochemistry, units); ``--molden`` the normal modes for a viewer; ``--checkpoint`` resumes an
+interrupted job. Under torchrun the evaluations are dealt to the ranks and rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dfmp2.cli.gradient import point_inputs
+from dfmp2.cli.options import printing, run_options, stdout_console, user_errors
+from dfmp2.cli.runtime import LazyProgress, terminate_raises
+from dfmp2.io.outputs import check_output_file
+
+HARTREE_KCAL = 627.509474  # kcal/mol per Eh
+HARTREE_KJ = 2625.499639  # kJ/mol per Eh
+
+
+def frequency_table(res) -> Table:
+    t = Table(
+        title=f"harmonic frequencies of E({res.method.upper()}); μ reduced mass, k force constant", title_justify="left"
+    )
+    for col in ("mode", "ν (cm⁻¹)", "μ (amu)", "k (mdyn/Å)", "IR (km/mol)"):
+        t.add_column(col, justify="right")
+    ir = res.ir if res.ir is not None else [None] * len(res.frequencies)
+    for m, (f, mu, k, i) in enumerate(zip(res.frequencies, res.reduced_masses, res.force_constants, ir)):
+        nu = f"{-f:.2f}i" if f < 0 else f"{f:.2f}"
+        t.add_row(str(m + 1), nu, f"{mu:.4f}", f"{k:.4f}", "—" if i is None else f"{i:.2f}")
+    fd = res.tasks
+    t.caption = (
+        f"E({res.method.upper()}) = {res.energy:.10f} Eh at the input geometry, max |g| "
+        f"{abs(res.gradient).max():.2e} Eh/bohr; Hessian by central differences of analytic gradients, "
+        f"step {res.step:g} bohr, {fd['evaluations']} evaluations ({fd['resumed']} from the checkpoint) "
+        f"over {fd['ranks']} rank(s); translations and rotations projected out (PySCF's harmonic_analysis)"
+        + ("" if res.ir is not None else "; IR intensities need the relaxed dipole (--ir)")
+    )
+    return t
+
+
+def thermo_table(res) -> Table:
+    th = res.thermo
+    T, p = th["temperature"][0], th["pressure"][0]
+    t = Table(title=f"ideal gas, rigid rotor, harmonic oscillator: T = {T:g} K, p = {p:g} Pa", title_justify="left")
+    for col in ("quantity", "Eh", "kcal/mol", "kJ/mol"):
+        t.add_column(col, justify="right" if col != "quantity" else "left")
+    for key, name in (
+        ("ZPE", "zero-point energy"),
+        ("E_0K", "E0 + ZPE"),
+        ("E_tot", "U(T)"),
+        ("H_tot", "H(T)"),
+        ("G_tot", "G(T)"),
+    ):
+        v = float(th[key][0])
+        t.add_row(name, f"{v:.8f}", f"{v * HARTREE_KCAL:.3f}", f"{v * HARTREE_KJ:.3f}")
+    s = float(th["S_tot"][0])
+    t.add_row(
+        "S(T) (per K)", f"{s:.6e}", f"{s * HARTREE_KCAL * 1e3:.3f} cal/(mol K)", f"{s * HARTREE_KJ * 1e3:.3f} J/(mol K)"
+    )
+    t.caption = (
+        f"point group {res.point_group}, rotational symmetry number {th['sym_number'][0]:g} (PySCF's "
+        "detection); PySCF's hessian.thermo; imaginary modes left out of the vibrational sums"
+    )
+    return t
+
+
+@click.command("frequencies")
+@point_inputs("the energy differentiated twice: MP2, SCS-MP2 or SOS-MP2")
+@click.option("--step", type=float, default=0.005, show_default=True, help="central-difference step, bohr")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=298.15, show_default=True, help="K")
+@click.option("--pressure", type=click.FloatRange(min=0, min_open=True), default=101325.0, show_default=True, help="Pa")
+@click.option(
+    "--checkpoint",
+    "ck_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="a JSON file of the finished evaluations, rewritten after each round; given again for the same "
+    "molecule and options, the job resumes from it",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="the whole record as JSON")
+@click.option("--molden", "molden_path", type=click.Path(dir_okay=False), default=None, help="normal modes (Molden)")
+@click.option("-q", "--quiet", is_flag=True, help="print only the tables")
+@user_errors
+def frequencies_command(
+    xyz_file, method, step, temperature, pressure, ck_path, json_path, molden_path, quiet, **params
+):
+    """Harmonic frequencies, normal modes, IR intensities and thermochemistry of the molecule in
+    INPUT (XYZ, Ångström) at its geometry (optimise it first: dfmp2 optimize), from central
+    differences of analytic DF-MP2 gradients (6N + 1 of them)."""
+    import json
+
+    from dfmp2 import distributed
+    from dfmp2.io.outputs import write_text
+    from dfmp2.io.xyz import read_xyz
+    from dfmp2.workflows.frequencies import frequencies, molden_text
+
+    world = distributed.join(params["device"])
+    with distributed.command(world):
+        console, err = stdout_console(), Console(stderr=True)
+        options = run_options(params)
+        outs = ((json_path, "--json"), (molden_path, "--molden"), (ck_path, "--checkpoint"))
+        for path, what in outs:
+            if path is not None:
+                others = [("input", xyz_file)] + [(w, p) for p, w in outs if p is not None and w != what]
+                check_output_file(path, what, not_same_as=others)
+        log = None if quiet or world.rank else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+        progress = LazyProgress(err, "pair energies", enabled=not quiet and not world.rank)
+        try:
+            with terminate_raises():
+                res = frequencies(
+                    read_xyz(xyz_file),
+                    options,
+                    method,
+                    step=step,
+                    temperature=temperature,
+                    pressure=pressure,
+                    checkpoint=ck_path,
+                    log=log,
+                    progress=progress,
+                )
+        finally:
+            progress.close()
+        if world.rank:  # rank 0 alone writes and prints
+            return
+        if json_path:
+            write_text(json_path, json.dumps(res.to_dict(), indent=2) + "\n")
+        if molden_path:
+            write_text(molden_path, molden_text(res))
+        with printing(written=(json_path, molden_path)):
+            console.print(frequency_table(res))
+            console.print(thermo_table(res))
+            for w in res.warnings:
+                console.print(f"[yellow]warning:[/yellow] {escape(w)}")

@@ -1,0 +1,390 @@
+"""``dfmp2 frequencies``: harmonic frequencies, normal modes, IR intensities and ideal-gas
+thermochemistry from central differences of our analytic DF-MP2 gradients.
+
+Hessian: H_ij = (g_j(x + h e_i) - g_j(x - h e_i)) / 2h over the 3N Cartesian coordinates (Eh/bohr²),
+symmetrised (H + H^T)/2: 6N gradient evaluations and the reference geometry's (its energy and
+gradient: the stationary-point check, E0 of the thermochemistry). The step h is STEP_BOHR (0.005
+bohr, ORCA's NumFreq default) unless given. Harmonic analysis and thermochemistry are PySCF's
+(``pyscf.hessian.thermo``): ``harmonic_analysis`` projects the translations and rotations out of the
+mass-weighted Hessian (as Psi4 and ORCA do; isotope-averaged masses), and ``thermo`` is the ideal-gas,
+rigid-rotor, harmonic-oscillator model, its rotational symmetry number from PySCF's point-group
+detection (stated in the result). IR intensities: dμ/dx by the same central differences of the
+relaxed MP2 dipole (``properties=('dipole',)``: the gradient's own relaxed density), projected on
+each normal mode; |dμ/dQ|² in e²/amu times IR_KM_MOL (974.88 km/mol).
+
+Over several ranks (torchrun) the evaluations are dealt round by round: in round r, rank k runs
+task r·size + k alone (a one-process run: the same bits as one process at the same threads per
+process) and the round's rows are summed over the ranks (each row nonzero on one rank only, so the
+sum is exact). A failure on any rank ends every rank at the end of its round, with the failing
+rank's error. ``checkpoint``: a JSON file rewritten (atomically) after every round with every
+finished evaluation, bit for bit (JSON floats round-trip), and what they depend on; a run given
+an existing checkpoint for the same molecule and options computes only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from pyscf.lib.parameters import BOHR  # Å per bohr: PySCF's
+
+from dfmp2 import distributed
+from dfmp2.errors import InputError
+from dfmp2.io import molecule as io_molecule
+from dfmp2.io.outputs import write_text
+from dfmp2.io.xyz import Geometry
+from dfmp2.options import RunOptions
+
+STEP_BOHR = 0.005  # central-difference step, bohr (ORCA's NumFreq default)
+IR_KM_MOL = 974.8801  # |dμ/dQ|² of 1 e²/amu in km/mol: 42.2561 (D/Å)²/amu x (4.80320 D/Å per e)²
+STATIONARY_GMAX = 3e-4  # Eh/bohr: above this the geometry is not stationary (geomeTRIC's GAU gmax)
+CHECKPOINT_KIND = "dfmp2-frequencies-checkpoint/1"
+SCHEMA = "dfmp2-frequencies/1"
+# options that do not change a number (where files go, how much memory, which BLAS is faster)
+_NOT_NUMBERS = ("memory_mb", "storage", "scratch_dir", "checkpoint", "resume", "occ_block_max", "j3c_block_mb")
+
+
+class FrequencyError(InputError):
+    """A frequency job that cannot run, or whose displacement failed (one line)."""
+
+
+@dataclass
+class FrequencyResult:
+    """Harmonic analysis at ``geometry``: ``energy`` (Eh) and ``gradient`` (natm, 3) Eh/bohr there,
+    the Hessian (3N, 3N) Eh/bohr², per mode the frequency (cm⁻¹, imaginary ones negative), the
+    normal mode (natm, 3) Cartesian displacement (PySCF's norm_mode: M^-1/2 times the unit
+    mass-weighted eigenvector), reduced mass (amu), force constant (mdyn/Å), IR intensity (km/mol;
+    None without dipoles), and the thermochemistry (``thermo``: {name: (value, unit)})."""
+
+    geometry: Geometry
+    method: str
+    energy: float
+    gradient: np.ndarray
+    hessian: np.ndarray
+    frequencies: np.ndarray
+    modes: np.ndarray
+    reduced_masses: np.ndarray
+    force_constants: np.ndarray
+    ir: np.ndarray | None
+    dipole: np.ndarray | None
+    thermo: dict
+    point_group: str
+    step: float
+    tasks: dict
+    warnings: list = field(default_factory=list)
+    first: object = None  # the reference geometry's GradientResult, where this process computed it
+
+    @property
+    def imaginary(self) -> int:
+        return int(np.count_nonzero(self.frequencies < 0))
+
+    def to_dict(self) -> dict:
+        from dfmp2.io.result import software_versions
+
+        th = {k: np.asarray(v[0]).tolist() for k, v in self.thermo.items()}
+        return {
+            "schema": SCHEMA,
+            "method": self.method,
+            "geometry": {
+                "symbols": list(self.geometry.symbols),
+                "coordinates_angstrom": np.asarray(self.geometry.coords_angstrom).tolist(),
+            },
+            "energy": self.energy,
+            "gradient": self.gradient.tolist(),
+            "max_abs_gradient": float(np.abs(self.gradient).max()),
+            "hessian": self.hessian.tolist(),
+            "frequencies": self.frequencies.tolist(),
+            "imaginary_modes": self.imaginary,
+            "normal_modes": self.modes.tolist(),
+            "reduced_masses": self.reduced_masses.tolist(),
+            "force_constants": self.force_constants.tolist(),
+            "ir_intensities": None if self.ir is None else self.ir.tolist(),
+            "dipole": None if self.dipole is None else self.dipole.tolist(),
+            "thermo": th,
+            "point_group": self.point_group,
+            "finite_differences": {"scheme": "central, Cartesian", "step_bohr": self.step, **self.tasks},
+            "analysis": "pyscf.hessian.thermo: harmonic_analysis (translations and rotations projected), "
+            "thermo (ideal gas, rigid rotor, harmonic oscillator; isotope-averaged masses)",
+            "warnings": list(self.warnings),
+            "versions": software_versions(),
+            "units": {
+                "energy": "hartree",
+                "gradient": "hartree/bohr",
+                "hessian": "hartree/bohr^2",
+                "frequencies": "cm^-1 (imaginary as negative)",
+                "normal_modes": "Cartesian displacement per atom (mass-weighted unit vector times M^-1/2)",
+                "reduced_masses": "amu",
+                "force_constants": "mdyn/angstrom",
+                "ir_intensities": "km/mol",
+                "dipole": "e*bohr (atomic units), origin (0, 0, 0)",
+                "thermo": {k: v[1] for k, v in self.thermo.items()},
+            },
+        }
+
+
+def tasks_of(natm: int) -> list[tuple[int, int]]:
+    """The evaluations, in order: (coordinate, sign): (-1, 0) the reference, then for each
+    Cartesian coordinate i = 3 atom + xyz the +h and -h displacements."""
+    return [(-1, 0)] + [(i, s) for i in range(3 * natm) for s in (1, -1)]
+
+
+def displaced(geom: Geometry, coord: int, sign: int, step: float) -> Geometry:
+    if coord < 0:
+        return geom
+    x = np.array(geom.coords_angstrom, dtype=np.float64)
+    x[coord // 3, coord % 3] += sign * step * BOHR
+    return dataclasses.replace(geom, coords_angstrom=x)
+
+
+def check_molecule(geom: Geometry) -> None:
+    """FrequencyError (one line) for a molecule without vibrations to analyse here: a single atom
+    or a linear molecule (its 3N - 5 modes: not yet)."""
+    from pyscf.hessian import thermo
+
+    if geom.natm < 2:
+        raise FrequencyError("a single atom has no vibrational modes", option="input")
+    if any(geom.ghost):
+        raise FrequencyError("ghost atoms have no mass to vibrate: remove them for dfmp2 frequencies", option="input")
+    mass = np.array([_mass(s) for s in geom.symbols])
+    x = np.asarray(geom.coords_angstrom, dtype=np.float64) / BOHR
+    if thermo._get_rotor_type(thermo.rotation_const(mass, x)) == "LINEAR":
+        raise FrequencyError(
+            "linear molecules (3N - 5 modes) are not supported by dfmp2 frequencies yet", option="input"
+        )
+
+
+def _mass(symbol: str) -> float:
+    from pyscf.data import elements
+
+    return float(elements.MASSES[elements.charge(symbol)])
+
+
+def fingerprint(geom: Geometry, options: RunOptions, method: str, step: float) -> dict:
+    """What the evaluations depend on (JSON, floats exact): the molecule, the method, the step
+    and every option that changes a number."""
+    opts = {k: v for k, v in dataclasses.asdict(options).items() if k not in _NOT_NUMBERS}
+    return {
+        "symbols": list(geom.symbols),
+        "coordinates_angstrom": np.asarray(geom.coords_angstrom, dtype=np.float64).tolist(),
+        "charge": geom.charge,
+        "multiplicity": geom.multiplicity,
+        "ghost": list(geom.ghost),
+        "method": method,
+        "step_bohr": step,
+        "options": json.loads(json.dumps(opts, default=str)),
+    }
+
+
+def load_checkpoint(path, fp: dict, ntask: int, width: int) -> dict:
+    """{task: row} from a frequency checkpoint made for ``fp``; {} when there is no file.
+    FrequencyError naming what differs when it was made for another job."""
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        doc = json.loads(p.read_text())
+        assert doc["kind"] == CHECKPOINT_KIND
+        rows = {int(k): [float(x) for x in v] for k, v in doc["tasks"].items()}
+        assert all(0 <= k < ntask and len(v) == width for k, v in rows.items())
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise FrequencyError(
+            f"{path} is not a dfmp2 frequency checkpoint (or it is damaged)", option="checkpoint"
+        ) from None
+    theirs = doc.get("fingerprint", {})
+    differ = sorted(k for k in set(fp) | set(theirs) if fp.get(k) != theirs.get(k))
+    differ += sorted(
+        f"options.{k}"
+        for k in set(fp["options"]) | set(theirs.get("options") or {})
+        if "options" in differ and fp["options"].get(k) != (theirs.get("options") or {}).get(k)
+    )
+    if differ:
+        what = ", ".join(d for d in differ if d != "options") or "options"
+        raise FrequencyError(f"the checkpoint {path} was made for another job: {what} differ", option="checkpoint")
+    return rows
+
+
+def save_checkpoint(path, fp: dict, rows: dict) -> None:
+    doc = {
+        "kind": CHECKPOINT_KIND,
+        "fingerprint": fp,
+        "tasks": {str(k): list(map(float, v)) for k, v in sorted(rows.items())},
+    }
+    write_text(path, json.dumps(doc) + "\n")
+
+
+def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, progress=None):
+    """(row [E, g (3N), μ (3, NaN without)], the GradientResult) of one evaluation, in this
+    process alone (``world``: a one-process World)."""
+    from dfmp2.grad.run import run_gradient
+
+    gr = run_gradient(geom, options, method=method, progress=progress, world=world)
+    mu = _relaxed_dipole(gr)
+    row = [gr.energy, *np.asarray(gr.gradient, dtype=np.float64).ravel(), *(mu if mu is not None else [math.nan] * 3)]
+    return row, gr
+
+
+def _relaxed_dipole(gr) -> list | None:
+    """The relaxed dipole of the differentiated energy (e·bohr, 3), when the run computed it."""
+    props = getattr(gr.result, "properties", None) or {}
+    d = props.get("dipole") if isinstance(props, dict) else None
+    if not d:
+        return None
+    au = d.get("relaxed_au") or d.get("mp2_relaxed_au") or d.get("au")
+    return [float(x) for x in au] if au is not None else None
+
+
+def frequencies(
+    geom: Geometry,
+    options: RunOptions,
+    method: str = "mp2",
+    *,
+    step: float = STEP_BOHR,
+    temperature: float = 298.15,
+    pressure: float = 101325.0,
+    checkpoint=None,
+    log=None,
+    progress=None,
+    evaluate=None,
+) -> FrequencyResult:
+    """The harmonic analysis of ``method``'s DF-MP2 energy at ``geom`` (module docstring).
+    ``evaluate(geometry, world) -> (row, GradientResult or None)``: one evaluation (default
+    ``evaluate_gradient``; a test's stand-in). Over the ranks of ``distributed.current()``."""
+    from dfmp2.grad.run import check_gradient_options
+
+    if not (math.isfinite(step) and 1e-5 <= step <= 0.1):
+        raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
+    if not (temperature > 0 and pressure > 0):
+        raise FrequencyError("the temperature (K) and the pressure (Pa) must be positive", option="temperature")
+    check_molecule(geom)
+    check_gradient_options(geom, options, method)
+    world = distributed.current()
+    say = log or (lambda msg: None)
+    evaluate = evaluate or (lambda g, w: evaluate_gradient(g, options, method, w, progress))
+    tasks = tasks_of(geom.natm)
+    width = 1 + 3 * geom.natm + 3
+    fp = fingerprint(geom, options, method, step)
+    rows = load_checkpoint(checkpoint, fp, len(tasks), width) if checkpoint and not world.rank else {}
+    rows, resumed = _share_rows(rows, len(tasks), width, world), len(rows)
+    if resumed and not world.rank:
+        say(f"resuming from {checkpoint}: {resumed} of {len(tasks)} evaluations done")
+    first = _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width)
+    info = {"evaluations": len(tasks), "resumed": resumed, "computed": len(tasks) - resumed, "ranks": world.size}
+    mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
+    rows = np.array([rows[k] for k in range(len(tasks))])
+    return analyse(mol, geom, method, rows, step, temperature, pressure, info, first)
+
+
+def _share_rows(rows: dict, ntask: int, width: int, world) -> dict:
+    """Rank 0's checkpointed rows on every rank (a sum: zeros elsewhere; exact)."""
+    if not world.distributed:
+        return rows
+    a = torch.zeros((ntask, width + 1), dtype=torch.float64)
+    for k, v in rows.items():
+        a[k, :width], a[k, width] = torch.tensor(v, dtype=torch.float64), 1.0
+    a = world.all_reduce_sum(a, "frequencies")
+    return {k: a[k, :width].tolist() for k in range(ntask) if a[k, width] > 0}
+
+
+def _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width):
+    """Every missing evaluation, dealt round by round over the ranks (module docstring); returns
+    the reference geometry's GradientResult where this rank computed it."""
+    todo = [k for k in range(len(tasks)) if k not in rows]
+    single, first, n = distributed.World(), None, len(tasks)
+    for r0 in range(0, len(todo), world.size):
+        batch = todo[r0 : r0 + world.size]
+        out = torch.zeros((len(batch), width + 1), dtype=torch.float64)  # the last column: failed
+        error = None
+        if world.rank < len(batch):
+            k = batch[world.rank]
+            coord, sign = tasks[k]
+            say(f"evaluation {k + 1} of {n}: {_label(geom, coord, sign, step)}")
+            try:
+                row, gr = evaluate(displaced(geom, coord, sign, step), single)
+                out[world.rank, :width] = torch.tensor(row, dtype=torch.float64)
+                first = gr if k == 0 else first
+            except InputError as e:
+                error, out[world.rank, width] = e, 1.0
+        out = world.all_reduce_sum(out, "frequencies")
+        if error is not None:
+            where = _label(geom, *tasks[batch[world.rank]], step)
+            raise FrequencyError(f"at {where}: {error}", option=getattr(error, "option", None)) from None
+        if bool((out[:, width] > 0).any()):  # another rank failed and says why: stop quietly
+            raise distributed.PeerRefusedError("another rank's evaluation failed")
+        for j, k in enumerate(batch):
+            rows[k] = out[j, :width].tolist()
+        if checkpoint and not world.rank:
+            save_checkpoint(checkpoint, fp, rows)
+    return first
+
+
+def _label(geom: Geometry, coord: int, sign: int, step: float) -> str:
+    if coord < 0:
+        return "the reference geometry"
+    return (
+        f"atom {coord // 3 + 1} ({geom.symbols[coord // 3]}) {'xyz'[coord % 3]} {'+' if sign > 0 else '-'}{step:g} bohr"
+    )
+
+
+def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, tasks, first=None) -> FrequencyResult:
+    """The Hessian, PySCF's harmonic analysis and thermochemistry, the IR intensities, from the
+    evaluations' rows (``tasks_of``'s order); ``mol``: the molecule's PySCF Mole (its atoms,
+    masses, multiplicity)."""
+    from pyscf.hessian import thermo
+
+    natm, n = geom.natm, 3 * geom.natm
+    E0, g0, mu0 = rows[0, 0], rows[0, 1 : 1 + n], rows[0, 1 + n :]
+    plus, minus = rows[1::2], rows[2::2]  # (3N, width) each, coordinate i's +h and -h
+    H = (plus[:, 1 : 1 + n] - minus[:, 1 : 1 + n]) / (2 * step)
+    H = 0.5 * (H + H.T)
+    res = thermo.harmonic_analysis(mol, H.reshape(natm, 3, natm, 3).transpose(0, 2, 1, 3), imaginary_freq=False)
+    freq = np.asarray(res["freq_wavenumber"], dtype=np.float64)
+    modes = np.asarray(res["norm_mode"])  # (nmode, natm, 3)
+    ir = None
+    if np.isfinite(rows[:, 1 + n :]).all():
+        dmu = (plus[:, 1 + n :] - minus[:, 1 + n :]) / (2 * step)  # (3N, 3): dμ/dx_i, e
+        dq = np.einsum("mi,ic->mc", modes.reshape(len(freq), n), dmu)  # dμ/dQ per mode, e/amu^1/2
+        ir = IR_KM_MOL * (dq**2).sum(1) / np.asarray(res["reduced_mass"])
+    th = thermo.thermo(SimpleNamespace(mol=mol, e_tot=E0), np.asarray(res["freq_au"]), temperature, pressure)
+    warnings = []
+    gmax = float(np.abs(g0).max())
+    if gmax > STATIONARY_GMAX:
+        warnings.append(
+            f"the geometry is not stationary (max |gradient| {gmax:.2e} Eh/bohr > {STATIONARY_GMAX:g}): the "
+            "frequencies and thermochemistry of a non-stationary point are not those of a minimum; optimise first"
+        )
+    if (freq < 0).any():
+        warnings.append(f"{int((freq < 0).sum())} imaginary mode(s) (listed as negative frequencies)")
+    mdyn = np.asarray(res["force_const_dyne"])  # PySCF's: μ k_au Eh/bohr² x 1e-2 (J/m² per 100) = mdyn/Å
+    return FrequencyResult(
+        geom, method, float(E0), g0.reshape(natm, 3), H, freq, modes, np.asarray(res["reduced_mass"]), mdyn,
+        ir, mu0 if np.isfinite(mu0).all() else None, th, _point_group(mol), step, tasks, warnings, first,
+    )  # fmt: skip
+
+
+def _point_group(mol) -> str:
+    from pyscf import symm
+
+    return str(symm.detect_symm(mol._atom)[0])
+
+
+def molden_text(res: FrequencyResult) -> str:
+    """The normal modes as a Molden file ([FREQ], [FR-COORD] in bohr, [FR-NORM-COORD], [INT]):
+    what Molden, Jmol, Avogadro and Chemcraft open."""
+    lines = ["[Molden Format]", "[FREQ]"] + [f"{f:.4f}" for f in res.frequencies]
+    lines.append("[FR-COORD]")
+    for s, x in zip(res.geometry.symbols, np.asarray(res.geometry.coords_angstrom) / BOHR):
+        lines.append(f"{s} {x[0]:.10f} {x[1]:.10f} {x[2]:.10f}")
+    lines.append("[FR-NORM-COORD]")
+    for m, mode in enumerate(res.modes):
+        lines.append(f"vibration {m + 1}")
+        lines += [f"{d[0]:.8f} {d[1]:.8f} {d[2]:.8f}" for d in mode]
+    if res.ir is not None:
+        lines.append("[INT]")
+        lines += [f"{i:.6f}" for i in res.ir]
+    return "\n".join(lines) + "\n"
