@@ -342,7 +342,7 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
     plus, minus = rows[1::2], rows[2::2]  # (3N, width) each, coordinate i's +h and -h
     H = (plus[:, 1 : 1 + n] - minus[:, 1 : 1 + n]) / (2 * step)
     H = 0.5 * (H + H.T)
-    res = thermo.harmonic_analysis(mol, H.reshape(natm, 3, natm, 3).transpose(0, 2, 1, 3), imaginary_freq=False)
+    res = harmonic(mol, H)
     freq = np.asarray(res["freq_wavenumber"], dtype=np.float64)
     modes = np.asarray(res["norm_mode"])  # (nmode, natm, 3)
     ir = None
@@ -365,6 +365,15 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
         geom, method, float(E0), g0.reshape(natm, 3), H, freq, modes, np.asarray(res["reduced_mass"]), mdyn,
         ir, mu0 if np.isfinite(mu0).all() else None, th, _point_group(mol), step, tasks, warnings, first,
     )  # fmt: skip
+
+
+def harmonic(mol, H: np.ndarray) -> dict:
+    """PySCF's ``harmonic_analysis`` of the Cartesian Hessian H (3N, 3N) Eh/bohr² of ``mol``
+    (translations and rotations projected; imaginary frequencies as negative numbers)."""
+    from pyscf.hessian import thermo
+
+    natm = mol.natm
+    return thermo.harmonic_analysis(mol, H.reshape(natm, 3, natm, 3).transpose(0, 2, 1, 3), imaginary_freq=False)
 
 
 def _point_group(mol) -> str:

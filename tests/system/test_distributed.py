@@ -309,3 +309,28 @@ def test_usage_error_printed_by_rank_0_only(tmp_path):
     res = _launch(tmp_path, [["no.xyz", "--no-such-option"]] * 2)
     assert [rc for rc, _, _ in res] == [2, 2], res
     assert len(_error_lines(res)) == 1 and "--no-such-option" in _error_lines(res)[0]
+
+
+def _frequencies(tmp_path, ranks: int, *extra) -> dict:
+    """``dfmp2 frequencies`` of water (STO-3G: 19 small evaluations) on ``ranks`` ranks, its JSON."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    out = tmp_path / f"freq-{ranks}.json"
+    cmd = [sys.executable, "-m", "dfmp2", "frequencies", str(tmp_path / "water.xyz"), "--basis", "sto-3g"]
+    cmd += ["--cpu-blas", "torch", "-q", "--json", str(out), *extra]
+    if ranks > 1:
+        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("harmonic frequencies") == 1, p.stdout  # rank 0 alone prints
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("ranks", [3, pytest.param(2, marks=pytest.mark.slow)])
+def test_frequencies_over_ranks_are_one_process_s(tmp_path, ranks):
+    """The evaluations dealt over 3 ranks (19 of them: the last round uneven) give the one-process
+    Hessian and frequencies bit for bit (each evaluation is a one-process run at the same threads)."""
+    one = _frequencies(tmp_path, 1)
+    many = _frequencies(tmp_path, ranks)
+    assert many["finite_differences"]["ranks"] == ranks and one["finite_differences"]["ranks"] == 1
+    assert many["hessian"] == one["hessian"] and many["frequencies"] == one["frequencies"]
+    assert many["thermo"] == one["thermo"]
