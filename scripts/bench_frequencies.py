@@ -94,6 +94,7 @@ def main(argv=None) -> int:
                 "frequencies_gradients": res.frequencies.tolist(),
                 "frequencies_energies": fromE.tolist(),
                 "max_abs_difference_cm": float(diff.max()),
+                "zero_modes_cm": res.zero_modes.tolist(),
                 "ir_km_mol": None if res.ir is None else res.ir.tolist(),
                 "hessian_max_abs_difference": float(np.abs(res.hessian - H).max()),
                 "energies": nE,
@@ -126,16 +127,17 @@ def markdown(doc: dict) -> list[str]:
         f"{doc['energy_step_bohr']} bohr); both through PySCF's harmonic_analysis.",
         "",
         "| molecule | max abs g (Eh/bohr) | ν from gradients (cm⁻¹) | ν from energies (cm⁻¹) | max abs Δν (cm⁻¹) "
-        "| IR (km/mol) | energies |",
-        "|---|---:|---|---|---:|---|---:|",
+        "| zero modes, unprojected (cm⁻¹) | IR (km/mol) | energies |",
+        "|---|---:|---|---|---:|---|---|---:|",
     ]
     for r in doc["rows"]:
         fg = ", ".join(f"{x:.2f}" for x in r["frequencies_gradients"])
         fe = ", ".join(f"{x:.2f}" for x in r["frequencies_energies"])
         ir = ", ".join(f"{x:.2f}" for x in r["ir_km_mol"]) if r["ir_km_mol"] else "—"
+        zm = ", ".join(f"{x:.1f}" for x in r["zero_modes_cm"]) if r.get("zero_modes_cm") else "—"
         lines.append(
             f"| {r['molecule']} | {r['max_abs_gradient']:.1e} | {fg} | {fe} | {r['max_abs_difference_cm']:.3f} "
-            f"| {ir} | {r['energies']} |"
+            f"| {zm} | {ir} | {r['energies']} |"
         )
     return lines
 

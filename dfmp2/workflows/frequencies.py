@@ -75,6 +75,7 @@ class FrequencyResult:
     dipole: np.ndarray | None
     thermo: dict
     point_group: str
+    zero_modes: np.ndarray
     step: float
     tasks: dict
     warnings: list = field(default_factory=list)
@@ -108,6 +109,7 @@ class FrequencyResult:
             "dipole": None if self.dipole is None else self.dipole.tolist(),
             "thermo": th,
             "point_group": self.point_group,
+            "zero_modes": self.zero_modes.tolist(),
             "finite_differences": {"scheme": "central, Cartesian", "step_bohr": self.step, **self.tasks},
             "analysis": "pyscf.hessian.thermo: harmonic_analysis (translations and rotations projected), "
             "thermo (ideal gas, rigid rotor, harmonic oscillator; isotope-averaged masses)",
@@ -118,6 +120,7 @@ class FrequencyResult:
                 "gradient": "hartree/bohr",
                 "hessian": "hartree/bohr^2",
                 "frequencies": "cm^-1 (imaginary as negative)",
+                "zero_modes": "cm^-1: the unprojected Hessian's six nearest zero (translations, rotations)",
                 "normal_modes": "Cartesian displacement per atom (mass-weighted unit vector times M^-1/2)",
                 "reduced_masses": "amu",
                 "force_constants": "mdyn/angstrom",
@@ -363,17 +366,27 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
     mdyn = np.asarray(res["force_const_dyne"])  # PySCF's: μ k_au Eh/bohr² x 1e-2 (J/m² per 100) = mdyn/Å
     return FrequencyResult(
         geom, method, float(E0), g0.reshape(natm, 3), H, freq, modes, np.asarray(res["reduced_mass"]), mdyn,
-        ir, mu0 if np.isfinite(mu0).all() else None, th, _point_group(mol), step, tasks, warnings, first,
+        ir, mu0 if np.isfinite(mu0).all() else None, th, _point_group(mol), zero_modes(mol, H), step, tasks,
+        warnings, first,
     )  # fmt: skip
 
 
-def harmonic(mol, H: np.ndarray) -> dict:
+def harmonic(mol, H: np.ndarray, project: bool = True) -> dict:
     """PySCF's ``harmonic_analysis`` of the Cartesian Hessian H (3N, 3N) Eh/bohr² of ``mol``
-    (translations and rotations projected; imaginary frequencies as negative numbers)."""
+    (translations and rotations projected unless ``project`` is False; imaginary frequencies as
+    negative numbers)."""
     from pyscf.hessian import thermo
 
     natm = mol.natm
-    return thermo.harmonic_analysis(mol, H.reshape(natm, 3, natm, 3).transpose(0, 2, 1, 3), imaginary_freq=False)
+    H4 = H.reshape(natm, 3, natm, 3).transpose(0, 2, 1, 3)
+    return thermo.harmonic_analysis(mol, H4, exclude_trans=project, exclude_rot=project, imaginary_freq=False)
+
+
+def zero_modes(mol, H: np.ndarray) -> np.ndarray:
+    """The six frequencies (cm⁻¹) of the unprojected Hessian nearest zero: the translations and
+    rotations, which the projection removes; near zero for an accurate Hessian at a stationary point."""
+    f = np.asarray(harmonic(mol, H, project=False)["freq_wavenumber"])
+    return f[np.argsort(np.abs(f))[:6]]
 
 
 def _point_group(mol) -> str:

@@ -56,6 +56,7 @@ def test_hessian_against_second_differences_of_energies(water):
     assert res.frequencies.shape == (3,) and (res.frequencies > 1000).all()
     assert np.allclose(res.hessian, res.hessian.T)
     assert res.point_group == "C2v" and res.thermo["sym_number"][0] == 2
+    assert res.zero_modes.shape == (6,)
     assert res.tasks == {"evaluations": 19, "resumed": 0, "computed": 19, "ranks": 1}
 
 
