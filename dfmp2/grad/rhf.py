@@ -331,9 +331,10 @@ def choose_plan(shapes: dict, limit_mb: float, phases: tuple | None = None, stag
         "jk_deriv": "the JK part's derivative (its fitted MO coefficients)",
     }[small.largest]
     home = "on disk" if small.factor == "disk" else "in memory"
+    deriv = f", JK derivative '{small.jk_deriv}'" if "jk_deriv" in small.phases else ""
     raise MemoryLimitError(
         f"the {stage} stage needs about {human(small.peak_mb)} even with its smallest plan (Z-vector "
-        f"'{small.zvector}', JK derivative '{small.jk_deriv}', JK factor {home}; the largest phase is {why}) "
+        f"'{small.zvector}'{deriv}, JK factor {home}; the largest phase is {why}) "
         f"but the memory limit is {human(limit_mb)}; a limit of {human(small.peak_mb)} fits that plan, "
         f"{human(plans[0].peak_mb)} the fastest",
         need_mb=small.peak_mb,

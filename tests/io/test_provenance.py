@@ -47,7 +47,7 @@ def _json(path, **options):
     return json.loads(json.dumps(run(path, RunOptions(**options)).to_dict()))
 
 
-# the top-level keys of the result JSON (schema 4), as docs/cli-and-json.md's table lists them
+# the top-level keys of the result JSON (schema 5), as docs/cli-and-json.md's table lists them
 TOP_LEVEL = {
     "schema_version",
     "molecule",
@@ -74,6 +74,7 @@ TOP_LEVEL = {
     "energies",
     "units",
     "shapes",
+    "properties",
 }
 
 
@@ -98,7 +99,7 @@ def _geometry_of(path):
 @pytest.mark.parametrize("scf_mode", ["df", "pyscf-df"])
 def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     rhf, uhf = _json(WATER, scf_mode=scf_mode), _json(OH, scf_mode=scf_mode)
-    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "4"
+    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "5"
     assert set(rhf) == set(uhf) == TOP_LEVEL
     assert _dotted_keys(rhf) == [] and _dotted_keys(uhf) == []
     for doc, path, mult in ((rhf, WATER, 1), (uhf, OH, 2)):
