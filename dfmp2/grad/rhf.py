@@ -44,6 +44,10 @@ first. The gradient records its plan (``ran['plan']``). Still held whole: the pa
 itself (naux_jk nao(nao+1)/2, its fit twice that), B and Γ, T_v and the fitted MO coefficients
 (naux_jk nocc nmo). The same pieces serve the UHF stage (``mp2grad_uhf``; in memory, one plan).
 
+The stage keeps the unrelaxed density (P_ij, P_ab) and the relaxed one (P above) it made, with
+the HF part, in ``GradientParts.densities`` (``dfmp2.grad.densities.MP2Densities``: dipoles);
+``dfmp2.grad.relaxed`` runs this module's code up to the relaxed density, no derivatives.
+
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).
 """
@@ -317,8 +321,9 @@ def choose_plan(shapes: dict, limit_mb: float, phases: tuple | None = None, stag
     ``phases``: only these of ``phase_mb``'s phases run (the density stage: DENSITY_PHASES; default
     all), ``stage`` names the stage in the error line."""
     plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in PLANS] + [_disk_plan(shapes, limit_mb)]
-    for plan in plans if phases is not None else ():
-        plan.phases = {k: v for k, v in plan.phases.items() if k in phases}
+    if phases is not None:
+        for plan in plans:
+            plan.phases = {k: v for k, v in plan.phases.items() if k in phases}
     for plan in plans:
         if plan.peak_mb <= limit_mb:
             return plan
