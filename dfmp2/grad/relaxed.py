@@ -133,7 +133,10 @@ def uhf_densities(
     if relaxed:
         mp2grad.check_channels(ref, backend)
     elif not backend.has_fp64:
-        mp2grad.check_channels(ref, backend)  # the fp64 refusal, in the gradient's words
+        raise mp2grad.GradientError(
+            f"the UHF MP2 densities need fp64 arithmetic, which device '{backend.name}' lacks; run them on the CPU",
+            option="device",
+        )
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
     orbs = [mp2grad._Orbitals(ch, active_virtuals=not relaxed) for ch in ref.channels]

@@ -224,3 +224,16 @@ def test_dipole_au_is_pyscf_dip_moment_in_atomic_units():
     theirs = scf.hf.dip_moment(mf.mol, mf.make_rdm1(), unit="AU", verbose=0)
     assert abs(ours - theirs).max() <= 1e-12
     assert abs(ours * AU2DEBYE - _pyscf_dipole_d(mf, mf.make_rdm1())).max() <= 1e-10
+
+
+@pytest.mark.cuda
+def test_density_stage_on_cuda_equals_cpu():
+    """The density stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's, RHF
+    frozen core and UHF, on the same PySCF orbitals."""
+    for atom, spin, frozen in ((_atoms("water.xyz"), 0, 1), ("O 0 0 0; H 0 0 0.97", 1, None)):
+        mf = _mf(atom, spin=spin)
+        cpu = dfmp2.DFMP2(mf, frozen=frozen).densities(relaxed=True)
+        gpu = dfmp2.DFMP2(mf, frozen=frozen, device="cuda").densities(relaxed=True)
+        assert gpu.ran["device"].startswith("cuda") and gpu.ran["kernels"]
+        for kind in ("unrelaxed", "relaxed"):
+            assert abs(np.stack(gpu.mo(kind)) - np.stack(cpu.mo(kind))).max() <= 1e-9, (spin, kind)
