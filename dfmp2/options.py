@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from dfmp2 import linalg, memory
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, shown
 from dfmp2.linalg import DTYPES
 
 PRECISIONS = tuple(DTYPES)  # fp64, fp32
@@ -32,6 +32,8 @@ STORAGE_CHOICES = memory.STORAGE_CHOICES  # auto (memory if it fits), memory, di
 INTEGRAL_ENGINES = ("auto", "host", "gpu4pyscf")  # dfmp2.df.integrals.ENGINES
 PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()  # cuda: linalg.cuda; cpu: linalg.cpu_pair
 CPU_BLAS_CHOICES = linalg.cpu_blas.MODES  # cpu only: auto (measured, cached), torch, openblas
+# what a run computes after the energy (dfmp2.props): dipole, the HF and the unrelaxed and relaxed MP2 dipole moments
+PROPERTY_CHOICES = ("dipole",)
 # the SCF part of a CBS extrapolation (dfmp2.workflows.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
 CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
 
@@ -72,6 +74,7 @@ _FIELD_TYPES = (
     ("dist_scf", (str,), f"one of {', '.join(DIST_SCF_MODES)}"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
     ("cbs_scf", (str,), f"one of {', '.join(CBS_SCF_SCHEMES)}"),
+    ("properties", (str, tuple, list), f"a list of property names ({', '.join(PROPERTY_CHOICES)})"),
 )
 
 
@@ -109,6 +112,8 @@ class RunOptions:
     cbs_scf: str = (
         "xtpl_highest_1"  # a basis bracket's SCF scheme (dfmp2.workflows.cbs): Psi4's default, the largest basis
     )
+    # after the energy (dfmp2.props, PROPERTY_CHOICES): names, or one comma-separated string; kept as a tuple
+    properties: tuple = ()
 
     def __post_init__(self):
         """Every field's type and range, as the CLI's parser checks them: a Python caller's
@@ -138,6 +143,7 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"option {name} must be at least 1, got {value!r}", option=name)
+        self.properties = property_names(self.properties)
 
     def resolved_precision(self) -> str:
         """The working precision: ``precision``, or the device's default; InputError for an
@@ -192,3 +198,30 @@ class RunOptions:
             )
         if self.simulate and not caps.simulable:
             raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'", option="simulate")
+
+
+def property_names(value) -> tuple:
+    """The property names of ``value`` (one string, comma-separated, or a list or tuple of such
+    strings) as a tuple without repeats, in the order given: InputError (option ``properties``)
+    for an empty name or one outside PROPERTY_CHOICES."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InputError(f"option properties takes property names (strings), got {item!r}", option="properties")
+        for name in item.split(","):
+            name = name.strip().lower()
+            if not name:
+                raise InputError(
+                    f"option properties takes a comma-separated list of names ({', '.join(PROPERTY_CHOICES)}), "
+                    f"got {item!r}",
+                    option="properties",
+                )
+            if name not in PROPERTY_CHOICES:
+                raise InputError(
+                    f"unknown property '{shown(name, 30)}'; use one of {', '.join(PROPERTY_CHOICES)}",
+                    option="properties",
+                )
+            if name not in names:
+                names.append(name)
+    return tuple(names)

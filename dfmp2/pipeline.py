@@ -31,6 +31,7 @@ from dfmp2.memory import MemoryPlan, plan_memory
 from dfmp2.mp2 import dist as mp2_dist
 from dfmp2.mp2.stage import MP2Energies, mp2_stage
 from dfmp2.options import SCF_SCREEN, RunOptions
+from dfmp2.props import stage as props_stage
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
 from dfmp2.scf import driver, jk, pyscf_scf, stability
@@ -154,15 +155,22 @@ def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None, wor
         return prepare(geom, distributed.rank_options(options, world), backend, log or (lambda msg: None), world=world)
 
 
-def run_energy(job: Job, progress=None, log=None, on_plan=None, guess=None, t_start=None) -> EnergyRun:
+def run_energy(
+    job: Job, progress=None, log=None, on_plan=None, guess=None, t_start=None, with_properties: bool = True
+) -> EnergyRun:
     """The heavy part of the run of a prepared ``job`` (``prepare_run``): plan, reference, MP2,
-    result; the EnergyRun (Job, Reference, Result) for whatever comes next (the gradient stage,
-    QCSchema's SCF parts, the next geometry's guess). ``t_start``: when the run began (its
-    ``wall_s``; default now). The other arguments as ``run_geometry``'s."""
+    the properties ``options.properties`` asks for (``props.stage``; the density stage's memory
+    checked with the plan, before any work), result; the EnergyRun (Job, Reference, Result) for
+    whatever comes next (the gradient stage, QCSchema's SCF parts, the next geometry's guess).
+    ``t_start``: when the run began (its ``wall_s``; default now); ``with_properties`` False: no
+    property stage (a caller that makes them from its own densities: the gradient). The other
+    arguments as ``run_geometry``'s."""
     say = log or (lambda msg: None)
     t_start = time.perf_counter() if t_start is None else t_start
     world, options = job.world, job.options
     timer = Timer(job.backend)
+    want = options.properties if with_properties else ()
+    props_plan = props_stage.density_plan(job, options.memory_mb) if want else None
     with CheckpointSession(job) as session:
         with world.agreeing():
             plan, scf_plan = plan_run(job, session, on_plan, say)
@@ -187,7 +195,14 @@ def run_energy(job: Job, progress=None, log=None, on_plan=None, guess=None, t_st
         )
         session.finish(mp2.e_os, mp2.e_ss)
     world.summarize()
+    properties = None
+    if want:
+        say(f"properties ({', '.join(want)}): MP2 densities and Z-vector ...")
+        properties = props_stage.property_stage(
+            job.mol, ref, job.auxmol, job.jk_auxmol, job.backend, want, plan=props_plan
+        )
     result = make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
+    result.properties = properties
     if world.distributed:
         result.ran["distributed"] = world.describe()
     return EnergyRun(job, ref, result)
@@ -218,6 +233,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     auxbasis = basis.mp2_auxbasis(mol, options.auxbasis)
     auxmol = basis.make_auxmol(mol, auxbasis)
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
+    props_stage.check_properties(options, uhf)
     jk_auxbasis = basis.default_auxbasis(mol, "jk") if options.scf_mode in pyscf_scf.SCF_DF_MODES else None
     jk_auxmol = basis.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
     jk_pairs = jk.significant_pairs(mol, options.scf_screen) if options.scf_mode == "df" else None

@@ -37,7 +37,7 @@ def frequency_table(res) -> Table:
         f"{abs(res.gradient).max():.2e} Eh/bohr; Hessian by central differences of analytic gradients, "
         f"step {res.step:g} bohr, {fd['evaluations']} evaluations ({fd['resumed']} from the checkpoint) "
         f"over {fd['ranks']} rank(s); translations and rotations projected out (PySCF's harmonic_analysis)"
-        + ("" if res.ir is not None else "; IR intensities need the relaxed dipole (--ir)")
+        + ("" if res.ir is not None else "; no IR intensities (--no-ir)")
     )
     return t
 
@@ -83,10 +83,16 @@ def thermo_table(res) -> Table:
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="the whole record as JSON")
 @click.option("--molden", "molden_path", type=click.Path(dir_okay=False), default=None, help="normal modes (Molden)")
+@click.option(
+    "--ir/--no-ir",
+    default=True,
+    show_default=True,
+    help="IR intensities from the relaxed MP2 dipole at every displacement (the gradient's own relaxed density)",
+)
 @click.option("-q", "--quiet", is_flag=True, help="print only the tables")
 @user_errors
 def frequencies_command(
-    xyz_file, method, step, temperature, pressure, ck_path, json_path, molden_path, quiet, **params
+    xyz_file, method, step, temperature, pressure, ck_path, json_path, molden_path, ir, quiet, **params
 ):
     """Harmonic frequencies, normal modes, IR intensities and thermochemistry of the molecule in
     INPUT (XYZ, Ångström) at its geometry (optimise it first: dfmp2 optimize), from central
@@ -119,6 +125,7 @@ def frequencies_command(
                     temperature=temperature,
                     pressure=pressure,
                     checkpoint=ck_path,
+                    ir=ir,
                     log=log,
                     progress=progress,
                 )

@@ -16,6 +16,7 @@ from dfmp2.cli.options import (
     device_options,
     molecule_options,
     printing,
+    properties_options,
     resource_options,
     run_options,
     scf_options,
@@ -76,6 +77,12 @@ def point_inputs(method_help: str):
 
 @click.command("gradient")
 @point_inputs("the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
+@properties_options(
+    properties={
+        "help": "also from the gradient's own relaxed densities (no extra work): dipole, the HF, unrelaxed "
+        "and relaxed dipole moments of --method's energy in debye and e*bohr about the input's origin"
+    }
+)
 @click.option(
     "--json",
     "json_path",

@@ -20,6 +20,7 @@ from dfmp2.cli.options import (
     device_options,
     molecule_options,
     printing,
+    properties_options,
     resource_options,
     run_options,
     scf_options,
@@ -130,6 +131,7 @@ def _resume_hint(params) -> str:
 @resource_options()
 @checkpoint_options()
 @cbs_options()
+@properties_options()
 @click.option(
     "--json",
     "json_path",

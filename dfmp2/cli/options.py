@@ -10,6 +10,7 @@ dfmp2.errors.flag, the defaults from RunOptions):
                            --j3c-block-mb)
     @checkpoint_options()  --checkpoint --resume
     @cbs_options()         --cbs-scf (with a basis bracket, --basis cc-pv[dt]z: dfmp2.workflows.cbs)
+    @properties_options()  --properties (after the energy: dfmp2.props)
 
 Every param is named after its RunOptions field (``--memory`` -> memory_mb, ``--scf`` ->
 scf_mode), so ``run_options(params)`` takes exactly the fields a command offers. A command leaves
@@ -43,6 +44,7 @@ from dfmp2.options import (
     INTEGRAL_ENGINES,
     PAIR_KERNEL_CHOICES,
     PRECISIONS,
+    PROPERTY_CHOICES,
     REFERENCES,
     SCF_MODES,
     SCF_PRECISIONS,
@@ -170,6 +172,15 @@ SPECS = {
         "or scf_xtpl_helgaker_3 (three levels, e.g. cc-pv[dtq]z; the correlation energy "
         "then from the two largest)",
     ),
+    "properties": dict(
+        multiple=True,
+        metavar="|".join(PROPERTY_CHOICES),
+        show_default=False,
+        help="after the energy, from the MP2 one-particle densities (the gradient's Z-vector, no "
+        "derivative integrals): dipole, the HF, unrelaxed and relaxed MP2 dipole moments in debye and "
+        "e*bohr about the input's origin (0, 0, 0) (PySCF's convention); needs --scf df or pyscf-df. "
+        "Comma-separated or repeated",
+    ),
     # tuning (tests, benchmarks), not in --help
     "occ_block_max": dict(type=click.IntRange(min=1), hidden=True),
     "j3c_block_mb": dict(type=click.FloatRange(min=0, min_open=True), hidden=True),
@@ -189,6 +200,7 @@ GROUPS = {
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),
     "cbs": ("cbs_scf",),
+    "properties": ("properties",),
 }
 
 
@@ -225,6 +237,7 @@ scf_options = _group("scf")
 resource_options = _group("resources")
 checkpoint_options = _group("checkpoint")
 cbs_options = _group("cbs")
+properties_options = _group("properties")
 
 
 def parse_memory(value: str | None) -> float | None:

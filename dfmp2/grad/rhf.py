@@ -44,6 +44,10 @@ first. The gradient records its plan (``ran['plan']``). Still held whole: the pa
 itself (naux_jk nao(nao+1)/2, its fit twice that), B and Γ, T_v and the fitted MO coefficients
 (naux_jk nocc nmo). The same pieces serve the UHF stage (``mp2grad_uhf``; in memory, one plan).
 
+The stage keeps the unrelaxed density (P_ij, P_ab) and the relaxed one (P above) it made, with
+the HF part, in ``GradientParts.densities`` (``dfmp2.grad.densities.MP2Densities``: dipoles);
+``dfmp2.grad.relaxed`` runs this module's code up to the relaxed density, no derivatives.
+
 With linear dependence (nmo < nao) the orbitals span the kept space of the canonical
 orthogonalisation; the derivative of that space's choice is not included (a warning says so).
 """
@@ -64,6 +68,7 @@ from dfmp2 import linalg, memory
 from dfmp2.df import integrals
 from dfmp2.df.outofcore import Scratch
 from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2.grad.densities import MP2Densities, from_correlation
 from dfmp2.io.result import METHOD_SCALES, kernel_records
 from dfmp2.memory import human
 from dfmp2.scf import driver as scf_driver
@@ -105,6 +110,8 @@ class GradientParts:
     timings: dict = field(default_factory=dict)
     ran: dict = field(default_factory=dict)
     flops: dict = field(default_factory=dict)  # per stage of timings, through dfmp2.linalg (dfmp2.timing.Timer)
+    # the unrelaxed and relaxed MP2 densities the stage made on its way (not in the JSON; dipoles from them)
+    densities: MP2Densities | None = None
 
     def to_dict(self) -> dict:
         """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
@@ -143,6 +150,7 @@ JK_DERIV_FORMS = {
 }
 PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first, the JK factor in memory
 DISK_PLAN = ("ao", "blocked")  # the forms with the JK factor on disk (read per aux block: no whole factor)
+DENSITY_PHASES = ("densities", "jk_fit", "zvector")  # the phases of the relaxed density alone (dfmp2.grad.relaxed)
 
 
 @dataclass
@@ -307,10 +315,15 @@ def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
     return make_plan(shapes, *DISK_PLAN, limit_mb, "disk", fit_mb)
 
 
-def choose_plan(shapes: dict, limit_mb: float) -> GradientPlan:
+def choose_plan(shapes: dict, limit_mb: float, phases: tuple | None = None, stage: str = "gradient") -> GradientPlan:
     """The fastest plan (PLANS, fastest first) whose peak fits ``limit_mb``; MemoryLimitError (one
-    line, in human units, naming the smallest plan's need and its largest phase) when none does."""
+    line, in human units, naming the smallest plan's need and its largest phase) when none does.
+    ``phases``: only these of ``phase_mb``'s phases run (the density stage: DENSITY_PHASES; default
+    all), ``stage`` names the stage in the error line."""
     plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in PLANS] + [_disk_plan(shapes, limit_mb)]
+    if phases is not None:
+        for plan in plans:
+            plan.phases = {k: v for k, v in plan.phases.items() if k in phases}
     for plan in plans:
         if plan.peak_mb <= limit_mb:
             return plan
@@ -323,9 +336,10 @@ def choose_plan(shapes: dict, limit_mb: float) -> GradientPlan:
         "jk_deriv": "the JK part's derivative (its fitted MO coefficients)",
     }[small.largest]
     home = "on disk" if small.factor == "disk" else "in memory"
+    deriv = f", JK derivative '{small.jk_deriv}'" if "jk_deriv" in small.phases else ""
     raise MemoryLimitError(
-        f"the gradient stage needs about {human(small.peak_mb)} even with its smallest plan (Z-vector "
-        f"'{small.zvector}', JK derivative '{small.jk_deriv}', JK factor {home}; the largest phase is {why}) "
+        f"the {stage} stage needs about {human(small.peak_mb)} even with its smallest plan (Z-vector "
+        f"'{small.zvector}'{deriv}, JK factor {home}; the largest phase is {why}) "
         f"but the memory limit is {human(limit_mb)}; a limit of {human(small.peak_mb)} fits that plan, "
         f"{human(plans[0].peak_mb)} the fastest",
         need_mb=small.peak_mb,
@@ -470,7 +484,42 @@ def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0
         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
         ran,
         {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
+        rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran),
     )
+
+
+def unrelaxed_corr(orb: _Orbitals, corr: _Corr) -> np.ndarray:
+    """The unrelaxed correlation density in the MO basis (nmo, nmo): P_ij (active occupied) and
+    P_ab (``orb.vir``), nothing else."""
+    P = np.zeros((orb.nmo, orb.nmo))
+    P[np.ix_(orb.act, orb.act)] = corr.P_oo
+    P[np.ix_(orb.vir, orb.vir)] = corr.P_vv
+    return P
+
+
+def rhf_record(orb: _Orbitals, corr: _Corr, P: np.ndarray | None, c_os, c_ss, zinfo, ran, timings=None):
+    """The MP2Densities of one RHF channel: the unrelaxed blocks of ``corr`` and the relaxed
+    correlation density ``P`` (MO, None: not made), the HF part added."""
+    return from_correlation(
+        True,
+        [orb.C],
+        [len(orb.occ)],
+        [orb_frozen(orb)],
+        [unrelaxed_corr(orb, corr)],
+        None if P is None else [P],
+        c_os=c_os,
+        c_ss=c_ss,
+        zvector=zinfo,
+        ran=ran,
+        timings=dict(timings or {}),
+    )
+
+
+def orb_frozen(orb: _Orbitals) -> np.ndarray:
+    """(nmo,) bool: the orbitals of ``orb`` left out of the correlation (neither act nor vir)."""
+    frozen = np.ones(orb.nmo, dtype=bool)
+    frozen[orb.act] = frozen[orb.vir] = False
+    return frozen
 
 
 def _default_limit_mb() -> float:
@@ -524,16 +573,18 @@ def _stage_ran(backend, host, kernels0: tuple) -> dict:
 
 class _Orbitals:
     """Index sets of one RHF channel: occ (all occupied), act (active occupied), frz (frozen
-    occupied), vir (virtual); C (nao, nmo), eps (nmo,) Hartree."""
+    occupied), vir (virtual; ``active_virtuals``: the active ones only, for the unrelaxed
+    densities with frozen virtuals, which the response does not take); C (nao, nmo), eps (nmo,)
+    Hartree."""
 
-    def __init__(self, ch):
+    def __init__(self, ch, active_virtuals: bool = False):
         self.C, self.eps = np.asarray(ch.mo_coeff, dtype=np.float64), np.asarray(ch.mo_energy, dtype=np.float64)
         nmo = self.C.shape[1]
         idx = np.arange(nmo)
         self.occ = idx[: ch.nocc]
         self.act = idx[(idx < ch.nocc) & ~ch.frozen]
         self.frz = idx[(idx < ch.nocc) & ch.frozen]
-        self.vir = idx[ch.nocc :]
+        self.vir = idx[(idx >= ch.nocc) & ~ch.frozen] if active_virtuals else idx[ch.nocc :]
         self.nmo = nmo
 
 
@@ -744,16 +795,28 @@ def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: fl
 
 
 def _corr_intermediates(
-    mol, auxmol, orb: _Orbitals, backend, c_os: float, c_ss: float, pair_backend=None, block_mb: float = AUX_BLOCK_MB
+    mol,
+    auxmol,
+    orb: _Orbitals,
+    backend,
+    c_os: float,
+    c_ss: float,
+    pair_backend=None,
+    block_mb: float = AUX_BLOCK_MB,
+    response: bool = True,
 ) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
     3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
     loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
-    on ``backend`` (fp64)."""
+    on ``backend`` (fp64). ``response`` False: the unrelaxed densities only (Y_ri, Y_ra, T_v and
+    γ None: no second pass over (μν|P))."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend, block_mb))  # (ia, Q)
     Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
+    if not response:
+        P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
+        return _Corr(e_corr, 0.5 * (P_oo + P_oo.T), 0.5 * (P_vv + P_vv.T), None, None, None, None)
     gamma_pq, gamma_t = _gamma_terms(L, Bd, Gd, backend, len(orb.act), len(orb.vir))
     del Bd, Gd  # B and Γ (nact nvir naux each) go before T_v and the second pass over (μν|P)
     X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend, block_mb)

@@ -32,6 +32,7 @@ from dfmp2.io.result import Result
 from dfmp2.io.xyz import Geometry
 from dfmp2.memory import human
 from dfmp2.options import RunOptions
+from dfmp2.props import stage as props_stage
 from dfmp2.scf import pyscf_scf
 from dfmp2.timing import Timer
 
@@ -186,21 +187,27 @@ def run_gradient(
     """The energy (``pipeline.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
     these are) and its nuclear gradient for ``method`` (``gradient_stage``). One preparation
     (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,
-    runs the energy, and gives the gradient stage its molecule, fitting sets and backend.
-    ``world``: the process group (default ``distributed.current()``; a one-process World for a
-    task of a task-parallel command)."""
+    runs the energy, and gives the gradient stage its molecule, fitting sets and backend. The
+    properties ``options.properties`` asks for come from the gradient's own densities (the
+    ``method``'s energy; ``props.stage.record``), not from a second Z-vector. ``world``: the
+    process group (default ``distributed.current()``; a one-process World for a task of a
+    task-parallel command)."""
     check_gradient_options(geom, options, method)
     uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
     t_start = time.perf_counter()
     job = pipeline.prepare_run(geom, options, backend, log, world=world)
     plan = gradient_plan(job, options.memory_mb)
-    done = pipeline.run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
+    done = pipeline.run_energy(
+        job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start, with_properties=False
+    )
     (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
     plan = plan if isinstance(plan, GradientPlan) else None
     parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, Timer(job.backend), plan)
     c_os, c_ss = SCALES[method]
     result = done.result
+    if options.properties:  # from the gradient's own relaxed densities: no second Z-vector
+        result.properties = props_stage.record(job.mol, parts.densities, options.properties, method)
     energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
     return GradientResult(result, method, energy, parts, time.perf_counter() - t0, energy_run=done)

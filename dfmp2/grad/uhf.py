@@ -43,6 +43,7 @@ import scipy.sparse.linalg
 import torch
 from pyscf.grad import rhf as pyscf_grad_rhf
 
+from dfmp2.grad.densities import from_correlation
 from dfmp2.grad.rhf import (
     _DFJK,
     AUX_BLOCK_MB,
@@ -63,6 +64,7 @@ from dfmp2.grad.rhf import (
     fit_b,
     gamma3_weights,
     jk_energy_deriv,
+    orb_frozen,
     three_index_terms,
 )
 from dfmp2.scf.uhf import DFUHF
@@ -107,6 +109,7 @@ def uhf_mp2_gradient(
     t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
     e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss)
     t0 = timer.add("grad_mp2_densities", t0)
+    P_unrelaxed = [p.copy() for p in P]
     P, Y, zinfo = _relaxed_density(orbs, P, Y, resp)
     t0 = timer.add("grad_zvector", t0)
     C_o = [o.C[:, o.occ] for o in orbs]
@@ -155,6 +158,25 @@ def uhf_mp2_gradient(
         {k: v for k, v in timer.seconds.items() if k.startswith("grad_")},
         ran,
         {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
+        uhf_record(orbs, P_unrelaxed, P, c_os, c_ss, zinfo, ran),
+    )
+
+
+def uhf_record(orbs, P_unrelaxed: list, P: list | None, c_os, c_ss, zinfo, ran, timings=None):
+    """The MP2Densities of a UHF's two channels from the per-spin correlation densities (MO):
+    ``P_unrelaxed`` (P_ij, P_ab blocks) and ``P`` relaxed (None: not made); the HF part added."""
+    return from_correlation(
+        False,
+        [o.C for o in orbs],
+        [len(o.occ) for o in orbs],
+        [orb_frozen(o) for o in orbs],
+        P_unrelaxed,
+        P,
+        c_os=c_os,
+        c_ss=c_ss,
+        zvector=zinfo,
+        ran=ran,
+        timings=dict(timings or {}),
     )
 
 
@@ -164,13 +186,15 @@ def _response_operator(jk: _DFJK, orbs):
 
 
 # ---------------------------------------------------------------------------- correlation part
-def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
+def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True):
     """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
     the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
     E_aa + E_bb + 2 E_ab of pair arithmetic), then Γ~, γ and the orbital-response terms
     (``mp2grad.three_index_terms``). Returns (e_corr = Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree),
     P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv in place), Y (per spin (nmo, nmo): the
-    3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v Γ~, on the device), γ (naux, naux))."""
+    3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v Γ~, on the device), γ (naux, naux)).
+    ``response`` False: the unrelaxed densities only (Y zero, T_v empty and γ None: no 3-index
+    terms)."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     naux, nao = L.shape[0], orbs[0].C.shape[0]
     has = [bool(len(o.act) and len(o.vir)) for o in orbs]
@@ -206,13 +230,14 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float):
         if not h:
             T_v.append(torch.zeros((naux, nao, len(o.act)), dtype=torch.float64, device=b.device))
             continue
-        g, y[:, o.act], y[:, o.vir], tv = three_index_terms(mol, auxmol, o, L, b, G, backend)
-        gamma_pq += g
-        T_v.append(tv)
+        if response:
+            g, y[:, o.act], y[:, o.vir], tv = three_index_terms(mol, auxmol, o, L, b, G, backend)
+            gamma_pq += g
+            T_v.append(tv)
         po, pv = po.cpu().numpy(), pv.cpu().numpy()
         p[np.ix_(o.act, o.act)] = 0.5 * (po + po.T)
         p[np.ix_(o.vir, o.vir)] = 0.5 * (pv + pv.T)
-    return e_corr, P, Y, T_v, 0.5 * (gamma_pq + gamma_pq.T)
+    return e_corr, P, Y, T_v, (0.5 * (gamma_pq + gamma_pq.T) if response else None)
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)

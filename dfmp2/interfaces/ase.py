@@ -6,6 +6,11 @@
     atoms.calc = DFMP2Calculator(method="mp2", basis="cc-pvdz", frozen_core=True)
     atoms.get_potential_energy()          # eV: E(MP2) of `dfmp2 run` times ase.units.Hartree
 
+Dipole (``atoms.get_dipole_moment()``, e·Å as ASE takes it): the relaxed dipole of the ``method``'s
+energy (dfmp2.props; about the origin of the Atoms' coordinates, a density-fitted SCF), from the
+gradient's densities when forces are computed in the same call, else from the density stage on the
+last run's reference.
+
 Parameters: ``method`` ('mp2', 'scs-mp2' or 'sos-mp2': which total energy is the ASE energy) and
 any ``dfmp2.options.RunOptions`` field (basis, auxbasis, frozen_core, device, precision, scf_mode,
 memory_mb, charge, multiplicity, ...), type-checked when set. Charge and multiplicity: the
@@ -46,12 +51,12 @@ def _option_names() -> set:
 class DFMP2Calculator(Calculator):
     """ASE calculator of DF-MP2 / SCS-MP2 / SOS-MP2 total energies (eV); see the module docstring."""
 
-    implemented_properties = ["energy", "free_energy", "forces"]
+    implemented_properties = ["energy", "free_energy", "forces", "dipole"]
     default_parameters = {"method": "mp2"}
     discard_results_on_any_change = False  # set() decides: a change of method alone reuses the run
 
     def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):
-        self.result = self.gradient_result = None
+        self.result = self.gradient_result = self.energy_run = None
         self._scf_density = None  # (what it belongs to, Reference.density()) of the last calculation
         super().__init__(restart=restart, label=label, atoms=atoms, directory=directory, **kwargs)
 
@@ -77,7 +82,7 @@ class DFMP2Calculator(Calculator):
 
     def reset(self):
         super().reset()
-        self.result = self.gradient_result = None
+        self.result = self.gradient_result = self.energy_run = None
 
     def _store_energy(self) -> None:
         """The method's energy (eV) from the last run; its forces (eV/Å) when the last gradient
@@ -88,6 +93,9 @@ class DFMP2Calculator(Calculator):
         gr = self.gradient_result
         if gr is not None and gr.result is self.result and gr.method == method:
             self.results["forces"] = -gr.gradient * (Hartree / Bohr)
+        dip = (self.result.properties or {}).get("dipole")
+        if dip is not None and dip["method"] == method:
+            self.results["dipole"] = np.asarray(dip["relaxed"]["au"]) * Bohr
 
     def run_options(self):
         """The RunOptions of the parameters (without ``method``)."""
@@ -105,7 +113,16 @@ class DFMP2Calculator(Calculator):
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         """Run ``dfmp2 run`` on the Atoms: results['energy'] = results['free_energy'] = the
         ``method``'s total energy in eV (Hartree * ase.units.Hartree); with 'forces' asked for,
-        ``dfmp2 gradient``: results['forces'] (natm, 3) eV/Å = -gradient * Hartree / Bohr."""
+        ``dfmp2 gradient``: results['forces'] (natm, 3) eV/Å = -gradient * Hartree / Bohr; with
+        'dipole', results['dipole'] (3,) e·Å, the relaxed dipole of the ``method``'s energy (its
+        -dE/dF) about the origin of the Atoms' coordinates: from the gradient's own densities when
+        forces were computed too, else the density stage on the last run (``_dipole``; nothing
+        recomputed when the Atoms did not change)."""
+        same_run = not system_changes and self.energy_run is not None
+        if same_run and "dipole" in properties and "forces" not in properties:  # the last run's dipole only
+            super().calculate(atoms, properties, system_changes)
+            self._dipole()
+            return
         super().calculate(atoms, properties, system_changes)
         options = self.run_options()
         geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
@@ -120,8 +137,28 @@ class DFMP2Calculator(Calculator):
             from dfmp2 import pipeline
 
             done = pipeline.energy_run(geom, options, guess=guess)
-        self.result = done.result
+        self.result, self.energy_run = done.result, done
         self._scf_density = (key, done.ref.density())  # the next geometry's SCF starts from this density
+        if "dipole" in properties:
+            self._dipole()
+        self._store_energy()
+
+    def _dipole(self) -> None:
+        """The relaxed dipole of the ``method``'s energy on the last run into ``result.properties``
+        and results (``props.stage``): from the last gradient's densities when it was this run's
+        and this method's, else from the density stage on the run's reference."""
+        from dfmp2.props import stage as props_stage
+
+        done, method, gr = self.energy_run, self.parameters["method"], self.gradient_result
+        job = done.job
+        if gr is not None and gr.result is self.result and gr.method == method:
+            record = props_stage.record(job.mol, gr.parts.densities, ("dipole",), method)
+        else:
+            props_stage.check_properties(dataclasses.replace(job.options, properties=("dipole",)), job.unrestricted)
+            plan = props_stage.density_plan(job, job.options.memory_mb)
+            args = (job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, ("dipole",), method, plan)
+            record = props_stage.property_stage(*args)
+        self.result.properties = {**(self.result.properties or {}), **record}
         self._store_energy()
 
 

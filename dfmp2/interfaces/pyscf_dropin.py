@@ -13,7 +13,8 @@ devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF o
 not run again. Its fitting set is PySCF's choice (``mf.with_df`` on a density-fitted mf, else
 ``df.make_auxbasis(mol, mp2fit=True)``), so the default number is PySCF's. Energies in Hartree.
 Its nuclear gradient (``nuc_grad_method()``) runs ``dfmp2.grad.run.gradient_stage``, as
-``dfmp2 gradient`` does.
+``dfmp2 gradient`` does; its densities (``make_rdm1(relaxed=...)``, ``make_natorbs``, ``make_fno``)
+``dfmp2.grad.relaxed.density_stage``, the same pieces without the derivative integrals.
 
 The amplitudes (``t2``) and ``ao2mo``'s ``ovL`` go through a plain torch path beside the stage
 (``_amplitudes``): B from the stage's own fit (``mp2.build_B``, in memory), then T2_ijab =
@@ -61,8 +62,12 @@ class DFMP2(pyscf_mp2.MP2Base):
     e_tot_scs (Grimme's SCS: 1.2 OS + SS/3), e_corr_sos, e_tot_sos (1.3 OS), all Hartree; nocc
     and nmo (active, PySCF's counting); auxbasis_used (its description), naux, timings (s per
     stage), ran (device, engine, kernels, precisions), warnings. ``t2`` (nocc, nocc, nvir, nvir)
-    (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory,
-    ``make_rdm1`` (unrelaxed, PySCF's) from it. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
+    (UHF: PySCF's (t2aa, t2ab, t2bb)) is computed on first use where it fits in max_memory.
+    ``make_rdm1(relaxed=False, ao_repr=False)``: the unrelaxed or relaxed MP2 density (HF part
+    included; UHF per spin), PySCF's dfmp2_native conventions, from the gradient's pair loop and
+    Z-vector (no kernel needed first, no t2 stored; ``make_rdm1(t2=...)``: PySCF's formula on
+    given amplitudes); ``make_natorbs``, ``make_fno`` (PySCF's frozen natural orbitals of the
+    unrelaxed density); ``densities()`` the whole record. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
     the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF or UHF mf (the
     DF-HF response on the mf's own fitting set; dfmp2.grad.rhf, dfmp2.grad.uhf). Logs through
     ``pyscf.lib.logger`` at mf.verbose.
@@ -426,15 +431,81 @@ class DFMP2(pyscf_mp2.MP2Base):
             _t2(Bs[1], Bs[1], b, b, same_spin=True),
         )
 
-    def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True):
-        """PySCF's unrelaxed one-particle density matrix (spin-traced for RHF; (dm_a, dm_b) for
-        UHF) from ``t2`` (default the last kernel's), in the MO basis (``ao_repr``: AO)."""
-        t2 = self.t2 if t2 is None else t2
-        if t2 is None:
-            raise InputError("make_rdm1 needs the amplitudes of a kernel: run pt.kernel() or pt.run() first")
+    def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True, *, relaxed=False):
+        """The MP2 one-particle density matrix with the HF part, PySCF's conventions: spin-traced
+        (nmo, nmo) for RHF, (2, nmo, nmo) per spin for UHF, in the MO basis of the mf's orbitals
+        (``ao_repr``: the AO basis, C P C^T); ``with_frozen`` False: the active orbitals' block only.
+
+        Without ``t2``: this program's densities (``dfmp2.grad.relaxed.density_stage``, the
+        gradient's pair loop and Z-vector on this DFMP2's fitting set, the mf's JK-fit set for the
+        response), no amplitudes stored; ``relaxed`` True adds the orbital response, as
+        ``pyscf.mp.dfmp2_native.DFMP2.make_rdm1(relaxed=True)`` (a density-fitted mf needed; the
+        frozen-core block included). Like that class, a bool first argument is ``relaxed``:
+        ``make_rdm1(True)``. With ``t2`` (PySCF's ``pyscf.mp.dfmp2.DFMP2`` signature): PySCF's
+        unrelaxed density of those amplitudes."""
+        if isinstance(t2, (bool, np.bool_)):
+            relaxed, t2 = bool(t2), None
+        if t2 is not None:
+            if relaxed:
+                raise InputError(
+                    "a relaxed density comes from the Z-vector, not from given amplitudes: call "
+                    "make_rdm1(relaxed=True) without t2"
+                )
+            if self._unrestricted():
+                return pyscf_ump2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+            return pyscf_mp2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+        dens = self.densities(relaxed=relaxed)
+        dms, Cs = dens.mo("relaxed" if relaxed else "unrelaxed"), dens.mo_coeff
+        if not with_frozen:
+            dms = [d[np.ix_(~f, ~f)] for d, f in zip(dms, dens.frozen)]
+            Cs = [c[:, ~f] for c, f in zip(Cs, dens.frozen)]
+        if ao_repr:
+            dms = [c @ d @ c.T for c, d in zip(Cs, dms)]
+        if dens.restricted:
+            return dms[0]
+        return np.stack(dms) if dms[0].shape == dms[1].shape else tuple(dms)
+
+    def densities(self, relaxed: bool = True):
+        """The ``dfmp2.grad.densities.MP2Densities`` of this DFMP2 (unrelaxed, and relaxed when
+        ``relaxed``): per spin channel, MO basis, HF part included, with ``ao(kind)`` and
+        ``total_ao(kind)``; ``zvector`` the Z-vector's iterations and residual. The MP2 part on
+        this DFMP2's fitting set, the response (``relaxed``) on the mf's (InputError for an mf
+        that is not density-fitted)."""
+        from dfmp2.grad.relaxed import density_stage
+
+        ref, auxmol, jk_auxmol, backend = self._stage_inputs("relaxed densities", need_jk=relaxed)
+        return density_stage(self.mol, ref, auxmol, jk_auxmol, backend, "mp2", relaxed=relaxed)
+
+    def make_natorbs(self, rdm1_mo=None, relaxed=False):
+        """Natural orbitals, as ``pyscf.mp.dfmp2_native.DFMP2.make_natorbs``: (occupation numbers,
+        largest first, (nmo,); natural orbitals (nao, nmo) in the AO basis) of ``rdm1_mo`` (an MO
+        density; default ``make_rdm1(relaxed=relaxed)``). UHF (as ``dfump2_native``): the β density
+        taken into the α orbitals' basis and the spin sum diagonalised there."""
+        if rdm1_mo is None:
+            dm = self.make_rdm1(relaxed=relaxed)
+        elif isinstance(rdm1_mo, np.ndarray):
+            dm = rdm1_mo
+        else:
+            raise InputError(f"rdm1_mo must be an MO density matrix (ndarray), got {type(rdm1_mo).__name__}")
+        C = np.asarray(self.mo_coeff)
         if self._unrestricted():
-            return pyscf_ump2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
-        return pyscf_mp2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+            S = self.mol.intor_symmetric("int1e_ovlp")
+            Sab = C[0].T @ S @ C[1]
+            dm = dm[0] + Sab @ dm[1] @ Sab.T
+            C = C[0]
+        eigval, eigvec = np.linalg.eigh(dm)
+        return np.flip(eigval), C @ np.fliplr(eigvec)
+
+    def make_fno(self, thresh=1e-6, pct_occ=None, nvir_act=None, t2=None):
+        """Frozen natural orbitals, PySCF's ``mp2.make_fno`` (``ump2.make_fno`` for UHF) on this
+        DFMP2's unrelaxed density (``make_rdm1(t2=t2, with_frozen=False)``: ours without ``t2``):
+        (the orbitals to freeze, the semicanonical NO coefficients (nao, nmo) in the AO basis; UHF
+        a pair of each). ``thresh``: keep the virtual NOs occupied above it; ``pct_occ`` (overrides
+        it): keep that fraction of the virtual occupation; ``nvir_act`` (overrides both): keep
+        that many."""
+        if self._unrestricted():
+            return pyscf_ump2.make_fno(self, thresh=thresh, pct_occ=pct_occ, nvir_act=nvir_act, t2=t2)
+        return pyscf_mp2.make_fno(self, thresh=thresh, pct_occ=pct_occ, nvir_act=nvir_act, t2=t2)
 
     def make_rdm2(self, t2=None, ao_repr=False):
         raise InputError("make_rdm2 is not implemented in dfmp2; use pyscf.mp.dfmp2.DFMP2 for it")
@@ -452,26 +523,37 @@ class DFMP2(pyscf_mp2.MP2Base):
         an mf that is not density-fitted, frozen virtuals, or a UHF mf on a device without fp64
         (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). The stage is
         ``dfmp2.grad.run.gradient_stage``, as for ``dfmp2 gradient`` (RHF or UHF by the mf)."""
+        from dfmp2.grad.run import gradient_stage
+
+        self._stage_inputs("gradients", need_jk=True)  # an mf that is not density-fitted: before the energy
+        if self.e_corr is None:
+            self.run()
+        ref, auxmol, jk_auxmol, backend = self._stage_inputs("gradients", need_jk=True)
+        return gradient_stage(self.mol, ref, auxmol, jk_auxmol, backend, "mp2")
+
+    def _stage_inputs(self, what: str, need_jk: bool = True):
+        """(Reference, MP2 auxmol, JK auxmol (None unless ``need_jk``), backend) of the stages after
+        the energy on this mf; ``need_jk``: InputError (one line, naming ``what``) for an mf that
+        is not density-fitted (the response is the DF-HF's, on the mf's own fitting set)."""
         from pyscf.df import addons as df_addons
 
-        from dfmp2.grad.run import gradient_stage
         from dfmp2.pipeline import make_backend
 
         wd = getattr(self._scf, "with_df", None)
-        if wd is None or not hasattr(wd, "auxbasis"):
+        if need_jk and (wd is None or not hasattr(wd, "auxbasis")):
             raise InputError(
-                "DFMP2 gradients need a density-fitted mf (scf.RHF(mol).density_fit()): its "
+                f"DFMP2 {what} need a density-fitted mf (scf.RHF(mol).density_fit()): its "
                 "response is the DF-HF's; an exact-integral mf is not supported"
             )
-        if self.e_corr is None:
-            self.run()
         ref = self._reference()
         auxmol, _ = self._auxmol()
-        jk_auxmol = getattr(wd, "auxmol", None)
-        if jk_auxmol is None:
-            jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
+        jk_auxmol = None
+        if need_jk:
+            jk_auxmol = getattr(wd, "auxmol", None)
+            if jk_auxmol is None:
+                jk_auxmol = df_addons.make_auxmol(self.mol, self._scf_fit)
         options = self._options(ref)
-        return gradient_stage(self.mol, ref, auxmol, jk_auxmol, make_backend(options), "mp2")
+        return ref, auxmol, jk_auxmol, make_backend(options, unrestricted=not ref.restricted)
 
     def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
         """PySCF's eris of DF-MP2 (RHF): ``ovL`` (nocc*nvir, naux), B_ia^P of our fit, in memory;

@@ -9,20 +9,21 @@ AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
 AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
 ``gradrun.run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
-E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2",
-"basis": <orbital basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its
-molecular_charge and molecular_multiplicity, ghost atoms (``real: false``: their element's
-orbital and fitting basis functions, no nucleus, no electrons); keywords (all optional, the
-CLI's defaults otherwise) ``auxbasis``, ``frozen_core`` (bool), ``ecp`` (auto|none|
-none-for-testing), ``scf_mode`` (df|pyscf-df|exact), ``device``, ``precision`` (fp64|fp32),
-``memory_mb``. The AtomicResult: ``return_energy`` = E(MP2); the standard properties
+E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
+basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
+molecular_multiplicity, ghost atoms (``real: false``: their element's orbital and fitting basis
+functions, no nucleus, no electrons); keywords (all optional, the CLI's defaults otherwise)
+``auxbasis``, ``frozen_core`` (bool), ``ecp`` (auto|none|none-for-testing), ``scf_mode``
+(df|pyscf-df|exact), ``device``, ``precision`` (fp64|fp32), ``memory_mb``, ``properties``
+(["dipole"]: ``scf_dipole_moment`` and ``mp2_dipole_moment``, the relaxed MP2 dipole, in e·a0 about
+the input's origin). The AtomicResult: ``return_energy`` = E(MP2); the standard properties
 (nuclear_repulsion_energy, scf_one_electron_energy, scf_two_electron_energy, scf_total_energy,
 scf_iterations, mp2_same_spin_correlation_energy, mp2_opposite_spin_correlation_energy,
 mp2_singles_energy = 0 (canonical RHF or UHF), mp2_doubles_energy, mp2_correlation_energy,
 mp2_total_energy, calcinfo_* with the alpha and beta electron counts); SCS- and SOS-MP2, which
 QCSchema has no field for, in ``extras["qcvars"]`` under Psi4's names; and the whole ``dfmp2 run
---json`` result (what ran, timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies
-in Hartree.
+--json`` result (what ran, timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies in
+Hartree.
 
 Errors on this path are InputError (and its kinds) with the library's message; ``error_line``
 names the QCSchema field an error is about (``keywords.memory_mb``, ``model.basis``) where the
@@ -35,7 +36,7 @@ import json
 
 from dfmp2.errors import InputError, SCFNotConvergedError, shown
 from dfmp2.io.xyz import read_input_text
-from dfmp2.options import ECP_CHOICES, PRECISIONS, SCF_MODES
+from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES
 
 INSTALL = 'pip install -e ".[qcschema]"'
 SCHEMA_VERSIONS = (1, 2)  # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
@@ -53,6 +54,11 @@ KEYWORDS = {
         None
         if (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"))
         else "a positive number of MB"
+    ),
+    "properties": lambda v: (
+        None
+        if isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+        else f"a list of property names ({', '.join(PROPERTY_CHOICES)})"
     ),
 }
 # the RunOptions fields an AtomicInput sets besides its keywords
@@ -222,6 +228,10 @@ def _settings(inp, where: str) -> dict:
         if problem:
             raise InputError(f"{where}: keyword {key} must be {problem}, got {shown(json.dumps(value), 40)}")
         settings[key] = value.strip() if isinstance(value, str) else value
+    if "properties" in settings:  # the names checked as RunOptions checks them: one line, naming the keyword
+        from dfmp2.options import property_names
+
+        settings["properties"] = property_names(settings["properties"])
     return settings
 
 
@@ -329,6 +339,8 @@ def input_from_run(geom, options) -> dict:
     for k in ("auxbasis", "precision", "memory_mb"):
         if getattr(options, k) is not None:
             keywords[k] = getattr(options, k)
+    if options.properties:
+        keywords["properties"] = list(options.properties)
     charge = options.charge if options.charge is not None else (geom.charge or 0)
     mult = options.multiplicity if options.multiplicity is not None else (geom.multiplicity or 1)
     return {
@@ -370,7 +382,19 @@ def properties(result, parts: dict) -> dict:
         "mp2_doubles_energy": e["e_corr"],
         "mp2_correlation_energy": e["e_corr"],
         "mp2_total_energy": e["e_mp2"],
+        **dipole_properties(result),
     }
+
+
+def dipole_properties(result) -> dict:
+    """QCSchema's dipole fields (e·a0, QCSchema's unit; origin (0, 0, 0) of the input coordinates)
+    when the run computed the dipole (keywords.properties ['dipole']): ``scf_dipole_moment`` of
+    the HF density, ``mp2_dipole_moment`` of the relaxed MP2 density (the derivative of E(MP2)
+    with respect to a field); {} otherwise."""
+    dip = (result.properties or {}).get("dipole")
+    if not dip:
+        return {}
+    return {"scf_dipole_moment": list(dip["hf"]["au"]), "mp2_dipole_moment": list(dip["relaxed"]["au"])}
 
 
 def qcvars(result) -> dict:

@@ -9,7 +9,9 @@ from datetime import datetime, timezone
 
 # of the result JSON: 2 = typed 'ran' (same keys for RHF and UHF); 3 = the geometry as run,
 # multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls}); 4 = flops
-# per stage beside timings (the gradient's too); 5 = ran.scf.jk_factor.screening (the JK factor's kept pairs)
+# per stage beside timings (the gradient's too); 5 = ``properties`` (null, or what --properties asked
+# for: the dipole moments with their units and origin, and the densities' record) and
+# ran.scf.jk_factor.screening (the JK factor's kept pairs)
 SCHEMA_VERSION = "5"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
@@ -107,6 +109,9 @@ class Result:
     # nvir, E_corr per spin block (aa, bb, ab; Hartree); nocc/nvir above are then the alpha ones.
     # None: a closed-shell RHF reference.
     spin: dict | None = None
+    # after the energy (RunOptions.properties; dfmp2.props.stage.record): {'dipole': {...}, 'densities':
+    # {...}}; None: none asked for
+    properties: dict | None = None
 
     @property
     def _hf(self) -> str:
@@ -155,6 +160,9 @@ class Result:
             "memory": "MB",
             "geometry": "angstrom",
         }
+        if (self.properties or {}).get("dipole"):
+            d["units"]["dipole"] = "debye and e*bohr (properties.dipole: 'debye' and 'au' of each kind)"
+            d["units"]["dipole_origin"] = "bohr"
         d["shapes"] = {k: d.pop(k) for k in ("nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux")}
         return d
 
@@ -250,6 +258,8 @@ class Result:
         s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
         if not quiet:
             console.print(s)
+        if (self.properties or {}).get("dipole"):
+            console.print(dipole_table(self.properties["dipole"]))
         self.render_warnings(console)
         if self.ran.get("simulated"):
             console.print(
@@ -270,6 +280,23 @@ class Result:
 
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")
+
+
+def dipole_table(dip: dict):
+    """``properties.dipole`` as a rich table: x, y, z and |μ| in debye of the HF, unrelaxed and
+    relaxed densities, |μ| in e·bohr too; the caption names the method and the origin."""
+    from rich.table import Table
+
+    t = Table(title=f"dipole moment / D  ({dip['method'].upper()} densities)", title_justify="left")
+    for col in ("density", "x", "y", "z", "|μ| / D", "|μ| / e·bohr"):
+        t.add_column(col, justify="left" if col == "density" else "right")
+    for label, key in (("HF", "hf"), ("MP2 unrelaxed", "unrelaxed"), ("MP2 relaxed", "relaxed")):
+        v = dip[key]
+        t.add_row(label, *(f"{x:.6f}" for x in v["debye"]), f"{v['norm_debye']:.6f}", f"{v['norm_au']:.6f}")
+    t.caption = f"about {dip['origin_rule']}" + (
+        "; the molecule is charged: the dipole depends on the origin" if dip.get("origin_dependent") else ""
+    )
+    return t
 
 
 def cpu_blas_summary(blas: dict) -> str:

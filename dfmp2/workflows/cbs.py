@@ -396,6 +396,12 @@ def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool 
             "a CBS extrapolation is not checkpointed; run without a checkpoint",
             option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)),
         )
+    if options.properties:
+        raise InputError(
+            f"properties ({', '.join(options.properties)}) are of one basis: a CBS extrapolation does not "
+            "carry them; ask for them in a run with one basis",
+            option=("properties", "basis"),
+        )
     options.resolved_precision()
     if not checked:
         check_bases(sch, [geom], options)

@@ -233,13 +233,10 @@ def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, p
 
 
 def _relaxed_dipole(gr) -> list | None:
-    """The relaxed dipole of the differentiated energy (e·bohr, 3), when the run computed it."""
-    props = getattr(gr.result, "properties", None) or {}
-    d = props.get("dipole") if isinstance(props, dict) else None
-    if not d:
-        return None
-    au = d.get("relaxed_au") or d.get("mp2_relaxed_au") or d.get("au")
-    return [float(x) for x in au] if au is not None else None
+    """The relaxed dipole of the differentiated energy (e·bohr, (3,), about (0, 0, 0)) from the
+    gradient's own relaxed density (``properties`` 'dipole'), when the run computed it."""
+    d = (getattr(gr.result, "properties", None) or {}).get("dipole")
+    return [float(x) for x in d["relaxed"]["au"]] if d else None
 
 
 def frequencies(
@@ -254,8 +251,11 @@ def frequencies(
     log=None,
     progress=None,
     evaluate=None,
+    ir: bool = True,
 ) -> FrequencyResult:
-    """The harmonic analysis of ``method``'s DF-MP2 energy at ``geom`` (module docstring).
+    """The harmonic analysis of ``method``'s DF-MP2 energy at ``geom`` (module docstring);
+    ``ir``: the relaxed dipole at every evaluation too (``properties`` 'dipole', from the
+    gradient's own relaxed density: no second Z-vector), for the IR intensities.
     ``evaluate(geometry, world) -> (row, GradientResult or None)``: one evaluation (default
     ``evaluate_gradient``; a test's stand-in). Over the ranks of ``distributed.current()``."""
     from dfmp2.grad.run import check_gradient_options
@@ -266,6 +266,8 @@ def frequencies(
         raise FrequencyError("the temperature (K) and the pressure (Pa) must be positive", option="temperature")
     check_molecule(geom)
     check_gradient_options(geom, options, method)
+    if ir and "dipole" not in options.properties:
+        options = dataclasses.replace(options, properties=(*options.properties, "dipole"))
     world = distributed.current()
     say = log or (lambda msg: None)
     evaluate = evaluate or (lambda g, w: evaluate_gradient(g, options, method, w, progress))
@@ -360,6 +362,11 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
         warnings.append(
             f"the geometry is not stationary (max |gradient| {gmax:.2e} Eh/bohr > {STATIONARY_GMAX:g}): the "
             "frequencies and thermochemistry of a non-stationary point are not those of a minimum; optimise first"
+        )
+    if ir is not None and mol.charge:
+        warnings.append(
+            f"a charged molecule (charge {mol.charge}): its dipole, and so the IR intensities, depend on the "
+            "origin, here (0, 0, 0) of the input coordinates"
         )
     if (freq < 0).any():
         warnings.append(f"{int((freq < 0).sum())} imaginary mode(s) (listed as negative frequencies)")

@@ -522,6 +522,12 @@ def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progres
             "interaction energies are not checkpointed; run without a checkpoint",
             option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)),
         )
+    if options.properties:
+        raise InputError(
+            f"interaction energies do not carry properties ({', '.join(options.properties)}); ask for them "
+            "in a run of one molecule (dfmp2 run --properties)",
+            option="properties",
+        )
     options = replace(options, charge=None, multiplicity=None)
     options.resolved_precision()
     jobs = run_geometries(geom, frags)

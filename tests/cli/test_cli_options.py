@@ -34,14 +34,16 @@ DIMER = str(INPUTS / "s22" / "s22_02_water_dimer.xyz")
 FIELDS = {f.name for f in fields(RunOptions)}
 MOLECULE = {"basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "frozen_core"}
 # the RunOptions fields each command offers; what it leaves out, and why
+# properties (dfmp2.props) are of one molecule's run: run and gradient (from its own densities) only
 OFFERED = {
     "run": FIELDS,
-    "interaction": FIELDS - {"checkpoint", "resume"},  # 2N+1 runs are not checkpointed
+    "interaction": FIELDS - {"checkpoint", "resume", "properties"},  # 2N+1 runs are not checkpointed
     # --devices names several; one basis per run (a CBS bracket is refused)
-    "compare": FIELDS - {"checkpoint", "resume", "device", "cbs_scf"},
+    "compare": FIELDS - {"checkpoint", "resume", "device", "cbs_scf", "properties"},
     "gradient": FIELDS - {"checkpoint", "resume", "cbs_scf"},  # one basis, no checkpoint
-    "optimize": FIELDS - {"checkpoint", "resume", "cbs_scf"},
-    "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf"} - MOLECULE,  # each reference's own
+    "optimize": FIELDS - {"checkpoint", "resume", "cbs_scf", "properties"},
+    # each reference's own
+    "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf", "properties"} - MOLECULE,
 }
 CHOICES = {
     "precision": PRECISIONS,

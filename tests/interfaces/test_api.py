@@ -376,8 +376,13 @@ def test_make_rdm1_matches_pyscf():
         ours, ref = dfmp2.DFMP2(mf, frozen=frozen).run(), PySCFDFMP2(mf, frozen=frozen).run(verbose=0)
         assert abs(ours.make_rdm1() - ref.make_rdm1()).max() <= 1e-9
         assert abs(ours.make_rdm1(ao_repr=True) - ref.make_rdm1(ao_repr=True)).max() <= 1e-9
-    with pytest.raises(InputError, match="needs the amplitudes of a kernel"):
-        dfmp2.DFMP2(mf).make_rdm1()
+    # no kernel first (as PySCF's dfmp2_native): the densities come from the gradient's pair loop, no t2
+    fresh = dfmp2.DFMP2(mf, frozen=[0, 1, 5])
+    assert abs(fresh.make_rdm1() - ours.make_rdm1(t2=ours.t2)).max() <= 1e-9 and fresh.e_corr is None
+    with pytest.raises(InputError, match="relaxed density comes from the Z-vector"):
+        ours.make_rdm1(t2=ours.t2, relaxed=True)
+    with pytest.raises(InputError, match="density-fitted mf"):  # the relaxed one's response is the DF-HF's
+        fresh.make_rdm1(relaxed=True)
 
 
 def test_set_frozen_and_scanner_as_pyscf():

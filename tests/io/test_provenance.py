@@ -47,7 +47,7 @@ def _json(path, **options):
     return json.loads(json.dumps(run(path, RunOptions(**options)).to_dict()))
 
 
-# the top-level keys of the result JSON (schema 4), as docs/cli-and-json.md's table lists them
+# the top-level keys of the result JSON (schema 5), as docs/cli-and-json.md's table lists them
 TOP_LEVEL = {
     "schema_version",
     "molecule",
@@ -74,6 +74,7 @@ TOP_LEVEL = {
     "energies",
     "units",
     "shapes",
+    "properties",
 }
 
 

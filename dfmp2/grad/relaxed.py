@@ -1,0 +1,164 @@
+"""The MP2 one-particle densities alone: the gradient stage's densities and Z-vector without its
+derivative integrals (``density_stage``; RHF ``rhf_densities``, UHF ``uhf_densities``).
+
+The same pieces as ``dfmp2.grad.rhf.mp2_gradient`` and ``dfmp2.grad.uhf.uhf_mp2_gradient``, run
+as far as the relaxed density: B and the pair loop (P_ij, P_ab: the unrelaxed density), then, for
+the relaxed one, Γ's 3-index orbital-response terms, the JK factor on the JK-fit set the SCF used
+(``_DFJK``), the frozen-active block and the Z-vector (``_relaxed_density``). Nothing new is
+computed here: the gradient's own code runs, and its densities are those the gradient takes
+(``GradientParts.densities`` is the same record). The relaxed density is the derivative of
+E_HF + c_os E_OS + c_ss E_SS with respect to a one-electron perturbation (a field: the dipole),
+both fitting sets fixed; see ``dfmp2.grad.densities`` for the conventions (PySCF's).
+
+Memory: RHF the gradient's plan over the phases that run here (``DENSITY_PHASES``: the pair loop
+and 3-index terms, the JK factor's fit, the Z-vector; ``choose_plan``), UHF the UHF gradient's
+in-memory estimate (``dfmp2.grad.uhf.memory_mb``, an upper bound: its derivative phase does not
+run here). Timed as 'props_mp2_densities', 'props_jk_factor' (enclosing the factor's
+scf_integrals and scf_fit), 'props_zvector'.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dfmp2 import linalg
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.grad.densities import MP2Densities
+from dfmp2.grad.rhf import DENSITY_PHASES, SCALES, GradientPlan, choose_plan
+from dfmp2.timing import Timer
+
+STAGES = ("props_mp2_densities", "props_jk_factor", "props_zvector")
+
+
+def density_stage(
+    mol,
+    ref,
+    auxmol,
+    jk_auxmol,
+    backend,
+    method: str = "mp2",
+    relaxed: bool = True,
+    timer: Timer | None = None,
+    plan: GradientPlan | None = None,
+) -> MP2Densities:
+    """The unrelaxed and (``relaxed``) relaxed one-particle densities of E_HF + c_os E_OS + c_ss
+    E_SS (``SCALES[method]``) for the converged ``ref`` (frozen core marked) on ``mol``: the MP2
+    part fitted with ``auxmol``, the Z-vector's DF-HF response with ``jk_auxmol`` (the SCF's own
+    fitting set; unused when not ``relaxed``), on ``backend``. RHF: ``rhf_densities``, UHF:
+    ``uhf_densities``. ``plan``: the RHF forms (default: the fastest whose density phases fit
+    memory.DEFAULT_FRACTION of the available memory)."""
+    c_os, c_ss = SCALES[method]
+    fn = rhf_densities if ref.restricted else uhf_densities
+    return fn(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, relaxed=relaxed, timer=timer, plan=plan)
+
+
+def rhf_densities(
+    mol,
+    ref,
+    mp2_auxmol,
+    jk_auxmol,
+    backend,
+    *,
+    c_os: float = 1.0,
+    c_ss: float = 1.0,
+    relaxed: bool = True,
+    timer: Timer | None = None,
+    plan: GradientPlan | None = None,
+) -> MP2Densities:
+    """The RHF densities (``density_stage``). What the gradient refuses is refused here too
+    (``mp2grad.check_supported``), but for the unrelaxed density alone frozen virtual orbitals
+    are taken (left out, as PySCF's unrelaxed MP2 density leaves them). A backend without fp64
+    runs the pair loop there in fp32 and the rest on a host CPU backend in fp64, as the gradient."""
+    if relaxed:
+        mp2grad.check_supported(ref, backend)
+    elif not ref.restricted:
+        raise mp2grad.GradientError("rhf_densities takes an RHF reference", option="reference")
+    host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
+    timer = timer or Timer(backend)
+    timer.watch(host)
+    kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
+    ch = ref.channels[0]
+    orb = mp2grad._Orbitals(ch, active_virtuals=not relaxed)
+    if plan is None and relaxed:
+        plan = choose_plan(
+            mp2grad.rhf_shapes(mol, ref, mp2_auxmol, jk_auxmol),
+            mp2grad._default_limit_mb(),
+            phases=DENSITY_PHASES,
+            stage="density",
+        )
+    block_mb = plan.block_mb if plan is not None else mp2grad.AUX_BLOCK_MB
+    t0 = time.perf_counter()
+    corr = mp2grad._corr_intermediates(
+        mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, block_mb=block_mb, response=relaxed
+    )
+    corr.T_v = None  # the derivative weights' half back-transform: not needed for a density
+    t0 = timer.add("props_mp2_densities", t0)
+    P, zinfo = None, None
+    if relaxed:
+        f0 = timer.executed()
+        jk = mp2grad._DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
+        try:
+            t0 = timer.add("props_jk_factor", t0, flops0=f0)
+            P, _, zinfo = mp2grad._relaxed_density(orb, corr, jk, host, plan.zvector)
+            timer.add("props_zvector", t0)
+        finally:
+            jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
+    ran = mp2grad._stage_ran(backend, host, kernels0)
+    for k in ("on_device", "host"):  # the gradient's words: they name its derivative steps
+        ran.pop(k, None)
+    if plan is not None:  # the JK derivative's form is the gradient's, not run here
+        ran["plan"] = {k: v for k, v in plan.record().items() if not k.startswith("jk_deriv")}
+    return mp2grad.rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran, _timings(timer))
+
+
+def uhf_densities(
+    mol,
+    ref,
+    mp2_auxmol,
+    jk_auxmol,
+    backend,
+    *,
+    c_os: float = 1.0,
+    c_ss: float = 1.0,
+    relaxed: bool = True,
+    timer: Timer | None = None,
+    plan=None,
+) -> MP2Densities:
+    """The UHF densities (``density_stage``), per spin: the UHF gradient's pair loops and, when
+    ``relaxed``, its 3-index terms and coupled α/β Z-vector over the DF-UHF's orbital Hessian
+    (fp64 only: GradientError on a device without it). ``plan`` is not used (one in-memory form)."""
+    if ref.restricted:
+        raise mp2grad.GradientError("uhf_densities takes a UHF reference (two spin channels)", option="reference")
+    if relaxed:
+        mp2grad.check_channels(ref, backend)
+    elif not backend.has_fp64:
+        raise mp2grad.GradientError(
+            f"the UHF MP2 densities need fp64 arithmetic, which device '{backend.name}' lacks; run them on the CPU",
+            option="device",
+        )
+    timer = timer or Timer(backend)
+    kernels0 = dict(backend.kernels_used)
+    orbs = [mp2grad._Orbitals(ch, active_virtuals=not relaxed) for ch in ref.channels]
+    t0 = time.perf_counter()
+    _, P, Y, _, _ = mp2grad_uhf._corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, response=relaxed)
+    t0 = timer.add("props_mp2_densities", t0)
+    P_unrelaxed, P_relaxed, zinfo = [p.copy() for p in P], None, None
+    if relaxed:
+        f0 = timer.executed()
+        jk = mp2grad._DFJK(mol, jk_auxmol, backend, timer)
+        try:
+            resp = mp2grad_uhf._response_operator(jk, orbs)
+            t0 = timer.add("props_jk_factor", t0, flops0=f0)
+            P_relaxed, _, zinfo = mp2grad_uhf._relaxed_density(orbs, P, Y, resp)
+            timer.add("props_zvector", t0)
+        finally:
+            jk.release()
+    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
+    ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items()))}
+    return mp2grad_uhf.uhf_record(orbs, P_unrelaxed, P_relaxed, c_os, c_ss, zinfo, ran, _timings(timer))
+
+
+def _timings(timer: Timer) -> dict:
+    """The density stage's seconds (its STAGES only; the JK factor's scf_* are inside props_jk_factor)."""
+    return {k: v for k, v in timer.seconds.items() if k in STAGES}

@@ -1,0 +1,118 @@
+"""The property stage: what ``RunOptions.properties`` asks for, after the energy, from the MP2
+one-particle densities of the gradient's machinery (``dfmp2.grad.relaxed.density_stage``: the
+pair loop, the 3-index response terms, the JK factor and the Z-vector, no derivative integrals).
+
+    check_properties  before any work: what the densities cannot be made for (one InputError)
+    density_plan      before any work: the density stage's memory against the run's limit
+    property_stage    after the energy: the densities, then each property -> the result's record
+    record            a property record from densities already made (the gradient's, for free)
+
+Properties (``dfmp2.options.PROPERTY_CHOICES``): 'dipole', the HF, unrelaxed and relaxed MP2
+dipole moments (``dfmp2.props.dipole``). The record (the result JSON's ``properties``): one key per
+property and ``densities`` (the method they differentiate, the Z-vector's iterations and residual,
+seconds per stage, what ran, and which stage made them).
+"""
+
+from __future__ import annotations
+
+from dfmp2 import linalg, memory
+from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2.grad import relaxed
+from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.io.result import kernel_records
+from dfmp2.memory import human
+from dfmp2.options import SCF_DF_MODES
+from dfmp2.props.dipole import dipoles
+from dfmp2.timing import Timer
+
+
+def check_properties(options, unrestricted: bool) -> None:
+    """InputError (one line, naming the options) before any work for properties that cannot be
+    computed: the relaxed density needs the DF-HF's orbital response (a density-fitted SCF), and
+    a UHF one fp64 arithmetic. Nothing asked for: nothing checked."""
+    if not options.properties:
+        return
+    what = ", ".join(options.properties)
+    if options.scf_mode not in SCF_DF_MODES:
+        raise InputError(
+            f"properties ({what}) come from the relaxed MP2 density, whose orbital response is the "
+            f"DF-HF's: they need a density-fitted SCF (scf mode {' or '.join(SCF_DF_MODES)}), not "
+            f"'{options.scf_mode}'",
+            option=("properties", "scf_mode"),
+        )
+    if unrestricted and not linalg.device_capabilities(options.device).has_fp64:
+        raise InputError(
+            f"properties ({what}) of a UHF reference need fp64 arithmetic (its Z-vector), which device "
+            f"'{options.device}' lacks; run them on cpu (or cuda)",
+            option=("properties", "device"),
+        )
+
+
+def density_plan(job, memory_mb: float | None = None):
+    """The density stage's plan for a prepared ``pipeline.Job`` against the run's limit
+    (``memory_mb``, else memory.DEFAULT_FRACTION of the available memory), checked before any
+    work: RHF the fastest gradient plan whose density phases fit (``mp2grad.choose_plan`` over
+    ``DENSITY_PHASES``), UHF the UHF gradient's in-memory estimate (MB, an upper bound).
+    MemoryLimitError (one line, human units) when nothing fits."""
+    space = job.space
+    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    naux_jk = job.jk_auxmol.nao_nr()
+    if not job.unrestricted:
+        nocc = space.nocc[0]
+        shapes = dict(
+            nao=space.nbasis,
+            nocc=nocc,
+            nact=nocc - space.nfrozen,
+            nvir=space.nmo - nocc,
+            naux_mp2=space.naux,
+            naux_jk=naux_jk,
+        )
+        plan = mp2grad.choose_plan(shapes, limit, phases=mp2grad.DENSITY_PHASES, stage="density (properties)")
+        plan.scratch_dir = job.options.scratch_dir
+        return plan
+    need = mp2grad_uhf.memory_mb(
+        nao=space.nbasis,
+        nocc=space.nocc,
+        nact=tuple(n - space.nfrozen for n in space.nocc),
+        nvir=tuple(space.nmo - n for n in space.nocc),
+        naux_mp2=space.naux,
+        naux_jk=naux_jk,
+    )
+    if need > limit:
+        raise MemoryLimitError(
+            f"the density stage (properties) needs about {human(need)} (a UHF reference: held in memory) "
+            f"but the memory limit is {human(limit)}; a limit of {human(need)} fits it",
+            need_mb=need,
+            limit_mb=limit,
+        )
+    return None
+
+
+def property_stage(
+    mol, ref, auxmol, jk_auxmol, backend, properties, method: str = "mp2", plan=None, timer: Timer | None = None
+) -> dict:
+    """The ``properties`` of the converged ``ref`` on ``mol`` (fitting sets ``auxmol``, MP2, and
+    ``jk_auxmol``, the SCF's), on ``backend``: the relaxed densities of ``method``'s energy
+    (``relaxed.density_stage``, with ``plan``: ``density_plan``'s), then ``record``."""
+    dens = relaxed.density_stage(
+        mol, ref, auxmol, jk_auxmol, backend, method, relaxed=True, timer=timer or Timer(backend), plan=plan
+    )
+    return record(mol, dens, properties, method, source="the density stage (dfmp2.grad.relaxed)")
+
+
+def record(mol, densities, properties, method: str = "mp2", source: str = "the gradient stage") -> dict:
+    """The result's ``properties`` record of ``densities`` (an ``MP2Densities`` with its relaxed
+    density) on ``mol``: one entry per property asked for, and ``densities`` (module docstring)."""
+    out = {}
+    if "dipole" in properties:
+        out["dipole"] = dipoles(mol, densities, method).to_dict()
+    ran = {k: kernel_records(v) if k in ("kernels", "host_kernels") else v for k, v in densities.ran.items()}
+    out["densities"] = {
+        "method": method,
+        "made_by": source,
+        "zvector": densities.zvector,
+        "timings": dict(densities.timings),
+        "ran": ran,
+    }
+    return out
