@@ -1,6 +1,7 @@
 """dfmp2: DF-MP2 (RI-MP2) energies on CPU, CUDA GPUs and AWS Trainium.
 
-``dfmp2.energy(xyz or Mole)``, ``dfmp2.gradient(xyz or Mole)`` (the nuclear gradient) and
+``dfmp2.energy(xyz or Mole)``, ``dfmp2.gradient(xyz or Mole)`` (the nuclear gradient),
+``dfmp2.frequencies(xyz or Mole)`` (harmonic frequencies, IR, thermochemistry) and
 ``dfmp2.DFMP2(mf).run()`` (a PySCF drop-in on a converged RHF or UHF: PySCF's number by default)
 live in ``dfmp2.interfaces`` (``api`` and ``pyscf_dropin``); ``dfmp2.ase.DFMP2Calculator`` is the
 ASE calculator (needs ``ase``),
@@ -14,11 +15,11 @@ and ``dfmp2/inputs`` are links to the repository's top-level ``linalg/``, ``kern
 """
 
 __version__ = "0.1.0"
-__all__ = ["DFMP2", "energy", "gradient"]
+__all__ = ["DFMP2", "energy", "frequencies", "gradient"]
 
 
 def __getattr__(name):
-    if name in ("energy", "gradient"):
+    if name in ("energy", "gradient", "frequencies"):
         from dfmp2.interfaces import api
 
         return getattr(api, name)

@@ -43,6 +43,20 @@ def gradient(molecule, method: str = "mp2", **options):
     return run_gradient(geom, opts, method=method)
 
 
+def frequencies(molecule, method: str = "mp2", **options):
+    """Harmonic frequencies (cm⁻¹), normal modes, IR intensities (km/mol) and thermochemistry of
+    ``method``'s DF-MP2 energy at the molecule's geometry (an XYZ file path or a PySCF ``gto.Mole``,
+    as ``energy``), as ``dfmp2 frequencies`` computes them: central differences of analytic
+    gradients (dfmp2.workflows.frequencies). ``options``: RunOptions' fields, and the workflow's
+    ``step`` (bohr), ``temperature`` (K), ``pressure`` (Pa), ``checkpoint`` (path), ``ir`` (bool).
+    Returns ``FrequencyResult`` (``.frequencies``, ``.ir``, ``.thermo``, ``.to_dict()``)."""
+    from dfmp2.workflows import frequencies as freq
+
+    extra = {k: options.pop(k) for k in ("step", "temperature", "pressure", "checkpoint", "ir") if k in options}
+    geom, opts = _point_input(molecule, options, "frequencies")
+    return freq.frequencies(geom, opts, method, **extra)
+
+
 def _point_input(molecule, options: dict, what: str):
     """(Geometry, RunOptions) of ``energy``'s and ``gradient``'s arguments; InputError for an
     unknown option or a molecule of another type."""

@@ -221,12 +221,12 @@ def save_checkpoint(path, fp: dict, rows: dict) -> None:
     write_text(path, json.dumps(doc) + "\n")
 
 
-def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, progress=None):
+def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, progress=None, log=None):
     """(row [E, g (3N), μ (3, NaN without)], the GradientResult) of one evaluation, in this
     process alone (``world``: a one-process World)."""
     from dfmp2.grad.run import run_gradient
 
-    gr = run_gradient(geom, options, method=method, progress=progress, world=world)
+    gr = run_gradient(geom, options, method=method, progress=progress, log=log, world=world)
     mu = _relaxed_dipole(gr)
     row = [gr.energy, *np.asarray(gr.gradient, dtype=np.float64).ravel(), *(mu if mu is not None else [math.nan] * 3)]
     return row, gr
@@ -270,7 +270,7 @@ def frequencies(
         options = dataclasses.replace(options, properties=(*options.properties, "dipole"))
     world = distributed.current()
     say = log or (lambda msg: None)
-    evaluate = evaluate or (lambda g, w: evaluate_gradient(g, options, method, w, progress))
+    evaluate = evaluate or (lambda g, w: evaluate_gradient(g, options, method, w, progress, log))
     tasks = tasks_of(geom.natm)
     width = 1 + 3 * geom.natm + 3
     fp = fingerprint(geom, options, method, step)
@@ -353,8 +353,9 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
     ir = None
     if np.isfinite(rows[:, 1 + n :]).all():
         dmu = (plus[:, 1 + n :] - minus[:, 1 + n :]) / (2 * step)  # (3N, 3): dμ/dx_i, e
-        dq = np.einsum("mi,ic->mc", modes.reshape(len(freq), n), dmu)  # dμ/dQ per mode, e/amu^1/2
-        ir = IR_KM_MOL * (dq**2).sum(1) / np.asarray(res["reduced_mass"])
+        # dμ/dQ per mode (e/amu^1/2): Q mass-weighted, x = M^-1/2 L Q, and norm_mode is M^-1/2 L
+        dq = np.einsum("mi,ic->mc", modes.reshape(len(freq), n), dmu)
+        ir = IR_KM_MOL * (dq**2).sum(1)
     th = thermo.thermo(SimpleNamespace(mol=mol, e_tot=E0), np.asarray(res["freq_au"]), temperature, pressure)
     warnings = []
     gmax = float(np.abs(g0).max())

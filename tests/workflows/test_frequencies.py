@@ -27,7 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def water(tmp_path_factory):
-    """Water/def2-SVP frequencies with a checkpoint (every evaluation's row)."""
+    """Water/def2-SVP frequencies (and IR intensities) at the input geometry, with a checkpoint
+    (every evaluation's row)."""
     ck = tmp_path_factory.mktemp("freq") / "ck.json"
     return F.frequencies(read_xyz(WATER), OPTIONS, checkpoint=ck), ck
 
@@ -58,6 +59,31 @@ def test_hessian_against_second_differences_of_energies(water):
     assert res.point_group == "C2v" and res.thermo["sym_number"][0] == 2
     assert res.zero_modes.shape == (6,)
     assert res.tasks == {"evaluations": 19, "resumed": 0, "computed": 19, "ranks": 1}
+
+
+def test_ir_intensities_against_ase_infrared(tmp_path):
+    """At the optimised geometry: the zero modes of the unprojected Hessian are below 10 cm⁻¹, and
+    the frequencies and IR intensities equal ASE's Infrared (its own finite differences, step
+    0.01 Å ≈ 0.019 bohr, and its own km/mol conversion) over our ASE calculator's forces and
+    relaxed dipoles, to 1 % (intensities) and 1 cm⁻¹ (frequencies)."""
+    from ase import Atoms
+    from ase.vibrations import Infrared
+
+    from dfmp2.ase import DFMP2Calculator
+    from dfmp2.workflows.optimize import optimize
+
+    geom = optimize(read_xyz(WATER), OPTIONS).geometry
+    res = F.frequencies(geom, OPTIONS)
+    assert res.ir is not None and (res.ir > 0).all() and np.abs(res.zero_modes).max() < 10
+    atoms = Atoms(list(geom.symbols), positions=geom.coords_angstrom)
+    atoms.calc = DFMP2Calculator(basis="def2-svp")
+    ir = Infrared(atoms, name=str(tmp_path / "ir"))
+    ir.run()
+    order = np.argsort(np.real(ir.get_frequencies()))[-3:]  # the three vibrations (the others near zero)
+    theirs_f = np.real(ir.get_frequencies())[order]
+    theirs_i = ir.intensities[order] * ir.intensity_prefactor("km/mol")[0]  # (D/Å)²/amu -> km/mol
+    assert np.allclose(res.frequencies, theirs_f, rtol=0, atol=1.0)
+    assert np.allclose(res.ir, theirs_i, rtol=0.01, atol=0.05)
 
 
 def _replay(ck: Path):
@@ -117,7 +143,7 @@ def test_cli_outputs(water, tmp_path, monkeypatch):
     viewer reads), from the checkpoint (nothing recomputed)."""
     res, ck = water
     evaluate, calls = _replay(ck)
-    monkeypatch.setattr(F, "evaluate_gradient", lambda g, o, m, w, p=None: evaluate(g, w))
+    monkeypatch.setattr(F, "evaluate_gradient", lambda g, o, m, w, p=None, log=None: evaluate(g, w))
     out, mold = tmp_path / "f.json", tmp_path / "f.molden"
     r = CliRunner().invoke(
         main, ["frequencies", str(WATER), "--basis", "def2-svp", "-q", "--json", str(out), "--molden", str(mold)]
@@ -155,7 +181,7 @@ def test_a_displacement_whose_scf_fails_is_one_error_line(tmp_path, monkeypatch)
     exit 2, no JSON."""
     seen = []
 
-    def evaluate(g, o, m, w, p=None):
+    def evaluate(g, o, m, w, p=None, log=None):
         seen.append(1)
         if len(seen) == 4:
             raise SCFNotConvergedError("RHF did not converge in 100 cycles")
