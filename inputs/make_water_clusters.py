@@ -26,7 +26,7 @@ import numpy as np
 A_LATTICE = 6.35  # Angstrom, cubic ice
 R_OH = 0.9572  # Angstrom
 THETA_HOH = 104.52  # degrees
-SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 _D = np.array([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1]], dtype=float) / 4.0
 _FCC = np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]])

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                 "frequencies_gradients": res.frequencies.tolist(),
                 "frequencies_energies": fromE.tolist(),
                 "max_abs_difference_cm": float(diff.max()),
-                "zero_modes_cm": res.zero_modes.tolist(),
+                "zero_modes_cm": {k: v.tolist() for k, v in res.zero_modes.items()},
                 "ir_km_mol": None if res.ir is None else res.ir.tolist(),
                 "hessian_max_abs_difference": float(np.abs(res.hessian - H).max()),
                 "energies": nE,
@@ -134,7 +134,7 @@ def markdown(doc: dict) -> list[str]:
         fg = ", ".join(f"{x:.2f}" for x in r["frequencies_gradients"])
         fe = ", ".join(f"{x:.2f}" for x in r["frequencies_energies"])
         ir = ", ".join(f"{x:.2f}" for x in r["ir_km_mol"]) if r["ir_km_mol"] else "—"
-        zm = ", ".join(f"{x:.1f}" for x in r["zero_modes_cm"]) if r.get("zero_modes_cm") else "—"
+        zm = ", ".join(f"{x:.1f}" for x in r["zero_modes_cm"]["unprojected"]) if r.get("zero_modes_cm") else "—"
         lines.append(
             f"| {r['molecule']} | {r['max_abs_gradient']:.1e} | {fg} | {fe} | {r['max_abs_difference_cm']:.3f} "
             f"| {zm} | {ir} | {r['energies']} |"

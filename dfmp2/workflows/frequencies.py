@@ -75,7 +75,7 @@ class FrequencyResult:
     dipole: np.ndarray | None
     thermo: dict
     point_group: str
-    zero_modes: np.ndarray
+    zero_modes: dict
     step: float
     tasks: dict
     warnings: list = field(default_factory=list)
@@ -109,7 +109,7 @@ class FrequencyResult:
             "dipole": None if self.dipole is None else self.dipole.tolist(),
             "thermo": th,
             "point_group": self.point_group,
-            "zero_modes": self.zero_modes.tolist(),
+            "zero_modes": {k: v.tolist() for k, v in self.zero_modes.items()},
             "finite_differences": {"scheme": "central, Cartesian", "step_bohr": self.step, **self.tasks},
             "analysis": "pyscf.hessian.thermo: harmonic_analysis (translations and rotations projected), "
             "thermo (ideal gas, rigid rotor, harmonic oscillator; isotope-averaged masses)",
@@ -120,7 +120,7 @@ class FrequencyResult:
                 "gradient": "hartree/bohr",
                 "hessian": "hartree/bohr^2",
                 "frequencies": "cm^-1 (imaginary as negative)",
-                "zero_modes": "cm^-1: the unprojected Hessian's six nearest zero (translations, rotations)",
+                "zero_modes": "cm^-1: the six nearest zero (translations, rotations), projected and unprojected",
                 "normal_modes": "Cartesian displacement per atom (mass-weighted unit vector times M^-1/2)",
                 "reduced_masses": "amu",
                 "force_constants": "mdyn/angstrom",
@@ -390,11 +390,27 @@ def harmonic(mol, H: np.ndarray, project: bool = True) -> dict:
     return thermo.harmonic_analysis(mol, H4, exclude_trans=project, exclude_rot=project, imaginary_freq=False)
 
 
-def zero_modes(mol, H: np.ndarray) -> np.ndarray:
-    """The six frequencies (cm⁻¹) of the unprojected Hessian nearest zero: the translations and
-    rotations, which the projection removes; near zero for an accurate Hessian at a stationary point."""
-    f = np.asarray(harmonic(mol, H, project=False)["freq_wavenumber"])
-    return f[np.argsort(np.abs(f))[:6]]
+def zero_modes(mol, H: np.ndarray) -> dict:
+    """The six frequencies (cm⁻¹, imaginary as negative) nearest zero: 'projected', of the
+    mass-weighted Hessian with the translations and rotations projected out (P H P, PySCF's
+    projector: the six it removes, zero to rounding), and 'unprojected', of the Hessian as computed
+    (the translations near zero when the gradient is translation-invariant; the rotations also
+    reflect the residual gradient of a not quite stationary geometry)."""
+    from pyscf.data import nist
+    from pyscf.hessian import thermo
+
+    mass = mol.atom_mass_list(isotope_avg=True)
+    w = np.repeat(mass**-0.5, 3)
+    Hm = H * w[:, None] * w[None, :]
+    q, _ = np.linalg.qr(np.vstack(thermo._get_TR(mass, mol.atom_coords())).T)
+    P = np.eye(len(w)) - q @ q.T
+    au2cm = (nist.HARTREE2J / (nist.ATOMIC_MASS * nist.BOHR_SI**2)) ** 0.5 / (2 * np.pi) / nist.LIGHT_SPEED_SI * 1e-2
+    out = {}
+    for name, M in (("projected", P @ Hm @ P), ("unprojected", Hm)):
+        e = np.linalg.eigvalsh(0.5 * (M + M.T))
+        f = np.sign(e) * np.sqrt(np.abs(e)) * au2cm
+        out[name] = f[np.argsort(np.abs(f))[:6]]
+    return out
 
 
 def _point_group(mol) -> str:
