@@ -60,8 +60,8 @@ SCATTER_MB = 8.0  # a screened factor's unpack: MB of full packed rows its scatt
 UNPACKED_BLOCK_MB = 16.0  # the same over the unpacked factor (JKFactor.jk): J's GEMV re-reads the block
 # its K GEMMs just read, so it should still be in the last-level cache
 LAYOUTS = ("packed", "unpacked", "disk")
-SCREEN_DEFAULT = SCF_SCREEN  # Schwarz threshold of the JK factor's pairs (``significant_pairs``); how it
-# was chosen: scripts/results/2026-11-27-issue38-screening.md (energies within 1e-9 Eh of every pair)
+SCREEN_DEFAULT = SCF_SCREEN  # Schwarz threshold of the JK factor's pairs (``significant_pairs``), Psi4's
+# integral tolerance; what it changes: scripts/results/bench_screening.md (within 1e-11 Eh of every pair)
 
 
 def npair(nao: int) -> int:
@@ -396,11 +396,12 @@ class DiskJKFactor(JKFactor):
                 full = buf[: p1 - p0]
                 pyscf_lib.unpack_tril(rows[1], out=full.numpy())
                 full = full.view(p1 - p0, nao, nao)
+                del rows  # the map is unmapped when the reader lets go of it too (at the next block)
             elif self.mapped:  # screened: the scatter reads the mapped rows (torch warns of the read-only view)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)
                     full = self.unpack(torch.from_numpy(rows[1]), out=buf[: p1 - p0])
-                del rows  # the map is unmapped when the reader lets go of it too (at the next block)
+                del rows
             else:
                 full = self.unpack(rows, out=buf[: p1 - p0])
                 del rows

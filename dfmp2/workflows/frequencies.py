@@ -269,13 +269,21 @@ def frequencies(
     if ir and "dipole" not in options.properties:
         options = dataclasses.replace(options, properties=(*options.properties, "dipole"))
     world = distributed.current()
+    mine = distributed.rank_options(options, world)  # each rank's evaluations on its own device
     say = log or (lambda msg: None)
-    evaluate = evaluate or (lambda g, w: evaluate_gradient(g, options, method, w, progress, log))
+    evaluate = evaluate or (lambda g, w: evaluate_gradient(g, mine, method, w, progress, log))
     tasks = tasks_of(geom.natm)
     width = 1 + 3 * geom.natm + 3
     fp = fingerprint(geom, options, method, step)
-    rows = load_checkpoint(checkpoint, fp, len(tasks), width) if checkpoint and not world.rank else {}
-    rows, resumed = _share_rows(rows, len(tasks), width, world), len(rows)
+    rows, error = {}, None
+    if checkpoint and not world.rank:  # rank 0 reads it; a refusal ends every rank (one collective)
+        try:
+            rows = load_checkpoint(checkpoint, fp, len(tasks), width)
+        except FrequencyError as e:
+            error = e
+    world.agree(error)
+    rows = _share_rows(rows, len(tasks), width, world)
+    resumed = len(rows)
     if resumed and not world.rank:
         say(f"resuming from {checkpoint}: {resumed} of {len(tasks)} evaluations done")
     first = _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width)

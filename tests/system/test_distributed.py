@@ -109,8 +109,9 @@ def _check_runs(tmp_path, xyz, name, runs):
         assert d["comm_bytes_all_ranks"]["transform"] > 0 and d["comm_bytes_all_ranks"]["pair"] > 0
 
 
-def _launch(tmp_path, argsets, **extra):
-    """Ranks started by hand (as Slurm would): [(returncode, stderr, seconds)] per rank."""
+def _launch(tmp_path, argsets, command="run", **extra):
+    """Ranks started by hand (as Slurm would), each ``dfmp2 <command> <its args>``:
+    [(returncode, stderr, seconds)] per rank."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -129,7 +130,7 @@ def _launch(tmp_path, argsets, **extra):
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "dfmp2", "run", *args],
+                [sys.executable, "-m", "dfmp2", command, *args],
                 env=env,
                 cwd=tmp_path,
                 stdout=subprocess.PIPE,
@@ -334,3 +335,15 @@ def test_frequencies_over_ranks_are_one_process_s(tmp_path, ranks):
     assert many["finite_differences"]["ranks"] == ranks and one["finite_differences"]["ranks"] == 1
     assert many["hessian"] == one["hessian"] and many["frequencies"] == one["frequencies"]
     assert many["thermo"] == one["thermo"]
+
+
+def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
+    """Rank 0 alone reads the checkpoint; its refusal ends both ranks at once: exit 2, one line."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    (tmp_path / "ck.json").write_text("{not a checkpoint")
+    args = [str(tmp_path / "water.xyz"), "--basis", "sto-3g", "-q", "--checkpoint", str(tmp_path / "ck.json")]
+    res = _launch(tmp_path, [args, args], command="frequencies")
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "not a dfmp2 frequency checkpoint" in lines[0], res
+    assert max(t for _, _, t in res) < 60
