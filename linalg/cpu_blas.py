@@ -640,19 +640,59 @@ def _read_cache(path: Path, key: str) -> tuple[dict | None, str | None]:
     table = data.get("entries", {}).get(key) if isinstance(data.get("entries"), dict) else None
     if table is None:
         return None, "no table for this machine, threads and libraries in the cache"
-    expected = {entry(op, dt, cls) for op in OPS for dt in DTYPE_NAMES for cls in CLASSES}
-    try:
-        if not (
-            all(k in table for k in _TABLE_KEYS)
-            and set(table["choice"]) == expected
-            and set(table["choice"].values()) <= set(MODES[1:])
-            and table["status"] in STATUSES
-        ):
-            raise ValueError
-        datetime.datetime.fromisoformat(table["date"])
-    except (TypeError, ValueError, AttributeError):
+    if not valid_table(table):
         return None, "a damaged table in the cache"
     return table, None
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _per_library(d) -> bool:
+    return isinstance(d, dict) and set(d) == set(LIBS) and all(_number(v) for v in d.values())
+
+
+def valid_table(table) -> bool:
+    """Whether a cached table is whole, every field of the type the program reads (a file written
+    by another version, truncated, edited or raced over is used whole or not at all): the choice
+    and GF/s of every entry, each entry's measurement, the status and its why, the load, the
+    date, the seconds."""
+    expected = {entry(op, dt, cls) for op in OPS for dt in DTYPE_NAMES for cls in CLASSES}
+    try:
+        measured = table["measured"]
+        ok = (
+            isinstance(table, dict)
+            and all(k in table for k in _TABLE_KEYS)
+            and isinstance(table["choice"], dict)
+            and set(table["choice"]) == expected
+            and set(table["choice"].values()) <= set(MODES[1:])
+            and isinstance(table["gflops"], dict)
+            and set(table["gflops"]) == expected
+            and all(_per_library(g) for g in table["gflops"].values())
+            and isinstance(measured, dict)
+            and set(measured) == expected
+            and all(
+                isinstance(r, dict)
+                and _per_library(r["gflops"])
+                and _per_library(r["spread"])
+                and _per_library(r["seconds"])
+                and isinstance(r["samples"], int)
+                and (r.get("other_cores") is None or _number(r["other_cores"]))
+                for r in measured.values()
+            )
+            and table["status"] in STATUSES
+            and (table["why"] is None or isinstance(table["why"], str))
+            and isinstance(table["load"], dict)
+            and isinstance(table["method"], dict)
+            and _number(table["seconds"])
+            and isinstance(table["date"], str)
+        )
+        if ok:
+            datetime.datetime.fromisoformat(table["date"])
+        return bool(ok)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return False
 
 
 def stale(table: dict, now: datetime.datetime | None = None) -> str | None:

@@ -110,6 +110,14 @@ def main(argv=None) -> int:
             }
             print(f"(H2O){n} PySCF: {row['pyscf']}", file=sys.stderr)
         rows.append(row)
+        doc = write(a, limit_mb, rows)  # after every size: a run stopped early keeps the sizes done
+    print("\n".join(markdown(doc)))
+    return 0
+
+
+def write(a, limit_mb: float, rows: list) -> dict:
+    """The document of the sizes done (with each column's growth exponent), written to the .json
+    and .md of ``a.out`` (default scripts/results/bench_scaling_<basis>)."""
     nb = [r["ours"].get("nbasis") for r in rows]
     exps = {"ours_wall": fit_exponent(nb, [r["ours"].get("wall_s") for r in rows])}
     exps["ours_rss"] = fit_exponent(nb, [r["ours"].get("max_rss_mb") for r in rows])
@@ -131,8 +139,7 @@ def main(argv=None) -> int:
     stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / f"bench_scaling_{a.basis}"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text("\n".join(markdown(doc)) + "\n")
-    print("\n".join(markdown(doc)))
-    return 0
+    return doc
 
 
 def markdown(doc: dict) -> list[str]:

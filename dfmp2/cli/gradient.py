@@ -163,7 +163,7 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
 
     from dfmp2.io.outputs import write_text
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.workflows.optimize import optimize
+    from dfmp2.workflows.optimize import OptimizationError, optimize
 
     console = stdout_console()
     err = Console(stderr=True)
@@ -171,9 +171,11 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
     stem = Path(xyz_file).name.removesuffix(".xyz")
     final_path = final_path or f"{stem}.opt.xyz"
     traj_path = traj_path or f"{stem}.traj.xyz"
-    for path, what in ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json")):
+    outs = ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json"))
+    for path, what in outs:  # none the input, none another output (each would overwrite the other)
         if path is not None:
-            check_output_file(path, what, not_same_as=[("input", xyz_file)])
+            others = [(f"{w} file", p) for p, w in outs if p is not None and w != what]
+            check_output_file(path, what, not_same_as=[("input", xyz_file), *others])
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
     try:
@@ -188,6 +190,10 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
                 log=log,
                 progress=progress,
             )
+    except OptimizationError as e:  # not converged: the steps so far in --json (converged false), then the line
+        if json_path and e.result is not None and e.result.last is not None:
+            write_text(json_path, json.dumps(e.result.to_dict(), indent=2) + "\n")
+        raise
     finally:
         progress.close()
     if json_path:

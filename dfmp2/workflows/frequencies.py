@@ -152,6 +152,7 @@ def check_molecule(geom: Geometry) -> None:
 
     if geom.natm < 2:
         raise FrequencyError("a single atom has no vibrational modes", option="input")
+    io_molecule.check_geometry(geom)  # coincident atoms, as run refuses them
     if any(geom.ghost):
         raise FrequencyError("ghost atoms have no mass to vibrate: remove them for dfmp2 frequencies", option="input")
     mass = np.array([_mass(s) for s in geom.symbols])

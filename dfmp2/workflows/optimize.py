@@ -5,8 +5,11 @@ geomeTRIC's custom-engine interface takes the energy (Hartree) and gradient (Har
 coordinates in Bohr; its TRIC internal coordinates and default step control are used, with the
 convergence criteria below (geomeTRIC's 'GAU' set, the largest gradient component tightened to
 GMAX). Every evaluated geometry goes to the trajectory (multi-frame XYZ, Ångström, energy in the
-comment line) as it comes. Not converged in ``max_steps``: OptimizationError (one line) after the
-last geometry and the trajectory are written.
+comment line) as it comes. ``max_steps`` counts energy and gradient evaluations (the input
+geometry's is the first). Not converged in ``max_steps``: OptimizationError (one line, with the
+OptimizationResult so far, ``converged`` False) after the last geometry and the trajectory are
+written. The molecule is checked as ``dfmp2 run`` checks it before geomeTRIC sees it; a single
+atom has nothing to optimise: its one evaluation is returned as converged (zero gradient).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pyscf.lib.parameters import BOHR  # Å per Bohr: PySCF's, as the molecules 
 
 from dfmp2.errors import InputError
 from dfmp2.grad.run import GradientResult, check_gradient_options, run_gradient
+from dfmp2.io import molecule
 from dfmp2.io.outputs import write_text
 from dfmp2.io.xyz import Geometry
 from dfmp2.options import RunOptions
@@ -36,7 +40,16 @@ MAX_STEPS = 100
 
 
 class OptimizationError(InputError):
-    """The optimiser did not converge (the last geometry is written)."""
+    """The optimiser did not converge (the last geometry is written); ``result``: the
+    OptimizationResult so far (``converged`` False), for the caller's JSON."""
+
+    def __init__(self, *args, result=None, **kw):
+        super().__init__(*args, **kw)
+        self.result = result
+
+
+class _StepLimit(Exception):
+    """geomeTRIC asked for one evaluation more than ``max_steps`` allows."""
 
 
 @dataclass
@@ -49,6 +62,7 @@ class OptimizationResult:
     energies: list = field(default_factory=list)
     gmax: list = field(default_factory=list)
     coords: list = field(default_factory=list)
+    converged: bool = False
 
     @property
     def steps(self) -> int:
@@ -57,7 +71,7 @@ class OptimizationResult:
     def to_dict(self) -> dict:
         d = self.last.to_dict()
         d["optimization"] = {
-            "converged": True,
+            "converged": self.converged,
             "steps": self.steps,
             "energies": self.energies,
             "gmax": self.gmax,
@@ -107,11 +121,14 @@ def optimize(
     except ImportError:
         raise InputError("dfmp2 optimize needs geomeTRIC: pip install geometric") from None
     check_gradient_options(geom, options, method)
+    molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)  # as run
     say = log or (lambda msg: None)
     out = OptimizationResult(geom, None)
     frames, density = [], []
 
     def evaluate(coords_bohr):
+        if out.steps >= max_steps:
+            raise _StepLimit
         g = dataclasses.replace(geom, coords_angstrom=np.asarray(coords_bohr).reshape(-1, 3) * BOHR)
         gr = run_gradient(g, options, method=method, progress=progress, guess=density[0] if density else None)
         density[:] = [gr.energy_run.ref.density()]  # the next step's SCF starts from this density
@@ -124,6 +141,12 @@ def optimize(
         if trajectory is not None:
             write_text(trajectory, "".join(frames))
         return gr.energy, gr.gradient
+
+    if geom.natm == 1:  # nothing to optimise: the one evaluation, converged
+        evaluate(np.asarray(geom.coords_angstrom).ravel() / BOHR)
+        out.converged = True
+        _write_final(final, out, method, "converged")
+        return out
 
     class Engine(geometric.engine.Engine):
         def calc_new(self, coords, dirname):
@@ -144,15 +167,17 @@ def optimize(
             geometric.optimize.Optimize(
                 np.asarray(geom.coords_angstrom).ravel() / BOHR, M, IC, Engine(M), tmp, params, print_info=False
             )
-    except geometric.errors.GeomOptNotConvergedError:
+    except (geometric.errors.GeomOptNotConvergedError, _StepLimit):
         _write_final(final, out, method, "not converged")
         raise OptimizationError(
             f"the geometry optimisation did not converge in {max_steps} steps (last max "
             f"|gradient| {out.gmax[-1]:.2e} Eh/bohr); the last geometry is written" + (f" to {final}" if final else ""),
             option="max_steps",
+            result=out,
         ) from None
     finally:
         quiet.setLevel(level)
+    out.converged = True
     _write_final(final, out, method, "converged")
     return out
 

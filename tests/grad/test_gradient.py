@@ -288,12 +288,49 @@ def test_optimize_not_converged_is_one_line_and_writes_the_last_geometry(tmp_pat
             str(final),
             "--trajectory",
             str(tmp_path / "t.xyz"),
+            "--json",
+            str(tmp_path / "o.json"),
         ],
     )
     assert r.exit_code == EXIT_USER_ERROR
     lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "did not converge in 2 steps" in lines[0], r.output
     assert read_xyz(final).natm == 3 and "not converged" in final.read_text()
+    frames = [ln for ln in (tmp_path / "t.xyz").read_text().splitlines() if ln.startswith("step ")]
+    assert len(frames) == 2  # --max-steps counts evaluations: 2, not 3
+    d = json.loads((tmp_path / "o.json").read_text())  # the steps so far, for a script
+    assert d["optimization"]["converged"] is False and d["optimization"]["steps"] == 2
+
+
+def test_optimize_refuses_colliding_outputs_and_bad_molecules(tmp_path):
+    """Output paths that are one file, coincident atoms: one error line before any work (exit 2);
+    a single atom has nothing to optimise: its one evaluation, converged."""
+    pytest.importorskip("geometric", reason="dfmp2 optimize needs geomeTRIC (the test extra has it)")
+    src = tmp_path / "w.xyz"
+    src.write_text(DISTORTED_WATER)
+    x = str(tmp_path / "x.xyz")
+    for extra, what in (
+        (["-o", x, "--trajectory", x], "--trajectory file"),
+        (["-o", x, "--json", x], "--json file"),
+        (["--json", str(src)], "is the input"),
+    ):
+        r = CliRunner().invoke(main, ["optimize", str(src), "--basis", "sto-3g", "-q", *extra])
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == EXIT_USER_ERROR and len(err) == 1 and what in err[0], (extra, r.output)
+    assert not (tmp_path / "x.xyz").exists()
+    twin = tmp_path / "twin.xyz"
+    twin.write_text("3\n\nO 0 0 0\nH 0 0 0\nH 0 0.7 0.7\n")
+    r = CliRunner().invoke(main, ["optimize", str(twin), "--basis", "sto-3g", "-q", "-o", x])
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == EXIT_USER_ERROR and len(err) == 1 and err[0].startswith("error:"), r.output
+    assert "Traceback" not in r.output
+    atom = tmp_path / "ne.xyz"
+    atom.write_text("1\n\nNe 0 0 0\n")
+    out = tmp_path / "ne.json"
+    r = CliRunner().invoke(main, ["optimize", str(atom), "--basis", "6-31g", "-q", "-o", x, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert d["optimization"]["converged"] is True and d["optimization"]["steps"] == 1
 
 
 def test_optimize_starts_each_scf_from_the_previous_density(tmp_path):

@@ -218,9 +218,12 @@ def _cached_table(**change) -> dict:
         ({"date": "2020-01-01T00:00:00+00:00"}, "days old (over 30)"),
         ({"date": "2999-01-01T00:00:00+00:00"}, "dated in the future"),
         ({"choice": {}}, "a damaged table"),
+        ({"gflops": {}}, "a damaged table"),
+        ({"seconds": "1.5"}, "a damaged table"),
+        ({"measured": None}, "a damaged table"),
         ("version 3", "cache version 3, this program's 4"),
     ],
-    ids=["noisy", "old", "future", "damaged", "other-version"],
+    ids=["noisy", "old", "future", "damaged", "no-gflops", "odd-seconds", "no-measured", "other-version"],
 )
 def test_noisy_old_damaged_and_other_version_caches_are_measured_again(quiet_machine, change, why):
     if change == "version 3":
@@ -234,6 +237,40 @@ def test_noisy_old_damaged_and_other_version_caches_are_measured_again(quiet_mac
     assert d["status"] == "clean"  # and the cache now holds the new, clean table
     cpu_blas._TABLES.clear()
     assert _resolve()["source"] == "cache"
+
+
+def test_a_table_is_trusted_whole_or_not_at_all(quiet_machine):
+    """Every field the program reads is checked when the cache is read: a table with one entry's
+    GF/s, spread or samples missing or of another type, a date that is not one, or a status
+    without its why is damaged (measured again), never half used (issue 43: KeyError 'gflops' at
+    the end of every run)."""
+    data = _cached_table()
+    (table,) = data["entries"].values()
+    assert cpu_blas.valid_table(table)
+    e = next(iter(table["measured"]))
+    bad = []
+    for path, value in [
+        (("gflops", e), {"torch": 1.0}),
+        (("gflops", e, "torch"), "fast"),
+        (("gflops", e, "openblas"), float("nan")),
+        (("measured", e, "spread"), None),
+        (("measured", e, "gflops"), {"torch": 1.0, "openblas": -1.0}),
+        (("measured", e, "samples"), "3"),
+        (("seconds",), None),
+        (("date",), 20261127),
+        (("date",), "yesterday"),
+        (("why",), 5),
+        (("load",), []),
+        (("status",), "fine"),
+    ]:
+        t = json.loads(json.dumps(table))
+        where = t
+        for k in path[:-1]:
+            where = where[k]
+        where[path[-1]] = value
+        bad.append(cpu_blas.valid_table(t))
+    assert not any(bad), bad
+    assert not cpu_blas.valid_table(None) and not cpu_blas.valid_table([]) and not cpu_blas.valid_table({})
 
 
 @pytest.mark.parametrize(
