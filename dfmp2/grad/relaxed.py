@@ -21,12 +21,64 @@ from __future__ import annotations
 
 import time
 
-from dfmp2 import linalg
+from dfmp2 import linalg, memory
+from dfmp2.errors import MemoryLimitError
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.grad.densities import MP2Densities
 from dfmp2.grad.rhf import DENSITY_PHASES, SCALES, GradientPlan, choose_plan
+from dfmp2.memory import human
 from dfmp2.timing import Timer
+
+
+def job_plan(
+    job,
+    memory_mb: float | None,
+    phases: tuple | None = None,
+    stage: str = "gradient",
+    uhf_stage: str = "the gradient stage",
+    uhf_why: str = "",
+) -> GradientPlan | float:
+    """The plan of the gradient stage (or, with ``phases`` DENSITY_PHASES, of the density stage)
+    for a prepared ``pipeline.Job`` (its orbital space and both fitting sets) against the run's
+    limit (``memory_mb``, else memory.DEFAULT_FRACTION of the host's available memory), before any
+    work: RHF the fastest ``choose_plan`` that fits (``stage`` names it in the error line), with the
+    run's --scratch; UHF the UHF gradient's one in-memory estimate (``mp2grad_uhf.memory_mb``, MB;
+    ``uhf_stage`` and ``uhf_why`` say so in the error line). MemoryLimitError (one line, human
+    units) when nothing fits."""
+    space = job.space
+    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    naux_jk = job.jk_auxmol.nao_nr()
+    if not job.unrestricted:
+        nocc = space.nocc[0]
+        shapes = dict(
+            nao=space.nbasis,
+            nocc=nocc,
+            nact=nocc - space.nfrozen,
+            nvir=space.nmo - nocc,
+            naux_mp2=space.naux,
+            naux_jk=naux_jk,
+        )
+        plan = choose_plan(shapes, limit, phases=phases, stage=stage)
+        plan.scratch_dir = job.options.scratch_dir  # the run's --scratch, as the energy's files
+        return plan
+    need = mp2grad_uhf.memory_mb(
+        nao=space.nbasis,
+        nocc=space.nocc,
+        nact=tuple(n - space.nfrozen for n in space.nocc),
+        nvir=tuple(space.nmo - n for n in space.nocc),
+        naux_mp2=space.naux,
+        naux_jk=naux_jk,
+    )
+    if need > limit:
+        raise MemoryLimitError(
+            f"{uhf_stage} needs about {human(need)} ({uhf_why}) but the memory limit is "
+            f"{human(limit)}; a limit of {human(need)} fits it",
+            need_mb=need,
+            limit_mb=limit,
+        )
+    return need
+
 
 STAGES = ("props_mp2_densities", "props_jk_factor", "props_zvector")
 

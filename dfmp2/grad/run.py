@@ -23,14 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dfmp2 import linalg, memory, pipeline
-from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2 import linalg, pipeline
+from dfmp2.errors import InputError
+from dfmp2.grad import relaxed
 from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, choose_plan, mp2_gradient
+from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, mp2_gradient
 from dfmp2.io import molecule
 from dfmp2.io.result import Result
 from dfmp2.io.xyz import Geometry
-from dfmp2.memory import human
 from dfmp2.options import RunOptions
 from dfmp2.props import stage as props_stage
 from dfmp2.scf import pyscf_scf
@@ -113,44 +113,10 @@ def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
 
 
 def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan | float:
-    """The gradient stage's plan for the prepared ``job`` (its orbital space and both fitting sets)
-    against the run's limit (``memory_mb``, else memory.DEFAULT_FRACTION of the host's available
-    memory): RHF the fastest ``mp2grad.choose_plan`` that fits, UHF its one in-memory estimate
-    (``mp2grad_uhf.memory_mb``, MB; it has no blocked forms). MemoryLimitError (one line, human
-    units) before any work when nothing fits."""
-    space, nocc = job.space, job.space.nocc[0]
-    naux_jk = job.jk_auxmol.nao_nr()
-    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
-    if not job.unrestricted:
-        shapes = dict(
-            nao=space.nbasis,
-            nocc=nocc,
-            nact=nocc - space.nfrozen,
-            nvir=space.nmo - nocc,
-            naux_mp2=space.naux,
-            naux_jk=naux_jk,
-        )
-        plan = choose_plan(shapes, limit)
-        plan.scratch_dir = job.options.scratch_dir  # the run's --scratch, as the energy's files
-        return plan
-    nocc = space.nocc
-    need = mp2grad_uhf.memory_mb(
-        nao=space.nbasis,
-        nocc=nocc,
-        nact=tuple(n - space.nfrozen for n in nocc),
-        nvir=tuple(space.nmo - n for n in nocc),
-        naux_mp2=space.naux,
-        naux_jk=naux_jk,
-    )
-    if need > limit:
-        raise MemoryLimitError(
-            f"the gradient stage needs about {human(need)} (a UHF reference: held in memory on the "
-            f"host, no blocked forms yet) but the memory limit is {human(limit)}; a limit of "
-            f"{human(need)} fits it",
-            need_mb=need,
-            limit_mb=limit,
-        )
-    return need
+    """The gradient stage's plan for the prepared ``job`` (``relaxed.job_plan``): RHF the fastest
+    ``mp2grad.choose_plan`` that fits, UHF its one in-memory estimate (MB; it has no blocked
+    forms). MemoryLimitError (one line, human units) before any work when nothing fits."""
+    return relaxed.job_plan(job, memory_mb, uhf_why="a UHF reference: held in memory on the host, no blocked forms yet")
 
 
 def gradient_stage(

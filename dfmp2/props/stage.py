@@ -15,13 +15,11 @@ seconds per stage, what ran, and which stage made them).
 
 from __future__ import annotations
 
-from dfmp2 import linalg, memory
-from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2 import linalg
+from dfmp2.errors import InputError
 from dfmp2.grad import relaxed
 from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.io.result import kernel_records
-from dfmp2.memory import human
 from dfmp2.options import SCF_DF_MODES
 from dfmp2.props.dipole import dipoles
 from dfmp2.timing import Timer
@@ -50,43 +48,19 @@ def check_properties(options, unrestricted: bool) -> None:
 
 
 def density_plan(job, memory_mb: float | None = None):
-    """The density stage's plan for a prepared ``pipeline.Job`` against the run's limit
-    (``memory_mb``, else memory.DEFAULT_FRACTION of the available memory), checked before any
-    work: RHF the fastest gradient plan whose density phases fit (``mp2grad.choose_plan`` over
-    ``DENSITY_PHASES``), UHF the UHF gradient's in-memory estimate (MB, an upper bound).
-    MemoryLimitError (one line, human units) when nothing fits."""
-    space = job.space
-    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
-    naux_jk = job.jk_auxmol.nao_nr()
-    if not job.unrestricted:
-        nocc = space.nocc[0]
-        shapes = dict(
-            nao=space.nbasis,
-            nocc=nocc,
-            nact=nocc - space.nfrozen,
-            nvir=space.nmo - nocc,
-            naux_mp2=space.naux,
-            naux_jk=naux_jk,
-        )
-        plan = mp2grad.choose_plan(shapes, limit, phases=mp2grad.DENSITY_PHASES, stage="density (properties)")
-        plan.scratch_dir = job.options.scratch_dir
-        return plan
-    need = mp2grad_uhf.memory_mb(
-        nao=space.nbasis,
-        nocc=space.nocc,
-        nact=tuple(n - space.nfrozen for n in space.nocc),
-        nvir=tuple(space.nmo - n for n in space.nocc),
-        naux_mp2=space.naux,
-        naux_jk=naux_jk,
+    """The density stage's plan for a prepared ``pipeline.Job`` (``relaxed.job_plan`` over
+    ``DENSITY_PHASES``), checked before any work: RHF the fastest gradient plan whose density
+    phases fit, UHF None (its in-memory estimate, an upper bound, checked). MemoryLimitError (one
+    line, human units) when nothing fits."""
+    plan = relaxed.job_plan(
+        job,
+        memory_mb,
+        phases=mp2grad.DENSITY_PHASES,
+        stage="density (properties)",
+        uhf_stage="the density stage (properties)",
+        uhf_why="a UHF reference: held in memory",
     )
-    if need > limit:
-        raise MemoryLimitError(
-            f"the density stage (properties) needs about {human(need)} (a UHF reference: held in memory) "
-            f"but the memory limit is {human(limit)}; a limit of {human(need)} fits it",
-            need_mb=need,
-            limit_mb=limit,
-        )
-    return None
+    return plan if isinstance(plan, mp2grad.GradientPlan) else None
 
 
 def property_stage(
