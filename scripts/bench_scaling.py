@@ -19,51 +19,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 from dfmp2.benchmarks import fair_baseline as fb
-from dfmp2.benchmarks.timing import cpu_model, now
+from dfmp2.benchmarks.timing import cpu_model, now, run_dfmp2
 from dfmp2.benchmarks.waters import fit_exponent
 from dfmp2.cli.options import parse_memory
 from dfmp2.io.result import software_versions
 
 
 def run_ours(xyz: Path, basis: str, memory: str, threads: int, timeout: float) -> dict:
-    """One ``dfmp2 run`` in its own process: wall s, peak RSS MB (os.wait4), and from its JSON the
-    energies (Eh), the SCF's JK factor layout and where B went."""
-    with tempfile.TemporaryDirectory(prefix="dfmp2-scaling-") as tmp:
-        out = Path(tmp) / "run.json"
-        cmd = [sys.executable, "-m", "dfmp2", "run", str(xyz), "--basis", basis, "--memory", memory]
-        cmd += ["-q", "--json", str(out), "--scratch", tmp]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = t0 + timeout
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                os.wait4(p.pid, 0)
-                return {"error": f"timed out after {timeout:.0f} s"}
-            time.sleep(0.2)
-        wall = time.perf_counter() - t0
-        err = p.stderr.read().strip().splitlines()
-        if os.waitstatus_to_exitcode(status) != 0:
-            return {"error": err[-1] if err else f"exit {os.waitstatus_to_exitcode(status)}", "wall_s": wall}
-        d = json.loads(out.read_text())
+    """One ``dfmp2 run`` in its own process (``timing.run_dfmp2``): wall s, peak RSS MB, and from
+    its JSON the energies (Eh), the SCF's JK factor layout and share of pairs kept, where B went."""
+    run = run_dfmp2(xyz, ["--basis", basis, "--memory", memory], threads, timeout)
+    if "error" in run:
+        return {k: v for k, v in run.items() if k != "result"}
+    d = run["result"]
     return {
-        "wall_s": wall,
-        "max_rss_mb": usage.ru_maxrss / 1e3,
+        "wall_s": run["wall_s"],
+        "max_rss_mb": run["max_rss_mb"],
         "nbasis": d["shapes"]["nbasis"] if "shapes" in d else None,
         "e_hf": d["energies"]["e_hf"],
         "e_corr": d["energies"]["e_corr"],

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 from dfmp2.benchmarks import fair_baseline as fb
-from dfmp2.benchmarks.timing import cpu_model, now
+from dfmp2.benchmarks.timing import cpu_model, now, run_dfmp2
 from dfmp2.io.result import software_versions
 from dfmp2.options import SCF_SCREEN
 
@@ -41,27 +38,18 @@ def chain_xyz(n: int, spacing: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_one(xyz: Path, basis: str, memory: str, screen: float, threads: int) -> dict:
-    """One ``dfmp2 run`` in its own process: wall s, peak RSS MB (os.wait4), energies and the
-    JK factor's record from its JSON."""
-    with tempfile.TemporaryDirectory(prefix="dfmp2-screen-") as tmp:
-        out = Path(tmp) / "run.json"
-        cmd = [sys.executable, "-m", "dfmp2", "run", str(xyz), "--basis", basis, "--memory", memory]
-        cmd += ["-q", "--json", str(out), "--scratch", tmp, "--scf-screen", repr(screen)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        if os.waitstatus_to_exitcode(status) != 0:
-            err = p.stderr.read().strip().splitlines()
-            return {"error": err[-1] if err else "failed", "wall_s": wall}
-        d = json.loads(out.read_text())
+def run_one(xyz: Path, basis: str, memory: str, screen: float, threads: int, timeout: float = 7200) -> dict:
+    """One ``dfmp2 run`` in its own process (``timing.run_dfmp2``): wall s, peak RSS MB, energies
+    and the JK factor's record from its JSON."""
+    run = run_dfmp2(xyz, ["--basis", basis, "--memory", memory, "--scf-screen", repr(screen)], threads, timeout)
+    if "error" in run:
+        return run
+    d = run["result"]
     jf = d["ran"]["scf"]["jk_factor"]
     return {
-        "wall_s": wall,
+        "wall_s": run["wall_s"],
         "scf_s": d["timings"].get("scf"),
-        "max_rss_mb": usage.ru_maxrss / 1e3,
+        "max_rss_mb": run["max_rss_mb"],
         "nbasis": d["shapes"]["nbasis"],
         "e_hf": d["energies"]["e_hf"],
         "e_corr": d["energies"]["e_corr"],

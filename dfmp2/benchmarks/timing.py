@@ -210,3 +210,36 @@ def machine() -> dict:
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_dfmp2(xyz, args: list, threads: int, timeout: float) -> dict:
+    """One ``dfmp2 run XYZ ARGS -q --json`` in its own process (OMP/MKL threads ``threads``, its
+    files in a temporary directory that is also its --scratch): {'wall_s', 'max_rss_mb' (the
+    process's peak resident set, os.wait4), 'result' (its JSON)}, or {'error': the last stderr line
+    or why, 'wall_s'} when it failed or ran past ``timeout`` s (killed)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [sys.executable, "-m", "dfmp2", "run", str(xyz), *args, "-q", "--json", str(out), "--scratch", tmp]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout:
+                p.kill()
+                os.wait4(p.pid, 0)
+                return {"error": f"timed out after {timeout:.0f} s"}
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        err = p.stderr.read().strip().splitlines()
+        if os.waitstatus_to_exitcode(status) != 0:
+            return {"error": err[-1] if err else f"exit {os.waitstatus_to_exitcode(status)}", "wall_s": wall}
+        return {"wall_s": wall, "max_rss_mb": usage.ru_maxrss / 1e3, "result": json.loads(out.read_text())}
