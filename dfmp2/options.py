@@ -34,6 +34,9 @@ PAIR_KERNEL_CHOICES = linalg.backend.pair_kernel_choices()  # cuda: linalg.cuda;
 CPU_BLAS_CHOICES = linalg.cpu_blas.MODES  # cpu only: auto (measured, cached), torch, openblas
 # what a run computes after the energy (dfmp2.props): dipole, the HF and the unrelaxed and relaxed MP2 dipole moments
 PROPERTY_CHOICES = ("dipole",)
+# dfmp2 optimize --convergence: geomeTRIC's named criteria sets (its OptParams ``convergence_set``);
+# "default" is dfmp2.workflows.optimize.CONVERGENCE (GAU with the largest gradient tightened)
+CONVERGENCE_SETS = ("default", "gau_loose", "nwchem_loose", "gau", "turbomole", "gau_tight", "gau_verytight")
 # the SCF part of a CBS extrapolation (dfmp2.workflows.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
 CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
 

@@ -26,6 +26,7 @@ from dfmp2.cli.options import (
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
 from dfmp2.io.outputs import check_output_file
 from dfmp2.io.result import METHOD_SCALES as SCALES
+from dfmp2.options import CONVERGENCE_SETS
 
 
 def gradient_table(gr):
@@ -146,6 +147,14 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     help="energy and gradient evaluations before giving up",
 )
 @click.option(
+    "--convergence",
+    type=click.Choice(CONVERGENCE_SETS, case_sensitive=False),
+    default="default",
+    show_default=True,
+    help="convergence criteria: geomeTRIC's named sets (gau_tight, gau_verytight, ...); default: GAU with "
+    "max |g| 3e-4 and rms |g| 2e-4 Eh/bohr",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False),
@@ -154,7 +163,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the final energies and gradient")
 @user_errors
-def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_path, quiet, **params):
+def optimize_command(xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, **params):
     """Optimise the geometry in INPUT (XYZ, Ångström) to a DF-MP2 minimum with geomeTRIC over
     the analytic gradient; writes the trajectory and the final XYZ (also when it does not
     converge: then one error line and exit 2)."""
@@ -187,6 +196,7 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, json_pa
                 trajectory=traj_path,
                 final=final_path,
                 max_steps=max_steps,
+                convergence=convergence.lower(),
                 log=log,
                 progress=progress,
             )

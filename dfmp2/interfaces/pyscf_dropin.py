@@ -30,6 +30,7 @@ import os
 import numpy as np
 from pyscf import df as pyscf_df
 from pyscf import lib as pyscf_lib
+from pyscf.grad import rhf as pyscf_grad_rhf
 from pyscf.lib import logger
 from pyscf.mp import mp2 as pyscf_mp2
 from pyscf.mp import ump2 as pyscf_ump2
@@ -605,19 +606,74 @@ class DFMP2(pyscf_mp2.MP2Base):
         return pyscf_lib.set_class(_Scanner(self), (_Scanner, type(self)), name)
 
 
-class Gradients:
-    """PySCF's gradient object of a DFMP2 (``pt.nuc_grad_method()``): ``kernel()`` returns the
-    nuclear gradient ``de`` (natm, 3) in Hartree/Bohr; ``parts`` the stage's record."""
+class Gradients(pyscf_grad_rhf.GradientsBase):
+    """PySCF's gradient object of a DFMP2 (``pt.nuc_grad_method()``, ``pt.Gradients()``), on PySCF's
+    ``GradientsBase``: ``kernel(atmlst=None)`` returns the nuclear gradient ``de`` (natm, 3) in
+    Hartree/Bohr (the rows of ``atmlst`` when given) and prints PySCF's table at verbose >= NOTE;
+    ``grad_elec()`` its electronic part, ``grad_nuc()`` the nuclear repulsion's; ``as_scanner()`` a
+    function of a molecule returning (E(MP2) in Hartree, de); ``optimizer(solver='geomeTRIC')``
+    PySCF's optimiser over that scanner; ``parts`` the stage's record (GradientParts)."""
+
+    _keys = {"parts"}
 
     def __init__(self, pt: DFMP2):
-        self.base, self.mol, self.de, self.parts = pt, pt.mol, None, None
+        pyscf_grad_rhf.GradientsBase.__init__(self, pt)
+        self.parts = None
 
-    def kernel(self):
+    def kernel(self, atmlst=None):
+        """The gradient of E_HF + E_MP2 (natm, 3) Hartree/Bohr (``atmlst``: those rows), PySCF's
+        ``kernel``: ``de`` set, the table printed (``_finalize``)."""
+        if atmlst is None:
+            atmlst = self.atmlst
+        else:
+            self.atmlst = atmlst
+        if self.verbose >= logger.INFO:
+            self.dump_flags()
         self.parts = self.base._gradient()
-        self.de = self.parts.gradient
+        de = np.asarray(self.parts.gradient)
+        self.de = de if atmlst is None else de[list(atmlst)]
+        self._finalize()
         return self.de
 
     grad = kernel
+
+    def grad_elec(self, atmlst=None):
+        """The electronic part (natm, 3) Hartree/Bohr: ``kernel()``'s gradient less ``grad_nuc``."""
+        if self.parts is None:
+            self.kernel()
+        de = np.asarray(self.parts.gradient) - self.grad_nuc()
+        return de if atmlst is None else de[list(atmlst)]
+
+    def grad_nuc(self, mol=None, atmlst=None):
+        """The nuclear repulsion's gradient, through the mf's own gradient object as PySCF's MP2
+        gradients do (an external potential added there is kept)."""
+        return self.base._scf.nuc_grad_method().grad_nuc(mol, atmlst)
+
+    def as_scanner(self):
+        """PySCF's gradient scanner: ``scanner(mol_or_geom)`` runs the SCF and the MP2 stage at the
+        new geometry (the last orbitals as the guess) and returns (e_tot, de), Hartree and
+        Hartree/Bohr; ``converged`` is the SCF's. geomeTRIC's PySCF driver calls this."""
+        if isinstance(self, pyscf_lib.GradScanner):
+            return self
+        logger.info(self, "Create scanner for %s", type(self))
+        name = type(self).__name__ + _GradScanner.__name_mixin__
+        return pyscf_lib.set_class(_GradScanner(self), (_GradScanner, type(self)), name)
+
+
+class _GradScanner(pyscf_lib.GradScanner):
+    """PySCF's MP2 gradient scanner over our energy scanner (``DFMP2.as_scanner``)."""
+
+    def __call__(self, mol_or_geom, **kwargs):
+        from pyscf import gto
+
+        mol = mol_or_geom if isinstance(mol_or_geom, gto.MoleBase) else self.mol.set_geom_(mol_or_geom, inplace=False)
+        self.reset(mol)
+        e_tot = self.base(mol)
+        return e_tot, self.kernel(**kwargs)
+
+    @property
+    def converged(self):
+        return bool(getattr(self.base._scf, "converged", False))
 
 
 class _Scanner(pyscf_mp2.MP2_Scanner):

@@ -27,7 +27,7 @@ from dfmp2.grad.run import GradientResult, check_gradient_options, run_gradient
 from dfmp2.io import molecule
 from dfmp2.io.outputs import write_text
 from dfmp2.io.xyz import Geometry
-from dfmp2.options import RunOptions
+from dfmp2.options import CONVERGENCE_SETS, RunOptions
 
 CONVERGENCE = {
     "convergence_energy": 1e-6,
@@ -63,6 +63,7 @@ class OptimizationResult:
     gmax: list = field(default_factory=list)
     coords: list = field(default_factory=list)
     converged: bool = False
+    criteria: dict = field(default_factory=lambda: dict(CONVERGENCE))  # the set used, its five numbers
 
     @property
     def steps(self) -> int:
@@ -75,7 +76,7 @@ class OptimizationResult:
             "steps": self.steps,
             "energies": self.energies,
             "gmax": self.gmax,
-            "convergence": dict(CONVERGENCE),
+            "convergence": dict(self.criteria),
             "optimizer": _optimizer_version(),
         }
         return d
@@ -102,6 +103,7 @@ def optimize(
     trajectory=None,
     final=None,
     max_steps: int = MAX_STEPS,
+    convergence: str = "default",
     log=None,
     progress=None,
 ) -> OptimizationResult:
@@ -110,7 +112,8 @@ def optimize(
     (written converged or not). OptimizationError when it does not converge in ``max_steps``.
     Each step's SCF starts from the previous step's density (``run_gradient``'s ``guess``, as
     the ASE calculator does; ``ran.scf.guess`` says which start was used); ``progress(done,
-    total)`` is each energy run's pair-step progress."""
+    total)`` is each energy run's pair-step progress. ``convergence``: one of CONVERGENCE_SETS
+    (geomeTRIC's named criteria, e.g. 'gau_tight'; 'default' is CONVERGENCE)."""
     try:
         import geometric.engine
         import geometric.errors
@@ -120,6 +123,8 @@ def optimize(
         import geometric.params
     except ImportError:
         raise InputError("dfmp2 optimize needs geomeTRIC: pip install geometric") from None
+    if convergence not in CONVERGENCE_SETS:
+        raise InputError(f"convergence must be one of {', '.join(CONVERGENCE_SETS)}, got {convergence!r}")
     check_gradient_options(geom, options, method)
     molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)  # as run
     say = log or (lambda msg: None)
@@ -158,7 +163,11 @@ def optimize(
     M.xyzs = [np.asarray(geom.coords_angstrom, dtype=float)]
     M.build_topology()
     IC = geometric.internal.DelocalizedInternalCoordinates(M, build=True, connect=False, addcart=False)
-    params = geometric.params.OptParams(maxiter=max_steps, **CONVERGENCE)
+    named = {} if convergence == "default" else {"convergence_set": convergence.upper()}
+    params = geometric.params.OptParams(maxiter=max_steps, **(CONVERGENCE if convergence == "default" else named))
+    out.criteria = {
+        k: getattr(params, "Convergence_" + k.removeprefix("convergence_")) for k in CONVERGENCE
+    }  # the five numbers geomeTRIC applies
     quiet = logging.getLogger("geometric")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
