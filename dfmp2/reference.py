@@ -175,7 +175,8 @@ def freeze_lowest(nmo: int, n: int) -> np.ndarray:
 
 def frozen_mask(frozen, nmo: int, nocc: int) -> np.ndarray:
     """(nmo,) bool of the orbitals PySCF's ``frozen`` leaves out: None (none), an int n (the n
-    lowest) or a list of distinct orbital indices (occupied or virtual). InputError otherwise."""
+    lowest, 0 <= n < nocc) or a list of orbital indices (occupied or virtual; negative ones count
+    from the top and repeats are one, as PySCF's mask indexing reads them). InputError otherwise."""
     if frozen is None:
         return np.zeros(nmo, dtype=bool)
     if isinstance(frozen, (bool, np.bool_)):
@@ -184,18 +185,49 @@ def frozen_mask(frozen, nmo: int, nocc: int) -> np.ndarray:
         if not 0 <= frozen < nocc:
             raise InputError(f"frozen={frozen} must be between 0 and {nocc - 1} (nocc {nocc})")
         return freeze_lowest(nmo, int(frozen))
-    try:
-        idx = [int(i) for i in frozen if isinstance(i, (int, np.integer)) and not isinstance(i, bool)]
-        ok = len(idx) == len(frozen)
-    except TypeError:
-        ok = False
-    if not ok:
+    idx = _indices(frozen)
+    if idx is None:
         raise InputError(f"frozen must be None, an int or a list of orbital indices, got {frozen!r}")
-    if any(not 0 <= i < nmo for i in idx) or len(set(idx)) != len(idx):
-        raise InputError(f"frozen orbital indices must be distinct and within 0..{nmo - 1}, got {list(frozen)}")
+    if any(not -nmo <= i < nmo for i in idx):
+        raise InputError(f"frozen orbital indices must be within {-nmo}..{nmo - 1} (nmo {nmo}), got {list(frozen)}")
     mask = np.zeros(nmo, dtype=bool)
     mask[idx] = True
     return mask
+
+
+def _indices(frozen) -> list[int] | None:
+    """The ints of a list/tuple/array of orbital indices, None when it is not one."""
+    if isinstance(frozen, (str, bytes, dict)) or not hasattr(frozen, "__len__"):
+        return None
+    try:
+        items = list(frozen)
+    except TypeError:
+        return None
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in items):
+        return None
+    return [int(i) for i in items]
+
+
+def frozen_masks(frozen, nmo: int, noccs: list[int]) -> list[np.ndarray]:
+    """One (nmo,) frozen mask per spin channel (``noccs``: nocc per channel, 1 for RHF, 2 for UHF),
+    PySCF's forms: those of ``frozen_mask`` for every channel, and for a UHF a pair of index lists
+    (``([alpha indices], [beta indices])``, ump2.get_frozen_mask's reading when the first item is
+    not an int). InputError (one line) for anything else, a per-spin pair on an RHF included."""
+    per_spin = (
+        not isinstance(frozen, (int, np.integer, str, bytes, dict, type(None)))
+        and hasattr(frozen, "__len__")
+        and len(frozen) > 0
+        and not isinstance(frozen[0], (int, np.integer))
+    )
+    if not per_spin:
+        return [frozen_mask(frozen, nmo, noccs[0])] * len(noccs)
+    if len(noccs) != 2 or len(frozen) != 2 or any(_indices(f) is None for f in frozen):
+        what = "an RHF reference takes" if len(noccs) != 2 else "a UHF reference takes"
+        raise InputError(
+            f"frozen={frozen!r}: {what} None, an int, a list of orbital indices"
+            + (", or a pair of such lists (alpha, beta)" if len(noccs) == 2 else "")
+        )
+    return [frozen_mask(list(f), nmo, n) for f, n in zip(frozen, noccs)]
 
 
 def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=None) -> Reference:
@@ -213,10 +245,10 @@ def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=Non
         raise InputError(f"the {type(mf).__name__} reference is not {what} (occupations must be {full:g} then 0)")
     Cs, es = (C, eps) if unrestricted else (C[None], eps[None])
     noccs = [int(np.count_nonzero(o > 0)) for o in occs]
-    mask = frozen_mask(frozen, Cs.shape[2], noccs[0])
-    channels = tuple(SpinChannel(c, e, n, mask) for c, e, n in zip(Cs, es, noccs))
-    occ_left = channels[0].nocc_active
-    vir_left = channels[-1].nvir_active
+    masks = frozen_masks(frozen, Cs.shape[2], noccs)
+    channels = tuple(SpinChannel(c, e, n, m) for c, e, n, m in zip(Cs, es, noccs, masks))
+    occ_left = max(c.nocc_active for c in channels)
+    vir_left = max(c.nvir_active for c in channels)
     if occ_left == 0 or vir_left == 0:
         raise InputError(
             f"frozen={frozen!r} leaves {occ_left} active occupied and {vir_left} virtual "

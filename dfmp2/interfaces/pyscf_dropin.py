@@ -46,8 +46,9 @@ class DFMP2(pyscf_mp2.MP2Base):
     mf: a converged ``pyscf.scf.RHF``, or ``pyscf.scf.UHF`` for DF-UMP2 (density-fitted or not;
         its orbitals and orbital energies are used as they are). ROHF/GHF and Kohn-Sham
         references are refused (InputError).
-    frozen: None (all orbitals correlated), an int n (the n lowest orbitals frozen), or a list of
-        orbital indices (0-based, occupied or virtual) left out of the MP2 — PySCF's meaning.
+    frozen: None (all orbitals correlated), an int n (the n lowest orbitals frozen), a list of
+        orbital indices (0-based, occupied or virtual; negative from the top) left out of the MP2,
+        or on a UHF a pair of such lists (alpha, beta) — PySCF's DFMP2/DFUMP2 forms and meaning.
     mo_coeff, mo_occ, mo_energy: PySCF's positional arguments; only the mf's own (canonical)
         orbitals are accepted (anything else is an InputError at kernel time).
     with_df: the fitting object (``pyscf.df.DF``); default as PySCF: ``mf.with_df`` on a
