@@ -21,8 +21,10 @@ class Timer:
     flops, like its seconds, then include theirs. Work outside linalg (libcint, PySCF, numpy on
     the host) is not counted: a stage of such work alone has 0 flops."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, on_stage=None):
+        """``on_stage(stage, seconds)``: called at each ``add`` (a long stage's progress lines)."""
         self.backend, self.seconds, self.flops = backend, {}, {}
+        self.on_stage = on_stage
         self.backends = [backend]
         self.mark = self.executed()  # the reading at the last add (or now)
         self.aside = 0  # flops since ``mark`` already charged to an aside
@@ -54,6 +56,8 @@ class Timer:
             n = now - flops0
             self.aside += now - max(flops0, self.mark + self.aside)
         self.flops[stage] = self.flops.get(stage, 0) + n
+        if self.on_stage is not None:
+            self.on_stage(stage, t1 - t0)
         return t1
 
     def stage_flops(self) -> dict:

@@ -633,8 +633,26 @@ def terminal(rep: dict, console) -> None:
 
 
 # ---------- plot ----------
-PLOT_OPS = ("mp2_pair_energy", "gemm", "trsm")
-OP_MARKERS = {"mp2_pair_energy": "o", "gemm": "s", "trsm": "^"}
+# the plot's op panels: one per family, its ops told apart by marker
+OP_FAMILIES = {
+    "GEMM": ("gemm",),
+    "SYRK": ("syrk",),
+    "TRSM": ("trsm",),
+    "Cholesky": ("cholesky",),
+    "inverse square root": ("inv_sqrt_eigh", "inv_sqrt_newton_schulz"),
+    "pair energy": ("mp2_pair_energy", "mp2_pair_energy_os"),
+}
+PLOT_OPS = tuple(op for ops in OP_FAMILIES.values() for op in ops)
+OP_MARKERS = {
+    "gemm": "s",
+    "syrk": "D",
+    "trsm": "^",
+    "cholesky": "v",
+    "inv_sqrt_eigh": "o",
+    "inv_sqrt_newton_schulz": "P",
+    "mp2_pair_energy": "o",
+    "mp2_pair_energy_os": "X",
+}
 
 
 def _series_key(who: str, device: str, precision: str) -> tuple:
@@ -694,9 +712,10 @@ def series_colors(ops: dict, waters: dict) -> dict:
 
 
 def panel_titles(rep: dict, ops: dict, waters: dict) -> tuple[str, str]:
-    """The panels' titles, naming only the line styles that are drawn: dashed hollow markers for
-    Trainium estimates when there are any; dotted fitted power laws when a fit is drawn."""
-    left = "per-op calls at DF-MP2 shapes (colour: who ran it; marker: op"
+    """The figure's note on the op panels and the water panel's title, naming only the line
+    styles that are drawn: dashed hollow markers for Trainium estimates when there are any;
+    dotted fitted power laws when a fit is drawn."""
+    left = "per-op calls at DF-MP2 shapes, one panel per op family (colour: who ran it; marker: op"
     if any(k[0] == "estimate" for k, _ in ops):
         left += "; dashed, hollow: Trainium estimates, not measured"
     right = "water clusters, DF-MP2 stage after the SCF"
@@ -711,32 +730,33 @@ def _fit_label(key: tuple) -> str:
     return f"dfmp2 {key[1]} {key[2]}" if key[0] == "dfmp2" else "pyscf cpu fp64"
 
 
-def _left_panel(ax, rep: dict, ops: dict, colors: dict, title: str) -> None:
-    from matplotlib.ticker import NullFormatter
-
+def _op_panel(ax, family: str, rep: dict, ops: dict, colors: dict) -> None:
+    """One op family's calls: time per call (log) at each shape (one tick per shape, named with
+    its nbasis, so one shape reads as well as many); colour the series, marker the op."""
+    shapes = sorted(rep["shapes"], key=lambda s: s["nbasis"])
+    at = {s["nbasis"]: i for i, s in enumerate(shapes)}
+    members = OP_FAMILIES[family]
     for (key, op), pts in sorted(ops.items(), key=lambda kv: (colors[kv[0][0]], kv[0][1])):
-        xs, ys = zip(*pts)
+        if op not in members:
+            continue
         est = key[0] == "estimate"
         ax.plot(
-            xs,
-            ys,
+            [at[nb] for nb, _ in pts],
+            [t for _, t in pts],
             linestyle="--" if est else "-",
             marker=OP_MARKERS.get(op, "o"),
+            markersize=7,
             color=colors[key],
             fillstyle="none" if est else "full",
-            label=f"{_series_label(key)}: {op}",
         )
-    dims = {s["name"]: s["nbasis"] for s in rep["shapes"]}
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ticks = sorted({(v, k) for k, v in dims.items()})
-    ax.set_xticks([v for v, _ in ticks])
-    ax.set_xticklabels([f"{k}\n{v}" for v, k in ticks], fontsize=7)
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("shape (nbasis)")
-    ax.set_ylabel("time per call / s")
-    ax.set_title(title, fontsize=8)
-    ax.legend(fontsize=6.5, ncol=1)
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels([f"{s['name']}\n{s['nbasis']}" for s in shapes], fontsize=7)
+    ax.set_xlim(-0.5, len(shapes) - 0.5)
+    ax.set_ylabel("time per call / s", fontsize=8)
+    drawn = [op for op in members if any(o == op for _, o in ops)]
+    markers = ", ".join(f"{OP_MARKERS[o]}: {o}" for o in drawn)
+    ax.set_title(family + (f" ({markers})" if len(drawn) > 1 else ""), fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -767,12 +787,9 @@ def _right_panel(ax2, rep: dict, waters: dict, colors: dict, title: str) -> None
 
 
 def plot(rep: dict, path: Path) -> bool:
-    """Time vs size, log-log: left, per-op calls vs nbasis of the shape (marker: the op; Trainium
-    estimates dashed, hollow, labelled 'ESTIMATE'); right, the water-cluster stage vs nbasis with
-    the fitted power laws. One colour per series (who ran it, device, precision) in both panels
-    (``series_colors``), and titles that name only the line styles drawn (``panel_titles``).
-    Returns False (and writes nothing) without matplotlib. Written by dfmp2.io.outputs.write_bytes:
-    a half-written plot never appears under ``path``."""
+    """Write ``figure(rep)`` as a PNG to ``path``. Returns False (and writes nothing) without
+    matplotlib. Written by dfmp2.io.outputs.write_bytes: a half-written plot never appears under
+    ``path``."""
     try:
         import matplotlib
 
@@ -780,21 +797,7 @@ def plot(rep: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    ops, waters = plot_series(rep)
-    colors = series_colors(ops, waters)
-    left, right = panel_titles(rep, ops, waters)
-    has_w = bool(waters)
-    fig, axes = plt.subplots(1, 2 if has_w else 1, figsize=(13 if has_w else 7, 5.2), squeeze=False)
-    _left_panel(axes[0][0], rep, ops, colors, left)
-    if has_w:
-        _right_panel(axes[0][1], rep, waters, colors, right)
-    m = rep["meta"]
-    fig.suptitle(
-        f"dfmp2 bench {m['date']} — {m['machine']['cpu']}, {m['machine']['torch_threads']} threads"
-        + (" (machine loaded)" if m.get("machine_loaded") else ""),
-        fontsize=9,
-    )
-    fig.tight_layout()
+    fig = figure(rep)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
@@ -803,6 +806,47 @@ def plot(rep: dict, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, buf.getvalue())  # atomic, with the umask's mode, as the JSON and markdown
     return True
+
+
+def figure(rep: dict):
+    """The report's matplotlib Figure: one log-scale panel per op family with data (``OP_FAMILIES``;
+    time per call at each shape, one tick per shape; marker: the op; Trainium estimates dashed,
+    hollow, labelled 'ESTIMATE'), then the water-cluster stage vs nbasis with the fitted power
+    laws when there are water runs; one colour per series (who ran it, device, precision) in every
+    panel (``series_colors``), and one legend of every series under the panels."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    ops, waters = plot_series(rep)
+    colors = series_colors(ops, waters)
+    note, right = panel_titles(rep, ops, waters)
+    families = [f for f, members in OP_FAMILIES.items() if any(op in members for _, op in ops)]
+    n = len(families) + bool(waters)
+    ncols = min(3, max(n, 1))
+    nrows = -(-max(n, 1) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows + 1.4), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, family in zip(flat, families):
+        _op_panel(ax, family, rep, ops, colors)
+    if waters:
+        _right_panel(flat[len(families)], rep, waters, colors, right)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    handles = [
+        Line2D([], [], color=c, marker="o", linestyle="--" if k[0] == "estimate" else "-", label=_series_label(k))
+        for k, c in sorted(colors.items(), key=lambda kv: int(kv[1][1:]))
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, max(len(handles), 1)), fontsize=7.5)
+    m = rep["meta"]
+    fig.suptitle(
+        f"dfmp2 bench {m['date']} — {m['machine']['cpu']}, {m['machine']['torch_threads']} threads"
+        + (" (machine loaded)" if m.get("machine_loaded") else "")
+        + "\n"
+        + note,
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * -(-len(handles) // 4), 1, 1))
+    return fig
 
 
 __all__ = [

@@ -298,18 +298,39 @@ def fail(message: str, code: int = EXIT_USER_ERROR):
 
 class StdoutConsole(Console):
     """A rich Console on stdout whose broken pipe raises BrokenPipeError (for ``printing``)
-    instead of rich's own ``SystemExit(1)``."""
+    instead of rich's own ``SystemExit(1)``, and whose tables wrap and never truncate: every
+    column of every Table printed (nested ones too) folds its cells (rich's default cuts them
+    with an ellipsis, and a ``no_wrap`` column cuts them silently)."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
+    def print(self, *objects, **kw) -> None:
+        for obj in objects:
+            _fold(obj)
+        super().print(*objects, **kw)
 
-def stdout_console(**kw) -> StdoutConsole:
-    """The Console a command prints its tables with: 120 columns (``width``) when stdout is not a
-    terminal (files and pipes get the whole table), else the terminal's."""
-    console = StdoutConsole()
-    return console if console.is_terminal or "width" not in kw else StdoutConsole(**kw)
+
+def _fold(renderable) -> None:
+    """Set every column of ``renderable`` (a rich Table, and the tables in its cells) to wrap and
+    fold, never cut."""
+    from rich.table import Table
+
+    if not isinstance(renderable, Table):
+        return
+    for col in renderable.columns:
+        col.overflow, col.no_wrap = "fold", False
+        for cell in col._cells:
+            _fold(cell)
+
+
+def stdout_console(width: int = 120, **kw) -> StdoutConsole:
+    """The Console a command prints its tables with: ``width`` columns when stdout is not a
+    terminal (files and pipes get the whole table, wrapped where it is wider), else the
+    terminal's."""
+    console = StdoutConsole(**kw)
+    return console if console.is_terminal else StdoutConsole(width=width, **kw)
 
 
 STDOUT_FULL = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)

@@ -99,6 +99,17 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
         )
 
 
+# the gradient stage's timer stages as its progress lines name them
+_STAGE_NAMES = {
+    "grad_mp2_densities": "MP2 densities (pair loop)",
+    "grad_derivative_integrals": "derivative integrals",
+    "grad_jk_factor": "JK factor",
+    "grad_zvector": "Z-vector",
+    "scf_integrals": "JK factor's 3-center integrals",
+    "scf_fit": "JK factor's fit",
+}
+
+
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
     """``gradient_memory`` of a standalone preparation (``pipeline.prepare``), for a caller without
     a Job; a run checks its own Job instead (``run_gradient``)."""
@@ -167,10 +178,12 @@ def run_gradient(
     done = pipeline.run_energy(
         job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start, with_properties=False
     )
-    (log or (lambda msg: None))("nuclear gradient: densities, Z-vector, derivative integrals ...")
+    say = log or (lambda msg: None)
+    say("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
     plan = plan if isinstance(plan, GradientPlan) else None
-    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, Timer(job.backend), plan)
+    timer = Timer(job.backend, on_stage=lambda stage, s: say(f"  gradient: {_STAGE_NAMES.get(stage, stage)} {s:.2f} s"))
+    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, plan)
     c_os, c_ss = SCALES[method]
     result = done.result
     if options.properties:  # from the gradient's own relaxed densities: no second Z-vector

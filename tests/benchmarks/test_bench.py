@@ -477,3 +477,27 @@ def test_radical_series_against_pyscfs_dfump2():
     rep = {"radicals": {"what": "x", "rows": [row]}}
     assert "| hydroxyl | 2 | 19 | 5/4 |" in "\n".join(report._radicals_lines(rep))
     report._radicals_table(rep, Console(file=None, width=80, record=True, quiet=True))
+
+
+def test_plot_has_a_panel_per_op_family_and_a_legend_of_every_series(tiny_report):
+    """One panel per op family with data (every op of the report drawn, not a chosen few), the
+    water panel when there are water runs, and one legend naming every series; with one shape
+    each panel still shows its points (one tick, the shape's name)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rep = json.loads(SAVED.read_text())
+    first = rep["shapes"][0]["name"]
+    one = dict(rep, shapes=rep["shapes"][:1], ops=[o for o in rep["ops"] if o["shape"] == first], waters=None)
+    for r in (rep, dict(one, trn_estimate=None)):
+        ops, waters = report.plot_series(r)
+        fig = report.figure(r)
+        drawn = [ax for ax in fig.axes if ax.get_visible()]
+        families = {f for f, members in report.OP_FAMILIES.items() if any(op in members for _, op in ops)}
+        assert {o["op"] for o in r["ops"] if o["status"] == "ran"} <= {op for _, op in ops}
+        assert len(drawn) == len(families) + bool(waters)
+        legend = {t.get_text() for t in fig.legends[0].get_texts()}
+        assert legend == {report._series_label(k) for k in report.series_colors(ops, waters)}
+        for ax in drawn[: len(families)]:
+            assert len(ax.get_xticks()) == len(r["shapes"]) and ax.lines
