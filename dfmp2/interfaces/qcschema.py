@@ -40,7 +40,9 @@ from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES
 
 INSTALL = 'pip install -e ".[qcschema]"'
 SCHEMA_VERSIONS = (1, 2)  # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
-METHODS = ("mp2",)
+METHODS = ("mp2", "scs-mp2", "sos-mp2")  # dfmp2.io.result.METHOD_SCALES: return_energy is the method's
+# the energies (Result.energies) and Psi4's qcvar prefix of each method
+METHOD_ENERGY = {"mp2": ("e_mp2", "MP2"), "scs-mp2": ("e_scs_mp2", "SCS-MP2"), "sos-mp2": ("e_sos_mp2", "SOS-MP2")}
 DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.grad.run)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
@@ -211,7 +213,15 @@ def _settings(inp, where: str) -> dict:
         )
     method = str(spec.model.method).strip().lower()
     if method not in METHODS:
-        raise InputError(f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use 'mp2'")
+        raise InputError(
+            f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use {', '.join(METHODS)}"
+        )
+    wfn = getattr(spec.protocols.wavefunction, "value", spec.protocols.wavefunction)
+    if wfn != "none":
+        raise InputError(
+            f"{where}: protocols.wavefunction '{wfn}' is not supported: dfmp2 returns no wavefunction "
+            "(use 'none'; the orbitals are in `dfmp2 run --checkpoint`)"
+        )
     if not isinstance(spec.model.basis, str) or not spec.model.basis.strip():
         raise InputError(f"{where}: model.basis must name the orbital basis (e.g. 'cc-pvdz')")
     charge = float(mol.molecular_charge)
@@ -304,15 +314,21 @@ def run_atomic_input(
 
     inp, version, geom, options = parse_input(atomic_input, where, options, given)
     parts = ScfEnergyParts()
+    method = input_method(inp)
     if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
         from dfmp2.grad.run import run_gradient
 
-        gr = run_gradient(geom, options, "mp2", progress=progress, log=log, on_plan=on_plan)
+        gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
-        return result_model(inp, version, gr.result, parts.values, gradient=gr), gr.result
+        return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr.result
     done = pipeline.energy_run(geom, options, progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
-    return result_model(inp, version, done.result, parts.values), done.result
+    return result_model(inp, version, done.result, parts.values, options=options), done.result
+
+
+def input_method(inp) -> str:
+    """The checked model.method of a v2 AtomicInput (one of METHODS)."""
+    return str(inp.specification.model.method).strip().lower()
 
 
 def run_qcschema(atomic_input, options=None):
@@ -360,8 +376,9 @@ def input_from_run(geom, options) -> dict:
     }
 
 
-def properties(result, parts: dict) -> dict:
-    """The AtomicProperties of ``result`` (Hartree); ``parts``: ``ScfEnergyParts.values``."""
+def properties(result, parts: dict, method: str = "mp2") -> dict:
+    """The AtomicProperties of ``result`` (Hartree); ``parts``: ``ScfEnergyParts.values``;
+    ``return_energy`` the ``method``'s total energy (METHOD_ENERGY)."""
     e = result.energies()
     spin = result.spin or {}
     nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen  # frozen core included
@@ -374,7 +391,7 @@ def properties(result, parts: dict) -> dict:
         "calcinfo_nbeta": nbeta,
         **parts,
         "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
-        "return_energy": e["e_mp2"],
+        "return_energy": e[METHOD_ENERGY[method][0]],
         "scf_total_energy": e["e_hf"],
         "mp2_same_spin_correlation_energy": e["e_corr_ss"],
         "mp2_opposite_spin_correlation_energy": e["e_corr_os"],
@@ -397,10 +414,12 @@ def dipole_properties(result) -> dict:
     return {"scf_dipole_moment": list(dip["hf"]["au"]), "mp2_dipole_moment": list(dip["relaxed"]["au"])}
 
 
-def qcvars(result) -> dict:
-    """Psi4's names of the energies (Hartree), SCS- and SOS-MP2 among them."""
+def qcvars(result, method: str = "mp2", gradient=None) -> dict:
+    """Psi4's names of the energies (Hartree), SCS- and SOS-MP2 among them, CURRENT ENERGY the
+    ``method``'s; with a gradient (gradrun.GradientResult) Psi4's gradient names too (N x 3,
+    Hartree/Bohr): SCF TOTAL GRADIENT, <METHOD> TOTAL GRADIENT and CURRENT GRADIENT."""
     e = result.energies()
-    return {
+    out = {
         "HF TOTAL ENERGY": e["e_hf"],
         "SCF TOTAL ENERGY": e["e_hf"],
         "MP2 SAME-SPIN CORRELATION ENERGY": e["e_corr_ss"],
@@ -411,27 +430,68 @@ def qcvars(result) -> dict:
         "SCS-MP2 TOTAL ENERGY": e["e_scs_mp2"],
         "SOS-MP2 CORRELATION ENERGY": e["e_corr_sos"],
         "SOS-MP2 TOTAL ENERGY": e["e_sos_mp2"],
-        "CURRENT ENERGY": e["e_mp2"],
+        "CURRENT ENERGY": e[METHOD_ENERGY[method][0]],
     }
+    if gradient is not None:
+        g = gradient.gradient.tolist()
+        out["SCF TOTAL GRADIENT"] = gradient.parts.hf.tolist()
+        out[f"{METHOD_ENERGY[method][1]} TOTAL GRADIENT"] = g
+        out["CURRENT GRADIENT"] = g
+    return out
 
 
-def result_model(inp, version: int, result, parts: dict, gradient=None):
+def report_text(result, gradient=None, width: int = 120) -> str:
+    """The human-readable report of a run (AtomicResult.stdout): the tables ``dfmp2 run`` prints,
+    and for a gradient its per-atom table (Hartree/Bohr), as plain text."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    result.render(console)
+    if gradient is not None:
+        console.print(f"nuclear gradient of E({gradient.method.upper()}) / (Eh/bohr)")
+        for i, (sym, row) in enumerate(zip(result.geometry["symbols"], gradient.gradient)):
+            console.print(f"{i + 1:>4} {sym:<3}" + "".join(f" {v:+.10f}" for v in row))
+    return console.file.getvalue()
+
+
+def result_model(inp, version: int, result, parts: dict, gradient=None, options=None):
     """The AtomicResult (validated by qcelemental) of ``result`` for the v2 AtomicInput ``inp``,
     in QCSchema ``version`` (1 or 2); ``gradient``: the gradrun.GradientResult of driver
-    'gradient' (return_result the N x 3 gradient, Hartree/Bohr)."""
-    import dfmp2
+    'gradient' (return_result the N x 3 gradient, Hartree/Bohr). As QCEngine's Psi4 harness
+    fills them: ``stdout`` the human report, ``native_files['input']`` the input document,
+    ``provenance`` with ``memory`` (GiB, the run's limit) and ``nthreads`` (torch's threads)."""
+    import torch
 
-    props = properties(result, parts)
+    import dfmp2
+    from dfmp2.memory import MB
+
+    method = input_method(inp)
+    props = properties(result, parts, method)
     if gradient is not None:
         props["return_gradient"] = gradient.gradient.tolist()
+        props["scf_total_gradient"] = gradient.parts.hf.tolist()
+    limit_mb = (result.memory or {}).get("limit_mb") or getattr(options, "memory_mb", None)
     out = models().v2.AtomicResult(
         input_data=inp,
         molecule=inp.molecule,
         properties=props,
-        return_result=gradient.gradient.tolist() if gradient is not None else result.e_mp2,
+        return_result=gradient.gradient.tolist() if gradient is not None else props["return_energy"],
         success=True,
-        extras={"qcvars": qcvars(result), "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict()},
-        provenance={"creator": "dfmp2", "version": dfmp2.__version__, "routine": "dfmp2.interfaces.qcschema"},
+        stdout=report_text(result, gradient),
+        native_files={"input": inp.model_dump_json(indent=1)},
+        extras={
+            "qcvars": qcvars(result, method, gradient),
+            "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict(),
+        },
+        provenance={
+            "creator": "dfmp2",
+            "version": dfmp2.__version__,
+            "routine": "dfmp2.interfaces.qcschema",
+            "memory": round(limit_mb * MB / 2**30, 3) if limit_mb else None,  # GiB, QCEngine's unit
+            "nthreads": torch.get_num_threads(),
+        },
     )
     return out if version == 2 else out.convert_v(1)
 
