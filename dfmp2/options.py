@@ -157,7 +157,9 @@ class RunOptions:
         self.properties = property_names(self.properties)
         self.method = double_hybrids.canonical(self.method)
         if not 0 <= self.dft_grid <= 9:
-            raise InputError(f"option dft_grid must be a grid level from 0 to 9, got {self.dft_grid!r}", option="dft_grid")
+            raise InputError(
+                f"option dft_grid must be a grid level from 0 to 9, got {self.dft_grid!r}", option="dft_grid"
+            )
 
     def resolved_precision(self) -> str:
         """The working precision: ``precision``, or the device's default; InputError for an

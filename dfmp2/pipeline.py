@@ -226,6 +226,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     ``distributed.current()``)."""
     options.check_choices()
     _refuse_bracket(options)
+    dh = check_double_hybrid(options)
     precision = options.resolved_precision()
     if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
         raise InputError(
@@ -244,7 +245,6 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     auxmol = basis.make_auxmol(mol, auxbasis)
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
     props_stage.check_properties(options, uhf)
-    dh = check_double_hybrid(options)
     jk_auxbasis = basis.default_auxbasis(mol, "jk") if options.scf_mode in pyscf_scf.SCF_DF_MODES else None
     jk_auxmol = basis.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
     jk_pairs = jk.significant_pairs(mol, options.scf_screen) if options.scf_mode == "df" and dh is None else None

@@ -207,7 +207,7 @@ class Result:
         t = Table(title=f"{method}  {self.formula}  ({escape(self.molecule)})", title_justify="left")
         t.add_column("quantity")
         t.add_column("energy / Eh", justify="right")
-        rows = [] if self.double_hybrid else [
+        rows = [
             ("E(HF)", "e_hf"),
             ("E_corr opposite-spin", "e_corr_os"),
             ("E_corr same-spin", "e_corr_ss"),
@@ -218,7 +218,7 @@ class Result:
             ("E_corr SOS-MP2", "e_corr_sos"),
             ("E(SOS-MP2)", "e_sos_mp2"),
         ]
-        for label, key in rows:
+        for label, key in [] if self.double_hybrid else rows:  # a double hybrid: its own table
             t.add_row(label, f"{e[key]:.10f}")
         console.print(double_hybrid_table(self) if self.double_hybrid else t)
         s = Table(title="problem and what ran", title_justify="left", show_header=False)

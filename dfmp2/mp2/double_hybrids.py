@@ -204,6 +204,25 @@ def check_dispersion_package(dh: DoubleHybrid) -> None:
         ) from None
 
 
+def refuse_derivatives(*methods: str) -> None:
+    """One InputError (option ``method``), before any work, when any of ``methods`` names a double
+    hybrid: its gradient (and so optimisations, frequencies, relaxed properties) needs the PT2
+    term's orbital response with the XC kernel, which dfmp2 does not compute. Names outside the
+    table are left to the caller's own check."""
+    for m in methods:
+        try:
+            dh = get(m) if isinstance(m, str) else None
+        except InputError:
+            continue
+        if dh is not None:
+            raise InputError(
+                f"analytic gradients of double hybrids ({dh.name}) are not implemented here (the PT2 term's "
+                "orbital response needs the XC kernel); compute its energy with dfmp2 run --method, or use mp2, "
+                "scs-mp2 or sos-mp2",
+                option="method",
+            )
+
+
 def dispersion_energy(mol, dh: DoubleHybrid) -> tuple[float, dict]:
     """(E_disp in Hartree, its record) of the molecule ``mol`` (PySCF Mole, its geometry in Bohr
     inside) for ``dh``'s dispersion term, by the package's named parameters; (0.0, None) without one."""
