@@ -93,7 +93,7 @@ def test_dispersion_comes_from_the_package_by_name(water_runs, key):
 def test_open_shell_uks_pt2_matches_pyscf_dfump2():
     """OH (doublet) through UKS: B2PLYP's PT2 of our stage against PySCF's DFUMP2 on the same UKS
     orbitals, frozen core on both sides (PySCF's frozen=1): 1e-10 Eh."""
-    # the coarse grid's noise stalls the UKS orbital gradient near 1e-6: the threshold loosened (same orbitals both sides)
+    # the coarse grid's noise stalls the UKS orbital gradient near 1e-6: threshold loosened (same orbitals both sides)
     opts = RunOptions(basis="cc-pvdz", method="b2plyp", dft_grid=GRID, frozen_core=True, scf_conv_tol_grad=1e-6)
     done = energy_run(OH, opts)
     mf = done.ref.mf
