@@ -36,11 +36,13 @@ import json
 
 from dfmp2.errors import InputError, SCFNotConvergedError, shown
 from dfmp2.io.xyz import read_input_text
+from dfmp2.mp2 import double_hybrids
 from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES
 
 INSTALL = 'pip install -e ".[qcschema]"'
 SCHEMA_VERSIONS = (1, 2)  # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
 METHODS = ("mp2",)
+DOUBLE_HYBRIDS = double_hybrids.FUNCTIONALS  # model.method of a double hybrid (docs/double_hybrids.md)
 DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.grad.run)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
@@ -210,8 +212,11 @@ def _settings(inp, where: str) -> dict:
             f"{where}: driver '{driver}' is not supported; dfmp2 computes driver {' and '.join(map(repr, DRIVERS))}"
         )
     method = str(spec.model.method).strip().lower()
-    if method not in METHODS:
-        raise InputError(f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use 'mp2'")
+    if method not in METHODS and method not in DOUBLE_HYBRIDS:
+        raise InputError(
+            f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use 'mp2' or a double "
+            f"hybrid ({', '.join(DOUBLE_HYBRIDS)})"
+        )
     if not isinstance(spec.model.basis, str) or not spec.model.basis.strip():
         raise InputError(f"{where}: model.basis must name the orbital basis (e.g. 'cc-pvdz')")
     charge = float(mol.molecular_charge)
@@ -221,6 +226,8 @@ def _settings(inp, where: str) -> dict:
     if mult != round(mult):
         raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
     settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)), "multiplicity": int(round(mult))}
+    if method in DOUBLE_HYBRIDS:  # its gradient driver is refused by the gradient's own check
+        settings["method"] = method
     for key, value in spec.keywords.items():
         if key not in KEYWORDS:
             raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
@@ -347,7 +354,7 @@ def input_from_run(geom, options) -> dict:
         "schema_name": "qcschema_input",
         "schema_version": 1,
         "driver": "energy",
-        "model": {"method": "mp2", "basis": options.basis},
+        "model": {"method": options.method, "basis": options.basis},
         "keywords": keywords,
         "molecule": {
             "symbols": list(geom.symbols),
@@ -363,6 +370,16 @@ def input_from_run(geom, options) -> dict:
 def properties(result, parts: dict) -> dict:
     """The AtomicProperties of ``result`` (Hartree); ``parts``: ``ScfEnergyParts.values``."""
     e = result.energies()
+    if result.double_hybrid:  # its parts: no MP2 energies of Kohn-Sham orbitals
+        return {
+            "calcinfo_nbasis": result.nbasis,
+            "calcinfo_nmo": result.nmo,
+            "calcinfo_natom": result.natm,
+            "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
+            "return_energy": e["e_total"],
+            "scf_total_energy": e["e_dft"],
+            "scf_dispersion_correction_energy": e["e_disp"],
+        }
     spin = result.spin or {}
     nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen  # frozen core included
     nbeta = spin.get("nocc_beta", result.nocc) + result.nfrozen
@@ -400,6 +417,14 @@ def dipole_properties(result) -> dict:
 def qcvars(result) -> dict:
     """Psi4's names of the energies (Hartree), SCS- and SOS-MP2 among them."""
     e = result.energies()
+    if result.double_hybrid:  # Psi4's names of a double hybrid's parts
+        return {
+            "DFT FUNCTIONAL TOTAL ENERGY": e["e_dft"],
+            "DOUBLE-HYBRID CORRECTION ENERGY": e["e_pt2"],
+            "DISPERSION CORRECTION ENERGY": e["e_disp"],
+            "DFT TOTAL ENERGY": e["e_total"],
+            "CURRENT ENERGY": e["e_total"],
+        }
     return {
         "HF TOTAL ENERGY": e["e_hf"],
         "SCF TOTAL ENERGY": e["e_hf"],
@@ -428,7 +453,7 @@ def result_model(inp, version: int, result, parts: dict, gradient=None):
         input_data=inp,
         molecule=inp.molecule,
         properties=props,
-        return_result=gradient.gradient.tolist() if gradient is not None else result.e_mp2,
+        return_result=gradient.gradient.tolist() if gradient is not None else props["return_energy"],
         success=True,
         extras={"qcvars": qcvars(result), "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict()},
         provenance={"creator": "dfmp2", "version": dfmp2.__version__, "routine": "dfmp2.interfaces.qcschema"},

@@ -208,3 +208,35 @@ def test_api_and_gradient_api_refusals():
 
     with pytest.raises(InputError, match="analytic gradients of double hybrids"):
         dfmp2.gradient(WATER, method="b2plyp")
+
+
+def test_qcschema_and_ase_take_a_double_hybrid():
+    """QCSchema model.method 'b2plyp': return_energy the total, its parts as Psi4 names them; the
+    gradient driver refused in one InputError. ASE method='b2plyp': the total in eV; forces refused."""
+    qcschema = pytest.importorskip("dfmp2.interfaces.qcschema")
+    pytest.importorskip("qcelemental")
+    ase_units = pytest.importorskip("ase.units")
+    from ase import Atoms
+
+    from dfmp2.ase import DFMP2Calculator
+
+    xyz = [0, 0, 0.2217, 0, 1.4309, -0.8867, 0, -1.4309, -0.8867]  # bohr
+    inp = {
+        "schema_name": "qcschema_input",
+        "schema_version": 1,
+        "driver": "energy",
+        "model": {"method": "b2plyp", "basis": "sto-3g"},
+        "molecule": {"symbols": ["O", "H", "H"], "geometry": xyz},
+        "keywords": {},
+    }
+    d = json.loads(qcschema.to_json(qcschema.run_qcschema(inp)))
+    dh = d["extras"]["dfmp2"]["double_hybrid"]
+    assert d["return_result"] == d["properties"]["return_energy"] == dh["e_total"]
+    assert d["extras"]["qcvars"]["DOUBLE-HYBRID CORRECTION ENERGY"] == dh["e_pt2"]
+    with pytest.raises(InputError, match="analytic gradients of double hybrids"):
+        qcschema.run_qcschema({**inp, "driver": "gradient"})
+    atoms = Atoms("OH2", positions=np.reshape(xyz, (3, 3)) * ase_units.Bohr)
+    atoms.calc = DFMP2Calculator(method="b2plyp", basis="sto-3g")
+    assert atoms.get_potential_energy() == pytest.approx(dh["e_total"] * ase_units.Hartree, abs=1e-6)
+    with pytest.raises(InputError, match="analytic gradients of double hybrids"):
+        atoms.get_forces()
