@@ -16,6 +16,7 @@ from numbers import Integral, Real
 from dfmp2 import linalg, memory
 from dfmp2.errors import InputError, shown
 from dfmp2.linalg import DTYPES
+from dfmp2.mp2 import double_hybrids
 
 PRECISIONS = tuple(DTYPES)  # fp64, fp32
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
@@ -39,6 +40,12 @@ PROPERTY_CHOICES = ("dipole",)
 CONVERGENCE_SETS = ("default", "gau_loose", "nwchem_loose", "gau", "turbomole", "gau_tight", "gau_verytight")
 # the SCF part of a CBS extrapolation (dfmp2.workflows.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
 CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
+# the energy a run computes: MP2 on HF orbitals (SCS and SOS beside it), or a double hybrid (PySCF's
+# KS-SCF, our PT2 stage on its orbitals: dfmp2.mp2.double_hybrids.FUNCTIONALS)
+METHODS = double_hybrids.METHODS
+# a double hybrid's KS-SCF grid: PySCF's grids.level (0 coarsest .. 9 finest; 3 is PySCF's default,
+# (50-75 radial, 302 angular) points per first- and second-row atom, NWChem pruning)
+DFT_GRID_LEVEL = 3
 
 
 _PATH = (str, os.PathLike, type(None))
@@ -78,6 +85,8 @@ _FIELD_TYPES = (
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
     ("cbs_scf", (str,), f"one of {', '.join(CBS_SCF_SCHEMES)}"),
     ("properties", (str, tuple, list), f"a list of property names ({', '.join(PROPERTY_CHOICES)})"),
+    ("method", (str,), f"one of {', '.join(METHODS)}"),
+    ("dft_grid", (Integral,), "a grid level from 0 to 9"),
 )
 
 
@@ -117,6 +126,8 @@ class RunOptions:
     )
     # after the energy (dfmp2.props, PROPERTY_CHOICES): names, or one comma-separated string; kept as a tuple
     properties: tuple = ()
+    method: str = "mp2"  # or a double hybrid (METHODS; names folded by double_hybrids.canonical)
+    dft_grid: int = DFT_GRID_LEVEL  # a double hybrid's KS-SCF grid level (PySCF's grids.level)
 
     def __post_init__(self):
         """Every field's type and range, as the CLI's parser checks them: a Python caller's
@@ -147,6 +158,11 @@ class RunOptions:
             if value is not None and value < 1:
                 raise InputError(f"option {name} must be at least 1, got {value!r}", option=name)
         self.properties = property_names(self.properties)
+        self.method = double_hybrids.canonical(self.method)
+        if not 0 <= self.dft_grid <= 9:
+            raise InputError(
+                f"option dft_grid must be a grid level from 0 to 9, got {self.dft_grid!r}", option="dft_grid"
+            )
 
     def resolved_precision(self) -> str:
         """The working precision: ``precision``, or the device's default; InputError for an

@@ -29,6 +29,7 @@ from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.linalg import DTYPES
 from dfmp2.memory import MemoryPlan, plan_memory
 from dfmp2.mp2 import dist as mp2_dist
+from dfmp2.mp2 import double_hybrids
 from dfmp2.mp2.stage import MP2Energies, mp2_stage
 from dfmp2.options import SCF_SCREEN, RunOptions
 from dfmp2.props import stage as props_stage
@@ -81,6 +82,8 @@ class Job:
     world: distributed.World = field(default_factory=distributed.World)  # the process group of the run
     warnings: list = field(default_factory=list)
     jk_pairs: int | None = None  # our DF-SCF's JK factor: the pairs screening keeps (None: every pair)
+    dh: object = None  # a double hybrid (double_hybrids.DoubleHybrid; RunOptions.method), else None: MP2
+    ks: dict | None = None  # a double hybrid's KS-SCF record (pyscf_scf.run_ks), set by reference_stage
 
     @property
     def unrestricted(self) -> bool:
@@ -201,8 +204,15 @@ def run_energy(
         properties = props_stage.property_stage(
             job.mol, ref, job.auxmol, job.jk_auxmol, job.backend, want, plan=props_plan
         )
+    disp = None
+    if job.dh is not None:  # E_disp from the geometry alone (None: no dispersion in the functional)
+        t0 = time.perf_counter()
+        disp = double_hybrids.dispersion_energy(job.mol, job.dh)[1]
+        timer.add("dispersion", t0, sync=False)
     result = make_result(job, ref, mp2, timer, plan, wall_s=time.perf_counter() - t_start)
     result.properties = properties
+    if job.dh is not None:  # the parts of its energy and the total
+        result.double_hybrid = double_hybrids.record(job.dh, ref.e_hf, mp2.e_os, mp2.e_ss, disp, job.ks)
     if world.distributed:
         result.ran["distributed"] = world.describe()
     return EnergyRun(job, ref, result)
@@ -216,6 +226,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     ``distributed.current()``)."""
     options.check_choices()
     _refuse_bracket(options)
+    dh = check_double_hybrid(options)
     precision = options.resolved_precision()
     if options.checkpoint and options.resume and Path(options.checkpoint).resolve() != Path(options.resume).resolve():
         raise InputError(
@@ -236,7 +247,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     props_stage.check_properties(options, uhf)
     jk_auxbasis = basis.default_auxbasis(mol, "jk") if options.scf_mode in pyscf_scf.SCF_DF_MODES else None
     jk_auxmol = basis.make_auxmol(mol, jk_auxbasis) if jk_auxbasis is not None else None
-    jk_pairs = jk.significant_pairs(mol, options.scf_screen) if options.scf_mode == "df" else None
+    jk_pairs = jk.significant_pairs(mol, options.scf_screen) if options.scf_mode == "df" and dh is None else None
     warnings = _input_warnings(mol, auxbasis, options, space.naux, jk_auxbasis) + notes
     if options.multiplicity is None and geom.multiplicity is None and mol.spin:
         warnings.append(
@@ -259,7 +270,31 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
         world if world is not None else distributed.current(),
         warnings,
         None if jk_pairs is None else len(jk_pairs),
+        dh,
     )
+
+
+def check_double_hybrid(options: RunOptions):
+    """The DoubleHybrid ``options.method`` names (None for MP2), checked before any work: its
+    dispersion package importable, and nothing asked for that a double hybrid does not have here
+    (properties and gradients need the PT2 term's response with the XC kernel; a checkpoint holds
+    an HF reference). One InputError each."""
+    dh = double_hybrids.get(options.method)
+    if dh is None:
+        return None
+    if options.properties:
+        raise InputError(
+            f"properties ({', '.join(options.properties)}) of a double hybrid ({dh.name}) need its relaxed "
+            "density (the PT2 response with the XC kernel), which dfmp2 does not compute; run without them",
+            option=("properties", "method"),
+        )
+    if options.checkpoint or options.resume:
+        raise InputError(
+            f"a double hybrid ({dh.name}) run is not checkpointed; run without a checkpoint",
+            option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)),
+        )
+    double_hybrids.check_dispersion_package(dh)
+    return dh
 
 
 def _refuse_bracket(options: RunOptions) -> None:
@@ -552,8 +587,9 @@ def stage_plan(
 
 
 def _our_scf(job: Job) -> bool:
-    """Whether our DF-SCF (dfmp2.scf.driver: DFRHF or DFUHF, on every device) makes the reference: SCF mode 'df'."""
-    return job.options.scf_mode == "df"
+    """Whether our DF-SCF (dfmp2.scf.driver: DFRHF or DFUHF, on every device) makes the reference: SCF mode
+    'df', for MP2 (a double hybrid's KS-SCF is PySCF's, pyscf_scf.run_ks)."""
+    return job.options.scf_mode == "df" and job.dh is None
 
 
 def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
@@ -672,6 +708,22 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         say(f"{kind} from checkpoint {ck.path}")
         ref = ck.load_scf()
         timer.add("checkpoint", t0)
+    elif job.dh is not None:  # a double hybrid: PySCF's DF-KS on the host with the functional's hybrid part
+        say(f"DF-{'UKS' if job.unrestricted else 'RKS'} ({job.dh.name}, PySCF on the host) ...")
+        ref, job.ks = pyscf_scf.run_ks(
+            job.mol,
+            job.dh,
+            options.scf_mode,
+            unrestricted=job.unrestricted,
+            grid_level=options.dft_grid,
+            max_cycle=options.scf_max_cycle,
+            progress=cycles,
+            conv_tol_grad=options.scf_conv_tol_grad,
+            memory_mb=plan.limit_mb,
+            scratch_dir=options.scratch_dir,
+            jk_auxbasis=job.jk_auxbasis,
+        )
+        timer.add("scf", t0)
     elif _our_scf(job):
         say(f"DF-{kind} on {job.backend.name} ...")
         ref = driver.run_scf(

@@ -230,12 +230,15 @@ def frozen_masks(frozen, nmo: int, noccs: list[int]) -> list[np.ndarray]:
     return [frozen_mask(list(f), nmo, n) for f, n in zip(frozen, noccs)]
 
 
-def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=None) -> Reference:
+def from_pyscf(
+    mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=None, kohn_sham: bool = False
+) -> Reference:
     """A converged PySCF RHF or UHF as a Reference (source 'pyscf'), ``frozen`` (PySCF's meaning,
     the same in both spins) taken out. ``scf``: the record of the SCF when we ran it (default:
-    converged by the caller). InputError for anything else (ROHF, GHF, Kohn-Sham, unconverged, a
-    non-aufbau occupation, nothing left to correlate)."""
-    kind = _check_pyscf_reference(mf)
+    converged by the caller). ``kohn_sham``: an RKS or UKS is taken too (a double hybrid's SCF,
+    dfmp2.scf.pyscf_scf.run_ks; e_hf is then its KS energy). InputError for anything else (ROHF,
+    GHF, Kohn-Sham unless asked for, unconverged, a non-aufbau occupation, nothing left to correlate)."""
+    kind = _check_pyscf_reference(mf, kohn_sham)
     unrestricted = kind == "UHF"
     C, eps, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy), np.asarray(mf.mo_occ)
     full = 1.0 if unrestricted else 2.0
@@ -266,8 +269,9 @@ def from_pyscf(mf, frozen=None, *, scf: ScfRecord | None = None, jk_auxbasis=Non
     return Reference(channels, float(mf.e_tot), "pyscf", scf, jk_auxbasis, s2, s2_exact, mf=mf)
 
 
-def _check_pyscf_reference(mf) -> str:
-    """'RHF' or 'UHF' for a converged PySCF Hartree-Fock object; InputError otherwise."""
+def _check_pyscf_reference(mf, kohn_sham: bool = False) -> str:
+    """'RHF' or 'UHF' for a converged PySCF Hartree-Fock object (or, with ``kohn_sham``, an RKS or
+    UKS); InputError otherwise."""
     from pyscf.scf import ghf, hf, rohf, uhf
 
     try:
@@ -277,7 +281,7 @@ def _check_pyscf_reference(mf) -> str:
     kind = type(mf).__name__
     if not isinstance(mf, hf.SCF):
         raise InputError(f"DFMP2 takes a PySCF SCF object (e.g. scf.RHF(mol).run()), got {kind}")
-    if KohnShamDFT and isinstance(mf, KohnShamDFT):
+    if KohnShamDFT and isinstance(mf, KohnShamDFT) and not kohn_sham:
         raise InputError(f"DFMP2 needs a Hartree-Fock reference; {kind} is Kohn-Sham DFT")
     if isinstance(mf, uhf.UHF) and not isinstance(mf, ghf.GHF):
         out = "UHF"

@@ -26,6 +26,7 @@ from dfmp2.cli.options import (
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
 from dfmp2.io.outputs import check_output_file
 from dfmp2.io.result import METHOD_SCALES as SCALES
+from dfmp2.mp2.double_hybrids import FUNCTIONALS
 from dfmp2.options import CONVERGENCE_SETS
 
 
@@ -65,8 +66,12 @@ def point_inputs(method_help: str):
                 device_options(),
                 scf_options(),
                 resource_options(),
-                click.option(
-                    "--method", type=click.Choice(tuple(SCALES)), default="mp2", show_default=True, help=method_help
+                click.option(  # double hybrids listed to be refused in one line (grad.run.check_gradient_options)
+                    "--method",
+                    type=click.Choice(tuple(SCALES) + tuple(FUNCTIONALS)),
+                    default="mp2",
+                    show_default=True,
+                    help=method_help + " (double hybrids: refused, no analytic derivatives)",
                 ),
             )
         ):

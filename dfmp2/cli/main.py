@@ -18,6 +18,7 @@ from dfmp2.cli.options import (
     cbs_options,
     checkpoint_options,
     device_options,
+    method_options,
     molecule_options,
     printing,
     properties_options,
@@ -125,6 +126,7 @@ def _resume_hint(params) -> str:
 
 @main.command()
 @click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False))
+@method_options()
 @molecule_options()
 @device_options()
 @scf_options()

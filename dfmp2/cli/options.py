@@ -42,6 +42,7 @@ from dfmp2.options import (
     DIST_SCF_MODES,
     ECP_CHOICES,
     INTEGRAL_ENGINES,
+    METHODS,
     PAIR_KERNEL_CHOICES,
     PRECISIONS,
     PROPERTY_CHOICES,
@@ -181,6 +182,18 @@ SPECS = {
         "e*bohr about the input's origin (0, 0, 0) (PySCF's convention); needs --scf df or pyscf-df. "
         "Comma-separated or repeated",
     ),
+    "method": dict(
+        type=click.Choice(METHODS, case_sensitive=False),
+        help="the energy: mp2 (DF-MP2 on the HF reference, SCS- and SOS-MP2 beside it) or a double hybrid: "
+        "PySCF's DF-RKS/UKS with the functional's hybrid part on the host, then this program's PT2 stage on "
+        "its orbitals with the functional's c_OS and c_SS, and its D3(BJ)/D4 dispersion "
+        "(pyscf-dispersion) where its definition has one (docs/double_hybrids.md)",
+    ),
+    "dft_grid": dict(
+        type=click.IntRange(0, 9),
+        help="a double hybrid's KS-SCF grid: PySCF's grids.level, 0 (coarsest) to 9; 3, PySCF's default, "
+        "gives 50-75 radial by 302 angular points per first- and second-row atom (pruned)",
+    ),
     # tuning (tests, benchmarks), not in --help
     "occ_block_max": dict(type=click.IntRange(min=1), hidden=True),
     "j3c_block_mb": dict(type=click.FloatRange(min=0, min_open=True), hidden=True),
@@ -201,6 +214,7 @@ GROUPS = {
     "checkpoint": ("checkpoint", "resume"),
     "cbs": ("cbs_scf",),
     "properties": ("properties",),
+    "method": ("method", "dft_grid"),
 }
 
 
@@ -238,6 +252,7 @@ resource_options = _group("resources")
 checkpoint_options = _group("checkpoint")
 cbs_options = _group("cbs")
 properties_options = _group("properties")
+method_options = _group("method")
 
 
 def parse_memory(value: str | None) -> float | None:

@@ -31,6 +31,7 @@ from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, mp2_gradient
 from dfmp2.io import molecule
 from dfmp2.io.result import Result
 from dfmp2.io.xyz import Geometry
+from dfmp2.mp2 import double_hybrids
 from dfmp2.options import RunOptions
 from dfmp2.props import stage as props_stage
 from dfmp2.scf import pyscf_scf
@@ -74,6 +75,7 @@ class GradientResult:
 
 def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> None:
     """InputError (one line, naming the option) for what the gradient does not do."""
+    double_hybrids.refuse_derivatives(method, options.method)
     if method not in SCALES:
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
     options.check_choices()

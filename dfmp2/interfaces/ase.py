@@ -42,6 +42,17 @@ from dfmp2.errors import InputError
 METHODS = {"mp2": "e_mp2", "scs-mp2": "e_scs_mp2", "sos-mp2": "e_sos_mp2"}  # -> Result.energies() key
 
 
+def _double_hybrid(method) -> str | None:
+    """The table's key of a double-hybrid ``method`` (dfmp2.mp2.double_hybrids: its energy is
+    ``e_total``, run as RunOptions.method; forces refused), None for one of METHODS."""
+    from dfmp2.mp2 import double_hybrids
+
+    if method in METHODS:
+        return None
+    key = double_hybrids.canonical(method)  # InputError naming the method for an unknown name
+    return None if key == "mp2" else key
+
+
 def _option_names() -> set:
     from dfmp2.options import RunOptions
 
@@ -69,12 +80,13 @@ class DFMP2Calculator(Calculator):
                 f"DFMP2Calculator has no parameter {', '.join(unknown)}; use method or one of "
                 f"{', '.join(sorted(_option_names()))}"
             )
-        method = kwargs.get("method", (self.parameters or {}).get("method", "mp2"))
-        if method not in METHODS:
+        old = (self.parameters or {}).get("method", "mp2")
+        method = kwargs.get("method", old)
+        if method not in METHODS and _double_hybrid(method) is None:
             raise InputError(f"unknown method {method!r}; use one of {', '.join(METHODS)}", option="method")
         changed = super().set(**kwargs)
         self.run_options()  # type-check what was set
-        if set(changed) - {"method"}:
+        if set(changed) - {"method"} or _double_hybrid(old) != _double_hybrid(method):  # another run
             self.reset()
         elif changed and "energy" in self.results:  # the same run, another of its energies
             self._store_energy()
@@ -88,7 +100,7 @@ class DFMP2Calculator(Calculator):
         """The method's energy (eV) from the last run; its forces (eV/Å) when the last gradient
         was of this method (another method's gradient is computed when asked for)."""
         method = self.parameters["method"]
-        energy = self.result.energies()[METHODS[method]] * Hartree
+        energy = self.result.energies()[METHODS.get(method, "e_total")] * Hartree
         self.results = {"energy": energy, "free_energy": energy}
         gr = self.gradient_result
         if gr is not None and gr.result is self.result and gr.method == method:
@@ -98,10 +110,13 @@ class DFMP2Calculator(Calculator):
             self.results["dipole"] = np.asarray(dip["relaxed"]["au"]) * Bohr
 
     def run_options(self):
-        """The RunOptions of the parameters (without ``method``)."""
+        """The RunOptions of the parameters (``method`` only when it is a double hybrid)."""
         from dfmp2.options import RunOptions
 
-        return RunOptions(**{k: v for k, v in self.parameters.items() if k != "method"})
+        dh = _double_hybrid(self.parameters.get("method", "mp2"))
+        return RunOptions(
+            **{k: v for k, v in self.parameters.items() if k != "method"}, **({"method": dh} if dh else {})
+        )
 
     def get_property(self, name, atoms=None, allow_calculation=True):
         if name not in self.implemented_properties:

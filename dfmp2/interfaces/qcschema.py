@@ -36,6 +36,7 @@ import json
 
 from dfmp2.errors import InputError, SCFNotConvergedError, shown
 from dfmp2.io.xyz import read_input_text
+from dfmp2.mp2 import double_hybrids
 from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES
 
 INSTALL = 'pip install -e ".[qcschema]"'
@@ -43,6 +44,7 @@ SCHEMA_VERSIONS = (1, 2)  # of the AtomicInput read (v2: QCEngine >= 0.50 hands 
 METHODS = ("mp2", "scs-mp2", "sos-mp2")  # dfmp2.io.result.METHOD_SCALES: return_energy is the method's
 # the energies (Result.energies) and Psi4's qcvar prefix of each method
 METHOD_ENERGY = {"mp2": ("e_mp2", "MP2"), "scs-mp2": ("e_scs_mp2", "SCS-MP2"), "sos-mp2": ("e_sos_mp2", "SOS-MP2")}
+DOUBLE_HYBRIDS = double_hybrids.FUNCTIONALS  # model.method of a double hybrid (docs/double_hybrids.md)
 DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.grad.run)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
@@ -212,9 +214,10 @@ def _settings(inp, where: str) -> dict:
             f"{where}: driver '{driver}' is not supported; dfmp2 computes driver {' and '.join(map(repr, DRIVERS))}"
         )
     method = str(spec.model.method).strip().lower()
-    if method not in METHODS:
+    if method not in METHODS and method not in DOUBLE_HYBRIDS:
         raise InputError(
-            f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use {', '.join(METHODS)}"
+            f"{where}: model.method '{shown(spec.model.method, 30)}' is not supported; use {', '.join(METHODS)} "
+            f"or a double hybrid ({', '.join(DOUBLE_HYBRIDS)})"
         )
     wfn = getattr(spec.protocols.wavefunction, "value", spec.protocols.wavefunction)
     if wfn != "none":
@@ -231,6 +234,8 @@ def _settings(inp, where: str) -> dict:
     if mult != round(mult):
         raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
     settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)), "multiplicity": int(round(mult))}
+    if method in DOUBLE_HYBRIDS:  # its gradient driver is refused by the gradient's own check
+        settings["method"] = method
     for key, value in spec.keywords.items():
         if key not in KEYWORDS:
             raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
@@ -363,7 +368,7 @@ def input_from_run(geom, options) -> dict:
         "schema_name": "qcschema_input",
         "schema_version": 1,
         "driver": "energy",
-        "model": {"method": "mp2", "basis": options.basis},
+        "model": {"method": options.method, "basis": options.basis},
         "keywords": keywords,
         "molecule": {
             "symbols": list(geom.symbols),
@@ -380,6 +385,16 @@ def properties(result, parts: dict, method: str = "mp2") -> dict:
     """The AtomicProperties of ``result`` (Hartree); ``parts``: ``ScfEnergyParts.values``;
     ``return_energy`` the ``method``'s total energy (METHOD_ENERGY)."""
     e = result.energies()
+    if result.double_hybrid:  # its parts: no MP2 energies of Kohn-Sham orbitals
+        return {
+            "calcinfo_nbasis": result.nbasis,
+            "calcinfo_nmo": result.nmo,
+            "calcinfo_natom": result.natm,
+            "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
+            "return_energy": e["e_total"],
+            "scf_total_energy": e["e_dft"],
+            "scf_dispersion_correction_energy": e["e_disp"],
+        }
     spin = result.spin or {}
     nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen  # frozen core included
     nbeta = spin.get("nocc_beta", result.nocc) + result.nfrozen
@@ -419,6 +434,14 @@ def qcvars(result, method: str = "mp2", gradient=None) -> dict:
     ``method``'s; with a gradient (gradrun.GradientResult) Psi4's gradient names too (N x 3,
     Hartree/Bohr): SCF TOTAL GRADIENT, <METHOD> TOTAL GRADIENT and CURRENT GRADIENT."""
     e = result.energies()
+    if result.double_hybrid:  # Psi4's names of a double hybrid's parts
+        return {
+            "DFT FUNCTIONAL TOTAL ENERGY": e["e_dft"],
+            "DOUBLE-HYBRID CORRECTION ENERGY": e["e_pt2"],
+            "DISPERSION CORRECTION ENERGY": e["e_disp"],
+            "DFT TOTAL ENERGY": e["e_total"],
+            "CURRENT ENERGY": e["e_total"],
+        }
     out = {
         "HF TOTAL ENERGY": e["e_hf"],
         "SCF TOTAL ENERGY": e["e_hf"],

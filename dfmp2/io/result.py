@@ -11,8 +11,10 @@ from datetime import datetime, timezone
 # multiplicity, wall_s, no '.' in any key (kernel maps as lists of {op, kernel, calls}); 4 = flops
 # per stage beside timings (the gradient's too); 5 = ``properties`` (null, or what --properties asked
 # for: the dipole moments with their units and origin, and the densities' record) and
-# ran.scf.jk_factor.screening (the JK factor's kept pairs)
-SCHEMA_VERSION = "5"
+# ran.scf.jk_factor.screening (the JK factor's kept pairs); 6 = ``double_hybrid`` (null, or a double
+# hybrid's functional, energy parts, dispersion and KS grid: docs/double_hybrids.md) and, for a double
+# hybrid, ``energies`` holding its parts (e_dft, e_corr_os, e_corr_ss, e_pt2, e_disp, e_total) only
+SCHEMA_VERSION = "6"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -112,9 +114,14 @@ class Result:
     # after the energy (RunOptions.properties; dfmp2.props.stage.record): {'dipole': {...}, 'densities':
     # {...}}; None: none asked for
     properties: dict | None = None
+    # a double hybrid (RunOptions.method; dfmp2.mp2.double_hybrids.record): functional, e_dft, e_pt2,
+    # e_disp, e_total (Hartree), dispersion, ks_scf (grid, fitting set); None: MP2. e_hf is then E(DFT)
+    double_hybrid: dict | None = None
 
     @property
     def _hf(self) -> str:
+        if self.double_hybrid:  # the KS-SCF of a double hybrid
+            return self.double_hybrid["ks_scf"]["kind"]
         return "UHF" if self.spin else "RHF"
 
     @property
@@ -134,6 +141,19 @@ class Result:
         return SOS_OS * self.e_os
 
     def energies(self) -> dict:
+        """Hartree. MP2: E(HF), the spin components, MP2, SCS- and SOS-MP2. A double hybrid: its
+        parts only (E(DFT), the unscaled spin components, the scaled PT2 term, E_disp, the total):
+        MP2 energies on Kohn-Sham orbitals mean nothing."""
+        if self.double_hybrid:
+            dh = self.double_hybrid
+            return {
+                "e_dft": self.e_hf,
+                "e_corr_os": self.e_os,
+                "e_corr_ss": self.e_ss,
+                "e_pt2": dh["e_pt2"],
+                "e_disp": dh["e_disp"],
+                "e_total": dh["e_total"],
+            }
         return {
             "e_hf": self.e_hf,
             "e_corr_os": self.e_os,
@@ -198,9 +218,9 @@ class Result:
             ("E_corr SOS-MP2", "e_corr_sos"),
             ("E(SOS-MP2)", "e_sos_mp2"),
         ]
-        for label, key in rows:
+        for label, key in [] if self.double_hybrid else rows:  # a double hybrid: its own table
             t.add_row(label, f"{e[key]:.10f}")
-        console.print(t)
+        console.print(double_hybrid_table(self) if self.double_hybrid else t)
         s = Table(title="problem and what ran", title_justify="left", show_header=False)
         s.add_column("k", no_wrap=True)  # a label stays whole however long its value (it is searched for)
         s.add_column("v")
@@ -218,6 +238,8 @@ class Result:
                     + (", from the checkpoint" if sr.get("source") == "checkpoint" else "")
                 ),
             )
+        if self.double_hybrid:
+            s.add_row("double hybrid", escape(double_hybrid_summary(self.double_hybrid)))
         s.add_row("ECP", escape(describe_ecp(self.ecp)))
         if self.spin:
             sp = self.spin
@@ -280,6 +302,46 @@ class Result:
 
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")
+
+
+def double_hybrid_table(result):
+    """The energies of a double hybrid (``Result.double_hybrid``) as a rich table: E(DFT), the
+    unscaled PT2 spin components, the scaled PT2 term, E_disp and the total, in Hartree."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    dh, e = result.double_hybrid, result.energies()
+    f = dh["functional"]
+    ks = dh["ks_scf"]["kind"]
+    t = Table(
+        title=f"double hybrid {escape(f['name'])} (DF-{ks} + DF-PT2)  {result.formula}  ({escape(result.molecule)})",
+        title_justify="left",
+    )
+    t.add_column("quantity")
+    t.add_column("energy / Eh", justify="right")
+    disp = dh["dispersion"]
+    for label, key in (
+        (f"E(DFT) ({ks}, the functional's hybrid part)", "e_dft"),
+        ("E_corr opposite-spin (unscaled)", "e_corr_os"),
+        ("E_corr same-spin (unscaled)", "e_corr_ss"),
+        (f"E_PT2 = {f['c_os']:g} OS + {f['c_ss']:g} SS", "e_pt2"),
+        (f"E_disp ({disp['label']})" if disp else "E_disp (none in its definition)", "e_disp"),
+        (f"E({escape(f['name'])})", "e_total"),
+    ):
+        t.add_row(label, f"{e[key]:.10f}")
+    return t
+
+
+def double_hybrid_summary(dh: dict) -> str:
+    """One line of ``Result.double_hybrid``: the xc definition, the KS grid and fitting set, the
+    dispersion's parameters (the 'problem and what ran' table)."""
+    f, ks, disp = dh["functional"], dh["ks_scf"], dh["dispersion"]
+    g = ks["grid"]
+    return (
+        f"{f['xc']}; KS on the host ({ks['engine']}), grid level {g['level']} ({g['points']} points, "
+        f"{g['prune']}), SCF fitting {ks['jk_auxbasis'] or 'none (exact J/K)'}; dispersion "
+        + (f"{disp['label']}, {disp['parameters']} ({disp['package']})" if disp else "none")
+    )
 
 
 def dipole_table(dip: dict):

@@ -126,6 +126,58 @@ def run_uhf(
     )
 
 
+def run_ks(
+    mol: gto.Mole,
+    dh,
+    scf_mode: str = "pyscf-df",
+    *,
+    unrestricted: bool = False,
+    grid_level: int = 3,
+    max_cycle: int = SCF_MAX_CYCLE,
+    progress=None,
+    conv_tol_grad: float = SCF_CONV_TOL_GRAD,
+    memory_mb: float | None = None,
+    scratch_dir=None,
+    jk_auxbasis=None,
+) -> tuple[Reference, dict]:
+    """A double hybrid's Kohn-Sham SCF (``dh``: a dfmp2.mp2.double_hybrids.DoubleHybrid) by PySCF on
+    the host: RKS, or UKS with ``unrestricted``, with ``dh``'s hybrid part (its xc string of libxc
+    components) on PySCF's grid of level ``grid_level``; density-fitted with the JK-fit set as
+    ``run_rhf`` ('df', 'pyscf-df') or with exact J/K ('exact'); converged to the same thresholds.
+    Returns (the Reference, e_hf its KS energy without PT2 and dispersion; the KS record: xc, grid
+    (level, points, pruning, radial and partition schemes), the SCF's fitting set)."""
+    from pyscf import dft
+
+    from dfmp2.mp2 import double_hybrids
+
+    xc = double_hybrids.register(dh)
+
+    def make(m):
+        mf = (dft.UKS if unrestricted else dft.RKS)(m)
+        mf.xc = xc
+        mf.grids.level = int(grid_level)
+        return mf
+
+    what = "UKS" if unrestricted else "RKS"
+    ref = _run_pyscf(make, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, scratch_dir, jk_auxbasis)
+    g = ref.mf.grids
+    ks = {
+        "engine": "pyscf.dft (libxc " + dft.libxc.__version__ + ")",
+        "kind": what,
+        "xc": dh.xc,
+        "grid": {
+            "level": int(grid_level),
+            "points": int(g.coords.shape[0]),
+            "prune": getattr(g.prune, "__name__", str(g.prune)),
+            "radial": getattr(g.radi_method, "__name__", str(g.radi_method)),
+            "partition": getattr(g.becke_scheme, "__name__", str(g.becke_scheme)),
+        },
+        "jk_auxbasis": ref.jk_auxbasis,
+        "device": "host",
+    }
+    return ref, ks
+
+
 def not_converged(
     what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, conv_tol_grad: float
 ) -> SCFNotConvergedError:
@@ -233,4 +285,6 @@ def _converge(
         df_tensor=df_storage,
         cycle_precision=cycle_precision("fp64", None, why="PySCF's SCF (fp64 on the host)", fp64_cycles=len(cycles)),
     )
-    return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux)
+    from pyscf.dft.rks import KohnShamDFT  # a double hybrid's KS-SCF (run_ks)
+
+    return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux, kohn_sham=isinstance(mf, KohnShamDFT))

@@ -402,6 +402,12 @@ def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool 
             "carry them; ask for them in a run with one basis",
             option=("properties", "basis"),
         )
+    if options.method != "mp2":
+        raise InputError(
+            f"a CBS extrapolation here is of MP2 (Helgaker's X^-3 for its correlation energy), not of the double "
+            f"hybrid {options.method}; run the double hybrid with one basis",
+            option=("method", "basis"),
+        )
     options.resolved_precision()
     if not checked:
         check_bases(sch, [geom], options)
