@@ -9,6 +9,9 @@ The PySCF drop-in class ``dfmp2.DFMP2`` (on a converged PySCF SCF) is dfmp2.inte
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 
 from dfmp2.errors import InputError
@@ -137,3 +140,23 @@ def geometry_from_mole(mol):
         source=f"pyscf.gto.Mole ({mol.natm} atoms)",
     )
     return geom, basis
+
+
+@contextlib.contextmanager
+def torch_threads(ncores: int | str | None):
+    """torch's intra-op thread count set to ``ncores`` for the call (QCEngine's cores for the task,
+    the ASE calculator's ``num_threads``; 'max': every CPU this process may run on), restored
+    afterwards; None: left as it is. InputError for anything else."""
+    import torch
+
+    if ncores == "max":
+        ncores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if ncores is not None and (isinstance(ncores, bool) or not isinstance(ncores, int) or ncores < 1):
+        raise InputError(f"num_threads must be a positive integer or 'max', got {ncores!r}", option="num_threads")
+    before = torch.get_num_threads()
+    if ncores:
+        torch.set_num_threads(int(ncores))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

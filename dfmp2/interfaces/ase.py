@@ -11,13 +11,15 @@ energy (dfmp2.props; about the origin of the Atoms' coordinates, a density-fitte
 gradient's densities when forces are computed in the same call, else from the density stage on the
 last run's reference.
 
-Parameters: ``method`` ('mp2', 'scs-mp2' or 'sos-mp2': which total energy is the ASE energy) and
-any ``dfmp2.options.RunOptions`` field (basis, auxbasis, frozen_core, device, precision, scf_mode,
-memory_mb, charge, multiplicity, ...), type-checked when set. Charge and multiplicity: the
-parameters when given, else the Atoms' total initial charge and total initial magnetic moment
-(2S + 1 = |sum of moments| + 1), else neutral and the lowest multiplicity. Forces (eV/Å): minus
-the analytic gradient of the ``method``'s energy (``gradrun.run_gradient``: RHF or UHF,
-density-fitted SCF, fp64 device); stress raises ``PropertyNotImplementedError``.
+Parameters: ``method`` ('mp2', 'scs-mp2' or 'sos-mp2': which total energy is the ASE energy),
+``num_threads`` (torch's threads during each calculation, an int or 'max', as ASE's Psi4 calculator
+takes it; default: as the process has them) and any ``dfmp2.options.RunOptions`` field (basis,
+auxbasis, frozen_core, device, precision, scf_mode, memory_mb, charge, multiplicity, ...), type-
+checked when set. Charge and multiplicity: the parameters when given, else the Atoms' total initial
+charge and total initial magnetic moment (2S + 1 = |sum of moments| + 1), else neutral and the
+lowest multiplicity. Forces (eV/Å): minus the analytic gradient of the ``method``'s energy
+(``gradrun.run_gradient``: RHF or UHF, density-fitted SCF, fp64 device); stress raises
+``PropertyNotImplementedError``.
 
 Every calculation runs the whole ``pipeline.run_geometry``, SCF included. Our DF-SCF (``scf_mode``
 'df', the default) starts from the previous calculation's density when the atoms' symbols, charge,
@@ -63,7 +65,7 @@ class DFMP2Calculator(Calculator):
     """ASE calculator of DF-MP2 / SCS-MP2 / SOS-MP2 total energies (eV); see the module docstring."""
 
     implemented_properties = ["energy", "free_energy", "forces", "dipole"]
-    default_parameters = {"method": "mp2"}
+    default_parameters = {"method": "mp2", "num_threads": None}
     discard_results_on_any_change = False  # set() decides: a change of method alone reuses the run
 
     def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):
@@ -74,19 +76,24 @@ class DFMP2Calculator(Calculator):
     def set(self, **kwargs):
         """Set parameters (ASE's ``set``): ``method`` or RunOptions fields. An unknown name or a
         value of the wrong type is an InputError now, not at the first energy."""
-        unknown = sorted(set(kwargs) - _option_names() - {"method", "parameters"})
+        unknown = sorted(set(kwargs) - _option_names() - {"method", "num_threads", "parameters"})
         if unknown:
             raise InputError(
-                f"DFMP2Calculator has no parameter {', '.join(unknown)}; use method or one of "
+                f"DFMP2Calculator has no parameter {', '.join(unknown)}; use method, num_threads or one of "
                 f"{', '.join(sorted(_option_names()))}"
             )
         old = (self.parameters or {}).get("method", "mp2")
         method = kwargs.get("method", old)
         if method not in METHODS and _double_hybrid(method) is None:
             raise InputError(f"unknown method {method!r}; use one of {', '.join(METHODS)}", option="method")
+        if "num_threads" in kwargs:
+            from dfmp2.interfaces.api import torch_threads
+
+            with torch_threads(kwargs["num_threads"]):  # checked now, not at the first energy
+                pass
         changed = super().set(**kwargs)
         self.run_options()  # type-check what was set
-        if set(changed) - {"method"} or _double_hybrid(old) != _double_hybrid(method):  # another run
+        if set(changed) - {"method", "num_threads"} or _double_hybrid(old) != _double_hybrid(method):  # another run
             self.reset()
         elif changed and "energy" in self.results:  # the same run, another of its energies
             self._store_energy()
@@ -115,7 +122,8 @@ class DFMP2Calculator(Calculator):
 
         dh = _double_hybrid(self.parameters.get("method", "mp2"))
         return RunOptions(
-            **{k: v for k, v in self.parameters.items() if k != "method"}, **({"method": dh} if dh else {})
+            **{k: v for k, v in self.parameters.items() if k not in ("method", "num_threads")},
+            **({"method": dh} if dh else {}),
         )
 
     def get_property(self, name, atoms=None, allow_calculation=True):
@@ -139,6 +147,14 @@ class DFMP2Calculator(Calculator):
             self._dipole()
             return
         super().calculate(atoms, properties, system_changes)
+        from dfmp2.interfaces.api import torch_threads
+
+        with torch_threads(self.parameters.get("num_threads")):
+            self._run(properties)
+
+    def _run(self, properties) -> None:
+        """``calculate``'s run on ``self.atoms``: the energy, with 'forces' the gradient, with
+        'dipole' the dipole; the results stored."""
         options = self.run_options()
         geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
         key = (geom.symbols, geom.charge, geom.multiplicity, options)

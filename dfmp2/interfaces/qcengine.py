@@ -23,7 +23,6 @@ device kernel that failed); ``error.extras["dfmp2_error"]`` names dfmp2's except
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, ClassVar, Dict
 
 try:
@@ -67,6 +66,7 @@ class DFMP2Harness(ProgramHarness):
         """Run ``input_model`` (a v2 AtomicInput) with QCEngine's ``config``: the v2
         AtomicResult, or a qcengine exception (InputError, ConvergenceError, ResourceError,
         UnknownError) carrying dfmp2's one-line message."""
+        from dfmp2.interfaces.api import torch_threads
         from dfmp2.interfaces.qcschema import run_qcschema
 
         try:
@@ -100,21 +100,6 @@ def run_options(input_model, config):
     if config.memory and "memory_mb" not in keywords and host:
         kw["memory_mb"] = float(config.memory) * GIB / MB
     return RunOptions(**kw)
-
-
-@contextlib.contextmanager
-def torch_threads(ncores: int | None):
-    """torch's intra-op thread count set to ``ncores`` (QCEngine's cores for the task) for the
-    call, restored afterwards; None: left as it is."""
-    import torch
-
-    before = torch.get_num_threads()
-    if ncores:
-        torch.set_num_threads(int(ncores))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def qcengine_error(e: Exception):

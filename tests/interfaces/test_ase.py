@@ -148,3 +148,28 @@ def test_stress_and_bad_parameters_are_clear_errors():
     periodic.calc = DFMP2Calculator(basis="sto-3g")
     with pytest.raises(InputError, match="periodic"):
         periodic.get_potential_energy()
+
+
+def test_num_threads_sets_torchs_threads_for_the_calculation_only():
+    """``num_threads`` (ASE's Psi4 calculator's name): the run's torch threads (``ran.threads``),
+    the process's own restored afterwards; 'max' every CPU the process may use; nonsense refused
+    when set."""
+    import os
+
+    import torch
+    from ase.build import molecule
+
+    from dfmp2.ase import DFMP2Calculator
+
+    before = torch.get_num_threads()
+    atoms = molecule("H2")
+    atoms.calc = DFMP2Calculator(basis="sto-3g", num_threads=1)
+    atoms.get_potential_energy()
+    assert atoms.calc.result.ran["threads"] == 1 and torch.get_num_threads() == before
+    atoms.calc.set(num_threads="max")
+    atoms.positions[1, 2] += 0.01
+    atoms.get_potential_energy()
+    assert atoms.calc.result.ran["threads"] == len(os.sched_getaffinity(0))
+    for bad in (0, 1.5, "all", True):
+        with pytest.raises(InputError, match="num_threads"):
+            DFMP2Calculator(num_threads=bad)
