@@ -766,7 +766,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             ref.scf.stability = stability.uhf_internal_pyscf(ref.mf).to_dict()
             timer.add("stability", t1)
     if ck is not None and ref.source != "checkpoint":
-        ck.save_scf(ref, options.scf_mode)
+        ck.save_scf(ref, options.scf_mode, job.mol)
     # every SCF engine keeps the orbitals of molecule.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, (ref.nmo, job.space)
     return ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))

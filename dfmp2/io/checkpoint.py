@@ -6,6 +6,9 @@ B, and the (e_os, e_ss) of every finished block pair.
     /scf             attrs: e_hf, nocc, scf_mode, jk_auxbasis, cycles, crc32 (of those)
     /scf/mo_coeff    (nao, nmo) fp64      attrs: crc32
     /scf/mo_energy   (nmo,) fp64          attrs: crc32
+    /scf/mo_occ, /scf/e_tot, /mol   PySCF's chkfile layout (occupations, E(HF), ``mol.dumps()``), for a
+                     PySCF restart (``lib.chkfile.load_mol``, ``scf.chkfile.load(path, 'scf')``,
+                     ``mf.from_chk(path)``); never read back here, so not checksummed
     /B               flat block-major B (dfmp2.df.outofcore), the pair step's dtype
                      attrs: complete, metric, metric_dropped, info_crc32 (of metric, metric_dropped)
     /B_crc           (nblocks,) int64: crc32 of each block of B as written, -1 before
@@ -434,9 +437,12 @@ class Checkpoint:
         return self.f.create_group(name)
 
     @_writes
-    def save_scf(self, ref, scf_mode: str) -> None:
+    def save_scf(self, ref, scf_mode: str, mol=None) -> None:
         """Write the RHF or UHF ``ref`` (dfmp2.reference.Reference, nothing frozen) of ``scf_mode``
-        (UHF: both channels stacked, nocc_beta and <S^2> with the attributes)."""
+        (UHF: both channels stacked, nocc_beta and <S^2> with the attributes). For PySCF, beside
+        ours (never read back here, so without crc32): /scf/mo_occ, /scf/e_tot and, given the
+        PySCF ``mol``, /mol (``mol.dumps()``), the layout of PySCF's chkfile: ``scf.chkfile.load(path,
+        'scf')``, ``lib.chkfile.load_mol(path)`` and ``mf.init_guess = 'chk'`` read it."""
         assert len(ref.channels) == (2 if self.unrestricted else 1), (len(ref.channels), self.unrestricted)
         g = self._fresh_group("scf_tmp")
         for name in ("mo_coeff", "mo_energy"):
@@ -447,6 +453,13 @@ class Checkpoint:
                 dtype=np.float64,
             )
             g.create_dataset(name, data=a).attrs["crc32"] = block_crc(a)
+        occ = [np.where(np.arange(ch.nmo) < ch.nocc, 1.0 if self.unrestricted else 2.0, 0.0) for ch in ref.channels]
+        g.create_dataset("mo_occ", data=np.stack(occ) if self.unrestricted else occ[0])  # PySCF's
+        g.create_dataset("e_tot", data=float(ref.e_hf))  # PySCF's
+        if mol is not None:
+            if "mol" in self.f:
+                del self.f["mol"]
+            self.f.create_dataset("mol", data=mol.dumps())  # PySCF's lib.chkfile.save_mol layout
         g.attrs["e_hf"] = float(ref.e_hf)
         g.attrs["nocc"] = int(ref.channels[0].nocc)
         g.attrs["scf_mode"] = scf_mode

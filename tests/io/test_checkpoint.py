@@ -315,13 +315,15 @@ def test_corrupted_checkpoints_are_refused(water_checkpoint, tmp_path):
 
 # every dataset of a finished checkpoint: if one is added, it must be added here (and checksummed)
 DATASETS = ["B", "B_crc", "pairs/crc", "pairs/done", "pairs/sums", "scf/mo_coeff", "scf/mo_energy"]
+# PySCF's chkfile layout beside ours (for a PySCF restart): never read back by dfmp2, so no checksum
+PYSCF_DATASETS = ["mol", "scf/e_tot", "scf/mo_occ"]
 
 
 def test_every_dataset_is_listed_for_the_flip_test(water_checkpoint):
     with h5py.File(water_checkpoint[0], "r") as f:
         names = []
         f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-    assert sorted(names) == DATASETS
+    assert sorted(names) == sorted(DATASETS + PYSCF_DATASETS)
 
 
 def flip_byte(path, dataset, where=0.5):
@@ -549,7 +551,7 @@ def test_every_uhf_dataset_is_listed_for_the_flip_test(oh_checkpoint):
         names = []
         f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         fp = json.loads(f.attrs["fingerprint"])
-    assert sorted(names) == UHF_DATASETS
+    assert sorted(names) == sorted(UHF_DATASETS + PYSCF_DATASETS)
     assert fp["reference"] == "UHF" and fp["shapes"]["nocc_beta"] == 4 and fp["shapes"]["nocc"] == 5
 
 
@@ -634,3 +636,24 @@ def test_killed_uhf_process_resumes_to_the_uninterrupted_energy(tmp_path, uhf_un
     e, ref = d["energies"], uhf_uninterrupted
     assert (e["e_corr_os"], e["e_corr_ss"], e["e_hf"]) == (ref.e_os, ref.e_ss, ref.e_hf)
     assert d["ran"]["storage"]["from_checkpoint"]["pairs"] == ndone
+
+
+@pytest.mark.parametrize("which", ["rhf", "uhf"])
+def test_pyscf_restarts_from_our_checkpoint(water_checkpoint, oh_checkpoint, tmp_path, which):
+    """PySCF reads our checkpoint as its own chkfile (issue 41): ``lib.chkfile.load_mol`` gives the
+    molecule, ``scf.chkfile.load(path, 'scf')`` the orbitals, and a DF-SCF started from them
+    (``mf.from_chk``) is converged at once, at our E(HF) (1e-9 Eh); the file still resumes."""
+    from pyscf import lib
+    from pyscf import scf as pyscf_scf
+
+    ck, first = water_checkpoint if which == "rhf" else oh_checkpoint
+    ck = copy(ck, tmp_path / "c.h5")
+    mol = lib.chkfile.load_mol(str(ck))
+    saved = pyscf_scf.chkfile.load(str(ck), "scf")
+    assert abs(saved["e_tot"] - first.e_hf) < 1e-12 and saved["mo_occ"].sum() == mol.nelectron
+    mf = (pyscf_scf.UHF if which == "uhf" else pyscf_scf.RHF)(mol).density_fit(auxbasis=first.jk_auxbasis)
+    mf.conv_tol, mf.verbose = 1e-12, 0
+    mf.kernel(dm0=mf.from_chk(str(ck)))
+    assert mf.converged and mf.cycles <= 3 and abs(mf.e_tot - first.e_hf) < 1e-9
+    again = run(WATER if which == "rhf" else OH, RunOptions(**BLOCKS, resume=str(ck)))
+    assert same_bits(again, first)
