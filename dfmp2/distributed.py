@@ -158,6 +158,21 @@ class World:
         self.count(stage, w.numel() * w.element_size(), time.perf_counter() - t0)
         return w.to(t.device)
 
+    def gather_objects(self, obj, stage: str) -> list:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank (one process: [obj])."""
+        if not self.distributed:
+            return [obj]
+        import pickle
+
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        out = [None] * self.size
+        with self.talking(stage, "gathering results from the ranks"):
+            dist.all_gather_object(out, obj)
+        self.count(stage, len(pickle.dumps(obj)), time.perf_counter() - t0)
+        return out
+
     def shift(self, send: torch.Tensor | None, recv: torch.Tensor | None, to: int, frm: int, stage: str) -> None:
         """Send ``send`` to rank ``to`` while receiving ``recv`` (its shape known) from ``frm``;
         either may be None (nothing that way)."""
@@ -354,6 +369,8 @@ def fault(point: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if how == "hang":  # alive but silent: the others' timeout must end them
             time.sleep(_current.timeout_s * 3)
+        if how == "refuse":  # an expected error (one line), as a bad input on that rank would give
+            raise InputError(f"test refusal at {point} on rank {rank}")
         raise RuntimeError(f"test fault at {point} on rank {rank}")
 
 

@@ -119,6 +119,7 @@ def run_geometry(
     backend=None,
     on_reference=None,
     guess=None,
+    world=None,
 ) -> Result:
     """Run DF-MP2 on a parsed geometry: prepare, plan, reference, MP2, result (``run_energy``'s
     Result). Everything cheap is checked before the heavy work (``on_plan(plan)`` sees the memory
@@ -127,24 +128,28 @@ def run_geometry(
     total)``: block pairs; ``on_reference(mol, ref)``, after the run: the PySCF Mole and the
     converged Reference (``run_energy`` returns both; kept for callers that only want a look);
     ``guess``: our DF-SCF's starting density (``Reference.density()`` of a previous geometry of
-    the same molecule and basis, as the ASE calculator passes; default PySCF's 'minao'). PySCF's
+    the same molecule and basis, as the ASE calculator passes; default PySCF's 'minao'); ``world``:
+    the process group (default ``distributed.current()``; a task of a task-parallel command: a
+    one-process World, ``dfmp2.workflows.tasks``). PySCF's
     SCF (``pyscf-df``, ``exact``) starts from 'minao' whatever is given: on a small step PySCF took
     more cycles from the previous density than from 'minao', ours fewer
     (scripts/results/docstring-measurements.md). ``ran.scf.guess`` says which it started from."""
-    done = energy_run(geom, options, progress=progress, log=log, on_plan=on_plan, backend=backend, guess=guess)
+    done = energy_run(
+        geom, options, progress=progress, log=log, on_plan=on_plan, backend=backend, guess=guess, world=world
+    )
     if on_reference is not None:
         on_reference(done.job.mol, done.ref)
     return done.result
 
 
 def energy_run(
-    geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None, backend=None, guess=None
+    geom: Geometry, options: RunOptions, progress=None, log=None, on_plan=None, backend=None, guess=None, world=None
 ) -> EnergyRun:
     """``run_geometry``'s run, returning the whole EnergyRun (Job, Reference, Result) for a caller
     that goes on with its molecule and reference (QCSchema's SCF parts, the ASE calculator's next
     guess); the Result's wall_s counts the preparation too."""
     t_start = time.perf_counter()
-    job = prepare_run(geom, options, backend, log)
+    job = prepare_run(geom, options, backend, log, world=world)
     return run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start)
 
 

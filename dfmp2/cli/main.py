@@ -331,25 +331,39 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
     atoms with their orbital and fitting basis sets) and on each fragment in its own basis, all
     on one device; prints ΔE(HF), ΔE(MP2), ΔE(SCS-MP2) in Eh and kcal/mol.
     """
+    from dfmp2 import distributed
+
+    world = distributed.join(params["device"])  # torchrun: the runs are dealt to the ranks
+    with distributed.command(world):
+        _interaction(world, xyz_file, fragments, fragment_charges, fragment_multiplicities, json_path, quiet, params)
+
+
+def _interaction(world, xyz_file, fragments, fragment_charges, fragment_multiplicities, json_path, quiet, params):
+    """``interaction`` on this rank (every rank checks everything and runs its share of the runs;
+    rank 0 alone prints and writes)."""
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.interaction import resolve_fragments, run_interaction
 
     console = stdout_console(width=120)  # files and pipes get the whole table
     err = Console(stderr=True)
-    geom = read_xyz(xyz_file)
-    frags = resolve_fragments(
-        geom, fragments, fragment_charges, fragment_multiplicities, params["charge"], params["multiplicity"]
-    )
-    options = run_options(params)
-    if json_path is not None:  # before any work ('' too: refused as no file name)
-        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+    with world.agreeing():  # a refusal on one rank ends every rank, before any work
+        geom = read_xyz(xyz_file)
+        frags = resolve_fragments(
+            geom, fragments, fragment_charges, fragment_multiplicities, params["charge"], params["multiplicity"]
+        )
+        options = run_options(params)
+        if json_path is not None and not world.rank:  # before any work ('' too: refused as no file name)
+            check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+    quiet = quiet or bool(world.rank)
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
     log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     try:
         with terminate_raises():
-            result = run_interaction(geom, frags, options, log=log, progress=progress)
+            result = run_interaction(geom, frags, options, log=log, progress=progress, world=world)
     finally:
         progress.close()
+    if world.rank:  # rank 0 alone writes and prints
+        return
     if json_path:  # before the table: a stdout that fails must not lose the result
         result.write_json(json_path)
     with printing(written=(json_path,)):

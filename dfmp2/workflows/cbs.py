@@ -381,11 +381,15 @@ def check_bases(sch: Scheme, geoms, options) -> None:
             df_basis.mp2_auxbasis(mol, options.auxbasis)
 
 
-def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool = False, on_plan=None) -> CBSResult:
+def run_cbs(
+    geom, options, progress=None, log=None, backend=None, checked: bool = False, on_plan=None, world=None
+) -> CBSResult:
     """Run DF-MP2 at every basis of ``options.basis`` (a bracket) on one backend and extrapolate
     (``scheme(options.basis, options.cbs_scf)``). ``checked``: the bases were already checked on
     this geometry (``check_bases``); ``on_plan(plan)`` sees each basis's memory plan. Each
-    component's ``ran['kernels']`` counts its own calls."""
+    component's ``ran['kernels']`` counts its own calls. ``world``: the process group (default
+    ``distributed.current()``): over several ranks the bases are dealt to the ranks, one whole
+    one-process run each (``dfmp2.workflows.tasks``), and every rank gets every component."""
     from dfmp2.io import molecule as io_molecule
     from dfmp2.pipeline import make_backend
 
@@ -408,49 +412,68 @@ def run_cbs(geom, options, progress=None, log=None, backend=None, checked: bool 
             f"hybrid {options.method}; run the double hybrid with one basis",
             option=("method", "basis"),
         )
-    options.resolved_precision()
-    if not checked:
-        check_bases(sch, [geom], options)
-    if backend is None:
-        backend = make_backend(
-            options,
-            unrestricted=io_molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)
-            == "uhf",
-        )
-    t0, start = time.perf_counter(), dict(backend.kernels_used)
-    components, warnings = [], []
-    for n, b in enumerate(sch.bracket.bases, start=1):
-        say(f"CBS basis {n}/{len(sch.bracket.bases)}: {b} ...")
-        one = replace(options, basis=b, cbs_scf=RunOptions.cbs_scf)  # one basis: no scheme
+    from dfmp2 import distributed
+    from dfmp2.workflows import tasks
+
+    world = world if world is not None else distributed.current()
+    with world.agreeing():  # over several ranks: every rank refuses together, before any work
+        options.resolved_precision()
+        if not checked:
+            check_bases(sch, [geom], options)
+        mine = distributed.rank_options(options, world)
+        if backend is None:
+            ref = io_molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)
+            backend = make_backend(mine, unrestricted=ref == "uhf")
+    world.agree(None)
+    t0 = time.perf_counter()
+    bases = sch.bracket.bases
+
+    def one_basis(n, single):
+        b = bases[n]
+        say(f"CBS basis {n + 1}/{len(bases)}: {b}" + (f" (rank {world.rank})" if world.distributed else "") + " ...")
+        one = replace(mine, basis=b, cbs_scf=RunOptions.cbs_scf)  # one basis: no scheme
         try:
-            res = run_own_kernels(geom, one, backend, progress=progress, log=log, on_plan=on_plan)
+            return run_own_kernels(geom, one, backend, progress=progress, log=log, on_plan=on_plan, world=single)
         except InputError as e:  # which basis of the bracket failed, with the same option
             raise type(e)(
-                f"{b} (basis {n} of {shown(options.basis)}): {e}", option=getattr(e, "option", None)
+                f"{b} (basis {n + 1} of {shown(options.basis)}): {e}", option=getattr(e, "option", None)
             ) from None
-        components.append(res)
-        warnings += [f"{b}: {w}" for w in res.warnings]
+
+    if world.distributed:
+        components = tasks.deal(len(bases), one_basis, world, stage="cbs")
+    else:  # one process: the bases in turn, as they always ran
+        components = [one_basis(n, world) for n in range(len(bases))]
+    warnings = [f"{b}: {w}" for b, res in zip(bases, components) for w in res.warnings]
     ran = dict(components[-1].ran)
-    ran["kernels"] = {k: c - start.get(k, 0) for k, c in sorted(backend.kernels_used.items()) if c - start.get(k, 0)}
+    ran["kernels"] = summed_kernels(components)
     return CBSResult(scheme=sch, components=components, ran=ran, wall_s=time.perf_counter() - t0, warnings=warnings)
 
 
-def run_own_kernels(geom, options, backend, progress=None, log=None, on_plan=None):
+def summed_kernels(results) -> dict:
+    """{op:kernel: calls} over ``results`` (each's ``ran['kernels']`` its own calls), sorted."""
+    total: dict = {}
+    for res in results:
+        for k, c in res.ran["kernels"].items():
+            total[k] = total.get(k, 0) + c
+    return dict(sorted(total.items()))
+
+
+def run_own_kernels(geom, options, backend, progress=None, log=None, on_plan=None, world=None):
     """``pipeline.run_geometry`` on a shared backend, its ``ran['kernels']`` this run's own calls
-    (the backend counts over its life)."""
+    (the backend counts over its life); ``world`` as ``run_geometry``'s."""
     from dfmp2.pipeline import run_geometry
 
     if backend is None:  # a backend of its own: its kernels are this run's
-        return run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan)
+        return run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan, world=world)
     before = dict(backend.kernels_used)
-    res = run_geometry(geom, options, progress=progress, log=log, backend=backend, on_plan=on_plan)
+    res = run_geometry(geom, options, progress=progress, log=log, backend=backend, on_plan=on_plan, world=world)
     res.ran["kernels"] = {k: c - before.get(k, 0) for k, c in res.ran["kernels"].items() if c - before.get(k, 0)}
     return res
 
 
-def run_point(geom, options, progress=None, log=None, backend=None, checked: bool = False):
+def run_point(geom, options, progress=None, log=None, backend=None, checked: bool = False, world=None):
     """One geometry at ``options.basis``: a Result (one basis) or a CBSResult (a bracket), its
-    ``ran['kernels']`` its own calls on a shared ``backend``."""
+    ``ran['kernels']`` its own calls on a shared ``backend``; ``world`` as ``run_geometry``'s."""
     if is_bracket(options.basis):
-        return run_cbs(geom, options, progress=progress, log=log, backend=backend, checked=checked)
-    return run_own_kernels(geom, options, backend, progress=progress, log=log)
+        return run_cbs(geom, options, progress=progress, log=log, backend=backend, checked=checked, world=world)
+    return run_own_kernels(geom, options, backend, progress=progress, log=log, world=world)

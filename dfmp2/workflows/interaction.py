@@ -507,50 +507,74 @@ def check_runs(jobs, options) -> None:
         basis.mp2_auxbasis(mol, options.auxbasis)
 
 
-def run_interaction(geom: Geometry, frags: Fragments, options, log=None, progress=None) -> InteractionResult:
-    """Run the 2N+1 DF-MP2 calculations on one backend and form the interaction energies.
+def run_interaction(
+    geom: Geometry, frags: Fragments, options, log=None, progress=None, world=None
+) -> InteractionResult:
+    """Run the 2N+1 DF-MP2 calculations and form the interaction energies.
     ``options`` (pipeline.RunOptions): charge and multiplicity are taken from ``frags``;
     no checkpoint. ``log(msg)`` gets a line as each run starts. A basis bracket (cc-pv[dt]z):
     each of the 2N+1 runs is a CBS extrapolation (dfmp2.workflows.cbs.run_cbs) and the interaction
-    energies are differences of extrapolated energies, as Psi4 forms them."""
+    energies are differences of extrapolated energies, as Psi4 forms them. ``world``: the process
+    group (default ``distributed.current()``): one process runs them in turn on one backend; over
+    several ranks the runs are dealt to the ranks, each a whole one-process run
+    (``dfmp2.workflows.tasks``), and every rank gets every run (the same numbers as one process)."""
+    from dfmp2 import distributed
     from dfmp2.pipeline import make_backend
-    from dfmp2.workflows.cbs import run_point
+    from dfmp2.workflows import tasks
+    from dfmp2.workflows.cbs import run_point, summed_kernels
 
     say = log or (lambda msg: None)
-    if options.checkpoint or options.resume:
-        raise InputError(
-            "interaction energies are not checkpointed; run without a checkpoint",
-            option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)),
-        )
-    if options.properties:
-        raise InputError(
-            f"interaction energies do not carry properties ({', '.join(options.properties)}); ask for them "
-            "in a run of one molecule (dfmp2 run --properties)",
-            option="properties",
-        )
-    options = replace(options, charge=None, multiplicity=None)
-    options.resolved_precision()
-    jobs = run_geometries(geom, frags)
-    check_runs(jobs, options)
-    # one device for all runs (no fallback in between); open-shell runs need the backend's
-    # opposite-spin pair path (cuda: gemm+epilogue)
-    unrestricted = any(io_molecule.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
-    backend = make_backend(options, unrestricted=unrestricted)
+    world = world if world is not None else distributed.current()
+    with world.agreeing():  # over several ranks: every rank refuses together, before any work
+        if options.checkpoint or options.resume:
+            raise InputError(
+                "interaction energies are not checkpointed; run without a checkpoint",
+                option=tuple(o for o in ("checkpoint", "resume") if getattr(options, o)),
+            )
+        if options.properties:
+            raise InputError(
+                f"interaction energies do not carry properties ({', '.join(options.properties)}); ask for them "
+                "in a run of one molecule (dfmp2 run --properties)",
+                option="properties",
+            )
+        options = replace(options, charge=None, multiplicity=None)
+        options.resolved_precision()
+        jobs = run_geometries(geom, frags)
+        check_runs(jobs, options)
+        # one device for all runs (no fallback in between); open-shell runs need the backend's
+        # opposite-spin pair path (cuda: gemm+epilogue)
+        unrestricted = any(io_molecule.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
+        mine = distributed.rank_options(options, world)  # each rank's runs on its own device
+        backend = make_backend(mine, unrestricted=unrestricted)
+    world.agree(None)
     t0 = time.perf_counter()
-    runs, warnings = [], []
-    for n, (kind, k, g) in enumerate(jobs, start=1):
-        label = f"run {n}/{len(jobs)} ({run_label(frags, kind, k)})"
-        say(f"{label} ...")
+
+    def one_run(n, single):
+        kind, k, g = jobs[n]
+        label = f"run {n + 1}/{len(jobs)} ({run_label(frags, kind, k)})"
+        say(f"{label}" + (f" on rank {world.rank}" if world.distributed else "") + " ...")
         t1 = time.perf_counter()
         try:  # each run's ran['kernels']: its own calls on the shared backend
-            res = run_point(g, options, progress=progress, backend=backend, checked=True)
+            res = run_point(g, mine, progress=progress, backend=backend, checked=True, world=single)
         except InputError as e:  # which of the 2N+1 runs failed, with the same option
             raise type(e)(f"{label}: {e}", option=getattr(e, "option", None)) from None
-        runs.append(Run(kind, k, res, time.perf_counter() - t1))
-        warnings += [w for w in res.warnings if w not in warnings]
-    # what ran, for all runs (one backend); the metric and where B lived are per run, in 'runs'
+        return Run(kind, k, res, time.perf_counter() - t1)
+
+    if world.distributed:
+        runs = tasks.deal(len(jobs), one_run, world, stage="interaction")
+    else:
+        runs = [one_run(n, world) for n in range(len(jobs))]
+    warnings = []
+    for run in runs:
+        warnings += [w for w in run.result.warnings if w not in warnings]
+    # what ran, for all runs; the metric and where B lived are per run, in 'runs'
     ran = {k: v for k, v in runs[0].result.ran.items() if k not in ("metric", "storage")}
-    ran["kernels"] = dict(sorted(backend.kernels_used.items()))
+    ran["kernels"] = summed_kernels([r.result for r in runs])
+    if world.distributed:
+        ran["ranks"] = {
+            "world_size": world.size,
+            "runs_per_rank": [len(range(r, len(jobs), world.size)) for r in range(world.size)],
+        }
     return InteractionResult(
         molecule=geom.source,
         fragments=frags,

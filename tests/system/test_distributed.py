@@ -347,3 +347,67 @@ def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
     lines = _error_lines(res)
     assert len(lines) == 1 and "not a dfmp2 frequency checkpoint" in lines[0], res
     assert max(t for _, _, t in res) < 60
+
+
+# ---- task-parallel commands (issue 42): whole runs dealt to the ranks ---------------------------
+DIMER = ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz"
+
+
+def _torchrun(tmp_path, ranks: int, args: list, command: str):
+    cmd = [sys.executable, "-m", "dfmp2", command, *args]
+    if ranks > 1:
+        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S * 2, cwd=tmp_path)
+    return p, time.perf_counter() - t0
+
+
+def test_interaction_over_three_ranks_equals_one_process(tmp_path):
+    """`torchrun --nproc-per-node 3 -m dfmp2 interaction` on the S22 water dimer: the 5 runs dealt
+    to the ranks (2, 2, 1), each a one-process run, so every energy equals one process's bit for
+    bit (equal threads per process); rank 0 alone prints and writes."""
+    args = [str(DIMER), "--fragments", "1-3,4-6", "--basis", "sto-3g", "--cpu-blas", "torch"]
+    outs = {}
+    for ranks in (1, 3):
+        out = tmp_path / f"ie-{ranks}.json"
+        p, _ = _torchrun(tmp_path, ranks, [*args, "--json", str(out)], "interaction")
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.count("CP-corrected") == 1, p.stdout  # one table
+        outs[ranks] = json.loads(out.read_text())
+    one, three = outs[1], outs[3]
+    assert [r["result"]["energies"] for r in three["runs"]] == [r["result"]["energies"] for r in one["runs"]]
+    assert three["interaction_energies"] == one["interaction_energies"]
+    assert three["ran"]["ranks"] == {"world_size": 3, "runs_per_rank": [2, 2, 1]} and "ranks" not in one["ran"]
+
+
+@pytest.mark.parametrize("how", ["refuse", "kill"])
+def test_a_failing_run_ends_every_rank(tmp_path, how):
+    """A run that fails on one rank (the test hook: an InputError there, or the process killed)
+    ends every rank promptly: the refusal with one error line from that rank and exit 2 on all;
+    a killed rank with one error line from the survivor naming the lost rank."""
+    args = [str(DIMER), "--fragments", "1-3,4-6", "--basis", "sto-3g", "-q"]
+    out = _launch(tmp_path, [args, args], command="interaction", DFMP2_TEST_FAULT=f"task:1:{how}")
+    codes = [rc for rc, _, _ in out]
+    errors = [ln for _, err, _ in out for ln in err.splitlines() if ln.startswith("error:")]
+    assert all(seconds < LIMIT_S for _, _, seconds in out) and not any("Traceback" in e for _, e, _ in out)
+    assert len(errors) == 1, errors
+    if how == "refuse":
+        assert codes == [2, 2] and "test refusal at task on rank 1" in errors[0]
+    else:
+        assert codes[0] == 2 and codes[1] == -9 and "lost contact" in errors[0]
+
+
+def test_cbs_bracket_over_two_ranks_equals_one_process(tmp_path):
+    """`dfmp2 run --basis cc-pv[dt]z` under torchrun: each basis on its own rank, the extrapolated
+    energies equal one process's bit for bit."""
+    mol = tmp_path / "w.xyz"
+    mol.write_text(WATER)
+    res = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"cbs-{ranks}.json"
+        args = [str(mol), "--basis", "cc-pv[dt]z", "--cpu-blas", "torch", "-q", "--json", str(out)]
+        p, _ = _torchrun(tmp_path, ranks, args, "run")
+        assert p.returncode == 0, p.stderr[-3000:]
+        res[ranks] = json.loads(out.read_text())
+    assert res[2]["energies"] == res[1]["energies"]
+    assert [c["energies"] for c in res[2]["components"]] == [c["energies"] for c in res[1]["components"]]
