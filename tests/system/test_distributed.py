@@ -347,3 +347,57 @@ def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
     lines = _error_lines(res)
     assert len(lines) == 1 and "not a dfmp2 frequency checkpoint" in lines[0], res
     assert max(t for _, _, t in res) < 60
+
+
+# ---------------------------------------------------------------- the ranks agree on their input (issue 43)
+SMALL = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
+
+
+def _refused_on_every_rank(tmp_path, res, *fragments):
+    """Every rank exit 2 within 30 s, one error line in all (rank 0's) naming what differs, no JSON."""
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1, res
+    assert "the ranks did not read the same input" in lines[0], lines
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    assert not any("Traceback" in err for _, err, _ in res), res
+    assert max(t for _, _, t in res) < 30, res
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("dist_scf", ["split", "replicated"])
+def test_ranks_reading_coordinates_1e6_apart_are_refused(tmp_path, dist_scf):
+    """Two ranks whose files differ by 1e-6 Å in one coordinate (a node-local copy): refused before
+    any integral (issue 43: mixed molecules printed energies 1.9e-5 Eh off, or aborted)."""
+    (tmp_path / "a.xyz").write_text(WATER)
+    (tmp_path / "b.xyz").write_text(WATER.replace("0.117", "0.117001"))
+    args = [*SMALL, "--dist-scf", dist_scf, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [[str(tmp_path / "a.xyz"), *args], [str(tmp_path / "b.xyz"), *args]])
+    _refused_on_every_rank(tmp_path, res, "they differ in the coordinates (bit for bit)", "rank 0 vs rank 1")
+
+
+def test_an_option_on_one_rank_only_is_refused(tmp_path):
+    """``--frozen-core`` on rank 1 only (two argv, as a launcher script picking them by RANK would):
+    refused, naming the option and its flag (issue 43: a gloo abort before)."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, [*args, "--frozen-core"]])
+    _refused_on_every_rank(
+        tmp_path, res, "they differ in option frozen_core (rank 0: False vs rank 1: True)", "--frozen-core"
+    )
+
+
+def test_digests_name_what_differs_and_where():
+    from dfmp2 import distributed
+
+    same = {"the atoms": ["O", "H"], "coordinates": [0.1, 0.2], "option basis": "sto-3g"}
+    d = [distributed.digests(same) for _ in range(3)]
+    assert distributed.differing(d) is None
+    d[1] = distributed.digests({**same, "coordinates": [0.1, 0.2 + 2**-52 * 0.2]})  # one bit
+    d[2] = distributed.digests({**same, "option basis": "cc-pvdz"})
+    line, option = distributed.differing(d)
+    assert "in coordinates (ranks 0, 2 vs rank 1), and in option basis;" in line, line
+    assert option is None
+    line, option = distributed.differing([d[0], d[0], d[2]])
+    assert "in option basis (ranks 0, 1: 'sto-3g' vs rank 2: 'cc-pvdz');" in line and option == "basis"
