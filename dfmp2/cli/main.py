@@ -19,6 +19,7 @@ from dfmp2.cli.options import (
     checkpoint_options,
     device_options,
     molecule_options,
+    one_process,
     printing,
     properties_options,
     resource_options,
@@ -332,6 +333,7 @@ def interaction(xyz_file, fragments, fragment_charges, fragment_multiplicities, 
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.interaction import resolve_fragments, run_interaction
 
+    one_process("interaction")
     console = stdout_console(width=120)  # files and pipes get the whole table
     err = Console(stderr=True)
     geom = read_xyz(xyz_file)

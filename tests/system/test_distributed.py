@@ -401,3 +401,19 @@ def test_digests_name_what_differs_and_where():
     assert option is None
     line, option = distributed.differing([d[0], d[0], d[2]])
     assert "in option basis (ranks 0, 1: 'sto-3g' vs rank 2: 'cc-pvdz');" in line and option == "basis"
+
+
+@pytest.mark.parametrize("command", ["gradient", "optimize", "interaction"])
+def test_one_process_commands_refuse_several_ranks(tmp_path, command):
+    """gradient, optimize and interaction are not rank-aware: over 2 ranks each is refused before
+    any work, one error line (rank 0's), exit 2 on every rank, nothing written (issue 43: the
+    whole job ran on every rank and printed N times)."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    if command == "interaction":
+        args += ["--fragments", "1,2-3"]
+    res = _launch(tmp_path, [args, args], command=command)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and f"dfmp2 {command} runs in one process" in lines[0], res
+    assert max(t for _, _, t in res) < 30 and not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.opt.xyz"))
