@@ -796,7 +796,7 @@ def slow_disk_warning(scf) -> str | None:
     return (
         f"the DF-SCF waited {wait:.1f} s of its {total:.1f} s for its JK factor's reads from the scratch "
         f"disk ({rate if rate is not None else '?'} GB/s): a faster --scratch disk, or a memory limit "
-        f"that holds the factor ({jf.get('disk_mb', 0) / 1e3:.3g} GB), would save most of that"
+        f"that holds the factor ({memory.human(jf.get('disk_mb', 0))}), would save most of that"
     )
 
 

@@ -263,6 +263,14 @@ def test_memory_plan_per_rank():
     assert p.peak_mb == pytest.approx(peaks[2]) and p.shapes["ranks"] == 4
     with pytest.raises(MemoryLimitError, match=r"per rank on 2 ranks .* it would fit on (\d+) ranks") as e:
         mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
+    assert "e+" not in str(e.value)  # human units (issue 43: '5.942e+04 MB')
+    big = dict(shapes, nocc=640, nvir=3360, naux=15000)  # B 258 GB: the need in GB, not '2.58e+05 MB'
+    with pytest.raises(MemoryLimitError, match=r"needs [\d.]+ GB per rank on 2 ranks .* limit is 10 GB per rank"):
+        mp2_dist.per_rank_plan(
+            memory.plan_memory(**big, limit_mb=distributed.UNLIMITED_MB, storage="memory"),
+            distributed.World(rank=0, size=2),
+            limit_mb=1e4,
+        )
     n = int(e.value.args[0].rsplit("fit on ", 1)[1].split()[0])
     assert 2 < n <= 4 and max(mp2_dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
 
