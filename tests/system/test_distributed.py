@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from json_schema import read as read_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = "3\nwater\nO 0.000 0.000 0.117\nH 0.000 0.757 -0.467\nH 0.000 -0.757 -0.467\n"
@@ -50,7 +51,7 @@ def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str = "split"):
     err = " ".join(p.stderr.split())
     for r in range(ranks if ranks > 1 else 0):
         assert f"rank {r} of {ranks} (cpu): occupied blocks" in err, err[-2000:]
-    return json.loads(out.read_text())
+    return read_checked(out)  # the result JSON validated against the shipped schema (ran.distributed too)
 
 
 # (ranks, SCF): the MP2 stage is bitwise one process's given the same orbitals, which a replicated
