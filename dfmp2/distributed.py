@@ -24,6 +24,8 @@ in the middle of a stage. ``RunOptions.dist_scf`` (``split_scf``): our DF-SCF sp
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import os
 import signal
 import time
@@ -113,10 +115,13 @@ class World:
                 f"answer within {self.timeout_s:g} s): {first}; the run stopped"
             ) from None
 
-    def agree(self, error: BaseException | None) -> None:
+    def agree(self, error: BaseException | None, content: dict | None = None) -> None:
         """The ranks' one agreement on their input (before the group does any work): every rank
-        passes the error it met (None: none). When any rank refused, this raises: the error itself
-        on the lowest refusing rank (it prints it), PeerRefusedError on the others."""
+        passes the error it met (None: none) and, when it has one, the ``content`` it will compute
+        ({what: value}, ``differing``). When any rank refused, this raises: the error itself on the
+        lowest refusing rank (it prints it), PeerRefusedError on the others. When none refused but
+        the ranks' contents differ, InputError on rank 0 (one line: what differs, between which
+        ranks) and PeerRefusedError on the others, before any integral."""
         if not self.distributed or self.agreed:
             if error is not None:
                 raise error
@@ -124,16 +129,23 @@ class World:
         self.agreed = True
         import torch.distributed as dist
 
-        flag = torch.tensor([self.size if error is None else self.rank], dtype=torch.int64, device=self.wire_device)
+        mine = (error is None, digests(content) if error is None and content is not None else None)
+        every = [None] * self.size
         with self.talking("input check", "agreeing on the input"):
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        first = int(flag.item())
-        if first == self.size:
+            dist.all_gather_object(every, mine)
+        refusing = [r for r, (ok, _) in enumerate(every) if not ok]
+        if refusing:
+            self.refused = True
+            if error is not None and refusing[0] == self.rank:
+                raise error
+            raise PeerRefusedError(f"rank {refusing[0]} refused the input")
+        problem = differing([d for _, d in every])
+        if problem is None:
             return
         self.refused = True
-        if error is not None and first == self.rank:
-            raise error
-        raise PeerRefusedError(f"rank {first} refused the input")
+        if self.rank:
+            raise PeerRefusedError(problem[0])
+        raise InputError(problem[0], option=problem[1])
 
     @contextmanager
     def agreeing(self):
@@ -228,6 +240,72 @@ class World:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+DIGEST_SHOWN = 40  # a value whose text is at most this long is quoted in the error line
+
+
+def _canonical(value):
+    """``value`` for hashing: floats by their bits (float.hex), arrays as nested lists, mappings
+    with sorted keys; what JSON cannot hold, by its repr."""
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy and torch arrays, numpy scalars
+        return _canonical(value.tolist())
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return repr(value)
+
+
+def digests(content: dict) -> dict:
+    """{what: (hash of the value bit for bit, the repr of a short plain value, else None)}: what the
+    ranks gather to compare their inputs (``World.agree``), a few hundred bytes whatever the molecule."""
+    out = {}
+    for what, value in content.items():
+        text = json.dumps(_canonical(value), sort_keys=True)
+        plain = value is None or isinstance(value, (bool, int, float, str))  # shown exactly (repr)
+        shown = repr(value) if plain and len(repr(value)) <= DIGEST_SHOWN and repr(value).isprintable() else None
+        out[what] = (hashlib.sha256(text.encode()).hexdigest()[:20], shown)
+    return out
+
+
+def _ranks(ranks: list) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def differing(per_rank: list) -> tuple[str, str | None] | None:
+    """(the error line, the RunOptions field or None) when the ranks' ``digests`` differ: the first
+    thing that differs (rank 0's order: the molecule, then its basis sets, the options, the cpu
+    BLAS choice), between which ranks, and anything else that differs; None when they all agree.
+    A key 'option <field>' is the RunOptions field <field> (the CLI names its flag)."""
+    per_rank = [d or {} for d in per_rank]
+    order = list(dict.fromkeys(k for d in per_rank for k in d))
+    found = []
+    for what in order:
+        groups: dict = {}
+        for r, d in enumerate(per_rank):
+            groups.setdefault(d.get(what, (None, "(none)"))[0], []).append(r)
+        if len(groups) > 1:
+            found.append((what, groups))
+    if not found:
+        return None
+    what, groups = found[0]
+    parts = []
+    for ranks in groups.values():
+        shown = per_rank[ranks[0]].get(what, (None, "(none)"))[1]
+        parts.append(f"{_ranks(ranks)}: {shown}" if shown is not None else _ranks(ranks))
+    also = f", and in {', '.join(w for w, _ in found[1:])}" if found[1:] else ""
+    line = (
+        f"the ranks did not read the same input: they differ in {what} ({' vs '.join(parts)}){also}; every rank "
+        "must run the same molecule with the same options (a node-local copy that differs, or a file "
+        "rewritten while the job started?)"
+    )
+    option = what.split(" ", 1)[1] if what.startswith("option ") else None
+    return line, option
 
 
 class Pending:

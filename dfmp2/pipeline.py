@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dfmp2 import distributed, linalg, memory
@@ -163,6 +164,49 @@ def prepare_run(geom: Geometry, options: RunOptions, backend=None, log=None, wor
         return prepare(geom, distributed.rank_options(options, world), backend, log or (lambda msg: None), world=world)
 
 
+def request_content(geom: Geometry, options: RunOptions) -> dict:
+    """What the ranks must agree on, as read (``World.agree``; issue 43): the molecule (symbols,
+    coordinates bit for bit, ghost atoms) and every RunOptions field (the device without its GPU
+    index: NCCL gives each rank its own). Keys 'option <field>' are RunOptions fields."""
+    import dataclasses
+
+    content = {
+        "the atoms": list(geom.symbols),
+        "the coordinates (bit for bit)": np.asarray(geom.coords_angstrom, dtype=np.float64),
+        "the ghost atoms": [geom.is_ghost(i) for i in range(geom.natm)],
+        "the input's charge and multiplicity": [geom.charge, geom.multiplicity],
+    }
+    for f in dataclasses.fields(RunOptions):
+        value = getattr(options, f.name)
+        content[f"option {f.name}"] = value.split(":")[0] if f.name == "device" else value
+    return content
+
+
+def input_content(job: Job) -> dict:
+    """What the ranks must agree on before any integral (``World.agree``; issue 43):
+    ``request_content``, then what was resolved from it: the charge and multiplicity, the basis
+    sets as PySCF holds them (orbital, ECP, MP2-fit, JK-fit), the working precision and the cpu
+    BLAS choice (probed now if need be: a rank with another table sums in another order)."""
+    mol = job.mol
+    content = request_content(job.geom, job.options)
+    content.update(
+        {
+            "the charge": int(mol.charge),
+            "the multiplicity": int(mol.spin) + 1,
+            "the orbital basis set": mol._basis,
+            "the ECP": mol._ecp,
+            "the MP2 fitting set": job.auxmol._basis,
+            "the JK fitting set": job.jk_auxmol._basis if job.jk_auxmol is not None else None,
+            "the working precision": job.precision,
+        }
+    )
+    blas = getattr(job.backend, "blas", None)
+    if blas is not None:
+        table = blas.table().table
+        content["the cpu BLAS choice"] = {"mode": blas.mode, "choice": table["choice"] if table else None}
+    return content
+
+
 def run_energy(
     job: Job, progress=None, log=None, on_plan=None, guess=None, t_start=None, with_properties: bool = True
 ) -> EnergyRun:
@@ -183,7 +227,7 @@ def run_energy(
         with world.agreeing():
             plan, scf_plan = plan_run(job, session, on_plan, say)
             distributed.check_plan(plan, world)
-        world.agree(None)
+        world.agree(None, input_content(job))  # the ranks' inputs the same, bit for bit
         session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say, guess)
         say("integrals, transforms, fit and pair energies ...")
@@ -809,7 +853,7 @@ def slow_disk_warning(scf) -> str | None:
     return (
         f"the DF-SCF waited {wait:.1f} s of its {total:.1f} s for its JK factor's reads from the scratch "
         f"disk ({rate if rate is not None else '?'} GB/s): a faster --scratch disk, or a memory limit "
-        f"that holds the factor ({jf.get('disk_mb', 0) / 1e3:.3g} GB), would save most of that"
+        f"that holds the factor ({memory.human(jf.get('disk_mb', 0))}), would save most of that"
     )
 
 

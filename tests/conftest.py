@@ -80,6 +80,15 @@ def _one_worker_for_the_triton_interpreter(config, items):
             item.add_marker(pytest.mark.xdist_group("triton_interpreter"))
 
 
+@pytest.fixture(autouse=True)
+def _json_documents_validated(monkeypatch):
+    """Every result, gradient, interaction and CBS document a test makes dfmp2 write (in the test's
+    process) is validated against the shipped JSON Schema first (tests/helpers/json_schema.py)."""
+    from json_schema import validating_writes
+
+    validating_writes(monkeypatch)
+
+
 @pytest.fixture
 def one_torch_thread():
     """torch's intra-op threads set to 1 for a test module (``pytestmark =

@@ -15,6 +15,7 @@ from rich.markup import escape
 from dfmp2.cli.options import (
     device_options,
     molecule_options,
+    one_process,
     printing,
     properties_options,
     resource_options,
@@ -104,6 +105,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     from dfmp2.grad.run import run_gradient
     from dfmp2.io.xyz import read_xyz
 
+    one_process("gradient")
     console = stdout_console()
     err = Console(stderr=True)
     options = run_options(params)
@@ -179,6 +181,7 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, converg
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.optimize import OptimizationError, optimize
 
+    one_process("optimize")
     console = stdout_console()
     err = Console(stderr=True)
     options = run_options(params)

@@ -13,7 +13,7 @@ from rich.markup import escape
 from dfmp2.cli.bench import bench_command
 from dfmp2.cli.compare import compare_command
 from dfmp2.cli.frequencies import frequencies_command
-from dfmp2.cli.gradient import gradient_command, optimize_command
+from dfmp2.cli.gradient import gradient_command, gradient_table, optimize_command
 from dfmp2.cli.options import (
     cbs_options,
     checkpoint_options,
@@ -250,11 +250,17 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
                 option=e.option,
             ) from None
         raise
+    gradient = result if hasattr(result, "gradient") else None  # a QCSchema input's driver 'gradient'
+    result = gradient.result if gradient is not None else result
     with printing(written=(json_path, qcschema_path)):
         if verbose and isinstance(result, Result):  # a CBS document has no stages of its own
             result.render(console, quiet=quiet, verbose=True)
         else:
             result.render(console, quiet=quiet)
+        if gradient is not None:  # as dfmp2 gradient prints it
+            console.print(gradient_table(gradient))
+            for w in gradient.parts.warnings:
+                console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     blas = result.ran.get("cpu_blas")
     if verbose and blas and cpu_blas_table(blas) is not None:  # the choice and its evidence
         err.print(cpu_blas_table(blas))

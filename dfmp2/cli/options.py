@@ -304,6 +304,25 @@ def run_options(params: dict, **fixed) -> RunOptions:
     return RunOptions(**{**kw, **fixed})
 
 
+def one_process(command: str) -> None:
+    """Refuse ``dfmp2 <command>`` when a launcher (torchrun, Slurm) started several processes: the
+    command is not rank-aware yet and would run the whole job on every rank, printing it N times
+    (issue 43). Before any work: rank 0 raises the one InputError line, the other ranks exit 2
+    quietly (they cannot agree without joining the group, and need not: each reads the same
+    launcher variables)."""
+    from dfmp2 import distributed
+
+    launch = distributed.launched_world()
+    if launch is None or launch[1] == 1:
+        return
+    if launch[0]:
+        sys.exit(EXIT_USER_ERROR)
+    raise InputError(
+        f"dfmp2 {command} runs in one process; the launcher started {launch[1]} (WORLD_SIZE): run it "
+        "without torchrun or srun, or with one process (dfmp2 run and dfmp2 frequencies use several ranks)"
+    )
+
+
 def fail(message: str, code: int = EXIT_USER_ERROR):
     """End the command with one ``error:`` line on stderr and exit status ``code``; a newline in
     the message (from a path or a basis name) is escaped, so the line stays one."""

@@ -115,8 +115,12 @@ class GradientParts:
 
     def to_dict(self) -> dict:
         """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
-        (no '.' in any key, schema 3), ``flops`` beside ``timings`` (schema 4)."""
+        (no '.' in any key, schema 3), ``flops`` beside ``timings`` (schema 4). The same keys for RHF
+        and UHF (dfmp2/io/schemas): what only the RHF stage has (its plan, the Z-vector's form) is
+        null for UHF."""
         ran = {k: kernel_records(v) if k in ("kernels", "host_kernels") else v for k, v in self.ran.items()}
+        ran.setdefault("plan", None)  # UHF: one in-memory form, no plan to choose
+        zvector = {"form": None, **self.zvector}
         return {
             "gradient": self.gradient.tolist(),
             "units": "Eh/bohr",
@@ -125,7 +129,7 @@ class GradientParts:
             "e_corr": self.e_corr,
             "c_os": self.c_os,
             "c_ss": self.c_ss,
-            "zvector": self.zvector,
+            "zvector": zvector,
             "warnings": list(self.warnings),
             "timings": dict(self.timings),
             "flops": dict(self.flops),

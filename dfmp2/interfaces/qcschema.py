@@ -310,7 +310,9 @@ def run_atomic_input(
     atomic_input, options=None, *, given=(), where: str = "AtomicInput", progress=None, log=None, on_plan=None
 ):
     """Run the AtomicInput ``atomic_input`` (a dict or a qcelemental model, v1 or v2) in this
-    process: (AtomicResult in the input's QCSchema version, dfmp2's Result). ``options``: the
+    process: (AtomicResult in the input's QCSchema version, dfmp2's Result; for driver 'gradient'
+    the GradientResult, whose ``result`` is the energy's and whose JSON carries the gradient, as
+    ``dfmp2 gradient --json`` writes it). ``options``: the
     RunOptions to start from (the input's model, molecule and keywords set theirs); ``given``:
     fields that must not also be in the input (``parse_input``); ``where``: what error lines call
     the input (a file name). Expected errors are InputError (and its kinds),
@@ -325,7 +327,7 @@ def run_atomic_input(
 
         gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
-        return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr.result
+        return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr
     done = pipeline.energy_run(geom, options, progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
     return result_model(inp, version, done.result, parts.values, options=options), done.result

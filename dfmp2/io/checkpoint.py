@@ -148,22 +148,47 @@ def fingerprint(
     return fp
 
 
+def _omitted_defaults() -> dict:
+    """The fingerprint's keys written only when they differ from their default (``fingerprint``:
+    checkpoints written before they existed still resume), with that default: a missing one on
+    either side means the default, so a resume with another value is named, both ways."""
+    from dfmp2.options import SCF_CONV_TOL_GRAD, SCF_SCREEN
+
+    return {"scf_conv_tol_grad": float(SCF_CONV_TOL_GRAD), "scf_screen": float(SCF_SCREEN), "ecp": None}
+
+
+OMITTED_WHEN_DEFAULT = _omitted_defaults()
+# fingerprint keys that are RunOptions fields (a mismatch names the option's flag beside --resume)
+OPTION_KEYS = ("basis", "scf_mode", "frozen_core", "precision", "device", "simulate", "charge", "ecp")
+OPTION_KEYS += ("scf_conv_tol_grad", "scf_screen")
+
+
 def _describe(value) -> str:
     s = json.dumps(value)
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _mismatch(path, stored: dict, current: dict) -> str | None:
+def _mismatch(path, stored: dict, current: dict) -> tuple[str, str | tuple] | None:
+    """(the error line, the options it is about: 'resume' and the RunOptions field that differs)
+    when the checkpoint's fingerprint ``stored`` is not the run's ``current``; None when they match."""
     kinds = [fp.get("reference", "RHF") for fp in (stored, current)]  # RHF checkpoints carry none
     if kinds[0] != kinds[1]:
         return (
             f"checkpoint {path} was written for another run: the reference is {kinds[0]} in the "
             f"checkpoint but {kinds[1]} here; resume with the same molecule and options, or start "
-            "afresh without resuming"
+            "afresh without resuming",
+            "resume",
         )
-    for key in current:
-        if key not in stored:
-            return f"checkpoint {path} has no '{key}' in its fingerprint (written by another dfmp2 version?)"
+    # a key written only when not the default, absent on one side: the default there (both ways)
+    defaults = {k: v for k, v in OMITTED_WHEN_DEFAULT.items() if k in stored or k in current}
+    stored, current = {**defaults, **stored}, {**defaults, **current}
+    for key in list(current) + [k for k in stored if k not in current]:
+        if key not in stored or key not in current:
+            where = "checkpoint's fingerprint" if key not in stored else "run here"
+            return (
+                f"checkpoint {path} cannot be compared: the {where} has no '{key}' (written by another dfmp2 version?)",
+                "resume",
+            )
         if stored[key] != current[key]:
             if key == "geometry":
                 what = "the molecule differs (atoms or coordinates)"
@@ -179,7 +204,8 @@ def _mismatch(path, stored: dict, current: dict) -> str | None:
                 what = f"{key} is {_describe(stored[key])} in the checkpoint but {_describe(current[key])} here"
             return (
                 f"checkpoint {path} was written for another run: {what}; resume with the same "
-                "molecule and options, or start afresh without resuming"
+                "molecule and options, or start afresh without resuming",
+                ("resume", key) if key in OPTION_KEYS else "resume",
             )
     return None
 
@@ -322,7 +348,7 @@ class Checkpoint:
                 ) from None
             msg = _mismatch(path, stored, fp)
             if msg:
-                raise CheckpointError(msg, option="resume")
+                raise CheckpointError(msg[0], option=msg[1])
             ck = cls(path, f, fp)
             ck._check_structure()
             ok = True

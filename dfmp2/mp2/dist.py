@@ -319,6 +319,7 @@ def per_rank_plan(plan, world: World, limit_mb: float) -> None:
     ``shapes['ranks']``; MemoryLimitError (before any integral) when it does not fit, saying on
     how many ranks it would."""
     from dfmp2.errors import MemoryLimitError
+    from dfmp2.memory import human
 
     stages = rank_stages_mb(plan, world.size)
     peak = max(stages.values())
@@ -330,11 +331,11 @@ def per_rank_plan(plan, world: World, limit_mb: float) -> None:
     where = (
         f"it would fit on {need} ranks"
         if need is not None
-        else f"it does not fit on any number of ranks (one rank's fixed part is {stages['metric']:.3g} MB)"
+        else f"it does not fit on any number of ranks (one rank's fixed part is {human(stages['metric'])})"
     )
     raise MemoryLimitError(
-        f"the MP2 stage needs {peak:.3g} MB per rank on {world.size} ranks but the memory "
-        f"limit is {limit_mb:.3g} MB per rank; {where}",
+        f"the MP2 stage needs {human(peak)} per rank on {world.size} ranks but the memory "
+        f"limit is {human(limit_mb)} per rank; {where}",
         need_mb=peak,
         limit_mb=limit_mb,
     )

@@ -391,7 +391,7 @@ def run_cbs(
     ``distributed.current()``): over several ranks the bases are dealt to the ranks, one whole
     one-process run each (``dfmp2.workflows.tasks``), and every rank gets every component."""
     from dfmp2.io import molecule as io_molecule
-    from dfmp2.pipeline import make_backend
+    from dfmp2.pipeline import make_backend, request_content
 
     say = log or (lambda msg: None)
     sch = scheme(options.basis, options.cbs_scf)
@@ -424,7 +424,7 @@ def run_cbs(
         if backend is None:
             ref = io_molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)
             backend = make_backend(mine, unrestricted=ref == "uhf")
-    world.agree(None)
+    world.agree(None, request_content(geom, options))  # every rank the same molecule and options
     t0 = time.perf_counter()
     bases = sch.bracket.bases
 

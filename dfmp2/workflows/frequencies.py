@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from pyscf.lib.parameters import BOHR  # Å per bohr: PySCF's
 
-from dfmp2 import distributed
+from dfmp2 import distributed, pipeline
 from dfmp2.errors import InputError
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.outputs import write_text
@@ -282,7 +282,7 @@ def frequencies(
             rows = load_checkpoint(checkpoint, fp, len(tasks), width)
         except FrequencyError as e:
             error = e
-    world.agree(error)
+    world.agree(error, pipeline.request_content(geom, options))  # the same molecule and options on every rank
     rows = _share_rows(rows, len(tasks), width, world)
     resumed = len(rows)
     if resumed and not world.rank:

@@ -519,7 +519,7 @@ def run_interaction(
     several ranks the runs are dealt to the ranks, each a whole one-process run
     (``dfmp2.workflows.tasks``), and every rank gets every run (the same numbers as one process)."""
     from dfmp2 import distributed
-    from dfmp2.pipeline import make_backend
+    from dfmp2.pipeline import make_backend, request_content
     from dfmp2.workflows import tasks
     from dfmp2.workflows.cbs import run_point, summed_kernels
 
@@ -546,7 +546,9 @@ def run_interaction(
         unrestricted = any(io_molecule.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
         mine = distributed.rank_options(options, world)  # each rank's runs on its own device
         backend = make_backend(mine, unrestricted=unrestricted)
-    world.agree(None)
+    content = request_content(geom, options)  # every rank the same molecule, options and fragments
+    content["the fragments"] = [list(a) for a in frags.atoms]
+    world.agree(None, content)
     t0 = time.perf_counter()
 
     def one_run(n, single):

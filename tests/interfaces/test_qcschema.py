@@ -161,6 +161,8 @@ def test_xyz_input_with_qcschema_output(tmp_path):
             "schema_version 3 is not supported; dfmp2 reads QCSchema AtomicInput v1 and v2",
         ),
         (water_input(driver="nonsense"), [], "not a valid QCSchema AtomicInput: driver"),
+        (water_input(driver="hessian"), [], "driver 'hessian' is not supported; dfmp2 computes driver 'energy' and"),
+        (water_input(driver="properties"), [], "driver 'properties' is not supported"),
         (water_input(model={"method": "ccsd", "basis": "cc-pvdz"}), [], "model.method 'ccsd' is not supported"),
         (water_input(keywords={"freeze": True}), [], "unknown keyword 'freeze'"),
         (water_input(keywords={"frozen_core": "yes"}), [], "keyword frozen_core must be true or false"),
@@ -192,6 +194,25 @@ def test_errors_are_one_line_and_a_failed_operation(tmp_path, no_scf, doc, args,
     assert f.error.error_type == "input_error"
     if not isinstance(doc, str):
         assert f.input_data == doc  # the input as given
+
+
+@pytest.mark.parametrize("make", [water_input, hydroxyl_input], ids=["rhf", "uhf"])
+def test_driver_gradient_through_dfmp2_run_prints_and_writes_the_gradient(tmp_path, make):
+    """Issue 43: ``dfmp2 run input.json`` with driver 'gradient' computed the gradient and then
+    neither printed it nor wrote it to --json. Now as ``dfmp2 gradient``: the table and the JSON's
+    'gradient' section, the same numbers as the AtomicResult's return_result."""
+    doc = make(driver="gradient", model={"method": "mp2", "basis": "sto-3g"})
+    out, qc = tmp_path / "out.json", tmp_path / "qc.json"
+    res = CliRunner().invoke(main, ["run", write(tmp_path, doc), "--json", str(out), "--qcschema", str(qc), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "nuclear gradient of E(MP2) / (Eh/bohr)" in res.output
+    d = json.loads(out.read_text())
+    g = np.array(d["gradient"]["gradient"])
+    assert g.shape == (len(doc["molecule"]["symbols"]), 3) and d["units"]["gradient"] == "hartree/bohr"
+    assert d["gradient"]["method"] == "mp2" and d["gradient"]["energy"] == d["energies"]["e_mp2"]
+    r = AtomicResult.parse_file(qc)
+    assert np.array_equal(np.asarray(r.return_result).reshape(-1, 3), g)
+    assert f"{g[0, 2]:+.10f}" in res.output
 
 
 def test_an_unwritable_qcschema_path_is_refused_before_the_run(tmp_path, no_scf):

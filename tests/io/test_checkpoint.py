@@ -263,12 +263,29 @@ def cli_error(args):
         (["--scf", "exact"], 'scf_mode is "df"'),
         (["--scf", "pyscf-df"], 'scf_mode is "df" in the checkpoint but "pyscf-df" here'),
         (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
+        # a non-default option against a checkpoint of the default (issue 43: "another dfmp2 version?")
+        (["--scf-conv-tol-grad", "1e-8"], "scf_conv_tol_grad is 1e-09 in the checkpoint but 1e-08 here"),
+        (["--scf-screen", "1e-10"], "scf_screen is 1e-12 in the checkpoint but 1e-10 here"),
     ],
 )
 def test_mismatched_settings_are_refused(water_checkpoint, tmp_path, args, fragment):
     ck = copy(water_checkpoint[0], tmp_path / "c.h5")
     msg = cli_error(["run", str(WATER), "--resume", str(ck)] + args)
     assert "was written for another run" in msg and fragment in msg, msg
+    assert msg.endswith(f"{args[0]})") or args[0] == "--frozen-core", msg  # the option's flag too
+
+
+def test_non_default_checkpoint_resumed_with_the_default_is_refused(tmp_path):
+    """The reverse of the above (issue 43: silently accepted): a checkpoint of --scf-conv-tol-grad
+    1e-8 resumed without it names the option, its two values and its flag."""
+    ck = tmp_path / "tol.h5"
+    args = ["run", str(WATER), "--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
+    res = CliRunner().invoke(main, [*args, "--scf-conv-tol-grad", "1e-8", "--checkpoint", str(ck)])
+    assert res.exit_code == 0, res.output
+    msg = cli_error([*args, "--resume", str(ck)])
+    assert "scf_conv_tol_grad is 1e-08 in the checkpoint but 1e-09 here" in msg, msg
+    assert msg.endswith("(--resume, --scf-conv-tol-grad)"), msg
+    assert "another dfmp2 version" not in msg
 
 
 def test_other_molecule_is_refused(water_checkpoint, tmp_path):
@@ -405,7 +422,7 @@ def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
     assert info.value.option == "checkpoint" and " --" not in str(info.value)
     with pytest.raises(CheckpointError, match="written for another run: .*start afresh without resuming") as info:
         checkpoint.Checkpoint.resume(copy(ck, tmp_path / "c.h5"), {"charge": 1})
-    assert info.value.option == "resume" and " --" not in str(info.value)
+    assert info.value.option == ("resume", "charge") and " --" not in str(info.value)  # and the option that differs
     # the same refusal from run_geometry, before any work
     assert "already exists; resume it" in cli_error(["run", str(WATER), "--checkpoint", str(ck)])
     assert "to resume are different files" in cli_error(

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from json_schema import read as read_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = "3\nwater\nO 0.000 0.000 0.117\nH 0.000 0.757 -0.467\nH 0.000 -0.757 -0.467\n"
@@ -50,7 +51,7 @@ def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str = "split"):
     err = " ".join(p.stderr.split())
     for r in range(ranks if ranks > 1 else 0):
         assert f"rank {r} of {ranks} (cpu): occupied blocks" in err, err[-2000:]
-    return json.loads(out.read_text())
+    return read_checked(out)  # the result JSON validated against the shipped schema (ran.distributed too)
 
 
 # (ranks, SCF): the MP2 stage is bitwise one process's given the same orbitals, which a replicated
@@ -263,6 +264,14 @@ def test_memory_plan_per_rank():
     assert p.peak_mb == pytest.approx(peaks[2]) and p.shapes["ranks"] == 4
     with pytest.raises(MemoryLimitError, match=r"per rank on 2 ranks .* it would fit on (\d+) ranks") as e:
         mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
+    assert "e+" not in str(e.value)  # human units (issue 43: '5.942e+04 MB')
+    big = dict(shapes, nocc=640, nvir=3360, naux=15000)  # B 258 GB: the need in GB, not '2.58e+05 MB'
+    with pytest.raises(MemoryLimitError, match=r"needs [\d.]+ GB per rank on 2 ranks .* limit is 10 GB per rank"):
+        mp2_dist.per_rank_plan(
+            memory.plan_memory(**big, limit_mb=distributed.UNLIMITED_MB, storage="memory"),
+            distributed.World(rank=0, size=2),
+            limit_mb=1e4,
+        )
     n = int(e.value.args[0].rsplit("fit on ", 1)[1].split()[0])
     assert 2 < n <= 4 and max(mp2_dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
 
@@ -411,3 +420,71 @@ def test_cbs_bracket_over_two_ranks_equals_one_process(tmp_path):
         res[ranks] = json.loads(out.read_text())
     assert res[2]["energies"] == res[1]["energies"]
     assert [c["energies"] for c in res[2]["components"]] == [c["energies"] for c in res[1]["components"]]
+
+
+# ---------------------------------------------------------------- the ranks agree on their input (issue 43)
+SMALL = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
+
+
+def _refused_on_every_rank(tmp_path, res, *fragments):
+    """Every rank exit 2 within 30 s, one error line in all (rank 0's) naming what differs, no JSON."""
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1, res
+    assert "the ranks did not read the same input" in lines[0], lines
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    assert not any("Traceback" in err for _, err, _ in res), res
+    assert max(t for _, _, t in res) < 30, res
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("dist_scf", ["split", "replicated"])
+def test_ranks_reading_coordinates_1e6_apart_are_refused(tmp_path, dist_scf):
+    """Two ranks whose files differ by 1e-6 Å in one coordinate (a node-local copy): refused before
+    any integral (issue 43: mixed molecules printed energies 1.9e-5 Eh off, or aborted)."""
+    (tmp_path / "a.xyz").write_text(WATER)
+    (tmp_path / "b.xyz").write_text(WATER.replace("0.117", "0.117001"))
+    args = [*SMALL, "--dist-scf", dist_scf, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [[str(tmp_path / "a.xyz"), *args], [str(tmp_path / "b.xyz"), *args]])
+    _refused_on_every_rank(tmp_path, res, "they differ in the coordinates (bit for bit)", "rank 0 vs rank 1")
+
+
+def test_an_option_on_one_rank_only_is_refused(tmp_path):
+    """``--frozen-core`` on rank 1 only (two argv, as a launcher script picking them by RANK would):
+    refused, naming the option and its flag (issue 43: a gloo abort before)."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, [*args, "--frozen-core"]])
+    _refused_on_every_rank(
+        tmp_path, res, "they differ in option frozen_core (rank 0: False vs rank 1: True)", "--frozen-core"
+    )
+
+
+def test_digests_name_what_differs_and_where():
+    from dfmp2 import distributed
+
+    same = {"the atoms": ["O", "H"], "coordinates": [0.1, 0.2], "option basis": "sto-3g"}
+    d = [distributed.digests(same) for _ in range(3)]
+    assert distributed.differing(d) is None
+    d[1] = distributed.digests({**same, "coordinates": [0.1, 0.2 + 2**-52 * 0.2]})  # one bit
+    d[2] = distributed.digests({**same, "option basis": "cc-pvdz"})
+    line, option = distributed.differing(d)
+    assert "in coordinates (ranks 0, 2 vs rank 1), and in option basis;" in line, line
+    assert option is None
+    line, option = distributed.differing([d[0], d[0], d[2]])
+    assert "in option basis (ranks 0, 1: 'sto-3g' vs rank 2: 'cc-pvdz');" in line and option == "basis"
+
+
+@pytest.mark.parametrize("command", ["gradient", "optimize"])
+def test_one_process_commands_refuse_several_ranks(tmp_path, command):
+    """gradient and optimize are not rank-aware: over 2 ranks each is refused before
+    any work, one error line (rank 0's), exit 2 on every rank, nothing written (issue 43: the
+    whole job ran on every rank and printed N times)."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, args], command=command)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and f"dfmp2 {command} runs in one process" in lines[0], res
+    assert max(t for _, _, t in res) < 30 and not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.opt.xyz"))

@@ -1,0 +1,62 @@
+"""The published JSON Schemas (draft 2020-12) of the documents dfmp2 writes, shipped in the package.
+
+    result.schema.json       dfmp2 run --json (dfmp2.io.result.Result.to_dict)
+    gradient.schema.json     dfmp2 gradient --json, and dfmp2 run of a QCSchema driver 'gradient'
+    interaction.schema.json  dfmp2 interaction --json
+    cbs.schema.json          dfmp2 run --json with a basis bracket (cc-pv[dt]z)
+    common.schema.json       the records they share ($defs): energies, geometry, what ran (the SCF,
+                             the storage, the cpu BLAS choice), the memory plan, the gradient section
+
+Each record is defined once, in common.schema.json, and referenced by every document that holds it:
+adding a field to a record (a dataclass in dfmp2.provenance, dfmp2.io.result, dfmp2.memory) is one
+change there, and ``tests/io/test_schemas.py`` fails until it is made. The typed records are strict
+(every key required, no other key: a missing or renamed key fails), null where a field does not
+apply (RHF and UHF documents have the same keys); what a device's backend adds to ``ran`` is open.
+
+``validate(doc, name)`` checks a document with the ``jsonschema`` package (not a dependency of dfmp2:
+``pip install jsonschema``); the schemas themselves are plain JSON for any validator (their ``$id``s
+are ``urn:dfmp2:schema:<name>``).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+NAMES = ("result", "gradient", "interaction", "cbs")  # the documents; "common" holds their shared $defs
+URN = "urn:dfmp2:schema:"
+
+
+def load(name: str) -> dict:
+    """The schema ``name`` (one of NAMES, or 'common') as a dict."""
+    if name not in (*NAMES, "common"):
+        raise ValueError(f"no schema '{name}'; there are {', '.join(NAMES)} and common")
+    return json.loads(resources.files(__package__).joinpath(f"{name}.schema.json").read_text(encoding="utf-8"))
+
+
+def validator(name: str):
+    """A jsonschema validator of document ``name`` with every schema of the package registered (the
+    documents refer to common.schema.json and to each other by ``$id``)."""
+    try:
+        import jsonschema
+        from referencing import Registry, Resource
+    except ImportError:
+        raise ImportError("validating dfmp2's JSON documents needs the jsonschema package (pip install jsonschema)")
+    registry = Registry().with_resources((URN + n, Resource.from_contents(load(n))) for n in (*NAMES, "common"))
+    schema = load(name)
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, registry=registry, format_checker=cls.FORMAT_CHECKER)
+
+
+def validate(doc: dict, name: str) -> None:
+    """Raise jsonschema.ValidationError (the first error found) unless ``doc`` is a valid ``name`` document."""
+    validator(name).validate(doc)
+
+
+def kind(doc: dict) -> str:
+    """Which document ``doc`` is, from its keys: 'cbs', 'interaction', 'gradient' or 'result'."""
+    if doc.get("kind") == "cbs":
+        return "cbs"
+    if "interaction_energies" in doc:
+        return "interaction"
+    return "gradient" if "gradient" in doc else "result"
