@@ -406,6 +406,7 @@ def test_a_failing_run_ends_every_rank(tmp_path, how):
         assert codes[0] == 2 and codes[1] == -9 and "lost contact" in errors[0]
 
 
+@pytest.mark.slow  # the same dealing as interaction's (default channel); here through run_cbs
 def test_cbs_bracket_over_two_ranks_equals_one_process(tmp_path):
     """`dfmp2 run --basis cc-pv[dt]z` under torchrun: each basis on its own rank, the extrapolated
     energies equal one process's bit for bit."""
