@@ -759,6 +759,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
     options, t0 = job.options, time.perf_counter()
     kind = "UHF" if job.unrestricted else "RHF"
     cycles = CycleLog(say, kind)
+    distributed.fault("scf")
     ref = _checkpoint_reference(job, ck, say, kind)
     if ref is not None:
         timer.add("checkpoint", t0)
