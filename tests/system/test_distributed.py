@@ -229,7 +229,7 @@ def _datasets(path) -> dict:
 
     out = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda n, o: out.__setitem__(n, np.asarray(o[()]).tobytes()) if isinstance(o, h5py.Dataset) else None)
+        f.visititems(lambda n, o: out.update({n: np.asarray(o[()]).tobytes()}) if isinstance(o, h5py.Dataset) else None)
     return out
 
 
