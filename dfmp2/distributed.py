@@ -170,6 +170,43 @@ class World:
         self.count(stage, w.numel() * w.element_size(), time.perf_counter() - t0)
         return w.to(t.device)
 
+    def ordered_sum(self, parts, shape, dtype, device, stage: str) -> torch.Tensor:
+        """Σ of every rank's ``parts`` (an iterable of tensors of ``shape``, this rank's in their
+        global order; the ranks' in rank order) added one at a time in that order, on every rank:
+        the same bits as one process adding all of them in order. Rank 0 adds its own as they
+        come; rank r > 0 keeps its own, receives rank r - 1's running sum, adds its own to it and
+        passes it on; the last rank broadcasts the total (N - 1 passes and one broadcast of
+        ``shape``). One process: the running sum alone (zeros when there is nothing)."""
+        total = None
+        held = [] if self.rank else None
+        for p in parts:
+            if held is not None:
+                held.append(p)
+            elif total is None:
+                total = p
+            else:
+                total += p
+        if not self.distributed:
+            return total if total is not None else torch.zeros(shape, dtype=dtype, device=device)
+        import torch.distributed as dist
+
+        if self.rank:
+            total = torch.empty(shape, dtype=dtype, device=self.wire_device)
+            self.shift(None, total, self.rank, self.rank - 1, stage)
+            total = total.to(device)
+            for p in held:
+                total += p
+        elif total is None:
+            total = torch.zeros(shape, dtype=dtype, device=device)
+        if self.rank + 1 < self.size:
+            self.shift(total.to(self.wire_device).contiguous(), None, self.rank + 1, self.rank, stage)
+        t0 = time.perf_counter()
+        w = total.to(self.wire_device).contiguous()
+        with self.talking(stage, "passing the sum over the ranks"):
+            dist.broadcast(w, src=self.size - 1)
+        self.count(stage, w.numel() * w.element_size() if self.rank == self.size - 1 else 0, time.perf_counter() - t0)
+        return w.to(device)
+
     def gather_objects(self, obj, stage: str) -> list:
         """Every rank's ``obj`` (picklable), in rank order, on every rank (one process: [obj])."""
         if not self.distributed:
