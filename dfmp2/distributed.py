@@ -575,13 +575,3 @@ def plan_options(options, world: World):
     import dataclasses
 
     return dataclasses.replace(options, memory_mb=UNLIMITED_MB, storage="memory")
-
-
-def scf_rows(naux: int, world: World) -> int:
-    """JK-factor rows the memory plan counts on one rank: all ``naux`` on one process or with the
-    SCF replicated; split over N ranks, two shares (2 ceil(naux/N)): during the fit a rank holds its
-    raw rows, its fitted rows and the raw rows passing through (twice a share next to the one
-    process's raw + fitted factor), during the cycles one share (counted as two: an upper bound)."""
-    if not split_scf(world):
-        return naux
-    return min(naux, 2 * -(-naux // world.size))

@@ -54,7 +54,10 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (1, a.ranks):
-            rows = [run(Path(a.tree), ranks, Path(a.xyz), a.basis, Path(tmp) / f"r{ranks}-{i}.json") for i in range(a.repeat)]
+            rows = [
+                run(Path(a.tree), ranks, Path(a.xyz), a.basis, Path(tmp) / f"r{ranks}-{i}.json")
+                for i in range(a.repeat)
+            ]
             per = [r["per_cycle_s"] for r in rows]
             fit = [r["fit_s"] for r in rows]
             print(

@@ -669,7 +669,9 @@ def _laid_out(out, layout: str, timer):
     return fac, fac64
 
 
-def _factor_from(B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric, pairs, groups, row0):
+def _factor_from(
+    B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric, pairs, groups, row0
+):
     """(the JKFactor of the fp64 factor B on ``backend`` in ``dtype``, its fp64 one on ``fb`` or
     None). ``naux``: the whole factor's (the exchange block is the same in every rank count);
     ``groups``, ``row0``: B's groups and first row (dfmp2.scf.jk_dist.factor_rows)."""

@@ -69,12 +69,14 @@ def planned_rows(auxmol, world: World, split: bool) -> int:
 
 
 def held_partials(auxmol, world: World, split: bool, spins: int) -> int:
-    """The (nao, nao) fp64 partials a rank holds for the ordered sum of J and K (``World.ordered_sum``):
-    a rank after the first keeps its groups' (1 + spins) partials until the running sum arrives."""
+    """The (nao, nao) fp64 matrices of J and K (1 + spins of them) that the cycles' ordered sum
+    (``World.ordered_sum``) holds at once on the busiest rank: one process (or rank 0), the running
+    sum and the group being built; a rank after the first, its groups' partials until the running
+    sum arrives, with that sum and the broadcast's copy."""
     if not split or world.size == 1:
-        return 0
+        return 2 * (1 + spins)
     own = owners(fit_groups(auxmol), world.size)
-    return (1 + spins) * max(own.count(r) for r in range(1, world.size))
+    return (1 + spins) * (max(own.count(r) for r in range(1, world.size)) + 2)
 
 
 def aligned_rows(rows: int, width: int, row0: int, dtype, device, fill=None) -> torch.Tensor:
