@@ -104,10 +104,7 @@ def _check_runs(tmp_path, xyz, name, runs, check_b=True):
 def _check_b_shares(one, d, ranks):
     """Per-rank B sums to the one-process B (within one block): every channel's naux*nocc*nvir*8."""
     chans = (
-        [
-            (one["spin"]["nocc_alpha"], one["spin"]["nvir_alpha"]),
-            (one["spin"]["nocc_beta"], one["spin"]["nvir_beta"]),
-        ]
+        [(one["spin"]["nocc_alpha"], one["spin"]["nvir_alpha"]), (one["spin"]["nocc_beta"], one["spin"]["nvir_beta"])]
         if one.get("spin")
         else [(one["shapes"]["nocc"], one["shapes"]["nvir"])]
     )
