@@ -18,7 +18,8 @@ or raises (its process ends) makes the others' next communication fail: each say
 ``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>`` (tests only): at ``fault(point)`` that rank
 kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank
 in the middle of a stage. ``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks
-(default) or replicated on each.
+(default) or replicated on each. ``World.ordered_sum`` adds the ranks' partial sums in one fixed
+order (the split SCF's J and K): the same bits as one process.
 """
 
 from __future__ import annotations
@@ -557,9 +558,10 @@ def command(world: World):
 
 def split_scf(world: World) -> bool:
     """Whether our DF-SCF splits its JK factor over the ranks (``RunOptions.dist_scf``, default
-    'split': J and K summed over ranks each cycle, E(HF) within ~1e-12 Eh of one process, so the
-    MP2 energies too, not bitwise), or every rank runs the whole SCF ('replicated': the same
-    orbitals bit for bit as one process, so E_OS and E_SS bit-identical to a 1-rank run)."""
+    'split': fixed groups of the factor's rows, J and K added in group order over the ranks,
+    dfmp2.scf.jk_dist), or every rank runs the whole SCF ('replicated'). Both give one process's
+    orbitals bit for bit, so E(HF), E_OS and E_SS bit-identical to a 1-rank run (at equal threads
+    per process and BLAS choice)."""
     return world.distributed and world.scf_split
 
 

@@ -225,8 +225,9 @@ def run_scf(
     ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
     ``check_memory``; False: fp64 cycles, recorded). ``stability`` (UHF): check the converged
     UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``). ``world``
-    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index, J and
-    K all-reduced each cycle (dfmp2.scf.jk_dist), unless the SCF is replicated
+    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index in fixed
+    groups, J and K added in group order each cycle (dfmp2.scf.jk_dist: the same bits as one
+    process), unless the SCF is replicated
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
     (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).

@@ -26,7 +26,9 @@ Shapes: the factor is (naux, nao(nao+1)/2) packed or (naux, nao, nao) unpacked (
 layout 'unpacked', ``unpacked``, and a mixed SCF's fp32 copy, ``fp32_unpacked``), densities and J, K
 (nao, nao), Hartree. Exchange blocks of ``jk_block`` auxiliary functions, near JK_BLOCK_MB MB
 unpacked (UNPACKED_BLOCK_MB over the unpacked factor). ``build_jk_factor``
-fits the factor (the split one over ranks: dfmp2.scf.jk_dist). DFRHF (dfmp2.scf.rhf), DFUHF
+fits the factor in fixed groups of auxiliary rows, one process or split over the ranks
+(dfmp2.scf.jk_dist: J and K are summed group by group in group order, the same bits at any rank
+count). DFRHF (dfmp2.scf.rhf), DFUHF
 (dfmp2.scf.uhf) and the gradient's response (dfmp2.grad) build their J and K here.
 """
 
@@ -619,8 +621,9 @@ def build_jk_factor(
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
     metric's conditioning (on water/cc-pVDZ-JKFIT it put E(HF) off by millihartrees), while B
     rounded to fp32 after an fp64 fit keeps about fp32's own relative error (scripts/results/docstring-measurements.md).
-    ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf): this rank's
-    rows of the factor (dfmp2.scf.jk_dist.factor_rows). ``layout`` 'unpacked' (the memory plan's
+    The fit runs over the factor's fixed groups (dfmp2.scf.jk_dist.factor_rows: a blocked forward
+    substitution); ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf):
+    this rank's groups of the factor, the same bits as one process's rows. ``layout`` 'unpacked' (the memory plan's
     choice where the unpacked factor fits; ``driver.check_memory``): the factor on ``backend``
     unpacked (naux, nao, nao), exchange blocks of UNPACKED_BLOCK_MB (``JKFactor.jk``). 'disk' (the
     plan's choice where neither fits in memory): fitted in row blocks of ``fit_mb`` MB into a file
