@@ -117,3 +117,70 @@ def test_rank_partials_continue_the_running_sum_bitwise(water, layout):
 def _jk_both(f, w, C):
     J, K = f.jk([(C, None), (C[:, :3], 1)], world=w)
     return torch.cat([J[None], K])
+
+
+RANK_SCRIPT = """
+import sys, torch
+from dfmp2 import distributed, linalg
+from dfmp2.scf import jk_dist
+kind, out = sys.argv[1], sys.argv[2]
+world = distributed.join("cpu")
+g = torch.Generator().manual_seed(7)
+n, w = 41, 29
+A = torch.randn((n, n), generator=g, dtype=torch.float64)
+M = torch.linalg.cholesky(A @ A.T + n * torch.eye(n, dtype=torch.float64))
+if kind == "eigh":
+    M = M @ M.T
+X = torch.randn((n, w), generator=g, dtype=torch.float64)
+parts = torch.randn((6, 3, 5), generator=g, dtype=torch.float64)
+groups = [(0, 0, p0, p1) for p0, p1 in [(0, 4), (4, 11), (11, 12), (12, 20), (20, 33), (33, 41)]]
+own = jk_dist.owners(groups, world.size)
+mine = [k for k in range(len(groups)) if own[k] == world.rank]
+row0 = groups[mine[0]][2] if mine else 0
+rows = slice(row0, groups[mine[-1]][3] if mine else 0)
+Xr = jk_dist.aligned_rows(rows.stop - rows.start, w, row0, torch.float64, "cpu").copy_(X[rows])
+fit = jk_dist.Fit(M, groups, own, row0, world, linalg.get_backend("cpu"))
+B = fit.forward(Xr) if kind == "cholesky" else fit.apply(Xr)
+S = world.ordered_sum(iter(parts[mine]), (3, 5), torch.float64, "cpu", "scf")
+torch.save({"rows": (rows.start, rows.stop), "B": B.clone(), "S": S}, f"{out}.{world.rank}")
+world.close()
+"""
+
+
+@pytest.mark.slow  # 10 processes a metric, each importing dfmp2: minutes on 2 loaded cores
+@pytest.mark.parametrize("kind", ["cholesky", "eigh"])
+def test_fit_and_ordered_sum_over_ranks_bitwise(tmp_path, kind):
+    """The fit (both metrics) and the ordered sum on 1, 2, 3 and 4 gloo ranks (started as a Slurm
+    launcher would): every rank's rows and every rank's sum are one process's bit for bit."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    got = {}
+    for size in (1, 2, 3, 4):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        procs = []
+        for r in range(size):
+            env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", RANK=str(r), WORLD_SIZE=str(size))
+            env.update(LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DFMP2_DIST_TIMEOUT_S="60")
+            cmd = [sys.executable, str(script), kind, str(tmp_path / f"out{size}")]
+            procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+        outs = [torch.load(tmp_path / f"out{size}.{r}") for r in range(size)]
+        B = torch.cat([o["B"] for o in outs if o["rows"][1] > o["rows"][0]])
+        assert [o["rows"] for o in outs if o["rows"][1] > o["rows"][0]][-1][1] == B.shape[0] == 41
+        got[size] = (B, [o["S"] for o in outs])
+    B1, (S1,) = got[1]
+    for size, (B, sums) in got.items():
+        assert torch.equal(B, B1), size
+        assert all(torch.equal(S, S1) for S in sums), size
