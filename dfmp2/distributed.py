@@ -15,11 +15,12 @@ lowest refusing rank prints its ``error:`` line. After that, a rank that dies (i
 or raises (its process ends) makes the others' next communication fail: each says so in one line
 (``RankLostError``) and exits 2; nothing waits longer than the timeout.
 
-``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>`` (tests only): at ``fault(point)`` that rank
-kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a rank
-in the middle of a stage. ``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks
-(default) or replicated on each. ``World.ordered_sum`` adds the ranks' partial sums in one fixed
-order (the split SCF's J and K): the same bits as one process.
+``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>[:<n>]`` (tests only): at ``fault(point)`` that
+rank kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a
+rank in the middle of a stage; with ``n``, at its (n+1)-th pass there (after n pairs, say).
+``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks (default) or replicated
+on each. ``World.ordered_sum`` adds the ranks' partial sums in one fixed order (the split SCF's
+J and K): the same bits as one process.
 """
 
 from __future__ import annotations
@@ -474,13 +475,19 @@ def _init(dist, world: World) -> None:
         )
 
 
+_fault_calls: dict = {}  # passes through each fault point (the hook's optional fourth field)
+
+
 def fault(point: str) -> None:
     """The test hook of the module docstring (``DFMP2_TEST_FAULT``); nothing when unset."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
-    where, rank, how = (spec.split(":") + ["", ""])[:3]
+    where, rank, how, after = (spec.split(":") + ["", "", ""])[:4]
     if where == point and str(_current.rank) == rank:
+        _fault_calls[point] = _fault_calls.get(point, 0) + 1
+        if after and _fault_calls[point] <= int(after):  # '<point>:<rank>:<how>:<n>': after n passes
+            return
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if how == "hang":  # alive but silent: the others' timeout must end them
@@ -495,11 +502,6 @@ def check_options(options, world: World) -> None:
     if not world.distributed:
         return
     world.scf_split = options.dist_scf == "split"
-    if options.checkpoint or options.resume:
-        raise InputError(
-            f"checkpoints are not supported over several ranks ({world.size} here); run without one or on one rank",
-            option="checkpoint",
-        )
     if options.storage == "disk":
         raise InputError(
             f"B on disk is not supported over several ranks yet ({world.size} here): each "

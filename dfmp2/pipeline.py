@@ -23,8 +23,9 @@ import torch
 
 from dfmp2 import distributed, linalg, memory
 from dfmp2.df import basis, integrals
+from dfmp2.distributed import RankLostError
 from dfmp2.errors import DiskWriteError, InputError, MemoryLimitError, shown
-from dfmp2.io import checkpoint, molecule, outputs
+from dfmp2.io import checkpoint, molecule, outputs, rank_checkpoint
 from dfmp2.io.result import Result, geometry_record, software_versions
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.linalg import DTYPES
@@ -227,8 +228,8 @@ def run_energy(
         with world.agreeing():
             plan, scf_plan = plan_run(job, session, on_plan, say)
             distributed.check_plan(plan, world)
+            session.start(plan)  # over several ranks: a rank that cannot create its file stops them all
         world.agree(None, input_content(job))  # the ranks' inputs the same, bit for bit
-        session.start(plan)
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say, guess)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(
@@ -465,9 +466,12 @@ class CheckpointSession:
     flushed (``Checkpoint.abandon``)."""
 
     def __init__(self, job: Job):
-        o, space = job.options, job.space
+        o, space, world = job.options, job.space, job.world
         self.path = o.resume or o.checkpoint
         self.options, self.ck, self.created, self.fp = o, None, False, None
+        # over several ranks each rank has its own file (rank 0's is the path given: rank_checkpoint)
+        self.cls = rank_checkpoint.RankCheckpoint if world.distributed else checkpoint.Checkpoint
+        self.mine = (lambda p: rank_checkpoint.rank_path(p, world.rank)) if world.distributed else Path
         if not self.path:
             return
         self.fp = checkpoint.fingerprint(
@@ -488,22 +492,24 @@ class CheckpointSession:
             nocc_beta=space.nocc[1] - space.nfrozen if job.unrestricted else None,
             scf_screen=o.scf_screen if o.scf_screen != SCF_SCREEN else None,
         )
+        if world.distributed:
+            self.fp.update(ranks=world.size, rank=world.rank)
 
     def __enter__(self) -> "CheckpointSession":
         o = self.options
         if o.resume:
-            self.ck = checkpoint.Checkpoint.resume(o.resume, self.fp)
-        elif o.checkpoint and Path(o.checkpoint).exists():
-            checkpoint.check_regular(o.checkpoint, "checkpoint")
+            self.ck = self.cls.resume(self.mine(o.resume), self.fp)
+        elif o.checkpoint and self.mine(o.checkpoint).exists():
+            mine = self.mine(o.checkpoint)
+            checkpoint.check_regular(mine, "checkpoint")
             raise checkpoint.CheckpointError(
-                f"checkpoint {o.checkpoint} already exists; resume it, or remove it to start afresh",
-                option="checkpoint",
+                f"checkpoint {mine} already exists; resume it, or remove it to start afresh", option="checkpoint"
             )
         return self
 
     def start(self, plan: MemoryPlan) -> None:
         if self.ck is None and self.options.checkpoint:
-            self.ck = checkpoint.Checkpoint.create(self.options.checkpoint, self.fp, occ_block=plan.occ_block)
+            self.ck = self.cls.create(self.mine(self.options.checkpoint), self.fp, occ_block=plan.occ_block)
             self.created = True
 
     def finish(self, e_os: float, e_ss: float) -> None:
@@ -513,8 +519,8 @@ class CheckpointSession:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc is not None and self.created:
-                try:
-                    keep = self.ck.has_scf and not isinstance(exc, InputError)
+                try:  # a rank lost over several ranks is no refusal: the work so far is kept to resume
+                    keep = self.ck.has_scf and (not isinstance(exc, InputError) or isinstance(exc, RankLostError))
                 except Exception:  # unreadable after the failure: nothing to resume
                     keep = False
                 if not keep:
@@ -754,9 +760,9 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
     options, t0 = job.options, time.perf_counter()
     kind = "UHF" if job.unrestricted else "RHF"
     cycles = CycleLog(say, kind)
-    if ck is not None and ck.has_scf:
-        say(f"{kind} from checkpoint {ck.path}")
-        ref = ck.load_scf()
+    distributed.fault("scf")
+    ref = _checkpoint_reference(job, ck, say, kind)
+    if ref is not None:
         timer.add("checkpoint", t0)
     elif job.dh is not None:  # a double hybrid: PySCF's DF-KS on the host with the functional's hybrid part
         say(f"DF-{'UKS' if job.unrestricted else 'RKS'} ({job.dh.name}, PySCF on the host) ...")
@@ -816,10 +822,26 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             ref.scf.stability = stability.uhf_internal_pyscf(ref.mf).to_dict()
             timer.add("stability", t1)
     if ck is not None and ref.source != "checkpoint":
-        ck.save_scf(ref, options.scf_mode, job.mol)
+        ck.save_scf(ref, options.scf_mode, job.mol)  # over several ranks: rank 0's file alone holds it
+        if job.world.distributed:
+            ck.share_scf(job.world)
     # every SCF engine keeps the orbitals of molecule.linear_dependence (the contract OrbitalSpace states)
     assert ref.nmo == job.space.nmo and tuple(c.nocc for c in ref.channels) == job.space.nocc, (ref.nmo, job.space)
     return ref.freeze(freeze_lowest(ref.nmo, job.space.nfrozen))
+
+
+def _checkpoint_reference(job: Job, ck, say, kind: str) -> Reference | None:
+    """The checkpoint's reference, or None when it holds none; over several ranks rank 0's file's
+    on every rank (read there, sent to the others: rank_checkpoint.shared_reference)."""
+    if ck is None:
+        return None
+    if job.world.distributed:
+        ref = ck.shared_reference(job.world)
+    else:
+        ref = ck.load_scf() if ck.has_scf else None
+    if ref is not None:
+        say(f"{kind} from checkpoint {ref.scf.checkpoint}")
+    return ref
 
 
 def reference_warnings(ref: Reference) -> list[str]:

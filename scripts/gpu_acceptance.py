@@ -17,6 +17,11 @@ is not installed, is 'skipped' with the reason, never 'pass'):
                     the fp64 pair step's share of the DGEMM peak of the same GPU measured in the
                     same run (torch.matmul, square n = 4096/8192/12288, median of 5)
   run_compare       dfmp2 run and dfmp2 compare --devices cpu,cuda on (H2O)8: |ΔE_corr| cuda vs cpu
+  nccl_torchrun     torchrun --standalone --nproc-per-node N -m dfmp2 run water --device cuda, one rank
+                    per GPU (N = 2 with 2+ GPUs; a one-GPU machine runs 1 rank and records that NCCL
+                    was not exercised), against the one-process cuda run: the energies and their
+                    differences (bound 1e-10 Eh), the world size and comm backend (nccl) the result
+                    records. Dry run: 2 gloo ranks on the CPU, STO-3G water
   ours_<mol>        our DF-RHF (dfmp2.scf.driver on the device) and the whole dfmp2 run, after a warm-up
                     on water (Triton's compile outside the timing), for (H2O)16 and (H2O)32
   gpu4pyscf_<mol>   gpu4pyscf's DF-RHF + DF-MP2 on the same molecule (same JK-fit and MP2-fit sets,
@@ -84,6 +89,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 MARK = "GPU_ACCEPTANCE_STEP "
 TOTAL_S = 520.0  # the device tool allows 600 s a command; installs, imports take the rest
 E_TOL = 1e-8  # Eh: |ΔE_HF| and |ΔE_MP2| against PySCF (SCFs converged to 1e-12 Eh)
+E_RANKS_TOL = 1e-10  # Eh: torchrun's energies against one process's (the split SCF sums J/K in another order)
 WATERS = {
     "h2o_08": "inputs/water_clusters/h2o_08.xyz",
     "h2o_16": "inputs/water_clusters/h2o_16.xyz",
@@ -94,6 +100,7 @@ BUDGET_S = {
     "cuda_tests": 100,
     "pair_peak": 70,
     "run_compare": 45,
+    "nccl_torchrun": 60,
     "ours_h2o_16": 45,
     "gpu4pyscf_h2o_16": 40,
     "pyscf_h2o_16": 60,
@@ -251,6 +258,56 @@ def step_run_compare(spec):
     )
 
 
+def step_nccl_torchrun(spec):
+    """``torchrun --standalone --nproc-per-node N -m dfmp2 run water --device cuda``, one rank per GPU
+    (N = 2 with two GPUs or more; 1 on a one-GPU machine, recorded as such: one rank has no process
+    group, so NCCL is not exercised there), against the one-process run on the same device. Dry run:
+    the same on the CPU with gloo over 2 ranks, STO-3G water, one thread per process."""
+    import torch
+
+    dry, xyz = spec["dry"], str(ROOT / "inputs" / "water.xyz")
+    ngpu = 0 if dry else torch.cuda.device_count()
+    if not dry and ngpu == 0:
+        return "fail", "no CUDA GPU visible to torch", {"ngpu": 0}
+    ranks, device, want = (2, "cpu", "gloo") if dry else (min(2, ngpu), "cuda", "nccl")
+    tmp = Path(spec["tmp"])
+    args = ["run", xyz, "--device", device, "-q"] + (["--basis", "sto-3g", "--cpu-blas", "torch"] if dry else [])
+    one_cmd = [sys.executable, "-m", "dfmp2", *args, "--json", str(tmp / "nccl_one.json")]
+    many_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    many_cmd += ["-m", "dfmp2", *args, "--json", str(tmp / "nccl_ranks.json")]
+    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if dry else {})}  # equal threads per process
+    res = {"ngpu": ngpu, "world_size": ranks, "device": device, "expected_backend": want}
+    res["commands"] = [" ".join(c[1:]).replace(str(ROOT) + "/", "") for c in (one_cmd, many_cmd)]
+    if ranks == 1:
+        res["note"] = "one GPU: ran 1 rank (no process group: NCCL not exercised); 2 ranks need 2 GPUs"
+    timeout = max(spec["budget"] / 2 - 5, 10)
+    for key, cmd in (("one_process", one_cmd), ("ranks", many_cmd)):
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+        res[f"{key}_s"] = time.perf_counter() - t0
+        out = tmp / ("nccl_one.json" if key == "one_process" else "nccl_ranks.json")
+        if p.returncode != 0 or not out.exists():
+            return "fail", f"{key}: exit {p.returncode}: {_last(p.stderr)}", {**res, "stderr_tail": p.stderr[-1500:]}
+        doc = json.loads(out.read_text())
+        res[f"energies_{key}"] = {k: doc["energies"][k] for k in ("e_hf", "e_corr_os", "e_corr_ss", "e_mp2")}
+        dist = doc["ran"].get("distributed") or {}
+    res["comm_backend"] = dist.get("backend")
+    res["devices"], res["dist_scf"] = dist.get("devices"), dist.get("scf")
+    res["world_size_recorded"] = dist.get("world_size", 1)
+    one, many = res["energies_one_process"], res["energies_ranks"]
+    res["abs_d"] = {k: abs(many[k] - one[k]) for k in one}
+    res["bitwise"] = {k: many[k] == one[k] for k in one}
+    worst = max(res["abs_d"].values())
+    problems = [f"|ΔE| {worst:.1e} Eh over {E_RANKS_TOL:g}"] if worst > E_RANKS_TOL else []
+    if res["world_size_recorded"] != ranks:
+        problems.append(f"the result records world size {res['world_size_recorded']}, not {ranks}")
+    if ranks > 1 and res["comm_backend"] != want:
+        problems.append(f"comm backend {res['comm_backend']}, not {want}")
+    said = f"{ranks} rank{'s' if ranks > 1 else ''} ({res['comm_backend'] or 'no process group'}) vs one process"
+    said += f": max |ΔE| {worst:.1e} Eh" + (f"; {res['note']}" if ranks == 1 else "")
+    return ("fail" if problems else "pass"), "; ".join(problems) or said, res
+
+
 def step_ours(spec):
     from dfmp2 import linalg
     from dfmp2.io import molecule
@@ -373,7 +430,7 @@ def step_pyscf(spec):
 
 
 def steps_for(only=None) -> list[str]:
-    names = ["cuda_tests", "pair_peak", "run_compare"] + [
+    names = ["cuda_tests", "pair_peak", "run_compare", "nccl_torchrun"] + [
         f"{w}_{m}" for m in ("h2o_16", "h2o_32") for w in ("ours", "gpu4pyscf", "pyscf")
     ]
     return [n for n in names if not only or n in only]
@@ -384,11 +441,12 @@ def child(name: str, spec: dict) -> tuple:
         raise RuntimeError("injected failure (--fail-step)")
     if spec.get("fail_step") == f"{name}:hang":
         time.sleep(3600)
-    kind = name if name in ("cuda_tests", "pair_peak", "run_compare") else name.rsplit("_h2o_", 1)[0]
+    kind = name if name in ("cuda_tests", "pair_peak", "run_compare", "nccl_torchrun") else name.rsplit("_h2o_", 1)[0]
     return {
         "cuda_tests": step_cuda_tests,
         "pair_peak": step_pair_peak,
         "run_compare": step_run_compare,
+        "nccl_torchrun": step_nccl_torchrun,
         "ours": step_ours,
         "gpu4pyscf": step_gpu4pyscf,
         "pyscf": step_pyscf,
@@ -611,6 +669,21 @@ def markdown(doc: dict) -> str:
             f"{f(r.get('gpu4pyscf_whole_s'))} | {f(r.get('gpu4pyscf_over_ours_whole'))} | "
             f"{f(r.get('pair_step_pct_of_dgemm_peak'), 1)} |"
         )
+    nc = next((s for s in doc["steps"] if s["name"] == "nccl_torchrun" and (s.get("result") or {}).get("abs_d")), None)
+    if nc:
+        r = nc["result"]
+        lines += [
+            "",
+            f"## torchrun over {r['world_size']} rank(s): comm backend {r['comm_backend'] or 'none (one rank)'}, "
+            f"device {r['device']}, {r['ngpu']} GPU(s) visible",
+            "",
+            *([r["note"], ""] if r.get("note") else []),
+            "| energy | one process / Eh | ranks / Eh | abs Δ / Eh | bitwise |",
+            "|---|---|---|---|---|",
+        ]
+        for k, d in r["abs_d"].items():
+            one, many = r["energies_one_process"][k], r["energies_ranks"][k]
+            lines.append(f"| {k} | {one:.12f} | {many:.12f} | {d:.1e} | {r['bitwise'][k]} |")
     pp = next((s for s in doc["steps"] if s["name"] == "pair_peak" and s.get("result")), None)
     if pp:
         r = pp["result"]

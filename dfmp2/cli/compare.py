@@ -12,6 +12,7 @@ from dfmp2.cli.options import (
     device_options,
     fail,
     molecule_options,
+    one_process,
     printing,
     resource_options,
     run_options,
@@ -99,6 +100,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
     Exit status: 0 agreement, 1 a difference beyond --tol or a device not bit-reproducible run to
     run, 2 bad input or a requested device that could not run.
     """
+    one_process("compare")
     console = stdout_console(width=160)
     if (xyz_file is None) == (synthetic is None):
         raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")

@@ -9,6 +9,7 @@ import click
 
 from dfmp2.cli.options import (
     device_options,
+    one_process,
     printing,
     resource_options,
     run_options,
@@ -70,6 +71,7 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
     NAMES are molecule names or shell patterns (e.g. water 'h2o_*' 's22_0?_*'); each case runs
     with its reference's basis sets, SCF mode and frozen core, and the options given here.
     """
+    one_process("regress")
     from rich.console import Console
     from rich.markup import escape
 

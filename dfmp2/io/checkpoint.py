@@ -154,13 +154,41 @@ def _omitted_defaults() -> dict:
     either side means the default, so a resume with another value is named, both ways."""
     from dfmp2.options import SCF_CONV_TOL_GRAD, SCF_SCREEN
 
-    return {"scf_conv_tol_grad": float(SCF_CONV_TOL_GRAD), "scf_screen": float(SCF_SCREEN), "ecp": None}
+    return {
+        "scf_conv_tol_grad": float(SCF_CONV_TOL_GRAD),
+        "scf_screen": float(SCF_SCREEN),
+        "ecp": None,
+        "ranks": 1,  # a checkpoint over ranks (dfmp2.io.rank_checkpoint): the world size and
+        "rank": 0,  # the rank whose file this is
+    }
 
 
 OMITTED_WHEN_DEFAULT = _omitted_defaults()
 # fingerprint keys that are RunOptions fields (a mismatch names the option's flag beside --resume)
 OPTION_KEYS = ("basis", "scf_mode", "frozen_core", "precision", "device", "simulate", "charge", "ecp")
 OPTION_KEYS += ("scf_conv_tol_grad", "scf_screen")
+
+
+def _ranks_text(n: int) -> str:
+    return "one process" if n == 1 else f"{n} ranks"
+
+
+def _check_ranks(path, stored: dict, current: dict) -> None:
+    """CheckpointError (one line, naming both counts) when the checkpoint was written by another
+    number of ranks than this run has: its B and pair sums are laid out by rank, and a resume on
+    another count is refused rather than redistributed."""
+    try:
+        have = int(stored.get("ranks", 1))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"checkpoint {path} is corrupted: its rank count is unreadable") from None
+    want = int(current.get("ranks", 1))
+    if have != want:
+        raise CheckpointError(
+            f"checkpoint {path} was written by {_ranks_text(have)} but this run has {_ranks_text(want)}; "
+            f"resume it on {_ranks_text(have)} (a checkpoint is not redistributed over another rank count), "
+            "or start afresh without resuming",
+            option="resume",
+        )
 
 
 def _describe(value) -> str:
@@ -242,6 +270,8 @@ def _writes(method):
 
 class Checkpoint:
     """An open checkpoint file (h5py, read-write). Use ``create`` or ``resume``."""
+
+    partial_pairs = False  # True: this file holds only some ranks' pairs (rank_checkpoint), even when complete
 
     def __init__(self, path: Path, f, fp: dict):
         self.path, self.f = Path(path), f
@@ -346,6 +376,7 @@ class Checkpoint:
                 raise CheckpointError(
                     f"checkpoint {path} is corrupted: its fingerprint is missing or unreadable"
                 ) from None
+            _check_ranks(path, stored, fp)
             msg = _mismatch(path, stored, fp)
             if msg:
                 raise CheckpointError(msg[0], option=msg[1])
@@ -437,7 +468,7 @@ class Checkpoint:
         for p in np.flatnonzero(done):
             if crc[p] != block_crc(sums[p]):
                 raise self._corrupted(f"the sums of block pair {p}{where}")
-        if int(self.f.attrs.get("complete", 0)) and not done.all():
+        if int(self.f.attrs.get("complete", 0)) and not done.all() and not self.partial_pairs:
             raise CheckpointError(
                 f"checkpoint {self.path} is corrupted: it is marked complete but "
                 f"{int((done == 0).sum())} block pairs{where} are not done; remove the "

@@ -194,41 +194,60 @@ def assigned(blocks: OccBlocks, size: int) -> dict:
     return out
 
 
+def resumed(session, mine: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, object, int]:
+    """From a checkpoint's pair ``session`` ((done, stored sums), on_pair) or None: (which of the
+    pairs this rank computes (``mine``, bool) are finished, their sums copied into ``sums``; the
+    ``on_pair(p, e_os, e_ss)`` that saves each newly finished one, or None; how many were finished).
+    A done flag on a pair another rank computes is not taken (it would be added twice)."""
+    if session is None:
+        return np.zeros(len(mine), dtype=bool), None, 0
+    (done, stored), on_pair = session
+    finished = np.asarray(done, dtype=bool) & mine
+    sums[finished] = np.asarray(stored).reshape(sums.shape)[finished]
+    return finished, on_pair, int(finished.sum())
+
+
 def same_spin_sums(
-    own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, world: World, dtype, progress=None
-) -> tuple[float, float]:
-    """(E_OS, E_SS) of one channel's block pairs I >= J (``OccBlocks.pairs``) over the ranks
-    (each pair computed by the rank ``assigned`` names, when it holds both blocks), added in the
-    single-process order (``combine``); every rank gets them."""
+    own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, world: World, dtype, progress=None, session=None
+) -> tuple[float, float, int]:
+    """(E_OS, E_SS, pairs taken from the checkpoint on this rank) of one channel's block pairs
+    I >= J (``OccBlocks.pairs``) over the ranks (each pair computed by the rank ``assigned`` names,
+    when it holds both blocks), added in the single-process order (``combine``); every rank gets
+    them. ``session``: this rank's checkpoint pair set (``Checkpoint.pair_session``): its finished
+    pairs are not recomputed, each new one is saved."""
     pairs = blocks.pairs()
     index = {p: n for n, p in enumerate(pairs)}
     sums = np.zeros((len(pairs), 2), dtype=np.float64)
     nvir, r = blocks.nvir, world.rank
     who = assigned(blocks, world.size)
+    finished, on_pair, reused = resumed(session, np.array([who[p] == r for p in pairs], dtype=bool), sums)
     todo = sum(1 for p in pairs if who[p] == r)
-    done = [0]
+    done = [reused]
 
     def visit(s, q, held):
         for i in sorted(own):
             for j in sorted(held):
                 hi, lo = (i, j) if i >= j else (j, i)
-                if (s == 0 and j > i) or who[(hi, lo)] != r:
+                if (s == 0 and j > i) or who[(hi, lo)] != r or finished[index[(hi, lo)]]:
                     continue
                 bh, bl = (own[i], held[j]) if i >= j else (held[j], own[i])
                 (i0, i1), (j0, j1) = blocks.orbitals(hi), blocks.orbitals(lo)
                 fault("pair")
                 bi = pair_view(bh, nvir)
                 bj = bi if hi == lo else pair_view(bl, nvir)
-                sums[index[(hi, lo)]] = linalg.mp2_pair_energy(
+                p = index[(hi, lo)]
+                sums[p] = linalg.mp2_pair_energy(
                     bi, bj, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, symmetric=(hi == lo), backend=backend
                 )
+                if on_pair is not None:
+                    on_pair(p, *sums[p].tolist())
                 done[0] += 1
                 if progress is not None and todo:
                     progress(done[0] * len(pairs) // todo, len(pairs))
 
     _ring(own, blocks, world, world.size // 2 + 1, visit, dtype, backend.device)
     total = world.all_reduce_sum(torch.from_numpy(sums), "pair").numpy()
-    return combine(total, pairs)
+    return (*combine(total, pairs), reused)
 
 
 def cross_spin_sums(
@@ -242,12 +261,16 @@ def cross_spin_sums(
     world: World,
     dtype,
     progress=None,
-) -> float:
-    """UMP2's E_ab over the ranks: pairs (I of alpha, this rank's; J of beta, passed round the ring
-    over all N shifts), each in its slot of the I-major single-process order, summed there."""
+    session=None,
+) -> tuple[float, int]:
+    """(UMP2's E_ab, pairs taken from the checkpoint on this rank) over the ranks: pairs (I of
+    alpha, this rank's; J of beta, passed round the ring over all N shifts), each in its slot of the
+    I-major single-process order, summed there. ``session``: as ``same_spin_sums``'s."""
     total = blocks_a.count * blocks_b.count
-    sums = np.zeros(total, dtype=np.float64)
-    done = [0]
+    sums = np.zeros((total, 2), dtype=np.float64)
+    mine = np.array([p // blocks_b.count in own_a for p in range(total)], dtype=bool)
+    finished, on_pair, reused = resumed(session, mine, sums)
+    done = [reused]
     todo = len(own_a) * blocks_b.count
 
     def visit(s, q, held):
@@ -256,8 +279,11 @@ def cross_spin_sums(
             bi = pair_view(own_a[i], blocks_a.nvir)
             for j in sorted(held):
                 j0, j1 = blocks_b.orbitals(j)
+                p = i * blocks_b.count + j
+                if finished[p]:
+                    continue
                 fault("pair")
-                sums[i * blocks_b.count + j], _ss = linalg.mp2_pair_energy(
+                sums[p] = linalg.mp2_pair_energy(
                     bi,
                     pair_view(held[j], blocks_b.nvir),
                     eps_a[0][i0:i1],
@@ -266,13 +292,15 @@ def cross_spin_sums(
                     eps_vir_j=eps_b[1],
                     backend=backend,
                 )
+                if on_pair is not None:
+                    on_pair(p, *sums[p].tolist())
                 done[0] += 1
                 if progress is not None and todo:
                     progress(done[0] * total // todo, total)
 
     _ring(own_b, blocks_b, world, world.size, visit, dtype, backend.device)
-    out = world.all_reduce_sum(torch.from_numpy(sums), "pair").numpy()
-    return float(sum(out.tolist()))
+    out = world.all_reduce_sum(torch.from_numpy(np.ascontiguousarray(sums[:, 0])), "pair").numpy()
+    return float(sum(out.tolist())), reused
 
 
 RANKS_MAX = 65536  # the most ranks a refusal searches for the number that would fit

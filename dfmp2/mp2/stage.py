@@ -123,7 +123,7 @@ def mp2_stage(
     written to it, and what it already holds is reused. ``progress(done, total)`` after each
     block pair. ``world`` (dfmp2.distributed.World) over several ranks: ``distributed_stage``."""
     if world is not None and world.distributed:
-        assert checkpoint is None and not plan.out_of_core
+        assert not plan.out_of_core
         return distributed_stage(
             mol,
             auxmol,
@@ -135,6 +135,7 @@ def mp2_stage(
             engine=engine,
             progress=progress,
             world=world,
+            checkpoint=checkpoint,
         )
     # fp32 rounding of (P|ia) is amplified by L^-1 (the metric's condition number): on (H2O)4 an
     # fp32 fit costs over ten times the energy error of an fp64 fit
@@ -287,25 +288,22 @@ def distributed_stage(
     engine: integrals.IntegralEngine,
     progress,
     world,
+    checkpoint=None,
 ) -> MP2Energies:
     """The stage over several ranks (dfmp2.mp2.dist): each rank builds and holds its occupied
     blocks of B in memory; the energies are bitwise the single-process ones and every rank gets
-    them. Records each rank's B bytes in ``world.b_bytes`` (gathered on every rank)."""
+    them. Records each rank's B bytes in ``world.b_bytes`` (gathered on every rank).
+    ``checkpoint``: this rank's file of a checkpoint over ranks (dfmp2.io.rank_checkpoint): its B
+    and finished pairs are written there, and what the ranks' files hold is reused."""
     fit_dtype, b_dtype = backend.fit_dtype(precision), DTYPES[precision]
     naux = auxmol.nao_nr()
     blocks = [outofcore.OccBlocks(ch.nocc_active, ch.nvir_active, naux, plan.occ_block) for ch in ref.channels]
-    factor = metric_factor(auxmol, backend, timer, engine)
-    own = []
-    for ch, blk in zip(ref.channels, blocks):
-        own.append(
-            mp2_dist.build_B(
-                mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, b_dtype, plan, timer, blk, engine, factor, world
-            )
-            if blk.nocc
-            else {}
-        )
-    metric = factor[1:]
-    del factor
+    t0 = time.perf_counter()
+    own, metric, b_reused = _distributed_b(
+        mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, world, checkpoint
+    )
+    if b_reused:
+        timer.add("checkpoint", t0)
     mine = sum(t.numel() * t.element_size() for d in own for t in d.values())
     counts = torch.zeros(world.size, dtype=torch.float64)
     counts[world.rank] = mine
@@ -314,44 +312,106 @@ def distributed_stage(
         (backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
         for ch in ref.channels
     ]
+
+    def session(npairs, group):
+        return checkpoint.pair_session(npairs, group) if checkpoint is not None else None
+
     t0 = time.perf_counter()
     if ref.restricted:
-        e_os, e_ss = mp2_dist.same_spin_sums(own[0], blocks[0], *eps[0], backend, world, b_dtype, progress)
+        e_os, e_ss, reused = mp2_dist.same_spin_sums(
+            own[0], blocks[0], *eps[0], backend, world, b_dtype, progress, session(len(blocks[0].pairs()), "pairs")
+        )
         npairs, spin_blocks = len(blocks[0].pairs()), None
     else:
-        e_same = [
-            0.5 * mp2_dist.same_spin_sums(own[s], blocks[s], *eps[s], backend, world, b_dtype)[1]
-            if blocks[s].nocc
-            else 0.0
-            for s in (0, 1)
-        ]
-        e_ab = (
-            mp2_dist.cross_spin_sums(own[0], own[1], blocks[0], blocks[1], eps[0], eps[1], backend, world, b_dtype)
-            if blocks[0].nocc and blocks[1].nocc
-            else 0.0
+        e_os, e_ss, spin_blocks, npairs, reused = _distributed_uhf_pairs(
+            own, blocks, eps, backend, world, b_dtype, session
         )
-        e_os, e_ss = e_ab, e_same[0] + e_same[1]
-        npairs = sum(len(b.pairs()) for b in blocks if b.nocc) + blocks[0].count * blocks[1].count
-        spin_blocks = {"e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
     timer.add("pair", t0)
+    if checkpoint is not None:  # the finished pairs taken from every rank's file
+        reused = int(world.all_reduce_sum(torch.tensor([float(reused)], dtype=torch.float64), "pair").item())
     storage = StorageRecord(
         B=f"memory (distributed over {world.size} ranks)",
         occ_blocks=[b.count for b in blocks],
         block_pairs=npairs,
-        checkpoint=None,
+        checkpoint=str(checkpoint.path) if checkpoint is not None else None,
         B_file=None,
-        from_checkpoint=FromCheckpoint(scf=ref.source == "checkpoint"),
+        from_checkpoint=FromCheckpoint(scf=ref.source == "checkpoint", B=b_reused, pairs=reused),
     )
+    record = engine.describe()
+    if b_reused:
+        record["note"] = "not run: B came from the checkpoint"
     return MP2Energies(
         e_os=e_os,
         e_ss=e_ss,
         spin_blocks=spin_blocks,
         storage=storage,
         metric=describe_metric(*metric),
-        integrals=engine.describe(),
+        integrals=record,
         stage_precision={
             "transform_fit": str(fit_dtype).replace("torch.float", "fp"),
             "pair": precision,
             "energy_sums": "fp64",
         },
     )
+
+
+def _distributed_b(mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, world, ck):
+    """This rank's blocks of B per channel ({k: block}), the metric's (kind, info) and whether B
+    came from the checkpoint: read back from each rank's file when every rank's holds a complete B
+    (the ranks agree first: a build passes blocks between all of them), else built over the ranks
+    (and written to the files that lack it)."""
+    done = [1.0 if ck is not None and ck.b_done(c) else 0.0 for c in range(len(blocks))]
+    ndone = world.all_reduce_sum(torch.tensor(done, dtype=torch.float64), "transform").tolist()
+    reuse = [ck is not None and n == world.size for n in ndone]
+    factor, metric, own = None, ("cholesky", {}), []
+    for c, (ch, blk) in enumerate(zip(ref.channels, blocks)):
+        if not blk.nocc:
+            own.append({})
+            continue
+        if reuse[c]:
+            own.append(ck.load_own_b(blk, list(mp2_dist.owned(blk.count, world)), b_dtype, backend.device, c))
+            metric = ck.metric(c)
+            continue
+        factor = factor or metric_factor(auxmol, backend, timer, engine)
+        own.append(
+            mp2_dist.build_B(
+                mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, b_dtype, plan, timer, blk, engine, factor, world
+            )
+        )
+        metric = factor[1:]
+        if ck is not None and not ck.b_done(c):
+            t0 = time.perf_counter()
+            ck.save_own_b(own[-1], *metric, channel=c)
+            timer.add("checkpoint", t0)
+    return own, metric, all(r for r, b in zip(reuse, blocks) if b.nocc)
+
+
+def _distributed_uhf_pairs(own, blocks, eps, backend, world, b_dtype, session):
+    """UMP2's spin blocks over the ranks (``_open_shell_pairs``' sums): (E_OS, E_SS, spin blocks,
+    block pairs, pairs taken from this rank's checkpoint file); ``session(npairs, group)``: the
+    checkpoint's pair set or None."""
+    e_same, reused = [0.0, 0.0], 0
+    for s, group in enumerate(("pairs_aa", "pairs_bb")):
+        if blocks[s].nocc:
+            _os, ss, n = mp2_dist.same_spin_sums(
+                own[s], blocks[s], *eps[s], backend, world, b_dtype, None, session(len(blocks[s].pairs()), group)
+            )
+            e_same[s], reused = 0.5 * ss, reused + n
+    e_ab = 0.0
+    if blocks[0].nocc and blocks[1].nocc:
+        e_ab, n = mp2_dist.cross_spin_sums(
+            own[0],
+            own[1],
+            blocks[0],
+            blocks[1],
+            eps[0],
+            eps[1],
+            backend,
+            world,
+            b_dtype,
+            session=session(blocks[0].count * blocks[1].count, "pairs_ab"),
+        )
+        reused += n
+    npairs = sum(len(b.pairs()) for b in blocks if b.nocc) + blocks[0].count * blocks[1].count
+    spin_blocks = {"e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
+    return e_ab, e_same[0] + e_same[1], spin_blocks, npairs, reused

@@ -1,6 +1,7 @@
 """Whole runs dealt over the ranks: the task-parallel commands (``interaction``'s 2N+1 runs, a CBS
-bracket's bases, ``compare``'s runs) give each run to one rank, as a one-process run there, and
-gather the results on every rank.
+bracket's bases) give each run to one rank, as a one-process run there, and gather the results on
+every rank. (``frequencies`` deals its gradients the same way with tensors and a checkpoint of its
+own: dfmp2.workflows.frequencies.)
 
 Round k deals tasks k*N .. k*N + N - 1 to ranks 0 .. N - 1 (N ranks); after each round every rank
 holds every result of the round (``World.gather_objects``). Each run is the one a single process

@@ -90,3 +90,22 @@ def test_real_run_without_gpu_refuses_in_one_line(tmp_path):
     p = _run("--out-dir", str(tmp_path), timeout=120)
     assert p.returncode != 0 and "no CUDA GPU" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_dry_run_of_the_torchrun_step_records_ranks_backend_and_energies(tmp_path):
+    """The NCCL step's dry run: torchrun with 2 gloo ranks on the CPU (STO-3G water) against one
+    process; the record holds the world size, the comm backend, both runs' energies and their
+    differences, and the markdown its table."""
+    p = _run("--dry-run", "--out-dir", str(tmp_path), "--steps", "nccl_torchrun", timeout=300)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    doc, md = _results(tmp_path)
+    (step,) = doc["steps"]
+    assert step["name"] == "nccl_torchrun" and step["status"] == "pass", step
+    r = step["result"]
+    assert r["world_size"] == r["world_size_recorded"] == 2 and r["ngpu"] == 0 and r["device"] == "cpu"
+    assert r["comm_backend"] == r["expected_backend"] == "gloo" and r["devices"] and len(r["devices"]) == 2
+    assert "torch.distributed.run --standalone --nproc-per-node=2 -m dfmp2 run" in r["commands"][1]
+    keys = {"e_hf", "e_corr_os", "e_corr_ss", "e_mp2"}
+    assert set(r["energies_one_process"]) == set(r["energies_ranks"]) == set(r["abs_d"]) == keys
+    assert max(r["abs_d"].values()) <= gpu_acceptance.E_RANKS_TOL and "2 ranks (gloo) vs one process" in step["reason"]
+    assert "## torchrun over 2 rank(s): comm backend gloo" in md and "DRY RUN ON CPU" in md

@@ -322,3 +322,17 @@ def test_every_command_offers_every_scf_mode():
     for name in ("run", "interaction", "compare"):
         opt = next(p for p in main.commands[name].params if p.name == "scf_mode")
         assert tuple(opt.type.choices) == pyscf_scf.SCF_MODES, name
+
+
+@pytest.mark.parametrize("command", ["compare", "regress"])
+def test_commands_that_are_not_rank_aware_refuse_a_launcher(monkeypatch, command):
+    """Started by a launcher with several processes, compare and regress (one process's work) are
+    refused before any work: rank 0 one error line, the other ranks exit 2 quietly."""
+    args = [command, str(INPUTS / "water.xyz")] if command == "compare" else [command, "water"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    res = run_cli(args)
+    assert res.exit_code == 2 and f"dfmp2 {command} runs in one process" in res.output
+    monkeypatch.setenv("RANK", "1")
+    res = run_cli(args)
+    assert res.exit_code == 2 and "error" not in res.output

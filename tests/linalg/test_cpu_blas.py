@@ -490,3 +490,49 @@ def test_the_openblas_path_copies_no_input():
     # a layout OpenBLAS would need copied goes to torch, and the record says so
     be.gemm(a[:, ::2], b, trans_a=True)
     assert be.kernels_used.get("gemm:torch.matmul") == 1
+
+
+def test_a_truncated_cache_is_measured_again(quiet_machine):
+    """A cache file cut short (a full disk, a killed writer of an older version) is unreadable:
+    the table is measured again and the run goes on (issue 43)."""
+    _cached_table()
+    path = Path(cpu_blas.cache_path())
+    path.write_text(path.read_text()[: len(path.read_text()) // 2])
+    cpu_blas._TABLES.clear()
+    d = _resolve()
+    assert d["source"] == "probe" and "unreadable" in d["remeasured_because"]
+    assert json.loads(path.read_text())["entries"]  # written whole again
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from dfmp2.linalg import cpu_blas
+path, who = Path(sys.argv[1]), sys.argv[2]
+for i in range(40):
+    assert cpu_blas._write_cache(path, f"{who}-{i}", {"n": i}) is None
+"""
+
+
+def test_two_writers_at_once_never_leave_a_damaged_file(tmp_path):
+    """Two processes writing the cache at once (two runs that probed together): every read in
+    between and the file at the end are whole JSON of this version (atomic replace; a lost
+    update is possible, a damaged file is not)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "cache" / "dfmp2" / "cpu_blas.json"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), who], env=env, stderr=subprocess.PIPE, text=True)
+        for who in ("a", "b")
+    ]
+    reads = 0
+    while any(p.poll() is None for p in procs):
+        if path.exists():
+            data = json.loads(path.read_text())  # never half written
+            assert data["version"] == cpu_blas.CACHE_VERSION
+            reads += 1
+    assert all(p.wait(timeout=60) == 0 for p in procs), [p.stderr.read() for p in procs]
+    data = json.loads(path.read_text())
+    assert data["version"] == cpu_blas.CACHE_VERSION and data["entries"] and reads > 0

@@ -191,14 +191,128 @@ def test_rank_killed_mid_pair_step(tmp_path):
     assert not list((tmp_path / "tmp").iterdir())  # no stray scratch files
 
 
-def test_checkpoint_refused_over_ranks(tmp_path):
-    (tmp_path / "water.xyz").write_text(WATER)
-    args = [str(tmp_path / "water.xyz"), *ARGS, "--checkpoint", str(tmp_path / "ck.h5")]
-    res = _launch(tmp_path, [args, args])
+# ---- checkpoints over ranks (issue 42): one file per rank beside the manifest (dfmp2.io.rank_checkpoint)
+CK_ARGS = [*ARGS, "--dist-scf", "replicated"]  # the orbitals bit for bit whatever the SCF's reduction order
+
+
+@pytest.fixture(scope="module")
+def killed_checkpoint(tmp_path_factory):
+    """A 2-rank checkpointed run of water (3 occupied blocks, 6 block pairs) whose rank 1 is killed
+    (SIGKILL) at its third pair: its files (ck.h5, ck.h5.rank1) in a directory of their own."""
+    d = tmp_path_factory.mktemp("killed")
+    (d / "water.xyz").write_text(WATER)
+    args = [str(d / "water.xyz"), *CK_ARGS, "--checkpoint", str(d / "ck.h5")]
+    res = _launch(d, [args, args], DFMP2_TEST_FAULT="pair:1:kill:2")
+    (rc0, err0, _), (rc1, _, _) = res
+    assert rc1 == -9 and rc0 == 2 and "Traceback" not in err0, res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "rank 0 of 2: lost contact" in lines[0], res
+    assert sorted(p.name for p in d.glob("ck.h5*")) == ["ck.h5", "ck.h5.rank1"]  # kept to resume
+    return d
+
+
+def _flip_byte(path, dataset):
+    """Invert one byte of ``dataset``'s data in the HDF5 file ``path``, behind HDF5's back: in the
+    middle, or for the pair sums in the first finished pair's row (the others are not read back)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        offset, nbytes = f[dataset].id.get_offset(), f[dataset].id.get_storage_size()
+        at = nbytes // 2
+        if dataset.endswith("sums"):
+            at = 16 * int(f[dataset.replace("sums", "done")][...].nonzero()[0][0]) + 3
+    with open(path, "r+b") as fh:
+        fh.seek(offset + at)
+        b = fh.read(1)
+        fh.seek(offset + at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def _datasets(path) -> dict:
+    """{name: bytes} of every dataset in the HDF5 file ``path`` (what a refused resume must leave)."""
+    import h5py
+    import numpy as np
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.update({n: np.asarray(o[()]).tobytes()}) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> Path:
+    import shutil
+
+    for p in src.glob("ck.h5*"):
+        shutil.copy(p, dst / p.name)
+    (dst / "water.xyz").write_text(WATER)
+    return dst / "ck.h5"
+
+
+def test_checkpoint_over_ranks_killed_in_the_pair_step_resumes_to_the_same_bits(tmp_path, killed_checkpoint):
+    """Resumed on 2 ranks: E_OS/E_SS bit for bit those of an uninterrupted 2-rank run, the SCF, B and
+    the pairs finished before the kill (on both ranks) taken from the files, not recomputed."""
+    import h5py
+
+    ck = _copy_checkpoint(killed_checkpoint, tmp_path)
+    finished = 0
+    for name in ("ck.h5", "ck.h5.rank1"):
+        with h5py.File(tmp_path / name, "r") as f:
+            finished += int(f["pairs/done"][...].sum())
+            assert f["B"].attrs["complete"] == 1 and ("scf" in f) == (name == "ck.h5")
+    assert 3 <= finished < 6  # rank 1's two before the kill, rank 0's before it noticed
+    mol = str(tmp_path / "water.xyz")
+    out = {k: tmp_path / f"{k}.json" for k in ("resumed", "whole")}
+    res = _launch(tmp_path, [[mol, *CK_ARGS, "--resume", str(ck), "--json", str(out["resumed"])]] * 2)
+    assert [rc for rc, _, _ in res] == [0, 0], res
+    res = _launch(tmp_path, [[mol, *CK_ARGS, "--json", str(out["whole"])]] * 2)
+    assert [rc for rc, _, _ in res] == [0, 0], res
+    resumed, whole = (read_checked(out[k]) for k in ("resumed", "whole"))
+    for k in ("e_hf", "e_corr_os", "e_corr_ss"):
+        assert resumed["energies"][k] == whole["energies"][k], (k, resumed["energies"][k], whole["energies"][k])
+    used = resumed["ran"]["storage"]["from_checkpoint"]
+    assert used == {"scf": True, "B": True, "pairs": finished}, used
+    assert resumed["ran"]["distributed"]["world_size"] == 2
+    with h5py.File(ck, "r") as f:
+        assert f.attrs["complete"] == 1 and f.attrs["e_os"] == resumed["energies"]["e_corr_os"]
+
+
+def test_checkpoint_over_ranks_resumed_on_three_ranks_is_refused(tmp_path, killed_checkpoint):
+    """Another rank count: refused in one line naming both counts, exit 2 on every rank within 30 s,
+    the files left as they were."""
+    ck = _copy_checkpoint(killed_checkpoint, tmp_path)
+    before = {p.name: _datasets(p) for p in tmp_path.glob("ck.h5*")}
+    args = [str(tmp_path / "water.xyz"), *CK_ARGS, "--resume", str(ck), "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args] * 3)
+    assert [rc for rc, _, _ in res] == [2, 2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "written by 2 ranks but this run has 3 ranks" in lines[0], res
+    assert max(t for _, _, t in res) < 30 and not any("Traceback" in err for _, err, _ in res)
+    assert {p.name: _datasets(p) for p in tmp_path.glob("ck.h5*")} == before  # (HDF5 clears its open flag)
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("dataset", ["B/1", "pairs/sums"])
+def test_checkpoint_over_ranks_with_a_corrupted_rank_file_is_refused(tmp_path, killed_checkpoint, dataset):
+    """A byte flipped in rank 1's file (a block of its B, its finished pairs' sums): one error line,
+    exit 2 on every rank, before any work."""
+    ck = _copy_checkpoint(killed_checkpoint, tmp_path)
+    _flip_byte(tmp_path / "ck.h5.rank1", dataset)
+    args = [str(tmp_path / "water.xyz"), *CK_ARGS, "--resume", str(ck)]
+    res = _launch(tmp_path, [args] * 2)
     assert [rc for rc, _, _ in res] == [2, 2], res
     lines = _error_lines(res)
-    assert len(lines) == 1 and "checkpoint" in lines[0] and "ranks" in lines[0], res
-    assert not (tmp_path / "ck.h5").exists()
+    assert len(lines) == 1 and "ck.h5.rank1 is corrupted" in lines[0] and "checksum" in lines[0], res
+    assert max(t for _, _, t in res) < 30 and not any("Traceback" in err for _, err, _ in res)
+
+
+def test_checkpoint_over_ranks_removed_after_a_failure_in_the_scf(tmp_path):
+    """A rank that fails before the SCF is saved (the split SCF: the others stop at its first sum):
+    nothing worth resuming, so no rank's file is left."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--checkpoint", str(tmp_path / "ck.h5")]
+    res = _launch(tmp_path, [args, args], DFMP2_TEST_FAULT="scf:1:refuse")
+    assert [rc for rc, _, _ in res] != [0, 0], res
+    assert not list(tmp_path.glob("ck.h5*")), res
 
 
 def test_single_process_has_no_group(monkeypatch):
@@ -412,6 +526,7 @@ def test_a_failing_run_ends_every_rank(tmp_path, how):
         assert codes[0] == 2 and codes[1] == -9 and "lost contact" in errors[0]
 
 
+@pytest.mark.slow  # the same dealing as interaction's (default channel); here through run_cbs
 def test_cbs_bracket_over_two_ranks_equals_one_process(tmp_path):
     """`dfmp2 run --basis cc-pv[dt]z` under torchrun: each basis on its own rank, the extrapolated
     energies equal one process's bit for bit."""
