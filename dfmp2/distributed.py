@@ -18,8 +18,9 @@ or raises (its process ends) makes the others' next communication fail: each say
 ``DFMP2_TEST_FAULT=<point>:<rank>:<kill|raise|hang>[:<n>]`` (tests only): at ``fault(point)`` that
 rank kills itself with SIGKILL, raises, or hangs (sleeps three timeouts), so the tests can fail a
 rank in the middle of a stage; with ``n``, at its (n+1)-th pass there (after n pairs, say).
-``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks
-(default) or replicated on each.
+``RunOptions.dist_scf`` (``split_scf``): our DF-SCF split over the ranks (default) or replicated
+on each. ``World.ordered_sum`` adds the ranks' partial sums in one fixed order (the split SCF's
+J and K): the same bits as one process.
 """
 
 from __future__ import annotations
@@ -170,6 +171,43 @@ class World:
             dist.all_reduce(w)
         self.count(stage, w.numel() * w.element_size(), time.perf_counter() - t0)
         return w.to(t.device)
+
+    def ordered_sum(self, parts, shape, dtype, device, stage: str) -> torch.Tensor:
+        """Σ of every rank's ``parts`` (an iterable of tensors of ``shape``, this rank's in their
+        global order; the ranks' in rank order) added one at a time in that order, on every rank:
+        the same bits as one process adding all of them in order. Rank 0 adds its own as they
+        come; rank r > 0 keeps its own, receives rank r - 1's running sum, adds its own to it and
+        passes it on; the last rank broadcasts the total (N - 1 passes and one broadcast of
+        ``shape``). One process: the running sum alone (zeros when there is nothing)."""
+        total = None
+        held = [] if self.rank else None
+        for p in parts:
+            if held is not None:
+                held.append(p)
+            elif total is None:
+                total = p
+            else:
+                total += p
+        if not self.distributed:
+            return total if total is not None else torch.zeros(shape, dtype=dtype, device=device)
+        import torch.distributed as dist
+
+        if self.rank:
+            total = torch.empty(shape, dtype=dtype, device=self.wire_device)
+            self.shift(None, total, self.rank, self.rank - 1, stage)
+            total = total.to(device)
+            for p in held:
+                total += p
+        elif total is None:
+            total = torch.zeros(shape, dtype=dtype, device=device)
+        if self.rank + 1 < self.size:
+            self.shift(total.to(self.wire_device).contiguous(), None, self.rank + 1, self.rank, stage)
+        t0 = time.perf_counter()
+        w = total.to(self.wire_device).contiguous()
+        with self.talking(stage, "passing the sum over the ranks"):
+            dist.broadcast(w, src=self.size - 1)
+        self.count(stage, w.numel() * w.element_size() if self.rank == self.size - 1 else 0, time.perf_counter() - t0)
+        return w.to(device)
 
     def gather_objects(self, obj, stage: str) -> list:
         """Every rank's ``obj`` (picklable), in rank order, on every rank (one process: [obj])."""
@@ -522,9 +560,10 @@ def command(world: World):
 
 def split_scf(world: World) -> bool:
     """Whether our DF-SCF splits its JK factor over the ranks (``RunOptions.dist_scf``, default
-    'split': J and K summed over ranks each cycle, E(HF) within ~1e-12 Eh of one process, so the
-    MP2 energies too, not bitwise), or every rank runs the whole SCF ('replicated': the same
-    orbitals bit for bit as one process, so E_OS and E_SS bit-identical to a 1-rank run)."""
+    'split': fixed groups of the factor's rows, J and K added in group order over the ranks,
+    dfmp2.scf.jk_dist), or every rank runs the whole SCF ('replicated'). Both give one process's
+    orbitals bit for bit, so E(HF), E_OS and E_SS bit-identical to a 1-rank run (at equal threads
+    per process and BLAS choice)."""
     return world.distributed and world.scf_split
 
 
@@ -540,13 +579,3 @@ def plan_options(options, world: World):
     import dataclasses
 
     return dataclasses.replace(options, memory_mb=UNLIMITED_MB, storage="memory")
-
-
-def scf_rows(naux: int, world: World) -> int:
-    """JK-factor rows the memory plan counts on one rank: all ``naux`` on one process or with the
-    SCF replicated; split over N ranks, two shares (2 ceil(naux/N)): during the fit a rank holds its
-    raw rows, its fitted rows and the raw rows passing through (twice a share next to the one
-    process's raw + fitted factor), during the cycles one share (counted as two: an upper bound)."""
-    if not split_scf(world):
-        return naux
-    return min(naux, 2 * -(-naux // world.size))

@@ -49,9 +49,9 @@ DFT_GRID_LEVEL = 3
 
 
 _PATH = (str, os.PathLike, type(None))
-# over several ranks: our DF-SCF's JK factor split by auxiliary index (J and K summed over the
-# ranks each cycle: E(HF) within ~1e-12 Eh of one process) or the whole SCF on every rank (the same
-# orbitals bit for bit, so E_OS and E_SS bit-identical to one process); one process: no difference
+# over several ranks: our DF-SCF's JK factor split by auxiliary index (J and K summed over fixed
+# groups of it in group order, dfmp2.scf.jk_dist) or the whole SCF on every rank; either gives
+# E(HF), E_OS and E_SS bit-identical to one process (equal threads per process, the same BLAS)
 DIST_SCF_MODES = ("split", "replicated")
 
 # (field, allowed types, what the error says): bool only where listed (it is an int to Python)

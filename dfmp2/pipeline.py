@@ -37,7 +37,7 @@ from dfmp2.options import SCF_SCREEN, RunOptions
 from dfmp2.props import stage as props_stage
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
-from dfmp2.scf import driver, jk, pyscf_scf, stability
+from dfmp2.scf import driver, jk, jk_dist, pyscf_scf, stability
 from dfmp2.scf.precision import resolve_precision
 from dfmp2.timing import CycleLog, Timer
 
@@ -698,10 +698,11 @@ def _scf_memory(
     mol, backend = job.mol, job.backend
     naux_jk = job.jk_auxmol.nao_nr()
     itemsize = torch.finfo(backend.fit_dtype(backend.default_precision)).bits // 8
-    args = (mol.nao_nr(), distributed.scf_rows(naux_jk, job.world), max(mol.nelec), itemsize)
+    split = distributed.split_scf(job.world)
+    args = (mol.nao_nr(), jk_dist.planned_rows(job.jk_auxmol, job.world, split), max(mol.nelec), itemsize)
     spins = 2 if job.unrestricted else 1
-    disk = backend.has_fp64 and not distributed.split_scf(job.world)
-    kw = dict(spins=spins, pairs=job.jk_pairs)
+    disk = backend.has_fp64 and not split
+    kw = dict(spins=spins, pairs=job.jk_pairs, held=jk_dist.held_partials(job.jk_auxmol, job.world, split, spins))
     if minimum:
         need = {"peak": driver.min_memory_mb(*args, disk=disk, **kw)}
     elif limit_mb is not None:

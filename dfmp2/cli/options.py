@@ -146,8 +146,9 @@ SPECS = {
     "dist_scf": dict(
         type=click.Choice(DIST_SCF_MODES),
         help="over several ranks (torchrun): our DF-SCF's JK factor split over the ranks, J and K "
-        "summed each cycle (E(HF) within 1e-12 Eh of one process), or the whole SCF on every "
-        "rank (replicated: E_OS and E_SS bit-identical to one process); one process: either",
+        "summed each cycle in a fixed order, or the whole SCF on every rank (replicated); both give "
+        "E(HF), E_OS and E_SS bit-identical to one process at the same threads per process; one "
+        "process: either",
     ),
     "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
     "storage": dict(

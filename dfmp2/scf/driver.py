@@ -50,6 +50,7 @@ def memory_mb(
     layout: str = "packed",
     fit_mb: float = 0.0,
     pairs: int | None = None,
+    held: int = 0,
 ) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor: packed naux nao(nao+1)/2 itemsize,
     or with ``layout`` 'unpacked' naux nao^2 itemsize), 'fp32_copy' (the mixed-precision SCF's fp32
@@ -67,7 +68,8 @@ def memory_mb(
     reader's; the cycles the reader's blocks (DISK_READ_DEPTH + 1 packed), one block unpacked and
     its half-transform. ``pairs``: the packed columns kept by screening (``jk.significant_pairs``;
     default all nao(nao+1)/2): the packed and disk factors hold only those, and a screened unpack
-    adds its scatter buffer (SCATTER_MB)."""
+    adds its scatter buffer (SCATTER_MB). ``held``: the (nao, nao) fp64 partials of J and K the
+    cycles' ordered sum holds at once (``jk_dist.held_partials``), counted in the cycles."""
     width = npair(nao) if pairs is None else pairs
     scatter = 0 if pairs is None else SCATTER_MB * 1e6  # a screened unpack's buffer
     fac64 = naux * width * 8
@@ -91,6 +93,7 @@ def memory_mb(
         fit = 2 * fac64 + (fac if itemsize != 8 else 0)
         cycle = fac + (fac64 if itemsize != 8 else 0) + copy32 + nb * nao * nao * 8 + scatter
         cycle += 2 * nb * nao * 2 * nocc * 8
+    cycle += held * nao * nao * 8
     space = UHF_DIIS_SPACE if spins == 2 else DIIS_SPACE
     dense = (8 + 2 * space) * spins * nao * nao * 8
     return {
@@ -115,6 +118,7 @@ def check_memory(
     disk: bool = False,
     other_mb: float = 0.0,
     pairs: int | None = None,
+    held: int = 0,
 ) -> dict:
     """``memory_mb`` of the first plan that fits ``limit_mb``: the unpacked fp64 factor (no unpack
     per cycle, J and K in one pass: the fastest, twice the memory), else the packed one with the
@@ -130,7 +134,7 @@ def check_memory(
     'block_mb' is the exchange block and 'layout' the factor's; ``pairs`` the screened factor's
     packed columns (``memory_mb``). MemoryLimitError (one line in human units, before any
     integral) when none fits, naming what would."""
-    kw = dict(spins=spins, pairs=pairs)
+    kw = dict(spins=spins, pairs=pairs, held=held)
     plans = [("unpacked", UNPACKED_BLOCK_MB)] if itemsize == 8 else []
     plans += [("packed", JK_BLOCK_MB), ("packed", 1e-9)]  # a smaller block costs more than the copy saves
     for layout, block_mb in plans:
@@ -166,12 +170,19 @@ def check_memory(
 
 
 def min_memory_mb(
-    nao: int, naux: int, nocc: int, itemsize: int, spins: int = 1, disk: bool = False, pairs: int | None = None
+    nao: int,
+    naux: int,
+    nocc: int,
+    itemsize: int,
+    spins: int = 1,
+    disk: bool = False,
+    pairs: int | None = None,
+    held: int = 0,
 ) -> float:
     """The least MB any plan of ``check_memory`` runs in (the factor on disk where ``disk`` allows
     it, else the packed factor with the smallest exchange block)."""
     try:
-        check_memory(nao, naux, nocc, itemsize, 0.0, spins=spins, disk=disk, pairs=pairs)
+        check_memory(nao, naux, nocc, itemsize, 0.0, spins=spins, disk=disk, pairs=pairs, held=held)
     except MemoryLimitError as e:
         return e.need_mb
     raise AssertionError("a plan fitted in no memory")
@@ -214,8 +225,9 @@ def run_scf(
     ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
     ``check_memory``; False: fp64 cycles, recorded). ``stability`` (UHF): check the converged
     UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``). ``world``
-    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index, J and
-    K all-reduced each cycle (dfmp2.scf.jk_dist), unless the SCF is replicated
+    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index in fixed
+    groups, J and K added in group order each cycle (dfmp2.scf.jk_dist: the same bits as one
+    process), unless the SCF is replicated
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
     (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).

@@ -26,7 +26,9 @@ Shapes: the factor is (naux, nao(nao+1)/2) packed or (naux, nao, nao) unpacked (
 layout 'unpacked', ``unpacked``, and a mixed SCF's fp32 copy, ``fp32_unpacked``), densities and J, K
 (nao, nao), Hartree. Exchange blocks of ``jk_block`` auxiliary functions, near JK_BLOCK_MB MB
 unpacked (UNPACKED_BLOCK_MB over the unpacked factor). ``build_jk_factor``
-fits the factor (the split one over ranks: dfmp2.scf.jk_dist). DFRHF (dfmp2.scf.rhf), DFUHF
+fits the factor in fixed groups of auxiliary rows, one process or split over the ranks
+(dfmp2.scf.jk_dist: J and K are summed group by group in group order, the same bits at any rank
+count). DFRHF (dfmp2.scf.rhf), DFUHF
 (dfmp2.scf.uhf) and the gradient's response (dfmp2.grad) build their J and K here.
 """
 
@@ -109,9 +111,11 @@ class JKFactor:
     module docstring). The unpacked layout costs twice the memory and saves the per-cycle unpack:
     its exchange blocks are views, and ``jk`` builds J and K in one pass over it."""
 
-    def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str, pairs=None):
+    def __init__(self, B: torch.Tensor, nao: int, backend, block: int, metric: str, pairs=None, groups=None, row0=0):
         self.B, self.nao, self.backend, self.block, self.metric = B, nao, backend, block, metric
         self._set_pairs(pairs, B.device)
+        self.groups = list(groups) if groups is not None else [(0, B.shape[0])]  # local rows, group order
+        self.row0 = row0  # the global index of B's first row (its groups': dfmp2.scf.jk_dist)
         if self.packed:
             r, c = torch.tril_indices(nao, nao, device=B.device)
             if self.pairs is not None:
@@ -176,39 +180,72 @@ class JKFactor:
             integrals.unpack(full, nao, out=square[r0:r1])
         return square.view(p.shape[:-1] + (nao, nao))
 
-    def coulomb(self, D: torch.Tensor) -> torch.Tensor:
-        """J(D)_μν = Σ_λσ (μν|λσ) D_λσ (nao, nao) in the factor's dtype: two GEMMs (matrix-vector)
-        over the packed factor (D packed, off-diagonal doubled) or the unpacked one (D flat)."""
+    def coulomb(self, D: torch.Tensor, world=None) -> torch.Tensor:
+        """J(D)_μν = Σ_λσ (μν|λσ) D_λσ (nao, nao) in the factor's dtype: per group of P two GEMMs
+        (matrix-vector) over the packed factor (D packed, off-diagonal doubled) or the unpacked one
+        (D flat), the groups' J added in group order (``world``: over its ranks, ``World.ordered_sum``)."""
         be, nao = self.backend, self.nao
         B = self.B if self.packed else self.B.view(self.naux, nao * nao)
         d = self.pack(D) if self.packed else D.reshape(-1).to(B.dtype)
-        gamma = linalg.gemm(B, d[:, None], backend=be)  # (naux, 1)
-        jp = linalg.gemm(B, gamma, trans_a=True, backend=be)[:, 0]  # (npair,) or (nao^2,)
+
+        def parts():
+            for g0, g1 in self.groups:
+                gamma = linalg.gemm(B[g0:g1], d[:, None], backend=be)  # (rows, 1)
+                yield linalg.gemm(B[g0:g1], gamma, trans_a=True, backend=be)[:, 0]  # (npair,) or (nao^2,)
+
+        jp = _world(world).ordered_sum(parts(), (B.shape[1],), B.dtype, B.device, "scf")
         return self.unpack(jp) if self.packed else jp.view(nao, nao)
 
-    def exchange(self, C: torch.Tensor, split: int | None = None) -> torch.Tensor:
+    def exchange(self, C: torch.Tensor, split: int | None = None, world=None) -> torch.Tensor:
         """K(D)_μν = Σ_λσ (μλ|νσ) D_λσ for D = C[:, :split] C[:, :split]^T - C[:, split:] C[:, split:]^T
         (split None: D = C C^T). C (nao, m); returns (nao, nao) fp64 (an fp32 factor's blocks are
         summed in fp64). Per block of P: Z = C^T B_P (one GEMM), K += Z^T Z (``_syrk_into``)."""
+        return self.exchanges([(C, split)], world)[0]
+
+    def exchanges(self, factors, world=None) -> torch.Tensor:
+        """K of each (C, split) of ``factors`` (``exchange``), (nfactor, nao, nao) fp64: each group's
+        K from zero, the groups' added in group order (over ``world``'s ranks: ``World.ordered_sum``)."""
         nao = self.nao
-        Cd = C.to(self.dtype)
-        K = torch.zeros((nao, nao), dtype=torch.float64, device=self.device)
-        for p0, p1, Bf in self.blocks():
-            self._exchange_block(K, Cd, Bf.reshape((p1 - p0) * nao, nao), split)
-        return _mirror(K)
+        cols = [(C.to(self.dtype), split) for C, split in factors]
+
+        def parts():
+            K, current = None, None
+            for g, p0, p1, Bf in self.group_blocks():
+                if g != current:
+                    if K is not None:
+                        yield K
+                    K, current = torch.zeros((len(cols), nao, nao), dtype=torch.float64, device=self.device), g
+                for k, (Cd, split) in enumerate(cols):
+                    if Cd.shape[1]:
+                        self._exchange_block(K[k], Cd, Bf.reshape((p1 - p0) * nao, nao), split)
+            if K is not None:
+                yield K
+
+        K = _world(world).ordered_sum(parts(), (len(cols), nao, nao), torch.float64, self.device, "scf")
+        return torch.stack([_mirror(k) for k in K])
 
     def blocks(self):
-        """(p0, p1, B_P (p1 - p0, nao, nao)) over the factor's auxiliary functions in blocks of
-        ``block``, in its dtype on its device: views of an unpacked factor; a packed block is
-        unpacked into one buffer reused from block to block (use it before asking for the next)."""
-        if not self.packed:
-            for p0 in range(0, self.naux, self.block):
-                yield p0, min(self.naux, p0 + self.block), self.B[p0 : p0 + self.block]
-            return
-        buf = torch.empty((min(self.block, self.naux), self.nao * self.nao), dtype=self.dtype, device=self.device)
-        for p0 in range(0, self.naux, self.block):
-            p1 = min(self.naux, p0 + self.block)
-            yield p0, p1, self.unpack(self.B[p0:p1], out=buf[: p1 - p0])
+        """(p0, p1, B_P (p1 - p0, nao, nao)) over the factor's auxiliary functions, group by group
+        (``group_blocks``)."""
+        for _, p0, p1, Bb in self.group_blocks():
+            yield p0, p1, Bb
+
+    def group_blocks(self):
+        """(group, p0, p1, B_P (p1 - p0, nao, nao)) over the factor's groups in order, each in blocks
+        of at most ``block`` functions (a group split evenly: the same blocks in every rank count),
+        in its dtype on its device: views of an unpacked factor; a packed block is unpacked into
+        one buffer reused from block to block (use it before asking for the next)."""
+        buf = None
+        if self.packed:
+            buf = torch.empty((min(self.block, self.naux), self.nao * self.nao), dtype=self.dtype, device=self.device)
+        for g, (g0, g1) in enumerate(self.groups):
+            n = -(-(g1 - g0) // max(1, self.block))
+            for i in range(n):
+                p0, p1 = g0 + (g1 - g0) * i // n, g0 + (g1 - g0) * (i + 1) // n
+                if self.packed:
+                    yield g, p0, p1, self.unpack(self.B[p0:p1], out=buf[: p1 - p0])
+                else:
+                    yield g, p0, p1, self.B[p0:p1]
 
     def _exchange_block(self, K, Cd, Bf, split, sign=None):
         """K's lower triangle += Z^T Z (split: minus for the columns from ``split`` on) with
@@ -228,32 +265,53 @@ class JKFactor:
             return torch.bmm(Z, (Cd * sign).mT[:, :, None])[:, :, 0].to(torch.float64).sum(0)
         return None
 
-    def jk(self, factors) -> tuple[torch.Tensor, torch.Tensor]:
+    def jk(self, factors, world=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(J, K) of the unpacked factor in one pass over it: J (nao, nao) of D = Σ_f D_f and K
         (nfactor, nao, nao) of each D_f, fp64, for ``factors`` [(C_f (nao, m_f), split_f)] with
         D_f = C_f[:, :split] C_f[:, :split]^T - C_f[:, split:] C_f[:, split:]^T (as ``exchange``).
         Per block of P, with its K GEMMs: γ_P = Σ_f Σ_i ±(C_f^T B_P C_f)_ii from the same Z (no
-        pass over the factor for γ) and J += Σ_P γ_P B_P while the block is in cache (one GEMV)."""
+        pass over the factor for γ) and J += Σ_P γ_P B_P while the block is in cache (one GEMV).
+        Each group's J and K from zero, the groups' added in group order (over ``world``'s ranks:
+        ``World.ordered_sum``)."""
         nao, dt, dev = self.nao, self.dtype, self.device
-        K = torch.zeros((len(factors), nao, nao), dtype=torch.float64, device=dev)
-        J = torch.zeros((1, nao * nao), dtype=torch.float64, device=dev)
         cols = []
         for C, split in factors:
             sign = torch.ones(C.shape[1], dtype=dt, device=dev)
             if split is not None:
                 sign[split:] = -1.0
             cols.append((C.to(dt), split, sign))
-        for p0, p1, Bb in self.blocks():
-            gamma = torch.zeros(p1 - p0, dtype=torch.float64, device=dev)
-            for k, (Cd, split, sign) in enumerate(cols):
-                if Cd.shape[1]:
-                    gamma += self._exchange_block(K[k], Cd, Bb.reshape(-1, nao), split, sign)
-            if dt == torch.float64:
-                linalg.gemm(gamma[None, :], Bb.reshape(p1 - p0, nao * nao), beta=1.0, out=J, backend=self.backend)
-            else:  # an fp32 factor: each block's short sum over P in fp32, the blocks summed in fp64
-                Jb = linalg.gemm(gamma.to(dt)[None, :], Bb.reshape(p1 - p0, nao * nao), backend=self.backend)
-                J += Jb.to(J.dtype)
-        return J.view(nao, nao).to(torch.float64), torch.stack([_mirror(k) for k in K])
+        shape = (1 + len(cols), nao, nao)
+
+        def parts():
+            JK, current = None, None
+            for g, p0, p1, Bb in self.group_blocks():
+                if g != current:
+                    if JK is not None:
+                        yield JK
+                    JK, current = torch.zeros(shape, dtype=torch.float64, device=dev), g
+                self._jk_block(JK[0].view(1, nao * nao), JK[1:], cols, Bb.reshape(p1 - p0, nao * nao))
+            if JK is not None:
+                yield JK
+
+        JK = _world(world).ordered_sum(parts(), shape, torch.float64, dev, "scf")
+        return JK[0], torch.stack([_mirror(k) for k in JK[1:]])
+
+    def _jk_block(self, J, K, cols, Bb) -> None:
+        """J (1, nao^2) and K (nfactor, nao, nao) fp64 += one block's (``jk``), Bb (nb, nao^2)."""
+        nao, nb = self.nao, Bb.shape[0]
+        gamma = torch.zeros(nb, dtype=torch.float64, device=Bb.device)
+        for k, (Cd, split, sign) in enumerate(cols):
+            if Cd.shape[1]:
+                gamma += self._exchange_block(K[k], Cd, Bb.reshape(-1, nao), split, sign)
+        if Bb.dtype == torch.float64:
+            linalg.gemm(gamma[None, :], Bb, beta=1.0, out=J, backend=self.backend)
+        else:  # an fp32 factor: each block's short sum over P in fp32, the blocks summed in fp64
+            J += linalg.gemm(gamma.to(Bb.dtype)[None, :], Bb, backend=self.backend).to(J.dtype)
+
+
+def _world(world):
+    """``world``, or a one-process World (its ordered sum: the running sum alone)."""
+    return world if world is not None else distributed.World()
 
 
 def _syrk_into(K: torch.Tensor, Z: torch.Tensor, alpha: float, backend) -> None:
@@ -298,6 +356,7 @@ class DiskJKFactor(JKFactor):
         self._set_pairs(pairs, backend.device)
         self.stats = {"passes": 0, "read_bytes": 0, "read_s": 0.0, "wait_s": 0.0}
         self.offset = None  # the raw data's byte offset in the file, once written (``map_file``)
+        self.groups, self.row0 = [(0, naux)], 0  # one process: one group (its blocks: the file's)
 
     def map_file(self) -> None:
         """Map the file in later passes (``mapped``): HDF5 stores the dataset contiguous and
@@ -409,6 +468,11 @@ class DiskJKFactor(JKFactor):
                 q1 = min(p1, q0 + self.block)
                 yield q0, q1, full[q0 - p0 : q1 - p0]
 
+    def group_blocks(self):
+        """``blocks`` as one group (one process only: not bitwise with the in-memory layouts)."""
+        for p0, p1, Bb in self.blocks():
+            yield 0, p0, p1, Bb
+
     def describe(self) -> dict:
         """The factor's file and what streaming it cost (``ran.scf.jk_factor``)."""
         st = self.stats
@@ -509,13 +573,13 @@ def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
     saved (scripts/results/docstring-measurements.md); unpacked fp32 is the packed fp64 factor's size (nao^2 x 4 B
     against nao(nao+1)/2 x 8 B per function), counted in the memory plan. Only K uses it."""
     nao, naux = fac.nao, fac.naux
-    B = torch.empty((naux, nao, nao), dtype=torch.float32, device=fac.B.device)
+    B = jk_dist.aligned_rows(naux, nao * nao, fac.row0, torch.float32, fac.B.device).view(naux, nao, nao)
     step = jk_block(nao, naux, 8, block_mb)
     buf = torch.empty((min(step, naux), nao * nao), dtype=fac.B.dtype, device=fac.B.device) if fac.packed else None
     for p0 in range(0, naux, step):
         p1 = min(naux, p0 + step)
         B[p0:p1] = fac.unpack(fac.B[p0:p1], out=buf[: p1 - p0]) if fac.packed else fac.B[p0:p1]
-    return JKFactor(B, nao, fac.backend, jk_block(nao, naux, 4, block_mb), fac.metric)
+    return JKFactor(B, nao, fac.backend, jk_block(nao, naux, 4, block_mb), fac.metric, None, fac.groups, fac.row0)
 
 
 def unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
@@ -523,12 +587,13 @@ def unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
     block (the packed one is dropped by the caller: both are resident until then), with exchange
     blocks of ``block_mb``."""
     nao, naux = fac.nao, fac.naux
-    U = torch.empty((naux, nao, nao), dtype=fac.B.dtype, device=fac.B.device)
+    U = jk_dist.aligned_rows(naux, nao * nao, fac.row0, fac.B.dtype, fac.B.device).view(naux, nao, nao)
     step = jk_block(nao, naux, fac.B.element_size(), block_mb)
     for p0 in range(0, naux, step):
         p1 = min(naux, p0 + step)
         fac.unpack(fac.B[p0:p1], out=U[p0:p1])
-    return JKFactor(U, nao, fac.backend, jk_block(nao, naux, fac.B.element_size(), block_mb), fac.metric)
+    block = jk_block(nao, naux, fac.B.element_size(), block_mb)
+    return JKFactor(U, nao, fac.backend, block, fac.metric, None, fac.groups, fac.row0)
 
 
 def build_jk_factor(
@@ -556,8 +621,9 @@ def build_jk_factor(
     The fit is fp64 even where the cycles are not: an fp32 solve amplifies rounding by the
     metric's conditioning (on water/cc-pVDZ-JKFIT it put E(HF) off by millihartrees), while B
     rounded to fp32 after an fp64 fit keeps about fp32's own relative error (scripts/results/docstring-measurements.md).
-    ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf): this rank's
-    rows of the factor (dfmp2.scf.jk_dist.factor_rows). ``layout`` 'unpacked' (the memory plan's
+    The fit runs over the factor's fixed groups (dfmp2.scf.jk_dist.factor_rows: a blocked forward
+    substitution); ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf):
+    this rank's groups of the factor, the same bits as one process's rows. ``layout`` 'unpacked' (the memory plan's
     choice where the unpacked factor fits; ``driver.check_memory``): the factor on ``backend``
     unpacked (naux, nao, nao), exchange blocks of UNPACKED_BLOCK_MB (``JKFactor.jk``). 'disk' (the
     plan's choice where neither fits in memory): fitted in row blocks of ``fit_mb`` MB into a file
@@ -575,29 +641,12 @@ def build_jk_factor(
         if scratch is None or fit_mb is None:
             raise ValueError("the JK factor on disk needs a scratch directory and the fit's block size")
         return fit_to_disk(mol, auxmol, backend, engine, scratch, timer, fit_mb, pairs), None
-    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    nao = mol.nao_nr()
     itemsize = torch.finfo(dtype).bits // 8
-    if world is not None and distributed.split_scf(world):
-        B, kind, info, rows = jk_dist.factor_rows(mol, auxmol, fb, engine, block_mb, world, timer, pairs)
-        metric = describe_metric(kind, info)
-        out = _factor_from(B, nao, len(rows), backend, fb, dtype, itemsize, block_mb, metric, pairs)
-        return _laid_out(out, layout, timer)
-    t0 = time.perf_counter()
-    width = npair(nao) if pairs is None else len(pairs)
-    raw = fb.to_device(torch.empty((naux, width), dtype=torch.float64))
-    blocks = integrals.aux_shell_blocks(auxmol, max(1, int(block_mb * 1e6 // max(1, npair(nao) * 8))))
-    keep = None if pairs is None else torch.as_tensor(pairs, dtype=torch.long).to(raw.device)
-    with engine.blocks(auxmol, blocks, torch.float64) as stream:
-        for p0, p1, packed in stream:
-            raw[p0:p1] = _kept(packed.to(raw.device), keep)
-    j2c = engine.metric(auxmol).to(raw.device)
-    t0 = timer.add("scf_integrals", t0)
-    M, kind, info = fit_metric(j2c, fb)
-    del j2c
-    B = _fit(M, kind, raw, fb)
-    del raw, M
-    out = _factor_from(B, nao, naux, backend, fb, dtype, itemsize, block_mb, describe_metric(kind, info), pairs)
-    timer.add("scf_fit", t0)
+    world = world if world is not None and distributed.split_scf(world) else distributed.World()
+    B, kind, info, groups, row0 = jk_dist.factor_rows(mol, auxmol, fb, engine, block_mb, world, timer, pairs)
+    metric = describe_metric(kind, info)
+    out = _factor_from(B, nao, auxmol.nao_nr(), backend, fb, dtype, itemsize, block_mb, metric, pairs, groups, row0)
     return _laid_out(out, layout, timer)
 
 
@@ -623,10 +672,15 @@ def _laid_out(out, layout: str, timer):
     return fac, fac64
 
 
-def _factor_from(B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric: str, pairs):
-    """(the JKFactor of the fp64 factor B on ``backend`` in ``dtype``, its fp64 one on ``fb`` or None)."""
+def _factor_from(
+    B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric, pairs, groups, row0
+):
+    """(the JKFactor of the fp64 factor B on ``backend`` in ``dtype``, its fp64 one on ``fb`` or
+    None). ``naux``: the whole factor's (the exchange block is the same in every rank count);
+    ``groups``, ``row0``: B's groups and first row (dfmp2.scf.jk_dist.factor_rows)."""
     fac64 = None
     if dtype != torch.float64:
-        fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric, pairs)
-    B = backend.to_device(B, dtype).contiguous()
-    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric, pairs), fac64
+        fac64 = JKFactor(B, nao, fb, jk_block(nao, naux, 8, block_mb), metric, pairs, groups, row0)
+    if B.device != backend.device or B.dtype != dtype:
+        B = backend.to_device(B, dtype).contiguous()
+    return JKFactor(B, nao, backend, jk_block(nao, naux, itemsize, block_mb), metric, pairs, groups, row0), fac64

@@ -192,34 +192,25 @@ class DFRHF:
         sets ``g_noise`` as ``exchange`` does."""
         if f.layout == "packed":
             return self.coulomb(Dm, f), self.exchange(f, factors, scale)
-        J, K = f.jk([(C.to(f.device), split) for C, split in factors])
-        J, K = self.world.all_reduce_sum(torch.cat([J[None], K]), "scf").split([1, len(factors)])
+        J, K = f.jk([(C.to(f.device), split) for C, split in factors], world=self.world)  # ordered over the ranks
         K = K * scale
         if f is self.fac32:
             self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
         elif f.dtype == torch.float64:
             self.g_noise = 0.0
-        return self.dense.to_device(J[0], torch.float64), self.dense.to_device(K, torch.float64)
+        return self.dense.to_device(J, torch.float64), self.dense.to_device(K, torch.float64)
 
     def coulomb(self, Dm, f):
         """J(Dm) (nao, nao) fp64 on the dense device; a mixed SCF's J stays fp64 (see FP32_NOISE)."""
         fj = self.fac if f is self.fac32 else f
-        J = self.world.all_reduce_sum(fj.coulomb(Dm.to(fj.device)).to(torch.float64), "scf")
+        J = fj.coulomb(Dm.to(fj.device), world=self.world).to(torch.float64)  # ordered over the ranks
         return self.dense.to_device(J, torch.float64)
 
     def exchange(self, f, factors, scale: float):
         """scale K(C C^T) (nfactor, nao, nao) fp64 on the dense device, one per (C, split) of
         ``factors`` (JKFactor.exchange; C with no columns: zero). Sets ``g_noise``, the gradient
         noise of an fp32 K (what DIIS and the switch ask): FP32_NOISE eps32 ||scale K||_F."""
-        K = torch.stack(
-            [
-                f.exchange(C.to(f.device), split)
-                if C.shape[1]
-                else torch.zeros((self.nao, self.nao), dtype=torch.float64, device=f.device)
-                for C, split in factors
-            ]
-        )
-        K = self.world.all_reduce_sum(K, "scf") * scale  # over ranks: each holds some P
+        K = f.exchanges([(C.to(f.device), split) for C, split in factors], world=self.world) * scale
         if f is self.fac32:
             self.g_noise = FP32_NOISE * torch.finfo(torch.float32).eps * float(torch.linalg.norm(K))
         elif f.dtype == torch.float64:
