@@ -208,21 +208,28 @@ class JKFactor:
         nao = self.nao
         cols = [(C.to(self.dtype), split) for C, split in factors]
 
-        def parts():
-            K, current = None, None
-            for g, p0, p1, Bf in self.group_blocks():
-                if g != current:
-                    if K is not None:
-                        yield K
-                    K, current = torch.zeros((len(cols), nao, nao), dtype=torch.float64, device=self.device), g
-                for k, (Cd, split) in enumerate(cols):
-                    if Cd.shape[1]:
-                        self._exchange_block(K[k], Cd, Bf.reshape((p1 - p0) * nao, nao), split)
-            if K is not None:
-                yield K
+        def add(K, p0, p1, Bf):
+            for k, (Cd, split) in enumerate(cols):
+                if Cd.shape[1]:
+                    self._exchange_block(K[k], Cd, Bf.reshape((p1 - p0) * nao, nao), split)
 
-        K = _world(world).ordered_sum(parts(), (len(cols), nao, nao), torch.float64, self.device, "scf")
+        shape = (len(cols), nao, nao)
+        K = _world(world).ordered_sum(self._group_sums(shape, add), shape, torch.float64, self.device, "scf")
         return torch.stack([_mirror(k) for k in K])
+
+    def _group_sums(self, shape, add):
+        """Each group's sum from zero, in group order (what ``World.ordered_sum`` adds): a zero fp64
+        buffer of ``shape`` per group, ``add(buf, p0, p1, B_P)`` called on it for each of the group's
+        blocks (``group_blocks``)."""
+        buf, current = None, None
+        for g, p0, p1, Bb in self.group_blocks():
+            if g != current:
+                if buf is not None:
+                    yield buf
+                buf, current = torch.zeros(shape, dtype=torch.float64, device=self.device), g
+            add(buf, p0, p1, Bb)
+        if buf is not None:
+            yield buf
 
     def blocks(self):
         """(p0, p1, B_P (p1 - p0, nao, nao)) over the factor's auxiliary functions, group by group
@@ -282,18 +289,10 @@ class JKFactor:
             cols.append((C.to(dt), split, sign))
         shape = (1 + len(cols), nao, nao)
 
-        def parts():
-            JK, current = None, None
-            for g, p0, p1, Bb in self.group_blocks():
-                if g != current:
-                    if JK is not None:
-                        yield JK
-                    JK, current = torch.zeros(shape, dtype=torch.float64, device=dev), g
-                self._jk_block(JK[0].view(1, nao * nao), JK[1:], cols, Bb.reshape(p1 - p0, nao * nao))
-            if JK is not None:
-                yield JK
+        def add(JK, p0, p1, Bb):
+            self._jk_block(JK[0].view(1, nao * nao), JK[1:], cols, Bb.reshape(p1 - p0, nao * nao))
 
-        JK = _world(world).ordered_sum(parts(), shape, torch.float64, dev, "scf")
+        JK = _world(world).ordered_sum(self._group_sums(shape, add), shape, torch.float64, dev, "scf")
         return JK[0], torch.stack([_mirror(k) for k in JK[1:]])
 
     def _jk_block(self, J, K, cols, Bb) -> None:
