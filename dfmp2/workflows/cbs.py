@@ -439,10 +439,7 @@ def run_cbs(
                 f"{b} (basis {n + 1} of {shown(options.basis)}): {e}", option=getattr(e, "option", None)
             ) from None
 
-    if world.distributed:
-        components = tasks.deal(len(bases), one_basis, world, stage="cbs")
-    else:  # one process: the bases in turn, as they always ran
-        components = [one_basis(n, world) for n in range(len(bases))]
+    components = tasks.deal(len(bases), one_basis, world, stage="cbs")  # one process: in turn
     warnings = [f"{b}: {w}" for b, res in zip(bases, components) for w in res.warnings]
     ran = dict(components[-1].ran)
     ran["kernels"] = summed_kernels(components)

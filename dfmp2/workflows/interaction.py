@@ -562,10 +562,7 @@ def run_interaction(
             raise type(e)(f"{label}: {e}", option=getattr(e, "option", None)) from None
         return Run(kind, k, res, time.perf_counter() - t1)
 
-    if world.distributed:
-        runs = tasks.deal(len(jobs), one_run, world, stage="interaction")
-    else:
-        runs = [one_run(n, world) for n in range(len(jobs))]
+    runs = tasks.deal(len(jobs), one_run, world, stage="interaction")  # one process: in turn
     warnings = []
     for run in runs:
         warnings += [w for w in run.result.warnings if w not in warnings]

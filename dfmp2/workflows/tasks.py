@@ -22,7 +22,8 @@ def deal(ntasks: int, run_task, world=None, stage: str = "tasks") -> list:
     """The results of ``run_task(k, single_world)`` for k = 0 .. ntasks - 1, in task order, on every
     rank of ``world`` (default ``distributed.current()``). ``run_task`` runs task k as one process
     (``single_world``: a one-process World to pass down to ``pipeline.prepare_run``) and returns a
-    picklable result. The ranks must have agreed on their input before (``World.agree``)."""
+    picklable result. The ranks must have agreed on their input before (``World.agree``). One
+    process: the tasks in turn, the first InputError raised as it comes."""
     world = world if world is not None else distributed.current()
     single = distributed.World()
     results: list = [None] * ntasks
@@ -39,8 +40,6 @@ def deal(ntasks: int, run_task, world=None, stage: str = "tasks") -> list:
         failed = [r0 + j for j, got in enumerate(round_) if got is not None and got[0] == "failed"]
         if failed:
             if error is not None and failed[0] == k:
-                raise error
-            if error is not None and not world.distributed:
                 raise error
             raise distributed.PeerRefusedError(f"task {failed[0] + 1} of {ntasks} failed on another rank")
         for j, got in enumerate(round_):
