@@ -209,6 +209,23 @@ class World:
         self.count(stage, w.numel() * w.element_size() if self.rank == self.size - 1 else 0, time.perf_counter() - t0)
         return w.to(device)
 
+    def broadcast(self, tensors, src: int, stage: str) -> None:
+        """Every tensor of ``tensors`` (contiguous, the same shapes on every rank) overwritten in
+        place on every rank by rank ``src``'s (one process: nothing to do)."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        with self.talking(stage, f"receiving rank {src}'s block"):
+            for t in tensors:
+                w = t if t.device == self.wire_device else t.to(self.wire_device)
+                dist.broadcast(w, src=src)
+                if w is not t:
+                    t.copy_(w)
+        sent = sum(t.numel() * t.element_size() for t in tensors) if self.rank == src else 0
+        self.count(stage, sent, time.perf_counter() - t0)
+
     def gather_objects(self, obj, stage: str) -> list:
         """Every rank's ``obj`` (picklable), in rank order, on every rank (one process: [obj])."""
         if not self.distributed:

@@ -102,31 +102,36 @@ def point_inputs(method_help: str):
 def gradient_command(xyz_file, method, json_path, quiet, **params):
     """The DF-MP2 energy of the molecule in INPUT (XYZ, Ångström) and its analytic nuclear
     gradient in Eh/bohr: RHF or UHF, density-fitted SCF, all-electron or frozen core."""
+    from dfmp2 import distributed
     from dfmp2.grad.run import run_gradient
     from dfmp2.io.xyz import read_xyz
 
-    one_process("gradient")
-    console = stdout_console()
-    err = Console(stderr=True)
-    options = run_options(params)
-    if json_path is not None:  # before any work
-        check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
-    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
-    progress = LazyProgress(err, "pair energies", enabled=not quiet)
-    try:
-        with terminate_raises():
-            gr = run_gradient(read_xyz(xyz_file), options, method=method, log=log, progress=progress)
-    finally:
-        progress.close()
-    if json_path:
-        gr.write_json(json_path)
-    with printing(written=(json_path,)):
-        gr.result.render(console, quiet=quiet)
-        console.print(gradient_table(gr))
-        for w in gr.parts.warnings:
-            console.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    if json_path and not quiet:
-        err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+    world = distributed.join(params["device"])  # torchrun: the energy and the gradient over the ranks
+    with distributed.command(world):
+        console = stdout_console()
+        err = Console(stderr=True)
+        options = run_options(params)
+        if json_path is not None:  # before any work
+            check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
+        quiet_here = quiet or bool(world.rank)  # rank 0 alone reports
+        log = None if quiet_here else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+        progress = LazyProgress(err, "pair energies", enabled=not quiet_here)
+        try:
+            with terminate_raises():
+                gr = run_gradient(read_xyz(xyz_file), options, method=method, log=log, progress=progress)
+        finally:
+            progress.close()
+        if world.rank:  # rank 0 alone writes and prints
+            return
+        if json_path:
+            gr.write_json(json_path)
+        with printing(written=(json_path,)):
+            gr.result.render(console, quiet=quiet)
+            console.print(gradient_table(gr))
+            for w in gr.parts.warnings:
+                console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        if json_path and not quiet:
+            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
 
 
 @click.command("optimize")

@@ -64,7 +64,7 @@ from pyscf.df import incore as df_incore
 from pyscf.grad import rhf as pyscf_grad_rhf
 from pyscf.scf import hf as pyscf_hf
 
-from dfmp2 import linalg, memory
+from dfmp2 import distributed, linalg, memory
 from dfmp2.df import integrals
 from dfmp2.df.outofcore import Scratch
 from dfmp2.errors import InputError, MemoryLimitError
@@ -80,6 +80,8 @@ from dfmp2.timing import Timer
 ZVECTOR_TOL = 1e-9
 ZVECTOR_MAX_ITER = 100
 PAIR_BLOCK_MB = 128.0  # K and θ of one block of the densities' pair loop
+PAIR_MIN_BLOCKS = 8  # the pair loop's j in at least this many blocks (where there are that many): work for ranks
+DERIV_GROUPS = 16  # the derivative integrals' aux blocks in this many fixed groups (where there are that many)
 AUX_BLOCK_MB = 200.0  # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
 DISK_AUX_BLOCK_MB = 50.0  # the same in the plan with the JK factor on disk: a tight limit (the blocks and
 # their copies were 0.5 GB of (H2O)16's 2.0 GB peak at --memory 1.5GB, in the second pass over (μν|P))
@@ -404,6 +406,7 @@ def mp2_gradient(
     c_ss: float = 1.0,
     timer: Timer | None = None,
     plan: GradientPlan | None = None,
+    world=None,
 ) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_HF + c_os E_OS + c_ss E_SS for the converged DF-RHF ``ref``
     (its frozen core taken from its mask) with the MP2-fit set ``mp2_auxmol`` and the JK-fit set
@@ -426,7 +429,9 @@ def mp2_gradient(
     t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
-    corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, block_mb=plan.block_mb)
+    corr = _corr_intermediates(
+        mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, block_mb=plan.block_mb, world=world
+    )
     t0 = timer.add("grad_mp2_densities", t0)
     gbuf = _Buffers(device=corr.T_v.device)
     corr_3c = df_deriv(
@@ -435,11 +440,13 @@ def mp2_gradient(
         lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, host, gbuf)[None],
         -2.0 * corr.gamma_pq[None],
         block_mb=plan.block_mb,
+        world=world,
     )[0]
     corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
     t0 = timer.add("grad_derivative_integrals", t0)
     f0 = timer.executed()
     jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
+    jk.world = world
     try:
         return _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, (t0, f0), kernels0, c_os, c_ss)
     finally:
@@ -730,25 +737,33 @@ def _pair_densities(
     cols=None,
     out=None,
     block_mb: float = PAIR_BLOCK_MB,
+    world=None,
 ):
     """The pair loop over blocks J of occupied j (every i at once: P_oo needs all i of one j, so no
     i >= j symmetry), on the backend's device:
         K[i, a, j, b] = (ia|jb) = Σ_Q B_iaQ B_jbQ      (one GEMM, B B_J^T)
         t = K / (e_i + e_j - e_a - e_b)                (in place),  θ = (c_os + c_ss) t - c_ss t^{ba}
-        Γ[(ia), Q] += Σ_jb θ[(ia), (jb)] B_J[(jb), Q]
+        Γ[(ia), Q] += Σ_jb θ[(ia), (jb)] B_J[(jb), Q]                          (cols given)
+        Γ[(jb), Q]  = Σ_ia θ[(ia), (jb)] B[(ia), Q]   (θ_ij^ab = θ_ji^ba: the rows of J, whole)
         P_oo[i, k] -= 2 Σ_ajb t[i, (ajb)] θ[k, (ajb)]
         P_vv[a, b] += 2 Σ_i Σ_jc t[i, a, (jc)] θ[i, b, (jc)]   (a GEMM batched over i)
     B (nact nvir, naux) (row i nvir + a), e_o (nact,), e_v (nvir,) Hartree, all one dtype on the
     device; ``cols`` = (B_c, f_o, f_v): the j, b side from another spin (UMP2's αβ pairs; c_ss
     must be 0), else B's own. RHF: c_os, c_ss the method's scales; UHF same spin: (0, c_ss/2) (θ =
     c_ss/2 of the antisymmetrised t); αβ: (c_os/2, 0), once from each side. K and θ of one block
-    take about ``block_mb`` MB. Returns Γ (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir),
-    unsymmetrised, on the device, added into ``out`` = (Γ, P_oo, P_vv) when given."""
+    take about ``block_mb`` MB, in at least PAIR_MIN_BLOCKS blocks where there are that many j.
+    Returns Γ (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir), unsymmetrised, on the
+    device, added into ``out`` = (Γ, P_oo, P_vv) when given.
+
+    Over several ranks (``world``; B's own pairs only, ``cols`` None): rank r computes the blocks
+    ``block_owners`` gives it (Γ's rows of its j whole, each block's P_oo and P_vv shares), then
+    every block is broadcast from its owner in block order and P_oo, P_vv add the shares in that
+    order, as one process adds them: the same bits on any number of ranks (equal threads)."""
     Bc, f_o, f_v = cols if cols is not None else (B, e_o, e_v)
     nact, nvir, ncol, nvc = e_o.shape[0], e_v.shape[0], f_o.shape[0], f_v.shape[0]
     if c_ss and nvc != nvir:
         raise ValueError("the exchange term needs the same virtual space on both sides")
-    nj = max(1, min(ncol, int(block_mb * 1e6 // (2 * nact * nvir * nvc * B.element_size()))))
+    nj = max(1, min(-(-ncol // PAIR_MIN_BLOCKS), int(block_mb * 1e6 // (2 * nact * nvir * nvc * B.element_size()))))
     Gam, P_oo, P_vv = (
         out
         if out is not None
@@ -758,11 +773,20 @@ def _pair_densities(
             torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device),
         )
     )
+    ranks = world is not None and world.distributed
+    if ranks and cols is not None:
+        raise ValueError("the pair loop over ranks takes B's own pairs only (cols None)")
+    blocks = [(j0, min(ncol, j0 + nj)) for j0 in range(0, ncol, nj)]
+    own = block_owners(len(blocks), world.size if ranks else 1)
+    me = world.rank if ranks else 0
+    shares = {}  # over ranks: block -> (P_oo's, P_vv's share), added in block order after the loop
     e_ia = (e_o[:, None] - e_v[None, :]).reshape(nact, nvir, 1, 1)
     e_jb = f_o[:, None] - f_v[None, :]
     buf = _Buffers(B.dtype, B.device)
-    for j0 in range(0, ncol, nj):
-        j1 = min(ncol, j0 + nj)
+    for b, (j0, j1) in enumerate(blocks):
+        if own[b] != me:
+            continue
+        distributed.fault("gradient")
         Bj, shape = Bc[j0 * nvc : j1 * nvc], (nact, nvir, j1 - j0, nvc)
         t = linalg.gemm(B, Bj, trans_b=True, out=buf.get("t", (nact * nvir, (j1 - j0) * nvc)), backend=backend).view(
             shape
@@ -772,29 +796,48 @@ def _pair_densities(
         torch.mul(t, c_os + c_ss, out=th)
         if c_ss:
             th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)  # t_ij^ba = t[i, b, j, a]
-        linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)  # Γ += θ B_J
-        P_oo -= 2.0 * linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
-        P_vv += 2.0 * linalg.gemm(
+        if cols is None:  # Γ's rows of J, whole: Σ_ia θ_ij^ab B_ia = Σ_ia θ_ji^ba B_ia
+            rows = Gam[j0 * nvir : j1 * nvir]
+            linalg.gemm(th.view(nact * nvir, -1), B, trans_a=True, beta=1.0, out=rows, backend=backend)
+        else:
+            linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)  # Γ += θ B_J
+        x_oo = linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
+        x_vv = linalg.gemm(
             t.view(nact, nvir, -1),
             th.view(nact, nvir, -1),
             trans_b=True,
             out=buf.get("vv", (nact, nvir, nvir)),
             backend=backend,
         ).sum(0)  # batched over i
+        if ranks:
+            shares[b] = (x_oo, x_vv)
+        else:
+            P_oo -= 2.0 * x_oo
+            P_vv += 2.0 * x_vv
+    for b, (j0, j1) in enumerate(blocks if ranks else ()):  # every block from its owner, in order
+        x_oo, x_vv = shares.pop(b) if own[b] == me else (torch.empty_like(P_oo), torch.empty_like(P_vv))
+        world.broadcast([Gam[j0 * nvir : j1 * nvir], x_oo, x_vv], own[b], "gradient")
+        P_oo -= 2.0 * x_oo
+        P_vv += 2.0 * x_vv
     return Gam, P_oo, P_vv
 
 
-def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: float, c_ss: float):
+def block_owners(nblocks: int, size: int) -> list[int]:
+    """The rank of each of ``nblocks`` equal blocks of work over ``size`` ranks: contiguous runs
+    (rank r before rank r + 1, as ``World.ordered_sum`` adds), as even as the count allows."""
+    return [b * size // max(1, nblocks) for b in range(nblocks)]
+
+
+def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: float, c_ss: float, world=None):
     """``_pair_densities`` of Bd (nact nvir, naux; fp64 on ``backend``) on ``pair_backend`` in its
     fit dtype (fp32 without fp64; no copy when it is ``backend``): Γ, P_oo, P_vv in fp64 on
     ``backend``."""
     if pair_backend is backend:
-        return _pair_densities(
-            Bd, backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir])), backend, c_os, c_ss
-        )
+        e_o, e_v = backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir]))
+        return _pair_densities(Bd, e_o, e_v, backend, c_os, c_ss, world=world)
     dt = pair_backend.fit_dtype(pair_backend.default_precision)
     dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)  # noqa: E731
-    out = _pair_densities(dev(Bd), dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), pair_backend, c_os, c_ss)
+    out = _pair_densities(dev(Bd), dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), pair_backend, c_os, c_ss, world=world)
     return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
 
 
@@ -808,6 +851,7 @@ def _corr_intermediates(
     pair_backend=None,
     block_mb: float = AUX_BLOCK_MB,
     response: bool = True,
+    world=None,
 ) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
     3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
@@ -816,7 +860,7 @@ def _corr_intermediates(
     γ None: no second pass over (μν|P))."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend, block_mb))  # (ia, Q)
-    Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss)
+    Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss, world)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
     if not response:
         P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
@@ -943,6 +987,7 @@ class _DFJK:
         self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None, scratch_dir=None
     ):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
+        self.world = None  # the ranks the derivative integrals are split over (df_deriv); None: one process
         self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
         self.C = None  # (C_o, C_v) on the device for the AO forms, from use_ao
         self.scratch = None
@@ -1292,7 +1337,7 @@ def _jk_deriv_3c(
             linalg.gemm(coef, dens_p[n], beta=-1.0, out=out[n], backend=be)  # minus the exchange part
         return out
 
-    return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy(), block_mb=block_mb)
+    return df_deriv(jk.mol, jk.auxmol, g3, torch.stack(g2).cpu().numpy(), block_mb=block_mb, world=jk.world)
 
 
 # ---------------------------------------------------------------------------- derivative integrals
@@ -1365,7 +1410,7 @@ class _PairPack:
         return D.reshape(-1)[self.lower] * self.weight
 
 
-def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB) -> np.ndarray:
+def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_MB, world=None) -> np.ndarray:
     """Σ_μνP g3_PμN d(μν|P)/dR + Σ_PQ g2_PQ d(P|Q)/dR for n weight sets at once: (n, natm, 3)
     Eh/bohr. ``g3_block(p0, p1)``: the weights g3 symmetric in μν, packed at μ >= ν with the
     pair's weight w (2 off the diagonal: ``_PairPack``), a tensor (n, p1 - p0, nao(nao+1)/2) on any
@@ -1375,29 +1420,50 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     int2c2e_ip1 (∇P|Q). The derivative on ν's centre comes from translational invariance,
     (μ ∇ν|P) = -(∇μ ν|P) - (μν|∇P), so that with w W the pair's weight (w = 2 off the diagonal)
         dE/dR_A = Σ_P Σ_μ>=ν w W_PμN [(δ_A,at(ν) - δ_A,at(μ)) (∇μ ν|P) + (δ_A,at(ν) - δ_A,at(P)) (μν|∇P)]
-    (the identity holds to rounding: the gradient moves by ~1e-15 relative)."""
+    (the identity holds to rounding: the gradient moves by ~1e-15 relative).
+
+    The aux blocks fall in DERIV_GROUPS fixed groups (fewer where there are fewer blocks), each
+    group's per-pair sums added up from zero; the groups' sums are added in group order
+    (``World.ordered_sum``). Over several ranks (``world``) each rank makes the groups
+    ``block_owners`` gives it: the same bits as one process."""
     nao, naux, n = mol.nao_nr(), auxmol.nao_nr(), g2.shape[0]
+    world = world if world is not None else distributed.World()
     rows, cols = np.tril_indices(nao)  # PySCF's s2ij order: μ >= ν, row by row
-    a1 = torch.zeros((n, 3, len(rows)), dtype=torch.float64)  # Σ_P w W (∇μ ν|P), per pair μ >= ν
-    a2 = torch.zeros((n, 3, len(rows)), dtype=torch.float64)  # Σ_P w W (μν|∇P), per pair
-    g_aux = torch.zeros((n, 3, naux), dtype=torch.float64)  # Σ_μ>=ν w W (μν|∇P), per P
     step = max(1, int(block_mb * 1e6 // (3 * nao * nao * 8)))  # ip1 and ip2 packed: 3 nao^2 together
+    blocks = integrals.aux_shell_blocks(auxmol, step)
+    ngroup = min(len(blocks), DERIV_GROUPS)
+    group_of = block_owners(len(blocks), ngroup)
+    own = block_owners(ngroup, world.size)
     buf = _Buffers()  # the products' scratch, reused: a fresh temporary of this size is page faults
-    for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
-        sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
-        Wp = g3_block(p0, p1).to("cpu", torch.float64)  # (n, nb, npair), w W at μ >= ν
-        for name, acc in (("int3c2e_ip1", a1), ("int3c2e_ip2", a2)):
-            ip = torch.from_numpy(
-                df_incore.aux_e2(mol, auxmol, name, aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
-            )  # [x, P, μ>=ν]
-            prod = buf.get("prod", ip.shape[1:])
-            for k in range(n):
-                for x in range(3):
-                    torch.mul(ip[x], Wp[k], out=prod)
-                    acc[k, x] += prod.sum(0)
-                    if acc is a2:
-                        g_aux[k, x, p0:p1] = prod.sum(1)
-            del ip
+    m = n * 3 * len(rows)
+    shape = (2 * m + n * 3 * naux,)  # [a1 | a2 | g_aux]
+
+    def views(flat):  # a1, a2 (n, 3, npair): Σ_P w W (∇μ ν|P), Σ_P w W (μν|∇P) per pair; g_aux (n, 3, naux) per P
+        return flat[:m].view(n, 3, -1), flat[m : 2 * m].view(n, 3, -1), flat[2 * m :].view(n, 3, naux)
+
+    def group_sums(g):
+        flat = torch.zeros(shape, dtype=torch.float64)
+        a1, a2, g_aux = views(flat)
+        for s0, s1, p0, p1 in (blk for blk, gb in zip(blocks, group_of) if gb == g):
+            distributed.fault("gradient")
+            sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
+            Wp = g3_block(p0, p1).to("cpu", torch.float64)  # (n, nb, npair), w W at μ >= ν
+            for name, acc in (("int3c2e_ip1", a1), ("int3c2e_ip2", a2)):
+                ip = torch.from_numpy(
+                    df_incore.aux_e2(mol, auxmol, name, aosym="s2ij", comp=3, shls_slice=sl).transpose(0, 2, 1)
+                )  # [x, P, μ>=ν]
+                prod = buf.get("prod", ip.shape[1:])
+                for k in range(n):
+                    for x in range(3):
+                        torch.mul(ip[x], Wp[k], out=prod)
+                        acc[k, x] += prod.sum(0)
+                        if acc is a2:
+                            g_aux[k, x, p0:p1] = prod.sum(1)
+                del ip
+        return flat
+
+    mine = (group_sums(g) for g in range(ngroup) if own[g] == world.rank)
+    a1, a2, g_aux = views(world.ordered_sum(mine, shape, torch.float64, "cpu", "gradient"))
     return _assign_to_atoms(mol, auxmol, rows, cols, a1, a2, g_aux, g2)
 
 

@@ -133,7 +133,7 @@ def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> Gradient
 
 
 def gradient_stage(
-    mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None
+    mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None, world=None
 ) -> GradientParts:
     """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
@@ -141,14 +141,29 @@ def gradient_stage(
     ``mp2grad.mp2_gradient``, a UHF one ``mp2grad_uhf.uhf_mp2_gradient``. The one entry point into
     the stage (``run_gradient``, ``DFMP2.nuc_grad_method``). ``plan``: the RHF stage's forms
     (``gradient_plan``; default the fastest that fits memory.DEFAULT_FRACTION of the available
-    memory)."""
+    memory). ``world``: the ranks the stage splits its pair loop (RHF) and derivative integrals
+    over (``ran['ranks']`` says which parts); None or one process: all of it here."""
     c_os, c_ss = SCALES[method]
     timer = timer or Timer(backend)
     if ref.restricted:
-        parts = mp2_gradient(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan)
+        parts = mp2_gradient(
+            mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan, world=world
+        )
     else:
-        parts = mp2grad_uhf.uhf_mp2_gradient(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer)
+        parts = mp2grad_uhf.uhf_mp2_gradient(
+            mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, world=world
+        )
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
+    if world is not None and world.distributed:
+        split = ["the pair loop's blocks of j (Γ's rows, P_oo and P_vv's shares)"] if ref.restricted else []
+        parts.ran["ranks"] = {
+            "world_size": world.size,
+            "split": split + ["the 3-center derivative integrals' aux groups (correlation and JK parts)"],
+            "on_every_rank": "B, the JK factor, the Z-vector, Γ's back-transforms, the one-electron derivatives"
+            + ("" if ref.restricted else ", the UHF pair loops"),
+            "added_in_order": "every rank's shares in block order: the same bits as one process (equal threads)",
+            "comm_rank": dict(world.comm.get("gradient", {})),
+        }
     return parts
 
 
@@ -185,7 +200,7 @@ def run_gradient(
     t0 = time.perf_counter()
     plan = plan if isinstance(plan, GradientPlan) else None
     timer = Timer(job.backend, on_stage=lambda stage, s: say(f"  gradient: {_STAGE_NAMES.get(stage, stage)} {s:.2f} s"))
-    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, plan)
+    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, plan, job.world)
     c_os, c_ss = SCALES[method]
     result = done.result
     if options.properties:  # from the gradient's own relaxed densities: no second Z-vector

@@ -89,11 +89,22 @@ def memory_mb(
 
 
 def uhf_mp2_gradient(
-    mol, ref, mp2_auxmol, jk_auxmol, backend, *, c_os: float = 1.0, c_ss: float = 1.0, timer: Timer | None = None
+    mol,
+    ref,
+    mp2_auxmol,
+    jk_auxmol,
+    backend,
+    *,
+    c_os: float = 1.0,
+    c_ss: float = 1.0,
+    timer: Timer | None = None,
+    world=None,
 ) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
     (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
-    JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise)."""
+    JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise). Over
+    several ranks (``world``) the derivative integrals are split (``mp2grad.df_deriv``); the pair
+    loops, the JK factor and the Z-vector run whole on every rank (the same bits as one process)."""
     if ref.restricted:
         raise GradientError(
             "uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs through mp2grad.mp2_gradient",
@@ -105,6 +116,7 @@ def uhf_mp2_gradient(
     t0, f0 = time.perf_counter(), timer.executed()
     orbs = [_Orbitals(ch) for ch in ref.channels]
     jk = _DFJK(mol, jk_auxmol, backend, timer)
+    jk.world = world
     resp = _response_operator(jk, orbs)
     t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
     e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss)
@@ -124,7 +136,11 @@ def uhf_mp2_gradient(
     C_act = [o.C[:, o.act] for o in orbs]
     gbuf = _Buffers(device=T_v[0].device)
     corr_3c = df_deriv(
-        mol, mp2_auxmol, lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None], -2.0 * gamma_pq[None]
+        mol,
+        mp2_auxmol,
+        lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
+        -2.0 * gamma_pq[None],
+        world=world,
     )[0]
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)

@@ -598,15 +598,66 @@ def test_digests_name_what_differs_and_where():
     assert "in option basis (ranks 0, 1: 'sto-3g' vs rank 2: 'cc-pvdz');" in line and option == "basis"
 
 
-@pytest.mark.parametrize("command", ["gradient", "optimize"])
-def test_one_process_commands_refuse_several_ranks(tmp_path, command):
-    """gradient and optimize are not rank-aware: over 2 ranks each is refused before
-    any work, one error line (rank 0's), exit 2 on every rank, nothing written (issue 43: the
-    whole job ran on every rank and printed N times)."""
+def test_optimize_refuses_several_ranks(tmp_path):
+    """optimize is not rank-aware: over 2 ranks it is refused before any work, one error line
+    (rank 0's), exit 2 on every rank, nothing written (issue 43: the whole job ran on every rank
+    and printed N times)."""
     (tmp_path / "water.xyz").write_text(WATER)
     args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
-    res = _launch(tmp_path, [args, args], command=command)
+    res = _launch(tmp_path, [args, args], command="optimize")
     assert [rc for rc, _, _ in res] == [2, 2], res
     lines = _error_lines(res)
-    assert len(lines) == 1 and f"dfmp2 {command} runs in one process" in lines[0], res
+    assert len(lines) == 1 and "dfmp2 optimize runs in one process" in lines[0], res
     assert max(t for _, _, t in res) < 30 and not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.opt.xyz"))
+
+
+# ---------------------------------------------------------------- the gradient over ranks (issue 42)
+def _gradient(tmp_path, ranks: int, xyz: str, name: str) -> dict:
+    """``dfmp2 gradient`` (cc-pVDZ, default options) on ``ranks`` ranks: its JSON, validated."""
+    mol = tmp_path / f"{name}.xyz"
+    mol.write_text(xyz)
+    out = tmp_path / f"grad-{name}-{ranks}.json"
+    args = [str(mol), "--basis", "cc-pvdz", "--cpu-blas", "torch", "-q", "--json", str(out)]
+    p, _ = _torchrun(tmp_path, ranks, args, "gradient")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("nuclear gradient of E(MP2)") == 1, p.stdout  # rank 0 alone prints
+    return read_checked(out)
+
+
+def _check_gradients(tmp_path, xyz, name, rank_counts):
+    one = _gradient(tmp_path, 1, xyz, name)
+    assert "ranks" not in one["gradient"]["ran"]
+    for ranks in rank_counts:
+        res = _gradient(tmp_path, ranks, xyz, name)
+        assert res["gradient"]["gradient"] == one["gradient"]["gradient"], (ranks, name)  # bit for bit
+        assert res["gradient"]["energy"] == one["gradient"]["energy"] and res["energies"] == one["energies"]
+        r = res["gradient"]["ran"]["ranks"]
+        assert r["world_size"] == ranks and r["comm_rank"]["bytes"] > 0
+        assert any("derivative integrals" in s for s in r["split"])
+        assert any("pair loop" in s for s in r["split"]) == (name == "water")  # RHF: the pair loop too
+
+
+@pytest.mark.parametrize("xyz,name,ranks", [(WATER, "water", [3]), (OH, "oh", [2])], ids=["water", "oh"])
+def test_gradient_over_ranks_is_one_process_s(tmp_path, xyz, name, ranks):
+    """The RHF (water) and UHF (OH) gradients over ranks: bit for bit one process's (the pair
+    loop's blocks and the derivative integrals' groups added in one fixed order, equal threads)."""
+    _check_gradients(tmp_path, xyz, name, ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("xyz,name", [(WATER, "water"), (OH, "oh")], ids=["water", "oh"])
+def test_gradient_over_two_and_three_ranks(tmp_path, xyz, name):
+    _check_gradients(tmp_path, xyz, name, [2, 3])
+
+
+def test_a_rank_killed_mid_gradient_ends_the_other(tmp_path):
+    """Rank 1 killed at its first block of the gradient (after the energy): rank 0 stops within
+    30 s with one error line naming the lost contact, exit 2, no JSON."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, args], command="gradient", DFMP2_TEST_FAULT="gradient:1:kill")
+    assert [rc for rc, _, _ in res] == [2, -9], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "lost contact" in lines[0] and "gradient" in lines[0], lines
+    assert not any("Traceback" in err for _, err, _ in res), res
+    assert max(t for _, _, t in res) < 30 and not list(tmp_path.glob("*.json"))
