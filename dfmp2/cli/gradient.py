@@ -15,7 +15,6 @@ from rich.markup import escape
 from dfmp2.cli.options import (
     device_options,
     molecule_options,
-    one_process,
     printing,
     properties_options,
     resource_options,
@@ -179,14 +178,26 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, converg
     """Optimise the geometry in INPUT (XYZ, Ångström) to a DF-MP2 minimum with geomeTRIC over
     the analytic gradient; writes the trajectory and the final XYZ (also when it does not
     converge: then one error line and exit 2)."""
+    from dfmp2 import distributed
+
+    world = distributed.join(params["device"])  # torchrun: each step's energy and gradient over the ranks
+    with distributed.command(world):
+        _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params)
+
+
+def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params):
+    """``optimize`` on this rank: every rank runs geomeTRIC over the same (bitwise) energies and
+    gradients, so takes the same steps; rank 0 alone writes and prints. Not converged: the same
+    OptimizationError on every rank, its one line from rank 0, the others exit 2 quietly."""
     import json
     from pathlib import Path
 
+    from dfmp2.errors import EXIT_USER_ERROR
     from dfmp2.io.outputs import write_text
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.optimize import OptimizationError, optimize
 
-    one_process("optimize")
+    lead = not world.rank
     console = stdout_console()
     err = Console(stderr=True)
     options = run_options(params)
@@ -198,27 +209,32 @@ def optimize_command(xyz_file, method, final_path, traj_path, max_steps, converg
         if path is not None:
             others = [(f"{w} file", p) for p, w in outs if p is not None and w != what]
             check_output_file(path, what, not_same_as=[("input", xyz_file), *others])
-    log = None if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
-    progress = LazyProgress(err, "pair energies", enabled=not quiet)
+    quiet_here = quiet or not lead
+    log = None if quiet_here else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+    progress = LazyProgress(err, "pair energies", enabled=not quiet_here)
     try:
         with terminate_raises():
             out = optimize(
                 read_xyz(xyz_file),
                 options,
                 method,
-                trajectory=traj_path,
-                final=final_path,
+                trajectory=traj_path if lead else None,
+                final=final_path if lead else None,
                 max_steps=max_steps,
                 convergence=convergence.lower(),
                 log=log,
                 progress=progress,
             )
     except OptimizationError as e:  # not converged: the steps so far in --json (converged false), then the line
+        if not lead:
+            raise SystemExit(EXIT_USER_ERROR) from None
         if json_path and e.result is not None and e.result.last is not None:
             write_text(json_path, json.dumps(e.result.to_dict(), indent=2) + "\n")
         raise
     finally:
         progress.close()
+    if not lead:
+        return
     if json_path:
         write_text(json_path, json.dumps(out.to_dict(), indent=2) + "\n")
     with printing(written=(final_path, traj_path, json_path)):

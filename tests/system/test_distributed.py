@@ -598,17 +598,39 @@ def test_digests_name_what_differs_and_where():
     assert "in option basis (ranks 0, 1: 'sto-3g' vs rank 2: 'cc-pvdz');" in line and option == "basis"
 
 
-def test_optimize_refuses_several_ranks(tmp_path):
-    """optimize is not rank-aware: over 2 ranks it is refused before any work, one error line
-    (rank 0's), exit 2 on every rank, nothing written (issue 43: the whole job ran on every rank
-    and printed N times)."""
-    (tmp_path / "water.xyz").write_text(WATER)
-    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+DISTORTED = "3\nwater\nO 0.000 0.000 0.10\nH 0.000 0.78 -0.47\nH 0.000 -0.74 -0.46\n"
+
+
+def test_optimize_over_two_ranks_takes_one_process_s_steps(tmp_path):
+    """``dfmp2 optimize`` over 2 ranks: each step's gradient over the ranks (bitwise one
+    process's), so geomeTRIC takes the same steps on every rank; the final geometry, trajectory and
+    JSON equal one process's; rank 0 alone writes and prints."""
+    (tmp_path / "w.xyz").write_text(DISTORTED)
+    docs = {}
+    for ranks in (1, 2):
+        args = [str(tmp_path / "w.xyz"), *SMALL, "--json", str(tmp_path / f"o{ranks}.json")]
+        args += ["-o", str(tmp_path / f"o{ranks}.xyz"), "--trajectory", str(tmp_path / f"t{ranks}.xyz")]
+        p, _ = _torchrun(tmp_path, ranks, args, "optimize")
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.count("converged in") == 1, p.stdout
+        docs[ranks] = json.loads((tmp_path / f"o{ranks}.json").read_text())
+    assert docs[2]["optimization"] == docs[1]["optimization"] and docs[1]["optimization"]["steps"] > 1
+    assert docs[2]["gradient"]["gradient"] == docs[1]["gradient"]["gradient"]
+    for name in ("o{}.xyz", "t{}.xyz"):
+        assert (tmp_path / name.format(2)).read_text() == (tmp_path / name.format(1)).read_text()
+
+
+def test_optimize_not_converged_over_ranks_one_error_line(tmp_path):
+    """Not converged in --max-steps 1 over 2 ranks: the same on both ranks; one error line (rank
+    0's), exit 2 on both, rank 0 writes the last geometry and the JSON (converged false)."""
+    (tmp_path / "w.xyz").write_text(DISTORTED)
+    args = [str(tmp_path / "w.xyz"), *SMALL, "--max-steps", "1", "--json", str(tmp_path / "o.json")]
     res = _launch(tmp_path, [args, args], command="optimize")
     assert [rc for rc, _, _ in res] == [2, 2], res
     lines = _error_lines(res)
-    assert len(lines) == 1 and "dfmp2 optimize runs in one process" in lines[0], res
-    assert max(t for _, _, t in res) < 30 and not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.opt.xyz"))
+    assert len(lines) == 1 and "did not converge in 1 steps" in lines[0], lines
+    assert json.loads((tmp_path / "o.json").read_text())["optimization"]["converged"] is False
+    assert (tmp_path / "w.opt.xyz").exists()
 
 
 # ---------------------------------------------------------------- the gradient over ranks (issue 42)
