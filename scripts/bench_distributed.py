@@ -11,7 +11,7 @@ ranks on two node types, (H2O)64 and (H2O)128 cc-pVDZ, from flop counts and link
 are assumptions written at the top of this file (``NODES``): the ring pass overlaps the pair step's
 GEMMs (max of the two), the redistribution of (P|ia) does not overlap anything.
 
-    python scripts/bench_distributed.py --waters 8,16 --ranks 2 --threads 2 --out scripts/results/bench_distributed
+    python scripts/bench_distributed.py --waters 8,16 --ranks 2,3,4 --threads 2 --out scripts/results/bench_distributed
     python scripts/bench_distributed.py --waters 1 --ranks 2 --threads 2 --occ-block-max 2   # a tiny check
     python scripts/bench_distributed.py --model-only
 """
@@ -170,6 +170,8 @@ def measured(waters: int, ranks: int, threads: int, extra: list, timeout: int, r
     return {
         "waters": waters,
         "ranks": ranks,
+        "cores": os.cpu_count(),
+        "oversubscribed": ranks > (os.cpu_count() or 1),
         "threads_1rank": threads,
         "threads_per_rank": 1,
         "scf_over_ranks": d["scf"],
@@ -256,11 +258,22 @@ def markdown(meas: list, rows: list) -> str:
         out += [
             "## Measured on this machine (CPU, gloo)",
             "",
-            "Ratio > 1: the N ranks were faster. The energies are bitwise equal only at equal thread counts "
-            "and with the replicated SCF (a BLAS sums in another order on another number of threads); "
-            "tests/system/test_distributed.py checks that at 1 thread per process.",
+            "Ratio > 1: the N ranks were faster. The energies are bitwise equal only at equal threads per "
+            "process (a BLAS sums in another order on another number of threads; here 1 rank has T threads, "
+            "each of N ranks 1); tests/system/test_distributed.py checks that at 1 thread per process. More "
+            "ranks than cores: "
+            "OVERSUBSCRIBED (the ranks share the cores; this measures overheads, not scaling).",
             "",
+            "| waters | ranks | cores | oversubscribed | wall 1 rank / s | wall N ranks / s | 1 rank / N ranks |",
+            "|---:|---:|---:|---|---:|---:|---:|",
         ]
+        for m in meas:
+            w1, wn = m["wall_1rank_s"], m[f"wall_{m['ranks']}ranks_s"]
+            out.append(
+                f"| {m['waters']} | {m['ranks']} | {m.get('cores')} | {'yes' if m.get('oversubscribed') else 'no'} | "
+                f"{w1:.2f} | {wn:.2f} | {w1 / wn:.2f} |"
+            )
+        out.append("")
         for m in meas:
             out += [
                 f"(H2O){m['waters']}: 1 rank x {m['threads_1rank']} threads vs {m['ranks']} ranks x 1 thread; "
@@ -309,7 +322,12 @@ def markdown(meas: list, rows: list) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--waters", default="8,16", help="cluster sizes (inputs/water_clusters), e.g. 8,16")
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument(
+        "--ranks",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=[2],
+        help="rank counts, comma list (more ranks than cores: run oversubscribed, labelled so)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="threads of the 1-rank run")
     ap.add_argument("--occ-block-max", type=int, default=None)
     ap.add_argument("--scf", choices=("split", "replicated"), default="split", help="dfmp2 run --dist-scf")
@@ -324,7 +342,7 @@ def main(argv=None) -> None:
     meas = (
         []
         if a.model_only
-        else [measured(int(w), a.ranks, a.threads, extra, a.timeout, a.repeats) for w in a.waters.split(",")]
+        else [measured(int(w), n, a.threads, extra, a.timeout, a.repeats) for w in a.waters.split(",") for n in a.ranks]
     )
     rows = model_table()
     md = markdown(meas, rows)
