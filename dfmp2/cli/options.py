@@ -305,12 +305,17 @@ def run_options(params: dict, **fixed) -> RunOptions:
     return RunOptions(**{**kw, **fixed})
 
 
-def one_process(command: str) -> None:
+# the commands that deal their work over a launcher's ranks (docs/distributed.md says how)
+RANK_AWARE = "dfmp2 run, gradient, optimize, interaction, frequencies, regress and compare of a molecule"
+
+
+def one_process(command: str, why: str = "") -> None:
     """Refuse ``dfmp2 <command>`` when a launcher (torchrun, Slurm) started several processes: the
-    command is not rank-aware yet and would run the whole job on every rank, printing it N times
-    (issue 43). Before any work: rank 0 raises the one InputError line, the other ranks exit 2
-    quietly (they cannot agree without joining the group, and need not: each reads the same
-    launcher variables)."""
+    command is not rank-aware (yet, or ``why``: the reason it runs in one process) and would run
+    the whole job on every rank, printing it N times (issue 43). Before any work: rank 0 raises the
+    one InputError line, the other ranks exit 2 quietly (they cannot agree without joining the
+    group, and need not: each reads the same launcher variables). The rank-aware commands, which
+    the line names: ``RANK_AWARE``."""
     from dfmp2 import distributed
 
     launch = distributed.launched_world()
@@ -319,8 +324,8 @@ def one_process(command: str) -> None:
     if launch[0]:
         sys.exit(EXIT_USER_ERROR)
     raise InputError(
-        f"dfmp2 {command} runs in one process; the launcher started {launch[1]} (WORLD_SIZE): run it "
-        "without torchrun or srun, or with one process (dfmp2 run and dfmp2 frequencies use several ranks)"
+        f"dfmp2 {command} runs in one process{f' ({why})' if why else ''}; the launcher started {launch[1]} "
+        f"(WORLD_SIZE): run it without torchrun or srun, or with one process ({RANK_AWARE} use several ranks)"
     )
 
 

@@ -9,7 +9,6 @@ import click
 
 from dfmp2.cli.options import (
     device_options,
-    one_process,
     printing,
     resource_options,
     run_options,
@@ -22,10 +21,13 @@ from dfmp2.workflows.regress import (
     REFERENCES,
     SUBSETS,
     TOLERANCES,
+    cases_content,
+    cases_per_rank,
     choose_cases,
     load_references,
+    rank_options,
     render,
-    run_case,
+    run_cases,
     write_json,
 )
 
@@ -70,60 +72,94 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
 
     NAMES are molecule names or shell patterns (e.g. water 'h2o_*' 's22_0?_*'); each case runs
     with its reference's basis sets, SCF mode and frozen core, and the options given here.
+    Under torchrun the cases are dealt to the ranks (each a one-process run; the same energies).
     """
-    one_process("regress")
+    from dfmp2 import distributed
+
+    # several ranks (torchrun): the cases dealt to them, their results gathered over gloo whatever
+    # the device (small objects; each rank's cases on its own device, ``rank_options``)
+    world = distributed.join("cpu")
+    with distributed.command(world):
+        code = _regress(world, names, subset, tolerance, ref_path, json_path, list_only, params)
+    if code:  # every rank the same verdict, after leaving the group in order
+        raise SystemExit(code)
+
+
+def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, params) -> int:
+    """``regress`` on this rank (every rank checks everything and runs its share of the cases;
+    rank 0 alone prints and writes); the exit status."""
     from rich.console import Console
     from rich.markup import escape
 
     from dfmp2.io.outputs import check_output_file
-
-    console, err = stdout_console(width=160), Console(stderr=True)  # piped: the whole table
-    options = run_options(params)
-    options.precision = precision = options.resolved_precision()
-    tol = TOLERANCES[precision] if tolerance is None else tolerance
-    if not 0 < tol < float("inf"):
-        raise InputError(f"--tol must be a positive finite number, got {tolerance}")
-    refs = load_references(ref_path)
-    cases = choose_cases(refs, subset, names)
-    if list_only:
-        with printing():
-            for e in cases:
-                console.print(
-                    f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}", markup=False
-                )
-        return
-    if json_path is not None:  # before any case runs: a JSON that cannot be written fails now ('' too)
-        check_output_file(json_path, "--json", not_same_as=[("reference file", ref_path if ref_path else REFERENCES)])
     from dfmp2.pipeline import make_backend
 
-    options.check_choices()
-    make_backend(options)  # fail before any work
-    results = []
+    console, err = stdout_console(width=160), Console(stderr=True)  # piped: the whole table
+    with world.agreeing():  # a refusal on one rank ends every rank, before any work
+        options = run_options(params)
+        options.precision = precision = options.resolved_precision()
+        tol = TOLERANCES[precision] if tolerance is None else tolerance
+        if not 0 < tol < float("inf"):
+            raise InputError(f"--tol must be a positive finite number, got {tolerance}")
+        refs = load_references(ref_path)
+        cases = choose_cases(refs, subset, names)
+        if not list_only:
+            if json_path is not None and not world.rank:  # before any case runs ('' too)
+                check_output_file(
+                    json_path, "--json", not_same_as=[("reference file", ref_path if ref_path else REFERENCES)]
+                )
+            options.check_choices()
+            make_backend(rank_options(options, world))  # fail before any work
+    world.agree(None, cases_content(cases, options, tol))  # every rank the same cases and options
+    if list_only:
+        if not world.rank:
+            with printing():
+                for e in cases:
+                    console.print(
+                        f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}", markup=False
+                    )
+        return 0
     from rich.progress import Progress, TimeElapsedColumn
 
-    with Progress("[progress.description]{task.description}", TimeElapsedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("", total=len(cases))
-        for n, e in enumerate(cases, 1):
-            bar.update(task, description=f"[{n}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
-            results.append(run_case(e, options, tolerance=tol))
-            bar.advance(task)
+    mine = len(range(world.rank, len(cases), world.size))  # this rank's cases (tasks.deal)
+    with Progress(
+        "[progress.description]{task.description}",
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=bool(world.rank),  # rank 0 alone talks to the user
+    ) as bar:
+        task = bar.add_task("", total=mine)
+        started = []
+
+        def on_case(k, e):
+            if started:  # the previous case of this rank is done
+                bar.advance(task)
+            started.append(k)
+            bar.update(task, description=f"[{k + 1}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
+
+        results = run_cases(cases, options, tol, world=world, on_case=on_case)
+    if world.rank:  # rank 0 alone writes and prints
+        return 1 if any(not r.passed for r in results) else 0
     if json_path:  # before the table: a stdout that fails must not lose the result
-        write_json(
-            json_path,
-            results,
-            {
-                "device": options.device,
-                "simulate": options.simulate,
-                "precision": precision,
-                "tolerance": tol,
-                "references": str(Path(ref_path) if ref_path else REFERENCES),
-                "subset": subset,
-                "names": list(names),
-            },
-        )
+        meta = {
+            "device": options.device,
+            "simulate": options.simulate,
+            "precision": precision,
+            "tolerance": tol,
+            "references": str(Path(ref_path) if ref_path else REFERENCES),
+            "subset": subset,
+            "names": list(names),
+            "world_size": world.size,
+        }
+        if world.distributed:  # case k ran on rank k mod N; its seconds were timed there
+            meta["ranks"] = {
+                "comm_backend": world.comm_backend,
+                "cases_per_rank": cases_per_rank(len(cases), world.size),
+            }
+        write_json(json_path, results, meta)
     with printing(written=(json_path,)):
-        render(results, console, options.device, precision, tol)
+        render(results, console, options.device, precision, tol, world_size=world.size)
     if json_path:
         err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
-    if any(not r.passed for r in results):
-        raise SystemExit(1)
+    return 1 if any(not r.passed for r in results) else 0

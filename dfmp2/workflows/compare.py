@@ -14,6 +14,12 @@ device exactly, then the pair step runs there (``linalg.mp2_pair_energy``, symme
 
 A device that cannot run (no GPU, no Neuron SDK, no fp64 on Trainium) is reported as not run
 with the reason; no row is ever filled from another device.
+
+Over several ranks (torchrun) a molecule's runs, device by device and repeat by repeat, are dealt
+to the ranks (``compare_molecule``: dfmp2.workflows.tasks), each a one-process run there, cuda on
+each rank's own GPU; the energies are one process's bit for bit, the times are not (taken while
+the other ranks ran: the table and the JSON say so), and a device that some rank cannot run is
+refused before any work (``refuse_unavailable``). ``--synthetic`` stays one process.
 Exit status: 0 all ran, agreed within --tol and were run-to-run identical; 1 a difference beyond
 --tol or a device whose repeated runs differ in their bits; 2 bad input or a device that could not run.
 The command itself (options and printing) is dfmp2.cli.compare; this module is its library.
@@ -37,7 +43,9 @@ EXIT_DIFFERENT = 1  # a difference beyond --tol, or a device not bit-reproducibl
 @dataclass
 class DeviceRun:
     """One device's outcome. ``energies``: the first run's values (Hartree); ``hex``: float.hex of
-    each energy for every repeat; ``reason``: why it did not run (status 'not run')."""
+    each energy for every repeat; ``reason``: why it did not run (status 'not run'); ``ran_on``:
+    the rank and device of each repeat (over several ranks a device's repeats run on several
+    ranks: cuda on each rank's own GPU)."""
 
     device: str
     status: str = "ran"  # 'ran' | 'not run'
@@ -46,6 +54,7 @@ class DeviceRun:
     hex: list = field(default_factory=list)
     seconds: list = field(default_factory=list)
     ran: dict = field(default_factory=dict)
+    ran_on: list = field(default_factory=list)  # per repeat: {'rank', 'device'} that ran it (molecules)
     # filled by compare_runs
     delta: dict = field(default_factory=dict)
     identical_to_first: bool | None = None
@@ -124,14 +133,12 @@ def _integrals(device: str, engine: str) -> str:
     return engine if engine != "gpu4pyscf" or _caps(device).cuda_memory else "auto"
 
 
-def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
-    """``repeat`` full pipeline runs of ``geom`` on ``device`` (options.device is replaced)."""
+def _run_options(device: str, options):
+    """``options`` for a run on ``device`` (options.device replaced; the options that apply to
+    some devices only kept where they apply)."""
     from dataclasses import replace
 
-    from dfmp2.pipeline import run_geometry
-
-    out = DeviceRun(device)
-    opts = replace(
+    return replace(
         options,
         device=device,
         simulate=options.simulate and _caps(device).simulable,
@@ -139,15 +146,67 @@ def run_molecule(device: str, geom, options, repeat: int) -> DeviceRun:
         integrals=_integrals(device, options.integrals),
         cpu_blas=_cpu_blas(device, options.cpu_blas),
     )
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        r = run_geometry(geom, opts)
-        out.seconds.append(time.perf_counter() - t0)
-        e = {"e_hf": r.e_hf, "e_os": r.e_os, "e_ss": r.e_ss, "e_corr": r.e_corr}
-        out.energies = out.energies or e
-        out.hex.append(_hex(e))
-        out.ran = out.ran or dict(r.ran)
+
+
+def run_once(device: str, geom, options, world=None) -> dict:
+    """One full pipeline run of ``geom`` on ``device``: {'device', 'energies', 'seconds', 'ran'}.
+    ``world``: the run's process group (a run dealt to a rank: a one-process World)."""
+    from dfmp2.pipeline import run_geometry
+
+    t0 = time.perf_counter()
+    r = run_geometry(geom, _run_options(device, options), world=world)
+    seconds = time.perf_counter() - t0
+    e = {"e_hf": r.e_hf, "e_os": r.e_os, "e_ss": r.e_ss, "e_corr": r.e_corr}
+    return {"device": device, "energies": e, "seconds": seconds, "ran": dict(r.ran)}
+
+
+def _device_run(device: str, runs: list[dict]) -> DeviceRun:
+    """The DeviceRun of ``device`` from its runs (``run_once``'s, with the rank that ran each), in
+    repeat order: the first run's energies and record, every run's bits, seconds and rank."""
+    out = DeviceRun(device)
+    for got in runs:
+        out.seconds.append(got["seconds"])
+        out.energies = out.energies or got["energies"]
+        out.hex.append(_hex(got["energies"]))
+        out.ran = out.ran or got["ran"]
+        out.ran_on.append({"rank": got["rank"], "device": got["device"]})
     return out
+
+
+def rank_devices(names: list[str], world) -> dict:
+    """{device asked: the device this rank runs it on}: itself in one process; over several ranks
+    cpu itself and cuda this rank's own GPU (cuda:LOCAL_RANK, as ``dfmp2 run`` takes it); a GPU
+    index given by hand or a device no rank-aware run supports (Trainium) is refused
+    (InputError)."""
+    from dfmp2 import distributed
+
+    if not world.distributed:
+        return {d: d for d in names}
+    on_rank = {}
+    for d in names:
+        _caps(d)  # an unknown name: the user's mistake, named as --devices
+        try:
+            on_rank[d] = distributed.rank_device(d, world.local_rank)[0]
+        except InputError as e:
+            raise InputError(str(e), option="devices") from None
+    return on_rank
+
+
+def refuse_unavailable(backends: dict, on_rank: dict, world) -> None:
+    """Over several ranks, a device some rank cannot run (``check_device``'s reason) is refused
+    before any work: any rank may be dealt any device's runs, so a run could not be reported as
+    'not run' by one rank alone. One process: nothing (the device is reported as not run)."""
+    if not world.distributed:
+        return
+    for d, (backend, reason) in backends.items():
+        if backend is None:
+            here = f" ({on_rank[d]})" if on_rank[d] != d else ""
+            raise InputError(
+                f"device {d} cannot run on rank {world.rank} of {world.size}{here}: {reason}; over several "
+                "ranks every rank runs some of each device's runs: name only devices every rank has "
+                "(one GPU per rank), or run one process",
+                option="devices",
+            )
 
 
 def run_synthetic(device: str, backend, problem, repeat: int) -> DeviceRun:
@@ -192,12 +251,15 @@ def compare_runs(runs: list[DeviceRun], tol: float) -> dict:
     }
 
 
-def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
-    """The table and verdict; ``title`` and device names and reasons are plain text, not markup."""
+def render(runs: list[DeviceRun], summary: dict, title: str, console, world_size: int = 1) -> None:
+    """The table and verdict; ``title`` and device names and reasons are plain text, not markup.
+    ``world_size`` > 1: the runs were dealt over that many ranks, which the title, the run-to-run
+    column (the ranks of a device's repeats) and a line under the times say."""
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=escape(title), title_justify="left")
+    over = f", runs dealt over {world_size} ranks" if world_size > 1 else ""
+    t = Table(title=escape(title + over), title_justify="left")
     for col, just in (
         ("device", "left"),
         ("engine", "left"),
@@ -206,7 +268,7 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
         ("ΔE_HF / Eh", "right"),
         ("bits = first", "center"),
         ("run-to-run", "center"),
-        ("time / s", "right"),
+        ("time / s" if world_size == 1 else "time / s (on its rank)", "right"),
     ):
         t.add_column(col, justify=just)
     for r in runs:
@@ -221,10 +283,17 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
             "(reference)" if r.device == summary["reference_device"] else f"{r.delta['e_corr']:+.2e}",
             dhf if r.device != summary["reference_device"] else "",
             "—" if r.device == summary["reference_device"] else ("yes" if r.identical_to_first else "no"),
-            f"identical ×{len(r.hex)}" if r.repeat_identical else f"[red]DIFFER ×{len(r.hex)}[/red]",
+            (f"identical ×{len(r.hex)}" if r.repeat_identical else f"[red]DIFFER ×{len(r.hex)}[/red]")
+            + _ranks_of(r, world_size),
             f"{min(r.seconds):.3f}",
         )
     console.print(t)
+    if world_size > 1:  # the times are not one process's: say so where they are read
+        console.print(
+            f"[dim]times: each run timed on the rank it was dealt to while the other ranks ran ({world_size} "
+            "ranks, sharing the machine where they share a node): not comparable with a one-process "
+            "compare's times; run one process to compare devices' speed[/dim]"
+        )
     for r in runs:
         if r.status != "ran":
             console.print(f"[red]{escape(r.device)}: not run: {escape(r.reason)}[/red]")
@@ -245,12 +314,29 @@ def render(runs: list[DeviceRun], summary: dict, title: str, console) -> None:
     )
 
 
+def _ranks_of(r: DeviceRun, world_size: int) -> str:
+    """Over several ranks, the ranks of a device's repeats (' on ranks 0, 1'); else ''."""
+    if world_size == 1 or not r.ran_on:
+        return ""
+    ranks = sorted({x["rank"] for x in r.ran_on})
+    return f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 def document(
-    problem_doc: dict, precision: str, repeat: int, devices, absent: dict, summary: dict, runs: list[DeviceRun]
+    problem_doc: dict,
+    precision: str,
+    repeat: int,
+    devices,
+    absent: dict,
+    summary: dict,
+    runs: list[DeviceRun],
+    world_size: int = 1,
 ) -> dict:
     """The JSON document of a comparison: the problem, the settings, the devices asked for
     (``devices``: their text, None: the present ones) and those not present (``absent``), the
-    summary and every device's runs."""
+    summary and every device's runs (each repeat's rank and device in ``ran_on``).
+    ``world_size``: the ranks the runs were dealt over (1: one process); over several, each run's
+    seconds were timed on its rank while the others ran, not comparable with one process's."""
     from dfmp2.io.result import json_ran, software_versions
 
     return {
@@ -258,6 +344,10 @@ def document(
         "problem": problem_doc,
         "precision": precision,
         "repeat": repeat,
+        "world_size": world_size,
+        "seconds_timed": "in one process"
+        if world_size == 1
+        else f"each run on its rank of {world_size} while the others ran: not comparable with one process's",
         "devices_requested": devices or "present (default)",
         "devices_not_present": absent,
         "summary": summary,
@@ -314,12 +404,22 @@ def compare_synthetic(text, seed, precision, repeat, backends):
     return title, problem_doc, [run_synthetic(d, be, problem, repeat) for d, be in backends.items()]
 
 
-def compare_molecule(xyz_file, options, repeat, devices):
-    """(title, problem for the JSON, runs) of the molecule in ``xyz_file``, parsed once and run
-    through the whole pipeline with ``options`` on each of ``devices``."""
+def compare_molecule(xyz_file, options, repeat, devices, world=None, geom=None):
+    """(title, problem for the JSON, runs) of the molecule in ``xyz_file`` (``geom``: it parsed
+    already), run through the whole pipeline with ``options`` ``repeat`` times on each of
+    ``devices`` (a list, or {device: the device this rank runs it on}, ``rank_devices``).
+    ``world`` (default ``distributed.current()``): one process runs them in turn; over several
+    ranks the runs (device, repeat) are dealt to the ranks, each a one-process run there
+    (``dfmp2.workflows.tasks.deal``), and every rank gets every run; the ranks must have agreed on
+    their input before (``request_content``)."""
+    from dfmp2 import distributed
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.workflows import tasks
+    from dfmp2.workflows.regress import ending_every_rank
 
-    geom = read_xyz(xyz_file)
+    world = world if world is not None else distributed.current()
+    geom = geom if geom is not None else read_xyz(xyz_file)
+    on_rank = devices if isinstance(devices, dict) else {d: d for d in devices}
     o = options
     title = (
         f"{xyz_file} {o.basis}/{o.auxbasis or 'MP2-fit'}, {o.scf_mode} SCF, "
@@ -336,4 +436,23 @@ def compare_molecule(xyz_file, options, repeat, devices):
         "charge": o.charge,
         "multiplicity": o.multiplicity,
     }
-    return title, problem_doc, [run_molecule(d, geom, options, repeat) for d in devices]
+    jobs = [d for d in on_rank for _ in range(repeat)]  # device by device, its repeats in order
+
+    def one_run(k, single):
+        with ending_every_rank(world):
+            return run_once(on_rank[jobs[k]], geom, options, world=single) | {"rank": world.rank}
+
+    got = tasks.deal(len(jobs), one_run, world, stage="compare")  # one process: in turn
+    runs = [_device_run(d, [g for j, g in zip(jobs, got) if j == d]) for d in on_rank]
+    return title, problem_doc, runs
+
+
+def request_content(geom, options, names: list[str], repeat: int, tolerance: float) -> dict:
+    """What the ranks agree on before their runs (``World.agree``): the molecule and every option
+    (``pipeline.request_content``), the devices asked for (by name: cuda is each rank's own GPU),
+    the repeats and the tolerance."""
+    from dfmp2 import pipeline
+
+    content = pipeline.request_content(geom, options)
+    content.update({"the devices": list(names), "the repeats": repeat, "the tolerance": tolerance})
+    return content

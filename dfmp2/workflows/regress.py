@@ -8,7 +8,11 @@ compares E_HF and E_corr (Hartree) within a tolerance that depends on the workin
     dfmp2 regress --device cpu --precision fp32            # the fast subset
     dfmp2 regress --subset full --json regress.json        # fast + slow cases
     dfmp2 regress 'h2o_*' s22_02_water_dimer               # by molecule name or pattern
+    torchrun --standalone --nproc-per-node 4 -m dfmp2 regress --subset full   # cases over 4 ranks
 
+Over several ranks (torchrun, Slurm) the cases are dealt to the ranks (``run_cases``: case k on
+rank k mod N, each a one-process run there, dfmp2.workflows.tasks) and every rank gets every
+result: the same energies, bit for bit, as one process at the same threads per process.
 The command itself (options, progress, printing) is dfmp2.cli.regress; this module is its library.
 """
 
@@ -17,12 +21,13 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
 
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, error_line
 from dfmp2.io import INPUTS
 from dfmp2.options import RunOptions
 
@@ -166,14 +171,16 @@ class CaseResult:
 
 
 def run_case(
-    entry: dict, options: RunOptions | None = None, tolerance: float | None = None, progress=None
+    entry: dict, options: RunOptions | None = None, tolerance: float | None = None, progress=None, world=None
 ) -> CaseResult:
     """Run the pipeline on one reference case and compare E_HF and E_corr within ``tolerance``
     (default ``TOLERANCES[precision]``). ``options``: the device, precision and resources (default
     RunOptions(): cpu, fp64); the molecule, basis sets, SCF mode and frozen core are the
     reference's. Errors of the case (SCF not converged, ...) are recorded in the result, not
-    raised; a device that cannot run raises before any work."""
-    from dfmp2.pipeline import run
+    raised; a device that cannot run raises before any work. ``world``: the process group of the
+    run (default ``distributed.current()``; a case dealt to a rank: a one-process World)."""
+    from dfmp2.io.xyz import read_xyz
+    from dfmp2.pipeline import run_geometry
 
     options = replace(
         options or RunOptions(),
@@ -197,7 +204,7 @@ def run_case(
     )
     t0 = time.perf_counter()
     try:
-        res = run(entry["_xyz"], options, progress=progress)
+        res = run_geometry(read_xyz(entry["_xyz"]), options, progress=progress, world=world)
     except InputError as e:  # the case failed; the run goes on with the next one
         cr.error = str(e)
         cr.seconds = time.perf_counter() - t0
@@ -223,6 +230,85 @@ def run_case(
     return cr
 
 
+def cases_content(cases: list[dict], options: RunOptions, tolerance: float) -> dict:
+    """What the ranks agree on before their cases (``World.agree``): the cases in order (each
+    reference entry but its local path), each case's molecule file (a hash of its bytes: a node's
+    copy that differs is caught, though only one rank reads it), every RunOptions field (the device
+    without its GPU index: NCCL gives each rank its own) and the tolerance. Keys 'option <field>'
+    are RunOptions fields (the CLI names their flags)."""
+    import dataclasses
+    import hashlib
+
+    def file_hash(path: str) -> str:
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError as e:  # the case records it when it runs; every rank must meet the same
+            return f"unreadable ({e.strerror})"
+
+    content = {
+        "the cases": [{k: v for k, v in e.items() if k != "_xyz"} for e in cases],
+        "the molecule files (bytes)": [file_hash(e["_xyz"]) for e in cases],
+        "the tolerance": tolerance,
+    }
+    for f in dataclasses.fields(RunOptions):
+        value = getattr(options, f.name)
+        content[f"option {f.name}"] = value.split(":")[0] if f.name == "device" else value
+    return content
+
+
+@contextmanager
+def ending_every_rank(world):
+    """Around a run dealt to a rank: a device that cannot run or a kernel that failed ends every
+    rank as an InputError does (``tasks.deal``: that rank's one line, exit 2 on all), not this rank
+    alone (the others would each add a line saying they lost it). One process: raised as it is."""
+    from dfmp2.linalg import DeviceUnavailableError, KernelError
+
+    try:
+        yield
+    except (DeviceUnavailableError, KernelError) as e:
+        if not world.distributed:
+            raise
+        raise InputError(error_line(e)) from None
+
+
+def run_cases(cases: list[dict], options: RunOptions, tolerance: float, world=None, on_case=None) -> list[CaseResult]:
+    """``run_case`` of every case, in order, on every rank of ``world`` (default
+    ``distributed.current()``). One process: the cases in turn. Several ranks: case k on rank
+    k mod N as a one-process run (``dfmp2.workflows.tasks.deal``), each rank on its own device
+    (``rank_options``), every rank gets every result; the ranks must have agreed on
+    ``cases_content`` before. ``on_case(k, entry)``: as case k starts on this rank."""
+    from dfmp2 import distributed
+    from dfmp2.workflows import tasks
+
+    world = world if world is not None else distributed.current()
+    mine = rank_options(options, world)
+
+    def one_case(k, single):
+        if on_case is not None:
+            on_case(k, cases[k])
+        with ending_every_rank(world):
+            return run_case(cases[k], mine, tolerance=tolerance, world=single)
+
+    return tasks.deal(len(cases), one_case, world, stage="regress")
+
+
+def rank_options(options: RunOptions, world) -> RunOptions:
+    """``options`` for this rank's cases: one process, themselves; over several ranks the device
+    this rank runs them on (cpu itself, cuda this rank's own GPU, cuda:LOCAL_RANK; a GPU index
+    given by hand or Trainium refused, InputError naming --device), whatever device the group
+    itself talks over (a task-parallel command gathers its results over gloo)."""
+    from dfmp2 import distributed
+
+    if not world.distributed:
+        return options
+    return replace(options, device=distributed.rank_device(options.device, world.local_rank)[0])
+
+
+def cases_per_rank(ncases: int, world_size: int) -> list[int]:
+    """How many of ``ncases`` each rank runs (``tasks.deal``: case k on rank k mod N)."""
+    return [len(range(r, ncases, world_size)) for r in range(world_size)]
+
+
 # ---------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------
@@ -242,14 +328,18 @@ def summary(results: list[CaseResult]) -> dict:
     }
 
 
-def render(results: list[CaseResult], console, device: str, precision: str, tolerance: float) -> None:
-    """The rich table: molecule, settings, reference, ours, difference, pass/fail."""
+def render(
+    results: list[CaseResult], console, device: str, precision: str, tolerance: float, world_size: int = 1
+) -> None:
+    """The rich table: molecule, settings, reference, ours, difference, pass/fail. ``world_size``
+    > 1: the cases ran dealt over that many ranks, which the title and the times say."""
     from rich.markup import escape  # names and messages from the reference file are not markup
     from rich.table import Table
 
+    over = f", cases dealt over {world_size} ranks" if world_size > 1 else ""
     t = Table(
         title=f"DF-MP2 regression vs PySCF references — device {escape(device)}, {precision}, "
-        f"tolerance {tolerance:.0e} Eh",
+        f"tolerance {tolerance:.0e} Eh{over}",
         title_justify="left",
     )
     t.add_column("molecule")
@@ -292,9 +382,13 @@ def render(results: list[CaseResult], console, device: str, precision: str, tole
             if r.ran
         }
     )
-    line = (
-        f"{s['passed']}/{s['cases']} passed in {s['seconds']:.1f} s; ran on {escape(', '.join(engines)) or 'nothing'}"
-    )
+    took = f"in {s['seconds']:.1f} s"
+    if world_size > 1:  # each case timed on its rank while the others ran: not one process's times
+        took = (
+            f"({s['seconds']:.1f} s of runs over {world_size} ranks: each case's s timed on its rank while "
+            "the other ranks ran)"
+        )
+    line = f"{s['passed']}/{s['cases']} passed {took}; ran on {escape(', '.join(engines)) or 'nothing'}"
     if s["max_abs_diff_e_corr"] is not None:
         line += (
             f"; largest |ΔE_corr| {s['max_abs_diff_e_corr']:.2e} Eh ({escape(s['max_abs_diff_e_corr_case'])}), "

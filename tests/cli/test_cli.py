@@ -324,15 +324,17 @@ def test_every_command_offers_every_scf_mode():
         assert tuple(opt.type.choices) == pyscf_scf.SCF_MODES, name
 
 
-@pytest.mark.parametrize("command", ["compare", "regress"])
-def test_commands_that_are_not_rank_aware_refuse_a_launcher(monkeypatch, command):
-    """Started by a launcher with several processes, compare and regress (one process's work) are
-    refused before any work: rank 0 one error line, the other ranks exit 2 quietly."""
-    args = [command, str(INPUTS / "water.xyz")] if command == "compare" else [command, "water"]
+def test_compare_synthetic_refuses_a_launcher(monkeypatch):
+    """Started by a launcher with several processes, compare --synthetic (a pair step of seconds,
+    timed: not dealt to ranks) is refused before any work, saying why and which commands use
+    ranks: rank 0 one error line, the other ranks exit 2 quietly. (compare of a molecule and
+    regress deal their runs: tests/system/test_distributed_compare_regress.py.)"""
+    args = ["compare", "--synthetic", "4,20,30", "--devices", "cpu"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     res = run_cli(args)
-    assert res.exit_code == 2 and f"dfmp2 {command} runs in one process" in res.output
+    assert res.exit_code == 2 and "dfmp2 compare --synthetic runs in one process (its pair step" in res.output
+    assert "regress and compare of a molecule use several ranks" in res.output
     monkeypatch.setenv("RANK", "1")
     res = run_cli(args)
     assert res.exit_code == 2 and "error" not in res.output
