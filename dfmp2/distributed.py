@@ -440,6 +440,15 @@ def rank_device(device: str, local_rank: int) -> tuple[str, str]:
                 f"its own GPU (LOCAL_RANK), not '{device}'",
                 option="device",
             )
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if local_rank >= have:
+            raise InputError(
+                f"device '{device}' over several ranks takes one GPU per rank (cuda:LOCAL_RANK); this node's "
+                f"rank with LOCAL_RANK {local_rank} finds {have} CUDA GPU(s)"
+                + ("" if torch.backends.cuda.is_built() else " (this torch is built without CUDA)")
+                + ": start at most one rank per GPU, or run on cpu",
+                option="device",
+            )
         return f"{device}:{local_rank}", "nccl"
     raise InputError(
         f"device '{device}' cannot run over several processes yet (gloo connects CPU "
@@ -466,7 +475,14 @@ def join(device: str) -> World:
         world.device, world.comm_backend = "cpu", "gloo"  # join all the same, to agree on it
         _current = world
         _init(dist, world)
-        world.agree(e)
+        try:
+            world.agree(e)  # raises: e on the lowest refusing rank, PeerRefusedError on the others
+        except PeerRefusedError:
+            world.close()
+            raise SystemExit(EXIT_USER_ERROR) from None
+        except BaseException:
+            world.close()  # every rank is here: leave the group in order (a refusing rank's gloo abort)
+            raise
     _current = world
     _init(dist, world)
     return world

@@ -633,6 +633,24 @@ def test_optimize_not_converged_over_ranks_one_error_line(tmp_path):
     assert (tmp_path / "w.opt.xyz").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "gradient"])
+def test_cuda_over_ranks_without_a_gpu_per_rank_is_one_line(tmp_path, command):
+    """--device cuda over 2 ranks on a node without a GPU for each rank (here: none, or one):
+    one error line naming the GPUs found, exit 2 on both, no traceback (a torch AttributeError from
+    torch.cuda.set_device before)."""
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this node has a GPU for each of 2 ranks")
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), "--basis", "sto-3g", "--device", "cuda", "-q"]
+    res = _launch(tmp_path, [args, args], command=command)
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "one GPU per rank" in lines[0] and "CUDA GPU(s)" in lines[0], lines
+    assert not any("Traceback" in err for _, err, _ in res), res
+
+
 # ---------------------------------------------------------------- the gradient over ranks (issue 42)
 def _gradient(tmp_path, ranks: int, xyz: str, name: str) -> dict:
     """``dfmp2 gradient`` (cc-pVDZ, default options) on ``ranks`` ranks: its JSON, validated."""
