@@ -743,19 +743,19 @@ def _pair_densities(
     i >= j symmetry), on the backend's device:
         K[i, a, j, b] = (ia|jb) = Σ_Q B_iaQ B_jbQ      (one GEMM, B B_J^T)
         t = K / (e_i + e_j - e_a - e_b)                (in place),  θ = (c_os + c_ss) t - c_ss t^{ba}
-        Γ[(ia), Q] += Σ_jb θ[(ia), (jb)] B_J[(jb), Q]                          (cols given)
-        Γ[(jb), Q]  = Σ_ia θ[(ia), (jb)] B[(ia), Q]   (θ_ij^ab = θ_ji^ba: the rows of J, whole)
+        Γ[(jb), Q] += Σ_ia θ[(ia), (jb)] B[(ia), Q]   (θ_ij^ab = θ_ji^ba: the rows of J, whole)
         P_oo[i, k] -= 2 Σ_ajb t[i, (ajb)] θ[k, (ajb)]
         P_vv[a, b] += 2 Σ_i Σ_jc t[i, a, (jc)] θ[i, b, (jc)]   (a GEMM batched over i)
     B (nact nvir, naux) (row i nvir + a), e_o (nact,), e_v (nvir,) Hartree, all one dtype on the
     device; ``cols`` = (B_c, f_o, f_v): the j, b side from another spin (UMP2's αβ pairs; c_ss
     must be 0), else B's own. RHF: c_os, c_ss the method's scales; UHF same spin: (0, c_ss/2) (θ =
-    c_ss/2 of the antisymmetrised t); αβ: (c_os/2, 0), once from each side. K and θ of one block
+    c_ss/2 of the antisymmetrised t); αβ: (c_os/2, 0), once from each side: Γ is then the j side's
+    (the other spin's: t_ij^ab(αβ) = t_ji^ba(βα)), P_oo and P_vv the i side's. K and θ of one block
     take about ``block_mb`` MB, in at least PAIR_MIN_BLOCKS blocks where there are that many j.
-    Returns Γ (nact nvir, naux), P_oo (nact, nact), P_vv (nvir, nvir), unsymmetrised, on the
+    Returns Γ (ncol nvc, naux), P_oo (nact, nact), P_vv (nvir, nvir), unsymmetrised, on the
     device, added into ``out`` = (Γ, P_oo, P_vv) when given.
 
-    Over several ranks (``world``; B's own pairs only, ``cols`` None): rank r computes the blocks
+    Over several ranks (``world``): rank r computes the blocks
     ``block_owners`` gives it (Γ's rows of its j whole, each block's P_oo and P_vv shares), then
     every block is broadcast from its owner in block order and P_oo, P_vv add the shares in that
     order, as one process adds them: the same bits on any number of ranks (equal threads)."""
@@ -768,14 +768,12 @@ def _pair_densities(
         out
         if out is not None
         else (
-            torch.zeros_like(B),
+            torch.zeros_like(Bc),
             torch.zeros((nact, nact), dtype=B.dtype, device=B.device),
             torch.zeros((nvir, nvir), dtype=B.dtype, device=B.device),
         )
     )
     ranks = world is not None and world.distributed
-    if ranks and cols is not None:
-        raise ValueError("the pair loop over ranks takes B's own pairs only (cols None)")
     blocks = [(j0, min(ncol, j0 + nj)) for j0 in range(0, ncol, nj)]
     own = block_owners(len(blocks), world.size if ranks else 1)
     me = world.rank if ranks else 0
@@ -796,11 +794,8 @@ def _pair_densities(
         torch.mul(t, c_os + c_ss, out=th)
         if c_ss:
             th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)  # t_ij^ba = t[i, b, j, a]
-        if cols is None:  # Γ's rows of J, whole: Σ_ia θ_ij^ab B_ia = Σ_ia θ_ji^ba B_ia
-            rows = Gam[j0 * nvir : j1 * nvir]
-            linalg.gemm(th.view(nact * nvir, -1), B, trans_a=True, beta=1.0, out=rows, backend=backend)
-        else:
-            linalg.gemm(th.view(nact * nvir, -1), Bj, beta=1.0, out=Gam, backend=backend)  # Γ += θ B_J
+        rows = Gam[j0 * nvc : j1 * nvc]  # Γ's rows of J, whole: Σ_ia θ_ij^ab B_ia = Σ_ia θ_ji^ba B_ia
+        linalg.gemm(th.view(nact * nvir, -1), B, trans_a=True, beta=1.0, out=rows, backend=backend)
         x_oo = linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
         x_vv = linalg.gemm(
             t.view(nact, nvir, -1),
@@ -816,7 +811,7 @@ def _pair_densities(
             P_vv += 2.0 * x_vv
     for b, (j0, j1) in enumerate(blocks if ranks else ()):  # every block from its owner, in order
         x_oo, x_vv = shares.pop(b) if own[b] == me else (torch.empty_like(P_oo), torch.empty_like(P_vv))
-        world.broadcast([Gam[j0 * nvir : j1 * nvir], x_oo, x_vv], own[b], "gradient")
+        world.broadcast([Gam[j0 * nvc : j1 * nvc], x_oo, x_vv], own[b], "gradient")
         P_oo -= 2.0 * x_oo
         P_vv += 2.0 * x_vv
     return Gam, P_oo, P_vv

@@ -155,12 +155,13 @@ def gradient_stage(
         )
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
     if world is not None and world.distributed:
-        split = ["the pair loop's blocks of j (Γ's rows, P_oo and P_vv's shares)"] if ref.restricted else []
         parts.ran["ranks"] = {
             "world_size": world.size,
-            "split": split + ["the 3-center derivative integrals' aux groups (correlation and JK parts)"],
-            "on_every_rank": "B, the JK factor, the Z-vector, Γ's back-transforms, the one-electron derivatives"
-            + ("" if ref.restricted else ", the UHF pair loops"),
+            "split": [
+                "the pair loop's blocks of j (Γ's rows, P_oo and P_vv's shares)" + ("" if ref.restricted else ", each"),
+                "the 3-center derivative integrals' aux groups (correlation and JK parts)",
+            ],
+            "on_every_rank": "B, the JK factor, the Z-vector, Γ's back-transforms, the one-electron derivatives",
             "added_in_order": "every rank's shares in block order: the same bits as one process (equal threads)",
             "comm_rank": dict(world.comm.get("gradient", {})),
         }

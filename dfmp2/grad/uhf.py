@@ -103,8 +103,9 @@ def uhf_mp2_gradient(
     """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
     (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
     JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise). Over
-    several ranks (``world``) the derivative integrals are split (``mp2grad.df_deriv``); the pair
-    loops, the JK factor and the Z-vector run whole on every rank (the same bits as one process)."""
+    several ranks (``world``) the pair loops' blocks (``mp2grad._pair_densities``) and the
+    derivative integrals (``mp2grad.df_deriv``) are split, added in one fixed order; the JK factor
+    and the Z-vector run whole on every rank (the same bits as one process)."""
     if ref.restricted:
         raise GradientError(
             "uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs through mp2grad.mp2_gradient",
@@ -119,7 +120,7 @@ def uhf_mp2_gradient(
     jk.world = world
     resp = _response_operator(jk, orbs)
     t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
-    e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss)
+    e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world)
     t0 = timer.add("grad_mp2_densities", t0)
     P_unrelaxed = [p.copy() for p in P]
     P, Y, zinfo = _relaxed_density(orbs, P, Y, resp)
@@ -202,7 +203,7 @@ def _response_operator(jk: _DFJK, orbs):
 
 
 # ---------------------------------------------------------------------------- correlation part
-def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True):
+def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None):
     """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
     the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
     E_aa + E_bb + 2 E_ab of pair arithmetic), then Γ~, γ and the orbital-response terms
@@ -232,10 +233,18 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
         if not has[s]:
             continue
         if c_ss:
-            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s])
-        if c_os and has[1 - s]:
+            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s], world=world)
+        if c_os and has[1 - s]:  # Γ of the other spin (the j side), P_oo and P_vv of this one
             _pair_densities(
-                Bd[s], eo[s], ev[s], backend, 0.5 * c_os, 0.0, cols=(Bd[1 - s], eo[1 - s], ev[1 - s]), out=acc[s]
+                Bd[s],
+                eo[s],
+                ev[s],
+                backend,
+                0.5 * c_os,
+                0.0,
+                cols=(Bd[1 - s], eo[1 - s], ev[1 - s]),
+                out=(acc[1 - s][0], acc[s][1], acc[s][2]),
+                world=world,
             )
     e_corr = sum(float(torch.dot(a[0].reshape(-1), b.reshape(-1))) for a, b in zip(acc, Bd))
     gamma_pq, P, Y, T_v = np.zeros((naux, naux)), [], [], []

@@ -26,7 +26,10 @@ def _reference(B, e_o, e_v, c_os, c_ss, cols=None):
     K = torch.einsum("iaq,jbq->iajb", Bt, Bu)
     t = K / (e_o[:, None, None, None] - e_v[None, :, None, None] + f_o[None, None, :, None] - f_v[None, None, None, :])
     th = (c_os + c_ss) * t - (c_ss * t.permute(0, 3, 2, 1) if c_ss else 0.0)
-    G = torch.einsum("iajb,jbq->iaq", th, Bu).reshape(B.shape)
+    if cols is None:  # Γ_ia = Σ_jb θ_ij^ab B_jb, its definition (the loop makes rows of j: θ symmetric)
+        G = torch.einsum("iajb,jbq->iaq", th, Bu).reshape(B.shape)
+    else:  # αβ: the j side's Γ, Σ_ia θ_ij^ab B_ia (the other spin's from its own side)
+        G = torch.einsum("iajb,iaq->jbq", th, Bt).reshape(Bc.shape)
     return G, -2.0 * torch.einsum("iajb,kajb->ik", t, th), 2.0 * torch.einsum("iajc,ibjc->ab", t, th)
 
 
@@ -45,7 +48,8 @@ def test_pair_densities_match_einsum(monkeypatch, c_os, c_ss, block_js):
 
 
 def test_alpha_beta_pairs_match_einsum():
-    """UMP2's αβ pairs (``cols`` the other spin: 4 occupied, 9 virtual), θ = c_os/2 t."""
+    """UMP2's αβ pairs (``cols`` the other spin: 4 occupied, 9 virtual), θ = c_os/2 t: Γ of the
+    j side, P_oo and P_vv of the i side."""
     B, e_o, e_v = _problem(2)
     Bc, f_o, f_v = _problem(3, nact=4, nvir=9)
     got = mp2grad._pair_densities(B, e_o, e_v, linalg.TorchBackend("cpu"), 0.6, 0.0, cols=(Bc, f_o, f_v), block_mb=1e-3)
