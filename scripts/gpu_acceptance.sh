@@ -4,8 +4,10 @@
 #
 #   bash scripts/gpu_acceptance.sh stage      # a call of its own: keep the carried pieces (.g4a ...)
 #                                             # in /tmp/stage (/tmp survives while the machine is warm)
-#   bash scripts/gpu_acceptance.sh [ARGS]     # install PySCF (+ gpu4pyscf) into /tmp/site, then
+#   bash scripts/gpu_acceptance.sh [ARGS]     # install PySCF (+ gpu4pyscf), jsonschema and its
+#                                             # dependencies, threadpoolctl into /tmp/site, then
 #                                             # python scripts/gpu_acceptance.py ARGS
+# Both routes carry the same pure-Python extras: .whl/ holds their wheels, the pieces their unpacked tree.
 set -uo pipefail
 SITE=${SITE:-/tmp/site} STAGE=${STAGE:-/tmp/stage}
 OUT=${OUT:-scripts/results}
@@ -33,5 +35,8 @@ else
     exit 3
 fi
 export PYTHONPATH="$PWD:$SITE" PYTHONUNBUFFERED=1
+for mod in jsonschema threadpoolctl; do   # the cuda tests validate documents; the baseline records BLAS
+    python3 -c "import $mod" 2>/dev/null || echo "warning: $mod not importable: the carried folders predate it; run --prepare-wheels again" >&2
+done
 python3 scripts/gpu_acceptance.py --out-dir "$OUT" "$@" 2>&1 | tee "$OUT"/gpu_acceptance.log
 exit "${PIPESTATUS[0]}"

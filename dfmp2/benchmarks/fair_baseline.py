@@ -6,7 +6,8 @@ it is loaded, and they change numpy's (so PySCF's) speed markedly either way. A 
 machine does not set them. So the PySCF side runs twice, each time in a fresh subprocess: once
 with the environment as set (``as_set``) and once with both variables removed (``unset``), and a
 benchmark compares against the FASTER of the two. Where neither variable is set the two runs are
-the same setting (recorded as such) and the second is a repeat.
+the same setting (recorded as such) and the second is a repeat; a caller short of time passes
+``once_when_same=True`` to run it once (the other setting recorded as not run, the same as the first).
 
 Also here, so that no benchmark carries its own copy:
 - ``blas_info()``: which BLAS ran in this process: threadpoolctl's ``threadpool_info()`` (library,
@@ -166,6 +167,13 @@ def merge_peaks(*peaks: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ the PySCF baseline
+def same_setting(env=None) -> bool:
+    """True where neither BLAS_VARS is set in ``env`` (default this process's): 'as_set' and 'unset'
+    are then the same environment."""
+    env = os.environ if env is None else env
+    return all(env.get(v) is None for v in BLAS_VARS)
+
+
 def env_for(setting: str, base: dict | None = None) -> dict:
     """The subprocess environment of one setting: 'as_set' is this one, 'unset' lacks BLAS_VARS."""
     env = dict(os.environ if base is None else base)
@@ -191,11 +199,14 @@ def pyscf_baseline(
     multiplicity: int | None = None,
     max_cycle: int | None = None,
     max_memory: float | None = None,
+    once_when_same: bool = False,
 ) -> dict:
     """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
     given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
     'best': the setting whose summed task seconds are lowest, 'same_setting': True where the
     variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}.
+    ``once_when_same``: where the variables are not set, run the first setting alone; each other
+    setting's entry is then {'not_run': why, 'same_as': the first} (no 'tasks', no 'error').
     ``charge``, ``multiplicity``: as ``dfmp2 run``'s options (None: the XYZ comment's); ``max_cycle``:
     PySCF's SCF cycle limit in 'dfrhf'/'dfuhf' (None: dfmp2's default); an SCF that does not converge
     by then is timed all the same, its task marked ``converged`` False. ``max_memory`` (MB): PySCF's
@@ -216,9 +227,13 @@ def pyscf_baseline(
         "max_cycle": max_cycle,
         "max_memory": max_memory,
     }
-    runs = {}
+    runs, same = {}, same_setting()
     for setting in settings:
-        runs[setting] = run_child(spec, env_for(setting), timeout)
+        if once_when_same and same and runs:
+            first = next(iter(runs))
+            runs[setting] = {"not_run": f"same as {first}: neither {' nor '.join(BLAS_VARS)} is set", "same_as": first}
+        else:
+            runs[setting] = run_child(spec, env_for(setting), timeout)
         runs[setting]["setting"] = setting
     ok = {s: r for s, r in runs.items() if "tasks" in r}
     best = min(ok, key=lambda s: sum(t["seconds"] for t in ok[s]["tasks"].values())) if ok else None
@@ -226,7 +241,7 @@ def pyscf_baseline(
         "runs": runs,
         "best": best,
         "tasks": ok[best]["tasks"] if best else None,
-        "same_setting": all(os.environ.get(v) is None for v in BLAS_VARS),
+        "same_setting": same,
         "peaks": merge_peaks(*(r.get("peaks") for r in ok.values())),
         "rule": "PySCF run once with the environment as set and once without OPENBLAS_CORETYPE and "
         "OPENBLAS_L2_SIZE, each in its own process; ratios are against the faster",
@@ -251,11 +266,12 @@ def best_or_exit(base: dict, task: str | None = None) -> dict:
     failed in both settings."""
     if task is not None:
         for s, r in base["runs"].items():
-            done = f"{r['tasks'][task]['seconds']:.2f} s; {blas_summary(r['blas'])}" if "error" not in r else ""
-            print(f"PySCF ({s}): " + (r.get("error") or done), flush=True)
+            done = f"{r['tasks'][task]['seconds']:.2f} s; {blas_summary(r['blas'])}" if "tasks" in r else ""
+            print(f"PySCF ({s}): " + (r.get("error") or r.get("not_run") or done), flush=True)
     if base["best"] is None:
         sys.exit(
-            "error: the PySCF baseline failed in both settings: " + "; ".join(r["error"] for r in base["runs"].values())
+            "error: the PySCF baseline failed in both settings: "
+            + "; ".join(r.get("error") or r.get("not_run", "") for r in base["runs"].values())
         )
     return base["tasks"]
 
@@ -397,7 +413,11 @@ def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
         "",
         f"- rule: {base['rule']}"
         + (
-            " (neither variable is set here: both runs are the same setting, the second a repeat)"
+            (
+                " (neither variable is set here: one setting, run once)"
+                if any("not_run" in r for r in base["runs"].values())
+                else " (neither variable is set here: both runs are the same setting, the second a repeat)"
+            )
             if base["same_setting"]
             else ""
         ),
@@ -406,6 +426,9 @@ def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
     for s, r in base["runs"].items():
         if "error" in r:
             lines.append(f"- PySCF, {s}: failed: {r['error']}")
+            continue
+        if "not_run" in r:
+            lines.append(f"- PySCF, {s}: not run: {r['not_run']}")
             continue
         secs = ", ".join(f"{t} {v['seconds']:.2f} s" for t, v in r["tasks"].items())
         lines.append(f"- PySCF, {s}: {secs}; BLAS: {blas_summary(r['blas'])}")

@@ -42,6 +42,28 @@ def test_pyscf_baseline_runs_both_settings_and_takes_the_faster():
     assert "faster PySCF setting" in md and "DGEMM peak" in md
 
 
+def test_once_when_same_runs_one_setting_only_where_the_variables_are_unset(monkeypatch):
+    """Opt-in: the default still runs both settings; with once_when_same and neither variable set,
+    one child, the other setting recorded as not run (the same environment)."""
+    calls = []
+
+    def run_child(spec, env, timeout):
+        calls.append(env)
+        return {"tasks": {"dfrhf": {"seconds": 1.0}}, "peaks": {"rows": []}, "blas": {"env": {}}}
+
+    monkeypatch.setattr(fb, "run_child", run_child)
+    for v in fb.BLAS_VARS:
+        monkeypatch.delenv(v, raising=False)
+    assert fb.same_setting() and len(fb.pyscf_baseline(["dfrhf"], "w.xyz")["runs"]) == 2 and len(calls) == 2
+    base = fb.pyscf_baseline(["dfrhf"], "w.xyz", once_when_same=True)
+    assert len(calls) == 3 and base["best"] == "as_set" and base["runs"]["unset"]["same_as"] == "as_set"
+    md = fb.markdown_lines(base, {"env": {}}, {})
+    assert "run once" in md[2] and any("unset: not run: same as as_set" in ln for ln in md)
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "1048576")
+    base = fb.pyscf_baseline(["dfrhf"], "w.xyz", once_when_same=True)  # a variable set: both settings run
+    assert not fb.same_setting() and len(calls) == 5 and all("tasks" in r for r in base["runs"].values())
+
+
 def test_failing_child_is_an_error_entry(tmp_path):
     base = fb.pyscf_baseline(["dfrhf"], tmp_path / "missing.xyz", timeout=60, peak_sizes=[64], settings=("unset",))
     assert base["best"] is None and base["runs"]["unset"]["error"].startswith("exit ")

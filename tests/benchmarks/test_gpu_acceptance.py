@@ -15,6 +15,9 @@ SCRIPT = ROOT / "scripts" / "gpu_acceptance.py"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_acceptance
+import pytest
+
+from dfmp2.benchmarks import fair_baseline as fb
 
 LABEL = "[DRY RUN ON CPU, NOT GPU NUMBERS]"
 
@@ -54,10 +57,15 @@ def test_dry_run_records_every_step_and_goes_on_after_a_failure(tmp_path):
         assert steps[name]["status"] == "pass", steps[name]
     assert steps["run_compare"]["result"]["compare"]["summary"]["passed"]
     base = steps["pyscf_h2o_16"]["result"]["baseline"]
-    assert set(base["runs"]) == {"as_set", "unset"} and base["best"] in base["runs"]
-    agree = {(a["molecule"], a["who"]): a for a in doc["checks"]["agreement"]}
-    assert agree[("h2o_16", "ours")]["passed"] is True and agree[("h2o_16", "ours")]["abs_d_e_mp2"] < 1e-8
-    assert agree[("h2o_32", "ours")]["passed"] is None  # ours failed there: not compared
+    assert set(base["runs"]) == {"as_set", "unset"} and base["best"] == "as_set"
+    if fb.same_setting():  # neither OPENBLAS variable set here: one PySCF process, the other recorded
+        assert base["runs"]["unset"]["same_as"] == "as_set" and "tasks" not in base["runs"]["unset"]
+    agree = {(a["molecule"], a["who"], a["against"]): a for a in doc["checks"]["agreement"]}
+    live = agree[("h2o_16", "ours", gpu_acceptance.LIVE_PYSCF)]
+    assert live["passed"] is True and live["abs_d_e_mp2"] < 1e-8
+    assert agree[("h2o_32", "ours", gpu_acceptance.LIVE_PYSCF)]["passed"] is None  # ours failed: not compared
+    assert agree[("h2o_16", "ours", gpu_acceptance.GPU4PYSCF)]["passed"] is None  # gpu4pyscf skipped
+    assert gpu_acceptance.STORED_PYSCF not in {a["against"] for a in doc["checks"]["agreement"]}  # dry run
     assert md.count("DRY RUN ON CPU, NOT GPU NUMBERS") >= 2 and md.rstrip().endswith(
         "**DRY RUN ON CPU, NOT GPU NUMBERS.**"
     )
@@ -109,3 +117,111 @@ def test_dry_run_of_the_torchrun_step_records_ranks_backend_and_energies(tmp_pat
     assert set(r["energies_one_process"]) == set(r["energies_ranks"]) == set(r["abs_d"]) == keys
     assert max(r["abs_d"].values()) <= gpu_acceptance.E_RANKS_TOL and "2 ranks (gloo) vs one process" in step["reason"]
     assert "## torchrun over 2 rank(s): comm backend gloo" in md and "DRY RUN ON CPU" in md
+
+
+def test_gpu_steps_run_first_and_leave_pyscf_what_is_left():
+    names = gpu_acceptance.steps_for()
+    assert names[-2:] == ["pyscf_h2o_16", "pyscf_h2o_32"] and set(names) == set(gpu_acceptance.BUDGET_S)
+    assert names[:4] == ["cuda_tests", "pair_peak", "run_compare", "nccl_torchrun"]
+    assert names.index("ours_h2o_16") < names.index("gpu4pyscf_h2o_16") < names.index("ours_h2o_32")
+    gpu = sum(gpu_acceptance.BUDGET_S[n] for n in names[:-2])
+    assert gpu <= gpu_acceptance.TOTAL_S - 90  # the PySCF steps keep a share of the default total
+    assert gpu_acceptance.BUDGET_S["cuda_tests"] >= 150 and gpu_acceptance.BUDGET_S["ours_h2o_32"] >= 60
+
+
+def _fake_children(monkeypatch):
+    calls = []
+
+    def run_child(spec, env, timeout):
+        calls.append({"env": env, "timeout": timeout})
+        e = {"e_hf": -76.0, "e_corr": -0.2, "e_mp2": -76.2}
+        whole = {"seconds": 10.0 + len(calls), "scf_s": 8.0, "mp2_s": 2.0 + len(calls), **e}
+        return {"tasks": {"whole": whole}, "peaks": {"rows": []}, "blas": {"env": {}}}
+
+    monkeypatch.setattr(fb, "run_child", run_child)
+    return calls
+
+
+@pytest.mark.parametrize("var", [None, "OPENBLAS_L2_SIZE", "OPENBLAS_CORETYPE"])
+def test_pyscf_step_runs_once_with_the_whole_budget_when_the_blas_variables_are_unset(monkeypatch, var):
+    for v in fb.BLAS_VARS:
+        monkeypatch.delenv(v, raising=False)
+    if var:
+        monkeypatch.setenv(var, "1048576" if var == "OPENBLAS_L2_SIZE" else "Haswell")
+    calls = _fake_children(monkeypatch)
+    spec = {"xyz": {"h2o_16": "w.xyz"}, "step": "pyscf_h2o_16", "budget": 100.0, "dry": True}
+    status, reason, res = gpu_acceptance.step_pyscf(spec)
+    runs = res["baseline"]["runs"]
+    assert status == "pass" and set(runs) == {"as_set", "unset"}, reason
+    if var is None:  # one setting: one process, the whole budget; the other recorded as not run
+        assert [c["timeout"] for c in calls] == [95.0] and "one run" in reason
+        assert runs["unset"]["same_as"] == "as_set" and "same as as_set" in runs["unset"]["not_run"]
+        assert "tasks" not in runs["unset"] and res["baseline"]["best"] == "as_set"
+        assert any("not run: same as as_set" in ln for ln in fb.markdown_lines(res["baseline"], {"env": {}}, {}))
+    else:  # two settings: two processes, half the budget each, the second without the variable
+        assert [c["timeout"] for c in calls] == [45.0, 45.0] and "faster setting as_set" in reason
+        assert var in calls[0]["env"] and var not in calls[1]["env"]
+        assert all("tasks" in r for r in runs.values())
+
+
+def _step(status, **e):
+    return {"status": status, "result": {**e, "whole_s": 1.0, "dfrhf_s": 0.5, "timings": {}}}
+
+
+E16 = {"e_hf": -1216.512579762275, "e_mp2": -1219.837566254037}
+
+
+def test_agreement_uses_gpu4pyscf_and_the_stored_reference_when_pyscf_did_not_finish():
+    ours = {k: v + 2e-11 for k, v in E16.items()}
+    steps = {
+        "ours_h2o_16": _step("pass", **ours),
+        "gpu4pyscf_h2o_16": _step("pass", **E16),
+        "pyscf_h2o_16": {"status": "fail", "result": {"baseline": {}}},
+        "ours_h2o_32": _step("pass", e_hf=-2432.0, e_mp2=-2439.0),
+        "gpu4pyscf_h2o_32": _step("pass", e_hf=-2432.0, e_mp2=-2439.0 + 1e-6),
+    }
+    refs = {"h2o_16": {**E16, "source": "CPU run"}, "h2o_32": {"reason": "no stored reference for h2o_32 (pending)"}}
+    c = gpu_acceptance.checks(steps, refs)
+    a = {(r["molecule"], r["who"], r["against"]): r for r in c["agreement"]}
+    stored, g4p = gpu_acceptance.STORED_PYSCF, gpu_acceptance.GPU4PYSCF
+    assert a[("h2o_16", "ours", stored)]["passed"] is True and a[("h2o_16", "ours", stored)]["abs_d_e_mp2"] < 1e-10
+    assert a[("h2o_16", "gpu4pyscf", stored)]["passed"] is True
+    assert a[("h2o_16", "ours", g4p)]["passed"] is True
+    assert a[("h2o_32", "ours", g4p)]["passed"] is False and a[("h2o_32", "ours", g4p)]["abs_d_e_mp2"] > 1e-7
+    pend = [r for r in c["agreement"] if r["molecule"] == "h2o_32" and r["against"] != g4p]
+    assert len(pend) == 2 and all(r["passed"] is None and "pending" in r["reason"] for r in pend)
+    assert gpu_acceptance.checks(steps, {})["agreement"][0]["passed"] is None  # no reference at all: not compared
+
+
+def test_agreement_prefers_pyscf_of_this_run_and_fails_outside_the_bound():
+    steps = {
+        "ours_h2o_16": _step("pass", **{k: v + 1e-7 for k, v in E16.items()}),
+        "pyscf_h2o_16": _step("fail", **E16),  # one BLAS setting ran over: its energies still count
+    }
+    c = gpu_acceptance.checks(steps, {"h2o_16": {"e_hf": 0.0, "e_mp2": 0.0}})
+    (row,) = [r for r in c["agreement"] if r["molecule"] == "h2o_16" and r["who"] == "ours" and r["passed"] is not None]
+    assert row["against"] == gpu_acceptance.LIVE_PYSCF and row["passed"] is False
+
+
+def test_stored_reference_file_has_h2o_16_and_a_pending_h2o_32(tmp_path):
+    refs = gpu_acceptance.stored_references()
+    assert refs["h2o_16"]["e_hf"] == E16["e_hf"] and refs["h2o_16"]["e_mp2"] == E16["e_mp2"]
+    assert (
+        refs["h2o_16"]["pyscf"] == "2.14.0" and "e_mp2" not in refs["h2o_32"] and "pending" in refs["h2o_32"]["reason"]
+    )
+    doc = json.loads(gpu_acceptance.REFERENCE.read_text())
+    assert {"pyscf", "basis", "jk_fit", "mp2_fit", "thresholds"} <= set(doc)
+    doc["molecules"]["h2o_16"]["xyz_sha256"] = "0" * 64  # another geometry: not a reference
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    assert "not the geometry" in gpu_acceptance.stored_references(tmp_path / "r.json")["h2o_16"]["reason"]
+    assert "not read" in gpu_acceptance.stored_references(tmp_path / "none.json")["h2o_16"]["reason"]
+
+
+def test_prepare_wheels_downloads_jsonschema_with_its_dependencies_and_threadpoolctl():
+    bare, deps = gpu_acceptance.pip_downloads("/x")
+    assert "--no-deps" in bare and any(a.startswith("pyscf==") for a in bare)
+    assert "--no-deps" not in deps  # pip resolves attrs, referencing, rpds-py, ... for Python 3.12
+    assert {a.split("==")[0] for a in deps if "==" in a} == {"jsonschema", "threadpoolctl"}
+    for cmd in (bare, deps):
+        assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd
+        assert cmd[cmd.index("-d") + 1] == "/x"
