@@ -141,8 +141,8 @@ def gradient_stage(
     ``mp2grad.mp2_gradient``, a UHF one ``mp2grad_uhf.uhf_mp2_gradient``. The one entry point into
     the stage (``run_gradient``, ``DFMP2.nuc_grad_method``). ``plan``: the RHF stage's forms
     (``gradient_plan``; default the fastest that fits memory.DEFAULT_FRACTION of the available
-    memory). ``world``: the ranks the stage splits its pair loop (RHF) and derivative integrals
-    over (``ran['ranks']`` says which parts); None or one process: all of it here."""
+    memory). ``world``: the ranks the stage splits its pair loops and derivative integrals over
+    (``ran['ranks']`` says which parts); None or one process: all of it here."""
     c_os, c_ss = SCALES[method]
     timer = timer or Timer(backend)
     if ref.restricted:
