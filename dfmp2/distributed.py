@@ -440,21 +440,26 @@ def rank_device(device: str, local_rank: int) -> tuple[str, str]:
                 f"its own GPU (LOCAL_RANK), not '{device}'",
                 option="device",
             )
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if local_rank >= have:
-            raise InputError(
-                f"device '{device}' over several ranks takes one GPU per rank (cuda:LOCAL_RANK); this node's "
-                f"rank with LOCAL_RANK {local_rank} finds {have} CUDA GPU(s)"
-                + ("" if torch.backends.cuda.is_built() else " (this torch is built without CUDA)")
-                + ": start at most one rank per GPU, or run on cpu",
-                option="device",
-            )
         return f"{device}:{local_rank}", "nccl"
     raise InputError(
         f"device '{device}' cannot run over several processes yet (gloo connects CPU "
         "processes, NCCL CUDA GPUs); run one process",
         option="device",
     )
+
+
+def _check_gpu_for_rank(device: str, local_rank: int) -> None:
+    """InputError (one line) when this node has no GPU for the rank with ``local_rank`` (NCCL: one
+    GPU per rank); before, torch.cuda.set_device died with a traceback."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= have:
+        raise InputError(
+            f"device '{device}' over several ranks takes one GPU per rank (cuda:LOCAL_RANK); this node's "
+            f"rank with LOCAL_RANK {local_rank} finds {have} CUDA GPU(s)"
+            + ("" if torch.backends.cuda.is_built() else " (this torch is built without CUDA)")
+            + ": start at most one rank per GPU, or run on cpu",
+            option="device",
+        )
 
 
 def join(device: str) -> World:
@@ -471,6 +476,8 @@ def join(device: str) -> World:
     world = World(rank=rank, size=size, local_rank=local, timeout_s=timeout_s())
     try:
         world.device, world.comm_backend = rank_device(device, local)
+        if world.comm_backend == "nccl":
+            _check_gpu_for_rank(device, local)
     except InputError as e:
         world.device, world.comm_backend = "cpu", "gloo"  # join all the same, to agree on it
         _current = world

@@ -58,7 +58,7 @@ def no_heavy_work(monkeypatch):
     monkeypatch.setattr(pyscf_scf, "run_uhf", fail)
     monkeypatch.setattr(driver, "run_scf", fail)
     monkeypatch.setattr(regress, "run_case", fail)
-    monkeypatch.setattr(compare_mod, "run_molecule", fail)
+    monkeypatch.setattr(compare_mod, "run_once", fail)
     monkeypatch.setattr(compare_mod, "run_synthetic", fail)
     import dfmp2.benchmarks.run as bench_run
 
