@@ -101,10 +101,13 @@ def comm_model(
     return out
 
 
-def run_one(xyz: Path, ranks: int, threads: int, extra: list, workdir: Path, timeout: int) -> dict:
-    """One ``dfmp2 run`` (torchrun for ranks > 1); its result JSON."""
-    out = workdir / f"{xyz.stem}-{ranks}x{threads}.json"
-    cmd = [sys.executable, "-m", "dfmp2", "run", str(xyz), "--basis", "cc-pvdz", "--json", str(out), "-q", *extra]
+def run_one(
+    xyz: Path, ranks: int, threads: int, extra: list, workdir: Path, timeout: int, command: str = "run"
+) -> dict:
+    """One ``dfmp2 <command>`` (run, gradient; torchrun for ranks > 1) at ``threads`` per process;
+    its result JSON."""
+    out = workdir / f"{xyz.stem}-{command}-{ranks}x{threads}.json"
+    cmd = [sys.executable, "-m", "dfmp2", command, str(xyz), "--basis", "cc-pvdz", "--json", str(out), "-q", *extra]
     if ranks > 1:
         cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
     env = dict(

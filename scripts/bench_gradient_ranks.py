@@ -14,29 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_distributed import run_one  # noqa: E402  (the one way a benchmark starts dfmp2 over ranks)
+
+TIMEOUT_S = 3600
 CONFIGS = ((1, 2), (2, 1), (1, 1))  # (ranks, threads per rank)
 
 
-def one(xyz: str, ranks: int, threads: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "dfmp2", "gradient", xyz, "--basis", "cc-pvdz", "--cpu-blas", "torch", "-q"]
-    cmd += ["--json", str(out)]
-    if ranks > 1:
-        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+def one(xyz: str, ranks: int, threads: int, workdir: Path) -> dict:
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    d = run_one(Path(xyz), ranks, threads, ["--cpu-blas", "torch"], workdir, TIMEOUT_S, command="gradient")
     wall = time.perf_counter() - t0
-    if p.returncode:
-        raise SystemExit(f"error: {' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
-    d = json.loads(out.read_text())
     g = d["gradient"]
     return {
         "config": f"{ranks}x{threads}",
@@ -58,7 +52,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="dfmp2-bench-grad-ranks-") as tmp:
         for rep in range(a.repeats):
             for ranks, threads in CONFIGS:
-                r = one(a.xyz, ranks, threads, Path(tmp) / f"r{rep}-{ranks}x{threads}.json")
+                r = one(a.xyz, ranks, threads, Path(tmp))
                 rows.append(r)
                 parts = {k: round(v, 2) for k, v in (r["stages"] or {}).items()}
                 print(

@@ -8,31 +8,24 @@ stderr are seen, and nothing (no torchrun agent) ends the survivors for them.
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from json_schema import read as read_checked
+from ranks import LIMIT_S
+from ranks import env as _env
+from ranks import error_lines as _error_lines
+from ranks import launch as _launch
+from ranks import torchrun as _torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = "3\nwater\nO 0.000 0.000 0.117\nH 0.000 0.757 -0.467\nH 0.000 -0.757 -0.467\n"
 OH = "2\nhydroxyl radical\nO 0.0 0.0 0.0\nH 0.0 0.0 0.97\n"
 # several occupied blocks (water: 5 occupied -> 3 blocks; OH: alpha 3, beta 2 blocks)
 ARGS = ["--basis", "cc-pvdz", "--occ-block-max", "2", "--cpu-blas", "torch", "-q"]
-LIMIT_S = 90
-
-
-def _env(tmp_path, **extra):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"), **extra)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DFMP2_TEST_FAULT"):
-        if var not in extra:
-            env.pop(var, None)
-    (tmp_path / "tmp").mkdir(exist_ok=True)
-    return env
 
 
 def _run(tmp_path, ranks: int, xyz: str, name: str, scf_mode: str | None = None):
@@ -114,51 +107,6 @@ def _check_b_shares(one, d, ranks):
     assert len(d["B_bytes_per_rank"]) == ranks and abs(sum(d["B_bytes_per_rank"]) - full) <= block
     assert max(d["B_bytes_per_rank"]) < full  # nobody holds all of B
     assert d["comm_bytes_all_ranks"]["transform"] > 0 and d["comm_bytes_all_ranks"]["pair"] > 0
-
-
-def _launch(tmp_path, argsets, command="run", **extra):
-    """Ranks started by hand (as Slurm would), each ``dfmp2 <command> <its args>``:
-    [(returncode, stderr, seconds)] per rank."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    n, procs, t0 = len(argsets), [], time.perf_counter()
-    for r, args in enumerate(argsets):
-        env = _env(
-            tmp_path,
-            RANK=str(r),
-            WORLD_SIZE=str(n),
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            DFMP2_DIST_TIMEOUT_S="40",
-            **extra,
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "dfmp2", command, *args],
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    out = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=LIMIT_S)
-            out.append((p.returncode, err, time.perf_counter() - t0))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return out
-
-
-def _error_lines(results):
-    return [ln for _, err, _ in results for ln in err.splitlines() if ln.startswith("error:")]
 
 
 def test_bad_input_on_one_rank_every_rank_exits_2(tmp_path):
@@ -481,15 +429,6 @@ def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
 
 # ---- task-parallel commands (issue 42): whole runs dealt to the ranks ---------------------------
 DIMER = ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz"
-
-
-def _torchrun(tmp_path, ranks: int, args: list, command: str):
-    cmd = [sys.executable, "-m", "dfmp2", command, *args]
-    if ranks > 1:
-        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S * 2, cwd=tmp_path)
-    return p, time.perf_counter() - t0
 
 
 def test_interaction_over_three_ranks_equals_one_process(tmp_path):

@@ -8,77 +8,14 @@ status and stderr are seen.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from ranks import LIMIT_S, launch, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = ROOT / "inputs" / "water.xyz"
-LIMIT_S = 90  # each process; the runs themselves take about a second
-
-
-def _env(tmp_path, **extra):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"), **extra)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DFMP2_TEST_FAULT"):
-        if var not in extra:
-            env.pop(var, None)
-    (tmp_path / "tmp").mkdir(exist_ok=True)
-    return env
-
-
-def _torchrun(tmp_path, ranks: int, command: str, args: list):
-    """``dfmp2 <command> <args>`` in one process (ranks 1) or under torchrun: the completed process."""
-    cmd = [sys.executable, "-m", "dfmp2", command, *args]
-    if ranks > 1:
-        cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
-    return subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
-
-
-def _launch(tmp_path, command: str, args: list, ranks: int = 2, **extra):
-    """Ranks started by hand (as Slurm would), each ``dfmp2 <command> <args>``: [(returncode,
-    stderr, seconds)] per rank."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    procs, t0 = [], time.perf_counter()
-    for r in range(ranks):
-        env = _env(
-            tmp_path,
-            RANK=str(r),
-            WORLD_SIZE=str(ranks),
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            DFMP2_DIST_TIMEOUT_S="40",
-            **extra,
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "dfmp2", command, *args],
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    out = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=LIMIT_S)
-            out.append((p.returncode, err, time.perf_counter() - t0))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return out
 
 
 def test_regress_over_two_ranks_equals_one_process(tmp_path):
@@ -89,7 +26,9 @@ def test_regress_over_two_ranks_equals_one_process(tmp_path):
     names = ["hydrogen_fluoride", "hydroxyl|cc-pvdz|cc-pvdz-ri|df|fc"]
     for ranks in (1, 2):
         out = tmp_path / f"regress-{ranks}.json"
-        p = _torchrun(tmp_path, ranks, "regress", [*names, "--cpu-blas", "torch", "--json", str(out)])
+        p, _ = torchrun(
+            tmp_path, ranks, [*names, "--cpu-blas", "torch", "--json", str(out)], "regress", timeout=LIMIT_S
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         assert p.stdout.count("2/2 passed") == 1, p.stdout  # one table
         docs[ranks] = json.loads(out.read_text())
@@ -108,7 +47,7 @@ def test_compare_over_two_ranks_equals_one_process(tmp_path):
     for ranks in (1, 2):
         out = tmp_path / f"compare-{ranks}.json"
         args = [str(WATER), "--basis", "sto-3g", "--devices", "cpu", "--repeat", "3", "--cpu-blas", "torch"]
-        p = _torchrun(tmp_path, ranks, "compare", [*args, "--json", str(out)])
+        p, _ = torchrun(tmp_path, ranks, [*args, "--json", str(out)], "compare", timeout=LIMIT_S)
         assert p.returncode == 0, p.stderr[-3000:]
         assert p.stdout.count("PASS") == 1, p.stdout
         docs[ranks], outs[ranks] = json.loads(out.read_text()), " ".join(p.stdout.split())
@@ -147,7 +86,7 @@ def _refusals():
 def test_refusals_over_two_ranks_are_one_line_and_exit_2(tmp_path, command, args, env, message):
     """A bad input, a device the ranks cannot run, a run that fails on one rank: every rank exits 2
     promptly, one error line in all, no traceback, no JSON."""
-    res = _launch(tmp_path, command, [*args, "--json", str(tmp_path / "out.json")], **env)
+    res = launch(tmp_path, [[*args, "--json", str(tmp_path / "out.json")]] * 2, command, **env)
     assert [rc for rc, _, _ in res] == [2, 2], res
     lines = [ln for _, err, _ in res for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], res
