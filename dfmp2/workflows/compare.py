@@ -415,7 +415,6 @@ def compare_molecule(xyz_file, options, repeat, devices, world=None, geom=None):
     from dfmp2 import distributed
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows import tasks
-    from dfmp2.workflows.regress import ending_every_rank
 
     world = world if world is not None else distributed.current()
     geom = geom if geom is not None else read_xyz(xyz_file)
@@ -439,8 +438,7 @@ def compare_molecule(xyz_file, options, repeat, devices, world=None, geom=None):
     jobs = [d for d in on_rank for _ in range(repeat)]  # device by device, its repeats in order
 
     def one_run(k, single):
-        with ending_every_rank(world):
-            return run_once(on_rank[jobs[k]], geom, options, world=single) | {"rank": world.rank}
+        return run_once(on_rank[jobs[k]], geom, options, world=single) | {"rank": world.rank}
 
     got = tasks.deal(len(jobs), one_run, world, stage="compare")  # one process: in turn
     runs = [_device_run(d, [g for j, g in zip(jobs, got) if j == d]) for d in on_rank]

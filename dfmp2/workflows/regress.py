@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
 
-from dfmp2.errors import InputError, error_line
+from dfmp2.errors import InputError
 from dfmp2.io import INPUTS
 from dfmp2.options import RunOptions
 
@@ -256,21 +255,6 @@ def cases_content(cases: list[dict], options: RunOptions, tolerance: float) -> d
     return content
 
 
-@contextmanager
-def ending_every_rank(world):
-    """Around a run dealt to a rank: a device that cannot run or a kernel that failed ends every
-    rank as an InputError does (``tasks.deal``: that rank's one line, exit 2 on all), not this rank
-    alone (the others would each add a line saying they lost it). One process: raised as it is."""
-    from dfmp2.linalg import DeviceUnavailableError, KernelError
-
-    try:
-        yield
-    except (DeviceUnavailableError, KernelError) as e:
-        if not world.distributed:
-            raise
-        raise InputError(error_line(e)) from None
-
-
 def run_cases(cases: list[dict], options: RunOptions, tolerance: float, world=None, on_case=None) -> list[CaseResult]:
     """``run_case`` of every case, in order, on every rank of ``world`` (default
     ``distributed.current()``). One process: the cases in turn. Several ranks: case k on rank
@@ -286,8 +270,7 @@ def run_cases(cases: list[dict], options: RunOptions, tolerance: float, world=No
     def one_case(k, single):
         if on_case is not None:
             on_case(k, cases[k])
-        with ending_every_rank(world):
-            return run_case(cases[k], mine, tolerance=tolerance, world=single)
+        return run_case(cases[k], mine, tolerance=tolerance, world=single)
 
     return tasks.deal(len(cases), one_case, world, stage="regress")
 

@@ -8,14 +8,16 @@ holds every result of the round (``World.gather_objects``). Each run is the one 
 makes (its own one-process World: the same blocks, the same bits, at the same threads per
 process), so the gathered results equal one process's. A task that fails with an InputError (or
 one of its kinds) ends every rank at the end of its round: the rank of the first failed task
-raises it (its one error line), the others PeerRefusedError (they exit 2 quietly). A rank that
+raises it (its one error line), the others PeerRefusedError (they exit 2 quietly); over several
+ranks a device that cannot run or a kernel that failed counts as such an InputError. A rank that
 dies ends the others at the next gather (RankLostError, the collective timeout).
 """
 
 from __future__ import annotations
 
 from dfmp2 import distributed
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, error_line
+from dfmp2.linalg import DeviceUnavailableError, KernelError
 
 
 def deal(ntasks: int, run_task, world=None, stage: str = "tasks") -> list:
@@ -36,6 +38,10 @@ def deal(ntasks: int, run_task, world=None, stage: str = "tasks") -> list:
                 mine = ("ok", run_task(k, single))
             except InputError as e:
                 error, mine = e, ("failed", None)
+            except (DeviceUnavailableError, KernelError) as e:  # ends every rank as an InputError does:
+                if not world.distributed:  # one line from this rank, not one lost-contact line from each other
+                    raise
+                error, mine = InputError(error_line(e)), ("failed", None)
         round_ = world.gather_objects(mine, stage)
         failed = [r0 + j for j, got in enumerate(round_) if got is not None and got[0] == "failed"]
         if failed:
