@@ -77,7 +77,7 @@ class Job:
     mol: object
     auxbasis: object
     auxmol: object
-    engine: integrals.IntegralEngine
+    engine: integrals.IntegralEngine  # the MP2 stage's (and the JK factor's unless jk_engine says)
     space: OrbitalSpace
     jk_auxbasis: object = None  # the JK-fit set (basis.default_auxbasis(mol, 'jk')) of a DF SCF, else None
     jk_auxmol: object = None  # its auxiliary molecule, built once for the plan, the SCF and the gradient
@@ -86,6 +86,7 @@ class Job:
     jk_pairs: int | None = None  # our DF-SCF's JK factor: the pairs screening keeps (None: every pair)
     dh: object = None  # a double hybrid (double_hybrids.DoubleHybrid; RunOptions.method), else None: MP2
     ks: dict | None = None  # a double hybrid's KS-SCF record (pyscf_scf.run_ks), set by reference_stage
+    jk_engine: integrals.IntegralEngine | None = None  # our DF-SCF's JK factor's (integrals.select_jk_engine)
 
     @property
     def unrestricted(self) -> bool:
@@ -290,7 +291,10 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
     backend = backend if backend is not None else make_backend(options, unrestricted=uhf)
     mol = molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     engine = select_integrals(options, mol, backend)
+    jk_engine = integrals.select_jk_engine(options.integrals, engine, mol, backend)
     say(f"integrals: {engine.name} ({engine.why})")
+    if jk_engine is not engine and options.scf_mode == "df":
+        say(f"integrals of the JK factor: {jk_engine.name} ({jk_engine.why})")
     auxbasis = basis.mp2_auxbasis(mol, options.auxbasis)
     auxmol = basis.make_auxmol(mol, auxbasis)
     space, notes = orbital_space(mol, auxmol, options.frozen_core, uhf, geom.source)
@@ -321,6 +325,7 @@ def prepare(geom: Geometry, options: RunOptions, backend=None, say=lambda msg: N
         warnings,
         None if jk_pairs is None else len(jk_pairs),
         dh,
+        jk_engine=jk_engine,
     )
 
 
@@ -788,7 +793,7 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             max_cycle=options.scf_max_cycle,
             timer=timer,
             block_mb=scf_plan["block_mb"],
-            engine=job.engine,
+            engine=job.jk_engine or job.engine,
             progress=cycles,
             conv_tol_grad=options.scf_conv_tol_grad,
             precision=options.scf_precision,

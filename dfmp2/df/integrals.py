@@ -525,3 +525,21 @@ def select_engine(choice: str, mol: gto.Mole, backend, *, depth: int | None = No
     if problem:
         return HostEngine(mol, backend, f"auto: gpu4pyscf not usable: {problem.split(';')[0]}", depth=depth)
     return Gpu4pyscfEngine(mol, backend, "auto: gpu4pyscf importable and a CUDA device")
+
+
+def select_jk_engine(choice: str, engine: IntegralEngine, mol: gto.Mole, backend) -> IntegralEngine:
+    """The engine of the DF-SCF's JK factor, given ``engine``, the one ``select_engine(choice, ...)``
+    gave the run. An explicit choice is that engine for both. 'auto' that chose gpu4pyscf keeps the
+    host engine for the JK factor until gpu4pyscf is measured faster there: every
+    ``compressed_aux_e2`` call pays gpu4pyscf's set-up again (the orbital basis sorted, its shell
+    pairs screened), and the JK factor asked for hundreds of small blocks (its exchange block size),
+    which made it several times slower than libcint on an H200 while the MP2-fit set's few large
+    blocks were faster (scripts/results/2026-11-27-gpu-acceptance-h200-run2.md). The factor now
+    asks gpu4pyscf for one block per fit group (``IntegralEngine.block_mb``); scripts/gpu_acceptance.py
+    times both engines there. The record says which engine ran where (``ran['scf']['integrals']``,
+    ``ran['integrals']``)."""
+    if choice == "auto" and engine.name == "gpu4pyscf":
+        return HostEngine(
+            mol, backend, "auto: host for the JK factor (gpu4pyscf's set-up per call: slower over its many blocks)"
+        )
+    return engine

@@ -270,7 +270,11 @@ class Result:
         s.add_row("kernels", escape(", ".join(f"{k}×{n}" for k, n in self.ran["kernels"].items())))
         if self.ran.get("integrals"):
             i = self.ran["integrals"]
-            s.add_row("integrals", escape(f"{i['engine']} ({i.get('note') or i.get('why', '')})"))
+            text = f"{i['engine']} ({i.get('note') or i.get('why', '')})"
+            jk = (self.ran.get("scf") or {}).get("integrals") or {}
+            if jk.get("engine") and jk["engine"] != i["engine"]:  # integrals.select_jk_engine
+                text = f"MP2: {text}; JK factor: {jk['engine']} ({jk.get('why', '')})"
+            s.add_row("integrals", escape(text))
         s.add_row(
             "timings / s",
             ", ".join(f"{k} {v:.3f}" for k, v in self.timings.items()) + f"; total {sum(self.timings.values()):.3f}",

@@ -98,7 +98,7 @@ def factor_rows(
     (``jk.significant_pairs``; None: all): B is then (naux_r, len(pairs))."""
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
-    per_block = max(1, int(block_mb * 1e6 // max(1, npair * 8)))
+    per_block = max(1, int(engine.block_mb(block_mb) * 1e6 // max(1, npair * 8)))  # gpu4pyscf: one call a group
     groups = fit_groups(auxmol)
     own = owners(groups, world.size)
     mine = [g for g in range(len(groups)) if own[g] == world.rank]

@@ -432,6 +432,41 @@ def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
     assert abs(e["gpu4pyscf"] - e["host"]) < 1e-12
 
 
+def test_jk_factor_engine_auto_keeps_host_explicit_is_shared(water, monkeypatch):
+    """'auto' that picks gpu4pyscf for the MP2 integrals keeps libcint for the JK factor (its many
+    per-group calls; select_jk_engine's docstring); an explicit engine runs both; on a CPU auto is
+    host for both, one engine."""
+    fake_gpu4pyscf(monkeypatch)
+    mol, _ = water
+    fake = FakeCudaBackend()
+    eng = integrals.select_engine("auto", mol, fake)
+    jk_eng = integrals.select_jk_engine("auto", eng, mol, fake)
+    assert (eng.name, jk_eng.name) == ("gpu4pyscf", "host") and "JK factor" in jk_eng.why
+    explicit = integrals.select_engine("gpu4pyscf", mol, fake)
+    assert integrals.select_jk_engine("gpu4pyscf", explicit, mol, fake) is explicit
+    cpu = linalg.get_backend("cpu")
+    for choice in ("auto", "host"):
+        host = integrals.select_engine(choice, mol, cpu)
+        assert integrals.select_jk_engine(choice, host, mol, cpu) is host
+
+
+def test_jk_factor_through_gpu4pyscf_one_call_per_group_same_bits(water, monkeypatch):
+    """The JK factor asks the gpu4pyscf engine for one block per fixed fit group (its block size,
+    not the host's 64 MB: one call each pays gpu4pyscf's set-up), and the factor is the host
+    engine's (the fake's values are libcint's through PySCF's incore.aux_e2: the same to 1e-13)."""
+    from dfmp2.scf import jk_dist
+
+    calls = fake_gpu4pyscf(monkeypatch, shuffle_seed=5)
+    mol, _ = water
+    aux = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
+    cpu = linalg.get_backend("cpu")
+    host, _ = scf_jk.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu), block_mb=0.05)
+    eng = integrals.Gpu4pyscfEngine(mol, FakeCudaBackend())
+    got, _ = scf_jk.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu), block_mb=0.05, engine=eng)
+    assert calls["compressed"] == len(jk_dist.fit_groups(aux)) == eng.stats["blocks"]
+    assert host.B.shape == got.B.shape and (host.B - got.B).abs().max() <= 1e-12 * host.B.abs().max()
+
+
 def test_gpu4pyscf_too_old_names_what_is_missing(water, monkeypatch):
     fake_gpu4pyscf(monkeypatch, with_compressed=False)
     with pytest.raises(integrals.EngineUnavailableError, match="lacks int3c2e_bdiv.compressed_aux_e2"):
