@@ -14,16 +14,16 @@ runs over is recorded as 'fail' with the reason and the next step runs (a step t
 as gpu4pyscf when it is not installed, is 'skipped' with the reason, never 'pass'):
 
   cuda_tests        (150 s) pytest -m cuda on the files that hold cuda tests (all skipped on a GPU = fail)
-  pair_peak         (55 s) scripts/bench_cuda.py --no-sweep --precisions fp64 (nocc 160, nvir 608, naux 2688):
+  pair_peak         (50 s) scripts/bench_cuda.py --no-sweep --precisions fp64 (nocc 160, nvir 608, naux 2688):
                     the fp64 pair step's share of the DGEMM peak of the same GPU measured in the
                     same run (torch.matmul, square n = 4096/8192/12288, median of 5)
   run_compare       (45 s) dfmp2 run and dfmp2 compare --devices cpu,cuda on (H2O)8: |ΔE_corr| cuda vs cpu
-  nccl_torchrun     (40 s) torchrun --standalone --nproc-per-node N -m dfmp2 run water --device cuda, one
+  nccl_torchrun     (35 s) torchrun --standalone --nproc-per-node N -m dfmp2 run water --device cuda, one
                     rank per GPU (N = 2 with 2+ GPUs; a one-GPU machine runs 1 rank and records that NCCL
                     was not exercised), against the one-process cuda run: the energies and their
                     differences (bound 1e-10 Eh), the world size and comm backend (nccl) the result
                     records. Dry run: 2 gloo ranks on the CPU, STO-3G water
-  ours_<mol>        (35 s (H2O)16, 80 s (H2O)32) our DF-RHF (dfmp2.scf.driver on the device) and the whole
+  ours_<mol>        (30 s (H2O)16, 70 s (H2O)32) our DF-RHF (dfmp2.scf.driver on the device) and the whole
                     dfmp2 run, after a warm-up on water (Triton's compile outside the timing); where
                     'auto' took gpu4pyscf for the MP2 integrals, the run again with --integrals
                     gpu4pyscf: the JK factor's integral seconds by each engine (jk_factor_s)
@@ -130,12 +130,12 @@ DRY = {"h2o_08": "inputs/water.xyz", "h2o_16": "inputs/water.xyz", "h2o_32": "in
 # PySCF's energies that do not finish in time are replaced by the stored reference (REFERENCE).
 BUDGET_S = {
     "cuda_tests": 150,
-    "pair_peak": 55,
+    "pair_peak": 50,
     "run_compare": 45,
-    "nccl_torchrun": 40,
-    "ours_h2o_16": 35,
+    "nccl_torchrun": 35,
+    "ours_h2o_16": 30,
     "gpu4pyscf_h2o_16": 25,
-    "ours_h2o_32": 80,
+    "ours_h2o_32": 70,
     "gpu4pyscf_h2o_32": 25,
     "pyscf_h2o_16": 90,
     "pyscf_h2o_32": TOTAL_S,  # all that is left

@@ -1,4 +1,9 @@
-"""Test channels (see ARCHITECTURE.md): default, slow, cuda, nki_sim, neuron.
+"""Test channels (see ARCHITECTURE.md): default, heavy, slow, cuda, nki_sim, neuron.
+
+The default channel (the README's test command) stays under 5 minutes on two cores; the heavy one
+holds the tests of 5 s or more each (several ranks, signals, full disks, scripts' dry runs, the
+larger finite-difference cases), each feature keeping a lighter test in the default channel;
+.ci/run runs both.
 
 A channel that cannot run here is reported as *skipped* with the reason, never as passed.
 """
@@ -29,6 +34,9 @@ def pytest_addoption(parser):
     parser.addoption(
         "--slow", action="store_true", default=False, help="run the slow channel (full regression set, large shapes)"
     )
+    parser.addoption(
+        "--heavy", action="store_true", default=False, help="run the heavy channel too (tests of 5 s or more each)"
+    )
 
 
 def _real_nki_available() -> bool:
@@ -49,6 +57,7 @@ def _neuron_device_available() -> bool:
 def pytest_collection_modifyitems(config, items):
     skip = {
         "slow": None if config.getoption("--slow") else "slow channel: run with --slow",
+        "heavy": None if config.getoption("--heavy") else "heavy channel (5 s or more each): run with --heavy",
         "cuda": None if torch.cuda.is_available() else "cuda channel: no CUDA GPU on this machine",
         "nki_sim": None
         if _real_nki_available()

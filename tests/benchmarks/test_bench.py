@@ -112,6 +112,7 @@ def test_trn_rows_are_estimates_kept_apart(tiny_report):
     assert "**not run**" in measured
 
 
+@pytest.mark.heavy
 def test_cli_writes_json_markdown_png(tmp_path):
     pytest.importorskip("matplotlib")
     r = CliRunner().invoke(
@@ -362,6 +363,7 @@ def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+@pytest.mark.heavy
 def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
     """`dfmp2 bench` printed through a plain rich Console: a full stdout was a traceback (issue 29).
     Its tables now go through the commands' printing: one error line, or a quiet end for a pipe."""
@@ -448,6 +450,7 @@ def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
         trn_estimate.op_work("mp2_pair_energy_os", args, "trn1")
 
 
+@pytest.mark.heavy
 def test_radical_series_against_pyscfs_dfump2():
     """One molecule of the open-shell series (OH): our DF-UMP2 stage and PySCF's DFUMP2 (fair
     baseline subprocesses) on the same UHF orbitals agree; the row and both report views render."""

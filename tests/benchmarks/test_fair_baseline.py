@@ -6,6 +6,8 @@ The variables are never set by the tests: the 'unset' environment is checked on 
 import sys
 from pathlib import Path
 
+import pytest
+
 from dfmp2.benchmarks import fair_baseline as fb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +31,7 @@ def test_blas_info_and_peaks_name_what_ran():
     assert peaks["fp64"]["gflops"] == max(r["gflops"] for r in peaks["rows"] if r["precision"] == "fp64")
 
 
+@pytest.mark.heavy
 def test_pyscf_baseline_runs_both_settings_and_takes_the_faster():
     base = fb.pyscf_baseline(["whole"], ROOT / "inputs/water.xyz", threads=1, timeout=120, peak_sizes=[64])
     assert set(base["runs"]) == {"as_set", "unset"}
@@ -64,6 +67,7 @@ def test_once_when_same_runs_one_setting_only_where_the_variables_are_unset(monk
     assert not fb.same_setting() and len(calls) == 5 and all("tasks" in r for r in base["runs"].values())
 
 
+@pytest.mark.heavy
 def test_failing_child_is_an_error_entry(tmp_path):
     base = fb.pyscf_baseline(["dfrhf"], tmp_path / "missing.xyz", timeout=60, peak_sizes=[64], settings=("unset",))
     assert base["best"] is None and base["runs"]["unset"]["error"].startswith("exit ")
@@ -94,6 +98,7 @@ def _script(name, *args, tmp):
     return json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".md").read_text()
 
 
+@pytest.mark.heavy
 def test_bench_vs_pyscf_and_bench_scf_use_the_fair_baseline(tmp_path):
     doc, md = _script("bench_vs_pyscf", "--repeats", "1", tmp=tmp_path)
     assert set(doc["pyscf_baseline"]["runs"]) == {"as_set", "unset"}
@@ -107,6 +112,7 @@ def test_bench_vs_pyscf_and_bench_scf_use_the_fair_baseline(tmp_path):
     assert "faster PySCF / this" in md and "## Baseline fairness" in md
 
 
+@pytest.mark.heavy
 def test_bench_water_series_takes_pyscf_from_both_settings():
     """dfmp2 bench's water series: PySCF's DF-MP2 stage on our orbitals runs in the two settings'
     subprocesses, the faster is the baseline, each setting's BLAS is recorded, and PySCF's E_corr

@@ -36,6 +36,7 @@ def _results(out):
     return json.loads(files[0].read_text()), files[1].read_text()
 
 
+@pytest.mark.heavy
 def test_dry_run_records_every_step_and_goes_on_after_a_failure(tmp_path):
     before = set((ROOT / "scripts" / "results").iterdir())
     p = _run("--dry-run", "--out-dir", str(tmp_path), "--fail-step", "ours_h2o_32")
@@ -73,6 +74,7 @@ def test_dry_run_records_every_step_and_goes_on_after_a_failure(tmp_path):
         assert f"| {name} | {steps[name]['status']} |" in md
 
 
+@pytest.mark.heavy
 def test_a_step_over_its_budget_is_killed_and_recorded(tmp_path):
     p = _run(
         "--dry-run",
@@ -100,6 +102,7 @@ def test_real_run_without_gpu_refuses_in_one_line(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.heavy
 def test_dry_run_of_the_torchrun_step_records_ranks_backend_and_energies(tmp_path):
     """The NCCL step's dry run: torchrun with 2 gloo ranks on the CPU (STO-3G water) against one
     process; the record holds the world size, the comm backend, both runs' energies and their

@@ -45,6 +45,7 @@ def test_pyscf_scf_has_no_scf_model():
     assert "scf" not in roofline.useful_flops(doc) and doc["flops"]["scf"] == 0
 
 
+@pytest.mark.heavy
 def test_bench_roofline_script_on_water(tmp_path):
     out = tmp_path / "roof"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}

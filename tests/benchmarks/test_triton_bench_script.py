@@ -36,6 +36,7 @@ def working_interpreter():
         pytest.skip(reason)
 
 
+@pytest.mark.heavy
 def test_dry_run_cpu_is_labelled_and_complete(tmp_path, working_interpreter):
     out = tmp_path / "bench"
     p = subprocess.run(
@@ -99,6 +100,7 @@ bench.main(["--dry-run-cpu", "--out", {out!r}])
 """
 
 
+@pytest.mark.heavy
 def test_dry_run_reports_failures_and_measures_the_rest(tmp_path, working_interpreter):
     out = tmp_path / "bench"
     code = _INJECT.format(root=str(ROOT), script=str(SCRIPT), out=str(out))

@@ -115,6 +115,7 @@ def test_devices_are_refused_without_reading_them():
         assert_one_line_error(run_cli(["run", dev]), f"{dev}: is a character device, not a file")
 
 
+@pytest.mark.heavy
 def test_inputs_larger_than_the_bound_are_refused_unread(tmp_path):
     from dfmp2.io import xyz
 
@@ -288,6 +289,7 @@ def test_verbose_adds_each_stage_rate():
     assert "GF/s (linalg flops / s)" in res.output and "whole run" in res.output
 
 
+@pytest.mark.heavy
 def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
     """PySCF warns 'Basis may be available in basis-set-exchange ... pip install' whenever a basis
     lacks an element (here cc-pVDZ for I, and the MP2-fit lookup); the user gets our error line
@@ -303,6 +305,7 @@ def test_pyscf_basis_set_exchange_warning_does_not_reach_the_user(tmp_path):
     ], p.stderr
 
 
+@pytest.mark.heavy
 def test_real_process_error_has_no_traceback(tmp_path):
     """The installed entry point, as a user runs it: stderr has one line, exit code 2."""
     p = subprocess.run(

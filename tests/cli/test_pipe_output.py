@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 WATER = "3\nwater\nO 0.0 0.0 0.0\nH 0.0 0.757 0.587\nH 0.0 -0.757 0.587\n"
 
 
@@ -13,6 +15,7 @@ def _right_column(text: str) -> str:
     return "".join(ln.split("│")[2].strip() for ln in text.splitlines() if ln.startswith("│") and ln.count("│") >= 3)
 
 
+@pytest.mark.heavy
 def test_piped_and_redirected_tables_keep_every_cell_whole(tmp_path):
     deep = tmp_path / ("a_rather_long_directory_name_" * 3) / ("and_another_one_" * 3)
     deep.mkdir(parents=True)
@@ -33,6 +36,7 @@ def test_piped_and_redirected_tables_keep_every_cell_whole(tmp_path):
         assert kernels and all(k in cells for k in kernels)
 
 
+@pytest.mark.heavy
 def test_gradient_prints_stage_progress_unless_quiet(tmp_path):
     src = tmp_path / "w.xyz"
     src.write_text(WATER)

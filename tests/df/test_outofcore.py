@@ -257,6 +257,7 @@ def test_cli_memory_below_minimum_names_the_minimum(tmp_path):
     assert res.exit_code == 2 and "needs at least 0.667 MB (the DF-SCF; the MP2 stage after it 0.235 MB)" in res.output
 
 
+@pytest.mark.heavy
 def test_benchmark_script_smoke(tmp_path):
     """scripts/bench_outofcore.py end to end on (H2O)2 (seconds): bitwise check passes, files written."""
     import subprocess

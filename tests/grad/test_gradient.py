@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from channels import heavy_cases
 from click.testing import CliRunner
 from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted, energy
 from gradient_fd import options as _options
@@ -45,7 +46,7 @@ def _analytic(case):
     return _cache[case]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", heavy_cases(sorted(CASES), {"ammonia-fc-scs"}))
 def test_gradient_matches_finite_differences_per_component(case):
     geom, options, method, gr = _analytic(case)
     g = gr.gradient
@@ -214,6 +215,7 @@ def test_gradient_matches_finite_differences_slow(case):
 DISTORTED_WATER = "3\ndistorted water: OH 1.1 A, HOH 120 deg\nO 0 0 0\nH 0 0.952627944 0.55\nH 0 -0.952627944 0.55\n"
 
 
+@pytest.mark.heavy
 def test_optimize_water_to_the_dfmp2_cc_pvdz_minimum(tmp_path):
     """From OH 1.1 Å, HOH 120°: converged with max |g| <= 3e-4 Eh/bohr, and no point of a scan
     around the final geometry (each bond and the angle, ± 0.01 bohr / 0.5°) lies lower."""

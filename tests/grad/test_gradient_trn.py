@@ -113,6 +113,7 @@ def test_uhf_stage_refuses_a_device_without_fp64_and_the_rhf_stage_does_not():
     mp2grad.check_channels(no_channels, _trn(), fp32_pair_loop=True)  # mp2_gradient's check
 
 
+@pytest.mark.heavy
 def test_optimize_on_trn_simulated_reaches_the_cpu_minimum(tmp_path):
     """``dfmp2 optimize --device trn1 --simulate`` (water 6-31G from its input geometry): converged,
     and the final geometry is the CPU fp64 optimisation's to 1e-4 Å (geomeTRIC's convergence

@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from channels import heavy_cases
 from click.testing import CliRunner
 from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted
 from gradient_fd import options as _options
@@ -53,7 +54,7 @@ def _analytic(case):
     return _cache[case]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", heavy_cases(sorted(CASES), {"nh2-fc-scs", "oh-mp2"}))
 def test_uhf_gradient_matches_finite_differences_per_component(case):
     geom, options, method, gr = _analytic(case)
     assert gr.result.spin["reference"] == "UHF" and gr.parts.ran["reference"] == "uhf"
@@ -93,7 +94,7 @@ EDGE = {  # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet w
 }
 
 
-@pytest.mark.parametrize("case", sorted(EDGE))
+@pytest.mark.parametrize("case", heavy_cases(sorted(EDGE), {"ch2-triplet-fc"}))
 def test_uhf_gradient_edge_cases_match_finite_differences(case):
     geom, kw = EDGE[case]
     options = _options(**kw)

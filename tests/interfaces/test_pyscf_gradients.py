@@ -50,6 +50,7 @@ def _cli_optimum(tmp_path, atoms, mult):
     return read_xyz(final).coords_angstrom
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("atoms, spin", [(WATER, 0), (OH, 1)], ids=["water-rhf", "oh-uhf"])
 def test_pyscf_geometric_solver_optimises_to_dfmp2_optimize(tmp_path, atoms, spin):
     """pyscf.geomopt.geometric_solver.optimize(DFMP2(mf)): the same minimum as `dfmp2 optimize`

@@ -179,6 +179,7 @@ def kill_after_pairs(proc, npairs, sig):
     return proc.returncode, err
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_process_resumes_to_the_uninterrupted_energy(tmp_path, uninterrupted, sig):
     ck = tmp_path / "run.h5"
@@ -205,6 +206,7 @@ def test_killed_process_resumes_to_the_uninterrupted_energy(tmp_path, uninterrup
         assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_removes_temporary_files(tmp_path, sig):
     scratch = tmp_path / "scratch"
@@ -637,6 +639,7 @@ def test_uhf_checkpoint_estimate_covers_the_whole_file(oh_checkpoint):
     assert size <= est <= size + 2 * 64 * 1024, (size, est)
 
 
+@pytest.mark.heavy
 def test_killed_uhf_process_resumes_to_the_uninterrupted_energy(tmp_path, uhf_uninterrupted):
     """OH in a real process, SIGKILLed in the pair step (after 8 of its 15 pairs: into the beta set)."""
     ck = tmp_path / "oh.h5"

@@ -69,6 +69,7 @@ def assert_one_error(rc, err, *fragments):
 
 
 # ------------------------------------------------------------------ 5. a disk that fills up
+@pytest.mark.heavy
 @pytest.mark.parametrize("where", ["checkpoint", "scratch"])
 def test_a_disk_that_fills_during_the_run_is_one_line_and_nothing_stays(tmp_path, where):
     with tmpfs(tmp_path, 40) as disk:  # water's B alone is 64 kB
@@ -84,6 +85,7 @@ def test_a_disk_that_fills_during_the_run_is_one_line_and_nothing_stays(tmp_path
         assert list(disk.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_a_full_disk_for_the_json_is_one_line_and_nothing_stays(tmp_path):
     with tmpfs(tmp_path, 16) as disk:
         filler = disk / "filler"
@@ -102,6 +104,7 @@ def _file_size_limit(nbytes: int):
     return limit
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("limit", [40_000, 100])  # mid-run; at the file's creation
 def test_a_file_size_limit_on_the_checkpoint_is_one_line_and_removes_it(tmp_path, limit):
     """No mount needed: ``ulimit -f`` refuses the checkpoint's writes past ``limit`` bytes (EFBIG)."""
@@ -111,6 +114,7 @@ def test_a_file_size_limit_on_the_checkpoint_is_one_line_and_removes_it(tmp_path
     assert not ck.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_a_file_size_limit_on_scratch_b_is_one_line_and_removes_it(tmp_path):
     rc, err = run_cli(
         ["run", WATER, "-q", "--storage", "disk", "--scratch", tmp_path], preexec_fn=_file_size_limit(40_000)
@@ -143,6 +147,7 @@ def test_the_disk_check_refuses_a_checkpoint_that_b_alone_would_fit(tmp_path, no
 
 
 # ------------------------------------------------------------------ 6. PySCF's files
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "mol,args,df_tensor",
     [
@@ -168,6 +173,7 @@ def test_no_file_outside_the_scratch_directory(tmp_path, mol, args, df_tensor):
     assert json.loads(out.read_text())["ran"]["scf"]["df_tensor"] == df_tensor
 
 
+@pytest.mark.heavy
 def test_pyscf_writes_its_df_tensor_under_scratch_with_the_memory_limit(tmp_path, monkeypatch):
     """In process: PySCF's DF build sees --memory as max_memory, and its tensor file lies in a
     private directory under --scratch while it exists."""
@@ -223,6 +229,7 @@ cli.main()
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "command, signum", [("run", signal.SIGTERM), ("run", signal.SIGINT), ("gradient", signal.SIGTERM)]
 )

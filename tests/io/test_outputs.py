@@ -399,6 +399,7 @@ def _dfmp2(args, **kw):
     )
 
 
+@pytest.mark.heavy
 def test_full_stdout_keeps_the_json_and_is_one_error(tmp_path):
     """`dfmp2 run ... --json x.json >/dev/full` was a rich traceback, exit 1, and no x.json
     (issue 29, round 3): the files are written before the table, the full stdout is one line."""
@@ -413,6 +414,7 @@ def test_full_stdout_keeps_the_json_and_is_one_error(tmp_path):
     assert json.loads(out.read_text())["energies"]["e_mp2"] < 0
 
 
+@pytest.mark.heavy
 def test_closed_pipe_ends_quietly_with_the_json_written(tmp_path):
     """`dfmp2 run ... | head -1`: a reader gone before the table ends the printing quietly; the run
     exits 0 (it finished and wrote its files)."""

@@ -50,6 +50,7 @@ def test_cli_trn1_simulate_json_says_simulated(tmp_path):
     assert d["ran"]["stage_precision"]["transform_fit"] == "fp32"
 
 
+@pytest.mark.heavy
 def test_oh_uhf_trn1_simulate_runs_our_dfuhf_on_the_nki_kernels():
     """OH (a degenerate pi shell, the case whose fp32 incremental SCF stalled at gradient 1.8e-8):
     our DF-UHF on trn1 with the J/K on the NKI kernels and G rebuilt once on the host in fp64

@@ -514,6 +514,7 @@ for i in range(40):
 """
 
 
+@pytest.mark.heavy
 def test_two_writers_at_once_never_leave_a_damaged_file(tmp_path):
     """Two processes writing the cache at once (two runs that probed together): every read in
     between and the file at the end are whole JSON of this version (atomic replace; a lost

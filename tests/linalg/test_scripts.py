@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -12,6 +14,7 @@ def run(*args, env=None):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.heavy
 def test_bench_linalg_quick(tmp_path):
     out = tmp_path / "bench"
     r = run(
@@ -41,6 +44,7 @@ def test_bench_linalg_quick(tmp_path):
     assert r2.returncode == 0, r2.stderr
 
 
+@pytest.mark.heavy
 def test_bench_linalg_refuses_missing_device(tmp_path):
     import os
 
@@ -50,6 +54,7 @@ def test_bench_linalg_refuses_missing_device(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "b.json").exists()
 
 
+@pytest.mark.heavy
 def test_newton_schulz_table_small(tmp_path):
     out = tmp_path / "ns.md"
     r = run("scripts/newton_schulz_table.py", "--n", "12", "--out", str(out))

@@ -64,6 +64,7 @@ def test_frozen_core_exact_scf_two_heavy_atoms():
     check(INPUTS / "formaldehyde.xyz", "exact", True)
 
 
+@pytest.mark.heavy
 def test_water_cluster():
     check(INPUTS / "water_clusters" / "h2o_04.xyz", "df", False)
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from channels import heavy_cases
 
 from dfmp2 import linalg
 from dfmp2.df import basis
@@ -60,7 +61,11 @@ def test_e_hf_matches_pyscf_df_rhf(case):
 
 
 @pytest.mark.parametrize(
-    "case", ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback", "water_clusters/h2o_04.xyz"]
+    "case",
+    heavy_cases(
+        ["water.xyz", "ammonia.xyz", "h8_cube_lindep", "lih_fallback", "water_clusters/h2o_04.xyz"],
+        {"water_clusters/h2o_04.xyz"},
+    ),
 )
 def test_mixed_precision_scf_gives_the_fp64_energy(case):
     """The mixed SCF (fp32 K in the first cycles, then fp64) against our all-fp64 SCF (the

@@ -130,6 +130,7 @@ def test_the_memory_plan_counts_the_kept_pairs():
         driver.check_memory(nao, naux, nocc, 8, limit)
 
 
+@pytest.mark.heavy
 def test_a_screened_run_gives_the_unscreened_energies_and_pyscf_s():
     """A water chain with pairs to drop: the default threshold keeps fewer pairs (recorded with
     the threshold and the MB saved), and E(HF) and E_corr are within 1e-9 Eh of every pair kept,

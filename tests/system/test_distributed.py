@@ -57,6 +57,7 @@ RUNS = {"water": [(3, None)], "oh": [(2, None)]}
 ALL_RUNS = [(n, None) for n in (2, 3, 4)] + [(n, "replicated") for n in (2, 3)]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("xyz,name", [(WATER, "water"), (OH, "oh")], ids=["water", "oh"])
 def test_energies_over_ranks(tmp_path, xyz, name):
     _check_runs(tmp_path, xyz, name, RUNS[name])
@@ -109,6 +110,7 @@ def _check_b_shares(one, d, ranks):
     assert d["comm_bytes_all_ranks"]["transform"] > 0 and d["comm_bytes_all_ranks"]["pair"] > 0
 
 
+@pytest.mark.heavy
 def test_bad_input_on_one_rank_every_rank_exits_2(tmp_path):
     (tmp_path / "water.xyz").write_text(WATER)
     good = [str(tmp_path / "water.xyz"), *ARGS]
@@ -120,6 +122,7 @@ def test_bad_input_on_one_rank_every_rank_exits_2(tmp_path):
     assert not any("Traceback" in err for _, err, _ in res)
 
 
+@pytest.mark.heavy
 def test_bad_input_on_every_rank_one_error_line(tmp_path):
     (tmp_path / "water.xyz").write_text(WATER)
     res = _launch(tmp_path, [[str(tmp_path / "water.xyz"), "--basis", "no-such-basis", "-q"]] * 2)
@@ -196,6 +199,7 @@ def _copy_checkpoint(src: Path, dst: Path) -> Path:
     return dst / "ck.h5"
 
 
+@pytest.mark.heavy
 def test_checkpoint_over_ranks_killed_in_the_pair_step_resumes_to_the_same_bits(tmp_path, killed_checkpoint):
     """Resumed on 2 ranks: E_OS/E_SS bit for bit those of an uninterrupted 2-rank run, the SCF, B and
     the pairs finished before the kill (on both ranks) taken from the files, not recomputed."""
@@ -224,6 +228,7 @@ def test_checkpoint_over_ranks_killed_in_the_pair_step_resumes_to_the_same_bits(
         assert f.attrs["complete"] == 1 and f.attrs["e_os"] == resumed["energies"]["e_corr_os"]
 
 
+@pytest.mark.heavy
 def test_checkpoint_over_ranks_resumed_on_three_ranks_is_refused(tmp_path, killed_checkpoint):
     """Another rank count: refused in one line naming both counts, exit 2 on every rank promptly
     (45 s: three processes importing torch and PySCF on two cores, a loaded machine included),
@@ -240,6 +245,7 @@ def test_checkpoint_over_ranks_resumed_on_three_ranks_is_refused(tmp_path, kille
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dataset", ["B/1", "pairs/sums"])
 def test_checkpoint_over_ranks_with_a_corrupted_rank_file_is_refused(tmp_path, killed_checkpoint, dataset):
     """A byte flipped in rank 1's file (a block of its B, its finished pairs' sums): one error line,
@@ -254,6 +260,7 @@ def test_checkpoint_over_ranks_with_a_corrupted_rank_file_is_refused(tmp_path, k
     assert max(t for _, _, t in res) < 30 and not any("Traceback" in err for _, err, _ in res)
 
 
+@pytest.mark.heavy
 def test_checkpoint_over_ranks_removed_after_a_failure_in_the_scf(tmp_path):
     """A rank that fails before the SCF is saved (the split SCF: the others stop at its first sum):
     nothing worth resuming, so no rank's file is left."""
@@ -383,6 +390,7 @@ def test_silent_rank_ends_the_others_by_the_timeout(tmp_path):
         procs[1].communicate()
 
 
+@pytest.mark.heavy
 def test_usage_error_printed_by_rank_0_only(tmp_path):
     """A usage error (click's, before the ranks could agree): every rank exits 2, rank 0 says why."""
     res = _launch(tmp_path, [["no.xyz", "--no-such-option"]] * 2)
@@ -404,6 +412,7 @@ def _frequencies(tmp_path, ranks: int, *extra) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("ranks", [3, pytest.param(2, marks=pytest.mark.slow)])
 def test_frequencies_over_ranks_are_one_process_s(tmp_path, ranks):
     """The evaluations dealt over 3 ranks (19 of them: the last round uneven) give the one-process
@@ -415,6 +424,7 @@ def test_frequencies_over_ranks_are_one_process_s(tmp_path, ranks):
     assert many["thermo"] == one["thermo"]
 
 
+@pytest.mark.heavy
 def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
     """Rank 0 alone reads the checkpoint; its refusal ends both ranks at once: exit 2, one line."""
     (tmp_path / "water.xyz").write_text(WATER)
@@ -431,6 +441,7 @@ def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
 DIMER = ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz"
 
 
+@pytest.mark.heavy
 def test_interaction_over_three_ranks_equals_one_process(tmp_path):
     """`torchrun --nproc-per-node 3 -m dfmp2 interaction` on the S22 water dimer: the 5 runs dealt
     to the ranks (2, 2, 1), each a one-process run, so every energy equals one process's bit for
@@ -449,6 +460,7 @@ def test_interaction_over_three_ranks_equals_one_process(tmp_path):
     assert three["ran"]["ranks"] == {"world_size": 3, "runs_per_rank": [2, 2, 1]} and "ranks" not in one["ran"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("how", ["refuse", "kill"])
 def test_a_failing_run_ends_every_rank(tmp_path, how):
     """A run that fails on one rank (the test hook: an InputError there, or the process killed)
@@ -500,6 +512,7 @@ def _refused_on_every_rank(tmp_path, res, *fragments):
     assert not list(tmp_path.glob("*.json"))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dist_scf", ["split", "replicated"])
 def test_ranks_reading_coordinates_1e6_apart_are_refused(tmp_path, dist_scf):
     """Two ranks whose files differ by 1e-6 Å in one coordinate (a node-local copy): refused before
@@ -511,6 +524,7 @@ def test_ranks_reading_coordinates_1e6_apart_are_refused(tmp_path, dist_scf):
     _refused_on_every_rank(tmp_path, res, "they differ in the coordinates (bit for bit)", "rank 0 vs rank 1")
 
 
+@pytest.mark.heavy
 def test_an_option_on_one_rank_only_is_refused(tmp_path):
     """``--frozen-core`` on rank 1 only (two argv, as a launcher script picking them by RANK would):
     refused, naming the option and its flag (issue 43: a gloo abort before)."""
@@ -540,6 +554,7 @@ def test_digests_name_what_differs_and_where():
 DISTORTED = "3\nwater\nO 0.000 0.000 0.10\nH 0.000 0.78 -0.47\nH 0.000 -0.74 -0.46\n"
 
 
+@pytest.mark.heavy
 def test_optimize_over_two_ranks_takes_one_process_s_steps(tmp_path):
     """``dfmp2 optimize`` over 2 ranks: each step's gradient over the ranks (bitwise one
     process's), so geomeTRIC takes the same steps on every rank; the final geometry, trajectory and
@@ -559,6 +574,7 @@ def test_optimize_over_two_ranks_takes_one_process_s_steps(tmp_path):
         assert (tmp_path / name.format(2)).read_text() == (tmp_path / name.format(1)).read_text()
 
 
+@pytest.mark.heavy
 def test_optimize_not_converged_over_ranks_one_error_line(tmp_path):
     """Not converged in --max-steps 1 over 2 ranks: the same on both ranks; one error line (rank
     0's), exit 2 on both, rank 0 writes the last geometry and the JSON (converged false)."""
@@ -572,6 +588,7 @@ def test_optimize_not_converged_over_ranks_one_error_line(tmp_path):
     assert (tmp_path / "w.opt.xyz").exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("command", ["run", "gradient"])
 def test_cuda_over_ranks_without_a_gpu_per_rank_is_one_line(tmp_path, command):
     """--device cuda over 2 ranks on a node without a GPU for each rank (here: none, or one):
@@ -616,6 +633,7 @@ def _check_gradients(tmp_path, xyz, name, rank_counts):
         assert any("pair loop" in s for s in r["split"])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("xyz,name,ranks", [(WATER, "water", [3]), (OH, "oh", [2])], ids=["water", "oh"])
 def test_gradient_over_ranks_is_one_process_s(tmp_path, xyz, name, ranks):
     """The RHF (water) and UHF (OH) gradients over ranks: bit for bit one process's (the pair
@@ -629,6 +647,7 @@ def test_gradient_over_two_and_three_ranks(tmp_path, xyz, name):
     _check_gradients(tmp_path, xyz, name, [2, 3])
 
 
+@pytest.mark.heavy
 def test_a_rank_killed_mid_gradient_ends_the_other(tmp_path):
     """Rank 1 killed at its first block of the gradient (after the energy): rank 0 stops within
     30 s with one error line naming the lost contact, exit 2, no JSON."""

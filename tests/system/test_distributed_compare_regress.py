@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WATER = ROOT / "inputs" / "water.xyz"
 
 
+@pytest.mark.heavy
 def test_regress_over_two_ranks_equals_one_process(tmp_path):
     """Two of the smallest cases (HF, RHF; OH frozen core, UHF; 19 basis functions) dealt over 2
     ranks, one each: every case's energies bit for bit one process's; rank 0 alone prints the
@@ -39,6 +40,7 @@ def test_regress_over_two_ranks_equals_one_process(tmp_path):
     assert two["meta"]["world_size"] == 2 and two["meta"]["ranks"]["cases_per_rank"] == [1, 1]
 
 
+@pytest.mark.heavy
 def test_compare_over_two_ranks_equals_one_process(tmp_path):
     """Water / STO-3G on the CPU, 3 repeats dealt over 2 ranks (0, 1, 0): the one-process bits,
     run to run identical across the ranks; the JSON records the world size and each repeat's rank,
@@ -82,6 +84,7 @@ def _refusals():
     return [*cases, cuda]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("command,args,env,message", _refusals())
 def test_refusals_over_two_ranks_are_one_line_and_exit_2(tmp_path, command, args, env, message):
     """A bad input, a device the ranks cannot run, a run that fails on one rank: every rank exits 2

@@ -14,6 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -276,6 +277,7 @@ def run_options(draw):
     return args
 
 
+@pytest.mark.heavy
 @FUZZ
 @given(options=run_options())
 def test_run_options(options):
@@ -420,6 +422,7 @@ H2 = "2\n\nH 0 0 0\nH 0 0 0.74\n"
 SPECIAL = ("/dev/null", "/dev/zero", "/dev/full", "fifo", "directory")
 
 
+@pytest.mark.heavy
 @FUZZ
 @given(
     option=st.sampled_from(["INPUT", "--json", "--qcschema", "--checkpoint", "--resume", "--scratch"]),
@@ -459,6 +462,7 @@ def test_non_regular_files_as_path_options(option, target, second):
             assert json.loads((work / "out.json").read_text())["schema_version"], args
 
 
+@pytest.mark.heavy
 @settings(derandomize=True, deadline=None, database=None, max_examples=6, suppress_health_check=[HealthCheck.too_slow])
 @given(
     stdout=st.sampled_from(["full", "closed"]),
@@ -538,6 +542,7 @@ def test_oversized_inputs_are_refused_unread(size, suffix, head):
 # ---------------------------------------------------------------------------------------------
 # full disks (issue 29): a small tmpfs that fills while the run goes on
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.heavy
 @settings(
     derandomize=True,
     deadline=None,

@@ -273,6 +273,7 @@ def _run(installed, args, cwd):
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.heavy
 def test_the_wheel_installs_dfmp2_alone_with_its_inputs_and_kernel_source(installed, tmp_path):
     py, _, purelib = installed
     out = _run(
@@ -298,6 +299,7 @@ def test_the_wheel_installs_dfmp2_alone_with_its_inputs_and_kernel_source(instal
     assert not (purelib / "linalg").exists() and not (purelib / "kernels").exists()
 
 
+@pytest.mark.heavy
 def test_installed_run_regress_and_api_from_another_directory(installed, tmp_path):
     py, _, _ = installed
     (tmp_path / "water.xyz").write_text((ROOT / "inputs" / "water.xyz").read_text())

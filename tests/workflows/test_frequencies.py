@@ -33,6 +33,7 @@ def water(tmp_path_factory):
     return F.frequencies(read_xyz(WATER), OPTIONS, checkpoint=ck), ck
 
 
+@pytest.mark.heavy
 def test_hessian_against_second_differences_of_energies(water):
     """v^T H v along random unit directions equals (E(x + tv) - 2E(x) + E(x - tv)) / t² of our
     energies to 1e-4 Eh/bohr² (the second difference's own truncation error is ~1e-5 at t = 0.01
@@ -61,6 +62,7 @@ def test_hessian_against_second_differences_of_energies(water):
     assert res.tasks == {"evaluations": 19, "resumed": 0, "computed": 19, "ranks": 1}
 
 
+@pytest.mark.heavy
 def test_ir_intensities_against_ase_infrared(tmp_path):
     """At the optimised geometry: the zero modes of the unprojected Hessian are below 10 cm⁻¹, and
     the frequencies and IR intensities equal ASE's Infrared (its own finite differences, step
@@ -108,6 +110,7 @@ def _replay(ck: Path):
     return evaluate, calls
 
 
+@pytest.mark.heavy
 def test_an_interrupted_job_resumes_without_recomputing(water, tmp_path):
     """Stopped after 5 evaluations, the checkpoint holds those 5; the next run computes the 14
     others only, and its Hessian and frequencies are bitwise the uninterrupted run's."""

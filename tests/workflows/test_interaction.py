@@ -51,6 +51,7 @@ def _s22_script():
     return mod
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name,fragments", [("s22_02_water_dimer", "1-3,4-6"), ("s22_01_ammonia_dimer", "1-4,5-8")])
 def test_interaction_energies_match_pyscf_with_ghost_atoms(tmp_path, name, fragments):
     """CLI with --json; CP-corrected (and uncorrected) ΔE(HF, MP2, SCS-MP2) within 1e-9 Eh of
@@ -274,6 +275,7 @@ def test_a_fragment_that_cannot_run_stops_before_the_first_scf(no_scf):
     assert_one_line_error(res, "fragment 2 (atoms 5-6)", "6 electrons")
 
 
+@pytest.mark.heavy
 def test_open_shell_fragment_matches_pyscf_dfump2(tmp_path):
     """A radical fragment with water: HO...OH2 (the water dimer less the donor's free H, so OH
     donates the hydrogen bond). The OH runs and the full system (doublets) run DF-UMP2 on UHF,
