@@ -33,6 +33,25 @@ STORAGE_CHOICES = ("auto", "memory", "disk")
 STAGES = ("metric", "transform", "fit", "pair")
 
 
+def local_ranks() -> int:
+    """The processes of this run on this node (torchrun's LOCAL_WORLD_SIZE; 1 without torchrun)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def default_limit_mb(device: str) -> float:
+    """The limit of a run without ``--memory``: DEFAULT_FRACTION of the memory available on
+    ``device`` (``available_mb``), divided among this node's ranks (``local_ranks``) where the big
+    arrays live in host memory: every rank of a node starts seeing the same free memory, and they
+    all fill it. A GPU's memory is its own rank's (one GPU per rank). ``--memory`` stays per rank."""
+    from dfmp2 import linalg
+
+    share = local_ranks() if linalg.device_capabilities(device).host_memory else 1
+    return DEFAULT_FRACTION * available_mb(device) / share
+
+
 def human(mb: float) -> str:
     """Megabytes (10^6 B) in the unit a person reads: '750 MB', '59.4 GB', '1.2 TB' (3 digits)."""
     for unit, scale in (("PB", 1e9), ("TB", 1e6), ("GB", 1e3)):
@@ -154,7 +173,7 @@ def check_synthetic_memory(what: str, nocc: int, nvir: int, naux: int, itemsize:
 
     need = synthetic_memory_mb(nocc, nvir, naux, itemsize, torch.get_num_threads())
     for where, mb in [("host", need["generate"])] + [(d, need["pair"]) for d in devices]:
-        have = DEFAULT_FRACTION * available_mb(where if where != "host" else "cpu")
+        have = default_limit_mb(where if where != "host" else "cpu")
         if mb > have:
             raise InputError(
                 f"{what}: needs about {human(mb)} on {where} (B alone {human(need['b'])}) "
@@ -323,7 +342,7 @@ def plan_memory(
     """
     if storage not in STORAGE_CHOICES:
         raise ValueError(f"storage must be one of {STORAGE_CHOICES}, got {storage!r}")
-    limit = limit_mb if limit_mb is not None else DEFAULT_FRACTION * available_mb(device)
+    limit = limit_mb if limit_mb is not None else default_limit_mb(device)
     nocc, nvir, naux = max(1, nocc), max(1, nvir), max(1, naux)
     shapes = dict(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=itemsize, fit_itemsize=fit_itemsize)
     aux_min = max(1, min(naux, aux_shell_max))

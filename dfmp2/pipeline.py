@@ -561,9 +561,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
             mp2_dist.per_rank_plan(
                 plan,
                 world,
-                options.memory_mb
-                if options.memory_mb is not None
-                else memory.DEFAULT_FRACTION * memory.available_mb(options.device),
+                options.memory_mb if options.memory_mb is not None else memory.default_limit_mb(options.device),
             )
     except MemoryLimitError as e:  # the whole run's minimum, not the first stage's that refused
         scf_mb = _scf_memory(job, minimum=True)["peak"] if ours else 0.0

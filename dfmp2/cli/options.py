@@ -150,7 +150,9 @@ SPECS = {
         "E(HF), E_OS and E_SS bit-identical to one process at the same threads per process; one "
         "process: either",
     ),
-    "memory_mb": dict(help="memory limit, e.g. 8GB [default: 80% of available]"),
+    "memory_mb": dict(
+        help="memory limit per process, e.g. 8GB [default: 80% of available, shared by the ranks of a node]"
+    ),
     "storage": dict(
         type=click.Choice(STORAGE_CHOICES),
         help="where B lives: in memory if the plan fits, else on disk (auto), or forced",

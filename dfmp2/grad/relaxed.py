@@ -47,7 +47,7 @@ def job_plan(
     ``uhf_stage`` and ``uhf_why`` say so in the error line). MemoryLimitError (one line, human
     units) when nothing fits."""
     space = job.space
-    limit = memory_mb if memory_mb is not None else memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    limit = memory_mb if memory_mb is not None else memory.default_limit_mb("cpu")
     naux_jk = job.jk_auxmol.nao_nr()
     if not job.unrestricted:
         nocc = space.nocc[0]

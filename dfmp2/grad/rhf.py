@@ -534,8 +534,8 @@ def orb_frozen(orb: _Orbitals) -> np.ndarray:
 
 
 def _default_limit_mb() -> float:
-    """memory.DEFAULT_FRACTION of the host's available memory (a caller without a limit)."""
-    return memory.DEFAULT_FRACTION * memory.available_mb("cpu")
+    """The host's default limit (a caller without a limit): ``memory.default_limit_mb``."""
+    return memory.default_limit_mb("cpu")
 
 
 def _used(backend, kernels0: dict) -> dict:

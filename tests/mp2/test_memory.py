@@ -167,6 +167,7 @@ def test_available_host_memory_is_the_smallest_limit(monkeypatch):
     assert memory.available_mb("cpu") == 1200
 
 
+@pytest.mark.heavy
 def test_ulimit_v_bounds_the_default_limit():
     """A real RLIMIT_AS in a child process (the test process keeps its own limits)."""
     import resource
@@ -184,3 +185,20 @@ def test_ulimit_v_bounds_the_default_limit():
     assert p.returncode == 0, p.stderr
     left, avail, meminfo = map(float, p.stdout.split())
     assert 0 < left < (4 << 30) / 1e6 and avail <= min(left, meminfo)
+
+
+def test_the_default_limit_is_shared_by_the_ranks_of_a_node(monkeypatch):
+    """Without --memory, torchrun's ranks on one node divide the host's default limit
+    (LOCAL_WORLD_SIZE); a GPU's memory is its rank's own; --memory stays per rank."""
+    monkeypatch.setattr(memory, "available_mb", lambda device: 10_000.0)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert memory.default_limit_mb("cpu") == memory.DEFAULT_FRACTION * 10_000.0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert memory.local_ranks() == 4
+    assert memory.default_limit_mb("cpu") == memory.DEFAULT_FRACTION * 10_000.0 / 4
+    assert memory.default_limit_mb("cuda") == memory.DEFAULT_FRACTION * 10_000.0
+    kw = dict(nao=100, nocc=10, nvir=90, naux=400, itemsize=8, fit_itemsize=8, aux_shell_max=9)
+    assert memory.plan_memory(**kw, limit_mb=None, device="cpu").limit_mb == memory.DEFAULT_FRACTION * 10_000.0 / 4
+    assert memory.plan_memory(**kw, limit_mb=5000.0, device="cpu").limit_mb == 5000.0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
+    assert memory.local_ranks() == 1
