@@ -41,13 +41,16 @@ def job_plan(
 ) -> GradientPlan | float:
     """The plan of the gradient stage (or, with ``phases`` DENSITY_PHASES, of the density stage)
     for a prepared ``pipeline.Job`` (its orbital space and both fitting sets) against the run's
-    limit (``memory_mb``, else memory.DEFAULT_FRACTION of the host's available memory), before any
+    limit (``memory_mb``, else ``memory.default_limit_mb('cpu')``, over several ranks the smallest
+    of the ranks' so that every rank runs the same plan: the same steps, the same bits), before any
     work: RHF the fastest ``choose_plan`` that fits (``stage`` names it in the error line), with the
     run's --scratch; UHF the UHF gradient's one in-memory estimate (``mp2grad_uhf.memory_mb``, MB;
     ``uhf_stage`` and ``uhf_why`` say so in the error line). MemoryLimitError (one line, human
     units) when nothing fits."""
     space = job.space
     limit = memory_mb if memory_mb is not None else memory.default_limit_mb("cpu")
+    if memory_mb is None and job.world.distributed:  # free memory differs a little between the ranks
+        limit = min(job.world.gather_objects(limit, "plan"))
     naux_jk = job.jk_auxmol.nao_nr()
     if not job.unrestricted:
         nocc = space.nocc[0]

@@ -190,3 +190,24 @@ def test_the_disk_plan_uses_the_runs_scratch_directory_and_leaves_it_empty(monke
     monkeypatch.setattr(mp2grad, "phase_mb", real)
     mem = gradrun.run_gradient(geom, _options(basis="6-31g"))
     assert np.abs(np.asarray(gr.gradient) - np.asarray(mem.gradient)).max() <= 1e-10
+
+
+def test_over_ranks_the_default_limit_is_the_smallest_rank_s(monkeypatch):
+    """Without --memory each rank sees its own free memory; the plan is made for the smallest
+    of the ranks' limits (gathered), so every rank runs the same forms (same steps, same bits)."""
+    from dfmp2 import memory
+    from dfmp2.grad import relaxed
+
+    job, _, _ = _energy_run("water.xyz", basis="6-31g")
+
+    class TwoRanks:  # this rank sees 1e6 MB; the other one 800 MB less
+        distributed = True
+
+        def gather_objects(self, obj, stage):
+            assert stage == "plan"
+            return [obj, obj - 800.0]
+
+    monkeypatch.setattr(memory, "default_limit_mb", lambda device: 1e6)
+    monkeypatch.setattr(job, "world", TwoRanks())
+    assert relaxed.job_plan(job, None).limit_mb == 1e6 - 800.0
+    assert relaxed.job_plan(job, 5000.0).limit_mb == 5000.0  # --memory: the same on every rank, no gather
