@@ -40,7 +40,6 @@ def _pipeline_pairs(B, eo, ev, backend, occ_block):
     return e_os, e_ss
 
 
-@pytest.mark.heavy
 @interpreted
 @pytest.mark.parametrize("path", ["fused", "gemm+epilogue"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
