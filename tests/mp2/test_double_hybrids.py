@@ -56,7 +56,6 @@ def water_runs():
     }
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("key", sorted(double_hybrids.FUNCTIONALS))
 def test_pt2_of_each_functional_matches_pyscf_dfmp2_on_the_same_orbitals(water_runs, key):
     """E_PT2 = c_OS E_OS + c_SS E_SS of our stage against PySCF's DFMP2 on PySCF's converged DF-RKS
