@@ -6,11 +6,15 @@ whole ``dfmp2 run --memory LIMIT`` in its own process (wall time, the process's 
 memory from os.wait4, the JK factor's layout and where B went), then (unless ``--no-pyscf``)
 PySCF's DF-RHF + DF-MP2 with ``max_memory`` = LIMIT in both BLAS settings
 (dfmp2.benchmarks.fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its
-own process; the faster counts; PySCF's limit counts its arrays, not the process). Then a growth
-exponent per column: time ~ nbasis^p, least squares on the logs (dfmp2.benchmarks.waters.fit_exponent).
+own process; the faster counts; where neither variable is set the two settings are the same and
+PySCF runs once; PySCF's limit counts its arrays, not the process). Then a growth exponent per
+column: time ~ nbasis^p, least squares on the logs (dfmp2.benchmarks.waters.fit_exponent).
+``--merge`` adds the sizes run to the rows already in the output JSON (a size run again replaces
+its row), so one long table can be measured a few sizes at a time.
 
     python scripts/bench_scaling.py --sizes 8 16 24 --memory 2GB
     python scripts/bench_scaling.py --sizes 8 16 --basis cc-pvtz --memory 8GB --no-pyscf
+    python scripts/bench_scaling.py --sizes 32 --memory 2GB --merge
 
 Writes scripts/results/bench_scaling_<basis>.json and .md (``--out`` a path stem elsewhere).
 """
@@ -62,19 +66,27 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=7200)
     ap.add_argument("--no-pyscf", action="store_true")
     ap.add_argument("--out", help="path stem of the .json and .md (default scripts/results/bench_scaling_<basis>)")
+    ap.add_argument("--merge", action="store_true", help="keep the other sizes' rows of the output JSON")
     a = ap.parse_args(argv)
     limit_mb = parse_memory(a.memory)
-    rows = []
+    rows = _earlier_rows(a, limit_mb) if a.merge else []
     for n in a.sizes:
         xyz = ROOT / "inputs" / "water_clusters" / f"h2o_{n:02d}.xyz"
         if not xyz.exists():
             print(f"error: no {xyz} (inputs/make_water_clusters.py writes the sizes it knows)", file=sys.stderr)
             return 2
-        row = {"n": n, "ours": run_ours(xyz, a.basis, a.memory, a.threads, a.timeout)}
+        row = {"n": n, "date": now(), "ours": run_ours(xyz, a.basis, a.memory, a.threads, a.timeout)}
         print(f"(H2O){n} ours: {row['ours']}", file=sys.stderr)
         if not a.no_pyscf:
             base = fb.pyscf_baseline(
-                ["whole"], xyz, basis=a.basis, threads=a.threads, timeout=a.timeout, max_memory=limit_mb, peak_sizes=[]
+                ["whole"],
+                xyz,
+                basis=a.basis,
+                threads=a.threads,
+                timeout=a.timeout,
+                max_memory=limit_mb,
+                peak_sizes=[],
+                once_when_same=True,
             )
             best = base["runs"].get(base["best"]) if base["best"] else None
             row["pyscf"] = {
@@ -87,10 +99,28 @@ def main(argv=None) -> int:
                 "max_rss_mb": best.get("max_rss_mb") if best else None,
             }
             print(f"(H2O){n} PySCF: {row['pyscf']}", file=sys.stderr)
-        rows.append(row)
+        rows = sorted([r for r in rows if r["n"] != n] + [row], key=lambda r: r["n"])
         doc = write(a, limit_mb, rows)  # after every size: a run stopped early keeps the sizes done
     print("\n".join(markdown(doc)))
     return 0
+
+
+def _stem(a) -> Path:
+    return Path(a.out) if a.out else ROOT / "scripts" / "results" / f"bench_scaling_{a.basis}"
+
+
+def _earlier_rows(a, limit_mb: float) -> list:
+    """The rows of the output JSON, each marked with the date it was measured (``--merge``); a file
+    measured at another memory limit or basis is refused (its rows would not be comparable)."""
+    path = _stem(a).with_suffix(".json")
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    if doc["memory_limit_mb"] != limit_mb or doc["basis"] != a.basis:
+        sys.exit(
+            f"error: {path} was measured at {doc['memory_limit_mb']:.0f} MB / {doc['basis']}; --merge needs the same"
+        )
+    return [r | {"date": r.get("date", doc["date"])} for r in doc["rows"]]
 
 
 def write(a, limit_mb: float, rows: list) -> dict:
@@ -112,9 +142,10 @@ def write(a, limit_mb: float, rows: list) -> dict:
         "rows": rows,
         "exponents": exps,
         "rule": "each run in its own process; RSS = the process's peak resident set (os.wait4 / getrusage); "
-        "PySCF in both BLAS settings, the faster counts",
+        "PySCF in both BLAS settings, the faster counts (run once where neither variable is set); "
+        "a row's ours and PySCF come from the same invocation (its date)",
     }
-    stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / f"bench_scaling_{a.basis}"
+    stem = _stem(a)
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text("\n".join(markdown(doc)) + "\n")
     return doc
@@ -128,13 +159,14 @@ def markdown(doc: dict) -> list[str]:
         f"{doc['date']}, {doc['machine']['cpu']}, {doc['machine']['threads']} threads. "
         f"{fb.blas_summary(doc['blas'])}. {doc['rule']}.",
         "",
-        "| n | nbasis | ours s | ours RSS MB | SCF factor | B | PySCF s | PySCF RSS MB | PySCF / ours | |ΔE(MP2)| Eh |",
-        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+        "| n | nbasis | ours s | ours RSS MB | SCF factor | B | PySCF s | PySCF RSS MB | PySCF / ours | |ΔE(MP2)| Eh "
+        "| measured |",
+        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|",
     ]
     for r in doc["rows"]:
         o, p = r["ours"], r.get("pyscf") or {}
         if "error" in o:
-            lines.append(f"| {r['n']} | | {o['error']} | | | | | | | |")
+            lines.append(f"| {r['n']} | | {o['error']} | | | | | | | | {r.get('date', '')[:16]} |")
             continue
         pb = (p.get("runs") or {}).get(p.get("best")) or {}
         if p and not p.get("best"):  # both settings failed: say why in the time column
@@ -144,7 +176,8 @@ def markdown(doc: dict) -> list[str]:
         lines.append(
             f"| {r['n']} | {o['nbasis']} | {o['wall_s']:.1f} | {o['max_rss_mb']:.0f} | {o['scf_layout']}{kept} | "
             f"{o['b_storage']} | {p.get('error') or _f(p.get('wall_s'), '.1f')} | {_f(p.get('max_rss_mb'), '.0f')} | "
-            f"{_f(p['wall_s'] / o['wall_s'] if p.get('wall_s') else None, '.2f')} | {_f(de, '.1e')} |"
+            f"{_f(p['wall_s'] / o['wall_s'] if p.get('wall_s') else None, '.2f')} | {_f(de, '.1e')} | "
+            f"{r.get('date', doc['date'])[:16]} |"
         )
     lines += ["", "Growth exponents (time or RSS ~ nbasis^p, least squares on the logs):", ""]
     for k, e in doc["exponents"].items():
