@@ -52,6 +52,14 @@ def default_limit_mb(device: str) -> float:
     return DEFAULT_FRACTION * available_mb(device) / share
 
 
+def peak_rss_mb() -> float:
+    """This process's high-water mark of resident memory so far, MB (10^6 B): getrusage's
+    ru_maxrss (KiB on Linux), the number the acceptance of a memory limit is measured by."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+
+
 def human(mb: float) -> str:
     """Megabytes (10^6 B) in the unit a person reads: '750 MB', '59.4 GB', '1.2 TB' (3 digits)."""
     for unit, scale in (("PB", 1e9), ("TB", 1e6), ("GB", 1e3)):

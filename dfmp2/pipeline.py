@@ -945,6 +945,7 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         e_ss=mp2.e_ss,
         timings=timer.seconds,
         flops=timer.stage_flops(),
+        peak_rss_mb=timer.stage_rss(),
         wall_s=wall_s,
         ran=ran,
         memory=plan.to_dict(),

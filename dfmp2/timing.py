@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from dfmp2.memory import peak_rss_mb
+
 
 class Timer:
     """Wall-clock seconds per stage (``seconds``: {stage: s}), synchronising the device before
@@ -19,11 +21,15 @@ class Timer:
     flops are then kept out of that stage too; and a stage that encloses stages added before it
     (the gradient's 'grad_jk_factor' around the JK factor's 'scf_integrals' and 'scf_fit'), whose
     flops, like its seconds, then include theirs. Work outside linalg (libcint, PySCF, numpy on
-    the host) is not counted: a stage of such work alone has 0 flops."""
+    the host) is not counted: a stage of such work alone has 0 flops.
+
+    ``peak_rss_mb``: {stage: the process's peak resident memory (MB) when the stage last ended}
+    (``memory.peak_rss_mb``, a high-water mark: the first stage whose value reaches the run's peak
+    is the one that set it), to hold the memory plan against what the process really used."""
 
     def __init__(self, backend, on_stage=None):
         """``on_stage(stage, seconds)``: called at each ``add`` (a long stage's progress lines)."""
-        self.backend, self.seconds, self.flops = backend, {}, {}
+        self.backend, self.seconds, self.flops, self.peak_rss_mb = backend, {}, {}, {}
         self.on_stage = on_stage
         self.backends = [backend]
         self.mark = self.executed()  # the reading at the last add (or now)
@@ -56,9 +62,19 @@ class Timer:
             n = now - flops0
             self.aside += now - max(flops0, self.mark + self.aside)
         self.flops[stage] = self.flops.get(stage, 0) + n
+        self.peak_rss_mb[stage] = peak_rss_mb()
         if self.on_stage is not None:
             self.on_stage(stage, t1 - t0)
         return t1
+
+    def stage_rss(self) -> dict:
+        """{stage: peak RSS MB} for every stage of ``seconds``, in its order (a stage whose seconds
+        were moved to it without an ``add`` gets the reading of the stage before it)."""
+        out, last = {}, 0.0
+        for stage in self.seconds:
+            last = self.peak_rss_mb.get(stage, last)
+            out[stage] = last
+        return out
 
     def stage_flops(self) -> dict:
         """{stage: flops} for every stage of ``seconds``, in its order (0 where no linalg op ran,

@@ -114,6 +114,7 @@ class GradientParts:
     flops: dict = field(default_factory=dict)  # per stage of timings, through dfmp2.linalg (dfmp2.timing.Timer)
     # the unrelaxed and relaxed MP2 densities the stage made on its way (not in the JSON; dipoles from them)
     densities: MP2Densities | None = None
+    peak_rss_mb: dict = field(default_factory=dict)  # per stage of timings: the process's peak RSS, MB (schema 7)
 
     def to_dict(self) -> dict:
         """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
@@ -135,6 +136,7 @@ class GradientParts:
             "warnings": list(self.warnings),
             "timings": dict(self.timings),
             "flops": dict(self.flops),
+            "peak_rss_mb": dict(self.peak_rss_mb),
             "ran": ran,
         }
 
@@ -496,6 +498,7 @@ def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0
         ran,
         {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
         rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran),
+        peak_rss_mb={k: v for k, v in timer.stage_rss().items() if k.startswith("grad_")},
     )
 
 

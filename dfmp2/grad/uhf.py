@@ -176,6 +176,7 @@ def uhf_mp2_gradient(
         ran,
         {k: v for k, v in timer.stage_flops().items() if k.startswith("grad_")},
         uhf_record(orbs, P_unrelaxed, P, c_os, c_ss, zinfo, ran),
+        peak_rss_mb={k: v for k, v in timer.stage_rss().items() if k.startswith("grad_")},
     )
 
 

@@ -13,8 +13,10 @@ from datetime import datetime, timezone
 # for: the dipole moments with their units and origin, and the densities' record) and
 # ran.scf.jk_factor.screening (the JK factor's kept pairs); 6 = ``double_hybrid`` (null, or a double
 # hybrid's functional, energy parts, dispersion and KS grid: docs/double_hybrids.md) and, for a double
-# hybrid, ``energies`` holding its parts (e_dft, e_corr_os, e_corr_ss, e_pt2, e_disp, e_total) only
-SCHEMA_VERSION = "6"
+# hybrid, ``energies`` holding its parts (e_dft, e_corr_os, e_corr_ss, e_pt2, e_disp, e_total) only;
+# 7 = ``peak_rss_mb`` beside ``timings`` (the process's measured peak resident memory, MB, when each
+# stage ended), also in the gradient's record
+SCHEMA_VERSION = "7"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -105,6 +107,9 @@ class Result:
     memory: dict
     versions: dict
     warnings: list = field(default_factory=list)  # one line each: what to check before trusting this
+    # per stage of timings: the process's peak resident memory (MB, getrusage's high-water mark) when
+    # the stage ended (dfmp2.timing.Timer.stage_rss), what the memory plan is held against
+    peak_rss_mb: dict = field(default_factory=dict)
     ecp: dict | None = None  # scf.ecp_info: the effective core potential and its elements; None: all-electron
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     # open shell (UHF reference): reference, multiplicity, <S^2> and S(S+1), alpha/beta nocc and
@@ -178,6 +183,7 @@ class Result:
             "flops": "floating-point operations",
             "wall_s": "s",
             "memory": "MB",
+            "peak_rss_mb": "MB",
             "geometry": "angstrom",
         }
         if (self.properties or {}).get("dipole"):
@@ -281,7 +287,7 @@ class Result:
         )
         if verbose:
             s.add_row("GF/s (linalg flops / s)", self.rates())
-        s.add_row("memory plan / MB", f"peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}")
+        s.add_row("memory / MB", self.memory_summary())
         if not quiet:
             console.print(s)
         if (self.properties or {}).get("dipole"):
@@ -292,6 +298,16 @@ class Result:
                 f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
                 f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
             )
+
+    def memory_summary(self) -> str:
+        """'plan's peak 1769 of 2000; process peak RSS 2103 (set in pair)': the plan's estimate of
+        its arrays against the limit, then what the whole process used, and the stage that set it."""
+        text = f"plan's peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}"
+        if self.peak_rss_mb:
+            top = max(self.peak_rss_mb.values())
+            stage = next(k for k, v in self.peak_rss_mb.items() if v == top)
+            text += f"; process peak RSS {top:.0f} (reached in {stage})"
+        return text
 
     def rates(self) -> str:
         """'whole run 21.4; scf 1.2, pair 40.3, ...': the whole run's GF/s (all flops over wall_s)

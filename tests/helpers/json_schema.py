@@ -12,7 +12,7 @@ import functools
 import json
 
 # the maps of a document keyed by what ran (stage names): their keys are data, not the shape
-STAGE_MAPS = ("timings", "flops", "times", "stages_mb", "phases_mb")
+STAGE_MAPS = ("timings", "flops", "peak_rss_mb", "times", "stages_mb", "phases_mb")
 
 
 @functools.cache

@@ -1,6 +1,9 @@
 """Flop counts (linalg/flops.py): each op through the backend is charged its standard count, and
 dfmp2.timing.Timer charges each stage the flops it executed."""
 
+import ast
+import subprocess
+import sys
 import time
 
 import pytest
@@ -116,3 +119,26 @@ def test_timer_charges_each_stage_what_it_executed():
     assert timer.flops["both"] == k
     timer.seconds["moved"] = 0.1  # seconds moved to a stage without an add (the MP2 stage's integrals)
     assert timer.stage_flops() == {**timer.flops, "moved": 0} and list(timer.stage_flops()) == list(timer.seconds)
+
+
+def test_timer_records_the_peak_rss_a_stage_reached():
+    """Each stage's reading is the process's high-water mark when it ended (MB): a stage that
+    touches 300 MB raises it by about that (less by how far the imports peaked above what stayed
+    resident: 263 MB here), the next stage keeps it. In a fresh process, so no earlier test's peak
+    hides the rise."""
+    code = (
+        "import time, numpy as np\n"
+        "from dfmp2 import linalg\n"
+        "from dfmp2.timing import Timer\n"
+        "t = Timer(linalg.get_backend('cpu', cpu_blas='torch'))\n"
+        "t0 = t.add('small', time.perf_counter())\n"
+        "a = np.ones(300 * 10**6 // 8)\n"
+        "t0 = t.add('big', t0)\n"
+        "del a\n"
+        "t.add('after', t0)\n"
+        "print(repr(t.stage_rss()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    rss = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert list(rss) == ["small", "big", "after"]
+    assert 200 < rss["big"] - rss["small"] < 400 and rss["after"] == rss["big"]
