@@ -184,11 +184,13 @@ def request_content(geom: Geometry, options: RunOptions) -> dict:
     return content
 
 
-def input_content(job: Job) -> dict:
+def input_content(job: Job, scf_plan: dict | None = None) -> dict:
     """What the ranks must agree on before any integral (``World.agree``; issue 43):
     ``request_content``, then what was resolved from it: the charge and multiplicity, the basis
     sets as PySCF holds them (orbital, ECP, MP2-fit, JK-fit), the working precision and the cpu
-    BLAS choice (probed now if need be: a rank with another table sums in another order)."""
+    BLAS choice (probed now if need be: a rank with another table sums in another order) and, from
+    ``scf_plan``, the measured SGEMM/DGEMM ratio that decides whether an 'auto' SCF runs fp32
+    cycles (``_plan_scf``)."""
     mol = job.mol
     content = request_content(job.geom, job.options)
     content.update(
@@ -206,6 +208,8 @@ def input_content(job: Job) -> dict:
     if blas is not None:
         table = blas.table().table
         content["the cpu BLAS choice"] = {"mode": blas.mode, "choice": table["choice"] if table else None}
+    if scf_plan is not None and scf_plan.get("fp32_speedup") is not None:
+        content["the measured SGEMM/DGEMM ratio"] = round(scf_plan["fp32_speedup"], 6)
     return content
 
 
@@ -230,7 +234,7 @@ def run_energy(
             plan, scf_plan = plan_run(job, session, on_plan, say)
             distributed.check_plan(plan, world)
             session.start(plan)  # over several ranks: a rank that cannot create its file stops them all
-        world.agree(None, input_content(job))  # the ranks' inputs the same, bit for bit
+        world.agree(None, input_content(job, scf_plan))  # the ranks' inputs the same, bit for bit
         ref = reference_stage(job, session.ck, timer, plan, scf_plan, say, guess)
         say("integrals, transforms, fit and pair energies ...")
         mp2 = mp2_stage(
@@ -663,7 +667,8 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> dict:
         raise linalg.DeviceUnavailableError(
             f"device '{backend.name}' cannot run the DF-SCF: it lacks {', '.join(missing)}", alternatives=("cpu",)
         )
-    speedup = None  # auto on a CPU stays by capabilities until the ranks agree on one measurement
+    # the measured SGEMM/DGEMM ratio decides auto; the ranks agree on it (input_content)
+    speedup = backend.fp32_speedup() if job.options.scf_precision == "auto" else None
     mixed = resolve_precision(backend.caps, job.options.scf_precision, fp32_speedup=speedup)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed, other_mb=plan.peak_mb)
     plan.stages_mb = {"scf": need["peak"], **plan.stages_mb}
