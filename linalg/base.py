@@ -70,10 +70,9 @@ def device_capabilities(name: str) -> Capabilities:
     if not isinstance(name, str):
         raise ValueError(f"device name must be a string, got {name!r}")
     if name == "cpu":
-        # fast_fp32 False: a mixed-precision SCF does not pay here. The fp32 K alone is faster than
-        # the fp64 K, but in the whole DF-RHF of (H2O)16/cc-pVDZ on a CPU the fp32 copy of the factor
-        # and the fp64 cycles after the switch cost more than the fp32 cycles save (timings:
-        # scripts/results/docstring-measurements.md). --scf-precision mixed still runs it.
+        # fast_fp32 False: what 'auto' assumes where nothing measured this CPU. Where the BLAS table
+        # has the SGEMM/DGEMM ratio, that decides (dfmp2.scf.precision: mixed from 1.5x; a 2-core
+        # Xeon with 1.9x ran (H2O)16's DF-RHF in 17-19 s mixed against 20.5-21 s fp64).
         return Capabilities(True, False, ("auto",) + cpu_pair.PAIR_PATHS, True, True, fast_fp32=False)
     if name.split(":", 1)[0] == "cuda":
         try:
