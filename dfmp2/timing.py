@@ -24,8 +24,9 @@ class Timer:
     the host) is not counted: a stage of such work alone has 0 flops.
 
     ``peak_rss_mb``: {stage: the process's peak resident memory (MB) when the stage last ended}
-    (``memory.peak_rss_mb``, a high-water mark: the first stage whose value reaches the run's peak
-    is the one that set it), to hold the memory plan against what the process really used."""
+    (``memory.peak_rss_mb``, a high-water mark), to hold the memory plan against what the process
+    really used. Stages listed in the order they first ended; one that ends again later (the
+    SCF's one-electron integrals, charged to 'scf_integrals') reads the mark of then."""
 
     def __init__(self, backend, on_stage=None):
         """``on_stage(stage, seconds)``: called at each ``add`` (a long stage's progress lines)."""

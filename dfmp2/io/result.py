@@ -300,13 +300,11 @@ class Result:
             )
 
     def memory_summary(self) -> str:
-        """'plan's peak 1769 of 2000; process peak RSS 2103 (set in pair)': the plan's estimate of
-        its arrays against the limit, then what the whole process used, and the stage that set it."""
+        """'plan's peak 1769 of 2000; process peak RSS 2124': the plan's estimate of its arrays
+        against the limit, then what the whole process used (``peak_rss_mb``: per stage)."""
         text = f"plan's peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}"
         if self.peak_rss_mb:
-            top = max(self.peak_rss_mb.values())
-            stage = next(k for k, v in self.peak_rss_mb.items() if v == top)
-            text += f"; process peak RSS {top:.0f} (reached in {stage})"
+            text += f"; process peak RSS {max(self.peak_rss_mb.values()):.0f}"
         return text
 
     def rates(self) -> str:

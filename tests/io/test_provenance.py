@@ -18,6 +18,7 @@ OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 MAPS = {
     "timings",
     "flops",
+    "peak_rss_mb",
     "ran.kernels",
     "ran.scf.kernels",
     "ran.scf.host_kernels",
@@ -63,6 +64,7 @@ TOP_LEVEL = {
     "frozen_core",
     "timings",
     "flops",
+    "peak_rss_mb",
     "wall_s",
     "ran",
     "memory",

@@ -123,16 +123,16 @@ def test_timer_charges_each_stage_what_it_executed():
 
 def test_timer_records_the_peak_rss_a_stage_reached():
     """Each stage's reading is the process's high-water mark when it ended (MB): a stage that
-    touches 300 MB raises it by about that (less by how far the imports peaked above what stayed
-    resident: 263 MB here), the next stage keeps it. In a fresh process, so no earlier test's peak
-    hides the rise."""
+    touches 300 MB more than the gap between that mark and what is resident raises it by about 300
+    MB, the next stage keeps it. In a fresh process, so no earlier test's peak hides the rise."""
     code = (
-        "import time, numpy as np\n"
+        "import os, time, numpy as np\n"
         "from dfmp2 import linalg\n"
         "from dfmp2.timing import Timer\n"
         "t = Timer(linalg.get_backend('cpu', cpu_blas='torch'))\n"
         "t0 = t.add('small', time.perf_counter())\n"
-        "a = np.ones(300 * 10**6 // 8)\n"
+        "resident = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1e6\n"
+        "a = np.ones(int((t.peak_rss_mb['small'] - resident + 300) * 1e6 / 8))\n"
         "t0 = t.add('big', t0)\n"
         "del a\n"
         "t.add('after', t0)\n"
