@@ -54,10 +54,13 @@ def default_limit_mb(device: str) -> float:
 
 def peak_rss_mb() -> float:
     """This process's high-water mark of resident memory so far, MB (10^6 B): getrusage's
-    ru_maxrss (KiB on Linux), the number the acceptance of a memory limit is measured by."""
+    ru_maxrss (KiB on Linux, bytes on macOS), the number the acceptance of a memory limit is
+    measured by."""
     import resource
+    import sys
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+    unit = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / MB
 
 
 def human(mb: float) -> str:

@@ -108,7 +108,7 @@ class Result:
     versions: dict
     warnings: list = field(default_factory=list)  # one line each: what to check before trusting this
     # per stage of timings: the process's peak resident memory (MB, getrusage's high-water mark) when
-    # the stage ended (dfmp2.timing.Timer.stage_rss), what the memory plan is held against
+    # the stage last ended (dfmp2.timing.Timer.stage_rss), what the memory plan is held against
     peak_rss_mb: dict = field(default_factory=dict)
     ecp: dict | None = None  # scf.ecp_info: the effective core potential and its elements; None: all-electron
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
