@@ -9,7 +9,6 @@ the fit's), runs the fit in place and prints (high-water mark after - resident b
 """
 
 import os
-import resource
 import tempfile
 
 import h5py
@@ -18,10 +17,7 @@ import torch
 
 from dfmp2 import linalg
 from dfmp2.df import outofcore as oc
-
-
-def hwm() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+from dfmp2.memory import peak_rss_mb
 
 
 def resident() -> float:
@@ -46,7 +42,7 @@ def main() -> None:
         oc.fit_blocks(L, "cholesky", store, store, be, torch.float64)
         store.close()
         blk = naux * ob * nvir * 8 / 1e6
-        print(f"block {blk:.0f} MB; blocks alive at the fit's peak: {(hwm() - before) / blk:.1f}")
+        print(f"block {blk:.0f} MB; blocks alive at the fit's peak: {(peak_rss_mb() - before) / blk:.1f}")
 
 
 if __name__ == "__main__":

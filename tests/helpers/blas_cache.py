@@ -55,17 +55,24 @@ def use_fixed_cache() -> Path:
     """Point XDG_CACHE_HOME (this process and its children) at a directory of the tests' own
     (per user, kept between runs: the compiled pair epilogue is reused) holding the fixed table
     under this machine's keys for 1 to 2 * cpu_count torch threads; returns the directory."""
-    from dfmp2.linalg import cpu_blas
-
     home = Path(tempfile.gettempdir()) / f"dfmp2-tests-cache-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
     os.environ["XDG_CACHE_HOME"] = str(home)
+    write_cache(fixed_table())
+    return home
+
+
+def write_cache(table: dict) -> Path:
+    """Write ``table`` as the cpu BLAS cache (``cpu_blas.cache_path()``: under $XDG_CACHE_HOME),
+    keyed for this machine at 1 to 2 * cpu_count torch threads (atomically: other processes may be
+    reading it); returns the file."""
+    from dfmp2.linalg import cpu_blas
+
     path = cpu_blas.cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = fixed_table()
     data = {"version": cpu_blas.CACHE_VERSION, "entries": {}}
     for n in range(1, 2 * (os.cpu_count() or 1) + 1):
         data["entries"][cpu_blas.cache_key(n)] = table
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
-    return home
+    return path

@@ -411,30 +411,23 @@ def test_memory_refusal_gives_the_whole_runs_minimum(no_scf):
 
 
 @pytest.mark.parametrize("ratio,mode", [(2.0, "mixed"), (1.2, "fp64")])
-def test_auto_scf_precision_follows_the_measured_ratio_of_the_blas_table(tmp_path, ratio, mode):
+def test_auto_scf_precision_follows_the_measured_ratio_of_the_blas_table(tmp_path, monkeypatch, ratio, mode):
     """``dfmp2 run`` with --scf-precision auto (the default) on a CPU reads this machine's SGEMM/DGEMM
     ratio from its BLAS table (not the device's name): mixed from FP32_PAYS (1.5x), fp64 below. In
     a process of its own with a cache holding a table whose large GEMM rates give ``ratio``."""
     import json
-    import os
     import subprocess
     import sys
 
-    from blas_cache import fixed_table
-
-    from dfmp2.linalg import cpu_blas
+    from blas_cache import fixed_table, write_cache
 
     table = fixed_table()
     for dt, gf in (("fp32", 100.0 * ratio), ("fp64", 100.0)):
         table["gflops"][f"gemm/{dt}/large"] = {"torch": gf, "openblas": gf / 2}
-    cache = tmp_path / "cache"
-    path = cache / "dfmp2" / "cpu_blas.json"
-    path.parent.mkdir(parents=True)
-    keys = {cpu_blas.cache_key(n): table for n in range(1, 2 * (os.cpu_count() or 1) + 1)}
-    path.write_text(json.dumps({"version": cpu_blas.CACHE_VERSION, "entries": keys}))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's cache, its child's too
+    write_cache(table)
     out = tmp_path / "w.json"
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     cmd = [sys.executable, "-m", "dfmp2", "run", str(INPUTS / "water.xyz"), "-q", "--json", str(out)]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     cp = json.loads(out.read_text())["ran"]["scf"]["cycle_precision"]
     assert cp["mode"] == mode and f"{ratio:.2f}x" in cp["why"] and "measured" in cp["why"]
