@@ -63,6 +63,52 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / MB
 
 
+_LIBC = []  # [the C library if it has glibc's malloc_trim, else None], found once
+
+
+def _glibc():
+    if not _LIBC:
+        import ctypes
+        import ctypes.util
+
+        lib = None
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            lib.malloc_trim.argtypes, lib.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+            lib.gnu_get_libc_version.restype = ctypes.c_char_p
+        except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+            lib = None
+        _LIBC.append(lib)
+    return _LIBC[0]
+
+
+def release_freed() -> bool:
+    """Hand the pages of freed heap memory back to the OS (glibc's ``malloc_trim(0)``); False
+    where the C library is not glibc. Called at every stage's end (``timing.Timer.add``).
+
+    Why: glibc serves blocks below its mmap threshold from its heaps, and the threshold rises to
+    32 MB as large blocks are freed, so the freed (μν|P) pieces, transforms and solver
+    temporaries of one phase stay resident, unused, while the next phase maps its own blocks:
+    the process's peak RSS ran 0.3-0.6 GB above the plan's arrays at --memory 2000. A fixed 1 MB
+    threshold (MALLOC_MMAP_THRESHOLD_) removed most of that but maps and faults every temporary
+    anew (a whole run about a fifth slower); trimming once per stage costs one walk of the heap
+    and the faults of pages used again (measured: scripts/results/2026-11-28-session9.md)."""
+    lib = _glibc()
+    if lib is None:
+        return False
+    lib.malloc_trim(0)
+    return True
+
+
+def allocator() -> str:
+    """What the run's heap memory is handed back by, for the result's memory record."""
+    lib = _glibc()
+    if lib is None:
+        return "the C library's malloc (not glibc): freed memory as it decides"
+    version = lib.gnu_get_libc_version().decode()
+    return f"glibc {version} malloc, freed heap pages handed back at each stage's end (malloc_trim)"
+
+
 def human(mb: float) -> str:
     """Megabytes (10^6 B) in the unit a person reads: '750 MB', '59.4 GB', '1.2 TB' (3 digits)."""
     for unit, scale in (("PB", 1e9), ("TB", 1e6), ("GB", 1e3)):
@@ -209,6 +255,7 @@ class MemoryPlan:
     storage: str = "auto"  # what was asked: auto, memory or disk
     shapes: dict = field(default_factory=dict)
     integrals: dict = field(default_factory=dict)  # engine, queue_depth, host_mb outside the plan
+    allocator: str = field(default_factory=lambda: allocator())  # how freed memory leaves the process
 
     def to_dict(self) -> dict:
         return asdict(self)

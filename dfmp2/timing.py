@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from dfmp2.memory import peak_rss_mb
+from dfmp2.memory import peak_rss_mb, release_freed
 
 
 class Timer:
@@ -26,7 +26,9 @@ class Timer:
     ``peak_rss_mb``: {stage: the process's peak resident memory (MB) when the stage last ended}
     (``memory.peak_rss_mb``, a high-water mark), to hold the memory plan against what the process
     really used. Stages listed in the order they first ended; one that ends again later (the
-    SCF's one-electron integrals, charged to 'scf_integrals') reads the mark of then."""
+    SCF's one-electron integrals, charged to 'scf_integrals') reads the mark of then. Each ``add``
+    then hands the heap memory freed so far back to the OS (``memory.release_freed``), so what one
+    stage freed is not resident beside the next stage's blocks."""
 
     def __init__(self, backend, on_stage=None):
         """``on_stage(stage, seconds)``: called at each ``add`` (a long stage's progress lines)."""
@@ -64,6 +66,7 @@ class Timer:
             self.aside += now - max(flops0, self.mark + self.aside)
         self.flops[stage] = self.flops.get(stage, 0) + n
         self.peak_rss_mb[stage] = peak_rss_mb()
+        release_freed()  # what the stage freed leaves the process before the next stage maps its own
         if self.on_stage is not None:
             self.on_stage(stage, t1 - t0)
         return t1

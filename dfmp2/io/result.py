@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 # hybrid's functional, energy parts, dispersion and KS grid: docs/double_hybrids.md) and, for a double
 # hybrid, ``energies`` holding its parts (e_dft, e_corr_os, e_corr_ss, e_pt2, e_disp, e_total) only;
 # 7 = ``peak_rss_mb`` beside ``timings`` (the process's measured peak resident memory, MB, when each
-# stage ended), also in the gradient's record
-SCHEMA_VERSION = "7"
+# stage ended), also in the gradient's record; 8 = ``memory.allocator`` (how freed heap memory goes
+# back to the OS: glibc's malloc_trim at each stage's end, or the C library's own way)
+SCHEMA_VERSION = "8"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
