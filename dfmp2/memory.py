@@ -3,8 +3,11 @@ whether B (the fitted integrals) stays in memory or goes to disk (HDF5, ``dfmp2.
 
 Estimates are in MB (10^6 bytes) of the memory the big arrays live in (host for cpu and trn, the
 GPU for cuda). The plan is made before the SCF, so a run that cannot fit fails at once with the
-minimum it needs. Not modelled: PySCF's own SCF memory (its ``max_memory``) and the interpreter
-and libraries (~0.5 GB resident), which the default limit's safety fraction leaves room for.
+minimum it needs. Not modelled: PySCF's own SCF memory (its ``max_memory``) and the interpreter,
+libraries and molecule (0.3-0.5 GB resident), which the default limit's safety fraction leaves room
+for; the plan records them as ``process_mb`` (resident when it was made), so the process's peak is
+about ``peak_mb + process_mb``, and glibc's freed heap pages go back at each stage's end
+(``release_freed``).
 
 Block sizes are chosen from the shapes first (``occ_block_max``, ``j3c_block_mb``: by default
 ``OCC_BLOCK_MAX``, ``J3C_BLOCK_MB``) and shrunk only
@@ -61,6 +64,16 @@ def peak_rss_mb() -> float:
 
     unit = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / MB
+
+
+def resident_mb() -> float:
+    """This process's resident memory now, MB (10^6 B): /proc/self/statm's resident pages; where
+    there is no /proc (macOS), the high-water mark so far (``peak_rss_mb``), an upper bound."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
+    except (OSError, ValueError, IndexError):
+        return peak_rss_mb()
 
 
 _LIBC = []  # [the C library if it has glibc's malloc_trim, else None], found once
@@ -256,6 +269,9 @@ class MemoryPlan:
     shapes: dict = field(default_factory=dict)
     integrals: dict = field(default_factory=dict)  # engine, queue_depth, host_mb outside the plan
     allocator: str = field(default_factory=lambda: allocator())  # how freed memory leaves the process
+    # resident when the plan was made (interpreter, libraries, molecule): outside the plan's arrays,
+    # which --memory bounds, so the process's peak is about peak_mb + process_mb
+    process_mb: float = field(default_factory=lambda: resident_mb())
 
     def to_dict(self) -> dict:
         return asdict(self)

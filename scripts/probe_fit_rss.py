@@ -18,10 +18,7 @@ import torch
 from dfmp2 import linalg
 from dfmp2.df import outofcore as oc
 from dfmp2.memory import peak_rss_mb
-
-
-def resident() -> float:
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+from dfmp2.memory import resident_mb as resident
 
 
 def main() -> None:

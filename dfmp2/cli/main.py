@@ -99,6 +99,7 @@ def _plan_table(plan):
         "B", f"{plan.b_mb:,.1f}", f"on disk (HDF5), {plan.disk_mb:,.1f} MB of disk" if plan.out_of_core else "in memory"
     )
     t.add_row("in memory would need", f"{plan.in_memory_mb:,.1f}", "")
+    t.add_row("resident before", f"{plan.process_mb:,.1f}", "interpreter, libraries, molecule: outside the limit")
     if plan.integrals.get("host_mb"):
         t.add_row(
             "integral buffers",

@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 # hybrid, ``energies`` holding its parts (e_dft, e_corr_os, e_corr_ss, e_pt2, e_disp, e_total) only;
 # 7 = ``peak_rss_mb`` beside ``timings`` (the process's measured peak resident memory, MB, when each
 # stage ended), also in the gradient's record; 8 = ``memory.allocator`` (how freed heap memory goes
-# back to the OS: glibc's malloc_trim at each stage's end, or the C library's own way)
+# back to the OS: glibc's malloc_trim at each stage's end, or the C library's own way) and
+# ``memory.process_mb`` (the process's resident memory when the plan was made, outside the plan)
 SCHEMA_VERSION = "8"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
@@ -301,9 +302,12 @@ class Result:
             )
 
     def memory_summary(self) -> str:
-        """'plan's peak 1769 of 2000; process peak RSS 2124': the plan's estimate of its arrays
-        against the limit, then what the whole process used (``peak_rss_mb``: per stage)."""
+        """'plan's peak 631 of 1000, +315 resident before; process peak RSS 1117': the plan's
+        estimate of its arrays against the limit, what the process held besides when the plan was
+        made (``memory.process_mb``), then what the whole process used (``peak_rss_mb``: per stage)."""
         text = f"plan's peak {self.memory['peak_mb']:.0f} of {self.memory['limit_mb']:.0f}"
+        if self.memory.get("process_mb"):
+            text += f", +{self.memory['process_mb']:.0f} resident before"
         if self.peak_rss_mb:
             text += f"; process peak RSS {max(self.peak_rss_mb.values()):.0f}"
         return text

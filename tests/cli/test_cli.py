@@ -11,6 +11,7 @@ import torch
 from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
+from dfmp2 import memory
 from dfmp2.cli.main import main
 from dfmp2.cli.options import parse_memory
 from dfmp2.errors import InputError
@@ -41,6 +42,10 @@ def test_run_writes_table_and_json(tmp_path):
     rss = d["peak_rss_mb"]  # the high-water mark when each stage last ended, MB, interpreter included
     assert list(rss) == list(d["timings"]) and d["units"]["peak_rss_mb"] == "MB"
     assert 50 < min(rss.values()) and rss["pair"] == max(rss.values())  # the pair step ends last
+    # what the process held when the plan was made, outside the limit: below the run's peak (in
+    # process here, so the test session's imports count too); how freed heap memory went back
+    assert 50 < d["memory"]["process_mb"] <= max(rss.values())
+    assert d["memory"]["allocator"] == memory.allocator() and "malloc" in d["memory"]["allocator"]
 
 
 BAD_XYZ = {
@@ -290,6 +295,8 @@ def test_verbose_adds_each_stage_rate():
     res = run_cli(["run", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "-v"])
     assert res.exit_code == 0, res.output
     assert "GF/s (linalg flops / s)" in res.output and "whole run" in res.output
+    # the plan's table and the memory row show what the process held outside the limit
+    assert "resident before" in res.output and "resident before; process peak RSS" in res.output
 
 
 @pytest.mark.heavy

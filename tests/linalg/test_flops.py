@@ -154,10 +154,10 @@ def test_a_stage_end_hands_freed_heap_memory_back():
     the heap's top cannot shrink), are freed: still resident before the stage ends, about 300 MB
     fewer after."""
     code = (
-        "import os, time\n"
+        "import time\n"
         "from dfmp2 import linalg\n"
+        "from dfmp2.memory import resident_mb as rss\n"
         "from dfmp2.timing import Timer\n"
-        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1e6\n"
         "t = Timer(linalg.get_backend('cpu', cpu_blas='torch'))\n"
         "big, keep = [], []\n"
         "for _ in range(300):\n"
