@@ -18,6 +18,7 @@ in-memory one (``dfmp2.df.outofcore``).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,23 +77,19 @@ def resident_mb() -> float:
         return peak_rss_mb()
 
 
-_LIBC = []  # [the C library if it has glibc's malloc_trim, else None], found once
-
-
+@functools.cache
 def _glibc():
-    if not _LIBC:
-        import ctypes
-        import ctypes.util
+    """The C library if it is glibc (has ``malloc_trim``), else None; looked up once."""
+    import ctypes
+    import ctypes.util
 
-        lib = None
-        try:
-            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            lib.malloc_trim.argtypes, lib.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-            lib.gnu_get_libc_version.restype = ctypes.c_char_p
-        except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-            lib = None
-        _LIBC.append(lib)
-    return _LIBC[0]
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        lib.malloc_trim.argtypes, lib.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        lib.gnu_get_libc_version.restype = ctypes.c_char_p
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
+    return lib
 
 
 def release_freed() -> bool:
@@ -271,7 +268,7 @@ class MemoryPlan:
     allocator: str = field(default_factory=lambda: allocator())  # how freed memory leaves the process
     # resident when the plan was made (interpreter, libraries, molecule): outside the plan's arrays,
     # which --memory bounds, so the process's peak is about peak_mb + process_mb
-    process_mb: float = field(default_factory=lambda: resident_mb())
+    process_mb: float = field(default_factory=resident_mb)
 
     def to_dict(self) -> dict:
         return asdict(self)
