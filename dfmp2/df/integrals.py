@@ -37,6 +37,7 @@ Host-only helpers kept for callers that want numpy on the host: ``metric_2c``, `
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterator
 
@@ -147,16 +148,41 @@ def unpack_index(nao: int, device) -> torch.Tensor:
     return idx
 
 
-def pia_rows(packed: torch.Tensor, nao: int, C_occ: torch.Tensor, C_vir: torch.Tensor, backend) -> torch.Tensor:
+def pia_rows(
+    packed: torch.Tensor, nao: int, C_occ: torch.Tensor, C_vir: torch.Tensor, backend, work=None
+) -> torch.Tensor:
     """Rows of (P|ia) of one aux block: packed (nb, nao(nao+1)/2) (μν|P) -> (nb, nocc*nvir), half-
     transformed with C_occ (nao, nocc) then C_vir (nao, nvir) on ``backend``: two 2-D GEMMs (one
     launch each on Trainium) rather than a batch over P. The DF-MP2 stage's transform, in one
-    process and over ranks alike (the same GEMMs on the same operands, so the same bits)."""
+    process and over ranks alike (the same GEMMs on the same operands, so the same bits).
+    ``work`` (a ``Workspace``): the unpacked block and the half-transformed ones in its buffers,
+    reused from block to block (the rows returned are new: callers keep them or write them behind)."""
     nb, nocc, nvir = packed.shape[0], C_occ.shape[1], C_vir.shape[1]
-    x = unpack(packed, nao).reshape(nb * nao, nao)  # (P μ, ν)
-    half = linalg.gemm(x, C_occ, backend=backend)  # (P μ, i)
-    half = half.reshape(nb, nao, nocc).transpose(1, 2).reshape(nb * nocc, nao)
+    dt, dev = packed.dtype, packed.device
+    get = work.get if work is not None else (lambda name, shape, dtype, device: None)
+    x = unpack(packed, nao, out=get("unpacked", (nb * nao, nao), dt, dev)).reshape(nb * nao, nao)  # (P μ, ν)
+    half = linalg.gemm(x, C_occ, out=get("half", (nb * nao, nocc), dt, dev), backend=backend)  # (P μ, i)
+    half = half.reshape(nb, nao, nocc).transpose(1, 2)
+    halfT = get("half_t", (nb * nocc, nao), dt, dev)
+    half = half.reshape(nb * nocc, nao) if halfT is None else halfT.view(nb, nocc, nao).copy_(half).view(nb * nocc, nao)
     return linalg.gemm(half, C_vir, backend=backend).reshape(nb, nocc * nvir)
+
+
+class Workspace:
+    """Named buffers reused from call to call (``pia_rows``): ``get(name, shape, dtype, device)`` is
+    a contiguous tensor of that shape at the start of the name's buffer, grown when too small.
+    Why: a fresh block of a few hundred MB costs its page faults each time (the allocator hands
+    such blocks back to the system when freed), more than the work on it on some machines."""
+
+    def __init__(self):
+        self.buffers: dict = {}
+
+    def get(self, name: str, shape, dtype, device) -> torch.Tensor:
+        numel = math.prod(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = self.buffers[name] = torch.empty(numel, dtype=dtype, device=device)
+        return buf[:numel].view(shape)
 
 
 def unpack(packed: torch.Tensor, nao: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -252,10 +278,13 @@ class HostEngine(IntegralEngine):
     def blocks(self, auxmol, shell_blocks, dtype=torch.float64):
         cint = _Libcint(self.mol, auxmol)
         if self.depth == 0:
+            shell_blocks = list(shell_blocks)
+            nb_max = max((p1 - p0 for _, _, p0, p1 in shell_blocks), default=0)
+            buf = np.empty(nb_max * npair(self.nao))  # every block's: fresh pages cost more than the copy out
 
             def block(s0, s1):
                 t0 = time.perf_counter()
-                packed = cint(s0, s1)
+                packed = cint(s0, s1, out=buf)
                 self.stats["compute_s"] += time.perf_counter() - t0
                 return self.backend.to_device(torch.from_numpy(packed), dtype)
 

@@ -59,13 +59,14 @@ def build_B(
     aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
     world.pia_rows = [sum(p1 - p0 for _, _, p0, p1 in my_aux_blocks(aux_blocks, world, r)) for r in range(world.size)]
     t_loop = t0 = time.perf_counter()
-    rows, t_int = [], 0.0
+    rows, t_int, work = [], 0.0, integrals.Workspace()
     with engine.blocks(auxmol, my_aux_blocks(aux_blocks, world), dtype) as stream:
         for p0, p1, packed in stream:
             t1 = time.perf_counter()
             t_int += t1 - t0
-            rows.append((p0, p1, integrals.pia_rows(packed, nao, co, cv, backend)))
+            rows.append((p0, p1, integrals.pia_rows(packed, nao, co, cv, backend, work)))  # kept: not in work
             t0 = time.perf_counter()
+    del work
     t0 = timer.add("transform", t_loop)
     timer.seconds["integrals"] = timer.seconds.get("integrals", 0.0) + t_int
     timer.seconds["transform"] -= t_int

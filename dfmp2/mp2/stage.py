@@ -78,14 +78,15 @@ def build_B(
     pia = B.open_pia(dtype)
     try:
         aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
-        t_loop, t_int = t0, 0.0
+        t_loop, t_int, work = t0, 0.0, integrals.Workspace()
         with engine.blocks(auxmol, aux_blocks, dtype) as stream:
             for p0, p1, packed in stream:
                 t1 = time.perf_counter()
                 t_int += t1 - t0  # waiting for the engine; device work may still run
-                pia.write_rows(p0, p1, integrals.pia_rows(packed, nao, co, cv, backend))
+                pia.write_rows(p0, p1, integrals.pia_rows(packed, nao, co, cv, backend, work))
                 t0 = time.perf_counter()
         pia.flush()
+        del work
         t0 = timer.add("transform", t_loop)
         timer.seconds["transform"] -= t_int
         timer.seconds["integrals"] += t_int
