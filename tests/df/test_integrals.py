@@ -87,6 +87,43 @@ def test_host_engine_runs_in_the_callers_thread_on_a_host_device(water, cpu):
     assert integrals.host_default_depth(linalg.get_backend("trn1", simulate=True)) == integrals.QUEUE_DEPTH
 
 
+def test_host_engine_on_the_cpu_reuses_one_block_buffer(water, cpu):
+    """Depth 0 writes every block into one buffer (a fresh block of hundreds of MB costs its page
+    faults each time): the blocks share memory, and each is libcint's while it is current."""
+    mol, auxmol = water
+    blocks = integrals.aux_shell_blocks(auxmol, 17)
+    ref = list(integrals.iter_j3c_packed(mol, auxmol, blocks))
+    eng = integrals.HostEngine(mol, cpu, depth=0)
+    addresses = set()
+    with eng.blocks(auxmol, blocks) as stream:
+        for (p0, p1, packed), (q0, q1, r) in zip(stream, ref):
+            assert (p0, p1) == (q0, q1) and torch.equal(packed, torch.from_numpy(r))
+            addresses.add(packed.data_ptr())
+    assert len(ref) > 2 and len(addresses) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_pia_rows_with_a_workspace_are_the_same_bits(water, cpu, dtype):
+    """The transform's rows through reused buffers (``Workspace``; blocks of different sizes, the
+    largest not first, so a buffer grows) equal those through fresh tensors, bit for bit; the rows
+    returned are new tensors (callers keep them)."""
+    mol, auxmol = water
+    nao = mol.nao_nr()
+    C = torch.from_numpy(np.linalg.qr(np.random.default_rng(1).standard_normal((nao, nao)))[0]).to(dtype)
+    co, cv = C[:, :5].contiguous(), C[:, 5:].contiguous()
+    work = integrals.Workspace()
+    kept = []
+    for sizes in ([7, 23, 11], [11]):
+        for nb in sizes:
+            packed = torch.from_numpy(next(integrals.iter_j3c_packed(mol, auxmol, [(0, 1, 0, 1)]))[2]).to(dtype)
+            packed = packed.repeat(nb, 1) * torch.arange(1, nb + 1, dtype=dtype)[:, None]
+            got = integrals.pia_rows(packed, nao, co, cv, cpu, work)
+            assert torch.equal(got, integrals.pia_rows(packed, nao, co, cv, cpu))
+            kept.append((got, got.clone()))
+    assert all(torch.equal(a, b) for a, b in kept)  # no later call wrote into an earlier result
+    assert {n: b.numel() for n, b in work.buffers.items()}["unpacked"] == 23 * nao * nao
+
+
 def test_any_aux_basis_and_metric(water, cpu):
     """The JK-fit set goes through the same engine (the SCF's integrals); metric = libcint's."""
     mol, _ = water
