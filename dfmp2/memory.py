@@ -19,9 +19,12 @@ in-memory one (``dfmp2.df.outofcore``).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import torch
 
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
@@ -482,3 +485,22 @@ def plan_memory(
 def _min_mb(shapes, aux_min, occ_min, storage) -> float:
     ooc = storage != "memory"
     return max(stage_estimates(**shapes, aux_block=aux_min, occ_block=occ_min, out_of_core=ooc).values())
+
+
+class Buffers:
+    """Scratch tensors reused across the blocks of a loop, by name: ``get(name, shape)`` is a
+    contiguous tensor of that shape on the leading part of one allocation (its start, so aligned as
+    a fresh tensor), grown when a block is larger. Why: a fresh temporary of a few hundred MB is
+    handed back to the system when freed (above glibc's mmap threshold), so every block would pay
+    its page faults again (scripts/results/docstring-measurements.md, 2026-11-28-session10-amd.md).
+    A tensor from ``get`` is valid until the next ``get`` of its name."""
+
+    def __init__(self, dtype=torch.float64, device="cpu"):
+        self.dtype, self.device, self.store = dtype, device, {}
+
+    def get(self, name: str, shape) -> torch.Tensor:
+        n = math.prod(shape)
+        t = self.store.get(name)
+        if t is None or t.numel() < n:
+            t = self.store[name] = torch.empty(n, dtype=self.dtype, device=self.device)
+        return t[:n].view(*shape)

@@ -37,7 +37,6 @@ Host-only helpers kept for callers that want numpy on the host: ``metric_2c``, `
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Iterator
 
@@ -155,34 +154,17 @@ def pia_rows(
     transformed with C_occ (nao, nocc) then C_vir (nao, nvir) on ``backend``: two 2-D GEMMs (one
     launch each on Trainium) rather than a batch over P. The DF-MP2 stage's transform, in one
     process and over ranks alike (the same GEMMs on the same operands, so the same bits).
-    ``work`` (a ``Workspace``): the unpacked block and the half-transformed ones in its buffers,
-    reused from block to block (the rows returned are new: callers keep them or write them behind)."""
+    ``work`` (a ``memory.Buffers`` of packed's dtype and device): the unpacked block and the half-
+    transformed ones in its buffers, reused from block to block (the rows returned are new: callers
+    keep them or write them behind)."""
     nb, nocc, nvir = packed.shape[0], C_occ.shape[1], C_vir.shape[1]
-    dt, dev = packed.dtype, packed.device
-    get = work.get if work is not None else (lambda name, shape, dtype, device: None)
-    x = unpack(packed, nao, out=get("unpacked", (nb * nao, nao), dt, dev)).reshape(nb * nao, nao)  # (P μ, ν)
-    half = linalg.gemm(x, C_occ, out=get("half", (nb * nao, nocc), dt, dev), backend=backend)  # (P μ, i)
+    get = work.get if work is not None else (lambda name, shape: None)
+    x = unpack(packed, nao, out=get("unpacked", (nb * nao, nao))).reshape(nb * nao, nao)  # (P μ, ν)
+    half = linalg.gemm(x, C_occ, out=get("half", (nb * nao, nocc)), backend=backend)  # (P μ, i)
     half = half.reshape(nb, nao, nocc).transpose(1, 2)
-    halfT = get("half_t", (nb * nocc, nao), dt, dev)
+    halfT = get("half_t", (nb * nocc, nao))
     half = half.reshape(nb * nocc, nao) if halfT is None else halfT.view(nb, nocc, nao).copy_(half).view(nb * nocc, nao)
     return linalg.gemm(half, C_vir, backend=backend).reshape(nb, nocc * nvir)
-
-
-class Workspace:
-    """Named buffers reused from call to call (``pia_rows``): ``get(name, shape, dtype, device)`` is
-    a contiguous tensor of that shape at the start of the name's buffer, grown when too small.
-    Why: a fresh block of a few hundred MB costs its page faults each time (the allocator hands
-    such blocks back to the system when freed), more than the work on it on some machines."""
-
-    def __init__(self):
-        self.buffers: dict = {}
-
-    def get(self, name: str, shape, dtype, device) -> torch.Tensor:
-        numel = math.prod(shape)
-        buf = self.buffers.get(name)
-        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
-            buf = self.buffers[name] = torch.empty(numel, dtype=dtype, device=device)
-        return buf[:numel].view(shape)
 
 
 def unpack(packed: torch.Tensor, nao: int, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -435,7 +435,7 @@ def mp2_gradient(
         mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, block_mb=plan.block_mb, world=world
     )
     t0 = timer.add("grad_mp2_densities", t0)
-    gbuf = _Buffers(device=corr.T_v.device)
+    gbuf = memory.Buffers(device=corr.T_v.device)
     corr_3c = df_deriv(
         mol,
         mp2_auxmol,
@@ -650,10 +650,10 @@ def gamma3_weights(C_act: list, T_v: list, p0: int, p1: int, backend, buf=None) 
     """The weight of (μν|P)^x in the correlation part for P in [p0, p1): Σ_spins 4 Σ_ia C_μi C_νa
     Γ~_iaP symmetrised in μν, from each spin's C_act (nao, nact) and T_v (naux, nao, nact), packed
     as ``df_deriv`` takes it: (p1 - p0, nao(nao+1)/2) at μ >= ν with the pair's weight
-    (``_PairPack.sym``), on the backend's device, in ``buf`` (a ``_Buffers``, reused by the next
+    (``_PairPack.sym``), on the backend's device, in ``buf`` (a ``memory.Buffers``, reused by the next
     block) when given."""
     nb, nao = p1 - p0, T_v[0].shape[1]
-    buf = buf or _Buffers(device=T_v[0].device)
+    buf = buf or memory.Buffers(device=T_v[0].device)
     G = buf.get("G", (nb * nao, nao))  # [(P, ν), μ]
     beta = 0.0
     for C, T in zip(C_act, T_v):
@@ -680,7 +680,7 @@ def _j3c_blocks(mol, auxmol, block_mb: float = AUX_BLOCK_MB):
     block is valid until the next one is made)."""
     nao = mol.nao_nr()
     step = max(1, int(block_mb * 1e6 // (nao * nao * 8)))
-    buf = _Buffers()
+    buf = memory.Buffers()
     for s0, s1, p0, p1 in integrals.aux_shell_blocks(auxmol, step):
         sl = (0, mol.nbas, 0, mol.nbas, s0, s1)
         packed = torch.from_numpy(df_incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij", shls_slice=sl).T)
@@ -783,7 +783,7 @@ def _pair_densities(
     shares = {}  # over ranks: block -> (P_oo's, P_vv's share), added in block order after the loop
     e_ia = (e_o[:, None] - e_v[None, :]).reshape(nact, nvir, 1, 1)
     e_jb = f_o[:, None] - f_v[None, :]
-    buf = _Buffers(B.dtype, B.device)
+    buf = memory.Buffers(B.dtype, B.device)
     for b, (j0, j1) in enumerate(blocks):
         if own[b] != me:
             continue
@@ -1318,7 +1318,7 @@ def _jk_deriv_3c(
     if not callable(Y1):
         Y1_all = Y1
         Y1 = lambda p0, p1: [[y[p0:p1] for y in ys] for ys in Y1_all]  # noqa: E731
-    buf = _Buffers(device=D.device)
+    buf = memory.Buffers(device=D.device)
     pack = _PairPack.get(nao, D.device)
     dens_p = [torch.stack([pack.pack(x), pack.pack(D)]) for x in D1t]  # (2, npair) each, pair-weighted
 
@@ -1345,23 +1345,6 @@ def _atom_of(mol) -> np.ndarray:
     for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
         out[p0:p1] = a
     return out
-
-
-class _Buffers:
-    """Scratch tensors reused across the blocks of a loop, by name: ``get(name, shape)`` is a
-    contiguous tensor of that shape on the leading part of one allocation, grown when a block is
-    larger (blocks shrink only at the end). Large fresh temporaries cost page faults on the host,
-    which reuse avoids (scripts/results/docstring-measurements.md)."""
-
-    def __init__(self, dtype=torch.float64, device="cpu"):
-        self.dtype, self.device, self.store = dtype, device, {}
-
-    def get(self, name: str, shape) -> torch.Tensor:
-        n = int(np.prod(shape))
-        t = self.store.get(name)
-        if t is None or t.numel() < n:
-            t = self.store[name] = torch.empty(n, dtype=self.dtype, device=self.device)
-        return t[:n].view(*shape)
 
 
 class _PairPack:
@@ -1432,7 +1415,7 @@ def df_deriv(mol, auxmol, g3_block, g2: np.ndarray, block_mb: float = AUX_BLOCK_
     ngroup = min(len(blocks), DERIV_GROUPS)
     group_of = block_owners(len(blocks), ngroup)
     own = block_owners(ngroup, world.size)
-    buf = _Buffers()  # the products' scratch, reused: a fresh temporary of this size is page faults
+    buf = memory.Buffers()  # the products' scratch, reused: a fresh temporary of this size is page faults
     m = n * 3 * len(rows)
     shape = (2 * m + n * 3 * naux,)  # [a1 | a2 | g_aux]
 

@@ -43,6 +43,7 @@ import scipy.sparse.linalg
 import torch
 from pyscf.grad import rhf as pyscf_grad_rhf
 
+from dfmp2 import memory
 from dfmp2.grad.densities import from_correlation
 from dfmp2.grad.rhf import (
     _DFJK,
@@ -52,7 +53,6 @@ from dfmp2.grad.rhf import (
     ZVECTOR_TOL,
     GradientError,
     GradientParts,
-    _Buffers,
     _cholesky,
     _dev,
     _one_electron_deriv,
@@ -135,7 +135,7 @@ def uhf_mp2_gradient(
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
 
     C_act = [o.C[:, o.act] for o in orbs]
-    gbuf = _Buffers(device=T_v[0].device)
+    gbuf = memory.Buffers(device=T_v[0].device)
     corr_3c = df_deriv(
         mol,
         mp2_auxmol,

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from dfmp2 import linalg
+from dfmp2 import linalg, memory
 from dfmp2.df import integrals
 from dfmp2.df.fitting import apply_metric
 from dfmp2.df.outofcore import OccBlocks, combine, pair_view
@@ -59,7 +59,7 @@ def build_B(
     aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
     world.pia_rows = [sum(p1 - p0 for _, _, p0, p1 in my_aux_blocks(aux_blocks, world, r)) for r in range(world.size)]
     t_loop = t0 = time.perf_counter()
-    rows, t_int, work = [], 0.0, integrals.Workspace()
+    rows, t_int, work = [], 0.0, memory.Buffers(dtype, backend.device)
     with engine.blocks(auxmol, my_aux_blocks(aux_blocks, world), dtype) as stream:
         for p0, p1, packed in stream:
             t1 = time.perf_counter()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dfmp2 import memory
 from dfmp2.df import integrals, outofcore
 from dfmp2.df.fitting import describe_metric, metric_factor
 from dfmp2.linalg import DTYPES
@@ -78,7 +79,7 @@ def build_B(
     pia = B.open_pia(dtype)
     try:
         aux_blocks = integrals.aux_shell_blocks(auxmol, plan.aux_block)
-        t_loop, t_int, work = t0, 0.0, integrals.Workspace()
+        t_loop, t_int, work = t0, 0.0, memory.Buffers(dtype, backend.device)
         with engine.blocks(auxmol, aux_blocks, dtype) as stream:
             for p0, p1, packed in stream:
                 t1 = time.perf_counter()

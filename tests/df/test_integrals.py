@@ -104,14 +104,14 @@ def test_host_engine_on_the_cpu_reuses_one_block_buffer(water, cpu):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_pia_rows_with_a_workspace_are_the_same_bits(water, cpu, dtype):
-    """The transform's rows through reused buffers (``Workspace``; blocks of different sizes, the
+    """The transform's rows through reused buffers (``memory.Buffers``; blocks of different sizes, the
     largest not first, so a buffer grows) equal those through fresh tensors, bit for bit; the rows
     returned are new tensors (callers keep them)."""
     mol, auxmol = water
     nao = mol.nao_nr()
     C = torch.from_numpy(np.linalg.qr(np.random.default_rng(1).standard_normal((nao, nao)))[0]).to(dtype)
     co, cv = C[:, :5].contiguous(), C[:, 5:].contiguous()
-    work = integrals.Workspace()
+    work = memory.Buffers(dtype)
     kept = []
     for sizes in ([7, 23, 11], [11]):
         for nb in sizes:
@@ -121,7 +121,7 @@ def test_pia_rows_with_a_workspace_are_the_same_bits(water, cpu, dtype):
             assert torch.equal(got, integrals.pia_rows(packed, nao, co, cv, cpu))
             kept.append((got, got.clone()))
     assert all(torch.equal(a, b) for a, b in kept)  # no later call wrote into an earlier result
-    assert {n: b.numel() for n, b in work.buffers.items()}["unpacked"] == 23 * nao * nao
+    assert work.store["unpacked"].numel() == 23 * nao * nao
 
 
 def test_any_aux_basis_and_metric(water, cpu):
