@@ -1131,7 +1131,7 @@ class _DFJK:
         Per aux block h = C^T B^P ([P, r, μ], a GEMM batched over P: B^P is symmetric, so no
         transposed copy of B^P C), then h_o C ([P, i, r], batched) and, per P, h_v^P C_v written
         straight into B_vv's [:, P, :] (a strided output, no permuted copy). Only the oo, ov and vv
-        blocks. (H2O)16 shapes, 54 functions a block: 6.1 s -> 4.2 s for the factor (2 threads)."""
+        blocks. (H2O)16 shapes, 54 functions a block, 2-core AMD EPYC: 6.1 s -> 4.2 s a factor."""
         be, naux = self.backend, self.fac.naux
         nocc, nvir = C_o.shape[1], C_v.shape[1]
         Cd = _dev(be, np.hstack([C_o, C_v]))
@@ -1156,7 +1156,7 @@ class _DFJK:
         operand: o v^2 naux flops; the SCF's K shape) then Σ_j X[j] B_oo[:, j, :] (batched over j,
         B_oo read through strides); (aj|ib) through U[P, j, i] = Σ_b z_bj B_ib^P (batched over P)
         and B_ov[(P j), a]^T U; B_vv, B_oo symmetric in their MO indices. Measured at (H2O)16's
-        shapes (2 threads): the tall X[(a P), j] = B_vv z with its 80 columns ran at half the
+        shapes (2-core AMD EPYC, MKL): the tall X[(a P), j] = B_vv z with its 80 columns ran at half the
         wide one's rate (0.67 s -> 0.49 s for the (ab|ij) term); an earlier order (z B_oo^P
         batched over P, then B_vv[(P b), a]^T W) streamed B_vv through a transposed operand."""
         B_ov, B_oo, B_vv = self.mo
