@@ -268,8 +268,7 @@ class HostEngine(IntegralEngine):
         cint = _Libcint(self.mol, auxmol)
         if self.depth == 0:
             shell_blocks = list(shell_blocks)
-            nb_max = max((p1 - p0 for _, _, p0, p1 in shell_blocks), default=0)
-            buf = np.empty(nb_max * npair(self.nao))  # every block's: fresh pages cost more than the copy out
+            buf = _Slot(_largest_block(shell_blocks, self.nao), self.pinned).array  # fresh pages cost more
 
             def block(s0, s1):
                 t0 = time.perf_counter()
@@ -288,6 +287,11 @@ def host_default_depth(backend) -> int:
     thread made the stage slower, the transform being a small part of it
     (scripts/results/MEASUREMENTS.md, issue 14; scripts/results/docstring-measurements.md)."""
     return 0 if backend.caps.is_host else QUEUE_DEPTH
+
+
+def _largest_block(shell_blocks, nao: int) -> int:
+    """Packed elements of the largest of ``shell_blocks``: the size of the engine's block buffers."""
+    return max((p1 - p0 for _, _, p0, p1 in shell_blocks), default=0) * npair(nao)
 
 
 class _Slot:
@@ -311,8 +315,7 @@ class _HostStream:
     def __init__(self, engine: HostEngine, cint: _Libcint, shell_blocks, dtype):
         self.engine, self.cint, self.dtype = engine, cint, dtype
         self.npair = npair(engine.nao)
-        nb_max = max((p1 - p0 for _, _, p0, p1 in shell_blocks), default=0)
-        self.slots = [_Slot(nb_max * self.npair, engine.pinned) for _ in range(engine.depth)]
+        self.slots = [_Slot(_largest_block(shell_blocks, engine.nao), engine.pinned) for _ in range(engine.depth)]
         self.producer = Background("dfmp2-libcint", depth=engine.depth - 1)
         self.items = self.producer.map(self._compute, enumerate(shell_blocks))
 
