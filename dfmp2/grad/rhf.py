@@ -79,7 +79,9 @@ from dfmp2.timing import Timer
 # of 1e-10's, in fewer iterations ((H2O)8/cc-pVDZ: scripts/results/docstring-measurements.md)
 ZVECTOR_TOL = 1e-9
 ZVECTOR_MAX_ITER = 100
-PAIR_BLOCK_MB = 128.0  # K and θ of one block of the densities' pair loop
+PAIR_BLOCK_MB = 128.0  # K and θ of one block of the densities' pair loop, at least ...
+PAIR_BLOCK_MB_MAX = 512.0  # ... and at most, where that does not raise the stage's peak (make_plan): at
+# (H2O)16's shapes K = B B_J^T ran at 96 GF/s with one j a block (128 MB), 113 GF/s with four (512 MB)
 PAIR_MIN_BLOCKS = 8  # the pair loop's j in at least this many blocks (where there are that many): work for ranks
 DERIV_GROUPS = 16  # the derivative integrals' aux blocks in this many fixed groups (where there are that many)
 AUX_BLOCK_MB = 200.0  # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
@@ -175,6 +177,7 @@ class GradientPlan:
     fit_mb: float = 0.0  # with the factor on disk: the fit's row block (MB)
     scratch_dir: str | None = None  # with the factor on disk: where its scratch directory goes (None: the system's)
     block_mb: float = AUX_BLOCK_MB  # the 3-center (derivative) integrals' blocks
+    pair_mb: float = PAIR_BLOCK_MB  # the densities' pair loop: K and θ of one block of j
 
     @property
     def peak_mb(self) -> float:
@@ -193,6 +196,7 @@ class GradientPlan:
             "jk_fit_block_mb": round(self.fit_mb, 1) if self.factor == "disk" else None,
             "zvector_form": ZVECTOR_FORMS[self.zvector],
             "jk_deriv_form": JK_DERIV_FORMS[self.jk_deriv],
+            "pair_block_mb": self.pair_mb,
             "peak_mb": round(self.peak_mb, 1),
             "phases_mb": {k: round(v, 1) for k, v in self.phases.items()},
             "limit_mb": self.limit_mb,
@@ -212,12 +216,13 @@ def phase_mb(
     block_mb: float = AUX_BLOCK_MB,
     factor: str = "memory",
     fit_mb: float = 0.0,
+    pair_mb: float = PAIR_BLOCK_MB,
 ) -> dict:
     """MB (10^6 bytes, fp64) each phase of the RHF gradient stage holds at its peak, an estimate
     from the shapes, in the order the stage runs them (nothing large is held from one phase to
     the next but what is named):
       'densities': B's fit ((ia|P) and B: 2 nact nvir naux_mp2, a (μν|P) block of block_mb
-        unpacked and its packed half), the pair loop (B, Γ; K and θ of one block, PAIR_BLOCK_MB
+        unpacked and its packed half), the pair loop (B, Γ; K and θ of one block, pair_mb
         at most;
         P_vv's batched product nact nvir^2), the 3-index terms (Γ~, T_v (naux_mp2 nao nact), a
         (μν|P) block and its half transforms);
@@ -227,7 +232,7 @@ def phase_mb(
         naux_jk nao(nao+1)/2; the integral engine's blocks in flight, three of JK_BLOCK_MB; the
         metric and its factor);
       'zvector': the packed factor and, 'mo', its MO blocks ov, oo, vv (naux_jk (2 nvir nocc +
-        nocc^2 + nvir^2), one product of ov's size included), or, 'ao', one unpacked block of
+        2 nocc^2 + nvir^2), one product of ov's size and a copy of oo included), or, 'ao', one unpacked block of
         JK_BLOCK_MB and its half transforms;
       'jk_deriv': 'mo': the factor, B_ov and B_oo, the fitted MO coefficients (naux_jk nocc nmo)
         and their occupied part, with Y1m (naux_jk nocc nmo) and Y1 (two of naux_jk nao nocc, and
@@ -253,10 +258,10 @@ def phase_mb(
     jk_blk = jk_nb * nao * (nao + 4 * nocc)  # one unpacked block and its half transforms
     if factor == "disk":
         jk_blk += reads
-    pair_blk = min(PAIR_BLOCK_MB * 1e6 / 8, 2 * (nact * nvir) ** 2)  # K and θ of one block of j
+    pair_blk = min(pair_mb * 1e6 / 8, 2 * (nact * nvir) ** 2)  # K and θ of one block of j
     densities = max(2 * ov + j3c, 2 * ov + pair_blk + nact * nvir * nvir, ov + t_v + j3c)
     if zvector == "mo":
-        zvec = fac + naux_jk * (2 * nvir * nocc + nocc * nocc + nvir * nvir)
+        zvec = fac + naux_jk * (2 * nvir * nocc + 2 * nocc * nocc + nvir * nvir)
     else:
         zvec = fac + jk_blk
     ckm, cko = naux_jk * nocc * nmo, naux_jk * nocc * nocc
@@ -295,7 +300,10 @@ def make_plan(
     fit_mb: float = 0.0,
 ) -> GradientPlan:
     """The GradientPlan of these forms for ``shapes`` (``phase_mb``'s keywords); ``factor`` 'disk'
-    (forms DISK_PLAN only) with the fit's row block ``fit_mb`` (0: the whole factor's MB)."""
+    (forms DISK_PLAN only) with the fit's row block ``fit_mb`` (0: the whole factor's MB). The pair
+    loop's blocks are the largest of PAIR_BLOCK_MB_MAX, twice and once PAIR_BLOCK_MB that keeps the
+    densities within the other phases' peak: from the shapes and forms only, so the same on every
+    rank (the blocks decide the bits)."""
     if zvector not in ZVECTOR_FORMS or jk_deriv not in JK_DERIV_FORMS:
         raise ValueError(f"unknown gradient forms zvector={zvector!r}, jk_deriv={jk_deriv!r}")
     if (zvector, jk_deriv) not in (PLANS if factor == "memory" else (DISK_PLAN,)):
@@ -304,7 +312,15 @@ def make_plan(
         fit_mb = shapes["naux_jk"] * npair(shapes["nao"]) * 8 / 1e6
     block_mb = DISK_AUX_BLOCK_MB if factor == "disk" else AUX_BLOCK_MB
     forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb, block_mb=block_mb)
-    return GradientPlan(zvector, jk_deriv, phase_mb(**shapes, **forms), limit_mb, factor, fit_mb, block_mb=block_mb)
+    phases = phase_mb(**shapes, **forms)
+    others = max(mb for phase, mb in phases.items() if phase != "densities")
+    pair_mb = PAIR_BLOCK_MB
+    for mb in (PAIR_BLOCK_MB_MAX, 2 * PAIR_BLOCK_MB):  # larger blocks of j only within the other phases' peak
+        bigger = phase_mb(**shapes, **forms, pair_mb=mb)
+        if bigger["densities"] <= max(others, phases["densities"]):
+            phases, pair_mb = bigger, mb
+            break
+    return GradientPlan(zvector, jk_deriv, phases, limit_mb, factor, fit_mb, block_mb=block_mb, pair_mb=pair_mb)
 
 
 def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
@@ -432,7 +448,16 @@ def mp2_gradient(
     ch = ref.channels[0]
     orb = _Orbitals(ch)
     corr = _corr_intermediates(
-        mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, block_mb=plan.block_mb, world=world
+        mol,
+        mp2_auxmol,
+        orb,
+        host,
+        c_os,
+        c_ss,
+        pair_backend=backend,
+        block_mb=plan.block_mb,
+        world=world,
+        pair_mb=plan.pair_mb,
     )
     t0 = timer.add("grad_mp2_densities", t0)
     gbuf = memory.Buffers(device=corr.T_v.device)
@@ -826,16 +851,26 @@ def block_owners(nblocks: int, size: int) -> list[int]:
     return [b * size // max(1, nblocks) for b in range(nblocks)]
 
 
-def _pair_loop(Bd: torch.Tensor, orb: _Orbitals, backend, pair_backend, c_os: float, c_ss: float, world=None):
+def _pair_loop(
+    Bd: torch.Tensor,
+    orb: _Orbitals,
+    backend,
+    pair_backend,
+    c_os: float,
+    c_ss: float,
+    world=None,
+    pair_mb: float = PAIR_BLOCK_MB,
+):
     """``_pair_densities`` of Bd (nact nvir, naux; fp64 on ``backend``) on ``pair_backend`` in its
-    fit dtype (fp32 without fp64; no copy when it is ``backend``): Γ, P_oo, P_vv in fp64 on
-    ``backend``."""
+    fit dtype (fp32 without fp64; no copy when it is ``backend``), blocks of ``pair_mb``: Γ, P_oo,
+    P_vv in fp64 on ``backend``."""
     if pair_backend is backend:
         e_o, e_v = backend.to_device(_t(orb.eps[orb.act])), backend.to_device(_t(orb.eps[orb.vir]))
-        return _pair_densities(Bd, e_o, e_v, backend, c_os, c_ss, world=world)
+        return _pair_densities(Bd, e_o, e_v, backend, c_os, c_ss, block_mb=pair_mb, world=world)
     dt = pair_backend.fit_dtype(pair_backend.default_precision)
     dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)  # noqa: E731
-    out = _pair_densities(dev(Bd), dev(orb.eps[orb.act]), dev(orb.eps[orb.vir]), pair_backend, c_os, c_ss, world=world)
+    e_o, e_v = dev(orb.eps[orb.act]), dev(orb.eps[orb.vir])
+    out = _pair_densities(dev(Bd), e_o, e_v, pair_backend, c_os, c_ss, block_mb=pair_mb, world=world)
     return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
 
 
@@ -850,6 +885,7 @@ def _corr_intermediates(
     block_mb: float = AUX_BLOCK_MB,
     response: bool = True,
     world=None,
+    pair_mb: float = PAIR_BLOCK_MB,
 ) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
     3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
@@ -858,7 +894,7 @@ def _corr_intermediates(
     γ None: no second pass over (μν|P))."""
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend, block_mb))  # (ia, Q)
-    Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss, world)
+    Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss, world, pair_mb)
     e_corr = float(torch.dot(Gd.reshape(-1), Bd.reshape(-1)))
     if not response:
         P_oo, P_vv = P_oo.cpu().numpy(), P_vv.cpu().numpy()
@@ -1128,24 +1164,30 @@ class _DFJK:
         """The factor in the MO basis on the device: B_ov [P, i, a] (naux, nocc, nvir), B_oo
         [P, i, j] (naux, nocc, nocc) and B_vv as [a, P, b] (nvir, naux, nvir): in that layout the
         Hessian's (ab|ij) product is two plain GEMMs, the first over (a P) rows (``mo_hessian``).
-        Per aux block h = C^T B^P ([P, r, μ], a GEMM batched over P: B^P is symmetric, so no
-        transposed copy of B^P C), then h_o C ([P, i, r], batched) and, per P, h_v^P C_v written
-        straight into B_vv's [:, P, :] (a strided output, no permuted copy). Only the oo, ov and vv
-        blocks. (H2O)16 shapes, 54 functions a block, 2-core AMD EPYC: 6.1 s -> 4.2 s a factor."""
+        Per aux block, three GEMMs over the whole block (B^P is symmetric): Z = C^T B [r, (P, μ)],
+        then Z's occupied rows times C ([(i, P), r]) and its virtual rows times C_v ([(a, P), b],
+        copied into B_vv's [:, P, :]). Only the oo, ov and vv blocks: 2 naux nao^2 nmo + 2 naux nao
+        (nocc nmo + nvir^2) flops. An earlier form (C^T B^P batched over P, and one GEMM per P into
+        B_vv's strided columns) ran at about a third of the DGEMM rate at (H2O)16's shapes."""
         be, naux = self.backend, self.fac.naux
-        nocc, nvir = C_o.shape[1], C_v.shape[1]
+        nao, nocc, nvir = self.nao, C_o.shape[1], C_v.shape[1]
+        nmo = nocc + nvir
         Cd = _dev(be, np.hstack([C_o, C_v]))
         B_ov, B_oo, B_vv = (
             torch.empty(shape, dtype=torch.float64, device=Cd.device)
             for shape in ((naux, nocc, nvir), (naux, nocc, nocc), (nvir, naux, nvir))
         )
         Cv = Cd[:, nocc:]
+        buf = memory.Buffers(device=Cd.device)
         for p0, p1, Bb in self._blocks():
-            h = linalg.gemm(Cd, Bb, trans_a=True, backend=be)  # [P, r, μ] = (C^T B^P)
-            mo = linalg.gemm(h[:, :nocc], Cd, backend=be)  # [P, i, r]
-            B_oo[p0:p1], B_ov[p0:p1] = mo[:, :, :nocc], mo[:, :, nocc:]
-            for k in range(p1 - p0):
-                linalg.gemm(h[k, nocc:], Cv, out=B_vv[:, p0 + k], backend=be)
+            nb = p1 - p0
+            Z = buf.get("Z", (nmo, nb * nao))  # [r, (P, μ)] = (C^T B^P)_rμ
+            linalg.gemm(Cd, Bb.reshape(-1, nao), trans_a=True, trans_b=True, out=Z, backend=be)
+            mo = linalg.gemm(Z[:nocc].view(-1, nao), Cd, out=buf.get("o", (nocc * nb, nmo)), backend=be)
+            mo = mo.view(nocc, nb, nmo)  # [i, P, r]
+            B_oo[p0:p1], B_ov[p0:p1] = mo[:, :, :nocc].transpose(0, 1), mo[:, :, nocc:].transpose(0, 1)
+            vv = linalg.gemm(Z[nocc:].view(-1, nao), Cv, out=buf.get("v", (nvir * nb, nvir)), backend=be)
+            B_vv[:, p0:p1] = vv.view(nvir, nb, nvir)
         return B_ov, B_oo, B_vv
 
     def mo_hessian(self):
@@ -1153,23 +1195,25 @@ class _DFJK:
         4 Σ_P B_ai^P Σ_bj B_bj^P z_bj - Σ_P Σ_bj (B_ab^P B_ij^P + B_aj^P B_ib^P) z_bj, i.e.
         4 (ai|bj) - (ab|ij) - (aj|ib) (DF-HF's orbital Hessian), from the factor ``build_mo`` kept:
         (ab|ij) as X[j, (a P)] = Σ_b z_bj B_vv[(a P), b] (one wide GEMM streaming B_vv, the largest
-        operand: o v^2 naux flops; the SCF's K shape) then Σ_j X[j] B_oo[:, j, :] (batched over j,
-        B_oo read through strides); (aj|ib) through U[P, j, i] = Σ_b z_bj B_ib^P (batched over P)
-        and B_ov[(P j), a]^T U; B_vv, B_oo symmetric in their MO indices. Measured at (H2O)16's
-        shapes (2-core AMD EPYC, MKL): the tall X[(a P), j] = B_vv z with its 80 columns ran at half the
-        wide one's rate (0.67 s -> 0.49 s for the (ab|ij) term); an earlier order (z B_oo^P
-        batched over P, then B_vv[(P b), a]^T W) streamed B_vv through a transposed operand."""
+        operand: o v^2 naux flops; the SCF's K shape; X one buffer for every product) then
+        Σ_j X[j] B_oo[:, j, :] (batched over j, from a [j, P, i] copy of B_oo); (aj|ib) through
+        U[P, j, i] = Σ_b z_bj B_ib^P (batched over P) and B_ov[(P j), a]^T U; B_vv, B_oo symmetric
+        in their MO indices. Why this order: the tall X[(a P), j] = B_vv z with its nocc columns ran
+        at half the wide one's rate, and an earlier order (z B_oo^P batched over P, then
+        B_vv[(P b), a]^T W) streamed B_vv through a transposed operand (measurements:
+        scripts/results/2026-11-28-session10-amd.md, 2026-11-28-session11-amd.md)."""
         B_ov, B_oo, B_vv = self.mo
         naux, nocc, nvir = B_ov.shape
         be = self.backend
         ov, ov2, vv2 = B_ov.view(naux, -1), B_ov.view(-1, nvir), B_vv.view(-1, nvir)
-        oo_j = B_oo.permute(1, 0, 2)  # [j, P, i], a strided view
+        oo_j = B_oo.permute(1, 0, 2).contiguous()  # [j, P, i]: read through strides, 1.4x slower there
+        X = torch.empty((nocc, nvir * naux), dtype=torch.float64, device=B_ov.device)  # reused: no page faults
 
         def hess(z):
             zd = _dev(be, z)
             v = linalg.gemm(ov, zd.T.reshape(-1, 1), backend=be)  # Σ_bj B_jb^P z_bj
             J = linalg.gemm(ov, v, trans_a=True, alpha=4.0, backend=be).view(nocc, nvir).T
-            X = linalg.gemm(zd, vv2, trans_a=True, trans_b=True, backend=be)  # [j, (a, P)] = Σ_b z_bj B_ab^P
+            linalg.gemm(zd, vv2, trans_a=True, trans_b=True, out=X, backend=be)  # [j, (a, P)] = Σ_b z_bj B_ab^P
             U = linalg.gemm(zd, B_ov, trans_a=True, trans_b=True, backend=be)  # [P, j, i] = Σ_b z_bj B_ib^P
             out = J - linalg.gemm(X.view(nocc, nvir, naux), oo_j, backend=be).sum(0)
             out -= linalg.gemm(ov2, U.view(naux * nocc, nocc), trans_a=True, backend=be)
