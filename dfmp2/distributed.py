@@ -73,6 +73,8 @@ class World:
     devices: list = field(default_factory=list)  # each rank's 'host device' (``summarize``)
     comm_total: dict = field(default_factory=dict)  # per stage, bytes sent by all ranks (``summarize``)
     pia_rows: list = field(default_factory=list)  # each rank's rows of (P|ia) (the MP2 stage fills it)
+    group: object = None  # a group of the ranks (``split``): its torch ProcessGroup; None: every rank
+    members: list = field(default_factory=list)  # the group's ranks in the launcher's numbering ([]: all)
 
     @property
     def distributed(self) -> bool:
@@ -83,6 +85,47 @@ class World:
         """Where tensors go to be communicated: the host for gloo, the rank's GPU for NCCL."""
         return torch.device(self.device) if self.comm_backend == "nccl" else torch.device("cpu")
 
+    def peer(self, r: int) -> int:
+        """Rank ``r`` of this World in the launcher's numbering (torch.distributed's own)."""
+        return self.members[r] if self.members else r
+
+    def split(self, group_size: int) -> tuple["World", int, int]:
+        """(this rank's group, its index, the number of groups) for groups of ``group_size``
+        consecutive ranks (a task-parallel command's runs, one group a run: dfmp2.workflows.tasks).
+        1: every rank a one-process World of its own. Every rank makes every group, in order
+        (torch.distributed.new_group is collective; the whole World's group when there is one
+        group). A group's World has not agreed yet: each run in it agrees on its own input within
+        the group (``agree``), as a run over that many ranks does; it is never closed (``close``)."""
+        if group_size == 1:
+            return World(), self.rank, self.size
+        import torch.distributed as dist
+
+        ngroups = self.size // group_size
+        g = self.rank // group_size
+        members = list(range(g * group_size, (g + 1) * group_size))
+        pg = None
+        if ngroups > 1:
+            with self.talking("start", "forming groups of ranks"):
+                for h in range(ngroups):
+                    pg_h = dist.new_group(
+                        list(range(h * group_size, (h + 1) * group_size)),
+                        timeout=datetime.timedelta(seconds=self.timeout_s),
+                        backend=self.comm_backend,
+                    )
+                    pg = pg_h if h == g else pg
+        sub = World(
+            rank=self.rank - members[0],
+            size=group_size,
+            local_rank=self.local_rank,
+            comm_backend=self.comm_backend,
+            device=self.device,
+            timeout_s=self.timeout_s,
+            scf_split=self.scf_split,
+            group=pg,
+            members=members,
+        )
+        return sub, g, ngroups
+
     def count(self, stage: str, nbytes: int, seconds: float) -> None:
         c = self.comm.setdefault(stage, {"bytes": 0, "seconds": 0.0})
         c["bytes"] += int(nbytes)
@@ -92,6 +135,7 @@ class World:
         """For the result: world size, communication backend, per-rank devices, communication."""
         return {
             "world_size": self.size,
+            **({"group_of_ranks": list(self.members)} if self.members else {}),
             "backend": self.comm_backend,
             "devices": list(self.devices),
             "scf": "split" if split_scf(self) else "replicated",
@@ -134,7 +178,7 @@ class World:
         mine = (error is None, digests(content) if error is None and content is not None else None)
         every = [None] * self.size
         with self.talking("input check", "agreeing on the input"):
-            dist.all_gather_object(every, mine)
+            dist.all_gather_object(every, mine, group=self.group)
         refusing = [r for r, (ok, _) in enumerate(every) if not ok]
         if refusing:
             self.refused = True
@@ -168,7 +212,7 @@ class World:
         t0 = time.perf_counter()
         w = t.to(self.wire_device).contiguous()
         with self.talking(stage, "summing over the ranks"):
-            dist.all_reduce(w)
+            dist.all_reduce(w, group=self.group)
         self.count(stage, w.numel() * w.element_size(), time.perf_counter() - t0)
         return w.to(t.device)
 
@@ -205,7 +249,7 @@ class World:
         t0 = time.perf_counter()
         w = total.to(self.wire_device).contiguous()
         with self.talking(stage, "passing the sum over the ranks"):
-            dist.broadcast(w, src=self.size - 1)
+            dist.broadcast(w, src=self.peer(self.size - 1), group=self.group)
         self.count(stage, w.numel() * w.element_size() if self.rank == self.size - 1 else 0, time.perf_counter() - t0)
         return w.to(device)
 
@@ -220,7 +264,7 @@ class World:
         with self.talking(stage, f"receiving rank {src}'s block"):
             for t in tensors:
                 w = t if t.device == self.wire_device else t.to(self.wire_device)
-                dist.broadcast(w, src=src)
+                dist.broadcast(w, src=self.peer(src), group=self.group)
                 if w is not t:
                     t.copy_(w)
         sent = sum(t.numel() * t.element_size() for t in tensors) if self.rank == src else 0
@@ -237,7 +281,7 @@ class World:
         t0 = time.perf_counter()
         out = [None] * self.size
         with self.talking(stage, "gathering results from the ranks"):
-            dist.all_gather_object(out, obj)
+            dist.all_gather_object(out, obj, group=self.group)
         self.count(stage, len(pickle.dumps(obj)), time.perf_counter() - t0)
         return out
 
@@ -255,9 +299,9 @@ class World:
         with self.talking(stage, "passing blocks between ranks"):
             ops = []
             if send is not None and send.numel():
-                ops.append(dist.P2POp(dist.isend, send, to))
+                ops.append(dist.P2POp(dist.isend, send, self.peer(to), group=self.group))
             if recv is not None and recv.numel():
-                ops.append(dist.P2POp(dist.irecv, recv, frm))
+                ops.append(dist.P2POp(dist.irecv, recv, self.peer(frm), group=self.group))
             reqs = dist.batch_isend_irecv(ops) if ops else []
         nbytes = send.numel() * send.element_size() if send is not None else 0
         self.count(stage, nbytes, time.perf_counter() - t0)
@@ -281,8 +325,8 @@ class World:
             device=self.wire_device,
         )
         with self.talking("result", "gathering the result"):
-            dist.all_gather_object(devices, f"{socket.gethostname()} {self.device}")
-            dist.all_reduce(sent)
+            dist.all_gather_object(devices, f"{socket.gethostname()} {self.device}", group=self.group)
+            dist.all_reduce(sent, group=self.group)
         self.devices = devices
         self.comm_total = {s: int(b) for s, b in zip(self.STAGES, sent.tolist())}
 
@@ -290,8 +334,9 @@ class World:
         """Leave the group after a run every rank finished, or after the ranks agreed to refuse the
         input (every rank is then at the same point); never after a failure, where a peer may be
         gone. Left to the interpreter's exit instead, gloo's threads sometimes aborted a refusing
-        rank (SIGABRT, 'terminate called without an active exception': 2 runs in 7)."""
-        if self.distributed:
+        rank (SIGABRT, 'terminate called without an active exception': 2 runs in 7). A group of
+        the ranks (``split``) leaves with the whole World."""
+        if self.distributed and not self.members:
             import torch.distributed as dist
 
             if dist.is_initialized():
@@ -538,7 +583,16 @@ def fault(point: str) -> None:
 
 
 def check_options(options, world: World) -> None:
-    """What a run over several ranks cannot do yet, refused before any work (InputError)."""
+    """What a run over several ranks cannot do yet, refused before any work (InputError); a run's
+    ``ranks_per_run`` other than 1 or its World's size (a run goes over all of its World's ranks:
+    only a task-parallel command makes groups, ``check_groups``)."""
+    if options.ranks_per_run not in (1, world.size):
+        raise InputError(
+            f"--ranks-per-run {options.ranks_per_run} does not fit a run over {world.size} rank(s): only "
+            "interaction and a CBS bracket give their runs to groups of ranks; any other run goes over "
+            "every rank (leave the option out)",
+            option="ranks_per_run",
+        )
     if not world.distributed:
         return
     world.scf_split = options.dist_scf == "split"
@@ -548,6 +602,20 @@ def check_options(options, world: World) -> None:
             "rank keeps its share of B in memory",
             option="storage",
         )
+
+
+def check_groups(options, world: World) -> int:
+    """The group size of a task-parallel command's runs (``options.ranks_per_run``; InputError
+    when it does not divide the World's ranks): each run goes to a group of that many ranks
+    (``World.split``)."""
+    g = options.ranks_per_run
+    if g > world.size or world.size % g:
+        raise InputError(
+            f"--ranks-per-run {g} must divide the number of ranks ({world.size} here) into groups of "
+            f"{g}: start a multiple of {g} ranks (torchrun --nproc-per-node), or give a divisor of {world.size}",
+            option="ranks_per_run",
+        )
+    return g
 
 
 def rank_options(options, world: World):

@@ -82,6 +82,7 @@ _FIELD_TYPES = (
     ("scf_precision", (str,), f"one of {', '.join(SCF_PRECISIONS)}"),
     ("scf_stability", (bool,), "True or False"),
     ("dist_scf", (str,), f"one of {', '.join(DIST_SCF_MODES)}"),
+    ("ranks_per_run", (Integral,), "a positive integer"),
     ("reference", (str,), f"one of {', '.join(REFERENCES)}"),
     ("cbs_scf", (str,), f"one of {', '.join(CBS_SCF_SCHEMES)}"),
     ("properties", (str, tuple, list), f"a list of property names ({', '.join(PROPERTY_CHOICES)})"),
@@ -120,6 +121,7 @@ class RunOptions:
     scf_precision: str = "auto"  # our DF-SCF's J/K: auto (mixed where it pays), fp64, mixed (SCF_PRECISIONS)
     scf_stability: bool = True  # a UHF's internal stability check (dfmp2.scf.stability); RHF: none
     dist_scf: str = "split"  # over several ranks (dfmp2.distributed): our DF-SCF split or replicated
+    ranks_per_run: int = 1  # a task-parallel command: each run over a group of this many ranks (workflows.tasks)
     reference: str = "auto"  # auto (RHF closed shell, UHF open shell), rhf, uhf; rohf refused
     cbs_scf: str = (
         "xtpl_highest_1"  # a basis bracket's SCF scheme (dfmp2.workflows.cbs): Psi4's default, the largest basis
@@ -153,7 +155,7 @@ class RunOptions:
         if not (math.isfinite(self.scf_screen) and 0.0 <= self.scf_screen < 1.0):
             what = f"option scf_screen must be a number in [0, 1), got {self.scf_screen!r}"
             raise InputError(what, option="scf_screen")
-        for name in ("occ_block_max", "scf_max_cycle"):
+        for name in ("occ_block_max", "scf_max_cycle", "ranks_per_run"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"option {name} must be at least 1, got {value!r}", option=name)

@@ -150,6 +150,13 @@ SPECS = {
         "E(HF), E_OS and E_SS bit-identical to one process at the same threads per process; one "
         "process: either",
     ),
+    "ranks_per_run": dict(
+        type=click.IntRange(min=1),
+        help="over several ranks (torchrun): interaction and a CBS bracket give each of their runs to "
+        "a group of this many ranks (the run split over them, as one run over that many ranks), the "
+        "groups in parallel, for runs too large for one rank; it must divide the number of ranks. "
+        "Other commands: leave it out (their runs go over every rank, or one rank each)",
+    ),
     "memory_mb": dict(
         help="memory limit per process, e.g. 8GB [default: 80% of available, shared by the ranks of a node]"
     ),
@@ -212,6 +219,7 @@ GROUPS = {
         "scf_precision",
         "scf_stability",
         "dist_scf",
+        "ranks_per_run",
     ),
     "resources": ("memory_mb", "storage", "scratch_dir", "occ_block_max", "j3c_block_mb"),
     "checkpoint": ("checkpoint", "resume"),

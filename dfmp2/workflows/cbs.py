@@ -421,6 +421,7 @@ def run_cbs(
         if not checked:
             check_bases(sch, [geom], options)
         mine = distributed.rank_options(options, world)
+        group_size = distributed.check_groups(options, world)  # each basis over a group of ranks
         if backend is None:
             ref = io_molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)
             backend = make_backend(mine, unrestricted=ref == "uhf")
@@ -439,7 +440,7 @@ def run_cbs(
                 f"{b} (basis {n + 1} of {shown(options.basis)}): {e}", option=getattr(e, "option", None)
             ) from None
 
-    components = tasks.deal(len(bases), one_basis, world, stage="cbs")  # one process: in turn
+    components = tasks.deal(len(bases), one_basis, world, stage="cbs", group_size=group_size)  # one process: in turn
     warnings = [f"{b}: {w}" for b, res in zip(bases, components) for w in res.warnings]
     ran = dict(components[-1].ran)
     ran["kernels"] = summed_kernels(components)

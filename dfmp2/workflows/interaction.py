@@ -546,6 +546,7 @@ def run_interaction(
         unrestricted = any(io_molecule.resolve_reference(options.reference, g) == "uhf" for _, _, g in jobs)
         mine = distributed.rank_options(options, world)  # each rank's runs on its own device
         backend = make_backend(mine, unrestricted=unrestricted)
+        group_size = distributed.check_groups(options, world)  # each run over a group of ranks
     content = request_content(geom, options)  # every rank the same molecule, options and fragments
     content["the fragments"] = [list(a) for a in frags.atoms]
     world.agree(None, content)
@@ -562,7 +563,7 @@ def run_interaction(
             raise type(e)(f"{label}: {e}", option=getattr(e, "option", None)) from None
         return Run(kind, k, res, time.perf_counter() - t1)
 
-    runs = tasks.deal(len(jobs), one_run, world, stage="interaction")  # one process: in turn
+    runs = tasks.deal(len(jobs), one_run, world, stage="interaction", group_size=group_size)  # one process: in turn
     warnings = []
     for run in runs:
         warnings += [w for w in run.result.warnings if w not in warnings]
@@ -570,10 +571,13 @@ def run_interaction(
     ran = {k: v for k, v in runs[0].result.ran.items() if k not in ("metric", "storage")}
     ran["kernels"] = summed_kernels([r.result for r in runs])
     if world.distributed:
-        ran["ranks"] = {
-            "world_size": world.size,
-            "runs_per_rank": [len(range(r, len(jobs), world.size)) for r in range(world.size)],
-        }
+        ran["ranks"] = {"world_size": world.size, "runs_per_rank": tasks.per_group(len(jobs), world)}
+        if group_size > 1:
+            ran["ranks"] = {
+                "world_size": world.size,
+                "ranks_per_run": group_size,
+                "runs_per_group": tasks.per_group(len(jobs), world, group_size),
+            }
     return InteractionResult(
         molecule=geom.source,
         fragments=frags,

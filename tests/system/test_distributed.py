@@ -495,6 +495,79 @@ def test_cbs_bracket_over_two_ranks_equals_one_process(tmp_path):
     assert [c["energies"] for c in res[2]["components"]] == [c["energies"] for c in res[1]["components"]]
 
 
+# ---- groups of ranks (issue 42): each run of a task-parallel command over a group --------------------
+IE_ARGS = [str(DIMER), "--fragments", "1-3,4-6", "--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
+
+
+@pytest.mark.heavy
+def test_interaction_in_groups_of_two_ranks_equals_one_process(tmp_path):
+    """`torchrun --nproc-per-node 4 -m dfmp2 interaction --ranks-per-run 2`: the 5 runs dealt to 2
+    groups of 2 ranks (3 and 2 runs), each run split over its group (the default split SCF, B and
+    the pair step over 2 ranks), so every energy equals one process's bit for bit; each run says
+    which group ran it. Oversubscribed here (4 ranks on 2 cores): correctness, not speed."""
+    outs = {}
+    for ranks, extra in ((1, []), (4, ["--ranks-per-run", "2"])):
+        out = tmp_path / f"ie-{ranks}.json"
+        p, _ = _torchrun(tmp_path, ranks, [*IE_ARGS, *extra, "--json", str(out)], "interaction")
+        assert p.returncode == 0, p.stderr[-3000:]
+        outs[ranks] = json.loads(out.read_text())
+    one, four = outs[1], outs[4]
+    assert [r["result"]["energies"] for r in four["runs"]] == [r["result"]["energies"] for r in one["runs"]]
+    assert four["interaction_energies"] == one["interaction_energies"]
+    assert four["ran"]["ranks"] == {"world_size": 4, "ranks_per_run": 2, "runs_per_group": [3, 2]}
+    groups = [r["result"]["ran"]["distributed"]["group_of_ranks"] for r in four["runs"]]
+    assert groups == [[0, 1], [2, 3], [0, 1], [2, 3], [0, 1]], groups  # run k on group k mod 2
+    assert all(r["result"]["ran"]["distributed"]["world_size"] == 2 for r in four["runs"])
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("how", ["refuse", "kill"])
+def test_a_failing_run_in_a_group_ends_every_rank(tmp_path, how):
+    """4 ranks in groups of 2, rank 1 failing as its group's run starts (the test hook): a refusal is
+    agreed within its group and then over all ranks (one error line, from rank 1; exit 2
+    everywhere); a killed rank ends its group's other rank at once and the other group at the
+    round's gather (each survivor one line naming the lost contact). Nothing waits for a timeout."""
+    args = [*IE_ARGS, "--ranks-per-run", "2"]
+    out = _launch(tmp_path, [args] * 4, command="interaction", DFMP2_TEST_FAULT=f"task:1:{how}")
+    codes, errors = [rc for rc, _, _ in out], _error_lines(out)
+    assert all(seconds < 30 for _, _, seconds in out), out
+    assert not any("Traceback" in e for _, e, _ in out)
+    if how == "refuse":
+        assert codes == [2, 2, 2, 2] and errors == ["error: test refusal at task on rank 1"], (codes, errors)
+    else:
+        assert codes[1] == -9 and codes[0] == codes[2] == codes[3] == 2, codes
+        assert len(errors) == 3 and all("lost contact" in e for e in errors), errors
+
+
+@pytest.mark.heavy
+def test_groups_that_do_not_divide_the_ranks_are_refused(tmp_path):
+    """3 ranks, --ranks-per-run 2: refused on every rank before any run, one error line (rank 0's)."""
+    out = _launch(tmp_path, [[*IE_ARGS, "--ranks-per-run", "2"]] * 3, command="interaction")
+    assert [rc for rc, _, _ in out] == [2, 2, 2], out
+    lines = _error_lines(out)
+    assert len(lines) == 1 and "--ranks-per-run 2 must divide the number of ranks (3 here)" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "command, args, says",
+    [
+        ("run", [], "--ranks-per-run 2 does not fit a run over 1 rank(s)"),
+        ("interaction", ["--fragments", "1-3,4-6"], "--ranks-per-run 2 must divide the number of ranks (1 here)"),
+    ],
+)
+def test_ranks_per_run_in_one_process_is_refused(tmp_path, command, args, says):
+    """One process with --ranks-per-run 2: one error line, exit 2, before any integral."""
+    cmd = [sys.executable, "-m", "dfmp2", command, str(DIMER), *args, *SMALL_ARGS, "--ranks-per-run", "2"]
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and says in lines[0], p.stderr
+    assert "DF-RHF" not in p.stdout + p.stderr  # refused before the SCF
+
+
+SMALL_ARGS = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
+
+
 # ---------------------------------------------------------------- the ranks agree on their input (issue 43)
 SMALL = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 

@@ -1,5 +1,5 @@
 """dfmp2.workflows.tasks.deal's failure rules, without processes: a World of 2 ranks whose gather
-is faked (this rank 0; rank 1's task succeeds)."""
+is faked (this rank 0; rank 1's task succeeds: ('ok', its task, its result))."""
 
 import pytest
 
@@ -11,7 +11,7 @@ from dfmp2.workflows import tasks
 
 def _two_ranks(monkeypatch):
     world = distributed.World(rank=0, size=2)
-    monkeypatch.setattr(world, "gather_objects", lambda mine, stage: [mine, ("ok", "rank 1's")])
+    monkeypatch.setattr(world, "gather_objects", lambda mine, stage: [mine, ("ok", 1, "rank 1's")])
     return world
 
 
@@ -37,3 +37,12 @@ def test_a_kernel_failure_in_one_process_is_raised_as_it_is():
 
 def test_results_in_task_order(monkeypatch):
     assert tasks.deal(2, lambda k, single: f"task {k}", _two_ranks(monkeypatch)) == ["task 0", "rank 1's"]
+
+
+def test_runs_per_group():
+    """``per_group``: task k on group k mod M, M = ranks / group size."""
+    world = distributed.World(rank=0, size=4)
+    assert tasks.per_group(5, world) == [2, 1, 1, 1]
+    assert tasks.per_group(5, world, 2) == [3, 2]
+    assert tasks.per_group(5, world, 4) == [5]
+    assert tasks.per_group(3, distributed.World()) == [3]
