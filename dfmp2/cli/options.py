@@ -152,8 +152,8 @@ SPECS = {
     ),
     "ranks_per_run": dict(
         type=click.IntRange(min=1),
-        help="over several ranks (torchrun): interaction and a CBS bracket give each of their runs to "
-        "a group of this many ranks (the run split over them, as one run over that many ranks), the "
+        help="over several ranks (torchrun): interaction, a CBS bracket and frequencies give each of "
+        "their runs to a group of this many ranks (the run split over them, as one run over that many ranks), the "
         "groups in parallel, for runs too large for one rank; it must divide the number of ranks. "
         "Other commands: leave it out (their runs go over every rank, or one rank each)",
     ),

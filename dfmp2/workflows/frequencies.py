@@ -270,6 +270,8 @@ def frequencies(
     if ir and "dipole" not in options.properties:
         options = dataclasses.replace(options, properties=(*options.properties, "dipole"))
     world = distributed.current()
+    with world.agreeing():
+        group_size = distributed.check_groups(options, world)  # each evaluation over a group of ranks
     mine = distributed.rank_options(options, world)  # each rank's evaluations on its own device
     say = log or (lambda msg: None)
     evaluate = evaluate or (lambda g, w: evaluate_gradient(g, mine, method, w, progress, log))
@@ -287,8 +289,10 @@ def frequencies(
     resumed = len(rows)
     if resumed and not world.rank:
         say(f"resuming from {checkpoint}: {resumed} of {len(tasks)} evaluations done")
-    first = _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width)
+    first = _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width, group_size)
     info = {"evaluations": len(tasks), "resumed": resumed, "computed": len(tasks) - resumed, "ranks": world.size}
+    if group_size > 1:
+        info["ranks_per_evaluation"] = group_size
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
     return analyse(mol, geom, method, rows, step, temperature, pressure, info, first)
@@ -305,28 +309,37 @@ def _share_rows(rows: dict, ntask: int, width: int, world) -> dict:
     return {k: a[k, :width].tolist() for k in range(ntask) if a[k, width] > 0}
 
 
-def _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width):
-    """Every missing evaluation, dealt round by round over the ranks (module docstring); returns
-    the reference geometry's GradientResult where this rank computed it."""
+def _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width, group_size: int = 1):
+    """Every missing evaluation, dealt round by round over the ranks (module docstring), or over
+    groups of ``group_size`` ranks (``World.split``: each evaluation a gradient over its group,
+    which agrees on its input first; the group's first rank gives the row); returns the
+    reference geometry's GradientResult where this rank computed it."""
     todo = [k for k in range(len(tasks)) if k not in rows]
-    single, first, n = distributed.World(), None, len(tasks)
-    for r0 in range(0, len(todo), world.size):
-        batch = todo[r0 : r0 + world.size]
+    task_world, group, ngroups = world.split(group_size)
+    first, n = None, len(tasks)
+    for r0 in range(0, len(todo), ngroups):
+        batch = todo[r0 : r0 + ngroups]
         out = torch.zeros((len(batch), width + 1), dtype=torch.float64)  # the last column: failed
         error = None
-        if world.rank < len(batch):
-            k = batch[world.rank]
+        if group < len(batch):
+            k = batch[group]
             coord, sign = tasks[k]
             say(f"evaluation {k + 1} of {n}: {_label(geom, coord, sign, step)}")
             try:
-                row, gr = evaluate(displaced(geom, coord, sign, step), single)
-                out[world.rank, :width] = torch.tensor(row, dtype=torch.float64)
+                task_world.agreed = task_world.refused = False  # a group agrees on each evaluation anew
+                row, gr = evaluate(displaced(geom, coord, sign, step), task_world)
+                if task_world.rank == 0:
+                    out[group, :width] = torch.tensor(row, dtype=torch.float64)
                 first = gr if k == 0 else first
+            except distributed.PeerRefusedError:  # another rank of the group refused: it says why
+                out[group, width] = 1.0
             except InputError as e:
-                error, out[world.rank, width] = e, 1.0
+                if task_world.distributed and not task_world.refused:  # after the group agreed: as any
+                    raise  # run over ranks, this process ends (the group's others: RankLostError)
+                error, out[group, width] = e, 1.0
         out = world.all_reduce_sum(out, "frequencies")
         if error is not None:
-            where = _label(geom, *tasks[batch[world.rank]], step)
+            where = _label(geom, *tasks[batch[group]], step)
             raise FrequencyError(f"at {where}: {error}", option=getattr(error, "option", None)) from None
         if bool((out[:, width] > 0).any()):  # another rank failed and says why: stop quietly
             raise distributed.PeerRefusedError("another rank's evaluation failed")

@@ -425,6 +425,16 @@ def test_frequencies_over_ranks_are_one_process_s(tmp_path, ranks):
 
 
 @pytest.mark.heavy
+def test_frequencies_in_groups_of_two_ranks_are_one_process_s(tmp_path):
+    """4 ranks, --ranks-per-run 2: each evaluation a gradient over a group of 2 ranks (2 groups, 10
+    rounds), bit for bit one process's Hessian and frequencies (the gradient over ranks is)."""
+    one = _frequencies(tmp_path, 1)
+    four = _frequencies(tmp_path, 4, "--ranks-per-run", "2")
+    assert four["finite_differences"]["ranks"] == 4 and four["finite_differences"]["ranks_per_evaluation"] == 2
+    assert four["hessian"] == one["hessian"] and four["frequencies"] == one["frequencies"]
+
+
+@pytest.mark.heavy
 def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
     """Rank 0 alone reads the checkpoint; its refusal ends both ranks at once: exit 2, one line."""
     (tmp_path / "water.xyz").write_text(WATER)
