@@ -10,14 +10,18 @@ deals tasks k*M .. k*M + M - 1 to groups 0 .. M - 1 (M = N / G groups); after ea
 holds every result of the round (``World.gather_objects``: each group's first rank sends it).
 Each run is the one a single process (G = 1) or G ranks make, and those give one process's bits
 (the split SCF and the pair step over ranks: dfmp2.distributed), so the gathered results equal one
-process's at the same threads per process. A task that fails with an InputError (or one of its
-kinds) ends every rank at the end of its round: the lowest rank of the first failed task raises it
-(its one error line), the others PeerRefusedError (they exit 2 quietly); over several ranks a
-device that cannot run or a kernel that failed counts as such an InputError when the task runs
-on one rank, and ends its process in a group (the group's other ranks, waiting in the run's own
-communication, then stop at once: RankLostError). An InputError of a run in a group is met by all
-of the group's ranks alike (their input is the same, agreed before). A rank that dies ends the
-others at their next communication (RankLostError, the collective timeout at the latest).
+process's at the same threads per process.
+
+Failures. A task that a rank refuses with an InputError (or one of its kinds) ends every rank at
+the end of its round: the lowest rank that refused the first failed task raises it (its one error
+line), the others PeerRefusedError (they exit 2 quietly). Over several ranks a device that cannot
+run or a kernel that failed on a rank of its own counts as such an InputError (one line from that
+rank, not a lost-contact line from each other rank). In a group, each run first agrees on its
+input within the group (``World.agree``, as any run over ranks does), so a refusal there is one
+line too; an error after that agreement ends its process, as in any run over ranks, and the
+group's other ranks, waiting in the run's own communication, stop at once (RankLostError). A
+rank that dies ends the others at their next communication (RankLostError, the collective
+timeout at the latest).
 """
 
 from __future__ import annotations
@@ -55,8 +59,8 @@ def deal(ntasks: int, run_task, world=None, stage: str = "tasks", group_size: in
                 if task_world.distributed and not task_world.refused:  # after the group agreed: as a run
                     raise  # over several ranks, this process ends (the group's others: RankLostError)
                 error, mine = e, ("failed", k, True)
-            except (DeviceUnavailableError, KernelError) as e:  # ends every rank as an InputError does:
-                if not world.distributed or task_world.distributed:  # in a group: this process ends
+            except (DeviceUnavailableError, KernelError) as e:  # one rank's: ends every rank as an InputError
+                if not world.distributed or task_world.distributed:  # one process; in a group: the process ends
                     raise
                 error, mine = InputError(error_line(e)), ("failed", k, True)
         round_ = world.gather_objects(mine, stage)
