@@ -146,9 +146,9 @@ SPECS = {
     "dist_scf": dict(
         type=click.Choice(DIST_SCF_MODES),
         help="over several ranks (torchrun): our DF-SCF's JK factor split over the ranks, J and K "
-        "summed each cycle in a fixed order, or the whole SCF on every rank (replicated); both give "
-        "E(HF), E_OS and E_SS bit-identical to one process at the same threads per process; one "
-        "process: either",
+        "summed each cycle in a fixed order, or the whole SCF on every rank (replicated: slower, 1.5x "
+        "on 2 ranks measured; for a JK factor on disk over ranks); both give E(HF), E_OS and E_SS "
+        "bit-identical to one process at the same threads per process; one process: either",
     ),
     "ranks_per_run": dict(
         type=click.IntRange(min=1),
