@@ -589,8 +589,8 @@ def check_options(options, world: World) -> None:
     if options.ranks_per_run not in (1, world.size):
         raise InputError(
             f"--ranks-per-run {options.ranks_per_run} does not fit a run over {world.size} rank(s): only "
-            "interaction, a CBS bracket and frequencies give their runs to groups of ranks; any other run "
-            "goes over every rank (leave the option out)",
+            "interaction, a CBS bracket, frequencies and regress give their runs to groups of ranks; any "
+            "other run goes over every rank (leave the option out)",
             option="ranks_per_run",
         )
     if not world.distributed:

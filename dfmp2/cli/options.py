@@ -152,10 +152,10 @@ SPECS = {
     ),
     "ranks_per_run": dict(
         type=click.IntRange(min=1),
-        help="over several ranks (torchrun): interaction, a CBS bracket and frequencies give each of "
-        "their runs to a group of this many ranks (the run split over them, as one run over that many ranks), the "
-        "groups in parallel, for runs too large for one rank; it must divide the number of ranks. "
-        "Other commands: leave it out (their runs go over every rank, or one rank each)",
+        help="over several ranks (torchrun): interaction, a CBS bracket, frequencies and regress give "
+        "each of their runs to a group of this many ranks (the run split over them, as one run over "
+        "that many ranks), the groups in parallel, for runs too large for one rank; it must divide the "
+        "number of ranks. Other commands: leave it out (their runs go over every rank, or one rank each)",
     ),
     "memory_mb": dict(
         help="memory limit per process, e.g. 8GB [default: 80% of available, shared by the ranks of a node]"

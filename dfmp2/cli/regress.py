@@ -72,7 +72,8 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
 
     NAMES are molecule names or shell patterns (e.g. water 'h2o_*' 's22_0?_*'); each case runs
     with its reference's basis sets, SCF mode and frozen core, and the options given here.
-    Under torchrun the cases are dealt to the ranks (each a one-process run; the same energies).
+    Under torchrun the cases are dealt to the ranks (each a one-process run; the same energies),
+    or with --ranks-per-run to groups of ranks (each case a run over its group).
     """
     from dfmp2 import distributed
 
@@ -91,8 +92,10 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
     from rich.console import Console
     from rich.markup import escape
 
+    from dfmp2 import distributed
     from dfmp2.io.outputs import check_output_file
     from dfmp2.pipeline import make_backend
+    from dfmp2.workflows.tasks import per_group
 
     console, err = stdout_console(width=160), Console(stderr=True)  # piped: the whole table
     with world.agreeing():  # a refusal on one rank ends every rank, before any work
@@ -110,6 +113,7 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
                 )
             options.check_choices()
             make_backend(rank_options(options, world))  # fail before any work
+        group_size = distributed.check_groups(options, world)  # each case over a group of ranks
     world.agree(None, cases_content(cases, options, tol))  # every rank the same cases and options
     if list_only:
         if not world.rank:
@@ -121,7 +125,7 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
         return 0
     from rich.progress import Progress, TimeElapsedColumn
 
-    mine = len(range(world.rank, len(cases), world.size))  # this rank's cases (tasks.deal)
+    mine = per_group(len(cases), world, group_size)[world.rank // group_size]  # this rank's cases (tasks.deal)
     with Progress(
         "[progress.description]{task.description}",
         TimeElapsedColumn(),
@@ -138,7 +142,7 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
             started.append(k)
             bar.update(task, description=f"[{k + 1}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
 
-        results = run_cases(cases, options, tol, world=world, on_case=on_case)
+        results = run_cases(cases, options, tol, world=world, on_case=on_case, group_size=group_size)
     if world.rank:  # rank 0 alone writes and prints
         return 1 if any(not r.passed for r in results) else 0
     if json_path:  # before the table: a stdout that fails must not lose the result
@@ -152,11 +156,17 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
             "names": list(names),
             "world_size": world.size,
         }
-        if world.distributed:  # case k ran on rank k mod N; its seconds were timed there
+        if world.distributed:  # case k ran on rank k mod N (group k mod N/G); its seconds were timed there
             meta["ranks"] = {
                 "comm_backend": world.comm_backend,
                 "cases_per_rank": cases_per_rank(len(cases), world.size),
             }
+            if group_size > 1:
+                meta["ranks"] = {
+                    "comm_backend": world.comm_backend,
+                    "ranks_per_run": group_size,
+                    "cases_per_group": per_group(len(cases), world, group_size),
+                }
         write_json(json_path, results, meta)
     with printing(written=(json_path,)):
         render(results, console, options.device, precision, tol, world_size=world.size)

@@ -255,12 +255,15 @@ def cases_content(cases: list[dict], options: RunOptions, tolerance: float) -> d
     return content
 
 
-def run_cases(cases: list[dict], options: RunOptions, tolerance: float, world=None, on_case=None) -> list[CaseResult]:
+def run_cases(
+    cases: list[dict], options: RunOptions, tolerance: float, world=None, on_case=None, group_size: int = 1
+) -> list[CaseResult]:
     """``run_case`` of every case, in order, on every rank of ``world`` (default
     ``distributed.current()``). One process: the cases in turn. Several ranks: case k on rank
-    k mod N as a one-process run (``dfmp2.workflows.tasks.deal``), each rank on its own device
-    (``rank_options``), every rank gets every result; the ranks must have agreed on
-    ``cases_content`` before. ``on_case(k, entry)``: as case k starts on this rank."""
+    k mod N as a one-process run (``dfmp2.workflows.tasks.deal``), or with ``group_size`` G > 1
+    on group k mod (N / G) as a G-rank run, each rank on its own device (``rank_options``), every
+    rank gets every result; the ranks must have agreed on ``cases_content`` before.
+    ``on_case(k, entry)``: as case k starts on this rank."""
     from dfmp2 import distributed
     from dfmp2.workflows import tasks
 
@@ -272,7 +275,7 @@ def run_cases(cases: list[dict], options: RunOptions, tolerance: float, world=No
             on_case(k, cases[k])
         return run_case(cases[k], mine, tolerance=tolerance, world=single)
 
-    return tasks.deal(len(cases), one_case, world, stage="regress")
+    return tasks.deal(len(cases), one_case, world, stage="regress", group_size=group_size)
 
 
 def rank_options(options: RunOptions, world) -> RunOptions:

@@ -41,6 +41,25 @@ def test_regress_over_two_ranks_equals_one_process(tmp_path):
 
 
 @pytest.mark.heavy
+def test_regress_in_groups_of_two_ranks_equals_one_process(tmp_path):
+    """4 ranks, --ranks-per-run 2: the two smallest cases each split over a group of 2 ranks (one
+    case a group), every case's energies bit for bit one process's; the JSON records the groups."""
+    docs = {}
+    names = ["hydrogen_fluoride", "hydroxyl|cc-pvdz|cc-pvdz-ri|df|fc"]
+    for ranks, extra in ((1, []), (4, ["--ranks-per-run", "2"])):
+        out = tmp_path / f"regress-{ranks}.json"
+        args = [*names, "--cpu-blas", "torch", *extra, "--json", str(out)]
+        p, _ = torchrun(tmp_path, ranks, args, "regress", timeout=LIMIT_S)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.count("2/2 passed") == 1, p.stdout  # one table
+        docs[ranks] = json.loads(out.read_text())
+    one, four = docs[1], docs[4]
+    assert [c["ours"] for c in four["cases"]] == [c["ours"] for c in one["cases"]]
+    assert four["meta"]["ranks"]["ranks_per_run"] == 2 and four["meta"]["ranks"]["cases_per_group"] == [1, 1]
+    assert [c["ran"]["distributed"]["group_of_ranks"] for c in four["cases"]] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.heavy
 def test_compare_over_two_ranks_equals_one_process(tmp_path):
     """Water / STO-3G on the CPU, 3 repeats dealt over 2 ranks (0, 1, 0): the one-process bits,
     run to run identical across the ranks; the JSON records the world size and each repeat's rank,
