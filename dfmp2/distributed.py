@@ -102,9 +102,12 @@ class World:
 
         ngroups = self.size // group_size
         g = self.rank // group_size
-        members = list(range(g * group_size, (g + 1) * group_size))
-        pg = None
-        if ngroups > 1:
+        if ngroups == 1:  # this World's own ranks and group (a group's runs dealt within it: a CBS bracket's)
+            members, pg = list(self.members) or list(range(self.size)), self.group
+        else:
+            if self.members:
+                raise ValueError("groups of a group of ranks: not supported (new_group takes every rank)")
+            members, pg = list(range(g * group_size, (g + 1) * group_size)), None
             with self.talking("start", "forming groups of ranks"):
                 for h in range(ngroups):
                     pg_h = dist.new_group(
@@ -114,7 +117,7 @@ class World:
                     )
                     pg = pg_h if h == g else pg
         sub = World(
-            rank=self.rank - members[0],
+            rank=self.rank - g * group_size,
             size=group_size,
             local_rank=self.local_rank,
             comm_backend=self.comm_backend,
