@@ -58,9 +58,13 @@ def test_dry_run_records_every_step_and_goes_on_after_a_failure(tmp_path):
         assert steps[name]["status"] == "pass", steps[name]
     assert steps["run_compare"]["result"]["compare"]["summary"]["passed"]
     base = steps["pyscf_h2o_16"]["result"]["baseline"]
-    assert set(base["runs"]) == {"as_set", "unset"} and base["best"] == "as_set"
+    assert set(base["runs"]) == {"as_set", "unset"}
     if fb.same_setting():  # neither OPENBLAS variable set here: one PySCF process, the other recorded
         assert base["runs"]["unset"]["same_as"] == "as_set" and "tasks" not in base["runs"]["unset"]
+        assert base["best"] == "as_set"
+    else:  # both settings ran (a machine that sets them): the faster one counts, whichever it was this time
+        seconds = {k: sum(t["seconds"] for t in r["tasks"].values()) for k, r in base["runs"].items()}
+        assert base["best"] == min(seconds, key=seconds.get), (base["best"], seconds)
     agree = {(a["molecule"], a["who"], a["against"]): a for a in doc["checks"]["agreement"]}
     live = agree[("h2o_16", "ours", gpu_acceptance.LIVE_PYSCF)]
     assert live["passed"] is True and live["abs_d_e_mp2"] < 1e-8
