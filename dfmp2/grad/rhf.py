@@ -232,8 +232,8 @@ def phase_mb(
         naux_jk nao(nao+1)/2; the integral engine's blocks in flight, three of JK_BLOCK_MB; the
         metric and its factor);
       'zvector': the packed factor and, 'mo', its MO blocks ov, oo, vv (naux_jk (2 nvir nocc +
-        2 nocc^2 + nvir^2), one product of ov's size and a copy of oo included), or, 'ao', one unpacked block of
-        JK_BLOCK_MB and its half transforms;
+        2 nocc^2 + nvir^2), one product of ov's size and a copy of oo included), or, 'ao', one
+        unpacked block of JK_BLOCK_MB and its half transforms;
       'jk_deriv': 'mo': the factor, B_ov and B_oo, the fitted MO coefficients (naux_jk nocc nmo)
         and their occupied part, with Y1m (naux_jk nocc nmo) and Y1 (two of naux_jk nao nocc, and
         their transposed copies while they are made), then Y1 with a derivative block and its
