@@ -22,7 +22,6 @@ from dfmp2.workflows.regress import (
     SUBSETS,
     TOLERANCES,
     cases_content,
-    cases_per_rank,
     choose_cases,
     load_references,
     rank_options,
@@ -157,16 +156,10 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
             "world_size": world.size,
         }
         if world.distributed:  # case k ran on rank k mod N (group k mod N/G); its seconds were timed there
-            meta["ranks"] = {
-                "comm_backend": world.comm_backend,
-                "cases_per_rank": cases_per_rank(len(cases), world.size),
-            }
-            if group_size > 1:
-                meta["ranks"] = {
-                    "comm_backend": world.comm_backend,
-                    "ranks_per_run": group_size,
-                    "cases_per_group": per_group(len(cases), world, group_size),
-                }
+            dealt = per_group(len(cases), world, group_size)
+            meta["ranks"] = {"comm_backend": world.comm_backend} | (
+                {"ranks_per_run": group_size, "cases_per_group": dealt} if group_size > 1 else {"cases_per_rank": dealt}
+            )
         write_json(json_path, results, meta)
     with printing(written=(json_path,)):
         render(results, console, options.device, precision, tol, world_size=world.size)

@@ -142,20 +142,9 @@ def rhf_densities(
             phases=DENSITY_PHASES,
             stage="density",
         )
-    block_mb = plan.block_mb if plan is not None else mp2grad.AUX_BLOCK_MB
-    pair_mb = plan.pair_mb if plan is not None else mp2grad.PAIR_BLOCK_MB
     t0 = time.perf_counter()
     corr = mp2grad._corr_intermediates(
-        mol,
-        mp2_auxmol,
-        orb,
-        host,
-        c_os,
-        c_ss,
-        pair_backend=backend,
-        block_mb=block_mb,
-        response=relaxed,
-        pair_mb=pair_mb,
+        mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, plan=plan, response=relaxed
     )
     corr.T_v = None  # the derivative weights' half back-transform: not needed for a density
     t0 = timer.add("props_mp2_densities", t0)

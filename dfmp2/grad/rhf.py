@@ -447,18 +447,7 @@ def mp2_gradient(
     t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = _Orbitals(ch)
-    corr = _corr_intermediates(
-        mol,
-        mp2_auxmol,
-        orb,
-        host,
-        c_os,
-        c_ss,
-        pair_backend=backend,
-        block_mb=plan.block_mb,
-        world=world,
-        pair_mb=plan.pair_mb,
-    )
+    corr = _corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, plan=plan, world=world)
     t0 = timer.add("grad_mp2_densities", t0)
     gbuf = memory.Buffers(device=corr.T_v.device)
     corr_3c = df_deriv(
@@ -882,16 +871,17 @@ def _corr_intermediates(
     c_os: float,
     c_ss: float,
     pair_backend=None,
-    block_mb: float = AUX_BLOCK_MB,
+    plan: GradientPlan | None = None,
     response: bool = True,
     world=None,
-    pair_mb: float = PAIR_BLOCK_MB,
 ) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
     3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
     loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
-    on ``backend`` (fp64). ``response`` False: the unrelaxed densities only (Y_ri, Y_ra, T_v and
-    γ None: no second pass over (μν|P))."""
+    on ``backend`` (fp64); the (μν|P) and pair blocks are ``plan``'s (None: AUX_BLOCK_MB and
+    PAIR_BLOCK_MB). ``response`` False: the unrelaxed densities only (Y_ri, Y_ra, T_v and γ None:
+    no second pass over (μν|P))."""
+    block_mb, pair_mb = (plan.block_mb, plan.pair_mb) if plan is not None else (AUX_BLOCK_MB, PAIR_BLOCK_MB)
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     Bd = _dev(backend, fit_b(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], L, backend, block_mb))  # (ia, Q)
     Gd, P_oo, P_vv = _pair_loop(Bd, orb, backend, pair_backend or backend, c_os, c_ss, world, pair_mb)

@@ -571,13 +571,10 @@ def run_interaction(
     ran = {k: v for k, v in runs[0].result.ran.items() if k not in ("metric", "storage")}
     ran["kernels"] = summed_kernels([r.result for r in runs])
     if world.distributed:
-        ran["ranks"] = {"world_size": world.size, "runs_per_rank": tasks.per_group(len(jobs), world)}
-        if group_size > 1:
-            ran["ranks"] = {
-                "world_size": world.size,
-                "ranks_per_run": group_size,
-                "runs_per_group": tasks.per_group(len(jobs), world, group_size),
-            }
+        dealt = tasks.per_group(len(jobs), world, group_size)
+        ran["ranks"] = {"world_size": world.size} | (
+            {"ranks_per_run": group_size, "runs_per_group": dealt} if group_size > 1 else {"runs_per_rank": dealt}
+        )
     return InteractionResult(
         molecule=geom.source,
         fragments=frags,

@@ -290,11 +290,6 @@ def rank_options(options: RunOptions, world) -> RunOptions:
     return replace(options, device=distributed.rank_device(options.device, world.local_rank)[0])
 
 
-def cases_per_rank(ncases: int, world_size: int) -> list[int]:
-    """How many of ``ncases`` each rank runs (``tasks.deal``: case k on rank k mod N)."""
-    return [len(range(r, ncases, world_size)) for r in range(world_size)]
-
-
 # ---------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------
