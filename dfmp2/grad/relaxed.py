@@ -10,10 +10,9 @@ computed here: the gradient's own code runs, and its densities are those the gra
 E_HF + c_os E_OS + c_ss E_SS with respect to a one-electron perturbation (a field: the dipole),
 both fitting sets fixed; see ``dfmp2.grad.densities`` for the conventions (PySCF's).
 
-Memory: RHF the gradient's plan over the phases that run here (``DENSITY_PHASES``: the pair loop
-and 3-index terms, the JK factor's fit, the Z-vector; ``choose_plan``), UHF the UHF gradient's
-in-memory estimate (``dfmp2.grad.uhf.memory_mb``, an upper bound: its derivative phase does not
-run here). Timed as 'props_mp2_densities', 'props_jk_factor' (enclosing the factor's
+Memory: the gradient's plan over the phases that run here (``DENSITY_PHASES``: the pair loop
+and 3-index terms, the JK factor's fit, the Z-vector; ``choose_plan``, of
+``dfmp2.grad.uhf.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor' (enclosing the factor's
 scf_integrals and scf_fit), 'props_zvector'.
 """
 
@@ -22,65 +21,37 @@ from __future__ import annotations
 import time
 
 from dfmp2 import linalg, memory
-from dfmp2.errors import MemoryLimitError
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.grad.densities import MP2Densities
 from dfmp2.grad.rhf import DENSITY_PHASES, SCALES, GradientPlan, choose_plan
-from dfmp2.memory import human
 from dfmp2.timing import Timer
 
 
-def job_plan(
-    job,
-    memory_mb: float | None,
-    phases: tuple | None = None,
-    stage: str = "gradient",
-    uhf_stage: str = "the gradient stage",
-    uhf_why: str = "",
-) -> GradientPlan | float:
+def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: str = "gradient") -> GradientPlan:
     """The plan of the gradient stage (or, with ``phases`` DENSITY_PHASES, of the density stage)
     for a prepared ``pipeline.Job`` (its orbital space and both fitting sets) against the run's
     limit (``memory_mb``, else ``memory.default_limit_mb('cpu')``, over several ranks the smallest
     of the ranks' so that every rank runs the same plan: the same steps, the same bits), before any
-    work: RHF the fastest ``choose_plan`` that fits (``stage`` names it in the error line), with the
-    run's --scratch; UHF the UHF gradient's one in-memory estimate (``mp2grad_uhf.memory_mb``, MB;
-    ``uhf_stage`` and ``uhf_why`` say so in the error line). MemoryLimitError (one line, human
-    units) when nothing fits."""
+    work: the fastest ``choose_plan`` that fits (RHF or UHF shapes; ``stage`` names it in the error
+    line), with the run's --scratch. MemoryLimitError (one line, human units) when nothing fits."""
     space = job.space
     limit = memory_mb if memory_mb is not None else memory.default_limit_mb("cpu")
     if memory_mb is None and job.world.distributed:  # free memory differs a little between the ranks
         limit = min(job.world.gather_objects(limit, "plan"))
-    naux_jk = job.jk_auxmol.nao_nr()
-    if not job.unrestricted:
-        nocc = space.nocc[0]
-        shapes = dict(
-            nao=space.nbasis,
-            nocc=nocc,
-            nact=nocc - space.nfrozen,
-            nvir=space.nmo - nocc,
-            naux_mp2=space.naux,
-            naux_jk=naux_jk,
-        )
-        plan = choose_plan(shapes, limit, phases=phases, stage=stage)
-        plan.scratch_dir = job.options.scratch_dir  # the run's --scratch, as the energy's files
-        return plan
-    need = mp2grad_uhf.memory_mb(
+    nocc = tuple(space.nocc) if job.unrestricted else space.nocc[0]
+    per_spin = (lambda f: tuple(f(n) for n in nocc)) if job.unrestricted else (lambda f: f(nocc))
+    shapes = dict(
         nao=space.nbasis,
-        nocc=space.nocc,
-        nact=tuple(n - space.nfrozen for n in space.nocc),
-        nvir=tuple(space.nmo - n for n in space.nocc),
+        nocc=nocc,
+        nact=per_spin(lambda n: n - space.nfrozen),
+        nvir=per_spin(lambda n: space.nmo - n),
         naux_mp2=space.naux,
-        naux_jk=naux_jk,
+        naux_jk=job.jk_auxmol.nao_nr(),
     )
-    if need > limit:
-        raise MemoryLimitError(
-            f"{uhf_stage} needs about {human(need)} ({uhf_why}) but the memory limit is "
-            f"{human(limit)}; a limit of {human(need)} fits it",
-            need_mb=need,
-            limit_mb=limit,
-        )
-    return need
+    plan = choose_plan(shapes, limit, phases=phases, stage=stage)
+    plan.scratch_dir = job.options.scratch_dir  # the run's --scratch, as the energy's files
+    return plan
 
 
 STAGES = ("props_mp2_densities", "props_jk_factor", "props_zvector")
@@ -101,7 +72,7 @@ def density_stage(
     E_SS (``SCALES[method]``) for the converged ``ref`` (frozen core marked) on ``mol``: the MP2
     part fitted with ``auxmol``, the Z-vector's DF-HF response with ``jk_auxmol`` (the SCF's own
     fitting set; unused when not ``relaxed``), on ``backend``. RHF: ``rhf_densities``, UHF:
-    ``uhf_densities``. ``plan``: the RHF forms (default: the fastest whose density phases fit
+    ``uhf_densities``. ``plan``: the forms (default: the fastest whose density phases fit
     memory.DEFAULT_FRACTION of the available memory)."""
     c_os, c_ss = SCALES[method]
     fn = rhf_densities if ref.restricted else uhf_densities
@@ -181,7 +152,8 @@ def uhf_densities(
 ) -> MP2Densities:
     """The UHF densities (``density_stage``), per spin: the UHF gradient's pair loops and, when
     ``relaxed``, its 3-index terms and coupled α/β Z-vector over the DF-UHF's orbital Hessian
-    (fp64 only: GradientError on a device without it). ``plan`` is not used (one in-memory form)."""
+    (fp64 only: GradientError on a device without it), with ``plan``'s blocks and JK factor (in
+    memory or on disk)."""
     if ref.restricted:
         raise mp2grad.GradientError("uhf_densities takes a UHF reference (two spin channels)", option="reference")
     if relaxed:
@@ -194,13 +166,21 @@ def uhf_densities(
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
     orbs = [mp2grad._Orbitals(ch, active_virtuals=not relaxed) for ch in ref.channels]
+    if plan is None and relaxed:
+        plan = choose_plan(
+            mp2grad_uhf.uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol),
+            mp2grad._default_limit_mb(),
+            phases=DENSITY_PHASES,
+            stage="density",
+        )
     t0 = time.perf_counter()
-    _, P, Y, _, _ = mp2grad_uhf._corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, response=relaxed)
+    # T_v, the derivative weights' half back-transforms, not kept: not needed for a density
+    _, P, Y, _, _ = mp2grad_uhf._corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, response=relaxed, plan=plan)
     t0 = timer.add("props_mp2_densities", t0)
     P_unrelaxed, P_relaxed, zinfo = [p.copy() for p in P], None, None
     if relaxed:
         f0 = timer.executed()
-        jk = mp2grad._DFJK(mol, jk_auxmol, backend, timer)
+        jk = mp2grad._DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
         try:
             resp = mp2grad_uhf._response_operator(jk, orbs)
             t0 = timer.add("props_jk_factor", t0, flops0=f0)
@@ -210,6 +190,8 @@ def uhf_densities(
             jk.release()
     used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
     ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items()))}
+    if plan is not None:  # the JK derivative's form is the gradient's, not run here
+        ran["plan"] = {k: v for k, v in plan.record().items() if not k.startswith("jk_deriv")}
     return mp2grad_uhf.uhf_record(orbs, P_unrelaxed, P_relaxed, c_os, c_ss, zinfo, ran, _timings(timer))
 
 

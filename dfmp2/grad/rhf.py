@@ -159,15 +159,22 @@ JK_DERIV_FORMS = {
     "factor released before the derivative integrals",
 }
 PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first, the JK factor in memory
+UHF_PLANS = (("ao", "blocked"),)  # the UHF stage's one in-memory plan (dfmp2.grad.uhf)
+UHF_FORMS = {  # what its forms are (``GradientPlan.record``)
+    "zvector": "the DF-UHF's J/K (DFUHF.hessian_product) streamed over the AO factor per aux block",
+    "jk_deriv": "each spin's fitted MO coefficients held, Y1 and the metric weights per aux block, the JK "
+    "factor released before the derivative integrals",
+}
 DISK_PLAN = ("ao", "blocked")  # the forms with the JK factor on disk (read per aux block: no whole factor)
 DENSITY_PHASES = ("densities", "jk_fit", "zvector")  # the phases of the relaxed density alone (dfmp2.grad.relaxed)
 
 
 @dataclass
 class GradientPlan:
-    """The RHF gradient stage's forms (``zvector``: 'mo' or 'ao', ``jk_deriv``: 'mo' or 'blocked';
-    ZVECTOR_FORMS, JK_DERIV_FORMS) and the MB (10^6 bytes) each of its phases holds at its
-    peak (``phases``, ``phase_mb``); ``limit_mb`` the limit it was chosen for (None: forced)."""
+    """The gradient stage's forms (``zvector``: 'mo' or 'ao', ``jk_deriv``: 'mo' or 'blocked';
+    ZVECTOR_FORMS, JK_DERIV_FORMS; a UHF's: UHF_PLANS, UHF_FORMS) and the MB (10^6 bytes) each of
+    its phases holds at its peak (``phases``, ``phase_mb``); ``limit_mb`` the limit it was chosen
+    for (None: forced)."""
 
     zvector: str
     jk_deriv: str
@@ -178,6 +185,7 @@ class GradientPlan:
     scratch_dir: str | None = None  # with the factor on disk: where its scratch directory goes (None: the system's)
     block_mb: float = AUX_BLOCK_MB  # the 3-center (derivative) integrals' blocks
     pair_mb: float = PAIR_BLOCK_MB  # the densities' pair loop: K and θ of one block of j
+    reference: str = "rhf"  # whose stage: 'rhf' (PLANS) or 'uhf' (UHF_PLANS, dfmp2.grad.uhf.phase_mb)
 
     @property
     def peak_mb(self) -> float:
@@ -194,8 +202,8 @@ class GradientPlan:
             "jk_deriv": self.jk_deriv,
             "jk_factor": "in memory, packed" if self.factor == "memory" else "on disk (scratch), packed",
             "jk_fit_block_mb": round(self.fit_mb, 1) if self.factor == "disk" else None,
-            "zvector_form": ZVECTOR_FORMS[self.zvector],
-            "jk_deriv_form": JK_DERIV_FORMS[self.jk_deriv],
+            "zvector_form": UHF_FORMS["zvector"] if self.reference == "uhf" else ZVECTOR_FORMS[self.zvector],
+            "jk_deriv_form": UHF_FORMS["jk_deriv"] if self.reference == "uhf" else JK_DERIV_FORMS[self.jk_deriv],
             "pair_block_mb": self.pair_mb,
             "peak_mb": round(self.peak_mb, 1),
             "phases_mb": {k: round(v, 1) for k, v in self.phases.items()},
@@ -241,23 +249,12 @@ def phase_mb(
         block, then, the factor released, the coefficients, their occupied part (naux_jk
         nocc^2), a derivative block (twice block_mb), its weights and its Y1."""
     nmo = nocc + nvir
-    fac = naux_jk * npair(nao)
-    jk_fit = None
-    if factor == "disk":  # the SCF's own disk estimate (fit row blocks of fit_mb, the reader's blocks)
-        disk = scf_driver.memory_mb(nao, naux_jk, nocc, 8, layout="disk", fit_mb=fit_mb)
-        fac, jk_fit = 0, disk["peak"] * 1e6 / 8
-        reads = (scf_driver.DISK_READ_DEPTH + 1) * scf_driver.disk_rows(nao, naux_jk) * npair(nao)
+    sh = _shared_terms(nao, naux_mp2, naux_jk, nocc, block_mb, factor, fit_mb)
+    fac, deriv_nb, deriv_blk = sh["fac"], sh["deriv_nb"], sh["deriv_blk"]
     ov = nact * nvir * naux_mp2
     t_v = nao * naux_mp2 * nact
-    j3c_nb = max(1, min(naux_mp2, int(block_mb * 1e6 // (nao * nao * 8))))
-    j3c = j3c_nb * (nao * nao + npair(nao) + 2 * nao * nact)  # a block unpacked, packed, its half transforms
-    deriv_nb = max(1, min(max(naux_mp2, naux_jk), int(block_mb * 1e6 // (3 * nao * nao * 8))))
-    deriv_blk = 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
-    jk_nb = jk_block(nao, naux_jk, 8)
-    jk_nb_packed = max(1, min(naux_jk, int(JK_BLOCK_MB * 1e6 // (npair(nao) * 8))))  # the fit's integral blocks
-    jk_blk = jk_nb * nao * (nao + 4 * nocc)  # one unpacked block and its half transforms
-    if factor == "disk":
-        jk_blk += reads
+    j3c = sh["j3c_nb"] * (nao * nao + npair(nao) + 2 * nao * nact)  # a block unpacked, packed, its half transforms
+    jk_blk = sh["jk_nb"] * nao * (nao + 4 * nocc) + sh["reads"]  # one unpacked block and its half transforms
     pair_blk = min(pair_mb * 1e6 / 8, 2 * (nact * nvir) ** 2)  # K and θ of one block of j
     densities = max(2 * ov + j3c, 2 * ov + pair_blk + nact * nvir * nvir, ov + t_v + j3c)
     if zvector == "mo":
@@ -275,11 +272,40 @@ def phase_mb(
     phases = {
         "densities": densities,
         "corr_deriv": t_v + deriv_blk,
-        "jk_fit": jk_fit if jk_fit is not None else 2 * fac + 3 * jk_nb_packed * npair(nao) + 2 * naux_jk * naux_jk,
+        "jk_fit": sh["jk_fit"],
         "zvector": zvec,
         "jk_deriv": deriv,
     }
     return {k: 8 * v / 1e6 for k, v in phases.items()}
+
+
+def _shared_terms(
+    nao: int, naux_mp2: int, naux_jk: int, nocc: int, block_mb: float, factor: str, fit_mb: float
+) -> dict:
+    """The elements (fp64 counts) the RHF and UHF stages' phases hold alike (``phase_mb``,
+    ``dfmp2.grad.uhf.phase_mb``; nocc: the most occupied orbitals of a spin): 'fac' the packed
+    factor in memory (0 on disk), 'jk_fit' the factor's fit phase (in memory: the raw integrals and
+    the solution, three integral blocks of JK_BLOCK_MB in flight, the metric and its factor; on
+    disk: the SCF's own estimate with fit row blocks of fit_mb), 'reads' the disk reader's blocks
+    (0 in memory), 'jk_nb' the functions of one unpacked exchange block, 'j3c_nb' of one (μν|P)
+    block, 'deriv_nb' of one derivative block and 'deriv_blk' its integrals (twice block_mb, at
+    most 3 nao^2 naux)."""
+    fac = naux_jk * npair(nao)
+    jk_nb_packed = max(1, min(naux_jk, int(JK_BLOCK_MB * 1e6 // (npair(nao) * 8))))  # the fit's integral blocks
+    out = {
+        "fac": fac,
+        "jk_fit": 2 * fac + 3 * jk_nb_packed * npair(nao) + 2 * naux_jk * naux_jk,
+        "reads": 0,
+        "jk_nb": jk_block(nao, naux_jk, 8),
+        "j3c_nb": max(1, min(naux_mp2, int(block_mb * 1e6 // (nao * nao * 8)))),
+        "deriv_nb": max(1, min(max(naux_mp2, naux_jk), int(block_mb * 1e6 // (3 * nao * nao * 8)))),
+        "deriv_blk": 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk)),
+    }
+    if factor == "disk":  # the SCF's own disk estimate (fit row blocks of fit_mb, the reader's blocks)
+        disk = scf_driver.memory_mb(nao, naux_jk, nocc, 8, layout="disk", fit_mb=fit_mb)
+        out["fac"], out["jk_fit"] = 0, disk["peak"] * 1e6 / 8
+        out["reads"] = (scf_driver.DISK_READ_DEPTH + 1) * scf_driver.disk_rows(nao, naux_jk) * npair(nao)
+    return out
 
 
 def memory_mb(
@@ -306,21 +332,34 @@ def make_plan(
     rank (the blocks decide the bits)."""
     if zvector not in ZVECTOR_FORMS or jk_deriv not in JK_DERIV_FORMS:
         raise ValueError(f"unknown gradient forms zvector={zvector!r}, jk_deriv={jk_deriv!r}")
-    if (zvector, jk_deriv) not in (PLANS if factor == "memory" else (DISK_PLAN,)):
+    phase_fn, plans, reference = _phases_of(shapes)
+    if (zvector, jk_deriv) not in (plans if factor == "memory" else (DISK_PLAN,)):
         raise ValueError(f"the forms zvector={zvector!r}, jk_deriv={jk_deriv!r} do not go with the factor in {factor}")
     if factor == "disk" and fit_mb <= 0:
         fit_mb = shapes["naux_jk"] * npair(shapes["nao"]) * 8 / 1e6
     block_mb = DISK_AUX_BLOCK_MB if factor == "disk" else AUX_BLOCK_MB
     forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb, block_mb=block_mb)
-    phases = phase_mb(**shapes, **forms)
+    phases = phase_fn(**shapes, **forms)
     others = max(mb for phase, mb in phases.items() if phase != "densities")
     pair_mb = PAIR_BLOCK_MB
     for mb in (PAIR_BLOCK_MB_MAX, 2 * PAIR_BLOCK_MB):  # larger blocks of j only within the other phases' peak
-        bigger = phase_mb(**shapes, **forms, pair_mb=mb)
+        bigger = phase_fn(**shapes, **forms, pair_mb=mb)
         if bigger["densities"] <= max(others, phases["densities"]):
             phases, pair_mb = bigger, mb
             break
-    return GradientPlan(zvector, jk_deriv, phases, limit_mb, factor, fit_mb, block_mb=block_mb, pair_mb=pair_mb)
+    return GradientPlan(
+        zvector, jk_deriv, phases, limit_mb, factor, fit_mb, block_mb=block_mb, pair_mb=pair_mb, reference=reference
+    )
+
+
+def _phases_of(shapes: dict):
+    """(the phase estimate, the in-memory plans, 'rhf' or 'uhf') of a stage's ``shapes``: a UHF's
+    have per-spin tuples (``dfmp2.grad.uhf.uhf_shapes``), its phases ``dfmp2.grad.uhf.phase_mb``."""
+    if isinstance(shapes["nocc"], tuple):
+        from dfmp2.grad import uhf  # it imports this module
+
+        return uhf.phase_mb, UHF_PLANS, "uhf"
+    return phase_mb, PLANS, "rhf"
 
 
 def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
@@ -344,7 +383,7 @@ def choose_plan(shapes: dict, limit_mb: float, phases: tuple | None = None, stag
     line, in human units, naming the smallest plan's need and its largest phase) when none does.
     ``phases``: only these of ``phase_mb``'s phases run (the density stage: DENSITY_PHASES; default
     all), ``stage`` names the stage in the error line."""
-    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in PLANS] + [_disk_plan(shapes, limit_mb)]
+    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in _phases_of(shapes)[1]] + [_disk_plan(shapes, limit_mb)]
     if phases is not None:
         for plan in plans:
             plan.phases = {k: v for k, v in plan.phases.items() if k in phases}
@@ -484,7 +523,8 @@ def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0
         jk_hf, jk_p = jk_energy_deriv_rhf(jk, orb.C, len(orb.occ), P)  # E_G^x(D/2, D), E_G^x(P, D)
     else:
         jk.mo = None
-        jk_hf, jk_p = jk_energy_deriv_rhf_blocked(jk, orb.C, len(orb.occ), P, block_mb=plan.block_mb)
+        Pm = 0.5 * (P + P.T)
+        jk_hf, jk_p = jk_energy_deriv_blocked(jk, [orb.C], [len(orb.occ)], [2.0], [0.5 * Pm], plan.block_mb)
     jk.release()
     one_hf, one_p = _one_electron_deriv(mol, [(D, W_hf), (P_ao, W - W_hf)])
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
@@ -876,8 +916,8 @@ def _corr_intermediates(
     world=None,
 ) -> _Corr:
     """B, then the pair loop (``_pair_densities``: Γ, P_oo, P_vv; E_corr = Σ Γ B), then γ and the
-    3-index orbital-response terms (``three_index_terms``; see the module docstring). The pair
-    loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
+    3-index orbital-response terms (``_gamma_terms``, ``response_3c``; see the module docstring).
+    The pair loop runs on ``pair_backend`` (default ``backend``) in its fit dtype (fp32 on trn), the rest
     on ``backend`` (fp64); the (μν|P) and pair blocks are ``plan``'s (None: AUX_BLOCK_MB and
     PAIR_BLOCK_MB). ``response`` False: the unrelaxed densities only (Y_ri, Y_ra, T_v and γ None:
     no second pass over (μν|P))."""
@@ -907,16 +947,6 @@ def _gamma_terms(L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend, nact:
     gamma_pq = _solve_lower(L, _solve_lower(L, BtG, trans=True).T, trans=True).T
     gamma_t = _solve_lower(L, G.cpu().numpy().T, trans=True).reshape(naux, nact, nvir)  # Γ~ as [P, i, a]
     return gamma_pq, gamma_t
-
-
-def three_index_terms(mol, auxmol, orb: _Orbitals, L: np.ndarray, B: torch.Tensor, G: torch.Tensor, backend):
-    """One spin's terms of Γ (RHF: the only one): from its B and Γ (nact nvir, naux, fp64 on the
-    device) and the MP2 metric's Cholesky factor L, γ's share L^-T (B^T Γ) L^-1 (naux, naux,
-    unsymmetrised) and, through Γ~ = Γ L^-1, the orbital-response terms (``response_3c``):
-    Y_ri = C^T X_o (nmo, nact), Y_ra = C^T X_v (nmo, nvir) and T_v (naux, nao, nact, device)."""
-    gamma_pq, gamma_t = _gamma_terms(L, B, G, backend, len(orb.act), len(orb.vir))
-    X_o, X_v, T_v = response_3c(mol, auxmol, orb.C[:, orb.act], orb.C[:, orb.vir], gamma_t, backend)
-    return gamma_pq, orb.C.T @ X_o, orb.C.T @ X_v, T_v
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)
@@ -1004,8 +1034,9 @@ def _solve_zvector(R: np.ndarray, orb: _Orbitals, jk: "_DFJK") -> tuple[np.ndarr
 # ---------------------------------------------------------------------------- DF J/K (JK-fit set)
 class _DFJK:
     """The SCF's DF two-electron operator on the JK-fit set: G[D] = J[D] - K[D]/2 from our JK
-    factor (``dfmp2.scf.jk.build_jk_factor``, fp64 on the backend) for the response, and (``jk_energy_deriv``)
-    the explicit derivative of the DF-HF two-electron energy with the fitted coefficients."""
+    factor (``dfmp2.scf.jk.build_jk_factor``, fp64 on the backend) for the response, and
+    (``jk_energy_deriv_rhf``, ``jk_energy_deriv_blocked``) the explicit derivative of the DF-HF
+    two-electron energy with the fitted coefficients."""
 
     def __init__(
         self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None, scratch_dir=None
@@ -1212,45 +1243,8 @@ class _DFJK:
         return hess
 
 
-def jk_energy_deriv(jk: _DFJK, C_o: list, w: list, D1s: list) -> np.ndarray:
-    """d/dR of E_G(D1) = Σ_σ w_σ D1^σ·(J[D] - K[D^σ]) at fixed densities, D^σ = C_σ C_σ^T (C_σ in
-    ``C_o``, (nao, nocc_σ)), D = Σ_σ w_σ D^σ, for each D1 = [D1^σ, ...] (symmetric (nao, nao)) in
-    ``D1s``: (len(D1s), natm, 3) Eh/bohr. RHF: C_o = [C], w = [2], D1^σ = D1/2 (E_G(D1, D), G = J
-    - K/2; the DF-RHF's two-electron gradient for D1 = D/2); UHF: one C per spin, w = [1, 1].
-    With c = (μν|Q)(Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held
-    whole): d0 = Σ D c, d1 = Σ D1t c with D1t = Σ_σ w_σ D1^σ, ck^σ_PλK = Σ_ν c_λνP C_νk,
-    Y1^σ_PμK = Σ_λ D1^σ_μλ ck^σ_PλK; the weights of (μν|P)^x are D1t d0 + D d1 - Σ_σ w_σ (M^σ +
-    M^σT)/2 with M^σ_PμN = 2 Σ_k Y1^σ_PμK C_νk, those of (P|Q)^x -(d1 d0^T + d0 d1^T)/2 +
-    Σ_σ w_σ (m^σ + m^σT)/4 with m^σ = 2 Σ_μk ck^σ_PμK Y1^σ_QμK."""
-    L = _dev(jk.backend, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
-    be, nao, naux = jk.backend, jk.fac.nao, jk.fac.naux
-    D1 = [[_dev(be, 0.5 * (x + x.T)) for x in d1] for d1 in D1s]
-    D1t = [sum(wi * x for wi, x in zip(w, d1)) for d1 in D1]
-    keep = [k for k, c in enumerate(C_o) if c.shape[1]]  # a spin with no electron has no exchange
-    w, Cd, D1 = [w[k] for k in keep], [_dev(be, C_o[k]) for k in keep], [[d1[k] for k in keep] for d1 in D1]
-    D = sum(wi * linalg.gemm(c, c, trans_b=True, backend=be) for wi, c in zip(w, Cd))
-    dens = torch.stack([D] + D1t).view(len(D1s) + 1, nao * nao)
-    rho = torch.empty((len(D1s) + 1, naux), dtype=torch.float64, device=D.device)
-    ck = [torch.empty((naux, nao, c.shape[1]), dtype=torch.float64, device=D.device) for c in Cd]
-    for p0, p1, Bb in jk._blocks():  # from the factor B = L^-1 (P|μν): no integrals again
-        rho[:, p0:p1] = linalg.gemm(dens, Bb.view(p1 - p0, -1), trans_b=True, backend=be)
-        for c, out in zip(Cd, ck):
-            out[p0:p1] = linalg.gemm(Bb.view(-1, nao), c, backend=be).view(p1 - p0, nao, -1)
-    d = linalg.trsm(L, rho.T, trans=True, backend=be).T  # (1 + n, naux)
-    ck = [linalg.trsm(L, c.view(naux, -1), trans=True, backend=be).contiguous().view(c.shape) for c in ck]
-    Y1 = [[linalg.gemm(x, c, backend=be) for x, c in zip(d1, ck)] for d1 in D1]  # [P, μ, k]
-    g2 = []
-    for n, ys in enumerate(Y1):
-        g = -0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1]))
-        for wi, c, y in zip(w, ck, ys):
-            m = linalg.gemm(c.view(naux, -1), y.view(naux, -1), trans_b=True, alpha=2.0, backend=be)
-            g += 0.25 * wi * (m + m.T)
-        g2.append(g)
-    return _jk_deriv_3c(jk, Cd, w, D, D1t, d, Y1, g2)
-
-
 def jk_energy_deriv_rhf(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray) -> np.ndarray:
-    """``jk_energy_deriv(jk, [C_o], [2], [[D/4], [P_ao/2]])`` of an RHF (C (nao, nmo), the first
+    """``jk_energy_deriv_blocked(jk, [C], [nocc], [2], [P/2])`` of an RHF (C (nao, nmo), the first
     ``nocc`` columns occupied; P (nmo, nmo) the relaxed density in the MO basis): (2, natm, 3)
     Eh/bohr, E_G^x(D/2, D) and E_G^x(P, D), from the factor in the MO basis the Z-vector kept
     (``_DFJK.build_mo``: B_oo, B_ov) rather than from the AO factor. With ckm^P = C^T ck^P =
@@ -1287,51 +1281,83 @@ def jk_energy_deriv_rhf(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray) -> n
     return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, Y1, g2)
 
 
-def jk_energy_deriv_rhf_blocked(jk: _DFJK, C: np.ndarray, nocc: int, P: np.ndarray, block_mb: float = AUX_BLOCK_MB):
-    """``jk_energy_deriv_rhf`` (same result, (2, natm, 3) Eh/bohr) without the MO factor and with
-    only the fitted MO coefficients held whole: one pass over the AO factor gives the fitted
-    densities' ρ and ckm's right-hand side [P, k, r] = (C_o^T B^P C)_kr (naux nocc nmo), then the
-    factor is released (``_DFJK.release``) and ckm = L^-T (that) is solved in place, column
-    block by column block; Y1m = P ckm / 2, Y1 and the metric weights m = 2 ckm Y1m^T are made per
-    aux block (m column block by column block, Y1 inside the derivative integrals' blocks) instead
-    of held (two of naux nao nocc and one of naux nocc nmo in ``jk_energy_deriv_rhf``)."""
+def jk_energy_deriv_blocked(
+    jk: _DFJK, C: list, nocc: list, w: list, M: list, block_mb: float = AUX_BLOCK_MB
+) -> np.ndarray:
+    """d/dR of E_G(D1) = Σ_σ w_σ D1^σ·(J[D] - K[D^σ]) at fixed densities, D^σ = C_o^σ C_o^σT,
+    D = Σ_σ w_σ D^σ, for D1_hf^σ = D^σ / 2 and D1_m^σ = C^σ M^σ C^σT: (2, natm, 3) Eh/bohr, for the
+    spins σ of C (each (nao, nmo), its first nocc_σ columns occupied) with weights w_σ and M^σ
+    (nmo, nmo) symmetric in the MO basis. RHF: w = [2], M = P/2 (E_G(D1, D), G = J - K/2; the
+    DF-RHF's two-electron gradient for D1 = D/2); UHF: w = [1, 1], M^σ = P^σ. With c = (μν|Q)
+    (Q|P)^-1 = L^-T B the fitted coefficients (from the JK factor, never held whole): d0 = Σ D c,
+    d1 = Σ D1t c with D1t = Σ_σ w_σ D1^σ, ck^σ_PλK = Σ_ν c_λνP C_νk, Y1^σ_PμK = Σ_λ D1^σ_μλ
+    ck^σ_PλK; the weights of (μν|P)^x are D1t d0 + D d1 - Σ_σ w_σ (M^σ + M^σT)/2 with M^σ_PμN = 2
+    Σ_k Y1^σ_PμK C_νk, those of (P|Q)^x -(d1 d0^T + d0 d1^T)/2 + Σ_σ w_σ (m^σ + m^σT)/4 with m^σ =
+    2 Σ_μk ck^σ_PμK Y1^σ_QμK (``_jk_deriv_3c``), all in the MO basis below. Only the fitted MO coefficients are
+    held whole: one pass over the AO factor gives the fitted densities' ρ and each spin's
+    ckm's right-hand side [P, k, r] = (C_o^T B^P C)_kr (naux nocc_σ nmo), then the factor is
+    released (``_DFJK.release``) and ckm = L^-T (that) is solved in place, column block by column
+    block; with cko = ckm's occupied columns, Y1 = C_o cko / 2 (D1_hf) and C M ckm (D1_m), and
+    the metric weights Σ_σ w_σ cko cko^T / 2 and m = Σ_σ w_σ ckm (M ckm)^T, are made per aux
+    block (m column block by column block, Y1 inside the derivative integrals' blocks) instead of
+    held (two of naux nao nocc and one of naux nocc nmo in ``jk_energy_deriv_rhf``). A spin with
+    no occupied orbital has no exchange term."""
     be, nao, naux = jk.backend, jk.nao, jk.naux
     L = _dev(be, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
-    Cd, Pm = _dev(be, C), _dev(be, 0.5 * (P + P.T))
-    Co, nmo = Cd[:, :nocc], Cd.shape[1]
-    D = linalg.gemm(Co, Co, trans_b=True, alpha=2.0, backend=be)
-    P_ao = linalg.gemm(linalg.gemm(Cd, Pm, backend=be), Cd, trans_b=True, backend=be)
-    D1t = [0.5 * D, 0.5 * (P_ao + P_ao.T)]
+    Cd, Md = [_dev(be, c) for c in C], [_dev(be, m) for m in M]
+    D = D1m = None
+    for wi, c, no, m in zip(w, Cd, nocc, Md):
+        Co = c[:, :no]
+        D = linalg.gemm(Co, Co, trans_b=True, alpha=wi, beta=float(D is not None), out=D, backend=be)
+        P_ao = linalg.gemm(linalg.gemm(c, m, backend=be), c, trans_b=True, alpha=wi, backend=be)
+        D1m = P_ao if D1m is None else D1m + P_ao
+    D1t = [0.5 * D, 0.5 * (D1m + D1m.T)]
+    keep = [s for s, no in enumerate(nocc) if no]  # a spin with no electron has no exchange
+    w, Cd, nocc, Md = [w[s] for s in keep], [Cd[s] for s in keep], [nocc[s] for s in keep], [Md[s] for s in keep]
+    Co = [c[:, :no] for c, no in zip(Cd, nocc)]
     dens = torch.stack([D] + D1t).view(3, nao * nao)
     rho = torch.empty((3, naux), dtype=torch.float64, device=D.device)
-    ckm = torch.empty((naux, nocc, nmo), dtype=torch.float64, device=D.device)  # [P, k, r]
+    ckm = [torch.empty((naux, no, c.shape[1]), dtype=torch.float64, device=D.device) for c, no in zip(Cd, nocc)]
     for p0, p1, Bb in jk._blocks():
         nb = p1 - p0
         rho[:, p0:p1] = linalg.gemm(dens, Bb.view(nb, -1), trans_b=True, backend=be)
-        ho = linalg.gemm(Bb.view(-1, nao), Co, backend=be).view(nb, nao, nocc).transpose(1, 2).contiguous()
-        ckm[p0:p1] = linalg.gemm(ho.view(-1, nao), Cd, backend=be).view(nb, nocc, nmo)
+        for c, co, out in zip(Cd, Co, ckm):  # [P, k, r] of C_o^T B^P C
+            ho = linalg.gemm(Bb.view(-1, nao), co, backend=be).view(nb, nao, -1).transpose(1, 2).contiguous()
+            out[p0:p1] = linalg.gemm(ho.view(-1, nao), c, backend=be).view(nb, co.shape[1], -1)
     jk.release()
     d = linalg.trsm(L, rho.T, trans=True, backend=be).T  # (3, naux)
-    _trsm_columns(L, ckm.view(naux, -1), be)
-    cko = ckm[:, :, :nocc].reshape(naux, -1)  # [P, (k l)], symmetric in k, l
+    for x in ckm:
+        _trsm_columns(L, x.view(naux, -1), be)
+    cko = [x[:, :, :no].reshape(naux, -1) for x, no in zip(ckm, nocc)]  # [P, (k l)], symmetric in k, l
     step = max(1, min(naux, int(block_mb * 1e6 // (3 * nao * nao * 8))))
     m = torch.empty((naux, naux), dtype=torch.float64, device=D.device)
     for p0 in range(0, naux, step):
         p1 = min(naux, p0 + step)
-        Y1m = linalg.gemm(ckm[p0:p1].view(-1, nmo), Pm, alpha=0.5, backend=be)  # [P, k, r] = (P ckm^P / 2)_rk
-        m[:, p0:p1] = linalg.gemm(ckm.view(naux, -1), Y1m.view(p1 - p0, -1), trans_b=True, alpha=2.0, backend=be)
-    ms = [linalg.gemm(cko, cko, trans_b=True, backend=be), 0.5 * (m + m.T)]
+        for s, (wi, x, mm) in enumerate(zip(w, ckm, Md)):
+            Y1m = linalg.gemm(x[p0:p1].view(-1, x.shape[2]), mm, backend=be)  # [P, k, r] = (M ckm^P)_rk
+            blk = linalg.gemm(x.view(naux, -1), Y1m.view(p1 - p0, -1), trans_b=True, alpha=wi, backend=be)
+            if s:
+                m[:, p0:p1] += blk
+            else:
+                m[:, p0:p1] = blk
+    hf = torch.empty((naux, naux), dtype=torch.float64, device=D.device)
+    for s, (wi, x) in enumerate(zip(w, cko)):
+        linalg.gemm(x, x, trans_b=True, alpha=wi / 2, beta=float(s > 0), out=hf, backend=be)
+    ms = [hf, 0.5 * (m + m.T)]
     del m
     g2 = [-0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1])) + ms[n] for n in range(2)]
 
-    def y1(p0, p1):  # [P, μ, k] of C_o cko^P / 2 and C Y1m^P, for this block of P only
-        nb = p1 - p0
-        y0 = linalg.gemm(cko[p0:p1].reshape(-1, nocc), Co, trans_b=True, alpha=0.5, backend=be)
-        Y1m = linalg.gemm(ckm[p0:p1].view(-1, nmo), Pm, alpha=0.5, backend=be)
-        yp = linalg.gemm(Y1m, Cd, trans_b=True, backend=be)
-        return [[y.view(nb, nocc, nao).transpose(1, 2).contiguous()] for y in (y0, yp)]
+    def y1(p0, p1):  # per density, each spin's [P, μ, k] of C_o cko^P / 2 and C M ckm^P, this block of P only
+        nb, out = p1 - p0, [[], []]
+        for c, co, no, x, xo, mm in zip(Cd, Co, nocc, ckm, cko, Md):
+            y0 = linalg.gemm(xo[p0:p1].reshape(-1, no), co, trans_b=True, alpha=0.5, backend=be)
+            Y1m = linalg.gemm(x[p0:p1].view(-1, x.shape[2]), mm, backend=be)
+            yp = linalg.gemm(Y1m, c, trans_b=True, backend=be)
+            for n, y in enumerate((y0, yp)):
+                out[n].append(y.view(nb, no, nao).transpose(1, 2).contiguous())
+        return out
 
-    return _jk_deriv_3c(jk, [Co], [2.0], D, D1t, d, y1, g2, block_mb)
+    return _jk_deriv_3c(jk, Co, w, D, D1t, d, y1, g2, block_mb)
 
 
 def _trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 64.0) -> None:
@@ -1347,7 +1373,7 @@ def _trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 6
 def _jk_deriv_3c(
     jk: _DFJK, Cd: list, w: list, D, D1t: list, d, Y1, g2: list, block_mb: float = AUX_BLOCK_MB
 ) -> np.ndarray:
-    """``jk_energy_deriv``'s contraction with the derivative integrals (``df_deriv``), from its
+    """``jk_energy_deriv_blocked``'s contraction with the derivative integrals (``df_deriv``), from its
     intermediates on the device: each spin's C_o (``Cd``) and weight, D, the D1t and Y1 of each
     density, d (1 + n, naux) and the metric weights g2 (n of (naux, naux)). Y1: per density a list
     of each spin's [P, μ, k] (naux, nao, nocc_σ), or a function (p0, p1) -> that list for the

@@ -121,15 +121,14 @@ def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float
 def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
     """The gradient stage's peak memory (MB) for the prepared ``job`` with the plan it would run
     (``gradient_plan``): MemoryLimitError (one line) before any work when no plan fits."""
-    plan = gradient_plan(job, memory_mb)
-    return plan.peak_mb if isinstance(plan, GradientPlan) else plan
+    return gradient_plan(job, memory_mb).peak_mb
 
 
-def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan | float:
-    """The gradient stage's plan for the prepared ``job`` (``relaxed.job_plan``): RHF the fastest
-    ``mp2grad.choose_plan`` that fits, UHF its one in-memory estimate (MB; it has no blocked
-    forms). MemoryLimitError (one line, human units) before any work when nothing fits."""
-    return relaxed.job_plan(job, memory_mb, uhf_why="a UHF reference: held in memory on the host, no blocked forms yet")
+def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan:
+    """The gradient stage's plan for the prepared ``job`` (``relaxed.job_plan``): the fastest
+    ``mp2grad.choose_plan`` that fits (RHF or UHF). MemoryLimitError (one line, human units)
+    before any work when nothing fits."""
+    return relaxed.job_plan(job, memory_mb)
 
 
 def gradient_stage(
@@ -139,7 +138,7 @@ def gradient_stage(
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
     with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
     ``mp2grad.mp2_gradient``, a UHF one ``mp2grad_uhf.uhf_mp2_gradient``. The one entry point into
-    the stage (``run_gradient``, ``DFMP2.nuc_grad_method``). ``plan``: the RHF stage's forms
+    the stage (``run_gradient``, ``DFMP2.nuc_grad_method``). ``plan``: the stage's forms
     (``gradient_plan``; default the fastest that fits memory.DEFAULT_FRACTION of the available
     memory). ``world``: the ranks the stage splits its pair loops and derivative integrals over
     (``ran['ranks']`` says which parts); None or one process: all of it here."""
@@ -151,7 +150,7 @@ def gradient_stage(
         )
     else:
         parts = mp2grad_uhf.uhf_mp2_gradient(
-            mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, world=world
+            mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan, world=world
         )
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
     if world is not None and world.distributed:
@@ -199,7 +198,6 @@ def run_gradient(
     say = log or (lambda msg: None)
     say("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
-    plan = plan if isinstance(plan, GradientPlan) else None
     timer = Timer(job.backend, on_stage=lambda stage, s: say(f"  gradient: {_STAGE_NAMES.get(stage, stage)} {s:.2f} s"))
     parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, plan, job.world)
     c_os, c_ss = SCALES[method]

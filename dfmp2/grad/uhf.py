@@ -49,43 +49,108 @@ from dfmp2.grad.rhf import (
     _DFJK,
     AUX_BLOCK_MB,
     ON_HOST,
+    PAIR_BLOCK_MB,
     ZVECTOR_MAX_ITER,
     ZVECTOR_TOL,
     GradientError,
     GradientParts,
+    GradientPlan,
     _cholesky,
+    _default_limit_mb,
     _dev,
+    _gamma_terms,
     _one_electron_deriv,
     _Orbitals,
     _pair_densities,
+    _shared_terms,
     _t,
     check_channels,
+    choose_plan,
     df_deriv,
     fit_b,
     gamma3_weights,
-    jk_energy_deriv,
+    jk_energy_deriv_blocked,
+    npair,
     orb_frozen,
-    three_index_terms,
+    response_3c,
 )
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
 
 
-def memory_mb(
-    *, nao: int, nocc: tuple, nact: tuple, nvir: tuple, naux_mp2: int, naux_jk: int, block_mb: float = AUX_BLOCK_MB
-) -> float:
-    """Peak MB (10^6 bytes, fp64) of the UHF gradient stage, an estimate (per-spin tuples
-    (alpha, beta)): the JK factor (naux_jk nao(nao+1)/2) and Γ~'s half back-transforms
-    (nao naux_mp2 Σ nact_σ) throughout, plus the larger of the pair loops' phase (B and Γ of both
-    spins: 2 naux_mp2 Σ nact_σ nvir_σ, (ia|P) of one spin while fitting, K, t and their products of
-    one outer orbital: 5 max nvir_σ nact_τ nvir_τ) and the derivative phase (per spin the JK
-    part's half-transformed coefficients and Y1 for two densities: 3 nao naux_jk Σ nocc_σ; a
-    block of derivative integrals and its weights: twice block_mb, at most 3 nao^2 naux)."""
-    held = naux_jk * nao * (nao + 1) // 2 + nao * naux_mp2 * sum(nact)
-    ov = [a * v for a, v in zip(nact, nvir)]
-    pair = 2 * naux_mp2 * sum(ov) + naux_mp2 * max(ov) + 5 * max(v * o for v in nvir for o in ov)
-    deriv = 3 * nao * naux_jk * sum(nocc) + 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk))
-    return 8 * (held + max(pair, deriv)) / 1e6
+def uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol) -> dict:
+    """``phase_mb``'s shapes of the UHF ``ref`` on ``mol`` with both fitting sets: nocc, nact and
+    nvir per-spin tuples (alpha, beta)."""
+    nocc = tuple(int(ch.nocc) for ch in ref.channels)
+    nmo = np.asarray(ref.channels[0].mo_coeff).shape[1]
+    return dict(
+        nao=mol.nao_nr(),
+        nocc=nocc,
+        nact=tuple(int(np.sum(~np.asarray(ch.frozen)[: ch.nocc])) for ch in ref.channels),
+        nvir=tuple(nmo - n for n in nocc),
+        naux_mp2=mp2_auxmol.nao_nr(),
+        naux_jk=jk_auxmol.nao_nr(),
+    )
+
+
+def phase_mb(
+    *,
+    nao: int,
+    nocc: tuple,
+    nact: tuple,
+    nvir: tuple,
+    naux_mp2: int,
+    naux_jk: int,
+    zvector: str = "ao",
+    jk_deriv: str = "blocked",
+    block_mb: float = AUX_BLOCK_MB,
+    factor: str = "memory",
+    fit_mb: float = 0.0,
+    pair_mb: float = PAIR_BLOCK_MB,
+) -> dict:
+    """MB (10^6 bytes, fp64) each phase of the UHF gradient stage holds at its peak, an estimate
+    from the shapes (per-spin tuples (alpha, beta)), in the order the stage runs them, as the RHF's
+    (``mp2grad.phase_mb``; its one form: ``mp2grad.UHF_PLANS``):
+      'densities': each spin's B fitted beside the other's ((ia|P) and B, a (μν|P) block), the pair
+        loops (B and Γ of both spins: 2 naux_mp2 Σ nact_σ nvir_σ; K and θ of one block, pair_mb at
+        most, and P_vv's batched product), then per spin its 3-index terms (B and Γ of the spins
+        not yet done, this spin's Γ~, the T_v made so far: naux_mp2 nao nact_σ each, a (μν|P) block
+        and its half transforms);
+      'corr_deriv': both T_v and the derivative integrals' block;
+      'jk_fit': the JK factor's fit, as the RHF's;
+      'zvector': the factor (in memory, or the reader's blocks on disk) and one unpacked block with
+        the half transforms of both spins' K factors (two of 2 nocc_σ columns);
+      'jk_deriv': the factor with each spin's fitted MO coefficients (naux_jk nocc_σ nmo) and one
+        unpacked block, then, the factor released, the coefficients, their occupied part
+        (naux_jk nocc_σ^2), the metric weights (three of naux_jk^2), a derivative block, its
+        weights and each spin's Y1 of one block."""
+    if (zvector, jk_deriv) != ("ao", "blocked"):
+        raise ValueError(f"the UHF stage has one form (ao, blocked), not zvector={zvector!r}, jk_deriv={jk_deriv!r}")
+    nmo = nocc[0] + nvir[0]
+    sh = _shared_terms(nao, naux_mp2, naux_jk, max(nocc), block_mb, factor, fit_mb)
+    fac, deriv_nb = sh["fac"], sh["deriv_nb"]
+    ov = [a * v * naux_mp2 for a, v in zip(nact, nvir)]
+    t_v = nao * naux_mp2 * sum(nact)
+    j3c = sh["j3c_nb"] * (nao * nao + npair(nao) + 2 * nao * max(nact))
+    pair_blk = max(
+        min(pair_mb * 1e6 / 8, 2 * a * v * b * w) + a * v * v for a, v in zip(nact, nvir) for b, w in zip(nact, nvir)
+    )
+    three = max(2 * sum(ov[s + 1 :]) + ov[s] + nao * naux_mp2 * sum(nact[: s + 1]) for s in (0, 1)) + j3c
+    densities = max(sum(ov) + max(ov) + j3c, 2 * sum(ov) + pair_blk, three)
+    jk_blk = sh["jk_nb"] * nao * (nao + 8 * max(nocc)) + sh["reads"]
+    ckm = naux_jk * nmo * sum(nocc)
+    cko = naux_jk * sum(n * n for n in nocc)
+    g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
+    y1 = deriv_nb * sum(2 * n * nmo + 2 * nao * n for n in nocc)  # Y1m and both Y1 of one block, each spin
+    deriv = max(fac + ckm + jk_blk, ckm + cko + 3 * naux_jk * naux_jk + sh["deriv_blk"] + g3 + y1)
+    phases = {
+        "densities": densities,
+        "corr_deriv": t_v + sh["deriv_blk"],
+        "jk_fit": sh["jk_fit"],
+        "zvector": fac + jk_blk,
+        "jk_deriv": deriv,
+    }
+    return {k: 8 * v / 1e6 for k, v in phases.items()}
 
 
 def uhf_mp2_gradient(
@@ -98,42 +163,36 @@ def uhf_mp2_gradient(
     c_os: float = 1.0,
     c_ss: float = 1.0,
     timer: Timer | None = None,
+    plan: GradientPlan | None = None,
     world=None,
 ) -> GradientParts:
     """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
     (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
-    JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise). Over
-    several ranks (``world``) the pair loops' blocks (``mp2grad._pair_densities``) and the
+    JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise). ``plan``:
+    where the JK factor lives (in memory or on disk) and the blocks (``mp2grad.choose_plan`` of
+    ``uhf_shapes``; default the one that fits memory.DEFAULT_FRACTION of the available memory).
+    Over several ranks (``world``) the pair loops' blocks (``mp2grad._pair_densities``) and the
     derivative integrals (``mp2grad.df_deriv``) are split, added in one fixed order; the JK factor
-    and the Z-vector run whole on every rank (the same bits as one process)."""
+    and the Z-vector run whole on every rank (the same bits as one process).
+
+    The phases run in the RHF stage's order, which keeps the fewest large arrays alive together:
+    the correlation part (B, Γ, then T_v) and its derivative integrals first, T_v freed; then the
+    JK factor, the Z-vector and the JK part's derivative (the factor released before its
+    derivative integrals)."""
     if ref.restricted:
         raise GradientError(
             "uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs through mp2grad.mp2_gradient",
             option="reference",
         )
     check_channels(ref, backend)
+    if plan is None:
+        plan = choose_plan(uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol), _default_limit_mb())
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
-    t0, f0 = time.perf_counter(), timer.executed()
+    t0 = time.perf_counter()
     orbs = [_Orbitals(ch) for ch in ref.channels]
-    jk = _DFJK(mol, jk_auxmol, backend, timer)
-    jk.world = world
-    resp = _response_operator(jk, orbs)
-    t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
-    e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world)
+    e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world, plan=plan)
     t0 = timer.add("grad_mp2_densities", t0)
-    P_unrelaxed = [p.copy() for p in P]
-    P, Y, zinfo = _relaxed_density(orbs, P, Y, resp)
-    t0 = timer.add("grad_zvector", t0)
-    C_o = [o.C[:, o.occ] for o in orbs]
-    D = [c @ c.T for c in C_o]
-    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
-    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
-    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
-    jk_hf, jk_p = jk_energy_deriv(jk, C_o, [1.0, 1.0], [[0.5 * d for d in D], P_ao])
-    one_hf, one_p = _one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
-    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
-
     C_act = [o.C[:, o.act] for o in orbs]
     gbuf = memory.Buffers(device=T_v[0].device)
     corr_3c = df_deriv(
@@ -141,8 +200,31 @@ def uhf_mp2_gradient(
         mp2_auxmol,
         lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
         -2.0 * gamma_pq[None],
+        block_mb=plan.block_mb,
         world=world,
     )[0]
+    T_v, gbuf = None, None  # (naux_mp2, nao, nact_σ) each: not needed beside the JK factor
+    t0 = timer.add("grad_derivative_integrals", t0)
+    f0 = timer.executed()
+    jk = _DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
+    jk.world = world
+    try:
+        t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
+        P_unrelaxed = [p.copy() for p in P]
+        P, Y, zinfo = _relaxed_density(orbs, P, Y, _response_operator(jk, orbs))
+        t0 = timer.add("grad_zvector", t0)
+        nocc = [len(o.occ) for o in orbs]
+        Pm = [0.5 * (p + p.T) for p in P]
+        jk_hf, jk_p = jk_energy_deriv_blocked(jk, [o.C for o in orbs], nocc, [1.0, 1.0], Pm, plan.block_mb)
+    finally:
+        jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
+    C_o = [o.C[:, o.occ] for o in orbs]
+    D = [c @ c.T for c in C_o]
+    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
+    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
+    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
+    one_hf, one_p = _one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
+    hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
     warnings = []
@@ -162,6 +244,7 @@ def uhf_mp2_gradient(
         "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
         "derivative weights",
         "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)",
+        "plan": plan.record(),
     }
     return GradientParts(
         grad,
@@ -204,22 +287,22 @@ def _response_operator(jk: _DFJK, orbs):
 
 
 # ---------------------------------------------------------------------------- correlation part
-def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None):
+def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None, plan=None):
     """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
     the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
-    E_aa + E_bb + 2 E_ab of pair arithmetic), then Γ~, γ and the orbital-response terms
-    (``mp2grad.three_index_terms``). Returns (e_corr = Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree),
-    P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv in place), Y (per spin (nmo, nmo): the
-    3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v Γ~, on the device), γ (naux, naux)).
-    ``response`` False: the unrelaxed densities only (Y zero, T_v empty and γ None: no 3-index
-    terms)."""
+    E_aa + E_bb + 2 E_ab of pair arithmetic), then per spin γ's share and Γ~ (``_gamma_terms``),
+    B and Γ of that spin dropped, and the orbital-response terms (``response_3c``). The
+    (μν|P) and pair blocks are ``plan``'s (None: AUX_BLOCK_MB and PAIR_BLOCK_MB). Returns (e_corr =
+    Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree), P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv
+    in place), Y (per spin (nmo, nmo): the 3-index terms), T_v (per spin (naux, nao, nact) = 4 C_v
+    Γ~, on the device), γ (naux, naux)). ``response`` False: the unrelaxed densities only (Y zero,
+    T_v empty and γ None: no 3-index terms)."""
+    block_mb, pair_mb = (plan.block_mb, plan.pair_mb) if plan is not None else (AUX_BLOCK_MB, PAIR_BLOCK_MB)
     L = _cholesky(auxmol.intor("int2c2e"), "MP2")
     naux, nao = L.shape[0], orbs[0].C.shape[0]
     has = [bool(len(o.act) and len(o.vir)) for o in orbs]
-    Bd = [
-        _dev(backend, fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend) if h else np.zeros((0, naux)))
-        for o, h in zip(orbs, has)
-    ]
+    fit = lambda o: fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend, block_mb)  # noqa: E731
+    Bd = [_dev(backend, fit(o) if h else np.zeros((0, naux))) for o, h in zip(orbs, has)]
     eo = [_dev(backend, o.eps[o.act]) for o in orbs]
     ev = [_dev(backend, o.eps[o.vir]) for o in orbs]
     acc = [
@@ -234,7 +317,7 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
         if not has[s]:
             continue
         if c_ss:
-            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s], world=world)
+            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s], block_mb=pair_mb, world=world)
         if c_os and has[1 - s]:  # Γ of the other spin (the j side), P_oo and P_vv of this one
             _pair_densities(
                 Bd[s],
@@ -245,20 +328,27 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
                 0.0,
                 cols=(Bd[1 - s], eo[1 - s], ev[1 - s]),
                 out=(acc[1 - s][0], acc[s][1], acc[s][2]),
+                block_mb=pair_mb,
                 world=world,
             )
     e_corr = sum(float(torch.dot(a[0].reshape(-1), b.reshape(-1))) for a, b in zip(acc, Bd))
     gamma_pq, P, Y, T_v = np.zeros((naux, naux)), [], [], []
-    for o, b, (G, po, pv), h in zip(orbs, Bd, acc, has):
+    for s, (o, h) in enumerate(zip(orbs, has)):
         p, y = np.zeros((o.nmo, o.nmo)), np.zeros((o.nmo, o.nmo))
         P.append(p)
         Y.append(y)
+        G, po, pv = acc[s]
         if not h:
-            T_v.append(torch.zeros((naux, nao, len(o.act)), dtype=torch.float64, device=b.device))
+            T_v.append(torch.zeros((naux, nao, len(o.act)), dtype=torch.float64, device=Bd[s].device))
             continue
         if response:
-            g, y[:, o.act], y[:, o.vir], tv = three_index_terms(mol, auxmol, o, L, b, G, backend)
+            g, gamma_t = _gamma_terms(L, Bd[s], G, backend, len(o.act), len(o.vir))
             gamma_pq += g
+        Bd[s], acc[s], G = None, None, None  # this spin's B and Γ (nact nvir naux each) go before its T_v
+        if response:
+            X_o, X_v, tv = response_3c(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], gamma_t, backend, block_mb)
+            del gamma_t
+            y[:, o.act], y[:, o.vir] = o.C.T @ X_o, o.C.T @ X_v
             T_v.append(tv)
         po, pv = po.cpu().numpy(), pv.cpu().numpy()
         p[np.ix_(o.act, o.act)] = 0.5 * (po + po.T)

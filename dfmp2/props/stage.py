@@ -49,18 +49,9 @@ def check_properties(options, unrestricted: bool) -> None:
 
 def density_plan(job, memory_mb: float | None = None):
     """The density stage's plan for a prepared ``pipeline.Job`` (``relaxed.job_plan`` over
-    ``DENSITY_PHASES``), checked before any work: RHF the fastest gradient plan whose density
-    phases fit, UHF None (its in-memory estimate, an upper bound, checked). MemoryLimitError (one
-    line, human units) when nothing fits."""
-    plan = relaxed.job_plan(
-        job,
-        memory_mb,
-        phases=mp2grad.DENSITY_PHASES,
-        stage="density (properties)",
-        uhf_stage="the density stage (properties)",
-        uhf_why="a UHF reference: held in memory",
-    )
-    return plan if isinstance(plan, mp2grad.GradientPlan) else None
+    ``DENSITY_PHASES``), checked before any work: the fastest gradient plan whose density phases
+    fit. MemoryLimitError (one line, human units) when nothing fits."""
+    return relaxed.job_plan(job, memory_mb, phases=mp2grad.DENSITY_PHASES, stage="density (properties)")
 
 
 def property_stage(

@@ -17,6 +17,7 @@ from dfmp2.cli.main import main
 from dfmp2.errors import EXIT_USER_ERROR, MemoryLimitError
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import run as gradrun
+from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import human
 from dfmp2.timing import Timer
@@ -54,6 +55,42 @@ def test_blocked_forms_equal_the_in_memory_forms(name, kw, method):
         grads[zv, jd, factor] = parts.gradient
     for key, g in grads.items():
         assert np.abs(g - grads["mo", "mo", "memory"]).max() <= 1e-10, key
+
+
+@pytest.mark.parametrize("name, kw, method", [("open_shell/hydroxyl.xyz", dict(basis="6-31g"), "scs-mp2")])
+def test_uhf_factor_on_disk_equals_the_factor_in_memory(name, kw, method):
+    """The UHF stage's plan with the JK factor on disk (fitted in row blocks of 7 functions, the
+    Z-vector's J/K and the JK derivative read from the file per block) against its in-memory
+    plan, and both record the UHF's forms."""
+    job, done, be = _energy_run(name, **kw)
+    shapes = mp2grad_uhf.uhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
+    row_mb = (shapes["nao"] * (shapes["nao"] + 1) // 2) * 8 / 1e6
+    grads = {}
+    for factor, fit_mb in (("memory", 0.0), ("disk", 7 * row_mb)):
+        plan = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor=factor, fit_mb=fit_mb)
+        parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        rec = parts.ran["plan"]
+        assert rec["jk_factor"].startswith("in memory" if factor == "memory" else "on disk")
+        assert rec["zvector_form"] == mp2grad.UHF_FORMS["zvector"] and "each spin" in rec["jk_deriv_form"]
+        grads[factor] = parts.gradient
+    assert np.abs(grads["disk"] - grads["memory"]).max() <= 1e-10
+
+
+def test_uhf_plan_goes_to_disk_under_a_small_limit():
+    """(H2O)16+ doublet/cc-pVDZ shapes: the in-memory UHF plan needs more than 2 GB; under 2 GB the
+    factor goes to disk and every phase stays within the limit; the only in-memory forms are the
+    UHF's (the RHF's MO-factor forms do not exist for it)."""
+    shapes = dict(H2O_16, nocc=(80, 79), nact=(80, 79), nvir=(304, 305))
+    fast = mp2grad.choose_plan(shapes, 1e6)
+    assert (fast.zvector, fast.jk_deriv, fast.factor, fast.reference) == ("ao", "blocked", "memory", "uhf")
+    assert fast.peak_mb > 2000.0
+    disk = mp2grad.choose_plan(shapes, 2000.0)
+    assert disk.factor == "disk" and disk.peak_mb <= 2000.0 and disk.reference == "uhf"
+    with pytest.raises(ValueError):
+        mp2grad.make_plan(shapes, "mo", "mo")
+    with pytest.raises(MemoryLimitError) as err:
+        mp2grad.choose_plan(shapes, 300.0)
+    assert "\n" not in str(err.value) and "smallest plan" in str(err.value)
 
 
 def test_ao_hessian_and_g_equal_the_mo_factor_ones():

@@ -181,15 +181,17 @@ def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, word
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.output
 
 
-def test_uhf_gradient_memory_is_the_uhf_estimate_and_refused_before_the_scf(no_scf):
+def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     geom = read_xyz(INPUTS / "open_shell" / "hydroxyl.xyz")
     need = gradrun.check_gradient_memory(
         geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
-    assert need == pytest.approx(
-        mp2grad_uhf.memory_mb(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
-    )
+    shapes = dict(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
+    phases = mp2grad_uhf.phase_mb(**shapes)
+    assert need >= max(phases.values()) and need == pytest.approx(mp2grad.choose_plan(shapes, 1e5).peak_mb)
+    small = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
+    assert small <= need
     r = CliRunner().invoke(
         main,
         [
@@ -198,10 +200,11 @@ def test_uhf_gradient_memory_is_the_uhf_estimate_and_refused_before_the_scf(no_s
             "--basis",
             "cc-pvdz",
             "--memory",
-            f"{need / 2:.4f}MB",
+            f"{small / 2:.4f}MB",
         ],
     )
     assert r.exit_code == EXIT_USER_ERROR and "the gradient stage needs about" in r.output, r.output
+    assert "smallest plan" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
