@@ -1,10 +1,15 @@
-"""(H2O)16/cc-pVDZ gradient stage alone in a fresh process (ru_maxrss): argv mode "energy" (pickle the
-reference), "zvector,jk_deriv" (forced forms) or "limit:MB" (choose_plan); argv out prefix."""
+"""The gradient stage alone in a fresh process (ru_maxrss), RHF or UHF: mode "energy" (run the energy
+and pickle the reference to --ref), "zvector,jk_deriv" (forced forms, the JK factor in memory) or
+"limit:MB" (choose_plan); out: the prefix of the .json record and the .npy gradient.
 
+    python scripts/bench_gradient_plan.py energy /tmp/g/ref.pkl --xyz water_clusters/h2o_08.xyz --charge 1 --mult 2
+    python scripts/bench_gradient_plan.py limit:500 /tmp/g/disk --ref /tmp/g/ref.pkl --xyz ... --charge 1 --mult 2
+"""
+
+import argparse
 import json
 import pickle
 import resource
-import sys
 import time
 
 import numpy as np
@@ -12,37 +17,46 @@ import numpy as np
 from dfmp2 import pipeline
 from dfmp2.grad import rhf as g
 from dfmp2.grad import run as gr
+from dfmp2.grad import uhf as gu
 from dfmp2.io import INPUTS
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 from dfmp2.timing import Timer
 
-mode, out = sys.argv[1], sys.argv[2]
-geom = read_xyz(INPUTS / "water_clusters/h2o_16.xyz")
-opts = RunOptions(basis="cc-pvdz")
-be = pipeline.make_backend(opts)
-if mode == "energy":
+ap = argparse.ArgumentParser()
+ap.add_argument("mode")
+ap.add_argument("out")
+ap.add_argument("--xyz", default="water_clusters/h2o_16.xyz", help="under inputs/")
+ap.add_argument("--basis", default="cc-pvdz")
+ap.add_argument("--charge", type=int, default=0)
+ap.add_argument("--mult", type=int, default=1)
+ap.add_argument("--ref", default="/tmp/g38/ref.pkl", help="the pickled reference of mode 'energy'")
+a = ap.parse_args()
+geom = read_xyz(INPUTS / a.xyz)
+opts = RunOptions(basis=a.basis, charge=a.charge, multiplicity=a.mult)
+be = pipeline.make_backend(opts, unrestricted=a.mult > 1)
+if a.mode == "energy":
     job = pipeline.prepare_run(geom, opts, be, None)
     done = pipeline.run_energy(job)
-    pickle.dump(done.ref, open(out, "wb"))
+    pickle.dump(done.ref, open(a.out, "wb"))
     print("naux", job.space.naux, job.jk_auxmol.nao_nr())
-    sys.exit()
+    raise SystemExit
 job = pipeline.prepare(geom, opts, be)
-ref = pickle.load(open("/tmp/g38/ref.pkl", "rb"))
-shapes = g.rhf_shapes(job.mol, ref, job.auxmol, job.jk_auxmol)
-if mode.startswith("limit:"):
-    plan = g.choose_plan(shapes, float(mode.split(":")[1]))
+ref = pickle.load(open(a.ref, "rb"))
+shapes = (g.rhf_shapes if ref.restricted else gu.uhf_shapes)(job.mol, ref, job.auxmol, job.jk_auxmol)
+if a.mode.startswith("limit:"):
+    plan = g.choose_plan(shapes, float(a.mode.split(":")[1]))
 else:
-    zv, jd = mode.split(",")
-    plan = g.make_plan(shapes, zv, jd)
+    plan = g.make_plan(shapes, *a.mode.split(","))
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 t = time.perf_counter()
 parts = gr.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
 wall = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
-np.save(out + ".npy", parts.gradient)
+np.save(a.out + ".npy", parts.gradient)
 rec = dict(
-    mode=mode,
+    mode=a.mode,
+    xyz=a.xyz,
     wall_s=wall,
     maxrss_mb=rss,
     rss_before_stage_mb=rss0,
@@ -53,5 +67,5 @@ rec = dict(
     zvector=parts.zvector,
     shapes=shapes,
 )
-json.dump(rec, open(out + ".json", "w"), indent=1)
+json.dump(rec, open(a.out + ".json", "w"), indent=1)
 print(json.dumps(rec))

@@ -159,7 +159,7 @@ JK_DERIV_FORMS = {
     "factor released before the derivative integrals",
 }
 PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first, the JK factor in memory
-UHF_PLANS = (("ao", "blocked"),)  # the UHF stage's one in-memory plan (dfmp2.grad.uhf)
+UHF_PLANS = (("ao", "blocked"),)  # the UHF stage's one in-memory plan (dfmp2.grad.uhf, ``uhf_phase_mb``)
 UHF_FORMS = {  # what its forms are (``GradientPlan.record``)
     "zvector": "the DF-UHF's J/K (DFUHF.hessian_product) streamed over the AO factor per aux block",
     "jk_deriv": "each spin's fitted MO coefficients held, Y1 and the metric weights per aux block, the JK "
@@ -185,7 +185,7 @@ class GradientPlan:
     scratch_dir: str | None = None  # with the factor on disk: where its scratch directory goes (None: the system's)
     block_mb: float = AUX_BLOCK_MB  # the 3-center (derivative) integrals' blocks
     pair_mb: float = PAIR_BLOCK_MB  # the densities' pair loop: K and θ of one block of j
-    reference: str = "rhf"  # whose stage: 'rhf' (PLANS) or 'uhf' (UHF_PLANS, dfmp2.grad.uhf.phase_mb)
+    reference: str = "rhf"  # whose stage: 'rhf' (PLANS, phase_mb) or 'uhf' (UHF_PLANS, uhf_phase_mb)
 
     @property
     def peak_mb(self) -> float:
@@ -279,6 +279,66 @@ def phase_mb(
     return {k: 8 * v / 1e6 for k, v in phases.items()}
 
 
+def uhf_phase_mb(
+    *,
+    nao: int,
+    nocc: tuple,
+    nact: tuple,
+    nvir: tuple,
+    naux_mp2: int,
+    naux_jk: int,
+    zvector: str = "ao",
+    jk_deriv: str = "blocked",
+    block_mb: float = AUX_BLOCK_MB,
+    factor: str = "memory",
+    fit_mb: float = 0.0,
+    pair_mb: float = PAIR_BLOCK_MB,
+) -> dict:
+    """MB (10^6 bytes, fp64) each phase of the UHF gradient stage holds at its peak, an estimate
+    from the shapes (per-spin tuples (alpha, beta)), in the order the stage runs them, as the RHF's
+    (``phase_mb``; its one form: UHF_PLANS; shapes: ``dfmp2.grad.uhf.uhf_shapes``):
+      'densities': each spin's B fitted beside the other's ((ia|P) and B, a (μν|P) block), the pair
+        loops (B and Γ of both spins: 2 naux_mp2 Σ nact_σ nvir_σ; K and θ of one block, pair_mb at
+        most, and P_vv's batched product), then per spin its 3-index terms (B and Γ of the spins
+        not yet done, this spin's Γ~, the T_v made so far: naux_mp2 nao nact_σ each, a (μν|P) block
+        and its half transforms);
+      'corr_deriv': both T_v and the derivative integrals' block;
+      'jk_fit': the JK factor's fit, as the RHF's;
+      'zvector': the factor (in memory, or the reader's blocks on disk) and one unpacked block with
+        the half transforms of both spins' K factors (two of 2 nocc_σ columns);
+      'jk_deriv': the factor with each spin's fitted MO coefficients (naux_jk nocc_σ nmo) and one
+        unpacked block, then, the factor released, the coefficients, their occupied part
+        (naux_jk nocc_σ^2), the metric weights (three of naux_jk^2), a derivative block, its
+        weights and each spin's Y1 of one block."""
+    if (zvector, jk_deriv) != ("ao", "blocked"):
+        raise ValueError(f"the UHF stage has one form (ao, blocked), not zvector={zvector!r}, jk_deriv={jk_deriv!r}")
+    nmo = nocc[0] + nvir[0]
+    sh = _shared_terms(nao, naux_mp2, naux_jk, max(nocc), block_mb, factor, fit_mb)
+    fac, deriv_nb = sh["fac"], sh["deriv_nb"]
+    ov = [a * v * naux_mp2 for a, v in zip(nact, nvir)]
+    t_v = nao * naux_mp2 * sum(nact)
+    j3c = sh["j3c_nb"] * (nao * nao + npair(nao) + 2 * nao * max(nact))
+    pair_blk = max(
+        min(pair_mb * 1e6 / 8, 2 * a * v * b * w) + a * v * v for a, v in zip(nact, nvir) for b, w in zip(nact, nvir)
+    )
+    three = max(2 * sum(ov[s + 1 :]) + ov[s] + nao * naux_mp2 * sum(nact[: s + 1]) for s in (0, 1)) + j3c
+    densities = max(sum(ov) + max(ov) + j3c, 2 * sum(ov) + pair_blk, three)
+    jk_blk = sh["jk_nb"] * nao * (nao + 8 * max(nocc)) + sh["reads"]
+    ckm = naux_jk * nmo * sum(nocc)
+    cko = naux_jk * sum(n * n for n in nocc)
+    g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
+    y1 = deriv_nb * sum(2 * n * nmo + 2 * nao * n for n in nocc)  # Y1m and both Y1 of one block, each spin
+    deriv = max(fac + ckm + jk_blk, ckm + cko + 3 * naux_jk * naux_jk + sh["deriv_blk"] + g3 + y1)
+    phases = {
+        "densities": densities,
+        "corr_deriv": t_v + sh["deriv_blk"],
+        "jk_fit": sh["jk_fit"],
+        "zvector": fac + jk_blk,
+        "jk_deriv": deriv,
+    }
+    return {k: 8 * v / 1e6 for k, v in phases.items()}
+
+
 def _shared_terms(
     nao: int, naux_mp2: int, naux_jk: int, nocc: int, block_mb: float, factor: str, fit_mb: float
 ) -> dict:
@@ -354,11 +414,9 @@ def make_plan(
 
 def _phases_of(shapes: dict):
     """(the phase estimate, the in-memory plans, 'rhf' or 'uhf') of a stage's ``shapes``: a UHF's
-    have per-spin tuples (``dfmp2.grad.uhf.uhf_shapes``), its phases ``dfmp2.grad.uhf.phase_mb``."""
+    have per-spin tuples (``dfmp2.grad.uhf.uhf_shapes``), its phases ``uhf_phase_mb``."""
     if isinstance(shapes["nocc"], tuple):
-        from dfmp2.grad import uhf  # it imports this module
-
-        return uhf.phase_mb, UHF_PLANS, "uhf"
+        return uhf_phase_mb, UHF_PLANS, "uhf"
     return phase_mb, PLANS, "rhf"
 
 

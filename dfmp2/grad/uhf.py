@@ -62,7 +62,6 @@ from dfmp2.grad.rhf import (
     _one_electron_deriv,
     _Orbitals,
     _pair_densities,
-    _shared_terms,
     _t,
     check_channels,
     choose_plan,
@@ -70,7 +69,6 @@ from dfmp2.grad.rhf import (
     fit_b,
     gamma3_weights,
     jk_energy_deriv_blocked,
-    npair,
     orb_frozen,
     response_3c,
 )
@@ -91,66 +89,6 @@ def uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol) -> dict:
         naux_mp2=mp2_auxmol.nao_nr(),
         naux_jk=jk_auxmol.nao_nr(),
     )
-
-
-def phase_mb(
-    *,
-    nao: int,
-    nocc: tuple,
-    nact: tuple,
-    nvir: tuple,
-    naux_mp2: int,
-    naux_jk: int,
-    zvector: str = "ao",
-    jk_deriv: str = "blocked",
-    block_mb: float = AUX_BLOCK_MB,
-    factor: str = "memory",
-    fit_mb: float = 0.0,
-    pair_mb: float = PAIR_BLOCK_MB,
-) -> dict:
-    """MB (10^6 bytes, fp64) each phase of the UHF gradient stage holds at its peak, an estimate
-    from the shapes (per-spin tuples (alpha, beta)), in the order the stage runs them, as the RHF's
-    (``mp2grad.phase_mb``; its one form: ``mp2grad.UHF_PLANS``):
-      'densities': each spin's B fitted beside the other's ((ia|P) and B, a (μν|P) block), the pair
-        loops (B and Γ of both spins: 2 naux_mp2 Σ nact_σ nvir_σ; K and θ of one block, pair_mb at
-        most, and P_vv's batched product), then per spin its 3-index terms (B and Γ of the spins
-        not yet done, this spin's Γ~, the T_v made so far: naux_mp2 nao nact_σ each, a (μν|P) block
-        and its half transforms);
-      'corr_deriv': both T_v and the derivative integrals' block;
-      'jk_fit': the JK factor's fit, as the RHF's;
-      'zvector': the factor (in memory, or the reader's blocks on disk) and one unpacked block with
-        the half transforms of both spins' K factors (two of 2 nocc_σ columns);
-      'jk_deriv': the factor with each spin's fitted MO coefficients (naux_jk nocc_σ nmo) and one
-        unpacked block, then, the factor released, the coefficients, their occupied part
-        (naux_jk nocc_σ^2), the metric weights (three of naux_jk^2), a derivative block, its
-        weights and each spin's Y1 of one block."""
-    if (zvector, jk_deriv) != ("ao", "blocked"):
-        raise ValueError(f"the UHF stage has one form (ao, blocked), not zvector={zvector!r}, jk_deriv={jk_deriv!r}")
-    nmo = nocc[0] + nvir[0]
-    sh = _shared_terms(nao, naux_mp2, naux_jk, max(nocc), block_mb, factor, fit_mb)
-    fac, deriv_nb = sh["fac"], sh["deriv_nb"]
-    ov = [a * v * naux_mp2 for a, v in zip(nact, nvir)]
-    t_v = nao * naux_mp2 * sum(nact)
-    j3c = sh["j3c_nb"] * (nao * nao + npair(nao) + 2 * nao * max(nact))
-    pair_blk = max(
-        min(pair_mb * 1e6 / 8, 2 * a * v * b * w) + a * v * v for a, v in zip(nact, nvir) for b, w in zip(nact, nvir)
-    )
-    three = max(2 * sum(ov[s + 1 :]) + ov[s] + nao * naux_mp2 * sum(nact[: s + 1]) for s in (0, 1)) + j3c
-    densities = max(sum(ov) + max(ov) + j3c, 2 * sum(ov) + pair_blk, three)
-    jk_blk = sh["jk_nb"] * nao * (nao + 8 * max(nocc)) + sh["reads"]
-    ckm = naux_jk * nmo * sum(nocc)
-    cko = naux_jk * sum(n * n for n in nocc)
-    g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
-    y1 = deriv_nb * sum(2 * n * nmo + 2 * nao * n for n in nocc)  # Y1m and both Y1 of one block, each spin
-    deriv = max(fac + ckm + jk_blk, ckm + cko + 3 * naux_jk * naux_jk + sh["deriv_blk"] + g3 + y1)
-    phases = {
-        "densities": densities,
-        "corr_deriv": t_v + sh["deriv_blk"],
-        "jk_fit": sh["jk_fit"],
-        "zvector": fac + jk_blk,
-        "jk_deriv": deriv,
-    }
-    return {k: 8 * v / 1e6 for k, v in phases.items()}
 
 
 def uhf_mp2_gradient(
@@ -205,19 +143,8 @@ def uhf_mp2_gradient(
     )[0]
     T_v, gbuf = None, None  # (naux_mp2, nao, nact_σ) each: not needed beside the JK factor
     t0 = timer.add("grad_derivative_integrals", t0)
-    f0 = timer.executed()
-    jk = _DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
-    jk.world = world
-    try:
-        t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
-        P_unrelaxed = [p.copy() for p in P]
-        P, Y, zinfo = _relaxed_density(orbs, P, Y, _response_operator(jk, orbs))
-        t0 = timer.add("grad_zvector", t0)
-        nocc = [len(o.occ) for o in orbs]
-        Pm = [0.5 * (p + p.T) for p in P]
-        jk_hf, jk_p = jk_energy_deriv_blocked(jk, [o.C for o in orbs], nocc, [1.0, 1.0], Pm, plan.block_mb)
-    finally:
-        jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
+    P_unrelaxed = [p.copy() for p in P]
+    P, Y, zinfo, (jk_hf, jk_p), t0 = _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan, timer, t0, world)
     C_o = [o.C[:, o.occ] for o in orbs]
     D = [c @ c.T for c in C_o]
     P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
@@ -261,6 +188,27 @@ def uhf_mp2_gradient(
         uhf_record(orbs, P_unrelaxed, P, c_os, c_ss, zinfo, ran),
         peak_rss_mb={k: v for k, v in timer.stage_rss().items() if k.startswith("grad_")},
     )
+
+
+def _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan: GradientPlan, timer: Timer, t0: float, world):
+    """``uhf_mp2_gradient`` from the JK factor on (in memory or on disk, ``plan``): the Z-vector
+    (``_relaxed_density``; P and Y changed in place) and the JK part's derivative
+    (``jk_energy_deriv_blocked``, the factor released before its derivative integrals). Returns
+    (P, Y, Z-vector info, (E_G^x(D/2, D), E_G^x(P, D)), t0 after the Z-vector)."""
+    f0 = timer.executed()
+    jk = _DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
+    jk.world = world
+    try:
+        t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
+        P, Y, zinfo = _relaxed_density(orbs, P, Y, _response_operator(jk, orbs))
+        zinfo["form"] = plan.zvector
+        t0 = timer.add("grad_zvector", t0)
+        nocc = [len(o.occ) for o in orbs]
+        Pm = [0.5 * (p + p.T) for p in P]
+        jk_terms = jk_energy_deriv_blocked(jk, [o.C for o in orbs], nocc, [1.0, 1.0], Pm, plan.block_mb)
+    finally:
+        jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
+    return P, Y, zinfo, jk_terms, t0
 
 
 def uhf_record(orbs, P_unrelaxed: list, P: list | None, c_os, c_ss, zinfo, ran, timings=None):

@@ -188,7 +188,7 @@ def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
     shapes = dict(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
-    phases = mp2grad_uhf.phase_mb(**shapes)
+    phases = mp2grad.uhf_phase_mb(**shapes)
     assert need >= max(phases.values()) and need == pytest.approx(mp2grad.choose_plan(shapes, 1e5).peak_mb)
     small = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
     assert small <= need

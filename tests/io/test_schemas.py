@@ -54,18 +54,18 @@ def test_every_schema_is_shipped_and_a_valid_2020_12_schema():
 
 @pytest.mark.parametrize("command", ["run", "gradient"])
 def test_rhf_and_uhf_documents_have_the_same_keys(documents, command):
-    """Issue 43: a UHF result had ran.scf.stability and an RHF one no such key; now null for RHF
-    (the gradient's RHF-only plan and Z-vector form likewise). Stage maps (timings, flops) hold
-    the stages that ran and are not compared."""
+    """Issue 43: a UHF result had ran.scf.stability and an RHF one no such key; now null for RHF.
+    The gradient's plan and Z-vector form are recorded for both (issue 38: the UHF stage has a
+    plan too). Stage maps (timings, flops) hold the stages that ran and are not compared."""
     rhf, uhf = documents[command, "rhf"], documents[command, "uhf"]
     assert rhf["ran"]["scf"]["stability"] is None and uhf["ran"]["scf"]["stability"] is not None
     assert rhf["spin"] is None and uhf["spin"] is not None
     assert set(rhf) == set(uhf)
     only = key_paths(rhf) ^ key_paths(uhf)
-    nulls = ("/spin/", "/ran/scf/stability/", "/gradient/ran/plan/")  # an object on one side, null on the other
+    nulls = ("/spin/", "/ran/scf/stability/")  # an object on one side, null on the other
     assert all(p.startswith(nulls) for p in only), sorted(only)
     if command == "gradient":
-        assert uhf["gradient"]["ran"]["plan"] is None and uhf["gradient"]["zvector"]["form"] is None
+        assert uhf["gradient"]["ran"]["plan"]["zvector"] == "ao" and uhf["gradient"]["zvector"]["form"] == "ao"
         assert set(rhf["gradient"]["ran"]) == set(uhf["gradient"]["ran"])
 
 
