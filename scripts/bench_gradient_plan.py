@@ -65,6 +65,7 @@ rec = dict(
     plan=plan.record(),
     timings=parts.timings,
     zvector=parts.zvector,
+    stage_peak_rss_mb=parts.peak_rss_mb,
     shapes=shapes,
 )
 json.dump(rec, open(a.out + ".json", "w"), indent=1)

@@ -832,6 +832,7 @@ def response_3c(
         p1 = min(naux, p0 + step)
         Tb = linalg.gemm(g[p0:p1].reshape(-1, nvir), Cv, trans_b=True, alpha=4.0, backend=backend)  # [P, i, ν]
         T_v[p0:p1] = Tb.view(p1 - p0, nact, nao).transpose(1, 2)
+    del Tb  # (at most block_mb): not beside the (μν|P) blocks
     X_o = torch.zeros((nao, nact), dtype=torch.float64, device=g.device)
     X_vt = torch.zeros((nvir, nao), dtype=torch.float64, device=g.device)
     for p0, p1, j3c in _j3c_blocks(mol, auxmol, block_mb):  # X_μ· = Σ_Pν (μν|P) T_Pν·

@@ -28,10 +28,14 @@ For α = β every term is half the RHF's spin-summed one (the RHF gradient; test
 Cost: the pair loops (``mp2grad._pair_densities``) are the energy's (αα, ββ, αβ) plus a second
 αβ pass from the β side (P^β_oo's sum runs over two β orbitals of one α): about E_aa + E_bb +
 2 E_ab, each at the RHF loop's cost per pair.
-Held in memory (no out-of-core path, ``memory_mb``): B^σ and Γ^σ of both spins, Γ~'s half
-back-transform per spin (nao naux_mp2 nact_σ), the JK part's half-transformed coefficients per
-spin. The same J/K (``mp2grad._DFJK``'s factor), derivative integrals (``mp2grad.df_deriv``,
-``_one_electron_deriv``) and linear dependence warning as the RHF stage.
+Memory: a ``mp2grad.GradientPlan`` of ``uhf_shapes`` (``mp2grad.uhf_phase_mb``), the RHF stage's
+phases in its order: the correlation part (B^σ and Γ^σ of both spins, then per spin Γ~ and its half
+back-transform T_v, nao naux_mp2 nact_σ) and its derivative integrals before the JK factor; the
+factor in memory or on disk (the disk plan); the Z-vector's J/K streamed over it per aux block;
+the JK derivative with each spin's fitted MO coefficients held and the rest per aux block
+(``mp2grad.jk_energy_deriv_blocked``). The same J/K (``mp2grad._DFJK``'s factor), derivative
+integrals (``mp2grad.df_deriv``, ``_one_electron_deriv``) and linear dependence warning as the
+RHF stage.
 """
 
 from __future__ import annotations
