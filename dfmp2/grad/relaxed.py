@@ -18,14 +18,18 @@ scf_integrals and scf_fit), 'props_zvector'.
 
 from __future__ import annotations
 
+import os
 import time
 
-from dfmp2 import linalg, memory
+from dfmp2 import distributed, linalg, memory
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.grad.densities import MP2Densities
-from dfmp2.grad.rhf import DENSITY_PHASES, SCALES, GradientPlan, choose_plan
+from dfmp2.grad.rhf import DENSITY_PHASES, DISK_PLAN, SCALES, GradientPlan, choose_plan, make_plan
+from dfmp2.scf import jk_dist
 from dfmp2.timing import Timer
+
+FORCE_SPLIT = "DFMP2_TEST_SPLIT_JK"  # tests only: "1" makes the gradient over ranks split its JK factor
 
 
 def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: str = "gradient") -> GradientPlan:
@@ -34,7 +38,11 @@ def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: s
     limit (``memory_mb``, else ``memory.default_limit_mb('cpu')``, over several ranks the smallest
     of the ranks' so that every rank runs the same plan: the same steps, the same bits), before any
     work: the fastest ``choose_plan`` that fits (RHF or UHF shapes; ``stage`` names it in the error
-    line), with the run's --scratch. MemoryLimitError (one line, human units) when nothing fits."""
+    line), with the run's --scratch. Over several ranks with the split SCF the gradient may also
+    split its JK factor over them (after the whole-factor plans, before the disk; the test hook
+    ``DFMP2_TEST_SPLIT_JK=1`` forces it, and in one process its forms over the whole factor: the
+    same bits). MemoryLimitError (one line, human units) when nothing
+    fits."""
     space = job.space
     limit = memory_mb if memory_mb is not None else memory.default_limit_mb("cpu")
     if memory_mb is None and job.world.distributed:  # free memory differs a little between the ranks
@@ -49,7 +57,13 @@ def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: s
         naux_mp2=space.naux,
         naux_jk=job.jk_auxmol.nao_nr(),
     )
-    plan = choose_plan(shapes, limit, phases=phases, stage=stage)
+    split = 0  # the gradient over ranks with the split SCF: its JK factor may be split too
+    if phases is None and distributed.split_scf(job.world):
+        split = jk_dist.planned_rows(job.jk_auxmol, job.world, True)
+    if phases is None and os.environ.get(FORCE_SPLIT) == "1":  # tests: the split plan's forms, whatever fits
+        plan = make_plan(shapes, *DISK_PLAN, limit, "split" if split else "memory", jk_rows=split)
+    else:
+        plan = choose_plan(shapes, limit, phases=phases, stage=stage, split_rows=split)
     plan.scratch_dir = job.options.scratch_dir  # the run's --scratch, as the energy's files
     return plan
 

@@ -40,9 +40,11 @@ factor's fit (twice the packed factor), the Z-vector and the JK part's derivativ
 phases' form: the Z-vector with the factor in the MO basis held (B_ov, B_oo, B_vv) or streamed
 from the AO factor per aux block (about 2.5 times the flops a product, no MO factor); the JK
 derivative with its fitted coefficients' Y1 held, or made per aux block with the factor released
-first. The gradient records its plan (``ran['plan']``). Still held whole: the packed JK factor
-itself (naux_jk nao(nao+1)/2, its fit twice that), B and Γ, T_v and the fitted MO coefficients
-(naux_jk nocc nmo). The same pieces serve the UHF stage (``mp2grad_uhf``; in memory, one plan).
+first. The factor itself is in memory (naux_jk nao(nao+1)/2 packed, its fit twice that), on
+disk (the smallest plan) or, over ranks with the split SCF, split in the SCF's fixed groups of rows
+(``FACTOR_HOMES``). The gradient records its plan (``ran['plan']``). Still held whole: B and Γ,
+T_v and the fitted MO coefficients (naux_jk nocc nmo). The UHF stage (``mp2grad_uhf``) plans
+the same way with its own phases (``uhf_phase_mb``) and one in-memory form (UHF_PLANS).
 
 The stage keeps the unrelaxed density (P_ij, P_ab) and the relaxed one (P above) it made, with
 the HF part, in ``GradientParts.densities`` (``dfmp2.grad.densities.MP2Densities``: dipoles);
@@ -165,7 +167,12 @@ UHF_FORMS = {  # what its forms are (``GradientPlan.record``)
     "jk_deriv": "each spin's fitted MO coefficients held, Y1 and the metric weights per aux block, the JK "
     "factor released before the derivative integrals",
 }
-DISK_PLAN = ("ao", "blocked")  # the forms with the JK factor on disk (read per aux block: no whole factor)
+DISK_PLAN = ("ao", "blocked")  # the forms with the JK factor on disk or split (read per aux block: no whole factor)
+FACTOR_HOMES = {  # where a plan's JK factor lives (``GradientPlan.factor``)
+    "memory": "in memory, packed",
+    "split": "split over the ranks in fixed groups of rows, packed (the split SCF's, dfmp2.scf.jk_dist)",
+    "disk": "on disk (scratch), packed",
+}
 DENSITY_PHASES = ("densities", "jk_fit", "zvector")  # the phases of the relaxed density alone (dfmp2.grad.relaxed)
 
 
@@ -186,6 +193,7 @@ class GradientPlan:
     block_mb: float = AUX_BLOCK_MB  # the 3-center (derivative) integrals' blocks
     pair_mb: float = PAIR_BLOCK_MB  # the densities' pair loop: K and θ of one block of j
     reference: str = "rhf"  # whose stage: 'rhf' (PLANS, phase_mb) or 'uhf' (UHF_PLANS, uhf_phase_mb)
+    jk_rows: int = 0  # factor 'split': the JK factor's rows on the busiest rank (dfmp2.scf.jk_dist.planned_rows)
 
     @property
     def peak_mb(self) -> float:
@@ -200,7 +208,8 @@ class GradientPlan:
         return {
             "zvector": self.zvector,
             "jk_deriv": self.jk_deriv,
-            "jk_factor": "in memory, packed" if self.factor == "memory" else "on disk (scratch), packed",
+            "jk_factor": FACTOR_HOMES[self.factor],
+            "jk_rows_per_rank": self.jk_rows if self.factor == "split" else None,
             "jk_fit_block_mb": round(self.fit_mb, 1) if self.factor == "disk" else None,
             "zvector_form": UHF_FORMS["zvector"] if self.reference == "uhf" else ZVECTOR_FORMS[self.zvector],
             "jk_deriv_form": UHF_FORMS["jk_deriv"] if self.reference == "uhf" else JK_DERIV_FORMS[self.jk_deriv],
@@ -225,6 +234,7 @@ def phase_mb(
     factor: str = "memory",
     fit_mb: float = 0.0,
     pair_mb: float = PAIR_BLOCK_MB,
+    jk_rows: int = 0,
 ) -> dict:
     """MB (10^6 bytes, fp64) each phase of the RHF gradient stage holds at its peak, an estimate
     from the shapes, in the order the stage runs them (nothing large is held from one phase to
@@ -249,7 +259,7 @@ def phase_mb(
         block, then, the factor released, the coefficients, their occupied part (naux_jk
         nocc^2), a derivative block (twice block_mb), its weights and its Y1."""
     nmo = nocc + nvir
-    sh = _shared_terms(nao, naux_mp2, naux_jk, nocc, block_mb, factor, fit_mb)
+    sh = _shared_terms(nao, naux_mp2, naux_jk, nocc, block_mb, factor, fit_mb, jk_rows)
     fac, deriv_nb, deriv_blk = sh["fac"], sh["deriv_nb"], sh["deriv_blk"]
     ov = nact * nvir * naux_mp2
     t_v = nao * naux_mp2 * nact
@@ -268,7 +278,7 @@ def phase_mb(
         deriv = held + max(ckm + 4 * naux_jk * nao * nocc, 2 * naux_jk * nao * nocc + deriv_blk + g3)
     else:
         y1 = deriv_nb * (2 * nocc * nmo + 2 * nao * nocc)  # Y1m and both Y1 of one block
-        deriv = max(fac + ckm + jk_blk, ckm + cko + deriv_blk + g3 + y1)
+        deriv = max(fac + ckm + sh["ckm_rows"] * ckm + jk_blk, ckm + cko + deriv_blk + g3 + y1)
     phases = {
         "densities": densities,
         "corr_deriv": t_v + deriv_blk,
@@ -293,6 +303,7 @@ def uhf_phase_mb(
     factor: str = "memory",
     fit_mb: float = 0.0,
     pair_mb: float = PAIR_BLOCK_MB,
+    jk_rows: int = 0,
 ) -> dict:
     """MB (10^6 bytes, fp64) each phase of the UHF gradient stage holds at its peak, an estimate
     from the shapes (per-spin tuples (alpha, beta)), in the order the stage runs them, as the RHF's
@@ -313,7 +324,7 @@ def uhf_phase_mb(
     if (zvector, jk_deriv) != ("ao", "blocked"):
         raise ValueError(f"the UHF stage has one form (ao, blocked), not zvector={zvector!r}, jk_deriv={jk_deriv!r}")
     nmo = nocc[0] + nvir[0]
-    sh = _shared_terms(nao, naux_mp2, naux_jk, max(nocc), block_mb, factor, fit_mb)
+    sh = _shared_terms(nao, naux_mp2, naux_jk, max(nocc), block_mb, factor, fit_mb, jk_rows)
     fac, deriv_nb = sh["fac"], sh["deriv_nb"]
     ov = [a * v * naux_mp2 for a, v in zip(nact, nvir)]
     t_v = nao * naux_mp2 * sum(nact)
@@ -328,7 +339,8 @@ def uhf_phase_mb(
     cko = naux_jk * sum(n * n for n in nocc)
     g3 = deriv_nb * (nao * nao + 3 * npair(nao))  # the weights' product and packed copies per block
     y1 = deriv_nb * sum(2 * n * nmo + 2 * nao * n for n in nocc)  # Y1m and both Y1 of one block, each spin
-    deriv = max(fac + ckm + jk_blk, ckm + cko + 3 * naux_jk * naux_jk + sh["deriv_blk"] + g3 + y1)
+    first = fac + ckm + sh["ckm_rows"] * ckm + jk_blk  # the pass over the factor, then its derivative integrals
+    deriv = max(first, ckm + cko + 3 * naux_jk * naux_jk + sh["deriv_blk"] + g3 + y1)
     phases = {
         "densities": densities,
         "corr_deriv": t_v + sh["deriv_blk"],
@@ -340,17 +352,19 @@ def uhf_phase_mb(
 
 
 def _shared_terms(
-    nao: int, naux_mp2: int, naux_jk: int, nocc: int, block_mb: float, factor: str, fit_mb: float
+    nao: int, naux_mp2: int, naux_jk: int, nocc: int, block_mb: float, factor: str, fit_mb: float, jk_rows: int = 0
 ) -> dict:
     """The elements (fp64 counts) the RHF and UHF stages' phases hold alike (``phase_mb``,
-    ``dfmp2.grad.uhf.phase_mb``; nocc: the most occupied orbitals of a spin): 'fac' the packed
-    factor in memory (0 on disk), 'jk_fit' the factor's fit phase (in memory: the raw integrals and
-    the solution, three integral blocks of JK_BLOCK_MB in flight, the metric and its factor; on
-    disk: the SCF's own estimate with fit row blocks of fit_mb), 'reads' the disk reader's blocks
+    ``uhf_phase_mb``; nocc: the most occupied orbitals of a spin): 'fac' the packed factor in
+    memory (split: the busiest rank's ``jk_rows`` rows; 0 on disk), 'jk_fit' the factor's fit
+    phase (in memory or split: the raw integrals and the solution, three integral blocks of
+    JK_BLOCK_MB in flight, the metric and its factor; on disk: the SCF's own estimate with fit row
+    blocks of fit_mb), 'reads' the disk reader's blocks
     (0 in memory), 'jk_nb' the functions of one unpacked exchange block, 'j3c_nb' of one (μν|P)
     block, 'deriv_nb' of one derivative block and 'deriv_blk' its integrals (twice block_mb, at
-    most 3 nao^2 naux)."""
-    fac = naux_jk * npair(nao)
+    most 3 nao^2 naux), 'ckm_rows' the share of the fitted coefficients' rows a split factor's
+    rank holds beside their gathered whole (0 otherwise)."""
+    fac = (jk_rows if factor == "split" else naux_jk) * npair(nao)
     jk_nb_packed = max(1, min(naux_jk, int(JK_BLOCK_MB * 1e6 // (npair(nao) * 8))))  # the fit's integral blocks
     out = {
         "fac": fac,
@@ -360,6 +374,7 @@ def _shared_terms(
         "j3c_nb": max(1, min(naux_mp2, int(block_mb * 1e6 // (nao * nao * 8)))),
         "deriv_nb": max(1, min(max(naux_mp2, naux_jk), int(block_mb * 1e6 // (3 * nao * nao * 8)))),
         "deriv_blk": 2 * min(block_mb * 1e6 / 8, 3 * nao * nao * max(naux_mp2, naux_jk)),
+        "ckm_rows": jk_rows / naux_jk if factor == "split" else 0,
     }
     if factor == "disk":  # the SCF's own disk estimate (fit row blocks of fit_mb, the reader's blocks)
         disk = scf_driver.memory_mb(nao, naux_jk, nocc, 8, layout="disk", fit_mb=fit_mb)
@@ -384,9 +399,11 @@ def make_plan(
     limit_mb: float | None = None,
     factor: str = "memory",
     fit_mb: float = 0.0,
+    jk_rows: int = 0,
 ) -> GradientPlan:
     """The GradientPlan of these forms for ``shapes`` (``phase_mb``'s keywords); ``factor`` 'disk'
-    (forms DISK_PLAN only) with the fit's row block ``fit_mb`` (0: the whole factor's MB). The pair
+    (forms DISK_PLAN only) with the fit's row block ``fit_mb`` (0: the whole factor's MB), or
+    'split' (forms DISK_PLAN only) over ranks whose busiest holds ``jk_rows`` of its rows. The pair
     loop's blocks are the largest of PAIR_BLOCK_MB_MAX, twice and once PAIR_BLOCK_MB that keeps the
     densities within the other phases' peak: from the shapes and forms only, so the same on every
     rank (the blocks decide the bits)."""
@@ -397,8 +414,10 @@ def make_plan(
         raise ValueError(f"the forms zvector={zvector!r}, jk_deriv={jk_deriv!r} do not go with the factor in {factor}")
     if factor == "disk" and fit_mb <= 0:
         fit_mb = shapes["naux_jk"] * npair(shapes["nao"]) * 8 / 1e6
+    if factor == "split" and jk_rows <= 0:
+        raise ValueError("a JK factor split over the ranks needs its rows per rank (jk_rows)")
     block_mb = DISK_AUX_BLOCK_MB if factor == "disk" else AUX_BLOCK_MB
-    forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb, block_mb=block_mb)
+    forms = dict(zvector=zvector, jk_deriv=jk_deriv, factor=factor, fit_mb=fit_mb, block_mb=block_mb, jk_rows=jk_rows)
     phases = phase_fn(**shapes, **forms)
     others = max(mb for phase, mb in phases.items() if phase != "densities")
     pair_mb = PAIR_BLOCK_MB
@@ -408,7 +427,16 @@ def make_plan(
             phases, pair_mb = bigger, mb
             break
     return GradientPlan(
-        zvector, jk_deriv, phases, limit_mb, factor, fit_mb, block_mb=block_mb, pair_mb=pair_mb, reference=reference
+        zvector,
+        jk_deriv,
+        phases,
+        limit_mb,
+        factor,
+        fit_mb,
+        block_mb=block_mb,
+        pair_mb=pair_mb,
+        reference=reference,
+        jk_rows=jk_rows if factor == "split" else 0,
     )
 
 
@@ -436,12 +464,19 @@ def _disk_plan(shapes: dict, limit_mb: float) -> GradientPlan:
     return make_plan(shapes, *DISK_PLAN, limit_mb, "disk", fit_mb)
 
 
-def choose_plan(shapes: dict, limit_mb: float, phases: tuple | None = None, stage: str = "gradient") -> GradientPlan:
+def choose_plan(
+    shapes: dict, limit_mb: float, phases: tuple | None = None, stage: str = "gradient", split_rows: int = 0
+) -> GradientPlan:
     """The fastest plan (PLANS, fastest first) whose peak fits ``limit_mb``; MemoryLimitError (one
     line, in human units, naming the smallest plan's need and its largest phase) when none does.
     ``phases``: only these of ``phase_mb``'s phases run (the density stage: DENSITY_PHASES; default
-    all), ``stage`` names the stage in the error line."""
-    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in _phases_of(shapes)[1]] + [_disk_plan(shapes, limit_mb)]
+    all), ``stage`` names the stage in the error line. ``split_rows`` (over several ranks with the
+    split SCF: the busiest rank's rows of the JK factor): the factor split over the ranks is tried
+    after the whole-factor plans (which give one process's bits) and before the disk."""
+    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in _phases_of(shapes)[1]]
+    if split_rows:
+        plans.append(make_plan(shapes, *DISK_PLAN, limit_mb, "split", jk_rows=split_rows))
+    plans.append(_disk_plan(shapes, limit_mb))
     if phases is not None:
         for plan in plans:
             plan.phases = {k: v for k, v in plan.phases.items() if k in phases}
@@ -456,7 +491,7 @@ def choose_plan(shapes: dict, limit_mb: float, phases: tuple | None = None, stag
         "zvector": "the Z-vector with the JK factor",
         "jk_deriv": "the JK part's derivative (its fitted MO coefficients)",
     }[small.largest]
-    home = "on disk" if small.factor == "disk" else "in memory"
+    home = {"disk": "on disk", "split": "split over the ranks", "memory": "in memory"}[small.factor]
     deriv = f", JK derivative '{small.jk_deriv}'" if "jk_deriv" in small.phases else ""
     raise MemoryLimitError(
         f"the {stage} stage needs about {human(small.peak_mb)} even with its smallest plan (Z-vector "
@@ -558,8 +593,7 @@ def mp2_gradient(
     corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
     t0 = timer.add("grad_derivative_integrals", t0)
     f0 = timer.executed()
-    jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
-    jk.world = world
+    jk = _DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir, world)
     try:
         return _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, (t0, f0), kernels0, c_os, c_ss)
     finally:
@@ -1098,22 +1132,36 @@ class _DFJK:
     two-electron energy with the fitted coefficients."""
 
     def __init__(
-        self, mol, auxmol, backend, timer, factor: str = "memory", fit_mb: float | None = None, scratch_dir=None
+        self,
+        mol,
+        auxmol,
+        backend,
+        timer,
+        factor: str = "memory",
+        fit_mb: float | None = None,
+        scratch_dir=None,
+        world=None,
     ):
         self.mol, self.auxmol, self.backend = mol, auxmol, backend
-        self.world = None  # the ranks the derivative integrals are split over (df_deriv); None: one process
+        self.world = world  # the ranks the derivative integrals are split over (df_deriv); None: one process
         self.mo = None  # the factor in the MO basis (B_ov, B_oo, B_vv), from build_mo
         self.C = None  # (C_o, C_v) on the device for the AO forms, from use_ao
         self.scratch = None
+        self.split = None  # factor 'split': the ranks whose groups of rows this factor is one share of
         if factor == "disk":  # a scratch file read per aux block (dfmp2.scf.jk.DiskJKFactor); removed by release
             self.scratch = Scratch(scratch_dir)
             self.scratch.check_space(auxmol.nao_nr() * npair(mol.nao_nr()) * 8 / 1e6)
             self.fac, _ = build_jk_factor(
                 mol, auxmol, backend, torch.float64, timer, layout="disk", scratch=self.scratch, fit_mb=fit_mb
             )
+        elif factor == "split":  # this rank's groups of rows (dfmp2.scf.jk_dist), the SCF's split fit
+            if world is None or not distributed.split_scf(world):
+                raise ValueError("the JK factor split over the ranks needs several ranks with the split SCF")
+            self.split = world
+            self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer, world=world)
         else:
             self.fac, _ = build_jk_factor(mol, auxmol, backend, torch.float64, timer)
-        self.nao, self.naux = self.fac.nao, self.fac.naux
+        self.nao, self.naux = self.fac.nao, auxmol.nao_nr()  # naux: all of the factor's rows, on every rank
         if self.fac.metric != "cholesky":
             raise GradientError(
                 "the JK-fit metric is not positive definite (the SCF used its "
@@ -1124,8 +1172,35 @@ class _DFJK:
     def _blocks(self):
         """(p0, p1, B^P (p1 - p0, nao, nao)) of the unpacked factor B = L^-1 (P|μν), symmetric,
         over blocks of ``fac.block`` functions (near JK_BLOCK_MB unpacked), each valid until the
-        next is made (one reused buffer). The one place the AO forms read the factor."""
+        next is made (one reused buffer); p0, p1 are the rows of this rank's share (all of them in
+        one process: ``rows``)."""
         return self.fac.blocks()
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """(first, end) of the global aux rows this rank's factor holds ((0, naux) unless split)."""
+        return self.fac.row0, self.fac.row0 + self.fac.naux
+
+    def group_sum(self, shape, add) -> torch.Tensor:
+        """Σ over the factor's fixed groups of rows (dfmp2.scf.jk_dist) of ``add(buf, p0, p1, B^P)``
+        into a zero fp64 buffer of ``shape`` per group, the groups' added in group order: over the
+        ranks of a split factor (``World.ordered_sum``) the same bits as one process."""
+        world = self.split if self.split is not None else distributed.World()
+        return world.ordered_sum(self.fac._group_sums(shape, add), shape, torch.float64, self.fac.device, "gradient")
+
+    def all_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """(naux, ...) of every rank's rows of ``local`` (this rank's (rows, ...), row ``rows[0]``
+        first), on every rank: each rank's rows sent to the others in rank order (exact copies);
+        ``local`` itself in one process."""
+        if self.split is None:
+            return local
+        spans = self.split.gather_objects(self.rows, "gradient")
+        out = torch.empty((self.naux, *local.shape[1:]), dtype=local.dtype, device=local.device)
+        r0, r1 = self.rows
+        out[r0:r1] = local
+        for r, (a, b) in enumerate(spans):
+            self.split.broadcast([out[a:b]], r, "gradient")
+        return out
 
     def release(self) -> None:
         """Drop the factor (and any MO factor; a factor on disk: its scratch directory): later
@@ -1156,18 +1231,19 @@ class _DFJK:
         Pd = _dev(be, 0.5 * (P + P.T))
         D = linalg.gemm(linalg.gemm(Cd, Pd, backend=be), Cd, trans_b=True, backend=be)
         D = 0.5 * (D + D.T)
-        JC = torch.zeros((1, nao * nocc), dtype=torch.float64, device=D.device)
-        KCt = torch.zeros((nocc, nao), dtype=torch.float64, device=D.device)  # (K C_o)^T
-        for p0, p1, Bb in self._blocks():
+
+        def add(out, p0, p1, Bb):  # out[0]: J C_o flat [μ k], out[1]: (K C_o)^T [k μ]
             nb, B2 = p1 - p0, Bb.view(-1, nao)
             rho = linalg.gemm(Bb.view(nb, -1), D.view(-1, 1), backend=be)  # (nb, 1)
             W = linalg.gemm(B2, Co, backend=be)  # [(P, μ), k] = (B^P C_o)_μk
-            linalg.gemm(rho, W.view(nb, -1), trans_a=True, beta=1.0, out=JC, backend=be)
+            linalg.gemm(rho, W.view(nb, -1), trans_a=True, beta=1.0, out=out[0].view(1, -1), backend=be)
             Wt = W.view(nb, nao, nocc).transpose(1, 2).contiguous()  # [P, k, μ]
             V = linalg.gemm(Wt.view(-1, nao), D, backend=be)  # [(P, k), ν] = (D W^P)_νk
             V = V.view(nb, nocc, nao).transpose(1, 2).contiguous()  # [P, ν, k]
-            linalg.gemm(V.view(-1, nocc), B2, trans_a=True, beta=1.0, out=KCt, backend=be)  # Σ_Pν V B^P_νμ
-        GC = JC.view(nao, nocc) - 0.5 * KCt.T
+            linalg.gemm(V.view(-1, nocc), B2, trans_a=True, beta=1.0, out=out[1], backend=be)  # Σ_Pν V B^P_νμ
+
+        JK = self.group_sum((2, nocc, nao), add)
+        GC = JK[0].view(nao, nocc) - 0.5 * JK[1].T
         rows = Cd if vir_rows else Co
         return linalg.gemm(rows, GC, trans_a=True, backend=be).cpu().numpy()
 
@@ -1185,8 +1261,8 @@ class _DFJK:
         def hess(z):
             X = linalg.gemm(Cv, _dev(be, z), backend=be)  # (nao, nocc)
             Yc = torch.cat([X, Co], dim=1)  # (nao, 2 nocc)
-            Mt = torch.zeros((nocc, nao), dtype=torch.float64, device=Co.device)  # M^T
-            for p0, p1, Bb in self._blocks():
+
+            def add(Mt, p0, p1, Bb):  # M^T (nocc, nao)
                 nb = p1 - p0
                 W = linalg.gemm(Bb.view(-1, nao), Yc, backend=be)  # [(P, μ), c] = (B^P Yc)_μc
                 Wt = W.view(nb, nao, 2 * nocc).transpose(1, 2).contiguous()  # [P, c, μ]
@@ -1196,13 +1272,17 @@ class _DFJK:
                 R[:, 0], R[:, 1] = S[:, 1], S[:, 0]
                 R[:, 1].diagonal(dim1=-2, dim2=-1).sub_(4.0 * rho[:, None])
                 linalg.gemm(R.view(-1, nocc), Wt.view(-1, nao), trans_a=True, beta=1.0, out=Mt, backend=be)
+
+            Mt = self.group_sum((nocc, nao), add)
             return -linalg.gemm(Mt, Cv, backend=be).T.cpu().numpy()
 
         return hess
 
     def build_mo(self, C_o: np.ndarray, C_v: np.ndarray) -> None:
         """Keep the factor in the MO basis (``mo_factor``) for ``G_mo``, ``mo_hessian`` and
-        ``jk_energy_deriv_rhf``."""
+        ``jk_energy_deriv_rhf`` (a whole factor: the MO forms sum over every P at once)."""
+        if self.split is not None:
+            raise ValueError("the MO forms need the whole JK factor; a split one runs the AO forms")
         self.mo = self.mo_factor(C_o, C_v)
 
     def G_mo(self, P: np.ndarray, vir_rows: bool = True) -> np.ndarray:
@@ -1375,14 +1455,16 @@ def jk_energy_deriv_blocked(
     w, Cd, nocc, Md = [w[s] for s in keep], [Cd[s] for s in keep], [nocc[s] for s in keep], [Md[s] for s in keep]
     Co = [c[:, :no] for c, no in zip(Cd, nocc)]
     dens = torch.stack([D] + D1t).view(3, nao * nao)
-    rho = torch.empty((3, naux), dtype=torch.float64, device=D.device)
-    ckm = [torch.empty((naux, no, c.shape[1]), dtype=torch.float64, device=D.device) for c, no in zip(Cd, nocc)]
+    mine = jk.rows[1] - jk.rows[0]  # this rank's rows of a split factor (all in one process)
+    rho = torch.empty((mine, 3), dtype=torch.float64, device=D.device)
+    ckm = [torch.empty((mine, no, c.shape[1]), dtype=torch.float64, device=D.device) for c, no in zip(Cd, nocc)]
     for p0, p1, Bb in jk._blocks():
         nb = p1 - p0
-        rho[:, p0:p1] = linalg.gemm(dens, Bb.view(nb, -1), trans_b=True, backend=be)
+        rho[p0:p1] = linalg.gemm(Bb.view(nb, -1), dens, trans_b=True, backend=be)
         for c, co, out in zip(Cd, Co, ckm):  # [P, k, r] of C_o^T B^P C
             ho = linalg.gemm(Bb.view(-1, nao), co, backend=be).view(nb, nao, -1).transpose(1, 2).contiguous()
             out[p0:p1] = linalg.gemm(ho.view(-1, nao), c, backend=be).view(nb, co.shape[1], -1)
+    rho, ckm = jk.all_rows(rho).T, [jk.all_rows(x) for x in ckm]  # a split factor's shares on every rank
     jk.release()
     d = linalg.trsm(L, rho.T, trans=True, backend=be).T  # (3, naux)
     for x in ckm:

@@ -154,13 +154,21 @@ def gradient_stage(
         )
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
     if world is not None and world.distributed:
+        split_jk = parts.ran.get("plan", {}).get("jk_rows_per_rank") is not None
         parts.ran["ranks"] = {
             "world_size": world.size,
             "split": [
                 "the pair loop's blocks of j (Γ's rows, P_oo and P_vv's shares)" + ("" if ref.restricted else ", each"),
                 "the 3-center derivative integrals' aux groups (correlation and JK parts)",
-            ],
-            "on_every_rank": "B, the JK factor, the Z-vector, Γ's back-transforms, the one-electron derivatives",
+            ]
+            + (
+                ["the JK factor's fixed groups of rows: its fit, the Z-vector's J/K and the JK derivative's first pass"]
+                if split_jk
+                else []
+            ),
+            "on_every_rank": "B, "
+            + ("" if split_jk else "the JK factor, ")
+            + "the Z-vector's solve, Γ's back-transforms, the one-electron derivatives",
             "added_in_order": "every rank's shares in block order: the same bits as one process (equal threads)",
             "comm_rank": dict(world.comm.get("gradient", {})),
         }

@@ -31,7 +31,7 @@ Cost: the pair loops (``mp2grad._pair_densities``) are the energy's (αα, ββ,
 Memory: a ``mp2grad.GradientPlan`` of ``uhf_shapes`` (``mp2grad.uhf_phase_mb``), the RHF stage's
 phases in its order: the correlation part (B^σ and Γ^σ of both spins, then per spin Γ~ and its half
 back-transform T_v, nao naux_mp2 nact_σ) and its derivative integrals before the JK factor; the
-factor in memory or on disk (the disk plan); the Z-vector's J/K streamed over it per aux block;
+factor in memory, split over the ranks or on disk; the Z-vector's J/K streamed over it per aux block;
 the JK derivative with each spin's fitted MO coefficients held and the rest per aux block
 (``mp2grad.jk_energy_deriv_blocked``). The same J/K (``mp2grad._DFJK``'s factor), derivative
 integrals (``mp2grad.df_deriv``, ``_one_electron_deriv``) and linear dependence warning as the
@@ -111,11 +111,12 @@ def uhf_mp2_gradient(
     """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
     (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
     JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise). ``plan``:
-    where the JK factor lives (in memory or on disk) and the blocks (``mp2grad.choose_plan`` of
+    where the JK factor lives (in memory, split over the ranks or on disk) and the blocks (``mp2grad.choose_plan`` of
     ``uhf_shapes``; default the one that fits memory.DEFAULT_FRACTION of the available memory).
     Over several ranks (``world``) the pair loops' blocks (``mp2grad._pair_densities``) and the
     derivative integrals (``mp2grad.df_deriv``) are split, added in one fixed order; the JK factor
-    and the Z-vector run whole on every rank (the same bits as one process).
+    is whole on every rank, or (plan factor 'split') in the SCF's groups of rows over the ranks,
+    its sums added in group order: either way one process's bits for the plan's forms.
 
     The phases run in the RHF stage's order, which keeps the fewest large arrays alive together:
     the correlation part (B, Γ, then T_v) and its derivative integrals first, T_v freed; then the
@@ -200,8 +201,7 @@ def _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan: GradientPlan, ti
     (``jk_energy_deriv_blocked``, the factor released before its derivative integrals). Returns
     (P, Y, Z-vector info, (E_G^x(D/2, D), E_G^x(P, D)), t0 after the Z-vector)."""
     f0 = timer.executed()
-    jk = _DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
-    jk.world = world
+    jk = _DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir, world)
     try:
         t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
         P, Y, zinfo = _relaxed_density(orbs, P, Y, _response_operator(jk, orbs))
@@ -234,8 +234,9 @@ def uhf_record(orbs, P_unrelaxed: list, P: list | None, c_os, c_ss, zinfo, ran, 
 
 
 def _response_operator(jk: _DFJK, orbs):
-    """The DF-UHF's J/K steps (``dfmp2.scf.uhf.DFUHF.response``) over the gradient's fp64 JK factor."""
-    return DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs))
+    """The DF-UHF's J/K steps (``dfmp2.scf.uhf.DFUHF.response``) over the gradient's fp64 JK factor
+    (a split one: J and K added over its ranks in group order)."""
+    return DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs), world=jk.split)
 
 
 # ---------------------------------------------------------------------------- correlation part

@@ -118,16 +118,18 @@ class DFUHF(DFRHF):
         return math.hypot(*(self.gradient_norm(F[s], C[s], n) for s, n in enumerate(self.nocc_s)))
 
     @classmethod
-    def response(cls, fac: JKFactor, dense, nocc_s) -> "DFUHF":
+    def response(cls, fac: JKFactor, dense, nocc_s, world=None) -> "DFUHF":
         """This class's J/K steps (``two_electron``, ``delta_factors``, ``hessian_product``) over a
         given fp64 factor ``fac`` on the fp64 backend ``dense``, without an SCF: the converged
         UHF's orbital response after the energy (the UHF gradient's Z-vector, dfmp2.grad.uhf).
-        nocc_s: (alpha, beta) occupied orbitals. One process (no split factor), fp64 throughout."""
+        nocc_s: (alpha, beta) occupied orbitals. ``world``: the ranks a split factor's groups are
+        on (J and K added over them in group order, ``World.ordered_sum``); None: one process, a
+        whole factor. fp64 throughout."""
         if fac.dtype != torch.float64 or not dense.has_fp64:
             raise ValueError("the response's J/K are fp64: an fp64 factor on an fp64 backend")
         self = cls.__new__(cls)
         self.fac, self.fac32, self.fac64, self.dense, self.backend = fac, None, None, dense, dense
-        self.world, self.nao = distributed.World(), fac.nao
+        self.world, self.nao = world if world is not None else distributed.World(), fac.nao
         self.nocc_s = tuple(int(n) for n in nocc_s)
         self.nocc = max(self.nocc_s)
         self.fp32_phase, self.g_noise = False, 0.0

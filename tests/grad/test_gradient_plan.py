@@ -93,6 +93,34 @@ def test_uhf_plan_goes_to_disk_under_a_small_limit():
     assert "\n" not in str(err.value) and "smallest plan" in str(err.value)
 
 
+def test_over_ranks_the_split_factor_comes_after_the_whole_factor_plans_and_before_the_disk():
+    """(H2O)16/cc-pVDZ: at 2 GB no whole-factor plan fits (the lean one needs 2.44 GB, its fit the
+    peak); over 2 ranks (1160 of the 1856 rows on the busiest, jk_dist.planned_rows) the split
+    factor does, in one process the disk plan is next. With room, the whole factor (one process's
+    bits) is kept over ranks too."""
+    lean = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN)
+    assert lean.peak_mb > 2000.0 and lean.largest == "jk_fit"
+    split = mp2grad.choose_plan(H2O_16, 2000.0, split_rows=1160)
+    assert split.factor == "split" and split.peak_mb <= 2000.0 and split.jk_rows == 1160
+    rec = split.record()
+    assert rec["jk_factor"].startswith("split over the ranks") and rec["jk_rows_per_rank"] == 1160
+    assert mp2grad.choose_plan(H2O_16, 2000.0).factor == "disk"
+    roomy = mp2grad.choose_plan(H2O_16, 1e6, split_rows=1160)
+    assert (roomy.zvector, roomy.jk_deriv, roomy.factor) == ("mo", "mo", "memory")
+    smaller = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="split", jk_rows=696).phases
+    assert smaller["jk_fit"] < split.phases["jk_fit"] and smaller["densities"] == split.phases["densities"]
+    with pytest.raises(ValueError):
+        mp2grad.make_plan(H2O_16, "mo", "mo", factor="split", jk_rows=1160)
+    with pytest.raises(ValueError):
+        mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="split")  # no rows
+
+
+def test_a_split_factor_needs_ranks():
+    job, _, be = _energy_run("water.xyz", basis="6-31g")
+    with pytest.raises(ValueError, match="several ranks"):
+        mp2grad._DFJK(job.mol, job.jk_auxmol, be, Timer(be), factor="split")
+
+
 def test_ao_hessian_and_g_equal_the_mo_factor_ones():
     """The AO-streamed products against the MO factor's on random arguments, to rounding."""
     job, done, be = _energy_run("water.xyz", basis="6-31g")
@@ -239,6 +267,7 @@ def test_over_ranks_the_default_limit_is_the_smallest_rank_s(monkeypatch):
 
     class TwoRanks:  # this rank sees 1e6 MB; the other one 800 MB less
         distributed = True
+        scf_split = False  # the replicated SCF: no split JK factor in the gradient's plans
 
         def gather_objects(self, obj, stage):
             assert stage == "plan"

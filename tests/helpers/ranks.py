@@ -25,14 +25,14 @@ def env(tmp_path, **extra) -> dict:
     return out
 
 
-def torchrun(tmp_path, ranks: int, args: list, command: str, timeout: float = LIMIT_S * 2):
-    """``dfmp2 <command> <args>`` in one process (``ranks`` 1) or under torchrun, in ``tmp_path``:
-    (the completed process, its wall seconds)."""
+def torchrun(tmp_path, ranks: int, args: list, command: str, timeout: float = LIMIT_S * 2, **extra):
+    """``dfmp2 <command> <args>`` in one process (``ranks`` 1) or under torchrun, in ``tmp_path``,
+    with ``extra`` in its environment: (the completed process, its wall seconds)."""
     cmd = [sys.executable, "-m", "dfmp2", command, *args]
     if ranks > 1:
         cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dfmp2"]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env(tmp_path), capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    p = subprocess.run(cmd, env=env(tmp_path, **extra), capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     return p, time.perf_counter() - t0
 
 

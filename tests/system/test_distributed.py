@@ -695,23 +695,24 @@ def test_cuda_over_ranks_without_a_gpu_per_rank_is_one_line(tmp_path, command):
 
 
 # ---------------------------------------------------------------- the gradient over ranks (issue 42)
-def _gradient(tmp_path, ranks: int, xyz: str, name: str) -> dict:
-    """``dfmp2 gradient`` (cc-pVDZ, default options) on ``ranks`` ranks: its JSON, validated."""
+def _gradient(tmp_path, ranks: int, xyz: str, name: str, **extra) -> dict:
+    """``dfmp2 gradient`` (cc-pVDZ, default options) on ``ranks`` ranks, ``extra`` in its
+    environment: its JSON, validated."""
     mol = tmp_path / f"{name}.xyz"
     mol.write_text(xyz)
     out = tmp_path / f"grad-{name}-{ranks}.json"
     args = [str(mol), "--basis", "cc-pvdz", "--cpu-blas", "torch", "-q", "--json", str(out)]
-    p, _ = _torchrun(tmp_path, ranks, args, "gradient")
+    p, _ = _torchrun(tmp_path, ranks, args, "gradient", **extra)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("nuclear gradient of E(MP2)") == 1, p.stdout  # rank 0 alone prints
     return read_checked(out)
 
 
-def _check_gradients(tmp_path, xyz, name, rank_counts):
-    one = _gradient(tmp_path, 1, xyz, name)
+def _check_gradients(tmp_path, xyz, name, rank_counts, **extra):
+    one = _gradient(tmp_path, 1, xyz, name, **extra)
     assert "ranks" not in one["gradient"]["ran"]
     for ranks in rank_counts:
-        res = _gradient(tmp_path, ranks, xyz, name)
+        res = _gradient(tmp_path, ranks, xyz, name, **extra)
         assert res["gradient"]["gradient"] == one["gradient"]["gradient"], (ranks, name)  # bit for bit
         assert res["gradient"]["energy"] == one["gradient"]["energy"] and res["energies"] == one["energies"]
         r = res["gradient"]["ran"]["ranks"]
@@ -726,6 +727,27 @@ def test_gradient_over_ranks_is_one_process_s(tmp_path, xyz, name, ranks):
     """The RHF (water) and UHF (OH) gradients over ranks: bit for bit one process's (the pair
     loop's blocks and the derivative integrals' groups added in one fixed order, equal threads)."""
     _check_gradients(tmp_path, xyz, name, ranks)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("xyz,name,ranks", [(WATER, "water", [2, 3]), (OH, "oh", [2])], ids=["water", "oh"])
+def test_gradient_with_its_jk_factor_split_over_ranks_is_one_process_s(tmp_path, xyz, name, ranks):
+    """The plan with the JK factor split over the ranks in the SCF's fixed groups of rows (issue
+    42: the gradient's memory per rank; forced by the test hook, where it would otherwise be chosen
+    only when the whole factor does not fit a rank): its fit, the Z-vector's J/K and the JK
+    derivative's first pass over each rank's groups, added in group order. Bit for bit one
+    process's run of the same forms over the whole factor, RHF and UHF."""
+    _check_gradients(tmp_path, xyz, name, ranks, DFMP2_TEST_SPLIT_JK="1")
+    plans = {}
+    for path in tmp_path.glob(f"grad-{name}-*.json"):
+        doc = json.loads(path.read_text())
+        plans[int(path.stem.rsplit("-", 1)[1])] = (doc["gradient"]["ran"]["plan"], doc["gradient"]["ran"].get("ranks"))
+    assert plans[1][0]["jk_factor"].startswith("in memory") and plans[1][0]["zvector"] == "ao"
+    naux_jk = {"water": 116, "oh": 93}[name]  # cc-pVDZ-JKFIT functions
+    for n in ranks:
+        plan, split = plans[n]
+        assert plan["jk_factor"].startswith("split over the ranks") and 0 < plan["jk_rows_per_rank"] < naux_jk
+        assert any("JK factor" in s for s in split["split"]) and "JK factor" not in split["on_every_rank"]
 
 
 @pytest.mark.slow
