@@ -12,8 +12,8 @@ both fitting sets fixed; see ``dfmp2.grad.densities`` for the conventions (PySCF
 
 Memory: the gradient's plan over the phases that run here (``DENSITY_PHASES``: the pair loop
 and 3-index terms, the JK factor's fit, the Z-vector; ``choose_plan``, of
-``dfmp2.grad.uhf.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor' (enclosing the factor's
-scf_integrals and scf_fit), 'props_zvector'.
+``dfmp2.grad.uhf.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor'
+(enclosing the factor's scf_integrals and scf_fit), 'props_zvector'.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: s
     line), with the run's --scratch. Over several ranks with the split SCF the gradient may also
     split its JK factor over them (after the whole-factor plans, before the disk; the test hook
     ``DFMP2_TEST_SPLIT_JK=1`` forces it, and in one process its forms over the whole factor: the
-    same bits). MemoryLimitError (one line, human units) when nothing
-    fits."""
+    same bits). MemoryLimitError (one line, human units) when nothing fits."""
     space = job.space
     limit = memory_mb if memory_mb is not None else memory.default_limit_mb("cpu")
     if memory_mb is None and job.world.distributed:  # free memory differs a little between the ranks

@@ -1432,15 +1432,17 @@ def jk_energy_deriv_blocked(
     d1 = Σ D1t c with D1t = Σ_σ w_σ D1^σ, ck^σ_PλK = Σ_ν c_λνP C_νk, Y1^σ_PμK = Σ_λ D1^σ_μλ
     ck^σ_PλK; the weights of (μν|P)^x are D1t d0 + D d1 - Σ_σ w_σ (M^σ + M^σT)/2 with M^σ_PμN = 2
     Σ_k Y1^σ_PμK C_νk, those of (P|Q)^x -(d1 d0^T + d0 d1^T)/2 + Σ_σ w_σ (m^σ + m^σT)/4 with m^σ =
-    2 Σ_μk ck^σ_PμK Y1^σ_QμK (``_jk_deriv_3c``), all in the MO basis below. Only the fitted MO coefficients are
-    held whole: one pass over the AO factor gives the fitted densities' ρ and each spin's
-    ckm's right-hand side [P, k, r] = (C_o^T B^P C)_kr (naux nocc_σ nmo), then the factor is
-    released (``_DFJK.release``) and ckm = L^-T (that) is solved in place, column block by column
-    block; with cko = ckm's occupied columns, Y1 = C_o cko / 2 (D1_hf) and C M ckm (D1_m), and
-    the metric weights Σ_σ w_σ cko cko^T / 2 and m = Σ_σ w_σ ckm (M ckm)^T, are made per aux
-    block (m column block by column block, Y1 inside the derivative integrals' blocks) instead of
-    held (two of naux nao nocc and one of naux nocc nmo in ``jk_energy_deriv_rhf``). A spin with
-    no occupied orbital has no exchange term."""
+    2 Σ_μk ck^σ_PμK Y1^σ_QμK (``_jk_deriv_3c``), all in the MO basis below.
+
+    Only the fitted MO coefficients are held whole: one pass over the AO factor gives the fitted
+    densities' ρ and each spin's ckm's right-hand side [P, k, r] = (C_o^T B^P C)_kr (naux nocc_σ
+    nmo; a factor split over ranks: each rank's rows, then sent to every rank, ``_DFJK.all_rows``),
+    then the factor is released (``_DFJK.release``) and ckm = L^-T (that) is solved in place,
+    column block by column block; with cko = ckm's occupied columns, Y1 = C_o cko / 2 (D1_hf) and
+    C M ckm (D1_m), and the metric weights Σ_σ w_σ cko cko^T / 2 and m = Σ_σ w_σ ckm (M ckm)^T,
+    are made per aux block (m column block by column block, Y1 inside the derivative integrals'
+    blocks) instead of held (two of naux nao nocc and one of naux nocc nmo in
+    ``jk_energy_deriv_rhf``). A spin with no occupied orbital has no exchange term."""
     be, nao, naux = jk.backend, jk.nao, jk.naux
     L = _dev(be, _cholesky(jk.auxmol.intor("int2c2e"), "JK"))
     Cd, Md = [_dev(be, c) for c in C], [_dev(be, m) for m in M]
