@@ -10,6 +10,7 @@ the other processes' CPU use while it ran (a shared machine slows both).
 
     python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz
     python scripts/bench_gradient.py inputs/water_clusters/h2o_16.xyz --threads 16 --repeat 3
+    python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz --charge 1 --multiplicity 2 --tag cation
 
 Writes scripts/results/bench_gradient_<molecule>[_<tag>].json and .md.
 """
@@ -54,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--method", default="mp2", choices=("mp2", "scs-mp2", "sos-mp2"))
     ap.add_argument("--frozen-core", action="store_true")
+    ap.add_argument("--charge", type=int, default=None, help="default: the XYZ comment line's, else 0")
+    ap.add_argument("--multiplicity", type=int, default=None, help="2S+1 (> 1: a UHF reference)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--repeat", type=int, default=1)
@@ -64,8 +67,10 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     geom = read_xyz(a.xyz)
-    options = RunOptions(basis=a.basis, frozen_core=a.frozen_core, device=a.device)
-    backend = pipeline.make_backend(options)
+    options = RunOptions(
+        basis=a.basis, frozen_core=a.frozen_core, device=a.device, charge=a.charge, multiplicity=a.multiplicity
+    )
+    backend = pipeline.make_backend(options, unrestricted=(a.multiplicity or 1) > 1)
     energy = lambda: pipeline.run_geometry(geom, options, backend=backend)  # noqa: E731
     gradient = lambda: gradrun.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
     if not a.no_warmup:

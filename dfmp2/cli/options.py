@@ -341,9 +341,26 @@ def one_process(command: str, why: str = "") -> None:
 
 def fail(message: str, code: int = EXIT_USER_ERROR):
     """End the command with one ``error:`` line on stderr and exit status ``code``; a newline in
-    the message (from a path or a basis name) is escaped, so the line stays one."""
+    the message (from a path or a basis name) is escaped, so the line stays one.
+
+    A run over ranks that failed keeps its process group (``distributed.World.close`` leaves it
+    only where every rank is at the same point: a peer may be gone). The interpreter's exit then
+    tears the group down, and gloo's threads sometimes abort the process there (SIGABRT,
+    'terminate called without an active exception', exit -6 instead of 2: once in a CI run of
+    the heavy channel, 2026-11-28). So such a process flushes its output and ends at once; what
+    it wrote was closed by the ``finally`` blocks the error passed through."""
     click.echo(f"error: {one_line(message)}", err=True)
+    if _process_group_open():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
+
+
+def _process_group_open() -> bool:
+    """Whether this process is still in a torch.distributed process group (never imported: no)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 class StdoutConsole(Console):
