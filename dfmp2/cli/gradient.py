@@ -26,6 +26,7 @@ from dfmp2.cli.options import (
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
 from dfmp2.io.outputs import check_output_file
 from dfmp2.io.result import METHOD_SCALES as SCALES
+from dfmp2.memory import human
 from dfmp2.mp2.double_hybrids import FUNCTIONALS
 from dfmp2.options import CONVERGENCE_SETS
 
@@ -46,6 +47,11 @@ def gradient_table(gr):
         f"iterations; gradient stage {gr.wall_s:.2f} s"
     )
     ran = gr.parts.ran
+    plan = ran.get("plan")
+    if plan:  # where its JK factor lived and the plan's peak against the limit
+        home = {"memory": "in memory", "disk": "on disk", "split": "split over the ranks"}[plan["factor"]]
+        limit = f" of {human(plan['limit_mb'])}" if plan.get("limit_mb") else ""
+        t.caption += f"; memory plan {human(plan['peak_mb'])}{limit}, JK factor {home}"
     if "host_device" in ran:  # a device without fp64: the pair loop there, the rest on the host
         sim = ", simulated" if ran.get("simulated") else ""
         t.caption += (

@@ -208,6 +208,7 @@ class GradientPlan:
         return {
             "zvector": self.zvector,
             "jk_deriv": self.jk_deriv,
+            "factor": self.factor,  # 'memory', 'split' or 'disk' (FACTOR_HOMES)
             "jk_factor": FACTOR_HOMES[self.factor],
             "jk_rows_per_rank": self.jk_rows if self.factor == "split" else None,
             "jk_fit_block_mb": round(self.fit_mb, 1) if self.factor == "disk" else None,

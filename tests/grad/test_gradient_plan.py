@@ -203,6 +203,10 @@ def test_water_gradient_runs_at_50_mb(tmp_path, xyz):
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
     assert doc["memory"]["limit_mb"] == 50.0 and len(doc["gradient"]["gradient"]) == 2 + xyz.startswith("water")
+    plan = doc["gradient"]["ran"]["plan"]
+    assert plan["factor"] == "memory" and plan["limit_mb"] == 50.0
+    caption = " ".join(r.output.split())  # the table's caption, folded to the terminal's width
+    assert f"memory plan {human(plan['peak_mb'])} of 50 MB, JK factor in memory" in caption, r.output
 
 
 def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatch):
