@@ -473,10 +473,14 @@ def choose_plan(
     ``phases``: only these of ``phase_mb``'s phases run (the density stage: DENSITY_PHASES; default
     all), ``stage`` names the stage in the error line. ``split_rows`` (over several ranks with the
     split SCF: the busiest rank's rows of the JK factor): the factor split over the ranks is tried
-    after the whole-factor plans (which give one process's bits) and before the disk."""
-    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in _phases_of(shapes)[1]]
+    after the RHF's whole-factor plans (their MO forms give one process's bits; the split plan
+    runs the AO forms) and before the disk; for a UHF first (its one in-memory form is the split
+    plan's: the same bits, and the ranks share the Z-vector's J/K instead of each making all)."""
+    _, in_memory, reference = _phases_of(shapes)
+    plans = [make_plan(shapes, zv, jd, limit_mb) for zv, jd in in_memory]
     if split_rows:
-        plans.append(make_plan(shapes, *DISK_PLAN, limit_mb, "split", jk_rows=split_rows))
+        split = make_plan(shapes, *DISK_PLAN, limit_mb, "split", jk_rows=split_rows)
+        plans.insert(0 if reference == "uhf" else len(plans), split)
     plans.append(_disk_plan(shapes, limit_mb))
     if phases is not None:
         for plan in plans:

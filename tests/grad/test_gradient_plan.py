@@ -96,8 +96,9 @@ def test_uhf_plan_goes_to_disk_under_a_small_limit():
 def test_over_ranks_the_split_factor_comes_after_the_whole_factor_plans_and_before_the_disk():
     """(H2O)16/cc-pVDZ: at 2 GB no whole-factor plan fits (the lean one needs 2.44 GB, its fit the
     peak); over 2 ranks (1160 of the 1856 rows on the busiest, jk_dist.planned_rows) the split
-    factor does, in one process the disk plan is next. With room, the whole factor (one process's
-    bits) is kept over ranks too."""
+    factor does, in one process the disk plan is next. With room, an RHF keeps the whole factor
+    over ranks too (its MO forms: one process's bits); a UHF, whose one in-memory form is the
+    split plan's, splits it first."""
     lean = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN)
     assert lean.peak_mb > 2000.0 and lean.largest == "jk_fit"
     split = mp2grad.choose_plan(H2O_16, 2000.0, split_rows=1160)
@@ -113,6 +114,9 @@ def test_over_ranks_the_split_factor_comes_after_the_whole_factor_plans_and_befo
         mp2grad.make_plan(H2O_16, "mo", "mo", factor="split", jk_rows=1160)
     with pytest.raises(ValueError):
         mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="split")  # no rows
+    uhf = dict(H2O_16, nocc=(80, 79), nact=(80, 79), nvir=(304, 305))  # its one in-memory form is split's
+    assert mp2grad.choose_plan(uhf, 1e6, split_rows=1160).factor == "split"
+    assert mp2grad.choose_plan(uhf, 1e6).factor == "memory"
 
 
 def test_a_split_factor_needs_ranks():
