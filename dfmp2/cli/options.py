@@ -358,9 +358,10 @@ def fail(message: str, code: int = EXIT_USER_ERROR):
 
 
 def _process_group_open() -> bool:
-    """Whether this process is still in a torch.distributed process group (never imported: no)."""
+    """Whether this process is still in a torch.distributed process group of several processes
+    (never imported: no)."""
     dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class StdoutConsole(Console):
