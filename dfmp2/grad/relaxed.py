@@ -67,6 +67,13 @@ def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: s
     return plan
 
 
+def default_plan(mol, ref, mp2_auxmol, jk_auxmol) -> GradientPlan:
+    """The density stage's plan without a job's (``job_plan``): the fastest whose density phases
+    fit memory.DEFAULT_FRACTION of the available memory, for ``ref``'s RHF or UHF shapes."""
+    shapes = (mp2grad.rhf_shapes if ref.restricted else mp2grad_uhf.uhf_shapes)(mol, ref, mp2_auxmol, jk_auxmol)
+    return choose_plan(shapes, mp2grad._default_limit_mb(), phases=DENSITY_PHASES, stage="density")
+
+
 STAGES = ("props_mp2_densities", "props_jk_factor", "props_zvector")
 
 
@@ -120,12 +127,7 @@ def rhf_densities(
     ch = ref.channels[0]
     orb = mp2grad._Orbitals(ch, active_virtuals=not relaxed)
     if plan is None and relaxed:
-        plan = choose_plan(
-            mp2grad.rhf_shapes(mol, ref, mp2_auxmol, jk_auxmol),
-            mp2grad._default_limit_mb(),
-            phases=DENSITY_PHASES,
-            stage="density",
-        )
+        plan = default_plan(mol, ref, mp2_auxmol, jk_auxmol)
     t0 = time.perf_counter()
     corr = mp2grad._corr_intermediates(
         mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, plan=plan, response=relaxed
@@ -180,12 +182,7 @@ def uhf_densities(
     kernels0 = dict(backend.kernels_used)
     orbs = [mp2grad._Orbitals(ch, active_virtuals=not relaxed) for ch in ref.channels]
     if plan is None and relaxed:
-        plan = choose_plan(
-            mp2grad_uhf.uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol),
-            mp2grad._default_limit_mb(),
-            phases=DENSITY_PHASES,
-            stage="density",
-        )
+        plan = default_plan(mol, ref, mp2_auxmol, jk_auxmol)
     t0 = time.perf_counter()
     # T_v, the derivative weights' half back-transforms, not kept: not needed for a density
     _, P, Y, _, _ = mp2grad_uhf._corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, response=relaxed, plan=plan)

@@ -1153,6 +1153,7 @@ class _DFJK:
         self.C = None  # (C_o, C_v) on the device for the AO forms, from use_ao
         self.scratch = None
         self.split = None  # factor 'split': the ranks whose groups of rows this factor is one share of
+        self.spans = None  # factor 'split': every rank's (first, end) rows, once ``all_rows`` has asked
         if factor == "disk":  # a scratch file read per aux block (dfmp2.scf.jk.DiskJKFactor); removed by release
             self.scratch = Scratch(scratch_dir)
             self.scratch.check_space(auxmol.nao_nr() * npair(mol.nao_nr()) * 8 / 1e6)
@@ -1199,11 +1200,12 @@ class _DFJK:
         ``local`` itself in one process."""
         if self.split is None:
             return local
-        spans = self.split.gather_objects(self.rows, "gradient")
+        if self.spans is None:  # every rank's (first, end) rows, gathered once
+            self.spans = self.split.gather_objects(self.rows, "gradient")
         out = torch.empty((self.naux, *local.shape[1:]), dtype=local.dtype, device=local.device)
         r0, r1 = self.rows
         out[r0:r1] = local
-        for r, (a, b) in enumerate(spans):
+        for r, (a, b) in enumerate(self.spans):
             self.split.broadcast([out[a:b]], r, "gradient")
         return out
 
