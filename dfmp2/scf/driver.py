@@ -54,7 +54,9 @@ def memory_mb(
 ) -> dict:
     """MB the SCF stage needs: 'factor' (the resident JK factor: packed naux nao(nao+1)/2 itemsize,
     or with ``layout`` 'unpacked' naux nao^2 itemsize), 'fp32_copy' (the mixed-precision SCF's fp32
-    copy of an fp64 factor, unpacked: naux nao^2 4 B, about the packed fp64 factor's size; or 0) and
+    copy of an fp64 factor, unpacked: naux nao^2 4 B, about the packed fp64 factor's size; or 0;
+    with the unpacked layout it lives in the factor's buffer while the fp64 factor is still
+    packed, ``jk.deferred_unpacked``: the cycles hold the packed factor instead) and
     'peak': the fit (the raw integrals and the solution in fp64, and the factor in itemsize
     when that differs; unpacked: the packed solution and the unpacked factor), or in the cycles
     the factor (and its fp64 copy for the final energy when itemsize is not 8, or its fp32 copy
@@ -82,11 +84,11 @@ def memory_mb(
         fac, copy32, disk = 0, 0, fac64
         fit = 2 * naux * naux * 8 + 2 * fit_mb * 1e6 + engine + reads
         cycle = reads + rows * nao * nao * 8 + scatter + 2 * rows * nao * 2 * nocc * 8
-    elif layout == "unpacked":
-        fac = naux * nao * nao * itemsize
+    elif layout == "unpacked":  # with the fp32 copy: jk.deferred_unpacked, one buffer of 'factor' MB
+        fac = naux * nao * nao * itemsize  # holds the copy, then the fp64 factor unpacked over it
         nb = jk_block(nao, naux, itemsize, UNPACKED_BLOCK_MB)
-        fit = max(2 * fac64, fac64 + fac)
-        cycle = fac + copy32 + 2 * nb * nao * 2 * nocc * itemsize
+        fit = max(2 * fac64, fac64 + fac + (nb * nao * nao * 8 if copy32 else 0))
+        cycle = fac + (fac64 + scatter if copy32 else 0) + 2 * nb * nao * 2 * nocc * itemsize
     else:
         fac = naux * width * itemsize
         nb = jk_block(nao, naux, itemsize, block_mb)

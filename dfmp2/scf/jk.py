@@ -565,14 +565,16 @@ def _kept(packed: torch.Tensor, pairs) -> torch.Tensor:
     return packed if pairs is None else packed[:, pairs]
 
 
-def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
+def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB, out: torch.Tensor | None = None) -> JKFactor:
     """The mixed SCF's fp32 copy of the fp64 factor, unpacked (naux, nao, nao): its exchange
     blocks are views, no unpack per cycle. Packed, the fp32 K was barely faster than fp64's on a
     CPU: the fp32 gather cost more than PySCF's C unpack in fp64 and ate most of what SGEMM + SSYRK
     saved (scripts/results/docstring-measurements.md); unpacked fp32 is the packed fp64 factor's size (nao^2 x 4 B
-    against nao(nao+1)/2 x 8 B per function), counted in the memory plan. Only K uses it."""
+    against nao(nao+1)/2 x 8 B per function), counted in the memory plan. Only K uses it. ``out``:
+    its (naux, nao, nao) fp32 storage (``deferred_unpacked``), else a new tensor."""
     nao, naux = fac.nao, fac.naux
-    B = jk_dist.aligned_rows(naux, nao * nao, fac.row0, torch.float32, fac.B.device).view(naux, nao, nao)
+    B = out if out is not None else jk_dist.aligned_rows(naux, nao * nao, fac.row0, torch.float32, fac.B.device)
+    B = B.view(naux, nao, nao)
     step = jk_block(nao, naux, 8, block_mb)
     buf = torch.empty((min(step, naux), nao * nao), dtype=fac.B.dtype, device=fac.B.device) if fac.packed else None
     for p0 in range(0, naux, step):
@@ -581,18 +583,31 @@ def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
     return JKFactor(B, nao, fac.backend, jk_block(nao, naux, 4, block_mb), fac.metric, None, fac.groups, fac.row0)
 
 
-def unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB) -> JKFactor:
+def unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB, out: torch.Tensor | None = None) -> JKFactor:
     """The packed factor unpacked (naux, nao, nao) in its dtype and on its device, row block by row
     block (the packed one is dropped by the caller: both are resident until then), with exchange
-    blocks of ``block_mb``."""
+    blocks of ``block_mb``. ``out``: its (naux, nao, nao) storage, else a new tensor."""
     nao, naux = fac.nao, fac.naux
-    U = jk_dist.aligned_rows(naux, nao * nao, fac.row0, fac.B.dtype, fac.B.device).view(naux, nao, nao)
+    U = out if out is not None else jk_dist.aligned_rows(naux, nao * nao, fac.row0, fac.B.dtype, fac.B.device)
+    U = U.view(naux, nao, nao)
     step = jk_block(nao, naux, fac.B.element_size(), block_mb)
     for p0 in range(0, naux, step):
         p1 = min(naux, p0 + step)
         fac.unpack(fac.B[p0:p1], out=U[p0:p1])
     block = jk_block(nao, naux, fac.B.element_size(), block_mb)
     return JKFactor(U, nao, fac.backend, block, fac.metric, None, fac.groups, fac.row0)
+
+
+def deferred_unpacked(fac: JKFactor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Storage for a mixed SCF with the unpacked layout: (U64, U32), both (naux, nao, nao), views
+    of one buffer the size of the unpacked fp64 factor (``jk_dist.aligned_pair``). Its fp32 copy
+    (``fp32_unpacked`` into U32) takes the first half while the fp64 factor stays packed; when
+    the fp32 cycles end, the fp64 factor is unpacked into U64 over it (``DFRHF.maybe_switch``).
+    Against an fp32 copy beside the unpacked fp64 factor, the cycles hold the packed factor
+    instead of the fp32 copy, and the run first-touches the copy's bytes less memory, which on
+    a VM costs more than the copy (scripts/results/2026-11-28-session13-amd.md)."""
+    U64, U32 = jk_dist.aligned_pair(fac.naux, fac.nao * fac.nao, fac.row0, fac.device)
+    return U64.view(fac.naux, fac.nao, fac.nao), U32.view(fac.naux, fac.nao, fac.nao)
 
 
 def build_jk_factor(

@@ -89,6 +89,16 @@ def aligned_rows(rows: int, width: int, row0: int, dtype, device, fill=None) -> 
     return out if fill is None else out.fill_(fill)
 
 
+def aligned_pair(rows: int, width: int, row0: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of one buffer of about ``rows`` x ``width`` fp64: (rows, width) fp64 and, over its
+    first half, (rows, width) fp32, each row at the address ``aligned_rows`` gives it in its dtype
+    (the two overlap: the fp32 view is dead once the fp64 one is written)."""
+    n, per64, per32 = rows * width, ALIGN_BYTES // 8, ALIGN_BYTES // 4
+    flat = torch.empty(n + per64, dtype=torch.float64, device=device)
+    s64, s32 = (row0 * width) % per64, (row0 * width) % per32
+    return flat[s64 : s64 + n].view(rows, width), flat.view(torch.float32)[s32 : s32 + n].view(rows, width)
+
+
 def factor_rows(
     mol, auxmol, backend, engine, block_mb: float, world: World, timer, pairs=None
 ) -> tuple[torch.Tensor, str, dict, list, int]:

@@ -30,11 +30,14 @@ from dfmp2.scf.diis import DIIS, DIIS_SPACE, DIIS_START_CYCLE
 from dfmp2.scf.jk import (
     JK_BLOCK_MB,
     SCREEN_DEFAULT,
+    UNPACKED_BLOCK_MB,
     JKFactor,
     build_jk_factor,
+    deferred_unpacked,
     fp32_unpacked,
     screening_record,
     significant_pairs,
+    unpacked,
 )
 from dfmp2.scf.precision import (
     FP32_NOISE,
@@ -111,6 +114,7 @@ class DFRHF:
         self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)  # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
         self.screen, self.pairs = screen, significant_pairs(mol, screen)
+        defer = self.mode == "mixed" and layout == "unpacked"  # the fp64 factor unpacked when fp32 ends
         self.fac, self.fac64 = build_jk_factor(
             mol,
             self.auxmol,
@@ -121,12 +125,18 @@ class DFRHF:
             fit_backend=self.dense,
             engine=self.engine,
             world=self.world,
-            layout=layout,
+            layout="packed" if defer else layout,
             scratch=scratch,
             fit_mb=fit_mb,
             pairs=self.pairs,
         )
-        self.fac32 = fp32_unpacked(self.fac, block_mb) if self.mode == "mixed" else None
+        self.fac32 = self.deferred = None
+        if self.mode == "mixed":
+            t0 = time.perf_counter()
+            self.deferred = deferred_unpacked(self.fac) if defer else None  # (U64, U32)
+            self.fac32 = fp32_unpacked(self.fac, block_mb, out=self.deferred[1] if defer else None)
+            timer.add("scf_fit", t0)
+        self.fac32_mb = self.fac32.B.numel() * 4 / 1e6 if self.fac32 is not None else None
         self.t0 = time.perf_counter()
         self._one_electron()
 
@@ -334,6 +344,9 @@ class DFRHF:
         if gnorm < FP32_SWITCH * self.g_noise or (last is not None and gnorm > FP32_STALL * last):
             self.fp32_phase = False
             self.switch = {"cycle": cycle, "gnorm": gnorm, "d_e": d_e}
+            self.fac32 = None  # its cycles are over
+            if self.deferred is not None:  # the fp64 factor unpacked over the fp32 copy (jk.deferred_unpacked)
+                self.fac, self.deferred = unpacked(self.fac, UNPACKED_BLOCK_MB, out=self.deferred[0]), None
         return not self.fp32_phase
 
     def maybe_host_rebuild(self, cycle: int, d_e: float, gnorm: float) -> bool:
@@ -460,7 +473,6 @@ class DFRHF:
     def cycle_record(self, cycles: int) -> dict:
         """Which cycles built J/K in which precision (provenance.cycle_precision)."""
         n32 = cycles - len(self.host_builds) if self.mode == "fp32" else self.fp32_cycles
-        f32 = self.fac32
         return cycle_precision(
             self.mode,
             self.requested,
@@ -469,5 +481,5 @@ class DFRHF:
             fp64_cycles=cycles - n32,
             switch=self.switch,
             device=self.backend.name if n32 else None,
-            fp32_factor_mb=f32.B.numel() * f32.B.element_size() / 1e6 if f32 is not None else None,
+            fp32_factor_mb=self.fac32_mb,
         )
