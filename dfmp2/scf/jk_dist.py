@@ -178,7 +178,7 @@ class Fit:
         sent = []
         for i, g in enumerate(self.mine):
             Xg = self.rows(X, g)
-            Xg.copy_(linalg.trsm(self.block(g, g), Xg.mT, side="right", uplo="lower", trans=True, backend=be).mT)
+            linalg.trsm(self.block(g, g), Xg.mT, side="right", uplo="lower", trans=True, backend=be, overwrite_b=True)
             sent += [self.world.post(Xg.to(self.world.wire_device), None, r, r, "scf") for r in later]
             for g2 in self.mine[i + 1 :]:
                 linalg.gemm(self.block(g2, g), Xg, alpha=-1.0, beta=1.0, out=self.rows(X, g2), backend=be)

@@ -137,6 +137,21 @@ def test_trsm_all_16_combinations_vs_scipy(be, side, uplo, trans, unit, dtype, n
     assert float(np.abs(x.double().numpy() - ref).max()) <= tol * scale
 
 
+@pytest.mark.parametrize("side,uplo,trans,unit", TRSM_COMBOS)
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_trsm_overwrite_b_is_the_same_solve_in_b(be, side, uplo, trans, unit, layout):
+    """``overwrite_b``: X lands in b's own storage (b returned) with the bits of a new X, for b
+    row-major or column-major (the JK factor's fit solves each group of rows in place)."""
+    n, m = 37, 53
+    a = tri(n, uplo, 5, torch.float64)
+    shape = (n, m) if side == "left" else (m, n)
+    b = mat(shape, 11, torch.float64) if layout == "rows" else mat(shape[::-1], 11, torch.float64).mT
+    kw = dict(side=side, uplo=uplo, trans=trans, unit_diagonal=unit, backend=be)
+    x = trsm(a, b, **kw)
+    ptr, got = b.data_ptr(), trsm(a, b, overwrite_b=True, **kw)
+    assert got is b and b.data_ptr() == ptr and torch.equal(b, x)
+
+
 def test_trsm_vector_rhs_and_errors(be):
     a = tri(6, "lower", 1, torch.float64)
     b = mat(6, 2, torch.float64)
