@@ -11,6 +11,13 @@ process), the ratio against the faster and |ΔE(MP2)|.
 
     python scripts/bench_roofline.py                                   # (H2O)16 / cc-pVDZ, 2 threads
     python scripts/bench_roofline.py inputs/water_clusters/h2o_04.xyz --repeats 1 --cpu-blas openblas
+    python scripts/bench_roofline.py --fresh                           # each run in a new process
+
+``--fresh``: every run (warm-ups included) in a new process, as ``dfmp2 run`` runs: the process
+measures its best DGEMM first, then runs once, and its share of the roofline uses that peak (the
+stage table uses the median of the timed runs' peaks). Runs after the first in one process touch
+memory the first one freed, and on a VM whose fresh pages cost a second or more per GB that makes
+them differ from what a user's run sees (scripts/results/2026-11-28-session13-amd.md).
 
 Writes scripts/results/bench_roofline_<molecule>.json and .md (``--out`` elsewhere).
 """
@@ -21,6 +28,8 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,15 +52,52 @@ def _display_path(p) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
-def run_ours(geom, options, warmup: int, repeats: int) -> tuple[list[dict], dict]:
+CHILD = "@@roofline-run@@"  # the marker of a --fresh child's result line
+
+
+def fresh_run(args) -> tuple[dict, dict]:
+    """One run in a new process (``--fresh``): (its result's JSON, its own best GEMMs)."""
+    spec = {k: getattr(args, k) for k in ("xyz", "basis", "threads", "cpu_blas", "precision", "scf_precision")}
+    spec |= {"frozen_core": args.frozen_core, "peak_sizes": args.peak_sizes}
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], capture_output=True, text=True
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(CHILD)]
+    if p.returncode != 0 or not lines:
+        sys.exit(f"error: a --fresh run exited {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}")
+    got = json.loads(lines[-1][len(CHILD) :])
+    return got["doc"], got["peaks"]
+
+
+def child(spec: dict) -> None:
+    """A --fresh run's process: its best GEMMs, then one run; prints both on one marked line."""
+    torch.set_num_threads(spec["threads"])
+    lib.num_threads(spec["threads"])
+    peaks = fb.gemm_peaks(spec["peak_sizes"])
+    options = RunOptions(
+        basis=spec["basis"],
+        cpu_blas=spec["cpu_blas"],
+        precision=spec["precision"],
+        frozen_core=spec["frozen_core"],
+        scf_precision=spec["scf_precision"],
+    )
+    doc = run_geometry(read_xyz(spec["xyz"]), options).to_dict()
+    print(CHILD + json.dumps({"doc": doc, "peaks": peaks}), flush=True)
+
+
+def run_ours(geom, options, warmup: int, repeats: int, fresh=None) -> tuple[list[dict], dict]:
     """``warmup`` untimed runs, then ``repeats`` timed ones: ([{wall_s, timings, flops, e_mp2,
-    other_processes_cores}], the last result's JSON)."""
+    other_processes_cores, dgemm_peak (``fresh``: its process's GF/s)}], the last result's JSON).
+    ``fresh``: the parsed arguments, each run in a new process (``fresh_run``)."""
     for _ in range(warmup):
-        run_geometry(geom, options)
+        fresh_run(fresh) if fresh is not None else run_geometry(geom, options)
     runs = []
     for rep in range(repeats):
         m0 = OtherCPU.mark()
-        doc = json.loads(json.dumps(run_geometry(geom, options).to_dict()))
+        if fresh is not None:
+            doc, peaks = fresh_run(fresh)
+        else:
+            doc, peaks = json.loads(json.dumps(run_geometry(geom, options).to_dict())), None
         busy = OtherCPU.cores(m0, OtherCPU.mark())
         runs.append(
             {
@@ -61,6 +107,7 @@ def run_ours(geom, options, warmup: int, repeats: int) -> tuple[list[dict], dict
                 "e_mp2": doc["energies"]["e_mp2"],
                 "scf_iterations": (doc["ran"].get("scf") or {}).get("iterations"),
                 "other_processes_cores": busy and busy["other_cores"],
+                "dgemm_peak": peaks and peaks["fp64"]["gflops"],
             }
         )
         print(f"repeat {rep + 1}: {doc['wall_s']:.2f} s, {sum(doc['flops'].values()) / 1e9:.2f} GFLOP", flush=True)
@@ -114,12 +161,21 @@ def markdown(report: dict) -> list[str]:
         "",
         f"Options: --cpu-blas {o['cpu_blas']}, --precision {o['precision'] or 'default'}, "
         f"--scf-precision {o.get('scf_precision', 'auto')}"
-        f"{', --frozen-core' if o['frozen_core'] else ''}; {o['warmup']} warm-up run(s), {o['repeats']} timed "
+        f"{', --frozen-core' if o['frozen_core'] else ''}; {o['warmup']} warm-up run(s), {o['repeats']} timed"
+        f"{' (each in a new process)' if o.get('fresh') else ''} "
         f"(stage seconds and wall: medians); shapes {report['shapes']}; SCF iterations {report['scf_iterations']}.",
         "",
-        f"Roofline: the best DGEMM measured in this process, **{peak['fp64']['gflops']:.1f} GFLOP/s** "
-        f"({peak['fp64']['library']}, n = {peak['fp64']['n']}); SGEMM {peak['fp32']['gflops']:.1f} GFLOP/s "
-        f"({peak['fp32']['library']}). Flops: executed through dfmp2.linalg (docs/cli-and-json.md); "
+        (
+            f"Each run in a new process (--fresh), which measured its own best DGEMM first: "
+            f"{', '.join(format(r['dgemm_peak'], '.1f') for r in report['runs'])} GFLOP/s; the stage table uses their "
+            f"median, **{whole['peak_gflops']:.1f} GFLOP/s**, the whole run's share is the median of each run's "
+            f"against its own ({', '.join(format(x, '.1f') + ' %' for x in whole['pct_each_run'])}). "
+            if o.get("fresh")
+            else f"Roofline: the best DGEMM measured in this process, **{peak['fp64']['gflops']:.1f} GFLOP/s** "
+            f"({peak['fp64']['library']}, n = {peak['fp64']['n']}); SGEMM {peak['fp32']['gflops']:.1f} GFLOP/s "
+            f"({peak['fp32']['library']}). "
+        )
+        + "Flops: executed through dfmp2.linalg (docs/cli-and-json.md); "
         "model: the algorithm's useful work (dfmp2/benchmarks/roofline.py).",
         "",
         *roofline.markdown_table(report["stages"], whole),
@@ -160,6 +216,7 @@ def parse(argv):
     ap.add_argument("--scf-precision", default="auto", choices=SCF_PRECISIONS, help="as dfmp2 run's --scf-precision")
     ap.add_argument("--frozen-core", action="store_true")
     ap.add_argument("--no-pyscf", action="store_true", help="skip PySCF's baseline")
+    ap.add_argument("--fresh", action="store_true", help="every run in a new process, with its own DGEMM peak")
     fb.add_arguments(ap)
     ap.add_argument("--out", default=None, help="output path without extension [scripts/results/bench_roofline_<xyz>]")
     args = ap.parse_args(argv)
@@ -169,6 +226,9 @@ def parse(argv):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child(json.loads(argv[1]))
     args = parse(argv)
     torch.set_num_threads(args.threads)
     lib.num_threads(args.threads)
@@ -181,17 +241,21 @@ def main(argv=None):
         scf_precision=args.scf_precision,
     )
     t0 = time.perf_counter()
-    peaks = fb.gemm_peaks(args.peak_sizes)  # this process's: the roofline
+    peaks = fb.gemm_peaks(args.peak_sizes)  # this process's: the roofline (--fresh: each run's own)
     print(
         f"DGEMM peak {peaks['fp64']['gflops']:.1f} GFLOP/s ({peaks['fp64']['library']}, n = {peaks['fp64']['n']}), "
         f"{time.perf_counter() - t0:.1f} s to measure",
         flush=True,
     )
-    runs, doc = run_ours(geom, options, args.warmup, args.repeats)
+    runs, doc = run_ours(geom, options, args.warmup, args.repeats, fresh=args if args.fresh else None)
     wall = [r["wall_s"] for r in runs]
     seconds, flops = median_stages(runs), runs[-1]["flops"]
-    peak = peaks["fp64"]["gflops"]
+    peak = statistics.median(r["dgemm_peak"] for r in runs) if args.fresh else peaks["fp64"]["gflops"]
     whole = roofline.whole_run(statistics.median(wall), flops, peak)
+    if args.fresh:  # each run against its own process's peak
+        shares = [roofline.whole_run(r["wall_s"], r["flops"], r["dgemm_peak"])["pct_of_dgemm_peak"] for r in runs]
+        whole["pct_each_run"], whole["peak_gflops"] = shares, peak
+        whole["pct_of_dgemm_peak"] = statistics.median(shares)
     report = {
         "what": "the whole dfmp2 run: flops per stage against the best DGEMM of this process",
         "molecule": _display_path(args.xyz),
@@ -204,7 +268,8 @@ def main(argv=None):
         "machine": {"cpu": cpu_model(), "threads": args.threads, "platform": platform.platform()},
         "versions": software_versions(),
         "options": {
-            k: getattr(args, k) for k in ("cpu_blas", "precision", "scf_precision", "frozen_core", "repeats", "warmup")
+            k: getattr(args, k)
+            for k in ("cpu_blas", "precision", "scf_precision", "frozen_core", "repeats", "warmup", "fresh")
         },
         "blas": {"ours": fb.blas_info()},
         "gemm_peak": peaks,

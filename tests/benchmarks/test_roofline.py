@@ -46,7 +46,9 @@ def test_pyscf_scf_has_no_scf_model():
 
 
 @pytest.mark.heavy
-def test_bench_roofline_script_on_water(tmp_path):
+@pytest.mark.parametrize("fresh", [False, True])
+def test_bench_roofline_script_on_water(tmp_path, fresh):
+    """In one process, or (``--fresh``) each run in its own, with its own DGEMM peak."""
     out = tmp_path / "roof"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     p = subprocess.run(
@@ -65,6 +67,7 @@ def test_bench_roofline_script_on_water(tmp_path):
             "64",
             "--out",
             str(out),
+            *(["--fresh"] if fresh else []),
         ],
         capture_output=True,
         text=True,
@@ -81,3 +84,8 @@ def test_bench_roofline_script_on_water(tmp_path):
     assert doc["blas"]["ours"]["threadpools"] and doc["versions"]["dfmp2"] and doc["date"]
     md = out.with_suffix(".md").read_text()
     assert "| **whole run** (wall) |" in md and "% of the DGEMM roofline" in md and "| pair |" in md
+    if fresh:  # the run's own process measured the peak its share uses
+        (run,) = doc["runs"]
+        assert run["dgemm_peak"] > 0 and doc["options"]["fresh"] and "new process" in md
+        expected = 100 * doc["whole"]["flops"] / (run["wall_s"] * 1e9 * run["dgemm_peak"])
+        assert doc["whole"]["pct_each_run"] == [pytest.approx(expected)]
