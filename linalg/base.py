@@ -189,9 +189,10 @@ class TorchBackend(Backend):
         self.record("syrk", "torch.matmul(block-triangle)" if blocked else "torch.matmul")
         return torch_ops.syrk(a, trans=trans, alpha=alpha, uplo=uplo, full=full)
 
-    def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
+    def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, overwrite_b=False):
         self.record("trsm", "torch.linalg.solve_triangular")
-        return torch_ops.trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal)
+        out = b if overwrite_b else None
+        return torch_ops.trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal, out=out)
 
     def cholesky(self, a):
         self.record("cholesky", "torch.linalg.cholesky_ex")

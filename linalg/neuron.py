@@ -199,9 +199,10 @@ class NeuronBackend(Backend):
             self.record("trsm_diag_inverse", "host-fp64")
         return dinvT
 
-    def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
+    def trsm(self, a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, overwrite_b=False):
         """Solve op(a) X = b (left) or X op(a) = b (right), a triangular (n, n), fp32.
-        Mapped on the host onto L X' = B' with L lower (transposes and index reversal)."""
+        Mapped on the host onto L X' = B' with L lower (transposes and index reversal).
+        ``overwrite_b``: X copied into b, b returned."""
         from dfmp2.kernels.nki.trsm import trsm_lower_kernel
 
         if side not in ("left", "right") or uplo not in ("lower", "upper"):
@@ -234,7 +235,8 @@ class NeuronBackend(Backend):
             X = X.T
         if vec:
             X = X[:, 0] if side == "left" else X[0]
-        return torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
+        X = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
+        return b.copy_(X) if overwrite_b else X
 
     # ---- host fp64 factorisations; Newton-Schulz on the NKI GEMM ----
     def cholesky(self, a):

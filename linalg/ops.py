@@ -42,14 +42,17 @@ def syrk(a, *, trans=False, alpha=1.0, uplo="lower", full=True, backend=None):
     return c
 
 
-def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, backend=None):
+def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, backend=None, overwrite_b=False):
     """Solve op(a) X = b (side='left') or X op(a) = b (side='right') for triangular a (n, n).
 
     uplo names the triangle of a that is read; op(a) = a^T when trans; unit_diagonal takes diag(a) = 1.
-    b: (n, m) or (n,) for side='left', (m, n) for side='right'; X has b's shape.
+    b: (n, m) or (n,) for side='left', (m, n) for side='right'; X has b's shape. ``overwrite_b``:
+    X is written into b and b returned, with the bits of a new X; on the torch backend with no
+    temporary of b's size where b is column-major (LAPACK's in-place solve).
     """
     be = _be(backend, a)
-    x = be.trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal)
+    kw = {"overwrite_b": True} if overwrite_b else {}
+    x = be.trsm(a, b, side=side, uplo=uplo, trans=trans, unit_diagonal=unit_diagonal, **kw)
     be.count_flops("trsm", flops.trsm(a.shape, b.numel()))
     return x
 

@@ -106,11 +106,13 @@ def syrk_triangle(c, uplo: str):
     return c if uplo == "lower" else c.mT.contiguous()
 
 
-def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
+def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False, out=None):
     """Solve op(a) X = b (side='left', b: (n, m) or (n,)) or X op(a) = b (side='right', b: (m, n)).
 
     a: (n, n) triangular ('lower' or 'upper' says which triangle of a is read; the other is
-    ignored), op(a) = a^T when trans; unit_diagonal treats diag(a) as ones.
+    ignored), op(a) = a^T when trans; unit_diagonal treats diag(a) as ones. ``out``: X is
+    written there, with the bits of a new X: a column-major ``out`` (b itself: the transpose of a
+    row-major matrix) by LAPACK's own solve in place, no temporary; another layout through one.
     """
     _check_side_uplo("trsm", side, uplo)
     _check_square("trsm", a)
@@ -120,6 +122,7 @@ def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
         if side != "left":
             raise ValueError("trsm: a 1-D right-hand side needs side='left'")
         b = b.unsqueeze(-1)
+        out = out.unsqueeze(-1) if out is not None else None
     dim = -2 if side == "left" else -1
     if b.shape[dim] != n:
         raise ValueError(f"trsm: a is {tuple(a.shape)} but b is {tuple(b.shape)} for side={side!r}")
@@ -127,7 +130,11 @@ def trsm(a, b, *, side="left", uplo="lower", trans=False, unit_diagonal=False):
     A = a  # solve_triangular reads only the named triangle (documented)
     if trans:
         A, upper = a.mT, not upper
-    x = torch.linalg.solve_triangular(A, b, upper=upper, left=(side == "left"), unitriangular=unit_diagonal)
+    in_place = out is not None and out.stride(-2) == 1  # column-major: LAPACK's own in-place solve
+    kw = {"out": out} if in_place else {}
+    x = torch.linalg.solve_triangular(A, b, upper=upper, left=(side == "left"), unitriangular=unit_diagonal, **kw)
+    if out is not None and not in_place:  # row-major: solved in place it would be its transpose (other bits)
+        x = out.copy_(x)
     return x.squeeze(-1) if vec else x
 
 
