@@ -63,6 +63,8 @@ class DFRHF:
     diis_scaled = True  # False: PySCF's unscaled DIIS solve (see DIIS)
     diis_space = DIIS_SPACE
     planned_rebuild = None  # on a device without fp64: rebuild G on the host once below this gradient
+    deferred = None  # a mixed SCF's (U64, U32) until its fp32 cycles end (jk.deferred_unpacked)
+    fac32_mb = None  # its fp32 copy's MB (recorded after the copy is dropped)
     jk_text = "J by GEMVs, K by GEMM + SYRK over the packed JK factor"
     jk_text_unpacked = "J and K in one pass over the unpacked JK factor (K by GEMM + SYRK, J by a GEMV per block)"
     jk_text_disk = (
