@@ -172,6 +172,23 @@ def test_scf_precision_choice_and_refusals():
     assert fits["fp32_copy"] > 0 and fits["layout"] == "packed"
 
 
+def test_mixed_scf_with_the_unpacked_factor_unpacks_it_when_fp32_ends():
+    """With the unpacked layout the mixed SCF keeps its fp64 factor packed through the fp32
+    cycles, its fp32 copy in the unpacked factor's buffer (jk.deferred_unpacked), and unpacks the
+    fp64 factor over it at the switch: E(HF) as the fp64 SCF's on the same layout (1e-10 Eh), the
+    factor recorded unpacked, the fp32 copy's size recorded after it was dropped."""
+    mol = molecule("water_clusters/h2o_02.xyz")
+    cpu = linalg.get_backend("cpu")
+    fp64 = driver.run_scf(mol, cpu, precision="fp64", layout="unpacked")
+    mixed = driver.run_scf(mol, cpu, precision="mixed", layout="unpacked")
+    assert abs(mixed.e_hf - fp64.e_hf) < 1e-10, mixed.e_hf - fp64.e_hf
+    cp, fac = mixed.scf.cycle_precision, mixed.scf.jk_factor
+    assert cp["mode"] == "mixed" and 0 < cp["fp32_cycles"] < mixed.scf.iterations
+    nao = mol.nao_nr()
+    assert fac["layout"] == "unpacked" and fac["shape"] == [fac["naux"], nao, nao]
+    assert cp["fp32_factor_mb"] == pytest.approx(fac["naux"] * nao * nao * 4 / 1e6)
+
+
 def test_memory_plan_prefers_the_unpacked_factor_where_it_fits():
     """The unpacked fp64 factor (naux nao^2 8 B, twice the packed one) is the plan's first choice;
     its peak is the fit's packed solution beside it; an fp32 factor (no fp64) stays packed."""

@@ -51,6 +51,20 @@ def test_aligned_rows(dtype):
         assert (t.data_ptr() // t.element_size()) % per == (row0 * width) % per
 
 
+def test_aligned_pair_views_share_one_buffer_each_row_aligned():
+    """The mixed SCF's shared buffer (jk.deferred_unpacked): an fp64 and an fp32 (rows, width) view
+    of one buffer, the fp32 one over its first half, each row where ``aligned_rows`` puts it."""
+    for row0, width in [(0, 7), (3, 7), (5, 300), (11, 361)]:
+        u64, u32 = jk_dist.aligned_pair(4, width, row0, "cpu")
+        assert u64.shape == u32.shape == (4, width) and u64.dtype == torch.float64 and u32.dtype == torch.float32
+        assert u64.untyped_storage().data_ptr() == u32.untyped_storage().data_ptr()
+        assert (u64.data_ptr() // 8) % (jk_dist.ALIGN_BYTES // 8) == (row0 * width) % (jk_dist.ALIGN_BYTES // 8)
+        assert (u32.data_ptr() // 4) % (jk_dist.ALIGN_BYTES // 4) == (row0 * width) % (jk_dist.ALIGN_BYTES // 4)
+        end = u64.untyped_storage().data_ptr() + u64.untyped_storage().nbytes()
+        assert u64.data_ptr() + u64.numel() * 8 <= end and u32.data_ptr() + u32.numel() * 4 <= end
+        assert u32.data_ptr() < u64.data_ptr() + u64.numel() * 4  # the fp32 view: the first half
+
+
 def test_fit_is_the_trsm():
     g = torch.Generator().manual_seed(3)
     n, w = 23, 17
