@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from dfmp2.benchmarks.timing import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DIMER = ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz"
@@ -145,13 +146,6 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bases", default="cc-pvdz", help="comma-separated orbital bases [cc-pvdz]")
@@ -166,7 +160,7 @@ def main(argv=None) -> None:
     rep = measure([b.strip() for b in a.bases.split(",") if b.strip()], a.ranks, a.threads, a.repeat, a.timeout)
     rep |= {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": _cpu_model(),
+        "machine": cpu_model(),
         "cores": os.cpu_count(),
         "ranks": a.ranks,
         "threads": a.threads,

@@ -69,19 +69,23 @@ def fresh_run(args) -> tuple[dict, dict]:
     return got["doc"], got["peaks"]
 
 
+def run_options(a: dict) -> RunOptions:
+    """The run's options from the arguments (``vars(args)``, or a --fresh child's spec)."""
+    return RunOptions(
+        basis=a["basis"],
+        cpu_blas=a["cpu_blas"],
+        precision=a["precision"],
+        frozen_core=a["frozen_core"],
+        scf_precision=a["scf_precision"],
+    )
+
+
 def child(spec: dict) -> None:
     """A --fresh run's process: its best GEMMs, then one run; prints both on one marked line."""
     torch.set_num_threads(spec["threads"])
     lib.num_threads(spec["threads"])
     peaks = fb.gemm_peaks(spec["peak_sizes"])
-    options = RunOptions(
-        basis=spec["basis"],
-        cpu_blas=spec["cpu_blas"],
-        precision=spec["precision"],
-        frozen_core=spec["frozen_core"],
-        scf_precision=spec["scf_precision"],
-    )
-    doc = run_geometry(read_xyz(spec["xyz"]), options).to_dict()
+    doc = run_geometry(read_xyz(spec["xyz"]), run_options(spec)).to_dict()
     print(CHILD + json.dumps({"doc": doc, "peaks": peaks}), flush=True)
 
 
@@ -233,13 +237,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     lib.num_threads(args.threads)
     geom = read_xyz(args.xyz)
-    options = RunOptions(
-        basis=args.basis,
-        cpu_blas=args.cpu_blas,
-        precision=args.precision,
-        frozen_core=args.frozen_core,
-        scf_precision=args.scf_precision,
-    )
+    options = run_options(vars(args))
     t0 = time.perf_counter()
     peaks = fb.gemm_peaks(args.peak_sizes)  # this process's: the roofline (--fresh: each run's own)
     print(

@@ -571,7 +571,7 @@ def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB, out: torch.Tenso
     CPU: the fp32 gather cost more than PySCF's C unpack in fp64 and ate most of what SGEMM + SSYRK
     saved (scripts/results/docstring-measurements.md); unpacked fp32 is the packed fp64 factor's size (nao^2 x 4 B
     against nao(nao+1)/2 x 8 B per function), counted in the memory plan. Only K uses it. ``out``:
-    its (naux, nao, nao) fp32 storage (``deferred_unpacked``), else a new tensor."""
+    its fp32 storage, (naux, nao, nao) or (naux, nao^2) (``deferred_unpacked``), else a new tensor."""
     nao, naux = fac.nao, fac.naux
     B = out if out is not None else jk_dist.aligned_rows(naux, nao * nao, fac.row0, torch.float32, fac.B.device)
     B = B.view(naux, nao, nao)
@@ -586,7 +586,7 @@ def fp32_unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB, out: torch.Tenso
 def unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB, out: torch.Tensor | None = None) -> JKFactor:
     """The packed factor unpacked (naux, nao, nao) in its dtype and on its device, row block by row
     block (the packed one is dropped by the caller: both are resident until then), with exchange
-    blocks of ``block_mb``. ``out``: its (naux, nao, nao) storage, else a new tensor."""
+    blocks of ``block_mb``. ``out``: its storage, (naux, nao, nao) or (naux, nao^2), else a new tensor."""
     nao, naux = fac.nao, fac.naux
     U = out if out is not None else jk_dist.aligned_rows(naux, nao * nao, fac.row0, fac.B.dtype, fac.B.device)
     U = U.view(naux, nao, nao)
@@ -599,7 +599,7 @@ def unpacked(fac: JKFactor, block_mb: float = JK_BLOCK_MB, out: torch.Tensor | N
 
 
 def deferred_unpacked(fac: JKFactor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Storage for a mixed SCF with the unpacked layout: (U64, U32), both (naux, nao, nao), views
+    """Storage for a mixed SCF with the unpacked layout: (U64, U32), both (naux, nao^2), views
     of one buffer the size of the unpacked fp64 factor (``jk_dist.aligned_pair``). Its fp32 copy
     (``fp32_unpacked`` into U32) takes the first half while the fp64 factor stays packed; when
     the fp32 cycles end, the fp64 factor is unpacked into U64 over it (``DFRHF.maybe_switch``).
@@ -607,8 +607,7 @@ def deferred_unpacked(fac: JKFactor) -> tuple[torch.Tensor, torch.Tensor]:
     instead of the copy, and the run touches the copy's size (naux nao^2 4 B) less fresh memory,
     whose first touch cost more than the copy itself on a VM
     (scripts/results/2026-11-28-session13-amd.md)."""
-    U64, U32 = jk_dist.aligned_pair(fac.naux, fac.nao * fac.nao, fac.row0, fac.device)
-    return U64.view(fac.naux, fac.nao, fac.nao), U32.view(fac.naux, fac.nao, fac.nao)
+    return jk_dist.aligned_pair(fac.naux, fac.nao * fac.nao, fac.row0, fac.device)
 
 
 def build_jk_factor(
