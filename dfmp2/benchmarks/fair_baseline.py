@@ -1,4 +1,4 @@
-"""A fair PySCF baseline for every benchmark that compares against PySCF (issue 25): the scripts' and
+"""A fair PySCF baseline for every benchmark that compares against PySCF: the scripts' and
 ``dfmp2 bench``'s water series.
 
 Some machines set ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``; OpenBLAS reads them once, when
@@ -409,7 +409,7 @@ def save_scf(mf, path) -> str:
 def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
     """The report's lines on the baseline rule, each side's BLAS and the peaks."""
     lines = [
-        "## Baseline fairness (issue 25)",
+        "## Baseline fairness",
         "",
         f"- rule: {base['rule']}"
         + (
