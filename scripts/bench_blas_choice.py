@@ -18,7 +18,7 @@ start-up), with the other processes' cores during the run beside it.
 
     flock /tmp/dfmp2-timing.lock python scripts/bench_blas_choice.py       # h2o_08 / cc-pVDZ, 3 repeats
 
-Writes scripts/results/bench_blas_choice_cpu.json and .md (``--out``).
+Writes scripts/results/blas_choice_<molecule>.json and .md (``--out``).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main(argv=None):
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--repeats", type=int, default=3, help="runs per --cpu-blas mode (at least 3)")
     ap.add_argument("--trusted-arm", action="store_true", help="also auto with the loaded table trusted")
-    ap.add_argument("--out", default=str(ROOT / "scripts/results/bench_blas_choice_cpu"))
+    ap.add_argument("--out", default=None, help="path stem [scripts/results/blas_choice_<xyz>]")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         raise SystemExit("error: --repeats must be at least 3")
@@ -249,7 +249,7 @@ def main(argv=None):
         },
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    out = Path(args.out)
+    out = Path(args.out) if args.out else ROOT / "scripts/results" / f"blas_choice_{Path(args.xyz).stem.replace('_', '')}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rep, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(rep))

@@ -7,7 +7,7 @@
     python scripts/bench_cuda.py --molecule inputs/water_clusters/h2o_08.xyz   # + the whole pipeline
                                                        # on CUDA (CudaBackend) and on CPU, ΔE_corr
 
-Writes scripts/results/bench_cuda_<gpu>.json and .md: date, GPU (name, compute capability, SMs,
+Writes scripts/results/cuda_pair_<gpu>.json and .md: date, GPU (name, compute capability, SMs,
 memory, driver), versions (torch, its CUDA, Triton, Python), the dfmp2 commit, the command line,
 the DGEMM and SGEMM (TF32 off) peaks measured at the start of the same run (largest of a few square
 sizes), and for each pair-step path and precision: median/min/max seconds over repeats after a
@@ -101,7 +101,7 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--molecule", default=None, help="also run the whole pipeline on this XYZ (cuda and cpu)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default=None, help="output prefix [default scripts/results/bench_cuda_<gpu>]")
+    ap.add_argument("--out", default=None, help="output prefix [default scripts/results/cuda_pair_<gpu>]")
     ap.add_argument(
         "--dry-run-cpu",
         action="store_true",
@@ -491,7 +491,7 @@ def main(argv=None):
         else (
             Path("/tmp/bench_cuda_dry_run")
             if dry
-            else ROOT / "scripts" / "results" / f"bench_cuda_{slug(meta['gpu']['name'])}"
+            else ROOT / "scripts" / "results" / f"cuda_pair_{slug(meta['gpu']['name'])}"
         )
     )
     out.parent.mkdir(parents=True, exist_ok=True)

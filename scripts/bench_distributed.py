@@ -11,7 +11,7 @@ ranks on two node types, (H2O)64 and (H2O)128 cc-pVDZ, from flop counts and link
 are assumptions written at the top of this file (``NODES``): the ring pass overlaps the pair step's
 GEMMs (max of the two), the redistribution of (P|ia) does not overlap anything.
 
-    python scripts/bench_distributed.py --waters 8,16 --ranks 2,3,4 --threads 2 --out scripts/results/bench_distributed
+    python scripts/bench_distributed.py --waters 8,16 --ranks 2,3,4 --threads 2 --out scripts/results/distributed_2ranks
     python scripts/bench_distributed.py --waters 1 --ranks 2 --threads 2 --occ-block-max 2   # a tiny check
     python scripts/bench_distributed.py --model-only
 """

@@ -11,7 +11,7 @@ translations and rotations projected), and the frequencies compared mode by mode
 
     python scripts/bench_frequencies.py --molecules water ammonia --basis cc-pvdz
 
-Writes scripts/results/bench_frequencies.json and .md (``--out`` a path stem elsewhere).
+Writes scripts/results/frequencies.json and .md (``--out`` a path stem elsewhere).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--step", type=float, default=F.STEP_BOHR, help="gradient step, bohr")
     ap.add_argument("--energy-step", type=float, default=0.01, help="energy step, bohr")
-    ap.add_argument("--out", help="path stem (default scripts/results/bench_frequencies)")
+    ap.add_argument("--out", help="path stem (default scripts/results/frequencies)")
     a = ap.parse_args(argv)
     options = RunOptions(basis=a.basis)
     rows = []
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         "energy_step_bohr": a.energy_step,
         "rows": rows,
     }
-    stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / "bench_frequencies"
+    stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / "frequencies"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text("\n".join(markdown(doc)) + "\n")
     print("\n".join(markdown(doc)))

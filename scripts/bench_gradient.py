@@ -12,7 +12,7 @@ the other processes' CPU use while it ran (a shared machine slows both).
     python scripts/bench_gradient.py inputs/water_clusters/h2o_16.xyz --threads 16 --repeat 3
     python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz --charge 1 --multiplicity 2 --tag cation
 
-Writes scripts/results/bench_gradient_<molecule>[_<tag>].json and .md.
+Writes scripts/results/gradient_<molecule>[_<tag>].json and .md.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_gradient_{name}" + (f"_{a.tag}" if a.tag else "")
+    stem = f"gradient_{name.replace('_', '')}" + (f"_{a.tag}" if a.tag else "")
     (out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
     md = [
         f"# gradient vs energy: {name} / {a.basis} ({a.method}{', frozen core' if a.frozen_core else ''})",

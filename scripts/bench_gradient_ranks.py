@@ -7,7 +7,7 @@ for bit (equal threads per process). On a 2-core machine 2 x 1 against 1 x 2 mea
 (the ranks share the cores the one process's BLAS uses); 2 x 1 against 1 x 1 is the split's gain.
 
     python scripts/bench_gradient_ranks.py --xyz inputs/water_clusters/h2o_08.xyz --repeats 2 \\
-        --out scripts/results/2026-11-27-gradient-ranks-h2o08.json
+        --out scripts/results/gradient_ranks_h2o08.json
 """
 
 from __future__ import annotations

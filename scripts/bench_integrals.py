@@ -26,7 +26,7 @@ processes took meanwhile (a shared machine makes the numbers indicative only).
 auxiliary basis; --scf gpu4pyscf runs the DF-RHF reference on the GPU (much faster than PySCF on
 the host for (H2O)48; the MP2 stage is the same). On cuda the acceptance targets are checked:
 stage <= 1.5 s on (H2O)32 and <= 6 s on (H2O)48, >= 2x gpu4pyscf's DF-MP2, integrals <= 30 %.
-Writes scripts/results/bench_integrals_<device>.json and .md (or --out).
+Writes scripts/results/integrals_<device>.json and .md (or --out).
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ def main(argv=None):
         report["molecules"].append(mrow)
 
     tag = args.device.replace(":", "")
-    out = Path(args.out) if args.out else ROOT / "scripts" / "results" / f"bench_integrals_{tag}"
+    out = Path(args.out) if args.out else ROOT / "scripts" / "results" / f"integrals_{tag}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     md = [

@@ -18,7 +18,7 @@ energies are compared with one process's at the ranks' one thread (``plain 1 thr
 and the largest difference in Eh) and, for information, at ``--threads`` (other BLAS reductions).
 
     python scripts/bench_interaction_ranks.py --bases cc-pvdz,aug-cc-pvqz --ranks 3 --repeat 2 \\
-        --out scripts/results/bench_interaction_ranks
+        --out scripts/results/interaction_ranks
 """
 
 from __future__ import annotations

@@ -8,14 +8,14 @@
 (zero-copy np.matmul, linalg.cpu_blas) at 2000-4000 cubed and at the GEMM/SYRK shapes of the DF-SCF's
 K build, the MP2 transform and the pair step (one thread per row, as it runs) of (H2O)8 and (H2O)16
 cc-pVDZ, each with the library linalg.cpu_blas's probe picks for it on this machine. Writes
-scripts/results/bench_blas_cpu.json and .md (date, CPU, versions, threadpoolctl's record).
+scripts/results/blas_cpu.json and .md (date, CPU, versions, threadpoolctl's record).
 
 For each op and shape: warm-up, then repeats (at least --repeats, until --min-time seconds),
 device synchronised around every call; median, min and max time; GFLOP/s from the op's flop
 count; and percent of the GEMM peak measured at the start of the same run in the same precision
 (a large square torch.matmul). Baselines: the same op through torch / torch.linalg directly and
 through scipy.linalg (CPU only; its BLAS is reported in the header). Writes
-scripts/results/bench_linalg_<device>.json and .md.
+scripts/results/linalg_<device>.json and .md.
 
 The timer, the GEMM peak, the op cases with their flop counts and baselines are those of
 ``dfmp2 bench`` (dfmp2/benchmarks/timing.py and ops.py; flop counts in ops.py's docstring): this
@@ -75,7 +75,7 @@ def main(argv=None):
         help="BLAS/torch threads for all columns (default: the libraries' defaults)",
     )
     ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
-    ap.add_argument("--out", default=None, help="output prefix (default scripts/results/bench_linalg_<device>)")
+    ap.add_argument("--out", default=None, help="output prefix (default scripts/results/linalg_<device>)")
     ap.add_argument(
         "--blas",
         action="store_true",
@@ -175,7 +175,7 @@ def main(argv=None):
     meta["load_average_after"] = os.getloadavg()
 
     dev_tag = args.device.split(":")[0]
-    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / f"bench_linalg_{dev_tag}"
+    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / f"linalg_{dev_tag}"
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_suffix(".json").write_text(json.dumps({"meta": meta, "peak": peaks, "rows": rows}, indent=1))
     prefix.with_suffix(".md").write_text(markdown(meta, peaks, rows))
@@ -305,7 +305,7 @@ def blas_main(args, argv):
                 flush=True,
             )
     meta["load_average_after"] = os.getloadavg()
-    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "bench_blas_cpu"
+    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "blas_cpu"
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_suffix(".json").write_text(json.dumps({"meta": meta, "probe_table": table, "rows": rows}, indent=1))
     prefix.with_suffix(".md").write_text(blas_markdown(meta, rows))

@@ -202,7 +202,7 @@ def main(argv=None):
     ap.add_argument("--previous", nargs="*", default=[], help="earlier result JSON files to keep in the output")
     ap.add_argument(
         "--out",
-        default=str(ROOT / "scripts/results/bench_outofcore_cpu"),
+        default=str(ROOT / "scripts/results/outofcore_cpu"),
         help="output path without suffix (.json and .md are written)",
     )
     args = ap.parse_args(argv)

@@ -19,7 +19,7 @@ stage table uses the median of the timed runs' peaks). Runs after the first in o
 memory the first one freed, and on a VM whose fresh pages cost a second or more per GB that makes
 them differ from what a user's run sees (scripts/results/2026-11-28-session13-amd.md).
 
-Writes scripts/results/bench_roofline_<molecule>.json and .md (``--out`` elsewhere).
+Writes scripts/results/roofline_<molecule>.json and .md (``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def parse(argv):
     ap.add_argument("--no-pyscf", action="store_true", help="skip PySCF's baseline")
     ap.add_argument("--fresh", action="store_true", help="every run in a new process, with its own DGEMM peak")
     fb.add_arguments(ap)
-    ap.add_argument("--out", default=None, help="output path without extension [scripts/results/bench_roofline_<xyz>]")
+    ap.add_argument("--out", default=None, help="output path without extension [scripts/results/roofline_<xyz>]")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         ap.error("--repeats must be at least 1 and --warmup at least 0")
@@ -280,7 +280,7 @@ def main(argv=None):
         "ran": doc["ran"],
     }
     report["pyscf"] = pyscf_side(args, report["e_mp2"], whole["wall_s"])
-    out = Path(args.out) if args.out else ROOT / "scripts/results" / f"bench_roofline_{Path(args.xyz).stem}"
+    out = Path(args.out) if args.out else ROOT / "scripts/results" / f"roofline_{Path(args.xyz).stem.replace('_', '')}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     md = markdown(report)

@@ -16,7 +16,7 @@ its row), so one long table can be measured a few sizes at a time.
     python scripts/bench_scaling.py --sizes 8 16 --basis cc-pvtz --memory 8GB --no-pyscf
     python scripts/bench_scaling.py --sizes 32 --memory 2GB --merge
 
-Writes scripts/results/bench_scaling_<basis>.json and .md (``--out`` a path stem elsewhere).
+Writes scripts/results/scaling_<basis>.json and .md (``--out`` a path stem elsewhere).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=7200)
     ap.add_argument("--no-pyscf", action="store_true")
-    ap.add_argument("--out", help="path stem of the .json and .md (default scripts/results/bench_scaling_<basis>)")
+    ap.add_argument("--out", help="path stem of the .json and .md (default scripts/results/scaling_<basis>)")
     ap.add_argument("--merge", action="store_true", help="keep the other sizes' rows of the output JSON")
     a = ap.parse_args(argv)
     limit_mb = parse_memory(a.memory)
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
 
 
 def _stem(a) -> Path:
-    return Path(a.out) if a.out else ROOT / "scripts" / "results" / f"bench_scaling_{a.basis}"
+    return Path(a.out) if a.out else ROOT / "scripts" / "results" / f"scaling_{a.basis}"
 
 
 def _earlier_rows(a, limit_mb: float) -> list:
@@ -125,7 +125,7 @@ def _earlier_rows(a, limit_mb: float) -> list:
 
 def write(a, limit_mb: float, rows: list) -> dict:
     """The document of the sizes done (with each column's growth exponent), written to the .json
-    and .md of ``a.out`` (default scripts/results/bench_scaling_<basis>)."""
+    and .md of ``a.out`` (default scripts/results/scaling_<basis>)."""
     nb = [r["ours"].get("nbasis") for r in rows]
     exps = {"ours_wall": fit_exponent(nb, [r["ours"].get("wall_s") for r in rows])}
     exps["ours_rss"] = fit_exponent(nb, [r["ours"].get("max_rss_mb") for r in rows])

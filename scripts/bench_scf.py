@@ -11,7 +11,7 @@ each, interleaved.
     python scripts/bench_scf.py inputs/water_clusters/h2o_32.xyz --whole --threads 16
     python scripts/bench_scf.py inputs/water_clusters/h2o_08.xyz --charge 1 --multiplicity 2   # (H2O)8+ UHF
 
-Writes scripts/results/bench_scf[_<tag>].json and .md. Every row records the other processes' CPU use while it ran (a shared machine slows both sides).
+Writes scripts/results/scf_<molecule>.json and .md (``--out`` elsewhere). Every row records the other processes' CPU use while it ran (a shared machine slows both sides).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def main(argv=None):
     )
     ap.add_argument(
         "--out",
-        default=str(ROOT / "scripts/results/bench_scf"),
-        help="output path without extension (.json and .md are written)",
+        default=None,
+        help="output path without extension (.json and .md are written) [scripts/results/scf_<xyz>]",
     )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -295,7 +295,7 @@ def main(argv=None):
         "blas": {"ours": ours_blas},
         "gemm_peak": peaks,
     }
-    out = Path(args.out)
+    out = Path(args.out) if args.out else ROOT / "scripts/results" / f"scf_{Path(args.xyz).stem.replace('_', '')}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     md = [

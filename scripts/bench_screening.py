@@ -9,7 +9,7 @@ N waters on a line, O-O ``--spacing`` Å, the same orientation; the far pairs va
 
     python scripts/bench_screening.py --cluster 16 --chain 16 --memory 2GB
 
-Writes scripts/results/bench_screening.json and .md (``--out`` a path stem elsewhere).
+Writes scripts/results/screening.json and .md (``--out`` a path stem elsewhere).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--memory", default="2GB")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", help="path stem (default scripts/results/bench_screening)")
+    ap.add_argument("--out", help="path stem (default scripts/results/screening)")
     a = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dfmp2-chains-") as tmp:
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         "memory": a.memory,
         "rows": rows,
     }
-    stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / "bench_screening"
+    stem = Path(a.out) if a.out else ROOT / "scripts" / "results" / "screening"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     stem.with_suffix(".md").write_text("\n".join(markdown(doc)) + "\n")
     print("\n".join(markdown(doc)))

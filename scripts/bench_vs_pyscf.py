@@ -57,7 +57,7 @@ def main(argv=None):
     fb.add_arguments(ap)
     ap.add_argument(
         "--out",
-        default=str(ROOT / "scripts/results/bench_vs_pyscf_cpu"),
+        default=str(ROOT / "scripts/results/mp2_stage_vs_pyscf"),
         help="output path without extension (.json and .md are written)",
     )
     args = ap.parse_args(argv)

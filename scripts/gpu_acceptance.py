@@ -44,12 +44,12 @@ an entry marked 'pending' or whose XYZ changed counts as none, and the rows say 
 ours against gpu4pyscf (independent code) whenever both passed. Never against our own numbers. And
 'speed' (PySCF's faster setting / ours, gpu4pyscf / ours; the whole run's pair step in % of the
 DGEMM peak). Times are wall seconds, energies Hartree. Writes ONE JSON and ONE markdown file:
-scripts/results/gpu_acceptance_<YYYY-MM-DD>.{json,md} (date, GPU, driver/CUDA, versions of torch,
+scripts/results/gpu_acceptance_<gpu>.{json,md} (<gpu>: the GPU's model, e.g. h200; (date, GPU, driver/CUDA, versions of torch,
 triton, pyscf, gpu4pyscf, every step). Exit status 1 when a step or a check failed, else 0.
 
 --dry-run: the same steps on --device cpu with the smallest inputs (water for (H2O)8 and (H2O)16,
 (H2O)2 for (H2O)32; bench_cuda's CPU interpreter run), written to --out-dir (default a temporary
-directory, never scripts/results/) as gpu_acceptance_DRY_RUN_CPU_<date>.*; both files and every
+directory, never scripts/results/) as gpu_acceptance_DRY_RUN_CPU.*; both files and every
 printed line say DRY RUN ON CPU, NOT GPU NUMBERS.
 
 ## On the GPU machine (device tool)
@@ -78,7 +78,7 @@ survives while it is warm, the carried folders do not):
     run(command="bash scripts/gpu_acceptance.sh stage", carry=[".g4a"], timeout_s=300)
     run(command="bash scripts/gpu_acceptance.sh", carry=[".g4b"], timeout_s=600)
 
-The files come back under the call's files_at: gpu_acceptance_<date>.json and .md and the log;
+The files come back under the call's files_at: gpu_acceptance_<gpu>.json and .md and the log;
 copy the two result files into scripts/results/ and commit them. If the second call says the
 machine went cold (exit 3), make both calls again. Steps that ran over their budget can be rerun
 alone in a further call with the same carry: add `--steps NAME[,NAME]` after gpu_acceptance.sh
@@ -996,9 +996,8 @@ def main(argv=None):
     doc["failed"] = failed
     doc["verdict"] = ("FAIL: " + ", ".join(failed)) if failed else "PASS (skipped steps are listed, not passed)"
     doc["wall_s"] = time.perf_counter() - t_start
-    stem = f"gpu_acceptance_{'DRY_RUN_CPU_' if dry else ''}{doc['meta']['date'][:10]}" + (
-        f"_steps-{'-'.join(steps_for(only))}" if only else ""
-    )
+    gpu = "".join(c for c in str(doc["meta"]["gpu"].get("name", "gpu")).split()[-1].lower() if c.isalnum())
+    stem = f"gpu_acceptance_{'DRY_RUN_CPU' if dry else gpu or 'gpu'}" + (f"_{'_'.join(steps_for(only))}" if only else "")
     js, md = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     js.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     md.write_text(markdown(doc))

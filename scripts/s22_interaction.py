@@ -18,7 +18,7 @@ benchmark, S22B (Marshall, Burns, Sherrill, J. Chem. Phys. 135, 194102 (2011)), 
 S22 values (Jurečka, Šponer, Černý, Hobza, Phys. Chem. Chem. Phys. 8, 1985 (2006)), both as
 tabulated in Psi4's ``psi4/share/psi4/databases/S22.py`` (BIND_S22B, BIND_S220), kcal/mol.
 
-Writes ``<out>.md`` and ``<out>.json`` (default scripts/results/s22_interaction_cpu) with the date,
+Writes ``<out>.md`` and ``<out>.json`` (default scripts/results/s22_interaction) with the date,
 versions, threads and the time of the whole table. 1 Eh = 627.5094740631 kcal/mol (CODATA 2018).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 S22_DIR = ROOT / "inputs" / "s22"
-DEFAULT_OUT = ROOT / "scripts" / "results" / "s22_interaction_cpu"
+DEFAULT_OUT = ROOT / "scripts" / "results" / "s22_interaction"
 SMALL = (1, 2, 3, 4, 8, 9, 10, 16, 17, 18, 19)  # S11, Psi4's 'smaller systems in S22' (<= 17 atoms)
 TOL = 1e-9  # Hartree: |ΔE(this) - ΔE(PySCF)|
 # CCSD(T)/CBS interaction energies, kcal/mol, by S22 number (Psi4's S22.py, see the docstring)

@@ -2,7 +2,7 @@
 
     dfmp2 bench                                    # CPU report: small/medium/large + (H2O)1-24
     dfmp2 bench --waters 1-32 --pyscf-max-waters 32 # the full series (much longer: see below)
-    dfmp2 bench --out scripts/results --name bench_cpu
+    dfmp2 bench --out scripts/results --name dfmp2_bench_cpu
     dfmp2 bench --shapes "small;32,300,1000" --precisions fp32 --waters none
     dfmp2 bench --devices cpu,cuda --waters 1-16   # on a GPU machine (see also scripts/bench_cuda.py)
 
@@ -16,8 +16,8 @@ What it measures (details in dfmp2/benchmarks/):
   clusters over --single-above seconds, to stay under 15 minutes on 2 quiet cores: (H2O)24 is
   the most expensive point (its SCF, our stage and PySCF's stage each cost about as much as all
   the per-shape ops together) and (H2O)32 (nbasis 768, pair step 2.5e13 flop) several times
-  that, so it is opt-in (run times: scripts/results/bench_cpu.md and
-  scripts/results/bench_cpu_waters1-32.md);
+  that, so it is opt-in (run times: scripts/results/dfmp2_bench_cpu.md and
+  scripts/results/dfmp2_bench_cpu_waters1-32.md);
 - for trn1/trn2 without hardware: ESTIMATES from the NKI kernels' work and published rates,
   in their own section, never mixed with measured times.
 A device that cannot run is listed as not run with the reason. Exit status 0 when the report

@@ -555,7 +555,7 @@ def select_jk_engine(choice: str, engine: IntegralEngine, mol: gto.Mole, backend
     ``compressed_aux_e2`` call pays gpu4pyscf's set-up again (the orbital basis sorted, its shell
     pairs screened), and the JK factor asked for hundreds of small blocks (its exchange block size),
     which made it several times slower than libcint on an H200 while the MP2-fit set's few large
-    blocks were faster (scripts/results/2026-11-27-gpu-acceptance-h200-run2.md). The factor now
+    blocks were faster (scripts/results/gpu_acceptance_h200.md). The factor now
     asks gpu4pyscf for one block per fit group (``IntegralEngine.block_mb``); scripts/gpu_acceptance.py
     times both engines there. The record says which engine ran where (``ran['scf']['integrals']``,
     ``ran['integrals']``)."""

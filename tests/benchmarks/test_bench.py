@@ -373,7 +373,7 @@ def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    shutil.copy(root / "scripts" / "results" / "bench_cpu.json", tmp_path / "r.json")
+    shutil.copy(root / "scripts" / "results" / "dfmp2_bench_cpu.json", tmp_path / "r.json")
     cmd = [sys.executable, "-m", "dfmp2.cli.main", "bench", "--rerender", str(tmp_path / "r.json")]
     env = {**os.environ, "PYTHONPATH": str(root)}
     with open("/dev/full", "w") as full:
@@ -387,7 +387,7 @@ def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
 
 
 # ---- the report's terminal tables and plot (issue 27) ------------------------------------------
-SAVED = Path(__file__).resolve().parents[2] / "scripts" / "results" / "bench_cpu_waters1-32.json"
+SAVED = Path(__file__).resolve().parents[2] / "scripts" / "results" / "dfmp2_bench_cpu_waters1-32.json"
 
 
 def _rendered(rep, width):
