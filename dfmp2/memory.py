@@ -105,7 +105,7 @@ def release_freed() -> bool:
     the process's peak RSS ran 0.3-0.6 GB above the plan's arrays at --memory 2000. A fixed 1 MB
     threshold (MALLOC_MMAP_THRESHOLD_) removed most of that but maps and faults every temporary
     anew (a whole run about a fifth slower); trimming once per stage costs one walk of the heap
-    and the faults of pages used again (measured: scripts/results/2026-11-28-session9.md)."""
+    and the faults of pages used again (scripts/results/memory_rss.md)."""
     lib = _glibc()
     if lib is None:
         return False
@@ -492,7 +492,7 @@ class Buffers:
     contiguous tensor of that shape on the leading part of one allocation (its start, so aligned as
     a fresh tensor), grown when a block is larger. Why: a fresh temporary of a few hundred MB is
     handed back to the system when freed (above glibc's mmap threshold), so every block would pay
-    its page faults again (scripts/results/docstring-measurements.md, 2026-11-28-session10-amd.md).
+    its page faults again (scripts/results/docstring-measurements.md).
     A tensor from ``get`` is valid until the next ``get`` of its name."""
 
     def __init__(self, dtype=torch.float64, device="cpu"):

@@ -8,7 +8,7 @@ vendor: ``mode='auto'`` measures (``probe``) and caches the table in
 count and library versions (``cache_key``). ``mode='torch'`` or ``'openblas'`` forces one library
 for every op (the user's choice, recorded as such).
 
-The probe must not be fooled (issue 37): single calls of a few ms varied so much that quiet
+The probe must not be fooled: single calls of a few ms varied so much that quiet
 probes disagreed, and a probe taken while other processes ran was cached for good. So each
 class is timed on the run's own layouts in samples of at least SAMPLE_S, the libraries in
 alternating passes, until the samples agree (``spread``) or a cap; other processes' CPU time during it

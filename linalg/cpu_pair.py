@@ -36,8 +36,8 @@ from .errors import KernelError
 
 PAIR_PATHS = ("gemm+epilogue", "gemm+torch")
 AUTO_RULE = (
-    "gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (dfmp2 bench, 2-core Xeon, 2026-11-25: "
-    "90/91/95 % of the best DGEMM at the medium/large/h2o32 shapes, gemm+torch 62/73/76 %)"
+    "gemm+epilogue: BLAS GEMM tiles + the compiled epilogue (one large GEMM per tile runs near the best "
+    "DGEMM; gemm+torch's row GEMMs do not: scripts/results/pair_step_cpu.md)"
 )
 TILE_ELEMS = 1 << 22  # K elements of the one tile in flight (32 MB in fp64): GEMMs of m, n about
 # 2048, the fastest against 8M and 16M elements and 4 x 4 tiles one a

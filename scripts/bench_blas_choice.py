@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Benchmark: can the cpu BLAS choice (``--cpu-blas auto``, linalg/cpu_blas.py) still be fooled by
-a probe taken on a busy machine (issue 37)?
+a probe taken on a busy machine?
 
 1. loaded: ``dfmp2 bench --blas`` writes the cache while a spinning process occupies every core
    (two at least), in a cache directory of this script's own (XDG_CACHE_HOME in a temporary
@@ -249,7 +249,9 @@ def main(argv=None):
         },
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    out = Path(args.out) if args.out else ROOT / "scripts/results" / f"blas_choice_{Path(args.xyz).stem.replace('_', '')}"
+    out = (
+        Path(args.out) if args.out else ROOT / "scripts/results" / f"blas_choice_{Path(args.xyz).stem.replace('_', '')}"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rep, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(rep))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs over several processes (issue 24): measured on this machine, and a MODEL for large ones.
+"""Runs over several processes: measured on this machine, and a MODEL for large ones.
 
 MEASURED (this machine, CPU, gloo): ``dfmp2 run`` of (H2O)n/cc-pVDZ as 1 rank x T threads against
 T ranks x 1 thread (torchrun), the same blocking; per stage the seconds of each and their ratio;
@@ -256,7 +256,7 @@ def model_table() -> list:
 
 
 def markdown(meas: list, rows: list) -> str:
-    out = ["# Runs over several processes (issue 24)", ""]
+    out = ["# Runs over several processes", ""]
     if meas:
         out += [
             "## Measured on this machine (CPU, gloo)",

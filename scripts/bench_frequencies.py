@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Check: ``dfmp2 frequencies`` (central differences of analytic gradients) against a Hessian from
-second differences of our energies alone (issue 39's acceptance), at our optimised geometry.
+second differences of our energies alone (the check of the analytic Hessian), at our optimised geometry.
 
 For each molecule: ``dfmp2 optimize`` (geomeTRIC, the default criteria), then the frequencies from
 6N + 1 analytic gradients (step ``--step``), then the Hessian from energies only,

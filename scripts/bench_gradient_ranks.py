@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The gradient over ranks (issue 42) on this machine: ``dfmp2 gradient`` of one molecule as
+"""The gradient over ranks on this machine: ``dfmp2 gradient`` of one molecule as
 1 rank x 2 threads, 2 ranks x 1 thread (torchrun) and 1 rank x 1 thread, interleaved, ``--repeats``
 times; per run the wall time of the whole command, the energy run's and the gradient stage's
 seconds and the gradient stage's parts (seconds, from the JSON); and whether 2 x 1 equals 1 x 1 bit

@@ -18,7 +18,7 @@ energies (float.hex: today, serial, thread and host must agree bit for bit), and
 processes took meanwhile (a shared machine makes the numbers indicative only).
 
     python scripts/bench_integrals.py                    # CPU, (H2O)16/cc-pVDZ, today/serial/thread
-    # the GPU acceptance of issue 14, one command on a CUDA machine with gpu4pyscf (shared/GPU.md):
+    # the integral engines' GPU acceptance, one command on a CUDA machine with gpu4pyscf (shared/GPU.md):
     python scripts/bench_integrals.py --device cuda --molecules h2o_32,h2o_48 \\
         --variants today,host,gpu4pyscf --gpu4pyscf-dfmp2 --scf gpu4pyscf
 
@@ -57,13 +57,13 @@ from dfmp2.provenance import ScfRecord
 from dfmp2.reference import from_pyscf, restricted
 from dfmp2.scf import pyscf_scf
 
-TARGETS = {"h2o_32": 1.5, "h2o_48": 6.0}  # s, the CUDA stage (issue 14)
+TARGETS = {"h2o_32": 1.5, "h2o_48": 6.0}  # s, the CUDA stage's targets
 INTEGRALS_MAX_FRACTION = 0.30
 GPU4PYSCF_RATIO_MIN = 2.0
 
 
 class TodayEngine(integrals.IntegralEngine):
-    """Before issue 14: libcint in the caller's thread, unpacked on the host, the square copied."""
+    """The engine before the host engine: libcint in the caller's thread, unpacked on the host, the square copied."""
 
     name = "host"  # the memory plan's engine (the same host libcint)
     variant = "today"
@@ -101,7 +101,7 @@ def square_passes_through():
 
 def make_engine(variant, mol, backend):
     if variant == "today":
-        return TodayEngine(mol, backend, "benchmark: the path before issue 14")
+        return TodayEngine(mol, backend, "benchmark: the path before the host engine")
     if variant == "serial":
         return integrals.HostEngine(mol, backend, "benchmark: packed, no thread", depth=0)
     if variant == "thread":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``dfmp2 interaction`` dealt over ranks against one process (issue 42), with the launcher's own cost
+"""``dfmp2 interaction`` dealt over ranks against one process, with the launcher's own cost
 measured apart.
 
 Per basis, interleaved over ``--repeat`` rounds, each a fresh command timed from outside (wall,

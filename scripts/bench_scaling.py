@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: how time and memory grow with the molecule, at one fixed memory limit (issue 38).
+"""Benchmark: how time and memory grow with the molecule, at one fixed memory limit.
 
 For each water cluster (H2O)n (inputs/water_clusters, ``--sizes``) in each basis (``--basis``), the
 whole ``dfmp2 run --memory LIMIT`` in its own process (wall time, the process's peak resident

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: what the JK factor's shell-pair screening keeps and what it changes (issue 38).
+"""Benchmark: what the JK factor's shell-pair screening keeps and what it changes.
 
 For each molecule, ``dfmp2 run`` twice in its own process: every pair kept (``--scf-screen 0``)
 and the default threshold (or ``--thresholds``): the pairs kept, the factor's MB packed (kept

@@ -1,4 +1,4 @@
-"""The split DF-SCF's time per cycle and fit on 1 and N gloo ranks (issue 42's measurement).
+"""The split DF-SCF's time per cycle and fit on 1 and N gloo ranks.
 
     python scripts/bench_split_scf.py [--tree PATH] [--ranks 2] [--repeat 2] [mol.xyz]
     python scripts/bench_split_scf.py --modes split,replicated [--ranks 2] [mol.xyz]

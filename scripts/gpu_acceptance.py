@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU acceptance in one command (issue 25): everything a GPU session should check, within a
+"""GPU acceptance in one command: everything a GPU session should check, within a
 total time budget (default 520 s, under the device tool's 10-minute limit per command).
 
     python scripts/gpu_acceptance.py                     # on a CUDA machine
@@ -997,7 +997,9 @@ def main(argv=None):
     doc["verdict"] = ("FAIL: " + ", ".join(failed)) if failed else "PASS (skipped steps are listed, not passed)"
     doc["wall_s"] = time.perf_counter() - t_start
     gpu = "".join(c for c in str(doc["meta"]["gpu"].get("name", "gpu")).split()[-1].lower() if c.isalnum())
-    stem = f"gpu_acceptance_{'DRY_RUN_CPU' if dry else gpu or 'gpu'}" + (f"_{'_'.join(steps_for(only))}" if only else "")
+    stem = f"gpu_acceptance_{'DRY_RUN_CPU' if dry else gpu or 'gpu'}" + (
+        f"_{'_'.join(steps_for(only))}" if only else ""
+    )
     js, md = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     js.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     md.write_text(markdown(doc))

@@ -3,7 +3,7 @@ DF-MP2 in the same process, per cluster size, and the fitted cost exponent of ea
 
 For each (H2O)n (inputs/water_clusters/h2o_NN.xyz, cc-pVDZ / cc-pVDZ-RI, DF-RHF, all-electron):
 the RHF is run once (its time is reported, not part of the stage); then the stage
-(integrals, metric, transform, fit, pair; dfmp2.pipeline.mp2_energy with its own stage timer)
+(integrals, metric, transform, fit, pair; dfmp2.mp2.stage.mp2_stage with its own stage timer)
 is timed on each device and precision, and PySCF's ``mp.dfmp2.DFMP2`` kernel (its integrals,
 fit and pair energies: the same stage) on the same SCF and auxiliary basis.
 

@@ -146,8 +146,8 @@ SPECS = {
     "dist_scf": dict(
         type=click.Choice(DIST_SCF_MODES),
         help="over several ranks (torchrun): our DF-SCF's JK factor split over the ranks, J and K "
-        "summed each cycle in a fixed order, or the whole SCF on every rank (replicated: slower, 1.5x "
-        "on 2 ranks measured; for a JK factor on disk over ranks); both give E(HF), E_OS and E_SS "
+        "summed each cycle in a fixed order, or the whole SCF on every rank (replicated: slower, each "
+        "rank doing all the work; for a JK factor on disk over ranks); both give E(HF), E_OS and E_SS "
         "bit-identical to one process at the same threads per process; one process: either",
     ),
     "ranks_per_run": dict(
@@ -322,7 +322,7 @@ RANK_AWARE = "dfmp2 run, gradient, optimize, interaction, frequencies, regress a
 def one_process(command: str, why: str = "") -> None:
     """Refuse ``dfmp2 <command>`` when a launcher (torchrun, Slurm) started several processes: the
     command is not rank-aware (yet, or ``why``: the reason it runs in one process) and would run
-    the whole job on every rank, printing it N times (issue 43). Before any work: rank 0 raises the
+    the whole job on every rank, printing it N times. Before any work: rank 0 raises the
     one InputError line, the other ranks exit 2 quietly (they cannot agree without joining the
     group, and need not: each reads the same launcher variables). The rank-aware commands, which
     the line names: ``RANK_AWARE``."""
@@ -346,8 +346,8 @@ def fail(message: str, code: int = EXIT_USER_ERROR):
     A run over ranks that failed keeps its process group (``distributed.World.close`` leaves it
     only where every rank is at the same point: a peer may be gone). The interpreter's exit then
     tears the group down, and gloo's threads sometimes abort the process there (SIGABRT,
-    'terminate called without an active exception', exit -6 instead of 2: once in a CI run of
-    the heavy channel, 2026-11-28). So such a process flushes its output and ends at once; what
+    'terminate called without an active exception', exit -6 instead of 2, seen in
+    the heavy channel). So such a process flushes its output and ends at once; what
     it wrote was closed by the ``finally`` blocks the error passed through."""
     click.echo(f"error: {one_line(message)}", err=True)
     if _process_group_open():

@@ -155,8 +155,8 @@ def pia_rows(
     transform, in one process and over ranks alike (the same GEMMs on the same operands, so the
     same bits). Where torch computes (cpu, cuda): h[P] = C_occ^T x_P, one GEMM batched over P
     (x_P symmetric: no transposed copy of x_P C_occ), then h C_vir over (P i) rows; the tall
-    x C_occ with its nocc columns ran at half the rate on an AMD EPYC ((H2O)16 block of 133:
-    91 -> 62 ms). Elsewhere (trn): two 2-D GEMMs, one launch each, with the copy between.
+    x C_occ with its nocc columns runs far below the GEMM rate on some CPUs (an AMD EPYC's MKL).
+    Elsewhere (trn): two 2-D GEMMs, one launch each, with the copy between.
     ``work`` (a ``memory.Buffers`` of packed's dtype and device): the unpacked block and the half-
     transformed ones in its buffers, reused from block to block (the rows returned are new: callers
     keep them or write them behind)."""
@@ -285,7 +285,7 @@ def host_default_depth(backend) -> int:
     device is not the host CPU; 0 (libcint in the caller's thread) when it is. On the host the
     producer shares the cores with the transform it would overlap: on (H2O)16 with 2 threads the
     thread made the stage slower, the transform being a small part of it
-    (scripts/results/MEASUREMENTS.md, issue 14; scripts/results/docstring-measurements.md)."""
+    (scripts/results/integrals_cpu.md)."""
     return 0 if backend.caps.is_host else QUEUE_DEPTH
 
 

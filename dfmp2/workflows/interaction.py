@@ -494,7 +494,7 @@ def interaction_energies(runs) -> dict:
 
 def check_runs(jobs, options) -> None:
     """Build every run's molecule and MP2-fit basis now (io_molecule.build_molecule refuses what the
-    program cannot run: electron counts, open shells until DF-UMP2, coincident atoms, basis
+    program cannot run: electron counts that do not fit the spin, coincident atoms, basis
     sets lacking an element), so a fragment that cannot run stops the command before any SCF.
     A basis bracket (cc-pv[dt]z): every basis of it (dfmp2.workflows.cbs.check_bases)."""
     from dfmp2.workflows import cbs

@@ -353,7 +353,7 @@ def test_cli_bad_numbers_are_one_line(tmp_path, args, message):
     ],
 )
 def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message):
-    """One error line, exit 2, and no .md or .png written next to it (issue 18: JSONDecodeError)."""
+    """One error line, exit 2, and no .md or .png written next to it (JSONDecodeError)."""
     main = __import__("dfmp2.cli.main", fromlist=["main"]).main
     path = tmp_path / "r.json"
     path.write_text(content)
@@ -365,7 +365,7 @@ def test_rerender_refuses_what_is_not_a_bench_report(tmp_path, content, message)
 
 @pytest.mark.heavy
 def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
-    """`dfmp2 bench` printed through a plain rich Console: a full stdout was a traceback (issue 29).
+    """`dfmp2 bench` printed through a plain rich Console: a full stdout was a traceback.
     Its tables now go through the commands' printing: one error line, or a quiet end for a pipe."""
     import os
     import shutil
@@ -386,7 +386,7 @@ def test_bench_tables_to_a_full_or_closed_stdout(tmp_path):
     assert q.wait(timeout=120) == 0 and "Traceback" not in err, err
 
 
-# ---- the report's terminal tables and plot (issue 27) ------------------------------------------
+# ---- the report's terminal tables and plot ------------------------------------------
 SAVED = Path(__file__).resolve().parents[2] / "scripts" / "results" / "dfmp2_bench_cpu_waters1-32.json"
 
 

@@ -1,6 +1,6 @@
 """dfmp2/benchmarks/fair_baseline.py: the PySCF baseline runs in two subprocesses, one with the environment
 as set and one without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, each records which BLAS it ran, the
-faster is the baseline, and a child that fails is an error entry, not an exception (issue 25).
+faster is the baseline, and a child that fails is an error entry, not an exception.
 The variables are never set by the tests: the 'unset' environment is checked on a copy."""
 
 import sys

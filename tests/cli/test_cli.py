@@ -64,7 +64,7 @@ BAD_XYZ = {
         ["multiplicity 13 needs 12 unpaired electrons", "only 10"],
     ),
     "empty file": ("", [":1:"]),
-    # issue 18: nothing is guessed at or truncated
+    # nothing is guessed at or truncated
     "extra column (atomic number)": ("1\n\nO 8 0.0 0.0 0.119\n", [":3:", "5 fields", "extra columns"]),
     "extra column on line 5": (
         WATER.format(comment="").replace("H 0.0 -0.757 0.587", "H 0.0 -0.757 0.587 0.1"),
@@ -85,7 +85,7 @@ BAD_XYZ = {
     "atom count beyond reason": ("9" * 5000 + "\n\nH 0 0 0\n", [":1:", "atom count"]),
     "binary junk": ("\x00\x01\x02\x7f\n\x00\n", [":1:", "atom count", "\\x00"]),
     "superscript digit as element": ("1\n\n\u00b2 0 0 0\n", [":3:", "unknown element"]),
-    # issue 29, round 3: the comment line's keys are read once, and none is ignored silently
+    # the comment line's keys are read once, and none is ignored silently
     "charge given twice": (WATER.format(comment="charge=1 charge=-1"), [":2:", "charge is given 2 times"]),
     "multiplicity given twice": (
         WATER.format(comment="mult=1 multiplicity=3"),
@@ -118,7 +118,7 @@ def test_missing_file(tmp_path):
 
 
 def test_devices_are_refused_without_reading_them():
-    """`dfmp2 run /dev/zero` read until the OOM killer came (issue 29, round 3)."""
+    """`dfmp2 run /dev/zero` read until the OOM killer came."""
     for dev in ("/dev/zero", "/dev/urandom"):
         assert_one_line_error(run_cli(["run", dev]), f"{dev}: is a character device, not a file")
 

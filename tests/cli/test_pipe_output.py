@@ -1,4 +1,4 @@
-"""Output that survives a pipe (issue 41): with stdout a pipe or a file, every table cell is whole
+"""Output that survives a pipe: with stdout a pipe or a file, every table cell is whole
 (wrapped, never cut to '…'), and the gradient stage prints progress lines on stderr unless -q."""
 
 import json

@@ -1,4 +1,4 @@
-"""Default fitting sets (issue 27): a basis given per element (a dict, as PySCF's own tests write
+"""Default fitting sets: a basis given per element (a dict, as PySCF's own tests write
 ``mol.basis``) gets the sets PySCF's ``make_auxbasis`` matches per element, not the fallback for
 all; beyond Kr the published sets PySCF's files lack come from the Basis Set Exchange package
 (def2-SVP-RIFIT for I in def2-SVP), named in the result; an element no published set has still

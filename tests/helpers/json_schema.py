@@ -1,4 +1,4 @@
-"""The shipped JSON Schemas (dfmp2/io/schemas) applied to the documents the tests see (issue 43),
+"""The shipped JSON Schemas (dfmp2/io/schemas) applied to the documents the tests see,
 imported as ``from json_schema import ...``.
 
 ``checked(doc)`` validates a result, gradient, interaction or CBS document against its schema and

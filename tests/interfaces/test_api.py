@@ -1,4 +1,4 @@
-"""The Python API (issues 17, 27): dfmp2.DFMP2(mf) as a drop-in for pyscf.mp.dfmp2.DFMP2 on the same
+"""The Python API: dfmp2.DFMP2(mf) as a drop-in for pyscf.mp.dfmp2.DFMP2 on the same
 converged RHF (PySCF's own DFMP2 is the reference: its default fitting set, or the one both are
 given), and dfmp2.energy()."""
 
@@ -207,7 +207,7 @@ def test_import_stays_light():
     assert out == ["False", "False", "True"]
 
 
-# --- hardening (issue 29, items 1-4 and 11): the API refuses what it cannot honour ------------
+# --- hardening: the API refuses what it cannot honour ------------
 @pytest.mark.parametrize(
     "kw, fragment",
     [
@@ -281,7 +281,7 @@ def test_auxbasis_per_element_dict():
 
 def test_frozen_core_that_freezes_nothing_says_so():
     """Li2 has no core orbitals by PySCF's chemcore rule: --frozen-core freezes nothing, and the
-    result says so instead of nothing (issue 29, item 16)."""
+    result says so instead of nothing."""
     mol = gto.M(atom="Li 0 0 0; Li 0 0 2.67", basis="cc-pvdz", verbose=0)
     r = dfmp2.energy(mol, frozen_core=True)
     assert r.nfrozen == 0 and any("no core orbitals to freeze" in w for w in r.warnings)
@@ -292,7 +292,7 @@ def test_frozen_core_that_freezes_nothing_says_so():
 
 def test_near_degenerate_reference_is_warned():
     """H2 at 5 Å (HOMO-LUMO gap 0.108 Eh): E(MP2) falls below the exact (FCI) energy of the basis,
-    with exit 0 and no word before (issue 29, item 14). The regression molecules' gaps are 0.46 Eh
+    with exit 0 and no word before. The regression molecules' gaps are 0.46 Eh
     and up; equilibrium H2 (0.79 Eh) is not warned."""
     from pyscf import fci
 
@@ -308,7 +308,7 @@ def test_near_degenerate_reference_is_warned():
     )
 
 
-# --- issue 27: the PySCF drop-in gives PySCF's number and honours PySCF's attributes ----------
+# --- the PySCF drop-in gives PySCF's number and honours PySCF's attributes ----------
 DICT_BASIS = {"O": "cc-pvdz", "H": "cc-pvdz"}
 
 
@@ -327,7 +327,7 @@ def test_default_is_pyscfs_number(basis, density_fit):
 
 def test_attributes_set_after_construction_are_honoured():
     """with_df, auxbasis, frozen and max_memory set after construction change the run as they do
-    in PySCF (issue 27: they were silently ignored)."""
+    in PySCF (they were silently ignored)."""
     mf = converged_rhf(WATER)
     ours, ref = dfmp2.DFMP2(mf), PySCFDFMP2(mf)
     e_jk = ours.run().e_corr

@@ -1,4 +1,4 @@
-"""The ASE calculator (issue 27): dfmp2.ase.DFMP2Calculator on an ase.Atoms gives `dfmp2 run`'s
+"""The ASE calculator: dfmp2.ase.DFMP2Calculator on an ase.Atoms gives `dfmp2 run`'s
 energy in eV, checked against PySCF's own DF-MP2 (stored in inputs/references.json, and computed
 here for an open shell), never against this program's output alone."""
 

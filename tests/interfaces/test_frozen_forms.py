@@ -1,4 +1,4 @@
-"""Every ``frozen`` form PySCF's DF-MP2 classes take (issue 41): an int, a list of orbital
+"""Every ``frozen`` form PySCF's DF-MP2 classes take: an int, a list of orbital
 indices (occupied or virtual, negative from the top, repeats), and for a UHF a pair of per-spin
 lists. References: PySCF's own ``pyscf.mp.dfmp2.DFMP2`` / ``pyscf.mp.dfump2.DFUMP2`` on the same
 density-fitted mf, with the same ``frozen``, drawn at random (hypothesis); anything else is one

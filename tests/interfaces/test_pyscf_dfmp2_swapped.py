@@ -17,7 +17,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""PySCF's test_dfmp2.py run against dfmp2.DFMP2 (issue 27). Every molecular case runs: the public
+"""PySCF's test_dfmp2.py run against dfmp2.DFMP2. Every molecular case runs: the public
 ``ao2mo`` / ``eris.ovL`` / ``kernel(eris=)`` contract and ``density_fit`` are implemented.
 Skipped (with the reason on the marker): test_dfmp2_pbc, a periodic cell, outside dfmp2's scope
 (refused with one InputError, checked below) and reaching into PySCF's internals

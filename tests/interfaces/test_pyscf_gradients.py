@@ -1,4 +1,4 @@
-"""PySCF's gradient conventions on the drop-in (issue 41): ``DFMP2(mf).Gradients()`` is a
+"""PySCF's gradient conventions on the drop-in: ``DFMP2(mf).Gradients()`` is a
 ``pyscf.grad.rhf.GradientsBase``, so PySCF's optimiser (``pyscf.geomopt.geometric_solver``), its
 ``optimizer()`` route and its gradient scanner drive our DF-MP2 gradient. References: ``dfmp2
 optimize`` (the CLI's own geomeTRIC loop over the same energy) for the optimised geometries, a

@@ -1,4 +1,4 @@
-"""The QCEngine harness (issue 27): ``import dfmp2.qcengine`` registers program ``dfmp2``;
+"""The QCEngine harness: ``import dfmp2.qcengine`` registers program ``dfmp2``;
 ``qcengine.compute`` then runs QCSchema v1 and v2 AtomicInputs in this process and returns
 validated AtomicResults of the input's version whose energies are `dfmp2 run`'s on the same
 molecule (which tests/interfaces/test_qcschema.py and tests/system/test_references.py hold against PySCF);
@@ -144,7 +144,7 @@ def test_qcengines_task_memory_is_the_limit(no_scf):
 
 
 def test_qcengines_geometric_procedure_optimises_water_through_dfmp2(tmp_path, monkeypatch):
-    """QCEngine's own geomeTRIC procedure, driver 'gradient' on program dfmp2 (issue 27): water from
+    """QCEngine's own geomeTRIC procedure, driver 'gradient' on program dfmp2: water from
     OH 1.1 Å, HOH 120° to the DF-MP2/cc-pVDZ minimum; the last gradient (max |g| <= 3e-4 Eh/bohr,
     geomeTRIC's own criteria) and energy are dfmp2.gradient's at the final geometry."""
     pytest.importorskip("geometric", reason="the geomeTRIC procedure needs geomeTRIC (the test extra has it)")

@@ -1,4 +1,4 @@
-"""QCSchema in and out (issue 17): an AtomicInput for water round-trips to an AtomicResult that
+"""QCSchema in and out: an AtomicInput for water round-trips to an AtomicResult that
 qcelemental validates, with the energies of `dfmp2 run water.xyz` (and PySCF's reference);
 errors on this path are one error line and a FailedOperation with the same message."""
 
@@ -198,7 +198,7 @@ def test_errors_are_one_line_and_a_failed_operation(tmp_path, no_scf, doc, args,
 
 @pytest.mark.parametrize("make", [water_input, hydroxyl_input], ids=["rhf", "uhf"])
 def test_driver_gradient_through_dfmp2_run_prints_and_writes_the_gradient(tmp_path, make):
-    """Issue 43: ``dfmp2 run input.json`` with driver 'gradient' computed the gradient and then
+    """``dfmp2 run input.json`` with driver 'gradient' computed the gradient and then
     neither printed it nor wrote it to --json. Now as ``dfmp2 gradient``: the table and the JSON's
     'gradient' section, the same numbers as the AtomicResult's return_result."""
     doc = make(driver="gradient", model={"method": "mp2", "basis": "sto-3g"})
@@ -305,7 +305,7 @@ def test_fuzzed_atomic_inputs_fail_cleanly(tmp_path, changes):
 
 
 def test_scf_mode_keyword_takes_every_scf_mode(tmp_path):
-    """The scf_mode keyword lacked pyscf-df (issue 29, item 16): it takes dfmp2.options.SCF_MODES."""
+    """The scf_mode keyword lacked pyscf-df: it takes dfmp2.options.SCF_MODES."""
     out = tmp_path / "out.json"
     doc = water_input(keywords={"frozen_core": True, "scf_mode": "pyscf-df"})
     res = CliRunner().invoke(main, ["run", write(tmp_path, doc), "--json", str(out), "-q"])
@@ -314,7 +314,7 @@ def test_scf_mode_keyword_takes_every_scf_mode(tmp_path):
     assert d["scf_mode"] == "pyscf-df" and d["ran"]["scf"]["engine"] == "pyscf"
 
 
-# --- issue 27: QCSchema v2, the SCF's parts, open-shell counts, ghost atoms, in process ---------
+# --- QCSchema v2, the SCF's parts, open-shell counts, ghost atoms, in process ---------
 def plain_run(tmp_path, xyz, *args) -> dict:
     """`dfmp2 run <xyz> --frozen-core <args> --json`: its energies (Hartree)."""
     out = tmp_path / "plain.json"

@@ -265,7 +265,7 @@ def cli_error(args):
         (["--scf", "exact"], 'scf_mode is "df"'),
         (["--scf", "pyscf-df"], 'scf_mode is "df" in the checkpoint but "pyscf-df" here'),
         (["--charge", "2"], "charge is 0 in the checkpoint but 2 here"),
-        # a non-default option against a checkpoint of the default (issue 43: "another dfmp2 version?")
+        # a non-default option against a checkpoint of the default ("another dfmp2 version?")
         (["--scf-conv-tol-grad", "1e-8"], "scf_conv_tol_grad is 1e-09 in the checkpoint but 1e-08 here"),
         (["--scf-screen", "1e-10"], "scf_screen is 1e-12 in the checkpoint but 1e-10 here"),
     ],
@@ -278,7 +278,7 @@ def test_mismatched_settings_are_refused(water_checkpoint, tmp_path, args, fragm
 
 
 def test_non_default_checkpoint_resumed_with_the_default_is_refused(tmp_path):
-    """The reverse of the above (issue 43: silently accepted): a checkpoint of --scf-conv-tol-grad
+    """The reverse of the above (silently accepted): a checkpoint of --scf-conv-tol-grad
     1e-8 resumed without it names the option, its two values and its flag."""
     ck = tmp_path / "tol.h5"
     args = ["run", str(WATER), "--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
@@ -434,7 +434,7 @@ def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
 def test_non_regular_checkpoint_paths_are_refused_in_one_line(tmp_path, kind):
-    """--resume /dev/null was HDF5's 'RuntimeError: Can't decrement id ref count' (issue 29)."""
+    """--resume /dev/null was HDF5's 'RuntimeError: Can't decrement id ref count'."""
     path = {"device": Path("/dev/null"), "fifo": tmp_path / "fifo", "directory": tmp_path / "d"}[kind]
     if kind == "fifo":
         os.mkfifo(path)
@@ -660,7 +660,7 @@ def test_killed_uhf_process_resumes_to_the_uninterrupted_energy(tmp_path, uhf_un
 
 @pytest.mark.parametrize("which", ["rhf", "uhf"])
 def test_pyscf_restarts_from_our_checkpoint(water_checkpoint, oh_checkpoint, tmp_path, which):
-    """PySCF reads our checkpoint as its own chkfile (issue 41): ``lib.chkfile.load_mol`` gives the
+    """PySCF reads our checkpoint as its own chkfile: ``lib.chkfile.load_mol`` gives the
     molecule, ``scf.chkfile.load(path, 'scf')`` the orbitals, and a DF-SCF started from them
     (``mf.from_chk``) is converged at once, at our E(HF) (1e-9 Eh); the file still resumes."""
     from pyscf import lib

@@ -1,4 +1,4 @@
-"""Disks that fill up, and files written where the user did not say (issue 29, items 5 and 6).
+"""Disks that fill up, and files written where the user did not say.
 
 * A write the disk refuses while the run goes on (ENOSPC on a small tmpfs, EFBIG under a file-size
   rlimit) is one ``error:`` line and exit 2, in a real process (a failed HDF5 close used to

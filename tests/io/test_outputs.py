@@ -402,7 +402,7 @@ def _dfmp2(args, **kw):
 @pytest.mark.heavy
 def test_full_stdout_keeps_the_json_and_is_one_error(tmp_path):
     """`dfmp2 run ... --json x.json >/dev/full` was a rich traceback, exit 1, and no x.json
-    (issue 29, round 3): the files are written before the table, the full stdout is one line."""
+    now the files are written before the table, the full stdout is one line."""
     out = tmp_path / "x.json"
     with open("/dev/full", "w") as full:
         p = _dfmp2(["run", str(WATER), "--json", str(out)], stdout=full)

@@ -1,4 +1,4 @@
-"""The published JSON Schemas (dfmp2/io/schemas, issue 43): shipped in the package, strict enough
+"""The published JSON Schemas (dfmp2/io/schemas): shipped in the package, strict enough
 that a missing or renamed key fails, in step with the typed records they describe, and met by RHF
 and UHF documents with the same keys (null where a field does not apply). Every document a test
 makes dfmp2 write in-process is validated too (tests/conftest.py, tests/helpers/json_schema.py)."""
@@ -54,8 +54,8 @@ def test_every_schema_is_shipped_and_a_valid_2020_12_schema():
 
 @pytest.mark.parametrize("command", ["run", "gradient"])
 def test_rhf_and_uhf_documents_have_the_same_keys(documents, command):
-    """Issue 43: a UHF result had ran.scf.stability and an RHF one no such key; now null for RHF.
-    The gradient's plan and Z-vector form are recorded for both (issue 38: the UHF stage has a
+    """A UHF result had ran.scf.stability and an RHF one no such key; now null for RHF.
+    The gradient's plan and Z-vector form are recorded for both (the UHF stage has a
     plan too). Stage maps (timings, flops) hold the stages that ran and are not compared."""
     rhf, uhf = documents[command, "rhf"], documents[command, "uhf"]
     assert rhf["ran"]["scf"]["stability"] is None and uhf["ran"]["scf"]["stability"] is not None

@@ -28,7 +28,7 @@ def test_water_trn1_simulate_within_1uEh_of_fp64_cpu():
     # (5 to 8 functions), each compiling J's second GEMM, the exchange GEMMs for the guess's and the
     # density changes' columns (padded: 8 and 16) and the SYRKs (5 nocc columns; 7 guess columns for
     # 3 of the sizes); J's first GEMM once. Before the fixed groups (one group) it was 10: a device
-    # that compiles per shape pays for every group size (noted in issue 42's closing note)
+    # that compiles per shape pays for every group size
     assert ran["compiled_shapes"] == 24, ran["shapes"]
     assert abs(got.e_hf - ref.e_hf) < 1e-8, (got.e_hf, ref.e_hf)
     assert ran["simulated"] is True  # every simulated result says so

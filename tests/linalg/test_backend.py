@@ -90,7 +90,7 @@ def test_ops_on_cuda_match_cpu():
 
 
 def test_capabilities_come_from_the_device_name_without_hardware():
-    """What a stage asks the backend (issue 19): fp64, the fit dtype, the default precision."""
+    """What a stage asks the backend: fp64, the fit dtype, the default precision."""
     from dfmp2.linalg import device_capabilities
 
     for name, fp64 in (("cpu", True), ("cuda", True), ("cuda:1", True), ("trn1", False), ("trn2", False)):

@@ -242,7 +242,7 @@ def test_noisy_old_damaged_and_other_version_caches_are_measured_again(quiet_mac
 def test_a_table_is_trusted_whole_or_not_at_all(quiet_machine):
     """Every field the program reads is checked when the cache is read: a table with one entry's
     GF/s, spread or samples missing or of another type, a date that is not one, or a status
-    without its why is damaged (measured again), never half used (issue 43: KeyError 'gflops' at
+    without its why is damaged (measured again), never half used (KeyError 'gflops' at
     the end of every run)."""
     data = _cached_table()
     (table,) = data["entries"].values()
@@ -494,7 +494,7 @@ def test_the_openblas_path_copies_no_input():
 
 def test_a_truncated_cache_is_measured_again(quiet_machine):
     """A cache file cut short (a full disk, a killed writer of an older version) is unreadable:
-    the table is measured again and the run goes on (issue 43)."""
+    the table is measured again and the run goes on."""
     _cached_table()
     path = Path(cpu_blas.cache_path())
     path.write_text(path.read_text()[: len(path.read_text()) // 2])

@@ -118,7 +118,7 @@ def _files(root, files: dict):
 
 
 def test_cgroup_v2_limit_left_is_the_smallest_over_the_ancestors(tmp_path):
-    """The default limit read /proc/meminfo only (issue 29, round 3): a container's cgroup limit
+    """The default limit read /proc/meminfo only: a container's cgroup limit
     was ignored."""
     _files(
         tmp_path,

@@ -1,4 +1,4 @@
-"""Open shells: DF-UMP2 on a UHF reference (issue 15).
+"""Open shells: DF-UMP2 on a UHF reference.
 
 The energies against PySCF's DFUMP2 are in the regression suite (inputs/references.json, open-shell
 cases, fp64 1e-9 and fp32 1e-6 Eh). Here: the opposite-spin pair op on every path against the

@@ -1,4 +1,4 @@
-"""Ordinary chemistry that used to crash or give silent nonsense (issue 18).
+"""Ordinary chemistry that used to crash or give silent nonsense.
 
 Default auxiliary bases for elements the matched fitting sets lack, common basis names,
 linear dependence, impossible electron counts, a poor --auxbasis and coincident atoms. Each

@@ -414,7 +414,7 @@ def test_not_converged_says_what_did_not_converge_and_a_looser_threshold_helps()
 
 def test_memory_refusal_gives_the_whole_runs_minimum(no_scf):
     """--memory 5MB on benzene said 5.85 MB (the MP2 stage), then at 6 MB that the SCF needs more:
-    the first refusal now gives the whole run's minimum (issue 29, item 16)."""
+    the first refusal now gives the whole run's minimum."""
     path = INPUTS / "benzene.xyz"
     with pytest.raises(MemoryLimitError) as e:
         run(path, RunOptions(memory_mb=5.0))

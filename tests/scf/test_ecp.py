@@ -1,4 +1,4 @@
-"""Effective core potentials (issue 17): a basis that comes with an ECP gets it (--ecp auto),
+"""Effective core potentials: a basis that comes with an ECP gets it (--ecp auto),
 stated in the table and the JSON; electron counts and the frozen core count the electrons the
 ECP replaced; --ecp none runs all-electron with a warning. Energies against PySCF run with the
 same ECP and auxiliary bases, spelled out independently in scripts/make_ecp_references.py

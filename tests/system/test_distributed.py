@@ -1,4 +1,4 @@
-"""Runs over several processes (dfmp2.distributed, issue 24), on CPU with gloo.
+"""Runs over several processes (dfmp2.distributed), on CPU with gloo.
 
 The energies over 2 and 3 ranks (3: the occupied blocks divide unevenly) must be bitwise those of
 one process on the same device, precision, blocking and thread count: the single-process path is
@@ -142,7 +142,7 @@ def test_rank_killed_mid_pair_step(tmp_path):
     assert not list((tmp_path / "tmp").iterdir())  # no stray scratch files
 
 
-# ---- checkpoints over ranks (issue 42): one file per rank beside the manifest (dfmp2.io.rank_checkpoint)
+# ---- checkpoints over ranks: one file per rank beside the manifest (dfmp2.io.rank_checkpoint)
 CK_ARGS = [*ARGS, "--dist-scf", "replicated"]  # the orbitals bit for bit whatever the SCF's reduction order
 
 
@@ -340,7 +340,7 @@ def test_memory_plan_per_rank():
     assert p.peak_mb == pytest.approx(peaks[2]) and p.shapes["ranks"] == 4
     with pytest.raises(MemoryLimitError, match=r"per rank on 2 ranks .* it would fit on (\d+) ranks") as e:
         mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
-    assert "e+" not in str(e.value)  # human units (issue 43: '5.942e+04 MB')
+    assert "e+" not in str(e.value)  # human units ('5.942e+04 MB')
     big = dict(shapes, nocc=640, nvir=3360, naux=15000)  # B 258 GB: the need in GB, not '2.58e+05 MB'
     with pytest.raises(MemoryLimitError, match=r"needs [\d.]+ GB per rank on 2 ranks .* limit is 10 GB per rank"):
         mp2_dist.per_rank_plan(
@@ -447,7 +447,7 @@ def test_frequencies_bad_checkpoint_on_rank_0_ends_every_rank(tmp_path):
     assert max(t for _, _, t in res) < 60
 
 
-# ---- task-parallel commands (issue 42): whole runs dealt to the ranks ---------------------------
+# ---- task-parallel commands: whole runs dealt to the ranks ---------------------------
 DIMER = ROOT / "inputs" / "s22" / "s22_02_water_dimer.xyz"
 
 
@@ -505,7 +505,7 @@ def test_cbs_bracket_over_two_ranks_equals_one_process(tmp_path):
     assert [c["energies"] for c in res[2]["components"]] == [c["energies"] for c in res[1]["components"]]
 
 
-# ---- groups of ranks (issue 42): each run of a task-parallel command over a group --------------------
+# ---- groups of ranks: each run of a task-parallel command over a group --------------------
 IE_BASE = [str(DIMER), "--fragments", "1-3,4-6", "--cpu-blas", "torch", "-q"]
 IE_ARGS = [*IE_BASE, "--basis", "sto-3g"]
 
@@ -582,7 +582,7 @@ def test_ranks_per_run_in_one_process_is_refused(tmp_path, command, args, says):
 SMALL_ARGS = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 
 
-# ---------------------------------------------------------------- the ranks agree on their input (issue 43)
+# ---------------------------------------------------------------- the ranks agree on their input
 SMALL = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 
 
@@ -603,7 +603,7 @@ def _refused_on_every_rank(tmp_path, res, *fragments):
 @pytest.mark.parametrize("dist_scf", ["split", "replicated"])
 def test_ranks_reading_coordinates_1e6_apart_are_refused(tmp_path, dist_scf):
     """Two ranks whose files differ by 1e-6 Å in one coordinate (a node-local copy): refused before
-    any integral (issue 43: mixed molecules printed energies 1.9e-5 Eh off, or aborted)."""
+    any integral (mixed molecules printed energies 1.9e-5 Eh off, or aborted)."""
     (tmp_path / "a.xyz").write_text(WATER)
     (tmp_path / "b.xyz").write_text(WATER.replace("0.117", "0.117001"))
     args = [*SMALL, "--dist-scf", dist_scf, "--json", str(tmp_path / "out.json")]
@@ -614,7 +614,7 @@ def test_ranks_reading_coordinates_1e6_apart_are_refused(tmp_path, dist_scf):
 @pytest.mark.heavy
 def test_an_option_on_one_rank_only_is_refused(tmp_path):
     """``--frozen-core`` on rank 1 only (two argv, as a launcher script picking them by RANK would):
-    refused, naming the option and its flag (issue 43: a gloo abort before)."""
+    refused, naming the option and its flag (a gloo abort before)."""
     (tmp_path / "water.xyz").write_text(WATER)
     args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
     res = _launch(tmp_path, [args, [*args, "--frozen-core"]])
@@ -694,7 +694,7 @@ def test_cuda_over_ranks_without_a_gpu_per_rank_is_one_line(tmp_path, command):
     assert not any("Traceback" in err for _, err, _ in res), res
 
 
-# ---------------------------------------------------------------- the gradient over ranks (issue 42)
+# ---------------------------------------------------------------- the gradient over ranks
 def _gradient(tmp_path, ranks: int, xyz: str, name: str, **extra) -> dict:
     """``dfmp2 gradient`` (cc-pVDZ, default options) on ``ranks`` ranks, ``extra`` in its
     environment: its JSON, validated."""

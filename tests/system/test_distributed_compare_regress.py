@@ -1,4 +1,4 @@
-"""``dfmp2 regress`` and ``dfmp2 compare`` over several processes (issue 42): their whole runs dealt
+"""``dfmp2 regress`` and ``dfmp2 compare`` over several processes: their whole runs dealt
 to the ranks (dfmp2.workflows.tasks), on CPU with gloo.
 
 Each dealt run is a one-process run at the same threads per process, so the energies over 2 ranks

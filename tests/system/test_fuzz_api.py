@@ -1,4 +1,4 @@
-"""Fuzzing the Python API (issue 29): keyword values of wrong types and ranges for
+"""Fuzzing the Python API: keyword values of wrong types and ranges for
 ``dfmp2.energy``, and PySCF Mole attributes, raise only dfmp2's errors, one line each, or run.
 
 The property, for every input: the call returns a Result, or raises an ``InputError`` (or linalg's

@@ -1,4 +1,4 @@
-"""Fuzzing what the XYZ reader and the option parsers see (issue 18), in-process with CliRunner.
+"""Fuzzing what the XYZ reader and the option parsers see, in-process with CliRunner.
 
 The property, for every input: exit 0, or exit 2 with exactly one ``error:`` line on stderr; never a
 traceback or a leaked warning; and no file created other than the requested output (--json).
@@ -416,7 +416,7 @@ def test_bench_series_and_shape_parsers(waters, shapes):
 
 
 # ---------------------------------------------------------------------------------------------
-# non-regular files as every path option (issue 29)
+# non-regular files as every path option
 # ---------------------------------------------------------------------------------------------
 H2 = "2\n\nH 0 0 0\nH 0 0 0.74\n"
 SPECIAL = ("/dev/null", "/dev/zero", "/dev/full", "fifo", "directory")
@@ -478,7 +478,7 @@ def test_non_regular_files_as_path_options(option, target, second):
 def test_full_and_closed_stdout(stdout, command):
     """Real processes with a full stdout (/dev/full) or a closed one (a reader gone, as `| head`):
     exit 0 (closed: the printing stops quietly) or 2 with one error line (full), never a
-    traceback; a requested --json is written whole either way (issue 29)."""
+    traceback; a requested --json is written whole either way."""
     import os
     import subprocess
     import sys
@@ -526,7 +526,7 @@ def test_full_and_closed_stdout(stdout, command):
 def test_oversized_inputs_are_refused_unread(size, suffix, head):
     """Inputs past the read bound (sparse files up to 4 GiB on paper) are one error line, unread:
     `run /dev/zero` read until the OOM killer, a 4 GB file under an rlimit was a MemoryError
-    (issue 29; the rlimit itself: tests/cli/test_cli.py, in a child process)."""
+    (the rlimit itself: tests/cli/test_cli.py, in a child process)."""
     from dfmp2.io.xyz import MAX_INPUT_BYTES
 
     assert size > MAX_INPUT_BYTES
@@ -540,7 +540,7 @@ def test_oversized_inputs_are_refused_unread(size, suffix, head):
 
 
 # ---------------------------------------------------------------------------------------------
-# full disks (issue 29): a small tmpfs that fills while the run goes on
+# full disks: a small tmpfs that fills while the run goes on
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.heavy
 @settings(

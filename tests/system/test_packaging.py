@@ -1,4 +1,4 @@
-"""The installed package (issues 27, 36): everything lives under ``dfmp2``, under one name each,
+"""The installed package: everything lives under ``dfmp2``, under one name each,
 and ships its inputs.
 
 ``dfmp2/linalg``, ``dfmp2/kernels`` and ``dfmp2/inputs`` are committed links to the repository's

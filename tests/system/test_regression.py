@@ -232,7 +232,7 @@ def test_regress_list_patterns_stay_within_full_but_exact_names_reach_large():
 )
 def test_references_of_the_wrong_shape_are_one_error_line(tmp_path, doc, message):
     """Valid JSON that is not a reference file: one error line and exit 2 before any case runs
-    (issue 18: it was a KeyError)."""
+    (it was a KeyError)."""
     if isinstance(doc, str):
         data = json.loads(REFERENCES.read_text())
         entry = data["references"][ONE]

@@ -1,4 +1,4 @@
-"""The package's shape (issues 23, 36): imports point one way, functions stay readable, the top
+"""The package's shape: imports point one way, functions stay readable, the top
 of ``dfmp2/`` stays small.
 
 Walks ``dfmp2/``, ``linalg/`` (imported as ``dfmp2.linalg``) and ``kernels/`` (``dfmp2.kernels``)

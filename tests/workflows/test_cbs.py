@@ -1,4 +1,4 @@
-"""CBS extrapolation with Psi4's bracket syntax (dfmp2/workflows/cbs.py, issue 27).
+"""CBS extrapolation with Psi4's bracket syntax (dfmp2/workflows/cbs.py).
 
 The extrapolated energies are checked twice, with the formula written out here (not taken from
 dfmp2.workflows.cbs): against two separate dfmp2 runs (``dfmp2.energy`` at cc-pVDZ and cc-pVTZ) and against

@@ -139,7 +139,7 @@ def test_parse_synthetic_forms():
 
 def test_default_devices_are_the_ones_present(tmp_path):
     """No --devices: cpu plus what is present here; the output and the JSON say what was left out
-    and why, and a machine without a GPU is not an error (issue 18)."""
+    and why, and a machine without a GPU is not an error."""
     from dfmp2.linalg import present_devices
 
     present, absent = present_devices("fp64")

@@ -1,4 +1,4 @@
-"""``dfmp2 interaction`` and ghost atoms (issue 16).
+"""``dfmp2 interaction`` and ghost atoms.
 
 The counterpoise-corrected interaction energies are checked against PySCF computed the same way,
 independently of this program (``scripts/s22_interaction.py``'s ``pyscf_interaction``: ``pyscf.gto``
@@ -369,7 +369,7 @@ def test_fuzz_fragment_lines(tmp_path_factory, extra):
 
 def test_a_failing_run_is_named(tmp_path):
     """Which of the 2N+1 runs failed: an SCF that does not converge in the full system says so,
-    with the option that would help (issue 29, item 13)."""
+    with the option that would help."""
     res = CliRunner().invoke(main, ["interaction", str(WATER_DIMER), "--fragments", "1-3,4-6", "--scf-max-cycle", "3"])
     assert_one_line_error(res, "run 1/5 (full system): RHF did not converge in 3 cycles")
     assert "(--scf-max-cycle)" in res.output
