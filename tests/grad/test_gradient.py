@@ -19,7 +19,8 @@ from dfmp2 import linalg, pipeline
 from dfmp2.cli.main import main
 from dfmp2.df import basis
 from dfmp2.errors import EXIT_USER_ERROR, InputError
-from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.grad import plan as grad_plan
 from dfmp2.grad import run as gradrun
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -58,7 +59,7 @@ def test_gradient_matches_finite_differences_per_component(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gradient_differentiates_the_printed_energy(case):
     _, _, method, gr = _analytic(case)
-    c_os, c_ss = mp2grad.SCALES[method]
+    c_os, c_ss = grad_mp2.SCALES[method]
     assert gr.parts.e_corr == pytest.approx(c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-10)
     assert gr.energy == pytest.approx(gr.result.e_hf + c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-12)
 
@@ -84,7 +85,7 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad.mp2_gradient(
+    parts = grad_mp2.mp2_gradient(
         mol,
         ref,
         basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
@@ -407,12 +408,10 @@ def test_gradient_on_cuda_equals_cpu():
 def test_gradient_memory_is_refused_before_the_scf(no_scf):
     """A memory limit above the energy run's need but below the gradient stage's: one line, exit 2,
     before any SCF."""
-    from dfmp2.grad import rhf as mp2grad
-
     need = gradrun.check_gradient_memory(
         read_xyz(INPUTS / "water.xyz"), RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
     )
-    assert need == pytest.approx(mp2grad.memory_mb(nao=24, nocc=5, nact=5, nvir=19, naux_mp2=84, naux_jk=116))
+    assert need == pytest.approx(grad_plan.memory_mb(nao=24, nocc=5, nact=5, nvir=19, naux_mp2=84, naux_jk=116))
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--memory", f"{need / 2:.3f}MB"])
     assert r.exit_code == EXIT_USER_ERROR and "the gradient stage needs about" in r.output, r.output
 

@@ -25,7 +25,8 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
-from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import mp2 as grad_mp2
 from dfmp2.grad import run as gradrun
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -53,7 +54,7 @@ def test_stage_on_trn_matches_cpu_on_the_same_reference():
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol, opts.auxbasis))
     jk_auxmol = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     trn = _trn()
-    parts = mp2grad.mp2_gradient(mol, ref, auxmol, jk_auxmol, trn, c_os=1.2, c_ss=1 / 3)
+    parts = grad_mp2.mp2_gradient(mol, ref, auxmol, jk_auxmol, trn, c_os=1.2, c_ss=1 / 3)
     diff = np.abs(parts.gradient - cpu.parts.gradient).max()
     assert 0.0 < diff < STAGE_TOL, diff  # nonzero: the pair loop did run in fp32
     assert parts.e_corr == pytest.approx(cpu.parts.e_corr, abs=1e-7)
@@ -108,9 +109,9 @@ def test_cli_gradient_on_trn_simulated_writes_what_ran_where(tmp_path):
 
 def test_uhf_stage_refuses_a_device_without_fp64_and_the_rhf_stage_does_not():
     no_channels = type("Ref", (), {"channels": ()})()  # check_channels reads only the channels
-    with pytest.raises(mp2grad.GradientError, match="UHF DF-MP2 gradient needs fp64"):
-        mp2grad.check_channels(no_channels, _trn())  # mp2grad_uhf's check
-    mp2grad.check_channels(no_channels, _trn(), fp32_pair_loop=True)  # mp2_gradient's check
+    with pytest.raises(grad_common.GradientError, match="UHF DF-MP2 gradient needs fp64"):
+        grad_mp2.check_channels(no_channels, _trn())  # mp2grad_uhf's check
+    grad_mp2.check_channels(no_channels, _trn(), fp32_pair_loop=True)  # mp2_gradient's check
 
 
 @pytest.mark.heavy

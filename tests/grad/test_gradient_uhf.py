@@ -21,9 +21,11 @@ from dfmp2 import linalg, pipeline
 from dfmp2.cli.main import main
 from dfmp2.df import basis
 from dfmp2.errors import EXIT_USER_ERROR
-from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.grad import plan as grad_plan
 from dfmp2.grad import run as gradrun
-from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
 
@@ -67,7 +69,7 @@ def test_uhf_gradient_matches_finite_differences_per_component(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_uhf_gradient_differentiates_the_printed_energy_and_has_no_net_force(case):
     geom, _, method, gr = _analytic(case)
-    c_os, c_ss = mp2grad.SCALES[method]
+    c_os, c_ss = grad_mp2.SCALES[method]
     assert gr.parts.e_corr == pytest.approx(c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-10)
     assert gr.energy == pytest.approx(gr.result.e_hf + c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-12)
     g, r = gr.gradient, geom.coords_angstrom / BOHR
@@ -113,7 +115,7 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad_uhf.uhf_mp2_gradient(
+    parts = grad_ump2.uhf_mp2_gradient(
         mol,
         ref,
         basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
@@ -188,9 +190,9 @@ def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
     shapes = dict(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
-    phases = mp2grad.uhf_phase_mb(**shapes)
-    assert need >= max(phases.values()) and need == pytest.approx(mp2grad.choose_plan(shapes, 1e5).peak_mb)
-    small = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
+    phases = grad_plan.uhf_phase_mb(**shapes)
+    assert need >= max(phases.values()) and need == pytest.approx(grad_plan.choose_plan(shapes, 1e5).peak_mb)
+    small = grad_plan.make_plan(shapes, *grad_plan.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
     assert small <= need
     r = CliRunner().invoke(
         main,
@@ -213,11 +215,11 @@ def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
     pipeline.run_geometry(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     aux, jk = basis.make_auxmol(mol, basis.mp2_auxbasis(mol)), basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
-    with pytest.raises(mp2grad.GradientError, match="uhf_mp2_gradient"):
-        mp2grad.mp2_gradient(mol, ref, aux, jk, linalg.get_backend("cpu"))
+    with pytest.raises(grad_common.GradientError, match="uhf_mp2_gradient"):
+        grad_mp2.mp2_gradient(mol, ref, aux, jk, linalg.get_backend("cpu"))
     rhf = dataclasses.replace(ref, channels=ref.channels[:1], s2=None, s2_exact=None)
-    with pytest.raises(mp2grad.GradientError, match="needs a UHF reference"):
-        mp2grad_uhf.uhf_mp2_gradient(mol, rhf, aux, jk, linalg.get_backend("cpu"))
+    with pytest.raises(grad_common.GradientError, match="needs a UHF reference"):
+        grad_ump2.uhf_mp2_gradient(mol, rhf, aux, jk, linalg.get_backend("cpu"))
 
 
 SLOW_CASES = {  # per component: OH all-electron, the methyl radical frozen core (cc-pVDZ), HI+ with its ECP
