@@ -365,22 +365,7 @@ def jk_energy_deriv_blocked(
     for x in ckm:
         trsm_columns(L, x.view(naux, -1), be)
     cko = [x[:, :, :no].reshape(naux, -1) for x, no in zip(ckm, nocc)]  # [P, (k l)], symmetric in k, l
-    step = max(1, min(naux, int(block_mb * 1e6 // (3 * nao * nao * 8))))
-    m = torch.empty((naux, naux), dtype=torch.float64, device=D.device)
-    for p0 in range(0, naux, step):
-        p1 = min(naux, p0 + step)
-        for s, (wi, x, mm) in enumerate(zip(w, ckm, Md)):
-            Y1m = linalg.gemm(x[p0:p1].view(-1, x.shape[2]), mm, backend=be)  # [P, k, r] = (M ckm^P)_rk
-            blk = linalg.gemm(x.view(naux, -1), Y1m.view(p1 - p0, -1), trans_b=True, alpha=wi, backend=be)
-            if s:
-                m[:, p0:p1] += blk
-            else:
-                m[:, p0:p1] = blk
-    hf = torch.empty((naux, naux), dtype=torch.float64, device=D.device)
-    for s, (wi, x) in enumerate(zip(w, cko)):
-        linalg.gemm(x, x, trans_b=True, alpha=wi / 2, beta=float(s > 0), out=hf, backend=be)
-    ms = [hf, 0.5 * (m + m.T)]
-    del m
+    ms = _metric_weights(w, ckm, cko, Md, (naux, nao), block_mb, be, D.device)
     g2 = [-0.5 * (torch.outer(d[n + 1], d[0]) + torch.outer(d[0], d[n + 1])) + ms[n] for n in range(2)]
 
     def y1(p0, p1):  # per density, each spin's [P, μ, k] of C_o cko^P / 2 and C M ckm^P, this block of P only
@@ -394,6 +379,28 @@ def jk_energy_deriv_blocked(
         return out
 
     return _jk_deriv_3c(jk, Co, w, D, D1t, d, y1, g2, block_mb)
+
+
+def _metric_weights(w: list, ckm: list, cko: list, Md: list, sizes: tuple, block_mb: float, be, device) -> list:
+    """``jk_energy_deriv_blocked``'s exchange parts of the metric weights (two (naux, naux)):
+    Σ_σ w_σ cko cko^T / 2 and the symmetrised m = Σ_σ w_σ ckm (M ckm)^T, m column block by column
+    block (about block_mb of M ckm each); sizes (naux, nao)."""
+    naux, nao = sizes
+    step = max(1, min(naux, int(block_mb * 1e6 // (3 * nao * nao * 8))))
+    m = torch.empty((naux, naux), dtype=torch.float64, device=device)
+    for p0 in range(0, naux, step):
+        p1 = min(naux, p0 + step)
+        for s, (wi, x, mm) in enumerate(zip(w, ckm, Md)):
+            Y1m = linalg.gemm(x[p0:p1].view(-1, x.shape[2]), mm, backend=be)  # [P, k, r] = (M ckm^P)_rk
+            blk = linalg.gemm(x.view(naux, -1), Y1m.view(p1 - p0, -1), trans_b=True, alpha=wi, backend=be)
+            if s:
+                m[:, p0:p1] += blk
+            else:
+                m[:, p0:p1] = blk
+    hf = torch.empty((naux, naux), dtype=torch.float64, device=device)
+    for s, (wi, x) in enumerate(zip(w, cko)):
+        linalg.gemm(x, x, trans_b=True, alpha=wi / 2, beta=float(s > 0), out=hf, backend=be)
+    return [hf, 0.5 * (m + m.T)]
 
 
 def trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 64.0) -> None:

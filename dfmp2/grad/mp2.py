@@ -216,13 +216,7 @@ def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
-    warnings = []
-    if orb.C.shape[1] < orb.C.shape[0]:
-        warnings.append(
-            f"linear dependence: {orb.C.shape[0] - orb.C.shape[1]} basis functions dropped; the "
-            "gradient leaves out the change of the kept space with the geometry (it is not "
-            "the exact derivative of the energy)"
-        )
+    warnings = linear_dependence_warnings(orb.C)
     ran = stage_ran(backend, host, kernels0)
     ran["plan"] = plan.record()
     return GradientParts(
@@ -240,6 +234,18 @@ def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0
         rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran),
         peak_rss_mb={k: v for k, v in timer.stage_rss().items() if k.startswith("grad_")},
     )
+
+
+def linear_dependence_warnings(C: np.ndarray) -> list:
+    """The gradient's warning when the orbitals C (nao, nmo) span fewer than nao functions: the
+    change of the kept space with the geometry is not in the gradient."""
+    if C.shape[1] >= C.shape[0]:
+        return []
+    return [
+        f"linear dependence: {C.shape[0] - C.shape[1]} basis functions dropped; the "
+        "gradient leaves out the change of the kept space with the geometry (it is not "
+        "the exact derivative of the energy)"
+    ]
 
 
 def unrelaxed_corr(orb: Orbitals, corr: Corr) -> np.ndarray:

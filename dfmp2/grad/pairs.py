@@ -164,25 +164,8 @@ def pair_densities(
         if own[b] != me:
             continue
         distributed.fault("gradient")
-        Bj, shape = Bc[j0 * nvc : j1 * nvc], (nact, nvir, j1 - j0, nvc)
-        t = linalg.gemm(B, Bj, trans_b=True, out=buf.get("t", (nact * nvir, (j1 - j0) * nvc)), backend=backend).view(
-            shape
-        )
-        th = torch.add(e_ia, e_jb[j0:j1].reshape(1, 1, j1 - j0, nvc), out=buf.get("th", shape))  # denominators
-        t.div_(th)
-        torch.mul(t, c_os + c_ss, out=th)
-        if c_ss:
-            th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)  # t_ij^ba = t[i, b, j, a]
         rows = Gam[j0 * nvc : j1 * nvc]  # Γ's rows of J, whole: Σ_ia θ_ij^ab B_ia = Σ_ia θ_ji^ba B_ia
-        linalg.gemm(th.view(nact * nvir, -1), B, trans_a=True, beta=1.0, out=rows, backend=backend)
-        x_oo = linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
-        x_vv = linalg.gemm(
-            t.view(nact, nvir, -1),
-            th.view(nact, nvir, -1),
-            trans_b=True,
-            out=buf.get("vv", (nact, nvir, nvir)),
-            backend=backend,
-        ).sum(0)  # batched over i
+        x_oo, x_vv = _pair_block(B, Bc[j0 * nvc : j1 * nvc], e_ia, e_jb[j0:j1], rows, c_os, c_ss, backend, buf)
         if ranks:
             shares[b] = (x_oo, x_vv)
         else:
@@ -194,6 +177,30 @@ def pair_densities(
         P_oo -= 2.0 * x_oo
         P_vv += 2.0 * x_vv
     return Gam, P_oo, P_vv
+
+
+def _pair_block(B, Bj, e_ia, e_jb, rows, c_os: float, c_ss: float, backend, buf):
+    """One block J of ``pair_densities``' loop: K = B Bj^T and t into ``buf`` (e_ia (nact, nvir, 1,
+    1), e_jb (nj, nvc) the denominators' parts), θ, Γ's ``rows`` of J added into in place; returns
+    (Σ_ajb t θ (nact, nact), Σ_i Σ_jc t θ (nvir, nvir)), this block's shares of P_oo and P_vv."""
+    nact, nvir, nj, nvc = e_ia.shape[0], e_ia.shape[1], e_jb.shape[0], e_jb.shape[1]
+    shape = (nact, nvir, nj, nvc)
+    t = linalg.gemm(B, Bj, trans_b=True, out=buf.get("t", (nact * nvir, nj * nvc)), backend=backend).view(shape)
+    th = torch.add(e_ia, e_jb.reshape(1, 1, nj, nvc), out=buf.get("th", shape))  # denominators
+    t.div_(th)
+    torch.mul(t, c_os + c_ss, out=th)
+    if c_ss:
+        th.sub_(t.permute(0, 3, 2, 1), alpha=c_ss)  # t_ij^ba = t[i, b, j, a]
+    linalg.gemm(th.view(nact * nvir, -1), B, trans_a=True, beta=1.0, out=rows, backend=backend)
+    x_oo = linalg.gemm(t.view(nact, -1), th.view(nact, -1), trans_b=True, backend=backend)
+    x_vv = linalg.gemm(
+        t.view(nact, nvir, -1),
+        th.view(nact, nvir, -1),
+        trans_b=True,
+        out=buf.get("vv", (nact, nvir, nvir)),
+        backend=backend,
+    ).sum(0)  # batched over i
+    return x_oo, x_vv
 
 
 def _pair_loop(

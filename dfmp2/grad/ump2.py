@@ -52,7 +52,7 @@ from dfmp2.grad.common import GradientError, Orbitals, host_tensor, metric_chole
 from dfmp2.grad.densities import from_correlation
 from dfmp2.grad.deriv3c import df_deriv, one_electron_deriv
 from dfmp2.grad.jk_deriv import DFJK, jk_energy_deriv_blocked
-from dfmp2.grad.mp2 import ON_HOST, GradientParts, check_channels, orb_frozen
+from dfmp2.grad.mp2 import ON_HOST, GradientParts, check_channels, linear_dependence_warnings, orb_frozen
 from dfmp2.grad.pairs import fit_b, gamma3_weights, gamma_terms, pair_densities, response_3c
 from dfmp2.grad.plan import AUX_BLOCK_MB, PAIR_BLOCK_MB, GradientPlan, choose_plan, default_limit_mb, uhf_shapes
 from dfmp2.grad.zvector import ZVECTOR_MAX_ITER, ZVECTOR_TOL
@@ -116,34 +116,12 @@ def uhf_mp2_gradient(
     t0 = timer.add("grad_derivative_integrals", t0)
     P_unrelaxed = [p.copy() for p in P]
     P, Y, zinfo, (jk_hf, jk_p), t0 = _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan, timer, t0, world)
-    C_o = [o.C[:, o.occ] for o in orbs]
-    D = [c @ c.T for c in C_o]
-    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
-    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
-    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
-    one_hf, one_p = one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
+    one_hf, one_p = _one_electron_terms(mol, orbs, P, Y)
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
-    warnings = []
-    if orbs[0].C.shape[1] < orbs[0].C.shape[0]:
-        warnings.append(
-            f"linear dependence: {orbs[0].C.shape[0] - orbs[0].C.shape[1]} basis functions dropped; "
-            "the gradient leaves out the change of the kept space with the geometry (it is not "
-            "the exact derivative of the energy)"
-        )
-    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
-    ran = {
-        "device": backend.name,
-        "precision": "fp64",
-        "reference": "uhf",
-        "kernels": dict(sorted(used.items())),
-        "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
-        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
-        "derivative weights",
-        "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)",
-        "plan": plan.record(),
-    }
+    warnings = linear_dependence_warnings(orbs[0].C)
+    ran = _uhf_ran(backend, kernels0, plan)
     return GradientParts(
         grad,
         hf,
@@ -159,6 +137,34 @@ def uhf_mp2_gradient(
         uhf_record(orbs, P_unrelaxed, P, c_os, c_ss, zinfo, ran),
         peak_rss_mb={k: v for k, v in timer.stage_rss().items() if k.startswith("grad_")},
     )
+
+
+def _one_electron_terms(mol, orbs, P: list, Y: list) -> list:
+    """[the HF part, the correlation part] (natm, 3) Eh/bohr of Σ D h^x - Σ W S^x over both spins
+    (``one_electron_deriv``): D^σ and the relaxed P^σ (MO, per spin) in the AO basis, W from Y."""
+    C_o = [o.C[:, o.occ] for o in orbs]
+    D = [c @ c.T for c in C_o]
+    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
+    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
+    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
+    return one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
+
+
+def _uhf_ran(backend, kernels0: dict, plan: GradientPlan) -> dict:
+    """What the UHF stage ran where (the gradient's ``ran``): all on ``backend`` in fp64, its
+    kernels since ``kernels0``, and ``plan``'s record."""
+    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
+    return {
+        "device": backend.name,
+        "precision": "fp64",
+        "reference": "uhf",
+        "kernels": dict(sorted(used.items())),
+        "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
+        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
+        "derivative weights",
+        "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)",
+        "plan": plan.record(),
+    }
 
 
 def _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan: GradientPlan, timer: Timer, t0: float, world):
