@@ -16,7 +16,7 @@ import numpy as np
 
 from dfmp2 import pipeline
 from dfmp2.grad import plan as grad_plan
-from dfmp2.grad import run as gr
+from dfmp2.grad import run as grad_run
 from dfmp2.io import INPUTS
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -49,7 +49,7 @@ else:
     plan = grad_plan.make_plan(shapes, *a.mode.split(","))
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 t = time.perf_counter()
-parts = gr.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
+parts = grad_run.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
 wall = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 np.save(a.out + ".npy", parts.gradient)

@@ -1,4 +1,4 @@
-"""The UHF gradient's densities phase (``dfmp2.grad.uhf._corr_uhf``: B of both spins, the pair
+"""The UHF gradient's densities phase (``dfmp2.grad.ump2.corr_uhf``: B of both spins, the pair
 loops, the 3-index terms) of (H2O)16+ doublet/cc-pVDZ with pair blocks of argv[1] MB, in a fresh
 process: prints one JSON line (seconds of the phase and of the pair loops alone, E_corr). The
 reference comes from ``bench_gradient_plan.py energy /tmp/g16/ref.pkl --xyz water_clusters/h2o_16.xyz

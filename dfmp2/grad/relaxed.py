@@ -1,7 +1,7 @@
 """The MP2 one-particle densities alone: the gradient stage's densities and Z-vector without its
 derivative integrals (``density_stage``; RHF ``rhf_densities``, UHF ``uhf_densities``).
 
-The same pieces as ``dfmp2.grad.rhf.mp2_gradient`` and ``dfmp2.grad.uhf.uhf_mp2_gradient``, run
+The same pieces as ``dfmp2.grad.mp2.mp2_gradient`` and ``dfmp2.grad.ump2.uhf_mp2_gradient``, run
 as far as the relaxed density: B and the pair loop (P_ij, P_ab: the unrelaxed density), then, for
 the relaxed one, Γ's 3-index orbital-response terms, the JK factor on the JK-fit set the SCF used
 (``DFJK``), the frozen-active block and the Z-vector (``relaxed_density``). Nothing new is
@@ -12,7 +12,7 @@ both fitting sets fixed; see ``dfmp2.grad.densities`` for the conventions (PySCF
 
 Memory: the gradient's plan over the phases that run here (``DENSITY_PHASES``: the pair loop
 and 3-index terms, the JK factor's fit, the Z-vector; ``choose_plan``, of
-``dfmp2.grad.uhf.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor'
+``dfmp2.grad.plan.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor'
 (enclosing the factor's scf_integrals and scf_fit), 'props_zvector'.
 """
 

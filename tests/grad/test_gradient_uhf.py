@@ -1,7 +1,7 @@
-"""The UHF DF-MP2 nuclear gradient (dfmp2.grad.uhf) against references that do not come from
+"""The UHF DF-MP2 nuclear gradient (dfmp2.grad.ump2) against references that do not come from
 it: central finite differences of our own printed UHF energies (``pipeline.run_geometry``, both
 fitting sets, SCF converged to 1e-10), the step shown converged (the halved step agrees), PySCF's
-DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.rhf,
+DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.mp2,
 itself tested against finite differences) for a closed shell run with a UHF reference.
 Geometries are distorted so that no component vanishes by symmetry (OH: two atoms, every
 component still nonzero)."""
@@ -24,7 +24,7 @@ from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.grad import common as grad_common
 from dfmp2.grad import mp2 as grad_mp2
 from dfmp2.grad import plan as grad_plan
-from dfmp2.grad import run as gradrun
+from dfmp2.grad import run as grad_run
 from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
@@ -52,7 +52,7 @@ def _analytic(case):
     if case not in _cache:
         mol, kw, method = CASES[case]
         geom = _radical(mol)
-        _cache[case] = (geom, _options(**kw), method, gradrun.run_gradient(geom, _options(**kw), method=method))
+        _cache[case] = (geom, _options(**kw), method, grad_run.run_gradient(geom, _options(**kw), method=method))
     return _cache[case]
 
 
@@ -100,7 +100,7 @@ EDGE = {  # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet w
 def test_uhf_gradient_edge_cases_match_finite_differences(case):
     geom, kw = EDGE[case]
     options = _options(**kw)
-    g = gradrun.run_gradient(geom, options, method="mp2").gradient
+    g = grad_run.run_gradient(geom, options, method="mp2").gradient
     assert_matches_fd(g, geom, options, "mp2", halve=False)
     assert np.abs(g.sum(axis=0)).max() < 1e-9
 
@@ -135,8 +135,8 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 def test_closed_shell_with_a_uhf_reference_gives_the_rhf_gradient(frozen_core, method):
     """Water run with reference uhf: α = β, every UHF term half the RHF's spin-summed one."""
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    rhf = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
-    uhf = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method)
+    rhf = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
+    uhf = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method)
     assert uhf.result.spin["reference"] == "UHF" and uhf.parts.ran["reference"] == "uhf"
     assert np.abs(uhf.gradient - rhf.gradient).max() <= 1e-8
     assert np.abs(uhf.parts.hf - rhf.parts.hf).max() <= 1e-8
@@ -147,7 +147,7 @@ def test_sos_mp2_on_pyscf_uhf_along_a_direction():
     displacement of both atoms at once."""
     geom = _radical("oh")
     options = _options(basis="6-31g", scf_mode="pyscf-df")
-    gr = gradrun.run_gradient(geom, options, method="sos-mp2")
+    gr = grad_run.run_gradient(geom, options, method="sos-mp2")
     assert gr.result.ran["scf"]["engine"] == "pyscf"
     d = np.random.default_rng(11).normal(size=gr.gradient.shape)
     d /= np.linalg.norm(d)
@@ -185,7 +185,7 @@ def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, word
 
 def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     geom = read_xyz(INPUTS / "open_shell" / "hydroxyl.xyz")
-    need = gradrun.check_gradient_memory(
+    need = grad_run.check_gradient_memory(
         geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
@@ -235,7 +235,7 @@ def test_uhf_gradient_matches_finite_differences_slow(case):
     xyz, kw, method = SLOW_CASES[case]
     geom = distorted(read_xyz(INPUTS / xyz))
     options = _options(**kw)
-    g = gradrun.run_gradient(geom, options, method=method).gradient
+    g = grad_run.run_gradient(geom, options, method=method).gradient
     assert_matches_fd(g, geom, options, method)
 
 
@@ -294,7 +294,7 @@ def test_qcschema_driver_gradient_on_a_doublet():
     }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
-    ours = gradrun.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
+    ours = grad_run.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
     assert g.shape == (2, 3) and np.abs(g - ours).max() <= 1e-8
 
 
@@ -322,7 +322,7 @@ def test_ase_forces_of_a_doublet_against_its_energy():
 def test_uhf_gradient_on_cuda_equals_cpu():
     """The UHF stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
     geom = _radical("nh2")
-    cpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
-    gpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    cpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
     assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
     assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8
