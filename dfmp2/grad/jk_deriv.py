@@ -253,8 +253,7 @@ class DFJK:
         U[P, j, i] = Σ_b z_bj B_ib^P (batched over P) and B_ov[(P j), a]^T U; B_vv, B_oo symmetric
         in their MO indices. Why this order: the tall X[(a P), j] = B_vv z with its nocc columns ran
         at half the wide one's rate, and an earlier order (z B_oo^P batched over P, then
-        B_vv[(P b), a]^T W) streamed B_vv through a transposed operand (measurements:
-        scripts/results/2026-11-28-session10-amd.md, 2026-11-28-session11-amd.md)."""
+        B_vv[(P b), a]^T W) streamed B_vv, the largest operand, through a transposed one: slower."""
         B_ov, B_oo, B_vv = self.mo
         naux, nocc, nvir = B_ov.shape
         be = self.backend

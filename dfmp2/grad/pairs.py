@@ -20,7 +20,6 @@ from dfmp2.grad.common import Orbitals, block_owners, host_tensor, metric_choles
 from dfmp2.grad.deriv3c import PairPack, j3c_blocks
 from dfmp2.grad.plan import AUX_BLOCK_MB, PAIR_BLOCK_MB, GradientPlan
 
-# (H2O)16's shapes K = B B_J^T ran at 96 GF/s with one j a block (128 MB), 113 GF/s with four (512 MB)
 PAIR_MIN_BLOCKS = 8  # the pair loop's j in at least this many blocks (where there are that many): work for ranks
 
 

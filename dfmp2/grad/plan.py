@@ -29,11 +29,11 @@ from dfmp2.scf import driver as scf_driver
 from dfmp2.scf.jk import JK_BLOCK_MB, jk_block
 
 PAIR_BLOCK_MB = 128.0  # K and θ of one block of the densities' pair loop, at least ...
-PAIR_BLOCK_MB_MAX = 512.0  # ... and at most, where that does not raise the stage's peak (make_plan): at
-# (H2O)16's shapes K = B B_J^T ran at 96 GF/s with one j a block (128 MB), 113 GF/s with four (512 MB)
+PAIR_BLOCK_MB_MAX = 512.0  # ... and at most, where that does not raise the stage's peak (make_plan): K = B B_J^T
+# runs faster as one wider GEMM over several j than as several narrow ones
 AUX_BLOCK_MB = 200.0  # target MB of one block of 3-center derivative integrals (3 nao^2 per function)
 DISK_AUX_BLOCK_MB = 50.0  # the same in the plan with the JK factor on disk: a tight limit (the blocks and
-# their copies were 0.5 GB of (H2O)16's 2.0 GB peak at --memory 1.5GB, in the second pass over (μν|P))
+# their copies are a large share of that plan's peak, in the second pass over (μν|P))
 
 
 def npair(nao: int) -> int:
@@ -56,7 +56,7 @@ JK_DERIV_FORMS = {
 
 
 PLANS = (("mo", "mo"), ("mo", "blocked"), ("ao", "blocked"))  # fastest first, the JK factor in memory
-UHF_PLANS = (("ao", "blocked"),)  # the UHF stage's one in-memory plan (dfmp2.grad.uhf, ``uhf_phase_mb``)
+UHF_PLANS = (("ao", "blocked"),)  # the UHF stage's one in-memory plan (dfmp2.grad.ump2, ``uhf_phase_mb``)
 
 
 UHF_FORMS = {  # what its forms are (``GradientPlan.record``)
@@ -211,7 +211,7 @@ def uhf_phase_mb(
 ) -> dict:
     """MB (10^6 bytes, fp64) each phase of the UHF gradient stage holds at its peak, an estimate
     from the shapes (per-spin tuples (alpha, beta)), in the order the stage runs them, as the RHF's
-    (``phase_mb``; its one form: UHF_PLANS; shapes: ``dfmp2.grad.uhf.uhf_shapes``):
+    (``phase_mb``; its one form: UHF_PLANS; shapes: ``dfmp2.grad.plan.uhf_shapes``):
       'densities': each spin's B fitted beside the other's ((ia|P) and B, a (μν|P) block), the pair
         loops (B and Γ of both spins: 2 naux_mp2 Σ nact_σ nvir_σ; K and θ of one block, pair_mb at
         most, and P_vv's batched product), then per spin its 3-index terms (B and Γ of the spins
@@ -346,7 +346,7 @@ def make_plan(
 
 def _phases_of(shapes: dict):
     """(the phase estimate, the in-memory plans, 'rhf' or 'uhf') of a stage's ``shapes``: a UHF's
-    have per-spin tuples (``dfmp2.grad.uhf.uhf_shapes``), its phases ``uhf_phase_mb``."""
+    have per-spin tuples (``dfmp2.grad.plan.uhf_shapes``), its phases ``uhf_phase_mb``."""
     if isinstance(shapes["nocc"], tuple):
         return uhf_phase_mb, UHF_PLANS, "uhf"
     return phase_mb, PLANS, "rhf"
