@@ -30,8 +30,8 @@ from dfmp2.io.result import Result, geometry_record, software_versions
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.linalg import DTYPES
 from dfmp2.memory import MemoryPlan, plan_memory
-from dfmp2.mp2 import dist as mp2_dist
 from dfmp2.mp2 import double_hybrids
+from dfmp2.mp2.dist import per_rank_plan
 from dfmp2.mp2.stage import MP2Energies, mp2_stage
 from dfmp2.options import SCF_SCREEN, RunOptions
 from dfmp2.props import stage as props_stage
@@ -562,7 +562,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say) -> tuple[Memory
             engine=job.engine,
         )
         if world.distributed:  # each rank's share of B against the limit, before any integral
-            mp2_dist.per_rank_plan(
+            per_rank_plan(
                 plan,
                 world,
                 options.memory_mb if options.memory_mb is not None else memory.default_limit_mb(options.device),

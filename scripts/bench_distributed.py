@@ -207,15 +207,15 @@ def model_row(node: str, waters: int, ranks: int, occ_block: int = 16) -> dict:
     # of occ_block orbitals; a rank that owns no block computes no pair
     from dfmp2 import distributed
     from dfmp2.df.outofcore import OccBlocks
-    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.mp2 import dist
 
     blocks = OccBlocks(nocc, nvir, naux, occ_block)
-    who = mp2_dist.assigned(blocks, ranks)
+    who = dist.assigned(blocks, ranks)
     load = [0.0] * ranks
     for p, r in who.items():
-        load[r] += mp2_dist.pair_cost(blocks, *p)
+        load[r] += dist.pair_cost(blocks, *p)
     busiest = max(load) / sum(load)
-    share = max(len(mp2_dist.owned(blocks.count, distributed.World(rank=r, size=ranks))) for r in range(ranks))
+    share = max(len(dist.owned(blocks.count, distributed.World(rank=r, size=ranks))) for r in range(ranks))
     t_pair = pair_flops * busiest / nd["flops"]
     t_ring = comm["pair"] / ranks / bw  # each rank sends its part, all at once
     t_tr = transform_flops / ranks / nd["flops"]

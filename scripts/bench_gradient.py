@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: one DF-MP2 gradient against one DF-MP2 energy on the same molecule and options.
 
-``energy``: ``pipeline.run_geometry`` (``dfmp2 run``: SCF + MP2). ``gradient``: ``gradrun.run_gradient``
+``energy``: ``pipeline.run_geometry`` (``dfmp2 run``: SCF + MP2). ``gradient``: ``run_gradient``
 (``dfmp2 gradient``: the same energy run, then the gradient stage); its gradient stage alone is
 reported too, with its parts (densities and pair loop, Z-vector, derivative integrals). The ratio
 gradient / energy is the figure of the issue (the literature's 2-4 energies). Runs are interleaved
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from dfmp2 import pipeline
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model
-from dfmp2.grad import run as gradrun
+from dfmp2.grad import run as grad_run
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     )
     backend = pipeline.make_backend(options, unrestricted=(a.multiplicity or 1) > 1)
     energy = lambda: pipeline.run_geometry(geom, options, backend=backend)  # noqa: E731
-    gradient = lambda: gradrun.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
+    gradient = lambda: grad_run.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
     if not a.no_warmup:
         energy(), gradient()
     rows = {"energy": [], "gradient": [], "gradient_stage": []}
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
             "engine": r.ran["engine"],
             "precision": r.ran["precision"],
             "reference": "UHF" if r.spin else "RHF",
-            "gradient": {"stage": "dfmp2.grad.uhf" if r.spin else "dfmp2.grad.rhf", **gr.parts.to_dict()["ran"]},
+            "gradient": {"stage": "dfmp2.grad.ump2" if r.spin else "dfmp2.grad.mp2", **gr.parts.to_dict()["ran"]},
         },  # the stage's own record of what ran where
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),

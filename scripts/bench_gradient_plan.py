@@ -15,9 +15,8 @@ import time
 import numpy as np
 
 from dfmp2 import pipeline
-from dfmp2.grad import rhf as g
-from dfmp2.grad import run as gr
-from dfmp2.grad import uhf as gu
+from dfmp2.grad import plan as grad_plan
+from dfmp2.grad import run as grad_run
 from dfmp2.io import INPUTS
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -43,14 +42,14 @@ if a.mode == "energy":
     raise SystemExit
 job = pipeline.prepare(geom, opts, be)
 ref = pickle.load(open(a.ref, "rb"))
-shapes = (g.rhf_shapes if ref.restricted else gu.uhf_shapes)(job.mol, ref, job.auxmol, job.jk_auxmol)
+shapes = (grad_plan.rhf_shapes if ref.restricted else grad_plan.uhf_shapes)(job.mol, ref, job.auxmol, job.jk_auxmol)
 if a.mode.startswith("limit:"):
-    plan = g.choose_plan(shapes, float(a.mode.split(":")[1]))
+    plan = grad_plan.choose_plan(shapes, float(a.mode.split(":")[1]))
 else:
-    plan = g.make_plan(shapes, *a.mode.split(","))
+    plan = grad_plan.make_plan(shapes, *a.mode.split(","))
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 t = time.perf_counter()
-parts = gr.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
+parts = grad_run.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
 wall = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 np.save(a.out + ".npy", parts.gradient)

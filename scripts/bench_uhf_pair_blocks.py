@@ -1,4 +1,4 @@
-"""The UHF gradient's densities phase (``dfmp2.grad.uhf._corr_uhf``: B of both spins, the pair
+"""The UHF gradient's densities phase (``dfmp2.grad.ump2.corr_uhf``: B of both spins, the pair
 loops, the 3-index terms) of (H2O)16+ doublet/cc-pVDZ with pair blocks of argv[1] MB, in a fresh
 process: prints one JSON line (seconds of the phase and of the pair loops alone, E_corr). The
 reference comes from ``bench_gradient_plan.py energy /tmp/g16/ref.pkl --xyz water_clusters/h2o_16.xyz
@@ -11,8 +11,8 @@ import time
 from types import SimpleNamespace
 
 from dfmp2 import pipeline
-from dfmp2.grad import rhf as g
-from dfmp2.grad import uhf as gu
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.io import INPUTS
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -23,11 +23,11 @@ opts = RunOptions(basis="cc-pvdz", charge=1, multiplicity=2)
 be = pipeline.make_backend(opts, unrestricted=True)
 job = pipeline.prepare(geom, opts, be)
 ref = pickle.load(open("/tmp/g16/ref.pkl", "rb"))
-orbs = [g._Orbitals(ch) for ch in ref.channels]
+orbs = [grad_common.Orbitals(ch) for ch in ref.channels]
 plan = SimpleNamespace(block_mb=200.0, pair_mb=pair_mb)
 t = time.perf_counter()
 tp = [0.0]
-real = gu._pair_densities
+real = grad_ump2.pair_densities
 
 
 def timed(*a, **k):
@@ -37,6 +37,6 @@ def timed(*a, **k):
     return out
 
 
-gu._pair_densities = timed
-e_corr, *_ = gu._corr_uhf(job.mol, job.auxmol, orbs, be, 1.0, 1.0, plan=plan)
+grad_ump2.pair_densities = timed
+e_corr, *_ = grad_ump2.corr_uhf(job.mol, job.auxmol, orbs, be, 1.0, 1.0, plan=plan)
 print(json.dumps(dict(pair_mb=pair_mb, densities_s=time.perf_counter() - t, pair_loops_s=tp[0], e_corr=e_corr)))

@@ -32,7 +32,7 @@ from dfmp2.options import CONVERGENCE_SETS
 
 
 def gradient_table(gr):
-    """The per-atom gradient (Eh/bohr) of a gradrun.GradientResult as a rich table."""
+    """The per-atom gradient (Eh/bohr) of a ``GradientResult`` as a rich table."""
     from rich.table import Table
 
     t = Table(title=f"nuclear gradient of E({gr.method.upper()}) / (Eh/bohr)", title_justify="left")

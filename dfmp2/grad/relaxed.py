@@ -1,10 +1,10 @@
 """The MP2 one-particle densities alone: the gradient stage's densities and Z-vector without its
 derivative integrals (``density_stage``; RHF ``rhf_densities``, UHF ``uhf_densities``).
 
-The same pieces as ``dfmp2.grad.rhf.mp2_gradient`` and ``dfmp2.grad.uhf.uhf_mp2_gradient``, run
+The same pieces as ``dfmp2.grad.mp2.mp2_gradient`` and ``dfmp2.grad.ump2.uhf_mp2_gradient``, run
 as far as the relaxed density: B and the pair loop (P_ij, P_ab: the unrelaxed density), then, for
 the relaxed one, Γ's 3-index orbital-response terms, the JK factor on the JK-fit set the SCF used
-(``_DFJK``), the frozen-active block and the Z-vector (``_relaxed_density``). Nothing new is
+(``DFJK``), the frozen-active block and the Z-vector (``relaxed_density``). Nothing new is
 computed here: the gradient's own code runs, and its densities are those the gradient takes
 (``GradientParts.densities`` is the same record). The relaxed density is the derivative of
 E_HF + c_os E_OS + c_ss E_SS with respect to a one-electron perturbation (a field: the dipole),
@@ -12,7 +12,7 @@ both fitting sets fixed; see ``dfmp2.grad.densities`` for the conventions (PySCF
 
 Memory: the gradient's plan over the phases that run here (``DENSITY_PHASES``: the pair loop
 and 3-index terms, the JK factor's fit, the Z-vector; ``choose_plan``, of
-``dfmp2.grad.uhf.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor'
+``dfmp2.grad.plan.uhf_shapes`` for a UHF). Timed as 'props_mp2_densities', 'props_jk_factor'
 (enclosing the factor's scf_integrals and scf_fit), 'props_zvector'.
 """
 
@@ -22,10 +22,23 @@ import os
 import time
 
 from dfmp2 import distributed, linalg, memory
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import jk_deriv, zvector
+from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.grad import pairs as grad_pairs
+from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.grad.densities import MP2Densities
-from dfmp2.grad.rhf import DENSITY_PHASES, DISK_PLAN, SCALES, GradientPlan, choose_plan, make_plan
+from dfmp2.grad.mp2 import SCALES
+from dfmp2.grad.plan import (
+    DENSITY_PHASES,
+    DISK_PLAN,
+    GradientPlan,
+    choose_plan,
+    default_limit_mb,
+    make_plan,
+    rhf_shapes,
+    uhf_shapes,
+)
 from dfmp2.scf import jk_dist
 from dfmp2.timing import Timer
 
@@ -70,8 +83,8 @@ def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: s
 def default_plan(mol, ref, mp2_auxmol, jk_auxmol) -> GradientPlan:
     """The density stage's plan without a job's (``job_plan``): the fastest whose density phases
     fit memory.DEFAULT_FRACTION of the available memory, for ``ref``'s RHF or UHF shapes."""
-    shapes = (mp2grad.rhf_shapes if ref.restricted else mp2grad_uhf.uhf_shapes)(mol, ref, mp2_auxmol, jk_auxmol)
-    return choose_plan(shapes, mp2grad._default_limit_mb(), phases=DENSITY_PHASES, stage="density")
+    shapes = (rhf_shapes if ref.restricted else uhf_shapes)(mol, ref, mp2_auxmol, jk_auxmol)
+    return choose_plan(shapes, default_limit_mb(), phases=DENSITY_PHASES, stage="density")
 
 
 STAGES = ("props_mp2_densities", "props_jk_factor", "props_zvector")
@@ -113,23 +126,23 @@ def rhf_densities(
     plan: GradientPlan | None = None,
 ) -> MP2Densities:
     """The RHF densities (``density_stage``). What the gradient refuses is refused here too
-    (``mp2grad.check_supported``), but for the unrelaxed density alone frozen virtual orbitals
+    (``grad_mp2.check_supported``), but for the unrelaxed density alone frozen virtual orbitals
     are taken (left out, as PySCF's unrelaxed MP2 density leaves them). A backend without fp64
     runs the pair loop there in fp32 and the rest on a host CPU backend in fp64, as the gradient."""
     if relaxed:
-        mp2grad.check_supported(ref, backend)
+        grad_mp2.check_supported(ref, backend)
     elif not ref.restricted:
-        raise mp2grad.GradientError("rhf_densities takes an RHF reference", option="reference")
+        raise grad_common.GradientError("rhf_densities takes an RHF reference", option="reference")
     host = backend if backend.has_fp64 else linalg.TorchBackend("cpu")
     timer = timer or Timer(backend)
     timer.watch(host)
     kernels0 = (dict(backend.kernels_used), dict(host.kernels_used))
     ch = ref.channels[0]
-    orb = mp2grad._Orbitals(ch, active_virtuals=not relaxed)
+    orb = grad_common.Orbitals(ch, active_virtuals=not relaxed)
     if plan is None and relaxed:
         plan = default_plan(mol, ref, mp2_auxmol, jk_auxmol)
     t0 = time.perf_counter()
-    corr = mp2grad._corr_intermediates(
+    corr = grad_pairs.corr_intermediates(
         mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, plan=plan, response=relaxed
     )
     corr.T_v = None  # the derivative weights' half back-transform: not needed for a density
@@ -137,19 +150,19 @@ def rhf_densities(
     P, zinfo = None, None
     if relaxed:
         f0 = timer.executed()
-        jk = mp2grad._DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
+        jk = jk_deriv.DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
         try:
             t0 = timer.add("props_jk_factor", t0, flops0=f0)
-            P, _, zinfo = mp2grad._relaxed_density(orb, corr, jk, host, plan.zvector)
+            P, _, zinfo = zvector.relaxed_density(orb, corr, jk, host, plan.zvector)
             timer.add("props_zvector", t0)
         finally:
             jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
-    ran = mp2grad._stage_ran(backend, host, kernels0)
+    ran = grad_mp2.stage_ran(backend, host, kernels0)
     for k in ("on_device", "host"):  # the gradient's words: they name its derivative steps
         ran.pop(k, None)
     if plan is not None:  # the JK derivative's form is the gradient's, not run here
         ran["plan"] = {k: v for k, v in plan.record().items() if not k.startswith("jk_deriv")}
-    return mp2grad.rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran, _timings(timer))
+    return grad_mp2.rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran, _timings(timer))
 
 
 def uhf_densities(
@@ -170,31 +183,31 @@ def uhf_densities(
     (fp64 only: GradientError on a device without it), with ``plan``'s blocks and JK factor (in
     memory or on disk)."""
     if ref.restricted:
-        raise mp2grad.GradientError("uhf_densities takes a UHF reference (two spin channels)", option="reference")
+        raise grad_common.GradientError("uhf_densities takes a UHF reference (two spin channels)", option="reference")
     if relaxed:
-        mp2grad.check_channels(ref, backend)
+        grad_mp2.check_channels(ref, backend)
     elif not backend.has_fp64:
-        raise mp2grad.GradientError(
+        raise grad_common.GradientError(
             f"the UHF MP2 densities need fp64 arithmetic, which device '{backend.name}' lacks; run them on the CPU",
             option="device",
         )
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
-    orbs = [mp2grad._Orbitals(ch, active_virtuals=not relaxed) for ch in ref.channels]
+    orbs = [grad_common.Orbitals(ch, active_virtuals=not relaxed) for ch in ref.channels]
     if plan is None and relaxed:
         plan = default_plan(mol, ref, mp2_auxmol, jk_auxmol)
     t0 = time.perf_counter()
     # T_v, the derivative weights' half back-transforms, not kept: not needed for a density
-    _, P, Y, _, _ = mp2grad_uhf._corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, response=relaxed, plan=plan)
+    _, P, Y, _, _ = grad_ump2.corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, response=relaxed, plan=plan)
     t0 = timer.add("props_mp2_densities", t0)
     P_unrelaxed, P_relaxed, zinfo = [p.copy() for p in P], None, None
     if relaxed:
         f0 = timer.executed()
-        jk = mp2grad._DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
+        jk = jk_deriv.DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir)
         try:
-            resp = mp2grad_uhf._response_operator(jk, orbs)
+            resp = grad_ump2.response_operator(jk, orbs)
             t0 = timer.add("props_jk_factor", t0, flops0=f0)
-            P_relaxed, _, zinfo = mp2grad_uhf._relaxed_density(orbs, P, Y, resp)
+            P_relaxed, _, zinfo = grad_ump2.relaxed_density(orbs, P, Y, resp)
             timer.add("props_zvector", t0)
         finally:
             jk.release()
@@ -202,7 +215,7 @@ def uhf_densities(
     ran = {"device": backend.name, "precision": "fp64", "reference": "uhf", "kernels": dict(sorted(used.items()))}
     if plan is not None:  # the JK derivative's form is the gradient's, not run here
         ran["plan"] = {k: v for k, v in plan.record().items() if not k.startswith("jk_deriv")}
-    return mp2grad_uhf.uhf_record(orbs, P_unrelaxed, P_relaxed, c_os, c_ss, zinfo, ran, _timings(timer))
+    return grad_ump2.uhf_record(orbs, P_unrelaxed, P_relaxed, c_os, c_ss, zinfo, ran, _timings(timer))
 
 
 def _timings(timer: Timer) -> dict:

@@ -1,19 +1,19 @@
 """``dfmp2 gradient``: the energy run (``pipeline.run_energy`` of the one ``pipeline.prepare_run``),
-then the gradient stage (``gradient_stage``: dfmp2.grad.rhf or dfmp2.grad.uhf) on the same
+then the gradient stage (``gradient_stage``: dfmp2.grad.mp2 or dfmp2.grad.ump2) on the same
 molecule, reference, fitting sets and backend, all read from the energy run's ``EnergyRun``.
 ``gradient_stage`` is the one way into the stage: ``run_gradient`` (``dfmp2 gradient``,
 ``dfmp2 optimize``, ``dfmp2.gradient``, QCSchema, ASE) and ``DFMP2(mf).nuc_grad_method()`` call it.
 
-RHF references run ``mp2grad.mp2_gradient``, UHF ones (open shells, or reference uhf)
-``mp2grad_uhf.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
+RHF references run ``dfmp2.grad.mp2.mp2_gradient``, UHF ones (open shells, or reference uhf)
+``dfmp2.grad.ump2.uhf_mp2_gradient``. What it refuses, before any work (one InputError each, naming
 the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its response would
 need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
 a basis bracket, and a memory limit below the gradient stage's smallest plan
 (``gradient_plan``). The gradient is that of
-E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``mp2grad.SCALES``). On a
+E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``dfmp2.grad.mp2.SCALES``). On a
 device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
-pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``mp2grad.mp2_gradient``).
+pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``dfmp2.grad.mp2.mp2_gradient``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import numpy as np
 from dfmp2 import linalg, pipeline
 from dfmp2.errors import InputError
 from dfmp2.grad import relaxed
-from dfmp2.grad import uhf as mp2grad_uhf
-from dfmp2.grad.rhf import SCALES, GradientParts, GradientPlan, mp2_gradient
+from dfmp2.grad import ump2 as grad_ump2
+from dfmp2.grad.mp2 import SCALES, GradientParts, mp2_gradient
+from dfmp2.grad.plan import GradientPlan
 from dfmp2.io import molecule
 from dfmp2.io.result import Result
 from dfmp2.io.xyz import Geometry
@@ -126,7 +127,7 @@ def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
 
 def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan:
     """The gradient stage's plan for the prepared ``job`` (``relaxed.job_plan``): the fastest
-    ``mp2grad.choose_plan`` that fits (RHF or UHF). MemoryLimitError (one line, human units)
+    ``dfmp2.grad.plan.choose_plan`` that fits (RHF or UHF). MemoryLimitError (one line, human units)
     before any work when nothing fits."""
     return relaxed.job_plan(job, memory_mb)
 
@@ -137,7 +138,7 @@ def gradient_stage(
     """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
     with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
-    ``mp2grad.mp2_gradient``, a UHF one ``mp2grad_uhf.uhf_mp2_gradient``. The one entry point into
+    ``dfmp2.grad.mp2.mp2_gradient``, a UHF one ``dfmp2.grad.ump2.uhf_mp2_gradient``. The one entry point into
     the stage (``run_gradient``, ``DFMP2.nuc_grad_method``). ``plan``: the stage's forms
     (``gradient_plan``; default the fastest that fits memory.DEFAULT_FRACTION of the available
     memory). ``world``: the ranks the stage splits its pair loops and derivative integrals over
@@ -149,7 +150,7 @@ def gradient_stage(
             mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan, world=world
         )
     else:
-        parts = mp2grad_uhf.uhf_mp2_gradient(
+        parts = grad_ump2.uhf_mp2_gradient(
             mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan, world=world
         )
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")

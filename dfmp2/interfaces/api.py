@@ -35,7 +35,7 @@ def energy(molecule, **options):
 def gradient(molecule, method: str = "mp2", **options):
     """The DF-MP2 energy and its nuclear gradient, as ``dfmp2 gradient`` computes them, for an XYZ
     file path or a PySCF ``gto.Mole`` (as ``energy``). ``method``: 'mp2', 'scs-mp2' or 'sos-mp2'
-    (the spin-component scales of the differentiated energy). Returns ``gradrun.GradientResult``:
+    (the spin-component scales of the differentiated energy). Returns ``GradientResult``:
     ``.gradient`` (natm, 3) in Hartree/Bohr, ``.energy`` (Hartree), ``.result`` (the energy run's
     Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. RHF or UHF with
     a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with

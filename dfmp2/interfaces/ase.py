@@ -18,7 +18,7 @@ auxbasis, frozen_core, device, precision, scf_mode, memory_mb, charge, multiplic
 checked when set. Charge and multiplicity: the parameters when given, else the Atoms' total initial
 charge and total initial magnetic moment (2S + 1 = |sum of moments| + 1), else neutral and the
 lowest multiplicity. Forces (eV/Å): minus the analytic gradient of the ``method``'s energy
-(``gradrun.run_gradient``: RHF or UHF, density-fitted SCF, fp64 device); stress raises
+(``run_gradient``: RHF or UHF, density-fitted SCF, fp64 device); stress raises
 ``PropertyNotImplementedError``.
 
 Every calculation runs the whole ``pipeline.run_geometry``, SCF included. Our DF-SCF (``scf_mode``
@@ -27,7 +27,7 @@ multiplicity and the options are unchanged (its occupied orbitals re-orthonormal
 geometry: ``reference.project_density``), else from PySCF's 'minao' guess; ``ran.scf.guess`` says
 which. The previous density saves cycles on a small step (scripts/results/docstring-measurements.md).
 ``calc.result`` is the last ``dfmp2.io.result.Result`` (energies in Hartree, what ran, timings);
-``calc.gradient_result`` the last ``gradrun.GradientResult`` when forces were asked for.
+``calc.gradient_result`` the last ``GradientResult`` when forces were asked for.
 Needs ``pip install "dfmp2[ase]"``.
 """
 

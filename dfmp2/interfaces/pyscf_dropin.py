@@ -71,7 +71,7 @@ class DFMP2(pyscf_mp2.MP2Base):
     given amplitudes); ``make_natorbs``, ``make_fno`` (PySCF's frozen natural orbitals of the
     unrelaxed density); ``densities()`` the whole record. ``nuc_grad_method().kernel()`` (or ``Gradients()``):
     the nuclear gradient (natm, 3) Hartree/Bohr of E_HF + E_MP2 on a density-fitted RHF or UHF mf (the
-    DF-HF response on the mf's own fitting set; dfmp2.grad.rhf, dfmp2.grad.uhf). Logs through
+    DF-HF response on the mf's own fitting set; dfmp2.grad.mp2, dfmp2.grad.ump2). Logs through
     ``pyscf.lib.logger`` at mf.verbose.
     """
 
@@ -520,7 +520,7 @@ class DFMP2(pyscf_mp2.MP2Base):
     Gradients = nuc_grad_method
 
     def _gradient(self):
-        """GradientParts of E_HF + E_MP2 (dfmp2.grad.rhf): the HF part is the DF-HF's on the mf's
+        """GradientParts of E_HF + E_MP2 (dfmp2.grad.mp2): the HF part is the DF-HF's on the mf's
         own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
         an mf that is not density-fitted, frozen virtuals, or a UHF mf on a device without fp64
         (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). The stage is

@@ -8,7 +8,7 @@ dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an inp
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
 AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
-``gradrun.run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
+``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
 E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
 basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
 molecular_multiplicity, ghost atoms (``real: false``: their element's orbital and fitting basis
@@ -433,7 +433,7 @@ def dipole_properties(result) -> dict:
 
 def qcvars(result, method: str = "mp2", gradient=None) -> dict:
     """Psi4's names of the energies (Hartree), SCS- and SOS-MP2 among them, CURRENT ENERGY the
-    ``method``'s; with a gradient (gradrun.GradientResult) Psi4's gradient names too (N x 3,
+    ``method``'s; with a gradient (``GradientResult``) Psi4's gradient names too (N x 3,
     Hartree/Bohr): SCF TOTAL GRADIENT, <METHOD> TOTAL GRADIENT and CURRENT GRADIENT."""
     e = result.energies()
     if result.double_hybrid:  # Psi4's names of a double hybrid's parts
@@ -483,7 +483,7 @@ def report_text(result, gradient=None, width: int = 120) -> str:
 
 def result_model(inp, version: int, result, parts: dict, gradient=None, options=None):
     """The AtomicResult (validated by qcelemental) of ``result`` for the v2 AtomicInput ``inp``,
-    in QCSchema ``version`` (1 or 2); ``gradient``: the gradrun.GradientResult of driver
+    in QCSchema ``version`` (1 or 2); ``gradient``: the ``GradientResult`` of driver
     'gradient' (return_result the N x 3 gradient, Hartree/Bohr). As QCEngine's Psi4 harness
     fills them: ``stdout`` the human report, ``native_files['input']`` the input document,
     ``provenance`` with ``memory`` (GiB, the run's limit) and ``nthreads`` (torch's threads)."""

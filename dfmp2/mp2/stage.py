@@ -25,7 +25,7 @@ from dfmp2.df import integrals, outofcore
 from dfmp2.df.fitting import describe_metric, metric_factor
 from dfmp2.linalg import DTYPES
 from dfmp2.memory import MemoryPlan
-from dfmp2.mp2 import dist as mp2_dist
+from dfmp2.mp2 import dist
 from dfmp2.provenance import FromCheckpoint, StorageRecord
 from dfmp2.timing import Timer
 
@@ -320,7 +320,7 @@ def distributed_stage(
 
     t0 = time.perf_counter()
     if ref.restricted:
-        e_os, e_ss, reused = mp2_dist.same_spin_sums(
+        e_os, e_ss, reused = dist.same_spin_sums(
             own[0], blocks[0], *eps[0], backend, world, b_dtype, progress, session(len(blocks[0].pairs()), "pairs")
         )
         npairs, spin_blocks = len(blocks[0].pairs()), None
@@ -371,12 +371,12 @@ def _distributed_b(mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, 
             own.append({})
             continue
         if reuse[c]:
-            own.append(ck.load_own_b(blk, list(mp2_dist.owned(blk.count, world)), b_dtype, backend.device, c))
+            own.append(ck.load_own_b(blk, list(dist.owned(blk.count, world)), b_dtype, backend.device, c))
             metric = ck.metric(c)
             continue
         factor = factor or metric_factor(auxmol, backend, timer, engine)
         own.append(
-            mp2_dist.build_B(
+            dist.build_B(
                 mol, auxmol, ch.C_occ, ch.C_vir, backend, fit_dtype, b_dtype, plan, timer, blk, engine, factor, world
             )
         )
@@ -395,13 +395,13 @@ def _distributed_uhf_pairs(own, blocks, eps, backend, world, b_dtype, session):
     e_same, reused = [0.0, 0.0], 0
     for s, group in enumerate(("pairs_aa", "pairs_bb")):
         if blocks[s].nocc:
-            _os, ss, n = mp2_dist.same_spin_sums(
+            _os, ss, n = dist.same_spin_sums(
                 own[s], blocks[s], *eps[s], backend, world, b_dtype, None, session(len(blocks[s].pairs()), group)
             )
             e_same[s], reused = 0.5 * ss, reused + n
     e_ab = 0.0
     if blocks[0].nocc and blocks[1].nocc:
-        e_ab, n = mp2_dist.cross_spin_sums(
+        e_ab, n = dist.cross_spin_sums(
             own[0],
             own[1],
             blocks[0],

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dfmp2 import linalg
 from dfmp2.errors import InputError
+from dfmp2.grad import plan as grad_plan
 from dfmp2.grad import relaxed
-from dfmp2.grad import rhf as mp2grad
 from dfmp2.io.result import kernel_records
 from dfmp2.options import SCF_DF_MODES
 from dfmp2.props.dipole import dipoles
@@ -51,7 +51,7 @@ def density_plan(job, memory_mb: float | None = None):
     """The density stage's plan for a prepared ``pipeline.Job`` (``relaxed.job_plan`` over
     ``DENSITY_PHASES``), checked before any work: the fastest gradient plan whose density phases
     fit. MemoryLimitError (one line, human units) when nothing fits."""
-    return relaxed.job_plan(job, memory_mb, phases=mp2grad.DENSITY_PHASES, stage="density (properties)")
+    return relaxed.job_plan(job, memory_mb, phases=grad_plan.DENSITY_PHASES, stage="density (properties)")
 
 
 def property_stage(

@@ -6,7 +6,7 @@ PySCF's UHF guess, <S^2> of the result (``reference.spin_square``). On a device 
 the RHF, with the host rebuild of G that open shells need (HOST_REBUILD_BELOW).
 Shapes: D, G, F (2, nao, nao), C (2, nao, nmo), mo_energy (2, nmo), stacked alpha, beta (fp64,
 Hartree). ``DFUHF.response`` and ``hessian_product``: the orbital Hessian products of the
-stability check (dfmp2.scf.stability) and the UHF gradient's Z-vector (dfmp2.grad.uhf).
+stability check (dfmp2.scf.stability) and the UHF gradient's Z-vector (dfmp2.grad.ump2).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class DFUHF(DFRHF):
     def response(cls, fac: JKFactor, dense, nocc_s, world=None) -> "DFUHF":
         """This class's J/K steps (``two_electron``, ``delta_factors``, ``hessian_product``) over a
         given fp64 factor ``fac`` on the fp64 backend ``dense``, without an SCF: the converged
-        UHF's orbital response after the energy (the UHF gradient's Z-vector, dfmp2.grad.uhf).
+        UHF's orbital response after the energy (the UHF gradient's Z-vector, dfmp2.grad.ump2).
         nocc_s: (alpha, beta) occupied orbitals. ``world``: the ranks a split factor's groups are
         on (J and K added over them in group order, ``World.ordered_sum``); None: one process, a
         whole factor. fp64 throughout."""

@@ -1,5 +1,5 @@
 """``dfmp2 optimize``: geometry optimisation with geomeTRIC (Wang & Song, J. Chem. Phys. 144,
-214108 (2016); PyPI ``geometric``) over our analytic DF-MP2 gradient (``gradrun.run_gradient``).
+214108 (2016); PyPI ``geometric``) over our analytic DF-MP2 gradient (``run_gradient``).
 
 geomeTRIC's custom-engine interface takes the energy (Hartree) and gradient (Hartree/Bohr) at
 coordinates in Bohr; its TRIC internal coordinates and default step control are used, with the

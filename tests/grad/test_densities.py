@@ -25,8 +25,8 @@ from pyscf.mp import dfmp2_native, dfump2_native
 import dfmp2
 from dfmp2 import linalg
 from dfmp2.errors import InputError
+from dfmp2.grad import plan as grad_plan
 from dfmp2.grad import relaxed
-from dfmp2.grad import rhf as mp2grad
 from dfmp2.props.dipole import dipole_au, dipoles
 from dfmp2.reference import from_pyscf
 
@@ -212,10 +212,10 @@ def test_density_stage_memory_is_refused_in_one_line():
 
     shapes = dict(nao=500, nocc=40, nact=40, nvir=460, naux_mp2=1500, naux_jk=1800)
     with pytest.raises(MemoryLimitError, match="the density stage needs about"):
-        mp2grad.choose_plan(shapes, 10.0, phases=mp2grad.DENSITY_PHASES, stage="density")
-    full = mp2grad.choose_plan(shapes, 1e9)
-    dens = mp2grad.choose_plan(shapes, 1e9, phases=mp2grad.DENSITY_PHASES)
-    assert set(dens.phases) == set(mp2grad.DENSITY_PHASES) and dens.peak_mb <= full.peak_mb
+        grad_plan.choose_plan(shapes, 10.0, phases=grad_plan.DENSITY_PHASES, stage="density")
+    full = grad_plan.choose_plan(shapes, 1e9)
+    dens = grad_plan.choose_plan(shapes, 1e9, phases=grad_plan.DENSITY_PHASES)
+    assert set(dens.phases) == set(grad_plan.DENSITY_PHASES) and dens.peak_mb <= full.peak_mb
 
 
 def test_dipole_au_is_pyscf_dip_moment_in_atomic_units():

@@ -1,4 +1,4 @@
-"""The RHF gradient's memory plan (dfmp2.grad.rhf.choose_plan): its bounded forms against the
+"""The RHF gradient's memory plan (dfmp2.grad.plan.choose_plan): its bounded forms against the
 in-memory ones (the Z-vector's J/K streamed from the AO factor, the JK derivative per aux block),
 the choice under a limit, and the refusal below the smallest plan. The in-memory forms are checked
 against finite differences in test_gradient.py; here the blocked ones must equal them."""
@@ -15,9 +15,11 @@ from gradient_fd import options as _options
 from dfmp2 import pipeline
 from dfmp2.cli.main import main
 from dfmp2.errors import EXIT_USER_ERROR, MemoryLimitError
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import run as gradrun
-from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import jk_deriv
+from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.grad import plan as grad_plan
+from dfmp2.grad import run as grad_run
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import human
 from dfmp2.timing import Timer
@@ -43,13 +45,13 @@ def _energy_run(name: str, **kw):
 )
 def test_blocked_forms_equal_the_in_memory_forms(name, kw, method):
     job, done, be = _energy_run(name, **kw)
-    shapes = mp2grad.rhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
+    shapes = grad_plan.rhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
     grads = {}
     row_mb = (shapes["nao"] * (shapes["nao"] + 1) // 2) * 8 / 1e6
-    forms = [(zv, jd, "memory", 0.0) for zv, jd in mp2grad.PLANS] + [(*mp2grad.DISK_PLAN, "disk", 7 * row_mb)]
+    forms = [(zv, jd, "memory", 0.0) for zv, jd in grad_plan.PLANS] + [(*grad_plan.DISK_PLAN, "disk", 7 * row_mb)]
     for zv, jd, factor, fit_mb in forms:  # on disk: fitted in row blocks of 7 functions
-        plan = mp2grad.make_plan(shapes, zv, jd, factor=factor, fit_mb=fit_mb)
-        parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        plan = grad_plan.make_plan(shapes, zv, jd, factor=factor, fit_mb=fit_mb)
+        parts = grad_run.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
         assert parts.ran["plan"]["zvector"] == zv and parts.ran["plan"]["jk_deriv"] == jd
         assert parts.zvector["form"] == zv and parts.ran["plan"]["jk_factor"].startswith(("in memory", "on disk"))
         grads[zv, jd, factor] = parts.gradient
@@ -63,15 +65,15 @@ def test_uhf_factor_on_disk_equals_the_factor_in_memory(name, kw, method):
     Z-vector's J/K and the JK derivative read from the file per block) against its in-memory
     plan, and both record the UHF's forms."""
     job, done, be = _energy_run(name, **kw)
-    shapes = mp2grad_uhf.uhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
+    shapes = grad_plan.uhf_shapes(job.mol, done.ref, job.auxmol, job.jk_auxmol)
     row_mb = (shapes["nao"] * (shapes["nao"] + 1) // 2) * 8 / 1e6
     grads = {}
     for factor, fit_mb in (("memory", 0.0), ("disk", 7 * row_mb)):
-        plan = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor=factor, fit_mb=fit_mb)
-        parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        plan = grad_plan.make_plan(shapes, *grad_plan.DISK_PLAN, factor=factor, fit_mb=fit_mb)
+        parts = grad_run.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
         rec = parts.ran["plan"]
         assert rec["jk_factor"].startswith("in memory" if factor == "memory" else "on disk")
-        assert rec["zvector_form"] == mp2grad.UHF_FORMS["zvector"] and "each spin" in rec["jk_deriv_form"]
+        assert rec["zvector_form"] == grad_plan.UHF_FORMS["zvector"] and "each spin" in rec["jk_deriv_form"]
         grads[factor] = parts.gradient
     assert np.abs(grads["disk"] - grads["memory"]).max() <= 1e-10
 
@@ -81,15 +83,15 @@ def test_uhf_plan_goes_to_disk_under_a_small_limit():
     factor goes to disk and every phase stays within the limit; the only in-memory forms are the
     UHF's (the RHF's MO-factor forms do not exist for it)."""
     shapes = dict(H2O_16, nocc=(80, 79), nact=(80, 79), nvir=(304, 305))
-    fast = mp2grad.choose_plan(shapes, 1e6)
+    fast = grad_plan.choose_plan(shapes, 1e6)
     assert (fast.zvector, fast.jk_deriv, fast.factor, fast.reference) == ("ao", "blocked", "memory", "uhf")
     assert fast.peak_mb > 2000.0
-    disk = mp2grad.choose_plan(shapes, 2000.0)
+    disk = grad_plan.choose_plan(shapes, 2000.0)
     assert disk.factor == "disk" and disk.peak_mb <= 2000.0 and disk.reference == "uhf"
     with pytest.raises(ValueError):
-        mp2grad.make_plan(shapes, "mo", "mo")
+        grad_plan.make_plan(shapes, "mo", "mo")
     with pytest.raises(MemoryLimitError) as err:
-        mp2grad.choose_plan(shapes, 300.0)
+        grad_plan.choose_plan(shapes, 300.0)
     assert "\n" not in str(err.value) and "smallest plan" in str(err.value)
 
 
@@ -99,38 +101,38 @@ def test_over_ranks_the_split_factor_comes_after_the_whole_factor_plans_and_befo
     factor does, in one process the disk plan is next. With room, an RHF keeps the whole factor
     over ranks too (its MO forms: one process's bits); a UHF, whose one in-memory form is the
     split plan's, splits it first."""
-    lean = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN)
+    lean = grad_plan.make_plan(H2O_16, *grad_plan.DISK_PLAN)
     assert lean.peak_mb > 2000.0 and lean.largest == "jk_fit"
-    split = mp2grad.choose_plan(H2O_16, 2000.0, split_rows=1160)
+    split = grad_plan.choose_plan(H2O_16, 2000.0, split_rows=1160)
     assert split.factor == "split" and split.peak_mb <= 2000.0 and split.jk_rows == 1160
     rec = split.record()
     assert rec["jk_factor"].startswith("split over the ranks") and rec["jk_rows_per_rank"] == 1160
-    assert mp2grad.choose_plan(H2O_16, 2000.0).factor == "disk"
-    roomy = mp2grad.choose_plan(H2O_16, 1e6, split_rows=1160)
+    assert grad_plan.choose_plan(H2O_16, 2000.0).factor == "disk"
+    roomy = grad_plan.choose_plan(H2O_16, 1e6, split_rows=1160)
     assert (roomy.zvector, roomy.jk_deriv, roomy.factor) == ("mo", "mo", "memory")
-    smaller = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="split", jk_rows=696).phases
+    smaller = grad_plan.make_plan(H2O_16, *grad_plan.DISK_PLAN, factor="split", jk_rows=696).phases
     assert smaller["jk_fit"] < split.phases["jk_fit"] and smaller["densities"] == split.phases["densities"]
     with pytest.raises(ValueError):
-        mp2grad.make_plan(H2O_16, "mo", "mo", factor="split", jk_rows=1160)
+        grad_plan.make_plan(H2O_16, "mo", "mo", factor="split", jk_rows=1160)
     with pytest.raises(ValueError):
-        mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="split")  # no rows
+        grad_plan.make_plan(H2O_16, *grad_plan.DISK_PLAN, factor="split")  # no rows
     uhf = dict(H2O_16, nocc=(80, 79), nact=(80, 79), nvir=(304, 305))  # its one in-memory form is split's
-    assert mp2grad.choose_plan(uhf, 1e6, split_rows=1160).factor == "split"
-    assert mp2grad.choose_plan(uhf, 1e6).factor == "memory"
+    assert grad_plan.choose_plan(uhf, 1e6, split_rows=1160).factor == "split"
+    assert grad_plan.choose_plan(uhf, 1e6).factor == "memory"
 
 
 def test_a_split_factor_needs_ranks():
     job, _, be = _energy_run("water.xyz", basis="6-31g")
     with pytest.raises(ValueError, match="several ranks"):
-        mp2grad._DFJK(job.mol, job.jk_auxmol, be, Timer(be), factor="split")
+        jk_deriv.DFJK(job.mol, job.jk_auxmol, be, Timer(be), factor="split")
 
 
 def test_ao_hessian_and_g_equal_the_mo_factor_ones():
     """The AO-streamed products against the MO factor's on random arguments, to rounding."""
     job, done, be = _energy_run("water.xyz", basis="6-31g")
-    orb = mp2grad._Orbitals(done.ref.channels[0])
+    orb = grad_common.Orbitals(done.ref.channels[0])
     C_o, C_v = orb.C[:, orb.occ], orb.C[:, orb.vir]
-    jk = mp2grad._DFJK(job.mol, job.jk_auxmol, be, Timer(be))
+    jk = jk_deriv.DFJK(job.mol, job.jk_auxmol, be, Timer(be))
     rng = np.random.default_rng(7)
     z = rng.standard_normal((len(orb.vir), len(orb.occ)))
     P = rng.standard_normal((orb.nmo, orb.nmo))
@@ -147,29 +149,29 @@ def test_trsm_columns_solves_in_place():
     X = torch.rand(30, 50, dtype=torch.float64)
     want = torch.linalg.solve_triangular(L.T, X, upper=True)
     ptr = X.data_ptr()
-    mp2grad._trsm_columns(L, X, None, block_mb=30 * 7 * 8 / 1e6)  # 7 columns a block
+    jk_deriv.trsm_columns(L, X, None, block_mb=30 * 7 * 8 / 1e6)  # 7 columns a block
     assert X.data_ptr() == ptr and torch.allclose(X, want, rtol=1e-13, atol=1e-13)
 
 
 def test_plan_picks_the_fastest_that_fits_and_blocked_forms_under_a_small_limit():
-    peaks = {(zv, jd): mp2grad.memory_mb(**H2O_16, zvector=zv, jk_deriv=jd) for zv, jd in mp2grad.PLANS}
+    peaks = {(zv, jd): grad_plan.memory_mb(**H2O_16, zvector=zv, jk_deriv=jd) for zv, jd in grad_plan.PLANS}
     assert peaks["mo", "mo"] > peaks["mo", "blocked"] > peaks["ao", "blocked"]  # each step saves
-    assert mp2grad.memory_mb(**H2O_16) == peaks["mo", "mo"]  # the default is the fastest
-    fast = mp2grad.choose_plan(H2O_16, 1e6)
+    assert grad_plan.memory_mb(**H2O_16) == peaks["mo", "mo"]  # the default is the fastest
+    fast = grad_plan.choose_plan(H2O_16, 1e6)
     assert (fast.zvector, fast.jk_deriv) == ("mo", "mo")
-    mid = mp2grad.choose_plan(H2O_16, peaks["mo", "blocked"] + 1)
+    mid = grad_plan.choose_plan(H2O_16, peaks["mo", "blocked"] + 1)
     assert (mid.zvector, mid.jk_deriv) == ("mo", "blocked")
-    small = mp2grad.choose_plan(H2O_16, peaks["ao", "blocked"] + 1)
+    small = grad_plan.choose_plan(H2O_16, peaks["ao", "blocked"] + 1)
     assert (small.zvector, small.jk_deriv, small.factor) == ("ao", "blocked", "memory")
     assert small.record()["peak_mb"] == pytest.approx(peaks["ao", "blocked"], abs=0.1)
-    disk = mp2grad.choose_plan(H2O_16, 1500.0)  # the issue's limit: only with the JK factor on disk
+    disk = grad_plan.choose_plan(H2O_16, 1500.0)  # the issue's limit: only with the JK factor on disk
     assert disk.factor == "disk" and disk.peak_mb <= 1500.0 and disk.record()["jk_factor"].startswith("on disk")
 
 
 def test_below_the_smallest_plan_is_one_line_in_human_units():
-    small = mp2grad.make_plan(H2O_16, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
+    small = grad_plan.make_plan(H2O_16, *grad_plan.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
     with pytest.raises(MemoryLimitError) as err:
-        mp2grad.choose_plan(H2O_16, 600.0)
+        grad_plan.choose_plan(H2O_16, 600.0)
     msg = str(err.value)
     assert "\n" not in msg and "600 MB" in msg and human(small) in msg and "smallest plan" in msg
     assert err.value.need_mb == pytest.approx(small)
@@ -187,7 +189,7 @@ def test_cli_refuses_below_the_smallest_plan_before_the_scf(no_scf):
         naux_mp2=job.space.naux,
         naux_jk=job.jk_auxmol.nao_nr(),
     )
-    small = min(mp2grad.memory_mb(**shapes, zvector=zv, jk_deriv=jd) for zv, jd in mp2grad.PLANS)
+    small = min(grad_plan.memory_mb(**shapes, zvector=zv, jk_deriv=jd) for zv, jd in grad_plan.PLANS)
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--memory", f"{small * 0.9:.4f}MB"])
     errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert r.exit_code == EXIT_USER_ERROR and len(errors) == 1, r.output
@@ -216,7 +218,7 @@ def test_water_gradient_runs_at_50_mb(tmp_path, xyz):
 def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatch):
     """A limit between the fastest and the smallest plan's peak: the run chooses the bounded forms
     (here forced by making the in-memory ones look large) and says so in its result."""
-    real = mp2grad.phase_mb
+    real = grad_plan.phase_mb
 
     def inflated(**kw):
         out = real(**kw)
@@ -224,20 +226,20 @@ def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatc
             out["zvector"] += 1e9  # beyond any machine
         return out
 
-    monkeypatch.setattr(mp2grad, "phase_mb", inflated)
+    monkeypatch.setattr(grad_plan, "phase_mb", inflated)
     geom, opts = distorted(read_xyz(INPUTS / "water.xyz")), _options(basis="6-31g", memory_mb=2e4)
-    gr = gradrun.run_gradient(geom, opts)
+    gr = grad_run.run_gradient(geom, opts)
     plan = gr.to_dict()["gradient"]["ran"]["plan"]
     assert plan["zvector"] == "ao" and plan["jk_deriv"] == "blocked" and plan["limit_mb"] == 2e4
     job, done, be = _energy_run("water.xyz", basis="6-31g")
-    ref = mp2grad.mp2_gradient(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, plan=None)
+    ref = grad_mp2.mp2_gradient(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, plan=None)
     assert ref.ran["plan"]["zvector"] == "ao"  # the default limit sees the same inflated phases
 
 
 def test_the_disk_plan_uses_the_runs_scratch_directory_and_leaves_it_empty(monkeypatch, tmp_path):
     """The plan with the JK factor on disk (forced: every in-memory plan made to look large) writes
     the factor under the run's --scratch and removes it; the gradient equals the in-memory one."""
-    real = mp2grad.phase_mb
+    real = grad_plan.phase_mb
 
     def inflated(**kw):
         out = real(**kw)
@@ -246,22 +248,22 @@ def test_the_disk_plan_uses_the_runs_scratch_directory_and_leaves_it_empty(monke
         return out
 
     seen = []
-    real_build = mp2grad.build_jk_factor
+    real_build = jk_deriv.build_jk_factor
 
     def build(*a, **k):
         fac = real_build(*a, **k)
         seen.append((k.get("layout"), [p.name for p in tmp_path.iterdir()]))
         return fac
 
-    monkeypatch.setattr(mp2grad, "build_jk_factor", build)
-    monkeypatch.setattr(mp2grad, "phase_mb", inflated)
+    monkeypatch.setattr(jk_deriv, "build_jk_factor", build)
+    monkeypatch.setattr(grad_plan, "phase_mb", inflated)
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    gr = gradrun.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
+    gr = grad_run.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
     assert gr.to_dict()["gradient"]["ran"]["plan"]["jk_factor"].startswith("on disk")
     assert ("disk", seen[-1][1]) == seen[-1] and seen[-1][1]  # the factor's directory under --scratch
     assert not list(tmp_path.iterdir())
-    monkeypatch.setattr(mp2grad, "phase_mb", real)
-    mem = gradrun.run_gradient(geom, _options(basis="6-31g"))
+    monkeypatch.setattr(grad_plan, "phase_mb", real)
+    mem = grad_run.run_gradient(geom, _options(basis="6-31g"))
     assert np.abs(np.asarray(gr.gradient) - np.asarray(mem.gradient)).max() <= 1e-10
 
 

@@ -1,5 +1,5 @@
 """The RHF DF-MP2 gradient on trn1, simulated on this CPU (the NKI NumPy emulator): the densities'
-pair loop on the device in fp32, the rest on a host CPU backend in fp64 (dfmp2.grad.rhf), against
+pair loop on the device in fp32, the rest on a host CPU backend in fp64 (dfmp2.grad.mp2), against
 the CPU fp64 gradient (itself checked against finite differences of our energies in
 test_gradient.py). Two bounds, each from where the fp32 arithmetic enters:
 
@@ -25,8 +25,9 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import run as gradrun
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.grad import run as grad_run
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 
@@ -48,12 +49,12 @@ def _trn():
 
 def test_stage_on_trn_matches_cpu_on_the_same_reference():
     opts = RunOptions(basis="6-31g", frozen_core=True)
-    cpu = gradrun.run_gradient(_water(), opts, "scs-mp2")
+    cpu = grad_run.run_gradient(_water(), opts, "scs-mp2")
     mol, ref = cpu.energy_run.mol, cpu.energy_run.ref
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol, opts.auxbasis))
     jk_auxmol = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     trn = _trn()
-    parts = mp2grad.mp2_gradient(mol, ref, auxmol, jk_auxmol, trn, c_os=1.2, c_ss=1 / 3)
+    parts = grad_mp2.mp2_gradient(mol, ref, auxmol, jk_auxmol, trn, c_os=1.2, c_ss=1 / 3)
     diff = np.abs(parts.gradient - cpu.parts.gradient).max()
     assert 0.0 < diff < STAGE_TOL, diff  # nonzero: the pair loop did run in fp32
     assert parts.e_corr == pytest.approx(cpu.parts.e_corr, abs=1e-7)
@@ -67,8 +68,8 @@ def test_stage_on_trn_matches_cpu_on_the_same_reference():
 def test_end_to_end_on_trn_matches_cpu_fp64():
     geom = _water()
     opts = dict(basis="6-31g", scf_conv_tol_grad=1e-10)
-    cpu = gradrun.run_gradient(geom, RunOptions(**opts))
-    trn = gradrun.run_gradient(geom, RunOptions(device="trn1", simulate=True, **opts))
+    cpu = grad_run.run_gradient(geom, RunOptions(**opts))
+    trn = grad_run.run_gradient(geom, RunOptions(device="trn1", simulate=True, **opts))
     diff = np.abs(trn.gradient - cpu.gradient).max()
     assert diff < END_TOL, diff
     assert trn.result.ran["simulated"] and trn.parts.ran["simulated"] is True
@@ -108,9 +109,9 @@ def test_cli_gradient_on_trn_simulated_writes_what_ran_where(tmp_path):
 
 def test_uhf_stage_refuses_a_device_without_fp64_and_the_rhf_stage_does_not():
     no_channels = type("Ref", (), {"channels": ()})()  # check_channels reads only the channels
-    with pytest.raises(mp2grad.GradientError, match="UHF DF-MP2 gradient needs fp64"):
-        mp2grad.check_channels(no_channels, _trn())  # mp2grad_uhf's check
-    mp2grad.check_channels(no_channels, _trn(), fp32_pair_loop=True)  # mp2_gradient's check
+    with pytest.raises(grad_common.GradientError, match="UHF DF-MP2 gradient needs fp64"):
+        grad_mp2.check_channels(no_channels, _trn())  # the UHF stage's check
+    grad_mp2.check_channels(no_channels, _trn(), fp32_pair_loop=True)  # mp2_gradient's check
 
 
 @pytest.mark.heavy

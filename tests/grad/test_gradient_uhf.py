@@ -1,7 +1,7 @@
-"""The UHF DF-MP2 nuclear gradient (dfmp2.grad.uhf) against references that do not come from
+"""The UHF DF-MP2 nuclear gradient (dfmp2.grad.ump2) against references that do not come from
 it: central finite differences of our own printed UHF energies (``pipeline.run_geometry``, both
 fitting sets, SCF converged to 1e-10), the step shown converged (the halved step agrees), PySCF's
-DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.rhf,
+DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.mp2,
 itself tested against finite differences) for a closed shell run with a UHF reference.
 Geometries are distorted so that no component vanishes by symmetry (OH: two atoms, every
 component still nonzero)."""
@@ -21,9 +21,11 @@ from dfmp2 import linalg, pipeline
 from dfmp2.cli.main import main
 from dfmp2.df import basis
 from dfmp2.errors import EXIT_USER_ERROR
-from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import run as gradrun
-from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.grad import plan as grad_plan
+from dfmp2.grad import run as grad_run
+from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
 
@@ -50,7 +52,7 @@ def _analytic(case):
     if case not in _cache:
         mol, kw, method = CASES[case]
         geom = _radical(mol)
-        _cache[case] = (geom, _options(**kw), method, gradrun.run_gradient(geom, _options(**kw), method=method))
+        _cache[case] = (geom, _options(**kw), method, grad_run.run_gradient(geom, _options(**kw), method=method))
     return _cache[case]
 
 
@@ -67,7 +69,7 @@ def test_uhf_gradient_matches_finite_differences_per_component(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_uhf_gradient_differentiates_the_printed_energy_and_has_no_net_force(case):
     geom, _, method, gr = _analytic(case)
-    c_os, c_ss = mp2grad.SCALES[method]
+    c_os, c_ss = grad_mp2.SCALES[method]
     assert gr.parts.e_corr == pytest.approx(c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-10)
     assert gr.energy == pytest.approx(gr.result.e_hf + c_os * gr.result.e_os + c_ss * gr.result.e_ss, abs=1e-12)
     g, r = gr.gradient, geom.coords_angstrom / BOHR
@@ -98,7 +100,7 @@ EDGE = {  # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet w
 def test_uhf_gradient_edge_cases_match_finite_differences(case):
     geom, kw = EDGE[case]
     options = _options(**kw)
-    g = gradrun.run_gradient(geom, options, method="mp2").gradient
+    g = grad_run.run_gradient(geom, options, method="mp2").gradient
     assert_matches_fd(g, geom, options, "mp2", halve=False)
     assert np.abs(g.sum(axis=0)).max() < 1e-9
 
@@ -113,7 +115,7 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
     seen = {}
     pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
-    parts = mp2grad_uhf.uhf_mp2_gradient(
+    parts = grad_ump2.uhf_mp2_gradient(
         mol,
         ref,
         basis.make_auxmol(mol, basis.mp2_auxbasis(mol)),
@@ -133,8 +135,8 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 def test_closed_shell_with_a_uhf_reference_gives_the_rhf_gradient(frozen_core, method):
     """Water run with reference uhf: α = β, every UHF term half the RHF's spin-summed one."""
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    rhf = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
-    uhf = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method)
+    rhf = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
+    uhf = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method)
     assert uhf.result.spin["reference"] == "UHF" and uhf.parts.ran["reference"] == "uhf"
     assert np.abs(uhf.gradient - rhf.gradient).max() <= 1e-8
     assert np.abs(uhf.parts.hf - rhf.parts.hf).max() <= 1e-8
@@ -145,7 +147,7 @@ def test_sos_mp2_on_pyscf_uhf_along_a_direction():
     displacement of both atoms at once."""
     geom = _radical("oh")
     options = _options(basis="6-31g", scf_mode="pyscf-df")
-    gr = gradrun.run_gradient(geom, options, method="sos-mp2")
+    gr = grad_run.run_gradient(geom, options, method="sos-mp2")
     assert gr.result.ran["scf"]["engine"] == "pyscf"
     d = np.random.default_rng(11).normal(size=gr.gradient.shape)
     d /= np.linalg.norm(d)
@@ -183,14 +185,14 @@ def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, word
 
 def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     geom = read_xyz(INPUTS / "open_shell" / "hydroxyl.xyz")
-    need = gradrun.check_gradient_memory(
+    need = grad_run.check_gradient_memory(
         geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
     shapes = dict(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
-    phases = mp2grad.uhf_phase_mb(**shapes)
-    assert need >= max(phases.values()) and need == pytest.approx(mp2grad.choose_plan(shapes, 1e5).peak_mb)
-    small = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
+    phases = grad_plan.uhf_phase_mb(**shapes)
+    assert need >= max(phases.values()) and need == pytest.approx(grad_plan.choose_plan(shapes, 1e5).peak_mb)
+    small = grad_plan.make_plan(shapes, *grad_plan.DISK_PLAN, factor="disk", fit_mb=1e-9).peak_mb
     assert small <= need
     r = CliRunner().invoke(
         main,
@@ -213,11 +215,11 @@ def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
     pipeline.run_geometry(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     aux, jk = basis.make_auxmol(mol, basis.mp2_auxbasis(mol)), basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
-    with pytest.raises(mp2grad.GradientError, match="uhf_mp2_gradient"):
-        mp2grad.mp2_gradient(mol, ref, aux, jk, linalg.get_backend("cpu"))
+    with pytest.raises(grad_common.GradientError, match="uhf_mp2_gradient"):
+        grad_mp2.mp2_gradient(mol, ref, aux, jk, linalg.get_backend("cpu"))
     rhf = dataclasses.replace(ref, channels=ref.channels[:1], s2=None, s2_exact=None)
-    with pytest.raises(mp2grad.GradientError, match="needs a UHF reference"):
-        mp2grad_uhf.uhf_mp2_gradient(mol, rhf, aux, jk, linalg.get_backend("cpu"))
+    with pytest.raises(grad_common.GradientError, match="needs a UHF reference"):
+        grad_ump2.uhf_mp2_gradient(mol, rhf, aux, jk, linalg.get_backend("cpu"))
 
 
 SLOW_CASES = {  # per component: OH all-electron, the methyl radical frozen core (cc-pVDZ), HI+ with its ECP
@@ -233,7 +235,7 @@ def test_uhf_gradient_matches_finite_differences_slow(case):
     xyz, kw, method = SLOW_CASES[case]
     geom = distorted(read_xyz(INPUTS / xyz))
     options = _options(**kw)
-    g = gradrun.run_gradient(geom, options, method=method).gradient
+    g = grad_run.run_gradient(geom, options, method=method).gradient
     assert_matches_fd(g, geom, options, method)
 
 
@@ -292,7 +294,7 @@ def test_qcschema_driver_gradient_on_a_doublet():
     }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
-    ours = gradrun.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
+    ours = grad_run.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
     assert g.shape == (2, 3) and np.abs(g - ours).max() <= 1e-8
 
 
@@ -320,7 +322,7 @@ def test_ase_forces_of_a_doublet_against_its_energy():
 def test_uhf_gradient_on_cuda_equals_cpu():
     """The UHF stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
     geom = _radical("nh2")
-    cpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
-    gpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    cpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
     assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
     assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8

@@ -1,4 +1,4 @@
-"""The gradient's pair loop (``mp2grad._pair_densities``) against einsum on a random problem, in
+"""The gradient's pair loop (``grad_pairs.pair_densities``) against einsum on a random problem, in
 one block and in many (the blocks the ranks share), for RHF MP2/SCS and UMP2's same-spin and αβ
 forms; and the derivative integrals' grouping (``df_deriv``) against one group."""
 
@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from dfmp2 import linalg
-from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import common as grad_common
+from dfmp2.grad import deriv3c
+from dfmp2.grad import pairs as grad_pairs
 
 NACT, NVIR, NAUX = 6, 7, 11
 
@@ -40,9 +42,9 @@ def test_pair_densities_match_einsum(monkeypatch, c_os, c_ss, block_js):
     relative; the one-block path (PAIR_MIN_BLOCKS off) as well."""
     B, e_o, e_v = _problem(1)
     if block_js == NACT:
-        monkeypatch.setattr(mp2grad, "PAIR_MIN_BLOCKS", 1)
+        monkeypatch.setattr(grad_pairs, "PAIR_MIN_BLOCKS", 1)
     block_mb = block_js * 2 * NACT * NVIR * NVIR * 8 / 1e6
-    got = mp2grad._pair_densities(B, e_o, e_v, linalg.TorchBackend("cpu"), c_os, c_ss, block_mb=block_mb)
+    got = grad_pairs.pair_densities(B, e_o, e_v, linalg.TorchBackend("cpu"), c_os, c_ss, block_mb=block_mb)
     for x, y in zip(got, _reference(B, e_o, e_v, c_os, c_ss)):
         assert torch.allclose(x, y, rtol=1e-12, atol=1e-12 * float(y.abs().max()))
 
@@ -52,15 +54,17 @@ def test_alpha_beta_pairs_match_einsum():
     j side, P_oo and P_vv of the i side."""
     B, e_o, e_v = _problem(2)
     Bc, f_o, f_v = _problem(3, nact=4, nvir=9)
-    got = mp2grad._pair_densities(B, e_o, e_v, linalg.TorchBackend("cpu"), 0.6, 0.0, cols=(Bc, f_o, f_v), block_mb=1e-3)
+    got = grad_pairs.pair_densities(
+        B, e_o, e_v, linalg.TorchBackend("cpu"), 0.6, 0.0, cols=(Bc, f_o, f_v), block_mb=1e-3
+    )
     for x, y in zip(got, _reference(B, e_o, e_v, 0.6, 0.0, cols=(Bc, f_o, f_v))):
         assert torch.allclose(x, y, rtol=1e-12, atol=1e-12 * float(y.abs().max()))
 
 
 def test_block_owners_are_contiguous_and_even():
-    assert mp2grad.block_owners(7, 3) == [0, 0, 0, 1, 1, 2, 2]
-    assert mp2grad.block_owners(2, 3) == [0, 1]
-    assert mp2grad.block_owners(5, 1) == [0] * 5
+    assert grad_common.block_owners(7, 3) == [0, 0, 0, 1, 1, 2, 2]
+    assert grad_common.block_owners(2, 3) == [0, 1]
+    assert grad_common.block_owners(5, 1) == [0] * 5
 
 
 def test_derivative_integral_groups_add_to_one_group(monkeypatch):
@@ -77,7 +81,7 @@ def test_derivative_integral_groups_add_to_one_group(monkeypatch):
     g2 = rng.standard_normal((1, naux, naux))
     g2 = g2 + g2.transpose(0, 2, 1)
     block_mb = 8 * 3 * nao * nao * 8 / 1e6  # 8 functions a block
-    many = mp2grad.df_deriv(mol, aux, lambda p0, p1: W[:, p0:p1], g2, block_mb=block_mb)
-    monkeypatch.setattr(mp2grad, "DERIV_GROUPS", 1)
-    one = mp2grad.df_deriv(mol, aux, lambda p0, p1: W[:, p0:p1], g2, block_mb=block_mb)
+    many = deriv3c.df_deriv(mol, aux, lambda p0, p1: W[:, p0:p1], g2, block_mb=block_mb)
+    monkeypatch.setattr(deriv3c, "DERIV_GROUPS", 1)
+    one = deriv3c.df_deriv(mol, aux, lambda p0, p1: W[:, p0:p1], g2, block_mb=block_mb)
     assert np.allclose(many, one, rtol=1e-12, atol=1e-12 * abs(one).max()) and abs(one).max() > 1e-3

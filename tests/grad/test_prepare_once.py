@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import dfmp2
 import dfmp2.pipeline
 from dfmp2.df import basis as df_basis
-from dfmp2.grad import run as gradrun
+from dfmp2.grad import run as grad_run
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = str(INPUTS / "water.xyz")
@@ -27,7 +27,7 @@ def counts(monkeypatch):
     """Calls of pipeline.prepare, of default_auxbasis(mol, 'jk') wherever a dfmp2 module holds it
     (by module or imported by name), and of the gradient stage."""
     seen = {"prepare": 0, "jk": 0, "stage": 0}
-    prepare, default_auxbasis, stage = dfmp2.pipeline.prepare, df_basis.default_auxbasis, gradrun.gradient_stage
+    prepare, default_auxbasis, stage = dfmp2.pipeline.prepare, df_basis.default_auxbasis, grad_run.gradient_stage
 
     def counted_prepare(*a, **k):
         seen["prepare"] += 1
@@ -50,7 +50,7 @@ def counts(monkeypatch):
     assert df_basis in holders
     for module in holders:
         monkeypatch.setattr(module, "default_auxbasis", counted_auxbasis)
-    monkeypatch.setattr(gradrun, "gradient_stage", counted_stage)
+    monkeypatch.setattr(grad_run, "gradient_stage", counted_stage)
     return seen
 
 
@@ -67,7 +67,7 @@ def test_a_gradient_run_prepares_once_and_builds_the_jk_set_once(counts, scf_mod
 
 
 def test_a_uhf_gradient_run_prepares_once(counts):
-    gr = gradrun.run_gradient(
+    gr = grad_run.run_gradient(
         dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
         dfmp2.pipeline.RunOptions(basis="sto-3g", charge=1, multiplicity=2),
     )

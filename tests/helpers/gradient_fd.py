@@ -11,7 +11,7 @@ import numpy as np
 from pyscf.data.nist import BOHR
 
 from dfmp2 import pipeline
-from dfmp2.grad import rhf as mp2grad
+from dfmp2.grad import mp2 as grad_mp2
 from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -40,7 +40,7 @@ _backends = {}
 
 def energy(geom, options, method, coords_angstrom) -> float:
     """The energy ``dfmp2 run`` prints for ``method`` at these coordinates (one CPU backend for all)."""
-    c_os, c_ss = mp2grad.SCALES[method]
+    c_os, c_ss = grad_mp2.SCALES[method]
     be = _backends.setdefault(options.device, pipeline.make_backend(options))
     r = pipeline.run_geometry(dataclasses.replace(geom, coords_angstrom=coords_angstrom), options, backend=be)
     return r.e_hf + c_os * r.e_os + c_ss * r.e_ss

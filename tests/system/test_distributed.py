@@ -298,16 +298,16 @@ def test_rank_devices():
 def test_work_is_shared_out():
     from dfmp2 import distributed
     from dfmp2.df.outofcore import OccBlocks
-    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.mp2 import dist
 
     for size in (1, 2, 3, 5):
         for count in (1, 3, 7, 10):
             worlds = [distributed.World(rank=r, size=size) for r in range(size)]
-            owned = [list(mp2_dist.owned(count, w)) for w in worlds]
+            owned = [list(dist.owned(count, w)) for w in worlds]
             assert sorted(k for o in owned for k in o) == list(range(count))
             assert max(map(len, owned)) - min(map(len, owned)) <= 1
             blocks = OccBlocks(2 * count, 3, 4, 2)
-            who = mp2_dist.assigned(blocks, size)
+            who = dist.assigned(blocks, size)
             assert sorted(who) == sorted(blocks.pairs())
             owner = {k: r for r, o in enumerate(owned) for k in o}
             for (i, j), r in who.items():  # the rank holds both blocks at a shift s <= N/2
@@ -316,8 +316,8 @@ def test_work_is_shared_out():
                 assert all(2 * s <= size for s in shifts), ((i, j), r, shifts)
     # (H2O)16: 80 occupied in 5 blocks of 16 over 2 ranks (2 and 3 blocks): the shared shift evens it out
     blocks = OccBlocks(80, 304, 1344, 16)
-    who = mp2_dist.assigned(blocks, 2)
-    load = [sum(mp2_dist.pair_cost(blocks, *p) for p, r in who.items() if r == rank) for rank in (0, 1)]
+    who = dist.assigned(blocks, 2)
+    load = [sum(dist.pair_cost(blocks, *p) for p, r in who.items() if r == rank) for rank in (0, 1)]
     assert max(load) / min(load) < 1.1, load
 
 
@@ -325,7 +325,7 @@ def test_memory_plan_per_rank():
     """B's share per rank shrinks with the ranks; a run that does not fit says on how many it would."""
     from dfmp2 import distributed, memory
     from dfmp2.errors import MemoryLimitError
-    from dfmp2.mp2 import dist as mp2_dist
+    from dfmp2.mp2 import dist
 
     shapes = dict(nao=400, nocc=64, nvir=336, naux=1500, itemsize=8, fit_itemsize=8)
 
@@ -333,23 +333,23 @@ def test_memory_plan_per_rank():
         return memory.plan_memory(**shapes, limit_mb=distributed.UNLIMITED_MB, storage="memory")
 
     b_mb = plan().b_mb
-    peaks = [max(mp2_dist.rank_stages_mb(plan(), n).values()) for n in (1, 2, 4)]
+    peaks = [max(dist.rank_stages_mb(plan(), n).values()) for n in (1, 2, 4)]
     assert peaks[0] > peaks[1] > peaks[2] and peaks[0] - peaks[2] > 0.5 * b_mb
     p = plan()
-    mp2_dist.per_rank_plan(p, distributed.World(rank=0, size=4), limit_mb=peaks[2] + 1)
+    dist.per_rank_plan(p, distributed.World(rank=0, size=4), limit_mb=peaks[2] + 1)
     assert p.peak_mb == pytest.approx(peaks[2]) and p.shapes["ranks"] == 4
     with pytest.raises(MemoryLimitError, match=r"per rank on 2 ranks .* it would fit on (\d+) ranks") as e:
-        mp2_dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
+        dist.per_rank_plan(plan(), distributed.World(rank=0, size=2), limit_mb=peaks[2] + 1)
     assert "e+" not in str(e.value)  # human units ('5.942e+04 MB')
     big = dict(shapes, nocc=640, nvir=3360, naux=15000)  # B 258 GB: the need in GB, not '2.58e+05 MB'
     with pytest.raises(MemoryLimitError, match=r"needs [\d.]+ GB per rank on 2 ranks .* limit is 10 GB per rank"):
-        mp2_dist.per_rank_plan(
+        dist.per_rank_plan(
             memory.plan_memory(**big, limit_mb=distributed.UNLIMITED_MB, storage="memory"),
             distributed.World(rank=0, size=2),
             limit_mb=1e4,
         )
     n = int(e.value.args[0].rsplit("fit on ", 1)[1].split()[0])
-    assert 2 < n <= 4 and max(mp2_dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
+    assert 2 < n <= 4 and max(dist.rank_stages_mb(plan(), n).values()) <= peaks[2] + 1
 
 
 @pytest.mark.slow

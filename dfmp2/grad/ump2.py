@@ -1,8 +1,8 @@
-"""The UHF DF-MP2 nuclear gradient: the spin-unrestricted peer of ``mp2grad`` (fp64), the
+"""The UHF DF-MP2 nuclear gradient: the spin-unrestricted peer of ``dfmp2.grad.mp2`` (fp64), the
 derivative of exactly the energy ``dfmp2 run`` prints for a UHF reference,
     E = E_UHF[DF, JK-fit set] + c_os E_OS + c_ss E_SS[DF, MP2-fit set]
-(MP2, SCS-MP2, SOS-MP2 through ``mp2grad.SCALES``), frozen core as the energy freezes it (the
-same lowest orbitals in both spins). Notation as ``mp2grad``'s, with σ, τ the spins (τ ≠ σ):
+(MP2, SCS-MP2, SOS-MP2 through ``dfmp2.grad.mp2.SCALES``), frozen core as the energy freezes it (the
+same lowest orbitals in both spins). Notation as ``dfmp2.grad.mp2``'s, with σ, τ the spins (τ ≠ σ):
 i, j active occupied, I frozen occupied, k any occupied, a, b virtual of one spin.
 
     K^στ_iajb = Σ_Q B^σ_ia^Q B^τ_jb^Q,  B^σ = (ia|P)^σ L^-T,  D_ijab = e_i + e_j - e_a - e_b
@@ -25,16 +25,16 @@ i, j active occupied, I frozen occupied, k any occupied, a, b virtual of one spi
 with D^σ = C_o^σ C_o^σT and E_G(D1) = Σ_σ D1^σ G^σ[D] (J of the total density, K per spin).
 For α = β every term is half the RHF's spin-summed one (the RHF gradient; tested).
 
-Cost: the pair loops (``mp2grad._pair_densities``) are the energy's (αα, ββ, αβ) plus a second
+Cost: the pair loops (``dfmp2.grad.pairs.pair_densities``) are the energy's (αα, ββ, αβ) plus a second
 αβ pass from the β side (P^β_oo's sum runs over two β orbitals of one α): about E_aa + E_bb +
 2 E_ab, each at the RHF loop's cost per pair.
-Memory: a ``mp2grad.GradientPlan`` of ``uhf_shapes`` (``mp2grad.uhf_phase_mb``), the RHF stage's
+Memory: a ``dfmp2.grad.plan.GradientPlan`` of ``uhf_shapes`` (``uhf_phase_mb``), the RHF stage's
 phases in its order: the correlation part (B^σ and Γ^σ of both spins, then per spin Γ~ and its half
 back-transform T_v, nao naux_mp2 nact_σ) and its derivative integrals before the JK factor; the
 factor in memory, split over the ranks or on disk; the Z-vector's J/K streamed over it per aux block;
 the JK derivative with each spin's fitted MO coefficients held and the rest per aux block
-(``mp2grad.jk_energy_deriv_blocked``). The same J/K (``mp2grad._DFJK``'s factor), derivative
-integrals (``mp2grad.df_deriv``, ``_one_electron_deriv``) and linear dependence warning as the
+(``dfmp2.grad.jk_deriv.jk_energy_deriv_blocked``). The same J/K (``DFJK``'s factor), derivative
+integrals (``dfmp2.grad.deriv3c``: ``df_deriv``, ``one_electron_deriv``) and linear dependence warning as the
 RHF stage.
 """
 
@@ -48,51 +48,16 @@ import torch
 from pyscf.grad import rhf as pyscf_grad_rhf
 
 from dfmp2 import memory
+from dfmp2.grad.common import GradientError, Orbitals, host_tensor, metric_cholesky, on_device
 from dfmp2.grad.densities import from_correlation
-from dfmp2.grad.rhf import (
-    _DFJK,
-    AUX_BLOCK_MB,
-    ON_HOST,
-    PAIR_BLOCK_MB,
-    ZVECTOR_MAX_ITER,
-    ZVECTOR_TOL,
-    GradientError,
-    GradientParts,
-    GradientPlan,
-    _cholesky,
-    _default_limit_mb,
-    _dev,
-    _gamma_terms,
-    _one_electron_deriv,
-    _Orbitals,
-    _pair_densities,
-    _t,
-    check_channels,
-    choose_plan,
-    df_deriv,
-    fit_b,
-    gamma3_weights,
-    jk_energy_deriv_blocked,
-    orb_frozen,
-    response_3c,
-)
+from dfmp2.grad.deriv3c import df_deriv, one_electron_deriv
+from dfmp2.grad.jk_deriv import DFJK, jk_energy_deriv_blocked
+from dfmp2.grad.mp2 import ON_HOST, GradientParts, check_channels, linear_dependence_warnings, orb_frozen
+from dfmp2.grad.pairs import fit_b, gamma3_weights, gamma_terms, pair_densities, response_3c
+from dfmp2.grad.plan import AUX_BLOCK_MB, PAIR_BLOCK_MB, GradientPlan, choose_plan, default_limit_mb, uhf_shapes
+from dfmp2.grad.zvector import ZVECTOR_MAX_ITER, ZVECTOR_TOL
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
-
-
-def uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol) -> dict:
-    """``phase_mb``'s shapes of the UHF ``ref`` on ``mol`` with both fitting sets: nocc, nact and
-    nvir per-spin tuples (alpha, beta)."""
-    nocc = tuple(int(ch.nocc) for ch in ref.channels)
-    nmo = np.asarray(ref.channels[0].mo_coeff).shape[1]
-    return dict(
-        nao=mol.nao_nr(),
-        nocc=nocc,
-        nact=tuple(int(np.sum(~np.asarray(ch.frozen)[: ch.nocc])) for ch in ref.channels),
-        nvir=tuple(nmo - n for n in nocc),
-        naux_mp2=mp2_auxmol.nao_nr(),
-        naux_jk=jk_auxmol.nao_nr(),
-    )
 
 
 def uhf_mp2_gradient(
@@ -111,10 +76,10 @@ def uhf_mp2_gradient(
     """dE/dR (natm, 3) Eh/bohr of E_UHF + c_os E_OS + c_ss E_SS for the converged DF-UHF ``ref``
     (two channels; frozen core from their masks) with the MP2-fit set ``mp2_auxmol`` and the
     JK-fit set ``jk_auxmol`` (the SCF's), on ``backend`` (fp64: GradientError otherwise). ``plan``:
-    where the JK factor lives (in memory, split over the ranks or on disk) and the blocks (``mp2grad.choose_plan`` of
+    where the JK factor lives (in memory, split over the ranks or on disk) and the blocks (``choose_plan`` of
     ``uhf_shapes``; default the one that fits memory.DEFAULT_FRACTION of the available memory).
-    Over several ranks (``world``) the pair loops' blocks (``mp2grad._pair_densities``) and the
-    derivative integrals (``mp2grad.df_deriv``) are split, added in one fixed order; the JK factor
+    Over several ranks (``world``) the pair loops' blocks (``pair_densities``) and the
+    derivative integrals (``df_deriv``) are split, added in one fixed order; the JK factor
     is whole on every rank, or (plan factor 'split') in the SCF's groups of rows over the ranks,
     its sums added in group order: either way one process's bits for the plan's forms.
 
@@ -124,17 +89,18 @@ def uhf_mp2_gradient(
     derivative integrals)."""
     if ref.restricted:
         raise GradientError(
-            "uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs through mp2grad.mp2_gradient",
+            "uhf_mp2_gradient needs a UHF reference (two spin channels); an RHF runs through "
+            "dfmp2.grad.mp2.mp2_gradient",
             option="reference",
         )
     check_channels(ref, backend)
     if plan is None:
-        plan = choose_plan(uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol), _default_limit_mb())
+        plan = choose_plan(uhf_shapes(mol, ref, mp2_auxmol, jk_auxmol), default_limit_mb())
     timer = timer or Timer(backend)
     kernels0 = dict(backend.kernels_used)
     t0 = time.perf_counter()
-    orbs = [_Orbitals(ch) for ch in ref.channels]
-    e_corr, P, Y, T_v, gamma_pq = _corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world, plan=plan)
+    orbs = [Orbitals(ch) for ch in ref.channels]
+    e_corr, P, Y, T_v, gamma_pq = corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world, plan=plan)
     t0 = timer.add("grad_mp2_densities", t0)
     C_act = [o.C[:, o.act] for o in orbs]
     gbuf = memory.Buffers(device=T_v[0].device)
@@ -150,34 +116,12 @@ def uhf_mp2_gradient(
     t0 = timer.add("grad_derivative_integrals", t0)
     P_unrelaxed = [p.copy() for p in P]
     P, Y, zinfo, (jk_hf, jk_p), t0 = _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan, timer, t0, world)
-    C_o = [o.C[:, o.occ] for o in orbs]
-    D = [c @ c.T for c in C_o]
-    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
-    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
-    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
-    one_hf, one_p = _one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
+    one_hf, one_p = _one_electron_terms(mol, orbs, P, Y)
     hf = one_hf + pyscf_grad_rhf.grad_nuc(mol) + jk_hf
     grad = hf + one_p + jk_p + corr_3c
     timer.add("grad_derivative_integrals", t0)
-    warnings = []
-    if orbs[0].C.shape[1] < orbs[0].C.shape[0]:
-        warnings.append(
-            f"linear dependence: {orbs[0].C.shape[0] - orbs[0].C.shape[1]} basis functions dropped; "
-            "the gradient leaves out the change of the kept space with the geometry (it is not "
-            "the exact derivative of the energy)"
-        )
-    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
-    ran = {
-        "device": backend.name,
-        "precision": "fp64",
-        "reference": "uhf",
-        "kernels": dict(sorted(used.items())),
-        "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
-        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
-        "derivative weights",
-        "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)",
-        "plan": plan.record(),
-    }
+    warnings = linear_dependence_warnings(orbs[0].C)
+    ran = _uhf_ran(backend, kernels0, plan)
     return GradientParts(
         grad,
         hf,
@@ -195,16 +139,44 @@ def uhf_mp2_gradient(
     )
 
 
+def _one_electron_terms(mol, orbs, P: list, Y: list) -> list:
+    """[the HF part, the correlation part] (natm, 3) Eh/bohr of Σ D h^x - Σ W S^x over both spins
+    (``one_electron_deriv``): D^σ and the relaxed P^σ (MO, per spin) in the AO basis, W from Y."""
+    C_o = [o.C[:, o.occ] for o in orbs]
+    D = [c @ c.T for c in C_o]
+    P_ao = [o.C @ p @ o.C.T for o, p in zip(orbs, P)]
+    W = sum(0.5 * o.C @ (0.5 * (y + y.T)) @ o.C.T for o, y in zip(orbs, Y))
+    W_hf = sum((c * o.eps[o.occ]) @ c.T for o, c in zip(orbs, C_o))
+    return one_electron_deriv(mol, [(D[0] + D[1], W_hf), (P_ao[0] + P_ao[1], W - W_hf)])
+
+
+def _uhf_ran(backend, kernels0: dict, plan: GradientPlan) -> dict:
+    """What the UHF stage ran where (the gradient's ``ran``): all on ``backend`` in fp64, its
+    kernels since ``kernels0``, and ``plan``'s record."""
+    used = {k: n - kernels0.get(k, 0) for k, n in backend.kernels_used.items() if n != kernels0.get(k, 0)}
+    return {
+        "device": backend.name,
+        "precision": "fp64",
+        "reference": "uhf",
+        "kernels": dict(sorted(used.items())),
+        "on_device": "each spin's B transforms, the pair loops (αα, ββ, αβ from each side: K, t, θ, Γ, "
+        "P_oo, P_vv), the JK factor, the Z-vector's J/K (dfmp2.scf.uhf.DFUHF.hessian_product), the "
+        "derivative weights",
+        "host": ON_HOST + "; the Z-vector's conjugate gradients (scipy)",
+        "plan": plan.record(),
+    }
+
+
 def _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan: GradientPlan, timer: Timer, t0: float, world):
     """``uhf_mp2_gradient`` from the JK factor on (in memory or on disk, ``plan``): the Z-vector
-    (``_relaxed_density``; P and Y changed in place) and the JK part's derivative
+    (``relaxed_density``; P and Y changed in place) and the JK part's derivative
     (``jk_energy_deriv_blocked``, the factor released before its derivative integrals). Returns
     (P, Y, Z-vector info, (E_G^x(D/2, D), E_G^x(P, D)), t0 after the Z-vector)."""
     f0 = timer.executed()
-    jk = _DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir, world)
+    jk = DFJK(mol, jk_auxmol, backend, timer, plan.factor, plan.fit_mb, plan.scratch_dir, world)
     try:
         t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit
-        P, Y, zinfo = _relaxed_density(orbs, P, Y, _response_operator(jk, orbs))
+        P, Y, zinfo = relaxed_density(orbs, P, Y, response_operator(jk, orbs))
         zinfo["form"] = plan.zvector
         t0 = timer.add("grad_zvector", t0)
         nocc = [len(o.occ) for o in orbs]
@@ -233,17 +205,17 @@ def uhf_record(orbs, P_unrelaxed: list, P: list | None, c_os, c_ss, zinfo, ran, 
     )
 
 
-def _response_operator(jk: _DFJK, orbs):
+def response_operator(jk: DFJK, orbs):
     """The DF-UHF's J/K steps (``dfmp2.scf.uhf.DFUHF.response``) over the gradient's fp64 JK factor
     (a split one: J and K added over its ranks in group order)."""
     return DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs), world=jk.split)
 
 
 # ---------------------------------------------------------------------------- correlation part
-def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None, plan=None):
-    """The pair loops (``mp2grad._pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
+def corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None, plan=None):
+    """The pair loops (``pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
     the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
-    E_aa + E_bb + 2 E_ab of pair arithmetic), then per spin γ's share and Γ~ (``_gamma_terms``),
+    E_aa + E_bb + 2 E_ab of pair arithmetic), then per spin γ's share and Γ~ (``gamma_terms``),
     B and Γ of that spin dropped, and the orbital-response terms (``response_3c``). The
     (μν|P) and pair blocks are ``plan``'s (None: AUX_BLOCK_MB and PAIR_BLOCK_MB). Returns (e_corr =
     Σ_σ Γ^σ·B^σ = c_os E_OS + c_ss E_SS (Hartree), P (per spin (nmo, nmo): the unrelaxed P_oo, P_vv
@@ -251,13 +223,13 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
     Γ~, on the device), γ (naux, naux)). ``response`` False: the unrelaxed densities only (Y zero,
     T_v empty and γ None: no 3-index terms)."""
     block_mb, pair_mb = (plan.block_mb, plan.pair_mb) if plan is not None else (AUX_BLOCK_MB, PAIR_BLOCK_MB)
-    L = _cholesky(auxmol.intor("int2c2e"), "MP2")
+    L = metric_cholesky(auxmol.intor("int2c2e"), "MP2")
     naux, nao = L.shape[0], orbs[0].C.shape[0]
     has = [bool(len(o.act) and len(o.vir)) for o in orbs]
     fit = lambda o: fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend, block_mb)  # noqa: E731
-    Bd = [_dev(backend, fit(o) if h else np.zeros((0, naux))) for o, h in zip(orbs, has)]
-    eo = [_dev(backend, o.eps[o.act]) for o in orbs]
-    ev = [_dev(backend, o.eps[o.vir]) for o in orbs]
+    Bd = [on_device(backend, fit(o) if h else np.zeros((0, naux))) for o, h in zip(orbs, has)]
+    eo = [on_device(backend, o.eps[o.act]) for o in orbs]
+    ev = [on_device(backend, o.eps[o.vir]) for o in orbs]
     acc = [
         (
             torch.zeros_like(b),
@@ -270,9 +242,9 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
         if not has[s]:
             continue
         if c_ss:
-            _pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s], block_mb=pair_mb, world=world)
+            pair_densities(Bd[s], eo[s], ev[s], backend, 0.0, 0.5 * c_ss, out=acc[s], block_mb=pair_mb, world=world)
         if c_os and has[1 - s]:  # Γ of the other spin (the j side), P_oo and P_vv of this one
-            _pair_densities(
+            pair_densities(
                 Bd[s],
                 eo[s],
                 ev[s],
@@ -295,7 +267,7 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
             T_v.append(torch.zeros((naux, nao, len(o.act)), dtype=torch.float64, device=Bd[s].device))
             continue
         if response:
-            g, gamma_t = _gamma_terms(L, Bd[s], G, backend, len(o.act), len(o.vir))
+            g, gamma_t = gamma_terms(L, Bd[s], G, backend, len(o.act), len(o.vir))
             gamma_pq += g
         Bd[s], acc[s], G = None, None, None  # this spin's B and Γ (nact nvir naux each) go before its T_v
         if response:
@@ -310,10 +282,10 @@ def _corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bo
 
 
 # ---------------------------------------------------------------------------- response (Z-vector)
-def _relaxed_density(orbs, P, Y, resp):
+def relaxed_density(orbs, P, Y, resp):
     """(P per spin (nmo, nmo): the relaxed density in the MO basis, Y per spin: the
     orbital-change coefficients with the relaxation and the UHF part, Z-vector info), from the
-    unrelaxed P and the 3-index Y of ``_corr_uhf`` (both changed in place)."""
+    unrelaxed P and the 3-index Y of ``corr_uhf`` (both changed in place)."""
     for o, p, y in zip(orbs, P, Y):
         if len(o.frz):  # the frozen-active rotations keep each spin's frozen and active blocks canonical
             pfa = y[np.ix_(o.frz, o.act)] / (2.0 * (o.eps[o.act][None, :] - o.eps[o.frz][:, None]))
@@ -338,7 +310,7 @@ def _spin_g(resp, D_ao) -> list:
     """G^σ[D] = J[D^α + D^β] - K[D^σ] (per spin (nao, nao)) of symmetric D_ao (two (nao, nao)) with
     the DF-UHF's own J/K step (``DFUHF.two_electron``; K through each D^σ's eigenvectors,
     ``delta_factors``)."""
-    D = resp.dense.to_device(_t(np.stack([0.5 * (d + d.T) for d in D_ao])), torch.float64)
+    D = resp.dense.to_device(host_tensor(np.stack([0.5 * (d + d.T) for d in D_ao])), torch.float64)
     return list(resp.two_electron(D, *resp.delta_factors(D)).cpu().numpy())
 
 
@@ -357,8 +329,8 @@ def _solve_zvector(R, orbs, resp):
     converge to ZVECTOR_TOL (cg's relative residual) in ZVECTOR_MAX_ITER, or when the recomputed
     residual ||R - A z|| / ||R|| (recorded) is above 10 ZVECTOR_TOL."""
     dense = resp.dense
-    C = dense.to_device(_t(np.stack([o.C for o in orbs])), torch.float64)
-    mo_e = dense.to_device(_t(np.stack([o.eps for o in orbs])), torch.float64)
+    C = dense.to_device(host_tensor(np.stack([o.C for o in orbs])), torch.float64)
+    mo_e = dense.to_device(host_tensor(np.stack([o.eps for o in orbs])), torch.float64)
     hop, hdiag = resp.hessian_product(C, mo_e)
     b = np.concatenate([r.ravel() for r in R])
     n = b.size
