@@ -29,10 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 from dfmp2.benchmarks.timing import cpu_model, now
+from dfmp2.drivers.energy import run_geometry
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
-from dfmp2.pipeline import run_geometry
 from dfmp2.workflows import frequencies as F
 from dfmp2.workflows.optimize import optimize
 

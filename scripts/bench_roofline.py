@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: the whole ``dfmp2 run`` against the machine's roofline, in one process. First the
 best DGEMM (and SGEMM) of any library here (torch and numpy, square sizes ``--peak-sizes``, best of
-3 calls: dfmp2.benchmarks.fair_baseline.gemm_peaks); then the run (dfmp2.pipeline.run_geometry,
+3 calls: dfmp2.benchmarks.fair_baseline.gemm_peaks); then the run (dfmp2.drivers.energy.run_geometry,
 ``--warmup`` untimed, ``--repeats`` timed), each stage's median seconds beside the flops it
 executed through dfmp2.linalg (the result's ``flops``), its GF/s and share of that DGEMM peak, the
 algorithm's useful work (dfmp2.benchmarks.roofline) and the whole run's share: flops / (wall x
@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks import fair_baseline as fb
 from dfmp2.benchmarks import roofline
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model, now
+from dfmp2.drivers.energy import RunOptions, run_geometry
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS, SCF_PRECISIONS
-from dfmp2.pipeline import RunOptions, run_geometry
 
 
 def _display_path(p) -> str:

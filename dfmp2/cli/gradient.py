@@ -108,7 +108,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     """The DF-MP2 energy of the molecule in INPUT (XYZ, Ångström) and its analytic nuclear
     gradient in Eh/bohr: RHF or UHF, density-fitted SCF, all-electron or frozen core."""
     from dfmp2 import distributed
-    from dfmp2.grad.run import run_gradient
+    from dfmp2.drivers.gradient import run_gradient
     from dfmp2.io.xyz import read_xyz
 
     world = distributed.join(params["device"])  # torchrun: the energy and the gradient over the ranks

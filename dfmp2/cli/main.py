@@ -170,10 +170,10 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
 
 def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
+    from dfmp2.drivers.energy import run_geometry
     from dfmp2.errors import InputError
     from dfmp2.io.result import Result, cpu_blas_table
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import run_geometry
     from dfmp2.workflows import cbs
 
     if world.rank:

@@ -25,7 +25,7 @@ def energy(molecule, **options):
     in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``); for a basis bracket
     (``basis="cc-pv[dt]z"``, Psi4's syntax) the ``cbs.CBSResult`` of ``dfmp2 run --basis
     cc-pv[dt]z`` (the extrapolated energies, each basis's run in ``.components``)."""
-    from dfmp2.pipeline import run_geometry
+    from dfmp2.drivers.energy import run_geometry
     from dfmp2.workflows import cbs
 
     geom, opts = _point_input(molecule, options, "energy")
@@ -40,7 +40,7 @@ def gradient(molecule, method: str = "mp2", **options):
     Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. RHF or UHF with
     a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with
     simulate=True here) RHF only: its pair loop runs there in fp32, the rest on the host in fp64."""
-    from dfmp2.grad.run import run_gradient
+    from dfmp2.drivers.gradient import run_gradient
 
     geom, opts = _point_input(molecule, options, "gradient")
     return run_gradient(geom, opts, method=method)
@@ -66,8 +66,8 @@ def _point_input(molecule, options: dict, what: str):
     import dataclasses
     from pathlib import Path
 
+    from dfmp2.drivers.energy import RunOptions
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import RunOptions
 
     fields = {f.name for f in dataclasses.fields(RunOptions)}
     unknown = sorted(set(options) - fields)

@@ -12,7 +12,7 @@
 devices and kernels as ``dfmp2 run``) on the orbitals of a converged PySCF RHF or UHF; the SCF is
 not run again. Its fitting set is PySCF's choice (``mf.with_df`` on a density-fitted mf, else
 ``df.make_auxbasis(mol, mp2fit=True)``), so the default number is PySCF's. Energies in Hartree.
-Its nuclear gradient (``nuc_grad_method()``) runs ``dfmp2.grad.run.gradient_stage``, as
+Its nuclear gradient (``nuc_grad_method()``) runs ``dfmp2.drivers.gradient.gradient_stage``, as
 ``dfmp2 gradient`` does; its densities (``make_rdm1(relaxed=...)``, ``make_natorbs``, ``make_fno``)
 ``dfmp2.grad.relaxed.density_stage``, the same pieces without the derivative integrals.
 
@@ -279,7 +279,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         else:
             auxmol, source = self._auxmol()
             options = self._options(ref)
-            from dfmp2.pipeline import time_mp2_stage
+            from dfmp2.drivers.energy import time_mp2_stage
 
             seconds, e_os, e_ss, self.timings, self.ran = time_mp2_stage(self.mol, auxmol, ref, options)
             self._state = (ref, auxmol, options, None)
@@ -380,7 +380,7 @@ class DFMP2(pyscf_mp2.MP2Base):
 
     def _options(self, ref):
         """RunOptions of the attributes (max_memory -> memory_mb, force_outcore -> storage)."""
-        from dfmp2.pipeline import RunOptions
+        from dfmp2.drivers.energy import RunOptions
 
         options = RunOptions(
             device=self.device,
@@ -524,8 +524,8 @@ class DFMP2(pyscf_mp2.MP2Base):
         own fitting set (``mf.with_df``), the MP2 part on this DFMP2's; InputError (one line) for
         an mf that is not density-fitted, frozen virtuals, or a UHF mf on a device without fp64
         (an RHF one runs its pair loop there in fp32, the rest on the host in fp64). The stage is
-        ``dfmp2.grad.run.gradient_stage``, as for ``dfmp2 gradient`` (RHF or UHF by the mf)."""
-        from dfmp2.grad.run import gradient_stage
+        ``dfmp2.drivers.gradient.gradient_stage``, as for ``dfmp2 gradient`` (RHF or UHF by the mf)."""
+        from dfmp2.drivers.gradient import gradient_stage
 
         self._stage_inputs("gradients", need_jk=True)  # an mf that is not density-fitted: before the energy
         if self.e_corr is None:
@@ -539,7 +539,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         is not density-fitted (the response is the DF-HF's, on the mf's own fitting set)."""
         from pyscf.df import addons as df_addons
 
-        from dfmp2.pipeline import make_backend
+        from dfmp2.drivers.energy import make_backend
 
         wd = getattr(self._scf, "with_df", None)
         if need_jk and (wd is None or not hasattr(wd, "auxbasis")):
@@ -738,9 +738,9 @@ def fitted_B(mol, auxmol, channel, options) -> np.ndarray:
     import torch
 
     from dfmp2.df import outofcore
+    from dfmp2.drivers.energy import make_backend, select_integrals, stage_plan
     from dfmp2.linalg import DTYPES
     from dfmp2.mp2.stage import build_B
-    from dfmp2.pipeline import make_backend, select_integrals, stage_plan
     from dfmp2.timing import Timer
 
     opts = dataclasses.replace(options, storage="memory")
@@ -803,8 +803,8 @@ def _eris_energies(eris, ref, options) -> tuple[float, float, dict]:
     import torch
 
     from dfmp2 import linalg
+    from dfmp2.drivers.energy import make_backend
     from dfmp2.linalg import DTYPES
-    from dfmp2.pipeline import make_backend
 
     backend = make_backend(options)
     ovL = np.asarray(eris.ovL, dtype=np.float64).reshape(ch.nocc_active, ch.nvir_active, -1)

@@ -390,8 +390,8 @@ def run_cbs(
     component's ``ran['kernels']`` counts its own calls. ``world``: the process group (default
     ``distributed.current()``): over several ranks the bases are dealt to the ranks, one whole
     one-process run each (``dfmp2.workflows.tasks``), and every rank gets every component."""
+    from dfmp2.drivers.energy import make_backend, request_content
     from dfmp2.io import molecule as io_molecule
-    from dfmp2.pipeline import make_backend, request_content
 
     say = log or (lambda msg: None)
     sch = scheme(options.basis, options.cbs_scf)
@@ -459,7 +459,7 @@ def summed_kernels(results) -> dict:
 def run_own_kernels(geom, options, backend, progress=None, log=None, on_plan=None, world=None):
     """``pipeline.run_geometry`` on a shared backend, its ``ran['kernels']`` this run's own calls
     (the backend counts over its life); ``world`` as ``run_geometry``'s."""
-    from dfmp2.pipeline import run_geometry
+    from dfmp2.drivers.energy import run_geometry
 
     if backend is None:  # a backend of its own: its kernels are this run's
         return run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan, world=world)

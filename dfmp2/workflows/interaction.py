@@ -519,7 +519,7 @@ def run_interaction(
     several ranks the runs are dealt to the ranks, each a whole one-process run
     (``dfmp2.workflows.tasks``), and every rank gets every run (the same numbers as one process)."""
     from dfmp2 import distributed
-    from dfmp2.pipeline import make_backend, request_content
+    from dfmp2.drivers.energy import make_backend, request_content
     from dfmp2.workflows import tasks
     from dfmp2.workflows.cbs import run_point, summed_kernels
 

@@ -178,8 +178,8 @@ def run_case(
     reference's. Errors of the case (SCF not converged, ...) are recorded in the result, not
     raised; a device that cannot run raises before any work. ``world``: the process group of the
     run (default ``distributed.current()``; a case dealt to a rank: a one-process World)."""
+    from dfmp2.drivers.energy import run_geometry
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import run_geometry
 
     options = replace(
         options or RunOptions(),

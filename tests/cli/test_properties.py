@@ -82,10 +82,10 @@ def test_gradient_properties_dipole_come_from_its_densities(tmp_path):
 
 
 def test_run_without_properties_has_none():
-    from dfmp2 import pipeline
+    from dfmp2.drivers import energy as energy_driver
     from dfmp2.options import RunOptions
 
-    d = pipeline.run(WATER, RunOptions(basis="sto-3g")).to_dict()
+    d = energy_driver.run(WATER, RunOptions(basis="sto-3g")).to_dict()
     assert d["properties"] is None and "dipole" not in d["units"]
 
 

@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from gradient_fd import INPUTS, distorted
 from gradient_fd import options as _options
 
-from dfmp2 import pipeline
 from dfmp2.cli.main import main
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR, MemoryLimitError
 from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import run as gradrun
 from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import human
@@ -31,9 +31,9 @@ _runs = {}
 def _energy_run(name: str, **kw):
     if name not in _runs:
         opts = _options(**kw)
-        be = pipeline.make_backend(opts)
-        job = pipeline.prepare_run(distorted(read_xyz(INPUTS / name)), opts, be, None)
-        _runs[name] = (job, pipeline.run_energy(job), be)
+        be = energy_driver.make_backend(opts)
+        job = energy_driver.prepare_run(distorted(read_xyz(INPUTS / name)), opts, be, None)
+        _runs[name] = (job, energy_driver.run_energy(job), be)
     return _runs[name]
 
 
@@ -49,7 +49,9 @@ def test_blocked_forms_equal_the_in_memory_forms(name, kw, method):
     forms = [(zv, jd, "memory", 0.0) for zv, jd in mp2grad.PLANS] + [(*mp2grad.DISK_PLAN, "disk", 7 * row_mb)]
     for zv, jd, factor, fit_mb in forms:  # on disk: fitted in row blocks of 7 functions
         plan = mp2grad.make_plan(shapes, zv, jd, factor=factor, fit_mb=fit_mb)
-        parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        parts = gradient_driver.gradient_stage(
+            job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan
+        )
         assert parts.ran["plan"]["zvector"] == zv and parts.ran["plan"]["jk_deriv"] == jd
         assert parts.zvector["form"] == zv and parts.ran["plan"]["jk_factor"].startswith(("in memory", "on disk"))
         grads[zv, jd, factor] = parts.gradient
@@ -68,7 +70,9 @@ def test_uhf_factor_on_disk_equals_the_factor_in_memory(name, kw, method):
     grads = {}
     for factor, fit_mb in (("memory", 0.0), ("disk", 7 * row_mb)):
         plan = mp2grad.make_plan(shapes, *mp2grad.DISK_PLAN, factor=factor, fit_mb=fit_mb)
-        parts = gradrun.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        parts = gradient_driver.gradient_stage(
+            job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan
+        )
         rec = parts.ran["plan"]
         assert rec["jk_factor"].startswith("in memory" if factor == "memory" else "on disk")
         assert rec["zvector_form"] == mp2grad.UHF_FORMS["zvector"] and "each spin" in rec["jk_deriv_form"]
@@ -178,7 +182,7 @@ def test_below_the_smallest_plan_is_one_line_in_human_units():
 
 def test_cli_refuses_below_the_smallest_plan_before_the_scf(no_scf):
     geom, opts = read_xyz(INPUTS / "water.xyz"), _options(basis="cc-pvdz")
-    job = pipeline.prepare(geom, opts, pipeline.make_backend(opts))
+    job = energy_driver.prepare(geom, opts, energy_driver.make_backend(opts))
     shapes = dict(
         nao=job.space.nbasis,
         nocc=job.space.nocc[0],
@@ -226,7 +230,7 @@ def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatc
 
     monkeypatch.setattr(mp2grad, "phase_mb", inflated)
     geom, opts = distorted(read_xyz(INPUTS / "water.xyz")), _options(basis="6-31g", memory_mb=2e4)
-    gr = gradrun.run_gradient(geom, opts)
+    gr = gradient_driver.run_gradient(geom, opts)
     plan = gr.to_dict()["gradient"]["ran"]["plan"]
     assert plan["zvector"] == "ao" and plan["jk_deriv"] == "blocked" and plan["limit_mb"] == 2e4
     job, done, be = _energy_run("water.xyz", basis="6-31g")
@@ -256,12 +260,12 @@ def test_the_disk_plan_uses_the_runs_scratch_directory_and_leaves_it_empty(monke
     monkeypatch.setattr(mp2grad, "build_jk_factor", build)
     monkeypatch.setattr(mp2grad, "phase_mb", inflated)
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    gr = gradrun.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
+    gr = gradient_driver.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
     assert gr.to_dict()["gradient"]["ran"]["plan"]["jk_factor"].startswith("on disk")
     assert ("disk", seen[-1][1]) == seen[-1] and seen[-1][1]  # the factor's directory under --scratch
     assert not list(tmp_path.iterdir())
     monkeypatch.setattr(mp2grad, "phase_mb", real)
-    mem = gradrun.run_gradient(geom, _options(basis="6-31g"))
+    mem = gradient_driver.run_gradient(geom, _options(basis="6-31g"))
     assert np.abs(np.asarray(gr.gradient) - np.asarray(mem.gradient)).max() <= 1e-10
 
 

@@ -25,8 +25,8 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import run as gradrun
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 
@@ -48,7 +48,7 @@ def _trn():
 
 def test_stage_on_trn_matches_cpu_on_the_same_reference():
     opts = RunOptions(basis="6-31g", frozen_core=True)
-    cpu = gradrun.run_gradient(_water(), opts, "scs-mp2")
+    cpu = gradient_driver.run_gradient(_water(), opts, "scs-mp2")
     mol, ref = cpu.energy_run.mol, cpu.energy_run.ref
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol, opts.auxbasis))
     jk_auxmol = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
@@ -67,8 +67,8 @@ def test_stage_on_trn_matches_cpu_on_the_same_reference():
 def test_end_to_end_on_trn_matches_cpu_fp64():
     geom = _water()
     opts = dict(basis="6-31g", scf_conv_tol_grad=1e-10)
-    cpu = gradrun.run_gradient(geom, RunOptions(**opts))
-    trn = gradrun.run_gradient(geom, RunOptions(device="trn1", simulate=True, **opts))
+    cpu = gradient_driver.run_gradient(geom, RunOptions(**opts))
+    trn = gradient_driver.run_gradient(geom, RunOptions(device="trn1", simulate=True, **opts))
     diff = np.abs(trn.gradient - cpu.gradient).max()
     assert diff < END_TOL, diff
     assert trn.result.ran["simulated"] and trn.parts.ran["simulated"] is True

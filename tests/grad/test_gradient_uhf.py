@@ -1,5 +1,5 @@
 """The UHF DF-MP2 nuclear gradient (dfmp2.grad.uhf) against references that do not come from
-it: central finite differences of our own printed UHF energies (``pipeline.run_geometry``, both
+it: central finite differences of our own printed UHF energies (``dfmp2.drivers.energy.run_geometry``, both
 fitting sets, SCF converged to 1e-10), the step shown converged (the halved step agrees), PySCF's
 DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.rhf,
 itself tested against finite differences) for a closed shell run with a UHF reference.
@@ -17,12 +17,13 @@ from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_
 from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
-from dfmp2 import linalg, pipeline
+from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.grad import rhf as mp2grad
-from dfmp2.grad import run as gradrun
 from dfmp2.grad import uhf as mp2grad_uhf
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
@@ -50,7 +51,7 @@ def _analytic(case):
     if case not in _cache:
         mol, kw, method = CASES[case]
         geom = _radical(mol)
-        _cache[case] = (geom, _options(**kw), method, gradrun.run_gradient(geom, _options(**kw), method=method))
+        _cache[case] = (geom, _options(**kw), method, gradient_driver.run_gradient(geom, _options(**kw), method=method))
     return _cache[case]
 
 
@@ -98,7 +99,7 @@ EDGE = {  # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet w
 def test_uhf_gradient_edge_cases_match_finite_differences(case):
     geom, kw = EDGE[case]
     options = _options(**kw)
-    g = gradrun.run_gradient(geom, options, method="mp2").gradient
+    g = gradient_driver.run_gradient(geom, options, method="mp2").gradient
     assert_matches_fd(g, geom, options, "mp2", halve=False)
     assert np.abs(g.sum(axis=0)).max() < 1e-9
 
@@ -111,7 +112,7 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 
     geom, options, _, _ = _analytic("nh2-fc-scs")
     seen = {}
-    pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    energy_driver.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     parts = mp2grad_uhf.uhf_mp2_gradient(
         mol,
@@ -133,8 +134,10 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 def test_closed_shell_with_a_uhf_reference_gives_the_rhf_gradient(frozen_core, method):
     """Water run with reference uhf: α = β, every UHF term half the RHF's spin-summed one."""
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    rhf = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
-    uhf = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method)
+    rhf = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
+    uhf = gradient_driver.run_gradient(
+        geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method
+    )
     assert uhf.result.spin["reference"] == "UHF" and uhf.parts.ran["reference"] == "uhf"
     assert np.abs(uhf.gradient - rhf.gradient).max() <= 1e-8
     assert np.abs(uhf.parts.hf - rhf.parts.hf).max() <= 1e-8
@@ -145,7 +148,7 @@ def test_sos_mp2_on_pyscf_uhf_along_a_direction():
     displacement of both atoms at once."""
     geom = _radical("oh")
     options = _options(basis="6-31g", scf_mode="pyscf-df")
-    gr = gradrun.run_gradient(geom, options, method="sos-mp2")
+    gr = gradient_driver.run_gradient(geom, options, method="sos-mp2")
     assert gr.result.ran["scf"]["engine"] == "pyscf"
     d = np.random.default_rng(11).normal(size=gr.gradient.shape)
     d /= np.linalg.norm(d)
@@ -183,8 +186,8 @@ def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, word
 
 def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     geom = read_xyz(INPUTS / "open_shell" / "hydroxyl.xyz")
-    need = gradrun.check_gradient_memory(
-        geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
+    need = gradient_driver.check_gradient_memory(
+        geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), energy_driver.make_backend(RunOptions())
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
     shapes = dict(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
@@ -210,7 +213,9 @@ def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
 def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
     geom = _radical("oh")
     seen = {}
-    pipeline.run_geometry(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    energy_driver.run_geometry(
+        geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref)
+    )
     mol, ref = seen["mol"], seen["ref"]
     aux, jk = basis.make_auxmol(mol, basis.mp2_auxbasis(mol)), basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     with pytest.raises(mp2grad.GradientError, match="uhf_mp2_gradient"):
@@ -233,7 +238,7 @@ def test_uhf_gradient_matches_finite_differences_slow(case):
     xyz, kw, method = SLOW_CASES[case]
     geom = distorted(read_xyz(INPUTS / xyz))
     options = _options(**kw)
-    g = gradrun.run_gradient(geom, options, method=method).gradient
+    g = gradient_driver.run_gradient(geom, options, method=method).gradient
     assert_matches_fd(g, geom, options, method)
 
 
@@ -292,7 +297,7 @@ def test_qcschema_driver_gradient_on_a_doublet():
     }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
-    ours = gradrun.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
+    ours = gradient_driver.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
     assert g.shape == (2, 3) and np.abs(g - ours).max() <= 1e-8
 
 
@@ -320,7 +325,7 @@ def test_ase_forces_of_a_doublet_against_its_energy():
 def test_uhf_gradient_on_cuda_equals_cpu():
     """The UHF stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
     geom = _radical("nh2")
-    cpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
-    gpu = gradrun.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    cpu = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
     assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
     assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8

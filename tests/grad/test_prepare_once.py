@@ -2,7 +2,7 @@
 (``default_auxbasis(mol, 'jk')``) is chosen once (in ``prepare``: the plan, both SCF engines, the
 gradient memory check and the gradient stage read ``Job.jk_auxbasis``/``Job.jk_auxmol``), and every
 way into the gradient (``dfmp2.gradient``, ``dfmp2 gradient``, ``DFMP2(mf).nuc_grad_method()``)
-goes through the one stage entry ``dfmp2.grad.run.gradient_stage``."""
+goes through the one stage entry ``dfmp2.drivers.gradient.gradient_stage``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 import dfmp2
-import dfmp2.pipeline
+import dfmp2.drivers.energy
 from dfmp2.df import basis as df_basis
-from dfmp2.grad import run as gradrun
+from dfmp2.drivers import gradient as gradient_driver
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = str(INPUTS / "water.xyz")
@@ -27,7 +27,11 @@ def counts(monkeypatch):
     """Calls of pipeline.prepare, of default_auxbasis(mol, 'jk') wherever a dfmp2 module holds it
     (by module or imported by name), and of the gradient stage."""
     seen = {"prepare": 0, "jk": 0, "stage": 0}
-    prepare, default_auxbasis, stage = dfmp2.pipeline.prepare, df_basis.default_auxbasis, gradrun.gradient_stage
+    prepare, default_auxbasis, stage = (
+        dfmp2.drivers.energy.prepare,
+        df_basis.default_auxbasis,
+        gradient_driver.gradient_stage,
+    )
 
     def counted_prepare(*a, **k):
         seen["prepare"] += 1
@@ -41,7 +45,7 @@ def counts(monkeypatch):
         seen["stage"] += 1
         return stage(*a, **k)
 
-    monkeypatch.setattr(dfmp2.pipeline, "prepare", counted_prepare)
+    monkeypatch.setattr(dfmp2.drivers.energy, "prepare", counted_prepare)
     holders = [
         m
         for name, m in list(sys.modules.items())
@@ -50,7 +54,7 @@ def counts(monkeypatch):
     assert df_basis in holders
     for module in holders:
         monkeypatch.setattr(module, "default_auxbasis", counted_auxbasis)
-    monkeypatch.setattr(gradrun, "gradient_stage", counted_stage)
+    monkeypatch.setattr(gradient_driver, "gradient_stage", counted_stage)
     return seen
 
 
@@ -67,9 +71,9 @@ def test_a_gradient_run_prepares_once_and_builds_the_jk_set_once(counts, scf_mod
 
 
 def test_a_uhf_gradient_run_prepares_once(counts):
-    gr = gradrun.run_gradient(
-        dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"),
-        dfmp2.pipeline.RunOptions(basis="sto-3g", charge=1, multiplicity=2),
+    gr = gradient_driver.run_gradient(
+        dfmp2.drivers.energy.read_xyz(INPUTS / "water.xyz"),
+        dfmp2.drivers.energy.RunOptions(basis="sto-3g", charge=1, multiplicity=2),
     )
     assert gr.energy_run.job.unrestricted and gr.parts.ran["reference"] == "uhf"
     assert (counts["prepare"], counts["jk"], counts["stage"]) == (1, 1, 1), counts
@@ -96,11 +100,11 @@ def test_the_pyscf_dropin_gradient_goes_through_the_one_stage(counts):
 def test_the_job_carries_the_process_group_and_the_reference_leaves_it_alone(counts):
     from dfmp2 import distributed
 
-    job = dfmp2.pipeline.prepare_run(
-        dfmp2.pipeline.read_xyz(INPUTS / "water.xyz"), dfmp2.pipeline.RunOptions(basis="sto-3g")
+    job = dfmp2.drivers.energy.prepare_run(
+        dfmp2.drivers.energy.read_xyz(INPUTS / "water.xyz"), dfmp2.drivers.energy.RunOptions(basis="sto-3g")
     )
     assert isinstance(job.world, distributed.World) and not job.world.distributed
     before = list(job.warnings)
-    done = dfmp2.pipeline.run_energy(job)
+    done = dfmp2.drivers.energy.run_energy(job)
     assert job.warnings == before and done.result.warnings[: len(before)] == before
     assert done.job is job and done.mol is job.mol and counts["prepare"] == 1

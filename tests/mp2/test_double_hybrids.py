@@ -14,11 +14,11 @@ from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
 from dfmp2.cli.main import main
+from dfmp2.drivers.energy import energy_run
 from dfmp2.errors import InputError
 from dfmp2.io.xyz import Geometry
 from dfmp2.mp2 import double_hybrids
 from dfmp2.options import RunOptions
-from dfmp2.pipeline import energy_run
 
 WATER = str(Path(__file__).resolve().parents[2] / "inputs" / "water.xyz")
 GRID = 1  # PySCF grids.level of the tests' KS-SCF

@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions, run, run_geometry
 from dfmp2.errors import InputError
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
 from dfmp2.linalg.reference import mp2_pair_energy_reference
-from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.scf import driver, pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -170,8 +170,8 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
 
 def test_time_mp2_stage_runs_ump2_as_run_does():
     """The benchmarks' stage timer takes a UHF reference: the same energies as ``dfmp2 run``."""
+    from dfmp2.drivers.energy import time_mp2_stage
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import time_mp2_stage
 
     mol = molecule.build_molecule(read_xyz(OH))
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))

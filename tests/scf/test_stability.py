@@ -13,9 +13,9 @@ from pyscf.scf import stability as pyscf_stability
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions, run, run_geometry
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
-from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.scf import driver, stability
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

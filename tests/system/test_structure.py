@@ -114,7 +114,7 @@ def test_floors_point_down():
         for n in g
         if n.startswith(("dfmp2.scf", "dfmp2.df", "dfmp2.mp2", "dfmp2.grad.rhf", "dfmp2.grad.uhf", "dfmp2.io"))
     ] + ["dfmp2.reference", "dfmp2.timing", "dfmp2.memory", "dfmp2.options", "dfmp2.provenance"]:
-        assert "dfmp2.pipeline" not in g[stage], stage
+        assert "dfmp2.drivers.energy" not in g[stage], stage
         assert not any(d.startswith("dfmp2.cli") for d in g[stage]), stage
 
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from dfmp2.cli.main import main
+from dfmp2.drivers.energy import run_geometry
 from dfmp2.errors import SCFNotConvergedError
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
-from dfmp2.pipeline import run_geometry
 from dfmp2.workflows import frequencies as F
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"

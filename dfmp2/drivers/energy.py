@@ -97,7 +97,7 @@ class Job:
 class EnergyRun:
     """What an energy run hands on (``run_energy``): its Job (molecule, both fitting sets, backend,
     orbital space, process group), the converged Reference with its frozen core marked, and the
-    Result. The gradient stage (``dfmp2.grad.run.gradient_stage``) and QCSchema's SCF parts read it."""
+    Result. The gradient stage (``dfmp2.drivers.gradient.gradient_stage``) and QCSchema's SCF parts read it."""
 
     job: Job
     ref: Reference

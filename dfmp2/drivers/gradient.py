@@ -1,5 +1,6 @@
-"""``dfmp2 gradient``: the energy run (``pipeline.run_energy`` of the one ``pipeline.prepare_run``),
-then the gradient stage (``gradient_stage``: dfmp2.grad.rhf or dfmp2.grad.uhf) on the same
+"""``dfmp2 gradient``: the energy run (``dfmp2.drivers.energy.run_energy`` of the one
+``dfmp2.drivers.energy.prepare_run``), then the gradient stage (``gradient_stage``: dfmp2.grad.rhf
+or dfmp2.grad.uhf) on the same
 molecule, reference, fitting sets and backend, all read from the energy run's ``EnergyRun``.
 ``gradient_stage`` is the one way into the stage: ``run_gradient`` (``dfmp2 gradient``,
 ``dfmp2 optimize``, ``dfmp2.gradient``, QCSchema, ASE) and ``DFMP2(mf).nuc_grad_method()`` call it.
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dfmp2 import linalg, pipeline
+from dfmp2 import linalg
+from dfmp2.drivers import energy as energy_driver
 from dfmp2.errors import InputError
 from dfmp2.grad import relaxed
 from dfmp2.grad import uhf as mp2grad_uhf
@@ -42,7 +44,7 @@ from dfmp2.timing import Timer
 class GradientResult:
     """The energy run's Result, the method ('mp2', 'scs-mp2', 'sos-mp2'), its energy (Hartree)
     and the gradient stage's GradientParts (gradient (natm, 3) Eh/bohr); wall_s of the gradient
-    stage alone (s); ``energy_run``: the pipeline.EnergyRun it differentiates (Job: molecule and
+    stage alone (s); ``energy_run``: the dfmp2.drivers.energy.EnergyRun it differentiates (Job: molecule and
     fitting sets; Reference)."""
 
     result: Result
@@ -50,7 +52,7 @@ class GradientResult:
     energy: float
     parts: GradientParts
     wall_s: float
-    energy_run: pipeline.EnergyRun | None = None
+    energy_run: energy_driver.EnergyRun | None = None
 
     @property
     def gradient(self) -> np.ndarray:
@@ -113,18 +115,18 @@ _STAGE_NAMES = {
 
 
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
-    """``gradient_memory`` of a standalone preparation (``pipeline.prepare``), for a caller without
+    """``gradient_memory`` of a standalone preparation (``dfmp2.drivers.energy.prepare``), for a caller without
     a Job; a run checks its own Job instead (``run_gradient``)."""
-    return gradient_memory(pipeline.prepare(geom, options, backend), options.memory_mb)
+    return gradient_memory(energy_driver.prepare(geom, options, backend), options.memory_mb)
 
 
-def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
+def gradient_memory(job: energy_driver.Job, memory_mb: float | None = None) -> float:
     """The gradient stage's peak memory (MB) for the prepared ``job`` with the plan it would run
     (``gradient_plan``): MemoryLimitError (one line) before any work when no plan fits."""
     return gradient_plan(job, memory_mb).peak_mb
 
 
-def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan:
+def gradient_plan(job: energy_driver.Job, memory_mb: float | None = None) -> GradientPlan:
     """The gradient stage's plan for the prepared ``job`` (``relaxed.job_plan``): the fastest
     ``mp2grad.choose_plan`` that fits (RHF or UHF). MemoryLimitError (one line, human units)
     before any work when nothing fits."""
@@ -186,9 +188,9 @@ def run_gradient(
     guess=None,
     world=None,
 ) -> GradientResult:
-    """The energy (``pipeline.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
+    """The energy (``dfmp2.drivers.energy.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
     these are) and its nuclear gradient for ``method`` (``gradient_stage``). One preparation
-    (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,
+    (``dfmp2.drivers.energy.prepare_run``): its Job is checked against the gradient's memory before any work,
     runs the energy, and gives the gradient stage its molecule, fitting sets and backend. The
     properties ``options.properties`` asks for come from the gradient's own densities (the
     ``method``'s energy; ``props.stage.record``), not from a second Z-vector. ``world``: the
@@ -196,11 +198,11 @@ def run_gradient(
     task-parallel command)."""
     check_gradient_options(geom, options, method)
     uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
-    backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
+    backend = backend if backend is not None else energy_driver.make_backend(options, unrestricted=uhf)
     t_start = time.perf_counter()
-    job = pipeline.prepare_run(geom, options, backend, log, world=world)
+    job = energy_driver.prepare_run(geom, options, backend, log, world=world)
     plan = gradient_plan(job, options.memory_mb)
-    done = pipeline.run_energy(
+    done = energy_driver.run_energy(
         job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start, with_properties=False
     )
     say = log or (lambda msg: None)
