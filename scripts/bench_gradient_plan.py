@@ -36,7 +36,7 @@ geom = read_xyz(INPUTS / a.xyz)
 opts = RunOptions(basis=a.basis, charge=a.charge, multiplicity=a.mult)
 be = energy_driver.make_backend(opts, unrestricted=a.mult > 1)
 if a.mode == "energy":
-    job = energy_driver.prepare_run(geom, opts, be, None)
+    job = energy_driver.prepare(geom, opts, be, None)
     done = energy_driver.run_energy(job)
     pickle.dump(done.ref, open(a.out, "wb"))
     print("naux", job.space.naux, job.jk_auxmol.nao_nr())

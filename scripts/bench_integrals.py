@@ -47,9 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 import torch
 
 from dfmp2 import linalg
-from dfmp2.benchmarks.timing import OtherCPU, cpu_model
+from dfmp2.benchmarks.timing import OtherCPU, cpu_model, time_mp2_stage
 from dfmp2.df import basis, integrals
-from dfmp2.drivers.energy import RunOptions, time_mp2_stage
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.io import molecule
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz

@@ -21,7 +21,8 @@ lowest multiplicity. Forces (eV/Å): minus the analytic gradient of the ``method
 (``gradrun.run_gradient``: RHF or UHF, density-fitted SCF, fp64 device); stress raises
 ``PropertyNotImplementedError``.
 
-Every calculation runs the whole ``dfmp2.drivers.energy.run_geometry``, SCF included. Our DF-SCF (``scf_mode``
+Every calculation runs the whole energy run (``dfmp2.drivers.energy.run_energy``), SCF included. Our
+DF-SCF (``scf_mode``
 'df', the default) starts from the previous calculation's density when the atoms' symbols, charge,
 multiplicity and the options are unchanged (its occupied orbitals re-orthonormalised at the new
 geometry: ``reference.project_density``), else from PySCF's 'minao' guess; ``ran.scf.guess`` says
@@ -165,9 +166,9 @@ class DFMP2Calculator(Calculator):
             self.gradient_result = run_gradient(geom, options, method=self.parameters["method"], guess=guess)
             done = self.gradient_result.energy_run
         else:
-            from dfmp2.drivers import energy as energy_driver
+            from dfmp2.drivers.energy import prepare, run_energy
 
-            done = energy_driver.energy_run(geom, options, guess=guess)
+            done = run_energy(prepare(geom, options), guess=guess)
         self.result, self.energy_run = done.result, done
         self._scf_density = (key, done.ref.density())  # the next geometry's SCF starts from this density
         if "dipole" in properties:

@@ -317,7 +317,7 @@ def run_atomic_input(
     fields that must not also be in the input (``parse_input``); ``where``: what error lines call
     the input (a file name). Expected errors are InputError (and its kinds),
     DeviceUnavailableError and KernelError, as for ``dfmp2 run``."""
-    from dfmp2.drivers import energy as energy_driver
+    from dfmp2.drivers.energy import prepare, run_energy
 
     inp, version, geom, options = parse_input(atomic_input, where, options, given)
     parts = ScfEnergyParts()
@@ -328,7 +328,7 @@ def run_atomic_input(
         gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr
-    done = energy_driver.energy_run(geom, options, progress=progress, log=log, on_plan=on_plan)
+    done = run_energy(prepare(geom, options, log=log), progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
     return result_model(inp, version, done.result, parts.values, options=options), done.result
 

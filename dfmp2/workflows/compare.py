@@ -151,10 +151,10 @@ def _run_options(device: str, options):
 def run_once(device: str, geom, options, world=None) -> dict:
     """One full pipeline run of ``geom`` on ``device``: {'device', 'energies', 'seconds', 'ran'}.
     ``world``: the run's process group (a run dealt to a rank: a one-process World)."""
-    from dfmp2.drivers.energy import run_geometry
+    from dfmp2.drivers.energy import prepare, run_energy
 
     t0 = time.perf_counter()
-    r = run_geometry(geom, _run_options(device, options), world=world)
+    r = run_energy(prepare(geom, _run_options(device, options), world=world)).result
     seconds = time.perf_counter() - t0
     e = {"e_hf": r.e_hf, "e_os": r.e_os, "e_ss": r.e_ss, "e_corr": r.e_corr}
     return {"device": device, "energies": e, "seconds": seconds, "ran": dict(r.ran)}

@@ -113,8 +113,7 @@ def captured(monkeypatch):
         seen.append(options)
         raise Stop("stopped by the test")
 
-    monkeypatch.setattr(energy_driver, "run_geometry", lambda geom, options, **k: capture(options))
-    monkeypatch.setattr(energy_driver, "run", lambda path, options, **k: capture(options))
+    monkeypatch.setattr(energy_driver, "prepare", lambda geom, options, *a, **k: capture(options))
     monkeypatch.setattr(interaction, "run_interaction", lambda geom, frags, options, **k: capture(options))
     return seen
 

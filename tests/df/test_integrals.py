@@ -20,6 +20,7 @@ from pyscf import gto, lib
 from pyscf.df import incore
 
 from dfmp2 import linalg, memory
+from dfmp2.benchmarks.timing import time_mp2_stage
 from dfmp2.cli.main import main
 from dfmp2.df import basis, integrals
 from dfmp2.drivers import energy as energy_driver
@@ -596,4 +597,4 @@ def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
 
 
 def time_mp2_stage_with(mol, auxmol, ref, backend, engine):
-    return energy_driver.time_mp2_stage(mol, auxmol, ref, RunOptions(device=backend.name), backend, engine=engine)
+    return time_mp2_stage(mol, auxmol, ref, RunOptions(device=backend.name), backend, engine=engine)

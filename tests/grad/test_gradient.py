@@ -1,5 +1,5 @@
 """The RHF DF-MP2 nuclear gradient (dfmp2.grad.rhf) against references that do not come from it:
-central finite differences of our own printed energies (``dfmp2.drivers.energy.run_geometry``, both fitting
+central finite differences of our own printed energies (``dfmp2.interfaces.api.run``, both fitting
 sets, SCF converged to 1e-10), with the step shown converged (two steps agree far below the
 tolerance), and PySCF's DF-RHF gradient (``pyscf.df.grad.rhf``) for the HF part. Geometries are
 distorted from the symmetric inputs so that no component vanishes by symmetry."""
@@ -22,6 +22,7 @@ from dfmp2.drivers import energy as energy_driver
 from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR, InputError
 from dfmp2.grad import rhf as mp2grad
+from dfmp2.interfaces import api
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 
@@ -83,7 +84,7 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
 
     geom, options, method, _ = _analytic(case)
     seen = {}
-    energy_driver.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    api.run(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     parts = mp2grad.mp2_gradient(
         mol,

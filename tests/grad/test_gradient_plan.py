@@ -32,7 +32,7 @@ def _energy_run(name: str, **kw):
     if name not in _runs:
         opts = _options(**kw)
         be = energy_driver.make_backend(opts)
-        job = energy_driver.prepare_run(distorted(read_xyz(INPUTS / name)), opts, be, None)
+        job = energy_driver.prepare(distorted(read_xyz(INPUTS / name)), opts, be, None)
         _runs[name] = (job, energy_driver.run_energy(job), be)
     return _runs[name]
 

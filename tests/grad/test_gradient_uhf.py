@@ -1,5 +1,5 @@
 """The UHF DF-MP2 nuclear gradient (dfmp2.grad.uhf) against references that do not come from
-it: central finite differences of our own printed UHF energies (``dfmp2.drivers.energy.run_geometry``, both
+it: central finite differences of our own printed UHF energies (``dfmp2.interfaces.api.run``, both
 fitting sets, SCF converged to 1e-10), the step shown converged (the halved step agrees), PySCF's
 DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.rhf,
 itself tested against finite differences) for a closed shell run with a UHF reference.
@@ -25,6 +25,7 @@ from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.grad import rhf as mp2grad
 from dfmp2.grad import uhf as mp2grad_uhf
+from dfmp2.interfaces import api
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
 
@@ -112,7 +113,7 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 
     geom, options, _, _ = _analytic("nh2-fc-scs")
     seen = {}
-    energy_driver.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    api.run(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     parts = mp2grad_uhf.uhf_mp2_gradient(
         mol,
@@ -213,9 +214,7 @@ def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
 def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
     geom = _radical("oh")
     seen = {}
-    energy_driver.run_geometry(
-        geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref)
-    )
+    api.run(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     aux, jk = basis.make_auxmol(mol, basis.mp2_auxbasis(mol)), basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     with pytest.raises(mp2grad.GradientError, match="uhf_mp2_gradient"):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dfmp2.drivers.energy import RunOptions, run
+from dfmp2.drivers.energy import RunOptions
+from dfmp2.interfaces.api import run
 from dfmp2.io.result import SCHEMA_VERSION
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
