@@ -420,10 +420,6 @@ def plan_memory(
     nocc, nvir, naux = max(1, nocc), max(1, nvir), max(1, naux)
     shapes = dict(nao=nao, nocc=nocc, nvir=nvir, naux=naux, itemsize=itemsize, fit_itemsize=fit_itemsize)
     aux_min = max(1, min(naux, aux_shell_max))
-    per_aux_fn = (
-        stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"]
-        - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
-    )
     from dfmp2 import linalg
 
     host_memory = linalg.device_capabilities(device).host_memory
@@ -431,12 +427,52 @@ def plan_memory(
         engine, nao=nao, fit_itemsize=fit_itemsize, host_memory=host_memory, depth=queue_depth
     )
     est = dict(shapes, j3c_per_aux=in_plan)  # what the stages hold with this engine
-    aux0 = int(max(aux_min, min(naux, j3c_block_mb / max(per_aux_fn, 1e-12))))
+    aux0 = _first_aux_block(shapes, aux_min, j3c_block_mb)
     occ0 = max(1, min(nocc, occ_block if occ_block else occ_block_max))
     fixed_occ = occ_block is not None
-    # auto: in memory with the shape-chosen blocks, else on disk with the same blocks (shrunk only
-    # if even that does not fit), so the memory limit changes the bits of the energy only when it
-    # is below what those blocks need out of core.
+    found = _blocks_that_fit(est, storage, aux0, occ0, aux_min, limit, fixed_occ)
+    if found is None:
+        raise _too_small(est, storage, aux_min, occ0, fixed_occ, limit)
+    ooc, a, o, st = found
+    im = max(stage_estimates(**est, aux_block=a, occ_block=o, out_of_core=False).values())
+    disk = 0.0
+    if ooc:
+        disk = naux * nocc * nvir * (itemsize + (fit_itemsize if fit_itemsize != itemsize else 0)) / MB
+    return MemoryPlan(
+        limit_mb=limit,
+        peak_mb=max(st.values()),
+        aux_block=a,
+        occ_block=o,
+        stages_mb=st,
+        out_of_core=ooc,
+        disk_mb=disk,
+        in_memory_mb=im,
+        min_mb=_min_mb(est, aux_min, occ0 if fixed_occ else 1, storage),
+        storage=storage,
+        shapes=shapes,
+        integrals={
+            "engine": engine,
+            "queue_depth": queue_depth if engine == "host" else 0,
+            "host_mb": a * outside / MB,
+        },
+    )
+
+
+def _first_aux_block(shapes: dict, aux_min: int, j3c_block_mb: float) -> int:
+    """The auxiliary block the shapes choose: as many functions as make one streamed (μν|P) block
+    and its transforms about ``j3c_block_mb`` (at least the largest shell, at most naux)."""
+    per_aux_fn = (
+        stage_estimates(**shapes, aux_block=1, occ_block=1, out_of_core=True)["transform"]
+        - stage_estimates(**shapes, aux_block=0, occ_block=1, out_of_core=True)["transform"]
+    )
+    return int(max(aux_min, min(shapes["naux"], j3c_block_mb / max(per_aux_fn, 1e-12))))
+
+
+def _blocks_that_fit(est: dict, storage: str, aux0: int, occ0: int, aux_min: int, limit: float, fixed_occ: bool):
+    """(out_of_core, aux_block, occ_block, stages) of the first of ``storage``'s attempts that fits
+    ``limit``, or None. auto: in memory with the shape-chosen blocks, else on disk with the same
+    blocks (shrunk only if even that does not fit), so the memory limit changes the bits of the
+    energy only when it is below what those blocks need out of core."""
     attempts = {"auto": ((False, False), (True, True)), "memory": ((False, True),), "disk": ((True, True),)}[storage]
     for ooc, shrink in attempts:
         if shrink:
@@ -446,34 +482,20 @@ def plan_memory(
             st = stage_estimates(**est, aux_block=a, occ_block=o, out_of_core=ooc)
             ok = max(st.values()) <= limit
         if ok:
-            im = max(stage_estimates(**est, aux_block=a, occ_block=o, out_of_core=False).values())
-            disk = 0.0
-            if ooc:
-                disk = naux * nocc * nvir * (itemsize + (fit_itemsize if fit_itemsize != itemsize else 0)) / MB
-            return MemoryPlan(
-                limit_mb=limit,
-                peak_mb=max(st.values()),
-                aux_block=a,
-                occ_block=o,
-                stages_mb=st,
-                out_of_core=ooc,
-                disk_mb=disk,
-                in_memory_mb=im,
-                min_mb=_min_mb(est, aux_min, occ0 if fixed_occ else 1, storage),
-                storage=storage,
-                shapes=shapes,
-                integrals={
-                    "engine": engine,
-                    "queue_depth": queue_depth if engine == "host" else 0,
-                    "host_mb": a * outside / MB,
-                },
-            )
+            return ooc, a, o, st
+    return None
+
+
+def _too_small(est: dict, storage: str, aux_min: int, occ0: int, fixed_occ: bool, limit: float) -> MemoryLimitError:
+    """The MemoryLimitError of ``plan_memory`` when even its smallest plan does not fit ``limit``:
+    the minimum, where B would be and the smallest blocks, in human units."""
     need = _min_mb(est, aux_min, occ0 if fixed_occ else 1, storage)
     where = {"memory": "with B in memory (storage 'memory')", "disk": "with B on disk", "auto": "with B on disk"}[
         storage
     ]
     blocks = f"occupied block {occ0} (from the checkpoint)" if fixed_occ else "occupied block 1"
-    raise MemoryLimitError(
+    nocc, nvir, naux = est["nocc"], est["nvir"], est["naux"]
+    return MemoryLimitError(
         f"this run needs at least {human(need)} ({where}, auxiliary block {aux_min}, {blocks}) "
         f"but the memory limit is {human(limit)} (nocc {nocc}, nvir {nvir}, naux {naux}); "
         f"raise the memory limit or use a smaller basis",

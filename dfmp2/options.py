@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-from dfmp2 import linalg, memory
+from dfmp2 import functionals, linalg, memory
 from dfmp2.errors import InputError, shown
 from dfmp2.linalg import DTYPES
-from dfmp2.mp2 import double_hybrids
 
 PRECISIONS = tuple(DTYPES)  # fp64, fp32
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:N", "trn1", "trn2")
@@ -41,8 +40,8 @@ CONVERGENCE_SETS = ("default", "gau_loose", "nwchem_loose", "gau", "turbomole", 
 # the SCF part of a CBS extrapolation (dfmp2.workflows.cbs, a basis bracket such as cc-pv[dt]z): Psi4's names
 CBS_SCF_SCHEMES = ("xtpl_highest_1", "scf_xtpl_helgaker_2", "scf_xtpl_helgaker_3")
 # the energy a run computes: MP2 on HF orbitals (SCS and SOS beside it), or a double hybrid (PySCF's
-# KS-SCF, our PT2 stage on its orbitals: dfmp2.mp2.double_hybrids.FUNCTIONALS)
-METHODS = double_hybrids.METHODS
+# KS-SCF, our PT2 stage on its orbitals: dfmp2.functionals.FUNCTIONALS)
+METHODS = functionals.METHODS
 # a double hybrid's KS-SCF grid: PySCF's grids.level (0 coarsest .. 9 finest; 3 is PySCF's default,
 # (50-75 radial, 302 angular) points per first- and second-row atom, NWChem pruning)
 DFT_GRID_LEVEL = 3
@@ -128,7 +127,7 @@ class RunOptions:
     )
     # after the energy (dfmp2.props, PROPERTY_CHOICES): names, or one comma-separated string; kept as a tuple
     properties: tuple = ()
-    method: str = "mp2"  # or a double hybrid (METHODS; names folded by double_hybrids.canonical)
+    method: str = "mp2"  # or a double hybrid (METHODS; names folded by functionals.canonical)
     dft_grid: int = DFT_GRID_LEVEL  # a double hybrid's KS-SCF grid level (PySCF's grids.level)
 
     def __post_init__(self):
@@ -160,7 +159,7 @@ class RunOptions:
             if value is not None and value < 1:
                 raise InputError(f"option {name} must be at least 1, got {value!r}", option=name)
         self.properties = property_names(self.properties)
-        self.method = double_hybrids.canonical(self.method)
+        self.method = functionals.canonical(self.method)
         if not 0 <= self.dft_grid <= 9:
             raise InputError(
                 f"option dft_grid must be a grid level from 0 to 9, got {self.dft_grid!r}", option="dft_grid"

@@ -94,7 +94,7 @@ class Reference:
         = 2 C_occ C_occ^T with its orbitals attached (PySCF's tag_array: mo_coeff, mo_occ), UHF
         (2, nao, nao) alpha, beta, with (2, nao, nmo) orbitals and (2, nmo) occupations. What a
         later SCF of the same molecule and basis at a nearby
-        geometry starts from (``pipeline.run_geometry(guess=)``)."""
+        geometry starts from (``dfmp2.drivers.energy.run_energy(guess=)``)."""
         from pyscf import lib
 
         dms = [c.mo_coeff[:, : c.nocc] @ c.mo_coeff[:, : c.nocc].T for c in self.channels]

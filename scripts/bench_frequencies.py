@@ -29,10 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 from dfmp2.benchmarks.timing import cpu_model, now
+from dfmp2.interfaces.api import run
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
-from dfmp2.pipeline import run_geometry
 from dfmp2.workflows import frequencies as F
 from dfmp2.workflows.optimize import optimize
 
@@ -48,7 +48,7 @@ def energy_hessian(geom, options: RunOptions, h: float) -> tuple[np.ndarray, int
             g = geom
             for c, s in key:
                 g = F.displaced(g, c, s, h)
-            r = run_geometry(g, options)
+            r = run(g, options)
             cache[key] = r.e_hf + r.e_corr
         return cache[key]
 

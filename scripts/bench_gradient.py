@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: one DF-MP2 gradient against one DF-MP2 energy on the same molecule and options.
 
-``energy``: ``pipeline.run_geometry`` (``dfmp2 run``: SCF + MP2). ``gradient``: ``run_gradient``
+``energy``: ``dfmp2.interfaces.api.run`` (``dfmp2 run``: SCF + MP2). ``gradient``: ``run_gradient``
 (``dfmp2 gradient``: the same energy run, then the gradient stage); its gradient stage alone is
 reported too, with its parts (densities and pair loop, Z-vector, derivative integrals). The ratio
 gradient / energy is the figure of the issue (the literature's 2-4 energies). Runs are interleaved
@@ -30,9 +30,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from dfmp2 import pipeline
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model
-from dfmp2.grad import run as grad_run
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
+from dfmp2.interfaces import api
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -70,9 +71,9 @@ def main(argv=None) -> int:
     options = RunOptions(
         basis=a.basis, frozen_core=a.frozen_core, device=a.device, charge=a.charge, multiplicity=a.multiplicity
     )
-    backend = pipeline.make_backend(options, unrestricted=(a.multiplicity or 1) > 1)
-    energy = lambda: pipeline.run_geometry(geom, options, backend=backend)  # noqa: E731
-    gradient = lambda: grad_run.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
+    backend = energy_driver.make_backend(options, unrestricted=(a.multiplicity or 1) > 1)
+    energy = lambda: api.run(geom, options, backend=backend)  # noqa: E731
+    gradient = lambda: gradient_driver.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
     if not a.no_warmup:
         energy(), gradient()
     rows = {"energy": [], "gradient": [], "gradient_stage": []}

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from dfmp2 import pipeline
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.grad import plan as grad_plan
-from dfmp2.grad import run as grad_run
 from dfmp2.io import INPUTS
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -33,14 +33,14 @@ ap.add_argument("--ref", default="/tmp/g38/ref.pkl", help="the pickled reference
 a = ap.parse_args()
 geom = read_xyz(INPUTS / a.xyz)
 opts = RunOptions(basis=a.basis, charge=a.charge, multiplicity=a.mult)
-be = pipeline.make_backend(opts, unrestricted=a.mult > 1)
+be = energy_driver.make_backend(opts, unrestricted=a.mult > 1)
 if a.mode == "energy":
-    job = pipeline.prepare_run(geom, opts, be, None)
-    done = pipeline.run_energy(job)
+    job = energy_driver.prepare(geom, opts, be, None)
+    done = energy_driver.run_energy(job)
     pickle.dump(done.ref, open(a.out, "wb"))
     print("naux", job.space.naux, job.jk_auxmol.nao_nr())
     raise SystemExit
-job = pipeline.prepare(geom, opts, be)
+job = energy_driver.prepare(geom, opts, be)
 ref = pickle.load(open(a.ref, "rb"))
 shapes = (grad_plan.rhf_shapes if ref.restricted else grad_plan.uhf_shapes)(job.mol, ref, job.auxmol, job.jk_auxmol)
 if a.mode.startswith("limit:"):
@@ -49,7 +49,7 @@ else:
     plan = grad_plan.make_plan(shapes, *a.mode.split(","))
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 t = time.perf_counter()
-parts = grad_run.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
+parts = gradient_driver.gradient_stage(job.mol, ref, job.auxmol, job.jk_auxmol, be, "mp2", Timer(be), plan)
 wall = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 np.save(a.out + ".npy", parts.gradient)

@@ -48,12 +48,12 @@ sys.path.insert(0, str(ROOT / "inputs"))
 from dfmp2 import linalg
 from dfmp2.benchmarks.timing import cpu_model
 from dfmp2.df import basis, outofcore
+from dfmp2.drivers.energy import _largest_shell
 from dfmp2.io import molecule
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import plan_memory
 from dfmp2.mp2.stage import build_B
-from dfmp2.pipeline import _largest_shell
 from dfmp2.provenance import ScfRecord
 from dfmp2.reference import restricted
 from dfmp2.scf import pyscf_scf

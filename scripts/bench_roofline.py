@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: the whole ``dfmp2 run`` against the machine's roofline, in one process. First the
 best DGEMM (and SGEMM) of any library here (torch and numpy, square sizes ``--peak-sizes``, best of
-3 calls: dfmp2.benchmarks.fair_baseline.gemm_peaks); then the run (dfmp2.pipeline.run_geometry,
+3 calls: dfmp2.benchmarks.fair_baseline.gemm_peaks); then the run (dfmp2.interfaces.api.run,
 ``--warmup`` untimed, ``--repeats`` timed), each stage's median seconds beside the flops it
 executed through dfmp2.linalg (the result's ``flops``), its GF/s and share of that DGEMM peak, the
 algorithm's useful work (dfmp2.benchmarks.roofline) and the whole run's share: flops / (wall x
@@ -41,10 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks import fair_baseline as fb
 from dfmp2.benchmarks import roofline
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model, now
+from dfmp2.drivers.energy import RunOptions
+from dfmp2.interfaces.api import run
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS, SCF_PRECISIONS
-from dfmp2.pipeline import RunOptions, run_geometry
 
 
 def _display_path(p) -> str:
@@ -85,7 +86,7 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     lib.num_threads(spec["threads"])
     peaks = fb.gemm_peaks(spec["peak_sizes"])
-    doc = run_geometry(read_xyz(spec["xyz"]), run_options(spec)).to_dict()
+    doc = run(read_xyz(spec["xyz"]), run_options(spec)).to_dict()
     print(CHILD + json.dumps({"doc": doc, "peaks": peaks}), flush=True)
 
 
@@ -94,14 +95,14 @@ def run_ours(geom, options, warmup: int, repeats: int, fresh=None) -> tuple[list
     other_processes_cores, dgemm_peak (``fresh``: its process's GF/s)}], the last result's JSON).
     ``fresh``: the parsed arguments, each run in a new process (``fresh_run``)."""
     for _ in range(warmup):
-        fresh_run(fresh) if fresh is not None else run_geometry(geom, options)
+        fresh_run(fresh) if fresh is not None else run(geom, options)
     runs = []
     for rep in range(repeats):
         m0 = OtherCPU.mark()
         if fresh is not None:
             doc, peaks = fresh_run(fresh)
         else:
-            doc, peaks = json.loads(json.dumps(run_geometry(geom, options).to_dict())), None
+            doc, peaks = json.loads(json.dumps(run(geom, options).to_dict())), None
         busy = OtherCPU.cores(m0, OtherCPU.mark())
         runs.append(
             {

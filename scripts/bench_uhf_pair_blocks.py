@@ -10,7 +10,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from dfmp2 import pipeline
+from dfmp2.drivers import energy as energy_driver
 from dfmp2.grad import common as grad_common
 from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.io import INPUTS
@@ -20,8 +20,8 @@ from dfmp2.options import RunOptions
 pair_mb = float(sys.argv[1])
 geom = read_xyz(INPUTS / "water_clusters/h2o_16.xyz")
 opts = RunOptions(basis="cc-pvdz", charge=1, multiplicity=2)
-be = pipeline.make_backend(opts, unrestricted=True)
-job = pipeline.prepare(geom, opts, be)
+be = energy_driver.make_backend(opts, unrestricted=True)
+job = energy_driver.prepare(geom, opts, be)
 ref = pickle.load(open("/tmp/g16/ref.pkl", "rb"))
 orbs = [grad_common.Orbitals(ch) for ch in ref.channels]
 plan = SimpleNamespace(block_mb=200.0, pair_mb=pair_mb)

@@ -2,7 +2,7 @@
 
 A shape is (nbasis, nocc, nvir, naux) with nvir = nbasis - nocc (no frozen core, no linear
 dependence). Each op is timed at the size of one call the DF-MP2 stage makes for that shape,
-with the stage's own blocking (dfmp2.pipeline / dfmp2.memory), so per-op times add up to the
+with the stage's own blocking (dfmp2.drivers.energy / dfmp2.memory), so per-op times add up to the
 work of the stage rather than to arbitrary squares:
 
     gemm          (AUX_BLOCK nocc, nbasis) @ (nbasis, nvir): second half-transform of one

@@ -243,3 +243,13 @@ def run_dfmp2(xyz, args: list, threads: int, timeout: float) -> dict:
         if os.waitstatus_to_exitcode(status) != 0:
             return {"error": err[-1] if err else f"exit {os.waitstatus_to_exitcode(status)}", "wall_s": wall}
         return {"wall_s": wall, "max_rss_mb": usage.ru_maxrss / 1e3, "result": json.loads(out.read_text())}
+
+
+def time_mp2_stage(mol, auxmol, ref, options, backend=None, engine=None):
+    """One run of the DF-MP2 stage after the SCF exactly as ``dfmp2 run`` runs it
+    (``dfmp2.drivers.energy.mp2_after_scf``, the drop-in's call), as the benchmarks tabulate it:
+    (seconds, e_os, e_ss, {stage: seconds}, ran), energies in Hartree."""
+    from dfmp2.drivers.energy import mp2_after_scf
+
+    done = mp2_after_scf(mol, auxmol, ref, options, backend, engine)
+    return done.seconds, done.mp2.e_os, done.mp2.e_ss, done.timings, done.ran

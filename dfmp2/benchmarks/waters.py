@@ -3,7 +3,7 @@ DF-MP2 in the same process, per cluster size, and the fitted cost exponent of ea
 
 For each (H2O)n (inputs/water_clusters/h2o_NN.xyz, cc-pVDZ / cc-pVDZ-RI, DF-RHF, all-electron):
 the RHF is run once (its time is reported, not part of the stage); then the stage
-(integrals, metric, transform, fit, pair; dfmp2.mp2.stage.mp2_stage with its own stage timer)
+(integrals, metric, transform, fit, pair; dfmp2.drivers.energy.mp2_after_scf with its own stage timer)
 is timed on each device and precision, and PySCF's ``mp.dfmp2.DFMP2`` kernel (its integrals,
 fit and pair energies: the same stage) on the same SCF and auxiliary basis.
 
@@ -263,7 +263,8 @@ def stage_runs(mol, auxmol, ref, devices, precisions, *, repeats: int, single, l
     """Our DF-MP2 stage after the SCF on ``ref`` (RHF or UHF), timed per (device, backend factory)
     of ``devices`` and precision: ``repeats`` runs after an untimed warm-up, or one run without
     warm-up where ``single(precision)``. One run dict each (status 'ran' or 'not run')."""
-    from dfmp2.pipeline import RunOptions, time_mp2_stage
+    from dfmp2.benchmarks.timing import time_mp2_stage
+    from dfmp2.drivers.energy import RunOptions
 
     runs = []
     for dev_name, make_backend in devices:

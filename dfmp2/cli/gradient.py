@@ -72,7 +72,7 @@ def point_inputs(method_help: str):
                 device_options(),
                 scf_options(),
                 resource_options(),
-                click.option(  # double hybrids listed to be refused in one line (grad.run.check_gradient_options)
+                click.option(  # double hybrids listed to be refused in one line (dfmp2.drivers.gradient.check_gradient_options)
                     "--method",
                     type=click.Choice(tuple(SCALES) + tuple(FUNCTIONALS)),
                     default="mp2",
@@ -108,7 +108,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     """The DF-MP2 energy of the molecule in INPUT (XYZ, Ångström) and its analytic nuclear
     gradient in Eh/bohr: RHF or UHF, density-fitted SCF, all-electron or frozen core."""
     from dfmp2 import distributed
-    from dfmp2.grad.run import run_gradient
+    from dfmp2.drivers.gradient import run_gradient
     from dfmp2.io.xyz import read_xyz
 
     world = distributed.join(params["device"])  # torchrun: the energy and the gradient over the ranks

@@ -120,7 +120,7 @@ def _plan_table(plan):
 
 def _resume_hint(params) -> str:
     """After 'error: interrupted': how to continue, when the run left a checkpoint (one that held
-    nothing to resume was removed, pipeline.run_geometry)."""
+    nothing to resume was removed, dfmp2.interfaces.api.run)."""
     ck = params.get("resume") or params.get("checkpoint")
     return f"; continue with: dfmp2 run {params['xyz_file']} ... --resume {ck}" if ck and Path(ck).exists() else ""
 
@@ -171,9 +171,9 @@ def run(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
 def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
     from dfmp2.errors import InputError
+    from dfmp2.interfaces import api
     from dfmp2.io.result import Result, cpu_blas_table
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import run_geometry
     from dfmp2.workflows import cbs
 
     if world.rank:
@@ -224,9 +224,7 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
                 if cbs.is_bracket(options.basis):  # no qc here: --qcschema with a bracket is refused above
                     result = cbs.run_cbs(geom, options, progress=progress, log=log, on_plan=on_plan)
                 else:
-                    result = run_geometry(
-                        geom, options, progress=progress, log=log, on_plan=on_plan, on_reference=parts
-                    )
+                    result = api.run(geom, options, progress=progress, log=log, on_plan=on_plan, on_reference=parts)
                 atomic = (
                     qc.result_model(*qc.input_model(failures.input_data, xyz_file), result, parts.values)
                     if qc

@@ -92,8 +92,8 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
     from rich.markup import escape
 
     from dfmp2 import distributed
+    from dfmp2.drivers.energy import make_backend
     from dfmp2.io.outputs import check_output_file
-    from dfmp2.pipeline import make_backend
     from dfmp2.workflows.tasks import per_group
 
     console, err = stdout_console(width=160), Console(stderr=True)  # piped: the whole table

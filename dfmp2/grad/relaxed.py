@@ -47,7 +47,7 @@ FORCE_SPLIT = "DFMP2_TEST_SPLIT_JK"  # tests only: "1" makes the gradient over r
 
 def job_plan(job, memory_mb: float | None, phases: tuple | None = None, stage: str = "gradient") -> GradientPlan:
     """The plan of the gradient stage (or, with ``phases`` DENSITY_PHASES, of the density stage)
-    for a prepared ``pipeline.Job`` (its orbital space and both fitting sets) against the run's
+    for a prepared ``dfmp2.drivers.job.Job`` (its orbital space and both fitting sets) against the run's
     limit (``memory_mb``, else ``memory.default_limit_mb('cpu')``, over several ranks the smallest
     of the ranks' so that every rank runs the same plan: the same steps, the same bits), before any
     work: the fastest ``choose_plan`` that fits (RHF or UHF shapes; ``stage`` names it in the error

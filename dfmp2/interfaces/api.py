@@ -20,27 +20,46 @@ from dfmp2.errors import InputError
 def energy(molecule, **options):
     """DF-MP2 from a molecule: an XYZ file path (str or Path, Ångström) or a PySCF ``gto.Mole``
     (its atoms, charge and spin; its basis name unless ``basis=`` is given). ``options`` are
-    ``pipeline.RunOptions``' fields (basis, auxbasis, frozen_core, ecp, device, precision,
+    ``dfmp2.options.RunOptions``' fields (basis, auxbasis, frozen_core, ecp, device, precision,
     scf_mode, memory_mb, ...). Returns the ``result.Result`` that ``dfmp2 run`` prints (energies
     in Hartree; ``.render(console)``, ``.to_dict()``, ``.write_json(path)``); for a basis bracket
     (``basis="cc-pv[dt]z"``, Psi4's syntax) the ``cbs.CBSResult`` of ``dfmp2 run --basis
     cc-pv[dt]z`` (the extrapolated energies, each basis's run in ``.components``)."""
-    from dfmp2.pipeline import run_geometry
     from dfmp2.workflows import cbs
 
     geom, opts = _point_input(molecule, options, "energy")
-    return cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run_geometry(geom, opts)
+    return cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run(geom, opts)
+
+
+def run(
+    molecule, options, progress=None, log=None, on_plan=None, backend=None, on_reference=None, guess=None, world=None
+):
+    """``dfmp2 run`` in one call: ``run_energy(prepare(...))`` (dfmp2.drivers.energy) on an XYZ file
+    path or a parsed ``Geometry`` with ``options`` (RunOptions); its ``Result``. ``backend``: one
+    already made for ``options`` (several runs sharing a device); ``log``, ``progress``,
+    ``on_plan``, ``guess`` as ``run_energy``'s; ``world``: the process group (default
+    ``distributed.current()``); ``on_reference(mol, ref)``, after the run: the PySCF Mole and the
+    converged Reference (``run_energy``'s EnergyRun holds both, for a caller that goes on)."""
+    from dfmp2.drivers.energy import prepare, run_energy
+    from dfmp2.io.xyz import Geometry, read_xyz
+
+    geom = molecule if isinstance(molecule, Geometry) else read_xyz(molecule)
+    job = prepare(geom, options, backend, log, world)
+    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess)
+    if on_reference is not None:
+        on_reference(done.job.mol, done.ref)
+    return done.result
 
 
 def gradient(molecule, method: str = "mp2", **options):
     """The DF-MP2 energy and its nuclear gradient, as ``dfmp2 gradient`` computes them, for an XYZ
     file path or a PySCF ``gto.Mole`` (as ``energy``). ``method``: 'mp2', 'scs-mp2' or 'sos-mp2'
-    (the spin-component scales of the differentiated energy). Returns ``GradientResult``:
+    (the spin-component scales of the differentiated energy). Returns ``dfmp2.drivers.gradient.GradientResult``:
     ``.gradient`` (natm, 3) in Hartree/Bohr, ``.energy`` (Hartree), ``.result`` (the energy run's
     Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. RHF or UHF with
     a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with
     simulate=True here) RHF only: its pair loop runs there in fp32, the rest on the host in fp64."""
-    from dfmp2.grad.run import run_gradient
+    from dfmp2.drivers.gradient import run_gradient
 
     geom, opts = _point_input(molecule, options, "gradient")
     return run_gradient(geom, opts, method=method)
@@ -67,7 +86,7 @@ def _point_input(molecule, options: dict, what: str):
     from pathlib import Path
 
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import RunOptions
+    from dfmp2.options import RunOptions
 
     fields = {f.name for f in dataclasses.fields(RunOptions)}
     unknown = sorted(set(options) - fields)

@@ -21,7 +21,8 @@ lowest multiplicity. Forces (eV/Å): minus the analytic gradient of the ``method
 (``run_gradient``: RHF or UHF, density-fitted SCF, fp64 device); stress raises
 ``PropertyNotImplementedError``.
 
-Every calculation runs the whole ``pipeline.run_geometry``, SCF included. Our DF-SCF (``scf_mode``
+Every calculation runs the whole energy run (``dfmp2.drivers.energy.run_energy``), SCF included. Our
+DF-SCF (``scf_mode``
 'df', the default) starts from the previous calculation's density when the atoms' symbols, charge,
 multiplicity and the options are unchanged (its occupied orbitals re-orthonormalised at the new
 geometry: ``reference.project_density``), else from PySCF's 'minao' guess; ``ran.scf.guess`` says
@@ -160,14 +161,14 @@ class DFMP2Calculator(Calculator):
         key = (geom.symbols, geom.charge, geom.multiplicity, options)
         guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
         if "forces" in properties:
-            from dfmp2.grad.run import run_gradient
+            from dfmp2.drivers.gradient import run_gradient
 
             self.gradient_result = run_gradient(geom, options, method=self.parameters["method"], guess=guess)
             done = self.gradient_result.energy_run
         else:
-            from dfmp2 import pipeline
+            from dfmp2.drivers.energy import prepare, run_energy
 
-            done = pipeline.energy_run(geom, options, guess=guess)
+            done = run_energy(prepare(geom, options), guess=guess)
         self.result, self.energy_run = done.result, done
         self._scf_density = (key, done.ref.density())  # the next geometry's SCF starts from this density
         if "dipole" in properties:

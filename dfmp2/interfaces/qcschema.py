@@ -45,7 +45,7 @@ METHODS = ("mp2", "scs-mp2", "sos-mp2")  # dfmp2.io.result.METHOD_SCALES: return
 # the energies (Result.energies) and Psi4's qcvar prefix of each method
 METHOD_ENERGY = {"mp2": ("e_mp2", "MP2"), "scs-mp2": ("e_scs_mp2", "SCS-MP2"), "sos-mp2": ("e_sos_mp2", "SOS-MP2")}
 DOUBLE_HYBRIDS = double_hybrids.FUNCTIONALS  # model.method of a double hybrid (docs/double_hybrids.md)
-DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.grad.run)
+DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.drivers.gradient)
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
@@ -276,7 +276,7 @@ def _geometry(mol, raw, settings: dict, where: str):
 
 
 class ScfEnergyParts:
-    """Called with the energy run's molecule and reference (``pipeline.EnergyRun``'s ``mol`` and
+    """Called with the energy run's molecule and reference (``dfmp2.drivers.energy.EnergyRun``'s ``mol`` and
     ``ref``: ``parts(done.mol, done.ref)``): the parts of the reference's E_HF
     that QCSchema has fields for, in Hartree: the nuclear repulsion (PySCF's ``energy_nuc``:
     ghost atoms have no charge, an ECP's core is taken off its atom's charge), the one-electron
@@ -317,18 +317,18 @@ def run_atomic_input(
     fields that must not also be in the input (``parse_input``); ``where``: what error lines call
     the input (a file name). Expected errors are InputError (and its kinds),
     DeviceUnavailableError and KernelError, as for ``dfmp2 run``."""
-    from dfmp2 import pipeline
+    from dfmp2.drivers.energy import prepare, run_energy
 
     inp, version, geom, options = parse_input(atomic_input, where, options, given)
     parts = ScfEnergyParts()
     method = input_method(inp)
     if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
-        from dfmp2.grad.run import run_gradient
+        from dfmp2.drivers.gradient import run_gradient
 
         gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr
-    done = pipeline.energy_run(geom, options, progress=progress, log=log, on_plan=on_plan)
+    done = run_energy(prepare(geom, options, log=log), progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
     return result_model(inp, version, done.result, parts.values, options=options), done.result
 

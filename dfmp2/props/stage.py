@@ -48,7 +48,7 @@ def check_properties(options, unrestricted: bool) -> None:
 
 
 def density_plan(job, memory_mb: float | None = None):
-    """The density stage's plan for a prepared ``pipeline.Job`` (``relaxed.job_plan`` over
+    """The density stage's plan for a prepared ``dfmp2.drivers.job.Job`` (``relaxed.job_plan`` over
     ``DENSITY_PHASES``), checked before any work: the fastest gradient plan whose density phases
     fit. MemoryLimitError (one line, human units) when nothing fits."""
     return relaxed.job_plan(job, memory_mb, phases=grad_plan.DENSITY_PHASES, stage="density (properties)")

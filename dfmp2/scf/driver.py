@@ -232,7 +232,7 @@ def run_scf(
     process), unless the SCF is replicated
     (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
     default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
-    (``pipeline.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
+    (``dfmp2.drivers.job.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
     ``layout``: the JK factor's, 'packed', 'unpacked' or 'disk' (the memory plan's, ``check_memory``;
     'disk': in a private scratch directory under ``scratch_dir`` (default the system's temporary
     directory), fitted in row blocks of ``fit_mb`` MB, removed when the SCF ends, however it ends).

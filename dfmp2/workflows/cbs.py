@@ -7,7 +7,7 @@
 A bracket names consecutive zeta levels of one basis family (Psi4's ``_expand_bracketed_basis``
 in psi4/driver/driver_cbs.py: ``cc-pv[dt]z`` is cc-pVDZ and cc-pVTZ; letters d t q 5 6 or digits
 2-6, in any order, no level skipped; def2-[st]zvp, def2-[tq]zvp for the Ahlrichs sets). Every
-basis runs through ``pipeline.run_geometry`` on one backend, and the energies are combined as
+basis runs through ``dfmp2.drivers.energy.run_energy`` on one backend, and the energies are combined as
 Psi4's ``energy("mp2/cc-pv[dt]z")`` combines them (``cbs()`` in psi4/driver/driver_cbs.py, the
 formulas in psi4/driver/driver_cbs_helper.py):
 
@@ -390,8 +390,8 @@ def run_cbs(
     component's ``ran['kernels']`` counts its own calls. ``world``: the process group (default
     ``distributed.current()``): over several ranks the bases are dealt to the ranks, one whole
     one-process run each (``dfmp2.workflows.tasks``), and every rank gets every component."""
+    from dfmp2.drivers.energy import make_backend, request_content
     from dfmp2.io import molecule as io_molecule
-    from dfmp2.pipeline import make_backend, request_content
 
     say = log or (lambda msg: None)
     sch = scheme(options.basis, options.cbs_scf)
@@ -457,21 +457,23 @@ def summed_kernels(results) -> dict:
 
 
 def run_own_kernels(geom, options, backend, progress=None, log=None, on_plan=None, world=None):
-    """``pipeline.run_geometry`` on a shared backend, its ``ran['kernels']`` this run's own calls
-    (the backend counts over its life); ``world`` as ``run_geometry``'s."""
-    from dfmp2.pipeline import run_geometry
+    """``run_energy(prepare(...))`` on a shared backend, its ``ran['kernels']`` this run's own calls
+    (the backend counts over its life); ``world`` as ``prepare``'s."""
+    from dfmp2.drivers.energy import prepare, run_energy
 
     if backend is None:  # a backend of its own: its kernels are this run's
-        return run_geometry(geom, options, progress=progress, log=log, on_plan=on_plan, world=world)
+        job = prepare(geom, options, log=log, world=world)
+        return run_energy(job, progress=progress, log=log, on_plan=on_plan).result
     before = dict(backend.kernels_used)
-    res = run_geometry(geom, options, progress=progress, log=log, backend=backend, on_plan=on_plan, world=world)
+    job = prepare(geom, options, backend, log, world)
+    res = run_energy(job, progress=progress, log=log, on_plan=on_plan).result
     res.ran["kernels"] = {k: c - before.get(k, 0) for k, c in res.ran["kernels"].items() if c - before.get(k, 0)}
     return res
 
 
 def run_point(geom, options, progress=None, log=None, backend=None, checked: bool = False, world=None):
     """One geometry at ``options.basis``: a Result (one basis) or a CBSResult (a bracket), its
-    ``ran['kernels']`` its own calls on a shared ``backend``; ``world`` as ``run_geometry``'s."""
+    ``ran['kernels']`` its own calls on a shared ``backend``; ``world`` as ``prepare``'s."""
     if is_bracket(options.basis):
         return run_cbs(geom, options, progress=progress, log=log, backend=backend, checked=checked, world=world)
     return run_own_kernels(geom, options, backend, progress=progress, log=log, world=world)

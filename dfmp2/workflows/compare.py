@@ -7,7 +7,7 @@
 For each device: the energies (Hartree), their difference from the first device that ran, whether
 the bits are identical to it (float.hex of E_OS, E_SS and E_corr), and whether ``--repeat`` runs on
 the same device gave bit-identical energies. Molecules go through the whole pipeline
-(``dfmp2.pipeline``) from the same parsed geometry; E_HF is compared too, since it is computed on
+(``dfmp2.drivers.energy``) from the same parsed geometry; E_HF is compared too, since it is computed on
 the host by PySCF and so shows that every device started from the same reference. Synthetic
 problems (``linalg.synthetic_problem``, Philox) are generated once on the CPU and copied to each
 device exactly, then the pair step runs there (``linalg.mp2_pair_energy``, symmetric over all pairs).
@@ -151,10 +151,10 @@ def _run_options(device: str, options):
 def run_once(device: str, geom, options, world=None) -> dict:
     """One full pipeline run of ``geom`` on ``device``: {'device', 'energies', 'seconds', 'ran'}.
     ``world``: the run's process group (a run dealt to a rank: a one-process World)."""
-    from dfmp2.pipeline import run_geometry
+    from dfmp2.drivers.energy import prepare, run_energy
 
     t0 = time.perf_counter()
-    r = run_geometry(geom, _run_options(device, options), world=world)
+    r = run_energy(prepare(geom, _run_options(device, options), world=world)).result
     seconds = time.perf_counter() - t0
     e = {"e_hf": r.e_hf, "e_os": r.e_os, "e_ss": r.e_ss, "e_corr": r.e_corr}
     return {"device": device, "energies": e, "seconds": seconds, "ran": dict(r.ran)}
@@ -447,10 +447,10 @@ def compare_molecule(xyz_file, options, repeat, devices, world=None, geom=None):
 
 def request_content(geom, options, names: list[str], repeat: int, tolerance: float) -> dict:
     """What the ranks agree on before their runs (``World.agree``): the molecule and every option
-    (``pipeline.request_content``), the devices asked for (by name: cuda is each rank's own GPU),
+    (``dfmp2.drivers.energy.request_content``), the devices asked for (by name: cuda is each rank's own GPU),
     the repeats and the tolerance."""
-    from dfmp2 import pipeline
+    from dfmp2.drivers import energy as energy_driver
 
-    content = pipeline.request_content(geom, options)
+    content = energy_driver.request_content(geom, options)
     content.update({"the devices": list(names), "the repeats": repeat, "the tolerance": tolerance})
     return content

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from pyscf.lib.parameters import BOHR  # Å per bohr: PySCF's
 
-from dfmp2 import distributed, pipeline
+from dfmp2 import distributed
+from dfmp2.drivers import energy as energy_driver
 from dfmp2.errors import InputError
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.outputs import write_text
@@ -225,7 +226,7 @@ def save_checkpoint(path, fp: dict, rows: dict) -> None:
 def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, progress=None, log=None):
     """(row [E, g (3N), μ (3, NaN without)], the GradientResult) of one evaluation, in this
     process alone (``world``: a one-process World)."""
-    from dfmp2.grad.run import run_gradient
+    from dfmp2.drivers.gradient import run_gradient
 
     gr = run_gradient(geom, options, method=method, progress=progress, log=log, world=world)
     mu = _relaxed_dipole(gr)
@@ -259,7 +260,7 @@ def frequencies(
     gradient's own relaxed density: no second Z-vector), for the IR intensities.
     ``evaluate(geometry, world) -> (row, GradientResult or None)``: one evaluation (default
     ``evaluate_gradient``; a test's stand-in). Over the ranks of ``distributed.current()``."""
-    from dfmp2.grad.run import check_gradient_options
+    from dfmp2.drivers.gradient import check_gradient_options
 
     if not (math.isfinite(step) and 1e-5 <= step <= 0.1):
         raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
@@ -284,7 +285,7 @@ def frequencies(
             rows = load_checkpoint(checkpoint, fp, len(tasks), width)
         except FrequencyError as e:
             error = e
-    world.agree(error, pipeline.request_content(geom, options))  # the same molecule and options on every rank
+    world.agree(error, energy_driver.request_content(geom, options))  # the same molecule and options on every rank
     rows = _share_rows(rows, len(tasks), width, world)
     resumed = len(rows)
     if resumed and not world.rank:

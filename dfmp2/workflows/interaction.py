@@ -511,7 +511,7 @@ def run_interaction(
     geom: Geometry, frags: Fragments, options, log=None, progress=None, world=None
 ) -> InteractionResult:
     """Run the 2N+1 DF-MP2 calculations and form the interaction energies.
-    ``options`` (pipeline.RunOptions): charge and multiplicity are taken from ``frags``;
+    ``options`` (dfmp2.options.RunOptions): charge and multiplicity are taken from ``frags``;
     no checkpoint. ``log(msg)`` gets a line as each run starts. A basis bracket (cc-pv[dt]z):
     each of the 2N+1 runs is a CBS extrapolation (dfmp2.workflows.cbs.run_cbs) and the interaction
     energies are differences of extrapolated energies, as Psi4 forms them. ``world``: the process
@@ -519,7 +519,7 @@ def run_interaction(
     several ranks the runs are dealt to the ranks, each a whole one-process run
     (``dfmp2.workflows.tasks``), and every rank gets every run (the same numbers as one process)."""
     from dfmp2 import distributed
-    from dfmp2.pipeline import make_backend, request_content
+    from dfmp2.drivers.energy import make_backend, request_content
     from dfmp2.workflows import tasks
     from dfmp2.workflows.cbs import run_point, summed_kernels
 

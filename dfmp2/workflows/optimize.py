@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pyscf.lib.parameters import BOHR  # Å per Bohr: PySCF's, as the molecules and QCSchema use
 
+from dfmp2.drivers.gradient import GradientResult, check_gradient_options, run_gradient
 from dfmp2.errors import InputError
-from dfmp2.grad.run import GradientResult, check_gradient_options, run_gradient
 from dfmp2.io import molecule
 from dfmp2.io.outputs import write_text
 from dfmp2.io.xyz import Geometry

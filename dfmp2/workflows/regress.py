@@ -178,8 +178,8 @@ def run_case(
     reference's. Errors of the case (SCF not converged, ...) are recorded in the result, not
     raised; a device that cannot run raises before any work. ``world``: the process group of the
     run (default ``distributed.current()``; a case dealt to a rank: a one-process World)."""
+    from dfmp2.drivers.energy import prepare, run_energy
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import run_geometry
 
     options = replace(
         options or RunOptions(),
@@ -203,7 +203,7 @@ def run_case(
     )
     t0 = time.perf_counter()
     try:
-        res = run_geometry(read_xyz(entry["_xyz"]), options, progress=progress, world=world)
+        res = run_energy(prepare(read_xyz(entry["_xyz"]), options, world=world), progress=progress).result
     except InputError as e:  # the case failed; the run goes on with the next one
         cr.error = str(e)
         cr.seconds = time.perf_counter() - t0

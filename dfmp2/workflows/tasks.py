@@ -35,7 +35,7 @@ def deal(ntasks: int, run_task, world=None, stage: str = "tasks", group_size: in
     """The results of ``run_task(k, task_world)`` for k = 0 .. ntasks - 1, in task order, on every
     rank of ``world`` (default ``distributed.current()``). ``run_task`` runs task k on
     ``task_world`` (a one-process World, or with ``group_size`` > 1 this rank's group of that many
-    ranks: ``World.split``; pass it down to ``pipeline.prepare_run``) and returns a picklable
+    ranks: ``World.split``; pass it down to ``dfmp2.drivers.energy.prepare``) and returns a picklable
     result, the same on every rank of a group. The ranks must have agreed on their input before
     (``World.agree``) and ``group_size`` divide their number (``distributed.check_groups``). One
     process: the tasks in turn, the first InputError raised as it comes."""

@@ -11,9 +11,9 @@ from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
 import dfmp2
-from dfmp2 import pipeline
 from dfmp2.cli import options as cli_options
 from dfmp2.cli.main import main
+from dfmp2.drivers import energy as energy_driver
 from dfmp2.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, InputError, MemoryLimitError, error_line, flag
 from dfmp2.options import (
     CBS_SCF_SCHEMES,
@@ -113,8 +113,7 @@ def captured(monkeypatch):
         seen.append(options)
         raise Stop("stopped by the test")
 
-    monkeypatch.setattr(pipeline, "run_geometry", lambda geom, options, **k: capture(options))
-    monkeypatch.setattr(pipeline, "run", lambda path, options, **k: capture(options))
+    monkeypatch.setattr(energy_driver, "prepare", lambda geom, options, *a, **k: capture(options))
     monkeypatch.setattr(interaction, "run_interaction", lambda geom, frags, options, **k: capture(options))
     return seen
 

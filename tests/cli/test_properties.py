@@ -14,6 +14,7 @@ from pyscf import gto, scf
 from pyscf.mp import dfmp2_native
 
 from dfmp2.cli.main import main
+from dfmp2.interfaces import api
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -82,10 +83,9 @@ def test_gradient_properties_dipole_come_from_its_densities(tmp_path):
 
 
 def test_run_without_properties_has_none():
-    from dfmp2 import pipeline
     from dfmp2.options import RunOptions
 
-    d = pipeline.run(WATER, RunOptions(basis="sto-3g")).to_dict()
+    d = api.run(WATER, RunOptions(basis="sto-3g")).to_dict()
     assert d["properties"] is None and "dipole" not in d["units"]
 
 

@@ -19,12 +19,14 @@ from click.testing import CliRunner
 from pyscf import gto, lib
 from pyscf.df import incore
 
-from dfmp2 import linalg, memory, pipeline
+from dfmp2 import linalg, memory
+from dfmp2.benchmarks.timing import time_mp2_stage
 from dfmp2.cli.main import main
 from dfmp2.df import basis, integrals
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.io import molecule
 from dfmp2.options import INTEGRAL_ENGINES
-from dfmp2.pipeline import RunOptions
 from dfmp2.scf import driver, pyscf_scf
 from dfmp2.scf import jk as scf_jk
 from dfmp2.timing import Timer
@@ -179,7 +181,7 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
                 for p0, p1, packed in integrals.iter_j3c_packed(self.mol, auxmol, shell_blocks)
             )
 
-    geom = pipeline.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
+    geom = energy_driver.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_rhf(mol, "df")
@@ -187,10 +189,12 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
     opts = RunOptions(j3c_block_mb=0.5)  # several blocks
     res = {}
     for eng in (integrals.HostEngine(mol, be, depth=integrals.QUEUE_DEPTH), SameThread(mol, be)):
-        plan = pipeline.stage_plan(
+        plan = energy_driver.stage_plan(
             mol, auxmol, opts, be, "fp64", nocc=ref.channels[0].nocc, nvir=ref.nmo - ref.channels[0].nocc
         )
-        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be), engine=eng)
+        got = energy_driver.mp2_stage(
+            mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be), engine=eng
+        )
         res[eng.name] = (float.hex(got.e_os), float.hex(got.e_ss))
         assert got.integrals["engine"] == eng.name
     assert plan.aux_block < auxmol.nao_nr()
@@ -446,14 +450,14 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
 
 def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
     fake_gpu4pyscf(monkeypatch, shuffle_seed=3)
-    geom = pipeline.read_xyz(INPUTS / "water.xyz")
+    geom = energy_driver.read_xyz(INPUTS / "water.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_rhf(mol, "df")
     be = linalg.get_backend("cpu")
     e = {}
     for eng in (integrals.HostEngine(mol, be), integrals.Gpu4pyscfEngine(mol, FakeCudaBackend())):
-        plan = pipeline.stage_plan(
+        plan = energy_driver.stage_plan(
             mol,
             auxmol,
             RunOptions(j3c_block_mb=0.3),
@@ -463,7 +467,9 @@ def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
             nvir=ref.nmo - ref.channels[0].nocc,
             engine=eng,
         )
-        got = pipeline.mp2_stage(mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be), engine=eng)
+        got = energy_driver.mp2_stage(
+            mol, auxmol, ref, backend=be, precision="fp64", plan=plan, timer=Timer(be), engine=eng
+        )
         e[eng.name] = got.e_os + got.e_ss
         assert got.integrals["engine"] == eng.name
     assert abs(e["gpu4pyscf"] - e["host"]) < 1e-12
@@ -570,7 +576,7 @@ def test_cuda_host_engine_pinned_blocks_bit_identical(water):
 @pytest.mark.cuda
 def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
     pytest.importorskip("gpu4pyscf", reason="cuda channel: gpu4pyscf is not installed (pip install -e '.[cuda13]')")
-    geom = pipeline.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
+    geom = energy_driver.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     be = linalg.get_backend("cuda")
@@ -591,4 +597,4 @@ def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
 
 
 def time_mp2_stage_with(mol, auxmol, ref, backend, engine):
-    return pipeline.time_mp2_stage(mol, auxmol, ref, RunOptions(device=backend.name), backend, engine=engine)
+    return time_mp2_stage(mol, auxmol, ref, RunOptions(device=backend.name), backend, engine=engine)

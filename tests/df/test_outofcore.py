@@ -16,9 +16,10 @@ from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import outofcore
 from dfmp2.df.outofcore import HDF5B, InMemoryB, OccBlocks
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
+from dfmp2.interfaces.api import run
 from dfmp2.linalg.reference import mp2_pair_energy_reference
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.scf import driver, pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -187,12 +188,11 @@ def run_plan_limit(precision):
 
 
 def test_forced_disk_on_eigh_metric_is_bitwise_equal(monkeypatch):
-    import dfmp2.pipeline as pipeline
 
     def failing_cholesky(a, *, backend=None):
         raise linalg.NotPositiveDefiniteError("forced eigh")
 
-    monkeypatch.setattr(pipeline.linalg, "cholesky", failing_cholesky)
+    monkeypatch.setattr(linalg, "cholesky", failing_cholesky)
     a = run(WATER, RunOptions(**SMALL, storage="memory"))
     b = run(WATER, RunOptions(**SMALL, storage="disk"))
     assert a.ran["metric"].startswith("eigh") and b.memory["out_of_core"]

@@ -1,5 +1,5 @@
 """The RHF DF-MP2 nuclear gradient (dfmp2.grad.mp2) against references that do not come from it:
-central finite differences of our own printed energies (``pipeline.run_geometry``, both fitting
+central finite differences of our own printed energies (``dfmp2.interfaces.api.run``, both fitting
 sets, SCF converged to 1e-10), with the step shown converged (two steps agree far below the
 tolerance), and PySCF's DF-RHF gradient (``pyscf.df.grad.rhf``) for the HF part. Geometries are
 distorted from the symmetric inputs so that no component vanishes by symmetry."""
@@ -15,13 +15,15 @@ from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_
 from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
-from dfmp2 import linalg, pipeline
+from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR, InputError
 from dfmp2.grad import mp2 as grad_mp2
 from dfmp2.grad import plan as grad_plan
-from dfmp2.grad import run as grad_run
+from dfmp2.interfaces import api
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 
@@ -43,7 +45,7 @@ def _analytic(case):
     if case not in _cache:
         xyz, kw, method = CASES[case]
         geom = _geometry(xyz)
-        _cache[case] = (geom, _options(**kw), method, grad_run.run_gradient(geom, _options(**kw), method=method))
+        _cache[case] = (geom, _options(**kw), method, gradient_driver.run_gradient(geom, _options(**kw), method=method))
     return _cache[case]
 
 
@@ -83,7 +85,7 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
 
     geom, options, method, _ = _analytic(case)
     seen = {}
-    pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    api.run(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     parts = grad_mp2.mp2_gradient(
         mol,
@@ -107,7 +109,7 @@ def test_along_a_direction(method, scf_mode):
     along one displacement of all atoms at once."""
     geom = _geometry("water.xyz")
     options = _options(basis="6-31g", scf_mode=scf_mode)
-    gr = grad_run.run_gradient(geom, options, method=method)
+    gr = gradient_driver.run_gradient(geom, options, method=method)
     d = np.random.default_rng(7).normal(size=gr.gradient.shape)
     d /= np.linalg.norm(d)
     assert_matches_fd_along(gr.gradient, geom, options, method, d)
@@ -209,7 +211,7 @@ def test_gradient_matches_finite_differences_slow(case):
     xyz, kw, method = SLOW_CASES[case]
     geom = distorted(read_xyz(INPUTS / xyz))
     options = _options(**kw)
-    g = grad_run.run_gradient(geom, options, method=method).gradient
+    g = gradient_driver.run_gradient(geom, options, method=method).gradient
     assert_matches_fd(g, geom, options, method)
 
 
@@ -243,7 +245,7 @@ def test_optimize_water_to_the_dfmp2_cc_pvdz_minimum(tmp_path):
     assert r.exit_code == 0, r.output
     geom = read_xyz(final)
     assert sum(ln.startswith("step ") for ln in traj.read_text().splitlines()) >= 2
-    gr = grad_run.run_gradient(geom, _options(basis="cc-pvdz"))
+    gr = gradient_driver.run_gradient(geom, _options(basis="cc-pvdz"))
     assert np.abs(gr.gradient).max() <= 3e-4
     options = _options(basis="cc-pvdz")
     c = geom.coords_angstrom
@@ -347,7 +349,7 @@ def test_optimize_starts_each_scf_from_the_previous_density(tmp_path):
     out = optimize(read_xyz(src), _options(basis="sto-3g"))
     assert len(out.energies) >= 3
     assert out.last.result.ran["scf"]["guess"].startswith("given density")
-    fresh = grad_run.run_gradient(out.geometry, _options(basis="sto-3g"))
+    fresh = gradient_driver.run_gradient(out.geometry, _options(basis="sto-3g"))
     assert fresh.result.ran["scf"]["guess"].startswith("minao")
     assert abs(fresh.energy - out.last.energy) < 1e-9
 
@@ -389,7 +391,7 @@ def test_qcschema_driver_gradient_returns_the_n_by_3_gradient():
     }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
-    ours = grad_run.run_gradient(geom, RunOptions(basis="6-31g", frozen_core=True)).gradient
+    ours = gradient_driver.run_gradient(geom, RunOptions(basis="6-31g", frozen_core=True)).gradient
     assert r.driver == "gradient" and g.shape == (3, 3)
     assert np.abs(g - ours).max() <= 1e-8
     assert np.allclose(np.asarray(r.properties.return_gradient).reshape(-1, 3), g)
@@ -399,8 +401,8 @@ def test_qcschema_driver_gradient_returns_the_n_by_3_gradient():
 def test_gradient_on_cuda_equals_cpu():
     """The stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
     geom = _geometry("water.xyz")
-    cpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
-    gpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    cpu = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
     assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
     assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8
 
@@ -408,8 +410,10 @@ def test_gradient_on_cuda_equals_cpu():
 def test_gradient_memory_is_refused_before_the_scf(no_scf):
     """A memory limit above the energy run's need but below the gradient stage's: one line, exit 2,
     before any SCF."""
-    need = grad_run.check_gradient_memory(
-        read_xyz(INPUTS / "water.xyz"), RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
+    need = gradient_driver.check_gradient_memory(
+        read_xyz(INPUTS / "water.xyz"),
+        RunOptions(basis="cc-pvdz", memory_mb=1e5),
+        energy_driver.make_backend(RunOptions()),
     )
     assert need == pytest.approx(grad_plan.memory_mb(nao=24, nocc=5, nact=5, nvir=19, naux_mp2=84, naux_jk=116))
     r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--memory", f"{need / 2:.3f}MB"])
@@ -425,6 +429,6 @@ def test_linear_dependence_is_said():
         symbols=("H", "H"),
         coords_angstrom=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 0.25]]),
     )
-    gr = grad_run.run_gradient(geom, _options(basis="aug-cc-pvtz"))
+    gr = gradient_driver.run_gradient(geom, _options(basis="aug-cc-pvtz"))
     assert gr.result.nmo < gr.result.nbasis
     assert any("linear dependence" in w and "not the exact derivative" in w for w in gr.to_dict()["warnings"])

@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from gradient_fd import INPUTS, distorted
 from gradient_fd import options as _options
 
-from dfmp2 import pipeline
 from dfmp2.cli.main import main
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR, MemoryLimitError
 from dfmp2.grad import common as grad_common
 from dfmp2.grad import jk_deriv
 from dfmp2.grad import mp2 as grad_mp2
 from dfmp2.grad import plan as grad_plan
-from dfmp2.grad import run as grad_run
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import human
 from dfmp2.timing import Timer
@@ -33,9 +33,9 @@ _runs = {}
 def _energy_run(name: str, **kw):
     if name not in _runs:
         opts = _options(**kw)
-        be = pipeline.make_backend(opts)
-        job = pipeline.prepare_run(distorted(read_xyz(INPUTS / name)), opts, be, None)
-        _runs[name] = (job, pipeline.run_energy(job), be)
+        be = energy_driver.make_backend(opts)
+        job = energy_driver.prepare(distorted(read_xyz(INPUTS / name)), opts, be, None)
+        _runs[name] = (job, energy_driver.run_energy(job), be)
     return _runs[name]
 
 
@@ -51,7 +51,9 @@ def test_blocked_forms_equal_the_in_memory_forms(name, kw, method):
     forms = [(zv, jd, "memory", 0.0) for zv, jd in grad_plan.PLANS] + [(*grad_plan.DISK_PLAN, "disk", 7 * row_mb)]
     for zv, jd, factor, fit_mb in forms:  # on disk: fitted in row blocks of 7 functions
         plan = grad_plan.make_plan(shapes, zv, jd, factor=factor, fit_mb=fit_mb)
-        parts = grad_run.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        parts = gradient_driver.gradient_stage(
+            job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan
+        )
         assert parts.ran["plan"]["zvector"] == zv and parts.ran["plan"]["jk_deriv"] == jd
         assert parts.zvector["form"] == zv and parts.ran["plan"]["jk_factor"].startswith(("in memory", "on disk"))
         grads[zv, jd, factor] = parts.gradient
@@ -70,7 +72,9 @@ def test_uhf_factor_on_disk_equals_the_factor_in_memory(name, kw, method):
     grads = {}
     for factor, fit_mb in (("memory", 0.0), ("disk", 7 * row_mb)):
         plan = grad_plan.make_plan(shapes, *grad_plan.DISK_PLAN, factor=factor, fit_mb=fit_mb)
-        parts = grad_run.gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan)
+        parts = gradient_driver.gradient_stage(
+            job.mol, done.ref, job.auxmol, job.jk_auxmol, be, method, Timer(be), plan
+        )
         rec = parts.ran["plan"]
         assert rec["jk_factor"].startswith("in memory" if factor == "memory" else "on disk")
         assert rec["zvector_form"] == grad_plan.UHF_FORMS["zvector"] and "each spin" in rec["jk_deriv_form"]
@@ -180,7 +184,7 @@ def test_below_the_smallest_plan_is_one_line_in_human_units():
 
 def test_cli_refuses_below_the_smallest_plan_before_the_scf(no_scf):
     geom, opts = read_xyz(INPUTS / "water.xyz"), _options(basis="cc-pvdz")
-    job = pipeline.prepare(geom, opts, pipeline.make_backend(opts))
+    job = energy_driver.prepare(geom, opts, energy_driver.make_backend(opts))
     shapes = dict(
         nao=job.space.nbasis,
         nocc=job.space.nocc[0],
@@ -228,7 +232,7 @@ def test_run_gradient_under_a_limit_runs_and_records_the_blocked_plan(monkeypatc
 
     monkeypatch.setattr(grad_plan, "phase_mb", inflated)
     geom, opts = distorted(read_xyz(INPUTS / "water.xyz")), _options(basis="6-31g", memory_mb=2e4)
-    gr = grad_run.run_gradient(geom, opts)
+    gr = gradient_driver.run_gradient(geom, opts)
     plan = gr.to_dict()["gradient"]["ran"]["plan"]
     assert plan["zvector"] == "ao" and plan["jk_deriv"] == "blocked" and plan["limit_mb"] == 2e4
     job, done, be = _energy_run("water.xyz", basis="6-31g")
@@ -258,12 +262,12 @@ def test_the_disk_plan_uses_the_runs_scratch_directory_and_leaves_it_empty(monke
     monkeypatch.setattr(jk_deriv, "build_jk_factor", build)
     monkeypatch.setattr(grad_plan, "phase_mb", inflated)
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    gr = grad_run.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
+    gr = gradient_driver.run_gradient(geom, _options(basis="6-31g", memory_mb=2e4, scratch_dir=str(tmp_path)))
     assert gr.to_dict()["gradient"]["ran"]["plan"]["jk_factor"].startswith("on disk")
     assert ("disk", seen[-1][1]) == seen[-1] and seen[-1][1]  # the factor's directory under --scratch
     assert not list(tmp_path.iterdir())
     monkeypatch.setattr(grad_plan, "phase_mb", real)
-    mem = grad_run.run_gradient(geom, _options(basis="6-31g"))
+    mem = gradient_driver.run_gradient(geom, _options(basis="6-31g"))
     assert np.abs(np.asarray(gr.gradient) - np.asarray(mem.gradient)).max() <= 1e-10
 
 

@@ -25,9 +25,9 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.grad import common as grad_common
 from dfmp2.grad import mp2 as grad_mp2
-from dfmp2.grad import run as grad_run
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 
@@ -49,7 +49,7 @@ def _trn():
 
 def test_stage_on_trn_matches_cpu_on_the_same_reference():
     opts = RunOptions(basis="6-31g", frozen_core=True)
-    cpu = grad_run.run_gradient(_water(), opts, "scs-mp2")
+    cpu = gradient_driver.run_gradient(_water(), opts, "scs-mp2")
     mol, ref = cpu.energy_run.mol, cpu.energy_run.ref
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol, opts.auxbasis))
     jk_auxmol = basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
@@ -68,8 +68,8 @@ def test_stage_on_trn_matches_cpu_on_the_same_reference():
 def test_end_to_end_on_trn_matches_cpu_fp64():
     geom = _water()
     opts = dict(basis="6-31g", scf_conv_tol_grad=1e-10)
-    cpu = grad_run.run_gradient(geom, RunOptions(**opts))
-    trn = grad_run.run_gradient(geom, RunOptions(device="trn1", simulate=True, **opts))
+    cpu = gradient_driver.run_gradient(geom, RunOptions(**opts))
+    trn = gradient_driver.run_gradient(geom, RunOptions(device="trn1", simulate=True, **opts))
     diff = np.abs(trn.gradient - cpu.gradient).max()
     assert diff < END_TOL, diff
     assert trn.result.ran["simulated"] and trn.parts.ran["simulated"] is True

@@ -1,5 +1,5 @@
 """The UHF DF-MP2 nuclear gradient (dfmp2.grad.ump2) against references that do not come from
-it: central finite differences of our own printed UHF energies (``pipeline.run_geometry``, both
+it: central finite differences of our own printed UHF energies (``dfmp2.interfaces.api.run``, both
 fitting sets, SCF converged to 1e-10), the step shown converged (the halved step agrees), PySCF's
 DF-UHF gradient (``pyscf.df.grad.uhf``) for the HF part, and the RHF gradient (dfmp2.grad.mp2,
 itself tested against finite differences) for a closed shell run with a UHF reference.
@@ -17,15 +17,17 @@ from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_
 from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
-from dfmp2 import linalg, pipeline
+from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import EXIT_USER_ERROR
 from dfmp2.grad import common as grad_common
 from dfmp2.grad import mp2 as grad_mp2
 from dfmp2.grad import plan as grad_plan
-from dfmp2.grad import run as grad_run
 from dfmp2.grad import ump2 as grad_ump2
+from dfmp2.interfaces import api
 from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
 
@@ -52,7 +54,7 @@ def _analytic(case):
     if case not in _cache:
         mol, kw, method = CASES[case]
         geom = _radical(mol)
-        _cache[case] = (geom, _options(**kw), method, grad_run.run_gradient(geom, _options(**kw), method=method))
+        _cache[case] = (geom, _options(**kw), method, gradient_driver.run_gradient(geom, _options(**kw), method=method))
     return _cache[case]
 
 
@@ -100,7 +102,7 @@ EDGE = {  # no beta electron at all (E_corr 0: the DF-UHF gradient); a triplet w
 def test_uhf_gradient_edge_cases_match_finite_differences(case):
     geom, kw = EDGE[case]
     options = _options(**kw)
-    g = grad_run.run_gradient(geom, options, method="mp2").gradient
+    g = gradient_driver.run_gradient(geom, options, method="mp2").gradient
     assert_matches_fd(g, geom, options, "mp2", halve=False)
     assert np.abs(g.sum(axis=0)).max() < 1e-9
 
@@ -113,7 +115,7 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 
     geom, options, _, _ = _analytic("nh2-fc-scs")
     seen = {}
-    pipeline.run_geometry(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    api.run(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     parts = grad_ump2.uhf_mp2_gradient(
         mol,
@@ -135,8 +137,10 @@ def test_uhf_hf_part_matches_pyscf_df_uhf_gradient():
 def test_closed_shell_with_a_uhf_reference_gives_the_rhf_gradient(frozen_core, method):
     """Water run with reference uhf: α = β, every UHF term half the RHF's spin-summed one."""
     geom = distorted(read_xyz(INPUTS / "water.xyz"))
-    rhf = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
-    uhf = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method)
+    rhf = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=frozen_core), method=method)
+    uhf = gradient_driver.run_gradient(
+        geom, _options(basis="6-31g", frozen_core=frozen_core, reference="uhf"), method=method
+    )
     assert uhf.result.spin["reference"] == "UHF" and uhf.parts.ran["reference"] == "uhf"
     assert np.abs(uhf.gradient - rhf.gradient).max() <= 1e-8
     assert np.abs(uhf.parts.hf - rhf.parts.hf).max() <= 1e-8
@@ -147,7 +151,7 @@ def test_sos_mp2_on_pyscf_uhf_along_a_direction():
     displacement of both atoms at once."""
     geom = _radical("oh")
     options = _options(basis="6-31g", scf_mode="pyscf-df")
-    gr = grad_run.run_gradient(geom, options, method="sos-mp2")
+    gr = gradient_driver.run_gradient(geom, options, method="sos-mp2")
     assert gr.result.ran["scf"]["engine"] == "pyscf"
     d = np.random.default_rng(11).normal(size=gr.gradient.shape)
     d /= np.linalg.norm(d)
@@ -185,8 +189,8 @@ def test_cli_gradient_on_a_doublet_refuses_in_one_line_before_the_scf(args, word
 
 def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
     geom = read_xyz(INPUTS / "open_shell" / "hydroxyl.xyz")
-    need = grad_run.check_gradient_memory(
-        geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), pipeline.make_backend(RunOptions())
+    need = gradient_driver.check_gradient_memory(
+        geom, RunOptions(basis="cc-pvdz", memory_mb=1e5), energy_driver.make_backend(RunOptions())
     )
     # OH/cc-pVDZ: 19 functions, 5 alpha and 4 beta electrons; cc-pVDZ-RI 70 and cc-pVDZ-JKFIT 93 auxiliary functions
     shapes = dict(nao=19, nocc=(5, 4), nact=(5, 4), nvir=(14, 15), naux_mp2=70, naux_jk=93)
@@ -212,7 +216,7 @@ def test_uhf_gradient_memory_is_the_uhf_plan_and_refused_before_the_scf(no_scf):
 def test_the_rhf_stage_refuses_a_uhf_reference_and_the_uhf_stage_an_rhf_one():
     geom = _radical("oh")
     seen = {}
-    pipeline.run_geometry(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
+    api.run(geom, _options(basis="sto-3g"), on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]
     aux, jk = basis.make_auxmol(mol, basis.mp2_auxbasis(mol)), basis.make_auxmol(mol, basis.default_auxbasis(mol, "jk"))
     with pytest.raises(grad_common.GradientError, match="uhf_mp2_gradient"):
@@ -235,7 +239,7 @@ def test_uhf_gradient_matches_finite_differences_slow(case):
     xyz, kw, method = SLOW_CASES[case]
     geom = distorted(read_xyz(INPUTS / xyz))
     options = _options(**kw)
-    g = grad_run.run_gradient(geom, options, method=method).gradient
+    g = gradient_driver.run_gradient(geom, options, method=method).gradient
     assert_matches_fd(g, geom, options, method)
 
 
@@ -294,7 +298,7 @@ def test_qcschema_driver_gradient_on_a_doublet():
     }
     r = qcschema.run_qcschema(doc)
     g = np.asarray(r.return_result).reshape(-1, 3)
-    ours = grad_run.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
+    ours = gradient_driver.run_gradient(geom, RunOptions(basis="sto-3g")).gradient
     assert g.shape == (2, 3) and np.abs(g - ours).max() <= 1e-8
 
 
@@ -322,7 +326,7 @@ def test_ase_forces_of_a_doublet_against_its_energy():
 def test_uhf_gradient_on_cuda_equals_cpu():
     """The UHF stage on a CUDA backend (its GEMMs and J/K there, fp64) against the CPU's."""
     geom = _radical("nh2")
-    cpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
-    gpu = grad_run.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
+    cpu = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=True))
+    gpu = gradient_driver.run_gradient(geom, _options(basis="6-31g", frozen_core=True, device="cuda"))
     assert gpu.parts.ran["device"].startswith("cuda") and gpu.parts.ran["kernels"]
     assert np.abs(gpu.gradient - cpu.gradient).max() <= 1e-8

@@ -1,6 +1,6 @@
 """The finite-difference harness of the RHF and UHF gradient tests (tests/grad/test_gradient.py,
 tests/grad/test_gradient_uhf.py; imported as ``from gradient_fd import ...``): central
-differences of the energy ``dfmp2 run`` prints (``pipeline.run_geometry``, SCF converged to
+differences of the energy ``dfmp2 run`` prints (``dfmp2.interfaces.api.run``, SCF converged to
 1e-10), the step shown converged by halving it, on geometries distorted so that no gradient
 component vanishes by symmetry."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 from pyscf.data.nist import BOHR
 
-from dfmp2 import pipeline
-from dfmp2.grad import mp2 as grad_mp2
+from dfmp2.drivers import energy as energy_driver
+from dfmp2.grad.mp2 import SCALES
+from dfmp2.interfaces import api
 from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -40,9 +41,9 @@ _backends = {}
 
 def energy(geom, options, method, coords_angstrom) -> float:
     """The energy ``dfmp2 run`` prints for ``method`` at these coordinates (one CPU backend for all)."""
-    c_os, c_ss = grad_mp2.SCALES[method]
-    be = _backends.setdefault(options.device, pipeline.make_backend(options))
-    r = pipeline.run_geometry(dataclasses.replace(geom, coords_angstrom=coords_angstrom), options, backend=be)
+    c_os, c_ss = SCALES[method]
+    be = _backends.setdefault(options.device, energy_driver.make_backend(options))
+    r = api.run(dataclasses.replace(geom, coords_angstrom=coords_angstrom), options, backend=be)
     return r.e_hf + c_os * r.e_os + c_ss * r.e_ss
 
 

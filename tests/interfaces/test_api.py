@@ -223,9 +223,9 @@ def test_import_stays_light():
     ],
 )
 def test_python_options_are_type_checked_before_any_work(kw, fragment, monkeypatch):
-    import dfmp2.pipeline
+    import dfmp2.drivers.energy
 
-    monkeypatch.setattr(dfmp2.pipeline, "prepare", lambda *a, **k: pytest.fail("the run started"))
+    monkeypatch.setattr(dfmp2.drivers.energy, "prepare", lambda *a, **k: pytest.fail("the run started"))
     with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")) as e:
         dfmp2.energy(str(ROOT / "inputs" / "water.xyz"), **kw)
     assert e.value.option == next(iter(kw)) and "--" not in str(e.value)

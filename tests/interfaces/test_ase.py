@@ -84,12 +84,12 @@ def test_the_next_geometry_starts_from_the_last_density_and_gives_a_fresh_runs_e
 
 
 def test_a_density_of_the_wrong_shape_is_refused_in_one_line():
+    from dfmp2.interfaces.api import run
     from dfmp2.io.xyz import read_xyz
     from dfmp2.options import RunOptions
-    from dfmp2.pipeline import run_geometry
 
     with pytest.raises(InputError, match="starting density has shape"):
-        run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(basis="sto-3g"), guess=np.eye(3))
+        run(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(basis="sto-3g"), guess=np.eye(3))
 
 
 def test_open_shell_from_the_atoms_magnetic_moment_matches_pyscf():

@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import integrals
+from dfmp2.drivers.energy import RunOptions
+from dfmp2.interfaces.api import run
 from dfmp2.io import checkpoint
 from dfmp2.io.checkpoint import CheckpointError
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.scf import driver, pyscf_scf, rhf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -425,7 +426,7 @@ def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
     with pytest.raises(CheckpointError, match="written for another run: .*start afresh without resuming") as info:
         checkpoint.Checkpoint.resume(copy(ck, tmp_path / "c.h5"), {"charge": 1})
     assert info.value.option == ("resume", "charge") and " --" not in str(info.value)  # and the option that differs
-    # the same refusal from run_geometry, before any work
+    # the same refusal from a run, before any work
     assert "already exists; resume it" in cli_error(["run", str(WATER), "--checkpoint", str(ck)])
     assert "to resume are different files" in cli_error(
         ["run", str(WATER), "--checkpoint", str(tmp_path / "a.h5"), "--resume", str(ck)]

@@ -25,8 +25,8 @@ import pytest
 from click.testing import CliRunner
 from tmpfs import tmpfs
 
-from dfmp2 import pipeline
 from dfmp2.cli.main import main
+from dfmp2.interfaces import api
 from dfmp2.io import checkpoint, molecule
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
@@ -128,7 +128,7 @@ def test_the_checkpoint_estimate_covers_the_whole_file(tmp_path, extra):
     """What the disk check counts (checkpoint.size_mb) is at least the finished file, and not
     far above it; B alone (what it counted before) is 27 % short for water."""
     ck, plans = tmp_path / "ck.h5", []
-    pipeline.run(WATER, RunOptions(checkpoint=str(ck), **extra), on_plan=plans.append)
+    api.run(WATER, RunOptions(checkpoint=str(ck), **extra), on_plan=plans.append)
     (plan,) = plans
     nocc, nbasis = 5, 24
     est = checkpoint.size_mb(b_mb=plan.b_mb, nbasis=nbasis, nmo=nbasis, nblocks=-(-nocc // plan.occ_block)) * 1e6
@@ -193,7 +193,7 @@ def test_pyscf_writes_its_df_tensor_under_scratch_with_the_memory_limit(tmp_path
 
     monkeypatch.setattr(pyscf_df.DF, "build", spy_build)
     monkeypatch.setattr(outcore, "cholesky_eri_b", spy_write)
-    r = pipeline.run(WATER, RunOptions(scf_mode="pyscf-df", memory_mb=0.25, scratch_dir=str(tmp_path)))
+    r = api.run(WATER, RunOptions(scf_mode="pyscf-df", memory_mb=0.25, scratch_dir=str(tmp_path)))
     assert seen["max_memory"] == pytest.approx(0.25)
     assert seen["file"].parent.parent == tmp_path and seen["file"].parent.name.startswith("dfmp2-pyscf-")
     assert r.ran["scf"]["df_tensor"] == "disk" and list(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError, SCFNotConvergedError
+from dfmp2.interfaces import api
 from dfmp2.io import outputs
 from dfmp2.scf import driver, pyscf_scf
 from dfmp2.workflows import compare as compare_mod
@@ -329,16 +330,16 @@ def test_checkpoint_of_a_run_that_failed_before_scf_is_removed(tmp_path, monkeyp
     [(InputError("refused (test)"), False), (KeyboardInterrupt(), True), (RuntimeError("device lost (test)"), True)],
 )
 def test_checkpoint_after_scf_kept_unless_a_refusal(tmp_path, monkeypatch, exc, kept):
-    from dfmp2 import pipeline
+    from dfmp2.drivers import energy as energy_driver
 
     ck = tmp_path / "ck.h5"
 
     def fail(*a, **k):
         raise exc
 
-    monkeypatch.setattr(pipeline, "mp2_stage", fail)
+    monkeypatch.setattr(energy_driver, "mp2_stage", fail)
     with pytest.raises(type(exc)):
-        pipeline.run(WATER, pipeline.RunOptions(checkpoint=str(ck)))
+        api.run(WATER, energy_driver.RunOptions(checkpoint=str(ck)))
     assert ck.exists() == kept
 
 

@@ -19,9 +19,10 @@ from click.testing import CliRunner
 
 from dfmp2 import linalg
 from dfmp2.cli.main import main
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
+from dfmp2.interfaces.api import run
 from dfmp2.linalg import cpu_blas
-from dfmp2.pipeline import RunOptions, run
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = INPUTS / "water.xyz"

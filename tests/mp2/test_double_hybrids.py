@@ -14,11 +14,11 @@ from cli_checks import assert_one_line_error
 from click.testing import CliRunner
 
 from dfmp2.cli.main import main
+from dfmp2.drivers.energy import prepare, run_energy
 from dfmp2.errors import InputError
 from dfmp2.io.xyz import Geometry
 from dfmp2.mp2 import double_hybrids
 from dfmp2.options import RunOptions
-from dfmp2.pipeline import energy_run
 
 WATER = str(Path(__file__).resolve().parents[2] / "inputs" / "water.xyz")
 GRID = 1  # PySCF grids.level of the tests' KS-SCF
@@ -54,7 +54,7 @@ def _pyscf_pt2(mf, auxbasis, frozen=None):
 def water_runs():
     """One run of each functional on water (cc-pVDZ, grid level 1): {key: EnergyRun}."""
     return {
-        key: energy_run(H2O, RunOptions(basis="cc-pvdz", method=key, dft_grid=GRID))
+        key: run_energy(prepare(H2O, RunOptions(basis="cc-pvdz", method=key, dft_grid=GRID)))
         for key in double_hybrids.FUNCTIONALS
     }
 
@@ -98,7 +98,7 @@ def test_open_shell_uks_pt2_matches_pyscf_dfump2():
     orbitals, frozen core on both sides (PySCF's frozen=1): 1e-10 Eh."""
     # the coarse grid's noise stalls the UKS orbital gradient near 1e-6: threshold loosened (same orbitals both sides)
     opts = RunOptions(basis="cc-pvdz", method="b2plyp", dft_grid=GRID, frozen_core=True, scf_conv_tol_grad=1e-6)
-    done = energy_run(NH2, opts)
+    done = run_energy(prepare(NH2, opts))
     mf = done.ref.mf
     assert "UKS" in type(mf).__name__ and done.result.spin is not None and done.result.nfrozen == 1
     e_os, e_ss = _pyscf_pt2(mf, "cc-pvdz-ri", frozen=1)
@@ -116,7 +116,7 @@ def test_b2plyp_water_against_mrcc():
     r, a = 2.0 * 0.52917721092, np.deg2rad(104.2458898548)
     geom = _geom(("H", "O", "H"), [[r, 0, 0], [0, 0, 0], [r * np.cos(a), r * np.sin(a), 0]])
     opts = RunOptions(basis="cc-pvtz", method="b2plyp", scf_mode="exact", frozen_core=True, dft_grid=5)
-    res = energy_run(geom, opts).result
+    res = run_energy(prepare(geom, opts)).result
     assert abs(res.double_hybrid["e_total"] - -76.391961060726) < 1e-5
 
 
@@ -137,12 +137,12 @@ def test_trn1_simulated_runs_the_pt2_term_through_our_layer():
     """--device trn1 --simulate: the KS-SCF ran on the host (PySCF), the PT2 term through our layer
     on the simulated trn1 in fp32 (energies summed in fp64): within 1e-5 Eh of the fp64 cpu run."""
     opts = RunOptions(basis="sto-3g", method="b2plyp", dft_grid=GRID, device="trn1", simulate=True)
-    res = energy_run(H2O, opts).result
+    res = run_energy(prepare(H2O, opts)).result
     ran = res.ran
     assert ran["device"] == "trn1" and ran["simulated"] and ran["precision"] == "fp32"
     assert ran["scf"]["engine"] == "pyscf" and ran["scf"]["device"] == "host" and ran["scf"]["reference"] == "RKS"
     assert res.double_hybrid["ks_scf"]["device"] == "host"
-    cpu = energy_run(H2O, RunOptions(basis="sto-3g", method="b2plyp", dft_grid=GRID)).result
+    cpu = run_energy(prepare(H2O, RunOptions(basis="sto-3g", method="b2plyp", dft_grid=GRID))).result
     assert abs(res.double_hybrid["e_pt2"] - cpu.double_hybrid["e_pt2"]) < 1e-5
 
 

@@ -11,10 +11,11 @@ from pyscf import df
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from dfmp2.df import basis as df_basis
+from dfmp2.drivers.energy import RunOptions
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.result import SCS_OS, SCS_SS, SOS_OS
 from dfmp2.io.xyz import read_xyz
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.scf import pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -87,7 +88,6 @@ def test_small_occ_blocks_give_same_energy():
 
 def test_forced_eigh_metric_matches_cholesky(monkeypatch):
     """The near-singular-metric path (eigh, j2c^-1/2) gives the same energy as Cholesky."""
-    import dfmp2.pipeline as pipeline
     from dfmp2 import linalg
 
     path = INPUTS / "water.xyz"
@@ -96,7 +96,7 @@ def test_forced_eigh_metric_matches_cholesky(monkeypatch):
     def failing_cholesky(a, *, backend=None):
         raise linalg.NotPositiveDefiniteError("forced failure to take the eigh path")
 
-    monkeypatch.setattr(pipeline.linalg, "cholesky", failing_cholesky)
+    monkeypatch.setattr(linalg, "cholesky", failing_cholesky)
     eig = run(path, RunOptions())
     assert chol.ran["metric"] == "cholesky" and eig.ran["metric"].startswith("eigh")
     assert abs(chol.e_corr - eig.e_corr) < 1e-10

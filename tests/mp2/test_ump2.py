@@ -17,11 +17,12 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
 from dfmp2.linalg.reference import mp2_pair_energy_reference
-from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.scf import driver, pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -134,7 +135,7 @@ def test_spin_contamination_is_warned():
 def test_one_electron_has_no_correlation():
     """The H atom (a doublet by default: no multiplicity given) runs and has E_corr 0; the
     default multiplicity is said."""
-    r = run_geometry(parse_xyz("1\n\nH 0 0 0\n", "h.xyz"), RunOptions())
+    r = run(parse_xyz("1\n\nH 0 0 0\n", "h.xyz"), RunOptions())
     assert r.spin["nocc_beta"] == 0 and abs(r.e_corr) <= 1e-14
     assert any("taken as a doublet" in w for w in r.warnings)
 
@@ -165,13 +166,13 @@ def test_frozen_core_beyond_the_beta_electrons_is_refused(monkeypatch):
     monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))  # ours (--scf df)
     geom = parse_xyz("1\ncharge=3 multiplicity=3\nB 0 0 0\n", "b.xyz")
     with pytest.raises(InputError, match=r"frozen core \(1 orbitals per spin\) is more than the 0 occupied beta"):
-        run_geometry(geom, RunOptions(frozen_core=True))
+        run(geom, RunOptions(frozen_core=True))
 
 
 def test_time_mp2_stage_runs_ump2_as_run_does():
     """The benchmarks' stage timer takes a UHF reference: the same energies as ``dfmp2 run``."""
+    from dfmp2.benchmarks.timing import time_mp2_stage
     from dfmp2.io.xyz import read_xyz
-    from dfmp2.pipeline import time_mp2_stage
 
     mol = molecule.build_molecule(read_xyz(OH))
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))

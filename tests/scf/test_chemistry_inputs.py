@@ -19,10 +19,11 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from dfmp2.cli.main import main
 from dfmp2.df import basis as df_basis
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
-from dfmp2.pipeline import RunOptions, run_geometry
 from dfmp2.scf import pyscf_scf as bridge
 
 WATER = "O 0.0 0.0 0.119\nH 0.0 0.757 -0.477\nH 0.0 -0.757 -0.477"
@@ -99,7 +100,7 @@ MISSING = {
 @pytest.mark.parametrize("name", sorted(MISSING))
 def test_elements_missing_from_matched_fit_sets_match_pyscf(name):
     atoms, jk_aux, mp2_aux = MISSING[name]
-    r = run_geometry(geometry(atoms, f"{name}.xyz"), RunOptions())
+    r = run(geometry(atoms, f"{name}.xyz"), RunOptions())
     assert_matches_pyscf(r, atoms, "cc-pvdz", jk_aux, mp2_aux)
     # the per-element choice is stated: in the aux descriptions and as warnings (table and JSON)
     d = r.to_dict()
@@ -115,7 +116,7 @@ def test_elements_missing_from_matched_fit_sets_match_pyscf(name):
 def test_autoaux_beyond_krypton_matches_pyscf():
     """def2-svp-ri (matched to sto-3g) and def2-tzvpp-ri lack I: AutoAux from the orbital basis."""
     atoms = "H 0 0 0\nI 0 0 1.609"
-    r = run_geometry(geometry(atoms, "hi.xyz"), RunOptions(basis="sto-3g"))
+    r = run(geometry(atoms, "hi.xyz"), RunOptions(basis="sto-3g"))
     assert r.auxbasis == "def2-svp-ri (H) + autoaux (I)"
     assert any("autoaux used for I" in w for w in r.warnings)
     assert_matches_pyscf(
@@ -133,7 +134,7 @@ def test_autoaux_beyond_krypton_matches_pyscf():
     ],
 )
 def test_common_basis_names_run_and_match_pyscf(basis, jk_aux, mp2_aux, fallback):
-    r = run_geometry(geometry(WATER, "water.xyz"), RunOptions(basis=basis))
+    r = run(geometry(WATER, "water.xyz"), RunOptions(basis=basis))
     assert (r.auxbasis, r.jk_auxbasis) == (mp2_aux, jk_aux)
     assert any(f"no MP2-fit set is matched to basis {basis}" in w for w in r.warnings) == fallback
     assert_matches_pyscf(r, WATER, basis, jk_aux, mp2_aux)
@@ -161,7 +162,7 @@ def test_linear_dependence_is_stated_in_table_and_json(tmp_path):
 
 @pytest.mark.parametrize("aux", [None, "cc-pvdz-ri"])
 def test_no_warnings_on_an_ordinary_run(aux):
-    r = run_geometry(geometry(WATER), RunOptions(auxbasis=aux))
+    r = run(geometry(WATER), RunOptions(auxbasis=aux))
     assert r.warnings == [] and r.to_dict()["warnings"] == []
 
 
@@ -193,7 +194,7 @@ def test_multiplicity_from_comment_line_checked(no_scf):
         geometry(WATER, comment="multiplicity=0")
     geom = dataclasses.replace(geometry(WATER), multiplicity=0)
     with pytest.raises(InputError, match="multiplicity 0 is not valid"):
-        run_geometry(geom, RunOptions())
+        run(geom, RunOptions())
 
 
 def test_largest_allowed_anion_and_cation_run():
@@ -208,7 +209,7 @@ def test_largest_allowed_anion_and_cation_run():
 
 def test_frozen_core_leaving_no_active_occupied_refused_before_scf(no_scf):
     with pytest.raises(InputError, match="0 active occupied"):
-        run_geometry(geometry("B 0 0 0", "b.xyz"), RunOptions(charge=3, frozen_core=True))
+        run(geometry("B 0 0 0", "b.xyz"), RunOptions(charge=3, frozen_core=True))
 
 
 # --- a poor --auxbasis ---------------------------------------------------------------------

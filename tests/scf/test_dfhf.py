@@ -9,11 +9,12 @@ from channels import heavy_cases
 
 from dfmp2 import linalg
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
 from dfmp2.memory import human
-from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.scf import driver, jk, pyscf_scf, rhf
 from dfmp2.scf import precision as scf_precision
 from dfmp2.timing import Timer
@@ -360,7 +361,7 @@ def test_scf_memory_refused_before_the_scf(monkeypatch):
     need = driver.memory_mb(nao=24, naux=116, nocc=5, itemsize=8, block_mb=1e-9)["peak"]  # the smallest
     geom = read_xyz(INPUTS / "water.xyz")
     with pytest.raises(MemoryLimitError, match="the DF-SCF needs"):
-        run_geometry(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
+        run(geom, RunOptions(memory_mb=need * 0.99, storage="disk"))
 
 
 def test_scf_progress_one_call_per_cycle_from_both_engines():

@@ -13,10 +13,11 @@ from click.testing import CliRunner
 
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
-from dfmp2.pipeline import RunOptions, run_geometry
 
 ROOT = Path(__file__).resolve().parents[2]
 REFS = json.loads((ROOT / "inputs" / "references_ecp.json").read_text())["references"]
@@ -41,7 +42,7 @@ def test_every_case_of_the_script_is_stored_with_provenance():
 @pytest.mark.parametrize("key", sorted(REFS))
 def test_ecp_energies_match_pyscf_with_the_same_ecp(key):
     ref = REFS[key]
-    r = run_geometry(read_xyz(ROOT / ref["path"]), RunOptions(basis=ref["basis"], frozen_core=ref["frozen_core"]))
+    r = run(read_xyz(ROOT / ref["path"]), RunOptions(basis=ref["basis"], frozen_core=ref["frozen_core"]))
     for f, ours in (("e_hf", r.e_hf), ("e_os", r.e_os), ("e_ss", r.e_ss), ("e_corr", r.e_corr)):
         assert abs(ours - ref[f]) <= 1e-9, (f, ours - ref[f])
     assert (r.nbasis, r.naux, r.nocc, r.nfrozen, r.nvir) == (
@@ -73,7 +74,7 @@ def test_cli_states_the_ecp_in_table_and_json(tmp_path):
 
 
 def test_all_electron_basis_has_no_ecp(tmp_path):
-    r = run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions())
+    r = run(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions())
     assert r.ecp is None and r.to_dict()["ecp"] is None
 
 
@@ -84,13 +85,13 @@ def test_ecp_none_refuses_a_basis_made_for_an_ecp_and_none_for_testing_runs_it_w
     res = CliRunner().invoke(main, ["run", str(HI), "--basis", "def2-svp", "--ecp", "none"])
     assert res.exit_code == 2 and res.output.count("error: ") == 1 and "Traceback" not in res.output
     assert "made for an effective core potential on I" in res.output and "(--ecp)" in res.output
-    r = run_geometry(read_xyz(HI), RunOptions(basis="def2-svp", ecp="none-for-testing"))
+    r = run(read_xyz(HI), RunOptions(basis="def2-svp", ecp="none-for-testing"))
     assert r.ecp is None and r.nocc == 27  # 54 electrons
     assert any(
         "none-for-testing" in w and "--" not in w and "effective core potential on I" in w and "meaningless" in w
         for w in r.to_dict()["warnings"]
     )
-    water = run_geometry(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(ecp="none"))  # nothing to drop
+    water = run(read_xyz(ROOT / "inputs" / "water.xyz"), RunOptions(ecp="none"))  # nothing to drop
     assert water.ecp is None and water.warnings == []
 
 
@@ -161,7 +162,7 @@ def test_lanl2dz_gets_an_even_tempered_mp2_fit_where_autoaux_fails():
     from pyscf import scf as pyscf_scf
     from pyscf.mp.dfmp2 import DFMP2
 
-    r = run_geometry(read_xyz(HI), RunOptions(basis="lanl2dz"))
+    r = run(read_xyz(HI), RunOptions(basis="lanl2dz"))
     assert r.auxbasis == "def2-tzvpp-ri (H) + even-tempered (I)" and r.ecp["core_electrons"] == {"I": 46}
     assert any("even-tempered used for I (fallback)" in w for w in r.warnings)
     mol = molecule.build_molecule(read_xyz(HI), "lanl2dz")

@@ -13,11 +13,12 @@ from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis, fitting
 from dfmp2.df.outofcore import Scratch
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError, MemoryLimitError
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import human
-from dfmp2.pipeline import RunOptions, run
 from dfmp2.scf import driver, jk, pyscf_scf
 from dfmp2.timing import Timer
 
@@ -182,7 +183,7 @@ def test_a_scf_that_waited_for_the_disk_says_so():
     naming the wait, the rate and the factor's size; less, or a factor in memory: none."""
     from types import SimpleNamespace
 
-    from dfmp2.pipeline import slow_disk_warning
+    from dfmp2.drivers.energy import slow_disk_warning
 
     jf = {"layout": "disk", "read_wait_s": 30.0, "read_gb_per_s": 0.2, "disk_mb": 3700.0}
     w = slow_disk_warning(SimpleNamespace(jk_factor=jf, times={"scf": 100.0}))

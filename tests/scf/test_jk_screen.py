@@ -13,9 +13,10 @@ from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
 from dfmp2.df.outofcore import Scratch
+from dfmp2.drivers.energy import RunOptions
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import Geometry
-from dfmp2.pipeline import RunOptions, run_geometry
 from dfmp2.scf import driver, jk, pyscf_scf
 from dfmp2.timing import Timer
 
@@ -137,9 +138,9 @@ def test_a_screened_run_gives_the_unscreened_energies_and_pyscf_s():
     E(HF) within 1e-9 Eh of PySCF's DF-RHF; the packed layout (a small memory limit) gives the
     unpacked one's energies."""
     geom = chain(3, 4.0)
-    scr = run_geometry(geom, RunOptions())
-    every = run_geometry(geom, RunOptions(scf_screen=0.0))
-    packed = run_geometry(geom, RunOptions(memory_mb=20.0))
+    scr = run(geom, RunOptions())
+    every = run(geom, RunOptions(scf_screen=0.0))
+    packed = run(geom, RunOptions(memory_mb=20.0))
     s = scr.ran["scf"]["jk_factor"]["screening"]
     assert s["threshold"] == 1e-12 and 0 < s["pairs_kept"] < s["pairs_total"] and s["kept_mb"] < s["unscreened_mb"]
     assert every.ran["scf"]["jk_factor"]["screening"]["pairs_kept"] == s["pairs_total"]

@@ -13,9 +13,10 @@ from pyscf.scf import stability as pyscf_stability
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
-from dfmp2.pipeline import RunOptions, run, run_geometry
 from dfmp2.scf import driver, stability
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -50,18 +51,18 @@ def test_h2_lowest_eigenvalue_matches_pyscf(r, stable):
 
 
 def test_pipeline_warns_of_an_instability_and_records_it():
-    r = run_geometry(h2(2.5), RunOptions(reference="uhf", multiplicity=1))
+    r = run(h2(2.5), RunOptions(reference="uhf", multiplicity=1))
     s = r.ran["scf"]["stability"]
     assert s["stable"] is False and s["threshold"] == stability.STABLE_ABOVE
     (w,) = [w for w in r.warnings if w.startswith("internal instability")]
     assert f"{s['lowest']:.3e}" in w and "stability" in r.timings
-    ok = run_geometry(h2(0.74), RunOptions(reference="uhf", multiplicity=1))
+    ok = run(h2(0.74), RunOptions(reference="uhf", multiplicity=1))
     assert ok.ran["scf"]["stability"]["stable"] is True
     assert not any(w.startswith("internal instability") for w in ok.warnings)
-    off = run_geometry(h2(2.5), RunOptions(reference="uhf", multiplicity=1, scf_stability=False))
+    off = run(h2(2.5), RunOptions(reference="uhf", multiplicity=1, scf_stability=False))
     assert off.ran["scf"]["stability"] is None and "stability" not in off.timings
     assert not any(w.startswith("internal instability") for w in off.warnings)
-    assert run_geometry(h2(0.74), RunOptions()).ran["scf"]["stability"] is None  # RHF: no check
+    assert run(h2(0.74), RunOptions()).ran["scf"]["stability"] is None  # RHF: no check
 
 
 def test_pyscf_scf_is_checked_with_pyscfs_products_on_the_host():

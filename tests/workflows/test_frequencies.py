@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from dfmp2.cli.main import main
 from dfmp2.errors import SCFNotConvergedError
+from dfmp2.interfaces.api import run
 from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
-from dfmp2.pipeline import run_geometry
 from dfmp2.workflows import frequencies as F
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -41,7 +41,7 @@ def test_hessian_against_second_differences_of_energies(water):
     reference are the run's."""
     res, _ = water
     geom = read_xyz(WATER)
-    e0 = run_geometry(geom, OPTIONS)
+    e0 = run(geom, OPTIONS)
     assert res.energy == pytest.approx(e0.e_hf + e0.e_corr, abs=1e-10)
     rng = np.random.default_rng(7)
     t = 0.01
@@ -52,7 +52,7 @@ def test_hessian_against_second_differences_of_energies(water):
             dataclasses.replace(geom, coords_angstrom=geom.coords_angstrom + s * t * F.BOHR * v.reshape(-1, 3))
             for s in (1, -1)
         ]
-        ep, em = (run_geometry(g, OPTIONS) for g in shifted)
+        ep, em = (run(g, OPTIONS) for g in shifted)
         d2 = ((ep.e_hf + ep.e_corr) - 2 * res.energy + (em.e_hf + em.e_corr)) / t**2
         assert float(v @ res.hessian @ v) == pytest.approx(d2, abs=1e-4)
     assert res.frequencies.shape == (3,) and (res.frequencies > 1000).all()

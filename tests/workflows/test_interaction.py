@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from dfmp2.cli.main import main
 from dfmp2.df import basis
+from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
+from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
-from dfmp2.pipeline import RunOptions, run_geometry
 from dfmp2.workflows import interaction
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,8 +129,8 @@ def test_ghosted_fragment_through_trn1_simulate_matches_cpu():
     frags = interaction.resolve_fragments(geom)
     _, _, ghosted = interaction.run_geometries(geom, frags)[1]
     assert ghosted.ghost == (False, False, True, True)
-    ref = run_geometry(ghosted, RunOptions(device="cpu"))
-    got = run_geometry(ghosted, RunOptions(device="trn1", simulate=True))
+    ref = run(ghosted, RunOptions(device="cpu"))
+    got = run(ghosted, RunOptions(device="trn1", simulate=True))
     assert got.ran["simulated"] and got.ran["precision"] == "fp32"
     assert got.nbasis == ref.nbasis == 20
     assert abs(got.e_hf - ref.e_hf) < 1e-8  # our DF-RHF on trn1 (fp32 cycles) against fp64

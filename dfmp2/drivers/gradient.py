@@ -1,6 +1,7 @@
-"""``dfmp2 gradient``: the energy run (``pipeline.run_energy`` of the one ``pipeline.prepare_run``),
-then the gradient stage (``gradient_stage``: dfmp2.grad.mp2 or dfmp2.grad.ump2) on the same
-molecule, reference, fitting sets and backend, all read from the energy run's ``EnergyRun``.
+"""``dfmp2 gradient``: the energy run (``dfmp2.drivers.energy.run_energy`` of the one
+``dfmp2.drivers.job.prepare``, the gradient's checks made there once), then the gradient stage
+(``gradient_stage``: dfmp2.grad.mp2 or dfmp2.grad.ump2) on the same molecule, reference, fitting
+sets and backend, all read from the energy run's ``EnergyRun``.
 ``gradient_stage`` is the one way into the stage: ``run_gradient`` (``dfmp2 gradient``,
 ``dfmp2 optimize``, ``dfmp2.gradient``, QCSchema, ASE) and ``DFMP2(mf).nuc_grad_method()`` call it.
 
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dfmp2 import linalg, pipeline
+from dfmp2 import linalg
+from dfmp2.drivers.energy import EnergyRun, run_energy
+from dfmp2.drivers.job import Job, prepare
 from dfmp2.errors import InputError
 from dfmp2.grad import relaxed
 from dfmp2.grad import ump2 as grad_ump2
@@ -43,7 +46,7 @@ from dfmp2.timing import Timer
 class GradientResult:
     """The energy run's Result, the method ('mp2', 'scs-mp2', 'sos-mp2'), its energy (Hartree)
     and the gradient stage's GradientParts (gradient (natm, 3) Eh/bohr); wall_s of the gradient
-    stage alone (s); ``energy_run``: the pipeline.EnergyRun it differentiates (Job: molecule and
+    stage alone (s); ``energy_run``: the dfmp2.drivers.energy.EnergyRun it differentiates (Job: molecule and
     fitting sets; Reference)."""
 
     result: Result
@@ -51,7 +54,7 @@ class GradientResult:
     energy: float
     parts: GradientParts
     wall_s: float
-    energy_run: pipeline.EnergyRun | None = None
+    energy_run: EnergyRun | None = None
 
     @property
     def gradient(self) -> np.ndarray:
@@ -75,11 +78,26 @@ class GradientResult:
 
 
 def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> None:
-    """InputError (one line, naming the option) for what the gradient does not do."""
+    """InputError (one line, naming the option) for what the gradient does not do, for a caller
+    before its runs (a workflow); a run makes these checks in its one ``prepare``."""
+    check_gradient_method(options, method)
+    options.check_choices()
+    uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
+    check_gradient_reference(options, uhf)
+
+
+def check_gradient_method(options: RunOptions, method: str) -> None:
+    """InputError for a method the gradient does not differentiate (a double hybrid, or a name
+    outside ``SCALES``)."""
     double_hybrids.refuse_derivatives(method, options.method)
     if method not in SCALES:
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
-    options.check_choices()
+
+
+def check_gradient_reference(options: RunOptions, unrestricted: bool) -> None:
+    """InputError for what the gradient of this reference (``unrestricted``: UHF) does not do: an
+    SCF that is not density-fitted, a UHF reference without fp64, an fp32 energy on a device with
+    fp64."""
     if options.scf_mode not in pyscf_scf.SCF_DF_MODES:
         raise InputError(
             f"the gradient needs a density-fitted SCF (scf mode {' or '.join(pyscf_scf.SCF_DF_MODES)}); "
@@ -87,8 +105,7 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
             option="scf_mode",
         )
     fp64 = linalg.device_capabilities(options.device).has_fp64
-    reference = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity)  # rohf, ...
-    if not fp64 and reference == "uhf":
+    if not fp64 and unrestricted:
         raise InputError(
             f"the UHF DF-MP2 gradient needs fp64 arithmetic, which device '{options.device}' lacks "
             "(there only the RHF gradient runs, its pair loop in fp32); run it on cpu (or cuda)",
@@ -114,18 +131,18 @@ _STAGE_NAMES = {
 
 
 def check_gradient_memory(geom: Geometry, options: RunOptions, backend) -> float:
-    """``gradient_memory`` of a standalone preparation (``pipeline.prepare``), for a caller without
-    a Job; a run checks its own Job instead (``run_gradient``)."""
-    return gradient_memory(pipeline.prepare(geom, options, backend), options.memory_mb)
+    """``gradient_memory`` of a standalone preparation (``prepare``), for a caller without a Job;
+    a run checks its own Job instead (``run_gradient``)."""
+    return gradient_memory(prepare(geom, options, backend), options.memory_mb)
 
 
-def gradient_memory(job: pipeline.Job, memory_mb: float | None = None) -> float:
+def gradient_memory(job: Job, memory_mb: float | None = None) -> float:
     """The gradient stage's peak memory (MB) for the prepared ``job`` with the plan it would run
     (``gradient_plan``): MemoryLimitError (one line) before any work when no plan fits."""
     return gradient_plan(job, memory_mb).peak_mb
 
 
-def gradient_plan(job: pipeline.Job, memory_mb: float | None = None) -> GradientPlan:
+def gradient_plan(job: Job, memory_mb: float | None = None) -> GradientPlan:
     """The gradient stage's plan for the prepared ``job`` (``relaxed.job_plan``): the fastest
     ``dfmp2.grad.plan.choose_plan`` that fits (RHF or UHF). MemoryLimitError (one line, human units)
     before any work when nothing fits."""
@@ -187,28 +204,25 @@ def run_gradient(
     guess=None,
     world=None,
 ) -> GradientResult:
-    """The energy (``pipeline.run_energy``, whose ``progress``, ``log``, ``on_plan`` and ``guess``
-    these are) and its nuclear gradient for ``method`` (``gradient_stage``). One preparation
-    (``pipeline.prepare_run``): its Job is checked against the gradient's memory before any work,
-    runs the energy, and gives the gradient stage its molecule, fitting sets and backend. The
-    properties ``options.properties`` asks for come from the gradient's own densities (the
-    ``method``'s energy; ``props.stage.record``), not from a second Z-vector. ``world``: the
-    process group (default ``distributed.current()``; a one-process World for a task of a
-    task-parallel command)."""
-    check_gradient_options(geom, options, method)
-    uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
-    backend = backend if backend is not None else pipeline.make_backend(options, unrestricted=uhf)
-    t_start = time.perf_counter()
-    job = pipeline.prepare_run(geom, options, backend, log, world=world)
-    plan = gradient_plan(job, options.memory_mb)
-    done = pipeline.run_energy(
-        job, progress=progress, log=log, on_plan=on_plan, guess=guess, t_start=t_start, with_properties=False
-    )
+    """The energy (``dfmp2.drivers.energy.run_energy``, whose ``progress``, ``log``, ``on_plan``
+    and ``guess`` these are) and its nuclear gradient for ``method`` (``gradient_stage``). One
+    preparation (``prepare``, with the gradient's checks): its Job's gradient plan is checked
+    against the memory limit with the energy's plan, before any work (``RunPlan.densities``), and
+    gives the gradient stage its molecule, fitting sets and backend. The properties
+    ``options.properties`` asks for come from the gradient's own densities (the ``method``'s
+    energy; ``props.stage.record``), not from a second Z-vector. ``world``: the process group
+    (default ``distributed.current()``; a one-process World for a task of a task-parallel
+    command)."""
+    check_gradient_method(options, method)
+    job = prepare(geom, options, backend, log, world, check=lambda uhf: check_gradient_reference(options, uhf))
+    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, gradient=True)
     say = log or (lambda msg: None)
     say("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
     timer = Timer(job.backend, on_stage=lambda stage, s: say(f"  gradient: {_STAGE_NAMES.get(stage, stage)} {s:.2f} s"))
-    parts = gradient_stage(job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, plan, job.world)
+    parts = gradient_stage(
+        job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, done.plan.densities, job.world
+    )
     c_os, c_ss = SCALES[method]
     result = done.result
     if options.properties:  # from the gradient's own relaxed densities: no second Z-vector
