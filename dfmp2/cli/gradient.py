@@ -72,7 +72,7 @@ def point_inputs(method_help: str):
                 device_options(),
                 scf_options(),
                 resource_options(),
-                click.option(  # double hybrids listed to be refused in one line (dfmp2.drivers.gradient.check_gradient_options)
+                click.option(  # double hybrids listed to be refused in one line (check_gradient_options)
                     "--method",
                     type=click.Choice(tuple(SCALES) + tuple(FUNCTIONALS)),
                     default="mp2",
