@@ -39,6 +39,7 @@ from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
 from dfmp2.scf import driver, jk, jk_dist, pyscf_scf, stability
 from dfmp2.scf.precision import resolve_precision
+from dfmp2.scf.settings import SCFSettings
 from dfmp2.timing import CycleLog, Timer
 
 
@@ -778,13 +779,10 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
             job.mol,
             job.dh,
             options.scf_mode,
-            unrestricted=job.unrestricted,
+            SCFSettings.from_options(options, unrestricted=job.unrestricted),
             grid_level=options.dft_grid,
-            max_cycle=options.scf_max_cycle,
             progress=cycles,
-            conv_tol_grad=options.scf_conv_tol_grad,
             memory_mb=plan.limit_mb,
-            scratch_dir=options.scratch_dir,
             jk_auxbasis=job.jk_auxbasis,
         )
         timer.add("scf", t0)
@@ -793,24 +791,13 @@ def reference_stage(job: Job, ck, timer: Timer, plan: MemoryPlan, scf_plan: dict
         ref = driver.run_scf(
             job.mol,
             job.backend,
-            max_cycle=options.scf_max_cycle,
+            SCFSettings.from_options(options, unrestricted=job.unrestricted, plan=scf_plan),
             timer=timer,
-            block_mb=scf_plan["block_mb"],
             engine=job.jk_engine or job.engine,
             progress=cycles,
-            conv_tol_grad=options.scf_conv_tol_grad,
-            precision=options.scf_precision,
-            fp32_copy=scf_plan["fp32_copy"],
-            unrestricted=job.unrestricted,
-            stability=options.scf_stability,
             world=job.world,
             dm0=guess,
             jk_auxbasis=job.jk_auxbasis,
-            layout=scf_plan["layout"],
-            fp32_speedup=scf_plan["fp32_speedup"],
-            scratch_dir=options.scratch_dir,
-            fit_mb=scf_plan["fit_mb"],
-            screen=options.scf_screen,
         )
     else:
         say(f"{kind} (PySCF) ...")
