@@ -231,17 +231,20 @@ def _run_pyscf(
     made = []  # the SCF objects made, whose files are closed at the end
     with pyscf_scratch(settings.scratch_dir) as tmp:
         try:
-            return _converge(cls(mol), mol, scf_mode, what, settings, progress, memory_mb, tmp, made, jk_auxbasis)
+            mf, jk_aux, df_storage = _prepared(cls(mol), scf_mode, memory_mb, tmp, made, jk_auxbasis)
+            return _converge(mf, what, settings, progress, jk_aux, df_storage)
         finally:
-            for mf in made:
-                _release_files(mf)
+            for each in made:
+                _release_files(each)
 
 
-def _converge(
-    mf, mol, scf_mode, what, settings: SCFSettings, progress, memory_mb, tmp: Path, made: list, jk_auxbasis=None
-) -> Reference:
-    """``_run_pyscf``'s SCF in the scratch directory ``tmp``; each SCF object made is put in ``made``."""
-    jk_aux, df_storage = None, None
+def _prepared(mf, scf_mode: str, memory_mb, tmp: Path, made: list, jk_auxbasis=None):
+    """``_run_pyscf``'s SCF object ``mf`` set up in the scratch directory ``tmp``: PySCF's memory
+    limit ``memory_mb`` (MB), and for a density-fitted ``scf_mode`` the JK-fit set's DF tensor
+    built, in memory or in ``tmp`` (``pyscf_df_disk_mb``); each SCF object made is put in
+    ``made``. Returns (the SCF object, the fitting set's description or None, 'memory', 'disk'
+    or None: where its DF tensor is)."""
+    mol, jk_aux, df_storage = mf.mol, None, None
     made.append(mf)
     mf.chkfile = None  # nothing reads it: PySCF writes none
     if memory_mb is not None:
@@ -259,6 +262,12 @@ def _converge(
             mf.with_df.build()
         jk_aux = describe_auxbasis(jk_spec)
         df_storage = "disk" if on_disk else "memory"
+    return mf, jk_aux, df_storage
+
+
+def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage) -> Reference:
+    """Converge the prepared SCF ``mf`` (``_prepared``) to ``settings``' thresholds; the Reference
+    (``reference.from_pyscf``) with its record."""
     mf.conv_tol = settings.conv_tol
     mf.conv_tol_grad = settings.conv_tol_grad
     mf.max_cycle = settings.max_cycle
