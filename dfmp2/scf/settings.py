@@ -62,14 +62,19 @@ class SCFSettings:
 
     @classmethod
     def from_options(
-        cls, options: RunOptions, *, unrestricted: bool = False, plan: Mapping | None = None
+        cls, options: RunOptions, *, unrestricted: bool = False, plan: Mapping | object | None = None
     ) -> SCFSettings:
         """The settings of a run with ``options``: its cycle limit, gradient threshold, precision,
         screening, stability check and scratch directory; ``unrestricted`` the reference's kind
-        (``Job.unrestricted``); ``plan`` the memory plan's SCF share (a mapping; its keys
-        PLAN_FIELDS: block, fp32 copy, layout, fit block, measured fp32 speed-up), None: the
-        defaults (an SCF not planned here, PySCF's)."""
-        planned = {k: plan[k] for k in PLAN_FIELDS if k in plan} if plan is not None else {}
+        (``Job.unrestricted``); ``plan`` the memory plan's SCF share, a mapping or an object with
+        these attributes (PLAN_FIELDS: exchange block, fp32 copy, layout, fit block, measured
+        fp32 speed-up); None: the defaults (an SCF not planned here, PySCF's)."""
+        if plan is None:
+            planned = {}
+        elif isinstance(plan, Mapping):
+            planned = {k: plan[k] for k in PLAN_FIELDS if k in plan}
+        else:
+            planned = {k: getattr(plan, k) for k in PLAN_FIELDS if hasattr(plan, k)}
         return cls(
             max_cycle=options.scf_max_cycle,
             conv_tol_grad=options.scf_conv_tol_grad,

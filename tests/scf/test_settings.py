@@ -33,6 +33,8 @@ def test_from_options_takes_the_options_and_the_plans_share(tmp_path):
     assert (s.precision, s.screen, s.stability, s.scratch_dir) == ("fp64", 0.0, False, str(tmp_path))
     assert s.unrestricted
     assert {k: getattr(s, k) for k in PLAN_FIELDS} == {k: plan[k] for k in PLAN_FIELDS}
+    typed = SCFSettings.from_options(options, plan=type("Plan", (), plan)())  # a typed plan: its attributes
+    assert {k: getattr(typed, k) for k in PLAN_FIELDS} == {k: plan[k] for k in PLAN_FIELDS}
     bare = SCFSettings.from_options(RunOptions())
     assert bare.stability is RunOptions().scf_stability and bare.layout == "packed"
 
