@@ -40,6 +40,7 @@ from dfmp2.io.xyz import read_xyz
 from dfmp2.linalg.torch_ops import syrk_work_fraction
 from dfmp2.scf import driver, pyscf_scf
 from dfmp2.scf import jk as scf_jk
+from dfmp2.scf.settings import SCFSettings
 from dfmp2.timing import Timer
 
 GFLOPS_ASSUMED = 90.0  # the prediction's rate (a 2-core fp64 CPU's DGEMM, roughly)
@@ -183,7 +184,9 @@ def main(argv=None):
         for rep in range(args.repeat):  # --scf-precision fp64 and mixed, interleaved
             for prec in ("fp64", "mixed")[:: 1 if rep % 2 == 0 else -1]:
                 timer = Timer(be)
-                t, ref, busy = timed(lambda: driver.run_scf(mol, be, timer=timer, precision=prec, unrestricted=uhf))
+                t, ref, busy = timed(
+                    lambda: driver.run_scf(mol, be, SCFSettings(precision=prec, unrestricted=uhf), timer=timer)
+                )
                 cp = ref.scf.cycle_precision
                 row(
                     f"ours (dfmp2.scf.driver {kind}, {cp['mode']})",

@@ -63,6 +63,7 @@ def run_radical(
     from dfmp2.io import molecule
     from dfmp2.io.xyz import read_xyz
     from dfmp2.scf import driver, pyscf_scf
+    from dfmp2.scf.settings import SCFSettings
 
     path = OPEN_SHELL_DIR / f"{name}.xyz"
     mol = molecule.build_molecule(read_xyz(path), "cc-pvdz")
@@ -72,9 +73,13 @@ def run_radical(
     with waters_mod.scf_tolerance():  # the same thresholds for both SCFs
         ref = pyscf_scf.run_uhf(mol, "pyscf-df", max_cycle=300)
         scf_s = time.perf_counter() - t0
-        ours = driver.run_scf(
-            mol, linalg.get_backend("cpu"), unrestricted=True, max_cycle=300, conv_tol_grad=waters_mod.SCF_CONV_TOL_GRAD
+        same = SCFSettings(
+            max_cycle=300,
+            conv_tol=waters_mod.SCF_CONV_TOL,
+            conv_tol_grad=waters_mod.SCF_CONV_TOL_GRAD,
+            unrestricted=True,
         )
+        ours = driver.run_scf(mol, linalg.get_backend("cpu"), same)
     a, b = ref.channels
     naux = auxmol.nao_nr()
     flops = (

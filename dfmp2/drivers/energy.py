@@ -43,6 +43,7 @@ from dfmp2.props import stage as props_stage
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
 from dfmp2.scf import driver, pyscf_scf, stability
+from dfmp2.scf.settings import SCFSettings
 from dfmp2.timing import CycleLog, Timer
 
 __all__ = [  # the one way in (prepare -> run_energy) and the names its callers read from here
@@ -246,13 +247,10 @@ def reference_stage(job: Job, ck, timer: Timer, plan: RunPlan, say, guess=None) 
             job.mol,
             job.dh,
             options.scf_mode,
-            unrestricted=job.unrestricted,
+            SCFSettings.from_options(options, unrestricted=job.unrestricted),
             grid_level=options.dft_grid,
-            max_cycle=options.scf_max_cycle,
             progress=cycles,
-            conv_tol_grad=options.scf_conv_tol_grad,
             memory_mb=plan.mp2.limit_mb,
-            scratch_dir=options.scratch_dir,
             jk_auxbasis=job.jk_auxbasis,
         )
         timer.add("scf", t0)
@@ -261,24 +259,13 @@ def reference_stage(job: Job, ck, timer: Timer, plan: RunPlan, say, guess=None) 
         ref = driver.run_scf(
             job.mol,
             job.backend,
-            max_cycle=options.scf_max_cycle,
+            SCFSettings.from_options(options, unrestricted=job.unrestricted, plan=plan.scf),
             timer=timer,
-            block_mb=plan.scf.block_mb,
             engine=job.jk_engine or job.engine,
             progress=cycles,
-            conv_tol_grad=options.scf_conv_tol_grad,
-            precision=options.scf_precision,
-            fp32_copy=plan.scf.fp32_copy,
-            unrestricted=job.unrestricted,
-            stability=options.scf_stability,
             world=job.world,
             dm0=guess,
             jk_auxbasis=job.jk_auxbasis,
-            layout=plan.scf.layout,
-            fp32_speedup=plan.scf.fp32_speedup,
-            scratch_dir=options.scratch_dir,
-            fit_mb=plan.scf.fit_mb,
-            screen=options.scf_screen,
         )
     else:
         say(f"{kind} (PySCF) ...")

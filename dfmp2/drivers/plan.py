@@ -27,26 +27,12 @@ from dfmp2.memory import MemoryPlan, plan_memory
 from dfmp2.mp2.dist import per_rank_plan
 from dfmp2.options import SCF_SCREEN, RunOptions
 from dfmp2.props import stage as props_stage
-from dfmp2.scf import driver, jk, jk_dist, pyscf_scf
+from dfmp2.scf import driver, jk_dist, pyscf_scf
 from dfmp2.scf.precision import resolve_precision
+from dfmp2.scf.settings import ScfPlan
 
 if TYPE_CHECKING:
     from dfmp2.grad.plan import GradientPlan
-
-
-@dataclass(frozen=True)
-class ScfPlan:
-    """Our DF-SCF's part of the plan: its exchange block (MB, smaller when the limit needs it),
-    whether a mixed-precision SCF keeps the factor's fp32 copy, the factor's layout ('unpacked'
-    where it fits, 'packed', or 'disk'), its size on disk (MB), the block of a disk fit (MB) and the
-    measured SGEMM/DGEMM ratio that decides an 'auto' SCF precision (None: not measured)."""
-
-    block_mb: float = jk.JK_BLOCK_MB
-    fp32_copy: bool = False
-    layout: str = "packed"
-    disk: float = 0.0
-    fit_mb: float = 0.0
-    fp32_speedup: float | None = None
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,10 @@ from dfmp2.df.outofcore import Scratch
 from dfmp2.errors import MemoryLimitError
 from dfmp2.memory import QUEUE_DEPTH, human
 from dfmp2.reference import Reference
-from dfmp2.scf import pyscf_scf
 from dfmp2.scf.diis import DIIS_SPACE, UHF_DIIS_SPACE
-from dfmp2.scf.jk import (
-    DISK_READ_DEPTH,
-    JK_BLOCK_MB,
-    SCATTER_MB,
-    SCREEN_DEFAULT,
-    UNPACKED_BLOCK_MB,
-    disk_rows,
-    jk_block,
-    npair,
-)
+from dfmp2.scf.jk import DISK_READ_DEPTH, JK_BLOCK_MB, SCATTER_MB, UNPACKED_BLOCK_MB, disk_rows, jk_block, npair
 from dfmp2.scf.rhf import DFRHF
+from dfmp2.scf.settings import DEFAULT_SETTINGS, SCFSettings
 from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
 
@@ -193,74 +184,45 @@ def min_memory_mb(
 def run_scf(
     mol,
     backend,
+    settings: SCFSettings = DEFAULT_SETTINGS,
     *,
-    max_cycle: int = pyscf_scf.SCF_MAX_CYCLE,
     timer=None,
-    block_mb: float = JK_BLOCK_MB,
-    incremental: bool | None = None,
     engine=None,
     progress=None,
-    conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD,
-    precision: str = "auto",
-    fp32_copy: bool = True,
-    unrestricted: bool = False,
-    stability: bool = False,
     world=None,
     dm0=None,
     jk_auxbasis=None,
-    layout: str = "packed",
-    fp32_speedup: float | None = None,
-    scratch_dir=None,
-    fit_mb: float | None = None,
-    screen: float = SCREEN_DEFAULT,
 ) -> Reference:
-    """Converge DF-RHF (DF-UHF with ``unrestricted``: two spin channels, DFUHF) on ``backend``
-    (dfmp2.scf.rhf, dfmp2.scf.uhf). Returns the Reference (source
-    'dfmp2.scf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy) with its ScfRecord (device,
-    precision, iterations, kernels of this stage, host work, times). SCFNotConvergedError when it
-    does not converge in max_cycle cycles. ``incremental``: the Fock build (None: incremental
-    exactly when the device lacks fp64). ``engine``: the integral engine for the JK-fit
-    integrals (dfmp2.df.integrals; default: the host engine). ``progress(cycle, e_tot, d_e, gnorm,
-    precision)`` after each cycle (timing.CycleLog prints it; precision: that cycle's J/K, 'fp32'
-    or 'fp64'); ``conv_tol_grad``: the orbital-gradient threshold. ``precision``: the cycles'
-    J/K, options.SCF_PRECISIONS ('auto': mixed where the device has fp64 and fast fp32);
-    ``fp32_copy``: whether memory allows the mixed SCF's fp32 copy of the factor (the plan's
-    ``check_memory``; False: fp64 cycles, recorded). ``stability`` (UHF): check the converged
-    UHF's internal stability (DFUHF.run; recorded in ``ScfRecord.stability``). ``world``
-    (dfmp2.distributed.World) over several ranks: the JK factor split by auxiliary index in fixed
-    groups, J and K added in group order each cycle (dfmp2.scf.jk_dist: the same bits as one
-    process), unless the SCF is replicated
-    (``distributed.split_scf``). ``dm0``: the density to start from (``DFRHF.given_density``;
-    default PySCF's 'minao' guess). ``jk_auxbasis``: the JK-fit set already chosen for the run
-    (``dfmp2.drivers.job.Job.jk_auxbasis``; default ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``).
-    ``layout``: the JK factor's, 'packed', 'unpacked' or 'disk' (the memory plan's, ``check_memory``;
-    'disk': in a private scratch directory under ``scratch_dir`` (default the system's temporary
-    directory), fitted in row blocks of ``fit_mb`` MB, removed when the SCF ends, however it ends).
-    ``fp32_speedup``: a measured SGEMM/DGEMM ratio that decides 'auto' (``Backend.fp32_speedup``;
-    default None: the device's capabilities decide, as the pipeline does for now: the ranks of a
-    run do not yet agree on one measurement). ``screen``: the JK factor's Schwarz threshold
-    (``jk.significant_pairs``; 0: every pair kept)."""
-    cls = DFUHF if unrestricted else DFRHF
-    extra = {"check_stability": stability} if unrestricted else {}
-    with Scratch(scratch_dir) if layout == "disk" else contextlib.nullcontext() as scratch:
+    """Converge DF-RHF (DF-UHF with ``settings.unrestricted``: two spin channels, DFUHF) on
+    ``backend`` (dfmp2.scf.rhf, dfmp2.scf.uhf) as ``settings`` (dfmp2.scf.settings.SCFSettings:
+    thresholds, cycle limit, precision, screening, the memory plan's factor layout and blocks).
+    Returns the Reference (source 'dfmp2.scf', mo_coeff (nao, nmo) and mo_energy (nmo,) fp64 numpy)
+    with its ScfRecord (device, precision, iterations, kernels of this stage, host work, times).
+    SCFNotConvergedError when it does not converge in ``settings.max_cycle`` cycles.
+
+    The run's objects: ``timer`` (default a new Timer of ``backend``); ``engine`` the integral
+    engine for the JK-fit integrals (dfmp2.df.integrals; default: the host engine);
+    ``progress(cycle, e_tot, d_e, gnorm, precision)`` after each cycle (timing.CycleLog prints it;
+    precision: that cycle's J/K, 'fp32' or 'fp64'); ``world`` (dfmp2.distributed.World) over
+    several ranks: the JK factor split by auxiliary index in fixed groups, J and K added in group
+    order each cycle (dfmp2.scf.jk_dist: the same bits as one process), unless the SCF is
+    replicated (``distributed.split_scf``); ``dm0`` the density to start from
+    (``DFRHF.given_density``; default PySCF's 'minao' guess); ``jk_auxbasis`` the JK-fit set
+    already chosen for the run (``dfmp2.drivers.job.Job.jk_auxbasis``; default
+    ``dfmp2.df.basis.default_auxbasis(mol, 'jk')``). A factor on disk lives in a private scratch
+    directory under ``settings.scratch_dir``, removed when the SCF ends, however it ends."""
+    cls = DFUHF if settings.unrestricted else DFRHF
+    disk = settings.layout == "disk"
+    with Scratch(settings.scratch_dir) if disk else contextlib.nullcontext() as scratch:
         return cls(
             mol,
             backend,
+            settings,
             timer=timer or Timer(backend),
-            block_mb=block_mb,
-            **extra,
-            incremental=incremental,
             engine=engine,
             progress=progress,
-            conv_tol_grad=conv_tol_grad,
-            precision=precision,
-            fp32_copy=fp32_copy,
             world=world,
             dm0=dm0,
             jk_auxbasis=jk_auxbasis,
-            layout=layout,
-            fp32_speedup=fp32_speedup,
             scratch=scratch,
-            fit_mb=fit_mb,
-            screen=screen,
-        ).run(max_cycle)
+        ).run()

@@ -604,9 +604,8 @@ def deferred_unpacked(fac: JKFactor) -> tuple[torch.Tensor, torch.Tensor]:
     (``fp32_unpacked`` into U32) takes the first half while the fp64 factor stays packed; when
     the fp32 cycles end, the fp64 factor is unpacked into U64 over it (``DFRHF.maybe_switch``).
     Against an fp32 copy beside the unpacked fp64 factor, the cycles hold the packed factor
-    instead of the copy, and the run touches the copy's size (naux nao^2 4 B) less fresh memory,
-    whose first touch cost more than the copy itself on a VM
-    (scripts/results/2026-11-28-session13-amd.md)."""
+    instead of the copy, and the run touches the copy's size (naux nao^2 4 B) less fresh memory:
+    on a virtual machine the first touch of fresh memory cost more than making the copy."""
     return jk_dist.aligned_pair(fac.naux, fac.nao * fac.nao, fac.row0, fac.device)
 
 

@@ -62,8 +62,8 @@ REBUILD_GRACE = 3  # cycles after a rebuild before a stall counts (DIIS starts a
 
 
 FP32_PAYS = 1.5  # 'auto' runs mixed where the measured SGEMM/DGEMM ratio is at least this: an fp32
-# cycle's J/K then costs about half an fp64 one ((H2O)16/cc-pVDZ: 7 fp32 cycles of 18 took the
-# DF-RHF from 22.6-23.6 s to 18.3-18.5 s at a ratio of 2; scripts/results/2026-11-27-issue37-*.md)
+# cycle's J/K then costs about half an fp64 one (at a ratio of 2 the fp32 cycles, about a third of
+# them, shortened a water cluster's DF-RHF by about a fifth)
 
 
 def resolve_precision(

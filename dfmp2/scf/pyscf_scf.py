@@ -31,6 +31,7 @@ from dfmp2.options import (
 )
 from dfmp2.provenance import ScfRecord, cycle_precision
 from dfmp2.reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
+from dfmp2.scf.settings import SCFSettings
 
 # PySCF keeps its DF tensor in memory while it fits in this share of the memory limit (PySCF's
 # own rule: 0.9 of max_memory), else in a file in the run's scratch directory.
@@ -101,9 +102,8 @@ def run_rhf(
     memory or written to a file as ``pyscf_df_disk_mb`` decides. Every file PySCF writes goes to
     a private directory under ``scratch_dir`` (``pyscf_scratch``), removed when this returns.
     ``jk_auxbasis``: the JK-fit set already chosen for the run (default: ``default_auxbasis``'s)."""
-    return _run_pyscf(
-        scf.RHF, mol, scf_mode, max_cycle, "RHF", progress, conv_tol_grad, memory_mb, scratch_dir, jk_auxbasis
-    )
+    settings = _settings(max_cycle, conv_tol_grad, scratch_dir)
+    return _run_pyscf(scf.RHF, mol, scf_mode, "RHF", settings, progress, memory_mb, jk_auxbasis)
 
 
 def run_uhf(
@@ -121,29 +121,27 @@ def run_uhf(
     JK-fit set and thresholds, for 'df' and 'pyscf-df': the cross-check of our DF-UHF, dfmp2.scf.uhf.DFUHF;
     or exact), for ``mol.spin`` = n_alpha - n_beta. ``progress``, ``memory_mb`` and
     ``scratch_dir`` as ``run_rhf``'s."""
-    return _run_pyscf(
-        scf.UHF, mol, scf_mode, max_cycle, "UHF", progress, conv_tol_grad, memory_mb, scratch_dir, jk_auxbasis
-    )
+    settings = _settings(max_cycle, conv_tol_grad, scratch_dir, unrestricted=True)
+    return _run_pyscf(scf.UHF, mol, scf_mode, "UHF", settings, progress, memory_mb, jk_auxbasis)
 
 
 def run_ks(
     mol: gto.Mole,
     dh,
     scf_mode: str = "pyscf-df",
+    settings: SCFSettings | None = None,
     *,
-    unrestricted: bool = False,
     grid_level: int = 3,
-    max_cycle: int = SCF_MAX_CYCLE,
     progress=None,
-    conv_tol_grad: float = SCF_CONV_TOL_GRAD,
     memory_mb: float | None = None,
-    scratch_dir=None,
     jk_auxbasis=None,
 ) -> tuple[Reference, dict]:
     """A double hybrid's Kohn-Sham SCF (``dh``: a dfmp2.mp2.double_hybrids.DoubleHybrid) by PySCF on
-    the host: RKS, or UKS with ``unrestricted``, with ``dh``'s hybrid part (its xc string of libxc
+    the host: RKS, or UKS with ``settings.unrestricted``, with ``dh``'s hybrid part (its xc string of libxc
     components) on PySCF's grid of level ``grid_level``; density-fitted with the JK-fit set as
-    ``run_rhf`` ('df', 'pyscf-df') or with exact J/K ('exact'); converged to the same thresholds.
+    ``run_rhf`` ('df', 'pyscf-df') or with exact J/K ('exact'); converged to ``settings``'
+    thresholds in its cycle limit, its files under ``settings.scratch_dir`` (dfmp2.scf.settings;
+    default: ``run_rhf``'s).
     Returns (the Reference, e_hf its KS energy without PT2 and dispersion; the KS record: xc, grid
     (level, points, pruning, radial and partition schemes), the SCF's fitting set)."""
     from pyscf import dft
@@ -151,6 +149,8 @@ def run_ks(
     from dfmp2.mp2 import double_hybrids
 
     xc = double_hybrids.register(dh)
+    settings = settings if settings is not None else _settings(SCF_MAX_CYCLE, SCF_CONV_TOL_GRAD, None)
+    unrestricted = settings.unrestricted
 
     def make(m):
         mf = (dft.UKS if unrestricted else dft.RKS)(m)
@@ -159,7 +159,7 @@ def run_ks(
         return mf
 
     what = "UKS" if unrestricted else "RKS"
-    ref = _run_pyscf(make, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, scratch_dir, jk_auxbasis)
+    ref = _run_pyscf(make, mol, scf_mode, what, settings, progress, memory_mb, jk_auxbasis)
     g = ref.mf.grids
     ks = {
         "engine": "pyscf.dft (libxc " + dft.libxc.__version__ + ")",
@@ -179,15 +179,17 @@ def run_ks(
 
 
 def not_converged(
-    what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, conv_tol_grad: float
+    what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, settings: SCFSettings
 ) -> SCFNotConvergedError:
     """The error of an SCF that stopped unconverged after ``cycles``: what did not converge and by
-    how much (never the input's fault). Its option: the gradient threshold when the energy had
-    converged (a gradient that stalls just above it), else the cycle limit."""
-    energy_ok = abs(d_e) < SCF_CONV_TOL
+    how much (never the input's fault), against the thresholds of ``settings``. Its option: the
+    gradient threshold when the energy had converged (a gradient that stalls just above it), else
+    the cycle limit."""
+    conv_tol, conv_tol_grad = settings.conv_tol, settings.conv_tol_grad
+    energy_ok = abs(d_e) < conv_tol
     return SCFNotConvergedError(
         f"{what} did not converge in {cycles} cycles: the last energy change {d_e:.1e} Eh "
-        f"({'below' if energy_ok else 'above'} the threshold {SCF_CONV_TOL:g}) and orbital-gradient norm "
+        f"({'below' if energy_ok else 'above'} the threshold {conv_tol:g}) and orbital-gradient norm "
         f"{gnorm:.1e} (threshold {conv_tol_grad:g}), last energy {e_tot:.10f} Eh; "
         + (
             "loosen the gradient threshold if that energy is converged enough for you"
@@ -198,40 +200,51 @@ def not_converged(
     )
 
 
+def _settings(max_cycle: int, conv_tol_grad: float, scratch_dir, unrestricted: bool = False) -> SCFSettings:
+    """The settings of a PySCF SCF called with these arguments; its energy threshold is this
+    module's SCF_CONV_TOL as it is now (the benchmarks' ``waters.scf_tolerance`` sets it)."""
+    return SCFSettings(
+        max_cycle=max_cycle,
+        conv_tol=SCF_CONV_TOL,
+        conv_tol_grad=conv_tol_grad,
+        unrestricted=unrestricted,
+        scratch_dir=scratch_dir,
+    )
+
+
 def _run_pyscf(
     cls,
     mol: gto.Mole,
     scf_mode: str,
-    max_cycle: int,
     what: str,
+    settings: SCFSettings,
     progress=None,
-    conv_tol_grad: float = SCF_CONV_TOL_GRAD,
     memory_mb: float | None = None,
-    scratch_dir=None,
     jk_auxbasis=None,
 ) -> Reference:
     """``cls(mol)`` (PySCF's RHF or UHF) density-fitted (JK-fit set ``default_auxbasis(mol,
-    'jk')``) or not, converged to SCF_CONV_TOL / SCF_CONV_TOL_GRAD, with its files in
-    ``pyscf_scratch(scratch_dir)``; the Reference (``reference.from_pyscf``) with its record.
-    SCFNotConvergedError if it does not converge."""
+    'jk')``) or not, converged to ``settings``' thresholds in its cycle limit, with its files in
+    ``pyscf_scratch(settings.scratch_dir)``; the Reference (``reference.from_pyscf``) with its
+    record. SCFNotConvergedError if it does not converge."""
     if scf_mode not in SCF_MODES:
         raise InputError(f"unknown SCF mode '{scf_mode}'; use one of {', '.join(SCF_MODES)}", option="scf_mode")
     made = []  # the SCF objects made, whose files are closed at the end
-    with pyscf_scratch(scratch_dir) as tmp:
+    with pyscf_scratch(settings.scratch_dir) as tmp:
         try:
-            return _converge(
-                cls(mol), mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp, made, jk_auxbasis
-            )
+            mf, jk_aux, df_storage = _prepared(cls(mol), scf_mode, memory_mb, tmp, made, jk_auxbasis)
+            return _converge(mf, what, settings, progress, jk_aux, df_storage)
         finally:
-            for mf in made:
-                _release_files(mf)
+            for each in made:
+                _release_files(each)
 
 
-def _converge(
-    mf, mol, scf_mode, max_cycle, what, progress, conv_tol_grad, memory_mb, tmp: Path, made: list, jk_auxbasis=None
-) -> Reference:
-    """``_run_pyscf``'s SCF in the scratch directory ``tmp``; each SCF object made is put in ``made``."""
-    jk_aux, df_storage = None, None
+def _prepared(mf, scf_mode: str, memory_mb, tmp: Path, made: list, jk_auxbasis=None):
+    """``_run_pyscf``'s SCF object ``mf`` set up in the scratch directory ``tmp``: PySCF's memory
+    limit ``memory_mb`` (MB), and for a density-fitted ``scf_mode`` the JK-fit set's DF tensor
+    built, in memory or in ``tmp`` (``pyscf_df_disk_mb``); each SCF object made is put in
+    ``made``. Returns (the SCF object, the fitting set's description or None, 'memory', 'disk'
+    or None: where its DF tensor is)."""
+    mol, jk_aux, df_storage = mf.mol, None, None
     made.append(mf)
     mf.chkfile = None  # nothing reads it: PySCF writes none
     if memory_mb is not None:
@@ -249,9 +262,15 @@ def _converge(
             mf.with_df.build()
         jk_aux = describe_auxbasis(jk_spec)
         df_storage = "disk" if on_disk else "memory"
-    mf.conv_tol = SCF_CONV_TOL
-    mf.conv_tol_grad = conv_tol_grad
-    mf.max_cycle = max_cycle
+    return mf, jk_aux, df_storage
+
+
+def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage) -> Reference:
+    """Converge the prepared SCF ``mf`` (``_prepared``) to ``settings``' thresholds; the Reference
+    (``reference.from_pyscf``) with its record."""
+    mf.conv_tol = settings.conv_tol
+    mf.conv_tol_grad = settings.conv_tol_grad
+    mf.max_cycle = settings.max_cycle
     mf.verbose = 0
     cycles = []
 
@@ -271,14 +290,14 @@ def _converge(
     mf.kernel()
     if not mf.converged:
         raise not_converged(
-            what, *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))), conv_tol_grad
+            what, *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))), settings
         )
     record = ScfRecord(
         engine="pyscf",
         reference=what,
         device="host",
         source="ran",
-        conv_tol_grad=conv_tol_grad,
+        conv_tol_grad=settings.conv_tol_grad,
         iterations=len(cycles) or None,
         jk_auxbasis=jk_aux,
         jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)",

@@ -28,8 +28,6 @@ from dfmp2.reference import OUR_SCF_NAMES, Reference, project_density, restricte
 from dfmp2.scf import jk_dist, pyscf_scf
 from dfmp2.scf.diis import DIIS, DIIS_SPACE, DIIS_START_CYCLE
 from dfmp2.scf.jk import (
-    JK_BLOCK_MB,
-    SCREEN_DEFAULT,
     UNPACKED_BLOCK_MB,
     JKFactor,
     build_jk_factor,
@@ -47,6 +45,7 @@ from dfmp2.scf.precision import (
     REBUILD_GRACE,
     resolve_precision,
 )
+from dfmp2.scf.settings import DEFAULT_SETTINGS, SCFSettings
 
 ENGINE = OUR_SCF_NAMES[0]  # "dfmp2.scf": our DF-SCF in records (Reference.source, ScfRecord.engine)
 DELTA_CUTOFF = 1e-13  # |eigenvalue| of ΔD below which its eigenvector is dropped (incremental builds)
@@ -76,33 +75,31 @@ class DFRHF:
         self,
         mol,
         backend,
+        settings: SCFSettings = DEFAULT_SETTINGS,
         *,
         timer,
-        block_mb: float = JK_BLOCK_MB,
-        incremental: bool | None = None,
         engine=None,
         progress=None,
-        conv_tol_grad: float = pyscf_scf.SCF_CONV_TOL_GRAD,
-        precision: str = "auto",
-        fp32_copy: bool = True,
         world=None,
         dm0=None,
         jk_auxbasis=None,
-        layout: str = "packed",
-        fp32_speedup: float | None = None,
         scratch=None,
-        fit_mb: float | None = None,
-        screen: float = SCREEN_DEFAULT,
     ):
-        self.mol, self.backend, self.timer, self.conv_tol_grad = mol, backend, timer, conv_tol_grad
+        """The SCF of ``mol`` on ``backend`` as ``settings`` (dfmp2.scf.settings.SCFSettings), up to
+        its first cycle: the JK factor fitted (and its fp32 copy for a mixed SCF), the
+        one-electron part and the guess. The run's objects as ``driver.run_scf``'s; ``scratch``
+        the directory of a factor on disk (``df.outofcore.Scratch``)."""
+        self.settings, self.mol, self.backend, self.timer = settings, mol, backend, timer
         self.dm0_given = dm0  # a density to start from (``initial_density``), or None: 'minao'
         self.world = world if world is not None and distributed.split_scf(world) else distributed.World()
         self.progress = progress or (lambda *args: None)
         self.jk_dtype = backend.fit_dtype(backend.default_precision)  # fp64 where the device has it
+        incremental, precision = settings.incremental, settings.precision
         self.incremental = self.jk_dtype != torch.float64 if incremental is None else incremental
+        speedup = settings.fp32_speedup if precision == "auto" else None
         self.requested, self.mode, self.why = (
             precision,
-            *resolve_precision(backend.caps, precision, fp32_copy, fp32_speedup if precision == "auto" else None),
+            *resolve_precision(backend.caps, precision, settings.fp32_copy, speedup),
         )
         self.fp32_phase, self.fp32_cycles, self.switch = self.mode == "mixed", 0, None
         self.host_rebuild, self.host_builds = False, []  # G rebuilt in fp64 on the host: at these cycles
@@ -115,7 +112,18 @@ class DFRHF:
         self.auxmol = basis.make_auxmol(mol, self.jk_spec)
         self.nao, self.nocc = mol.nao_nr(), max(mol.nelec)  # RHF: nelectron / 2
         self.engine = engine or integrals.HostEngine(mol, backend)
-        self.screen, self.pairs = screen, significant_pairs(mol, screen)
+        self._jk_factor(settings, scratch)
+        self.t0 = time.perf_counter()
+        self._one_electron()
+
+    def _jk_factor(self, settings: SCFSettings, scratch) -> None:
+        """The JK factor of ``settings`` (screened, laid out and blocked as the memory plan says):
+        ``fac`` (the cycles'), ``fac64`` (the fp64 factor on the host of a device without fp64, or
+        None), and a mixed SCF's fp32 copy ``fac32`` (unpacked; with the 'unpacked' layout in the
+        buffer the fp64 factor is unpacked into when the fp32 cycles end, ``deferred``)."""
+        mol, backend, timer = self.mol, self.backend, self.timer
+        self.screen, self.pairs = settings.screen, significant_pairs(mol, settings.screen)
+        block_mb, layout = settings.block_mb, settings.layout
         defer = self.mode == "mixed" and layout == "unpacked"  # the fp64 factor unpacked when fp32 ends
         self.fac, self.fac64 = build_jk_factor(
             mol,
@@ -129,7 +137,7 @@ class DFRHF:
             world=self.world,
             layout="packed" if defer else layout,
             scratch=scratch,
-            fit_mb=fit_mb,
+            fit_mb=settings.fit_mb,
             pairs=self.pairs,
         )
         self.fac32 = self.deferred = None
@@ -139,8 +147,6 @@ class DFRHF:
             self.fac32 = fp32_unpacked(self.fac, block_mb, out=self.deferred[1] if defer else None)
             timer.add("scf_fit", t0)
         self.fac32_mb = self.fac32.B.numel() * 4 / 1e6 if self.fac32 is not None else None
-        self.t0 = time.perf_counter()
-        self._one_electron()
 
     # ---- set-up: PySCF's one-electron part and guess, canonical orthogonalisation
     def _one_electron(self) -> None:
@@ -308,11 +314,12 @@ class DFRHF:
         return float(torch.linalg.norm(g))
 
     def converged(self, e_tot: float, e_last: float, gnorm: float) -> bool:
-        return abs(e_tot - e_last) < pyscf_scf.SCF_CONV_TOL and gnorm < self.conv_tol_grad
+        return abs(e_tot - e_last) < self.settings.conv_tol and gnorm < self.settings.conv_tol_grad
 
     # ---- the iterations
     def iterate(self, max_cycle: int):
-        """Pulay DIIS from DIIS_START_CYCLE to convergence. Returns (cycles, D, G, F, e_tot)."""
+        """Pulay DIIS from DIIS_START_CYCLE to convergence in at most ``max_cycle`` cycles. Returns
+        (cycles, D, G, F)."""
         D, G = self.guess()
         e_tot = self.energy(D, G)
         diis = self.diis = DIIS(self.diis_space, scaled=self.diis_scaled)
@@ -335,7 +342,7 @@ class DFRHF:
                 return cycle + 1, D, G, F
             else:
                 self.maybe_host_rebuild(cycle + 1, e_tot - e_last, gnorm)
-        raise pyscf_scf.not_converged(self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.conv_tol_grad)
+        raise pyscf_scf.not_converged(self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.settings)
 
     def maybe_switch(self, cycle: int, d_e: float, gnorm: float) -> bool:
         """End the fp32 phase once the orbital gradient nears the fp32 build's noise (below
@@ -397,8 +404,9 @@ class DFRHF:
             G = self.new_G(D, D_last, G, C)
         return mo_e, C, self.energy(D, G), e_device
 
-    def run(self, max_cycle: int) -> Reference:
-        cycles, D, G, F = self.iterate(max_cycle)
+    def run(self) -> Reference:
+        """Converge (``settings.max_cycle`` cycles at most), then PySCF's final check; the Reference."""
+        cycles, D, G, F = self.iterate(self.settings.max_cycle)
         mo_e, C, e_tot, e_device = self.finish(D, G, F)
         C, mo_e = jk_dist.same_orbitals(C, mo_e, self.world)
         self.timer.add("scf", self.t0)
@@ -435,7 +443,7 @@ class DFRHF:
             device=be.name,
             source="ran",
             iterations=cycles,
-            conv_tol_grad=self.conv_tol_grad,
+            conv_tol_grad=self.settings.conv_tol_grad,
             guess=self.guess_name,
             jk={"packed": self.jk_text, "unpacked": self.jk_text_unpacked, "disk": self.jk_text_disk}[fac.layout],
             jk_auxbasis=basis.describe_auxbasis(self.jk_spec),

@@ -27,6 +27,7 @@ from dfmp2.scf.diis import UHF_DIIS_SPACE
 from dfmp2.scf.jk import JKFactor
 from dfmp2.scf.precision import UHF_PLANNED_REBUILD
 from dfmp2.scf.rhf import DFRHF, ENGINE
+from dfmp2.scf.settings import DEFAULT_SETTINGS, SCFSettings
 
 
 class DFUHF(DFRHF):
@@ -49,17 +50,17 @@ class DFUHF(DFRHF):
         "(K by GEMM + SYRK, J by a GEMV per block)"
     )
 
-    def __init__(self, mol, backend, *, check_stability: bool = False, **kw):
+    def __init__(self, mol, backend, settings: SCFSettings = DEFAULT_SETTINGS, **kw):
+        """DFRHF's, for both spins (``settings.stability``: the check after convergence, ``run``)."""
         self.nocc_s = tuple(int(n) for n in mol.nelec)  # (alpha, beta)
-        self.check_stability = check_stability
-        super().__init__(mol, backend, **kw)
+        super().__init__(mol, backend, settings, **kw)
 
-    def run(self, max_cycle: int) -> Reference:
-        """DFRHF.run, then (``check_stability``) the internal stability check of the converged
+    def run(self) -> Reference:
+        """DFRHF.run, then (``settings.stability``) the internal stability check of the converged
         UHF with this SCF's J/K (``hessian_product``, dfmp2.scf.stability; time 'stability'): its
         record in ``ScfRecord.stability``."""
-        ref = super().run(max_cycle)
-        if self.check_stability:
+        ref = super().run()
+        if self.settings.stability:
             t0 = time.perf_counter()
             todev = self.dense.to_device
             C = todev(torch.from_numpy(np.stack([c.mo_coeff for c in ref.channels])), torch.float64)

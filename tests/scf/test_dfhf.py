@@ -17,6 +17,7 @@ from dfmp2.io.xyz import parse_xyz, read_xyz
 from dfmp2.memory import human
 from dfmp2.scf import driver, jk, pyscf_scf, rhf
 from dfmp2.scf import precision as scf_precision
+from dfmp2.scf.settings import SCFSettings
 from dfmp2.timing import Timer
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -46,7 +47,7 @@ def molecule(case):
 def test_e_hf_matches_pyscf_df_rhf(case):
     mol = molecule(case)
     theirs = pyscf_scf.run_rhf(mol, "pyscf-df")
-    ours = driver.run_scf(mol, linalg.get_backend("cpu"), precision="fp64")
+    ours = driver.run_scf(mol, linalg.get_backend("cpu"), SCFSettings(precision="fp64"))
     assert abs(ours.e_hf - theirs.e_hf) <= 1e-10, ours.e_hf - theirs.e_hf
     (o,), (t,) = ours.channels, theirs.channels
     assert o.mo_coeff.shape == t.mo_coeff.shape and o.nocc == t.nocc
@@ -75,8 +76,8 @@ def test_mixed_precision_scf_gives_the_fp64_energy(case):
     happened, and every cycle is counted in one precision."""
     mol = molecule(case)
     cpu = linalg.get_backend("cpu")
-    fp64 = driver.run_scf(mol, cpu, precision="fp64")
-    mixed = driver.run_scf(mol, cpu, precision="mixed")
+    fp64 = driver.run_scf(mol, cpu, SCFSettings(precision="fp64"))
+    mixed = driver.run_scf(mol, cpu, SCFSettings(precision="mixed"))
     theirs = pyscf_scf.run_rhf(mol, "pyscf-df")
     assert abs(mixed.e_hf - fp64.e_hf) < 1e-10, mixed.e_hf - fp64.e_hf
     assert abs(mixed.e_hf - theirs.e_hf) < 1e-9, mixed.e_hf - theirs.e_hf
@@ -107,10 +108,10 @@ def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_pr
     cpu = linalg.get_backend("cpu")
     seen = {}
     refs = {
-        p: driver.run_scf(mol, cpu, precision=p, progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
+        p: driver.run_scf(mol, cpu, SCFSettings(precision=p), progress=lambda *a, p=p: seen.setdefault(p, []).append(a))
         for p in ("fp64", "mixed")
     }
-    h = rhf.DFRHF(mol, cpu, timer=Timer(cpu), precision="mixed")
+    h = rhf.DFRHF(mol, cpu, SCFSettings(precision="mixed"), timer=Timer(cpu))
     h.fp32_phase = False  # mixed, fp32 phase off: the fp64 SCF
     cycles, D, G, F = h.iterate(pyscf_scf.SCF_MAX_CYCLE)
     assert cycles == refs["fp64"].scf.iterations
@@ -180,8 +181,8 @@ def test_mixed_scf_with_the_unpacked_factor_unpacks_it_when_fp32_ends():
     factor recorded unpacked, the fp32 copy's size recorded after it was dropped."""
     mol = molecule("water_clusters/h2o_02.xyz")
     cpu = linalg.get_backend("cpu")
-    fp64 = driver.run_scf(mol, cpu, precision="fp64", layout="unpacked")
-    mixed = driver.run_scf(mol, cpu, precision="mixed", layout="unpacked")
+    fp64 = driver.run_scf(mol, cpu, SCFSettings(precision="fp64", layout="unpacked"))
+    mixed = driver.run_scf(mol, cpu, SCFSettings(precision="mixed", layout="unpacked"))
     assert abs(mixed.e_hf - fp64.e_hf) < 1e-10, mixed.e_hf - fp64.e_hf
     cp, fac = mixed.scf.cycle_precision, mixed.scf.jk_factor
     assert cp["mode"] == "mixed" and 0 < cp["fp32_cycles"] < mixed.scf.iterations
@@ -246,8 +247,8 @@ def test_incremental_fock_build_equals_full_build_in_fp64():
     arithmetic: in fp64 it gives the full build's energy."""
     mol = molecule("water_clusters/h2o_02.xyz")
     cpu = linalg.get_backend("cpu")
-    full = driver.run_scf(mol, cpu, incremental=False, precision="fp64")
-    inc = driver.run_scf(mol, cpu, incremental=True, precision="fp64")
+    full = driver.run_scf(mol, cpu, SCFSettings(incremental=False, precision="fp64"))
+    inc = driver.run_scf(mol, cpu, SCFSettings(incremental=True, precision="fp64"))
     assert abs(full.e_hf - inc.e_hf) < 1e-10
     assert inc.scf.precision["fock_build"].startswith("incremental")
 
@@ -308,14 +309,14 @@ def test_scaled_diis_takes_fewer_cycles_to_the_same_energy():
     mol = molecule("water_clusters/h2o_02.xyz")
     cpu = linalg.get_backend("cpu")
     scaled = driver.run_scf(mol, cpu)
-    unscaled = Unscaled(mol, cpu, timer=Timer(cpu)).run(100)
+    unscaled = Unscaled(mol, cpu, SCFSettings(max_cycle=100), timer=Timer(cpu)).run()
     assert abs(scaled.e_hf - unscaled.e_hf) < 1e-10
     assert scaled.scf.iterations < unscaled.scf.iterations - 3, (scaled.scf.iterations, unscaled.scf.iterations)
 
 
 def test_not_converged_raises():
     with pytest.raises(SCFNotConvergedError, match="did not converge in 3 cycles"):
-        driver.run_scf(molecule("water.xyz"), linalg.get_backend("cpu"), max_cycle=3)
+        driver.run_scf(molecule("water.xyz"), linalg.get_backend("cpu"), SCFSettings(max_cycle=3))
 
 
 def test_memory_estimate_and_refusal():

@@ -22,6 +22,7 @@ from dfmp2.io.xyz import read_xyz
 from dfmp2.scf import driver, jk, rhf
 from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.scf import uhf as scf_uhf
+from dfmp2.scf.settings import SCFSettings
 from dfmp2.timing import Timer
 
 OPEN = Path(__file__).resolve().parents[2] / "inputs" / "open_shell"
@@ -83,8 +84,8 @@ def test_uhf_builds_agree(precision, incremental):
     to 1e-10 Eh and one <S^2> to 1e-8."""
     cpu = linalg.get_backend("cpu")
     mol = molecule("hydroxyl")
-    ref = driver.run_scf(mol, cpu, precision="fp64", unrestricted=True)
-    r = driver.run_scf(mol, cpu, precision=precision, incremental=incremental, unrestricted=True)
+    ref = driver.run_scf(mol, cpu, SCFSettings(precision="fp64", unrestricted=True))
+    r = driver.run_scf(mol, cpu, SCFSettings(precision=precision, incremental=incremental, unrestricted=True))
     assert abs(r.e_hf - ref.e_hf) <= 1e-10 and abs(r.s2 - ref.s2) <= 1e-8
     assert r.scf.precision["fock_build"].startswith("incremental" if incremental else "full")
     a, b = r.channels
@@ -97,7 +98,7 @@ def test_uhf_two_electron_matches_pyscf_on_a_density_pair():
     with the same JK-fit set, and E = Σ_s tr D_s (H + G_s/2) + E_nuc against its energy_tot."""
     mol = molecule("methylene_triplet")
     cpu = linalg.get_backend("cpu")
-    uhf = scf_uhf.DFUHF(mol, cpu, timer=Timer(cpu), precision="fp64")
+    uhf = scf_uhf.DFUHF(mol, cpu, SCFSettings(precision="fp64"), timer=Timer(cpu))
     rng = np.random.default_rng(5)
     Ca, Cb = (rng.standard_normal((mol.nao_nr(), n)) * 0.3 for n in mol.nelec)
     D = np.stack([Ca @ Ca.T, Cb @ Cb.T])
@@ -130,7 +131,7 @@ def test_uhf_memory_counts_two_spins():
 
 def test_uhf_not_converged_raises():
     with pytest.raises(SCFNotConvergedError, match="UHF did not converge in 3 cycles"):
-        driver.run_scf(molecule("nitric_oxide"), linalg.get_backend("cpu"), max_cycle=3, unrestricted=True)
+        driver.run_scf(molecule("nitric_oxide"), linalg.get_backend("cpu"), SCFSettings(max_cycle=3, unrestricted=True))
 
 
 def test_pyscf_df_keeps_pyscfs_uhf():

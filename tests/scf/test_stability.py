@@ -18,6 +18,7 @@ from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
 from dfmp2.scf import driver, stability
+from dfmp2.scf.settings import SCFSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,7 +40,7 @@ def pyscf_on(mol, ref):
 @pytest.mark.parametrize("r,stable", [(2.5, False), (0.74, True)])
 def test_h2_lowest_eigenvalue_matches_pyscf(r, stable):
     mol = molecule.build_molecule(h2(r), multiplicity=1)
-    ref = driver.run_scf(mol, linalg.get_backend("cpu"), unrestricted=True, stability=True)
+    ref = driver.run_scf(mol, linalg.get_backend("cpu"), SCFSettings(unrestricted=True, stability=True))
     ours = ref.scf.stability
     mf = pyscf_on(mol, ref)
     theirs = stability.lowest_root(*stability.pyscf_product(mf), ran="PySCF")

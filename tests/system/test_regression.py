@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import dfmp2.scf.driver
 import dfmp2.scf.pyscf_scf
+import dfmp2.scf.settings
 from dfmp2.cli.regress import regress_command
 from dfmp2.options import RunOptions
 from dfmp2.workflows.regress import REFERENCES, TOLERANCES, find_reference, load_references, run_case, select_cases
@@ -53,20 +54,20 @@ def shared_rhf():
 
     real_df = dfmp2.scf.driver.run_scf
 
-    def run_scf(mol, backend, max_cycle=dfmp2.scf.pyscf_scf.SCF_MAX_CYCLE, **kw):
+    def run_scf(mol, backend, settings=dfmp2.scf.settings.DEFAULT_SETTINGS, **kw):
         key = (
             mol.atom.__repr__(),
             repr(mol.basis),
             mol.charge,
             mol.spin,
-            kw.get("unrestricted"),
+            settings.unrestricted,
             "df-scf",
             backend.name,
-            max_cycle,
+            settings.max_cycle,
         )
         if key not in last:
             last.clear()
-            last[key] = real_df(mol, backend, max_cycle=max_cycle, **kw)
+            last[key] = real_df(mol, backend, settings, **kw)
         return last[key]
 
     mp = pytest.MonkeyPatch()
