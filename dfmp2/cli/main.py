@@ -52,8 +52,8 @@ COMMANDS = {
         "dfmp2.cli.gradient",
         "optimize_command",
         "Optimise the geometry in INPUT (XYZ, Ångström) to a DF-MP2 minimum with geomeTRIC over the analytic "
-        "gradient; writes the trajectory and the final XYZ (also when it does not converge: then one error "
-        "line and exit 2).",
+        "gradient; writes the final XYZ and, beside it, the trajectory (also when it does not converge: then "
+        "one error line and exit 2).",
     ),
     "regress": (
         "dfmp2.cli.regress",
