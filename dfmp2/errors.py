@@ -30,7 +30,7 @@ class InputError(Exception):
     (None: no option), or a parameter of the function that raised (e.g. ``fragments``). The message
     says what is wrong in the library's words; the CLI adds the flag (``flag``)."""
 
-    def __init__(self, *args, option: str | None = None):
+    def __init__(self, *args, option: str | tuple[str, ...] | None = None):
         # one line whatever user text the message quotes (a newline in a basis or device name)
         super().__init__(*(one_line(a) if isinstance(a, str) else a for a in args))
         self.option = option

@@ -17,6 +17,7 @@ dfmp2.interfaces.pyscf_dropin) both use it. Frozen orbitals are always a mask;
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import numpy as np
 
@@ -125,9 +126,10 @@ class Reference:
 
     def contamination_warning(self) -> str | None:
         """One line when a UHF's <S^2> exceeds S(S+1) by more than S2_WARN, else None."""
-        if self.restricted or self.s2 - self.s2_exact <= S2_WARN:
+        s2, s2_exact = cast(float, self.s2), cast(float, self.s2_exact)  # a UHF's: both set
+        if self.restricted or s2 - s2_exact <= S2_WARN:
             return None
-        d = self.s2 - self.s2_exact
+        d = s2 - s2_exact
         return (
             f"spin contamination: UHF <S^2> = {self.s2:.4f}, exact S(S+1) = {self.s2_exact:.4f} "
             f"(excess {d:.3f} > {S2_WARN}); UMP2 energies of such a reference are unreliable "

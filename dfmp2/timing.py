@@ -95,7 +95,8 @@ class CycleLog:
 
     def __init__(self, say, what: str, after: float = 2.0):
         self.say, self.what, self.after = say, what, after
-        self.t0, self.held, self.open = time.perf_counter(), [], after <= 0
+        self.t0, self.open = time.perf_counter(), after <= 0
+        self.held: list = []
 
     def __call__(self, cycle: int, e_tot: float, d_e: float, gnorm: float, precision: str | None = None) -> None:
         dt = time.perf_counter() - self.t0

@@ -301,30 +301,7 @@ def _remeasure_blas(threads, quiet: bool) -> None:
     help="no timing: rewrite the .md and .png (and the terminal table) of a saved NAME.json",
 )
 @user_errors(interrupted=lambda params: " (nothing written)")
-def bench_command(
-    shapes,
-    devices,
-    precisions,
-    ops_,
-    waters,
-    water_precisions,
-    radicals,
-    pyscf_max_waters,
-    fit_min_nbasis,
-    repeats,
-    warmup,
-    min_time,
-    max_time,
-    single_above,
-    threads,
-    peak_n,
-    trn_validate,
-    out_dir,
-    name,
-    quiet,
-    blas,
-    rerender,
-):
+def bench_command(rerender, blas, threads, quiet, out_dir, name, **params):
     """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
     from rich.console import Console
     from rich.markup import escape
@@ -336,12 +313,40 @@ def bench_command(
     if blas:
         _remeasure_blas(threads, quiet)
         return
+    from dfmp2.benchmarks.run import run_bench
+
+    opts = _bench_options(threads, **params)
+    _check_memory(opts)
+    check_outputs(out_dir, name)
+    console = stdout_console()
+    err = Console(stderr=True)
+    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
+    rep = run_bench(opts, log=log)
+    _write_report(rep, out_dir, name, log, console, err)
+
+
+def _bench_options(
+    threads,
+    shapes,
+    devices,
+    precisions,
+    ops_,
+    waters,
+    water_precisions,
+    radicals,
+    min_time,
+    max_time,
+    single_above,
+    **params,
+):
+    """The BenchOptions of the command's options, checked (one line for a bad value); ``threads``
+    set for torch and PySCF now."""
     from dfmp2 import linalg
     from dfmp2.benchmarks import ops as ops_mod
     from dfmp2.benchmarks import radicals as radicals_mod
     from dfmp2.benchmarks import shapes as shapes_mod
     from dfmp2.benchmarks import waters as waters_mod
-    from dfmp2.benchmarks.run import BenchOptions, run_bench
+    from dfmp2.benchmarks.run import BenchOptions
 
     for opt, v in (("--min-time", min_time), ("--max-time", max_time), ("--single-above", single_above)):
         if not (math.isfinite(v) and v >= 0):
@@ -359,7 +364,7 @@ def bench_command(
             linalg.device_capabilities(d)
         except ValueError:
             raise InputError(f"--devices: unknown device '{d}'; use {', '.join(DEVICE_CHOICES)}") from None
-    opts = BenchOptions(
+    return BenchOptions(
         shapes=shapes_mod.parse_shapes(shapes),
         devices=devs,
         precisions=prec,
@@ -367,34 +372,22 @@ def bench_command(
         waters=waters_mod.parse_waters(waters),
         radicals=radicals_mod.parse_radicals(radicals),
         water_precisions=_split(water_precisions, "water-precisions", PRECISIONS),
-        pyscf_max_waters=pyscf_max_waters,
-        fit_min_nbasis=fit_min_nbasis,
-        warmup=warmup,
-        repeats=repeats,
         min_time=min_time,
         max_time=max_time,
         single_above_s=single_above,
-        peak_n=peak_n,
-        trn_validate=trn_validate,
         command="dfmp2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1 and sys.argv[1] == "bench"
         else "dfmp2 bench (called from Python)",
+        **params,  # pyscf_max_waters, fit_min_nbasis, warmup, repeats, peak_n, trn_validate: same names
     )
+
+
+def _check_memory(opts) -> None:
+    """Before any allocation: a shape larger than host memory is one line (host; a GPU's own
+    check is its run's)."""
     from dfmp2.memory import check_synthetic_memory
 
-    for s in opts.shapes:  # before any allocation: a shape larger than host memory is one line
-        for p in prec:
-            check_synthetic_memory(
-                f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}",
-                s.nocc,
-                s.nvir,
-                s.naux,
-                8 if p == "fp64" else 4,
-                [],
-            )  # host; a GPU's own check is its run's
-    check_outputs(out_dir, name)
-    console = stdout_console()
-    err = Console(stderr=True)
-    log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
-    rep = run_bench(opts, log=log)
-    _write_report(rep, out_dir, name, log, console, err)
+    for s in opts.shapes:
+        for p in opts.precisions:
+            what = f"--shapes {s.name} ({s.nocc},{s.nvir},{s.naux}), {p}"
+            check_synthetic_memory(what, s.nocc, s.nvir, s.naux, 8 if p == "fp64" else 4, [])

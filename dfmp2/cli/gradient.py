@@ -147,14 +147,15 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     "final_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, here]",
+    help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, in the current directory]",
 )
 @click.option(
     "--trajectory",
     "traj_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="every evaluated geometry (multi-frame XYZ) [default: INPUT's name with .traj.xyz, here]",
+    help="every evaluated geometry (multi-frame XYZ) [default: beside the final geometry, its name with "
+    ".traj.xyz for .opt.xyz or .xyz: -o out/w.xyz writes out/w.traj.xyz]",
 )
 @click.option(
     "--max-steps",
@@ -182,13 +183,23 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 @user_errors
 def optimize_command(xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, **params):
     """Optimise the geometry in INPUT (XYZ, Ångström) to a DF-MP2 minimum with geomeTRIC over
-    the analytic gradient; writes the trajectory and the final XYZ (also when it does not
-    converge: then one error line and exit 2)."""
+    the analytic gradient; writes the final XYZ and, beside it, the trajectory (also when it
+    does not converge: then one error line and exit 2)."""
     from dfmp2 import distributed
 
     world = distributed.join(params["device"])  # torchrun: each step's energy and gradient over the ranks
     with distributed.command(world):
         _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params)
+
+
+def trajectory_beside(final_path: str) -> str:
+    """The trajectory's default path: in the final geometry's directory, its name with .traj.xyz
+    for .opt.xyz or .xyz (``out/w.xyz``, ``out/w.opt.xyz`` -> ``out/w.traj.xyz``), so that the
+    two files of a run go where ``-o`` sends the result, never elsewhere."""
+    from pathlib import Path
+
+    final = Path(final_path)
+    return str(final.with_name(final.name.removesuffix(".xyz").removesuffix(".opt") + ".traj.xyz"))
 
 
 def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params):
@@ -209,7 +220,7 @@ def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, converg
     options = run_options(params)
     stem = Path(xyz_file).name.removesuffix(".xyz")
     final_path = final_path or f"{stem}.opt.xyz"
-    traj_path = traj_path or f"{stem}.traj.xyz"
+    traj_path = traj_path or trajectory_beside(final_path)
     outs = ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json"))
     for path, what in outs:  # none the input, none another output (each would overwrite the other)
         if path is not None:

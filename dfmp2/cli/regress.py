@@ -122,26 +122,7 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
                         f"{e['subset']:5s} {e['key']:60s} nbasis {e['nbasis']:4d} naux {e['naux']:5d}", markup=False
                     )
         return 0
-    from rich.progress import Progress, TimeElapsedColumn
-
-    mine = per_group(len(cases), world, group_size)[world.rank // group_size]  # this rank's cases (tasks.deal)
-    with Progress(
-        "[progress.description]{task.description}",
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=bool(world.rank),  # rank 0 alone talks to the user
-    ) as bar:
-        task = bar.add_task("", total=mine)
-        started = []
-
-        def on_case(k, e):
-            if started:  # the previous case of this rank is done
-                bar.advance(task)
-            started.append(k)
-            bar.update(task, description=f"[{k + 1}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
-
-        results = run_cases(cases, options, tol, world=world, on_case=on_case, group_size=group_size)
+    results = _run_with_progress(cases, options, tol, world, group_size, err)
     if world.rank:  # rank 0 alone writes and prints
         return 1 if any(not r.passed for r in results) else 0
     if json_path:  # before the table: a stdout that fails must not lose the result
@@ -166,3 +147,31 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
     if json_path:
         err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
     return 1 if any(not r.passed for r in results) else 0
+
+
+def _run_with_progress(cases, options, tol, world, group_size, err) -> list:
+    """This rank's share of ``cases`` (its group's, with ``group_size`` > 1), under a progress bar
+    on ``err`` that rank 0 alone shows: every case's result, gathered."""
+    from rich.markup import escape
+    from rich.progress import Progress, TimeElapsedColumn
+
+    from dfmp2.workflows.tasks import per_group
+
+    mine = per_group(len(cases), world, group_size)[world.rank // group_size]  # this rank's cases (tasks.deal)
+    with Progress(
+        "[progress.description]{task.description}",
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=bool(world.rank),  # rank 0 alone talks to the user
+    ) as bar:
+        task = bar.add_task("", total=mine)
+        started = []
+
+        def on_case(k, e):
+            if started:  # the previous case of this rank is done
+                bar.advance(task)
+            started.append(k)
+            bar.update(task, description=f"[{k + 1}/{len(cases)}] {escape(e['key'])} (nbasis {e['nbasis']})")
+
+        return run_cases(cases, options, tol, world=world, on_case=on_case, group_size=group_size)

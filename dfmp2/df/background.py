@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable
 
 
 class Background:
@@ -77,7 +77,7 @@ class Background:
             self._collect()
 
     # ---- read ahead
-    def map(self, fn: Callable, items: Iterable) -> Iterator:
+    def map(self, fn: Callable, items: Iterable) -> Generator:
         """fn(item) for item in ``items``, in order, computed on the thread while the caller uses
         the previous results: ``depth`` calls ahead of the one the caller holds (0: each call
         made when asked for). The caller is done with a result when it asks for the next."""

@@ -39,6 +39,7 @@ import zlib
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -131,7 +132,7 @@ class InMemoryB:
         """Rows p0:p1 of (P|ia), rows (p1 - p0, nocc*nvir) on the device."""
         for k in range(self.blocks.count):
             c0, c1 = self.blocks.columns(k)
-            self.data[k][p0:p1] = rows[:, c0:c1]
+            cast(torch.Tensor, self.data[k])[p0:p1] = rows[:, c0:c1]  # allocated: the blocks are set
 
     def set_block(self, k: int, block: torch.Tensor) -> None:
         if block.dtype != self.dtype or not block.is_contiguous():
@@ -227,7 +228,7 @@ class HDF5B:
         self.dset.read_direct(out.view(-1).numpy(), source_sel=np.s_[a:b])
         if self.crc is not None and k not in self._verified:
             want = int(self.crc[k])
-            got = zlib.crc32(memoryview(out.view(-1).numpy()).cast("B"))
+            got = zlib.crc32(memoryview(out.view(-1).numpy()).cast("B"))  # type: ignore[arg-type]  # (io.checkpoint)
             if want != got:
                 raise CheckpointError(
                     f"checkpoint {self.path} is corrupted: block {k} of B fails its "
@@ -328,7 +329,8 @@ class BStore:
 
     def __init__(self, data, checkpoint, scratch: "Scratch", channel: int = 0):
         self.data, self.checkpoint, self.scratch, self.channel = data, checkpoint, scratch, channel
-        self.complete, self.metric = False, None
+        self.complete = False
+        self.metric: tuple[str, dict] | None = None
 
     def __getattr__(self, name):
         return getattr(self.data, name)

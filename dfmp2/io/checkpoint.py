@@ -116,7 +116,7 @@ def fingerprint(
     import dfmp2
 
     coords = np.asarray(mol.atom_coords(unit="Angstrom"), dtype=np.float64)
-    fp = {
+    fp: dict = {
         "dfmp2_version": dfmp2.__version__,
         "geometry": [[mol.atom_pure_symbol(i), *map(float, coords[i])] for i in range(mol.natm)],
         "charge": int(mol.charge),
@@ -165,7 +165,7 @@ def _omitted_defaults() -> dict:
 
 OMITTED_WHEN_DEFAULT = _omitted_defaults()
 # fingerprint keys that are RunOptions fields (a mismatch names the option's flag beside --resume)
-OPTION_KEYS = ("basis", "scf_mode", "frozen_core", "precision", "device", "simulate", "charge", "ecp")
+OPTION_KEYS: tuple[str, ...] = ("basis", "scf_mode", "frozen_core", "precision", "device", "simulate", "charge", "ecp")
 OPTION_KEYS += ("scf_conv_tol_grad", "scf_screen")
 
 
@@ -557,7 +557,7 @@ class Checkpoint:
                 checkpoint=str(self.path),
             )
             C, e, nocc = g["mo_coeff"][...], g["mo_energy"][...], int(g.attrs["nocc"])
-            args = dict(e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)
+            args: dict = dict(e_hf=float(g.attrs["e_hf"]), source="checkpoint", scf=record, jk_auxbasis=jk_aux)
             if self.unrestricted:
                 return unrestricted(C, e, (nocc, int(g.attrs["nocc_beta"])), s2=float(g.attrs["s2"]), **args)
             return restricted(C, e, nocc, **args)
@@ -734,7 +734,8 @@ def discard_h5(f, path) -> None:
 
 def block_crc(arr: np.ndarray) -> int:
     """crc32 of an array's bytes (zlib releases the GIL on large buffers)."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    # numpy's stubs give ndarray the buffer protocol from Python 3.12 on only (mypy checks 3.10)
+    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
 
 
 ROOT_ATTRS = ("fingerprint", "occ_block")

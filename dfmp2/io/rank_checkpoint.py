@@ -96,9 +96,9 @@ class RankCheckpoint(Checkpoint):
         import h5py
 
         name, f = self.b_names[channel], self.f
-        for n in (name, name + "_crc", name + "_tmp"):
-            if n in f:
-                del f[n]
+        for stale in (name, name + "_crc", name + "_tmp"):
+            if stale in f:
+                del f[stale]
         g = f.create_group(name + "_tmp")
         g.attrs["complete"] = 0
         ks = sorted(own)

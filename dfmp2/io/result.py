@@ -292,8 +292,9 @@ class Result:
         s.add_row("memory / MB", self.memory_summary())
         if not quiet:
             console.print(s)
-        if (self.properties or {}).get("dipole"):
-            console.print(dipole_table(self.properties["dipole"]))
+        dipole = (self.properties or {}).get("dipole")
+        if dipole:
+            console.print(dipole_table(dipole))
         self.render_warnings(console)
         if self.ran.get("simulated"):
             console.print(

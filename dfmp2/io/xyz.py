@@ -152,8 +152,11 @@ def _fragments(numbered, source: str) -> tuple:
     opening it, or () when no fragment has one). A '--' first, last or right after another leaves
     a fragment without atoms; a 'charge mult' line on some fragments only; both refused with the
     line number."""
-    atom_lines, out, states = [], [], []
-    current, state, opening, last = [], None, True, None
+    atom_lines: list = []
+    out: list = []
+    states: list = []
+    current: list = []
+    state, opening, last = None, True, None
     for k, line in numbered:
         if line.strip() == "--":
             if not current:

@@ -127,8 +127,32 @@ def optimize(
         raise InputError(f"convergence must be one of {', '.join(CONVERGENCE_SETS)}, got {convergence!r}")
     check_gradient_options(geom, options, method)
     molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)  # as run
-    say = log or (lambda msg: None)
     out = OptimizationResult(geom, None)
+    evaluate = _evaluator(geom, options, method, out, max_steps, trajectory, progress, log or (lambda msg: None))
+    if geom.natm == 1:  # nothing to optimise: the one evaluation, converged
+        evaluate(np.asarray(geom.coords_angstrom).ravel() / BOHR)
+        out.converged = True
+        _write_final(final, out, method, "converged")
+        return out
+    try:
+        _run_geometric(geom, evaluate, out, max_steps, convergence)
+    except (geometric.errors.GeomOptNotConvergedError, _StepLimit):
+        _write_final(final, out, method, "not converged")
+        raise OptimizationError(
+            f"the geometry optimisation did not converge in {max_steps} steps (last max "
+            f"|gradient| {out.gmax[-1]:.2e} Eh/bohr); the last geometry is written" + (f" to {final}" if final else ""),
+            option="max_steps",
+            result=out,
+        ) from None
+    out.converged = True
+    _write_final(final, out, method, "converged")
+    return out
+
+
+def _evaluator(geom, options, method, out: OptimizationResult, max_steps, trajectory, progress, say):
+    """``evaluate(coords_bohr) -> (energy, gradient)``: one gradient run at those coordinates,
+    recorded in ``out`` and appended to the trajectory; each SCF after the first starts from the
+    previous step's density. _StepLimit past ``max_steps`` evaluations."""
     frames, density = [], []
 
     def evaluate(coords_bohr):
@@ -147,11 +171,18 @@ def optimize(
             write_text(trajectory, "".join(frames))
         return gr.energy, gr.gradient
 
-    if geom.natm == 1:  # nothing to optimise: the one evaluation, converged
-        evaluate(np.asarray(geom.coords_angstrom).ravel() / BOHR)
-        out.converged = True
-        _write_final(final, out, method, "converged")
-        return out
+    return evaluate
+
+
+def _run_geometric(geom, evaluate, out: OptimizationResult, max_steps, convergence) -> None:
+    """geomeTRIC's optimiser (TRIC coordinates, its step control) from ``geom`` over
+    ``evaluate``, its log quiet below warnings; ``out.criteria``: the five numbers it applies.
+    Raises geomeTRIC's GeomOptNotConvergedError, or _StepLimit from ``evaluate``."""
+    import geometric.engine
+    import geometric.internal
+    import geometric.molecule
+    import geometric.optimize
+    import geometric.params
 
     class Engine(geometric.engine.Engine):
         def calc_new(self, coords, dirname):
@@ -176,19 +207,8 @@ def optimize(
             geometric.optimize.Optimize(
                 np.asarray(geom.coords_angstrom).ravel() / BOHR, M, IC, Engine(M), tmp, params, print_info=False
             )
-    except (geometric.errors.GeomOptNotConvergedError, _StepLimit):
-        _write_final(final, out, method, "not converged")
-        raise OptimizationError(
-            f"the geometry optimisation did not converge in {max_steps} steps (last max "
-            f"|gradient| {out.gmax[-1]:.2e} Eh/bohr); the last geometry is written" + (f" to {final}" if final else ""),
-            option="max_steps",
-            result=out,
-        ) from None
     finally:
         quiet.setLevel(level)
-    out.converged = True
-    _write_final(final, out, method, "converged")
-    return out
 
 
 def _write_final(path, out: OptimizationResult, method: str, state: str) -> None:

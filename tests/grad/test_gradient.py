@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 from channels import heavy_cases
 from click.testing import CliRunner
-from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted, energy
+from gradient_fd import (
+    INPUTS,
+    assert_dropin_matches_fd_along,
+    assert_matches_fd,
+    assert_matches_fd_along,
+    distorted,
+    energy,
+)
 from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
@@ -121,20 +128,13 @@ def test_dropin_nuc_grad_method_matches_its_finite_differences():
     from pyscf import gto
     from pyscf import scf as pyscf_scf
 
-    import dfmp2
-
     def mf_at(coords):
         mol = gto.M(atom=[("O", coords[0]), ("H", coords[1]), ("H", coords[2])], unit="Bohr", basis="6-31g")
         mf = pyscf_scf.RHF(mol).density_fit()
         mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-13, 1e-10, 0
         return mf.run()
 
-    c0 = _geometry("water.xyz").coords_angstrom / BOHR
-    de = dfmp2.DFMP2(mf_at(c0), frozen=1).nuc_grad_method().kernel()
-    d = np.random.default_rng(3).normal(size=c0.shape)  # all components at once
-    d /= np.linalg.norm(d)
-    e = [dfmp2.DFMP2(mf_at(c0 + s * STEP * d), frozen=1).run().e_tot for s in (1, -1)]
-    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
+    assert_dropin_matches_fd_along(mf_at, _geometry("water.xyz").coords_angstrom / BOHR, seed=3)
 
 
 def test_dropin_refuses_an_exact_integral_mf():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from channels import heavy_cases
 from click.testing import CliRunner
-from gradient_fd import INPUTS, STEP, TOL, assert_matches_fd, assert_matches_fd_along, distorted
+from gradient_fd import INPUTS, assert_dropin_matches_fd_along, assert_matches_fd, assert_matches_fd_along, distorted
 from gradient_fd import options as _options
 from pyscf.data.nist import BOHR
 
@@ -249,8 +249,6 @@ def test_dropin_nuc_grad_method_on_a_pyscf_df_uhf_matches_its_finite_differences
     from pyscf import gto
     from pyscf import scf as pyscf_scf
 
-    import dfmp2
-
     def mf_at(coords):
         mol = gto.M(atom=[("N", coords[0]), ("H", coords[1]), ("H", coords[2])], unit="Bohr", basis="6-31g", spin=1)
         mf = pyscf_scf.UHF(mol).density_fit()
@@ -259,12 +257,7 @@ def test_dropin_nuc_grad_method_on_a_pyscf_df_uhf_matches_its_finite_differences
         assert mf.converged
         return mf
 
-    c0 = _radical("nh2").coords_angstrom / BOHR
-    de = dfmp2.DFMP2(mf_at(c0), frozen=1).nuc_grad_method().kernel()
-    d = np.random.default_rng(5).normal(size=c0.shape)
-    d /= np.linalg.norm(d)
-    e = [dfmp2.DFMP2(mf_at(c0 + s * STEP * d), frozen=1).run().e_tot for s in (1, -1)]
-    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
+    assert_dropin_matches_fd_along(mf_at, _radical("nh2").coords_angstrom / BOHR, seed=5)
 
 
 def test_api_gradient_of_a_doublet():

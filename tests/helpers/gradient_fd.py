@@ -70,6 +70,20 @@ def assert_matches_fd(g, geom, options, method, *, halve=True, also=()):
     return d
 
 
+def assert_dropin_matches_fd_along(mf_at, coords_bohr, seed: int, frozen: int = 1) -> None:
+    """PySCF's route, ``dfmp2.DFMP2(mf_at(coords), frozen=frozen).nuc_grad_method()``, against the
+    central difference (STEP, bohr) of ``DFMP2(...).run().e_tot`` along one random unit direction
+    of all atoms at once (NumPy's generator seeded ``seed``), to TOL. ``mf_at(coords_bohr)``: a
+    converged density-fitted PySCF RHF or UHF at those coordinates (natm, 3) in bohr."""
+    import dfmp2
+
+    de = dfmp2.DFMP2(mf_at(coords_bohr), frozen=frozen).nuc_grad_method().kernel()
+    d = np.random.default_rng(seed).normal(size=coords_bohr.shape)  # all components at once
+    d /= np.linalg.norm(d)
+    e = [dfmp2.DFMP2(mf_at(coords_bohr + s * STEP * d), frozen=frozen).run().e_tot for s in (1, -1)]
+    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
+
+
 def assert_matches_fd_along(g, geom, options, method, direction):
     """``g`` against the central difference (STEP) along one unit ``direction`` of all atoms at once."""
     e = [energy(geom, options, method, geom.coords_angstrom + s * STEP * BOHR * direction) for s in (1, -1)]

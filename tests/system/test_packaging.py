@@ -53,6 +53,29 @@ def test_the_links_and_pyproject_ship_every_package():
     assert "*.c" in cfg["package-data"]["dfmp2.kernels.cpu"]  # the CPU pair epilogue's source
 
 
+def _version_literal() -> str:
+    """dfmp2.__version__ as written in dfmp2/__init__.py (a plain string literal)."""
+    for node in ast.parse((ROOT / "dfmp2" / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]:
+            assert isinstance(node.value, ast.Constant) and isinstance(node.value.value, str), ast.dump(node)
+            return node.value.value
+    raise AssertionError("dfmp2/__init__.py assigns no __version__")
+
+
+def test_the_version_is_written_once():
+    """pyproject.toml takes the version from dfmp2.__version__ (read statically by setuptools,
+    without importing dfmp2); CITATION.cff, which citation tools read, repeats the same string."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in meta["project"] and "version" in meta["project"]["dynamic"]
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dfmp2.__version__"}
+    version = _version_literal()
+    from setuptools.config.expand import read_attr  # what the build calls: the literal, read statically
+
+    assert read_attr("dfmp2.__version__", {"": "."}, str(ROOT)) == version
+    (cff,) = re.findall(r"^version:\s*(\S+)\s*$", (ROOT / "CITATION.cff").read_text(), flags=re.M)
+    assert cff.strip("\"'") == version
+
+
 def _tracked_python():
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "*.py"], capture_output=True, text=True)
     if files.returncode != 0:  # not a git checkout (an sdist): walk the tree
@@ -232,6 +255,7 @@ def installed(tmp_path_factory):
     )
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = (tmp / "dist").glob("dfmp2-*.whl")
+    assert wheel.name.startswith(f"dfmp2-{_version_literal()}-"), wheel.name  # the one version source
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
