@@ -135,7 +135,7 @@ def mp2_pair_energy(
     Bi (ni, nvir, naux), Bj (nj, nvj, naux) on the CPU in fp64 or fp32; every GEMM operand is a
     view (``tile_operands``) both for B stored as Bt (naux, nocc*nvir) (the pipeline's layout) and
     for a contiguous (n, nvir, naux) B (the benchmarks'). ``matmul(A, B)``: the tiles' GEMM on the
-    BLAS's own threads (torch.matmul, or linalg.cpu_blas.openblas_matmul); ``tile_elems``: K
+    BLAS's own threads (torch.matmul, or linalg.openblas.openblas_matmul); ``tile_elems``: K
     elements per tile (default TILE_ELEMS).
     """
     from dfmp2.kernels.cpu.pair_epilogue import pair_os, pair_sums

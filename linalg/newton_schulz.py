@@ -92,7 +92,6 @@ def newton_schulz_inv_sqrt(
         raise ValueError(f"inv_sqrt_spd needs a floating-point matrix, got {a.dtype}")
     n = a.shape[0]
     dtype = a.dtype
-    eps = torch.finfo(dtype).eps
     tol = DEFAULT_TOL.get(dtype, 1e-3) if tol is None else float(tol)
     cond_max = DEFAULT_COND_MAX.get(dtype, 1e7) if cond_max is None else float(cond_max)
     check_every = max(1, int(check_every))
@@ -105,28 +104,7 @@ def newton_schulz_inv_sqrt(
     grow = next((k for k, l in enumerate(bounds) if l > 0.9), max_iter) if scaled else 0
     first_check = min(max_iter, max(check_every, grow + 2))
 
-    eye = torch.eye(n, dtype=dtype, device=a.device)
-    y = a / s
-    z = eye.clone()
-    res_buf = torch.empty(max_iter, dtype=torch.float64, device=a.device)
-    inv_sqrt_n = 1.0 / math.sqrt(n)
-    floor = 8.0 * eps
-    it, history, stop, syncs = 0, [], "max_iter", 0
-    while it < max_iter and stop == "max_iter":
-        chunk_end = min(max_iter, first_check if it == 0 else it + check_every)
-        for k in range(it, chunk_end):
-            al = alphas[k]
-            p = matmul(z, y)
-            res_buf[k] = torch.linalg.matrix_norm(p - eye) * inv_sqrt_n
-            # T = (al/2) (3 I - al^2 P)
-            t = p * (-0.5 * al**3)
-            t.diagonal().add_(1.5 * al)
-            y = matmul(y, t)
-            z = matmul(t, z)
-        history += res_buf[it:chunk_end].tolist()  # the one host sync of this chunk
-        syncs += 1
-        stop = _stop(history, it, chunk_end, floor)
-        it = chunk_end
+    z, it, history, stop, syncs = _iterate(a, s, alphas, first_check, check_every, max_iter, matmul)
     x = z / torch.sqrt(s)
     res = residual(x, a, matmul) if stop != "diverged" else math.inf
     if not math.isfinite(res):
@@ -151,6 +129,37 @@ def newton_schulz_inv_sqrt(
     if check and not converged:
         raise _not_converged(info, n, max_iter)
     return x, info
+
+
+def _iterate(a: torch.Tensor, s, alphas: list, first_check: int, check_every: int, max_iter: int, matmul: Callable):
+    """The coupled iteration Y -> (A/s)^{1/2}, Z -> (A/s)^{-1/2} from Y = A/s, Z = I, with the
+    step weights ``alphas``; the iteration residual is read on the host after ``first_check``
+    steps, then every ``check_every``, and ``_stop`` says when to end. Returns (Z, iterations,
+    residual history, stop reason, host syncs)."""
+    n, dtype = a.shape[0], a.dtype
+    eye = torch.eye(n, dtype=dtype, device=a.device)
+    y = a / s
+    z = eye.clone()
+    res_buf = torch.empty(max_iter, dtype=torch.float64, device=a.device)
+    inv_sqrt_n = 1.0 / math.sqrt(n)
+    floor = 8.0 * torch.finfo(dtype).eps
+    it, history, stop, syncs = 0, [], "max_iter", 0
+    while it < max_iter and stop == "max_iter":
+        chunk_end = min(max_iter, first_check if it == 0 else it + check_every)
+        for k in range(it, chunk_end):
+            al = alphas[k]
+            p = matmul(z, y)
+            res_buf[k] = torch.linalg.matrix_norm(p - eye) * inv_sqrt_n
+            # T = (al/2) (3 I - al^2 P)
+            t = p * (-0.5 * al**3)
+            t.diagonal().add_(1.5 * al)
+            y = matmul(y, t)
+            z = matmul(t, z)
+        history += res_buf[it:chunk_end].tolist()  # the one host sync of this chunk
+        syncs += 1
+        stop = _stop(history, it, chunk_end, floor)
+        it = chunk_end
+    return z, it, history, stop, syncs
 
 
 def _stop(history: list, it: int, chunk_end: int, floor: float) -> str:

@@ -219,7 +219,7 @@ def mp2_pair_energy(
     elementwise work too and degrades gracefully when another job holds a core. Per-row sums
     are combined in row order, so the result does not depend on the thread count.
 
-    ``matmul(A, B)``: the GEMM of K (linalg.cpu_blas.openblas_matmul when OpenBLAS runs it);
+    ``matmul(A, B)``: the GEMM of K (linalg.openblas.openblas_matmul when OpenBLAS runs it);
     ``serial()``: a context that keeps it on one thread while the rows run threaded.
     """
     ni, nvir, naux = Bi.shape
@@ -258,27 +258,33 @@ def mp2_pair_energy(
             e_ss += ss_.sum()
         return e_os, e_ss
 
-    nthreads = torch.get_num_threads()
-    if dev.type != "cpu" or nthreads == 1 or ni == 1:
-        rows = [row(i) for i in range(ni)]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        order = sorted(range(ni), key=lambda i: -(i + 1 if symmetric else nj))  # longest rows first
-        with serial():
-            torch.set_num_threads(1)
-            try:
-                with ThreadPoolExecutor(max_workers=min(nthreads, ni)) as pool:
-                    done = dict(zip(order, pool.map(row, order)))
-            finally:
-                torch.set_num_threads(nthreads)
-        rows = [done[i] for i in range(ni)]
+    rows = _map_rows(row, ni, lambda i: -(i + 1 if symmetric else nj), dev, serial)  # longest rows first
     e_os = torch.zeros((), dtype=f64, device=dev)
     e_ss = torch.zeros((), dtype=f64, device=dev)
     for os_, ss_ in rows:
         e_os += os_
         e_ss += ss_
     return float(e_os), (math.nan if mixed else float(e_ss))
+
+
+def _map_rows(row, ni: int, order_key, dev: torch.device, serial) -> list:
+    """[row(i) for i in range(ni)], in row order. On the CPU with several threads the rows are
+    shared among torch's threads in the order ``order_key`` gives, each row on one thread (torch's,
+    and under ``serial()`` the GEMM library's); torch's thread count is restored afterwards."""
+    nthreads = torch.get_num_threads()
+    if dev.type != "cpu" or nthreads == 1 or ni == 1:
+        return [row(i) for i in range(ni)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    order = sorted(range(ni), key=order_key)
+    with serial():
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(max_workers=min(nthreads, ni)) as pool:
+                done = dict(zip(order, pool.map(row, order)))
+        finally:
+            torch.set_num_threads(nthreads)
+    return [done[i] for i in range(ni)]
 
 
 def check_pair_shapes(op: str, Bi, Bj, symmetric: bool, mixed: bool) -> None:

@@ -220,7 +220,7 @@ def blas_main(args, argv):
     import torch
 
     from dfmp2.benchmarks import timing
-    from dfmp2.linalg import cpu_blas, torch_ops
+    from dfmp2.linalg import cpu_blas, openblas, torch_ops
 
     v = timing.versions()
     threads = torch.get_num_threads()
@@ -233,9 +233,9 @@ def blas_main(args, argv):
         "cpu_count": os.cpu_count(),
         "torch_threads": threads,
         "torch": v["torch"],
-        "torch_blas": cpu_blas.torch_blas_info(),
+        "torch_blas": openblas.torch_blas_info(),
         "numpy": v["numpy"],
-        "openblas": cpu_blas.numpy_blas_info(),
+        "openblas": openblas.numpy_blas_info(),
         "threadpool_info": threadpool_info(),
         "probe": {
             "source": source,
@@ -262,13 +262,13 @@ def blas_main(args, argv):
                 "torch": (lambda: torch_ops.syrk(A, trans=True))
                 if op == "syrk"
                 else (lambda: torch.matmul(A, B, out=out)),
-                "openblas": (lambda: cpu_blas.openblas_matmul(A.mT, A, out))
+                "openblas": (lambda: openblas.openblas_matmul(A.mT, A, out))
                 if op == "syrk"
-                else (lambda: cpu_blas.openblas_matmul(A, B, out)),
+                else (lambda: openblas.openblas_matmul(A, B, out)),
             }
             best = {lib: float("inf") for lib in fns}
             torch.set_num_threads(nt or threads)
-            cpu_blas._THREADS.sync(nt or threads)
+            openblas._THREADS.sync(nt or threads)
             try:
                 for fn in fns.values():
                     fn()
@@ -279,7 +279,7 @@ def blas_main(args, argv):
                         best[lib] = min(best[lib], time.perf_counter() - t0)
             finally:
                 torch.set_num_threads(threads)
-                cpu_blas._THREADS.sync(threads)
+                openblas._THREADS.sync(threads)
             flops = 2.0 * m * n * k
             kind = "pair" if nt == 1 else op
             pick = cpu_blas.CpuBlas("auto").library(kind, dtype, flops)

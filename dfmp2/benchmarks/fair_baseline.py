@@ -294,12 +294,9 @@ def run_child(spec: dict, env: dict, timeout: float) -> dict:
 
 def child(spec: dict) -> dict:
     """Runs in the subprocess: PySCF only (dfmp2 supplies the molecule and the fitting sets)."""
-    from pyscf import df, lib
-    from pyscf.mp import dfmp2 as pyscf_dfmp2
-    from pyscf.mp import dfump2 as pyscf_dfump2
+    from pyscf import lib
 
     from dfmp2.benchmarks.timing import OtherCPU
-    from dfmp2.df import basis as df_basis
     from dfmp2.io import molecule
     from dfmp2.io.xyz import read_xyz
     from dfmp2.scf import pyscf_scf
@@ -307,75 +304,106 @@ def child(spec: dict) -> dict:
     if spec.get("threads"):
         lib.num_threads(spec["threads"])
     mol = molecule.build_molecule(read_xyz(spec["xyz"]), spec["basis"], spec.get("charge"), spec.get("multiplicity"))
-    run_ref = pyscf_scf.run_uhf if mol.spin else pyscf_scf.run_rhf  # 'whole': UHF + DFUMP2 for an open shell
     nfrozen = molecule.frozen_core_count(mol) if spec.get("frozen_core") else 0
     out = {"tasks": {}, "pyscf_threads": lib.num_threads()}
 
     def mp2(mf):
-        pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf, frozen=nfrozen or None)
-        pt.with_df = df.DF(mol, auxbasis=df_basis.mp2_auxbasis(mol))
-        # MB: keep PySCF incore by default (4000 MB would go out of core); a benchmark at a fixed limit gives its own
-        pt.verbose, pt.max_memory = 0, spec.get("max_memory") or 16000
-        pt.kernel(with_t2=False)
-        return float(pt.e_corr)
+        return _pyscf_mp2_corr(mf, mol, nfrozen, spec.get("max_memory"))
 
     for task in spec["tasks"]:
         m0 = OtherCPU.mark()
         if task in ("dfrhf", "dfuhf"):
             r = _timed_scf(pyscf_scf.run_uhf if task == "dfuhf" else pyscf_scf.run_rhf, mol, spec.get("max_cycle"))
         elif task == "whole":
-            t0 = time.perf_counter()
-            kw = {"max_cycle": spec["max_cycle"]} if spec.get("max_cycle") else {}
-            ref = run_ref(mol, "pyscf-df", memory_mb=spec.get("max_memory"), **kw)
-            t1 = time.perf_counter()
-            e_corr = mp2(ref.mf)
-            t2 = time.perf_counter()
-            r = {
-                "seconds": t2 - t0,
-                "scf_s": t1 - t0,
-                "mp2_s": t2 - t1,
-                "e_hf": ref.e_hf,
-                "e_corr": e_corr,
-                "e_mp2": ref.e_hf + e_corr,
-                "iterations": ref.scf.iterations,
-            }
+            r = _whole_task(mol, spec, mp2)
         elif task == "stage":
-            import numpy as np
-            from pyscf import scf as pscf
-
-            saved = np.load(spec["scf_npz"])
-            mf = (pscf.UHF if saved["mo_coeff"].ndim == 3 else pscf.RHF)(mol)  # UHF: both spins saved
-            mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
-            mf.e_tot, mf.converged = float(saved["e_tot"]), True
-            times = []
-            for _ in range(spec.get("warmup") or 0):  # untimed: a fresh process's first-call costs
-                mp2(mf)
-            for _ in range(max(1, spec.get("repeats") or 1)):
-                t0 = time.perf_counter()
-                e_corr = mp2(mf)
-                times.append(time.perf_counter() - t0)
-            r = {
-                "seconds": statistics.median(times),
-                "min_s": min(times),
-                "max_s": max(times),
-                "n": len(times),
-                "e_corr": e_corr,
-            }
+            r = _stage_task(mol, spec, mp2)
         else:
             raise ValueError(f"unknown task {task!r}")
         busy = OtherCPU.cores(m0, OtherCPU.mark())
         r["other_processes_cores"] = busy and busy["other_cores"]
         out["tasks"][task] = r
-    sizes = spec.get("peak_sizes", CPU_PEAK_SIZES)  # [] (dfmp2 bench measures its own): none
-    out["peaks"] = gemm_peaks(sizes, torch_device=None) if sizes else {"rows": []}
-    env = ", ".join(f"{v}={os.environ[v]}" for v in BLAS_VARS if v in os.environ) or "OPENBLAS vars not set"
-    for r in out["peaks"]["rows"]:
-        r["library"] += f" in the PySCF process ({env})"
+    out["peaks"] = _child_peaks(spec)
     out["blas"] = blas_info()
     import resource
 
     out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # Linux: kB
     return out
+
+
+def _pyscf_mp2_corr(mf, mol, nfrozen: int, max_memory) -> float:
+    """PySCF's DF-MP2 (DF-UMP2 for an open shell) correlation energy (Hartree) over ``mf``, with
+    dfmp2's MP2-fit set."""
+    from pyscf import df
+    from pyscf.mp import dfmp2 as pyscf_dfmp2
+    from pyscf.mp import dfump2 as pyscf_dfump2
+
+    from dfmp2.df import basis as df_basis
+
+    pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf, frozen=nfrozen or None)
+    pt.with_df = df.DF(mol, auxbasis=df_basis.mp2_auxbasis(mol))
+    # MB: keep PySCF incore by default (4000 MB would go out of core); a benchmark at a fixed limit gives its own
+    pt.verbose, pt.max_memory = 0, max_memory or 16000
+    pt.kernel(with_t2=False)
+    return float(pt.e_corr)
+
+
+def _whole_task(mol, spec: dict, mp2) -> dict:
+    """The 'whole' task: PySCF's DF-SCF then ``mp2`` over it, each timed (seconds)."""
+    from dfmp2.scf import pyscf_scf
+
+    run_ref = pyscf_scf.run_uhf if mol.spin else pyscf_scf.run_rhf  # 'whole': UHF + DFUMP2 for an open shell
+    t0 = time.perf_counter()
+    kw = {"max_cycle": spec["max_cycle"]} if spec.get("max_cycle") else {}
+    ref = run_ref(mol, "pyscf-df", memory_mb=spec.get("max_memory"), **kw)
+    t1 = time.perf_counter()
+    e_corr = mp2(ref.mf)
+    t2 = time.perf_counter()
+    return {
+        "seconds": t2 - t0,
+        "scf_s": t1 - t0,
+        "mp2_s": t2 - t1,
+        "e_hf": ref.e_hf,
+        "e_corr": e_corr,
+        "e_mp2": ref.e_hf + e_corr,
+        "iterations": ref.scf.iterations,
+    }
+
+
+def _stage_task(mol, spec: dict, mp2) -> dict:
+    """The 'stage' task: ``mp2`` alone over the SCF saved in spec['scf_npz'], after the warm-up
+    calls, repeated; the median, min and max seconds."""
+    import numpy as np
+    from pyscf import scf as pscf
+
+    saved = np.load(spec["scf_npz"])
+    mf = (pscf.UHF if saved["mo_coeff"].ndim == 3 else pscf.RHF)(mol)  # UHF: both spins saved
+    mf.mo_coeff, mf.mo_energy, mf.mo_occ = saved["mo_coeff"], saved["mo_energy"], saved["mo_occ"]
+    mf.e_tot, mf.converged = float(saved["e_tot"]), True
+    times = []
+    for _ in range(spec.get("warmup") or 0):  # untimed: a fresh process's first-call costs
+        mp2(mf)
+    for _ in range(max(1, spec.get("repeats") or 1)):
+        t0 = time.perf_counter()
+        e_corr = mp2(mf)
+        times.append(time.perf_counter() - t0)
+    return {
+        "seconds": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "n": len(times),
+        "e_corr": e_corr,
+    }
+
+
+def _child_peaks(spec: dict) -> dict:
+    """The GEMM peaks measured in the PySCF process, each row naming its BLAS settings."""
+    sizes = spec.get("peak_sizes", CPU_PEAK_SIZES)  # [] (dfmp2 bench measures its own): none
+    peaks = gemm_peaks(sizes, torch_device=None) if sizes else {"rows": []}
+    env = ", ".join(f"{v}={os.environ[v]}" for v in BLAS_VARS if v in os.environ) or "OPENBLAS vars not set"
+    for r in peaks["rows"]:
+        r["library"] += f" in the PySCF process ({env})"
+    return peaks
 
 
 def _timed_scf(run_scf, mol, max_cycle: int | None) -> dict:

@@ -197,6 +197,23 @@ def run_case(
     }
     if case.baseline_flops:
         row["baseline_flops"] = case.baseline_flops
+    _time_baselines(row, base, case, timer, op, prec, peak, state, want_pyscf, key)
+    ops_mod.derive(row, peak["gflops"] if peak else None)
+    if op == "inv_sqrt_eigh":
+        state.eigh_rows[(base["shape"], base["device"], prec)] = row
+    if isinstance(row.get("pyscf"), dict) and "median_s" in row["pyscf"]:
+        row["pyscf_over_this"] = row["pyscf"]["median_s"] / t["median_s"]
+    _log_row(log, base, op, be.name, prec, args, row)
+    del case
+    return row
+
+
+def _time_baselines(
+    row: dict, base: dict, case, timer, op: str, prec: str, peak: dict | None, state: _State, want_pyscf: bool, key
+):
+    """Time the case's baselines into ``row`` (one entry per ops_mod.BASELINES name it has): an
+    inv_sqrt_newton_schulz row reuses the inv_sqrt_eigh row's torch and scipy times, an fp32 row
+    PySCF's fp64 time on the same shape."""
     eigh_row = state.eigh_rows.get((base["shape"], base["device"], prec)) if op == "inv_sqrt_newton_schulz" else None
     for name in ops_mod.BASELINES:
         fn = case.baselines.get(name)
@@ -232,20 +249,17 @@ def run_case(
         row[name] = {**timer(fn, expected_s=exp_b), "precision": "fp64" if name == "pyscf" else prec}
         if name == "pyscf":
             state.pyscf[key] = dict(row[name])
-    ops_mod.derive(row, peak["gflops"] if peak else None)
-    if op == "inv_sqrt_eigh":
-        state.eigh_rows[(base["shape"], base["device"], prec)] = row
-    if isinstance(row.get("pyscf"), dict) and "median_s" in row["pyscf"]:
-        row["pyscf_over_this"] = row["pyscf"]["median_s"] / t["median_s"]
+
+
+def _log_row(log, base: dict, op: str, be_name: str, prec: str, args, row: dict) -> None:
+    """One progress line of a measured row: time, rate, share of the peak, PySCF's ratio."""
     lr = row["linalg"]
     log(
-        f"{base['shape']:>8s} {op:24s} {be.name} {prec} {'x'.join(map(str, args)):>18s} "
+        f"{base['shape']:>8s} {op:24s} {be_name} {prec} {'x'.join(map(str, args)):>18s} "
         f"{lr['median_s'] * 1e3:10.3f} ms {lr['gflops']:8.1f} GFLOP/s "
         f"{(lr['pct_peak'] or 0):5.0f}% peak"
         + (f"  PySCF/this {row['pyscf_over_this']:.2f}" if "pyscf_over_this" in row else "")
     )
-    del case
-    return row
 
 
 def run_trn_estimates(opts: BenchOptions, op_rows: list[dict], log) -> dict:

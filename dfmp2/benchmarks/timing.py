@@ -78,15 +78,15 @@ def gemm_peak(device, dtype, n: int, timer: Timer, sync=None, host: bool = False
     repeats, warmup, by_library: {library: GFLOP/s}}."""
     import torch
 
-    from dfmp2.linalg import cpu_blas, random_matrix
+    from dfmp2.linalg import openblas, random_matrix
 
     a = random_matrix((n, n), 11, dtype=dtype, device=device)
     b = random_matrix((n, n), 12, dtype=dtype, device=device)
     runs = {"torch.matmul": timer(lambda: torch.matmul(a, b), sync=sync)}
-    if host and cpu_blas.numpy_blas_info() is not None:
+    if host and openblas.numpy_blas_info() is not None:
         out = torch.empty((n, n), dtype=dtype)
-        cpu_blas.sync_threads()
-        runs["numpy.matmul (OpenBLAS)"] = timer(lambda: cpu_blas.openblas_matmul(a, b, out))
+        openblas.sync_threads()
+        runs["numpy.matmul (OpenBLAS)"] = timer(lambda: openblas.openblas_matmul(a, b, out))
     gflops = {lib: 2.0 * n**3 / t["median_s"] / 1e9 for lib, t in runs.items()}
     best = max(gflops, key=gflops.get)
     return {"n": n, "gflops": gflops[best], "library": best, **runs[best], "by_library": gflops}

@@ -203,22 +203,8 @@ def run_cluster(
     with scf_tolerance():
         ref = pyscf_scf.run_rhf(mol, "df")
     scf_s = time.perf_counter() - t0
-    nocc, nvir, naux = ref.channels[0].nocc, ref.nmo - ref.channels[0].nocc, auxmol.nao_nr()
-    row = {
-        "waters": n,
-        "molecule": f"inputs/water_clusters/{path.name}",
-        "basis": "cc-pvdz",
-        "auxbasis": basis.describe_auxbasis(auxbasis),
-        "nbasis": mol.nao_nr(),
-        "nocc": nocc,
-        "nvir": nvir,
-        "naux": naux,
-        "pair_flops": pair_flops(nocc, nvir, naux),
-        "scf_s": scf_s,
-        "scf_cycles": ref.scf.iterations,
-        "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD],
-        "runs": [],
-    }
+    row = _cluster_row(n, path, mol, auxbasis, auxmol, ref, scf_s)
+    nocc, nvir, naux = row["nocc"], row["nvir"], row["naux"]
     log(f"(H2O){n}: nbasis {row['nbasis']}, nocc {nocc}, nvir {nvir}, naux {naux}; SCF {scf_s:.1f} s")
 
     def expected(prec):
@@ -235,28 +221,46 @@ def run_cluster(
         single=lambda prec: expected(prec) > single_above_s,
         log=log,
     )
+    row["runs"].append(_pyscf_run(path, ref, pyscf, expected("fp64") > single_above_s, repeats, log))
     if pyscf:
-        row["runs"].append(
-            time_pyscf_fair(
-                path,
-                ref,
-                repeats=1 if expected("fp64") > single_above_s else repeats,
-                warmup=0 if expected("fp64") > single_above_s else 1,
-                log=log,
-            )
-        )
         compare_with_pyscf(row["runs"])
-    else:
-        row["runs"].append(
-            {
-                "who": "pyscf",
-                "device": "cpu",
-                "precision": "fp64",
-                "status": "not run",
-                "reason": "above --pyscf-max-waters (time budget)",
-            }
-        )
     return row
+
+
+def _cluster_row(n: int, path, mol, auxbasis, auxmol, ref, scf_s: float) -> dict:
+    """A cluster's record before its runs: sizes, the pair step's flops, the SCF's seconds."""
+    from dfmp2.df import basis
+
+    nocc, nvir, naux = ref.channels[0].nocc, ref.nmo - ref.channels[0].nocc, auxmol.nao_nr()
+    return {
+        "waters": n,
+        "molecule": f"inputs/water_clusters/{path.name}",
+        "basis": "cc-pvdz",
+        "auxbasis": basis.describe_auxbasis(auxbasis),
+        "nbasis": mol.nao_nr(),
+        "nocc": nocc,
+        "nvir": nvir,
+        "naux": naux,
+        "pair_flops": pair_flops(nocc, nvir, naux),
+        "scf_s": scf_s,
+        "scf_cycles": ref.scf.iterations,
+        "scf_conv_tol": [SCF_CONV_TOL, SCF_CONV_TOL_GRAD],
+        "runs": [],
+    }
+
+
+def _pyscf_run(path, ref, pyscf: bool, single: bool, repeats: int, log) -> dict:
+    """PySCF's fair stage run (one untimed warm-up and ``repeats`` runs, or a single run), or a
+    'not run' record when the cluster is above --pyscf-max-waters."""
+    if not pyscf:
+        return {
+            "who": "pyscf",
+            "device": "cpu",
+            "precision": "fp64",
+            "status": "not run",
+            "reason": "above --pyscf-max-waters (time budget)",
+        }
+    return time_pyscf_fair(path, ref, repeats=1 if single else repeats, warmup=0 if single else 1, log=log)
 
 
 def stage_runs(mol, auxmol, ref, devices, precisions, *, repeats: int, single, log=print) -> list[dict]:

@@ -85,7 +85,7 @@ class Job:
 
 
 def request_content(geom: Geometry, options: RunOptions) -> dict:
-    """What the ranks must agree on, as read (``World.agree``; issue 43): the molecule (symbols,
+    """What the ranks must agree on, as read (``World.agree``): the molecule (symbols,
     coordinates bit for bit, ghost atoms) and every RunOptions field (the device without its GPU
     index: NCCL gives each rank its own). Keys 'option <field>' are RunOptions fields."""
     content = {

@@ -271,6 +271,21 @@ def build_molecule(
     ecp_core = _ecp_cores(where, basis, real, ecp)
     n_ecp = sum(ecp_core.get(s, 0) for s in real)  # even per atom: parity and multiplicity unchanged
     nelec -= n_ecp
+    unpaired = mult - 1
+    _check_electron_count(where, charge, mult, nelec, n_ecp, real)
+    mol = _pyscf_mole(geom, basis, ecp_core, charge, unpaired)
+    if (nelec + unpaired) // 2 >= mol.nao_nr():
+        raise InputError(
+            f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
+            f"'{basis}': no virtual orbitals for MP2; use a larger basis",
+            option="basis",
+        )
+    return mol
+
+
+def _check_electron_count(where: str, charge: int, mult: int, nelec: int, n_ecp: int, real) -> None:
+    """InputError unless ``nelec`` electrons (those outside the ECP cores, ``n_ecp`` of them
+    inside) can carry multiplicity ``mult`` and fit the occupied shells of the atoms ``real``."""
     outside = f" outside the ECP cores ({n_ecp} electrons)" if n_ecp else ""
     if nelec <= 0:
         raise InputError(
@@ -298,6 +313,11 @@ def build_molecule(
             f"{capacity} that the atoms' occupied shells hold; check the charge",
             option="charge",
         )
+
+
+def _pyscf_mole(geom: Geometry, basis, ecp_core: dict, charge: int, spin: int) -> gto.Mole:
+    """The built PySCF Mole in Angstrom, ghosts under GHOST_PREFIX, the ECP of ``basis`` on the
+    elements of ``ecp_core``."""
     mol = gto.Mole()
     mol.atom = [
         (GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
@@ -307,15 +327,9 @@ def build_molecule(
     mol.basis = basis
     mol.ecp = {el: basis for el in ecp_core}
     mol.charge = charge
-    mol.spin = unpaired
+    mol.spin = spin
     mol.verbose = 0
     mol.build()
-    if (nelec + unpaired) // 2 >= mol.nao_nr():
-        raise InputError(
-            f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
-            f"'{basis}': no virtual orbitals for MP2; use a larger basis",
-            option="basis",
-        )
     return mol
 
 

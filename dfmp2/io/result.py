@@ -206,9 +206,25 @@ class Result:
         any notes, without the 'problem and what ran' table; ``verbose`` (``-v``): that table
         also gives each stage's GF/s (its flops through dfmp2.linalg over its seconds)."""
         from rich.markup import escape  # user text (file names, basis names) is not markup
-        from rich.table import Table
 
-        from dfmp2.io.molecule import describe_ecp
+        console.print(double_hybrid_table(self) if self.double_hybrid else self._energies_table())
+        s = self._problem_table(verbose)
+        if not quiet:
+            console.print(s)
+        dipole = (self.properties or {}).get("dipole")
+        if dipole:
+            console.print(dipole_table(dipole))
+        self.render_warnings(console)
+        if self.ran.get("simulated"):
+            console.print(
+                f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
+                f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
+            )
+
+    def _energies_table(self):
+        """The rich Table of the HF, MP2, SCS- and SOS-MP2 energies (Hartree)."""
+        from rich.markup import escape
+        from rich.table import Table
 
         e = self.energies()
         method = "DF-UMP2" if self.spin else "DF-MP2"
@@ -226,9 +242,18 @@ class Result:
             ("E_corr SOS-MP2", "e_corr_sos"),
             ("E(SOS-MP2)", "e_sos_mp2"),
         ]
-        for label, key in [] if self.double_hybrid else rows:  # a double hybrid: its own table
+        for label, key in rows:
             t.add_row(label, f"{e[key]:.10f}")
-        console.print(double_hybrid_table(self) if self.double_hybrid else t)
+        return t
+
+    def _problem_table(self, verbose: bool):
+        """The rich Table 'problem and what ran': basis sets, SCF, reference and shapes, device,
+        kernels, integrals, timings (and ``verbose``: GF/s), memory."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        from dfmp2.io.molecule import describe_ecp
+
         s = Table(title="problem and what ran", title_justify="left", show_header=False)
         s.add_column("k", no_wrap=True)  # a label stays whole however long its value (it is searched for)
         s.add_column("v")
@@ -249,25 +274,7 @@ class Result:
         if self.double_hybrid:
             s.add_row("double hybrid", escape(double_hybrid_summary(self.double_hybrid)))
         s.add_row("ECP", escape(describe_ecp(self.ecp)))
-        if self.spin:
-            sp = self.spin
-            s.add_row(
-                "reference", f"UHF, multiplicity {sp['multiplicity']}, <S²> {sp['s2']:.4f} (exact {sp['s2_exact']:.4f})"
-            )
-            s.add_row(
-                "shapes",
-                f"nbasis {self.nbasis}, nocc α {sp['nocc_alpha']} β {sp['nocc_beta']} "
-                f"(+{self.nfrozen} frozen each), nvir α {sp['nvir_alpha']} β {sp['nvir_beta']}, "
-                f"naux {self.naux}",
-            )
-            s.add_row(
-                "E_corr αα / ββ / αβ", f"{sp['e_corr_aa']:.10f} / {sp['e_corr_bb']:.10f} / {sp['e_corr_ab']:.10f}"
-            )
-        else:
-            s.add_row(
-                "shapes",
-                f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), nvir {self.nvir}, naux {self.naux}",
-            )
+        self._add_reference_rows(s)
         s.add_row(
             "device / engine / precision",
             escape(f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}"),
@@ -290,16 +297,29 @@ class Result:
         if verbose:
             s.add_row("GF/s (linalg flops / s)", self.rates())
         s.add_row("memory / MB", self.memory_summary())
-        if not quiet:
-            console.print(s)
-        dipole = (self.properties or {}).get("dipole")
-        if dipole:
-            console.print(dipole_table(dipole))
-        self.render_warnings(console)
-        if self.ran.get("simulated"):
-            console.print(
-                f"[bold yellow]note:[/] {escape(self.ran['device'])} was simulated on this CPU "
-                f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
+        return s
+
+    def _add_reference_rows(self, s) -> None:
+        """The reference's rows of the 'problem and what ran' table: UHF's multiplicity and <S²>,
+        the shapes (per spin for a UHF), a UHF's correlation energy per spin pair."""
+        if self.spin:
+            sp = self.spin
+            s.add_row(
+                "reference", f"UHF, multiplicity {sp['multiplicity']}, <S²> {sp['s2']:.4f} (exact {sp['s2_exact']:.4f})"
+            )
+            s.add_row(
+                "shapes",
+                f"nbasis {self.nbasis}, nocc α {sp['nocc_alpha']} β {sp['nocc_beta']} "
+                f"(+{self.nfrozen} frozen each), nvir α {sp['nvir_alpha']} β {sp['nvir_beta']}, "
+                f"naux {self.naux}",
+            )
+            s.add_row(
+                "E_corr αα / ββ / αβ", f"{sp['e_corr_aa']:.10f} / {sp['e_corr_bb']:.10f} / {sp['e_corr_ab']:.10f}"
+            )
+        else:
+            s.add_row(
+                "shapes",
+                f"nbasis {self.nbasis}, nocc {self.nocc} (+{self.nfrozen} frozen), nvir {self.nvir}, naux {self.naux}",
             )
 
     def memory_summary(self) -> str:

@@ -153,19 +153,7 @@ def mp2_stage(
             stores, mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, checkpoint, scratch_dir
         )
         used.B = bool(reused) and all(reused)  # every channel's B read back, none built
-        eps = [
-            (backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
-            for ch in ref.channels
-        ]
-        t0 = time.perf_counter()
-        if ref.restricted:
-            e_os, e_ss, npairs = _closed_shell_pairs(stores[0], eps[0], backend, checkpoint, used, progress)
-            spin_blocks = None
-        else:
-            e_os, e_ss, npairs, spin_blocks = _open_shell_pairs(
-                stores, eps, blocks, backend, progress, checkpoint, used
-            )
-        timer.add("pair", t0)
+        e_os, e_ss, npairs, spin_blocks = _pair_step(stores, ref, blocks, backend, timer, checkpoint, used, progress)
         b_file = None
         if plan.out_of_core:
             b_file = stores[0].path if checkpoint is not None else "temporary (removed at the end)"
@@ -181,8 +169,32 @@ def mp2_stage(
         B_file=b_file,
         from_checkpoint=used,
     )
+    return _energies(e_os, e_ss, spin_blocks, storage, metric, engine, fit_dtype, precision)
+
+
+def _pair_step(stores, ref, blocks, backend, timer: Timer, checkpoint, used: FromCheckpoint, progress):
+    """(e_os, e_ss, block pairs, spin_blocks) of the pair step over the channels' B ``stores``
+    (one for a closed shell, spin_blocks None then), timed as the 'pair' stage."""
+    eps = [
+        (backend.to_device(ch.eps_occ, torch.float64), backend.to_device(ch.eps_vir, torch.float64))
+        for ch in ref.channels
+    ]
+    t0 = time.perf_counter()
+    if ref.restricted:
+        e_os, e_ss, npairs = _closed_shell_pairs(stores[0], eps[0], backend, checkpoint, used, progress)
+        spin_blocks = None
+    else:
+        e_os, e_ss, npairs, spin_blocks = _open_shell_pairs(stores, eps, blocks, backend, progress, checkpoint, used)
+    timer.add("pair", t0)
+    return e_os, e_ss, npairs, spin_blocks
+
+
+def _energies(e_os, e_ss, spin_blocks, storage, metric, engine, fit_dtype, precision: str) -> MP2Energies:
+    """The stage's MP2Energies from its sums (Hartree) and records: where B was kept, the
+    metric's factorisation, the integral engine (not run when B came from the checkpoint), the
+    precision of each step."""
     record = engine.describe()
-    if used.B:
+    if storage.from_checkpoint.B:
         record["note"] = "not run: B came from the checkpoint"
     return MP2Energies(
         e_os=e_os,

@@ -166,6 +166,19 @@ def resolve_fragments(
     fragments' charges and the high-spin coupling of their spins. Raises InputError (one line,
     ``option`` 'fragments', 'fragment_charges', 'fragment_multiplicities', 'charge' or
     'multiplicity') for anything inconsistent."""
+    atoms, how = _fragment_atoms(geom, fragments)
+    n = len(atoms)
+    charges, multiplicities, named = _fragment_states(geom, charges, multiplicities)
+    qs, total = _fragment_charges(geom, charges, charge, n, named)
+    ms, mult = _fragment_multiplicities(geom, multiplicities, multiplicity, n)
+    return Fragments(
+        atoms=tuple(atoms), charges=qs, multiplicities=ms, total_charge=total, total_multiplicity=mult, source=how
+    )
+
+
+def _fragment_atoms(geom: Geometry, fragments: str | None) -> tuple:
+    """(atoms per fragment, where they came from): the ``fragments`` text or the XYZ's '--'
+    lines, exactly one of them."""
     if fragments is not None and geom.fragments:
         raise InputError(
             f"{geom.source}: the fragments are given twice, by '--' lines in the file "
@@ -182,7 +195,12 @@ def resolve_fragments(
             "1-based) or separate the fragments by '--' lines in the XYZ file",
             option="fragments",
         )
-    n = len(atoms)
+    return atoms, how
+
+
+def _fragment_states(geom: Geometry, charges: str | None, multiplicities: str | None) -> tuple:
+    """(charges text, multiplicities text, how the charges are named in a message): the options'
+    or the XYZ's 'charge multiplicity' lines (Psi4's), not both."""
     given = tuple(
         o for o, v in (("fragment_charges", charges), ("fragment_multiplicities", multiplicities)) if v is not None
     )
@@ -197,6 +215,12 @@ def resolve_fragments(
         named = "the fragments' 'charge multiplicity' lines"
         charges = ",".join(str(q) for q, _ in geom.fragment_states)
         multiplicities = ",".join(str(m) for _, m in geom.fragment_states)
+    return charges, multiplicities, named
+
+
+def _fragment_charges(geom: Geometry, charges: str | None, charge: int | None, n: int, named: str) -> tuple:
+    """(charge per fragment, total charge): the fragments' charges must add up to the total
+    (the option's, else the XYZ comment's, else their sum); a charged system needs them."""
     total = charge if charge is not None else geom.charge
     if charges is not None:
         qs = parse_int_list(charges, "fragment_charges", n)
@@ -221,6 +245,12 @@ def resolve_fragments(
                 if typed
             ),
         )
+    return qs, total
+
+
+def _fragment_multiplicities(geom: Geometry, multiplicities: str | None, multiplicity: int | None, n: int) -> tuple:
+    """(multiplicity per fragment, total multiplicity): the total (the option's, else the XYZ
+    comment's, else high-spin coupling) must be one the fragments' spins can couple to."""
     ms = parse_int_list(multiplicities, "fragment_multiplicities", n) if multiplicities else (1,) * n
     bad = next((m for m in ms if m < 1), None)
     if bad is not None:
@@ -239,9 +269,7 @@ def resolve_fragments(
             "check the total multiplicity and the fragments' multiplicities",
             option=("multiplicity", "fragment_multiplicities"),
         )
-    return Fragments(
-        atoms=tuple(atoms), charges=qs, multiplicities=ms, total_charge=total, total_multiplicity=mult, source=how
-    )
+    return ms, mult
 
 
 def _signed(n: int) -> str:
@@ -401,62 +429,9 @@ class InteractionResult:
         t.caption = f"1 Eh = {HARTREE_TO_KCAL} kcal/mol (CODATA 2018)"
         console.print(t)
         if not quiet:
-            f = self.fragments
-            console.print(
-                "fragments: "
-                + "; ".join(
-                    f"{k + 1} = atoms {format_atoms(a)} (charge {_signed(f.charges[k])}, multiplicity "
-                    f"{f.multiplicities[k]})"
-                    for k, a in enumerate(f.atoms)
-                ),
-                highlight=False,
-            )
-            r = Table(title="runs", title_justify="left")
-            for col, just in (
-                ("run", "left"),
-                ("nbasis", "right"),
-                ("naux", "right"),
-                ("E(HF) / Eh", "right"),
-                ("E(MP2) / Eh", "right"),
-                ("E(SCS-MP2) / Eh", "right"),
-                ("time / s", "right"),
-            ):
-                r.add_column(col, justify=just)
-            for run in self.runs:
-                e, res = run.result.energies(), run.result
-                short = (
-                    "full system"
-                    if run.kind == "full"
-                    else f"fragment {run.fragment + 1}, {'full' if run.kind == 'cp' else 'own'} basis"
-                )
-                r.add_row(
-                    short,
-                    str(res.nbasis),
-                    str(res.naux),
-                    f"{e['e_hf']:.10f}",
-                    f"{e['e_mp2']:.10f}",
-                    f"{e['e_scs_mp2']:.10f}",
-                    f"{run.seconds:.2f}",
-                )
-            r.caption = escape(
-                f"{full.basis} / {full.auxbasis} / "
-                f"{'DF-RHF (' + str(full.jk_auxbasis) + ')' if full.scf_mode == 'df' else 'RHF'}"
-                f"; {'frozen core' if full.frozen_core else 'all electrons correlated'}"
-                f"{'; ECP ' + full.ecp['name'] if full.ecp else ''}; "
-                f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}; "
-                f"total {self.seconds:.2f} s"
-            )
-            console.print(r)
-            if _cbs(full):
-                c = _cbs(full)
-                console.print(
-                    escape(
-                        f"CBS: every run's energies extrapolated; SCF {c['scf']['scheme']} "
-                        f"({', '.join(c['scf']['bases'])}), correlation {c['corl']['scheme']} "
-                        f"({', '.join(c['corl']['bases'])}); nbasis and naux of the largest basis"
-                    ),
-                    highlight=False,
-                )
+            self._render_fragments(console)
+            console.print(self._runs_table(full))
+            _render_cbs(console, full)
         for w in self.warnings:
             console.print(f"[bold yellow]warning:[/] {escape(w)}")
         if self.ran.get("simulated"):
@@ -465,8 +440,80 @@ class InteractionResult:
                 f"({escape(self.ran['engine'])}); the timings are not Trainium timings."
             )
 
+    def _render_fragments(self, console) -> None:
+        """One line: each fragment's atoms, charge and multiplicity."""
+        f = self.fragments
+        console.print(
+            "fragments: "
+            + "; ".join(
+                f"{k + 1} = atoms {format_atoms(a)} (charge {_signed(f.charges[k])}, multiplicity "
+                f"{f.multiplicities[k]})"
+                for k, a in enumerate(f.atoms)
+            ),
+            highlight=False,
+        )
+
+    def _runs_table(self, full):
+        """The rich Table of the runs (full system, each fragment in the full and its own basis):
+        sizes, energies (Hartree), seconds; the caption says what ran."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        r = Table(title="runs", title_justify="left")
+        for col, just in (
+            ("run", "left"),
+            ("nbasis", "right"),
+            ("naux", "right"),
+            ("E(HF) / Eh", "right"),
+            ("E(MP2) / Eh", "right"),
+            ("E(SCS-MP2) / Eh", "right"),
+            ("time / s", "right"),
+        ):
+            r.add_column(col, justify=just)
+        for run in self.runs:
+            e, res = run.result.energies(), run.result
+            short = (
+                "full system"
+                if run.kind == "full"
+                else f"fragment {run.fragment + 1}, {'full' if run.kind == 'cp' else 'own'} basis"
+            )
+            r.add_row(
+                short,
+                str(res.nbasis),
+                str(res.naux),
+                f"{e['e_hf']:.10f}",
+                f"{e['e_mp2']:.10f}",
+                f"{e['e_scs_mp2']:.10f}",
+                f"{run.seconds:.2f}",
+            )
+        r.caption = escape(
+            f"{full.basis} / {full.auxbasis} / "
+            f"{'DF-RHF (' + str(full.jk_auxbasis) + ')' if full.scf_mode == 'df' else 'RHF'}"
+            f"; {'frozen core' if full.frozen_core else 'all electrons correlated'}"
+            f"{'; ECP ' + full.ecp['name'] if full.ecp else ''}; "
+            f"{self.ran['device']} / {self.ran['engine']} / {self.ran['precision']}; "
+            f"total {self.seconds:.2f} s"
+        )
+        return r
+
     def run_label(self, run: Run) -> str:
         return run_label(self.fragments, run.kind, run.fragment)
+
+
+def _render_cbs(console, full) -> None:
+    """A CBS run's line: the schemes and bases its energies were extrapolated from."""
+    from rich.markup import escape
+
+    c = _cbs(full)
+    if c:
+        console.print(
+            escape(
+                f"CBS: every run's energies extrapolated; SCF {c['scf']['scheme']} "
+                f"({', '.join(c['scf']['bases'])}), correlation {c['corl']['scheme']} "
+                f"({', '.join(c['corl']['bases'])}); nbasis and naux of the largest basis"
+            ),
+            highlight=False,
+        )
 
 
 def _cbs(result) -> dict | None:

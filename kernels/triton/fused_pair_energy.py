@@ -80,18 +80,9 @@ def _fused_pair_energy_kernel(
 ):
     # Tile pairs on the fastest grid axis: programs that run together share (i, j), so B_i and
     # B_j (2 nvir naux elements) stay in L2 while all their tiles are formed.
-    pid_tile = tl.program_id(0)
-    pid_pair = tl.program_id(1)
-    i = tl.load(pair_i_ptr + pid_pair)
-    j = tl.load(pair_j_ptr + pid_pair)
-    ta = tl.load(tile_a_ptr + pid_tile)
-    tb = tl.load(tile_b_ptr + pid_tile)
-
-    offs = tl.arange(0, BLOCK).to(tl.int64)
-    offs_a = ta * BLOCK + offs
-    offs_b = tb * BLOCK + offs
-    mask_a = offs_a < nvir
-    mask_b = offs_b < nvir
+    i, j, offs_a, offs_b, mask_a, mask_b, out = tile_prologue(  # noqa: F821
+        pair_i_ptr, pair_j_ptr, tile_a_ptr, tile_b_ptr, nvir, nvir, ntile_pairs, BLOCK
+    )
     offs_p = tl.arange(0, BLOCK_P).to(tl.int64)
 
     # Row operands (BLOCK, BLOCK_P): B[a, P]; column operands (BLOCK_P, BLOCK): B[b, P]^T.
@@ -126,7 +117,6 @@ def _fused_pair_energy_kernel(
         y = y.to(tl.float64)
     eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
     e_os, e_ss = pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG)  # noqa: F821
-    out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
     tl.store(os_ptr + out, e_os)
     tl.store(ss_ptr + out, e_ss)
 

@@ -52,22 +52,13 @@ def _pair_energy_epilogue_kernel(
     BLOCK: tl.constexpr,
     RECT: tl.constexpr = False,
 ):
-    pid_tile = tl.program_id(0)
-    pid_pair = tl.program_id(1)
-    i = tl.load(pair_i_ptr + pid_pair)
-    j = tl.load(pair_j_ptr + pid_pair)
-    ta = tl.load(tile_a_ptr + pid_tile)
-    tb = tl.load(tile_b_ptr + pid_tile)
-    offs = tl.arange(0, BLOCK).to(tl.int64)
-    offs_a = ta * BLOCK + offs
-    offs_b = tb * BLOCK + offs
-    mask_a = offs_a < nvir
-    mask_b = offs_b < nvir_b
+    i, j, offs_a, offs_b, mask_a, mask_b, out = tile_prologue(  # noqa: F821
+        pair_i_ptr, pair_j_ptr, tile_a_ptr, tile_b_ptr, nvir, nvir_b, ntile_pairs, BLOCK
+    )
     mask = mask_a[:, None] & mask_b[None, :]
     base = k_ptr + i * s_i + j * s_j
     x = tl.load(base + offs_a[:, None] * s_a + offs_b[None, :] * s_b, mask=mask, other=0.0).to(tl.float64)
     eij = tl.load(eps_i_ptr + i) + tl.load(eps_j_ptr + j)
-    out = pid_pair.to(tl.int64) * ntile_pairs + pid_tile
     if RECT:
         ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)
         eb = tl.load(eps_vir_b_ptr + offs_b, mask=mask_b, other=0.0)
@@ -125,7 +116,7 @@ def gemm_epilogue_pair_energy(
     ``eps_vir_j``: opposite spins (Bj over its own nvir_j virtuals, rectangular K, the RECT
     kernel): returns (e_os, NaN).
     """
-    from .launch import MAX_GRID_Y, check_device, check_pair_args, pair_lists, tile_pairs
+    from .launch import check_device, check_pair_args, tile_pairs
 
     op = "gemm_epilogue_pair_energy"
     rect = eps_vir_j is not None
@@ -151,49 +142,57 @@ def gemm_epilogue_pair_energy(
         i1 = min(ni, i0 + ci)
         jend = i1 if symmetric else nj
         M = torch.matmul(ri[i0 * nvir : i1 * nvir], rj[: jend * nvj].mT)  # (ci nvir, jend nvj)
-        pi, pj, w = pair_lists(i1 - i0, jend, False, dev)
-        if symmetric:  # keep i >= j (global indices), weight 2 off the diagonal
-            keep = (pi + i0) >= pj
-            pi, pj = pi[keep], pj[keep]
-            w = torch.where(pi + i0 == pj, 1.0, 2.0).to(f64)
+        pi, pj, w = _chunk_pairs(i0, i1, jend, symmetric, dev)
         s_i, s_a = nvir * M.stride(0), M.stride(0)
         s_j, s_b = nvj * M.stride(1), M.stride(1)
+        eps = (ei[i0:], ej, ev, evj)
         for diag, ta, tb in tiles:
-            ntp = ta.numel()
-            if ntp == 0:
+            if ta.numel() == 0:
                 continue
-            os_buf = torch.empty((pi.numel(), ntp), dtype=f64, device=dev)
-            ss_buf = torch.empty_like(os_buf)
-            for p0 in range(0, pi.numel(), MAX_GRID_Y):
-                p1 = min(pi.numel(), p0 + MAX_GRID_Y)
-                k[(ntp, p1 - p0)](
-                    M,
-                    s_i,
-                    s_j,
-                    s_a,
-                    s_b,
-                    pi[p0:p1],
-                    pj[p0:p1],
-                    ei[i0:],
-                    ej,
-                    ev,
-                    evj,
-                    ta,
-                    tb,
-                    os_buf[p0:p1],
-                    ss_buf[p0:p1],
-                    nvir,
-                    nvj,
-                    ntp,
-                    DIAG=diag,
-                    BLOCK=block,
-                    RECT=rect,
-                    num_warps=num_warps,
-                )
+            meta = {"DIAG": diag, "BLOCK": block, "RECT": rect, "num_warps": num_warps}
+            os_buf, ss_buf = _launch(k, M, (s_i, s_j, s_a, s_b), pi, pj, eps, ta, tb, (nvir, nvj), meta)
             os_parts.append((os_buf, w))
             ss_parts.append(ss_buf)
         del M
-    # Fixed order: per chunk and tile kind, tiles then weighted pairs.
+    return _reduce(os_parts, ss_parts, rect, dev)
+
+
+def _chunk_pairs(i0: int, i1: int, jend: int, symmetric: bool, dev):
+    """(pair_i, pair_j, weight) of a row chunk i0:i1 against columns 0:jend, with pair_i local to
+    the chunk; symmetric: only i >= j (global indices), weight 2 off the diagonal."""
+    from .launch import pair_lists
+
+    pi, pj, w = pair_lists(i1 - i0, jend, False, dev)
+    if symmetric:  # keep i >= j (global indices), weight 2 off the diagonal
+        keep = (pi + i0) >= pj
+        pi, pj = pi[keep], pj[keep]
+        w = torch.where(pi + i0 == pj, 1.0, 2.0).to(torch.float64)
+    return pi, pj, w
+
+
+def _launch(k, M, strides, pi, pj, eps, ta, tb, nvirs, meta):
+    """The epilogue kernel over one K chunk ``M`` and one tile kind, in launches of at most
+    MAX_GRID_Y pairs; returns its (npairs, ntile_pairs) fp64 OS and SS partials. ``strides``:
+    (s_i, s_j, s_a, s_b) of K_ij[a, b] in M; ``eps``: (eps_i from the chunk's first row, eps_j,
+    eps_vir, eps_vir_b), fp64; ``nvirs``: (nvir, nvir_b); ``meta``: the constexprs and launch
+    options (DIAG, BLOCK, RECT, num_warps)."""
+    from .launch import MAX_GRID_Y
+
+    ntp = ta.numel()
+    os_buf = torch.empty((pi.numel(), ntp), dtype=torch.float64, device=M.device)
+    ss_buf = torch.empty_like(os_buf)
+    for p0 in range(0, pi.numel(), MAX_GRID_Y):
+        p1 = min(pi.numel(), p0 + MAX_GRID_Y)
+        k[(ntp, p1 - p0)](
+            M, *strides, pi[p0:p1], pj[p0:p1], *eps, ta, tb, os_buf[p0:p1], ss_buf[p0:p1], *nvirs, ntp, **meta
+        )
+    return os_buf, ss_buf
+
+
+def _reduce(os_parts: list, ss_parts: list, rect: bool, dev) -> tuple[float, float]:
+    """(e_os, e_ss) Python floats: per chunk and tile kind, tiles then weighted pairs, in fp64 in
+    a fixed order; e_ss NaN for opposite spins (RECT)."""
+    f64 = torch.float64
     tot_os = torch.zeros((), dtype=f64, device=dev)
     tot_ss = torch.zeros((), dtype=f64, device=dev)
     for (o, w), s in zip(os_parts, ss_parts):

@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from dfmp2.benchmarks import ops, report, shapes, timing, trn_estimate, waters
+from dfmp2.benchmarks import plot as bench_plot
 from dfmp2.benchmarks.run import BenchOptions, run_bench
 
 TINY = "4,20,60"
@@ -417,21 +418,21 @@ def test_terminal_tables_fit_80_columns(tiny_report, width):
 
 def test_plot_one_colour_per_series_and_titles_match_what_is_drawn(tiny_report):
     rep = json.loads(SAVED.read_text())
-    ops, waters = report.plot_series(rep)
-    colors = report.series_colors(ops, waters)
+    ops, waters = bench_plot.plot_series(rep)
+    colors = bench_plot.series_colors(ops, waters)
     # the same series in both panels is the same colour (one entry per series), and no two series share one
     assert set(waters) <= {k for k, _ in ops} and len(set(colors.values())) == len(colors)
     assert ("dfmp2", "cpu", "fp64") in waters and ("pyscf", "cpu", "fp64") in waters
-    left, right = report.panel_titles(rep, ops, waters)
+    left, right = bench_plot.panel_titles(rep, ops, waters)
     assert "dashed" in left and "dotted" in right  # estimates and fits are drawn here
     # a CPU run with neither estimates nor fits: the titles promise no line style it does not draw
     cpu = dict(rep, trn_estimate=None, waters=dict(rep["waters"], fits={}))
-    ops, waters = report.plot_series(cpu)
-    left, right = report.panel_titles(cpu, ops, waters)
+    ops, waters = bench_plot.plot_series(cpu)
+    left, right = bench_plot.panel_titles(cpu, ops, waters)
     assert "dashed" not in left and "estimate" not in left.lower() and "dotted" not in right
     assert all(k[0] != "estimate" for k, _ in ops)
-    ops, waters = report.plot_series(tiny_report)  # no water clusters: no right panel series
-    assert waters == {} and "dotted" not in report.panel_titles(tiny_report, ops, waters)[1]
+    ops, waters = bench_plot.plot_series(tiny_report)  # no water clusters: no right panel series
+    assert waters == {} and "dotted" not in bench_plot.panel_titles(tiny_report, ops, waters)[1]
 
 
 def test_uhf_opposite_spin_op_matches_its_einsum_and_counts_its_flops():
@@ -494,13 +495,13 @@ def test_plot_has_a_panel_per_op_family_and_a_legend_of_every_series(tiny_report
     first = rep["shapes"][0]["name"]
     one = dict(rep, shapes=rep["shapes"][:1], ops=[o for o in rep["ops"] if o["shape"] == first], waters=None)
     for r in (rep, dict(one, trn_estimate=None)):
-        ops, waters = report.plot_series(r)
-        fig = report.figure(r)
+        ops, waters = bench_plot.plot_series(r)
+        fig = bench_plot.figure(r)
         drawn = [ax for ax in fig.axes if ax.get_visible()]
-        families = {f for f, members in report.OP_FAMILIES.items() if any(op in members for _, op in ops)}
+        families = {f for f, members in bench_plot.OP_FAMILIES.items() if any(op in members for _, op in ops)}
         assert {o["op"] for o in r["ops"] if o["status"] == "ran"} <= {op for _, op in ops}
         assert len(drawn) == len(families) + bool(waters)
         legend = {t.get_text() for t in fig.legends[0].get_texts()}
-        assert legend == {report._series_label(k) for k in report.series_colors(ops, waters)}
+        assert legend == {bench_plot._series_label(k) for k in bench_plot.series_colors(ops, waters)}
         for ax in drawn[: len(families)]:
             assert len(ax.get_xticks()) == len(r["shapes"]) and ax.lines

@@ -2,7 +2,7 @@
 in a subprocess, reads its choice from a fixed table instead of the user's
 ~/.cache/dfmp2/cpu_blas.json, so that energies and kernel names do not depend on what a probe
 measured on this machine, and no run re-measures: under two xdist workers every probe sees the
-other worker as load (linalg.cpu_blas.judge), and a loaded table is measured again by every
+other worker as load (linalg.cpu_blas_probe.judge), and a loaded table is measured again by every
 process. tests/linalg/test_cpu_blas.py measures for real, in caches of its own."""
 
 import json
@@ -16,7 +16,7 @@ def fixed_table(library: str = "torch") -> dict:
     measured (and its GF/s, spreads and samples are zero)."""
     import datetime
 
-    from dfmp2.linalg import cpu_blas
+    from dfmp2.linalg import cpu_blas, cpu_blas_probe
 
     c = cpu_blas
     entries = [c.entry(op, dt, cls) for op in c.OPS for dt in c.DTYPE_NAMES for cls in c.CLASSES]
@@ -42,7 +42,7 @@ def fixed_table(library: str = "torch") -> dict:
         "why": None,
         "method": {
             "rule": f"fixed by tests/helpers/blas_cache.py: {library} everywhere, nothing measured",
-            "margin": cpu_blas.MARGIN,
+            "margin": cpu_blas_probe.MARGIN,
         },
         "probe_version": cpu_blas.CACHE_VERSION,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

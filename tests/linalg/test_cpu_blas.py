@@ -19,17 +19,17 @@ from click.testing import CliRunner
 
 from dfmp2 import linalg
 from dfmp2.cli.main import main
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
 from dfmp2.interfaces.api import run
-from dfmp2.linalg import cpu_blas
+from dfmp2.linalg import cpu_blas, cpu_blas_probe
+from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = INPUTS / "water.xyz"
 OH = INPUTS / "open_shell" / "hydroxyl.xyz"
 
-PROBE_SHAPES = cpu_blas.PROBE_SHAPES  # the real cases (the fixture gives each test cheap ones)
-PROBE_SAMPLE_S, PROBE_MIN_SAMPLES = cpu_blas.SAMPLE_S, cpu_blas.MIN_SAMPLES
+PROBE_SHAPES = cpu_blas_probe.PROBE_SHAPES  # the real cases (the fixture gives each test cheap ones)
+PROBE_SAMPLE_S, PROBE_MIN_SAMPLES = cpu_blas_probe.SAMPLE_S, cpu_blas_probe.MIN_SAMPLES
 
 pytestmark = pytest.mark.skipif(cpu_blas.numpy_blas_info() is None, reason="numpy here has no OpenBLAS")
 
@@ -49,19 +49,19 @@ def _own_cache(tmp_path, monkeypatch):
     empty memo, and a cheap probe (CHEAP_SHAPES, 1 ms samples, 2 to 3 of them)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_blas, "_TABLES", {})
-    monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", CHEAP_SHAPES)
-    monkeypatch.setattr(cpu_blas, "SAMPLE_S", 0.001)
-    monkeypatch.setattr(cpu_blas, "MIN_SAMPLES", 2)
-    monkeypatch.setattr(cpu_blas, "MAX_SAMPLES", 3)
-    monkeypatch.setattr(cpu_blas, "AFTER_ELEMS", 1 << 10)
-    monkeypatch.setattr(cpu_blas, "BUSY_CHECK_S", 0.05)
+    monkeypatch.setattr(cpu_blas_probe, "PROBE_SHAPES", CHEAP_SHAPES)
+    monkeypatch.setattr(cpu_blas_probe, "SAMPLE_S", 0.001)
+    monkeypatch.setattr(cpu_blas_probe, "MIN_SAMPLES", 2)
+    monkeypatch.setattr(cpu_blas_probe, "MAX_SAMPLES", 3)
+    monkeypatch.setattr(cpu_blas_probe, "AFTER_ELEMS", 1 << 10)
+    monkeypatch.setattr(cpu_blas_probe, "BUSY_CHECK_S", 0.05)
 
 
 @pytest.fixture
 def quiet_machine(monkeypatch):
     """Other processes' CPU read as none: the probe's table is judged by its spreads alone."""
     _load(monkeypatch, 0.0)
-    monkeypatch.setattr(cpu_blas, "SPREAD_OK", float("inf"))  # 1 ms samples on a busy machine: not judged here
+    monkeypatch.setattr(cpu_blas_probe, "SPREAD_OK", float("inf"))  # 1 ms samples on a busy machine: not judged here
 
 
 @pytest.fixture
@@ -73,8 +73,8 @@ def loaded_machine(monkeypatch):
 def _load(monkeypatch, fraction: float) -> None:
     """The load measurement replaced: other processes use ``fraction`` of every core and take it
     from the probe's threads."""
-    monkeypatch.setattr(cpu_blas, "other_cores", lambda a, b: fraction * os.cpu_count())
-    monkeypatch.setattr(cpu_blas, "contention", lambda a, b, threads: fraction * threads)
+    monkeypatch.setattr(cpu_blas_probe, "other_cores", lambda a, b: fraction * os.cpu_count())
+    monkeypatch.setattr(cpu_blas_probe, "contention", lambda a, b, threads: fraction * threads)
 
 
 def _resolve():
@@ -124,17 +124,17 @@ def test_the_probe_records_how_it_measured_and_a_clean_table_is_reused(quiet_mac
     """The cache keeps, per entry, the shapes, best seconds, GF/s, spreads, samples and other
     processes' cores, and for the table the load, the method, the probe's version and date; the
     next process (memo cleared) reads it without probing. Real PROBE_SHAPES: their operands work."""
-    monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", PROBE_SHAPES)
-    monkeypatch.setattr(cpu_blas, "MAX_SAMPLES", 2)
+    monkeypatch.setattr(cpu_blas_probe, "PROBE_SHAPES", PROBE_SHAPES)
+    monkeypatch.setattr(cpu_blas_probe, "MAX_SAMPLES", 2)
     first = _resolve()
     assert first["source"] == "probe" and first["status"] == "clean" and first["cache_error"] is None
     data = json.loads(Path(first["cache"]).read_text())
     assert data["version"] == cpu_blas.CACHE_VERSION == 4
     (table,) = data["entries"].values()
     assert table["probe_version"] == cpu_blas.CACHE_VERSION and table["status"] == "clean"
-    assert table["method"]["sample_s"] == cpu_blas.SAMPLE_S and table["method"]["margin"] == cpu_blas.MARGIN
+    assert table["method"]["sample_s"] == cpu_blas_probe.SAMPLE_S and table["method"]["margin"] == cpu_blas_probe.MARGIN
     assert table["method"]["min_samples"] == table["method"]["max_samples"] == 2
-    assert table["method"]["spread_ok"] == cpu_blas.SPREAD_OK
+    assert table["method"]["spread_ok"] == cpu_blas_probe.SPREAD_OK
     assert table["load"]["other_cores"] == 0.0 and table["load"]["method"].startswith("/proc/stat")
     datetime.datetime.fromisoformat(table["date"])
     for e, r in table["measured"].items():
@@ -163,7 +163,7 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
     assert table["status"] == "loaded" and table["load"]["contention"] >= 1.0
     first = cpu_blas.entry("gemm", torch.float64, "small")  # loaded from the first: no further pass
     assert table["method"]["min_samples_after"] == first
-    assert all(r["samples"] == cpu_blas.MIN_SAMPLES for r in table["measured"].values())
+    assert all(r["samples"] == cpu_blas_probe.MIN_SAMPLES for r in table["measured"].values())
     cpu_blas._TABLES.clear()
     real_probe = cpu_blas.probe
     monkeypatch.setattr(cpu_blas, "probe", lambda *a, **k: pytest.fail("measured again on a busy machine"))
@@ -181,7 +181,7 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
 def test_busy_processes_mark_the_table_loaded():
     """A process spinning on each core (two at least) while a (cheap) probe runs: /proc/stat sees
     them and the table is not trusted."""
-    if cpu_blas.cpu_mark() is None:
+    if cpu_blas_probe.cpu_mark() is None:
         pytest.skip("no /proc/stat here")
     ncpu = os.cpu_count() or 1
     if ncpu > 16:
@@ -286,8 +286,8 @@ def test_a_table_is_trusted_whole_or_not_at_all(quiet_machine):
 )
 def test_noise_marks_a_table_only_where_it_decides_the_choice(torch_s, openblas_s, spreads, expected):
     r = {"seconds": {"torch": torch_s, "openblas": openblas_s}, "spread": dict(zip(("torch", "openblas"), spreads))}
-    assert cpu_blas.undecided(r) is expected
-    status, why = cpu_blas.judge({"gemm/fp64/large": dict(r, contention=0.0)}, 0.0)
+    assert cpu_blas_probe.undecided(r) is expected
+    status, why = cpu_blas_probe.judge({"gemm/fp64/large": dict(r, contention=0.0)}, 0.0)
     assert status == ("noisy" if expected else "clean") and (why is None) is not expected
 
 
@@ -304,7 +304,7 @@ def test_noise_marks_a_table_only_where_it_decides_the_choice(torch_s, openblas_
 )
 def test_a_close_call_goes_to_torch(torch_s, openblas_s, spreads, expected):
     seconds = {"torch": torch_s, "openblas": openblas_s}
-    assert cpu_blas.decide(seconds, dict(zip(("torch", "openblas"), spreads))) == expected
+    assert cpu_blas_probe.decide(seconds, dict(zip(("torch", "openblas"), spreads))) == expected
 
 
 def test_two_probes_of_one_machine_agree(monkeypatch):
@@ -322,13 +322,14 @@ def test_two_probes_of_one_machine_agree(monkeypatch):
         def __call__(self):
             pass
 
-    monkeypatch.setattr(cpu_blas, "PROBE_SHAPES", PROBE_SHAPES)  # each case in its class: its entry from its flops
+    # each case in its class: its entry from its flops
+    monkeypatch.setattr(cpu_blas_probe, "PROBE_SHAPES", PROBE_SHAPES)
     tables = []
     for seed in (1, 2):
         rng = random.Random(seed)
-        monkeypatch.setattr(cpu_blas, "_sample", lambda fn, n: fn.seconds * (1 + rng.uniform(-0.02, 0.02)))
-        monkeypatch.setattr(cpu_blas, "_probe_calls", _probe_calls_by_entry(ratio, Call))
-        tables.append(cpu_blas.probe(sample_s=0.001, min_samples=3, max_samples=6))
+        monkeypatch.setattr(cpu_blas_probe, "_sample", lambda fn, n: fn.seconds * (1 + rng.uniform(-0.02, 0.02)))
+        monkeypatch.setattr(cpu_blas_probe, "_probe_calls", _probe_calls_by_entry(ratio, Call))
+        tables.append(cpu_blas_probe.probe(sample_s=0.001, min_samples=3, max_samples=6))
     assert tables[0]["choice"] == tables[1]["choice"]
     assert {e for e, lib in tables[0]["choice"].items() if lib == "openblas"} == {"gemm/fp64/large", "syrk/fp32/large"}
 
@@ -337,21 +338,21 @@ def test_the_libraries_take_turns_by_passes_not_call_by_call(monkeypatch, quiet_
     """All of torch's first-pass calls come before OpenBLAS's, and a torch pass after an OpenBLAS
     one starts after SETTLE_S (OpenBLAS's idle workers spin ~0.1 s and halve torch's GEMMs)."""
     log = []
-    monkeypatch.setattr(cpu_blas.time, "sleep", lambda s: log.append(("sleep", s)))
+    monkeypatch.setattr(cpu_blas_probe.time, "sleep", lambda s: log.append(("sleep", s)))
 
     def calls(op, case, dtype):
         return 1e6, {lib: (lambda lib=lib: log.append(lib)) for lib in ("torch", "openblas")}
 
-    monkeypatch.setattr(cpu_blas, "_probe_calls", calls)
+    monkeypatch.setattr(cpu_blas_probe, "_probe_calls", calls)
     rng = random.Random(0)
-    monkeypatch.setattr(cpu_blas, "_sample", lambda fn, n: (fn(), 1e-3 * (1.0 + 0.5 * rng.random()))[1])
-    monkeypatch.setattr(cpu_blas, "SPREAD_OK", 0.05)  # the samples' 50 % jitter asks for a further pass
-    cpu_blas.probe(sample_s=0.001, min_samples=3, max_samples=4)
+    monkeypatch.setattr(cpu_blas_probe, "_sample", lambda fn, n: (fn(), 1e-3 * (1.0 + 0.5 * rng.random()))[1])
+    monkeypatch.setattr(cpu_blas_probe, "SPREAD_OK", 0.05)  # the samples' 50 % jitter asks for a further pass
+    cpu_blas_probe.probe(sample_s=0.001, min_samples=3, max_samples=4)
     runs = [log[0]]
     for x in log[1:]:
         if x != runs[-1]:
             runs.append(x)
-    assert runs == ["torch", "openblas", ("sleep", cpu_blas.SETTLE_S), "torch", "openblas"], runs
+    assert runs == ["torch", "openblas", ("sleep", cpu_blas_probe.SETTLE_S), "torch", "openblas"], runs
 
 
 def _entries():
@@ -359,7 +360,7 @@ def _entries():
 
 
 def _probe_calls_by_entry(ratio, Call):
-    """A stand-in for cpu_blas._probe_calls: the entry of each case from its flops' class."""
+    """A stand-in for cpu_blas_probe._probe_calls: the entry of each case from its flops' class."""
 
     def calls(op, case, dtype):
         flops = 2.0 * case[0] ** 2 * case[1] if op == "syrk" else 2.0 * case[0] * case[1] * case[2]
@@ -508,7 +509,7 @@ def test_a_truncated_cache_is_measured_again(quiet_machine):
 _WRITER = """
 import sys
 from pathlib import Path
-from dfmp2.linalg import cpu_blas
+from dfmp2.linalg import cpu_blas, cpu_blas_probe
 path, who = Path(sys.argv[1]), sys.argv[2]
 for i in range(40):
     assert cpu_blas._write_cache(path, f"{who}-{i}", {"n": i}) is None

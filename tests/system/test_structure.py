@@ -11,8 +11,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TREES = {"dfmp2": ROOT / "dfmp2", "dfmp2.linalg": ROOT / "linalg", "dfmp2.kernels": ROOT / "kernels"}
-MAX_FUNCTION_LINES = 100
+MAX_FUNCTION_LINES = 80
 MAX_TOP_MODULES = 12  # modules directly in dfmp2/, __init__ and __main__ included
+MAX_MODULE_LINES = 800
+# Modules allowed over MAX_MODULE_LINES, each with the reason a split would be worse.
+MODULE_LINE_BUDGET: dict[str, str] = {}
+# Being split in this change: the lead empties these two lists after the merge.
 
 
 def _modules():
@@ -219,11 +223,37 @@ def test_at_most_12_modules_directly_in_dfmp2():
     assert len(top) <= MAX_TOP_MODULES, top
 
 
+def _rel(path: Path) -> str:
+    """The path as the budgets name it: relative to the checkout, through dfmp2/'s links."""
+    return path.relative_to(ROOT).as_posix()
+
+
 @pytest.mark.parametrize("name,path", list(_modules()), ids=lambda x: str(x))
-def test_no_function_over_100_lines(name, path):
+def test_no_function_over_80_lines(name, path):
+    cap = MAX_FUNCTION_LINES
     long = [
         f"{n.name} ({n.end_lineno - n.lineno + 1} lines)"
         for n in ast.walk(ast.parse(path.read_text()))
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > cap
     ]
     assert not long, f"{name}: {', '.join(long)}"
+
+
+@pytest.mark.parametrize("name,path", list(_modules()), ids=lambda x: str(x))
+def test_no_module_over_800_lines_outside_the_budget(name, path):
+    """Growth past the budget is a decision: a module over MAX_MODULE_LINES is split along a seam,
+    or listed in MODULE_LINE_BUDGET with the reason a split would be worse."""
+    rel = _rel(path)
+    lines = len(path.read_text().splitlines())
+    if rel in MODULE_LINE_BUDGET:
+        return
+    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines (> {MAX_MODULE_LINES}); split it or budget it"
+
+
+def test_the_module_budget_names_existing_long_modules():
+    """An entry of the budget names a module that exists and still needs it, with a reason."""
+    for rel, reason in MODULE_LINE_BUDGET.items():
+        path = ROOT / rel
+        assert path.is_file(), rel
+        assert reason.strip(), rel
+        assert len(path.read_text().splitlines()) > MAX_MODULE_LINES, f"{rel} fits now: drop it from the budget"
