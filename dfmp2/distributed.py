@@ -89,7 +89,7 @@ class World:
         """Rank ``r`` of this World in the launcher's numbering (torch.distributed's own)."""
         return self.members[r] if self.members else r
 
-    def split(self, group_size: int) -> tuple["World", int, int]:
+    def split(self, group_size: int) -> tuple[World, int, int]:
         """(this rank's group, its index, the number of groups) for groups of ``group_size``
         consecutive ranks (a task-parallel command's runs, one group a run: dfmp2.workflows.tasks).
         1: every rank a one-process World of its own. Every rank makes every group, in order
@@ -293,7 +293,7 @@ class World:
         either may be None (nothing that way)."""
         self.post(send, recv, to, frm, stage).wait()
 
-    def post(self, send, recv, to: int, frm: int, stage: str) -> "Pending":
+    def post(self, send, recv, to: int, frm: int, stage: str) -> Pending:
         """``shift`` started: the transfers go on (gloo's and NCCL's own threads) until
         ``wait()``, so the caller computes meanwhile; the seconds counted are those it waited."""
         import torch.distributed as dist

@@ -199,8 +199,8 @@ def cgroup_mb(root="/sys/fs/cgroup", proc="/proc/self/cgroup") -> float | None:
 def _cgroup_left(base: Path, rel: str, limit_file: str, usage_file: str) -> list:
     """Bytes left under the limit of cgroup ``rel`` and of each ancestor found under ``base``
     (a container may see only part of the tree); unlimited or unreadable ones left out."""
-    left, d = [], base / rel.strip("/")
-    for d in [d, *d.parents]:
+    left, start = [], base / rel.strip("/")
+    for d in [start, *start.parents]:
         try:
             limit = (d / limit_file).read_text().strip()
             usage = int((d / usage_file).read_text().strip())
@@ -308,7 +308,7 @@ def j3c_engine_bytes(
     return pair * 8 + square, ring
 
 
-def stage_estimates(
+def stage_estimates(  # noqa: PLR0913
     *,
     nao: int,
     nocc: int,
@@ -382,7 +382,7 @@ def _fit(shapes, aux_block, occ_block, aux_min, out_of_core, limit, occ_fixed=Fa
             return a, o, st, False
 
 
-def plan_memory(
+def plan_memory(  # noqa: PLR0913
     *,
     nao: int,
     nocc: int,

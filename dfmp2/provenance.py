@@ -83,7 +83,7 @@ class ScfRecord:
     guess: str | None = None  # our DF-SCF's starting density: PySCF's 'minao', or one given (a previous geometry's)
     stability: dict | None = None  # a UHF's internal stability check (dfmp2.scf.stability.StabilityRecord)
 
-    def from_checkpoint(self, path: str, iterations: int | None) -> "ScfRecord":
+    def from_checkpoint(self, path: str, iterations: int | None) -> ScfRecord:
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""
         return ScfRecord(
             engine=self.engine,

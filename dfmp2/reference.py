@@ -106,7 +106,7 @@ class Reference:
         occ = np.where(np.arange(c.nmo) < c.nocc, 2.0, 0.0)
         return lib.tag_array(2.0 * dms[0], mo_coeff=c.mo_coeff, mo_occ=occ)
 
-    def freeze(self, frozen: np.ndarray) -> "Reference":
+    def freeze(self, frozen: np.ndarray) -> Reference:
         """The same reference with ``frozen`` (nmo,) bool left out of the correlation in every
         channel (PySCF's meaning: the same orbital indices in both spins)."""
         return replace(self, channels=tuple(replace(c, frozen=np.asarray(frozen, dtype=bool)) for c in self.channels))

@@ -27,11 +27,11 @@ __all__ = [
     "Backend",
     "Capabilities",
     "TorchBackend",
-    "device_capabilities",
-    "pair_kernel_choices",
-    "get_backend",
-    "present_devices",
     "backend_for",
+    "device_capabilities",
+    "get_backend",
+    "pair_kernel_choices",
+    "present_devices",
 ]
 
 
@@ -108,7 +108,7 @@ def present_devices(precision: str) -> tuple[list[str], dict]:
         present.append("cuda")
     else:
         absent["cuda"] = "no CUDA GPU visible to torch"
-    nki, why = engines.real_nki()
+    nki, _why = engines.real_nki()
     trn_problem = device_capabilities(engines.TARGETS[0]).precision_problem(precision)
     if nki is None:
         trn_why = "no AWS Neuron SDK"

@@ -126,7 +126,7 @@ def workspace_elems(ni: int, nj: int, nvir: int, nvj: int) -> int:
     return ic * nvir * jc * nvj
 
 
-def mp2_pair_energy(
+def mp2_pair_energy(  # noqa: PLR0913
     Bi, Bj, eps_i, eps_j, eps_vir, *, symmetric=False, eps_vir_j=None, matmul=torch.matmul, tile_elems=None
 ):
     """MP2 opposite- and same-spin sums over all pairs (i, j) in I x J (the Backend contract):

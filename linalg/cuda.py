@@ -220,13 +220,7 @@ class CudaBackend(TorchBackend):
             kernel = f"triton.fused_pair_energy({prec}: {dot}, fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
             run = lambda: fused_pair_energy(
-                Bi,
-                Bj,
-                eps_i,
-                eps_j,
-                eps_vir,
-                symmetric=symmetric,  # noqa: E731
-                config=self.pair_config or None,
+                Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, config=self.pair_config or None
             )
         else:
             from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
@@ -237,13 +231,7 @@ class CudaBackend(TorchBackend):
             kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
             run = lambda: gemm_epilogue_pair_energy(
-                Bi,
-                Bj,
-                eps_i,
-                eps_j,
-                eps_vir,
-                symmetric=symmetric,  # noqa: E731
-                eps_vir_j=eps_vir_j,
+                Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, eps_vir_j=eps_vir_j
             )
         try:
             return run()

@@ -28,7 +28,7 @@ every ``check_every`` iterations (a handful of host syncs per call, not one per 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -188,7 +188,7 @@ def inv_sqrt_eigh(a, *, threshold=1e-10, relative=False):
     }
 
 
-def mp2_pair_energy(
+def mp2_pair_energy(  # noqa: PLR0913
     Bi,
     Bj,
     eps_i,

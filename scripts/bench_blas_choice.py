@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's dfmp2, also in the child processes (PYTHONPATH below)
 
-from dfmp2.benchmarks.timing import OtherCPU, machine, now, versions  # noqa: E402
+from dfmp2.benchmarks.timing import OtherCPU, machine, now, versions
 
 WITHIN = 0.03  # auto must be within 3 % of the faster forced library
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"

@@ -72,8 +72,8 @@ def main(argv=None) -> int:
         basis=a.basis, frozen_core=a.frozen_core, device=a.device, charge=a.charge, multiplicity=a.multiplicity
     )
     backend = energy_driver.make_backend(options, unrestricted=(a.multiplicity or 1) > 1)
-    energy = lambda: api.run(geom, options, backend=backend)  # noqa: E731
-    gradient = lambda: gradient_driver.run_gradient(geom, options, method=a.method, backend=backend)  # noqa: E731
+    energy = lambda: api.run(geom, options, backend=backend)
+    gradient = lambda: gradient_driver.run_gradient(geom, options, method=a.method, backend=backend)
     if not a.no_warmup:
         energy(), gradient()
     rows = {"energy": [], "gradient": [], "gradient_stage": []}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_distributed import run_one  # noqa: E402  (the one way a benchmark starts dfmp2 over ranks)
+from bench_distributed import run_one
 
 TIMEOUT_S = 3600
 CONFIGS = ((1, 2), (2, 1), (1, 1))  # (ranks, threads per rank)
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dfmp2-bench-grad-ranks-") as tmp:
-        for rep in range(a.repeats):
+        for _rep in range(a.repeats):
             for ranks, threads in CONFIGS:
                 r = one(a.xyz, ranks, threads, Path(tmp))
                 rows.append(r)

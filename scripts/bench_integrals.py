@@ -168,7 +168,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def main(argv=None):
+def main(argv=None):  # noqa: C901
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -303,14 +303,13 @@ def main(argv=None):
                 print(
                     f"  repeat {rep + 1} {v:9s} stage {t:7.3f} s  integrals {stages.get('integrals', 0):6.3f}  "
                     f"transform {stages.get('transform', 0):6.3f}  engine computed {d['compute_s']:6.3f}  "
-                    f"other cores {other and other['other_cores'] or 0:.2f}",
+                    f"other cores {(other and other['other_cores']) or 0:.2f}",
                     flush=True,
                 )
         mrow = {"molecule": path.name, "nbasis": mol.nao_nr(), "naux": auxmol.nao_nr(), "scf_s": t_scf, "variants": {}}
         for v, rs in rows.items():
             med = lambda key: statistics.median(
-                r[key] if not isinstance(key, tuple) else r[key[0]].get(key[1], 0.0)  # noqa: E731
-                for r in rs
+                r[key] if not isinstance(key, tuple) else r[key[0]].get(key[1], 0.0) for r in rs
             )
             stage = med("stage_s")
             integ = med(("stages_s", "integrals"))

@@ -57,7 +57,7 @@ BASELINE_NOTES = {
 }
 
 
-def main(argv=None):
+def main(argv=None):  # noqa: C901
     ap = argparse.ArgumentParser(description="linalg per-op micro-benchmark")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--dtype", default="fp64,fp32", help="comma list of fp64, fp32")
@@ -167,7 +167,7 @@ def main(argv=None):
                 rows.append(row)
                 r = row["linalg"]
                 print(
-                    f"{dname} {op:24s} {str(tuple(shape)):18s} {r['median_s'] * 1e3:9.3f} ms  "
+                    f"{dname} {op:24s} {tuple(shape)!s:18s} {r['median_s'] * 1e3:9.3f} ms  "
                     f"{r['gflops']:8.2f} GFLOP/s  {r['pct_peak']:5.1f}% peak",
                     flush=True,
                 )

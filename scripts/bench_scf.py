@@ -74,7 +74,7 @@ def timed(fn):
     return t, out, (busy or {}).get("other_cores")
 
 
-def main(argv=None):
+def main(argv=None):  # noqa: C901
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("xyz", nargs="?", default=str(ROOT / "inputs/water_clusters/h2o_16.xyz"))
     ap.add_argument("--basis", default="cc-pvdz")

@@ -784,7 +784,7 @@ def markdown(doc: dict) -> str:
         "| gpu4pyscf whole s | gpu4pyscf / ours whole | pair step % of DGEMM |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    f = lambda v, p=2: "" if v is None else f"{v:.{p}f}"  # noqa: E731
+    f = lambda v, p=2: "" if v is None else f"{v:.{p}f}"
     for r in c["speed"]:
         lines.append(
             f"| {r['molecule']} | {f(r['ours_whole_s'])} | {f(r['ours_dfrhf_s'])} | {f(r.get('pyscf_whole_s'))}"

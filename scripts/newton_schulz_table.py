@@ -99,7 +99,7 @@ def main(argv=None):
     for dtype in (torch.float64, torch.float32):
         for cond in CONDS:
             rows += rows_for(args.n, cond, dtype, be, args.seed)
-            print(f"{str(dtype):14s} cond {cond:.0e} done", flush=True)
+            print(f"{dtype!s:14s} cond {cond:.0e} done", flush=True)
 
     lines = [
         "# Newton–Schulz A^-1/2 against the condition number",

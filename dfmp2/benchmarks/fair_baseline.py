@@ -129,7 +129,7 @@ def gemm_peaks(
                 rng = np.random.default_rng(n)
                 dt = np.float64 if prec == "fp64" else np.float32
                 a, b = rng.standard_normal((n, n)).astype(dt), rng.standard_normal((n, n)).astype(dt)
-                rows.append(_best_of(lambda: a @ b, lambda: None, n, prec, "numpy", repeats))
+                rows.append(_best_of(lambda: a @ b, lambda: None, n, prec, "numpy", repeats))  # noqa: B023 (timed now)
             if torch_device is not None:
                 import torch
 
@@ -137,8 +137,8 @@ def gemm_peaks(
                 torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 (no effect on a CPU)
                 a = torch.randn(n, n, dtype=dt, device=torch_device)
                 b = torch.randn(n, n, dtype=dt, device=torch_device)
-                sync = (lambda: torch.cuda.synchronize(a.device)) if a.is_cuda else (lambda: None)
-                rows.append(_best_of(lambda: torch.matmul(a, b), sync, n, prec, f"torch ({torch_device})", repeats))
+                sync = (lambda: torch.cuda.synchronize(a.device)) if a.is_cuda else (lambda: None)  # noqa: B023 (timed now)
+                rows.append(_best_of(lambda: torch.matmul(a, b), sync, n, prec, f"torch ({torch_device})", repeats))  # noqa: B023
     return merge_peaks({"rows": rows})
 
 
@@ -183,7 +183,7 @@ def env_for(setting: str, base: dict | None = None) -> dict:
     return env
 
 
-def pyscf_baseline(
+def pyscf_baseline(  # noqa: PLR0913
     tasks,
     xyz,
     basis: str = "cc-pvdz",

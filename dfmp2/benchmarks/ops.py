@@ -19,8 +19,8 @@ Flop counts (the op's own algorithm; a baseline that does other work has its own
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -311,7 +311,7 @@ def _inv_sqrt_case(op: str, shape, dtype, backend, dev, inputs: Inputs, host) ->
     )
 
 
-def _pair_case(
+def _pair_case(  # noqa: PLR0913
     op: str, shape, dtype, backend, dev, inputs: Inputs, pyscf_baseline: bool, on_cpu: bool, host_only: str
 ) -> Case:
     """The MP2 pair energy of one block (nocc, nvir, naux: symmetric) or an off-diagonal one
@@ -358,7 +358,7 @@ def _pair_case(
             iaL = np.ascontiguousarray(Bi.to(torch.float64).cpu().numpy())
             jbL = iaL if symmetric else np.ascontiguousarray(Bj.to(torch.float64).cpu().numpy())
             eoi, eoj, evn = (x.cpu().numpy() for x in (ei, ej, ev))
-            pyscf_base = lambda: pyscf_pair_energy(iaL, jbL, eoi, eoj, evn, symmetric)  # noqa: E731
+            pyscf_base = lambda: pyscf_pair_energy(iaL, jbL, eoi, eoj, evn, symmetric)
     all_pairs = ni * nj * 2.0 * nvir * nvir * naux
     return Case(
         op,

@@ -634,14 +634,14 @@ def terminal(rep: dict, console) -> None:
 
 
 __all__ = [
+    "BASELINE_LABELS",
+    "atomic_write",
+    "headline_rows",
     "markdown",
-    "terminal",
+    "panel_titles",
     "plot",
     "plot_series",
     "series_colors",
-    "panel_titles",
+    "terminal",
     "write_json",
-    "atomic_write",
-    "headline_rows",
-    "BASELINE_LABELS",
 ]

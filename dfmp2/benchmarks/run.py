@@ -164,7 +164,7 @@ def run_ops(opts: BenchOptions, backends: dict, state: _State, log) -> list[dict
     return rows
 
 
-def run_case(
+def run_case(  # noqa: PLR0913
     base: dict, op: str, args, prec: str, be, peak: dict | None, state: _State, opts: BenchOptions, log
 ) -> dict:
     dtype = torch.float64 if prec == "fp64" else torch.float32
@@ -208,7 +208,7 @@ def run_case(
     return row
 
 
-def _time_baselines(
+def _time_baselines(  # noqa: PLR0913
     row: dict, base: dict, case, timer, op: str, prec: str, peak: dict | None, state: _State, want_pyscf: bool, key
 ):
     """Time the case's baselines into ``row`` (one entry per ops_mod.BASELINES name it has): an
@@ -465,4 +465,4 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     }
 
 
-__all__ = ["BenchOptions", "run_bench", "device_status"]
+__all__ = ["BenchOptions", "device_status", "run_bench"]

@@ -311,7 +311,7 @@ class NotEstimable(Exception):
     """The op has no Trainium kernel at this size (host work, or a kernel limit)."""
 
 
-def op_work(op: str, shape, target: str, iterations: int | None = None) -> Work:
+def op_work(op: str, shape, target: str, iterations: int | None = None) -> Work:  # noqa: C901
     """The Work of one linalg op call on the trn backend. Raises NotEstimable with the reason
     for ops that run on the host there or sizes the kernels cannot take."""
     w = Work()
@@ -475,13 +475,13 @@ def fmt_rate_line(target: str) -> str:
 __all__ = [
     "RATES",
     "SOURCES",
-    "Work",
-    "op_work",
-    "estimate",
-    "check_against_emulator",
-    "rates",
-    "describe_method",
     "NotEstimable",
-    "pair_occ_block_cap",
+    "Work",
+    "check_against_emulator",
+    "describe_method",
+    "estimate",
     "fmt_rate_line",
+    "op_work",
+    "pair_occ_block_cap",
+    "rates",
 ]

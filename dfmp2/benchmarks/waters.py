@@ -90,7 +90,7 @@ def fit_exponent(sizes, times) -> dict:
     x = np.log([s for s, _ in pts])
     y = np.log([t for _, t in pts])
     A = np.vstack([x, np.ones_like(x)]).T
-    (p, logc), res, *_ = np.linalg.lstsq(A, y, rcond=None)
+    (p, logc), _res, *_ = np.linalg.lstsq(A, y, rcond=None)
     yhat = A @ np.array([p, logc])
     ss_res = float(((y - yhat) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())

@@ -325,7 +325,7 @@ def bench_command(rerender, blas, threads, quiet, out_dir, name, **params):
     _write_report(rep, out_dir, name, log, console, err)
 
 
-def _bench_options(
+def _bench_options(  # noqa: PLR0913
     threads,
     shapes,
     devices,

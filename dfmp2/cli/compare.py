@@ -119,7 +119,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
         raise SystemExit(code)
 
 
-def _compare(world, xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, params) -> int:
+def _compare(world, xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, params) -> int:  # noqa: PLR0913
     """``compare`` on this rank (every rank checks everything and runs its share of the runs; rank
     0 alone prints and writes); the exit status."""
     console = stdout_console(width=160)

@@ -91,7 +91,7 @@ def thermo_table(res) -> Table:
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the tables")
 @user_errors
-def frequencies_command(
+def frequencies_command(  # noqa: PLR0913
     xyz_file, method, step, temperature, pressure, ck_path, json_path, molden_path, ir, quiet, **params
 ):
     """Harmonic frequencies, normal modes, IR intensities and thermochemistry of the molecule in

@@ -202,7 +202,7 @@ def trajectory_beside(final_path: str) -> str:
     return str(final.with_name(final.name.removesuffix(".xyz").removesuffix(".opt") + ".traj.xyz"))
 
 
-def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params):
+def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params):  # noqa: PLR0913
     """``optimize`` on this rank: every rank runs geomeTRIC over the same (bitwise) energies and
     gradients, so takes the same steps; rank 0 alone writes and prints. Not converged: the same
     OptimizationError on every rank, its one line from rank 0, the others exit 2 quietly."""

@@ -195,7 +195,7 @@ def _compute(xyz_file, qcschema_path, qc, options, given, hooks):
     return atomic, result
 
 
-def _write_and_print(xyz_file, json_path, qcschema_path, qc, atomic, result, options, verbose, quiet, err):
+def _write_and_print(xyz_file, json_path, qcschema_path, qc, atomic, result, options, verbose, quiet, err):  # noqa: PLR0913
     """Rank 0: the files first (a stdout that fails, full or a reader gone, must not lose the
     result), then the table on stdout."""
     from dfmp2.errors import InputError

@@ -30,9 +30,9 @@ Guarantees:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
-from typing import Callable, Generator, Iterable
 
 
 class Background:

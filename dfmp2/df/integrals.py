@@ -38,7 +38,7 @@ Host-only helpers kept for callers that want numpy on the host: ``metric_2c``, `
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch

@@ -208,7 +208,7 @@ class HDF5B:
     def set_block(self, k: int, block: torch.Tensor) -> None:
         arr = block.detach().to("cpu", self.dtype).contiguous().numpy().reshape(-1)
 
-        def job(a=self.blocks.span(k)[0], arr=arr):
+        def job(a=self.blocks.span(k)[0], arr=arr):  # noqa: B008 (bound now: the job runs later, on the I/O thread)
             self._write(a, arr)
             if self.crc is not None:
                 with self._writing():
@@ -285,7 +285,7 @@ class HDF5B:
 # ---------------------------------------------------------------- the store factory
 def open_b_store(
     plan, blocks: OccBlocks, dtype: torch.dtype, backend, *, checkpoint=None, scratch=None, channel: int = 0
-) -> "BStore":
+) -> BStore:
     """B (block k a (naux, nk*nvir) array in ``dtype``) wherever ``plan`` and ``checkpoint`` put it,
     behind one interface (the role of PySCF's ``_make_df_eris``): in memory on the backend's
     device (plan.out_of_core False), else HDF5 on disk: the checkpoint's /B (crc32 per block) or a
@@ -327,7 +327,7 @@ class BStore:
     HDF5B. ``complete``: B holds a finished B; ``metric`` is then the (kind, info) of its fit.
     ``channel``: the spin channel (the checkpoint's dataset for it)."""
 
-    def __init__(self, data, checkpoint, scratch: "Scratch", channel: int = 0):
+    def __init__(self, data, checkpoint, scratch: Scratch, channel: int = 0):
         self.data, self.checkpoint, self.scratch, self.channel = data, checkpoint, scratch, channel
         self.complete = False
         self.metric: tuple[str, dict] | None = None
@@ -513,7 +513,7 @@ def pair_block_sums(store, eps_occ, eps_vir, backend, *, done=None, on_pair=None
     return sums
 
 
-def cross_block_sums(
+def cross_block_sums(  # noqa: PLR0913
     store_a, store_b, eps_occ_a, eps_vir_a, eps_occ_b, eps_vir_b, backend, *, done=None, on_pair=None, progress=None
 ) -> np.ndarray:
     """UMP2's opposite-spin sums: (na * nb, 2) fp64, one row per block pair (I of ``store_a``, J of

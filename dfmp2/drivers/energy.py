@@ -150,7 +150,7 @@ def run_energy(
     return EnergyRun(job, ref, result, plan)
 
 
-def mp2_energies(
+def mp2_energies(  # noqa: PLR0913
     mol,
     auxmol,
     ref: Reference,

@@ -149,7 +149,7 @@ def gradient_plan(job: Job, memory_mb: float | None = None) -> GradientPlan:
     return relaxed.job_plan(job, memory_mb)
 
 
-def gradient_stage(
+def gradient_stage(  # noqa: PLR0913
     mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None, world=None
 ) -> GradientParts:
     """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
@@ -193,7 +193,7 @@ def gradient_stage(
     return parts
 
 
-def run_gradient(
+def run_gradient(  # noqa: PLR0913
     geom: Geometry,
     options: RunOptions,
     method: str = "mp2",

@@ -127,7 +127,7 @@ class CheckpointSession:
         if world.distributed:
             self.fp.update(ranks=world.size, rank=world.rank)
 
-    def __enter__(self) -> "CheckpointSession":
+    def __enter__(self) -> CheckpointSession:
         o = self.options
         if o.resume:
             self.ck = self.cls.resume(self.mine(o.resume), self.fp)
@@ -232,7 +232,7 @@ def plan_run(job: Job, session: CheckpointSession, on_plan, say, densities: Grad
     return RunPlan(scf, plan, densities)
 
 
-def stage_plan(
+def stage_plan(  # noqa: PLR0913
     mol,
     auxmol,
     options: RunOptions,
@@ -337,7 +337,7 @@ def _largest_shell(auxmol) -> int:
     return int(max(loc[1:] - loc[:-1])) if auxmol.nbas else 1
 
 
-def _check_disk(
+def _check_disk(  # noqa: PLR0913
     plan: MemoryPlan,
     options: RunOptions,
     ck_path,

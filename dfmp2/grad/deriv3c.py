@@ -6,6 +6,8 @@ the symmetric pair packing they take (``PairPack``), the one-electron derivative
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 from pyscf import lib as pyscf_lib
@@ -49,18 +51,18 @@ class PairPack:
     symmetric X: ``sym`` of a (nb, nao, nao) block, ``pack`` of one (nao, nao) matrix. One per
     (nao, device), kept (index tensors of nao^2/2 int64)."""
 
-    _cache: dict = {}
+    _cache: ClassVar[dict] = {}
 
     def __init__(self, nao: int, device):
         rows, cols = np.tril_indices(nao)
-        dev = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
+        dev = lambda x: torch.from_numpy(x).to(device)
         self.npair = len(rows)
         self.lower, self.upper = dev(rows * nao + cols), dev(cols * nao + rows)
         self.diag = dev(np.flatnonzero(rows == cols))
         self.weight = dev(np.where(rows == cols, 1.0, 2.0))
 
     @classmethod
-    def get(cls, nao: int, device) -> "PairPack":
+    def get(cls, nao: int, device) -> PairPack:
         key = (nao, str(device))
         if key not in cls._cache:
             cls._cache.clear()

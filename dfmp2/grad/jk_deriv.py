@@ -412,7 +412,7 @@ def trsm_columns(L: torch.Tensor, X: torch.Tensor, backend, block_mb: float = 64
         X[:, c0:c1] = linalg.trsm(L, X[:, c0:c1].contiguous(), trans=True, backend=backend)
 
 
-def _jk_deriv_3c(
+def _jk_deriv_3c(  # noqa: PLR0913
     jk: DFJK, Cd: list, w: list, D, D1t: list, d, Y1, g2: list, block_mb: float = AUX_BLOCK_MB
 ) -> np.ndarray:
     """``jk_energy_deriv_blocked``'s contraction with the derivative integrals (``df_deriv``), from its
@@ -423,7 +423,7 @@ def _jk_deriv_3c(
     be, nao = jk.backend, jk.nao
     if not callable(Y1):
         Y1_all = Y1
-        Y1 = lambda p0, p1: [[y[p0:p1] for y in ys] for ys in Y1_all]  # noqa: E731
+        Y1 = lambda p0, p1: [[y[p0:p1] for y in ys] for ys in Y1_all]
     buf = memory.Buffers(device=D.device)
     pack = PairPack.get(nao, D.device)
     dens_p = [torch.stack([pack.pack(x), pack.pack(D)]) for x in D1t]  # (2, npair) each, pair-weighted

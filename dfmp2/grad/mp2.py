@@ -139,7 +139,7 @@ def check_channels(ref, backend, fp32_pair_loop: bool = False) -> None:
         )
 
 
-def mp2_gradient(
+def mp2_gradient(  # noqa: PLR0913
     mol,
     ref,
     mp2_auxmol,
@@ -194,7 +194,7 @@ def mp2_gradient(
         jk.release()  # a factor on disk: its scratch directory goes, however the stage ends
 
 
-def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0f0, kernels0, c_os, c_ss):
+def _response_and_jk(mol, orb, corr, corr_3c, jk, host, backend, plan, timer, t0f0, kernels0, c_os, c_ss):  # noqa: PLR0913
     """``mp2_gradient`` from the JK factor on: the Z-vector, the JK and one-electron derivatives."""
     t0, f0 = t0f0
     t0 = timer.add("grad_jk_factor", t0, flops0=f0)  # encloses the factor's scf_integrals and scf_fit

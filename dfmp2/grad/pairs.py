@@ -105,7 +105,7 @@ def response_3c(
     return X_o.cpu().numpy(), 4.0 * X_vt.T.cpu().numpy(), T_v
 
 
-def pair_densities(
+def pair_densities(  # noqa: PLR0913
     B: torch.Tensor,
     e_o: torch.Tensor,
     e_v: torch.Tensor,
@@ -178,7 +178,7 @@ def pair_densities(
     return Gam, P_oo, P_vv
 
 
-def _pair_block(B, Bj, e_ia, e_jb, rows, c_os: float, c_ss: float, backend, buf):
+def _pair_block(B, Bj, e_ia, e_jb, rows, c_os: float, c_ss: float, backend, buf):  # noqa: PLR0913
     """One block J of ``pair_densities``' loop: K = B Bj^T and t into ``buf`` (e_ia (nact, nvir, 1,
     1), e_jb (nj, nvc) the denominators' parts), θ, Γ's ``rows`` of J added into in place; returns
     (Σ_ajb t θ (nact, nact), Σ_i Σ_jc t θ (nvir, nvir)), this block's shares of P_oo and P_vv."""
@@ -219,13 +219,13 @@ def _pair_loop(
         e_o, e_v = backend.to_device(host_tensor(orb.eps[orb.act])), backend.to_device(host_tensor(orb.eps[orb.vir]))
         return pair_densities(Bd, e_o, e_v, backend, c_os, c_ss, block_mb=pair_mb, world=world)
     dt = pair_backend.fit_dtype(pair_backend.default_precision)
-    dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)  # noqa: E731
+    dev = lambda x: pair_backend.to_device(torch.as_tensor(x).cpu(), dt)
     e_o, e_v = dev(orb.eps[orb.act]), dev(orb.eps[orb.vir])
     out = pair_densities(dev(Bd), e_o, e_v, pair_backend, c_os, c_ss, block_mb=pair_mb, world=world)
     return tuple(backend.to_device(x.cpu(), torch.float64) for x in out)
 
 
-def corr_intermediates(
+def corr_intermediates(  # noqa: PLR0913
     mol,
     auxmol,
     orb: Orbitals,

@@ -124,7 +124,7 @@ class GradientPlan:
         }
 
 
-def phase_mb(
+def phase_mb(  # noqa: PLR0913
     *,
     nao: int,
     nocc: int,
@@ -193,7 +193,7 @@ def phase_mb(
     return {k: 8 * v / 1e6 for k, v in phases.items()}
 
 
-def uhf_phase_mb(
+def uhf_phase_mb(  # noqa: PLR0913
     *,
     nao: int,
     nocc: tuple,

@@ -90,7 +90,7 @@ def default_plan(mol, ref, mp2_auxmol, jk_auxmol) -> GradientPlan:
 STAGES = ("props_mp2_densities", "props_jk_factor", "props_zvector")
 
 
-def density_stage(
+def density_stage(  # noqa: PLR0913
     mol,
     ref,
     auxmol,
@@ -112,7 +112,7 @@ def density_stage(
     return fn(mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, relaxed=relaxed, timer=timer, plan=plan)
 
 
-def rhf_densities(
+def rhf_densities(  # noqa: PLR0913
     mol,
     ref,
     mp2_auxmol,
@@ -165,7 +165,7 @@ def rhf_densities(
     return grad_mp2.rhf_record(orb, corr, P, c_os, c_ss, zinfo, ran, _timings(timer))
 
 
-def uhf_densities(
+def uhf_densities(  # noqa: PLR0913
     mol,
     ref,
     mp2_auxmol,

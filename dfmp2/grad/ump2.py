@@ -60,7 +60,7 @@ from dfmp2.scf.uhf import DFUHF
 from dfmp2.timing import Timer
 
 
-def uhf_mp2_gradient(
+def uhf_mp2_gradient(  # noqa: PLR0913
     mol,
     ref,
     mp2_auxmol,
@@ -167,7 +167,7 @@ def _uhf_ran(backend, kernels0: dict, plan: GradientPlan) -> dict:
     }
 
 
-def _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan: GradientPlan, timer: Timer, t0: float, world):
+def _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan: GradientPlan, timer: Timer, t0: float, world):  # noqa: PLR0913
     """``uhf_mp2_gradient`` from the JK factor on (in memory or on disk, ``plan``): the Z-vector
     (``relaxed_density``; P and Y changed in place) and the JK part's derivative
     (``jk_energy_deriv_blocked``, the factor released before its derivative integrals). Returns
@@ -212,7 +212,7 @@ def response_operator(jk: DFJK, orbs):
 
 
 # ---------------------------------------------------------------------------- correlation part
-def corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None, plan=None):
+def corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: bool = True, world=None, plan=None):  # noqa: PLR0913
     """The pair loops (``pair_densities``: each spin's same-spin pairs with θ = c_ss/2 of
     the antisymmetrised amplitudes, and the αβ pairs from each side with θ = c_os/2 t: about
     E_aa + E_bb + 2 E_ab of pair arithmetic), then per spin γ's share and Γ~ (``gamma_terms``),
@@ -226,7 +226,7 @@ def corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: boo
     L = metric_cholesky(auxmol.intor("int2c2e"), "MP2")
     naux, nao = L.shape[0], orbs[0].C.shape[0]
     has = [bool(len(o.act) and len(o.vir)) for o in orbs]
-    fit = lambda o: fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend, block_mb)  # noqa: E731
+    fit = lambda o: fit_b(mol, auxmol, o.C[:, o.act], o.C[:, o.vir], L, backend, block_mb)
     Bd = [on_device(backend, fit(o) if h else np.zeros((0, naux))) for o, h in zip(orbs, has)]
     eo = [on_device(backend, o.eps[o.act]) for o in orbs]
     ev = [on_device(backend, o.eps[o.vir]) for o in orbs]

@@ -16,7 +16,7 @@ ZVECTOR_TOL = 1e-9
 ZVECTOR_MAX_ITER = 100
 
 
-def relaxed_density(orb: Orbitals, corr: Corr, jk: "DFJK", backend, form: str = "mo"):
+def relaxed_density(orb: Orbitals, corr: Corr, jk: DFJK, backend, form: str = "mo"):
     """(P (nmo, nmo) the relaxed density in the MO basis, Y (nmo, nmo) the orbital-change
     coefficients with the relaxation and the HF part, zvector info). ``form`` 'mo': every J/K
     here is in the MO basis of the JK factor (``DFJK.build_mo``, kept for
@@ -58,7 +58,7 @@ def _add_density_terms(Y: np.ndarray, P: np.ndarray, orb: Orbitals, G: np.ndarra
     Y += 2.0 * orb.eps[:, None] * P
 
 
-def _solve_zvector(R: np.ndarray, orb: Orbitals, jk: "DFJK") -> tuple[np.ndarray, np.ndarray, dict]:
+def _solve_zvector(R: np.ndarray, orb: Orbitals, jk: DFJK) -> tuple[np.ndarray, np.ndarray, dict]:
     """(z, hess(z), info): z (nvir, nocc) of (e_a - e_i) z + C_v^T G[2(C_v z C_o^T + h.c.)] C_o = R
     by conjugate gradients with the diagonal preconditioner (the DF-RHF's orbital Hessian:
     positive definite for a stable RHF), and the two-electron product hess(z) of the solution from

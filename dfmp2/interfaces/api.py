@@ -31,7 +31,7 @@ def energy(molecule, **options):
     return cbs.run_cbs(geom, opts) if cbs.is_bracket(opts.basis) else run(geom, opts)
 
 
-def run(
+def run(  # noqa: PLR0913
     molecule, options, progress=None, log=None, on_plan=None, backend=None, on_reference=None, guess=None, world=None
 ):
     """``dfmp2 run`` in one call: ``run_energy(prepare(...))`` (dfmp2.drivers.energy) on an XYZ file

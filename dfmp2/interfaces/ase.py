@@ -35,6 +35,7 @@ Needs ``pip install "dfmp2[ase]"``.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
@@ -65,8 +66,8 @@ def _option_names() -> set:
 class DFMP2Calculator(Calculator):
     """ASE calculator of DF-MP2 / SCS-MP2 / SOS-MP2 total energies (eV); see the module docstring."""
 
-    implemented_properties = ["energy", "free_energy", "forces", "dipole"]
-    default_parameters = {"method": "mp2", "num_threads": None}
+    implemented_properties: ClassVar[list] = ["energy", "free_energy", "forces", "dipole"]
+    default_parameters: ClassVar[dict] = {"method": "mp2", "num_threads": None}
     discard_results_on_any_change = False  # set() decides: a change of method alone reuses the run
 
     def __init__(self, restart=None, *, label=None, atoms=None, directory=".", **kwargs):

@@ -26,6 +26,7 @@ The one-call API (``dfmp2.energy``, ``dfmp2.gradient``) is dfmp2.interfaces.api.
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import numpy as np
 from pyscf import df as pyscf_df
@@ -76,7 +77,7 @@ class DFMP2(pyscf_mp2.MP2Base):
     ``pyscf.lib.logger`` at mf.verbose.
     """
 
-    _keys = {
+    _keys: ClassVar[set] = {
         "with_df",
         "mo_energy",
         "force_outcore",
@@ -92,7 +93,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         "auxbasis_used",
     }
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         mf,
         frozen=None,
@@ -250,7 +251,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         return None if self.e_corr is None else self.e_hf + self.e_corr_sos
 
     # --- running -----------------------------------------------------------------------------
-    def run(self, *args, **kwargs) -> "DFMP2":
+    def run(self, *args, **kwargs) -> DFMP2:
         """Set ``kwargs`` as attributes (``set``), compute the energies; returns self. ``t2`` is
         not formed here: it is computed when first used."""
         self.set(**kwargs)
@@ -617,7 +618,7 @@ class Gradients(pyscf_grad_rhf.GradientsBase):
     function of a molecule returning (E(MP2) in Hartree, de); ``optimizer(solver='geomeTRIC')``
     PySCF's optimiser over that scanner; ``parts`` the stage's record (GradientParts)."""
 
-    _keys = {"parts"}
+    _keys: ClassVar[set] = {"parts"}
 
     def __init__(self, pt: DFMP2):
         pyscf_grad_rhf.GradientsBase.__init__(self, pt)

@@ -23,7 +23,7 @@ device kernel that failed); ``error.extras["dfmp2_error"]`` names dfmp2's except
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict
+from typing import Any, ClassVar
 
 try:
     import qcengine
@@ -43,7 +43,7 @@ class DFMP2Harness(ProgramHarness):
     """QCEngine's ProgramHarness for dfmp2: ``compute(v2 AtomicInput, TaskConfig)`` -> v2
     AtomicResult, in process."""
 
-    _defaults: ClassVar[Dict[str, Any]] = {
+    _defaults: ClassVar[dict[str, Any]] = {
         "name": PROGRAM,
         "scratch": True,
         "thread_safe": False,

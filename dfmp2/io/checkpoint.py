@@ -89,7 +89,7 @@ class CheckpointError(InputError):
     """A checkpoint that cannot be used: missing, not HDF5, incomplete, corrupted or mismatched."""
 
 
-def fingerprint(
+def fingerprint(  # noqa: PLR0913
     *,
     mol,
     basis,
@@ -290,7 +290,7 @@ class Checkpoint:
 
     # ---- opening
     @classmethod
-    def create(cls, path, fp: dict, *, occ_block: int) -> "Checkpoint":
+    def create(cls, path, fp: dict, *, occ_block: int) -> Checkpoint:
         """A new checkpoint at ``path``; refuses to overwrite an existing file."""
 
         path = Path(path)
@@ -328,7 +328,7 @@ class Checkpoint:
         f.flush()
 
     @classmethod
-    def resume(cls, path, fp: dict) -> "Checkpoint":
+    def resume(cls, path, fp: dict) -> Checkpoint:
         """Open ``path`` for resuming a run with fingerprint ``fp``; CheckpointError (one line)
         when it is missing, not a regular file, not a dfmp2 checkpoint, corrupted or written for
         another run."""
@@ -398,7 +398,7 @@ class Checkpoint:
             )
         return d
 
-    def _check_structure(self) -> None:
+    def _check_structure(self) -> None:  # noqa: C901
         """What was written must be whole: SCF both arrays, B with its checksums, pairs both."""
         try:
             if "scf" in self.f:

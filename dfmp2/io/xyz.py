@@ -82,7 +82,7 @@ def _symbol(token: str, where: str) -> str:
     raise InputError(f"{where}: unknown element '{shown(token, 20)}'")
 
 
-def parse_xyz(text: str, source: str = "<string>") -> Geometry:
+def parse_xyz(text: str, source: str = "<string>") -> Geometry:  # noqa: C901
     """Parse XYZ text; errors name the file and line."""
     # only \n (and \r\n, \r) end a line, so line numbers are the ones an editor shows
     text = text[1:] if text.startswith("\ufeff") else text  # a UTF-8 byte-order mark

@@ -48,7 +48,7 @@ def my_aux_blocks(aux_blocks: list, world: World, rank: int | None = None) -> li
     return aux_blocks[r :: world.size]
 
 
-def build_B(
+def build_B(  # noqa: PLR0913
     mol, auxmol, C_occ, C_vir, backend, dtype, out_dtype, plan, timer, blocks: OccBlocks, engine, metric, world: World
 ) -> dict:
     """This rank's blocks of B: {k: (naux, nk*nvir) contiguous tensor in ``out_dtype``} for k in
@@ -208,7 +208,7 @@ def resumed(session, mine: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, ob
     return finished, on_pair, int(finished.sum())
 
 
-def same_spin_sums(
+def same_spin_sums(  # noqa: PLR0913
     own: dict, blocks: OccBlocks, eps_occ, eps_vir, backend, world: World, dtype, progress=None, session=None
 ) -> tuple[float, float, int]:
     """(E_OS, E_SS, pairs taken from the checkpoint on this rank) of one channel's block pairs
@@ -251,7 +251,7 @@ def same_spin_sums(
     return (*combine(total, pairs), reused)
 
 
-def cross_spin_sums(
+def cross_spin_sums(  # noqa: PLR0913
     own_a: dict,
     own_b: dict,
     blocks_a: OccBlocks,

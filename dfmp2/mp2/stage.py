@@ -45,7 +45,7 @@ class MP2Energies:
     stage_precision: dict
 
 
-def build_B(
+def build_B(  # noqa: PLR0913
     mol,
     auxmol,
     C_occ,
@@ -102,7 +102,7 @@ def build_B(
         timer.add("checkpoint", t0)
 
 
-def mp2_stage(
+def mp2_stage(  # noqa: PLR0913
     mol,
     auxmol,
     ref,
@@ -211,7 +211,7 @@ def _energies(e_os, e_ss, spin_blocks, storage, metric, engine, fit_dtype, preci
     )
 
 
-def _b_stores(stores, mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, checkpoint, scratch):
+def _b_stores(stores, mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, checkpoint, scratch):  # noqa: PLR0913
     """Open each channel's B store into ``stores`` (None for a channel with nothing to correlate,
     e.g. the H atom's beta spin; the caller closes them), building B where the store does not
     already hold it (one metric factor shared by both channels). Returns (the metric's (kind,
@@ -290,7 +290,7 @@ def _open_shell_pairs(stores, eps, blocks, backend, progress, checkpoint=None, u
     return e_ab, e_same[0] + e_same[1], total, {"e_corr_aa": e_same[0], "e_corr_bb": e_same[1], "e_corr_ab": e_ab}
 
 
-def distributed_stage(
+def distributed_stage(  # noqa: PLR0913
     mol,
     auxmol,
     ref,
@@ -369,7 +369,7 @@ def distributed_stage(
     )
 
 
-def _distributed_b(mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, world, ck):
+def _distributed_b(mol, auxmol, ref, blocks, backend, fit_dtype, b_dtype, plan, timer, engine, world, ck):  # noqa: PLR0913
     """This rank's blocks of B per channel ({k: block}), the metric's (kind, info) and whether B
     came from the checkpoint: read back from each rank's file when every rank's holds a complete B
     (the ranks agree first: a build passes blocks between all of them), else built over the ranks

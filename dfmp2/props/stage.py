@@ -54,7 +54,7 @@ def density_plan(job, memory_mb: float | None = None):
     return relaxed.job_plan(job, memory_mb, phases=grad_plan.DENSITY_PHASES, stage="density (properties)")
 
 
-def property_stage(
+def property_stage(  # noqa: PLR0913
     mol, ref, auxmol, jk_auxmol, backend, properties, method: str = "mp2", plan=None, timer: Timer | None = None
 ) -> dict:
     """The ``properties`` of the converged ``ref`` on ``mol`` (fitting sets ``auxmol``, MP2, and

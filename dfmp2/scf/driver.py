@@ -30,7 +30,7 @@ DISK_FIT_ROWS_MIN = 64  # auxiliary functions of the fit's smallest row block wi
 # (fewer a block: the fit reads the file back more often)
 
 
-def memory_mb(
+def memory_mb(  # noqa: PLR0913
     nao: int,
     naux: int,
     nocc: int,
@@ -100,7 +100,7 @@ def memory_mb(
     }
 
 
-def check_memory(
+def check_memory(  # noqa: PLR0913
     nao: int,
     naux: int,
     nocc: int,
@@ -181,7 +181,7 @@ def min_memory_mb(
     raise AssertionError("a plan fitted in no memory")
 
 
-def run_scf(
+def run_scf(  # noqa: PLR0913
     mol,
     backend,
     settings: SCFSettings = DEFAULT_SETTINGS,

@@ -349,7 +349,7 @@ class DiskJKFactor(JKFactor):
     GEMMs of block k. ``stats``: passes, bytes read, seconds reading (the thread) and seconds the
     caller waited for a block (what the disk cost the run)."""
 
-    def __init__(self, ds, path, nao: int, naux: int, backend, block: int, read_rows: int, metric: str, pairs=None):
+    def __init__(self, ds, path, nao: int, naux: int, backend, block: int, read_rows: int, metric: str, pairs=None):  # noqa: PLR0913
         self.ds, self.path, self._naux, self.read_rows = ds, path, naux, read_rows
         self.B, self.nao, self.backend, self.block, self.metric = None, nao, backend, block, metric
         self._set_pairs(pairs, backend.device)
@@ -609,7 +609,7 @@ def deferred_unpacked(fac: JKFactor) -> tuple[torch.Tensor, torch.Tensor]:
     return jk_dist.aligned_pair(fac.naux, fac.nao * fac.nao, fac.row0, fac.device)
 
 
-def build_jk_factor(
+def build_jk_factor(  # noqa: PLR0913
     mol,
     auxmol,
     backend,
@@ -685,7 +685,7 @@ def _laid_out(out, layout: str, timer):
     return fac, fac64
 
 
-def _factor_from(
+def _factor_from(  # noqa: PLR0913
     B, nao: int, naux: int, backend, fb, dtype, itemsize: int, block_mb: float, metric, pairs, groups, row0
 ):
     """(the JKFactor of the fp64 factor B on ``backend`` in ``dtype``, its fp64 one on ``fb`` or

@@ -22,13 +22,7 @@ from pyscf import gto, lib, scf
 from dfmp2.df.basis import _copy, default_auxbasis, describe_auxbasis, make_auxmol
 from dfmp2.errors import InputError, SCFNotConvergedError
 from dfmp2.io import tempdirs
-from dfmp2.options import (
-    SCF_CONV_TOL,
-    SCF_CONV_TOL_GRAD,
-    SCF_DF_MODES,  # noqa: F401
-    SCF_MAX_CYCLE,
-    SCF_MODES,
-)
+from dfmp2.options import SCF_CONV_TOL, SCF_CONV_TOL_GRAD, SCF_DF_MODES, SCF_MAX_CYCLE, SCF_MODES
 from dfmp2.provenance import ScfRecord, cycle_precision
 from dfmp2.reference import S2_WARN, Reference, from_pyscf  # noqa: F401 (S2_WARN: the result's spin block)
 from dfmp2.scf.settings import SCFSettings

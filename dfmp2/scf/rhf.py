@@ -71,7 +71,7 @@ class DFRHF:
         "(each block unpacked; K by GEMM + SYRK, J by a GEMV per block)"
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         mol,
         backend,

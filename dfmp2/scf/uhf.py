@@ -119,7 +119,7 @@ class DFUHF(DFRHF):
         return math.hypot(*(self.gradient_norm(F[s], C[s], n) for s, n in enumerate(self.nocc_s)))
 
     @classmethod
-    def response(cls, fac: JKFactor, dense, nocc_s, world=None) -> "DFUHF":
+    def response(cls, fac: JKFactor, dense, nocc_s, world=None) -> DFUHF:
         """This class's J/K steps (``two_electron``, ``delta_factors``, ``hessian_product``) over a
         given fp64 factor ``fac`` on the fp64 backend ``dense``, without an SCF: the converged
         UHF's orbital response after the energy (the UHF gradient's Z-vector, dfmp2.grad.ump2).

@@ -29,6 +29,7 @@ Total energies: E(CBS) = E_SCF(CBS) + E_corr(CBS). Energies in Hartree.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -121,7 +122,7 @@ def parse_bracket(text: str) -> Bracket:
             f"{len(zetas)} zeta level{'s' if len(zetas) != 1 else ''}; an extrapolation takes two "
             f"(or three for the SCF, --cbs-scf scf_xtpl_helgaker_3) ({_HELP})"
         )
-    for lo, hi in zip(zetas, zetas[1:]):
+    for lo, hi in itertools.pairwise(zetas):
         if hi != lo + 1:
             raise bad(
                 f"zeta levels must be consecutive; {_name(pre, post, lo, def2)} to "

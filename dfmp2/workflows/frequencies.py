@@ -241,7 +241,7 @@ def _relaxed_dipole(gr) -> list | None:
     return [float(x) for x in d["relaxed"]["au"]] if d else None
 
 
-def frequencies(
+def frequencies(  # noqa: PLR0913
     geom: Geometry,
     options: RunOptions,
     method: str = "mp2",
@@ -310,7 +310,7 @@ def _share_rows(rows: dict, ntask: int, width: int, world) -> dict:
     return {k: a[k, :width].tolist() for k in range(ntask) if a[k, width] > 0}
 
 
-def _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width, group_size: int = 1):
+def _run_rounds(geom, tasks, rows, step, evaluate, world, say, checkpoint, fp, width, group_size: int = 1):  # noqa: PLR0913
     """Every missing evaluation, dealt round by round over the ranks (module docstring), or over
     groups of ``group_size`` ranks (``World.split``: each evaluation a gradient over its group,
     which agrees on its input first; the group's first rank gives the row); returns the
@@ -359,7 +359,7 @@ def _label(geom: Geometry, coord: int, sign: int, step: float) -> str:
     )
 
 
-def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, tasks, first=None) -> FrequencyResult:
+def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, tasks, first=None) -> FrequencyResult:  # noqa: PLR0913
     """The Hessian, PySCF's harmonic analysis and thermochemistry, the IR intensities, from the
     evaluations' rows (``tasks_of``'s order); ``mol``: the molecule's PySCF Mole (its atoms,
     masses, multiplicity)."""

@@ -86,7 +86,7 @@ def _range(run) -> str:
     return f"{run[0] + 1}" if len(run) == 1 else f"{run[0] + 1}-{run[-1] + 1}"
 
 
-def parse_fragments(text: str, natm: int) -> tuple:
+def parse_fragments(text: str, natm: int) -> tuple:  # noqa: C901
     """'1-3,4-6' (1-based) -> ((0, 1, 2), (3, 4, 5)). Refuses (InputError) a malformed item, an
     empty range, an atom out of range, an atom in two fragments, an atom in none, one fragment."""
 

@@ -95,7 +95,7 @@ def xyz_frame(geom: Geometry, coords_angstrom, comment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def optimize(
+def optimize(  # noqa: PLR0913
     geom: Geometry,
     options: RunOptions,
     method: str = "mp2",

@@ -49,7 +49,7 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def pair_sums(K, ni, nj, nvir, e_i, e_j, e_vir, *, lower=False, i0=0, j0=0) -> np.ndarray:
+def pair_sums(K, ni, nj, nvir, e_i, e_j, e_vir, *, lower=False, i0=0, j0=0) -> np.ndarray:  # noqa: PLR0913
     """(ni, nj, 2): [..., 0] = sum_ab K_ab^2 / D, [..., 1] = sum_ab K_ab K_ba / D per pair (i, j)
     of the tile, D = e_i + e_j - e_a - e_b (Hartree). ``lower``: pairs with i0 + i < j0 + j are
     not computed (left 0). K: (ni*nvir, nj*nvir)."""
@@ -74,7 +74,7 @@ def pair_sums(K, ni, nj, nvir, e_i, e_j, e_vir, *, lower=False, i0=0, j0=0) -> n
     return out
 
 
-def pair_os(K, ni, nj, nvir, nvj, e_i, e_j, e_vir, e_vir_j) -> np.ndarray:
+def pair_os(K, ni, nj, nvir, nvj, e_i, e_j, e_vir, e_vir_j) -> np.ndarray:  # noqa: PLR0913
     """(ni, nj): sum_ab K_ab^2 / (e_i + e_j - e_a - e_b) per pair of opposite spins, a over e_vir
     (nvir,), b over e_vir_j (nvj,). K: (ni*nvir, nj*nvj)."""
     suffix = _suffix(K)

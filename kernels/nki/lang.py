@@ -24,4 +24,4 @@ except ImportError as exc:  # not installed, or PyPI's empty placeholder
     REAL_NKI = False
     REAL_NKI_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["nl", "nisa", "REAL_NKI", "REAL_NKI_ERROR"]
+__all__ = ["REAL_NKI", "REAL_NKI_ERROR", "nisa", "nl"]

@@ -143,7 +143,7 @@ def _add_column(acc, c, at, pt):
     nisa.tensor_tensor(dst=acc[0:at, c : c + 1], data1=acc[0:at, c : c + 1], data2=pt, op=nl.add)
 
 
-def _row_block(acc, work, bi, bj, e_i, e_j, e_a, e_b, i, j, a0, nvir, nvir_j, nk, c_os, opposite):
+def _row_block(acc, work, bi, bj, e_i, e_j, e_a, e_b, i, j, a0, nvir, nvir_j, nk, c_os, opposite):  # noqa: PLR0913
     """Pair (i, j)'s sums over row block A (virtuals a0 .. a0 + at) and its column tiles
     (e_a: the block's (at, 1) virtual energies)."""
     _, _, _, _, _, row_c, part = work
@@ -160,7 +160,7 @@ def _row_block(acc, work, bi, bj, e_i, e_j, e_a, e_b, i, j, a0, nvir, nvir_j, nk
         _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os)
 
 
-def _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os):
+def _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os):  # noqa: PLR0913
     """Tile (A, b0 .. b0 + bt): M1 = K_ab, 1/D, M1/D, and OS += sum_b M1^2 / D.
     Returns the views 1/D and M1/D for the exchange term."""
     m1, _, rden, kd, prod, _, _ = work
@@ -181,7 +181,7 @@ def _os_tile(acc, work, bi, bj, e_b, rc, pt, a0, at, b0, bt, nk, c_os):
     return r, q
 
 
-def _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os):
+def _x_tile(acc, work, bi, bj, r, q, pt, a0, at, b0, bt, nk, c_os):  # noqa: PLR0913
     """The mirror tile M2 = K_ba of tile (A, b0 .. b0 + bt), X += sum_b M1 M2 / D, and, for the
     columns right of the diagonal block (which also stand for their mirror tile), OS and X again."""
     _, m2, _, _, prod, _, _ = work

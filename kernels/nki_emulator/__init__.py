@@ -16,13 +16,13 @@ from .limits import TARGETS, CoreLimits, limits_for
 
 __all__ = [
     "ENGINE",
-    "simulate",
-    "run",
-    "bind",
-    "limits_for",
     "TARGETS",
     "CoreLimits",
-    "NkiEmulatorError",
     "HardwareLimitError",
+    "NkiEmulatorError",
     "UnsupportedError",
+    "bind",
+    "limits_for",
+    "run",
+    "simulate",
 ]

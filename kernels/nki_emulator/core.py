@@ -17,7 +17,7 @@ import numpy as np
 from .errors import HardwareLimitError, NkiEmulatorError
 from .limits import CoreLimits
 
-_current: contextvars.ContextVar["Core | None"] = contextvars.ContextVar("nki_emulator_core", default=None)
+_current: contextvars.ContextVar[Core | None] = contextvars.ContextVar("nki_emulator_core", default=None)
 
 
 class Core:

@@ -122,7 +122,7 @@ def memset(dst, value, engine=None, name=None):
     current_core().count("memset")
 
 
-def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
+def nc_matmul(dst, stationary, moving, accumulate=None, name=None):  # noqa: C901
     """dst = stationary.T @ moving on the Tensor Engine (nki.isa.nc_matmul).
 
     stationary: SBUF (K, M), moving: SBUF (K, N), dst: PSUM (M, N) fp32; K <= 128
@@ -208,7 +208,7 @@ def _scalar_operand(x, data, what):
     raise NkiEmulatorError(f"{what}: operand must be a number or a (P, 1) tile, got {x!r}")
 
 
-def tensor_scalar(
+def tensor_scalar(  # noqa: PLR0913
     dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, engine=None, name=None
 ):
     """dst = (data <op0> operand0) <op1> operand1, operands broadcast along the free dim

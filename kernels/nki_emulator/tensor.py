@@ -49,7 +49,7 @@ class _Storage:
 class Tensor:
     """An emulated ``NkiTensor`` view."""
 
-    __slots__ = ("shape", "dtype", "buffer", "name", "_st", "_data", "_written", "_mm", "p0", "f0", "__weakref__")
+    __slots__ = ("__weakref__", "_data", "_mm", "_st", "_written", "buffer", "dtype", "f0", "name", "p0", "shape")
 
     def __init__(self, storage: _Storage, key, shape, name, p0=0, f0=0):
         self._st = storage
@@ -78,7 +78,7 @@ class Tensor:
     def __repr__(self):
         return f"Tensor({self.name or '?'}, {self.buffer.value}, {self.shape}, {self.dtype})"
 
-    def __getitem__(self, key) -> "Tensor":
+    def __getitem__(self, key) -> Tensor:  # noqa: C901
         if not isinstance(key, tuple):
             key = (key,)
         if len(key) > self.ndim:

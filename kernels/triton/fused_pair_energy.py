@@ -52,7 +52,7 @@ NUM_WARPS = 8  # two BLOCK x BLOCK accumulators per program
 NUM_STAGES = 3  # software-pipelining depth of the operand loads
 
 
-def _fused_pair_energy_kernel(
+def _fused_pair_energy_kernel(  # noqa: PLR0913
     bi_ptr,
     bj_ptr,  # B_i, B_j with element (i, a, P) at i*s_i + a*s_a + P*s_p
     s_bi_i,

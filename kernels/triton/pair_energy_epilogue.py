@@ -29,7 +29,7 @@ NUM_WARPS = 4
 GEMM_MAX_ELEMS = 1 << 26  # elements of K formed per GEMM (512 MiB in fp64)
 
 
-def _pair_energy_epilogue_kernel(
+def _pair_energy_epilogue_kernel(  # noqa: PLR0913
     k_ptr,
     s_i,
     s_j,
@@ -95,7 +95,7 @@ def _rect_tiles(nvir: int, nvir_b: int, block: int, device):
     return a.to(device), b.to(device)
 
 
-def gemm_epilogue_pair_energy(
+def gemm_epilogue_pair_energy(  # noqa: PLR0913
     Bi,
     Bj,
     eps_i,
@@ -120,7 +120,7 @@ def gemm_epilogue_pair_energy(
 
     op = "gemm_epilogue_pair_energy"
     rect = eps_vir_j is not None
-    ni, nj, nvir, naux = check_pair_args(op, Bi, Bj, eps_i, eps_j, eps_vir, symmetric, eps_vir_j)
+    ni, nj, nvir, _naux = check_pair_args(op, Bi, Bj, eps_i, eps_j, eps_vir, symmetric, eps_vir_j)
     nvj = Bj.shape[1]
     dev = check_device(op, Bi, Bj)
     f64 = torch.float64
@@ -170,7 +170,7 @@ def _chunk_pairs(i0: int, i1: int, jend: int, symmetric: bool, dev):
     return pi, pj, w
 
 
-def _launch(k, M, strides, pi, pj, eps, ta, tb, nvirs, meta):
+def _launch(k, M, strides, pi, pj, eps, ta, tb, nvirs, meta):  # noqa: PLR0913
     """The epilogue kernel over one K chunk ``M`` and one tile kind, in launches of at most
     MAX_GRID_Y pairs; returns its (npairs, ntile_pairs) fp64 OS and SS partials. ``strides``:
     (s_i, s_j, s_a, s_b) of K_ij[a, b] in M; ``eps``: (eps_i from the chunk's first row, eps_j,

@@ -43,7 +43,7 @@ def _tile_prologue(pair_i_ptr, pair_j_ptr, tile_a_ptr, tile_b_ptr, nvir, nvir_b,
     return i, j, offs_a, offs_b, mask_a, mask_b, out
 
 
-def _pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG: tl.constexpr):
+def _pair_tile_sums(x, y, eij, eps_vir_ptr, offs_a, offs_b, mask_a, mask_b, DIAG: tl.constexpr):  # noqa: PLR0913
     """(e_os, e_ss) fp64 of one tile pair. x, y: (BLOCK, BLOCK) fp64; eij = e_i + e_j (Hartree);
     offs_a, offs_b: virtual indices of the tile's rows and columns; mask_*: those < nvir."""
     ea = tl.load(eps_vir_ptr + offs_a, mask=mask_a, other=0.0)

@@ -35,7 +35,7 @@ def test_blas_info_and_peaks_name_what_ran():
 def test_pyscf_baseline_runs_both_settings_and_takes_the_faster():
     base = fb.pyscf_baseline(["whole"], ROOT / "inputs/water.xyz", threads=1, timeout=120, peak_sizes=[64])
     assert set(base["runs"]) == {"as_set", "unset"}
-    for s, r in base["runs"].items():
+    for _s, r in base["runs"].items():
         assert "error" not in r, r
         assert r["blas"]["threadpools"] and abs(r["tasks"]["whole"]["e_mp2"] - (-76.2307749879)) < 1e-8
     secs = {s: r["tasks"]["whole"]["seconds"] for s, r in base["runs"].items()}

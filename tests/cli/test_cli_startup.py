@@ -61,7 +61,7 @@ def test_the_help_lists_the_same_text_before_and_after_loading(width):
     )
     assert not fresh._commands
     before = CliRunner().invoke(fresh, ["--help"], terminal_width=width)
-    main.commands  # loads every command
+    main.commands  # noqa: B018 (reading the property loads every command)
     after = CliRunner().invoke(main, ["--help"], terminal_width=width)
     assert before.exit_code == after.exit_code == 0
     assert before.output == after.output and "Commands:" in after.output

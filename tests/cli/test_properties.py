@@ -31,7 +31,7 @@ def _pyscf_dipoles_d(xyz: str, basis: str, frozen=None) -> dict:
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-9
     mf.kernel()
     pt = dfmp2_native.DFMP2(mf, frozen=frozen, auxbasis=f"{basis}-ri")
-    dip = lambda dm: scf.hf.dip_moment(mol, dm, unit="Debye", verbose=0)  # noqa: E731
+    dip = lambda dm: scf.hf.dip_moment(mol, dm, unit="Debye", verbose=0)
     return {
         "hf": dip(mf.make_rdm1()),
         "unrelaxed": dip(pt.make_rdm1(relaxed=False, ao_repr=True)),

@@ -183,7 +183,7 @@ def test_a_missing_bse_package_is_one_error_line_not_autoaux(monkeypatch, tmp_pa
     monkeypatch.setitem(sys.modules, "basis_set_exchange", None)  # import fails
     assert df_basis.bse_version() is None
     with pytest.raises(
-        InputError, match="def2-svp-rifit, published in the Basis Set Exchange.*pip install basis-set-exchange"
+        InputError, match=r"def2-svp-rifit, published in the Basis Set Exchange.*pip install basis-set-exchange"
     ):
         df_basis.default_auxbasis(mole(HI_ATOMS, "def2-svp", ecp="def2-svp"), "mp2")
     res = CliRunner().invoke(main, ["run", str(HI), "--basis", "def2-svp"])

@@ -239,7 +239,7 @@ def test_producer_raises_same_exception_reaches_caller(water, cpu, monkeypatch):
         with integrals.HostEngine(mol, cpu, depth=integrals.QUEUE_DEPTH).blocks(
             auxmol, integrals.aux_shell_blocks(auxmol, 10)
         ) as stream:
-            for p0, p1, _ in stream:
+            for p0, _p1, _ in stream:
                 seen.append(p0)
     assert info.value is raised[0] and seen == [0]
     assert _producers() == []
@@ -445,7 +445,7 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
     assert torch.allclose(eng.metric(auxmol), torch.from_numpy(auxmol.intor("int2c2e")), rtol=0, atol=1e-12)
     assert "gpu4pyscf fake" in eng.describe()["library"]
     assert eng.block_mb(512.0) == integrals.GPU4PYSCF_BLOCK_MB  # fewer, larger blocks
-    assert [b for *_, b in engine_blocks(eng, auxmol, blocks, torch.float32)][0].dtype == torch.float32
+    assert next(b for *_, b in engine_blocks(eng, auxmol, blocks, torch.float32)).dtype == torch.float32
 
 
 def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
@@ -512,7 +512,7 @@ def test_jk_factor_through_gpu4pyscf_one_call_per_group_same_bits(water, monkeyp
 
 def test_gpu4pyscf_too_old_names_what_is_missing(water, monkeypatch):
     fake_gpu4pyscf(monkeypatch, with_compressed=False)
-    with pytest.raises(integrals.EngineUnavailableError, match="lacks int3c2e_bdiv.compressed_aux_e2"):
+    with pytest.raises(integrals.EngineUnavailableError, match=r"lacks int3c2e_bdiv.compressed_aux_e2"):
         integrals.select_engine("gpu4pyscf", water[0], FakeCudaBackend())
 
 

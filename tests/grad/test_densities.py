@@ -69,7 +69,7 @@ def _rhf_cphf(mf, Lvo, max_cycle, tol, logger):
     """``dfmp2_native.solve_cphf_rhf``'s equations, (e_a - e_i) z + fvind(z) = -Lvo, solved tightly."""
     occ, e = mf.mo_occ > 0, mf.mo_energy
     diag = (e[~occ][:, None] - e[occ][None, :]).ravel()
-    fvind = lambda x: dfmp2_native.fock_response_rhf(mf, x.reshape(Lvo.shape), full=False).ravel()  # noqa: E731
+    fvind = lambda x: dfmp2_native.fock_response_rhf(mf, x.reshape(Lvo.shape), full=False).ravel()
     return _minres(fvind, diag, -Lvo.ravel()).reshape(Lvo.shape)
 
 

@@ -90,7 +90,7 @@ def test_hf_part_matches_pyscf_df_rhf_gradient(case):
     from pyscf import scf as pyscf_scf
     from pyscf.df.grad import rhf as df_rhf_grad
 
-    geom, options, method, _ = _analytic(case)
+    geom, options, _method, _ = _analytic(case)
     seen = {}
     api.run(geom, options, on_reference=lambda mol, ref: seen.update(mol=mol, ref=ref))
     mol, ref = seen["mol"], seen["ref"]

@@ -5,7 +5,7 @@ molecule (which tests/interfaces/test_qcschema.py and tests/system/test_referenc
 errors are FailedOperations carrying dfmp2's one-line message."""
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from pyscf.lib.parameters import BOHR
 from qcelemental.models import v1, v2
 
 import dfmp2
-import dfmp2.qcengine  # noqa: E402,F401   registers "dfmp2"
+import dfmp2.qcengine
 from dfmp2.cli.main import main
 from dfmp2.errors import InputError
 from dfmp2.interfaces.qcschema import error_line, run_qcschema
@@ -51,7 +51,7 @@ def atomic_input(name: str, version: int = 1, **keywords) -> dict:
     return {"schema_name": "qcschema_atomic_input", "schema_version": 2, "molecule": molecule, "specification": spec}
 
 
-@lru_cache(maxsize=None)
+@cache
 def cli_energies(name: str) -> dict:
     """`dfmp2 run <xyz> --frozen-core --json`: the energies (Hartree) of the same molecule."""
     import tempfile

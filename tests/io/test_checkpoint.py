@@ -176,7 +176,7 @@ def kill_after_pairs(proc, npairs, sig):
             if seen == npairs:
                 proc.send_signal(sig)
                 break
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     return proc.returncode, err
 
 
@@ -423,7 +423,7 @@ def test_missing_existing_and_conflicting_paths(water_checkpoint, tmp_path):
     with pytest.raises(CheckpointError, match="already exists; resume it, or remove it") as info:
         checkpoint.Checkpoint.create(ck, {}, occ_block=OCC_BLOCK)
     assert info.value.option == "checkpoint" and " --" not in str(info.value)
-    with pytest.raises(CheckpointError, match="written for another run: .*start afresh without resuming") as info:
+    with pytest.raises(CheckpointError, match=r"written for another run: .*start afresh without resuming") as info:
         checkpoint.Checkpoint.resume(copy(ck, tmp_path / "c.h5"), {"charge": 1})
     assert info.value.option == ("resume", "charge") and " --" not in str(info.value)  # and the option that differs
     # the same refusal from a run, before any work
@@ -645,7 +645,7 @@ def test_killed_uhf_process_resumes_to_the_uninterrupted_energy(tmp_path, uhf_un
     """OH in a real process, SIGKILLed in the pair step (after 8 of its 15 pairs: into the beta set)."""
     ck = tmp_path / "oh.h5"
     proc = start_child(["--storage", "disk", "--checkpoint", str(ck), "-q"], tmp_path, path=OH)
-    code, err = kill_after_pairs(proc, 8, signal.SIGKILL)
+    code, _err = kill_after_pairs(proc, 8, signal.SIGKILL)
     assert code == -signal.SIGKILL
     with h5py.File(ck, "r") as f:
         ndone = sum(int(f[f"{g}/done"][...].sum()) for g in UHF_SETS if g in f)

@@ -87,7 +87,7 @@ def snapshot(tmp_path):
 
 # ------------------------------------------------------------------ 1. checked before the work
 def test_check_output_file_refuses_unwritable_places(tmp_path):
-    for label, path, fragment in bad_places(tmp_path):
+    for _label, path, fragment in bad_places(tmp_path):
         with pytest.raises(InputError, match=fragment):
             outputs.check_output_file(path, "--json")
     ok = tmp_path / "new.json"
@@ -158,7 +158,7 @@ def test_scratch_unwritable_fails_before_scf(tmp_path, no_heavy_work):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     usage_error(CliRunner().invoke(main, ["run", str(WATER), "--scratch", str(a_file)]), "is a file")
-    with pytest.raises(InputError, match="--scratch .* is not a directory"):
+    with pytest.raises(InputError, match=r"--scratch .* is not a directory"):
         outputs.check_output_dir(a_file, "--scratch")
     scratches = [(tmp_path / "nodir", "does not exist"), (a_file / "sub", "does not exist")]
     if PROC_OK:
@@ -197,7 +197,7 @@ def test_check_disk_adds_up_one_file_system_with_a_margin(tmp_path, monkeypatch)
     # a checkpoint holds B however much memory there is: no advice to raise the memory limit
     assert info.value.option == "checkpoint" and "(checkpoint: 99 MB" in str(info.value)
     assert "memory" not in str(info.value)
-    with pytest.raises(InputError, match="scratch directory: directory .* does not exist") as info:
+    with pytest.raises(InputError, match=r"scratch directory: directory .* does not exist") as info:
         outputs.check_disk([(tmp_path / "nodir", 1.0, "scratch_dir")])
     assert info.value.option == "scratch_dir"
 

@@ -129,7 +129,7 @@ def fresh_build(monkeypatch, tmp_path):
 def test_the_epilogue_is_compiled_once_and_recorded(fresh_build):
     """The first load compiles into the cache, the next process (memo cleared) finds it there;
     the backend's record names the library, compiler and flags."""
-    lib, info = fresh_build.load("pair_epilogue")
+    _lib, info = fresh_build.load("pair_epilogue")
     assert info["compiled"] and info["cached"] and info["library"].startswith(str(fresh_build.cache_dir()))
     fresh_build.load.cache_clear()
     _, again = fresh_build.load("pair_epilogue")

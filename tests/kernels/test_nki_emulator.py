@@ -134,7 +134,7 @@ def run(kernel, *args, target="trn1", **kw):
 
 
 def test_129_partitions_raise():
-    with pytest.raises(HardwareLimitError, match="129.*128 partitions"):
+    with pytest.raises(HardwareLimitError, match=r"129.*128 partitions"):
         run(k_alloc, _x(), 129, 4, "sbuf")
     with pytest.raises(HardwareLimitError, match="129"):
         run(k_alloc, _x(), 129, 4, "psum")
@@ -160,7 +160,7 @@ def test_129_wide_stationary_tile_raises():
 
 def test_psum_over_full_raises():
     run(k_psum_banks, _x(), 8)  # 8 banks of 2 KiB: the whole PSUM
-    with pytest.raises(HardwareLimitError, match="PSUM over-full.*8 banks"):
+    with pytest.raises(HardwareLimitError, match=r"PSUM over-full.*8 banks"):
         run(k_psum_banks, _x(), 9)
 
 

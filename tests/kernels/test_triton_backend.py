@@ -44,7 +44,7 @@ def _pipeline_pairs(B, eo, ev, backend, occ_block):
 @pytest.mark.parametrize("path", ["fused", "gemm+epilogue"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_cuda_backend_pair_step_matches_torch(path, dtype):
-    Bt, B, eo, ev = _bt_problem()
+    _Bt, B, eo, ev = _bt_problem()
     B = B.to(dtype) if dtype != torch.float64 else B
     prec = "fp64" if dtype == torch.float64 else "fp32"
     be = CudaBackend("cuda", pair_path={prec: path}, pair_config={"BLOCK": 16, "BLOCK_P": 16})

@@ -119,7 +119,7 @@ def test_compare_command_cpu_cuda(tmp_path):
     res = CliRunner().invoke(main, ["compare", water, "--devices", "cpu,cuda", "--json", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "c.json").read_text())
-    cpu, cuda = doc["devices"]
+    _cpu, cuda = doc["devices"]
     assert cuda["repeat_identical"] and abs(cuda["delta"]["e_corr"]) <= 1e-10
     assert cuda["delta"]["e_hf"] == 0.0  # identical SCF inputs
     res = CliRunner().invoke(main, ["compare", "--synthetic", "16,200,500", "--devices", "cpu,cuda"])
@@ -163,5 +163,5 @@ def test_h2o_08_run_and_compare_on_each_pair_path(pair_kernel, tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    cpu, cuda = json.loads((tmp_path / "c.json").read_text())["devices"]
+    _cpu, cuda = json.loads((tmp_path / "c.json").read_text())["devices"]
     assert abs(cuda["delta"]["e_corr"]) <= 1e-10 and cuda["ran"]["pair_path"]["fp64"] == expect

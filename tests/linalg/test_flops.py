@@ -58,7 +58,7 @@ def test_factorisations_and_pair_energy_are_charged_their_formulas(be):
     Bi, Bj = torch.randn(ni, nvir, naux, dtype=f64), torch.randn(nj, nvir, naux, dtype=f64)
     ei, ej = -1 - torch.rand(ni, dtype=f64), -1 - torch.rand(nj, dtype=f64)
     ev, evj = 1 + torch.rand(nvir, dtype=f64), 1 + torch.rand(nvj, dtype=f64)
-    pair = lambda *args, **kw: lambda: linalg.mp2_pair_energy(*args, backend=be, **kw)  # noqa: E731
+    pair = lambda *args, **kw: lambda: linalg.mp2_pair_energy(*args, backend=be, **kw)
     one = 2 * nvir * nvir * naux
     assert _charged(be, "mp2_pair_energy", pair(Bi, Bi, ei, ei, ev, symmetric=True)) == ni * (ni + 1) // 2 * one
     assert _charged(be, "mp2_pair_energy", pair(Bi, Bj, ei, ej, ev)) == ni * nj * one

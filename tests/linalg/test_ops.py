@@ -100,7 +100,7 @@ def test_syrk_does_about_half_the_work():
     for n, bound in ((512, 0.63), (1000, 0.6), (4096, 0.57)):
         blocks = syrk_blocks(n)
         assert blocks[0][0] == 0 and blocks[-1][1] == n
-        assert all(b[1] == c[0] for b, c in zip(blocks, blocks[1:]))
+        assert all(b[1] == c[0] for b, c in itertools.pairwise(blocks))
         assert syrk_work_fraction(n) <= bound
     be = get_backend("cpu", cpu_blas="torch")  # the torch path (auto may pick OpenBLAS's SYRK)
     syrk(mat((600, 130), 1, torch.float64), backend=be)

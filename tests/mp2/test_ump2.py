@@ -177,6 +177,6 @@ def test_time_mp2_stage_runs_ump2_as_run_does():
     mol = molecule.build_molecule(read_xyz(OH))
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_uhf(mol)
-    seconds, e_os, e_ss, stages, ran = time_mp2_stage(mol, auxmol, ref, RunOptions())
+    seconds, e_os, e_ss, stages, _ran = time_mp2_stage(mol, auxmol, ref, RunOptions())
     r = run(OH, RunOptions(scf_mode="pyscf-df"))  # the same SCF as ``ref``: the same bits
     assert (e_os, e_ss) == (r.e_os, r.e_ss) and seconds > 0 and "pair" in stages

@@ -260,7 +260,7 @@ def test_coincident_atoms_refused_naming_both(tmp_path, no_scf, atoms, fragments
 
 
 def test_distance_limit_is_0_1_angstrom():
-    with pytest.raises(InputError, match="0.0990 Å apart"):
+    with pytest.raises(InputError, match=r"0.0990 Å apart"):
         molecule.build_molecule(geometry("H 0 0 0\nH 0 0 0.099"))
     assert molecule.build_molecule(geometry("H 0 0 0\nH 0 0 0.101")).natm == 2
 

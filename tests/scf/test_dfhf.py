@@ -113,7 +113,7 @@ def test_scf_precision_fp64_is_the_all_fp64_scf_and_progress_says_each_cycles_pr
     }
     h = rhf.DFRHF(mol, cpu, SCFSettings(precision="mixed"), timer=Timer(cpu))
     h.fp32_phase = False  # mixed, fp32 phase off: the fp64 SCF
-    cycles, D, G, F = h.iterate(pyscf_scf.SCF_MAX_CYCLE)
+    cycles, _D, _G, _F = h.iterate(pyscf_scf.SCF_MAX_CYCLE)
     assert cycles == refs["fp64"].scf.iterations
     assert [c[4] for c in seen["fp64"]] == ["fp64"] * cycles
     n32 = refs["mixed"].scf.cycle_precision["fp32_cycles"]
@@ -376,7 +376,7 @@ def test_scf_progress_one_call_per_cycle_from_both_engines():
         calls = []
         ref = run_engine(lambda *a: calls.append(a))
         assert [c[0] for c in calls] == list(range(1, ref.scf.iterations + 1))
-        cycle, e_tot, d_e, gnorm, precision = calls[-1]
+        _cycle, e_tot, d_e, gnorm, precision = calls[-1]
         assert precision == "fp64"
         assert abs(d_e) < pyscf_scf.SCF_CONV_TOL and abs(e_tot - ref.e_hf) < 1e-9 and gnorm < 1e-6
 

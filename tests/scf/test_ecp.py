@@ -125,7 +125,7 @@ def test_electron_counts_and_frozen_core_count_the_ecp_cores():
     assert ae.nelectron == 54 and molecule.frozen_core_count(ae) == 18
     # the occupied shells of H and I hold 56 electrons, 28 of them in the ECP core
     assert molecule.build_molecule(g, "def2-svp", charge=-2).nelectron == 28
-    with pytest.raises(InputError, match="30 electrons outside the ECP cores .28 electrons., more than the 28"):
+    with pytest.raises(InputError, match=r"30 electrons outside the ECP cores .28 electrons., more than the 28"):
         molecule.build_molecule(g, "def2-svp", charge=-4)
     with pytest.raises(InputError, match="unknown ECP setting 'yes'"):
         molecule.build_molecule(g, "def2-svp", ecp="yes")

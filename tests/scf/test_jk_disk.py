@@ -3,6 +3,7 @@ blocked fit to a scratch file gives the in-memory factor, its J and K are the un
 the memory plan picks it only when nothing in memory fits, a run through it gives the in-memory
 run's energies (and PySCF's E(HF)), and it leaves no file behind, whatever happens."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,7 @@ def test_disk_factor_reads_are_checked_against_the_file(dimer, tmp_path):
         seen = [(p0, p1, b.clone()) for p0, p1, b in disk.blocks()]
         want = [q0 for p0 in range(0, disk.naux, 50) for q0 in range(p0, min(p0 + 50, disk.naux), 20)]
         assert [p0 for p0, _, _ in seen] == want
-        assert seen[-1][1] == disk.naux and all(a[1] == b[0] for a, b in zip(seen, seen[1:]))
+        assert seen[-1][1] == disk.naux and all(a[1] == b[0] for a, b in itertools.pairwise(seen))
         full = torch.cat([b.reshape(b.shape[0], -1) for _, _, b in seen])
         rows = torch.from_numpy(disk.ds[...])
         assert torch.equal(full, jk.integrals.unpack(rows, mol.nao_nr()).reshape(disk.naux, -1))

@@ -4,6 +4,8 @@ screened factor gives the same J and K, within the bound of the unscreened ones,
 counts the kept pairs only, and a run's energies stay within 1e-9 Eh of the unscreened run's and
 of PySCF's DF-RHF, with what was kept in the result."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -50,7 +52,7 @@ def test_kept_pairs_are_the_schwarz_bound_s(far):
     eri = mol.intor("int2e_sph", aosym="s1").reshape(nao * nao, nao * nao)
     diag = np.sqrt(np.abs(np.diag(eri))).reshape(nao, nao)
     loc = mol.ao_loc_nr()
-    q = np.array([[diag[a:b, c:d].max() for c, d in zip(loc, loc[1:])] for a, b in zip(loc, loc[1:])])
+    q = np.array([[diag[a:b, c:d].max() for c, d in itertools.pairwise(loc)] for a, b in itertools.pairwise(loc)])
     shell = np.repeat(np.arange(mol.nbas), np.diff(loc))
     rows, cols = np.tril_indices(nao)
     bound = q[shell[rows], shell[cols]]

@@ -585,7 +585,7 @@ def test_full_disks(tmp_path, size_kb, outputs):
                 with h5py.File(disk / files["--checkpoint"], "r") as f:
                     assert int(f.attrs["complete"]) == 1, (args, err)
                 left -= {files["--checkpoint"]}
-            assert not left or "--qcschema" in outputs and left == {files["--qcschema"]}, (args, left)
+            assert not left or ("--qcschema" in outputs and left == {files["--qcschema"]}), (args, left)
         else:
             assert left == {files[o] for o in outputs if o in files}, (args, left)
             for o in ("--json", "--qcschema"):

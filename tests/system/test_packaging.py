@@ -291,7 +291,7 @@ def installed(tmp_path_factory):
 
 
 def _run(installed, args, cwd):
-    py, bin_dir, _ = installed
+    _py, bin_dir, _ = installed
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

@@ -228,7 +228,7 @@ def test_interaction_at_the_cbs_limit(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert doc["method"]["basis"] == "cc-pv[dt]z" and doc["method"]["cbs"]["corl"]["scheme"] == "corl_xtpl_helgaker_2"
-    full = [r for r in doc["runs"] if r["kind"] == "full"][0]["result"]
+    full = next(r for r in doc["runs"] if r["kind"] == "full")["result"]
     assert full["kind"] == "cbs" and [c["basis"] for c in full["components"]] == ["cc-pvdz", "cc-pvtz"]
     # the full system at both bases, on its own, combined here
     dz, tz = (dfmp2.energy(str(xyz), basis=b) for b in ("cc-pvdz", "cc-pvtz"))

@@ -149,7 +149,7 @@ def test_cli_outputs(water, tmp_path, monkeypatch):
     """The CLI's tables, --json (units, the modes, thermochemistry) and --molden (the sections a
     viewer reads), from the checkpoint (nothing recomputed)."""
     res, ck = water
-    evaluate, calls = _replay(ck)
+    evaluate, _calls = _replay(ck)
     monkeypatch.setattr(F, "evaluate_gradient", lambda g, o, m, w, p=None, log=None: evaluate(g, w))
     out, mold = tmp_path / "f.json", tmp_path / "f.molden"
     r = CliRunner().invoke(

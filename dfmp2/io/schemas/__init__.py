@@ -40,8 +40,10 @@ def validator(name: str):
     try:
         import jsonschema
         from referencing import Registry, Resource
-    except ImportError:
-        raise ImportError("validating dfmp2's JSON documents needs the jsonschema package (pip install jsonschema)")
+    except ImportError as e:
+        raise ImportError(
+            "validating dfmp2's JSON documents needs the jsonschema package (pip install jsonschema)"
+        ) from e
     registry = Registry().with_resources((URN + n, Resource.from_contents(load(n))) for n in (*NAMES, "common"))
     schema = load(name)
     cls = jsonschema.validators.validator_for(schema)
