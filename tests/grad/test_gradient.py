@@ -362,7 +362,7 @@ def test_bench_gradient_script_writes_its_record(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main([str(INPUTS / "water.xyz"), "--basis", "sto-3g", "--no-warmup", "--out", str(tmp_path)]) == 0
-    rec = json.loads((tmp_path / "bench_gradient_water.json").read_text())
+    rec = json.loads((tmp_path / "gradient_water.json").read_text())
     assert set(rec["times"]) == {"energy", "gradient", "gradient_stage"}
     assert rec["ratio_gradient_over_energy"] > 0 and rec["ran"]["device"] == "cpu"
 

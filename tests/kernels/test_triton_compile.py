@@ -89,9 +89,17 @@ def _fused_cases():
         configs = [default] + [c for c in sweep[prec] if c != default]
         for cfg in configs:
             name = "default" if cfg == default else "-".join(f"{k}{v}" for k, v in cfg.items())
+            # the swept configurations (a minute cold on 2 cores) in the heavy channel; .ci/run
+            # runs them under both Tritons, the default configurations stay in every run
+            marks = () if cfg == default else (pytest.mark.heavy,)
             for cc in CAPABILITIES if cfg == default else SWEEP_CAPABILITIES:
                 yield pytest.param(
-                    cc, prec, cfg, (True, False) if cfg == default else (False,), id=f"sm{cc}-{prec}-{name}"
+                    cc,
+                    prec,
+                    cfg,
+                    (True, False) if cfg == default else (False,),
+                    id=f"sm{cc}-{prec}-{name}",
+                    marks=marks,
                 )
 
 
