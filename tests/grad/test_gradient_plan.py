@@ -202,7 +202,7 @@ def test_cli_refuses_below_the_smallest_plan_before_the_scf(no_scf):
 
 @pytest.mark.parametrize("xyz", ["water.xyz", "open_shell/hydroxyl.xyz"], ids=["rhf", "uhf"])
 def test_water_gradient_runs_at_50_mb(tmp_path, xyz):
-    """Issue 43: a fixed 128 MB floor in the estimate refused water at --memory 50MB, though the
+    """A fixed 128 MB floor in the estimate refused water at --memory 50MB, though the
     gradient stage's RSS grows by about 10 MB (water/cc-pVDZ, one thread: 9.6 MB measured from
     /proc/self/statm every 2 ms against a 5.3 MB plan, the rest libcint's derivative buffers and
     modules loaded on first use; (H2O)4: +239 MB against a 339 MB plan). The RHF and UHF stages
