@@ -203,6 +203,7 @@ def run_gradient(  # noqa: PLR0913
     on_plan=None,
     guess=None,
     world=None,
+    agreed: dict | None = None,
 ) -> GradientResult:
     """The energy (``dfmp2.drivers.energy.run_energy``, whose ``progress``, ``log``, ``on_plan``
     and ``guess`` these are) and its nuclear gradient for ``method`` (``gradient_stage``). One
@@ -212,9 +213,12 @@ def run_gradient(  # noqa: PLR0913
     ``options.properties`` asks for come from the gradient's own densities (the ``method``'s
     energy; ``props.stage.record``), not from a second Z-vector. ``world``: the process group
     (default ``distributed.current()``; a one-process World for a task of a task-parallel
-    command)."""
+    command). Over several ranks they agree on ``method`` with their input before the SCF (as
+    'option method': the commands' ``--method``; a double hybrid in ``options.method`` is refused
+    here) and on ``agreed``, a workflow's own parameters ({'option <parameter>': value})."""
     check_gradient_method(options, method)
     job = prepare(geom, options, backend, log, world, check=lambda uhf: check_gradient_reference(options, uhf))
+    job.agreed.update({"option method": method, **(agreed or {})})
     done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, gradient=True)
     say = log or (lambda msg: None)
     say("nuclear gradient: densities, Z-vector, derivative integrals ...")

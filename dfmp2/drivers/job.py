@@ -78,6 +78,9 @@ class Job:
     ks: dict | None = None  # a double hybrid's KS-SCF record (pyscf_scf.run_ks), set by reference_stage
     jk_engine: integrals.IntegralEngine | None = None  # our DF-SCF's JK factor's (integrals.select_jk_engine)
     t_start: float = field(default_factory=time.perf_counter)  # when prepare began (the Result's wall_s)
+    # the caller's own parameters that change a number (a gradient's method), agreed with the input
+    # (``input_content``): {'option <parameter>': value}, the key naming its flag as RunOptions' do
+    agreed: dict = field(default_factory=dict)
 
     @property
     def unrestricted(self) -> bool:

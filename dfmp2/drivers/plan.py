@@ -61,13 +61,14 @@ def density_plan(job: Job, gradient: bool = False) -> GradientPlan | None:
 def input_content(job: Job, scf: ScfPlan | None = None) -> dict:
     """What the ranks must agree on before any integral (``World.agree``: a rank that read other
     inputs must not mix into the result):
-    ``request_content``, then what was resolved from it: the charge and multiplicity, the basis
+    ``request_content`` with the caller's own parameters (``job.agreed``: a gradient's method),
+    then what was resolved from it: the charge and multiplicity, the basis
     sets as PySCF holds them (orbital, ECP, MP2-fit, JK-fit), the working precision and the cpu
     BLAS choice (probed now if need be: a rank with another table sums in another order) and, from
     ``scf``, the measured SGEMM/DGEMM ratio that decides whether an 'auto' SCF runs fp32
     cycles (``_plan_scf``)."""
     mol = job.mol
-    content = request_content(job.geom, job.options)
+    content = {**request_content(job.geom, job.options), **job.agreed}
     content.update(
         {
             "the charge": int(mol.charge),

@@ -285,7 +285,7 @@ def frequencies(  # noqa: PLR0913
             rows = load_checkpoint(checkpoint, fp, len(tasks), width)
         except FrequencyError as e:
             error = e
-    world.agree(error, energy_driver.request_content(geom, options))  # the same molecule and options on every rank
+    world.agree(error, agreed_content(geom, options, method, step, temperature, pressure))
     rows = _share_rows(rows, len(tasks), width, world)
     resumed = len(rows)
     if resumed and not world.rank:
@@ -297,6 +297,21 @@ def frequencies(  # noqa: PLR0913
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
     return analyse(mol, geom, method, rows, step, temperature, pressure, info, first)
+
+
+def agreed_content(geom: Geometry, options: RunOptions, method: str, step: float, temperature, pressure) -> dict:
+    """What the ranks agree on before any evaluation (``World.agree``): the molecule and options
+    (``request_content``) and every parameter of the analysis that changes a number, each as
+    'option <parameter>' (the flag in a refusal): the method differentiated (``--method``; a
+    double hybrid in ``options.method`` is refused before), the step, the temperature and the
+    pressure. A rank with another step would fill the Hessian with its own differences."""
+    return {
+        **energy_driver.request_content(geom, options),
+        "option method": method,
+        "option step": step,
+        "option temperature": temperature,
+        "option pressure": pressure,
+    }
 
 
 def _share_rows(rows: dict, ntask: int, width: int, world) -> dict:

@@ -554,6 +554,23 @@ def check_runs(jobs, options) -> None:
         basis.mp2_auxbasis(mol, options.auxbasis)
 
 
+def agreed_content(geom: Geometry, frags: Fragments, options) -> dict:
+    """What the ranks agree on before any run (``World.agree``): the molecule and options
+    (``dfmp2.drivers.energy.request_content``), the fragments' atoms, and each fragment's charge and
+    multiplicity and the whole system's as resolved (from the options or the XYZ's lines), as
+    'option <parameter>' (the flag in a refusal). A rank with other charges would run other
+    fragments into the sums."""
+    from dfmp2.drivers.energy import request_content
+
+    content = request_content(geom, options)
+    content["the fragments"] = [list(a) for a in frags.atoms]
+    content["option fragment_charges"] = ",".join(map(str, frags.charges))  # shown as given: '0,0'
+    content["option fragment_multiplicities"] = ",".join(map(str, frags.multiplicities))
+    content["option charge"] = frags.total_charge
+    content["option multiplicity"] = frags.total_multiplicity
+    return content
+
+
 def run_interaction(
     geom: Geometry, frags: Fragments, options, log=None, progress=None, world=None
 ) -> InteractionResult:
@@ -566,7 +583,7 @@ def run_interaction(
     several ranks the runs are dealt to the ranks, each a whole one-process run
     (``dfmp2.workflows.tasks``), and every rank gets every run (the same numbers as one process)."""
     from dfmp2 import distributed
-    from dfmp2.drivers.energy import make_backend, request_content
+    from dfmp2.drivers.energy import make_backend
     from dfmp2.workflows import tasks
     from dfmp2.workflows.cbs import run_point, summed_kernels
 
@@ -594,9 +611,7 @@ def run_interaction(
         mine = distributed.rank_options(options, world)  # each rank's runs on its own device
         backend = make_backend(mine, unrestricted=unrestricted)
         group_size = distributed.check_groups(options, world)  # each run over a group of ranks
-    content = request_content(geom, options)  # every rank the same molecule, options and fragments
-    content["the fragments"] = [list(a) for a in frags.atoms]
-    world.agree(None, content)
+    world.agree(None, agreed_content(geom, frags, options))  # every rank the same molecule, options and fragments
     t0 = time.perf_counter()
 
     def one_run(n, single):

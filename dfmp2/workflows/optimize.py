@@ -128,7 +128,9 @@ def optimize(  # noqa: PLR0913
     check_gradient_options(geom, options, method)
     molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)  # as run
     out = OptimizationResult(geom, None)
-    evaluate = _evaluator(geom, options, method, out, max_steps, trajectory, progress, log or (lambda msg: None))
+    agreed = {"option max_steps": max_steps, "option convergence": convergence}  # over ranks: each rank's the same
+    say = log or (lambda msg: None)
+    evaluate = _evaluator(geom, options, method, out, max_steps, trajectory, progress, say, agreed)
     if geom.natm == 1:  # nothing to optimise: the one evaluation, converged
         evaluate(np.asarray(geom.coords_angstrom).ravel() / BOHR)
         out.converged = True
@@ -149,17 +151,21 @@ def optimize(  # noqa: PLR0913
     return out
 
 
-def _evaluator(geom, options, method, out: OptimizationResult, max_steps, trajectory, progress, say):
+def _evaluator(geom, options, method, out: OptimizationResult, max_steps, trajectory, progress, say, agreed):  # noqa: PLR0913 (the run's parameters, passed on)
     """``evaluate(coords_bohr) -> (energy, gradient)``: one gradient run at those coordinates,
     recorded in ``out`` and appended to the trajectory; each SCF after the first starts from the
-    previous step's density. _StepLimit past ``max_steps`` evaluations."""
+    previous step's density. _StepLimit past ``max_steps`` evaluations. ``agreed``: the
+    optimisation's own parameters the ranks agree on with the first step's input
+    (``run_gradient``), before its SCF: ranks with other criteria would stop at other steps."""
     frames, density = [], []
 
     def evaluate(coords_bohr):
         if out.steps >= max_steps:
             raise _StepLimit
         g = dataclasses.replace(geom, coords_angstrom=np.asarray(coords_bohr).reshape(-1, 3) * BOHR)
-        gr = run_gradient(g, options, method=method, progress=progress, guess=density[0] if density else None)
+        gr = run_gradient(
+            g, options, method=method, progress=progress, guess=density[0] if density else None, agreed=agreed
+        )
         density[:] = [gr.energy_run.ref.density()]  # the next step's SCF starts from this density
         out.last, out.geometry = gr, g
         out.energies.append(gr.energy)

@@ -586,8 +586,9 @@ SMALL_ARGS = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 SMALL = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 
 
-def _refused_on_every_rank(tmp_path, res, *fragments):
-    """Every rank exit 2 within 30 s, one error line in all (rank 0's) naming what differs, no JSON."""
+def _refused_on_every_rank(tmp_path, res, *fragments, limit_s=30):
+    """Every rank exit 2 within ``limit_s`` (its imports included), one error line in all (rank 0's)
+    naming what differs, no JSON."""
     assert [rc for rc, _, _ in res] == [2, 2], res
     lines = _error_lines(res)
     assert len(lines) == 1, res
@@ -595,7 +596,7 @@ def _refused_on_every_rank(tmp_path, res, *fragments):
     for f in fragments:
         assert f in lines[0], (f, lines[0])
     assert not any("Traceback" in err for _, err, _ in res), res
-    assert max(t for _, _, t in res) < 30, res
+    assert max(t for _, _, t in res) < limit_s, res
     assert not list(tmp_path.glob("*.json"))
 
 
@@ -621,6 +622,141 @@ def test_an_option_on_one_rank_only_is_refused(tmp_path):
     _refused_on_every_rank(
         tmp_path, res, "they differ in option frozen_core (rank 0: False vs rank 1: True)", "--frozen-core"
     )
+
+
+# A workflow's own parameters that change a number (outside RunOptions): a rank given another one
+# mixed into the result with exit 0 (water's frequencies 1663 -> 2034 cm-1 with another --step, the
+# water dimer's CP dE(MP2) -198.5 kcal/mol with other fragment charges). Each is refused in one line
+# naming its flag, before the SCF (before any evaluation, any run).
+@pytest.mark.heavy
+def test_a_gradient_method_on_one_rank_only_is_refused(tmp_path):
+    """``dfmp2 gradient --method scs-mp2`` on rank 1 only: refused before the SCF (the gradient was
+    3e-4 Eh/bohr off, exit 0)."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, [*args, "--method", "scs-mp2"]], command="gradient")
+    _refused_on_every_rank(tmp_path, res, "they differ in option method (rank 0: 'mp2' vs rank 1: 'scs-mp2')")
+    assert _error_lines(res)[0].endswith("(--method)"), res
+
+
+@pytest.mark.heavy
+def test_a_frequency_step_on_one_rank_only_is_refused(tmp_path):
+    """``dfmp2 frequencies --step 0.01`` on rank 1 only: refused before any evaluation."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, [*args, "--step", "0.01"]], command="frequencies")
+    _refused_on_every_rank(tmp_path, res, "they differ in option step (rank 0: 0.005 vs rank 1: 0.01)", "(--step)")
+
+
+@pytest.mark.heavy
+def test_a_frequency_method_on_one_rank_only_is_refused(tmp_path):
+    """``dfmp2 frequencies --method sos-mp2`` on rank 1 only: refused before any evaluation."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, [*args, "--method", "sos-mp2"]], command="frequencies")
+    _refused_on_every_rank(tmp_path, res, "option method (rank 0: 'mp2' vs rank 1: 'sos-mp2')", "(--method)")
+
+
+DIMER_LINES = DIMER.read_text().splitlines()
+
+
+def _dimer_with_states(first: str, second: str) -> str:
+    """The S22 water dimer with a 'charge multiplicity' line opening each fragment, '--' between them."""
+    head, atoms = DIMER_LINES[:2], DIMER_LINES[2:]
+    return "\n".join([*head, first, *atoms[:3], "--", second, *atoms[3:]]) + "\n"
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("how", ["option", "xyz"])
+def test_fragment_charges_on_one_rank_only_are_refused(tmp_path, how):
+    """``dfmp2 interaction`` with other fragment charges on rank 1 (``--fragment-charges``, or the
+    XYZ's 'charge multiplicity' lines): refused before any run (CP dE(MP2) -198.5 kcal/mol, exit 0)."""
+    out = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q", "--json", str(tmp_path / "out.json")]
+    if how == "option":
+        args = [str(DIMER), "--fragments", "1-3,4-6", *out]
+        other = ["--fragment-charges", "1,-1", "--fragment-multiplicities", "2,2"]
+        argsets = [[*args, "--fragment-charges", "0,0"], [*args, *other]]
+    else:
+        (tmp_path / "a.xyz").write_text(_dimer_with_states("0 1", "0 1"))
+        (tmp_path / "b.xyz").write_text(_dimer_with_states("1 2", "-1 2"))
+        argsets = [[str(tmp_path / "a.xyz"), *out], [str(tmp_path / "b.xyz"), *out]]
+    res = _launch(tmp_path, argsets, command="interaction")
+    says = "they differ in option fragment_charges (rank 0: '0,0' vs rank 1: '1,-1')"
+    _refused_on_every_rank(tmp_path, res, says, "(--fragment-charges)")
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--max-steps", "3"], "option max_steps (rank 0: 100 vs rank 1: 3)"),
+        (["--convergence", "gau_tight"], "option convergence (rank 0: 'default' vs rank 1: 'gau_tight')"),
+    ],
+)
+def test_optimize_criteria_on_one_rank_only_are_refused(tmp_path, extra, says):
+    """``dfmp2 optimize`` with another ``--max-steps`` or ``--convergence`` on rank 1: refused
+    before the first step's SCF (the ranks would stop at other steps)."""
+    (tmp_path / "water.xyz").write_text(DISTORTED)
+    args = [str(tmp_path / "water.xyz"), *SMALL, "-o", str(tmp_path / "w.xyz"), "--json", str(tmp_path / "out.json")]
+    res = _launch(tmp_path, [args, [*args, *extra]], command="optimize")
+    _refused_on_every_rank(tmp_path, res, says, limit_s=45)  # geomeTRIC's import too, on a loaded machine
+    assert not (tmp_path / "w.xyz").exists() and not (tmp_path / "w.traj.xyz").exists()
+
+
+def _differs(a: dict, b: dict):
+    from dfmp2 import distributed
+
+    return distributed.differing([distributed.digests(a), distributed.digests(b)])
+
+
+def test_workflow_parameters_are_agreed_on_with_their_flags(monkeypatch):
+    """The light test of the agreement on a workflow's own parameters (the multi-rank tests above
+    are heavy): what a rank sends (``World.agree``'s content) holds the gradient's method (through
+    ``run_gradient``, before its SCF), optimize's criteria, the frequency step and the fragment
+    charges, each under the RunOptions-style key that names its flag in the refusal."""
+    import dfmp2.drivers.gradient as gradient_driver
+    import dfmp2.workflows.optimize as optimize_wf
+    from dfmp2.drivers.plan import input_content
+    from dfmp2.io.xyz import parse_xyz
+    from dfmp2.options import RunOptions
+    from dfmp2.workflows import frequencies, interaction
+
+    water, options = parse_xyz(WATER), RunOptions(basis="sto-3g", cpu_blas="torch")  # no BLAS probe
+    sent = []
+
+    class Stop(Exception):
+        pass
+
+    def stop(job, **kw):  # the energy run's agreement comes first in it: what it would send
+        sent.append(input_content(job))
+        raise Stop
+
+    monkeypatch.setattr(gradient_driver, "run_energy", stop)
+    for method in ("mp2", "scs-mp2"):
+        with pytest.raises(Stop):
+            gradient_driver.run_gradient(water, options, method=method)
+    line, option = _differs(*sent)
+    assert "they differ in option method (rank 0: 'mp2' vs rank 1: 'scs-mp2')" in line and option == "method", line
+
+    passed = []
+
+    def step(*args, **kw):
+        passed.append(kw["agreed"])
+        raise Stop
+
+    monkeypatch.setattr(optimize_wf, "run_gradient", step)
+    with pytest.raises(Stop):
+        optimize_wf.optimize(parse_xyz(DISTORTED), options, max_steps=7, convergence="gau_tight")
+    assert passed == [{"option max_steps": 7, "option convergence": "gau_tight"}]
+
+    freq = [frequencies.agreed_content(water, options, "mp2", step, 298.15, 101325.0) for step in (0.005, 0.01)]
+    line, option = _differs(*freq)
+    assert "option step (rank 0: 0.005 vs rank 1: 0.01)" in line and option == "step", line
+
+    dimer = parse_xyz(DIMER.read_text())
+    frags = [interaction.resolve_fragments(dimer, "1-3,4-6", q, m) for q, m in (("0,0", None), ("1,-1", "2,2"))]
+    line, option = _differs(*(interaction.agreed_content(dimer, f, options) for f in frags))
+    assert "option fragment_charges (rank 0: '0,0' vs rank 1: '1,-1')" in line and option == "fragment_charges", line
 
 
 def test_digests_name_what_differs_and_where():
