@@ -67,6 +67,7 @@ KEYWORDS = {
 }
 # the RunOptions fields an AtomicInput sets besides its keywords
 FROM_MOLECULE_AND_MODEL = {
+    "method": "model.method",  # RunOptions.method: 'mp2' for mp2, scs-mp2 and sos-mp2, else the double hybrid
     "basis": "model.basis",
     "charge": "molecule.molecular_charge",
     "multiplicity": "molecule.molecular_multiplicity",
@@ -233,9 +234,14 @@ def _settings(inp, where: str) -> dict:
     mult = float(mol.molecular_multiplicity)
     if mult != round(mult):
         raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
-    settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)), "multiplicity": int(round(mult))}
-    if method in DOUBLE_HYBRIDS:  # its gradient driver is refused by the gradient's own check
-        settings["method"] = method
+    settings = {
+        # the input's method always wins over RunOptions' (a --method typed beside it is refused): a
+        # double hybrid (its gradient driver refused by the gradient's own check) or MP2's run
+        "method": method if method in DOUBLE_HYBRIDS else "mp2",
+        "basis": spec.model.basis.strip(),
+        "charge": int(round(charge)),
+        "multiplicity": int(round(mult)),
+    }
     for key, value in spec.keywords.items():
         if key not in KEYWORDS:
             raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
@@ -393,7 +399,7 @@ def properties(result, parts: dict, method: str = "mp2") -> dict:
             "calcinfo_nmo": result.nmo,
             "calcinfo_natom": result.natm,
             "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
-            "return_energy": e["e_total"],
+            "return_energy": result.e_tot,
             "scf_total_energy": e["e_dft"],
             "scf_dispersion_correction_energy": e["e_disp"],
         }
@@ -441,8 +447,8 @@ def qcvars(result, method: str = "mp2", gradient=None) -> dict:
             "DFT FUNCTIONAL TOTAL ENERGY": e["e_dft"],
             "DOUBLE-HYBRID CORRECTION ENERGY": e["e_pt2"],
             "DISPERSION CORRECTION ENERGY": e["e_disp"],
-            "DFT TOTAL ENERGY": e["e_total"],
-            "CURRENT ENERGY": e["e_total"],
+            "DFT TOTAL ENERGY": result.e_tot,
+            "CURRENT ENERGY": result.e_tot,
         }
     out = {
         "HF TOTAL ENERGY": e["e_hf"],
