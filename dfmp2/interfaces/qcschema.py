@@ -8,22 +8,23 @@ dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an inp
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
 AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
-``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
-E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
+``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of E(MP2)
+in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
 basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
 molecular_multiplicity, ghost atoms (``real: false``: their element's orbital and fitting basis
 functions, no nucleus, no electrons); keywords (all optional, the CLI's defaults otherwise)
 ``auxbasis``, ``frozen_core`` (bool), ``ecp`` (auto|none|none-for-testing), ``scf_mode``
 (df|pyscf-df|exact), ``device``, ``precision`` (fp64|fp32), ``memory_mb``, ``properties``
 (["dipole"]: ``scf_dipole_moment`` and ``mp2_dipole_moment``, the relaxed MP2 dipole, in e·a0 about
-the input's origin). The AtomicResult: ``return_energy`` = E(MP2); the standard properties
-(nuclear_repulsion_energy, scf_one_electron_energy, scf_two_electron_energy, scf_total_energy,
-scf_iterations, mp2_same_spin_correlation_energy, mp2_opposite_spin_correlation_energy,
-mp2_singles_energy = 0 (canonical RHF or UHF), mp2_doubles_energy, mp2_correlation_energy,
-mp2_total_energy, calcinfo_* with the alpha and beta electron counts); SCS- and SOS-MP2, which
-QCSchema has no field for, in ``extras["qcvars"]`` under Psi4's names; and the whole ``dfmp2 run
---json`` result (what ran, timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies in
-Hartree.
+the input's origin). model.method is the run's (a CLI ``--method`` beside it is refused). The
+AtomicResult: ``return_energy`` = the method's total (E(MP2), E(SCS-MP2) for scs-mp2, a double
+hybrid's ``Result.e_tot``); the standard properties (nuclear_repulsion_energy,
+scf_one_electron_energy, scf_two_electron_energy, scf_total_energy, scf_iterations,
+mp2_same_spin_correlation_energy, mp2_opposite_spin_correlation_energy, mp2_singles_energy = 0
+(canonical RHF or UHF), mp2_doubles_energy, mp2_correlation_energy, mp2_total_energy, calcinfo_*
+with the alpha and beta electron counts); SCS- and SOS-MP2, which QCSchema has no field for, in
+``extras["qcvars"]`` under Psi4's names; and the whole ``dfmp2 run --json`` result (what ran,
+timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies in Hartree.
 
 Errors on this path are InputError (and its kinds) with the library's message; ``error_line``
 names the QCSchema field an error is about (``keywords.memory_mb``, ``model.basis``) where the
