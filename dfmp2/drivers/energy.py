@@ -399,7 +399,7 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         nfrozen=space.nfrozen,
         nvir=first.nvir_active,
         naux=space.naux,
-        e_hf=ref.e_hf,
+        e_scf=ref.e_hf,
         e_os=mp2.e_os,
         e_ss=mp2.e_ss,
         timings=timer.seconds,

@@ -48,7 +48,7 @@ METHODS = {"mp2": "e_mp2", "scs-mp2": "e_scs_mp2", "sos-mp2": "e_sos_mp2"}  # ->
 
 def _double_hybrid(method) -> str | None:
     """The table's key of a double-hybrid ``method`` (dfmp2.mp2.double_hybrids: its energy is
-    ``e_total``, run as RunOptions.method; forces refused), None for one of METHODS."""
+    ``e_tot``, run as RunOptions.method; forces refused), None for one of METHODS."""
     from dfmp2.mp2 import double_hybrids
 
     if method in METHODS:
@@ -109,7 +109,7 @@ class DFMP2Calculator(Calculator):
         """The method's energy (eV) from the last run; its forces (eV/Å) when the last gradient
         was of this method (another method's gradient is computed when asked for)."""
         method = self.parameters["method"]
-        energy = self.result.energies()[METHODS.get(method, "e_total")] * Hartree
+        energy = self.result.energies()[METHODS.get(method, "e_tot")] * Hartree
         self.results = {"energy": energy, "free_energy": energy}
         gr = self.gradient_result
         if gr is not None and gr.result is self.result and gr.method == method:

@@ -8,22 +8,23 @@ dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an inp
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
 AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
-``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of
-E(MP2) in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
+``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of E(MP2)
+in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
 basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
 molecular_multiplicity, ghost atoms (``real: false``: their element's orbital and fitting basis
 functions, no nucleus, no electrons); keywords (all optional, the CLI's defaults otherwise)
 ``auxbasis``, ``frozen_core`` (bool), ``ecp`` (auto|none|none-for-testing), ``scf_mode``
 (df|pyscf-df|exact), ``device``, ``precision`` (fp64|fp32), ``memory_mb``, ``properties``
 (["dipole"]: ``scf_dipole_moment`` and ``mp2_dipole_moment``, the relaxed MP2 dipole, in e·a0 about
-the input's origin). The AtomicResult: ``return_energy`` = E(MP2); the standard properties
-(nuclear_repulsion_energy, scf_one_electron_energy, scf_two_electron_energy, scf_total_energy,
-scf_iterations, mp2_same_spin_correlation_energy, mp2_opposite_spin_correlation_energy,
-mp2_singles_energy = 0 (canonical RHF or UHF), mp2_doubles_energy, mp2_correlation_energy,
-mp2_total_energy, calcinfo_* with the alpha and beta electron counts); SCS- and SOS-MP2, which
-QCSchema has no field for, in ``extras["qcvars"]`` under Psi4's names; and the whole ``dfmp2 run
---json`` result (what ran, timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies in
-Hartree.
+the input's origin). model.method is the run's (a CLI ``--method`` beside it is refused). The
+AtomicResult: ``return_energy`` = the method's total (E(MP2), E(SCS-MP2) for scs-mp2, a double
+hybrid's ``Result.e_tot``); the standard properties (nuclear_repulsion_energy,
+scf_one_electron_energy, scf_two_electron_energy, scf_total_energy, scf_iterations,
+mp2_same_spin_correlation_energy, mp2_opposite_spin_correlation_energy, mp2_singles_energy = 0
+(canonical RHF or UHF), mp2_doubles_energy, mp2_correlation_energy, mp2_total_energy, calcinfo_*
+with the alpha and beta electron counts); SCS- and SOS-MP2, which QCSchema has no field for, in
+``extras["qcvars"]`` under Psi4's names; and the whole ``dfmp2 run --json`` result (what ran,
+timings, memory plan, ECP, warnings) in ``extras["dfmp2"]``. Energies in Hartree.
 
 Errors on this path are InputError (and its kinds) with the library's message; ``error_line``
 names the QCSchema field an error is about (``keywords.memory_mb``, ``model.basis``) where the
@@ -67,6 +68,7 @@ KEYWORDS = {
 }
 # the RunOptions fields an AtomicInput sets besides its keywords
 FROM_MOLECULE_AND_MODEL = {
+    "method": "model.method",  # RunOptions.method: 'mp2' for mp2, scs-mp2 and sos-mp2, else the double hybrid
     "basis": "model.basis",
     "charge": "molecule.molecular_charge",
     "multiplicity": "molecule.molecular_multiplicity",
@@ -233,9 +235,14 @@ def _settings(inp, where: str) -> dict:
     mult = float(mol.molecular_multiplicity)
     if mult != round(mult):
         raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
-    settings = {"basis": spec.model.basis.strip(), "charge": int(round(charge)), "multiplicity": int(round(mult))}
-    if method in DOUBLE_HYBRIDS:  # its gradient driver is refused by the gradient's own check
-        settings["method"] = method
+    settings = {
+        # the input's method always wins over RunOptions' (a --method typed beside it is refused): a
+        # double hybrid (its gradient driver refused by the gradient's own check) or MP2's run
+        "method": method if method in DOUBLE_HYBRIDS else "mp2",
+        "basis": spec.model.basis.strip(),
+        "charge": int(round(charge)),
+        "multiplicity": int(round(mult)),
+    }
     for key, value in spec.keywords.items():
         if key not in KEYWORDS:
             raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
@@ -393,7 +400,7 @@ def properties(result, parts: dict, method: str = "mp2") -> dict:
             "calcinfo_nmo": result.nmo,
             "calcinfo_natom": result.natm,
             "scf_iterations": (result.ran.get("scf") or {}).get("iterations"),
-            "return_energy": e["e_total"],
+            "return_energy": result.e_tot,
             "scf_total_energy": e["e_dft"],
             "scf_dispersion_correction_energy": e["e_disp"],
         }
@@ -441,8 +448,8 @@ def qcvars(result, method: str = "mp2", gradient=None) -> dict:
             "DFT FUNCTIONAL TOTAL ENERGY": e["e_dft"],
             "DOUBLE-HYBRID CORRECTION ENERGY": e["e_pt2"],
             "DISPERSION CORRECTION ENERGY": e["e_disp"],
-            "DFT TOTAL ENERGY": e["e_total"],
-            "CURRENT ENERGY": e["e_total"],
+            "DFT TOTAL ENERGY": result.e_tot,
+            "CURRENT ENERGY": result.e_tot,
         }
     out = {
         "HF TOTAL ENERGY": e["e_hf"],

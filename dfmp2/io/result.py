@@ -17,8 +17,10 @@ from datetime import datetime, timezone
 # 7 = ``peak_rss_mb`` beside ``timings`` (the process's measured peak resident memory, MB, when each
 # stage ended), also in the gradient's record; 8 = ``memory.allocator`` (how freed heap memory goes
 # back to the OS: glibc's malloc_trim at each stage's end, or the C library's own way) and
-# ``memory.process_mb`` (the process's resident memory when the plan was made, outside the plan)
-SCHEMA_VERSION = "8"
+# ``memory.process_mb`` (the process's resident memory when the plan was made, outside the plan);
+# 9 = ``energies.e_tot`` in every result (the method's total energy: E(MP2), or a double hybrid's
+# E_DFT + E_PT2 + E_disp, the same number as its ``e_total``)
+SCHEMA_VERSION = "9"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -97,9 +99,11 @@ class Result:
     nfrozen: int
     nvir: int
     naux: int
-    e_hf: float  # Hartree
-    e_os: float  # opposite-spin correlation, Hartree
-    e_ss: float  # same-spin correlation, Hartree
+    # Hartree: the SCF's energy, E(HF) of an MP2 run or E_DFT of a double hybrid's KS-SCF (``e_hf`` and
+    # ``e_ks`` read it, each only where it is what its name says)
+    e_scf: float
+    e_os: float  # opposite-spin correlation, Hartree (a double hybrid: its PT2 term's, unscaled)
+    e_ss: float  # same-spin correlation, Hartree (a double hybrid: its PT2 term's, unscaled)
     timings: dict  # seconds per stage
     # flops per stage (the stages of timings) executed through dfmp2.linalg (counted as linalg.flops
     # says; libcint, PySCF and host numpy work not counted: 0 where a stage ran none)
@@ -122,7 +126,7 @@ class Result:
     # {...}}; None: none asked for
     properties: dict | None = None
     # a double hybrid (RunOptions.method; dfmp2.mp2.double_hybrids.record): functional, e_dft, e_pt2,
-    # e_disp, e_total (Hartree), dispersion, ks_scf (grid, fitting set); None: MP2. e_hf is then E(DFT)
+    # e_disp, e_total (Hartree), dispersion, ks_scf (grid, fitting set); None: MP2. Its E_DFT is e_scf
     double_hybrid: dict | None = None
 
     @property
@@ -131,35 +135,93 @@ class Result:
             return self.double_hybrid["ks_scf"]["kind"]
         return "UHF" if self.spin else "RHF"
 
+    # The energies by name (Hartree). ``e_tot`` is every run's total: E(MP2) = E(HF) + E_corr of an MP2
+    # run (PySCF's MP2 ``e_tot``), E_DFT + E_PT2 + E_disp of a double hybrid. The MP2 names (e_hf,
+    # e_corr, e_mp2, e_corr_scs, e_corr_sos) exist only for MP2, the double hybrid's (e_ks, e_pt2,
+    # e_disp) only for a double hybrid: reading one on the other run is an AttributeError naming what
+    # to read instead, never a number of another method (docs/double_hybrids.md).
+    @property
+    def method(self) -> str:
+        """What ran: 'MP2' (DF-MP2 on HF orbitals), or the double hybrid's name ('B2PLYP')."""
+        return self.double_hybrid["functional"]["name"] if self.double_hybrid else "MP2"
+
+    @property
+    def e_tot(self) -> float:
+        """The method's total energy (Hartree): E(MP2) of an MP2 run, E(B2PLYP) of B2PLYP's."""
+        return self.double_hybrid["e_total"] if self.double_hybrid else self.e_scf + (self.e_os + self.e_ss)
+
+    def _mp2_only(self, name: str) -> None:
+        if self.double_hybrid:
+            m = self.method
+            raise AttributeError(
+                f"Result.{name}: {m} is a double hybrid, its result has no HF or MP2 energies (its PT2 term is "
+                f"MP2-like sums on Kohn-Sham orbitals, scaled); read e_tot (E({m})), e_ks (E_DFT of its KS-SCF), "
+                "e_pt2 (the scaled PT2 term), e_disp, or energies()"
+            )
+
+    def _double_hybrid_only(self, name: str) -> None:
+        if not self.double_hybrid:
+            raise AttributeError(
+                f"Result.{name}: this is an MP2 run, not a double hybrid; read e_hf, e_corr, e_mp2 (= e_tot)"
+            )
+
+    @property
+    def e_hf(self) -> float:
+        self._mp2_only("e_hf")
+        return self.e_scf
+
     @property
     def e_corr(self) -> float:
+        self._mp2_only("e_corr")
         return self.e_os + self.e_ss
 
     @property
     def e_mp2(self) -> float:
-        return self.e_hf + self.e_corr
+        self._mp2_only("e_mp2")
+        return self.e_scf + (self.e_os + self.e_ss)
 
     @property
     def e_corr_scs(self) -> float:
+        self._mp2_only("e_corr_scs")
         return SCS_OS * self.e_os + SCS_SS * self.e_ss
 
     @property
     def e_corr_sos(self) -> float:
+        self._mp2_only("e_corr_sos")
         return SOS_OS * self.e_os
 
+    @property
+    def e_ks(self) -> float:
+        """A double hybrid's E_DFT: its KS-SCF's energy (the functional's hybrid part), Hartree."""
+        self._double_hybrid_only("e_ks")
+        return self.e_scf
+
+    @property
+    def e_pt2(self) -> float:
+        """A double hybrid's PT2 term, scaled: c_OS E_OS + c_SS E_SS, Hartree."""
+        self._double_hybrid_only("e_pt2")
+        return self.double_hybrid["e_pt2"]
+
+    @property
+    def e_disp(self) -> float:
+        """A double hybrid's dispersion energy (0 where its definition has none), Hartree."""
+        self._double_hybrid_only("e_disp")
+        return self.double_hybrid["e_disp"]
+
     def energies(self) -> dict:
-        """Hartree. MP2: E(HF), the spin components, MP2, SCS- and SOS-MP2. A double hybrid: its
-        parts only (E(DFT), the unscaled spin components, the scaled PT2 term, E_disp, the total):
-        MP2 energies on Kohn-Sham orbitals mean nothing."""
+        """Hartree. MP2: E(HF), the spin components, MP2, SCS- and SOS-MP2, e_tot (= e_mp2). A double
+        hybrid: its parts only (E(DFT), the unscaled spin components, the scaled PT2 term, E_disp, the
+        total as e_total and e_tot): MP2 energies on Kohn-Sham orbitals mean nothing."""
         if self.double_hybrid:
             dh = self.double_hybrid
             return {
-                "e_dft": self.e_hf,
+                "e_dft": self.e_scf,
                 "e_corr_os": self.e_os,
                 "e_corr_ss": self.e_ss,
                 "e_pt2": dh["e_pt2"],
                 "e_disp": dh["e_disp"],
                 "e_total": dh["e_total"],
+                "e_tot": self.e_tot,
             }
         return {
             "e_hf": self.e_hf,
@@ -171,11 +233,12 @@ class Result:
             "e_scs_mp2": self.e_hf + self.e_corr_scs,
             "e_corr_sos": self.e_corr_sos,
             "e_sos_mp2": self.e_hf + self.e_corr_sos,
+            "e_tot": self.e_tot,
         }
 
     def to_dict(self) -> dict:
         d = {"schema_version": SCHEMA_VERSION, **asdict(self)}
-        for k in ("e_hf", "e_os", "e_ss"):
+        for k in ("e_scf", "e_os", "e_ss"):
             d.pop(k)
         d["energies"] = self.energies()
         d["ran"] = json_ran(d["ran"])

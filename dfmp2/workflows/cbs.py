@@ -250,6 +250,7 @@ def extrapolate(sch: Scheme, components: dict) -> dict:
         "e_scs_mp2": e_hf + e_scs,
         "e_corr_sos": e_sos,
         "e_sos_mp2": e_hf + e_sos,
+        "e_tot": e_hf + e_os + e_ss,  # E(MP2): every result's total (Result.e_tot)
     }
 
 
@@ -277,6 +278,11 @@ class CBSResult:
 
     def energies(self) -> dict:
         return extrapolate(self.scheme, self.by_zeta())
+
+    @property
+    def e_tot(self) -> float:
+        """E(MP2) at the basis-set limit, Hartree (``Result.e_tot``'s name)."""
+        return self.energies()["e_tot"]
 
     @property
     def basis(self) -> str:

@@ -173,6 +173,13 @@ def test_xyz_input_with_qcschema_output(tmp_path):
             "already sets basis (model.basis); give it in the input or as an option, not both (--basis)",
         ),
         (water_input(), ["--frozen-core"], "already sets frozen_core (keywords.frozen_core)"),
+        # B2PLYP ran and the AtomicResult said scs-mp2; b2plyp twice was a KeyError's traceback
+        (
+            water_input(model={"method": "scs-mp2", "basis": "sto-3g"}),
+            ["--method", "b2plyp"],
+            "already sets method (model.method); give it in the input or as an option, not both (--method)",
+        ),
+        (water_input(model={"method": "b2plyp", "basis": "sto-3g"}), ["--method", "b2plyp"], "already sets method"),
         (water_input(model={"method": "mp2", "basis": "no-such-basis"}), [], "basis 'no-such-basis' is not defined"),
         (
             dict(
@@ -194,6 +201,19 @@ def test_errors_are_one_line_and_a_failed_operation(tmp_path, no_scf, doc, args,
     assert f.error.error_type == "input_error"
     if not isinstance(doc, str):
         assert f.input_data == doc  # the input as given
+
+
+def test_the_inputs_method_wins_over_the_options_given_in_python():
+    """run_qcschema(inp, options): options carry what QCSchema does not; an options.method of
+    b2plyp beside model.method scs-mp2 ran B2PLYP under the scs-mp2 label. The input's method is
+    the run's: MP2 (RunOptions.method 'mp2', SCS from its parts) or its double hybrid."""
+    from dfmp2.interfaces import qcschema
+    from dfmp2.options import RunOptions
+
+    for method, runs in (("scs-mp2", "mp2"), ("sos-mp2", "mp2"), ("mp2", "mp2"), ("b2plyp", "b2plyp")):
+        doc = water_input(model={"method": method, "basis": "sto-3g"})
+        options = qcschema.parse_input(doc, "in.json", RunOptions(method="dsd-blyp"))[3]
+        assert options.method == runs, method
 
 
 @pytest.mark.parametrize("make", [water_input, hydroxyl_input], ids=["rhf", "uhf"])

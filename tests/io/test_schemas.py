@@ -112,11 +112,11 @@ def test_schemas_follow_the_typed_records():
     assert props("storage") == {f.name for f in dataclasses.fields(StorageRecord)}
     assert props("memory") == {f.name for f in dataclasses.fields(MemoryPlan)}
     assert props("stability") == {f.name for f in dataclasses.fields(StabilityRecord)}
-    moved = {"e_hf", "e_os", "e_ss", "nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux"}  # to energies, shapes
+    moved = {"e_scf", "e_os", "e_ss", "nbasis", "nmo", "nocc", "nfrozen", "nvir", "naux"}  # to energies, shapes
     fields = {f.name for f in dataclasses.fields(Result)} - moved
     assert props("result_body") == fields | {"schema_version", "energies", "units", "shapes"}
     assert set(defs["result_body"]["required"]) == props("result_body")
-    assert props("shapes") == moved - {"e_hf", "e_os", "e_ss"}
+    assert props("shapes") == moved - {"e_scf", "e_os", "e_ss"}
 
 
 def test_checked_names_the_failing_path(documents):

@@ -93,6 +93,111 @@ def test_dispersion_comes_from_the_package_by_name(water_runs, key):
     assert rec["dispersion"]["package"].startswith("pyscf-dispersion")
 
 
+def _floats_under_names(doc, words=("hf", "mp2"), path=()):
+    """The (path, value) of every float in the JSON-like ``doc`` with one of ``words`` in a key on its
+    path ('dfmp2', the program's name, aside)."""
+    if isinstance(doc, dict):
+        return [hit for k, v in doc.items() for hit in _floats_under_names(v, words, (*path, str(k)))]
+    if isinstance(doc, (list, tuple)):
+        return [hit for v in doc for hit in _floats_under_names(v, words, path)]
+    named = any(w in k.lower().replace("dfmp2", "") for k in path for w in words)  # not the program's name
+    return [("/".join(path), doc)] if named and isinstance(doc, float) else []
+
+
+def test_a_double_hybrids_result_has_its_total_and_no_mp2_or_hf_number(water_runs):
+    """Result.e_mp2 of B2PLYP was E_KS + the unscaled PT2 (0.177 Eh off E(B2PLYP)) and e_hf was E_KS.
+    Now e_tot is the total (PySCF's name); e_ks, e_pt2 and e_disp name the parts; every attribute and
+    JSON key with 'hf' or 'mp2' in its name carries no number of the double hybrid (an attribute
+    raises AttributeError naming e_tot and e_ks). The total against PySCF done by hand: DF-RKS with
+    B2PLYP's hybrid part typed from the paper, DF-MP2 on its orbitals scaled by 0.27: 1e-9 Eh."""
+    from pyscf import dft, gto
+
+    r = water_runs["b2plyp"].result
+    rec = r.double_hybrid
+    assert r.e_tot == rec["e_total"] == r.energies()["e_tot"] and r.method == "B2PLYP"
+    assert (r.e_ks, r.e_pt2, r.e_disp) == (rec["e_dft"], rec["e_pt2"], rec["e_disp"])
+    names = {n for n in dir(r) if not n.startswith("_") and ("hf" in n.lower() or "mp2" in n.lower())}
+    assert {"e_hf", "e_mp2"} <= names
+    for name in sorted(names | {"e_corr", "e_corr_scs", "e_corr_sos"}):
+        try:
+            value = getattr(r, name)
+        except AttributeError as e:
+            assert "e_tot" in str(e) and "e_ks" in str(e) and "B2PLYP is a double hybrid" in str(e), name
+            continue
+        assert not isinstance(value, float), f"Result.{name} = {value} of a double hybrid"
+    assert _floats_under_names(r.to_dict()) == []
+    # PySCF by hand (the fixture's geometry, basis, grid level and fitting sets)
+    mol = gto.M(atom=list(zip(H2O.symbols, H2O.coords_angstrom.tolist())), basis="cc-pvdz", verbose=0)
+    mf = dft.RKS(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+    mf.xc, mf.grids.level, mf.conv_tol = "0.53*HF + 0.47*B88, 0.73*LYP", GRID, 1e-12
+    mf.kernel()
+    e_os, e_ss = _pyscf_pt2(mf, "cc-pvdz-ri")
+    assert mf.converged and abs(r.e_tot - (mf.e_tot + 0.27 * (e_os + e_ss))) < 1e-9
+
+
+def test_an_mp2_result_has_e_tot_and_no_double_hybrid_names():
+    """e_tot of an MP2 run is E(MP2) (the same float as e_mp2, PySCF's MP2 e_tot); e_ks, e_pt2 and
+    e_disp are a double hybrid's and raise, naming what to read."""
+    r = run_energy(prepare(H2O, RunOptions(basis="sto-3g"))).result
+    assert r.e_tot == r.e_mp2 == r.e_hf + r.e_corr == r.energies()["e_tot"] and r.method == "MP2"
+    for name in ("e_ks", "e_pt2", "e_disp"):
+        with pytest.raises(AttributeError, match="an MP2 run, not a double hybrid; read e_hf"):
+            getattr(r, name)
+
+
+# a water dimer (S22's, Å): the first monomer real, the second its counterpoise ghosts
+DIMER = [
+    ("O", [-1.551007, -0.114520, 0.000000]),
+    ("H", [-1.934259, 0.762503, 0.000000]),
+    ("H", [-0.599677, 0.040712, 0.000000]),
+    ("O", [1.350625, 0.111469, 0.000000]),
+    ("H", [1.680398, -0.373741, -0.758561]),
+    ("H", [1.680398, -0.373741, 0.758561]),
+]
+
+
+def _monomer_in_dimer_basis(charge=0):
+    return Geometry(
+        symbols=tuple(a for a, _ in DIMER),
+        coords_angstrom=np.array([c for _, c in DIMER]),
+        ghost=(False,) * 3 + (True,) * 3,
+        charge=charge,
+        multiplicity=charge % 2 + 1,
+        source="test",
+    )
+
+
+def _monomer_alone_dispersion(d, charge=0):
+    """pyscf-dispersion on the monomer alone (its three atoms, no ghosts), outside our code."""
+    from pyscf import gto
+    from pyscf.dispersion import dftd3, dftd4
+
+    mol = gto.M(atom=DIMER[:3], basis="sto-3g", charge=charge, spin=charge % 2, verbose=0)
+    if d.version == "d4":
+        return dftd4.DFTD4Dispersion(mol, d.parameters, atm=True).get_dispersion()["energy"]
+    return dftd3.DFTD3Dispersion(mol, d.parameters, version=d.version, atm=d.atm).get_dispersion()["energy"]
+
+
+@pytest.mark.parametrize("key, charge", [("revdsd-pbep86-d4", 0), ("revdsd-pbep86-d4", 1), ("dsd-pbep86", 0)])
+def test_ghost_atoms_have_no_dispersion(key, charge):
+    """A counterpoise monomer (ghost partner atoms) took D4 with the ghosts as element-0 atoms of
+    dftd4's charge model: -1.5e-8 Eh where the monomer's own E_disp is -2.07e-4. Now the run's Mole
+    (ghosts in it) gives the real atoms' E_disp: pyscf-dispersion on the monomer alone, 1e-10 Eh."""
+    job = prepare(_monomer_in_dimer_basis(charge), RunOptions(basis="sto-3g", method=key))
+    assert job.mol.natm == 6 and job.mol.atom_symbol(3) == "GHOST-O"
+    dh = double_hybrids.FUNCTIONALS[key]
+    e_disp, rec = double_hybrids.dispersion_energy(job.mol, dh)
+    assert abs(e_disp - _monomer_alone_dispersion(dh.dispersion, charge)) < 1e-10 and rec["energy"] == e_disp
+
+
+@pytest.mark.heavy
+def test_counterpoise_monomer_run_of_revdsd_pbep86_d4_has_the_monomers_dispersion():
+    """The whole run (KS-SCF and PT2 in the dimer's basis): its E_disp is the monomer's own."""
+    done = run_energy(prepare(_monomer_in_dimer_basis(), RunOptions(basis="sto-3g", method="revdsd-pbep86-d4")))
+    d = double_hybrids.FUNCTIONALS["revdsd-pbep86-d4"].dispersion
+    assert abs(done.result.e_disp - _monomer_alone_dispersion(d)) < 1e-10
+
+
 def test_open_shell_uks_pt2_matches_pyscf_dfump2():
     """NH2 (doublet) through UKS: B2PLYP's PT2 of our stage against PySCF's DFUMP2 on the same UKS
     orbitals, frozen core on both sides (PySCF's frozen=1): 1e-10 Eh."""
@@ -155,15 +260,23 @@ def test_cli_run_prints_the_parts_and_writes_the_record(tmp_path):
     assert r.exit_code == 0, r.output
     assert "double hybrid B2PLYP" in r.output and "E_PT2 = 0.27 OS + 0.27 SS" in r.output and "E(B2PLYP)" in r.output
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "8" and set(d["energies"]) == {
+    assert d["schema_version"] == "9" and set(d["energies"]) == {
         "e_dft",
         "e_corr_os",
         "e_corr_ss",
         "e_pt2",
         "e_disp",
         "e_total",
+        "e_tot",
     }
     assert d["double_hybrid"]["ks_scf"]["grid"]["level"] == 1 and d["double_hybrid"]["functional"]["name"] == "B2PLYP"
+    # the API's e_tot is the CLI's E(B2PLYP) (printed, and its JSON's), not E_KS + unscaled PT2
+    import dfmp2
+
+    total = d["energies"]["e_total"]
+    assert f"{total:.10f}" in r.output and d["energies"]["e_tot"] == total
+    api = dfmp2.energy(WATER, method="b2plyp", basis="sto-3g", dft_grid=1)
+    assert abs(api.e_tot - total) <= 1e-12
 
 
 def test_cli_unknown_functional_is_one_line():
@@ -234,7 +347,13 @@ def test_qcschema_and_ase_take_a_double_hybrid():
     }
     d = json.loads(qcschema.to_json(qcschema.run_qcschema(inp)))
     dh = d["extras"]["dfmp2"]["double_hybrid"]
-    assert d["return_result"] == d["properties"]["return_energy"] == dh["e_total"]
+    assert (
+        d["return_result"]
+        == d["properties"]["return_energy"]
+        == dh["e_total"]
+        == d["extras"]["dfmp2"]["energies"]["e_tot"]
+    )
+    assert _floats_under_names(d) == []  # no HF or MP2 field holds a number of the double hybrid
     assert d["extras"]["qcvars"]["DOUBLE-HYBRID CORRECTION ENERGY"] == dh["e_pt2"]
     with pytest.raises(InputError, match="analytic gradients of double hybrids"):
         qcschema.run_qcschema({**inp, "driver": "gradient"})
