@@ -61,9 +61,11 @@ def thermo_table(res) -> Table:
     t.add_row(
         "S(T) (per K)", f"{s:.6e}", f"{s * HARTREE_KCAL * 1e3:.3f} cal/(mol K)", f"{s * HARTREE_KJ * 1e3:.3f} J/(mol K)"
     )
+    sym = res.symmetry
+    how = "given" if sym.get("source") == "given" else f"PySCF's detect_symm at {sym.get('tolerance_bohr', 0):g} bohr"
     t.caption = (
-        f"point group {res.point_group}, rotational symmetry number {th['sym_number'][0]:g} (PySCF's "
-        "detection); PySCF's hessian.thermo; imaginary modes left out of the vibrational sums"
+        f"point group {res.point_group}, rotational symmetry number {th['sym_number'][0]:g} ({how}; "
+        "--symmetry-number to set it); PySCF's hessian.thermo; imaginary modes left out of the vibrational sums"
     )
     return t
 
@@ -89,10 +91,17 @@ def thermo_table(res) -> Table:
     show_default=True,
     help="IR intensities from the relaxed MP2 dipole at every displacement (the gradient's own relaxed density)",
 )
+@click.option(
+    "--symmetry-number",
+    type=click.IntRange(min=1),
+    default=None,
+    help="the rotational symmetry number σ of the thermochemistry [default: that of the point group PySCF's "
+    "detect_symm finds at 0.01 bohr, loose enough for an optimised geometry]",
+)
 @click.option("-q", "--quiet", is_flag=True, help="print only the tables")
 @user_errors
 def frequencies_command(  # noqa: PLR0913
-    xyz_file, method, step, temperature, pressure, ck_path, json_path, molden_path, ir, quiet, **params
+    xyz_file, method, step, temperature, pressure, ck_path, json_path, molden_path, ir, symmetry_number, quiet, **params
 ):
     """Harmonic frequencies, normal modes, IR intensities and thermochemistry of the molecule in
     INPUT (XYZ, Ångström) at its geometry (optimise it first: dfmp2 optimize), from central
@@ -126,6 +135,7 @@ def frequencies_command(  # noqa: PLR0913
                     pressure=pressure,
                     checkpoint=ck_path,
                     ir=ir,
+                    symmetry_number=symmetry_number,
                     log=log,
                     progress=progress,
                 )

@@ -70,11 +70,13 @@ def frequencies(molecule, method: str = "mp2", **options):
     ``method``'s DF-MP2 energy at the molecule's geometry (an XYZ file path or a PySCF ``gto.Mole``,
     as ``energy``), as ``dfmp2 frequencies`` computes them: central differences of analytic
     gradients (dfmp2.workflows.frequencies). ``options``: RunOptions' fields, and the workflow's
-    ``step`` (bohr), ``temperature`` (K), ``pressure`` (Pa), ``checkpoint`` (path), ``ir`` (bool).
+    ``step`` (bohr), ``temperature`` (K), ``pressure`` (Pa), ``checkpoint`` (path), ``ir`` (bool),
+    ``symmetry_number`` (σ of the thermochemistry; default: the detected point group's).
     Returns ``FrequencyResult`` (``.frequencies``, ``.ir``, ``.thermo``, ``.to_dict()``)."""
     from dfmp2.workflows import frequencies as freq
 
-    extra = {k: options.pop(k) for k in ("step", "temperature", "pressure", "checkpoint", "ir") if k in options}
+    own = ("step", "temperature", "pressure", "checkpoint", "ir", "symmetry_number")
+    extra = {k: options.pop(k) for k in own if k in options}
     geom, opts = _point_input(molecule, options, "frequencies")
     return freq.frequencies(geom, opts, method, **extra)
 

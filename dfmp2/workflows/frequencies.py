@@ -7,8 +7,10 @@ gradient: the stationary-point check, E0 of the thermochemistry). The step h is 
 bohr, ORCA's NumFreq default) unless given. Harmonic analysis and thermochemistry are PySCF's
 (``pyscf.hessian.thermo``): ``harmonic_analysis`` projects the translations and rotations out of the
 mass-weighted Hessian (as Psi4 and ORCA do; isotope-averaged masses), and ``thermo`` is the ideal-gas,
-rigid-rotor, harmonic-oscillator model, its rotational symmetry number from PySCF's point-group
-detection (stated in the result). IR intensities: dμ/dx by the same central differences of the
+rigid-rotor, harmonic-oscillator model, its rotational symmetry number σ from the point group that
+PySCF's ``detect_symm`` finds at a geometric tolerance of SYMMETRY_TOL_BOHR (``symmetry``: PySCF's own
+1e-5 bohr calls an optimised water Cs and ammonia C1), or the caller's ``symmetry_number``; both in
+the result. IR intensities: dμ/dx by the same central differences of the
 relaxed MP2 dipole (``properties=('dipole',)``: the gradient's own relaxed density), projected on
 each normal mode; |dμ/dQ|² in e²/amu times IR_KM_MOL (974.88 km/mol).
 
@@ -47,6 +49,11 @@ IR_KM_MOL = 974.8801  # |dμ/dQ|² of 1 e²/amu in km/mol: 42.2561 (D/Å)²/amu 
 STATIONARY_GMAX = 3e-4  # Eh/bohr: above this the geometry is not stationary (geomeTRIC's GAU gmax)
 CHECKPOINT_KIND = "dfmp2-frequencies-checkpoint/1"
 SCHEMA = "dfmp2-frequencies/1"
+# PySCF's detect_symm tolerance (its symm.geom.TOLERANCE, bohr) for the point group of the symmetry number:
+# an optimised geometry is symmetric only to its convergence (geomeTRIC's GAU: steps below 1.8e-3 Å), and
+# PySCF's 1e-5 then finds water Cs (σ 1, not 2) and ammonia C1 (σ 1, not 3): G(T) 0.41 and 0.65 kcal/mol
+# low. 1e-2 bohr (0.005 Å) finds C2v and C3v after such optimisations (ammonia needs 1e-3 or more).
+SYMMETRY_TOL_BOHR = 1e-2
 # options that do not change a number (where files go, how much memory, which BLAS is faster)
 _NOT_NUMBERS = ("memory_mb", "storage", "scratch_dir", "checkpoint", "resume", "occ_block_max", "j3c_block_mb")
 
@@ -81,6 +88,7 @@ class FrequencyResult:
     tasks: dict
     warnings: list = field(default_factory=list)
     first: object = None  # the reference geometry's GradientResult, where this process computed it
+    symmetry: dict = field(default_factory=dict)  # ``symmetry``: point group, σ, tolerance, source
 
     @property
     def imaginary(self) -> int:
@@ -110,6 +118,7 @@ class FrequencyResult:
             "dipole": None if self.dipole is None else self.dipole.tolist(),
             "thermo": th,
             "point_group": self.point_group,
+            "symmetry": dict(self.symmetry),
             "zero_modes": {k: v.tolist() for k, v in self.zero_modes.items()},
             "finite_differences": {"scheme": "central, Cartesian", "step_bohr": self.step, **self.tasks},
             "analysis": "pyscf.hessian.thermo: harmonic_analysis (translations and rotations projected), "
@@ -254,10 +263,13 @@ def frequencies(  # noqa: PLR0913
     progress=None,
     evaluate=None,
     ir: bool = True,
+    symmetry_number: int | None = None,
 ) -> FrequencyResult:
     """The harmonic analysis of ``method``'s DF-MP2 energy at ``geom`` (module docstring);
     ``ir``: the relaxed dipole at every evaluation too (``properties`` 'dipole', from the
     gradient's own relaxed density: no second Z-vector), for the IR intensities.
+    ``symmetry_number``: σ of the rotational partition function (None: the point group's, found at
+    SYMMETRY_TOL_BOHR).
     ``evaluate(geometry, world) -> (row, GradientResult or None)``: one evaluation (default
     ``evaluate_gradient``; a test's stand-in). Over the ranks of ``distributed.current()``."""
     from dfmp2.drivers.gradient import check_gradient_options
@@ -266,6 +278,11 @@ def frequencies(  # noqa: PLR0913
         raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
     if not (temperature > 0 and pressure > 0):
         raise FrequencyError("the temperature (K) and the pressure (Pa) must be positive", option="temperature")
+    if symmetry_number is not None and not (
+        isinstance(symmetry_number, int) and not isinstance(symmetry_number, bool) and symmetry_number >= 1
+    ):
+        what = f"the rotational symmetry number must be a positive integer, got {symmetry_number!r}"
+        raise FrequencyError(what, option="symmetry_number")
     check_molecule(geom)
     check_gradient_options(geom, options, method)
     if ir and "dipole" not in options.properties:
@@ -296,7 +313,7 @@ def frequencies(  # noqa: PLR0913
         info["ranks_per_evaluation"] = group_size
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
-    return analyse(mol, geom, method, rows, step, temperature, pressure, info, first)
+    return analyse(mol, geom, method, rows, step, temperature, pressure, info, first, symmetry_number)
 
 
 def agreed_content(geom: Geometry, options: RunOptions, method: str, step: float, temperature, pressure) -> dict:
@@ -374,12 +391,13 @@ def _label(geom: Geometry, coord: int, sign: int, step: float) -> str:
     )
 
 
-def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, tasks, first=None) -> FrequencyResult:  # noqa: PLR0913
+def analyse(  # noqa: PLR0913
+    mol, geom, method, rows: np.ndarray, step, temperature, pressure, tasks, first=None, symmetry_number=None
+) -> FrequencyResult:
     """The Hessian, PySCF's harmonic analysis and thermochemistry, the IR intensities, from the
     evaluations' rows (``tasks_of``'s order); ``mol``: the molecule's PySCF Mole (its atoms,
-    masses, multiplicity)."""
-    from pyscf.hessian import thermo
-
+    masses, multiplicity); ``symmetry_number``: σ of the rotational partition function (None: the
+    detected point group's, ``symmetry``)."""
     natm, n = geom.natm, 3 * geom.natm
     E0, g0, mu0 = rows[0, 0], rows[0, 1 : 1 + n], rows[0, 1 + n :]
     plus, minus = rows[1::2], rows[2::2]  # (3N, width) each, coordinate i's +h and -h
@@ -394,7 +412,8 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
         # dμ/dQ per mode (e/amu^1/2): Q mass-weighted, x = M^-1/2 L Q, and norm_mode is M^-1/2 L
         dq = np.einsum("mi,ic->mc", modes.reshape(len(freq), n), dmu)
         ir = IR_KM_MOL * (dq**2).sum(1)
-    th = thermo.thermo(SimpleNamespace(mol=mol, e_tot=E0), np.asarray(res["freq_au"]), temperature, pressure)
+    sym = symmetry(mol, symmetry_number)
+    th = thermochemistry(mol, E0, np.asarray(res["freq_au"]), temperature, pressure, sym["symmetry_number"])
     warnings = []
     gmax = float(np.abs(g0).max())
     if gmax > STATIONARY_GMAX:
@@ -412,8 +431,8 @@ def analyse(mol, geom, method, rows: np.ndarray, step, temperature, pressure, ta
     mdyn = np.asarray(res["force_const_dyne"])  # PySCF's: μ k_au Eh/bohr² x 1e-2 (J/m² per 100) = mdyn/Å
     return FrequencyResult(
         geom, method, float(E0), g0.reshape(natm, 3), H, freq, modes, np.asarray(res["reduced_mass"]), mdyn,
-        ir, mu0 if np.isfinite(mu0).all() else None, th, _point_group(mol), zero_modes(mol, H), step, tasks,
-        warnings, first,
+        ir, mu0 if np.isfinite(mu0).all() else None, th, sym["point_group"], zero_modes(mol, H), step, tasks,
+        warnings, first, sym,
     )  # fmt: skip
 
 
@@ -451,10 +470,54 @@ def zero_modes(mol, H: np.ndarray) -> dict:
     return out
 
 
-def _point_group(mol) -> str:
-    from pyscf import symm
+def point_group(mol, tol: float = SYMMETRY_TOL_BOHR) -> str:
+    """The point group (Schoenflies) PySCF's ``detect_symm`` finds for ``mol``'s atoms at the
+    geometric tolerance ``tol`` (bohr; PySCF's ``symm.geom.TOLERANCE``, set for the call)."""
+    from pyscf.symm import geom as symm_geom
 
-    return str(symm.detect_symm(mol._atom)[0])
+    saved = symm_geom.TOLERANCE
+    symm_geom.TOLERANCE = tol
+    try:
+        return str(symm_geom.detect_symm(mol._atom)[0])
+    finally:
+        symm_geom.TOLERANCE = saved
+
+
+def rotational_symmetry_number(group: str) -> int:
+    """σ of a point group: the number of proper rotations in it (the orientations that only
+    interchange identical atoms; CCCBDB's table, as PySCF's ``thermo``): C1, Ci, Cs, C∞v 1; Cn,
+    Cnv, Cnh n; Dn, Dnd, Dnh 2n; D∞h 2; Sn n/2; T, Td 12; Oh 24; Ih 60."""
+    fixed = {"SO3": 1, "C1": 1, "Ci": 1, "Cs": 1, "Coov": 1, "Dooh": 2, "T": 12, "Td": 12, "Th": 12, "O": 24}
+    fixed.update({"Oh": 24, "I": 60, "Ih": 60})
+    if group in fixed:
+        return fixed[group]
+    n = int("".join(c for c in group if c.isdigit()) or 0)
+    if n and group[0] in "CDS":
+        return {"C": n, "D": 2 * n, "S": max(1, n // 2)}[group[0]]
+    raise ValueError(f"no rotational symmetry number for point group {group!r}")
+
+
+def symmetry(mol, symmetry_number: int | None = None, tol: float = SYMMETRY_TOL_BOHR) -> dict:
+    """The thermochemistry's symmetry: the point group at ``tol`` (``point_group``), σ (the
+    caller's ``symmetry_number``, else the group's), and where σ came from."""
+    group = point_group(mol, tol)
+    given = symmetry_number is not None
+    sigma = int(symmetry_number) if given else rotational_symmetry_number(group)
+    source = "given" if given else f"point group from PySCF's detect_symm at {tol:g} bohr"
+    return {"point_group": group, "symmetry_number": sigma, "tolerance_bohr": tol, "source": source}
+
+
+def thermochemistry(mol, e0: float, freq_au: np.ndarray, temperature: float, pressure: float, sigma: int) -> dict:
+    """PySCF's ``thermo.thermo`` with the rotational symmetry number ``sigma`` (PySCF detects its
+    own at its 1e-5 bohr tolerance: its ``rotational_symmetry_number`` answers ``sigma`` for the call)."""
+    from pyscf.hessian import thermo
+
+    saved = thermo.rotational_symmetry_number
+    thermo.rotational_symmetry_number = lambda _mol: sigma
+    try:
+        return thermo.thermo(SimpleNamespace(mol=mol, e_tot=e0), freq_au, temperature, pressure)
+    finally:
+        thermo.rotational_symmetry_number = saved
 
 
 def molden_text(res: FrequencyResult) -> str:
