@@ -159,11 +159,13 @@ class Result:
                 "e_pt2 (the scaled PT2 term), e_disp, or energies()"
             )
 
-    def _double_hybrid_only(self, name: str) -> None:
+    def _double_hybrid_only(self, name: str) -> dict:
+        """The double hybrid's record; AttributeError on an MP2 run (its names are e_hf, e_corr, e_mp2)."""
         if not self.double_hybrid:
             raise AttributeError(
                 f"Result.{name}: this is an MP2 run, not a double hybrid; read e_hf, e_corr, e_mp2 (= e_tot)"
             )
+        return self.double_hybrid
 
     @property
     def e_hf(self) -> float:
@@ -199,14 +201,14 @@ class Result:
     @property
     def e_pt2(self) -> float:
         """A double hybrid's PT2 term, scaled: c_OS E_OS + c_SS E_SS, Hartree."""
-        self._double_hybrid_only("e_pt2")
-        return self.double_hybrid["e_pt2"]
+        dh = self._double_hybrid_only("e_pt2")
+        return dh["e_pt2"]
 
     @property
     def e_disp(self) -> float:
         """A double hybrid's dispersion energy (0 where its definition has none), Hartree."""
-        self._double_hybrid_only("e_disp")
-        return self.double_hybrid["e_disp"]
+        dh = self._double_hybrid_only("e_disp")
+        return dh["e_disp"]
 
     def energies(self) -> dict:
         """Hartree. MP2: E(HF), the spin components, MP2, SCS- and SOS-MP2, e_tot (= e_mp2). A double
