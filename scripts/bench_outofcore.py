@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "inputs"))
 from dfmp2 import linalg
 from dfmp2.benchmarks.timing import cpu_model
 from dfmp2.df import basis, outofcore
-from dfmp2.drivers.energy import _largest_shell
+from dfmp2.drivers.plan import largest_shell
 from dfmp2.io import molecule
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
@@ -239,7 +239,7 @@ def main(argv=None):
         itemsize=dtype.itemsize,
         limit_mb=None,
         storage="disk",
-        aux_shell_max=_largest_shell(auxmol),
+        aux_shell_max=largest_shell(auxmol),
         occ_block=args.occ_block,
     )
     blocks = outofcore.OccBlocks(nocc, nvir, naux, plan.occ_block)

@@ -258,7 +258,7 @@ def stage_plan(  # noqa: PLR0913
         device=options.device,
         fit_itemsize=torch.finfo(backend.fit_dtype(precision)).bits // 8,
         storage=options.storage,
-        aux_shell_max=_largest_shell(auxmol),
+        aux_shell_max=largest_shell(auxmol),
         occ_block=occ_block,
         occ_block_max=options.occ_block_max,
         j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
@@ -333,7 +333,7 @@ def _scf_memory(
     return {**need, "naux_jk": naux_jk}
 
 
-def _largest_shell(auxmol) -> int:
+def largest_shell(auxmol) -> int:
     loc = auxmol.ao_loc_nr()
     return int(max(loc[1:] - loc[:-1])) if auxmol.nbas else 1
 
