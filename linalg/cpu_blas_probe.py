@@ -82,13 +82,12 @@ def entry(op: str, dtype: torch.dtype, cls: str) -> str:
 
 
 # ---- the load on the machine -----------------------------------------------------------------
-def cpu_mark() -> dict | None:
-    """A reading for ``other_cores`` and ``contention``: the busy time of all CPUs (/proc/stat:
-    user, nice, system, irq, softirq), their steal time, this process's own CPU time (os.times),
-    each of its threads' run-queue wait (``_task_waits``), in seconds, with the wall clock; None
-    where /proc/stat does not exist. The /proc/stat rule is dfmp2.benchmarks.timing's OtherCPU
-    (which linalg cannot import): the load average cannot tell the probe's own threads from other
-    processes'."""
+def cpu_times() -> dict | None:
+    """The busy time of all CPUs (/proc/stat: user, nice, system, irq, softirq), their steal time
+    and this process's own CPU time (os.times: every thread, waited-for children), in seconds, with
+    the wall clock; None where /proc/stat does not exist. The load average cannot tell a process's
+    own threads from other processes'; the difference of two readings can
+    (dfmp2.benchmarks.timing.OtherCPU reads the same)."""
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:9]]
@@ -102,8 +101,16 @@ def cpu_mark() -> dict | None:
         "busy": (user + nice + system + irq + softirq) / hz,
         "steal": steal / hz,
         "own": t.user + t.system + t.children_user + t.children_system,
-        "waits": _task_waits(),
     }
+
+
+def cpu_mark() -> dict | None:
+    """A reading for ``other_cores`` and ``contention``: ``cpu_times`` and each of this process's
+    threads' run-queue wait (``_task_waits``); None where /proc/stat does not exist."""
+    mark = cpu_times()
+    if mark is not None:
+        mark["waits"] = _task_waits()
+    return mark
 
 
 def _task_waits() -> dict | None:

@@ -103,23 +103,11 @@ class OtherCPU:
     a shared VM also loses, is reported separately.
     """
 
-    HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    @staticmethod
+    def mark() -> dict | None:
+        from dfmp2.linalg.cpu_blas_probe import cpu_times  # the one /proc/stat reading
 
-    @classmethod
-    def mark(cls) -> dict | None:
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
-        t = os.times()
-        return {
-            "wall": time.perf_counter(),
-            "busy": (user + nice + system + irq + softirq) / cls.HZ,
-            "steal": steal / cls.HZ,
-            "own": t.user + t.system + t.children_user + t.children_system,
-        }
+        return cpu_times()
 
     @staticmethod
     def cores(a: dict | None, b: dict | None) -> dict | None:
