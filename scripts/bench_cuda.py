@@ -515,8 +515,8 @@ def main(argv=None):  # noqa: C901
 def run_pipeline(xyz: str, device: str, say, failed) -> dict:
     """The whole pipeline on CUDA (CudaBackend, auto pair path) and on the CPU: stage timings and
     ΔE_corr. A device whose run fails gets an error entry (``failed`` records it)."""
-    from dfmp2.drivers.energy import RunOptions
     from dfmp2.interfaces.api import run
+    from dfmp2.options import RunOptions
 
     out = {"molecule": xyz}
     for dev in (device, "cpu"):

@@ -49,10 +49,10 @@ import torch
 from dfmp2 import linalg
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model, time_mp2_stage
 from dfmp2.df import basis, integrals
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.io import molecule
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
 from dfmp2.provenance import ScfRecord
 from dfmp2.reference import from_pyscf, restricted
 from dfmp2.scf import pyscf_scf

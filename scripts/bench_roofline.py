@@ -41,11 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks import fair_baseline as fb
 from dfmp2.benchmarks import roofline
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model, now
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
-from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS, SCF_PRECISIONS
+from dfmp2.options import CPU_BLAS_CHOICES, PRECISIONS, SCF_PRECISIONS, RunOptions
 
 
 def _display_path(p) -> str:

@@ -32,12 +32,12 @@ from dfmp2 import linalg
 from dfmp2.benchmarks import fair_baseline as fb
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
 from dfmp2.linalg.torch_ops import syrk_work_fraction
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, pyscf_scf
 from dfmp2.scf import jk as scf_jk
 from dfmp2.scf.settings import SCFSettings

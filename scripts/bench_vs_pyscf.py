@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks import fair_baseline as fb
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model, time_mp2_stage
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.io import molecule
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
 from dfmp2.scf import pyscf_scf
 
 

@@ -353,10 +353,10 @@ def step_nccl_torchrun(spec):
 
 def step_ours(spec):
     from dfmp2 import linalg
-    from dfmp2.drivers.energy import RunOptions
     from dfmp2.interfaces.api import run
     from dfmp2.io import molecule
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.options import RunOptions
     from dfmp2.scf import driver
 
     dev, xyz = spec["device"], spec["xyz"][mol_key(spec["step"])]

@@ -163,8 +163,8 @@ def pyscf_interaction(path: Path, fragments, states=None, total=(0, 0)) -> dict:
 
 # ---- the table ------------------------------------------------------------------------------
 def run_dimer(n: int, path: Path) -> dict:
-    from dfmp2.drivers.energy import RunOptions
     from dfmp2.io.xyz import read_xyz
+    from dfmp2.options import RunOptions
     from dfmp2.workflows.interaction import HARTREE_TO_KCAL, resolve_fragments, run_interaction
 
     frags = fragments_of(path)

@@ -268,7 +268,7 @@ def stage_runs(mol, auxmol, ref, devices, precisions, *, repeats: int, single, l
     of ``devices`` and precision: ``repeats`` runs after an untimed warm-up, or one run without
     warm-up where ``single(precision)``. One run dict each (status 'ran' or 'not run')."""
     from dfmp2.benchmarks.timing import time_mp2_stage
-    from dfmp2.drivers.energy import RunOptions
+    from dfmp2.options import RunOptions
 
     runs = []
     for dev_name, make_backend in devices:

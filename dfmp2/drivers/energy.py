@@ -33,7 +33,7 @@ from dfmp2.drivers.plan import (
 )
 from dfmp2.io import molecule
 from dfmp2.io.result import Result, geometry_record, software_versions
-from dfmp2.io.xyz import Geometry, read_xyz
+from dfmp2.io.xyz import Geometry
 from dfmp2.linalg.base import Backend
 from dfmp2.memory import MemoryPlan
 from dfmp2.mp2 import double_hybrids
@@ -52,14 +52,12 @@ __all__ = [  # the one way in (prepare -> run_energy) and the names its callers 
     "Job",
     "MP2Run",
     "OrbitalSpace",
-    "RunOptions",
     "RunPlan",
     "ScfPlan",
     "make_backend",
     "mp2_after_scf",
     "mp2_energies",
     "prepare",
-    "read_xyz",
     "request_content",
     "run_energy",
     "select_integrals",

@@ -383,7 +383,7 @@ class DFMP2(pyscf_mp2.MP2Base):
 
     def _options(self, ref):
         """RunOptions of the attributes (max_memory -> memory_mb, force_outcore -> storage)."""
-        from dfmp2.drivers.energy import RunOptions
+        from dfmp2.options import RunOptions
 
         options = RunOptions(
             device=self.device,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dfmp2.benchmarks import roofline
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
+from dfmp2.options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 WATER = ROOT / "inputs/water.xyz"

@@ -24,9 +24,9 @@ from dfmp2.benchmarks.timing import time_mp2_stage
 from dfmp2.cli.main import main
 from dfmp2.df import basis, integrals
 from dfmp2.drivers import energy as energy_driver
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.io import molecule
-from dfmp2.options import INTEGRAL_ENGINES
+from dfmp2.io.xyz import read_xyz
+from dfmp2.options import INTEGRAL_ENGINES, RunOptions
 from dfmp2.scf import driver, pyscf_scf
 from dfmp2.scf import jk as scf_jk
 from dfmp2.timing import Timer
@@ -181,7 +181,7 @@ def test_energy_through_thread_equals_same_thread(tmp_path):
                 for p0, p1, packed in integrals.iter_j3c_packed(self.mol, auxmol, shell_blocks)
             )
 
-    geom = energy_driver.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
+    geom = read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_rhf(mol, "df")
@@ -450,7 +450,7 @@ def test_gpu4pyscf_glue_blocks_match_libcint(water, monkeypatch):
 
 def test_gpu4pyscf_glue_energy_matches_host(monkeypatch):
     fake_gpu4pyscf(monkeypatch, shuffle_seed=3)
-    geom = energy_driver.read_xyz(INPUTS / "water.xyz")
+    geom = read_xyz(INPUTS / "water.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     ref = pyscf_scf.run_rhf(mol, "df")
@@ -576,7 +576,7 @@ def test_cuda_host_engine_pinned_blocks_bit_identical(water):
 @pytest.mark.cuda
 def test_cuda_gpu4pyscf_engine_against_libcint_and_host():
     pytest.importorskip("gpu4pyscf", reason="cuda channel: gpu4pyscf is not installed (pip install -e '.[cuda13]')")
-    geom = energy_driver.read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
+    geom = read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz")
     mol = molecule.build_molecule(geom, "cc-pvdz")
     auxmol = basis.make_auxmol(mol, basis.mp2_auxbasis(mol))
     be = linalg.get_backend("cuda")

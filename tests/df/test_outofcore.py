@@ -16,10 +16,10 @@ from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import outofcore
 from dfmp2.df.outofcore import HDF5B, InMemoryB, OccBlocks
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
 from dfmp2.interfaces.api import run
 from dfmp2.linalg.reference import mp2_pair_energy_reference
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import integrals
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io import checkpoint
 from dfmp2.io.checkpoint import CheckpointError
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, pyscf_scf, rhf
 
 ROOT = Path(__file__).resolve().parents[2]

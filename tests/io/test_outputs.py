@@ -22,6 +22,7 @@ from dfmp2.cli.main import main
 from dfmp2.errors import InputError, SCFNotConvergedError
 from dfmp2.interfaces import api
 from dfmp2.io import outputs
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, pyscf_scf
 from dfmp2.workflows import compare as compare_mod
 from dfmp2.workflows import regress
@@ -339,7 +340,7 @@ def test_checkpoint_after_scf_kept_unless_a_refusal(tmp_path, monkeypatch, exc, 
 
     monkeypatch.setattr(energy_driver, "mp2_stage", fail)
     with pytest.raises(type(exc)):
-        api.run(WATER, energy_driver.RunOptions(checkpoint=str(ck)))
+        api.run(WATER, RunOptions(checkpoint=str(ck)))
     assert ck.exists() == kept
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io.result import SCHEMA_VERSION
+from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
 WATER = INPUTS / "water.xyz"

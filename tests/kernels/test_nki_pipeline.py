@@ -4,9 +4,9 @@ against the fp64 CPU run: the fp32 Trainium path must stay within 1 µEh."""
 
 import pytest
 
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.kernels.nki import engines
+from dfmp2.options import RunOptions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

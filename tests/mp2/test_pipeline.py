@@ -11,11 +11,11 @@ from pyscf import df
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from dfmp2.df import basis as df_basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.result import SCS_OS, SCS_SS, SOS_OS
 from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
 from dfmp2.scf import pyscf_scf
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"

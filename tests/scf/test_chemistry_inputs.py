@@ -19,11 +19,11 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from dfmp2.cli.main import main
 from dfmp2.df import basis as df_basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
+from dfmp2.options import RunOptions
 from dfmp2.scf import pyscf_scf as bridge
 
 WATER = "O 0.0 0.0 0.119\nH 0.0 0.757 -0.477\nH 0.0 -0.757 -0.477"

@@ -9,12 +9,12 @@ from channels import heavy_cases
 
 from dfmp2 import linalg
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import MemoryLimitError, SCFNotConvergedError
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
 from dfmp2.memory import human
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, jk, pyscf_scf, rhf
 from dfmp2.scf import precision as scf_precision
 from dfmp2.scf.settings import SCFSettings

@@ -14,11 +14,11 @@ from pyscf.mp.dfump2 import DFUMP2
 
 from dfmp2 import linalg
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import SCFNotConvergedError
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, jk, rhf
 from dfmp2.scf import pyscf_scf as bridge
 from dfmp2.scf import uhf as scf_uhf

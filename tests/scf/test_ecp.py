@@ -13,11 +13,11 @@ from click.testing import CliRunner
 
 from dfmp2.cli.main import main
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
+from dfmp2.options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 REFS = json.loads((ROOT / "inputs" / "references_ecp.json").read_text())["references"]

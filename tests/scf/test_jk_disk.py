@@ -14,12 +14,12 @@ from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis, fitting
 from dfmp2.df.outofcore import Scratch
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError, MemoryLimitError
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import read_xyz
 from dfmp2.memory import human
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, jk, pyscf_scf
 from dfmp2.timing import Timer
 

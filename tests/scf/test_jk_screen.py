@@ -15,10 +15,10 @@ from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
 from dfmp2.df.outofcore import Scratch
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.xyz import Geometry
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, jk, pyscf_scf
 from dfmp2.timing import Timer
 

@@ -13,10 +13,10 @@ from pyscf.scf import stability as pyscf_stability
 from dfmp2 import linalg
 from dfmp2.cli.main import main
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz
+from dfmp2.options import RunOptions
 from dfmp2.scf import driver, stability
 from dfmp2.scf.settings import SCFSettings
 

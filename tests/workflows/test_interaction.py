@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from dfmp2.cli.main import main
 from dfmp2.df import basis
-from dfmp2.drivers.energy import RunOptions
 from dfmp2.errors import InputError
 from dfmp2.interfaces.api import run
 from dfmp2.io import molecule
 from dfmp2.io.xyz import parse_xyz, read_xyz
+from dfmp2.options import RunOptions
 from dfmp2.workflows import interaction
 
 ROOT = Path(__file__).resolve().parents[2]
