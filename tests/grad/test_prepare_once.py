@@ -20,6 +20,7 @@ from dfmp2.df import basis as df_basis
 from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.drivers import job as job_mod
 from dfmp2.io import molecule as io_molecule
+from dfmp2.io.xyz import read_xyz
 from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -99,8 +100,7 @@ def test_a_gradient_run_prepares_once_and_builds_the_jk_set_once(counts, scf_mod
 
 def test_a_uhf_gradient_run_prepares_once(counts):
     gr = gradient_driver.run_gradient(
-        dfmp2.drivers.energy.read_xyz(INPUTS / "water.xyz"),
-        dfmp2.drivers.energy.RunOptions(basis="sto-3g", charge=1, multiplicity=2),
+        read_xyz(INPUTS / "water.xyz"), RunOptions(basis="sto-3g", charge=1, multiplicity=2)
     )
     assert gr.energy_run.job.unrestricted and gr.parts.ran["reference"] == "uhf"
     assert (counts["prepare"], counts["jk"], counts["stage"]) == (1, 1, 1), counts
@@ -128,9 +128,7 @@ def test_the_pyscf_dropin_gradient_goes_through_the_one_stage(counts):
 def test_the_job_carries_the_process_group_and_the_reference_leaves_it_alone(counts):
     from dfmp2 import distributed
 
-    job = dfmp2.drivers.energy.prepare(
-        dfmp2.drivers.energy.read_xyz(INPUTS / "water.xyz"), dfmp2.drivers.energy.RunOptions(basis="sto-3g")
-    )
+    job = dfmp2.drivers.energy.prepare(read_xyz(INPUTS / "water.xyz"), RunOptions(basis="sto-3g"))
     assert isinstance(job.world, distributed.World) and not job.world.distributed
     before = list(job.warnings)
     done = dfmp2.drivers.energy.run_energy(job)
