@@ -36,7 +36,13 @@ def frequency_table(res) -> Table:
         f"E({res.method.upper()}) = {res.energy:.10f} Eh at the input geometry, max |g| "
         f"{abs(res.gradient).max():.2e} Eh/bohr; Hessian by central differences of analytic gradients, "
         f"step {res.step:g} bohr, {fd['evaluations']} evaluations ({fd['resumed']} from the checkpoint) "
-        f"over {fd['ranks']} rank(s); translations and rotations projected out (PySCF's harmonic_analysis)"
+        f"over {fd['ranks']} rank(s); "
+        + (
+            "a linear molecule: 3 translations and 2 rotations projected out, 3N − 5 modes"
+            if res.linear
+            else "translations and rotations projected out"
+        )
+        + " (PySCF's harmonic_analysis)"
         + ("" if res.ir is not None else "; no IR intensities (--no-ir)")
     )
     return t

@@ -7,12 +7,20 @@ gradient: the stationary-point check, E0 of the thermochemistry). The step h is 
 bohr, ORCA's NumFreq default) unless given. Harmonic analysis and thermochemistry are PySCF's
 (``pyscf.hessian.thermo``): ``harmonic_analysis`` projects the translations and rotations out of the
 mass-weighted Hessian (as Psi4 and ORCA do; isotope-averaged masses), and ``thermo`` is the ideal-gas,
-rigid-rotor, harmonic-oscillator model, its rotational symmetry number σ from the point group that
-PySCF's ``detect_symm`` finds at a geometric tolerance of SYMMETRY_TOL_BOHR (``symmetry``: PySCF's own
-1e-5 bohr calls an optimised water Cs and ammonia C1), or the caller's ``symmetry_number``; both in
-the result. IR intensities: dμ/dx by the same central differences of the
-relaxed MP2 dipole (``properties=('dipole',)``: the gradient's own relaxed density), projected on
-each normal mode; |dμ/dQ|² in e²/amu times IR_KM_MOL (974.88 km/mol).
+rigid-rotor, harmonic-oscillator model (the linear rotor's q_rot, S, RT and R for a linear
+molecule), its rotational symmetry number σ from the point group that PySCF's ``detect_symm`` finds
+at a geometric tolerance of SYMMETRY_TOL_BOHR (``symmetry``: PySCF's own 1e-5 bohr calls an
+optimised water Cs and ammonia C1), or the caller's ``symmetry_number``; both in the result. IR
+intensities: dμ/dx by the same central differences of the relaxed MP2 dipole
+(``properties=('dipole',)``: the gradient's own relaxed density), projected on each normal mode;
+|dμ/dQ|² in e²/amu times IR_KM_MOL (974.88 km/mol).
+
+Linear molecules (``linear_geometry``): every atom within LINEAR_TOL_BOHR of the axis of the
+smallest principal moment of inertia. Their analysis (the projection, σ's point group, the rotational
+constants) is that of the geometry with the atoms put on that axis (``analysis_molecule``): PySCF's
+own test (a smallest moment below 1e-9 amu·bohr²) would call a molecule 1e-4 bohr off the line a
+nonlinear one and project a bend out as its third rotation; projected out are 5 rigid-body modes,
+3N - 5 vibrations are left, and the thermochemistry is the linear rotor's (PySCF's ``thermo``).
 
 Over several ranks (torchrun) the evaluations are dealt round by round: in round r, rank k runs
 task r·size + k alone (a one-process run: the same bits as one process at the same threads per
@@ -54,6 +62,10 @@ SCHEMA = "dfmp2-frequencies/1"
 # PySCF's 1e-5 then finds water Cs (σ 1, not 2) and ammonia C1 (σ 1, not 3): G(T) 0.41 and 0.65 kcal/mol
 # low. 1e-2 bohr (0.005 Å) finds C2v and C3v after such optimisations (ammonia needs 1e-3 or more).
 SYMMETRY_TOL_BOHR = 1e-2
+# A molecule is linear (3N - 5 modes, a linear rotor) when every atom lies within this distance (bohr) of the
+# axis of its smallest principal moment of inertia: the symmetry tolerance, as an optimised CO2 or HCN is
+# linear only to its convergence (0.01 bohr off the line: a bend of about 0.3° over a 1 Å bond).
+LINEAR_TOL_BOHR = SYMMETRY_TOL_BOHR
 # options that do not change a number (where files go, how much memory, which BLAS is faster)
 _NOT_NUMBERS = ("memory_mb", "storage", "scratch_dir", "checkpoint", "resume", "occ_block_max", "j3c_block_mb")
 
@@ -89,6 +101,7 @@ class FrequencyResult:
     warnings: list = field(default_factory=list)
     first: object = None  # the reference geometry's GradientResult, where this process computed it
     symmetry: dict = field(default_factory=dict)  # ``symmetry``: point group, σ, tolerance, source
+    linear: bool = False  # a linear molecule: 3N - 5 modes, 5 rigid-body modes projected, a linear rotor
 
     @property
     def imaginary(self) -> int:
@@ -109,6 +122,8 @@ class FrequencyResult:
             "gradient": self.gradient.tolist(),
             "max_abs_gradient": float(np.abs(self.gradient).max()),
             "hessian": self.hessian.tolist(),
+            "linear": self.linear,
+            "vibrational_modes": len(self.frequencies),
             "frequencies": self.frequencies.tolist(),
             "imaginary_modes": self.imaginary,
             "normal_modes": self.modes.tolist(),
@@ -121,8 +136,9 @@ class FrequencyResult:
             "symmetry": dict(self.symmetry),
             "zero_modes": {k: v.tolist() for k, v in self.zero_modes.items()},
             "finite_differences": {"scheme": "central, Cartesian", "step_bohr": self.step, **self.tasks},
-            "analysis": "pyscf.hessian.thermo: harmonic_analysis (translations and rotations projected), "
-            "thermo (ideal gas, rigid rotor, harmonic oscillator; isotope-averaged masses)",
+            "analysis": "pyscf.hessian.thermo: harmonic_analysis (translations and rotations projected: 5 "
+            "rigid-body modes for a linear molecule, 6 otherwise), thermo (ideal gas, rigid rotor, harmonic "
+            "oscillator; isotope-averaged masses)",
             "warnings": list(self.warnings),
             "versions": software_versions(),
             "units": {
@@ -130,7 +146,8 @@ class FrequencyResult:
                 "gradient": "hartree/bohr",
                 "hessian": "hartree/bohr^2",
                 "frequencies": "cm^-1 (imaginary as negative)",
-                "zero_modes": "cm^-1: the six nearest zero (translations, rotations), projected and unprojected",
+                "zero_modes": "cm^-1: the six (five for a linear molecule) nearest zero (translations, rotations), "
+                "projected and unprojected",
                 "normal_modes": "Cartesian displacement per atom (mass-weighted unit vector times M^-1/2)",
                 "reduced_masses": "amu",
                 "force_constants": "mdyn/angstrom",
@@ -156,27 +173,40 @@ def displaced(geom: Geometry, coord: int, sign: int, step: float) -> Geometry:
 
 
 def check_molecule(geom: Geometry) -> None:
-    """FrequencyError (one line) for a molecule without vibrations to analyse here: a single atom
-    or a linear molecule (its 3N - 5 modes: not yet)."""
-    from pyscf.hessian import thermo
-
+    """FrequencyError (one line) for a molecule without vibrations to analyse here: a single atom,
+    ghost atoms, coincident atoms."""
     if geom.natm < 2:
         raise FrequencyError("a single atom has no vibrational modes", option="input")
     io_molecule.check_geometry(geom)  # coincident atoms, as run refuses them
     if any(geom.ghost):
         raise FrequencyError("ghost atoms have no mass to vibrate: remove them for dfmp2 frequencies", option="input")
-    mass = np.array([_mass(s) for s in geom.symbols])
-    x = np.asarray(geom.coords_angstrom, dtype=np.float64) / BOHR
-    if thermo._get_rotor_type(thermo.rotation_const(mass, x)) == "LINEAR":
-        raise FrequencyError(
-            "linear molecules (3N - 5 modes) are not supported by dfmp2 frequencies yet", option="input"
-        )
 
 
-def _mass(symbol: str) -> float:
-    from pyscf.data import elements
+def linear_geometry(mass: np.ndarray, x: np.ndarray, tol: float = LINEAR_TOL_BOHR) -> np.ndarray | None:
+    """The atoms put on their line (bohr, (natm, 3)) when the molecule of ``mass`` (amu) at ``x``
+    (bohr) is linear: every atom within ``tol`` bohr of the axis through the centre of mass along
+    the principal axis of the smallest moment of inertia; None otherwise."""
+    com = mass @ x / mass.sum()
+    r = x - com
+    inertia = np.eye(3) * np.einsum("a,ai,ai->", mass, r, r) - np.einsum("a,ai,aj->ij", mass, r, r)
+    axis = np.linalg.eigh(inertia)[1][:, 0]  # the smallest moment's axis
+    along = r @ axis
+    off = r - np.outer(along, axis)
+    if np.linalg.norm(off, axis=1).max() >= tol:
+        return None
+    return com + np.outer(along, axis)
 
-    return float(elements.MASSES[elements.charge(symbol)])
+
+def analysis_molecule(mol):
+    """(``mol`` for the harmonic analysis, linear): a linear ``mol``'s copy with its atoms put on
+    their line (``linear_geometry``), so that PySCF's analysis treats it as the linear rotor
+    (5 rigid-body modes, its rotational terms); a nonlinear ``mol`` as it is."""
+    on_line = linear_geometry(mol.atom_mass_list(isotope_avg=True), mol.atom_coords())
+    if on_line is None:
+        return mol, False
+    lin = mol.copy()
+    lin.set_geom_(on_line, unit="Bohr", symmetry=False)
+    return lin, True
 
 
 def fingerprint(geom: Geometry, options: RunOptions, method: str, step: float) -> dict:
@@ -397,8 +427,10 @@ def analyse(  # noqa: PLR0913
     """The Hessian, PySCF's harmonic analysis and thermochemistry, the IR intensities, from the
     evaluations' rows (``tasks_of``'s order); ``mol``: the molecule's PySCF Mole (its atoms,
     masses, multiplicity); ``symmetry_number``: σ of the rotational partition function (None: the
-    detected point group's, ``symmetry``)."""
+    detected point group's, ``symmetry``). A linear molecule's analysis is that of its atoms put
+    on their line (``analysis_molecule``): 3N - 5 modes, the linear rotor's thermochemistry."""
     natm, n = geom.natm, 3 * geom.natm
+    mol, linear = analysis_molecule(mol)
     E0, g0, mu0 = rows[0, 0], rows[0, 1 : 1 + n], rows[0, 1 + n :]
     plus, minus = rows[1::2], rows[2::2]  # (3N, width) each, coordinate i's +h and -h
     H = (plus[:, 1 : 1 + n] - minus[:, 1 : 1 + n]) / (2 * step)
@@ -431,8 +463,8 @@ def analyse(  # noqa: PLR0913
     mdyn = np.asarray(res["force_const_dyne"])  # PySCF's: μ k_au Eh/bohr² x 1e-2 (J/m² per 100) = mdyn/Å
     return FrequencyResult(
         geom, method, float(E0), g0.reshape(natm, 3), H, freq, modes, np.asarray(res["reduced_mass"]), mdyn,
-        ir, mu0 if np.isfinite(mu0).all() else None, th, sym["point_group"], zero_modes(mol, H), step, tasks,
-        warnings, first, sym,
+        ir, mu0 if np.isfinite(mu0).all() else None, th, sym["point_group"], zero_modes(mol, H, linear), step, tasks,
+        warnings, first, sym, linear,
     )  # fmt: skip
 
 
@@ -447,26 +479,28 @@ def harmonic(mol, H: np.ndarray, project: bool = True) -> dict:
     return thermo.harmonic_analysis(mol, H4, exclude_trans=project, exclude_rot=project, imaginary_freq=False)
 
 
-def zero_modes(mol, H: np.ndarray) -> dict:
-    """The six frequencies (cm⁻¹, imaginary as negative) nearest zero: 'projected', of the
-    mass-weighted Hessian with the translations and rotations projected out (P H P, PySCF's
-    projector: the six it removes, zero to rounding), and 'unprojected', of the Hessian as computed
-    (the translations near zero when the gradient is translation-invariant; the rotations also
-    reflect the residual gradient of a not quite stationary geometry)."""
+def zero_modes(mol, H: np.ndarray, linear: bool = False) -> dict:
+    """The six (``linear``: five) frequencies (cm⁻¹, imaginary as negative) nearest zero:
+    'projected', of the mass-weighted Hessian with the translations and rotations projected out
+    (P H P, PySCF's projector: the six it removes, or the three translations and the two rotations
+    of a linear ``mol``, whose atoms are on a line; zero to rounding), and 'unprojected', of the
+    Hessian as computed (the translations near zero when the gradient is translation-invariant;
+    the rotations also reflect the residual gradient of a not quite stationary geometry)."""
     from pyscf.data import nist
     from pyscf.hessian import thermo
 
     mass = mol.atom_mass_list(isotope_avg=True)
     w = np.repeat(mass**-0.5, 3)
     Hm = H * w[:, None] * w[None, :]
-    q, _ = np.linalg.qr(np.vstack(thermo._get_TR(mass, mol.atom_coords())).T)
+    nzero = 5 if linear else 6  # a linear molecule's rotation about its axis moves no atom
+    q, _ = np.linalg.qr(np.vstack(thermo._get_TR(mass, mol.atom_coords())[:nzero]).T)
     P = np.eye(len(w)) - q @ q.T
     au2cm = (nist.HARTREE2J / (nist.ATOMIC_MASS * nist.BOHR_SI**2)) ** 0.5 / (2 * np.pi) / nist.LIGHT_SPEED_SI * 1e-2
     out = {}
     for name, M in (("projected", P @ Hm @ P), ("unprojected", Hm)):
         e = np.linalg.eigvalsh(0.5 * (M + M.T))
         f = np.sign(e) * np.sqrt(np.abs(e)) * au2cm
-        out[name] = f[np.argsort(np.abs(f))[:6]]
+        out[name] = f[np.argsort(np.abs(f))[:nzero]]
     return out
 
 
