@@ -85,6 +85,17 @@ def test_a_linear_molecule_has_3n_minus_5_modes(case, group, sigma):
         assert res.frequencies[0] == pytest.approx(res.frequencies[1], abs=1e-6)
 
 
+LINEAR_INPUTS = {"acetylene", "carbon_monoxide", "dinitrogen", "hydrogen_chloride", "hydrogen_cyanide"}
+LINEAR_INPUTS |= {"hydrogen_fluoride"}
+
+
+@pytest.mark.parametrize("path", sorted(INPUTS.glob("*.xyz")), ids=lambda p: p.stem)
+def test_the_shipped_molecules_linear_or_not(path):
+    """The shipped linear molecules (diatomics, HCN, acetylene) are linear; none of the others."""
+    mol = F.io_molecule.build_molecule(read_xyz(path), "sto-3g")
+    assert F.analysis_molecule(mol)[1] == (path.stem in LINEAR_INPUTS)
+
+
 def test_a_geometry_linear_to_convergence_keeps_both_bends():
     """CO2 with its carbon 0.002 bohr off the line (an optimiser's convergence): PySCF's own test of
     linearity (a moment below 1e-9 amu·bohr²) calls it nonlinear, and its projection of a third
