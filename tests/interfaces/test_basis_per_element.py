@@ -178,3 +178,15 @@ def test_ase_calculator_takes_a_per_element_basis():
     atoms.get_potential_energy()
     assert atoms.calc.result.basis == "H:sto-3g,O:cc-pvdz"
     assert atoms.calc.result.auxbasis == "cc-pvdz-ri (O) + def2-svp-ri (H)"
+
+
+def test_each_element_gets_its_own_basis_ecp():
+    import numpy as np
+
+    from dfmp2.io.xyz import Geometry
+
+    hi = Geometry(symbols=("H", "I"), coords_angstrom=np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.61]]))
+    mol = molecule.build_molecule(hi, RunOptions(basis="I:def2-svp,H:cc-pvdz").basis)
+    assert mol.ecp == {"I": "def2-svp"} and mol.atom_nelec_core(1) == 28
+    with pytest.raises(InputError, match="made for an effective core potential on I"):
+        molecule.build_molecule(hi, {"I": "def2-svp", "H": "cc-pvdz"}, ecp="none")
