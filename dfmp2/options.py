@@ -62,7 +62,7 @@ DIST_SCF_MODES = ("split", "replicated")
 
 # (field, allowed types, what the error says): bool only where listed (it is an int to Python)
 _FIELD_TYPES = (
-    ("basis", (str,), "a basis set name"),
+    ("basis", (str, dict, list, tuple), "a basis set name, 'El:name,El:name', or a {element: name or shells} dict"),
     ("auxbasis", (str, dict, type(None)), "a basis set name, a {element: name} dict or None"),
     ("charge", (Integral, type(None)), "an integer or None"),
     ("multiplicity", (Integral, type(None)), "an integer (2S+1) or None"),
@@ -101,7 +101,9 @@ _FIELD_TYPES = (
 class RunOptions:
     """What the user asked for. ``precision=None``: fp64 on cpu/cuda, fp32 on trn (no fp64 there)."""
 
-    basis: str = "cc-pvdz"
+    # a name, or per element (basis_spec: 'O:cc-pvdz,H:sto-3g' or {element: name or PySCF shells},
+    # 'default' for the elements not named): kept canonical (a name, or a dict sorted by key)
+    basis: str | dict = "cc-pvdz"
     auxbasis: str | None = None  # None: the MP2-fit set matched to ``basis``
     charge: int | None = None  # None: from the XYZ comment line, else 0
     multiplicity: int | None = None
@@ -148,6 +150,7 @@ class RunOptions:
             )
             if not ok:
                 raise InputError(f"option {name} must be {what}, got {value!r}", option=name)
+        self.basis = basis_spec(self.basis)
         for name in ("basis", "auxbasis"):  # PySCF reads a multi-line string as basis-set text
             value = getattr(self, name)
             if isinstance(value, str) and (not value.strip() or not value.isprintable()):
@@ -229,6 +232,128 @@ class RunOptions:
             )
         if self.simulate and not caps.simulable:
             raise InputError(f"simulation applies only to trn1/trn2, not to device '{self.device}'", option="simulate")
+
+
+BASIS_DEFAULT_KEY = "default"  # PySCF's key of a per-element basis dict for the elements it does not name
+GIVEN_SHELLS = "(given shells)"  # basis_text's word for a basis given as PySCF shells
+MAX_L = 6  # the highest angular momentum of a shell given by hand (i functions)
+
+
+def basis_spec(value):
+    """The orbital basis in its canonical form: a name (stripped), or a dict {key: name or PySCF
+    shells (nested lists, as ``gto.basis.parse`` gives)} sorted by key, 'default' first. Keys are
+    element symbols (capitalised: 'o' -> 'O'), atom labels or 'default' (PySCF's meaning). Taken:
+    one name; the per-element text 'O:cc-pvdz,H:sto-3g' (commas inside parentheses belong to a
+    name: 'H:6-31g(d,p)'); a dict; PySCF shells alone (every element). {'default': name} is that
+    name. InputError (option basis) for an empty key or name, a repeated key, a basis bracket in a
+    per-element basis (a CBS bracket takes one name) or shells that are not lists."""
+    if isinstance(value, str):
+        if ":" not in value:
+            return value.strip()
+        value = _per_element_text(value)
+    elif isinstance(value, (list, tuple)):
+        value = {BASIS_DEFAULT_KEY: value}
+    if not isinstance(value, dict):
+        return value  # the type check names it
+    out = {}
+    for key, v in value.items():
+        if not isinstance(key, str) or not key.strip():
+            raise InputError(f"option basis: a per-element basis needs element keys, got {key!r}", option="basis")
+        k = _basis_key(key)
+        if k in out:
+            raise InputError(f"option basis: {k} is given twice", option="basis")
+        out[k] = _basis_value(k, v)
+    if not out:
+        raise InputError("option basis: the per-element basis is empty", option="basis")
+    if list(out) == [BASIS_DEFAULT_KEY] and isinstance(out[BASIS_DEFAULT_KEY], str):
+        return out[BASIS_DEFAULT_KEY]
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != BASIS_DEFAULT_KEY, kv[0])))
+
+
+def _per_element_text(text: str) -> dict:
+    """{key: name} of 'O:cc-pvdz,H:sto-3g' (commas at parenthesis depth 0 separate entries)."""
+    entries, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            entries.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    entries.append(cur)
+    out = {}
+    for entry in entries:
+        key, sep, name = entry.partition(":")
+        if not sep or not key.strip() or not name.strip() or ":" in name:
+            raise InputError(
+                f"option basis: '{shown(entry.strip(), 40)}' is not 'element:basis' (a per-element basis "
+                "reads 'O:cc-pvdz,H:sto-3g', with 'default:name' for the elements not named)",
+                option="basis",
+            )
+        if _basis_key(key) in out:
+            raise InputError(f"option basis: {_basis_key(key)} is given twice", option="basis")
+        out[_basis_key(key)] = name.strip()
+    return out
+
+
+def _basis_key(key: str) -> str:
+    """A per-element basis key as PySCF spells it: 'o' -> 'O', 'CL' -> 'Cl', 'Default' -> 'default'."""
+    k = key.strip()
+    if k.lower() == BASIS_DEFAULT_KEY:
+        return BASIS_DEFAULT_KEY
+    return k[0].upper() + k[1:].lower() if k.isalpha() else k
+
+
+def _basis_value(key: str, v):
+    """A per-element entry: a name (one printable line, no bracket) or shells as nested lists."""
+    if isinstance(v, str):
+        if not v.strip() or not v.strip().isprintable():
+            raise InputError(f"option basis: the basis of {key} must be a name, got {v!r}", option="basis")
+        if "[" in v or "]" in v:
+            raise InputError(
+                f"option basis: a basis bracket ({v.strip()}, a CBS extrapolation) takes one basis for "
+                "every element, not a per-element basis",
+                option="basis",
+            )
+        return v.strip()
+    shells = _plain(v)
+    if not (isinstance(shells, list) and shells and all(_shell_ok(sh) for sh in shells)):
+        raise InputError(
+            f"option basis: the basis of {key} must be a name or PySCF shells (gto.basis.parse(...): "
+            f"[[l, [exponent, coefficient, ...], ...], ...]), got {shown(repr(v), 60)}",
+            option="basis",
+        )
+    return shells
+
+
+def _shell_ok(shell) -> bool:
+    """Whether ``shell`` reads as PySCF's [l, (kappa,) [exponent, c1, ...], ...]: l from 0 to
+    MAX_L, primitives of one length (at least 2), exponents positive, every number finite."""
+    if not (isinstance(shell, list) and len(shell) >= 2 and type(shell[0]) is int and 0 <= shell[0] <= MAX_L):
+        return False
+    rows = shell[2:] if type(shell[1]) is int else shell[1:]
+    return bool(rows) and all(
+        isinstance(r, list)
+        and len(r) == len(rows[0]) >= 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r)
+        and r[0] > 0
+        for r in rows
+    )
+
+
+def _plain(v):
+    """Nested lists of Python numbers of tuples, lists and arrays (JSON-able, hashable as text)."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def basis_text(basis) -> str:
+    """One line of an orbital basis option: the name, or 'default:cc-pvdz,H:sto-3g' (shells read
+    GIVEN_SHELLS): what results and tables record."""
+    if isinstance(basis, str):
+        return basis
+    return ",".join(f"{k}:{v if isinstance(v, str) else GIVEN_SHELLS}" for k, v in basis.items())
 
 
 def property_names(value) -> tuple:

@@ -60,7 +60,9 @@ RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
 # click.option keywords of each shared option (besides its flag, name and default)
 SPECS = {
     "basis": dict(
-        help="orbital basis set; a bracket of consecutive zeta levels (cc-pv[dt]z, aug-cc-pv[tq]z, "
+        help="orbital basis set; per element as 'O:cc-pvdz,H:sto-3g' ('default:NAME' for the "
+        "elements not named; each element's fitting sets are stated in the output); a bracket of "
+        "consecutive zeta levels (cc-pv[dt]z, aug-cc-pv[tq]z, "
         "def2-[tq]zvp) runs each basis and extrapolates to the basis-set limit as Psi4's cbs() "
         "does: correlation energy by Helgaker's X^-3 two-point formula, SCF at the largest basis "
         "(or --cbs-scf)"

@@ -38,7 +38,7 @@ from dfmp2.linalg.base import Backend
 from dfmp2.memory import MemoryPlan
 from dfmp2.mp2 import double_hybrids
 from dfmp2.mp2.stage import MP2Energies, mp2_stage
-from dfmp2.options import RunOptions
+from dfmp2.options import RunOptions, basis_text
 from dfmp2.props import stage as props_stage
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
@@ -386,7 +386,7 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         charge=mol.charge,
         multiplicity=mol.spin + 1,
         geometry=geometry_record(geom.symbols, mol.atom_coords(unit="Angstrom"), geom.ghost),
-        basis=options.basis,
+        basis=basis_text(options.basis),
         auxbasis=basis.describe_auxbasis(job.auxbasis),
         scf_mode=options.scf_mode,
         jk_auxbasis=ref.jk_auxbasis,

@@ -211,7 +211,7 @@ def check_double_hybrid(options: RunOptions) -> DoubleHybrid | None:
 def _refuse_bracket(options: RunOptions) -> None:
     """One run is one basis: a bracket (cc-pv[dt]z) is a CBS extrapolation over several runs
     (dfmp2.workflows.cbs.run_cbs), and the CBS SCF scheme applies only to one."""
-    if "[" in options.basis or "]" in options.basis:
+    if isinstance(options.basis, str) and ("[" in options.basis or "]" in options.basis):
         raise InputError(
             f"basis '{shown(options.basis)}' is a basis bracket (a CBS extrapolation over "
             "several runs): dfmp2 run and dfmp2 interaction take it, this command and a "

@@ -103,7 +103,7 @@ def _point_input(molecule, options: dict, what: str):
     geom, basis = geometry_from_mole(molecule)
     if "basis" not in options:
         if basis is None:
-            raise InputError(f"the Mole's basis is not one basis name; give basis='...' to {what}()")
+            raise InputError(f"the Mole's basis is neither a name nor a per-element dict; give basis=... to {what}()")
         options = {**options, "basis": basis}
     return geom, RunOptions(**options)
 
@@ -130,10 +130,12 @@ def _refuse_what_is_not_carried(mol) -> None:
 
 
 def geometry_from_mole(mol):
-    """(Geometry, basis name or None) of a PySCF Mole: element symbols, coordinates in Ångström,
-    charge, multiplicity 2S+1. An ECP set by hand on the Mole is refused unless it is the
-    basis's own (``ecp=`` the basis name), which ``ecp='auto'`` attaches anyway."""
+    """(Geometry, basis) of a PySCF Mole: element symbols, coordinates in Ångström, charge,
+    multiplicity 2S+1; the basis one name where every atom has the same, else the Mole's own
+    per-element dict (names or shells; None for anything else). An ECP set by hand on the Mole is
+    refused unless it is each element's basis's own, which ``ecp='auto'`` attaches anyway."""
     from pyscf import gto
+    from pyscf.data.elements import _std_symbol
 
     from dfmp2.io import molecule
     from dfmp2.io.xyz import Geometry
@@ -141,11 +143,15 @@ def geometry_from_mole(mol):
     if not mol._built:
         mol.build()
     _refuse_what_is_not_carried(mol)
-    names = set(molecule.orbital_basis_names(mol).values())  # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
+    by_label = molecule.orbital_basis_names(mol)  # {'H': 'cc-pvdz', 'O': 'cc-pvdz'}: one name
+    names = set(by_label.values())
     basis = names.pop() if len(names) == 1 and None not in names else None
+    if basis is None and isinstance(mol.basis, dict):
+        basis = mol.basis
     ecp = mol.ecp
-    names = set(ecp.values()) if isinstance(ecp, dict) else ({ecp} if ecp else set())
-    if names and names != {basis}:
+    own = {molecule.element(mol, i): by_label[mol._atom[i][0]] for i in range(mol.natm)}
+    given = ecp if isinstance(ecp, dict) else dict.fromkeys(own, ecp) if ecp else {}
+    if any(v and str(v) != str(own.get(_std_symbol(k), basis)) for k, v in given.items()):
         raise InputError(
             f"the Mole's ecp {ecp!r} is not the ECP of its basis; energy() attaches the "
             "basis's own ECP (ecp='auto') or none (ecp='none')"

@@ -51,8 +51,13 @@ class DFMP2(pyscf_mp2.MP2Base):
     frozen: None (all orbitals correlated), an int n (the n lowest orbitals frozen), a list of
         orbital indices (0-based, occupied or virtual; negative from the top) left out of the MP2,
         or on a UHF a pair of such lists (alpha, beta) — PySCF's DFMP2/DFUMP2 forms and meaning.
-    mo_coeff, mo_occ, mo_energy: PySCF's positional arguments; only the mf's own (canonical)
-        orbitals are accepted (anything else is an InputError at kernel time).
+    mo_coeff, mo_occ, mo_energy: PySCF's positional arguments (default the mf's). Other orbitals
+        (``make_fno``'s frozen natural orbitals, rotations within the occupied or the virtual
+        space, fewer virtuals) are taken as PySCF takes them: Fock matrix and E_HF of their
+        density under the mf's Hamiltonian, then the active occupied and virtual blocks made
+        semi-canonical (dfmp2.interfaces.pyscf_orbitals); t2 comes back in the given orbitals.
+        Their occupied space must be the SCF's. ao2mo, eris, densities and gradients take the
+        mf's own orbitals only (InputError).
     with_df: the fitting object (``pyscf.df.DF``); default as PySCF: ``mf.with_df`` on a
         density-fitted mf (the SCF's JK-fit set), else ``df.DF(mol)`` with
         ``df.make_auxbasis(mol, mp2fit=True)`` (the MP2-fit set, e.g. cc-pVDZ-RI).
@@ -123,6 +128,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         self.mo_occ = mf.mo_occ if mo_occ is None else mo_occ
         self.mo_energy = mf.mo_energy if mo_energy is None else mo_energy
         self._nocc = self._nmo = None
+        self._semi = None
         self._default_df = None
         # the fitting set the mf's SCF ran with, for check_scf_solution when a shared mf.with_df
         # is given another auxbasis later (PySCF's ``pt.with_df.auxbasis = ...`` pattern)
@@ -272,10 +278,12 @@ class DFMP2(pyscf_mp2.MP2Base):
             self.check_sanity()
         self._clear()
         ref = self._reference(mo_energy, mo_coeff)
+        semi = self._semi
         self.dump_flags()
         if eris is not None:
+            self._refuse_given("kernel(eris=...)")
             e_os, e_ss, backend = _eris_energies(eris, ref, self._options(ref))
-            self._state = (ref, None, None, eris)
+            self._state = (ref, None, None, eris, None)
             self.ran = dict(backend, path="kernel(eris=...): the given eris.ovL through linalg.mp2_pair_energy")
             log.info("dfmp2: DF-MP2 energy from the given eris.ovL (naux %d) on %s", eris.naux, backend["device"])
         else:
@@ -285,8 +293,15 @@ class DFMP2(pyscf_mp2.MP2Base):
 
             done = mp2_after_scf(self.mol, auxmol, ref, options)  # the stage call of run_energy
             e_os, e_ss, self.timings, self.ran = done.mp2.e_os, done.mp2.e_ss, done.timings, done.ran
-            self._state = (ref, auxmol, options, None)
+            self._state = (ref, auxmol, options, None, semi)
             self._describe_run(log, auxmol, source, ref, done.seconds)
+            if semi is not None and semi.rotated:
+                self.warnings.append(
+                    "the given orbitals were not semi-canonical: their active occupied and virtual "
+                    "Fock blocks were diagonalised (an energy invariant to rotations within each; "
+                    "pyscf.mp.dfmp2, which keeps only the Fock diagonal, differs there)"
+                )
+                log.warn("dfmp2: %s", self.warnings[-1])
         self.e_hf, self.e_corr_os, self.e_corr_ss = ref.e_hf, float(e_os), float(e_ss)
         self.e_corr = self.e_corr_os + self.e_corr_ss
         log.timer(type(self).__name__, *t0)
@@ -319,24 +334,23 @@ class DFMP2(pyscf_mp2.MP2Base):
             log.warn("dfmp2: %s", w)
 
     def _reference(self, mo_energy=None, mo_coeff=None):
-        """The Reference of the mf with ``frozen``; InputError for orbitals that are not the
-        mf's own canonical ones."""
+        """The Reference of the mf with ``frozen``: the mf's own canonical orbitals (InputError
+        when they are not its SCF solution), or, where mo_coeff, mo_occ or mo_energy were given
+        and differ from the mf's, those orbitals made semi-canonical
+        (``dfmp2.interfaces.pyscf_orbitals``; ``self._semi`` their rotations, else None)."""
         from dfmp2.reference import from_pyscf
 
         mf = self._scf
+        C = mo_coeff if mo_coeff is not None else self.mo_coeff
+        eps = mo_energy if mo_energy is not None else self.mo_energy
+        self._semi = None
+        if not (_same(C, mf.mo_coeff) and _same(self.mo_occ, mf.mo_occ) and _same(eps, mf.mo_energy)):
+            from dfmp2.interfaces.pyscf_orbitals import given_reference
+
+            given_eps = None if _same(eps, mf.mo_energy) else eps
+            ref, self._semi = given_reference(mf, self.mol, self.frozen, C, self.mo_occ, given_eps)
+            return ref
         ref = from_pyscf(mf, self.frozen)
-        given = (
-            ("mo_coeff", mo_coeff if mo_coeff is not None else self.mo_coeff, mf.mo_coeff),
-            ("mo_occ", self.mo_occ, mf.mo_occ),
-            ("mo_energy", mo_energy if mo_energy is not None else self.mo_energy, mf.mo_energy),
-        )
-        for name, mine, theirs in given:
-            if mine is not theirs and not np.array_equal(np.asarray(mine), np.asarray(theirs)):
-                raise InputError(
-                    f"DFMP2 runs on the mf's own canonical orbitals; the {name} given "
-                    "differs from the mf's (non-canonical MP2 is not supported): converge "
-                    "an SCF for those orbitals instead"
-                )
         wd = getattr(mf, "with_df", None)
         if wd is not None and getattr(wd, "auxbasis", None) != self._scf_fit:
             mf = mf.copy()  # the SCF's own Hamiltonian, not the re-fitted with_df's
@@ -344,6 +358,15 @@ class DFMP2(pyscf_mp2.MP2Base):
             mf.with_df.auxbasis = self._scf_fit
         check_scf_solution(mf, self.mol)
         return ref
+
+    def _refuse_given(self, what: str) -> None:
+        """InputError for ``what`` on given (non-canonical) orbitals: the stages after the energy
+        (eris, densities, gradients) take the mf's own canonical ones."""
+        if self._semi is not None:
+            raise InputError(
+                f"DFMP2 {what} runs on the mf's own canonical orbitals; the energy (run(), "
+                "kernel(), t2) takes given mo_coeff (e.g. make_fno's), the rest does not"
+            )
 
     def _auxmol(self):
         """(auxmol, where it came from) of ``with_df``, as PySCF's DF-MP2 takes it: its built
@@ -401,7 +424,7 @@ class DFMP2(pyscf_mp2.MP2Base):
     def _amplitudes(self):
         """t2 of the last kernel (dimensionless): (nocc, nocc, nvir, nvir), UHF (t2aa, t2ab, t2bb)
         as PySCF's UMP2 orders them. MemoryLimitError when t2 and B do not fit in max_memory."""
-        ref, auxmol, options, eris = self._state
+        ref, auxmol, options, eris, semi = self._state
         chans = ref.channels
         sizes = [
             (a.nocc_active, b.nocc_active, a.nvir_active, b.nvir_active)
@@ -428,12 +451,12 @@ class DFMP2(pyscf_mp2.MP2Base):
         else:
             Bs = [fitted_B(self.mol, auxmol, c, options) for c in chans]
         if ref.restricted:
-            return _t2(Bs[0], Bs[0], chans[0], chans[0], same_spin=False)
+            return _given_basis(_t2(Bs[0], Bs[0], chans[0], chans[0], same_spin=False), semi, 0, 0)
         a, b = chans
         return (
-            _t2(Bs[0], Bs[0], a, a, same_spin=True),
-            _t2(Bs[0], Bs[1], a, b, same_spin=False),
-            _t2(Bs[1], Bs[1], b, b, same_spin=True),
+            _given_basis(_t2(Bs[0], Bs[0], a, a, same_spin=True), semi, 0, 0),
+            _given_basis(_t2(Bs[0], Bs[1], a, b, same_spin=False), semi, 0, 1),
+            _given_basis(_t2(Bs[1], Bs[1], b, b, same_spin=True), semi, 1, 1),
         )
 
     def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True, *, relaxed=False):
@@ -551,6 +574,7 @@ class DFMP2(pyscf_mp2.MP2Base):
                 "response is the DF-HF's; an exact-integral mf is not supported"
             )
         ref = self._reference()
+        self._refuse_given(what)
         auxmol, _ = self._auxmol()
         jk_auxmol = None
         if need_jk:
@@ -565,6 +589,7 @@ class DFMP2(pyscf_mp2.MP2Base):
         ``ovL_to_save``: also written to that HDF5 file (dataset 'ovL') and read from there;
         ``ovL``: an array or such a file given back (PySCF's layout), nothing computed."""
         ref = self._reference(None, mo_coeff)
+        self._refuse_given("ao2mo")
         if not ref.restricted:
             raise InputError("ao2mo (PySCF's ovL) is for an RHF reference; a UHF runs through run()")
         ch = ref.channels[0]
@@ -693,6 +718,21 @@ class _Scanner(pyscf_mp2.MP2_Scanner):
         self.mo_coeff, self.mo_occ, self.mo_energy = mf.mo_coeff, mf.mo_occ, mf.mo_energy
         self.run(**kwargs)
         return self.e_tot
+
+
+def _same(mine, theirs) -> bool:
+    """Whether an orbital attribute is the mf's own (the same object or equal arrays)."""
+    return mine is theirs or np.array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def _given_basis(t2, semi, s: int, t: int):
+    """t2 of spin channels (s, t) in the given orbitals' basis (``semi``: the rotations to the
+    semi-canonical ones; None: the mf's own orbitals, t2 as it is)."""
+    if semi is None:
+        return t2
+    from dfmp2.interfaces.pyscf_orbitals import rotate_t2
+
+    return rotate_t2(t2, semi.u_occ[s], semi.u_occ[t], semi.u_vir[s], semi.u_vir[t])
 
 
 def _check_scf_object(mf) -> None:

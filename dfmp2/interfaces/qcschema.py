@@ -38,7 +38,7 @@ import json
 from dfmp2.errors import InputError, SCFNotConvergedError, shown
 from dfmp2.io.xyz import read_input_text
 from dfmp2.mp2 import double_hybrids
-from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES
+from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES, basis_text
 
 INSTALL = 'pip install -e ".[qcschema]"'
 SCHEMA_VERSIONS = (1, 2)  # of the AtomicInput read (v2: QCEngine >= 0.50 hands it to harnesses)
@@ -47,6 +47,8 @@ METHODS = ("mp2", "scs-mp2", "sos-mp2")  # dfmp2.io.result.METHOD_SCALES: return
 METHOD_ENERGY = {"mp2": ("e_mp2", "MP2"), "scs-mp2": ("e_scs_mp2", "SCS-MP2"), "sos-mp2": ("e_sos_mp2", "SOS-MP2")}
 DOUBLE_HYBRIDS = double_hybrids.FUNCTIONALS  # model.method of a double hybrid (docs/double_hybrids.md)
 DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.drivers.gradient)
+# keywords.basis_map: {element: basis name} for those elements, model.basis for the rest (_basis)
+BASIS_MAP = "basis_map"
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
 KEYWORDS = {
     "auxbasis": lambda v: None if isinstance(v, str) and v.strip() else "a basis name",
@@ -239,13 +241,15 @@ def _settings(inp, where: str) -> dict:
         # the input's method always wins over RunOptions' (a --method typed beside it is refused): a
         # double hybrid (its gradient driver refused by the gradient's own check) or MP2's run
         "method": method if method in DOUBLE_HYBRIDS else "mp2",
-        "basis": spec.model.basis.strip(),
+        "basis": _basis(spec, where),
         "charge": int(round(charge)),
         "multiplicity": int(round(mult)),
     }
     for key, value in spec.keywords.items():
+        if key == BASIS_MAP:
+            continue  # in the basis (_basis)
         if key not in KEYWORDS:
-            raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join(KEYWORDS)}")
+            raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join([*KEYWORDS, BASIS_MAP])}")
         problem = KEYWORDS[key](value)
         if problem:
             raise InputError(f"{where}: keyword {key} must be {problem}, got {shown(json.dumps(value), 40)}")
@@ -255,6 +259,22 @@ def _settings(inp, where: str) -> dict:
 
         settings["properties"] = property_names(settings["properties"])
     return settings
+
+
+def _basis(spec, where: str):
+    """The basis option of model.basis (a name, or the per-element text 'O:cc-pvdz,H:sto-3g') and
+    keywords.basis_map ({element: name}: those elements' bases, model.basis the rest's)."""
+    base = spec.model.basis.strip()
+    extra = spec.keywords.get(BASIS_MAP)
+    if extra is None:
+        return base
+    if not isinstance(extra, dict) or not extra or not all(isinstance(v, str) for v in extra.values()):
+        raise InputError(
+            f"{where}: keyword {BASIS_MAP} must be {{element: basis name}}, got {shown(json.dumps(extra), 40)}"
+        )
+    if ":" in base:
+        raise InputError(f"{where}: give a per-element basis in model.basis or in keywords.{BASIS_MAP}, not both")
+    return {"default": base, **extra}
 
 
 def _geometry(mol, raw, settings: dict, where: str):
@@ -377,7 +397,7 @@ def input_from_run(geom, options) -> dict:
         "schema_name": "qcschema_input",
         "schema_version": 1,
         "driver": "energy",
-        "model": {"method": options.method, "basis": options.basis},
+        "model": {"method": options.method, "basis": basis_text(options.basis)},
         "keywords": keywords,
         "molecule": {
             "symbols": list(geom.symbols),

@@ -16,15 +16,16 @@ import warnings
 
 import numpy as np
 from pyscf import gto
-from pyscf.data.elements import CONFIGURATION, _atom_symbol, _rm_digit, _std_symbol_without_ghost, chemcore
+from pyscf.data.elements import CONFIGURATION, ELEMENTS, _atom_symbol, _rm_digit, _std_symbol_without_ghost, chemcore
 from pyscf.gto.basis import _format_basis_name
 from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import hf as pyscf_hf
 
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, shown
 from dfmp2.io.xyz import Geometry
-from dfmp2.options import ECP_CHOICES, REFERENCES
+from dfmp2.options import ECP_CHOICES, REFERENCES, basis_text
 
+ELEMENTS_SET = frozenset(ELEMENTS[1:])
 MIN_ATOM_DISTANCE = 0.1  # Ångström: closer atoms (ghosts included) are an input mistake
 
 # Ghost atoms (counterpoise corrections, dfmp2.workflows.interaction): a Geometry atom with ghost=True
@@ -117,11 +118,15 @@ def describe_ecp(info: dict | None) -> str:
 def ecp_off_warning(basis, elements) -> str | None:
     """With ``ecp='none-for-testing'``: a warning when ``basis`` is made for an ECP on any of
     ``elements`` (run all-electron it lacks core functions, and the energies mean nothing)."""
-    with_ecp = ecp_core_electrons(basis, elements)
+    names = basis_names(basis, elements)
+    with_ecp = {}
+    for el, name in names.items():
+        if name is not None:
+            with_ecp.update(ecp_core_electrons(name, [el]))
     if not with_ecp:
         return None
     return (
-        f"ECP off (ecp 'none-for-testing'): basis {basis} is made for an effective core potential "
+        f"ECP off (ecp 'none-for-testing'): basis {basis_text(basis)} is made for an effective core potential "
         f"on {', '.join(with_ecp)}; run all-electron it lacks core functions and the energies "
         "are meaningless (keep the basis's ECP, ecp 'auto', or choose an all-electron basis)"
     )
@@ -202,12 +207,49 @@ def resolve_reference(
     return reference
 
 
-def _ecp_cores(where: str, basis, real, ecp: str) -> dict:
+def basis_names(basis, elements) -> dict:
+    """{element: its orbital basis name, or None where it is given as shells} of the basis option
+    (one name, or RunOptions' per-element dict: the element's key, else 'default'). InputError
+    (option basis) for a key that is not an element symbol or 'default', or an element of
+    ``elements`` that the dict does not cover."""
+    from dfmp2.options import BASIS_DEFAULT_KEY
+
+    els = list(dict.fromkeys(elements))
+    if isinstance(basis, str):
+        return dict.fromkeys(els, basis)
+    unknown = [k for k in basis if k != BASIS_DEFAULT_KEY and k not in ELEMENTS_SET]
+    if unknown:
+        raise InputError(
+            f"option basis: {', '.join(map(repr, unknown))} is not an element symbol (a per-element basis "
+            f"is keyed by element, with '{BASIS_DEFAULT_KEY}' for the rest)",
+            option="basis",
+        )
+    missing = [el for el in els if el not in basis and BASIS_DEFAULT_KEY not in basis]
+    if missing:
+        raise InputError(
+            f"the per-element basis {basis_text(basis)} has no entry for {', '.join(missing)}; give one "
+            f"(or '{BASIS_DEFAULT_KEY}:name' for every element not named)",
+            option="basis",
+        )
+    out = {}
+    for el in els:
+        v = basis.get(el, basis.get(BASIS_DEFAULT_KEY))
+        out[el] = v if isinstance(v, str) else None
+    return out
+
+
+def _ecp_cores(where: str, names: dict, real, ecp: str) -> dict:
     """{element: core electrons} of the ECPs ``build_molecule`` attaches for ``ecp`` ('auto': the
-    basis's own; else none); InputError for a basis made for an ECP that PySCF does not attach,
-    or one made for an ECP run all-electron with ecp 'none'."""
-    ecp_core = ecp_core_electrons(basis, real)
-    lost = ecp_not_attached(basis, real) if ecp != "none-for-testing" else []
+    basis's own, per element (``names``: basis_names); else none); InputError for a basis made
+    for an ECP that PySCF does not attach, or one made for an ECP run all-electron with ecp 'none'."""
+    ecp_core, lost = {}, []
+    for el in dict.fromkeys(real):
+        if names.get(el) is None:
+            continue  # shells: no ECP
+        ecp_core.update(ecp_core_electrons(names[el], [el]))
+        if ecp != "none-for-testing":
+            lost += ecp_not_attached(names[el], [el])
+    basis = " + ".join(sorted({names[el] for el in [*lost, *ecp_core]}))
     if lost:
         raise InputError(
             f"{where}: basis {basis} for {', '.join(lost)} is made for an effective core "
@@ -263,21 +305,23 @@ def build_molecule(
             "integer; 1 for a closed shell, 2 for a doublet, 3 for a triplet)",
             option="multiplicity",
         )
-    if isinstance(basis, str):
-        _check_basis(basis, geom.symbols, "basis", "basis")
+    names = basis_names(basis, geom.symbols)
+    for el, name in names.items():
+        if name is not None:
+            _check_basis(name, [el], "basis", "basis")
     real = geom.real_symbols  # ghosts carry neither electrons nor an ECP
     if not real:
         raise InputError(f"{where}: every atom is a ghost; at least one real atom is needed")
-    ecp_core = _ecp_cores(where, basis, real, ecp)
+    ecp_core = _ecp_cores(where, names, real, ecp)
     n_ecp = sum(ecp_core.get(s, 0) for s in real)  # even per atom: parity and multiplicity unchanged
     nelec -= n_ecp
     unpaired = mult - 1
     _check_electron_count(where, charge, mult, nelec, n_ecp, real)
-    mol = _pyscf_mole(geom, basis, ecp_core, charge, unpaired)
+    mol = _pyscf_mole(geom, basis, {el: names[el] for el in ecp_core}, charge, unpaired)
     if (nelec + unpaired) // 2 >= mol.nao_nr():
         raise InputError(
             f"{where}: {nelec} electrons fill all {mol.nao_nr()} functions of basis "
-            f"'{basis}': no virtual orbitals for MP2; use a larger basis",
+            f"'{basis_text(basis)}': no virtual orbitals for MP2; use a larger basis",
             option="basis",
         )
     return mol
@@ -315,9 +359,9 @@ def _check_electron_count(where: str, charge: int, mult: int, nelec: int, n_ecp:
         )
 
 
-def _pyscf_mole(geom: Geometry, basis, ecp_core: dict, charge: int, spin: int) -> gto.Mole:
-    """The built PySCF Mole in Angstrom, ghosts under GHOST_PREFIX, the ECP of ``basis`` on the
-    elements of ``ecp_core``."""
+def _pyscf_mole(geom: Geometry, basis, ecps: dict, charge: int, spin: int) -> gto.Mole:
+    """The built PySCF Mole in Angstrom, ghosts under GHOST_PREFIX, ``ecps`` {element: ECP name}.
+    InputError (option basis) when PySCF cannot build the basis (shells it does not read)."""
     mol = gto.Mole()
     mol.atom = [
         (GHOST_PREFIX + s if geom.is_ghost(i) else s, tuple(c))
@@ -325,11 +369,18 @@ def _pyscf_mole(geom: Geometry, basis, ecp_core: dict, charge: int, spin: int) -
     ]
     mol.unit = "Angstrom"
     mol.basis = basis
-    mol.ecp = {el: basis for el in ecp_core}
+    mol.ecp = dict(ecps)
     mol.charge = charge
     mol.spin = spin
     mol.verbose = 0
-    mol.build()
+    try:
+        mol.build()
+    except (ValueError, TypeError, IndexError, KeyError, AssertionError, RuntimeError) as e:
+        if isinstance(basis, str):
+            raise
+        raise InputError(
+            f"PySCF cannot build the basis {basis_text(basis)}: {shown(str(e), 80)}", option="basis"
+        ) from None
     return mol
 
 

@@ -192,8 +192,14 @@ def test_energy_refusals():
         dfmp2.energy("/nonexistent/water.xyz")
     with pytest.raises(InputError, match=r"XYZ file path or a pyscf.gto.Mole"):
         dfmp2.energy(42)
-    with pytest.raises(InputError, match="not one basis name"):
-        dfmp2.energy(gto.M(atom=WATER, basis={"O": "cc-pvdz", "H": "sto-3g"}, verbose=0))
+    with pytest.raises(InputError, match="'H1' is not an element symbol"):  # a per-element dict is taken
+        dfmp2.energy(
+            gto.M(
+                atom="O 0 0 0; H1 0 0 0.96; H 0 0.96 0",
+                basis={"O": "cc-pvdz", "H1": "sto-3g", "H": "sto-3g"},
+                verbose=0,
+            )
+        )
     with pytest.raises(InputError, match="not the ECP of its basis"):
         dfmp2.energy(gto.M(atom="H 0 0 0; I 0 0 1.61", basis="def2-svp", ecp="lanl2dz", verbose=0))
 
@@ -218,7 +224,7 @@ def test_import_stays_light():
         (dict(memory_mb="4GB"), "option memory_mb must be a number of MB or None, got '4GB'"),
         (dict(charge="1"), "option charge must be an integer or None, got '1'"),
         (dict(charge=True), "option charge must be an integer or None"),
-        (dict(basis=123), "option basis must be a basis set name, got 123"),
+        (dict(basis=123), "option basis must be a basis set name, 'El:name,El:name', or a {element: name"),
         (dict(scf_max_cycle=0), "option scf_max_cycle must be at least 1"),
     ],
 )
