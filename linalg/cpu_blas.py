@@ -14,8 +14,9 @@ operands, thread pools). This module decides which table to use: a loaded or noi
 for its run only and measured again by the next, as is a clean one older than MAX_AGE_DAYS or of
 another CACHE_VERSION (``stale``); ``dfmp2 bench --blas`` re-measures (``remeasure``);
 ``describe`` says what was chosen and on what evidence. A cache that cannot be read or written
-only costs a probe (and a warning). An op whose operands OpenBLAS cannot take as they are goes to
-torch, and the record says so: ``Backend.kernels_used`` names what ran each call.
+only costs a probe (and a notice: ``take_notices``, one line the CLI prints on stderr unless -q).
+An op whose operands OpenBLAS cannot take as they are goes to torch, and the record says so:
+``Backend.kernels_used`` names what ran each call.
 
 Nothing is read from the environment at import time; the per-process memo of the table
 (``_TABLES``) is a measurement of this machine, not backend state.
@@ -28,6 +29,7 @@ import datetime
 import json
 import math
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,6 +57,7 @@ MAX_AGE_DAYS = 30  # a clean table older than this is measured again (libraries,
 LOCK_WAIT_S = 60.0  # a probe waits at most this long for another process's probe (_probe_lock)
 STATUSES = ("clean", "noisy", "loaded")
 _TABLES: dict = {}  # cache key -> table (this process's memo of the probe or the cache file)
+_NOTICES: list = []  # this process's measurements not yet told (take_notices)
 _LOCK = threading.Lock()
 
 
@@ -109,7 +112,7 @@ def _read_cache(path: Path, key: str) -> tuple[dict | None, str | None]:
     if table is None:
         return None, "no table for this machine, threads and libraries in the cache"
     if not valid_table(table):
-        return None, "a damaged table in the cache"
+        return None, f"a damaged table in {path}, discarded"
     return table, None
 
 
@@ -121,11 +124,22 @@ def _per_library(d) -> bool:
     return isinstance(d, dict) and set(d) == set(LIBS) and all(_number(v) for v in d.values())
 
 
+def _valid_load(load) -> bool:
+    """The probe's load as its readers take it (``cpu_blas_table``, ``describe``): other processes'
+    cores (a number, or None: unknown) and how they were read (text)."""
+    return (
+        isinstance(load, dict)
+        and "other_cores" in load
+        and (load["other_cores"] is None or _number(load["other_cores"]))
+        and isinstance(load.get("method"), str)
+    )
+
+
 def valid_table(table) -> bool:
     """Whether a cached table is whole, every field of the type the program reads (a file written
     by another version, truncated, edited or raced over is used whole or not at all): the choice
     and GF/s of every entry, each entry's measurement, the status and its why, the load, the
-    date, the seconds."""
+    date, the seconds; the load's other cores and method, the method's margin."""
     expected = {entry(op, dt, cls) for op in OPS for dt in DTYPE_NAMES for cls in CLASSES}
     try:
         measured = table["measured"]
@@ -151,8 +165,9 @@ def valid_table(table) -> bool:
             )
             and table["status"] in STATUSES
             and (table["why"] is None or isinstance(table["why"], str))
-            and isinstance(table["load"], dict)
+            and _valid_load(table["load"])
             and isinstance(table["method"], dict)
+            and _number(table["method"]["margin"])
             and _number(table["seconds"])
             and isinstance(table["date"], str)
         )
@@ -190,12 +205,49 @@ def _write_cache(path: Path, key: str, table: dict) -> str | None:
         except (OSError, ValueError, AttributeError):
             data = {"version": CACHE_VERSION, "entries": {}}
         data["entries"][key] = table
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        _remove_stale_tmp(path)
+        _replace_atomically(path, json.dumps(data, indent=1, sort_keys=True))
         return None
     except (OSError, TypeError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` (``.cpu_blas.json.<pid>.<random>.tmp``),
+    then rename it over ``path``; the temporary file is removed on any exception (Ctrl-C too)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    """Remove the temporary files beside ``path`` that writers no longer running left behind
+    (``.cpu_blas.json.<pid>[.<random>].tmp``: killed between the write and the rename); those of
+    live processes, and any that cannot be removed, stay."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 :].split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 @contextlib.contextmanager
@@ -276,7 +328,30 @@ def auto_table() -> Resolved:
                 _TABLES[key] = Resolved(again, "cache")
             else:
                 _TABLES[key] = _probe_and_write(path, key, why)
+                _NOTICES.append(notice(_TABLES[key]))
         return _TABLES[key]
+
+
+def notice(r: Resolved) -> str | None:
+    """The one line a user is told when a process changed the cache's state: it measured (why,
+    how long, clean or not, cached or not); None for a table used as the cache holds it (a
+    loaded one left as it is on a busy machine too: it was told when it was measured)."""
+    if r.source != "probe" or r.table is None:
+        return None
+    t = r.table
+    line = f"cpu BLAS choice measured in {t['seconds']:.1f} s ({r.remeasured_because})"
+    if t["status"] != "clean":
+        line += f" on a {t['status']} machine ({t['why']}): used for this run only, measured again by the next"
+    line += f"; not cached ({r.cache_error})" if r.cache_error else f"; cached in {cache_path()}"
+    return line + " (dfmp2 bench --blas re-measures, --cpu-blas torch or openblas measures nothing)"
+
+
+def take_notices() -> list[str]:
+    """The notices (``notice``) of the measurements this process made since the last call, each once."""
+    with _LOCK:
+        out = [n for n in _NOTICES if n]
+        _NOTICES.clear()
+    return out
 
 
 def remeasure(why: str = "asked for") -> Resolved:
@@ -434,7 +509,9 @@ class CpuBlas:
 
     def warning(self) -> str | None:
         """One line when the table in use is not to be trusted (loaded or noisy: used for this run,
-        measured again by the next) or could not be cached; None otherwise."""
+        measured again by the next) or could not be cached; None otherwise. Recorded in the
+        result's ``ran.cpu_blas``; a result's ``warnings`` carry it only where the table changed
+        the run (dfmp2.drivers.energy.blas_warnings)."""
         r = self.table()
         if r.table is None:
             return None

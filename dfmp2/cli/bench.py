@@ -40,7 +40,7 @@ from pathlib import Path
 
 import click
 
-from dfmp2.cli.options import printing, stdout_console, user_errors
+from dfmp2.cli.options import printing, stderr_console, stdout_console, user_errors
 from dfmp2.errors import InputError
 from dfmp2.options import DEVICE_CHOICES, PRECISIONS
 
@@ -147,7 +147,6 @@ def _remeasure_blas(threads, quiet: bool) -> None:
     """``--blas``: the cpu BLAS probe now (linalg.cpu_blas.remeasure), written to the cache that
     ``--cpu-blas auto`` reads, its table on stdout. Any other timing option is refused (it would
     be ignored); a cache that cannot be written is an error after the table is printed."""
-    from rich.console import Console
     from rich.markup import escape
 
     from dfmp2 import linalg
@@ -166,7 +165,7 @@ def _remeasure_blas(threads, quiet: bool) -> None:
         import torch
 
         torch.set_num_threads(threads)
-    err = Console(stderr=True)
+    err = stderr_console()
     if not quiet:
         err.print("[dim]measuring the cpu BLAS choice (a few seconds; keep the machine quiet)[/dim]")
     r = linalg.cpu_blas.remeasure("dfmp2 bench --blas")
@@ -303,7 +302,6 @@ def _remeasure_blas(threads, quiet: bool) -> None:
 @user_errors(interrupted=lambda params: " (nothing written)")
 def bench_command(rerender, blas, threads, quiet, out_dir, name, **params):
     """Per-shape timing report: ops and the DF-MP2 stage, measured, with baselines and estimates."""
-    from rich.console import Console
     from rich.markup import escape
 
     if rerender:
@@ -319,7 +317,7 @@ def bench_command(rerender, blas, threads, quiet, out_dir, name, **params):
     _check_memory(opts)
     check_outputs(out_dir, name)
     console = stdout_console()
-    err = Console(stderr=True)
+    err = stderr_console()
     log = (lambda msg: None) if quiet else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False))
     rep = run_bench(opts, log=log)
     _write_report(rep, out_dir, name, log, console, err)

@@ -122,7 +122,7 @@ def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_
 def _compare(world, xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, params) -> int:  # noqa: PLR0913
     """``compare`` on this rank (every rank checks everything and runs its share of the runs; rank
     0 alone prints and writes); the exit status."""
-    console = stdout_console(width=160)
+    console = stdout_console(json_path)  # JSON on stdout: the tables on stderr
     with world.agreeing():  # a refusal on one rank ends every rank, before any work
         if (xyz_file is None) == (synthetic is None):
             raise InputError("give either an XYZ file or --synthetic NOCC,NVIR,NAUX (not both)")

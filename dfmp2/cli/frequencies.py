@@ -8,14 +8,22 @@ interrupted job. Under torchrun the evaluations are dealt to the ranks and rank 
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from dfmp2.cli.gradient import point_inputs
-from dfmp2.cli.options import printing, run_options, stdout_console, user_errors
+from dfmp2.cli.options import (
+    blas_notices,
+    check_stdin,
+    printing,
+    run_options,
+    stderr_console,
+    stdout_console,
+    user_errors,
+)
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
-from dfmp2.io.outputs import check_output_file
+from dfmp2.errors import InputError
+from dfmp2.io.outputs import check_output_file, is_stdout
 
 HARTREE_KCAL = 627.509474  # kcal/mol per Eh
 HARTREE_KJ = 2625.499639  # kJ/mol per Eh
@@ -89,8 +97,20 @@ def thermo_table(res) -> Table:
     help="a JSON file of the finished evaluations, rewritten after each round; given again for the same "
     "molecule and options, the job resumes from it",
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="the whole record as JSON")
-@click.option("--molden", "molden_path", type=click.Path(dir_okay=False), default=None, help="normal modes (Molden)")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="the whole record as JSON ('-': standard output)",
+)
+@click.option(
+    "--molden",
+    "molden_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="normal modes (Molden; '-': standard output)",
+)
 @click.option(
     "--ir/--no-ir",
     default=True,
@@ -121,8 +141,11 @@ def frequencies_command(  # noqa: PLR0913
 
     world = distributed.join(params["device"])
     with distributed.command(world):
-        console, err = stdout_console(), Console(stderr=True)
+        console, err = stdout_console(json_path, molden_path), stderr_console()  # -: tables to stderr
         options = run_options(params)
+        check_stdin(xyz_file, world)
+        if ck_path is not None and is_stdout(ck_path):
+            raise InputError(f"--checkpoint {ck_path}: the checkpoint is rewritten and read back; give it a file")
         outs = ((json_path, "--json"), (molden_path, "--molden"), (ck_path, "--checkpoint"))
         for path, what in outs:
             if path is not None:
@@ -158,3 +181,4 @@ def frequencies_command(  # noqa: PLR0913
             console.print(thermo_table(res))
             for w in res.warnings:
                 console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        blas_notices(err, quiet)

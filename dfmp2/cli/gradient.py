@@ -8,11 +8,14 @@ groups of ``dfmp2.cli.options`` (no checkpoint, one basis).
 
 from __future__ import annotations
 
+import os
+
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from dfmp2.cli.options import (
+    blas_notices,
+    check_stdin,
     device_options,
     molecule_options,
     printing,
@@ -20,11 +23,13 @@ from dfmp2.cli.options import (
     resource_options,
     run_options,
     scf_options,
+    stderr_console,
     stdout_console,
     user_errors,
+    wrote,
 )
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
-from dfmp2.io.outputs import check_output_file
+from dfmp2.io.outputs import check_output_file, is_stdout
 from dfmp2.io.result import METHOD_SCALES as SCALES
 from dfmp2.memory import human
 from dfmp2.mp2.double_hybrids import FUNCTIONALS
@@ -100,7 +105,7 @@ def point_inputs(method_help: str):
     "json_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="also write the result with the gradient (Eh/bohr) as JSON to this path",
+    help="also write the result with the gradient (Eh/bohr) as JSON to this path ('-': standard output)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies and the gradient")
 @user_errors
@@ -113,9 +118,10 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 
     world = distributed.join(params["device"])  # torchrun: the energy and the gradient over the ranks
     with distributed.command(world):
-        console = stdout_console()
-        err = Console(stderr=True)
+        console = stdout_console(json_path)  # JSON on stdout: the tables on stderr
+        err = stderr_console()
         options = run_options(params)
+        check_stdin(xyz_file, world)
         if json_path is not None:  # before any work
             check_output_file(json_path, "--json", not_same_as=[("input", xyz_file)])
         quiet_here = quiet or bool(world.rank)  # rank 0 alone reports
@@ -135,8 +141,9 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
             console.print(gradient_table(gr))
             for w in gr.parts.warnings:
                 console.print(f"[yellow]warning:[/yellow] {escape(w)}")
-        if json_path and not quiet:
-            err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+        if not quiet:
+            wrote(err, json_path)
+        blas_notices(err, quiet)
 
 
 @click.command("optimize")
@@ -147,7 +154,8 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     "final_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="the final geometry (XYZ, Å) [default: INPUT's name with .opt.xyz, in the current directory]",
+    help="the final geometry (XYZ, Å; '-': standard output, then name --trajectory) [default: INPUT's name "
+    "with .opt.xyz, in the current directory; needed when INPUT is '-']",
 )
 @click.option(
     "--trajectory",
@@ -156,6 +164,12 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     default=None,
     help="every evaluated geometry (multi-frame XYZ) [default: beside the final geometry, its name with "
     ".traj.xyz for .opt.xyz or .xyz: -o out/w.xyz writes out/w.traj.xyz]",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="replace an existing file at a default output path (the final geometry's or the trajectory's); "
+    "a path given with -o, --trajectory or --json is always replaced",
 )
 @click.option(
     "--max-steps",
@@ -177,7 +191,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     "json_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="also write the final result (energies, gradient, the steps) as JSON",
+    help="also write the final result (energies, gradient, the steps) as JSON ('-': standard output)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the final energies and gradient")
 @user_errors
@@ -202,12 +216,53 @@ def trajectory_beside(final_path: str) -> str:
     return str(final.with_name(final.name.removesuffix(".xyz").removesuffix(".opt") + ".traj.xyz"))
 
 
+def _output_paths(xyz_file, final_path, traj_path, json_path, overwrite: bool) -> tuple[str, str]:
+    """The final geometry's and the trajectory's paths, checked with --json before any work: none
+    the input, none another output; a default path (from INPUT's name, or the trajectory beside
+    -o) that exists is refused unless ``overwrite`` (an earlier run's result would be lost
+    silently), while a path the user named is replaced, as -o and --json are everywhere. Standard
+    input has no name to derive them from (-o needed), the trajectory is rewritten after every
+    step (never standard output)."""
+    from pathlib import Path
+
+    from dfmp2.errors import InputError
+    from dfmp2.io.xyz import STDIN
+
+    if final_path is None and str(xyz_file) == STDIN:
+        raise InputError(
+            "INPUT -: standard input has no file name to name the outputs after; give -o (and --trajectory)"
+        )
+    if traj_path is None and final_path is not None and is_stdout(final_path):
+        raise InputError(
+            f"-o {final_path}: the final geometry goes to standard output; name the trajectory with --trajectory"
+        )
+    if traj_path is not None and is_stdout(traj_path):
+        raise InputError(f"--trajectory {traj_path}: the trajectory is rewritten after every step; give it a file")
+    defaults = set()
+    if final_path is None:
+        final_path = Path(xyz_file).name.removesuffix(".xyz") + ".opt.xyz"
+        defaults.add("--output")
+    if traj_path is None:
+        traj_path = trajectory_beside(final_path)
+        defaults.add("--trajectory")
+    outs = ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json"))
+    for path, what in outs:  # none the input, none another output (each would overwrite the other)
+        if path is not None:
+            others = [(f"{w} file", p) for p, w in outs if p is not None and w != what]
+            check_output_file(path, what, not_same_as=[("input", xyz_file), *others])
+            if what in defaults and not overwrite and os.path.lexists(path):
+                raise InputError(
+                    f"{path} exists (the default {what} path); name another with {what}, "
+                    "or give --overwrite to replace it"
+                )
+    return final_path, traj_path
+
+
 def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, params):  # noqa: PLR0913
     """``optimize`` on this rank: every rank runs geomeTRIC over the same (bitwise) energies and
     gradients, so takes the same steps; rank 0 alone writes and prints. Not converged: the same
     OptimizationError on every rank, its one line from rank 0, the others exit 2 quietly."""
     import json
-    from pathlib import Path
 
     from dfmp2.errors import EXIT_USER_ERROR
     from dfmp2.io.outputs import write_text
@@ -215,17 +270,12 @@ def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, converg
     from dfmp2.workflows.optimize import OptimizationError, optimize
 
     lead = not world.rank
-    console = stdout_console()
-    err = Console(stderr=True)
+    err = stderr_console()
+    overwrite = params.pop("overwrite", False)
     options = run_options(params)
-    stem = Path(xyz_file).name.removesuffix(".xyz")
-    final_path = final_path or f"{stem}.opt.xyz"
-    traj_path = traj_path or trajectory_beside(final_path)
-    outs = ((final_path, "--output"), (traj_path, "--trajectory"), (json_path, "--json"))
-    for path, what in outs:  # none the input, none another output (each would overwrite the other)
-        if path is not None:
-            others = [(f"{w} file", p) for p, w in outs if p is not None and w != what]
-            check_output_file(path, what, not_same_as=[("input", xyz_file), *others])
+    check_stdin(xyz_file, world)
+    final_path, traj_path = _output_paths(xyz_file, final_path, traj_path, json_path, overwrite)
+    console = stdout_console(final_path, json_path)  # a document on stdout: the tables on stderr
     quiet_here = quiet or not lead
     log = None if quiet_here else (lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     progress = LazyProgress(err, "pair energies", enabled=not quiet_here)
@@ -257,4 +307,6 @@ def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, converg
     with printing(written=(final_path, traj_path, json_path)):
         out.last.result.render(console, quiet=quiet)
         console.print(gradient_table(out.last))
-        console.print(f"converged in {out.steps} steps; final geometry {final_path}, trajectory {traj_path}")
+        final = "on standard output" if is_stdout(final_path) else final_path
+        console.print(f"converged in {out.steps} steps; final geometry {final}, trajectory {traj_path}")
+    blas_notices(err, quiet)

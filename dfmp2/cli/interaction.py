@@ -4,19 +4,22 @@ fragments of one XYZ file (dfmp2.workflows.interaction), its runs dealt over tor
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from dfmp2.cli.options import (
+    blas_notices,
     cbs_options,
+    check_stdin,
     device_options,
     molecule_options,
     printing,
     resource_options,
     run_options,
     scf_options,
+    stderr_console,
     stdout_console,
     user_errors,
+    wrote,
 )
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
 from dfmp2.io.outputs import check_output_file
@@ -61,7 +64,7 @@ from dfmp2.io.outputs import check_output_file
     "json_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="also write the interaction energies, every run's energies and what ran as JSON",
+    help="also write the interaction energies, every run's energies and what ran as JSON ('-': standard output)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the interaction energies")
 @user_errors
@@ -85,9 +88,10 @@ def _interaction(world, xyz_file, fragments, fragment_charges, fragment_multipli
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.interaction import resolve_fragments, run_interaction
 
-    console = stdout_console(width=120)  # files and pipes get the whole table
-    err = Console(stderr=True)
+    console = stdout_console(json_path)  # JSON on stdout: the tables on stderr
+    err = stderr_console()
     with world.agreeing():  # a refusal on one rank ends every rank, before any work
+        check_stdin(xyz_file, world)
         geom = read_xyz(xyz_file)
         frags = resolve_fragments(
             geom, fragments, fragment_charges, fragment_multiplicities, params["charge"], params["multiplicity"]
@@ -109,5 +113,6 @@ def _interaction(world, xyz_file, fragments, fragment_charges, fragment_multipli
         result.write_json(json_path)
     with printing(written=(json_path,)):
         result.render(console, quiet=quiet)
-    if json_path and not quiet:
-        err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+    if not quiet:
+        wrote(err, json_path)
+    blas_notices(err, quiet)

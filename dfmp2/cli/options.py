@@ -368,20 +368,54 @@ def _process_group_open() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class StdoutConsole(Console):
-    """A rich Console on stdout whose broken pipe raises BrokenPipeError (for ``printing``)
-    instead of rich's own ``SystemExit(1)``, and whose tables wrap and never truncate: every
-    column of every Table printed (nested ones too) folds its cells (rich's default cuts them
-    with an ellipsis, and a ``no_wrap`` column cuts them silently)."""
+# A console that is not a terminal (a file, a pipe) prints every line whole: this width, far
+# beyond any table, so nothing folds, and text is never wrapped (soft_wrap)
+NO_FOLD_WIDTH = 100_000
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+class ReportConsole(Console):
+    """A rich Console whose tables wrap and never truncate: every column of every Table printed
+    (nested ones too) folds its cells (rich's default cuts them with an ellipsis, and a ``no_wrap``
+    column cuts them silently). Not a terminal (a file, a pipe: ``report_console``): nothing
+    folds at all, and a table's title and caption are lines of their own (rich folds them to the
+    table's width)."""
 
     def print(self, *objects, **kw) -> None:
         for obj in objects:
             _fold(obj)
-        super().print(*objects, **kw)
+        if self.is_terminal:
+            super().print(*objects, **kw)
+            return
+        for obj in objects:
+            self._print_whole(obj, **kw)
+
+    def _print_whole(self, obj, **kw) -> None:
+        from rich.table import Table
+        from rich.text import Text
+
+        if not isinstance(obj, Table) or not (obj.title or obj.caption):
+            super().print(obj, **kw)
+            return
+        title, caption = obj.title, obj.caption
+        obj.title = obj.caption = None
+        try:
+            if title:
+                super().print(self.render_str(title) if isinstance(title, str) else title, soft_wrap=True)
+            super().print(obj, **kw)
+            if caption:
+                cap = self.render_str(caption) if isinstance(caption, str) else caption
+                super().print(Text(cap.plain) if isinstance(cap, Text) else cap, soft_wrap=True)
+        finally:
+            obj.title, obj.caption = title, caption
+
+
+class StdoutConsole(ReportConsole):
+    """A ReportConsole whose broken pipe raises BrokenPipeError (for ``printing``) instead of
+    rich's own ``SystemExit(1)``."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def _fold(renderable) -> None:
@@ -397,12 +431,56 @@ def _fold(renderable) -> None:
             _fold(cell)
 
 
-def stdout_console(width: int = 120, **kw) -> StdoutConsole:
-    """The Console a command prints its tables with: ``width`` columns when stdout is not a
-    terminal (files and pipes get the whole table, wrapped where it is wider), else the
-    terminal's."""
-    console = StdoutConsole(**kw)
-    return console if console.is_terminal else StdoutConsole(width=width, **kw)
+def report_console(cls=ReportConsole, **kw) -> Console:
+    """A ``cls`` console as is on a terminal; else one ``NO_FOLD_WIDTH`` wide that never wraps
+    (logs, captions and tables in a file or pipe stay one line each, whatever their length)."""
+    console = cls(**kw)
+    return console if console.is_terminal else cls(width=NO_FOLD_WIDTH, soft_wrap=True, **kw)
+
+
+def stdout_console(*documents) -> StdoutConsole:
+    """The Console a command prints its tables with: on stdout, unless one of ``documents`` (the
+    output paths a command writes: --json, --qcschema, -o) is standard output (``-``,
+    /dev/stdout: io.outputs.is_stdout), which then holds that document alone and the tables go to
+    stderr. The terminal's width, or no folding in a file or pipe (``report_console``)."""
+    from dfmp2.io.outputs import is_stdout
+
+    return report_console(StdoutConsole, stderr=any(is_stdout(p) for p in documents))
+
+
+def wrote(err, *paths) -> None:
+    """'wrote PATH' (dim) on ``err`` for each file written; nothing for standard output."""
+    from rich.markup import escape
+
+    from dfmp2.io.outputs import is_stdout
+
+    for path in paths:
+        if path and not is_stdout(path):
+            err.print(f"[dim]wrote {escape(str(path))}[/dim]")
+
+
+def blas_notices(err, quiet: bool) -> None:
+    """The cpu BLAS measurements' notices (linalg.cpu_blas.take_notices: one line per measurement
+    this process made, so once per state of the cache) on ``err``; none under -q."""
+    from rich.markup import escape
+
+    blas = sys.modules.get("dfmp2.linalg.cpu_blas")  # never imported: nothing measured
+    for line in blas.take_notices() if blas is not None else ():
+        if not quiet:
+            err.print(f"[dim]note: {escape(line)}[/dim]")
+
+
+def check_stdin(xyz_file, world) -> None:
+    """INPUT ``-`` (standard input) reaches one process only: refused over several ranks."""
+    from dfmp2.io.xyz import STDIN
+
+    if str(xyz_file) == STDIN and world.distributed:
+        raise InputError("INPUT -: standard input reaches one process, not every rank; give the molecule as a file")
+
+
+def stderr_console() -> Console:
+    """The Console of a command's logs, progress and notes (stderr; ``report_console``)."""
+    return report_console(stderr=True)
 
 
 STDOUT_FULL = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)

@@ -13,8 +13,10 @@ from dfmp2.cli.options import (
     resource_options,
     run_options,
     scf_options,
+    stderr_console,
     stdout_console,
     user_errors,
+    wrote,
 )
 from dfmp2.errors import InputError
 from dfmp2.workflows.regress import (
@@ -88,15 +90,13 @@ def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **
 def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, params) -> int:
     """``regress`` on this rank (every rank checks everything and runs its share of the cases;
     rank 0 alone prints and writes); the exit status."""
-    from rich.console import Console
-    from rich.markup import escape
 
     from dfmp2 import distributed
     from dfmp2.drivers.energy import make_backend
     from dfmp2.io.outputs import check_output_file
     from dfmp2.workflows.tasks import per_group
 
-    console, err = stdout_console(width=160), Console(stderr=True)  # piped: the whole table
+    console, err = stdout_console(json_path), stderr_console()  # JSON on stdout: the tables on stderr
     with world.agreeing():  # a refusal on one rank ends every rank, before any work
         options = run_options(params)
         options.precision = precision = options.resolved_precision()
@@ -144,8 +144,7 @@ def _regress(world, names, subset, tolerance, ref_path, json_path, list_only, pa
         write_json(json_path, results, meta)
     with printing(written=(json_path,)):
         render(results, console, options.device, precision, tol, world_size=world.size)
-    if json_path:
-        err.print(f"[dim]wrote {escape(str(json_path))}[/dim]")
+    wrote(err, json_path)
     return 1 if any(not r.passed for r in results) else 0
 
 

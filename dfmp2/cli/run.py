@@ -7,12 +7,13 @@ import contextlib
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from dfmp2.cli.gradient import gradient_table
 from dfmp2.cli.options import (
+    blas_notices,
     cbs_options,
+    check_stdin,
     checkpoint_options,
     device_options,
     method_options,
@@ -22,8 +23,10 @@ from dfmp2.cli.options import (
     resource_options,
     run_options,
     scf_options,
+    stderr_console,
     stdout_console,
     user_errors,
+    wrote,
 )
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
 from dfmp2.io.outputs import check_output_file, write_text
@@ -95,14 +98,15 @@ def _resume_hint(params) -> str:
     "json_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="also write the result as JSON to this path",
+    help="also write the result as JSON to this path ('-': to standard output, the tables then on stderr)",
 )
 @click.option(
     "--qcschema",
     "qcschema_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails); needs qcelemental",
+    help="also write a QCSchema AtomicResult to this path (a FailedOperation when the run fails; '-': to "
+    "standard output, the tables then on stderr); needs qcelemental",
 )
 @click.option(
     "-v",
@@ -115,7 +119,8 @@ def _resume_hint(params) -> str:
 @user_errors(interrupted=_resume_hint)
 def run_command(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
-    or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords)."""
+    or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords).
+    INPUT '-' reads the XYZ from standard input."""
     from dfmp2 import distributed
 
     world = distributed.join(params["device"])  # several ranks (torchrun): the process group
@@ -127,8 +132,9 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
     if world.rank:
         quiet, qcschema_path = True, None
-    err = Console(stderr=True)
+    err = stderr_console()
     options = run_options(params)
+    check_stdin(xyz_file, world)
     qc = _check_outputs(xyz_file, json_path, qcschema_path, options)
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE}
@@ -148,6 +154,7 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     if world.rank:  # rank 0 alone prints and writes
         return
     _write_and_print(xyz_file, json_path, qcschema_path, qc, atomic, result, options, verbose, quiet, err)
+    blas_notices(err, quiet)
 
 
 def _check_outputs(xyz_file, json_path, qcschema_path, options):
@@ -218,7 +225,7 @@ def _write_and_print(xyz_file, json_path, qcschema_path, qc, atomic, result, opt
         raise
     gradient = result if hasattr(result, "gradient") else None  # a QCSchema input's driver 'gradient'
     result = gradient.result if gradient is not None else result
-    console = stdout_console()
+    console = stdout_console(json_path, qcschema_path)  # a document on stdout: the tables on stderr
     with printing(written=(json_path, qcschema_path)):
         if verbose and isinstance(result, Result):  # a CBS document has no stages of its own
             result.render(console, quiet=quiet, verbose=True)
@@ -231,9 +238,8 @@ def _write_and_print(xyz_file, json_path, qcschema_path, qc, atomic, result, opt
     blas = result.ran.get("cpu_blas")
     if verbose and blas and cpu_blas_table(blas) is not None:  # the choice and its evidence
         err.print(cpu_blas_table(blas))
-    for path in (json_path, qcschema_path):
-        if path and not quiet:
-            err.print(f"[dim]wrote {escape(str(path))}[/dim]")
+    if not quiet:
+        wrote(err, json_path, qcschema_path)
 
 
 def _qcschema_path(input_path, qcschema_path, *others):

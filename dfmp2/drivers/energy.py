@@ -43,6 +43,7 @@ from dfmp2.props import stage as props_stage
 from dfmp2.provenance import RunRecord
 from dfmp2.reference import Reference, freeze_lowest
 from dfmp2.scf import driver, pyscf_scf, stability
+from dfmp2.scf.precision import resolve_precision
 from dfmp2.scf.settings import SCFSettings
 from dfmp2.timing import CycleLog, Timer
 
@@ -356,6 +357,25 @@ def run_record(backend, precision: str, mp2: MP2Energies, ref: Reference) -> Run
     )
 
 
+def blas_warnings(ran: dict, caps) -> list[str]:
+    """The result's warning about a cpu BLAS table not to be trusted (measured on a loaded or noisy
+    machine), only where that table changed the run. Which library runs a GEMM changes its speed
+    and rounding, not what is computed, so the choice itself never does: that is a notice on
+    stderr (linalg.cpu_blas.take_notices). It changed the run where its SGEMM/DGEMM ratio chose
+    the SCF's precision (--scf-precision auto) and that choice differs from the one made without
+    a measurement (the device's capabilities: fp64 cycles on a CPU)."""
+    blas = ran.get("cpu_blas") or {}
+    cycles = (ran.get("scf") or {}).get("cycle_precision") or {}
+    if not blas.get("warning") or blas.get("status") in (None, "clean") or cycles.get("requested") != "auto":
+        return []
+    if "measured" not in (cycles.get("why") or "") or cycles.get("mode") == resolve_precision(caps, "auto")[0]:
+        return []
+    return [
+        f"the SCF's precision ({cycles['mode']}) was chosen from a cpu BLAS table measured on a "
+        f"{blas['status']} machine ({blas['status_why']}); --scf-precision fp64 or mixed sets it"
+    ]
+
+
 def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: MemoryPlan, wall_s: float) -> Result:
     """The Result of the run: energies (Hartree), the geometry as run (PySCF's molecule, Å),
     charge and multiplicity, shapes (alpha's for UHF, with the per-spin shapes and energies in
@@ -378,7 +398,6 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
             **mp2.spin_blocks,
         }
     ran = run_record(job.backend, job.precision, mp2, ref).to_dict()
-    blas_warning = (ran.get("cpu_blas") or {}).get("warning")  # a BLAS choice measured under load
     return Result(
         molecule=geom.source,
         natm=geom.natm,
@@ -407,7 +426,7 @@ def make_result(job: Job, ref: Reference, mp2: MP2Energies, timer: Timer, plan: 
         ran=ran,
         memory=plan.to_dict(),
         versions=software_versions(),
-        warnings=job.warnings + reference_warnings(ref) + ([blas_warning] if blas_warning else []),
+        warnings=job.warnings + reference_warnings(ref) + blas_warnings(ran, job.backend.caps),
         ecp=molecule.ecp_info(mol),
         spin=spin,
     )

@@ -16,7 +16,11 @@ Writing rules (``write_text``, ``write_bytes``):
   written into directly, never replaced: renaming over /dev/null would make it a regular file;
 * a directory, a path whose parent is missing or not a directory, or a directory where no file
   can be created (read-only file system, permissions): refused;
-* the run's own input or checkpoint: refused, so ``--json mol.xyz`` cannot overwrite the input.
+* the run's own input or checkpoint: refused, so ``--json mol.xyz`` cannot overwrite the input;
+* ``-`` (``STDOUT``) is standard output: the text is written to ``sys.stdout``; a path that is
+  the same file as standard output (``/dev/stdout``, ``/proc/self/fd/1``) counts as ``-`` too
+  (``is_stdout``), so a command prints its tables elsewhere (stderr) and its stdout holds the
+  document alone. At most one output of a run can be standard output.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import os
 import re
 import shutil
 import stat
+import sys
 import uuid
 from pathlib import Path
 
@@ -72,6 +78,42 @@ def _same(a, b) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
+STDOUT = "-"  # an output path that means standard output
+
+
+def is_stdout(path) -> bool:
+    """Whether output ``path`` is standard output: ``-``, or the same file as this process's
+    stdout (``/dev/stdout``, a file stdout is redirected to; not /dev/null, which takes anything
+    from anyone); None is no output."""
+    if path is None or str(path) == "":
+        return False
+    if str(path) == STDOUT:
+        return True
+    try:
+        fd = sys.stdout.fileno()
+        a, b = os.fstat(fd), os.stat(path)
+        if os.path.samefile(path, os.devnull):
+            return False
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _check_stdout(path: Path, what: str, not_same_as) -> Path:
+    """``check_output_file`` for standard output: no other output of the run may go there too."""
+    for label, other in not_same_as:
+        if label != "input" and is_stdout(other):
+            raise InputError(f"{what} {path} and the {label} {other} both go to standard output; give one a file")
+    return path
+
+
+def _check_not_same(path: Path, what: str, not_same_as) -> None:
+    """InputError when ``path`` is one of the files in ``not_same_as`` (``check_output_file``)."""
+    for label, other in not_same_as:
+        if other is not None and str(other) != STDOUT and _same(path, other):
+            raise InputError(f"{what} {path} is the {label}; it would be overwritten: give another path")
+
+
 @_naming_option
 def check_output_file(path, what: str, *, not_same_as=()) -> Path:
     """Check, before any heavy work, that ``write_text(path, ...)`` can succeed; return the path.
@@ -84,11 +126,11 @@ def check_output_file(path, what: str, *, not_same_as=()) -> Path:
     p = Path(path)
     if str(path) == "":
         raise InputError(f"{what}: the path is empty; give a file name")
+    if is_stdout(path):  # '-' or stdout itself
+        return _check_stdout(p, what, not_same_as)
     if p.name in ("", ".", ".."):
         raise InputError(f"{what}: '{path}' is not a file name")
-    for label, other in not_same_as:
-        if other is not None and _same(p, other):
-            raise InputError(f"{what} {path} is the {label}; it would be overwritten: give another path")
+    _check_not_same(p, what, not_same_as)
     try:
         st = os.stat(p)  # follows a symbolic link, as the write does
     except FileNotFoundError:
@@ -217,6 +259,20 @@ def write_bytes(path, data: bytes) -> None:
     _write(path, data, "wb")
 
 
+def _write_stdout(data) -> None:
+    """``data`` (text or bytes) on standard output, flushed; a failure is an InputError."""
+    try:
+        if isinstance(data, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+    except OSError as e:
+        raise InputError(f"cannot write to standard output ({e.strerror or e})") from None
+
+
 def _open_special(p: Path) -> int:
     """A file descriptor for writing into a device or FIFO. A FIFO (a named pipe, or ``>(jq .)``)
     is opened without blocking: with no process reading it, writing would block the finished run
@@ -227,6 +283,9 @@ def _open_special(p: Path) -> int:
 
 
 def _write(path, data, mode: str) -> None:
+    if is_stdout(path):
+        _write_stdout(data)
+        return
     p = Path(path)
     try:
         st = os.stat(p)

@@ -21,6 +21,7 @@ import difflib
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,8 @@ _KEY_RE = re.compile(r"(?<![\w.-])([A-Za-z][\w-]*)\s*=")  # 'key=' anywhere on t
 _STATE_KEYS = ("charge", "multiplicity", "mult")
 _COUNT_RE = re.compile(r"[+-]?[0-9]{1,9}", re.ASCII)
 _STATE_RE = re.compile(r"\s*([+-]?[0-9]{1,6})\s+([+-]?[0-9]{1,6})\s*", re.ASCII)  # 'charge mult'
+STDIN = "-"  # the input path that means standard input
+STDIN_NAME = "stdin"  # such an input's name in captions and results
 MAX_INPUT_BYTES = 64 * 1000**2  # 64 MB: a million atom lines; an input is read whole, so bounded
 MAX_COORD_ANGSTROM = 1e5  # 10 µm: far beyond any molecule, well inside where r² stays finite
 
@@ -240,6 +243,8 @@ def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> st
     is an InputError. A FIFO is read (``<(...)``, ``/dev/stdin`` from a pipe), up to the bound."""
     if str(path) == "":
         raise InputError(f"the input path is empty; expected {expected}")
+    if str(path) == STDIN:
+        return _decode(_read_stdin(max_bytes, expected), STDIN_NAME)
     p = Path(path)
     try:
         st = os.stat(p)
@@ -263,6 +268,27 @@ def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> st
         raise InputError(f"{path}: not enough memory to read the file") from None
     if len(data) > max_bytes:
         raise InputError(too_big)
+    return _decode(data, path)
+
+
+def _read_stdin(max_bytes: int, expected: str) -> bytes:
+    """Standard input's bytes (``-``), read once to its end, at most ``max_bytes``."""
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        data = stream.read(max_bytes + 1) if stream is not None else sys.stdin.read(max_bytes + 1).encode()
+    except (OSError, ValueError) as e:  # closed or unreadable (ValueError: a closed file)
+        raise InputError(f"{STDIN_NAME}: cannot read standard input ({getattr(e, 'strerror', None) or e})") from None
+    if len(data) > max_bytes:
+        raise InputError(
+            f"{STDIN_NAME}: more than {max_bytes / 1e6:g} MB, far more than any molecule; expected {expected}"
+        )
+    if not data.strip():
+        raise InputError(f"{STDIN_NAME}: standard input is empty; expected {expected} (cat water.xyz | dfmp2 run -)")
+    return data
+
+
+def _decode(data: bytes, path) -> str:
+    """An input's bytes as text: UTF-8 (InputError otherwise), no BOM, newlines as text mode reads them."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -272,5 +298,6 @@ def read_input_text(path, expected: str, max_bytes: int = MAX_INPUT_BYTES) -> st
 
 
 def read_xyz(path) -> Geometry:
-    """Read an XYZ file; a missing or unreadable file is an InputError."""
-    return parse_xyz(read_input_text(path, "an .xyz file"), source=str(path))
+    """Read an XYZ file, or standard input for ``-`` (``STDIN``; the molecule is then named
+    'stdin'); a missing or unreadable file is an InputError."""
+    return parse_xyz(read_input_text(path, "an .xyz file"), source=STDIN_NAME if str(path) == STDIN else str(path))
