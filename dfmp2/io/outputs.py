@@ -212,6 +212,42 @@ def write_text(path, text: str) -> None:
     _write(path, text, "w")
 
 
+def json_text(doc, *, indent=None, default=None, where: str = "the document") -> str:
+    """``doc`` as strict JSON text (a newline at the end): a NaN or an infinity, which JSON has no
+    words for (json.dumps would write NaN or Infinity, which no JSON reader takes), is an InputError
+    naming where it is in ``doc`` and ``where`` (the file)."""
+    import json
+
+    try:
+        return json.dumps(doc, indent=indent, default=default, allow_nan=False) + "\n"
+    except ValueError as e:
+        if "JSON compliant" not in str(e):
+            raise
+        raise InputError(
+            f"{where}: {_non_finite(doc) or 'a value'} is not a finite number, which JSON cannot carry; nothing written"
+        ) from None
+
+
+def _non_finite(doc, at: str = "") -> str | None:
+    """Where the first NaN or infinity in ``doc`` is ('thermo.S_tot[0]'), or None."""
+    import math
+
+    if isinstance(doc, float):
+        return (at or "the value") if not math.isfinite(doc) else None
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, (list, tuple)) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))
+        if found:
+            return found
+    return None
+
+
+def write_json(path, doc, *, indent=None, default=None) -> None:
+    """``write_text`` of ``doc`` as strict JSON (``json_text``): a NaN or an infinity is refused
+    before anything is written."""
+    write_text(path, json_text(doc, indent=indent, default=default, where=str(path)))
+
+
 def write_bytes(path, data: bytes) -> None:
     """``write_text`` for binary content (a plot)."""
     _write(path, data, "wb")

@@ -40,10 +40,12 @@ from dfmp2 import distributed
 from dfmp2.drivers import energy as energy_driver
 from dfmp2.errors import InputError
 from dfmp2.io import molecule as io_molecule
-from dfmp2.io.outputs import write_text
+from dfmp2.io.outputs import write_json
 from dfmp2.io.xyz import Geometry
 from dfmp2.options import RunOptions
 
+TEMPERATURE_K = (1e-2, 1e5)  # the thermochemistry's temperature, K (finite values beyond: see check_conditions)
+PRESSURE_PA = (1e-10, 1e10)  # its pressure, Pa
 STEP_BOHR = 0.005  # central-difference step, bohr (ORCA's NumFreq default)
 IR_KM_MOL = 974.8801  # |dμ/dQ|² of 1 e²/amu in km/mol: 42.2561 (D/Å)²/amu x (4.80320 D/Å per e)²
 STATIONARY_GMAX = 3e-4  # Eh/bohr: above this the geometry is not stationary (geomeTRIC's GAU gmax)
@@ -229,7 +231,7 @@ def save_checkpoint(path, fp: dict, rows: dict) -> None:
         "fingerprint": fp,
         "tasks": {str(k): list(map(float, v)) for k, v in sorted(rows.items())},
     }
-    write_text(path, json.dumps(doc) + "\n")
+    write_json(path, doc)
 
 
 def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, progress=None, log=None):
@@ -276,8 +278,7 @@ def frequencies(  # noqa: PLR0913
 
     if not (math.isfinite(step) and 1e-5 <= step <= 0.1):
         raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
-    if not (temperature > 0 and pressure > 0):
-        raise FrequencyError("the temperature (K) and the pressure (Pa) must be positive", option="temperature")
+    check_conditions(temperature, pressure)
     if symmetry_number is not None and not (
         isinstance(symmetry_number, int) and not isinstance(symmetry_number, bool) and symmetry_number >= 1
     ):
@@ -314,6 +315,21 @@ def frequencies(  # noqa: PLR0913
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
     return analyse(mol, geom, method, rows, step, temperature, pressure, info, first, symmetry_number)
+
+
+def check_conditions(temperature, pressure) -> None:
+    """FrequencyError (naming the option) unless the temperature (K) and the pressure (Pa) are real
+    numbers within ``TEMPERATURE_K`` and ``PRESSURE_PA``: beyond them (infinity, NaN, 1e-300 Pa)
+    the thermochemistry is NaN or infinite, not a number JSON carries."""
+    for name, value, (lo, hi), unit in (
+        ("temperature", temperature, TEMPERATURE_K, "K"),
+        ("pressure", pressure, PRESSURE_PA, "Pa"),
+    ):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
+        if not ok:
+            raise FrequencyError(
+                f"the {name} must be a number from {lo:g} to {hi:g} {unit}, got {value!r}", option=name
+            )
 
 
 def agreed_content(geom: Geometry, options: RunOptions, method: str, step: float, temperature, pressure) -> dict:
