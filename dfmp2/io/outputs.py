@@ -72,6 +72,29 @@ def _same(a, b) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
+def _rank_file_of(p: Path, checkpoint) -> int | None:
+    """The rank r when ``p`` is the checkpoint's rank file ``<checkpoint>.rank<r>``
+    (dfmp2.io.rank_checkpoint.rank_path) in its directory; None otherwise."""
+    ck = Path(checkpoint)
+    m = re.fullmatch(re.escape(ck.name) + r"\.rank([0-9]+)", p.name)
+    if m is None or not _same(p.parent if str(p.parent) else ".", ck.parent if str(ck.parent) else "."):
+        return None
+    return int(m.group(1))
+
+
+def _check_not_same(p: Path, what: str, not_same_as) -> None:
+    """InputError when ``p`` is one of ``not_same_as``'s files, or a checkpoint's rank file."""
+    for label, other in not_same_as:
+        if other is not None and _same(p, other):
+            raise InputError(f"{what} {p} is the {label}; it would be overwritten: give another path")
+        rank = _rank_file_of(p, other) if other is not None and "checkpoint" in label else None
+        if rank is not None:
+            raise InputError(
+                f"{what} {p} is rank {rank}'s file of the {label} {other} (a run over ranks keeps one "
+                "file per rank beside it); it would be overwritten: give another path"
+            )
+
+
 @_naming_option
 def check_output_file(path, what: str, *, not_same_as=()) -> Path:
     """Check, before any heavy work, that ``write_text(path, ...)`` can succeed; return the path.
@@ -86,9 +109,7 @@ def check_output_file(path, what: str, *, not_same_as=()) -> Path:
         raise InputError(f"{what}: the path is empty; give a file name")
     if p.name in ("", ".", ".."):
         raise InputError(f"{what}: '{path}' is not a file name")
-    for label, other in not_same_as:
-        if other is not None and _same(p, other):
-            raise InputError(f"{what} {path} is the {label}; it would be overwritten: give another path")
+    _check_not_same(p, what, not_same_as)
     try:
         st = os.stat(p)  # follows a symbolic link, as the write does
     except FileNotFoundError:
