@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -38,7 +39,7 @@ from pyscf.lib.parameters import BOHR  # Å per bohr: PySCF's
 
 from dfmp2 import distributed
 from dfmp2.drivers import energy as energy_driver
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, file_kind, shown
 from dfmp2.io import molecule as io_molecule
 from dfmp2.io.outputs import write_json
 from dfmp2.io.xyz import Geometry
@@ -50,6 +51,10 @@ STEP_BOHR = 0.005  # central-difference step, bohr (ORCA's NumFreq default)
 IR_KM_MOL = 974.8801  # |dμ/dQ|² of 1 e²/amu in km/mol: 42.2561 (D/Å)²/amu x (4.80320 D/Å per e)²
 STATIONARY_GMAX = 3e-4  # Eh/bohr: above this the geometry is not stationary (geomeTRIC's GAU gmax)
 CHECKPOINT_KIND = "dfmp2-frequencies-checkpoint/1"
+CHECKPOINT_BYTES_PER_NUMBER = 40  # a checkpoint's size bound: a float's repr is at most 24 characters, a comma
+CHECKPOINT_MARGIN_BYTES = 1_000_000  # ... and the fingerprint's (the molecule, the options)
+# the largest |value| a checkpoint row may hold: E (Eh; 1000 uranium atoms: 3e7), g (Eh/bohr), μ (e·bohr)
+ROW_BOUNDS = {"energy": 1e9, "gradient": 1e6, "dipole": 1e6}
 SCHEMA = "dfmp2-frequencies/1"
 # PySCF's detect_symm tolerance (its symm.geom.TOLERANCE, bohr) for the point group of the symmetry number:
 # an optimised geometry is symmetric only to its convergence (geomeTRIC's GAU: steps below 1.8e-3 Å), and
@@ -199,20 +204,28 @@ def fingerprint(geom: Geometry, options: RunOptions, method: str, step: float) -
 
 def load_checkpoint(path, fp: dict, ntask: int, width: int) -> dict:
     """{task: row} from a frequency checkpoint made for ``fp``; {} when there is no file.
-    FrequencyError naming what differs when it was made for another job."""
-    p = Path(path)
-    if not p.exists():
+    FrequencyError naming what differs when it was made for another job, and one naming the file
+    (and the row) when it is not a regular file of sane size or a row is not ``width`` real
+    finite numbers (``check_row``)."""
+    text = _checkpoint_text(path, ntask, width)
+    if text is None:
         return {}
     try:
-        doc = json.loads(p.read_text())
-        assert doc["kind"] == CHECKPOINT_KIND
-        rows = {int(k): [float(x) for x in v] for k, v in doc["tasks"].items()}
-        assert all(0 <= k < ntask and len(v) == width for k, v in rows.items())
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        doc = json.loads(text, parse_constant=lambda c: math.nan)  # old files wrote NaN: no dipole
+        assert doc["kind"] == CHECKPOINT_KIND and isinstance(doc["tasks"], dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
         raise FrequencyError(
             f"{path} is not a dfmp2 frequency checkpoint (or it is damaged)", option="checkpoint"
         ) from None
+    rows = {}
+    for key, row in doc["tasks"].items():
+        k = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= k < ntask:
+            what = f"task {shown(key, 20)!r} is not one of this job's 0..{ntask - 1}"
+            raise FrequencyError(f"{path} is damaged: {what}", option="checkpoint")
+        rows[k] = check_row(row, width, f"{path}: task {k}")
     theirs = doc.get("fingerprint", {})
+    theirs = theirs if isinstance(theirs, dict) else {}
     differ = sorted(k for k in set(fp) | set(theirs) if fp.get(k) != theirs.get(k))
     differ += sorted(
         f"options.{k}"
@@ -225,11 +238,71 @@ def load_checkpoint(path, fp: dict, ntask: int, width: int) -> dict:
     return rows
 
 
+def _checkpoint_text(path, ntask: int, width: int) -> str | None:
+    """The text of the frequency checkpoint at ``path`` (None: no file), read only when it is a
+    regular file (/dev/zero would be read without end, a FIFO wait for a writer for ever) of at
+    most the size its rows can take (``CHECKPOINT_BYTES_PER_NUMBER`` each, and a margin)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise FrequencyError(f"checkpoint {path}: {e.strerror}", option="checkpoint") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FrequencyError(
+            f"checkpoint {path} is {file_kind(st.st_mode)}, not a regular file; give the path of a checkpoint file",
+            option="checkpoint",
+        )
+    limit = CHECKPOINT_MARGIN_BYTES + CHECKPOINT_BYTES_PER_NUMBER * ntask * width
+    if st.st_size > limit:
+        raise FrequencyError(
+            f"checkpoint {path} is {st.st_size:,} bytes, more than this job's checkpoint takes ({limit:,}); "
+            "not a dfmp2 frequency checkpoint of this job",
+            option="checkpoint",
+        )
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise FrequencyError(
+            f"{path} is not a dfmp2 frequency checkpoint (or it is damaged)", option="checkpoint"
+        ) from None
+
+
+def check_row(row, width: int, where: str) -> list:
+    """A checkpoint row as floats: ``width`` numbers [E, g (3N), μ (3)], E and g real finite
+    numbers (not booleans, not strings) within ``ROW_BOUNDS``, μ three such numbers or three
+    nulls (NaN: no dipole). FrequencyError naming ``where`` and the entry otherwise."""
+
+    def bad(i, what):
+        return FrequencyError(f"{where}: entry {i} is {shown(json.dumps(row[i]), 30)}, {what}", option="checkpoint")
+
+    if not isinstance(row, list) or len(row) != width:
+        n = len(row) if isinstance(row, list) else type(row).__name__
+        raise FrequencyError(f"{where}: expected {width} numbers (E, gradient, dipole), found {n}", option="checkpoint")
+    no_dipole = all(x is None or (isinstance(x, float) and math.isnan(x)) for x in row[-3:])
+    out = []
+    for i, x in enumerate(row):
+        if no_dipole and i >= width - 3:
+            out.append(math.nan)
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise bad(i, "expected a number")
+        if not math.isfinite(x):
+            raise bad(i, "expected a finite number")
+        bound = ROW_BOUNDS["energy" if i == 0 else "dipole" if i >= width - 3 else "gradient"]
+        if abs(x) > bound:
+            raise bad(i, f"beyond ±{bound:g}: not a value a run gives")
+        out.append(float(x))
+    return out
+
+
 def save_checkpoint(path, fp: dict, rows: dict) -> None:
     doc = {
         "kind": CHECKPOINT_KIND,
         "fingerprint": fp,
-        "tasks": {str(k): list(map(float, v)) for k, v in sorted(rows.items())},
+        # an absent dipole (NaN) is null: JSON has no NaN (io.outputs.json_text refuses it)
+        "tasks": {str(k): [None if math.isnan(x) else float(x) for x in v] for k, v in sorted(rows.items())},
     }
     write_json(path, doc)
 

@@ -4,6 +4,8 @@ real finite numbers), and the Python API's keyword types."""
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,97 @@ def test_json_writers_refuse_nan(tmp_path):
 def test_api_temperature_refused():
     with pytest.raises(InputError, match="temperature"):
         F.frequencies(read_xyz(WATER), RunOptions(basis="sto-3g"), temperature=math.inf, evaluate=_never)
+
+
+# ------------------------------------------------------------------ the checkpoint file and its rows
+OPTS = RunOptions(basis="sto-3g")
+NTASK, WIDTH = 18, 13  # water: 6N evaluations, rows [E, g (9), μ (3)]
+
+
+def _fp():
+    return F.fingerprint(read_xyz(WATER), OPTS, "mp2", F.STEP_BOHR)
+
+
+def _good_rows():
+    return {k: [-75.0 + 1e-3 * k, *([0.01] * 9), 0.1, 0.2, 0.3] for k in range(4)}
+
+
+def _loads_within(path, seconds=10.0):
+    """load_checkpoint in a thread: (finished, the exception it raised or None)."""
+    import threading
+
+    box = []
+
+    def target():
+        try:
+            F.load_checkpoint(path, _fp(), NTASK, WIDTH)
+            box.append(None)
+        except Exception as e:
+            box.append(e)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    return (not t.is_alive()), (box[0] if box else None)
+
+
+def test_checkpoint_rows_round_trip_with_and_without_dipoles(tmp_path):
+    ck = tmp_path / "ck.json"
+    rows = _good_rows()
+    rows[2] = [*rows[2][:10], math.nan, math.nan, math.nan]  # no dipole (ir off): null in the file
+    F.save_checkpoint(ck, _fp(), rows)
+    assert "NaN" not in ck.read_text()
+    back = F.load_checkpoint(ck, _fp(), NTASK, WIDTH)
+    assert back[1] == rows[1] and all(math.isnan(x) for x in back[2][10:]) and back[2][:10] == rows[2][:10]
+
+
+@pytest.mark.parametrize(
+    "entry,value,says",
+    [
+        (0, "NaN", "entry 0 is NaN, expected a finite number"),
+        (0, "1e300", "beyond"),
+        (3, "true", "entry 3 is true, expected a number"),
+        (3, '"1.5"', "expected a number"),
+        (11, "null", "expected a number"),  # one dipole component absent, the others not
+        (4, "Infinity", "expected a finite number"),
+    ],
+)
+def test_damaged_checkpoint_rows_are_refused(tmp_path, monkeypatch, entry, value, says):
+    ck = tmp_path / "ck.json"
+    F.save_checkpoint(ck, _fp(), _good_rows())
+    doc = json.loads(ck.read_text())
+    row = [json.dumps(x) for x in doc["tasks"]["1"]]
+    row[entry] = value
+    text = json.dumps(doc).replace(json.dumps(doc["tasks"]["1"]), "[" + ", ".join(row) + "]")
+    ck.write_text(text)
+    with pytest.raises(InputError, match="task 1") as e:
+        F.load_checkpoint(ck, _fp(), NTASK, WIDTH)
+    assert str(ck) in str(e.value) and says in str(e.value)
+    monkeypatch.setattr(F, "evaluate_gradient", _never)
+    r = CliRunner().invoke(main, ["frequencies", str(WATER), "-q", "--basis", "sto-3g", "--checkpoint", str(ck)])
+    assert_one_line_error(r, str(ck), "task 1", "(--checkpoint)")
+
+
+@pytest.mark.parametrize("tasks", ['{"1": [1, 2]}', '{"x": []}', '{"99": []}', "[]"])
+def test_checkpoint_of_another_shape_is_refused(tmp_path, tasks):
+    ck = tmp_path / "ck.json"
+    ck.write_text(f'{{"kind": "{F.CHECKPOINT_KIND}", "fingerprint": {{}}, "tasks": {tasks}}}')
+    with pytest.raises(InputError, match=re.escape(str(ck))):
+        F.load_checkpoint(ck, _fp(), NTASK, WIDTH)
+
+
+def test_checkpoint_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "ck.fifo"
+    os.mkfifo(fifo)
+    for path, says in ((fifo, "is a FIFO"), (Path("/dev/zero"), "character device")):
+        done, err = _loads_within(path)
+        assert done, f"reading {path} did not end"
+        assert isinstance(err, InputError) and says in str(err) and "not a regular file" in str(err), err
+
+
+def test_checkpoint_larger_than_its_rows_take_is_refused(tmp_path):
+    ck = tmp_path / "ck.json"
+    with open(ck, "wb") as f:  # sparse: nothing is written
+        f.truncate(F.CHECKPOINT_MARGIN_BYTES + F.CHECKPOINT_BYTES_PER_NUMBER * NTASK * WIDTH + 1)
+    with pytest.raises(InputError, match="more than this job's checkpoint takes"):
+        F.load_checkpoint(ck, _fp(), NTASK, WIDTH)
