@@ -349,8 +349,7 @@ def frequencies(  # noqa: PLR0913
     ``evaluate_gradient``; a test's stand-in). Over the ranks of ``distributed.current()``."""
     from dfmp2.drivers.gradient import check_gradient_options
 
-    if not (math.isfinite(step) and 1e-5 <= step <= 0.1):
-        raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
+    check_arguments(method, step, checkpoint, ir)
     check_conditions(temperature, pressure)
     if symmetry_number is not None and not (
         isinstance(symmetry_number, int) and not isinstance(symmetry_number, bool) and symmetry_number >= 1
@@ -388,6 +387,21 @@ def frequencies(  # noqa: PLR0913
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
     return analyse(mol, geom, method, rows, step, temperature, pressure, info, first, symmetry_number)
+
+
+def check_arguments(method, step, checkpoint, ir) -> None:
+    """FrequencyError (one line naming the argument) for an argument of another type (the Python
+    API's keywords: ``ir='no'`` is not True, ``step='0.01'`` no number) or a step outside 1e-5..0.1 bohr."""
+    if not isinstance(method, str):
+        raise FrequencyError(f"method must be a method name (str), got {type(method).__name__}", option="method")
+    number = isinstance(step, (int, float)) and not isinstance(step, bool)
+    if not (number and math.isfinite(step) and 1e-5 <= step <= 0.1):
+        raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        what = f"checkpoint must be a path (str or pathlib.Path) or None, got {type(checkpoint).__name__}"
+        raise FrequencyError(what, option="checkpoint")
+    if not isinstance(ir, bool):
+        raise FrequencyError(f"ir must be True or False, got {ir!r}", option="ir")
 
 
 def check_conditions(temperature, pressure) -> None:

@@ -166,3 +166,27 @@ def test_checkpoint_larger_than_its_rows_take_is_refused(tmp_path):
         f.truncate(F.CHECKPOINT_MARGIN_BYTES + F.CHECKPOINT_BYTES_PER_NUMBER * NTASK * WIDTH + 1)
     with pytest.raises(InputError, match="more than this job's checkpoint takes"):
         F.load_checkpoint(ck, _fp(), NTASK, WIDTH)
+
+
+# ------------------------------------------------------------------ dfmp2.frequencies' keywords
+@pytest.mark.parametrize(
+    "kw,says",
+    [
+        (dict(ir="no"), "ir must be True or False, got 'no'"),
+        (dict(ir=1), "ir must be True or False"),
+        (dict(step="0.01"), "the step must be between 1e-5 and 0.1 bohr, got '0.01'"),
+        (dict(step=True), "the step must be"),
+        (dict(temperature="300"), "the temperature must be a number"),
+        (dict(pressure=None), "the pressure must be a number"),
+        (dict(checkpoint=3), "checkpoint must be a path"),
+        (dict(symmetry_number=2.0), "symmetry number must be a positive integer"),
+        (dict(method=2), "method must be a method name"),
+    ],
+)
+def test_api_keywords_of_another_type_are_one_input_error(monkeypatch, kw, says):
+    import dfmp2
+
+    monkeypatch.setattr(F, "evaluate_gradient", _never)
+    with pytest.raises(InputError) as e:
+        dfmp2.frequencies(str(WATER), basis="sto-3g", **kw)
+    assert says in str(e.value)
