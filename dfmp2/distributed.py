@@ -553,14 +553,90 @@ def _init(dist, world: World) -> None:
     if world.comm_backend == "nccl":  # one GPU per rank (untested here: no GPU)
         torch.cuda.set_device(torch.device(world.device))
         kw = {"device_id": torch.device(world.device)}
+    timeout = datetime.timedelta(seconds=world.timeout_s)
     with world.talking("start", "joining the process group"):
+        store = _store(world.rank, world.size, world.timeout_s)
+        _gate(store, world)
         dist.init_process_group(
             world.comm_backend,
+            store=dist.PrefixStore("default_pg", store),  # as init_process_group's own env:// store
             rank=world.rank,
             world_size=world.size,
-            timeout=datetime.timedelta(seconds=world.timeout_s),
+            timeout=timeout,
             **kw,
         )
+
+
+# The gate before the process group (``_gate``): every rank checks in at the launcher's store,
+# a rank that could not start (its command line refused, before it could join) leaves its reason
+# there (``announce_failure``), so the others end in seconds, not at the join timeout.
+GATE_POLL_S = 0.05
+
+
+def _gate_key(name: str) -> str:
+    return f"dfmp2/gate/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
+
+
+def _store(rank: int, size: int, timeout: float):
+    """The launcher's key-value store (MASTER_ADDR:MASTER_PORT; rank 0 hosts it, or torchrun's
+    agent), as init_process_group's env:// rendezvous makes it."""
+    import torch.distributed as dist
+
+    delta = datetime.timedelta(seconds=timeout)
+    store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=delta))
+    store.set_timeout(delta)
+    return store
+
+
+def _wait_count(store, name: str, size: int, timeout: float) -> bool:
+    """Whether the counter ``name`` reached ``size`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while store.add(_gate_key(name), 0) < size:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(GATE_POLL_S)
+    return True
+
+
+def _gate(store, world: World) -> None:
+    """Every rank checked in (or the join timeout: RankLostError); a rank that announced it could
+    not start ends the others: rank 0 prints the lowest such rank's reason (InputError), the
+    others exit 2 quietly."""
+    store.add(_gate_key("count"), 1)
+    if not _wait_count(store, "count", world.size, world.timeout_s):
+        raise RankLostError(
+            f"rank {world.rank} of {world.size}: not every rank started within {world.timeout_s:g} s "
+            f"({TIMEOUT_ENV}); the run stopped"
+        )
+    failed = [r for r in range(world.size) if store.check([_gate_key(f"failed/{r}")])]
+    reason = store.get(_gate_key(f"failed/{failed[0]}")).decode() if failed else ""
+    store.add(_gate_key("seen"), 1)
+    if not failed:
+        return
+    if world.rank:
+        raise SystemExit(EXIT_USER_ERROR)
+    raise InputError(f"rank {failed[0]} of {world.size} could not start: {reason}")
+
+
+def announce_failure(reason: str) -> None:
+    """A launched rank that ends before it joins the group (its command line refused) says so at
+    the launcher's store, so the ranks waiting for it end at once (``_gate``); rank 0, the store's
+    host, stays until every rank has read it (at most the join timeout). Nothing without a
+    launcher of several processes, or when the store cannot be reached."""
+    try:
+        launch = launched_world()
+        if launch is None or launch[1] == 1 or not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):
+            return
+        rank, size, _ = launch
+        timeout = timeout_s()
+        store = _store(rank, size, timeout)
+        store.set(_gate_key(f"failed/{rank}"), reason)
+        store.add(_gate_key("count"), 1)
+        store.add(_gate_key("seen"), 1)
+        if rank == 0:
+            _wait_count(store, "seen", size, timeout)
+    except Exception:  # the others then end at their join timeout, as before
+        return
 
 
 _fault_calls: dict = {}  # passes through each fault point (the hook's optional fourth field)

@@ -64,6 +64,7 @@ FLAGS = {
     "scf_mode": "--scf",
     "frozen_core": "--frozen-core/--all-electron",
     "scf_stability": "--scf-stability/--no-scf-stability",
+    "input": "INPUT",  # the commands' argument (the molecule's file), not a flag
 }
 # What the library's errors propose (linalg's ``alternatives``), as the CLI's options.
 OPTION_HINTS = {

@@ -132,10 +132,9 @@ def frequencies_command(  # noqa: PLR0913
     """Harmonic frequencies, normal modes, IR intensities and thermochemistry of the molecule in
     INPUT (XYZ, Ångström) at its geometry (optimise it first: dfmp2 optimize), from central
     differences of analytic DF-MP2 gradients (6N + 1 of them)."""
-    import json
 
     from dfmp2 import distributed
-    from dfmp2.io.outputs import write_text
+    from dfmp2.io.outputs import write_json, write_text
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.frequencies import frequencies, molden_text
 
@@ -173,7 +172,7 @@ def frequencies_command(  # noqa: PLR0913
         if world.rank:  # rank 0 alone writes and prints
             return
         if json_path:
-            write_text(json_path, json.dumps(res.to_dict(), indent=2) + "\n")
+            write_json(json_path, res.to_dict(), indent=2)
         if molden_path:
             write_text(molden_path, molden_text(res))
         with printing(written=(json_path, molden_path)):

@@ -262,10 +262,8 @@ def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, converg
     """``optimize`` on this rank: every rank runs geomeTRIC over the same (bitwise) energies and
     gradients, so takes the same steps; rank 0 alone writes and prints. Not converged: the same
     OptimizationError on every rank, its one line from rank 0, the others exit 2 quietly."""
-    import json
-
     from dfmp2.errors import EXIT_USER_ERROR
-    from dfmp2.io.outputs import write_text
+    from dfmp2.io.outputs import write_json
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows.optimize import OptimizationError, optimize
 
@@ -296,14 +294,14 @@ def _optimize(world, xyz_file, method, final_path, traj_path, max_steps, converg
         if not lead:
             raise SystemExit(EXIT_USER_ERROR) from None
         if json_path and e.result is not None and e.result.last is not None:
-            write_text(json_path, json.dumps(e.result.to_dict(), indent=2) + "\n")
+            write_json(json_path, e.result.to_dict(), indent=2)
         raise
     finally:
         progress.close()
     if not lead:
         return
     if json_path:
-        write_text(json_path, json.dumps(out.to_dict(), indent=2) + "\n")
+        write_json(json_path, out.to_dict(), indent=2)
     with printing(written=(final_path, traj_path, json_path)):
         out.last.result.render(console, quiet=quiet)
         console.print(gradient_table(out.last))

@@ -90,10 +90,11 @@ class OneLineErrorGroup(click.Group):
             ctx = getattr(e, "ctx", None)
             if ctx is not None:
                 msg += f" (see '{ctx.command_path} --help')"
-            from dfmp2.distributed import launcher_rank
+            from dfmp2.distributed import announce_failure, launcher_rank
 
             if not launcher_rank():  # over several ranks every rank exits, rank 0 says why
                 click.echo(f"error: {msg}", err=True)
+            announce_failure(msg)  # ranks started by hand: the others end now, not at their join timeout
             sys.exit(e.exit_code)
         except click.Abort:  # Ctrl-C or EOF outside a command
             click.echo("error: interrupted", err=True)

@@ -70,11 +70,10 @@ class GradientResult:
         return d
 
     def write_json(self, path) -> None:
-        import json
 
-        from dfmp2.io.outputs import write_text
+        from dfmp2.io.outputs import write_json
 
-        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict(), indent=2)
 
 
 def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> None:

@@ -551,7 +551,9 @@ def result_model(inp, version: int, result, parts: dict, gradient=None, options=
 def to_json(model) -> str:
     """A qcelemental model as indented JSON text (numpy arrays as lists)."""
     text = model.model_dump_json() if hasattr(model, "model_dump_json") else model.json()
-    return json.dumps(json.loads(text), indent=2) + "\n"
+    from dfmp2.io.outputs import json_text
+
+    return json_text(json.loads(text), indent=2, where="the QCSchema result")
 
 
 def failed_operation(inp: dict | None, message: str, exc: Exception) -> str:

@@ -107,11 +107,30 @@ def _check_stdout(path: Path, what: str, not_same_as) -> Path:
     return path
 
 
-def _check_not_same(path: Path, what: str, not_same_as) -> None:
-    """InputError when ``path`` is one of the files in ``not_same_as`` (``check_output_file``)."""
+def _rank_file_of(p: Path, checkpoint) -> int | None:
+    """The rank r when ``p`` is the checkpoint's rank file ``<checkpoint>.rank<r>``
+    (dfmp2.io.rank_checkpoint.rank_path) in its directory; None otherwise."""
+    ck = Path(checkpoint)
+    m = re.fullmatch(re.escape(ck.name) + r"\.rank([0-9]+)", p.name)
+    if m is None or not _same(p.parent if str(p.parent) else ".", ck.parent if str(ck.parent) else "."):
+        return None
+    return int(m.group(1))
+
+
+def _check_not_same(p: Path, what: str, not_same_as) -> None:
+    """InputError when ``p`` is one of ``not_same_as``'s files (standard output aside: ``-`` is no
+    file), or a checkpoint's rank file."""
     for label, other in not_same_as:
-        if other is not None and str(other) != STDOUT and _same(path, other):
-            raise InputError(f"{what} {path} is the {label}; it would be overwritten: give another path")
+        if other is None or str(other) == STDOUT:
+            continue
+        if _same(p, other):
+            raise InputError(f"{what} {p} is the {label}; it would be overwritten: give another path")
+        rank = _rank_file_of(p, other) if "checkpoint" in label else None
+        if rank is not None:
+            raise InputError(
+                f"{what} {p} is rank {rank}'s file of the {label} {other} (a run over ranks keeps one "
+                "file per rank beside it); it would be overwritten: give another path"
+            )
 
 
 @_naming_option
@@ -252,6 +271,42 @@ def write_text(path, text: str) -> None:
     /dev/full, a vanished directory) is an InputError naming the path, and leaves no temporary
     file and no half-written file behind."""
     _write(path, text, "w")
+
+
+def json_text(doc, *, indent=None, default=None, where: str = "the document") -> str:
+    """``doc`` as strict JSON text (a newline at the end): a NaN or an infinity, which JSON has no
+    words for (json.dumps would write NaN or Infinity, which no JSON reader takes), is an InputError
+    naming where it is in ``doc`` and ``where`` (the file)."""
+    import json
+
+    try:
+        return json.dumps(doc, indent=indent, default=default, allow_nan=False) + "\n"
+    except ValueError as e:
+        if "JSON compliant" not in str(e):
+            raise
+        raise InputError(
+            f"{where}: {_non_finite(doc) or 'a value'} is not a finite number, which JSON cannot carry; nothing written"
+        ) from None
+
+
+def _non_finite(doc, at: str = "") -> str | None:
+    """Where the first NaN or infinity in ``doc`` is ('thermo.S_tot[0]'), or None."""
+    import math
+
+    if isinstance(doc, float):
+        return (at or "the value") if not math.isfinite(doc) else None
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, (list, tuple)) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))
+        if found:
+            return found
+    return None
+
+
+def write_json(path, doc, *, indent=None, default=None) -> None:
+    """``write_text`` of ``doc`` as strict JSON (``json_text``): a NaN or an infinity is refused
+    before anything is written."""
+    write_text(path, json_text(doc, indent=indent, default=default, where=str(path)))
 
 
 def write_bytes(path, data: bytes) -> None:

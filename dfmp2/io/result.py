@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -262,9 +261,9 @@ class Result:
     def write_json(self, path) -> None:
         """Write atomically (dfmp2.io.outputs.write_text: a half-written file never appears under
         ``path``, and a device such as /dev/null is written into, not replaced)."""
-        from dfmp2.io.outputs import write_text
+        from dfmp2.io.outputs import write_json
 
-        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict(), indent=2)
 
     def render(self, console, quiet: bool = False, verbose: bool = False) -> None:
         """Print the human-readable tables with rich; ``quiet`` (``-q``): the energies table and

@@ -1,12 +1,14 @@
 """XYZ reader.
 
 Format: line 1 the atom count, line 2 a comment (may hold ``charge=N`` and
-``multiplicity=M``, integers, each once; ``spin=`` and near-misses of those keys are refused, other
-words are free text), then one ``symbol x y z`` line per atom, coordinates in Ångström.
+``multiplicity=M``, also written ``charge: N`` or ``charge N``, integers, each once, or be the two
+integers ``N M`` alone; ``spin=`` and near-misses of those keys are refused, other words are free
+text; options override them), then one ``symbol x y z`` line per atom, coordinates in Ångström.
 The symbol may be an atomic number. A line with more than four fields is refused rather than
 guessed at: extended-XYZ files put other things in those columns (``O 8 0.0 0.0 0.119`` is an
 atomic number before the coordinates, other writers append charges or forces). Coordinates
-must be finite and within ``MAX_COORD_ANGSTROM``.
+must be finite and within ``MAX_COORD_ANGSTROM``. One molecule: a multi-frame XYZ (a trajectory) is
+refused in one line naming its frames.
 
 Fragments (``dfmp2 interaction``), Psi4's convention: a line ``--`` between the atom lines of two
 fragments; each fragment may open with a line ``charge multiplicity`` (two integers, e.g. ``-1 1``),
@@ -33,8 +35,11 @@ from dfmp2.errors import InputError, file_kind, shown
 _KNOWN = {s.upper(): s for s in ELEMENTS[1:]}
 # the value is everything up to a space, comma or semicolon, so 'charge=2.5' is seen whole and
 # refused instead of being read as 2
-_CHARGE_RE = re.compile(r"\bcharge\s*=\s*([^\s,;]*)", re.IGNORECASE)
-_MULT_RE = re.compile(r"\b(?:multiplicity|mult)\s*=\s*([^\s,;]*)", re.IGNORECASE)
+# 'charge=1', 'charge: 1' and 'charge 1' (a number after the word: 'charge 1, multiplicity 2');
+# 'charge state' and 'charged' are free text
+_VALUE = r"\s*(?:[=:]\s*|\s(?=\s*[+-]?[0-9.]))([^\s,;]*)"
+_CHARGE_RE = re.compile(r"\bcharge" + _VALUE, re.IGNORECASE)
+_MULT_RE = re.compile(r"\b(?:multiplicity|mult)" + _VALUE, re.IGNORECASE)
 _INT_RE = re.compile(r"[+-]?([0-9]+)", re.ASCII)
 MAX_STATE_DIGITS = 6  # |charge| and multiplicity up to 999999: beyond any molecule
 _KEY_RE = re.compile(r"(?<![\w.-])([A-Za-z][\w-]*)\s*=")  # 'key=' anywhere on the comment line
@@ -112,6 +117,7 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:  # noqa: C901
     if any(line.strip() == "--" for _, line in numbered):
         numbered, fragments, states = _fragments(numbered, source)
     if len(numbered) != natm:
+        _check_frames(lines, natm, source)
         raise InputError(f"{source}: atom count mismatch: line 1 says {natm} atoms, found {len(numbered)} atom lines")
     symbols, coords = [], []
     for k, line in numbered:
@@ -136,12 +142,12 @@ def parse_xyz(text: str, source: str = "<string>") -> Geometry:  # noqa: C901
         if max(abs(v) for v in xyz) > MAX_COORD_ANGSTROM:
             raise InputError(f"{where}: coordinates must be within ±{MAX_COORD_ANGSTROM:g} Å, found '{shown(line)}'")
         coords.append(xyz)
-    _check_comment_keys(comment, f"{source}:2")
+    charge, multiplicity = comment_state(comment, f"{source}:2")
     return Geometry(
         symbols=tuple(symbols),
         coords_angstrom=np.array(coords, dtype=np.float64),
-        charge=_comment_int(_CHARGE_RE, comment, "charge", f"{source}:2"),
-        multiplicity=_comment_int(_MULT_RE, comment, "multiplicity", f"{source}:2"),
+        charge=charge,
+        multiplicity=multiplicity,
         comment=comment.strip(),
         source=source,
         fragments=fragments,
@@ -191,6 +197,39 @@ def _fragments(numbered, source: str) -> tuple:
             "line; give one at the start of every fragment or of none"
         )
     return atom_lines, tuple(out), tuple((q, m) for q, m, _ in given)
+
+
+def comment_state(comment: str, where: str) -> tuple:
+    """(charge, multiplicity) of the comment line, each None when not given: ``charge=1``,
+    ``charge: 1`` or ``charge 1`` (and ``multiplicity``/``mult`` alike), or the line ``1 2`` alone
+    (two integers: charge and multiplicity, as a fragment's line and Psi4's molecule string)."""
+    _check_comment_keys(comment, where)
+    m = _STATE_RE.fullmatch(comment)
+    if m is not None:
+        mult = int(m.group(2))
+        if mult < 1:
+            raise InputError(f"{where}: multiplicity must be 1 or more (2S+1), found {mult} ('charge multiplicity')")
+        return int(m.group(1)), mult
+    return _comment_int(_CHARGE_RE, comment, "charge", where), _comment_int(_MULT_RE, comment, "multiplicity", where)
+
+
+def _check_frames(lines: list, natm: int, source: str) -> None:
+    """InputError for a multi-frame XYZ (a trajectory: another atom count line after the first
+    frame's atoms), which the atom count check would call a mismatch."""
+    starts, pos = [], 0
+    while pos < len(lines) and lines[pos].split() and _COUNT_RE.fullmatch(lines[pos].split()[0]):
+        n = int(lines[pos].split()[0])
+        if n <= 0:
+            break
+        starts.append(pos + 1)
+        pos += n + 2
+    if len(starts) < 2:
+        return
+    frames = f"{len(starts)} frames" if pos == len(lines) else f"{len(starts)} frames or more"
+    raise InputError(
+        f"{source}: multi-frame XYZ: {frames} (line {starts[1]} starts the second); dfmp2 "
+        f"reads one molecule: give one frame in its own file (the first: head -n {natm + 2} {source})"
+    )
 
 
 def _check_comment_keys(comment: str, where: str) -> None:

@@ -28,7 +28,8 @@ from dfmp2.timing import Timer
 def check_properties(options, unrestricted: bool) -> None:
     """InputError (one line, naming the options) before any work for properties that cannot be
     computed: the relaxed density needs the DF-HF's orbital response (a density-fitted SCF), and
-    a UHF one fp64 arithmetic. Nothing asked for: nothing checked."""
+    a UHF one fp64 arithmetic; on a device with fp64 the densities are made in fp64, so precision
+    fp32 is refused (it ran in fp64 silently before). Nothing asked for: nothing checked."""
     if not options.properties:
         return
     what = ", ".join(options.properties)
@@ -39,7 +40,15 @@ def check_properties(options, unrestricted: bool) -> None:
             f"'{options.scf_mode}'",
             option=("properties", "scf_mode"),
         )
-    if unrestricted and not linalg.device_capabilities(options.device).has_fp64:
+    caps = linalg.device_capabilities(options.device)
+    if caps.has_fp64 and options.resolved_precision() != "fp64":
+        raise InputError(
+            f"properties ({what}) are computed in fp64 (the densities, like the gradient, in fp64 on a "
+            f"device that has it); with precision {options.resolved_precision()} they would not be in the "
+            "precision asked for: use precision fp64, or leave the properties out",
+            option=("properties", "precision"),
+        )
+    if unrestricted and not caps.has_fp64:
         raise InputError(
             f"properties ({what}) of a UHF reference need fp64 arithmetic (its Z-vector), which device "
             f"'{options.device}' lacks; run them on cpu (or cuda)",

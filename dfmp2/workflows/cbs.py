@@ -30,7 +30,6 @@ Total energies: E(CBS) = E_SCF(CBS) + E_corr(CBS). Energies in Hartree.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 import time
@@ -328,9 +327,9 @@ class CBSResult:
         }
 
     def write_json(self, path) -> None:
-        from dfmp2.io.outputs import write_text
+        from dfmp2.io.outputs import write_json
 
-        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict(), indent=2)
 
     def render(self, console, quiet: bool = False) -> None:
         """The extrapolated energies beside each basis's, the scheme, then the warnings."""

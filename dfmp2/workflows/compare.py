@@ -27,7 +27,6 @@ The command itself (options and printing) is dfmp2.cli.compare; this module is i
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -359,9 +358,9 @@ def document(
 
 def write_json(path, doc: dict) -> None:
     """Atomically: a half-written file never appears under ``path`` (dfmp2.io.outputs.write_text)."""
-    from dfmp2.io.outputs import write_text
+    from dfmp2.io.outputs import write_json
 
-    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(path, doc, indent=1, default=str)
 
 
 def check_cuda_only(options, names) -> None:

@@ -36,8 +36,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,16 +47,22 @@ from pyscf.lib.parameters import BOHR  # Å per bohr: PySCF's
 
 from dfmp2 import distributed
 from dfmp2.drivers import energy as energy_driver
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, file_kind, shown
 from dfmp2.io import molecule as io_molecule
-from dfmp2.io.outputs import write_text
+from dfmp2.io.outputs import write_json
 from dfmp2.io.xyz import Geometry
 from dfmp2.options import RunOptions
 
+TEMPERATURE_K = (1e-2, 1e5)  # the thermochemistry's temperature, K (finite values beyond: see check_conditions)
+PRESSURE_PA = (1e-10, 1e10)  # its pressure, Pa
 STEP_BOHR = 0.005  # central-difference step, bohr (ORCA's NumFreq default)
 IR_KM_MOL = 974.8801  # |dμ/dQ|² of 1 e²/amu in km/mol: 42.2561 (D/Å)²/amu x (4.80320 D/Å per e)²
 STATIONARY_GMAX = 3e-4  # Eh/bohr: above this the geometry is not stationary (geomeTRIC's GAU gmax)
 CHECKPOINT_KIND = "dfmp2-frequencies-checkpoint/1"
+CHECKPOINT_BYTES_PER_NUMBER = 40  # a checkpoint's size bound: a float's repr is at most 24 characters, a comma
+CHECKPOINT_MARGIN_BYTES = 1_000_000  # ... and the fingerprint's (the molecule, the options)
+# the largest |value| a checkpoint row may hold: E (Eh; 1000 uranium atoms: 3e7), g (Eh/bohr), μ (e·bohr)
+ROW_BOUNDS = {"energy": 1e9, "gradient": 1e6, "dipole": 1e6}
 SCHEMA = "dfmp2-frequencies/1"
 # PySCF's detect_symm tolerance (its symm.geom.TOLERANCE, bohr) for the point group of the symmetry number:
 # an optimised geometry is symmetric only to its convergence (geomeTRIC's GAU: steps below 1.8e-3 Å), and
@@ -227,20 +234,28 @@ def fingerprint(geom: Geometry, options: RunOptions, method: str, step: float) -
 
 def load_checkpoint(path, fp: dict, ntask: int, width: int) -> dict:
     """{task: row} from a frequency checkpoint made for ``fp``; {} when there is no file.
-    FrequencyError naming what differs when it was made for another job."""
-    p = Path(path)
-    if not p.exists():
+    FrequencyError naming what differs when it was made for another job, and one naming the file
+    (and the row) when it is not a regular file of sane size or a row is not ``width`` real
+    finite numbers (``check_row``)."""
+    text = _checkpoint_text(path, ntask, width)
+    if text is None:
         return {}
     try:
-        doc = json.loads(p.read_text())
-        assert doc["kind"] == CHECKPOINT_KIND
-        rows = {int(k): [float(x) for x in v] for k, v in doc["tasks"].items()}
-        assert all(0 <= k < ntask and len(v) == width for k, v in rows.items())
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        doc = json.loads(text, parse_constant=lambda c: math.nan)  # old files wrote NaN: no dipole
+        assert doc["kind"] == CHECKPOINT_KIND and isinstance(doc["tasks"], dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
         raise FrequencyError(
             f"{path} is not a dfmp2 frequency checkpoint (or it is damaged)", option="checkpoint"
         ) from None
+    rows = {}
+    for key, row in doc["tasks"].items():
+        k = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= k < ntask:
+            what = f"task {shown(key, 20)!r} is not one of this job's 0..{ntask - 1}"
+            raise FrequencyError(f"{path} is damaged: {what}", option="checkpoint")
+        rows[k] = check_row(row, width, f"{path}: task {k}")
     theirs = doc.get("fingerprint", {})
+    theirs = theirs if isinstance(theirs, dict) else {}
     differ = sorted(k for k in set(fp) | set(theirs) if fp.get(k) != theirs.get(k))
     differ += sorted(
         f"options.{k}"
@@ -253,13 +268,73 @@ def load_checkpoint(path, fp: dict, ntask: int, width: int) -> dict:
     return rows
 
 
+def _checkpoint_text(path, ntask: int, width: int) -> str | None:
+    """The text of the frequency checkpoint at ``path`` (None: no file), read only when it is a
+    regular file (/dev/zero would be read without end, a FIFO wait for a writer for ever) of at
+    most the size its rows can take (``CHECKPOINT_BYTES_PER_NUMBER`` each, and a margin)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise FrequencyError(f"checkpoint {path}: {e.strerror}", option="checkpoint") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FrequencyError(
+            f"checkpoint {path} is {file_kind(st.st_mode)}, not a regular file; give the path of a checkpoint file",
+            option="checkpoint",
+        )
+    limit = CHECKPOINT_MARGIN_BYTES + CHECKPOINT_BYTES_PER_NUMBER * ntask * width
+    if st.st_size > limit:
+        raise FrequencyError(
+            f"checkpoint {path} is {st.st_size:,} bytes, more than this job's checkpoint takes ({limit:,}); "
+            "not a dfmp2 frequency checkpoint of this job",
+            option="checkpoint",
+        )
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise FrequencyError(
+            f"{path} is not a dfmp2 frequency checkpoint (or it is damaged)", option="checkpoint"
+        ) from None
+
+
+def check_row(row, width: int, where: str) -> list:
+    """A checkpoint row as floats: ``width`` numbers [E, g (3N), μ (3)], E and g real finite
+    numbers (not booleans, not strings) within ``ROW_BOUNDS``, μ three such numbers or three
+    nulls (NaN: no dipole). FrequencyError naming ``where`` and the entry otherwise."""
+
+    def bad(i, what):
+        return FrequencyError(f"{where}: entry {i} is {shown(json.dumps(row[i]), 30)}, {what}", option="checkpoint")
+
+    if not isinstance(row, list) or len(row) != width:
+        n = len(row) if isinstance(row, list) else type(row).__name__
+        raise FrequencyError(f"{where}: expected {width} numbers (E, gradient, dipole), found {n}", option="checkpoint")
+    no_dipole = all(x is None or (isinstance(x, float) and math.isnan(x)) for x in row[-3:])
+    out = []
+    for i, x in enumerate(row):
+        if no_dipole and i >= width - 3:
+            out.append(math.nan)
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise bad(i, "expected a number")
+        if not math.isfinite(x):
+            raise bad(i, "expected a finite number")
+        bound = ROW_BOUNDS["energy" if i == 0 else "dipole" if i >= width - 3 else "gradient"]
+        if abs(x) > bound:
+            raise bad(i, f"beyond ±{bound:g}: not a value a run gives")
+        out.append(float(x))
+    return out
+
+
 def save_checkpoint(path, fp: dict, rows: dict) -> None:
     doc = {
         "kind": CHECKPOINT_KIND,
         "fingerprint": fp,
-        "tasks": {str(k): list(map(float, v)) for k, v in sorted(rows.items())},
+        # an absent dipole (NaN) is null: JSON has no NaN (io.outputs.json_text refuses it)
+        "tasks": {str(k): [None if math.isnan(x) else float(x) for x in v] for k, v in sorted(rows.items())},
     }
-    write_text(path, json.dumps(doc) + "\n")
+    write_json(path, doc)
 
 
 def evaluate_gradient(geom: Geometry, options: RunOptions, method: str, world, progress=None, log=None):
@@ -304,10 +379,8 @@ def frequencies(  # noqa: PLR0913
     ``evaluate_gradient``; a test's stand-in). Over the ranks of ``distributed.current()``."""
     from dfmp2.drivers.gradient import check_gradient_options
 
-    if not (math.isfinite(step) and 1e-5 <= step <= 0.1):
-        raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
-    if not (temperature > 0 and pressure > 0):
-        raise FrequencyError("the temperature (K) and the pressure (Pa) must be positive", option="temperature")
+    check_arguments(method, step, checkpoint, ir)
+    check_conditions(temperature, pressure)
     if symmetry_number is not None and not (
         isinstance(symmetry_number, int) and not isinstance(symmetry_number, bool) and symmetry_number >= 1
     ):
@@ -344,6 +417,36 @@ def frequencies(  # noqa: PLR0913
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
     return analyse(mol, geom, method, rows, step, temperature, pressure, info, first, symmetry_number)
+
+
+def check_arguments(method, step, checkpoint, ir) -> None:
+    """FrequencyError (one line naming the argument) for an argument of another type (the Python
+    API's keywords: ``ir='no'`` is not True, ``step='0.01'`` no number) or a step outside 1e-5..0.1 bohr."""
+    if not isinstance(method, str):
+        raise FrequencyError(f"method must be a method name (str), got {type(method).__name__}", option="method")
+    number = isinstance(step, (int, float)) and not isinstance(step, bool)
+    if not (number and math.isfinite(step) and 1e-5 <= step <= 0.1):
+        raise FrequencyError(f"the step must be between 1e-5 and 0.1 bohr, got {step!r}", option="step")
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        what = f"checkpoint must be a path (str or pathlib.Path) or None, got {type(checkpoint).__name__}"
+        raise FrequencyError(what, option="checkpoint")
+    if not isinstance(ir, bool):
+        raise FrequencyError(f"ir must be True or False, got {ir!r}", option="ir")
+
+
+def check_conditions(temperature, pressure) -> None:
+    """FrequencyError (naming the option) unless the temperature (K) and the pressure (Pa) are real
+    numbers within ``TEMPERATURE_K`` and ``PRESSURE_PA``: beyond them (infinity, NaN, 1e-300 Pa)
+    the thermochemistry is NaN or infinite, not a number JSON carries."""
+    for name, value, (lo, hi), unit in (
+        ("temperature", temperature, TEMPERATURE_K, "K"),
+        ("pressure", pressure, PRESSURE_PA, "Pa"),
+    ):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
+        if not ok:
+            raise FrequencyError(
+                f"the {name} must be a number from {lo:g} to {hi:g} {unit}, got {value!r}", option=name
+            )
 
 
 def agreed_content(geom: Geometry, options: RunOptions, method: str, step: float, temperature, pressure) -> dict:

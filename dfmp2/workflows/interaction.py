@@ -26,7 +26,6 @@ Everything is checked, and every molecule of the 2N+1 runs is built, before the 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -406,9 +405,9 @@ class InteractionResult:
         }
 
     def write_json(self, path) -> None:
-        from dfmp2.io.outputs import write_text
+        from dfmp2.io.outputs import write_json
 
-        write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict(), indent=2)
 
     def render(self, console, quiet: bool = False) -> None:
         from rich.markup import escape

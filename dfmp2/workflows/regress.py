@@ -392,9 +392,9 @@ def write_json(path, results: list[CaseResult], meta: dict) -> None:
         "summary": summary(results),
         "cases": [{**asdict(r), "ran": json_ran(r.ran)} for r in results],
     }
-    from dfmp2.io.outputs import write_text
+    from dfmp2.io.outputs import write_json
 
-    write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(path, doc, indent=1, default=str)
 
 
 def choose_cases(refs: dict, subset: str | None, names=()) -> list[dict]:

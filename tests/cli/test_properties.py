@@ -100,6 +100,7 @@ def test_run_without_properties_has_none():
             ["need fp64 arithmetic", "(--properties, --device)"],
         ),
         (["--properties", "dipole", "--basis", "cc-pv[dt]z"], ["a CBS extrapolation does not carry them"]),
+        (["--properties", "dipole", "--precision", "fp32"], ["computed in fp64", "(--properties, --precision)"]),
     ],
 )
 def test_properties_refused_in_one_line_before_the_scf(args, fragments, no_scf):

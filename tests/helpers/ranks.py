@@ -52,8 +52,7 @@ def launch(tmp_path, argsets, command="run", **extra):
             LOCAL_RANK=str(r),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
-            DFMP2_DIST_TIMEOUT_S="40",
-            **extra,
+            **{"DFMP2_DIST_TIMEOUT_S": "40", **extra},
         )
         procs.append(
             subprocess.Popen(

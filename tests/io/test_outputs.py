@@ -224,6 +224,22 @@ def test_json_refuses_the_input_and_the_checkpoint(tmp_path, no_heavy_work):
     assert xyz.read_text() == WATER.read_text() and ck.read_bytes() == b"stands for a checkpoint"
 
 
+@pytest.mark.parametrize("flag", ["--json", "--qcschema"])
+def test_outputs_refuse_a_rank_s_checkpoint_file(tmp_path, no_heavy_work, flag):
+    """A run over ranks keeps rank r's checkpoint in '<checkpoint>.rank<r>': an output of that name
+    (from another directory spelling too) would replace it."""
+    rank1 = tmp_path / "ck.h5.rank1"
+    rank1.write_bytes(b"stands for rank 1's file")
+    for ck_flag in ("--checkpoint", "--resume"):
+        for out in (rank1, Path(os.path.relpath(rank1)), tmp_path / "sub" / ".." / "ck.h5.rank12"):
+            (tmp_path / "sub").mkdir(exist_ok=True)
+            r = CliRunner().invoke(main, ["run", str(WATER), ck_flag, str(tmp_path / "ck.h5"), flag, str(out)])
+            one_error(r, "file of the checkpoint", "rank 1" if out.name.endswith("1") else "rank 12")
+    assert rank1.read_bytes() == b"stands for rank 1's file"
+    assert outputs._rank_file_of(tmp_path / "ck.h5.rank1x", tmp_path / "ck.h5") is None
+    assert outputs._rank_file_of(tmp_path / "other" / "ck.h5.rank1", tmp_path / "ck.h5") is None
+
+
 def test_write_into_a_fifo_keeps_the_fifo(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

@@ -582,6 +582,23 @@ def test_ranks_per_run_in_one_process_is_refused(tmp_path, command, args, says):
 SMALL_ARGS = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 
 
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_rank_refusing_its_command_line_ends_the_others_at_once(tmp_path, bad_rank):
+    """Ranks started by hand, one given a flag that does not exist (click refuses it before the rank
+    can join): every rank exits 2 within seconds, not at the 1800 s join timeout, rank 0 saying why
+    in one line."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    good = [str(tmp_path / "water.xyz"), *ARGS]
+    argsets = [good, good]
+    argsets[bad_rank] = [*good, "--no-such-flag"]
+    res = _launch(tmp_path, argsets, DFMP2_DIST_TIMEOUT_S="1800")
+    assert [rc for rc, _, _ in res] == [2, 2], res
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "--no-such-flag" in lines[0], res
+    assert not any("Traceback" in err for _, err, _ in res), res
+    assert max(t for _, _, t in res) < 30, res
+
+
 # ---------------------------------------------------------------- the ranks agree on their input
 SMALL = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 
