@@ -117,7 +117,9 @@ class FrequencyResult:
     def to_dict(self) -> dict:
         from dfmp2.io.result import software_versions
 
-        th = {k: np.asarray(v[0]).tolist() for k, v in self.thermo.items()}
+        # a linear molecule's rotational constant about its axis is infinite: null in JSON
+        th = {k: np.where(np.isinf(v[0]), None, v[0]).tolist() if k == "rot_const" else np.asarray(v[0]).tolist()
+              for k, v in self.thermo.items()}  # fmt: skip
         return {
             "schema": SCHEMA,
             "method": self.method,
@@ -160,7 +162,10 @@ class FrequencyResult:
                 "force_constants": "mdyn/angstrom",
                 "ir_intensities": "km/mol",
                 "dipole": "e*bohr (atomic units), origin (0, 0, 0)",
-                "thermo": {k: v[1] for k, v in self.thermo.items()},
+                "thermo": {
+                    k: v[1] + (" (null: infinite, about a linear molecule's axis)" if k == "rot_const" else "")
+                    for k, v in self.thermo.items()
+                },
             },
         }
 
