@@ -109,6 +109,13 @@ def run_hessian(geom, options, method: str, progress=None, log=None):
     the dipole)."""
     from dfmp2.workflows.frequencies import frequencies
 
+    for name in ("checkpoint", "resume"):  # one energy checkpoint cannot hold 6N + 1 geometries
+        if getattr(options, name):
+            raise InputError(
+                f"driver 'hessian' keeps no {name} file (its 6N + 1 gradients are at different geometries); "
+                "run dfmp2 frequencies --checkpoint for a Hessian that resumes",
+                option=name,
+            )
     fr = frequencies(geom, options, method, ir="dipole" in options.properties, log=log, progress=progress)
     if fr.first is None:  # rank 0 computes the reference geometry (task 0): never None there
         raise InputError("the Hessian's reference geometry was not computed in this process")

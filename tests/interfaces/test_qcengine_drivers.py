@@ -213,3 +213,19 @@ def test_hessian_driver_returns_dfmp2_frequencies_hessian(version):
         fd = (energy(xp) - 2 * e0 + energy(xm)) / h**2
         assert abs(H[i, i] - fd) <= 5e-5, (i, H[i, i], fd)
     assert ran["method"] == "mp2"
+
+
+def test_hessian_input_on_the_command_line_refuses_an_energy_checkpoint(tmp_path, no_scf):
+    """`dfmp2 run h.json --checkpoint`: one energy checkpoint cannot hold the Hessian's 6N + 1
+    geometries; one error line, exit 2, no file left."""
+    import json
+
+    from click.testing import CliRunner
+
+    from dfmp2.cli.main import main
+
+    path, ck = tmp_path / "h.json", tmp_path / "ck.h5"
+    path.write_text(json.dumps(doc("hessian", 1)))
+    res = CliRunner().invoke(main, ["run", str(path), "--checkpoint", str(ck), "-q"])
+    assert res.exit_code == 2 and "driver 'hessian' keeps no checkpoint file" in res.output, res.output
+    assert "Traceback" not in res.output and not ck.exists()
