@@ -11,8 +11,11 @@ result back to the input's version (``qcengine.compute(..., return_version=)``),
 inputs both work. What QCEngine's task config sets: ``memory`` (GiB) becomes the run's memory
 limit on a host device (cpu, trn*) unless ``keywords.memory_mb`` gives one (on a GPU the limit
 is the GPU's: keywords.memory_mb or 80 % of its free memory); ``ncores``, torch's thread count
-for the call; ``scratch_directory``, where out-of-core files go. ``driver`` ``energy``, or
-``gradient`` (RHF or UHF: dfmp2.interfaces.qcschema); others are an input_error.
+for the call; ``scratch_directory``, where out-of-core files go. ``driver`` ``energy``,
+``gradient`` (RHF or UHF: dfmp2.interfaces.qcschema), ``hessian`` (``dfmp2 frequencies``' Hessian)
+or ``properties`` (the energy and the relaxed dipole; both dfmp2.interfaces.qcschema_drivers); the
+result keeps the input's ``id``. Psi4's keyword names where they map one to one
+(dfmp2.interfaces.qcschema_keywords).
 
 An expected error becomes a FailedOperation whose ``error_message`` is QCEngine's header and
 dfmp2's one line (``dfmp2.interfaces.qcschema.error_line``: the AtomicInput field it is about, never a

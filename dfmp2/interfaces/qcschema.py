@@ -7,16 +7,18 @@ Both are validated with ``qcelemental``'s models (0.50 or newer: v1 and v2), an 
 dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an input is a v2
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
-AtomicInput accepted: driver ``energy``, or ``gradient`` (RHF or UHF, density-fitted SCF:
+AtomicInput accepted: driver ``energy``, ``gradient`` (RHF or UHF, density-fitted SCF:
 ``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of E(MP2)
-in Hartree/Bohr, the order of the input's atoms); model ``{"method": "mp2", "basis": <orbital
+in Hartree/Bohr, the order of the input's atoms), ``hessian`` and ``properties``
+(``dfmp2.interfaces.qcschema_drivers``); model ``{"method": "mp2", "basis": <orbital
 basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
 molecular_multiplicity, ghost atoms (``real: false``: their element's orbital and fitting basis
 functions, no nucleus, no electrons); keywords (all optional, the CLI's defaults otherwise)
 ``auxbasis``, ``frozen_core`` (bool), ``ecp`` (auto|none|none-for-testing), ``scf_mode``
 (df|pyscf-df|exact), ``device``, ``precision`` (fp64|fp32), ``memory_mb``, ``properties``
 (["dipole"]: ``scf_dipole_moment`` and ``mp2_dipole_moment``, the relaxed MP2 dipole, in e·a0 about
-the input's origin). model.method is the run's (a CLI ``--method`` beside it is refused). The
+the input's origin), and Psi4's names where they map one to one (``dfmp2.interfaces.qcschema_keywords``).
+The AtomicResult keeps the input's ``id``. model.method is the run's (a CLI ``--method`` beside it is refused). The
 AtomicResult: ``return_energy`` = the method's total (E(MP2), E(SCS-MP2) for scs-mp2, a double
 hybrid's ``Result.e_tot``); the standard properties (nuclear_repulsion_energy,
 scf_one_electron_energy, scf_two_electron_energy, scf_total_energy, scf_iterations,
@@ -36,6 +38,8 @@ from __future__ import annotations
 import json
 
 from dfmp2.errors import InputError, SCFNotConvergedError, shown
+from dfmp2.interfaces.qcschema_drivers import DRIVERS, DriverOutput, driver_of
+from dfmp2.interfaces.qcschema_keywords import keyword_settings
 from dfmp2.io.xyz import read_input_text
 from dfmp2.mp2 import double_hybrids
 from dfmp2.options import ECP_CHOICES, PRECISIONS, PROPERTY_CHOICES, SCF_MODES, basis_text
@@ -46,7 +50,6 @@ METHODS = ("mp2", "scs-mp2", "sos-mp2")  # dfmp2.io.result.METHOD_SCALES: return
 # the energies (Result.energies) and Psi4's qcvar prefix of each method
 METHOD_ENERGY = {"mp2": ("e_mp2", "MP2"), "scs-mp2": ("e_scs_mp2", "SCS-MP2"), "sos-mp2": ("e_sos_mp2", "SOS-MP2")}
 DOUBLE_HYBRIDS = double_hybrids.FUNCTIONALS  # model.method of a double hybrid (docs/double_hybrids.md)
-DRIVERS = ("energy", "gradient")  # gradient: RHF or UHF (dfmp2.drivers.gradient)
 # keywords.basis_map: {element: basis name} for those elements, model.basis for the rest (_basis)
 BASIS_MAP = "basis_map"
 # keyword (a RunOptions field) -> check(value): what it must be, or None when it is fine
@@ -215,7 +218,7 @@ def _settings(inp, where: str) -> dict:
     driver = getattr(spec.driver, "value", spec.driver)
     if driver not in DRIVERS:
         raise InputError(
-            f"{where}: driver '{driver}' is not supported; dfmp2 computes driver {' and '.join(map(repr, DRIVERS))}"
+            f"{where}: driver '{driver}' is not supported; dfmp2 computes driver {', '.join(map(repr, DRIVERS))}"
         )
     method = str(spec.model.method).strip().lower()
     if method not in METHODS and method not in DOUBLE_HYBRIDS:
@@ -245,15 +248,9 @@ def _settings(inp, where: str) -> dict:
         "charge": int(round(charge)),
         "multiplicity": int(round(mult)),
     }
-    for key, value in spec.keywords.items():
-        if key == BASIS_MAP:
-            continue  # in the basis (_basis)
-        if key not in KEYWORDS:
-            raise InputError(f"{where}: unknown keyword '{shown(key, 30)}'; use {', '.join([*KEYWORDS, BASIS_MAP])}")
-        problem = KEYWORDS[key](value)
-        if problem:
-            raise InputError(f"{where}: keyword {key} must be {problem}, got {shown(json.dumps(value), 40)}")
-        settings[key] = value.strip() if isinstance(value, str) else value
+    # dfmp2's names and Psi4's (freeze_core, df_basis_mp2, mp2_type, scf_type, basis); basis_map: _basis
+    keywords = {k: v for k, v in spec.keywords.items() if k != BASIS_MAP}
+    settings.update(keyword_settings(keywords, KEYWORDS, spec.model.basis, where))
     if "properties" in settings:  # the names checked as RunOptions checks them: one line, naming the keyword
         from dfmp2.options import property_names
 
@@ -349,15 +346,39 @@ def run_atomic_input(
     inp, version, geom, options = parse_input(atomic_input, where, options, given)
     parts = ScfEnergyParts()
     method = input_method(inp)
-    if getattr(inp.specification.driver, "value", inp.specification.driver) == "gradient":
+    driver = driver_of(inp)
+    if driver == "hessian":
+        return _run_hessian(inp, version, geom, options, method, progress, log)
+    if driver == "gradient":
         from dfmp2.drivers.gradient import run_gradient
 
         gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr
-    done = run_energy(prepare(geom, options, log=log), progress=progress, log=log, on_plan=on_plan)
+    extra = None
+    if driver == "properties":
+        from dfmp2.interfaces import qcschema_drivers as drivers
+
+        options = drivers.properties_options(inp, options, where)
+        done = drivers.run_properties(geom, options, method, progress=progress, log=log, on_plan=on_plan)
+        extra = drivers.properties_output(done.result, METHOD_ENERGY[method][1])
+    else:
+        done = run_energy(prepare(geom, options, log=log), progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
-    return result_model(inp, version, done.result, parts.values, options=options), done.result
+    return result_model(inp, version, done.result, parts.values, options=options, extra=extra), done.result
+
+
+def _run_hessian(inp, version, geom, options, method, progress, log):
+    """Driver 'hessian' (dfmp2.interfaces.qcschema_drivers): (the AtomicResult, the reference
+    geometry's GradientResult, whose energy and gradient the result's properties carry)."""
+    from dfmp2.interfaces.qcschema_drivers import hessian_output, run_hessian
+
+    fr, gr = run_hessian(geom, options, method, progress=progress, log=log)
+    parts = ScfEnergyParts()
+    parts(gr.energy_run.mol, gr.energy_run.ref)
+    extra = hessian_output(fr, METHOD_ENERGY[method][1])
+    model = result_model(inp, version, gr.result, parts.values, gradient=gr, options=options, extra=extra)
+    return model, gr
 
 
 def input_method(inp) -> str:
@@ -455,7 +476,10 @@ def dipole_properties(result) -> dict:
     dip = (result.properties or {}).get("dipole")
     if not dip:
         return {}
-    return {"scf_dipole_moment": list(dip["hf"]["au"]), "mp2_dipole_moment": list(dip["relaxed"]["au"])}
+    out = {"scf_dipole_moment": list(dip["hf"]["au"])}
+    if dip.get("method", "mp2") == "mp2":  # SCS- and SOS-MP2's dipole is not MP2's: in the qcvars only
+        out["mp2_dipole_moment"] = list(dip["relaxed"]["au"])
+    return out
 
 
 def qcvars(result, method: str = "mp2", gradient=None) -> dict:
@@ -508,12 +532,16 @@ def report_text(result, gradient=None, width: int = 120) -> str:
     return console.file.getvalue()
 
 
-def result_model(inp, version: int, result, parts: dict, gradient=None, options=None):
+def result_model(
+    inp, version: int, result, parts: dict, gradient=None, options=None, extra: DriverOutput | None = None
+):
     """The AtomicResult (validated by qcelemental) of ``result`` for the v2 AtomicInput ``inp``,
     in QCSchema ``version`` (1 or 2); ``gradient``: the ``GradientResult`` of driver
-    'gradient' (return_result the N x 3 gradient, Hartree/Bohr). As QCEngine's Psi4 harness
-    fills them: ``stdout`` the human report, ``native_files['input']`` the input document,
-    ``provenance`` with ``memory`` (GiB, the run's limit) and ``nthreads`` (torch's threads)."""
+    'gradient' (return_result the N x 3 gradient, Hartree/Bohr); ``extra``: what driver
+    'hessian' or 'properties' adds (its return_result, properties, qcvars, document). As
+    QCEngine's Psi4 harness fills them: ``id`` the input's, ``stdout`` the human report,
+    ``native_files['input']`` the input document, ``provenance`` with ``memory`` (GiB, the run's
+    limit) and ``nthreads`` (torch's threads)."""
     import torch
 
     import dfmp2
@@ -525,17 +553,20 @@ def result_model(inp, version: int, result, parts: dict, gradient=None, options=
         props["return_gradient"] = gradient.gradient.tolist()
         props["scf_total_gradient"] = gradient.parts.hf.tolist()
     limit_mb = (result.memory or {}).get("limit_mb") or getattr(options, "memory_mb", None)
+    extra = extra or DriverOutput(gradient.gradient.tolist() if gradient is not None else props["return_energy"])
+    document = gradient.to_dict() if gradient is not None else result.to_dict()
     out = models().v2.AtomicResult(
+        id=inp.id,  # QCEngine's convention: the result carries its input's id
         input_data=inp,
         molecule=inp.molecule,
-        properties=props,
-        return_result=gradient.gradient.tolist() if gradient is not None else props["return_energy"],
+        properties={**props, **extra.properties},
+        return_result=extra.return_result,
         success=True,
-        stdout=report_text(result, gradient),
+        stdout=report_text(result, gradient) + extra.report,
         native_files={"input": inp.model_dump_json(indent=1)},
         extras={
-            "qcvars": qcvars(result, method, gradient),
-            "dfmp2": gradient.to_dict() if gradient is not None else result.to_dict(),
+            "qcvars": {**qcvars(result, method, gradient), **extra.qcvars},
+            "dfmp2": extra.document if extra.document is not None else document,
         },
         provenance={
             "creator": "dfmp2",

@@ -102,12 +102,7 @@ def test_compute_returns_a_validated_atomic_result_of_the_inputs_version(name, n
 @pytest.mark.parametrize(
     "driver, changes, kind, fragment",
     [
-        (
-            "hessian",
-            {},
-            "input_error",
-            "driver 'hessian' is not supported; dfmp2 computes driver 'energy' and 'gradient'",
-        ),
+        ("properties", {"properties": ["octupole"]}, "input_error", "unknown property 'octupole'"),
         ("energy", {"freeze": True}, "input_error", "unknown keyword 'freeze'"),
         ("energy", {"memory_mb": 0.001}, "resource_error", "(keywords.memory_mb)"),
     ],
@@ -123,7 +118,7 @@ def test_errors_are_failed_operations_with_dfmp2s_line(no_scf, version, driver, 
     assert fragment in line and "\n" not in line and " --" not in line and "input.json" not in line
     assert f.error.error_message.endswith(": " + line), (f.error.error_message, line)
     assert f.error.extras["dfmp2_error"] == type(e.value).__name__
-    with pytest.raises(Exception, match="driver 'hessian' is not supported" if driver == "hessian" else "keyword"):
+    with pytest.raises(Exception, match="octupole" if driver == "properties" else "keyword"):
         qcng.compute(doc, "dfmp2", raise_error=True)
 
 

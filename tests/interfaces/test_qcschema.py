@@ -154,15 +154,19 @@ def test_xyz_input_with_qcschema_output(tmp_path):
     [
         ("{not json", [], "not valid JSON"),
         ("[1, 2]", [], "is a JSON object"),
-        (water_input(driver="hessian"), [], "driver 'hessian' is not supported"),
+        (water_input(driver="hessian", keywords={"mp2_type": "conv"}), [], "density-fitted MP2 only"),
         (
             water_input(schema_version=3),
             [],
             "schema_version 3 is not supported; dfmp2 reads QCSchema AtomicInput v1 and v2",
         ),
         (water_input(driver="nonsense"), [], "not a valid QCSchema AtomicInput: driver"),
-        (water_input(driver="hessian"), [], "driver 'hessian' is not supported; dfmp2 computes driver 'energy' and"),
-        (water_input(driver="properties"), [], "driver 'properties' is not supported"),
+        (
+            water_input(driver="properties", model={"method": "mp2", "basis": "sto-3g", "properties": ["quadrupole"]}),
+            [],
+            'model.properties ["quadrupole"] is not supported; dfmp2 computes dipole',
+        ),
+        (water_input(keywords={"frozen_core": True, "freeze_core": False}), [], "set the same thing (frozen_core)"),
         (water_input(model={"method": "ccsd", "basis": "cc-pvdz"}), [], "model.method 'ccsd' is not supported"),
         (water_input(keywords={"freeze": True}), [], "unknown keyword 'freeze'"),
         (water_input(keywords={"frozen_core": "yes"}), [], "keyword frozen_core must be true or false"),
@@ -357,9 +361,9 @@ def test_a_v2_atomic_input_file_runs_and_writes_a_v2_atomic_result(tmp_path):
 
 def test_a_v2_input_error_is_a_v2_failed_operation(tmp_path, no_scf):
     out = tmp_path / "out.json"
-    doc = as_v2(water_input(driver="hessian"))
+    doc = as_v2(water_input(driver="hessian", keywords={"mp2_type": "conv"}))
     message = one_error_line(CliRunner().invoke(main, ["run", write(tmp_path, doc), "--qcschema", str(out)]))
-    assert "driver 'hessian' is not supported" in message
+    assert 'keyword mp2_type "conv" is not supported' in message
     f = qcel.models.v2.FailedOperation.model_validate_json(out.read_text())
     assert f.error.error_message == message and f.input_data == doc
 
