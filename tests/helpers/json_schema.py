@@ -25,8 +25,8 @@ def _validator(name: str):
 
 def document_kind(doc) -> str | None:
     """The schema name of a dfmp2 document (``dfmp2.io.schemas.kind``: 'result', 'gradient',
-    'optimize', 'frequencies', 'interaction' or 'cbs'), else None (a QCSchema record, a
-    checkpoint, a comparison's or a benchmark's report ...)."""
+    'optimize', 'frequencies', 'interaction', 'cbs', or the reports 'compare', 'regress',
+    'bench'), else None (a QCSchema record, a checkpoint ...)."""
     from dfmp2.io import schemas
 
     if not isinstance(doc, dict):
@@ -36,6 +36,9 @@ def document_kind(doc) -> str | None:
     if (doc.get("kind") == "cbs" and "components" in doc) or "interaction_energies" in doc:
         return schemas.kind(doc)
     if {"energies", "ran", "shapes", "schema_version"} <= set(doc):
+        return schemas.kind(doc)
+    reports = ({"problem", "devices_requested", "summary"}, {"meta", "summary", "cases"}, {"meta", "ops", "gemm_peak"})
+    if any(keys <= set(doc) for keys in reports):  # compare's, regress's, bench's
         return schemas.kind(doc)
     return None
 

@@ -1,8 +1,8 @@
 """Every document a dfmp2 command writes with --json has its published schema and its own kind
-(``dfmp2.io.schemas.kind``): run, gradient, optimize, frequencies, interaction and a CBS bracket,
-each made by the CLI here and validated with jsonschema. The frequency analysis's 19 gradients
-are a pair-spring model's (the document's shape, not its numbers, is under test); the heavy test
-makes it from DF-MP2 gradients."""
+(``dfmp2.io.schemas.kind``): run, gradient, optimize, frequencies, interaction, a CBS bracket and
+the reports of compare, regress and bench, each made here and validated with jsonschema. The
+frequency analysis's 19 gradients are a pair-spring model's (the document's shape, not its
+numbers, is under test); the heavy test makes it from DF-MP2 gradients."""
 
 import json
 
@@ -29,6 +29,8 @@ COMMANDS = {
     "frequencies": (WATER, ["frequencies", "--basis", "sto-3g"], 0),
     "interaction": (H2_DIMER, ["interaction", "--basis", "6-31g", "--fragments", "1-2,3-4"], 0),
     "cbs": (H2, ["run", "--basis", "cc-pv[dt]z"], 0),
+    "compare": (None, ["compare", "--synthetic", "3,10,12", "--devices", "cpu"], 0),
+    "regress": (None, ["regress", "hydrogen_fluoride|cc-pvdz|cc-pvdz-ri|df|ae"], 0),
 }
 
 
@@ -52,7 +54,8 @@ def springs(reference: np.ndarray):
 def write(tmp_path, name: str, model_frequencies: bool = True) -> tuple[dict, str]:
     text, args, code = COMMANDS[name]
     xyz, out = tmp_path / f"{name}.xyz", tmp_path / f"{name}.json"
-    xyz.write_text(text)
+    if text is not None:
+        xyz.write_text(text)
     extra = ["--output", str(tmp_path / "final.xyz")] if name == "optimize" else []
     with pytest.MonkeyPatch.context() as mp:
         if name == "frequencies" and model_frequencies:
@@ -63,7 +66,9 @@ def write(tmp_path, name: str, model_frequencies: bool = True) -> tuple[dict, st
                 return [e, *g.ravel(), *[float("nan")] * 3], None
 
             mp.setattr(F, "evaluate_gradient", evaluate)
-        r = CliRunner().invoke(main, [args[0], str(xyz), *args[1:], *FAST, *extra, "--json", str(out)])
+        given = [str(xyz)] if text is not None else []
+        fast = FAST if name not in ("compare", "regress") else ["--cpu-blas", "torch"]  # they have no -q
+        r = CliRunner().invoke(main, [args[0], *given, *args[1:], *fast, *extra, "--json", str(out)])
     assert r.exit_code == code, r.output
     return json.loads(out.read_text()), r.output
 
@@ -86,7 +91,33 @@ def test_each_command_s_document_has_its_own_kind_and_meets_its_schema(tmp_path,
 
 
 def test_every_schema_is_some_command_s_document():
-    assert set(schemas.NAMES) == set(COMMANDS)
+    assert set(schemas.NAMES) == {*COMMANDS, "bench"}
+
+
+def test_a_bench_report_meets_its_schema(tmp_path):
+    """dfmp2 bench's NAME.json on one tiny shape (run_bench and write_json, what the command calls)."""
+    from dfmp2.benchmarks import report, shapes
+    from dfmp2.benchmarks.run import BenchOptions, run_bench
+
+    opts = BenchOptions(
+        shapes=[shapes.parse_shape("4,20,60")],
+        devices=["cpu"],
+        precisions=["fp64"],
+        ops=["gemm"],
+        waters=[],
+        warmup=0,
+        repeats=1,
+        min_time=0.0,
+        max_time=0.2,
+        peak_n=32,
+        trn_validate=False,
+    )
+    report.write_json(run_bench(opts, log=lambda m: None), tmp_path / "b.json")
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert schemas.kind(doc) == "bench"
+    schemas.validate(doc, "bench")
+    with pytest.raises(jsonschema.ValidationError):
+        schemas.validate({k: v for k, v in doc.items() if k != "ops"}, "bench")
 
 
 @pytest.mark.parametrize(
