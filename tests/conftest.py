@@ -91,8 +91,9 @@ def _one_worker_for_the_triton_interpreter(config, items):
 
 @pytest.fixture(autouse=True)
 def _json_documents_validated(monkeypatch):
-    """Every result, gradient, interaction and CBS document a test makes dfmp2 write (in the test's
-    process) is validated against the shipped JSON Schema first (tests/helpers/json_schema.py)."""
+    """Every result, gradient, optimize, frequencies, interaction and CBS document a test makes
+    dfmp2 write (in the test's process) is validated against the shipped JSON Schema first
+    (tests/helpers/json_schema.py)."""
     from json_schema import validating_writes
 
     validating_writes(monkeypatch)

@@ -14,6 +14,7 @@ import click
 from rich.markup import escape
 
 from dfmp2.cli.options import (
+    ShownChoice,
     blas_notices,
     check_stdin,
     device_options,
@@ -33,7 +34,27 @@ from dfmp2.io.outputs import check_output_file, is_stdout
 from dfmp2.io.result import METHOD_SCALES as SCALES
 from dfmp2.memory import human
 from dfmp2.mp2.double_hybrids import FUNCTIONALS
-from dfmp2.options import CONVERGENCE_SETS
+from dfmp2.options import CONVERGENCE_SETS, SCF_DF_MODES, SCF_MODES
+
+# what the gradient commands (gradient, optimize, frequencies) accept, in their --help: one basis, a
+# density-fitted SCF, fp64 where the device has it, MP2's energies (the others parse, to be refused
+# in one line with the reason: check_gradient_options)
+POINT_CHANGES = {
+    "molecule": {"basis": {"help": "orbital basis set (one basis; a bracket such as cc-pv[dt]z is dfmp2 run's)"}},
+    "device": {
+        "precision": {
+            "help": "the gradient is computed in fp64, the derivative of the fp64 energy [default: fp64; fp32 only "
+            "on a device without fp64 (trn: the RHF gradient, its pair loop in fp32)]"
+        }
+    },
+    "scf": {
+        "scf_mode": {
+            "type": ShownChoice(SCF_DF_MODES, refused=[m for m in SCF_MODES if m not in SCF_DF_MODES]),
+            "help": "the gradient needs a density-fitted SCF: df, ours with density fitting (JK-fit basis) "
+            "on the device; pyscf-df, PySCF's DF-RHF/DF-UHF on the host (the cross-check)",
+        }
+    },
+}
 
 
 def gradient_table(gr):
@@ -73,16 +94,16 @@ def point_inputs(method_help: str):
         for deco in reversed(
             (
                 click.argument("xyz_file", metavar="INPUT", type=click.Path(dir_okay=False)),
-                molecule_options(),
-                device_options(),
-                scf_options(),
+                molecule_options(**POINT_CHANGES["molecule"]),
+                device_options(**POINT_CHANGES["device"]),
+                scf_options(**POINT_CHANGES["scf"]),
                 resource_options(),
-                click.option(  # double hybrids listed to be refused in one line (check_gradient_options)
+                click.option(  # double hybrids parse, to be refused in one line (check_gradient_options)
                     "--method",
-                    type=click.Choice(tuple(SCALES) + tuple(FUNCTIONALS)),
+                    type=ShownChoice(SCALES, refused=FUNCTIONALS),
                     default="mp2",
                     show_default=True,
-                    help=method_help + " (double hybrids: refused, no analytic derivatives)",
+                    help=method_help,
                 ),
             )
         ):

@@ -57,6 +57,24 @@ from dfmp2.options import (
 _DEFAULT = RunOptions()
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
 
+
+class ShownChoice(click.Choice):
+    """A click.Choice whose --help, error message and shell completion offer only ``shown`` (what
+    the command accepts); the names in ``refused`` still parse, so that the command's own check
+    refuses them with its reason in one error line (a double hybrid's gradient, --scf exact)."""
+
+    def __init__(self, shown, refused=(), case_sensitive: bool = True):
+        super().__init__(tuple(shown), case_sensitive)
+        self.refused = tuple(refused)
+
+    def convert(self, value, param, ctx):
+        fold = (lambda v: v) if self.case_sensitive else (lambda v: str(v).casefold())
+        for name in self.refused:
+            if fold(value) == fold(name):
+                return name
+        return super().convert(value, param, ctx)
+
+
 # click.option keywords of each shared option (besides its flag, name and default)
 SPECS = {
     "basis": dict(
@@ -74,8 +92,8 @@ SPECS = {
     "charge": dict(type=int, help="molecular charge [default: XYZ comment, else 0]"),
     "multiplicity": dict(type=int, help="spin multiplicity 2S+1 [default: XYZ comment, else 1]"),
     "reference": dict(
-        type=click.Choice(REFERENCES),
-        help="SCF reference: auto is RHF for a closed shell, UHF (DF-UMP2) otherwise; rohf is not supported",
+        type=ShownChoice([r for r in REFERENCES if r != "rohf"], refused=("rohf",)),
+        help="SCF reference: auto is RHF for a closed shell, UHF (DF-UMP2) otherwise (ROHF is not supported)",
     ),
     "ecp": dict(
         type=click.Choice(ECP_CHOICES),

@@ -16,7 +16,78 @@ import numpy as np
 
 from dfmp2.errors import InputError
 
+# The keyword options of energy(), gradient() and frequencies(): RunOptions' fields (dfmp2.options),
+# each with its units and default, appended to their docstrings (help(dfmp2.energy));
+# tests/interfaces/test_api_docs.py checks every field is here with RunOptions' default.
+OPTIONS_DOC = """
 
+    Keyword options (``dfmp2.options.RunOptions``' fields; ``dfmp2 run --help`` has the same as flags):
+
+    The molecule and the method
+        basis: orbital basis set name; a bracket such as 'cc-pv[dt]z' extrapolates (energy() only)
+            [default: cc-pvdz]
+        auxbasis: MP2 fitting basis [default: None, the MP2-fit set matched to basis (e.g.
+            cc-pvdz-ri; def2-tzvpp-ri or AutoAux for elements it lacks)]
+        charge: molecular charge, e [default: None, the XYZ comment's, else 0; a Mole's own]
+        multiplicity: spin multiplicity 2S+1 [default: None, the XYZ comment's, else 1; a Mole's own]
+        reference: 'auto' (RHF for a closed shell, UHF otherwise), 'rhf' or 'uhf' [default: auto]
+        ecp: 'auto' (the effective core potential the basis comes with), 'none' or
+            'none-for-testing' [default: auto]
+        frozen_core: freeze the chemical core orbitals in MP2 (bool) [default: False]
+        method: energy(): 'mp2' or a double hybrid ('b2plyp', 'dsd-pbep86', ...:
+            docs/double_hybrids.md); gradient() and frequencies() take their own ``method``,
+            'mp2', 'scs-mp2' or 'sos-mp2' [default: mp2]
+        dft_grid: a double hybrid's KS-SCF grid level, PySCF's grids.level 0-9 [default: 3]
+        properties: after the energy, e.g. ('dipole',) or 'dipole': HF, unrelaxed and relaxed
+            MP2 dipoles in debye and e*bohr [default: (), none]
+        cbs_scf: a basis bracket's SCF scheme: 'xtpl_highest_1', 'scf_xtpl_helgaker_2' or
+            'scf_xtpl_helgaker_3' [default: xtpl_highest_1]
+
+    The device
+        device: 'cpu', 'cuda', 'cuda:N', 'trn1' or 'trn2' [default: cpu]
+        simulate: trn1/trn2 only: run the NKI kernels on this CPU (bool) [default: False]
+        precision: 'fp64' or 'fp32', the GEMMs' working precision (energies summed in fp64)
+            [default: None, fp64 on cpu and cuda, fp32 on trn]
+        pair_kernel: the MP2 pair-step path: 'auto', 'gemm+epilogue', 'gemm+torch' (cpu) or
+            'fused' (cuda) [default: auto]
+        integrals: 3-center integral engine: 'auto', 'host' or 'gpu4pyscf' (cuda) [default: auto]
+        cpu_blas: cpu only: 'auto' (the faster measured per op and size), 'torch' or 'openblas'
+            [default: auto]
+
+    The SCF
+        scf_mode: 'df' (ours, density-fitted), 'pyscf-df' (PySCF's DF-SCF) or 'exact' (PySCF's
+            SCF with exact integrals; energy() only) [default: df]
+        scf_max_cycle: most SCF iterations [default: 100]
+        scf_conv_tol_grad: the orbital-gradient norm the SCF must reach, atomic units
+            [default: 1e-09]
+        scf_screen: our DF-SCF's Schwarz threshold of the JK factor's shell pairs, Hartree^1/2
+            (0: all kept; at most 1e-6) [default: 1e-12]
+        scf_precision: our DF-SCF's J/K: 'auto', 'fp64' or 'mixed' [default: auto]
+        scf_stability: check a converged UHF's internal stability (bool) [default: True]
+        dist_scf: over several ranks: 'split' (the JK factor over the ranks) or 'replicated'
+            [default: split]
+        ranks_per_run: over several ranks, the ranks of each run of a task-parallel workflow
+            (CBS bracket, frequencies) [default: 1]
+
+    Memory, disk and checkpoints
+        memory_mb: memory limit per process, MB [default: None, 80% of available]
+        storage: where B lives: 'auto' (memory if the plan fits), 'memory' or 'disk' [default: auto]
+        scratch_dir: directory for out-of-core files [default: None, $TMPDIR or /tmp]
+        checkpoint: write an HDF5 checkpoint (SCF, B, finished pair blocks) to this new file as the
+            energy run goes [default: None, none]
+        resume: continue the interrupted run in this checkpoint [default: None, none]
+        occ_block_max: occupied orbitals per block, before the memory plan (tuning) [default: 16]
+        j3c_block_mb: target size of one streamed (mu nu|P) block, MB (tuning) [default: 512]
+"""
+
+
+def _with_options(f):
+    """``f`` with OPTIONS_DOC after its docstring (help() shows every keyword option)."""
+    f.__doc__ = (f.__doc__ or "") + OPTIONS_DOC
+    return f
+
+
+@_with_options
 def energy(molecule, **options):
     """DF-MP2 from a molecule: an XYZ file path (str or Path, Ångström) or a PySCF ``gto.Mole``
     (its atoms, charge and spin; its basis name unless ``basis=`` is given). ``options`` are
@@ -51,6 +122,7 @@ def run(  # noqa: PLR0913
     return done.result
 
 
+@_with_options
 def gradient(molecule, method: str = "mp2", **options):
     """The DF-MP2 energy and its nuclear gradient, as ``dfmp2 gradient`` computes them, for an XYZ
     file path or a PySCF ``gto.Mole`` (as ``energy``). ``method``: 'mp2', 'scs-mp2' or 'sos-mp2'
@@ -65,6 +137,7 @@ def gradient(molecule, method: str = "mp2", **options):
     return run_gradient(geom, opts, method=method)
 
 
+@_with_options
 def frequencies(molecule, method: str = "mp2", **options):
     """Harmonic frequencies (cm⁻¹), normal modes, IR intensities (km/mol) and thermochemistry of
     ``method``'s DF-MP2 energy at the molecule's geometry (an XYZ file path or a PySCF ``gto.Mole``,

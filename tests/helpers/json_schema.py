@@ -1,11 +1,12 @@
 """The shipped JSON Schemas (dfmp2/io/schemas) applied to the documents the tests see,
 imported as ``from json_schema import ...``.
 
-``checked(doc)`` validates a result, gradient, interaction or CBS document against its schema and
-returns it; ``read(path)`` does so for a file. ``validating_writes(monkeypatch)`` (tests/conftest.py
-applies it to every test) validates each such document as dfmp2 writes it in the test's process
-(``dfmp2.io.outputs.write_text``, which every --json writer calls): a document a CLI test makes
-that the schema refuses fails that test. Subprocess runs are checked where their JSON is read.
+``checked(doc)`` validates a result, gradient, optimize, frequencies, interaction or CBS
+document against its schema and returns it; ``read(path)`` does so for a file.
+``validating_writes(monkeypatch)`` (tests/conftest.py applies it to every test) validates each
+such document as dfmp2 writes it in the test's process (``dfmp2.io.outputs.write_text``, which
+every --json writer calls): a document a CLI test makes that the schema refuses fails that test.
+Subprocess runs are checked where their JSON is read.
 """
 
 import functools
@@ -23,16 +24,22 @@ def _validator(name: str):
 
 
 def document_kind(doc) -> str | None:
-    """'result', 'gradient', 'interaction' or 'cbs' for one of those documents, else None (an
-    optimisation's, a frequency analysis's, a QCSchema record, a checkpoint ...)."""
-    if not isinstance(doc, dict) or "optimization" in doc:
+    """The schema name of a dfmp2 document (``dfmp2.io.schemas.kind``: 'result', 'gradient',
+    'optimize', 'frequencies', 'interaction', 'cbs', or the reports 'compare', 'regress',
+    'bench'), else None (a QCSchema record, a checkpoint ...)."""
+    from dfmp2.io import schemas
+
+    if not isinstance(doc, dict):
         return None
-    if doc.get("kind") == "cbs" and "components" in doc:
-        return "cbs"
-    if "interaction_energies" in doc:
-        return "interaction"
+    if str(doc.get("schema", "")).startswith("dfmp2-frequencies/"):
+        return "frequencies"
+    if (doc.get("kind") == "cbs" and "components" in doc) or "interaction_energies" in doc:
+        return schemas.kind(doc)
     if {"energies", "ran", "shapes", "schema_version"} <= set(doc):
-        return "gradient" if "gradient" in doc else "result"
+        return schemas.kind(doc)
+    reports = ({"problem", "devices_requested", "summary"}, {"meta", "summary", "cases"}, {"meta", "ops", "gemm_peak"})
+    if any(keys <= set(doc) for keys in reports):  # compare's, regress's, bench's
+        return schemas.kind(doc)
     return None
 
 
@@ -40,7 +47,7 @@ def checked(doc: dict, name: str | None = None) -> dict:
     """``doc`` after validating it against its schema (``name``, default its ``document_kind``);
     an AssertionError naming every failing path otherwise."""
     name = name or document_kind(doc)
-    assert name is not None, f"not a dfmp2 result, gradient, interaction or CBS document: {sorted(doc)[:12]}"
+    assert name is not None, f"not a dfmp2 document: {sorted(doc)[:12]}"
     errors = sorted(_validator(name).iter_errors(doc), key=lambda e: list(e.absolute_path))
     assert not errors, f"{name} document fails its schema: " + "; ".join(
         f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message[:200]}" for e in errors[:5]
@@ -71,7 +78,7 @@ def key_paths(doc, prefix: str = "") -> set:
 
 
 def validating_writes(monkeypatch) -> None:
-    """Validate every result, gradient, interaction and CBS document written through
+    """Validate every dfmp2 document (``document_kind``) written through
     ``dfmp2.io.outputs.write_text`` in this process before it is written."""
     from dfmp2.io import outputs
 

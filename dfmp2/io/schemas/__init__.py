@@ -2,8 +2,13 @@
 
     result.schema.json       dfmp2 run --json (dfmp2.io.result.Result.to_dict)
     gradient.schema.json     dfmp2 gradient --json, and dfmp2 run of a QCSchema driver 'gradient'
+    optimize.schema.json     dfmp2 optimize --json (the last step's gradient document and 'optimization')
+    frequencies.schema.json  dfmp2 frequencies --json (Hessian, modes, thermochemistry, symmetry)
     interaction.schema.json  dfmp2 interaction --json
     cbs.schema.json          dfmp2 run --json with a basis bracket (cc-pv[dt]z)
+    compare.schema.json      dfmp2 compare --json (a report: top-level keys fixed, its records open)
+    regress.schema.json      dfmp2 regress --json (a report, as compare's)
+    bench.schema.json        dfmp2 bench's NAME.json (a report, as compare's)
     common.schema.json       the records they share ($defs): energies, geometry, what ran (the SCF,
                              the storage, the cpu BLAS choice), the memory plan, the gradient section
 
@@ -23,7 +28,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-NAMES = ("result", "gradient", "interaction", "cbs")  # the documents; "common" holds their shared $defs
+# the documents (kind(doc) names one): the runs', then the tools' reports; "common" holds their $defs
+NAMES = ("result", "gradient", "optimize", "frequencies", "interaction", "cbs", "compare", "regress", "bench")
 URN = "urn:dfmp2:schema:"
 
 
@@ -56,9 +62,27 @@ def validate(doc: dict, name: str) -> None:
 
 
 def kind(doc: dict) -> str:
-    """Which document ``doc`` is, from its keys: 'cbs', 'interaction', 'gradient' or 'result'."""
+    """Which document ``doc`` is (one of NAMES), from the fields each carries: a frequency
+    analysis its ``schema`` ('dfmp2-frequencies/<n>'), a CBS extrapolation its ``kind`` 'cbs', an
+    optimisation its ``optimization`` record, an interaction its ``interaction_energies``, a
+    gradient its ``gradient`` section, a result its ``schema_version``; the reports of compare
+    (``devices_requested``), regress (``cases``) and bench (``gemm_peak``). ValueError for what is
+    none of them."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"not a dfmp2 document: a JSON {type(doc).__name__}, not an object")
+    if str(doc.get("schema", "")).startswith("dfmp2-frequencies/"):
+        return "frequencies"
     if doc.get("kind") == "cbs":
         return "cbs"
     if "interaction_energies" in doc:
         return "interaction"
-    return "gradient" if "gradient" in doc else "result"
+    if "optimization" in doc:
+        return "optimize"
+    if "gradient" in doc:
+        return "gradient"
+    if "schema_version" in doc:
+        return "result"
+    for name, key in (("compare", "devices_requested"), ("regress", "cases"), ("bench", "gemm_peak")):
+        if key in doc:
+            return name
+    raise ValueError(f"not a dfmp2 document (no schema_version or schema): keys {', '.join(sorted(doc)[:8])}")
