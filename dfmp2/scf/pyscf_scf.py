@@ -12,6 +12,7 @@ or on disk (``pyscf_df_disk_mb``), every file PySCF writes in ``pyscf_scratch``.
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import tempfile
 import warnings
@@ -172,25 +173,46 @@ def run_ks(
     return ref, ks
 
 
+STALL_CYCLES = 10  # the last cycles over which a gradient that fell by less than half has stalled
+
+
+def stalled(gnorms) -> float | None:
+    """The level (Eh) at which the orbital gradient has stalled: the smallest of the last
+    STALL_CYCLES norms of ``gnorms`` when they fell by less than a factor of 2 over them (more
+    cycles will not help: a Kohn-Sham grid's noise, or a flat rotation between the degenerate
+    orbitals of a partly filled shell, as in OH's pi doublet); None when still falling or too few."""
+    last = [float(g) for g in list(gnorms)[-STALL_CYCLES:]]
+    if len(last) < STALL_CYCLES or not all(g == g for g in last):
+        return None
+    return min(last) if min(last) > 0.5 * max(last) else None
+
+
 def not_converged(
-    what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, settings: SCFSettings
+    what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, settings: SCFSettings, gnorms=()
 ) -> SCFNotConvergedError:
     """The error of an SCF that stopped unconverged after ``cycles``: what did not converge and by
     how much (never the input's fault), against the thresholds of ``settings``. Its option: the
-    gradient threshold when the energy had converged (a gradient that stalls just above it), else
-    the cycle limit."""
+    gradient threshold when the gradient has stalled (``stalled`` of the cycles' norms ``gnorms``:
+    a threshold ten times that level, rounded up to a power of ten, is named) or the energy had
+    converged, else the cycle limit."""
     conv_tol, conv_tol_grad = settings.conv_tol, settings.conv_tol_grad
     energy_ok = abs(d_e) < conv_tol
+    level = stalled(gnorms)
+    if level is not None:
+        looser = 10.0 ** math.ceil(math.log10(10 * level))
+        advice = (
+            f"the gradient has stalled near {level:.1e} over the last {STALL_CYCLES} cycles, so more cycles "
+            f"will not help; a gradient threshold of {looser:g} ends it there"
+        )
+    elif energy_ok:
+        advice = "loosen the gradient threshold if that energy is converged enough for you"
+    else:
+        advice = "raise the cycle limit"
     return SCFNotConvergedError(
         f"{what} did not converge in {cycles} cycles: the last energy change {d_e:.1e} Eh "
         f"({'below' if energy_ok else 'above'} the threshold {conv_tol:g}) and orbital-gradient norm "
-        f"{gnorm:.1e} (threshold {conv_tol_grad:g}), last energy {e_tot:.10f} Eh; "
-        + (
-            "loosen the gradient threshold if that energy is converged enough for you"
-            if energy_ok
-            else "raise the cycle limit"
-        ),
-        option="scf_conv_tol_grad" if energy_ok else "scf_max_cycle",
+        f"{gnorm:.1e} (threshold {conv_tol_grad:g}), last energy {e_tot:.10f} Eh; " + advice,
+        option="scf_conv_tol_grad" if energy_ok or level is not None else "scf_max_cycle",
     )
 
 
@@ -284,7 +306,10 @@ def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage
     mf.kernel()
     if not mf.converged:
         raise not_converged(
-            what, *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))), settings
+            what,
+            *(cycles[-1] if cycles else (0, float(mf.e_tot), float("nan"), float("nan"))),
+            settings,
+            [c[3] for c in cycles],
         )
     record = ScfRecord(
         engine="pyscf",

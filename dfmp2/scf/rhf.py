@@ -323,6 +323,7 @@ class DFRHF:
         D, G = self.guess()
         e_tot = self.energy(D, G)
         diis = self.diis = DIIS(self.diis_space, scaled=self.diis_scaled)
+        gnorms = []  # the cycles' gradient norms: a stall's advice (pyscf_scf.not_converged)
         for cycle in range(max_cycle):
             e_last, D_last = e_tot, D
             F = self.H + G
@@ -334,6 +335,7 @@ class DFRHF:
             e_tot = self.energy(D, G)
             F = self.H + G
             gnorm = self.orbital_gradient(F, C)
+            gnorms.append(gnorm)
             self.progress(cycle + 1, e_tot, e_tot - e_last, gnorm, self.cycle_precision)
             if self.fp32_phase:
                 self.fp32_cycles += 1
@@ -342,7 +344,9 @@ class DFRHF:
                 return cycle + 1, D, G, F
             else:
                 self.maybe_host_rebuild(cycle + 1, e_tot - e_last, gnorm)
-        raise pyscf_scf.not_converged(self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.settings)
+        raise pyscf_scf.not_converged(
+            self.reference, max_cycle, e_tot, e_tot - e_last, gnorm, self.settings, gnorms[-pyscf_scf.STALL_CYCLES :]
+        )
 
     def maybe_switch(self, cycle: int, d_e: float, gnorm: float) -> bool:
         """End the fp32 phase once the orbital gradient nears the fp32 build's noise (below

@@ -140,3 +140,19 @@ def test_pyscf_df_keeps_pyscfs_uhf():
     theirs = run(OPEN / "hydroxyl.xyz", RunOptions(scf_mode="pyscf-df"))
     assert theirs.ran["scf"]["engine"] == "pyscf" and theirs.ran["scf"]["host"] is None
     assert abs(ours.e_hf - theirs.e_hf) <= 1e-10 and abs(ours.spin["s2"] - theirs.spin["s2"]) <= 1e-8
+
+
+def test_a_stalled_gradient_is_advised_a_threshold_that_ends_it_not_more_cycles():
+    """B2PLYP's UKS on OH (issue 61): the gradient sat at 8.12e-7 for 80 cycles while the energy fell
+    by ~6e-13 a cycle, and the error said to raise the cycle limit, which failed at 300. A stalled
+    gradient names the gradient threshold and a value ten times the stall (1e-05, which converges);
+    a gradient still falling is told to raise the cycle limit, as before."""
+    settings = SCFSettings(unrestricted=True)
+    flat = [8.1213e-7 - 2.4e-12 * i for i in range(12)]  # the measured stall (cycles 88-99)
+    e = bridge.not_converged("UKS", 100, -75.6216390911, -3e-12, flat[-1], settings, flat)
+    assert e.option == "scf_conv_tol_grad" and "more cycles will not help" in str(e)
+    assert "a gradient threshold of 1e-05 ends it" in str(e) and "raise the cycle limit" not in str(e)
+    falling = [1e-3 * 0.5**i for i in range(12)]
+    e = bridge.not_converged("UHF", 12, -75.4, -1e-6, falling[-1], settings, falling)
+    assert e.option == "scf_max_cycle" and "raise the cycle limit" in str(e)
+    assert bridge.stalled(flat[:5]) is None  # too few cycles to tell
