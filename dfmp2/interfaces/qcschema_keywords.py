@@ -62,8 +62,7 @@ def mp2_type_check(value, where: str) -> None:
     raise InputError(
         f"{where}: keyword mp2_type {shown(json.dumps(value), 30)} is not supported: dfmp2 computes "
         "density-fitted MP2 only (RI-MP2, Psi4's mp2_type df; the fitting basis is keywords.auxbasis "
-        "or df_basis_mp2); use mp2_type 'df' or leave it out",
-        option="mp2_type",
+        "or df_basis_mp2); use mp2_type 'df' or leave it out"
     )
 
 
