@@ -82,6 +82,9 @@ class ScfRecord:
     df_tensor: str | None = None  # PySCF's DF-SCF: its tensor in 'memory' or on 'disk' (scratch)
     guess: str | None = None  # our DF-SCF's starting density: PySCF's 'minao', or one given (a previous geometry's)
     stability: dict | None = None  # a UHF's internal stability check (dfmp2.scf.stability.StabilityRecord)
+    # a Kohn-Sham SCF ended at a stalled gradient (dfmp2.scf.pyscf_scf.stall_accepted): its level,
+    # the threshold, the cycles and their largest energy change (Eh)
+    stalled: dict | None = None
 
     def from_checkpoint(self, path: str, iterations: int | None) -> ScfRecord:
         """This SCF as read back from checkpoint ``path``: no kernels or times of this run."""

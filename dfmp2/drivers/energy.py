@@ -315,6 +315,7 @@ def reference_warnings(ref: Reference) -> list[str]:
             ref.contamination_warning(),
             ref.gap_warning(),
             stability.warning(ref.scf.stability),
+            pyscf_scf.stall_warning(ref.scf.stalled),
             slow_disk_warning(ref.scf),
         )
         if w

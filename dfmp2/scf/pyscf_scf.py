@@ -187,6 +187,65 @@ def stalled(gnorms) -> float | None:
     return min(last) if min(last) > 0.5 * max(last) else None
 
 
+KS_STALL_MAX_GRAD = 1e-5  # Eh: a Kohn-Sham gradient stalled above this is not accepted (PySCF's KS default: 3e-5)
+
+
+def stall_accepted(history, conv_tol: float) -> float | None:
+    """The level of a Kohn-Sham SCF's stalled orbital gradient when it is accepted as converged
+    (``history``: the cycles' (energy change, gradient norm), Eh): over the last STALL_CYCLES
+    cycles every energy change is below ``conv_tol`` and the gradient has ``stalled`` at a level
+    of at most KS_STALL_MAX_GRAD; None otherwise. Why: on a DFT grid, a partly filled degenerate
+    shell (OH's pi doublet, NO, superoxide) leaves a rotation that moves the energy by about 1e-7
+    Eh (the grid's anisotropy) with a near-zero curvature, along which DIIS (and PySCF's
+    newton()) creep at a steady gradient of 1e-8 to 1e-6 while the energy stays put; a stiff
+    mode at such a gradient would move the energy by far more than 1e-12 per cycle."""
+    last = list(history)[-STALL_CYCLES:]
+    if len(last) < STALL_CYCLES or any(not abs(d_e) < conv_tol for d_e, _ in last):
+        return None
+    level = stalled([g for _, g in last])
+    return level if level is not None and level <= KS_STALL_MAX_GRAD else None
+
+
+def stall_warning(stalled_record: dict | None, what: str = "Kohn-Sham") -> str | None:
+    """One line for a result whose Kohn-Sham SCF ended at a stalled gradient (``ScfRecord.stalled``)."""
+    if not stalled_record:
+        return None
+    r = stalled_record
+    return (
+        f"the {what} SCF's orbital gradient stalled at {r['gradient']:.1e} (threshold {r['threshold']:g}) "
+        f"with every energy change below {r['max_abs_energy_change']:.0e} Eh over its last {r['cycles']} "
+        "cycles, and was taken as converged: a nearly flat orbital rotation (a partly filled degenerate "
+        "shell on the DFT grid, as in OH's pi doublet), along which the grid's anisotropy moves the "
+        "energy by about 1e-7 Eh (docs/double_hybrids.md)"
+    )
+
+
+def stall_check(mf, settings: SCFSettings, seen: dict):
+    """PySCF's ``check_convergence`` hook for a Kohn-Sham SCF: PySCF's own tests (|ΔE| below
+    conv_tol and |g| below conv_tol_grad in the cycles; its looser test in the extra cycle after
+    them), and a stalled gradient accepted (``stall_accepted``), recorded in ``seen['stalled']``."""
+    history = []
+
+    def check(envs) -> bool:
+        d_e, g = float(envs["e_tot"] - envs["last_hf_e"]), float(envs["norm_gorb"])
+        if envs["conv_tol"] != mf.conv_tol:  # PySCF's extra cycle (conv_check): its tolerances x10, x3
+            return abs(d_e) < envs["conv_tol"] or g < envs["conv_tol_grad"]
+        history.append((d_e, g))
+        if abs(d_e) < settings.conv_tol and g < settings.conv_tol_grad:
+            return True
+        level = stall_accepted(history, settings.conv_tol)
+        if level is not None:
+            seen["stalled"] = {
+                "gradient": level,
+                "threshold": settings.conv_tol_grad,
+                "cycles": STALL_CYCLES,
+                "max_abs_energy_change": max(abs(d) for d, _ in history[-STALL_CYCLES:]),
+            }
+        return level is not None
+
+    return check
+
+
 def not_converged(
     what: str, cycles: int, e_tot: float, d_e: float, gnorm: float, settings: SCFSettings, gnorms=()
 ) -> SCFNotConvergedError:
@@ -283,7 +342,13 @@ def _prepared(mf, scf_mode: str, memory_mb, tmp: Path, made: list, jk_auxbasis=N
 
 def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage) -> Reference:
     """Converge the prepared SCF ``mf`` (``_prepared``) to ``settings``' thresholds; the Reference
-    (``reference.from_pyscf``) with its record."""
+    (``reference.from_pyscf``) with its record. A Kohn-Sham SCF also ends at a stalled gradient
+    (``stall_check``), recorded in ``ScfRecord.stalled``."""
+    from pyscf.dft.rks import KohnShamDFT  # a double hybrid's KS-SCF (run_ks)
+
+    kohn_sham, seen = isinstance(mf, KohnShamDFT), {}
+    if kohn_sham:
+        mf.check_convergence = stall_check(mf, settings, seen)
     mf.conv_tol = settings.conv_tol
     mf.conv_tol_grad = settings.conv_tol_grad
     mf.max_cycle = settings.max_cycle
@@ -322,7 +387,6 @@ def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage
         jk="pyscf.df (DF-J/K)" if jk_aux else "pyscf (exact J/K)",
         df_tensor=df_storage,
         cycle_precision=cycle_precision("fp64", None, why="PySCF's SCF (fp64 on the host)", fp64_cycles=len(cycles)),
+        stalled=seen.get("stalled"),
     )
-    from pyscf.dft.rks import KohnShamDFT  # a double hybrid's KS-SCF (run_ks)
-
-    return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux, kohn_sham=isinstance(mf, KohnShamDFT))
+    return from_pyscf(mf, scf=record, jk_auxbasis=jk_aux, kohn_sham=kohn_sham)

@@ -365,22 +365,21 @@ def test_qcschema_and_ase_take_a_double_hybrid():
 
 
 @pytest.mark.heavy
-def test_b2plyp_on_hydroxyl_names_the_threshold_that_works_and_matches_pyscf():
-    """B2PLYP on the shipped OH (UKS, default grid): at the default 1e-9 gradient threshold the SCF
-    stalls along the rotation between OH's two pi orbitals (grid-level noise of the energy, ~1e-7 Eh
-    along a flat valley: no PySCF tool we tried, DIIS, newton(), symmetry, gets it below ~5e-7), so
-    it ends with one error naming --scf-conv-tol-grad 1e-05; with that threshold the run equals
-    PySCF by hand (DF-UKS at the same thresholds, DFUMP2 on its orbitals scaled by 0.27) to 1e-9 Eh."""
+def test_b2plyp_on_hydroxyl_converges_at_defaults_and_matches_pyscf_by_hand():
+    """B2PLYP on the shipped OH (UKS, default grid and thresholds): its pi doublet's gradient stalls at
+    ~8e-7 along the rotation between the two pi orbitals (flat up to the grid's ~1e-7 Eh anisotropy),
+    with the energy steady to 1e-12 Eh; the KS SCF takes that stall as converged (recorded in
+    ``ran.scf.stalled`` and in one warning), and the run equals PySCF by hand (DF-UKS to the stall's
+    gradient, DFUMP2 on its orbitals scaled by 0.27) to 1e-9 Eh."""
     from pyscf import dft, gto
 
-    from dfmp2.errors import SCFNotConvergedError
     from dfmp2.io.xyz import read_xyz
 
     oh = read_xyz(Path(__file__).resolve().parents[2] / "inputs" / "open_shell" / "hydroxyl.xyz")
-    with pytest.raises(SCFNotConvergedError, match="a gradient threshold of 1e-05 ends it") as e:
-        run_energy(prepare(oh, RunOptions(basis="cc-pvdz", method="b2plyp")))
-    assert e.value.option == "scf_conv_tol_grad"
-    r = run_energy(prepare(oh, RunOptions(basis="cc-pvdz", method="b2plyp", scf_conv_tol_grad=1e-5))).result
+    r = run_energy(prepare(oh, RunOptions(basis="cc-pvdz", method="b2plyp"))).result
+    stalled = r.to_dict()["ran"]["scf"]["stalled"]
+    assert stalled is not None and 1e-7 < stalled["gradient"] < 1e-5 and stalled["threshold"] == 1e-9
+    assert sum("stalled at" in w for w in r.warnings) == 1
     mol = gto.M(atom=list(zip(oh.symbols, oh.coords_angstrom.tolist())), basis="cc-pvdz", spin=1, verbose=0)
     mf = dft.UKS(mol).density_fit(auxbasis="cc-pvdz-jkfit")
     mf.xc, mf.grids.level, mf.conv_tol, mf.conv_tol_grad = "0.53*HF + 0.47*B88, 0.73*LYP", 3, 1e-12, 1e-5

@@ -156,3 +156,37 @@ def test_a_stalled_gradient_is_advised_a_threshold_that_ends_it_not_more_cycles(
     e = bridge.not_converged("UHF", 12, -75.4, -1e-6, falling[-1], settings, falling)
     assert e.option == "scf_max_cycle" and "raise the cycle limit" in str(e)
     assert bridge.stalled(flat[:5]) is None  # too few cycles to tell
+
+
+def test_a_kohn_sham_stall_with_a_steady_energy_is_accepted_and_nothing_else():
+    """``stall_accepted``: OH's B2PLYP stall (the gradient steady at 8.1e-7, every energy change below
+    1e-12 Eh over 10 cycles) ends the KS SCF; a gradient still falling, an energy still moving, a
+    stall above KS_STALL_MAX_GRAD (a stiff mode) or too few cycles do not."""
+    tol = SCFSettings().conv_tol
+    flat = [(-6e-13, 8.1213e-7 - 2.4e-12 * i) for i in range(12)]
+    assert bridge.stall_accepted(flat, tol) == pytest.approx(8.1213e-7 - 2.4e-12 * 11)
+    assert bridge.stall_accepted(flat[:9], tol) is None
+    assert bridge.stall_accepted([(-6e-13, 1e-5 * 0.7**i) for i in range(12)], tol) is None
+    assert bridge.stall_accepted([*flat[:-1], (-2e-12, 8.1e-7)], tol) is None
+    assert bridge.stall_accepted([(1e-13, 2e-5)] * 12, tol) is None
+
+
+def test_the_kohn_sham_convergence_hook_keeps_pyscf_s_own_decisions():
+    """``stall_check`` as PySCF's ``check_convergence``: on a KS SCF that converges (water, a B3LYP-like
+    hybrid, STO-3G) it ends at the same cycle with the same bits as PySCF's own tests, and records
+    no stall."""
+    from pyscf import dft, gto
+
+    mol = gto.M(atom="O 0 0 0.12; H 0 0.76 -0.47; H 0 -0.76 -0.47", basis="sto-3g", verbose=0)
+    settings = SCFSettings()
+    runs = []
+    for hook in (False, True):
+        mf = dft.RKS(mol).density_fit()
+        mf.xc, mf.grids.level = "b3lyp", 1
+        mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = settings.conv_tol, settings.conv_tol_grad, 50
+        seen = {}
+        if hook:
+            mf.check_convergence = bridge.stall_check(mf, settings, seen)
+        mf.kernel()
+        runs.append((mf.converged, mf.cycles, float(mf.e_tot).hex(), seen))
+    assert runs[0] == runs[1] and runs[0][0] and runs[1][3] == {}
