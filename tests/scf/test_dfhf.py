@@ -356,6 +356,23 @@ def test_pipeline_records_the_scf_and_pyscf_modes_still_work():
             assert r.jk_auxbasis is None and abs(r.e_hf - ours.e_hf) > 1e-6
 
 
+def test_the_guess_is_named_counted_and_timed_apart():
+    """The SCF's start in its record: which guess, how many cycles from it, and its own seconds
+    ('scf_guess', host work: no flops; not inside 'scf_integrals'), for PySCF's minao guess (RHF
+    and UHF) and for a given density. Why minao stays the default: scripts/results/scf_guess.md."""
+    mol, cpu = molecule("water.xyz"), linalg.get_backend("cpu")
+    timer = Timer(cpu)
+    ref = driver.run_scf(mol, cpu, SCFSettings(precision="fp64"), timer=timer)
+    assert ref.scf.guess.startswith("minao") and ref.scf.iterations > 0
+    assert ref.scf.times["scf_guess"] > 0 and timer.flops["scf_guess"] == 0
+    again = driver.run_scf(mol, cpu, SCFSettings(precision="fp64"), dm0=ref.density())
+    assert again.scf.guess.startswith("given density") and again.scf.times["scf_guess"] > 0
+    assert again.scf.iterations < ref.scf.iterations and abs(again.e_hf - ref.e_hf) < 1e-10
+    cation = io_molecule.build_molecule(read_xyz(INPUTS / "water.xyz"), charge=1, multiplicity=2)
+    u = driver.run_scf(cation, cpu, SCFSettings(precision="fp64", unrestricted=True))
+    assert u.scf.guess.startswith("minao") and u.scf.times["scf_guess"] > 0
+
+
 def test_scf_memory_refused_before_the_scf(monkeypatch):
     """A limit that the MP2 plan fits but the JK factor does not: one error before any SCF."""
     monkeypatch.setattr(driver, "run_scf", lambda *a, **k: pytest.fail("the SCF must not start"))
