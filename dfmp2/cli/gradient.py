@@ -24,6 +24,7 @@ from dfmp2.cli.options import (
     resource_options,
     run_options,
     scf_options,
+    shared_option,
     stderr_console,
     stdout_console,
     user_errors,
@@ -87,8 +88,16 @@ def gradient_table(gr):
     return t
 
 
-def point_inputs(method_help: str):
-    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``."""
+def point_inputs(method_help: str, double_hybrids: bool = False):
+    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``;
+    with ``double_hybrids`` (``dfmp2 gradient``) --method offers the table's functionals too, and
+    --dft-grid their KS grid; else they parse, to be refused in one line (check_gradient_options)."""
+    method_type = (
+        click.Choice((*SCALES, *FUNCTIONALS), case_sensitive=False)
+        if double_hybrids
+        else ShownChoice(SCALES, refused=FUNCTIONALS)
+    )
+    dft_grid = (shared_option("dft_grid"),) if double_hybrids else ()
 
     def wrap(f):
         for deco in reversed(
@@ -98,13 +107,8 @@ def point_inputs(method_help: str):
                 device_options(**POINT_CHANGES["device"]),
                 scf_options(**POINT_CHANGES["scf"]),
                 resource_options(),
-                click.option(  # double hybrids parse, to be refused in one line (check_gradient_options)
-                    "--method",
-                    type=ShownChoice(SCALES, refused=FUNCTIONALS),
-                    default="mp2",
-                    show_default=True,
-                    help=method_help,
-                ),
+                click.option("--method", type=method_type, default="mp2", show_default=True, help=method_help),
+                *dft_grid,
             )
         ):
             f = deco(f)
@@ -114,7 +118,11 @@ def point_inputs(method_help: str):
 
 
 @click.command("gradient")
-@point_inputs("the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
+@point_inputs(
+    "the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3), SOS-MP2 (1.3 OS) or a double hybrid of the "
+    "table (closed shells: RKS; docs/double_hybrids.md)",
+    double_hybrids=True,
+)
 @properties_options(
     properties={
         "help": "also from the gradient's own relaxed densities (no extra work): dipole, the HF, unrelaxed "
