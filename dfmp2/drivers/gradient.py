@@ -11,7 +11,9 @@ the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its re
 need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
 a basis bracket, and a memory limit below the gradient stage's smallest plan
 (``gradient_plan``). The gradient is that of
-E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``dfmp2.grad.mp2.SCALES``). On a
+E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``dfmp2.grad.mp2.SCALES``), or a
+closed-shell double hybrid's E_KS + c_os E_OS + c_ss E_SS + E_disp (``method`` a key of the table,
+dfmp2.functionals: ``dfmp2.grad.dh.dh_gradient`` on PySCF's DF-RKS; UKS refused). On a
 device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
 pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``dfmp2.grad.mp2.mp2_gradient``).
@@ -186,7 +188,8 @@ def gradient_plan(job: Job, memory_mb: float | None = None) -> GradientPlan:
 def gradient_stage(  # noqa: PLR0913
     mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None, world=None
 ) -> GradientParts:
-    """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
+    """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``; a double hybrid's
+    ``method``: ``dfmp2.grad.dh.dh_gradient`` of its RKS reference, whose ``mf`` it reads) for the converged
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
     with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
     ``dfmp2.grad.mp2.mp2_gradient``, a UHF one ``dfmp2.grad.ump2.uhf_mp2_gradient``. The one entry point into
@@ -195,7 +198,7 @@ def gradient_stage(  # noqa: PLR0913
     memory). ``world``: the ranks the stage splits its pair loops and derivative integrals over
     (``ran['ranks']`` says which parts); None or one process: all of it here."""
     timer = timer or Timer(backend)
-    dh = double_hybrids.get(method)
+    dh = None if method in SCALES else double_hybrids.get(method)
     if dh is not None:  # a double hybrid: the KS gradient, the PT2 part with the KS response, E_disp's
         parts = grad_dh.dh_gradient(mol, ref, auxmol, dh, backend, timer=timer, plan=plan, world=world)
         return _ranks_record(parts, ref, world)
@@ -257,8 +260,9 @@ def run_gradient(  # noqa: PLR0913
     energy; ``props.stage.record``), not from a second Z-vector. ``world``: the process group
     (default ``distributed.current()``; a one-process World for a task of a task-parallel
     command). Over several ranks they agree on ``method`` with their input before the SCF (as
-    'option method': the commands' ``--method``; a double hybrid in ``options.method`` is refused
-    here) and on ``agreed``, a workflow's own parameters ({'option <parameter>': value})."""
+    'option method': the commands' ``--method``) and on ``agreed``, a workflow's own parameters
+    ({'option <parameter>': value}). A double hybrid named by ``method`` or ``options.method``
+    (``gradient_options``) runs its KS-SCF and ``dfmp2.grad.dh`` (closed shells only)."""
     options, method = gradient_options(options, method)
     check_gradient_method(options, method, double_hybrid=True)
 

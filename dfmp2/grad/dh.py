@@ -38,6 +38,7 @@ from dfmp2.grad.mp2 import GradientParts, check_channels, linear_dependence_warn
 from dfmp2.grad.pairs import corr_intermediates, gamma3_weights
 from dfmp2.grad.plan import GradientPlan, choose_plan, default_limit_mb, rhf_shapes
 from dfmp2.grad.zvector import relaxed_density
+from dfmp2.scf.pyscf_scf import pyscf_scratch
 from dfmp2.timing import Timer
 
 # The KS part with its grid's response (PySCF's grid_response): water/cc-pVDZ at grid level 3 was
@@ -121,21 +122,16 @@ def dh_gradient(
     )[0]
     corr.T_v, gbuf = None, None
     t0 = timer.add("grad_derivative_integrals", t0)
-    P, Y, zinfo = relaxed_density(orb, corr, KSResponse(mf, orb.C, len(orb.occ)), backend, "ao")
-    zinfo["form"] = "ks-response"
-    t0 = timer.add("grad_zvector", t0)
+    with pyscf_scratch(plan.scratch_dir) as tmp:  # PySCF's files (its DF tensor, when rebuilt there)
+        df_tensor_back(mf, tmp)
+        P, Y, zinfo, ks, fock, t0 = _ks_terms(mf, orb, corr, timer, t0)
     C_o = orb.C[:, orb.occ]
-    D = 2.0 * C_o @ C_o.T
     P_ao = orb.C @ P @ orb.C.T
-    P_ao = 0.5 * (P_ao + P_ao.T)
     # Y holds the HF-like part 4 e_k on its occupied diagonal (relaxed_density): W less it
     W = 0.5 * orb.C @ (0.5 * (Y + Y.T)) @ orb.C.T - 2.0 * (C_o * orb.eps[orb.occ]) @ C_o.T
-    mf_grad = mf.nuc_grad_method()
-    pt2 = one_electron_deriv(mol, [(P_ao, W)])[0] + fock_deriv(mf_grad, D, P_ao) + corr_3c
-    mf_grad.grid_response = KS_GRID_RESPONSE
-    ks = mf_grad.grad_elec() + mf_grad.grad_nuc()
+    pt2 = one_electron_deriv(mol, [(0.5 * (P_ao + P_ao.T), W)])[0] + fock + corr_3c
     disp = dispersion_gradient(mol, dh)
-    t0 = timer.add("grad_derivative_integrals", t0)
+    timer.add("grad_derivative_integrals", t0)
     grad = ks + pt2 + disp
     ran = stage_ran(backend, backend, kernels0)
     ran["reference"] = "rks"
@@ -157,6 +153,33 @@ def dh_gradient(
     )
     parts.double_hybrid = parts_record(dh, mf, ks, pt2, disp)
     return parts
+
+
+def _ks_terms(mf, orb: Orbitals, corr, timer: Timer, t0: float):
+    """``dh_gradient``'s steps through PySCF's KS objects: the relaxed density (Z-vector with the
+    KS response), the Fock matrix's explicit derivative and the KS gradient (with its grid
+    response). Returns (P, Y (nmo, nmo) MO, the Z-vector's record, ks, fock (natm, 3), t0)."""
+    P, Y, zinfo = relaxed_density(orb, corr, KSResponse(mf, orb.C, len(orb.occ)), None, "ao")
+    zinfo["form"] = "ks-response"
+    t0 = timer.add("grad_zvector", t0)
+    C_o = orb.C[:, orb.occ]
+    P_ao = orb.C @ P @ orb.C.T
+    mf_grad = mf.nuc_grad_method()
+    fock = fock_deriv(mf_grad, 2.0 * C_o @ C_o.T, 0.5 * (P_ao + P_ao.T))
+    mf_grad.grid_response = KS_GRID_RESPONSE
+    ks = mf_grad.grad_elec() + mf_grad.grad_nuc()
+    return P, Y, zinfo, ks, fock, timer.add("grad_derivative_integrals", t0)
+
+
+def df_tensor_back(mf, tmp) -> None:
+    """PySCF's DF tensor of ``mf`` again when the SCF kept it in a file of its scratch directory,
+    removed since (``pyscf_scf.pyscf_scratch``): rebuilt under ``tmp`` (the Z-vector's J/K read it)."""
+    from pathlib import Path
+
+    cderi = getattr(mf.with_df, "_cderi", None)
+    if isinstance(cderi, str) and not Path(cderi).exists():
+        mf.with_df._cderi, mf.with_df._cderi_to_save = None, str(Path(tmp) / "pyscf-df-tensor.h5")
+        mf.with_df.build()
 
 
 def fock_deriv(mf_grad, D: np.ndarray, P: np.ndarray) -> np.ndarray:

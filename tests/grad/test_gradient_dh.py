@@ -39,9 +39,15 @@ CASES = {
 }
 
 
+_cache = {}
+
+
 def _run(functional, frozen_core, **kw):
     opts = _options(basis=kw.pop("basis", "cc-pvdz"), frozen_core=frozen_core, method=functional, **kw)
-    return opts, gradient_driver.run_gradient(WATER, opts, method=functional)
+    key = repr(opts)
+    if key not in _cache:
+        _cache[key] = gradient_driver.run_gradient(WATER, opts, method=functional)
+    return opts, _cache[key]
 
 
 @pytest.mark.heavy
@@ -133,3 +139,17 @@ def test_api_gradient_of_a_double_hybrid(case):
 
     gr = dfmp2.gradient(str(INPUTS / "water.xyz"), method="mpw2plyp", basis="sto-3g", frozen_core=True)
     assert gr.method == "mpw2plyp" and gr.to_dict()["gradient"]["double_hybrid"]["functional"] == "mPW2PLYP"
+
+
+def test_a_ks_scf_whose_df_tensor_was_on_disk(monkeypatch):
+    """The KS-SCF's DF tensor in a file of its scratch directory (as for a large molecule: every
+    tensor forced there), removed when the SCF returns: the gradient rebuilds it for the Z-vector
+    and equals the in-memory run's."""
+    from dfmp2.scf import pyscf_scf
+
+    _, ref = _run("b2plyp", False, basis="sto-3g", dft_grid=1)
+    monkeypatch.setattr(pyscf_scf, "PYSCF_DF_INCORE_SHARE", 0.0)
+    opts = _options(basis="sto-3g", method="b2plyp", dft_grid=1)
+    gr = gradient_driver.run_gradient(WATER, opts, method="b2plyp")
+    assert gr.energy_run.ref.scf.df_tensor == "disk" and gr.energy_run.ref.mf is not ref.energy_run.ref.mf
+    assert np.abs(gr.gradient - ref.gradient).max() < 1e-9
