@@ -120,8 +120,15 @@ def gradient_options(options: RunOptions, method: str) -> tuple[RunOptions, str]
 
 
 def check_double_hybrid_reference(options: RunOptions, unrestricted: bool) -> None:
-    """InputError for a double hybrid's gradient of an open shell (UKS: not implemented here)."""
+    """InputError for a double hybrid's gradient of an open shell (UKS: not implemented here) or
+    on a device without fp64 (its PT2 part runs in fp64 only)."""
     dh = double_hybrids.get(options.method)
+    if dh is not None and not linalg.device_capabilities(options.device).has_fp64:
+        raise InputError(
+            f"the double-hybrid gradient ({dh.name}) needs fp64 arithmetic, which device '{options.device}' "
+            "lacks; run it on cpu (or cuda)",
+            option="device",
+        )
     if dh is not None and unrestricted:
         raise InputError(
             f"analytic gradients of double hybrids ({dh.name}) are implemented for closed shells (RKS) only; "

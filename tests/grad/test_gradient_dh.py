@@ -124,6 +124,13 @@ def test_an_open_shell_double_hybrid_gradient_is_refused():
     assert_one_line_error(r, "closed shells (RKS) only", "B2PLYP")
 
 
+def test_a_double_hybrid_gradient_without_fp64_is_refused():
+    r = CliRunner().invoke(
+        main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "--method", "b2plyp", "--device", "trn1"]
+    )
+    assert_one_line_error(r, "needs fp64", "trn1")
+
+
 def test_two_methods_named_are_refused():
     """A gradient of SCS-MP2 asked of a double hybrid's run: one InputError, before any work."""
     with pytest.raises(InputError, match="differ"):
