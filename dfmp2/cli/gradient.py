@@ -1,7 +1,8 @@
 """``dfmp2 gradient``: the DF-MP2 energy and its nuclear gradient (Hartree/Bohr, per atom).
 
 The energy run's table as ``dfmp2 run`` prints it, then the gradient of the chosen method's
-energy (``--method mp2|scs-mp2|sos-mp2``) per atom, its largest component and its norm;
+energy (``--method mp2|scs-mp2|sos-mp2``, or a closed-shell double hybrid of the table with its
+``--dft-grid``: dfmp2.grad.dh) per atom, its largest component and its norm;
 ``--json`` writes the run's JSON with a 'gradient' section (units stated). Options: the shared
 groups of ``dfmp2.cli.options`` (no checkpoint, one basis).
 """
@@ -24,12 +25,14 @@ from dfmp2.cli.options import (
     resource_options,
     run_options,
     scf_options,
+    shared_option,
     stderr_console,
     stdout_console,
     user_errors,
     wrote,
 )
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
+from dfmp2.functionals import UNRELIABLE_XC
 from dfmp2.io.outputs import check_output_file, is_stdout
 from dfmp2.io.result import METHOD_SCALES as SCALES
 from dfmp2.memory import human
@@ -87,8 +90,17 @@ def gradient_table(gr):
     return t
 
 
-def point_inputs(method_help: str):
-    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``."""
+def point_inputs(method_help: str, double_hybrids: bool = False):
+    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``;
+    with ``double_hybrids`` (``dfmp2 gradient``) --method offers the table's functionals too, and
+    --dft-grid their KS grid; else they parse, to be refused in one line (check_gradient_options)."""
+    differentiated = [k for k, dh in FUNCTIONALS.items() if not set(UNRELIABLE_XC) & set(dh.components)]
+    method_type = (
+        ShownChoice((*SCALES, *differentiated), refused=set(FUNCTIONALS) - set(differentiated), case_sensitive=False)
+        if double_hybrids
+        else ShownChoice(SCALES, refused=FUNCTIONALS)
+    )
+    dft_grid = (shared_option("dft_grid"),) if double_hybrids else ()
 
     def wrap(f):
         for deco in reversed(
@@ -98,13 +110,8 @@ def point_inputs(method_help: str):
                 device_options(**POINT_CHANGES["device"]),
                 scf_options(**POINT_CHANGES["scf"]),
                 resource_options(),
-                click.option(  # double hybrids parse, to be refused in one line (check_gradient_options)
-                    "--method",
-                    type=ShownChoice(SCALES, refused=FUNCTIONALS),
-                    default="mp2",
-                    show_default=True,
-                    help=method_help,
-                ),
+                click.option("--method", type=method_type, default="mp2", show_default=True, help=method_help),
+                *dft_grid,
             )
         ):
             f = deco(f)
@@ -114,7 +121,11 @@ def point_inputs(method_help: str):
 
 
 @click.command("gradient")
-@point_inputs("the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3) or SOS-MP2 (1.3 OS)")
+@point_inputs(
+    "the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3), SOS-MP2 (1.3 OS) or a double hybrid of the "
+    "table (closed shells: RKS; docs/double_hybrids.md)",
+    double_hybrids=True,
+)
 @properties_options(
     properties={
         "help": "also from the gradient's own relaxed densities (no extra work): dipole, the HF, unrelaxed "

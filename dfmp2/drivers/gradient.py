@@ -11,7 +11,9 @@ the option): an ROHF reference, the exact-integral SCF (scf_mode 'exact': its re
 need exact J/K), a UHF reference on a device without fp64, precision fp32 on a device with fp64,
 a basis bracket, and a memory limit below the gradient stage's smallest plan
 (``gradient_plan``). The gradient is that of
-E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``dfmp2.grad.mp2.SCALES``). On a
+E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``dfmp2.grad.mp2.SCALES``), or a
+closed-shell double hybrid's E_KS + c_os E_OS + c_ss E_SS + E_disp (``method`` a key of the table,
+dfmp2.functionals: ``dfmp2.grad.dh.dh_gradient`` on PySCF's DF-RKS; UKS refused). On a
 device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
 pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``dfmp2.grad.mp2.mp2_gradient``).
@@ -20,7 +22,7 @@ pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``df
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from dfmp2 import linalg
 from dfmp2.drivers.energy import EnergyRun, run_energy
 from dfmp2.drivers.job import Job, prepare
 from dfmp2.errors import InputError
+from dfmp2.grad import dh as grad_dh
 from dfmp2.grad import relaxed
 from dfmp2.grad import ump2 as grad_ump2
 from dfmp2.grad.mp2 import SCALES, GradientParts, mp2_gradient
@@ -85,12 +88,54 @@ def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> 
     check_gradient_reference(options, uhf)
 
 
-def check_gradient_method(options: RunOptions, method: str) -> None:
-    """InputError for a method the gradient does not differentiate (a double hybrid, or a name
-    outside ``SCALES``)."""
-    double_hybrids.refuse_derivatives(method, options.method)
+def check_gradient_method(options: RunOptions, method: str, double_hybrid: bool = False) -> None:
+    """InputError for a method the gradient does not differentiate: a name outside ``SCALES`` and,
+    unless ``double_hybrid`` (``dfmp2 gradient``'s own run: ``run_gradient``), a double hybrid
+    (optimisations and frequencies refuse them)."""
+    if not double_hybrid:
+        double_hybrids.refuse_derivatives(method, options.method)
+    elif double_hybrids.get(options.method) is not None:
+        grad_dh.refuse_unreliable(double_hybrids.get(options.method))
+        return
     if method not in SCALES:
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
+
+
+def gradient_options(options: RunOptions, method: str) -> tuple[RunOptions, str]:
+    """(options, method) of a gradient run: a double hybrid named by ``method`` (any of its names)
+    or by ``options.method`` becomes both (its table key); MP2's methods are left as they are. One
+    InputError when the two name different methods (an SCS-MP2 gradient of a double hybrid's run)."""
+    try:
+        dh = None if method in SCALES else double_hybrids.get(method)
+    except InputError:  # an unknown name: check_gradient_method's line
+        return options, method
+    key = None if dh is None else double_hybrids.canonical(method)
+    if options.method != "mp2" and method != "mp2" and options.method != key:
+        raise InputError(
+            f"method {method} and the run's method {options.method} differ; name the double hybrid once",
+            option="method",
+        )
+    if key is None:
+        return options, (method if options.method == "mp2" else options.method)
+    return replace(options, method=key), key
+
+
+def check_double_hybrid_reference(options: RunOptions, unrestricted: bool) -> None:
+    """InputError for a double hybrid's gradient of an open shell (UKS: not implemented here) or
+    on a device without fp64 (its PT2 part runs in fp64 only)."""
+    dh = double_hybrids.get(options.method)
+    if dh is not None and not linalg.device_capabilities(options.device).has_fp64:
+        raise InputError(
+            f"the double-hybrid gradient ({dh.name}) needs fp64 arithmetic, which device '{options.device}' "
+            "lacks; run it on cpu (or cuda)",
+            option="device",
+        )
+    if dh is not None and unrestricted:
+        raise InputError(
+            f"analytic gradients of double hybrids ({dh.name}) are implemented for closed shells (RKS) only; "
+            "an open-shell (UKS) one's is not: compute its energy with dfmp2 run --method",
+            option="method",
+        )
 
 
 def check_gradient_reference(options: RunOptions, unrestricted: bool) -> None:
@@ -151,7 +196,8 @@ def gradient_plan(job: Job, memory_mb: float | None = None) -> GradientPlan:
 def gradient_stage(  # noqa: PLR0913
     mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None, world=None
 ) -> GradientParts:
-    """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``) for the converged
+    """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``; a double hybrid's
+    ``method``: ``dfmp2.grad.dh.dh_gradient`` of its RKS reference, whose ``mf`` it reads) for the converged
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
     with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
     ``dfmp2.grad.mp2.mp2_gradient``, a UHF one ``dfmp2.grad.ump2.uhf_mp2_gradient``. The one entry point into
@@ -159,8 +205,12 @@ def gradient_stage(  # noqa: PLR0913
     (``gradient_plan``; default the fastest that fits memory.DEFAULT_FRACTION of the available
     memory). ``world``: the ranks the stage splits its pair loops and derivative integrals over
     (``ran['ranks']`` says which parts); None or one process: all of it here."""
-    c_os, c_ss = SCALES[method]
     timer = timer or Timer(backend)
+    dh = None if method in SCALES else double_hybrids.get(method)
+    if dh is not None:  # a double hybrid: the KS gradient, the PT2 part with the KS response, E_disp's
+        parts = grad_dh.dh_gradient(mol, ref, auxmol, dh, backend, timer=timer, plan=plan, world=world)
+        return _ranks_record(parts, ref, world)
+    c_os, c_ss = SCALES[method]
     if ref.restricted:
         parts = mp2_gradient(
             mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan, world=world
@@ -170,6 +220,11 @@ def gradient_stage(  # noqa: PLR0913
             mol, ref, auxmol, jk_auxmol, backend, c_os=c_os, c_ss=c_ss, timer=timer, plan=plan, world=world
         )
     parts.ran.setdefault("reference", "rhf" if ref.restricted else "uhf")
+    return _ranks_record(parts, ref, world)
+
+
+def _ranks_record(parts: GradientParts, ref, world) -> GradientParts:
+    """``parts`` with ``ran['ranks']`` (what was split over the ranks) when ``world`` has several."""
     if world is not None and world.distributed:
         split_jk = parts.ran.get("plan", {}).get("jk_rows_per_rank") is not None
         parts.ran["ranks"] = {
@@ -213,10 +268,17 @@ def run_gradient(  # noqa: PLR0913
     energy; ``props.stage.record``), not from a second Z-vector. ``world``: the process group
     (default ``distributed.current()``; a one-process World for a task of a task-parallel
     command). Over several ranks they agree on ``method`` with their input before the SCF (as
-    'option method': the commands' ``--method``; a double hybrid in ``options.method`` is refused
-    here) and on ``agreed``, a workflow's own parameters ({'option <parameter>': value})."""
-    check_gradient_method(options, method)
-    job = prepare(geom, options, backend, log, world, check=lambda uhf: check_gradient_reference(options, uhf))
+    'option method': the commands' ``--method``) and on ``agreed``, a workflow's own parameters
+    ({'option <parameter>': value}). A double hybrid named by ``method`` or ``options.method``
+    (``gradient_options``) runs its KS-SCF and ``dfmp2.grad.dh`` (closed shells only)."""
+    options, method = gradient_options(options, method)
+    check_gradient_method(options, method, double_hybrid=True)
+
+    def check(uhf):
+        check_gradient_reference(options, uhf)
+        check_double_hybrid_reference(options, uhf)
+
+    job = prepare(geom, options, backend, log, world, check=check)
     job.agreed.update({"option method": method, **(agreed or {})})
     done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, gradient=True)
     say = log or (lambda msg: None)
@@ -226,9 +288,12 @@ def run_gradient(  # noqa: PLR0913
     parts = gradient_stage(
         job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, done.plan.densities, job.world
     )
-    c_os, c_ss = SCALES[method]
     result = done.result
     if options.properties:  # from the gradient's own relaxed densities: no second Z-vector
         result.properties = props_stage.record(job.mol, parts.densities, options.properties, method)
-    energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
+    if job.dh is not None:  # E_KS + the scaled PT2 + E_disp, as dfmp2 run prints it
+        energy = result.double_hybrid["e_total"]
+    else:
+        c_os, c_ss = SCALES[method]
+        energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
     return GradientResult(result, method, energy, parts, time.perf_counter() - t0, energy_run=done)

@@ -188,15 +188,14 @@ def _prepare(geom: Geometry, options: RunOptions, backend, say, world: distribut
 def check_double_hybrid(options: RunOptions) -> DoubleHybrid | None:
     """The DoubleHybrid ``options.method`` names (None for MP2), checked before any work: its
     dispersion package importable, and nothing asked for that a double hybrid does not have here
-    (properties and gradients need the PT2 term's response with the XC kernel; a checkpoint holds
-    an HF reference). One InputError each."""
+    (properties; a checkpoint holds an HF reference). One InputError each."""
     dh = double_hybrids.get(options.method)
     if dh is None:
         return None
     if options.properties:
         raise InputError(
-            f"properties ({', '.join(options.properties)}) of a double hybrid ({dh.name}) need its relaxed "
-            "density (the PT2 response with the XC kernel), which dfmp2 does not compute; run without them",
+            f"properties ({', '.join(options.properties)}) of a double hybrid ({dh.name}) are not implemented "
+            "here (its relaxed density serves only its gradient, dfmp2 gradient --method); run without them",
             option=("properties", "method"),
         )
     if options.checkpoint or options.resume:

@@ -86,6 +86,8 @@ class GradientParts:
     # the unrelaxed and relaxed MP2 densities the stage made on its way (not in the JSON; dipoles from them)
     densities: MP2Densities | None = None
     peak_rss_mb: dict = field(default_factory=dict)  # per stage of timings: the process's peak RSS, MB (schema 7)
+    # a double hybrid's gradient (dfmp2.grad.dh): the functional, its KS, PT2 and dispersion parts; None for MP2
+    double_hybrid: dict | None = None
 
     def to_dict(self) -> dict:
         """As the result JSON writes it: the kernel maps of ``ran`` as ``result.kernel_records``
@@ -109,6 +111,7 @@ class GradientParts:
             "flops": dict(self.flops),
             "peak_rss_mb": dict(self.peak_rss_mb),
             "ran": ran,
+            "double_hybrid": self.double_hybrid,  # schema 10: null for MP2
         }
 
 

@@ -126,11 +126,13 @@ def run(  # noqa: PLR0913
 def gradient(molecule, method: str = "mp2", **options):
     """The DF-MP2 energy and its nuclear gradient, as ``dfmp2 gradient`` computes them, for an XYZ
     file path or a PySCF ``gto.Mole`` (as ``energy``). ``method``: 'mp2', 'scs-mp2' or 'sos-mp2'
-    (the spin-component scales of the differentiated energy). Returns ``dfmp2.drivers.gradient.GradientResult``:
-    ``.gradient`` (natm, 3) in Hartree/Bohr, ``.energy`` (Hartree), ``.result`` (the energy run's
-    Result), ``.parts`` (HF and correlation parts, Z-vector record), ``.to_dict()``. RHF or UHF with
-    a density-fitted SCF (InputError otherwise); on a device without fp64 (trn, with
-    simulate=True here) RHF only: its pair loop runs there in fp32, the rest on the host in fp64."""
+    (the spin-component scales of the differentiated energy), or a double hybrid of the table
+    ('b2plyp', ...: closed shells, its KS part's grid ``dft_grid``; docs/double_hybrids.md).
+    Returns ``dfmp2.drivers.gradient.GradientResult``: ``.gradient`` (natm, 3) in Hartree/Bohr,
+    ``.energy`` (Hartree), ``.result`` (the energy run's Result), ``.parts`` (HF and correlation
+    parts, Z-vector record), ``.to_dict()``. RHF or UHF with a density-fitted SCF (InputError
+    otherwise); on a device without fp64 (trn, with simulate=True here) RHF only: its pair loop
+    runs there in fp32, the rest on the host in fp64."""
     from dfmp2.drivers.gradient import run_gradient
 
     geom, opts = _point_input(molecule, options, "gradient")

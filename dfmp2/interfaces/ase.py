@@ -163,6 +163,9 @@ class DFMP2Calculator(Calculator):
         guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
         if "forces" in properties:
             from dfmp2.drivers.gradient import run_gradient
+            from dfmp2.mp2 import double_hybrids
+
+            double_hybrids.refuse_derivatives(self.parameters["method"], route="ASE forces")
 
             self.gradient_result = run_gradient(geom, options, method=self.parameters["method"], guess=guess)
             done = self.gradient_result.energy_run

@@ -352,6 +352,8 @@ def run_atomic_input(
     if driver == "gradient":
         from dfmp2.drivers.gradient import run_gradient
 
+        double_hybrids.refuse_derivatives(method, route="QCSchema gradients")
+
         gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr

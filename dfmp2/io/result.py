@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 # ``memory.process_mb`` (the process's resident memory when the plan was made, outside the plan);
 # 9 = ``energies.e_tot`` in every result (the method's total energy: E(MP2), or a double hybrid's
 # E_DFT + E_PT2 + E_disp, the same number as its ``e_total``)
-SCHEMA_VERSION = "9"
+SCHEMA_VERSION = "10"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)

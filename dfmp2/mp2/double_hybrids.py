@@ -43,11 +43,14 @@ def check_dispersion_package(dh: DoubleHybrid) -> None:
         ) from None
 
 
-def refuse_derivatives(*methods: str) -> None:
+# the routes a double hybrid's gradient does not take yet (its analytic gradient: dfmp2 gradient --method)
+DERIVATIVE_ROUTES = "geometry optimisations, frequencies and relaxed properties"
+
+
+def refuse_derivatives(*methods: str, route: str = DERIVATIVE_ROUTES) -> None:
     """One InputError (option ``method``), before any work, when any of ``methods`` names a double
-    hybrid: its gradient (and so optimisations, frequencies, relaxed properties) needs the PT2
-    term's orbital response with the XC kernel, which dfmp2 does not compute. Names outside the
-    table are left to the caller's own check."""
+    hybrid on a ``route`` that does not differentiate one yet (its RKS gradient is ``dfmp2 gradient
+    --method``'s, dfmp2.grad.dh). Names outside the table are left to the caller's own check."""
     for m in methods:
         try:
             dh = get(m) if isinstance(m, str) else None
@@ -55,9 +58,8 @@ def refuse_derivatives(*methods: str) -> None:
             continue
         if dh is not None:
             raise InputError(
-                f"analytic gradients of double hybrids ({dh.name}) are not implemented here (the PT2 term's "
-                "orbital response needs the XC kernel); compute its energy with dfmp2 run --method, or use mp2, "
-                "scs-mp2 or sos-mp2",
+                f"{route} of double hybrids ({dh.name}) are not implemented here; its analytic gradient is "
+                f"dfmp2 gradient --method {canonical(m)} (closed shells), its energy dfmp2 run --method",
                 option="method",
             )
 

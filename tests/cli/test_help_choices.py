@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from dfmp2.cli.main import main
 from dfmp2.cli.options import RUN_FIELDS, run_options
-from dfmp2.drivers.gradient import check_gradient_method, check_gradient_reference
+from dfmp2.drivers.gradient import check_gradient_method, check_gradient_reference, gradient_options
 from dfmp2.drivers.job import prepare
 from dfmp2.errors import InputError
 from dfmp2.io.xyz import read_xyz
@@ -61,8 +61,9 @@ def checks(name: str, args: list[str], xyz) -> None:
         cbs.scheme(options.basis, options.cbs_scf)
         return
     check = None
-    if name in POINT:
-        check_gradient_method(options, ctx.params["method"])
+    if name in POINT:  # dfmp2 gradient differentiates double hybrids too (run_gradient's own checks)
+        options, method = gradient_options(options, ctx.params["method"])
+        check_gradient_method(options, method, double_hybrid=name == "gradient")
         check = lambda uhf: check_gradient_reference(options, uhf)
     prepare(read_xyz(xyz), options, check=check)
 
@@ -85,10 +86,15 @@ def test_every_choice_a_command_s_help_offers_passes_its_checks(tmp_path, name):
 
 @pytest.mark.parametrize("name", POINT)
 def test_the_gradient_commands_help_offers_no_bracket_exact_scf_or_double_hybrid(name):
+    """optimize and frequencies offer no double hybrid; gradient offers them (RKS: dfmp2.grad.dh)."""
     text = CliRunner().invoke(main, [name, "--help"], terminal_width=400).output
-    assert "--scf [df|pyscf-df]" in text and "--method [mp2|scs-mp2|sos-mp2]" in text
+    assert "--scf [df|pyscf-df]" in text
     assert "--reference [auto|rhf|uhf]" in text
-    for word in ("exact", "b2plyp", "extrapolat", "Helgaker", "rohf"):
+    if name == "gradient":
+        assert "--method [mp2|scs-mp2|sos-mp2|b2plyp|" in text and "--dft-grid" in text
+    else:
+        assert "--method [mp2|scs-mp2|sos-mp2]" in text and "b2plyp" not in text
+    for word in ("exact", "extrapolat", "Helgaker", "rohf"):
         assert word not in text, word
 
 
@@ -96,7 +102,7 @@ def test_the_gradient_commands_help_offers_no_bracket_exact_scf_or_double_hybrid
     ("args", "message"),
     [
         (["--scf", "exact"], "needs a density-fitted SCF"),
-        (["--method", "b2plyp"], "analytic gradients of double hybrids"),
+        (["--method", "b2plyp"], "frequencies and relaxed properties of double hybrids"),
         (["--reference", "rohf"], "ROHF references are not supported"),
         (["--basis", "cc-pv[dt]z"], "basis bracket"),
     ],

@@ -40,10 +40,13 @@ _backends = {}
 
 
 def energy(geom, options, method, coords_angstrom) -> float:
-    """The energy ``dfmp2 run`` prints for ``method`` at these coordinates (one CPU backend for all)."""
-    c_os, c_ss = SCALES[method]
+    """The energy ``dfmp2 run`` prints for ``method`` at these coordinates (one CPU backend for all):
+    a double hybrid's (``options.method``) total E_KS + PT2 + E_disp, else E_HF + MP2's scaled parts."""
     be = _backends.setdefault(options.device, energy_driver.make_backend(options))
     r = api.run(dataclasses.replace(geom, coords_angstrom=coords_angstrom), options, backend=be)
+    if r.double_hybrid is not None:
+        return r.double_hybrid["e_total"]
+    c_os, c_ss = SCALES[method]
     return r.e_hf + c_os * r.e_os + c_ss * r.e_ss
 
 

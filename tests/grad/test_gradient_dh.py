@@ -1,0 +1,171 @@
+"""The closed-shell (RKS) double-hybrid gradient (dfmp2.grad.dh) against references that do not come
+from it: central finite differences of our own double-hybrid energies (``dfmp2 run --method``: E_KS
++ c_os E_OS + c_ss E_SS + E_disp, SCF converged to 1e-10, the default grid level 3), and PySCF's
+DF-RKS gradient (pyscf.df.grad.rks, with its grid response) of a KS-SCF of the same hybrid part,
+converged by PySCF itself, for the KS part. Geometries distorted so that no component vanishes."""
+
+import json
+
+import numpy as np
+import pytest
+from channels import heavy_cases
+from cli_checks import assert_one_line_error
+from click.testing import CliRunner
+from gradient_fd import INPUTS, assert_matches_fd, assert_matches_fd_along, distorted
+from gradient_fd import options as _options
+
+from dfmp2.cli.main import main
+from dfmp2.df import basis
+from dfmp2.drivers import gradient as gradient_driver
+from dfmp2.errors import InputError
+from dfmp2.functionals import FUNCTIONALS
+from dfmp2.io import molecule
+from dfmp2.io.xyz import read_xyz
+from dfmp2.options import RunOptions
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+WATER = distorted(read_xyz(INPUTS / "water.xyz"))
+# (functional, frozen core): each functional of the table whose gradient is offered (not the P86
+# ones: functionals.UNRELIABLE_XC), B2PLYP both ways (cc-pVDZ, grid 3)
+CASES = {
+    "b2plyp": ("b2plyp", False),
+    "b2plyp-fc": ("b2plyp", True),
+    "b2gp-plyp-fc": ("b2gp-plyp", True),
+    "mpw2plyp": ("mpw2plyp", False),
+    "dsd-blyp-fc": ("dsd-blyp", True),
+    "pwpb95-d3bj-fc": ("pwpb95-d3bj", True),
+}
+
+
+_cache = {}
+
+
+def _run(functional, frozen_core, **kw):
+    opts = _options(basis=kw.pop("basis", "cc-pvdz"), frozen_core=frozen_core, method=functional, **kw)
+    key = repr(opts)
+    if key not in _cache:
+        _cache[key] = gradient_driver.run_gradient(WATER, opts, method=functional)
+    return opts, _cache[key]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_double_hybrid_gradient_matches_finite_differences(case):
+    """Every component against central differences (step 1e-3 bohr, converged by halving) of
+    the printed energy, to 1e-6 Eh/bohr (the acceptance: 2e-6) at the default grid (level 3)."""
+    functional, fc = CASES[case]
+    opts, gr = _run(functional, fc)
+    assert gr.result.double_hybrid["ks_scf"]["grid"]["level"] == 3
+    assert_matches_fd(gr.gradient, WATER, opts, functional)
+
+
+@pytest.mark.heavy
+def test_double_hybrid_gradient_along_a_direction_sto3g():
+    """The default channel's check: B2PLYP with frozen core on water/STO-3G (grid level 3), the
+    gradient along one random direction of all atoms against the energies' central difference."""
+    opts, gr = _run("b2plyp", True, basis="sto-3g")
+    d = np.random.default_rng(60).normal(size=gr.gradient.shape)
+    assert_matches_fd_along(gr.gradient, WATER, opts, "b2plyp", d / np.linalg.norm(d))
+
+
+def test_ks_part_is_pyscfs_rks_gradient():
+    """The KS part is PySCF's DF-RKS gradient (with grid response) of a KS-SCF of B2PLYP's hybrid
+    part on the same JK-fit set and grid, converged by PySCF here, to 1e-8 Eh/bohr; the parts add
+    up to the gradient; translational invariance holds to the PT2 part's grid response (1e-6)."""
+    from pyscf import dft
+
+    _, gr = _run("b2plyp", False, basis="sto-3g", dft_grid=1)
+    mol = molecule.build_molecule(WATER, "sto-3g", None, None)
+    mf = dft.RKS(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
+    mf.xc, mf.grids.level, mf.conv_tol, mf.conv_tol_grad, mf.verbose = FUNCTIONALS["b2plyp"].xc, 1, 1e-13, 1e-10, 0
+    mf.kernel()
+    g = mf.nuc_grad_method()
+    g.grid_response = True
+    ks = g.kernel()
+    dh = gr.parts.double_hybrid
+    assert np.abs(np.asarray(dh["ks"]) - ks).max() < 1e-8
+    assert np.allclose(gr.parts.hf, ks, atol=1e-8) and dh["dispersion"] is None
+    assert np.allclose(np.asarray(dh["ks"]) + np.asarray(dh["pt2"]), gr.gradient, atol=1e-14)
+    assert np.abs(gr.gradient.sum(axis=0)).max() < 1e-5  # the PT2 part's grid response, at grid level 1
+    assert gr.energy == gr.result.double_hybrid["e_total"] and gr.method == "b2plyp"
+    assert abs(gr.parts.e_corr - 0.27 * (gr.result.e_os + gr.result.e_ss)) < 1e-10  # c_os E_OS + c_ss E_SS
+    assert gr.parts.ran["reference"] == "rks" and gr.parts.zvector["form"] == "ks-response"
+
+
+def test_cli_gradient_of_a_double_hybrid(tmp_path):
+    """dfmp2 gradient --method dsd-blyp (any of its names, any case) on water/STO-3G: the table
+    titled by the functional, the JSON (validated against the schema by the test's fixture)
+    saying which double hybrid ran, with its parts: KS, PT2 and the D3(BJ) dispersion."""
+    xyz, out = tmp_path / "w.xyz", tmp_path / "g.json"
+    geom = WATER
+    xyz.write_text(
+        "3\n\n" + "".join(f"{s} {x:.8f} {y:.8f} {z:.8f}\n" for s, (x, y, z) in zip(geom.symbols, geom.coords_angstrom))
+    )
+    r = CliRunner().invoke(
+        main, ["gradient", str(xyz), "--basis", "sto-3g", "--method", "DSD-BLYP", "--dft-grid", "1", "--json", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    assert "E(DSD-BLYP)" in r.output
+    d = json.loads(out.read_text())
+    g = d["gradient"]
+    assert g["method"] == "dsd-blyp" and d["double_hybrid"]["functional"]["name"] == "DSD-BLYP-D3(BJ)"
+    assert g["energy"] == d["double_hybrid"]["e_total"] and g["double_hybrid"]["functional"] == "DSD-BLYP-D3(BJ)"
+    parts = [np.asarray(g["double_hybrid"][k]) for k in ("ks", "pt2", "dispersion")]
+    assert np.allclose(sum(parts), g["gradient"], atol=1e-14) and np.abs(parts[2]).max() > 1e-7
+    assert g["double_hybrid"]["grid_level"] == 1 and d["double_hybrid"]["ks_scf"]["grid"]["level"] == 1
+
+
+def test_an_open_shell_double_hybrid_gradient_is_refused():
+    r = CliRunner().invoke(
+        main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "sto-3g", "--method", "b2plyp"]
+    )
+    assert_one_line_error(r, "closed shells (RKS) only", "B2PLYP")
+
+
+def test_a_double_hybrid_gradient_without_fp64_is_refused():
+    r = CliRunner().invoke(
+        main, ["gradient", str(INPUTS / "water.xyz"), "--basis", "sto-3g", "--method", "b2plyp", "--device", "trn1"]
+    )
+    assert_one_line_error(r, "needs fp64", "trn1")
+
+
+@pytest.mark.parametrize("functional", ["dsd-pbep86", "revdsd-pbep86-d4"])
+def test_the_p86_functionals_gradient_is_refused(functional):
+    """PySCF's own RKS gradient of P86 correlation is 5e-6 to 1.4e-5 Eh/bohr from finite differences
+    of its energy (functionals.UNRELIABLE_XC): refused in one line, before any work, not offered."""
+    r = CliRunner().invoke(main, ["gradient", str(INPUTS / "water.xyz"), "--method", functional])
+    assert_one_line_error(r, "is not offered", "P86")
+    text = CliRunner().invoke(main, ["gradient", "--help"], terminal_width=400).output
+    assert functional not in text
+
+
+def test_two_methods_named_are_refused():
+    """A gradient of SCS-MP2 asked of a double hybrid's run: one InputError, before any work."""
+    with pytest.raises(InputError, match="differ"):
+        gradient_driver.run_gradient(WATER, RunOptions(basis="sto-3g", method="b2plyp"), method="scs-mp2")
+    assert gradient_driver.gradient_options(RunOptions(method="b2plyp"), "mp2")[1] == "b2plyp"
+    assert gradient_driver.gradient_options(RunOptions(), "B2GPPLYP") == (RunOptions(method="b2gp-plyp"), "b2gp-plyp")
+    assert gradient_driver.gradient_options(RunOptions(), "scs-mp2") == (RunOptions(), "scs-mp2")
+
+
+@pytest.mark.parametrize("case", heavy_cases(["api"], {"api"}))
+def test_api_gradient_of_a_double_hybrid(case):
+    import dfmp2
+
+    gr = dfmp2.gradient(str(INPUTS / "water.xyz"), method="mpw2plyp", basis="sto-3g", frozen_core=True)
+    assert gr.method == "mpw2plyp" and gr.to_dict()["gradient"]["double_hybrid"]["functional"] == "mPW2PLYP"
+
+
+def test_a_ks_scf_whose_df_tensor_was_on_disk(monkeypatch):
+    """The KS-SCF's DF tensor in a file of its scratch directory (as for a large molecule: every
+    tensor forced there), removed when the SCF returns: the gradient rebuilds it for the Z-vector
+    and equals the in-memory run's."""
+    from dfmp2.scf import pyscf_scf
+
+    _, ref = _run("b2plyp", False, basis="sto-3g", dft_grid=1)
+    monkeypatch.setattr(pyscf_scf, "PYSCF_DF_INCORE_SHARE", 0.0)
+    opts = _options(basis="sto-3g", method="b2plyp", dft_grid=1)
+    gr = gradient_driver.run_gradient(WATER, opts, method="b2plyp")
+    assert gr.energy_run.ref.scf.df_tensor == "disk" and gr.energy_run.ref.mf is not ref.energy_run.ref.mf
+    assert np.abs(gr.gradient - ref.gradient).max() < 1e-9
