@@ -226,7 +226,7 @@ def gradient_stage(  # noqa: PLR0913
 def _ranks_record(parts: GradientParts, ref, world) -> GradientParts:
     """``parts`` with ``ran['ranks']`` (what was split over the ranks) when ``world`` has several."""
     if world is not None and world.distributed:
-        split_jk = parts.ran.get("plan", {}).get("jk_rows_per_rank") is not None
+        split_jk = (parts.ran.get("plan") or {}).get("jk_rows_per_rank") is not None
         parts.ran["ranks"] = {
             "world_size": world.size,
             "split": [

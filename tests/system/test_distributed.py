@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from json_schema import read as read_checked
 from ranks import LIMIT_S
@@ -901,6 +902,25 @@ def test_gradient_with_its_jk_factor_split_over_ranks_is_one_process_s(tmp_path,
         plan, split = plans[n]
         assert plan["jk_factor"].startswith("split over the ranks") and 0 < plan["jk_rows_per_rank"] < naux_jk
         assert any("JK factor" in s for s in split["split"]) and "JK factor" not in split["on_every_rank"]
+
+
+@pytest.mark.heavy
+def test_a_double_hybrid_gradient_over_ranks_is_one_process_s(tmp_path):
+    """B2PLYP's gradient (RKS water, cc-pVDZ) over 2 ranks: the PT2 part's pair loop and derivative
+    integrals split, the KS part (PySCF's) on every rank; one process's gradient to 1e-12 Eh/bohr
+    (it crashed at its ranks record)."""
+    (tmp_path / "water.xyz").write_text(WATER)
+    docs = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"dh-{ranks}.json"
+        args = [str(tmp_path / "water.xyz"), "--method", "b2plyp", "--basis", "cc-pvdz", "--cpu-blas", "torch", "-q"]
+        p, _ = _torchrun(tmp_path, ranks, [*args, "--json", str(out)], "gradient")
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+        docs[ranks] = read_checked(out)
+    one, two = (np.array(docs[n]["gradient"]["gradient"]) for n in (1, 2))
+    assert np.abs(one - two).max() < 1e-12, np.abs(one - two).max()
+    assert docs[2]["gradient"]["ran"]["ranks"]["world_size"] == 2
+    assert docs[2]["gradient"]["double_hybrid"] is not None
 
 
 @pytest.mark.slow
