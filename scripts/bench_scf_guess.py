@@ -37,16 +37,16 @@ from dfmp2.scf.settings import SCFSettings
 SMALL_GRAD = 1e-4  # the projected guess's small-basis SCF: converged this far (Psi4 converges it loosely too)
 
 
-def guess_density(mol, name: str, backend, unrestricted: bool):
-    """The starting density of guess ``name`` (None: the SCF's own minao)."""
-    if name == "minao":
+def guess_density(mol, guess: str, backend, unrestricted: bool):
+    """The starting density of guess ``guess`` (None: the SCF's own minao)."""
+    if guess == "minao":
         return None
-    if name in ("sap", "huckel"):
+    if guess in ("sap", "huckel"):
         mf = scf.UHF(mol) if unrestricted else scf.RHF(mol)
-        return mf.init_guess_by_sap() if name == "sap" else mf.init_guess_by_huckel()
-    if name.startswith("proj:"):
+        return mf.init_guess_by_sap() if guess == "sap" else mf.init_guess_by_huckel()
+    if guess.startswith("proj:"):
         small = mol.copy()
-        small.basis = name[5:]
+        small.basis = guess[5:]
         small.build()
         settings = SCFSettings(precision="fp64", conv_tol=1e-6, conv_tol_grad=SMALL_GRAD, unrestricted=unrestricted)
         ref = driver.run_scf(small, backend, settings)
@@ -55,7 +55,7 @@ def guess_density(mol, name: str, backend, unrestricted: bool):
             C = Cs[0]
             return lib.tag_array(2.0 * C @ C.T, mo_coeff=C, mo_occ=np.full(C.shape[1], 2.0))
         return np.stack([C @ C.T for C in Cs])
-    raise SystemExit(f"error: unknown guess '{name}'")
+    raise SystemExit(f"error: unknown guess '{guess}'")
 
 
 def time_guesses(mol, a, backend, uhf: bool, meta: dict) -> None:
