@@ -63,7 +63,7 @@ CHECKPOINT_BYTES_PER_NUMBER = 40  # a checkpoint's size bound: a float's repr is
 CHECKPOINT_MARGIN_BYTES = 1_000_000  # ... and the fingerprint's (the molecule, the options)
 # the largest |value| a checkpoint row may hold: E (Eh; 1000 uranium atoms: 3e7), g (Eh/bohr), μ (e·bohr)
 ROW_BOUNDS = {"energy": 1e9, "gradient": 1e6, "dipole": 1e6}
-SCHEMA = "dfmp2-frequencies/1"
+SCHEMA = "dfmp2-frequencies/2"  # 2: linear, vibrational_modes, symmetry
 # PySCF's detect_symm tolerance (its symm.geom.TOLERANCE, bohr) for the point group of the symmetry number:
 # an optimised geometry is symmetric only to its convergence (geomeTRIC's GAU: steps below 1.8e-3 Å), and
 # PySCF's 1e-5 then finds water Cs (σ 1, not 2) and ammonia C1 (σ 1, not 3): G(T) 0.41 and 0.65 kcal/mol
