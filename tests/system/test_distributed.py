@@ -587,6 +587,7 @@ def test_ranks_per_run_in_one_process_is_refused(tmp_path, command, args, says):
 SMALL_ARGS = ["--basis", "sto-3g", "--cpu-blas", "torch", "-q"]
 
 
+@pytest.mark.heavy  # two processes, 6 s each: the default channel keeps its 300 s budget
 @pytest.mark.parametrize("bad_rank", [0, 1])
 def test_a_rank_refusing_its_command_line_ends_the_others_at_once(tmp_path, bad_rank):
     """Ranks started by hand, one given a flag that does not exist (click refuses it before the rank
