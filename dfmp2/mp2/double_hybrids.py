@@ -84,6 +84,18 @@ def real_atoms(mol):
     return sub.build(parse_arg=False)
 
 
+def dispersion_model(mol, dh: DoubleHybrid):
+    """pyscf-dispersion's model of ``dh``'s D3(BJ) or D4 term (its named parameters) on the real
+    atoms of ``mol`` (``real_atoms``): the one the energy and the gradient (dfmp2.grad.dh) ask."""
+    check_dispersion_package(dh)
+    from pyscf.dispersion import dftd3, dftd4
+
+    d, sub = dh.dispersion, real_atoms(mol)
+    if d.version == "d4":
+        return dftd4.DFTD4Dispersion(sub, d.parameters, atm=True)
+    return dftd3.DFTD3Dispersion(sub, d.parameters, version=d.version, atm=d.atm)
+
+
 def dispersion_energy(mol, dh: DoubleHybrid) -> tuple[float, dict]:
     """(E_disp in Hartree, its record) of the molecule ``mol`` (PySCF Mole, its geometry in Bohr
     inside) for ``dh``'s dispersion term, by the package's named parameters; (0.0, None) without one.
@@ -91,18 +103,10 @@ def dispersion_energy(mol, dh: DoubleHybrid) -> tuple[float, dict]:
     (``real_atoms``), for D3(BJ) and D4 alike."""
     if dh.dispersion is None:
         return 0.0, None
-    check_dispersion_package(dh)
     from importlib.metadata import PackageNotFoundError, version
 
-    from pyscf.dispersion import dftd3, dftd4
-
     d = dh.dispersion
-    mol = real_atoms(mol)
-    if d.version == "d4":
-        model = dftd4.DFTD4Dispersion(mol, d.parameters, atm=True)
-    else:
-        model = dftd3.DFTD3Dispersion(mol, d.parameters, version=d.version, atm=d.atm)
-    energy = float(model.get_dispersion()["energy"])
+    energy = float(dispersion_model(mol, dh).get_dispersion()["energy"])
     try:
         pkg = f"{DISPERSION_PACKAGE} {version(DISPERSION_PACKAGE)}"
     except PackageNotFoundError:  # pragma: no cover - an install without metadata
