@@ -31,12 +31,17 @@ import time
 import numpy as np
 from pyscf.grad import rks as rks_grad
 
-from dfmp2 import memory
 from dfmp2.functionals import UNRELIABLE_XC
 from dfmp2.grad.common import GradientError, Orbitals
-from dfmp2.grad.deriv3c import df_deriv, one_electron_deriv
-from dfmp2.grad.mp2 import GradientParts, check_channels, linear_dependence_warnings, rhf_record, stage_ran
-from dfmp2.grad.pairs import corr_intermediates, gamma3_weights
+from dfmp2.grad.deriv3c import one_electron_deriv
+from dfmp2.grad.mp2 import (
+    GradientParts,
+    check_channels,
+    correlation_terms,
+    linear_dependence_warnings,
+    rhf_record,
+    stage_ran,
+)
 from dfmp2.grad.plan import GradientPlan, choose_plan, default_limit_mb, rhf_shapes
 from dfmp2.grad.zvector import relaxed_density
 from dfmp2.scf.pyscf_scf import pyscf_scratch
@@ -122,19 +127,7 @@ def dh_gradient(
     kernels0 = (dict(backend.kernels_used), dict(backend.kernels_used))
     t0 = time.perf_counter()
     orb = Orbitals(ref.channels[0])
-    corr = corr_intermediates(mol, mp2_auxmol, orb, backend, dh.c_os, dh.c_ss, plan=plan, world=world)
-    t0 = timer.add("grad_mp2_densities", t0)
-    gbuf = memory.Buffers(device=corr.T_v.device)
-    corr_3c = df_deriv(
-        mol,
-        mp2_auxmol,
-        lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, backend, gbuf)[None],
-        -2.0 * corr.gamma_pq[None],
-        block_mb=plan.block_mb,
-        world=world,
-    )[0]
-    corr.T_v, gbuf = None, None
-    t0 = timer.add("grad_derivative_integrals", t0)
+    corr, corr_3c, t0 = correlation_terms(mol, mp2_auxmol, orb, backend, dh.c_os, dh.c_ss, timer, t0, None, plan, world)
     with pyscf_scratch(plan.scratch_dir) as tmp:  # PySCF's files (its DF tensor, when rebuilt there)
         df_tensor_back(mf, tmp)
         P, Y, zinfo, ks, fock, t0 = _ks_terms(mf, orb, corr, timer, t0)
@@ -279,18 +272,10 @@ def dispersion_gradient(mol, dh) -> np.ndarray:
     if dh.dispersion is None:
         return out
     from pyscf import gto
-    from pyscf.dispersion import dftd3, dftd4
 
-    from dfmp2.mp2.double_hybrids import check_dispersion_package, real_atoms
+    from dfmp2.mp2.double_hybrids import dispersion_model
 
-    check_dispersion_package(dh)
-    d = dh.dispersion
-    sub = real_atoms(mol)
-    if d.version == "d4":
-        model = dftd4.DFTD4Dispersion(sub, d.parameters, atm=True)
-    else:
-        model = dftd3.DFTD3Dispersion(sub, d.parameters, version=d.version, atm=d.atm)
-    g = np.asarray(model.get_dispersion(grad=True)["gradient"])
+    g = np.asarray(dispersion_model(mol, dh).get_dispersion(grad=True)["gradient"])
     real = [i for i in range(mol.natm) if not gto.is_ghost_atom(mol.atom_symbol(i))]
     out[real] = g
     return out

@@ -142,6 +142,27 @@ def check_channels(ref, backend, fp32_pair_loop: bool = False) -> None:
         )
 
 
+def correlation_terms(mol, mp2_auxmol, orb: Orbitals, host, c_os, c_ss, timer, t0, pair_backend, plan, world):  # noqa: PLR0913
+    """The correlation part of an RHF-like gradient (the MP2 one, a double hybrid's PT2): the pair
+    loop's intermediates (``corr_intermediates``, timed 'grad_mp2_densities') and the 3-center
+    derivative of Γ and γ fitted with ``mp2_auxmol`` ((natm, 3) Eh/bohr, timed
+    'grad_derivative_integrals'), with ``pair_backend`` running the pair loop's GEMMs and ``host``
+    the rest. Returns (corr with its T_v freed, the derivative, t0)."""
+    corr = corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=pair_backend, plan=plan, world=world)
+    t0 = timer.add("grad_mp2_densities", t0)
+    gbuf = memory.Buffers(device=corr.T_v.device)
+    corr_3c = df_deriv(
+        mol,
+        mp2_auxmol,
+        lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, host, gbuf)[None],
+        -2.0 * corr.gamma_pq[None],
+        block_mb=plan.block_mb,
+        world=world,
+    )[0]
+    corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
+    return corr, corr_3c, timer.add("grad_derivative_integrals", t0)
+
+
 def mp2_gradient(  # noqa: PLR0913
     mol,
     ref,
@@ -176,19 +197,7 @@ def mp2_gradient(  # noqa: PLR0913
     t0 = time.perf_counter()
     ch = ref.channels[0]
     orb = Orbitals(ch)
-    corr = corr_intermediates(mol, mp2_auxmol, orb, host, c_os, c_ss, pair_backend=backend, plan=plan, world=world)
-    t0 = timer.add("grad_mp2_densities", t0)
-    gbuf = memory.Buffers(device=corr.T_v.device)
-    corr_3c = df_deriv(
-        mol,
-        mp2_auxmol,
-        lambda p0, p1: gamma3_weights([orb.C[:, orb.act]], [corr.T_v], p0, p1, host, gbuf)[None],
-        -2.0 * corr.gamma_pq[None],
-        block_mb=plan.block_mb,
-        world=world,
-    )[0]
-    corr.T_v, gbuf = None, None  # (naux_mp2, nao, nact): not needed beside the JK factor
-    t0 = timer.add("grad_derivative_integrals", t0)
+    corr, corr_3c, t0 = correlation_terms(mol, mp2_auxmol, orb, host, c_os, c_ss, timer, t0, backend, plan, world)
     f0 = timer.executed()
     jk = DFJK(mol, jk_auxmol, host, timer, plan.factor, plan.fit_mb, plan.scratch_dir, world)
     try:
