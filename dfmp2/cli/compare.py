@@ -11,6 +11,7 @@ from dfmp2 import linalg
 from dfmp2.cli.options import (
     device_options,
     fail,
+    json_option,
     molecule_options,
     one_process,
     printing,
@@ -89,13 +90,7 @@ from dfmp2.workflows.compare import (
 @click.option(
     "--tol", "tolerance", type=float, default=None, help="allowed |ΔE_corr| in Hartree [default: 1e-10 fp64, 1e-6 fp32]"
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="also write every device's energies (with float.hex) as JSON",
-)
+@json_option("also write every device's energies (with float.hex) as JSON")
 @user_errors
 def compare_command(xyz_file, devices, synthetic, seed, repeat, tolerance, json_path, **params):
     """Run one problem on several devices from identical inputs and compare the energies bit by bit.

@@ -15,6 +15,7 @@ from dfmp2.cli.gradient import point_inputs
 from dfmp2.cli.options import (
     blas_notices,
     check_stdin,
+    json_option,
     printing,
     run_options,
     stderr_console,
@@ -97,13 +98,7 @@ def thermo_table(res) -> Table:
     help="a JSON file of the finished evaluations, rewritten after each round; given again for the same "
     "molecule and options, the job resumes from it",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="the whole record as JSON ('-': standard output)",
-)
+@json_option("the whole record as JSON ('-': standard output)")
 @click.option(
     "--molden",
     "molden_path",

@@ -19,6 +19,7 @@ from dfmp2.cli.options import (
     blas_notices,
     check_stdin,
     device_options,
+    json_option,
     molecule_options,
     printing,
     properties_options,
@@ -132,13 +133,7 @@ def point_inputs(method_help: str, double_hybrids: bool = False):
         "and relaxed dipole moments of --method's energy in debye and e*bohr about the input's origin"
     }
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="also write the result with the gradient (Eh/bohr) as JSON to this path ('-': standard output)",
-)
+@json_option("also write the result with the gradient (Eh/bohr) as JSON to this path ('-': standard output)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies and the gradient")
 @user_errors
 def gradient_command(xyz_file, method, json_path, quiet, **params):
@@ -218,13 +213,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
     help="convergence criteria: geomeTRIC's named sets (gau_tight, gau_verytight, ...); default: GAU with "
     "max |g| 3e-4 and rms |g| 2e-4 Eh/bohr",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="also write the final result (energies, gradient, the steps) as JSON ('-': standard output)",
-)
+@json_option("also write the final result (energies, gradient, the steps) as JSON ('-': standard output)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the final energies and gradient")
 @user_errors
 def optimize_command(xyz_file, method, final_path, traj_path, max_steps, convergence, json_path, quiet, **params):

@@ -11,6 +11,7 @@ from dfmp2.cli.options import (
     cbs_options,
     check_stdin,
     device_options,
+    json_option,
     molecule_options,
     printing,
     resource_options,
@@ -59,13 +60,7 @@ from dfmp2.io.outputs import check_output_file
     storage={"help": "where B lives in each run: in memory if the plan fits, else on disk (auto), or forced"},
 )
 @cbs_options()
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="also write the interaction energies, every run's energies and what ran as JSON ('-': standard output)",
-)
+@json_option("also write the interaction energies, every run's energies and what ran as JSON ('-': standard output)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the interaction energies")
 @user_errors
 def interaction_command(xyz_file, fragments, fragment_charges, fragment_multiplicities, json_path, quiet, **params):

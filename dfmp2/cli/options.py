@@ -75,6 +75,11 @@ class ShownChoice(click.Choice):
         return super().convert(value, param, ctx)
 
 
+def json_option(help: str):
+    """The ``--json PATH`` option (``json_path``) of a command that writes its document there."""
+    return click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help=help)
+
+
 # click.option keywords of each shared option (besides its flag, name and default)
 SPECS = {
     "basis": dict(

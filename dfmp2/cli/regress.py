@@ -9,6 +9,7 @@ import click
 
 from dfmp2.cli.options import (
     device_options,
+    json_option,
     printing,
     resource_options,
     run_options,
@@ -59,13 +60,7 @@ from dfmp2.workflows.regress import (
     default=None,
     help="reference file [default: inputs/references.json]",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="also write every case and the summary as JSON to this path",
-)
+@json_option("also write every case and the summary as JSON to this path")
 @click.option("--list", "list_only", is_flag=True, help="list the selected cases and exit")
 @user_errors
 def regress_command(names, subset, tolerance, ref_path, json_path, list_only, **params):

@@ -16,6 +16,7 @@ from dfmp2.cli.options import (
     check_stdin,
     checkpoint_options,
     device_options,
+    json_option,
     method_options,
     molecule_options,
     printing,
@@ -93,13 +94,7 @@ def _resume_hint(params) -> str:
 @checkpoint_options()
 @cbs_options()
 @properties_options()
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="also write the result as JSON to this path ('-': to standard output, the tables then on stderr)",
-)
+@json_option("also write the result as JSON to this path ('-': to standard output, the tables then on stderr)")
 @click.option(
     "--qcschema",
     "qcschema_path",
