@@ -131,9 +131,10 @@ def run_energy(
     world.summarize()
     properties = None
     if want:
-        say(f"properties ({', '.join(want)}): MP2 densities and Z-vector ...")
+        method = options.method if job.dh is not None else "mp2"  # the energy the densities differentiate
+        say(f"properties ({', '.join(want)}): {'PT2' if job.dh is not None else 'MP2'} densities and Z-vector ...")
         properties = props_stage.property_stage(
-            job.mol, ref, job.auxmol, job.jk_auxmol, job.backend, want, plan=densities
+            job.mol, ref, job.auxmol, job.jk_auxmol, job.backend, want, method, plan=densities
         )
     disp = None
     if job.dh is not None:  # E_disp from the geometry alone (None: no dispersion in the functional)

@@ -188,16 +188,11 @@ def _prepare(geom: Geometry, options: RunOptions, backend, say, world: distribut
 def check_double_hybrid(options: RunOptions) -> DoubleHybrid | None:
     """The DoubleHybrid ``options.method`` names (None for MP2), checked before any work: its
     dispersion package importable, and nothing asked for that a double hybrid does not have here
-    (properties; a checkpoint holds an HF reference). One InputError each."""
+    (a checkpoint holds an HF reference). One InputError each; its properties are checked with
+    MP2's (``props.stage.check_properties``: closed shells only)."""
     dh = double_hybrids.get(options.method)
     if dh is None:
         return None
-    if options.properties:
-        raise InputError(
-            f"properties ({', '.join(options.properties)}) of a double hybrid ({dh.name}) are not implemented "
-            "here (its relaxed density serves only its gradient, dfmp2 gradient --method); run without them",
-            option=("properties", "method"),
-        )
     if options.checkpoint or options.resume:
         raise InputError(
             f"a double hybrid ({dh.name}) run is not checkpointed; run without a checkpoint",

@@ -33,6 +33,7 @@ from pyscf.grad import rks as rks_grad
 
 from dfmp2.functionals import UNRELIABLE_XC
 from dfmp2.grad.common import GradientError, Orbitals
+from dfmp2.grad.densities import MP2Densities
 from dfmp2.grad.deriv3c import one_electron_deriv
 from dfmp2.grad.mp2 import (
     GradientParts,
@@ -42,7 +43,8 @@ from dfmp2.grad.mp2 import (
     rhf_record,
     stage_ran,
 )
-from dfmp2.grad.plan import GradientPlan, choose_plan, default_limit_mb, rhf_shapes
+from dfmp2.grad.pairs import corr_intermediates
+from dfmp2.grad.plan import DENSITY_PHASES, GradientPlan, choose_plan, default_limit_mb, rhf_shapes
 from dfmp2.grad.zvector import relaxed_density
 from dfmp2.scf.pyscf_scf import pyscf_scratch
 from dfmp2.timing import Timer
@@ -94,21 +96,22 @@ class KSResponse:
         return hess
 
 
-def check_supported(mf, ref) -> None:
-    """GradientError (one line) for a reference this stage does not differentiate: not a converged
-    density-fitted PySCF RKS (a UKS double hybrid, exact J/K), or one with a nonlocal (VV10) part."""
+def check_supported(mf, ref, what: str = "the double-hybrid gradient") -> None:
+    """GradientError (one line) for a reference ``what`` (the gradient, the relaxed density) does
+    not take: not a converged density-fitted PySCF RKS (a UKS double hybrid, exact J/K), or one
+    with a nonlocal (VV10) part."""
     from pyscf.dft import rks
 
     if not ref.restricted or not isinstance(mf, rks.RKS):
         raise GradientError(
-            "analytic gradients of double hybrids are implemented for closed shells (RKS) only; "
-            "an open-shell (UKS) double hybrid's gradient is not",
+            f"{what} of double hybrids is implemented for closed shells (RKS) only; "
+            "an open-shell (UKS) double hybrid's is not",
             option="reference",
         )
     if getattr(mf, "with_df", None) is None:
-        raise GradientError("the double-hybrid gradient needs a density-fitted KS-SCF", option="scf_mode")
+        raise GradientError(f"{what} needs a density-fitted KS-SCF", option="scf_mode")
     if mf.do_nlc():
-        raise GradientError("the double-hybrid gradient has no VV10 (nonlocal) part", option="method")
+        raise GradientError(f"{what} has no VV10 (nonlocal) part", option="method")
 
 
 def dh_gradient(
@@ -130,7 +133,9 @@ def dh_gradient(
     corr, corr_3c, t0 = correlation_terms(mol, mp2_auxmol, orb, backend, dh.c_os, dh.c_ss, timer, t0, None, plan, world)
     with pyscf_scratch(plan.scratch_dir) as tmp:  # PySCF's files (its DF tensor, when rebuilt there)
         df_tensor_back(mf, tmp)
-        P, Y, zinfo, ks, fock, t0 = _ks_terms(mf, orb, corr, timer, t0)
+        P, Y, zinfo = ks_relaxed_density(mf, orb, corr)
+        t0 = timer.add("grad_zvector", t0)
+        ks, fock, t0 = _ks_terms(mf, orb, P, timer, t0)
     C_o = orb.C[:, orb.occ]
     P_ao = orb.C @ P @ orb.C.T
     # Y holds the HF-like part 4 e_k on its occupied diagonal (relaxed_density): W less it
@@ -161,20 +166,67 @@ def dh_gradient(
     return parts
 
 
-def _ks_terms(mf, orb: Orbitals, corr, timer: Timer, t0: float):
-    """``dh_gradient``'s steps through PySCF's KS objects: the relaxed density (Z-vector with the
-    KS response), the Fock matrix's explicit derivative and the KS gradient (with its grid
-    response). Returns (P, Y (nmo, nmo) MO, the Z-vector's record, ks, fock (natm, 3), t0)."""
+def ks_relaxed_density(mf, orb: Orbitals, corr) -> tuple:
+    """The relaxed PT2 density of a double hybrid, its one step through PySCF's KS objects: the
+    Z-vector (``zvector.relaxed_density``, AO form) of the pair loop's ``corr`` (scaled by c_os,
+    c_ss) with the KS orbital Hessian of the converged DF-RKS ``mf`` (``KSResponse``; its DF
+    tensor must be there: ``df_tensor_back``). Returns (P, Y (nmo, nmo) MO: P the correlation part
+    of the relaxed density, electrons; the Z-vector's record, its form 'ks-response'). The gradient
+    (``dh_gradient``) and the density stage (``dh_densities``) both call it."""
     P, Y, zinfo = relaxed_density(orb, corr, KSResponse(mf, orb.C, len(orb.occ)), None, "ao")
     zinfo["form"] = "ks-response"
-    t0 = timer.add("grad_zvector", t0)
+    return P, Y, zinfo
+
+
+def dh_densities(
+    mol, ref, mp2_auxmol, dh, backend, *, timer: Timer | None = None, plan: GradientPlan | None = None, world=None
+) -> MP2Densities:
+    """The one-particle densities of ``dh``'s energy (a dfmp2.functionals.DoubleHybrid) without
+    any derivative integral, for a one-electron property (a dipole: -dE/dF): the converged DF-RKS
+    ``ref`` (``ref.mf``; frozen core from its mask), the PT2 pair loop fitted with ``mp2_auxmol``
+    on ``backend`` (fp64), then ``ks_relaxed_density``. An MP2Densities whose 'hf' kind is the KS
+    determinant's density D_KS = 2 C_o C_o^T and whose 'relaxed' one is D_KS + P (c_os, c_ss the
+    functional's); 'unrelaxed' D_KS + the scaled P_ij, P_ab. E_disp has no field dependence.
+    ``plan``: the blocks of the pair loop (default: the fastest whose density phases fit).
+    Timed as 'props_mp2_densities' and 'props_zvector'. An open-shell (UKS) reference: one
+    GradientError (``check_supported``) until a UKS Z-vector is here."""
+    mf = ref.mf
+    check_supported(mf, ref, "the relaxed density")
+    check_channels(ref, backend)
+    if plan is None:
+        shapes = rhf_shapes(mol, ref, mp2_auxmol, mf.with_df.auxmol)
+        plan = choose_plan(shapes, default_limit_mb(), phases=DENSITY_PHASES, stage="density")
+    timer = timer or Timer(backend)
+    kernels0 = (dict(backend.kernels_used), dict(backend.kernels_used))
+    t0 = time.perf_counter()
+    orb = Orbitals(ref.channels[0])
+    corr = corr_intermediates(mol, mp2_auxmol, orb, backend, dh.c_os, dh.c_ss, plan=plan, response=True, world=world)
+    corr.T_v = None  # the derivative weights' half back-transform: not needed for a density
+    t0 = timer.add("props_mp2_densities", t0)
+    with pyscf_scratch(plan.scratch_dir) as tmp:  # PySCF's files (its DF tensor, when rebuilt there)
+        df_tensor_back(mf, tmp)
+        P, _, zinfo = ks_relaxed_density(mf, orb, corr)
+    timer.add("props_zvector", t0)
+    ran = stage_ran(backend, backend, kernels0)
+    for k in ("on_device", "host"):  # the gradient's words: they name its derivative steps
+        ran.pop(k, None)
+    ran["reference"] = "rks"
+    ran["response"] = "PySCF's RKS response (mf.gen_response): J, a_x K on the JK-fit set, f_xc on the SCF's grid"
+    timings = {k: v for k, v in timer.seconds.items() if k in ("props_mp2_densities", "props_zvector")}
+    return rhf_record(orb, corr, P, dh.c_os, dh.c_ss, zinfo, ran, timings)
+
+
+def _ks_terms(mf, orb: Orbitals, P: np.ndarray, timer: Timer, t0: float):
+    """``dh_gradient``'s derivative steps through PySCF's KS objects, after the relaxed density
+    ``P`` (MO): the Fock matrix's explicit derivative and the KS gradient (with its grid
+    response). Returns (ks, fock (natm, 3), t0)."""
     C_o = orb.C[:, orb.occ]
     P_ao = orb.C @ P @ orb.C.T
     mf_grad = mf.nuc_grad_method()
     fock = fock_deriv(mf_grad, 2.0 * C_o @ C_o.T, 0.5 * (P_ao + P_ao.T))
     mf_grad.grid_response = KS_GRID_RESPONSE
     ks = mf_grad.grad_elec() + mf_grad.grad_nuc()
-    return P, Y, zinfo, ks, fock, timer.add("grad_derivative_integrals", t0)
+    return ks, fock, timer.add("grad_derivative_integrals", t0)
 
 
 def df_tensor_back(mf, tmp) -> None:

@@ -363,7 +363,8 @@ def run_atomic_input(
 
         options = drivers.properties_options(inp, options, where)
         done = drivers.run_properties(geom, options, method, progress=progress, log=log, on_plan=on_plan)
-        extra = drivers.properties_output(done.result, METHOD_ENERGY[method][1])
+        name = METHOD_ENERGY[method][1] if method in METHOD_ENERGY else done.result.double_hybrid["functional"]["name"]
+        extra = drivers.properties_output(done.result, name.upper())
     else:
         done = run_energy(prepare(geom, options, log=log), progress=progress, log=log, on_plan=on_plan)
     parts(done.mol, done.ref)
@@ -446,6 +447,7 @@ def properties(result, parts: dict, method: str = "mp2") -> dict:
             "return_energy": result.e_tot,
             "scf_total_energy": e["e_dft"],
             "scf_dispersion_correction_energy": e["e_disp"],
+            **dipole_properties(result),
         }
     spin = result.spin or {}
     nalpha = spin.get("nocc_alpha", result.nocc) + result.nfrozen  # frozen core included
@@ -473,12 +475,13 @@ def properties(result, parts: dict, method: str = "mp2") -> dict:
 def dipole_properties(result) -> dict:
     """QCSchema's dipole fields (e·a0, QCSchema's unit; origin (0, 0, 0) of the input coordinates)
     when the run computed the dipole (keywords.properties ['dipole']): ``scf_dipole_moment`` of
-    the HF density, ``mp2_dipole_moment`` of the relaxed MP2 density (the derivative of E(MP2)
-    with respect to a field); {} otherwise."""
+    the HF density (a double hybrid's: its KS determinant's), ``mp2_dipole_moment`` of the relaxed
+    MP2 density (the derivative of E(MP2) with respect to a field; not a double hybrid's); {}
+    otherwise."""
     dip = (result.properties or {}).get("dipole")
     if not dip:
         return {}
-    out = {"scf_dipole_moment": list(dip["hf"]["au"])}
+    out = {"scf_dipole_moment": list((dip["hf"] if "hf" in dip else dip["ks"])["au"])}  # a double hybrid's: its KS
     if dip.get("method", "mp2") == "mp2":  # SCS- and SOS-MP2's dipole is not MP2's: in the qcvars only
         out["mp2_dipole_moment"] = list(dip["relaxed"]["au"])
     return out

@@ -14,8 +14,9 @@ properties: the energy and the dipole moments, as Psi4's harness returns them: `
 ``properties.scf_dipole_moment`` and ``mp2_dipole_moment``; Psi4's qcvars SCF DIPOLE, MP2 DIPOLE,
 CURRENT DIPOLE. What is computed: keywords.properties, or Psi4's ``model.properties``, or dipole.
 The dipole of SCS- and SOS-MP2 is their own energy's relaxed dipole (``extras``' qcvars SCS-MP2
-DIPOLE; QCSchema's ``mp2_dipole_moment`` is MP2's only); a double hybrid's is refused, as
-``dfmp2 run --properties`` refuses it.
+DIPOLE; QCSchema's ``mp2_dipole_moment`` is MP2's only). A double hybrid's (RKS) is its relaxed
+dipole (-dE/dF of E_KS + E_PT2 + E_disp): qcvars <NAME> DIPOLE and CURRENT DIPOLE, its KS
+determinant's ``scf_dipole_moment`` and SCF DIPOLE, as ``dfmp2 run --method --properties``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def driver_of(inp) -> str:
 
 def properties_options(inp, options, where: str):
     """RunOptions of driver 'properties': the properties asked for (keywords.properties, else
-    Psi4's model.properties, else the dipole), after checking the method (mp2 only)."""
+    Psi4's model.properties, else the dipole)."""
     from dfmp2.options import PROPERTY_CHOICES, property_names
 
     extra = getattr(inp.specification.model, "model_extra", None) or {}
@@ -75,16 +76,17 @@ def run_properties(geom, options, method: str, progress=None, log=None, on_plan=
     """The EnergyRun of driver 'properties': the energy, then the properties of ``method``'s
     relaxed density (its Result's ``properties``). Every check (and the densities' memory plan)
     before the SCF, as ``dfmp2 run --properties``; for SCS- and SOS-MP2 the density stage runs
-    after the energy on the method's own density (as the ASE calculator's dipole)."""
+    after the energy on the method's own density (as the ASE calculator's dipole); a double
+    hybrid's in the energy run (its own densities, ``dfmp2.grad.dh.dh_densities``)."""
     from dfmp2.drivers.energy import prepare, run_energy
     from dfmp2.props import stage as props_stage
 
     job = prepare(geom, options, log=log)  # the properties' checks and memory plan: before any work
     want = options.properties
-    if method != "mp2":  # the energy run's density stage is MP2's: this method's after it
+    if method != "mp2" and job.dh is None:  # the energy run's density stage is MP2's (or the double hybrid's)
         job.options = dataclasses.replace(job.options, properties=())
     done = run_energy(job, progress=progress, log=log, on_plan=on_plan)
-    if method != "mp2":
+    if method != "mp2" and job.dh is None:
         job.options = options
         plan = props_stage.density_plan(job, options.memory_mb)
         args = (job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, want, method, plan)
@@ -94,9 +96,11 @@ def run_properties(geom, options, method: str, progress=None, log=None, on_plan=
 
 def properties_output(result, method_name: str) -> DriverOutput:
     """Driver 'properties' of an energy ``result`` that computed its dipoles (e·a0);
-    ``method_name``: Psi4's prefix of the method ('MP2', 'SCS-MP2', 'SOS-MP2')."""
+    ``method_name``: Psi4's prefix of the method ('MP2', 'SCS-MP2', 'SOS-MP2'; a double hybrid's
+    name, 'B2PLYP'). SCF DIPOLE is the SCF's: the HF determinant's, a double hybrid's KS one's."""
     dip = (result.properties or {}).get("dipole")
-    scf, mine = list(map(float, dip["hf"]["au"])), list(map(float, dip["relaxed"]["au"]))
+    scf = list(map(float, (dip["hf"] if "hf" in dip else dip["ks"])["au"]))
+    mine = list(map(float, dip["relaxed"]["au"]))
     return DriverOutput(
         return_result={"dipole": mine},
         qcvars={"SCF DIPOLE": scf, f"{method_name} DIPOLE": mine, "CURRENT DIPOLE": mine},

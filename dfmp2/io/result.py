@@ -18,8 +18,10 @@ from datetime import datetime, timezone
 # back to the OS: glibc's malloc_trim at each stage's end, or the C library's own way) and
 # ``memory.process_mb`` (the process's resident memory when the plan was made, outside the plan);
 # 9 = ``energies.e_tot`` in every result (the method's total energy: E(MP2), or a double hybrid's
-# E_DFT + E_PT2 + E_disp, the same number as its ``e_total``)
-SCHEMA_VERSION = "10"
+# E_DFT + E_PT2 + E_disp, the same number as its ``e_total``); 10 = ``gradient.double_hybrid``;
+# 11 = ``properties`` typed (its dipole record) and a double hybrid's: ``properties.dipole`` with
+# ``ks`` and ``relaxed`` (no HF or MP2 dipole), ``properties.densities.double_hybrid``
+SCHEMA_VERSION = "11"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -454,13 +456,17 @@ def double_hybrid_summary(dh: dict) -> str:
 
 def dipole_table(dip: dict):
     """``properties.dipole`` as a rich table: x, y, z and |μ| in debye of the HF, unrelaxed and
-    relaxed densities, |μ| in e·bohr too; the caption names the method and the origin."""
+    relaxed densities (a double hybrid's KS and relaxed ones), |μ| in e·bohr too; the caption
+    names the method and the origin."""
     from rich.table import Table
 
     t = Table(title=f"dipole moment / D  ({dip['method'].upper()} densities)", title_justify="left")
     for col in ("density", "x", "y", "z", "|μ| / D", "|μ| / e·bohr"):
         t.add_column(col, justify="left" if col == "density" else "right")
-    for label, key in (("HF", "hf"), ("MP2 unrelaxed", "unrelaxed"), ("MP2 relaxed", "relaxed")):
+    rows = (("HF", "hf"), ("MP2 unrelaxed", "unrelaxed"), ("MP2 relaxed", "relaxed"))
+    if "ks" in dip:  # a double hybrid's: its KS determinant's and its relaxed dipole
+        rows = (("KS", "ks"), (f"{dip['method'].upper()} relaxed", "relaxed"))
+    for label, key in rows:
         v = dip[key]
         t.add_row(label, *(f"{x:.6f}" for x in v["debye"]), f"{v['norm_debye']:.6f}", f"{v['norm_au']:.6f}")
     t.caption = f"about {dip['origin_rule']}" + (

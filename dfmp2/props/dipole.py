@@ -1,4 +1,5 @@
-"""Dipole moments of the HF, the unrelaxed MP2 and the relaxed MP2 density, PySCF's convention.
+"""Dipole moments of the HF, the unrelaxed MP2 and the relaxed MP2 density (a double hybrid's: the
+KS determinant's and the relaxed one), PySCF's convention.
 
     μ = Σ_A Z_A (R_A - O) - Σ_μν D_μν <ν| r - O |μ>          (e·bohr, atomic units; × AU_TO_DEBYE: debye)
 
@@ -8,7 +9,9 @@ charge, ghost atoms 0: ``mol.atom_charges()``), R_A in bohr, D the total density
 ``scf.hf.dip_moment`` takes it by default, so that the numbers compare with PySCF's. A neutral
 molecule's dipole does not depend on the origin; a charged one's does (``origin_dependent``).
 The relaxed MP2 dipole is -dE/dF of the MP2 energy in a uniform field F (the derivative the
-relaxed density carries); the unrelaxed one leaves out the orbital response.
+relaxed density carries); the unrelaxed one leaves out the orbital response. A double hybrid's
+relaxed dipole is -dE/dF of its energy E_KS + c_os E_OS + c_ss E_SS + E_disp (D_KS + P, P the
+relaxed PT2 density of its gradient, dfmp2.grad.dh); its 'ks' one that of the KS determinant.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from pyscf.data.nist import AU2DEBYE
 AU_TO_DEBYE = float(AU2DEBYE)  # debye per e·bohr (PySCF's constant: its dip_moment's unit='Debye')
 ORIGIN = (0.0, 0.0, 0.0)  # bohr: the input coordinates' origin, PySCF's dip_moment default
 ORIGIN_RULE = "the origin (0, 0, 0) of the input coordinates, as PySCF's scf.hf.dip_moment takes it"
-KINDS = {"hf": "hf", "unrelaxed": "unrelaxed", "relaxed": "relaxed"}  # record key -> MP2Densities kind
+# record key -> MP2Densities kind: MP2's dipoles, and a double hybrid's (its KS determinant's
+# density is the densities' 'hf' kind; a double hybrid has no HF or MP2 dipole)
+KINDS = {"hf": "hf", "unrelaxed": "unrelaxed", "relaxed": "relaxed"}
+DH_KINDS = {"ks": "hf", "relaxed": "relaxed"}
 
 
 def dipole_au(mol, dm_ao: np.ndarray, origin=ORIGIN) -> np.ndarray:
@@ -37,23 +43,32 @@ def dipole_au(mol, dm_ao: np.ndarray, origin=ORIGIN) -> np.ndarray:
 
 @dataclass
 class Dipoles:
-    """The dipole moments (3,) in e·bohr of the HF, unrelaxed and relaxed densities of ``method``
-    (the energy the densities differentiate: 'mp2', 'scs-mp2', 'sos-mp2'), about ``origin``
-    (bohr); ``charge`` of the molecule (nonzero: the values depend on the origin)."""
+    """The dipole moments (3,) in e·bohr of the densities of ``method`` (the energy the densities
+    differentiate: 'mp2', 'scs-mp2', 'sos-mp2' or a double hybrid's table key), about ``origin``
+    (bohr); ``charge`` of the molecule (nonzero: the values depend on the origin). MP2: ``hf``,
+    ``unrelaxed``, ``relaxed``; a double hybrid: ``ks`` (its KS determinant's) and ``relaxed``
+    (D_KS + the relaxed PT2 density: -dE/dF of E_KS + c_os E_OS + c_ss E_SS + E_disp), the
+    others None."""
 
-    hf: np.ndarray
-    unrelaxed: np.ndarray
+    hf: np.ndarray | None
+    unrelaxed: np.ndarray | None
     relaxed: np.ndarray
     method: str
     origin: tuple = ORIGIN
     charge: int = 0
+    ks: np.ndarray | None = None
 
     @property
     def origin_dependent(self) -> bool:
         return self.charge != 0
 
+    @property
+    def kinds(self) -> tuple:
+        """The record's kinds, in its order: ('ks', 'relaxed') for a double hybrid, else KINDS'."""
+        return tuple(DH_KINDS if self.ks is not None else KINDS)
+
     def debye(self, kind: str) -> np.ndarray:
-        """The ``kind`` ('hf', 'unrelaxed', 'relaxed') dipole in debye."""
+        """The ``kind`` ('hf', 'unrelaxed', 'relaxed'; a double hybrid's 'ks', 'relaxed') dipole in debye."""
         return getattr(self, kind) * AU_TO_DEBYE
 
     def to_dict(self) -> dict:
@@ -68,7 +83,7 @@ class Dipoles:
             "origin_rule": ORIGIN_RULE,
             "origin_dependent": self.origin_dependent,
         }
-        for kind in KINDS:
+        for kind in self.kinds:
             au = getattr(self, kind)
             out[kind] = {
                 "au": [float(x) for x in au],
@@ -79,7 +94,13 @@ class Dipoles:
         return out
 
 
-def dipoles(mol, densities, method: str = "mp2", origin=ORIGIN) -> Dipoles:
-    """The Dipoles of an ``MP2Densities`` (dfmp2.grad.densities; its relaxed density made) on ``mol``."""
-    mu = {kind: dipole_au(mol, densities.total_ao(kind), origin) for kind in KINDS.values()}
-    return Dipoles(mu["hf"], mu["unrelaxed"], mu["relaxed"], method, tuple(float(x) for x in origin), int(mol.charge))
+def dipoles(mol, densities, method: str = "mp2", origin=ORIGIN, double_hybrid: bool = False) -> Dipoles:
+    """The Dipoles of an ``MP2Densities`` (dfmp2.grad.densities; its relaxed density made) on
+    ``mol``; ``double_hybrid``: densities of a double hybrid's energy (``dfmp2.grad.dh.dh_densities``
+    or its gradient's), whose kinds are DH_KINDS."""
+    kinds = DH_KINDS if double_hybrid else KINDS
+    mu = {kind: dipole_au(mol, densities.total_ao(dens), origin) for kind, dens in kinds.items()}
+    org, charge = tuple(float(x) for x in origin), int(mol.charge)
+    if double_hybrid:
+        return Dipoles(None, None, mu["relaxed"], method, org, charge, ks=mu["ks"])
+    return Dipoles(mu["hf"], mu["unrelaxed"], mu["relaxed"], method, org, charge)

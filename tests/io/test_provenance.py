@@ -103,7 +103,7 @@ def _geometry_of(path):
 @pytest.mark.parametrize("scf_mode", ["df", "pyscf-df"])
 def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     rhf, uhf = _json(WATER, scf_mode=scf_mode), _json(OH, scf_mode=scf_mode)
-    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "10"
+    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "11"
     assert set(rhf) == set(uhf) == TOP_LEVEL
     assert _dotted_keys(rhf) == [] and _dotted_keys(uhf) == []
     for doc, path, mult in ((rhf, WATER, 1), (uhf, OH, 2)):

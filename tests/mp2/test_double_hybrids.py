@@ -260,7 +260,7 @@ def test_cli_run_prints_the_parts_and_writes_the_record(tmp_path):
     assert r.exit_code == 0, r.output
     assert "double hybrid B2PLYP" in r.output and "E_PT2 = 0.27 OS + 0.27 SS" in r.output and "E(B2PLYP)" in r.output
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "10" and set(d["energies"]) == {
+    assert d["schema_version"] == "11" and set(d["energies"]) == {
         "e_dft",
         "e_corr_os",
         "e_corr_ss",
@@ -295,10 +295,14 @@ def test_cli_optimize_and_frequencies_of_a_double_hybrid_are_refused(command):
     assert r.exit_code == 2
 
 
-def test_cli_properties_of_a_double_hybrid_are_refused():
-    r = CliRunner().invoke(main, ["run", WATER, "--method", "b2plyp", "--properties", "dipole"])
-    assert_one_line_error(r, "properties (dipole) of a double hybrid")
-    assert r.exit_code == 2
+def test_cli_properties_of_an_open_shell_double_hybrid_are_refused():
+    """A closed-shell double hybrid's dipole is computed (tests/grad/test_dipole_dh.py); an
+    open-shell (UKS) one's is refused in one line before any work."""
+    r = CliRunner().invoke(
+        main, ["run", WATER, "--method", "b2plyp", "--properties", "dipole", "--charge", "1", "--multiplicity", "2"]
+    )
+    assert_one_line_error(r, "properties (dipole) of a double hybrid (B2PLYP)", "closed shells (RKS) only")
+    assert r.exit_code == 2 and "SCF" not in r.output
 
 
 def test_cli_missing_dispersion_package_is_one_line(monkeypatch):
