@@ -57,9 +57,9 @@ def refuse_unreliable(dh) -> None:
     parts = [c for c in UNRELIABLE_XC if c in dh.components]
     if parts:
         raise GradientError(
-            f"the analytic gradient of {dh.name} is not offered: PySCF's own RKS gradient of its {parts[0]} "
-            "correlation differs from finite differences of its energy by 5e-6 to 1.4e-5 Eh/bohr on water "
-            "(more on a finer grid), above the 2e-6 this gradient promises; its energy: dfmp2 run --method",
+            f"the analytic gradient of {dh.name} is not offered: PySCF's RKS gradient of its {parts[0]} part "
+            "is not the derivative of its energy to the 2e-6 Eh/bohr this gradient promises "
+            "(docs/double_hybrids.md); its energy: dfmp2 run --method",
             option="method",
         )
 
