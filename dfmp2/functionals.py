@@ -97,7 +97,7 @@ def _p86(fraction: str) -> str:
     """``fraction`` of libxc's P86 correlation with its local part made continuous: GGA_C_P86 is
     PZ81's LDA correlation (libxc's LDA_C_PZ) plus Perdew's gradient term, and PZ81's published
     5-digit parameters make ε_c jump by 3.2e-5 Eh per electron where its two branches meet, at
-    r_s = 1 (ρ = 3/4π bohr⁻³; 3.1e-5 spin-polarised), a jump no potential carries: the gradient was
+    r_s = 1 (ρ = 3/4π bohr⁻³; 3.1e-5 at ζ = 0.2), a jump no potential carries: the gradient was
     1e-5 Eh/bohr from differences of the energy. Subtracting LDA_C_PZ and adding libxc's
     LDA_C_PZ_MOD (the same with the r_s < 1 branch's c, d refitted for continuity) leaves P86's
     gradient term as it is; the energy moves by 3.2e-5 per electron at most, where r_s < 1
