@@ -14,6 +14,7 @@ packages (never typed in here).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from dfmp2.errors import InputError, shown
@@ -62,8 +63,9 @@ class DoubleHybrid:
 
     @property
     def components(self) -> tuple:
-        """The libxc components of ``xc`` by name, upper case, without their fractions ('HF' too)."""
-        return tuple(t.split("*")[-1].strip().upper() for t in self.xc.replace(",", "+").split("+"))
+        """The libxc components of ``xc`` by name, upper case, without their fractions or signs ('HF'
+        too): its terms are separated by ',', '+' or a ' - ' (a subtracted component)."""
+        return tuple(t.split("*")[-1].strip().upper() for t in re.split(r",|\+| - ", self.xc))
 
     @property
     def pyscf_xc(self) -> str:
@@ -89,6 +91,18 @@ class DoubleHybrid:
             },
             "reference": self.reference,
         }
+
+
+def _p86(fraction: str) -> str:
+    """``fraction`` of libxc's P86 correlation with its local part made continuous: GGA_C_P86 is
+    PZ81's LDA correlation (libxc's LDA_C_PZ) plus Perdew's gradient term, and PZ81's published
+    5-digit parameters make ε_c jump by 3.2e-5 Eh per electron where its two branches meet, at
+    r_s = 1 (ρ = 3/4π bohr⁻³; 3.1e-5 at ζ = 0.2), a jump no potential carries: the gradient was
+    1e-5 Eh/bohr from differences of the energy. Subtracting LDA_C_PZ and adding libxc's
+    LDA_C_PZ_MOD (the same with the r_s < 1 branch's c, d refitted for continuity) leaves P86's
+    gradient term as it is; the energy moves by 3.2e-5 per electron at most, where r_s < 1
+    (docs/double_hybrids.md: -6.4e-5 Eh for DSD-PBEP86 on water)."""
+    return f"{fraction}*P86 - {fraction}*LDA_C_PZ + {fraction}*LDA_C_PZ_MOD"
 
 
 _GMTKN30_BJ = "Goerigk, Grimme, Phys. Chem. Chem. Phys. 13, 6670 (2011), doi:10.1039/c0cp02984j"
@@ -122,7 +136,7 @@ FUNCTIONALS = {
     ),
     "dsd-pbep86": DoubleHybrid(
         "DSD-PBEP86-D3(BJ)",
-        "0.69*HF + 0.31*PBE, 0.44*P86",
+        f"0.69*HF + 0.31*PBE, {_p86('0.44')}",
         0.52,
         0.22,
         Dispersion("d3bj", "dsdpbep86", "Kozuch, Martin, J. Comput. Chem. 34, 2327 (2013), doi:10.1002/jcc.23391"),
@@ -130,7 +144,7 @@ FUNCTIONALS = {
     ),
     "revdsd-pbep86-d4": DoubleHybrid(
         "revDSD-PBEP86-D4",
-        "0.69*HF + 0.31*PBE, 0.4210*P86",
+        f"0.69*HF + 0.31*PBE, {_p86('0.4210')}",
         0.5922,
         0.0636,
         Dispersion(
@@ -150,11 +164,6 @@ FUNCTIONALS = {
         custom=(("GGA_X_MPW91", tuple(_PWPB95_X.items())), ("MGGA_C_BC95", tuple(_PWPB95_C.items()))),
     ),
 }
-# libxc components whose PySCF RKS gradient (dfmp2.grad.dh) is not the derivative of their energy to the 2e-6 Eh/bohr
-# promised here: a DF-RKS of DSD-PBEP86's hybrid part on water/6-31G, PySCF's own gradient (with grid
-# response) against central differences of its energy: 4.9e-6 and 6.7e-6 Eh/bohr at grid level 3,
-# 1.2e-5 and 1.4e-5 at level 6 (PBE correlation in its place: 8e-8, 1.4e-7): P86's potential
-UNRELIABLE_XC = ("P86",)
 # the names a user may also type for these (the published names without the dispersion suffix)
 ALIASES = {"b2gpplyp": "b2gp-plyp", "dsd-blyp-d3bj": "dsd-blyp", "dsd-pbep86-d3bj": "dsd-pbep86"}
 METHODS = ("mp2", *FUNCTIONALS)  # what RunOptions.method takes: MP2 (on HF orbitals) or a double hybrid

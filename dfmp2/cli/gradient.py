@@ -33,7 +33,6 @@ from dfmp2.cli.options import (
     wrote,
 )
 from dfmp2.cli.runtime import LazyProgress, terminate_raises
-from dfmp2.functionals import UNRELIABLE_XC
 from dfmp2.io.outputs import check_output_file, is_stdout
 from dfmp2.io.result import METHOD_SCALES as SCALES
 from dfmp2.memory import human
@@ -95,9 +94,8 @@ def point_inputs(method_help: str, double_hybrids: bool = False):
     """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``;
     with ``double_hybrids`` (``dfmp2 gradient``) --method offers the table's functionals too, and
     --dft-grid their KS grid; else they parse, to be refused in one line (check_gradient_options)."""
-    differentiated = [k for k, dh in FUNCTIONALS.items() if not set(UNRELIABLE_XC) & set(dh.components)]
     method_type = (
-        ShownChoice((*SCALES, *differentiated), refused=set(FUNCTIONALS) - set(differentiated), case_sensitive=False)
+        ShownChoice((*SCALES, *FUNCTIONALS), case_sensitive=False)
         if double_hybrids
         else ShownChoice(SCALES, refused=FUNCTIONALS)
     )

@@ -95,7 +95,6 @@ def check_gradient_method(options: RunOptions, method: str, double_hybrid: bool 
     if not double_hybrid:
         double_hybrids.refuse_derivatives(method, options.method)
     elif double_hybrids.get(options.method) is not None:
-        grad_dh.refuse_unreliable(double_hybrids.get(options.method))
         return
     if method not in SCALES:
         raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")

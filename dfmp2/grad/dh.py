@@ -31,7 +31,6 @@ import time
 import numpy as np
 from pyscf.grad import rks as rks_grad
 
-from dfmp2.functionals import UNRELIABLE_XC
 from dfmp2.grad.common import GradientError, Orbitals
 from dfmp2.grad.densities import MP2Densities
 from dfmp2.grad.deriv3c import one_electron_deriv
@@ -52,18 +51,6 @@ from dfmp2.timing import Timer
 # The KS part with its grid's response (PySCF's grid_response): water/cc-pVDZ at grid level 3 was
 # 2.4e-6 Eh/bohr from central differences without it, 1.3e-7 with it (docs/double_hybrids.md)
 KS_GRID_RESPONSE = True
-
-
-def refuse_unreliable(dh) -> None:
-    """One GradientError (option ``method``) for a functional with a part in UNRELIABLE_XC."""
-    parts = [c for c in UNRELIABLE_XC if c in dh.components]
-    if parts:
-        raise GradientError(
-            f"the analytic gradient of {dh.name} is not offered: PySCF's own RKS gradient of its {parts[0]} "
-            "correlation differs from finite differences of its energy by 5e-6 to 1.4e-5 Eh/bohr on water "
-            "(more on a finer grid), above the 2e-6 this gradient promises; its energy: dfmp2 run --method",
-            option="method",
-        )
 
 
 class KSResponse:

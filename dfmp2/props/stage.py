@@ -33,9 +33,7 @@ def check_properties(options, unrestricted: bool) -> None:
     computed: the relaxed density needs the SCF's orbital response (a density-fitted SCF: DF-HF's,
     a double hybrid's DF-KS), and a UHF one (or a double hybrid's) fp64 arithmetic; on a device
     with fp64 the densities are made in fp64, so precision fp32 is refused (it ran in fp64 silently
-    before); a double hybrid's relaxed density is closed-shell (RKS) only, and not offered for the
-    functionals with P86 correlation (``functionals.UNRELIABLE_XC``: DSD-PBEP86's relaxed dipole
-    is 2.5e-5 e·bohr from finite fields of its energy, water/cc-pVDZ). Nothing asked for: nothing
+    before); a double hybrid's relaxed density is closed-shell (RKS) only. Nothing asked for: nothing
     checked."""
     if not options.properties:
         return
@@ -46,15 +44,6 @@ def check_properties(options, unrestricted: bool) -> None:
             f"properties ({what}) of a double hybrid ({dh.name}) come from its relaxed density, implemented "
             "for closed shells (RKS) only; an open-shell (UKS) double hybrid's is not",
             option=("properties", "reference"),
-        )
-    unreliable = [c for c in functionals.UNRELIABLE_XC if dh is not None and c in dh.components]
-    if unreliable:
-        raise InputError(
-            f"properties ({what}) of {dh.name} are not offered: its relaxed dipole is 2.5e-5 e*bohr from finite "
-            f"fields of its energy on water/cc-pVDZ (PySCF's {unreliable[0]} correlation potential is not the "
-            "derivative of its energy; its gradient is refused too), above the 1e-5 promised; its energy: "
-            "run without --properties",
-            option=("properties", "method"),
         )
     density = (
         "MP2 density, whose orbital response is the DF-HF's"
