@@ -90,16 +90,11 @@ def gradient_table(gr):
     return t
 
 
-def point_inputs(method_help: str, double_hybrids: bool = False):
-    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint) and ``--method``;
-    with ``double_hybrids`` (``dfmp2 gradient``) --method offers the table's functionals too, and
-    --dft-grid their KS grid; else they parse, to be refused in one line (check_gradient_options)."""
-    method_type = (
-        ShownChoice((*SCALES, *FUNCTIONALS), case_sensitive=False)
-        if double_hybrids
-        else ShownChoice(SCALES, refused=FUNCTIONALS)
-    )
-    dft_grid = (shared_option("dft_grid"),) if double_hybrids else ()
+def point_inputs(method_help: str):
+    """INPUT, the option groups shared with ``run`` (one basis, no checkpoint), ``--method`` and
+    ``--dft-grid`` (a double hybrid's KS grid), for ``dfmp2 gradient``, ``optimize`` and
+    ``frequencies``: --method offers MP2's methods and the table's functionals."""
+    method_type = ShownChoice((*SCALES, *FUNCTIONALS), case_sensitive=False)
 
     def wrap(f):
         for deco in reversed(
@@ -110,7 +105,7 @@ def point_inputs(method_help: str, double_hybrids: bool = False):
                 scf_options(**POINT_CHANGES["scf"]),
                 resource_options(),
                 click.option("--method", type=method_type, default="mp2", show_default=True, help=method_help),
-                *dft_grid,
+                shared_option("dft_grid"),
             )
         ):
             f = deco(f)
@@ -122,8 +117,7 @@ def point_inputs(method_help: str, double_hybrids: bool = False):
 @click.command("gradient")
 @point_inputs(
     "the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3), SOS-MP2 (1.3 OS) or a double hybrid of the "
-    "table (closed shells: RKS; docs/double_hybrids.md)",
-    double_hybrids=True,
+    "table (closed shells: RKS; docs/double_hybrids.md)"
 )
 @properties_options(
     properties={
@@ -172,7 +166,10 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 
 
 @click.command("optimize")
-@point_inputs("the energy minimised: MP2, SCS-MP2 or SOS-MP2")
+@point_inputs(
+    "the energy minimised: MP2, SCS-MP2, SOS-MP2 or a double hybrid of the table (closed shells: RKS; "
+    "docs/double_hybrids.md)"
+)
 @click.option(
     "-o",
     "--output",

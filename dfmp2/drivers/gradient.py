@@ -28,7 +28,7 @@ import numpy as np
 
 from dfmp2 import linalg
 from dfmp2.drivers.energy import EnergyRun, run_energy
-from dfmp2.drivers.job import Job, prepare
+from dfmp2.drivers.job import Job, check_double_hybrid, prepare
 from dfmp2.errors import InputError
 from dfmp2.grad import dh as grad_dh
 from dfmp2.grad import relaxed
@@ -79,25 +79,32 @@ class GradientResult:
         write_json(path, self.to_dict(), indent=2)
 
 
-def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> None:
-    """InputError (one line, naming the option) for what the gradient does not do, for a caller
-    before its runs (a workflow); a run makes these checks in its one ``prepare``."""
+def check_gradient_options(geom: Geometry, options: RunOptions, method: str) -> tuple[RunOptions, str]:
+    """Every check of a gradient run, for a caller before its runs (a workflow: optimize,
+    frequencies, QCSchema's hessian): InputError (one line, naming the option) for what the
+    gradient does not do, the same checks ``run_gradient`` makes in its one ``prepare``. Returns
+    ``gradient_options``' (options, method): a double hybrid named once, by its table key."""
+    options, method = gradient_options(options, method)
     check_gradient_method(options, method)
     options.check_choices()
+    check_double_hybrid(options)  # its properties, checkpoint and dispersion package
     uhf = molecule.resolve_reference(options.reference, geom, options.charge, options.multiplicity) == "uhf"
     check_gradient_reference(options, uhf)
+    check_double_hybrid_reference(options, uhf)
+    return options, method
 
 
-def check_gradient_method(options: RunOptions, method: str, double_hybrid: bool = False) -> None:
-    """InputError for a method the gradient does not differentiate: a name outside ``SCALES`` and,
-    unless ``double_hybrid`` (``dfmp2 gradient``'s own run: ``run_gradient``), a double hybrid
-    (optimisations and frequencies refuse them)."""
-    if not double_hybrid:
-        double_hybrids.refuse_derivatives(method, options.method)
-    elif double_hybrids.get(options.method) is not None:
+def check_gradient_method(options: RunOptions, method: str) -> None:
+    """InputError for a method the gradient does not differentiate: a name outside ``SCALES``
+    that is not a double hybrid of the table (``options.method``, after ``gradient_options``)."""
+    if double_hybrids.get(options.method) is not None and method == options.method:
         return
     if method not in SCALES:
-        raise InputError(f"unknown method '{method}'; use one of {', '.join(SCALES)}", option="method")
+        raise InputError(
+            f"unknown method '{method}'; use one of {', '.join(SCALES)} or a double hybrid of the table "
+            "(docs/double_hybrids.md)",
+            option="method",
+        )
 
 
 def gradient_options(options: RunOptions, method: str) -> tuple[RunOptions, str]:
@@ -269,9 +276,10 @@ def run_gradient(  # noqa: PLR0913
     command). Over several ranks they agree on ``method`` with their input before the SCF (as
     'option method': the commands' ``--method``) and on ``agreed``, a workflow's own parameters
     ({'option <parameter>': value}). A double hybrid named by ``method`` or ``options.method``
-    (``gradient_options``) runs its KS-SCF and ``dfmp2.grad.dh`` (closed shells only)."""
+    (``gradient_options``) runs its KS-SCF and ``dfmp2.grad.dh`` (closed shells only). Its checks
+    are ``check_gradient_options``' (made here in ``prepare``, before any work)."""
     options, method = gradient_options(options, method)
-    check_gradient_method(options, method, double_hybrid=True)
+    check_gradient_method(options, method)
 
     def check(uhf):
         check_gradient_reference(options, uhf)

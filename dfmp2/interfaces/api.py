@@ -36,7 +36,7 @@ OPTIONS_DOC = """
         frozen_core: freeze the chemical core orbitals in MP2 (bool) [default: False]
         method: energy(): 'mp2' or a double hybrid ('b2plyp', 'dsd-pbep86', ...:
             docs/double_hybrids.md); gradient() and frequencies() take their own ``method``,
-            'mp2', 'scs-mp2' or 'sos-mp2' [default: mp2]
+            'mp2', 'scs-mp2', 'sos-mp2' or a double hybrid (closed shells) [default: mp2]
         dft_grid: a double hybrid's KS-SCF grid level, PySCF's grids.level 0-9 [default: 3]
         properties: after the energy, e.g. ('dipole',) or 'dipole': HF, unrelaxed and relaxed
             MP2 dipoles in debye and e*bohr [default: (), none]
@@ -142,7 +142,8 @@ def gradient(molecule, method: str = "mp2", **options):
 @_with_options
 def frequencies(molecule, method: str = "mp2", **options):
     """Harmonic frequencies (cm⁻¹), normal modes, IR intensities (km/mol) and thermochemistry of
-    ``method``'s DF-MP2 energy at the molecule's geometry (an XYZ file path or a PySCF ``gto.Mole``,
+    ``method``'s energy (DF-MP2's, or a closed-shell double hybrid's: no IR intensities yet, null
+    with a warning) at the molecule's geometry (an XYZ file path or a PySCF ``gto.Mole``,
     as ``energy``), as ``dfmp2 frequencies`` computes them: central differences of analytic
     gradients (dfmp2.workflows.frequencies). ``options``: RunOptions' fields, and the workflow's
     ``step`` (bohr), ``temperature`` (K), ``pressure`` (Pa), ``checkpoint`` (path), ``ir`` (bool),

@@ -8,8 +8,9 @@ dependency imported only here (``pip install -e ".[qcschema]"``). Inside, an inp
 AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
 AtomicInput accepted: driver ``energy``, ``gradient`` (RHF or UHF, density-fitted SCF:
-``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of E(MP2)
-in Hartree/Bohr, the order of the input's atoms), ``hessian`` and ``properties``
+``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of the
+method's energy in Hartree/Bohr, the order of the input's atoms; a closed-shell double hybrid's too,
+qcvars DFT TOTAL GRADIENT and CURRENT GRADIENT), ``hessian`` and ``properties``
 (``dfmp2.interfaces.qcschema_drivers``); model ``{"method": "mp2", "basis": <orbital
 basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and
 molecular_multiplicity, ghost atoms (``real: false``: their element's orbital and fitting basis
@@ -242,7 +243,7 @@ def _settings(inp, where: str) -> dict:
         raise InputError(f"{where}: molecule.molecular_multiplicity must be an integer, got {mult:g}")
     settings = {
         # the input's method always wins over RunOptions' (a --method typed beside it is refused): a
-        # double hybrid (its gradient driver refused by the gradient's own check) or MP2's run
+        # double hybrid (its gradient and Hessian drivers checked by the gradient's own checks) or MP2's run
         "method": method if method in DOUBLE_HYBRIDS else "mp2",
         "basis": _basis(spec, where),
         "charge": int(round(charge)),
@@ -352,8 +353,6 @@ def run_atomic_input(
     if driver == "gradient":
         from dfmp2.drivers.gradient import run_gradient
 
-        double_hybrids.refuse_derivatives(method, route="QCSchema gradients")
-
         gr = run_gradient(geom, options, method, progress=progress, log=log, on_plan=on_plan)
         parts(gr.energy_run.mol, gr.energy_run.ref)
         return result_model(inp, version, gr.result, parts.values, gradient=gr, options=options), gr
@@ -379,9 +378,15 @@ def _run_hessian(inp, version, geom, options, method, progress, log):
     fr, gr = run_hessian(geom, options, method, progress=progress, log=log)
     parts = ScfEnergyParts()
     parts(gr.energy_run.mol, gr.energy_run.ref)
-    extra = hessian_output(fr, METHOD_ENERGY[method][1])
+    extra = hessian_output(fr, psi4_prefix(method))
     model = result_model(inp, version, gr.result, parts.values, gradient=gr, options=options, extra=extra)
     return model, gr
+
+
+def psi4_prefix(method: str) -> str:
+    """Psi4's qcvar prefix of ``method``'s total energy and derivatives: 'MP2', 'SCS-MP2',
+    'SOS-MP2', and 'DFT' for a double hybrid (DFT TOTAL ENERGY, DFT TOTAL GRADIENT)."""
+    return METHOD_ENERGY[method][1] if method in METHOD_ENERGY else "DFT"
 
 
 def input_method(inp) -> str:
@@ -493,14 +498,27 @@ def qcvars(result, method: str = "mp2", gradient=None) -> dict:
     Hartree/Bohr): SCF TOTAL GRADIENT, <METHOD> TOTAL GRADIENT and CURRENT GRADIENT."""
     e = result.energies()
     if result.double_hybrid:  # Psi4's names of a double hybrid's parts
-        return {
+        out = {
             "DFT FUNCTIONAL TOTAL ENERGY": e["e_dft"],
             "DOUBLE-HYBRID CORRECTION ENERGY": e["e_pt2"],
             "DISPERSION CORRECTION ENERGY": e["e_disp"],
             "DFT TOTAL ENERGY": result.e_tot,
             "CURRENT ENERGY": result.e_tot,
         }
-    out = {
+    else:
+        out = mp2_qcvars(e, method)
+    if gradient is not None:
+        g = gradient.gradient.tolist()
+        out["SCF TOTAL GRADIENT"] = gradient.parts.hf.tolist()  # a double hybrid's: its KS part's
+        out[f"{psi4_prefix(method)} TOTAL GRADIENT"] = g
+        out["CURRENT GRADIENT"] = g
+    return out
+
+
+def mp2_qcvars(e: dict, method: str) -> dict:
+    """Psi4's names of an MP2 run's energies ``e`` (``Result.energies``, Hartree), CURRENT ENERGY
+    the ``method``'s."""
+    return {
         "HF TOTAL ENERGY": e["e_hf"],
         "SCF TOTAL ENERGY": e["e_hf"],
         "MP2 SAME-SPIN CORRELATION ENERGY": e["e_corr_ss"],
@@ -513,12 +531,6 @@ def qcvars(result, method: str = "mp2", gradient=None) -> dict:
         "SOS-MP2 TOTAL ENERGY": e["e_sos_mp2"],
         "CURRENT ENERGY": e[METHOD_ENERGY[method][0]],
     }
-    if gradient is not None:
-        g = gradient.gradient.tolist()
-        out["SCF TOTAL GRADIENT"] = gradient.parts.hf.tolist()
-        out[f"{METHOD_ENERGY[method][1]} TOTAL GRADIENT"] = g
-        out["CURRENT GRADIENT"] = g
-    return out
 
 
 def report_text(result, gradient=None, width: int = 120) -> str:

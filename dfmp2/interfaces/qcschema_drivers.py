@@ -6,7 +6,8 @@ atoms, symmetrised), as ``dfmp2 frequencies`` builds it: central differences of 
 (``dfmp2.workflows.frequencies``, 6N + 1 gradient runs at its step). ``return_result`` and
 ``properties.return_hessian`` the Hessian (QCSchema: a (3N, 3N) array, its JSON a flat list),
 ``return_gradient`` and ``return_energy`` those of the reference geometry; the harmonic analysis
-(frequencies, thermochemistry) in ``extras["dfmp2"]``. RHF or UHF; a molecule ``dfmp2
+(frequencies, thermochemistry) in ``extras["dfmp2"]``. RHF or UHF, or a closed-shell double hybrid
+(qcvars DFT TOTAL HESSIAN; the gradient's checks: ``check_gradient_options``); a molecule ``dfmp2
 frequencies`` refuses (one atom, ghost atoms) is refused here in the same line.
 
 properties: the energy and the dipole moments, as Psi4's harness returns them: ``return_result``
@@ -127,7 +128,7 @@ def run_hessian(geom, options, method: str, progress=None, log=None):
 
 
 def hessian_output(fr, method_name: str) -> DriverOutput:
-    """Driver 'hessian' of a FrequencyResult ``fr`` (``method_name``: Psi4's prefix, 'MP2')."""
+    """Driver 'hessian' of a FrequencyResult ``fr`` (``method_name``: Psi4's prefix, 'MP2', 'DFT')."""
     import numpy as np
 
     H = np.asarray(fr.hessian, dtype=np.float64)

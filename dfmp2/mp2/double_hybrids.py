@@ -43,27 +43,6 @@ def check_dispersion_package(dh: DoubleHybrid) -> None:
         ) from None
 
 
-# the routes a double hybrid's gradient does not take yet (its analytic gradient: dfmp2 gradient --method)
-DERIVATIVE_ROUTES = "geometry optimisations, frequencies and relaxed properties"
-
-
-def refuse_derivatives(*methods: str, route: str = DERIVATIVE_ROUTES) -> None:
-    """One InputError (option ``method``), before any work, when any of ``methods`` names a double
-    hybrid on a ``route`` that does not differentiate one yet (its RKS gradient is ``dfmp2 gradient
-    --method``'s, dfmp2.grad.dh). Names outside the table are left to the caller's own check."""
-    for m in methods:
-        try:
-            dh = get(m) if isinstance(m, str) else None
-        except InputError:
-            continue
-        if dh is not None:
-            raise InputError(
-                f"{route} of double hybrids ({dh.name}) are not implemented here; its analytic gradient is "
-                f"dfmp2 gradient --method {canonical(m)} (closed shells), its energy dfmp2 run --method",
-                option="method",
-            )
-
-
 def real_atoms(mol):
     """``mol`` without its ghost atoms (PySCF Mole): the real atoms' symbols and Bohr coordinates as
     they are, the charge; a placeholder basis (the dispersion packages read atoms, coordinates, charge).

@@ -1,5 +1,6 @@
 """``dfmp2 optimize``: geometry optimisation with geomeTRIC (Wang & Song, J. Chem. Phys. 144,
-214108 (2016); PyPI ``geometric``) over our analytic DF-MP2 gradient (``run_gradient``).
+214108 (2016); PyPI ``geometric``) over our analytic gradient (``run_gradient``): of DF-MP2, SCS- or
+SOS-MP2, or of a closed-shell double hybrid (``method`` a key of dfmp2.functionals' table).
 
 geomeTRIC's custom-engine interface takes the energy (Hartree) and gradient (Hartree/Bohr) at
 coordinates in Bohr; its TRIC internal coordinates and default step control are used, with the
@@ -107,7 +108,8 @@ def optimize(  # noqa: PLR0913
     log=None,
     progress=None,
 ) -> OptimizationResult:
-    """Minimise the ``method``'s DF-MP2 energy from ``geom``. ``trajectory``: path of the
+    """Minimise the ``method``'s energy (DF-MP2's, or a double hybrid's) from ``geom``; the
+    gradient's own checks (``check_gradient_options``) before any work. ``trajectory``: path of the
     multi-frame XYZ written after each evaluation; ``final``: path of the last geometry's XYZ
     (written converged or not). OptimizationError when it does not converge in ``max_steps``.
     Each step's SCF starts from the previous step's density (``run_gradient``'s ``guess``, as
@@ -125,7 +127,7 @@ def optimize(  # noqa: PLR0913
         raise InputError("dfmp2 optimize needs geomeTRIC: pip install geometric") from None
     if convergence not in CONVERGENCE_SETS:
         raise InputError(f"convergence must be one of {', '.join(CONVERGENCE_SETS)}, got {convergence!r}")
-    check_gradient_options(geom, options, method)
+    options, method = check_gradient_options(geom, options, method)  # a double hybrid: its table key in both
     molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)  # as run
     out = OptimizationResult(geom, None)
     agreed = {"option max_steps": max_steps, "option convergence": convergence}  # over ranks: each rank's the same

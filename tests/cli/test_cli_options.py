@@ -35,9 +35,8 @@ FIELDS = {f.name for f in fields(RunOptions)}
 MOLECULE = {"basis", "auxbasis", "charge", "multiplicity", "reference", "ecp", "frozen_core"}
 # the RunOptions fields each command offers; what it leaves out, and why
 # properties (dfmp2.props) are of one molecule's run: run and gradient (from its own densities) only
-# double hybrids (method, dft_grid: dfmp2.mp2.double_hybrids) are energies of one run: run, and
-# gradient (its --method and --dft-grid; RKS: dfmp2.grad.dh); optimize has its own --method (MP2,
-# SCS, SOS; double hybrids refused in one line)
+# double hybrids (method, dft_grid: dfmp2.mp2.double_hybrids): run, and the gradient commands
+# (gradient, optimize, frequencies: their own --method and --dft-grid; RKS: dfmp2.grad.dh)
 DH = {"method", "dft_grid"}
 OFFERED = {
     "run": FIELDS,
@@ -45,7 +44,7 @@ OFFERED = {
     # --devices names several; one basis per run (a CBS bracket is refused)
     "compare": FIELDS - {"checkpoint", "resume", "device", "cbs_scf", "properties"} - DH,
     "gradient": FIELDS - {"checkpoint", "resume", "cbs_scf"},  # one basis, no checkpoint
-    "optimize": FIELDS - {"checkpoint", "resume", "cbs_scf", "properties", "dft_grid"},
+    "optimize": FIELDS - {"checkpoint", "resume", "cbs_scf", "properties"},
     # each reference's own
     "regress": FIELDS - {"checkpoint", "resume", "scf_mode", "cbs_scf", "properties"} - MOLECULE - DH,
 }

@@ -2,7 +2,8 @@
 option passes the command's own checks (the gradient's for gradient, optimize and frequencies;
 the run's preparation for all). ``frequencies --help`` offered a basis bracket, --scf exact,
 ROHF and the double hybrids, and each was then refused; those still parse, to be refused in one
-line with the reason, but no help lists them."""
+line with the reason, but no help lists them (the gradient commands offer the double hybrids:
+dfmp2.grad.dh)."""
 
 import re
 
@@ -12,7 +13,12 @@ from click.testing import CliRunner
 
 from dfmp2.cli.main import main
 from dfmp2.cli.options import RUN_FIELDS, run_options
-from dfmp2.drivers.gradient import check_gradient_method, check_gradient_reference, gradient_options
+from dfmp2.drivers.gradient import (
+    check_double_hybrid_reference,
+    check_gradient_method,
+    check_gradient_reference,
+    gradient_options,
+)
 from dfmp2.drivers.job import prepare
 from dfmp2.errors import InputError
 from dfmp2.io.xyz import read_xyz
@@ -61,10 +67,14 @@ def checks(name: str, args: list[str], xyz) -> None:
         cbs.scheme(options.basis, options.cbs_scf)
         return
     check = None
-    if name in POINT:  # dfmp2 gradient differentiates double hybrids too (run_gradient's own checks)
+    if name in POINT:  # the gradient's own checks (run_gradient's, check_gradient_options')
         options, method = gradient_options(options, ctx.params["method"])
-        check_gradient_method(options, method, double_hybrid=name == "gradient")
-        check = lambda uhf: check_gradient_reference(options, uhf)
+        check_gradient_method(options, method)
+
+        def check(uhf):
+            check_gradient_reference(options, uhf)
+            check_double_hybrid_reference(options, uhf)
+
     prepare(read_xyz(xyz), options, check=check)
 
 
@@ -85,15 +95,13 @@ def test_every_choice_a_command_s_help_offers_passes_its_checks(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", POINT)
-def test_the_gradient_commands_help_offers_no_bracket_exact_scf_or_double_hybrid(name):
-    """optimize and frequencies offer no double hybrid; gradient offers them (RKS: dfmp2.grad.dh)."""
+def test_the_gradient_commands_help_offers_no_bracket_or_exact_scf(name):
+    """gradient, optimize and frequencies offer the double hybrids (dfmp2.grad.dh) and --dft-grid."""
     text = CliRunner().invoke(main, [name, "--help"], terminal_width=400).output
     assert "--scf [df|pyscf-df]" in text
     assert "--reference [auto|rhf|uhf]" in text
-    if name == "gradient":
-        assert "--method [mp2|scs-mp2|sos-mp2|b2plyp|" in text and "--dft-grid" in text
-    else:
-        assert "--method [mp2|scs-mp2|sos-mp2]" in text and "b2plyp" not in text
+    assert "--method [mp2|scs-mp2|sos-mp2|b2plyp|" in text and "--dft-grid" in text
+    assert "dsd-pbep86" in text
     for word in ("exact", "extrapolat", "Helgaker", "rohf"):
         assert word not in text, word
 
@@ -102,7 +110,6 @@ def test_the_gradient_commands_help_offers_no_bracket_exact_scf_or_double_hybrid
     ("args", "message"),
     [
         (["--scf", "exact"], "needs a density-fitted SCF"),
-        (["--method", "b2plyp"], "frequencies and relaxed properties of double hybrids"),
         (["--reference", "rohf"], "ROHF references are not supported"),
         (["--basis", "cc-pv[dt]z"], "basis bracket"),
     ],

@@ -316,16 +316,6 @@ def test_cli_unknown_functional_is_one_line():
     assert r.exit_code == 2
 
 
-@pytest.mark.parametrize("command", ["optimize", "frequencies"])
-def test_cli_optimize_and_frequencies_of_a_double_hybrid_are_refused(command):
-    """dfmp2 gradient differentiates a closed-shell double hybrid (tests/grad/test_gradient_dh.py);
-    optimisations and frequencies of one are refused in one line that names the gradient."""
-    r = CliRunner().invoke(main, [command, WATER, "--method", "b2plyp"])
-    assert_one_line_error(r, "frequencies and relaxed properties of double hybrids (B2PLYP)")
-    assert "dfmp2 gradient --method b2plyp" in r.output
-    assert r.exit_code == 2
-
-
 def test_cli_properties_of_an_open_shell_double_hybrid_are_refused():
     """A closed-shell double hybrid's dipole is computed (tests/grad/test_dipole_dh.py); an
     open-shell (UKS) one's is refused in one line before any work."""
@@ -357,17 +347,9 @@ def test_cli_missing_dispersion_package_is_one_line(monkeypatch):
     double_hybrids.check_dispersion_package(double_hybrids.FUNCTIONALS["b2plyp"])
 
 
-def test_api_frequencies_refusal():
-    import dfmp2
-
-    with pytest.raises(InputError, match="frequencies and relaxed properties of double hybrids"):
-        dfmp2.frequencies(WATER, method="b2plyp")
-
-
 def test_qcschema_and_ase_take_a_double_hybrid():
-    """QCSchema model.method 'b2plyp': return_energy the total, its parts as Psi4 names them; the
-    gradient driver refused in one InputError (dfmp2 gradient differentiates it). ASE method='b2plyp': the
-    total in eV; forces refused."""
+    """QCSchema model.method 'b2plyp': return_energy the total, its parts as Psi4 names them. ASE
+    method='b2plyp': the total in eV. (Their gradients: tests/workflows/test_double_hybrid_routes.py.)"""
     qcschema = pytest.importorskip("dfmp2.interfaces.qcschema")
     pytest.importorskip("qcelemental")
     ase_units = pytest.importorskip("ase.units")
@@ -394,13 +376,9 @@ def test_qcschema_and_ase_take_a_double_hybrid():
     )
     assert _floats_under_names(d) == []  # no HF or MP2 field holds a number of the double hybrid
     assert d["extras"]["qcvars"]["DOUBLE-HYBRID CORRECTION ENERGY"] == dh["e_pt2"]
-    with pytest.raises(InputError, match="QCSchema gradients of double hybrids"):
-        qcschema.run_qcschema({**inp, "driver": "gradient"})
     atoms = Atoms("OH2", positions=np.reshape(xyz, (3, 3)) * ase_units.Bohr)
     atoms.calc = DFMP2Calculator(method="b2plyp", basis="sto-3g")
     assert atoms.get_potential_energy() == pytest.approx(dh["e_total"] * ase_units.Hartree, abs=1e-6)
-    with pytest.raises(InputError, match="ASE forces of double hybrids"):
-        atoms.get_forces()
 
 
 @pytest.mark.heavy
