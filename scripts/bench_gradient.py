@@ -11,6 +11,10 @@ the other processes' CPU use while it ran (a shared machine slows both).
     python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz
     python scripts/bench_gradient.py inputs/water_clusters/h2o_16.xyz --threads 16 --repeat 3
     python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz --charge 1 --multiplicity 2 --tag cation
+    python scripts/bench_gradient.py inputs/water_clusters/h2o_08.xyz --method b2plyp --tag b2plyp
+
+A double hybrid (``--method`` one of dfmp2.functionals.FUNCTIONALS) compares ``dfmp2 run --method``
+(KS-SCF + PT2 + dispersion) with ``dfmp2 gradient --method`` (the same, then dfmp2.grad.dh).
 
 Writes scripts/results/gradient_<molecule>[_<tag>].json and .md.
 """
@@ -33,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from dfmp2.benchmarks.timing import OtherCPU, cpu_model
 from dfmp2.drivers import energy as energy_driver
 from dfmp2.drivers import gradient as gradient_driver
+from dfmp2.functionals import FUNCTIONALS
 from dfmp2.interfaces import api
 from dfmp2.io.result import software_versions
 from dfmp2.io.xyz import read_xyz
@@ -50,11 +55,16 @@ def stats(xs: list) -> dict:
     return {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs), "n": len(xs)}
 
 
+def stage_name(dh: bool, spin: int) -> str:
+    """The gradient stage that ran: dfmp2.grad.dh for a double hybrid, else the (U)MP2 one."""
+    return "dfmp2.grad.dh" if dh else "dfmp2.grad.ump2" if spin else "dfmp2.grad.mp2"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("xyz")
     ap.add_argument("--basis", default="cc-pvdz")
-    ap.add_argument("--method", default="mp2", choices=("mp2", "scs-mp2", "sos-mp2"))
+    ap.add_argument("--method", default="mp2", choices=("mp2", "scs-mp2", "sos-mp2", *FUNCTIONALS))
     ap.add_argument("--frozen-core", action="store_true")
     ap.add_argument("--charge", type=int, default=None, help="default: the XYZ comment line's, else 0")
     ap.add_argument("--multiplicity", type=int, default=None, help="2S+1 (> 1: a UHF reference)")
@@ -68,8 +78,14 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     geom = read_xyz(a.xyz)
+    dh = a.method in FUNCTIONALS  # a double hybrid: its energy is dfmp2 run --method's
     options = RunOptions(
-        basis=a.basis, frozen_core=a.frozen_core, device=a.device, charge=a.charge, multiplicity=a.multiplicity
+        basis=a.basis,
+        frozen_core=a.frozen_core,
+        device=a.device,
+        charge=a.charge,
+        multiplicity=a.multiplicity,
+        method=a.method if dh else "mp2",
     )
     backend = energy_driver.make_backend(options, unrestricted=(a.multiplicity or 1) > 1)
     energy = lambda: api.run(geom, options, backend=backend)
@@ -105,8 +121,8 @@ def main(argv=None) -> int:
             "device": r.ran["device"],
             "engine": r.ran["engine"],
             "precision": r.ran["precision"],
-            "reference": "UHF" if r.spin else "RHF",
-            "gradient": {"stage": "dfmp2.grad.ump2" if r.spin else "dfmp2.grad.mp2", **gr.parts.to_dict()["ran"]},
+            "reference": ("UKS" if r.spin else "RKS") if dh else ("UHF" if r.spin else "RHF"),
+            "gradient": {"stage": stage_name(dh, r.spin), **gr.parts.to_dict()["ran"]},
         },  # the stage's own record of what ran where
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),
