@@ -20,12 +20,21 @@ from dfmp2.drivers import gradient as gradient_driver
 from dfmp2.errors import InputError
 from dfmp2.functionals import FUNCTIONALS
 from dfmp2.io import molecule
-from dfmp2.io.xyz import read_xyz
+from dfmp2.io.xyz import Geometry, read_xyz
 from dfmp2.options import RunOptions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WATER = distorted(read_xyz(INPUTS / "water.xyz"))
+# NH2 (doublet, 2B1): no degenerate partly filled shell, its UKS converges cleanly
+NH2 = distorted(
+    Geometry(
+        symbols=("N", "H", "H"),
+        coords_angstrom=np.array([[0, 0, 0], [0, 0.8020, 0.6367], [0, -0.8020, 0.6367]]),
+        multiplicity=2,
+        source="test",
+    )
+)
 # (functional, frozen core): each functional of the table whose gradient is offered (not the P86
 # ones: functionals.UNRELIABLE_XC), B2PLYP both ways (cc-pVDZ, grid 3)
 CASES = {
@@ -116,11 +125,40 @@ def test_cli_gradient_of_a_double_hybrid(tmp_path):
     assert g["double_hybrid"]["grid_level"] == 1 and d["double_hybrid"]["ks_scf"]["grid"]["level"] == 1
 
 
-def test_an_open_shell_double_hybrid_gradient_is_refused():
-    r = CliRunner().invoke(
-        main, ["gradient", str(INPUTS / "open_shell" / "hydroxyl.xyz"), "--basis", "sto-3g", "--method", "b2plyp"]
-    )
-    assert_one_line_error(r, "closed shells (RKS) only", "B2PLYP")
+def test_a_closed_shell_through_uks_is_the_rks_gradient():
+    """Water (α = β) run as UKS (--reference uhf), B2PLYP on STO-3G at grid level 1: the UKS
+    double-hybrid gradient (its per-spin Z-vector, Fock and XC derivatives) equals the RKS one
+    to 1e-8 Eh/bohr, and says it ran on a UKS reference (refused before: closed shells only)."""
+    _, rks = _run("b2plyp", False, basis="sto-3g", dft_grid=1)  # test_ks_part_is_pyscfs_rks_gradient's
+    _, uks = _run("b2plyp", False, basis="sto-3g", dft_grid=1, reference="uhf")
+    assert uks.parts.ran["reference"] == "uks" and rks.parts.ran["reference"] == "rks"
+    assert uks.energy_run.ref.mf.istype("UKS") and uks.parts.zvector["form"] == "ks-response"
+    assert np.abs(uks.gradient - rks.gradient).max() < 1e-8
+    assert np.abs(uks.gradient).min() > 1e-4  # no component vanishes by symmetry
+
+
+def test_uks_ks_part_is_pyscfs_uks_gradient():
+    """NH2 (doublet) through UKS, B2PLYP with frozen core on STO-3G at grid level 0: the KS part is
+    PySCF's DF-UKS gradient (with grid response) of a KS-SCF of the same hybrid part, converged by
+    PySCF here (from our density: a few cycles), to 1e-8 Eh/bohr; the parts add up; the JSON's
+    parts name PySCF's UKS gradient."""
+    from pyscf import dft
+
+    opts = _options(basis="sto-3g", frozen_core=True, method="b2plyp", dft_grid=0)
+    gr = gradient_driver.run_gradient(NH2, opts, method="b2plyp")
+    mol = molecule.build_molecule(NH2, "sto-3g", None, None)
+    mf = dft.UKS(mol).density_fit(auxbasis=basis.default_auxbasis(mol, "jk"))
+    mf.xc, mf.grids.level, mf.conv_tol, mf.conv_tol_grad, mf.verbose = FUNCTIONALS["b2plyp"].xc, 0, 1e-13, 1e-10, 0
+    mf.kernel(dm0=gr.energy_run.ref.mf.make_rdm1())
+    assert mf.converged
+    g = mf.nuc_grad_method()
+    g.grid_response = True
+    ks = g.kernel()
+    dh = gr.parts.double_hybrid
+    assert np.abs(np.asarray(dh["ks"]) - ks).max() < 1e-8 and np.allclose(gr.parts.hf, ks, atol=1e-8)
+    assert np.allclose(np.asarray(dh["ks"]) + np.asarray(dh["pt2"]), gr.gradient, atol=1e-14)
+    assert dh["ks_gradient"].startswith("pyscf.df.grad.uks") and gr.parts.ran["reference"] == "uks"
+    assert abs(gr.parts.e_corr - 0.27 * (gr.result.e_os + gr.result.e_ss)) < 1e-10
 
 
 def test_a_double_hybrid_gradient_without_fp64_is_refused():
