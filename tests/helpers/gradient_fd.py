@@ -58,16 +58,16 @@ def fd(geom, options, method, atom, xyz, step) -> float:
     return (energy(geom, options, method, plus) - energy(geom, options, method, minus)) / (2 * step)
 
 
-def assert_matches_fd(g, geom, options, method, *, halve=True, also=()):
+def assert_matches_fd(g, geom, options, method, *, halve=True, also=(), step=STEP):
     """The analytic gradient ``g`` (Eh/bohr) against central differences of every component at
-    STEP, to TOL. With ``halve``: the step is converged at the worst component and at ``also``
-    (components (atom, xyz)): FD(STEP/2) agrees with FD(STEP) to STEP_AGREE and with ``g`` to TOL.
-    Returns the differences."""
-    d = np.array([[fd(geom, options, method, a, x, STEP) for x in range(3)] for a in range(geom.natm)])
+    ``step`` (bohr, default STEP), to TOL. With ``halve``: the step is converged at the worst
+    component and at ``also`` (components (atom, xyz)): FD(step/2) agrees with FD(step) to
+    STEP_AGREE and with ``g`` to TOL. Returns the differences."""
+    d = np.array([[fd(geom, options, method, a, x, step) for x in range(3)] for a in range(geom.natm)])
     assert np.abs(g - d).max() <= TOL, (g, d)
     if halve:
         for a, x in dict.fromkeys([np.unravel_index(np.abs(g - d).argmax(), g.shape), *also]):
-            half = fd(geom, options, method, a, x, STEP / 2)
+            half = fd(geom, options, method, a, x, step / 2)
             assert abs(half - d[a, x]) <= STEP_AGREE
             assert abs(g[a, x] - half) <= TOL
     return d
