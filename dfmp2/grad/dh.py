@@ -1,5 +1,5 @@
-"""The closed-shell (RKS) double-hybrid nuclear gradient: a stage after the energy, a peer of
-``dfmp2.grad.mp2`` (fp64).
+"""The double-hybrid nuclear gradient, closed (RKS) and open (UKS) shells: a stage after the
+energy, a peer of ``dfmp2.grad.mp2`` and ``dfmp2.grad.ump2`` (fp64).
 
 The energy differentiated is exactly the one ``dfmp2 run --method`` prints,
     E = E_KS[ρ] + c_os E_OS + c_ss E_SS + E_disp
@@ -22,6 +22,12 @@ G_KS[X] = J[X] - a_x K[X]/2 + f_xc[X] (``mf.gen_response(singlet=None, hermi=1)`
 on the SCF's grid). The grid's own response (its points and Becke weights moving with the atoms)
 is in the KS part (PySCF's ``grid_response``) and not in the PT2 part's XC terms: water/cc-pVDZ at
 grid level 3 is within 2e-7 Eh/bohr of central differences (docs/double_hybrids.md).
+
+UKS (``_uks_lagrangian``): the same terms per spin σ, D^σ = C_o^σ C_o^σT, with the PT2 pieces of
+``dfmp2.grad.ump2`` (Γ^σ, P^σ_ij, P^σ_ab, Y^σ) and its coupled α/β Z-vector solved with PySCF's UKS
+response G^σ_KS[X] = J[X^α + X^β] - a_x K[X^σ] + f_xc^σ[X] (``UKSResponse``); the two-electron
+part Σ_σ P^σ (J[D^α + D^β] - a_x K[D^σ])^x and the spin-polarised XC part (``fock_deriv``,
+``xc_deriv``, which take one spin-summed density for RKS or two for UKS).
 """
 
 from __future__ import annotations
