@@ -206,34 +206,56 @@ def stall_accepted(history, conv_tol: float) -> float | None:
     return level if level is not None and level <= KS_STALL_MAX_GRAD else None
 
 
-KS_FINISH_MAX_STEPS = 20  # second-order steps of the soft-mode finish (OH: 6 to 3e-14)
+KS_FINISH_MAX_STEPS = 20  # second-order steps of one search of the soft-mode finish (OH: 6 to 3e-14)
 KS_FINISH_KRYLOV = 24  # Hessian products per step: the Krylov space of the gradient
 KS_FINISH_MAX_STEP = 0.5  # radian: the longest orbital rotation of one step
 
 
 def soft_mode_finish(mf, conv_tol_grad: float) -> dict | None:
     """Converge a Kohn-Sham SCF that stalled on a nearly flat orbital rotation (``stall_accepted``)
-    to ``conv_tol_grad`` by saddle-free Newton steps: the exact orbital Hessian (PySCF's
-    second-order object: gradient, Hessian products with the XC kernel, rotations) in the Krylov
-    space of the gradient, each eigenvalue taken by its magnitude, so that a negative curvature
-    leads downhill. Why: OH's DIIS stall sits near a maximum along the rotation between its pi
-    orbitals (curvature -9e-6, the gradient all along it), where the energy depends on where the
-    SCF stopped and the analytic gradient, which assumes a stationary point, is off by 4e-5
-    Eh/bohr; the minimum is 2e-7 Eh lower, reached in six steps. Changes ``mf`` in place (orbitals,
-    energies, e_tot, converged) and returns {'steps', 'gradient', 'energy_change'} (Eh) when it
-    converges; None (``mf`` untouched) when it does not in KS_FINISH_MAX_STEPS."""
+    to ``conv_tol_grad`` by saddle-free Newton steps (``_newton_to``), then probe that rotation's
+    other minima: from the minimum, ±45° along the soft mode (the Hessian's lowest eigenvector,
+    ``_soft_mode``), each converged again; the lowest of them is kept (lower by more than 1e-10 Eh
+    than the first). Why: OH's DIIS stall sits near a maximum along the rotation between its pi
+    orbitals (curvature -9e-6, the gradient all along it), where the analytic gradient, which
+    assumes a stationary point, was 4e-5 Eh/bohr off the energies' differences; and the rotation
+    has two families of minima (pi_x-like and pi_x+y-like on an axis-aligned OH, 8e-8 Eh apart),
+    of which the first minimum reached depends on where DIIS stalled: the energies of nearby
+    geometries landed in different ones (central differences 1.2e-5 off). Changes ``mf`` in place
+    (orbitals, energies, e_tot, converged) and returns {'steps' (all three searches), 'gradient',
+    'energy_change'} (Eh) when the first search converges; None (``mf`` untouched) when it does
+    not in KS_FINISH_MAX_STEPS."""
     import numpy as np
 
     newton = mf.newton()
-    mo, occ, e0 = mf.mo_coeff, mf.mo_occ, float(mf.e_tot)
-    mo_e = dm = None
+    best = _newton_to(mf, newton, mf.mo_coeff, conv_tol_grad)
+    if best is None:
+        return None
+    steps = best[4]
+    v = _soft_mode(newton, best[0], mf.mo_occ)
+    for sign in (1.0, -1.0):
+        start = newton.rotate_mo(best[0], newton.update_rotate_matrix(sign * np.pi / 4 * v, mf.mo_occ))
+        probe = _newton_to(mf, newton, start, conv_tol_grad)
+        steps += KS_FINISH_MAX_STEPS if probe is None else probe[4]
+        if probe is not None and probe[2] < best[2] - 1e-10:
+            best = probe
+    e0 = float(mf.e_tot)
+    mf.mo_coeff, mf.mo_energy, mf.e_tot, mf.converged = best[0], best[1], best[2], True
+    return {"steps": steps, "gradient": best[3], "energy_change": best[2] - e0}
+
+
+def _newton_to(mf, newton, mo, conv_tol_grad: float):
+    """Saddle-free Newton steps (``_saddle_free_step``) from orbitals ``mo`` of ``mf``'s occupation
+    to an orbital gradient below ``conv_tol_grad``, each step's orbitals canonicalised. Returns
+    (mo, mo_energy, e_tot, gradient norm, steps), or None when KS_FINISH_MAX_STEPS do not get there."""
+    import numpy as np
+
+    occ, mo_e, dm = mf.mo_occ, None, None
     for step in range(KS_FINISH_MAX_STEPS + 1):
         g, hop, hdiag = newton.gen_g_hop(mo, occ)
         gnorm = float(np.linalg.norm(g))
         if gnorm < conv_tol_grad and dm is not None:
-            mf.mo_coeff, mf.mo_energy, mf.converged = mo, mo_e, True
-            mf.e_tot = float(mf.energy_tot(dm))
-            return {"steps": step, "gradient": gnorm, "energy_change": mf.e_tot - e0}
+            return mo, mo_e, float(mf.energy_tot(dm)), gnorm, step
         if step == KS_FINISH_MAX_STEPS:
             return None
         x = _saddle_free_step(g, hop, hdiag)
@@ -243,18 +265,16 @@ def soft_mode_finish(mf, conv_tol_grad: float) -> dict | None:
     return None
 
 
-def _saddle_free_step(g, hop, hdiag):
-    """-Σ_k u_k (u_k·g') / |w_k|, mapped back, over the eigenpairs (w_k, u_k) of the Hessian
-    preconditioned by its diagonal, H' = M^-1/2 H M^-1/2 (M = |hdiag|; its spectrum: the soft mode
-    near zero and the rest near 1, well resolved by a short Krylov space), in the Krylov space of
-    g' = M^-1/2 g (Lanczos with full reorthogonalisation, KS_FINISH_KRYLOV products of ``hop``);
-    its length capped at KS_FINISH_MAX_STEP."""
+def _krylov(v0, hop, hdiag):
+    """The Hessian preconditioned by its diagonal, H' = M^-1/2 H M^-1/2 (M = |hdiag|: its spectrum
+    the soft mode near zero and the rest near 1, well resolved by a short Krylov space), in the
+    Krylov space of ``v0`` (Lanczos with full reorthogonalisation, KS_FINISH_KRYLOV products of
+    ``hop``): (M^-1/2 (n,), the basis (n, k), H's eigenvalues (k,) and eigenvectors (k, k) there)."""
     import numpy as np
 
     sc = 1.0 / np.sqrt(np.maximum(np.abs(hdiag), 1e-3))
-    gp = sc * g
-    V, HV = [gp / np.linalg.norm(gp)], []
-    for _ in range(min(KS_FINISH_KRYLOV, g.size)):
+    V, HV = [v0 / np.linalg.norm(v0)], []
+    for _ in range(min(KS_FINISH_KRYLOV, v0.size)):
         HV.append(sc * hop(sc * V[-1]))
         w = HV[-1] - np.array(V).T @ (np.array(V) @ HV[-1])
         w -= np.array(V).T @ (np.array(V) @ w)
@@ -264,9 +284,31 @@ def _saddle_free_step(g, hop, hdiag):
     Vm = np.array(V[: len(HV)]).T
     Hs = Vm.T @ np.array(HV).T
     ws, us = np.linalg.eigh(0.5 * (Hs + Hs.T))
-    x = -sc * (Vm @ (us @ ((us.T @ (Vm.T @ gp)) / np.maximum(np.abs(ws), 1e-12))))
+    return sc, Vm, ws, us
+
+
+def _saddle_free_step(g, hop, hdiag):
+    """-M^-1/2 Σ_k u_k (u_k·g') / |w_k| over the eigenpairs (w_k, u_k) of H' in the Krylov space
+    of g' = M^-1/2 g (``_krylov``); its length capped at KS_FINISH_MAX_STEP."""
+    import numpy as np
+
+    sc = 1.0 / np.sqrt(np.maximum(np.abs(hdiag), 1e-3))
+    sc, Vm, ws, us = _krylov(sc * g, hop, hdiag)
+    gp = Vm.T @ (sc * g)
+    x = -sc * (Vm @ (us @ ((us.T @ gp) / np.maximum(np.abs(ws), 1e-12))))
     n = float(np.linalg.norm(x))
     return x if n <= KS_FINISH_MAX_STEP else x * (KS_FINISH_MAX_STEP / n)
+
+
+def _soft_mode(newton, mo, occ):
+    """The unit rotation (PySCF's packed occupied-virtual variables) along the orbital Hessian's
+    lowest eigenvector at ``mo`` (``_krylov`` from a fixed pseudo-random start)."""
+    import numpy as np
+
+    g, hop, hdiag = newton.gen_g_hop(mo, occ)
+    sc, Vm, _, us = _krylov(np.random.default_rng(0).standard_normal(g.size), hop, hdiag)
+    v = sc * (Vm @ us[:, 0])
+    return v / np.linalg.norm(v)
 
 
 def stall_warning(stalled_record: dict | None, what: str = "Kohn-Sham") -> str | None:
