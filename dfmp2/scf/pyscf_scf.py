@@ -209,6 +209,7 @@ def stall_accepted(history, conv_tol: float) -> float | None:
 KS_FINISH_MAX_STEPS = 20  # second-order steps of one search of the soft-mode finish (OH: 6 to 3e-14)
 KS_FINISH_KRYLOV = 24  # Hessian products per step: the Krylov space of the gradient
 KS_FINISH_MAX_STEP = 0.5  # radian: the longest orbital rotation of one step
+KS_SOFT_CURVATURE = 1e-3  # Eh: a lowest orbital-Hessian eigenvalue below this is a flat rotation, probed (OH: 1e-5)
 
 
 def soft_mode_finish(mf, conv_tol_grad: float) -> dict | None:
@@ -232,8 +233,8 @@ def soft_mode_finish(mf, conv_tol_grad: float) -> dict | None:
     if best is None:
         return None
     steps = best[4]
-    v = _soft_mode(newton, best[0], mf.mo_occ)
-    for sign in (1.0, -1.0):
+    v, curvature = _soft_mode(newton, best[0], mf.mo_occ)
+    for sign in (1.0, -1.0) if abs(curvature) < KS_SOFT_CURVATURE else ():
         start = newton.rotate_mo(best[0], newton.update_rotate_matrix(sign * np.pi / 4 * v, mf.mo_occ))
         probe = _newton_to(mf, newton, start, conv_tol_grad)
         steps += KS_FINISH_MAX_STEPS if probe is None else probe[4]
@@ -301,14 +302,16 @@ def _saddle_free_step(g, hop, hdiag):
 
 
 def _soft_mode(newton, mo, occ):
-    """The unit rotation (PySCF's packed occupied-virtual variables) along the orbital Hessian's
-    lowest eigenvector at ``mo`` (``_krylov`` from a fixed pseudo-random start)."""
+    """(v, v·H v): the unit rotation v (PySCF's packed occupied-virtual variables) along the
+    orbital Hessian's lowest eigenvector at ``mo`` (``_krylov`` from a fixed pseudo-random start)
+    and its curvature (Eh)."""
     import numpy as np
 
     g, hop, hdiag = newton.gen_g_hop(mo, occ)
     sc, Vm, _, us = _krylov(np.random.default_rng(0).standard_normal(g.size), hop, hdiag)
     v = sc * (Vm @ us[:, 0])
-    return v / np.linalg.norm(v)
+    v /= np.linalg.norm(v)
+    return v, float(v @ hop(v))
 
 
 def stall_warning(stalled_record: dict | None, what: str = "Kohn-Sham") -> str | None:
@@ -338,7 +341,10 @@ def stall_warning(stalled_record: dict | None, what: str = "Kohn-Sham") -> str |
 def stall_check(mf, settings: SCFSettings, seen: dict):
     """PySCF's ``check_convergence`` hook for a Kohn-Sham SCF: PySCF's own tests (|ΔE| below
     conv_tol and |g| below conv_tol_grad in the cycles; its looser test in the extra cycle after
-    them), and a stalled gradient accepted (``stall_accepted``), recorded in ``seen['stalled']``."""
+    them), and a stalled gradient accepted (``stall_accepted``), recorded in ``seen['stalled']``; a
+    gradient stalled at KS_STALL_MAX_GRAD or below while the energy still creeps (OH's DIIS, 2e-12 Eh
+    a cycle) ends the cycles too, recorded in ``seen['pending']``: ``_converge`` then runs the
+    soft-mode finish, and without its convergence the SCF has not converged."""
     history = []
 
     def check(envs) -> bool:
@@ -351,7 +357,12 @@ def stall_check(mf, settings: SCFSettings, seen: dict):
         level = stall_accepted(history, settings.conv_tol)
         if level is not None:
             seen["stalled"] = _stall_record(level, settings, [(0, 0.0, d, g) for d, g in history])
-        return level is not None
+            return True
+        soft = stalled([g for _, g in history])
+        if soft is not None and soft <= KS_STALL_MAX_GRAD:  # the energy still creeping: the finish decides
+            seen["pending"] = _stall_record(soft, settings, [(0, 0.0, d, g) for d, g in history])
+            return True
+        return False
 
     return check
 
@@ -491,13 +502,16 @@ def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage
     mf.callback = callback
     mf.kernel()
     level = stalled([c[3] for c in cycles]) if kohn_sham else None
-    if seen.get("stalled") or (not mf.converged and level is not None and level <= KS_STALL_MAX_GRAD):
+    pending = seen.pop("pending", None)  # DIIS ended at a stall whose energy still crept
+    if seen.get("stalled") or pending or (not mf.converged and level is not None and level <= KS_STALL_MAX_GRAD):
         finish = soft_mode_finish(mf, settings.conv_tol_grad)  # the flat rotation's minimum: a stationary point
         if finish is not None:
             seen["stalled"] = {
-                **(seen.get("stalled") or _stall_record(level, settings, cycles)),
+                **(seen.get("stalled") or pending or _stall_record(level, settings, cycles)),
                 "second_order": finish,
             }
+        elif pending:
+            mf.converged = False  # neither the finish nor a steady energy: not converged
     if not mf.converged:
         raise not_converged(
             what,
