@@ -175,7 +175,7 @@ def test_the_soft_mode_finish_steps_downhill_from_a_maximum():
     """``_saddle_free_step`` on a model orbital Hessian (OH's at its DIIS stall: a soft mode of
     curvature -9.5e-6 carrying the gradient, stiff modes 0.16 to 2 Eh, coupled): the step is
     -g_soft / |w_soft| along the soft mode (downhill, not the Newton step's uphill), the stiff
-    modes' part their Newton step; ``_soft_mode`` finds the soft eigenvector."""
+    modes' part their Newton step; ``_soft_mode`` finds the soft eigenvector and its curvature."""
     rng = np.random.default_rng(7)
     n = 40
     Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
@@ -191,8 +191,8 @@ def test_the_soft_mode_finish_steps_downhill_from_a_maximum():
         def gen_g_hop(self, mo, occ):
             return g, (lambda v: H @ v), np.diag(H)
 
-    v = bridge._soft_mode(Newton(), None, None)
-    assert abs(float(v @ Q[:, 0])) > 1 - 1e-8
+    v, curvature = bridge._soft_mode(Newton(), None, None)
+    assert abs(float(v @ Q[:, 0])) > 1 - 1e-8 and curvature == pytest.approx(-9.5e-6, rel=1e-3)
 
 
 def test_the_kohn_sham_convergence_hook_keeps_pyscf_s_own_decisions():
