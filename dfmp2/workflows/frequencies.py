@@ -1,6 +1,6 @@
 """``dfmp2 frequencies``: harmonic frequencies, normal modes, IR intensities and ideal-gas
 thermochemistry from central differences of our analytic gradients (DF-MP2, SCS- and SOS-MP2, and
-the closed-shell double hybrids: dfmp2.grad.dh).
+the double hybrids: dfmp2.grad.dh).
 
 Hessian: H_ij = (g_j(x + h e_i) - g_j(x - h e_i)) / 2h over the 3N Cartesian coordinates (Eh/bohr²),
 symmetrised (H + H^T)/2: 6N gradient evaluations and the reference geometry's (its energy and
@@ -377,7 +377,7 @@ def frequencies(  # noqa: PLR0913
     symmetry_number: int | None = None,
 ) -> FrequencyResult:
     """The harmonic analysis of ``method``'s energy at ``geom`` (module docstring): DF-MP2's, SCS-
-    or SOS-MP2's, or a closed-shell double hybrid's (its table key, in ``method`` or
+    or SOS-MP2's, or a double hybrid's (its table key, in ``method`` or
     ``options.method``); the gradient's checks (``check_gradient_options``) before any work.
     ``ir``: the relaxed dipole at every evaluation too (``properties`` 'dipole', from the
     gradient's own relaxed density: no second Z-vector), for the IR intensities (a double
