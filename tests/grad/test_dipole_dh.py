@@ -109,7 +109,7 @@ def test_open_shell_relaxed_dipole_is_the_field_derivative_of_the_energy():
     mu, ks = np.array(dip["relaxed"]["au"]), np.array(dip["ks"]["au"])
     fd4, fd2 = field_dipole(opts, geom=NH2)
     assert np.abs(mu - fd4).max() <= FD_TOL_AU, (mu, fd4)
-    assert np.abs(fd4 - fd2).max() <= 1e-6
+    assert np.abs(fd4 - fd2).max() <= 3e-6  # the second-order difference's step error (1.0e-6 along z)
     assert np.abs(mu - ks).max() > 1e-3
 
 
