@@ -88,10 +88,10 @@ def assert_dropin_matches_fd_along(mf_at, coords_bohr, seed: int, frozen: int = 
     assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
 
 
-def assert_matches_fd_along(g, geom, options, method, direction):
-    """``g`` against the central difference (STEP) along one unit ``direction`` of all atoms at once."""
-    e = [energy(geom, options, method, geom.coords_angstrom + s * STEP * BOHR * direction) for s in (1, -1)]
-    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(g * direction))) <= TOL
+def assert_matches_fd_along(g, geom, options, method, direction, step=STEP):
+    """``g`` against the central difference (``step``, bohr) along one unit ``direction`` of all atoms at once."""
+    e = [energy(geom, options, method, geom.coords_angstrom + s * step * BOHR * direction) for s in (1, -1)]
+    assert abs((e[0] - e[1]) / (2 * step) - float(np.sum(g * direction))) <= TOL
 
 
 # NH2 (doublet, 2B1): no degenerate partly filled shell, its UKS converges cleanly
