@@ -52,13 +52,7 @@ def frequency_table(res) -> Table:
             else "translations and rotations projected out"
         )
         + " (PySCF's harmonic_analysis)"
-        + (
-            ""
-            if res.ir is not None
-            else "; no IR intensities (--no-ir)"
-            if res.no_ir is None
-            else "; no IR intensities (a double hybrid's relaxed dipole is not implemented yet)"
-        )
+        + ("" if res.ir is not None else "; no IR intensities (--no-ir)")
     )
     return t
 

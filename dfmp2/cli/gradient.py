@@ -1,7 +1,7 @@
 """``dfmp2 gradient``: the DF-MP2 energy and its nuclear gradient (Hartree/Bohr, per atom).
 
 The energy run's table as ``dfmp2 run`` prints it, then the gradient of the chosen method's
-energy (``--method mp2|scs-mp2|sos-mp2``, or a closed-shell double hybrid of the table with its
+energy (``--method mp2|scs-mp2|sos-mp2``, or a double hybrid of the table with its
 ``--dft-grid``: dfmp2.grad.dh) per atom, its largest component and its norm;
 ``--json`` writes the run's JSON with a 'gradient' section (units stated). Options: the shared
 groups of ``dfmp2.cli.options`` (no checkpoint, one basis).

@@ -12,8 +12,8 @@ need exact J/K), a UHF reference on a device without fp64, precision fp32 on a d
 a basis bracket, and a memory limit below the gradient stage's smallest plan
 (``gradient_plan``). The gradient is that of
 E_HF + c_os E_OS + c_ss E_SS for ``method`` (MP2, SCS-MP2, SOS-MP2: ``dfmp2.grad.mp2.SCALES``), or a
-closed-shell double hybrid's E_KS + c_os E_OS + c_ss E_SS + E_disp (``method`` a key of the table,
-dfmp2.functionals: ``dfmp2.grad.dh.dh_gradient`` on PySCF's DF-RKS; UKS refused). On a
+double hybrid's E_KS + c_os E_OS + c_ss E_SS + E_disp (``method`` a key of the table,
+dfmp2.functionals: ``dfmp2.grad.dh.dh_gradient`` on PySCF's DF-RKS or DF-UKS). On a
 device without fp64 (trn1/trn2; on this machine
 only simulated) the energy run is ``dfmp2 run``'s there, and the RHF stage runs its densities'
 pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``dfmp2.grad.mp2.mp2_gradient``).
@@ -127,20 +127,14 @@ def gradient_options(options: RunOptions, method: str) -> tuple[RunOptions, str]
 
 
 def check_double_hybrid_reference(options: RunOptions, unrestricted: bool) -> None:
-    """InputError for a double hybrid's gradient of an open shell (UKS: not implemented here) or
-    on a device without fp64 (its PT2 part runs in fp64 only)."""
+    """InputError for a double hybrid's gradient on a device without fp64 (its PT2 part runs in
+    fp64 only), for a closed (RKS) or open (UKS, ``unrestricted``) shell alike."""
     dh = double_hybrids.get(options.method)
     if dh is not None and not linalg.device_capabilities(options.device).has_fp64:
         raise InputError(
             f"the double-hybrid gradient ({dh.name}) needs fp64 arithmetic, which device '{options.device}' "
             "lacks; run it on cpu (or cuda)",
             option="device",
-        )
-    if dh is not None and unrestricted:
-        raise InputError(
-            f"analytic gradients of double hybrids ({dh.name}) are implemented for closed shells (RKS) only; "
-            "an open-shell (UKS) one's is not: compute its energy with dfmp2 run --method",
-            option="method",
         )
 
 
@@ -203,7 +197,7 @@ def gradient_stage(  # noqa: PLR0913
     mol, ref, auxmol, jk_auxmol, backend, method: str = "mp2", timer=None, plan: GradientPlan | None = None, world=None
 ) -> GradientParts:
     """The nuclear gradient of E_HF + c_os E_OS + c_ss E_SS (``SCALES[method]``; a double hybrid's
-    ``method``: ``dfmp2.grad.dh.dh_gradient`` of its RKS reference, whose ``mf`` it reads) for the converged
+    ``method``: ``dfmp2.grad.dh.dh_gradient`` of its RKS or UKS reference, whose ``mf`` it reads) for the converged
     ``ref`` (frozen core marked) on ``mol``: the MP2 part fitted with ``auxmol``, the DF-HF response
     with ``jk_auxmol`` (the SCF's own fitting set), on ``backend``. An RHF reference runs
     ``dfmp2.grad.mp2.mp2_gradient``, a UHF one ``dfmp2.grad.ump2.uhf_mp2_gradient``. The one entry point into
@@ -276,8 +270,8 @@ def run_gradient(  # noqa: PLR0913
     command). Over several ranks they agree on ``method`` with their input before the SCF (as
     'option method': the commands' ``--method``) and on ``agreed``, a workflow's own parameters
     ({'option <parameter>': value}). A double hybrid named by ``method`` or ``options.method``
-    (``gradient_options``) runs its KS-SCF and ``dfmp2.grad.dh`` (closed shells only). Its checks
-    are ``check_gradient_options``' (made here in ``prepare``, before any work)."""
+    (``gradient_options``) runs its KS-SCF (RKS or UKS) and ``dfmp2.grad.dh``. Its checks are
+    ``check_gradient_options``' (made here in ``prepare``, before any work)."""
     options, method = gradient_options(options, method)
     check_gradient_method(options, method)
 

@@ -100,20 +100,9 @@ def uhf_mp2_gradient(  # noqa: PLR0913
     kernels0 = dict(backend.kernels_used)
     t0 = time.perf_counter()
     orbs = [Orbitals(ch) for ch in ref.channels]
-    e_corr, P, Y, T_v, gamma_pq = corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world, plan=plan)
-    t0 = timer.add("grad_mp2_densities", t0)
-    C_act = [o.C[:, o.act] for o in orbs]
-    gbuf = memory.Buffers(device=T_v[0].device)
-    corr_3c = df_deriv(
-        mol,
-        mp2_auxmol,
-        lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
-        -2.0 * gamma_pq[None],
-        block_mb=plan.block_mb,
-        world=world,
-    )[0]
-    T_v, gbuf = None, None  # (naux_mp2, nao, nact_σ) each: not needed beside the JK factor
-    t0 = timer.add("grad_derivative_integrals", t0)
+    e_corr, P, Y, corr_3c, t0 = correlation_terms_uhf(
+        mol, mp2_auxmol, orbs, backend, c_os, c_ss, timer, t0, plan, world
+    )
     P_unrelaxed = [p.copy() for p in P]
     P, Y, zinfo, (jk_hf, jk_p), t0 = _response_and_jk(mol, jk_auxmol, orbs, P, Y, backend, plan, timer, t0, world)
     one_hf, one_p = _one_electron_terms(mol, orbs, P, Y)
@@ -137,6 +126,28 @@ def uhf_mp2_gradient(  # noqa: PLR0913
         uhf_record(orbs, P_unrelaxed, P, c_os, c_ss, zinfo, ran),
         peak_rss_mb={k: v for k, v in timer.stage_rss().items() if k.startswith("grad_")},
     )
+
+
+def correlation_terms_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, timer, t0, plan, world):  # noqa: PLR0913
+    """The correlation part of a UHF-like gradient (the UMP2 one, a UKS double hybrid's PT2), the
+    peer of ``dfmp2.grad.mp2.correlation_terms``: the pair loops' densities (``corr_uhf``, timed
+    'grad_mp2_densities') and the 3-center derivative of Γ^σ and γ fitted with ``mp2_auxmol``
+    ((natm, 3) Eh/bohr, timed 'grad_derivative_integrals'). Returns (e_corr (Hartree), P and Y per
+    spin (nmo, nmo) MO: the unrelaxed density and the 3-index terms, the derivative, t0)."""
+    e_corr, P, Y, T_v, gamma_pq = corr_uhf(mol, mp2_auxmol, orbs, backend, c_os, c_ss, world=world, plan=plan)
+    t0 = timer.add("grad_mp2_densities", t0)
+    C_act = [o.C[:, o.act] for o in orbs]
+    gbuf = memory.Buffers(device=T_v[0].device)
+    corr_3c = df_deriv(
+        mol,
+        mp2_auxmol,
+        lambda p0, p1: gamma3_weights(C_act, T_v, p0, p1, backend, gbuf)[None],
+        -2.0 * gamma_pq[None],
+        block_mb=plan.block_mb,
+        world=world,
+    )[0]
+    T_v, gbuf = None, None  # (naux_mp2, nao, nact_σ) each: not needed beside the JK factor
+    return e_corr, P, Y, corr_3c, timer.add("grad_derivative_integrals", t0)
 
 
 def _one_electron_terms(mol, orbs, P: list, Y: list) -> list:
@@ -207,8 +218,33 @@ def uhf_record(orbs, P_unrelaxed: list, P: list | None, c_os, c_ss, zinfo, ran, 
 
 def response_operator(jk: DFJK, orbs):
     """The DF-UHF's J/K steps (``dfmp2.scf.uhf.DFUHF.response``) over the gradient's fp64 JK factor
-    (a split one: J and K added over its ranks in group order)."""
-    return DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs), world=jk.split)
+    (a split one: J and K added over its ranks in group order), as ``relaxed_density`` takes them."""
+    return UHFResponse(DFUHF.response(jk.fac, jk.backend, tuple(len(o.occ) for o in orbs), world=jk.split))
+
+
+class UHFResponse:
+    """The two-electron part of the UHF orbital Hessian in the terms ``relaxed_density`` takes
+    (a KS peer: ``dfmp2.grad.dh.UKSResponse``): ``spin_g`` and ``hessian`` over a
+    ``DFUHF.response``'s J/K."""
+
+    def __init__(self, uhf: DFUHF):
+        self.uhf = uhf
+
+    def spin_g(self, D_ao) -> list:
+        """G^σ[D] = J[D^α + D^β] - K[D^σ] (per spin (nao, nao)) of D_ao (two (nao, nao), symmetrised)
+        with the DF-UHF's own J/K step (``DFUHF.two_electron``; K through each D^σ's eigenvectors,
+        ``delta_factors``)."""
+        resp = self.uhf
+        D = resp.dense.to_device(host_tensor(np.stack([0.5 * (d + d.T) for d in D_ao])), torch.float64)
+        return list(resp.two_electron(D, *resp.delta_factors(D)).cpu().numpy())
+
+    def hessian(self, orbs):
+        """(hop, hdiag) of the orbital Hessian (``DFUHF.hessian_product``: x (n,) -> (e_a - e_i) x^σ
+        + C_v^σT G^σ[dD] C_o^σ, n = Σ_σ nvir_σ nocc_σ; hdiag (n,) = e_a - e_i)."""
+        dense = self.uhf.dense
+        C = dense.to_device(host_tensor(np.stack([o.C for o in orbs])), torch.float64)
+        mo_e = dense.to_device(host_tensor(np.stack([o.eps for o in orbs])), torch.float64)
+        return self.uhf.hessian_product(C, mo_e)
 
 
 # ---------------------------------------------------------------------------- correlation part
@@ -285,7 +321,8 @@ def corr_uhf(mol, auxmol, orbs, backend, c_os: float, c_ss: float, response: boo
 def relaxed_density(orbs, P, Y, resp):
     """(P per spin (nmo, nmo): the relaxed density in the MO basis, Y per spin: the
     orbital-change coefficients with the relaxation and the UHF part, Z-vector info), from the
-    unrelaxed P and the 3-index Y of ``corr_uhf`` (both changed in place)."""
+    unrelaxed P and the 3-index Y of ``corr_uhf`` (both changed in place). ``resp``: the orbital
+    Hessian's two-electron part (``UHFResponse``, or a KS one: ``dfmp2.grad.dh.UKSResponse``)."""
     for o, p, y in zip(orbs, P, Y):
         if len(o.frz):  # the frozen-active rotations keep each spin's frozen and active blocks canonical
             pfa = y[np.ix_(o.frz, o.act)] / (2.0 * (o.eps[o.act][None, :] - o.eps[o.frz][:, None]))
@@ -306,17 +343,9 @@ def relaxed_density(orbs, P, Y, resp):
     return [p + q for p, q in zip(P, Pov)], Y, info
 
 
-def _spin_g(resp, D_ao) -> list:
-    """G^σ[D] = J[D^α + D^β] - K[D^σ] (per spin (nao, nao)) of symmetric D_ao (two (nao, nao)) with
-    the DF-UHF's own J/K step (``DFUHF.two_electron``; K through each D^σ's eigenvectors,
-    ``delta_factors``)."""
-    D = resp.dense.to_device(host_tensor(np.stack([0.5 * (d + d.T) for d in D_ao])), torch.float64)
-    return list(resp.two_electron(D, *resp.delta_factors(D)).cpu().numpy())
-
-
 def _add_density_terms(Y, P, orbs, resp) -> None:
     """Y^σ += the orbital-change terms of a density P (per spin, MO): 2 (C^T G^σ[P] C)_rk, 2 P_pq e_q."""
-    G = _spin_g(resp, [o.C @ p @ o.C.T for o, p in zip(orbs, P)])
+    G = resp.spin_g([o.C @ p @ o.C.T for o, p in zip(orbs, P)])
     for o, p, y, g in zip(orbs, P, Y, G):
         y[:, o.occ] += 2.0 * (o.C.T @ g @ o.C[:, o.occ])
         y += 2.0 * o.eps[:, None] * p
@@ -325,13 +354,11 @@ def _add_density_terms(Y, P, orbs, resp) -> None:
 def _solve_zvector(R, orbs, resp):
     """z per spin (nvir_σ, nocc_σ) of the coupled α/β CPHF (module docstring) by preconditioned
     conjugate gradients (scipy's cg; the diagonal e_a - e_i as preconditioner) over
-    ``DFUHF.hessian_product``: positive definite for a stable UHF. GradientError when it does not
-    converge to ZVECTOR_TOL (cg's relative residual) in ZVECTOR_MAX_ITER, or when the recomputed
-    residual ||R - A z|| / ||R|| (recorded) is above 10 ZVECTOR_TOL."""
-    dense = resp.dense
-    C = dense.to_device(host_tensor(np.stack([o.C for o in orbs])), torch.float64)
-    mo_e = dense.to_device(host_tensor(np.stack([o.eps for o in orbs])), torch.float64)
-    hop, hdiag = resp.hessian_product(C, mo_e)
+    ``resp.hessian`` (``DFUHF.hessian_product``'s): positive definite for a stable UHF (UKS).
+    GradientError when it does not converge to ZVECTOR_TOL (cg's relative residual) in
+    ZVECTOR_MAX_ITER, or when the recomputed residual ||R - A z|| / ||R|| (recorded) is above 10
+    ZVECTOR_TOL."""
+    hop, hdiag = resp.hessian(orbs)
     b = np.concatenate([r.ravel() for r in R])
     n = b.size
     A = scipy.sparse.linalg.LinearOperator((n, n), matvec=lambda x: hop(np.ravel(x)), dtype=np.float64)

@@ -142,10 +142,9 @@ def gradient(molecule, method: str = "mp2", **options):
 @_with_options
 def frequencies(molecule, method: str = "mp2", **options):
     """Harmonic frequencies (cm⁻¹), normal modes, IR intensities (km/mol) and thermochemistry of
-    ``method``'s energy (DF-MP2's, or a closed-shell double hybrid's: no IR intensities yet, null
-    with a warning) at the molecule's geometry (an XYZ file path or a PySCF ``gto.Mole``,
-    as ``energy``), as ``dfmp2 frequencies`` computes them: central differences of analytic
-    gradients (dfmp2.workflows.frequencies). ``options``: RunOptions' fields, and the workflow's
+    ``method``'s energy (DF-MP2's, or a double hybrid's) at the molecule's geometry (an XYZ file
+    path or a PySCF ``gto.Mole``, as ``energy``), as ``dfmp2 frequencies`` computes them: central
+    differences of analytic gradients (dfmp2.workflows.frequencies). ``options``: RunOptions' fields, and the workflow's
     ``step`` (bohr), ``temperature`` (K), ``pressure`` (Pa), ``checkpoint`` (path), ``ir`` (bool),
     ``symmetry_number`` (σ of the thermochemistry; default: the detected point group's).
     Returns ``FrequencyResult`` (``.frequencies``, ``.ir``, ``.thermo``, ``.to_dict()``)."""

@@ -9,7 +9,7 @@ AtomicInput (qcelemental converts v1), as QCEngine hands it to harnesses.
 
 AtomicInput accepted: driver ``energy``, ``gradient`` (RHF or UHF, density-fitted SCF:
 ``run_gradient``; ``return_result`` and ``properties.return_gradient`` the N x 3 gradient of the
-method's energy in Hartree/Bohr, the order of the input's atoms; a closed-shell double hybrid's too,
+method's energy in Hartree/Bohr, the order of the input's atoms; a double hybrid's too,
 qcvars DFT TOTAL GRADIENT and CURRENT GRADIENT), ``hessian`` and ``properties``
 (``dfmp2.interfaces.qcschema_drivers``); model ``{"method": "mp2", "basis": <orbital
 basis>}``; the molecule's geometry in Bohr (QCSchema's unit), its molecular_charge and

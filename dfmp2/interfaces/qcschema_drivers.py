@@ -6,7 +6,7 @@ atoms, symmetrised), as ``dfmp2 frequencies`` builds it: central differences of 
 (``dfmp2.workflows.frequencies``, 6N + 1 gradient runs at its step). ``return_result`` and
 ``properties.return_hessian`` the Hessian (QCSchema: a (3N, 3N) array, its JSON a flat list),
 ``return_gradient`` and ``return_energy`` those of the reference geometry; the harmonic analysis
-(frequencies, thermochemistry) in ``extras["dfmp2"]``. RHF or UHF, or a closed-shell double hybrid
+(frequencies, thermochemistry) in ``extras["dfmp2"]``. RHF or UHF, or a double hybrid
 (qcvars DFT TOTAL HESSIAN; the gradient's checks: ``check_gradient_options``); a molecule ``dfmp2
 frequencies`` refuses (one atom, ghost atoms) is refused here in the same line.
 

@@ -33,18 +33,11 @@ def check_properties(options, unrestricted: bool) -> None:
     computed: the relaxed density needs the SCF's orbital response (a density-fitted SCF: DF-HF's,
     a double hybrid's DF-KS), and a UHF one (or a double hybrid's) fp64 arithmetic; on a device
     with fp64 the densities are made in fp64, so precision fp32 is refused (it ran in fp64 silently
-    before); a double hybrid's relaxed density is closed-shell (RKS) only. Nothing asked for: nothing
-    checked."""
+    before). Nothing asked for: nothing checked."""
     if not options.properties:
         return
     what = ", ".join(options.properties)
     dh = double_hybrid(options.method)
-    if dh is not None and unrestricted:
-        raise InputError(
-            f"properties ({what}) of a double hybrid ({dh.name}) come from its relaxed density, implemented "
-            "for closed shells (RKS) only; an open-shell (UKS) double hybrid's is not",
-            option=("properties", "reference"),
-        )
     density = (
         "MP2 density, whose orbital response is the DF-HF's"
         if dh is None

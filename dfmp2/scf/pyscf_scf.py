@@ -206,24 +206,145 @@ def stall_accepted(history, conv_tol: float) -> float | None:
     return level if level is not None and level <= KS_STALL_MAX_GRAD else None
 
 
+KS_FINISH_MAX_STEPS = 20  # second-order steps of one search of the soft-mode finish (OH: 6 to 3e-14)
+KS_FINISH_KRYLOV = 24  # Hessian products per step: the Krylov space of the gradient
+KS_FINISH_MAX_STEP = 0.5  # radian: the longest orbital rotation of one step
+KS_SOFT_CURVATURE = 1e-3  # Eh: a lowest orbital-Hessian eigenvalue below this is a flat rotation, probed (OH: 1e-5)
+
+
+def soft_mode_finish(mf, conv_tol_grad: float) -> dict | None:
+    """Converge a Kohn-Sham SCF that stalled on a nearly flat orbital rotation (``stall_accepted``)
+    to ``conv_tol_grad`` by saddle-free Newton steps (``_newton_to``), then probe that rotation's
+    other minima: from the minimum, ±45° along the soft mode (the Hessian's lowest eigenvector,
+    ``_soft_mode``), each converged again; the lowest of them is kept (lower by more than 1e-10 Eh
+    than the first). Why: OH's DIIS stall sits near a maximum along the rotation between its pi
+    orbitals (curvature -9e-6, the gradient all along it), where the analytic gradient, which
+    assumes a stationary point, was 4e-5 Eh/bohr off the energies' differences; and the rotation
+    has two families of minima (pi_x-like and pi_x+y-like on an axis-aligned OH, 8e-8 Eh apart),
+    of which the first minimum reached depends on where DIIS stalled: the energies of nearby
+    geometries landed in different ones (central differences 1.2e-5 off). Changes ``mf`` in place
+    (orbitals, energies, e_tot, converged) and returns {'steps' (all three searches), 'gradient',
+    'energy_change'} (Eh) when the first search converges; None (``mf`` untouched) when it does
+    not in KS_FINISH_MAX_STEPS."""
+    import numpy as np
+
+    newton = mf.newton()
+    best = _newton_to(mf, newton, mf.mo_coeff, conv_tol_grad)
+    if best is None:
+        return None
+    steps = best[4]
+    v, curvature = _soft_mode(newton, best[0], mf.mo_occ)
+    for sign in (1.0, -1.0) if abs(curvature) < KS_SOFT_CURVATURE else ():
+        start = newton.rotate_mo(best[0], newton.update_rotate_matrix(sign * np.pi / 4 * v, mf.mo_occ))
+        probe = _newton_to(mf, newton, start, conv_tol_grad)
+        steps += KS_FINISH_MAX_STEPS if probe is None else probe[4]
+        if probe is not None and probe[2] < best[2] - 1e-10:
+            best = probe
+    e0 = float(mf.e_tot)
+    mf.mo_coeff, mf.mo_energy, mf.e_tot, mf.converged = best[0], best[1], best[2], True
+    return {"steps": steps, "gradient": best[3], "energy_change": best[2] - e0}
+
+
+def _newton_to(mf, newton, mo, conv_tol_grad: float):
+    """Saddle-free Newton steps (``_saddle_free_step``) from orbitals ``mo`` of ``mf``'s occupation
+    to an orbital gradient below ``conv_tol_grad``, each step's orbitals canonicalised. Returns
+    (mo, mo_energy, e_tot, gradient norm, steps), or None when KS_FINISH_MAX_STEPS do not get there."""
+    import numpy as np
+
+    occ, mo_e, dm = mf.mo_occ, None, None
+    for step in range(KS_FINISH_MAX_STEPS + 1):
+        g, hop, hdiag = newton.gen_g_hop(mo, occ)
+        gnorm = float(np.linalg.norm(g))
+        if gnorm < conv_tol_grad and dm is not None:
+            return mo, mo_e, float(mf.energy_tot(dm)), gnorm, step
+        if step == KS_FINISH_MAX_STEPS:
+            return None
+        x = _saddle_free_step(g, hop, hdiag)
+        mo = newton.rotate_mo(mo, newton.update_rotate_matrix(x, occ))
+        dm = mf.make_rdm1(mo, occ)
+        mo_e, mo = mf.canonicalize(mo, occ, mf.get_fock(dm=dm))
+    return None
+
+
+def _krylov(v0, hop, hdiag):
+    """The Hessian preconditioned by its diagonal, H' = M^-1/2 H M^-1/2 (M = |hdiag|: its spectrum
+    the soft mode near zero and the rest near 1, well resolved by a short Krylov space), in the
+    Krylov space of ``v0`` (Lanczos with full reorthogonalisation, KS_FINISH_KRYLOV products of
+    ``hop``): (M^-1/2 (n,), the basis (n, k), H's eigenvalues (k,) and eigenvectors (k, k) there)."""
+    import numpy as np
+
+    sc = 1.0 / np.sqrt(np.maximum(np.abs(hdiag), 1e-3))
+    V, HV = [v0 / np.linalg.norm(v0)], []
+    for _ in range(min(KS_FINISH_KRYLOV, v0.size)):
+        HV.append(sc * hop(sc * V[-1]))
+        w = HV[-1] - np.array(V).T @ (np.array(V) @ HV[-1])
+        w -= np.array(V).T @ (np.array(V) @ w)
+        if np.linalg.norm(w) < 1e-12 * np.linalg.norm(HV[-1]):
+            break
+        V.append(w / np.linalg.norm(w))
+    Vm = np.array(V[: len(HV)]).T
+    Hs = Vm.T @ np.array(HV).T
+    ws, us = np.linalg.eigh(0.5 * (Hs + Hs.T))
+    return sc, Vm, ws, us
+
+
+def _saddle_free_step(g, hop, hdiag):
+    """-M^-1/2 Σ_k u_k (u_k·g') / |w_k| over the eigenpairs (w_k, u_k) of H' in the Krylov space
+    of g' = M^-1/2 g (``_krylov``); its length capped at KS_FINISH_MAX_STEP."""
+    import numpy as np
+
+    sc = 1.0 / np.sqrt(np.maximum(np.abs(hdiag), 1e-3))
+    sc, Vm, ws, us = _krylov(sc * g, hop, hdiag)
+    gp = Vm.T @ (sc * g)
+    x = -sc * (Vm @ (us @ ((us.T @ gp) / np.maximum(np.abs(ws), 1e-12))))
+    n = float(np.linalg.norm(x))
+    return x if n <= KS_FINISH_MAX_STEP else x * (KS_FINISH_MAX_STEP / n)
+
+
+def _soft_mode(newton, mo, occ):
+    """(v, v·H v): the unit rotation v (PySCF's packed occupied-virtual variables) along the
+    orbital Hessian's lowest eigenvector at ``mo`` (``_krylov`` from a fixed pseudo-random start)
+    and its curvature (Eh)."""
+    import numpy as np
+
+    g, hop, hdiag = newton.gen_g_hop(mo, occ)
+    sc, Vm, _, us = _krylov(np.random.default_rng(0).standard_normal(g.size), hop, hdiag)
+    v = sc * (Vm @ us[:, 0])
+    v /= np.linalg.norm(v)
+    return v, float(v @ hop(v))
+
+
 def stall_warning(stalled_record: dict | None, what: str = "Kohn-Sham") -> str | None:
-    """One line for a result whose Kohn-Sham SCF ended at a stalled gradient (``ScfRecord.stalled``)."""
+    """One line for a result whose Kohn-Sham SCF stalled (``ScfRecord.stalled``): taken as converged
+    there, or converged by the soft-mode finish (``soft_mode_finish``)."""
     if not stalled_record:
         return None
     r = stalled_record
+    flat = (
+        "a nearly flat orbital rotation (a partly filled degenerate shell on the DFT grid, as in OH's pi "
+        "doublet), along which the grid's anisotropy moves the energy by about 1e-7 Eh (docs/double_hybrids.md)"
+    )
+    if r.get("second_order"):
+        f = r["second_order"]
+        return (
+            f"the {what} SCF's orbital gradient stalled at {r['gradient']:.1e} under DIIS on {flat}; "
+            f"{f['steps']} second-order steps along it converged it to {f['gradient']:.1e}, the energy "
+            f"changing by {f['energy_change']:.1e} Eh"
+        )
     return (
         f"the {what} SCF's orbital gradient stalled at {r['gradient']:.1e} (threshold {r['threshold']:g}) "
         f"with every energy change below {r['max_abs_energy_change']:.0e} Eh over its last {r['cycles']} "
-        "cycles, and was taken as converged: a nearly flat orbital rotation (a partly filled degenerate "
-        "shell on the DFT grid, as in OH's pi doublet), along which the grid's anisotropy moves the "
-        "energy by about 1e-7 Eh (docs/double_hybrids.md)"
+        f"cycles, and was taken as converged: {flat}"
     )
 
 
 def stall_check(mf, settings: SCFSettings, seen: dict):
     """PySCF's ``check_convergence`` hook for a Kohn-Sham SCF: PySCF's own tests (|ΔE| below
     conv_tol and |g| below conv_tol_grad in the cycles; its looser test in the extra cycle after
-    them), and a stalled gradient accepted (``stall_accepted``), recorded in ``seen['stalled']``."""
+    them), and a stalled gradient accepted (``stall_accepted``), recorded in ``seen['stalled']``; a
+    gradient stalled at KS_STALL_MAX_GRAD or below while the energy still creeps (OH's DIIS, 2e-12 Eh
+    a cycle) ends the cycles too, recorded in ``seen['pending']``: ``_converge`` then runs the
+    soft-mode finish, and without its convergence the SCF has not converged."""
     history = []
 
     def check(envs) -> bool:
@@ -235,15 +356,26 @@ def stall_check(mf, settings: SCFSettings, seen: dict):
             return True
         level = stall_accepted(history, settings.conv_tol)
         if level is not None:
-            seen["stalled"] = {
-                "gradient": level,
-                "threshold": settings.conv_tol_grad,
-                "cycles": STALL_CYCLES,
-                "max_abs_energy_change": max(abs(d) for d, _ in history[-STALL_CYCLES:]),
-            }
-        return level is not None
+            seen["stalled"] = _stall_record(level, settings, [(0, 0.0, d, g) for d, g in history])
+            return True
+        soft = stalled([g for _, g in history])
+        if soft is not None and soft <= KS_STALL_MAX_GRAD:  # the energy still creeping: the finish decides
+            seen["pending"] = _stall_record(soft, settings, [(0, 0.0, d, g) for d, g in history])
+            return True
+        return False
 
     return check
+
+
+def _stall_record(level: float, settings: SCFSettings, cycles) -> dict:
+    """``ScfRecord.stalled`` of a stall at ``level`` over the last STALL_CYCLES of ``cycles``
+    ((cycle, energy, energy change, gradient norm) each)."""
+    return {
+        "gradient": level,
+        "threshold": settings.conv_tol_grad,
+        "cycles": STALL_CYCLES,
+        "max_abs_energy_change": max(abs(c[2]) for c in list(cycles)[-STALL_CYCLES:]),
+    }
 
 
 def not_converged(
@@ -369,6 +501,17 @@ def _converge(mf, what: str, settings: SCFSettings, progress, jk_aux, df_storage
 
     mf.callback = callback
     mf.kernel()
+    level = stalled([c[3] for c in cycles]) if kohn_sham else None
+    pending = seen.pop("pending", None)  # DIIS ended at a stall whose energy still crept
+    if seen.get("stalled") or pending or (not mf.converged and level is not None and level <= KS_STALL_MAX_GRAD):
+        finish = soft_mode_finish(mf, settings.conv_tol_grad)  # the flat rotation's minimum: a stationary point
+        if finish is not None:
+            seen["stalled"] = {
+                **(seen.get("stalled") or pending or _stall_record(level, settings, cycles)),
+                "second_order": finish,
+            }
+        elif pending:
+            mf.converged = False  # neither the finish nor a steady energy: not converged
     if not mf.converged:
         raise not_converged(
             what,

@@ -1,6 +1,6 @@
 """``dfmp2 frequencies``: harmonic frequencies, normal modes, IR intensities and ideal-gas
 thermochemistry from central differences of our analytic gradients (DF-MP2, SCS- and SOS-MP2, and
-the closed-shell double hybrids: dfmp2.grad.dh).
+the double hybrids: dfmp2.grad.dh).
 
 Hessian: H_ij = (g_j(x + h e_i) - g_j(x - h e_i)) / 2h over the 3N Cartesian coordinates (Eh/bohr²),
 symmetrised (H + H^T)/2: 6N gradient evaluations and the reference geometry's (its energy and
@@ -14,8 +14,7 @@ at a geometric tolerance of SYMMETRY_TOL_BOHR (``symmetry``: PySCF's own 1e-5 bo
 optimised water Cs and ammonia C1), or the caller's ``symmetry_number``; both in the result. IR
 intensities: dμ/dx by the same central differences of the relaxed MP2 dipole
 (``properties=('dipole',)``: the gradient's own relaxed density), projected on each normal mode;
-|dμ/dQ|² in e²/amu times IR_KM_MOL (974.88 km/mol). A double hybrid's relaxed dipole is not
-computed here yet: its IR intensities are null, the reason in ``warnings`` (``ir_unavailable``).
+|dμ/dQ|² in e²/amu times IR_KM_MOL (974.88 km/mol); a double hybrid's from its relaxed dipole.
 
 Linear molecules (``linear_geometry``): every atom within LINEAR_TOL_BOHR of the axis of the
 smallest principal moment of inertia. Their analysis (the projection, σ's point group, the rotational
@@ -111,7 +110,6 @@ class FrequencyResult:
     first: object = None  # the reference geometry's GradientResult, where this process computed it
     symmetry: dict = field(default_factory=dict)  # ``symmetry``: point group, σ, tolerance, source
     linear: bool = False  # a linear molecule: 3N - 5 modes, 5 rigid-body modes projected, a linear rotor
-    no_ir: str | None = None  # why the IR intensities asked for were not computed (``ir_unavailable``)
 
     @property
     def imaginary(self) -> int:
@@ -379,11 +377,11 @@ def frequencies(  # noqa: PLR0913
     symmetry_number: int | None = None,
 ) -> FrequencyResult:
     """The harmonic analysis of ``method``'s energy at ``geom`` (module docstring): DF-MP2's, SCS-
-    or SOS-MP2's, or a closed-shell double hybrid's (its table key, in ``method`` or
+    or SOS-MP2's, or a double hybrid's (its table key, in ``method`` or
     ``options.method``); the gradient's checks (``check_gradient_options``) before any work.
     ``ir``: the relaxed dipole at every evaluation too (``properties`` 'dipole', from the
-    gradient's own relaxed density: no second Z-vector), for the IR intensities; of a double
-    hybrid they are not computed (``ir_unavailable``: null, its sentence in ``warnings``).
+    gradient's own relaxed density: no second Z-vector), for the IR intensities (a double
+    hybrid's: its relaxed dipole, dfmp2.grad.dh).
     ``symmetry_number``: σ of the rotational partition function (None: the point group's, found at
     SYMMETRY_TOL_BOHR).
     ``evaluate(geometry, world) -> (row, GradientResult or None)``: one evaluation (default
@@ -399,8 +397,7 @@ def frequencies(  # noqa: PLR0913
         raise FrequencyError(what, option="symmetry_number")
     check_molecule(geom)
     options, method = gradient_options(options, method)  # a double hybrid: its table key in both
-    no_ir = ir_unavailable(options) if ir else None  # a double hybrid's relaxed dipole: not yet
-    if ir and no_ir is None and "dipole" not in options.properties:
+    if ir and "dipole" not in options.properties:
         options = dataclasses.replace(options, properties=(*options.properties, "dipole"))
     options, method = check_gradient_options(geom, options, method)
     world = distributed.current()
@@ -429,34 +426,7 @@ def frequencies(  # noqa: PLR0913
         info["ranks_per_evaluation"] = group_size
     mol = io_molecule.build_molecule(geom, options.basis, options.charge, options.multiplicity, ecp=options.ecp)
     rows = np.array([rows[k] for k in range(len(tasks))])
-    res = analyse(mol, geom, method, rows, step, temperature, pressure, info, first, symmetry_number)
-    if no_ir is not None:
-        res.warnings.append(no_ir)
-        res.no_ir = no_ir
-    return res
-
-
-def ir_unavailable(options: RunOptions) -> str | None:
-    """Why the IR intensities of ``options.method`` are not computed (one sentence; None when
-    they are): a double hybrid whose relaxed dipole the run refuses (``check_double_hybrid`` on
-    its properties: dfmp2.props differentiates MP2's energies only). Its harmonic frequencies
-    and thermochemistry are computed in full; ``ir_intensities`` and ``dipole`` are null."""
-    from dfmp2.drivers.job import check_double_hybrid
-    from dfmp2.mp2 import double_hybrids
-
-    dh = double_hybrids.get(options.method)
-    if dh is None:
-        return None
-    try:
-        check_double_hybrid(dataclasses.replace(options, properties=("dipole",), checkpoint=None, resume=None))
-    except InputError as e:
-        if "properties" not in (e.option if isinstance(e.option, tuple) else (e.option,)):
-            raise
-        return (
-            f"IR intensities not computed: the relaxed dipole of a double hybrid ({dh.name}) is not implemented "
-            "here yet (ir_intensities and dipole are null); the frequencies and thermochemistry are complete"
-        )
-    return None
+    return analyse(mol, geom, method, rows, step, temperature, pressure, info, first, symmetry_number)
 
 
 def check_arguments(method, step, checkpoint, ir) -> None:

@@ -1,6 +1,6 @@
 """``dfmp2 optimize``: geometry optimisation with geomeTRIC (Wang & Song, J. Chem. Phys. 144,
 214108 (2016); PyPI ``geometric``) over our analytic gradient (``run_gradient``): of DF-MP2, SCS- or
-SOS-MP2, or of a closed-shell double hybrid (``method`` a key of dfmp2.functionals' table).
+SOS-MP2, or of a double hybrid (``method`` a key of dfmp2.functionals' table).
 
 geomeTRIC's custom-engine interface takes the energy (Hartree) and gradient (Hartree/Bohr) at
 coordinates in Bohr; its TRIC internal coordinates and default step control are used, with the

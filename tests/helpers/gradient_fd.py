@@ -13,6 +13,7 @@ from pyscf.data.nist import BOHR
 from dfmp2.drivers import energy as energy_driver
 from dfmp2.grad.mp2 import SCALES
 from dfmp2.interfaces import api
+from dfmp2.io.xyz import Geometry
 from dfmp2.options import RunOptions
 
 INPUTS = Path(__file__).resolve().parents[2] / "inputs"
@@ -58,16 +59,16 @@ def fd(geom, options, method, atom, xyz, step) -> float:
     return (energy(geom, options, method, plus) - energy(geom, options, method, minus)) / (2 * step)
 
 
-def assert_matches_fd(g, geom, options, method, *, halve=True, also=()):
+def assert_matches_fd(g, geom, options, method, *, halve=True, also=(), step=STEP):
     """The analytic gradient ``g`` (Eh/bohr) against central differences of every component at
-    STEP, to TOL. With ``halve``: the step is converged at the worst component and at ``also``
-    (components (atom, xyz)): FD(STEP/2) agrees with FD(STEP) to STEP_AGREE and with ``g`` to TOL.
-    Returns the differences."""
-    d = np.array([[fd(geom, options, method, a, x, STEP) for x in range(3)] for a in range(geom.natm)])
+    ``step`` (bohr, default STEP), to TOL. With ``halve``: the step is converged at the worst
+    component and at ``also`` (components (atom, xyz)): FD(step/2) agrees with FD(step) to
+    STEP_AGREE and with ``g`` to TOL. Returns the differences."""
+    d = np.array([[fd(geom, options, method, a, x, step) for x in range(3)] for a in range(geom.natm)])
     assert np.abs(g - d).max() <= TOL, (g, d)
     if halve:
         for a, x in dict.fromkeys([np.unravel_index(np.abs(g - d).argmax(), g.shape), *also]):
-            half = fd(geom, options, method, a, x, STEP / 2)
+            half = fd(geom, options, method, a, x, step / 2)
             assert abs(half - d[a, x]) <= STEP_AGREE
             assert abs(g[a, x] - half) <= TOL
     return d
@@ -87,7 +88,18 @@ def assert_dropin_matches_fd_along(mf_at, coords_bohr, seed: int, frozen: int = 
     assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(de * d))) <= TOL
 
 
-def assert_matches_fd_along(g, geom, options, method, direction):
-    """``g`` against the central difference (STEP) along one unit ``direction`` of all atoms at once."""
-    e = [energy(geom, options, method, geom.coords_angstrom + s * STEP * BOHR * direction) for s in (1, -1)]
-    assert abs((e[0] - e[1]) / (2 * STEP) - float(np.sum(g * direction))) <= TOL
+def assert_matches_fd_along(g, geom, options, method, direction, step=STEP):
+    """``g`` against the central difference (``step``, bohr) along one unit ``direction`` of all atoms at once."""
+    e = [energy(geom, options, method, geom.coords_angstrom + s * step * BOHR * direction) for s in (1, -1)]
+    assert abs((e[0] - e[1]) / (2 * step) - float(np.sum(g * direction))) <= TOL
+
+
+# NH2 (doublet, 2B1): no degenerate partly filled shell, its UKS converges cleanly
+NH2 = distorted(
+    Geometry(
+        symbols=("N", "H", "H"),
+        coords_angstrom=np.array([[0, 0, 0], [0, 0.8020, 0.6367], [0, -0.8020, 0.6367]]),
+        multiplicity=2,
+        source="test",
+    )
+)

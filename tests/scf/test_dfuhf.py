@@ -171,6 +171,30 @@ def test_a_kohn_sham_stall_with_a_steady_energy_is_accepted_and_nothing_else():
     assert bridge.stall_accepted([(1e-13, 2e-5)] * 12, tol) is None
 
 
+def test_the_soft_mode_finish_steps_downhill_from_a_maximum():
+    """``_saddle_free_step`` on a model orbital Hessian (OH's at its DIIS stall: a soft mode of
+    curvature -9.5e-6 carrying the gradient, stiff modes 0.16 to 2 Eh, coupled): the step is
+    -g_soft / |w_soft| along the soft mode (downhill, not the Newton step's uphill), the stiff
+    modes' part their Newton step; ``_soft_mode`` finds the soft eigenvector and its curvature."""
+    rng = np.random.default_rng(7)
+    n = 40
+    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    w = np.concatenate([[-9.5e-6], np.linspace(0.16, 2.0, n - 1)])
+    H = (Q * w) @ Q.T
+    g = 1.26e-6 * Q[:, 0] + 1e-9 * Q[:, 1:] @ rng.standard_normal(n - 1)
+    x = bridge._saddle_free_step(g, lambda v: H @ v, np.diag(H))
+    exact = -Q @ ((Q.T @ g) / np.abs(w))
+    assert np.linalg.norm(x - exact) < 1e-4 * np.linalg.norm(exact)  # a 24-vector Krylov space of 40
+    assert float(g @ x) < 0 and abs(float(Q[:, 0] @ x)) == pytest.approx(1.26e-6 / 9.5e-6, rel=1e-4)
+
+    class Newton:
+        def gen_g_hop(self, mo, occ):
+            return g, (lambda v: H @ v), np.diag(H)
+
+    v, curvature = bridge._soft_mode(Newton(), None, None)
+    assert abs(float(v @ Q[:, 0])) > 1 - 1e-8 and curvature == pytest.approx(-9.5e-6, rel=1e-3)
+
+
 def test_the_kohn_sham_convergence_hook_keeps_pyscf_s_own_decisions():
     """``stall_check`` as PySCF's ``check_convergence``: on a KS SCF that converges (water, a B3LYP-like
     hybrid, STO-3G) it ends at the same cycle with the same bits as PySCF's own tests, and records

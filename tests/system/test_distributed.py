@@ -25,6 +25,7 @@ from ranks import torchrun as _torchrun
 ROOT = Path(__file__).resolve().parents[2]
 WATER = "3\nwater\nO 0.000 0.000 0.117\nH 0.000 0.757 -0.467\nH 0.000 -0.757 -0.467\n"
 OH = "2\nhydroxyl radical\nO 0.0 0.0 0.0\nH 0.0 0.0 0.97\n"
+NH2 = "3\namidogen charge=0 multiplicity=2\nN 0.0 0.0 0.0\nH 0.0 0.802 0.6367\nH 0.0 -0.802 0.6367\n"
 # several occupied blocks (water: 5 occupied -> 3 blocks; OH: alpha 3, beta 2 blocks)
 ARGS = ["--basis", "cc-pvdz", "--occ-block-max", "2", "--cpu-blas", "torch", "-q"]
 
@@ -910,15 +911,16 @@ def test_gradient_with_its_jk_factor_split_over_ranks_is_one_process_s(tmp_path,
 
 
 @pytest.mark.heavy
-def test_a_double_hybrid_gradient_over_ranks_is_one_process_s(tmp_path):
-    """B2PLYP's gradient (RKS water, cc-pVDZ) over 2 ranks: the PT2 part's pair loop and derivative
-    integrals split, the KS part (PySCF's) on every rank; one process's gradient to 1e-12 Eh/bohr
-    (it crashed at its ranks record)."""
-    (tmp_path / "water.xyz").write_text(WATER)
+@pytest.mark.parametrize("name", ["water", "nh2"])
+def test_a_double_hybrid_gradient_over_ranks_is_one_process_s(tmp_path, name):
+    """B2PLYP's gradient (RKS water, cc-pVDZ; UKS NH2) over 2 ranks: the PT2 part's pair loops and
+    derivative integrals split, the KS part (PySCF's) on every rank; one process's gradient to
+    1e-12 Eh/bohr (it crashed at its ranks record)."""
+    (tmp_path / f"{name}.xyz").write_text({"water": WATER, "nh2": NH2}[name])
     docs = {}
     for ranks in (1, 2):
         out = tmp_path / f"dh-{ranks}.json"
-        args = [str(tmp_path / "water.xyz"), "--method", "b2plyp", "--basis", "cc-pvdz", "--cpu-blas", "torch", "-q"]
+        args = [str(tmp_path / f"{name}.xyz"), "--method", "b2plyp", "--basis", "cc-pvdz", "--cpu-blas", "torch", "-q"]
         p, _ = _torchrun(tmp_path, ranks, [*args, "--json", str(out)], "gradient")
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
         docs[ranks] = read_checked(out)
@@ -926,6 +928,7 @@ def test_a_double_hybrid_gradient_over_ranks_is_one_process_s(tmp_path):
     assert np.abs(one - two).max() < 1e-12, np.abs(one - two).max()
     assert docs[2]["gradient"]["ran"]["ranks"]["world_size"] == 2
     assert docs[2]["gradient"]["double_hybrid"] is not None
+    assert docs[2]["gradient"]["ran"]["reference"] == {"water": "rks", "nh2": "uks"}[name]
 
 
 @pytest.mark.slow

@@ -92,9 +92,8 @@ def test_qcschema_gradient_driver_returns_the_double_hybrids_gradient(api_gradie
 
 def test_frequencies_of_a_closed_shell_double_hybrid_compute_ir_intensities():
     """A closed-shell double hybrid's relaxed dipole exists (dfmp2.grad.dh.dh_densities): the
-    frequencies ask each displaced gradient for it (ir_unavailable has no reason to give); the
-    evaluations' properties carry the dipole. Rows from a stand-in (no gradient run)."""
-    assert F.ir_unavailable(RunOptions(basis="sto-3g", method="b2plyp")) is None
+    frequencies ask each displaced gradient for it; the evaluations' properties carry the
+    dipole. Rows from a stand-in (no gradient run)."""
     geom = read_xyz(WATER)
     k = 0.5 * np.eye(9)  # a stand-in Hessian (Eh/bohr²): g(x) = k (x - x0); dipole d(x) = x
 
@@ -103,7 +102,7 @@ def test_frequencies_of_a_closed_shell_double_hybrid_compute_ir_intensities():
         return [-76.0, *(k @ dx), *dx[:3]], None
 
     res = F.frequencies(geom, RunOptions(basis="sto-3g"), "B2PLYP", evaluate=evaluate)
-    assert res.method == "b2plyp" and res.no_ir is None and res.ir is not None
+    assert res.method == "b2plyp" and res.ir is not None
     assert not any("IR intensities" in w for w in res.warnings)
 
 
