@@ -463,7 +463,7 @@ def dipole_table(dip: dict):
     t = Table(title=f"dipole moment / D  ({dip['method'].upper()} densities)", title_justify="left")
     for col in ("density", "x", "y", "z", "|μ| / D", "|μ| / e·bohr"):
         t.add_column(col, justify="left" if col == "density" else "right")
-    rows = (("HF", "hf"), ("MP2 unrelaxed", "unrelaxed"), ("MP2 relaxed", "relaxed"))
+    rows: tuple[tuple[str, str], ...] = (("HF", "hf"), ("MP2 unrelaxed", "unrelaxed"), ("MP2 relaxed", "relaxed"))
     if "ks" in dip:  # a double hybrid's: its KS determinant's and its relaxed dipole
         rows = (("KS", "ks"), (f"{dip['method'].upper()} relaxed", "relaxed"))
     for label, key in rows:
