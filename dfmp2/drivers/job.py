@@ -189,7 +189,7 @@ def check_double_hybrid(options: RunOptions) -> DoubleHybrid | None:
     """The DoubleHybrid ``options.method`` names (None for MP2), checked before any work: its
     dispersion package importable, and nothing asked for that a double hybrid does not have here
     (a checkpoint holds an HF reference). One InputError each; its properties are checked with
-    MP2's (``props.stage.check_properties``: closed shells only)."""
+    MP2's (``props.stage.check_properties``)."""
     dh = double_hybrids.get(options.method)
     if dh is None:
         return None

@@ -12,7 +12,7 @@ gradient's densities when forces are computed in the same call, else from the de
 last run's reference.
 
 Parameters: ``method`` ('mp2', 'scs-mp2', 'sos-mp2' or a double hybrid such as 'b2plyp': which total
-energy is the ASE energy; a double hybrid's dipole is refused in one line, not implemented yet),
+energy is the ASE energy; a double hybrid's dipole is its relaxed one),
 ``num_threads`` (torch's threads during each calculation, an int or 'max', as ASE's Psi4 calculator
 takes it; default: as the process has them) and any ``dfmp2.options.RunOptions`` field (basis,
 auxbasis, frozen_core, device, precision, scf_mode, memory_mb, charge, multiplicity, ...), type-
@@ -20,7 +20,7 @@ checked when set. Charge and multiplicity: the parameters when given, else the A
 charge and total initial magnetic moment (2S + 1 = |sum of moments| + 1), else neutral and the
 lowest multiplicity. Forces (eV/Å): minus the analytic gradient of the ``method``'s energy
 (``run_gradient``: RHF or UHF, density-fitted SCF, fp64 device; a double hybrid's, ``method`` any of
-its names: closed shells, with the gradient's own checks and refusals); stress raises
+its names, RKS or UKS, with the gradient's own checks and refusals); stress raises
 ``PropertyNotImplementedError``.
 
 Every calculation runs the whole energy run (``dfmp2.drivers.energy.run_energy``), SCF included. Our
@@ -160,8 +160,6 @@ class DFMP2Calculator(Calculator):
         """``calculate``'s run on ``self.atoms``: the energy, with 'forces' the gradient, with
         'dipole' the dipole; the results stored."""
         options = self.run_options()
-        if "dipole" in properties:  # before any work: the run's own check of a double hybrid's dipole
-            _check_dipole(options)
         geom = geometry_from_atoms(self.atoms, options.charge, options.multiplicity)
         key = (geom.symbols, geom.charge, geom.multiplicity, options)
         guess = self._scf_density[1] if self._scf_density and self._scf_density[0] == key else None
@@ -188,7 +186,6 @@ class DFMP2Calculator(Calculator):
 
         done, method, gr = self.energy_run, self.parameters["method"], self.gradient_result
         job = done.job
-        _check_dipole(job.options)
         if gr is not None and gr.result is self.result and gr.method == (_double_hybrid(method) or method):
             record = props_stage.record(job.mol, gr.parts.densities, ("dipole",), method)
         else:
@@ -198,16 +195,6 @@ class DFMP2Calculator(Calculator):
             record = props_stage.property_stage(*args)
         self.result.properties = {**(self.result.properties or {}), **record}
         self._store_energy()
-
-
-def _check_dipole(options) -> None:
-    """The run's own check (``dfmp2.drivers.job.check_double_hybrid``) of the dipole of a double
-    hybrid's energy (``options.method``): one InputError while its relaxed dipole is not
-    implemented; nothing for MP2's methods."""
-    from dfmp2.drivers.job import check_double_hybrid
-
-    if options.method != "mp2":
-        check_double_hybrid(dataclasses.replace(options, properties=("dipole",), checkpoint=None, resume=None))
 
 
 def geometry_from_atoms(atoms, charge=None, multiplicity=None):

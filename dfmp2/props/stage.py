@@ -8,7 +8,7 @@ pair loop, the 3-index response terms, the JK factor and the Z-vector, no deriva
     record            a property record from densities already made (the gradient's, for free)
 
 Properties (``dfmp2.options.PROPERTY_CHOICES``): 'dipole', the HF, unrelaxed and relaxed MP2
-dipole moments (``dfmp2.props.dipole``); of a double hybrid (RKS) its KS determinant's and its
+dipole moments (``dfmp2.props.dipole``); of a double hybrid (RKS or UKS) its KS determinant's and its
 relaxed one, from ``dfmp2.grad.dh.dh_densities`` (the gradient's Z-vector with the KS response).
 The record (the result JSON's ``properties``): one key per property and ``densities`` (the method
 they differentiate, the Z-vector's iterations and residual, seconds per stage, what ran, which
@@ -85,7 +85,7 @@ def property_stage(  # noqa: PLR0913
     """The ``properties`` of the converged ``ref`` on ``mol`` (fitting sets ``auxmol``, MP2, and
     ``jk_auxmol``, the SCF's), on ``backend``: the relaxed densities of ``method``'s energy, then
     ``record``. MP2's methods: ``relaxed.density_stage`` (with ``plan``: ``density_plan``'s); a
-    double hybrid (``method`` its table key, ``ref`` its DF-RKS): ``dfmp2.grad.dh.dh_densities``,
+    double hybrid (``method`` its table key, ``ref`` its DF-RKS or DF-UKS): ``dfmp2.grad.dh.dh_densities``,
     the gradient's Z-vector with the KS response (``jk_auxmol`` unused: the KS-SCF's own fit)."""
     timer = timer or Timer(backend)
     dh = double_hybrid(method)
