@@ -87,8 +87,8 @@ def thermo_table(res) -> Table:
 
 @click.command("frequencies")
 @point_inputs(
-    "the energy differentiated twice: MP2, SCS-MP2, SOS-MP2 or a double hybrid of the table (closed shells: "
-    "RKS; no IR intensities yet; docs/double_hybrids.md)"
+    "the energy differentiated twice: MP2, SCS-MP2, SOS-MP2 or a double hybrid of the table (RKS or UKS; "
+    "docs/double_hybrids.md)"
 )
 @click.option("--step", type=float, default=0.005, show_default=True, help="central-difference step, bohr")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=298.15, show_default=True, help="K")
@@ -113,8 +113,8 @@ def thermo_table(res) -> Table:
     "--ir/--no-ir",
     default=True,
     show_default=True,
-    help="IR intensities from the relaxed MP2 dipole at every displacement (the gradient's own relaxed density; "
-    "a double hybrid's: not yet, null with a warning)",
+    help="IR intensities from the relaxed dipole (MP2's or the double hybrid's) at every displacement (the "
+    "gradient's own relaxed density)",
 )
 @click.option(
     "--symmetry-number",

@@ -117,7 +117,7 @@ def point_inputs(method_help: str):
 @click.command("gradient")
 @point_inputs(
     "the energy differentiated: MP2, SCS-MP2 (1.2 OS + SS/3), SOS-MP2 (1.3 OS) or a double hybrid of the "
-    "table (closed shells: RKS; docs/double_hybrids.md)"
+    "table (RKS or UKS; docs/double_hybrids.md)"
 )
 @properties_options(
     properties={
@@ -167,8 +167,7 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
 
 @click.command("optimize")
 @point_inputs(
-    "the energy minimised: MP2, SCS-MP2, SOS-MP2 or a double hybrid of the table (closed shells: RKS; "
-    "docs/double_hybrids.md)"
+    "the energy minimised: MP2, SCS-MP2, SOS-MP2 or a double hybrid of the table (RKS or UKS; docs/double_hybrids.md)"
 )
 @click.option(
     "-o",
