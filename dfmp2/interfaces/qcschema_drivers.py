@@ -15,7 +15,7 @@ properties: the energy and the dipole moments, as Psi4's harness returns them: `
 ``properties.scf_dipole_moment`` and ``mp2_dipole_moment``; Psi4's qcvars SCF DIPOLE, MP2 DIPOLE,
 CURRENT DIPOLE. What is computed: keywords.properties, or Psi4's ``model.properties``, or dipole.
 The dipole of SCS- and SOS-MP2 is their own energy's relaxed dipole (``extras``' qcvars SCS-MP2
-DIPOLE; QCSchema's ``mp2_dipole_moment`` is MP2's only). A double hybrid's (RKS) is its relaxed
+DIPOLE; QCSchema's ``mp2_dipole_moment`` is MP2's only). A double hybrid's (RKS or UKS) is its relaxed
 dipole (-dE/dF of E_KS + E_PT2 + E_disp): qcvars <NAME> DIPOLE and CURRENT DIPOLE, its KS
 determinant's ``scf_dipole_moment`` and SCF DIPOLE, as ``dfmp2 run --method --properties``.
 """
