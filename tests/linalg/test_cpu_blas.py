@@ -182,15 +182,17 @@ def test_a_table_measured_under_load_is_used_once_and_measured_again(loaded_mach
 
 
 def test_busy_processes_mark_the_table_loaded():
-    """A process spinning on each core (two at least) while a (cheap) probe runs: /proc/stat sees
-    them and the table is not trusted."""
+    """Two processes spinning on each core (four at least) while a (cheap) probe runs: /proc/stat
+    sees them and the table is not trusted."""
     if cpu_blas_probe.cpu_mark() is None:
         pytest.skip("no /proc/stat here")
     ncpu = os.cpu_count() or 1
     if ncpu > 16:
         pytest.skip(f"{ncpu} cores: too many to load for a test")
     code = "import time\nt = time.time()\nprint('spinning', flush=True)\nwhile time.time() - t < 20: pass"
-    busy = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(max(2, ncpu))]
+    # two spinners a core: with one a core, a one-thread probe on two cores (three runnable
+    # threads) lost only ~1/3 of a core, too near LOADED_CORES to be judged loaded every time
+    busy = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(2 * max(2, ncpu))]
     try:
         for p in busy:
             assert p.stdout.readline() == b"spinning\n"  # every spinner is running before the probe starts
@@ -199,7 +201,12 @@ def test_busy_processes_mark_the_table_loaded():
         for p in busy:
             p.kill()
             p.wait()
-    assert d["status"] == "loaded" and d["probe"]["load"]["contention"] > cpu_blas.LOADED_CORES
+    # loaded over the whole probe, or during one entry (judge's two rules: with another pytest
+    # worker on the machine the spinners may share the cores so the whole-probe mean stays under
+    # LOADED_CORES while one entry is well over ENTRY_LOADED_CORES)
+    entries = [r["contention"] or 0.0 for r in d["probe"]["measured"].values()]
+    assert d["status"] == "loaded"
+    assert d["probe"]["load"]["contention"] > cpu_blas.LOADED_CORES or max(entries) > cpu_blas_probe.ENTRY_LOADED_CORES
     assert d["warning"] and "loaded" in d["warning"]
 
 
