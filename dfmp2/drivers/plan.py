@@ -295,7 +295,8 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> tuple[ScfPlan, MemoryPlan]:
     plan = dataclasses.replace(
         plan, stages_mb={"scf": need["peak"], **plan.stages_mb}, peak_mb=max(plan.peak_mb, need["peak"]), shapes=shapes
     )
-    scf = ScfPlan(need["block_mb"], need["fp32_copy"] > 0, need["layout"], need["disk"], need["fit_mb"], speedup)
+    fp32_ok = need["fp32_copy"] > 0 or need["layout"] == "disk"  # on disk: fp32 blocks from the file, no copy
+    scf = ScfPlan(need["block_mb"], fp32_ok, need["layout"], need["disk"], need["fit_mb"], speedup)
     return scf, plan
 
 

@@ -34,6 +34,7 @@ count). DFRHF (dfmp2.scf.rhf), DFUHF
 
 from __future__ import annotations
 
+import copy
 import mmap
 import os
 import time
@@ -347,7 +348,10 @@ class DiskJKFactor(JKFactor):
     unpacked into one buffer and handed out in sub-blocks of ``block`` (cache-sized, as over the
     unpacked factor). h5py releases the GIL inside its read, so the read of block k+1 overlaps the
     GEMMs of block k. ``stats``: passes, bytes read, seconds reading (the thread) and seconds the
-    caller waited for a block (what the disk cost the run)."""
+    caller waited for a block (what the disk cost the run). ``fp32``: a view of the same file
+    whose blocks are unpacked in fp32 (a mixed SCF's fp32 cycles: no copy of the factor)."""
+
+    block_dtype = torch.float64  # the dtype blocks are unpacked into (``fp32``: float32)
 
     def __init__(self, ds, path, nao: int, naux: int, backend, block: int, read_rows: int, metric: str, pairs=None):  # noqa: PLR0913
         self.ds, self.path, self._naux, self.read_rows = ds, path, naux, read_rows
@@ -370,7 +374,16 @@ class DiskJKFactor(JKFactor):
 
     @property
     def dtype(self) -> torch.dtype:
-        return torch.float64
+        return self.block_dtype
+
+    def fp32(self) -> DiskJKFactor:
+        """This factor's file read as fp32 blocks: each packed fp64 row block rounded to fp32, then
+        unpacked in fp32 (the mixed SCF's fp32 cycles; what an fp32 copy in memory would hold,
+        without the copy). Shares the file, its map and ``stats`` (its passes are counted there)."""
+        view = copy.copy(self)
+        view.block_dtype, view._fill = torch.float32, None
+        view.block = jk_block(self.nao, self.naux, 4, UNPACKED_BLOCK_MB)
+        return view
 
     @property
     def device(self) -> torch.device:
@@ -448,9 +461,15 @@ class DiskJKFactor(JKFactor):
     def blocks(self):
         nao = self.nao
         self.stats["passes"] += 1
-        buf = torch.empty((min(self.read_rows, self.naux), nao * nao), dtype=torch.float64, device=self.device)
+        buf = torch.empty((min(self.read_rows, self.naux), nao * nao), dtype=self.dtype, device=self.device)
         for p0, p1, rows in self.packed_rows(0, self.naux, mapped=self.mapped):
-            if self.mapped and self.pairs is None:  # PySCF's C unpack straight from the mapped page cache
+            if self.dtype != torch.float64:  # the rows rounded, then unpacked in fp32 (torch's gather)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    packed = torch.from_numpy(rows[1]) if self.mapped else rows
+                    full = self.unpack(packed.to(self.dtype), out=buf[: p1 - p0])
+                del rows, packed
+            elif self.mapped and self.pairs is None:  # PySCF's C unpack straight from the mapped page cache
                 full = buf[: p1 - p0]
                 pyscf_lib.unpack_tril(rows[1], out=full.numpy())
                 full = full.view(p1 - p0, nao, nao)

@@ -120,7 +120,8 @@ class DFRHF:
         """The JK factor of ``settings`` (screened, laid out and blocked as the memory plan says):
         ``fac`` (the cycles'), ``fac64`` (the fp64 factor on the host of a device without fp64, or
         None), and a mixed SCF's fp32 copy ``fac32`` (unpacked; with the 'unpacked' layout in the
-        buffer the fp64 factor is unpacked into when the fp32 cycles end, ``deferred``)."""
+        buffer the fp64 factor is unpacked into when the fp32 cycles end, ``deferred``; with the
+        'disk' layout no copy: the file read as fp32 blocks, ``DiskJKFactor.fp32``)."""
         mol, backend, timer = self.mol, self.backend, self.timer
         self.screen, self.pairs = settings.screen, significant_pairs(mol, settings.screen)
         block_mb, layout = settings.block_mb, settings.layout
@@ -141,12 +142,14 @@ class DFRHF:
             pairs=self.pairs,
         )
         self.fac32 = self.deferred = None
-        if self.mode == "mixed":
+        if self.mode == "mixed" and layout == "disk":  # the file read as fp32 blocks: no copy kept
+            self.fac32 = self.fac.fp32()
+        elif self.mode == "mixed":
             t0 = time.perf_counter()
             self.deferred = deferred_unpacked(self.fac) if defer else None  # (U64, U32)
             self.fac32 = fp32_unpacked(self.fac, block_mb, out=self.deferred[1] if defer else None)
             timer.add("scf_fit", t0)
-        self.fac32_mb = self.fac32.B.numel() * 4 / 1e6 if self.fac32 is not None else None
+        self.fac32_mb = self.fac32.B.numel() * 4 / 1e6 if self.fac32 is not None and layout != "disk" else None
 
     # ---- set-up: PySCF's one-electron part and guess, canonical orthogonalisation
     def _one_electron(self) -> None:

@@ -21,8 +21,9 @@ PLAN_FIELDS = ("block_mb", "fp32_copy", "layout", "fit_mb", "fp32_speedup")
 @dataclasses.dataclass(frozen=True)
 class ScfPlan:
     """Our DF-SCF's part of the plan: its exchange block (MB, smaller when the limit needs it),
-    whether a mixed-precision SCF keeps the factor's fp32 copy, the factor's layout ('unpacked'
-    where it fits, 'packed', or 'disk'), its size on disk (MB), the block of a disk fit (MB) and the
+    whether a mixed-precision SCF can run its fp32 cycles (the factor's fp32 copy fits; on disk
+    always: the file is read as fp32 blocks), the factor's layout ('unpacked' where it fits,
+    'packed', or 'disk'), its size on disk (MB), the block of a disk fit (MB) and the
     measured SGEMM/DGEMM ratio that decides an 'auto' SCF precision (None: not measured)."""
 
     block_mb: float = JK_BLOCK_MB
@@ -46,10 +47,10 @@ class SCFSettings:
     Precision and builds: ``precision`` the cycles' J/K, options.SCF_PRECISIONS ('auto': mixed where
     the device has fp64 and fast fp32, dfmp2.scf.precision.resolve_precision); ``fp32_speedup`` a
     measured SGEMM/DGEMM ratio that decides 'auto' (None: the device's capabilities decide);
-    ``fp32_copy`` whether memory allows a mixed SCF's fp32 copy of the factor (False: fp64
-    cycles, recorded); ``incremental`` the Fock build (J/K of ΔD; None: exactly when the device
-    lacks fp64). ``screen``: the JK factor's Schwarz threshold (``jk.significant_pairs``; 0: every
-    pair kept).
+    ``fp32_copy`` whether memory allows a mixed SCF's fp32 cycles (the factor's fp32 copy; with
+    the 'disk' layout they read the file as fp32 blocks, no copy; False: fp64 cycles, recorded);
+    ``incremental`` the Fock build (J/K of ΔD; None: exactly when the device lacks fp64).
+    ``screen``: the JK factor's Schwarz threshold (``jk.significant_pairs``; 0: every pair kept).
 
     Memory and disk (the memory plan's, ``driver.check_memory``): ``layout`` the JK factor's,
     'packed', 'unpacked' or 'disk'; ``block_mb`` the exchange build's block (MB); 'disk': the

@@ -1,7 +1,8 @@
 """The DF-SCF's JK factor on disk (layout 'disk': dfmp2.scf.jk.fit_to_disk, DiskJKFactor): the
 blocked fit to a scratch file gives the in-memory factor, its J and K are the unpacked factor's,
 the memory plan picks it only when nothing in memory fits, a run through it gives the in-memory
-run's energies (and PySCF's E(HF)), and it leaves no file behind, whatever happens."""
+run's energies (and PySCF's E(HF)), a mixed-precision SCF reads it as fp32 blocks, and it
+leaves no file behind, whatever happens."""
 
 import itertools
 from pathlib import Path
@@ -144,6 +145,51 @@ def test_full_scratch_disk_mid_scf_is_one_error_line_and_no_files(tmp_path):
         err = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert res.exit_code == 2 and len(err) == 1 and err[0].startswith("error: cannot write the scratch file")
         assert not list(disk.iterdir())
+
+
+def test_disk_factor_read_as_fp32_blocks_is_the_fp64_factor_rounded(dimer, tmp_path):
+    """``DiskJKFactor.fp32`` (a mixed SCF's fp32 cycles on disk): every block is the fp64 block
+    rounded to fp32, bit for bit, mapped or read through h5py, screened or not; the view shares
+    the file's statistics, and its J and K are the fp64 ones to fp32's rounding."""
+    mol, aux = dimer
+    cpu = linalg.get_backend("cpu")
+    for pairs in (None, jk.significant_pairs(mol, 1e-4)):
+        with Scratch(tmp_path) as scratch:
+            disk, _ = jk.build_jk_factor(
+                mol, aux, cpu, torch.float64, Timer(cpu), layout="disk", scratch=scratch, fit_mb=1, pairs=pairs
+            )
+            disk.read_rows = 37
+            f32 = disk.fp32()
+            assert f32.dtype == torch.float32 and disk.dtype == torch.float64 and f32.stats is disk.stats
+            want = torch.cat([b.reshape(q1 - q0, -1).clone() for q0, q1, b in disk.blocks()]).to(torch.float32)
+            for access in ("mmap (no copy)", "h5py read"):
+                if access == "h5py read":
+                    disk.offset = f32.offset = None
+                got = torch.cat([b.reshape(q1 - q0, -1).clone() for q0, q1, b in f32.blocks()])
+                assert got.dtype == torch.float32 and torch.equal(got, want)
+            assert disk.stats["passes"] == 3
+            C = torch.randn((mol.nao_nr(), 5), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+            (J64, K64), (J32, K32) = disk.jk([(C, None)]), f32.jk([(C, None)])
+            assert J32.dtype == K32.dtype == torch.float64
+            assert 0 < float((K32 - K64).abs().max()) < 1e-5 * float(K64.abs().max())
+            assert float((J32 - J64).abs().max()) < 1e-5 * float(J64.abs().max())
+
+
+def test_mixed_precision_scf_with_the_factor_on_disk(tmp_path):
+    """A mixed-precision SCF whose factor is on disk runs its first cycles from fp32 blocks of
+    the file (no fp32 copy: none recorded) and ends with the fp64 run's energies to 1e-10 Eh;
+    every pass over the file is counted."""
+    opts = dict(memory_mb=4.0, scratch_dir=str(tmp_path))
+    mixed = run(DIMER, RunOptions(scf_precision="mixed", **opts))
+    fp64 = run(DIMER, RunOptions(scf_precision="fp64", **opts))
+    cp, jf = mixed.ran["scf"]["cycle_precision"], mixed.ran["scf"]["jk_factor"]
+    assert jf["layout"] == "disk" and fp64.ran["scf"]["jk_factor"]["layout"] == "disk"
+    assert cp["mode"] == "mixed" and cp["fp32_cycles"] > 0 and cp["fp64_cycles"] > 0 and cp["fp32_factor_mb"] is None
+    assert cp["fp32_cycles"] + cp["fp64_cycles"] == mixed.ran["scf"]["iterations"]
+    assert jf["passes"] == mixed.ran["scf"]["iterations"] + 2
+    assert fp64.ran["scf"]["cycle_precision"]["fp32_cycles"] == 0
+    assert abs(mixed.e_hf - fp64.e_hf) < 1e-10 and abs(mixed.e_corr - fp64.e_corr) < 1e-10
+    assert not list(tmp_path.iterdir())
 
 
 def test_disk_factor_reads_are_checked_against_the_file(dimer, tmp_path):
