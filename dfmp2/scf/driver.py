@@ -58,10 +58,11 @@ def memory_mb(  # noqa: PLR0913
     RHF, 2 x 40 for UHF. Layout 'disk' (fp64): 'factor' 0 and 'disk' the packed factor's MB in the
     scratch directory; the fit holds the metric and its Cholesky factor (2 naux^2), one row block
     of the raw integrals and its solution (2 ``fit_mb``), the integral engine's blocks and the
-    reader's; the cycles the reader's blocks (DISK_READ_DEPTH + 1 packed), one block unpacked and
-    its half-transform. ``pairs``: the packed columns kept by screening (``jk.significant_pairs``;
-    default all nao(nao+1)/2): the packed and disk factors hold only those, and a screened unpack
-    adds its scatter buffer (SCATTER_MB). ``held``: the (nao, nao) fp64 partials of J and K the
+    reader's; the cycles the reader's blocks (DISK_READ_DEPTH + 1 packed), one exchange block
+    (UNPACKED_BLOCK_MB) unpacked and its half-transform (an fp32 pass's: as many bytes).
+    ``pairs``: the packed columns kept by screening (``jk.significant_pairs``; default all
+    nao(nao+1)/2): the packed and disk factors hold only those, and a screened unpack adds its
+    scatter buffer (SCATTER_MB). ``held``: the (nao, nao) fp64 partials of J and K the
     cycles' ordered sum holds at once (``jk_dist.held_partials``), counted in the cycles."""
     width = npair(nao) if pairs is None else pairs
     scatter = 0 if pairs is None else SCATTER_MB * 1e6  # a screened unpack's buffer
@@ -74,7 +75,8 @@ def memory_mb(  # noqa: PLR0913
         engine = (QUEUE_DEPTH + 1) * disk_rows(nao, naux) * npair(nao) * 8  # unscreened blocks (jk.fit_to_disk)
         fac, copy32, disk = 0, 0, fac64
         fit = 2 * naux * naux * 8 + 2 * fit_mb * 1e6 + engine + reads
-        cycle = reads + rows * nao * nao * 8 + scatter + 2 * rows * nao * 2 * nocc * 8
+        nb = min(rows, jk_block(nao, naux, 8, UNPACKED_BLOCK_MB))  # unpacked a block at a time (DiskJKFactor.blocks)
+        cycle = reads + nb * nao * nao * 8 + scatter + 2 * nb * nao * 2 * nocc * 8
     elif layout == "unpacked":  # with the fp32 copy: jk.deferred_unpacked, one buffer of 'factor' MB
         fac = naux * nao * nao * itemsize  # holds the copy, then the fp64 factor unpacked over it
         nb = jk_block(nao, naux, itemsize, UNPACKED_BLOCK_MB)

@@ -42,7 +42,6 @@ import warnings
 
 import numpy as np
 import torch
-from pyscf import lib as pyscf_lib
 from pyscf.scf import _vhf
 
 from dfmp2 import distributed, linalg
@@ -261,6 +260,8 @@ class JKFactor:
         γ_P = Σ_i sign_i (C^T B_P C)_ii (nb,) = Σ_λσ B_Pλσ D_λσ (a batched GEMV of Z)."""
         be, nao, m = self.backend, self.nao, Cd.shape[1]
         nb = Bf.shape[0] // nao
+        if Bf.dtype == torch.float32 and be.caps.is_host:
+            return self._exchange_block_batched(K, Cd, Bf.view(nb, nao, nao), split, sign)
         Z = linalg.gemm(Cd, Bf, trans_a=True, trans_b=True, backend=be).reshape(m, nb, nao)  # (m, nb*nao)
         if split is None:
             _syrk_into(K, Z.reshape(m * nb, nao), 1.0, be)
@@ -272,6 +273,23 @@ class JKFactor:
         if sign is not None:  # (m, nb, nao) @ (m, nao, 1): each i's trace, summed over i in fp64
             return torch.bmm(Z, (Cd * sign).mT[:, :, None])[:, :, 0].to(torch.float64).sum(0)
         return None
+
+    def _exchange_block_batched(self, K, Cd, B3, split, sign):
+        """``_exchange_block`` of an fp32 block on the host CPU: Z_P = Cd^T B_P as one GEMM per P
+        (a batched GEMM, B_P symmetric: the same Z), rows (P, i); K and γ_P as there. MKL's SGEMM
+        ran the one wide Cd^T Bf^T at the DGEMM's rate, 50-70 GF/s on a 2-core AMD EPYC, the
+        batched products at 110-116 GF/s ((H2O)16's shapes; in fp64 both ran at 50 GF/s:
+        scripts/results/scf_kernels.md)."""
+        be, nao = self.backend, self.nao
+        parts = [(Cd, 1.0)] if split is None else [(Cd[:, :split], 1.0), (Cd[:, split:], -1.0)]
+        gamma = torch.zeros(B3.shape[0], dtype=torch.float64, device=B3.device) if sign is not None else None
+        for Cp, alpha in parts:  # sign is +1 before split, -1 from it (``jk``)
+            if Cp.shape[1]:
+                Z = linalg.gemm(Cp, B3, trans_a=True, backend=be)  # (nb, m_p, nao)
+                _syrk_into(K, Z.reshape(-1, nao), alpha, be)
+                if gamma is not None:  # each i's trace (C^T B_P C)_ii, summed over i in fp64
+                    gamma += alpha * (Z * Cp.mT).sum(-1).to(torch.float64).sum(1)
+        return gamma
 
     def jk(self, factors, world=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(J, K) of the unpacked factor in one pass over it: J (nao, nao) of D = Σ_f D_f and K
@@ -459,32 +477,24 @@ class DiskJKFactor(JKFactor):
         return self.offset is not None and self.backend.caps.is_host
 
     def blocks(self):
-        nao = self.nao
+        """(p0, p1, B_P (p1 - p0, nao, nao)) over the file in blocks of ``block`` functions, in
+        ``dtype``: each row block of ``read_rows`` (read ahead, mapped or read) unpacked one block
+        at a time, just before it is used, into one buffer of ``block`` rows (cache-sized: the
+        GEMMs read it from the cache; use it before asking for the next). Unpacking the whole row
+        block at once wrote it to memory and read it back. An fp32 view (``fp32``) rounds each
+        block's packed rows first and unpacks them in fp32."""
         self.stats["passes"] += 1
-        buf = torch.empty((min(self.read_rows, self.naux), nao * nao), dtype=self.dtype, device=self.device)
+        nb = min(self.block, self.read_rows, self.naux)
+        buf = torch.empty((nb, self.nao * self.nao), dtype=self.dtype, device=self.device)
         for p0, p1, rows in self.packed_rows(0, self.naux, mapped=self.mapped):
-            if self.dtype != torch.float64:  # the rows rounded, then unpacked in fp32 (torch's gather)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    packed = torch.from_numpy(rows[1]) if self.mapped else rows
-                    full = self.unpack(packed.to(self.dtype), out=buf[: p1 - p0])
-                del rows, packed
-            elif self.mapped and self.pairs is None:  # PySCF's C unpack straight from the mapped page cache
-                full = buf[: p1 - p0]
-                pyscf_lib.unpack_tril(rows[1], out=full.numpy())
-                full = full.view(p1 - p0, nao, nao)
-                del rows  # the map is unmapped when the reader lets go of it too (at the next block)
-            elif self.mapped:  # screened: the scatter reads the mapped rows (torch warns of the read-only view)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    full = self.unpack(torch.from_numpy(rows[1]), out=buf[: p1 - p0])
-                del rows
-            else:
-                full = self.unpack(rows, out=buf[: p1 - p0])
-                del rows
+            with warnings.catch_warnings():  # torch warns of the mapped rows' read-only view (only read)
+                warnings.simplefilter("ignore", UserWarning)
+                packed = torch.from_numpy(rows[1]) if self.mapped else rows
             for q0 in range(p0, p1, self.block):
                 q1 = min(p1, q0 + self.block)
-                yield q0, q1, full[q0 - p0 : q1 - p0]
+                part = packed[q0 - p0 : q1 - p0]
+                yield q0, q1, self.unpack(part if part.dtype == self.dtype else part.to(self.dtype), out=buf[: q1 - q0])
+            del rows, packed  # a map is unmapped when the reader lets go of it too (at the next row block)
 
     def group_blocks(self):
         """``blocks`` as one group (one process only: not bitwise with the in-memory layouts)."""
