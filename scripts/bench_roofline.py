@@ -5,9 +5,9 @@ best DGEMM (and SGEMM) of any library here (torch and numpy, square sizes ``--pe
 ``--warmup`` untimed, ``--repeats`` timed), each stage's median seconds beside the flops it
 executed through dfmp2.linalg (the result's ``flops``), its GF/s and share of that DGEMM peak, the
 algorithm's useful work (dfmp2.benchmarks.roofline) and the whole run's share: flops / (wall x
-best DGEMM). Then (unless ``--no-pyscf``) PySCF's DF-RHF + DF-MP2 on the same molecule in both BLAS
+best DGEMM). Then (unless ``--no-pyscf``) PySCF's DF-RHF + DF-MP2 on the same molecule in each BLAS
 settings (fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its own
-process), the ratio against the faster and |ΔE(MP2)|.
+process), the ratio against the fastest and |ΔE(MP2)|.
 
     python scripts/bench_roofline.py                                   # (H2O)16 / cc-pVDZ, 2 threads
     python scripts/bench_roofline.py inputs/water_clusters/h2o_04.xyz --repeats 1 --cpu-blas openblas
@@ -125,7 +125,7 @@ def median_stages(runs: list[dict]) -> dict:
 
 
 def pyscf_side(args, e_mp2: float, wall_s: float) -> dict:
-    """PySCF's DF-SCF + DF-MP2 in both BLAS settings (fair_baseline), the ratio against the faster
+    """PySCF's DF-SCF + DF-MP2 in each BLAS setting (fair_baseline), the ratio against the fastest
     and |ΔE(MP2)| of ours; {'skipped': why} with --no-pyscf."""
     if args.no_pyscf:
         return {"skipped": "--no-pyscf"}
@@ -197,7 +197,7 @@ def markdown(report: dict) -> list[str]:
         return md + ["", f"PySCF baseline not run ({p['skipped']})."]
     md += [
         "",
-        "| run | s | SCF s | MP2 s | faster PySCF / this | E(MP2) / Eh | abs ΔE(MP2) vs PySCF / Eh |",
+        "| run | s | SCF s | MP2 s | fastest PySCF / this | E(MP2) / Eh | abs ΔE(MP2) vs PySCF / Eh |",
         "|---|---|---|---|---|---|---|",
         f"| PySCF DF-SCF + DF-MP2 ({p['setting']}) | {p['seconds']:.2f} | {p['scf_s']:.2f} | {p['mp2_s']:.2f} | "
         f"1.00 | {p['e_mp2']:.10f} | — |",

@@ -4,9 +4,9 @@
 For each water cluster (H2O)n (inputs/water_clusters, ``--sizes``) in each basis (``--basis``), the
 whole ``dfmp2 run --memory LIMIT`` in its own process (wall time, the process's peak resident
 memory from os.wait4, the JK factor's layout and where B went), then (unless ``--no-pyscf``)
-PySCF's DF-RHF + DF-MP2 with ``max_memory`` = LIMIT in both BLAS settings
+PySCF's DF-RHF + DF-MP2 with ``max_memory`` = LIMIT in each BLAS setting
 (dfmp2.benchmarks.fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its
-own process; the faster counts; where neither variable is set the two settings are the same and
+own process; the fastest counts; where neither variable is set as_set and unset are the same and
 PySCF runs once; PySCF's limit counts its arrays, not the process). Then a growth exponent per
 column: time ~ nbasis^p, least squares on the logs (dfmp2.benchmarks.waters.fit_exponent).
 ``--merge`` adds the sizes run to the rows already in the output JSON (a size run again replaces
@@ -142,7 +142,7 @@ def write(a, limit_mb: float, rows: list) -> dict:
         "rows": rows,
         "exponents": exps,
         "rule": "each run in its own process; RSS = the process's peak resident set (os.wait4 / getrusage); "
-        "PySCF in both BLAS settings, the faster counts (run once where neither variable is set); "
+        "PySCF in each BLAS setting, the fastest counts (as_set and unset run once where neither variable is set); "
         "a row's ours and PySCF come from the same invocation (its date)",
     }
     stem = _stem(a)
@@ -169,7 +169,7 @@ def markdown(doc: dict) -> list[str]:
             lines.append(f"| {r['n']} | | {o['error']} | | | | | | | | {r.get('date', '')[:16]} |")
             continue
         pb = (p.get("runs") or {}).get(p.get("best")) or {}
-        if p and not p.get("best"):  # both settings failed: say why in the time column
+        if p and not p.get("best"):  # every setting failed: say why in the time column
             p = {"wall_s": None, "error": "; ".join(sorted({r.get("error") or "?" for r in p["runs"].values()}))}
         de = abs(o["e_hf"] + o["e_corr"] - pb["e_mp2"]) if pb.get("e_mp2") is not None else None
         kept = f", {100 * o['jk_pairs_kept']:.0f} % of pairs" if o.get("jk_pairs_kept") else ""

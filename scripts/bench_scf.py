@@ -155,8 +155,10 @@ def main(argv=None):  # noqa: C901
     )
     fb.best_or_exit(base)
     for setting, r in base["runs"].items():
-        if "error" in r:
-            rows.append({"who": f"pyscf {kind} ({setting})", "device": "cpu", "not_run": r["error"]})
+        if "tasks" not in r:  # failed, or not run (a core type this CPU lacks; the same as as_set)
+            rows.append(
+                {"who": f"pyscf {kind} ({setting})", "device": "cpu", "not_run": r.get("error") or r["not_run"]}
+            )
             continue
         t = r["tasks"].get(task) or r["tasks"]["whole"]
         rows.append(
@@ -268,7 +270,7 @@ def main(argv=None):  # noqa: C901
             "  whole runs: " + ", ".join(f"{r['who']} {r['device']} {r['seconds']:.2f} s" for r in rows if "e_mp2" in r)
         )
 
-    base_s = {}  # the faster PySCF setting of each kind: every ratio is against it
+    base_s = {}  # the fastest PySCF setting of each kind: every ratio is against it
     for key in (f"pyscf {kind} (", f"pyscf {kind} + DF-MP2"):
         mine = [r["seconds"] for r in rows if r["who"].startswith(key) and "seconds" in r]
         if mine:
@@ -315,7 +317,7 @@ def main(argv=None):  # noqa: C901
         f"{pred['per_cycle_gflop'] / GFLOPS_ASSUMED:.2f} s at {GFLOPS_ASSUMED:g} GFLOP/s "
         f"(PySCF's K: {pred['pyscf_K_gflop']:.1f} GFLOP).",
         "",
-        "| run | device | s | iterations (fp32) | s / iteration | faster PySCF / this | other processes' cores |",
+        "| run | device | s | iterations (fp32) | s / iteration | fastest PySCF / this | other processes' cores |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:

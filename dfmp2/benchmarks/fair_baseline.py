@@ -2,12 +2,17 @@
 ``dfmp2 bench``'s water series.
 
 Some machines set ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``; OpenBLAS reads them once, when
-it is loaded, and they change numpy's (so PySCF's) speed markedly either way. A user's
-machine does not set them. So the PySCF side runs twice, each time in a fresh subprocess: once
-with the environment as set (``as_set``) and once with both variables removed (``unset``), and a
-benchmark compares against the FASTER of the two. Where neither variable is set the two runs are
-the same setting (recorded as such) and the second is a repeat; a caller short of time passes
-``once_when_same=True`` to run it once (the other setting recorded as not run, the same as the first).
+it is loaded, and they change numpy's (so PySCF's) speed markedly either way: PySCF's own
+OpenBLAS 0.3.3 falls back to generic kernels ("Barcelona", "Prescott") on CPUs newer than it
+unless ``OPENBLAS_CORETYPE`` names a core. A user's machine does not set them; the peer gets its
+best all the same. So the PySCF side runs in four settings (SETTINGS), each in a fresh subprocess:
+the environment as set (``as_set``), both variables removed (``unset``), and each removed with
+``OPENBLAS_CORETYPE=Haswell`` (``Haswell``: AVX2 kernels) or ``SkylakeX`` (AVX-512 kernels); a
+benchmark compares against the FASTEST. A core type whose instructions this CPU lacks is not run
+(recorded with the missing flags: OpenBLAS would execute them and die). Where neither variable is
+set ``as_set`` and ``unset`` are the same setting (recorded as such) and the second is a repeat; a
+caller short of time passes ``once_when_same=True`` to run it once (recorded as not run, the same
+as the first).
 
 Also here, so that no benchmark carries its own copy:
 - ``blas_info()``: which BLAS ran in this process: threadpoolctl's ``threadpool_info()`` (library,
@@ -21,7 +26,7 @@ Use from a benchmark (seconds are wall times; energies in Hartree):
 
     from dfmp2.benchmarks import fair_baseline as fb
     base = fb.pyscf_baseline(["whole"], xyz, basis="cc-pvdz", threads=2, timeout=600)
-    base["best"]                 # 'as_set' or 'unset': the faster run, the one to compare against
+    base["best"]                 # 'as_set', 'unset', 'Haswell' or 'SkylakeX': the fastest run
     base["runs"]["unset"]["tasks"]["whole"]["seconds"]
 
 Child, by hand: ``python -m dfmp2.benchmarks.fair_baseline --child '{"tasks": ["dfrhf"], "xyz": ...}'``.
@@ -46,7 +51,11 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding dfmp2/ (a checkout or site-packages)
 BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-SETTINGS = ("as_set", "unset")
+SETTINGS = ("as_set", "unset", "Haswell", "SkylakeX")
+CORE_FLAGS = {  # the instructions each forced OpenBLAS core type executes (/proc/cpuinfo flag names)
+    "Haswell": ("avx2", "fma"),
+    "SkylakeX": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"),
+}
 MARK = "FAIR_BASELINE_RESULT "  # the child's last stdout line: MARK + JSON
 CPU_PEAK_SIZES = (2048, 3072)  # square GEMM sizes for a CPU peak (short calls on a small CPU)
 
@@ -175,12 +184,34 @@ def same_setting(env=None) -> bool:
 
 
 def env_for(setting: str, base: dict | None = None) -> dict:
-    """The subprocess environment of one setting: 'as_set' is this one, 'unset' lacks BLAS_VARS."""
+    """The subprocess environment of one setting: 'as_set' is this one, 'unset' lacks BLAS_VARS,
+    a core type (CORE_FLAGS) lacks them but for ``OPENBLAS_CORETYPE`` = that core."""
     env = dict(os.environ if base is None else base)
-    if setting == "unset":
+    if setting != "as_set":
         for v in BLAS_VARS:
             env.pop(v, None)
+    if setting in CORE_FLAGS:
+        env["OPENBLAS_CORETYPE"] = setting
     return env
+
+
+def cpu_flags() -> set | None:
+    """The CPU's instruction flags (/proc/cpuinfo's first 'flags' line), None where not readable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), None)
+    except OSError:
+        return None
+    return set(line.split(":", 1)[1].split()) if line else None
+
+
+def unsupported(setting: str, flags: set | None = None) -> str | None:
+    """Why a core type's setting cannot run on this CPU (the flags it lacks), or None. Unknown
+    flags (no /proc/cpuinfo): runs, and a child killed by an illegal instruction is its error."""
+    flags = cpu_flags() if flags is None else flags
+    need = CORE_FLAGS.get(setting, ())
+    missing = [f for f in need if flags is not None and f not in flags]
+    return f"this CPU lacks {', '.join(missing)}, which OpenBLAS's {setting} kernels execute" if missing else None
 
 
 def pyscf_baseline(  # noqa: PLR0913
@@ -202,11 +233,13 @@ def pyscf_baseline(  # noqa: PLR0913
     once_when_same: bool = False,
 ) -> dict:
     """Run ``tasks`` with PySCF in one subprocess per setting (``settings``, in order), each
-    given ``timeout`` seconds. Returns {'runs': {setting: child result or {'error': ...}},
-    'best': the setting whose summed task seconds are lowest, 'same_setting': True where the
-    variables were not set (the two runs differ only by noise), 'tasks': the best run's tasks}.
-    ``once_when_same``: where the variables are not set, run the first setting alone; each other
-    setting's entry is then {'not_run': why, 'same_as': the first} (no 'tasks', no 'error').
+    given ``timeout`` seconds. Returns {'runs': {setting: child result, {'error': ...} or
+    {'not_run': why} (a core type this CPU cannot run: ``unsupported``)}, 'best': the setting
+    whose summed task seconds are lowest, 'same_setting': True where the variables were not set
+    ('as_set' and 'unset' differ only by noise), 'tasks': the best run's tasks}.
+    ``once_when_same``: where the variables are not set, 'unset' is not run after 'as_set': its
+    entry is {'not_run': why, 'same_as': 'as_set'} (no 'tasks', no 'error'); ``planned_runs``
+    counts the subprocesses beforehand.
     ``charge``, ``multiplicity``: as ``dfmp2 run``'s options (None: the XYZ comment's); ``max_cycle``:
     PySCF's SCF cycle limit in 'dfrhf'/'dfuhf' (None: dfmp2's default); an SCF that does not converge
     by then is timed all the same, its task marked ``converged`` False. ``max_memory`` (MB): PySCF's
@@ -229,9 +262,12 @@ def pyscf_baseline(  # noqa: PLR0913
     }
     runs, same = {}, same_setting()
     for setting in settings:
-        if once_when_same and same and runs:
-            first = next(iter(runs))
-            runs[setting] = {"not_run": f"same as {first}: neither {' nor '.join(BLAS_VARS)} is set", "same_as": first}
+        lacking = unsupported(setting)
+        if lacking:
+            runs[setting] = {"not_run": lacking}
+        elif once_when_same and same and setting == "unset" and "as_set" in runs:
+            why = f"same as as_set: neither {' nor '.join(BLAS_VARS)} is set"
+            runs[setting] = {"not_run": why, "same_as": "as_set"}
         else:
             runs[setting] = run_child(spec, env_for(setting), timeout)
         runs[setting]["setting"] = setting
@@ -243,9 +279,19 @@ def pyscf_baseline(  # noqa: PLR0913
         "tasks": ok[best]["tasks"] if best else None,
         "same_setting": same,
         "peaks": merge_peaks(*(r.get("peaks") for r in ok.values())),
-        "rule": "PySCF run once with the environment as set and once without OPENBLAS_CORETYPE and "
-        "OPENBLAS_L2_SIZE, each in its own process; ratios are against the faster",
+        "rule": "PySCF run with the environment as set, without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, "
+        "and without them but OPENBLAS_CORETYPE=Haswell and =SkylakeX (where the CPU has their "
+        "instructions), each in its own process; ratios are against the fastest",
     }
+
+
+def planned_runs(settings=SETTINGS, once_when_same: bool = False) -> int:
+    """How many PySCF subprocesses ``pyscf_baseline`` will start for ``settings`` on this CPU and
+    in this environment (a caller's time budget divides by it)."""
+    run = [s for s in settings if not unsupported(s)]
+    if once_when_same and same_setting() and "as_set" in run and "unset" in run:
+        run.remove("unset")
+    return len(run)
 
 
 def add_arguments(ap) -> None:
@@ -261,16 +307,16 @@ def add_arguments(ap) -> None:
 
 
 def best_or_exit(base: dict, task: str | None = None) -> dict:
-    """The faster setting's tasks of ``pyscf_baseline``'s ``base``; with ``task``, each setting's
+    """The fastest setting's tasks of ``pyscf_baseline``'s ``base``; with ``task``, each setting's
     seconds (or error) and BLAS printed first. Exits the script with one error line when PySCF
-    failed in both settings."""
+    failed in every setting."""
     if task is not None:
         for s, r in base["runs"].items():
             done = f"{r['tasks'][task]['seconds']:.2f} s; {blas_summary(r['blas'])}" if "tasks" in r else ""
             print(f"PySCF ({s}): " + (r.get("error") or r.get("not_run") or done), flush=True)
     if base["best"] is None:
         sys.exit(
-            "error: the PySCF baseline failed in both settings: "
+            "error: the PySCF baseline failed in every setting: "
             + "; ".join(r.get("error") or r.get("not_run", "") for r in base["runs"].values())
         )
     return base["tasks"]
@@ -442,14 +488,14 @@ def markdown_lines(base: dict, ours_blas: dict, peaks: dict) -> list[str]:
         f"- rule: {base['rule']}"
         + (
             (
-                " (neither variable is set here: one setting, run once)"
-                if any("not_run" in r for r in base["runs"].values())
-                else " (neither variable is set here: both runs are the same setting, the second a repeat)"
+                " (neither variable is set here: as_set and unset are one setting, run once)"
+                if any("same_as" in r for r in base["runs"].values())
+                else " (neither variable is set here: as_set and unset are one setting, the second a repeat)"
             )
             if base["same_setting"]
             else ""
         ),
-        f"- faster PySCF setting: **{base['best']}**",
+        f"- fastest PySCF setting: **{base['best']}**",
     ]
     for s, r in base["runs"].items():
         if "error" in r:

@@ -7,7 +7,7 @@ comment): the UHF once (PySCF's DF-UHF with the water series' thresholds, as the
 takes PySCF's RHF; its seconds and cycles reported, not part of the stage, and our DF-UHF's
 cycles on the same molecule beside them), then the stage (integrals, metric, transform, fit, and
 the αα, ββ and αβ pair steps) per device and precision, and PySCF's ``mp.dfump2.DFUMP2`` kernel
-in the fair baseline's two subprocesses (dfmp2/benchmarks/fair_baseline.py), the faster counted.
+in the fair baseline's subprocesses (dfmp2/benchmarks/fair_baseline.py), the fastest counted.
 """
 
 from __future__ import annotations

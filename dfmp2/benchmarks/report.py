@@ -224,7 +224,7 @@ def _ops_lines(rep: dict) -> list[str]:
         "flop count; % peak against the GEMM peak of the same device and precision. Baselines on identical "
         "inputs: torch.linalg (the same op through torch directly), scipy.linalg, PySCF (the pair kernel "
         "`libmp.MP2_contract_d`, fp64 only: an fp32 row shows PySCF's fp64 time; in this process, so under the "
-        "OPENBLAS variables as set: the water series below takes PySCF from both settings).",
+        "OPENBLAS variables as set: the water series below takes PySCF from every setting).",
         "",
         "| shape | op | call | args | device | prec | engine / kernels | median ms | min–max ms | GFLOP/s "
         "| % peak | torch.linalg ms | scipy.linalg ms | PySCF ms | PySCF / this | note |",

@@ -351,7 +351,7 @@ def run_waters(opts: BenchOptions, backends: dict, state: _State, log) -> dict:
         f"{opts.single_above_s:g} s run once without warm-up; smaller ones take the median of "
         f"{opts.water_repeats} runs after a warm-up. PySCF runs for clusters up to {opts.pyscf_max_waters} waters, "
         "each time in two subprocesses (the OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE variables as set, and unset: "
-        "dfmp2/benchmarks/fair_baseline.py), and the faster setting is the baseline; the JSON gives both with "
+        "dfmp2/benchmarks/fair_baseline.py), and the fastest setting is the baseline; the JSON gives each with "
         "their BLAS."
     )
     return {

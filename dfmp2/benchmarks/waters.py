@@ -115,10 +115,10 @@ def pair_flops(nocc: int, nvir: int, naux: int) -> float:
 
 def time_pyscf_fair(xyz, ref, *, repeats: int, warmup: int, timeout: float = 7200, log=print) -> dict:
     """PySCF's DF-MP2 stage (mp.dfmp2.DFMP2 kernel: its 3-index integrals, fit and pair energies)
-    on our SCF orbitals and the same MP2-fit set, in the fair baseline's two subprocesses (the
-    OPENBLAS variables as set, and unset: fair_baseline.pyscf_baseline), the faster setting
-    counted. Returns the water row's 'pyscf' run: e_corr in Hartree, time in s, each setting's
-    seconds and BLAS, or status 'failed' with both errors."""
+    on our SCF orbitals and the same MP2-fit set, in the fair baseline's subprocesses (one per
+    BLAS setting: fair_baseline.pyscf_baseline), the fastest setting counted. Returns the water
+    row's 'pyscf' run: e_corr in Hartree, time in s, each setting's seconds and BLAS, or status
+    'failed' with the errors."""
     import tempfile
 
     from pyscf import lib
@@ -155,7 +155,7 @@ def time_pyscf_fair(xyz, ref, *, repeats: int, warmup: int, timeout: float = 720
         "best_setting": base["best"],
     }
     if base["best"] is None:
-        log("  PySCF fp64: failed in both settings")
+        log("  PySCF fp64: failed in every setting")
         return dict(run, status="failed", reason="; ".join(f"{s}: {v['error']}" for s, v in settings.items()))
     task = base["tasks"]["stage"]
     log(f"  PySCF fp64: {task['seconds']:.2f} s (faster setting: {base['best']})")

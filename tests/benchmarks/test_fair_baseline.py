@@ -1,7 +1,10 @@
-"""dfmp2/benchmarks/fair_baseline.py: the PySCF baseline runs in two subprocesses, one with the environment
-as set and one without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, each records which BLAS it ran, the
-faster is the baseline, and a child that fails is an error entry, not an exception.
-The variables are never set by the tests: the 'unset' environment is checked on a copy."""
+"""dfmp2/benchmarks/fair_baseline.py: the PySCF baseline runs in a subprocess per BLAS setting (the
+environment as set; without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE; and without them but
+OPENBLAS_CORETYPE=Haswell or SkylakeX where the CPU has their instructions), each records which
+BLAS it ran, the fastest is the baseline, and a child that fails is an error entry, not an
+exception. The variables are never set by the tests: the environments are checked on a copy."""
+
+ALL_FLAGS = {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"}
 
 import sys
 from pathlib import Path
@@ -13,10 +16,44 @@ from dfmp2.benchmarks import fair_baseline as fb
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_unset_environment_drops_both_variables_only():
-    base = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "1048576", "OMP_NUM_THREADS": "2"}
+def test_each_setting_environment():
+    base = {"OPENBLAS_CORETYPE": "Barcelona", "OPENBLAS_L2_SIZE": "1048576", "OMP_NUM_THREADS": "2"}
     assert fb.env_for("unset", base) == {"OMP_NUM_THREADS": "2"}
     assert fb.env_for("as_set", base) == base
+    for core in ("Haswell", "SkylakeX"):
+        assert fb.env_for(core, base) == {"OMP_NUM_THREADS": "2", "OPENBLAS_CORETYPE": core}
+    assert fb.SETTINGS == ("as_set", "unset", "Haswell", "SkylakeX")
+
+
+def test_a_core_type_the_cpu_lacks_is_not_run(monkeypatch):
+    """An AVX2-only CPU (a Zen 3 EPYC): SkylakeX's kernels would die of an illegal instruction, so
+    that setting is recorded as not run, naming the missing flags; the others run. The planned
+    count follows (a caller divides its time by it)."""
+    calls = []
+
+    def run_child(spec, env, timeout):
+        calls.append(env.get("OPENBLAS_CORETYPE"))
+        return {
+            "tasks": {"dfrhf": {"seconds": 2.0 if env.get("OPENBLAS_CORETYPE") else 3.0}},
+            "peaks": {},
+            "blas": {"env": {}},
+        }
+
+    monkeypatch.setattr(fb, "run_child", run_child)
+    monkeypatch.setattr(fb, "cpu_flags", lambda: {"sse2", "avx2", "fma"})
+    for v in fb.BLAS_VARS:
+        monkeypatch.delenv(v, raising=False)
+    assert fb.unsupported("SkylakeX").startswith("this CPU lacks avx512f, avx512bw")
+    assert fb.unsupported("Haswell") is None
+    assert fb.planned_runs() == 3 and fb.planned_runs(once_when_same=True) == 2
+    base = fb.pyscf_baseline(["dfrhf"], "w.xyz")
+    assert calls == [None, None, "Haswell"] and base["best"] == "Haswell"
+    assert "tasks" not in base["runs"]["SkylakeX"] and "avx512f" in base["runs"]["SkylakeX"]["not_run"]
+    md = fb.markdown_lines(base, {"env": {}}, {})
+    assert any("SkylakeX: not run: this CPU lacks avx512f" in ln for ln in md)
+    assert "fastest PySCF setting: **Haswell**" in "\n".join(md)
+    monkeypatch.setattr(fb, "cpu_flags", lambda: ALL_FLAGS)
+    assert fb.planned_runs() == 4 and fb.unsupported("SkylakeX") is None
 
 
 def test_blas_info_and_peaks_name_what_ran():
@@ -32,22 +69,30 @@ def test_blas_info_and_peaks_name_what_ran():
 
 
 @pytest.mark.heavy
-def test_pyscf_baseline_runs_both_settings_and_takes_the_faster():
+def test_pyscf_baseline_runs_each_setting_and_takes_the_fastest():
+    """Every setting this CPU can run runs (a core type forced: OpenBLAS reports it), and gives
+    PySCF's energy; the fastest is the baseline."""
     base = fb.pyscf_baseline(["whole"], ROOT / "inputs/water.xyz", threads=1, timeout=120, peak_sizes=[64])
-    assert set(base["runs"]) == {"as_set", "unset"}
-    for _s, r in base["runs"].items():
+    assert set(base["runs"]) == set(fb.SETTINGS)
+    ran = {s: r for s, r in base["runs"].items() if not fb.unsupported(s)}
+    assert {"as_set", "unset"} <= set(ran)
+    for s, r in ran.items():
         assert "error" not in r, r
         assert r["blas"]["threadpools"] and abs(r["tasks"]["whole"]["e_mp2"] - (-76.2307749879)) < 1e-8
-    secs = {s: r["tasks"]["whole"]["seconds"] for s, r in base["runs"].items()}
+        if s in fb.CORE_FLAGS:
+            assert r["blas"]["env"]["OPENBLAS_CORETYPE"] == s
+            pools = [p for p in r["blas"]["threadpools"] if p.get("internal_api") == "openblas"]
+            assert any((p.get("architecture") or "").lower() == s.lower() for p in pools)
+    secs = {s: r["tasks"]["whole"]["seconds"] for s, r in ran.items()}
     assert base["best"] == min(secs, key=secs.get)
     assert base["peaks"]["fp64"]["gflops"] > 0
     md = "\n".join(fb.markdown_lines(base, fb.blas_info(), base["peaks"]))
-    assert "faster PySCF setting" in md and "DGEMM peak" in md
+    assert "fastest PySCF setting" in md and "DGEMM peak" in md
 
 
 def test_once_when_same_runs_one_setting_only_where_the_variables_are_unset(monkeypatch):
-    """Opt-in: the default still runs both settings; with once_when_same and neither variable set,
-    one child, the other setting recorded as not run (the same environment)."""
+    """Opt-in: the default runs every setting; with once_when_same and neither variable set,
+    'unset' is recorded as not run (the same environment as 'as_set'); the core types still run."""
     calls = []
 
     def run_child(spec, env, timeout):
@@ -55,16 +100,18 @@ def test_once_when_same_runs_one_setting_only_where_the_variables_are_unset(monk
         return {"tasks": {"dfrhf": {"seconds": 1.0}}, "peaks": {"rows": []}, "blas": {"env": {}}}
 
     monkeypatch.setattr(fb, "run_child", run_child)
+    monkeypatch.setattr(fb, "cpu_flags", lambda: ALL_FLAGS)
     for v in fb.BLAS_VARS:
         monkeypatch.delenv(v, raising=False)
-    assert fb.same_setting() and len(fb.pyscf_baseline(["dfrhf"], "w.xyz")["runs"]) == 2 and len(calls) == 2
+    assert fb.same_setting() and len(fb.pyscf_baseline(["dfrhf"], "w.xyz")["runs"]) == 4 and len(calls) == 4
     base = fb.pyscf_baseline(["dfrhf"], "w.xyz", once_when_same=True)
-    assert len(calls) == 3 and base["best"] == "as_set" and base["runs"]["unset"]["same_as"] == "as_set"
+    assert len(calls) == 7 and base["best"] == "as_set" and base["runs"]["unset"]["same_as"] == "as_set"
+    assert [c.get("OPENBLAS_CORETYPE") for c in calls[4:]] == [None, "Haswell", "SkylakeX"]
     md = fb.markdown_lines(base, {"env": {}}, {})
     assert "run once" in md[2] and any("unset: not run: same as as_set" in ln for ln in md)
     monkeypatch.setenv("OPENBLAS_L2_SIZE", "1048576")
-    base = fb.pyscf_baseline(["dfrhf"], "w.xyz", once_when_same=True)  # a variable set: both settings run
-    assert not fb.same_setting() and len(calls) == 5 and all("tasks" in r for r in base["runs"].values())
+    base = fb.pyscf_baseline(["dfrhf"], "w.xyz", once_when_same=True)  # a variable set: every setting runs
+    assert not fb.same_setting() and len(calls) == 11 and all("tasks" in r for r in base["runs"].values())
 
 
 @pytest.mark.heavy
@@ -101,15 +148,15 @@ def _script(name, *args, tmp):
 @pytest.mark.heavy
 def test_bench_vs_pyscf_and_bench_scf_use_the_fair_baseline(tmp_path):
     doc, md = _script("bench_vs_pyscf", "--repeats", "1", tmp=tmp_path)
-    assert set(doc["pyscf_baseline"]["runs"]) == {"as_set", "unset"}
+    assert set(doc["pyscf_baseline"]["runs"]) == set(fb.SETTINGS)
     assert doc["times_s"]["pyscf_fp64"]["setting"] == doc["pyscf_baseline"]["best"]
     assert abs(doc["e_corr_diff_vs_pyscf"]["ours_fp64"]) < 1e-10  # same SCF orbitals on both sides
     assert doc["gemm_peak"]["fp64"]["gflops"] > 0 and doc["blas"]["ours"]["threadpools"]
     assert "## Baseline fairness" in md
     doc, md = _script("bench_scf", "--threads", "1", tmp=tmp_path)
     settings = {r.get("setting") for r in doc["rows"] if r["who"].startswith("pyscf DF-RHF (")}
-    assert settings == {"as_set", "unset"} and doc["gemm_peak"]["fp32"]["gflops"] > 0
-    assert "faster PySCF / this" in md and "## Baseline fairness" in md
+    assert settings == {s for s in fb.SETTINGS if not fb.unsupported(s)} and doc["gemm_peak"]["fp32"]["gflops"] > 0
+    assert "fastest PySCF / this" in md and "## Baseline fairness" in md
 
 
 @pytest.mark.heavy
