@@ -363,9 +363,9 @@ class DiskJKFactor(JKFactor):
     'disk', ``fit_to_disk``): for a run whose memory cannot hold it. Every pass (``blocks``: J and K
     in one pass, ``jk``; the gradient's loops) streams the file in row blocks of ``read_rows``
     (DISK_BLOCK_MB) read by a background thread DISK_READ_DEPTH blocks ahead of the one in use, each
-    unpacked into one buffer and handed out in sub-blocks of ``block`` (cache-sized, as over the
-    unpacked factor). h5py releases the GIL inside its read, so the read of block k+1 overlaps the
-    GEMMs of block k. ``stats``: passes, bytes read, seconds reading (the thread) and seconds the
+    unpacked and handed out in sub-blocks of ``block`` (cache-sized, as over the unpacked factor),
+    one sub-block at a time into one buffer. h5py releases the GIL inside its read, so the read of
+    block k+1 overlaps the GEMMs of block k. ``stats``: passes, bytes read, seconds reading (the thread) and seconds the
     caller waited for a block (what the disk cost the run). ``fp32``: a view of the same file
     whose blocks are unpacked in fp32 (a mixed SCF's fp32 cycles: no copy of the factor)."""
 

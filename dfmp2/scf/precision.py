@@ -14,8 +14,9 @@ density with the fp64 factor on the host and the fp32 cycles go on from there
 
 Mixed precision (``precision`` 'mixed', or 'auto' where the device has fp64 and fast fp32,
 ``resolve_precision``): the first cycles build J and K of the whole density from an unpacked
-fp32 copy of the factor in one pass (dfmp2.scf.jk.JKFactor.jk: each GEMM's sums over an AO index
-in fp32, J's sums over P and i in fp64; a packed fp64 factor gives J of the density instead), G
+fp32 copy of the factor (a factor on disk: its file read as fp32 blocks, DiskJKFactor.fp32) in
+one pass (dfmp2.scf.jk.JKFactor.jk: each GEMM's sums over an AO index in fp32, J's sums over P
+and i in fp64; a packed fp64 factor gives J of the density instead), G
 summed into the Fock matrix in fp64 (nothing fp32 is carried from
 cycle to cycle); once the orbital gradient nears the fp32 noise (FP32_NOISE, FP32_SWITCH) or
 stalls (FP32_STALL) every later cycle is fp64, DIIS dropping the fp32 Fock matrices once the
