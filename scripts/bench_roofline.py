@@ -6,8 +6,9 @@ best DGEMM (and SGEMM) of any library here (torch and numpy, square sizes ``--pe
 executed through dfmp2.linalg (the result's ``flops``), its GF/s and share of that DGEMM peak, the
 algorithm's useful work (dfmp2.benchmarks.roofline) and the whole run's share: flops / (wall x
 best DGEMM). Then (unless ``--no-pyscf``) PySCF's DF-RHF + DF-MP2 on the same molecule in each BLAS
-settings (fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its own
-process), the ratio against the fastest and |ΔE(MP2)|.
+setting (fair_baseline.SETTINGS: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set, unset, and
+OPENBLAS_CORETYPE=Haswell and =SkylakeX where the CPU runs them, each in its own process), the
+ratio against the fastest and |ΔE(MP2)|.
 
     python scripts/bench_roofline.py                                   # (H2O)16 / cc-pVDZ, 2 threads
     python scripts/bench_roofline.py inputs/water_clusters/h2o_04.xyz --repeats 1 --cpu-blas openblas
@@ -17,7 +18,7 @@ process), the ratio against the fastest and |ΔE(MP2)|.
 measures its best DGEMM first, then runs once, and its share of the roofline uses that peak (the
 stage table uses the median of the timed runs' peaks). Runs after the first in one process touch
 memory the first one freed, and on a VM whose fresh pages cost a second or more per GB that makes
-them differ from what a user's run sees (scripts/results/2026-11-28-session13-amd.md).
+them differ from what a user's run sees (scripts/results/roofline_h2o16.md).
 
 Writes scripts/results/roofline_<molecule>.json and .md (``--out`` elsewhere).
 """
