@@ -157,7 +157,12 @@ def main(argv=None):  # noqa: C901
     for setting, r in base["runs"].items():
         if "tasks" not in r:  # failed, or not run (a core type this CPU lacks; the same as as_set)
             rows.append(
-                {"who": f"pyscf {kind} ({setting})", "device": "cpu", "not_run": r.get("error") or r["not_run"]}
+                {
+                    "who": f"pyscf {kind} ({setting})",
+                    "device": "cpu",
+                    "setting": setting,
+                    "not_run": r.get("error") or r["not_run"],
+                }
             )
             continue
         t = r["tasks"].get(task) or r["tasks"]["whole"]

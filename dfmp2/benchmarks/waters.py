@@ -139,9 +139,9 @@ def time_pyscf_fair(xyz, ref, *, repeats: int, warmup: int, timeout: float = 720
         )
     settings = {
         s: (
-            {"error": r["error"]}
-            if "error" in r
-            else {"seconds": r["tasks"]["stage"]["seconds"], "blas": fb.blas_summary(r["blas"])}
+            {"seconds": r["tasks"]["stage"]["seconds"], "blas": fb.blas_summary(r["blas"])}
+            if "tasks" in r
+            else {k: r[k] for k in ("error", "not_run") if k in r}
         )
         for s, r in base["runs"].items()
     }
@@ -156,9 +156,10 @@ def time_pyscf_fair(xyz, ref, *, repeats: int, warmup: int, timeout: float = 720
     }
     if base["best"] is None:
         log("  PySCF fp64: failed in every setting")
-        return dict(run, status="failed", reason="; ".join(f"{s}: {v['error']}" for s, v in settings.items()))
+        why = "; ".join(f"{s}: {v['error']}" for s, v in settings.items() if "error" in v)
+        return dict(run, status="failed", reason=why)
     task = base["tasks"]["stage"]
-    log(f"  PySCF fp64: {task['seconds']:.2f} s (faster setting: {base['best']})")
+    log(f"  PySCF fp64: {task['seconds']:.2f} s (fastest setting: {base['best']})")
     return dict(
         run,
         status="ran",
