@@ -87,25 +87,29 @@ class _Recorder:
         return World().ordered_sum(iter([p.clone() for p in self.parts]), shape, dtype, device, stage)
 
 
-@pytest.mark.parametrize("layout", ["packed", "unpacked"])
+@pytest.mark.parametrize("layout", ["packed", "unpacked", "fp32"])
 def test_rank_partials_continue_the_running_sum_bitwise(water, layout):
     """A 'rank' holding groups [a, G) of the factor (its rows copied to an aligned buffer of its
     own) makes the partials of one process bit for bit; added to the running sum of groups [0, a)
-    they give the one-process J and K exactly."""
+    they give the one-process J and K exactly. 'fp32': a mixed SCF's fp32 copy (its K by one GEMM
+    per P on the CPU)."""
     mol, aux = water
     cpu = linalg.get_backend("cpu")
-    full, _ = jk.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu), layout=layout)
+    built = "packed" if layout == "fp32" else layout
+    full, _ = jk.build_jk_factor(mol, aux, cpu, torch.float64, Timer(cpu), layout=built)
+    if layout == "fp32":
+        full = jk.fp32_unpacked(full)
     groups = jk_dist.fit_groups(aux)
     assert len(full.groups) == len(groups) and full.groups[0] == (0, groups[0][3])
     a = len(groups) // 3
     r0 = groups[a][2]
     rows = full.B[r0:].reshape(full.naux - r0, -1)
-    mine = jk_dist.aligned_rows(rows.shape[0], rows.shape[1], r0, torch.float64, "cpu").copy_(rows)
+    mine = jk_dist.aligned_rows(rows.shape[0], rows.shape[1], r0, full.B.dtype, "cpu").copy_(rows)
     local = [(p0 - r0, p1 - r0) for p0, p1 in full.groups[a:]]
     part = jk.JKFactor(mine.view((-1,) + full.B.shape[1:]), full.nao, cpu, full.block, full.metric, None, local, r0)
     C = torch.randn((mol.nao_nr(), 5), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     D = C @ C.T
-    if layout == "unpacked":
+    if layout != "packed":
         calls = [lambda f, w: _jk_both(f, w, C)]
     else:
         calls = [lambda f, w: f.coulomb(D, world=w), lambda f, w: f.exchanges([(C, None), (C[:, :3], 1)], world=w)]
@@ -121,7 +125,7 @@ def test_rank_partials_continue_the_running_sum_bitwise(water, layout):
             total += p
         if total.dim() == 1:  # J over the packed factor
             got = full.unpack(total)
-        elif layout == "unpacked":  # J, then each K's lower triangle
+        elif layout != "packed":  # J, then each K's lower triangle
             got = torch.cat([total[:1], torch.stack([jk._mirror(k) for k in total[1:]])])
         else:
             got = torch.stack([jk._mirror(k) for k in total])
