@@ -5,8 +5,9 @@ For each water cluster (H2O)n (inputs/water_clusters, ``--sizes``) in each basis
 whole ``dfmp2 run --memory LIMIT`` in its own process (wall time, the process's peak resident
 memory from os.wait4, the JK factor's layout and where B went), then (unless ``--no-pyscf``)
 PySCF's DF-RHF + DF-MP2 with ``max_memory`` = LIMIT in each BLAS setting
-(dfmp2.benchmarks.fair_baseline: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set and unset, each in its
-own process; the fastest counts; where neither variable is set as_set and unset are the same and
+(dfmp2.benchmarks.fair_baseline.SETTINGS: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as set, unset, and
+OPENBLAS_CORETYPE=Haswell and =SkylakeX where the CPU runs them, each in its own process; the
+fastest counts; where neither variable is set as_set and unset are the same and
 PySCF runs once; PySCF's limit counts its arrays, not the process). Then a growth exponent per
 column: time ~ nbasis^p, least squares on the logs (dfmp2.benchmarks.waters.fit_exponent).
 ``--merge`` adds the sizes run to the rows already in the output JSON (a size run again replaces
