@@ -276,9 +276,9 @@ class JKFactor:
 
     def _exchange_block_batched(self, K, Cd, B3, split, sign):
         """``_exchange_block`` of an fp32 block on the host CPU: Z_P = Cd^T B_P as one GEMM per P
-        (a batched GEMM, B_P symmetric: the same Z), rows (P, i); K and γ_P as there. MKL's SGEMM
-        ran the one wide Cd^T Bf^T at the DGEMM's rate, 50-70 GF/s on a 2-core AMD EPYC, the
-        batched products at 110-116 GF/s ((H2O)16's shapes; in fp64 both ran at 50 GF/s:
+        (a batched GEMM, B_P symmetric: the same Z), rows (P, i); K and γ_P as there. Why: MKL's
+        SGEMM ran the one wide Cd^T Bf^T no faster than DGEMM, the batched products at SGEMM's
+        rate; in fp64 both forms ran alike, so fp64 keeps the wide one and its bits (measured:
         scripts/results/scf_kernels.md)."""
         be, nao = self.backend, self.nao
         parts = [(Cd, 1.0)] if split is None else [(Cd[:, :split], 1.0), (Cd[:, split:], -1.0)]
@@ -493,7 +493,7 @@ class DiskJKFactor(JKFactor):
             for q0 in range(p0, p1, self.block):
                 q1 = min(p1, q0 + self.block)
                 part = packed[q0 - p0 : q1 - p0]
-                yield q0, q1, self.unpack(part if part.dtype == self.dtype else part.to(self.dtype), out=buf[: q1 - q0])
+                yield q0, q1, self.unpack(part.to(self.dtype), out=buf[: q1 - q0])  # .to: no copy in fp64
             del rows, packed  # a map is unmapped when the reader lets go of it too (at the next row block)
 
     def group_blocks(self):
