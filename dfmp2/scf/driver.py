@@ -19,7 +19,7 @@ from dfmp2.errors import MemoryLimitError
 from dfmp2.memory import QUEUE_DEPTH, human
 from dfmp2.reference import Reference
 from dfmp2.scf.diis import DIIS_SPACE, UHF_DIIS_SPACE
-from dfmp2.scf.jk import DISK_READ_DEPTH, JK_BLOCK_MB, SCATTER_MB, UNPACKED_BLOCK_MB, disk_rows, jk_block, npair
+from dfmp2.scf.jk import DISK_READ_DEPTH, DISK_UNPACK_MB, JK_BLOCK_MB, SCATTER_MB, disk_rows, jk_block, npair
 from dfmp2.scf.rhf import DFRHF
 from dfmp2.scf.settings import DEFAULT_SETTINGS, SCFSettings
 from dfmp2.scf.uhf import DFUHF
@@ -59,7 +59,7 @@ def memory_mb(  # noqa: PLR0913
     scratch directory; the fit holds the metric and its Cholesky factor (2 naux^2), one row block
     of the raw integrals and its solution (2 ``fit_mb``), the integral engine's blocks and the
     reader's; the cycles the reader's blocks (DISK_READ_DEPTH + 1 packed), one exchange block
-    (UNPACKED_BLOCK_MB) unpacked and its half-transform (an fp32 pass's: as many bytes).
+    (DISK_UNPACK_MB) unpacked and its half-transform (an fp32 pass's: as many bytes).
     ``pairs``: the packed columns kept by screening (``jk.significant_pairs``; default all
     nao(nao+1)/2): the packed and disk factors hold only those, and a screened unpack adds its
     scatter buffer (SCATTER_MB). ``held``: the (nao, nao) fp64 partials of J and K the
@@ -75,11 +75,11 @@ def memory_mb(  # noqa: PLR0913
         engine = (QUEUE_DEPTH + 1) * disk_rows(nao, naux) * npair(nao) * 8  # unscreened blocks (jk.fit_to_disk)
         fac, copy32, disk = 0, 0, fac64
         fit = 2 * naux * naux * 8 + 2 * fit_mb * 1e6 + engine + reads
-        nb = min(rows, jk_block(nao, naux, 8, UNPACKED_BLOCK_MB))  # unpacked a block at a time (DiskJKFactor.blocks)
+        nb = min(rows, jk_block(nao, naux, 8, DISK_UNPACK_MB))  # unpacked a block at a time (DiskJKFactor.blocks)
         cycle = reads + nb * nao * nao * 8 + scatter + 2 * nb * nao * 2 * nocc * 8
     elif layout == "unpacked":  # with the fp32 copy: jk.deferred_unpacked, one buffer of 'factor' MB
         fac = naux * nao * nao * itemsize  # holds the copy, then the fp64 factor unpacked over it
-        nb = jk_block(nao, naux, itemsize, UNPACKED_BLOCK_MB)
+        nb = jk_block(nao, naux, itemsize, block_mb)
         fit = max(2 * fac64, fac64 + fac + (nb * nao * nao * 8 if copy32 else 0))
         cycle = fac + (fac64 + scatter if copy32 else 0) + 2 * nb * nao * 2 * nocc * itemsize
     else:
@@ -130,7 +130,7 @@ def check_memory(  # noqa: PLR0913
     packed columns (``memory_mb``). MemoryLimitError (one line in human units, before any
     integral) when none fits, naming what would."""
     kw = dict(spins=spins, pairs=pairs, held=held)
-    plans = [("unpacked", UNPACKED_BLOCK_MB)] if itemsize == 8 else []
+    plans = [("unpacked", JK_BLOCK_MB)] if itemsize == 8 else []
     plans += [("packed", JK_BLOCK_MB), ("packed", 1e-9)]  # a smaller block costs more than the copy saves
     for layout, block_mb in plans:
         for copy in (True, False) if fp32_copy else (False,):

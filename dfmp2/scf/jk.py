@@ -9,7 +9,7 @@ Device (linalg, the heavy part):
     JK factor  B = L^-1 (P|μν), L L^T = (P|Q) (one right-side TRSM of the whole raw factor), kept
                resident unpacked (naux, nao, nao) where the memory plan has room, else packed μ >= ν
                (naux, nao(nao+1)/2)
-    unpacked   per block of P (UNPACKED_BLOCK_MB): Z = C^T B_P (one GEMM), K's lower triangle += Z^T Z
+    unpacked   per block of P (JK_BLOCK_MB): Z = C^T B_P (one GEMM), K's lower triangle += Z^T Z
                (one GEMM per block row, in place), γ_P from the same Z, J += Σ_P γ_P B_P (``JKFactor.jk``)
     packed     J:  γ = B d,  J = unpack(B^T γ)   d = packed D, off-diagonal elements doubled (two GEMMs)
                K:  per block of P, the block unpacked, then Z and K as above; D = C C^T (columns
@@ -25,7 +25,7 @@ in ``ran['scf']['host_kernels']``).
 Shapes: the factor is (naux, nao(nao+1)/2) packed or (naux, nao, nao) unpacked (``JKFactor``; the
 layout 'unpacked', ``unpacked``, and a mixed SCF's fp32 copy, ``fp32_unpacked``), densities and J, K
 (nao, nao), Hartree. Exchange blocks of ``jk_block`` auxiliary functions, near JK_BLOCK_MB MB
-unpacked (UNPACKED_BLOCK_MB over the unpacked factor). ``build_jk_factor``
+unpacked (DISK_UNPACK_MB for a factor on disk). ``build_jk_factor``
 fits the factor in fixed groups of auxiliary rows, one process or split over the ranks
 (dfmp2.scf.jk_dist: J and K are summed group by group in group order, the same bits at any rank
 count). DFRHF (dfmp2.scf.rhf), DFUHF
@@ -59,8 +59,9 @@ JK_BLOCK_MB = 64.0  # target MB of one unpacked factor block in the exchange bui
 DISK_BLOCK_MB = 64.0  # MB of one packed fp64 row block read from the factor on disk (the reader's unit)
 DISK_READ_DEPTH = 1  # row blocks read ahead of the one being used
 SCATTER_MB = 8.0  # a screened factor's unpack: MB of full packed rows its scatter fills at a time
-UNPACKED_BLOCK_MB = 16.0  # the same over the unpacked factor (JKFactor.jk): J's GEMV re-reads the block
-# its K GEMMs just read, so it should still be in the last-level cache
+DISK_UNPACK_MB = 16.0  # a factor on disk: each read row block unpacked this many MB at a time, into
+# one buffer its GEMMs then read from the cache (DiskJKFactor.blocks). The resident unpacked factor's
+# blocks are views: JK_BLOCK_MB there, where 16 MB blocks ran slower (scripts/results/scf_kernels.md)
 LAYOUTS = ("packed", "unpacked", "disk")
 SCREEN_DEFAULT = SCF_SCREEN  # Schwarz threshold of the JK factor's pairs (``significant_pairs``), Psi4's
 # integral tolerance; what it changes: scripts/results/bench_screening.md (within 1e-11 Eh of every pair)
@@ -400,7 +401,7 @@ class DiskJKFactor(JKFactor):
         without the copy). Shares the file, its map and ``stats`` (its passes are counted there)."""
         view = copy.copy(self)
         view.block_dtype, view._fill = torch.float32, None
-        view.block = jk_block(self.nao, self.naux, 4, UNPACKED_BLOCK_MB)
+        view.block = jk_block(self.nao, self.naux, 4, DISK_UNPACK_MB)
         return view
 
     @property
@@ -547,7 +548,7 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float, pairs=No
     path = f.filename
     with writing(path, *SCRATCH):
         ds = f.create_dataset("B", shape=(naux, n), dtype="f8", fill_time="never")
-    sub = jk_block(nao, naux, 8, UNPACKED_BLOCK_MB)
+    sub = jk_block(nao, naux, 8, DISK_UNPACK_MB)
     read_rows = disk_rows(nao, naux, pairs=n)
     fac = DiskJKFactor(ds, path, nao, naux, fb, sub, read_rows, describe_metric(kind, info), pairs)
     shells = integrals.aux_shell_blocks(auxmol, disk_rows(nao, naux))  # the engine's blocks, unscreened
@@ -667,7 +668,7 @@ def build_jk_factor(  # noqa: PLR0913
     substitution); ``world`` over several ranks with the split SCF (dfmp2.distributed.split_scf):
     this rank's groups of the factor, the same bits as one process's rows. ``layout`` 'unpacked' (the memory plan's
     choice where the unpacked factor fits; ``driver.check_memory``): the factor on ``backend``
-    unpacked (naux, nao, nao), exchange blocks of UNPACKED_BLOCK_MB (``JKFactor.jk``). 'disk' (the
+    unpacked (naux, nao, nao), exchange blocks of ``block_mb`` (``JKFactor.jk``). 'disk' (the
     plan's choice where neither fits in memory): fitted in row blocks of ``fit_mb`` MB into a file
     in ``scratch`` (dfmp2.df.outofcore.Scratch, removed by its owner) and streamed every pass
     (``fit_to_disk``, ``DiskJKFactor``; fp64 on an fp64 backend, one process). ``pairs``: the kept
@@ -689,7 +690,7 @@ def build_jk_factor(  # noqa: PLR0913
     B, kind, info, groups, row0 = jk_dist.factor_rows(mol, auxmol, fb, engine, block_mb, world, timer, pairs)
     metric = describe_metric(kind, info)
     out = _factor_from(B, nao, auxmol.nao_nr(), backend, fb, dtype, itemsize, block_mb, metric, pairs, groups, row0)
-    return _laid_out(out, layout, timer)
+    return _laid_out(out, layout, timer, block_mb)
 
 
 def _fit(M: torch.Tensor, kind: str, raw: torch.Tensor, backend) -> torch.Tensor:
@@ -702,14 +703,15 @@ def _fit(M: torch.Tensor, kind: str, raw: torch.Tensor, backend) -> torch.Tensor
     return linalg.trsm(M, raw.mT, side="right", uplo="lower", trans=True, backend=backend).mT
 
 
-def _laid_out(out, layout: str, timer):
-    """(factor, fac64) of ``_factor_from`` with the factor in ``layout`` (the unpack timed as
-    'scf_fit'; the packed one freed when nothing else holds it)."""
+def _laid_out(out, layout: str, timer, block_mb: float):
+    """(factor, fac64) of ``_factor_from`` with the factor in ``layout``, unpacked with exchange
+    blocks of ``block_mb`` (the unpack timed as 'scf_fit'; the packed one freed when nothing else
+    holds it)."""
     fac, fac64 = out
     if layout == "packed":
         return fac, fac64
     t0 = time.perf_counter()
-    fac = unpacked(fac, UNPACKED_BLOCK_MB)
+    fac = unpacked(fac, block_mb)
     timer.add("scf_fit", t0)
     return fac, fac64
 

@@ -28,7 +28,6 @@ from dfmp2.reference import OUR_SCF_NAMES, Reference, project_density, restricte
 from dfmp2.scf import jk_dist, pyscf_scf
 from dfmp2.scf.diis import DIIS, DIIS_SPACE, DIIS_START_CYCLE
 from dfmp2.scf.jk import (
-    UNPACKED_BLOCK_MB,
     JKFactor,
     build_jk_factor,
     deferred_unpacked,
@@ -364,7 +363,7 @@ class DFRHF:
             self.switch = {"cycle": cycle, "gnorm": gnorm, "d_e": d_e}
             self.fac32 = None  # its cycles are over
             if self.deferred is not None:  # the fp64 factor unpacked over the fp32 copy (jk.deferred_unpacked)
-                self.fac, self.deferred = unpacked(self.fac, UNPACKED_BLOCK_MB, out=self.deferred[0]), None
+                self.fac, self.deferred = unpacked(self.fac, self.settings.block_mb, out=self.deferred[0]), None
         return not self.fp32_phase
 
     def maybe_host_rebuild(self, cycle: int, d_e: float, gnorm: float) -> bool:

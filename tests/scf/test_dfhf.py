@@ -199,7 +199,7 @@ def test_memory_plan_prefers_the_unpacked_factor_where_it_fits():
     assert unp["factor"] == pytest.approx(naux * nao * nao * 8 / 1e6)
     assert unp["peak"] >= (naux * nao * nao * 8 + naux * jk.npair(nao) * 8) / 1e6
     fits = driver.check_memory(nao, naux, nocc, 8, unp["peak"])
-    assert fits["layout"] == "unpacked" and fits["block_mb"] == jk.UNPACKED_BLOCK_MB
+    assert fits["layout"] == "unpacked" and fits["block_mb"] == jk.JK_BLOCK_MB
     assert driver.check_memory(nao, naux, nocc, 8, unp["peak"] - 1)["layout"] == "packed"
     assert driver.check_memory(nao, naux, nocc, 4, 1e9)["layout"] == "packed"
 
