@@ -42,9 +42,13 @@ def metric_factor(auxmol, backend, timer, engine):
 
 def apply_metric(M: torch.Tensor, kind: str, X: torch.Tensor, backend) -> torch.Tensor:
     """The fitted columns: L^-1 X (kind 'cholesky', M = L lower; TRSM) or M X (kind 'eigh',
-    M = j2c^-1/2 symmetric; GEMM). M (naux, naux), X (naux, n) in one dtype on the device."""
+    M = j2c^-1/2 symmetric; GEMM). M (naux, naux), X (naux, n) in one dtype on the device; a
+    C-contiguous X gives a C-contiguous result. Cholesky: solved as Y L^T = X^T, Y the result's
+    transpose (a right-side TRSM of the transposed view), which LAPACK reads and writes in its own
+    column-major layout; the left-side solve of a row-major X costs a transposed copy in and one
+    out, and ran at about two thirds of the right-side's rate (scripts/results/scf_kernels.md)."""
     if kind == "cholesky":
-        return linalg.trsm(M, X, side="left", uplo="lower", backend=backend)
+        return linalg.trsm(M, X.mT, side="right", uplo="lower", trans=True, backend=backend).mT
     return linalg.gemm(M, X, backend=backend)
 
 

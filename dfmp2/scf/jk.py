@@ -577,7 +577,7 @@ def fit_to_disk(mol, auxmol, fb, engine, scratch, timer, fit_mb: float, pairs=No
                         Bq = torch.from_numpy(Bq[1])
                 linalg.gemm(M[g0:g1, q0:q1], Bq, alpha=-1.0, beta=1.0, out=X, backend=fb)
                 del Bq
-            Bi = _fit(M[g0:g1, g0:g1].contiguous(), kind, X, fb)
+            Bi = apply_metric(M[g0:g1, g0:g1].contiguous(), kind, X, fb)
             with writing(path, *SCRATCH):
                 ds.write_direct(np.ascontiguousarray(Bi.cpu().numpy()), dest_sel=np.s_[g0:g1])
             del Bi
@@ -691,16 +691,6 @@ def build_jk_factor(  # noqa: PLR0913
     metric = describe_metric(kind, info)
     out = _factor_from(B, nao, auxmol.nao_nr(), backend, fb, dtype, itemsize, block_mb, metric, pairs, groups, row0)
     return _laid_out(out, layout, timer, block_mb)
-
-
-def _fit(M: torch.Tensor, kind: str, raw: torch.Tensor, backend) -> torch.Tensor:
-    """``apply_metric`` of the whole raw factor (naux, npair), C-contiguous in and out. Cholesky:
-    solved as B^T L^T = raw^T (a right-side TRSM of the transposed view), which LAPACK reads and
-    writes in place of its column-major layout: the left-side solve of raw would cost a transposed
-    copy of the factor in and one out (a second of memory traffic at (H2O)16/cc-pVDZ)."""
-    if kind != "cholesky":
-        return apply_metric(M, kind, raw, backend)
-    return linalg.trsm(M, raw.mT, side="right", uplo="lower", trans=True, backend=backend).mT
 
 
 def _laid_out(out, layout: str, timer, block_mb: float):
