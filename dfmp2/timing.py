@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import os
+import re
+import sys
 import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dfmp2.memory import peak_rss_mb, release_freed
 
@@ -30,10 +38,11 @@ class Timer:
     then hands the heap memory freed so far back to the OS (``memory.release_freed``), so what one
     stage freed is not resident beside the next stage's blocks."""
 
-    def __init__(self, backend, on_stage=None):
-        """``on_stage(stage, seconds)``: called at each ``add`` (a long stage's progress lines)."""
+    def __init__(self, backend, on_stage=None, profile=None):
+        """``on_stage(stage, seconds)``: called at each ``add`` (a long stage's progress lines);
+        ``profile``: a ``Profile`` told of each stage's end (``dfmp2 run --profile``)."""
         self.backend, self.seconds, self.flops, self.peak_rss_mb = backend, {}, {}, {}
-        self.on_stage = on_stage
+        self.on_stage, self.profile = on_stage, profile
         self.backends = [backend]
         self.mark = self.executed()  # the reading at the last add (or now)
         self.aside = 0  # flops since ``mark`` already charged to an aside
@@ -67,9 +76,16 @@ class Timer:
         self.flops[stage] = self.flops.get(stage, 0) + n
         self.peak_rss_mb[stage] = peak_rss_mb()
         release_freed()  # what the stage freed leaves the process before the next stage maps its own
+        if self.profile is not None:
+            self.profile.stage_end(stage, t1 - t0)
         if self.on_stage is not None:
             self.on_stage(stage, t1 - t0)
         return t1
+
+    def region(self, name: str):
+        """A context of a part of a stage the profile times apart (the SCF's J/K, diagonalisation,
+        DIIS ...): ``Profile.region``; nothing without a profile."""
+        return self.profile.region(name) if self.profile is not None else contextlib.nullcontext()
 
     def stage_rss(self) -> dict:
         """{stage: peak RSS MB} for every stage of ``seconds``, in its order (a stage whose seconds
@@ -113,3 +129,277 @@ class CycleLog:
             self.say(line)
         else:
             self.held.append(line)
+
+
+# ------------------------------------------------------------------ the profile (dfmp2 run --profile)
+PROFILE_TOP = 15  # rows of the profile's top kernels
+# aten ops whose result the host waits for: a scalar read, or an output whose shape depends on the data
+_HOST_WAITS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "_unique2", "unique_dim")
+
+
+def moved(src: torch.device, dst: torch.device) -> str | None:
+    """Which way a copy from ``src`` to ``dst`` crosses: 'h2d' (host to a device), 'd2h', 'd2d'
+    (between two devices), or None (no crossing)."""
+    if src == dst:
+        return None
+    if src.type == "cpu":
+        return "h2d"
+    return "d2h" if dst.type == "cpu" else "d2d"
+
+
+class TransferCounter(TorchDispatchMode):
+    """Counts, on the thread that enters it, the bytes torch copies between the host and a device
+    (``bytes``: {'h2d', 'd2h', 'd2d'}: aten's _to_copy and copy_ across devices, a scalar read of
+    a device tensor as its element size), the aten ops dispatched (``ops``: each one kernel or
+    more on a device) and the host's waits for device results (``waits``: scalar reads, and ops
+    whose output shape depends on the data, as nonzero). Work outside torch's dispatcher is not
+    seen: Triton launches (no copies), CuPy's (gpu4pyscf's integrals, handed over by DLPack
+    without a copy), and copies made on other threads (the host engine's background thread only
+    fills host buffers). On a CPU run every count of bytes is 0, and the ops and waits are the
+    same as a device run's."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = {"h2d": 0, "d2h": 0, "d2d": 0}
+        self.ops = self.waits = 0
+
+    def reading(self) -> dict:
+        return {**self.bytes, "ops": self.ops, "waits": self.waits}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops += 1
+        name = func._overloadpacket.__name__
+        if name == "_to_copy" and isinstance(out, torch.Tensor):
+            self._count(args[0].device, out.device, out)
+        elif name == "copy_":
+            self._count(args[1].device, args[0].device, args[0])
+        elif name in _HOST_WAITS:
+            self.waits += 1
+            if name == "_local_scalar_dense" and args[0].device.type != "cpu":
+                self.bytes["d2h"] += args[0].element_size()
+        return out
+
+    def _count(self, src, dst, t: torch.Tensor) -> None:
+        way = moved(torch.device(src), torch.device(dst))
+        if way is not None:
+            self.bytes[way] += t.numel() * t.element_size()
+
+
+@contextlib.contextmanager
+def _no_fd2():
+    """Standard error (file descriptor 2) to /dev/null while the profiler starts or stops: Kineto
+    prints a line at each (profiler_start, profiler_stop) that no option turns off. An exception
+    raised inside still reaches the caller, with fd 2 restored."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _delta(now: dict, then: dict) -> dict:
+    return {k: v - then.get(k, 0) for k, v in now.items()}
+
+
+def _add_into(acc: dict, d: dict) -> None:
+    for k, v in d.items():
+        acc[k] = acc.get(k, 0) + v
+
+
+class Profile:
+    """Where a run's time and bytes go (``dfmp2 run --profile``): per stage of the Timer (its
+    seconds, the host's CPU seconds over all threads, the device's busy seconds, the bytes moved
+    host->device and device->host, the aten ops dispatched and the host's waits), per region of
+    the SCF's cycles (``Timer.region``: J/K, diagonalisation, density, DIIS, the energy and
+    gradient checks; each region ends with a device synchronisation, so its seconds are its own
+    work, and the cycles' queue is drained a few more times than in a plain run), and the top
+    kernels: the device's by busy time on a CUDA device (torch.profiler's CUDA activity), else the
+    torch ops by self CPU time (on the CPU the host is the device: busy seconds are null there).
+
+    Counts since the previous stage's end are that stage's (as the Timer's flops). Bytes and ops:
+    ``TransferCounter`` (on this thread); device busy seconds and the copies' seconds:
+    torch.profiler's device events, each charged to the stage or region in whose window it starts
+    (windows from markers recorded at each stage's end). A ``with`` block holds the profiler."""
+
+    def __init__(self, backend):
+        self.device = torch.device(getattr(backend, "device", "cpu"))
+        self.backend, self.counter = backend, TransferCounter()
+        self.stages: dict = {}  # stage -> summed counts
+        self.regions: dict = {}  # region -> summed counts and calls
+        self.order: list = []  # the stages' ends, in order: the windows of the device events
+        self.prof = None
+        self.events = None
+
+    def _reading(self) -> dict:
+        return {**self.counter.reading(), "host_cpu_s": time.process_time()}
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self.prof = profile(activities=acts)
+        with _no_fd2():
+            self.prof.__enter__()
+        self.counter.__enter__()
+        self.mark = self._reading()
+        return self
+
+    def __exit__(self, *exc):
+        self.counter.__exit__(*exc)
+        with _no_fd2():
+            self.prof.__exit__(*exc)
+        self.events = self.prof.events()
+        return False
+
+    def stage_end(self, stage: str, seconds: float) -> None:
+        """At a Timer's ``add``: this stage's counts since the previous end, and its marker."""
+        from torch.profiler import record_function
+
+        now = self._reading()
+        entry = self.stages.setdefault(stage, {"wall_s": 0.0})
+        entry["wall_s"] += seconds
+        _add_into(entry, _delta(now, self.mark))
+        with record_function(f"dfmp2.stage:{stage}"):
+            pass
+        self.order.append(stage)
+        self.mark = self._reading()
+
+    @contextlib.contextmanager
+    def region(self, name: str):
+        """A region of the SCF's cycles: its wall seconds (the device synchronised at its end) and
+        counts, summed over its calls."""
+        from torch.profiler import record_function
+
+        r0, t0 = self._reading(), time.perf_counter()
+        with record_function(f"dfmp2.region:{name}"):
+            yield
+            self.backend.synchronize()
+        entry = self.regions.setdefault(name, {"calls": 0, "wall_s": 0.0})
+        entry["calls"] += 1
+        entry["wall_s"] += time.perf_counter() - t0
+        _add_into(entry, _delta(self._reading(), r0))
+
+    # ---- the record
+    def report(self, seconds: dict, wall_s: float, cycles: int | None) -> dict:
+        """The profile's record (``Result.profile``): units in the names (s, bytes). ``seconds``:
+        the Timer's, each stage's wall seconds (the MP2 stage moves its integrals' seconds out of
+        its transform's: their counts stay with the transform); ``cycles``: the SCF's iterations
+        (the regions' per-cycle means), None without our SCF."""
+        cuda = self.device.type == "cuda"
+        dev = _device_events(self.events) if cuda else None
+        stages = {
+            s: _counts({**self.stages.get(s, {}), "wall_s": t}, dev and dev["stages"].get(s, {}))
+            for s, t in seconds.items()
+        }
+        regions = {
+            r: {"calls": c["calls"], **_counts(c, dev and dev["regions"].get(r, {}))} for r, c in self.regions.items()
+        }
+        if cycles:
+            for r in regions.values():
+                r["per_cycle_s"] = r["wall_s"] / cycles
+        staged = sum(seconds.values())
+        return {
+            "device": str(self.device),
+            "tools": "torch.profiler (activities: CPU"
+            + (", CUDA)" if cuda else ")")
+            + "; dfmp2.timing.TransferCounter (aten copies and ops on the run's thread)",
+            "wall_s": wall_s,
+            "outside_stages_s": wall_s - staged,
+            "stages": stages,
+            "scf_cycles": cycles,
+            "scf_regions": regions,
+            "top_kernels": dev["kernels"] if cuda else _top_ops(self.prof),
+            "top_kernels_by": "device busy seconds (CUDA kernels, copies, memsets)"
+            if cuda
+            else "self CPU seconds of torch ops (the host is the device)",
+            "memcpy": dev["memcpy"] if cuda else None,
+        }
+
+
+def _counts(c: dict, dev: dict | None) -> dict:
+    """A stage's or region's counts for the record; ``dev``: its device busy and copy seconds on a
+    CUDA device, None on the CPU (the host is the device: those are null)."""
+    return {
+        "wall_s": c["wall_s"],
+        "host_cpu_s": c.get("host_cpu_s", 0.0),
+        "device_busy_s": dev.get("busy_s", 0.0) if dev is not None else None,
+        "memcpy_s": dev.get("memcpy_s", 0.0) if dev is not None else None,
+        "h2d_bytes": c.get("h2d", 0),
+        "d2h_bytes": c.get("d2h", 0),
+        "d2d_bytes": c.get("d2d", 0),
+        "ops": c.get("ops", 0),
+        "host_waits": c.get("waits", 0),
+    }
+
+
+def _top_ops(prof, top: int = PROFILE_TOP) -> list:
+    """The torch ops with the most self CPU time (not the profile's own markers)."""
+    rows = [
+        {"name": k.key, "calls": int(k.count), "seconds": k.self_cpu_time_total / 1e6}
+        for k in prof.key_averages()
+        if not k.key.startswith("dfmp2.") and k.key != "PythonDispatchMode"  # the counter's own dispatch
+    ]
+    return sorted(rows, key=lambda r: -r["seconds"])[:top]
+
+
+def _copy_bytes(e) -> int | None:
+    """The bytes of a device copy event (Kineto's metadata: '"bytes": N'), None when not given."""
+    meta = getattr(e, "event_metadata", None) if hasattr(type(e), "event_metadata") else None
+    if meta is None:
+        meta = getattr(e, "metadata_json", None)
+    m = re.search(r'"bytes":\s*(\d+)', str(meta or ""))
+    return int(m.group(1)) if m else None
+
+
+def _device_events(events, top: int = PROFILE_TOP) -> dict:
+    """Device events (not the host's) charged to the stage whose window holds their start (the
+    windows end at the stages' markers; a stage ends with a device synchronisation, so its
+    kernels start before its marker) and to the SCF region whose window holds it; the top kernels
+    by busy seconds; the copies by direction (Kineto names them 'Memcpy HtoD', 'DtoH', 'DtoD')."""
+    from torch.autograd import DeviceType
+
+    marks = sorted((e.time_range.start, e.name.split(":", 1)[1]) for e in events if e.name.startswith("dfmp2.stage:"))
+    wins = sorted(
+        (e.time_range.start, e.time_range.end, e.name.split(":", 1)[1])
+        for e in events
+        if e.name.startswith("dfmp2.region:")
+    )
+    starts, rstarts = [m[0] for m in marks], [w[0] for w in wins]
+    stages: dict = {}
+    regions: dict = {}
+    kernels: dict = {}
+    memcpy = {way: {"calls": 0, "seconds": 0.0, "bytes": 0, "bytes_known": True} for way in ("HtoD", "DtoH", "DtoD")}
+    for e in events:
+        if e.device_type == DeviceType.CPU:
+            continue
+        t, dt = e.time_range.start, (e.time_range.end - e.time_range.start) / 1e6
+        i = bisect.bisect_left(starts, t)
+        where = [stages.setdefault(marks[i][1] if i < len(marks) else "(after the last stage)", {})]
+        j = bisect.bisect_right(rstarts, t) - 1
+        if j >= 0 and t <= wins[j][1]:
+            where.append(regions.setdefault(wins[j][2], {}))
+        is_copy = e.name.startswith("Memcpy")
+        for w in where:
+            w["busy_s"] = w.get("busy_s", 0.0) + dt
+            w["memcpy_s"] = w.get("memcpy_s", 0.0) + (dt if is_copy else 0.0)
+        k = kernels.setdefault(e.name, {"name": e.name, "calls": 0, "seconds": 0.0})
+        k["calls"] += 1
+        k["seconds"] += dt
+        way = next((w for w in memcpy if w in e.name), None)
+        if is_copy and way is not None:
+            n = _copy_bytes(e)
+            memcpy[way]["calls"] += 1
+            memcpy[way]["seconds"] += dt
+            memcpy[way]["bytes"] += n or 0
+            memcpy[way]["bytes_known"] &= n is not None
+    busy = sum(k["seconds"] for k in kernels.values()) or 1.0
+    rows = sorted(kernels.values(), key=lambda r: -r["seconds"])[:top]
+    for r in rows:
+        r["share"] = r["seconds"] / busy
+    return {"stages": stages, "regions": regions, "kernels": rows, "memcpy": memcpy}

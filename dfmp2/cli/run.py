@@ -111,8 +111,16 @@ def _resume_hint(params) -> str:
     "choice with its measurements (GF/s, spreads, load)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies table")
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="also record where the time and bytes go (torch.profiler): per stage and per part of the SCF's "
+    "cycles the wall, host and device seconds, bytes moved host<->device, ops and host waits, and the top "
+    "kernels; printed after the result and in --json's 'profile'. One XYZ input and one basis; the parts "
+    "of the SCF are synchronised, so the run is somewhat slower",
+)
 @user_errors(interrupted=_resume_hint)
-def run_command(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
+def run_command(xyz_file, json_path, qcschema_path, verbose, quiet, profile, **params):
     """Compute the DF-MP2 energy of the molecule in INPUT: an XYZ file (coordinates in Ångström)
     or a QCSchema AtomicInput (*.json: molecule in Bohr, model mp2 and basis, keywords).
     INPUT '-' reads the XYZ from standard input."""
@@ -120,17 +128,17 @@ def run_command(xyz_file, json_path, qcschema_path, verbose, quiet, **params):
 
     world = distributed.join(params["device"])  # several ranks (torchrun): the process group
     with distributed.command(world):
-        _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params)
+        _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params, profile)
 
 
-def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
+def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params, profile=False):
     """``run`` on this rank (every rank checks everything; rank 0 alone prints and writes)."""
     if world.rank:
         quiet, qcschema_path = True, None
     err = stderr_console()
     options = run_options(params)
     check_stdin(xyz_file, world)
-    qc = _check_outputs(xyz_file, json_path, qcschema_path, options)
+    qc = _check_outputs(xyz_file, json_path, qcschema_path, options, profile)
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE}
     progress = LazyProgress(err, "pair energies", enabled=not quiet)
@@ -142,7 +150,7 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
         on_plan = plan_printer(world, on_plan, lambda line: err.print(escape(line)))
     try:
         atomic, result = _compute(
-            xyz_file, qcschema_path, qc, options, given, dict(progress=progress, log=log, on_plan=on_plan)
+            xyz_file, qcschema_path, qc, options, given, dict(progress=progress, log=log, on_plan=on_plan), profile
         )
     finally:
         progress.close()
@@ -152,13 +160,16 @@ def _run(world, xyz_file, json_path, qcschema_path, verbose, quiet, params):
     blas_notices(err, quiet)
 
 
-def _check_outputs(xyz_file, json_path, qcschema_path, options):
-    """Before any work: a malformed CBS bracket or scheme, and an output file that cannot be
-    written, are one line now; the qcschema module when the run reads or writes QCSchema."""
+def _check_outputs(xyz_file, json_path, qcschema_path, options, profile=False):
+    """Before any work: a malformed CBS bracket or scheme, --profile of several runs, and an
+    output file that cannot be written, are one line now; the qcschema module when the run reads
+    or writes QCSchema."""
     from dfmp2.errors import InputError
     from dfmp2.workflows import cbs
 
     ck, resume = options.checkpoint, options.resume
+    if profile and cbs.is_bracket(options.basis):
+        raise InputError("--profile records one run; a basis bracket makes several: profile one basis", option="basis")
     if cbs.is_bracket(options.basis):  # a malformed bracket or scheme: one line before any work
         cbs.scheme(options.basis, options.cbs_scf)
         if qcschema_path is not None:
@@ -169,13 +180,16 @@ def _check_outputs(xyz_file, json_path, qcschema_path, options):
         check_output_file(
             json_path, "--json", not_same_as=[("input", xyz_file), ("checkpoint", ck), ("checkpoint", resume)]
         )
-    return _qcschema_path(xyz_file, qcschema_path, json_path, ck, resume)
+    qc = _qcschema_path(xyz_file, qcschema_path, json_path, ck, resume)
+    if profile and qc and qc.is_qcschema_path(xyz_file):
+        raise InputError("--profile records a run of an XYZ input, not of a QCSchema AtomicInput")
+    return qc
 
 
-def _compute(xyz_file, qcschema_path, qc, options, given, hooks):
+def _compute(xyz_file, qcschema_path, qc, options, given, hooks, profile=False):
     """The run itself (a QCSchema input, a CBS bracket or one geometry): (the AtomicResult or
-    None, the result). ``hooks``: progress, log and on_plan. A failure with --qcschema writes
-    its FailedOperation."""
+    None, the result). ``hooks``: progress, log and on_plan; ``profile``: --profile (one XYZ
+    geometry). A failure with --qcschema writes its FailedOperation."""
     from dfmp2.interfaces import api
     from dfmp2.io.xyz import read_xyz
     from dfmp2.workflows import cbs
@@ -192,7 +206,7 @@ def _compute(xyz_file, qcschema_path, qc, options, given, hooks):
         if cbs.is_bracket(options.basis):  # no qc here: --qcschema with a bracket is refused above
             result = cbs.run_cbs(geom, options, **hooks)
         else:
-            result = api.run(geom, options, on_reference=parts, **hooks)
+            result = api.run(geom, options, on_reference=parts, profile=profile, **hooks)
         atomic = qc.result_model(*qc.input_model(failures.input_data, xyz_file), result, parts.values) if qc else None
     return atomic, result
 

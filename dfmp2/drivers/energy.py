@@ -14,6 +14,7 @@ dfmp2.interfaces.api; the PySCF drop-in runs the MP2 stage after its own SCF thr
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from dfmp2.reference import Reference, freeze_lowest
 from dfmp2.scf import driver, pyscf_scf, stability
 from dfmp2.scf.precision import resolve_precision
 from dfmp2.scf.settings import SCFSettings
-from dfmp2.timing import CycleLog, Timer
+from dfmp2.timing import CycleLog, Profile, Timer
 
 __all__ = [  # the one way in (prepare -> run_energy) and the names its callers read from here
     "CheckpointSession",
@@ -90,6 +91,7 @@ def run_energy(
     on_plan: Callable[[MemoryPlan], None] | None = None,
     guess=None,
     gradient: bool = False,
+    profile: bool = False,
 ) -> EnergyRun:
     """The heavy part of the run of a prepared ``job`` (``prepare``): plan, reference, MP2, the
     properties ``options.properties`` asks for (``props.stage``; the density stage's memory checked
@@ -99,50 +101,56 @@ def run_energy(
     DF-SCF's starting density (``Reference.density()`` of a previous geometry of the same molecule
     and basis; default PySCF's 'minao'; PySCF's SCF starts from 'minao' whatever is given);
     ``gradient``: the plan's densities part is the gradient stage's, and no property stage runs
-    (the gradient makes them from its own densities). The Result's wall_s counts from ``prepare``."""
+    (the gradient makes them from its own densities); ``profile``: the Result's ``profile`` holds
+    where the time and bytes went (``dfmp2.timing.Profile``: per stage, per part of the SCF's
+    cycles, the top kernels). The Result's wall_s counts from ``prepare``."""
     say = log or (lambda msg: None)
     world, options = job.world, job.options
-    timer = Timer(job.backend)
-    want = () if gradient else options.properties
-    densities = density_plan(job, gradient)
-    with CheckpointSession(job) as session:
-        with world.agreeing():
-            plan = plan_run(job, session, on_plan, say, densities)
-            distributed.check_plan(plan.mp2, world)
-            session.start(plan.mp2)  # over several ranks: a rank that cannot create its file stops them all
-        world.agree(None, input_content(job, plan.scf))  # the ranks' inputs the same, bit for bit
-        ref = reference_stage(job, session.ck, timer, plan, say, guess)
-        say("integrals, transforms, fit and pair energies ...")
-        mp2 = mp2_energies(
-            job.mol,
-            job.auxmol,
-            ref,
-            options,
-            job.backend,
-            job.precision,
-            plan.mp2,
-            timer,
-            job.engine,
-            progress=progress,
-            checkpoint=session.ck,
-            world=world,
-        )
-        session.finish(mp2.e_os, mp2.e_ss)
-    world.summarize()
-    properties = None
-    if want:
-        method = options.method if job.dh is not None else "mp2"  # the energy the densities differentiate
-        say(f"properties ({', '.join(want)}): {'PT2' if job.dh is not None else 'MP2'} densities and Z-vector ...")
-        properties = props_stage.property_stage(
-            job.mol, ref, job.auxmol, job.jk_auxmol, job.backend, want, method, plan=densities
-        )
-    disp = None
-    if job.dh is not None:  # E_disp from the geometry alone (None: no dispersion in the functional)
-        t0 = time.perf_counter()
-        disp = double_hybrids.dispersion_energy(job.mol, job.dh)[1]
-        timer.add("dispersion", t0, sync=False)
+    prof = Profile(job.backend) if profile else None  # dfmp2 run --profile
+    timer = Timer(job.backend, profile=prof)
+    with prof or contextlib.nullcontext():
+        want = () if gradient else options.properties
+        densities = density_plan(job, gradient)
+        with CheckpointSession(job) as session:
+            with world.agreeing():
+                plan = plan_run(job, session, on_plan, say, densities)
+                distributed.check_plan(plan.mp2, world)
+                session.start(plan.mp2)  # over several ranks: a rank that cannot create its file stops them all
+            world.agree(None, input_content(job, plan.scf))  # the ranks' inputs the same, bit for bit
+            ref = reference_stage(job, session.ck, timer, plan, say, guess)
+            say("integrals, transforms, fit and pair energies ...")
+            mp2 = mp2_energies(
+                job.mol,
+                job.auxmol,
+                ref,
+                options,
+                job.backend,
+                job.precision,
+                plan.mp2,
+                timer,
+                job.engine,
+                progress=progress,
+                checkpoint=session.ck,
+                world=world,
+            )
+            session.finish(mp2.e_os, mp2.e_ss)
+        world.summarize()
+        properties = None
+        if want:
+            method = options.method if job.dh is not None else "mp2"  # the energy the densities differentiate
+            say(f"properties ({', '.join(want)}): {'PT2' if job.dh is not None else 'MP2'} densities and Z-vector ...")
+            properties = props_stage.property_stage(
+                job.mol, ref, job.auxmol, job.jk_auxmol, job.backend, want, method, plan=densities
+            )
+        disp = None
+        if job.dh is not None:  # E_disp from the geometry alone (None: no dispersion in the functional)
+            t0 = time.perf_counter()
+            disp = double_hybrids.dispersion_energy(job.mol, job.dh)[1]
+            timer.add("dispersion", t0, sync=False)
     result = make_result(job, ref, mp2, timer, plan.mp2, wall_s=time.perf_counter() - job.t_start)
     result.properties = properties
+    if prof is not None:
+        result.profile = prof.report(timer.seconds, result.wall_s, ref.scf.iterations if ref.scf is not None else None)
     if job.dh is not None:  # the parts of its energy and the total
         result.double_hybrid = double_hybrids.record(job.dh, ref.e_hf, mp2.e_os, mp2.e_ss, disp, job.ks)
     if world.distributed:

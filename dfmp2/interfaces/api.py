@@ -103,12 +103,21 @@ def energy(molecule, **options):
 
 
 def run(  # noqa: PLR0913
-    molecule, options, progress=None, log=None, on_plan=None, backend=None, on_reference=None, guess=None, world=None
+    molecule,
+    options,
+    progress=None,
+    log=None,
+    on_plan=None,
+    backend=None,
+    on_reference=None,
+    guess=None,
+    world=None,
+    profile=False,
 ):
     """``dfmp2 run`` in one call: ``run_energy(prepare(...))`` (dfmp2.drivers.energy) on an XYZ file
     path or a parsed ``Geometry`` with ``options`` (RunOptions); its ``Result``. ``backend``: one
     already made for ``options`` (several runs sharing a device); ``log``, ``progress``,
-    ``on_plan``, ``guess`` as ``run_energy``'s; ``world``: the process group (default
+    ``on_plan``, ``guess``, ``profile`` as ``run_energy``'s; ``world``: the process group (default
     ``distributed.current()``); ``on_reference(mol, ref)``, after the run: the PySCF Mole and the
     converged Reference (``run_energy``'s EnergyRun holds both, for a caller that goes on)."""
     from dfmp2.drivers.energy import prepare, run_energy
@@ -116,7 +125,7 @@ def run(  # noqa: PLR0913
 
     geom = molecule if isinstance(molecule, Geometry) else read_xyz(molecule)
     job = prepare(geom, options, backend, log, world)
-    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess)
+    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, profile=profile)
     if on_reference is not None:
         on_reference(done.job.mol, done.ref)
     return done.result

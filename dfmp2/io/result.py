@@ -20,8 +20,10 @@ from datetime import datetime, timezone
 # 9 = ``energies.e_tot`` in every result (the method's total energy: E(MP2), or a double hybrid's
 # E_DFT + E_PT2 + E_disp, the same number as its ``e_total``); 10 = ``gradient.double_hybrid``;
 # 11 = ``properties`` typed (its dipole record) and a double hybrid's: ``properties.dipole`` with
-# ``ks`` and ``relaxed`` (no HF or MP2 dipole), ``properties.densities.double_hybrid``
-SCHEMA_VERSION = "11"
+# ``ks`` and ``relaxed`` (no HF or MP2 dipole), ``properties.densities.double_hybrid``; 12 = ``profile``
+# (null, or dfmp2 run --profile's record: per stage and per part of the SCF's cycles the wall, host
+# and device seconds, bytes moved, ops and host waits; the top kernels: dfmp2.timing.Profile)
+SCHEMA_VERSION = "12"
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's SCS-MP2
 SOS_OS = 1.3  # Head-Gordon's SOS-MP2
 # (c_os, c_ss) of each method's energy E_HF + c_os E_OS + c_ss E_SS (what dfmp2 gradient differentiates)
@@ -129,6 +131,8 @@ class Result:
     # a double hybrid (RunOptions.method; dfmp2.mp2.double_hybrids.record): functional, e_dft, e_pt2,
     # e_disp, e_total (Hartree), dispersion, ks_scf (grid, fitting set); None: MP2. Its E_DFT is e_scf
     double_hybrid: dict | None = None
+    # dfmp2 run --profile (dfmp2.timing.Profile.report): where the time and the bytes went; None: not asked
+    profile: dict | None = None
 
     @property
     def _hf(self) -> str:
@@ -280,6 +284,9 @@ class Result:
         dipole = (self.properties or {}).get("dipole")
         if dipole:
             console.print(dipole_table(dipole))
+        if self.profile:
+            for table in profile_tables(self.profile):
+                console.print(table)
         self.render_warnings(console)
         if self.ran.get("simulated"):
             console.print(
@@ -537,3 +544,48 @@ def cpu_blas_table(blas: dict):
         " plus both spreads" + (f"; cache not written: {blas['cache_error']}" if blas.get("cache_error") else "")
     )
     return t
+
+
+def profile_tables(p: dict) -> list:
+    """dfmp2 run --profile's tables (``Result.profile``): per stage, per part of the SCF's cycles,
+    the top kernels. Seconds, MB (1e6 bytes); 'waits': the host waiting on a device result."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    def sec(x):
+        return "—" if x is None else f"{x:.3f}"
+
+    def mb(n):
+        return f"{n / 1e6:.1f}"
+
+    cols = ("wall s", "host CPU s", "device busy s", "H→D MB", "D→H MB", "ops", "waits")
+    out = []
+    for title, rows, extra in (
+        (f"profile on {p['device']}: stages (outside them {p['outside_stages_s']:.2f} s)", p["stages"], False),
+        (f"the SCF's {p['scf_cycles'] or '?'} cycles by part (each part synchronised)", p["scf_regions"], True),
+    ):
+        if not rows:
+            continue
+        t = Table(title=escape(title), title_justify="left")
+        for c in ("part" if extra else "stage", *(("calls",) if extra else ()), *cols):
+            t.add_column(c, justify="left" if c in ("stage", "part") else "right")
+        for name, r in rows.items():
+            t.add_row(
+                escape(name),
+                *((str(r["calls"]),) if extra else ()),
+                sec(r["wall_s"]),
+                sec(r["host_cpu_s"]),
+                sec(r["device_busy_s"]),
+                mb(r["h2d_bytes"]),
+                mb(r["d2h_bytes"]),
+                str(r["ops"]),
+                str(r["host_waits"]),
+            )
+        out.append(t)
+    t = Table(title=escape(f"top kernels by {p['top_kernels_by']}"), title_justify="left")
+    for c in ("kernel", "calls", "s"):
+        t.add_column(c, justify="left" if c == "kernel" else "right")
+    for r in p["top_kernels"]:
+        t.add_row(escape(r["name"][:70]), str(r["calls"]), f"{r['seconds']:.3f}")
+    out.append(t)
+    return out

@@ -324,7 +324,9 @@ class DFRHF:
     def iterate(self, max_cycle: int):
         """Pulay DIIS from DIIS_START_CYCLE to convergence in at most ``max_cycle`` cycles. Returns
         (cycles, D, G, F)."""
-        D, G = self.guess()
+        region = self.timer.region  # the profile's parts of a cycle (dfmp2 run --profile)
+        with region("jk"):
+            D, G = self.guess()
         e_tot = self.energy(D, G)
         diis = self.diis = DIIS(self.diis_space, scaled=self.diis_scaled)
         gnorms = []  # the cycles' gradient norms: a stall's advice (pyscf_scf.not_converged)
@@ -332,13 +334,18 @@ class DFRHF:
             e_last, D_last = e_tot, D
             F = self.H + G
             if cycle >= DIIS_START_CYCLE:
-                F = diis.update(F, self.diis_error(F, D), self.g_noise)
-            _, C = self.diagonalize(F)
-            D = self.density(C)
-            G = self.new_G(D, D_last, G, C)
-            e_tot = self.energy(D, G)
-            F = self.H + G
-            gnorm = self.orbital_gradient(F, C)
+                with region("diis"):
+                    F = diis.update(F, self.diis_error(F, D), self.g_noise)
+            with region("diagonalize"):
+                _, C = self.diagonalize(F)
+            with region("density"):
+                D = self.density(C)
+            with region("jk"):
+                G = self.new_G(D, D_last, G, C)
+            with region("checks"):
+                e_tot = self.energy(D, G)
+                F = self.H + G
+                gnorm = self.orbital_gradient(F, C)
             gnorms.append(gnorm)
             self.progress(cycle + 1, e_tot, e_tot - e_last, gnorm, self.cycle_precision)
             if self.fp32_phase:
@@ -400,8 +407,10 @@ class DFRHF:
         carries that error squared, and this build is recorded as host work.
         Returns (mo_energy, C, e_tot, e_device: the fp32-Fock energy or None)."""
         D_last = D
-        mo_e, C = self.diagonalize(F)
-        D = self.density(C)
+        with self.timer.region("diagonalize"):
+            mo_e, C = self.diagonalize(F)
+        with self.timer.region("density"):
+            D = self.density(C)
         e_device = None
         if self.incremental:
             e_device = self.energy(D, self.new_G(D, D_last, G, C))
@@ -409,7 +418,8 @@ class DFRHF:
             G = self.new_G(D, D_last, G, C, f=self.fac64 if self.fac64 is not None else self.fac)
             self.t0 -= self.timer.add("scf_final_fp64_host", t1, sync=False, flops0=f1) - t1  # not charged to 'scf'
         else:
-            G = self.new_G(D, D_last, G, C)
+            with self.timer.region("jk"):
+                G = self.new_G(D, D_last, G, C)
         return mo_e, C, self.energy(D, G), e_device
 
     def run(self) -> Reference:

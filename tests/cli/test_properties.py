@@ -49,7 +49,7 @@ def test_run_properties_dipole_json_keys_units_and_pyscf(tmp_path):
     assert r.exit_code == 0, r.output
     assert "dipole moment / D" in r.output and "MP2 relaxed" in r.output and "MP2 unrelaxed" in r.output
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "11"
+    assert d["schema_version"] == "12"
     assert d["units"]["dipole"].startswith("debye and e*bohr") and d["units"]["dipole_origin"] == "bohr"
     dip = d["properties"]["dipole"]
     assert dip["units"] == {"au": "e*bohr", "debye": "debye"} and dip["method"] == "mp2"

@@ -157,7 +157,7 @@ def test_api_gradient_returns_the_result_with_the_gradient():
     assert d["units"]["gradient"] == "hartree/bohr" and np.array(d["gradient"]["gradient"]).shape == (3, 3)
     assert d["energies"]["e_mp2"] == pytest.approx(gr.energy, abs=1e-12)
     g = d["gradient"]  # schema 4 on: the stage's flops beside its timings; the factor's fit is in grad_jk_factor
-    assert list(g["flops"]) == list(g["timings"]) and d["schema_version"] == "11"
+    assert list(g["flops"]) == list(g["timings"]) and d["schema_version"] == "12"
     assert all(g["flops"][s] > 0 for s in ("grad_jk_factor", "grad_mp2_densities", "grad_zvector"))
 
 

@@ -79,6 +79,7 @@ TOP_LEVEL = {
     "shapes",
     "properties",
     "double_hybrid",  # schema 6: null unless --method names a double hybrid
+    "profile",  # schema 12: null unless dfmp2 run --profile
 }
 
 
@@ -103,7 +104,7 @@ def _geometry_of(path):
 @pytest.mark.parametrize("scf_mode", ["df", "pyscf-df"])
 def test_rhf_and_uhf_results_have_the_same_keys_and_types(scf_mode):
     rhf, uhf = _json(WATER, scf_mode=scf_mode), _json(OH, scf_mode=scf_mode)
-    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "11"
+    assert rhf["schema_version"] == uhf["schema_version"] == SCHEMA_VERSION == "12"
     assert set(rhf) == set(uhf) == TOP_LEVEL
     assert _dotted_keys(rhf) == [] and _dotted_keys(uhf) == []
     for doc, path, mult in ((rhf, WATER, 1), (uhf, OH, 2)):

@@ -291,7 +291,7 @@ def test_cli_run_prints_the_parts_and_writes_the_record(tmp_path):
     assert r.exit_code == 0, r.output
     assert "double hybrid B2PLYP" in r.output and "E_PT2 = 0.27 OS + 0.27 SS" in r.output and "E(B2PLYP)" in r.output
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "11" and set(d["energies"]) == {
+    assert d["schema_version"] == "12" and set(d["energies"]) == {
         "e_dft",
         "e_corr_os",
         "e_corr_ss",
