@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -233,8 +234,8 @@ class Profile:
         self.stages: dict = {}  # stage -> summed counts
         self.regions: dict = {}  # region -> summed counts and calls
         self.order: list = []  # the stages' ends, in order: the windows of the device events
-        self.prof = None
-        self.events = None
+        self.prof: Any = None  # torch.profiler.profile while the block runs
+        self.events: Any = None
 
     def _reading(self) -> dict:
         return {**self.counter.reading(), "host_cpu_s": time.process_time()}
@@ -314,11 +315,11 @@ class Profile:
             "stages": stages,
             "scf_cycles": cycles,
             "scf_regions": regions,
-            "top_kernels": dev["kernels"] if cuda else _top_ops(self.prof),
+            "top_kernels": dev["kernels"] if dev is not None else _top_ops(self.prof),
             "top_kernels_by": "device busy seconds (CUDA kernels, copies, memsets)"
             if cuda
             else "self CPU seconds of torch ops (the host is the device)",
-            "memcpy": dev["memcpy"] if cuda else None,
+            "memcpy": dev["memcpy"] if dev is not None else None,
         }
 
 
@@ -374,7 +375,9 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
     stages: dict = {}
     regions: dict = {}
     kernels: dict = {}
-    memcpy = {way: {"calls": 0, "seconds": 0.0, "bytes": 0, "bytes_known": True} for way in ("HtoD", "DtoH", "DtoD")}
+    memcpy: dict = {
+        way: {"calls": 0, "seconds": 0.0, "bytes": 0, "bytes_known": True} for way in ("HtoD", "DtoH", "DtoD")
+    }
     for e in events:
         if e.device_type == DeviceType.CPU:
             continue
@@ -397,7 +400,7 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
             memcpy[way]["calls"] += 1
             memcpy[way]["seconds"] += dt
             memcpy[way]["bytes"] += n or 0
-            memcpy[way]["bytes_known"] &= n is not None
+            memcpy[way]["bytes_known"] = bool(memcpy[way]["bytes_known"]) and n is not None
     busy = sum(k["seconds"] for k in kernels.values()) or 1.0
     rows = sorted(kernels.values(), key=lambda r: -r["seconds"])[:top]
     for r in rows:
