@@ -249,20 +249,26 @@ class Profile:
             self.prof.__enter__()
         self.counter.__enter__()
         self.mark = self._reading()
+        self.t_enter = self.first_start = self.last_end = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
+        self.t_exit = time.perf_counter()
         self.counter.__exit__(*exc)
         with _no_fd2():
             self.prof.__exit__(*exc)
-        self.events = self.prof.events()
+        self.events = _raw_events(self.prof)
+        self.stop_s = time.perf_counter() - self.t_exit  # the profiler's own: its events parsed
         return False
 
     def stage_end(self, stage: str, seconds: float) -> None:
         """At a Timer's ``add``: this stage's counts since the previous end, and its marker."""
         from torch.profiler import record_function
 
-        now = self._reading()
+        now, t1 = self._reading(), time.perf_counter()
+        if not self.stages:
+            self.first_start = t1 - seconds
+        self.last_end = t1
         entry = self.stages.setdefault(stage, {"wall_s": 0.0})
         entry["wall_s"] += seconds
         _add_into(entry, _delta(now, self.mark))
@@ -287,11 +293,12 @@ class Profile:
         _add_into(entry, _delta(self._reading(), r0))
 
     # ---- the record
-    def report(self, seconds: dict, wall_s: float, cycles: int | None) -> dict:
+    def report(self, seconds: dict, wall_s: float, cycles: int | None, t_start: float | None = None) -> dict:
         """The profile's record (``Result.profile``): units in the names (s, bytes). ``seconds``:
         the Timer's, each stage's wall seconds (the MP2 stage moves its integrals' seconds out of
         its transform's: their counts stay with the transform); ``cycles``: the SCF's iterations
-        (the regions' per-cycle means), None without our SCF."""
+        (the regions' per-cycle means), None without our SCF; ``t_start``: the perf_counter
+        reading when the run began (its ``prepare``), for the set-up's parts outside the stages."""
         cuda = self.device.type == "cuda"
         dev = _device_events(self.events) if cuda else None
         stages = {
@@ -312,10 +319,16 @@ class Profile:
             + "; dfmp2.timing.TransferCounter (aten copies and ops on the run's thread)",
             "wall_s": wall_s,
             "outside_stages_s": wall_s - staged,
+            "set_up": {  # where the seconds outside the stages went (s)
+                "prepare_s": self.t_enter - t_start if t_start is not None else None,
+                "until_first_stage_s": self.first_start - self.t_enter,
+                "after_last_stage_s": self.t_exit - self.last_end,
+                "profiler_stop_s": self.stop_s,
+            },
             "stages": stages,
             "scf_cycles": cycles,
             "scf_regions": regions,
-            "top_kernels": dev["kernels"] if dev is not None else _top_ops(self.prof),
+            "top_kernels": dev["kernels"] if dev is not None else _top_ops(self.events),
             "top_kernels_by": "device busy seconds (CUDA kernels, copies, memsets)"
             if cuda
             else "self CPU seconds of torch ops (the host is the device)",
@@ -339,21 +352,49 @@ def _counts(c: dict, dev: dict | None) -> dict:
     }
 
 
-def _top_ops(prof, top: int = PROFILE_TOP) -> list:
-    """The torch ops with the most self CPU time (not the profile's own markers)."""
+def _raw_events(prof) -> list:
+    """The profiler's events as (name, on_device, start_us, end_us, thread, event), read from
+    Kineto's results directly: torch's FunctionEvent tree (``prof.events()``) takes seconds per
+    10^5 events, and a run makes several 10^5."""
+    from torch.autograd import DeviceType
+
+    res = prof.profiler.kineto_results
+    return [
+        (e.name(), e.device_type() != DeviceType.CPU, e.start_ns() / 1e3, e.end_ns() / 1e3, e.start_thread_id(), e)
+        for e in (res.events() if res is not None else ())
+    ]
+
+
+def _top_ops(events, top: int = PROFILE_TOP) -> list:
+    """The torch ops with the most self CPU time (an op's time less that of the ops it encloses on
+    its thread), without the profile's own markers and the counter's dispatch."""
+    self_us: dict = {}
+    calls: dict = {}
+    by_thread: dict = {}
+    for name, on_device, t0, t1, thread, _ in events:
+        if not on_device:
+            by_thread.setdefault(thread, []).append((t0, -t1, name))
+    for evs in by_thread.values():
+        stack: list = []  # [end, name]
+        for t0, neg_t1, name in sorted(evs):
+            while stack and stack[-1][0] <= t0:
+                stack.pop()
+            if stack:
+                self_us[stack[-1][1]] = self_us.get(stack[-1][1], 0.0) - (-neg_t1 - t0)
+            self_us[name] = self_us.get(name, 0.0) + (-neg_t1 - t0)
+            calls[name] = calls.get(name, 0) + 1
+            stack.append((-neg_t1, name))
     rows = [
-        {"name": k.key, "calls": int(k.count), "seconds": k.self_cpu_time_total / 1e6}
-        for k in prof.key_averages()
-        if not k.key.startswith("dfmp2.") and k.key != "PythonDispatchMode"  # the counter's own dispatch
+        {"name": n, "calls": calls[n], "seconds": max(us, 0.0) / 1e6}
+        for n, us in self_us.items()
+        if not n.startswith("dfmp2.") and n != "PythonDispatchMode"  # the counter's own dispatch
     ]
     return sorted(rows, key=lambda r: -r["seconds"])[:top]
 
 
 def _copy_bytes(e) -> int | None:
     """The bytes of a device copy event (Kineto's metadata: '"bytes": N'), None when not given."""
-    meta = getattr(e, "event_metadata", None) if hasattr(type(e), "event_metadata") else None
-    if meta is None:
-        meta = getattr(e, "metadata_json", None)
+    meta = e.metadata_json() if callable(getattr(e, "metadata_json", None)) else getattr(e, "metadata_json", None)
     m = re.search(r'"bytes":\s*(\d+)', str(meta or ""))
     return int(m.group(1)) if m else None
 
@@ -363,13 +404,9 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
     windows end at the stages' markers; a stage ends with a device synchronisation, so its
     kernels start before its marker) and to the SCF region whose window holds it; the top kernels
     by busy seconds; the copies by direction (Kineto names them 'Memcpy HtoD', 'DtoH', 'DtoD')."""
-    from torch.autograd import DeviceType
-
-    marks = sorted((e.time_range.start, e.name.split(":", 1)[1]) for e in events if e.name.startswith("dfmp2.stage:"))
+    marks = sorted((t0, name.split(":", 1)[1]) for name, _, t0, _, _, _ in events if name.startswith("dfmp2.stage:"))
     wins = sorted(
-        (e.time_range.start, e.time_range.end, e.name.split(":", 1)[1])
-        for e in events
-        if e.name.startswith("dfmp2.region:")
+        (t0, t1, name.split(":", 1)[1]) for name, _, t0, t1, _, _ in events if name.startswith("dfmp2.region:")
     )
     starts, rstarts = [m[0] for m in marks], [w[0] for w in wins]
     stages: dict = {}
@@ -378,23 +415,23 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
     memcpy: dict = {
         way: {"calls": 0, "seconds": 0.0, "bytes": 0, "bytes_known": True} for way in ("HtoD", "DtoH", "DtoD")
     }
-    for e in events:
-        if e.device_type == DeviceType.CPU:
+    for name, on_device, t, t_end, _, e in events:
+        if not on_device:
             continue
-        t, dt = e.time_range.start, (e.time_range.end - e.time_range.start) / 1e6
+        dt = (t_end - t) / 1e6
         i = bisect.bisect_left(starts, t)
         where = [stages.setdefault(marks[i][1] if i < len(marks) else "(after the last stage)", {})]
         j = bisect.bisect_right(rstarts, t) - 1
         if j >= 0 and t <= wins[j][1]:
             where.append(regions.setdefault(wins[j][2], {}))
-        is_copy = e.name.startswith("Memcpy")
+        is_copy = name.startswith("Memcpy")
         for w in where:
             w["busy_s"] = w.get("busy_s", 0.0) + dt
             w["memcpy_s"] = w.get("memcpy_s", 0.0) + (dt if is_copy else 0.0)
-        k = kernels.setdefault(e.name, {"name": e.name, "calls": 0, "seconds": 0.0})
+        k = kernels.setdefault(name, {"name": name, "calls": 0, "seconds": 0.0})
         k["calls"] += 1
         k["seconds"] += dt
-        way = next((w for w in memcpy if w in e.name), None)
+        way = next((w for w in memcpy if w in name), None)
         if is_copy and way is not None:
             n = _copy_bytes(e)
             memcpy[way]["calls"] += 1

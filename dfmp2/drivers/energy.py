@@ -150,7 +150,9 @@ def run_energy(
     result = make_result(job, ref, mp2, timer, plan.mp2, wall_s=time.perf_counter() - job.t_start)
     result.properties = properties
     if prof is not None:
-        result.profile = prof.report(timer.seconds, result.wall_s, ref.scf.iterations if ref.scf is not None else None)
+        result.profile = prof.report(
+            timer.seconds, result.wall_s, ref.scf.iterations if ref.scf is not None else None, job.t_start
+        )
     if job.dh is not None:  # the parts of its energy and the total
         result.double_hybrid = double_hybrids.record(job.dh, ref.e_hf, mp2.e_os, mp2.e_ss, disp, job.ks)
     if world.distributed:

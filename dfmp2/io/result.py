@@ -561,7 +561,11 @@ def profile_tables(p: dict) -> list:
     cols = ("wall s", "host CPU s", "device busy s", "H→D MB", "D→H MB", "ops", "waits")
     out = []
     for title, rows, extra in (
-        (f"profile on {p['device']}: stages (outside them {p['outside_stages_s']:.2f} s)", p["stages"], False),
+        (
+            f"profile on {p['device']}: stages (outside them {p['outside_stages_s']:.2f} s: {_set_up(p)})",
+            p["stages"],
+            False,
+        ),
         (f"the SCF's {p['scf_cycles'] or '?'} cycles by part (each part synchronised)", p["scf_regions"], True),
     ):
         if not rows:
@@ -589,3 +593,14 @@ def profile_tables(p: dict) -> list:
         t.add_row(escape(r["name"][:70]), str(r["calls"]), f"{r['seconds']:.3f}")
     out.append(t)
     return out
+
+
+def _set_up(p: dict) -> str:
+    """The seconds outside the stages, by part (Profile.report's ``set_up``)."""
+    names = {
+        "prepare_s": "prepare",
+        "until_first_stage_s": "plan",
+        "after_last_stage_s": "after",
+        "profiler_stop_s": "the profiler's stop",
+    }
+    return ", ".join(f"{names[k]} {v:.2f}" for k, v in p["set_up"].items() if v is not None)
