@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU acceptance on the device machine: install what was carried, run scripts/gpu_acceptance.py,
-# copy its two result files (and the log) into $OUT. See that script's docstring for the calls.
+# GPU acceptance on the device machine: install what was carried, run scripts/gpu_acceptance.py
+# with its result files written into $OUT (the acceptance JSON and markdown, issue 59's summary
+# gpu-acceptance.json) and the log beside them. See that script's docstring for the calls
+# (--preset issue59: issue 59's steps alone).
 #
 #   bash scripts/gpu_acceptance.sh stage      # a call of its own: keep the carried pieces (.g4a ...)
 #                                             # in /tmp/stage (/tmp survives while the machine is warm)

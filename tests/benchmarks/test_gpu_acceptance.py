@@ -31,9 +31,11 @@ def _run(*args, timeout=600):
 
 
 def _results(out):
-    files = sorted(out.iterdir())
-    assert [f.suffix for f in files] == [".json", ".md"] and all("DRY_RUN_CPU" in f.name for f in files)
-    return json.loads(files[0].read_text()), files[1].read_text()
+    """The acceptance document and its markdown; the summary beside them is checked for its name."""
+    summ, doc, md = sorted(out.iterdir())  # gpu-acceptance_DRY_RUN_CPU*.json sorts first
+    assert summ.name.startswith("gpu-acceptance_DRY_RUN_CPU") and json.loads(summ.read_text())["dry_run"] is True
+    assert [doc.suffix, md.suffix] == [".json", ".md"] and all("DRY_RUN_CPU" in f.name for f in (doc, md))
+    return json.loads(doc.read_text()), md.read_text()
 
 
 @pytest.mark.heavy
@@ -127,7 +129,9 @@ def test_dry_run_of_the_torchrun_step_records_ranks_backend_and_energies(tmp_pat
 
 def test_gpu_steps_run_first_and_leave_pyscf_what_is_left():
     names = gpu_acceptance.steps_for()
-    assert names[-2:] == ["pyscf_h2o_16", "pyscf_h2o_32"] and set(names) == set(gpu_acceptance.BUDGET_S)
+    assert names[-2:] == ["pyscf_h2o_16", "pyscf_h2o_32"]
+    assert set(names) | set(gpu_acceptance.NAMED_STEPS) == set(gpu_acceptance.BUDGET_S)
+    assert not set(names) & set(gpu_acceptance.NAMED_STEPS)  # the gradient runs when named
     assert names[:4] == ["cuda_tests", "pair_peak", "run_compare", "nccl_torchrun"]
     assert names.index("ours_h2o_16") < names.index("gpu4pyscf_h2o_16") < names.index("ours_h2o_32")
     gpu = sum(gpu_acceptance.BUDGET_S[n] for n in names[:-2])
@@ -234,3 +238,199 @@ def test_prepare_wheels_downloads_jsonschema_with_its_dependencies_and_threadpoo
     for cmd in (bare, deps):
         assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd
         assert cmd[cmd.index("-d") + 1] == "/x"
+
+
+# ------------------------------------------------------------------- issue 59: preset, summary, gradient
+def test_issue59_preset_runs_its_six_steps_in_order_within_the_default_total():
+    preset = gpu_acceptance.PRESETS["issue59"]
+    names = gpu_acceptance.steps_for(set(preset))
+    assert names == ["pair_peak", "ours_h2o_16", "gpu4pyscf_h2o_16", "ours_h2o_32", "gpu4pyscf_h2o_32", "grad_h2o_16"]
+    budgets = sum(gpu_acceptance.BUDGET_S[n] for n in names)
+    assert budgets <= gpu_acceptance.TOTAL_S and gpu_acceptance.BUDGET_S["grad_h2o_16"] == 90
+    caps = gpu_acceptance.step_caps(names, gpu_acceptance.TOTAL_S, "preset", dry=False)
+    assert sum(caps.values()) == pytest.approx(gpu_acceptance.TOTAL_S)  # the slack shared out, none lost
+    assert all(caps[n] >= gpu_acceptance.BUDGET_S[n] for n in names)
+    assert gpu_acceptance.step_caps(names, 100.0, "steps", dry=False)["pair_peak"] == float("inf")
+    assert gpu_acceptance.step_caps(["pair_peak"], 520, "default", dry=True) == {"pair_peak": 150}
+    assert (
+        "--preset issue59" in gpu_acceptance.__doc__ and "gpu_acceptance.sh --preset issue59" in gpu_acceptance.__doc__
+    )
+
+
+def test_preset_and_steps_exclude_each_other_and_unknown_steps_are_one_line():
+    with pytest.raises(SystemExit):
+        gpu_acceptance._parser().parse_args(["--preset", "issue59", "--steps", "pair_peak"])
+    with pytest.raises(SystemExit, match="unknown steps nope"):
+        gpu_acceptance.main(["--dry-run", "--steps", "nope"])
+
+
+E32 = -2439.7986469173
+
+
+def _meta(dry=False):
+    return {
+        "date": "2026-01-01T00:00:00+00:00",
+        "dry_run_cpu": dry,
+        "host": "h",
+        "cpu": "c",
+        "cores": 16,
+        "command": "gpu_acceptance.py",
+        "gpu": {"name": "NVIDIA H200", "driver": "580.1"},
+        "versions": {"torch": "2.11", "torch_cuda": "13.0", "triton": "3.6", "pyscf": "2.14.0", "gpu4pyscf": "1.9.0"},
+        "blas": {},
+    }
+
+
+def _ran(name, status="pass", **result):
+    return {"name": name, "status": status, "reason": "r", "seconds": 1.0, "budget_s": 10, "result": result}
+
+
+def _issue59_doc(grad_d=5e-9, g32_s=10.0, e32_g4p=E32 + 5e-10):
+    steps = [
+        _ran(
+            "pair_peak",
+            verdict={"fastest_pct_of_gemm_peak": 85.0, "fastest_path": "triton"},
+            dgemm_peak_tflops=58.0,
+            dgemm_peak_n=8192,
+            shape={"nocc": 160, "nvir": 608, "naux": 2688},
+            fp64_dot_lowering="dmma",
+            rows=[],
+        ),
+        _ran("ours_h2o_16", whole_s=2.0, dfrhf_s=1.0, timings={}, **E16),
+        _ran("gpu4pyscf_h2o_16", whole_s=2.6, dfrhf_s=1.0, **{k: v + 2e-10 for k, v in E16.items()}),
+        _ran("ours_h2o_32", whole_s=5.0, dfrhf_s=1.0, timings={}, e_hf=-2433.0, e_mp2=E32),
+        _ran("gpu4pyscf_h2o_32", whole_s=g32_s, dfrhf_s=1.0, e_hf=-2433.0, e_mp2=e32_g4p),
+        _ran(
+            "grad_h2o_16",
+            energy_s=4.0,
+            gradient_s=10.0,
+            gradient_over_energy=2.5,
+            reference="scripts/results/gradient_h2o16_cpu_reference.json",
+            agreement=gpu_acceptance.compare_gradient([[grad_d, 0, 0]], [[0, 0, 0]]),
+        ),
+    ]
+    cpu = {"h2o_16": {"e_mp2": E16["e_mp2"] - 3e-10, "source": "roofline_h2o16.json"}, "h2o_32": {"e_mp2": E32}}
+    return {"meta": _meta(), "steps": steps, "cpu_energies": cpu}
+
+
+def test_summary_of_a_run_that_meets_issue59():
+    s = gpu_acceptance.summary(_issue59_doc(), source="gpu_acceptance_h200_issue59.json")
+    assert s["met"] is True and s["dry_run"] is False and s["schema"] == gpu_acceptance.SUMMARY_SCHEMA
+    assert (s["date"], s["gpu"], s["pair_dgemm_share"]) == ("2026-01-01T00:00:00+00:00", "NVIDIA H200", 0.85)
+    assert s["versions"]["gpu4pyscf"] == "1.9.0" and s["versions"]["driver"] == "580.1"
+    m16, m32 = s["molecules"]["h2o_16"], s["molecules"]["h2o_32"]
+    for key in ("ours_wall_s", "gpu4pyscf_wall_s", "ours_e_mp2", "gpu4pyscf_e_mp2"):
+        assert isinstance(m16[key], float) and isinstance(m32[key], float)
+    assert m16["ours_over_gpu4pyscf"] == pytest.approx(2.0 / 2.6) and m16["bound"] == 0.8 and m16["met"] is True
+    assert m32["ours_over_gpu4pyscf"] == 0.5 and m32["bound"] == 0.5 and m32["met"] is True  # at the bound
+    assert m16["abs_d_e_mp2_vs_cpu"] == pytest.approx(3e-10, abs=1e-12) and m16["e_met_vs_cpu"] is True
+    assert m16["cpu_e_mp2_source"] == "roofline_h2o16.json" and m16["missing"] == []
+    g = s["gradient"]
+    assert g["gradient_met"] is True and g["cost_met"] is True and g["max_abs_d_gradient"] == 5e-9
+    assert json.loads(json.dumps(s)) == s  # plain JSON
+    md = "\n".join(gpu_acceptance.summary_lines(s))
+    assert "## Issue 59 acceptance: all met: yes" in md and "| h2o_32: ours / gpu4pyscf wall | 5.00 / 10.00 s" in md
+
+
+def test_summary_says_not_met_outside_each_bound():
+    s = gpu_acceptance.summary(_issue59_doc(grad_d=2e-8, g32_s=9.0, e32_g4p=E32 + 2e-9))
+    m32 = s["molecules"]["h2o_32"]
+    assert m32["met"] is False and m32["e_met_vs_gpu4pyscf"] is False and m32["e_met_vs_cpu"] is True
+    assert s["gradient"]["gradient_met"] is False and s["met"] is False
+    doc = _issue59_doc()
+    doc["steps"][0]["result"]["verdict"]["fastest_pct_of_gemm_peak"] = 66.8
+    assert gpu_acceptance.summary(doc)["pair_dgemm"]["met"] is False
+
+
+def test_summary_of_missing_steps_is_null_with_the_reason_never_a_number():
+    doc = _issue59_doc()
+    doc["steps"] = [s for s in doc["steps"] if s["name"] not in ("grad_h2o_16", "pair_peak")]
+    doc["steps"][1] = {**doc["steps"][1], "status": "skipped", "reason": "gpu4pyscf not importable"}
+    doc["cpu_energies"] = {"h2o_16": {"reason": "our CPU energy not read"}}
+    s = gpu_acceptance.summary(doc)
+    assert s["pair_dgemm_share"] is None and s["pair_dgemm"]["met"] is None and "not run" in s["pair_dgemm"]["missing"]
+    m16 = s["molecules"]["h2o_16"]
+    assert m16["gpu4pyscf_wall_s"] is None and m16["ours_over_gpu4pyscf"] is None and m16["met"] is None
+    assert m16["cpu_e_mp2"] is None and m16["e_met_vs_cpu"] is None and m16["ours_wall_s"] == 2.0
+    assert any("gpu4pyscf not importable" in w for w in m16["missing"])
+    assert any("not read" in w for w in m16["missing"])
+    g = s["gradient"]
+    assert g["gradient_met"] is None and g["max_abs_d_gradient"] is None and "not run" in g["missing"]
+    assert s["met"] is None  # nothing failed, something unknown
+    empty = gpu_acceptance.summary({"meta": _meta(dry=True), "steps": []})
+    assert empty["met"] is None and empty["dry_run"] is True
+    assert all(v is None for m in empty["molecules"].values() for k, v in m.items() if k.endswith(("_s", "_mp2")))
+    assert "not known" in "\n".join(gpu_acceptance.summary_lines(empty))
+
+
+def test_results_are_three_files_named_for_the_run(tmp_path):
+    doc = _issue59_doc()
+    steps = {s["name"]: s for s in doc["steps"]}
+    doc |= {"total_s": 520.0, "wall_s": 100.0, "verdict": "PASS", "checks": gpu_acceptance.checks(steps, {})}
+    gpu_acceptance.write_results(doc, tmp_path, "_issue59", "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gpu-acceptance.json",
+        "gpu_acceptance_h200_issue59.json",
+        "gpu_acceptance_h200_issue59.md",
+    ]
+    s = json.loads((tmp_path / "gpu-acceptance.json").read_text())
+    assert s["met"] is True and s["source"] == "gpu_acceptance_h200_issue59.json"
+    assert "## Issue 59 acceptance: all met: yes" in (tmp_path / "gpu_acceptance_h200_issue59.md").read_text()
+    doc["meta"] = _meta(dry=True)
+    dry = tmp_path / "dry"
+    dry.mkdir()
+    gpu_acceptance.write_results(doc, dry, "_pair_peak", "")
+    assert sorted(p.name for p in dry.iterdir())[0] == "gpu-acceptance_DRY_RUN_CPU_pair_peak.json"
+
+
+def test_gradient_comparison_passes_5e_9_and_fails_2e_8():
+    ref = [[0.01, -0.02, 0.03], [-0.01, 0.02, -0.03]]
+    near = [[0.01 + 5e-9, -0.02, 0.03], [-0.01, 0.02, -0.03 - 5e-9]]
+    far = [[0.01, -0.02 + 2e-8, 0.03], [-0.01, 0.02, -0.03]]
+    ok, bad = gpu_acceptance.compare_gradient(near, ref), gpu_acceptance.compare_gradient(far, ref)
+    assert ok["met"] is True and ok["max_abs_d"] == pytest.approx(5e-9, rel=1e-3) and ok["bound"] == 1e-8
+    assert bad["met"] is False and bad["max_abs_d"] == pytest.approx(2e-8, rel=1e-3)
+    assert gpu_acceptance.compare_gradient(ref[:1], ref)["met"] is False  # another molecule
+    assert gpu_acceptance.compare_gradient([[float("nan"), 0, 0]] * 2, ref)["met"] is False
+    opts = {"basis": "cc-pvdz", "frozen_core": False}
+    res = {"gradient": far, "options": opts, "gradient_over_energy": 2.0}
+    status, reason, out = gpu_acceptance.grad_verdict(dict(res), {"gradient": ref, "options": opts, "source": "f"})
+    assert status == "fail" and "max |Δg| 2.0e-08" in reason and out["reference"] == "f"
+    status, _, _ = gpu_acceptance.grad_verdict({**res, "gradient": near}, {"gradient": ref, "options": opts})
+    assert status == "pass"
+    other = {"gradient": ref, "options": {**opts, "frozen_core": True}}
+    assert gpu_acceptance.grad_verdict(dict(res), other)[0] == "fail"
+    status, reason, _ = gpu_acceptance.grad_verdict(dict(res), {"reason": "file not read"})
+    assert status == "fail" and "file not read" in reason
+
+
+def test_stored_cpu_gradient_is_our_default_run_of_h2o_16():
+    from dfmp2.options import RunOptions
+
+    xyz = ROOT / gpu_acceptance.WATERS["h2o_16"]
+    ref = gpu_acceptance.grad_reference(xyz)
+    assert "reason" not in ref, ref.get("reason")
+    g = ref["gradient"]
+    assert len(g) == ref["natm"] == 48 and all(len(row) == 3 for row in g)
+    assert abs(sum(row[0] for row in g)) < 1e-6  # translation invariance: the forces add to zero
+    default = RunOptions()
+    assert ref["options"] == {
+        "basis": default.basis,
+        "auxbasis": ref["options"]["auxbasis"],
+        "jk_auxbasis": ref["options"]["jk_auxbasis"],
+        "scf_mode": default.scf_mode,
+        "frozen_core": default.frozen_core,
+        "method": "mp2",
+        "precision": "fp64",
+    }
+    assert ref["e_mp2"] == pytest.approx(E16["e_mp2"], abs=1e-8)  # PySCF's, stored
+    assert "not read" in gpu_acceptance.grad_reference(xyz, ROOT / "none.json")["reason"]
+    assert "another geometry" in gpu_acceptance.grad_reference(ROOT / "inputs/water.xyz")["reason"]
+
+
+def test_our_stored_cpu_energies_are_read_with_their_source(tmp_path):
+    cpu = gpu_acceptance.stored_cpu_energies()
+    assert set(cpu) == {"h2o_16", "h2o_32"} and all("e_mp2" in v for v in cpu.values()), cpu
+    assert cpu["h2o_16"]["e_mp2"] == pytest.approx(E16["e_mp2"], abs=1e-8)  # against PySCF's stored
+    assert cpu["h2o_32"]["source"] == "scripts/results/scaling_cc-pvdz.json"
+    assert "not read" in gpu_acceptance.stored_cpu_energies(tmp_path)["h2o_32"]["reason"]
