@@ -243,6 +243,7 @@ class Profile:
     def __enter__(self):
         from torch.profiler import ProfilerActivity, profile
 
+        self.t_begin = time.perf_counter()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self.prof = profile(activities=acts)
         with _no_fd2():
@@ -320,7 +321,8 @@ class Profile:
             "wall_s": wall_s,
             "outside_stages_s": wall_s - staged,
             "set_up": {  # where the seconds outside the stages went (s)
-                "prepare_s": self.t_enter - t_start if t_start is not None else None,
+                "prepare_s": self.t_begin - t_start if t_start is not None else None,
+                "profiler_start_s": self.t_enter - self.t_begin,
                 "until_first_stage_s": self.first_start - self.t_enter,
                 "after_last_stage_s": self.t_exit - self.last_end,
                 "profiler_stop_s": self.stop_s,

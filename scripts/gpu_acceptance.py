@@ -32,6 +32,9 @@ as gpu4pyscf when it is not installed, is 'skipped' with the reason, never 'pass
   gpu4pyscf_<mol>   (25 s each) gpu4pyscf's DF-RHF + DF-MP2 on the same molecule (same JK-fit and MP2-fit
                     sets, same SCF thresholds), after a warm-up on water
                     (ours then gpu4pyscf on (H2O)16, then the same on (H2O)32)
+  profile_h2o_32,   (60 s, 40 s; not in the default run: --preset issue59 or --steps) dfmp2 run --profile
+  profile_h2o_16    after a warm-up on water: per stage wall, host and device seconds, bytes moved,
+                    ops, host waits; per part of the SCF's cycles; the top kernels (dfmp2.timing.Profile)
   grad_h2o_16       (90 s; not in the default run: --preset issue59 or --steps) our (H2O)16 energy run and
                     gradient run (dfmp2.drivers.gradient.run_gradient) on the device after a warm-up on water
                     (energy and gradient): both walls, gradient / energy (bound GRAD_COST = 3), and max |Δg|
@@ -163,6 +166,11 @@ BUDGET_S = {
     # gradient: Triton's compiles, some 15-20 s as in ours_h2o_16). 90 s leaves a factor of 2 or more
     # for a first run's surprises (derivative integrals on the host) and still fits issue 59's preset.
     "grad_h2o_16": 90,
+    # dfmp2 run --profile after a warm-up on water: the whole run once more (about 4 s at (H2O)16,
+    # 18 s at (H2O)32 on an H200), its parts synchronised, and the profiler's stop (0.7 s per
+    # (H2O)8 run on 2 CPU cores; more events on a GPU); never run on a GPU yet
+    "profile_h2o_32": 60,
+    "profile_h2o_16": 40,
     "pyscf_h2o_16": 90,
     "pyscf_h2o_32": TOTAL_S,  # all that is left
 }
@@ -172,13 +180,22 @@ GPU_STEPS = ["cuda_tests", "pair_peak", "run_compare", "nccl_torchrun"] + [
 PYSCF_STEPS = ["pyscf_h2o_16", "pyscf_h2o_32"]
 # Steps run only when named (--steps, --preset): in the default run they would leave PySCF's steps
 # too little of the total (their budgets would add up to 510 of the 520 s)
-NAMED_STEPS = ["grad_h2o_16"]
+NAMED_STEPS = ["profile_h2o_32", "grad_h2o_16", "profile_h2o_16"]
 ORDER = GPU_STEPS + NAMED_STEPS + PYSCF_STEPS  # the order steps run in, whichever are chosen
 # --preset NAME: the steps of one task in one device call. issue59: the pair step's share of DGEMM,
 # ours and gpu4pyscf on (H2O)16 and (H2O)32, the gradient; each with its BUDGET_S scaled up so
 # that together they fill --total-s (a hung step still leaves the others their share)
 PRESETS = {
-    "issue59": ["pair_peak", "ours_h2o_16", "gpu4pyscf_h2o_16", "ours_h2o_32", "gpu4pyscf_h2o_32", "grad_h2o_16"]
+    "issue59": [
+        "pair_peak",
+        "ours_h2o_16",
+        "gpu4pyscf_h2o_16",
+        "ours_h2o_32",
+        "gpu4pyscf_h2o_32",
+        "profile_h2o_32",
+        "grad_h2o_16",
+        "profile_h2o_16",
+    ]
 }
 GRAD_TOL = 1e-8  # Eh/bohr: max |Δg| of the device's gradient against our stored CPU gradient (issue 59)
 GRAD_COST = 3.0  # issue 59: the gradient run (energy + stage) costs at most 3 energy runs (wall)
@@ -458,6 +475,60 @@ def step_ours(spec):
         res["timings_all_gpu4pyscf"] = g.timings
         said += "; JK factor " + ", ".join(f"{k} {v:.2f} s" for k, v in res["jk_factor_s"].items())
     return "pass", said, res
+
+
+def step_profile(spec):
+    """``dfmp2 run --profile`` of the molecule after a warm-up on water (Triton's compiles and the
+    allocators outside it): where the time and bytes go, per stage (wall, host CPU, device busy
+    seconds, MB host->device and back, ops, host waits), per part of the SCF's cycles, the top
+    kernels (dfmp2.timing.Profile). A step of its own: the parts are synchronised (a slower run),
+    and a step over its budget loses only this record."""
+    from dfmp2.interfaces.api import run
+    from dfmp2.options import RunOptions
+
+    dev, xyz = spec["device"], spec["xyz"][mol_key(spec["step"])]
+    run(str(ROOT / "inputs/water.xyz"), RunOptions(device=dev))
+    r = run(xyz, RunOptions(device=dev), profile=True)
+    p = r.profile
+    res = {"device": dev, "molecule": xyz, "wall_s": r.wall_s, "e_mp2": r.e_mp2, "timings": r.timings, "profile": p}
+    cycles = p["scf_cycles"] or 1
+    parts = ", ".join(f"{k} {v['wall_s'] / cycles * 1e3:.1f}" for k, v in p["scf_regions"].items())
+    moved = sum(v["h2d_bytes"] + v["d2h_bytes"] for v in p["stages"].values())
+    top = p["top_kernels"][0]["name"][:40] if p["top_kernels"] else "none"
+    return "pass", f"wall {r.wall_s:.2f} s; SCF ms/cycle: {parts}; {moved / 1e6:.0f} MB moved; top: {top}", res
+
+
+def profile_lines(doc: dict) -> list[str]:
+    """The markdown of the profile steps: per stage, per SCF part (ms a cycle), the top kernels."""
+    out = []
+    for s in doc["steps"]:
+        p = (s.get("result") or {}).get("profile") if s["name"].startswith("profile_") else None
+        if not p:
+            continue
+        f = lambda v, d=3: "—" if v is None else f"{v:.{d}f}"
+        out += ["", f"## {s['name']}: dfmp2 run --profile on {p['device']} (wall {p['wall_s']:.2f} s)", ""]
+        out += [f"Outside the stages {p['outside_stages_s']:.2f} s: " + json.dumps(p["set_up"]), ""]
+        out += [
+            "| stage | wall s | host CPU s | device busy s | H→D MB | D→H MB | ops | waits |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for k, v in p["stages"].items():
+            out.append(
+                f"| {k} | {f(v['wall_s'])} | {f(v['host_cpu_s'])} | {f(v['device_busy_s'])} | "
+                f"{v['h2d_bytes'] / 1e6:.1f} | {v['d2h_bytes'] / 1e6:.1f} | {v['ops']} | {v['host_waits']} |"
+            )
+        cyc = p["scf_cycles"] or 1
+        out += ["", f"SCF parts over {p['scf_cycles']} cycles (each synchronised), ms a cycle:", ""]
+        out += ["| part | calls | wall | device busy | H→D MB | D→H MB | waits |", "|---|---|---|---|---|---|---|"]
+        for k, v in p["scf_regions"].items():
+            busy = None if v["device_busy_s"] is None else v["device_busy_s"] / cyc * 1e3
+            out.append(
+                f"| {k} | {v['calls']} | {v['wall_s'] / cyc * 1e3:.1f} | {f(busy, 1)} | "
+                f"{v['h2d_bytes'] / 1e6:.1f} | {v['d2h_bytes'] / 1e6:.1f} | {v['host_waits']} |"
+            )
+        out += ["", f"Top kernels by {p['top_kernels_by']}:", "", "| kernel | calls | s |", "|---|---|---|"]
+        out += [f"| `{_cell(r['name'][:90])}` | {r['calls']} | {r['seconds']:.3f} |" for r in p["top_kernels"][:10]]
+    return out
 
 
 def step_grad(spec):
@@ -742,6 +813,7 @@ def child(name: str, spec: dict) -> tuple:
         "gpu4pyscf": step_gpu4pyscf,
         "pyscf": step_pyscf,
         "grad": step_grad,
+        "profile": step_profile,
     }[kind]({**spec, "step": name})
 
 
@@ -954,6 +1026,11 @@ def _molecule_summary(key: str, steps: dict, cpu: dict) -> dict:
     d_g = abs(o_e - g_e) if o_e is not None and g_e is not None else None
     d_c = abs(o_e - c_e) if o_e is not None and c_e is not None else None
     missing = [w for w in (why_o, why_g) if w] + ([cpu["reason"]] if "reason" in cpu else [])
+    prof, why_p = _passed(steps, f"profile_{key}")
+    if why_p:
+        missing.append(why_p)
+    p = (prof or {}).get("profile")
+    keep = ("wall_s", "device_busy_s", "h2d_bytes", "d2h_bytes", "host_waits")
     return {
         "molecule_run": (ours or g4p or {}).get("molecule"),
         "ours_wall_s": o_w,
@@ -970,6 +1047,11 @@ def _molecule_summary(key: str, steps: dict, cpu: dict) -> dict:
         "e_bound": CPU_E_TOL,
         "e_met_vs_gpu4pyscf": _met(d_g, CPU_E_TOL),
         "e_met_vs_cpu": _met(d_c, CPU_E_TOL),
+        # the profile step's (dfmp2 run --profile): per stage its wall and device busy s, bytes moved
+        "stages": {k: {n: v[n] for n in keep} for k, v in p["stages"].items()} if p else None,
+        "scf_ms_per_cycle": {k: v["wall_s"] / (p["scf_cycles"] or 1) * 1e3 for k, v in p["scf_regions"].items()}
+        if p
+        else None,
         "missing": missing,
     }
 
@@ -1264,7 +1346,7 @@ def markdown(doc: dict) -> str:
             f"{f(r.get('gpu4pyscf_whole_s'))} | {f(r.get('gpu4pyscf_over_ours_whole'))} | "
             f"{f(r.get('pair_step_pct_of_dgemm_peak'), 1)} |"
         )
-    lines += _torchrun_lines(doc) + _pair_peak_lines(doc)
+    lines += _torchrun_lines(doc) + _pair_peak_lines(doc) + profile_lines(doc)
     for s in doc["steps"]:
         b = (s.get("result") or {}).get("baseline")
         if b:

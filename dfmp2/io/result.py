@@ -599,6 +599,7 @@ def _set_up(p: dict) -> str:
     """The seconds outside the stages, by part (Profile.report's ``set_up``)."""
     names = {
         "prepare_s": "prepare",
+        "profiler_start_s": "the profiler's start",
         "until_first_stage_s": "plan",
         "after_last_stage_s": "after",
         "profiler_stop_s": "the profiler's stop",

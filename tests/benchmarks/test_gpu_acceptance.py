@@ -241,10 +241,19 @@ def test_prepare_wheels_downloads_jsonschema_with_its_dependencies_and_threadpoo
 
 
 # ------------------------------------------------------------------- issue 59: preset, summary, gradient
-def test_issue59_preset_runs_its_six_steps_in_order_within_the_default_total():
+def test_issue59_preset_runs_its_eight_steps_in_order_within_the_default_total():
     preset = gpu_acceptance.PRESETS["issue59"]
     names = gpu_acceptance.steps_for(set(preset))
-    assert names == ["pair_peak", "ours_h2o_16", "gpu4pyscf_h2o_16", "ours_h2o_32", "gpu4pyscf_h2o_32", "grad_h2o_16"]
+    assert names == [
+        "pair_peak",
+        "ours_h2o_16",
+        "gpu4pyscf_h2o_16",
+        "ours_h2o_32",
+        "gpu4pyscf_h2o_32",
+        "profile_h2o_32",
+        "grad_h2o_16",
+        "profile_h2o_16",
+    ]
     budgets = sum(gpu_acceptance.BUDGET_S[n] for n in names)
     assert budgets <= gpu_acceptance.TOTAL_S and gpu_acceptance.BUDGET_S["grad_h2o_16"] == 90
     caps = gpu_acceptance.step_caps(names, gpu_acceptance.TOTAL_S, "preset", dry=False)
@@ -309,8 +318,28 @@ def _issue59_doc(grad_d=5e-9, g32_s=10.0, e32_g4p=E32 + 5e-10):
             agreement=gpu_acceptance.compare_gradient([[grad_d, 0, 0]], [[0, 0, 0]]),
         ),
     ]
+    steps += [_ran(f"profile_{m}", wall_s=3.0, e_mp2=E32, timings={}, profile=_profile()) for m in ("h2o_16", "h2o_32")]
     cpu = {"h2o_16": {"e_mp2": E16["e_mp2"] - 3e-10, "source": "roofline_h2o16.json"}, "h2o_32": {"e_mp2": E32}}
     return {"meta": _meta(), "steps": steps, "cpu_energies": cpu}
+
+
+def _profile():
+    """A CUDA run's Profile.report, in its shape (dfmp2.timing)."""
+    row = dict(wall_s=2.0, host_cpu_s=1.0, device_busy_s=0.5, memcpy_s=0.1, h2d_bytes=4_000_000, d2h_bytes=8)
+    row |= dict(d2d_bytes=0, ops=900, host_waits=36)
+    return {
+        "device": "cuda:0",
+        "tools": "t",
+        "wall_s": 3.0,
+        "outside_stages_s": 0.5,
+        "set_up": {"prepare_s": 0.1, "profiler_start_s": 0.1, "until_first_stage_s": 0.1, "after_last_stage_s": 0.0},
+        "stages": {"scf": row, "pair": row},
+        "scf_cycles": 18,
+        "scf_regions": {"jk": {"calls": 20, **row, "per_cycle_s": 0.11}},
+        "top_kernels": [{"name": "sm90_xmma_gemm_f64", "calls": 40, "seconds": 0.4, "share": 0.8}],
+        "top_kernels_by": "device busy seconds",
+        "memcpy": None,
+    }
 
 
 def test_summary_of_a_run_that_meets_issue59():
@@ -328,6 +357,18 @@ def test_summary_of_a_run_that_meets_issue59():
     g = s["gradient"]
     assert g["gradient_met"] is True and g["cost_met"] is True and g["max_abs_d_gradient"] == 5e-9
     assert json.loads(json.dumps(s)) == s  # plain JSON
+    assert m32["stages"]["scf"] == {
+        "wall_s": 2.0,
+        "device_busy_s": 0.5,
+        "h2d_bytes": 4_000_000,
+        "d2h_bytes": 8,
+        "host_waits": 36,
+    }
+    assert m32["scf_ms_per_cycle"]["jk"] == pytest.approx(2000 / 18)
+    full = gpu_acceptance.profile_lines(_issue59_doc())
+    assert "## profile_h2o_32: dfmp2 run --profile on cuda:0 (wall 3.00 s)" in full
+    assert "| scf | 2.000 | 1.000 | 0.500 | 4.0 | 0.0 | 900 | 36 |" in full
+    assert "| `sm90_xmma_gemm_f64` | 40 | 0.400 |" in full
     md = "\n".join(gpu_acceptance.summary_lines(s))
     assert "## Issue 59 acceptance: all met: yes" in md and "| h2o_32: ours / gpu4pyscf wall | 5.00 / 10.00 s" in md
 
