@@ -20,6 +20,8 @@ the user's choice for both precisions. A kernel that fails to compile or launch 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .base import CUDA_PAIR_KERNELS as PAIR_KERNELS  # what a user may ask for (--pair-kernel)
@@ -43,6 +45,34 @@ PAIR_PATH_MEASUREMENTS = {
     }
 }
 PIN_MIN_BYTES = 1 << 20  # smaller transfers go through torch's plain .to()
+FP32_PROBE_N = 4096  # the square GEMMs of the fp32/fp64 probe: 137 GFLOP each, milliseconds on a GPU
+_FP32_SPEEDUP: dict = {}  # device -> its measured SGEMM/DGEMM ratio, once per process
+
+
+def measure_fp32_speedup(device, n: int = FP32_PROBE_N, repeats: int = 3) -> float:
+    """The median time of an (n, n) x (n, n) DGEMM over an SGEMM's on ``device`` (torch.matmul,
+    fp32 as torch computes it: IEEE unless the caller allowed TF32, as the SCF's fp32 J/K), after a
+    warm-up of each: the ratio that decides 'auto' SCF precision (dfmp2.scf.precision). On
+    H100/H200-class GPUs fp64 runs on tensor cores at fp32's rate (a ratio near 1: fp64 cycles);
+    on a consumer GPU it is tens."""
+    dev = torch.device(device)
+
+    def seconds(dtype) -> float:
+        a = torch.ones((n, n), dtype=dtype, device=dev)
+        out = torch.empty_like(a)
+        times = []
+        for k in range(repeats + 1):
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            torch.matmul(a, a, out=out)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            if k:  # the first is the warm-up
+                times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+    return seconds(torch.float64) / seconds(torch.float32)
 
 
 def auto_pair_path(
@@ -144,6 +174,16 @@ class CudaBackend(TorchBackend):
         self._slots = None
         self._next_slot = 0
         self._copy_stream = None
+
+    def fp32_speedup(self) -> float | None:
+        """This GPU's SGEMM/DGEMM ratio, measured once per process (``measure_fp32_speedup``);
+        None without a GPU (Triton's interpreter on the CPU: nothing of a GPU to measure)."""
+        if self.capability() is None:
+            return None
+        key = str(self.device)
+        if key not in _FP32_SPEEDUP:
+            _FP32_SPEEDUP[key] = measure_fp32_speedup(self.device)
+        return _FP32_SPEEDUP[key]
 
     def capability(self) -> tuple[int, int] | None:
         """The GPU's compute capability, or None without a usable GPU (Triton's interpreter)."""

@@ -27,7 +27,7 @@ from dfmp2.memory import MemoryPlan, plan_memory
 from dfmp2.mp2.dist import per_rank_plan
 from dfmp2.options import SCF_SCREEN, RunOptions
 from dfmp2.props import stage as props_stage
-from dfmp2.scf import driver, jk_dist, pyscf_scf
+from dfmp2.scf import driver, jk, jk_dist, pyscf_scf
 from dfmp2.scf.precision import resolve_precision
 from dfmp2.scf.settings import ScfPlan
 
@@ -328,7 +328,10 @@ def _scf_memory(
     if minimum:
         need = {"peak": driver.min_memory_mb(*args, disk=disk, **kw)}
     elif limit_mb is not None:
-        need = driver.check_memory(*args, limit_mb, fp32_copy=fp32_copy, disk=disk, other_mb=other_mb, **kw)
+        block = jk.exchange_block_mb(backend.caps)
+        need = driver.check_memory(
+            *args, limit_mb, fp32_copy=fp32_copy, disk=disk, other_mb=other_mb, block_mb=block, **kw
+        )
     else:
         need = driver.memory_mb(*args, block_mb, fp32_copy=fp32_copy, **kw)
     return {**need, "naux_jk": naux_jk}

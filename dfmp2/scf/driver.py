@@ -114,10 +114,12 @@ def check_memory(  # noqa: PLR0913
     other_mb: float = 0.0,
     pairs: int | None = None,
     held: int = 0,
+    block_mb: float = JK_BLOCK_MB,
 ) -> dict:
     """``memory_mb`` of the first plan that fits ``limit_mb``: the unpacked fp64 factor (no unpack
-    per cycle, J and K in one pass: the fastest, twice the memory), else the packed one with the
-    exchange block JK_BLOCK_MB, else one auxiliary function per block; with ``fp32_copy`` (a mixed-
+    per cycle, J and K in one pass: the fastest, twice the memory), else the packed one, each with
+    the exchange block ``block_mb`` (the device's: ``jk.exchange_block_mb``), then JK_BLOCK_MB where
+    that is smaller, else one auxiliary function per block; with ``fp32_copy`` (a mixed-
     precision SCF asks for it) each first with the factor's fp32 copy, then without it
     ('fp32_copy' 0: the SCF then runs in fp64); else, with ``disk`` (fp64, one process: the
     caller's to say), the packed factor on disk, fitted in row blocks as large as the limit leaves
@@ -130,8 +132,9 @@ def check_memory(  # noqa: PLR0913
     packed columns (``memory_mb``). MemoryLimitError (one line in human units, before any
     integral) when none fits, naming what would."""
     kw = dict(spins=spins, pairs=pairs, held=held)
-    plans = [("unpacked", JK_BLOCK_MB)] if itemsize == 8 else []
-    plans += [("packed", JK_BLOCK_MB), ("packed", 1e-9)]  # a smaller block costs more than the copy saves
+    blocks = sorted({block_mb, min(block_mb, JK_BLOCK_MB)}, reverse=True)
+    plans = [("unpacked", b) for b in blocks] if itemsize == 8 else []
+    plans += [("packed", b) for b in blocks] + [("packed", 1e-9)]  # a smaller block costs more than the copy saves
     for layout, block_mb in plans:
         for copy in (True, False) if fp32_copy else (False,):
             need = memory_mb(nao, naux, nocc, itemsize, block_mb, fp32_copy=copy, layout=layout, **kw)

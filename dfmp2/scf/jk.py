@@ -56,6 +56,12 @@ from dfmp2.options import SCF_SCREEN
 from dfmp2.scf import jk_dist
 
 JK_BLOCK_MB = 64.0  # target MB of one unpacked factor block in the exchange build
+# on a GPU (caps.cuda_memory): fewer, larger blocks. At 16 MB, (H2O)32's 3-row blocks made 130,000
+# GEMM launches in 18 cycles on an H200 (scripts/results/gpu_engines_h200/h2o32_host.json), the SCF at
+# about 2 TFLOP/s. 2 GB holds one whole fixed group of the factor (jk_dist: at most GROUP_ROWS_MAX
+# rows; (H2O)32: 16 groups of 232 rows at nbasis 768, 1.1 GB fp64): 16 blocks a build, each GEMM of
+# 178,000 x 768 x 2 nocc. Not measured yet: scripts/gpu_acceptance.py --preset issue59 profiles it
+JK_BLOCK_MB_GPU = 2048.0
 DISK_BLOCK_MB = 64.0  # MB of one packed fp64 row block read from the factor on disk (the reader's unit)
 DISK_READ_DEPTH = 1  # row blocks read ahead of the one being used
 SCATTER_MB = 8.0  # a screened factor's unpack: MB of full packed rows its scatter fills at a time
@@ -98,6 +104,13 @@ def screening_record(nao: int, pairs, threshold: float, naux: int) -> dict:
         "kept_mb": round(naux * kept * 8 / 1e6, 3),
         "unscreened_mb": round(naux * npair(nao) * 8 / 1e6, 3),
     }
+
+
+def exchange_block_mb(caps) -> float:
+    """The exchange block's target MB on a device of capabilities ``caps``: JK_BLOCK_MB_GPU where
+    its memory is a GPU's (launches, not caches, bound small blocks there), else JK_BLOCK_MB (the
+    memory plan takes the next smaller when the larger does not fit)."""
+    return JK_BLOCK_MB_GPU if caps.cuda_memory else JK_BLOCK_MB
 
 
 def jk_block(nao: int, naux: int, itemsize: int, block_mb: float = JK_BLOCK_MB) -> int:

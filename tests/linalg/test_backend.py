@@ -126,3 +126,37 @@ def test_no_device_name_comparisons_outside_linalg():
         if pattern.search(line)
     ]
     assert hits == []
+
+
+def test_the_fp32_probe_times_both_precisions_on_the_given_device(monkeypatch):
+    """``measure_fp32_speedup`` (what 'auto' SCF precision reads on a GPU) is the median DGEMM time
+    over the median SGEMM time of the same square product: on this CPU a positive ratio, and a
+    stubbed matmul that takes twice as long in fp64 gives 2."""
+    import time
+
+    from dfmp2.linalg import cuda
+
+    assert cuda.measure_fp32_speedup("cpu", n=64) > 0
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def matmul(a, b, out=None):
+        clock[0] += 2.0 if a.dtype == torch.float64 else 1.0
+
+    monkeypatch.setattr(torch, "matmul", matmul)
+    assert cuda.measure_fp32_speedup("cpu", n=8, repeats=3) == 2.0
+
+
+def test_the_cuda_backend_measures_fp32_only_on_a_gpu():
+    from dfmp2.linalg.cuda import CudaBackend
+
+    assert CudaBackend("cpu").fp32_speedup() is None  # Triton's interpreter: no GPU to measure
+
+
+@pytest.mark.cuda
+def test_the_gpu_fp32_probe_is_measured_once():
+    from dfmp2.linalg import cuda
+
+    be = cuda.CudaBackend("cuda")
+    r = be.fp32_speedup()
+    assert r is not None and r > 0 and cuda._FP32_SPEEDUP[str(be.device)] == r and be.fp32_speedup() == r

@@ -204,6 +204,23 @@ def test_memory_plan_prefers_the_unpacked_factor_where_it_fits():
     assert driver.check_memory(nao, naux, nocc, 4, 1e9)["layout"] == "packed"
 
 
+def test_a_gpu_plans_larger_exchange_blocks_and_takes_the_smaller_before_the_packed_layout():
+    """On a GPU (caps.cuda_memory) the plan asks for JK_BLOCK_MB_GPU blocks (launches bound small
+    blocks there); where they do not fit, the unpacked factor with JK_BLOCK_MB blocks comes before
+    the packed one. The CPU keeps JK_BLOCK_MB."""
+    assert jk.exchange_block_mb(linalg.device_capabilities("cuda")) == jk.JK_BLOCK_MB_GPU > jk.JK_BLOCK_MB
+    assert jk.exchange_block_mb(linalg.device_capabilities("cpu")) == jk.JK_BLOCK_MB
+    nao, naux, nocc = 384, 1856, 80
+    big = driver.memory_mb(nao, naux, nocc, 8, jk.JK_BLOCK_MB_GPU, layout="unpacked")
+    small = driver.memory_mb(nao, naux, nocc, 8, jk.JK_BLOCK_MB, layout="unpacked")
+    assert big["peak"] > small["peak"]
+    fits = driver.check_memory(nao, naux, nocc, 8, big["peak"], block_mb=jk.JK_BLOCK_MB_GPU)
+    assert (fits["layout"], fits["block_mb"]) == ("unpacked", jk.JK_BLOCK_MB_GPU)
+    fits = driver.check_memory(nao, naux, nocc, 8, big["peak"] - 1, block_mb=jk.JK_BLOCK_MB_GPU)
+    assert (fits["layout"], fits["block_mb"]) == ("unpacked", jk.JK_BLOCK_MB)
+    assert jk.jk_block(nao, naux, 8, jk.JK_BLOCK_MB_GPU) > jk.jk_block(nao, naux, 8, jk.JK_BLOCK_MB)
+
+
 def test_unpacked_factor_gives_the_packed_factors_j_and_k():
     """JKFactor.jk over the unpacked factor (J and K in one pass, γ from the exchange GEMMs) equals
     coulomb + exchange over the packed one, with a split (ΔD-like) factor and two factors (UHF)."""
