@@ -134,6 +134,7 @@ class CycleLog:
 
 # ------------------------------------------------------------------ the profile (dfmp2 run --profile)
 PROFILE_TOP = 15  # rows of the profile's top kernels
+_HOST = torch.device("cpu")  # torch's host memory (not a device name of ours: those live in linalg)
 # aten ops whose result the host waits for: a scalar read, or an output whose shape depends on the data
 _HOST_WAITS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "_unique2", "unique_dim")
 
@@ -143,9 +144,9 @@ def moved(src: torch.device, dst: torch.device) -> str | None:
     (between two devices), or None (no crossing)."""
     if src == dst:
         return None
-    if src.type == "cpu":
+    if src.type == _HOST.type:
         return "h2d"
-    return "d2h" if dst.type == "cpu" else "d2d"
+    return "d2h" if dst.type == _HOST.type else "d2d"
 
 
 class TransferCounter(TorchDispatchMode):
@@ -178,7 +179,7 @@ class TransferCounter(TorchDispatchMode):
             self._count(args[1].device, args[0].device, args[0])
         elif name in _HOST_WAITS:
             self.waits += 1
-            if name == "_local_scalar_dense" and args[0].device.type != "cpu":
+            if name == "_local_scalar_dense" and args[0].device.type != _HOST.type:
                 self.bytes["d2h"] += args[0].element_size()
         return out
 
@@ -229,7 +230,8 @@ class Profile:
     (windows from markers recorded at each stage's end). A ``with`` block holds the profiler."""
 
     def __init__(self, backend):
-        self.device = torch.device(getattr(backend, "device", "cpu"))
+        self.device = torch.device(getattr(backend, "device", _HOST))
+        self.cuda = bool(backend.caps.cuda_memory)  # a CUDA GPU: torch.profiler's CUDA activity too
         self.backend, self.counter = backend, TransferCounter()
         self.stages: dict = {}  # stage -> summed counts
         self.regions: dict = {}  # region -> summed counts and calls
@@ -244,7 +246,7 @@ class Profile:
         from torch.profiler import ProfilerActivity, profile
 
         self.t_begin = time.perf_counter()
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.prof = profile(activities=acts)
         with _no_fd2():
             self.prof.__enter__()
@@ -300,7 +302,7 @@ class Profile:
         its transform's: their counts stay with the transform); ``cycles``: the SCF's iterations
         (the regions' per-cycle means), None without our SCF; ``t_start``: the perf_counter
         reading when the run began (its ``prepare``), for the set-up's parts outside the stages."""
-        cuda = self.device.type == "cuda"
+        cuda = self.cuda
         dev = _device_events(self.events) if cuda else None
         stages = {
             s: _counts({**self.stages.get(s, {}), "wall_s": t}, dev and dev["stages"].get(s, {}))
@@ -406,9 +408,9 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
     windows end at the stages' markers; a stage ends with a device synchronisation, so its
     kernels start before its marker) and to the SCF region whose window holds it; the top kernels
     by busy seconds; the copies by direction (Kineto names them 'Memcpy HtoD', 'DtoH', 'DtoD')."""
-    marks = sorted((t0, name.split(":", 1)[1]) for name, _, t0, _, _, _ in events if name.startswith("dfmp2.stage:"))
+    marks = sorted((t0, label.split(":", 1)[1]) for label, _, t0, _, _, _ in events if label.startswith("dfmp2.stage:"))
     wins = sorted(
-        (t0, t1, name.split(":", 1)[1]) for name, _, t0, t1, _, _ in events if name.startswith("dfmp2.region:")
+        (t0, t1, label.split(":", 1)[1]) for label, _, t0, t1, _, _ in events if label.startswith("dfmp2.region:")
     )
     starts, rstarts = [m[0] for m in marks], [w[0] for w in wins]
     stages: dict = {}
@@ -417,7 +419,7 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
     memcpy: dict = {
         way: {"calls": 0, "seconds": 0.0, "bytes": 0, "bytes_known": True} for way in ("HtoD", "DtoH", "DtoD")
     }
-    for name, on_device, t, t_end, _, e in events:
+    for label, on_device, t, t_end, _, e in events:
         if not on_device:
             continue
         dt = (t_end - t) / 1e6
@@ -426,14 +428,14 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
         j = bisect.bisect_right(rstarts, t) - 1
         if j >= 0 and t <= wins[j][1]:
             where.append(regions.setdefault(wins[j][2], {}))
-        is_copy = name.startswith("Memcpy")
+        is_copy = label.startswith("Memcpy")
         for w in where:
             w["busy_s"] = w.get("busy_s", 0.0) + dt
             w["memcpy_s"] = w.get("memcpy_s", 0.0) + (dt if is_copy else 0.0)
-        k = kernels.setdefault(name, {"name": name, "calls": 0, "seconds": 0.0})
+        k = kernels.setdefault(label, {"name": label, "calls": 0, "seconds": 0.0})
         k["calls"] += 1
         k["seconds"] += dt
-        way = next((w for w in memcpy if w in name), None)
+        way = next((w for w in memcpy if w in label), None)
         if is_copy and way is not None:
             n = _copy_bytes(e)
             memcpy[way]["calls"] += 1
