@@ -130,7 +130,9 @@ class CudaBackend(TorchBackend):
 
     pair_kernel: one of PAIR_KERNELS for both precisions ("auto": auto_pair_path for this GPU).
     pair_path: {'fp64'|'fp32': one of PAIR_PATHS}, per-precision choices on top (the benchmark's).
-    pair_config: overrides the fused kernel's tile sizes and launch options.
+    pair_config: overrides the fused kernel's tile sizes and launch options, and gemm+epilogue's
+    ``max_elems`` (the elements of K one GEMM forms: kernels.triton.pair_energy_epilogue's
+    GEMM_MAX_ELEMS by default; larger row chunks, fatter GEMMs).
     The resolved path per precision is ``pair_path``, its reason ``pair_path_why`` (both in describe()).
     """
 
@@ -184,6 +186,10 @@ class CudaBackend(TorchBackend):
         if key not in _FP32_SPEEDUP:
             _FP32_SPEEDUP[key] = measure_fp32_speedup(self.device)
         return _FP32_SPEEDUP[key]
+
+    def fused_config(self) -> dict:
+        """``pair_config`` without gemm+epilogue's own key (``max_elems``): the fused kernel's."""
+        return {k: v for k, v in self.pair_config.items() if k != "max_elems"}
 
     def capability(self) -> tuple[int, int] | None:
         """The GPU's compute capability, or None without a usable GPU (Triton's interpreter)."""
@@ -260,7 +266,7 @@ class CudaBackend(TorchBackend):
             kernel = f"triton.fused_pair_energy({prec}: {dot}, fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
             run = lambda: fused_pair_energy(
-                Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, config=self.pair_config or None
+                Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, config=self.fused_config() or None
             )
         else:
             from dfmp2.kernels.triton.pair_energy_epilogue import gemm_epilogue_pair_energy
@@ -270,8 +276,9 @@ class CudaBackend(TorchBackend):
             )
             kernel = f"torch.matmul({'cuBLAS ' if not where else ''}{gemm})+triton.pair_energy_epilogue(fp64 sums)"
             self.record("mp2_pair_energy", kernel + where)
+            chunk = {"max_elems": self.pair_config["max_elems"]} if "max_elems" in self.pair_config else {}
             run = lambda: gemm_epilogue_pair_energy(
-                Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, eps_vir_j=eps_vir_j
+                Bi, Bj, eps_i, eps_j, eps_vir, symmetric=symmetric, eps_vir_j=eps_vir_j, **chunk
             )
         try:
             return run()

@@ -14,7 +14,7 @@ sizes), and for each pair-step path and precision: median/min/max seconds over r
 warm-up, GFLOP/s from the nominal flop count nocc(nocc+1)/2 * 2 nvir^2 naux, % of the same-precision
 GEMM peak, the energies (with float.hex), |Δ| against torch's unfused path, whether repeated runs
 were bit-identical, the kernel label that CudaBackend recorded, and how Triton lowered the fp64
-dot (tensor-core mma.f64 or FMA) read from the PTX. The 70 % DGEMM target is checked for fp64.
+dot (tensor-core mma.f64 or FMA) read from the PTX. The 80 % DGEMM target is checked for fp64.
 
 Paths: fused (kernels/triton/fused_pair_energy.py, default tiles and the best of a sweep),
 gemm+epilogue (cuBLAS K blocks + kernels/triton/pair_energy_epilogue.py) and torch (the unfused
@@ -49,7 +49,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPE_FULL = (160, 608, 2688)  # (H2O)32 / cc-pVDZ, cc-pVDZ-RI, all-electron: nocc, nvir, naux
 SHAPE_QUICK = (64, 400, 1500)
 SHAPE_DRY = (3, 40, 48)
-TARGET_PCT_DGEMM = 70.0
+TARGET_PCT_DGEMM = 80.0  # issue 59: the pair step at 80 % of the DGEMM peak or more
+# gemm+epilogue variants measured in every run (not only in the sweep), beside the default: larger
+# row chunks of K (max_elems: 2 and 4 GiB in fp64, against 512 MiB) and the pipeline's blocking
+# (occ_block: the memory plan's OCC_BLOCK_MAX, one call per block pair as dfmp2 run makes them);
+# what they measure decides the GPU's defaults
+GEMM_EPILOGUE_VARIANTS = [{"max_elems": 1 << 28}, {"max_elems": 1 << 29}, {"occ_block": 16}]
 SWEEP = {  # fused-kernel configurations tried on the benchmark shape (the default first; configurations
     # that exceed the GPU's shared memory or registers are reported as failed)
     "fp64": [
@@ -381,18 +386,21 @@ def main(argv=None):  # noqa: C901
         peak = peaks[prec]["tflops"]  # None if the peak failed: no % of peak then
         ref = None
         candidates = [("torch", None), ("gemm+epilogue", None), ("fused", None)]
+        candidates += [("gemm+epilogue", v) for v in GEMM_EPILOGUE_VARIANTS]
         if sweep:
             candidates += [("fused", c) for c in SWEEP[prec][1:]]
         for path, config in candidates:
             be = None
             try:  # a path or config that fails is reported, not hidden
+                blocks = (config or {}).get("occ_block", args.occ_block)
+                kernel_config = {k: v for k, v in (config or {}).items() if k != "occ_block"} or None
                 be = (
                     linalg.TorchBackend(device)
                     if path == "torch"
-                    else CudaBackend(args.device, pair_path={prec: path}, pair_config=config)
+                    else CudaBackend(args.device, pair_path={prec: path}, pair_config=kernel_config)
                 )
-                st, (e_os, e_ss) = timed(lambda: pair_step(torch, linalg, be, B, eo, ev, args.occ_block), sync, repeats)
-                again = pair_step(torch, linalg, be, B, eo, ev, args.occ_block)
+                st, (e_os, e_ss) = timed(lambda: pair_step(torch, linalg, be, B, eo, ev, blocks), sync, repeats)
+                again = pair_step(torch, linalg, be, B, eo, ev, blocks)
                 error = None
             except Exception as exc:
                 st, e_os, e_ss, again = None, float("nan"), float("nan"), None
@@ -422,7 +430,7 @@ def main(argv=None):  # noqa: C901
                     ref = (e_os, e_ss)
                 if ref is not None:
                     row["abs_diff_vs_torch"] = abs((e_os + e_ss) - sum(ref))
-            (rows if config is None else sweep_rows).append(row)
+            (rows if config is None or path == "gemm+epilogue" else sweep_rows).append(row)
             if config is not None and sweep:
                 row["sweep"] = True
             say(

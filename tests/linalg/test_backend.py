@@ -160,3 +160,10 @@ def test_the_gpu_fp32_probe_is_measured_once():
     be = cuda.CudaBackend("cuda")
     r = be.fp32_speedup()
     assert r is not None and r > 0 and cuda._FP32_SPEEDUP[str(be.device)] == r and be.fp32_speedup() == r
+
+
+def test_pair_config_gives_the_gemm_epilogue_its_chunk_and_the_fused_kernel_the_rest():
+    from dfmp2.linalg.cuda import CudaBackend
+
+    be = CudaBackend("cpu", pair_config={"max_elems": 1 << 28, "BLOCK": 64})
+    assert be.fused_config() == {"BLOCK": 64} and be.pair_config["max_elems"] == 1 << 28
