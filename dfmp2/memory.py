@@ -32,6 +32,21 @@ from dfmp2.linalg.torch_ops import PAIR_CHUNK_ELEMS
 MB = 1e6
 DEFAULT_FRACTION = 0.8  # of available memory when no limit is given
 OCC_BLOCK_MAX = 16  # occupied orbitals per block of the fit and the pair step
+# on a GPU (caps.cuda_memory): one block up to this many (the memory plan shrinks it when it must).
+# The pair step's GEMMs grow with the block; an H200 ran (H2O)32's pair step, 55 calls of 16-orbital
+# blocks, in 1.3-3.2 s, against 0.66 s for one call over all 160 (the synthetic pair_peak). Not
+# measured in a whole run yet: scripts/bench_cuda.py times both blockings in every run
+OCC_BLOCK_MAX_GPU = 256
+
+
+def occ_block_max(given: int | None, caps) -> int:
+    """The occupied block's upper bound: ``given`` (RunOptions.occ_block_max), else the device's:
+    OCC_BLOCK_MAX_GPU where its memory is a GPU's, OCC_BLOCK_MAX elsewhere."""
+    if given is not None:
+        return given
+    return OCC_BLOCK_MAX_GPU if caps.cuda_memory else OCC_BLOCK_MAX
+
+
 J3C_BLOCK_MB = 512.0  # target size of one streamed (μν|P) block and its transforms
 PREFETCH_DEPTH = 2  # out-of-core blocks read ahead of the one in use (outofcore.py)
 WRITE_DEPTH = 2  # out-of-core writes queued behind the one in flight

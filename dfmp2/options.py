@@ -80,7 +80,7 @@ _FIELD_TYPES = (
     ("pair_kernel", (str,), f"one of {', '.join(PAIR_KERNEL_CHOICES)}"),
     ("integrals", (str,), f"one of {', '.join(INTEGRAL_ENGINES)}"),
     ("cpu_blas", (str,), f"one of {', '.join(CPU_BLAS_CHOICES)}"),
-    ("occ_block_max", (Integral,), "a positive integer"),
+    ("occ_block_max", (Integral, type(None)), "a positive integer or None"),
     ("j3c_block_mb", (Real,), "a positive number of MB"),
     ("scf_max_cycle", (Integral,), "a positive integer"),
     ("scf_conv_tol_grad", (Real,), "a positive number"),
@@ -121,7 +121,8 @@ class RunOptions:
     pair_kernel: str = "auto"  # MP2 pair-step path of cuda (linalg.cuda) or cpu (linalg.cpu_pair)
     integrals: str = "auto"  # integral engine (INTEGRAL_ENGINES): auto, host, gpu4pyscf
     cpu_blas: str = "auto"  # cpu only: BLAS of GEMM/SYRK/pair GEMMs (linalg.cpu_blas): auto, torch, openblas
-    occ_block_max: int = memory.OCC_BLOCK_MAX  # occupied orbitals per block, before the memory plan
+    # occupied orbitals per block, before the memory plan; None: the device's (memory.occ_block_max)
+    occ_block_max: int | None = None
     j3c_block_mb: float = memory.J3C_BLOCK_MB  # target MB of one streamed (μν|P) block
     scf_max_cycle: int = SCF_MAX_CYCLE
     scf_conv_tol_grad: float = SCF_CONV_TOL_GRAD  # orbital-gradient norm the SCF must reach

@@ -260,7 +260,7 @@ def stage_plan(  # noqa: PLR0913
         storage=options.storage,
         aux_shell_max=largest_shell(auxmol),
         occ_block=occ_block,
-        occ_block_max=options.occ_block_max,
+        occ_block_max=memory.occ_block_max(options.occ_block_max, backend.caps),
         j3c_block_mb=engine.block_mb(options.j3c_block_mb) if engine is not None else options.j3c_block_mb,
         engine=engine.name if engine is not None else "host",
         queue_depth=getattr(engine, "depth", memory.QUEUE_DEPTH),

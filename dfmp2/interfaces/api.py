@@ -76,7 +76,8 @@ OPTIONS_DOC = """
         checkpoint: write an HDF5 checkpoint (SCF, B, finished pair blocks) to this new file as the
             energy run goes [default: None, none]
         resume: continue the interrupted run in this checkpoint [default: None, none]
-        occ_block_max: occupied orbitals per block, before the memory plan (tuning) [default: 16]
+        occ_block_max: occupied orbitals per block, before the memory plan (tuning) [default: None,
+            the device's: 16 on a CPU, 256 on a GPU]
         j3c_block_mb: target size of one streamed (mu nu|P) block, MB (tuning) [default: 512]
 """
 

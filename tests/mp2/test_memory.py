@@ -27,6 +27,20 @@ def test_plenty_of_memory_keeps_b_in_memory():
     assert d["out_of_core"] is False and d["storage"] == "auto" and d["shapes"]["naux"] == 3360
 
 
+def test_a_gpu_takes_every_occupied_orbital_in_one_block_where_memory_allows():
+    """The occupied block's bound is the device's unless given: OCC_BLOCK_MAX_GPU on a GPU (its pair
+    step's GEMMs grow with the block), OCC_BLOCK_MAX on a CPU; the plan shrinks it to fit."""
+    from dfmp2.linalg import device_capabilities
+
+    gpu, cpu = device_capabilities("cuda"), device_capabilities("cpu")
+    assert memory.occ_block_max(None, gpu) == memory.OCC_BLOCK_MAX_GPU > memory.OCC_BLOCK_MAX
+    assert memory.occ_block_max(None, cpu) == memory.OCC_BLOCK_MAX and memory.occ_block_max(5, gpu) == 5
+    p = plan_memory(**LARGE, limit_mb=1e6, aux_shell_max=9, occ_block_max=memory.occ_block_max(None, gpu))
+    assert p.occ_block == LARGE["nocc"]
+    tight = plan_memory(**LARGE, limit_mb=p.peak_mb * 0.5, aux_shell_max=9, occ_block_max=memory.OCC_BLOCK_MAX_GPU)
+    assert tight.occ_block < LARGE["nocc"] and tight.peak_mb <= p.peak_mb * 0.5
+
+
 def test_b_goes_to_disk_with_the_same_blocks_when_it_does_not_fit():
     im = plan_memory(**LARGE, limit_mb=1e6, aux_shell_max=9)
     disk = plan_memory(**LARGE, limit_mb=1e6, aux_shell_max=9, storage="disk")
