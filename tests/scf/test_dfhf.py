@@ -221,6 +221,23 @@ def test_a_gpu_plans_larger_exchange_blocks_and_takes_the_smaller_before_the_pac
     assert jk.jk_block(nao, naux, 8, jk.JK_BLOCK_MB_GPU) > jk.jk_block(nao, naux, 8, jk.JK_BLOCK_MB)
 
 
+@pytest.mark.parametrize("precision", ["fp64", "mixed"])
+def test_the_gpus_block_sizes_give_the_same_scf(precision):
+    """The blocks a GPU plans (JK_BLOCK_MB_GPU: one fixed group of the factor a block, unpacked;
+    a mixed SCF's fp32 copy in blocks as large) give the E(HF) and cycles of blocks of a few rows:
+    only the order of the exchange sums changes. (H2O)2 here (whose 64 MB blocks already hold a
+    whole group); on the GPU itself, scripts/gpu_acceptance.py."""
+    mol = io_molecule.build_molecule(read_xyz(INPUTS / "water_clusters" / "h2o_02.xyz"), "cc-pvdz")
+    cpu = linalg.get_backend("cpu")
+    runs = {
+        mb: driver.run_scf(mol, cpu, SCFSettings(precision=precision, layout="unpacked", block_mb=mb))
+        for mb in (0.05, jk.JK_BLOCK_MB_GPU)
+    }
+    small, big = runs[0.05], runs[jk.JK_BLOCK_MB_GPU]
+    assert big.scf.jk_factor["exchange_block"] > small.scf.jk_factor["exchange_block"]
+    assert abs(big.e_hf - small.e_hf) < 1e-10 and big.scf.iterations == small.scf.iterations
+
+
 def test_unpacked_factor_gives_the_packed_factors_j_and_k():
     """JKFactor.jk over the unpacked factor (J and K in one pass, γ from the exchange GEMMs) equals
     coulomb + exchange over the packed one, with a split (ΔD-like) factor and two factors (UHF)."""
