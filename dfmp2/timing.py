@@ -304,6 +304,11 @@ class Profile:
         reading when the run began (its ``prepare``), for the set-up's parts outside the stages."""
         cuda = self.cuda
         dev = _device_events(self.events) if cuda else None
+        n_dev = sum(k["calls"] for k in dev["kernels_all"].values()) if dev is not None else None
+        note = None
+        if dev is not None and not n_dev:  # CUPTI gave nothing: the device's seconds are unknown, not 0
+            note = "torch.profiler recorded no CUDA events (is CUPTI available?): device seconds unknown"
+            dev = None
         stages = {
             s: _counts({**self.stages.get(s, {}), "wall_s": t}, dev and dev["stages"].get(s, {}))
             for s, t in seconds.items()
@@ -332,11 +337,13 @@ class Profile:
             "stages": stages,
             "scf_cycles": cycles,
             "scf_regions": regions,
-            "top_kernels": dev["kernels"] if dev is not None else _top_ops(self.events),
+            "top_kernels": dev["kernels"] if dev is not None else _top_ops(self.events),  # CPU ops without CUDA's
             "top_kernels_by": "device busy seconds (CUDA kernels, copies, memsets)"
-            if cuda
-            else "self CPU seconds of torch ops (the host is the device)",
+            if dev is not None
+            else "self CPU seconds of torch ops" + (" (no CUDA events)" if cuda else " (the host is the device)"),
             "memcpy": dev["memcpy"] if dev is not None else None,
+            "device_events": n_dev,
+            "note": note,
         }
 
 
@@ -446,4 +453,4 @@ def _device_events(events, top: int = PROFILE_TOP) -> dict:
     rows = sorted(kernels.values(), key=lambda r: -r["seconds"])[:top]
     for r in rows:
         r["share"] = r["seconds"] / busy
-    return {"stages": stages, "regions": regions, "kernels": rows, "memcpy": memcpy}
+    return {"stages": stages, "regions": regions, "kernels": rows, "memcpy": memcpy, "kernels_all": kernels}

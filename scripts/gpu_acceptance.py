@@ -510,6 +510,8 @@ def profile_lines(doc: dict) -> list[str]:
         f = lambda v, d=3: "—" if v is None else f"{v:.{d}f}"
         out += ["", f"## {s['name']}: dfmp2 run --profile on {p['device']} (wall {p['wall_s']:.2f} s)", ""]
         out += [f"Outside the stages {p['outside_stages_s']:.2f} s: " + json.dumps(p["set_up"]), ""]
+        if p.get("note"):
+            out += [f"**{p['note']}**", ""]
         out += [
             "| stage | wall s | host CPU s | device busy s | H→D MB | D→H MB | ops | waits |",
             "|---|---|---|---|---|---|---|---|",

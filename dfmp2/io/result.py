@@ -586,6 +586,8 @@ def profile_tables(p: dict) -> list:
                 str(r["host_waits"]),
             )
         out.append(t)
+    if p.get("note"):
+        out.append(f"[yellow]note:[/] {escape(p['note'])}")
     t = Table(title=escape(f"top kernels by {p['top_kernels_by']}"), title_justify="left")
     for c in ("kernel", "calls", "s"):
         t.add_column(c, justify="left" if c == "kernel" else "right")

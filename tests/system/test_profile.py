@@ -152,3 +152,21 @@ def test_device_events_go_to_the_stage_and_part_whose_window_holds_their_start()
         "seconds": pytest.approx(15e-6),
         "share": pytest.approx(15 / 119),
     }
+
+
+def test_a_gpu_profile_without_device_events_says_the_device_seconds_are_unknown():
+    """CUDA activity that recorded nothing (no CUPTI) must not read as an idle device: the busy
+    seconds are null and the record says why."""
+    from types import SimpleNamespace
+
+    from dfmp2.timing import Profile
+
+    be = SimpleNamespace(device=torch.device("cpu"), caps=SimpleNamespace(cuda_memory=True))
+    p = Profile(be)
+    p.events = [("dfmp2.stage:scf", False, 0.0, 1.0, 1, None), ("aten::mm", False, 0.1, 0.5, 1, None)]
+    p.stages = {"scf": {"wall_s": 1.0, "host_cpu_s": 1.0, "h2d": 8, "d2h": 0, "d2d": 0, "ops": 1, "waits": 0}}
+    p.t_begin = p.t_enter = p.first_start = p.last_end = p.t_exit = p.stop_s = 0.0
+    r = p.report({"scf": 1.0}, 2.0, None)
+    assert r["device_events"] == 0 and "no CUDA events" in r["note"] and r["memcpy"] is None
+    assert r["stages"]["scf"]["device_busy_s"] is None and r["stages"]["scf"]["h2d_bytes"] == 8
+    assert r["top_kernels"][0]["name"] == "aten::mm" and "(no CUDA events)" in r["top_kernels_by"]
