@@ -127,8 +127,14 @@ def point_inputs(method_help: str):
 )
 @json_option("also write the result with the gradient (Eh/bohr) as JSON to this path ('-': standard output)")
 @click.option("-q", "--quiet", is_flag=True, help="print only the energies and the gradient")
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="also record where the time and bytes go, in the energy run and in the gradient stage (as dfmp2 "
+    "run --profile): printed after the gradient and in --json's 'profile' and 'gradient.profile'",
+)
 @user_errors
-def gradient_command(xyz_file, method, json_path, quiet, **params):
+def gradient_command(xyz_file, method, json_path, quiet, profile, **params):
     """The DF-MP2 energy of the molecule in INPUT (XYZ, Ångström) and its analytic nuclear
     gradient in Eh/bohr: RHF or UHF, density-fitted SCF, all-electron or frozen core."""
     from dfmp2 import distributed
@@ -148,7 +154,9 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
         progress = LazyProgress(err, "pair energies", enabled=not quiet_here)
         try:
             with terminate_raises():
-                gr = run_gradient(read_xyz(xyz_file), options, method=method, log=log, progress=progress)
+                gr = run_gradient(
+                    read_xyz(xyz_file), options, method=method, log=log, progress=progress, profile=profile
+                )
         finally:
             progress.close()
         if world.rank:  # rank 0 alone writes and prints
@@ -160,6 +168,12 @@ def gradient_command(xyz_file, method, json_path, quiet, **params):
             console.print(gradient_table(gr))
             for w in gr.parts.warnings:
                 console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+            if gr.profile:
+                from dfmp2.io.result import profile_tables
+
+                console.print("[bold]the gradient stage[/bold]")
+                for table in profile_tables(gr.profile):
+                    console.print(table)
         if not quiet:
             wrote(err, json_path)
         blas_notices(err, quiet)

@@ -21,6 +21,7 @@ pair loop on the device in fp32 and the rest on a host CPU backend in fp64 (``df
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 
@@ -42,7 +43,7 @@ from dfmp2.mp2 import double_hybrids
 from dfmp2.options import RunOptions
 from dfmp2.props import stage as props_stage
 from dfmp2.scf import pyscf_scf
-from dfmp2.timing import Timer
+from dfmp2.timing import Profile, Timer
 
 
 @dataclass
@@ -58,6 +59,7 @@ class GradientResult:
     parts: GradientParts
     wall_s: float
     energy_run: EnergyRun | None = None
+    profile: dict | None = None  # the gradient stage's (run_gradient(profile=True): dfmp2.timing.Profile)
 
     @property
     def gradient(self) -> np.ndarray:
@@ -68,6 +70,7 @@ class GradientResult:
         of 3, Eh/bohr), its HF and correlation parts and the stage's record."""
         d = self.result.to_dict()
         d["gradient"] = {"method": self.method, "energy": self.energy, "wall_s": self.wall_s, **self.parts.to_dict()}
+        d["gradient"]["profile"] = self.profile
         d["units"] = {**d["units"], "gradient": "hartree/bohr"}
         d["warnings"] = list(d["warnings"]) + list(self.parts.warnings)
         return d
@@ -258,6 +261,7 @@ def run_gradient(  # noqa: PLR0913
     guess=None,
     world=None,
     agreed: dict | None = None,
+    profile: bool = False,
 ) -> GradientResult:
     """The energy (``dfmp2.drivers.energy.run_energy``, whose ``progress``, ``log``, ``on_plan``
     and ``guess`` these are) and its nuclear gradient for ``method`` (``gradient_stage``). One
@@ -271,7 +275,8 @@ def run_gradient(  # noqa: PLR0913
     'option method': the commands' ``--method``) and on ``agreed``, a workflow's own parameters
     ({'option <parameter>': value}). A double hybrid named by ``method`` or ``options.method``
     (``gradient_options``) runs its KS-SCF (RKS or UKS) and ``dfmp2.grad.dh``. Its checks are
-    ``check_gradient_options``' (made here in ``prepare``, before any work)."""
+    ``check_gradient_options``' (made here in ``prepare``, before any work). ``profile``: the
+    energy run's Result.profile and the gradient stage's ``profile`` (dfmp2.timing.Profile)."""
     options, method = gradient_options(options, method)
     check_gradient_method(options, method)
 
@@ -281,14 +286,20 @@ def run_gradient(  # noqa: PLR0913
 
     job = prepare(geom, options, backend, log, world, check=check)
     job.agreed.update({"option method": method, **(agreed or {})})
-    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, gradient=True)
+    done = run_energy(job, progress=progress, log=log, on_plan=on_plan, guess=guess, gradient=True, profile=profile)
     say = log or (lambda msg: None)
     say("nuclear gradient: densities, Z-vector, derivative integrals ...")
     t0 = time.perf_counter()
-    timer = Timer(job.backend, on_stage=lambda stage, s: say(f"  gradient: {_STAGE_NAMES.get(stage, stage)} {s:.2f} s"))
-    parts = gradient_stage(
-        job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, done.plan.densities, job.world
+    prof = Profile(job.backend) if profile else None
+    timer = Timer(
+        job.backend,
+        on_stage=lambda stage, s: say(f"  gradient: {_STAGE_NAMES.get(stage, stage)} {s:.2f} s"),
+        profile=prof,
     )
+    with prof or contextlib.nullcontext():
+        parts = gradient_stage(
+            job.mol, done.ref, job.auxmol, job.jk_auxmol, job.backend, method, timer, done.plan.densities, job.world
+        )
     result = done.result
     if options.properties:  # from the gradient's own relaxed densities: no second Z-vector
         result.properties = props_stage.record(job.mol, parts.densities, options.properties, method)
@@ -297,4 +308,6 @@ def run_gradient(  # noqa: PLR0913
     else:
         c_os, c_ss = SCALES[method]
         energy = result.e_hf + c_os * result.e_os + c_ss * result.e_ss
-    return GradientResult(result, method, energy, parts, time.perf_counter() - t0, energy_run=done)
+    wall = time.perf_counter() - t0
+    record = prof.report(timer.seconds, wall, None, t0) if prof is not None else None
+    return GradientResult(result, method, energy, parts, wall, energy_run=done, profile=record)

@@ -559,7 +559,7 @@ def profile_tables(p: dict) -> list:
         return f"{n / 1e6:.1f}"
 
     cols = ("wall s", "host CPU s", "device busy s", "H→D MB", "D→H MB", "ops", "waits")
-    out = []
+    out: list = []  # rich Tables, and a note line (str)
     for title, rows, extra in (
         (
             f"profile on {p['device']}: stages (outside them {p['outside_stages_s']:.2f} s: {_set_up(p)})",

@@ -170,3 +170,15 @@ def test_a_gpu_profile_without_device_events_says_the_device_seconds_are_unknown
     assert r["device_events"] == 0 and "no CUDA events" in r["note"] and r["memcpy"] is None
     assert r["stages"]["scf"]["device_busy_s"] is None and r["stages"]["scf"]["h2d_bytes"] == 8
     assert r["top_kernels"][0]["name"] == "aten::mm" and "(no CUDA events)" in r["top_kernels_by"]
+
+
+def test_gradient_profile_covers_the_energy_and_the_gradient_stage(tmp_path):
+    out = tmp_path / "g.json"
+    r = CliRunner().invoke(main, ["gradient", WATER, "--basis", "sto-3g", "--profile", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "the gradient stage" in r.output and r.output.count("profile on cpu: stages") == 2  # energy, gradient
+    d = checked(json.loads(out.read_text()))
+    g = d["gradient"]["profile"]
+    assert set(d["gradient"]["timings"]) <= set(g["stages"]) and g["scf_regions"] == {}
+    assert all(row["h2d_bytes"] == row["d2h_bytes"] == 0 for row in g["stages"].values())
+    assert set(d["profile"]["scf_regions"]) == REGIONS  # the energy run's, as dfmp2 run --profile
