@@ -50,7 +50,7 @@ SHAPE_FULL = (160, 608, 2688)  # (H2O)32 / cc-pVDZ, cc-pVDZ-RI, all-electron: no
 SHAPE_QUICK = (64, 400, 1500)
 SHAPE_DRY = (3, 40, 48)
 TARGET_PCT_DGEMM = 80.0  # issue 59: the pair step at 80 % of the DGEMM peak or more
-# gemm+epilogue variants measured in every run (not only in the sweep), beside the default: larger
+# gemm+epilogue variants measured with --variants or the sweep, beside the default: larger
 # row chunks of K (max_elems: 2 and 4 GiB in fp64, against 512 MiB) and the pipeline's blocking
 # (occ_block: the memory plan's OCC_BLOCK_MAX, one call per block pair as dfmp2 run makes them);
 # what they measure decides the GPU's defaults
@@ -97,6 +97,12 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help=f"shape {SHAPE_QUICK}, no tile sweep")
     ap.add_argument("--precisions", default="fp64,fp32")
     ap.add_argument("--no-sweep", action="store_true", help="only the default fused configuration")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="also gemm+epilogue's GEMM_EPILOGUE_VARIANTS (larger row chunks, the pipeline's blocking) without "
+        "the sweep (a sweep runs them anyway)",
+    )
     ap.add_argument(
         "--occ-block",
         type=int,
@@ -386,7 +392,8 @@ def main(argv=None):  # noqa: C901
         peak = peaks[prec]["tflops"]  # None if the peak failed: no % of peak then
         ref = None
         candidates = [("torch", None), ("gemm+epilogue", None), ("fused", None)]
-        candidates += [("gemm+epilogue", v) for v in GEMM_EPILOGUE_VARIANTS]
+        if args.variants or sweep:
+            candidates += [("gemm+epilogue", v) for v in GEMM_EPILOGUE_VARIANTS]
         if sweep:
             candidates += [("fused", c) for c in SWEEP[prec][1:]]
         for path, config in candidates:

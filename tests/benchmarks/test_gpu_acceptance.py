@@ -366,7 +366,7 @@ def test_summary_of_a_run_that_meets_issue59():
     }
     assert m32["scf_ms_per_cycle"]["jk"] == pytest.approx(2000 / 18)
     full = gpu_acceptance.profile_lines(_issue59_doc())
-    assert "## profile_h2o_32: dfmp2 run --profile on cuda:0 (wall 3.00 s)" in full
+    assert "## profile_h2o_32: --profile on cuda:0 (wall 3.00 s)" in full
     assert "| scf | 2.000 | 1.000 | 0.500 | 4.0 | 0.0 | 900 | 36 |" in full
     assert "| `sm90_xmma_gemm_f64` | 40 | 0.400 |" in full
     md = "\n".join(gpu_acceptance.summary_lines(s))
