@@ -475,3 +475,18 @@ def test_our_stored_cpu_energies_are_read_with_their_source(tmp_path):
     assert cpu["h2o_16"]["e_mp2"] == pytest.approx(E16["e_mp2"], abs=1e-8)  # against PySCF's stored
     assert cpu["h2o_32"]["source"] == "scripts/results/scaling_cc-pvdz.json"
     assert "not read" in gpu_acceptance.stored_cpu_energies(tmp_path)["h2o_32"]["reason"]
+
+
+def test_issue59s_pair_peak_also_times_the_gemm_epilogue_variants(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    seen = []
+    fake = lambda cmd, **kw: seen.append(cmd) or SimpleNamespace(returncode=1, stderr="no GPU", stdout="")
+    monkeypatch.setattr(gpu_acceptance.subprocess, "run", fake)
+    for preset in ("issue59", None):
+        status, _, _ = gpu_acceptance.step_pair_peak({"tmp": str(tmp_path), "dry": False, "preset": preset})
+        assert status == "fail"  # bench_cuda wrote nothing here
+    assert "--variants" in seen[0] and "--variants" not in seen[1]
+    names = gpu_acceptance.steps_for(set(gpu_acceptance.PRESETS["issue59"]))
+    caps = gpu_acceptance.step_caps(names, gpu_acceptance.TOTAL_S, "preset", dry=False)
+    assert caps["pair_peak"] >= gpu_acceptance.PRESET_BUDGET_S["pair_peak"] > gpu_acceptance.BUDGET_S["pair_peak"]
