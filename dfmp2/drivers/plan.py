@@ -65,8 +65,8 @@ def input_content(job: Job, scf: ScfPlan | None = None) -> dict:
     then what was resolved from it: the charge and multiplicity, the basis
     sets as PySCF holds them (orbital, ECP, MP2-fit, JK-fit), the working precision and the cpu
     BLAS choice (probed now if need be: a rank with another table sums in another order) and, from
-    ``scf``, the measured SGEMM/DGEMM ratio that decides whether an 'auto' SCF runs fp32
-    cycles (``_plan_scf``)."""
+    ``scf``, what its measured SGEMM/DGEMM ratio decided: whether an 'auto' SCF runs fp32 cycles
+    (``_plan_scf``; the decision, not the ratio: each GPU measures its own, a few % apart)."""
     mol = job.mol
     content = {**request_content(job.geom, job.options), **job.agreed}
     content.update(
@@ -85,7 +85,8 @@ def input_content(job: Job, scf: ScfPlan | None = None) -> dict:
         table = blas.table().table
         content["the cpu BLAS choice"] = {"mode": blas.mode, "choice": table["choice"] if table else None}
     if scf is not None and scf.fp32_speedup is not None:
-        content["the measured SGEMM/DGEMM ratio"] = round(scf.fp32_speedup, 6)
+        mode, _ = resolve_precision(job.backend.caps, job.options.scf_precision, scf.fp32_copy, scf.fp32_speedup)
+        content["the SCF precision the measured SGEMM/DGEMM ratio chose"] = mode
     return content
 
 
@@ -285,7 +286,7 @@ def _plan_scf(job: Job, plan: MemoryPlan) -> tuple[ScfPlan, MemoryPlan]:
         raise linalg.DeviceUnavailableError(
             f"device '{backend.name}' cannot run the DF-SCF: it lacks {', '.join(missing)}", alternatives=("cpu",)
         )
-    # the measured SGEMM/DGEMM ratio decides auto; the ranks agree on it (input_content)
+    # the measured SGEMM/DGEMM ratio decides auto; the ranks agree on what it decided (input_content)
     speedup = backend.fp32_speedup() if job.options.scf_precision == "auto" else None
     mixed = resolve_precision(backend.caps, job.options.scf_precision, fp32_speedup=speedup)[0] == "mixed"
     need = _scf_memory(job, limit_mb=plan.limit_mb, fp32_copy=mixed, other_mb=plan.peak_mb)

@@ -783,6 +783,22 @@ def test_workflow_parameters_are_agreed_on_with_their_flags(monkeypatch):
     assert "option fragment_charges (rank 0: '0,0' vs rank 1: '1,-1')" in line and option == "fragment_charges", line
 
 
+def test_ranks_agree_on_what_the_measured_fp32_ratio_decided_not_on_the_ratio():
+    """Each GPU measures its own SGEMM/DGEMM ratio (a few % apart from rank to rank): the ranks agree
+    on the precision it chose, so 0.93 and 0.95 (both fp64) agree and 0.93 against 1.9 (mixed) do not."""
+    from dfmp2.drivers.job import prepare
+    from dfmp2.drivers.plan import input_content
+    from dfmp2.io.xyz import parse_xyz
+    from dfmp2.options import RunOptions
+    from dfmp2.scf.settings import ScfPlan
+
+    job = prepare(parse_xyz(WATER), RunOptions(basis="sto-3g", cpu_blas="torch"))
+    sent = [input_content(job, ScfPlan(fp32_copy=True, fp32_speedup=r)) for r in (0.93, 0.95, 1.9)]
+    assert sent[0] == sent[1]
+    line, _ = _differs(sent[0], sent[2])
+    assert "the SCF precision the measured SGEMM/DGEMM ratio chose" in line and "'mixed'" in line, line
+
+
 def test_digests_name_what_differs_and_where():
     from dfmp2 import distributed
 
