@@ -235,7 +235,6 @@ class Profile:
         self.backend, self.counter = backend, TransferCounter()
         self.stages: dict = {}  # stage -> summed counts
         self.regions: dict = {}  # region -> summed counts and calls
-        self.order: list = []  # the stages' ends, in order: the windows of the device events
         self.prof: Any = None  # torch.profiler.profile while the block runs
         self.events: Any = None
 
@@ -275,9 +274,8 @@ class Profile:
         entry = self.stages.setdefault(stage, {"wall_s": 0.0})
         entry["wall_s"] += seconds
         _add_into(entry, _delta(now, self.mark))
-        with record_function(f"dfmp2.stage:{stage}"):
+        with record_function(f"dfmp2.stage:{stage}"):  # the end of its window of device events
             pass
-        self.order.append(stage)
         self.mark = self._reading()
 
     @contextlib.contextmanager
@@ -366,13 +364,21 @@ def _counts(c: dict, dev: dict | None) -> dict:
 def _raw_events(prof) -> list:
     """The profiler's events as (name, on_device, start_us, end_us, thread, event), read from
     Kineto's results directly: torch's FunctionEvent tree (``prof.events()``) takes seconds per
-    10^5 events, and a run makes several 10^5."""
+    10^5 events, and a run makes several 10^5. ``on_device``: the device's own work (kernels,
+    copies, memsets). The spans Kineto draws on the device's timeline for our markers (activity
+    'gpu_user_annotation') are left out: they cover kernels counted already, and the stages'
+    windows come from the host's markers."""
     from torch.autograd import DeviceType
+
+    def device_annotation(e) -> bool:
+        kind = e.activity_type() if callable(getattr(e, "activity_type", None)) else ""
+        return e.device_type() != DeviceType.CPU and ("annotation" in str(kind) or e.name().startswith("dfmp2."))
 
     res = prof.profiler.kineto_results
     return [
         (e.name(), e.device_type() != DeviceType.CPU, e.start_ns() / 1e3, e.end_ns() / 1e3, e.start_thread_id(), e)
         for e in (res.events() if res is not None else ())
+        if not device_annotation(e)
     ]
 
 

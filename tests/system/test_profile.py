@@ -182,3 +182,34 @@ def test_gradient_profile_covers_the_energy_and_the_gradient_stage(tmp_path):
     assert set(d["gradient"]["timings"]) <= set(g["stages"]) and g["scf_regions"] == {}
     assert all(row["h2d_bytes"] == row["d2h_bytes"] == 0 for row in g["stages"].values())
     assert set(d["profile"]["scf_regions"]) == REGIONS  # the energy run's, as dfmp2 run --profile
+
+
+def test_raw_events_drop_the_device_timelines_copies_of_our_markers():
+    """Kineto draws a record_function span on the GPU's timeline too ('gpu_user_annotation'): it
+    covers kernels already counted, and the stages' windows come from the host's markers."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from dfmp2.timing import _raw_events
+
+    def ev(name, device, kind, t0, t1):
+        return SimpleNamespace(
+            name=lambda: name,
+            device_type=lambda: device,
+            activity_type=lambda: kind,
+            start_ns=lambda: t0,
+            end_ns=lambda: t1,
+            start_thread_id=lambda: 7,
+        )
+
+    kinds = [
+        ("dfmp2.region:jk", DeviceType.CPU, "user_annotation"),
+        ("dfmp2.region:jk", DeviceType.CUDA, "gpu_user_annotation"),
+        ("sm90_gemm", DeviceType.CUDA, "kernel"),
+        ("aten::mm", DeviceType.CPU, "cpu_op"),
+    ]
+    raw = [ev(n, d, k, 1000, 3000) for n, d, k in kinds]
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: raw)))
+    got = [(name, on_device, t0, t1) for name, on_device, t0, t1, _, _ in _raw_events(prof)]
+    assert got == [("dfmp2.region:jk", False, 1.0, 3.0), ("sm90_gemm", True, 1.0, 3.0), ("aten::mm", False, 1.0, 3.0)]
