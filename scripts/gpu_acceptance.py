@@ -18,7 +18,8 @@ as gpu4pyscf when it is not installed, is 'skipped' with the reason, never 'pass
   cuda_tests        (150 s) pytest -m cuda on the files that hold cuda tests (all skipped on a GPU = fail)
   pair_peak         (50 s) scripts/bench_cuda.py --no-sweep --precisions fp64 (nocc 160, nvir 608, naux 2688):
                     the fp64 pair step's share of the DGEMM peak of the same GPU measured in the
-                    same run (torch.matmul, square n = 4096/8192/12288, median of 5)
+                    same run (torch.matmul, square n = 4096/8192/12288, median of 5); in --preset issue59
+                    also bench_cuda's gemm+epilogue variants (--variants; PRESET_BUDGET_S 75 s)
   run_compare       (45 s) dfmp2 run and dfmp2 compare --devices cpu,cuda on (H2O)8: |ΔE_corr| cuda vs cpu
   nccl_torchrun     (35 s) torchrun --standalone --nproc-per-node N -m dfmp2 run water --device cuda, one
                     rank per GPU (N = 2 with 2+ GPUs; a one-GPU machine runs 1 rank and records that NCCL
