@@ -411,7 +411,7 @@ def _top_ops(events, top: int = PROFILE_TOP) -> list:
 
 def _copy_bytes(e) -> int | None:
     """The bytes of a device copy event (Kineto's metadata: '"bytes": N'), None when not given."""
-    meta = e.metadata_json() if callable(getattr(e, "metadata_json", None)) else getattr(e, "metadata_json", None)
+    meta = e.metadata_json() if hasattr(e, "metadata_json") else None  # not in every torch's Kineto bindings
     m = re.search(r'"bytes":\s*(\d+)', str(meta or ""))
     return int(m.group(1)) if m else None
 

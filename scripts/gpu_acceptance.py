@@ -570,12 +570,7 @@ def step_grad(spec):
     dev, xyz, water = spec["device"], spec["xyz"]["h2o_16"], str(ROOT / "inputs/water.xyz")
     run(water, RunOptions(device=dev))  # warm-up: compile, allocators
     run_gradient(read_xyz(water), RunOptions(device=dev))  # and the gradient stage's kernels
-    t0 = time.perf_counter()
-    e = run(xyz, RunOptions(device=dev))
-    t_energy = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    g = run_gradient(read_xyz(xyz), RunOptions(device=dev))
-    t_grad = time.perf_counter() - t0
+    e, g, t_energy, t_grad = timed_energy_and_gradient(xyz, dev)
     doc = g.to_dict()
     res = {
         "device": dev,
@@ -605,6 +600,22 @@ def step_grad(spec):
     return grad_verdict(res, ref)
 
 
+def timed_energy_and_gradient(xyz: str, dev: str) -> tuple:
+    """(energy Result, GradientResult, energy run s, gradient run s) of ``xyz`` on ``dev`` with the
+    default options, each run timed alone in this (warm) process."""
+    from dfmp2.drivers.gradient import run_gradient
+    from dfmp2.interfaces.api import run
+    from dfmp2.io.xyz import read_xyz
+    from dfmp2.options import RunOptions
+
+    t0 = time.perf_counter()
+    e = run(xyz, RunOptions(device=dev))
+    t_energy = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    g = run_gradient(read_xyz(xyz), RunOptions(device=dev))
+    return e, g, t_energy, time.perf_counter() - t0
+
+
 UHF_GRAD_MOLECULE = {"real": "inputs/open_shell/glycyl.xyz", "dry": "inputs/open_shell/water_cation.xyz"}
 
 
@@ -613,18 +624,12 @@ def uhf_gradient_check(dev: str, dry: bool) -> dict:
     water cation) energy run and gradient run timed on ``dev`` (after step_grad's warm-up), the
     gradient against the CPU's of the same molecule and options made here (GRAD_TOL, Eh/bohr)."""
     from dfmp2.drivers.gradient import run_gradient
-    from dfmp2.interfaces.api import run
     from dfmp2.io.xyz import read_xyz
     from dfmp2.options import RunOptions
 
     xyz = str(ROOT / UHF_GRAD_MOLECULE["dry" if dry else "real"])
     run_gradient(read_xyz(ROOT / UHF_GRAD_MOLECULE["dry"]), RunOptions(device=dev))  # UHF kernels warmed
-    t0 = time.perf_counter()
-    run(xyz, RunOptions(device=dev))
-    t_energy = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    g = run_gradient(read_xyz(xyz), RunOptions(device=dev))
-    t_grad = time.perf_counter() - t0
+    _, g, t_energy, t_grad = timed_energy_and_gradient(xyz, dev)
     cpu = run_gradient(read_xyz(xyz), RunOptions(device="cpu"))
     return {
         "molecule": xyz,
